@@ -1,0 +1,65 @@
+// The two faces of a cache, reachable from CacheBase without RTTI:
+// the runner drives the sequence (SequenceControl), the backend asks where
+// bytes go (SequencePlanner).
+#pragma once
+
+#include "kvcore/plan.h"
+#include "kvcore/result.h"
+#include "kvcore/step.h"
+
+namespace kvcore {
+
+/// Runner face: one logical length for the whole model.
+class SequenceControl {
+ public:
+  /// Committed length L: positions [0, L) hold K/V.
+  virtual int length() const noexcept = 0;
+  virtual int capacity() const noexcept = 0;
+  virtual int max_step() const noexcept = 0;
+  /// n >= 0 and length() + n <= capacity().
+  virtual bool can_extend(int n) const noexcept = 0;
+  /// Begins a step of T tokens at position length(); replaces an uncommitted step.
+  /// InvalidArgument: T outside [1, max_step]. OutOfResources: length + T > capacity.
+  virtual Result<Step> begin_step(int T) noexcept = 0;
+  /// Ok when `step` is the begun, uncommitted step; InvalidState otherwise.
+  virtual Status check_step(const Step& step) const noexcept = 0;
+  /// length = step.end(). InvalidState unless `step` is the begun step.
+  virtual Status commit(const Step& step) noexcept = 0;
+  /// length = n; ends a begun step. InvalidArgument: n outside [0, length].
+  /// InvalidState: some layer no longer holds history a query at n needs.
+  virtual Status rewind(int n) noexcept = 0;
+  /// True exactly when rewind(n) would succeed. Never fails.
+  virtual bool can_rewind(int n) const noexcept = 0;
+  /// length = 0; ends a begun step. Always succeeds.
+  virtual void clear() noexcept = 0;
+
+ protected:
+  ~SequenceControl() = default;
+};
+
+/// Backend face: integer plans per layer.
+class SequencePlanner {
+ public:
+  virtual int n_layers() const noexcept = 0;
+  /// Physical rows of `layer`'s pool. InvalidArgument: layer outside [0, n_layers).
+  virtual Result<int> rows(int layer) const noexcept = 0;
+  /// The plan of `layer` for the begun step, which must start at `position` with
+  /// T tokens. InvalidArgument: bad layer. InvalidState: no such begun step.
+  virtual Result<SeqStepPlan> plan(int layer, int position, int T) const noexcept = 0;
+  /// May a query at q see key k on `layer`? InvalidArgument: bad layer, q or k < 0.
+  virtual Result<bool> visible(int layer, int q, int k) const noexcept = 0;
+
+ protected:
+  ~SequencePlanner() = default;
+};
+
+/// What registries hold. Each face is a static upcast (no dynamic_cast); a cache
+/// without a face returns nullptr for it.
+class CacheBase {
+ public:
+  virtual ~CacheBase() = default;
+  virtual SequenceControl* as_control() noexcept { return nullptr; }
+  virtual SequencePlanner* as_planner() noexcept { return nullptr; }
+};
+
+}  // namespace kvcore

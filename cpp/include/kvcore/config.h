@@ -1,0 +1,119 @@
+// Model facts and per-layer policies, validated by validate() before any cache
+// trusts them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvcore/result.h"
+
+namespace kvcore {
+
+/// How one layer keeps its history.
+struct LayerPolicy {
+  /// Serialized values: append-only.
+  enum class Kind : int { Flat = 0, Ring = 1 };
+
+  Kind kind = Kind::Flat;
+  /// Ring: keys a query sees counting itself (q - k < window). Flat: 0.
+  int window = 0;
+  /// Ring: the first `sinks` positions stay visible forever (StreamingLLM). Flat: 0.
+  int sinks = 0;
+
+  static LayerPolicy flat() noexcept { return LayerPolicy{Kind::Flat, 0, 0}; }
+  static LayerPolicy ring(int window, int sinks = 0) noexcept {
+    return LayerPolicy{Kind::Ring, window, sinks};
+  }
+  friend bool operator==(const LayerPolicy& a, const LayerPolicy& b) noexcept {
+    return a.kind == b.kind && a.window == b.window && a.sinks == b.sinks;
+  }
+  friend bool operator!=(const LayerPolicy& a, const LayerPolicy& b) noexcept { return !(a == b); }
+};
+
+/// One layer's policy and the shape of one K/V row (the byte layer sizes rows from it).
+struct LayerConfig {
+  LayerPolicy policy;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  /// Width of a V row per head; 0 means head_dim (MLA-style models differ).
+  int v_head_dim = 0;
+
+  int value_dim() const noexcept { return v_head_dim == 0 ? head_dim : v_head_dim; }
+};
+
+struct CacheConfig {
+  /// Largest logical length (positions 0..capacity-1).
+  int capacity = 0;
+  int n_layers = 0;
+  /// One entry (broadcast to every layer) or exactly n_layers entries.
+  std::vector<LayerConfig> layers;
+  /// Largest T of one step; 0 means min(512, capacity).
+  int max_step = 0;
+  /// Rows a byte layer allocates per layer before growing lazily.
+  int initial_capacity = 512;
+
+  /// The config of `layer` (resolves broadcast). Precondition: validate() passed
+  /// and 0 <= layer < n_layers.
+  const LayerConfig& layer(int layer_index) const noexcept {
+    return layers.size() == 1 ? layers.front() : layers[static_cast<std::size_t>(layer_index)];
+  }
+  /// max_step with the default applied.
+  int effective_max_step() const noexcept {
+    if (max_step != 0) return max_step;
+    return capacity < 512 ? capacity : 512;
+  }
+};
+
+/// Checks every rule of DESIGN.md section 2. Returns InvalidArgument with a
+/// message naming the field, its value and the rule; Ok when the config is usable.
+inline Status validate(const CacheConfig& cfg) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(cfg.capacity >= 1, InvalidArgument,
+                               "capacity = %d: must be >= 1", cfg.capacity);
+  KVCORE_CHECK_OR_RETURN_ERROR(cfg.n_layers >= 1, InvalidArgument,
+                               "n_layers = %d: must be >= 1", cfg.n_layers);
+  const std::size_t n_entries = cfg.layers.size();
+  KVCORE_CHECK_OR_RETURN_ERROR(
+      n_entries == 1 || n_entries == static_cast<std::size_t>(cfg.n_layers), InvalidArgument,
+      "layers has %zu entries: must be 1 (broadcast) or n_layers = %d", n_entries, cfg.n_layers);
+  KVCORE_CHECK_OR_RETURN_ERROR(cfg.max_step >= 0, InvalidArgument,
+                               "max_step = %d: must be >= 1 (or 0 for the default)", cfg.max_step);
+  KVCORE_CHECK_OR_RETURN_ERROR(cfg.max_step <= cfg.capacity, InvalidArgument,
+                               "max_step = %d: must be <= capacity = %d", cfg.max_step,
+                               cfg.capacity);
+  KVCORE_CHECK_OR_RETURN_ERROR(cfg.initial_capacity >= 1, InvalidArgument,
+                               "initial_capacity = %d: must be >= 1", cfg.initial_capacity);
+  for (std::size_t i = 0; i < n_entries; ++i) {
+    const LayerConfig& l = cfg.layers[i];
+    const int idx = static_cast<int>(i);
+    const LayerPolicy& p = l.policy;
+    if (p.kind == LayerPolicy::Kind::Flat) {
+      KVCORE_CHECK_OR_RETURN_ERROR(p.window == 0, InvalidArgument,
+                                   "layers[%d].policy.window = %d: a Flat layer needs window == 0",
+                                   idx, p.window);
+      KVCORE_CHECK_OR_RETURN_ERROR(p.sinks == 0, InvalidArgument,
+                                   "layers[%d].policy.sinks = %d: a Flat layer needs sinks == 0",
+                                   idx, p.sinks);
+    } else if (p.kind == LayerPolicy::Kind::Ring) {
+      KVCORE_CHECK_OR_RETURN_ERROR(p.window >= 1, InvalidArgument,
+                                   "layers[%d].policy.window = %d: a Ring layer needs window >= 1",
+                                   idx, p.window);
+      KVCORE_CHECK_OR_RETURN_ERROR(p.sinks >= 0, InvalidArgument,
+                                   "layers[%d].policy.sinks = %d: a Ring layer needs sinks >= 0",
+                                   idx, p.sinks);
+    } else {
+      return Status::make(Error::InvalidArgument,
+                          "layers[%d].policy.kind = %d: must be Flat (0) or Ring (1)", idx,
+                          static_cast<int>(p.kind));
+    }
+    KVCORE_CHECK_OR_RETURN_ERROR(l.n_kv_heads >= 1, InvalidArgument,
+                                 "layers[%d].n_kv_heads = %d: must be >= 1", idx, l.n_kv_heads);
+    KVCORE_CHECK_OR_RETURN_ERROR(l.head_dim >= 1, InvalidArgument,
+                                 "layers[%d].head_dim = %d: must be >= 1", idx, l.head_dim);
+    KVCORE_CHECK_OR_RETURN_ERROR(l.v_head_dim >= 0, InvalidArgument,
+                                 "layers[%d].v_head_dim = %d: must be >= 1 (or 0 for head_dim)",
+                                 idx, l.v_head_dim);
+  }
+  return Error::Ok;
+}
+
+}  // namespace kvcore

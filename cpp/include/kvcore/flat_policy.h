@@ -1,0 +1,31 @@
+// FlatPolicy: full history, row(p) = p, nothing is ever evicted.
+#pragma once
+
+#include "kvcore/layout_policy.h"
+
+namespace kvcore {
+
+class FlatPolicy final : public LayoutPolicy {
+ public:
+  explicit FlatPolicy(int capacity) noexcept : capacity_(capacity) {}
+
+  LayerPolicy policy() const noexcept override { return LayerPolicy::flat(); }
+  int rows() const noexcept override { return capacity_; }
+  int row(int position) const noexcept override { return position; }
+  bool visible(int q, int k) const noexcept override { return k <= q; }
+
+  SeqStepPlan plan(int position, int T) const noexcept override {
+    SeqStepPlan p;
+    p.write[p.n_write++] = Run{position, T, position};
+    p.read[p.n_read++] = Run{0, position + T, 0};
+    return p;
+  }
+
+  int held_floor(int /*end*/) const noexcept override { return 0; }
+  int needed_floor(int n) const noexcept override { return n; }
+
+ private:
+  int capacity_;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,55 @@
+// LayoutPolicy: pure per-layer layout math (positions -> rows, visibility,
+// what a write evicts). Stateless after construction; one object serves every
+// layer with the same policy.
+#pragma once
+
+#include "kvcore/config.h"
+#include "kvcore/plan.h"
+#include "kvcore/result.h"
+
+namespace kvcore {
+
+class LayoutPolicy {
+ public:
+  virtual ~LayoutPolicy() = default;
+
+  virtual LayerPolicy policy() const noexcept = 0;
+  /// Physical rows a byte layer allocates for a layer with this policy.
+  virtual int rows() const noexcept = 0;
+  /// The row that holds `position` (position >= 0).
+  virtual int row(int position) const noexcept = 0;
+  /// May a query at q see key k? (q, k >= 0)
+  virtual bool visible(int q, int k) const noexcept = 0;
+  /// The plan of the step writing positions [position, position + T).
+  /// Precondition (checked by SequenceCache): 0 <= position, 1 <= T <= max_step,
+  /// position + T <= capacity.
+  virtual SeqStepPlan plan(int position, int T) const noexcept = 0;
+  /// After positions below `end` were written, the oldest evictable position
+  /// whose row can still hold it (0 when nothing is ever evicted).
+  virtual int held_floor(int end) const noexcept = 0;
+  /// The oldest evictable position a query at `n` needs below n; n when none.
+  virtual int needed_floor(int n) const noexcept = 0;
+
+ protected:
+  // Appends [begin, end) to `runs`, merging with the last run when both rows and
+  // positions continue it; `row_run_end(p)` is one past the last position whose
+  // row follows row(p) consecutively.
+  template <int kMax, typename RowRunEnd>
+  void append_runs(Run (&runs)[kMax], int& n, int begin, int end, RowRunEnd row_run_end) const
+      noexcept {
+    int p = begin;
+    while (p < end) {
+      const int stop = row_run_end(p) < end ? row_run_end(p) : end;
+      const Run run{row(p), stop - p, p};
+      if (n > 0 && runs[n - 1].end_row() == run.row && runs[n - 1].end_pos() == run.pos) {
+        runs[n - 1].len += run.len;
+      } else {
+        KVCORE_CHECK(n < kMax, "plan needs more runs than a SeqStepPlan holds");
+        runs[n++] = run;
+      }
+      p = stop;
+    }
+  }
+};
+
+}  // namespace kvcore

@@ -1,0 +1,87 @@
+// RingPolicy: sliding window of W keys (counting the query itself) plus S
+// attention sinks. Sinks own rows [0, S); positions >= S cycle through
+// R = W + C - 1 ring rows, exactly enough for a step of C tokens to be written
+// in place while its earliest query still sees its full window.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcore/layout_policy.h"
+
+namespace kvcore {
+
+class RingPolicy final : public LayoutPolicy {
+ public:
+  /// Preconditions (validate() checks them): window >= 1, sinks >= 0,
+  /// 1 <= max_step <= capacity.
+  RingPolicy(int window, int sinks, int max_step, int capacity) noexcept
+      : window_(window), sinks_(sinks) {
+    // 64-bit: W + C - 1 + S can exceed INT_MAX for huge windows.
+    const std::int64_t ring = static_cast<std::int64_t>(window) + max_step - 1;
+    const std::int64_t wanted = ring + sinks;
+    wraps_ = wanted < capacity;
+    rows_ = wraps_ ? static_cast<int>(wanted) : capacity;
+    ring_ = wraps_ ? static_cast<int>(ring) : 0;
+  }
+
+  LayerPolicy policy() const noexcept override { return LayerPolicy::ring(window_, sinks_); }
+  int rows() const noexcept override { return rows_; }
+  /// False when sinks + ring rows cover the whole capacity: then row(p) = p.
+  bool wraps() const noexcept { return wraps_; }
+
+  int row(int position) const noexcept override {
+    if (!wraps_ || position < sinks_) return position;
+    return sinks_ + (position - sinks_) % ring_;
+  }
+
+  bool visible(int q, int k) const noexcept override {
+    if (k > q) return false;
+    return k < sinks_ || static_cast<std::int64_t>(q) - k < window_;
+  }
+
+  SeqStepPlan plan(int position, int T) const noexcept override {
+    const int end = position + T;
+    SeqStepPlan p;
+    auto run_end = [this](int pos) { return row_run_end(pos); };
+    append_runs(p.write, p.n_write, position, end, run_end);
+    // Needed set: sinks [0, min(S, end)) and window [max(0, P - W + 1), end).
+    const std::int64_t lo64 = static_cast<std::int64_t>(position) - window_ + 1;
+    const int window_begin = lo64 > 0 ? static_cast<int>(lo64) : 0;
+    const int sink_end = sinks_ < end ? sinks_ : end;
+    if (window_begin <= sink_end) {
+      append_runs(p.read, p.n_read, 0, end, run_end);
+    } else {
+      append_runs(p.read, p.n_read, 0, sink_end, run_end);
+      append_runs(p.read, p.n_read, window_begin, end, run_end);
+    }
+    return p;
+  }
+
+  int held_floor(int end) const noexcept override {
+    if (!wraps_) return 0;
+    return end > ring_ ? end - ring_ : 0;
+  }
+
+  int needed_floor(int n) const noexcept override {
+    const std::int64_t lo = static_cast<std::int64_t>(n) - window_ + 1;
+    const std::int64_t floor = lo > sinks_ ? lo : sinks_;
+    return floor < n ? static_cast<int>(floor) : n;
+  }
+
+ private:
+  // One past the last position whose row continues row(pos) without a jump.
+  int row_run_end(int pos) const noexcept {
+    if (!wraps_) return capacity_end();
+    if (pos < sinks_) return sinks_ + ring_;  // sinks run straight into ring row S
+    return pos + (sinks_ + ring_ - row(pos));
+  }
+  static constexpr int capacity_end() noexcept { return 0x7fffffff; }
+
+  int window_;
+  int sinks_;
+  int rows_;
+  int ring_;  // ring rows after the sinks; 0 when the layer never wraps
+  bool wraps_;
+};
+
+}  // namespace kvcore

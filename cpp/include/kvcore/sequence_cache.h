@@ -1,0 +1,209 @@
+// SequenceCache: one logical length for every layer; each layer plans through
+// its LayoutPolicy, and identical policies share one object. Per ring policy it
+// keeps one integer of state, the oldest position its rows still hold, which
+// makes can_rewind() exact. Nothing on the per-step path allocates.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "kvcore/cache_base.h"
+#include "kvcore/config.h"
+#include "kvcore/flat_policy.h"
+#include "kvcore/ring_policy.h"
+
+namespace kvcore {
+
+class SequenceCache final : public CacheBase, public SequenceControl, public SequencePlanner {
+ public:
+  /// Validates `cfg` (InvalidArgument naming the bad field) and builds the cache.
+  /// MemoryAllocationFailed when the cache object cannot be allocated.
+  static Result<std::unique_ptr<SequenceCache>> create(const CacheConfig& cfg) {
+    KVCORE_RETURN_IF_ERROR(validate(cfg));
+    std::unique_ptr<SequenceCache> cache(new (std::nothrow) SequenceCache(cfg));
+    KVCORE_CHECK_OR_RETURN_ERROR(cache != nullptr, MemoryAllocationFailed,
+                                 "cannot allocate a SequenceCache of %d layers", cfg.n_layers);
+    return cache;
+  }
+
+  SequenceCache(const SequenceCache&) = delete;
+  SequenceCache& operator=(const SequenceCache&) = delete;
+
+  // CacheBase.
+  SequenceControl* as_control() noexcept override { return this; }
+  SequencePlanner* as_planner() noexcept override { return this; }
+
+  // SequenceControl.
+  int length() const noexcept override { return length_; }
+  int capacity() const noexcept override { return config_.capacity; }
+  int max_step() const noexcept override { return max_step_; }
+
+  bool can_extend(int n) const noexcept override {
+    return n >= 0 && static_cast<std::int64_t>(length_) + n <= config_.capacity;
+  }
+
+  Result<Step> begin_step(int T) noexcept override {
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
+                                 "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step_);
+    KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
+                                 "T = %d at length %d: length would exceed capacity = %d", T,
+                                 length_, config_.capacity);
+    const int end = length_ + T;
+    // From here on the step's rows count as written: what they held is gone.
+    for (std::size_t i = 0; i < policies_.size(); ++i) {
+      const int floor = policies_[i]->held_floor(end);
+      if (floor > held_floor_[i]) held_floor_[i] = floor;
+    }
+    active_ = Step{length_, T, ++last_step_id_};
+    return active_;
+  }
+
+  Status check_step(const Step& step) const noexcept override {
+    KVCORE_CHECK_OR_RETURN_ERROR(active_.id != 0, InvalidState,
+                                 "step (position %d, T %d): no step is begun", step.position,
+                                 step.T);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        step.id == active_.id && step.position == active_.position && step.T == active_.T,
+        InvalidState, "step (position %d, T %d): not the begun step (position %d, T %d)",
+        step.position, step.T, active_.position, active_.T);
+    return Error::Ok;
+  }
+
+  Status commit(const Step& step) noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_step(step));
+    length_ = active_.end();
+    active_ = Step{};
+    return Error::Ok;
+  }
+
+  Status rewind(int n) noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_rewind(n));
+    length_ = n;
+    active_ = Step{};
+    for (int& floor : held_floor_)
+      if (floor > n) floor = n;  // rows above n are dead; nothing above is held
+    return Error::Ok;
+  }
+
+  bool can_rewind(int n) const noexcept override { return check_rewind(n).ok(); }
+
+  void clear() noexcept override {
+    length_ = 0;
+    active_ = Step{};
+    for (int& floor : held_floor_) floor = 0;
+  }
+
+  // SequencePlanner.
+  int n_layers() const noexcept override { return config_.n_layers; }
+
+  Result<int> rows(int layer) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    return policy(layer).rows();
+  }
+
+  Result<SeqStepPlan> plan(int layer, int position, int T) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_CHECK_OR_RETURN_ERROR(active_.id != 0, InvalidState,
+                                 "plan(position %d, T %d): no step is begun", position, T);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        position == active_.position && T == active_.T, InvalidState,
+        "plan(position %d, T %d): not the begun step (position %d, T %d)", position, T,
+        active_.position, active_.T);
+    return policy(layer).plan(position, T);
+  }
+
+  /// The plan of `layer` for `step`, which must be the begun step (same id).
+  Result<SeqStepPlan> plan(int layer, const Step& step) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_RETURN_IF_ERROR(check_step(step));
+    return policy(layer).plan(step.position, step.T);
+  }
+
+  Result<bool> visible(int layer, int q, int k) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_CHECK_OR_RETURN_ERROR(q >= 0 && k >= 0, InvalidArgument,
+                                 "visible(q = %d, k = %d): positions must be >= 0", q, k);
+    return policy(layer).visible(q, k);
+  }
+
+  // Introspection.
+  const CacheConfig& config() const noexcept { return config_; }
+  /// The begun, uncommitted step; id == 0 when there is none.
+  const Step& active_step() const noexcept { return active_; }
+  /// Distinct policy objects (identical layer policies share one).
+  int n_policies() const noexcept { return static_cast<int>(policies_.size()); }
+  /// Index of the policy object `layer` uses. Precondition: 0 <= layer < n_layers.
+  int policy_index(int layer) const noexcept {
+    return layer_policy_[static_cast<std::size_t>(layer)];
+  }
+  const LayoutPolicy& policy(int layer) const noexcept {
+    return *policies_[static_cast<std::size_t>(policy_index(layer))];
+  }
+
+ private:
+  explicit SequenceCache(const CacheConfig& cfg)
+      : config_(cfg), max_step_(cfg.effective_max_step()) {
+    config_.max_step = max_step_;
+    layer_policy_.reserve(static_cast<std::size_t>(cfg.n_layers));
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const LayerPolicy lp = cfg.layer(l).policy;
+      int index = -1;
+      for (std::size_t i = 0; i < policies_.size(); ++i)
+        if (policies_[i]->policy() == lp) index = static_cast<int>(i);
+      if (index < 0) {
+        index = static_cast<int>(policies_.size());
+        policies_.push_back(make_policy(lp));
+      }
+      layer_policy_.push_back(index);
+    }
+    held_floor_.assign(policies_.size(), 0);
+  }
+
+  std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const {
+    if (lp.kind == LayerPolicy::Kind::Ring)
+      return std::unique_ptr<LayoutPolicy>(
+          new RingPolicy(lp.window, lp.sinks, max_step_, config_.capacity));
+    return std::unique_ptr<LayoutPolicy>(new FlatPolicy(config_.capacity));
+  }
+
+  Status check_layer(int layer) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < config_.n_layers, InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer,
+                                 config_.n_layers);
+    return Error::Ok;
+  }
+
+  Status check_rewind(int n) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= length_, InvalidArgument,
+                                 "rewind(n = %d): must be in [0, length = %d]", n, length_);
+    for (std::size_t i = 0; i < policies_.size(); ++i) {
+      const int needed = policies_[i]->needed_floor(n);
+      if (needed < n && needed < held_floor_[i]) {
+        return Status::make(Error::InvalidState,
+                            "rewind(n = %d): layer %d needs position %d, but its rows now hold "
+                            "only positions >= %d",
+                            n, first_layer_of(static_cast<int>(i)), needed, held_floor_[i]);
+      }
+    }
+    return Error::Ok;
+  }
+
+  int first_layer_of(int policy_idx) const noexcept {
+    for (std::size_t l = 0; l < layer_policy_.size(); ++l)
+      if (layer_policy_[l] == policy_idx) return static_cast<int>(l);
+    return -1;
+  }
+
+  CacheConfig config_;
+  int max_step_;
+  int length_ = 0;
+  Step active_;
+  std::uint64_t last_step_id_ = 0;
+  std::vector<std::unique_ptr<LayoutPolicy>> policies_;
+  std::vector<int> layer_policy_;  // layer -> index into policies_
+  std::vector<int> held_floor_;    // per policy: oldest evictable position still held
+};
+
+}  // namespace kvcore

@@ -1,0 +1,58 @@
+"""kvcore: a backend-neutral KV-cache core for LLM runtimes.
+
+kvcore plans each step with integers: where a step's new K/V rows go and which
+rows every query reads, for full-history (Flat) and sliding-window (Ring, with
+optional attention sinks) layers under one logical length.
+"""
+
+from __future__ import annotations
+
+from kvcore._core import (
+    CacheBase,
+    CacheConfig,
+    Flat,
+    LayerConfig,
+    LayerPolicy,
+    Ring,
+    Run,
+    SeqStepPlan,
+    SequenceCache,
+    Step,
+    __version__,
+)
+from kvcore._errors import (
+    AllocationError,
+    AlreadyRegisteredError,
+    CapacityError,
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    InvalidStateError,
+    KVCacheError,
+    NotFoundError,
+    NotSupportedError,
+)
+
+__all__ = [
+    "AllocationError",
+    "AlreadyRegisteredError",
+    "CacheBase",
+    "CacheConfig",
+    "CapacityError",
+    "Error",
+    "Flat",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidStateError",
+    "KVCacheError",
+    "LayerConfig",
+    "LayerPolicy",
+    "NotFoundError",
+    "NotSupportedError",
+    "Ring",
+    "Run",
+    "SeqStepPlan",
+    "SequenceCache",
+    "Step",
+    "__version__",
+]

@@ -1,0 +1,61 @@
+"""The `kvcore` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import kvcore
+
+
+def _tour(args: argparse.Namespace) -> int:
+    """Decode a few steps through a Gemma-3-style mixed cache and print the plans."""
+    window, sinks, max_step = args.window, args.sinks, args.max_step
+    cfg = kvcore.CacheConfig(
+        capacity=args.capacity,
+        max_step=max_step,
+        layers=[kvcore.LayerConfig(kvcore.Ring(window=window, sinks=sinks), n_kv_heads=1, head_dim=8)] * 5
+        + [kvcore.LayerConfig(kvcore.Flat(), n_kv_heads=1, head_dim=8)],
+    )
+    cache = kvcore.SequenceCache(cfg)
+    print(f"{cache!r}: ring layers hold {cache.rows(0)} rows, the flat layer {cache.rows(5)}")
+    print(f"({cache.n_policies} policy objects serve {cache.n_layers} layers)\n")
+    steps = [max_step] * 2 + [1] * args.decode
+    for T in steps:
+        if not cache.can_extend(T):
+            break
+        with cache.step(T) as step:
+            ring, flat = step.plan(0), step.plan(5)
+            print(f"step at {step.position:3d} (T={T}): ring write {_runs(ring.write)} read {_runs(ring.read)}")
+            print(f"{'':19s}flat read {_runs(flat.read)}")
+    back = cache.length - 1
+    if cache.can_rewind(back):
+        cache.rewind(back)
+        print(f"\nrewound one token: length {cache.length}")
+    return 0
+
+
+def _runs(runs: Sequence[kvcore.Run]) -> str:
+    return " ".join(f"rows[{r.row}:{r.row + r.len}]=pos[{r.pos}:{r.pos + r.len}]" for r in runs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvcore", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kvcore {kvcore.__version__}")
+    sub = parser.add_subparsers(dest="command")
+    tour = sub.add_parser("tour", help="print the plans of a small mixed cache, step by step")
+    tour.add_argument("--window", type=int, default=4)
+    tour.add_argument("--sinks", type=int, default=1)
+    tour.add_argument("--max-step", type=int, default=3)
+    tour.add_argument("--capacity", type=int, default=64)
+    tour.add_argument("--decode", type=int, default=6)
+    tour.set_defaults(run=_tour)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["tour", *(argv or [])])
+    try:
+        return int(args.run(args))
+    except kvcore.KVCacheError as e:
+        print(f"kvcore: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,20 @@
+// One registration function per area of the Python module.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "kvcore/config.h"
+
+namespace kvcore_py {
+
+namespace py = pybind11;
+
+void register_errors(py::module_& m);
+void register_config(py::module_& m);
+void register_cache(py::module_& m);
+
+std::string repr_policy(const kvcore::LayerPolicy& p);
+
+}  // namespace kvcore_py

@@ -1,0 +1,171 @@
+// Python view of SequenceCache, Step and plans.
+#include <pybind11/stl.h>
+
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "bindings.h"
+#include "errors.h"
+#include "step_handle.h"
+#include "kvcore/sequence_cache.h"
+
+namespace kvcore_py {
+
+namespace {
+
+std::string repr(const kvcore::Run& r) {
+  return "Run(row=" + std::to_string(r.row) + ", len=" + std::to_string(r.len) +
+         ", pos=" + std::to_string(r.pos) + ")";
+}
+
+py::tuple runs(const kvcore::Run* runs, int n) {
+  py::tuple out(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = runs[i];
+  return out;
+}
+
+std::string repr(const kvcore::SeqStepPlan& p) {
+  std::string s = "SeqStepPlan(write=[";
+  for (int i = 0; i < p.n_write; ++i) s += (i ? ", " : "") + repr(p.write[i]);
+  s += "], read=[";
+  for (int i = 0; i < p.n_read; ++i) s += (i ? ", " : "") + repr(p.read[i]);
+  return s + "])";
+}
+
+std::string repr(const StepHandle& h) {
+  return "Step(position=" + std::to_string(h.step.position) + ", T=" + std::to_string(h.step.T) +
+         ")";
+}
+
+}  // namespace
+
+void register_cache(py::module_& m) {
+  py::class_<kvcore::Run>(m, "Run", "`len` consecutive rows from `row`, holding positions from `pos`.")
+      .def(py::init([](int row, int len, int pos) { return kvcore::Run{row, len, pos}; }),
+           py::arg("row"), py::arg("len"), py::arg("pos"))
+      .def_readonly("row", &kvcore::Run::row)
+      .def_readonly("len", &kvcore::Run::len)
+      .def_readonly("pos", &kvcore::Run::pos)
+      .def("__eq__", [](const kvcore::Run& a, const kvcore::Run& b) { return a == b; })
+      .def("__hash__", [](const kvcore::Run& r) { return py::hash(py::make_tuple(r.row, r.len, r.pos)); })
+      .def("__iter__", [](const kvcore::Run& r) { return py::iter(py::make_tuple(r.row, r.len, r.pos)); })
+      .def("__repr__", [](const kvcore::Run& r) { return repr(r); });
+
+  py::class_<kvcore::SeqStepPlan>(m, "SeqStepPlan", "One layer's plan for one step.")
+      .def_property_readonly("write", [](const kvcore::SeqStepPlan& p) { return runs(p.write, p.n_write); })
+      .def_property_readonly("read", [](const kvcore::SeqStepPlan& p) { return runs(p.read, p.n_read); })
+      .def_property_readonly("write_len", &kvcore::SeqStepPlan::write_len)
+      .def_property_readonly("read_len", &kvcore::SeqStepPlan::read_len)
+      .def_property_readonly("is_contiguous", &kvcore::SeqStepPlan::is_contiguous)
+      .def("__eq__", [](const kvcore::SeqStepPlan& a, const kvcore::SeqStepPlan& b) { return a == b; })
+      .def("__repr__", [](const kvcore::SeqStepPlan& p) { return repr(p); });
+
+  py::class_<kvcore::CacheBase, std::shared_ptr<kvcore::CacheBase>>(
+      m, "CacheBase", "Any cache a registry can hold.");
+
+  py::class_<StepHandle>(m, "Step",
+                         "A begun step. As a context manager it commits on normal exit and "
+                         "leaves the step uncommitted when the body raises.")
+      .def_property_readonly("position", [](const StepHandle& h) { return h.step.position; })
+      .def_property_readonly("T", [](const StepHandle& h) { return h.step.T; })
+      .def_property_readonly("end", [](const StepHandle& h) { return h.step.end(); })
+      .def_property_readonly("is_current",
+                             [](const StepHandle& h) { return h.cache->check_step(h.step).ok(); })
+      .def("plan",
+           [](const StepHandle& h, std::int64_t layer) {
+             return unwrap(h.cache->plan(to_int("layer", layer), h.step));
+           },
+           py::arg("layer"))
+      .def("commit", [](const StepHandle& h) { throw_if_error(h.cache->commit(h.step)); })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](const StepHandle& h, py::object exc_type, py::object, py::object) {
+             if (exc_type.is_none()) throw_if_error(h.cache->commit(h.step));
+             return false;
+           })
+      .def("__repr__", [](const StepHandle& h) { return repr(h); });
+
+  py::class_<kvcore::SequenceCache, kvcore::CacheBase, std::shared_ptr<kvcore::SequenceCache>>(
+      m, "SequenceCache", "One logical length over flat and ring layers.")
+      .def(py::init([](const kvcore::CacheConfig& cfg) {
+             return std::shared_ptr<kvcore::SequenceCache>(unwrap(kvcore::SequenceCache::create(cfg)));
+           }),
+           py::arg("config"))
+      .def_property_readonly("length", &kvcore::SequenceCache::length)
+      .def_property_readonly("capacity", &kvcore::SequenceCache::capacity)
+      .def_property_readonly("max_step", &kvcore::SequenceCache::max_step)
+      .def_property_readonly("n_layers", &kvcore::SequenceCache::n_layers)
+      .def_property_readonly("n_policies", &kvcore::SequenceCache::n_policies)
+      .def_property_readonly("config", &kvcore::SequenceCache::config)
+      .def("policy_index",
+           [](const kvcore::SequenceCache& c, std::int64_t layer) {
+             const int l = to_int("layer", layer);
+             throw_if_error(kvcore::internal::to_status(c.rows(l)));
+             return c.policy_index(l);
+           },
+           py::arg("layer"))
+      .def("rows",
+           [](const kvcore::SequenceCache& c, std::int64_t layer) { return unwrap(c.rows(to_int("layer", layer))); },
+           py::arg("layer"))
+      .def("can_extend",
+           [](const kvcore::SequenceCache& c, std::int64_t n) {
+             return n >= 0 && n <= std::numeric_limits<int>::max() && c.can_extend(static_cast<int>(n));
+           },
+           py::arg("n") = 1)
+      .def("begin_step",
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, std::int64_t T) {
+             return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
+           },
+           py::arg("T"))
+      .def("step",
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, std::int64_t T) {
+             return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
+           },
+           py::arg("T"), "begin_step(T), for use as `with cache.step(T) as step:`.")
+      .def_property_readonly("active_step",
+                             [](const std::shared_ptr<kvcore::SequenceCache>& c) -> py::object {
+                               if (c->active_step().id == 0) return py::none();
+                               return py::cast(StepHandle{c, c->active_step()});
+                             })
+      .def("plan",
+           [](const kvcore::SequenceCache& c, std::int64_t layer, std::int64_t position, std::int64_t T) {
+             return unwrap(c.plan(to_int("layer", layer), to_int("position", position), to_int("T", T)));
+           },
+           py::arg("layer"), py::arg("position"), py::arg("T"))
+      .def("commit",
+           [](kvcore::SequenceCache& c, const StepHandle& h) {
+             if (h.cache.get() != &c)
+               raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
+             throw_if_error(c.commit(h.step));
+           },
+           py::arg("step"))
+      .def("rewind", [](kvcore::SequenceCache& c, std::int64_t n) { throw_if_error(c.rewind(to_int("n", n))); },
+           py::arg("n"))
+      .def("can_rewind",
+           [](const kvcore::SequenceCache& c, std::int64_t n) {
+             return n >= 0 && n <= std::numeric_limits<int>::max() && c.can_rewind(static_cast<int>(n));
+           },
+           py::arg("n"))
+      .def("clear", &kvcore::SequenceCache::clear)
+      .def("visible",
+           [](const kvcore::SequenceCache& c, std::int64_t layer, std::int64_t q, std::int64_t k) {
+             return unwrap(c.visible(to_int("layer", layer), to_int("q", q), to_int("k", k)));
+           },
+           py::arg("layer"), py::arg("q"), py::arg("k"))
+      .def("layer_policy",
+           [](const kvcore::SequenceCache& c, std::int64_t layer) {
+             const int l = to_int("layer", layer);
+             throw_if_error(kvcore::internal::to_status(c.rows(l)));
+             return c.config().layer(l).policy;
+           },
+           py::arg("layer"))
+      .def("__repr__", [](const kvcore::SequenceCache& c) {
+        return "SequenceCache(length=" + std::to_string(c.length()) +
+               ", capacity=" + std::to_string(c.capacity()) +
+               ", max_step=" + std::to_string(c.max_step()) +
+               ", n_layers=" + std::to_string(c.n_layers()) + ")";
+      });
+}
+
+}  // namespace kvcore_py

@@ -1,0 +1,136 @@
+// Python view of LayerPolicy / LayerConfig / CacheConfig.
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "bindings.h"
+#include "errors.h"
+#include "kvcore/config.h"
+
+namespace kvcore_py {
+
+std::string repr_policy(const kvcore::LayerPolicy& p) {
+  if (p.kind == kvcore::LayerPolicy::Kind::Flat) return "Flat()";
+  return "Ring(window=" + std::to_string(p.window) + ", sinks=" + std::to_string(p.sinks) + ")";
+}
+
+namespace {
+
+std::string repr(const kvcore::LayerConfig& l) {
+  std::string s = "LayerConfig(" + repr_policy(l.policy) + ", n_kv_heads=" + std::to_string(l.n_kv_heads) +
+                  ", head_dim=" + std::to_string(l.head_dim);
+  if (l.v_head_dim != 0) s += ", v_head_dim=" + std::to_string(l.v_head_dim);
+  return s + ")";
+}
+
+kvcore::LayerPolicy make_ring(std::int64_t window, std::int64_t sinks) {
+  kvcore::LayerPolicy p = kvcore::LayerPolicy::ring(to_int("window", window), to_int("sinks", sinks));
+  if (p.window < 1)
+    raise(kvcore::Error::InvalidArgument,
+          "window = " + std::to_string(p.window) + ": a Ring layer needs window >= 1");
+  if (p.sinks < 0)
+    raise(kvcore::Error::InvalidArgument,
+          "sinks = " + std::to_string(p.sinks) + ": a Ring layer needs sinks >= 0");
+  return p;
+}
+
+}  // namespace
+
+void register_config(py::module_& m) {
+  py::class_<kvcore::LayerPolicy> policy(m, "LayerPolicy",
+                                         "How one layer keeps its history: Flat() or Ring(...).");
+  py::enum_<kvcore::LayerPolicy::Kind>(policy, "Kind")
+      .value("Flat", kvcore::LayerPolicy::Kind::Flat)
+      .value("Ring", kvcore::LayerPolicy::Kind::Ring);
+  policy.def_readonly("kind", &kvcore::LayerPolicy::kind)
+      .def_readonly("window", &kvcore::LayerPolicy::window)
+      .def_readonly("sinks", &kvcore::LayerPolicy::sinks)
+      .def_property_readonly("is_ring",
+                             [](const kvcore::LayerPolicy& p) {
+                               return p.kind == kvcore::LayerPolicy::Kind::Ring;
+                             })
+      .def("__eq__", [](const kvcore::LayerPolicy& a, const kvcore::LayerPolicy& b) { return a == b; })
+      .def("__hash__",
+           [](const kvcore::LayerPolicy& p) {
+             return py::hash(py::make_tuple(static_cast<int>(p.kind), p.window, p.sinks));
+           })
+      .def("__repr__", [](const kvcore::LayerPolicy& p) { return repr_policy(p); });
+
+  m.def("Flat", [] { return kvcore::LayerPolicy::flat(); }, "Full history: every earlier key is visible.");
+  m.def("Ring", &make_ring, py::arg("window"), py::arg("sinks") = 0,
+        "Sliding window of `window` keys counting the query itself, plus `sinks` first "
+        "positions kept forever.");
+
+  py::class_<kvcore::LayerConfig>(m, "LayerConfig", "One layer's policy and K/V row shape.")
+      .def(py::init([](const kvcore::LayerPolicy& policy, std::int64_t n_kv_heads,
+                       std::int64_t head_dim, std::int64_t v_head_dim) {
+             kvcore::LayerConfig l;
+             l.policy = policy;
+             l.n_kv_heads = to_int("n_kv_heads", n_kv_heads);
+             l.head_dim = to_int("head_dim", head_dim);
+             l.v_head_dim = to_int("v_head_dim", v_head_dim);
+             // Check the layer alone now, so the error points at this line.
+             kvcore::CacheConfig probe;
+             probe.capacity = 1;
+             probe.n_layers = 1;
+             probe.layers = {l};
+             throw_if_error(kvcore::validate(probe));
+             return l;
+           }),
+           py::arg("policy"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("v_head_dim") = 0)
+      .def_readonly("policy", &kvcore::LayerConfig::policy)
+      .def_readonly("n_kv_heads", &kvcore::LayerConfig::n_kv_heads)
+      .def_readonly("head_dim", &kvcore::LayerConfig::head_dim)
+      .def_readonly("v_head_dim", &kvcore::LayerConfig::v_head_dim)
+      .def_property_readonly("value_dim", &kvcore::LayerConfig::value_dim)
+      .def("__eq__",
+           [](const kvcore::LayerConfig& a, const kvcore::LayerConfig& b) {
+             return a.policy == b.policy && a.n_kv_heads == b.n_kv_heads &&
+                    a.head_dim == b.head_dim && a.value_dim() == b.value_dim();
+           })
+      .def("__repr__", [](const kvcore::LayerConfig& l) { return repr(l); });
+
+  py::class_<kvcore::CacheConfig>(m, "CacheConfig", "Model facts and per-layer policies.")
+      .def(py::init([](std::int64_t capacity, py::object layers, py::object n_layers,
+                       py::object max_step, std::int64_t initial_capacity) {
+             kvcore::CacheConfig cfg;
+             cfg.capacity = to_int("capacity", capacity);
+             if (py::isinstance<kvcore::LayerConfig>(layers)) {
+               cfg.layers = {layers.cast<kvcore::LayerConfig>()};
+             } else {
+               cfg.layers = layers.cast<std::vector<kvcore::LayerConfig>>();
+             }
+             cfg.n_layers = n_layers.is_none() ? static_cast<int>(cfg.layers.size())
+                                               : to_int("n_layers", n_layers.cast<std::int64_t>());
+             if (!max_step.is_none()) {
+               cfg.max_step = to_int("max_step", max_step.cast<std::int64_t>());
+               if (cfg.max_step < 1)
+                 raise(kvcore::Error::InvalidArgument,
+                       "max_step = " + std::to_string(cfg.max_step) + ": must be >= 1");
+             }
+             cfg.initial_capacity = to_int("initial_capacity", initial_capacity);
+             throw_if_error(kvcore::validate(cfg));
+             cfg.max_step = cfg.effective_max_step();
+             return cfg;
+           }),
+           py::arg("capacity"), py::arg("layers"), py::kw_only(), py::arg("n_layers") = py::none(),
+           py::arg("max_step") = py::none(), py::arg("initial_capacity") = 512)
+      .def_readonly("capacity", &kvcore::CacheConfig::capacity)
+      .def_readonly("n_layers", &kvcore::CacheConfig::n_layers)
+      .def_readonly("max_step", &kvcore::CacheConfig::max_step)
+      .def_readonly("initial_capacity", &kvcore::CacheConfig::initial_capacity)
+      .def_property_readonly("layers",
+                             [](const kvcore::CacheConfig& c) {
+                               py::list out;
+                               for (int l = 0; l < c.n_layers; ++l) out.append(c.layer(l));
+                               return py::tuple(out);
+                             })
+      .def("__repr__", [](const kvcore::CacheConfig& c) {
+        return "CacheConfig(capacity=" + std::to_string(c.capacity) +
+               ", n_layers=" + std::to_string(c.n_layers) +
+               ", max_step=" + std::to_string(c.max_step) + ", layers=" +
+               std::to_string(c.layers.size()) + " entr" + (c.layers.size() == 1 ? "y" : "ies") + ")";
+      });
+}
+
+}  // namespace kvcore_py

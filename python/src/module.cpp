@@ -1,0 +1,11 @@
+// kvcore._core: the compiled half of the kvcore package.
+#include "bindings.h"
+#include "kvcore/version.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "kvcore's C++ core (use the kvcore package, not this module).";
+  m.attr("__version__") = KVCORE_VERSION;
+  kvcore_py::register_errors(m);
+  kvcore_py::register_config(m);
+  kvcore_py::register_cache(m);
+}
