@@ -1,7 +1,6 @@
 // Python view of SequenceCache, Step and plans.
 #include <pybind11/stl.h>
 
-#include <limits>
 #include <memory>
 #include <string>
 
@@ -42,12 +41,15 @@ std::string repr(const StepHandle& h) {
 
 void register_cache(py::module_& m) {
   py::class_<kvcore::Run>(m, "Run", "`len` consecutive rows from `row`, holding positions from `pos`.")
-      .def(py::init([](int row, int len, int pos) { return kvcore::Run{row, len, pos}; }),
+      .def(py::init([](const PyInt& row, const PyInt& len, const PyInt& pos) {
+             return kvcore::Run{to_int("row", row), to_int("len", len), to_int("pos", pos)};
+           }),
            py::arg("row"), py::arg("len"), py::arg("pos"))
       .def_readonly("row", &kvcore::Run::row)
       .def_readonly("len", &kvcore::Run::len)
       .def_readonly("pos", &kvcore::Run::pos)
-      .def("__eq__", [](const kvcore::Run& a, const kvcore::Run& b) { return a == b; })
+      // is_operator: comparing with another type gives NotImplemented (so False), not TypeError.
+      .def("__eq__", [](const kvcore::Run& a, const kvcore::Run& b) { return a == b; }, py::is_operator())
       .def("__hash__", [](const kvcore::Run& r) { return py::hash(py::make_tuple(r.row, r.len, r.pos)); })
       .def("__iter__", [](const kvcore::Run& r) { return py::iter(py::make_tuple(r.row, r.len, r.pos)); })
       .def("__repr__", [](const kvcore::Run& r) { return repr(r); });
@@ -58,7 +60,8 @@ void register_cache(py::module_& m) {
       .def_property_readonly("write_len", &kvcore::SeqStepPlan::write_len)
       .def_property_readonly("read_len", &kvcore::SeqStepPlan::read_len)
       .def_property_readonly("is_contiguous", &kvcore::SeqStepPlan::is_contiguous)
-      .def("__eq__", [](const kvcore::SeqStepPlan& a, const kvcore::SeqStepPlan& b) { return a == b; })
+      .def("__eq__", [](const kvcore::SeqStepPlan& a, const kvcore::SeqStepPlan& b) { return a == b; },
+           py::is_operator())
       .def("__repr__", [](const kvcore::SeqStepPlan& p) { return repr(p); });
 
   py::class_<kvcore::CacheBase, std::shared_ptr<kvcore::CacheBase>>(
@@ -73,7 +76,7 @@ void register_cache(py::module_& m) {
       .def_property_readonly("is_current",
                              [](const StepHandle& h) { return h.cache->check_step(h.step).ok(); })
       .def("plan",
-           [](const StepHandle& h, std::int64_t layer) {
+           [](const StepHandle& h, const PyInt& layer) {
              return unwrap(h.cache->plan(to_int("layer", layer), h.step));
            },
            py::arg("layer"))
@@ -99,27 +102,28 @@ void register_cache(py::module_& m) {
       .def_property_readonly("n_policies", &kvcore::SequenceCache::n_policies)
       .def_property_readonly("config", &kvcore::SequenceCache::config)
       .def("policy_index",
-           [](const kvcore::SequenceCache& c, std::int64_t layer) {
+           [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
              return c.policy_index(l);
            },
            py::arg("layer"))
       .def("rows",
-           [](const kvcore::SequenceCache& c, std::int64_t layer) { return unwrap(c.rows(to_int("layer", layer))); },
+           [](const kvcore::SequenceCache& c, const PyInt& layer) { return unwrap(c.rows(to_int("layer", layer))); },
            py::arg("layer"))
       .def("can_extend",
-           [](const kvcore::SequenceCache& c, std::int64_t n) {
-             return n >= 0 && n <= std::numeric_limits<int>::max() && c.can_extend(static_cast<int>(n));
+           [](const kvcore::SequenceCache& c, const PyInt& n) {
+             int v = 0;
+             return fits_int(n, &v) && c.can_extend(v);
            },
            py::arg("n") = 1)
       .def("begin_step",
-           [](const std::shared_ptr<kvcore::SequenceCache>& c, std::int64_t T) {
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T) {
              return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
            },
            py::arg("T"))
       .def("step",
-           [](const std::shared_ptr<kvcore::SequenceCache>& c, std::int64_t T) {
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T) {
              return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
            },
            py::arg("T"), "begin_step(T), for use as `with cache.step(T) as step:`.")
@@ -129,7 +133,7 @@ void register_cache(py::module_& m) {
                                return py::cast(StepHandle{c, c->active_step()});
                              })
       .def("plan",
-           [](const kvcore::SequenceCache& c, std::int64_t layer, std::int64_t position, std::int64_t T) {
+           [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& position, const PyInt& T) {
              return unwrap(c.plan(to_int("layer", layer), to_int("position", position), to_int("T", T)));
            },
            py::arg("layer"), py::arg("position"), py::arg("T"))
@@ -140,21 +144,22 @@ void register_cache(py::module_& m) {
              throw_if_error(c.commit(h.step));
            },
            py::arg("step"))
-      .def("rewind", [](kvcore::SequenceCache& c, std::int64_t n) { throw_if_error(c.rewind(to_int("n", n))); },
+      .def("rewind", [](kvcore::SequenceCache& c, const PyInt& n) { throw_if_error(c.rewind(to_int("n", n))); },
            py::arg("n"))
       .def("can_rewind",
-           [](const kvcore::SequenceCache& c, std::int64_t n) {
-             return n >= 0 && n <= std::numeric_limits<int>::max() && c.can_rewind(static_cast<int>(n));
+           [](const kvcore::SequenceCache& c, const PyInt& n) {
+             int v = 0;  // never raises: any int rewind() would refuse answers False
+             return fits_int(n, &v) && c.can_rewind(v);
            },
            py::arg("n"))
       .def("clear", &kvcore::SequenceCache::clear)
       .def("visible",
-           [](const kvcore::SequenceCache& c, std::int64_t layer, std::int64_t q, std::int64_t k) {
+           [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& q, const PyInt& k) {
              return unwrap(c.visible(to_int("layer", layer), to_int("q", q), to_int("k", k)));
            },
            py::arg("layer"), py::arg("q"), py::arg("k"))
       .def("layer_policy",
-           [](const kvcore::SequenceCache& c, std::int64_t layer) {
+           [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
              return c.config().layer(l).policy;

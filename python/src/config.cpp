@@ -1,7 +1,10 @@
 // Python view of LayerPolicy / LayerConfig / CacheConfig.
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "bindings.h"
 #include "errors.h"
@@ -23,7 +26,7 @@ std::string repr(const kvcore::LayerConfig& l) {
   return s + ")";
 }
 
-kvcore::LayerPolicy make_ring(std::int64_t window, std::int64_t sinks) {
+kvcore::LayerPolicy make_ring(const PyInt& window, const PyInt& sinks) {
   kvcore::LayerPolicy p = kvcore::LayerPolicy::ring(to_int("window", window), to_int("sinks", sinks));
   if (p.window < 1)
     raise(kvcore::Error::InvalidArgument,
@@ -33,6 +36,25 @@ kvcore::LayerPolicy make_ring(std::int64_t window, std::int64_t sinks) {
           "sinks = " + std::to_string(p.sinks) + ": a Ring layer needs sinks >= 0");
   return p;
 }
+
+// Mirrors the constructor call, so the repr reads as the config it is.
+std::string repr(const kvcore::CacheConfig& c) {
+  std::string layers;
+  if (c.layers.size() == 1) {
+    layers = repr(c.layers.front());
+  } else {
+    layers = "[";
+    for (std::size_t i = 0; i < c.layers.size(); ++i) layers += (i ? ", " : "") + repr(c.layers[i]);
+    layers += "]";
+  }
+  std::string s = "CacheConfig(capacity=" + std::to_string(c.capacity) + ", layers=" + layers +
+                  ", n_layers=" + std::to_string(c.n_layers) +
+                  ", max_step=" + std::to_string(c.max_step);
+  if (c.initial_capacity != 512) s += ", initial_capacity=" + std::to_string(c.initial_capacity);
+  return s + ")";
+}
+
+using LayersArg = std::variant<kvcore::LayerConfig, std::vector<kvcore::LayerConfig>>;
 
 }  // namespace
 
@@ -49,7 +71,9 @@ void register_config(py::module_& m) {
                              [](const kvcore::LayerPolicy& p) {
                                return p.kind == kvcore::LayerPolicy::Kind::Ring;
                              })
-      .def("__eq__", [](const kvcore::LayerPolicy& a, const kvcore::LayerPolicy& b) { return a == b; })
+      // is_operator: comparing with another type gives NotImplemented (so False), not TypeError.
+      .def("__eq__", [](const kvcore::LayerPolicy& a, const kvcore::LayerPolicy& b) { return a == b; },
+           py::is_operator())
       .def("__hash__",
            [](const kvcore::LayerPolicy& p) {
              return py::hash(py::make_tuple(static_cast<int>(p.kind), p.window, p.sinks));
@@ -62,19 +86,27 @@ void register_config(py::module_& m) {
         "positions kept forever.");
 
   py::class_<kvcore::LayerConfig>(m, "LayerConfig", "One layer's policy and K/V row shape.")
-      .def(py::init([](const kvcore::LayerPolicy& policy, std::int64_t n_kv_heads,
-                       std::int64_t head_dim, std::int64_t v_head_dim) {
+      .def(py::init([](const kvcore::LayerPolicy& policy, const PyInt& n_kv_heads,
+                       const PyInt& head_dim, const PyInt& v_head_dim) {
              kvcore::LayerConfig l;
              l.policy = policy;
              l.n_kv_heads = to_int("n_kv_heads", n_kv_heads);
              l.head_dim = to_int("head_dim", head_dim);
              l.v_head_dim = to_int("v_head_dim", v_head_dim);
-             // Check the layer alone now, so the error points at this line.
+             // Check the layer alone now, so the error points at this line; the
+             // message names the field as the caller wrote it ("head_dim", not
+             // "layers[0].head_dim").
              kvcore::CacheConfig probe;
              probe.capacity = 1;
              probe.n_layers = 1;
              probe.layers = {l};
-             throw_if_error(kvcore::validate(probe));
+             const kvcore::Status status = kvcore::validate(probe);
+             if (!status.ok()) {
+               std::string message = status.message();
+               const std::string prefix = "layers[0].";
+               if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
+               raise(status.code(), message);
+             }
              return l;
            }),
            py::arg("policy"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("v_head_dim") = 0)
@@ -87,23 +119,32 @@ void register_config(py::module_& m) {
            [](const kvcore::LayerConfig& a, const kvcore::LayerConfig& b) {
              return a.policy == b.policy && a.n_kv_heads == b.n_kv_heads &&
                     a.head_dim == b.head_dim && a.value_dim() == b.value_dim();
-           })
+           },
+           py::is_operator())
       .def("__repr__", [](const kvcore::LayerConfig& l) { return repr(l); });
 
   py::class_<kvcore::CacheConfig>(m, "CacheConfig", "Model facts and per-layer policies.")
-      .def(py::init([](std::int64_t capacity, py::object layers, py::object n_layers,
-                       py::object max_step, std::int64_t initial_capacity) {
+      // Typed arguments: a wrong type is a TypeError naming the signature.
+      .def(py::init([](const PyInt& capacity, const LayersArg& layers,
+                       const std::optional<PyInt>& n_layers, const std::optional<PyInt>& max_step,
+                       const PyInt& initial_capacity) {
              kvcore::CacheConfig cfg;
              cfg.capacity = to_int("capacity", capacity);
-             if (py::isinstance<kvcore::LayerConfig>(layers)) {
-               cfg.layers = {layers.cast<kvcore::LayerConfig>()};
+             if (const auto* one = std::get_if<kvcore::LayerConfig>(&layers)) {
+               cfg.layers = {*one};
              } else {
-               cfg.layers = layers.cast<std::vector<kvcore::LayerConfig>>();
+               cfg.layers = std::get<std::vector<kvcore::LayerConfig>>(layers);
              }
-             cfg.n_layers = n_layers.is_none() ? static_cast<int>(cfg.layers.size())
-                                               : to_int("n_layers", n_layers.cast<std::int64_t>());
-             if (!max_step.is_none()) {
-               cfg.max_step = to_int("max_step", max_step.cast<std::int64_t>());
+             if (n_layers) {
+               cfg.n_layers = to_int("n_layers", *n_layers);
+             } else {
+               if (cfg.layers.empty())
+                 raise(kvcore::Error::InvalidArgument,
+                       "layers is empty: give one LayerConfig (broadcast) or one per layer");
+               cfg.n_layers = static_cast<int>(cfg.layers.size());
+             }
+             if (max_step) {
+               cfg.max_step = to_int("max_step", *max_step);
                if (cfg.max_step < 1)
                  raise(kvcore::Error::InvalidArgument,
                        "max_step = " + std::to_string(cfg.max_step) + ": must be >= 1");
@@ -125,12 +166,7 @@ void register_config(py::module_& m) {
                                for (int l = 0; l < c.n_layers; ++l) out.append(c.layer(l));
                                return py::tuple(out);
                              })
-      .def("__repr__", [](const kvcore::CacheConfig& c) {
-        return "CacheConfig(capacity=" + std::to_string(c.capacity) +
-               ", n_layers=" + std::to_string(c.n_layers) +
-               ", max_step=" + std::to_string(c.max_step) + ", layers=" +
-               std::to_string(c.layers.size()) + " entr" + (c.layers.size() == 1 ? "y" : "ies") + ")";
-      });
+      .def("__repr__", [](const kvcore::CacheConfig& c) { return repr(c); });
 }
 
 }  // namespace kvcore_py

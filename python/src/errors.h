@@ -40,6 +40,61 @@ T unwrap(kvcore::Result<T>&& result) {
   return std::move(result).get();
 }
 
+/// A Python int of any size (or any object with __index__, like numpy ints).
+/// Binding integer arguments as PyInt instead of std::int64_t lets to_int() report
+/// 2**70 as an InvalidArgumentError naming the value rather than a TypeError.
+struct PyInt {
+  py::int_ value;
+};
+
+}  // namespace kvcore_py
+
+namespace pybind11 {
+namespace detail {
+
+template <>
+struct type_caster<kvcore_py::PyInt> {
+  PYBIND11_TYPE_CASTER(kvcore_py::PyInt, const_name("typing.SupportsIndex"));
+
+  bool load(handle src, bool /*convert*/) {
+    // bool is an int in Python; floats and str have no __index__ and are refused.
+    if (!src) return false;
+    PyObject* index = PyNumber_Index(src.ptr());
+    if (index == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    value.value = reinterpret_steal<int_>(index);
+    return true;
+  }
+};
+
+}  // namespace detail
+}  // namespace pybind11
+
+namespace kvcore_py {
+
+/// True, with *out set, when `value` fits a C int. For the predicates
+/// (can_rewind, can_extend) that answer False instead of raising.
+inline bool fits_int(const PyInt& value, int* out) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(value.value.ptr(), &overflow);
+  if (overflow != 0 || v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+/// Narrows a Python int to a C int, or raises InvalidArgumentError naming it.
+inline int to_int(const char* name, const PyInt& value) {
+  int v = 0;
+  if (!fits_int(value, &v))
+    raise(kvcore::Error::InvalidArgument, std::string(name) + " = " +
+                                              py::str(value.value).cast<std::string>() +
+                                              ": must fit in a 32-bit signed int");
+  return v;
+}
+
 /// Narrows a Python int to a C int, or raises InvalidArgumentError naming it.
 inline int to_int(const char* name, std::int64_t value) {
   if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
