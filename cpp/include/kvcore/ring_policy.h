@@ -73,7 +73,9 @@ class RingPolicy final : public LayoutPolicy {
   int row_run_end(int pos) const noexcept {
     if (!wraps_) return capacity_end();
     if (pos < sinks_) return sinks_ + ring_;  // sinks run straight into ring row S
-    return pos + (sinks_ + ring_ - row(pos));
+    // 64-bit and clamped: within R of INT_MAX, pos + rows left would overflow.
+    const std::int64_t end = static_cast<std::int64_t>(pos) + (sinks_ + ring_ - row(pos));
+    return end < capacity_end() ? static_cast<int>(end) : capacity_end();
   }
   static constexpr int capacity_end() noexcept { return 0x7fffffff; }
 
