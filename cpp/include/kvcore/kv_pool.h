@@ -1,0 +1,494 @@
+// KVPool: reference CPU storage that applies plans. Each layer keeps K and V as
+// rows of n_kv_heads x head_dim elements (V: n_kv_heads x value_dim), row-major
+// [rows, heads, dim], in one element type chosen at construction. The pool
+// moves bytes; it never interprets elements.
+//
+// Two modes:
+//  - growing (create): each layer starts at initial_capacity rows and doubles,
+//    up to rows(layer), when a write reaches further; blocks come from a
+//    PoolAllocator, and a failed growth leaves the pool as it was;
+//  - arena (in_arena): one caller-provided block sized by required_bytes();
+//    nothing is allocated, not even the layer table.
+// Rows never written read as zeros in both modes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kvcore/config.h"
+#include "kvcore/dtype.h"
+#include "kvcore/flat_policy.h"
+#include "kvcore/plan.h"
+#include "kvcore/pool_allocator.h"
+#include "kvcore/result.h"
+#include "kvcore/ring_policy.h"
+#include "kvcore/sequence_cache.h"
+
+namespace kvcore {
+
+/// One read run as zero-copy spans: `run.len` rows of K from `k` and of V from `v`.
+struct KVSpan {
+  const unsigned char* k = nullptr;
+  const unsigned char* v = nullptr;
+  Run run;
+};
+
+/// A plan's read runs as spans, in position order.
+struct KVViews {
+  KVSpan span[SeqStepPlan::kMaxReadRuns];
+  int n = 0;
+
+  /// Rows over all spans (the plan's read_len).
+  int len() const noexcept {
+    int rows = 0;
+    for (int i = 0; i < n; ++i) rows += span[i].run.len;
+    return rows;
+  }
+};
+
+/// Shape and storage of one layer.
+struct PoolLayer {
+  /// n_kv_heads * head_dim * element size.
+  std::size_t k_row_bytes = 0;
+  /// n_kv_heads * value_dim * element size.
+  std::size_t v_row_bytes = 0;
+  /// rows(layer): the most rows the layer ever holds.
+  int rows = 0;
+  /// Rows backed by storage now (always `rows` in arena mode).
+  int allocated_rows = 0;
+  unsigned char* k = nullptr;
+  unsigned char* v = nullptr;
+};
+
+class KVPool {
+ public:
+  /// Every K and V block of an arena starts on this boundary.
+  static constexpr std::size_t kArenaAlignment = 64;
+
+  /// A growing pool for `cache`'s layers (shapes from cache.config(), rows from
+  /// cache.rows(layer)), each starting at min(initial_capacity, rows) rows.
+  /// InvalidArgument: dtype outside DType, allocator without both functions, or a
+  /// layer whose bytes overflow the address space. MemoryAllocationFailed: the
+  /// initial blocks cannot be allocated (nothing is kept).
+  static Result<KVPool> create(const SequenceCache& cache, DType dtype,
+                               PoolAllocator allocator = PoolAllocator::heap()) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
+                                 InvalidArgument,
+                                 "allocator: both allocate and release must be set");
+    const CacheConfig& cfg = cache.config();
+    KVPool pool(dtype, allocator);
+    void* table = std::calloc(static_cast<std::size_t>(cfg.n_layers), sizeof(PoolLayer));
+    KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
+                                 "cannot allocate the layer table of %d layers", cfg.n_layers);
+    pool.layers_ = static_cast<PoolLayer*>(table);
+    pool.n_layers_ = cfg.n_layers;
+    for (int l = 0; l < cfg.n_layers; ++l) new (&pool.layers_[l]) PoolLayer();
+    // On any failure below, ~KVPool releases what was allocated so far.
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      PoolLayer& layer = pool.layers_[l];
+      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, cache.policy(l).rows(), &layer));
+      const int initial = cfg.initial_capacity < layer.rows ? cfg.initial_capacity : layer.rows;
+      KVCORE_RETURN_IF_ERROR(pool.grow(l, initial));
+    }
+    return pool;
+  }
+
+  /// Bytes in_arena() needs for a cache built from `config`, alignment slack
+  /// included (any arena address works). InvalidArgument: `config` breaks a rule
+  /// of validate(), dtype outside DType, or the total overflows the address space.
+  static Result<std::size_t> required_bytes(const CacheConfig& config, DType dtype) noexcept {
+    KVCORE_RETURN_IF_ERROR(validate(config));
+    KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    return arena_bytes(config, dtype, [&config](int l) { return policy_rows(config, l); });
+  }
+
+  /// A pool whose table and rows all live in `arena` (at least
+  /// required_bytes(cache.config(), dtype) bytes, any alignment). Allocates
+  /// nothing; the arena must outlive the pool. InvalidArgument: dtype outside
+  /// DType, null arena, arena too small (the message names both sizes).
+  static Result<KVPool> in_arena(const SequenceCache& cache, DType dtype, void* arena,
+                                 std::size_t arena_bytes_given) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
+    const CacheConfig& cfg = cache.config();
+    KVCORE_ASSIGN_OR_RETURN(
+        const std::size_t needed,
+        arena_bytes(cfg, dtype, [&cache](int l) { return cache.policy(l).rows(); }));
+    KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
+                                 "arena of %zu bytes: the pool needs %zu (required_bytes)",
+                                 arena_bytes_given, needed);
+    KVPool pool(dtype, PoolAllocator{});
+    pool.arena_ = true;
+    unsigned char* at = align_up(static_cast<unsigned char*>(arena));
+    pool.layers_ = reinterpret_cast<PoolLayer*>(at);
+    pool.n_layers_ = cfg.n_layers;
+    at += round_up(static_cast<std::uint64_t>(cfg.n_layers) * sizeof(PoolLayer));
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      PoolLayer* layer = new (&pool.layers_[l]) PoolLayer();
+      // Cannot fail: arena_bytes() already checked every layer's shape.
+      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, cache.policy(l).rows(), layer));
+      const std::size_t k_bytes = layer->k_row_bytes * static_cast<std::size_t>(layer->rows);
+      const std::size_t v_bytes = layer->v_row_bytes * static_cast<std::size_t>(layer->rows);
+      layer->k = at;
+      at += round_up(k_bytes);
+      layer->v = at;
+      at += round_up(v_bytes);
+      layer->allocated_rows = layer->rows;
+      std::memset(layer->k, 0, k_bytes);
+      std::memset(layer->v, 0, v_bytes);
+    }
+    return pool;
+  }
+
+  KVPool(KVPool&& other) noexcept
+      : dtype_(other.dtype_),
+        allocator_(other.allocator_),
+        layers_(other.layers_),
+        n_layers_(other.n_layers_),
+        arena_(other.arena_) {
+    other.layers_ = nullptr;
+    other.n_layers_ = 0;
+  }
+  KVPool(const KVPool&) = delete;
+  KVPool& operator=(const KVPool&) = delete;
+  KVPool& operator=(KVPool&&) = delete;
+  ~KVPool() { release_all(); }
+
+  DType dtype() const noexcept { return dtype_; }
+  int n_layers() const noexcept { return n_layers_; }
+  /// True for a pool built by in_arena().
+  bool uses_arena() const noexcept { return arena_; }
+
+  /// Shape and storage of `layer`. InvalidArgument: layer outside [0, n_layers).
+  Result<PoolLayer> layer(int layer_index) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    return layers_[layer_index];
+  }
+
+  /// Bytes of the rows backed by storage now, K and V of every layer.
+  std::size_t reserved_bytes() const noexcept {
+    std::size_t n = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      const PoolLayer& layer = layers_[l];
+      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.allocated_rows);
+    }
+    return n;
+  }
+
+  /// Bytes of the rows that hold positions [0, length) (min(length, rows) rows
+  /// per layer): what a cache of that length keeps alive.
+  std::size_t in_use_bytes(int length) const noexcept {
+    std::size_t n = 0;
+    if (length <= 0) return 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      const PoolLayer& layer = layers_[l];
+      const int held = length < layer.rows ? length : layer.rows;
+      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(held);
+    }
+    return n;
+  }
+
+  /// Grows `layer` now to at least `rows` rows (writes then never allocate below
+  /// it). InvalidArgument: bad layer, rows outside [0, rows(layer)].
+  /// MemoryAllocationFailed: growth failed; the pool is unchanged.
+  Status reserve(int layer_index, int rows) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= layer.rows, InvalidArgument,
+                                 "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
+                                 layer_index, rows, layer.rows);
+    return grow(layer_index, rows);
+  }
+
+  /// Copies the step's rows into the plan's write runs: input row j (k: k_row_bytes,
+  /// v: v_row_bytes each) goes to the j-th written row. Grows the layer when the
+  /// runs reach past its storage. InvalidArgument: bad layer, a run outside the
+  /// layer's rows, or k/v not exactly write_len() rows (nothing written).
+  /// MemoryAllocationFailed: growth failed (nothing written, pool unchanged).
+  Status write(int layer_index, const SeqStepPlan& plan, const void* k, std::size_t k_bytes,
+               const void* v, std::size_t v_bytes) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent,
+                            check_runs(layer_index, plan.write, plan.n_write,
+                                       SeqStepPlan::kMaxWriteRuns, "write"));
+    const PoolLayer& shape = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write", "k", k, k_bytes, extent.rows,
+                                        shape.k_row_bytes, /*exact=*/true));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write", "v", v, v_bytes, extent.rows,
+                                        shape.v_row_bytes, /*exact=*/true));
+    if (extent.end_row > shape.allocated_rows) {
+      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row)));
+    }
+    const PoolLayer& layer = layers_[layer_index];
+    const unsigned char* k_in = static_cast<const unsigned char*>(k);
+    const unsigned char* v_in = static_cast<const unsigned char*>(v);
+    for (int i = 0; i < plan.n_write; ++i) {
+      const Run& run = plan.write[i];
+      const std::size_t k_run = layer.k_row_bytes * static_cast<std::size_t>(run.len);
+      const std::size_t v_run = layer.v_row_bytes * static_cast<std::size_t>(run.len);
+      // memmove: the input may itself be a view of this pool.
+      std::memmove(layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row), k_in, k_run);
+      std::memmove(layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row), v_in, v_run);
+      k_in += k_run;
+      v_in += v_run;
+    }
+    return Error::Ok;
+  }
+
+  /// Copies the plan's read runs, in position order, into contiguous k_out/v_out
+  /// (at least read_len() rows each). InvalidArgument: bad layer, a run outside the
+  /// layer's rows, an output too small or null. InvalidState: a run reaches rows
+  /// the pool has not grown to yet (write the step before reading it).
+  Status gather(int layer_index, const SeqStepPlan& plan, void* k_out, std::size_t k_capacity,
+                void* v_out, std::size_t v_capacity) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(layer_index, plan));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "k_out", k_out, k_capacity,
+                                        extent.rows, layer.k_row_bytes, /*exact=*/false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "v_out", v_out, v_capacity,
+                                        extent.rows, layer.v_row_bytes, /*exact=*/false));
+    unsigned char* k_at = static_cast<unsigned char*>(k_out);
+    unsigned char* v_at = static_cast<unsigned char*>(v_out);
+    for (int i = 0; i < plan.n_read; ++i) {
+      const Run& run = plan.read[i];
+      const std::size_t k_run = layer.k_row_bytes * static_cast<std::size_t>(run.len);
+      const std::size_t v_run = layer.v_row_bytes * static_cast<std::size_t>(run.len);
+      std::memmove(k_at, layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row), k_run);
+      std::memmove(v_at, layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row), v_run);
+      k_at += k_run;
+      v_at += v_run;
+    }
+    return Error::Ok;
+  }
+
+  /// The plan's read runs as zero-copy spans into the pool. A span shows the rows
+  /// as they are: it stays valid until the layer grows (never in arena mode) and
+  /// current until a later step writes those rows. Errors as gather() (no buffers).
+  Result<KVViews> views(int layer_index, const SeqStepPlan& plan) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_read(layer_index, plan));
+    const PoolLayer& layer = layers_[layer_index];
+    KVViews out;
+    for (int i = 0; i < plan.n_read; ++i) {
+      const Run& run = plan.read[i];
+      out.span[i].k = layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row);
+      out.span[i].v = layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row);
+      out.span[i].run = run;
+    }
+    out.n = plan.n_read;
+    return out;
+  }
+
+ private:
+  // Rows and one-past-the-last row of a checked list of runs.
+  struct Extent {
+    std::int64_t rows = 0;
+    int end_row = 0;
+  };
+
+  // Largest byte count the pool deals in: every size fits ptrdiff_t.
+  static constexpr std::uint64_t kMaxBytes = static_cast<std::uint64_t>(PTRDIFF_MAX);
+
+  KVPool(DType dtype, PoolAllocator allocator) noexcept : dtype_(dtype), allocator_(allocator) {}
+
+  static Status check_dtype(DType dtype) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(element_size(dtype) != 0, InvalidArgument,
+                                 "dtype = %d: not a kvcore::DType", static_cast<int>(dtype));
+    return Error::Ok;
+  }
+
+  static bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
+    if (a != 0 && b > kMaxBytes / a) return false;
+    *out = a * b;
+    return true;
+  }
+  static bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
+    if (a > kMaxBytes || b > kMaxBytes - a) return false;
+    *out = a + b;
+    return true;
+  }
+  // n <= kMaxBytes, so this cannot wrap.
+  static std::uint64_t round_up(std::uint64_t n) noexcept {
+    return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  }
+  static unsigned char* align_up(unsigned char* p) noexcept {
+    const std::uintptr_t misalign = reinterpret_cast<std::uintptr_t>(p) % kArenaAlignment;
+    return misalign == 0 ? p : p + (kArenaAlignment - misalign);
+  }
+
+  // rows(layer) from the same policy math SequenceCache uses (validate() passed).
+  static int policy_rows(const CacheConfig& cfg, int l) noexcept {
+    const LayerPolicy& p = cfg.layer(l).policy;
+    if (p.kind == LayerPolicy::Kind::Ring)
+      return RingPolicy(p.window, p.sinks, cfg.effective_max_step(), cfg.capacity).rows();
+    return FlatPolicy(cfg.capacity).rows();
+  }
+
+  // Row sizes of layer `l`; fails when `rows` of them overflow the address space.
+  static Status shape_layer(const CacheConfig& cfg, int l, DType dtype, int rows,
+                            PoolLayer* out) noexcept {
+    const LayerConfig& lc = cfg.layer(l);
+    const std::uint64_t size = element_size(dtype);
+    std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
+    const bool fits = checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
+                                  static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
+                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
+                                  static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
+                      checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
+                      checked_mul(k_row, static_cast<std::uint64_t>(rows), &k_all) &&
+                      checked_mul(v_row, static_cast<std::uint64_t>(rows), &v_all) &&
+                      checked_add(k_all, v_all, &k_all);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        fits, InvalidArgument,
+        "layer %d: %d rows of %d heads x (%d + %d) dims of %s overflow the address space", l,
+        rows, lc.n_kv_heads, lc.head_dim, lc.value_dim(), to_string(dtype));
+    out->k_row_bytes = static_cast<std::size_t>(k_row);
+    out->v_row_bytes = static_cast<std::size_t>(v_row);
+    out->rows = rows;
+    return Error::Ok;
+  }
+
+  // Arena bytes for `rows_of(l)` rows per layer: slack to align the start, then
+  // the layer table and every K and V block, each rounded to kArenaAlignment.
+  template <typename RowsOf>
+  static Result<std::size_t> arena_bytes(const CacheConfig& cfg, DType dtype,
+                                         RowsOf rows_of) noexcept {
+    std::uint64_t total = 0;
+    const bool table_fits =
+        checked_mul(static_cast<std::uint64_t>(cfg.n_layers), sizeof(PoolLayer), &total) &&
+        checked_add(round_up(total), kArenaAlignment - 1, &total);
+    KVCORE_CHECK_OR_RETURN_ERROR(table_fits, InvalidArgument,
+                                 "n_layers = %d: the layer table overflows the address space",
+                                 cfg.n_layers);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      PoolLayer layer;
+      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, rows_of(l), &layer));
+      const std::uint64_t rows = static_cast<std::uint64_t>(layer.rows);
+      const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
+                        checked_add(total, round_up(layer.v_row_bytes * rows), &total);
+      KVCORE_CHECK_OR_RETURN_ERROR(fits, InvalidArgument,
+                                   "layer %d: the arena would overflow the address space", l);
+    }
+    return static_cast<std::size_t>(total);
+  }
+
+  Status check_layer(int layer_index) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_index >= 0 && layer_index < n_layers_, InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer_index,
+                                 n_layers_);
+    return Error::Ok;
+  }
+
+  // A plan may come from anywhere: every run must lie inside the layer's rows.
+  Result<Extent> check_runs(int layer_index, const Run* runs, int n, int max_runs,
+                            const char* what) const noexcept {
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= max_runs, InvalidArgument,
+                                 "%s runs of layer %d: n = %d, must be in [0, %d]", what,
+                                 layer_index, n, max_runs);
+    Extent extent;
+    for (int i = 0; i < n; ++i) {
+      const Run& r = runs[i];
+      KVCORE_CHECK_OR_RETURN_ERROR(
+          r.row >= 0 && r.len >= 1 && r.pos >= 0 &&
+              static_cast<std::int64_t>(r.row) + r.len <= layer.rows,
+          InvalidArgument,
+          "%s run %d of layer %d (row %d, len %d, pos %d): must lie in rows [0, %d) with "
+          "len >= 1 and pos >= 0",
+          what, i, layer_index, r.row, r.len, r.pos, layer.rows);
+      extent.rows += r.len;
+      if (r.row + r.len > extent.end_row) extent.end_row = r.row + r.len;
+    }
+    return extent;
+  }
+
+  Result<Extent> check_read(int layer_index, const SeqStepPlan& plan) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent,
+                            check_runs(layer_index, plan.read, plan.n_read,
+                                       SeqStepPlan::kMaxReadRuns, "read"));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        extent.end_row <= layer.allocated_rows, InvalidState,
+        "read of layer %d reaches row %d, but the layer holds %d rows so far: write the step "
+        "before reading it",
+        layer_index, extent.end_row - 1, layer.allocated_rows);
+    return extent;
+  }
+
+  static Status check_buffer(int layer_index, const char* what, const char* name,
+                             const void* data, std::size_t bytes, std::int64_t rows,
+                             std::size_t row_bytes, bool exact) noexcept {
+    std::uint64_t need = 0;
+    const bool sized = checked_mul(static_cast<std::uint64_t>(rows), row_bytes, &need);
+    const bool ok = sized && (exact ? bytes == need : bytes >= need);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        ok, InvalidArgument, "%s of layer %d: %s has %zu bytes, %s %lld rows of %zu bytes = %llu",
+        what, layer_index, name, bytes, exact ? "must be exactly" : "needs at least",
+        static_cast<long long>(rows), row_bytes, static_cast<unsigned long long>(need));
+    KVCORE_CHECK_OR_RETURN_ERROR(data != nullptr || need == 0, InvalidArgument,
+                                 "%s of layer %d: %s is null", what, layer_index, name);
+    return Error::Ok;
+  }
+
+  // Doubling from the current storage until `needed` rows fit, capped at rows.
+  static int grown_rows(const PoolLayer& layer, int needed) noexcept {
+    std::int64_t target = layer.allocated_rows > 0 ? layer.allocated_rows : 1;
+    while (target < needed) target *= 2;
+    return target < layer.rows ? static_cast<int>(target) : layer.rows;
+  }
+
+  // New blocks first, then copy and release: a failure leaves the layer as it was.
+  Status grow(int layer_index, int rows) noexcept {
+    PoolLayer& layer = layers_[layer_index];
+    if (rows <= layer.allocated_rows) return Error::Ok;
+    KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal,
+                                 "layer %d: an arena pool cannot grow to %d rows", layer_index,
+                                 rows);
+    const std::size_t k_bytes = layer.k_row_bytes * static_cast<std::size_t>(rows);
+    const std::size_t v_bytes = layer.v_row_bytes * static_cast<std::size_t>(rows);
+    auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
+    auto* v = k == nullptr ? nullptr
+                           : static_cast<unsigned char*>(
+                                 allocator_.allocate(allocator_.context, v_bytes));
+    if (v == nullptr) {
+      if (k != nullptr) allocator_.release(allocator_.context, k);
+      return Status::make(Error::MemoryAllocationFailed,
+                          "layer %d: cannot allocate %zu bytes to grow from %d to %d rows",
+                          layer_index, k_bytes + v_bytes, layer.allocated_rows, rows);
+    }
+    const std::size_t k_old = layer.k_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
+    const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
+    if (k_old != 0) std::memcpy(k, layer.k, k_old);
+    if (v_old != 0) std::memcpy(v, layer.v, v_old);
+    std::memset(k + k_old, 0, k_bytes - k_old);
+    std::memset(v + v_old, 0, v_bytes - v_old);
+    if (layer.k != nullptr) allocator_.release(allocator_.context, layer.k);
+    if (layer.v != nullptr) allocator_.release(allocator_.context, layer.v);
+    layer.k = k;
+    layer.v = v;
+    layer.allocated_rows = rows;
+    return Error::Ok;
+  }
+
+  void release_all() noexcept {
+    if (layers_ == nullptr || arena_) return;
+    for (int l = 0; l < n_layers_; ++l) {
+      if (layers_[l].k != nullptr) allocator_.release(allocator_.context, layers_[l].k);
+      if (layers_[l].v != nullptr) allocator_.release(allocator_.context, layers_[l].v);
+    }
+    std::free(layers_);
+    layers_ = nullptr;
+  }
+
+  DType dtype_;
+  PoolAllocator allocator_;
+  PoolLayer* layers_ = nullptr;  // n_layers_ entries: heap (calloc) or arena
+  int n_layers_ = 0;
+  bool arena_ = false;
+};
+
+}  // namespace kvcore

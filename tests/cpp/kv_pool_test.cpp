@@ -1,0 +1,658 @@
+// KVPool: bytes follow plans. Expectations come from a brute-force reference
+// written from DESIGN.md (which positions a step needs, and the last bytes
+// written to each position), never from the pool or the policies.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kvcore/kv_pool.h"
+#include "kvcore/sequence_cache.h"
+
+// Counts every global operator new in this binary, to prove arena mode
+// allocates nothing after construction. (The pool itself never uses operator
+// new; this catches a std::vector or similar sneaking onto the path.) noinline
+// keeps GCC from pairing an inlined free() with operator new in its warnings.
+namespace kvcore_test {
+std::uint64_t g_operator_news = 0;
+}  // namespace kvcore_test
+
+#define KVCORE_TEST_NOINLINE __attribute__((noinline))
+KVCORE_TEST_NOINLINE void* operator new(std::size_t bytes) {
+  ++kvcore_test::g_operator_news;
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  std::abort();  // built without exceptions: nothing to throw
+}
+KVCORE_TEST_NOINLINE void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+KVCORE_TEST_NOINLINE void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  ++kvcore_test::g_operator_news;
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+KVCORE_TEST_NOINLINE void* operator new[](std::size_t bytes, const std::nothrow_t& t) noexcept {
+  return ::operator new(bytes, t);
+}
+KVCORE_TEST_NOINLINE void operator delete(void* p) noexcept { std::free(p); }
+KVCORE_TEST_NOINLINE void operator delete[](void* p) noexcept { std::free(p); }
+KVCORE_TEST_NOINLINE void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+KVCORE_TEST_NOINLINE void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+// Status checks that print the message on failure.
+#define ASSERT_OK(expr)                               \
+  do {                                                \
+    const kvcore::Status s_ = kvcore::internal::to_status((expr)); \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.message(); \
+  } while (0)
+#define EXPECT_OK(expr)                               \
+  do {                                                \
+    const kvcore::Status s_ = kvcore::internal::to_status((expr)); \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.message(); \
+  } while (0)
+
+namespace {
+
+using kvcore::CacheConfig;
+using kvcore::DType;
+using kvcore::Error;
+using kvcore::KVPool;
+using kvcore::KVViews;
+using kvcore::LayerConfig;
+using kvcore::LayerPolicy;
+using kvcore::PoolAllocator;
+using kvcore::Run;
+using kvcore::SeqStepPlan;
+using kvcore::SequenceCache;
+using kvcore::Step;
+
+// ---------------------------------------------------------------------------
+// Reference: DESIGN.md section 2, written out by brute force.
+
+bool visible(const LayerPolicy& p, int q, int k) {
+  if (k > q) return false;
+  if (p.kind == LayerPolicy::Kind::Flat) return true;
+  return q - k < p.window || k < p.sinks;
+}
+
+// Every key some query of the step [P, P+T) may see, in increasing order.
+std::vector<int> needed_positions(const LayerPolicy& p, int P, int T) {
+  std::vector<int> out;
+  for (int k = 0; k < P + T; ++k) {
+    for (int q = P; q < P + T; ++q) {
+      if (visible(p, q, k)) {
+        out.push_back(k);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// The bytes one write puts at one position of one layer: distinct per write,
+// so a stale row can never match by accident.
+std::vector<unsigned char> row_bytes(int write_id, int layer, bool value, std::size_t n) {
+  std::vector<unsigned char> row(n);
+  for (std::size_t i = 0; i < n; ++i)
+    row[i] = static_cast<unsigned char>(write_id * 131 + layer * 29 + (value ? 71 : 0) + i * 7 + 1);
+  return row;
+}
+
+CacheConfig make_config(int capacity, std::vector<LayerConfig> layers, int max_step,
+                        int initial_capacity = 512) {
+  CacheConfig cfg;
+  cfg.capacity = capacity;
+  cfg.n_layers = static_cast<int>(layers.size());
+  cfg.layers = std::move(layers);
+  cfg.max_step = max_step;
+  cfg.initial_capacity = initial_capacity;
+  return cfg;
+}
+
+LayerConfig flat_layer(int heads = 2, int dim = 3, int v_dim = 0) {
+  return LayerConfig{LayerPolicy::flat(), heads, dim, v_dim};
+}
+LayerConfig ring_layer(int window, int sinks = 0, int heads = 2, int dim = 3, int v_dim = 0) {
+  return LayerConfig{LayerPolicy::ring(window, sinks), heads, dim, v_dim};
+}
+
+std::unique_ptr<SequenceCache> make_cache(const CacheConfig& cfg) {
+  auto r = SequenceCache::create(cfg);
+  EXPECT_TRUE(r.ok()) << r.message();
+  return r.ok() ? std::move(r).get() : nullptr;
+}
+
+// Drives a cache and a pool through steps, keeping the reference: for every
+// layer, the write id that last wrote each position (counting uncommitted
+// steps: the backend may have written them).
+class Driver {
+ public:
+  Driver(SequenceCache& cache, KVPool& pool) : cache_(cache), pool_(pool) {
+    latest_.resize(static_cast<std::size_t>(cache.n_layers()));
+  }
+
+  // Begins a step of T, writes every layer, checks every read (gather and
+  // views), and commits when asked.
+  void step(int T, bool commit = true) {
+    auto step = cache_.begin_step(T);
+    ASSERT_TRUE(step.ok()) << step.message();
+    const int id = ++write_id_;
+    for (int l = 0; l < cache_.n_layers(); ++l) {
+      auto plan = cache_.plan(l, *step);
+      ASSERT_TRUE(plan.ok()) << plan.message();
+      auto shape = pool_.layer(l);
+      ASSERT_TRUE(shape.ok());
+      std::vector<unsigned char> k, v;
+      for (int j = 0; j < T; ++j) {
+        auto kr = row_bytes(id + j * 1000, l, false, shape->k_row_bytes);
+        auto vr = row_bytes(id + j * 1000, l, true, shape->v_row_bytes);
+        k.insert(k.end(), kr.begin(), kr.end());
+        v.insert(v.end(), vr.begin(), vr.end());
+        latest_[static_cast<std::size_t>(l)][step->position + j] = id + j * 1000;
+      }
+      ASSERT_OK(pool_.write(l, *plan, k.data(), k.size(), v.data(), v.size()));
+    }
+    for (int l = 0; l < cache_.n_layers(); ++l) check_reads(l, *step);
+    if (commit) {
+      ASSERT_OK(cache_.commit(*step));
+    }
+  }
+
+  // gather() returns exactly the needed positions, each with its latest bytes,
+  // and views() concatenated equal gather().
+  void check_reads(int l, const Step& step) {
+    auto plan = cache_.plan(l, step);
+    ASSERT_TRUE(plan.ok());
+    const LayerPolicy policy = cache_.config().layer(l).policy;
+    const std::vector<int> needed = needed_positions(policy, step.position, step.T);
+    ASSERT_EQ(plan->read_len(), static_cast<int>(needed.size()));
+    auto shape = pool_.layer(l);
+    ASSERT_TRUE(shape.ok());
+    const std::size_t kb = shape->k_row_bytes, vb = shape->v_row_bytes;
+    std::vector<unsigned char> k(needed.size() * kb), v(needed.size() * vb);
+    ASSERT_OK(pool_.gather(l, *plan, k.data(), k.size(), v.data(), v.size()));
+    for (std::size_t i = 0; i < needed.size(); ++i) {
+      const int id = latest_[static_cast<std::size_t>(l)].at(needed[i]);
+      EXPECT_EQ(std::vector<unsigned char>(k.begin() + static_cast<long>(i * kb),
+                                           k.begin() + static_cast<long>((i + 1) * kb)),
+                row_bytes(id, l, false, kb))
+          << "layer " << l << " K of position " << needed[i] << " at step " << step.position;
+      EXPECT_EQ(std::vector<unsigned char>(v.begin() + static_cast<long>(i * vb),
+                                           v.begin() + static_cast<long>((i + 1) * vb)),
+                row_bytes(id, l, true, vb))
+          << "layer " << l << " V of position " << needed[i];
+    }
+    auto views = pool_.views(l, *plan);
+    ASSERT_TRUE(views.ok()) << views.message();
+    std::vector<unsigned char> k_cat, v_cat;
+    std::vector<int> positions;
+    for (int i = 0; i < views->n; ++i) {
+      const kvcore::KVSpan& s = views->span[i];
+      k_cat.insert(k_cat.end(), s.k, s.k + kb * static_cast<std::size_t>(s.run.len));
+      v_cat.insert(v_cat.end(), s.v, s.v + vb * static_cast<std::size_t>(s.run.len));
+      for (int j = 0; j < s.run.len; ++j) positions.push_back(s.run.pos + j);
+    }
+    EXPECT_EQ(k_cat, k);
+    EXPECT_EQ(v_cat, v);
+    EXPECT_EQ(positions, needed);
+  }
+
+ private:
+  SequenceCache& cache_;
+  KVPool& pool_;
+  std::vector<std::map<int, int>> latest_;
+  int write_id_ = 0;
+};
+
+// Every byte of every allocated row, to prove a failed call wrote nothing.
+std::vector<unsigned char> snapshot(const KVPool& pool) {
+  std::vector<unsigned char> out;
+  for (int l = 0; l < pool.n_layers(); ++l) {
+    auto shape = pool.layer(l);
+    const std::size_t rows = static_cast<std::size_t>(shape->allocated_rows);
+    out.insert(out.end(), shape->k, shape->k + shape->k_row_bytes * rows);
+    out.insert(out.end(), shape->v, shape->v + shape->v_row_bytes * rows);
+  }
+  return out;
+}
+
+// An allocator that counts live blocks and fails on demand.
+struct TestAllocator {
+  int live = 0;
+  int allocations = 0;
+  int fail_from = INT_MAX;  // the allocation with this index and later ones fail
+
+  PoolAllocator get() {
+    PoolAllocator a;
+    a.context = this;
+    a.allocate = [](void* ctx, std::size_t bytes) noexcept -> void* {
+      auto* self = static_cast<TestAllocator*>(ctx);
+      if (self->allocations++ >= self->fail_from) return nullptr;
+      ++self->live;
+      return std::malloc(bytes);
+    };
+    a.release = [](void* ctx, void* block) noexcept {
+      --static_cast<TestAllocator*>(ctx)->live;
+      std::free(block);
+    };
+    return a;
+  }
+};
+
+KVPool must_pool(const SequenceCache& cache, DType dtype, PoolAllocator a = PoolAllocator::heap()) {
+  auto r = KVPool::create(cache, dtype, a);
+  KVCORE_CHECK(r.ok(), r.message());
+  return std::move(r).get();
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(KVPool, RowShapesFollowConfigAndDType) {
+  auto cache = make_cache(make_config(
+      32, {flat_layer(2, 3), ring_layer(4, 1, 3, 5, 7), flat_layer(1, 1)}, 2));
+  for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16, DType::Int8, DType::UInt8}) {
+    KVPool pool = must_pool(*cache, dt);
+    EXPECT_EQ(pool.dtype(), dt);
+    EXPECT_EQ(pool.n_layers(), 3);
+    const std::size_t e = kvcore::element_size(dt);
+    const std::size_t expect_k[] = {2 * 3 * e, 3 * 5 * e, 1 * 1 * e};
+    const std::size_t expect_v[] = {2 * 3 * e, 3 * 7 * e, 1 * 1 * e};
+    for (int l = 0; l < 3; ++l) {
+      auto shape = pool.layer(l);
+      ASSERT_TRUE(shape.ok());
+      EXPECT_EQ(shape->k_row_bytes, expect_k[l]) << kvcore::to_string(dt) << " layer " << l;
+      EXPECT_EQ(shape->v_row_bytes, expect_v[l]) << kvcore::to_string(dt) << " layer " << l;
+      EXPECT_EQ(shape->rows, *cache->rows(l));
+    }
+  }
+  EXPECT_EQ(kvcore::element_size(DType::Float32), 4u);
+  EXPECT_EQ(kvcore::element_size(DType::BFloat16), 2u);
+  EXPECT_STREQ(kvcore::to_string(DType::BFloat16), "bfloat16");
+}
+
+TEST(KVPool, FlatStepsOf1And5AndMaxStep) {
+  auto cache = make_cache(make_config(40, {flat_layer()}, 6));
+  KVPool pool = must_pool(*cache, DType::Float32);
+  Driver d(*cache, pool);
+  for (int T : {1, 5, 6, 1, 1, 6, 5}) d.step(T);
+}
+
+TEST(KVPool, RingDecodeWrapsAndReadsExactBytes) {
+  auto cache = make_cache(make_config(64, {ring_layer(4)}, 1));
+  KVPool pool = must_pool(*cache, DType::Float16);
+  Driver d(*cache, pool);
+  for (int i = 0; i < 21; ++i) d.step(1);
+}
+
+TEST(KVPool, MixedModelWithSinksChunksAndDecode) {
+  std::vector<LayerConfig> layers(5, ring_layer(4, 2, 2, 3, 5));
+  layers.push_back(flat_layer(2, 3, 5));
+  auto cache = make_cache(make_config(80, layers, 4));
+  KVPool pool = must_pool(*cache, DType::BFloat16);
+  Driver d(*cache, pool);
+  for (int T : {4, 4, 3, 4, 1, 1, 2, 4, 1, 1, 1, 4, 4})
+    d.step(T);
+}
+
+TEST(KVPool, RewindAfterWrapThenDecodeReadsLatestBytes) {
+  auto cache = make_cache(make_config(64, {ring_layer(4, 1), flat_layer()}, 3));
+  KVPool pool = must_pool(*cache, DType::Int8);
+  Driver d(*cache, pool);
+  for (int T : {3, 3, 3, 1, 1}) d.step(T);
+  // A speculative step of 3 drafts, two rejected.
+  d.step(3);
+  ASSERT_OK(cache->rewind(cache->length() - 2));
+  for (int T : {1, 3, 1}) d.step(T);
+  // An uncommitted step, retried at the same position.
+  d.step(2, /*commit=*/false);
+  d.step(2);
+  d.step(1);
+}
+
+TEST(KVPool, LazyGrowthDoublesAndKeepsData) {
+  auto cache = make_cache(make_config(40, {flat_layer(), ring_layer(3)}, 4, /*initial=*/2));
+  TestAllocator alloc;
+  KVPool pool = must_pool(*cache, DType::Float32, alloc.get());
+  EXPECT_EQ(pool.layer(0)->allocated_rows, 2);
+  EXPECT_EQ(pool.layer(1)->allocated_rows, 2);
+  const std::size_t row = pool.layer(0)->k_row_bytes + pool.layer(0)->v_row_bytes;
+  EXPECT_EQ(pool.reserved_bytes(), 4 * row);
+  Driver d(*cache, pool);
+  // Flat: rows needed 3 -> 4; 7 -> 8; 11 -> 16; 40 rows cap the doubling at 40.
+  const int expect_flat[] = {4, 8, 16, 16, 32, 32, 32, 32, 40, 40};
+  const int ring_rows = *cache->rows(1);  // W + C - 1 = 6
+  int length = 0;
+  for (int i = 0; i < 10; ++i) {
+    d.step(4);
+    length += 4;
+    EXPECT_EQ(pool.layer(0)->allocated_rows, expect_flat[i]) << "after length " << length;
+    EXPECT_LE(pool.layer(1)->allocated_rows, ring_rows);
+  }
+  EXPECT_EQ(pool.layer(1)->allocated_rows, ring_rows);
+  EXPECT_EQ(pool.reserved_bytes(), (40 + static_cast<std::size_t>(ring_rows)) * row);
+  EXPECT_EQ(alloc.live, 4);  // old blocks were released on every growth
+}
+
+TEST(KVPool, InUseBytesCountsHeldPositions) {
+  auto cache = make_cache(make_config(100, {flat_layer(1, 2), ring_layer(4, 1, 1, 2)}, 2));
+  KVPool pool = must_pool(*cache, DType::Float16);
+  const std::size_t row = 2 * 2 * 2;  // K + V, 1 head x 2 dims x 2 bytes
+  const int ring_rows = *cache->rows(1);
+  EXPECT_EQ(pool.in_use_bytes(0), 0u);
+  EXPECT_EQ(pool.in_use_bytes(-3), 0u);
+  EXPECT_EQ(pool.in_use_bytes(3), (3 + 3) * row);
+  EXPECT_EQ(pool.in_use_bytes(50), (50 + static_cast<std::size_t>(ring_rows)) * row);
+}
+
+TEST(KVPool, GrowthFailureLeavesPoolIntact) {
+  auto cache = make_cache(make_config(64, {flat_layer()}, 4, /*initial=*/4));
+  TestAllocator alloc;
+  KVPool pool = must_pool(*cache, DType::Float32, alloc.get());
+  Driver d(*cache, pool);
+  d.step(4);
+  const std::vector<unsigned char> before = snapshot(pool);
+  const std::size_t reserved = pool.reserved_bytes();
+  auto step = cache->begin_step(2);
+  ASSERT_TRUE(step.ok());
+  auto plan = cache->plan(0, *step);
+  const std::size_t kb = pool.layer(0)->k_row_bytes, vb = pool.layer(0)->v_row_bytes;
+  std::vector<unsigned char> k(2 * kb, 0xAB), v(2 * vb, 0xCD);
+  // Fail the K block, then (a second time) only the V block.
+  for (int fail_after : {0, 1}) {
+    alloc.fail_from = alloc.allocations + fail_after;
+    kvcore::Status s = pool.write(0, *plan, k.data(), k.size(), v.data(), v.size());
+    EXPECT_EQ(s.code(), Error::MemoryAllocationFailed);
+    EXPECT_NE(std::string(s.message()).find("grow from 4 to 8 rows"), std::string::npos)
+        << s.message();
+    EXPECT_EQ(pool.layer(0)->allocated_rows, 4);
+    EXPECT_EQ(pool.reserved_bytes(), reserved);
+    EXPECT_EQ(snapshot(pool), before);
+    EXPECT_EQ(alloc.live, 2);  // a K block allocated before V failed was given back
+  }
+  alloc.fail_from = INT_MAX;
+  ASSERT_OK(cache->commit(*step));
+  ASSERT_OK(cache->rewind(4));
+  d.step(2);  // the same write now succeeds and all reads are exact
+  EXPECT_EQ(pool.layer(0)->allocated_rows, 8);
+}
+
+TEST(KVPool, CreateFailureReleasesEverything) {
+  auto cache = make_cache(make_config(16, {flat_layer(), flat_layer(), flat_layer()}, 2));
+  for (int fail_from = 0; fail_from < 6; ++fail_from) {
+    TestAllocator alloc;
+    alloc.fail_from = fail_from;
+    auto r = KVPool::create(*cache, DType::Float32, alloc.get());
+    EXPECT_EQ(r.error(), Error::MemoryAllocationFailed) << "fail_from " << fail_from;
+    EXPECT_EQ(alloc.live, 0) << "fail_from " << fail_from;
+  }
+  TestAllocator alloc;
+  {
+    auto r = KVPool::create(*cache, DType::Float32, alloc.get());
+    ASSERT_TRUE(r.ok());
+    KVPool moved(std::move(r).get());
+    EXPECT_EQ(alloc.live, 6);
+  }
+  EXPECT_EQ(alloc.live, 0);  // released once, by the pool that owned the blocks
+}
+
+TEST(KVPool, ReserveGrowsNowAndChecksRange) {
+  auto cache = make_cache(make_config(32, {flat_layer()}, 4, /*initial=*/2));
+  KVPool pool = must_pool(*cache, DType::UInt8);
+  EXPECT_OK(pool.reserve(0, 20));
+  EXPECT_EQ(pool.layer(0)->allocated_rows, 20);
+  EXPECT_OK(pool.reserve(0, 3));  // never shrinks
+  EXPECT_EQ(pool.layer(0)->allocated_rows, 20);
+  EXPECT_EQ(pool.reserve(0, 33).code(), Error::InvalidArgument);
+  EXPECT_EQ(pool.reserve(0, -1).code(), Error::InvalidArgument);
+  EXPECT_EQ(pool.reserve(1, 4).code(), Error::InvalidArgument);
+  EXPECT_EQ(pool.layer(0)->allocated_rows, 20);
+}
+
+TEST(KVPool, ArenaRequiredBytesFitsAndAllocatesNothing) {
+  std::vector<LayerConfig> layers(5, ring_layer(4, 2, 2, 4, 6));
+  layers.push_back(flat_layer(2, 4));
+  const CacheConfig cfg = make_config(50, layers, 3);
+  auto cache = make_cache(cfg);
+  auto required = KVPool::required_bytes(cfg, DType::Float16);
+  ASSERT_TRUE(required.ok()) << required.message();
+  EXPECT_EQ(*KVPool::required_bytes(cache->config(), DType::Float16), *required);
+  // At least the rows themselves; at most that plus alignment padding.
+  std::size_t rows_bytes = 0;
+  for (int l = 0; l < 6; ++l) {
+    const LayerConfig& lc = cfg.layer(l);
+    rows_bytes += static_cast<std::size_t>(*cache->rows(l)) * 2 *
+                  static_cast<std::size_t>(lc.n_kv_heads * (lc.head_dim + lc.value_dim()));
+  }
+  EXPECT_GE(*required, rows_bytes);
+  EXPECT_LE(*required, rows_bytes + 64 * (2 * 6 + 2) + 6 * sizeof(kvcore::PoolLayer));
+  // Dirty, deliberately misaligned memory: any address works, rows start zeroed.
+  std::vector<unsigned char> memory(*required + 1, 0xEE);
+  void* arena = memory.data() + 1;
+
+  const std::uint64_t news_before = kvcore_test::g_operator_news;
+  auto made = KVPool::in_arena(*cache, DType::Float16, arena, *required);
+  ASSERT_TRUE(made.ok()) << made.message();
+  KVPool& pool = *made;
+  EXPECT_TRUE(pool.uses_arena());
+  for (int l = 0; l < 6; ++l) {
+    auto shape = pool.layer(l);
+    EXPECT_EQ(shape->allocated_rows, *cache->rows(l));
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(shape->k) % KVPool::kArenaAlignment, 0u);
+    EXPECT_GE(shape->k, memory.data());
+    EXPECT_LE(shape->v + shape->v_row_bytes * static_cast<std::size_t>(shape->rows),
+              memory.data() + memory.size());
+    for (std::size_t i = 0; i < shape->k_row_bytes * static_cast<std::size_t>(shape->rows); ++i)
+      ASSERT_EQ(shape->k[i], 0) << "layer " << l;
+  }
+  // Steps through the pool with preallocated buffers only.
+  unsigned char k[3 * 64], v[3 * 64], k_out[60 * 64], v_out[60 * 64];
+  std::memset(k, 1, sizeof(k));
+  std::memset(v, 2, sizeof(v));
+  for (int i = 0; i < 20; ++i) {
+    const int T = i % 3 + 1;
+    auto step = cache->begin_step(T);
+    ASSERT_TRUE(step.ok());
+    for (int l = 0; l < 6; ++l) {
+      auto plan = cache->plan(l, *step);
+      const std::size_t kb = pool.layer(l)->k_row_bytes, vb = pool.layer(l)->v_row_bytes;
+      ASSERT_OK(pool.write(l, *plan, k, kb * static_cast<std::size_t>(T), v,
+                           vb * static_cast<std::size_t>(T)));
+      ASSERT_OK(pool.gather(l, *plan, k_out, sizeof(k_out), v_out, sizeof(v_out)));
+      ASSERT_TRUE(pool.views(l, *plan).ok());
+    }
+    ASSERT_OK(cache->commit(*step));
+  }
+  EXPECT_EQ(kvcore_test::g_operator_news, news_before) << "arena mode allocated";
+
+  // A smaller or null arena is refused, naming both sizes.
+  auto small = KVPool::in_arena(*cache, DType::Float16, arena, *required - 1);
+  EXPECT_EQ(small.error(), Error::InvalidArgument);
+  EXPECT_NE(std::string(small.message()).find(std::to_string(*required)), std::string::npos);
+  EXPECT_EQ(KVPool::in_arena(*cache, DType::Float16, nullptr, *required).error(),
+            Error::InvalidArgument);
+}
+
+TEST(KVPool, ArenaRunsTheReferenceScenario) {
+  std::vector<LayerConfig> layers(2, ring_layer(3, 1));
+  layers.push_back(flat_layer());
+  const CacheConfig cfg = make_config(40, layers, 2);
+  auto cache = make_cache(cfg);
+  auto required = KVPool::required_bytes(cfg, DType::Float32);
+  ASSERT_TRUE(required.ok());
+  std::vector<unsigned char> memory(*required);
+  auto made = KVPool::in_arena(*cache, DType::Float32, memory.data(), memory.size());
+  ASSERT_TRUE(made.ok());
+  Driver d(*cache, *made);
+  for (int T : {2, 2, 1, 2, 1, 1, 2, 2, 1}) d.step(T);
+  ASSERT_OK(cache->rewind(cache->length() - 1));
+  for (int T : {1, 2, 2}) d.step(T);
+}
+
+TEST(KVPool, RequiredBytesRejectsBadConfigAndOverflow) {
+  CacheConfig bad = make_config(0, {flat_layer()}, 0);
+  EXPECT_EQ(KVPool::required_bytes(bad, DType::Float32).error(), Error::InvalidArgument);
+  CacheConfig huge = make_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1);
+  auto r = KVPool::required_bytes(huge, DType::Float32);
+  EXPECT_EQ(r.error(), Error::InvalidArgument);
+  EXPECT_NE(std::string(r.message()).find("overflow"), std::string::npos) << r.message();
+  EXPECT_EQ(KVPool::required_bytes(make_config(4, {flat_layer()}, 1), static_cast<DType>(99))
+                .error(),
+            Error::InvalidArgument);
+}
+
+TEST(KVPool, CreateRejectsOverflowAndBadArguments) {
+  auto huge = make_cache(make_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1, 1));
+  TestAllocator alloc;
+  auto r = KVPool::create(*huge, DType::Float32, alloc.get());
+  EXPECT_EQ(r.error(), Error::InvalidArgument);
+  EXPECT_NE(std::string(r.message()).find("overflow"), std::string::npos) << r.message();
+  EXPECT_EQ(alloc.allocations, 0);
+  auto cache = make_cache(make_config(8, {flat_layer()}, 1));
+  EXPECT_EQ(KVPool::create(*cache, static_cast<DType>(-1)).error(), Error::InvalidArgument);
+  PoolAllocator half = PoolAllocator::heap();
+  half.release = nullptr;
+  EXPECT_EQ(KVPool::create(*cache, DType::Float32, half).error(), Error::InvalidArgument);
+}
+
+// A pool after a few steps, plus the plan of a begun step, for abuse.
+struct KVPoolAbuse : ::testing::Test {
+  void SetUp() override {
+    cache = make_cache(make_config(32, {ring_layer(4, 1), flat_layer()}, 3, /*initial=*/8));
+    auto made = KVPool::create(*cache, DType::Float32);
+    ASSERT_TRUE(made.ok());
+    pool.reset(new KVPool(std::move(made).get()));
+    Driver d(*cache, *pool);
+    for (int T : {3, 3, 1}) d.step(T);
+    auto s = cache->begin_step(2);
+    ASSERT_TRUE(s.ok());
+    step = *s;
+    plan = *cache->plan(0, step);
+    kb = pool->layer(0)->k_row_bytes;
+    vb = pool->layer(0)->v_row_bytes;
+    k.assign(2 * kb, 0x5A);
+    v.assign(2 * vb, 0xA5);
+    before = snapshot(*pool);
+  }
+  // A failed call changed no byte and no storage.
+  void expect_untouched() {
+    EXPECT_EQ(snapshot(*pool), before);
+    EXPECT_EQ(pool->layer(0)->allocated_rows, *cache->rows(0));
+  }
+  kvcore::Status write(const SeqStepPlan& p, int layer = 0) {
+    return pool->write(layer, p, k.data(), k.size(), v.data(), v.size());
+  }
+
+  std::unique_ptr<SequenceCache> cache;
+  std::unique_ptr<KVPool> pool;
+  Step step;
+  SeqStepPlan plan;
+  std::size_t kb = 0, vb = 0;
+  std::vector<unsigned char> k, v, before;
+};
+
+TEST_F(KVPoolAbuse, BadLayerIsRejected) {
+  for (int layer : {-1, 2, INT_MAX, INT_MIN}) {
+    kvcore::Status s = write(plan, layer);
+    EXPECT_EQ(s.code(), Error::InvalidArgument);
+    EXPECT_NE(std::string(s.message()).find("layer = " + std::to_string(layer)),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(pool->views(layer, plan).error(), Error::InvalidArgument);
+    std::vector<unsigned char> out(64 * kb);
+    EXPECT_EQ(pool->gather(layer, plan, out.data(), out.size(), out.data(), out.size()).code(),
+              Error::InvalidArgument);
+    EXPECT_EQ(pool->layer(layer).error(), Error::InvalidArgument);
+  }
+  expect_untouched();
+}
+
+TEST_F(KVPoolAbuse, HostileWriteRunsNeverWriteOutOfBounds) {
+  const int rows = *cache->rows(0);
+  const kvcore::Run bad_runs[] = {
+      kvcore::Run{rows - 1, 2, 0},   // one past the last row
+      kvcore::Run{rows, 1, 0},       // starts past the end
+      kvcore::Run{-1, 2, 0},         // negative row
+      kvcore::Run{0, 0, 0},          // empty run
+      kvcore::Run{0, -2, 0},         // negative length
+      kvcore::Run{INT_MAX, 2, 0},    // row + len overflows int
+      kvcore::Run{0, 2, -1},         // negative position
+  };
+  for (const kvcore::Run& r : bad_runs) {
+    SeqStepPlan p = plan;
+    p.n_write = 1;
+    p.write[0] = r;
+    kvcore::Status s = write(p);
+    EXPECT_EQ(s.code(), Error::InvalidArgument) << r.row << "," << r.len;
+    EXPECT_NE(std::string(s.message()).find("write run 0 of layer 0"), std::string::npos)
+        << s.message();
+  }
+  SeqStepPlan too_many = plan;
+  too_many.n_write = 3;
+  EXPECT_EQ(write(too_many).code(), Error::InvalidArgument);
+  too_many.n_write = -1;
+  EXPECT_EQ(write(too_many).code(), Error::InvalidArgument);
+  expect_untouched();
+}
+
+TEST_F(KVPoolAbuse, HostileReadRunsAreRejected) {
+  const int rows = *cache->rows(0);
+  std::vector<unsigned char> k_out(64 * kb, 0x11), v_out(64 * vb, 0x22);
+  const std::vector<unsigned char> k_fresh = k_out;
+  for (const kvcore::Run& r : {kvcore::Run{rows - 2, 3, 0}, kvcore::Run{-1, 1, 0}, kvcore::Run{0, 0, 0}, kvcore::Run{INT_MAX, 1, 0}}) {
+    SeqStepPlan p = plan;
+    p.read[p.n_read - 1] = r;
+    EXPECT_EQ(pool->views(0, p).error(), Error::InvalidArgument);
+    EXPECT_EQ(pool->gather(0, p, k_out.data(), k_out.size(), v_out.data(), v_out.size()).code(),
+              Error::InvalidArgument);
+  }
+  SeqStepPlan p = plan;
+  p.n_read = 4;
+  EXPECT_EQ(pool->views(0, p).error(), Error::InvalidArgument);
+  EXPECT_EQ(k_out, k_fresh);  // gather wrote nothing on failure
+  expect_untouched();
+}
+
+TEST_F(KVPoolAbuse, WrongBufferSizesAndNullsAreRejected) {
+  std::vector<unsigned char> short_k(kb), long_k(3 * kb), short_v(vb);
+  EXPECT_EQ(pool->write(0, plan, short_k.data(), short_k.size(), v.data(), v.size()).code(),
+            Error::InvalidArgument);
+  EXPECT_EQ(pool->write(0, plan, long_k.data(), long_k.size(), v.data(), v.size()).code(),
+            Error::InvalidArgument);
+  EXPECT_EQ(pool->write(0, plan, k.data(), k.size(), short_v.data(), short_v.size()).code(),
+            Error::InvalidArgument);
+  kvcore::Status null_k = pool->write(0, plan, nullptr, k.size(), v.data(), v.size());
+  EXPECT_EQ(null_k.code(), Error::InvalidArgument);
+  EXPECT_NE(std::string(null_k.message()).find("k is null"), std::string::npos)
+      << null_k.message();
+  const std::size_t read_rows = static_cast<std::size_t>(plan.read_len());
+  std::vector<unsigned char> k_out(read_rows * kb - 1), v_out(read_rows * vb);
+  kvcore::Status s = pool->gather(0, plan, k_out.data(), k_out.size(), v_out.data(), v_out.size());
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("needs at least"), std::string::npos) << s.message();
+  EXPECT_EQ(pool->gather(0, plan, nullptr, read_rows * kb, v_out.data(), v_out.size()).code(),
+            Error::InvalidArgument);
+  expect_untouched();
+  // The same write with the right sizes is accepted.
+  EXPECT_OK(write(plan));
+}
+
+TEST(KVPool, ReadingRowsNotGrownYetIsInvalidState) {
+  auto cache = make_cache(make_config(32, {flat_layer()}, 4, /*initial=*/2));
+  KVPool pool = must_pool(*cache, DType::Float32);
+  auto step = cache->begin_step(4);
+  auto plan = cache->plan(0, *step);
+  auto views = pool.views(0, *plan);
+  EXPECT_EQ(views.error(), Error::InvalidState);
+  EXPECT_NE(std::string(views.message()).find("write the step"), std::string::npos);
+  // Within the grown rows, unwritten rows read as zeros.
+  auto one = cache->begin_step(2);
+  auto small = cache->plan(0, *one);
+  std::vector<unsigned char> k_out(2 * pool.layer(0)->k_row_bytes, 0xFF), v_out = k_out;
+  ASSERT_OK(pool.gather(0, *small, k_out.data(), k_out.size(), v_out.data(), v_out.size()));
+  EXPECT_EQ(k_out, std::vector<unsigned char>(k_out.size(), 0));
+}
+
+}  // namespace
