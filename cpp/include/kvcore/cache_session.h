@@ -1,0 +1,99 @@
+// CacheSession: a cache installed in a registry for as long as the session
+// lives. The runner creates one, hands key() to the backend (which finds the
+// cache by that key), and the destructor erases the key. Move-only.
+//
+// A session is owned by one thread at a time; the registry it talks to is
+// thread-safe. The cache outlives the session while anyone still holds it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "kvcore/cache_base.h"
+#include "kvcore/cache_builder_registry.h"
+#include "kvcore/cache_registry.h"
+#include "kvcore/config.h"
+#include "kvcore/result.h"
+
+namespace kvcore {
+
+class CacheSession {
+ public:
+  /// Builds a cache with the builder of (backend_id, kind) and installs it
+  /// under a fresh key "backend_id/kind#N". Errors of build() pass through.
+  static Result<CacheSession> create(std::string_view backend_id, std::string_view kind,
+                                     const CacheConfig& cfg,
+                                     CacheRegistry& registry = CacheRegistry::global(),
+                                     const CacheBuilderRegistry& builders =
+                                         CacheBuilderRegistry::global()) {
+    KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<CacheBase> cache, builders.build(backend_id, kind, cfg));
+    std::string prefix;
+    prefix.append(backend_id.data(), backend_id.size()).append("/").append(kind.data(), kind.size());
+    return adopt(std::move(cache), prefix, registry);
+  }
+
+  /// Installs an existing cache under a fresh key "key_prefix#N".
+  /// InvalidArgument: null cache.
+  static Result<CacheSession> adopt(std::shared_ptr<CacheBase> cache,
+                                    std::string_view key_prefix = "session",
+                                    CacheRegistry& registry = CacheRegistry::global()) {
+    KVCORE_ASSIGN_OR_RETURN(std::string key, registry.install_unique(key_prefix, cache));
+    return CacheSession(&registry, std::move(key), std::move(cache));
+  }
+
+  CacheSession(CacheSession&& other) noexcept
+      : registry_(std::exchange(other.registry_, nullptr)),
+        key_(std::move(other.key_)),
+        cache_(std::move(other.cache_)) {
+    other.key_.clear();
+  }
+  CacheSession& operator=(CacheSession&& other) noexcept {
+    if (this != &other) {
+      if (active()) (void)end();
+      registry_ = std::exchange(other.registry_, nullptr);
+      key_ = std::move(other.key_);
+      cache_ = std::move(other.cache_);
+      other.key_.clear();
+    }
+    return *this;
+  }
+  CacheSession(const CacheSession&) = delete;
+  CacheSession& operator=(const CacheSession&) = delete;
+  ~CacheSession() {
+    if (active()) (void)end();
+  }
+
+  /// The key the cache is installed under; empty once moved from or ended.
+  const std::string& key() const noexcept { return key_; }
+  /// The cache (null once moved from). Stays valid after end().
+  const std::shared_ptr<CacheBase>& cache() const noexcept { return cache_; }
+  /// Runner face; null when the cache has none or the session was moved from.
+  SequenceControl* control() const noexcept { return cache_ ? cache_->as_control() : nullptr; }
+  /// Backend face; null when the cache has none or the session was moved from.
+  SequencePlanner* planner() const noexcept { return cache_ ? cache_->as_planner() : nullptr; }
+  /// True while the key is installed by this session.
+  bool active() const noexcept { return registry_ != nullptr; }
+
+  /// Erases the key now (the destructor then does nothing). Ok; NotFound when
+  /// someone else erased the key or reused it for another cache (that cache is
+  /// left alone); InvalidState when the session already ended.
+  Status end() noexcept {
+    if (registry_ == nullptr) return Status::make(Error::InvalidState, "the session already ended");
+    CacheRegistry* registry = std::exchange(registry_, nullptr);
+    Status status = registry->erase_if_same(key_, cache_.get());
+    key_.clear();
+    return status;
+  }
+
+ private:
+  CacheSession(CacheRegistry* registry, std::string key, std::shared_ptr<CacheBase> cache) noexcept
+      : registry_(registry), key_(std::move(key)), cache_(std::move(cache)) {}
+
+  CacheRegistry* registry_ = nullptr;
+  std::string key_;
+  std::shared_ptr<CacheBase> cache_;
+};
+
+}  // namespace kvcore
