@@ -1,0 +1,40 @@
+"""Fixtures shared by the Python tests. Nothing here runs at import or changes
+global state: a test opts in by naming a fixture.
+
+Helpers that are not fixtures live in reference.py (`import reference`): the
+brute-force model, `Lockstep` (a cache driven alongside it) and `observe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+import kvcore
+
+MakeCache = Callable[..., kvcore.SequenceCache]
+
+
+def layer(policy: kvcore.LayerPolicy, n_kv_heads: int = 1, head_dim: int = 8) -> kvcore.LayerConfig:
+    return kvcore.LayerConfig(policy, n_kv_heads=n_kv_heads, head_dim=head_dim)
+
+
+@pytest.fixture
+def make_cache() -> MakeCache:
+    """make_cache(*policies, capacity=64, max_step=None): a SequenceCache with one
+    layer per policy (n_kv_heads=1, head_dim=8)."""
+
+    def make(*policies: kvcore.LayerPolicy, capacity: int = 64, max_step: int | None = None) -> kvcore.SequenceCache:
+        cfg = kvcore.CacheConfig(capacity, [layer(p) for p in policies], max_step=max_step)
+        return kvcore.SequenceCache(cfg)
+
+    return make
+
+
+@pytest.fixture
+def mixed_cache(make_cache: MakeCache) -> kvcore.SequenceCache:
+    """Gemma-3-style: five Ring(window=4, sinks=1) layers and one Flat layer,
+    capacity 64, max_step 3 (ring layers hold 1 + 4 + 3 - 1 = 7 rows)."""
+    ring = kvcore.Ring(window=4, sinks=1)
+    return make_cache(ring, ring, ring, ring, ring, kvcore.Flat(), capacity=64, max_step=3)
