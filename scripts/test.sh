@@ -26,12 +26,16 @@ step "pip install build and test dependencies, then kvcore"
 "$PYTHON" -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest hypothesis mypy || exit 1
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation ".[test]" || exit 1
+# The ExecuTorch adapter test compiles against this wheel's headers and links its
+# libexecutorch.so; --no-deps because only those files are needed (not torch).
+"$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "executorch==1.5.1" || exit 1
 
 status=0
 
 # --- C++ ---------------------------------------------------------------------
 step "C++: configure, build (header check included), ctest"
-if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON >/dev/null &&
+if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON \
+     -DKVCORE_REQUIRE_EXECUTORCH=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null &&
    cmake --build "$BUILD" --parallel; then
   ctest --test-dir "$BUILD" --output-on-failure --parallel 2 || status=1
 else
