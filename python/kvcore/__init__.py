@@ -32,6 +32,8 @@ from kvcore._errors import (
     NotFoundError,
     NotSupportedError,
 )
+from kvcore import registry
+from kvcore.registry import Session, build, register_builder, unregister_builder
 
 __all__ = [
     "AllocationError",
@@ -53,6 +55,11 @@ __all__ = [
     "Run",
     "SeqStepPlan",
     "SequenceCache",
+    "Session",
     "Step",
     "__version__",
+    "build",
+    "register_builder",
+    "registry",
+    "unregister_builder",
 ]

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kvcore/config.h"
+#include "cache_cast.h"  // before any cast of a CacheBase: RTTI-free caches
 
 namespace kvcore_py {
 
@@ -14,6 +15,7 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 void register_config(py::module_& m);
 void register_cache(py::module_& m);
+void register_registry(py::module_& m);  // registries, builders, the capsule
 
 std::string repr_policy(const kvcore::LayerPolicy& p);
 

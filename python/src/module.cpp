@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   kvcore_py::register_errors(m);
   kvcore_py::register_config(m);
   kvcore_py::register_cache(m);
+  kvcore_py::register_registry(m);
 }
