@@ -32,6 +32,7 @@ from kvcore._errors import (
     NotFoundError,
     NotSupportedError,
 )
+from kvcore.hf_config import config_from_hf
 from kvcore import registry
 from kvcore.registry import Session, build, register_builder, unregister_builder
 
@@ -59,6 +60,7 @@ __all__ = [
     "Step",
     "__version__",
     "build",
+    "config_from_hf",
     "register_builder",
     "registry",
     "unregister_builder",

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 import kvcore
+from kvcore import memory
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tour.add_argument("--capacity", type=int, default=64)
     tour.add_argument("--decode", type=int, default=6)
     tour.set_defaults(run=_tour)
+    memory.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["tour", *(argv or [])])

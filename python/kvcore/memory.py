@@ -1,0 +1,557 @@
+"""KV-cache memory of real model shapes, sized by kvcore itself.
+
+Rows per layer always come from ``SequenceCache.rows(layer)`` of a cache built
+for the model, never from a second formula, so this planner and the runtime
+cannot disagree. Bytes of one layer = rows x n_kv_heads x (head_dim + V width)
+x dtype bytes x batch. The ``kvcore memory`` command (bottom of this file)
+prints it per layer kind, beside the same model with every layer flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any, Optional
+
+from kvcore._core import SequenceCache
+from kvcore._errors import InvalidArgumentError, NotFoundError
+from kvcore.hf_config import ModelShape, default_context, model_shape_from_hf
+
+#: The largest context kvcore can plan: positions are 32-bit signed ints.
+MAX_CONTEXT = 2**31 - 1
+
+#: Bytes of one K or V element, by dtype name.
+DTYPE_BYTES: Mapping[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                  "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn"}
+
+
+def dtype_bytes(dtype: str) -> tuple[str, int]:
+    """(canonical name, bytes per element) of a dtype name or alias such as "bf16"."""
+    name = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if name not in DTYPE_BYTES:
+        choices = ", ".join([*DTYPE_BYTES, *_DTYPE_ALIASES])
+        raise InvalidArgumentError(f"dtype = {dtype!r}: must be one of {choices}")
+    return name, DTYPE_BYTES[name]
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "8GiB", "512 MiB", "1.5GB" or "1073741824" (KB/MB/GB are powers of 1000)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise InvalidArgumentError(
+            f"size {text!r}: must be a number with an optional unit B, KB, MB, GB, TB "
+            "(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 8GiB"
+        )
+    value = math.floor(float(m.group(1)) * _SIZE_UNITS[unit])
+    if value < 1:
+        raise InvalidArgumentError(f"size {text!r}: must be at least 1 byte")
+    return value
+
+
+def parse_context(text: str) -> int:
+    """Tokens from "131072" or "128k" (k = 1024 tokens, the way context lengths are quoted)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([kK]?)\s*", text)
+    if m is None:
+        raise InvalidArgumentError(f"context {text!r}: must be a whole number of tokens, e.g. 8192 or 128k")
+    return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+
+def format_bytes(n: int) -> str:
+    """Binary units with one decimal: 12.0 MiB, 10.6 GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- presets -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model shape shipped with kvcore, with where its numbers come from."""
+
+    name: str
+    hf_id: str
+    source: str
+    pattern: str
+    shape: ModelShape
+
+
+_PRESETS: dict[str, Preset] = {}
+
+
+def presets() -> dict[str, Preset]:
+    """Every preset in presets.json, by name (each goes through the --hf-config loader)."""
+    if not _PRESETS:
+        text = resources.files("kvcore").joinpath("presets.json").read_text(encoding="utf-8")
+        for entry in json.loads(text)["presets"]:
+            shape = model_shape_from_hf(entry["config"], name=entry["name"])
+            _PRESETS[entry["name"]] = Preset(entry["name"], entry["hf_id"], entry["source"], entry["pattern"], shape)
+    return dict(_PRESETS)
+
+
+def preset(name: str) -> Preset:
+    """The preset called ``name`` (case-insensitive). NotFoundError lists the names."""
+    table = presets()
+    for key, value in table.items():
+        if key.lower() == name.lower():
+            return value
+    raise NotFoundError(f"model {name!r}: no such preset; presets: {', '.join(table)}")
+
+
+# --- the planner -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """Layers that share a policy and a row shape, and what one of them costs."""
+
+    kind: str  # "sliding" or "full" (kvcore Ring or Flat)
+    window: Optional[int]
+    sinks: int
+    layers: tuple[int, ...]  # layer indices
+    rows: int  # rows per layer: SequenceCache.rows(layer)
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int  # the V width actually used (head_dim unless the model says otherwise)
+    bytes_per_layer: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_layer * len(self.layers)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """KV bytes of one model at one context: kvcore's layout and the all-flat baseline."""
+
+    model: str
+    context: int
+    max_step: int
+    sinks: int
+    dtype: str
+    dtype_bytes: int
+    batch: int
+    kinds: tuple[LayerKind, ...]
+    flat_kinds: tuple[LayerKind, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(k.total_bytes for k in self.kinds)
+
+    @property
+    def flat_total_bytes(self) -> int:
+        return sum(k.total_bytes for k in self.flat_kinds)
+
+    @property
+    def ratio(self) -> float:
+        """kvcore bytes / all-flat bytes (1.0 for a model without sliding layers)."""
+        return self.total_bytes / self.flat_total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        def kind(k: LayerKind) -> dict[str, Any]:
+            d = asdict(k)
+            d["layers"] = len(k.layers)
+            d["layer_indices"] = list(k.layers)
+            d["total_bytes"] = k.total_bytes
+            return d
+
+        return {
+            "model": self.model,
+            "context": self.context,
+            "max_step": self.max_step,
+            "sinks": self.sinks,
+            "dtype": self.dtype,
+            "dtype_bytes": self.dtype_bytes,
+            "batch": self.batch,
+            "kinds": [kind(k) for k in self.kinds],
+            "total_bytes": self.total_bytes,
+            "all_flat": {"kinds": [kind(k) for k in self.flat_kinds], "total_bytes": self.flat_total_bytes},
+            "ratio": self.ratio,
+        }
+
+
+def plan_memory(
+    shape: ModelShape,
+    *,
+    context: Optional[int] = None,
+    max_step: Optional[int] = None,
+    sinks: int = 0,
+    dtype: str = "bfloat16",
+    batch: int = 1,
+) -> MemoryPlan:
+    """The KV bytes of ``shape`` at ``context`` tokens (default: its max_position_embeddings)."""
+    context = default_context(shape, context)
+    name, size = dtype_bytes(dtype)
+    _check_batch(batch)
+    cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks))
+    flat = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=True))
+    return MemoryPlan(
+        model=shape.name,
+        context=context,
+        max_step=cache.max_step,
+        sinks=sinks,
+        dtype=name,
+        dtype_bytes=size,
+        batch=batch,
+        kinds=_layer_kinds(cache, size, batch),
+        flat_kinds=_layer_kinds(flat, size, batch),
+    )
+
+
+def kv_bytes(
+    shape: ModelShape,
+    context: int,
+    *,
+    max_step: Optional[int] = None,
+    sinks: int = 0,
+    dtype: str = "bfloat16",
+    batch: int = 1,
+    all_flat: bool = False,
+) -> int:
+    """Total KV bytes of ``shape`` at ``context`` tokens (kvcore's layout, or all flat)."""
+    _, size = dtype_bytes(dtype)
+    _check_batch(batch)
+    cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=all_flat))
+    return sum(k.total_bytes for k in _layer_kinds(cache, size, batch))
+
+
+def longest_context(
+    shape: ModelShape,
+    budget: int,
+    *,
+    max_step: Optional[int] = None,
+    sinks: int = 0,
+    dtype: str = "bfloat16",
+    batch: int = 1,
+    all_flat: bool = False,
+) -> int:
+    """The longest context whose KV cache fits in ``budget`` bytes.
+
+    Binary search over real caches (bytes never shrink as the context grows).
+    MAX_CONTEXT when even that fits: every layer's window is full long before.
+    InvalidArgumentError when not even the shortest context fits.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise InvalidArgumentError(f"budget = {budget!r}: must be a whole number of bytes >= 1")
+
+    def fits(context: int) -> bool:
+        need = kv_bytes(shape, context, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch,
+                        all_flat=all_flat)
+        return need <= budget
+
+    lo = 1 if max_step is None else max_step  # a cache holds at least one step
+    if not fits(lo):
+        need = kv_bytes(shape, lo, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch, all_flat=all_flat)
+        raise InvalidArgumentError(
+            f"budget = {budget} bytes ({format_bytes(budget)}): too small, even a context of {lo} "
+            f"needs {need} bytes ({format_bytes(need)})"
+        )
+    hi = MAX_CONTEXT
+    if fits(hi):
+        return hi
+    while hi - lo > 1:  # fits(lo) and not fits(hi)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def memory_curve(
+    shape: ModelShape,
+    contexts: Iterable[int],
+    *,
+    max_step: Optional[int] = None,
+    sinks: int = 0,
+    dtype: str = "bfloat16",
+    batch: int = 1,
+) -> list[tuple[int, int, int]]:
+    """(context, kvcore bytes, all-flat bytes) at each context."""
+    return [
+        (c, kv_bytes(shape, c, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch),
+         kv_bytes(shape, c, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch, all_flat=True))
+        for c in contexts
+    ]
+
+
+def _check_batch(batch: int) -> None:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidArgumentError(f"batch = {batch!r}: must be an integer >= 1")
+
+
+def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[LayerKind, ...]:
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    layers = cache.config.layers
+    for i, layer in enumerate(layers):
+        p = layer.policy
+        key = (p.is_ring, p.window, p.sinks, layer.n_kv_heads, layer.head_dim, layer.value_dim)
+        groups.setdefault(key, []).append(i)
+    out = []
+    for (is_ring, window, sinks, heads, head_dim, value_dim), members in groups.items():
+        rows = {cache.rows(i) for i in members}
+        # Same policy and capacity give the same rows; a mismatch would be a core bug.
+        assert len(rows) == 1, f"layers {members} share a policy but not their rows: {rows}"
+        row_count = rows.pop()
+        out.append(LayerKind(
+            kind="sliding" if is_ring else "full",
+            window=window if is_ring else None,
+            sinks=sinks,
+            layers=tuple(members),
+            rows=row_count,
+            n_kv_heads=heads,
+            head_dim=head_dim,
+            v_head_dim=value_dim,
+            bytes_per_layer=row_count * heads * (head_dim + value_dim) * dtype_size * batch,
+        ))
+    return tuple(out)
+
+
+# --- the `kvcore memory` command -----------------------------------------------------
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Registers `kvcore memory` on the command line's subparsers."""
+    p = sub.add_parser(
+        "memory",
+        help="KV-cache bytes of a model (preset or Hugging Face config.json), kvcore vs all-flat",
+        description="KV-cache bytes of a real model shape, per layer kind, from kvcore's own rows. "
+        "Exit status: 0 ok, 2 bad usage or input, 1 when --plot lacks matplotlib.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", metavar="NAME", help="a preset (see --list)")
+    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json, or its directory")
+    src.add_argument("--list", action="store_true", help="list the presets and where their numbers come from")
+    p.add_argument("--context", type=_arg(parse_context), metavar="N",
+                   help="tokens the cache holds, e.g. 131072 or 128k (default: max_position_embeddings)")
+    p.add_argument("--max-step", type=_arg(_positive_int), metavar="N",
+                   help="largest step (prefill chunk) in tokens (default: kvcore's min(512, context))")
+    p.add_argument("--sinks", type=_arg(_non_negative_int), default=0, metavar="N",
+                   help="attention-sink positions every sliding layer keeps (default 0)")
+    p.add_argument("--dtype", default="bfloat16", help=f"K/V element type: {', '.join(DTYPE_BYTES)} (default bfloat16)")
+    p.add_argument("--batch", type=_arg(_positive_int), default=1, metavar="N", help="sequences (default 1)")
+    p.add_argument("--budget", type=_arg(parse_size), metavar="SIZE",
+                   help="answer the longest context whose KV cache fits, e.g. 8GiB")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--plot", metavar="OUT.png", help="draw KV bytes against context (needs kvcore[plot])")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `kvcore memory`; KVCacheError (exit 2 in kvcore.cli) for bad input."""
+    if args.list:
+        return _print_list(args.json)
+    if args.model is not None:
+        chosen = preset(args.model)
+        shape, label = chosen.shape, f"{chosen.name} ({chosen.hf_id})"
+    elif args.hf_config is not None:
+        shape = model_shape_from_hf(args.hf_config)
+        label = shape.name
+    else:
+        raise InvalidArgumentError("kvcore memory: give --model NAME, --hf-config PATH or --list")
+    dtype, _ = dtype_bytes(args.dtype)
+    opts: dict[str, Any] = {"max_step": args.max_step, "sinks": args.sinks, "dtype": dtype, "batch": args.batch}
+    notes = [f"{shape.name}'s config leaves out {d}" for d in shape.defaults]
+
+    context = default_context(shape, args.context)
+    answer: Optional[dict[str, Any]] = None
+    if args.budget is not None:
+        longest = longest_context(shape, args.budget, **opts)
+        flat_longest = _longest_or_zero(shape, args.budget, opts)
+        answer = {"budget_bytes": args.budget, "longest_context": longest, "all_flat_longest_context": flat_longest,
+                  "capped": longest == MAX_CONTEXT}
+        if longest < MAX_CONTEXT:
+            context = longest
+        else:
+            notes.append(f"every context up to kvcore's limit {MAX_CONTEXT:,} fits: once the windows "
+                         "fill, this model's KV cache stops growing")
+    plan = plan_memory(shape, context=context, **opts)
+    if shape.max_position_embeddings is not None and context > shape.max_position_embeddings:
+        notes.append(f"context {context:,} is beyond the model's max_position_embeddings "
+                     f"{shape.max_position_embeddings:,}")
+    if args.sinks and all(w is None for w in shape.windows):
+        notes.append("--sinks applies to sliding layers only; this model has none")
+
+    if args.json:
+        out = {"label": label, **plan.to_dict(), "notes": notes}
+        if answer is not None:
+            out["budget"] = answer
+        print(json.dumps(out, indent=2))
+    else:
+        _print_plan(plan, shape, label, answer, notes)
+    if args.plot is not None:
+        return _plot(args.plot, shape, plan, opts, args.budget, quiet=args.json)
+    return 0
+
+
+def _longest_or_zero(shape: ModelShape, budget: int, opts: Mapping[str, Any]) -> int:
+    try:
+        return longest_context(shape, budget, all_flat=True, **opts)
+    except InvalidArgumentError:
+        return 0  # the all-flat baseline fits nothing; kvcore's answer still stands
+
+
+def _print_list(as_json: bool) -> int:
+    table = presets()
+    if as_json:
+        print(json.dumps([
+            {"name": p.name, "hf_id": p.hf_id, "source": p.source, "pattern": p.pattern,
+             "layers": p.shape.n_layers, "sliding_layers": sum(w is not None for w in p.shape.windows),
+             "windows": sorted({w for w in p.shape.windows if w is not None}),
+             "n_kv_heads": p.shape.n_kv_heads, "head_dim": p.shape.head_dim, "v_head_dim": p.shape.value_dim,
+             "max_position_embeddings": p.shape.max_position_embeddings}
+            for p in table.values()
+        ], indent=2))
+        return 0
+    print(f"{'preset':<16} {'layers':>6} {'sliding':>9} {'window':>7} {'kv heads':>8} {'head dim':>8} "
+          f"{'context':>8}  source (--json adds the layer pattern's source)")
+    for p in table.values():
+        s = p.shape
+        sliding = sum(w is not None for w in s.windows)
+        windows = sorted({w for w in s.windows if w is not None})
+        window = ",".join(str(w) for w in windows) or "-"
+        ctx = f"{s.max_position_embeddings:,}" if s.max_position_embeddings else "-"
+        print(f"{p.name:<16} {s.n_layers:>6} {sliding:>9} {window:>7} {s.n_kv_heads:>8} {s.head_dim:>8} "
+              f"{ctx:>8}  {p.source.split()[0].rstrip(';')}")
+    return 0
+
+
+def _print_plan(plan: MemoryPlan, shape: ModelShape, label: str, answer: Optional[Mapping[str, Any]],
+                notes: Sequence[str]) -> None:
+    sliding = sum(len(k.layers) for k in plan.kinds if k.kind == "sliding")
+    parts = [f"{sliding} sliding"] if sliding else []
+    if shape.n_layers - sliding:
+        parts.append(f"{shape.n_layers - sliding} full")
+    print(label)
+    heads = f"{shape.n_kv_heads} KV head" + ("s" if shape.n_kv_heads != 1 else "")
+    print(f"  {shape.n_layers} layers ({' + '.join(parts)}), {heads} x "
+          f"({shape.head_dim} K + {shape.value_dim} V) per row")
+    if answer is not None:
+        budget = answer["budget_bytes"]
+        flat = answer["all_flat_longest_context"]
+        print(f"  budget {format_bytes(budget)} ({budget:,} B): longest context {answer['longest_context']:,} "
+              f"tokens (all layers flat: {flat:,})")
+    print(f"  context {plan.context:,}, max_step {plan.max_step}, sinks {plan.sinks}, "
+          f"{plan.dtype} ({plan.dtype_bytes} B), batch {plan.batch}")
+    print()
+    header = f"  {'layer kind':<12} {'layers':>6} {'window':>7} {'rows/layer':>13} {'bytes/layer':>12} {'total':>11}"
+    print(header)
+    for k in plan.kinds:
+        window = "-" if k.window is None else str(k.window) + (f"+{k.sinks}" if k.sinks else "")
+        print(f"  {k.kind:<12} {len(k.layers):>6} {window:>7} {k.rows:>13,} {format_bytes(k.bytes_per_layer):>12} "
+              f"{format_bytes(k.total_bytes):>11}")
+    print(f"  {'kvcore':<12} {shape.n_layers:>6} {'':>7} {'':>13} {'':>12} {format_bytes(plan.total_bytes):>11}"
+          f"  {plan.total_bytes:,} B")
+    for k in plan.flat_kinds:
+        print(f"  {'all flat':<12} {len(k.layers):>6} {'-':>7} {k.rows:>13,} {format_bytes(k.bytes_per_layer):>12} "
+              f"{format_bytes(k.total_bytes):>11}  {k.total_bytes:,} B")
+    print()
+    saved = plan.flat_total_bytes - plan.total_bytes
+    if saved:
+        print(f"  kvcore / all flat = {plan.ratio:.3f}: {1 / plan.ratio:.2f}x smaller, "
+              f"saves {format_bytes(saved)}")
+    else:
+        print("  kvcore / all flat = 1.000: no layer's window is shorter than the context")
+    for note in notes:
+        print(f"  note: {note}")
+
+
+def _plot(path: str, shape: ModelShape, plan: MemoryPlan, opts: Mapping[str, Any], budget: Optional[int],
+          *, quiet: bool) -> int:
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+        matplotlib.use("Agg")
+        plt = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        print("kvcore: error: --plot needs matplotlib, the optional extra 'plot': "
+              "pip install 'kvcore[plot]' (or pip install matplotlib)", file=sys.stderr)
+        return 1
+    lo = opts["max_step"] or 1
+    up_to = plan.context
+    if budget is not None and shape.max_position_embeddings is not None:
+        up_to = max(up_to, shape.max_position_embeddings)  # show where the budget line is crossed
+    grid = {lo + (up_to - lo) * i // 200 for i in range(201)}
+    for k in plan.kinds:  # the kinks: where each window's ring fills
+        if k.window is not None and lo <= k.rows < up_to:
+            grid.update({k.rows, k.rows + 1})
+    points = memory_curve(shape, sorted(grid), **opts)
+    gib = float(2**30)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot([c for c, _, _ in points], [f / gib for _, _, f in points], label="all layers flat")
+    ax.plot([c for c, _, _ in points], [b / gib for _, b, _ in points], label="kvcore (sliding layers as rings)")
+    if budget is not None:
+        ax.axhline(budget / gib, color="gray", linestyle="--", label=f"budget {format_bytes(budget)}")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("KV cache (GiB)")
+    ax.set_title(f"{shape.name}: {plan.dtype}, batch {plan.batch}, max_step {plan.max_step}, sinks {plan.sinks}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise InvalidArgumentError(f"--plot {path!r}: cannot write it: {e.strerror}") from e
+    finally:
+        plt.close(fig)
+    if not quiet:
+        print(f"  plot: {path}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise InvalidArgumentError(f"{text!r}: must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise InvalidArgumentError(f"{text!r}: must be >= 0")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{text!r}: must be a whole number") from None
+
+
+def _arg(parse: Any) -> Any:
+    """An argparse type from a parser that raises InvalidArgumentError (argparse exits 2)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except InvalidArgumentError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = parse.__name__.lstrip("_")
+    return convert

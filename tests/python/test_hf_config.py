@@ -1,0 +1,314 @@
+"""kvcore.config_from_hf / model_shape_from_hf on config.json files written from
+published facts (the models' Hugging Face configs and transformers' config classes).
+Expected windows follow the rules as transformers states them, written out here:
+Gemma 2 and gpt-oss slide on layer i when (i + 1) % 2 != 0, Gemma 3 when
+(i + 1) % 6 != 0, Command R7B when (i + 1) % 4 != 0, Mistral on every layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvcore
+from kvcore.hf_config import ModelShape, model_shape_from_hf
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def write(tmp_path: Path, config: Any, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+# openai/gpt-oss-20b config.json: it lists layer_types explicitly.
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "head_dim": 64,
+    "hidden_size": 2880,
+    "num_attention_heads": 64,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "max_position_embeddings": 131072,
+    "layer_types": [SLIDING, FULL] * 12,
+    "num_local_experts": 32,
+    "rope_theta": 150000,
+    "torch_dtype": "bfloat16",
+}
+
+# mistralai/Mistral-7B-v0.1 config.json: only sliding_window, no head_dim.
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
+
+# google/gemma-3-4b-it config.json: multimodal; its text_config leaves the head
+# counts and head_dim to Gemma3TextConfig's defaults (8 heads, 4 KV heads, 256).
+GEMMA_3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "mm_tokens_per_image": 256,
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27},
+}
+
+
+def test_layer_types_are_read_layer_by_layer(tmp_path: Path) -> None:
+    shape = model_shape_from_hf(write(tmp_path, GPT_OSS_20B))
+    assert shape.n_layers == 24
+    assert shape.windows == tuple(128 if i % 2 == 0 else None for i in range(24))
+    assert (shape.n_kv_heads, shape.head_dim, shape.value_dim) == (8, 64, 64)
+    assert shape.max_position_embeddings == 131072
+    assert shape.defaults == ()
+
+
+def test_layer_types_win_over_the_family_pattern() -> None:
+    # A gpt_oss config whose list is not the default alternation: the list decides.
+    kinds = [FULL, SLIDING, SLIDING, FULL]
+    shape = model_shape_from_hf({**GPT_OSS_20B, "num_hidden_layers": 4, "layer_types": kinds})
+    assert shape.windows == (None, 128, 128, None)
+
+
+def test_only_sliding_window_slides_every_mistral_layer(tmp_path: Path) -> None:
+    shape = model_shape_from_hf(write(tmp_path, MISTRAL_7B_V01))
+    assert shape.windows == (4096,) * 32
+    assert shape.head_dim == 4096 // 32  # no head_dim field: hidden_size / num_attention_heads
+    assert shape.n_kv_heads == 8
+
+
+def test_mistral_with_a_null_window_is_all_full() -> None:
+    # Mistral 7B v0.2 and later publish "sliding_window": null.
+    shape = model_shape_from_hf({**MISTRAL_7B_V01, "sliding_window": None})
+    assert shape.windows == (None,) * 32
+
+
+def test_multimodal_config_reads_text_config_and_fills_family_defaults(tmp_path: Path) -> None:
+    shape = model_shape_from_hf(write(tmp_path, GEMMA_3_4B))
+    assert shape.model_type == "gemma3_text"
+    assert (shape.n_kv_heads, shape.head_dim) == (4, 256)
+    assert shape.windows == tuple(None if (i + 1) % 6 == 0 else 1024 for i in range(34))
+    assert shape.max_position_embeddings == 131072
+    filled = " ".join(shape.defaults)
+    for field in ("num_key_value_heads=4", "head_dim=256", "max_position_embeddings=131072",
+                  "sliding_window_pattern=6"):
+        assert field in filled
+    assert "Gemma3TextConfig" in filled
+
+
+def test_gemma2_alternates_starting_with_a_sliding_layer() -> None:
+    # google/gemma-2-9b config.json (no layer_types): 42 layers, window 4096.
+    shape = model_shape_from_hf({"model_type": "gemma2", "num_hidden_layers": 42, "num_attention_heads": 16,
+                                 "num_key_value_heads": 8, "head_dim": 256, "hidden_size": 3584,
+                                 "sliding_window": 4096, "max_position_embeddings": 8192})
+    assert shape.windows == tuple(4096 if (i + 1) % 2 else None for i in range(42))
+    assert sum(w is None for w in shape.windows) == 21
+
+
+def test_cohere2_pattern_and_derived_head_dim() -> None:
+    # CohereLabs/c4ai-command-r7b-12-2024: 32 layers, 3 sliding (4096) : 1 global.
+    cfg = {"model_type": "cohere2", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "hidden_size": 4096, "sliding_window": 4096, "sliding_window_pattern": 4}
+    shape = model_shape_from_hf(cfg)
+    assert shape.windows == tuple(None if (i + 1) % 4 == 0 else 4096 for i in range(32))
+    assert shape.head_dim == 128
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"head_dim = 96: contradicts .* = 128"):
+        model_shape_from_hf({**cfg, "head_dim": 96})
+
+
+def test_qwen2_window_only_counts_when_use_sliding_window() -> None:
+    # Qwen/Qwen2.5-7B-Instruct config.json: sliding_window 131072 but use_sliding_window false.
+    qwen = {"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "hidden_size": 3584, "max_position_embeddings": 32768, "sliding_window": 131072,
+            "use_sliding_window": False, "max_window_layers": 28}
+    assert model_shape_from_hf(qwen).windows == (None,) * 28
+    on = {**qwen, "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 32, "max_window_layers": 2}
+    assert model_shape_from_hf(on).windows == (None, None, 32, 32)  # layers >= max_window_layers slide
+    off = {**on, "use_sliding_window": False}
+    assert model_shape_from_hf(off).windows == (None,) * 4
+    # Any family: use_sliding_window false switches the recorded window off.
+    assert model_shape_from_hf({**off, "model_type": "brand_new"}).windows == (None,) * 4
+
+
+def test_llama_has_no_window() -> None:
+    # meta-llama/Llama-3.1-8B config.json.
+    shape = model_shape_from_hf({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                                 "num_key_value_heads": 8, "hidden_size": 4096,
+                                 "max_position_embeddings": 131072})
+    assert shape.windows == (None,) * 32
+    assert (shape.n_kv_heads, shape.head_dim) == (8, 128)
+
+
+def test_missing_num_key_value_heads_means_multi_head_attention() -> None:
+    shape = model_shape_from_hf({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 16,
+                                 "hidden_size": 2048})
+    assert shape.n_kv_heads == 16
+    assert any("num_key_value_heads=16" in d for d in shape.defaults)
+
+
+def test_a_directory_reads_its_config_json(tmp_path: Path) -> None:
+    write(tmp_path, MISTRAL_7B_V01)
+    assert model_shape_from_hf(tmp_path).windows == (4096,) * 32
+
+
+def test_config_from_hf_builds_the_cache_config(tmp_path: Path) -> None:
+    cfg = kvcore.config_from_hf(write(tmp_path, GPT_OSS_20B), context=4096, max_step=256, sinks=4)
+    assert isinstance(cfg, kvcore.CacheConfig)
+    assert (cfg.capacity, cfg.n_layers, cfg.max_step) == (4096, 24, 256)
+    for i, layer in enumerate(cfg.layers):
+        expected = kvcore.Ring(window=128, sinks=4) if i % 2 == 0 else kvcore.Flat()
+        assert layer.policy == expected
+        assert (layer.n_kv_heads, layer.head_dim) == (8, 64)
+    cache = kvcore.SequenceCache(cfg)
+    assert cache.rows(0) == 4 + 128 + 256 - 1  # DESIGN: S + W + C - 1
+    assert cache.rows(1) == 4096
+
+
+def test_config_from_hf_defaults(tmp_path: Path) -> None:
+    cfg = kvcore.config_from_hf(MISTRAL_7B_V01)  # a mapping works too
+    assert cfg.capacity == 32768  # max_position_embeddings
+    assert cfg.max_step == 512  # kvcore's min(512, capacity)
+    assert all(layer.policy == kvcore.Ring(window=4096, sinks=0) for layer in cfg.layers)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"context": 0}, r"context = 0: must be >= 1"),
+        ({"context": 100, "max_step": 101}, r"max_step = 101: must be <= context = 100"),
+        ({"context": 100, "max_step": 0}, r"max_step = 0: must be >= 1"),
+        ({"context": 100, "sinks": -1}, r"sinks = -1: must be >= 0"),
+        ({"context": "100"}, r"context = '100': must be an integer"),
+    ],
+)
+def test_config_from_hf_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(kvcore.InvalidArgumentError, match=message):
+        kvcore.config_from_hf(MISTRAL_7B_V01, **kwargs)
+
+
+def test_context_needs_a_default_when_not_given() -> None:
+    cfg = {k: v for k, v in MISTRAL_7B_V01.items() if k != "max_position_embeddings"}
+    cfg["model_type"] = "some_new_model"
+    cfg["layer_types"] = [SLIDING] * 32
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"context: not given.*max_position_embeddings"):
+        kvcore.config_from_hf(cfg)
+    assert kvcore.config_from_hf(cfg, context=1000).capacity == 1000
+
+
+def test_malformed_json_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "mistral", "num_hidden_layers": 32,', encoding="utf-8")
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"config.json' is not valid JSON"):
+        model_shape_from_hf(path)
+
+
+def test_a_json_array_is_not_a_config(tmp_path: Path) -> None:
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"must hold a JSON object, not list"):
+        model_shape_from_hf(write(tmp_path, [1, 2]))
+
+
+def test_a_missing_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"cannot read Hugging Face config .*nope.json"):
+        model_shape_from_hf(tmp_path / "nope.json")
+
+
+def _mistral(**changes: Any) -> dict[str, Any]:
+    cfg = dict(MISTRAL_7B_V01)
+    for key, value in changes.items():
+        if value is _DROP:
+            cfg.pop(key)
+        else:
+            cfg[key] = value
+    return cfg
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "message"),
+    [
+        (_mistral(num_hidden_layers="32"), kvcore.InvalidArgumentError,
+         r"num_hidden_layers = '32': must be an integer"),
+        (_mistral(num_hidden_layers=True), kvcore.InvalidArgumentError,
+         r"num_hidden_layers = True: must be an integer"),
+        (_mistral(num_hidden_layers=0), kvcore.InvalidArgumentError, r"num_hidden_layers = 0: must be >= 1"),
+        (_mistral(sliding_window=0), kvcore.InvalidArgumentError, r"sliding_window = 0: must be >= 1"),
+        (_mistral(num_key_value_heads=5), kvcore.InvalidArgumentError,
+         r"num_key_value_heads = 5: must divide num_attention_heads = 32"),
+        (_mistral(model_type="brand_new", num_hidden_layers=_DROP), kvcore.InvalidArgumentError,
+         r"num_hidden_layers: missing, and model_type 'brand_new' has no default"),
+        (_mistral(model_type="brand_new"), kvcore.InvalidArgumentError,
+         r"sliding_window = 4096: model_type 'brand_new' is not a family kvcore knows.*add layer_types"),
+        (_mistral(model_type="brand_new", hidden_size=4000, num_attention_heads=_DROP, num_key_value_heads=8),
+         kvcore.InvalidArgumentError, r"head_dim: missing, and hidden_size = 4000 / num_attention_heads = None"),
+        (_mistral(layer_types=[SLIDING] * 31), kvcore.InvalidArgumentError,
+         r"layer_types has 31 entries: must have one per layer, num_hidden_layers = 32"),
+        (_mistral(layer_types=[SLIDING, "chunked_attention"] * 16), kvcore.NotSupportedError,
+         r"layer_types\[1\] = 'chunked_attention'"),
+        (_mistral(layer_types="sliding_attention"), kvcore.InvalidArgumentError,
+         r"layer_types: must be a list of strings"),
+        (_mistral(sliding_window=None, layer_types=[FULL, SLIDING] * 16), kvcore.InvalidArgumentError,
+         r"layer_types\[1\] = 'sliding_attention': contradicts sliding_window"),
+        (_mistral(model_type="gemma3_text", sliding_window_pattern=6, layer_types=[SLIDING, FULL] * 16),
+         kvcore.InvalidArgumentError, r"sliding_window_pattern = 6: contradicts layer_types"),
+        (_mistral(model_type="gemma2", sliding_window_pattern=3), kvcore.InvalidArgumentError,
+         r"sliding_window_pattern = 3: transformers Gemma2Config always"),
+        (_mistral(use_sliding_window="yes"), kvcore.InvalidArgumentError,
+         r"use_sliding_window = 'yes': must be true or false"),
+        (_mistral(kv_lora_rank=512), kvcore.NotSupportedError, r"kv_lora_rank = 512: multi-head latent"),
+        (_mistral(num_kv_shared_layers=20), kvcore.NotSupportedError, r"num_kv_shared_layers = 20"),
+        (_mistral(attention_chunk_size=8192), kvcore.NotSupportedError, r"attention_chunk_size = 8192"),
+        (_mistral(model_type=3), kvcore.InvalidArgumentError, r"model_type = 3: must be a string"),
+        ({**GEMMA_3_4B, "num_hidden_layers": 34, "text_config": {**GEMMA_3_4B["text_config"],  # type: ignore[dict-item]
+                                                                  "num_hidden_layers": 26}},
+         kvcore.InvalidArgumentError, r"num_hidden_layers: the top level says 34, text_config says 26"),
+        ({**GEMMA_3_4B, "text_config": [1]}, kvcore.InvalidArgumentError, r"text_config: must be an object"),
+    ],
+)
+def test_bad_fields_are_named(config: dict[str, Any], error: type[Exception], message: str) -> None:
+    before = json.dumps(config, sort_keys=True)
+    with pytest.raises(error, match=message):
+        model_shape_from_hf(config)
+    assert json.dumps(config, sort_keys=True) == before  # the caller's dict is left alone
+
+
+def test_unknown_family_with_layer_types_is_fine() -> None:
+    shape = model_shape_from_hf(_mistral(model_type="brand_new", layer_types=[SLIDING, SLIDING, FULL] * 10 + [FULL] * 2))
+    assert shape.windows == tuple([4096, 4096, None] * 10 + [None, None])
+
+
+def test_unknown_family_with_a_pattern_uses_the_transformers_rule() -> None:
+    shape = model_shape_from_hf(_mistral(model_type="brand_new", sliding_window_pattern=4))
+    assert shape.windows == tuple(None if (i + 1) % 4 == 0 else 4096 for i in range(32))
+
+
+def test_shape_cache_config_all_flat() -> None:
+    shape = ModelShape(name="toy", model_type="", n_kv_heads=2, head_dim=16, windows=(8, None, 8))
+    cfg = shape.cache_config(100, all_flat=True)
+    assert all(layer.policy == kvcore.Flat() for layer in cfg.layers)
+    rings = shape.cache_config(100, sinks=2)
+    assert [layer.policy for layer in rings.layers] == [kvcore.Ring(8, 2), kvcore.Flat(), kvcore.Ring(8, 2)]
