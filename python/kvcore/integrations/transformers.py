@@ -1,0 +1,514 @@
+"""A Hugging Face transformers ``Cache`` backed by kvcore.
+
+``KVCoreCache(model.config, max_step=...)`` is a drop-in cache for decoder models
+whose layers are ``full_attention`` or ``sliding_attention`` (Gemma 2 / Gemma 3
+style, mixed freely). One ``kvcore.SequenceCache`` keeps one logical length for
+the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
+(``kvcore.integrations.torch_pool``). A sliding layer holds exactly
+``window + max_step - 1`` rows (plus its sinks), and the cache can rewind up to
+``max_step`` tokens even after the window wrapped, which transformers' own
+sliding layers refuse unless they keep the whole history.
+
+How a forward maps onto kvcore: the update of layer 0 begins a kvcore step of
+``T`` tokens (replacing a step an interrupted forward left unfinished), every
+other layer must follow in order with the same ``T``, and the update of the last
+layer commits it. So the length (``get_seq_length``) changes only when a whole
+forward succeeded, and a forward may carry at most ``max_step`` tokens: feed
+longer prompts with ``generate(..., prefill_chunk_size=cache.max_step)`` or with
+``prefill`` below.
+
+Masks: transformers builds masks from ``get_mask_sizes``; each layer returns its
+history in position order, contiguous from that offset, so the masks agree and
+eager attention gives DynamicCache's results. Attention sinks (``sinks > 0``)
+keep the first positions visible forever, which transformers' masks cannot
+express: for such a cache ``get_mask_sizes`` raises, and you pass the masks from
+``cache.attention_masks(...)`` yourself (``prefill`` does).
+
+Tested with transformers 5.24.0 and torch 2.13.0 (see docs/transformers.md).
+Other 5.x releases are accepted only if the Cache API this module relies on is
+there; anything else raises NotSupportedError at import rather than risk wrong
+output.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional, Union
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import cache_utils
+
+from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SeqStepPlan, SequenceCache, Step
+from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
+from kvcore.integrations.torch_pool import TorchKVPool
+
+TESTED_TRANSFORMERS = "5.24.0"
+SUPPORTED_TRANSFORMERS = ">=5.24,<6"
+_MIN, _MAX = Version("5.24"), Version("6")
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+def check_transformers(version: str = transformers.__version__) -> None:
+    """Raise NotSupportedError unless ``version`` and the installed Cache API are ones this module works with."""
+    v = Version(version)
+    if not (_MIN <= Version(v.base_version) < _MAX):
+        raise NotSupportedError(
+            f"kvcore.integrations.transformers needs transformers {SUPPORTED_TRANSFORMERS} "
+            f"(tested with {TESTED_TRANSFORMERS}); found {version}. Older 5.x releases size masks from "
+            f"cache_position and crop by absolute length, which this cache does not implement."
+        )
+    # The calls transformers makes into a cache, as of the tested release.
+    needed = {
+        "CacheLayerMixin.get_mask_sizes(query_length)": _params(cache_utils.CacheLayerMixin.get_mask_sizes)
+        == ["self", "query_length"],
+        "Cache.get_mask_sizes(query_length, layer_idx)": _params(cache_utils.Cache.get_mask_sizes)
+        == ["self", "query_length", "layer_idx"],
+        "Cache.get_query_offset": hasattr(cache_utils.Cache, "get_query_offset"),
+        "cache_utils.get_layer_types_and_kwargs": hasattr(cache_utils, "get_layer_types_and_kwargs"),
+    }
+    missing = [name for name, ok in needed.items() if not ok]
+    if missing:
+        raise NotSupportedError(
+            f"transformers {version} lacks {', '.join(missing)}, which kvcore.integrations.transformers "
+            f"relies on (tested with {TESTED_TRANSFORMERS})"
+        )
+
+
+def _params(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+check_transformers()
+
+
+# --- model config -> kvcore config -------------------------------------------------
+
+
+def cache_config_for(
+    config: Any,
+    *,
+    max_step: Optional[int] = None,
+    capacity: Optional[int] = None,
+    sinks: int = 0,
+    initial_capacity: int = 512,
+) -> tuple[CacheConfig, list[str]]:
+    """The kvcore config for a transformers model config, and each layer's transformers layer type.
+
+    Layer types, windows, KV heads and head_dim come from transformers' own helpers
+    (what ``DynamicCache(config=...)`` reads). ``capacity`` defaults to
+    ``max_position_embeddings``; ``sinks`` applies to every sliding layer.
+    """
+    text = config.get_text_config(decoder=True)
+    if getattr(text, "use_bidirectional_attention", False) or not getattr(text, "is_causal", True):
+        raise NotSupportedError("bidirectional attention: kvcore plans causal attention only")
+    layer_types, layer_kwargs = cache_utils.get_layer_types_and_kwargs(text)
+    n_layers = len(layer_types)
+    heads, dims = _head_shapes(text, n_layers)
+    if capacity is None:
+        capacity = getattr(text, "max_position_embeddings", None)
+        if capacity is None:
+            raise InvalidArgumentError("capacity: the config has no max_position_embeddings; pass capacity=")
+    if sinks < 0:
+        raise InvalidArgumentError(f"sinks = {sinks}: must be >= 0")
+    layers = []
+    for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
+        if kind == FULL:
+            policy = Flat()
+        elif kind == SLIDING:
+            policy = Ring(int(kwargs["sliding_window"]), sinks)
+        else:
+            raise NotSupportedError(
+                f"layer {i} is {kind!r}: kvcore's transformers cache supports {FULL!r} and {SLIDING!r} layers"
+            )
+        layers.append(LayerConfig(policy, heads[i], dims[i]))
+    cfg = CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
+    return cfg, list(layer_types)
+
+
+def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
+    per_layer = getattr(text, "per_layer_config", None) or [text] * n_layers
+    heads = [int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads) for c in per_layer]
+    dims = [int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads) for c in per_layer]
+    return heads, dims
+
+
+def _read_ranges(policy: LayerPolicy, length: int, T: int) -> list[tuple[int, int]]:
+    """Position ranges [start, stop) a step at ``length`` of ``T`` tokens reads, in order (DESIGN section 2)."""
+    end = length + T
+    if not policy.is_ring:
+        return [(0, end)]
+    lo = max(0, length - policy.window + 1)
+    sinks = min(policy.sinks, end)
+    if sinks >= lo:
+        return [(0, end)]
+    if sinks == 0:
+        return [(lo, end)]
+    return [(0, sinks), (lo, end)]
+
+
+def _plan_ranges(plan: SeqStepPlan) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for r in plan.read:
+        if out and out[-1][1] == r.pos:
+            out[-1] = (out[-1][0], r.pos + r.len)
+        else:
+            out.append((r.pos, r.pos + r.len))
+    return out
+
+
+# --- the cache ---------------------------------------------------------------------
+
+
+class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transformers is Any to mypy
+    """One layer of a KVCoreCache. Its rows live in the cache's pool; its length is the cache's.
+
+    ``keys``/``values`` are the pool tensors in row order (not position order); the
+    history in position order is what ``update`` returns.
+    """
+
+    is_compileable = False
+    is_croppable = True  # within kvcore's rewind rule: up to max_step tokens once a window wrapped
+
+    def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
+        super().__init__()
+        self._owner = owner
+        self.layer_idx = layer_idx
+        self.policy = policy
+        self.is_sliding = policy.is_ring
+        self.sliding_window: Optional[int] = policy.window if policy.is_ring else None
+        self.sinks = policy.sinks
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._owner.pool.allocate(
+            self.layer_idx,
+            batch_size=int(key_states.shape[0]),
+            dtype=key_states.dtype,
+            device=key_states.device,
+        )
+        self._sync()
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        owner = self._owner
+        step = owner._join_step(self.layer_idx, int(key_states.shape[-2]))
+        plan = step.plan(self.layer_idx)
+        expected = _read_ranges(self.policy, step.position, step.T)
+        if _plan_ranges(plan) != expected:  # the masks are sized from `expected`
+            raise InternalError(
+                f"layer {self.layer_idx}: plan reads {_plan_ranges(plan)}, masks assume {expected}"
+            )
+        keys, values = owner.pool.update(self.layer_idx, plan, key_states, value_states)
+        self._sync()
+        owner._finish_layer(self.layer_idx)
+        return keys, values
+
+    def _sync(self) -> None:
+        pool = self._owner.pool.layer(self.layer_idx)
+        if pool is not None:
+            self.keys, self.values = pool.keys, pool.values
+            self.device = pool.keys.device
+            self.is_initialized = True
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.sinks > 0:
+            raise NotSupportedError(
+                f"layer {self.layer_idx} keeps {self.sinks} attention sinks, which transformers' masks cannot "
+                f"express: pass attention_mask=cache.attention_masks(model.config, {query_length}) (or use "
+                f"kvcore.integrations.transformers.prefill), not generate()"
+            )
+        ranges = _read_ranges(self.policy, self._owner.sequence.length, query_length)
+        start, stop = ranges[0]
+        return stop - start, start
+
+    def get_seq_length(self) -> int:
+        return self._owner.sequence.length
+
+    def get_max_length(self) -> int:
+        return self._owner.sequence.capacity
+
+    @property
+    def batch_size(self) -> int:
+        pool = self._owner.pool.layer(self.layer_idx)
+        if pool is None:
+            raise AttributeError("batch_size: the layer is not allocated yet")
+        return pool.batch_size
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotSupportedError(
+            f"crop on layer {self.layer_idx} alone: kvcore keeps one length for every layer; crop the KVCoreCache"
+        )
+
+    def reset(self) -> None:
+        self._owner.reset()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._owner.pool.map_batch(self.layer_idx, lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._sync()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._owner.pool.map_batch(self.layer_idx, lambda t: t.repeat_interleave(repeats, dim=0))
+        self._sync()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._owner.pool.map_batch(self.layer_idx, lambda t: t[indices.to(t.device)])
+        self._sync()
+
+    def __repr__(self) -> str:
+        return f"KVCoreLayer({self.layer_idx}, {self.policy!r})"
+
+
+class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
+    """A transformers Cache whose layers are planned by kvcore (see the module docstring).
+
+    ``config``: the model's config (``model.config``). ``max_step``: the most tokens
+    one forward may carry (kvcore's default: min(512, capacity)). ``capacity``: the
+    longest sequence (default: ``max_position_embeddings``). ``sinks``: attention
+    sinks of every sliding layer. ``initial_capacity``: rows a full-attention
+    layer allocates before it grows by doubling.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        max_step: Optional[int] = None,
+        capacity: Optional[int] = None,
+        sinks: int = 0,
+        initial_capacity: int = 512,
+    ) -> None:
+        cache_config, layer_types = cache_config_for(
+            config, max_step=max_step, capacity=capacity, sinks=sinks, initial_capacity=initial_capacity
+        )
+        self.sequence = SequenceCache(cache_config)
+        self.pool = TorchKVPool(self.sequence)
+        self.layer_types = layer_types
+        policies = [self.sequence.layer_policy(i) for i in range(len(layer_types))]
+        # Typed alias of Cache.layers (transformers types it as a union of layer kinds).
+        self.kv_layers = [KVCoreLayer(self, i, p) for i, p in enumerate(policies)]
+        super().__init__(layers=list(self.kv_layers))
+        self._step: Optional[Step] = None
+        self._next_layer = 0
+
+    # --- kvcore facts ----------------------------------------------------------------
+
+    @property
+    def max_step(self) -> int:
+        """The most tokens one forward may carry."""
+        return self.sequence.max_step
+
+    @property
+    def capacity(self) -> int:
+        return self.sequence.capacity
+
+    @property
+    def has_sinks(self) -> bool:
+        return any(layer.sinks > 0 for layer in self.kv_layers)
+
+    def rows(self, layer_idx: int) -> int:
+        """Rows kvcore gives the layer: window + max_step - 1 (+ sinks) for a sliding layer, capacity for a full one."""
+        return self.sequence.rows(layer_idx)
+
+    def allocated_rows(self, layer_idx: int) -> int:
+        """Rows the layer's tensors hold now (0 before its first update)."""
+        pool = self.pool.layer(layer_idx)
+        return 0 if pool is None else pool.allocated_rows
+
+    def nbytes(self, layer_idx: Optional[int] = None) -> int:
+        """Bytes of K/V tensors held by one layer or by all (the shared gather workspace is separate)."""
+        return self.pool.nbytes(layer_idx)
+
+    # --- the step of one forward -----------------------------------------------------
+
+    def _join_step(self, layer_idx: int, T: int) -> Step:
+        if layer_idx == 0:
+            if T > self.sequence.max_step:
+                raise InvalidArgumentError(
+                    f"a forward of T = {T} tokens: must be <= max_step = {self.sequence.max_step}; feed longer "
+                    f"inputs in chunks (generate(..., prefill_chunk_size={self.sequence.max_step}) or "
+                    f"kvcore.integrations.transformers.prefill)"
+                )
+            # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
+            self._step = self.sequence.begin_step(T)
+            self._next_layer = 0
+        step = self._step
+        if step is None or layer_idx != self._next_layer or not step.is_current:
+            raise InvalidStateError(
+                f"update of layer {layer_idx}: a forward updates layers 0..{len(self.layers) - 1} in order, "
+                f"and layer {self._next_layer if step is not None else 0} is next"
+            )
+        if T != step.T:
+            raise InvalidStateError(
+                f"update of layer {layer_idx} with T = {T} tokens, but this forward's step has T = {step.T}"
+            )
+        return step
+
+    def _finish_layer(self, layer_idx: int) -> None:
+        self._next_layer = layer_idx + 1
+        if self._next_layer == len(self.layers):
+            assert self._step is not None
+            self._step.commit()
+            self._step = None
+            self._next_layer = 0
+
+    # --- length changes ----------------------------------------------------------------
+
+    def rewind(self, length: int) -> None:
+        """Set the length to ``length`` (kvcore's rewind: refused with InvalidStateError into evicted history)."""
+        self.sequence.rewind(length)
+        self._step = None
+        self._next_layer = 0
+
+    def can_rewind(self, length: int) -> bool:
+        return self.sequence.can_rewind(length)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens (transformers' convention: a count <= 0)."""
+        if tokens_to_remove > 0:
+            raise InvalidArgumentError(
+                f"crop({tokens_to_remove}): pass minus the number of tokens to remove (a count <= 0)"
+            )
+        if tokens_to_remove < 0:
+            self.rewind(self.sequence.length + tokens_to_remove)
+
+    def reset(self) -> None:
+        """Length 0; the tensors stay allocated for the next sequence."""
+        self.sequence.clear()
+        self._step = None
+        self._next_layer = 0
+
+    # --- masks for sinks -------------------------------------------------------------
+
+    def attention_masks(
+        self,
+        config: Any,
+        query_length: int,
+        *,
+        attention_mask: Optional[torch.Tensor] = None,
+        batch_size: Optional[int] = None,
+        dtype: torch.dtype = torch.float32,
+        device: Union[torch.device, str, None] = None,
+    ) -> dict[str, torch.Tensor]:
+        """Masks for the next forward of ``query_length`` tokens, per transformers layer type.
+
+        Pass the result as ``attention_mask=`` to the model's forward (Gemma-style models
+        take a dict ``{layer_type: 4-D mask}`` as already-built masks). Each mask has one
+        column per key the layer returns, in the same order, and follows kvcore's
+        visibility rule, sinks included. ``attention_mask``: optional 2-D padding mask
+        ``[batch, length + query_length]`` (1 = attend). Works for eager (float masks)
+        and sdpa (boolean masks) attention.
+        """
+        impl = config.get_text_config(decoder=True)._attn_implementation
+        if impl not in ("eager", "sdpa"):
+            raise NotSupportedError(f"attention_masks: attn_implementation {impl!r}; use 'eager' or 'sdpa'")
+        if not 1 <= query_length <= self.sequence.max_step:
+            raise InvalidArgumentError(
+                f"query_length = {query_length}: must be in [1, max_step = {self.sequence.max_step}]"
+            )
+        length = self.sequence.length
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[1] < length + query_length:
+                raise InvalidArgumentError(
+                    f"attention_mask {tuple(attention_mask.shape)}: must be 2-D [batch, >= {length + query_length}]"
+                )
+            batch_size = int(attention_mask.shape[0]) if batch_size is None else batch_size
+            device = attention_mask.device if device is None else device
+        batch_size = 1 if batch_size is None else batch_size
+        q = torch.arange(length, length + query_length, device=device)[:, None]
+        masks: dict[str, torch.Tensor] = {}
+        for i, kind in enumerate(self.layer_types):
+            if kind in masks:
+                continue
+            policy = self.kv_layers[i].policy
+            k = torch.cat(
+                [torch.arange(a, b, device=device) for a, b in _read_ranges(policy, length, query_length)]
+            )[None, :]
+            visible = k <= q
+            if policy.is_ring:
+                visible &= (q - k < policy.window) | (k < policy.sinks)
+            mask = visible[None, None].expand(batch_size, 1, -1, -1)
+            if attention_mask is not None:
+                mask = mask & attention_mask.to(device=device, dtype=torch.bool)[:, k[0]][:, None, None, :]
+            if impl == "eager":
+                masks[kind] = torch.where(
+                    mask, torch.zeros((), dtype=dtype, device=device), torch.finfo(dtype).min
+                )
+            else:
+                masks[kind] = mask
+        return masks
+
+
+# --- driving a model -----------------------------------------------------------------
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword the model's forward takes its cache under (``cache`` in 5.24, ``past_key_values`` earlier)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def prefill(
+    model: Any,
+    cache: KVCoreCache,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    **forward_kwargs: Any,
+) -> Any:
+    """Feed ``input_ids`` through ``model`` in chunks of ``cache.max_step`` tokens; return the last output.
+
+    ``attention_mask`` (2-D, optional) covers the cached tokens and ``input_ids``;
+    ``position_ids`` (optional) covers ``input_ids`` (the model's default is the cache
+    length onwards). For a
+    cache with sinks, each chunk's masks come from ``cache.attention_masks``. Also a
+    decode step: ``prefill(model, cache, next_token)``.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise InvalidArgumentError(f"input_ids {tuple(input_ids.shape)}: must be 2-D [batch, >= 1 tokens]")
+    start_length = cache.sequence.length
+    if attention_mask is not None and attention_mask.shape[-1] != start_length + input_ids.shape[1]:
+        raise InvalidArgumentError(
+            f"attention_mask {tuple(attention_mask.shape)}: must cover the {start_length} cached tokens and "
+            f"the {input_ids.shape[1]} new ones"
+        )
+    keyword = cache_keyword(model)
+    output = None
+    for start in range(0, int(input_ids.shape[1]), cache.max_step):
+        chunk = input_ids[:, start : start + cache.max_step]
+        end = start_length + start + chunk.shape[1]
+        kwargs: dict[str, Any] = dict(forward_kwargs)
+        mask = None if attention_mask is None else attention_mask[:, :end]
+        if cache.has_sinks:
+            kwargs["attention_mask"] = cache.attention_masks(
+                model.config,
+                int(chunk.shape[1]),
+                attention_mask=mask,
+                batch_size=int(chunk.shape[0]),
+                dtype=model.dtype,
+                device=chunk.device,
+            )
+        elif mask is not None:
+            kwargs["attention_mask"] = mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids[..., start : start + chunk.shape[1]]
+        output = model(input_ids=chunk, use_cache=True, **{keyword: cache}, **kwargs)
+    return output
+
+
+__all__ = [
+    "FULL",
+    "KVCoreCache",
+    "KVCoreLayer",
+    "SLIDING",
+    "SUPPORTED_TRANSFORMERS",
+    "TESTED_TRANSFORMERS",
+    "cache_config_for",
+    "cache_keyword",
+    "check_transformers",
+    "prefill",
+]

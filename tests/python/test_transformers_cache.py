@@ -1,0 +1,385 @@
+"""KVCoreCache against transformers' own DynamicCache on tiny random Gemma models.
+
+Models are built from configs only (no download): window 8, mixed layer_types,
+eager attention, float32. The reference is what transformers computes with its
+default cache (or with no cache at all, for sinks and rewinds); the kvcore-backed
+cache must give the same tokens and logits within 1e-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the transformers integration needs torch")
+transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers")
+
+import kvcore  # noqa: E402
+from kvcore.integrations import transformers as kvt  # noqa: E402
+from kvcore.integrations.transformers import KVCoreCache, prefill  # noqa: E402
+
+WINDOW = 8
+VOCAB = 256
+TOL = 1e-5
+S, F = "sliding_attention", "full_attention"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    # Two shared cores: threads only add contention to tiny matmuls.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def gemma2(seed: int = 0, layer_types: tuple[str, ...] = (S, F, S, S), **overrides: Any) -> Any:
+    torch.manual_seed(seed)
+    cfg = transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=len(layer_types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+        layer_types=list(layer_types), max_position_embeddings=256, attn_implementation="eager",
+        initializer_range=0.02, final_logit_softcapping=None, **overrides,
+    )  # fmt: skip
+    return transformers.Gemma2ForCausalLM(cfg).eval()
+
+
+def gemma3(seed: int = 0, attn: str = "eager", **overrides: Any) -> Any:
+    torch.manual_seed(seed)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+        layer_types=[S, S, F, S], max_position_embeddings=256, attn_implementation=attn,
+        initializer_range=0.02, **overrides,
+    )  # fmt: skip
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+MODELS = {"gemma2": gemma2, "gemma3": gemma3}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request: pytest.FixtureRequest) -> Any:
+    return MODELS[request.param]()
+
+
+def prompt(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, n), generator=g)
+
+
+def max_diff(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> float:
+    assert len(a) == len(b)
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def greedy(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
+    with torch.no_grad():
+        return model.generate(
+            ids, max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True, **kwargs
+        )
+
+
+# --- generate() ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "max_step", "chunk"),
+    [(5, 16, None), (13, 16, None), (21, 8, 8), (21, 4, 4)],
+    ids=["prompt-shorter-than-window", "prompt-longer-than-window", "chunked-prefill-8", "chunked-prefill-4"],
+)
+def test_generate_matches_dynamic_cache(model: Any, prompt_len: int, max_step: int, chunk: int | None) -> None:
+    ids = prompt(prompt_len)
+    ref = greedy(model, ids, 40)
+    cache = KVCoreCache(model.config, max_step=max_step)
+    kwargs = {} if chunk is None else {"prefill_chunk_size": chunk}
+    out = greedy(model, ids, 40, cache=cache, **kwargs)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_diff(out.logits, ref.logits) <= TOL
+    assert len(set(ref.sequences[0, prompt_len:].tolist())) > 3  # the model does not just repeat one token
+    assert cache.get_seq_length() == ref.sequences.shape[1] - 1  # the last token is never fed back
+
+
+def test_generate_batch_with_left_padding_and_beams(model: Any) -> None:
+    ids = prompt(10, batch=2)
+    mask = torch.ones_like(ids)
+    ids[0, :3], mask[0, :3] = 0, 0
+    ref = greedy(model, ids, 20, attention_mask=mask)
+    out = greedy(model, ids, 20, attention_mask=mask, cache=KVCoreCache(model.config, max_step=16))
+    assert torch.equal(out.sequences, ref.sequences) and max_diff(out.logits, ref.logits) <= TOL
+    # Beam search reorders the cache's batch rows every step.
+    ref = greedy(model, ids[1:], 20, num_beams=3)
+    out = greedy(model, ids[1:], 20, num_beams=3, cache=KVCoreCache(model.config, max_step=16))
+    assert torch.equal(out.sequences, ref.sequences)
+
+
+def test_reset_cache_is_reused_for_a_new_sequence(model: Any) -> None:
+    cache = KVCoreCache(model.config, max_step=16)
+    greedy(model, prompt(9, seed=3), 20, cache=cache)
+    cache.reset()
+    assert cache.get_seq_length() == 0
+    ids = prompt(11, seed=4, batch=2)  # another batch size: the pool is re-laid at position 0
+    assert torch.equal(greedy(model, ids, 20, cache=cache).sequences, greedy(model, ids, 20).sequences)
+
+
+# --- a manual forward loop ---------------------------------------------------------------
+
+
+def test_manual_loop_logits_match_dynamic_cache_step_by_step(model: Any) -> None:
+    kw = kvt.cache_keyword(model)
+    assert kw == "cache"  # transformers 5.24 renamed past_key_values
+    ids = prompt(19)
+    ours = KVCoreCache(model.config, max_step=4)
+    theirs = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = prefill(model, ours, ids)  # chunks of 4, 4, 4, 4, 3
+        ref = None
+        for start in range(0, 19, 4):
+            ref = model(input_ids=ids[:, start : start + 4], use_cache=True, **{kw: theirs})
+        assert ref is not None
+        assert float((out.logits - ref.logits).abs().max()) <= TOL
+        token = ref.logits[:, -1:].argmax(-1)
+        for _ in range(30):
+            out = model(input_ids=token, use_cache=True, **{kw: ours})
+            ref = model(input_ids=token, use_cache=True, **{kw: theirs})
+            assert float((out.logits - ref.logits).abs().max()) <= TOL
+            token = ref.logits[:, -1:].argmax(-1)
+    assert ours.get_seq_length() == theirs.get_seq_length() == 49
+
+
+def test_interrupted_forward_changes_nothing_and_the_retry_is_exact(model: Any) -> None:
+    ids = prompt(17)
+    cache = KVCoreCache(model.config, max_step=4)
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :16])
+
+        def fail(*_: Any) -> None:
+            raise RuntimeError("interrupted")
+
+        hook = model.model.layers[2].register_forward_pre_hook(fail)
+        try:
+            with pytest.raises(RuntimeError, match="interrupted"):
+                prefill(model, cache, ids[:, 16:])
+        finally:
+            hook.remove()
+        assert cache.get_seq_length() == 16  # layers 0 and 1 wrote, nothing committed
+        out = prefill(model, cache, ids[:, 16:])
+        ref = model(input_ids=ids, use_cache=False)
+    assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
+
+
+# --- speculative decoding and rewinds ------------------------------------------------
+
+
+class RecordingCache(KVCoreCache):
+    """Records (length before, tokens removed) of every non-empty crop."""
+
+    crops: list[tuple[int, int]]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0:
+            self.crops = [*getattr(self, "crops", []), (self.get_seq_length(), -tokens_to_remove)]
+        super().crop(tokens_to_remove)
+
+
+@pytest.mark.parametrize("drafter", ["assistant-model", "prompt-lookup"])
+def test_speculative_generation_equals_plain_greedy(model: Any, drafter: str) -> None:
+    ids = prompt(13)
+    if drafter == "assistant-model":
+        draft = gemma2(seed=5, layer_types=(S, F))  # a different, smaller model
+        draft.generation_config.num_assistant_tokens = 3
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        kwargs: dict[str, Any] = {"assistant_model": draft}
+    else:
+        ids = torch.cat([ids, ids[:, :6], ids[:, 2:9]], dim=1)  # repeats give n-gram matches
+        kwargs = {"prompt_lookup_num_tokens": 3}
+    ref = greedy(model, ids, 40)
+    # The first verify forward carries the prompt and the drafts.
+    cache = RecordingCache(model.config, max_step=ids.shape[1] + 3)
+    out = greedy(model, ids, 40, cache=cache, **kwargs)
+    assert torch.equal(out.sequences, ref.sequences)
+    # Rejected drafts were rolled back after the sliding rows had wrapped.
+    rows = cache.rows(model.config.layer_types.index(S))
+    assert any(length > rows and removed > 0 for length, removed in cache.crops), cache.crops
+
+
+@pytest.mark.parametrize("removed", [1, 2, 3, 4])
+def test_crop_after_wrap_within_max_step_continues_exactly(model: Any, removed: int) -> None:
+    ids = prompt(40)
+    cache = KVCoreCache(model.config, max_step=4)  # sliding rows: 8 + 4 - 1 = 11
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :30])
+        cache.crop(-removed)
+        assert cache.get_seq_length() == 30 - removed
+        out = prefill(model, cache, ids[:, 30 - removed : 33])
+        ref = model(input_ids=ids[:, :33], use_cache=False)
+    assert float((out.logits - ref.logits[:, -out.logits.shape[1] :]).abs().max()) <= TOL
+
+
+def test_crop_beyond_max_step_after_wrap_is_refused_and_changes_nothing(model: Any) -> None:
+    ids = prompt(31)
+    cache = KVCoreCache(model.config, max_step=4)
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :30])
+        assert not cache.can_rewind(25)
+        with pytest.raises(kvcore.InvalidStateError, match=r"rewind\(n = 25\)"):
+            cache.crop(-5)
+        assert cache.get_seq_length() == 30
+        out = prefill(model, cache, ids[:, 30:31])
+        ref = model(input_ids=ids, use_cache=False)
+    assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
+    # Rewinding to <= sinks (here 0) is always allowed.
+    cache.crop(-31)
+    assert cache.get_seq_length() == 0
+
+
+def test_crop_arguments_are_checked() -> None:
+    cache = KVCoreCache(gemma2().config, max_step=4)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"crop\(3\): pass minus the number"):
+        cache.crop(3)
+    with pytest.raises(kvcore.InvalidArgumentError):
+        cache.crop(-1)  # longer than the sequence (length 0)
+    cache.crop(0)
+    with pytest.raises(kvcore.NotSupportedError, match="crop the KVCoreCache"):
+        cache.layers[0].crop(-1)
+
+
+# --- memory --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_step", [1, 4, 16])
+def test_sliding_layers_hold_window_plus_max_step_minus_one_rows(max_step: int) -> None:
+    model = gemma2()
+    cache = KVCoreCache(model.config, max_step=max_step, initial_capacity=16)
+    with torch.no_grad():
+        prefill(model, cache, prompt(60))
+    heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    for i, kind in enumerate(model.config.layer_types):
+        layer = cache.layers[i]
+        if kind == S:
+            assert cache.rows(i) == cache.allocated_rows(i) == WINDOW + max_step - 1
+            assert layer.keys.shape == (1, heads, WINDOW + max_step - 1, dim)
+            assert cache.nbytes(i) == 2 * heads * (WINDOW + max_step - 1) * dim * 4
+        else:  # full layers grow by doubling from 16 rows: 16 -> 32 -> 64 holds 60 positions
+            assert cache.allocated_rows(i) == 64 and cache.rows(i) == 256
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+def test_a_forward_longer_than_max_step_is_refused_with_a_hint(model: Any) -> None:
+    cache = KVCoreCache(model.config, max_step=8)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"T = 13 tokens: must be <= max_step = 8.*prefill_chunk_size=8"):
+        greedy(model, prompt(13), 5, cache=cache)
+    assert cache.get_seq_length() == 0
+
+
+def test_layers_must_be_updated_in_order_with_one_T() -> None:
+    cache = KVCoreCache(gemma2().config, max_step=4)
+    k = torch.zeros(1, 2, 2, 16)
+    with pytest.raises(kvcore.InvalidStateError, match="layer 0 is next"):
+        cache.update(k, k, 1)
+    cache.update(k, k, 0)
+    with pytest.raises(kvcore.InvalidStateError, match="layer 1 is next"):
+        cache.update(k, k, 2)
+    with pytest.raises(kvcore.InvalidStateError, match="T = 1 tokens, but this forward's step has T = 2"):
+        cache.update(k[:, :, :1], k[:, :, :1], 1)
+    for layer in (1, 2, 3):
+        cache.update(k, k, layer)
+    assert cache.get_seq_length() == 2
+
+
+def test_configs_kvcore_cannot_serve_are_refused() -> None:
+    with pytest.raises(kvcore.NotSupportedError, match="bidirectional"):
+        KVCoreCache(gemma3(use_bidirectional_attention=True).config)
+    cfg = gemma2().config
+    cfg.layer_types = [S, F, "chunked_attention", S]
+    cfg.attention_chunk_size = 4
+    with pytest.raises(kvcore.NotSupportedError, match="layer 2 is 'chunked_attention'"):
+        KVCoreCache(cfg)
+    with pytest.raises(kvcore.InvalidArgumentError, match="sinks = -1: must be >= 0"):
+        KVCoreCache(gemma2().config, sinks=-1)
+    with pytest.raises(kvcore.InvalidArgumentError, match="max_step = 300: must be <= capacity = 256"):
+        KVCoreCache(gemma2().config, max_step=300)
+
+
+def test_unsupported_transformers_versions_are_refused() -> None:
+    kvt.check_transformers()  # the installed one is supported
+    for version in ("4.57.1", "5.0.0", "5.23.0", "6.0.0"):
+        with pytest.raises(kvcore.NotSupportedError, match=f"found {version}"):
+            kvt.check_transformers(version)
+
+
+# --- attention sinks ----------------------------------------------------------------------
+
+
+def reference_masks(config: Any, n: int, sinks: int) -> dict[str, torch.Tensor]:
+    """Eager masks over positions 0..n-1 straight from DESIGN.md's visibility rule."""
+    q = torch.arange(n)[:, None]
+    k = torch.arange(n)[None, :]
+    full = k <= q
+    sliding = full & ((q - k < config.sliding_window) | (k < sinks))
+    neg = torch.finfo(torch.float32).min
+    return {
+        kind: torch.where(m, 0.0, neg)[None, None] for kind, m in ((F, full), (S, sliding))
+    }
+
+
+@pytest.mark.parametrize("sinks", [1, 3])
+def test_sinks_decode_matches_a_full_forward_with_the_sink_mask(model: Any, sinks: int) -> None:
+    ids = prompt(36)
+    cache = KVCoreCache(model.config, max_step=4, sinks=sinks)
+    assert cache.rows(model.config.layer_types.index(S)) == sinks + WINDOW + 4 - 1
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :12])
+        for n in range(12, 36):
+            out = prefill(model, cache, ids[:, n : n + 1])
+            ref = model(input_ids=ids[:, : n + 1], attention_mask=reference_masks(model.config, n + 1, sinks))
+            assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL, n
+
+
+def test_sinks_refuse_masks_transformers_would_build_wrong(model: Any) -> None:
+    cache = KVCoreCache(model.config, max_step=16, sinks=2)
+    with pytest.raises(kvcore.NotSupportedError, match="2 attention sinks.*attention_masks"):
+        greedy(model, prompt(5), 3, cache=cache)
+    assert cache.get_seq_length() == 0
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_attention_masks_without_sinks_reproduce_transformers_masks(impl: str) -> None:
+    model = gemma3(attn=impl)  # Gemma 3: no logit soft-capping, which sdpa refuses
+    ids = prompt(30)
+    mask2d = torch.ones(1, 30, dtype=torch.long)
+    ours, theirs = KVCoreCache(model.config, max_step=4), KVCoreCache(model.config, max_step=4)
+    with torch.no_grad():
+        prefill(model, ours, ids[:, :20])
+        prefill(model, theirs, ids[:, :20])
+        for n in range(20, 30):
+            masks = ours.attention_masks(model.config, 1, attention_mask=mask2d[:, : n + 1])
+            assert masks[S].dtype == (torch.bool if impl == "sdpa" else torch.float32)
+            out = model(input_ids=ids[:, n : n + 1], cache=ours, attention_mask=masks)
+            ref = model(input_ids=ids[:, n : n + 1], cache=theirs)
+            assert float((out.logits - ref.logits).abs().max()) <= TOL
+
+
+def test_attention_masks_check_their_arguments() -> None:
+    model = gemma2()
+    cache = KVCoreCache(model.config, max_step=4, sinks=1)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"query_length = 5: must be in \[1, max_step = 4\]"):
+        cache.attention_masks(model.config, 5)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"must be 2-D \[batch, >= 2\]"):
+        cache.attention_masks(model.config, 2, attention_mask=torch.ones(1, 1))
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(kvcore.NotSupportedError, match="'flash_attention_2'"):
+        cache.attention_masks(model.config, 1)
+
+
+def test_prefill_checks_its_arguments() -> None:
+    model = gemma2()
+    cache = KVCoreCache(model.config, max_step=4)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"input_ids \(1, 0\)"):
+        prefill(model, cache, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(kvcore.InvalidArgumentError, match="must cover the 0 cached tokens and the 3 new ones"):
+        prefill(model, cache, prompt(3), attention_mask=torch.ones(1, 2))
