@@ -29,6 +29,10 @@ step "pip install build and test dependencies, then kvcore"
 # The ExecuTorch adapter test compiles against this wheel's headers and links its
 # libexecutorch.so; --no-deps because only those files are needed (not torch).
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "executorch==1.5.1" || exit 1
+# The transformers integration tests run against the versions docs/transformers.md
+# names: torch first (the local CPU wheel), so transformers cannot pull another.
+"$PYTHON" -m pip install -q --disable-pip-version-check "torch==2.13.0" || exit 1
+"$PYTHON" -m pip install -q --disable-pip-version-check "transformers==5.24.0" "torch==2.13.0" || exit 1
 
 status=0
 
