@@ -77,8 +77,9 @@ def test_the_probe_uses_the_storage_kvcore_publishes(probe: ModuleType) -> None:
 
 def test_a_cache_installed_from_python_is_found_by_the_other_extension(probe: ModuleType) -> None:
     with kvcore.Session.adopt(kvcore.SequenceCache(config(21)), prefix="to-probe") as s:
-        assert probe.capacity(s.key) == 21
-    assert probe.capacity(s.key) == -1  # erased on exit
+        key = s.key
+        assert probe.capacity(key) == 21
+    assert probe.capacity(key) == -1  # erased on exit
 
 
 def test_a_cache_installed_by_the_other_extension_is_found_from_python(probe: ModuleType) -> None:
