@@ -115,7 +115,7 @@ void drive_to_int_max(const CacheConfig& cfg) {
     }
     return true;
   };
-  for (std::int64_t back = 0; back <= C + 2; ++back)
+  for (std::int64_t back : {0, 1, 2, 7, 8, 9, C - 1, C, C + 1, C + 2, 2 * C})
     EXPECT_EQ(cache->can_rewind(static_cast<int>(L - back)), allowed(L - back)) << "back " << back;
 }
 

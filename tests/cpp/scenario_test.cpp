@@ -154,6 +154,7 @@ TEST(Scenarios, Scenario4_PromptLongerThanWindowFedInMaxStepChunks) {
   while (cache->length() < prompt) {
     const int T = prompt - cache->length() < C ? prompt - cache->length() : C;
     step_and_check(*cache, sim, T);
+    ASSERT_FALSE(HasFailure()) << "stopping at the first wrong chunk";
   }
   EXPECT_EQ(cache->length(), prompt);
   // Then decoding continues on the same rows.
