@@ -13,6 +13,7 @@ step() { printf '\n==> %s\n' "$*"; }
 # --- system packages (Debian) ---------------------------------------------
 apt_missing=()
 [ -f /usr/include/gtest/gtest.h ] || apt_missing+=(libgtest-dev)
+[ -f /usr/include/benchmark/benchmark.h ] || apt_missing+=(libbenchmark-dev)  # bench/ smoke run
 command -v ninja >/dev/null || apt_missing+=(ninja-build)
 command -v cmake >/dev/null || apt_missing+=(cmake)
 if [ ${#apt_missing[@]} -gt 0 ]; then
@@ -37,8 +38,8 @@ step "pip install build and test dependencies, then kvcore"
 status=0
 
 # --- C++ ---------------------------------------------------------------------
-step "C++: configure, build (header check included), ctest"
-if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON \
+step "C++: configure, build (header check, benchmarks included), ctest (benchmark smoke run included)"
+if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON -DKVCORE_BUILD_BENCH=ON \
      -DKVCORE_REQUIRE_EXECUTORCH=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null &&
    cmake --build "$BUILD" --parallel; then
   ctest --test-dir "$BUILD" --output-on-failure --parallel 2 || status=1
