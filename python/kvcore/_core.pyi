@@ -7,7 +7,10 @@ Integer arguments accept any int (or object with __index__); values outside the
 
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import ClassVar, Literal, SupportsIndex
+from typing import Any, ClassVar, Literal, SupportsIndex
+
+import numpy as np
+import numpy.typing as npt
 
 # Stands in for pybind11's metaclass (pybind11_builtins.pybind11_type, which has no
 # stubs) so stubtest sees that every bound class has one: give it to each new class.
@@ -152,6 +155,9 @@ class Step(metaclass=_pybind11_type):
     @property
     def is_current(self) -> bool: ...
     def plan(self, layer: SupportsIndex) -> SeqStepPlan: ...
+    def mask(self, layer: SupportsIndex) -> npt.NDArray[np.bool_]:
+        """Boolean (T, read_len) array: mask[i, j] is True when the step's query i may
+        see the j-th row of layer's read (the visibility rule). Added by pool.cpp."""
     def commit(self) -> None: ...
     def __enter__(self) -> Step: ...
     def __exit__(
@@ -215,3 +221,41 @@ def unregister_builder(backend: str, kind: str) -> None: ...
 def has_builder(backend: str, kind: str) -> bool: ...
 def builders() -> list[tuple[str, str]]: ...
 def build(backend: str, kind: str, config: CacheConfig) -> CacheBase: ...
+
+# --- pool.cpp ------------------------------------------------------------------
+
+class KVPool(metaclass=_pybind11_type):
+    """Reference CPU storage for a SequenceCache's K/V rows: applies plans.
+
+    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works),
+    int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and
+    (T, n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
+    """
+
+    def __init__(self, cache: SequenceCache, dtype: npt.DTypeLike = ...) -> None: ...
+    @property
+    def cache(self) -> SequenceCache: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows holding the cache's committed positions."""
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of storage allocated now."""
+    def rows(self, layer: SupportsIndex) -> int: ...
+    def allocated_rows(self, layer: SupportsIndex) -> int: ...
+    def reserve(self, layer: SupportsIndex, rows: SupportsIndex) -> None: ...
+    def write(
+        self, layer: SupportsIndex, plan: SeqStepPlan, k: npt.NDArray[Any], v: npt.NDArray[Any]
+    ) -> None: ...
+    def read(
+        self, layer: SupportsIndex, plan: SeqStepPlan
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
+    def update(
+        self, layer: SupportsIndex, step: Step, k: npt.NDArray[Any], v: npt.NDArray[Any]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
+    @staticmethod
+    def required_bytes(config: CacheConfig, dtype: npt.DTypeLike) -> int: ...

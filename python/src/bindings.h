@@ -15,6 +15,7 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 void register_config(py::module_& m);
 void register_cache(py::module_& m);
+void register_pool(py::module_& m);  // after register_cache: adds Step.mask
 void register_registry(py::module_& m);  // registries, builders, the capsule
 
 std::string repr_policy(const kvcore::LayerPolicy& p);

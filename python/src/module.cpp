@@ -8,5 +8,6 @@ PYBIND11_MODULE(_core, m) {
   kvcore_py::register_errors(m);
   kvcore_py::register_config(m);
   kvcore_py::register_cache(m);
+  kvcore_py::register_pool(m);
   kvcore_py::register_registry(m);
 }

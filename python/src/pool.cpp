@@ -1,0 +1,370 @@
+// Python view of KVPool: numpy arrays in, numpy arrays out, and Step.mask().
+//
+// Every storage block the pool allocates is owned by a capsule; the pool holds
+// one reference and each zero-copy view holds another (as its numpy base), so a
+// view never points at freed memory, even after the pool grows or dies.
+// update() is the per-layer hot path: it talks to numpy through its C API
+// (no shape vectors, no Python-level calls) and shares one read-only positions
+// array between the layers of a policy within a step.
+#include <pybind11/numpy.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "errors.h"
+#include "kvcore/kv_pool.h"
+#include "kvcore/sequence_cache.h"
+#include "step_handle.h"
+
+namespace kvcore_py {
+
+namespace {
+
+namespace npy = py::detail;
+
+constexpr const char* kBlockName = "kvcore.pool_block";
+
+std::string describe(py::handle obj) { return py::repr(obj).cast<std::string>(); }
+
+// The numpy dtype for `spec` and the DType it stands for. "bfloat16" needs the
+// ml_dtypes package, which registers that type with numpy.
+std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
+  py::object spec = py::reinterpret_borrow<py::object>(given);
+  if (py::isinstance<py::str>(spec) && spec.cast<std::string>() == "bfloat16") {
+    try {
+      spec = py::module_::import("ml_dtypes").attr("bfloat16");
+    } catch (py::error_already_set&) {
+      raise(kvcore::Error::InvalidArgument,
+            "dtype = 'bfloat16': needs the ml_dtypes package (pip install ml_dtypes)");
+    }
+  }
+  py::dtype dt;
+  try {
+    dt = py::dtype::from_args(spec);
+  } catch (py::error_already_set&) {
+    raise(kvcore::Error::InvalidArgument, "dtype = " + describe(spec) + ": not a numpy dtype");
+  }
+  const std::string name = py::str(dt.attr("name")).cast<std::string>();
+  const bool native = dt.attr("isnative").cast<bool>();
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  kvcore::DType out = kvcore::DType::Float32;
+  bool known = native;
+  if (kind == 'f' && size == 4) out = kvcore::DType::Float32;
+  else if (kind == 'f' && size == 2) out = kvcore::DType::Float16;
+  else if (kind == 'i' && size == 1) out = kvcore::DType::Int8;
+  else if (kind == 'u' && size == 1) out = kvcore::DType::UInt8;
+  else if (name == "bfloat16" && size == 2) out = kvcore::DType::BFloat16;
+  else known = false;
+  if (!known)
+    raise(kvcore::Error::InvalidArgument,
+          "dtype = " + describe(dt) +
+              ": must be one of float32, float16, bfloat16 (ml_dtypes), int8, uint8 in native "
+              "byte order");
+  return {dt, out};
+}
+
+// A Python KVPool: the C++ pool plus what numpy needs to see its rows.
+class PyPool {
+ public:
+  PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec)
+      : cache_(std::move(cache)) {
+    auto parsed = parse_dtype(dtype_spec);
+    dtype_ = parsed.first;
+    element_size_ = kvcore::element_size(parsed.second);
+    kvcore::PoolAllocator alloc;
+    alloc.context = this;
+    alloc.allocate = &PyPool::allocate_block;
+    alloc.release = &PyPool::release_block;
+    pool_.reset(new kvcore::KVPool(unwrap(kvcore::KVPool::create(*cache_, parsed.second, alloc))));
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      const kvcore::LayerConfig& lc = cache_->config().layer(l);
+      layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
+    }
+    positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
+  }
+
+  // The pool releases its blocks through `owners_`, so it must go first.
+  ~PyPool() { pool_.reset(); }
+
+  PyPool(const PyPool&) = delete;
+  PyPool& operator=(const PyPool&) = delete;
+
+  const std::shared_ptr<kvcore::SequenceCache>& cache() const { return cache_; }
+  const py::dtype& dtype() const { return dtype_; }
+  const kvcore::KVPool& pool() const { return *pool_; }
+  kvcore::KVPool& pool() { return *pool_; }
+
+  int checked_layer(const PyInt& layer) const {
+    const int l = to_int("layer", layer);
+    throw_if_error(kvcore::internal::to_status(pool_->layer(l)));
+    return l;
+  }
+
+  // The plan must be `layer`'s plan of the begun step: anything else is stale.
+  void check_current_plan(int layer, const kvcore::SeqStepPlan& plan) const {
+    const kvcore::Step& active = cache_->active_step();
+    if (active.id == 0)
+      raise(kvcore::Error::InvalidState, "plan of layer " + std::to_string(layer) +
+                                             ": no step is begun (stale plan)");
+    if (!(unwrap(cache_->plan(layer, active)) == plan))
+      raise(kvcore::Error::InvalidState,
+            "plan is not layer " + std::to_string(layer) + "'s plan of the begun step (position " +
+                std::to_string(active.position) + ", T " + std::to_string(active.T) + ")");
+  }
+
+  void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
+    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
+    const int T = plan.write_len();
+    const char* k_data = check_input("k", k, T, s.heads, s.head_dim);
+    const char* v_data = check_input("v", v, T, s.heads, s.value_dim);
+    throw_if_error(pool_->write(layer, plan, k_data, bytes_of(T, s.heads, s.head_dim), v_data,
+                                bytes_of(T, s.heads, s.value_dim)));
+  }
+
+  // (k, v, positions): a zero-copy view when the read is one run, else a copy.
+  py::tuple read(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
+    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
+    const Py_intptr_t rows = plan.read_len();
+    py::object k, v;
+    if (plan.n_read == 1) {
+      const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
+      const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
+      k = view(shape.k, views.span[0].k, rows, s.heads, s.head_dim);
+      v = view(shape.v, views.span[0].v, rows, s.heads, s.value_dim);
+    } else {
+      k = empty(rows, s.heads, s.head_dim);
+      v = empty(rows, s.heads, s.value_dim);
+      throw_if_error(pool_->gather(layer, plan, data_of(k), bytes_of(rows, s.heads, s.head_dim),
+                                   data_of(v), bytes_of(rows, s.heads, s.value_dim)));
+    }
+    py::object positions = positions_of(layer, plan, step_id);
+    return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
+  }
+
+ private:
+  struct LayerShape {
+    int heads;
+    int head_dim;
+    int value_dim;
+  };
+
+  // Positions of one policy's reads for one step (shared, read-only).
+  struct CachedPositions {
+    std::uint64_t step_id = 0;
+    py::object array;
+  };
+
+  static void* allocate_block(void* context, std::size_t bytes) noexcept {
+    void* block = std::malloc(bytes == 0 ? 1 : bytes);
+    if (block == nullptr) return nullptr;
+    PyObject* capsule = PyCapsule_New(block, kBlockName, [](PyObject* cap) {
+      std::free(PyCapsule_GetPointer(cap, kBlockName));
+    });
+    if (capsule == nullptr) {
+      PyErr_Clear();
+      std::free(block);
+      return nullptr;
+    }
+    try {
+      static_cast<PyPool*>(context)->owners_.emplace(block,
+                                                     py::reinterpret_steal<py::object>(capsule));
+    } catch (...) {
+      Py_DECREF(capsule);  // frees the block
+      return nullptr;
+    }
+    return block;
+  }
+
+  static void release_block(void* context, void* block) noexcept {
+    // Drops the pool's reference; views keep theirs until numpy lets them go.
+    static_cast<PyPool*>(context)->owners_.erase(block);
+  }
+
+  // Bytes of a (rows, heads, dim) array of the pool's dtype.
+  std::size_t bytes_of(Py_intptr_t rows, int heads, int dim) const {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads) *
+           static_cast<std::size_t>(dim) * element_size_;
+  }
+
+  static char* data_of(py::handle a) { return npy::array_proxy(a.ptr())->data; }
+
+  // Checks everything about one input before anything is written.
+  const char* check_input(const char* name, py::handle a, int T, int heads, int dim) const {
+    auto& api = npy::npy_api::get();
+    if (!api.PyArray_Check_(a.ptr()))
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ": must be a numpy.ndarray, got " +
+                py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>());
+    const auto* p = npy::array_proxy(a.ptr());
+    if (p->descr != dtype_.ptr() && !api.PyArray_EquivTypes_(p->descr, dtype_.ptr()))
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ".dtype = " + describe(p->descr) + ": the pool stores " +
+                describe(dtype_));
+    if (p->nd != 3 || p->dimensions[0] != T || p->dimensions[1] != heads ||
+        p->dimensions[2] != dim)
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ".shape = " + describe(py::reinterpret_borrow<py::object>(a).attr("shape")) +
+                ": must be (T, n_kv_heads, dim) = (" + std::to_string(T) + ", " +
+                std::to_string(heads) + ", " + std::to_string(dim) + ")");
+    if ((p->flags & npy::npy_api::NPY_ARRAY_C_CONTIGUOUS_) == 0)
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ": must be C-contiguous (use numpy.ascontiguousarray)");
+    return p->data;
+  }
+
+  // A read-only (rows, heads, dim) array over pool memory, keeping its block alive.
+  py::object view(const unsigned char* block, const unsigned char* data, Py_intptr_t rows, int heads,
+                  int dim) const {
+    auto owner = owners_.find(const_cast<unsigned char*>(block));
+    if (owner == owners_.end()) raise(kvcore::Error::Internal, "a pool block has no owner");
+    auto& api = npy::npy_api::get();
+    const Py_intptr_t dims[3] = {rows, heads, dim};
+    Py_INCREF(dtype_.ptr());  // NewFromDescr steals it
+    PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr,
+                                              const_cast<unsigned char*>(data), 0, nullptr);
+    if (arr == nullptr) throw py::error_already_set();
+    py::object out = py::reinterpret_steal<py::object>(arr);
+    if (api.PyArray_SetBaseObject_(arr, owner->second.inc_ref().ptr()) != 0)
+      throw py::error_already_set();
+    return out;
+  }
+
+  py::object empty(Py_intptr_t rows, int heads, int dim) const {
+    auto& api = npy::npy_api::get();
+    const Py_intptr_t dims[3] = {rows, heads, dim};
+    Py_INCREF(dtype_.ptr());
+    PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr,
+                                              nullptr, 0, nullptr);
+    if (arr == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(arr);
+  }
+
+  py::object positions_of(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
+    CachedPositions& cached =
+        positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
+    if (cached.step_id == step_id && step_id != 0) return cached.array;
+    py::array_t<std::int64_t> out(plan.read_len());
+    std::int64_t* at = out.mutable_data();
+    for (int i = 0; i < plan.n_read; ++i)
+      for (int j = 0; j < plan.read[i].len; ++j) *at++ = plan.read[i].pos + j;
+    npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
+    cached.step_id = step_id;
+    cached.array = out;
+    return std::move(out);
+  }
+
+  // Declared first so it is destroyed last: the pool's release hook erases from it.
+  std::unordered_map<void*, py::object> owners_;
+  std::shared_ptr<kvcore::SequenceCache> cache_;
+  py::dtype dtype_;
+  std::size_t element_size_ = 0;
+  std::unique_ptr<kvcore::KVPool> pool_;
+  std::vector<LayerShape> layers_;
+  std::vector<CachedPositions> positions_;
+};
+
+const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
+  if (h.cache.get() != p.cache().get())
+    raise(kvcore::Error::InvalidState, "the step belongs to another cache than the pool's");
+  throw_if_error(h.cache->check_step(h.step));
+  return h;
+}
+
+// mask[i, j]: may the step's query i (position P + i) see the j-th read row?
+py::array_t<bool> step_mask(const StepHandle& h, const PyInt& layer) {
+  const int l = to_int("layer", layer);
+  const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));
+  const kvcore::LayoutPolicy& policy = h.cache->policy(l);
+  const int T = h.step.T, R = plan.read_len();
+  py::array_t<bool> out({T, R});
+  bool* at = out.mutable_data();
+  for (int i = 0; i < T; ++i) {
+    const int q = h.step.position + i;
+    for (int r = 0; r < plan.n_read; ++r)
+      for (int j = 0; j < plan.read[r].len; ++j) *at++ = policy.visible(q, plan.read[r].pos + j);
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_pool(py::module_& m) {
+  py::class_<PyPool>(m, "KVPool",
+                     "Reference CPU storage for a SequenceCache's K/V rows: applies plans.")
+      .def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype) {
+             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
+             return new PyPool(std::move(cache), dtype);
+           }),
+           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"))
+      .def_property_readonly("cache", [](const PyPool& p) { return p.cache(); })
+      .def_property_readonly("dtype", [](const PyPool& p) { return p.dtype(); })
+      .def_property_readonly("n_layers", [](const PyPool& p) { return p.pool().n_layers(); })
+      .def_property_readonly(
+          "nbytes", [](const PyPool& p) { return p.pool().in_use_bytes(p.cache()->length()); },
+          "Bytes of the rows holding the cache's committed positions.")
+      .def_property_readonly(
+          "reserved_bytes", [](const PyPool& p) { return p.pool().reserved_bytes(); },
+          "Bytes of storage allocated now.")
+      .def("rows", [](const PyPool& p, const PyInt& layer) {
+             return p.pool().layer(p.checked_layer(layer))->rows;
+           }, py::arg("layer"))
+      .def("allocated_rows", [](const PyPool& p, const PyInt& layer) {
+             return p.pool().layer(p.checked_layer(layer))->allocated_rows;
+           }, py::arg("layer"))
+      .def("reserve",
+           [](PyPool& p, const PyInt& layer, const PyInt& rows) {
+             throw_if_error(p.pool().reserve(p.checked_layer(layer), to_int("rows", rows)));
+           },
+           py::arg("layer"), py::arg("rows"))
+      .def("write",
+           [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan, py::handle k,
+              py::handle v) {
+             const int l = p.checked_layer(layer);
+             p.check_current_plan(l, plan);
+             p.write(l, plan, k, v);
+           },
+           py::arg("layer"), py::arg("plan"), py::arg("k"), py::arg("v"))
+      .def("read",
+           [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan) {
+             const int l = p.checked_layer(layer);
+             p.check_current_plan(l, plan);
+             return p.read(l, plan, p.cache()->active_step().id);
+           },
+           py::arg("layer"), py::arg("plan"))
+      .def("update",
+           [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle k, py::handle v) {
+             const int l = p.checked_layer(layer);
+             const StepHandle& h = checked_step(p, step);
+             const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));
+             p.write(l, plan, k, v);
+             return p.read(l, plan, h.step.id);
+           },
+           py::arg("layer"), py::arg("step"), py::arg("k"), py::arg("v"))
+      .def_static(
+          "required_bytes",
+          [](const kvcore::CacheConfig& config, py::object dtype) {
+            return unwrap(kvcore::KVPool::required_bytes(config, parse_dtype(dtype).second));
+          },
+          py::arg("config"), py::arg("dtype"))
+      .def("__repr__", [](const PyPool& p) {
+        return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
+               ", dtype=" + py::str(p.dtype()).cast<std::string>() +
+               ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
+      });
+
+  // Step is registered by register_cache(); mask() joins it here.
+  py::object step_type = py::type::of<StepHandle>();
+  step_type.attr("mask") = py::cpp_function(
+      &step_mask, py::name("mask"), py::is_method(step_type), py::arg("layer"),
+      "Boolean (T, read_len) array: mask[i, j] is True when the step's query i may see the "
+      "j-th row of layer's read (the visibility rule).");
+}
+
+}  // namespace kvcore_py
