@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 import kvcore
-from kvcore import memory
+from kvcore import demo, memory
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -53,9 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     tour.add_argument("--decode", type=int, default=6)
     tour.set_defaults(run=_tour)
     memory.add_parser(sub)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["tour", *(argv or [])])
+    demo.add_parser(sub)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    # No subcommand: run the demo (the main job), passing the options along.
+    if not any(a in sub.choices for a in args_in) and not {"-h", "--help", "--version"} & set(args_in):
+        args_in = ["demo", *args_in]
+    args = parser.parse_args(args_in)
     try:
         return int(args.run(args))
     except kvcore.KVCacheError as e:

@@ -1,0 +1,136 @@
+"""`kvcore demo`, the main job: runs, reports, and fails loudly when a check fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import kvcore
+from kvcore import cli, demo
+from kvcore.model import Decoder
+
+# Small enough to run in well under a second, large enough to wrap the rings.
+SMALL = ["--layers", "3", "--flat-every", "3", "--window", "6", "--sinks", "1", "--max-step", "4",
+         "--prompt-len", "14", "--gen-len", "12", "--draft", "3"]
+SMALL_OPTS = demo.DemoOptions(layers=3, flat_every=3, window=6, sinks=1, max_step=4, prompt_len=14, gen_len=12,
+                              draft=3, d_model=32, d_ff=64, head_dim=8, vocab_size=64)
+
+
+def test_report_passes_and_says_what_it_did() -> None:
+    r = demo.run_demo(SMALL_OPTS)
+    assert r["ok"] and all(c["ok"] for c in r["checks"])
+    assert r["max_abs_logit_diff"] <= r["tolerance"] == 1e-4
+    assert r["generated"] == len(r["tokens"]) == 12
+    assert r["model"]["ring_layers"] == 2 and r["model"]["flat_layers"] == 1
+    s = r["speculative"]
+    assert s["tokens_equal"] and s["drafted"] > 0 and s["rewinds"] > 0
+    assert s["accepted"] + s["rewound_tokens"] == s["drafted"]
+    # Two ring layers of min(length, S + W + C - 1) rows and one flat layer of `length` rows.
+    length = 14 + 12 - 1
+    row = 2 * 2 * 8 * 4  # K + V, 2 kv heads x head_dim 8 x float32
+    assert r["kv_bytes"] == (2 * min(length, 1 + 6 + 4 - 1) + length) * row
+    assert r["kv_bytes_all_flat"] == 3 * length * row
+    assert r["kv_reserved_bytes"] >= r["kv_bytes"]
+
+
+def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", *SMALL, "--json"]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["ok"] is True and report["dtype"] == "float32"
+    assert err == ""  # no progress bar when stderr is not a terminal
+
+
+def test_no_subcommand_runs_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(SMALL) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kvcore demo: 3-layer Gemma-style model (2 ring W=6 S=1 : 1 flat)")
+    assert "result: all checks passed" in out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_dtypes(dtype: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    assert cli.main(["demo", *SMALL, "--dtype", dtype, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dtype"] == dtype and report["tolerance"] == demo.TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gen-len", "0"], "--gen-len = 0: must be >= 1"),
+        (["--window", "0"], "--window = 0: must be >= 1"),
+        (["--draft", "-1"], "--draft = -1: must be >= 0"),
+        (["--sinks", "-2"], "sinks = -2"),
+        (["--layers", "0"], "--layers = 0"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", *SMALL, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_int8_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--dtype", "int8"])
+    assert e.value.code == 2
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
+def test_a_failed_logit_check_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(demo.TOLERANCE, "float32", -1.0)  # no difference can pass
+    assert cli.main(["demo", *SMALL]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] logits equal the oracle" in out and "CHECKS FAILED" in out
+
+
+def test_a_broken_rewind_is_caught(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Drop the rewinds: rejected drafts stay in the cache, so the speculative run
+    # must stop matching plain decoding.
+    def no_rewind(self: Decoder, n: int) -> None:
+        del self, n
+
+    monkeypatch.setattr(Decoder, "rewind", no_rewind)
+    code = cli.main(["demo", *SMALL, "--json"])
+    out = capsys.readouterr().out
+    assert code == 1
+    report = json.loads(out)
+    assert report["ok"] is False
+    assert report["checks"][0]["ok"] is True  # the plain run is still exact
+    assert report["checks"][1]["ok"] is False
+
+
+def test_a_kvcore_error_mid_run_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def refuse(self: Decoder, n: int) -> None:
+        raise kvcore.InvalidStateError(f"rewind(n = {n}): refused for the test")
+
+    monkeypatch.setattr(Decoder, "rewind", refuse)
+    assert cli.main(["demo", *SMALL]) == 1
+    assert "FAILED: rewind(n = " in capsys.readouterr().err
+
+
+def test_progress_bar_draws_on_the_stream_it_is_given() -> None:
+    import io
+
+    stream = io.StringIO()
+    bar = demo.Progress(stream)
+    bar.update("decode", 3, 12)
+    bar.close()
+    assert "decode" in stream.getvalue() and "3/12" in stream.getvalue()
+
+
+def test_python_dash_m_kvcore(tmp_path: Any) -> None:
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvcore", "demo", *SMALL, "--json"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True
