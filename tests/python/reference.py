@@ -91,10 +91,15 @@ class Layer:
         return self.pool[self.row(position)] == (position, version)
 
 
+def as_run(run: Iterable[int]) -> RunTuple:
+    row, length, pos = run
+    return (row, length, pos)
+
+
 def expand(runs: Iterable[Iterable[int]]) -> list[tuple[int, int]]:
     """(row, position) for every row a list of runs names, in order."""
     out: list[tuple[int, int]] = []
-    for row, length, pos in map(tuple, runs):
+    for row, length, pos in map(as_run, runs):
         out.extend((row + i, pos + i) for i in range(length))
     return out
 
@@ -162,14 +167,14 @@ class Cache:
     def can_rewind_all(self) -> list[bool]:
         """can_rewind(n) for every n in [0, length], in O(layers * length)."""
         ok = [True] * (self.length + 1)
-        for layer in self.layers:
+        for layer in {layer.policy: layer for layer in self.layers}.values():  # same policy, same rows
             missing = [0]  # missing[i]: keys in [0, i) the rows no longer hold
             for k, version in enumerate(self.content):
                 missing.append(missing[-1] + (not layer.holds(k, version)))
             for n in range(self.length + 1):
-                for keys in layer.policy.history_below(n):
-                    if missing[keys.stop] > missing[keys.start]:
-                        ok[n] = False
+                sinks, window = layer.policy.history_below(n)
+                if missing[sinks.stop] > missing[sinks.start] or missing[window.stop] > missing[window.start]:
+                    ok[n] = False
         return ok
 
     def rewind(self, n: int) -> str | None:
@@ -199,36 +204,31 @@ class Cache:
         begun step, by DESIGN section 2 (Plan of a step)."""
         assert self.active is not None, "no step is begun"
         _, position, T = self.active
-        write, read = [tuple(r) for r in write], [tuple(r) for r in read]
+        writes, reads = [as_run(r) for r in write], [as_run(r) for r in read]
         layer = self.layers[layer_index]
-        where = f"layer {layer_index} {layer.policy} step ({position}, {T}): write={list(write)} read={list(read)}"
+        where = f"layer {layer_index} {layer.policy} step ({position}, {T}): write={writes} read={reads}"
 
-        assert all(length >= 1 for _, length, _ in [*write, *read]), f"empty run: {where}"
+        assert all(length >= 1 for _, length, _ in [*writes, *reads]), f"empty run: {where}"
         # Write: the rows of [P, P+T) in order, split only where rows jump.
-        assert expand(write) == [(layer.row(p), p) for p in range(position, position + T)], f"write: {where}"
-        assert len(write) <= 2, f"more than 2 write runs: {where}"
-        for a, b in zip(write, write[1:]):
+        assert expand(writes) == [(layer.row(p), p) for p in range(position, position + T)], f"write: {where}"
+        assert len(writes) <= 2, f"more than 2 write runs: {where}"
+        for a, b in zip(writes, writes[1:]):
             assert a[0] + a[1] != b[0], f"write runs not merged: {where}"
 
         # Read: exactly the needed set, each row holding the position it claims.
-        pairs = expand(read)
+        pairs = expand(reads)
         assert [p for _, p in pairs] == layer.policy.needed(position, T), f"read != needed set: {where}"
         for row, p in pairs:
             assert 0 <= row < layer.rows, f"row {row} outside [0, {layer.rows}): {where}"
             held = layer.pool[row]
             assert held == (p, self.version(p)), f"row {row} holds {held}, read claims position {p}: {where}"
-        for a, b in zip(read, read[1:]):
+        for a, b in zip(reads, reads[1:]):
             assert not (a[0] + a[1] == b[0] and a[2] + a[1] == b[2]), f"read runs not merged: {where}"
-        assert len(read) <= (3 if layer.policy.is_ring else 1), f"too many read runs: {where}"
+        assert len(reads) <= (3 if layer.policy.is_ring else 1), f"too many read runs: {where}"
 
 
 # --- driving a real cache alongside the reference ------------------------------
 # Duck-typed (no kvcore import): anything with SequenceCache's Python surface.
-
-
-def error_name(exc: BaseException) -> str:
-    """The kvcore.Error member name a kvcore exception stands for."""
-    return str(exc.code.name)  # type: ignore[attr-defined]
 
 
 def observe(cache: Any, *steps: Any) -> dict[str, object]:
@@ -300,4 +300,7 @@ class Lockstep:
 
     def check_length(self) -> None:
         assert self.cache.length == self.ref.length
-        assert [self.cache.can_rewind(n) for n in range(self.ref.length + 1)] == self.ref.can_rewind_all()
+        expected = self.ref.can_rewind_all()
+        got = [self.cache.can_rewind(n) for n in range(self.ref.length + 1)]
+        wrong = [n for n in range(len(got)) if got[n] != expected[n]]
+        assert not wrong, f"can_rewind(n) wrong for n in {wrong} at length {self.ref.length}"

@@ -272,7 +272,7 @@ def test_step_of_another_cache_cannot_be_committed(make_cache: MakeCache) -> Non
 
 def test_step_keeps_its_cache_alive(make_cache: MakeCache) -> None:
     step = make_cache(kvcore.Flat(), capacity=8).begin_step(3)  # the cache has no other reference
-    assert step.is_current and step.plan(0).write == (kvcore.Run(3 * 0, 3, 0),)
+    assert step.is_current and step.plan(0).write == (kvcore.Run(0, 3, 0),)
     step.commit()
     assert not step.is_current
 

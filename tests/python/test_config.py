@@ -53,7 +53,7 @@ def test_ring_accepts_the_largest_int() -> None:
 
 def test_policies_have_no_public_constructor() -> None:
     with pytest.raises(TypeError):
-        kvcore.LayerPolicy()  # type: ignore[call-arg]
+        kvcore.LayerPolicy()
 
 
 # --- LayerConfig ---------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_layer_config_fields() -> None:
     ],
 )
 def test_layer_config_rejects_bad_fields(kwargs: dict[str, int], text: str) -> None:
-    args = {"policy": kvcore.Flat(), "n_kv_heads": 1, "head_dim": 8, **kwargs}
+    args: dict[str, Any] = {"policy": kvcore.Flat(), "n_kv_heads": 1, "head_dim": 8, **kwargs}
     with pytest.raises(kvcore.InvalidArgumentError) as info:
         kvcore.LayerConfig(**args)
     assert str(info.value).startswith(text)  # names the field as the caller wrote it
