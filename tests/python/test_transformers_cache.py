@@ -102,6 +102,14 @@ def test_generate_matches_dynamic_cache(model: Any, prompt_len: int, max_step: i
     assert cache.get_seq_length() == ref.sequences.shape[1] - 1  # the last token is never fed back
 
 
+def test_generate_with_sdpa_attention_matches_dynamic_cache() -> None:
+    model = gemma3(attn="sdpa")  # Gemma 3: no logit soft-capping, which sdpa refuses
+    ids = prompt(13)
+    ref = greedy(model, ids, 30)
+    out = greedy(model, ids, 30, cache=KVCoreCache(model.config, max_step=4), prefill_chunk_size=4)
+    assert torch.equal(out.sequences, ref.sequences) and max_diff(out.logits, ref.logits) <= TOL
+
+
 def test_generate_batch_with_left_padding_and_beams(model: Any) -> None:
     ids = prompt(10, batch=2)
     mask = torch.ones_like(ids)
@@ -224,7 +232,7 @@ def test_crop_beyond_max_step_after_wrap_is_refused_and_changes_nothing(model: A
     with torch.no_grad():
         prefill(model, cache, ids[:, :30])
         assert not cache.can_rewind(25)
-        with pytest.raises(kvcore.InvalidStateError, match=r"rewind\(n = 25\)"):
+        with pytest.raises(kvcore.InvalidStateError, match=r"rewind\(n = 25\): layer \d needs position 18"):
             cache.crop(-5)
         assert cache.get_seq_length() == 30
         out = prefill(model, cache, ids[:, 30:31])
@@ -264,6 +272,15 @@ def test_sliding_layers_hold_window_plus_max_step_minus_one_rows(max_step: int) 
             assert cache.nbytes(i) == 2 * heads * (WINDOW + max_step - 1) * dim * 4
         else:  # full layers grow by doubling from 16 rows: 16 -> 32 -> 64 holds 60 positions
             assert cache.allocated_rows(i) == 64 and cache.rows(i) == 256
+
+
+def test_early_initialization_allocates_every_layer_up_front() -> None:
+    cache = KVCoreCache(gemma2().config, max_step=4, initial_capacity=32)
+    assert cache.allocated_rows(0) == 0 and not cache.is_initialized and cache.batch_size == -1
+    cache.early_initialization(batch_size=2, num_heads=2, head_dim=16, dtype=torch.float64, device="cpu")
+    assert cache.is_initialized and cache.batch_size == 2
+    assert [cache.allocated_rows(i) for i in range(4)] == [8 + 4 - 1, 32, 8 + 4 - 1, 8 + 4 - 1]
+    assert cache.layers[1].keys.dtype == torch.float64
 
 
 # --- errors ---------------------------------------------------------------------------
