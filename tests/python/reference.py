@@ -235,12 +235,14 @@ def observe(cache: Any, *steps: Any) -> dict[str, object]:
     """Everything a caller can observe of a cache (and of step handles it holds),
     to prove a failed call changed nothing."""
     active = cache.active_step
+    room = cache.capacity - cache.length
+    extend = sorted({*range(-1, min(room, 64) + 2), room - 1, room, room + 1})  # bounded for huge capacities
     return {
         "length": cache.length,
         "active": None if active is None else (active.position, active.T),
         "current": [s.is_current for s in steps],
         "can_rewind": [cache.can_rewind(n) for n in range(-1, cache.length + 2)],
-        "can_extend": [cache.can_extend(n) for n in range(-1, cache.capacity - cache.length + 2)],
+        "can_extend": [cache.can_extend(n) for n in extend],
         "plans": None if active is None else [repr(active.plan(l)) for l in range(cache.n_layers)],
     }
 
