@@ -31,22 +31,18 @@ class LayoutPolicy {
   virtual int needed_floor(int n) const noexcept = 0;
 
  protected:
-  // Appends [begin, end) to `runs`, merging with the last run when both rows and
-  // positions continue it; `row_run_end(p)` is one past the last position whose
-  // row follows row(p) consecutively.
+  // Appends the runs of positions [begin, end) to `runs`; `row_run_end(p)` is
+  // one past the last position whose row follows row(p) consecutively, so each
+  // run is maximal. Callers pass disjoint, non-adjacent intervals, so runs of
+  // different calls never need merging.
   template <int kMax, typename RowRunEnd>
   void append_runs(Run (&runs)[kMax], int& n, int begin, int end, RowRunEnd row_run_end) const
       noexcept {
-    int p = begin;
-    while (p < end) {
-      const int stop = row_run_end(p) < end ? row_run_end(p) : end;
-      const Run run{row(p), stop - p, p};
-      if (n > 0 && runs[n - 1].end_row() == run.row && runs[n - 1].end_pos() == run.pos) {
-        runs[n - 1].len += run.len;
-      } else {
-        KVCORE_CHECK(n < kMax, "plan needs more runs than a SeqStepPlan holds");
-        runs[n++] = run;
-      }
+    for (int p = begin; p < end;) {
+      const int run_end = row_run_end(p);
+      const int stop = run_end < end ? run_end : end;
+      KVCORE_CHECK(n < kMax, "plan needs more runs than a SeqStepPlan holds");
+      runs[n++] = Run{row(p), stop - p, p};
       p = stop;
     }
   }
