@@ -42,8 +42,14 @@ struct LayerConfig {
 };
 
 struct CacheConfig {
+  /// Most layers a cache may have. Per-layer state is sized at creation, so an
+  /// unbounded count (n_layers = INT_MAX with one broadcast entry) would ask
+  /// for gigabytes; real models have a few hundred layers at most.
+  static constexpr int kMaxLayers = 1 << 16;
+
   /// Largest logical length (positions 0..capacity-1).
   int capacity = 0;
+  /// 1 <= n_layers <= kMaxLayers.
   int n_layers = 0;
   /// One entry (broadcast to every layer) or exactly n_layers entries.
   std::vector<LayerConfig> layers;
@@ -71,6 +77,9 @@ inline Status validate(const CacheConfig& cfg) noexcept {
                                "capacity = %d: must be >= 1", cfg.capacity);
   KVCORE_CHECK_OR_RETURN_ERROR(cfg.n_layers >= 1, InvalidArgument,
                                "n_layers = %d: must be >= 1", cfg.n_layers);
+  KVCORE_CHECK_OR_RETURN_ERROR(cfg.n_layers <= CacheConfig::kMaxLayers, InvalidArgument,
+                               "n_layers = %d: must be <= %d (CacheConfig::kMaxLayers)",
+                               cfg.n_layers, CacheConfig::kMaxLayers);
   const std::size_t n_entries = cfg.layers.size();
   KVCORE_CHECK_OR_RETURN_ERROR(
       n_entries == 1 || n_entries == static_cast<std::size_t>(cfg.n_layers), InvalidArgument,
