@@ -232,9 +232,15 @@ class KVPool(metaclass=_pybind11_type):
     (T, n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
     """
 
-    def __init__(self, cache: SequenceCache, dtype: npt.DTypeLike = ...) -> None: ...
+    def __init__(
+        self, cache: SequenceCache, dtype: npt.DTypeLike = ..., *, mirror_rings: bool = False
+    ) -> None: ...
     @property
     def cache(self) -> SequenceCache: ...
+    @property
+    def mirror_rings(self) -> bool:
+        """True when wrapping ring layers keep a mirror of their first R - 1 rows,
+        so every read without sinks is a zero-copy view."""
     @property
     def dtype(self) -> np.dtype[Any]: ...
     @property
@@ -258,4 +264,6 @@ class KVPool(metaclass=_pybind11_type):
         self, layer: SupportsIndex, step: Step, k: npt.NDArray[Any], v: npt.NDArray[Any]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
     @staticmethod
-    def required_bytes(config: CacheConfig, dtype: npt.DTypeLike) -> int: ...
+    def required_bytes(
+        config: CacheConfig, dtype: npt.DTypeLike, *, mirror_rings: bool = False
+    ) -> int: ...

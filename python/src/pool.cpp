@@ -70,11 +70,15 @@ std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
   return {dt, out};
 }
 
+kvcore::RingStorage ring_storage(bool mirror_rings) {
+  return mirror_rings ? kvcore::RingStorage::Mirrored : kvcore::RingStorage::Compact;
+}
+
 // A Python KVPool: the C++ pool plus what numpy needs to see its rows.
 class PyPool {
  public:
-  PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec)
-      : cache_(std::move(cache)) {
+  PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec, bool mirror_rings)
+      : cache_(std::move(cache)), mirror_rings_(mirror_rings) {
     auto parsed = parse_dtype(dtype_spec);
     dtype_ = parsed.first;
     element_size_ = kvcore::element_size(parsed.second);
@@ -82,7 +86,8 @@ class PyPool {
     alloc.context = this;
     alloc.allocate = &PyPool::allocate_block;
     alloc.release = &PyPool::release_block;
-    pool_.reset(new kvcore::KVPool(unwrap(kvcore::KVPool::create(*cache_, parsed.second, alloc))));
+    pool_.reset(new kvcore::KVPool(
+        unwrap(kvcore::KVPool::create(*cache_, parsed.second, alloc, ring_storage(mirror_rings)))));
     for (int l = 0; l < cache_->n_layers(); ++l) {
       const kvcore::LayerConfig& lc = cache_->config().layer(l);
       layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
@@ -98,6 +103,7 @@ class PyPool {
 
   const std::shared_ptr<kvcore::SequenceCache>& cache() const { return cache_; }
   const py::dtype& dtype() const { return dtype_; }
+  bool mirror_rings() const { return mirror_rings_; }
   const kvcore::KVPool& pool() const { return *pool_; }
   kvcore::KVPool& pool() { return *pool_; }
 
@@ -128,13 +134,14 @@ class PyPool {
                                 bytes_of(T, s.heads, s.value_dim)));
   }
 
-  // (k, v, positions): a zero-copy view when the read is one run, else a copy.
+  // (k, v, positions): a zero-copy view when the read is one span (one run, or
+  // a wrapped window of a mirrored ring), else a copy.
   py::tuple read(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
     const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const Py_intptr_t rows = plan.read_len();
     py::object k, v;
-    if (plan.n_read == 1) {
-      const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
+    const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
+    if (views.n == 1) {
       const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
       k = view(shape.k, views.span[0].k, rows, s.heads, s.head_dim);
       v = view(shape.v, views.span[0].v, rows, s.heads, s.value_dim);
@@ -263,6 +270,7 @@ class PyPool {
   // Declared first so it is destroyed last: the pool's release hook erases from it.
   std::unordered_map<void*, py::object> owners_;
   std::shared_ptr<kvcore::SequenceCache> cache_;
+  bool mirror_rings_ = false;
   py::dtype dtype_;
   std::size_t element_size_ = 0;
   std::unique_ptr<kvcore::KVPool> pool_;
@@ -298,12 +306,18 @@ py::array_t<bool> step_mask(const StepHandle& h, const PyInt& layer) {
 void register_pool(py::module_& m) {
   py::class_<PyPool>(m, "KVPool",
                      "Reference CPU storage for a SequenceCache's K/V rows: applies plans.")
-      .def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype) {
+      .def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype,
+                       bool mirror_rings) {
              if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-             return new PyPool(std::move(cache), dtype);
+             return new PyPool(std::move(cache), dtype, mirror_rings);
            }),
-           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"))
+           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
+           py::kw_only(), py::arg("mirror_rings") = false)
       .def_property_readonly("cache", [](const PyPool& p) { return p.cache(); })
+      .def_property_readonly(
+          "mirror_rings", [](const PyPool& p) { return p.mirror_rings(); },
+          "True when wrapping ring layers keep a mirror of their first R - 1 rows, so every "
+          "read without sinks is a zero-copy view.")
       .def_property_readonly("dtype", [](const PyPool& p) { return p.dtype(); })
       .def_property_readonly("n_layers", [](const PyPool& p) { return p.pool().n_layers(); })
       .def_property_readonly(
@@ -349,13 +363,15 @@ void register_pool(py::module_& m) {
            py::arg("layer"), py::arg("step"), py::arg("k"), py::arg("v"))
       .def_static(
           "required_bytes",
-          [](const kvcore::CacheConfig& config, py::object dtype) {
-            return unwrap(kvcore::KVPool::required_bytes(config, parse_dtype(dtype).second));
+          [](const kvcore::CacheConfig& config, py::object dtype, bool mirror_rings) {
+            return unwrap(kvcore::KVPool::required_bytes(config, parse_dtype(dtype).second,
+                                                         ring_storage(mirror_rings)));
           },
-          py::arg("config"), py::arg("dtype"))
+          py::arg("config"), py::arg("dtype"), py::kw_only(), py::arg("mirror_rings") = false)
       .def("__repr__", [](const PyPool& p) {
         return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
                ", dtype=" + py::str(p.dtype()).cast<std::string>() +
+               (p.mirror_rings() ? ", mirror_rings=True" : "") +
                ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
       });
 

@@ -10,6 +10,12 @@
 //  - arena (in_arena): one caller-provided block sized by required_bytes();
 //    nothing is allocated, not even the layer table.
 // Rows never written read as zeros in both modes.
+//
+// RingStorage::Mirrored (either mode) repeats the first R - 1 ring rows of each
+// wrapping ring layer after its last row, so a read that wraps round the ring is
+// one contiguous span: backends that attend over contiguous K/V (numpy, torch)
+// then never copy a window. It costs R - 1 rows per wrapping ring layer and a
+// second copy of the rows a write lands in those first R - 1 ring rows.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +55,15 @@ struct KVViews {
   }
 };
 
+/// How a pool stores the ring rows of ring layers that wrap (R = window + max_step - 1).
+enum class RingStorage : int {
+  /// rows(layer) rows: a read that wraps round the ring is two runs, two spans.
+  Compact = 0,
+  /// rows(layer) + R - 1 rows: ring rows [S, S + R - 1) are repeated after the
+  /// last row, and views() returns a wrapped window as one span.
+  Mirrored = 1,
+};
+
 /// Shape and storage of one layer.
 struct PoolLayer {
   /// n_kv_heads * head_dim * element size.
@@ -61,6 +76,16 @@ struct PoolLayer {
   int allocated_rows = 0;
   unsigned char* k = nullptr;
   unsigned char* v = nullptr;
+  /// First ring row (the sinks S) of a mirrored ring layer.
+  int ring_start = 0;
+  /// Mirrored ring layers: rows [rows, rows + mirror_rows) repeat rows
+  /// [ring_start, ring_start + mirror_rows), once allocated_rows == rows. Else 0.
+  int mirror_rows = 0;
+
+  /// Rows the storage blocks hold now: allocated_rows, plus the mirror once full.
+  std::int64_t storage_rows() const noexcept {
+    return static_cast<std::int64_t>(allocated_rows) + (allocated_rows == rows ? mirror_rows : 0);
+  }
 };
 
 class KVPool {
@@ -70,12 +95,15 @@ class KVPool {
 
   /// A growing pool for `cache`'s layers (shapes from cache.config(), rows from
   /// cache.rows(layer)), each starting at min(initial_capacity, rows) rows.
-  /// InvalidArgument: dtype outside DType, allocator without both functions, or a
-  /// layer whose bytes overflow the address space. MemoryAllocationFailed: the
-  /// initial blocks cannot be allocated (nothing is kept).
+  /// InvalidArgument: dtype outside DType, allocator without both functions, ring
+  /// storage outside RingStorage, or a layer whose bytes overflow the address
+  /// space. MemoryAllocationFailed: the initial blocks cannot be allocated
+  /// (nothing is kept).
   static Result<KVPool> create(const SequenceCache& cache, DType dtype,
-                               PoolAllocator allocator = PoolAllocator::heap()) noexcept {
+                               PoolAllocator allocator = PoolAllocator::heap(),
+                               RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
     KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
                                  InvalidArgument,
                                  "allocator: both allocate and release must be set");
@@ -90,7 +118,8 @@ class KVPool {
     // On any failure below, ~KVPool releases what was allocated so far.
     for (int l = 0; l < cfg.n_layers; ++l) {
       PoolLayer& layer = pool.layers_[l];
-      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, cache.policy(l).rows(), &layer));
+      KVCORE_RETURN_IF_ERROR(
+          shape_layer(cfg, l, dtype, cache.policy(l).rows(), ring_storage, &layer));
       const int initial = cfg.initial_capacity < layer.rows ? cfg.initial_capacity : layer.rows;
       KVCORE_RETURN_IF_ERROR(pool.grow(l, initial));
     }
@@ -99,25 +128,33 @@ class KVPool {
 
   /// Bytes in_arena() needs for a cache built from `config`, alignment slack
   /// included (any arena address works). InvalidArgument: `config` breaks a rule
-  /// of validate(), dtype outside DType, or the total overflows the address space.
-  static Result<std::size_t> required_bytes(const CacheConfig& config, DType dtype) noexcept {
+  /// of validate(), dtype outside DType, ring storage outside RingStorage, or the
+  /// total overflows the address space.
+  static Result<std::size_t> required_bytes(
+      const CacheConfig& config, DType dtype,
+      RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(validate(config));
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
-    return arena_bytes(config, dtype, [&config](int l) { return policy_rows(config, l); });
+    KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
+    return arena_bytes(config, dtype, ring_storage,
+                       [&config](int l) { return policy_rows(config, l); });
   }
 
   /// A pool whose table and rows all live in `arena` (at least
-  /// required_bytes(cache.config(), dtype) bytes, any alignment). Allocates
-  /// nothing; the arena must outlive the pool. InvalidArgument: dtype outside
-  /// DType, null arena, arena too small (the message names both sizes).
+  /// required_bytes(cache.config(), dtype, ring_storage) bytes, any alignment).
+  /// Allocates nothing; the arena must outlive the pool. InvalidArgument: dtype
+  /// outside DType, ring storage outside RingStorage, null arena, arena too small
+  /// (the message names both sizes).
   static Result<KVPool> in_arena(const SequenceCache& cache, DType dtype, void* arena,
-                                 std::size_t arena_bytes_given) noexcept {
+                                 std::size_t arena_bytes_given,
+                                 RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
     KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
     const CacheConfig& cfg = cache.config();
     KVCORE_ASSIGN_OR_RETURN(
         const std::size_t needed,
-        arena_bytes(cfg, dtype, [&cache](int l) { return cache.policy(l).rows(); }));
+        arena_bytes(cfg, dtype, ring_storage, [&cache](int l) { return cache.policy(l).rows(); }));
     KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
                                  "arena of %zu bytes: the pool needs %zu (required_bytes)",
                                  arena_bytes_given, needed);
@@ -130,14 +167,16 @@ class KVPool {
     for (int l = 0; l < cfg.n_layers; ++l) {
       PoolLayer* layer = new (&pool.layers_[l]) PoolLayer();
       // Cannot fail: arena_bytes() already checked every layer's shape.
-      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, cache.policy(l).rows(), layer));
-      const std::size_t k_bytes = layer->k_row_bytes * static_cast<std::size_t>(layer->rows);
-      const std::size_t v_bytes = layer->v_row_bytes * static_cast<std::size_t>(layer->rows);
+      KVCORE_RETURN_IF_ERROR(
+          shape_layer(cfg, l, dtype, cache.policy(l).rows(), ring_storage, layer));
+      layer->allocated_rows = layer->rows;
+      const std::size_t storage = static_cast<std::size_t>(layer->storage_rows());
+      const std::size_t k_bytes = layer->k_row_bytes * storage;
+      const std::size_t v_bytes = layer->v_row_bytes * storage;
       layer->k = at;
       at += round_up(k_bytes);
       layer->v = at;
       at += round_up(v_bytes);
-      layer->allocated_rows = layer->rows;
       std::memset(layer->k, 0, k_bytes);
       std::memset(layer->v, 0, v_bytes);
     }
@@ -169,12 +208,12 @@ class KVPool {
     return layers_[layer_index];
   }
 
-  /// Bytes of the rows backed by storage now, K and V of every layer.
+  /// Bytes of the rows backed by storage now, K and V of every layer (mirror rows included).
   std::size_t reserved_bytes() const noexcept {
     std::size_t n = 0;
     for (int l = 0; l < n_layers_; ++l) {
       const PoolLayer& layer = layers_[l];
-      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.allocated_rows);
+      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.storage_rows());
     }
     return n;
   }
@@ -236,6 +275,8 @@ class KVPool {
       k_in += k_run;
       v_in += v_run;
     }
+    // After every run: the input (possibly a view of this pool) is fully read.
+    for (int i = 0; i < plan.n_write; ++i) mirror_run(layer, plan.write[i]);
     return Error::Ok;
   }
 
@@ -267,18 +308,30 @@ class KVPool {
 
   /// The plan's read runs as zero-copy spans into the pool. A span shows the rows
   /// as they are: it stays valid until the layer grows (never in arena mode) and
-  /// current until a later step writes those rows. Errors as gather() (no buffers).
+  /// current until a later step writes those rows. In a mirrored ring layer a run
+  /// that ends at the last row and the run that continues it from the first ring
+  /// row are one span (its `run.row + run.len` then passes rows(layer): the rest
+  /// is the mirror). Errors as gather() (no buffers).
   Result<KVViews> views(int layer_index, const SeqStepPlan& plan) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_read(layer_index, plan));
     const PoolLayer& layer = layers_[layer_index];
+    const bool mirrored = layer.mirror_rows > 0 && layer.allocated_rows == layer.rows;
     KVViews out;
     for (int i = 0; i < plan.n_read; ++i) {
       const Run& run = plan.read[i];
-      out.span[i].k = layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row);
-      out.span[i].v = layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row);
-      out.span[i].run = run;
+      if (out.n > 0 && mirrored) {
+        Run& last = out.span[out.n - 1].run;
+        if (last.row + last.len == layer.rows && run.row == layer.ring_start &&
+            run.pos == last.end_pos() && run.len <= layer.mirror_rows) {
+          last.len += run.len;
+          continue;
+        }
+      }
+      KVSpan& span = out.span[out.n++];
+      span.k = layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row);
+      span.v = layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row);
+      span.run = run;
     }
-    out.n = plan.n_read;
     return out;
   }
 
@@ -293,6 +346,13 @@ class KVPool {
   static constexpr std::uint64_t kMaxBytes = static_cast<std::uint64_t>(PTRDIFF_MAX);
 
   KVPool(DType dtype, PoolAllocator allocator) noexcept : dtype_(dtype), allocator_(allocator) {}
+
+  static Status check_ring_storage(RingStorage storage) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        storage == RingStorage::Compact || storage == RingStorage::Mirrored, InvalidArgument,
+        "ring_storage = %d: must be Compact (0) or Mirrored (1)", static_cast<int>(storage));
+    return Error::Ok;
+  }
 
   static Status check_dtype(DType dtype) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(element_size(dtype) != 0, InvalidArgument,
@@ -327,19 +387,28 @@ class KVPool {
     return FlatPolicy(cfg.capacity).rows();
   }
 
-  // Row sizes of layer `l`; fails when `rows` of them overflow the address space.
+  // Row sizes and mirror of layer `l`; fails when its rows (mirror included)
+  // overflow the address space.
   static Status shape_layer(const CacheConfig& cfg, int l, DType dtype, int rows,
-                            PoolLayer* out) noexcept {
+                            RingStorage ring_storage, PoolLayer* out) noexcept {
     const LayerConfig& lc = cfg.layer(l);
     const std::uint64_t size = element_size(dtype);
+    int ring_start = 0, mirror_rows = 0;
+    if (ring_storage == RingStorage::Mirrored && lc.policy.kind == LayerPolicy::Kind::Ring &&
+        RingPolicy(lc.policy.window, lc.policy.sinks, cfg.effective_max_step(), cfg.capacity)
+            .wraps()) {
+      ring_start = lc.policy.sinks;
+      mirror_rows = rows - ring_start - 1;  // R - 1: the longest run a wrapped read continues with
+    }
+    const std::uint64_t storage =
+        static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(mirror_rows);
     std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
     const bool fits = checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
                                   static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
                       checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
                                   static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
                       checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
-                      checked_mul(k_row, static_cast<std::uint64_t>(rows), &k_all) &&
-                      checked_mul(v_row, static_cast<std::uint64_t>(rows), &v_all) &&
+                      checked_mul(k_row, storage, &k_all) && checked_mul(v_row, storage, &v_all) &&
                       checked_add(k_all, v_all, &k_all);
     KVCORE_CHECK_OR_RETURN_ERROR(
         fits, InvalidArgument,
@@ -348,14 +417,16 @@ class KVPool {
     out->k_row_bytes = static_cast<std::size_t>(k_row);
     out->v_row_bytes = static_cast<std::size_t>(v_row);
     out->rows = rows;
+    out->ring_start = ring_start;
+    out->mirror_rows = mirror_rows;
     return Error::Ok;
   }
 
-  // Arena bytes for `rows_of(l)` rows per layer: slack to align the start, then
-  // the layer table and every K and V block, each rounded to kArenaAlignment.
+  // Arena bytes for `rows_of(l)` rows per layer (plus mirrors): slack to align the
+  // start, then the layer table and every K and V block, each rounded to kArenaAlignment.
   template <typename RowsOf>
   static Result<std::size_t> arena_bytes(const CacheConfig& cfg, DType dtype,
-                                         RowsOf rows_of) noexcept {
+                                         RingStorage ring_storage, RowsOf rows_of) noexcept {
     std::uint64_t total = 0;
     const bool table_fits =
         checked_mul(static_cast<std::uint64_t>(cfg.n_layers), sizeof(PoolLayer), &total) &&
@@ -365,8 +436,9 @@ class KVPool {
                                  cfg.n_layers);
     for (int l = 0; l < cfg.n_layers; ++l) {
       PoolLayer layer;
-      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, rows_of(l), &layer));
-      const std::uint64_t rows = static_cast<std::uint64_t>(layer.rows);
+      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, rows_of(l), ring_storage, &layer));
+      layer.allocated_rows = layer.rows;
+      const std::uint64_t rows = static_cast<std::uint64_t>(layer.storage_rows());
       const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
                         checked_add(total, round_up(layer.v_row_bytes * rows), &total);
       KVCORE_CHECK_OR_RETURN_ERROR(fits, InvalidArgument,
@@ -448,8 +520,12 @@ class KVPool {
     KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal,
                                  "layer %d: an arena pool cannot grow to %d rows", layer_index,
                                  rows);
-    const std::size_t k_bytes = layer.k_row_bytes * static_cast<std::size_t>(rows);
-    const std::size_t v_bytes = layer.v_row_bytes * static_cast<std::size_t>(rows);
+    // Storage reaches the mirror only when the layer reaches its full rows.
+    const std::size_t mirror =
+        rows == layer.rows ? static_cast<std::size_t>(layer.mirror_rows) : 0;
+    const std::size_t storage = static_cast<std::size_t>(rows) + mirror;
+    const std::size_t k_bytes = layer.k_row_bytes * storage;
+    const std::size_t v_bytes = layer.v_row_bytes * storage;
     auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
     auto* v = k == nullptr ? nullptr
                            : static_cast<unsigned char*>(
@@ -471,7 +547,29 @@ class KVPool {
     layer.k = k;
     layer.v = v;
     layer.allocated_rows = rows;
+    if (rows == layer.rows && layer.mirror_rows > 0) {
+      const Run ring_head{layer.ring_start, layer.mirror_rows, 0};
+      mirror_run(layer, ring_head);  // the mirror starts equal to what it repeats
+    }
     return Error::Ok;
+  }
+
+  // Copies the rows of `run` that lie in a full mirrored layer's repeated range
+  // into the mirror (from the pool rows just written, never from the input).
+  static void mirror_run(const PoolLayer& layer, const Run& run) noexcept {
+    if (layer.mirror_rows == 0 || layer.allocated_rows != layer.rows) return;
+    const int mirror_end = layer.ring_start + layer.mirror_rows;
+    const int lo = run.row > layer.ring_start ? run.row : layer.ring_start;
+    const int hi = run.row + run.len < mirror_end ? run.row + run.len : mirror_end;
+    if (lo >= hi) return;
+    const std::size_t from = static_cast<std::size_t>(lo);
+    const std::size_t to =
+        static_cast<std::size_t>(layer.rows) + static_cast<std::size_t>(lo - layer.ring_start);
+    const std::size_t n = static_cast<std::size_t>(hi - lo);
+    std::memcpy(layer.k + layer.k_row_bytes * to, layer.k + layer.k_row_bytes * from,
+                layer.k_row_bytes * n);
+    std::memcpy(layer.v + layer.v_row_bytes * to, layer.v + layer.v_row_bytes * from,
+                layer.v_row_bytes * n);
   }
 
   void release_all() noexcept {
