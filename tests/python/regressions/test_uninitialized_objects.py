@@ -1,0 +1,107 @@
+"""Regression (found by the boundary work, issue 7): `Class.__new__(Class)`
+makes a kvcore object without its C++ half, and pybind11 used to allocate an
+uninitialized one on first use, so `kvcore.SequenceCache.__new__(
+kvcore.SequenceCache).begin_step(1)` ran on garbage memory (wrong answers or a
+crash). Now every use raises TypeError ("never initialized"), or, where a binding takes
+the object's shared_ptr holder, pybind11's RuntimeError ("Unable to cast from
+non-held to held instance").
+
+The probe runs in a child interpreter so that a regression fails this test
+instead of killing the test session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent(
+    """
+    import numpy as np
+    import kvcore, kvcore._core
+
+    def fresh():
+        cfg = kvcore.CacheConfig(8, kvcore.LayerConfig(kvcore.Ring(2), 1, 2), max_step=2)
+        cache = kvcore.SequenceCache(cfg)
+        step = cache.begin_step(1)
+        live = {
+            "SequenceCache": cache, "Step": step, "KVPool": kvcore.KVPool(cache, np.float32),
+            "CacheConfig": cfg, "LayerConfig": cfg.layers[0], "LayerPolicy": kvcore.Ring(2),
+            "Run": kvcore.Run(0, 1, 0), "SeqStepPlan": step.plan(0), "CacheBase": cache,
+        }
+        return live, cache, step
+
+    # Every public method and property of every class, called with the
+    # arguments that work on a live object of that class.
+    calls = {
+        "SequenceCache": ["length", "capacity", "max_step", "n_layers", "n_policies", "config", "active_step",
+                          "rows(0)", "policy_index(0)", "layer_policy(0)", "can_extend(1)", "can_rewind(0)",
+                          "begin_step(1)", "step(1)", "plan(0, 0, 1)", "rewind(0)", "clear()", "visible(0, 1, 0)",
+                          "commit(step)", "__repr__()"],
+        "Step": ["position", "T", "end", "is_current", "plan(0)", "mask(0)", "commit()", "__repr__()"],
+        "KVPool": ["cache", "dtype", "n_layers", "nbytes", "reserved_bytes", "rows(0)", "allocated_rows(0)",
+                   "reserve(0, 1)", "read(0, step.plan(0))", "__repr__()"],
+        "CacheConfig": ["capacity", "n_layers", "max_step", "initial_capacity", "layers", "__repr__()"],
+        "LayerConfig": ["policy", "n_kv_heads", "head_dim", "v_head_dim", "value_dim", "__repr__()"],
+        "LayerPolicy": ["kind", "window", "sinks", "is_ring", "__repr__()", "__hash__()"],
+        "Run": ["row", "len", "pos", "__repr__()", "__hash__()", "__iter__()"],
+        "SeqStepPlan": ["write", "read", "write_len", "read_len", "is_contiguous", "__repr__()"],
+        "CacheBase": [],
+    }
+    failures = []
+    for name, exprs in calls.items():
+        cls = getattr(kvcore._core, name)
+        for expr in exprs:
+            live, cache, step = fresh()
+            eval("live[name]." + expr, {"live": live, "name": name, "step": step})  # works when initialized
+            live, cache, step = fresh()
+            blank = cls.__new__(cls)
+            try:
+                eval("blank." + expr, {"blank": blank, "step": step})
+            except (TypeError, RuntimeError) as e:
+                if "never initialized" not in str(e) and "non-held to held" not in str(e):
+                    failures.append(f"{name}.{expr}: {type(e).__name__}: {e}")
+            else:
+                failures.append(f"{name}.{expr}: no error")
+        # As an argument, too.
+        live, cache, step = fresh()
+        blank = cls.__new__(cls)
+        for use in ("kvcore.SequenceCache(blank)", "cache.commit(blank)", "kvcore.KVPool(blank)",
+                    "kvcore.LayerConfig(blank, 1, 2)", "live['KVPool'].read(0, blank)"):
+            try:
+                eval(use, {"kvcore": kvcore, "blank": blank, "cache": cache, "live": live})
+            except (TypeError, RuntimeError, kvcore.InvalidArgumentError):
+                pass
+            else:
+                failures.append(f"{use} with a blank {name}: no error")
+    print("\\n".join(failures) if failures else "ok")
+    """
+)
+
+
+def test_objects_made_by_new_without_init_refuse_every_use() -> None:
+    env = dict(os.environ)
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, f"the probe died (exit {result.returncode}): {result.stderr[-2000:]}"
+    assert result.stdout.strip() == "ok", result.stdout
+
+
+def test_a_builder_returning_an_uninitialized_cache_is_internal() -> None:
+    import kvcore
+
+    def blank_builder(cfg: kvcore.CacheConfig) -> kvcore.CacheBase:
+        return kvcore.SequenceCache.__new__(kvcore.SequenceCache)
+
+    kvcore.register_builder("py", "blank", blank_builder)
+    try:
+        cfg = kvcore.CacheConfig(8, kvcore.LayerConfig(kvcore.Ring(2), 1, 2))
+        try:
+            kvcore.build("py", "blank", cfg)
+        except kvcore.InternalError as e:
+            assert "builder ('py', 'blank') failed: Unable to cast from non-held to held instance" in str(e)
+        else:
+            raise AssertionError("a never-initialized cache was accepted")
+    finally:
+        kvcore.unregister_builder("py", "blank")
