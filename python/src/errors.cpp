@@ -8,8 +8,8 @@ void register_errors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       py::object errors = py::module_::import("kvcore._errors");
-      py::object cls = errors.attr("error_class")(static_cast<std::uint32_t>(e.status().code()));
-      py::object exc = cls(e.status().message());
+      py::object cls = errors.attr("error_class")(static_cast<std::uint32_t>(e.code()));
+      py::object exc = cls(e.what());
       PyErr_SetObject(cls.ptr(), exc.ptr());
     }
   });

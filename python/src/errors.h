@@ -8,6 +8,7 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "kvcore/result.h"
 
@@ -15,19 +16,23 @@ namespace kvcore_py {
 
 namespace py = pybind11;
 
-/// Carries a Status from binding code to the exception translator.
+/// Carries an error code and its whole message from binding code to the
+/// exception translator (a std::string: binding messages may quote long values).
 class StatusError : public std::exception {
  public:
-  explicit StatusError(kvcore::Status status) : status_(status) {}
-  const char* what() const noexcept override { return status_.message(); }
-  const kvcore::Status& status() const noexcept { return status_; }
+  explicit StatusError(const kvcore::Status& status)
+      : code_(status.code()), message_(status.message()) {}
+  StatusError(kvcore::Error code, std::string message) : code_(code), message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+  kvcore::Error code() const noexcept { return code_; }
 
  private:
-  kvcore::Status status_;
+  kvcore::Error code_;
+  std::string message_;
 };
 
 [[noreturn]] inline void raise(kvcore::Error code, const std::string& message) {
-  throw StatusError(kvcore::Status::make(code, "%s", message.c_str()));
+  throw StatusError(code, message);
 }
 
 inline void throw_if_error(const kvcore::Status& status) {
@@ -88,10 +93,12 @@ inline bool fits_int(const PyInt& value, int* out) {
 /// Narrows a Python int to a C int, or raises InvalidArgumentError naming it.
 inline int to_int(const char* name, const PyInt& value) {
   int v = 0;
-  if (!fits_int(value, &v))
-    raise(kvcore::Error::InvalidArgument, std::string(name) + " = " +
-                                              py::str(value.value).cast<std::string>() +
-                                              ": must fit in a 32-bit signed int");
+  if (!fits_int(value, &v)) {
+    std::string shown = py::str(value.value).cast<std::string>();
+    if (shown.size() > 40) shown = shown.substr(0, 20) + "...(" + std::to_string(shown.size()) + " digits)";
+    raise(kvcore::Error::InvalidArgument,
+          std::string(name) + " = " + shown + ": must fit in a 32-bit signed int");
+  }
   return v;
 }
 

@@ -204,3 +204,12 @@ def test_ring_rows_follow_the_design(window: int, sinks: int, max_step: int, cap
     cache = kvcore.SequenceCache(cfg)
     assert cache.rows(0) == min(capacity, sinks + window + max_step - 1) == rows
     assert cache.rows(1) == capacity
+
+
+def test_a_huge_int_is_shortened_and_the_rule_survives() -> None:
+    # A 302-digit value must not push the rule out of the message.
+    with pytest.raises(kvcore.InvalidArgumentError) as info:
+        kvcore.Ring(window=2**1000)
+    message = str(info.value)
+    assert message.startswith("window = 10715086071862673209...(302 digits)")
+    assert message.endswith("must fit in a 32-bit signed int")
