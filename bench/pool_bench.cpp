@@ -29,10 +29,11 @@ struct Fixture {
   std::unique_ptr<kvcore::KVPool> pool;
 };
 
-bool make_fixture(benchmark::State& state, int capacity, Fixture* out) {
+bool make_fixture(benchmark::State& state, int capacity, Fixture* out,
+                  kvcore::RingStorage storage = kvcore::RingStorage::Compact) {
   auto cache = kvcore::SequenceCache::create(make_config(kShape, capacity, kMaxStep));
   if (!cache.ok()) return fail(state, cache.message());
-  auto pool = kvcore::KVPool::create(**cache, kDType);
+  auto pool = kvcore::KVPool::create(**cache, kDType, kvcore::PoolAllocator::heap(), storage);
   if (!pool.ok()) return fail(state, pool.message());
   out->cache = std::move(*cache);
   out->pool.reset(new kvcore::KVPool(std::move(*pool)));
@@ -74,10 +75,10 @@ bool decode_step_at(benchmark::State& state, Fixture& f, int context, kvcore::St
   return write_step(state, f, 1, k.data(), v.data(), step);
 }
 
-void pool_write_step(benchmark::State& state) {
+void write_steps(benchmark::State& state, kvcore::RingStorage storage) {
   const int T = static_cast<int>(state.range(0));
   Fixture f;
-  if (!make_fixture(state, kWriteCapacity, &f)) return;
+  if (!make_fixture(state, kWriteCapacity, &f, storage)) return;
   const std::vector<unsigned char> k = filled(k_row() * static_cast<std::size_t>(T), 3);
   const std::vector<unsigned char> v = filled(k_row() * static_cast<std::size_t>(T), 5);
   kvcore::Step step;
@@ -88,6 +89,13 @@ void pool_write_step(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * T *
                           kv_row_bytes(kShape) * kShape.n_layers);
+}
+
+void pool_write_step(benchmark::State& state) { write_steps(state, kvcore::RingStorage::Compact); }
+
+// With mirrored rings a write that lands in a ring's first R - 1 rows is copied twice.
+void pool_write_step_mirrored(benchmark::State& state) {
+  write_steps(state, kvcore::RingStorage::Mirrored);
 }
 
 // Floor for pool_write_step: the same rows copied into per-layer blocks of the
@@ -180,11 +188,12 @@ void memcpy_gather_step(benchmark::State& state) {
 }
 
 // Every layer's read of one decode step as zero-copy spans (no bytes move).
-void pool_views_step(benchmark::State& state) {
+void views_steps(benchmark::State& state, kvcore::RingStorage storage) {
   const int context = static_cast<int>(state.range(0));
   Fixture f;
   kvcore::Step step;
-  if (!make_fixture(state, context + kMaxStep, &f) || !decode_step_at(state, f, context, &step))
+  if (!make_fixture(state, context + kMaxStep, &f, storage) ||
+      !decode_step_at(state, f, context, &step))
     return;
   std::vector<kvcore::SeqStepPlan> plans;
   for (int l = 0; l < kShape.n_layers; ++l) plans.push_back(*f.cache->plan(l, step));
@@ -197,11 +206,20 @@ void pool_views_step(benchmark::State& state) {
   }
 }
 
+void pool_views_step(benchmark::State& state) { views_steps(state, kvcore::RingStorage::Compact); }
+
+// One span per layer: what a backend needing contiguous K/V can use without a gather.
+void pool_views_step_mirrored(benchmark::State& state) {
+  views_steps(state, kvcore::RingStorage::Mirrored);
+}
+
 BENCHMARK(pool_write_step)->ArgName("T")->Arg(1)->Arg(512);
+BENCHMARK(pool_write_step_mirrored)->ArgName("T")->Arg(1)->Arg(512);
 BENCHMARK(memcpy_write_step)->ArgName("T")->Arg(1)->Arg(512);
 BENCHMARK(pool_gather_step)->ArgName("context")->Arg(1024)->Arg(4096)->Arg(16384);
 BENCHMARK(memcpy_gather_step)->ArgName("context")->Arg(1024)->Arg(4096)->Arg(16384);
 BENCHMARK(pool_views_step)->ArgName("context")->Arg(1024)->Arg(4096)->Arg(16384);
+BENCHMARK(pool_views_step_mirrored)->ArgName("context")->Arg(1024)->Arg(4096)->Arg(16384);
 
 }  // namespace
 }  // namespace kvcore_bench

@@ -1,0 +1,84 @@
+"""bench/compare.py at tiny sizes, so the benchmark cannot rot.
+
+No timing is asserted: the run must finish, prove every cache returned the same
+history (its --check), and write a complete JSON report. A deliberately broken
+cache must fail that check, so the check itself is known to bite.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+TINY = ["--layers", "6", "--kv-heads", "2", "--head-dim", "8", "--window", "8", "--max-step", "4"]
+
+
+def test_compare_runs_checks_and_writes_a_complete_report(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    args = [*TINY, "--contexts", "24,40", "--reps", "2", "--tokens", "3", "--layer-calls", "20"]
+    args += ["--memory-context", "32", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "compare.py"), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    caches = ["kvcore", "kvcore-mirror", "kvcore-hf", "dynamic", "static", "numpy", "floor"]
+    assert report["check"]["passed"] and set(report["check"]["caches"]) == set(caches) - {"floor"}
+    rows = {(r["context"], r["cache"]): r for r in report["per_token"]}
+    assert set(rows) == {(c, n) for c in (24, 40) for n in caches}
+    for r in rows.values():
+        assert len(r["samples_us"]) == 2 and r["per_token_us"] > 0
+    assert {m["cache"] for m in report["memory"]} == set(caches) - {"floor"}
+    # Held bytes follow from the shape: kvcore's flat layer holds capacity rows, its
+    # five ring layers R = W + C - 1 = 11 rows each (2 heads x 8 float16 = 32 bytes per K or V row).
+    kv = next(m for m in report["memory"] if m["cache"] == "kvcore")
+    capacity = 32 + 3
+    assert kv["held_bytes"] == (capacity + 5 * 11) * 2 * 32
+    assert len(report["layer_update_T1"]) == 4
+    assert "per-token cache cost" in done.stdout
+
+
+def _broken(name: str) -> Any:
+    """The candidate `name` with one wrong byte in the oldest row each layer returns."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import candidates
+    finally:
+        sys.path.remove(str(BENCH))
+    base = candidates.CANDIDATES[name]
+
+    class Broken(base):  # type: ignore[misc, valid-type]
+        def step(self, position: int, k: Any, v: Any, check: bool = False) -> Optional[Any]:
+            out = super().step(position, k, v, check)
+            if out is not None:
+                for _, keys, _ in out:
+                    keys[0].flat[0] += np.asarray(1, keys.dtype)
+            return out
+
+    return Broken
+
+
+def test_check_rejects_a_cache_that_returns_a_wrong_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import candidates
+        import compare
+    finally:
+        sys.path.remove(str(BENCH))
+    shape = candidates.Shape(n_layers=6, n_kv_heads=2, head_dim=8, window=8, max_step=4)
+    steps = compare.check_steps(shape)
+    compare.check_candidate("numpy", shape, steps, seed=0)  # the honest cache passes
+    monkeypatch.setitem(candidates.CANDIDATES, "numpy", _broken("numpy"))  # the dict compare uses
+    with pytest.raises(AssertionError, match="K rows differ"):
+        compare.check_candidate("numpy", shape, steps, seed=0)
