@@ -19,18 +19,18 @@ class RingPolicy final : public LayoutPolicy {
     // 64-bit: W + C - 1 + S can exceed INT_MAX for huge windows.
     const std::int64_t ring = static_cast<std::int64_t>(window) + max_step - 1;
     const std::int64_t wanted = ring + sinks;
-    wraps_ = wanted < capacity;
-    rows_ = wraps_ ? static_cast<int>(wanted) : capacity;
-    ring_ = wraps_ ? static_cast<int>(ring) : 0;
+    const bool wraps = wanted < capacity;
+    rows_ = wraps ? static_cast<int>(wanted) : capacity;
+    ring_ = wraps ? static_cast<int>(ring) : 0;
   }
 
   LayerPolicy policy() const noexcept override { return LayerPolicy::ring(window_, sinks_); }
   int rows() const noexcept override { return rows_; }
   /// False when sinks + ring rows cover the whole capacity: then row(p) = p.
-  bool wraps() const noexcept { return wraps_; }
+  bool wraps() const noexcept { return ring_ != 0; }
 
   int row(int position) const noexcept override {
-    if (!wraps_ || position < sinks_) return position;
+    if (!wraps() || position < sinks_) return position;
     return sinks_ + (position - sinks_) % ring_;
   }
 
@@ -58,7 +58,7 @@ class RingPolicy final : public LayoutPolicy {
   }
 
   int held_floor(int end) const noexcept override {
-    if (!wraps_) return 0;
+    if (!wraps()) return 0;
     return end > ring_ ? end - ring_ : 0;
   }
 
@@ -71,7 +71,7 @@ class RingPolicy final : public LayoutPolicy {
  private:
   // One past the last position whose row continues row(pos) without a jump.
   int row_run_end(int pos) const noexcept {
-    if (!wraps_) return capacity_end();
+    if (!wraps()) return capacity_end();
     if (pos < sinks_) return sinks_ + ring_;  // sinks run straight into ring row S
     // 64-bit and clamped: within R of INT_MAX, pos + rows left would overflow.
     const std::int64_t end = static_cast<std::int64_t>(pos) + (sinks_ + ring_ - row(pos));
@@ -83,7 +83,6 @@ class RingPolicy final : public LayoutPolicy {
   int sinks_;
   int rows_;
   int ring_;  // ring rows after the sinks; 0 when the layer never wraps
-  bool wraps_;
 };
 
 }  // namespace kvcore

@@ -38,15 +38,15 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // SequenceControl.
   int length() const noexcept override { return length_; }
   int capacity() const noexcept override { return config_.capacity; }
-  int max_step() const noexcept override { return max_step_; }
+  int max_step() const noexcept override { return config_.max_step; }
 
   bool can_extend(int n) const noexcept override {
     return n >= 0 && static_cast<std::int64_t>(length_) + n <= config_.capacity;
   }
 
   Result<Step> begin_step(int T) noexcept override {
-    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
-                                 "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step_);
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step(), InvalidArgument,
+                                 "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step());
     KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
                                  "T = %d at length %d: length would exceed capacity = %d", T,
                                  length_, config_.capacity);
@@ -143,9 +143,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
  private:
-  explicit SequenceCache(const CacheConfig& cfg)
-      : config_(cfg), max_step_(cfg.effective_max_step()) {
-    config_.max_step = max_step_;
+  explicit SequenceCache(const CacheConfig& cfg) : config_(cfg) {
+    config_.max_step = cfg.effective_max_step();
     layer_policy_.reserve(static_cast<std::size_t>(cfg.n_layers));
     for (int l = 0; l < cfg.n_layers; ++l) {
       const LayerPolicy lp = cfg.layer(l).policy;
@@ -164,7 +163,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const {
     if (lp.kind == LayerPolicy::Kind::Ring)
       return std::unique_ptr<LayoutPolicy>(
-          new RingPolicy(lp.window, lp.sinks, max_step_, config_.capacity));
+          new RingPolicy(lp.window, lp.sinks, config_.max_step, config_.capacity));
     return std::unique_ptr<LayoutPolicy>(new FlatPolicy(config_.capacity));
   }
 
@@ -196,8 +195,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     return -1;
   }
 
-  CacheConfig config_;
-  int max_step_;
+  CacheConfig config_;  // max_step resolved to its default
   int length_ = 0;
   Step active_;
   std::uint64_t last_step_id_ = 0;
