@@ -656,3 +656,36 @@ TEST(KVPool, ReadingRowsNotGrownYetIsInvalidState) {
 }
 
 }  // namespace
+
+// A write whose input is a view of the same layer, when that write makes the
+// layer grow: the input must be read before the old blocks are released.
+TEST(KVPool, WriteFromAViewOfTheGrowingLayerCopiesBeforeReleasing) {
+  auto cache = make_cache(make_config(16, {flat_layer()}, 4, /*initial=*/4));
+  TestAllocator alloc;
+  KVPool pool = must_pool(*cache, DType::Float32, alloc.get());
+  const kvcore::PoolLayer shape = *pool.layer(0);
+  std::vector<unsigned char> k(shape.k_row_bytes * 4), v(shape.v_row_bytes * 4);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<unsigned char>(i * 7 + 1);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<unsigned char>(i * 5 + 3);
+  auto first = cache->begin_step(4);
+  ASSERT_TRUE(first.ok());
+  ASSERT_OK(pool.write(0, *cache->plan(0, *first), k.data(), k.size(), v.data(), v.size()));
+  ASSERT_OK(cache->commit(*first));
+  ASSERT_EQ(pool.layer(0)->allocated_rows, 4);
+
+  auto second = cache->begin_step(4);  // rows 4..7: the layer must grow
+  ASSERT_TRUE(second.ok());
+  const kvcore::PoolLayer before = *pool.layer(0);  // rows 0..3 as the input
+  ASSERT_OK(pool.write(0, *cache->plan(0, *second), before.k, k.size(), before.v, v.size()));
+  EXPECT_GT(pool.layer(0)->allocated_rows, 4);
+  EXPECT_EQ(alloc.live, 2);  // the replaced blocks were released after the copy
+  auto plan = cache->plan(0, *second);
+  std::vector<unsigned char> k_out(shape.k_row_bytes * 8), v_out(shape.v_row_bytes * 8);
+  ASSERT_OK(pool.gather(0, *plan, k_out.data(), k_out.size(), v_out.data(), v_out.size()));
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    ASSERT_EQ(k_out[k.size() + i], k[i]) << "K byte " << i << " of the copied rows";
+  }
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(v_out[v.size() + i], v[i]) << "V byte " << i << " of the copied rows";
+  }
+}

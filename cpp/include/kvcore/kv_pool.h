@@ -259,8 +259,11 @@ class KVPool {
                                         shape.k_row_bytes, /*exact=*/true));
     KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write", "v", v, v_bytes, extent.rows,
                                         shape.v_row_bytes, /*exact=*/true));
+    // The input may be a view of this layer: blocks a growth replaces are
+    // released only after the copy has read them.
+    Blocks replaced;
     if (extent.end_row > shape.allocated_rows) {
-      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row)));
+      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row), &replaced));
     }
     const PoolLayer& layer = layers_[layer_index];
     const unsigned char* k_in = static_cast<const unsigned char*>(k);
@@ -277,6 +280,7 @@ class KVPool {
     }
     // After every run: the input (possibly a view of this pool) is fully read.
     for (int i = 0; i < plan.n_write; ++i) mirror_run(layer, plan.write[i]);
+    release(replaced);
     return Error::Ok;
   }
 
@@ -514,7 +518,20 @@ class KVPool {
   }
 
   // New blocks first, then copy and release: a failure leaves the layer as it was.
-  Status grow(int layer_index, int rows) noexcept {
+  // A layer's K and V blocks.
+  struct Blocks {
+    unsigned char* k = nullptr;
+    unsigned char* v = nullptr;
+  };
+
+  void release(const Blocks& blocks) noexcept {
+    if (blocks.k != nullptr) allocator_.release(allocator_.context, blocks.k);
+    if (blocks.v != nullptr) allocator_.release(allocator_.context, blocks.v);
+  }
+
+  // Grows `layer_index` to `rows`, keeping its data. The old blocks are
+  // released, or handed to `replaced` when the caller still reads them.
+  Status grow(int layer_index, int rows, Blocks* replaced = nullptr) noexcept {
     PoolLayer& layer = layers_[layer_index];
     if (rows <= layer.allocated_rows) return Error::Ok;
     KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal,
@@ -542,8 +559,12 @@ class KVPool {
     if (v_old != 0) std::memcpy(v, layer.v, v_old);
     std::memset(k + k_old, 0, k_bytes - k_old);
     std::memset(v + v_old, 0, v_bytes - v_old);
-    if (layer.k != nullptr) allocator_.release(allocator_.context, layer.k);
-    if (layer.v != nullptr) allocator_.release(allocator_.context, layer.v);
+    const Blocks old{layer.k, layer.v};
+    if (replaced != nullptr) {
+      *replaced = old;
+    } else {
+      release(old);
+    }
     layer.k = k;
     layer.v = v;
     layer.allocated_rows = rows;
