@@ -350,7 +350,8 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     def _finish_layer(self, layer_idx: int) -> None:
         self._next_layer = layer_idx + 1
         if self._next_layer == len(self.layers):
-            assert self._step is not None
+            if self._step is None:  # not an assert: it must hold under -O too
+                raise InternalError(f"layer {layer_idx} finished a forward that began no step")
             self._step.commit()
             self._step = None
             self._next_layer = 0
