@@ -52,9 +52,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
                                  length_, config_.capacity);
     const int end = length_ + T;
     // From here on the step's rows count as written: what they held is gone.
+    // Each distinct policy is planned once here, so plan(layer) is a lookup.
     for (std::size_t i = 0; i < policies_.size(); ++i) {
       const int floor = policies_[i]->held_floor(end);
       if (floor > held_floor_[i]) held_floor_[i] = floor;
+      step_plans_[i] = policies_[i]->plan(length_, T);
     }
     active_ = Step{length_, T, ++last_step_id_};
     return active_;
@@ -111,14 +113,14 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         position == active_.position && T == active_.T, InvalidState,
         "plan(position %d, T %d): not the begun step (position %d, T %d)", position, T,
         active_.position, active_.T);
-    return policy(layer).plan(position, T);
+    return step_plan(layer);
   }
 
   /// The plan of `layer` for `step`, which must be the begun step (same id).
   Result<SeqStepPlan> plan(int layer, const Step& step) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_RETURN_IF_ERROR(check_step(step));
-    return policy(layer).plan(step.position, step.T);
+    return step_plan(layer);
   }
 
   Result<bool> visible(int layer, int q, int k) const noexcept override {
@@ -158,6 +160,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       layer_policy_.push_back(index);
     }
     held_floor_.assign(policies_.size(), 0);
+    step_plans_.resize(policies_.size());
   }
 
   std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const {
@@ -165,6 +168,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       return std::unique_ptr<LayoutPolicy>(
           new RingPolicy(lp.window, lp.sinks, config_.max_step, config_.capacity));
     return std::unique_ptr<LayoutPolicy>(new FlatPolicy(config_.capacity));
+  }
+
+  // The begun step's plan of `layer` (computed by begin_step; plans are pure).
+  const SeqStepPlan& step_plan(int layer) const noexcept {
+    return step_plans_[static_cast<std::size_t>(policy_index(layer))];
   }
 
   Status check_layer(int layer) const noexcept {
@@ -202,6 +210,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   std::vector<std::unique_ptr<LayoutPolicy>> policies_;
   std::vector<int> layer_policy_;  // layer -> index into policies_
   std::vector<int> held_floor_;    // per policy: oldest evictable position still held
+  std::vector<SeqStepPlan> step_plans_;  // per policy: its plan of the begun step
 };
 
 }  // namespace kvcore
