@@ -1,6 +1,7 @@
 // Planning cost of a whole step for a Gemma-3-27B-shaped cache (62 layers,
 // five ring : one flat): begin_step + plan(every layer) + commit, against a
-// memcpy of that step's new K/V bytes (the least any backend must spend).
+// memcpy of that step's new K/V bytes into cache-cold rows (the least any
+// backend must spend).
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -44,15 +45,58 @@ void plan_step(benchmark::State& state) {
   state.counters["layers"] = shape.n_layers;
 }
 
-// The step's new K/V rows of every layer, copied once: the copy floor.
+// The same step planned the way a backend can use SequenceCache's policy
+// sharing: one plan per distinct policy (two for Gemma 3), then every layer's
+// plan by policy_index(layer). Plans are pure, so these are the same plans.
+void plan_step_shared(benchmark::State& state) {
+  const ModelShape& shape = kGemma3_27B;
+  const int T = static_cast<int>(state.range(0));
+  auto made = kvcore::SequenceCache::create(make_config(shape, kPlanCapacity, kMaxStep));
+  if (!made.ok()) { fail(state, made.message()); return; }
+  kvcore::SequenceCache& cache = **made;
+  while (cache.length() < 4 * shape.window) {
+    auto step = cache.begin_step(kMaxStep);
+    if (!step.ok() || !cache.commit(*step).ok()) { fail(state, "warm-up step failed"); return; }
+  }
+  std::vector<int> first_layer(static_cast<std::size_t>(cache.n_policies()), -1);
+  for (int l = 0; l < shape.n_layers; ++l)
+    if (first_layer[static_cast<std::size_t>(cache.policy_index(l))] < 0)
+      first_layer[static_cast<std::size_t>(cache.policy_index(l))] = l;
+  std::vector<kvcore::SeqStepPlan> by_policy(first_layer.size());
+  for (auto _ : state) {
+    if (!cache.can_extend(T)) cache.clear();
+    auto step = cache.begin_step(T);
+    if (!step.ok()) { fail(state, step.message()); return; }
+    for (std::size_t p = 0; p < first_layer.size(); ++p) {
+      auto plan = cache.plan(first_layer[p], *step);
+      if (!plan.ok()) { fail(state, plan.message()); return; }
+      by_policy[p] = *plan;
+    }
+    for (int l = 0; l < shape.n_layers; ++l) {
+      kvcore::SeqStepPlan plan = by_policy[static_cast<std::size_t>(cache.policy_index(l))];
+      benchmark::DoNotOptimize(plan);
+    }
+    if (!cache.commit(*step).ok()) { fail(state, "commit failed"); return; }
+  }
+  state.counters["layers"] = shape.n_layers;
+}
+
+// The step's new K/V rows of every layer, copied once: the copy floor. Like a
+// cache, each step writes rows it has not written lately: every layer's
+// destination advances through a block far larger than the last-level cache.
 void memcpy_step_kv(benchmark::State& state) {
   const ModelShape& shape = kGemma3_27B;
   const std::size_t step_bytes = static_cast<std::size_t>(state.range(0) * kv_row_bytes(shape));
+  constexpr std::size_t kLayerBlock = std::size_t{4} << 20;  // 62 x 4 MiB >> L3
+  const std::size_t steps_per_block = kLayerBlock / step_bytes > 2 ? kLayerBlock / step_bytes : 2;
+  const std::size_t layer_bytes = step_bytes * steps_per_block;
   const std::vector<unsigned char> src = filled(step_bytes);
-  std::vector<unsigned char> dst = filled(step_bytes * static_cast<std::size_t>(shape.n_layers), 7);
+  std::vector<unsigned char> dst = filled(layer_bytes * static_cast<std::size_t>(shape.n_layers), 7);
+  std::size_t slot = 0;
   for (auto _ : state) {
-    for (int l = 0; l < shape.n_layers; ++l)
-      std::memcpy(dst.data() + step_bytes * static_cast<std::size_t>(l), src.data(), step_bytes);
+    unsigned char* at = dst.data() + step_bytes * slot;
+    for (int l = 0; l < shape.n_layers; ++l, at += layer_bytes) std::memcpy(at, src.data(), step_bytes);
+    slot = slot + 1 == steps_per_block ? 0 : slot + 1;
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
@@ -60,6 +104,7 @@ void memcpy_step_kv(benchmark::State& state) {
 }
 
 BENCHMARK(plan_step)->ArgName("T")->Arg(1)->Arg(512);
+BENCHMARK(plan_step_shared)->ArgName("T")->Arg(1)->Arg(512);
 BENCHMARK(memcpy_step_kv)->ArgName("T")->Arg(1)->Arg(512);
 
 }  // namespace
