@@ -453,3 +453,37 @@ def test_registry_calls_refuse_none_and_empty_names() -> None:
         with pytest.raises(TypeError):
             call()
     assert kvcore.registry.keys() == before
+
+
+def test_a_wrapped_write_from_a_view_of_its_own_rows() -> None:
+    # Ring W=3, C=4: R = 6 ring rows. A step of 4 at position 3 writes rows 3, 4, 5
+    # and then row 0 (two runs). Its input is a view of the same layer's rows.
+    cfg = kvcore.CacheConfig(32, kvcore.LayerConfig(kvcore.Ring(3), 1, 2), max_step=4)
+    cache = kvcore.SequenceCache(cfg)
+    pool = kvcore.KVPool(cache, np.float32)
+
+    def rows(values: list[float]) -> Array:
+        return np.repeat(np.asarray(values, np.float32)[:, None, None], 2, axis=2)
+
+    with cache.step(1) as step:
+        pool.update(0, step, rows([10]), -rows([10]))
+    with cache.step(4) as step:  # reads positions 0..4: one run, a view of rows 0..4
+        k5, v5, positions = pool.update(0, step, rows([11, 12, 13, 14]), -rows([11, 12, 13, 14]))
+    assert positions.tolist() == [0, 1, 2, 3, 4] and not k5.flags.owndata
+    cache.rewind(3)
+    step = cache.begin_step(4)
+    plan = step.plan(0)
+    assert [tuple(r) for r in plan.write] == [(3, 3, 3), (0, 1, 6)]
+    # Rows 0..3 as input: the first run overwrites row 3 (the second run's input)
+    # and the second overwrites row 0 (the first run's input). No order works.
+    before = k5.copy(), v5.copy()
+    with pytest.raises(kvcore.InvalidArgumentError, match="overlap rows both runs write before reading them"):
+        pool.write(0, plan, k5[0:4], v5[0:4])
+    np.testing.assert_array_equal(k5, before[0])
+    np.testing.assert_array_equal(v5, before[1])
+    # Rows 1..4 as input: copying the second run first keeps it intact.
+    pool.write(0, plan, k5[1:5], v5[1:5])
+    k, v, positions = pool.read(0, plan)
+    assert positions.tolist() == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_array_equal(k, rows([11, 12, 11, 12, 13, 14]))
+    np.testing.assert_array_equal(v, -rows([11, 12, 11, 12, 13, 14]))

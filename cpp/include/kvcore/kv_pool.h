@@ -245,8 +245,11 @@ class KVPool {
 
   /// Copies the step's rows into the plan's write runs: input row j (k: k_row_bytes,
   /// v: v_row_bytes each) goes to the j-th written row. Grows the layer when the
-  /// runs reach past its storage. InvalidArgument: bad layer, a run outside the
-  /// layer's rows, or k/v not exactly write_len() rows (nothing written).
+  /// runs reach past its storage. k/v may be views of this pool, even of the rows
+  /// written: they are copied as they were before the write. InvalidArgument: bad
+  /// layer, a run outside the layer's rows, k/v not exactly write_len() rows, or
+  /// k/v overlapping rows each of a wrapped write's two runs overwrites before the
+  /// other reads them (pass a copy); nothing is written.
   /// MemoryAllocationFailed: growth failed (nothing written, pool unchanged).
   Status write(int layer_index, const SeqStepPlan& plan, const void* k, std::size_t k_bytes,
                const void* v, std::size_t v_bytes) noexcept {
@@ -259,24 +262,34 @@ class KVPool {
                                         shape.k_row_bytes, /*exact=*/true));
     KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write", "v", v, v_bytes, extent.rows,
                                         shape.v_row_bytes, /*exact=*/true));
-    // The input may be a view of this layer: blocks a growth replaces are
-    // released only after the copy has read them.
+    // The input may be a view of this layer. Each run is a memmove; with two
+    // runs, the first to go must not overwrite input the other still reads.
+    // (A growth moves the rows to new blocks, which no input can overlap.)
+    const bool grows = extent.end_row > shape.allocated_rows;
+    bool reverse = false;
+    if (plan.n_write == 2 && !grows && !copy_keeps_input(shape, plan, k, v, 0)) {
+      reverse = true;
+      KVCORE_CHECK_OR_RETURN_ERROR(copy_keeps_input(shape, plan, k, v, 1), InvalidArgument,
+                                   "write of layer %d: k/v overlap rows both runs write before "
+                                   "reading them: pass a copy",
+                                   layer_index);
+    }
+    // Blocks a growth replaces are released only after the copy has read them.
     Blocks replaced;
-    if (extent.end_row > shape.allocated_rows) {
+    if (grows) {
       KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row), &replaced));
     }
     const PoolLayer& layer = layers_[layer_index];
-    const unsigned char* k_in = static_cast<const unsigned char*>(k);
-    const unsigned char* v_in = static_cast<const unsigned char*>(v);
-    for (int i = 0; i < plan.n_write; ++i) {
+    for (int n = 0; n < plan.n_write; ++n) {
+      const int i = reverse ? plan.n_write - 1 - n : n;
       const Run& run = plan.write[i];
+      const std::size_t offset = i == 0 ? 0 : static_cast<std::size_t>(plan.write[0].len);
       const std::size_t k_run = layer.k_row_bytes * static_cast<std::size_t>(run.len);
       const std::size_t v_run = layer.v_row_bytes * static_cast<std::size_t>(run.len);
-      // memmove: the input may itself be a view of this pool.
-      std::memmove(layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row), k_in, k_run);
-      std::memmove(layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row), v_in, v_run);
-      k_in += k_run;
-      v_in += v_run;
+      std::memmove(layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row),
+                   static_cast<const unsigned char*>(k) + layer.k_row_bytes * offset, k_run);
+      std::memmove(layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row),
+                   static_cast<const unsigned char*>(v) + layer.v_row_bytes * offset, v_run);
     }
     // After every run: the input (possibly a view of this pool) is fully read.
     for (int i = 0; i < plan.n_write; ++i) mirror_run(layer, plan.write[i]);
@@ -515,6 +528,30 @@ class KVPool {
     std::int64_t target = layer.allocated_rows > 0 ? layer.allocated_rows : 1;
     while (target < needed) target *= 2;
     return target < layer.rows ? static_cast<int>(target) : layer.rows;
+  }
+
+  // Whether copying write run `first` (of two) leaves intact the input of the
+  // other run: its destination rows, in K and in V, overlap neither input span.
+  static bool copy_keeps_input(const PoolLayer& layer, const SeqStepPlan& plan, const void* k,
+                               const void* v, int first) noexcept {
+    const Run& dst = plan.write[first];
+    const Run& src = plan.write[1 - first];
+    const std::size_t src_offset = first == 0 ? static_cast<std::size_t>(plan.write[0].len) : 0;
+    const std::size_t dst_rows = static_cast<std::size_t>(dst.len);
+    const std::size_t src_rows = static_cast<std::size_t>(src.len);
+    const std::uintptr_t dst_k =
+        reinterpret_cast<std::uintptr_t>(layer.k) + layer.k_row_bytes * static_cast<std::size_t>(dst.row);
+    const std::uintptr_t dst_v =
+        reinterpret_cast<std::uintptr_t>(layer.v) + layer.v_row_bytes * static_cast<std::size_t>(dst.row);
+    const std::uintptr_t in_k = reinterpret_cast<std::uintptr_t>(k) + layer.k_row_bytes * src_offset;
+    const std::uintptr_t in_v = reinterpret_cast<std::uintptr_t>(v) + layer.v_row_bytes * src_offset;
+    auto apart = [](std::uintptr_t a, std::size_t a_bytes, std::uintptr_t b, std::size_t b_bytes) {
+      return a_bytes == 0 || b_bytes == 0 || a + a_bytes <= b || b + b_bytes <= a;
+    };
+    const std::size_t dk = layer.k_row_bytes * dst_rows, dv = layer.v_row_bytes * dst_rows;
+    const std::size_t sk = layer.k_row_bytes * src_rows, sv = layer.v_row_bytes * src_rows;
+    return apart(dst_k, dk, in_k, sk) && apart(dst_k, dk, in_v, sv) && apart(dst_v, dv, in_k, sk) &&
+           apart(dst_v, dv, in_v, sv);
   }
 
   // New blocks first, then copy and release: a failure leaves the layer as it was.
