@@ -6,7 +6,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <utility>
@@ -50,6 +52,10 @@ class FloorRatioReporter : public benchmark::ConsoleReporter {
 
   void Finalize() override {
     ConsoleReporter::Finalize();
+    // Random interleaving shuffles the run order: list by pair, then argument.
+    std::stable_sort(order_.begin(), order_.end(), [](const std::string& a, const std::string& b) {
+      return sort_key(a) < sort_key(b);
+    });
     std::string json = "{\n  \"unit\": \"ns per step\",\n  \"rows\": [";
     bool first = true;
     std::printf("\n%-36s %14s %14s %10s %10s\n", "kvcore vs memcpy floor", "kvcore ns",
@@ -89,6 +95,17 @@ class FloorRatioReporter : public benchmark::ConsoleReporter {
   bool write_failed() const { return write_failed_; }
 
  private:
+  // (index of the pair whose kvcore prefix names the benchmark, its numeric argument).
+  static std::pair<std::size_t, long> sort_key(const std::string& name) {
+    std::size_t pair = floor_pairs().size();
+    for (std::size_t i = 0; i < floor_pairs().size(); ++i)
+      if (name.compare(0, floor_pairs()[i].first.size() + 1, floor_pairs()[i].first + "/") == 0)
+        pair = i;
+    const std::size_t colon = name.rfind(':');
+    if (colon == std::string::npos) return {pair, 0};
+    return {pair, std::strtol(name.c_str() + colon + 1, nullptr, 10)};
+  }
+
   std::string json_path_;
   std::map<std::string, double> ns_;
   std::map<std::string, double> cpu_ns_;

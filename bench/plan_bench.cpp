@@ -91,11 +91,13 @@ void memcpy_step_kv(benchmark::State& state) {
   const std::size_t steps_per_block = kLayerBlock / step_bytes > 2 ? kLayerBlock / step_bytes : 2;
   const std::size_t layer_bytes = step_bytes * steps_per_block;
   const std::vector<unsigned char> src = filled(step_bytes);
-  std::vector<unsigned char> dst = filled(layer_bytes * static_cast<std::size_t>(shape.n_layers), 7);
+  std::vector<unsigned char> dst =
+      filled(layer_bytes * static_cast<std::size_t>(shape.n_layers), 7);
   std::size_t slot = 0;
   for (auto _ : state) {
     unsigned char* at = dst.data() + step_bytes * slot;
-    for (int l = 0; l < shape.n_layers; ++l, at += layer_bytes) std::memcpy(at, src.data(), step_bytes);
+    for (int l = 0; l < shape.n_layers; ++l, at += layer_bytes)
+      std::memcpy(at, src.data(), step_bytes);
     slot = slot + 1 == steps_per_block ? 0 : slot + 1;
     benchmark::ClobberMemory();
   }

@@ -148,8 +148,8 @@ void pool_gather_step(benchmark::State& state) {
   std::vector<unsigned char> k_out = filled(most), v_out = filled(most);
   for (auto _ : state) {
     for (int l = 0; l < kShape.n_layers; ++l) {
-      const kvcore::Status s =
-          f.pool->gather(l, plans[static_cast<std::size_t>(l)], k_out.data(), most, v_out.data(), most);
+      const kvcore::SeqStepPlan& plan = plans[static_cast<std::size_t>(l)];
+      const kvcore::Status s = f.pool->gather(l, plan, k_out.data(), most, v_out.data(), most);
       if (!s.ok()) { fail(state, s.message()); return; }
     }
     benchmark::ClobberMemory();
