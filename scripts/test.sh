@@ -2,13 +2,33 @@
 # Installs what is missing, then builds and runs every test: the C++ suite
 # (ctest, built without exceptions or RTTI) and the Python suite (pytest).
 # Exits non-zero when anything fails.
+#
+# Robustness runs (docs/robustness.md) instead of the normal one:
+#   --sanitize      C++ tests and the Python module built with clang
+#                   -fsanitize=address,undefined, both suites run under them,
+#                   plus the --tsan run
+#   --tsan          the registry gtests (concurrency included) under ThreadSanitizer
+#   --fuzz SECONDS  the plan fuzzer (libFuzzer) for SECONDS from tests/fuzz/corpus
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${KVCORE_BUILD_DIR:-$ROOT/build/cpp}
 PYTHON=${PYTHON:-python3}
 
-step() { printf '\n==> %s\n' "$*"; }
+SANITIZE=0; TSAN=0; FUZZ_SECONDS=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) SANITIZE=1; TSAN=1 ;;
+    --tsan) TSAN=1 ;;
+    --fuzz) FUZZ_SECONDS=${2:-}; shift
+            [[ "$FUZZ_SECONDS" =~ ^[1-9][0-9]*$ ]] || { echo "--fuzz needs a number of seconds" >&2; exit 2; } ;;
+    *) echo "usage: scripts/test.sh [--sanitize] [--tsan] [--fuzz SECONDS]" >&2; exit 2 ;;
+  esac
+  shift
+done
+ROBUST=$((SANITIZE + TSAN + FUZZ_SECONDS))
+
+step() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # --- system packages (Debian) ---------------------------------------------
 apt_missing=()
@@ -16,6 +36,10 @@ apt_missing=()
 [ -f /usr/include/benchmark/benchmark.h ] || apt_missing+=(libbenchmark-dev)  # bench/ smoke run
 command -v ninja >/dev/null || apt_missing+=(ninja-build)
 command -v cmake >/dev/null || apt_missing+=(cmake)
+if [ "$ROBUST" -gt 0 ]; then  # sanitizers and libFuzzer come with clang
+  command -v clang++ >/dev/null || apt_missing+=(clang)
+  dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || apt_missing+=(libclang-rt-14-dev)
+fi
 if [ ${#apt_missing[@]} -gt 0 ]; then
   step "apt-get install ${apt_missing[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -26,7 +50,9 @@ fi
 step "pip install build and test dependencies, then kvcore"
 "$PYTHON" -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest hypothesis mypy || exit 1
-"$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation ".[test]" || exit 1
+if [ "$ROBUST" = 0 ]; then  # robustness runs test their own staged builds
+  "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation ".[test]" || exit 1
+fi
 # The ExecuTorch adapter test compiles against this wheel's headers and links its
 # libexecutorch.so; --no-deps because only those files are needed (not torch).
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "executorch==1.5.1" || exit 1
@@ -36,6 +62,79 @@ step "pip install build and test dependencies, then kvcore"
 "$PYTHON" -m pip install -q --disable-pip-version-check "transformers==5.24.0" "torch==2.13.0" || exit 1
 
 status=0
+
+# --- robustness (docs/robustness.md) -----------------------------------------
+if [ "$ROBUST" -gt 0 ]; then
+  SAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  CLANG=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++)
+  PY_EXE=-DPython_EXECUTABLE="$(command -v "$PYTHON")"
+  if [ "$SANITIZE" = 1 ]; then
+    step "ASan+UBSan: C++ build (clang) and ctest"
+    if cmake -S . -B "$ROOT/build/asan" "${CLANG[@]}" "$PY_EXE" -DCMAKE_CXX_FLAGS="$SAN_FLAGS" \
+         -DKVCORE_BUILD_TESTS=ON -DKVCORE_BUILD_BENCH=OFF >/dev/null &&
+       cmake --build "$ROOT/build/asan" --parallel; then
+      UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir "$ROOT/build/asan" --output-on-failure --parallel 2 || status=1
+    else
+      echo "ASan C++ build failed"; status=1
+    fi
+    step "ASan+UBSan: the Python module, staged in build/asan-python (not site-packages), and pytest"
+    PY_OUT=$ROOT/build/asan-python
+    # -fno-sanitize=vptr: pybind11 modules hide their symbols, so UBSan cannot match
+    # the vtable of a shared_ptr another extension made (the capsule probe): a false
+    # positive. -shared-libasan: the runtime comes from the preloaded library.
+    if cmake -S . -B "$PY_OUT/cmake" "${CLANG[@]}" "$PY_EXE" -DCMAKE_CXX_FLAGS="$SAN_FLAGS -fno-sanitize=vptr" \
+         -DCMAKE_MODULE_LINKER_FLAGS=-shared-libasan -DKVCORE_BUILD_PYTHON=ON -DKVCORE_BUILD_TESTS=OFF \
+         -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" >/dev/null &&
+       cmake --build "$PY_OUT/cmake" --target _core; then
+      rm -rf "$PY_OUT/site/kvcore" && mkdir -p "$PY_OUT/site/kvcore"
+      for f in "$ROOT"/python/kvcore/*; do ln -s "$f" "$PY_OUT/site/kvcore/"; done
+      cp "$PY_OUT"/cmake/python/_core*.so "$PY_OUT/site/kvcore/"
+      # The interpreter is not instrumented: preload the ASan runtime, skip the leak
+      # check (it would report CPython's own allocations), and let malloc return
+      # null (tests provoke allocation failures on purpose).
+      (cd "$ROOT" && LD_PRELOAD="$(clang++ -print-file-name="libclang_rt.asan-$(uname -m).so")" \
+         ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+         PYTHONPATH="$PY_OUT/site" HYPOTHESIS_PROFILE=dev \
+         "$PYTHON" -m pytest tests/python -q -p no:cacheprovider) || status=1
+    else
+      echo "ASan Python build failed"; status=1
+    fi
+  fi
+  if [ "$TSAN" = 1 ]; then
+    # Only the registry tests: kv_pool_test.cpp replaces operator new, which the
+    # static TSan runtime defines too.
+    step "ThreadSanitizer: the registry concurrency gtests"
+    mkdir -p "$ROOT/build/tsan"
+    if clang++ -std=c++17 -g -O1 -fsanitize=thread -fno-omit-frame-pointer -fno-exceptions -fno-rtti \
+         -Wall -Wextra -Werror -I cpp/include tests/cpp/cache_registry_test.cpp \
+         tests/cpp/cache_builder_registry_test.cpp tests/cpp/cache_session_test.cpp \
+         -lgtest -lgtest_main -pthread -o "$ROOT/build/tsan/registry_tests"; then
+      TSAN_OPTIONS=halt_on_error=1 "$ROOT/build/tsan/registry_tests" --gtest_brief=1 || status=1
+    else
+      echo "TSan build failed"; status=1
+    fi
+  fi
+  if [ "$FUZZ_SECONDS" -gt 0 ]; then
+    step "libFuzzer: the plan fuzzer for $FUZZ_SECONDS s from tests/fuzz/corpus"
+    if cmake -S tests/fuzz -B "$ROOT/build/fuzz" "${CLANG[@]}" >/dev/null && cmake --build "$ROOT/build/fuzz"; then
+      new_inputs=$(mktemp -d)  # what the run finds stays out of the committed corpus
+      "$ROOT/build/fuzz/plan_fuzzer" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 \
+        -artifact_prefix="$ROOT/build/fuzz/" "$new_inputs" tests/fuzz/corpus >"$ROOT/build/fuzz/last_run.log" 2>&1
+      fuzz_status=$?
+      grep -E "^(stat::|INFO: seed corpus|Done|plan_fuzzer:|SUMMARY|==[0-9]+==ERROR)" "$ROOT/build/fuzz/last_run.log"
+      if [ $fuzz_status != 0 ]; then
+        echo "the fuzzer failed: build/fuzz/last_run.log; reproduce with build/fuzz/plan_fuzzer <crash file>"
+        ls "$ROOT"/build/fuzz/crash-* "$ROOT"/build/fuzz/timeout-* "$ROOT"/build/fuzz/oom-* 2>/dev/null
+        status=1
+      fi
+      rm -rf "$new_inputs"
+    else
+      echo "fuzzer build failed"; status=1
+    fi
+  fi
+  step "summary: $([ $status = 0 ] && echo 'all robustness checks passed' || echo 'FAILURES above')"
+  exit $status
+fi
 
 # --- C++ ---------------------------------------------------------------------
 step "C++: configure, build (header check, benchmarks included), ctest (benchmark smoke run included)"
@@ -51,7 +150,8 @@ fi
 step "Python: mypy --strict, stubtest, pytest"
 (cd "$ROOT" && "$PYTHON" -m mypy --strict python/kvcore) || status=1
 (cd /tmp && "$PYTHON" -m mypy.stubtest kvcore --allowlist "$ROOT/tests/python/stubtest_allowlist.txt") || status=1
-(cd "$ROOT" && "$PYTHON" -m pytest tests/python -q -p no:cacheprovider) || status=1
+# ci: the stateful property test runs 10,000 fixed-seed examples (docs/robustness.md).
+(cd "$ROOT" && HYPOTHESIS_PROFILE=ci "$PYTHON" -m pytest tests/python -q -p no:cacheprovider) || status=1
 
 step "summary: $([ $status = 0 ] && echo 'all tests passed' || echo 'FAILURES above')"
 exit $status
