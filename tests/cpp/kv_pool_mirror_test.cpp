@@ -9,70 +9,22 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "kvcore/kv_pool.h"
-#include "kvcore/sequence_cache.h"
+#include "pool_fixtures.h"
 
+namespace kvcore_test {
 namespace {
 
-using kvcore::CacheConfig;
-using kvcore::DType;
-using kvcore::Error;
-using kvcore::KVPool;
-using kvcore::LayerConfig;
-using kvcore::LayerPolicy;
 using kvcore::RingStorage;
-using kvcore::SequenceCache;
-using kvcore::Step;
-
-#define MIRROR_ASSERT_OK(expr)                                       \
-  do {                                                               \
-    const kvcore::Status s_ = kvcore::internal::to_status((expr));   \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.message();           \
-  } while (0)
-
-CacheConfig make_config(int capacity, std::vector<LayerConfig> layers, int max_step,
-                        int initial_capacity = 512) {
-  CacheConfig cfg;
-  cfg.capacity = capacity;
-  cfg.n_layers = static_cast<int>(layers.size());
-  cfg.layers = std::move(layers);
-  cfg.max_step = max_step;
-  cfg.initial_capacity = initial_capacity;
-  return cfg;
-}
 
 LayerConfig layer(LayerPolicy policy) { return LayerConfig{policy, 2, 3, 5}; }
 
 // Ring(4), Ring(3) with 2 sinks, Flat; capacity 40, C = 3: both rings wrap.
 CacheConfig mixed(int initial_capacity = 512) {
-  return make_config(40, {layer(LayerPolicy::ring(4)), layer(LayerPolicy::ring(3, 2)),
+  return pool_config(40, {layer(LayerPolicy::ring(4)), layer(LayerPolicy::ring(3, 2)),
                           layer(LayerPolicy::flat())},
                      3, initial_capacity);
-}
-
-std::unique_ptr<SequenceCache> make_cache(const CacheConfig& cfg) {
-  auto r = SequenceCache::create(cfg);
-  EXPECT_TRUE(r.ok()) << r.message();
-  return r.ok() ? std::move(r).get() : nullptr;
-}
-
-// The needed set of DESIGN.md section 2 as (begin, end) intervals: sinks, then
-// the window; one interval when they touch.
-std::vector<std::pair<int, int>> needed_intervals(const LayerPolicy& p, int P, int T) {
-  const int end = P + T;
-  if (p.kind == LayerPolicy::Kind::Flat) return {{0, end}};
-  const int window_begin = P - p.window + 1 > 0 ? P - p.window + 1 : 0;
-  const int sink_end = p.sinks < end ? p.sinks : end;
-  if (window_begin <= sink_end) return {{0, end}};
-  if (sink_end == 0) return {{window_begin, end}};
-  return {{0, sink_end}, {window_begin, end}};
-}
-
-unsigned char byte_of(int write_id, int l, bool value, std::size_t i) {
-  return static_cast<unsigned char>(write_id * 131 + l * 29 + (value ? 71 : 0) + i * 7 + 1);
 }
 
 // Drives a cache and a pool with seeded random steps (retries and rewinds
@@ -101,10 +53,10 @@ class MirrorDriver {
           v[row * shape.v_row_bytes + i] = byte_of(id + 1000 * j, l, true, i);
         latest_[static_cast<std::size_t>(l)][step->position + j] = id + 1000 * j;
       }
-      MIRROR_ASSERT_OK(pool_.write(l, *plan, k.data(), k.size(), v.data(), v.size()));
+      ASSERT_OK(pool_.write(l, *plan, k.data(), k.size(), v.data(), v.size()));
     }
     for (int l = 0; l < cache_.n_layers(); ++l) check_views(l, *step);
-    if (commit) MIRROR_ASSERT_OK(cache_.commit(*step));
+    if (commit) ASSERT_OK(cache_.commit(*step));
   }
 
   // Mirrored: one span per needed interval. Compact: one span per plan run.
@@ -112,7 +64,8 @@ class MirrorDriver {
   void check_views(int l, const Step& step) {
     auto plan = cache_.plan(l, step);
     ASSERT_TRUE(plan.ok());
-    const auto intervals = needed_intervals(cache_.config().layer(l).policy, step.position, step.T);
+    const std::vector<Interval> intervals =
+        needed_intervals(LayerModel::of(cache_.config(), l), step.position, step.T);
     auto views = pool_.views(l, *plan);
     ASSERT_TRUE(views.ok()) << views.message();
     const kvcore::PoolLayer shape = *pool_.layer(l);
@@ -155,8 +108,8 @@ class MirrorDriver {
           << "layer " << l << " V mirror after step at " << step.position;
     }
     std::vector<int> want;
-    for (const auto& iv : intervals)
-      for (int p = iv.first; p < iv.second; ++p) want.push_back(p);
+    for (const Interval& iv : intervals)
+      for (std::int64_t p = iv.begin; p < iv.end; ++p) want.push_back(static_cast<int>(p));
     ASSERT_EQ(seen, want) << "layer " << l << " step at " << step.position;
   }
 
@@ -174,7 +127,7 @@ class MirrorDriver {
       step(T, /*commit=*/true);
       const int back = 1 + static_cast<int>(rng() % static_cast<unsigned>(C));
       if (roll == 1 && cache_.can_rewind(cache_.length() - back))
-        MIRROR_ASSERT_OK(cache_.rewind(cache_.length() - back));
+        ASSERT_OK(cache_.rewind(cache_.length() - back));
     }
   }
 
@@ -189,7 +142,7 @@ class MirrorDriver {
 TEST(KVPoolMirror, GrowingPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
   for (std::uint32_t seed = 1; seed <= 40 && !HasFatalFailure(); ++seed) {
     // initial_capacity 1: layers grow by doubling into their full rows mid-run.
-    auto cache = make_cache(mixed(/*initial_capacity=*/1));
+    auto cache = must_create(mixed(/*initial_capacity=*/1));
     auto pool = KVPool::create(*cache, DType::UInt8, kvcore::PoolAllocator::heap(),
                                RingStorage::Mirrored);
     ASSERT_TRUE(pool.ok()) << pool.message();
@@ -199,7 +152,7 @@ TEST(KVPoolMirror, GrowingPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
 
 TEST(KVPoolMirror, ArenaPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
   for (std::uint32_t seed = 1; seed <= 20 && !HasFatalFailure(); ++seed) {
-    auto cache = make_cache(mixed());
+    auto cache = must_create(mixed());
     auto bytes = KVPool::required_bytes(cache->config(), DType::Float16, RingStorage::Mirrored);
     ASSERT_TRUE(bytes.ok());
     std::vector<unsigned char> arena(*bytes + 3);
@@ -212,7 +165,7 @@ TEST(KVPoolMirror, ArenaPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
 }
 
 TEST(KVPoolMirror, CompactPoolKeepsOneSpanPerRun) {
-  auto cache = make_cache(mixed());
+  auto cache = must_create(mixed());
   auto pool = KVPool::create(*cache, DType::UInt8);
   ASSERT_TRUE(pool.ok());
   MirrorDriver(*cache, *pool, /*mirrored=*/false).run(7);
@@ -222,11 +175,11 @@ TEST(KVPoolMirror, CompactPoolKeepsOneSpanPerRun) {
 // layers or rings that never wrap (S + R >= capacity).
 TEST(KVPoolMirror, ReservesRMinusOneExtraRowsPerWrappingRing) {
   const int C = 3;
-  const CacheConfig cfg = make_config(
+  const CacheConfig cfg = pool_config(
       12, {layer(LayerPolicy::ring(4)), layer(LayerPolicy::ring(3, 2)), layer(LayerPolicy::flat()),
            layer(LayerPolicy::ring(9, 1))},  // 1 + 9 + 3 - 1 = 12 rows: never wraps
       C);
-  auto cache = make_cache(cfg);
+  auto cache = must_create(cfg);
   auto compact = KVPool::create(*cache, DType::Float32);
   auto mirrored =
       KVPool::create(*cache, DType::Float32, kvcore::PoolAllocator::heap(), RingStorage::Mirrored);
@@ -254,7 +207,7 @@ TEST(KVPoolMirror, ReservesRMinusOneExtraRowsPerWrappingRing) {
 }
 
 TEST(KVPoolMirror, RingStorageOutsideTheEnumIsRefused) {
-  auto cache = make_cache(mixed());
+  auto cache = must_create(mixed());
   const auto bad = static_cast<RingStorage>(7);
   auto created = KVPool::create(*cache, DType::UInt8, kvcore::PoolAllocator::heap(), bad);
   EXPECT_EQ(created.error(), Error::InvalidArgument);
@@ -268,3 +221,4 @@ TEST(KVPoolMirror, RingStorageOutsideTheEnumIsRefused) {
 }
 
 }  // namespace
+}  // namespace kvcore_test

@@ -8,121 +8,29 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
-#include "kvcore/kv_pool.h"
-#include "kvcore/sequence_cache.h"
+#include "pool_fixtures.h"
 
-// Counts every global operator new in this binary, to prove arena mode
-// allocates nothing after construction. (The pool itself never uses operator
-// new; this catches a std::vector or similar sneaking onto the path.) noinline
-// keeps GCC from pairing an inlined free() with operator new in its warnings.
 namespace kvcore_test {
-std::uint64_t g_operator_news = 0;
-}  // namespace kvcore_test
-
-#define KVCORE_TEST_NOINLINE __attribute__((noinline))
-KVCORE_TEST_NOINLINE void* operator new(std::size_t bytes) {
-  ++kvcore_test::g_operator_news;
-  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
-  std::abort();  // built without exceptions: nothing to throw
-}
-KVCORE_TEST_NOINLINE void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
-KVCORE_TEST_NOINLINE void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
-  ++kvcore_test::g_operator_news;
-  return std::malloc(bytes == 0 ? 1 : bytes);
-}
-KVCORE_TEST_NOINLINE void* operator new[](std::size_t bytes, const std::nothrow_t& t) noexcept {
-  return ::operator new(bytes, t);
-}
-KVCORE_TEST_NOINLINE void operator delete(void* p) noexcept { std::free(p); }
-KVCORE_TEST_NOINLINE void operator delete[](void* p) noexcept { std::free(p); }
-KVCORE_TEST_NOINLINE void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-KVCORE_TEST_NOINLINE void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-
-// Status checks that print the message on failure.
-#define ASSERT_OK(expr)                               \
-  do {                                                \
-    const kvcore::Status s_ = kvcore::internal::to_status((expr)); \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.message(); \
-  } while (0)
-#define EXPECT_OK(expr)                               \
-  do {                                                \
-    const kvcore::Status s_ = kvcore::internal::to_status((expr)); \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.message(); \
-  } while (0)
-
 namespace {
 
-using kvcore::CacheConfig;
-using kvcore::DType;
-using kvcore::Error;
-using kvcore::KVPool;
-using kvcore::KVViews;
-using kvcore::LayerConfig;
-using kvcore::LayerPolicy;
 using kvcore::PoolAllocator;
-using kvcore::Run;
-using kvcore::SeqStepPlan;
-using kvcore::SequenceCache;
-using kvcore::Step;
 
-// ---------------------------------------------------------------------------
-// Reference: DESIGN.md section 2, written out by brute force.
-
-bool visible(const LayerPolicy& p, int q, int k) {
-  if (k > q) return false;
-  if (p.kind == LayerPolicy::Kind::Flat) return true;
-  return q - k < p.window || k < p.sinks;
-}
-
-// Every key some query of the step [P, P+T) may see, in increasing order.
-std::vector<int> needed_positions(const LayerPolicy& p, int P, int T) {
+// Every key some query of the step [P, P+T) may see, in increasing order, by
+// brute force over DESIGN.md section 2's visibility rule.
+std::vector<int> needed_positions(const LayerModel& m, int P, int T) {
   std::vector<int> out;
   for (int k = 0; k < P + T; ++k) {
     for (int q = P; q < P + T; ++q) {
-      if (visible(p, q, k)) {
+      if (m.visible(q, k)) {
         out.push_back(k);
         break;
       }
     }
   }
   return out;
-}
-
-// The bytes one write puts at one position of one layer: distinct per write,
-// so a stale row can never match by accident.
-std::vector<unsigned char> row_bytes(int write_id, int layer, bool value, std::size_t n) {
-  std::vector<unsigned char> row(n);
-  for (std::size_t i = 0; i < n; ++i)
-    row[i] = static_cast<unsigned char>(write_id * 131 + layer * 29 + (value ? 71 : 0) + i * 7 + 1);
-  return row;
-}
-
-CacheConfig make_config(int capacity, std::vector<LayerConfig> layers, int max_step,
-                        int initial_capacity = 512) {
-  CacheConfig cfg;
-  cfg.capacity = capacity;
-  cfg.n_layers = static_cast<int>(layers.size());
-  cfg.layers = std::move(layers);
-  cfg.max_step = max_step;
-  cfg.initial_capacity = initial_capacity;
-  return cfg;
-}
-
-LayerConfig flat_layer(int heads = 2, int dim = 3, int v_dim = 0) {
-  return LayerConfig{LayerPolicy::flat(), heads, dim, v_dim};
-}
-LayerConfig ring_layer(int window, int sinks = 0, int heads = 2, int dim = 3, int v_dim = 0) {
-  return LayerConfig{LayerPolicy::ring(window, sinks), heads, dim, v_dim};
-}
-
-std::unique_ptr<SequenceCache> make_cache(const CacheConfig& cfg) {
-  auto r = SequenceCache::create(cfg);
-  EXPECT_TRUE(r.ok()) << r.message();
-  return r.ok() ? std::move(r).get() : nullptr;
 }
 
 // Drives a cache and a pool through steps, keeping the reference: for every
@@ -166,8 +74,8 @@ class Driver {
   void check_reads(int l, const Step& step) {
     auto plan = cache_.plan(l, step);
     ASSERT_TRUE(plan.ok());
-    const LayerPolicy policy = cache_.config().layer(l).policy;
-    const std::vector<int> needed = needed_positions(policy, step.position, step.T);
+    const LayerModel model = LayerModel::of(cache_.config(), l);
+    const std::vector<int> needed = needed_positions(model, step.position, step.T);
     ASSERT_EQ(plan->read_len(), static_cast<int>(needed.size()));
     auto shape = pool_.layer(l);
     ASSERT_TRUE(shape.ok());
@@ -251,7 +159,7 @@ KVPool must_pool(const SequenceCache& cache, DType dtype, PoolAllocator a = Pool
 // ---------------------------------------------------------------------------
 
 TEST(KVPool, RowShapesFollowConfigAndDType) {
-  auto cache = make_cache(make_config(
+  auto cache = must_create(pool_config(
       32, {flat_layer(2, 3), ring_layer(4, 1, 3, 5, 7), flat_layer(1, 1)}, 2));
   for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16, DType::Int8, DType::UInt8}) {
     KVPool pool = must_pool(*cache, dt);
@@ -274,14 +182,14 @@ TEST(KVPool, RowShapesFollowConfigAndDType) {
 }
 
 TEST(KVPool, FlatStepsOf1And5AndMaxStep) {
-  auto cache = make_cache(make_config(40, {flat_layer()}, 6));
+  auto cache = must_create(pool_config(40, {flat_layer()}, 6));
   KVPool pool = must_pool(*cache, DType::Float32);
   Driver d(*cache, pool);
   for (int T : {1, 5, 6, 1, 1, 6, 5}) d.step(T);
 }
 
 TEST(KVPool, RingDecodeWrapsAndReadsExactBytes) {
-  auto cache = make_cache(make_config(64, {ring_layer(4)}, 1));
+  auto cache = must_create(pool_config(64, {ring_layer(4)}, 1));
   KVPool pool = must_pool(*cache, DType::Float16);
   Driver d(*cache, pool);
   for (int i = 0; i < 21; ++i) d.step(1);
@@ -290,7 +198,7 @@ TEST(KVPool, RingDecodeWrapsAndReadsExactBytes) {
 TEST(KVPool, MixedModelWithSinksChunksAndDecode) {
   std::vector<LayerConfig> layers(5, ring_layer(4, 2, 2, 3, 5));
   layers.push_back(flat_layer(2, 3, 5));
-  auto cache = make_cache(make_config(80, layers, 4));
+  auto cache = must_create(pool_config(80, layers, 4));
   KVPool pool = must_pool(*cache, DType::BFloat16);
   Driver d(*cache, pool);
   for (int T : {4, 4, 3, 4, 1, 1, 2, 4, 1, 1, 1, 4, 4})
@@ -298,7 +206,7 @@ TEST(KVPool, MixedModelWithSinksChunksAndDecode) {
 }
 
 TEST(KVPool, RewindAfterWrapThenDecodeReadsLatestBytes) {
-  auto cache = make_cache(make_config(64, {ring_layer(4, 1), flat_layer()}, 3));
+  auto cache = must_create(pool_config(64, {ring_layer(4, 1), flat_layer()}, 3));
   KVPool pool = must_pool(*cache, DType::Int8);
   Driver d(*cache, pool);
   for (int T : {3, 3, 3, 1, 1}) d.step(T);
@@ -313,7 +221,7 @@ TEST(KVPool, RewindAfterWrapThenDecodeReadsLatestBytes) {
 }
 
 TEST(KVPool, LazyGrowthDoublesAndKeepsData) {
-  auto cache = make_cache(make_config(40, {flat_layer(), ring_layer(3)}, 4, /*initial=*/2));
+  auto cache = must_create(pool_config(40, {flat_layer(), ring_layer(3)}, 4, /*initial=*/2));
   TestAllocator alloc;
   KVPool pool = must_pool(*cache, DType::Float32, alloc.get());
   EXPECT_EQ(pool.layer(0)->allocated_rows, 2);
@@ -337,7 +245,7 @@ TEST(KVPool, LazyGrowthDoublesAndKeepsData) {
 }
 
 TEST(KVPool, InUseBytesCountsHeldPositions) {
-  auto cache = make_cache(make_config(100, {flat_layer(1, 2), ring_layer(4, 1, 1, 2)}, 2));
+  auto cache = must_create(pool_config(100, {flat_layer(1, 2), ring_layer(4, 1, 1, 2)}, 2));
   KVPool pool = must_pool(*cache, DType::Float16);
   const std::size_t row = 2 * 2 * 2;  // K + V, 1 head x 2 dims x 2 bytes
   const int ring_rows = *cache->rows(1);
@@ -348,7 +256,7 @@ TEST(KVPool, InUseBytesCountsHeldPositions) {
 }
 
 TEST(KVPool, GrowthFailureLeavesPoolIntact) {
-  auto cache = make_cache(make_config(64, {flat_layer()}, 4, /*initial=*/4));
+  auto cache = must_create(pool_config(64, {flat_layer()}, 4, /*initial=*/4));
   TestAllocator alloc;
   KVPool pool = must_pool(*cache, DType::Float32, alloc.get());
   Driver d(*cache, pool);
@@ -380,7 +288,7 @@ TEST(KVPool, GrowthFailureLeavesPoolIntact) {
 }
 
 TEST(KVPool, CreateFailureReleasesEverything) {
-  auto cache = make_cache(make_config(16, {flat_layer(), flat_layer(), flat_layer()}, 2));
+  auto cache = must_create(pool_config(16, {flat_layer(), flat_layer(), flat_layer()}, 2));
   for (int fail_from = 0; fail_from < 6; ++fail_from) {
     TestAllocator alloc;
     alloc.fail_from = fail_from;
@@ -399,7 +307,7 @@ TEST(KVPool, CreateFailureReleasesEverything) {
 }
 
 TEST(KVPool, ReserveGrowsNowAndChecksRange) {
-  auto cache = make_cache(make_config(32, {flat_layer()}, 4, /*initial=*/2));
+  auto cache = must_create(pool_config(32, {flat_layer()}, 4, /*initial=*/2));
   KVPool pool = must_pool(*cache, DType::UInt8);
   EXPECT_OK(pool.reserve(0, 20));
   EXPECT_EQ(pool.layer(0)->allocated_rows, 20);
@@ -411,11 +319,11 @@ TEST(KVPool, ReserveGrowsNowAndChecksRange) {
   EXPECT_EQ(pool.layer(0)->allocated_rows, 20);
 }
 
-TEST(KVPool, ArenaRequiredBytesFitsAndAllocatesNothing) {
+TEST(KVPool, ArenaRequiredBytesFitsAndRowsStartZeroed) {
   std::vector<LayerConfig> layers(5, ring_layer(4, 2, 2, 4, 6));
   layers.push_back(flat_layer(2, 4));
-  const CacheConfig cfg = make_config(50, layers, 3);
-  auto cache = make_cache(cfg);
+  const CacheConfig cfg = pool_config(50, layers, 3);
+  auto cache = must_create(cfg);
   auto required = KVPool::required_bytes(cfg, DType::Float16);
   ASSERT_TRUE(required.ok()) << required.message();
   EXPECT_EQ(*KVPool::required_bytes(cache->config(), DType::Float16), *required);
@@ -432,7 +340,6 @@ TEST(KVPool, ArenaRequiredBytesFitsAndAllocatesNothing) {
   std::vector<unsigned char> memory(*required + 1, 0xEE);
   void* arena = memory.data() + 1;
 
-  const std::uint64_t news_before = kvcore_test::g_operator_news;
   auto made = KVPool::in_arena(*cache, DType::Float16, arena, *required);
   ASSERT_TRUE(made.ok()) << made.message();
   KVPool& pool = *made;
@@ -446,27 +353,10 @@ TEST(KVPool, ArenaRequiredBytesFitsAndAllocatesNothing) {
               memory.data() + memory.size());
     for (std::size_t i = 0; i < shape->k_row_bytes * static_cast<std::size_t>(shape->rows); ++i)
       ASSERT_EQ(shape->k[i], 0) << "layer " << l;
+    for (std::size_t i = 0; i < shape->v_row_bytes * static_cast<std::size_t>(shape->rows); ++i)
+      ASSERT_EQ(shape->v[i], 0) << "layer " << l;
   }
-  // Steps through the pool with preallocated buffers only.
-  unsigned char k[3 * 64], v[3 * 64], k_out[60 * 64], v_out[60 * 64];
-  std::memset(k, 1, sizeof(k));
-  std::memset(v, 2, sizeof(v));
-  for (int i = 0; i < 20; ++i) {
-    const int T = i % 3 + 1;
-    auto step = cache->begin_step(T);
-    ASSERT_TRUE(step.ok());
-    for (int l = 0; l < 6; ++l) {
-      auto plan = cache->plan(l, *step);
-      const std::size_t kb = pool.layer(l)->k_row_bytes, vb = pool.layer(l)->v_row_bytes;
-      ASSERT_OK(pool.write(l, *plan, k, kb * static_cast<std::size_t>(T), v,
-                           vb * static_cast<std::size_t>(T)));
-      ASSERT_OK(pool.gather(l, *plan, k_out, sizeof(k_out), v_out, sizeof(v_out)));
-      ASSERT_TRUE(pool.views(l, *plan).ok());
-    }
-    ASSERT_OK(cache->commit(*step));
-  }
-  EXPECT_EQ(kvcore_test::g_operator_news, news_before) << "arena mode allocated";
-
+  // Stepping through an arena allocates nothing: no_allocation_test.cpp.
   // A smaller or null arena is refused, naming both sizes.
   auto small = KVPool::in_arena(*cache, DType::Float16, arena, *required - 1);
   EXPECT_EQ(small.error(), Error::InvalidArgument);
@@ -478,8 +368,8 @@ TEST(KVPool, ArenaRequiredBytesFitsAndAllocatesNothing) {
 TEST(KVPool, ArenaRunsTheReferenceScenario) {
   std::vector<LayerConfig> layers(2, ring_layer(3, 1));
   layers.push_back(flat_layer());
-  const CacheConfig cfg = make_config(40, layers, 2);
-  auto cache = make_cache(cfg);
+  const CacheConfig cfg = pool_config(40, layers, 2);
+  auto cache = must_create(cfg);
   auto required = KVPool::required_bytes(cfg, DType::Float32);
   ASSERT_TRUE(required.ok());
   std::vector<unsigned char> memory(*required);
@@ -492,25 +382,25 @@ TEST(KVPool, ArenaRunsTheReferenceScenario) {
 }
 
 TEST(KVPool, RequiredBytesRejectsBadConfigAndOverflow) {
-  CacheConfig bad = make_config(0, {flat_layer()}, 0);
+  CacheConfig bad = pool_config(0, {flat_layer()}, 0);
   EXPECT_EQ(KVPool::required_bytes(bad, DType::Float32).error(), Error::InvalidArgument);
-  CacheConfig huge = make_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1);
+  CacheConfig huge = pool_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1);
   auto r = KVPool::required_bytes(huge, DType::Float32);
   EXPECT_EQ(r.error(), Error::InvalidArgument);
   EXPECT_NE(std::string(r.message()).find("overflow"), std::string::npos) << r.message();
-  EXPECT_EQ(KVPool::required_bytes(make_config(4, {flat_layer()}, 1), static_cast<DType>(99))
+  EXPECT_EQ(KVPool::required_bytes(pool_config(4, {flat_layer()}, 1), static_cast<DType>(99))
                 .error(),
             Error::InvalidArgument);
 }
 
 TEST(KVPool, CreateRejectsOverflowAndBadArguments) {
-  auto huge = make_cache(make_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1, 1));
+  auto huge = must_create(pool_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1, 1));
   TestAllocator alloc;
   auto r = KVPool::create(*huge, DType::Float32, alloc.get());
   EXPECT_EQ(r.error(), Error::InvalidArgument);
   EXPECT_NE(std::string(r.message()).find("overflow"), std::string::npos) << r.message();
   EXPECT_EQ(alloc.allocations, 0);
-  auto cache = make_cache(make_config(8, {flat_layer()}, 1));
+  auto cache = must_create(pool_config(8, {flat_layer()}, 1));
   EXPECT_EQ(KVPool::create(*cache, static_cast<DType>(-1)).error(), Error::InvalidArgument);
   PoolAllocator half = PoolAllocator::heap();
   half.release = nullptr;
@@ -520,7 +410,7 @@ TEST(KVPool, CreateRejectsOverflowAndBadArguments) {
 // A pool after a few steps, plus the plan of a begun step, for abuse.
 struct KVPoolAbuse : ::testing::Test {
   void SetUp() override {
-    cache = make_cache(make_config(32, {ring_layer(4, 1), flat_layer()}, 3, /*initial=*/8));
+    cache = must_create(pool_config(32, {ring_layer(4, 1), flat_layer()}, 3, /*initial=*/8));
     auto made = KVPool::create(*cache, DType::Float32);
     ASSERT_TRUE(made.ok());
     pool.reset(new KVPool(std::move(made).get()));
@@ -640,7 +530,7 @@ TEST_F(KVPoolAbuse, WrongBufferSizesAndNullsAreRejected) {
 }
 
 TEST(KVPool, ReadingRowsNotGrownYetIsInvalidState) {
-  auto cache = make_cache(make_config(32, {flat_layer()}, 4, /*initial=*/2));
+  auto cache = must_create(pool_config(32, {flat_layer()}, 4, /*initial=*/2));
   KVPool pool = must_pool(*cache, DType::Float32);
   auto step = cache->begin_step(4);
   auto plan = cache->plan(0, *step);
@@ -655,12 +545,10 @@ TEST(KVPool, ReadingRowsNotGrownYetIsInvalidState) {
   EXPECT_EQ(k_out, std::vector<unsigned char>(k_out.size(), 0));
 }
 
-}  // namespace
-
 // A write whose input is a view of the same layer, when that write makes the
 // layer grow: the input must be read before the old blocks are released.
 TEST(KVPool, WriteFromAViewOfTheGrowingLayerCopiesBeforeReleasing) {
-  auto cache = make_cache(make_config(16, {flat_layer()}, 4, /*initial=*/4));
+  auto cache = must_create(pool_config(16, {flat_layer()}, 4, /*initial=*/4));
   TestAllocator alloc;
   KVPool pool = must_pool(*cache, DType::Float32, alloc.get());
   const kvcore::PoolLayer shape = *pool.layer(0);
@@ -689,3 +577,6 @@ TEST(KVPool, WriteFromAViewOfTheGrowingLayerCopiesBeforeReleasing) {
     ASSERT_EQ(v_out[v.size() + i], v[i]) << "V byte " << i << " of the copied rows";
   }
 }
+
+}  // namespace
+}  // namespace kvcore_test

@@ -13,23 +13,6 @@
 namespace kvcore_test {
 namespace {
 
-struct Interval {
-  std::int64_t begin, end;  // [begin, end)
-};
-
-// The needed set of [P, P + T) as at most two position intervals.
-std::vector<Interval> needed_intervals(const LayerModel& m, std::int64_t P, std::int64_t T) {
-  const std::int64_t end = P + T;
-  if (!m.ring) return {{0, end}};
-  const std::int64_t sink_end = m.sinks < end ? m.sinks : end;
-  const std::int64_t window_begin = P - m.window + 1 > 0 ? P - m.window + 1 : 0;
-  if (window_begin <= sink_end) return {{0, end}};
-  std::vector<Interval> out;
-  if (sink_end > 0) out.push_back({0, sink_end});
-  out.push_back({window_begin, end});
-  return out;
-}
-
 // Checks runs by their ends only (a run's rows are consecutive and inside the
 // pool, so matching row(p) at both ends means matching it everywhere), merges
 // them by position and compares with the expected intervals.

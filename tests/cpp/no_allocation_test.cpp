@@ -1,31 +1,27 @@
 // Proof that the per-step path never allocates: every per-step call on a
-// mixed cache, error paths included, between two reads of the binary's
-// operator-new counter, which must not move.
-//
-// A program may replace global operator new only once, and kv_pool_test.cpp
-// (same binary) already does, counting calls into kvcore_test::g_operator_news;
-// this file reads that counter. CounterSeesAllocations below fails loudly if
-// the counter ever stops counting, so the zero cannot become vacuous.
+// mixed cache, error paths included, and every step of an arena pool, between
+// two reads of the binary's operator-new counter (support/counting_new.h),
+// which must not move. CounterSeesAllocations fails loudly if the counter ever
+// stops counting, so the zero cannot become vacuous.
 #include <gtest/gtest.h>
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
-#include "cache_fixtures.h"
-
-namespace kvcore_test {
-extern std::uint64_t g_operator_news;  // defined with the replacement in kv_pool_test.cpp
-}  // namespace kvcore_test
+#include "pool_fixtures.h"
+#include "support/counting_new.h"
 
 namespace kvcore_test {
 namespace {
 
 // The counter must see allocations at all, or a zero below proves nothing.
 TEST(NoAllocation, CounterSeesAllocations) {
-  const std::uint64_t before = g_operator_news;
+  const std::uint64_t before = operator_news();
   auto cache = SequenceCache::create(make_config(64, {LayerPolicy::ring(4), LayerPolicy::flat()}, 4));
   ASSERT_TRUE(cache.ok());
-  EXPECT_GT(g_operator_news, before);  // create() may allocate; it is not per-step
+  EXPECT_GT(operator_news(), before);  // create() may allocate; it is not per-step
 }
 
 // Every outcome is written into plain locals inside the counted region and
@@ -46,7 +42,7 @@ TEST(NoAllocation, PerStepPathNeverAllocates) {
   auto ok = [&](bool b) { ++expected_good; good += b ? 1 : 0; };
   auto fails = [&](bool b) { ++expected_bad; bad += b ? 0 : 1; };
 
-  const std::uint64_t before = g_operator_news;
+  const std::uint64_t before = operator_news();
   for (int round = 0; round < 3; ++round) {
     // Decode and chunk past several wraps, planning through both overloads.
     for (int i = 0; i < 20; ++i) {
@@ -103,13 +99,58 @@ TEST(NoAllocation, PerStepPathNeverAllocates) {
     cache.clear();
     ok(cache.length() == 0);
   }
-  const std::uint64_t allocations = g_operator_news - before;
+  const std::uint64_t allocations = operator_news() - before;
 
   EXPECT_EQ(allocations, 0u);
   EXPECT_EQ(good, expected_good);
   EXPECT_EQ(bad, expected_bad);
   EXPECT_GT(expected_good, 100);
   EXPECT_GT(checksum, 0);
+}
+
+// An arena pool allocates nothing, not even its layer table: in_arena, then
+// every write, gather and views of 20 steps. (The pool never calls operator
+// new; this catches a std::vector or similar sneaking onto the path.)
+TEST(NoAllocation, ArenaPoolNeverAllocates) {
+  std::vector<LayerConfig> layers(5, ring_layer(4, 2, 2, 4, 6));
+  layers.push_back(flat_layer(2, 4));
+  const CacheConfig cfg = pool_config(50, layers, 3);
+  auto cache = must_create(cfg);
+  ASSERT_NE(cache, nullptr);
+  auto required = KVPool::required_bytes(cfg, DType::Float16);
+  ASSERT_TRUE(required.ok()) << required.message();
+  std::vector<unsigned char> arena(*required);
+  unsigned char k[3 * 64], v[3 * 64], k_out[60 * 64], v_out[60 * 64];
+  std::memset(k, 1, sizeof(k));
+  std::memset(v, 2, sizeof(v));
+
+  int good = 0, expected_good = 0;
+  auto ok = [&](bool b) { ++expected_good; good += b ? 1 : 0; };
+  const std::uint64_t before = operator_news();
+  auto made = KVPool::in_arena(*cache, DType::Float16, arena.data(), arena.size());
+  ok(made.ok());
+  for (int i = 0; i < 20 && made.ok(); ++i) {
+    const int T = i % 3 + 1;
+    auto step = cache->begin_step(T);
+    ok(step.ok());
+    if (!step.ok()) break;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      auto plan = cache->plan(l, *step);
+      ok(plan.ok());
+      if (!plan.ok()) break;
+      const std::size_t kb = made->layer(l)->k_row_bytes, vb = made->layer(l)->v_row_bytes;
+      const std::size_t t = static_cast<std::size_t>(T);
+      ok(made->write(l, *plan, k, kb * t, v, vb * t).ok());
+      ok(made->gather(l, *plan, k_out, sizeof(k_out), v_out, sizeof(v_out)).ok());
+      ok(made->views(l, *plan).ok());
+    }
+    ok(cache->commit(*step).ok());
+  }
+  const std::uint64_t allocations = operator_news() - before;
+
+  EXPECT_EQ(allocations, 0u) << "arena mode allocated";
+  EXPECT_EQ(good, expected_good);
+  EXPECT_EQ(expected_good, 1 + 20 * (2 + 4 * cfg.n_layers));  // every call ran
 }
 
 }  // namespace

@@ -71,6 +71,25 @@ struct LayerModel {
   }
 };
 
+/// Positions [begin, end).
+struct Interval {
+  std::int64_t begin, end;
+};
+
+/// The needed set of the step [P, P + T) as at most two intervals: the sinks,
+/// then the window; one interval when they touch.
+inline std::vector<Interval> needed_intervals(const LayerModel& m, std::int64_t P, std::int64_t T) {
+  const std::int64_t end = P + T;
+  if (!m.ring) return {{0, end}};
+  const std::int64_t sink_end = m.sinks < end ? m.sinks : end;
+  const std::int64_t window_begin = P - m.window + 1 > 0 ? P - m.window + 1 : 0;
+  if (window_begin <= sink_end) return {{0, end}};
+  std::vector<Interval> out;
+  if (sink_end > 0) out.push_back({0, sink_end});
+  out.push_back({window_begin, end});
+  return out;
+}
+
 inline std::string describe(const Run& r) {
   return "{row " + std::to_string(r.row) + ", len " + std::to_string(r.len) + ", pos " +
          std::to_string(r.pos) + "}";
