@@ -7,7 +7,7 @@
 #   --sanitize      C++ tests and the Python module built with clang
 #                   -fsanitize=address,undefined, both suites run under them,
 #                   plus the --tsan run
-#   --tsan          the registry gtests (concurrency included) under ThreadSanitizer
+#   --tsan          the gtests under ThreadSanitizer (all but the allocation-counting ones)
 #   --fuzz SECONDS  the plan fuzzer (libFuzzer) for SECONDS from tests/fuzz/corpus
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,15 +101,17 @@ if [ "$ROBUST" -gt 0 ]; then
     fi
   fi
   if [ "$TSAN" = 1 ]; then
-    # Only the registry tests: kv_pool_test.cpp replaces operator new, which the
-    # static TSan runtime defines too.
-    step "ThreadSanitizer: the registry concurrency gtests"
+    # Every gtest source but two kinds: the TSan runtime replaces operator new, so
+    # tests/cpp/support/counting_new.cpp and the tests that include its header
+    # (allocation counting) stay out; executorch_adapter_test.cpp needs ExecuTorch.
+    step "ThreadSanitizer: the gtests, registry concurrency included"
     mkdir -p "$ROOT/build/tsan"
+    tsan_sources=$(grep -L 'support/counting_new\.h' tests/cpp/*_test.cpp | grep -v '/executorch_adapter_test\.cpp$')
+    # shellcheck disable=SC2086  # one word per source file
     if clang++ -std=c++17 -g -O1 -fsanitize=thread -fno-omit-frame-pointer -fno-exceptions -fno-rtti \
-         -Wall -Wextra -Werror -I cpp/include tests/cpp/cache_registry_test.cpp \
-         tests/cpp/cache_builder_registry_test.cpp tests/cpp/cache_session_test.cpp \
-         -lgtest -lgtest_main -pthread -o "$ROOT/build/tsan/registry_tests"; then
-      TSAN_OPTIONS=halt_on_error=1 "$ROOT/build/tsan/registry_tests" --gtest_brief=1 || status=1
+         -Wall -Wextra -Werror -I cpp/include -DKVCORE_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/corpus\"" \
+         $tsan_sources -lgtest -lgtest_main -pthread -o "$ROOT/build/tsan/kvcore_tests"; then
+      TSAN_OPTIONS=halt_on_error=1 "$ROOT/build/tsan/kvcore_tests" --gtest_brief=1 || status=1
     else
       echo "TSan build failed"; status=1
     fi
