@@ -157,7 +157,8 @@ class Step(metaclass=_pybind11_type):
     def plan(self, layer: SupportsIndex) -> SeqStepPlan: ...
     def mask(self, layer: SupportsIndex) -> npt.NDArray[np.bool_]:
         """Boolean (T, read_len) array: mask[i, j] is True when the step's query i may
-        see the j-th row of layer's read (the visibility rule). Added by pool.cpp."""
+        see the j-th row of layer's read (the visibility rule). Read-only: layers of one
+        policy share it. Added by pool.cpp."""
     def commit(self) -> None: ...
     def __enter__(self) -> Step: ...
     def __exit__(

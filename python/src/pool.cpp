@@ -286,19 +286,39 @@ const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
 }
 
 // mask[i, j]: may the step's query i (position P + i) see the j-th read row?
-py::array_t<bool> step_mask(const StepHandle& h, const PyInt& layer) {
+// Query q sees [0, sinks) and [window_begin(q), q], so each run of a row is at
+// most two spans. Layers of one policy share one read-only array per step.
+py::object step_mask(StepHandle& h, const PyInt& layer) {
   const int l = to_int("layer", layer);
-  const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));
+  const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));  // checks layer and step
+  const auto index = static_cast<std::size_t>(h.cache->policy_index(l));
+  if (h.masks.empty()) h.masks.resize(static_cast<std::size_t>(h.cache->n_policies()));
+  if (h.masks[index]) return h.masks[index];
+
   const kvcore::LayoutPolicy& policy = h.cache->policy(l);
-  const int T = h.step.T, R = plan.read_len();
+  const int sinks = policy.policy().sinks, T = h.step.T, R = plan.read_len();
   py::array_t<bool> out({T, R});
-  bool* at = out.mutable_data();
-  for (int i = 0; i < T; ++i) {
-    const int q = h.step.position + i;
-    for (int r = 0; r < plan.n_read; ++r)
-      for (int j = 0; j < plan.read[r].len; ++j) *at++ = policy.visible(q, plan.read[r].pos + j);
+  bool* row = out.mutable_data();
+  std::memset(row, 0, static_cast<std::size_t>(T) * static_cast<std::size_t>(R));
+  for (int i = 0; i < T; ++i, row += R) {
+    const int q = h.step.position + i, begin = policy.window_begin(q);
+    bool* cell = row;
+    for (int r = 0; r < plan.n_read; ++r) {
+      const kvcore::Run& run = plan.read[r];
+      const int run_end = run.pos + run.len;
+      auto mark = [&](int lo, int hi) {  // positions [lo, hi) within the run
+        lo = lo > run.pos ? lo : run.pos;
+        hi = hi < run_end ? hi : run_end;
+        if (lo < hi) std::memset(cell + (lo - run.pos), 1, static_cast<std::size_t>(hi - lo));
+      };
+      mark(0, sinks < q + 1 ? sinks : q + 1);
+      mark(begin, q + 1);
+      cell += run.len;
+    }
   }
-  return out;
+  npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
+  h.masks[index] = out;
+  return std::move(out);
 }
 
 }  // namespace
@@ -380,7 +400,7 @@ void register_pool(py::module_& m) {
   step_type.attr("mask") = py::cpp_function(
       &step_mask, py::name("mask"), py::is_method(step_type), py::arg("layer"),
       "Boolean (T, read_len) array: mask[i, j] is True when the step's query i may see the "
-      "j-th row of layer's read (the visibility rule).");
+      "j-th row of layer's read (the visibility rule). Read-only: layers of one policy share it.");
 }
 
 }  // namespace kvcore_py

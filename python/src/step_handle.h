@@ -1,7 +1,10 @@
 // A Python Step: the C++ Step plus the cache that began it (kept alive).
 #pragma once
 
+#include <pybind11/pybind11.h>
+
 #include <memory>
+#include <vector>
 
 #include "kvcore/sequence_cache.h"
 
@@ -10,6 +13,8 @@ namespace kvcore_py {
 struct StepHandle {
   std::shared_ptr<kvcore::SequenceCache> cache;
   kvcore::Step step;
+  // Step.mask's read-only arrays, one per distinct policy, made on first use.
+  std::vector<pybind11::object> masks{};
 };
 
 }  // namespace kvcore_py

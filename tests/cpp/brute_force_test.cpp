@@ -243,6 +243,13 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
       auto v = cache.visible(l, q, k);
       BF_REQUIRE(v.ok() && *v == sim.model(l).visible(q, k),
                  "visible(" + std::to_string(l) + ", " + std::to_string(q) + ", " + std::to_string(k) + ")");
+      // window_begin: q sees exactly [0, sinks) and [window_begin(q), q].
+      const kvcore::LayoutPolicy& policy = cache.policy(l);
+      const int sinks = policy.policy().sinks, begin = policy.window_begin(q);
+      for (int key = 0; key <= q + 1; ++key)
+        BF_REQUIRE(sim.model(l).visible(q, key) == (key <= q && (key < sinks || key >= begin)),
+                   "window_begin(" + std::to_string(q) + ") = " + std::to_string(begin) + " on layer " +
+                       std::to_string(l) + " disagrees with visibility of key " + std::to_string(key));
     }
     const std::vector<bool> allowed = sim.brute_can_rewind_all();
     for (int n = -2; n <= sim.length() + 2; ++n) {

@@ -416,6 +416,39 @@ def test_mask_is_the_visibility_rule_over_the_read_positions() -> None:
     del ref
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_mask_matches_the_rule_on_random_policies_and_steps(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    max_step = int(rng.integers(1, 6))
+    policies = [
+        kvcore.Ring(int(rng.integers(1, 9)), int(rng.integers(0, 4))),
+        kvcore.Ring(int(rng.integers(1, 9)), 0),
+        kvcore.Flat(),
+    ]
+    cache = kvcore.SequenceCache(make_config(policies, capacity=60, max_step=max_step))
+    while cache.length < 60:
+        T = int(rng.integers(1, min(max_step, 60 - cache.length) + 1))
+        with cache.step(T) as step:
+            for layer, policy in enumerate(policies):
+                positions = needed(policy, step.position, T)
+                want = [[visible(policy, step.position + i, k) for k in positions] for i in range(T)]
+                assert step.mask(layer).tolist() == want, (seed, layer, step.position, T)
+
+
+def test_mask_is_read_only_and_shared_by_the_layers_of_one_policy() -> None:
+    cache = kvcore.SequenceCache(make_config(MIXED))
+    first = cache.begin_step(2)
+    mask = first.mask(0)
+    assert not mask.flags.writeable
+    with pytest.raises(ValueError):
+        mask[0, 0] = not mask[0, 0]
+    assert first.mask(1) is mask  # layers 0 and 1 share Ring(4, 1)
+    assert first.mask(2) is not mask
+    first.commit()
+    second = cache.begin_step(1)
+    assert second.mask(0) is not mask and second.mask(0).shape == (1, 3)
+
+
 def test_pool_keeps_its_cache_alive_and_has_a_repr() -> None:
     pool = kvcore.KVPool(kvcore.SequenceCache(make_config(MIXED)), np.float32)
     gc.collect()

@@ -13,6 +13,7 @@ class FlatPolicy final : public LayoutPolicy {
   int rows() const noexcept override { return capacity_; }
   int row(int position) const noexcept override { return position; }
   bool visible(int q, int k) const noexcept override { return k <= q; }
+  int window_begin(int /*q*/) const noexcept override { return 0; }
 
   SeqStepPlan plan(int position, int T) const noexcept override {
     SeqStepPlan p;

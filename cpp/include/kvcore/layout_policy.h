@@ -20,6 +20,9 @@ class LayoutPolicy {
   virtual int row(int position) const noexcept = 0;
   /// May a query at q see key k? (q, k >= 0)
   virtual bool visible(int q, int k) const noexcept = 0;
+  /// The oldest position a query at q sees past the sinks (0 for full history):
+  /// q sees [0, sinks) and [window_begin(q), q].
+  virtual int window_begin(int q) const noexcept = 0;
   /// The plan of the step writing positions [position, position + T).
   /// Precondition (checked by SequenceCache): 0 <= position, 1 <= T <= max_step,
   /// position + T <= capacity.

@@ -35,8 +35,12 @@ class RingPolicy final : public LayoutPolicy {
   }
 
   bool visible(int q, int k) const noexcept override {
-    if (k > q) return false;
-    return k < sinks_ || static_cast<std::int64_t>(q) - k < window_;
+    return k <= q && (k < sinks_ || k >= window_begin(q));
+  }
+
+  int window_begin(int q) const noexcept override {
+    const std::int64_t lo = static_cast<std::int64_t>(q) - window_ + 1;  // 64-bit: no underflow
+    return lo > 0 ? static_cast<int>(lo) : 0;
   }
 
   SeqStepPlan plan(int position, int T) const noexcept override {
@@ -45,14 +49,13 @@ class RingPolicy final : public LayoutPolicy {
     auto run_end = [this](int pos) { return row_run_end(pos); };
     append_runs(p.write, p.n_write, position, end, run_end);
     // Needed set: sinks [0, min(S, end)) and window [max(0, P - W + 1), end).
-    const std::int64_t lo64 = static_cast<std::int64_t>(position) - window_ + 1;
-    const int window_begin = lo64 > 0 ? static_cast<int>(lo64) : 0;
+    const int begin = window_begin(position);
     const int sink_end = sinks_ < end ? sinks_ : end;
-    if (window_begin <= sink_end) {
+    if (begin <= sink_end) {
       append_runs(p.read, p.n_read, 0, end, run_end);
     } else {
       append_runs(p.read, p.n_read, 0, sink_end, run_end);
-      append_runs(p.read, p.n_read, window_begin, end, run_end);
+      append_runs(p.read, p.n_read, begin, end, run_end);
     }
     return p;
   }
