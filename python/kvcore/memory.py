@@ -259,17 +259,19 @@ def longest_context(
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise InvalidArgumentError(f"budget = {budget!r}: must be a whole number of bytes >= 1")
 
-    def fits(context: int) -> bool:
-        need = kv_bytes(shape, context, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch,
+    def need(context: int) -> int:
+        return kv_bytes(shape, context, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch,
                         all_flat=all_flat)
-        return need <= budget
+
+    def fits(context: int) -> bool:
+        return need(context) <= budget
 
     lo = 1 if max_step is None else max_step  # a cache holds at least one step
     if not fits(lo):
-        need = kv_bytes(shape, lo, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch, all_flat=all_flat)
+        least = need(lo)
         raise InvalidArgumentError(
             f"budget = {budget} bytes ({format_bytes(budget)}): too small, even a context of {lo} "
-            f"needs {need} bytes ({format_bytes(need)})"
+            f"needs {least} bytes ({format_bytes(least)})"
         )
     hi = MAX_CONTEXT
     if fits(hi):
@@ -293,11 +295,8 @@ def memory_curve(
     batch: int = 1,
 ) -> list[tuple[int, int, int]]:
     """(context, kvcore bytes, all-flat bytes) at each context."""
-    return [
-        (c, kv_bytes(shape, c, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch),
-         kv_bytes(shape, c, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch, all_flat=True))
-        for c in contexts
-    ]
+    opts: dict[str, Any] = {"max_step": max_step, "sinks": sinks, "dtype": dtype, "batch": batch}
+    return [(c, kv_bytes(shape, c, **opts), kv_bytes(shape, c, all_flat=True, **opts)) for c in contexts]
 
 
 def _check_batch(batch: int) -> None:
