@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
+from typing import TypeVar, overload
 
 from kvcore import _core
 from kvcore._core import CacheBase, CacheConfig
 from kvcore._errors import InvalidArgumentError, InvalidStateError, NotFoundError
+
+_Cache = TypeVar("_Cache", bound=CacheBase)
 
 __all__ = [
     "Session",
@@ -49,9 +52,25 @@ def get(key: str) -> CacheBase | None:
     return _core.registry_get(key)
 
 
-def find(key: str) -> CacheBase:
-    """The cache under ``key``; NotFoundError when there is none."""
-    return _core.registry_find(key)
+@overload
+def find(key: str) -> CacheBase: ...
+@overload
+def find(key: str, kind: type[_Cache]) -> _Cache: ...
+def find(key: str, kind: type[CacheBase] = CacheBase) -> CacheBase:
+    """The cache under ``key``; NotFoundError when there is none.
+
+    ``kind`` (a CacheBase subclass such as SequenceCache) types the result:
+    InvalidArgumentError when the cache is not one. Caches C++ code built without
+    RTTI reach Python as plain CacheBase.
+    """
+    if not (isinstance(kind, type) and issubclass(kind, CacheBase)):
+        raise InvalidArgumentError(f"kind = {kind!r}: must be CacheBase or a subclass, such as SequenceCache")
+    cache = _core.registry_find(key)
+    if not isinstance(cache, kind):
+        raise InvalidArgumentError(
+            f"kind = {kind.__name__}: the cache under key {key!r} is a {type(cache).__name__}"
+        )
+    return cache
 
 
 def contains(key: str) -> bool:

@@ -52,6 +52,26 @@ def test_install_get_find_erase(clean_keys: list[str]) -> None:
     assert not registry.contains(key)
 
 
+def test_find_with_a_kind_types_the_cache_or_refuses_and_changes_nothing(clean_keys: list[str]) -> None:
+    class Subclass(kvcore.SequenceCache):
+        pass
+
+    cache = kvcore.SequenceCache(config())
+    key = registry.unique_key("typed")
+    clean_keys.append(key)
+    registry.install(key, cache)
+    assert registry.find(key, kvcore.SequenceCache) is cache
+    assert registry.find(key, kvcore.CacheBase) is cache
+    with pytest.raises(kvcore.InvalidArgumentError, match=f"kind = Subclass: the cache under key '{key}' is a SequenceCache"):
+        registry.find(key, Subclass)
+    for bad in (int, "SequenceCache", None):
+        with pytest.raises(kvcore.InvalidArgumentError, match="must be CacheBase or a subclass"):
+            registry.find(key, bad)  # type: ignore[arg-type]
+    assert registry.find(key) is cache  # still installed
+    with pytest.raises(kvcore.NotFoundError, match="absent"):
+        registry.find(registry.unique_key("absent"), kvcore.SequenceCache)
+
+
 def test_duplicate_key_is_refused_and_keeps_the_first(clean_keys: list[str]) -> None:
     first, second = kvcore.SequenceCache(config(8)), kvcore.SequenceCache(config(9))
     key = registry.unique_key("dup")

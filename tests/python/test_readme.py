@@ -1,0 +1,87 @@
+"""The README's Python examples run, say what they print, and pass mypy --strict.
+
+The pool example continues the quickstart and needs the step's K/V, so it gets
+the smallest prelude that makes it whole; the transformers example needs a
+model and is covered by test_transformers*.py instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvcore
+from kvcore import registry
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def block(marker: str) -> str:
+    found = [b for b in python_blocks() if marker in b]
+    assert len(found) == 1, f"README has {len(found)} Python blocks containing {marker!r}"
+    return found[0]
+
+
+QUICKSTART = "cache = kvcore.SequenceCache(cfg)"
+POOL = "pool = kvcore.KVPool(cache"
+REGISTRY = "from kvcore import registry"
+POOL_PRELUDE = "T = 3\nk_new = v_new = np.ones((T, 1, 256), np.float16)\n"
+
+
+@pytest.fixture
+def no_mybackend() -> Iterator[None]:
+    yield
+    if registry.has_builder("mybackend", "sequence"):
+        registry.unregister_builder("mybackend", "sequence")
+
+
+def test_quickstart_runs_and_its_comments_hold() -> None:
+    scope: dict[str, Any] = {}
+    exec(block(QUICKSTART), scope)
+    cache = scope["cache"]
+    comment = re.search(r"# (\d+) ring rows, (\d+) flat rows", block(QUICKSTART))
+    assert comment is not None
+    assert (cache.rows(0), cache.rows(5)) == (int(comment[1]), int(comment[2]))
+    assert cache.length == 0  # the last lines rewind to 60, then clear
+
+
+def test_pool_example_continues_the_quickstart() -> None:
+    scope: dict[str, Any] = {}
+    exec(block(QUICKSTART), scope)
+    exec(POOL_PRELUDE + block(POOL).replace("import numpy as np\n", ""), {"np": __import__("numpy"), **scope})
+    cache = scope["cache"]
+    assert cache.length == 3
+
+
+def test_registry_example_runs_and_leaves_no_key(no_mybackend: None) -> None:
+    before = registry.keys()
+    exec(block(REGISTRY), {})
+    assert registry.keys() == before
+    assert registry.has_builder("mybackend", "sequence")
+
+
+@pytest.mark.parametrize("name", ["quickstart", "registry"])
+def test_examples_pass_mypy_strict(name: str, tmp_path: Path) -> None:
+    source = block(QUICKSTART if name == "quickstart" else REGISTRY)
+    path = tmp_path / f"readme_{name}.py"
+    path.write_text(source)
+    env = dict(os.environ)
+    package_root = Path(kvcore.__file__).resolve().parents[1]
+    if "site-packages" not in package_root.parts:  # a staged build (scripts/dev.sh): check against it
+        env["MYPYPATH"] = str(package_root)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(path)],
+        capture_output=True, text=True, cwd=tmp_path, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
