@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <vector>
 
 #include "kvcore/cache_base.h"
 #include "kvcore/config.h"
@@ -19,12 +18,14 @@ namespace kvcore {
 class SequenceCache final : public CacheBase, public SequenceControl, public SequencePlanner {
  public:
   /// Validates `cfg` (InvalidArgument naming the bad field) and builds the cache.
-  /// MemoryAllocationFailed when the cache object cannot be allocated.
+  /// MemoryAllocationFailed (naming what) when the cache object, its tables or a
+  /// policy cannot be allocated; nothing is kept.
   static Result<std::unique_ptr<SequenceCache>> create(const CacheConfig& cfg) {
     KVCORE_RETURN_IF_ERROR(validate(cfg));
     std::unique_ptr<SequenceCache> cache(new (std::nothrow) SequenceCache(cfg));
     KVCORE_CHECK_OR_RETURN_ERROR(cache != nullptr, MemoryAllocationFailed,
                                  "cannot allocate a SequenceCache of %d layers", cfg.n_layers);
+    KVCORE_RETURN_IF_ERROR(cache->build_tables());
     return cache;
   }
 
@@ -53,7 +54,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     const int end = length_ + T;
     // From here on the step's rows count as written: what they held is gone.
     // Each distinct policy is planned once here, so plan(layer) is a lookup.
-    for (std::size_t i = 0; i < policies_.size(); ++i) {
+    for (int i = 0; i < n_policies_; ++i) {
       const int floor = policies_[i]->held_floor(end);
       if (floor > held_floor_[i]) held_floor_[i] = floor;
       step_plans_[i] = policies_[i]->plan(length_, T);
@@ -84,8 +85,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_RETURN_IF_ERROR(check_rewind(n));
     length_ = n;
     active_ = Step{};
-    for (int& floor : held_floor_)
-      if (floor > n) floor = n;  // rows above n are dead; nothing above is held
+    // Rows above n are dead: nothing above n is held.
+    for (int i = 0; i < n_policies_; ++i)
+      if (held_floor_[i] > n) held_floor_[i] = n;
     return Error::Ok;
   }
 
@@ -94,7 +96,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   void clear() noexcept override {
     length_ = 0;
     active_ = Step{};
-    for (int& floor : held_floor_) floor = 0;
+    for (int i = 0; i < n_policies_; ++i) held_floor_[i] = 0;
   }
 
   // SequencePlanner.
@@ -135,44 +137,63 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// The begun, uncommitted step; id == 0 when there is none.
   const Step& active_step() const noexcept { return active_; }
   /// Distinct policy objects (identical layer policies share one).
-  int n_policies() const noexcept { return static_cast<int>(policies_.size()); }
+  int n_policies() const noexcept { return n_policies_; }
   /// Index of the policy object `layer` uses. Precondition: 0 <= layer < n_layers.
   int policy_index(int layer) const noexcept {
-    return layer_policy_[static_cast<std::size_t>(layer)];
+    return layer_policy_[layer];
   }
   const LayoutPolicy& policy(int layer) const noexcept {
-    return *policies_[static_cast<std::size_t>(policy_index(layer))];
+    return *policies_[policy_index(layer)];
   }
 
  private:
+  // Copying cfg.layers (a std::vector) is the one allocation here that cannot
+  // report failure: the public CacheConfig type makes it so.
   explicit SequenceCache(const CacheConfig& cfg) : config_(cfg) {
     config_.max_step = cfg.effective_max_step();
-    layer_policy_.reserve(static_cast<std::size_t>(cfg.n_layers));
-    for (int l = 0; l < cfg.n_layers; ++l) {
-      const LayerPolicy lp = cfg.layer(l).policy;
-      int index = -1;
-      for (std::size_t i = 0; i < policies_.size(); ++i)
-        if (policies_[i]->policy() == lp) index = static_cast<int>(i);
-      if (index < 0) {
-        index = static_cast<int>(policies_.size());
-        policies_.push_back(make_policy(lp));
-      }
-      layer_policy_.push_back(index);
-    }
-    held_floor_.assign(policies_.size(), 0);
-    step_plans_.resize(policies_.size());
   }
 
-  std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const {
+  // The per-layer and per-policy tables, through nothrow new: the core reports
+  // a failed allocation instead of throwing. ~SequenceCache frees a partial build.
+  Status build_tables() noexcept {
+    const int n_layers = config_.n_layers;
+    layer_policy_.reset(new (std::nothrow) int[n_layers]);
+    // Sized for the worst case, one distinct policy per layer.
+    policies_.reset(new (std::nothrow) std::unique_ptr<LayoutPolicy>[n_layers]);
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_policy_ != nullptr && policies_ != nullptr,
+                                 MemoryAllocationFailed,
+                                 "cannot allocate the policy tables of %d layers", n_layers);
+    for (int l = 0; l < n_layers; ++l) {
+      const LayerPolicy lp = config_.layer(l).policy;
+      int index = 0;
+      while (index < n_policies_ && policies_[index]->policy() != lp) ++index;
+      if (index == n_policies_) {
+        policies_[index] = make_policy(lp);
+        KVCORE_CHECK_OR_RETURN_ERROR(policies_[index] != nullptr, MemoryAllocationFailed,
+                                     "cannot allocate the policy of layer %d", l);
+        ++n_policies_;
+      }
+      layer_policy_[l] = index;
+    }
+    held_floor_.reset(new (std::nothrow) int[n_policies_]());
+    step_plans_.reset(new (std::nothrow) SeqStepPlan[n_policies_]);
+    KVCORE_CHECK_OR_RETURN_ERROR(held_floor_ != nullptr && step_plans_ != nullptr,
+                                 MemoryAllocationFailed,
+                                 "cannot allocate the step state of %d policies", n_policies_);
+    return Error::Ok;
+  }
+
+  // nullptr when the allocation fails.
+  std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const noexcept {
     if (lp.kind == LayerPolicy::Kind::Ring)
-      return std::unique_ptr<LayoutPolicy>(
-          new RingPolicy(lp.window, lp.sinks, config_.max_step, config_.capacity));
-    return std::unique_ptr<LayoutPolicy>(new FlatPolicy(config_.capacity));
+      return std::unique_ptr<LayoutPolicy>(new (std::nothrow) RingPolicy(
+          lp.window, lp.sinks, config_.max_step, config_.capacity));
+    return std::unique_ptr<LayoutPolicy>(new (std::nothrow) FlatPolicy(config_.capacity));
   }
 
   // The begun step's plan of `layer` (computed by begin_step; plans are pure).
   const SeqStepPlan& step_plan(int layer) const noexcept {
-    return step_plans_[static_cast<std::size_t>(policy_index(layer))];
+    return step_plans_[policy_index(layer)];
   }
 
   Status check_layer(int layer) const noexcept {
@@ -185,21 +206,21 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   Status check_rewind(int n) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= length_, InvalidArgument,
                                  "rewind(n = %d): must be in [0, length = %d]", n, length_);
-    for (std::size_t i = 0; i < policies_.size(); ++i) {
+    for (int i = 0; i < n_policies_; ++i) {
       const int needed = policies_[i]->needed_floor(n);
       if (needed < n && needed < held_floor_[i]) {
         return Status::make(Error::InvalidState,
                             "rewind(n = %d): layer %d needs position %d, but its rows now hold "
                             "only positions >= %d",
-                            n, first_layer_of(static_cast<int>(i)), needed, held_floor_[i]);
+                            n, first_layer_of(i), needed, held_floor_[i]);
       }
     }
     return Error::Ok;
   }
 
   int first_layer_of(int policy_idx) const noexcept {
-    for (std::size_t l = 0; l < layer_policy_.size(); ++l)
-      if (layer_policy_[l] == policy_idx) return static_cast<int>(l);
+    for (int l = 0; l < config_.n_layers; ++l)
+      if (layer_policy_[l] == policy_idx) return l;
     return -1;
   }
 
@@ -207,10 +228,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   int length_ = 0;
   Step active_;
   std::uint64_t last_step_id_ = 0;
-  std::vector<std::unique_ptr<LayoutPolicy>> policies_;
-  std::vector<int> layer_policy_;  // layer -> index into policies_
-  std::vector<int> held_floor_;    // per policy: oldest evictable position still held
-  std::vector<SeqStepPlan> step_plans_;  // per policy: its plan of the begun step
+  int n_policies_ = 0;
+  std::unique_ptr<std::unique_ptr<LayoutPolicy>[]> policies_;  // the first n_policies_ are set
+  std::unique_ptr<int[]> layer_policy_;  // per layer: index into policies_
+  std::unique_ptr<int[]> held_floor_;    // per policy: oldest evictable position still held
+  std::unique_ptr<SeqStepPlan[]> step_plans_;  // per policy: its plan of the begun step
 };
 
 }  // namespace kvcore
