@@ -94,7 +94,7 @@ inline bool fits_int(const PyInt& value, int* out) {
 inline int to_int(const char* name, const PyInt& value) {
   int v = 0;
   if (!fits_int(value, &v)) {
-    std::string shown = py::str(value.value).cast<std::string>();
+    std::string shown = py::repr(value.value).cast<std::string>();  // an int's repr: its digits
     if (shown.size() > 40) shown = shown.substr(0, 20) + "...(" + std::to_string(shown.size()) + " digits)";
     raise(kvcore::Error::InvalidArgument,
           std::string(name) + " = " + shown + ": must fit in a 32-bit signed int");

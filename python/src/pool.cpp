@@ -390,7 +390,7 @@ void register_pool(py::module_& m) {
           py::arg("config"), py::arg("dtype"), py::kw_only(), py::arg("mirror_rings") = false)
       .def("__repr__", [](const PyPool& p) {
         return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
-               ", dtype=" + py::str(p.dtype()).cast<std::string>() +
+               ", dtype=" + p.dtype().attr("name").cast<std::string>() +
                (p.mirror_rings() ? ", mirror_rings=True" : "") +
                ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
       });
