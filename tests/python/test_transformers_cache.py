@@ -85,21 +85,27 @@ def greedy(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
 # --- generate() ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mirror", [True, False], ids=["mirrored", "compact"])
 @pytest.mark.parametrize(
     ("prompt_len", "max_step", "chunk"),
     [(5, 16, None), (13, 16, None), (21, 8, 8), (21, 4, 4)],
     ids=["prompt-shorter-than-window", "prompt-longer-than-window", "chunked-prefill-8", "chunked-prefill-4"],
 )
-def test_generate_matches_dynamic_cache(model: Any, prompt_len: int, max_step: int, chunk: int | None) -> None:
+def test_generate_matches_dynamic_cache(
+    model: Any, prompt_len: int, max_step: int, chunk: int | None, mirror: bool
+) -> None:
     ids = prompt(prompt_len)
     ref = greedy(model, ids, 40)
-    cache = KVCoreCache(model.config, max_step=max_step)
+    cache = KVCoreCache(model.config, max_step=max_step, mirror_rings=mirror)
     kwargs = {} if chunk is None else {"prefill_chunk_size": chunk}
     out = greedy(model, ids, 40, cache=cache, **kwargs)
     assert torch.equal(out.sequences, ref.sequences)
     assert max_diff(out.logits, ref.logits) <= TOL
     assert len(set(ref.sequences[0, prompt_len:].tolist())) > 3  # the model does not just repeat one token
     assert cache.get_seq_length() == ref.sequences.shape[1] - 1  # the last token is never fed back
+    # The windows wrapped round the ring: compact rings gathered them, mirrored rings returned views.
+    assert cache.get_seq_length() > cache.rows(model.config.layer_types.index(S)) + 1
+    assert (cache.pool.workspace_nbytes == 0) == mirror
 
 
 def test_generate_with_sdpa_attention_matches_dynamic_cache() -> None:
@@ -213,10 +219,11 @@ def test_speculative_generation_equals_plain_greedy(model: Any, drafter: str) ->
     assert any(length > rows and removed > 0 for length, removed in cache.crops), cache.crops
 
 
+@pytest.mark.parametrize("mirror", [True, False], ids=["mirrored", "compact"])
 @pytest.mark.parametrize("removed", [1, 2, 3, 4])
-def test_crop_after_wrap_within_max_step_continues_exactly(model: Any, removed: int) -> None:
+def test_crop_after_wrap_within_max_step_continues_exactly(model: Any, removed: int, mirror: bool) -> None:
     ids = prompt(40)
-    cache = KVCoreCache(model.config, max_step=4)  # sliding rows: 8 + 4 - 1 = 11
+    cache = KVCoreCache(model.config, max_step=4, mirror_rings=mirror)  # sliding rows: 8 + 4 - 1 = 11
     with torch.no_grad():
         prefill(model, cache, ids[:, :30])
         cache.crop(-removed)
@@ -257,21 +264,26 @@ def test_crop_arguments_are_checked() -> None:
 # --- memory --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mirror", [True, False], ids=["mirrored", "compact"])
 @pytest.mark.parametrize("max_step", [1, 4, 16])
-def test_sliding_layers_hold_window_plus_max_step_minus_one_rows(max_step: int) -> None:
+def test_sliding_layers_hold_window_plus_max_step_minus_one_rows(max_step: int, mirror: bool) -> None:
     model = gemma2()
-    cache = KVCoreCache(model.config, max_step=max_step, initial_capacity=16)
+    cache = KVCoreCache(model.config, max_step=max_step, initial_capacity=16, mirror_rings=mirror)
+    assert cache.mirror_rings == mirror
     with torch.no_grad():
         prefill(model, cache, prompt(60))
     heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    rows = WINDOW + max_step - 1
+    mirror_rows = rows - 1 if mirror else 0  # a copy of the first R - 1 ring rows
     for i, kind in enumerate(model.config.layer_types):
         layer = cache.layers[i]
         if kind == S:
-            assert cache.rows(i) == cache.allocated_rows(i) == WINDOW + max_step - 1
-            assert layer.keys.shape == (1, heads, WINDOW + max_step - 1, dim)
-            assert cache.nbytes(i) == 2 * heads * (WINDOW + max_step - 1) * dim * 4
+            assert cache.rows(i) == cache.allocated_rows(i) == rows
+            assert cache.mirror_rows(i) == mirror_rows
+            assert layer.keys.shape == (1, heads, rows + mirror_rows, dim)
+            assert cache.nbytes(i) == 2 * heads * (rows + mirror_rows) * dim * 4
         else:  # full layers grow by doubling from 16 rows: 16 -> 32 -> 64 holds 60 positions
-            assert cache.allocated_rows(i) == 64 and cache.rows(i) == 256
+            assert cache.allocated_rows(i) == 64 and cache.rows(i) == 256 and cache.mirror_rows(i) == 0
 
 
 def test_early_initialization_allocates_every_layer_up_front() -> None:
@@ -344,10 +356,11 @@ def reference_masks(config: Any, n: int, sinks: int) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("mirror", [True, False], ids=["mirrored", "compact"])
 @pytest.mark.parametrize("sinks", [1, 3])
-def test_sinks_decode_matches_a_full_forward_with_the_sink_mask(model: Any, sinks: int) -> None:
+def test_sinks_decode_matches_a_full_forward_with_the_sink_mask(model: Any, sinks: int, mirror: bool) -> None:
     ids = prompt(36)
-    cache = KVCoreCache(model.config, max_step=4, sinks=sinks)
+    cache = KVCoreCache(model.config, max_step=4, sinks=sinks, mirror_rings=mirror)
     assert cache.rows(model.config.layer_types.index(S)) == sinks + WINDOW + 4 - 1
     with torch.no_grad():
         prefill(model, cache, ids[:, :12])
@@ -379,6 +392,40 @@ def test_attention_masks_without_sinks_reproduce_transformers_masks(impl: str) -
             out = model(input_ids=ids[:, n : n + 1], cache=ours, attention_mask=masks)
             ref = model(input_ids=ids[:, n : n + 1], cache=theirs)
             assert float((out.logits - ref.logits).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("T", [1, 3, 4])
+def test_mask_sizes_are_dynamic_caches_at_every_length(T: int) -> None:
+    # transformers' own sliding and full layers are the reference for (kv_length, kv_offset).
+    config = gemma2(layer_types=(S, F, S)).config
+    ours = KVCoreCache(config, max_step=4)
+    theirs = transformers.DynamicCache(config=config)
+    for length in range(0, 40, T):
+        for layer in range(3):
+            assert ours.get_mask_sizes(T, layer) == theirs.get_mask_sizes(T, layer), (length, layer)
+            k = torch.randn(1, 2, T, 16)
+            ours.update(k, k, layer)
+            theirs.update(k, k, layer)
+        assert ours.get_seq_length() == theirs.get_seq_length() == length + T
+
+
+def test_sizing_masks_begins_the_forward_step_and_changes_no_length(model: Any) -> None:
+    ids = prompt(31)
+    cache = KVCoreCache(model.config, max_step=4)
+    sliding = model.config.layer_types.index(S)
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :30])
+        assert cache.can_rewind(26) and cache.sequence.active_step is None
+        assert cache.get_mask_sizes(1, sliding) == (WINDOW, 30 - WINDOW + 1)
+        step = cache.sequence.active_step
+        assert step is not None and (step.position, step.T) == (30, 1)
+        assert cache.get_seq_length() == 30
+        # kvcore counts a begun step's rows as written (DESIGN): rewinding is judged with them.
+        assert cache.can_rewind(27) and not cache.can_rewind(26)
+        out = prefill(model, cache, ids[:, 30:31])  # the forward joins the step its masks began
+        ref = model(input_ids=ids, use_cache=False)
+    assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
+    assert cache.get_seq_length() == 31 and cache.sequence.active_step is None
 
 
 def test_attention_masks_check_their_arguments() -> None:

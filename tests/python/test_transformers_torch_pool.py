@@ -2,7 +2,9 @@
 
 The reference is a dict position -> (K, V) of everything written in the current
 timeline; every history the pool returns must equal the reference at the
-positions the plan names, in that order, exactly.
+positions the plan names, in that order, exactly. Both layouts are checked: the
+compact one and mirrored rings (a wrapping ring repeats its first R - 1 ring rows
+after its last, so a window without sinks is always one view).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from kvcore.integrations.torch_pool import TorchKVPool, read_positions  # noqa: 
 H, D, DV = 2, 4, 3
 
 
-def make(*policies: kvcore.LayerPolicy, capacity: int = 64, max_step: int = 4, initial: int = 512) -> TorchKVPool:
+def make(
+    *policies: kvcore.LayerPolicy, capacity: int = 64, max_step: int = 4, initial: int = 512, mirror: bool = False
+) -> TorchKVPool:
     cfg = kvcore.CacheConfig(
         capacity,
         [kvcore.LayerConfig(p, n_kv_heads=H, head_dim=D, v_head_dim=DV) for p in policies],
         max_step=max_step,
         initial_capacity=initial,
     )
-    return TorchKVPool(kvcore.SequenceCache(cfg))
+    return TorchKVPool(kvcore.SequenceCache(cfg), mirror_rings=mirror)
 
 
 def kv_for(positions: range, batch: int = 1, salt: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,33 +41,42 @@ def kv_for(positions: range, batch: int = 1, salt: int = 0) -> tuple[torch.Tenso
     return k.contiguous(), v.contiguous()
 
 
-def run_step(pool: TorchKVPool, T: int, ref: dict[int, tuple[torch.Tensor, torch.Tensor]], salt: int = 0) -> None:
-    """One step through every layer, checked against the reference."""
+def run_step(
+    pool: TorchKVPool, T: int, ref: dict[int, tuple[torch.Tensor, torch.Tensor]], salt: int = 0, by_step: bool = True
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One step through every layer, checked against the reference; returns what each layer returned.
+
+    ``by_step``: pass the Step (the pool lays it out once per policy) or each layer's plan.
+    """
     cache = pool.cache
+    out = []
     with cache.step(T) as step:
         k, v = kv_for(range(step.position, step.end), salt=salt)
         for j in range(T):
             ref[step.position + j] = (k[:, :, j], v[:, :, j])
         for layer in range(cache.n_layers):
             plan = step.plan(layer)
-            keys, values = pool.update(layer, plan, k, v)
+            keys, values = pool.update(layer, step if by_step else plan, k, v)
+            out.append((keys, values))
             positions = read_positions(plan)
             assert keys.shape == (1, H, len(positions), D) and values.shape == (1, H, len(positions), DV)
             want_k = torch.stack([ref[p][0] for p in positions], dim=2)
             want_v = torch.stack([ref[p][1] for p in positions], dim=2)
             assert torch.equal(keys, want_k), (layer, positions)
             assert torch.equal(values, want_v), (layer, positions)
+    return out
 
 
+@pytest.mark.parametrize("mirror", [False, True], ids=["compact", "mirrored"])
 @pytest.mark.parametrize("sinks", [0, 2])
-def test_random_steps_and_rewinds_return_exact_history(sinks: int) -> None:
+def test_random_steps_and_rewinds_return_exact_history(sinks: int, mirror: bool) -> None:
     rng = random.Random(7 + sinks)
-    pool = make(kvcore.Ring(window=5, sinks=sinks), kvcore.Flat(), capacity=200, max_step=4, initial=8)
+    pool = make(kvcore.Ring(window=5, sinks=sinks), kvcore.Flat(), capacity=200, max_step=4, initial=8, mirror=mirror)
     cache = pool.cache
     ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     salt = 0
     while cache.length < 150:
-        run_step(pool, rng.randint(1, 4), ref, salt)
+        run_step(pool, rng.randint(1, 4), ref, salt, by_step=rng.random() < 0.7)
         if rng.random() < 0.2:
             n = cache.length - rng.randint(1, 4)
             if cache.can_rewind(n):
@@ -71,8 +84,11 @@ def test_random_steps_and_rewinds_return_exact_history(sinks: int) -> None:
                 salt += 1  # the rewound positions are rewritten with new values
                 for p in [p for p in ref if p >= n]:
                     del ref[p]
-    # Sinks stay where they were written; the ring never grows past kvcore's rows.
-    assert pool.layer(0).allocated_rows == cache.rows(0) == sinks + 5 + 4 - 1  # type: ignore[union-attr]
+    # Sinks stay where they were written; the ring never grows past kvcore's rows (plus the mirror).
+    rows = sinks + 5 + 4 - 1
+    assert pool.layer(0).allocated_rows == cache.rows(0) == rows  # type: ignore[union-attr]
+    assert pool.mirror_rows(0) == (5 + 4 - 2 if mirror else 0) and pool.mirror_rows(1) == 0
+    assert pool.layer(0).keys.shape[2] == rows + pool.mirror_rows(0)  # type: ignore[union-attr]
 
 
 def test_ring_is_allocated_whole_and_flat_grows_by_doubling_up_to_rows() -> None:
@@ -90,8 +106,9 @@ def test_ring_is_allocated_whole_and_flat_grows_by_doubling_up_to_rows() -> None
     assert pool.nbytes() == pool.nbytes(0) + pool.nbytes(1)
 
 
-def test_no_allocation_after_warm_up() -> None:
-    pool = make(kvcore.Ring(window=6), kvcore.Ring(window=6, sinks=1), capacity=64, max_step=3)
+@pytest.mark.parametrize("mirror", [False, True], ids=["compact", "mirrored"])
+def test_no_allocation_after_warm_up(mirror: bool) -> None:
+    pool = make(kvcore.Ring(window=6), kvcore.Ring(window=6, sinks=1), capacity=64, max_step=3, mirror=mirror)
     ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     while pool.cache.length < 20:
         run_step(pool, 3, ref)  # wraps: reads are gathered into the workspace
@@ -166,3 +183,104 @@ def test_allocate_checks_batch_and_release_drops_everything() -> None:
     assert pool.nbytes(0) == 3 * H * (4 + 4 - 1) * (D + DV) * 2
     pool.release()
     assert pool.layer(0) is None and pool.nbytes() == 0
+
+
+# --- mirrored rings ---------------------------------------------------------------------
+
+
+def shares_storage(t: torch.Tensor, pool_tensor: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() == pool_tensor.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("T_max", [1, 4])
+def test_mirrored_windows_without_sinks_are_views_even_when_they_wrap(T_max: int) -> None:
+    rng = random.Random(T_max)
+    pool = make(kvcore.Ring(window=5), kvcore.Flat(), capacity=120, max_step=4, mirror=True)
+    cache = pool.cache
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    wrapped = 0
+    salt = 0
+    while cache.length < 110:
+        T = rng.randint(1, T_max)
+        wrapped += len(cache.begin_step(T).plan(0).read) == 2  # the plan's read crosses the ring's end
+        for layer, (keys, values) in enumerate(run_step(pool, T, ref, salt)):
+            lp = pool.layer(layer)
+            assert lp is not None
+            assert shares_storage(keys, lp.keys) and shares_storage(values, lp.values), (layer, cache.length)
+        if rng.random() < 0.2 and cache.can_rewind(cache.length - T_max):
+            cache.rewind(cache.length - T_max)  # a rewind after the wrap, then rewritten with new values
+            salt += 1
+            for p in [p for p in ref if p >= cache.length]:
+                del ref[p]
+    assert wrapped > 10  # the mirror was what made those reads views
+    assert pool.workspace_nbytes == 0  # nothing was ever gathered
+
+
+def test_compact_rings_gather_what_mirrored_rings_return_as_views() -> None:
+    compact = make(kvcore.Ring(window=5), capacity=40, max_step=2)
+    mirrored = make(kvcore.Ring(window=5), capacity=40, max_step=2, mirror=True)
+    refs: tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], ...] = ({}, {})
+    while compact.cache.length < 30:
+        run_step(compact, 1, refs[0])
+        run_step(mirrored, 1, refs[1])
+    assert compact.workspace_nbytes > 0 and mirrored.workspace_nbytes == 0
+
+
+def test_mirror_rows_repeat_the_first_ring_rows_after_every_step() -> None:
+    sinks, window, max_step = 1, 4, 3
+    pool = make(kvcore.Ring(window=window, sinks=sinks), capacity=80, max_step=max_step, mirror=True)
+    layer = pool.allocate(0, batch_size=1, dtype=torch.float32, device="cpu")
+    layer.keys.zero_()
+    layer.values.zero_()
+    rows, mirror = pool.cache.rows(0), pool.mirror_rows(0)
+    assert (rows, mirror) == (sinks + window + max_step - 1, window + max_step - 2)
+    rng = random.Random(3)
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    while pool.cache.length < 70:
+        run_step(pool, rng.randint(1, max_step), ref)
+        for t in (layer.keys, layer.values):
+            assert torch.equal(t[:, :, rows : rows + mirror], t[:, :, sinks : sinks + mirror])
+
+
+def test_mirrored_sinks_and_window_are_gathered_from_two_spans() -> None:
+    pool = make(kvcore.Ring(window=4, sinks=2), capacity=60, max_step=2, mirror=True)
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    while pool.cache.length < 40:
+        run_step(pool, 1, ref)  # checks the bytes and the order of sinks + window
+    step = pool.cache.begin_step(1)
+    layout = pool.plan_step(step)[0]
+    assert layout.view is None and len(layout.gather) == 2 and layout.gather[0] == (0, 2)
+    assert layout.positions == ((0, 2), (37, 41))  # sinks [0, 2) and the window of query 40
+    assert pool.workspace_nbytes > 0
+
+
+def test_a_ring_that_never_wraps_has_no_mirror() -> None:
+    # rows = min(capacity, W + C - 1) = capacity: row(p) = p, nothing to repeat.
+    pool = make(kvcore.Ring(window=8), capacity=10, max_step=4, mirror=True)
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    run_step(pool, 4, ref)
+    assert pool.mirror_rows(0) == 0 and pool.layer(0).keys.shape[2] == 10  # type: ignore[union-attr]
+
+
+def test_mirrored_memory_is_rows_plus_mirror() -> None:
+    pool = make(kvcore.Ring(window=6, sinks=1), kvcore.Flat(), capacity=64, max_step=3, initial=16, mirror=True)
+    for layer in range(2):
+        pool.allocate(layer, batch_size=2, dtype=torch.float16, device="cpu")
+    ring_rows = 1 + 6 + 3 - 1
+    assert pool.nbytes(0) == 2 * H * (ring_rows + ring_rows - 2) * (D + DV) * 2
+    assert pool.nbytes(1) == 2 * H * 16 * (D + DV) * 2
+    assert pool.layer(0).allocated_rows == ring_rows  # type: ignore[union-attr]
+
+
+def test_a_stale_step_is_refused_and_writes_nothing() -> None:
+    pool = make(kvcore.Ring(window=4), capacity=16, mirror=True)
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    run_step(pool, 2, ref)
+    stale = pool.cache.begin_step(1)
+    pool.cache.rewind(2)  # ends the begun step
+    before = pool.layer(0).keys.clone()  # type: ignore[union-attr]
+    k, v = kv_for(range(2, 3), salt=9)
+    with pytest.raises(kvcore.InvalidStateError):
+        pool.update(0, stale, k, v)
+    # Bit-level: rows never written hold whatever torch.empty left (NaN != NaN).
+    assert torch.equal(pool.layer(0).keys.view(torch.int32), before.view(torch.int32))  # type: ignore[union-attr]

@@ -3,16 +3,30 @@
 kvcore decides with integers where a step's rows go and which rows its queries
 read (``SeqStepPlan``); this module owns the bytes. Per layer it keeps two
 tensors shaped ``[batch, n_kv_heads, rows, dim]`` (keys and values). A step
-writes its new rows with one slice copy per write run and returns the layer's
-history in position order: a view of the pool when the read is one run (every
-flat layer, a ring before it wraps), else the runs copied into a gather
-workspace shared by all layers.
+writes its new rows where the plan says and returns the layer's history in
+position order: a view of the pool when the read is one span of rows, else the
+spans copied into a gather workspace shared by all layers.
+
+Mirrored rings (``mirror_rings=True``, as ``kvcore.KVPool``'s and
+``RingStorage::Mirrored`` in ``kv_pool.h``): a ring layer that wraps keeps, after
+its last row, a copy of its first ``R - 1`` ring rows (``R = window + max_step -
+1``), written together with them. A window that wraps round the ring then
+continues into the copy, so every read without sinks is one span: a view,
+never a gather. The cost is ``R - 1`` rows per wrapping ring layer and a second
+copy of each write that lands in the repeated rows. With sinks, the sinks and
+the window are two spans and are gathered.
+
+A step is laid out once per distinct layer policy (``plan_step``): write
+destinations (mirror included), the read spans, and for ``T = 1`` the index of
+destination rows, shared by every layer of that policy. The per-layer path
+(``write_read``) then only checks the tensors and issues the copies.
 
 Allocation happens only while warming up: a ring layer is allocated whole
-(``cache.rows(layer)`` = window + max_step - 1 rows, plus its sinks) on first
-use; a flat layer starts at ``min(rows, initial_capacity)`` rows and doubles
-(capped at ``rows``) when a write needs more; the gather workspace grows to the
-largest wrapped read once. After that a step allocates nothing.
+(``cache.rows(layer)`` = window + max_step - 1 rows, plus its sinks, plus the
+mirror) on first use; a flat layer starts at ``min(rows, initial_capacity)``
+rows and doubles (capped at ``rows``) when a write needs more; the gather
+workspace grows to the largest gathered read once. After that a step allocates
+nothing but the small per-step layout.
 
 The returned history is valid until the next ``update`` of any layer of the same
 pool (the workspace is reused, and a later step overwrites ring rows). That is
@@ -22,12 +36,12 @@ what an attention layer needs; it is also why the pool is for inference only
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import Optional, Union
 
 import torch
 
-from kvcore._core import LayerConfig, SeqStepPlan, SequenceCache
+from kvcore._core import LayerConfig, SeqStepPlan, SequenceCache, Step
 from kvcore._errors import InvalidArgumentError
 
 
@@ -36,29 +50,141 @@ def read_positions(plan: SeqStepPlan) -> list[int]:
     return [run.pos + i for run in plan.read for i in range(run.len)]
 
 
-@dataclass
-class LayerPool:
-    """One layer's K/V rows: ``keys`` ``[B, H, allocated, D]``, ``values`` ``[B, H, allocated, Dv]``."""
+def _position_ranges(plan: SeqStepPlan) -> tuple[tuple[int, int], ...]:
+    """The plan's read as position ranges [start, stop), adjacent runs merged."""
+    out: list[tuple[int, int]] = []
+    for r in plan.read:
+        if out and out[-1][1] == r.pos:
+            out[-1] = (out[-1][0], r.pos + r.len)
+        else:
+            out.append((r.pos, r.pos + r.len))
+    return tuple(out)
 
-    keys: torch.Tensor
-    values: torch.Tensor
-    rows: int  # kvcore's rows for the layer: the most this layer ever allocates
+
+class _Storage:
+    """Row facts shared by the layers of one policy: how many rows, and the mirror."""
+
+    __slots__ = ("rows", "ring_start", "mirror_rows")
+
+    def __init__(self, rows: int, ring_start: int, mirror_rows: int) -> None:
+        self.rows = rows  # kvcore's rows for the layer
+        self.ring_start = ring_start  # first ring row (the sinks)
+        self.mirror_rows = mirror_rows  # rows [rows, rows + mirror_rows) repeat [ring_start, ...)
+
+
+class StepLayout:
+    """How the layers of one policy write and read one step (computed once per step and policy).
+
+    ``writes``: ``(row, len, offset)`` copies of input rows ``[offset, offset + len)``,
+    mirror copies included. ``index``: for ``T = 1``, the destination rows of the one
+    new row (two when it is mirrored), else empty. ``view``: ``(row, len)`` when the read is one span
+    of rows, else None and ``gather`` lists the spans. ``positions``: the read as
+    position ranges in order (what masks are sized from).
+    """
+
+    __slots__ = ("position", "T", "writes", "index", "write_end", "view", "gather", "read_len", "positions", "_on")
+
+    def __init__(self, plan: SeqStepPlan, storage: _Storage, position: int, T: int) -> None:
+        self.position = position
+        self.T = T
+        writes: list[tuple[int, int, int]] = []
+        j = 0
+        for r in plan.write:
+            writes.append((r.row, r.len, j))
+            j += r.len
+        if storage.mirror_rows:
+            lo_m, hi_m = storage.ring_start, storage.ring_start + storage.mirror_rows
+            for row, n, off in list(writes):
+                lo, hi = max(row, lo_m), min(row + n, hi_m)
+                if lo < hi:
+                    writes.append((storage.rows + lo - lo_m, hi - lo, off + lo - row))
+        self.writes = tuple(writes)
+        self.index: tuple[int, ...] = tuple(w[0] for w in writes) if T == 1 else ()
+        self.write_end = max(row + n for row, n, _ in writes)
+        spans: list[tuple[int, int]] = []
+        next_pos = -1  # the position after the last span
+        for r in plan.read:
+            if spans and storage.mirror_rows:
+                row, n = spans[-1]
+                # A window that runs past the last row continues in the mirror.
+                if (
+                    row + n == storage.rows
+                    and r.row == storage.ring_start
+                    and r.pos == next_pos
+                    and r.len <= storage.mirror_rows
+                ):
+                    spans[-1] = (row, n + r.len)
+                    next_pos += r.len
+                    continue
+            spans.append((r.row, r.len))
+            next_pos = r.pos + r.len
+        self.view: Optional[tuple[int, int]] = spans[0] if len(spans) == 1 else None
+        self.gather = tuple(spans)
+        self.read_len = plan.read_len
+        self.positions = _position_ranges(plan)
+        self._on: dict[torch.device, torch.Tensor] = {}
+
+    def index_on(self, device: torch.device) -> torch.Tensor:
+        """``index`` as a tensor on ``device`` (made once per step and device)."""
+        t = self._on.get(device)
+        if t is None:
+            t = torch.tensor(self.index, dtype=torch.long, device=device)
+            self._on[device] = t
+        return t
+
+
+class LayerPool:
+    """One layer's K/V rows: ``keys`` ``[B, H, allocated (+ mirror), D]``, ``values`` ``[..., Dv]``."""
+
+    __slots__ = (
+        "keys", "values", "rows", "mirror_rows", "batch_size", "dtype", "device",
+        "T", "k_shape", "v_shape", "_k_geometry", "_v_geometry",
+    )  # fmt: skip
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, mirror_rows: int = 0) -> None:
+        self.rows = rows  # kvcore's rows for the layer: the most this layer ever allocates
+        self.mirror_rows = mirror_rows  # extra rows after `rows` repeating the first ring rows
+        self.set_tensors(keys, values)
+
+    def set_tensors(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+        self.batch_size = int(keys.shape[0])
+        self.dtype = keys.dtype
+        self.device = keys.device
+        # What a step of T new rows must pass in (set for the T of the last step).
+        self.T = 0
+        self.k_shape = self.v_shape = torch.Size()
+        # (B, H, D), strides, offset: a read is an as_strided view (cheaper than narrow).
+        self._k_geometry = (*keys.shape[:2], keys.shape[3], keys.stride(), keys.storage_offset())
+        self._v_geometry = (*values.shape[:2], values.shape[3], values.stride(), values.storage_offset())
+
+    def expect(self, T: int) -> None:
+        """Set the shapes a step of ``T`` new rows must have."""
+        B, H, D = self._k_geometry[:3]
+        self.T = T
+        self.k_shape = torch.Size((B, H, T, D))
+        self.v_shape = torch.Size((B, H, T, self._v_geometry[2]))
+
+    def view(self, row: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``[row, row + n)`` of K and V as views (``row + n`` may reach into the mirror)."""
+        B, H, D, st, off = self._k_geometry
+        keys = self.keys.as_strided((B, H, n, D), st, off + row * st[2])
+        B, H, D, st, off = self._v_geometry
+        return keys, self.values.as_strided((B, H, n, D), st, off + row * st[2])
 
     @property
     def allocated_rows(self) -> int:
-        return int(self.keys.shape[2])
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.keys.shape[0])
+        """Rows allocated now, not counting the mirror."""
+        return int(self.keys.shape[2]) - self.mirror_rows
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the K and V tensors (the mirror included)."""
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
 
 class _Workspace:
-    """Flat scratch buffers a wrapped read is gathered into; grown, never shrunk."""
+    """Flat scratch buffers a gathered read is copied into; grown, never shrunk."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
@@ -84,48 +210,68 @@ class TorchKVPool:
     """K/V storage in torch tensors for every layer of one ``kvcore.SequenceCache``.
 
     Use it from a forward pass: begin a step on the cache, then per layer
-    ``keys, values = pool.update(layer, step.plan(layer), new_keys, new_values)``
-    with ``new_keys`` shaped ``[batch, n_kv_heads, T, head_dim]``; commit the step
-    after the last layer. A layer is allocated on its first update (or by
-    ``allocate``) with the batch size, dtype and device of what it is given.
+    ``keys, values = pool.update(layer, step, new_keys, new_values)`` with
+    ``new_keys`` shaped ``[batch, n_kv_heads, T, head_dim]``; commit the step after
+    the last layer. A layer is allocated on its first update (or by ``allocate``)
+    with the batch size, dtype and device of what it is given. ``mirror_rings``:
+    see the module docstring.
     """
 
-    def __init__(self, cache: SequenceCache) -> None:
+    def __init__(self, cache: SequenceCache, *, mirror_rings: bool = False) -> None:
         self.cache = cache
+        self.mirror_rings = bool(mirror_rings)
         cfg = cache.config
         self._initial_rows = cfg.initial_capacity
+        n = cache.n_layers
         # Resolved once: the per-step path reads these for every layer.
-        self._configs = [cfg.layers[0 if len(cfg.layers) == 1 else i] for i in range(cache.n_layers)]
-        self._layers: list[LayerPool | None] = [None] * cache.n_layers
+        self._configs = [cfg.layers[0 if len(cfg.layers) == 1 else i] for i in range(n)]
+        self.policy_of = [cache.policy_index(i) for i in range(n)]
+        self._first_of_policy = [self.policy_of.index(p) for p in range(cache.n_policies)]
+        self._storage: list[_Storage] = []
+        for p, first in enumerate(self._first_of_policy):
+            policy, rows = self._configs[first].policy, cache.rows(first)
+            # A ring wraps unless its rows reach the capacity (then row(p) = p).
+            wraps = policy.is_ring and rows < cache.capacity
+            mirror = rows - policy.sinks - 1 if self.mirror_rings and wraps else 0
+            self._storage.append(_Storage(rows, policy.sinks, mirror))
+        self._layers: list[Optional[LayerPool]] = [None] * n
         self._workspace = _Workspace()
+        self._planned: Optional[tuple[Step, list[StepLayout]]] = None
 
     # --- allocation ----------------------------------------------------------
 
-    def allocate(self, layer: int, *, batch_size: int, dtype: torch.dtype, device: torch.device | str) -> LayerPool:
+    def allocate(
+        self, layer: int, *, batch_size: int, dtype: torch.dtype, device: Union[torch.device, str]
+    ) -> LayerPool:
         """(Re)allocate ``layer`` for ``batch_size`` sequences; its rows hold nothing yet."""
         lc = self._layer_config(layer)
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size = {batch_size}: must be >= 1")
-        rows = self.cache.rows(layer)
+        storage = self._storage[self.policy_of[layer]]
+        rows = storage.rows
         # A ring is small and cycles through all its rows at once; only flat layers grow.
-        start = rows if lc.policy.is_ring else min(rows, self._initial_rows)
-        shape_k = (batch_size, lc.n_kv_heads, start, lc.head_dim)
-        shape_v = (batch_size, lc.n_kv_heads, start, lc.value_dim)
+        start = rows + storage.mirror_rows if lc.policy.is_ring else min(rows, self._initial_rows)
         pool = LayerPool(
-            keys=torch.empty(shape_k, dtype=dtype, device=device),
-            values=torch.empty(shape_v, dtype=dtype, device=device),
+            keys=torch.empty((batch_size, lc.n_kv_heads, start, lc.head_dim), dtype=dtype, device=device),
+            values=torch.empty((batch_size, lc.n_kv_heads, start, lc.value_dim), dtype=dtype, device=device),
             rows=rows,
+            mirror_rows=storage.mirror_rows if lc.policy.is_ring else 0,
         )
         self._layers[layer] = pool
         return pool
 
-    def layer(self, layer: int) -> LayerPool | None:
+    def layer(self, layer: int) -> Optional[LayerPool]:
         """The layer's storage, or None before it is allocated."""
         self._layer_config(layer)
         return self._layers[layer]
 
-    def nbytes(self, layer: int | None = None) -> int:
-        """Bytes held by one layer's K/V tensors, or by every layer (workspace excluded)."""
+    def mirror_rows(self, layer: int) -> int:
+        """Rows the layer keeps after its last row as a copy of its first ring rows (0: none)."""
+        self._layer_config(layer)
+        return self._storage[self.policy_of[layer]].mirror_rows
+
+    def nbytes(self, layer: Optional[int] = None) -> int:
+        """Bytes held by one layer's K/V tensors, or by every layer (mirrors included, workspace excluded)."""
         if layer is not None:
             pool = self.layer(layer)
             return 0 if pool is None else pool.nbytes
@@ -133,7 +279,7 @@ class TorchKVPool:
 
     @property
     def workspace_nbytes(self) -> int:
-        """Bytes of the shared gather workspace wrapped reads are returned in."""
+        """Bytes of the shared gather workspace gathered reads are returned in."""
         return self._workspace.nbytes
 
     def release(self) -> None:
@@ -149,26 +295,91 @@ class TorchKVPool:
         keys, values = fn(pool.keys), fn(pool.values)
         if keys.shape[1:] != pool.keys.shape[1:] or values.shape[1:] != pool.values.shape[1:]:
             raise InvalidArgumentError("map_batch: fn may change only the batch dimension (dim 0)")
-        pool.keys, pool.values = keys.contiguous(), values.contiguous()
+        pool.set_tensors(keys.contiguous(), values.contiguous())
 
     # --- the per-step path -----------------------------------------------------
 
+    def plan_step(self, step: Step) -> list[StepLayout]:
+        """The begun ``step`` laid out per policy (index with ``policy_of[layer]``); cached for the step."""
+        planned = self._planned
+        if planned is not None and planned[0] is step and step.is_current:
+            return planned[1]
+        position, T = step.position, step.T
+        layouts = [
+            StepLayout(step.plan(first), self._storage[p], position, T) for p, first in enumerate(self._first_of_policy)
+        ]
+        self._planned = (step, layouts)
+        return layouts
+
     def update(
-        self, layer: int, plan: SeqStepPlan, key: torch.Tensor, value: torch.Tensor
+        self, layer: int, step: Union[Step, SeqStepPlan], key: torch.Tensor, value: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the step's rows of ``layer`` where ``plan`` says, return its history in position order.
+        """Write the step's rows of ``layer`` where kvcore's plan says, return its history in position order.
 
-        ``key``/``value``: ``[batch, n_kv_heads, T, head_dim]`` / ``[..., value_dim]`` with
-        ``T == plan.write_len``. Returns keys and values ``[batch, n_kv_heads, plan.read_len, dim]``
-        holding positions ``read_positions(plan)`` in that order.
+        ``step``: the begun step (or the layer's ``SeqStepPlan`` of it). ``key``/``value``:
+        ``[batch, n_kv_heads, T, head_dim]`` / ``[..., value_dim]``. Returns keys and values
+        ``[batch, n_kv_heads, read_len, dim]`` holding positions ``read_positions(plan)`` in order.
         """
-        pool = self._pool_for(layer, plan, key, value)
-        self._write(pool, plan, key, value)
-        return self._read(pool, plan)
+        self._layer_config(layer)
+        if isinstance(step, Step):
+            layout = self.plan_step(step)[self.policy_of[layer]]
+        else:
+            layout = StepLayout(step, self._storage[self.policy_of[layer]], step.write[0].pos, step.write_len)
+        return self.write_read(layer, layout, key, value)
 
-    def _pool_for(self, layer: int, plan: SeqStepPlan, key: torch.Tensor, value: torch.Tensor) -> LayerPool:
+    def write_read(
+        self, layer: int, layout: StepLayout, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``update`` with the step already laid out (``plan_step(step)[policy_of[layer]]``): the hot path."""
+        pool = self._layers[layer]
+        if (
+            pool is None
+            or pool.T != layout.T
+            or key.shape != pool.k_shape
+            or value.shape != pool.v_shape
+            or key.dtype != pool.dtype
+            or value.dtype != pool.dtype
+            or key.device != pool.device
+            or value.device != pool.device
+        ):
+            pool = self._pool_for(layer, layout, key, value)
+        if layout.write_end > pool.keys.shape[2]:
+            self._grow(pool, layout.write_end)
+        pk, pv = pool.keys, pool.values
+        index = layout.index
+        if index:  # T = 1: one indexed copy writes the row and its mirror
+            rows = layout.index_on(pool.device)
+            if len(index) == 1:
+                pk.index_copy_(2, rows, key)
+                pv.index_copy_(2, rows, value)
+            else:
+                pk.index_copy_(2, rows, key.expand(-1, -1, len(index), -1))
+                pv.index_copy_(2, rows, value.expand(-1, -1, len(index), -1))
+        else:
+            T = layout.T
+            for row, n, off in layout.writes:
+                pk.narrow(2, row, n).copy_(key if n == T else key.narrow(2, off, n))
+                pv.narrow(2, row, n).copy_(value if n == T else value.narrow(2, off, n))
+        view = layout.view
+        if view is not None:
+            return pool.view(view[0], view[1])
+        return self._gather(pool, layout.gather, layout.read_len)
+
+    def _gather(
+        self, pool: LayerPool, spans: Sequence[tuple[int, int]], n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        pk, pv = pool.keys, pool.values
+        B, H, _, D = pk.shape
+        keys = self._workspace.take("k", (B, H, n, D), pk)
+        values = self._workspace.take("v", (B, H, n, pv.shape[3]), pv)
+        torch.cat([pk.narrow(2, row, m) for row, m in spans], dim=2, out=keys)
+        torch.cat([pv.narrow(2, row, m) for row, m in spans], dim=2, out=values)
+        return keys, values
+
+    def _pool_for(self, layer: int, layout: StepLayout, key: torch.Tensor, value: torch.Tensor) -> LayerPool:
+        """The slow path of ``write_read``: explain a mismatch, or (re)allocate the layer."""
         lc = self._layer_config(layer)
-        T = plan.write_len
+        T = layout.T
         if key.dim() != 4 or value.dim() != 4:
             raise InvalidArgumentError(
                 f"layer {layer}: key/value must be 4-D [batch, n_kv_heads, T, dim], got {tuple(key.shape)} "
@@ -186,57 +397,28 @@ class TorchKVPool:
                 f"layer {layer}: key ({key.dtype}, {key.device}) and value ({value.dtype}, {value.device}) differ"
             )
         pool = self._layers[layer]
-        if pool is None or (
-            pool.batch_size != key.shape[0] or pool.keys.dtype != key.dtype or pool.keys.device != key.device
-        ):
+        if pool is None or (pool.batch_size, pool.dtype, pool.device) != (key.shape[0], key.dtype, key.device):
             # A new batch/dtype/device may start only a new sequence: older rows would not match it.
-            if pool is not None and plan.write[0].pos != 0:
+            if pool is not None and layout.position != 0:
                 raise InvalidArgumentError(
-                    f"layer {layer}: the pool holds batch {pool.batch_size} of {pool.keys.dtype} on "
-                    f"{pool.keys.device}, got batch {key.shape[0]} of {key.dtype} on {key.device} at position "
-                    f"{plan.write[0].pos}; a different batch, dtype or device can only start at position 0"
+                    f"layer {layer}: the pool holds batch {pool.batch_size} of {pool.dtype} on "
+                    f"{pool.device}, got batch {key.shape[0]} of {key.dtype} on {key.device} at position "
+                    f"{layout.position}; a different batch, dtype or device can only start at position 0"
                 )
             pool = self.allocate(layer, batch_size=int(key.shape[0]), dtype=key.dtype, device=key.device)
+        pool.expect(T)
         return pool
-
-    def _write(self, pool: LayerPool, plan: SeqStepPlan, key: torch.Tensor, value: torch.Tensor) -> None:
-        runs = plan.write
-        end = max(r.row + r.len for r in runs)
-        if end > pool.allocated_rows:
-            self._grow(pool, end)
-        j = 0
-        for r in runs:
-            pool.keys[:, :, r.row : r.row + r.len].copy_(key[:, :, j : j + r.len])
-            pool.values[:, :, r.row : r.row + r.len].copy_(value[:, :, j : j + r.len])
-            j += r.len
-
-    def _read(self, pool: LayerPool, plan: SeqStepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        runs = plan.read
-        if len(runs) == 1:
-            r = runs[0]
-            return pool.keys[:, :, r.row : r.row + r.len], pool.values[:, :, r.row : r.row + r.len]
-        B, H, _, D = pool.keys.shape
-        Dv = pool.values.shape[3]
-        n = plan.read_len
-        keys = self._workspace.take("k", (B, H, n, D), pool.keys)
-        values = self._workspace.take("v", (B, H, n, Dv), pool.values)
-        off = 0
-        for r in runs:
-            keys[:, :, off : off + r.len].copy_(pool.keys[:, :, r.row : r.row + r.len])
-            values[:, :, off : off + r.len].copy_(pool.values[:, :, r.row : r.row + r.len])
-            off += r.len
-        return keys, values
 
     @staticmethod
     def _grow(pool: LayerPool, needed: int) -> None:
-        # Doubling keeps growth amortised O(1) per row; never past kvcore's rows.
+        # Doubling keeps growth amortised O(1) per row; never past kvcore's rows (flat layers only).
         new_rows = min(pool.rows, max(needed, 2 * pool.allocated_rows))
         old = pool.allocated_rows
         keys = pool.keys.new_empty((*pool.keys.shape[:2], new_rows, pool.keys.shape[3]))
         values = pool.values.new_empty((*pool.values.shape[:2], new_rows, pool.values.shape[3]))
         keys[:, :, :old].copy_(pool.keys)
         values[:, :, :old].copy_(pool.values)
-        pool.keys, pool.values = keys, values
+        pool.set_tensors(keys, values)
 
     def _layer_config(self, layer: int) -> LayerConfig:
         if not 0 <= layer < len(self._layers):
@@ -244,4 +426,4 @@ class TorchKVPool:
         return self._configs[layer]
 
 
-__all__ = ["LayerPool", "TorchKVPool", "read_positions"]
+__all__ = ["LayerPool", "StepLayout", "TorchKVPool", "read_positions"]

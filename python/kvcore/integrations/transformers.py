@@ -9,20 +9,28 @@ the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
 ``max_step`` tokens even after the window wrapped, which transformers' own
 sliding layers refuse unless they keep the whole history.
 
-How a forward maps onto kvcore: the update of layer 0 begins a kvcore step of
-``T`` tokens (replacing a step an interrupted forward left unfinished), every
-other layer must follow in order with the same ``T``, and the update of the last
-layer commits it. So the length (``get_seq_length``) changes only when a whole
-forward succeeded, and a forward may carry at most ``max_step`` tokens: feed
-longer prompts with ``generate(..., prefill_chunk_size=cache.max_step)`` or with
-``prefill`` below.
+How a forward maps onto kvcore: a forward of ``T`` tokens is one kvcore step.
+It is begun by the first of: sizing the forward's masks (``get_mask_sizes`` or
+``attention_masks``; kvcore plans only a begun step) or the update of layer 0
+(which replaces a step an interrupted forward left unfinished, unless it is the
+very step it needs). Every layer must then follow in order with the same ``T``,
+and the update of the last layer commits it. So the length
+(``get_seq_length``) changes only when a whole forward succeeded, and a forward
+may carry at most ``max_step`` tokens: feed longer prompts with
+``generate(..., prefill_chunk_size=cache.max_step)`` or with ``prefill`` below.
 
-Masks: transformers builds masks from ``get_mask_sizes``; each layer returns its
-history in position order, contiguous from that offset, so the masks agree and
-eager attention gives DynamicCache's results. Attention sinks (``sinks > 0``)
+Masks come from the step's plan: ``get_mask_sizes`` reports the plan's read
+(one range of positions for a layer without sinks), and each layer returns
+exactly those keys in position order, so transformers' masks agree and eager
+and sdpa attention give DynamicCache's results. Attention sinks (``sinks > 0``)
 keep the first positions visible forever, which transformers' masks cannot
 express: for such a cache ``get_mask_sizes`` raises, and you pass the masks from
-``cache.attention_masks(...)`` yourself (``prefill`` does).
+``cache.attention_masks(...)`` (built from the plan and kvcore's visibility
+rule) yourself (``prefill`` does).
+
+Storage: sliding layers are mirrored by default (``mirror_rings=True``): a window
+that wraps round the ring is returned as a view, never gathered, at the price
+of ``window + max_step - 2`` more rows per sliding layer.
 
 Tested with transformers 5.24.0 and torch 2.13.0 (see docs/transformers.md).
 Other 5.x releases are accepted only if the Cache API this module relies on is
@@ -40,9 +48,9 @@ import transformers
 from packaging.version import Version
 from transformers import cache_utils
 
-from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SeqStepPlan, SequenceCache, Step
+from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
-from kvcore.integrations.torch_pool import TorchKVPool
+from kvcore.integrations.torch_pool import StepLayout, TorchKVPool
 
 TESTED_TRANSFORMERS = "5.24.0"
 SUPPORTED_TRANSFORMERS = ">=5.24,<6"
@@ -136,51 +144,70 @@ def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
     return heads, dims
 
 
-def _read_ranges(policy: LayerPolicy, length: int, T: int) -> list[tuple[int, int]]:
-    """Position ranges [start, stop) a step at ``length`` of ``T`` tokens reads, in order (DESIGN section 2)."""
-    end = length + T
-    if not policy.is_ring:
-        return [(0, end)]
-    lo = max(0, length - policy.window + 1)
-    sinks = min(policy.sinks, end)
-    if sinks >= lo:
-        return [(0, end)]
-    if sinks == 0:
-        return [(lo, end)]
-    return [(0, sinks), (lo, end)]
-
-
-def _plan_ranges(plan: SeqStepPlan) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for r in plan.read:
-        if out and out[-1][1] == r.pos:
-            out[-1] = (out[-1][0], r.pos + r.len)
-        else:
-            out.append((r.pos, r.pos + r.len))
-    return out
-
-
 # --- the cache ---------------------------------------------------------------------
 
 
 class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transformers is Any to mypy
     """One layer of a KVCoreCache. Its rows live in the cache's pool; its length is the cache's.
 
-    ``keys``/``values`` are the pool tensors in row order (not position order); the
-    history in position order is what ``update`` returns.
+    ``keys``/``values`` are the pool tensors in row order (not position order; a
+    mirrored ring's copy of its first ring rows follows its last row); the history
+    in position order is what ``update`` returns.
     """
 
     is_compileable = False
     is_croppable = True  # within kvcore's rewind rule: up to max_step tokens once a window wrapped
 
     def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
-        super().__init__()
         self._owner = owner
         self.layer_idx = layer_idx
+        super().__init__()
         self.policy = policy
         self.is_sliding = policy.is_ring
         self.sliding_window: Optional[int] = policy.window if policy.is_ring else None
         self.sinks = policy.sinks
+
+    # The pool owns the tensors; these read them, so nothing is copied per step.
+    @property
+    def keys(self) -> Optional[torch.Tensor]:
+        pool = self._owner.pool.layer(self.layer_idx)
+        return None if pool is None else pool.keys
+
+    @keys.setter
+    def keys(self, value: Optional[torch.Tensor]) -> None:
+        self._refuse_assignment("keys", value)
+
+    @property
+    def values(self) -> Optional[torch.Tensor]:
+        pool = self._owner.pool.layer(self.layer_idx)
+        return None if pool is None else pool.values
+
+    @values.setter
+    def values(self, value: Optional[torch.Tensor]) -> None:
+        self._refuse_assignment("values", value)
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._owner.pool.layer(self.layer_idx) is not None
+
+    @is_initialized.setter
+    def is_initialized(self, value: bool) -> None:
+        self._refuse_assignment("is_initialized", value or None)
+
+    @property
+    def device(self) -> torch.device:
+        pool = self._owner.pool.layer(self.layer_idx)
+        if pool is None:
+            raise AttributeError("device: the layer is not allocated yet")
+        return pool.device
+
+    def _refuse_assignment(self, name: str, value: Any) -> None:
+        # CacheLayerMixin.__init__ resets them to None/False; anything else (offloading) is not supported.
+        if value is not None:
+            raise NotSupportedError(
+                f"layer {self.layer_idx}: {name} is the kvcore pool's tensor and cannot be replaced "
+                f"(offloading is not supported)"
+            )
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self._owner.pool.allocate(
@@ -189,30 +216,11 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
             dtype=key_states.dtype,
             device=key_states.device,
         )
-        self._sync()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        owner = self._owner
-        step = owner._join_step(self.layer_idx, int(key_states.shape[-2]))
-        plan = step.plan(self.layer_idx)
-        expected = _read_ranges(self.policy, step.position, step.T)
-        if _plan_ranges(plan) != expected:  # the masks are sized from `expected`
-            raise InternalError(
-                f"layer {self.layer_idx}: plan reads {_plan_ranges(plan)}, masks assume {expected}"
-            )
-        keys, values = owner.pool.update(self.layer_idx, plan, key_states, value_states)
-        self._sync()
-        owner._finish_layer(self.layer_idx)
-        return keys, values
-
-    def _sync(self) -> None:
-        pool = self._owner.pool.layer(self.layer_idx)
-        if pool is not None:
-            self.keys, self.values = pool.keys, pool.values
-            self.device = pool.keys.device
-            self.is_initialized = True
+        return self._owner.update(key_states, value_states, self.layer_idx)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self.sinks > 0:
@@ -221,8 +229,10 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
                 f"express: pass attention_mask=cache.attention_masks(model.config, {query_length}) (or use "
                 f"kvcore.integrations.transformers.prefill), not generate()"
             )
-        ranges = _read_ranges(self.policy, self._owner.sequence.length, query_length)
-        start, stop = ranges[0]
+        layout = self._owner._layout(self.layer_idx, query_length)
+        if len(layout.positions) != 1:  # not an assert: it must hold under -O too
+            raise InternalError(f"layer {self.layer_idx}: a read without sinks is {layout.positions}, not one range")
+        start, stop = layout.positions[0]
         return stop - start, start
 
     def get_seq_length(self) -> int:
@@ -248,15 +258,12 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._owner.pool.map_batch(self.layer_idx, lambda t: t.index_select(0, beam_idx.to(t.device)))
-        self._sync()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._owner.pool.map_batch(self.layer_idx, lambda t: t.repeat_interleave(repeats, dim=0))
-        self._sync()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._owner.pool.map_batch(self.layer_idx, lambda t: t[indices.to(t.device)])
-        self._sync()
 
     def __repr__(self) -> str:
         return f"KVCoreLayer({self.layer_idx}, {self.policy!r})"
@@ -269,7 +276,10 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     one forward may carry (kvcore's default: min(512, capacity)). ``capacity``: the
     longest sequence (default: ``max_position_embeddings``). ``sinks``: attention
     sinks of every sliding layer. ``initial_capacity``: rows a full-attention
-    layer allocates before it grows by doubling.
+    layer allocates before it grows by doubling. ``mirror_rings``: sliding layers
+    keep a copy of their first ring rows after the last, so a window that wraps is
+    returned as a view instead of a gathered copy (faster; ``R - 1`` more rows per
+    sliding layer, see docs/transformers.md).
     """
 
     def __init__(
@@ -280,18 +290,23 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         capacity: Optional[int] = None,
         sinks: int = 0,
         initial_capacity: int = 512,
+        mirror_rings: bool = True,
     ) -> None:
         cache_config, layer_types = cache_config_for(
             config, max_step=max_step, capacity=capacity, sinks=sinks, initial_capacity=initial_capacity
         )
         self.sequence = SequenceCache(cache_config)
-        self.pool = TorchKVPool(self.sequence)
+        self.pool = TorchKVPool(self.sequence, mirror_rings=mirror_rings)
         self.layer_types = layer_types
         policies = [self.sequence.layer_policy(i) for i in range(len(layer_types))]
         # Typed alias of Cache.layers (transformers types it as a union of layer kinds).
         self.kv_layers = [KVCoreLayer(self, i, p) for i, p in enumerate(policies)]
         super().__init__(layers=list(self.kv_layers))
+        self._n_layers = len(layer_types)
+        self._policy_of = self.pool.policy_of
         self._step: Optional[Step] = None
+        self._T = 0  # the begun step's T
+        self._layouts: list[StepLayout] = []
         self._next_layer = 0
 
     # --- kvcore facts ----------------------------------------------------------------
@@ -309,52 +324,83 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     def has_sinks(self) -> bool:
         return any(layer.sinks > 0 for layer in self.kv_layers)
 
+    @property
+    def mirror_rings(self) -> bool:
+        return self.pool.mirror_rings
+
     def rows(self, layer_idx: int) -> int:
         """Rows kvcore gives the layer: window + max_step - 1 (+ sinks) for a sliding layer, capacity for a full one."""
         return self.sequence.rows(layer_idx)
 
     def allocated_rows(self, layer_idx: int) -> int:
-        """Rows the layer's tensors hold now (0 before its first update)."""
+        """Rows the layer's tensors hold now, not counting a mirror (0 before its first update)."""
         pool = self.pool.layer(layer_idx)
         return 0 if pool is None else pool.allocated_rows
 
+    def mirror_rows(self, layer_idx: int) -> int:
+        """Rows a mirrored sliding layer keeps after its last row (R - 1 = window + max_step - 2; else 0)."""
+        return self.pool.mirror_rows(layer_idx)
+
     def nbytes(self, layer_idx: Optional[int] = None) -> int:
-        """Bytes of K/V tensors held by one layer or by all (the shared gather workspace is separate)."""
+        """Bytes of K/V tensors held by one layer or by all, mirrors included (the gather workspace is separate)."""
         return self.pool.nbytes(layer_idx)
 
     # --- the step of one forward -----------------------------------------------------
 
-    def _join_step(self, layer_idx: int, T: int) -> Step:
-        if layer_idx == 0:
-            if T > self.sequence.max_step:
-                raise InvalidArgumentError(
-                    f"a forward of T = {T} tokens: must be <= max_step = {self.sequence.max_step}; feed longer "
-                    f"inputs in chunks (generate(..., prefill_chunk_size={self.sequence.max_step}) or "
-                    f"kvcore.integrations.transformers.prefill)"
-                )
-            # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
-            self._step = self.sequence.begin_step(T)
-            self._next_layer = 0
+    def _begin(self, T: int) -> Step:
+        """The begun kvcore step of the next forward of ``T`` tokens, beginning it if needed.
+
+        kvcore plans only the begun step, so sizing a forward's masks begins its step;
+        the forward's layer 0 then joins it. Plans are pure, so a step an interrupted
+        forward left at the same (length, T) is the same step: it is kept.
+        """
         step = self._step
-        if step is None or layer_idx != self._next_layer or not step.is_current:
-            raise InvalidStateError(
-                f"update of layer {layer_idx}: a forward updates layers 0..{len(self.layers) - 1} in order, "
-                f"and layer {self._next_layer if step is not None else 0} is next"
+        if step is not None and step.T == T and step.position == self.sequence.length and step.is_current:
+            return step
+        if T > self.sequence.max_step:
+            raise InvalidArgumentError(
+                f"a forward of T = {T} tokens: must be <= max_step = {self.sequence.max_step}; feed longer "
+                f"inputs in chunks (generate(..., prefill_chunk_size={self.sequence.max_step}) or "
+                f"kvcore.integrations.transformers.prefill)"
             )
-        if T != step.T:
-            raise InvalidStateError(
-                f"update of layer {layer_idx} with T = {T} tokens, but this forward's step has T = {step.T}"
-            )
+        # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
+        step = self.sequence.begin_step(T)
+        self._step, self._T = step, T
+        self._layouts = self.pool.plan_step(step)
+        self._next_layer = 0
         return step
 
-    def _finish_layer(self, layer_idx: int) -> None:
+    def _layout(self, layer_idx: int, T: int) -> StepLayout:
+        """Layer ``layer_idx``'s layout of the next forward of ``T`` tokens (begins its step)."""
+        self._begin(T)
+        return self._layouts[self._policy_of[layer_idx]]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the forward's new K/V of ``layer_idx`` and return its history (layer 0 begins the step,
+        the last layer commits it)."""
+        T = key_states.shape[-2]
+        if layer_idx == 0:
+            self._begin(int(T))
+            self._next_layer = 0
+        step = self._step
+        if step is None or layer_idx != self._next_layer:
+            raise InvalidStateError(
+                f"update of layer {layer_idx}: a forward updates layers 0..{self._n_layers - 1} in order, "
+                f"and layer {self._next_layer if step is not None else 0} is next"
+            )
+        if T != self._T:
+            raise InvalidStateError(
+                f"update of layer {layer_idx} with T = {T} tokens, but this forward's step has T = {self._T}"
+            )
+        out = self.pool.write_read(layer_idx, self._layouts[self._policy_of[layer_idx]], key_states, value_states)
         self._next_layer = layer_idx + 1
-        if self._next_layer == len(self.layers):
-            if self._step is None:  # not an assert: it must hold under -O too
-                raise InternalError(f"layer {layer_idx} finished a forward that began no step")
-            self._step.commit()
+        if self._next_layer == self._n_layers:
+            step.commit()
             self._step = None
             self._next_layer = 0
+        return out
 
     # --- length changes ----------------------------------------------------------------
 
@@ -398,10 +444,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
 
         Pass the result as ``attention_mask=`` to the model's forward (Gemma-style models
         take a dict ``{layer_type: 4-D mask}`` as already-built masks). Each mask has one
-        column per key the layer returns, in the same order, and follows kvcore's
-        visibility rule, sinks included. ``attention_mask``: optional 2-D padding mask
-        ``[batch, length + query_length]`` (1 = attend). Works for eager (float masks)
-        and sdpa (boolean masks) attention.
+        column per key the layer returns, in the same order: kvcore's plan of the step
+        (which this begins) names the keys, and kvcore's visibility rule (``Step.mask``),
+        sinks included, says which each query sees. ``attention_mask``: optional 2-D
+        padding mask ``[batch, length + query_length]`` (1 = attend). Works for eager
+        (float masks) and sdpa (boolean masks) attention.
         """
         impl = config.get_text_config(decoder=True)._attn_implementation
         if impl not in ("eager", "sdpa"):
@@ -419,21 +466,16 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             batch_size = int(attention_mask.shape[0]) if batch_size is None else batch_size
             device = attention_mask.device if device is None else device
         batch_size = 1 if batch_size is None else batch_size
-        q = torch.arange(length, length + query_length, device=device)[:, None]
+        step = self._begin(query_length)
         masks: dict[str, torch.Tensor] = {}
         for i, kind in enumerate(self.layer_types):
             if kind in masks:
                 continue
-            policy = self.kv_layers[i].policy
-            k = torch.cat(
-                [torch.arange(a, b, device=device) for a, b in _read_ranges(policy, length, query_length)]
-            )[None, :]
-            visible = k <= q
-            if policy.is_ring:
-                visible &= (q - k < policy.window) | (k < policy.sinks)
-            mask = visible[None, None].expand(batch_size, 1, -1, -1)
+            mask = torch.tensor(step.mask(i), device=device)[None, None].expand(batch_size, 1, -1, -1)
             if attention_mask is not None:
-                mask = mask & attention_mask.to(device=device, dtype=torch.bool)[:, k[0]][:, None, None, :]
+                layout = self._layouts[self._policy_of[i]]
+                keys = torch.cat([torch.arange(a, b, device=device) for a, b in layout.positions])
+                mask = mask & attention_mask.to(device=device, dtype=torch.bool)[:, keys][:, None, None, :]
             if impl == "eager":
                 masks[kind] = torch.where(
                     mask, torch.zeros((), dtype=dtype, device=device), torch.finfo(dtype).min
