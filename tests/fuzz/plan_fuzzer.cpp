@@ -359,7 +359,13 @@ class Harness {
     const int entries = in_.percent(20) ? 1 : cfg.n_layers;
     for (int i = 0; i < entries; ++i) {
       LayerConfig l;
-      if (!in_.percent(30)) l.policy = LayerPolicy::ring(in_.in(1, 24), in_.percent(50) ? 0 : in_.in(1, 6));
+      if (!in_.percent(30)) {
+        // Locals: the order in which call arguments are evaluated is unspecified,
+        // and gcc (the corpus replay) and clang (the fuzzer) would read differently.
+        const int window = in_.in(1, 24);
+        const int sinks = in_.percent(50) ? 0 : in_.in(1, 6);
+        l.policy = LayerPolicy::ring(window, sinks);
+      }
       l.n_kv_heads = in_.in(1, 2);
       l.head_dim = in_.in(2, 6);
       l.v_head_dim = in_.percent(70) ? 0 : in_.in(1, 6);
