@@ -156,7 +156,17 @@ _UNSUPPORTED: dict[str, str] = {
     "global_head_dim": "full and sliding layers with different head sizes are not modelled",
     "num_global_key_value_heads": "full and sliding layers with different KV head counts are not modelled",
     "use_bidirectional_attention": "a bidirectional (non-causal) model keeps no decoding KV cache",
+    # Hybrids: transformers gives these layers a recurrent state, not K/V rows.
+    "mamba_d_state": "state-space (Mamba) layers keep a recurrent state, not K/V rows; hybrid models are not modelled",
+    "block_types": "recurrent blocks (RecurrentGemma) keep a recurrent state, not K/V rows; hybrids are not modelled",
 }
+
+# per_layer_config (transformers' heterogeneous configs) fields that would give a
+# layer its own K/V shape; per-layer sliding_window is read.
+_PER_LAYER_KV_FIELDS = (
+    "num_key_value_heads", "num_attention_heads", "head_dim", "v_head_dim", "hidden_size",
+    "attention_chunk_size", "kv_lora_rank", "skip",
+)  # fmt: skip
 
 
 def load_hf_config(source: HFSource) -> dict[str, Any]:
@@ -212,7 +222,7 @@ def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> Mode
     head_dim = _head_dim(r, n_heads)
     v_head_dim = _optional_int(cfg.get("v_head_dim"), "v_head_dim") or 0
     max_pos = r.optional_int("max_position_embeddings")
-    windows = _layer_windows(r, n_layers)
+    windows = _per_layer_windows(cfg.get("per_layer_config"), _layer_windows(r, n_layers))
     label = name or raw.get("_name_or_path") or (None if isinstance(source, Mapping) else str(source))
     return ModelShape(
         name=str(label or model_type or "model"),
@@ -428,6 +438,46 @@ def _from_layer_types(
                 f"sliding_window_pattern = {every}: contradicts layer_types "
                 f"(first difference at layer {next(i for i in range(n_layers) if out[i] != expected[i])})"
             )
+    return tuple(out)
+
+
+def _per_layer_windows(
+    per_layer: Any, windows: tuple[Optional[int], ...]
+) -> tuple[Optional[int], ...]:
+    """Apply ``per_layer_config``: a sparse {layer index: overrides} map (transformers'
+    heterogeneous configs). A sliding layer's ``sliding_window`` override is its
+    window; an override of a K/V shape field is not modelled."""
+    if per_layer is None:
+        return windows
+    if not isinstance(per_layer, Mapping):
+        raise InvalidArgumentError(
+            f"per_layer_config: must be an object mapping layer indices to overrides, not {type(per_layer).__name__}"
+        )
+    out = list(windows)
+    for key, overrides in per_layer.items():
+        try:
+            i = int(key)
+        except (TypeError, ValueError):
+            i = -1
+        if not 0 <= i < len(out) or isinstance(key, bool):
+            raise InvalidArgumentError(
+                f"per_layer_config key {key!r}: must be a layer index in [0, num_hidden_layers = {len(out)})"
+            )
+        if not isinstance(overrides, Mapping):
+            raise InvalidArgumentError(f"per_layer_config[{key!r}]: must be an object, not {type(overrides).__name__}")
+        for field_name in _PER_LAYER_KV_FIELDS:
+            if field_name in overrides and (field_name != "skip" or overrides[field_name]):
+                raise NotSupportedError(
+                    f"per_layer_config[{key!r}].{field_name} = {overrides[field_name]!r}: layers with their own "
+                    "K/V shape are not modelled"
+                )
+        if "sliding_window" in overrides and out[i] is not None:  # a full layer stays full, as in transformers
+            window = _optional_int(overrides["sliding_window"], f"per_layer_config[{key!r}].sliding_window")
+            if window is None:
+                raise InvalidArgumentError(
+                    f"per_layer_config[{key!r}].sliding_window = None: contradicts layer {i}, which slides"
+                )
+            out[i] = window
     return tuple(out)
 
 
