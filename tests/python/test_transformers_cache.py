@@ -298,6 +298,22 @@ def test_early_initialization_allocates_every_layer_up_front() -> None:
 # --- errors ---------------------------------------------------------------------------
 
 
+def test_layer_tensors_are_the_pools_and_cannot_be_assigned() -> None:
+    model = gemma2()
+    cache = KVCoreCache(model.config, max_step=4)
+    layer = cache.layers[0]
+    assert layer.keys is None and not layer.is_initialized
+    with torch.no_grad():
+        prefill(model, cache, prompt(5))
+    pool = cache.pool.layer(0)
+    assert pool is not None and layer.keys is pool.keys and layer.values is pool.values and layer.is_initialized
+    with pytest.raises(kvcore.NotSupportedError, match="layer 0: keys is read from the kvcore pool"):
+        layer.keys = torch.zeros(1)
+    with pytest.raises(kvcore.NotSupportedError, match="offloading is not supported"):
+        layer.offload()  # transformers' offload assigns the tensors
+    assert layer.keys is pool.keys
+
+
 def test_a_forward_longer_than_max_step_is_refused_with_a_hint(model: Any) -> None:
     cache = KVCoreCache(model.config, max_step=8)
     with pytest.raises(kvcore.InvalidArgumentError, match=r"T = 13 tokens: must be <= max_step = 8.*prefill_chunk_size=8"):

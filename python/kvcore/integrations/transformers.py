@@ -205,7 +205,7 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
         # CacheLayerMixin.__init__ resets them to None/False; anything else (offloading) is not supported.
         if value is not None:
             raise NotSupportedError(
-                f"layer {self.layer_idx}: {name} is the kvcore pool's tensor and cannot be replaced "
+                f"layer {self.layer_idx}: {name} is read from the kvcore pool and cannot be assigned "
                 f"(offloading is not supported)"
             )
 
