@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "pool_fixtures.h"
@@ -22,6 +23,17 @@ TEST(NoAllocation, CounterSeesAllocations) {
   auto cache = SequenceCache::create(make_config(64, {LayerPolicy::ring(4), LayerPolicy::flat()}, 4));
   ASSERT_TRUE(cache.ok());
   EXPECT_GT(operator_news(), before);  // create() may allocate; it is not per-step
+
+  // Over-aligned types take the align_val_t forms: counted too. (A direct call:
+  // compilers may elide the allocation of a new-expression.)
+  const std::uint64_t before_aligned = operator_news();
+  const std::int64_t live = live_news();
+  void* aligned = ::operator new(100, std::align_val_t{64});
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(aligned) % 64, 0u);
+  EXPECT_EQ(operator_news(), before_aligned + 1);
+  EXPECT_EQ(live_news(), live + 1);
+  ::operator delete(aligned, std::align_val_t{64});
+  EXPECT_EQ(live_news(), live);
 }
 
 // Every outcome is written into plain locals inside the counted region and

@@ -22,6 +22,15 @@ void* counted_malloc(std::size_t bytes) noexcept {
   return p;
 }
 
+// Over-aligned types (alignas above the default) take these forms.
+void* counted_aligned_alloc(std::size_t bytes, std::align_val_t align) noexcept {
+  const auto a = static_cast<std::size_t>(align);
+  const std::size_t rounded = bytes == 0 ? a : (bytes + a - 1) / a * a;  // aligned_alloc's rule
+  void* p = std::aligned_alloc(a, rounded);
+  if (p != nullptr) g_live.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
 // Takes one success from the budget; false once it is spent.
 bool nothrow_may_succeed() noexcept {
   std::int64_t left = g_nothrow_left.load(std::memory_order_relaxed);
@@ -63,6 +72,24 @@ void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
 void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept {
   return ::operator new(bytes, tag);
 }
+void* operator new(std::size_t bytes, std::align_val_t align) {
+  kvcore_test::g_news.fetch_add(1, std::memory_order_relaxed);
+  kvcore_test::g_throwing_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = kvcore_test::counted_aligned_alloc(bytes, align)) return p;
+  std::abort();
+}
+void* operator new[](std::size_t bytes, std::align_val_t align) { return ::operator new(bytes, align); }
+void* operator new(std::size_t bytes, std::align_val_t align, const std::nothrow_t&) noexcept {
+  kvcore_test::g_news.fetch_add(1, std::memory_order_relaxed);
+  if (!kvcore_test::nothrow_may_succeed()) {
+    kvcore_test::g_nothrow_failed.store(true);
+    return nullptr;
+  }
+  return kvcore_test::counted_aligned_alloc(bytes, align);
+}
+void* operator new[](std::size_t bytes, std::align_val_t align, const std::nothrow_t& tag) noexcept {
+  return ::operator new(bytes, align, tag);
+}
 void operator delete(void* p) noexcept {
   if (p == nullptr) return;
   kvcore_test::g_live.fetch_sub(1, std::memory_order_relaxed);
@@ -71,3 +98,7 @@ void operator delete(void* p) noexcept {
 void operator delete[](void* p) noexcept { ::operator delete(p); }
 void operator delete(void* p, std::size_t) noexcept { ::operator delete(p); }
 void operator delete[](void* p, std::size_t) noexcept { ::operator delete(p); }
+void operator delete(void* p, std::align_val_t) noexcept { ::operator delete(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { ::operator delete(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { ::operator delete(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { ::operator delete(p); }
