@@ -52,6 +52,8 @@ step "pip install build and test dependencies, then kvcore"
   "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest hypothesis mypy || exit 1
 if [ "$ROBUST" = 0 ]; then  # robustness runs test their own staged builds
   "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation ".[test]" || exit 1
+else  # the test extra's own dependencies, without kvcore itself
+  "$PYTHON" -m pip install -q --disable-pip-version-check "ml_dtypes>=0.4" "matplotlib>=3.5" || exit 1
 fi
 # The ExecuTorch adapter test compiles against this wheel's headers and links its
 # libexecutorch.so; --no-deps because only those files are needed (not torch).
