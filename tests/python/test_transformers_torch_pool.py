@@ -84,10 +84,11 @@ def test_random_steps_and_rewinds_return_exact_history(sinks: int, mirror: bool)
                 salt += 1  # the rewound positions are rewritten with new values
                 for p in [p for p in ref if p >= n]:
                     del ref[p]
-    # Sinks stay where they were written; the ring never grows past kvcore's rows (plus the mirror).
+    # Sinks stay where they were written; the ring never grows past kvcore's rows (plus the mirror,
+    # which only a ring without sinks has: with sinks the read is two spans, gathered anyway).
     rows = sinks + 5 + 4 - 1
     assert pool.layer(0).allocated_rows == cache.rows(0) == rows  # type: ignore[union-attr]
-    assert pool.mirror_rows(0) == (5 + 4 - 2 if mirror else 0) and pool.mirror_rows(1) == 0
+    assert pool.mirror_rows(0) == (5 + 4 - 2 if mirror and sinks == 0 else 0) and pool.mirror_rows(1) == 0
     assert pool.layer(0).keys.shape[2] == rows + pool.mirror_rows(0)  # type: ignore[union-attr]
 
 
@@ -119,6 +120,22 @@ def test_no_allocation_after_warm_up(mirror: bool) -> None:
         run_step(pool, 1 + pool.cache.length % 3, ref)
     assert ptrs == [(pool.layer(i).keys.data_ptr(), pool.layer(i).values.data_ptr()) for i in range(2)]  # type: ignore[union-attr]
     assert pool.workspace_nbytes == ws
+
+
+def test_check_input_refuses_bad_tensors_and_allocates_nothing() -> None:
+    pool = make(kvcore.Ring(window=4), kvcore.Flat(), capacity=32)
+    k, v = kv_for(range(3))
+    assert pool.check_input(1, k, v, position=0) == 3  # T defaults to what key carries
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"layer 1: key \(1, 2, 3, 4\).*want \(1, 2, 2, 4\)"):
+        pool.check_input(1, k, v, position=0, T=2)
+    with pytest.raises(kvcore.InvalidArgumentError, match="layer 0: key/value must be 4-D"):
+        pool.check_input(0, k[0], v[0], position=0)
+    assert pool.layer(0) is None and pool.layer(1) is None  # nothing allocated by checking
+    run_step(pool, 3, {})
+    with pytest.raises(kvcore.InvalidArgumentError, match="different batch, dtype or device can only start at positi"):
+        pool.check_input(0, k.double(), v.double(), position=3)
+    assert pool.check_input(0, k.double(), v.double(), position=0) == 3  # a new sequence may change dtype
+    assert pool.layer(0).dtype == torch.float32  # type: ignore[union-attr]
 
 
 def test_one_run_reads_are_views_of_the_pool() -> None:
@@ -227,19 +244,19 @@ def test_compact_rings_gather_what_mirrored_rings_return_as_views() -> None:
 
 
 def test_mirror_rows_repeat_the_first_ring_rows_after_every_step() -> None:
-    sinks, window, max_step = 1, 4, 3
-    pool = make(kvcore.Ring(window=window, sinks=sinks), capacity=80, max_step=max_step, mirror=True)
+    window, max_step = 4, 3
+    pool = make(kvcore.Ring(window=window), capacity=80, max_step=max_step, mirror=True)
     layer = pool.allocate(0, batch_size=1, dtype=torch.float32, device="cpu")
     layer.keys.zero_()
     layer.values.zero_()
     rows, mirror = pool.cache.rows(0), pool.mirror_rows(0)
-    assert (rows, mirror) == (sinks + window + max_step - 1, window + max_step - 2)
+    assert (rows, mirror) == (window + max_step - 1, window + max_step - 2)
     rng = random.Random(3)
     ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     while pool.cache.length < 70:
         run_step(pool, rng.randint(1, max_step), ref)
         for t in (layer.keys, layer.values):
-            assert torch.equal(t[:, :, rows : rows + mirror], t[:, :, sinks : sinks + mirror])
+            assert torch.equal(t[:, :, rows : rows + mirror], t[:, :, :mirror])
 
 
 def test_mirrored_sinks_and_window_are_gathered_from_two_spans() -> None:
@@ -263,13 +280,25 @@ def test_a_ring_that_never_wraps_has_no_mirror() -> None:
 
 
 def test_mirrored_memory_is_rows_plus_mirror() -> None:
-    pool = make(kvcore.Ring(window=6, sinks=1), kvcore.Flat(), capacity=64, max_step=3, initial=16, mirror=True)
+    pool = make(kvcore.Ring(window=6), kvcore.Flat(), capacity=64, max_step=3, initial=16, mirror=True)
     for layer in range(2):
         pool.allocate(layer, batch_size=2, dtype=torch.float16, device="cpu")
-    ring_rows = 1 + 6 + 3 - 1
-    assert pool.nbytes(0) == 2 * H * (ring_rows + ring_rows - 2) * (D + DV) * 2
+    ring_rows = 6 + 3 - 1
+    assert pool.nbytes(0) == 2 * H * (ring_rows + ring_rows - 1) * (D + DV) * 2
     assert pool.nbytes(1) == 2 * H * 16 * (D + DV) * 2
     assert pool.layer(0).allocated_rows == ring_rows  # type: ignore[union-attr]
+
+
+def test_a_ring_with_sinks_gets_no_mirror_and_its_reads_stay_exact() -> None:
+    # Its read is sinks + window, two spans gathered anyway: a mirror would cost R - 1 rows for nothing.
+    pool = make(kvcore.Ring(window=4, sinks=2), kvcore.Ring(window=4), capacity=60, max_step=3, mirror=True)
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    rng = random.Random(5)
+    while pool.cache.length < 50:
+        run_step(pool, rng.randint(1, 3), ref)  # checks every returned row against the reference
+    assert pool.mirror_rows(0) == 0 and pool.mirror_rows(1) == 4 + 3 - 2
+    assert pool.layer(0).keys.shape[2] == pool.cache.rows(0) == 2 + 4 + 3 - 1  # type: ignore[union-attr]
+    assert pool.nbytes(0) == pool.cache.rows(0) * H * (D + DV) * 4
 
 
 def test_a_stale_step_is_refused_and_writes_nothing() -> None:

@@ -8,13 +8,14 @@ position order: a view of the pool when the read is one span of rows, else the
 spans copied into a gather workspace shared by all layers.
 
 Mirrored rings (``mirror_rings=True``, as ``kvcore.KVPool``'s and
-``RingStorage::Mirrored`` in ``kv_pool.h``): a ring layer that wraps keeps, after
-its last row, a copy of its first ``R - 1`` ring rows (``R = window + max_step -
-1``), written together with them. A window that wraps round the ring then
-continues into the copy, so every read without sinks is one span: a view,
-never a gather. The cost is ``R - 1`` rows per wrapping ring layer and a second
-copy of each write that lands in the repeated rows. With sinks, the sinks and
-the window are two spans and are gathered.
+``RingStorage::Mirrored`` in ``kv_pool.h``): a ring layer without sinks that
+wraps keeps, after its last row, a copy of its first ``R - 1`` rows (``R =
+window + max_step - 1``), written together with them. A window that wraps round
+the ring then continues into the copy, so every read is one span: a view, never
+a gather. The cost is ``R - 1`` rows per such layer and a second copy of each
+write that lands in the repeated rows. A ring with sinks gets no mirror: its
+read is the sinks and the window, two spans that are gathered anyway, so a
+mirror would cost ``R - 1`` rows and buy almost nothing.
 
 A step is laid out once per distinct layer policy (``plan_step``): write
 destinations (mirror included), the read spans, and for ``T = 1`` the index of
@@ -230,9 +231,10 @@ class TorchKVPool:
         self._storage: list[_Storage] = []
         for p, first in enumerate(self._first_of_policy):
             policy, rows = self._configs[first].policy, cache.rows(first)
-            # A ring wraps unless its rows reach the capacity (then row(p) = p).
+            # A ring wraps unless its rows reach the capacity (then row(p) = p). With sinks
+            # the read is two spans and gathered anyway: a mirror would buy almost nothing.
             wraps = policy.is_ring and rows < cache.capacity
-            mirror = rows - policy.sinks - 1 if self.mirror_rings and wraps else 0
+            mirror = rows - 1 if self.mirror_rings and wraps and policy.sinks == 0 else 0
             self._storage.append(_Storage(rows, policy.sinks, mirror))
         self._layers: list[Optional[LayerPool]] = [None] * n
         self._workspace = _Workspace()
@@ -378,13 +380,30 @@ class TorchKVPool:
 
     def _pool_for(self, layer: int, layout: StepLayout, key: torch.Tensor, value: torch.Tensor) -> LayerPool:
         """The slow path of ``write_read``: explain a mismatch, or (re)allocate the layer."""
+        self.check_input(layer, key, value, position=layout.position, T=layout.T)
+        pool = self._layers[layer]
+        if pool is None or (pool.batch_size, pool.dtype, pool.device) != (key.shape[0], key.dtype, key.device):
+            pool = self.allocate(layer, batch_size=int(key.shape[0]), dtype=key.dtype, device=key.device)
+        pool.expect(layout.T)
+        return pool
+
+    def check_input(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, *, position: int, T: Optional[int] = None
+    ) -> int:
+        """Raise InvalidArgumentError unless ``key``/``value`` fit ``layer`` for ``T`` new rows at ``position``.
+
+        ``T`` defaults to what ``key`` carries; returns it. Allocates and changes nothing, so
+        a caller can check a layer's input before it changes any state (``write_read``
+        checks it again on its slow path).
+        """
         lc = self._layer_config(layer)
-        T = layout.T
         if key.dim() != 4 or value.dim() != 4:
             raise InvalidArgumentError(
                 f"layer {layer}: key/value must be 4-D [batch, n_kv_heads, T, dim], got {tuple(key.shape)} "
                 f"and {tuple(value.shape)}"
             )
+        if T is None:
+            T = int(key.shape[2])
         want_k = (key.shape[0], lc.n_kv_heads, T, lc.head_dim)
         want_v = (key.shape[0], lc.n_kv_heads, T, lc.value_dim)
         if tuple(key.shape) != want_k or tuple(value.shape) != want_v:
@@ -399,15 +418,13 @@ class TorchKVPool:
         pool = self._layers[layer]
         if pool is None or (pool.batch_size, pool.dtype, pool.device) != (key.shape[0], key.dtype, key.device):
             # A new batch/dtype/device may start only a new sequence: older rows would not match it.
-            if pool is not None and layout.position != 0:
+            if pool is not None and position != 0:
                 raise InvalidArgumentError(
                     f"layer {layer}: the pool holds batch {pool.batch_size} of {pool.dtype} on "
                     f"{pool.device}, got batch {key.shape[0]} of {key.dtype} on {key.device} at position "
-                    f"{layout.position}; a different batch, dtype or device can only start at position 0"
+                    f"{position}; a different batch, dtype or device can only start at position 0"
                 )
-            pool = self.allocate(layer, batch_size=int(key.shape[0]), dtype=key.dtype, device=key.device)
-        pool.expect(T)
-        return pool
+        return T
 
     @staticmethod
     def _grow(pool: LayerPool, needed: int) -> None:
