@@ -286,6 +286,21 @@ def test_sliding_layers_hold_window_plus_max_step_minus_one_rows(max_step: int, 
             assert cache.allocated_rows(i) == 64 and cache.rows(i) == 256 and cache.mirror_rows(i) == 0
 
 
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_only_sliding_layers_without_sinks_are_mirrored(sinks: int) -> None:
+    # With sinks the read is two spans and gathered anyway: a mirror would buy nothing.
+    model = gemma2()
+    cache = KVCoreCache(model.config, max_step=4, sinks=sinks)
+    assert cache.mirror_rings
+    with torch.no_grad():
+        prefill(model, cache, prompt(40))
+    rows = sinks + WINDOW + 4 - 1
+    for i, kind in enumerate(model.config.layer_types):
+        if kind == S:
+            mirror = WINDOW + 4 - 2 if sinks == 0 else 0
+            assert cache.mirror_rows(i) == mirror and cache.layers[i].keys.shape[2] == rows + mirror
+
+
 def test_early_initialization_allocates_every_layer_up_front() -> None:
     cache = KVCoreCache(gemma2().config, max_step=4, initial_capacity=32)
     assert cache.allocated_rows(0) == 0 and not cache.is_initialized and cache.batch_size == -1
@@ -311,7 +326,11 @@ def test_layer_tensors_are_the_pools_and_cannot_be_assigned() -> None:
         layer.keys = torch.zeros(1)
     with pytest.raises(kvcore.NotSupportedError, match="offloading is not supported"):
         layer.offload()  # transformers' offload assigns the tensors
-    assert layer.keys is pool.keys
+    for name, value in (("values", torch.zeros(1)), ("is_initialized", True)):
+        with pytest.raises(kvcore.NotSupportedError, match=f"layer 0: {name} is read from the kvcore pool"):
+            setattr(layer, name, value)
+    layer.is_initialized = False  # what CacheLayerMixin.__init__ assigns: accepted, and still read from the pool
+    assert layer.keys is pool.keys and layer.values is pool.values and layer.is_initialized
 
 
 def test_a_forward_longer_than_max_step_is_refused_with_a_hint(model: Any) -> None:
@@ -334,6 +353,97 @@ def test_layers_must_be_updated_in_order_with_one_T() -> None:
     for layer in (1, 2, 3):
         cache.update(k, k, layer)
     assert cache.get_seq_length() == 2
+
+
+def decode_random(cache: KVCoreCache, n: int, seed: int = 0) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``n`` one-token forwards of random K/V straight through ``cache.update``; each layer's returned history."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        k = torch.randn(1, 2, 1, 16, generator=g)
+        v = torch.randn(1, 2, 1, 16, generator=g)
+        out.append([tuple(t.clone() for t in cache.update(k, v, i)) for i in range(len(cache.layers))])
+    return out
+
+
+BAD_INPUTS = {
+    "heads": lambda: (torch.randn(1, 3, 1, 16), torch.randn(1, 3, 1, 16)),
+    "head_dim": lambda: (torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)),
+    "3-D": lambda: (torch.randn(2, 1, 16), torch.randn(2, 1, 16)),
+    "dtype": lambda: (torch.randn(1, 2, 1, 16, dtype=torch.float64), torch.randn(1, 2, 1, 16, dtype=torch.float64)),
+    "key/value dtypes": lambda: (torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16, dtype=torch.float64)),
+    "batch": lambda: (torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)),
+    "T > max_step": lambda: (torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)),
+}
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["no-step", "masks-sized"])
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+def test_bad_input_to_layer_0_is_refused_and_changes_nothing(bad: str, sized: bool) -> None:
+    cache = KVCoreCache(gemma2().config, max_step=4)
+    decode_random(cache, 30)
+    if sized:  # transformers sizes the masks (which begins the step) before layer 0
+        cache.get_mask_sizes(1, 0)
+    held = cache.sequence.active_step
+    rewindable = [cache.can_rewind(n) for n in range(31)]
+    # After a wrap, back by at most max_step (a begun step's row counts as written).
+    assert rewindable[26 + sized] and not rewindable[25 + sized]
+    k, v = BAD_INPUTS[bad]()
+    with pytest.raises(kvcore.InvalidArgumentError, match="layer 0|T = 5"):
+        cache.update(k, v, 0)
+    assert [cache.can_rewind(n) for n in range(31)] == rewindable
+    assert cache.sequence.length == cache.get_seq_length() == 30
+    active = cache.sequence.active_step
+    if held is None:
+        assert active is None
+    else:
+        assert active is not None and (active.position, active.T) == (held.position, held.T) and held.is_current
+    # The next good forward continues exactly as on a cache that never saw the bad input.
+    twin = KVCoreCache(gemma2().config, max_step=4)
+    decode_random(twin, 30)
+    for a, b in zip(decode_random(cache, 3, seed=5), decode_random(twin, 3, seed=5)):
+        assert all(torch.equal(x, y) for (xa, xb), (ya, yb) in zip(a, b) for x, y in ((xa, ya), (xb, yb)))
+
+
+@pytest.mark.parametrize("bad", ["heads", "dtype", "batch"])
+def test_bad_input_to_a_later_layer_interrupts_the_forward_and_the_retry_is_exact(bad: str) -> None:
+    # docs/transformers.md: an interrupted forward leaves the length as it was; its retry is exact.
+    cache, twin = (KVCoreCache(gemma2().config, max_step=4) for _ in range(2))
+    decode_random(cache, 30)
+    decode_random(twin, 30)
+    g = torch.Generator().manual_seed(9)
+    k, v = torch.randn(1, 2, 1, 16, generator=g), torch.randn(1, 2, 1, 16, generator=g)
+    cache.update(k, v, 0)
+    cache.update(k, v, 1)
+    before = cache.pool.layer(2).keys.clone()  # type: ignore[union-attr]
+    with pytest.raises(kvcore.InvalidArgumentError, match="layer 2"):
+        cache.update(*BAD_INPUTS[bad](), 2)
+    assert torch.equal(cache.pool.layer(2).keys, before)  # type: ignore[union-attr]
+    assert cache.get_seq_length() == 30
+    for a, b in zip(decode_random(cache, 3, seed=5), decode_random(twin, 3, seed=5)):
+        assert all(torch.equal(x, y) for (xa, xb), (ya, yb) in zip(a, b) for x, y in ((xa, ya), (xb, yb)))
+    assert cache.get_seq_length() == twin.get_seq_length() == 33
+
+
+@pytest.mark.parametrize("sinks", [0, 1])
+def test_one_layer_type_with_two_windows_is_refused(sinks: int) -> None:
+    # transformers builds one mask per layer type: layer 2's window 4 would get layer 0's window-8 mask.
+    def config(window_2: int) -> Any:  # a config only: Gemma2's modeling reads one global window
+        return transformers.Gemma2Config(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=[S, F, S],
+            max_position_embeddings=256, per_layer_config={"2": {"sliding_window": window_2}},
+        )  # fmt: skip
+
+    cfg = config(4)
+    assert kvt.cache_utils.get_layer_types_and_kwargs(cfg)[1][2] == {"sliding_window": 4}
+    with pytest.raises(
+        kvcore.NotSupportedError,
+        match=rf"layers 0 and 2 are both 'sliding_attention'.*window=8, sinks={sinks}.*window=4, "
+        rf"sinks={sinks}.*one mask per layer type",
+    ):
+        KVCoreCache(cfg, max_step=4, sinks=sinks)
+    assert KVCoreCache(config(WINDOW), max_step=4, sinks=sinks).rows(2) == sinks + WINDOW + 4 - 1
 
 
 def test_configs_kvcore_cannot_serve_are_refused() -> None:

@@ -28,9 +28,11 @@ express: for such a cache ``get_mask_sizes`` raises, and you pass the masks from
 ``cache.attention_masks(...)`` (built from the plan and kvcore's visibility
 rule) yourself (``prefill`` does).
 
-Storage: sliding layers are mirrored by default (``mirror_rings=True``): a window
-that wraps round the ring is returned as a view, never gathered, at the price
-of ``window + max_step - 2`` more rows per sliding layer.
+Storage: sliding layers without sinks are mirrored by default
+(``mirror_rings=True``): a window that wraps round the ring is returned as a
+view, never gathered, at the price of ``window + max_step - 2`` more rows per
+such layer. A layer with sinks gets no mirror: its read (sinks, then window) is
+two spans and is gathered anyway.
 
 Tested with transformers 5.24.0 and torch 2.13.0 (see docs/transformers.md).
 Other 5.x releases are accepted only if the Cache API this module relies on is
@@ -41,7 +43,7 @@ output.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import transformers
@@ -50,7 +52,7 @@ from transformers import cache_utils
 
 from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
-from kvcore.integrations.torch_pool import StepLayout, TorchKVPool
+from kvcore.integrations.torch_pool import LayerPool, StepLayout, TorchKVPool
 
 TESTED_TRANSFORMERS = "5.24.0"
 SUPPORTED_TRANSFORMERS = ">=5.24,<6"
@@ -133,8 +135,23 @@ def cache_config_for(
                 f"layer {i} is {kind!r}: kvcore's transformers cache supports {FULL!r} and {SLIDING!r} layers"
             )
         layers.append(LayerConfig(policy, heads[i], dims[i]))
+    _check_one_policy_per_type(layer_types, layers)
     cfg = CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
     return cfg, list(layer_types)
+
+
+def _check_one_policy_per_type(layer_types: list[str], layers: list[LayerConfig]) -> None:
+    # transformers builds one mask per layer type (from the first layer of that type), so
+    # every layer of a type must read the same keys: one policy per type.
+    first: dict[str, int] = {}
+    for i, kind in enumerate(layer_types):
+        j = first.setdefault(kind, i)
+        if layers[i].policy != layers[j].policy:
+            raise NotSupportedError(
+                f"layers {j} and {i} are both {kind!r} but have different policies ({layers[j].policy} and "
+                f"{layers[i].policy}, e.g. per_layer_config windows): transformers builds one mask per layer "
+                f"type, so every layer of a type must have the same window"
+            )
 
 
 def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
@@ -145,6 +162,20 @@ def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
 
 
 # --- the cache ---------------------------------------------------------------------
+
+
+def _read_from_pool(name: str, get: Callable[[KVCoreLayer], Any], reset: Any = None) -> property:
+    """A KVCoreLayer attribute read from the pool; assigning it anything but ``reset`` raises."""
+
+    def refuse(self: KVCoreLayer, value: Any) -> None:
+        # CacheLayerMixin.__init__ assigns the reset value; anything else (offloading) is not supported.
+        if value is not reset:
+            raise NotSupportedError(
+                f"layer {self.layer_idx}: {name} is read from the kvcore pool and cannot be assigned "
+                f"(offloading is not supported)"
+            )
+
+    return property(get, refuse)
 
 
 class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transformers is Any to mypy
@@ -168,46 +199,22 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
         self.sinks = policy.sinks
 
     # The pool owns the tensors; these read them, so nothing is copied per step.
-    @property
-    def keys(self) -> Optional[torch.Tensor]:
-        pool = self._owner.pool.layer(self.layer_idx)
-        return None if pool is None else pool.keys
+    def _pool_layer(self) -> Optional[LayerPool]:
+        return self._owner.pool.layer(self.layer_idx)
 
-    @keys.setter
-    def keys(self, value: Optional[torch.Tensor]) -> None:
-        self._refuse_assignment("keys", value)
+    def _allocated(self, name: str) -> LayerPool:
+        pool = self._pool_layer()
+        if pool is None:
+            raise AttributeError(f"{name}: the layer is not allocated yet")
+        return pool
 
-    @property
-    def values(self) -> Optional[torch.Tensor]:
-        pool = self._owner.pool.layer(self.layer_idx)
-        return None if pool is None else pool.values
-
-    @values.setter
-    def values(self, value: Optional[torch.Tensor]) -> None:
-        self._refuse_assignment("values", value)
-
-    @property
-    def is_initialized(self) -> bool:
-        return self._owner.pool.layer(self.layer_idx) is not None
-
-    @is_initialized.setter
-    def is_initialized(self, value: bool) -> None:
-        self._refuse_assignment("is_initialized", value or None)
+    keys = _read_from_pool("keys", lambda self: None if (p := self._pool_layer()) is None else p.keys)
+    values = _read_from_pool("values", lambda self: None if (p := self._pool_layer()) is None else p.values)
+    is_initialized = _read_from_pool("is_initialized", lambda self: self._pool_layer() is not None, reset=False)
 
     @property
     def device(self) -> torch.device:
-        pool = self._owner.pool.layer(self.layer_idx)
-        if pool is None:
-            raise AttributeError("device: the layer is not allocated yet")
-        return pool.device
-
-    def _refuse_assignment(self, name: str, value: Any) -> None:
-        # CacheLayerMixin.__init__ resets them to None/False; anything else (offloading) is not supported.
-        if value is not None:
-            raise NotSupportedError(
-                f"layer {self.layer_idx}: {name} is read from the kvcore pool and cannot be assigned "
-                f"(offloading is not supported)"
-            )
+        return self._allocated("device").device
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self._owner.pool.allocate(
@@ -243,10 +250,7 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
 
     @property
     def batch_size(self) -> int:
-        pool = self._owner.pool.layer(self.layer_idx)
-        if pool is None:
-            raise AttributeError("batch_size: the layer is not allocated yet")
-        return pool.batch_size
+        return self._allocated("batch_size").batch_size
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotSupportedError(
@@ -277,9 +281,10 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     longest sequence (default: ``max_position_embeddings``). ``sinks``: attention
     sinks of every sliding layer. ``initial_capacity``: rows a full-attention
     layer allocates before it grows by doubling. ``mirror_rings``: sliding layers
-    keep a copy of their first ring rows after the last, so a window that wraps is
-    returned as a view instead of a gathered copy (faster; ``R - 1`` more rows per
-    sliding layer, see docs/transformers.md).
+    without sinks keep a copy of their first ring rows after the last, so a window
+    that wraps is returned as a view instead of a gathered copy (faster; ``R - 1``
+    more rows per such layer, see docs/transformers.md). Sliding layers with sinks
+    are never mirrored: their read is two spans, gathered either way.
     """
 
     def __init__(
@@ -338,7 +343,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         return 0 if pool is None else pool.allocated_rows
 
     def mirror_rows(self, layer_idx: int) -> int:
-        """Rows a mirrored sliding layer keeps after its last row (R - 1 = window + max_step - 2; else 0)."""
+        """Rows a mirrored sliding layer keeps after its last row (R - 1 = window + max_step - 2; 0 with sinks)."""
         return self.pool.mirror_rows(layer_idx)
 
     def nbytes(self, layer_idx: Optional[int] = None) -> int:
@@ -355,7 +360,9 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         forward left at the same (length, T) is the same step: it is kept.
         """
         step = self._step
-        if step is not None and step.T == T and step.position == self.sequence.length and step.is_current:
+        # is_current implies step.position == length: the length changes only by commit,
+        # rewind or clear, and each of them ends the begun step.
+        if step is not None and step.T == T and step.is_current:
             return step
         if T > self.sequence.max_step:
             raise InvalidArgumentError(
@@ -380,10 +387,15 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the forward's new K/V of ``layer_idx`` and return its history (layer 0 begins the step,
         the last layer commits it)."""
-        T = key_states.shape[-2]
         if layer_idx == 0:
-            self._begin(int(T))
+            # Checked before _begin: beginning a step moves kvcore's rewind floors, so bad
+            # input must be refused before it (later layers are checked by write_read, and
+            # an error there leaves the interrupted forward's step to be retried).
+            T = self.pool.check_input(0, key_states, value_states, position=self.sequence.length)
+            self._begin(T)
             self._next_layer = 0
+        else:
+            T = int(key_states.shape[-2])
         step = self._step
         if step is None or layer_idx != self._next_layer:
             raise InvalidStateError(
