@@ -137,6 +137,13 @@ void register_cache(py::module_& m) {
              return unwrap(c.plan(to_int("layer", layer), to_int("position", position), to_int("T", T)));
            },
            py::arg("layer"), py::arg("position"), py::arg("T"))
+      .def("preview",
+           [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& T) {
+             return unwrap(c.preview(to_int("layer", layer), to_int("T", T)));
+           },
+           py::arg("layer"), py::arg("T"),
+           "The plan layer would get from the next step of T tokens, without beginning it: "
+           "begin_step(T) then gives this very plan.")
       .def("commit",
            [](kvcore::SequenceCache& c, const StepHandle& h) {
              if (h.cache.get() != &c)

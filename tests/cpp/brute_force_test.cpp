@@ -118,7 +118,14 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
       }
       last_op = "begin_step(" + std::to_string(T) + ") at " + std::to_string(L);
       const Step before = cache.active_step();
+      // preview: begins nothing (the checks after this operation would see it)
+      // and fails exactly as begin_step does; its plans are compared below.
+      std::vector<kvcore::Result<kvcore::SeqStepPlan>> previews;
+      for (int l = 0; l < cfg.n_layers; ++l) previews.push_back(cache.preview(l, T));
+      BF_REQUIRE(cache.active_step().id == before.id, "preview changed the begun step");
       auto step = cache.begin_step(T);
+      for (const auto& p : previews)
+        BF_REQUIRE(p.error() == step.error(), "preview and begin_step disagree on the error");
       if (T < 1 || T > C) {
         BF_REQUIRE(step.error() == kvcore::Error::InvalidArgument, "expected InvalidArgument");
         ++cov.bad_T;
@@ -137,6 +144,8 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
           auto b = cache.plan(l, *step);
           BF_REQUIRE(a.ok() && b.ok(), "plan failed");
           BF_REQUIRE(*a == *b, "plan overloads disagree on layer " + std::to_string(l));
+          BF_REQUIRE(*previews[static_cast<std::size_t>(l)] == *a,
+                     "preview differs from the begun step's plan on layer " + std::to_string(l));
           const std::string err = sim.apply_writes(l, *a);
           BF_REQUIRE(err.empty(), err);
           active_plans.push_back(*a);

@@ -59,6 +59,10 @@ TEST(SequenceCacheErrors, BeginStepTOutsideOneToMaxStep) {
       SCOPED_TRACE("T " + std::to_string(T) + " begun " + std::to_string(begun));
       Twins t = make_twins(9, begun);
       ASSERT_TRUE(t.ok());
+      auto p = t.cache->preview(0, T);  // the same rule, before anything is begun
+      EXPECT_EQ(p.error(), Error::InvalidArgument);
+      expect_message_has(p.message(), "T = " + std::to_string(T));
+      expect_same_state(*t.cache, *t.twin);
       auto r = t.cache->begin_step(T);
       EXPECT_EQ(r.error(), Error::InvalidArgument);
       expect_message_has(r.message(), "T = " + std::to_string(T));
@@ -77,9 +81,27 @@ TEST(SequenceCacheErrors, BeginStepBeyondCapacityIsOutOfResources) {
       ASSERT_TRUE(t.ok());
       const int T = kCapacity - length + 1;
       if (T > kMaxStep) continue;
+      auto p = t.cache->preview(0, T);
+      EXPECT_EQ(p.error(), Error::OutOfResources);
+      expect_message_has(p.message(), "capacity = " + std::to_string(kCapacity));
+      expect_same_state(*t.cache, *t.twin);
       auto r = t.cache->begin_step(T);
       EXPECT_EQ(r.error(), Error::OutOfResources);
       expect_message_has(r.message(), "capacity = " + std::to_string(kCapacity));
+      expect_same_state(*t.cache, *t.twin);
+    }
+  }
+}
+
+TEST(SequenceCacheErrors, PreviewOfABadLayerIsInvalidAndChangesNothing) {
+  for (int begun : {0, 2}) {
+    for (int layer : {-1, INT_MIN, 3, INT_MAX}) {  // mixed_config has 3 layers
+      SCOPED_TRACE("layer " + std::to_string(layer) + " begun " + std::to_string(begun));
+      Twins t = make_twins(9, begun);
+      ASSERT_TRUE(t.ok());
+      auto p = t.cache->preview(layer, 1);
+      EXPECT_EQ(p.error(), Error::InvalidArgument);
+      expect_message_has(p.message(), "layer = " + std::to_string(layer));
       expect_same_state(*t.cache, *t.twin);
     }
   }

@@ -107,6 +107,8 @@ INT_PARAMETERS: dict[str, tuple[str, Callable[[Rig, Any], object]]] = {
     "plan.layer": ("layer", lambda r, x: r.cache.plan(x, 11, 2)),
     "plan.position": ("position", lambda r, x: r.cache.plan(0, x, 2)),
     "plan.T": ("T", lambda r, x: r.cache.plan(0, 11, x)),
+    "preview.layer": ("layer", lambda r, x: r.cache.preview(x, 1)),
+    "preview.T": ("T", lambda r, x: r.cache.preview(0, x)),
     "rows.layer": ("layer", lambda r, x: r.cache.rows(x)),
     "policy_index.layer": ("layer", lambda r, x: r.cache.policy_index(x)),
     "layer_policy.layer": ("layer", lambda r, x: r.cache.layer_policy(x)),

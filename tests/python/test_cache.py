@@ -290,6 +290,30 @@ def test_plan_is_pure(mixed_cache: kvcore.SequenceCache) -> None:
     assert [step.plan(l) for l in range(cache.n_layers)] == first
 
 
+def test_preview_is_the_next_steps_plan_and_begins_nothing(mixed_cache: kvcore.SequenceCache) -> None:
+    cache = mixed_cache
+    for T in [3, 1, 2, 3, 3, 1, 3, 2, 3, 3, 3]:  # well past the ring's 7 rows
+        cache.begin_step(1)  # an uncommitted step is replaced by the next; preview leaves it be
+        before = (cache.length, cache.active_step.position, [cache.can_rewind(n) for n in range(cache.length + 1)])
+        previews = [cache.preview(layer, T) for layer in range(cache.n_layers)]
+        assert (cache.length, cache.active_step.position, [cache.can_rewind(n) for n in range(cache.length + 1)]) == before
+        with cache.step(T) as step:
+            assert [step.plan(layer) for layer in range(cache.n_layers)] == previews
+
+
+def test_preview_refuses_as_begin_step_does_and_changes_nothing(mixed_cache: kvcore.SequenceCache) -> None:
+    cache = mixed_cache
+    for _ in range(20):
+        cache.step(3).commit()
+    cache.step(2).commit()  # length 62 of 64
+    for layer, T, error in [(0, 0, kvcore.InvalidArgumentError), (0, 4, kvcore.InvalidArgumentError),
+                            (0, 3, kvcore.CapacityError), (6, 1, kvcore.InvalidArgumentError),
+                            (-1, 1, kvcore.InvalidArgumentError)]:
+        with pytest.raises(error):
+            cache.preview(layer, T)
+        assert cache.length == 62 and cache.active_step is None
+
+
 def test_visible_follows_the_design_rule(make_cache: MakeCache) -> None:
     S, W = 2, 3
     cache = make_cache(kvcore.Ring(window=W, sinks=S), kvcore.Flat(), capacity=32, max_step=2)

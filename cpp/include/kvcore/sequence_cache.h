@@ -46,11 +46,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
   Result<Step> begin_step(int T) noexcept override {
-    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step(), InvalidArgument,
-                                 "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step());
-    KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
-                                 "T = %d at length %d: length would exceed capacity = %d", T,
-                                 length_, config_.capacity);
+    KVCORE_RETURN_IF_ERROR(check_next_step(T));
     const int end = length_ + T;
     // From here on the step's rows count as written: what they held is gone.
     // Each distinct policy is planned once here, so plan(layer) is a lookup.
@@ -116,6 +112,16 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         "plan(position %d, T %d): not the begun step (position %d, T %d)", position, T,
         active_.position, active_.T);
     return step_plan(layer);
+  }
+
+  /// The plan `layer` would get from the next step of T tokens (position =
+  /// length()), without beginning it or changing anything: for sizing masks or
+  /// buffers before the step. begin_step(T) then gives this very plan.
+  /// Errors as begin_step(T), plus InvalidArgument for a bad layer.
+  Result<SeqStepPlan> preview(int layer, int T) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_RETURN_IF_ERROR(check_next_step(T));
+    return policy(layer).plan(length_, T);
   }
 
   /// The plan of `layer` for `step`, which must be the begun step (same id).
@@ -194,6 +200,15 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // The begun step's plan of `layer` (computed by begin_step; plans are pure).
   const SeqStepPlan& step_plan(int layer) const noexcept {
     return step_plans_[policy_index(layer)];
+  }
+
+  Status check_next_step(int T) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step(), InvalidArgument,
+                                 "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step());
+    KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
+                                 "T = %d at length %d: length would exceed capacity = %d", T,
+                                 length_, config_.capacity);
+    return Error::Ok;
   }
 
   Status check_layer(int layer) const noexcept {
