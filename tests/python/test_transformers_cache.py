@@ -382,22 +382,17 @@ BAD_INPUTS = {
 def test_bad_input_to_layer_0_is_refused_and_changes_nothing(bad: str, sized: bool) -> None:
     cache = KVCoreCache(gemma2().config, max_step=4)
     decode_random(cache, 30)
-    if sized:  # transformers sizes the masks (which begins the step) before layer 0
+    if sized:  # transformers sizes the masks before layer 0: a query, it begins nothing
         cache.get_mask_sizes(1, 0)
-    held = cache.sequence.active_step
+    assert cache.sequence.active_step is None
     rewindable = [cache.can_rewind(n) for n in range(31)]
-    # After a wrap, back by at most max_step (a begun step's row counts as written).
-    assert rewindable[26 + sized] and not rewindable[25 + sized]
+    assert rewindable[26] and not rewindable[25]  # after a wrap, back by at most max_step
     k, v = BAD_INPUTS[bad]()
     with pytest.raises(kvcore.InvalidArgumentError, match="layer 0|T = 5"):
         cache.update(k, v, 0)
     assert [cache.can_rewind(n) for n in range(31)] == rewindable
     assert cache.sequence.length == cache.get_seq_length() == 30
-    active = cache.sequence.active_step
-    if held is None:
-        assert active is None
-    else:
-        assert active is not None and (active.position, active.T) == (held.position, held.T) and held.is_current
+    assert cache.sequence.active_step is None
     # The next good forward continues exactly as on a cache that never saw the bad input.
     twin = KVCoreCache(gemma2().config, max_step=4)
     decode_random(twin, 30)
@@ -535,20 +530,22 @@ def test_mask_sizes_are_dynamic_caches_at_every_length(T: int) -> None:
         assert ours.get_seq_length() == theirs.get_seq_length() == length + T
 
 
-def test_sizing_masks_begins_the_forward_step_and_changes_no_length(model: Any) -> None:
+def test_sizing_masks_changes_nothing(model: Any) -> None:
     ids = prompt(31)
     cache = KVCoreCache(model.config, max_step=4)
     sliding = model.config.layer_types.index(S)
     with torch.no_grad():
         prefill(model, cache, ids[:, :30])
-        assert cache.can_rewind(26) and cache.sequence.active_step is None
-        assert cache.get_mask_sizes(1, sliding) == (WINDOW, 30 - WINDOW + 1)
-        step = cache.sequence.active_step
-        assert step is not None and (step.position, step.T) == (30, 1)
-        assert cache.get_seq_length() == 30
-        # kvcore counts a begun step's rows as written (DESIGN): rewinding is judged with them.
-        assert cache.can_rewind(27) and not cache.can_rewind(26)
-        out = prefill(model, cache, ids[:, 30:31])  # the forward joins the step its masks began
+        rewindable = [cache.can_rewind(n) for n in range(31)]
+        assert rewindable[26] and not rewindable[25] and cache.sequence.active_step is None
+        for T in (1, 4):
+            assert cache.get_mask_sizes(T, sliding) == (WINDOW + T - 1, 30 - WINDOW + 1)
+        assert cache.sequence.active_step is None and cache.get_seq_length() == 30
+        assert [cache.can_rewind(n) for n in range(31)] == rewindable
+        cache.crop(-4)  # as an assisted-generation round that sized masks, then rejected drafts
+        assert cache.get_seq_length() == 26
+        prefill(model, cache, ids[:, 26:30])
+        out = prefill(model, cache, ids[:, 30:31])
         ref = model(input_ids=ids, use_cache=False)
     assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
     assert cache.get_seq_length() == 31 and cache.sequence.active_step is None

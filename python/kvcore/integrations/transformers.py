@@ -10,10 +10,9 @@ the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
 sliding layers refuse unless they keep the whole history.
 
 How a forward maps onto kvcore: a forward of ``T`` tokens is one kvcore step.
-It is begun by the first of: sizing the forward's masks (``get_mask_sizes`` or
-``attention_masks``; kvcore plans only a begun step) or the update of layer 0
-(which replaces a step an interrupted forward left unfinished, unless it is the
-very step it needs). Every layer must then follow in order with the same ``T``,
+It is begun by ``attention_masks`` or by the update of layer 0 (which replaces
+a step an interrupted forward left unfinished, unless it is the very step it
+needs); ``get_mask_sizes`` begins nothing (it previews the step's plan). Every layer must then follow in order with the same ``T``,
 and the update of the last layer commits it. So the length
 (``get_seq_length``) changes only when a whole forward succeeded, and a forward
 may carry at most ``max_step`` tokens: feed longer prompts with
@@ -236,10 +235,13 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
                 f"express: pass attention_mask=cache.attention_masks(model.config, {query_length}) (or use "
                 f"kvcore.integrations.transformers.prefill), not generate()"
             )
-        layout = self._owner._layout(self.layer_idx, query_length)
-        if len(layout.positions) != 1:  # not an assert: it must hold under -O too
-            raise InternalError(f"layer {self.layer_idx}: a read without sinks is {layout.positions}, not one range")
-        start, stop = layout.positions[0]
+        # A query, not the step: preview plans the forward's step without beginning it.
+        self._owner._check_forward_size(query_length)
+        plan = self._owner.sequence.preview(self.layer_idx, query_length)
+        start, last = plan.read[0].pos, plan.read[-1]
+        stop = last.pos + last.len
+        if plan.read_len != stop - start:  # not an assert: it must hold under -O too
+            raise InternalError(f"layer {self.layer_idx}: a read without sinks is {plan.read}, not one range")
         return stop - start, start
 
     def get_seq_length(self) -> int:
@@ -355,21 +357,16 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     def _begin(self, T: int) -> Step:
         """The begun kvcore step of the next forward of ``T`` tokens, beginning it if needed.
 
-        kvcore plans only the begun step, so sizing a forward's masks begins its step;
-        the forward's layer 0 then joins it. Plans are pure, so a step an interrupted
-        forward left at the same (length, T) is the same step: it is kept.
+        Layer 0 of the forward (or ``attention_masks``) begins it; the other layers join
+        it. Plans are pure, so a step an interrupted forward left at the same (length, T)
+        is the same step: it is kept.
         """
         step = self._step
         # is_current implies step.position == length: the length changes only by commit,
         # rewind or clear, and each of them ends the begun step.
         if step is not None and step.T == T and step.is_current:
             return step
-        if T > self.sequence.max_step:
-            raise InvalidArgumentError(
-                f"a forward of T = {T} tokens: must be <= max_step = {self.sequence.max_step}; feed longer "
-                f"inputs in chunks (generate(..., prefill_chunk_size={self.sequence.max_step}) or "
-                f"kvcore.integrations.transformers.prefill)"
-            )
+        self._check_forward_size(T)
         # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
         step = self.sequence.begin_step(T)
         self._step, self._T = step, T
@@ -377,10 +374,13 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._next_layer = 0
         return step
 
-    def _layout(self, layer_idx: int, T: int) -> StepLayout:
-        """Layer ``layer_idx``'s layout of the next forward of ``T`` tokens (begins its step)."""
-        self._begin(T)
-        return self._layouts[self._policy_of[layer_idx]]
+    def _check_forward_size(self, T: int) -> None:
+        if T > self.sequence.max_step:
+            raise InvalidArgumentError(
+                f"a forward of T = {T} tokens: must be <= max_step = {self.sequence.max_step}; feed longer "
+                f"inputs in chunks (generate(..., prefill_chunk_size={self.sequence.max_step}) or "
+                f"kvcore.integrations.transformers.prefill)"
+            )
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
