@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -20,17 +21,25 @@ constexpr int kMaxStep = 512;
 // Large enough that the loop rarely hits capacity (then it clears, which is cheap).
 constexpr int kPlanCapacity = 1 << 30;
 
+// A Gemma-3-27B cache decoded past its window, so ring layers plan wrapped
+// reads from the first timed step; nullptr (the run marked failed) on error.
+std::unique_ptr<kvcore::SequenceCache> warmed_cache(benchmark::State& state, const ModelShape& shape) {
+  auto made = kvcore::SequenceCache::create(make_config(shape, kPlanCapacity, kMaxStep));
+  if (!made.ok()) { fail(state, made.message()); return nullptr; }
+  std::unique_ptr<kvcore::SequenceCache> cache = std::move(*made);
+  while (cache->length() < 4 * shape.window) {
+    auto step = cache->begin_step(kMaxStep);
+    if (!step.ok() || !cache->commit(*step).ok()) { fail(state, "warm-up step failed"); return nullptr; }
+  }
+  return cache;
+}
+
 void plan_step(benchmark::State& state) {
   const ModelShape& shape = kGemma3_27B;
   const int T = static_cast<int>(state.range(0));
-  auto made = kvcore::SequenceCache::create(make_config(shape, kPlanCapacity, kMaxStep));
-  if (!made.ok()) { fail(state, made.message()); return; }
-  kvcore::SequenceCache& cache = **made;
-  // Start past the window: ring layers plan wrapped reads from the first step.
-  while (cache.length() < 4 * shape.window) {
-    auto step = cache.begin_step(kMaxStep);
-    if (!step.ok() || !cache.commit(*step).ok()) { fail(state, "warm-up step failed"); return; }
-  }
+  std::unique_ptr<kvcore::SequenceCache> warmed = warmed_cache(state, shape);
+  if (!warmed) return;
+  kvcore::SequenceCache& cache = *warmed;
   for (auto _ : state) {
     if (!cache.can_extend(T)) cache.clear();
     auto step = cache.begin_step(T);
@@ -51,13 +60,9 @@ void plan_step(benchmark::State& state) {
 void plan_step_shared(benchmark::State& state) {
   const ModelShape& shape = kGemma3_27B;
   const int T = static_cast<int>(state.range(0));
-  auto made = kvcore::SequenceCache::create(make_config(shape, kPlanCapacity, kMaxStep));
-  if (!made.ok()) { fail(state, made.message()); return; }
-  kvcore::SequenceCache& cache = **made;
-  while (cache.length() < 4 * shape.window) {
-    auto step = cache.begin_step(kMaxStep);
-    if (!step.ok() || !cache.commit(*step).ok()) { fail(state, "warm-up step failed"); return; }
-  }
+  std::unique_ptr<kvcore::SequenceCache> warmed = warmed_cache(state, shape);
+  if (!warmed) return;
+  kvcore::SequenceCache& cache = *warmed;
   std::vector<int> first_layer(static_cast<std::size_t>(cache.n_policies()), -1);
   for (int l = 0; l < shape.n_layers; ++l)
     if (first_layer[static_cast<std::size_t>(cache.policy_index(l))] < 0)
