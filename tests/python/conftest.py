@@ -7,7 +7,12 @@ brute-force model, `Lockstep` (a cache driven alongside it) and `observe`.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sysconfig
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +43,26 @@ def mixed_cache(make_cache: MakeCache) -> kvcore.SequenceCache:
     capacity 64, max_step 3 (ring layers hold 1 + 4 + 3 - 1 = 7 rows)."""
     ring = kvcore.Ring(window=4, sinks=1)
     return make_cache(ring, ring, ring, ring, ring, kvcore.Flat(), capacity=64, max_step=3)
+
+
+@pytest.fixture(scope="session")
+def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/python/capsule_probe built the way an embedded backend is: hidden
+    visibility, no exceptions, no RTTI. Skips when there is no C++ compiler."""
+    root = Path(__file__).resolve().parents[2]
+    source = Path(__file__).resolve().parent / "capsule_probe" / "kvcore_capsule_probe.cpp"
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the probe extension with")
+    out = tmp_path_factory.mktemp("probe") / ("kvcore_capsule_probe" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cmd = [
+        cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread",
+        "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti",
+        "-Wall", "-Wextra", "-Werror",
+        f"-I{root / 'cpp' / 'include'}", f"-I{sysconfig.get_paths()['include']}",
+        str(source), "-o", str(out),
+    ]  # fmt: skip
+    built = subprocess.run(cmd, capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.fail(f"building the probe failed:\n{' '.join(cmd)}\n{built.stderr}")
+    return out

@@ -1,39 +1,14 @@
 """The registry capsule from another extension module when kvcore cannot be
 imported: kvcore/python_capsule.h reports NotFound naming the reason, and the
-probe module (tests/python/capsule_probe, built here the way test_capsule.py
-builds it) raises instead of crashing."""
+probe module (tests/python/capsule_probe, built by conftest's probe_path)
+raises instead of crashing."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-PROBE_SOURCE = Path(__file__).resolve().parent / "capsule_probe" / "kvcore_capsule_probe.cpp"
-
-
-@pytest.fixture(scope="module")
-def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the probe extension with")
-    out = tmp_path_factory.mktemp("probe") / ("kvcore_capsule_probe" + sysconfig.get_config_var("EXT_SUFFIX"))
-    cmd = [
-        cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-fno-exceptions",
-        "-fno-rtti", f"-I{ROOT / 'cpp' / 'include'}", f"-I{sysconfig.get_paths()['include']}",
-        str(PROBE_SOURCE), "-o", str(out),
-    ]  # fmt: skip
-    built = subprocess.run(cmd, capture_output=True, text=True)
-    if built.returncode != 0:
-        pytest.fail(f"building the probe failed:\n{' '.join(cmd)}\n{built.stderr}")
-    return out
 
 
 def test_the_capsule_import_failure_names_the_reason(probe_path: Path) -> None:

@@ -1,16 +1,12 @@
 """Another extension module reaches kvcore's registries through the versioned
-PyCapsule and kvcore/python_capsule.h. The probe module is compiled here, the
-way an embedded backend is built: hidden visibility, no exceptions, no RTTI."""
+PyCapsule and kvcore/python_capsule.h. The probe module (conftest's probe_path)
+is built the way an embedded backend is: hidden visibility, no exceptions, no RTTI."""
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 import re
-import shutil
-import subprocess
-import sysconfig
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -21,26 +17,11 @@ import kvcore
 from kvcore import _core, registry
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE_SOURCE = Path(__file__).resolve().parent / "capsule_probe" / "kvcore_capsule_probe.cpp"
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to build the probe extension with")
-    out = tmp_path_factory.mktemp("probe") / ("kvcore_capsule_probe" + sysconfig.get_config_var("EXT_SUFFIX"))
-    cmd = [
-        cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread",
-        "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti",
-        "-Wall", "-Wextra", "-Werror",
-        f"-I{ROOT / 'cpp' / 'include'}", f"-I{sysconfig.get_paths()['include']}",
-        str(PROBE_SOURCE), "-o", str(out),
-    ]  # fmt: skip
-    built = subprocess.run(cmd, capture_output=True, text=True)
-    if built.returncode != 0:
-        pytest.fail(f"building the probe failed:\n{' '.join(cmd)}\n{built.stderr}")
-    spec = importlib.util.spec_from_file_location("kvcore_capsule_probe", out)
+def probe(probe_path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kvcore_capsule_probe", probe_path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
