@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/core/sequence_cache.h"
 #include "shapes.h"
 
 namespace kvcore_bench {

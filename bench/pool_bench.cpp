@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "kvcore/kv_pool.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/pool/kv_pool.h"
+#include "kvcore/core/sequence_cache.h"
 #include "shapes.h"
 
 namespace kvcore_bench {

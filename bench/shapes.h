@@ -3,7 +3,7 @@
 // layer_types (sliding_window_pattern = 6): five ring layers, then one flat.
 #pragma once
 
-#include "kvcore/config.h"
+#include "kvcore/core/config.h"
 
 namespace kvcore_bench {
 

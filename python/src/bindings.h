@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "kvcore/config.h"
+#include "kvcore/core/config.h"
 #include "cache_cast.h"  // before any cast of a CacheBase: RTTI-free caches
 
 namespace kvcore_py {

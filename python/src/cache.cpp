@@ -7,7 +7,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "step_handle.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore_py {
 

@@ -9,7 +9,7 @@
 
 #include <typeinfo>
 
-#include "kvcore/cache_base.h"
+#include "kvcore/core/cache_base.h"
 
 namespace kvcore_py {
 

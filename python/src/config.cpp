@@ -8,7 +8,7 @@
 
 #include "bindings.h"
 #include "errors.h"
-#include "kvcore/config.h"
+#include "kvcore/core/config.h"
 
 namespace kvcore_py {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "kvcore/result.h"
+#include "kvcore/core/result.h"
 
 namespace kvcore_py {
 

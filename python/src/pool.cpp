@@ -18,8 +18,8 @@
 
 #include "bindings.h"
 #include "errors.h"
-#include "kvcore/kv_pool.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/pool/kv_pool.h"
+#include "kvcore/core/sequence_cache.h"
 #include "step_handle.h"
 
 namespace kvcore_py {

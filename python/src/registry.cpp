@@ -17,11 +17,11 @@
 
 #include "bindings.h"
 #include "errors.h"
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/cache_registry.h"
-#include "kvcore/default_builders.h"
-#include "kvcore/python_capsule.h"
-#include "kvcore/registry_storage.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/registry/default_builders.h"
+#include "kvcore/adapters/python_capsule.h"
+#include "kvcore/registry/registry_storage.h"
 
 namespace kvcore_py {
 

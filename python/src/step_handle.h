@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "kvcore/sequence_cache.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore_py {
 

@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/default_builders.h"
-#include "kvcore/registry_storage.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/default_builders.h"
+#include "kvcore/registry/registry_storage.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore {
 namespace {

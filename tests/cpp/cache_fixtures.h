@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcore/sequence_cache.h"
+#include "kvcore/core/sequence_cache.h"
 #include "reference.h"
 
 namespace kvcore_test {

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "kvcore/cache_registry.h"
-#include "kvcore/registry_storage.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/registry/registry_storage.h"
 
 namespace kvcore {
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "kvcore/cache_session.h"
-#include "kvcore/default_builders.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/registry/cache_session.h"
+#include "kvcore/registry/default_builders.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "cache_fixtures.h"
-#include "kvcore/config.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore_test {
 namespace {

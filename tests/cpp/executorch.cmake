@@ -61,9 +61,9 @@ target_compile_options(kvcore_executorch_tests PRIVATE ${KVCORE_STRICT_FLAGS})
 set_target_properties(kvcore_executorch_tests PROPERTIES BUILD_RPATH "${_et_root}/lib")
 gtest_discover_tests(kvcore_executorch_tests DISCOVERY_MODE PRE_TEST)
 
-# kvcore/executorch.h compiles alone under the strict flags too.
+# kvcore/adapters/executorch.h compiles alone under the strict flags too.
 set(_et_header_src ${CMAKE_CURRENT_BINARY_DIR}/header_check/executorch.cpp)
-file(WRITE ${_et_header_src}.in "#include \"kvcore/executorch.h\"\n")
+file(WRITE ${_et_header_src}.in "#include \"kvcore/adapters/executorch.h\"\n")
 configure_file(${_et_header_src}.in ${_et_header_src} COPYONLY)
 add_library(kvcore_executorch_header_check OBJECT ${_et_header_src})
 target_link_libraries(kvcore_executorch_header_check PRIVATE kvcore::kvcore kvcore_executorch_runtime)

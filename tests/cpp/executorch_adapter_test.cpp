@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "kvcore/cache_registry.h"
-#include "kvcore/executorch.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/adapters/executorch.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore {
 namespace {

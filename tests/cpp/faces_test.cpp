@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "cache_fixtures.h"
-#include "kvcore/cache_base.h"
+#include "kvcore/core/cache_base.h"
 
 namespace kvcore_test {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cache_fixtures.h"
-#include "kvcore/kv_pool.h"
+#include "kvcore/pool/kv_pool.h"
 
 // Status checks that print the message on failure.
 #define ASSERT_OK(expr)                                            \

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kvcore/config.h"
-#include "kvcore/plan.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/plan.h"
 
 namespace kvcore_test {
 

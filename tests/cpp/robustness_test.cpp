@@ -5,8 +5,8 @@
 #include <climits>
 #include <cstring>
 
-#include "kvcore/kv_pool.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/pool/kv_pool.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace {
 

@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "kvcore/kv_pool.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/pool/kv_pool.h"
+#include "kvcore/core/sequence_cache.h"
 #include "../cpp/reference.h"
 
 namespace kvcore_fuzz {

@@ -1,5 +1,5 @@
 """The registry capsule from another extension module when kvcore cannot be
-imported: kvcore/python_capsule.h reports NotFound naming the reason, and the
+imported: kvcore/adapters/python_capsule.h reports NotFound naming the reason, and the
 probe module (tests/python/capsule_probe, built by conftest's probe_path)
 raises instead of crashing."""
 

@@ -1,5 +1,5 @@
 """Another extension module reaches kvcore's registries through the versioned
-PyCapsule and kvcore/python_capsule.h. The probe module (conftest's probe_path)
+PyCapsule and kvcore/adapters/python_capsule.h. The probe module (conftest's probe_path)
 is built the way an embedded backend is: hidden visibility, no exceptions, no RTTI."""
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ def capsule_pointer() -> int:
 
 
 def test_the_capsule_name_carries_the_abi_version_of_the_headers() -> None:
-    header = (ROOT / "cpp" / "include" / "kvcore" / "registry_storage.h").read_text()
+    header = (ROOT / "cpp" / "include" / "kvcore" / "registry" / "registry_storage.h").read_text()
     match = re.search(r"kRegistryAbiVersion = (\d+);", header)
     assert match is not None
     version = int(match.group(1))
     assert _core.REGISTRY_ABI_VERSION == version
     assert hasattr(_core, f"registry_storage_v{version}")
-    capsule_header = (ROOT / "cpp" / "include" / "kvcore" / "python_capsule.h").read_text()
+    capsule_header = (ROOT / "cpp" / "include" / "kvcore" / "adapters" / "python_capsule.h").read_text()
     assert f'"kvcore._core.registry_storage_v{version}"' in capsule_header
 
 

@@ -114,7 +114,7 @@ def code_lines(src: str) -> str:
 
 def cpp_header_sites() -> list[Site]:
     sites = []
-    for path in sorted((ROOT / "cpp" / "include" / "kvcore").glob("*.h")):
+    for path in sorted((ROOT / "cpp" / "include" / "kvcore").rglob("*.h")):
         src = code_lines(path.read_text())
         for m in re.finditer(r"KVCORE_CHECK_OR_RETURN_ERROR\(", src):
             quote = src.index('"', m.end())

@@ -1,24 +1,31 @@
-// Umbrella header: the whole kvcore core (not the ExecuTorch adapter or the
-// Python capsule helper, which need third-party headers).
+// Umbrella header: the whole kvcore core, layer by layer (each layer includes
+// only the ones above it in this list). Not the adapters/ (ExecuTorch, the
+// Python capsule), which need third-party headers.
 #pragma once
 
-#include "kvcore/cache_base.h"
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/cache_registry.h"
-#include "kvcore/cache_session.h"
-#include "kvcore/config.h"
-#include "kvcore/default_builders.h"
-#include "kvcore/dtype.h"
-#include "kvcore/error.h"
-#include "kvcore/flat_policy.h"
-#include "kvcore/kv_pool.h"
-#include "kvcore/layout_policy.h"
-#include "kvcore/plan.h"
-#include "kvcore/pool_allocator.h"
-#include "kvcore/registry_storage.h"
-#include "kvcore/result.h"
-#include "kvcore/ring_policy.h"
-#include "kvcore/sequence_cache.h"
-#include "kvcore/status.h"
-#include "kvcore/step.h"
 #include "kvcore/version.h"
+
+// core/: outcomes, config, plans, layout policies, the caches and their faces.
+#include "kvcore/core/error.h"
+#include "kvcore/core/status.h"
+#include "kvcore/core/result.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/step.h"
+#include "kvcore/core/plan.h"
+#include "kvcore/core/layout_policy.h"
+#include "kvcore/core/flat_policy.h"
+#include "kvcore/core/ring_policy.h"
+#include "kvcore/core/cache_base.h"
+#include "kvcore/core/sequence_cache.h"
+
+// registry/: caches by key, builders by (backend, kind), sessions.
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/registry_storage.h"
+#include "kvcore/registry/cache_session.h"
+#include "kvcore/registry/default_builders.h"
+
+// pool/: the reference byte layer that applies plans to memory.
+#include "kvcore/pool/dtype.h"
+#include "kvcore/pool/pool_allocator.h"
+#include "kvcore/pool/kv_pool.h"

@@ -4,11 +4,11 @@
 // neither (the local_* control pair) each has its own.
 #include <memory>
 
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/cache_registry.h"
-#include "kvcore/default_builders.h"
-#include "kvcore/registry_storage.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/registry/default_builders.h"
+#include "kvcore/registry/registry_storage.h"
+#include "kvcore/core/sequence_cache.h"
 
 #define XLIB_API __attribute__((visibility("default")))
 #define XLIB_CAT2(a, b) a##_##b

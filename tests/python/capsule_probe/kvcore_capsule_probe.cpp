@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
-#include "kvcore/default_builders.h"
-#include "kvcore/python_capsule.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/registry/default_builders.h"
+#include "kvcore/adapters/python_capsule.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace {
 

@@ -3,9 +3,9 @@
 // layer with the same policy.
 #pragma once
 
-#include "kvcore/config.h"
-#include "kvcore/plan.h"
-#include "kvcore/result.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/plan.h"
+#include "kvcore/core/result.h"
 
 namespace kvcore {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvcore/result.h"
+#include "kvcore/core/result.h"
 
 namespace kvcore {
 

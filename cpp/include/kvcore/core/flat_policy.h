@@ -1,7 +1,7 @@
 // FlatPolicy: full history, row(p) = p, nothing is ever evicted.
 #pragma once
 
-#include "kvcore/layout_policy.h"
+#include "kvcore/core/layout_policy.h"
 
 namespace kvcore {
 

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "kvcore/cache_base.h"
-#include "kvcore/config.h"
-#include "kvcore/result.h"
+#include "kvcore/core/cache_base.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
 
 namespace kvcore {
 
@@ -189,4 +189,4 @@ class CacheBuilderRegistry {
 }  // namespace kvcore
 
 // global() is defined with the storage it returns.
-#include "kvcore/registry_storage.h"
+#include "kvcore/registry/registry_storage.h"

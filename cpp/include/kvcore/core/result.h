@@ -10,8 +10,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "kvcore/error.h"
-#include "kvcore/status.h"
+#include "kvcore/core/error.h"
+#include "kvcore/core/status.h"
 
 /// Always-on invariant check: prints the message and aborts when `cond` is false.
 #define KVCORE_CHECK(cond, msg)                                                      \

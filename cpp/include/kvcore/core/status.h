@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvcore/error.h"
+#include "kvcore/core/error.h"
 
 namespace kvcore {
 

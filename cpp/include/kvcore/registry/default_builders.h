@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore {
 

@@ -15,9 +15,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "kvcore/error.h"
-#include "kvcore/result.h"
-#include "kvcore/status.h"
+#include "kvcore/core/error.h"
+#include "kvcore/core/result.h"
+#include "kvcore/core/status.h"
 
 namespace kvcore {
 namespace et {

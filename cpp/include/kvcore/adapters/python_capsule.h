@@ -18,8 +18,8 @@
 
 #include <Python.h>
 
-#include "kvcore/registry_storage.h"
-#include "kvcore/result.h"
+#include "kvcore/registry/registry_storage.h"
+#include "kvcore/core/result.h"
 
 /// The capsule's name: PyCapsule_Import() reads it as "module.attribute".
 /// The trailing version changes with kRegistryAbiVersion.

@@ -3,9 +3,9 @@
 // bytes go (SequencePlanner).
 #pragma once
 
-#include "kvcore/plan.h"
-#include "kvcore/result.h"
-#include "kvcore/step.h"
+#include "kvcore/core/plan.h"
+#include "kvcore/core/result.h"
+#include "kvcore/core/step.h"
 
 namespace kvcore {
 

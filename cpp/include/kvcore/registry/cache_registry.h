@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "kvcore/cache_base.h"
-#include "kvcore/result.h"
+#include "kvcore/core/cache_base.h"
+#include "kvcore/core/result.h"
 
 namespace kvcore {
 
@@ -162,4 +162,4 @@ class CacheRegistry {
 }  // namespace kvcore
 
 // global() is defined with the storage it returns.
-#include "kvcore/registry_storage.h"
+#include "kvcore/registry/registry_storage.h"

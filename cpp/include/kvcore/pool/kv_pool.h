@@ -24,14 +24,14 @@
 #include <cstring>
 #include <new>
 
-#include "kvcore/config.h"
-#include "kvcore/dtype.h"
-#include "kvcore/flat_policy.h"
-#include "kvcore/plan.h"
-#include "kvcore/pool_allocator.h"
-#include "kvcore/result.h"
-#include "kvcore/ring_policy.h"
-#include "kvcore/sequence_cache.h"
+#include "kvcore/core/config.h"
+#include "kvcore/pool/dtype.h"
+#include "kvcore/core/flat_policy.h"
+#include "kvcore/core/plan.h"
+#include "kvcore/pool/pool_allocator.h"
+#include "kvcore/core/result.h"
+#include "kvcore/core/ring_policy.h"
+#include "kvcore/core/sequence_cache.h"
 
 namespace kvcore {
 

@@ -11,11 +11,11 @@
 #include <string_view>
 #include <utility>
 
-#include "kvcore/cache_base.h"
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/cache_registry.h"
-#include "kvcore/config.h"
-#include "kvcore/result.h"
+#include "kvcore/core/cache_base.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
 
 namespace kvcore {
 

@@ -8,10 +8,10 @@
 #include <memory>
 #include <new>
 
-#include "kvcore/cache_base.h"
-#include "kvcore/config.h"
-#include "kvcore/flat_policy.h"
-#include "kvcore/ring_policy.h"
+#include "kvcore/core/cache_base.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/flat_policy.h"
+#include "kvcore/core/ring_policy.h"
 
 namespace kvcore {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kvcore/layout_policy.h"
+#include "kvcore/core/layout_policy.h"
 
 namespace kvcore {
 

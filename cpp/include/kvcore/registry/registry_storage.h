@@ -16,7 +16,7 @@
 //
 // Python extension modules are loaded RTLD_LOCAL and cannot link against each
 // other; they reach kvcore's storage through the PyCapsule in
-// kvcore/python_capsule.h instead. See docs/registry.md.
+// kvcore/adapters/python_capsule.h instead. See docs/registry.md.
 //
 // The storage is allocated once and never freed: caches and builders (which
 // may belong to libraries or interpreters that shut down in any order) are
@@ -27,9 +27,9 @@
 #include <cstring>
 #include <new>
 
-#include "kvcore/cache_builder_registry.h"
-#include "kvcore/cache_registry.h"
-#include "kvcore/result.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/core/result.h"
 
 #if defined(KVCORE_DEFINE_SHARED_REGISTRY) && !defined(KVCORE_SHARED_REGISTRY)
 #define KVCORE_SHARED_REGISTRY 1
