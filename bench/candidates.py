@@ -87,12 +87,14 @@ class Candidate:
 
 
 class KVCorePool(Candidate):
-    """kvcore: one SequenceCache, one numpy KVPool, ``pool.update`` per layer."""
+    """kvcore: one SequenceCache, one numpy KVPool, ``pool.update`` per layer (the
+    default: the held rows in row order, a view, with their positions)."""
 
     name = "kvcore"
     label = "kvcore KVPool.update"
 
     mirror_rings = False
+    order = "rows"
 
     def __init__(self, shape: Shape, capacity: int) -> None:
         layers = [
@@ -111,12 +113,13 @@ class KVCorePool(Candidate):
         if check:
             out: Returned = []
             for layer in range(self.n_layers):
-                keys, values, positions = update(layer, s, k[layer], v[layer])
+                keys, values, positions = update(layer, s, k[layer], v[layer], order=self.order)
                 out.append((np.asarray(positions), np.array(keys), np.array(values)))
             s.commit()
             return out
+        order = self.order
         for layer in range(self.n_layers):
-            update(layer, s, k[layer], v[layer])
+            update(layer, s, k[layer], v[layer], order=order)
         s.commit()
         return None
 
@@ -124,10 +127,21 @@ class KVCorePool(Candidate):
         return int(self.pool.reserved_bytes)
 
 
+class KVCorePositions(KVCorePool):
+    """kvcore with order="positions": the read in increasing positions, a wrapped
+    ring window gathered into one copy (the default before row-order reads)."""
+
+    name = "kvcore-positions"
+    label = "kvcore KVPool.update, order='positions'"
+    order = "positions"
+
+
 class KVCoreMirrored(KVCorePool):
-    """kvcore with mirror_rings=True: a ring window that wraps is a view, never a copy."""
+    """kvcore with mirror_rings=True and position order: a ring window that wraps
+    is a view, never a copy, for R - 1 more rows per ring layer."""
 
     name = "kvcore-mirror"
+    order = "positions"
     label = "kvcore KVPool.update, mirror_rings"
     mirror_rings = True
 
@@ -284,7 +298,8 @@ class CopyFloor(Candidate):
 
 
 CANDIDATES: dict[str, type[Candidate]] = {
-    c.name: c for c in (KVCorePool, KVCoreMirrored, KVCoreTransformers, Dynamic, Static, NumpyPrealloc, CopyFloor)
+    c.name: c
+    for c in (KVCorePool, KVCorePositions, KVCoreMirrored, KVCoreTransformers, Dynamic, Static, NumpyPrealloc, CopyFloor)
 }
 # Candidates that hold a cache (the floor does not), for memory and --check.
 CACHES = [name for name in CANDIDATES if name != "floor"]

@@ -25,7 +25,7 @@ constexpr int kPlanCapacity = 1 << 30;
 // reads from the first timed step; nullptr (the run marked failed) on error.
 std::unique_ptr<kvcore::SequenceCache> warmed_cache(benchmark::State& state, const ModelShape& shape) {
   auto made = kvcore::SequenceCache::create(make_config(shape, kPlanCapacity, kMaxStep));
-  if (!made.ok()) { fail(state, made.message()); return nullptr; }
+  if (!made.ok()) { fail(state, made.message().c_str()); return nullptr; }
   std::unique_ptr<kvcore::SequenceCache> cache = std::move(*made);
   while (cache->length() < 4 * shape.window) {
     auto step = cache->begin_step(kMaxStep);
@@ -43,10 +43,10 @@ void plan_step(benchmark::State& state) {
   for (auto _ : state) {
     if (!cache.can_extend(T)) cache.clear();
     auto step = cache.begin_step(T);
-    if (!step.ok()) { fail(state, step.message()); return; }
+    if (!step.ok()) { fail(state, step.message().c_str()); return; }
     for (int l = 0; l < shape.n_layers; ++l) {
       auto plan = cache.plan(l, *step);
-      if (!plan.ok()) { fail(state, plan.message()); return; }
+      if (!plan.ok()) { fail(state, plan.message().c_str()); return; }
       benchmark::DoNotOptimize(plan);
     }
     if (!cache.commit(*step).ok()) { fail(state, "commit failed"); return; }
@@ -71,10 +71,10 @@ void plan_step_shared(benchmark::State& state) {
   for (auto _ : state) {
     if (!cache.can_extend(T)) cache.clear();
     auto step = cache.begin_step(T);
-    if (!step.ok()) { fail(state, step.message()); return; }
+    if (!step.ok()) { fail(state, step.message().c_str()); return; }
     for (std::size_t p = 0; p < first_layer.size(); ++p) {
       auto plan = cache.plan(first_layer[p], *step);
-      if (!plan.ok()) { fail(state, plan.message()); return; }
+      if (!plan.ok()) { fail(state, plan.message().c_str()); return; }
       by_policy[p] = *plan;
     }
     for (int l = 0; l < shape.n_layers; ++l) {

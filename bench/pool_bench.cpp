@@ -32,14 +32,14 @@ struct Fixture {
 bool make_fixture(benchmark::State& state, int capacity, Fixture* out,
                   kvcore::RingStorage storage = kvcore::RingStorage::Compact) {
   auto cache = kvcore::SequenceCache::create(make_config(kShape, capacity, kMaxStep));
-  if (!cache.ok()) return fail(state, cache.message());
+  if (!cache.ok()) return fail(state, cache.message().c_str());
   auto pool = kvcore::KVPool::create(**cache, kDType, kvcore::PoolAllocator::heap(), storage);
-  if (!pool.ok()) return fail(state, pool.message());
+  if (!pool.ok()) return fail(state, pool.message().c_str());
   out->cache = std::move(*cache);
   out->pool.reset(new kvcore::KVPool(std::move(*pool)));
   for (int l = 0; l < kShape.n_layers; ++l) {
     const kvcore::Status s = out->pool->reserve(l, *out->cache->rows(l));
-    if (!s.ok()) return fail(state, s.message());
+    if (!s.ok()) return fail(state, s.message().c_str());
   }
   return true;
 }
@@ -50,13 +50,13 @@ std::size_t k_row() { return static_cast<std::size_t>(kv_row_bytes(kShape) / 2);
 bool write_step(benchmark::State& state, Fixture& f, int T, const unsigned char* k,
                 const unsigned char* v, kvcore::Step* step_out) {
   auto step = f.cache->begin_step(T);
-  if (!step.ok()) return fail(state, step.message());
+  if (!step.ok()) return fail(state, step.message().c_str());
   const std::size_t bytes = k_row() * static_cast<std::size_t>(T);
   for (int l = 0; l < kShape.n_layers; ++l) {
     auto plan = f.cache->plan(l, *step);
-    if (!plan.ok()) return fail(state, plan.message());
+    if (!plan.ok()) return fail(state, plan.message().c_str());
     const kvcore::Status s = f.pool->write(l, *plan, k, bytes, v, bytes);
-    if (!s.ok()) return fail(state, s.message());
+    if (!s.ok()) return fail(state, s.message().c_str());
   }
   *step_out = *step;
   return true;
@@ -150,7 +150,7 @@ void pool_gather_step(benchmark::State& state) {
     for (int l = 0; l < kShape.n_layers; ++l) {
       const kvcore::SeqStepPlan& plan = plans[static_cast<std::size_t>(l)];
       const kvcore::Status s = f.pool->gather(l, plan, k_out.data(), most, v_out.data(), most);
-      if (!s.ok()) { fail(state, s.message()); return; }
+      if (!s.ok()) { fail(state, s.message().c_str()); return; }
     }
     benchmark::ClobberMemory();
   }
@@ -200,7 +200,7 @@ void views_steps(benchmark::State& state, kvcore::RingStorage storage) {
   for (auto _ : state) {
     for (int l = 0; l < kShape.n_layers; ++l) {
       auto views = f.pool->views(l, plans[static_cast<std::size_t>(l)]);
-      if (!views.ok()) { fail(state, views.message()); return; }
+      if (!views.ok()) { fail(state, views.message().c_str()); return; }
       benchmark::DoNotOptimize(views);
     }
   }

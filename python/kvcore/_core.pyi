@@ -142,6 +142,25 @@ class SeqStepPlan(metaclass=_pybind11_type):
 class CacheBase(metaclass=_pybind11_type):
     """Any cache a registry can hold."""
 
+class LayerGeometry(metaclass=_pybind11_type):
+    """How one layer's positions map onto its rows (SequenceCache.geometry(layer))."""
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def sink_rows(self) -> int: ...
+    @property
+    def ring_rows(self) -> int: ...
+    @property
+    def wraps(self) -> bool: ...
+    @property
+    def mirror_rows(self) -> int: ...
+    def row(self, position: SupportsIndex) -> int: ...
+    def held_rows(self, end: SupportsIndex) -> int: ...
+    def position_at(self, row: SupportsIndex, end: SupportsIndex) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
 class Step(metaclass=_pybind11_type):
     """A begun step. As a context manager it commits on normal exit and leaves the
     step uncommitted when the body raises."""
@@ -155,10 +174,13 @@ class Step(metaclass=_pybind11_type):
     @property
     def is_current(self) -> bool: ...
     def plan(self, layer: SupportsIndex) -> SeqStepPlan: ...
-    def mask(self, layer: SupportsIndex) -> npt.NDArray[np.bool_]:
-        """Boolean (T, read_len) array: mask[i, j] is True when the step's query i may
-        see the j-th row of layer's read (the visibility rule). Read-only: layers of one
-        policy share it. Added by pool.cpp."""
+    def mask(self, layer: SupportsIndex, *, order: str = "rows") -> npt.NDArray[np.bool_]:
+        """Boolean (T, n) array: mask[i, j] is True when the step's query i may see the
+        j-th row of layer's read (the visibility rule), in the order KVPool.update/read
+        return rows with the same `order`: "rows" (n = the held rows, as they lie) or
+        "positions" (n = the plan's read_len, increasing positions). Read-only: layers
+        of one policy share it. InvalidArgumentError: bad layer or order;
+        InvalidStateError: not the begun step. Added by pool.cpp."""
     def commit(self) -> None: ...
     def __enter__(self) -> Step: ...
     def __exit__(
@@ -189,6 +211,7 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
     def policy_index(self, layer: SupportsIndex) -> int: ...
     def layer_policy(self, layer: SupportsIndex) -> LayerPolicy: ...
     def rows(self, layer: SupportsIndex) -> int: ...
+    def geometry(self, layer: SupportsIndex) -> LayerGeometry: ...
     def can_extend(self, n: SupportsIndex = 1) -> bool: ...
     def begin_step(self, T: SupportsIndex) -> Step: ...
     def step(self, T: SupportsIndex) -> Step:
@@ -207,7 +230,7 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
 # The process-wide registries (kvcore::CacheRegistry / CacheBuilderRegistry::global()).
 # Use them through kvcore.registry and kvcore.register_builder / build.
 
-registry_storage_v1: object
+registry_storage_v2: object
 """PyCapsule holding the kvcore::RegistryStorage* (see kvcore/python_capsule.h)."""
 REGISTRY_ABI_VERSION: int
 
@@ -262,10 +285,10 @@ class KVPool(metaclass=_pybind11_type):
         self, layer: SupportsIndex, plan: SeqStepPlan, k: npt.NDArray[Any], v: npt.NDArray[Any]
     ) -> None: ...
     def read(
-        self, layer: SupportsIndex, plan: SeqStepPlan
+        self, layer: SupportsIndex, plan: SeqStepPlan, *, order: str = "rows"
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
     def update(
-        self, layer: SupportsIndex, step: Step, k: npt.NDArray[Any], v: npt.NDArray[Any]
+        self, layer: SupportsIndex, step: Step, k: npt.NDArray[Any], v: npt.NDArray[Any], *, order: str = "rows"
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
     @staticmethod
     def required_bytes(

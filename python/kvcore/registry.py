@@ -2,7 +2,7 @@
 
 A runner installs a cache under a key; a backend (Python, or C++ in this module
 or another extension module) finds it by that key. These functions act on the
-same C++ registry as ``kvcore::CacheRegistry::global()``, so a cache installed
+same C++ registry as ``kvcore::global_caches()``, so a cache installed
 here is visible to C++ code and vice versa. All of them are thread-safe.
 
 ``Session`` installs a cache for the duration of a ``with`` block and erases it
@@ -99,7 +99,7 @@ def unique_key(prefix: str = "cache") -> str:
 def register_builder(backend: str, kind: str, fn: Callable[[CacheConfig], CacheBase]) -> None:
     """Register ``fn(config) -> cache`` as the builder of ``(backend, kind)``.
 
-    C++ code (``CacheBuilderRegistry::global().build(...)``, from any thread)
+    C++ code (``global_builders().build(...)``, from any thread)
     may call it: it takes the GIL itself. Raises InvalidArgumentError for an
     empty name or a non-callable ``fn`` and AlreadyRegisteredError when the pair
     has a builder. kvcore registers ``("cpu", "sequence")`` at import.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kvcore/core/config.h"
+#include "kvcore/core/sequence_cache.h"
 #include "cache_cast.h"  // before any cast of a CacheBase: RTTI-free caches
 
 namespace kvcore_py {
@@ -20,5 +21,7 @@ void register_registry(py::module_& m);  // registries, builders, the capsule
 void guard_uninitialized(py::module_& m);  // last: covers every class registered before
 
 std::string repr_policy(const kvcore::LayerPolicy& p);
+/// The config a cache was built from (max_step resolved, one entry per layer).
+kvcore::CacheConfig config_of(const kvcore::SequenceCache& cache);
 
 }  // namespace kvcore_py

@@ -39,6 +39,16 @@ std::string repr(const StepHandle& h) {
 
 }  // namespace
 
+kvcore::CacheConfig config_of(const kvcore::SequenceCache& cache) {
+  kvcore::CacheConfig cfg;
+  cfg.capacity = cache.capacity();
+  cfg.n_layers = cache.n_layers();
+  cfg.max_step = cache.max_step();
+  cfg.initial_capacity = cache.initial_capacity();
+  for (int l = 0; l < cache.n_layers(); ++l) cfg.layers.push_back(unwrap(cache.layer_config(l)));
+  return cfg;
+}
+
 void register_cache(py::module_& m) {
   py::class_<kvcore::Run>(m, "Run", "`len` consecutive rows from `row`, holding positions from `pos`.")
       .def(py::init([](const PyInt& row, const PyInt& len, const PyInt& pos) {
@@ -63,6 +73,49 @@ void register_cache(py::module_& m) {
       .def("__eq__", [](const kvcore::SeqStepPlan& a, const kvcore::SeqStepPlan& b) { return a == b; },
            py::is_operator())
       .def("__repr__", [](const kvcore::SeqStepPlan& p) { return repr(p); });
+
+  py::class_<kvcore::LayerGeometry>(
+      m, "LayerGeometry",
+      "How one layer's positions map onto its rows (SequenceCache.geometry(layer)): the one "
+      "source of a layer's layout, which byte layers and the memory planner read.")
+      .def_readonly("rows", &kvcore::LayerGeometry::rows,
+                    "Rows the layer's storage holds (rows(layer)).")
+      .def_readonly("sink_rows", &kvcore::LayerGeometry::sink_rows,
+                    "Rows [0, sink_rows) hold positions [0, sink_rows) for ever: a wrapping "
+                    "ring's attention sinks (0 for flat layers and rings that never wrap).")
+      .def_readonly("ring_rows", &kvcore::LayerGeometry::ring_rows,
+                    "Rows reused in turn after the sinks: position p >= sink_rows lives in row "
+                    "sink_rows + (p - sink_rows) % ring_rows; 0 when the layer never wraps.")
+      .def_property_readonly("wraps", &kvcore::LayerGeometry::wraps,
+                             "True when rows are reused (ring_rows != 0).")
+      .def_property_readonly("mirror_rows", &kvcore::LayerGeometry::mirror_rows,
+                             "Rows a mirrored byte layer repeats after the last row (copies of the "
+                             "first ring rows) so a wrapped window is one span: ring_rows - 1 for a "
+                             "wrapping ring without sinks, else 0.")
+      .def("row",
+           [](const kvcore::LayerGeometry& g, const PyInt& position) {
+             const int p = to_int("position", position);
+             if (p < 0) raise(kvcore::Error::InvalidArgument, "position = " + std::to_string(p) + ": must be >= 0");
+             return g.row(p);
+           },
+           py::arg("position"), "The row that holds `position` (>= 0).")
+      .def("held_rows",
+           [](const kvcore::LayerGeometry& g, const PyInt& end) { return g.held_rows(to_int("end", end)); },
+           py::arg("end"),
+           "Rows that hold a position once positions [0, end) were written: min(end, rows).")
+      .def("position_at",
+           [](const kvcore::LayerGeometry& g, const PyInt& row, const PyInt& end) {
+             return g.position_at(to_int("row", row), to_int("end", end));
+           },
+           py::arg("row"), py::arg("end"),
+           "The position `row` stands for once positions [0, end) were written (the latest "
+           "mapped to it); -1 when none is.")
+      .def("__eq__", [](const kvcore::LayerGeometry& a, const kvcore::LayerGeometry& b) { return a == b; },
+           py::is_operator())
+      .def("__repr__", [](const kvcore::LayerGeometry& g) {
+        return "LayerGeometry(rows=" + std::to_string(g.rows) + ", sink_rows=" +
+               std::to_string(g.sink_rows) + ", ring_rows=" + std::to_string(g.ring_rows) + ")";
+      });
 
   py::class_<kvcore::CacheBase, std::shared_ptr<kvcore::CacheBase>>(
       m, "CacheBase", "Any cache a registry can hold.");
@@ -100,7 +153,7 @@ void register_cache(py::module_& m) {
       .def_property_readonly("max_step", &kvcore::SequenceCache::max_step)
       .def_property_readonly("n_layers", &kvcore::SequenceCache::n_layers)
       .def_property_readonly("n_policies", &kvcore::SequenceCache::n_policies)
-      .def_property_readonly("config", &kvcore::SequenceCache::config)
+      .def_property_readonly("config", &config_of)
       .def("policy_index",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
@@ -110,6 +163,11 @@ void register_cache(py::module_& m) {
            py::arg("layer"))
       .def("rows",
            [](const kvcore::SequenceCache& c, const PyInt& layer) { return unwrap(c.rows(to_int("layer", layer))); },
+           py::arg("layer"))
+      .def("geometry",
+           [](const kvcore::SequenceCache& c, const PyInt& layer) {
+             return unwrap(c.geometry(to_int("layer", layer)));
+           },
            py::arg("layer"))
       .def("can_extend",
            [](const kvcore::SequenceCache& c, const PyInt& n) {
@@ -169,7 +227,7 @@ void register_cache(py::module_& m) {
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
-             return c.config().layer(l).policy;
+             return unwrap(c.layer_config(l)).policy;
            },
            py::arg("layer"))
       .def("__repr__", [](const kvcore::SequenceCache& c) {

@@ -102,7 +102,7 @@ void register_config(py::module_& m) {
              probe.layers = {l};
              const kvcore::Status status = kvcore::validate(probe);
              if (!status.ok()) {
-               std::string message = status.message();
+               std::string message = status.message().c_str();
                const std::string prefix = "layers[0].";
                if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
                raise(status.code(), message);

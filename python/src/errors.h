@@ -21,7 +21,7 @@ namespace py = pybind11;
 class StatusError : public std::exception {
  public:
   explicit StatusError(const kvcore::Status& status)
-      : code_(status.code()), message_(status.message()) {}
+      : code_(status.code()), message_(status.message().c_str()) {}
   StatusError(kvcore::Error code, std::string message) : code_(code), message_(std::move(message)) {}
   const char* what() const noexcept override { return message_.c_str(); }
   kvcore::Error code() const noexcept { return code_; }

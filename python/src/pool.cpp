@@ -70,6 +70,26 @@ std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
   return {dt, out};
 }
 
+// The order a read returns rows in: the rows as they lie (one view, masked by
+// positions; the default) or increasing positions (the plan's read runs).
+enum class ReadOrder { Rows, Positions };
+
+ReadOrder parse_order(const std::string& order) {
+  if (order == "rows") return ReadOrder::Rows;
+  if (order == "positions") return ReadOrder::Positions;
+  raise(kvcore::Error::InvalidArgument,
+        "order = '" + order + "': must be 'rows' (the held rows as they lie) or 'positions'");
+}
+
+// positions[r] = geometry.position_at(r, end) for r < rows, read-only.
+py::array_t<std::int64_t> row_positions(const kvcore::LayerGeometry& geometry, int rows, int end) {
+  py::array_t<std::int64_t> out(rows);
+  std::int64_t* at = out.mutable_data();
+  for (int r = 0; r < rows; ++r) at[r] = geometry.position_at(r, end);
+  npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
+  return out;
+}
+
 kvcore::RingStorage ring_storage(bool mirror_rings) {
   return mirror_rings ? kvcore::RingStorage::Mirrored : kvcore::RingStorage::Compact;
 }
@@ -89,10 +109,11 @@ class PyPool {
     pool_.reset(new kvcore::KVPool(
         unwrap(kvcore::KVPool::create(*cache_, parsed.second, alloc, ring_storage(mirror_rings)))));
     for (int l = 0; l < cache_->n_layers(); ++l) {
-      const kvcore::LayerConfig& lc = cache_->config().layer(l);
+      const kvcore::LayerConfig lc = unwrap(cache_->layer_config(l));
       layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
     }
     positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
+    row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
   }
 
   // The pool releases its blocks through `owners_`, so it must go first.
@@ -153,6 +174,21 @@ class PyPool {
     }
     py::object positions = positions_of(layer, plan, step_id);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
+  }
+
+  // (k, v, positions) in row order: always a zero-copy view of the rows that
+  // hold positions (KVPool::held_rows), positions[r] the one row r stands for.
+  py::tuple read_rows(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
+    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
+    const kvcore::HeldRows held = unwrap(pool_->held_rows(layer, plan));
+    py::object k = view(held.k, held.k, held.rows, s.heads, s.head_dim);
+    py::object v = view(held.v, held.v, held.rows, s.heads, s.value_dim);
+    py::object positions = row_positions_of(layer, held, step_id);
+    return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
+  }
+
+  py::tuple read_in(ReadOrder order, int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
+    return order == ReadOrder::Rows ? read_rows(layer, plan, step_id) : read(layer, plan, step_id);
   }
 
  private:
@@ -253,6 +289,16 @@ class PyPool {
     return py::reinterpret_steal<py::object>(arr);
   }
 
+  py::object row_positions_of(int layer, const kvcore::HeldRows& held, std::uint64_t step_id) {
+    CachedPositions& cached =
+        row_positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
+    if (cached.step_id == step_id && step_id != 0) return cached.array;
+    py::array_t<std::int64_t> out = row_positions(cache_->policy(layer).geometry(), held.rows, held.end);
+    cached.step_id = step_id;
+    cached.array = out;
+    return std::move(out);
+  }
+
   py::object positions_of(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
     CachedPositions& cached =
         positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
@@ -275,7 +321,8 @@ class PyPool {
   std::size_t element_size_ = 0;
   std::unique_ptr<kvcore::KVPool> pool_;
   std::vector<LayerShape> layers_;
-  std::vector<CachedPositions> positions_;
+  std::vector<CachedPositions> positions_;      // per policy: position-order reads
+  std::vector<CachedPositions> row_positions_;  // per policy: row-order reads
 };
 
 const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
@@ -288,13 +335,7 @@ const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
 // mask[i, j]: may the step's query i (position P + i) see the j-th read row?
 // Query q sees [0, sinks) and [window_begin(q), q], so each run of a row is at
 // most two spans. Layers of one policy share one read-only array per step.
-py::object step_mask(StepHandle& h, const PyInt& layer) {
-  const int l = to_int("layer", layer);
-  const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));  // checks layer and step
-  const auto index = static_cast<std::size_t>(h.cache->policy_index(l));
-  if (h.masks.empty()) h.masks.resize(static_cast<std::size_t>(h.cache->n_policies()));
-  if (h.masks[index]) return h.masks[index];
-
+py::object position_order_mask(const StepHandle& h, int l, const kvcore::SeqStepPlan& plan) {
   const kvcore::LayoutPolicy& policy = h.cache->policy(l);
   const int sinks = policy.policy().sinks, T = h.step.T, R = plan.read_len();
   py::array_t<bool> out({T, R});
@@ -316,9 +357,35 @@ py::object step_mask(StepHandle& h, const PyInt& layer) {
       cell += run.len;
     }
   }
-  npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
-  h.masks[index] = out;
   return std::move(out);
+}
+
+// mask[i, r]: may query i see the position held row r stands for (row order)?
+py::object row_order_mask(const StepHandle& h, int l) {
+  const kvcore::LayoutPolicy& policy = h.cache->policy(l);
+  const kvcore::LayerGeometry& geometry = policy.geometry();
+  const int T = h.step.T, end = h.step.end(), rows = geometry.held_rows(end);
+  py::array_t<bool> out({T, rows});
+  bool* row = out.mutable_data();
+  for (int i = 0; i < T; ++i, row += rows) {
+    const int q = h.step.position + i;
+    for (int r = 0; r < rows; ++r) row[r] = policy.visible(q, geometry.position_at(r, end));
+  }
+  return std::move(out);
+}
+
+py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order_name) {
+  const ReadOrder order = parse_order(order_name);
+  const int l = to_int("layer", layer);
+  const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));  // checks layer and step
+  std::vector<py::object>& masks = order == ReadOrder::Rows ? h.row_masks : h.masks;
+  const auto index = static_cast<std::size_t>(h.cache->policy_index(l));
+  if (masks.empty()) masks.resize(static_cast<std::size_t>(h.cache->n_policies()));
+  if (masks[index]) return masks[index];
+  py::object out = order == ReadOrder::Rows ? row_order_mask(h, l) : position_order_mask(h, l, plan);
+  npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
+  masks[index] = out;
+  return out;
 }
 
 }  // namespace
@@ -366,21 +433,25 @@ void register_pool(py::module_& m) {
            },
            py::arg("layer"), py::arg("plan"), py::arg("k"), py::arg("v"))
       .def("read",
-           [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan) {
+           [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan, const std::string& order) {
+             const ReadOrder o = parse_order(order);
              const int l = p.checked_layer(layer);
              p.check_current_plan(l, plan);
-             return p.read(l, plan, p.cache()->active_step().id);
+             return p.read_in(o, l, plan, p.cache()->active_step().id);
            },
-           py::arg("layer"), py::arg("plan"))
+           py::arg("layer"), py::arg("plan"), py::kw_only(), py::arg("order") = "rows")
       .def("update",
-           [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle k, py::handle v) {
+           [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle k, py::handle v,
+              const std::string& order) {
+             const ReadOrder o = parse_order(order);
              const int l = p.checked_layer(layer);
              const StepHandle& h = checked_step(p, step);
              const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));
              p.write(l, plan, k, v);
-             return p.read(l, plan, h.step.id);
+             return p.read_in(o, l, plan, h.step.id);
            },
-           py::arg("layer"), py::arg("step"), py::arg("k"), py::arg("v"))
+           py::arg("layer"), py::arg("step"), py::arg("k"), py::arg("v"), py::kw_only(),
+           py::arg("order") = "rows")
       .def_static(
           "required_bytes",
           [](const kvcore::CacheConfig& config, py::object dtype, bool mirror_rings) {
@@ -398,9 +469,14 @@ void register_pool(py::module_& m) {
   // Step is registered by register_cache(); mask() joins it here.
   py::object step_type = py::type::of<StepHandle>();
   step_type.attr("mask") = py::cpp_function(
-      &step_mask, py::name("mask"), py::is_method(step_type), py::arg("layer"),
-      "Boolean (T, read_len) array: mask[i, j] is True when the step's query i may see the "
-      "j-th row of layer's read (the visibility rule). Read-only: layers of one policy share it.");
+      &step_mask, py::name("mask"), py::is_method(step_type), py::arg("layer"), py::kw_only(),
+      py::arg("order") = "rows",
+      "mask(layer, *, order='rows') -> numpy bool array (T, n): mask[i, j] is True when the "
+      "step's query i (position P + i) may see the j-th row of layer's read (the visibility "
+      "rule), in the order KVPool.update/read return them with the same `order`: 'rows' (n = "
+      "the held rows, as they lie) or 'positions' (n = the plan's read_len, increasing "
+      "positions). Read-only: layers of one policy share it. InvalidArgumentError: bad layer or "
+      "order; InvalidStateError: the step is no longer the begun step.");
 }
 
 }  // namespace kvcore_py

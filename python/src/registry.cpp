@@ -60,10 +60,6 @@ struct PythonBuilder {
   py::object fn;
 };
 
-std::string describe(const BuilderNames& n) {
-  return "builder ('" + n.backend_id + "', '" + n.kind + "')";
-}
-
 // Runs a Python builder for CacheBuilderRegistry::build(), from any thread:
 // takes the GIL itself (the registry lock is not held here).
 kvcore::Result<std::shared_ptr<kvcore::CacheBase>> call_python_builder(
@@ -75,14 +71,16 @@ kvcore::Result<std::shared_ptr<kvcore::CacheBase>> call_python_builder(
   const PythonBuilder& builder = *static_cast<const PythonBuilder*>(state);
   try {
     py::object made = builder.fn(cfg);  // the config is copied into Python
+    const BuilderNames& n = builder.names;
     if (made.is_none())
-      return kvcore::Status::make(kvcore::Error::Internal, "%s returned None, not a kvcore cache",
-                                  describe(builder.names).c_str());
+      return kvcore::Status::make(kvcore::Error::Internal,
+                                  "builder ('%s', '%s') returned None, not a kvcore cache",
+                                  n.backend_id, n.kind);
     if (!py::isinstance<kvcore::CacheBase>(made)) {
       const std::string type = py::str(py::type::of(made).attr("__name__"));
       return kvcore::Status::make(kvcore::Error::Internal,
-                                  "%s returned a %s, not a kvcore cache",
-                                  describe(builder.names).c_str(), type.c_str());
+                                  "builder ('%s', '%s') returned a %s, not a kvcore cache",
+                                  n.backend_id, n.kind, type);
     }
     return made.cast<std::shared_ptr<kvcore::CacheBase>>();
   } catch (py::error_already_set& e) {
@@ -93,11 +91,12 @@ kvcore::Result<std::shared_ptr<kvcore::CacheBase>> call_python_builder(
     const std::string type = py::str(e.type().attr("__name__"));
     const std::string text = py::str(e.value());
     if (t_build_frame != nullptr && !t_build_frame->raised) t_build_frame->raised = e.value();
-    return kvcore::Status::make(code, "%s raised %s: %s", describe(builder.names).c_str(),
-                                type.c_str(), text.c_str());
+    // The caller of build() knows which builder it named: the message's room
+    // goes to the exception (a Python caller gets the exception itself).
+    return kvcore::Status::make(code, "the Python builder raised %s: %s", type, text);
   } catch (const std::exception& e) {  // never let an exception reach the C++ caller
-    return kvcore::Status::make(kvcore::Error::Internal, "%s failed: %s",
-                                describe(builder.names).c_str(), e.what());
+    return kvcore::Status::make(kvcore::Error::Internal, "builder ('%s', '%s') failed: %s",
+                                builder.names.backend_id, builder.names.kind, e.what());
   }
 }
 
@@ -112,8 +111,8 @@ std::shared_ptr<void> python_builder_state(BuilderNames names, py::object fn) {
   });
 }
 
-kvcore::CacheRegistry& caches() { return kvcore::CacheRegistry::global(); }
-kvcore::CacheBuilderRegistry& builders() { return kvcore::CacheBuilderRegistry::global(); }
+kvcore::CacheRegistry& caches() { return kvcore::global_caches(); }
+kvcore::CacheBuilderRegistry& builders() { return kvcore::global_builders(); }
 
 }  // namespace
 
@@ -121,7 +120,7 @@ void register_registry(py::module_& m) {
   // Python's registries are the process registries C++ code sees via global().
   throw_if_error(kvcore::register_default_builders(builders()));
 
-  m.attr("registry_storage_v1") =
+  m.attr("registry_storage_v2") =
       py::capsule(static_cast<void*>(&kvcore::registry_storage()), KVCORE_REGISTRY_CAPSULE_NAME);
   m.attr("REGISTRY_ABI_VERSION") = kvcore::kRegistryAbiVersion;
 
@@ -135,7 +134,7 @@ void register_registry(py::module_& m) {
   m.def("registry_install_unique",
         [](const std::string& prefix, std::shared_ptr<kvcore::CacheBase> cache) {
           if (!cache) raise(kvcore::Error::InvalidArgument, "install_unique: cache is None");
-          return unwrap(caches().install_unique(prefix, std::move(cache)));
+          return std::string(unwrap(caches().install_unique(prefix, std::move(cache))).view());
         },
         py::arg("prefix"), py::arg("cache").none(true));
   m.def("registry_get", [](const std::string& key) { return caches().get(key); }, py::arg("key"));
@@ -150,9 +149,13 @@ void register_registry(py::module_& m) {
           throw_if_error(caches().erase_if_same(key, cache.get()));
         },
         py::arg("key"), py::arg("cache"));
-  m.def("registry_keys", [] { return caches().keys(); });
+  m.def("registry_keys", [] {
+    std::vector<std::string> out;
+    for (const kvcore::Key& key : unwrap(caches().keys())) out.emplace_back(key.view());
+    return out;
+  });
   m.def("registry_unique_key",
-        [](const std::string& prefix) { return caches().make_unique_key(prefix); },
+        [](const std::string& prefix) { return std::string(unwrap(caches().make_unique_key(prefix)).view()); },
         py::arg("prefix") = "cache");
 
   // --- builders by (backend, kind) ----------------------------------------------
@@ -179,7 +182,12 @@ void register_registry(py::module_& m) {
           return builders().contains(backend_id, kind);
         },
         py::arg("backend"), py::arg("kind"));
-  m.def("builders", [] { return builders().keys(); });
+  m.def("builders", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const kvcore::BuilderName& name : unwrap(builders().keys()))
+      out.emplace_back(name.backend_id.view(), name.kind.view());
+    return out;
+  });
   m.def("build",
         [](const std::string& backend_id, const std::string& kind, const kvcore::CacheConfig& cfg) {
           PythonBuildFrame frame;

@@ -13,8 +13,10 @@ namespace kvcore_py {
 struct StepHandle {
   std::shared_ptr<kvcore::SequenceCache> cache;
   kvcore::Step step;
-  // Step.mask's read-only arrays, one per distinct policy, made on first use.
-  std::vector<pybind11::object> masks{};
+  // Step.mask's read-only arrays, one per distinct policy and read order, made
+  // on first use.
+  std::vector<pybind11::object> masks{};      // position order
+  std::vector<pybind11::object> row_masks{};  // row order
 };
 
 }  // namespace kvcore_py

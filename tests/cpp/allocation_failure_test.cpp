@@ -1,18 +1,34 @@
-// SequenceCache::create when memory runs out: the core is built without
-// exceptions, so every allocation create makes must be checked and reported
-// as MemoryAllocationFailed, leaving nothing behind. Failures are injected by
-// the binary's operator new (support/counting_new.h).
+// Every allocating public call when memory runs out. The core is built without
+// exceptions, so each allocation must go through a nothrow path, and each
+// failure must come back as MemoryAllocationFailed, change nothing and leak
+// nothing. Failures are injected by the binary's operator new
+// (support/counting_new.h), which also counts the throwing forms: under
+// -fno-exceptions their failure could only abort, so no call may use one.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cache_fixtures.h"
+#include "kvcore/registry/cache_session.h"
+#include "kvcore/registry/default_builders.h"
+#include "kvcore/registry/shared.h"
 #include "support/counting_new.h"
+#include "support/registry_text.h"
 
 namespace kvcore_test {
 namespace {
+
+using kvcore::CacheBuilder;
+using kvcore::CacheBuilderRegistry;
+using kvcore::CacheRegistry;
+using kvcore::CacheSession;
+using kvcore::Key;
+using kvcore::Status;
 
 // Duplicate policies (shared objects), a broadcast entry, a single Flat layer.
 std::vector<CacheConfig> configs() {
@@ -23,60 +39,163 @@ std::vector<CacheConfig> configs() {
           make_config(16, {LayerPolicy::flat()})};
 }
 
-// Fails the first, second, ... nothrow allocation of create() until one create
-// allocates all it needs: each failure must be reported and leak nothing.
-TEST(AllocationFailure, CreateReportsEveryFailedAllocationAndLeaksNothing) {
-  for (const CacheConfig& cfg : configs()) {
-    SCOPED_TRACE(describe(cfg));
-    int failures = 0;
-    for (int successes = 0;; ++successes) {
-      ASSERT_LT(successes, 100) << "create() kept failing";
-      const std::int64_t live_before = live_news();
-      bool failed_any = false;
-      {
-        kvcore::Result<std::unique_ptr<SequenceCache>> created = [&] {
-          FailNothrowNewAfter fail(successes);
-          auto r = SequenceCache::create(cfg);
-          failed_any = fail.failed_any();
-          return r;
-        }();
-        if (failed_any) {
-          ++failures;
-          EXPECT_EQ(created.error(), Error::MemoryAllocationFailed) << "after " << successes;
-          const std::string message = created.ok() ? "" : created.message();
-          EXPECT_EQ(message.rfind("cannot allocate ", 0), 0u) << message;
-        } else {
-          // Every allocation succeeded: a working cache.
-          ASSERT_TRUE(created.ok()) << created.message();
-          EXPECT_GT(live_news(), live_before);  // the leak check below sees the cache's blocks
-          SequenceCache& cache = **created;
-          PoolSim sim(cfg);
-          for (int T : {2, 1, 1}) EXPECT_EQ(run_step(cache, sim, T), "");
-        }
-      }
-      EXPECT_EQ(live_news(), live_before) << "blocks leaked after " << successes << " successes";
-      if (!failed_any) break;
+// Runs `attempt` with the first 0, 1, 2, ... nothrow allocations succeeding and
+// the rest failing, until one run allocates all it needs. `attempt` returns the
+// outcome; a run that saw a failure must report MemoryAllocationFailed with a
+// "cannot allocate" message, and `unchanged` (checked after every failed run)
+// must hold. Every run must leave no block behind once its results are dropped,
+// and use no throwing operator new. Returns the number of failed runs.
+int fail_each_allocation(const std::function<Status()>& attempt,
+                         const std::function<void()>& unchanged, int line = __builtin_LINE()) {
+  SCOPED_TRACE(line);
+  int failures = 0;
+  for (int successes = 0;; ++successes) {
+    EXPECT_LT(successes, 200) << "the call kept failing";
+    if (successes >= 200) return failures;
+    const std::int64_t live_before = live_news();
+    const std::uint64_t throwing_before = throwing_news();
+    bool failed_any = false;
+    Status outcome;
+    {
+      FailNothrowNewAfter fail(successes);
+      outcome = attempt();
+      failed_any = fail.failed_any();
     }
-    // The cache object and its tables at least: more than one allocation is checked.
-    EXPECT_GE(failures, 2);
+    EXPECT_EQ(throwing_news(), throwing_before) << "a throwing operator new after " << successes;
+    if (!failed_any) {
+      EXPECT_TRUE(outcome.ok()) << outcome.message().c_str();
+      return failures;
+    }
+    ++failures;
+    EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed) << "after " << successes;
+    EXPECT_EQ(std::strncmp(outcome.message().c_str(), "cannot allocate ", 16), 0)
+        << outcome.message().c_str();
+    unchanged();
+    EXPECT_EQ(live_news(), live_before) << "blocks leaked after " << successes << " successes";
   }
 }
 
-// create() allocates through the throwing operator new (which can only abort
-// here) no more than copying the config costs: CacheConfig::layers is a
-// std::vector, the one allocation the public type forces on it.
-TEST(AllocationFailure, CreateUsesNoThrowingAllocationBeyondTheConfigCopy) {
+TEST(AllocationFailure, CreateReportsEveryFailedAllocationAndLeaksNothing) {
   for (const CacheConfig& cfg : configs()) {
     SCOPED_TRACE(describe(cfg));
-    std::uint64_t before = throwing_news();
-    { const CacheConfig copy = cfg; }
-    const std::uint64_t copy_cost = throwing_news() - before;
-    before = throwing_news();
-    auto created = SequenceCache::create(cfg);
-    const std::uint64_t create_cost = throwing_news() - before;
-    ASSERT_TRUE(created.ok()) << created.message();
-    EXPECT_EQ(create_cost, copy_cost);
+    const std::int64_t live_before = live_news();
+    std::unique_ptr<SequenceCache> cache;
+    const int failures = fail_each_allocation(
+        [&] {
+          auto created = SequenceCache::create(cfg);
+          if (!created.ok()) return created.status();
+          cache = std::move(created).get();
+          return Status();
+        },
+        [] {});
+    // Every allocation succeeded at last: a working cache.
+    ASSERT_NE(cache, nullptr);
+    {
+      PoolSim sim(cfg);
+      for (int T : {2, 1, 1}) EXPECT_EQ(run_step(*cache, sim, T), "");
+    }
+    cache.reset();
+    // The cache object and its tables at least: more than one allocation is checked.
+    EXPECT_GE(failures, 2);
+    EXPECT_EQ(live_news(), live_before);
   }
+}
+
+TEST(AllocationFailure, RegistryInstallsAndListsThroughNothrowPathsOnly) {
+  CacheRegistry reg;
+  std::shared_ptr<kvcore::CacheBase> cache = must_create(configs()[2]);
+  // Enough entries that the table grows while we fail.
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(reg.install("before" + std::to_string(i), cache), kvcore::Error::Ok);
+  const std::vector<std::string> keys_before = texts(reg.keys());
+  auto unchanged = [&] { EXPECT_EQ(texts(reg.keys()), keys_before); };
+  EXPECT_GE(fail_each_allocation([&] { return reg.install("installed", cache); }, unchanged), 2);
+  EXPECT_TRUE(reg.contains("installed"));
+  ASSERT_EQ(reg.erase("installed"), kvcore::Error::Ok);
+
+  EXPECT_GE(fail_each_allocation(
+                [&] {
+                  auto key = reg.install_unique("unique", cache);
+                  if (key.ok()) {
+                    EXPECT_EQ(reg.erase(key->view()), kvcore::Error::Ok);
+                  }
+                  return key.status();
+                },
+                unchanged),
+            2);
+  EXPECT_GE(fail_each_allocation([&] { return reg.keys().status(); }, unchanged), 2);
+  EXPECT_GE(fail_each_allocation([&] { return reg.make_unique_key("k").status(); }, unchanged), 1);
+}
+
+TEST(AllocationFailure, BuilderRegistryRegistersAndListsThroughNothrowPathsOnly) {
+  CacheBuilderRegistry reg;
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(reg.register_builder("b" + std::to_string(i), "sequence", &kvcore::build_sequence_cache),
+              kvcore::Error::Ok);
+  const auto names_before = texts(reg.keys());
+  auto unchanged = [&] { EXPECT_EQ(texts(reg.keys()), names_before); };
+  EXPECT_GE(fail_each_allocation(
+                [&] {
+                  Status s = reg.register_builder("npu", "sequence", &kvcore::build_sequence_cache);
+                  if (s.ok()) {
+                    EXPECT_EQ(reg.unregister_builder("npu", "sequence"), kvcore::Error::Ok);
+                  }
+                  return s;
+                },
+                unchanged),
+            3);
+  EXPECT_GE(fail_each_allocation([&] { return reg.keys().status(); }, unchanged), 2);
+  int state = 7;
+  EXPECT_GE(fail_each_allocation(
+                [&] {
+                  auto builder = CacheBuilder::from_callable(
+                      [state](const CacheConfig& c) { return kvcore::build_sequence_cache(c); });
+                  (void)state;
+                  return builder.status();
+                },
+                [] {}),
+            2);
+  // Building: the cache, its tables and the shared pointer's control block.
+  ASSERT_EQ(reg.register_builder("cpu", "sequence", &kvcore::build_sequence_cache), kvcore::Error::Ok);
+  const CacheConfig cfg = configs()[0];
+  EXPECT_GE(fail_each_allocation([&] { return reg.build("cpu", "sequence", cfg).status(); },
+                                 [] {}),
+            3);
+}
+
+TEST(AllocationFailure, SessionsCreateAndAdoptThroughNothrowPathsOnly) {
+  CacheRegistry caches;
+  CacheBuilderRegistry builders;
+  ASSERT_EQ(kvcore::register_default_builders(builders), kvcore::Error::Ok);
+  auto unchanged = [&] { EXPECT_EQ(caches.size(), 0u); };
+  const CacheConfig cfg = configs()[0];
+  EXPECT_GE(fail_each_allocation(
+                [&] {
+                  auto session = CacheSession::create(kvcore::kCpuBackend, kvcore::kSequenceKind,
+                                                      cfg, caches, builders);
+                  if (session.ok()) {
+                    EXPECT_EQ(caches.size(), 1u);
+                  }
+                  return session.status();
+                },
+                unchanged),
+            5);
+  std::shared_ptr<kvcore::CacheBase> cache = must_create(configs()[2]);
+  EXPECT_GE(fail_each_allocation(
+                [&] { return CacheSession::adopt(cache, "adopted", caches).status(); }, unchanged),
+            2);
+}
+
+TEST(AllocationFailure, ShareAndKeyReportFailure) {
+  EXPECT_EQ(fail_each_allocation(
+                [] {
+                  std::unique_ptr<int> object(new (std::nothrow) int(3));
+                  if (object == nullptr)
+                    return Status::make(kvcore::Error::MemoryAllocationFailed, "cannot allocate the int");
+                  return kvcore::share(std::move(object)).status();
+                },
+                [] {}),
+            2);  // the int itself, then the control block (the int is deleted)
+  EXPECT_EQ(fail_each_allocation([] { return Key::concat("prefix", "#1").status(); }, [] {}), 1);
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
   Rng rng(seed);
   const CacheConfig cfg = random_config(rng);
   auto created = SequenceCache::create(cfg);
-  if (!created.ok()) return "create failed: " + std::string(created.message());
+  if (!created.ok()) return "create failed: " + std::string(created.message().c_str());
   SequenceCache& cache = **created;
   PoolSim sim(cfg);
   const int C = cache.max_step();
@@ -133,7 +133,7 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
         BF_REQUIRE(step.error() == kvcore::Error::OutOfResources, "expected OutOfResources");
         ++cov.capacity_exhausted;
       } else {
-        BF_REQUIRE(step.ok(), std::string("failed: ") + step.message());
+        BF_REQUIRE(step.ok(), std::string("failed: ") + step.message().c_str());
         BF_REQUIRE(step->position == L && step->T == T, "wrong step position/T");
         if (before.id != 0) ++cov.steps_abandoned;
         handles.push_back(*step);
@@ -165,7 +165,7 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
       if (sim.has_step()) {
         last_op = "commit(" + std::to_string(active.position) + ", " + std::to_string(active.T) + ")";
         kvcore::Status s = cache.commit(handles.back());
-        BF_REQUIRE(s.ok(), std::string("commit failed: ") + s.message());
+        BF_REQUIRE(s.ok(), std::string("commit failed: ") + s.message().c_str());
         sim.commit();
         ++cov.steps_committed;
       } else {
@@ -196,7 +196,7 @@ std::string run_case(std::uint64_t seed, Coverage& cov) {
       const Step before = cache.active_step();
       kvcore::Status s = cache.rewind(n);
       if (expect_ok) {
-        BF_REQUIRE(s.ok(), std::string("refused: ") + s.message());
+        BF_REQUIRE(s.ok(), std::string("refused: ") + s.message().c_str());
         if (sim.has_step()) ++cov.steps_abandoned;
         sim.rewind(n);
         if (wrapped && n < L) ++cov.rewinds_accepted_wrapped;

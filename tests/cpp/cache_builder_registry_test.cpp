@@ -13,6 +13,7 @@
 #include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/registry/default_builders.h"
 #include "kvcore/registry/registry_storage.h"
+#include "support/registry_text.h"
 #include "kvcore/core/sequence_cache.h"
 
 namespace kvcore {
@@ -48,7 +49,7 @@ TEST(CacheBuilderRegistry, RegisterBuildUnregister) {
   EXPECT_TRUE(reg.contains("npu", "tagged"));
   EXPECT_EQ(reg.size(), 1u);
   auto built = reg.build("npu", "tagged", small_config(32));
-  ASSERT_TRUE(built.ok()) << built.message();
+  ASSERT_TRUE(built.ok()) << built.message().c_str();
   EXPECT_EQ(static_cast<TaggedCache&>(*built.get()).capacity, 32);
 
   ASSERT_EQ(reg.unregister_builder("npu", "tagged"), Error::Ok);
@@ -64,7 +65,7 @@ TEST(CacheBuilderRegistry, KeyIsThePairNotAConcatenation) {
   EXPECT_TRUE(reg.build("a", "bc", small_config()).ok());
   EXPECT_EQ(reg.build("ab", "c", small_config()).error(), Error::OutOfResources);
   using Pair = std::pair<std::string, std::string>;
-  EXPECT_EQ(reg.keys(), (std::vector<Pair>{{"a", "bc"}, {"ab", "c"}}));
+  EXPECT_EQ(kvcore_test::texts(reg.keys()), (std::vector<Pair>{{"a", "bc"}, {"ab", "c"}}));
 }
 
 TEST(CacheBuilderRegistry, DuplicateIsRefusedAndKeepsTheFirst) {
@@ -72,7 +73,7 @@ TEST(CacheBuilderRegistry, DuplicateIsRefusedAndKeepsTheFirst) {
   ASSERT_EQ(reg.register_builder("npu", "k", &build_tagged), Error::Ok);
   Status s = reg.register_builder("npu", "k", &build_failing);
   EXPECT_EQ(s.code(), Error::RegistrationAlreadyRegistered);
-  EXPECT_NE(std::strstr(s.message(), "'npu'"), nullptr) << s.message();
+  EXPECT_NE(std::strstr(s.message().c_str(), "'npu'"), nullptr) << s.message().c_str();
   EXPECT_TRUE(reg.build("npu", "k", small_config()).ok());
 }
 
@@ -80,8 +81,8 @@ TEST(CacheBuilderRegistry, MissingBuilderIsNotFoundNamingThePair) {
   CacheBuilderRegistry reg;
   auto built = reg.build("gpu", "paged", small_config());
   EXPECT_EQ(built.error(), Error::NotFound);
-  EXPECT_NE(std::strstr(built.message(), "'gpu'"), nullptr) << built.message();
-  EXPECT_NE(std::strstr(built.message(), "'paged'"), nullptr) << built.message();
+  EXPECT_NE(std::strstr(built.message().c_str(), "'gpu'"), nullptr) << built.message().c_str();
+  EXPECT_NE(std::strstr(built.message().c_str(), "'paged'"), nullptr) << built.message().c_str();
   EXPECT_EQ(reg.unregister_builder("gpu", "paged"), Error::NotFound);
 }
 
@@ -100,7 +101,7 @@ TEST(CacheBuilderRegistry, BuilderErrorPassesThroughUnchanged) {
   ASSERT_EQ(reg.register_builder("npu", "k", &build_failing), Error::Ok);
   auto built = reg.build("npu", "k", small_config(24));
   EXPECT_EQ(built.error(), Error::OutOfResources);
-  EXPECT_STREQ(built.message(), "device has no room for 24 rows");
+  EXPECT_STREQ(built.message().c_str(), "device has no room for 24 rows");
 }
 
 TEST(CacheBuilderRegistry, NullResultIsInternal) {
@@ -108,13 +109,13 @@ TEST(CacheBuilderRegistry, NullResultIsInternal) {
   ASSERT_EQ(reg.register_builder("npu", "k", &build_null), Error::Ok);
   auto built = reg.build("npu", "k", small_config());
   EXPECT_EQ(built.error(), Error::Internal);
-  EXPECT_NE(std::strstr(built.message(), "null"), nullptr) << built.message();
+  EXPECT_NE(std::strstr(built.message().c_str(), "null"), nullptr) << built.message().c_str();
 }
 
 TEST(CacheBuilderRegistry, InvalidConfigNeverReachesTheBuilder) {
   CacheBuilderRegistry reg;
   int calls = 0;
-  ASSERT_EQ(reg.register_builder("npu", "k", CacheBuilder::from_callable([&calls](const CacheConfig& c) {
+  ASSERT_EQ(reg.register_builder("npu", "k", kvcore_test::callable([&calls](const CacheConfig& c) {
               ++calls;
               return build_tagged(c);
             })),
@@ -123,7 +124,7 @@ TEST(CacheBuilderRegistry, InvalidConfigNeverReachesTheBuilder) {
   bad.capacity = 0;
   auto built = reg.build("npu", "k", bad);
   EXPECT_EQ(built.error(), Error::InvalidArgument);
-  EXPECT_NE(std::strstr(built.message(), "capacity = 0"), nullptr) << built.message();
+  EXPECT_NE(std::strstr(built.message().c_str(), "capacity = 0"), nullptr) << built.message().c_str();
   EXPECT_EQ(calls, 0);
 }
 
@@ -131,7 +132,7 @@ TEST(CacheBuilderRegistry, CapturingCallableKeepsItsState) {
   CacheBuilderRegistry reg;
   auto counter = std::make_shared<int>(0);
   ASSERT_EQ(reg.register_builder("npu", "counted",
-                                 CacheBuilder::from_callable([counter](const CacheConfig& c) {
+                                 kvcore_test::callable([counter](const CacheConfig& c) {
                                    ++*counter;
                                    return build_tagged(c);
                                  })),
@@ -145,7 +146,7 @@ TEST(CacheBuilderRegistry, ABuilderMayUseTheRegistryItRunsIn) {
   CacheBuilderRegistry reg;
   ASSERT_EQ(reg.register_builder("npu", "inner", &build_tagged), Error::Ok);
   ASSERT_EQ(reg.register_builder("npu", "outer",
-                                 CacheBuilder::from_callable([&reg](const CacheConfig& c) {
+                                 kvcore_test::callable([&reg](const CacheConfig& c) {
                                    EXPECT_TRUE(reg.contains("npu", "inner"));
                                    EXPECT_EQ(reg.register_builder("npu", "late", &build_tagged),
                                              Error::Ok);
@@ -153,7 +154,7 @@ TEST(CacheBuilderRegistry, ABuilderMayUseTheRegistryItRunsIn) {
                                  })),
             Error::Ok);
   auto built = reg.build("npu", "outer", small_config(40));
-  ASSERT_TRUE(built.ok()) << built.message();
+  ASSERT_TRUE(built.ok()) << built.message().c_str();
   EXPECT_EQ(static_cast<TaggedCache&>(*built.get()).capacity, 40);
   EXPECT_TRUE(reg.contains("npu", "late"));
 }
@@ -164,7 +165,7 @@ TEST(CacheBuilderRegistry, UnregisteringDuringABuildKeepsItsStateUntilTheBuildEn
   std::weak_ptr<int> watch = state;
   bool alive_after_unregister = false;
   ASSERT_EQ(reg.register_builder("npu", "self-removing",
-                                 CacheBuilder::from_callable([&reg, &alive_after_unregister,
+                                 kvcore_test::callable([&reg, &alive_after_unregister,
                                                               state](const CacheConfig& c) {
                                    EXPECT_EQ(reg.unregister_builder("npu", "self-removing"),
                                              Error::Ok);
@@ -205,7 +206,7 @@ TEST(DefaultBuilders, CpuSequenceBuildsASequenceCache) {
   ASSERT_TRUE(reg.contains(kCpuBackend, kSequenceKind));
   const CacheConfig cfg = small_config(20);
   auto built = reg.build("cpu", "sequence", cfg);
-  ASSERT_TRUE(built.ok()) << built.message();
+  ASSERT_TRUE(built.ok()) << built.message().c_str();
   SequenceControl* control = built.get()->as_control();
   SequencePlanner* planner = built.get()->as_planner();
   ASSERT_NE(control, nullptr);
@@ -227,7 +228,7 @@ TEST(DefaultBuilders, SequenceBuilderErrorsPassThrough) {
   bad.max_step = 99;  // > capacity
   auto built = reg.build("cpu", "sequence", bad);
   EXPECT_EQ(built.error(), Error::InvalidArgument);
-  EXPECT_NE(std::strstr(built.message(), "max_step = 99"), nullptr) << built.message();
+  EXPECT_NE(std::strstr(built.message().c_str(), "max_step = 99"), nullptr) << built.message().c_str();
 }
 
 TEST(DefaultBuilders, RegisteringTwiceKeepsTheExistingBuilder) {
@@ -239,8 +240,8 @@ TEST(DefaultBuilders, RegisteringTwiceKeepsTheExistingBuilder) {
 }
 
 TEST(CacheBuilderRegistry, GlobalIsOneObjectBackedByTheStorage) {
-  EXPECT_EQ(&CacheBuilderRegistry::global(), &CacheBuilderRegistry::global());
-  EXPECT_EQ(&CacheBuilderRegistry::global(), &registry_storage().builders);
+  EXPECT_EQ(&global_builders(), &global_builders());
+  EXPECT_EQ(&global_builders(), &registry_storage().builders);
 }
 
 }  // namespace

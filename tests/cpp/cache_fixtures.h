@@ -34,10 +34,21 @@ inline CacheConfig make_config(int capacity, const std::vector<LayerPolicy>& pol
 }
 
 /// Creates the cache or records a failure and returns nullptr.
+/// The config a cache reports through its planner face (max_step resolved).
+inline CacheConfig config_of(const SequenceCache& cache) {
+  CacheConfig cfg;
+  cfg.capacity = cache.capacity();
+  cfg.n_layers = cache.n_layers();
+  cfg.max_step = cache.max_step();
+  cfg.initial_capacity = cache.initial_capacity();
+  for (int l = 0; l < cache.n_layers(); ++l) cfg.layers.push_back(*cache.layer_config(l));
+  return cfg;
+}
+
 inline std::unique_ptr<SequenceCache> must_create(const CacheConfig& cfg) {
   auto r = SequenceCache::create(cfg);
   if (!r.ok()) {
-    ADD_FAILURE() << "create(" << describe(cfg) << ") failed: " << r.message();
+    ADD_FAILURE() << "create(" << describe(cfg) << ") failed: " << r.message().c_str();
     return nullptr;
   }
   return std::move(r).get();
@@ -52,7 +63,7 @@ inline std::string run_step(SequenceCache& cache, PoolSim& sim, int T, bool comm
   auto step = cache.begin_step(T);
   if (!step.ok())
     return "begin_step(" + std::to_string(T) + ") at length " + std::to_string(cache.length()) +
-           " failed: " + step.message();
+           " failed: " + step.message().c_str();
   if (step->position != sim.length() || step->T != T)
     return "begin_step returned position " + std::to_string(step->position) + ", T " +
            std::to_string(step->T) + "; expected position " + std::to_string(sim.length());
@@ -63,7 +74,7 @@ inline std::string run_step(SequenceCache& cache, PoolSim& sim, int T, bool comm
     auto by_step = cache.plan(l, *step);
     auto again = cache.plan(l, step->position, step->T);
     if (!by_pos.ok() || !by_step.ok() || !again.ok())
-      return "plan(" + std::to_string(l) + ") failed: " + by_pos.message() + by_step.message();
+      return "plan(" + std::to_string(l) + ") failed: " + by_pos.message().c_str() + by_step.message().c_str();
     if (*by_pos != *by_step || *by_pos != *again)
       return "plan overloads or repeated plans disagree on layer " + std::to_string(l);
     std::string err = sim.apply_writes(l, *by_pos);
@@ -78,7 +89,7 @@ inline std::string run_step(SequenceCache& cache, PoolSim& sim, int T, bool comm
   if (begun != nullptr) *begun = *step;
   if (commit) {
     kvcore::Status s = cache.commit(*step);
-    if (!s.ok()) return std::string("commit failed: ") + s.message();
+    if (!s.ok()) return std::string("commit failed: ") + s.message().c_str();
     sim.commit();
     if (cache.length() != sim.length())
       return "length " + std::to_string(cache.length()) + " after commit, expected " +
@@ -105,7 +116,7 @@ inline void expect_same_state(SequenceCache& touched, SequenceCache& twin) {
     for (int l = 0; l < twin.n_layers(); ++l) {
       auto a = touched.plan(l, active);
       auto b = twin.plan(l, active);
-      ASSERT_TRUE(a.ok()) << "the begun step was lost: " << a.message();
+      ASSERT_TRUE(a.ok()) << "the begun step was lost: " << a.message().c_str();
       ASSERT_TRUE(b.ok());
       EXPECT_EQ(describe(*a), describe(*b)) << "layer " << l;
     }
@@ -115,7 +126,7 @@ inline void expect_same_state(SequenceCache& touched, SequenceCache& twin) {
   if (twin.can_extend(1)) {
     auto a = touched.begin_step(1);
     auto b = twin.begin_step(1);
-    ASSERT_TRUE(a.ok()) << a.message();
+    ASSERT_TRUE(a.ok()) << a.message().c_str();
     ASSERT_TRUE(b.ok());
     EXPECT_EQ(a->position, b->position);
     for (int l = 0; l < twin.n_layers(); ++l) {

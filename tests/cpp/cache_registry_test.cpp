@@ -14,6 +14,7 @@
 
 #include "kvcore/registry/cache_registry.h"
 #include "kvcore/registry/registry_storage.h"
+#include "support/registry_text.h"
 
 namespace kvcore {
 namespace {
@@ -45,7 +46,7 @@ TEST(CacheRegistry, InstallGetFindErase) {
   auto found = reg.find("runner/a");
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(found.get(), cache);
-  EXPECT_EQ(reg.keys(), std::vector<std::string>{"runner/a"});
+  EXPECT_EQ(kvcore_test::texts(reg.keys()), std::vector<std::string>{"runner/a"});
 
   ASSERT_EQ(reg.erase("runner/a"), Error::Ok);
   EXPECT_EQ(reg.size(), 0u);
@@ -60,7 +61,7 @@ TEST(CacheRegistry, DuplicateKeyIsRefusedAndKeepsTheFirstCache) {
   ASSERT_EQ(reg.install("k", first), Error::Ok);
   Status s = reg.install("k", second);
   EXPECT_EQ(s.code(), Error::RegistrationAlreadyRegistered);
-  EXPECT_NE(std::strstr(s.message(), "'k'"), nullptr) << s.message();
+  EXPECT_NE(std::strstr(s.message().c_str(), "'k'"), nullptr) << s.message().c_str();
   EXPECT_EQ(reg.get("k"), first);
   EXPECT_EQ(reg.size(), 1u);
 }
@@ -71,11 +72,11 @@ TEST(CacheRegistry, MissingKeyIsNotFound) {
   EXPECT_EQ(reg.get("absent"), nullptr);
   auto found = reg.find("absent");
   EXPECT_EQ(found.error(), Error::NotFound);
-  EXPECT_NE(std::strstr(found.message(), "'absent'"), nullptr) << found.message();
+  EXPECT_NE(std::strstr(found.message().c_str(), "'absent'"), nullptr) << found.message().c_str();
   Status erased = reg.erase("absent");
   EXPECT_EQ(erased.code(), Error::NotFound);
-  EXPECT_NE(std::strstr(erased.message(), "'absent'"), nullptr) << erased.message();
-  EXPECT_EQ(reg.keys(), std::vector<std::string>{"present"});
+  EXPECT_NE(std::strstr(erased.message().c_str(), "'absent'"), nullptr) << erased.message().c_str();
+  EXPECT_EQ(kvcore_test::texts(reg.keys()), std::vector<std::string>{"present"});
 }
 
 TEST(CacheRegistry, EmptyKeyOrNullCacheIsInvalidAndChangesNothing) {
@@ -83,7 +84,7 @@ TEST(CacheRegistry, EmptyKeyOrNullCacheIsInvalidAndChangesNothing) {
   EXPECT_EQ(reg.install("", probe()), Error::InvalidArgument);
   Status null_cache = reg.install("k", nullptr);
   EXPECT_EQ(null_cache.code(), Error::InvalidArgument);
-  EXPECT_NE(std::strstr(null_cache.message(), "null"), nullptr) << null_cache.message();
+  EXPECT_NE(std::strstr(null_cache.message().c_str(), "null"), nullptr) << null_cache.message().c_str();
   EXPECT_EQ(reg.erase(""), Error::InvalidArgument);
   EXPECT_EQ(reg.install_unique("p", nullptr).error(), Error::InvalidArgument);
   EXPECT_EQ(reg.size(), 0u);
@@ -92,7 +93,7 @@ TEST(CacheRegistry, EmptyKeyOrNullCacheIsInvalidAndChangesNothing) {
 TEST(CacheRegistry, KeysAreSorted) {
   CacheRegistry reg;
   for (const char* k : {"b", "c", "a"}) ASSERT_EQ(reg.install(k, probe()), Error::Ok);
-  EXPECT_EQ(reg.keys(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(kvcore_test::texts(reg.keys()), (std::vector<std::string>{"a", "b", "c"}));
 }
 
 TEST(CacheRegistry, AHolderKeepsTheCacheAliveAfterErase) {
@@ -138,22 +139,22 @@ TEST(CacheRegistry, UniqueKeysSkipInstalledKeys) {
   }
   std::set<std::string> made;
   for (int i = 0; i < 5; ++i) {
-    const std::string k = reg.make_unique_key("p");
+    const std::string k = kvcore_test::text(reg.make_unique_key("p"));
     EXPECT_EQ(k.rfind("p#", 0), 0u) << k;
     EXPECT_EQ(taken.count(k), 0u) << k;
     made.insert(k);
   }
   EXPECT_EQ(made.size(), 5u);
-  EXPECT_EQ(reg.make_unique_key("").rfind("cache#", 0), 0u);
+  EXPECT_EQ(kvcore_test::text(reg.make_unique_key("")).rfind("cache#", 0), 0u);
 }
 
 TEST(CacheRegistry, InstallUniqueReturnsTheKeyItUsed) {
   CacheRegistry reg;
   auto cache = probe();
   auto key = reg.install_unique("runner", cache);
-  ASSERT_TRUE(key.ok()) << key.message();
-  EXPECT_EQ(key->rfind("runner#", 0), 0u);
-  EXPECT_EQ(reg.get(*key), cache);
+  ASSERT_TRUE(key.ok()) << key.message().c_str();
+  EXPECT_EQ(kvcore_test::text(*key).rfind("runner#", 0), 0u);
+  EXPECT_EQ(reg.get(key->view()), cache);
 }
 
 TEST(CacheRegistry, UniqueKeysAcross8ThreadsOf10000) {
@@ -165,7 +166,7 @@ TEST(CacheRegistry, UniqueKeysAcross8ThreadsOf10000) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       made[t].reserve(kPerThread);
-      for (int i = 0; i < kPerThread; ++i) made[t].push_back(reg.make_unique_key("k"));
+      for (int i = 0; i < kPerThread; ++i) made[t].push_back(kvcore_test::text(reg.make_unique_key("k")));
     });
   }
   for (auto& th : threads) th.join();
@@ -233,7 +234,7 @@ TEST(CacheRegistry, ConcurrentInstallEraseGetLosesNothing) {
   for (int t = 0; t < kThreads; ++t)
     for (int k = 0; k < kKeys; k += 2) expected.push_back(name(t, k));
   std::sort(expected.begin(), expected.end());
-  EXPECT_EQ(reg.keys(), expected);
+  EXPECT_EQ(kvcore_test::texts(reg.keys()), expected);
   for (int t = 0; t < kThreads; ++t)
     for (int k = 0; k < kKeys; k += 2) {
       auto c = reg.get(name(t, k));
@@ -243,13 +244,13 @@ TEST(CacheRegistry, ConcurrentInstallEraseGetLosesNothing) {
 }
 
 TEST(CacheRegistry, GlobalIsOneObjectBackedByTheStorage) {
-  EXPECT_EQ(&CacheRegistry::global(), &CacheRegistry::global());
-  EXPECT_EQ(&CacheRegistry::global(), &registry_storage().caches);
+  EXPECT_EQ(&global_caches(), &global_caches());
+  EXPECT_EQ(&global_caches(), &registry_storage().caches);
   EXPECT_EQ(check_registry_storage(&registry_storage()), Error::Ok);
-  const std::string key = CacheRegistry::global().make_unique_key("global-test");
-  ASSERT_EQ(CacheRegistry::global().install(key, probe()), Error::Ok);
+  const std::string key = kvcore_test::text(global_caches().make_unique_key("global-test"));
+  ASSERT_EQ(global_caches().install(key, probe()), Error::Ok);
   EXPECT_TRUE(registry_storage().caches.contains(key));
-  EXPECT_EQ(CacheRegistry::global().erase(key), Error::Ok);
+  EXPECT_EQ(global_caches().erase(key), Error::Ok);
 }
 
 TEST(RegistryStorage, IncompatibleStorageIsRefusedWithTheReason) {
@@ -258,7 +259,7 @@ TEST(RegistryStorage, IncompatibleStorageIsRefusedWithTheReason) {
   other_version.abi_version = kRegistryAbiVersion + 1;
   Status s = check_registry_storage(&other_version);
   EXPECT_EQ(s.code(), Error::NotSupported);
-  EXPECT_NE(std::strstr(s.message(), "ABI version"), nullptr) << s.message();
+  EXPECT_NE(std::strstr(s.message().c_str(), "ABI version"), nullptr) << s.message().c_str();
   RegistryStorage other_size;
   other_size.size = other_size.size + 8;
   EXPECT_EQ(check_registry_storage(&other_size), Error::NotSupported);
@@ -266,7 +267,7 @@ TEST(RegistryStorage, IncompatibleStorageIsRefusedWithTheReason) {
   other_stdlib.abi_tag = "some-other-stdlib";
   s = check_registry_storage(&other_stdlib);
   EXPECT_EQ(s.code(), Error::NotSupported);
-  EXPECT_NE(std::strstr(s.message(), "some-other-stdlib"), nullptr) << s.message();
+  EXPECT_NE(std::strstr(s.message().c_str(), "some-other-stdlib"), nullptr) << s.message().c_str();
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ TEST(CacheSession, InstallsOnCreateAndErasesOnScopeExit) {
   std::weak_ptr<CacheBase> watch;
   {
     auto session = CacheSession::create("cpu", "sequence", flat_config(8), r.caches, r.builders);
-    ASSERT_TRUE(session.ok()) << session.message();
+    ASSERT_TRUE(session.ok()) << session.message().c_str();
     key = session->key();
     watch = session->cache();
     EXPECT_EQ(key.rfind("cpu/sequence#", 0), 0u) << key;
@@ -100,7 +100,7 @@ TEST(CacheSession, MoveTransfersTheErase) {
   auto made = CacheSession::create("cpu", "sequence", flat_config(4), r.caches, r.builders);
   ASSERT_TRUE(made.ok());
   CacheSession first = std::move(made).get();
-  const std::string key = first.key();
+  const std::string key(first.key());
   {
     CacheSession second = std::move(first);
     EXPECT_FALSE(first.active());  // NOLINT(bugprone-use-after-move): checking the moved-from state
@@ -117,8 +117,8 @@ TEST(CacheSession, MoveAssignmentEndsTheOverwrittenSession) {
   auto a = CacheSession::create("cpu", "sequence", flat_config(4), r.caches, r.builders);
   auto b = CacheSession::create("cpu", "sequence", flat_config(4), r.caches, r.builders);
   ASSERT_TRUE(a.ok() && b.ok());
-  const std::string key_a = a->key();
-  const std::string key_b = b->key();
+  const std::string key_a(a->key());
+  const std::string key_b(b->key());
   a.get() = std::move(b.get());
   EXPECT_FALSE(r.caches.contains(key_a));
   EXPECT_TRUE(r.caches.contains(key_b));
@@ -129,7 +129,7 @@ TEST(CacheSession, EndErasesOnceAndReportsAnEndedSession) {
   Registries r;
   auto s = CacheSession::create("cpu", "sequence", flat_config(4), r.caches, r.builders);
   ASSERT_TRUE(s.ok());
-  const std::string key = s->key();
+  const std::string key(s->key());
   EXPECT_EQ(s->end(), Error::Ok);
   EXPECT_FALSE(r.caches.contains(key));
   EXPECT_FALSE(s->active());
@@ -141,7 +141,7 @@ TEST(CacheSession, NeverErasesACacheSomeoneElseInstalledUnderItsKey) {
   Registries r;
   auto s = CacheSession::create("cpu", "sequence", flat_config(4), r.caches, r.builders);
   ASSERT_TRUE(s.ok());
-  const std::string key = s->key();
+  const std::string key(s->key());
   ASSERT_EQ(r.caches.erase(key), Error::Ok);
   auto other = SequenceCache::create(flat_config(4));
   ASSERT_TRUE(other.ok());
@@ -156,11 +156,11 @@ TEST(CacheSession, DefaultsUseTheGlobalRegistries) {
   std::string key;
   {
     auto s = CacheSession::create("cpu", "sequence", flat_config(4));
-    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_TRUE(s.ok()) << s.message().c_str();
     key = s->key();
-    EXPECT_EQ(CacheRegistry::global().get(key), s->cache());
+    EXPECT_EQ(global_caches().get(key), s->cache());
   }
-  EXPECT_FALSE(CacheRegistry::global().contains(key));
+  EXPECT_FALSE(global_caches().contains(key));
 }
 
 }  // namespace

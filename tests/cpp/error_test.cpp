@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kvcore/core/error.h"
+#include "kvcore/core/plan.h"
 #include "kvcore/core/result.h"
 #include "kvcore/core/status.h"
 
@@ -55,14 +56,14 @@ TEST(Status, DefaultIsOkWithEmptyMessage) {
   Status s;
   EXPECT_TRUE(s.ok());
   EXPECT_EQ(s.code(), Error::Ok);
-  EXPECT_STREQ(s.message(), "");
+  EXPECT_STREQ(s.message().c_str(), "");
 }
 
 TEST(Status, ConvertsToAndFromError) {
   Status s = Error::NotFound;
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.code(), Error::NotFound);
-  EXPECT_STREQ(s.message(), "");
+  EXPECT_STREQ(s.message().c_str(), "");
   Error e = s;
   EXPECT_EQ(e, Error::NotFound);
   Status ok = Error::Ok;
@@ -73,35 +74,70 @@ TEST(Status, MakeFormatsPrintfStyle) {
   Status s = Status::make(Error::InvalidArgument, "T = %d: must be <= %s %zu", -3, "max_step",
                           static_cast<std::size_t>(8));
   EXPECT_EQ(s.code(), Error::InvalidArgument);
-  EXPECT_STREQ(s.message(), "T = -3: must be <= max_step 8");
+  EXPECT_STREQ(s.message().c_str(), "T = -3: must be <= max_step 8");
 }
 
 TEST(Status, MakeWithoutArgumentsKeepsLiteral) {
   Status s = Status::make(Error::Internal, "plain message");
-  EXPECT_STREQ(s.message(), "plain message");
+  EXPECT_STREQ(s.message().c_str(), "plain message");
 }
 
 TEST(Status, CopyAndAssignmentCarryTheMessage) {
   Status a = Status::make(Error::InvalidState, "stale step %d", 7);
   Status b(a);
   EXPECT_EQ(b.code(), Error::InvalidState);
-  EXPECT_STREQ(b.message(), "stale step 7");
+  EXPECT_STREQ(b.message().c_str(), "stale step 7");
   Status c;
   c = a;
   EXPECT_EQ(c.code(), Error::InvalidState);
-  EXPECT_STREQ(c.message(), "stale step 7");
+  EXPECT_STREQ(c.message().c_str(), "stale step 7");
   // Assigning a shorter message leaves no tail of the longer one behind.
   c = Status::make(Error::NotFound, "k");
-  EXPECT_STREQ(c.message(), "k");
+  EXPECT_STREQ(c.message().c_str(), "k");
   c = Error::Ok;
-  EXPECT_STREQ(c.message(), "");
+  EXPECT_STREQ(c.message().c_str(), "");
 }
 
-TEST(Status, MessageAtCapacityLimitIsKeptWhole) {
-  const std::string exact(Status::kMessageCapacity - 1, 'x');
-  Status s = Status::make(Error::InvalidArgument, "%s", exact.c_str());
-  EXPECT_EQ(std::strlen(s.message()), static_cast<std::size_t>(Status::kMessageCapacity - 1));
-  EXPECT_EQ(std::string(s.message()), exact);
+TEST(Status, EveryConversionPrintsItsArgumentAsItsOwnType) {
+  const long long big = -(1LL << 40);
+  Status numbers = Status::make(Error::InvalidArgument, "%d|%u|%x|%02x|%lld|%llu|%zu", -7,
+                                4000000000u, 255, 5, big, 18446744073709551615ull,
+                                static_cast<std::size_t>(1) << 40);
+  EXPECT_STREQ(numbers.message().c_str(),
+               "-7|4000000000|ff|05|-1099511627776|18446744073709551615|1099511627776");
+  Status mixed = Status::make(Error::InvalidArgument, "%c|%%|%5d|%-4s|%.*s|%s|%x", 'q', 42, "ab", 3,
+                              "xyz", std::string_view("view"), -1);
+  EXPECT_STREQ(mixed.message().c_str(), "q|%|   42|ab  |xyz|view|ffffffff");
+}
+
+TEST(Status, IsSmallAndItsResultsAreSizedLikeTheirValues) {
+  static_assert(sizeof(Status) <= 72, "a Status is 72 bytes at most");
+  static_assert(sizeof(Result<SeqStepPlan>) <= sizeof(SeqStepPlan) + 16,
+                "Result<SeqStepPlan> is its plan and a flag (issue #14's bound)");
+  EXPECT_LE(sizeof(Result<int>), sizeof(Status) + 8);
+}
+
+TEST(Status, AStringArgumentTooLongIsCutAndTheArgumentsAfterItPrintAsQuestionMarks) {
+  const std::string longer(3 * Status::kArgBytes, 'k');
+  Status s = Status::make(Error::NotFound, "key '%s' (%d)", longer.c_str(), 42);
+  const std::string text = s.message().c_str();
+  ASSERT_EQ(text.rfind("key 'kkk", 0), 0u) << text;
+  EXPECT_NE(text.find("...' (?)"), std::string::npos) << text;
+  EXPECT_LT(text.size(), longer.size());
+}
+
+TEST(Status, AnArgumentTheFormatDoesNotNamePrintsNothingAndAMissingOnePrintsAQuestionMark) {
+  EXPECT_STREQ(Status::make(Error::Internal, "a %d", 1, 2).message().c_str(), "a 1");
+  EXPECT_STREQ(Status::make(Error::Internal, "a %d %d").message().c_str(), "a ? ?");
+  // A string given to %d prints as a string, an integer given to %s as a number.
+  EXPECT_STREQ(Status::make(Error::Internal, "%d %s", "x", 5).message().c_str(), "x 5");
+}
+
+TEST(Status, FormatsArgumentsWhenAskedNotWhenMade) {
+  char name[] = "first";
+  Status s = Status::make(Error::NotFound, "no '%s'", name);
+  std::memcpy(name, "later", 5);  // the argument was copied when the error was made
+  EXPECT_STREQ(s.message().c_str(), "no 'first'");
 }
 
 // Storage with guard bytes on either side, to see a message never spills out.
@@ -112,23 +148,29 @@ struct GuardedStatus {
 };
 
 TEST(Status, LongMessageIsTruncatedNeverOverflowed) {
-  std::string longer;
-  for (int i = 0; i < 4 * Status::kMessageCapacity; ++i) longer.push_back(static_cast<char>('a' + i % 26));
+  // A format longer than a Message: cut to kCapacity - 1 characters ending in "...".
+  static const char kLong[] =
+      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"
+      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"
+      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"
+      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz %d";
   GuardedStatus g;
   std::memset(g.before, 0xA5, sizeof(g.before));
   std::memset(g.after, 0x5A, sizeof(g.after));
-  g.status = Status::make(Error::OutOfResources, "%s|%d", longer.c_str(), 42);
+  g.status = Status::make(Error::OutOfResources, kLong, 42);
   EXPECT_EQ(g.status.code(), Error::OutOfResources);
-  const std::size_t n = std::strlen(g.status.message());
-  EXPECT_EQ(n, static_cast<std::size_t>(Status::kMessageCapacity - 1));
-  EXPECT_EQ(std::string(g.status.message()), longer.substr(0, n));
+  const Message m = g.status.message();
+  const std::size_t n = std::strlen(m.c_str());
+  EXPECT_EQ(n, Message::kCapacity - 1);
+  EXPECT_EQ(std::string(m.c_str(), n - 3), std::string(kLong, n - 3));
+  EXPECT_EQ(std::string(m.c_str() + n - 3), "...");
   for (unsigned char b : g.before) EXPECT_EQ(b, 0xA5);
   for (unsigned char b : g.after) EXPECT_EQ(b, 0x5A);
-  // Copies of a truncated status stay within bounds too.
+  // Copies of a status stay within bounds too.
   GuardedStatus h;
   std::memset(h.after, 0x5A, sizeof(h.after));
   h.status = g.status;
-  EXPECT_EQ(std::string(h.status.message()), longer.substr(0, n));
+  EXPECT_STREQ(h.status.message().c_str(), m.c_str());
   for (unsigned char b : h.after) EXPECT_EQ(b, 0x5A);
 }
 
@@ -155,14 +197,14 @@ TEST(Result, HoldsErrorWithMessage) {
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.error(), Error::InvalidArgument);
   EXPECT_EQ(r.status().code(), Error::InvalidArgument);
-  EXPECT_STREQ(r.message(), "layer = 9: bad");
+  EXPECT_STREQ(r.message().c_str(), "layer = 9: bad");
 }
 
 TEST(Result, HoldsBareError) {
   Result<int> r = Error::NotFound;
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.error(), Error::NotFound);
-  EXPECT_STREQ(r.message(), "");
+  EXPECT_STREQ(r.message().c_str(), "");
 }
 
 TEST(Result, OkWithoutValueBecomesInternal) {
@@ -172,7 +214,7 @@ TEST(Result, OkWithoutValueBecomesInternal) {
   Result<int> from_status = Status();
   EXPECT_FALSE(from_status.ok());
   EXPECT_EQ(from_status.error(), Error::Internal);
-  EXPECT_STRNE(from_status.message(), "");
+  EXPECT_STRNE(from_status.message().c_str(), "");
 }
 
 TEST(Result, MoveOnlyValueMovesOut) {
@@ -191,7 +233,7 @@ TEST(Result, MoveKeepsError) {
   Result<std::unique_ptr<int>> moved(std::move(r));
   EXPECT_FALSE(moved.ok());
   EXPECT_EQ(moved.error(), Error::OutOfResources);
-  EXPECT_STREQ(moved.message(), "full");
+  EXPECT_STREQ(moved.message().c_str(), "full");
 }
 
 struct Counted {
@@ -268,7 +310,7 @@ TEST(Macros, CheckOrReturnErrorReturnsCodeAndMessage) {
   Trace t;
   Status bad = check_positive(-4, t);
   EXPECT_EQ(bad.code(), Error::InvalidArgument);
-  EXPECT_STREQ(bad.message(), "x = -4: must be > 0");
+  EXPECT_STREQ(bad.message().c_str(), "x = -4: must be > 0");
   EXPECT_EQ(t.reached_end, 0);
   Status good = check_positive(3, t);
   EXPECT_TRUE(good.ok());
@@ -279,7 +321,7 @@ TEST(Macros, CheckOrReturnErrorInResultFunction) {
   Trace t;
   Result<int> bad = check_positive_result(0, t);
   EXPECT_EQ(bad.error(), Error::OutOfResources);
-  EXPECT_STREQ(bad.message(), "x = 0");
+  EXPECT_STREQ(bad.message().c_str(), "x = 0");
   Result<int> good = check_positive_result(5, t);
   ASSERT_TRUE(good.ok());
   EXPECT_EQ(*good, 10);
@@ -315,7 +357,7 @@ TEST(Macros, ReturnIfErrorOnStatus) {
   Trace t;
   Status s = propagate_status(Status::make(Error::NotFound, "no key %s", "k"), t);
   EXPECT_EQ(s.code(), Error::NotFound);
-  EXPECT_STREQ(s.message(), "no key k");  // the message travels with the code
+  EXPECT_STREQ(s.message().c_str(), "no key k");  // the message travels with the code
   EXPECT_EQ(t.reached_end, 0);
   EXPECT_TRUE(propagate_status(Status(), t).ok());
   EXPECT_EQ(t.reached_end, 1);
@@ -333,7 +375,7 @@ TEST(Macros, ReturnIfErrorOnResult) {
   Trace t;
   Status s = propagate_result(-1, t);
   EXPECT_EQ(s.code(), Error::OutOfResources);
-  EXPECT_STREQ(s.message(), "x = -1");
+  EXPECT_STREQ(s.message().c_str(), "x = -1");
   EXPECT_EQ(t.reached_end, 0);
   EXPECT_TRUE(propagate_result(2, t).ok());
   EXPECT_EQ(t.reached_end, 2);  // once inside check_positive_result, once after
@@ -378,7 +420,7 @@ TEST(Macros, AssignOrReturnDeclaresNewVariable) {
   EXPECT_EQ(t.reached_end, 2);
   Result<int> bad = doubled(-2, t);
   EXPECT_EQ(bad.error(), Error::OutOfResources);
-  EXPECT_STREQ(bad.message(), "x = -2");
+  EXPECT_STREQ(bad.message().c_str(), "x = -2");
   EXPECT_EQ(t.reached_end, 2);
 }
 
@@ -397,7 +439,7 @@ TEST(Macros, AssignOrReturnMovesMoveOnlyValues) {
   EXPECT_EQ(*good, 11);
   Result<int> bad = deref_ptr(false);
   EXPECT_EQ(bad.error(), Error::MemoryAllocationFailed);
-  EXPECT_STREQ(bad.message(), "no memory");
+  EXPECT_STREQ(bad.message().c_str(), "no memory");
 }
 
 Status two_assigns(int a, int b, int& sum) {

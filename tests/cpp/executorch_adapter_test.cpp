@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcore/registry/cache_registry.h"
+#include "kvcore/registry/registry_storage.h"
 #include "kvcore/adapters/executorch.h"
 #include "kvcore/core/sequence_cache.h"
 
@@ -96,7 +96,7 @@ TEST_F(ExecuTorchAdapter, ForeignExecuTorchCodesBecomeInternalNamingTheCode) {
     EXPECT_FALSE(et::has_kvcore_code(code));
     Status s = et::from_executorch(code);
     EXPECT_EQ(s.code(), Error::Internal);
-    EXPECT_NE(std::strstr(s.message(), etr::to_string(code)), nullptr) << s.message();
+    EXPECT_NE(std::strstr(s.message().c_str(), etr::to_string(code)), nullptr) << s.message().c_str();
   }
 }
 
@@ -141,7 +141,7 @@ TEST_F(ExecuTorchAdapter, ResultsConvertBothWays) {
 etr::Error delegate_step(const std::string& key, int T) {
   std::shared_ptr<CacheBase> cache;
   {
-    etr::Result<std::shared_ptr<CacheBase>> found = et::to_executorch(CacheRegistry::global().find(key));
+    etr::Result<std::shared_ptr<CacheBase>> found = et::to_executorch(global_caches().find(key));
     ET_CHECK_OK_OR_RETURN_ERROR(found.error(), "no cache for key %s", key.c_str());
     cache = found.get();
   }
@@ -157,8 +157,8 @@ TEST_F(ExecuTorchAdapter, ADelegateUsesExecuTorchMacrosOverKvcoreCalls) {
   auto made = SequenceCache::create(flat_config(4));
   ASSERT_TRUE(made.ok());
   std::shared_ptr<SequenceCache> cache(std::move(made).get());
-  const std::string key = CacheRegistry::global().make_unique_key("et-delegate");
-  ASSERT_EQ(CacheRegistry::global().install(key, cache), Error::Ok);
+  const std::string key(global_caches().make_unique_key("et-delegate")->view());
+  ASSERT_EQ(global_caches().install(key, cache), Error::Ok);
 
   EXPECT_EQ(delegate_step(key, 3), etr::Error::Ok);
   EXPECT_EQ(cache->length(), 3);
@@ -166,7 +166,7 @@ TEST_F(ExecuTorchAdapter, ADelegateUsesExecuTorchMacrosOverKvcoreCalls) {
   EXPECT_EQ(cache->length(), 3);
   EXPECT_TRUE(log_contains("exceed capacity"));
   EXPECT_EQ(delegate_step("et-delegate#missing", 1), etr::Error::NotFound);
-  EXPECT_EQ(CacheRegistry::global().erase(key), Error::Ok);
+  EXPECT_EQ(global_caches().erase(key), Error::Ok);
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ class MirrorDriver {
 
   void step(int T, bool commit) {
     auto step = cache_.begin_step(T);
-    ASSERT_TRUE(step.ok()) << step.message();
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
     const int id = ++write_id_;
     for (int l = 0; l < cache_.n_layers(); ++l) {
       auto plan = cache_.plan(l, *step);
@@ -59,17 +59,20 @@ class MirrorDriver {
     if (commit) ASSERT_OK(cache_.commit(*step));
   }
 
-  // Mirrored: one span per needed interval. Compact: one span per plan run.
+  // A mirrored layer (a wrapping ring without sinks in a mirrored pool): one
+  // span per needed interval. Any other: one span per plan run.
   // Either way the spans hold exactly the needed positions' latest bytes.
   void check_views(int l, const Step& step) {
     auto plan = cache_.plan(l, step);
     ASSERT_TRUE(plan.ok());
     const std::vector<Interval> intervals =
-        needed_intervals(LayerModel::of(cache_.config(), l), step.position, step.T);
+        needed_intervals(LayerModel::of(config_of(cache_), l), step.position, step.T);
     auto views = pool_.views(l, *plan);
-    ASSERT_TRUE(views.ok()) << views.message();
+    ASSERT_TRUE(views.ok()) << views.message().c_str();
     const kvcore::PoolLayer shape = *pool_.layer(l);
-    if (mirrored_) {
+    const kvcore::LayerGeometry geometry = *cache_.geometry(l);
+    EXPECT_EQ(shape.mirror_rows, mirrored_ ? geometry.mirror_rows() : 0);
+    if (shape.mirror_rows > 0) {
       ASSERT_EQ(views->n, static_cast<int>(intervals.size()))
           << "layer " << l << " step at " << step.position << " T " << step.T;
     } else {
@@ -145,7 +148,7 @@ TEST(KVPoolMirror, GrowingPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
     auto cache = must_create(mixed(/*initial_capacity=*/1));
     auto pool = KVPool::create(*cache, DType::UInt8, kvcore::PoolAllocator::heap(),
                                RingStorage::Mirrored);
-    ASSERT_TRUE(pool.ok()) << pool.message();
+    ASSERT_TRUE(pool.ok()) << pool.message().c_str();
     MirrorDriver(*cache, *pool, /*mirrored=*/true).run(seed);
   }
 }
@@ -153,13 +156,13 @@ TEST(KVPoolMirror, GrowingPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
 TEST(KVPoolMirror, ArenaPoolReadsEveryWindowAsOneSpanPerNeededInterval) {
   for (std::uint32_t seed = 1; seed <= 20 && !HasFatalFailure(); ++seed) {
     auto cache = must_create(mixed());
-    auto bytes = KVPool::required_bytes(cache->config(), DType::Float16, RingStorage::Mirrored);
+    auto bytes = KVPool::required_bytes(config_of(*cache), DType::Float16, RingStorage::Mirrored);
     ASSERT_TRUE(bytes.ok());
     std::vector<unsigned char> arena(*bytes + 3);
     // An odd address: the arena works at any alignment.
     auto pool = KVPool::in_arena(*cache, DType::Float16, arena.data() + 3, *bytes,
                                  RingStorage::Mirrored);
-    ASSERT_TRUE(pool.ok()) << pool.message();
+    ASSERT_TRUE(pool.ok()) << pool.message().c_str();
     MirrorDriver(*cache, *pool, /*mirrored=*/true).run(seed);
   }
 }
@@ -171,9 +174,10 @@ TEST(KVPoolMirror, CompactPoolKeepsOneSpanPerRun) {
   MirrorDriver(*cache, *pool, /*mirrored=*/false).run(7);
 }
 
-// Mirror rows: R - 1 per wrapping ring layer (R = W + C - 1), none for flat
-// layers or rings that never wrap (S + R >= capacity).
-TEST(KVPoolMirror, ReservesRMinusOneExtraRowsPerWrappingRing) {
+// Mirror rows: R - 1 per wrapping ring layer without sinks (R = W + C - 1),
+// none for flat layers, rings with sinks (their read is two spans anyway) or
+// rings that never wrap (S + R >= capacity).
+TEST(KVPoolMirror, ReservesRMinusOneExtraRowsPerWrappingRingWithoutSinks) {
   const int C = 3;
   const CacheConfig cfg = pool_config(
       12, {layer(LayerPolicy::ring(4)), layer(LayerPolicy::ring(3, 2)), layer(LayerPolicy::flat()),
@@ -185,10 +189,10 @@ TEST(KVPoolMirror, ReservesRMinusOneExtraRowsPerWrappingRing) {
       KVPool::create(*cache, DType::Float32, kvcore::PoolAllocator::heap(), RingStorage::Mirrored);
   ASSERT_TRUE(compact.ok() && mirrored.ok());
   const std::size_t row = 2 * 3 * 4 + 2 * 5 * 4;  // K + V bytes of one row
-  const std::size_t extra = static_cast<std::size_t>((4 + C - 1) - 1 + (3 + C - 1) - 1) * row;
+  const std::size_t extra = static_cast<std::size_t>((4 + C - 1) - 1) * row;
   EXPECT_EQ(mirrored->reserved_bytes(), compact->reserved_bytes() + extra);
   EXPECT_EQ(mirrored->layer(0)->mirror_rows, 4 + C - 2);
-  EXPECT_EQ(mirrored->layer(1)->mirror_rows, 3 + C - 2);
+  EXPECT_EQ(mirrored->layer(1)->mirror_rows, 0);
   EXPECT_EQ(mirrored->layer(1)->ring_start, 2);
   EXPECT_EQ(mirrored->layer(2)->mirror_rows, 0);
   EXPECT_EQ(mirrored->layer(3)->mirror_rows, 0);
@@ -211,9 +215,9 @@ TEST(KVPoolMirror, RingStorageOutsideTheEnumIsRefused) {
   const auto bad = static_cast<RingStorage>(7);
   auto created = KVPool::create(*cache, DType::UInt8, kvcore::PoolAllocator::heap(), bad);
   EXPECT_EQ(created.error(), Error::InvalidArgument);
-  EXPECT_NE(std::string(created.message()).find("ring_storage = 7"), std::string::npos)
-      << created.message();
-  EXPECT_EQ(KVPool::required_bytes(cache->config(), DType::UInt8, bad).error(),
+  EXPECT_NE(std::string(created.message().c_str()).find("ring_storage = 7"), std::string::npos)
+      << created.message().c_str();
+  EXPECT_EQ(KVPool::required_bytes(config_of(*cache), DType::UInt8, bad).error(),
             Error::InvalidArgument);
   std::vector<unsigned char> arena(1 << 16);
   EXPECT_EQ(KVPool::in_arena(*cache, DType::UInt8, arena.data(), arena.size(), bad).error(),

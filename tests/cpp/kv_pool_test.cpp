@@ -3,6 +3,7 @@
 // written to each position), never from the pool or the policies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -46,11 +47,11 @@ class Driver {
   // views), and commits when asked.
   void step(int T, bool commit = true) {
     auto step = cache_.begin_step(T);
-    ASSERT_TRUE(step.ok()) << step.message();
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
     const int id = ++write_id_;
     for (int l = 0; l < cache_.n_layers(); ++l) {
       auto plan = cache_.plan(l, *step);
-      ASSERT_TRUE(plan.ok()) << plan.message();
+      ASSERT_TRUE(plan.ok()) << plan.message().c_str();
       auto shape = pool_.layer(l);
       ASSERT_TRUE(shape.ok());
       std::vector<unsigned char> k, v;
@@ -74,7 +75,7 @@ class Driver {
   void check_reads(int l, const Step& step) {
     auto plan = cache_.plan(l, step);
     ASSERT_TRUE(plan.ok());
-    const LayerModel model = LayerModel::of(cache_.config(), l);
+    const LayerModel model = LayerModel::of(config_of(cache_), l);
     const std::vector<int> needed = needed_positions(model, step.position, step.T);
     ASSERT_EQ(plan->read_len(), static_cast<int>(needed.size()));
     auto shape = pool_.layer(l);
@@ -94,7 +95,7 @@ class Driver {
           << "layer " << l << " V of position " << needed[i];
     }
     auto views = pool_.views(l, *plan);
-    ASSERT_TRUE(views.ok()) << views.message();
+    ASSERT_TRUE(views.ok()) << views.message().c_str();
     std::vector<unsigned char> k_cat, v_cat;
     std::vector<int> positions;
     for (int i = 0; i < views->n; ++i) {
@@ -106,6 +107,44 @@ class Driver {
     EXPECT_EQ(k_cat, k);
     EXPECT_EQ(v_cat, v);
     EXPECT_EQ(positions, needed);
+    check_held_rows(l, step, *plan, needed);
+  }
+
+  // held_rows(): rows [0, n) in row order, no more than rows(layer); the rows
+  // whose positions (from the geometry) a query of the step sees are exactly
+  // the needed positions, one row each, holding their latest bytes. Other rows
+  // may hold anything (a rewound draft, say): the mask hides them.
+  void check_held_rows(int l, const Step& step, const kvcore::SeqStepPlan& plan,
+                       const std::vector<int>& needed) {
+    auto held = pool_.held_rows(l, plan);
+    ASSERT_TRUE(held.ok()) << held.message().c_str();
+    auto shape = pool_.layer(l);
+    const kvcore::LayerGeometry geometry = *cache_.geometry(l);
+    EXPECT_EQ(held->end, step.end());
+    EXPECT_LE(held->rows, geometry.rows);
+    EXPECT_EQ(held->k, shape->k);
+    const LayerModel model = LayerModel::of(config_of(cache_), l);
+    std::map<int, int> rows_of_position;
+    for (int r = 0; r < held->rows; ++r) {
+      const int p = geometry.position_at(r, step.end());
+      ASSERT_GE(p, 0) << "row " << r << " of layer " << l;
+      ASSERT_LT(p, step.end());
+      EXPECT_EQ(geometry.row(p), r);
+      bool seen = false;
+      for (int q = step.position; q < step.end(); ++q) seen = seen || model.visible(q, p);
+      if (!seen) continue;
+      ++rows_of_position[p];
+      const int id = latest_[static_cast<std::size_t>(l)].at(p);
+      const std::size_t kb = shape->k_row_bytes, vb = shape->v_row_bytes;
+      EXPECT_EQ(std::vector<unsigned char>(held->k + kb * r, held->k + kb * (r + 1)),
+                row_bytes(id, l, false, kb))
+          << "layer " << l << " held row " << r << " (position " << p << ")";
+      EXPECT_EQ(std::vector<unsigned char>(held->v + vb * r, held->v + vb * (r + 1)),
+                row_bytes(id, l, true, vb));
+    }
+    EXPECT_EQ(rows_of_position.size(), needed.size());
+    EXPECT_EQ(geometry.position_at(held->rows, step.end()), -1);
+    for (int p : needed) EXPECT_EQ(rows_of_position[p], 1) << "needed position " << p << " of layer " << l;
   }
 
  private:
@@ -152,7 +191,7 @@ struct TestAllocator {
 
 KVPool must_pool(const SequenceCache& cache, DType dtype, PoolAllocator a = PoolAllocator::heap()) {
   auto r = KVPool::create(cache, dtype, a);
-  KVCORE_CHECK(r.ok(), r.message());
+  KVCORE_CHECK(r.ok(), r.message().c_str());
   return std::move(r).get();
 }
 
@@ -273,8 +312,8 @@ TEST(KVPool, GrowthFailureLeavesPoolIntact) {
     alloc.fail_from = alloc.allocations + fail_after;
     kvcore::Status s = pool.write(0, *plan, k.data(), k.size(), v.data(), v.size());
     EXPECT_EQ(s.code(), Error::MemoryAllocationFailed);
-    EXPECT_NE(std::string(s.message()).find("grow from 4 to 8 rows"), std::string::npos)
-        << s.message();
+    EXPECT_NE(std::string(s.message().c_str()).find("grow from 4 to 8 rows"), std::string::npos)
+        << s.message().c_str();
     EXPECT_EQ(pool.layer(0)->allocated_rows, 4);
     EXPECT_EQ(pool.reserved_bytes(), reserved);
     EXPECT_EQ(snapshot(pool), before);
@@ -325,8 +364,8 @@ TEST(KVPool, ArenaRequiredBytesFitsAndRowsStartZeroed) {
   const CacheConfig cfg = pool_config(50, layers, 3);
   auto cache = must_create(cfg);
   auto required = KVPool::required_bytes(cfg, DType::Float16);
-  ASSERT_TRUE(required.ok()) << required.message();
-  EXPECT_EQ(*KVPool::required_bytes(cache->config(), DType::Float16), *required);
+  ASSERT_TRUE(required.ok()) << required.message().c_str();
+  EXPECT_EQ(*KVPool::required_bytes(config_of(*cache), DType::Float16), *required);
   // At least the rows themselves; at most that plus alignment padding.
   std::size_t rows_bytes = 0;
   for (int l = 0; l < 6; ++l) {
@@ -341,7 +380,7 @@ TEST(KVPool, ArenaRequiredBytesFitsAndRowsStartZeroed) {
   void* arena = memory.data() + 1;
 
   auto made = KVPool::in_arena(*cache, DType::Float16, arena, *required);
-  ASSERT_TRUE(made.ok()) << made.message();
+  ASSERT_TRUE(made.ok()) << made.message().c_str();
   KVPool& pool = *made;
   EXPECT_TRUE(pool.uses_arena());
   for (int l = 0; l < 6; ++l) {
@@ -360,7 +399,7 @@ TEST(KVPool, ArenaRequiredBytesFitsAndRowsStartZeroed) {
   // A smaller or null arena is refused, naming both sizes.
   auto small = KVPool::in_arena(*cache, DType::Float16, arena, *required - 1);
   EXPECT_EQ(small.error(), Error::InvalidArgument);
-  EXPECT_NE(std::string(small.message()).find(std::to_string(*required)), std::string::npos);
+  EXPECT_NE(std::string(small.message().c_str()).find(std::to_string(*required)), std::string::npos);
   EXPECT_EQ(KVPool::in_arena(*cache, DType::Float16, nullptr, *required).error(),
             Error::InvalidArgument);
 }
@@ -387,7 +426,7 @@ TEST(KVPool, RequiredBytesRejectsBadConfigAndOverflow) {
   CacheConfig huge = pool_config(INT_MAX, {flat_layer(1 << 20, 1 << 20)}, 1);
   auto r = KVPool::required_bytes(huge, DType::Float32);
   EXPECT_EQ(r.error(), Error::InvalidArgument);
-  EXPECT_NE(std::string(r.message()).find("overflow"), std::string::npos) << r.message();
+  EXPECT_NE(std::string(r.message().c_str()).find("overflow"), std::string::npos) << r.message().c_str();
   EXPECT_EQ(KVPool::required_bytes(pool_config(4, {flat_layer()}, 1), static_cast<DType>(99))
                 .error(),
             Error::InvalidArgument);
@@ -398,7 +437,7 @@ TEST(KVPool, CreateRejectsOverflowAndBadArguments) {
   TestAllocator alloc;
   auto r = KVPool::create(*huge, DType::Float32, alloc.get());
   EXPECT_EQ(r.error(), Error::InvalidArgument);
-  EXPECT_NE(std::string(r.message()).find("overflow"), std::string::npos) << r.message();
+  EXPECT_NE(std::string(r.message().c_str()).find("overflow"), std::string::npos) << r.message().c_str();
   EXPECT_EQ(alloc.allocations, 0);
   auto cache = must_create(pool_config(8, {flat_layer()}, 1));
   EXPECT_EQ(KVPool::create(*cache, static_cast<DType>(-1)).error(), Error::InvalidArgument);
@@ -447,9 +486,9 @@ TEST_F(KVPoolAbuse, BadLayerIsRejected) {
   for (int layer : {-1, 2, INT_MAX, INT_MIN}) {
     kvcore::Status s = write(plan, layer);
     EXPECT_EQ(s.code(), Error::InvalidArgument);
-    EXPECT_NE(std::string(s.message()).find("layer = " + std::to_string(layer)),
+    EXPECT_NE(std::string(s.message().c_str()).find("layer = " + std::to_string(layer)),
               std::string::npos)
-        << s.message();
+        << s.message().c_str();
     EXPECT_EQ(pool->views(layer, plan).error(), Error::InvalidArgument);
     std::vector<unsigned char> out(64 * kb);
     EXPECT_EQ(pool->gather(layer, plan, out.data(), out.size(), out.data(), out.size()).code(),
@@ -476,8 +515,8 @@ TEST_F(KVPoolAbuse, HostileWriteRunsNeverWriteOutOfBounds) {
     p.write[0] = r;
     kvcore::Status s = write(p);
     EXPECT_EQ(s.code(), Error::InvalidArgument) << r.row << "," << r.len;
-    EXPECT_NE(std::string(s.message()).find("write run 0 of layer 0"), std::string::npos)
-        << s.message();
+    EXPECT_NE(std::string(s.message().c_str()).find("write run 0 of layer 0"), std::string::npos)
+        << s.message().c_str();
   }
   SeqStepPlan too_many = plan;
   too_many.n_write = 3;
@@ -515,13 +554,13 @@ TEST_F(KVPoolAbuse, WrongBufferSizesAndNullsAreRejected) {
             Error::InvalidArgument);
   kvcore::Status null_k = pool->write(0, plan, nullptr, k.size(), v.data(), v.size());
   EXPECT_EQ(null_k.code(), Error::InvalidArgument);
-  EXPECT_NE(std::string(null_k.message()).find("k is null"), std::string::npos)
-      << null_k.message();
+  EXPECT_NE(std::string(null_k.message().c_str()).find("k is null"), std::string::npos)
+      << null_k.message().c_str();
   const std::size_t read_rows = static_cast<std::size_t>(plan.read_len());
   std::vector<unsigned char> k_out(read_rows * kb - 1), v_out(read_rows * vb);
   kvcore::Status s = pool->gather(0, plan, k_out.data(), k_out.size(), v_out.data(), v_out.size());
   EXPECT_EQ(s.code(), Error::InvalidArgument);
-  EXPECT_NE(std::string(s.message()).find("needs at least"), std::string::npos) << s.message();
+  EXPECT_NE(std::string(s.message().c_str()).find("needs at least"), std::string::npos) << s.message().c_str();
   EXPECT_EQ(pool->gather(0, plan, nullptr, read_rows * kb, v_out.data(), v_out.size()).code(),
             Error::InvalidArgument);
   expect_untouched();
@@ -536,7 +575,7 @@ TEST(KVPool, ReadingRowsNotGrownYetIsInvalidState) {
   auto plan = cache->plan(0, *step);
   auto views = pool.views(0, *plan);
   EXPECT_EQ(views.error(), Error::InvalidState);
-  EXPECT_NE(std::string(views.message()).find("write the step"), std::string::npos);
+  EXPECT_NE(std::string(views.message().c_str()).find("write the step"), std::string::npos);
   // Within the grown rows, unwritten rows read as zeros.
   auto one = cache->begin_step(2);
   auto small = cache->plan(0, *one);
@@ -576,6 +615,31 @@ TEST(KVPool, WriteFromAViewOfTheGrowingLayerCopiesBeforeReleasing) {
   for (std::size_t i = 0; i < v.size(); ++i) {
     ASSERT_EQ(v_out[v.size() + i], v[i]) << "V byte " << i << " of the copied rows";
   }
+}
+
+}  // namespace
+}  // namespace kvcore_test
+
+namespace kvcore_test {
+namespace {
+
+TEST(KVPool, HeldRowsRefusesAPlanWithoutWritesOrNotYetWritten) {
+  auto cache = must_create(pool_config(64, {flat_layer()}, 4, /*initial_capacity=*/8));
+  KVPool pool = must_pool(*cache, DType::Float32);
+  const auto before = snapshot(pool);
+  auto held = pool.held_rows(0, kvcore::SeqStepPlan{});
+  EXPECT_EQ(held.error(), Error::InvalidArgument);
+  EXPECT_STREQ(held.message().c_str(), "held_rows of layer 0: the plan writes nothing");
+  // Positions 0..9 need 10 rows; the layer holds 8 until a write grows it.
+  kvcore::SeqStepPlan far;
+  far.write[far.n_write++] = kvcore::Run{6, 4, 6};
+  auto unwritten = pool.held_rows(0, far);
+  EXPECT_EQ(unwritten.error(), Error::InvalidState);
+  EXPECT_STREQ(unwritten.message().c_str(),
+               "held_rows of layer 0: positions up to 9 need 10 rows, but the layer holds 8 rows "
+               "so far: write the step before reading it");
+  EXPECT_EQ(pool.held_rows(1, far).error(), Error::InvalidArgument);
+  EXPECT_EQ(snapshot(pool), before);
 }
 
 }  // namespace

@@ -52,11 +52,11 @@ void drive_to_int_max(const CacheConfig& cfg) {
     const std::int64_t room = static_cast<std::int64_t>(INT_MAX) - cache->length();
     const int T = room < C ? static_cast<int>(room) : C;
     auto step = cache->begin_step(T);
-    ASSERT_TRUE(step.ok()) << step.message();
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
     for (int l = 0; l < cfg.n_layers; ++l) {
       const LayerModel m = LayerModel::of(cfg, l);
       auto plan = cache->plan(l, *step);
-      ASSERT_TRUE(plan.ok()) << plan.message();
+      ASSERT_TRUE(plan.ok()) << plan.message().c_str();
       ASSERT_LE(plan->n_write, 2);
       ASSERT_LE(plan->n_read, m.ring ? 3 : 1);
       const std::string werr =

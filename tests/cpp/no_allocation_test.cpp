@@ -130,7 +130,7 @@ TEST(NoAllocation, ArenaPoolNeverAllocates) {
   auto cache = must_create(cfg);
   ASSERT_NE(cache, nullptr);
   auto required = KVPool::required_bytes(cfg, DType::Float16);
-  ASSERT_TRUE(required.ok()) << required.message();
+  ASSERT_TRUE(required.ok()) << required.message().c_str();
   std::vector<unsigned char> arena(*required);
   unsigned char k[3 * 64], v[3 * 64], k_out[60 * 64], v_out[60 * 64];
   std::memset(k, 1, sizeof(k));

@@ -15,12 +15,12 @@
 #define ASSERT_OK(expr)                                            \
   do {                                                             \
     const kvcore::Status s_ = kvcore::internal::to_status((expr)); \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.message();         \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.message().c_str();         \
   } while (0)
 #define EXPECT_OK(expr)                                            \
   do {                                                             \
     const kvcore::Status s_ = kvcore::internal::to_status((expr)); \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.message();         \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.message().c_str();         \
   } while (0)
 
 namespace kvcore_test {

@@ -31,7 +31,7 @@ TEST(RobustnessRegressions, AHugeLayerCountIsRefusedBeforeAnythingIsAllocated) {
     const CacheConfig cfg = broadcast(n);
     const kvcore::Status s = kvcore::validate(cfg);
     EXPECT_EQ(s.code(), Error::InvalidArgument);
-    EXPECT_NE(std::strstr(s.message(), "must be <= 65536"), nullptr) << s.message();
+    EXPECT_NE(std::strstr(s.message().c_str(), "must be <= 65536"), nullptr) << s.message().c_str();
     EXPECT_EQ(kvcore::SequenceCache::create(cfg).error(), Error::InvalidArgument);
     EXPECT_EQ(kvcore::KVPool::required_bytes(cfg, kvcore::DType::Float16).error(), Error::InvalidArgument);
   }
@@ -39,7 +39,7 @@ TEST(RobustnessRegressions, AHugeLayerCountIsRefusedBeforeAnythingIsAllocated) {
 
 TEST(RobustnessRegressions, TheLargestLayerCountWorks) {
   auto cache = kvcore::SequenceCache::create(broadcast(CacheConfig::kMaxLayers));
-  ASSERT_TRUE(cache.ok()) << cache.message();
+  ASSERT_TRUE(cache.ok()) << cache.message().c_str();
   EXPECT_EQ((*cache)->n_layers(), 65536);
   EXPECT_EQ((*cache)->n_policies(), 1);
   auto step = (*cache)->begin_step(1);
@@ -58,8 +58,8 @@ TEST(ErrorCatalogue, AnArenaOfLayersThatOnlyFitOneByOneIsRefused) {
   cfg.layers = {LayerConfig{LayerPolicy::flat(), 1 << 14, 1 << 14, 0}};
   auto bytes = kvcore::KVPool::required_bytes(cfg, kvcore::DType::Float32);
   EXPECT_EQ(bytes.error(), Error::InvalidArgument);
-  EXPECT_NE(std::strstr(bytes.message(), "the arena would overflow the address space"), nullptr)
-      << bytes.message();
+  EXPECT_NE(std::strstr(bytes.message().c_str(), "the arena would overflow the address space"), nullptr)
+      << bytes.message().c_str();
   cfg.n_layers = 1;  // one layer alone is fine (about 2^62 bytes: computed, never allocated)
   EXPECT_TRUE(kvcore::KVPool::required_bytes(cfg, kvcore::DType::Float32).ok());
 }
@@ -101,7 +101,7 @@ TEST(RobustnessRegressions, AWrappedWriteFromItsOwnRowsCopiesTheInputAsItWas) {
   // Rows 0..3 as input: each run overwrites the other's input. Refused.
   const kvcore::Status crossing = pool.write(0, *plan, layer.k, 4, layer.v, 4);
   EXPECT_EQ(crossing.code(), Error::InvalidArgument);
-  EXPECT_NE(std::strstr(crossing.message(), "pass a copy"), nullptr) << crossing.message();
+  EXPECT_NE(std::strstr(crossing.message().c_str(), "pass a copy"), nullptr) << crossing.message().c_str();
   for (int row = 0; row < 6; ++row) {
     EXPECT_EQ(layer.k[row], 10 + row) << "row " << row;
     EXPECT_EQ(layer.v[row], 20 + row) << "row " << row;

@@ -61,12 +61,12 @@ TEST(SequenceCacheErrors, BeginStepTOutsideOneToMaxStep) {
       ASSERT_TRUE(t.ok());
       auto p = t.cache->preview(0, T);  // the same rule, before anything is begun
       EXPECT_EQ(p.error(), Error::InvalidArgument);
-      expect_message_has(p.message(), "T = " + std::to_string(T));
+      expect_message_has(p.message().c_str(), "T = " + std::to_string(T));
       expect_same_state(*t.cache, *t.twin);
       auto r = t.cache->begin_step(T);
       EXPECT_EQ(r.error(), Error::InvalidArgument);
-      expect_message_has(r.message(), "T = " + std::to_string(T));
-      expect_message_has(r.message(), "max_step = " + std::to_string(kMaxStep));
+      expect_message_has(r.message().c_str(), "T = " + std::to_string(T));
+      expect_message_has(r.message().c_str(), "max_step = " + std::to_string(kMaxStep));
       expect_same_state(*t.cache, *t.twin);
     }
   }
@@ -83,11 +83,11 @@ TEST(SequenceCacheErrors, BeginStepBeyondCapacityIsOutOfResources) {
       if (T > kMaxStep) continue;
       auto p = t.cache->preview(0, T);
       EXPECT_EQ(p.error(), Error::OutOfResources);
-      expect_message_has(p.message(), "capacity = " + std::to_string(kCapacity));
+      expect_message_has(p.message().c_str(), "capacity = " + std::to_string(kCapacity));
       expect_same_state(*t.cache, *t.twin);
       auto r = t.cache->begin_step(T);
       EXPECT_EQ(r.error(), Error::OutOfResources);
-      expect_message_has(r.message(), "capacity = " + std::to_string(kCapacity));
+      expect_message_has(r.message().c_str(), "capacity = " + std::to_string(kCapacity));
       expect_same_state(*t.cache, *t.twin);
     }
   }
@@ -101,7 +101,7 @@ TEST(SequenceCacheErrors, PreviewOfABadLayerIsInvalidAndChangesNothing) {
       ASSERT_TRUE(t.ok());
       auto p = t.cache->preview(layer, 1);
       EXPECT_EQ(p.error(), Error::InvalidArgument);
-      expect_message_has(p.message(), "layer = " + std::to_string(layer));
+      expect_message_has(p.message().c_str(), "layer = " + std::to_string(layer));
       expect_same_state(*t.cache, *t.twin);
     }
   }
@@ -144,11 +144,11 @@ TEST(SequenceCacheErrors, BadLayerIsInvalidArgument) {
     const Step s = t.cache->active_step();
     auto a = t.cache->plan(layer, s.position, s.T);
     EXPECT_EQ(a.error(), Error::InvalidArgument);
-    expect_message_has(a.message(), "layer = " + std::to_string(layer));
+    expect_message_has(a.message().c_str(), "layer = " + std::to_string(layer));
     EXPECT_EQ(t.cache->plan(layer, s).error(), Error::InvalidArgument);
     auto rows = t.cache->rows(layer);
     EXPECT_EQ(rows.error(), Error::InvalidArgument);
-    expect_message_has(rows.message(), "layer = " + std::to_string(layer));
+    expect_message_has(rows.message().c_str(), "layer = " + std::to_string(layer));
     EXPECT_EQ(t.cache->visible(layer, 5, 4).error(), Error::InvalidArgument);
     expect_same_state(*t.cache, *t.twin);
   }
@@ -159,10 +159,10 @@ TEST(SequenceCacheErrors, VisibleNegativePositionIsInvalidArgument) {
   ASSERT_TRUE(t.ok());
   auto q = t.cache->visible(0, -1, 0);
   EXPECT_EQ(q.error(), Error::InvalidArgument);
-  expect_message_has(q.message(), "q = -1");
+  expect_message_has(q.message().c_str(), "q = -1");
   auto k = t.cache->visible(0, 3, -5);
   EXPECT_EQ(k.error(), Error::InvalidArgument);
-  expect_message_has(k.message(), "k = -5");
+  expect_message_has(k.message().c_str(), "k = -5");
   expect_same_state(*t.cache, *t.twin);
 }
 
@@ -183,7 +183,7 @@ TEST(SequenceCacheErrors, PlanWithWrongPositionOrTIsInvalidState) {
   for (int layer = 0; layer < 3; ++layer) {
     auto wrong_pos = t.cache->plan(layer, s.position - 1, s.T);
     EXPECT_EQ(wrong_pos.error(), Error::InvalidState);
-    expect_message_has(wrong_pos.message(), "position 7");
+    expect_message_has(wrong_pos.message().c_str(), "position 7");
     EXPECT_EQ(t.cache->plan(layer, s.position + 1, s.T).error(), Error::InvalidState);
     auto wrong_T = t.cache->plan(layer, s.position, s.T - 1);
     EXPECT_EQ(wrong_T.error(), Error::InvalidState);
@@ -292,8 +292,8 @@ TEST(SequenceCacheErrors, RewindOutsideZeroToLengthIsInvalidArgument) {
       EXPECT_FALSE(t.cache->can_rewind(n));
       kvcore::Status s = t.cache->rewind(n);
       EXPECT_EQ(s.code(), Error::InvalidArgument);
-      expect_message_has(s.message(), "n = " + std::to_string(n));
-      expect_message_has(s.message(), "length = 13");
+      expect_message_has(s.message().c_str(), "n = " + std::to_string(n));
+      expect_message_has(s.message().c_str(), "length = 13");
       expect_same_state(*t.cache, *t.twin);
     }
   }
@@ -311,7 +311,7 @@ TEST(SequenceCacheErrors, RewindPastHeldHistoryIsInvalidState) {
     EXPECT_FALSE(t.cache->can_rewind(25));
     kvcore::Status s = t.cache->rewind(25);
     EXPECT_EQ(s.code(), Error::InvalidState);
-    expect_message_has(s.message(), "n = 25");
+    expect_message_has(s.message().c_str(), "n = 25");
     expect_same_state(*t.cache, *t.twin);
   }
   Twins ok = make_twins(30);

@@ -156,7 +156,7 @@ struct TestAllocator {
 std::string str(long long v) { return std::to_string(v); }
 
 std::string outcome(const Status& s) {
-  return s.ok() ? std::string("Ok") : std::string(kvcore::to_string(s.code())) + " (" + s.message() + ")";
+  return s.ok() ? std::string("Ok") : std::string(kvcore::to_string(s.code())) + " (" + s.message().c_str() + ")";
 }
 
 // The config rules of DESIGN.md section 2 (and config.h's initial_capacity),
@@ -302,7 +302,7 @@ class Harness {
     const bool dtype_ok = kvcore::element_size(dtype) != 0 && (ring_storage_ == kvcore::RingStorage::Compact ||
                                                                ring_storage_ == kvcore::RingStorage::Mirrored);
     if (!valid) {
-      if (created.ok() || created.error() != Error::InvalidArgument || created.message()[0] == '\0')
+      if (created.ok() || created.error() != Error::InvalidArgument || created.message().c_str()[0] == '\0')
         return "config breaking a rule: create gave " + outcome(kvcore::internal::to_status(created)) + " for " +
                kvcore_test::describe(cfg);
       if (required.error() != Error::InvalidArgument)
@@ -433,7 +433,7 @@ class Harness {
   // --- the pool -----------------------------------------------------------------
 
   // required_bytes lies between the bytes of every row (a mirrored wrapping ring
-  // repeats R - 1 of them) and that plus the layer table and alignment slack; or
+  // without sinks repeats R - 1 of them) and that plus the layer table and alignment slack; or
   // the total overflows the address space.
   std::string check_required_bytes(const kvcore::Result<std::size_t>& required, DType dtype, bool dtype_ok) {
     if (!dtype_ok) {
@@ -445,7 +445,7 @@ class Harness {
     for (int l = 0; l < cfg_.n_layers; ++l) {
       const LayerConfig& lc = layer_config(cfg_, l);
       const LayerModel& m = models_[static_cast<std::size_t>(l)];
-      const bool mirrored = ring_storage_ == kvcore::RingStorage::Mirrored && m.wraps();
+      const bool mirrored = ring_storage_ == kvcore::RingStorage::Mirrored && m.wraps() && m.sinks == 0;
       const u128 rows = static_cast<u128>(m.rows() + (mirrored ? m.ring_slots() - 1 : 0));
       const int v_dim = lc.v_head_dim == 0 ? lc.head_dim : lc.v_head_dim;
       rows_bytes += rows * size *
@@ -773,7 +773,7 @@ class Harness {
       FUZZ_REQUIRE(!s.ok(), "accepted a call the pool must refuse");
       FUZZ_REQUIRE(s.code() == Error::InvalidArgument || s.code() == Error::InvalidState,
                    "unexpected code " + outcome(s));
-      FUZZ_REQUIRE(s.message()[0] != '\0', "an error without a message");
+      FUZZ_REQUIRE(s.message().c_str()[0] != '\0', "an error without a message");
       bump(&Coverage::bad_pool_calls);
     }
     FUZZ_REQUIRE(pool_state() == before, "a pool call without growth changed the pool");
@@ -840,7 +840,7 @@ class Harness {
             }
           }
         }
-        if (!step.ok()) FUZZ_REQUIRE(step.message()[0] != '\0', "an error without a message");
+        if (!step.ok()) FUZZ_REQUIRE(step.message().c_str()[0] != '\0', "an error without a message");
       } else if (kind < 70) {
         if (sim_->has_step()) {
           last_op = "commit(" + str(step_.position) + ", " + str(step_.T) + ")";
@@ -862,7 +862,7 @@ class Harness {
           last_op = "commit without a begun step";
           const Step h = handles.empty() ? Step{} : handles[static_cast<std::size_t>(in_.in(0, static_cast<int>(handles.size()) - 1))];
           const Status s = cache_->commit(h);
-          FUZZ_REQUIRE(s.code() == Error::InvalidState && s.message()[0] != '\0', "expected InvalidState, got " + outcome(s));
+          FUZZ_REQUIRE(s.code() == Error::InvalidState && s.message().c_str()[0] != '\0', "expected InvalidState, got " + outcome(s));
         }
       } else if (kind < 85) {
         int n;
@@ -885,7 +885,7 @@ class Harness {
           FUZZ_REQUIRE(s.code() == Error::InvalidState, "expected InvalidState, got " + outcome(s));
           bump(&Coverage::rewinds_refused_state);
         }
-        if (!s.ok()) FUZZ_REQUIRE(s.message()[0] != '\0', "an error without a message");
+        if (!s.ok()) FUZZ_REQUIRE(s.message().c_str()[0] != '\0', "an error without a message");
       } else if (kind < 89) {
         last_op = "clear";
         cache_->clear();

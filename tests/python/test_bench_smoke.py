@@ -33,7 +33,7 @@ def test_compare_runs_checks_and_writes_a_complete_report(tmp_path: Path) -> Non
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    caches = ["kvcore", "kvcore-mirror", "kvcore-hf", "dynamic", "static", "numpy", "floor"]
+    caches = ["kvcore", "kvcore-positions", "kvcore-mirror", "kvcore-hf", "dynamic", "static", "numpy", "floor"]
     assert report["check"]["passed"] and set(report["check"]["caches"]) == set(caches) - {"floor"}
     rows = {(r["context"], r["cache"]): r for r in report["per_token"]}
     assert set(rows) == {(c, n) for c in (24, 40) for n in caches}
@@ -45,7 +45,7 @@ def test_compare_runs_checks_and_writes_a_complete_report(tmp_path: Path) -> Non
     kv = next(m for m in report["memory"] if m["cache"] == "kvcore")
     capacity = 32 + 3
     assert kv["held_bytes"] == (capacity + 5 * 11) * 2 * 32
-    assert len(report["layer_update_T1"]) == 4
+    assert len(report["layer_update_T1"]) == 5
     assert "per-token cache cost" in done.stdout
 
 

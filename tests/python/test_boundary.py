@@ -62,14 +62,14 @@ class Rig:
         self.writes += 1
         for layer in range(2):
             values = [p + 1000.0 * self.writes for p in range(step.position, step.end)]
-            self.pool.update(layer, step, self.rows(layer, values), self.rows(layer, values, True))
+            self.pool.update(layer, step, self.rows(layer, values), self.rows(layer, values, True), order="positions")
             for p, x in zip(range(step.position, step.end), values):
                 self.data[layer][p] = x
 
     def check_reads(self) -> None:
         """Every layer's read of the begun step holds exactly what was written."""
         for layer in range(2):
-            k, v, positions = self.pool.read(layer, self.step.plan(layer))
+            k, v, positions = self.pool.read(layer, self.step.plan(layer), order="positions")
             values = [self.data[layer][p] for p in positions.tolist()]
             np.testing.assert_array_equal(k, self.rows(layer, values))
             np.testing.assert_array_equal(v, self.rows(layer, values, True))
@@ -116,14 +116,14 @@ INT_PARAMETERS: dict[str, tuple[str, Callable[[Rig, Any], object]]] = {
     "visible.q": ("q", lambda r, x: r.cache.visible(0, x, 0)),
     "visible.k": ("k", lambda r, x: r.cache.visible(0, 3, x)),
     "Step.plan.layer": ("layer", lambda r, x: r.step.plan(x)),
-    "Step.mask.layer": ("layer", lambda r, x: r.step.mask(x)),
+    "Step.mask.layer": ("layer", lambda r, x: r.step.mask(x, order="positions")),
     "KVPool.rows.layer": ("layer", lambda r, x: r.pool.rows(x)),
     "KVPool.allocated_rows.layer": ("layer", lambda r, x: r.pool.allocated_rows(x)),
     "KVPool.reserve.layer": ("layer", lambda r, x: r.pool.reserve(x, 1)),
     "KVPool.reserve.rows": ("rows", lambda r, x: r.pool.reserve(0, x)),
     "KVPool.write.layer": ("layer", lambda r, x: r.pool.write(x, r.step.plan(0), r.rows(0, [0, 0]), r.rows(0, [0, 0], True))),
-    "KVPool.read.layer": ("layer", lambda r, x: r.pool.read(x, r.step.plan(0))),
-    "KVPool.update.layer": ("layer", lambda r, x: r.pool.update(x, r.step, r.rows(0, [0, 0]), r.rows(0, [0, 0], True))),
+    "KVPool.read.layer": ("layer", lambda r, x: r.pool.read(x, r.step.plan(0), order="positions")),
+    "KVPool.update.layer": ("layer", lambda r, x: r.pool.update(x, r.step, r.rows(0, [0, 0]), r.rows(0, [0, 0], True), order="positions")),
     "Ring.window": ("window", lambda r, x: kvcore.Ring(x)),
     "Ring.sinks": ("sinks", lambda r, x: kvcore.Ring(4, x)),
     "LayerConfig.n_kv_heads": ("n_kv_heads", lambda r, x: kvcore.LayerConfig(RING, x, 4)),
@@ -261,9 +261,9 @@ def test_a_bad_array_is_refused_and_nothing_is_written(rig: Rig, make: Callable[
     for layer in range(2):
         plan = rig.step.plan(layer)
         k_text, v_text = bad_text(text, "k", k_shape), bad_text(text, "v", v_shape)
-        refused(rig, lambda: rig.pool.update(layer, rig.step, make(k_shape), v_rows(rig)), kvcore.InvalidArgumentError, k_text)
+        refused(rig, lambda: rig.pool.update(layer, rig.step, make(k_shape), v_rows(rig), order="positions"), kvcore.InvalidArgumentError, k_text)
         refused(rig, lambda: rig.pool.write(layer, plan, make(k_shape), v_rows(rig)), kvcore.InvalidArgumentError, k_text)
-        refused(rig, lambda: rig.pool.update(layer, rig.step, k_rows(rig), make(v_shape)), kvcore.InvalidArgumentError, v_text)
+        refused(rig, lambda: rig.pool.update(layer, rig.step, k_rows(rig), make(v_shape), order="positions"), kvcore.InvalidArgumentError, v_text)
         refused(rig, lambda: rig.pool.write(layer, plan, k_rows(rig), make(v_shape)), kvcore.InvalidArgumentError, v_text)
 
 
@@ -284,7 +284,7 @@ def test_a_read_only_input_is_fine(rig: Rig) -> None:
 
 
 def test_views_returned_by_the_pool_are_read_only(rig: Rig) -> None:
-    k, v, positions = rig.pool.read(1, rig.step.plan(1))  # the flat layer: one run, a view
+    k, v, positions = rig.pool.read(1, rig.step.plan(1), order="positions")  # the flat layer: one run, a view
     assert not k.flags.owndata
     for array in (k, v, positions):
         with pytest.raises(ValueError, match="read-only"):
@@ -300,12 +300,12 @@ def test_an_input_that_aliases_the_pool_is_copied_as_it_was(rig: Rig) -> None:
     # source and destination by one row. The result must be the rows as they
     # were before the write (memmove semantics), whatever the overlap.
     layer = 1
-    k_view, v_view, positions = rig.pool.read(layer, rig.step.plan(layer))
+    k_view, v_view, positions = rig.pool.read(layer, rig.step.plan(layer), order="positions")
     assert positions.tolist() == list(range(13)) and not k_view.flags.owndata
     src_k, src_v = k_view[10:12], v_view[10:12]
     expected_k, expected_v = src_k.copy(), src_v.copy()
     rig.pool.write(layer, rig.step.plan(layer), src_k, src_v)
-    k_after, v_after, _ = rig.pool.read(layer, rig.step.plan(layer))
+    k_after, v_after, _ = rig.pool.read(layer, rig.step.plan(layer), order="positions")
     np.testing.assert_array_equal(k_after[11:13], expected_k)
     np.testing.assert_array_equal(v_after[11:13], expected_v)
 
@@ -318,11 +318,11 @@ def test_an_aliasing_input_survives_the_growth_it_causes() -> None:
     cache = kvcore.SequenceCache(cfg)
     pool = kvcore.KVPool(cache, np.float32)
     with cache.step(2) as step:
-        k, v, _ = pool.update(0, step, np.full((2, 1, 2), 7.0, np.float32), np.full((2, 1, 2), 8.0, np.float32))
+        k, v, _ = pool.update(0, step, np.full((2, 1, 2), 7.0, np.float32), np.full((2, 1, 2), 8.0, np.float32), order="positions")
     assert pool.allocated_rows(0) == 2
     with cache.step(2) as step:
         pool.write(0, step.plan(0), k, v)  # grows to 4 rows while copying from the old block
-        k2, v2, positions = pool.read(0, step.plan(0))
+        k2, v2, positions = pool.read(0, step.plan(0), order="positions")
     assert pool.allocated_rows(0) == 4 and positions.tolist() == [0, 1, 2, 3]
     np.testing.assert_array_equal(k2, np.full((4, 1, 2), 7.0, np.float32))
     np.testing.assert_array_equal(v2, np.full((4, 1, 2), 8.0, np.float32))
@@ -331,8 +331,8 @@ def test_an_aliasing_input_survives_the_growth_it_causes() -> None:
 def test_a_plan_that_is_not_a_plan_is_a_type_error(rig: Rig) -> None:
     for plan in (None, (0, 2, 11), [kvcore.Run(0, 2, 11)], rig.step):
         refused(rig, lambda: rig.pool.write(0, plan, k_rows(rig), v_rows(rig)), TypeError)
-        refused(rig, lambda: rig.pool.read(0, plan), TypeError)
-    refused(rig, lambda: rig.pool.update(0, None, k_rows(rig), v_rows(rig)), TypeError)
+        refused(rig, lambda: rig.pool.read(0, plan, order="positions"), TypeError)
+    refused(rig, lambda: rig.pool.update(0, None, k_rows(rig), v_rows(rig), order="positions"), TypeError)
     refused(rig, lambda: kvcore.KVPool(None), kvcore.InvalidArgumentError, "cache: must not be None")
     refused(rig, lambda: kvcore.KVPool(rig.cache.config), TypeError)
 
@@ -342,7 +342,7 @@ def test_a_plan_that_is_not_a_plan_is_a_type_error(rig: Rig) -> None:
 
 def test_step_plans_and_views_after_clear(rig: Rig) -> None:
     step, plans = rig.step, [rig.step.plan(l) for l in range(2)]
-    k_view, _, positions = rig.pool.read(1, plans[1])
+    k_view, _, positions = rig.pool.read(1, plans[1], order="positions")
     rig.cache.clear()
     assert not step.is_current and rig.cache.active_step is None and rig.cache.length == 0
     k, v = k_rows(rig), v_rows(rig)
@@ -350,10 +350,10 @@ def test_step_plans_and_views_after_clear(rig: Rig) -> None:
         step.commit,
         lambda: rig.cache.commit(step),
         lambda: step.plan(0),
-        lambda: step.mask(0),
-        lambda: rig.pool.update(0, step, k, v),
+        lambda: step.mask(0, order="positions"),
+        lambda: rig.pool.update(0, step, k, v, order="positions"),
         lambda: rig.pool.write(0, plans[0], k, v),
-        lambda: rig.pool.read(1, plans[1]),
+        lambda: rig.pool.read(1, plans[1], order="positions"),
     ):
         with pytest.raises(kvcore.InvalidStateError):
             call()
@@ -361,8 +361,8 @@ def test_step_plans_and_views_after_clear(rig: Rig) -> None:
     assert positions.tolist() == list(range(13))
     assert float(k_view[0, 0, 0]) == rig.data[1][0]
     with rig.cache.step(2) as fresh:  # the cache starts over; position 0 is rewritten
-        got, _, _ = rig.pool.update(1, fresh, np.full((2, 2, 4), -5.0, np.float32), np.zeros((2, 2, 3), np.float32))
-        rig.pool.update(0, fresh, np.zeros((2, 2, 4), np.float32), np.zeros((2, 2, 3), np.float32))
+        got, _, _ = rig.pool.update(1, fresh, np.full((2, 2, 4), -5.0, np.float32), np.zeros((2, 2, 3), np.float32), order="positions")
+        rig.pool.update(0, fresh, np.zeros((2, 2, 4), np.float32), np.zeros((2, 2, 3), np.float32), order="positions")
     assert float(k_view[0, 0, 0]) == -5.0 and got.tolist() == k_view[:2].tolist()
 
 
@@ -377,14 +377,14 @@ def test_step_and_plans_after_the_step_was_replaced_or_rewound(rig: Rig) -> None
     with pytest.raises(kvcore.InvalidStateError):
         retry.commit()
     with pytest.raises(kvcore.InvalidStateError, match="no step is begun"):
-        rig.pool.read(0, plan)
+        rig.pool.read(0, plan, order="positions")
     with pytest.raises(kvcore.InvalidStateError):
-        rig.pool.update(0, retry, np.zeros((1, 2, 4), np.float32), np.zeros((1, 2, 3), np.float32))
+        rig.pool.update(0, retry, np.zeros((1, 2, 4), np.float32), np.zeros((1, 2, 3), np.float32), order="positions")
 
 
 def test_views_outlive_their_pool_and_cache() -> None:
     rig = Rig()
-    k_view, v_view, positions = rig.pool.read(1, rig.step.plan(1))
+    k_view, v_view, positions = rig.pool.read(1, rig.step.plan(1), order="positions")
     expected = k_view.copy(), v_view.copy(), positions.copy()
     del rig  # the only reference to the cache, the pool and the step
     gc.collect()
@@ -468,9 +468,9 @@ def test_a_wrapped_write_from_a_view_of_its_own_rows() -> None:
         return np.repeat(np.asarray(values, np.float32)[:, None, None], 2, axis=2)
 
     with cache.step(1) as step:
-        pool.update(0, step, rows([10]), -rows([10]))
+        pool.update(0, step, rows([10]), -rows([10]), order="positions")
     with cache.step(4) as step:  # reads positions 0..4: one run, a view of rows 0..4
-        k5, v5, positions = pool.update(0, step, rows([11, 12, 13, 14]), -rows([11, 12, 13, 14]))
+        k5, v5, positions = pool.update(0, step, rows([11, 12, 13, 14]), -rows([11, 12, 13, 14]), order="positions")
     assert positions.tolist() == [0, 1, 2, 3, 4] and not k5.flags.owndata
     cache.rewind(3)
     step = cache.begin_step(4)
@@ -485,7 +485,7 @@ def test_a_wrapped_write_from_a_view_of_its_own_rows() -> None:
     np.testing.assert_array_equal(v5, before[1])
     # Rows 1..4 as input: copying the second run first keeps it intact.
     pool.write(0, plan, k5[1:5], v5[1:5])
-    k, v, positions = pool.read(0, plan)
+    k, v, positions = pool.read(0, plan, order="positions")
     assert positions.tolist() == [1, 2, 3, 4, 5, 6]
     np.testing.assert_array_equal(k, rows([11, 12, 11, 12, 13, 14]))
     np.testing.assert_array_equal(v, -rows([11, 12, 11, 12, 13, 14]))

@@ -31,6 +31,6 @@ def test_the_capsule_import_failure_names_the_reason(probe_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     # NotFound (0x20), the capsule's name and the reason Python gave.
     assert result.stdout.strip() == (
-        "kvcore error 0x20: cannot import kvcore._core.registry_storage_v1: "
+        "kvcore error 0x20: cannot import kvcore._core.registry_storage_v2: "
         'PyCapsule_Import could not import module "kvcore"'
     )

@@ -36,7 +36,7 @@ def capsule_pointer() -> int:
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype = ctypes.c_void_p
     get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    address = get_pointer(_core.registry_storage_v1, b"kvcore._core.registry_storage_v1")
+    address = get_pointer(_core.registry_storage_v2, b"kvcore._core.registry_storage_v2")
     assert isinstance(address, int)
     return address
 

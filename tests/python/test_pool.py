@@ -80,7 +80,7 @@ class Reference:
         step = self.cache.begin_step(T)
         for layer in range(self.cache.n_layers):
             k, v = self.data(layer, T, False), self.data(layer, T, True)
-            got_k, got_v, positions = self.pool.update(layer, step, k, v)
+            got_k, got_v, positions = self.pool.update(layer, step, k, v, order="positions")
             for j in range(T):
                 self.k[layer][step.position + j] = k[j]
                 self.v[layer][step.position + j] = v[j]
@@ -124,7 +124,7 @@ def test_read_after_write_equals_update_and_gathers_only_when_split() -> None:
             plan = step.plan(layer)
             k, v = ref.data(layer, 1, False), ref.data(layer, 1, True)
             pool.write(layer, plan, k, v)
-            rk, rv, positions = pool.read(layer, plan)
+            rk, rv, positions = pool.read(layer, plan, order="positions")
             assert positions.tolist() == needed(cache.layer_policy(layer), step.position, 1)
             np.testing.assert_array_equal(rk[-1], k[0])
             np.testing.assert_array_equal(rv[-1], v[0])
@@ -143,7 +143,7 @@ def test_views_keep_their_memory_alive_across_growth_and_pool_death() -> None:
     step = cache.begin_step(1)
     k, v = ref.data(0, 1, False), ref.data(0, 1, True)
     ref.k[0][2], ref.v[0][2] = k[0], v[0]
-    k0, v0, positions = pool.update(0, step, k, v)
+    k0, v0, positions = pool.update(0, step, k, v, order="positions")
     assert pool.allocated_rows(0) == 4  # grew from 2 to 4 for the third row
     snapshot_k, snapshot_v = k0.copy(), v0.copy()
     step.commit()
@@ -169,7 +169,7 @@ def test_a_view_shows_rows_as_they_are_until_a_later_step_writes_them() -> None:
     with cache.step(1) as step:
         k, v = ref.data(0, 1, False), ref.data(0, 1, True)
         ref.k[0][3], ref.v[0][3] = k[0], v[0]
-        view, _, positions = pool.update(0, step, k, v)
+        view, _, positions = pool.update(0, step, k, v, order="positions")
     assert positions.tolist() == [0, 1, 2, 3] and not view.flags.writeable
     before = view.copy()
     ref.step(1)  # position 4 -> row 0
@@ -182,7 +182,7 @@ def test_positions_array_is_read_only() -> None:
     pool = kvcore.KVPool(cache, np.float32)
     ref = Reference(cache, pool)
     step = cache.begin_step(2)
-    _, _, positions = pool.update(0, step, ref.data(0, 2, False), ref.data(0, 2, True))
+    _, _, positions = pool.update(0, step, ref.data(0, 2, False), ref.data(0, 2, True), order="positions")
     with pytest.raises(ValueError):
         positions[0] = 5
 
@@ -209,7 +209,7 @@ def poison(shape: tuple[int, ...], dtype: Any = np.float16) -> Array:
 def assert_untouched(cache: kvcore.SequenceCache, pool: kvcore.KVPool, ref: Reference, step: kvcore.Step) -> None:
     """Every layer still reads exactly what the reference wrote (no 99 anywhere)."""
     for layer in range(cache.n_layers):
-        k, v, positions = pool.read(layer, step.plan(layer))
+        k, v, positions = pool.read(layer, step.plan(layer), order="positions")
         ref.check(layer, step, k, v, positions)
 
 
@@ -233,7 +233,7 @@ def test_bad_arrays_are_rejected_with_nothing_written(begun: Any, make: Any, mes
     for layer in range(cache.n_layers):
         k, v = make()
         with pytest.raises(kvcore.InvalidArgumentError) as e1:
-            pool.update(layer, step, k, v)
+            pool.update(layer, step, k, v, order="positions")
         assert message in str(e1.value)
         with pytest.raises(kvcore.InvalidArgumentError) as e2:
             pool.write(layer, step.plan(layer), k, v)
@@ -246,11 +246,11 @@ def test_bad_layer_is_rejected(begun: Any, layer: int) -> None:
     cache, pool, ref, step = begun
     k, v = poison((2, 2, 4)), poison((2, 2, 3))
     for call in (
-        lambda: pool.update(layer, step, k, v),
+        lambda: pool.update(layer, step, k, v, order="positions"),
         lambda: pool.write(layer, step.plan(0), k, v),
-        lambda: pool.read(layer, step.plan(0)),
+        lambda: pool.read(layer, step.plan(0), order="positions"),
         lambda: pool.allocated_rows(layer),
-        lambda: step.mask(layer),
+        lambda: step.mask(layer, order="positions"),
     ):
         with pytest.raises(kvcore.InvalidArgumentError, match=f"layer = {layer}"):
             call()
@@ -263,13 +263,13 @@ def test_stale_step_and_stale_plan_are_rejected(begun: Any) -> None:
     step.commit()
     k, v = poison((2, 2, 4)), poison((2, 2, 3))
     with pytest.raises(kvcore.InvalidStateError):
-        pool.update(0, step, k, v)  # committed: no longer the begun step
+        pool.update(0, step, k, v, order="positions")  # committed: no longer the begun step
     with pytest.raises(kvcore.InvalidStateError, match="no step is begun"):
         pool.write(0, plans[0], k, v)
     with pytest.raises(kvcore.InvalidStateError):
-        pool.read(0, plans[0])
+        pool.read(0, plans[0], order="positions")
     with pytest.raises(kvcore.InvalidStateError):
-        step.mask(0)
+        step.mask(0, order="positions")
     nxt = cache.begin_step(2)
     with pytest.raises(kvcore.InvalidStateError, match="not layer 0's plan of the begun step"):
         pool.write(0, plans[0], k, v)  # the previous step's plan
@@ -277,13 +277,13 @@ def test_stale_step_and_stale_plan_are_rejected(begun: Any) -> None:
         pool.write(0, nxt.plan(2), k, v)  # the flat layer's plan on a ring layer
     retry = cache.begin_step(2)  # replaces nxt
     with pytest.raises(kvcore.InvalidStateError):
-        pool.update(0, nxt, k, v)
+        pool.update(0, nxt, k, v, order="positions")
     other = kvcore.SequenceCache(make_config(MIXED, v_dim=3))
     with pytest.raises(kvcore.InvalidStateError, match="another cache"):
-        pool.update(0, other.begin_step(2), k, v)
+        pool.update(0, other.begin_step(2), k, v, order="positions")
     # The committed rows the retry reads still hold what was written before.
     for layer in range(cache.n_layers):
-        got_k, got_v, positions = pool.read(layer, retry.plan(layer))
+        got_k, got_v, positions = pool.read(layer, retry.plan(layer), order="positions")
         old = [i for i, p in enumerate(positions.tolist()) if p < retry.position]
         assert positions[old].tolist() == [p for p in needed(cache.layer_policy(layer), retry.position, 2) if p < retry.position]
         np.testing.assert_array_equal(got_k[old], np.stack([ref.k[layer][p] for p in positions[old]]))
@@ -407,7 +407,7 @@ def test_mask_is_the_visibility_rule_over_the_read_positions() -> None:
         step = cache.begin_step(T)
         for layer in range(3):
             policy = cache.layer_policy(layer)
-            mask = step.mask(layer)
+            mask = step.mask(layer, order="positions")
             positions = needed(policy, step.position, T)
             assert mask.dtype == np.bool_ and mask.shape == (T, step.plan(layer).read_len)
             want = [[visible(policy, step.position + i, k) for k in positions] for i in range(T)]
@@ -432,21 +432,21 @@ def test_mask_matches_the_rule_on_random_policies_and_steps(seed: int) -> None:
             for layer, policy in enumerate(policies):
                 positions = needed(policy, step.position, T)
                 want = [[visible(policy, step.position + i, k) for k in positions] for i in range(T)]
-                assert step.mask(layer).tolist() == want, (seed, layer, step.position, T)
+                assert step.mask(layer, order="positions").tolist() == want, (seed, layer, step.position, T)
 
 
 def test_mask_is_read_only_and_shared_by_the_layers_of_one_policy() -> None:
     cache = kvcore.SequenceCache(make_config(MIXED))
     first = cache.begin_step(2)
-    mask = first.mask(0)
+    mask = first.mask(0, order="positions")
     assert not mask.flags.writeable
     with pytest.raises(ValueError):
         mask[0, 0] = not mask[0, 0]
-    assert first.mask(1) is mask  # layers 0 and 1 share Ring(4, 1)
-    assert first.mask(2) is not mask
+    assert first.mask(1, order="positions") is mask  # layers 0 and 1 share Ring(4, 1)
+    assert first.mask(2, order="positions") is not mask
     first.commit()
     second = cache.begin_step(1)
-    assert second.mask(0) is not mask and second.mask(0).shape == (1, 3)
+    assert second.mask(0, order="positions") is not mask and second.mask(0, order="positions").shape == (1, 3)
 
 
 def test_pool_keeps_its_cache_alive_and_has_a_repr() -> None:

@@ -151,9 +151,9 @@ class CacheMachine(RuleBasedStateMachine):
         plan = self.step.plan(layer)
         if split:
             self.pool.write(layer, plan, k, v)
-            got_k, got_v, positions = self.pool.read(layer, plan)
+            got_k, got_v, positions = self.pool.read(layer, plan, order="positions")
         else:
-            got_k, got_v, positions = self.pool.update(layer, self.step, k, v)
+            got_k, got_v, positions = self.pool.update(layer, self.step, k, v, order="positions")
         self.written.add(layer)
         wanted = [p for _, p in reference.expand(plan.read)]
         assert positions.tolist() == wanted == self.ref.policies[layer].needed(position, T)
@@ -250,11 +250,11 @@ class CacheMachine(RuleBasedStateMachine):
         self.refused("InvalidState", handle.commit)
         self.refused("InvalidState", lambda: self.cache.commit(handle))
         self.refused("InvalidState", lambda: handle.plan(0))
-        self.refused("InvalidState", lambda: handle.mask(0))
+        self.refused("InvalidState", lambda: handle.mask(0, order="positions"))
         cfg = self.cache.config.layers[0]
         k = np.zeros((handle.T, cfg.n_kv_heads, cfg.head_dim), self.pool.dtype)
         v = np.zeros((handle.T, cfg.n_kv_heads, cfg.value_dim), self.pool.dtype)
-        self.refused("InvalidState", lambda: self.pool.update(0, handle, k, v))
+        self.refused("InvalidState", lambda: self.pool.update(0, handle, k, v, order="positions"))
 
     @rule(
         how=st.sampled_from(["by 1", "by C/2", "by C", "by C+1", "to 0", "by back"]),

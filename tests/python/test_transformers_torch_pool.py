@@ -22,7 +22,12 @@ H, D, DV = 2, 4, 3
 
 
 def make(
-    *policies: kvcore.LayerPolicy, capacity: int = 64, max_step: int = 4, initial: int = 512, mirror: bool = False
+    *policies: kvcore.LayerPolicy,
+    capacity: int = 64,
+    max_step: int = 4,
+    initial: int = 512,
+    mirror: bool = False,
+    order: str = "positions",
 ) -> TorchKVPool:
     cfg = kvcore.CacheConfig(
         capacity,
@@ -30,7 +35,7 @@ def make(
         max_step=max_step,
         initial_capacity=initial,
     )
-    return TorchKVPool(kvcore.SequenceCache(cfg), mirror_rings=mirror)
+    return TorchKVPool(kvcore.SequenceCache(cfg), mirror_rings=mirror, order=order)
 
 
 def kv_for(positions: range, batch: int = 1, salt: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +63,9 @@ def run_step(
             plan = step.plan(layer)
             keys, values = pool.update(layer, step if by_step else plan, k, v)
             out.append((keys, values))
+            if pool.order == "rows":
+                check_row_order(pool, step, layer, keys, values, ref)
+                continue
             positions = read_positions(plan)
             assert keys.shape == (1, H, len(positions), D) and values.shape == (1, H, len(positions), DV)
             want_k = torch.stack([ref[p][0] for p in positions], dim=2)
@@ -65,6 +73,62 @@ def run_step(
             assert torch.equal(keys, want_k), (layer, positions)
             assert torch.equal(values, want_v), (layer, positions)
     return out
+
+
+def check_row_order(
+    pool: TorchKVPool,
+    step: kvcore.Step,
+    layer: int,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """Row order: one view of the held rows (never more than rows(layer)); the rows
+    whose positions a query of the step sees hold exactly those positions, one row
+    each, and cover every needed position; the mask is the visibility rule on them."""
+    cache = pool.cache
+    geometry = cache.geometry(layer)
+    n = geometry.held_rows(step.end)
+    assert keys.shape == (1, H, n, D) and values.shape == (1, H, n, DV)
+    assert n <= cache.rows(layer)
+    storage = pool.layer(layer)
+    assert storage is not None and keys.data_ptr() == storage.keys.data_ptr()  # a view, not a copy
+    positions = pool.plan_step(step)[pool.policy_of[layer]].key_positions()
+    assert positions == [geometry.position_at(r, step.end) for r in range(n)]
+    mask = step.mask(layer)
+    assert mask.shape == (step.T, n)
+    seen = []
+    for r, p in enumerate(positions):
+        visible = [cache.visible(layer, q, p) for q in range(step.position, step.end)]
+        assert mask[:, r].tolist() == visible
+        if any(visible):
+            seen.append(p)
+            assert torch.equal(keys[:, :, r], ref[p][0]) and torch.equal(values[:, :, r], ref[p][1]), (layer, r, p)
+    assert sorted(seen) == read_positions(step.plan(layer))
+
+
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_row_order_random_steps_and_rewinds_return_exact_history(sinks: int) -> None:
+    rng = random.Random(11 + sinks)
+    pool = make(kvcore.Ring(window=5, sinks=sinks), kvcore.Flat(), capacity=200, max_step=4, initial=8, order="rows")
+    assert pool.order == "rows"
+    cache = pool.cache
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    salt = 0
+    while cache.length < 150:
+        run_step(pool, rng.randint(1, 4), ref, salt, by_step=rng.random() < 0.7)
+        if rng.random() < 0.25:
+            back = cache.length - rng.randint(1, 4)
+            if cache.can_rewind(back):
+                cache.rewind(back)  # the rewound rows stay in the pool, stale: the mask must hide them
+                salt += 1
+
+
+def test_the_default_order_is_rows_and_a_bad_order_is_refused() -> None:
+    cache = kvcore.SequenceCache(kvcore.CacheConfig(16, [kvcore.LayerConfig(kvcore.Flat(), 1, 2)]))
+    assert TorchKVPool(cache).order == "rows"
+    with pytest.raises(kvcore.InvalidArgumentError, match="order = 'sideways': must be 'rows'"):
+        TorchKVPool(cache, order="sideways")
 
 
 @pytest.mark.parametrize("mirror", [False, True], ids=["compact", "mirrored"])

@@ -2,20 +2,28 @@
 
 kvcore decides with integers where a step's rows go and which rows its queries
 read (``SeqStepPlan``); this module owns the bytes. Per layer it keeps two
-tensors shaped ``[batch, n_kv_heads, rows, dim]`` (keys and values). A step
-writes its new rows where the plan says and returns the layer's history in
-position order: a view of the pool when the read is one span of rows, else the
-spans copied into a gather workspace shared by all layers.
+tensors shaped ``[batch, n_kv_heads, rows, dim]`` (keys and values), sized and
+addressed by the layer's ``LayerGeometry`` (``cache.geometry(layer)``: nothing
+about rows is derived here). A step writes its new rows where the plan says and
+returns the layer's history in one of two orders:
+
+- ``order="rows"`` (the default): every row that holds a position, as the rows
+  lie (``LayerGeometry.held_rows``), always one view, never a copy, no more rows
+  than ``cache.rows(layer)``. Attention is order-invariant over keys; build the
+  mask from ``StepLayout.key_positions()`` or ``Step.mask(layer)`` (order "rows").
+- ``order="positions"``: the plan's read in increasing positions: a view when it
+  is one span of rows, else the spans copied into a gather workspace shared by
+  all layers. Needed where something indexes keys by position (transformers'
+  own mask functions: ``KVCoreCache`` uses this order).
 
 Mirrored rings (``mirror_rings=True``, as ``kvcore.KVPool``'s and
-``RingStorage::Mirrored`` in ``kv_pool.h``): a ring layer without sinks that
-wraps keeps, after its last row, a copy of its first ``R - 1`` rows (``R =
-window + max_step - 1``), written together with them. A window that wraps round
-the ring then continues into the copy, so every read is one span: a view, never
-a gather. The cost is ``R - 1`` rows per such layer and a second copy of each
-write that lands in the repeated rows. A ring with sinks gets no mirror: its
-read is the sinks and the window, two spans that are gathered anyway, so a
-mirror would cost ``R - 1`` rows and buy almost nothing.
+``RingStorage::Mirrored`` in ``kv_pool.h``; ``LayerGeometry.mirror_rows``): a
+ring layer without sinks that wraps keeps, after its last row, a copy of its
+first ``R - 1`` rows (``R = window + max_step - 1``), written together with them.
+A window that wraps round the ring then continues into the copy, so a
+position-order read is one span: a view, never a gather. The cost is ``R - 1``
+rows per such layer and a second copy of each write that lands in the repeated
+rows; row-order reads never need it.
 
 A step is laid out once per distinct layer policy (``plan_step``): write
 destinations (mirror included), the read spans, and for ``T = 1`` the index of
@@ -42,8 +50,10 @@ from typing import Optional, Union
 
 import torch
 
-from kvcore._core import LayerConfig, SeqStepPlan, SequenceCache, Step
+from kvcore._core import LayerConfig, LayerGeometry, SeqStepPlan, SequenceCache, Step
 from kvcore._errors import InvalidArgumentError
+
+ORDERS = ("rows", "positions")
 
 
 def read_positions(plan: SeqStepPlan) -> list[int]:
@@ -63,14 +73,16 @@ def _position_ranges(plan: SeqStepPlan) -> tuple[tuple[int, int], ...]:
 
 
 class _Storage:
-    """Row facts shared by the layers of one policy: how many rows, and the mirror."""
+    """Row facts shared by the layers of one policy, from kvcore's geometry, and the mirror."""
 
-    __slots__ = ("rows", "ring_start", "mirror_rows")
+    __slots__ = ("geometry", "rows", "ring_start", "mirror_rows")
 
-    def __init__(self, rows: int, ring_start: int, mirror_rows: int) -> None:
-        self.rows = rows  # kvcore's rows for the layer
-        self.ring_start = ring_start  # first ring row (the sinks)
-        self.mirror_rows = mirror_rows  # rows [rows, rows + mirror_rows) repeat [ring_start, ...)
+    def __init__(self, geometry: LayerGeometry, mirror: bool) -> None:
+        self.geometry = geometry
+        self.rows = geometry.rows  # kvcore's rows for the layer
+        self.ring_start = geometry.sink_rows  # first ring row (the sinks)
+        # Rows [rows, rows + mirror_rows) repeat [ring_start, ...).
+        self.mirror_rows = geometry.mirror_rows if mirror else 0
 
 
 class StepLayout:
@@ -79,15 +91,22 @@ class StepLayout:
     ``writes``: ``(row, len, offset)`` copies of input rows ``[offset, offset + len)``,
     mirror copies included. ``index``: for ``T = 1``, the destination rows of the one
     new row (two when it is mirrored), else empty. ``view``: ``(row, len)`` when the read is one span
-    of rows, else None and ``gather`` lists the spans. ``positions``: the read as
-    position ranges in order (what masks are sized from).
+    of rows, else None and ``gather`` lists the spans. ``positions``: the plan's read as
+    position ranges in increasing order. ``order``: the order reads return rows in;
+    ``key_positions()`` gives the position of each returned row (what masks are built from).
     """
 
-    __slots__ = ("position", "T", "writes", "index", "write_end", "view", "gather", "read_len", "positions", "_on")
+    __slots__ = (
+        "position", "T", "order", "writes", "index", "write_end", "view", "gather", "read_len", "positions",
+        "_geometry", "_key_positions", "_on",
+    )  # fmt: skip
 
-    def __init__(self, plan: SeqStepPlan, storage: _Storage, position: int, T: int) -> None:
+    def __init__(self, plan: SeqStepPlan, storage: _Storage, position: int, T: int, order: str = "rows") -> None:
         self.position = position
         self.T = T
+        self.order = order
+        self._geometry = storage.geometry
+        self._key_positions: Optional[list[int]] = None
         writes: list[tuple[int, int, int]] = []
         j = 0
         for r in plan.write:
@@ -119,11 +138,26 @@ class StepLayout:
                     continue
             spans.append((r.row, r.len))
             next_pos = r.pos + r.len
+        self.positions = _position_ranges(plan)
+        if order == "rows":  # every held row, as they lie: one view
+            held = storage.geometry.held_rows(position + T)
+            spans = [(0, held)]
+            self.read_len = held
+        else:
+            self.read_len = plan.read_len
         self.view: Optional[tuple[int, int]] = spans[0] if len(spans) == 1 else None
         self.gather = tuple(spans)
-        self.read_len = plan.read_len
-        self.positions = _position_ranges(plan)
         self._on: dict[torch.device, torch.Tensor] = {}
+
+    def key_positions(self) -> list[int]:
+        """The logical position of each row a read returns, in the order returned (made once)."""
+        if self._key_positions is None:
+            if self.order == "rows":
+                end = self.position + self.T
+                self._key_positions = [self._geometry.position_at(r, end) for r in range(self.read_len)]
+            else:
+                self._key_positions = [p for a, b in self.positions for p in range(a, b)]
+        return self._key_positions
 
     def index_on(self, device: torch.device) -> torch.Tensor:
         """``index`` as a tensor on ``device`` (made once per step and device)."""
@@ -214,13 +248,17 @@ class TorchKVPool:
     ``keys, values = pool.update(layer, step, new_keys, new_values)`` with
     ``new_keys`` shaped ``[batch, n_kv_heads, T, head_dim]``; commit the step after
     the last layer. A layer is allocated on its first update (or by ``allocate``)
-    with the batch size, dtype and device of what it is given. ``mirror_rings``:
-    see the module docstring.
+    with the batch size, dtype and device of what it is given. ``order`` ("rows",
+    the default, or "positions") and ``mirror_rings``: see the module docstring.
+    Raises InvalidArgumentError for an unknown order.
     """
 
-    def __init__(self, cache: SequenceCache, *, mirror_rings: bool = False) -> None:
+    def __init__(self, cache: SequenceCache, *, mirror_rings: bool = False, order: str = "rows") -> None:
+        if order not in ORDERS:
+            raise InvalidArgumentError(f"order = {order!r}: must be 'rows' (the held rows as they lie) or 'positions'")
         self.cache = cache
         self.mirror_rings = bool(mirror_rings)
+        self.order = order
         cfg = cache.config
         self._initial_rows = cfg.initial_capacity
         n = cache.n_layers
@@ -228,14 +266,7 @@ class TorchKVPool:
         self._configs = [cfg.layers[0 if len(cfg.layers) == 1 else i] for i in range(n)]
         self.policy_of = [cache.policy_index(i) for i in range(n)]
         self._first_of_policy = [self.policy_of.index(p) for p in range(cache.n_policies)]
-        self._storage: list[_Storage] = []
-        for p, first in enumerate(self._first_of_policy):
-            policy, rows = self._configs[first].policy, cache.rows(first)
-            # A ring wraps unless its rows reach the capacity (then row(p) = p). With sinks
-            # the read is two spans and gathered anyway: a mirror would buy almost nothing.
-            wraps = policy.is_ring and rows < cache.capacity
-            mirror = rows - 1 if self.mirror_rings and wraps and policy.sinks == 0 else 0
-            self._storage.append(_Storage(rows, policy.sinks, mirror))
+        self._storage = [_Storage(cache.geometry(first), self.mirror_rings) for first in self._first_of_policy]
         self._layers: list[Optional[LayerPool]] = [None] * n
         self._workspace = _Workspace()
         self._planned: Optional[tuple[Step, list[StepLayout]]] = None
@@ -307,8 +338,10 @@ class TorchKVPool:
         if planned is not None and planned[0] is step and step.is_current:
             return planned[1]
         position, T = step.position, step.T
+        order = self.order
         layouts = [
-            StepLayout(step.plan(first), self._storage[p], position, T) for p, first in enumerate(self._first_of_policy)
+            StepLayout(step.plan(first), self._storage[p], position, T, order)
+            for p, first in enumerate(self._first_of_policy)
         ]
         self._planned = (step, layouts)
         return layouts
@@ -316,17 +349,21 @@ class TorchKVPool:
     def update(
         self, layer: int, step: Union[Step, SeqStepPlan], key: torch.Tensor, value: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the step's rows of ``layer`` where kvcore's plan says, return its history in position order.
+        """Write the step's rows of ``layer`` where kvcore's plan says, return its history in the pool's order.
 
         ``step``: the begun step (or the layer's ``SeqStepPlan`` of it). ``key``/``value``:
         ``[batch, n_kv_heads, T, head_dim]`` / ``[..., value_dim]``. Returns keys and values
-        ``[batch, n_kv_heads, read_len, dim]`` holding positions ``read_positions(plan)`` in order.
+        ``[batch, n_kv_heads, n, dim]``: for order "positions" the positions
+        ``read_positions(plan)`` in order; for "rows" the held rows, row r standing for
+        ``cache.geometry(layer).position_at(r, step.end)`` (``StepLayout.key_positions``).
+        Raises InvalidArgumentError for a bad layer or tensors that do not fit it.
         """
         self._layer_config(layer)
         if isinstance(step, Step):
             layout = self.plan_step(step)[self.policy_of[layer]]
         else:
-            layout = StepLayout(step, self._storage[self.policy_of[layer]], step.write[0].pos, step.write_len)
+            storage = self._storage[self.policy_of[layer]]
+            layout = StepLayout(step, storage, step.write[0].pos, step.write_len, self.order)
         return self.write_read(layer, layout, key, value)
 
     def write_read(
@@ -443,4 +480,4 @@ class TorchKVPool:
         return self._configs[layer]
 
 
-__all__ = ["LayerPool", "StepLayout", "TorchKVPool", "read_positions"]
+__all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "read_positions"]

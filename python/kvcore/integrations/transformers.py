@@ -303,7 +303,8 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             config, max_step=max_step, capacity=capacity, sinks=sinks, initial_capacity=initial_capacity
         )
         self.sequence = SequenceCache(cache_config)
-        self.pool = TorchKVPool(self.sequence, mirror_rings=mirror_rings)
+        # Position order: transformers' own mask functions index keys by position.
+        self.pool = TorchKVPool(self.sequence, mirror_rings=mirror_rings, order="positions")
         self.layer_types = layer_types
         policies = [self.sequence.layer_policy(i) for i in range(len(layer_types))]
         # Typed alias of Cache.layers (transformers types it as a union of layer kinds).
@@ -483,7 +484,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         for i, kind in enumerate(self.layer_types):
             if kind in masks:
                 continue
-            mask = torch.tensor(step.mask(i), device=device)[None, None].expand(batch_size, 1, -1, -1)
+            mask = torch.tensor(step.mask(i, order="positions"), device=device)[None, None].expand(batch_size, 1, -1, -1)
             if attention_mask is not None:
                 layout = self._layouts[self._policy_of[i]]
                 keys = torch.cat([torch.arange(a, b, device=device) for a, b in layout.positions])

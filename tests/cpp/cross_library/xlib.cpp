@@ -40,9 +40,9 @@ extern "C" {
 
 XLIB_API int XLIB_FN(build_and_install)(const char* backend, const char* kind, const char* key,
                                         int capacity) {
-  auto built = kvcore::CacheBuilderRegistry::global().build(backend, kind, flat_config(capacity));
+  auto built = kvcore::global_builders().build(backend, kind, flat_config(capacity));
   if (!built.ok()) return code(built.error());
-  return code(kvcore::CacheRegistry::global().install(key, built.get()));
+  return code(kvcore::global_caches().install(key, built.get()));
 }
 
 XLIB_API int XLIB_FN(install_sequence)(const char* key, int capacity) {
@@ -52,19 +52,19 @@ XLIB_API int XLIB_FN(install_sequence)(const char* key, int capacity) {
 }
 
 XLIB_API int XLIB_FN(capacity)(const char* key) {
-  std::shared_ptr<kvcore::CacheBase> cache = kvcore::CacheRegistry::global().get(key);
+  std::shared_ptr<kvcore::CacheBase> cache = kvcore::global_caches().get(key);
   if (cache == nullptr || cache->as_control() == nullptr) return -1;
   return cache->as_control()->capacity();
 }
 
 XLIB_API int XLIB_FN(erase)(const char* key) {
-  return code(kvcore::CacheRegistry::global().erase(key));
+  return code(kvcore::global_caches().erase(key));
 }
 
-XLIB_API const void* XLIB_FN(registry_address)(void) { return &kvcore::CacheRegistry::global(); }
+XLIB_API const void* XLIB_FN(registry_address)(void) { return &kvcore::global_caches(); }
 
 XLIB_API int XLIB_FN(register_counting_builder)(const char* backend, const char* kind) {
-  return code(kvcore::CacheBuilderRegistry::global().register_builder(backend, kind, &counting_builder));
+  return code(kvcore::global_builders().register_builder(backend, kind, &counting_builder));
 }
 
 XLIB_API int XLIB_FN(builds_made)(void) { return g_builds; }

@@ -19,7 +19,7 @@ std::atomic<int> g_probe_builds{0};
 
 PyObject* raise(const kvcore::Status& s) {
   PyErr_Format(PyExc_RuntimeError, "kvcore error 0x%02x: %s", static_cast<unsigned>(s.code()),
-               s.message());
+               s.message().c_str());
   return nullptr;
 }
 

@@ -68,8 +68,11 @@ constexpr bool has_kvcore_code(ETError code) noexcept {
 
 /// The code of `status`; a failing status's message goes to ExecuTorch's log.
 inline ETError to_executorch(const Status& status) noexcept {
-  if (!status.ok() && status.message()[0] != '\0') {
-    ET_LOG(Error, "kvcore %s: %s", ::kvcore::to_string(status.code()), status.message());
+  if (!status.ok()) {
+    const Message message = status.message();
+    if (!message.empty()) {
+      ET_LOG(Error, "kvcore %s: %s", ::kvcore::to_string(status.code()), message.c_str());
+    }
   }
   return to_executorch(status.code());
 }

@@ -3,7 +3,7 @@
 // Python loads extension modules with RTLD_LOCAL, so a module compiled from
 // the kvcore headers cannot link against kvcore._core to share its storage.
 // kvcore._core publishes its RegistryStorage in a PyCapsule named
-// KVCORE_REGISTRY_CAPSULE_NAME (attribute `registry_storage_v1`); this header
+// KVCORE_REGISTRY_CAPSULE_NAME (attribute `registry_storage_v2`); this header
 // imports it and checks it is ABI-compatible with the caller:
 //
 //   auto storage = kvcore::python::import_registry_storage();  // GIL held
@@ -23,7 +23,7 @@
 
 /// The capsule's name: PyCapsule_Import() reads it as "module.attribute".
 /// The trailing version changes with kRegistryAbiVersion.
-#define KVCORE_REGISTRY_CAPSULE_NAME "kvcore._core.registry_storage_v1"
+#define KVCORE_REGISTRY_CAPSULE_NAME "kvcore._core.registry_storage_v2"
 
 namespace kvcore {
 namespace python {
@@ -36,7 +36,7 @@ namespace python {
 inline Result<RegistryStorage*> import_registry_storage() noexcept {
   void* pointer = PyCapsule_Import(KVCORE_REGISTRY_CAPSULE_NAME, 0);
   if (pointer == nullptr) {
-    Status status = Status::make(Error::NotFound, "cannot import %s", KVCORE_REGISTRY_CAPSULE_NAME);
+    Status status = Status::make(Error::NotFound, "cannot import " KVCORE_REGISTRY_CAPSULE_NAME);
 #if PY_VERSION_HEX >= 0x030C0000
     PyObject* raised = PyErr_GetRaisedException();
 #else
@@ -50,8 +50,8 @@ inline Result<RegistryStorage*> import_registry_storage() noexcept {
       PyObject* text = PyObject_Str(raised);
       const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
       if (utf8 != nullptr) {
-        status = Status::make(Error::NotFound, "cannot import %s: %s", KVCORE_REGISTRY_CAPSULE_NAME,
-                              utf8);
+        // The name is part of the literal, so the reason gets the message's room.
+        status = Status::make(Error::NotFound, "cannot import " KVCORE_REGISTRY_CAPSULE_NAME ": %s", utf8);
       }
       Py_XDECREF(text);
       Py_DECREF(raised);

@@ -3,6 +3,8 @@
 // bytes go (SequencePlanner).
 #pragma once
 
+#include "kvcore/core/config.h"
+#include "kvcore/core/geometry.h"
 #include "kvcore/core/plan.h"
 #include "kvcore/core/result.h"
 #include "kvcore/core/step.h"
@@ -37,15 +39,32 @@ class SequenceControl {
   ~SequenceControl() = default;
 };
 
-/// Backend face: integer plans per layer.
+/// Backend face: each layer's geometry and shape, and integer plans per layer.
 class SequencePlanner {
  public:
   virtual int n_layers() const noexcept = 0;
-  /// Physical rows of `layer`'s pool. InvalidArgument: layer outside [0, n_layers).
+  /// Rows a byte layer allocates per layer before growing lazily
+  /// (CacheConfig::initial_capacity).
+  virtual int initial_capacity() const noexcept = 0;
+  /// Physical rows of `layer`'s pool (geometry(layer).rows).
+  /// InvalidArgument: layer outside [0, n_layers).
   virtual Result<int> rows(int layer) const noexcept = 0;
+  /// How `layer`'s positions map onto its rows: what a byte layer sizes and
+  /// addresses storage by. InvalidArgument: layer outside [0, n_layers).
+  virtual Result<LayerGeometry> geometry(int layer) const noexcept = 0;
+  /// `layer`'s policy and row shape (heads, dims), broadcast resolved.
+  /// InvalidArgument: layer outside [0, n_layers).
+  virtual Result<LayerConfig> layer_config(int layer) const noexcept = 0;
   /// The plan of `layer` for the begun step, which must start at `position` with
   /// T tokens. InvalidArgument: bad layer. InvalidState: no such begun step.
   virtual Result<SeqStepPlan> plan(int layer, int position, int T) const noexcept = 0;
+  /// The plan of `layer` for `step`, which must be the begun step (same id).
+  /// InvalidArgument: bad layer. InvalidState: `step` is not the begun step.
+  virtual Result<SeqStepPlan> plan(int layer, const Step& step) const noexcept = 0;
+  /// The plan `layer` would get from the next step of T tokens, beginning
+  /// nothing: begin_step(T) then gives this very plan. InvalidArgument: bad
+  /// layer, T outside [1, max_step]. OutOfResources: length + T > capacity.
+  virtual Result<SeqStepPlan> preview(int layer, int T) const noexcept = 0;
   /// May a query at q see key k on `layer`? InvalidArgument: bad layer, q or k < 0.
   virtual Result<bool> visible(int layer, int q, int k) const noexcept = 0;
 

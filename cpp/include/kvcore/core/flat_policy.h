@@ -7,11 +7,10 @@ namespace kvcore {
 
 class FlatPolicy final : public LayoutPolicy {
  public:
-  explicit FlatPolicy(int capacity) noexcept : capacity_(capacity) {}
+  explicit FlatPolicy(int capacity) noexcept
+      : LayoutPolicy(LayerGeometry::of(LayerPolicy::flat(), 1, capacity)) {}
 
   LayerPolicy policy() const noexcept override { return LayerPolicy::flat(); }
-  int rows() const noexcept override { return capacity_; }
-  int row(int position) const noexcept override { return position; }
   bool visible(int q, int k) const noexcept override { return k <= q; }
   int window_begin(int /*q*/) const noexcept override { return 0; }
 
@@ -24,9 +23,6 @@ class FlatPolicy final : public LayoutPolicy {
 
   int held_floor(int /*end*/) const noexcept override { return 0; }
   int needed_floor(int n) const noexcept override { return n; }
-
- private:
-  int capacity_;
 };
 
 }  // namespace kvcore

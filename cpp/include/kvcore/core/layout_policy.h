@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kvcore/core/config.h"
+#include "kvcore/core/geometry.h"
 #include "kvcore/core/plan.h"
 #include "kvcore/core/result.h"
 
@@ -14,10 +15,12 @@ class LayoutPolicy {
   virtual ~LayoutPolicy() = default;
 
   virtual LayerPolicy policy() const noexcept = 0;
+  /// How positions map onto rows (the one source of a layer's layout).
+  const LayerGeometry& geometry() const noexcept { return geometry_; }
   /// Physical rows a byte layer allocates for a layer with this policy.
-  virtual int rows() const noexcept = 0;
+  int rows() const noexcept { return geometry_.rows; }
   /// The row that holds `position` (position >= 0).
-  virtual int row(int position) const noexcept = 0;
+  int row(int position) const noexcept { return geometry_.row(position); }
   /// May a query at q see key k? (q, k >= 0)
   virtual bool visible(int q, int k) const noexcept = 0;
   /// The oldest position a query at q sees past the sinks (0 for full history):
@@ -34,6 +37,8 @@ class LayoutPolicy {
   virtual int needed_floor(int n) const noexcept = 0;
 
  protected:
+  explicit LayoutPolicy(const LayerGeometry& geometry) noexcept : geometry_(geometry) {}
+
   // Appends the runs of positions [begin, end) to `runs`; `row_run_end(p)` is
   // one past the last position whose row follows row(p) consecutively, so each
   // run is maximal. Callers pass disjoint, non-adjacent intervals, so runs of
@@ -49,6 +54,9 @@ class LayoutPolicy {
       p = stop;
     }
   }
+
+ private:
+  LayerGeometry geometry_;
 };
 
 }  // namespace kvcore

@@ -39,6 +39,8 @@ struct SeqStepPlan {
     for (int i = 0; i < n_read; ++i) n += read[i].len;
     return n;
   }
+  /// One past the last position the step writes (its P + T); 0 without writes.
+  int end_position() const noexcept { return n_write == 0 ? 0 : write[n_write - 1].end_pos(); }
   /// True when a backend can write and read with one contiguous span each.
   bool is_contiguous() const noexcept { return n_write == 1 && n_read == 1; }
 

@@ -25,22 +25,32 @@
 
 namespace kvcore {
 
+/// A value or an error, never both (a union, as ExecuTorch's Result): a
+/// success is just the value and a flag, an error is a Status whose message is
+/// formatted only when asked for.
 template <typename T>
 class [[nodiscard]] Result {
   static_assert(!std::is_reference<T>::value, "Result<T&> is not supported");
+  static_assert(!std::is_same<T, Status>::value, "Result<Status> is not supported: return a Status");
 
  public:
   Result(const T& value) : has_value_(true) { new (&value_) T(value); }        // NOLINT
   Result(T&& value) : has_value_(true) { new (&value_) T(std::move(value)); }  // NOLINT
   /// An error. An Ok status carries no value, so it becomes Internal.
-  Result(Status status) : status_(status), has_value_(false) {  // NOLINT
-    if (status_.ok()) status_ = Status::make(Error::Internal, "Result built from Ok without a value");
+  Result(const Status& status) noexcept : has_value_(false) {  // NOLINT
+    new (&status_) Status(status.ok() ? Status::make(Error::Internal,
+                                                     "Result built from Ok without a value")
+                                      : status);
   }
-  Result(Error code) : Result(Status(code)) {}  // NOLINT
+  Result(Error code) noexcept : Result(Status(code)) {}  // NOLINT
 
   Result(Result&& other) noexcept(std::is_nothrow_move_constructible<T>::value)
-      : status_(other.status_), has_value_(other.has_value_) {
-    if (has_value_) new (&value_) T(std::move(other.value_));
+      : has_value_(other.has_value_) {
+    if (has_value_) {
+      new (&value_) T(std::move(other.value_));
+    } else {
+      new (&status_) Status(other.status_);
+    }
   }
   Result(const Result&) = delete;
   Result& operator=(const Result&) = delete;
@@ -50,9 +60,12 @@ class [[nodiscard]] Result {
   }
 
   bool ok() const noexcept { return has_value_; }
-  Error error() const noexcept { return status_.code(); }
-  const Status& status() const noexcept { return status_; }
-  const char* message() const noexcept { return status_.message(); }
+  /// Error::Ok for a value.
+  Error error() const noexcept { return has_value_ ? Error::Ok : status_.code(); }
+  /// The error (Ok for a value).
+  Status status() const noexcept { return has_value_ ? Status() : status_; }
+  /// The error's message, formatted now; empty for a value.
+  Message message() const noexcept { return has_value_ ? Message() : status_.message(); }
 
   T& get() & {
     KVCORE_CHECK(has_value_, "Result::get() on an error");
@@ -72,19 +85,25 @@ class [[nodiscard]] Result {
   const T* operator->() const { return &get(); }
 
  private:
-  Status status_;
-  bool has_value_;
   union {
     T value_;
+    Status status_;  // trivially destructible: only T needs its destructor run
   };
+  bool has_value_;
 };
 
 namespace internal {
-inline Status to_status(const Status& s) noexcept { return s; }
+inline bool is_ok(const Status& s) noexcept { return s.ok(); }
+inline bool is_ok(Error e) noexcept { return e == Error::Ok; }
+template <typename T>
+bool is_ok(const Result<T>& r) noexcept {
+  return r.ok();
+}
+inline const Status& to_status(const Status& s) noexcept { return s; }
 inline Status to_status(Error e) noexcept { return Status(e); }
 template <typename T>
 Status to_status(const Result<T>& r) noexcept {
-  return r.ok() ? Status() : r.status();
+  return r.status();
 }
 }  // namespace internal
 
@@ -104,10 +123,12 @@ Status to_status(const Result<T>& r) noexcept {
   } while (0)
 
 /// Returns the status of `expr` (Status, Error or Result) when it is an error.
-#define KVCORE_RETURN_IF_ERROR(expr)                                          \
-  do {                                                                        \
-    ::kvcore::Status kvcore_status_ = ::kvcore::internal::to_status((expr)); \
-    if (!kvcore_status_.ok()) return kvcore_status_;                          \
+/// Nothing is copied on success.
+#define KVCORE_RETURN_IF_ERROR(expr)                                              \
+  do {                                                                            \
+    const auto& kvcore_outcome_ = (expr);                                         \
+    if (!::kvcore::internal::is_ok(kvcore_outcome_))                              \
+      return ::kvcore::internal::to_status(kvcore_outcome_);                      \
   } while (0)
 
 /// `KVCORE_ASSIGN_OR_RETURN(auto x, make_x());` assigns the value of a Result

@@ -15,24 +15,14 @@ class RingPolicy final : public LayoutPolicy {
   /// Preconditions (validate() checks them): window >= 1, sinks >= 0,
   /// 1 <= max_step <= capacity.
   RingPolicy(int window, int sinks, int max_step, int capacity) noexcept
-      : window_(window), sinks_(sinks) {
-    // 64-bit: W + C - 1 + S can exceed INT_MAX for huge windows.
-    const std::int64_t ring = static_cast<std::int64_t>(window) + max_step - 1;
-    const std::int64_t wanted = ring + sinks;
-    const bool wraps = wanted < capacity;
-    rows_ = wraps ? static_cast<int>(wanted) : capacity;
-    ring_ = wraps ? static_cast<int>(ring) : 0;
-  }
+      : LayoutPolicy(LayerGeometry::of(LayerPolicy::ring(window, sinks), max_step, capacity)),
+        window_(window),
+        sinks_(sinks),
+        ring_(geometry().ring_rows) {}
 
   LayerPolicy policy() const noexcept override { return LayerPolicy::ring(window_, sinks_); }
-  int rows() const noexcept override { return rows_; }
   /// False when sinks + ring rows cover the whole capacity: then row(p) = p.
   bool wraps() const noexcept { return ring_ != 0; }
-
-  int row(int position) const noexcept override {
-    if (!wraps() || position < sinks_) return position;
-    return sinks_ + (position - sinks_) % ring_;
-  }
 
   bool visible(int q, int k) const noexcept override {
     return k <= q && (k < sinks_ || k >= window_begin(q));
@@ -84,8 +74,7 @@ class RingPolicy final : public LayoutPolicy {
 
   int window_;
   int sinks_;
-  int rows_;
-  int ring_;  // ring rows after the sinks; 0 when the layer never wraps
+  int ring_;  // geometry().ring_rows, read on every plan
 };
 
 }  // namespace kvcore

@@ -19,13 +19,14 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
  public:
   /// Validates `cfg` (InvalidArgument naming the bad field) and builds the cache.
   /// MemoryAllocationFailed (naming what) when the cache object, its tables or a
-  /// policy cannot be allocated; nothing is kept.
-  static Result<std::unique_ptr<SequenceCache>> create(const CacheConfig& cfg) {
+  /// policy cannot be allocated; nothing is kept. Every allocation is nothrow:
+  /// create() never throws or aborts.
+  static Result<std::unique_ptr<SequenceCache>> create(const CacheConfig& cfg) noexcept {
     KVCORE_RETURN_IF_ERROR(validate(cfg));
     std::unique_ptr<SequenceCache> cache(new (std::nothrow) SequenceCache(cfg));
     KVCORE_CHECK_OR_RETURN_ERROR(cache != nullptr, MemoryAllocationFailed,
                                  "cannot allocate a SequenceCache of %d layers", cfg.n_layers);
-    KVCORE_RETURN_IF_ERROR(cache->build_tables());
+    KVCORE_RETURN_IF_ERROR(cache->build_tables(cfg));
     return cache;
   }
 
@@ -38,11 +39,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
 
   // SequenceControl.
   int length() const noexcept override { return length_; }
-  int capacity() const noexcept override { return config_.capacity; }
-  int max_step() const noexcept override { return config_.max_step; }
+  int capacity() const noexcept override { return capacity_; }
+  int max_step() const noexcept override { return max_step_; }
 
   bool can_extend(int n) const noexcept override {
-    return n >= 0 && static_cast<std::int64_t>(length_) + n <= config_.capacity;
+    return n >= 0 && static_cast<std::int64_t>(length_) + n <= capacity_;
   }
 
   Result<Step> begin_step(int T) noexcept override {
@@ -78,7 +79,16 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
   Status rewind(int n) noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_rewind(n));
+    KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= length_, InvalidArgument,
+                                 "rewind(n = %d): must be in [0, length = %d]", n, length_);
+    const int blocking = rewind_blocker(n);
+    if (blocking >= 0) {
+      return Status::make(Error::InvalidState,
+                          "rewind(n = %d): layer %d needs position %d, but its rows now hold "
+                          "only positions >= %d",
+                          n, first_layer_of(blocking), policies_[blocking]->needed_floor(n),
+                          held_floor_[blocking]);
+    }
     length_ = n;
     active_ = Step{};
     // Rows above n are dead: nothing above n is held.
@@ -87,7 +97,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     return Error::Ok;
   }
 
-  bool can_rewind(int n) const noexcept override { return check_rewind(n).ok(); }
+  bool can_rewind(int n) const noexcept override {
+    return n >= 0 && n <= length_ && rewind_blocker(n) < 0;
+  }
 
   void clear() noexcept override {
     length_ = 0;
@@ -96,11 +108,21 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
   // SequencePlanner.
-  int n_layers() const noexcept override { return config_.n_layers; }
+  int n_layers() const noexcept override { return n_layers_; }
 
   Result<int> rows(int layer) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     return policy(layer).rows();
+  }
+
+  Result<LayerGeometry> geometry(int layer) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    return policy(layer).geometry();
+  }
+
+  Result<LayerConfig> layer_config(int layer) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    return layer_configs_[layer];
   }
 
   Result<SeqStepPlan> plan(int layer, int position, int T) const noexcept override {
@@ -118,14 +140,13 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// length()), without beginning it or changing anything: for sizing masks or
   /// buffers before the step. begin_step(T) then gives this very plan.
   /// Errors as begin_step(T), plus InvalidArgument for a bad layer.
-  Result<SeqStepPlan> preview(int layer, int T) const noexcept {
+  Result<SeqStepPlan> preview(int layer, int T) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_RETURN_IF_ERROR(check_next_step(T));
     return policy(layer).plan(length_, T);
   }
 
-  /// The plan of `layer` for `step`, which must be the begun step (same id).
-  Result<SeqStepPlan> plan(int layer, const Step& step) const noexcept {
+  Result<SeqStepPlan> plan(int layer, const Step& step) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_RETURN_IF_ERROR(check_step(step));
     return step_plan(layer);
@@ -138,8 +159,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     return policy(layer).visible(q, k);
   }
 
+  int initial_capacity() const noexcept override { return initial_capacity_; }
+
   // Introspection.
-  const CacheConfig& config() const noexcept { return config_; }
   /// The begun, uncommitted step; id == 0 when there is none.
   const Step& active_step() const noexcept { return active_; }
   /// Distinct policy objects (identical layer policies share one).
@@ -153,24 +175,28 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
  private:
-  // Copying cfg.layers (a std::vector) is the one allocation here that cannot
-  // report failure: the public CacheConfig type makes it so.
-  explicit SequenceCache(const CacheConfig& cfg) : config_(cfg) {
-    config_.max_step = cfg.effective_max_step();
-  }
+  // The config's scalars only: its layers (a std::vector, whose copy could only
+  // throw) are copied by build_tables() through nothrow new.
+  explicit SequenceCache(const CacheConfig& cfg) noexcept
+      : capacity_(cfg.capacity),
+        n_layers_(cfg.n_layers),
+        max_step_(cfg.effective_max_step()),
+        initial_capacity_(cfg.initial_capacity) {}
 
   // The per-layer and per-policy tables, through nothrow new: the core reports
   // a failed allocation instead of throwing. ~SequenceCache frees a partial build.
-  Status build_tables() noexcept {
-    const int n_layers = config_.n_layers;
+  Status build_tables(const CacheConfig& cfg) noexcept {
+    const int n_layers = n_layers_;
+    layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers]);
     layer_policy_.reset(new (std::nothrow) int[n_layers]);
     // Sized for the worst case, one distinct policy per layer.
     policies_.reset(new (std::nothrow) std::unique_ptr<LayoutPolicy>[n_layers]);
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_policy_ != nullptr && policies_ != nullptr,
-                                 MemoryAllocationFailed,
-                                 "cannot allocate the policy tables of %d layers", n_layers);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        layer_configs_ != nullptr && layer_policy_ != nullptr && policies_ != nullptr,
+        MemoryAllocationFailed, "cannot allocate the policy tables of %d layers", n_layers);
     for (int l = 0; l < n_layers; ++l) {
-      const LayerPolicy lp = config_.layer(l).policy;
+      layer_configs_[l] = cfg.layer(l);
+      const LayerPolicy lp = layer_configs_[l].policy;
       int index = 0;
       while (index < n_policies_ && policies_[index]->policy() != lp) ++index;
       if (index == n_policies_) {
@@ -192,9 +218,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // nullptr when the allocation fails.
   std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const noexcept {
     if (lp.kind == LayerPolicy::Kind::Ring)
-      return std::unique_ptr<LayoutPolicy>(new (std::nothrow) RingPolicy(
-          lp.window, lp.sinks, config_.max_step, config_.capacity));
-    return std::unique_ptr<LayoutPolicy>(new (std::nothrow) FlatPolicy(config_.capacity));
+      return std::unique_ptr<LayoutPolicy>(
+          new (std::nothrow) RingPolicy(lp.window, lp.sinks, max_step_, capacity_));
+    return std::unique_ptr<LayoutPolicy>(new (std::nothrow) FlatPolicy(capacity_));
   }
 
   // The begun step's plan of `layer` (computed by begin_step; plans are pure).
@@ -207,44 +233,43 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
                                  "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step());
     KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
                                  "T = %d at length %d: length would exceed capacity = %d", T,
-                                 length_, config_.capacity);
+                                 length_, capacity_);
     return Error::Ok;
   }
 
   Status check_layer(int layer) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < config_.n_layers, InvalidArgument,
-                                 "layer = %d: must be in [0, n_layers = %d)", layer,
-                                 config_.n_layers);
+    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < n_layers_, InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer, n_layers_);
     return Error::Ok;
   }
 
-  Status check_rewind(int n) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= length_, InvalidArgument,
-                                 "rewind(n = %d): must be in [0, length = %d]", n, length_);
+  // The first policy whose rows no longer hold what a query at n (0 <= n <=
+  // length) needs below n; -1 when rewind(n) may go ahead. Makes no message:
+  // can_rewind() answers with it.
+  int rewind_blocker(int n) const noexcept {
     for (int i = 0; i < n_policies_; ++i) {
       const int needed = policies_[i]->needed_floor(n);
-      if (needed < n && needed < held_floor_[i]) {
-        return Status::make(Error::InvalidState,
-                            "rewind(n = %d): layer %d needs position %d, but its rows now hold "
-                            "only positions >= %d",
-                            n, first_layer_of(i), needed, held_floor_[i]);
-      }
+      if (needed < n && needed < held_floor_[i]) return i;
     }
-    return Error::Ok;
+    return -1;
   }
 
   int first_layer_of(int policy_idx) const noexcept {
-    for (int l = 0; l < config_.n_layers; ++l)
+    for (int l = 0; l < n_layers_; ++l)
       if (layer_policy_[l] == policy_idx) return l;
     return -1;
   }
 
-  CacheConfig config_;  // max_step resolved to its default
+  int capacity_;
+  int n_layers_;
+  int max_step_;  // the default resolved
+  int initial_capacity_;
   int length_ = 0;
   Step active_;
   std::uint64_t last_step_id_ = 0;
   int n_policies_ = 0;
   std::unique_ptr<std::unique_ptr<LayoutPolicy>[]> policies_;  // the first n_policies_ are set
+  std::unique_ptr<LayerConfig[]> layer_configs_;  // per layer, broadcast resolved
   std::unique_ptr<int[]> layer_policy_;  // per layer: index into policies_
   std::unique_ptr<int[]> held_floor_;    // per policy: oldest evictable position still held
   std::unique_ptr<SeqStepPlan[]> step_plans_;  // per policy: its plan of the begun step

@@ -12,10 +12,11 @@
 // Rows never written read as zeros in both modes.
 //
 // RingStorage::Mirrored (either mode) repeats the first R - 1 ring rows of each
-// wrapping ring layer after its last row, so a read that wraps round the ring is
-// one contiguous span: backends that attend over contiguous K/V (numpy, torch)
-// then never copy a window. It costs R - 1 rows per wrapping ring layer and a
-// second copy of the rows a write lands in those first R - 1 ring rows.
+// wrapping ring layer without sinks (LayerGeometry::mirror_rows) after its last
+// row, so a read that wraps round the ring is one contiguous span: backends
+// that attend over contiguous K/V in position order then never copy a window.
+// It costs R - 1 rows per such layer and a second copy of the rows a write
+// lands in those first R - 1 ring rows. (held_rows() is one span without it.)
 #pragma once
 
 #include <cstddef>
@@ -24,14 +25,13 @@
 #include <cstring>
 #include <new>
 
+#include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
-#include "kvcore/pool/dtype.h"
-#include "kvcore/core/flat_policy.h"
+#include "kvcore/core/geometry.h"
 #include "kvcore/core/plan.h"
-#include "kvcore/pool/pool_allocator.h"
 #include "kvcore/core/result.h"
-#include "kvcore/core/ring_policy.h"
-#include "kvcore/core/sequence_cache.h"
+#include "kvcore/pool/dtype.h"
+#include "kvcore/pool/pool_allocator.h"
 
 namespace kvcore {
 
@@ -55,12 +55,23 @@ struct KVViews {
   }
 };
 
+/// A layer's rows that hold positions, in row order: rows [0, rows) as one
+/// zero-copy span, row r holding the position `geometry.position_at(r, end)`.
+struct HeldRows {
+  const unsigned char* k = nullptr;
+  const unsigned char* v = nullptr;
+  int rows = 0;
+  /// One past the last position written (the step's P + T).
+  int end = 0;
+};
+
 /// How a pool stores the ring rows of ring layers that wrap (R = window + max_step - 1).
 enum class RingStorage : int {
   /// rows(layer) rows: a read that wraps round the ring is two runs, two spans.
   Compact = 0,
-  /// rows(layer) + R - 1 rows: ring rows [S, S + R - 1) are repeated after the
-  /// last row, and views() returns a wrapped window as one span.
+  /// rows(layer) + R - 1 rows for a wrapping ring without sinks: ring rows
+  /// [0, R - 1) are repeated after the last row, and views() returns a wrapped
+  /// window as one span (LayerGeometry::mirror_rows; other layers as Compact).
   Mirrored = 1,
 };
 
@@ -70,13 +81,15 @@ struct PoolLayer {
   std::size_t k_row_bytes = 0;
   /// n_kv_heads * value_dim * element size.
   std::size_t v_row_bytes = 0;
-  /// rows(layer): the most rows the layer ever holds.
+  /// rows(layer): the most rows the layer ever holds (geometry.rows).
   int rows = 0;
+  /// How positions map onto rows, as the planner reported it.
+  LayerGeometry geometry;
   /// Rows backed by storage now (always `rows` in arena mode).
   int allocated_rows = 0;
   unsigned char* k = nullptr;
   unsigned char* v = nullptr;
-  /// First ring row (the sinks S) of a mirrored ring layer.
+  /// First ring row (geometry.sink_rows).
   int ring_start = 0;
   /// Mirrored ring layers: rows [rows, rows + mirror_rows) repeat rows
   /// [ring_start, ring_start + mirror_rows), once allocated_rows == rows. Else 0.
@@ -93,13 +106,13 @@ class KVPool {
   /// Every K and V block of an arena starts on this boundary.
   static constexpr std::size_t kArenaAlignment = 64;
 
-  /// A growing pool for `cache`'s layers (shapes from cache.config(), rows from
-  /// cache.rows(layer)), each starting at min(initial_capacity, rows) rows.
-  /// InvalidArgument: dtype outside DType, allocator without both functions, ring
-  /// storage outside RingStorage, or a layer whose bytes overflow the address
-  /// space. MemoryAllocationFailed: the initial blocks cannot be allocated
-  /// (nothing is kept).
-  static Result<KVPool> create(const SequenceCache& cache, DType dtype,
+  /// A growing pool for `planner`'s layers (shapes from layer_config(l), rows and
+  /// ring layout from geometry(l)), each starting at min(initial_capacity(), rows)
+  /// rows. InvalidArgument: dtype outside DType, allocator without both
+  /// functions, ring storage outside RingStorage, or a layer whose bytes overflow
+  /// the address space. MemoryAllocationFailed: the initial blocks cannot be
+  /// allocated (nothing is kept).
+  static Result<KVPool> create(const SequencePlanner& planner, DType dtype,
                                PoolAllocator allocator = PoolAllocator::heap(),
                                RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
@@ -107,20 +120,22 @@ class KVPool {
     KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
                                  InvalidArgument,
                                  "allocator: both allocate and release must be set");
-    const CacheConfig& cfg = cache.config();
+    const int n_layers = planner.n_layers();
     KVPool pool(dtype, allocator);
-    void* table = std::calloc(static_cast<std::size_t>(cfg.n_layers), sizeof(PoolLayer));
+    void* table = std::calloc(static_cast<std::size_t>(n_layers), sizeof(PoolLayer));
     KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
-                                 "cannot allocate the layer table of %d layers", cfg.n_layers);
+                                 "cannot allocate the layer table of %d layers", n_layers);
     pool.layers_ = static_cast<PoolLayer*>(table);
-    pool.n_layers_ = cfg.n_layers;
-    for (int l = 0; l < cfg.n_layers; ++l) new (&pool.layers_[l]) PoolLayer();
+    pool.n_layers_ = n_layers;
+    for (int l = 0; l < n_layers; ++l) new (&pool.layers_[l]) PoolLayer();
     // On any failure below, ~KVPool releases what was allocated so far.
-    for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int l = 0; l < n_layers; ++l) {
       PoolLayer& layer = pool.layers_[l];
-      KVCORE_RETURN_IF_ERROR(
-          shape_layer(cfg, l, dtype, cache.policy(l).rows(), ring_storage, &layer));
-      const int initial = cfg.initial_capacity < layer.rows ? cfg.initial_capacity : layer.rows;
+      KVCORE_ASSIGN_OR_RETURN(const LayerConfig config, planner.layer_config(l));
+      KVCORE_ASSIGN_OR_RETURN(const LayerGeometry geometry, planner.geometry(l));
+      KVCORE_RETURN_IF_ERROR(shape_layer(l, config, geometry, dtype, ring_storage, &layer));
+      const int initial = planner.initial_capacity() < layer.rows ? planner.initial_capacity()
+                                                                  : layer.rows;
       KVCORE_RETURN_IF_ERROR(pool.grow(l, initial));
     }
     return pool;
@@ -136,25 +151,29 @@ class KVPool {
     KVCORE_RETURN_IF_ERROR(validate(config));
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
-    return arena_bytes(config, dtype, ring_storage,
-                       [&config](int l) { return policy_rows(config, l); });
+    return arena_bytes(config.n_layers, dtype, ring_storage, [&config](int l) {
+      return Shape{config.layer(l), LayerGeometry::of(config.layer(l).policy,
+                                                      config.effective_max_step(), config.capacity)};
+    });
   }
 
   /// A pool whose table and rows all live in `arena` (at least
-  /// required_bytes(cache.config(), dtype, ring_storage) bytes, any alignment).
-  /// Allocates nothing; the arena must outlive the pool. InvalidArgument: dtype
-  /// outside DType, ring storage outside RingStorage, null arena, arena too small
-  /// (the message names both sizes).
-  static Result<KVPool> in_arena(const SequenceCache& cache, DType dtype, void* arena,
+  /// required_bytes(config, dtype, ring_storage) bytes for the config `planner`
+  /// was built from, any alignment). Allocates nothing; the arena must outlive
+  /// the pool. InvalidArgument: dtype outside DType, ring storage outside
+  /// RingStorage, null arena, arena too small (the message names both sizes).
+  static Result<KVPool> in_arena(const SequencePlanner& planner, DType dtype, void* arena,
                                  std::size_t arena_bytes_given,
                                  RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
     KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
-    const CacheConfig& cfg = cache.config();
-    KVCORE_ASSIGN_OR_RETURN(
-        const std::size_t needed,
-        arena_bytes(cfg, dtype, ring_storage, [&cache](int l) { return cache.policy(l).rows(); }));
+    const int n_layers = planner.n_layers();
+    auto shape_of = [&planner](int l) {
+      return Shape{planner.layer_config(l).get(), planner.geometry(l).get()};
+    };
+    KVCORE_ASSIGN_OR_RETURN(const std::size_t needed,
+                            arena_bytes(n_layers, dtype, ring_storage, shape_of));
     KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
                                  "arena of %zu bytes: the pool needs %zu (required_bytes)",
                                  arena_bytes_given, needed);
@@ -162,13 +181,13 @@ class KVPool {
     pool.arena_ = true;
     unsigned char* at = align_up(static_cast<unsigned char*>(arena));
     pool.layers_ = reinterpret_cast<PoolLayer*>(at);
-    pool.n_layers_ = cfg.n_layers;
-    at += round_up(static_cast<std::uint64_t>(cfg.n_layers) * sizeof(PoolLayer));
-    for (int l = 0; l < cfg.n_layers; ++l) {
+    pool.n_layers_ = n_layers;
+    at += round_up(static_cast<std::uint64_t>(n_layers) * sizeof(PoolLayer));
+    for (int l = 0; l < n_layers; ++l) {
       PoolLayer* layer = new (&pool.layers_[l]) PoolLayer();
+      const Shape shape = shape_of(l);
       // Cannot fail: arena_bytes() already checked every layer's shape.
-      KVCORE_RETURN_IF_ERROR(
-          shape_layer(cfg, l, dtype, cache.policy(l).rows(), ring_storage, layer));
+      KVCORE_RETURN_IF_ERROR(shape_layer(l, shape.config, shape.geometry, dtype, ring_storage, layer));
       layer->allocated_rows = layer->rows;
       const std::size_t storage = static_cast<std::size_t>(layer->storage_rows());
       const std::size_t k_bytes = layer->k_row_bytes * storage;
@@ -352,6 +371,35 @@ class KVPool {
     return out;
   }
 
+  /// Every row of `layer` that holds a position once `plan`'s step is written,
+  /// in row order, as one zero-copy span: rows [0, geometry.held_rows(end)),
+  /// end = plan.end_position(). Row r stands for position
+  /// geometry.position_at(r, end): attention is order-invariant over keys, so a
+  /// backend can attend over this span with a mask built from those positions
+  /// (the visibility rule) instead of gathering a wrapped window into position
+  /// order. Every position a query of the step sees is the position of exactly
+  /// one row, which holds its K/V; the other rows (up to max_step - T on a
+  /// wrapped ring, never more than rows(layer) in all) are invisible to every
+  /// query and may hold anything, e.g. a rewound draft: the mask hides them. Validity as views(). InvalidArgument:
+  /// bad layer, or a plan without writes or reaching past the layer's rows.
+  /// InvalidState: the rows are not all allocated yet (write the step first).
+  Result<HeldRows> held_rows(int layer_index, const SeqStepPlan& plan) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(
+        check_runs(layer_index, plan.write, plan.n_write, SeqStepPlan::kMaxWriteRuns, "write"));
+    const PoolLayer& layer = layers_[layer_index];
+    const int end = plan.end_position();
+    KVCORE_CHECK_OR_RETURN_ERROR(plan.n_write >= 1, InvalidArgument,
+                                 "held_rows of layer %d: the plan writes nothing", layer_index);
+    const int rows = layer.geometry.held_rows(end);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        rows <= layer.allocated_rows, InvalidState,
+        "held_rows of layer %d: positions up to %d need %d rows, but the layer holds %d rows so "
+        "far: write the step before reading it",
+        layer_index, end - 1, rows, layer.allocated_rows);
+    return HeldRows{layer.k, layer.v, rows, end};
+  }
+
  private:
   // Rows and one-past-the-last row of a checked list of runs.
   struct Extent {
@@ -396,27 +444,20 @@ class KVPool {
     return misalign == 0 ? p : p + (kArenaAlignment - misalign);
   }
 
-  // rows(layer) from the same policy math SequenceCache uses (validate() passed).
-  static int policy_rows(const CacheConfig& cfg, int l) noexcept {
-    const LayerPolicy& p = cfg.layer(l).policy;
-    if (p.kind == LayerPolicy::Kind::Ring)
-      return RingPolicy(p.window, p.sinks, cfg.effective_max_step(), cfg.capacity).rows();
-    return FlatPolicy(cfg.capacity).rows();
-  }
+  // A layer's row shape and geometry, as the planner reports them.
+  struct Shape {
+    LayerConfig config;
+    LayerGeometry geometry;
+  };
 
   // Row sizes and mirror of layer `l`; fails when its rows (mirror included)
   // overflow the address space.
-  static Status shape_layer(const CacheConfig& cfg, int l, DType dtype, int rows,
-                            RingStorage ring_storage, PoolLayer* out) noexcept {
-    const LayerConfig& lc = cfg.layer(l);
+  static Status shape_layer(int l, const LayerConfig& lc, const LayerGeometry& geometry,
+                            DType dtype, RingStorage ring_storage, PoolLayer* out) noexcept {
     const std::uint64_t size = element_size(dtype);
-    int ring_start = 0, mirror_rows = 0;
-    if (ring_storage == RingStorage::Mirrored && lc.policy.kind == LayerPolicy::Kind::Ring &&
-        RingPolicy(lc.policy.window, lc.policy.sinks, cfg.effective_max_step(), cfg.capacity)
-            .wraps()) {
-      ring_start = lc.policy.sinks;
-      mirror_rows = rows - ring_start - 1;  // R - 1: the longest run a wrapped read continues with
-    }
+    const int rows = geometry.rows;
+    const int ring_start = geometry.sink_rows;
+    const int mirror_rows = ring_storage == RingStorage::Mirrored ? geometry.mirror_rows() : 0;
     const std::uint64_t storage =
         static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(mirror_rows);
     std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
@@ -434,26 +475,29 @@ class KVPool {
     out->k_row_bytes = static_cast<std::size_t>(k_row);
     out->v_row_bytes = static_cast<std::size_t>(v_row);
     out->rows = rows;
+    out->geometry = geometry;
     out->ring_start = ring_start;
     out->mirror_rows = mirror_rows;
     return Error::Ok;
   }
 
-  // Arena bytes for `rows_of(l)` rows per layer (plus mirrors): slack to align the
-  // start, then the layer table and every K and V block, each rounded to kArenaAlignment.
-  template <typename RowsOf>
-  static Result<std::size_t> arena_bytes(const CacheConfig& cfg, DType dtype,
-                                         RingStorage ring_storage, RowsOf rows_of) noexcept {
+  // Arena bytes for the layers `shape_of(l)` describes (plus mirrors): slack to
+  // align the start, then the layer table and every K and V block, each rounded
+  // to kArenaAlignment.
+  template <typename ShapeOf>
+  static Result<std::size_t> arena_bytes(int n_layers, DType dtype, RingStorage ring_storage,
+                                         ShapeOf shape_of) noexcept {
     std::uint64_t total = 0;
     const bool table_fits =
-        checked_mul(static_cast<std::uint64_t>(cfg.n_layers), sizeof(PoolLayer), &total) &&
+        checked_mul(static_cast<std::uint64_t>(n_layers), sizeof(PoolLayer), &total) &&
         checked_add(round_up(total), kArenaAlignment - 1, &total);
     KVCORE_CHECK_OR_RETURN_ERROR(table_fits, InvalidArgument,
                                  "n_layers = %d: the layer table overflows the address space",
-                                 cfg.n_layers);
-    for (int l = 0; l < cfg.n_layers; ++l) {
+                                 n_layers);
+    for (int l = 0; l < n_layers; ++l) {
       PoolLayer layer;
-      KVCORE_RETURN_IF_ERROR(shape_layer(cfg, l, dtype, rows_of(l), ring_storage, &layer));
+      const Shape shape = shape_of(l);
+      KVCORE_RETURN_IF_ERROR(shape_layer(l, shape.config, shape.geometry, dtype, ring_storage, &layer));
       layer.allocated_rows = layer.rows;
       const std::uint64_t rows = static_cast<std::uint64_t>(layer.storage_rows());
       const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&

@@ -6,20 +6,24 @@
 // type-erased callable without std::function). build() copies the builder
 // under the lock and calls it after unlocking, so a builder may itself use
 // this registry (or a cache registry), and unregistering while a build runs
-// is safe: the running call keeps its state alive.
+// is safe: the running call keeps its state alive. Registering allocates
+// through nothrow paths only (MemoryAllocationFailed, nothing changed). The
+// process-wide registry is global_builders() (registry_storage.h).
 #pragma once
 
-#include <map>
+#include <cstddef>
 #include <memory>
 #include <mutex>
-#include <string>
+#include <new>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
+#include "kvcore/registry/key.h"
+#include "kvcore/registry/shared.h"
+#include "kvcore/registry/table.h"
 
 namespace kvcore {
 
@@ -38,15 +42,19 @@ class CacheBuilder {
       : fn_(fn), state_(std::move(state)) {}
 
   /// Wraps any callable `Result<std::shared_ptr<CacheBase>>(const CacheConfig&)`
-  /// (e.g. a capturing lambda). Allocates one copy of it, once.
+  /// (e.g. a capturing lambda), moved into one allocation made here.
+  /// MemoryAllocationFailed: that allocation failed.
   template <typename F>
-  static CacheBuilder from_callable(F f) {
-    auto state = std::make_shared<F>(std::move(f));
+  static Result<CacheBuilder> from_callable(F f) noexcept {
+    std::unique_ptr<F> state(new (std::nothrow) F(std::move(f)));
+    KVCORE_CHECK_OR_RETURN_ERROR(state != nullptr, MemoryAllocationFailed,
+                                 "cannot allocate a builder's state of %zu bytes", sizeof(F));
+    KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<F> shared, share(std::move(state)));
     return CacheBuilder(
         [](void* s, const CacheConfig& cfg) -> Result<std::shared_ptr<CacheBase>> {
           return (*static_cast<F*>(s))(cfg);
         },
-        std::shared_ptr<void>(std::move(state)));
+        std::shared_ptr<void>(std::move(shared)));
   }
 
   explicit operator bool() const noexcept { return plain_ != nullptr || fn_ != nullptr; }
@@ -63,67 +71,78 @@ class CacheBuilder {
   std::shared_ptr<void> state_;
 };
 
+/// A registered (backend_id, kind) pair.
+struct BuilderName {
+  Key backend_id;
+  Key kind;
+};
+
 class CacheBuilderRegistry {
  public:
   CacheBuilderRegistry() = default;
   CacheBuilderRegistry(const CacheBuilderRegistry&) = delete;
   CacheBuilderRegistry& operator=(const CacheBuilderRegistry&) = delete;
 
-  /// The process-wide builder registry (storage chosen in registry_storage.h).
-  static CacheBuilderRegistry& global() noexcept;
-
   /// InvalidArgument: empty backend_id or kind, or an empty builder.
   /// RegistrationAlreadyRegistered: (backend_id, kind) already has a builder.
+  /// MemoryAllocationFailed: the names' copies or the table's growth failed.
   Status register_builder(std::string_view backend_id, std::string_view kind,
-                          CacheBuilder builder) {
+                          CacheBuilder builder) noexcept {
     KVCORE_RETURN_IF_ERROR(check_names("register_builder", backend_id, kind));
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<bool>(builder), InvalidArgument,
-                                 "register_builder(backend '%.*s', kind '%.*s'): builder is empty",
-                                 printable(backend_id), text(backend_id), printable(kind), text(kind));
+                                 "register_builder(backend '%s', kind '%s'): builder is empty",
+                                 backend_id, kind);
+    KVCORE_ASSIGN_OR_RETURN(Key owned_backend, Key::copy_of(backend_id));
+    KVCORE_ASSIGN_OR_RETURN(Key owned_kind, Key::copy_of(kind));
     std::lock_guard<std::mutex> lock(mutex_);
+    const std::size_t at = lower_bound(backend_id, kind);
     KVCORE_CHECK_OR_RETURN_ERROR(
-        builders_.find(Names{backend_id, kind}) == builders_.end(), RegistrationAlreadyRegistered,
-        "register_builder(backend '%.*s', kind '%.*s'): a builder is already registered",
-        printable(backend_id), text(backend_id), printable(kind), text(kind));
-    builders_.emplace(Key{std::string(backend_id), std::string(kind)}, std::move(builder));
-    return Error::Ok;
+        !holds(at, backend_id, kind), RegistrationAlreadyRegistered,
+        "register_builder(backend '%s', kind '%s'): a builder is already registered", backend_id,
+        kind);
+    return entries_.insert(
+        at, Entry{BuilderName{std::move(owned_backend), std::move(owned_kind)}, std::move(builder)});
   }
 
-  /// NotFound: no builder for (backend_id, kind). The builder's state is
-  /// released after the unlock (and after any build still running with it).
-  Status unregister_builder(std::string_view backend_id, std::string_view kind) {
+  /// InvalidArgument: empty names. NotFound: no builder for (backend_id, kind).
+  /// The builder's state is released after the unlock (and after any build
+  /// still running with it).
+  Status unregister_builder(std::string_view backend_id, std::string_view kind) noexcept {
     KVCORE_RETURN_IF_ERROR(check_names("unregister_builder", backend_id, kind));
-    CacheBuilder doomed;  // dies after the unlock
+    Entry doomed;  // dies after the unlock
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = builders_.find(Names{backend_id, kind});
-      KVCORE_CHECK_OR_RETURN_ERROR(
-          it != builders_.end(), NotFound,
-          "unregister_builder: no builder for (backend '%.*s', kind '%.*s')",
-          printable(backend_id), text(backend_id), printable(kind), text(kind));
-      doomed = std::move(it->second);
-      builders_.erase(it);
+      const std::size_t at = lower_bound(backend_id, kind);
+      KVCORE_CHECK_OR_RETURN_ERROR(holds(at, backend_id, kind), NotFound,
+                                   "unregister_builder: no builder for (backend '%s', kind '%s')",
+                                   backend_id, kind);
+      doomed = entries_.take(at);
     }
     return Error::Ok;
   }
 
-  bool contains(std::string_view backend_id, std::string_view kind) const {
+  bool contains(std::string_view backend_id, std::string_view kind) const noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    return builders_.find(Names{backend_id, kind}) != builders_.end();
+    return holds(lower_bound(backend_id, kind), backend_id, kind);
   }
 
-  /// Registered (backend_id, kind) pairs, sorted.
-  std::vector<std::pair<std::string, std::string>> keys() const {
+  /// Registered (backend_id, kind) pairs, sorted. MemoryAllocationFailed: the
+  /// copies cannot be allocated.
+  Result<Table<BuilderName>> keys() const noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::pair<std::string, std::string>> out;
-    out.reserve(builders_.size());
-    for (const auto& entry : builders_) out.push_back(entry.first);
+    Table<BuilderName> out;
+    KVCORE_RETURN_IF_ERROR(out.reserve(entries_.size()));
+    for (const Entry& e : entries_) {
+      KVCORE_ASSIGN_OR_RETURN(Key backend, Key::copy_of(e.name.backend_id.view()));
+      KVCORE_ASSIGN_OR_RETURN(Key kind, Key::copy_of(e.name.kind.view()));
+      KVCORE_RETURN_IF_ERROR(out.push_back(BuilderName{std::move(backend), std::move(kind)}));
+    }
     return out;
   }
 
-  std::size_t size() const {
+  std::size_t size() const noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    return builders_.size();
+    return entries_.size();
   }
 
   /// Builds a cache with the builder of (backend_id, kind), called outside the lock.
@@ -136,57 +155,62 @@ class CacheBuilderRegistry {
     CacheBuilder builder;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = builders_.find(Names{backend_id, kind});
-      KVCORE_CHECK_OR_RETURN_ERROR(it != builders_.end(), NotFound,
-                                   "build: no builder for (backend '%.*s', kind '%.*s')",
-                                   printable(backend_id), text(backend_id), printable(kind),
-                                   text(kind));
-      builder = it->second;
+      const std::size_t at = lower_bound(backend_id, kind);
+      KVCORE_CHECK_OR_RETURN_ERROR(holds(at, backend_id, kind), NotFound,
+                                   "build: no builder for (backend '%s', kind '%s')", backend_id,
+                                   kind);
+      builder = entries_[at].builder;  // copies a shared_ptr: no allocation
     }
     KVCORE_RETURN_IF_ERROR(validate(cfg));
     Result<std::shared_ptr<CacheBase>> built = builder(cfg);
     if (!built.ok()) return built;
     KVCORE_CHECK_OR_RETURN_ERROR(built.get() != nullptr, Internal,
-                                 "build: the builder for (backend '%.*s', kind '%.*s') returned a "
+                                 "build: the builder for (backend '%s', kind '%s') returned a "
                                  "null cache",
-                                 printable(backend_id), text(backend_id), printable(kind),
-                                 text(kind));
+                                 backend_id, kind);
     return built;
   }
 
  private:
-  using Key = std::pair<std::string, std::string>;
-  using Names = std::pair<std::string_view, std::string_view>;
-
-  // Compares owned keys and borrowed names alike, so lookups never allocate.
-  struct KeyLess {
-    using is_transparent = void;
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const noexcept {
-      return Names{a.first, a.second} < Names{b.first, b.second};
-    }
+  struct Entry {
+    BuilderName name;
+    CacheBuilder builder;
   };
-
-  static int printable(std::string_view s) noexcept {
-    return s.size() > 4096 ? 4096 : static_cast<int>(s.size());
-  }
-  static const char* text(std::string_view s) noexcept { return s.empty() ? "" : s.data(); }
 
   static Status check_names(const char* what, std::string_view backend_id,
                             std::string_view kind) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(!backend_id.empty(), InvalidArgument, "%s: backend_id is empty",
                                  what);
-    KVCORE_CHECK_OR_RETURN_ERROR(!kind.empty(), InvalidArgument,
-                                 "%s(backend '%.*s'): kind is empty", what, printable(backend_id),
-                                 text(backend_id));
+    KVCORE_CHECK_OR_RETURN_ERROR(!kind.empty(), InvalidArgument, "%s(backend '%s'): kind is empty",
+                                 what, backend_id);
     return Error::Ok;
   }
 
+  static bool less(const BuilderName& a, std::string_view backend_id, std::string_view kind) noexcept {
+    const int c = a.backend_id.view().compare(backend_id);
+    return c < 0 || (c == 0 && a.kind.view() < kind);
+  }
+
+  // Caller holds mutex_. The first entry not less than (backend_id, kind).
+  std::size_t lower_bound(std::string_view backend_id, std::string_view kind) const noexcept {
+    std::size_t lo = 0, hi = entries_.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (less(entries_[mid].name, backend_id, kind)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
+  bool holds(std::size_t at, std::string_view backend_id, std::string_view kind) const noexcept {
+    return at < entries_.size() && entries_[at].name.backend_id.view() == backend_id &&
+           entries_[at].name.kind.view() == kind;
+  }
+
   mutable std::mutex mutex_;
-  std::map<Key, CacheBuilder, KeyLess> builders_;
+  Table<Entry> entries_;  // sorted by (backend_id, kind)
 };
 
 }  // namespace kvcore
-
-// global() is defined with the storage it returns.
-#include "kvcore/registry/registry_storage.h"

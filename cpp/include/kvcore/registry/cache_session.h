@@ -7,55 +7,53 @@
 #pragma once
 
 #include <memory>
-#include <string>
 #include <string_view>
 #include <utility>
 
 #include "kvcore/core/cache_base.h"
-#include "kvcore/registry/cache_builder_registry.h"
-#include "kvcore/registry/cache_registry.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/cache_registry.h"
+#include "kvcore/registry/key.h"
+#include "kvcore/registry/registry_storage.h"
 
 namespace kvcore {
 
 class CacheSession {
  public:
   /// Builds a cache with the builder of (backend_id, kind) and installs it
-  /// under a fresh key "backend_id/kind#N". Errors of build() pass through.
+  /// under a fresh key "backend_id/kind#N". Errors of build() pass through;
+  /// MemoryAllocationFailed: the key cannot be allocated (the cache is dropped).
   static Result<CacheSession> create(std::string_view backend_id, std::string_view kind,
                                      const CacheConfig& cfg,
-                                     CacheRegistry& registry = CacheRegistry::global(),
-                                     const CacheBuilderRegistry& builders =
-                                         CacheBuilderRegistry::global()) {
+                                     CacheRegistry& registry = global_caches(),
+                                     const CacheBuilderRegistry& builders = global_builders()) {
     KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<CacheBase> cache, builders.build(backend_id, kind, cfg));
-    std::string prefix;
-    prefix.append(backend_id.data(), backend_id.size()).append("/").append(kind.data(), kind.size());
-    return adopt(std::move(cache), prefix, registry);
+    KVCORE_ASSIGN_OR_RETURN(Key backend_slash, Key::concat(backend_id, "/"));
+    KVCORE_ASSIGN_OR_RETURN(Key prefix, Key::concat(backend_slash.view(), kind));
+    return adopt(std::move(cache), prefix.view(), registry);
   }
 
   /// Installs an existing cache under a fresh key "key_prefix#N".
-  /// InvalidArgument: null cache.
+  /// InvalidArgument: null cache. MemoryAllocationFailed: as install_unique().
   static Result<CacheSession> adopt(std::shared_ptr<CacheBase> cache,
                                     std::string_view key_prefix = "session",
-                                    CacheRegistry& registry = CacheRegistry::global()) {
-    KVCORE_ASSIGN_OR_RETURN(std::string key, registry.install_unique(key_prefix, cache));
+                                    CacheRegistry& registry = global_caches()) noexcept {
+    KVCORE_ASSIGN_OR_RETURN(Key key, registry.install_unique(key_prefix, cache));
     return CacheSession(&registry, std::move(key), std::move(cache));
   }
 
   CacheSession(CacheSession&& other) noexcept
       : registry_(std::exchange(other.registry_, nullptr)),
         key_(std::move(other.key_)),
-        cache_(std::move(other.cache_)) {
-    other.key_.clear();
-  }
+        cache_(std::move(other.cache_)) {}
   CacheSession& operator=(CacheSession&& other) noexcept {
     if (this != &other) {
       if (active()) (void)end();
       registry_ = std::exchange(other.registry_, nullptr);
       key_ = std::move(other.key_);
       cache_ = std::move(other.cache_);
-      other.key_.clear();
     }
     return *this;
   }
@@ -65,8 +63,9 @@ class CacheSession {
     if (active()) (void)end();
   }
 
-  /// The key the cache is installed under; empty once moved from or ended.
-  const std::string& key() const noexcept { return key_; }
+  /// The key the cache is installed under (NUL-terminated: key().data() is a C
+  /// string); empty once moved from or ended.
+  std::string_view key() const noexcept { return key_.view(); }
   /// The cache (null once moved from). Stays valid after end().
   const std::shared_ptr<CacheBase>& cache() const noexcept { return cache_; }
   /// Runner face; null when the cache has none or the session was moved from.
@@ -82,17 +81,17 @@ class CacheSession {
   Status end() noexcept {
     if (registry_ == nullptr) return Status::make(Error::InvalidState, "the session already ended");
     CacheRegistry* registry = std::exchange(registry_, nullptr);
-    Status status = registry->erase_if_same(key_, cache_.get());
-    key_.clear();
+    Status status = registry->erase_if_same(key_.view(), cache_.get());
+    key_ = Key();
     return status;
   }
 
  private:
-  CacheSession(CacheRegistry* registry, std::string key, std::shared_ptr<CacheBase> cache) noexcept
+  CacheSession(CacheRegistry* registry, Key key, std::shared_ptr<CacheBase> cache) noexcept
       : registry_(registry), key_(std::move(key)), cache_(std::move(cache)) {}
 
   CacheRegistry* registry_ = nullptr;
-  std::string key_;
+  Key key_;
   std::shared_ptr<CacheBase> cache_;
 };
 

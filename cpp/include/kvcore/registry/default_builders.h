@@ -4,8 +4,10 @@
 
 #include <memory>
 
-#include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/core/sequence_cache.h"
+#include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/registry_storage.h"
+#include "kvcore/registry/shared.h"
 
 namespace kvcore {
 
@@ -14,17 +16,19 @@ constexpr const char* kCpuBackend = "cpu";
 constexpr const char* kSequenceKind = "sequence";
 
 /// Builds a SequenceCache; its errors (InvalidArgument naming the bad config
-/// field, MemoryAllocationFailed) pass through.
-inline Result<std::shared_ptr<CacheBase>> build_sequence_cache(const CacheConfig& cfg) {
+/// field, MemoryAllocationFailed) pass through, and MemoryAllocationFailed when
+/// the shared pointer's control block cannot be allocated.
+inline Result<std::shared_ptr<CacheBase>> build_sequence_cache(const CacheConfig& cfg) noexcept {
   KVCORE_ASSIGN_OR_RETURN(std::unique_ptr<SequenceCache> cache, SequenceCache::create(cfg));
-  return std::shared_ptr<CacheBase>(std::move(cache));
+  KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<SequenceCache> shared, share(std::move(cache)));
+  return std::shared_ptr<CacheBase>(std::move(shared));
 }
 
 /// Registers (kCpuBackend, kSequenceKind) -> build_sequence_cache unless that
 /// pair already has a builder (a runner's own choice is never replaced), so
-/// every library of a process may call it. Ok either way.
-inline Status register_default_builders(
-    CacheBuilderRegistry& registry = CacheBuilderRegistry::global()) {
+/// every library of a process may call it. Ok either way;
+/// MemoryAllocationFailed when registering cannot allocate.
+inline Status register_default_builders(CacheBuilderRegistry& registry = global_builders()) noexcept {
   Status status = registry.register_builder(kCpuBackend, kSequenceKind, &build_sequence_cache);
   if (status.code() == Error::RegistrationAlreadyRegistered) return Error::Ok;
   return status;

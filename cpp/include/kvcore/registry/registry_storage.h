@@ -1,5 +1,5 @@
-// Where CacheRegistry::global() and CacheBuilderRegistry::global() live: one
-// RegistryStorage, chosen by macros, so that a process loading several shared
+// Where the process-wide registries live, global_caches() and
+// global_builders(): one RegistryStorage, chosen by macros, so that a process loading several shared
 // libraries compiled from these headers still sees one registry.
 //
 //   (no macro)                      Each linked image (executable or shared
@@ -7,7 +7,7 @@
 //       for a single binary or static linking.
 //   KVCORE_SHARED_REGISTRY          Every participating library is compiled
 //       with it: global() calls the extern "C" accessor
-//       kvcore_registry_storage_v1(), resolved by the dynamic linker.
+//       kvcore_registry_storage_v2(), resolved by the dynamic linker.
 //   KVCORE_DEFINE_SHARED_REGISTRY   Defined before including this header in
 //       exactly ONE translation unit of ONE library (or the executable) in the
 //       process (it implies KVCORE_SHARED_REGISTRY there): defines that
@@ -18,14 +18,16 @@
 // other; they reach kvcore's storage through the PyCapsule in
 // kvcore/adapters/python_capsule.h instead. See docs/registry.md.
 //
-// The storage is allocated once and never freed: caches and builders (which
-// may belong to libraries or interpreters that shut down in any order) are
-// never destroyed during static destruction.
+// The storage is built once in static memory (no allocation, so nothing can
+// fail) and never destroyed: caches and builders (which may belong to
+// libraries or interpreters that shut down in any order) are never destroyed
+// during static destruction.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/registry/cache_registry.h"
@@ -42,7 +44,7 @@
 #endif
 
 // The C++ standard library ABI: two libraries may share a storage only when
-// their std::string, std::map, std::mutex and std::shared_ptr agree.
+// their std::mutex and std::shared_ptr agree.
 #if defined(_LIBCPP_VERSION)
 #define KVCORE_REGISTRY_STDLIB_TAG "libc++"
 #elif defined(__GLIBCXX__) && defined(_GLIBCXX_USE_CXX11_ABI) && _GLIBCXX_USE_CXX11_ABI
@@ -59,7 +61,7 @@ namespace kvcore {
 
 /// Bumped whenever RegistryStorage, CacheRegistry, CacheBuilderRegistry or
 /// CacheBase change layout or meaning.
-constexpr std::uint32_t kRegistryAbiVersion = 1;
+constexpr std::uint32_t kRegistryAbiVersion = 2;
 /// Identifies the standard library ABI the storage was compiled against.
 constexpr const char* kRegistryAbiTag = KVCORE_REGISTRY_STDLIB_TAG;
 
@@ -93,10 +95,10 @@ inline Status check_registry_storage(const RegistryStorage* storage) noexcept {
 }
 
 namespace internal {
-inline RegistryStorage* new_registry_storage() noexcept {
-  RegistryStorage* storage = new (std::nothrow) RegistryStorage();
-  KVCORE_CHECK(storage != nullptr, "cannot allocate the kvcore registry storage");
-  return storage;
+// Built on first use in static memory and never destroyed (see the top).
+inline RegistryStorage* make_registry_storage() noexcept {
+  alignas(RegistryStorage) static unsigned char memory[sizeof(RegistryStorage)];
+  return new (memory) RegistryStorage();
 }
 }  // namespace internal
 
@@ -105,7 +107,7 @@ inline RegistryStorage* new_registry_storage() noexcept {
 #if defined(KVCORE_SHARED_REGISTRY)
 /// The one storage of the process. Defined (with default visibility) by the
 /// translation unit that defines KVCORE_DEFINE_SHARED_REGISTRY.
-extern "C" KVCORE_REGISTRY_EXPORT kvcore::RegistryStorage* kvcore_registry_storage_v1() noexcept;
+extern "C" KVCORE_REGISTRY_EXPORT kvcore::RegistryStorage* kvcore_registry_storage_v2() noexcept;
 #endif
 
 namespace kvcore {
@@ -115,27 +117,28 @@ namespace kvcore {
 inline RegistryStorage& registry_storage() noexcept {
 #if defined(KVCORE_SHARED_REGISTRY)
   static RegistryStorage* const storage = [] {
-    RegistryStorage* s = kvcore_registry_storage_v1();
+    RegistryStorage* s = kvcore_registry_storage_v2();
     const Status status = check_registry_storage(s);
-    KVCORE_CHECK(status.ok(), status.message());
+    KVCORE_CHECK(status.ok(), status.message().c_str());
     return s;
   }();
 #else
-  static RegistryStorage* const storage = internal::new_registry_storage();
+  static RegistryStorage* const storage = internal::make_registry_storage();
 #endif
   return *storage;
 }
 
-inline CacheRegistry& CacheRegistry::global() noexcept { return registry_storage().caches; }
-inline CacheBuilderRegistry& CacheBuilderRegistry::global() noexcept {
-  return registry_storage().builders;
-}
+/// The process-wide cache registry. Which storage backs it (one per library,
+/// or one per process across libraries) is chosen at the top of this file.
+inline CacheRegistry& global_caches() noexcept { return registry_storage().caches; }
+/// The process-wide builder registry (same storage as global_caches()).
+inline CacheBuilderRegistry& global_builders() noexcept { return registry_storage().builders; }
 
 }  // namespace kvcore
 
 #if defined(KVCORE_DEFINE_SHARED_REGISTRY)
-extern "C" KVCORE_REGISTRY_EXPORT kvcore::RegistryStorage* kvcore_registry_storage_v1() noexcept {
-  static kvcore::RegistryStorage* const storage = kvcore::internal::new_registry_storage();
+extern "C" KVCORE_REGISTRY_EXPORT kvcore::RegistryStorage* kvcore_registry_storage_v2() noexcept {
+  static kvcore::RegistryStorage* const storage = kvcore::internal::make_registry_storage();
   return storage;
 }
 #endif
