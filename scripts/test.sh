@@ -73,7 +73,7 @@ if [ "$ROBUST" -gt 0 ]; then
   if [ "$SANITIZE" = 1 ]; then
     step "ASan+UBSan: C++ build (clang) and ctest"
     if cmake -S . -B "$ROOT/build/asan" "${CLANG[@]}" "$PY_EXE" -DCMAKE_CXX_FLAGS="$SAN_FLAGS" \
-         -DKVCORE_BUILD_TESTS=ON -DKVCORE_BUILD_BENCH=OFF >/dev/null &&
+         -DKVCORE_BUILD_TESTS=ON -DKVCORE_REQUIRE_TESTS=ON -DKVCORE_BUILD_BENCH=OFF >/dev/null &&
        cmake --build "$ROOT/build/asan" --parallel; then
       UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir "$ROOT/build/asan" --output-on-failure --parallel 2 || status=1
     else
@@ -142,7 +142,7 @@ fi
 
 # --- C++ ---------------------------------------------------------------------
 step "C++: configure, build (header check, benchmarks included), ctest (benchmark smoke run included)"
-if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON -DKVCORE_BUILD_BENCH=ON \
+if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON -DKVCORE_REQUIRE_TESTS=ON -DKVCORE_BUILD_BENCH=ON \
      -DKVCORE_REQUIRE_EXECUTORCH=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null &&
    cmake --build "$BUILD" --parallel; then
   ctest --test-dir "$BUILD" --output-on-failure --parallel 2 || status=1

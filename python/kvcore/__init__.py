@@ -34,6 +34,7 @@ from kvcore._errors import (
     NotFoundError,
     NotSupportedError,
 )
+from kvcore._paths import get_cmake_dir, get_include
 from kvcore.hf_config import config_from_hf
 from kvcore import registry
 from kvcore.registry import Session, build, register_builder, unregister_builder
@@ -65,6 +66,8 @@ __all__ = [
     "__version__",
     "build",
     "config_from_hf",
+    "get_cmake_dir",
+    "get_include",
     "register_builder",
     "registry",
     "unregister_builder",

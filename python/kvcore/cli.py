@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import kvcore
 from kvcore import demo, memory
@@ -41,9 +43,34 @@ def _runs(runs: Sequence[kvcore.Run]) -> str:
     return " ".join(f"rows[{r.row}:{r.row + r.len}]=pos[{r.pos}:{r.pos + r.len}]" for r in runs)
 
 
+class _PrintPath(argparse.Action):
+    """An option that prints a path for C++ builds and exits, as --version does: status 0,
+    or 1 with a message on stderr when ``needed`` is not in the directory."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, directory: Callable[[], str],
+                 needed: str, flag: str = "", help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+        self.directory, self.needed, self.flag = directory, needed, flag
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        path = self.directory()
+        if not os.path.isfile(os.path.join(path, self.needed)):
+            parser.exit(1, f"kvcore: error: {option_string}: no {self.needed} in {path} "
+                           "(kvcore from a source checkout: use add_subdirectory or cpp/include)\n")
+        print(f"{self.flag}{path}")
+        parser.exit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvcore", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kvcore {kvcore.__version__}")
+    parser.add_argument("--includes", action=_PrintPath, directory=kvcore.get_include,
+                        needed=os.path.join("kvcore", "kvcore.h"), flag="-I",
+                        help="print the compiler flag for kvcore's C++ headers (-I<dir>) and exit")
+    parser.add_argument("--cmakedir", action=_PrintPath, directory=kvcore.get_cmake_dir,
+                        needed="kvcoreConfig.cmake",
+                        help="print the directory of kvcore's CMake package (for -Dkvcore_DIR=) and exit")
     sub = parser.add_subparsers(dest="command")
     tour = sub.add_parser("tour", help="print the plans of a small mixed cache, step by step")
     tour.add_argument("--window", type=int, default=4)
@@ -56,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_parser(sub)
     args_in = list(sys.argv[1:] if argv is None else argv)
     # No subcommand: run the demo (the main job), passing the options along.
-    if not any(a in sub.choices for a in args_in) and not {"-h", "--help", "--version"} & set(args_in):
+    print_and_exit = {"-h", "--help", "--version", "--includes", "--cmakedir"}
+    if not any(a in sub.choices for a in args_in) and not print_and_exit & set(args_in):
         args_in = ["demo", *args_in]
     args = parser.parse_args(args_in)
     try:

@@ -109,7 +109,7 @@ def _dtype(name: str) -> npt.DTypeLike:
         try:
             import ml_dtypes
         except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ValueError("--dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from e
+            raise ValueError('--dtype bfloat16 needs the ml_dtypes package: pip install "kvcore[bfloat16]"') from e
         return ml_dtypes.bfloat16  # type: ignore[no-any-return]
     return np.dtype(name)
 

@@ -488,7 +488,7 @@ def _plot(path: str, shape: ModelShape, plan: MemoryPlan, opts: Mapping[str, Any
         plt = importlib.import_module("matplotlib.pyplot")
     except ImportError:
         print("kvcore: error: --plot needs matplotlib, the optional extra 'plot': "
-              "pip install 'kvcore[plot]' (or pip install matplotlib)", file=sys.stderr)
+              'pip install "kvcore[plot]" (or pip install matplotlib)', file=sys.stderr)
         return 1
     lo = opts["max_step"] or 1
     up_to = plan.context

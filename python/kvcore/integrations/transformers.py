@@ -44,10 +44,17 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Optional, Union
 
-import torch
-import transformers
-from packaging.version import Version
-from transformers import cache_utils
+try:
+    import torch
+    import transformers
+    from packaging.version import Version
+    from transformers import cache_utils
+except ModuleNotFoundError as _missing:  # name the extra (private: Python deletes the name after the block)
+    raise ModuleNotFoundError(
+        f"kvcore.integrations.transformers needs torch, transformers and packaging ({_missing.name!r} is missing): "
+        'pip install "kvcore[transformers]"',
+        name=_missing.name,
+    ) from _missing
 
 from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
