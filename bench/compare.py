@@ -247,7 +247,7 @@ def time_layer_update(shape: Shape, context: int, calls: int, reps: int, seed: i
                 step.commit()
             for other in range(shape.n_layers):
                 pool.update(other, step, k[other], v[other])
-            read_rows = step.plan(layer).read_len
+            read_rows = len(pool.update(layer, step, k[layer], v[layer], order=candidate.order)[2])  # type: ignore[attr-defined]
             update_ns: list[float] = []
             floor_ns: list[float] = []
             gc.disable()
@@ -404,7 +404,7 @@ def print_table(result: dict[str, Any]) -> None:
         print("\none layer, T = 1: KVPool.update against copying the new rows, dst[...] = src twice (ns, median)")
         for case in result["layer_update_T1"]:
             print(
-                f"  {case['case']:46} read {case['read_rows']:>6} rows: update {case['update_ns']:>9,.0f}"
+                f"  {case['case']:46} returns {case['read_rows']:>5} rows: update {case['update_ns']:>9,.0f}"
                 f"  floor {case['floor_ns']:>7,.0f}  overhead {case['overhead_ns']:>9,.0f}"
             )
     if result.get("memory"):

@@ -21,6 +21,7 @@ inline const std::vector<std::pair<std::string, std::string>>& floor_pairs() {
   static const std::vector<std::pair<std::string, std::string>> pairs = {
       {"plan_step", "memcpy_step_kv"},
       {"plan_step_shared", "memcpy_step_kv"},
+      {"plan_step_faces", "memcpy_step_kv"},
       {"pool_write_step", "memcpy_write_step"},
       {"pool_write_step_mirrored", "memcpy_write_step"},
       {"pool_gather_step", "memcpy_gather_step"},

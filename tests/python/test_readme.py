@@ -36,9 +36,6 @@ def block(marker: str) -> str:
 QUICKSTART = "cache = kvcore.SequenceCache(cfg)"
 POOL = "pool = kvcore.KVPool(cache"
 REGISTRY = "from kvcore import registry"
-POOL_PRELUDE = "T = 3\nk_new = v_new = np.ones((T, 1, 256), np.float16)\n"
-
-
 @pytest.fixture
 def no_mybackend() -> Iterator[None]:
     yield
@@ -59,9 +56,10 @@ def test_quickstart_runs_and_its_comments_hold() -> None:
 def test_pool_example_continues_the_quickstart() -> None:
     scope: dict[str, Any] = {}
     exec(block(QUICKSTART), scope)
-    exec(POOL_PRELUDE + block(POOL).replace("import numpy as np\n", ""), {"np": __import__("numpy"), **scope})
-    cache = scope["cache"]
-    assert cache.length == 3
+    exec(block(POOL), scope)  # runs as pasted after the quickstart: it defines what it uses
+    cache, positions, mask = scope["cache"], scope["positions"], scope["mask"]
+    assert cache.length == 4
+    assert positions.tolist() == [0, 1, 2, 3] and mask.tolist() == [[k <= q for k in range(4)] for q in range(4)]
 
 
 def test_registry_example_runs_and_leaves_no_key(no_mybackend: None) -> None:

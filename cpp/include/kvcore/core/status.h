@@ -291,7 +291,7 @@ class [[nodiscard]] Status {
   bool full_ = false;       // an argument did not fit
   bool cut_text_ = false;   // the last text argument was cut
   const char* format_ = nullptr;
-  unsigned char args_[kArgBytes] = {};
+  unsigned char args_[kArgBytes];  // the first size_ bytes are set
 };
 
 static_assert(sizeof(Status) <= 72, "a Status travels by value: keep it small");
