@@ -236,7 +236,12 @@ TEST(DefaultBuilders, RegisteringTwiceKeepsTheExistingBuilder) {
   ASSERT_EQ(reg.register_builder("cpu", "sequence", &build_failing), Error::Ok);
   EXPECT_EQ(register_default_builders(reg), Error::Ok);
   EXPECT_EQ(reg.build("cpu", "sequence", small_config()).error(), Error::OutOfResources);
-  EXPECT_EQ(reg.size(), 1u);
+  // The batch builder, not registered before, is added beside it.
+  EXPECT_EQ(reg.size(), 2u);
+  auto batch = reg.build("cpu", "batch", small_config());
+  ASSERT_TRUE(batch.ok()) << batch.message().c_str();
+  EXPECT_NE(batch.get()->as_batch_control(), nullptr);
+  EXPECT_EQ(batch.get()->as_control(), nullptr);
 }
 
 TEST(CacheBuilderRegistry, GlobalIsOneObjectBackedByTheStorage) {

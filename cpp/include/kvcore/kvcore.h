@@ -18,6 +18,12 @@
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/sequence_cache.h"
 
+// batch/: many sequences over paged block pools (DESIGN.md section 6).
+#include "kvcore/batch/block_pool.h"
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/batch/batch_faces.h"
+#include "kvcore/batch/batch_cache.h"
+
 // registry/: caches by key, builders by (backend, kind), sessions.
 #include "kvcore/registry/cache_registry.h"
 #include "kvcore/registry/cache_builder_registry.h"

@@ -72,13 +72,23 @@ class SequencePlanner {
   ~SequencePlanner() = default;
 };
 
+// The faces of a many-sequence cache (kvcore/batch/batch_faces.h).
+class BatchControl;
+class BatchPlanner;
+
 /// What registries hold. Each face is a static upcast (no dynamic_cast); a cache
 /// without a face returns nullptr for it.
 class CacheBase {
  public:
   virtual ~CacheBase() = default;
+  /// Runner face of a one-sequence cache (SequenceCache).
   virtual SequenceControl* as_control() noexcept { return nullptr; }
+  /// Backend face of a one-sequence cache.
   virtual SequencePlanner* as_planner() noexcept { return nullptr; }
+  /// Runner face of a many-sequence cache (BatchCache).
+  virtual BatchControl* as_batch_control() noexcept { return nullptr; }
+  /// Backend face of a many-sequence cache.
+  virtual BatchPlanner* as_batch_planner() noexcept { return nullptr; }
 };
 
 }  // namespace kvcore

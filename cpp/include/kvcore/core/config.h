@@ -41,6 +41,25 @@ struct LayerConfig {
   int value_dim() const noexcept { return v_head_dim == 0 ? head_dim : v_head_dim; }
 };
 
+/// Limits of a many-sequence cache (BatchCache, kvcore/batch/): every table it
+/// keeps is sized from these at creation, so no step allocates. A single
+/// sequence's cache (SequenceCache) ignores them.
+struct BatchLimits {
+  /// Rows per block (B >= 1; 1 is cell-granular, like llama.cpp's cells).
+  int block_size = 16;
+  /// Sequence ids are 0 .. max_seqs - 1.
+  int max_seqs = 64;
+  /// New tokens of one step over all its sequences; 0 means max(max_step, max_seqs).
+  int max_step_tokens = 0;
+  /// Blocks of each flat group's pool; 0 means enough for max_seqs sequences at
+  /// full capacity. Ring groups size their pools themselves: max_seqs times what
+  /// one sequence can hold during a step (sinks + W + 2C - 1 positions, + 1 block).
+  int num_blocks = 0;
+  /// Ranges removed from the middle of one sequence (remove(s, p0, p1)) it can
+  /// keep apart at once; removing the head or the tail needs none.
+  int max_holes = 8;
+};
+
 struct CacheConfig {
   /// Most layers a cache may have. Per-layer state is sized at creation, so an
   /// unbounded count (n_layers = INT_MAX with one broadcast entry) would ask
@@ -57,6 +76,8 @@ struct CacheConfig {
   int max_step = 0;
   /// Rows a byte layer allocates per layer before growing lazily.
   int initial_capacity = 512;
+  /// Limits of a many-sequence cache built from this config (BatchCache).
+  BatchLimits batch;
 
   /// The config of `layer` (resolves broadcast). Precondition: validate() passed
   /// and 0 <= layer < n_layers.

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "kvcore/batch/batch_cache.h"
 #include "kvcore/core/sequence_cache.h"
 #include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/registry/registry_storage.h"
@@ -11,9 +12,11 @@
 
 namespace kvcore {
 
-/// The backend and kind of the reference SequenceCache builder.
+/// The backend and kinds of the reference builders: one sequence
+/// (SequenceCache) and many (BatchCache).
 constexpr const char* kCpuBackend = "cpu";
 constexpr const char* kSequenceKind = "sequence";
+constexpr const char* kBatchKind = "batch";
 
 /// Builds a SequenceCache; its errors (InvalidArgument naming the bad config
 /// field, MemoryAllocationFailed) pass through, and MemoryAllocationFailed when
@@ -24,12 +27,23 @@ inline Result<std::shared_ptr<CacheBase>> build_sequence_cache(const CacheConfig
   return std::shared_ptr<CacheBase>(std::move(shared));
 }
 
-/// Registers (kCpuBackend, kSequenceKind) -> build_sequence_cache unless that
-/// pair already has a builder (a runner's own choice is never replaced), so
-/// every library of a process may call it. Ok either way;
-/// MemoryAllocationFailed when registering cannot allocate.
+/// Builds a BatchCache from cfg (its BatchLimits included); errors as
+/// BatchCache::create, and MemoryAllocationFailed for the control block.
+inline Result<std::shared_ptr<CacheBase>> build_batch_cache(const CacheConfig& cfg) noexcept {
+  KVCORE_ASSIGN_OR_RETURN(std::unique_ptr<BatchCache> cache, BatchCache::create(cfg));
+  KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<BatchCache> shared, share(std::move(cache)));
+  return std::shared_ptr<CacheBase>(std::move(shared));
+}
+
+/// Registers (kCpuBackend, kSequenceKind) -> build_sequence_cache and
+/// (kCpuBackend, kBatchKind) -> build_batch_cache, each unless that pair
+/// already has a builder (a runner's own choice is never replaced), so every
+/// library of a process may call it. Ok either way; MemoryAllocationFailed when
+/// registering cannot allocate.
 inline Status register_default_builders(CacheBuilderRegistry& registry = global_builders()) noexcept {
   Status status = registry.register_builder(kCpuBackend, kSequenceKind, &build_sequence_cache);
+  if (!status.ok() && status.code() != Error::RegistrationAlreadyRegistered) return status;
+  status = registry.register_builder(kCpuBackend, kBatchKind, &build_batch_cache);
   if (status.code() == Error::RegistrationAlreadyRegistered) return Error::Ok;
   return status;
 }

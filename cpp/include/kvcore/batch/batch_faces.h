@@ -1,0 +1,146 @@
+// The two faces of a many-sequence cache, reachable from CacheBase without
+// RTTI (as_batch_control / as_batch_planner): the runner drives sequences
+// (BatchControl), the backend asks where bytes go (BatchPlanner). DESIGN.md
+// section 6 is the contract. Sequence ids are 0 .. max_seqs() - 1.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+/// One sequence's state, as the runner sees it.
+struct SequenceInfo {
+  /// False until add_sequence() or fork() (and after release_sequence()).
+  bool active = false;
+  /// Committed length L: the next step writes positions L, L + 1, ...
+  int length = 0;
+  /// Positions below `visible_start` were removed (remove(seq, 0, p1)).
+  int visible_start = 0;
+  /// Removed middle ranges, sorted: holes[0 .. n_holes).
+  int n_holes = 0;
+  const PositionRange* holes = nullptr;
+
+  /// Positions [0, length) not removed: how many the sequence still sees.
+  int visible_positions() const noexcept {
+    int n = length - visible_start;
+    for (int i = 0; i < n_holes; ++i) n -= holes[i].end - holes[i].begin;
+    return n;
+  }
+};
+
+/// Runner face: sequences, steps, prefix reuse. Every failing call changes nothing.
+class BatchControl {
+ public:
+  virtual int max_seqs() const noexcept = 0;
+  /// Largest length of one sequence.
+  virtual int capacity() const noexcept = 0;
+  /// Largest T of one sequence in one step (C).
+  virtual int max_step() const noexcept = 0;
+  /// Largest number of new tokens of one step, over all its sequences.
+  virtual int max_step_tokens() const noexcept = 0;
+
+  /// Starts an empty sequence. InvalidArgument: seq outside [0, max_seqs).
+  /// InvalidState: seq is active.
+  virtual Status add_sequence(int seq) noexcept = 0;
+  /// Ends a sequence; its blocks return to their pools once no sequence holds
+  /// them (full blocks with a content key stay reusable). InvalidArgument: seq
+  /// out of range. InvalidState: seq is not active.
+  virtual Status release_sequence(int seq) noexcept = 0;
+  /// `dst` inherits positions [0, upto) of `src` by sharing its blocks (no K/V
+  /// copied; a shared, partly filled block is copied when one side writes into
+  /// it). dst becomes active. InvalidArgument: ids out of range, src == dst, upto
+  /// outside [0, length(src)]. InvalidState: src not active, dst active and not
+  /// empty, or src no longer holds what a query of dst at `upto` needs (the
+  /// rewind rule).
+  virtual Status fork(int src, int dst, int upto) noexcept = 0;
+  /// Positions [p0, min(p1, length)) leave the sequence's history, never to be
+  /// seen by it again (llama.cpp's seq_rm). p1 >= length is a truncation:
+  /// rewind(seq, p0), with its rule (always allowed for p0 = 0). A block returns
+  /// to its pool once no sequence holds a position in it. InvalidArgument: seq
+  /// out of range, p0 < 0 or p1 < p0. InvalidState: seq not active, or the
+  /// truncation breaks the rewind rule. OutOfResources: a middle range beyond
+  /// BatchLimits::max_holes separate ones.
+  virtual Status remove(int seq, int p0, int p1) noexcept = 0;
+  /// length(seq) = n, DESIGN.md section 2's rule per sequence: every ring group
+  /// must still hold what a query at n needs below n (up to max_step tokens
+  /// back always work; n <= sinks too). Ends a begun step. InvalidArgument: seq
+  /// out of range, n outside [0, length]. InvalidState: seq not active, or
+  /// history a query at n needs was released.
+  virtual Status rewind(int seq, int n) noexcept = 0;
+  /// True exactly when rewind(seq, n) would succeed. Never fails.
+  virtual bool can_rewind(int seq, int n) const noexcept = 0;
+  /// Prefix reuse: an empty active sequence adopts the longest run of cached
+  /// full blocks that `tokens[0, n)` names (chained hashes of their ids; at most
+  /// n - 1 tokens, so the last token is computed) and that every group holds
+  /// (a ring group: what a query at the hit length needs). Returns the hit
+  /// length, a multiple of B (0 on a miss); length(seq) becomes it.
+  /// InvalidArgument: seq out of range, n < 0 or n > capacity, tokens null with
+  /// n > 0. InvalidState: seq not active or not empty.
+  virtual Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n) noexcept = 0;
+
+  /// Begins one forward over `entries[0, n)` (distinct sequences, tokens laid
+  /// out entry after entry), replacing an uncommitted step. Admission is decided
+  /// here: when a group lacks the blocks the step needs (after reclaiming cached
+  /// ones), nothing changes. InvalidArgument: n outside [1, max_seqs], a bad or
+  /// repeated seq, T outside [1, max_step], more than max_step_tokens tokens.
+  /// InvalidState: a sequence not active. OutOfResources: a sequence would pass
+  /// capacity, or a group's pool is short (the message names it).
+  virtual Result<BatchStep> begin_step(const StepEntry* entries, int n) noexcept = 0;
+  /// Ok when `step` is the begun, uncommitted step; InvalidState otherwise.
+  virtual Status check_step(const BatchStep& step) const noexcept = 0;
+  /// Every entry's length grows by its T; full blocks named by their tokens
+  /// become reusable; ring groups release blocks out of every future query's
+  /// reach. InvalidState unless `step` is the begun step.
+  virtual Status commit(const BatchStep& step) noexcept = 0;
+  /// Ends every sequence and forgets every cached block. Always succeeds.
+  virtual void clear() noexcept = 0;
+
+  /// The sequence's state. InvalidArgument: seq out of range.
+  virtual Result<SequenceInfo> sequence(int seq) const noexcept = 0;
+  virtual int n_groups() const noexcept = 0;
+  /// Blocks of `group` no sequence holds (reclaimable cached ones included).
+  /// InvalidArgument: group out of range.
+  virtual Result<int> free_blocks(int group) const noexcept = 0;
+  /// Free blocks of `group` that still hold a reusable prefix.
+  virtual Result<int> cached_blocks(int group) const noexcept = 0;
+  /// Blocks of `group` the sequence holds. InvalidArgument: bad seq or group.
+  virtual Result<int> blocks_held(int seq, int group) const noexcept = 0;
+  /// The oldest position whose block `group` still holds for the sequence
+  /// (length when none). InvalidArgument: bad seq or group.
+  virtual Result<int> oldest_held(int seq, int group) const noexcept = 0;
+
+ protected:
+  ~BatchControl() = default;
+};
+
+/// Backend face: groups, their pools, and the plan of the begun step.
+class BatchPlanner {
+ public:
+  virtual int n_layers() const noexcept = 0;
+  virtual int n_groups() const noexcept = 0;
+  /// Rows per block, B.
+  virtual int block_size() const noexcept = 0;
+  /// The group (policy and block pool) of `layer`. InvalidArgument: bad layer.
+  virtual Result<int> group_of(int layer) const noexcept = 0;
+  /// `layer`'s policy and row shape. InvalidArgument: bad layer.
+  virtual Result<LayerConfig> layer_config(int layer) const noexcept = 0;
+  /// The policy of `group`'s layers. InvalidArgument: bad group.
+  virtual Result<LayerPolicy> group_policy(int group) const noexcept = 0;
+  /// Blocks in `group`'s pool (its rows: num_blocks * B). InvalidArgument: bad group.
+  virtual Result<int> num_blocks(int group) const noexcept = 0;
+  /// The plan of the begun step. InvalidState: `step` is not the begun step.
+  virtual Result<BatchStepPlan> plan(const BatchStep& step) const noexcept = 0;
+  /// May a query of `seq` at position q see its key at k on `group`'s layers?
+  /// (k <= q, not removed, and in the window or a sink.) InvalidArgument: bad
+  /// group or seq, q or k < 0.
+  virtual Result<bool> visible(int group, int seq, int q, int k) const noexcept = 0;
+
+ protected:
+  ~BatchPlanner() = default;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,205 @@
+// BlockPool: one group's blocks of B rows. Each block has a reference count
+// (the sequences holding it), an optional content key (the chained hash of the
+// token ids of a full block, for prefix reuse), and a place in one free list
+// that doubles as the LRU order of unowned cached blocks: blocks without a key
+// are freed to the front (used first), cached ones to the back, and allocation
+// takes the front, so a cached block is reclaimed only when nothing else is
+// free, least recently released first (vLLM's block pool works the same way).
+// Every table is allocated once, through nothrow new, by create().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+/// A full block's content key: a 128-bit chained hash of its token ids and of
+/// the key of the block before it. Two lanes with independent seeds; the hash
+/// table is keyed by `lo` and a hit must match both.
+struct BlockKey {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = 0;
+
+  friend bool operator==(const BlockKey& a, const BlockKey& b) noexcept {
+    return a.lo == b.lo && a.hi == b.hi;
+  }
+  friend bool operator!=(const BlockKey& a, const BlockKey& b) noexcept { return !(a == b); }
+
+  /// The key of a block holding `tokens[0, n)` after a block whose key is `parent`
+  /// (the first block's parent is the zero key).
+  static BlockKey chain(const BlockKey& parent, const std::int32_t* tokens, int n) noexcept {
+    BlockKey k{mix(parent.lo ^ 0x9e3779b97f4a7c15ull), mix(parent.hi ^ 0xc2b2ae3d27d4eb4full)};
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t t = static_cast<std::uint32_t>(tokens[i]);
+      k.lo = mix(k.lo ^ (t + 0x165667b19e3779f9ull));
+      k.hi = mix(k.hi ^ (t * 0xff51afd7ed558ccdull + 0x85ebca77c2b2ae63ull));
+    }
+    k.lo = mix(k.lo ^ static_cast<std::uint64_t>(n));
+    k.hi = mix(k.hi ^ (static_cast<std::uint64_t>(n) << 32));
+    return k;
+  }
+
+ private:
+  // splitmix64's finalizer: every input bit reaches every output bit.
+  static std::uint64_t mix(std::uint64_t x) noexcept {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+};
+
+class BlockPool {
+ public:
+  BlockPool() = default;
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  /// Allocates the tables for `n_blocks` blocks, all free.
+  /// MemoryAllocationFailed (naming `what`): a table cannot be allocated.
+  Status create(int n_blocks, const char* what) noexcept {
+    n_blocks_ = n_blocks;
+    refs_.reset(new (std::nothrow) int[n_blocks]());
+    // One more slot each: index n_blocks is the free list's sentinel.
+    next_.reset(new (std::nothrow) int[n_blocks + 1]);
+    prev_.reset(new (std::nothrow) int[n_blocks + 1]);
+    keys_.reset(new (std::nothrow) BlockKey[n_blocks]);
+    keyed_.reset(new (std::nothrow) bool[n_blocks]());
+    int slots = 2;
+    while (slots < 2 * n_blocks) slots *= 2;
+    slots_.reset(new (std::nothrow) int[slots]);
+    KVCORE_CHECK_OR_RETURN_ERROR(refs_ && next_ && prev_ && keys_ && keyed_ && slots_,
+                                 MemoryAllocationFailed,
+                                 "cannot allocate the block tables of %s (%d blocks)", what,
+                                 n_blocks);
+    slot_mask_ = slots - 1;
+    reset();
+    return Error::Ok;
+  }
+
+  /// Every block free, no key kept.
+  void reset() noexcept {
+    const int head = n_blocks_;
+    next_[head] = prev_[head] = head;
+    for (int b = 0; b < n_blocks_; ++b) {
+      refs_[b] = 0;
+      keyed_[b] = false;
+      link_before(b, head);  // in block order: allocation starts at block 0
+    }
+    free_ = n_blocks_;
+    cached_ = 0;
+    for (int i = 0; i <= slot_mask_; ++i) slots_[i] = -1;
+  }
+
+  int n_blocks() const noexcept { return n_blocks_; }
+  /// Blocks no sequence holds (cached ones included: they are reclaimable).
+  int free_blocks() const noexcept { return free_; }
+  /// Free blocks that still keep a key (reused on a prefix hit until reclaimed).
+  int cached_blocks() const noexcept { return cached_; }
+  int refs(int block) const noexcept { return refs_[block]; }
+  bool keyed(int block) const noexcept { return keyed_[block]; }
+  const BlockKey& key(int block) const noexcept { return keys_[block]; }
+
+  /// Takes the front free block (reclaiming a cached one drops its key), held
+  /// once. Precondition: free_blocks() > 0 (the caller admitted the need).
+  int allocate() noexcept {
+    const int b = next_[n_blocks_];
+    unlink(b);
+    --free_;
+    if (keyed_[b]) {
+      --cached_;
+      drop_key(b);
+    }
+    refs_[b] = 1;
+    return b;
+  }
+
+  /// One more holder of `block`; a free cached block leaves the free list.
+  void hold(int block) noexcept {
+    if (refs_[block]++ == 0) {
+      unlink(block);
+      --free_;
+      if (keyed_[block]) --cached_;
+    }
+  }
+
+  /// One holder fewer; the last one frees the block, to the back of the list
+  /// when it keeps a key (reclaimed last), else to the front.
+  void release(int block) noexcept {
+    if (--refs_[block] != 0) return;
+    ++free_;
+    if (keyed_[block]) {
+      ++cached_;
+      link_before(block, n_blocks_);
+    } else {
+      link_before(block, next_[n_blocks_]);
+    }
+  }
+
+  /// Names a held block by its content; false (nothing changes) when another
+  /// block already has that key or this one has one.
+  bool set_key(int block, const BlockKey& key) noexcept {
+    if (keyed_[block] || find(key) >= 0) return false;
+    int i = static_cast<int>(key.lo) & slot_mask_;
+    while (slots_[i] >= 0) i = (i + 1) & slot_mask_;
+    slots_[i] = block;
+    keys_[block] = key;
+    keyed_[block] = true;
+    return true;
+  }
+
+  /// The block whose content has `key`, or -1.
+  int find(const BlockKey& key) const noexcept {
+    for (int i = static_cast<int>(key.lo) & slot_mask_; slots_[i] >= 0; i = (i + 1) & slot_mask_)
+      if (keys_[slots_[i]] == key) return slots_[i];
+    return -1;
+  }
+
+  /// Forgets a held block's key (its rows are about to change).
+  void drop_key(int block) noexcept {
+    if (!keyed_[block]) return;
+    int i = static_cast<int>(keys_[block].lo) & slot_mask_;
+    while (slots_[i] != block) i = (i + 1) & slot_mask_;
+    // Linear probing's backward-shift deletion: no tombstones, lookups stay short.
+    for (int j = (i + 1) & slot_mask_; slots_[j] >= 0; j = (j + 1) & slot_mask_) {
+      const int home = static_cast<int>(keys_[slots_[j]].lo) & slot_mask_;
+      // Move slots_[j] into the hole at i unless its home lies in (i, j].
+      const bool home_between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+      if (!home_between) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = -1;
+    keyed_[block] = false;
+  }
+
+ private:
+  void unlink(int b) noexcept {
+    next_[prev_[b]] = next_[b];
+    prev_[next_[b]] = prev_[b];
+  }
+  void link_before(int b, int at) noexcept {
+    prev_[b] = prev_[at];
+    next_[b] = at;
+    next_[prev_[at]] = b;
+    prev_[at] = b;
+  }
+
+  int n_blocks_ = 0;
+  int free_ = 0;
+  int cached_ = 0;
+  int slot_mask_ = 0;
+  std::unique_ptr<int[]> refs_;
+  std::unique_ptr<int[]> next_;  // the free list, n_blocks_ is its sentinel
+  std::unique_ptr<int[]> prev_;
+  std::unique_ptr<BlockKey[]> keys_;
+  std::unique_ptr<bool[]> keyed_;
+  std::unique_ptr<int[]> slots_;  // open addressing by key.lo: block ids, -1 empty
+};
+
+}  // namespace kvcore

@@ -1,0 +1,467 @@
+// BatchCache against the brute-force model of DESIGN.md section 6
+// (batch_reference.h) on thousands of random workloads: interleaved sequences,
+// forks at random points, removals of heads, middles and tails, rewinds,
+// prefix hits, abandoned steps and pool exhaustion. After every step, every
+// query's view is checked key by key; after every call, what the model says
+// must happen did, and a refused call changed nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "batch_reference.h"
+#include "kvcore/batch/batch_cache.h"
+
+namespace kvcore_test {
+namespace {
+
+using kvcore::BatchCache;
+using kvcore::CacheConfig;
+using kvcore::Error;
+using kvcore::LayerConfig;
+using kvcore::LayerPolicy;
+using kvcore::StepEntry;
+
+CacheConfig random_config(std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  CacheConfig cfg;
+  cfg.capacity = pick(8, 64);
+  cfg.max_step = pick(1, std::min(6, cfg.capacity));
+  const int n_policies = pick(1, 3);
+  std::vector<LayerPolicy> policies;
+  for (int i = 0; i < n_policies; ++i)
+    policies.push_back(pick(0, 2) == 0 ? LayerPolicy::flat() : LayerPolicy::ring(pick(1, 9), pick(0, 2) == 0 ? pick(1, 3) : 0));
+  cfg.n_layers = pick(1, 4);
+  for (int l = 0; l < cfg.n_layers; ++l)
+    cfg.layers.push_back(LayerConfig{policies[static_cast<std::size_t>(pick(0, n_policies - 1))], 1, 2, 0});
+  const int B[] = {1, 1, 2, 3, 4, 8};
+  cfg.batch.block_size = B[pick(0, 5)];
+  cfg.batch.max_seqs = pick(2, 6);
+  cfg.batch.max_step_tokens = pick(0, 1) == 0 ? 0 : pick(1, 12);
+  // Small pools sometimes, so steps run out of blocks.
+  const int stride = (cfg.capacity + cfg.batch.block_size - 1) / cfg.batch.block_size;
+  cfg.batch.num_blocks = pick(0, 2) == 0 ? pick(1, 3 * stride) : 0;
+  cfg.batch.max_holes = pick(0, 3);
+  return cfg;
+}
+
+std::string describe(const CacheConfig& c) {
+  std::string s = "capacity " + std::to_string(c.capacity) + ", max_step " + std::to_string(c.max_step) +
+                  ", B " + std::to_string(c.batch.block_size) + ", max_seqs " + std::to_string(c.batch.max_seqs) +
+                  ", max_step_tokens " + std::to_string(c.batch.max_step_tokens) + ", num_blocks " +
+                  std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", layers [";
+  for (const LayerConfig& l : c.layers)
+    s += l.policy.kind == LayerPolicy::Kind::Flat
+             ? " Flat"
+             : " Ring(" + std::to_string(l.policy.window) + "," + std::to_string(l.policy.sinks) + ")";
+  return s + " ]";
+}
+
+// Everything a refused call must leave as it was.
+struct Snapshot {
+  std::vector<int> lengths, held, free;
+  bool operator==(const Snapshot& o) const { return lengths == o.lengths && held == o.held && free == o.free; }
+};
+
+Snapshot snapshot(const BatchCache& cache) {
+  Snapshot s;
+  for (int q = 0; q < cache.max_seqs(); ++q) {
+    s.lengths.push_back(cache.sequence(q)->active ? cache.sequence(q)->length : -1);
+    for (int g = 0; g < cache.n_groups(); ++g) s.held.push_back(*cache.blocks_held(q, g));
+  }
+  for (int g = 0; g < cache.n_groups(); ++g) s.free.push_back(*cache.free_blocks(g));
+  return s;
+}
+
+class Driver {
+ public:
+  Driver(const CacheConfig& cfg, std::uint32_t seed)
+      : cfg_(cfg), rng_(seed), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_) {}
+
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  void run(int ops) {
+    for (int op = 0; op < ops && !::testing::Test::HasFailure(); ++op) {
+      const int what = pick(0, 99);
+      SCOPED_TRACE("op " + std::to_string(op) + " (" + std::to_string(what) + ")");
+      if (what < 10) add();
+      else if (what < 14) release();
+      else if (what < 55) step();
+      else if (what < 63) fork();
+      else if (what < 73) remove();
+      else if (what < 85) rewind();
+      else if (what < 97) adopt();
+      else clear();
+      check_invariants();
+    }
+  }
+
+  int steps_checked = 0;
+  int prefix_hits = 0;
+  int exhausted = 0;
+
+ private:
+  int any_seq() { return pick(0, cfg_.batch.max_seqs - 1); }
+  // KVCORE_BATCH_TRACE=1 prints every call and its outcome (for debugging a seed).
+  void log(const std::string& call, const kvcore::Status& st) const {
+    static const bool on = std::getenv("KVCORE_BATCH_TRACE") != nullptr;
+    if (on) std::printf("%s -> %s %s\n", call.c_str(), kvcore::to_string(st.code()), st.message().c_str());
+  }
+  std::vector<int> active_seqs() const {
+    std::vector<int> out;
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s)
+      if (model_.seq(s).active) out.push_back(s);
+    return out;
+  }
+  int C() const { return cache_->max_step(); }
+
+  // A refused call: the code it must have, and nothing changed.
+  void expect_refused(const kvcore::Status& st, Error code, const Snapshot& before) {
+    EXPECT_EQ(st.code(), code) << st.message().c_str();
+    EXPECT_FALSE(st.message().empty());
+    EXPECT_TRUE(snapshot(*cache_) == before) << "a refused call changed the cache: " << st.message().c_str();
+  }
+
+  void add() {
+    const int s = any_seq();
+    const Snapshot before = snapshot(*cache_);
+    const kvcore::Status st = cache_->add_sequence(s);
+    log("add_sequence(" + std::to_string(s) + ")", st);
+    if (model_.seq(s).active) return expect_refused(st, Error::InvalidState, before);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    model_.seq(s) = SeqModel{};
+    model_.seq(s).active = true;
+    step_open_ = false;
+  }
+
+  void release() {
+    const int s = any_seq();
+    const Snapshot before = snapshot(*cache_);
+    const kvcore::Status st = cache_->release_sequence(s);
+    log("release_sequence(" + std::to_string(s) + ")", st);
+    if (!model_.seq(s).active) return expect_refused(st, Error::InvalidState, before);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    model_.seq(s) = SeqModel{};
+    step_open_ = false;
+  }
+
+  void step() {
+    std::vector<int> seqs = active_seqs();
+    if (seqs.empty()) return;
+    std::shuffle(seqs.begin(), seqs.end(), rng_);
+    seqs.resize(static_cast<std::size_t>(pick(1, static_cast<int>(seqs.size()))));
+    std::vector<StepEntry> entries;
+    std::vector<std::vector<std::int32_t>> tokens(seqs.size());
+    Error expected = Error::Ok;  // the first broken rule, entry by entry
+    int total = 0;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      const int T = pick(1, C());
+      const bool given = pick(0, 9) != 0;
+      for (int j = 0; j < T; ++j) tokens[i].push_back(pick(0, 2));  // a tiny vocabulary: prefixes repeat
+      entries.push_back(StepEntry{seqs[i], T, given ? tokens[i].data() : nullptr});
+      total += T;
+      if (expected != Error::Ok) continue;
+      if (model_.seq(seqs[i]).length() + T > cfg_.capacity) expected = Error::OutOfResources;
+      else if (total > cache_->max_step_tokens()) expected = Error::InvalidArgument;
+    }
+    const Snapshot before = snapshot(*cache_);
+    auto begun = cache_->begin_step(entries.data(), static_cast<int>(entries.size()));
+    std::string call = "begin_step(";
+    for (const StepEntry& e : entries) call += " " + std::to_string(e.seq) + ":" + std::to_string(e.T);
+    log(call + " )", begun.status());
+    if (expected != Error::Ok) return expect_refused(begun.status(), expected, before);
+    if (!begun.ok()) {  // a pool ran short: refused whole
+      ++exhausted;
+      return expect_refused(begun.status(), Error::OutOfResources, before);
+    }
+    step_open_ = false;  // a replaced step is gone
+    // The model writes the step (undone below when it is not committed).
+    std::vector<std::uint64_t> token_tags;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      SeqModel& m = model_.seq(entries[i].seq);
+      for (int j = 0; j < entries[i].T; ++j) {
+        const std::int32_t t = entries[i].tokens != nullptr ? tokens[i][static_cast<std::size_t>(j)] : -1;
+        const std::uint64_t tag = model_.tag_for(entries[i].seq, m.length(), t);
+        m.tags.push_back(tag);
+        m.tokens.push_back(t);
+        token_tags.push_back(tag);
+      }
+    }
+    auto plan = cache_->plan(*begun);
+    ASSERT_TRUE(plan.ok()) << plan.message().c_str();
+    ASSERT_EQ(plan->n_tokens, total);
+    pools_.apply(*plan, token_tags);
+    const std::string diff = check_step(*cache_, model_, *plan, pools_);
+    ASSERT_EQ(diff, "") << describe(cfg_);
+    ++steps_checked;
+    if (pick(0, 9) < 8) {
+      ASSERT_TRUE(cache_->commit(*begun).ok());
+      log("commit", kvcore::Status());
+      for (const StepEntry& e : entries) {
+        SeqModel& m = model_.seq(e.seq);
+        if (e.tokens == nullptr) m.plain = false;
+        m.peak = std::max(m.peak, m.length());
+      }
+    } else {  // abandoned: the model forgets it; the cache keeps lengths
+      for (const StepEntry& e : entries) {
+        SeqModel& m = model_.seq(e.seq);
+        m.tags.resize(m.tags.size() - static_cast<std::size_t>(e.T));
+        m.tokens.resize(m.tags.size());
+      }
+      step_open_ = true;
+      open_step_ = *begun;
+    }
+  }
+
+  // Must a rewind (or fork) of `s` to n succeed? Up to max_step back from the
+  // peak length always does, and so does n <= the smallest ring's sinks (or 0).
+  bool must_allow(int s, int n) const {
+    const int L = model_.seq(s).length();
+    if (n < 0 || n > L) return false;
+    if (n >= model_.seq(s).peak - C()) return true;
+    int sinks = 1 << 30;
+    for (const LayerConfig& l : cfg_.layers)
+      if (l.policy.kind == LayerPolicy::Kind::Ring) sinks = std::min(sinks, l.policy.sinks);
+    return n <= sinks;
+  }
+
+  void fork() {
+    const int src = any_seq(), dst = any_seq();
+    const SeqModel& m = model_.seq(src);
+    const int upto = pick(-1, m.length() + 1);
+    const Snapshot before = snapshot(*cache_);
+    const bool can = cache_->can_rewind(src, upto);
+    const bool dst_empty = holds_nothing(dst);
+    const kvcore::Status st = cache_->fork(src, dst, upto);
+    log("fork(" + std::to_string(src) + ", " + std::to_string(dst) + ", " + std::to_string(upto) + ")", st);
+    if (!m.active) return expect_refused(st, Error::InvalidState, before);
+    if (src == dst || upto < 0 || upto > m.length()) return expect_refused(st, Error::InvalidArgument, before);
+    const SeqModel& d = model_.seq(dst);
+    if (d.active && (d.length() != 0 || !dst_empty)) return expect_refused(st, Error::InvalidState, before);
+    if (must_allow(src, upto)) {
+      EXPECT_TRUE(can);
+    }
+    if (!can) return expect_refused(st, Error::InvalidState, before);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    SeqModel copy = m;
+    copy.tags.resize(static_cast<std::size_t>(upto));
+    copy.tokens.resize(static_cast<std::size_t>(upto));
+    copy.plain = plain(copy);
+    model_.seq(dst) = copy;
+    step_open_ = false;
+  }
+
+  std::string table_text(int s, int g) const {
+    auto plan_table = cache_->block_tables(g);
+    std::string out;
+    for (int i = 0; i < cache_->table_stride(); ++i) out += std::to_string(plan_table[s * cache_->table_stride() + i]) + " ";
+    return out;
+  }
+
+  bool holds_nothing(int s) const {
+    for (int g = 0; g < cache_->n_groups(); ++g)
+      if (*cache_->blocks_held(s, g) != 0) return false;
+    return true;
+  }
+
+  // A history is a plain token prefix when nothing was removed and every token is known.
+  static bool plain(const SeqModel& m) {
+    for (std::size_t p = 0; p < m.tags.size(); ++p)
+      if (m.tags[p] == 0 || m.tokens[p] < 0) return false;
+    return m.plain;
+  }
+
+  // Removed ranges that neither start at 0 nor touch another: what max_holes counts.
+  static int holes(const SeqModel& m) {
+    int n = 0;
+    std::size_t p = 0;
+    while (p < m.tags.size() && m.tags[p] == 0) ++p;
+    for (; p < m.tags.size(); ++p)
+      if (m.tags[p] == 0 && m.tags[p - 1] != 0) ++n;
+    return n;
+  }
+
+  void remove() {
+    const int s = any_seq();
+    SeqModel& m = model_.seq(s);
+    const int L = m.length();
+    int p0 = pick(-1, L + 1), p1 = pick(std::max(p0, 0) - 1, L + 3);
+    if (pick(0, 3) == 0) p0 = 0;  // heads are common
+    const Snapshot before = snapshot(*cache_);
+    const bool can_truncate = cache_->can_rewind(s, p0);
+    const kvcore::Status st = cache_->remove(s, p0, p1);
+    log("remove(" + std::to_string(s) + ", " + std::to_string(p0) + ", " + std::to_string(p1) + ")", st);
+    if (!m.active) return expect_refused(st, Error::InvalidState, before);
+    if (p0 < 0 || p1 < p0) return expect_refused(st, Error::InvalidArgument, before);
+    if (p1 >= L && p0 < L) {  // a truncation: the rewind rule
+      if (must_allow(s, p0) || p0 == 0) {
+        EXPECT_TRUE(can_truncate || p0 == 0);
+      }
+      if (!can_truncate && p0 != 0) return expect_refused(st, Error::InvalidState, before);
+      ASSERT_TRUE(st.ok()) << st.message().c_str();
+      m.tags.resize(static_cast<std::size_t>(p0));
+      m.tokens.resize(static_cast<std::size_t>(p0));
+      m.plain = p0 == 0 || plain(m);
+      if (p0 == 0) m.peak = 0;
+      step_open_ = false;
+      return;
+    }
+    SeqModel after = m;
+    for (int p = p0; p < std::min(p1, L); ++p) after.tags[static_cast<std::size_t>(p)] = 0;
+    if (p0 < std::min(p1, L)) after.plain = false;
+    if (holes(after) > cfg_.batch.max_holes) return expect_refused(st, Error::OutOfResources, before);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    m = after;
+    step_open_ = false;
+  }
+
+  void rewind() {
+    const int s = any_seq();
+    const SeqModel& m = model_.seq(s);
+    const int n = pick(0, 3) == 0 ? pick(-1, m.length() + 1) : m.length() - pick(0, C() + 2);
+    const Snapshot before = snapshot(*cache_);
+    const bool can = cache_->can_rewind(s, n);
+    const kvcore::Status st = cache_->rewind(s, n);
+    log("rewind(" + std::to_string(s) + ", " + std::to_string(n) + ")", st);
+    if (!m.active) {
+      EXPECT_FALSE(can);
+      return expect_refused(st, Error::InvalidState, before);
+    }
+    if (n < 0 || n > m.length()) {
+      EXPECT_FALSE(can);
+      return expect_refused(st, Error::InvalidArgument, before);
+    }
+    if (must_allow(s, n)) {
+      EXPECT_TRUE(can) << "rewind(" << s << ", " << n << ") at length " << m.length();
+    }
+    if (!can) return expect_refused(st, Error::InvalidState, before);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    SeqModel& w = model_.seq(s);
+    w.tags.resize(static_cast<std::size_t>(n));
+    w.tokens.resize(static_cast<std::size_t>(n));
+    w.plain = n == 0 || plain(w);
+    if (n == 0) w.peak = 0;
+    step_open_ = false;
+  }
+
+  // A new (or emptied) sequence adopts a prompt built from another's tokens.
+  void adopt() {
+    const int s = any_seq();
+    if (pick(0, 9) < 7 && (!model_.seq(s).active || model_.seq(s).length() != 0)) {
+      // Usually a fresh sequence (that is what prefix reuse is for).
+      if (model_.seq(s).active) {
+        ASSERT_TRUE(cache_->release_sequence(s).ok());
+      }
+      ASSERT_TRUE(cache_->add_sequence(s).ok());
+      model_.seq(s) = SeqModel{};
+      model_.seq(s).active = true;
+      step_open_ = false;
+    }
+    std::vector<std::int32_t> prompt;
+    const std::vector<int> seqs = active_seqs();
+    if (!seqs.empty()) {
+      const SeqModel& from = model_.seq(seqs[static_cast<std::size_t>(pick(0, static_cast<int>(seqs.size()) - 1))]);
+      for (std::int32_t t : from.tokens) prompt.push_back(t < 0 ? 0 : t);
+      prompt.resize(static_cast<std::size_t>(pick(0, static_cast<int>(prompt.size()))));
+    }
+    for (int extra = pick(0, 4); extra > 0; --extra) prompt.push_back(pick(0, 2));
+    if (static_cast<int>(prompt.size()) > cfg_.capacity) prompt.resize(static_cast<std::size_t>(cfg_.capacity));
+    const Snapshot before = snapshot(*cache_);
+    const bool empty = holds_nothing(s);
+    auto hit = cache_->adopt_prefix(s, prompt.data(), static_cast<int>(prompt.size()));
+    log("adopt_prefix(" + std::to_string(s) + ", " + std::to_string(prompt.size()) + " tokens) = " +
+            std::to_string(hit.ok() ? *hit : -1),
+        hit.status());
+    SeqModel& m = model_.seq(s);
+    if (!m.active) return expect_refused(hit.status(), Error::InvalidState, before);
+    if (m.length() != 0 || !empty) return expect_refused(hit.status(), Error::InvalidState, before);
+    ASSERT_TRUE(hit.ok()) << hit.message().c_str();
+    const int h = *hit;
+    EXPECT_EQ(h % cfg_.batch.block_size, 0);
+    EXPECT_LE(h, std::max(0, static_cast<int>(prompt.size()) - 1));
+    EXPECT_EQ(cache_->sequence(s)->length, h);
+    m = SeqModel{};
+    m.active = true;
+    m.peak = h;
+    for (int p = 0; p < h; ++p) {
+      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
+      m.tags.push_back(BatchModel::prefix_tag(prompt, p));  // what a fresh computation would hold
+    }
+    if (h > 0) ++prefix_hits;
+    step_open_ = false;
+  }
+
+  void clear() {
+    cache_->clear();
+    log("clear", kvcore::Status());
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_.seq(s) = SeqModel{};
+    step_open_ = false;
+  }
+
+  void check_invariants() {
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s) {
+      const SeqModel& m = model_.seq(s);
+      auto info = cache_->sequence(s);
+      ASSERT_EQ(info->active, m.active);
+      if (!m.active) continue;
+      ASSERT_EQ(info->length, m.length());
+      int visible = 0;
+      for (std::uint64_t t : m.tags) visible += t != 0;
+      EXPECT_EQ(info->visible_positions(), visible);
+      if (step_open_) continue;
+      // DESIGN.md section 6's memory bound for ring groups, at rest.
+      for (int g = 0; g < cache_->n_groups(); ++g) {
+        const LayerPolicy p = *cache_->group_policy(g);
+        if (p.kind != LayerPolicy::Kind::Ring) continue;
+        const int B = cfg_.batch.block_size;
+        const int bound = (p.sinks + B - 1) / B + (p.window + C() - 1 + B - 1) / B + 1;
+        EXPECT_LE(*cache_->blocks_held(s, g), bound) << "seq " << s << " group " << g << " at length "
+                                                     << m.length() << ": " << table_text(s, g);
+      }
+    }
+    if (step_open_) {
+      EXPECT_TRUE(cache_->check_step(open_step_).ok());
+    }
+  }
+
+  CacheConfig cfg_;
+  std::mt19937 rng_;
+  std::unique_ptr<BatchCache> cache_;
+  BatchModel model_;
+  TaggedPools pools_;
+  bool step_open_ = false;
+  kvcore::BatchStep open_step_;
+};
+
+TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
+  int steps = 0, hits = 0, exhausted = 0;
+  // KVCORE_BATCH_SEED=N runs that seed alone.
+  const char* only = std::getenv("KVCORE_BATCH_SEED");
+  const std::uint32_t first = only != nullptr ? static_cast<std::uint32_t>(std::atoi(only)) : 1;
+  const std::uint32_t last = only != nullptr ? first : 300;
+  for (std::uint32_t seed = first; seed <= last && !HasFailure(); ++seed) {
+    std::mt19937 rng(seed);
+    const CacheConfig cfg = random_config(rng);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(cfg));
+    Driver d(cfg, seed);
+    d.run(300);
+    steps += d.steps_checked;
+    hits += d.prefix_hits;
+    exhausted += d.exhausted;
+  }
+  if (only != nullptr) return;
+  std::printf("%d steps checked, %d prefix hits, %d steps refused for want of blocks\n", steps, hits, exhausted);
+  // The workloads reach what they are for.
+  EXPECT_GT(steps, 20000);
+  EXPECT_GT(hits, 500);
+  EXPECT_GT(exhausted, 100);
+}
+
+}  // namespace
+}  // namespace kvcore_test

@@ -1,0 +1,150 @@
+// A brute-force model of DESIGN.md section 6, written from its text and never
+// from BatchCache: each sequence is simulated alone, as section 2 does (its
+// length, which positions were removed, the tokens it was given), and a
+// simulated byte layer applies the cache's plans to tagged rows. A row's tag
+// stands for its K/V: for a sequence whose history is a plain token prefix it
+// is a hash of the tokens up to that position (so a block reused by a prefix
+// hit must carry the tag a fresh computation would), otherwise a unique write
+// id. check_step() proves that for every query of a step, every key the
+// visibility rule lets it see is named by the plan and holds exactly that K/V,
+// and that the planner's visibility answers match.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvcore/batch/batch_cache.h"
+
+namespace kvcore_test {
+
+/// One sequence, alone.
+struct SeqModel {
+  bool active = false;
+  /// Per position: the tag of its K/V; 0 once removed (never seen again).
+  std::vector<std::uint64_t> tags;
+  /// Per position: the token, or -1 when none was given.
+  std::vector<std::int32_t> tokens;
+  /// False once its history stops being a plain token prefix (a removal, or a
+  /// step without tokens): later K/V are then unique to it.
+  bool plain = true;
+  /// The longest committed length since it last went back to 0: ring groups keep
+  /// what a rewind of up to max_step tokens from there needs.
+  int peak = 0;
+
+  int length() const { return static_cast<int>(tags.size()); }
+};
+
+class BatchModel {
+ public:
+  explicit BatchModel(const kvcore::CacheConfig& cfg) : cfg_(cfg) {
+    seqs_.resize(static_cast<std::size_t>(cfg.batch.max_seqs));
+  }
+
+  SeqModel& seq(int s) { return seqs_[static_cast<std::size_t>(s)]; }
+  const SeqModel& seq(int s) const { return seqs_[static_cast<std::size_t>(s)]; }
+
+  /// DESIGN.md section 2's rule for a policy.
+  static bool in_window(const kvcore::LayerPolicy& p, int q, int k) {
+    if (k > q) return false;
+    if (p.kind != kvcore::LayerPolicy::Kind::Ring) return true;
+    return q - k < p.window || k < p.sinks;
+  }
+
+  /// The tag position p of `s` gets when written now with token `t` (-1: none).
+  std::uint64_t tag_for(int s, int p, std::int32_t t) {
+    SeqModel& m = seq(s);
+    if (!m.plain || t < 0) return next_unique_++;
+    std::uint64_t h = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < p; ++i) h = mix(h ^ static_cast<std::uint32_t>(m.tokens[static_cast<std::size_t>(i)]));
+    return mix(h ^ static_cast<std::uint32_t>(t)) | 1;  // never 0
+  }
+
+  /// The tag a plain token prefix gives position p (for checking adopted blocks).
+  static std::uint64_t prefix_tag(const std::vector<std::int32_t>& tokens, int p) {
+    std::uint64_t h = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < p; ++i) h = mix(h ^ static_cast<std::uint32_t>(tokens[static_cast<std::size_t>(i)]));
+    return mix(h ^ static_cast<std::uint32_t>(tokens[static_cast<std::size_t>(p)])) | 1;
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t x) {
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ull;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dull;
+    return x ^ (x >> 33);
+  }
+
+  kvcore::CacheConfig cfg_;
+  std::vector<SeqModel> seqs_;
+  std::uint64_t next_unique_ = 1ull << 62;
+};
+
+/// The byte layer: per group, the tag each row holds.
+struct TaggedPools {
+  std::vector<std::vector<std::uint64_t>> rows;
+
+  explicit TaggedPools(const kvcore::BatchCache& cache) {
+    for (int g = 0; g < cache.n_groups(); ++g)
+      rows.emplace_back(static_cast<std::size_t>(*cache.num_blocks(g)) *
+                            static_cast<std::size_t>(cache.block_size()),
+                        0);
+  }
+
+  /// Copies, then writes: what a backend does with a plan.
+  void apply(const kvcore::BatchStepPlan& plan, const std::vector<std::uint64_t>& token_tags) {
+    const std::size_t B = static_cast<std::size_t>(plan.block_size);
+    for (int g = 0; g < plan.n_groups; ++g) {
+      std::vector<std::uint64_t>& pool = rows[static_cast<std::size_t>(g)];
+      const kvcore::GroupPlan& gp = plan.groups[g];
+      for (int c = 0; c < gp.n_copies; ++c)
+        std::copy_n(pool.begin() + static_cast<long>(gp.copies[c].src * B), B,
+                    pool.begin() + static_cast<long>(gp.copies[c].dst * B));
+      for (int t = 0; t < plan.n_tokens; ++t)
+        pool[static_cast<std::size_t>(gp.slots[t])] = token_tags[static_cast<std::size_t>(t)];
+    }
+  }
+};
+
+/// Every query of the begun step sees exactly the keys the rule allows, each
+/// named by the plan's block table and holding its latest K/V. Returns "" or
+/// the first difference.
+inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel& model,
+                              const kvcore::BatchStepPlan& plan, const TaggedPools& pools) {
+  const int B = plan.block_size;
+  for (int i = 0; i < plan.n_entries; ++i) {
+    const int s = plan.seq_ids[i];
+    const SeqModel& m = model.seq(s);
+    if (plan.context_lens[i] != m.length()) return "entry " + std::to_string(i) + ": context length";
+    for (int g = 0; g < plan.n_groups; ++g) {
+      const kvcore::LayerPolicy policy = *cache.group_policy(g);
+      const int* table = plan.groups[g].block_tables + static_cast<std::ptrdiff_t>(s) * plan.groups[g].table_stride;
+      for (int q = plan.first_positions[i]; q < plan.context_lens[i]; ++q) {
+        for (int k = 0; k <= q; ++k) {
+          const bool seen = BatchModel::in_window(policy, q, k) && m.tags[static_cast<std::size_t>(k)] != 0;
+          const std::string where = "seq " + std::to_string(s) + " group " + std::to_string(g) +
+                                    " query " + std::to_string(q) + " key " + std::to_string(k);
+          if (*cache.visible(g, s, q, k) != seen) return where + ": visible() disagrees";
+          // The plan's removed ranges say the same.
+          bool removed = k < plan.visible_starts[i];
+          for (int h = 0; h < plan.n_holes[i]; ++h)
+            removed = removed || (k >= plan.holes[i][h].begin && k < plan.holes[i][h].end);
+          if (removed != (m.tags[static_cast<std::size_t>(k)] == 0)) return where + ": removed ranges disagree";
+          if (!seen) continue;
+          const int block = table[k / B];
+          if (block < 0) return where + ": a needed key's block is a hole";
+          const std::uint64_t held = pools.rows[static_cast<std::size_t>(g)][static_cast<std::size_t>(block * B + k % B)];
+          if (held != m.tags[static_cast<std::size_t>(k)]) return where + ": the row holds other K/V";
+        }
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace kvcore_test
