@@ -8,6 +8,10 @@ optional attention sinks) layers under one logical length.
 from __future__ import annotations
 
 from kvcore._core import (
+    BatchCache,
+    BatchLimits,
+    BatchStep,
+    BatchStepPlan,
     CacheBase,
     CacheConfig,
     Flat,
@@ -17,6 +21,7 @@ from kvcore._core import (
     LayerPolicy,
     Ring,
     Run,
+    SequenceInfo,
     SeqStepPlan,
     SequenceCache,
     Step,
@@ -42,6 +47,10 @@ from kvcore.registry import Session, build, register_builder, unregister_builder
 __all__ = [
     "AllocationError",
     "AlreadyRegisteredError",
+    "BatchCache",
+    "BatchLimits",
+    "BatchStep",
+    "BatchStepPlan",
     "CacheBase",
     "CacheConfig",
     "CapacityError",
@@ -61,6 +70,7 @@ __all__ = [
     "Run",
     "SeqStepPlan",
     "SequenceCache",
+    "SequenceInfo",
     "Session",
     "Step",
     "__version__",

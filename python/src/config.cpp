@@ -51,6 +51,13 @@ std::string repr(const kvcore::CacheConfig& c) {
                   ", n_layers=" + std::to_string(c.n_layers) +
                   ", max_step=" + std::to_string(c.max_step);
   if (c.initial_capacity != 512) s += ", initial_capacity=" + std::to_string(c.initial_capacity);
+  const kvcore::BatchLimits d;
+  const kvcore::BatchLimits& b = c.batch;
+  if (b.block_size != d.block_size || b.max_seqs != d.max_seqs || b.max_step_tokens != d.max_step_tokens ||
+      b.num_blocks != d.num_blocks || b.max_holes != d.max_holes)
+    s += ", batch=BatchLimits(block_size=" + std::to_string(b.block_size) + ", max_seqs=" +
+         std::to_string(b.max_seqs) + ", max_step_tokens=" + std::to_string(b.max_step_tokens) +
+         ", num_blocks=" + std::to_string(b.num_blocks) + ", max_holes=" + std::to_string(b.max_holes) + ")";
   return s + ")";
 }
 
@@ -123,11 +130,48 @@ void register_config(py::module_& m) {
            py::is_operator())
       .def("__repr__", [](const kvcore::LayerConfig& l) { return repr(l); });
 
+  py::class_<kvcore::BatchLimits>(
+      m, "BatchLimits",
+      "Limits of a many-sequence cache (BatchCache), fixed at its creation: every table it "
+      "keeps is sized from them, so no step allocates. A SequenceCache ignores them.")
+      .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
+                       const PyInt& num_blocks, const PyInt& max_holes) {
+             kvcore::BatchLimits b;
+             b.block_size = to_int("block_size", block_size);
+             b.max_seqs = to_int("max_seqs", max_seqs);
+             b.max_step_tokens = to_int("max_step_tokens", max_step_tokens);
+             b.num_blocks = to_int("num_blocks", num_blocks);
+             b.max_holes = to_int("max_holes", max_holes);
+             return b;
+           }),
+           py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
+           py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8,
+           "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
+           "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
+           "max_seqs * max_step, at most 2**20). num_blocks: blocks of each flat group's pool (0: enough for "
+           "max_seqs sequences at full capacity; ring groups size theirs). max_holes: removed middle "
+           "ranges one sequence keeps apart. Checked when a BatchCache is built "
+           "(InvalidArgumentError naming the field).")
+      .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
+      .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
+      .def_readonly("max_step_tokens", &kvcore::BatchLimits::max_step_tokens,
+                    "New tokens of one step over all sequences (0: the default).")
+      .def_readonly("num_blocks", &kvcore::BatchLimits::num_blocks,
+                    "Blocks of each flat group's pool (0: the default).")
+      .def_readonly("max_holes", &kvcore::BatchLimits::max_holes,
+                    "Removed middle ranges one sequence keeps apart.")
+      .def("__repr__", [](const kvcore::BatchLimits& b) {
+        return "BatchLimits(block_size=" + std::to_string(b.block_size) + ", max_seqs=" +
+               std::to_string(b.max_seqs) + ", max_step_tokens=" + std::to_string(b.max_step_tokens) +
+               ", num_blocks=" + std::to_string(b.num_blocks) + ", max_holes=" +
+               std::to_string(b.max_holes) + ")";
+      });
+
   py::class_<kvcore::CacheConfig>(m, "CacheConfig", "Model facts and per-layer policies.")
       // Typed arguments: a wrong type is a TypeError naming the signature.
       .def(py::init([](const PyInt& capacity, const LayersArg& layers,
                        const std::optional<PyInt>& n_layers, const std::optional<PyInt>& max_step,
-                       const PyInt& initial_capacity) {
+                       const PyInt& initial_capacity, const kvcore::BatchLimits& batch) {
              kvcore::CacheConfig cfg;
              cfg.capacity = to_int("capacity", capacity);
              if (const auto* one = std::get_if<kvcore::LayerConfig>(&layers)) {
@@ -150,16 +194,20 @@ void register_config(py::module_& m) {
                        "max_step = " + std::to_string(cfg.max_step) + ": must be >= 1");
              }
              cfg.initial_capacity = to_int("initial_capacity", initial_capacity);
+             cfg.batch = batch;
              throw_if_error(kvcore::validate(cfg));
              cfg.max_step = cfg.effective_max_step();
              return cfg;
            }),
            py::arg("capacity"), py::arg("layers"), py::kw_only(), py::arg("n_layers") = py::none(),
-           py::arg("max_step") = py::none(), py::arg("initial_capacity") = 512)
+           py::arg("max_step") = py::none(), py::arg("initial_capacity") = 512,
+           py::arg("batch") = kvcore::BatchLimits())
       .def_readonly("capacity", &kvcore::CacheConfig::capacity)
       .def_readonly("n_layers", &kvcore::CacheConfig::n_layers)
       .def_readonly("max_step", &kvcore::CacheConfig::max_step)
       .def_readonly("initial_capacity", &kvcore::CacheConfig::initial_capacity)
+      .def_readonly("batch", &kvcore::CacheConfig::batch,
+                    "The limits a many-sequence cache (BatchCache) built from it has.")
       .def_property_readonly("layers",
                              [](const kvcore::CacheConfig& c) {
                                py::list out;

@@ -532,8 +532,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         max_seqs_(cfg.batch.max_seqs),
         max_holes_(cfg.batch.max_holes),
         stride_(ceil_div(cfg.capacity, cfg.batch.block_size)) {
-    const int per_step = max_step_ > max_seqs_ ? max_step_ : max_seqs_;
-    max_step_tokens_ = cfg.batch.max_step_tokens != 0 ? cfg.batch.max_step_tokens : per_step;
+    // Default: every sequence stepping max_step tokens at once (capped at 2^20 tokens).
+    const std::int64_t every = static_cast<std::int64_t>(max_step_) * max_seqs_;
+    max_step_tokens_ = cfg.batch.max_step_tokens != 0 ? cfg.batch.max_step_tokens
+                                                       : static_cast<int>(every < (1 << 20) ? every : (1 << 20));
   }
 
   static int ceil_div(int a, int b) noexcept { return static_cast<int>((static_cast<std::int64_t>(a) + b - 1) / b); }

@@ -49,7 +49,8 @@ struct BatchLimits {
   int block_size = 16;
   /// Sequence ids are 0 .. max_seqs - 1.
   int max_seqs = 64;
-  /// New tokens of one step over all its sequences; 0 means max(max_step, max_seqs).
+  /// New tokens of one step over all its sequences; 0 means max_seqs * max_step
+  /// (at most 2^20).
   int max_step_tokens = 0;
   /// Blocks of each flat group's pool; 0 means enough for max_seqs sequences at
   /// full capacity. Ring groups size their pools themselves: max_seqs times what

@@ -1,0 +1,367 @@
+// Python view of BatchCache (many sequences over paged block pools), its steps
+// and their plans. A plan's arrays are read-only numpy views of the cache's
+// own buffers (no copy); each keeps the cache alive, and shows the step it was
+// made for until the cache's next mutating call.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "errors.h"
+#include "kvcore/batch/batch_cache.h"
+
+namespace kvcore_py {
+
+namespace {
+
+using Cache = kvcore::BatchCache;
+using CachePtr = std::shared_ptr<Cache>;
+
+// A read-only int32 view of `n` ints at `data` (shape `shape`), kept alive by `owner`.
+py::array view_of(const int* data, std::vector<py::ssize_t> shape, py::handle owner) {
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t stride = sizeof(int);
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  py::array out(py::dtype::of<std::int32_t>(), std::move(shape), std::move(strides), data, owner);
+  py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return out;
+}
+
+// A begun step: the cache that began it (kept alive) and the C++ handle.
+struct BatchStepHandle {
+  CachePtr cache;
+  kvcore::BatchStep step;
+};
+
+// One group's part of a plan.
+struct GroupPlanHandle {
+  CachePtr cache;
+  kvcore::BatchStep step;
+  int group = 0;
+  kvcore::GroupPlan plan;
+  int n_tokens = 0;
+};
+
+// The plan of a step, as Python sees it.
+struct BatchPlanHandle {
+  CachePtr cache;
+  kvcore::BatchStep step;
+  kvcore::BatchStepPlan plan;
+};
+
+const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
+  throw_if_error(h.cache->check_step(h.step));  // a plan of an ended step is stale
+  return h.plan;
+}
+
+std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vector<std::vector<std::int32_t>>* tokens) {
+  std::vector<kvcore::StepEntry> out;
+  for (py::handle item : entries) {
+    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
+    if (!py::isinstance<py::sequence>(item) || (py::len(t) != 2 && py::len(t) != 3))
+      raise(kvcore::Error::InvalidArgument,
+            "begin_step: each entry is (seq, T) or (seq, T, tokens), got " + py::repr(item).cast<std::string>());
+    kvcore::StepEntry e;
+    e.seq = to_int("seq", py::cast<PyInt>(t[0]));
+    e.T = to_int("T", py::cast<PyInt>(t[1]));
+    if (py::len(t) == 3 && !t[2].is_none()) {
+      std::vector<std::int32_t> ids;
+      for (py::handle x : t[2]) ids.push_back(to_int("token", py::cast<PyInt>(x)));
+      if (static_cast<int>(ids.size()) != e.T)
+        raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(e.seq) + " has T = " +
+                                                  std::to_string(e.T) + " but " + std::to_string(ids.size()) +
+                                                  " tokens");
+      tokens->push_back(std::move(ids));
+    }
+    out.push_back(e);
+  }
+  // Pointers only once the token vectors stop moving.
+  std::size_t k = 0;
+  std::size_t i = 0;
+  for (py::handle item : entries) {
+    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
+    if (py::len(t) == 3 && !t[2].is_none()) out[i].tokens = (*tokens)[k++].data();
+    ++i;
+  }
+  return out;
+}
+
+BatchStepHandle begin(const CachePtr& c, const py::handle& entries) {
+  std::vector<std::vector<std::int32_t>> tokens;
+  const std::vector<kvcore::StepEntry> parsed = parse_entries(entries, &tokens);
+  return BatchStepHandle{c, unwrap(c->begin_step(parsed.data(), static_cast<int>(parsed.size())))};
+}
+
+std::vector<std::int32_t> token_ids(const py::handle& tokens) {
+  std::vector<std::int32_t> out;
+  for (py::handle x : tokens) out.push_back(to_int("token", py::cast<PyInt>(x)));
+  return out;
+}
+
+py::list holes_of(const kvcore::PositionRange* holes, int n) {
+  py::list out;
+  for (int i = 0; i < n; ++i) out.append(py::make_tuple(holes[i].begin, holes[i].end));
+  return out;
+}
+
+}  // namespace
+
+void register_batch(py::module_& m) {
+  py::class_<kvcore::SequenceInfo>(m, "SequenceInfo", "One sequence of a BatchCache, as the runner sees it.")
+      .def_readonly("active", &kvcore::SequenceInfo::active,
+                    "False until add_sequence() or fork() (and after release_sequence()).")
+      .def_readonly("length", &kvcore::SequenceInfo::length,
+                    "Committed length L: the next step writes positions L, L + 1, ...")
+      .def_readonly("visible_start", &kvcore::SequenceInfo::visible_start,
+                    "Positions below it were removed (remove(seq, 0, p1)).")
+      .def_property_readonly("holes",
+                             [](const kvcore::SequenceInfo& s) { return holes_of(s.holes, s.n_holes); },
+                             "Removed middle ranges [(begin, end), ...], sorted.")
+      .def_property_readonly("visible_positions", &kvcore::SequenceInfo::visible_positions,
+                             "Positions [0, length) not removed: what the sequence still sees.")
+      .def("__repr__", [](const kvcore::SequenceInfo& s) {
+        return "SequenceInfo(active=" + std::string(s.active ? "True" : "False") +
+               ", length=" + std::to_string(s.length) + ", visible_start=" + std::to_string(s.visible_start) +
+               ", holes=" + py::repr(holes_of(s.holes, s.n_holes)).cast<std::string>() + ")";
+      });
+
+  py::class_<GroupPlanHandle>(m, "GroupPlan",
+                              "One group's part of a BatchStepPlan (a group: the layers sharing a policy "
+                              "and a block pool). Arrays are read-only int32 views of the cache's buffers.")
+      .def_readonly("group", &GroupPlanHandle::group, "The group's index.")
+      .def_property_readonly(
+          "slots",
+          [](const GroupPlanHandle& g) {
+            throw_if_error(g.cache->check_step(g.step));
+            return view_of(g.plan.slots, {g.n_tokens}, py::cast(g.cache));
+          },
+          "(n_tokens,) physical row of each new token (block * block_size + offset), in token "
+          "order: where to write (slot_mapping).")
+      .def_property_readonly(
+          "copies",
+          [](const GroupPlanHandle& g) {
+            throw_if_error(g.cache->check_step(g.step));
+            return view_of(reinterpret_cast<const int*>(g.plan.copies), {g.plan.n_copies, 2}, py::cast(g.cache));
+          },
+          "(n_copies, 2) blocks to copy, (src, dst), all block_size rows, before writing "
+          "(copy-on-write of a shared, partly filled block).")
+      .def_property_readonly(
+          "block_tables",
+          [](const GroupPlanHandle& g) {
+            throw_if_error(g.cache->check_step(g.step));
+            return view_of(g.plan.block_tables, {g.cache->max_seqs(), g.plan.table_stride}, py::cast(g.cache));
+          },
+          "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
+          "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.");
+
+  py::class_<BatchPlanHandle>(m, "BatchStepPlan",
+                              "The plan of a begun BatchStep in the varlen paged format. Per-entry arrays "
+                              "are read-only int32 views of the cache's buffers; entry i's queries are "
+                              "tokens [query_starts[i], query_starts[i+1]) at positions first_positions[i] "
+                              "+ j. Reading an array after the step ended raises InvalidStateError.")
+      .def_property_readonly("n_entries", [](const BatchPlanHandle& h) { return current(h).n_entries; },
+                             "Sequences in the step.")
+      .def_property_readonly("n_tokens", [](const BatchPlanHandle& h) { return current(h).n_tokens; },
+                             "New tokens of the step, all sequences.")
+      .def_property_readonly("block_size", [](const BatchPlanHandle& h) { return h.plan.block_size; },
+                             "Rows per block.")
+      .def_property_readonly(
+          "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.cache)); },
+          "(n_entries,) the sequence of each entry.")
+      .def_property_readonly(
+          "query_starts",
+          [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.cache)); },
+          "(n_entries + 1,) entry i's tokens are [query_starts[i], query_starts[i + 1]) (cu_seqlens_q).")
+      .def_property_readonly(
+          "first_positions",
+          [](const BatchPlanHandle& h) { return view_of(current(h).first_positions, {h.plan.n_entries}, py::cast(h.cache)); },
+          "(n_entries,) each sequence's length before the step: its first new position.")
+      .def_property_readonly(
+          "context_lens",
+          [](const BatchPlanHandle& h) { return view_of(current(h).context_lens, {h.plan.n_entries}, py::cast(h.cache)); },
+          "(n_entries,) each sequence's length after the step (cache_seqlens).")
+      .def_property_readonly(
+          "visible_starts",
+          [](const BatchPlanHandle& h) { return view_of(current(h).visible_starts, {h.plan.n_entries}, py::cast(h.cache)); },
+          "(n_entries,) positions below it were removed from the sequence: never visible.")
+      .def(
+          "holes",
+          [](const BatchPlanHandle& h, const PyInt& entry) {
+            const kvcore::BatchStepPlan& p = current(h);
+            const int i = to_int("entry", entry);
+            if (i < 0 || i >= p.n_entries)
+              raise(kvcore::Error::InvalidArgument,
+                    "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
+            return holes_of(p.holes[i], p.n_holes[i]);
+          },
+          py::arg("entry"), "Entry i's removed middle ranges [(begin, end), ...]: never visible.")
+      .def_property_readonly(
+          "positions",
+          [](const BatchPlanHandle& h) {
+            const kvcore::BatchStepPlan& p = current(h);
+            py::array_t<std::int32_t> out(p.n_tokens);
+            std::int32_t* at = out.mutable_data();
+            for (int i = 0; i < p.n_entries; ++i)
+              for (int t = p.query_starts[i]; t < p.query_starts[i + 1]; ++t)
+                *at++ = p.first_positions[i] + (t - p.query_starts[i]);
+            return out;
+          },
+          "(n_tokens,) the position of each new token (a new array).")
+      .def_property_readonly(
+          "groups",
+          [](const BatchPlanHandle& h) {
+            const kvcore::BatchStepPlan& p = current(h);
+            py::tuple out(static_cast<std::size_t>(p.n_groups));
+            for (int g = 0; g < p.n_groups; ++g)
+              out[static_cast<std::size_t>(g)] = GroupPlanHandle{h.cache, h.step, g, p.groups[g], p.n_tokens};
+            return out;
+          },
+          "One GroupPlan per group (index with cache.group_of(layer)).");
+
+  py::class_<BatchStepHandle>(m, "BatchStep",
+                              "A begun step of a BatchCache. As a context manager it commits on normal "
+                              "exit and leaves the step uncommitted when the body raises.")
+      .def_property_readonly("n_entries", [](const BatchStepHandle& h) { return h.step.n_entries; },
+                             "Sequences in the step.")
+      .def_property_readonly("n_tokens", [](const BatchStepHandle& h) { return h.step.n_tokens; },
+                             "New tokens in the step, all sequences.")
+      .def_property_readonly("is_current", [](const BatchStepHandle& h) { return h.cache->check_step(h.step).ok(); },
+                             "True while this is the cache's begun, uncommitted step.")
+      .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h.cache, h.step, unwrap(h.cache->plan(h.step))}; },
+           "The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one.")
+      .def("commit", [](const BatchStepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
+           "Commits the step (every entry's length grows by its T). InvalidStateError: stale step.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](const BatchStepHandle& h, py::object exc_type, py::object, py::object) {
+             if (exc_type.is_none()) throw_if_error(h.cache->commit(h.step));
+             return false;
+           })
+      .def("__repr__", [](const BatchStepHandle& h) {
+        return "BatchStep(n_entries=" + std::to_string(h.step.n_entries) + ", n_tokens=" + std::to_string(h.step.n_tokens) + ")";
+      });
+
+  py::class_<Cache, kvcore::CacheBase, CachePtr>(
+      m, "BatchCache",
+      "Many sequences over paged block pools (DESIGN.md section 6): one pool of blocks per group "
+      "of layers sharing a policy; forks share blocks, removals and rewinds release them, ring "
+      "groups release what no future query can reach, and full blocks named by their token ids "
+      "are reused by new sequences with the same prefix. Sequence ids are 0..max_seqs-1; every "
+      "table is sized from config.batch (BatchLimits) at creation. A failing call raises and "
+      "changes nothing.")
+      .def(py::init([](const kvcore::CacheConfig& cfg) { return CachePtr(unwrap(Cache::create(cfg))); }),
+           py::arg("config"),
+           "Builds the cache. InvalidArgumentError names a bad config or BatchLimits field; "
+           "AllocationError when its tables cannot be allocated.")
+      .def_property_readonly("max_seqs", &Cache::max_seqs, "Sequence ids are 0..max_seqs-1.")
+      .def_property_readonly("capacity", &Cache::capacity, "Largest length of one sequence (positions).")
+      .def_property_readonly("max_step", &Cache::max_step, "Largest T of one sequence in one step.")
+      .def_property_readonly("max_step_tokens", &Cache::max_step_tokens, "Largest number of new tokens of one step.")
+      .def_property_readonly("n_layers", &Cache::n_layers, "Layers.")
+      .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")
+      .def_property_readonly("block_size", &Cache::block_size, "Rows per block.")
+      .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per sequence.")
+      .def("group_of", [](const Cache& c, const PyInt& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
+           py::arg("layer"), "The group of a layer. InvalidArgumentError: bad layer.")
+      .def("group_policy",
+           [](const Cache& c, const PyInt& group) { return unwrap(c.group_policy(to_int("group", group))); },
+           py::arg("group"), "The policy of a group's layers. InvalidArgumentError: bad group.")
+      .def("layer_config",
+           [](const Cache& c, const PyInt& layer) { return unwrap(c.layer_config(to_int("layer", layer))); },
+           py::arg("layer"), "A layer's policy and row shape. InvalidArgumentError: bad layer.")
+      .def("num_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.num_blocks(to_int("group", group))); },
+           py::arg("group"), "Blocks in a group's pool (its rows: num_blocks * block_size).")
+      .def("free_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.free_blocks(to_int("group", group))); },
+           py::arg("group"), "Blocks of a group no sequence holds (reclaimable cached ones included).")
+      .def("cached_blocks",
+           [](const Cache& c, const PyInt& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
+           py::arg("group"), "Free blocks of a group that still hold a reusable prefix.")
+      .def("blocks_held",
+           [](const Cache& c, const PyInt& seq, const PyInt& group) {
+             return unwrap(c.blocks_held(to_int("seq", seq), to_int("group", group)));
+           },
+           py::arg("seq"), py::arg("group"), "Blocks of a group the sequence holds.")
+      .def("oldest_held",
+           [](const Cache& c, const PyInt& seq, const PyInt& group) {
+             return unwrap(c.oldest_held(to_int("seq", seq), to_int("group", group)));
+           },
+           py::arg("seq"), py::arg("group"),
+           "The oldest position whose block the group still holds for the sequence (its length when none).")
+      .def("sequence", [](const Cache& c, const PyInt& seq) { return unwrap(c.sequence(to_int("seq", seq))); },
+           py::arg("seq"), "The sequence's SequenceInfo. InvalidArgumentError: seq out of range.")
+      .def("length", [](const Cache& c, const PyInt& seq) { return unwrap(c.sequence(to_int("seq", seq))).length; },
+           py::arg("seq"), "The sequence's committed length (0 for an inactive one).")
+      .def("add_sequence", [](Cache& c, const PyInt& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
+           py::arg("seq"), "Starts an empty sequence. InvalidStateError: it is active.")
+      .def("release_sequence", [](Cache& c, const PyInt& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
+           py::arg("seq"), "Ends a sequence and releases its blocks. InvalidStateError: it is not active.")
+      .def("fork",
+           [](Cache& c, const PyInt& src, const PyInt& dst, const std::optional<PyInt>& upto) {
+             const int s = to_int("src", src);
+             const int at = upto ? to_int("upto", *upto) : (s >= 0 && s < c.max_seqs() ? unwrap(c.sequence(s)).length : 0);
+             throw_if_error(c.fork(s, to_int("dst", dst), at));
+           },
+           py::arg("src"), py::arg("dst"), py::arg("upto") = py::none(),
+           "dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no "
+           "K/V. InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not "
+           "empty, or src no longer holds what a query of dst at upto needs.")
+      .def("remove",
+           [](Cache& c, const PyInt& seq, const PyInt& p0, const std::optional<PyInt>& p1) {
+             const int s = to_int("seq", seq);
+             const int end = p1 ? to_int("p1", *p1) : 0x7fffffff;
+             throw_if_error(c.remove(s, to_int("p0", p0), end));
+           },
+           py::arg("seq"), py::arg("p0"), py::arg("p1") = py::none(),
+           "Positions [p0, p1) leave the sequence's history (p1 = None: to its end, a truncation "
+           "with the rewind rule). CapacityError: more removed middle ranges than max_holes.")
+      .def("rewind", [](Cache& c, const PyInt& seq, const PyInt& n) { throw_if_error(c.rewind(to_int("seq", seq), to_int("n", n))); },
+           py::arg("seq"), py::arg("n"),
+           "length(seq) = n. InvalidStateError: a ring group released history a query at n needs.")
+      .def("can_rewind",
+           [](const Cache& c, const PyInt& seq, const PyInt& n) {
+             int s = 0, v = 0;
+             return fits_int(seq, &s) && fits_int(n, &v) && c.can_rewind(s, v);
+           },
+           py::arg("seq"), py::arg("n"), "True exactly when rewind(seq, n) would succeed. Never raises.")
+      .def("adopt_prefix",
+           [](Cache& c, const PyInt& seq, const py::handle& tokens) {
+             const std::vector<std::int32_t> ids = token_ids(tokens);
+             return unwrap(c.adopt_prefix(to_int("seq", seq), ids.data(), static_cast<int>(ids.size())));
+           },
+           py::arg("seq"), py::arg("tokens"),
+           "An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, "
+           "at most len(tokens) - 1 tokens) every group holds; returns its length (0: a miss).")
+      .def("begin_step", &begin, py::arg("entries"),
+           "Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, "
+           "for prefix reuse), laid out entry after entry; replaces an uncommitted step. "
+           "CapacityError: a group's pool is short or a sequence would pass capacity (nothing "
+           "changes).")
+      .def("step", &begin, py::arg("entries"), "begin_step(entries), for `with cache.step(entries) as step:`.")
+      .def("commit",
+           [](Cache& c, const BatchStepHandle& h) {
+             if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
+             throw_if_error(c.commit(h.step));
+           },
+           py::arg("step"), "Commits the begun step. InvalidStateError: a stale step.")
+      .def("visible",
+           [](const Cache& c, const PyInt& group, const PyInt& seq, const PyInt& q, const PyInt& k) {
+             return unwrap(c.visible(to_int("group", group), to_int("seq", seq), to_int("q", q), to_int("k", k)));
+           },
+           py::arg("group"), py::arg("seq"), py::arg("q"), py::arg("k"),
+           "May the sequence's query at q see its key at k on the group's layers?")
+      .def("clear", &Cache::clear, "Ends every sequence and forgets every cached block.")
+      .def("__repr__", [](const Cache& c) {
+        return "BatchCache(max_seqs=" + std::to_string(c.max_seqs()) + ", n_groups=" + std::to_string(c.n_groups()) +
+               ", block_size=" + std::to_string(c.block_size()) + ", capacity=" + std::to_string(c.capacity()) + ")";
+      });
+}
+
+}  // namespace kvcore_py
