@@ -279,6 +279,10 @@ void register_batch(py::module_& m) {
            py::arg("layer"), "A layer's policy and row shape. InvalidArgumentError: bad layer.")
       .def("num_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.num_blocks(to_int("group", group))); },
            py::arg("group"), "Blocks in a group's pool (its rows: num_blocks * block_size).")
+      .def("used_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.used_blocks(to_int("group", group))); },
+           py::arg("group"),
+           "One past the highest block of the group any sequence holds: every live row lies in rows "
+           "[0, used_blocks * block_size) (allocation takes the lowest free block).")
       .def("free_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.free_blocks(to_int("group", group))); },
            py::arg("group"), "Blocks of a group no sequence holds (reclaimable cached ones included).")
       .def("cached_blocks",

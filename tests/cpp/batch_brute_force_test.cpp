@@ -428,6 +428,13 @@ class Driver {
     if (step_open_) {
       EXPECT_TRUE(cache_->check_step(open_step_).ok());
     }
+    // used_blocks: one past the highest block any sequence's table names.
+    for (int g = 0; g < cache_->n_groups(); ++g) {
+      int used = 0;
+      const int* tables = cache_->block_tables(g);
+      for (int i = 0; i < cfg_.batch.max_seqs * cache_->table_stride(); ++i) used = std::max(used, tables[i] + 1);
+      EXPECT_EQ(*cache_->used_blocks(g), used) << "group " << g;
+    }
   }
 
   CacheConfig cfg_;

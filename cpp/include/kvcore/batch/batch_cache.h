@@ -462,6 +462,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return groups_[group].pool.n_blocks();
   }
 
+  Result<int> used_blocks(int group) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_group(group));
+    return groups_[group].pool.used_blocks();
+  }
+
   Result<BatchStepPlan> plan(const BatchStep& step) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_step(step));
     BatchStepPlan p;

@@ -132,6 +132,10 @@ class BatchPlanner {
   virtual Result<LayerPolicy> group_policy(int group) const noexcept = 0;
   /// Blocks in `group`'s pool (its rows: num_blocks * B). InvalidArgument: bad group.
   virtual Result<int> num_blocks(int group) const noexcept = 0;
+  /// One past the highest block of `group` any sequence holds: every live row
+  /// of the group lies in rows [0, used_blocks * B) (allocation takes the lowest
+  /// free block, so this stays near the blocks in use). InvalidArgument: bad group.
+  virtual Result<int> used_blocks(int group) const noexcept = 0;
   /// The plan of the begun step. InvalidState: `step` is not the begun step.
   virtual Result<BatchStepPlan> plan(const BatchStep& step) const noexcept = 0;
   /// May a query of `seq` at position q see its key at k on `group`'s layers?

@@ -1,11 +1,12 @@
 // BlockPool: one group's blocks of B rows. Each block has a reference count
-// (the sequences holding it), an optional content key (the chained hash of the
-// token ids of a full block, for prefix reuse), and a place in one free list
-// that doubles as the LRU order of unowned cached blocks: blocks without a key
-// are freed to the front (used first), cached ones to the back, and allocation
-// takes the front, so a cached block is reclaimed only when nothing else is
-// free, least recently released first (vLLM's block pool works the same way).
-// Every table is allocated once, through nothrow new, by create().
+// (the sequences holding it) and an optional content key (the chained hash of
+// the token ids of a full block, for prefix reuse). Free blocks without a key
+// wait in a min-heap, so allocation takes the lowest free block and the blocks
+// in use stay packed at the start of the pool (a byte layer's rows [0,
+// used_blocks() * B) hold every live row); free blocks that keep a key wait in
+// an LRU list and are reclaimed only when no other block is free, least
+// recently released first (vLLM's block pool reclaims cached blocks the same
+// way). Every table is allocated once, through nothrow new, by create().
 #pragma once
 
 #include <cstdint>
@@ -64,7 +65,8 @@ class BlockPool {
   Status create(int n_blocks, const char* what) noexcept {
     n_blocks_ = n_blocks;
     refs_.reset(new (std::nothrow) int[n_blocks]());
-    // One more slot each: index n_blocks is the free list's sentinel.
+    heap_.reset(new (std::nothrow) int[n_blocks]);
+    // One more slot each: index n_blocks is the LRU list's sentinel.
     next_.reset(new (std::nothrow) int[n_blocks + 1]);
     prev_.reset(new (std::nothrow) int[n_blocks + 1]);
     keys_.reset(new (std::nothrow) BlockKey[n_blocks]);
@@ -72,7 +74,7 @@ class BlockPool {
     int slots = 2;
     while (slots < 2 * n_blocks) slots *= 2;
     slots_.reset(new (std::nothrow) int[slots]);
-    KVCORE_CHECK_OR_RETURN_ERROR(refs_ && next_ && prev_ && keys_ && keyed_ && slots_,
+    KVCORE_CHECK_OR_RETURN_ERROR(refs_ && heap_ && next_ && prev_ && keys_ && keyed_ && slots_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the block tables of %s (%d blocks)", what,
                                  n_blocks);
@@ -83,61 +85,68 @@ class BlockPool {
 
   /// Every block free, no key kept.
   void reset() noexcept {
-    const int head = n_blocks_;
-    next_[head] = prev_[head] = head;
     for (int b = 0; b < n_blocks_; ++b) {
       refs_[b] = 0;
       keyed_[b] = false;
-      link_before(b, head);  // in block order: allocation starts at block 0
+      heap_[b] = b;  // ascending: already a min-heap
     }
-    free_ = n_blocks_;
+    heap_size_ = n_blocks_;
+    next_[n_blocks_] = prev_[n_blocks_] = n_blocks_;
     cached_ = 0;
+    used_ = 0;
     for (int i = 0; i <= slot_mask_; ++i) slots_[i] = -1;
   }
 
   int n_blocks() const noexcept { return n_blocks_; }
   /// Blocks no sequence holds (cached ones included: they are reclaimable).
-  int free_blocks() const noexcept { return free_; }
+  int free_blocks() const noexcept { return heap_size_ + cached_; }
   /// Free blocks that still keep a key (reused on a prefix hit until reclaimed).
   int cached_blocks() const noexcept { return cached_; }
+  /// One past the highest block some sequence holds: every held block is below it.
+  int used_blocks() const noexcept { return used_; }
   int refs(int block) const noexcept { return refs_[block]; }
   bool keyed(int block) const noexcept { return keyed_[block]; }
   const BlockKey& key(int block) const noexcept { return keys_[block]; }
 
-  /// Takes the front free block (reclaiming a cached one drops its key), held
-  /// once. Precondition: free_blocks() > 0 (the caller admitted the need).
+  /// Takes the lowest free block without a key, else the least recently
+  /// released cached one (dropping its key), held once. Precondition:
+  /// free_blocks() > 0 (the caller admitted the need).
   int allocate() noexcept {
-    const int b = next_[n_blocks_];
-    unlink(b);
-    --free_;
-    if (keyed_[b]) {
+    int b;
+    if (heap_size_ > 0) {
+      b = pop_lowest();
+    } else {
+      b = next_[n_blocks_];
+      unlink(b);
       --cached_;
       drop_key(b);
     }
     refs_[b] = 1;
+    if (b >= used_) used_ = b + 1;
     return b;
   }
 
-  /// One more holder of `block`; a free cached block leaves the free list.
+  /// One more holder of `block` (held, or free and cached: a prefix hit).
   void hold(int block) noexcept {
-    if (refs_[block]++ == 0) {
+    if (refs_[block]++ == 0) {  // only cached blocks are found while free
       unlink(block);
-      --free_;
-      if (keyed_[block]) --cached_;
+      --cached_;
+      if (block >= used_) used_ = block + 1;
     }
   }
 
-  /// One holder fewer; the last one frees the block, to the back of the list
-  /// when it keeps a key (reclaimed last), else to the front.
+  /// One holder fewer; the last one frees the block: to the LRU list's back
+  /// when it keeps a key (reclaimed last), else to the heap.
   void release(int block) noexcept {
     if (--refs_[block] != 0) return;
-    ++free_;
     if (keyed_[block]) {
       ++cached_;
       link_before(block, n_blocks_);
     } else {
-      link_before(block, next_[n_blocks_]);
+      push(block);
     }
+    // Usually one step: allocation keeps the blocks in use packed at the start.
+    while (used_ > 0 && refs_[used_ - 1] == 0) --used_;
   }
 
   /// Names a held block by its content; false (nothing changes) when another
@@ -159,7 +168,8 @@ class BlockPool {
     return -1;
   }
 
-  /// Forgets a held block's key (its rows are about to change).
+  /// Forgets a block's key (its rows are about to change). Precondition: the
+  /// block is held, or is being reclaimed by allocate().
   void drop_key(int block) noexcept {
     if (!keyed_[block]) return;
     int i = static_cast<int>(keys_[block].lo) & slot_mask_;
@@ -179,6 +189,32 @@ class BlockPool {
   }
 
  private:
+  // The min-heap of free blocks without a key.
+  void push(int b) noexcept {
+    int i = heap_size_++;
+    while (i > 0 && heap_[(i - 1) / 2] > b) {
+      heap_[i] = heap_[(i - 1) / 2];
+      i = (i - 1) / 2;
+    }
+    heap_[i] = b;
+  }
+  int pop_lowest() noexcept {
+    const int top = heap_[0];
+    const int last = heap_[--heap_size_];
+    int i = 0;
+    for (;;) {
+      int child = 2 * i + 1;
+      if (child >= heap_size_) break;
+      if (child + 1 < heap_size_ && heap_[child + 1] < heap_[child]) ++child;
+      if (heap_[child] >= last) break;
+      heap_[i] = heap_[child];
+      i = child;
+    }
+    heap_[i] = last;
+    return top;
+  }
+
+  // The LRU list of free cached blocks, n_blocks_ its sentinel.
   void unlink(int b) noexcept {
     next_[prev_[b]] = next_[b];
     prev_[next_[b]] = prev_[b];
@@ -191,11 +227,13 @@ class BlockPool {
   }
 
   int n_blocks_ = 0;
-  int free_ = 0;
+  int heap_size_ = 0;
   int cached_ = 0;
+  int used_ = 0;
   int slot_mask_ = 0;
   std::unique_ptr<int[]> refs_;
-  std::unique_ptr<int[]> next_;  // the free list, n_blocks_ is its sentinel
+  std::unique_ptr<int[]> heap_;
+  std::unique_ptr<int[]> next_;
   std::unique_ptr<int[]> prev_;
   std::unique_ptr<BlockKey[]> keys_;
   std::unique_ptr<bool[]> keyed_;
