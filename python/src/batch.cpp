@@ -14,6 +14,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "kvcore/batch/batch_cache.h"
+#include "kvcore/batch/step_mask.h"
 
 namespace kvcore_py {
 
@@ -215,6 +216,23 @@ void register_batch(py::module_& m) {
             return out;
           },
           "(n_tokens,) the position of each new token (a new array).")
+      .def(
+          "mask",
+          [](const BatchPlanHandle& h, const PyInt& group, const std::optional<PyInt>& rows) {
+            const kvcore::BatchStepPlan& p = current(h);
+            const int g = to_int("group", group);
+            const kvcore::LayerPolicy policy = unwrap(h.cache->group_policy(g));
+            const int n = rows ? to_int("rows", *rows) : unwrap(h.cache->used_blocks(g)) * p.block_size;
+            if (n < 0) raise(kvcore::Error::InvalidArgument, "rows = " + std::to_string(n) + ": must be >= 0");
+            py::array_t<bool> out({p.n_tokens, n});
+            throw_if_error(kvcore::fill_step_mask(p, g, policy, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
+            return out;
+          },
+          py::arg("group"), py::arg("rows") = py::none(),
+          "Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default: "
+          "used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t "
+          "may see the key in row r (its own sequence's, by the visibility rule, not removed). "
+          "A new array. InvalidArgumentError: bad group or rows.")
       .def_property_readonly(
           "groups",
           [](const BatchPlanHandle& h) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvcore/batch/batch_cache.h"
+#include "kvcore/batch/step_mask.h"
 
 namespace kvcore_test {
 
@@ -117,6 +118,15 @@ struct TaggedPools {
 inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel& model,
                               const kvcore::BatchStepPlan& plan, const TaggedPools& pools) {
   const int B = plan.block_size;
+  // The dense masks over each group's live rows, to compare with the rule below.
+  std::vector<std::vector<unsigned char>> masks;
+  std::vector<int> mask_rows;
+  for (int g = 0; g < plan.n_groups; ++g) {
+    mask_rows.push_back(*cache.used_blocks(g) * B);
+    masks.emplace_back(static_cast<std::size_t>(plan.n_tokens) * static_cast<std::size_t>(mask_rows.back()));
+    const kvcore::Status st = kvcore::fill_step_mask(plan, g, *cache.group_policy(g), mask_rows.back(), masks.back().data());
+    if (!st.ok()) return std::string("fill_step_mask: ") + st.message().c_str();
+  }
   for (int i = 0; i < plan.n_entries; ++i) {
     const int s = plan.seq_ids[i];
     const SeqModel& m = model.seq(s);
@@ -125,6 +135,8 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
       const kvcore::LayerPolicy policy = *cache.group_policy(g);
       const int* table = plan.groups[g].block_tables + static_cast<std::ptrdiff_t>(s) * plan.groups[g].table_stride;
       for (int q = plan.first_positions[i]; q < plan.context_lens[i]; ++q) {
+        const int t = plan.query_starts[i] + (q - plan.first_positions[i]);
+        std::vector<unsigned char> want(static_cast<std::size_t>(mask_rows[static_cast<std::size_t>(g)]), 0);
         for (int k = 0; k <= q; ++k) {
           const bool seen = BatchModel::in_window(policy, q, k) && m.tags[static_cast<std::size_t>(k)] != 0;
           const std::string where = "seq " + std::to_string(s) + " group " + std::to_string(g) +
@@ -140,7 +152,14 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
           if (block < 0) return where + ": a needed key's block is a hole";
           const std::uint64_t held = pools.rows[static_cast<std::size_t>(g)][static_cast<std::size_t>(block * B + k % B)];
           if (held != m.tags[static_cast<std::size_t>(k)]) return where + ": the row holds other K/V";
+          if (block * B + k % B >= mask_rows[static_cast<std::size_t>(g)]) return where + ": past used_blocks";
+          want[static_cast<std::size_t>(block * B + k % B)] = 1;
         }
+        const unsigned char* got = masks[static_cast<std::size_t>(g)].data() +
+                                   static_cast<std::ptrdiff_t>(t) * mask_rows[static_cast<std::size_t>(g)];
+        if (!std::equal(want.begin(), want.end(), got))
+          return "seq " + std::to_string(s) + " group " + std::to_string(g) + " query " + std::to_string(q) +
+                 ": fill_step_mask marks other rows than the rule";
       }
     }
   }

@@ -23,6 +23,7 @@
 #include "kvcore/batch/batch_plan.h"
 #include "kvcore/batch/batch_faces.h"
 #include "kvcore/batch/batch_cache.h"
+#include "kvcore/batch/step_mask.h"
 
 // registry/: caches by key, builders by (backend, kind), sessions.
 #include "kvcore/registry/cache_registry.h"

@@ -1,0 +1,67 @@
+// The visibility of a many-sequence step as a dense mask over a group's rows:
+// what a byte layer that attends over a pool's rows [0, rows) at once (eager
+// attention, ExecuTorch's op) hands to attention. Row r of the pool may hold a
+// key of several sequences (a shared block); a query sees it when one of its
+// own sequence's positions lives there and the visibility rule of section 2
+// (window, sinks), minus removed positions, lets it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+/// Fills `mask[t * rows + r]` (n_tokens x rows bytes, 1 = attend) for every
+/// new token t of `plan` and row r of group `group`'s pool, whose layers have
+/// `policy`. Rows at or past `rows` are left out (give the group's
+/// used_blocks * block_size to cover every live row). Work grows with the
+/// tokens times the keys each sees, not with `rows`. InvalidArgument: group out
+/// of range, rows < 0, mask null with rows > 0.
+inline Status fill_step_mask(const BatchStepPlan& plan, int group, const LayerPolicy& policy,
+                             int rows, unsigned char* mask) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(group >= 0 && group < plan.n_groups, InvalidArgument,
+                               "group = %d: must be in [0, n_groups = %d)", group, plan.n_groups);
+  KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0, InvalidArgument, "rows = %d: must be >= 0", rows);
+  KVCORE_CHECK_OR_RETURN_ERROR(mask != nullptr || rows == 0, InvalidArgument,
+                               "fill_step_mask: mask is null");
+  if (rows == 0) return Error::Ok;
+  std::memset(mask, 0, static_cast<std::size_t>(plan.n_tokens) * static_cast<std::size_t>(rows));
+  const GroupPlan& gp = plan.groups[group];
+  const int B = plan.block_size;
+  const bool ring = policy.kind == LayerPolicy::Kind::Ring;
+  for (int i = 0; i < plan.n_entries; ++i) {
+    const int* table = gp.block_tables + static_cast<std::ptrdiff_t>(plan.seq_ids[i]) * gp.table_stride;
+    const PositionRange* holes = plan.holes[i];
+    const int n_holes = plan.n_holes[i];
+    for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {
+      const int q = plan.first_positions[i] + (t - plan.query_starts[i]);
+      unsigned char* out = mask + static_cast<std::ptrdiff_t>(t) * rows;
+      // Keys q sees by the rule: [0, sinks) and [window_from, q] (all of [0, q] when flat).
+      const std::int64_t lo = ring ? static_cast<std::int64_t>(q) - policy.window + 1 : 0;
+      const int window_from = lo > 0 ? static_cast<int>(lo) : 0;
+      const int sink_end = ring ? (policy.sinks < window_from ? policy.sinks : window_from) : 0;
+      auto mark = [&](int begin, int end) {  // positions [begin, end), removed ones skipped
+        int h = 0;
+        for (int k = begin < plan.visible_starts[i] ? plan.visible_starts[i] : begin; k < end; ++k) {
+          while (h < n_holes && holes[h].end <= k) ++h;
+          if (h < n_holes && k >= holes[h].begin) {
+            k = holes[h].end - 1;
+            continue;
+          }
+          const int block = table[k / B];
+          const std::int64_t row = static_cast<std::int64_t>(block) * B + k % B;
+          if (block >= 0 && row < rows) out[row] = 1;
+        }
+      };
+      mark(0, sink_end);
+      mark(window_from, q + 1);
+    }
+  }
+  return Error::Ok;
+}
+
+}  // namespace kvcore
