@@ -22,6 +22,14 @@ void register_registry(py::module_& m);  // registries, builders, the capsule
 void guard_uninitialized(py::module_& m);  // last: covers every class registered before
 
 std::string repr_policy(const kvcore::LayerPolicy& p);
+
+/// copy.copy / copy.deepcopy for an immutable value type: a copy of the value.
+template <typename T, typename... Extra>
+void copyable_value(py::class_<T, Extra...>& cls) {
+  cls.def("__copy__", [](const T& self) { return T(self); }, "A copy of the value (it is immutable).");
+  cls.def("__deepcopy__", [](const T& self, py::dict) { return T(self); }, py::arg("memo"),
+          "A copy of the value (it is immutable).");
+}
 /// The config a cache was built from (max_step resolved, one entry per layer).
 kvcore::CacheConfig config_of(const kvcore::SequenceCache& cache);
 

@@ -50,7 +50,9 @@ kvcore::CacheConfig config_of(const kvcore::SequenceCache& cache) {
 }
 
 void register_cache(py::module_& m) {
-  py::class_<kvcore::Run>(m, "Run", "`len` consecutive rows from `row`, holding positions from `pos`.")
+  py::class_<kvcore::Run> run(m, "Run", "`len` consecutive rows from `row`, holding positions from `pos`.");
+  copyable_value(run);
+  run
       .def(py::init([](const PyInt& row, const PyInt& len, const PyInt& pos) {
              return kvcore::Run{to_int("row", row), to_int("len", len), to_int("pos", pos)};
            }),
@@ -64,7 +66,9 @@ void register_cache(py::module_& m) {
       .def("__iter__", [](const kvcore::Run& r) { return py::iter(py::make_tuple(r.row, r.len, r.pos)); })
       .def("__repr__", [](const kvcore::Run& r) { return repr(r); });
 
-  py::class_<kvcore::SeqStepPlan>(m, "SeqStepPlan", "One layer's plan for one step.")
+  py::class_<kvcore::SeqStepPlan> seq_step_plan(m, "SeqStepPlan", "One layer's plan for one step.");
+  copyable_value(seq_step_plan);
+  seq_step_plan
       .def_property_readonly("write", [](const kvcore::SeqStepPlan& p) { return runs(p.write, p.n_write); })
       .def_property_readonly("read", [](const kvcore::SeqStepPlan& p) { return runs(p.read, p.n_read); })
       .def_property_readonly("write_len", &kvcore::SeqStepPlan::write_len)
@@ -74,10 +78,12 @@ void register_cache(py::module_& m) {
            py::is_operator())
       .def("__repr__", [](const kvcore::SeqStepPlan& p) { return repr(p); });
 
-  py::class_<kvcore::LayerGeometry>(
+  py::class_<kvcore::LayerGeometry> geometry(
       m, "LayerGeometry",
       "How one layer's positions map onto its rows (SequenceCache.geometry(layer)): the one "
-      "source of a layer's layout, which byte layers and the memory planner read.")
+      "source of a layer's layout, which byte layers and the memory planner read.");
+  copyable_value(geometry);
+  geometry
       .def_readonly("rows", &kvcore::LayerGeometry::rows,
                     "Rows the layer's storage holds (rows(layer)).")
       .def_readonly("sink_rows", &kvcore::LayerGeometry::sink_rows,
@@ -140,6 +146,13 @@ void register_cache(py::module_& m) {
              if (exc_type.is_none()) throw_if_error(h.cache->commit(h.step));
              return false;
            })
+      .def("__deepcopy__",
+           [](const StepHandle& h, py::dict memo) {
+             // The step of the cache's copy (made once per deepcopy, through memo).
+             py::object cache = py::module_::import("copy").attr("deepcopy")(py::cast(h.cache), memo);
+             return StepHandle{cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), h.step};
+           },
+           py::arg("memo"), "The same step of a deep copy of its cache (the clone keeps the begun step).")
       .def("__repr__", [](const StepHandle& h) { return repr(h); });
 
   py::class_<kvcore::SequenceCache, kvcore::CacheBase, std::shared_ptr<kvcore::SequenceCache>>(
@@ -230,6 +243,16 @@ void register_cache(py::module_& m) {
              return unwrap(c.layer_config(l)).policy;
            },
            py::arg("layer"))
+      .def("__copy__", [](const kvcore::SequenceCache& c) { return std::shared_ptr<kvcore::SequenceCache>(unwrap(c.clone())); },
+           "An independent cache in the same state (copy.copy and copy.deepcopy alike): it "
+           "continues exactly as this one would. AllocationError when it cannot be allocated.")
+      .def("__deepcopy__",
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, py::dict memo) {
+             py::object copy = py::cast(std::shared_ptr<kvcore::SequenceCache>(unwrap(c->clone())));
+             memo[py::int_(reinterpret_cast<std::uintptr_t>(py::cast(c).ptr()))] = copy;
+             return copy;
+           },
+           py::arg("memo"), "As __copy__; registered in `memo`, so objects sharing this cache share the copy.")
       .def("__repr__", [](const kvcore::SequenceCache& c) {
         return "SequenceCache(length=" + std::to_string(c.length()) +
                ", capacity=" + std::to_string(c.capacity()) +

@@ -86,13 +86,16 @@ void register_config(py::module_& m) {
              return py::hash(py::make_tuple(static_cast<int>(p.kind), p.window, p.sinks));
            })
       .def("__repr__", [](const kvcore::LayerPolicy& p) { return repr_policy(p); });
+  copyable_value(policy);
 
   m.def("Flat", [] { return kvcore::LayerPolicy::flat(); }, "Full history: every earlier key is visible.");
   m.def("Ring", &make_ring, py::arg("window"), py::arg("sinks") = 0,
         "Sliding window of `window` keys counting the query itself, plus `sinks` first "
         "positions kept forever.");
 
-  py::class_<kvcore::LayerConfig>(m, "LayerConfig", "One layer's policy and K/V row shape.")
+  py::class_<kvcore::LayerConfig> layer_config(m, "LayerConfig", "One layer's policy and K/V row shape.");
+  copyable_value(layer_config);
+  layer_config
       .def(py::init([](const kvcore::LayerPolicy& policy, const PyInt& n_kv_heads,
                        const PyInt& head_dim, const PyInt& v_head_dim) {
              kvcore::LayerConfig l;
@@ -130,10 +133,12 @@ void register_config(py::module_& m) {
            py::is_operator())
       .def("__repr__", [](const kvcore::LayerConfig& l) { return repr(l); });
 
-  py::class_<kvcore::BatchLimits>(
+  py::class_<kvcore::BatchLimits> batch_limits(
       m, "BatchLimits",
       "Limits of a many-sequence cache (BatchCache), fixed at its creation: every table it "
-      "keeps is sized from them, so no step allocates. A SequenceCache ignores them.")
+      "keeps is sized from them, so no step allocates. A SequenceCache ignores them.");
+  copyable_value(batch_limits);
+  batch_limits
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
                        const PyInt& num_blocks, const PyInt& max_holes) {
              kvcore::BatchLimits b;
@@ -167,7 +172,9 @@ void register_config(py::module_& m) {
                std::to_string(b.max_holes) + ")";
       });
 
-  py::class_<kvcore::CacheConfig>(m, "CacheConfig", "Model facts and per-layer policies.")
+  py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies.");
+  copyable_value(cache_config);
+  cache_config
       // Typed arguments: a wrong type is a TypeError naming the signature.
       .def(py::init([](const PyInt& capacity, const LayersArg& layers,
                        const std::optional<PyInt>& n_layers, const std::optional<PyInt>& max_step,

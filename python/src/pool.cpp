@@ -459,6 +459,26 @@ void register_pool(py::module_& m) {
                                                          ring_storage(mirror_rings)));
           },
           py::arg("config"), py::arg("dtype"), py::kw_only(), py::arg("mirror_rings") = false)
+      .def("__deepcopy__",
+           [](const PyPool& p, py::dict memo) {
+             // Its cache's copy (once per deepcopy, through memo), then every stored row.
+             py::object cache = py::module_::import("copy").attr("deepcopy")(py::cast(p.cache()), memo);
+             auto* copy = new PyPool(cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), p.dtype(), p.mirror_rings());
+             py::object owned = py::cast(copy, py::return_value_policy::take_ownership);
+             for (int l = 0; l < p.pool().n_layers(); ++l) {
+               const kvcore::PoolLayer from = unwrap(p.pool().layer(l));
+               throw_if_error(copy->pool().reserve(l, from.allocated_rows));
+               const kvcore::PoolLayer to = unwrap(copy->pool().layer(l));
+               const std::size_t n = static_cast<std::size_t>(from.storage_rows());
+               std::memcpy(to.k, from.k, from.k_row_bytes * n);
+               std::memcpy(to.v, from.v, from.v_row_bytes * n);
+             }
+             return owned;
+           },
+           py::arg("memo"),
+           "An independent pool holding a copy of every row, over a deep copy of its cache "
+           "(shared with other objects of the same deepcopy). AllocationError when it cannot be "
+           "allocated.")
       .def("__repr__", [](const PyPool& p) {
         return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
                ", dtype=" + p.dtype().attr("name").cast<std::string>() +

@@ -16,14 +16,14 @@ int main() {
 
   auto created = kvcore::SequenceCache::create(cfg);
   if (!created.ok()) {
-    std::fprintf(stderr, "create: error %d: %s\n", static_cast<int>(created.error()), created.message());
+    std::fprintf(stderr, "create: error %d: %s\n", static_cast<int>(created.error()), created.message().c_str());
     return 1;
   }
   kvcore::SequenceCache& cache = **created;
 
   auto step = cache.begin_step(3);
   if (!step.ok()) {
-    std::fprintf(stderr, "begin_step: error %d: %s\n", static_cast<int>(step.error()), step.message());
+    std::fprintf(stderr, "begin_step: error %d: %s\n", static_cast<int>(step.error()), step.message().c_str());
     return 1;
   }
   kvcore::Error err = cache.commit(*step);

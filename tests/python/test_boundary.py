@@ -428,14 +428,24 @@ def test_a_step_begun_in_a_session_commits_after_it_ended() -> None:
     assert cache.length == 2
 
 
-def test_kvcore_objects_cannot_be_copied_or_pickled(rig: Rig) -> None:
+def test_kvcore_objects_copy_independently_but_do_not_pickle(rig: Rig) -> None:
     import copy
     import pickle
 
     objects = [rig.cache, rig.pool, rig.step, rig.cache.config, rig.cache.config.layers[0], RING, rig.step.plan(0)]
     for obj in objects:
-        for operation in (copy.copy, copy.deepcopy, pickle.dumps):
-            refused(rig, lambda: operation(obj), TypeError, "pickle")
+        refused(rig, lambda: pickle.dumps(obj), TypeError, "pickle")
+    # Values copy as values; a cache, its pool and its step copy into one independent world.
+    for value in (rig.cache.config, rig.cache.config.layers[0], RING, rig.step.plan(0)):
+        assert repr(copy.copy(value)) == repr(value) == repr(copy.deepcopy(value))
+    world = copy.deepcopy({"cache": rig.cache, "pool": rig.pool, "step": rig.step})
+    cache, pool, step = world["cache"], world["pool"], world["step"]
+    assert cache is not rig.cache and pool.cache is cache and step.is_current
+    assert cache.length == rig.cache.length and pool.reserved_bytes == rig.pool.reserved_bytes
+    before = observe(rig.cache, rig.step)
+    step.commit()
+    assert cache.length == rig.cache.length + step.T and observe(rig.cache, rig.step) == before
+    assert copy.copy(rig.cache).length == rig.cache.length
 
 
 def test_registry_calls_refuse_none_and_empty_names() -> None:

@@ -8,6 +8,7 @@ cache must give the same tokens and logits within 1e-5.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,6 +182,63 @@ def test_interrupted_forward_changes_nothing_and_the_retry_is_exact(model: Any) 
         assert cache.get_seq_length() == 16  # layers 0 and 1 wrote, nothing committed
         out = prefill(model, cache, ids[:, 16:])
         ref = model(input_ids=ids, use_cache=False)
+    assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
+
+
+def test_a_different_forward_after_an_interrupted_one_needs_discard_forward(model: Any) -> None:
+    ids = prompt(20)
+    cache = KVCoreCache(model.config, max_step=4)
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :16])
+        hook = model.model.layers[2].register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
+        try:
+            with pytest.raises(RuntimeError, match="boom"):
+                prefill(model, cache, ids[:, 16:19])  # T = 3, stops after layers 0 and 1
+        finally:
+            hook.remove()
+        with pytest.raises(kvcore.InvalidStateError, match="updated layers 0..1 of this cache's 4 and stopped"):
+            prefill(model, cache, ids[:, 16:17])  # T = 1: not the retry
+        assert cache.get_seq_length() == 16
+        cache.discard_forward()
+        out = prefill(model, cache, ids[:, 16:17])
+        ref = model(input_ids=ids[:, :17], use_cache=False)
+    assert cache.get_seq_length() == 17
+    assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("prompt_len", [1, 6])
+def test_a_model_with_fewer_layers_than_the_cache_is_detected_at_the_next_forward(prompt_len: int) -> None:
+    # The cache is built for 4 layers, the model runs 3: no step would ever commit.
+    cache = KVCoreCache(gemma2().config, max_step=8)
+    small = gemma2(layer_types=(S, F, S))
+    with pytest.raises(kvcore.InvalidStateError, match="updated layers 0..2 of this cache's 4 and stopped.*3 layers"):
+        greedy(small, prompt(prompt_len), 4, cache=cache)
+    assert cache.get_seq_length() == 0
+
+
+# --- copies ---------------------------------------------------------------------------
+
+
+def test_deepcopy_continues_identically_and_independently(model: Any) -> None:
+    # transformers' prompt-reuse recipe: prefill a shared prompt once, deep-copy the cache per continuation.
+    ids = prompt(30)
+    shared = KVCoreCache(model.config, max_step=16)
+    reference = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        prefill(model, shared, ids[:, :12])
+        model(input_ids=ids[:, :12], cache=reference)
+        for suffix in (ids[:, 12:20], ids[:, 20:30]):
+            ours = copy.deepcopy(shared)
+            theirs = copy.deepcopy(reference)
+            assert ours.sequence is not shared.sequence and ours.get_seq_length() == 12
+            full = torch.cat([ids[:, :12], suffix], dim=1)
+            got = greedy(model, full, 5, cache=ours)
+            want = greedy(model, full, 5, cache=theirs)
+            assert torch.equal(got.sequences, want.sequences)
+            assert max_diff(got.logits, want.logits) <= TOL
+        assert shared.get_seq_length() == 12  # the shared prompt's cache is untouched
+        out = prefill(model, shared, ids[:, 12:13])
+        ref = model(input_ids=ids[:, :13], use_cache=False)
     assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
 
 
@@ -488,6 +546,37 @@ def test_sinks_decode_matches_a_full_forward_with_the_sink_mask(model: Any, sink
         for n in range(12, 36):
             out = prefill(model, cache, ids[:, n : n + 1])
             ref = model(input_ids=ids[:, : n + 1], attention_mask=reference_masks(model.config, n + 1, sinks))
+            assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL, n
+
+
+def no_layer_types_model(name: str) -> Any:
+    """A tiny model whose config has no layer_types (every layer sliding)."""
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=WINDOW, max_position_embeddings=256, attn_implementation="eager",
+    )  # fmt: skip
+    if name == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(head_dim=16, **common)).eval()
+    if name == "phi3":
+        return transformers.Phi3ForCausalLM(transformers.Phi3Config(pad_token_id=0, eos_token_id=1, **common)).eval()
+    return transformers.Starcoder2ForCausalLM(transformers.Starcoder2Config(**common)).eval()
+
+
+@pytest.mark.parametrize("name", ["mistral", "phi3", "starcoder2"])
+def test_sinks_on_models_without_layer_types_match_a_full_forward(name: str) -> None:
+    model = no_layer_types_model(name)
+    assert getattr(model.config, "layer_types", None) is None
+    ids = prompt(30)
+    sinks = 2
+    cache = KVCoreCache(model.config, max_step=4, sinks=sinks)
+    with torch.no_grad():
+        masks = cache.attention_masks(model.config, 4)
+        assert isinstance(masks, torch.Tensor) and masks.dim() == 4  # one mask, as these models take it
+        prefill(model, cache, ids[:, :12])
+        for n in range(12, 30):
+            out = prefill(model, cache, ids[:, n : n + 1])
+            ref = model(input_ids=ids[:, : n + 1], attention_mask=reference_masks(model.config, n + 1, sinks)[S])
             assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL, n
 
 

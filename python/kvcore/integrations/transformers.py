@@ -323,6 +323,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._T = 0  # the begun step's T
         self._layouts: list[StepLayout] = []
         self._next_layer = 0
+        # Where the last unfinished forward stopped (a layer index), to tell a retry from
+        # a model running fewer layers than the cache was built for.
+        self._stopped_at: Optional[int] = None
+        # Models with layer_types take a dict of masks per type; the others one 4-D mask.
+        self._masks_by_type = getattr(config.get_text_config(decoder=True), "layer_types", None) is not None
 
     # --- kvcore facts ----------------------------------------------------------------
 
@@ -400,6 +405,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             # input must be refused before it (later layers are checked by write_read, and
             # an error there leaves the interrupted forward's step to be retried).
             T = self.pool.check_input(0, key_states, value_states, position=self.sequence.length)
+            self._check_previous_forward(T)
             self._begin(T)
             self._next_layer = 0
         else:
@@ -420,7 +426,39 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             step.commit()
             self._step = None
             self._next_layer = 0
+            self._stopped_at = None
         return out
+
+    def _check_previous_forward(self, T: int) -> None:
+        """Refuse a forward after one that stopped part-way, unless it is that forward's retry.
+
+        A forward that updated layers 0..k-1 of n and stopped either raised (its retry,
+        the same T at the same length, is exact) or comes from a model with k layers, a
+        config mismatch that would otherwise commit nothing and give wrong tokens. A
+        different T, or a second forward stopping at the same layer, is not a retry.
+        """
+        stopped = self._next_layer
+        if self._step is None or not 0 < stopped < self._n_layers:
+            return
+        if T == self._T and self._stopped_at != stopped:
+            self._stopped_at = stopped  # a retry; stopping here again would not be one
+            return
+        self._stopped_at = None
+        raise InvalidStateError(
+            f"the previous forward updated layers 0..{stopped - 1} of this cache's {self._n_layers} and "
+            f"stopped; this forward is not its retry{' (it stopped there twice)' if T == self._T else ''}. "
+            f"If the model has {stopped} layers, build the KVCoreCache from its config; if that forward "
+            f"raised, call cache.discard_forward() before starting another"
+        )
+
+    def discard_forward(self) -> None:
+        """Drop the step a forward left unfinished (it raised part-way): nothing it wrote is kept,
+        the length is unchanged, and the next forward may have any size."""
+        if self._step is not None:
+            self.sequence.rewind(self.sequence.length)  # ends the begun step; always allowed
+        self._step = None
+        self._next_layer = 0
+        self._stopped_at = None
 
     # --- length changes ----------------------------------------------------------------
 
@@ -429,6 +467,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self.sequence.rewind(length)
         self._step = None
         self._next_layer = 0
+        self._stopped_at = None
 
     def can_rewind(self, length: int) -> bool:
         return self.sequence.can_rewind(length)
@@ -447,6 +486,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self.sequence.clear()
         self._step = None
         self._next_layer = 0
+        self._stopped_at = None
 
     # --- masks for sinks -------------------------------------------------------------
 
@@ -459,11 +499,13 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         batch_size: Optional[int] = None,
         dtype: torch.dtype = torch.float32,
         device: Union[torch.device, str, None] = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> Union[dict[str, torch.Tensor], torch.Tensor]:
         """Masks for the next forward of ``query_length`` tokens, per transformers layer type.
 
-        Pass the result as ``attention_mask=`` to the model's forward (Gemma-style models
-        take a dict ``{layer_type: 4-D mask}`` as already-built masks). Each mask has one
+        Pass the result as ``attention_mask=`` to the model's forward: models whose config
+        has ``layer_types`` (Gemma style) take a dict ``{layer_type: 4-D mask}`` of
+        already-built masks; the others (Mistral, Phi-3, Mixtral, Starcoder2: one kind of
+        layer) get the one 4-D mask, which transformers uses as it is. Each mask has one
         column per key the layer returns, in the same order: kvcore's plan of the step
         (which this begins) names the keys, and kvcore's visibility rule (``Step.mask``),
         sinks included, says which each query sees. ``attention_mask``: optional 2-D
@@ -502,6 +544,14 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 )
             else:
                 masks[kind] = mask
+        if not self._masks_by_type:
+            # The model builds one mask for all its layers; transformers made the types up.
+            if len(masks) != 1:
+                raise NotSupportedError(
+                    f"the model's config has no layer_types but its layers are {sorted(masks)}: one mask "
+                    f"cannot serve both"
+                )
+            return next(iter(masks.values()))
         return masks
 
 

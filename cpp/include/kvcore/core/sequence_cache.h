@@ -33,6 +33,25 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   SequenceCache(const SequenceCache&) = delete;
   SequenceCache& operator=(const SequenceCache&) = delete;
 
+  /// An independent cache in the same state: config, length, the begun step
+  /// (its id included, so a copy of its handle commits the clone) and every
+  /// policy's rewind floor; it continues exactly as this one would.
+  /// MemoryAllocationFailed (naming what): as create(); nothing is kept.
+  Result<std::unique_ptr<SequenceCache>> clone() const noexcept {
+    std::unique_ptr<SequenceCache> copy(new (std::nothrow) SequenceCache(*this, Cloning{}));
+    KVCORE_CHECK_OR_RETURN_ERROR(copy != nullptr, MemoryAllocationFailed,
+                                 "cannot allocate a SequenceCache of %d layers", n_layers_);
+    KVCORE_RETURN_IF_ERROR(copy->build_tables(layer_configs_.get()));
+    copy->length_ = length_;
+    copy->active_ = active_;
+    copy->last_step_id_ = last_step_id_;
+    for (int i = 0; i < n_policies_; ++i) {
+      copy->held_floor_[i] = held_floor_[i];
+      copy->step_plans_[i] = step_plans_[i];
+    }
+    return copy;
+  }
+
   // CacheBase.
   SequenceControl* as_control() noexcept override { return this; }
   SequencePlanner* as_planner() noexcept override { return this; }
@@ -183,9 +202,24 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         max_step_(cfg.effective_max_step()),
         initial_capacity_(cfg.initial_capacity) {}
 
+  struct Cloning {};
+  // clone()'s scalars; its tables are built from `other`'s layer configs.
+  SequenceCache(const SequenceCache& other, Cloning) noexcept
+      : capacity_(other.capacity_),
+        n_layers_(other.n_layers_),
+        max_step_(other.max_step_),
+        initial_capacity_(other.initial_capacity_) {}
+
+  Status build_tables(const CacheConfig& cfg) noexcept {
+    // A broadcast config has one entry for every layer.
+    const LayerConfig* one = cfg.layers.size() == 1 ? &cfg.layers.front() : nullptr;
+    return build_tables(cfg.layers.data(), one);
+  }
+
   // The per-layer and per-policy tables, through nothrow new: the core reports
   // a failed allocation instead of throwing. ~SequenceCache frees a partial build.
-  Status build_tables(const CacheConfig& cfg) noexcept {
+  // Layer l's config is `broadcast` when given, else layers[l].
+  Status build_tables(const LayerConfig* layers, const LayerConfig* broadcast = nullptr) noexcept {
     const int n_layers = n_layers_;
     layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers]);
     layer_policy_.reset(new (std::nothrow) int[n_layers]);
@@ -195,7 +229,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         layer_configs_ != nullptr && layer_policy_ != nullptr && policies_ != nullptr,
         MemoryAllocationFailed, "cannot allocate the policy tables of %d layers", n_layers);
     for (int l = 0; l < n_layers; ++l) {
-      layer_configs_[l] = cfg.layer(l);
+      layer_configs_[l] = broadcast != nullptr ? *broadcast : layers[l];
       const LayerPolicy lp = layer_configs_[l].policy;
       int index = 0;
       while (index < n_policies_ && policies_[index]->policy() != lp) ++index;
