@@ -41,7 +41,7 @@ std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
       spec = py::module_::import("ml_dtypes").attr("bfloat16");
     } catch (py::error_already_set&) {
       raise(kvcore::Error::InvalidArgument,
-            "dtype = 'bfloat16': needs the ml_dtypes package (pip install ml_dtypes)");
+            "dtype = 'bfloat16': needs the ml_dtypes package: pip install \"kvcore[bfloat16]\"");
     }
   }
   py::dtype dt;

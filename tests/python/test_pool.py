@@ -315,7 +315,7 @@ def test_bfloat16_by_name_and_by_type() -> None:
 
 def test_bfloat16_without_ml_dtypes_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import now raises ImportError
-    with pytest.raises(kvcore.InvalidArgumentError, match="needs the ml_dtypes package"):
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"needs the ml_dtypes package: pip install \"kvcore\[bfloat16\]\""):
         kvcore.KVPool(kvcore.SequenceCache(make_config(MIXED)), "bfloat16")
 
 
