@@ -56,10 +56,12 @@ void register_cache(py::module_& m) {
       .def(py::init([](const PyInt& row, const PyInt& len, const PyInt& pos) {
              return kvcore::Run{to_int("row", row), to_int("len", len), to_int("pos", pos)};
            }),
-           py::arg("row"), py::arg("len"), py::arg("pos"))
-      .def_readonly("row", &kvcore::Run::row)
-      .def_readonly("len", &kvcore::Run::len)
-      .def_readonly("pos", &kvcore::Run::pos)
+           py::arg("row"), py::arg("len"), py::arg("pos"),
+           "A run: `len` rows from `row` holding positions from `pos` (ints; InvalidArgumentError "
+           "when one does not fit a 32-bit int). Plans check every run they are given.")
+      .def_readonly("row", &kvcore::Run::row, "First row of the run.")
+      .def_readonly("len", &kvcore::Run::len, "Rows (and positions) in the run.")
+      .def_readonly("pos", &kvcore::Run::pos, "Position held by the first row; row + i holds pos + i.")
       // is_operator: comparing with another type gives NotImplemented (so False), not TypeError.
       .def("__eq__", [](const kvcore::Run& a, const kvcore::Run& b) { return a == b; }, py::is_operator())
       .def("__hash__", [](const kvcore::Run& r) { return py::hash(py::make_tuple(r.row, r.len, r.pos)); })
@@ -69,11 +71,16 @@ void register_cache(py::module_& m) {
   py::class_<kvcore::SeqStepPlan> seq_step_plan(m, "SeqStepPlan", "One layer's plan for one step.");
   copyable_value(seq_step_plan);
   seq_step_plan
-      .def_property_readonly("write", [](const kvcore::SeqStepPlan& p) { return runs(p.write, p.n_write); })
-      .def_property_readonly("read", [](const kvcore::SeqStepPlan& p) { return runs(p.read, p.n_read); })
-      .def_property_readonly("write_len", &kvcore::SeqStepPlan::write_len)
-      .def_property_readonly("read_len", &kvcore::SeqStepPlan::read_len)
-      .def_property_readonly("is_contiguous", &kvcore::SeqStepPlan::is_contiguous)
+      .def_property_readonly("write", [](const kvcore::SeqStepPlan& p) { return runs(p.write, p.n_write); },
+                             "Where the step's rows go: at most 2 Runs in position order (input row j "
+                             "is position P + j).")
+      .def_property_readonly("read", [](const kvcore::SeqStepPlan& p) { return runs(p.read, p.n_read); },
+                             "Every row a query of the step may see: at most 3 Runs (sinks and a "
+                             "wrapped window) in increasing position order.")
+      .def_property_readonly("write_len", &kvcore::SeqStepPlan::write_len, "Rows the step writes: its T.")
+      .def_property_readonly("read_len", &kvcore::SeqStepPlan::read_len, "Rows the read names.")
+      .def_property_readonly("is_contiguous", &kvcore::SeqStepPlan::is_contiguous,
+                             "True when the write and the read are one run each.")
       .def("__eq__", [](const kvcore::SeqStepPlan& a, const kvcore::SeqStepPlan& b) { return a == b; },
            py::is_operator())
       .def("__repr__", [](const kvcore::SeqStepPlan& p) { return repr(p); });
@@ -124,22 +131,31 @@ void register_cache(py::module_& m) {
       });
 
   py::class_<kvcore::CacheBase, std::shared_ptr<kvcore::CacheBase>>(
-      m, "CacheBase", "Any cache a registry can hold.");
+      m, "CacheBase",
+      "Any cache a registry can hold. A cache made by C++ code without RTTI reaches Python as "
+      "this class; kvcore's own come as SequenceCache or BatchCache.");
 
   py::class_<StepHandle>(m, "Step",
                          "A begun step. As a context manager it commits on normal exit and "
                          "leaves the step uncommitted when the body raises.")
-      .def_property_readonly("position", [](const StepHandle& h) { return h.step.position; })
-      .def_property_readonly("T", [](const StepHandle& h) { return h.step.T; })
-      .def_property_readonly("end", [](const StepHandle& h) { return h.step.end(); })
+      .def_property_readonly("position", [](const StepHandle& h) { return h.step.position; },
+                             "First position the step writes: the length when it was begun.")
+      .def_property_readonly("T", [](const StepHandle& h) { return h.step.T; }, "Tokens in the step.")
+      .def_property_readonly("end", [](const StepHandle& h) { return h.step.end(); },
+                             "position + T: the length once committed.")
       .def_property_readonly("is_current",
-                             [](const StepHandle& h) { return h.cache->check_step(h.step).ok(); })
+                             [](const StepHandle& h) { return h.cache->check_step(h.step).ok(); },
+                             "True while this is the cache's begun, uncommitted step (a commit, "
+                             "rewind, clear or new begin_step ends it).")
       .def("plan",
            [](const StepHandle& h, const PyInt& layer) {
              return unwrap(h.cache->plan(to_int("layer", layer), h.step));
            },
-           py::arg("layer"))
-      .def("commit", [](const StepHandle& h) { throw_if_error(h.cache->commit(h.step)); })
+           py::arg("layer"),
+           "The SeqStepPlan of `layer` for this step. InvalidArgumentError: bad layer; "
+           "InvalidStateError: the step is no longer current.")
+      .def("commit", [](const StepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
+           "length = end. InvalidStateError: the step is no longer current.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](const StepHandle& h, py::object exc_type, py::object, py::object) {
@@ -156,43 +172,65 @@ void register_cache(py::module_& m) {
       .def("__repr__", [](const StepHandle& h) { return repr(h); });
 
   py::class_<kvcore::SequenceCache, kvcore::CacheBase, std::shared_ptr<kvcore::SequenceCache>>(
-      m, "SequenceCache", "One logical length over flat and ring layers.")
+      m, "SequenceCache",
+      "One sequence's cache: one logical length over flat (full history) and ring (sliding "
+      "window, optional sinks) layers. It plans each step with integers: where the step's K/V "
+      "rows go and which rows each query reads (a byte layer such as KVPool applies the plans). "
+      "Positions are token indices from 0; a step adds T tokens at positions length .. "
+      "length + T - 1. A failing call raises and changes nothing.")
       .def(py::init([](const kvcore::CacheConfig& cfg) {
              return std::shared_ptr<kvcore::SequenceCache>(unwrap(kvcore::SequenceCache::create(cfg)));
            }),
-           py::arg("config"))
-      .def_property_readonly("length", &kvcore::SequenceCache::length)
-      .def_property_readonly("capacity", &kvcore::SequenceCache::capacity)
-      .def_property_readonly("max_step", &kvcore::SequenceCache::max_step)
-      .def_property_readonly("n_layers", &kvcore::SequenceCache::n_layers)
-      .def_property_readonly("n_policies", &kvcore::SequenceCache::n_policies)
-      .def_property_readonly("config", &config_of)
+           py::arg("config"),
+           "Builds the cache (identical layer policies share one policy object). AllocationError "
+           "when its tables cannot be allocated.")
+      .def_property_readonly("length", &kvcore::SequenceCache::length,
+                             "Committed length L: positions [0, L) hold K/V.")
+      .def_property_readonly("capacity", &kvcore::SequenceCache::capacity,
+                             "Largest allowed length (positions 0 .. capacity - 1).")
+      .def_property_readonly("max_step", &kvcore::SequenceCache::max_step,
+                             "Largest T of one step (C).")
+      .def_property_readonly("n_layers", &kvcore::SequenceCache::n_layers, "Layers.")
+      .def_property_readonly("n_policies", &kvcore::SequenceCache::n_policies,
+                             "Distinct policy objects (layers with identical policies share one).")
+      .def_property_readonly("config", &config_of,
+                             "The CacheConfig it was built from (max_step resolved, one entry per "
+                             "layer), a new object.")
       .def("policy_index",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
              return c.policy_index(l);
            },
-           py::arg("layer"))
+           py::arg("layer"),
+           "Index of the policy object `layer` uses (layers with the same index plan alike). "
+           "InvalidArgumentError: bad layer.")
       .def("rows",
            [](const kvcore::SequenceCache& c, const PyInt& layer) { return unwrap(c.rows(to_int("layer", layer))); },
-           py::arg("layer"))
+           py::arg("layer"),
+           "Rows a byte layer holds for `layer`: capacity for a flat layer, min(capacity, sinks + "
+           "window + max_step - 1) for a ring. InvalidArgumentError: bad layer.")
       .def("geometry",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              return unwrap(c.geometry(to_int("layer", layer)));
            },
-           py::arg("layer"))
+           py::arg("layer"),
+           "The LayerGeometry of `layer`: how its positions map onto its rows. "
+           "InvalidArgumentError: bad layer.")
       .def("can_extend",
            [](const kvcore::SequenceCache& c, const PyInt& n) {
              int v = 0;
              return fits_int(n, &v) && c.can_extend(v);
            },
-           py::arg("n") = 1)
+           py::arg("n") = 1, "True when n >= 0 and length + n <= capacity. Never raises.")
       .def("begin_step",
            [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T) {
              return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
            },
-           py::arg("T"))
+           py::arg("T"),
+           "Begins a step of T tokens at position length (replacing an uncommitted step) and "
+           "returns its Step. From then on the step's rows count as written. "
+           "InvalidArgumentError: T outside [1, max_step]; CapacityError: length + T > capacity.")
       .def("step",
            [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T) {
              return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
@@ -202,47 +240,59 @@ void register_cache(py::module_& m) {
                              [](const std::shared_ptr<kvcore::SequenceCache>& c) -> py::object {
                                if (c->active_step().id == 0) return py::none();
                                return py::cast(StepHandle{c, c->active_step()});
-                             })
+                             },
+                             "The begun, uncommitted Step, or None.")
       .def("plan",
            [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& position, const PyInt& T) {
              return unwrap(c.plan(to_int("layer", layer), to_int("position", position), to_int("T", T)));
            },
-           py::arg("layer"), py::arg("position"), py::arg("T"))
+           py::arg("layer"), py::arg("position"), py::arg("T"),
+           "The SeqStepPlan of `layer` for the begun step at (position, T). InvalidArgumentError: "
+           "bad layer; InvalidStateError: no such begun step.")
       .def("preview",
            [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& T) {
              return unwrap(c.preview(to_int("layer", layer), to_int("T", T)));
            },
            py::arg("layer"), py::arg("T"),
            "The plan layer would get from the next step of T tokens, without beginning it: "
-           "begin_step(T) then gives this very plan.")
+           "begin_step(T) then gives this very plan. Errors as begin_step, and "
+           "InvalidArgumentError for a bad layer.")
       .def("commit",
            [](kvcore::SequenceCache& c, const StepHandle& h) {
              if (h.cache.get() != &c)
                raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
              throw_if_error(c.commit(h.step));
            },
-           py::arg("step"))
+           py::arg("step"),
+           "Commits `step`: length = step.end. InvalidStateError: not this cache's begun step.")
       .def("rewind", [](kvcore::SequenceCache& c, const PyInt& n) { throw_if_error(c.rewind(to_int("n", n))); },
-           py::arg("n"))
+           py::arg("n"),
+           "length = n (speculative decoding's rejected drafts, a regenerated reply); ends a "
+           "begun step. Allowed when every layer still holds what a query at n needs below n: "
+           "any n on flat layers, up to max_step back once a ring wrapped, and n <= sinks. "
+           "InvalidArgumentError: n outside [0, length]; InvalidStateError: history a query at "
+           "n needs was overwritten.")
       .def("can_rewind",
            [](const kvcore::SequenceCache& c, const PyInt& n) {
              int v = 0;  // never raises: any int rewind() would refuse answers False
              return fits_int(n, &v) && c.can_rewind(v);
            },
-           py::arg("n"))
-      .def("clear", &kvcore::SequenceCache::clear)
+           py::arg("n"), "True exactly when rewind(n) would succeed. Never raises.")
+      .def("clear", &kvcore::SequenceCache::clear, "length = 0; ends a begun step. Never fails.")
       .def("visible",
            [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& q, const PyInt& k) {
              return unwrap(c.visible(to_int("layer", layer), to_int("q", q), to_int("k", k)));
            },
-           py::arg("layer"), py::arg("q"), py::arg("k"))
+           py::arg("layer"), py::arg("q"), py::arg("k"),
+           "May a query at position q see the key at k on `layer`? (k <= q; on a ring also "
+           "q - k < window or k < sinks.) InvalidArgumentError: bad layer, q or k < 0.")
       .def("layer_policy",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
              return unwrap(c.layer_config(l)).policy;
            },
-           py::arg("layer"))
+           py::arg("layer"), "The LayerPolicy of `layer`. InvalidArgumentError: bad layer.")
       .def("__copy__", [](const kvcore::SequenceCache& c) { return std::shared_ptr<kvcore::SequenceCache>(unwrap(c.clone())); },
            "An independent cache in the same state (copy.copy and copy.deepcopy alike): it "
            "continues exactly as this one would. AllocationError when it cannot be allocated.")

@@ -415,15 +415,21 @@ void register_pool(py::module_& m) {
           "Bytes of storage allocated now.")
       .def("rows", [](const PyPool& p, const PyInt& layer) {
              return p.pool().layer(p.checked_layer(layer))->rows;
-           }, py::arg("layer"))
+           }, py::arg("layer"),
+           "Rows `layer` holds at most (the cache's rows(layer)). InvalidArgumentError: bad layer.")
       .def("allocated_rows", [](const PyPool& p, const PyInt& layer) {
              return p.pool().layer(p.checked_layer(layer))->allocated_rows;
-           }, py::arg("layer"))
+           }, py::arg("layer"),
+           "Rows `layer` has storage for now (it doubles up to rows(layer) when a write reaches "
+           "further). InvalidArgumentError: bad layer.")
       .def("reserve",
            [](PyPool& p, const PyInt& layer, const PyInt& rows) {
              throw_if_error(p.pool().reserve(p.checked_layer(layer), to_int("rows", rows)));
            },
-           py::arg("layer"), py::arg("rows"))
+           py::arg("layer"), py::arg("rows"),
+           "Grows `layer`'s storage now to at least `rows` rows, so later writes below it never "
+           "allocate. InvalidArgumentError: bad layer, rows outside [0, rows(layer)]; "
+           "AllocationError: the growth failed (nothing changed).")
       .def("write",
            [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan, py::handle k,
               py::handle v) {
@@ -431,7 +437,12 @@ void register_pool(py::module_& m) {
              p.check_current_plan(l, plan);
              p.write(l, plan, k, v);
            },
-           py::arg("layer"), py::arg("plan"), py::arg("k"), py::arg("v"))
+           py::arg("layer"), py::arg("plan"), py::arg("k"), py::arg("v"),
+           "Writes the step's rows: k (T, n_kv_heads, head_dim) and v (T, n_kv_heads, value_dim), "
+           "C-contiguous, of the pool's dtype, go where `plan` (layer's plan of the begun step) "
+           "says; input row j is position P + j. InvalidArgumentError: bad layer or arrays; "
+           "InvalidStateError: a stale plan; AllocationError: growth failed. Nothing is written "
+           "on any error.")
       .def("read",
            [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan, const std::string& order) {
              const ReadOrder o = parse_order(order);
@@ -439,7 +450,13 @@ void register_pool(py::module_& m) {
              p.check_current_plan(l, plan);
              return p.read_in(o, l, plan, p.cache()->active_step().id);
            },
-           py::arg("layer"), py::arg("plan"), py::kw_only(), py::arg("order") = "rows")
+           py::arg("layer"), py::arg("plan"), py::kw_only(), py::arg("order") = "rows",
+           "(k, v, positions) of `plan`'s step after its rows were written. order='rows' (the "
+           "default): every held row as it lies, one zero-copy read-only view, positions[r] the "
+           "position row r stands for (mask with step.mask(layer)); order='positions': the plan's "
+           "read in increasing positions, a view when it is one run, else a gathered copy. "
+           "InvalidArgumentError: bad layer or order; InvalidStateError: a stale plan or rows not "
+           "written yet.")
       .def("update",
            [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle k, py::handle v,
               const std::string& order) {
@@ -451,7 +468,10 @@ void register_pool(py::module_& m) {
              return p.read_in(o, l, plan, h.step.id);
            },
            py::arg("layer"), py::arg("step"), py::arg("k"), py::arg("v"), py::kw_only(),
-           py::arg("order") = "rows")
+           py::arg("order") = "rows",
+           "write then read in one call, the per-layer hot path: writes k/v (T rows) for the "
+           "begun `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors "
+           "as write and read; InvalidStateError: `step` is stale or of another cache.")
       .def_static(
           "required_bytes",
           [](const kvcore::CacheConfig& config, py::object dtype, bool mirror_rings) {
@@ -491,7 +511,7 @@ void register_pool(py::module_& m) {
   step_type.attr("mask") = py::cpp_function(
       &step_mask, py::name("mask"), py::is_method(step_type), py::arg("layer"), py::kw_only(),
       py::arg("order") = "rows",
-      "mask(layer, *, order='rows') -> numpy bool array (T, n): mask[i, j] is True when the "
+      "Boolean numpy array (T, n): mask[i, j] is True when the "
       "step's query i (position P + i) may see the j-th row of layer's read (the visibility "
       "rule), in the order KVPool.update/read return them with the same `order`: 'rows' (n = "
       "the held rows, as they lie) or 'positions' (n = the plan's read_len, increasing "

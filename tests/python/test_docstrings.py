@@ -1,0 +1,81 @@
+"""help() is useful: every public class, function, method and property of the
+kvcore package (the compiled classes included) says what it does in its own
+words, beyond the signature pybind11 writes; the stubs carry a docstring for
+every class too, so an editor shows them."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvcore
+from kvcore import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+# Dunders whose meaning is the protocol's: their docstring is the protocol's.
+PROTOCOL = {"__eq__", "__hash__", "__iter__", "__repr__", "__enter__", "__exit__", "__init__"}
+
+
+def own_words(obj: Any) -> str:
+    """The docstring minus the signature lines pybind11 puts first."""
+    doc = inspect.getdoc(obj) or ""
+    lines = [line for line in doc.splitlines() if line.strip()]
+    name = getattr(obj, "__name__", "")
+    # pybind11: "name(self: ..., ...) -> T" (one line per overload, maybe numbered).
+    lines = [line for line in lines if not (name and line.lstrip("0123456789. ").startswith(name + "("))]
+    return " ".join(lines).strip()
+
+
+def public_members(cls: type) -> list[tuple[str, Any]]:
+    out = []
+    for name, member in vars(cls).items():
+        if name.startswith("_") and name not in ("__init__", "__copy__", "__deepcopy__"):
+            continue
+        if name in PROTOCOL:
+            continue
+        out.append((name, member))
+    return out
+
+
+CLASSES = sorted(
+    {getattr(kvcore, name) for name in kvcore.__all__ if inspect.isclass(getattr(kvcore, name))},
+    key=lambda c: c.__name__,
+)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_every_public_class_and_member_explains_itself(cls: type) -> None:
+    assert own_words(cls), f"{cls.__name__} has no docstring"
+    missing = []
+    for name, member in public_members(cls):
+        target = member.fget if isinstance(member, property) else member
+        if target is None or not own_words(target):
+            missing.append(name)
+    assert not missing, f"{cls.__name__}: members without a docstring: {missing}"
+
+
+def test_every_public_function_explains_itself() -> None:
+    functions = [getattr(kvcore, n) for n in kvcore.__all__ if callable(getattr(kvcore, n))]
+    functions += [getattr(registry, n) for n in dir(registry) if not n.startswith("_") and inspect.isfunction(getattr(registry, n))]
+    missing = [f.__name__ for f in functions if not inspect.isclass(f) and not own_words(f)]
+    assert not missing, f"functions without a docstring: {missing}"
+
+
+def test_the_stubs_give_every_class_a_docstring() -> None:
+    tree = ast.parse((ROOT / "python" / "kvcore" / "_core.pyi").read_text())
+    missing = [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not ast.get_docstring(node)
+    ]
+    assert not missing, f"_core.pyi classes without a docstring: {missing}"
+
+
+def test_help_of_the_caches_names_their_errors() -> None:
+    for cls in (kvcore.SequenceCache, kvcore.KVPool, kvcore.BatchCache):
+        text = own_words(cls) + " ".join(own_words(m.fget if isinstance(m, property) else m) for _, m in public_members(cls))
+        assert "Error" in text, f"help({cls.__name__}) names no error"
