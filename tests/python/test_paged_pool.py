@@ -450,7 +450,8 @@ def test_gather_and_rows_before_the_layer_is_updated_are_invalid_state() -> None
 def test_dtypes_accepted_and_refused() -> None:
     cache = make_cache([kvcore.Flat()])
     assert kvcore.PagedKVPool(cache).dtype == np.float16
-    for spec, name in [(np.float32, "float32"), ("int8", "int8"), (np.dtype("uint8"), "uint8")]:
+    specs: list[tuple[Any, str]] = [(np.float32, "float32"), ("int8", "int8"), (np.dtype("uint8"), "uint8")]
+    for spec, name in specs:
         assert kvcore.PagedKVPool(cache, spec).dtype.name == name
     pytest.importorskip("ml_dtypes")
     assert kvcore.PagedKVPool(cache, "bfloat16").dtype.name == "bfloat16"
@@ -513,3 +514,21 @@ def test_sizes_nbytes_and_required_bytes() -> None:
     assert pool.nbytes == sum(2 * 4 * row[layer] for layer in range(4))
     assert pool.reserved_bytes >= pool.nbytes
     assert repr(pool).startswith("PagedKVPool(n_layers=4, dtype=float16, block_size=4, reserved_bytes=")
+
+
+def test_the_benchmark_runs_at_tiny_sizes(tmp_path: Any) -> None:
+    """bench/paged_pool_bench.py cannot rot (no timing is asserted)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        import paged_pool_bench
+    finally:
+        sys.path.remove(str(bench))
+    out = tmp_path / "paged.json"
+    assert paged_pool_bench.main(["--seqs", "3", "--contexts", "40", "--reps", "2", "--calls", "3", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())["results"][0]
+    assert result["context"] == 40 and result["flat"]["kvcore_ns"] > 0 and result["ring"]["live_rows"] > 0
