@@ -457,3 +457,66 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def commit(self, step: BatchStep) -> None: ...
     def visible(self, group: SupportsIndex, seq: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool: ...
     def clear(self) -> None: ...
+
+# --- paged_pool.cpp --------------------------------------------------------------
+
+class PagedKVPool(metaclass=_pybind11_type):
+    """Reference CPU storage for a BatchCache's K/V rows: applies its plans.
+
+    Each layer holds its group's block pool (num_blocks * block_size rows of
+    n_kv_heads x dim elements), grown by doubling as steps reach further. dtype:
+    float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or
+    uint8. Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens,
+    n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
+    """
+
+    def __init__(
+        self, cache: BatchCache, dtype: npt.DTypeLike = ..., *, initial_rows: SupportsIndex = 256
+    ) -> None:
+        """Storage for `cache` in `dtype`; each layer starts with min(initial_rows,
+        its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0.
+        AllocationError: the first blocks cannot be allocated."""
+    @property
+    def cache(self) -> BatchCache:
+        """The BatchCache it stores."""
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of every K/V element."""
+    @property
+    def n_layers(self) -> int:
+        """Layers."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes (K and V, every layer) of the rows in blocks some sequence holds now."""
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of storage allocated now (K and V, every layer)."""
+    def allocated_rows(self, layer: SupportsIndex) -> int:
+        """Rows of the layer backed by storage now. InvalidArgumentError: bad layer."""
+    def reserve(self, layer: SupportsIndex, rows: SupportsIndex) -> None:
+        """Grows the layer now to at least `rows` rows. InvalidArgumentError: bad layer
+        or rows outside [0, num_blocks * block_size]. AllocationError: growth failed."""
+    def update(
+        self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Performs the layer's block copies of the begun step, writes its new rows
+        (token t to its slot) and returns read-only zero-copy views of the layer's
+        live rows, (used_blocks * block_size, n_kv_heads, dim): attend over them with
+        mask(step, group). InvalidArgumentError: bad layer or array (nothing written).
+        InvalidStateError: a stale step or another cache's. AllocationError: growth
+        failed (nothing written)."""
+    def rows(self, layer: SupportsIndex) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """The views update() returns, without writing. InvalidStateError: the layer
+        was not updated for the begun step yet."""
+    def mask(self, step: BatchStep, group: SupportsIndex) -> npt.NDArray[np.bool_]:
+        """bool (n_tokens, used_blocks * block_size): may token t see the key in row r
+        of the group's layers? Read-only, built once per group and step."""
+    def gather(
+        self, layer: SupportsIndex, step: BatchStep, entry: SupportsIndex
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """(k, v, positions): the history the step's entry sees on this layer, in
+        increasing positions, as new arrays. Call it after update()."""
+    @staticmethod
+    def required_bytes(cache: BatchCache, dtype: npt.DTypeLike) -> int:
+        """Bytes a pool of cache's layers in dtype holds at most (every block, as the
+        C++ arena mode takes them). InvalidArgumentError: bad dtype."""

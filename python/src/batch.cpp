@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_step_handle.h"
 #include "bindings.h"
 #include "errors.h"
 #include "kvcore/batch/batch_cache.h"
@@ -35,12 +36,6 @@ py::array view_of(const int* data, std::vector<py::ssize_t> shape, py::handle ow
   py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return out;
 }
-
-// A begun step: the cache that began it (kept alive) and the C++ handle.
-struct BatchStepHandle {
-  CachePtr cache;
-  kvcore::BatchStep step;
-};
 
 // One group's part of a plan.
 struct GroupPlanHandle {

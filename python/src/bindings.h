@@ -18,6 +18,7 @@ void register_config(py::module_& m);
 void register_cache(py::module_& m);
 void register_pool(py::module_& m);  // after register_cache: adds Step.mask
 void register_batch(py::module_& m);  // after register_cache: BatchCache derives CacheBase
+void register_paged_pool(py::module_& m);  // after register_batch: takes BatchCache and BatchStep
 void register_registry(py::module_& m);  // registries, builders, the capsule
 void guard_uninitialized(py::module_& m);  // last: covers every class registered before
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,18 @@ PROTOCOL = {"__eq__", "__hash__", "__iter__", "__repr__", "__enter__", "__exit__
 
 
 def own_words(obj: Any) -> str:
-    """The docstring minus the signature lines pybind11 puts first."""
+    """The docstring minus the signature paragraphs pybind11 writes (numbered when
+    overloaded)."""
     doc = inspect.getdoc(obj) or ""
-    lines = [line for line in doc.splitlines() if line.strip()]
     name = getattr(obj, "__name__", "")
-    # pybind11: "name(self: ..., ...) -> T" (one line per overload, maybe numbered).
-    lines = [line for line in lines if not (name and line.lstrip("0123456789. ").startswith(name + "("))]
-    return " ".join(lines).strip()
+    kept = []
+    for paragraph in re.split(r"\n\s*\n", doc):
+        line = paragraph.strip()
+        # "name(self: T, x: int) -> R": nothing but the call and its annotations.
+        signature = bool(name) and re.fullmatch(rf"(\d+\. )?{re.escape(name)}\(.*\)( -> [^:]*)?", line) is not None
+        if line and not signature and line != "Overloaded function.":
+            kept.append(line)
+    return " ".join(kept)
 
 
 def public_members(cls: type) -> list[tuple[str, Any]]:

@@ -1,0 +1,670 @@
+// PagedKVPool: reference CPU storage for a many-sequence cache (BatchCache, or
+// any BatchPlanner). Each layer keeps K and V as the rows of its group's block
+// pool: num_blocks(group) * block_size rows of n_kv_heads x head_dim elements
+// (V: n_kv_heads x value_dim), row-major [rows, heads, dim], in one element
+// type chosen at construction. Row r of a layer is row r of its group's pool:
+// block r / B, offset r % B, exactly as the plan's slots and block tables name
+// it. The pool moves bytes; it never interprets elements.
+//
+// Per step and layer, update() performs the group's block copies (copy-on-write
+// of shared, partly filled blocks), then writes the step's new rows to their
+// slots. Attention then reads either
+//  - rows(layer): the layer's live rows [0, used_blocks * B) as one zero-copy
+//    span, masked by fill_step_mask() (batch/step_mask.h), for backends that
+//    attend over a pool at once; or
+//  - gather(layer, plan, entry): one sequence's visible history, contiguous and
+//    in increasing positions, for backends that attend per sequence.
+//
+// Two modes, as KVPool:
+//  - growing (create): each layer starts at min(initial_rows, rows) rows and
+//    doubles, up to its rows, when a slot, a copy or the live rows reach
+//    further; blocks come from a PoolAllocator, and a failed growth leaves the
+//    pool as it was;
+//  - arena (in_arena): one caller-provided block sized by required_bytes();
+//    nothing is allocated, not even the layer table.
+// Rows never written read as zeros in both modes. Nothing on the step path
+// (update without growth, rows, gather) allocates. Every plan is checked
+// against the pool before anything is written.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kvcore/batch/batch_faces.h"
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
+#include "kvcore/pool/dtype.h"
+#include "kvcore/pool/pool_allocator.h"
+
+namespace kvcore {
+
+/// Shape and storage of one layer of a PagedKVPool.
+struct PagedLayer {
+  /// n_kv_heads * head_dim * element size.
+  std::size_t k_row_bytes = 0;
+  /// n_kv_heads * value_dim * element size.
+  std::size_t v_row_bytes = 0;
+  /// The layer's group (its block pool) and that group's policy.
+  int group = 0;
+  LayerPolicy policy;
+  /// num_blocks(group) * block_size: the most rows the layer ever holds.
+  int rows = 0;
+  /// Rows backed by storage now (always `rows` in arena mode).
+  int allocated_rows = 0;
+  unsigned char* k = nullptr;
+  unsigned char* v = nullptr;
+};
+
+/// A layer's live rows [0, rows) as one zero-copy span (rows = used_blocks * B):
+/// row r is block r / B, offset r % B of the group's pool.
+struct PagedRows {
+  const unsigned char* k = nullptr;
+  const unsigned char* v = nullptr;
+  int rows = 0;
+};
+
+class PagedKVPool {
+ public:
+  /// Every K and V block of an arena starts on this boundary.
+  static constexpr std::size_t kArenaAlignment = 64;
+  /// Rows a growing layer starts with (capped at its rows).
+  static constexpr int kDefaultInitialRows = 256;
+
+  /// A growing pool for `planner`'s layers (shapes from layer_config(l), rows
+  /// from num_blocks(group_of(l)) * block_size()), each starting at
+  /// min(initial_rows, rows) rows. The planner must outlive the pool.
+  /// InvalidArgument: dtype outside DType, allocator without both functions,
+  /// initial_rows < 0, block_size < 1, or a layer whose bytes overflow the
+  /// address space. MemoryAllocationFailed: the layer table or the initial
+  /// blocks cannot be allocated (nothing is kept).
+  static Result<PagedKVPool> create(const BatchPlanner& planner, DType dtype,
+                                    PoolAllocator allocator = PoolAllocator::heap(),
+                                    int initial_rows = kDefaultInitialRows) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
+                                 InvalidArgument,
+                                 "allocator: both allocate and release must be set");
+    KVCORE_CHECK_OR_RETURN_ERROR(initial_rows >= 0, InvalidArgument,
+                                 "initial_rows = %d: must be >= 0", initial_rows);
+    const int n_layers = planner.n_layers();
+    KVCORE_CHECK_OR_RETURN_ERROR(n_layers >= 0, InvalidArgument,
+                                 "n_layers = %d: the planner's layer count must be >= 0 and its "
+                                 "table fit the address space",
+                                 n_layers);
+    PagedKVPool pool(planner, dtype, allocator);
+    void* table = std::calloc(static_cast<std::size_t>(n_layers > 0 ? n_layers : 1), sizeof(PagedLayer));
+    KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
+                                 "cannot allocate the paged layer table of %d layers", n_layers);
+    pool.layers_ = static_cast<PagedLayer*>(table);
+    pool.n_layers_ = n_layers;
+    for (int l = 0; l < n_layers; ++l) new (&pool.layers_[l]) PagedLayer();
+    // On any failure below, ~PagedKVPool releases what was allocated so far.
+    for (int l = 0; l < n_layers; ++l) {
+      KVCORE_RETURN_IF_ERROR(shape_layer(planner, l, dtype, &pool.layers_[l]));
+      const int rows = pool.layers_[l].rows;
+      KVCORE_RETURN_IF_ERROR(pool.grow(l, initial_rows < rows ? initial_rows : rows));
+    }
+    return pool;
+  }
+
+  /// Bytes in_arena() needs for `planner`'s layers, alignment slack included
+  /// (any arena address works). InvalidArgument: dtype outside DType,
+  /// block_size < 1, or the total overflows the address space.
+  static Result<std::size_t> required_bytes(const BatchPlanner& planner, DType dtype) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    return arena_bytes(planner, dtype);
+  }
+
+  /// A pool whose table and rows all live in `arena` (at least
+  /// required_bytes(planner, dtype) bytes, any alignment). Allocates nothing;
+  /// the arena and the planner must outlive the pool. InvalidArgument: dtype
+  /// outside DType, null arena, arena too small (the message names both
+  /// sizes), or what required_bytes() refuses.
+  static Result<PagedKVPool> in_arena(const BatchPlanner& planner, DType dtype, void* arena,
+                                      std::size_t arena_bytes_given) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
+    KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
+    KVCORE_ASSIGN_OR_RETURN(const std::size_t needed, arena_bytes(planner, dtype));
+    KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
+                                 "arena of %zu bytes: the paged pool needs %zu (required_bytes)",
+                                 arena_bytes_given, needed);
+    const int n_layers = planner.n_layers();
+    PagedKVPool pool(planner, dtype, PoolAllocator{});
+    pool.arena_ = true;
+    unsigned char* at = align_up(static_cast<unsigned char*>(arena));
+    pool.layers_ = reinterpret_cast<PagedLayer*>(at);
+    pool.n_layers_ = n_layers;
+    at += round_up(static_cast<std::uint64_t>(n_layers) * sizeof(PagedLayer));
+    for (int l = 0; l < n_layers; ++l) {
+      PagedLayer* layer = new (&pool.layers_[l]) PagedLayer();
+      // Cannot fail: arena_bytes() already shaped every layer.
+      KVCORE_RETURN_IF_ERROR(shape_layer(planner, l, dtype, layer));
+      layer->allocated_rows = layer->rows;
+      const std::size_t k_bytes = layer->k_row_bytes * static_cast<std::size_t>(layer->rows);
+      const std::size_t v_bytes = layer->v_row_bytes * static_cast<std::size_t>(layer->rows);
+      layer->k = at;
+      at += round_up(k_bytes);
+      layer->v = at;
+      at += round_up(v_bytes);
+      if (k_bytes != 0) std::memset(layer->k, 0, k_bytes);
+      if (v_bytes != 0) std::memset(layer->v, 0, v_bytes);
+    }
+    return pool;
+  }
+
+  PagedKVPool(PagedKVPool&& other) noexcept
+      : planner_(other.planner_),
+        dtype_(other.dtype_),
+        allocator_(other.allocator_),
+        block_size_(other.block_size_),
+        layers_(other.layers_),
+        n_layers_(other.n_layers_),
+        arena_(other.arena_) {
+    other.layers_ = nullptr;
+    other.n_layers_ = 0;
+  }
+  PagedKVPool(const PagedKVPool&) = delete;
+  PagedKVPool& operator=(const PagedKVPool&) = delete;
+  PagedKVPool& operator=(PagedKVPool&&) = delete;
+  ~PagedKVPool() { release_all(); }
+
+  DType dtype() const noexcept { return dtype_; }
+  int n_layers() const noexcept { return n_layers_; }
+  /// Rows per block, B (the planner's block_size()).
+  int block_size() const noexcept { return block_size_; }
+  /// True for a pool built by in_arena().
+  bool uses_arena() const noexcept { return arena_; }
+
+  /// Shape and storage of `layer`. InvalidArgument: layer outside [0, n_layers).
+  Result<PagedLayer> layer(int layer_index) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    return layers_[layer_index];
+  }
+
+  /// Bytes of the rows backed by storage now, K and V of every layer.
+  std::size_t reserved_bytes() const noexcept {
+    std::size_t n = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      const PagedLayer& layer = layers_[l];
+      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.allocated_rows);
+    }
+    return n;
+  }
+
+  /// Bytes of every layer's live rows [0, used_blocks * B) now: what rows() spans.
+  std::size_t used_bytes() const noexcept {
+    std::size_t n = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      const PagedLayer& layer = layers_[l];
+      Result<int> used = planner_->used_blocks(layer.group);
+      if (!used.ok()) continue;
+      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(*used) *
+           static_cast<std::size_t>(block_size_);
+    }
+    return n;
+  }
+
+  /// Grows `layer` now to at least `rows` rows (updates then never allocate
+  /// below it). InvalidArgument: bad layer, rows outside [0, rows(layer)].
+  /// MemoryAllocationFailed: growth failed; the pool is unchanged.
+  Status reserve(int layer_index, int rows) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= layer.rows, InvalidArgument,
+                                 "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
+                                 layer_index, rows, layer.rows);
+    return grow(layer_index, rows);
+  }
+
+  /// Applies `layer`'s part of the step's plan: first every block copy of the
+  /// layer's group, in order (all B rows of src to dst), then the step's
+  /// n_tokens new rows, input row t (k: k_row_bytes, v: v_row_bytes each) to
+  /// row slots[t]. Grows the layer (growing mode) so that it holds every slot,
+  /// every copied block and every live row (used_blocks * B). InvalidArgument:
+  /// bad layer; a plan whose block_size is not the pool's, without the
+  /// layer's group, with n_tokens < 0, n_copies < 0 or null arrays; a slot
+  /// outside the layer's rows; a copy outside its blocks; k/v not exactly
+  /// n_tokens rows, null, or overlapping the layer's own storage (pass a copy).
+  /// MemoryAllocationFailed: growth failed. Nothing is written on any error.
+  Status update(int layer_index, const BatchStepPlan& plan, const void* k, std::size_t k_bytes,
+                const void* v, std::size_t v_bytes) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/false));
+    const PagedLayer& shape = layers_[layer_index];
+    const GroupPlan& gp = plan.groups[shape.group];
+    const std::int64_t B = block_size_;
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        (plan.n_tokens == 0 || gp.slots != nullptr) && gp.n_copies >= 0 &&
+            (gp.n_copies == 0 || gp.copies != nullptr),
+        InvalidArgument,
+        "update of layer %d: group %d's plan has n_copies = %d (copies %s, slots %s): counts must "
+        "be >= 0 and arrays set",
+        layer_index, shape.group, gp.n_copies, gp.copies != nullptr ? "set" : "null",
+        gp.slots != nullptr ? "set" : "null");
+    // Every row the step touches must lie in the layer; the storage must reach
+    // the furthest of them and every live row.
+    std::int64_t end_row = 0;
+    const int n_blocks = static_cast<int>(shape.rows / B);
+    for (int c = 0; c < gp.n_copies; ++c) {
+      const BlockCopy& cp = gp.copies[c];
+      KVCORE_CHECK_OR_RETURN_ERROR(
+          cp.src >= 0 && cp.src < n_blocks && cp.dst >= 0 && cp.dst < n_blocks, InvalidArgument,
+          "update of layer %d: copy %d (block %d -> block %d) must lie in blocks [0, %d)",
+          layer_index, c, cp.src, cp.dst, n_blocks);
+      const std::int64_t reach = (static_cast<std::int64_t>(cp.src > cp.dst ? cp.src : cp.dst) + 1) * B;
+      if (reach > end_row) end_row = reach;
+    }
+    for (int t = 0; t < plan.n_tokens; ++t) {
+      const int slot = gp.slots[t];
+      KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < shape.rows, InvalidArgument,
+                                   "update of layer %d: token %d's slot %d must lie in rows [0, %d)",
+                                   layer_index, t, slot, shape.rows);
+      if (slot + 1 > end_row) end_row = slot + 1;
+    }
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "update", "k", k, k_bytes, plan.n_tokens,
+                                        shape.k_row_bytes, /*exact=*/true));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "update", "v", v, v_bytes, plan.n_tokens,
+                                        shape.v_row_bytes, /*exact=*/true));
+    // Copies and scattered writes could overwrite input rows before they are
+    // read: an input inside the layer's own storage is refused.
+    const std::size_t k_storage = shape.k_row_bytes * static_cast<std::size_t>(shape.allocated_rows);
+    const std::size_t v_storage = shape.v_row_bytes * static_cast<std::size_t>(shape.allocated_rows);
+    const bool apart = disjoint(k, k_bytes, shape.k, k_storage) && disjoint(k, k_bytes, shape.v, v_storage) &&
+                       disjoint(v, v_bytes, shape.k, k_storage) && disjoint(v, v_bytes, shape.v, v_storage);
+    KVCORE_CHECK_OR_RETURN_ERROR(apart, InvalidArgument,
+                                 "update of layer %d: k/v overlap the layer's own rows: pass a copy",
+                                 layer_index);
+    KVCORE_ASSIGN_OR_RETURN(const int used, planner_->used_blocks(shape.group));
+    const std::int64_t live = static_cast<std::int64_t>(used) * B;
+    if (live > end_row) end_row = live < shape.rows ? live : shape.rows;
+    if (end_row > shape.allocated_rows) {
+      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, static_cast<int>(end_row))));
+    }
+    const PagedLayer& layer = layers_[layer_index];
+    const std::size_t k_block = layer.k_row_bytes * static_cast<std::size_t>(B);
+    const std::size_t v_block = layer.v_row_bytes * static_cast<std::size_t>(B);
+    for (int c = 0; c < gp.n_copies; ++c) {
+      const BlockCopy& cp = gp.copies[c];
+      if (cp.src == cp.dst) continue;
+      std::memcpy(layer.k + k_block * static_cast<std::size_t>(cp.dst),
+                  layer.k + k_block * static_cast<std::size_t>(cp.src), k_block);
+      std::memcpy(layer.v + v_block * static_cast<std::size_t>(cp.dst),
+                  layer.v + v_block * static_cast<std::size_t>(cp.src), v_block);
+    }
+    const unsigned char* k_in = static_cast<const unsigned char*>(k);
+    const unsigned char* v_in = static_cast<const unsigned char*>(v);
+    for (int t = 0; t < plan.n_tokens; ++t) {
+      const std::size_t slot = static_cast<std::size_t>(gp.slots[t]);
+      std::memcpy(layer.k + layer.k_row_bytes * slot, k_in + layer.k_row_bytes * static_cast<std::size_t>(t),
+                  layer.k_row_bytes);
+      std::memcpy(layer.v + layer.v_row_bytes * slot, v_in + layer.v_row_bytes * static_cast<std::size_t>(t),
+                  layer.v_row_bytes);
+    }
+    return Error::Ok;
+  }
+
+  /// The layer's live rows [0, used_blocks(group) * B) as one zero-copy span:
+  /// every row any sequence's block table names lies in it. Attention over the
+  /// whole pool at once masks it with fill_step_mask(plan, group, policy,
+  /// rows, mask). A span shows the rows as they are: valid until the layer
+  /// grows (never in arena mode), current until a later update writes them.
+  /// InvalidArgument: bad layer. InvalidState: the live rows reach past the
+  /// storage (update the layer for the begun step first).
+  Result<PagedRows> rows(int layer_index) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_ASSIGN_OR_RETURN(const int used, planner_->used_blocks(layer.group));
+    const std::int64_t live = static_cast<std::int64_t>(used) * block_size_;
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        live <= layer.allocated_rows, InvalidState,
+        "rows of layer %d: %lld live rows (used_blocks * block_size), but the layer holds %d rows "
+        "so far: update the layer for the step first",
+        layer_index, static_cast<long long>(live), layer.allocated_rows);
+    return PagedRows{layer.k, layer.v, static_cast<int>(live)};
+  }
+
+  /// Rows gather(layer, plan, entry) writes: the entry's visible positions
+  /// (see gather). Errors as gather(), without the buffers.
+  Result<int> gather_rows(int layer_index, const BatchStepPlan& plan, int entry) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/true));
+    return check_entry(layer_index, plan, entry);
+  }
+
+  /// One sequence's visible history, for backends that attend per sequence:
+  /// every position k < context_lens[entry] that some query of the entry sees
+  /// (k <= q, inside q's window or a sink, not removed), in increasing order,
+  /// copied contiguously into k_out/v_out (rows of k_row_bytes / v_row_bytes),
+  /// and, when `positions` is set, each row's position. A flat group gives
+  /// every kept position; a ring group the sinks and [first - W + 1, context).
+  /// Returns the rows written (gather_rows()). InvalidArgument: bad layer, a
+  /// plan gather cannot use (as update), entry outside [0, n_entries), an
+  /// entry whose positions or table do not fit, a visible position whose
+  /// block is a hole or outside the pool, an output too small or null.
+  /// InvalidState: a visible row lies past the storage (update the layer
+  /// first). Nothing is written on any error.
+  Result<int> gather(int layer_index, const BatchStepPlan& plan, int entry, void* k_out,
+                     std::size_t k_capacity, void* v_out, std::size_t v_capacity,
+                     std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/true));
+    KVCORE_ASSIGN_OR_RETURN(const int n, check_entry(layer_index, plan, entry));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "k_out", k_out, k_capacity, n,
+                                        layer.k_row_bytes, /*exact=*/false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "v_out", v_out, v_capacity, n,
+                                        layer.v_row_bytes, /*exact=*/false));
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        positions == nullptr || positions_capacity >= static_cast<std::size_t>(n), InvalidArgument,
+        "gather of layer %d: positions holds %zu, needs %d", layer_index, positions_capacity, n);
+    const int B = block_size_;
+    const int* table = entry_table(layer, plan, entry);
+    unsigned char* k_at = static_cast<unsigned char*>(k_out);
+    unsigned char* v_at = static_cast<unsigned char*>(v_out);
+    std::int64_t* pos_at = positions;
+    for_each_visible(layer, plan, entry, [&](int begin, int end) {
+      for (int p = begin; p < end;) {
+        const int offset = p % B;
+        const int len = B - offset < end - p ? B - offset : end - p;
+        const std::size_t row =
+            static_cast<std::size_t>(table[p / B]) * static_cast<std::size_t>(B) + static_cast<std::size_t>(offset);
+        const std::size_t kn = layer.k_row_bytes * static_cast<std::size_t>(len);
+        const std::size_t vn = layer.v_row_bytes * static_cast<std::size_t>(len);
+        std::memcpy(k_at, layer.k + layer.k_row_bytes * row, kn);
+        std::memcpy(v_at, layer.v + layer.v_row_bytes * row, vn);
+        k_at += kn;
+        v_at += vn;
+        if (pos_at != nullptr)
+          for (int j = 0; j < len; ++j) *pos_at++ = p + j;
+        p += len;
+      }
+      return true;
+    });
+    return n;
+  }
+
+ private:
+  // Largest byte count the pool deals in: every size fits ptrdiff_t.
+  static constexpr std::uint64_t kMaxBytes = static_cast<std::uint64_t>(PTRDIFF_MAX);
+
+  PagedKVPool(const BatchPlanner& planner, DType dtype, PoolAllocator allocator) noexcept
+      : planner_(&planner), dtype_(dtype), allocator_(allocator), block_size_(planner.block_size()) {}
+
+  static Status check_dtype(DType dtype) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(element_size(dtype) != 0, InvalidArgument,
+                                 "dtype = %d: not a kvcore::DType", static_cast<int>(dtype));
+    return Error::Ok;
+  }
+
+  static bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
+    if (a != 0 && b > kMaxBytes / a) return false;
+    *out = a * b;
+    return true;
+  }
+  static bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
+    if (a > kMaxBytes || b > kMaxBytes - a) return false;
+    *out = a + b;
+    return true;
+  }
+  // n <= kMaxBytes, so this cannot wrap.
+  static std::uint64_t round_up(std::uint64_t n) noexcept {
+    return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  }
+  static unsigned char* align_up(unsigned char* p) noexcept {
+    const std::uintptr_t misalign = reinterpret_cast<std::uintptr_t>(p) % kArenaAlignment;
+    return misalign == 0 ? p : p + (kArenaAlignment - misalign);
+  }
+  static bool disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+    const std::uintptr_t x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+    return a_bytes == 0 || b_bytes == 0 || x + a_bytes <= y || y + b_bytes <= x;
+  }
+
+  // Layer `l`'s group, policy, row sizes and rows, as the planner reports them;
+  // fails when its rows overflow an int or its bytes the address space.
+  static Status shape_layer(const BatchPlanner& planner, int l, DType dtype, PagedLayer* out) noexcept {
+    const int B = planner.block_size();
+    KVCORE_CHECK_OR_RETURN_ERROR(B >= 1, InvalidArgument,
+                                 "block_size = %d: the planner's blocks must hold >= 1 row", B);
+    KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
+    KVCORE_ASSIGN_OR_RETURN(const int group, planner.group_of(l));
+    KVCORE_ASSIGN_OR_RETURN(const int blocks, planner.num_blocks(group));
+    const std::uint64_t size = element_size(dtype);
+    const std::uint64_t rows = static_cast<std::uint64_t>(blocks < 0 ? 0 : blocks) * static_cast<std::uint64_t>(B);
+    std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
+    const bool fits = lc.n_kv_heads >= 0 && lc.head_dim >= 0 && lc.value_dim() >= 0 && blocks >= 0 &&
+                      rows <= static_cast<std::uint64_t>(INT_MAX) &&
+                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
+                                  static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
+                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
+                                  static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
+                      checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
+                      checked_mul(k_row, rows, &k_all) && checked_mul(v_row, rows, &v_all) &&
+                      checked_add(k_all, v_all, &k_all);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        fits, InvalidArgument,
+        "layer %d: %d blocks of %d rows of %d heads x (%d + %d) dims of %s overflow the address "
+        "space",
+        l, blocks, B, lc.n_kv_heads, lc.head_dim, lc.value_dim(), to_string(dtype));
+    out->k_row_bytes = static_cast<std::size_t>(k_row);
+    out->v_row_bytes = static_cast<std::size_t>(v_row);
+    out->group = group;
+    out->policy = lc.policy;
+    out->rows = static_cast<int>(rows);
+    return Error::Ok;
+  }
+
+  // Arena bytes for `planner`'s layers: slack to align the start, then the
+  // layer table and every K and V block, each rounded to kArenaAlignment.
+  static Result<std::size_t> arena_bytes(const BatchPlanner& planner, DType dtype) noexcept {
+    const int n_layers = planner.n_layers();
+    std::uint64_t total = 0;
+    const bool table_fits =
+        n_layers >= 0 && checked_mul(static_cast<std::uint64_t>(n_layers), sizeof(PagedLayer), &total) &&
+        checked_add(round_up(total), kArenaAlignment - 1, &total);
+    KVCORE_CHECK_OR_RETURN_ERROR(table_fits, InvalidArgument,
+                                 "n_layers = %d: the planner's layer count must be >= 0 and its "
+                                 "table fit the address space",
+                                 n_layers);
+    for (int l = 0; l < n_layers; ++l) {
+      PagedLayer layer;
+      KVCORE_RETURN_IF_ERROR(shape_layer(planner, l, dtype, &layer));
+      const std::uint64_t rows = static_cast<std::uint64_t>(layer.rows);
+      const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
+                        checked_add(total, round_up(layer.v_row_bytes * rows), &total);
+      KVCORE_CHECK_OR_RETURN_ERROR(fits, InvalidArgument,
+                                   "layer %d: the paged arena would overflow the address space", l);
+    }
+    return static_cast<std::size_t>(total);
+  }
+
+  Status check_layer(int layer_index) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_index >= 0 && layer_index < n_layers_, InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer_index,
+                                 n_layers_);
+    return Error::Ok;
+  }
+
+  // What every use of a plan needs: the pool's block size, the layer's group,
+  // sane counts and the arrays they index (the per-entry ones for gather).
+  Status check_plan(int layer_index, const BatchStepPlan& plan, bool gather) const noexcept {
+    const int group = layers_[layer_index].group;
+    const bool entries = !gather || plan.n_entries == 0 ||
+                         (plan.seq_ids != nullptr && plan.first_positions != nullptr &&
+                          plan.context_lens != nullptr && plan.visible_starts != nullptr);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        plan.block_size == block_size_ && plan.n_groups > group && plan.groups != nullptr &&
+            plan.n_tokens >= 0 && plan.n_entries >= 0 && entries,
+        InvalidArgument,
+        "%s of layer %d: the plan (block_size %d, %d groups, %d tokens, %d entries) does not fit "
+        "the pool (block_size %d, the layer in group %d) or lacks an array",
+        gather ? "gather" : "update", layer_index, plan.block_size, plan.n_groups, plan.n_tokens, plan.n_entries,
+        block_size_, group);
+    return Error::Ok;
+  }
+
+  const int* entry_table(const PagedLayer& layer, const BatchStepPlan& plan, int entry) const noexcept {
+    const GroupPlan& gp = plan.groups[layer.group];
+    return gp.block_tables + static_cast<std::ptrdiff_t>(plan.seq_ids[entry]) * gp.table_stride;
+  }
+
+  // Calls f(begin, end) for each maximal run of positions the entry's queries
+  // see, in increasing order: [0, min(S, ctx)) and [max(0, first - W + 1), ctx)
+  // for a ring (all of [0, ctx) when flat), minus removed positions. Stops when
+  // f returns false.
+  template <typename F>
+  static void for_each_visible(const PagedLayer& layer, const BatchStepPlan& plan, int entry, F f) noexcept {
+    const int first = plan.first_positions[entry], ctx = plan.context_lens[entry];
+    const int start = plan.visible_starts[entry];
+    const PositionRange* holes = plan.holes != nullptr ? plan.holes[entry] : nullptr;
+    const int n_holes = plan.n_holes != nullptr && holes != nullptr ? plan.n_holes[entry] : 0;
+    int ranges[2][2] = {{0, ctx}, {ctx, ctx}};
+    if (layer.policy.kind == LayerPolicy::Kind::Ring) {
+      const std::int64_t lo = static_cast<std::int64_t>(first) - layer.policy.window + 1;
+      const int window_from = lo > 0 ? static_cast<int>(lo) : 0;
+      const int sink_end = layer.policy.sinks < ctx ? layer.policy.sinks : ctx;
+      if (sink_end < window_from) {
+        ranges[0][1] = sink_end;
+        ranges[1][0] = window_from;
+      }
+    }
+    for (const auto& range : ranges) {
+      int cursor = range[0] > start ? range[0] : start;
+      const int end = range[1];
+      for (int h = 0; h < n_holes && cursor < end; ++h) {
+        if (holes[h].end <= cursor) continue;
+        if (holes[h].begin >= end) break;
+        if (holes[h].begin > cursor && !f(cursor, holes[h].begin)) return;
+        cursor = holes[h].end;
+      }
+      if (cursor < end && !f(cursor, end)) return;
+    }
+  }
+
+  // The entry's shape, and every visible position's block: inside the pool and
+  // its storage. Returns the visible positions.
+  Result<int> check_entry(int layer_index, const BatchStepPlan& plan, int entry) const noexcept {
+    const PagedLayer& layer = layers_[layer_index];
+    const GroupPlan& gp = plan.groups[layer.group];
+    KVCORE_CHECK_OR_RETURN_ERROR(entry >= 0 && entry < plan.n_entries, InvalidArgument,
+                                 "gather of layer %d: entry = %d, must be in [0, n_entries = %d)",
+                                 layer_index, entry, plan.n_entries);
+    const int seq = plan.seq_ids[entry], first = plan.first_positions[entry], ctx = plan.context_lens[entry];
+    const int B = block_size_;
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        seq >= 0 && first >= 0 && first <= ctx && plan.visible_starts[entry] >= 0 && gp.block_tables != nullptr &&
+            static_cast<std::int64_t>(ctx) <= static_cast<std::int64_t>(gp.table_stride) * B,
+        InvalidArgument,
+        "gather of layer %d: entry %d (seq %d, positions [%d, %d), table_stride %d) does not fit "
+        "its block table",
+        layer_index, entry, seq, first, ctx, gp.table_stride);
+    const int* table = entry_table(layer, plan, entry);
+    const int n_blocks = layer.rows / B;
+    int n = 0;
+    Status bad;
+    for_each_visible(layer, plan, entry, [&](int begin, int end) {
+      for (int i = begin / B; i <= (end - 1) / B; ++i) {
+        const int block = table[i];
+        const int p = i * B > begin ? i * B : begin;
+        if (block < 0 || block >= n_blocks) {
+          bad = Status::make(Error::InvalidArgument,
+                             "gather of layer %d: entry %d sees position %d, but its block %d is "
+                             "not in [0, %d)",
+                             layer_index, entry, p, block, n_blocks);
+          return false;
+        }
+        const std::int64_t row_end = static_cast<std::int64_t>(block) * B + B;
+        if (row_end > layer.allocated_rows) {
+          bad = Status::make(Error::InvalidState,
+                             "gather of layer %d: position %d lives in block %d, but the layer holds "
+                             "%d rows so far: update the layer for the step first",
+                             layer_index, p, block, layer.allocated_rows);
+          return false;
+        }
+      }
+      n += end - begin;
+      return true;
+    });
+    if (!bad.ok()) return bad;
+    return n;
+  }
+
+  static Status check_buffer(int layer_index, const char* what, const char* name, const void* data,
+                             std::size_t bytes, std::int64_t rows, std::size_t row_bytes,
+                             bool exact) noexcept {
+    std::uint64_t need = 0;
+    const bool sized = checked_mul(static_cast<std::uint64_t>(rows), row_bytes, &need);
+    const bool ok = sized && (exact ? bytes == need : bytes >= need);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        ok, InvalidArgument, "%s of layer %d: %s has %zu bytes, %s %lld rows of %zu bytes = %llu",
+        what, layer_index, name, bytes, exact ? "must be exactly" : "needs at least",
+        static_cast<long long>(rows), row_bytes, static_cast<unsigned long long>(need));
+    KVCORE_CHECK_OR_RETURN_ERROR(data != nullptr || need == 0, InvalidArgument,
+                                 "%s of layer %d: %s is null", what, layer_index, name);
+    return Error::Ok;
+  }
+
+  // Doubling from the current storage until `needed` rows fit, capped at rows.
+  static int grown_rows(const PagedLayer& layer, int needed) noexcept {
+    std::int64_t target = layer.allocated_rows > 0 ? layer.allocated_rows : 1;
+    while (target < needed) target *= 2;
+    return target < layer.rows ? static_cast<int>(target) : layer.rows;
+  }
+
+  // Grows `layer_index` to `rows`, keeping its data: new blocks first, then
+  // copy, then release, so a failure leaves the layer as it was.
+  Status grow(int layer_index, int rows) noexcept {
+    PagedLayer& layer = layers_[layer_index];
+    if (rows <= layer.allocated_rows) return Error::Ok;
+    KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal,
+                                 "layer %d: an arena paged pool cannot grow to %d rows", layer_index,
+                                 rows);
+    const std::size_t k_bytes = layer.k_row_bytes * static_cast<std::size_t>(rows);
+    const std::size_t v_bytes = layer.v_row_bytes * static_cast<std::size_t>(rows);
+    auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
+    auto* v = k == nullptr ? nullptr
+                           : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, v_bytes));
+    if (v == nullptr) {
+      if (k != nullptr) allocator_.release(allocator_.context, k);
+      return Status::make(Error::MemoryAllocationFailed,
+                          "layer %d: cannot allocate %zu bytes to grow the paged layer from %d to %d rows",
+                          layer_index, k_bytes + v_bytes, layer.allocated_rows, rows);
+    }
+    const std::size_t k_old = layer.k_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
+    const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
+    if (k_old != 0) std::memcpy(k, layer.k, k_old);
+    if (v_old != 0) std::memcpy(v, layer.v, v_old);
+    std::memset(k + k_old, 0, k_bytes - k_old);
+    std::memset(v + v_old, 0, v_bytes - v_old);
+    if (layer.k != nullptr) allocator_.release(allocator_.context, layer.k);
+    if (layer.v != nullptr) allocator_.release(allocator_.context, layer.v);
+    layer.k = k;
+    layer.v = v;
+    layer.allocated_rows = rows;
+    return Error::Ok;
+  }
+
+  void release_all() noexcept {
+    if (layers_ == nullptr || arena_) return;
+    for (int l = 0; l < n_layers_; ++l) {
+      if (layers_[l].k != nullptr) allocator_.release(allocator_.context, layers_[l].k);
+      if (layers_[l].v != nullptr) allocator_.release(allocator_.context, layers_[l].v);
+    }
+    std::free(layers_);
+    layers_ = nullptr;
+  }
+
+  const BatchPlanner* planner_;
+  DType dtype_;
+  PoolAllocator allocator_;
+  int block_size_ = 1;
+  PagedLayer* layers_ = nullptr;  // n_layers_ entries: heap (calloc) or arena
+  int n_layers_ = 0;
+  bool arena_ = false;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,16 @@
+// A Python BatchStep: the C++ BatchStep plus the BatchCache that began it
+// (kept alive). Shared by batch.cpp (which registers it) and paged_pool.cpp.
+#pragma once
+
+#include <memory>
+
+#include "kvcore/batch/batch_cache.h"
+
+namespace kvcore_py {
+
+struct BatchStepHandle {
+  std::shared_ptr<kvcore::BatchCache> cache;
+  kvcore::BatchStep step;
+};
+
+}  // namespace kvcore_py

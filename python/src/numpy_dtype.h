@@ -1,0 +1,55 @@
+// The pool dtypes as numpy sees them, shared by KVPool (pool.cpp) and
+// PagedKVPool (paged_pool.cpp).
+#pragma once
+
+#include <pybind11/numpy.h>
+
+#include <string>
+#include <utility>
+
+#include "errors.h"
+#include "kvcore/pool/dtype.h"
+
+namespace kvcore_py {
+
+inline std::string describe(py::handle obj) { return py::repr(obj).cast<std::string>(); }
+
+// The numpy dtype for `spec` and the DType it stands for. "bfloat16" needs the
+// ml_dtypes package, which registers that type with numpy.
+inline std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
+  py::object spec = py::reinterpret_borrow<py::object>(given);
+  if (py::isinstance<py::str>(spec) && spec.cast<std::string>() == "bfloat16") {
+    try {
+      spec = py::module_::import("ml_dtypes").attr("bfloat16");
+    } catch (py::error_already_set&) {
+      raise(kvcore::Error::InvalidArgument,
+            "dtype = 'bfloat16': needs the ml_dtypes package: pip install \"kvcore[bfloat16]\"");
+    }
+  }
+  py::dtype dt;
+  try {
+    dt = py::dtype::from_args(spec);
+  } catch (py::error_already_set&) {
+    raise(kvcore::Error::InvalidArgument, "dtype = " + describe(spec) + ": not a numpy dtype");
+  }
+  const std::string name = py::str(dt.attr("name")).cast<std::string>();
+  const bool native = dt.attr("isnative").cast<bool>();
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  kvcore::DType out = kvcore::DType::Float32;
+  bool known = native;
+  if (kind == 'f' && size == 4) out = kvcore::DType::Float32;
+  else if (kind == 'f' && size == 2) out = kvcore::DType::Float16;
+  else if (kind == 'i' && size == 1) out = kvcore::DType::Int8;
+  else if (kind == 'u' && size == 1) out = kvcore::DType::UInt8;
+  else if (name == "bfloat16" && size == 2) out = kvcore::DType::BFloat16;
+  else known = false;
+  if (!known)
+    raise(kvcore::Error::InvalidArgument,
+          "dtype = " + describe(dt) +
+              ": must be one of float32, float16, bfloat16 (ml_dtypes), int8, uint8 in native "
+              "byte order");
+  return {dt, out};
+}
+
+}  // namespace kvcore_py

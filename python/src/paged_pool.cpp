@@ -1,0 +1,355 @@
+// Python view of PagedKVPool: the byte layer of a BatchCache, numpy in and out.
+//
+// As KVPool (pool.cpp): every storage block the pool allocates is owned by a
+// capsule; the pool holds one reference and each zero-copy view holds another
+// (as its numpy base), so a view never points at freed memory, even after the
+// pool grows or dies. update() is the per-layer hot path: it talks to numpy
+// through its C API (no shape vectors, no Python-level calls), and mask()
+// builds one read-only mask per group and step, shared by the group's layers.
+#include <pybind11/numpy.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "batch_step_handle.h"
+#include "bindings.h"
+#include "errors.h"
+#include "kvcore/batch/batch_cache.h"
+#include "kvcore/batch/step_mask.h"
+#include "kvcore/pool/paged_kv_pool.h"
+#include "numpy_dtype.h"
+
+namespace kvcore_py {
+
+namespace {
+
+namespace npy = py::detail;
+
+constexpr const char* kPagedBlockName = "kvcore.paged_pool_block";
+
+using CachePtr = std::shared_ptr<kvcore::BatchCache>;
+
+void set_read_only(py::handle a) { npy::array_proxy(a.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_; }
+
+class PyPagedPool {
+ public:
+  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows) : cache_(std::move(cache)) {
+    auto parsed = parse_dtype(dtype_spec);
+    dtype_ = parsed.first;
+    element_size_ = kvcore::element_size(parsed.second);
+    kvcore::PoolAllocator alloc;
+    alloc.context = this;
+    alloc.allocate = &PyPagedPool::allocate_block;
+    alloc.release = &PyPagedPool::release_block;
+    pool_.reset(new kvcore::PagedKVPool(
+        unwrap(kvcore::PagedKVPool::create(*cache_, parsed.second, alloc, initial_rows))));
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      const kvcore::LayerConfig lc = unwrap(cache_->layer_config(l));
+      layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
+    }
+    masks_.resize(static_cast<std::size_t>(cache_->n_groups()));
+  }
+
+  // The pool releases its blocks through `owners_`, so it must go first.
+  ~PyPagedPool() { pool_.reset(); }
+
+  PyPagedPool(const PyPagedPool&) = delete;
+  PyPagedPool& operator=(const PyPagedPool&) = delete;
+
+  const CachePtr& cache() const { return cache_; }
+  const py::dtype& dtype() const { return dtype_; }
+  const kvcore::PagedKVPool& pool() const { return *pool_; }
+  kvcore::PagedKVPool& pool() { return *pool_; }
+
+  int checked_layer(const PyInt& layer) const {
+    const int l = to_int("layer", layer);
+    throw_if_error(kvcore::internal::to_status(pool_->layer(l)));
+    return l;
+  }
+
+  // The plan of `step`, which must be this cache's begun step.
+  kvcore::BatchStepPlan plan_of(const BatchStepHandle& h) const {
+    if (h.cache.get() != cache_.get())
+      raise(kvcore::Error::InvalidState, "the step belongs to another BatchCache than the pool's");
+    return unwrap(cache_->plan(h.step));  // InvalidState: not the begun step
+  }
+
+  // (k_rows, v_rows) after writing the step's rows of `layer`.
+  py::tuple update(int layer, const kvcore::BatchStepPlan& plan, py::handle k, py::handle v) {
+    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
+    const char* k_data = check_input("k", k, plan.n_tokens, s.heads, s.head_dim, "head_dim");
+    const char* v_data = check_input("v", v, plan.n_tokens, s.heads, s.value_dim, "value_dim");
+    throw_if_error(pool_->update(layer, plan, k_data, bytes_of(plan.n_tokens, s.heads, s.head_dim), v_data,
+                                 bytes_of(plan.n_tokens, s.heads, s.value_dim)));
+    return rows(layer);
+  }
+
+  // (k_rows, v_rows): read-only views of the layer's live rows.
+  py::tuple rows(int layer) const {
+    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
+    const kvcore::PagedRows live = unwrap(pool_->rows(layer));
+    py::object k = view(live.k, live.rows, s.heads, s.head_dim);
+    py::object v = view(live.v, live.rows, s.heads, s.value_dim);
+    return py::reinterpret_steal<py::tuple>(PyTuple_Pack(2, k.ptr(), v.ptr()));
+  }
+
+  // (k, v, positions) of one entry's visible history: new arrays.
+  py::tuple gather(int layer, const kvcore::BatchStepPlan& plan, int entry) const {
+    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
+    const int n = unwrap(pool_->gather_rows(layer, plan, entry));
+    py::object k = empty(n, s.heads, s.head_dim);
+    py::object v = empty(n, s.heads, s.value_dim);
+    py::array_t<std::int64_t> positions(n);
+    unwrap(pool_->gather(layer, plan, entry, data_of(k), bytes_of(n, s.heads, s.head_dim), data_of(v),
+                         bytes_of(n, s.heads, s.value_dim), positions.mutable_data(),
+                         static_cast<std::size_t>(n)));
+    return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
+  }
+
+  // The (n_tokens, used_blocks * B) mask of `group` for the begun step, built
+  // once per group and step.
+  py::object mask(const BatchStepHandle& h, const kvcore::BatchStepPlan& plan, int group) {
+    const kvcore::LayerPolicy policy = unwrap(cache_->group_policy(group));  // checks the group
+    CachedMask& cached = masks_[static_cast<std::size_t>(group)];
+    if (cached.step_id == h.step.id && cached.array) return cached.array;
+    const int rows = unwrap(cache_->used_blocks(group)) * plan.block_size;
+    py::array_t<bool> out({plan.n_tokens, rows});
+    throw_if_error(
+        kvcore::fill_step_mask(plan, group, policy, rows, reinterpret_cast<unsigned char*>(out.mutable_data())));
+    set_read_only(out);
+    cached.step_id = h.step.id;
+    cached.array = out;
+    return std::move(out);
+  }
+
+  // Bytes of the rows of blocks some sequence holds, K and V of every layer.
+  std::size_t nbytes() const {
+    std::size_t n = 0;
+    for (int l = 0; l < pool_->n_layers(); ++l) {
+      const kvcore::PagedLayer shape = unwrap(pool_->layer(l));
+      const int held = unwrap(cache_->num_blocks(shape.group)) - unwrap(cache_->free_blocks(shape.group));
+      n += (shape.k_row_bytes + shape.v_row_bytes) * static_cast<std::size_t>(held) *
+           static_cast<std::size_t>(pool_->block_size());
+    }
+    return n;
+  }
+
+ private:
+  struct LayerShape {
+    int heads;
+    int head_dim;
+    int value_dim;
+  };
+
+  struct CachedMask {
+    std::uint64_t step_id = 0;
+    py::object array;
+  };
+
+  static void* allocate_block(void* context, std::size_t bytes) noexcept {
+    void* block = std::malloc(bytes == 0 ? 1 : bytes);
+    if (block == nullptr) return nullptr;
+    PyObject* capsule = PyCapsule_New(block, kPagedBlockName, [](PyObject* cap) {
+      std::free(PyCapsule_GetPointer(cap, kPagedBlockName));
+    });
+    if (capsule == nullptr) {
+      PyErr_Clear();
+      std::free(block);
+      return nullptr;
+    }
+    try {
+      static_cast<PyPagedPool*>(context)->owners_.emplace(block, py::reinterpret_steal<py::object>(capsule));
+    } catch (...) {
+      Py_DECREF(capsule);  // frees the block
+      return nullptr;
+    }
+    return block;
+  }
+
+  static void release_block(void* context, void* block) noexcept {
+    // Drops the pool's reference; views keep theirs until numpy lets them go.
+    static_cast<PyPagedPool*>(context)->owners_.erase(block);
+  }
+
+  std::size_t bytes_of(Py_intptr_t rows, int heads, int dim) const {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads) * static_cast<std::size_t>(dim) *
+           element_size_;
+  }
+
+  static char* data_of(py::handle a) { return npy::array_proxy(a.ptr())->data; }
+
+  // Checks everything about one input before anything is written.
+  const char* check_input(const char* name, py::handle a, int n_tokens, int heads, int dim,
+                          const char* dim_name) const {
+    auto& api = npy::npy_api::get();
+    if (!api.PyArray_Check_(a.ptr()))
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ": must be a numpy.ndarray, got " +
+                py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>());
+    const auto* p = npy::array_proxy(a.ptr());
+    if (p->descr != dtype_.ptr() && !api.PyArray_EquivTypes_(p->descr, dtype_.ptr()))
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ".dtype = " + describe(p->descr) + ": the paged pool stores " + describe(dtype_));
+    if (p->nd != 3 || p->dimensions[0] != n_tokens || p->dimensions[1] != heads || p->dimensions[2] != dim)
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ".shape = " + describe(py::reinterpret_borrow<py::object>(a).attr("shape")) +
+                ": must be (n_tokens, n_kv_heads, " + dim_name + ") = (" + std::to_string(n_tokens) + ", " +
+                std::to_string(heads) + ", " + std::to_string(dim) + ")");
+    if ((p->flags & npy::npy_api::NPY_ARRAY_C_CONTIGUOUS_) == 0)
+      raise(kvcore::Error::InvalidArgument,
+            std::string(name) + ": must be C-contiguous (use numpy.ascontiguousarray)");
+    return p->data;
+  }
+
+  // A read-only (rows, heads, dim) array over pool memory, keeping its block alive.
+  py::object view(const unsigned char* block, Py_intptr_t rows, int heads, int dim) const {
+    if (rows == 0) {
+      py::object out = empty(0, heads, dim);
+      set_read_only(out);
+      return out;
+    }
+    auto owner = owners_.find(const_cast<unsigned char*>(block));
+    if (owner == owners_.end()) raise(kvcore::Error::Internal, "a paged pool block has no owner");
+    auto& api = npy::npy_api::get();
+    const Py_intptr_t dims[3] = {rows, heads, dim};
+    Py_INCREF(dtype_.ptr());  // NewFromDescr steals it
+    PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr,
+                                              const_cast<unsigned char*>(block), 0, nullptr);
+    if (arr == nullptr) throw py::error_already_set();
+    py::object out = py::reinterpret_steal<py::object>(arr);
+    if (api.PyArray_SetBaseObject_(arr, owner->second.inc_ref().ptr()) != 0) throw py::error_already_set();
+    return out;
+  }
+
+  py::object empty(Py_intptr_t rows, int heads, int dim) const {
+    auto& api = npy::npy_api::get();
+    const Py_intptr_t dims[3] = {rows, heads, dim};
+    Py_INCREF(dtype_.ptr());
+    PyObject* arr =
+        api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr, nullptr, 0, nullptr);
+    if (arr == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(arr);
+  }
+
+  // Declared first so it is destroyed last: the pool's release hook erases from it.
+  std::unordered_map<void*, py::object> owners_;
+  CachePtr cache_;
+  py::dtype dtype_;
+  std::size_t element_size_ = 0;
+  std::unique_ptr<kvcore::PagedKVPool> pool_;
+  std::vector<LayerShape> layers_;
+  std::vector<CachedMask> masks_;  // per group: the mask of the last step asked for
+};
+
+}  // namespace
+
+void register_paged_pool(py::module_& m) {
+  py::class_<PyPagedPool>(
+      m, "PagedKVPool",
+      "Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool "
+      "(num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach "
+      "further. update() performs a step's block copies and writes its new rows; attention reads the "
+      "live rows with mask(), or one sequence's history with gather().")
+      .def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows) {
+             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
+             return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows));
+           }),
+           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"), py::kw_only(),
+           py::arg("initial_rows") = kvcore::PagedKVPool::kDefaultInitialRows,
+           "PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in `dtype` "
+           "(float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with "
+           "min(initial_rows, its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0. "
+           "AllocationError: the first blocks cannot be allocated.")
+      .def_property_readonly("cache", [](const PyPagedPool& p) { return p.cache(); }, "The BatchCache it stores.")
+      .def_property_readonly("dtype", [](const PyPagedPool& p) { return p.dtype(); },
+                             "The numpy dtype of every K/V element.")
+      .def_property_readonly("n_layers", [](const PyPagedPool& p) { return p.pool().n_layers(); }, "Layers.")
+      .def_property_readonly("nbytes", &PyPagedPool::nbytes,
+                             "Bytes (K and V, every layer) of the rows in blocks some sequence holds now: "
+                             "(num_blocks - free_blocks) * block_size rows per layer.")
+      .def_property_readonly("reserved_bytes", [](const PyPagedPool& p) { return p.pool().reserved_bytes(); },
+                             "Bytes of storage allocated now (K and V, every layer).")
+      .def(
+          "allocated_rows",
+          [](const PyPagedPool& p, const PyInt& layer) { return p.pool().layer(p.checked_layer(layer))->allocated_rows; },
+          py::arg("layer"),
+          "Rows of the layer backed by storage now (at most num_blocks(group) * block_size). "
+          "InvalidArgumentError: bad layer.")
+      .def(
+          "reserve",
+          [](PyPagedPool& p, const PyInt& layer, const PyInt& rows) {
+            throw_if_error(p.pool().reserve(p.checked_layer(layer), to_int("rows", rows)));
+          },
+          py::arg("layer"), py::arg("rows"),
+          "Grows the layer now to at least `rows` rows, so later updates below it never allocate. "
+          "InvalidArgumentError: bad layer, rows outside [0, num_blocks * block_size]. AllocationError: "
+          "growth failed (nothing changed).")
+      .def(
+          "update",
+          [](PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, py::handle k, py::handle v) {
+            const int l = p.checked_layer(layer);
+            return p.update(l, p.plan_of(step), k, v);
+          },
+          py::arg("layer"), py::arg("step"), py::arg("k"), py::arg("v"),
+          "update(layer, step, k, v) -> (k_rows, v_rows): performs the layer's block copies of the begun "
+          "step (copy-on-write), writes the step's new rows (k: (n_tokens, n_kv_heads, head_dim), v: "
+          "(n_tokens, n_kv_heads, value_dim), C-contiguous, the pool's dtype; token t to its slot), and "
+          "returns read-only zero-copy views of the layer's live rows, (used_blocks * block_size, "
+          "n_kv_heads, dim): attend over them with mask(step, group). Views keep their storage alive. "
+          "InvalidArgumentError: bad layer or array (nothing written). InvalidStateError: a stale step, "
+          "or a step of another cache. AllocationError: growth failed (nothing written).")
+      .def(
+          "rows",
+          [](const PyPagedPool& p, const PyInt& layer) { return p.rows(p.checked_layer(layer)); },
+          py::arg("layer"),
+          "rows(layer) -> (k_rows, v_rows): the views update() returns, without writing. "
+          "InvalidArgumentError: bad layer. InvalidStateError: the live rows are not all stored yet "
+          "(update the layer for the begun step first).")
+      .def(
+          "mask",
+          [](PyPagedPool& p, const BatchStepHandle& step, const PyInt& group) {
+            const kvcore::BatchStepPlan plan = p.plan_of(step);
+            return p.mask(step, plan, to_int("group", group));
+          },
+          py::arg("step"), py::arg("group"),
+          "mask(step, group) -> bool (n_tokens, used_blocks * block_size): mask[t, r] is True when the "
+          "step's token t may see the key in row r of the group's layers (its own sequence's, by the "
+          "visibility rule, not removed): the columns of update()'s rows. Read-only, built once per group "
+          "and step and shared by the group's layers (step.plan().mask(group) gives a new copy). "
+          "InvalidArgumentError: bad group. InvalidStateError: a stale step or another cache's.")
+      .def(
+          "gather",
+          [](const PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, const PyInt& entry) {
+            const int l = p.checked_layer(layer);
+            return p.gather(l, p.plan_of(step), to_int("entry", entry));
+          },
+          py::arg("layer"), py::arg("step"), py::arg("entry"),
+          "gather(layer, step, entry) -> (k, v, positions): the history entry `entry` of the step sees on "
+          "this layer (every position below its context length that one of its queries sees: the sinks and "
+          "the first query's window on a ring, all kept positions when flat; removed ones skipped), in "
+          "increasing positions, as new contiguous arrays (n, n_kv_heads, dim) and int64 (n,). Call it "
+          "after update(). InvalidArgumentError: bad layer or entry. InvalidStateError: a stale step, or "
+          "the layer not updated for it yet.")
+      .def_static(
+          "required_bytes",
+          [](const CachePtr& cache, py::object dtype) {
+            if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
+            return unwrap(kvcore::PagedKVPool::required_bytes(*cache, parse_dtype(dtype).second));
+          },
+          py::arg("cache"), py::arg("dtype"),
+          "Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer, as the "
+          "C++ arena mode takes them, alignment slack included). InvalidArgumentError: bad dtype.")
+      .def("__repr__", [](const PyPagedPool& p) {
+        return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
+               ", dtype=" + p.dtype().attr("name").cast<std::string>() +
+               ", block_size=" + std::to_string(p.pool().block_size()) +
+               ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
+      });
+}
+
+}  // namespace kvcore_py
