@@ -114,7 +114,8 @@ class KVCoreContiguousCache:
       before doubling (default 512); ``STATIC`` allocates every layer whole at construction.
     - ``mirror_rings``: a ring layer also keeps a copy of its first ``window + max_step - 2``
       rows, so a window that wraps round the ring is returned as a view rather than copied
-      (default True; False halves ring bytes and gathers instead).
+      (default True; False halves ring bytes and gathers a wrapped window into a workspace
+      the layers share: valid until the next ``update_and_fetch``, as the op uses it).
     - ``order``: ``"positions"`` (default: the history is exactly the keys the step's queries
       may see, in position order, so a decode is unmasked) or ``"rows"`` (every row the layer
       holds, as it lies: always a view, with an explicit mask).
@@ -162,6 +163,7 @@ class KVCoreContiguousCache:
         self._specs: list[Any] = []
         self._served: list[bool] = [False] * self._n_layers
         self._n_served = 0
+        self._checked: Any = None  # the (shapes, devices) of the last input check_input passed
         if self._static:
             self._allocate_all()
 
@@ -240,9 +242,12 @@ class KVCoreContiguousCache:
         ``[T, 1]`` (``[T, n]`` is accepted and not checked: placement follows the length).
         Returns ``[batch, n_kv_heads, n, dim]`` K and V (see ``order``) and the spec.
         """
-        _check_layer(layer_id, self._n_layers)
-        k = k.to(self.dtype)
-        v = v.to(self.dtype)
+        if not 0 <= layer_id < self._n_layers:
+            _check_layer(layer_id, self._n_layers)
+        if k.dtype != self.dtype:
+            k = k.to(self.dtype)
+        if v.dtype != self.dtype:
+            v = v.to(self.dtype)
         step = self._step
         if layer_id == 0:
             step = self._begin(k, v, position)
@@ -290,7 +295,10 @@ class KVCoreContiguousCache:
         if int(k.shape[0]) != self.batch_size:
             raise InvalidArgumentError(f"k has batch {int(k.shape[0])}, the config's batch_size is {self.batch_size}")
         _check_positions(position, T, length)
-        self.pool.check_input(0, k, v, position=length, T=T)
+        seen = (k.shape, v.shape, k.device, v.device)
+        if seen != self._checked:  # checked once per shape: write_read checks the rest on its slow path
+            self.pool.check_input(0, k, v, position=length, T=T)
+            self._checked = seen
         step = self.sequence.begin_step(T)  # replaces a forward left unfinished: the retry path
         self._end()
         self._step = step
