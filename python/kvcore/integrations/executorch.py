@@ -485,9 +485,14 @@ class KVCoreCellCache:
         self._served.clear()
 
     def _admit(self, entries: list[tuple[int, int]]) -> None:
-        """Raise unless the step fits; change nothing either way (kvcore begins and abandons it)."""
+        """Raise unless the step fits; change nothing either way.
+
+        With one-row blocks every new token takes one new block in every group, so the
+        counts decide exactly; larger blocks may share a partly filled one (or need a copy
+        of it), so kvcore begins the step and abandons it.
+        """
         n = sum(T for _, T in entries)
-        capacity = self.cache.capacity
+        capacity, max_step = self.cache.capacity, self.cache.max_step
         for seq_id, T in entries:
             length = self.cache.length(seq_id)
             if length + T > capacity:
@@ -496,6 +501,18 @@ class KVCoreCellCache:
                 )
         if self.block_size == 1 and n > self.free_cells():
             raise CapacityError(f"KV cache full: {n} tokens need as many cells, {self.free_cells()} free")
+        for seq_id, T in entries:
+            if T > max_step:
+                raise InvalidArgumentError(
+                    f"sequence {seq_id} has {T} tokens in one step: must be <= max_step = {max_step}; "
+                    f"feed longer prompts in chunks (or raise max_step)"
+                )
+        if n > self.cache.max_step_tokens:
+            raise InvalidArgumentError(
+                f"a step of {n} tokens: must be <= max_step_tokens = {self.cache.max_step_tokens} (max_seqs * max_step)"
+            )
+        if self.block_size == 1:
+            return
         added = self._activate(entries)
         try:
             step = self._begin_kvcore(entries)
