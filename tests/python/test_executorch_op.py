@@ -366,3 +366,21 @@ def test_cell_cache_defaults_accept_the_references_sequence_ids() -> None:
     assert cache.max_seqs == MAX_SEQS == 63
     assert cache.seq_len(MAX_SEQS - 1) == 0
     assert KVCoreCellCache(et_config(8), max_seqs=1000).seq_len(999) == 0
+
+
+def test_the_benchmark_runs_and_its_caches_agree(tmp_path: Path) -> None:
+    # A smoke run of bench/executorch_compare.py (it checks every cache's attention agrees
+    # before timing and exits otherwise), so the benchmark cannot rot. No timing is asserted.
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "executorch_compare.py"
+    spec = importlib.util.spec_from_file_location("executorch_compare", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "out.json"
+    assert bench.main(["--contexts", "80", "--reps", "2", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["context"], r["sequences"]) for r in results] == [(80, 1), (80, 16)]
+    assert all(r["max_abs_diff"] <= 1e-4 for r in results)
