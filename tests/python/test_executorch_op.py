@@ -212,20 +212,45 @@ def assert_same(a: Any, b: Any) -> None:
     assert float((a - b).abs().max()) <= TOL
 
 
-@pytest.mark.parametrize("sizing", ["DYNAMIC", "STATIC"])
-def test_one_sequence_equals_the_reference(exported: Any, sizing: str) -> None:
+@pytest.mark.parametrize(
+    "sizing, options",
+    [
+        ("DYNAMIC", {}),
+        ("STATIC", {}),
+        ("DYNAMIC", {"mirror_rings": False}),  # a wrapped window gathered
+        ("STATIC", {"mirror_rings": False, "order": "rows"}),  # the held rows as they lie, masked
+    ],
+)
+def test_one_sequence_equals_the_reference(exported: Any, sizing: str, options: dict[str, Any]) -> None:
     # Chunked prefill of 6 (3 + 3), decode to 14: ring layers (window 4, max_step 4: 7 rows) wrap.
     torch.manual_seed(1)
     x = torch.randn(1, 14, HIDDEN)
     mode = getattr(ref.CacheSizing, sizing)
     reference = ref.ContiguousReferenceCache(et_config(16, mode))
-    cache = KVCoreContiguousCache(et_config(16, mode), max_step=4)
+    cache = KVCoreContiguousCache(et_config(16, mode), max_step=4, **options)
     steps = [(0, 3), (3, 3)] + [(p, 1) for p in range(6, 12)] + [(12, 2)]
     for start, T in steps:
         pos = list(range(start, start + T))
         assert_same(run(exported, cache, x[:, start : start + T], pos), run(exported, reference, x[:, start : start + T], pos))
     assert cache.length == 14
     assert cache.rows(0) == WINDOW + 4 - 1 and cache.rows(1) == 16
+
+
+def test_rewound_drafts_leave_no_trace(exported: Any) -> None:
+    # Speculative decoding past the ring's wrap: three drafts verified in one forward, two
+    # rejected (rewind), then decoding goes on as if only the accepted one had been fed.
+    torch.manual_seed(6)
+    x, drafts = torch.randn(1, 12, HIDDEN), torch.randn(1, 3, HIDDEN)
+    cache = KVCoreContiguousCache(et_config(32), max_step=4)
+    reference = ref.ContiguousReferenceCache(et_config(32))
+    for start in range(0, 10, 2):
+        run(exported, cache, x[:, start : start + 2], [start, start + 1])
+        run(exported, reference, x[:, start : start + 2], [start, start + 1])
+    run(exported, cache, drafts, [10, 11, 12])
+    assert cache.can_rewind(11) and not cache.can_rewind(13 - 4 - 1)
+    cache.rewind(11)
+    run(exported, reference, drafts[:, :1], [10])
+    assert_same(run(exported, cache, x[:, 11:12], [11]), run(exported, reference, x[:, 11:12], [11]))
 
 
 def test_one_sequence_prefill_equals_the_cacheless_model(exported: Any, model: Any) -> None:
