@@ -387,6 +387,18 @@ def test_installed_puts_the_kvcore_cache_in_both_registries() -> None:
         REGISTRY.current()
 
 
+@pytest.mark.parametrize("make", [KVCoreContiguousCache, KVCoreCellCache])
+def test_a_value_head_dim_of_its_own(make: Any) -> None:
+    # The op allows v's head dim to differ from k's (MLA); ExecuTorch's CacheConfig has one head_dim.
+    cache = make(ref.CacheConfig(n_layers=1, n_kv_heads=2, head_dim=8, capacity=16), v_head_dim=5)
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 5)
+    if isinstance(cache, KVCoreCellCache):
+        cache.begin_step([0, 0, 0])
+    with installed(cache):
+        out = update_and_attend(q, k, v, torch.arange(3)[:, None], 0, 0.25, torch.float32)
+    assert out.shape == (1, 4, 3, 5)
+
+
 def test_cell_cache_defaults_accept_the_references_sequence_ids() -> None:
     cache = KVCoreCellCache(et_config(8))
     assert cache.max_seqs == MAX_SEQS == 63
