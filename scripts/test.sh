@@ -58,6 +58,9 @@ fi
 # The ExecuTorch adapter test compiles against this wheel's headers and links its
 # libexecutorch.so; --no-deps because only those files are needed (not torch).
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "executorch==1.5.1" || exit 1
+# What ExecuTorch's Python modules import, for its update_and_attend op suite run against
+# kvcore (tests/python/test_executorch_op.py).
+"$PYTHON" -m pip install -q --disable-pip-version-check ruamel.yaml flatbuffers tabulate || exit 1
 # The transformers integration tests run against the versions docs/transformers.md
 # names: torch first (the local CPU wheel), so transformers cannot pull another.
 "$PYTHON" -m pip install -q --disable-pip-version-check "torch==2.13.0" || exit 1

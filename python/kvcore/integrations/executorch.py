@@ -1,0 +1,702 @@
+"""kvcore caches behind ExecuTorch's ``kvcache::update_and_attend`` op.
+
+ExecuTorch 1.5.1 (``executorch/extension/llm/cache/``) defines the neutral custom
+op ``kvcache::update_and_attend(q, k, v, position, layer_id, scale, out_dtype)``:
+an exported model calls it once per attention layer, and at run time it asks the
+cache installed in its process-global ``REGISTRY`` for
+``update_and_fetch(layer_id, k, v, position) -> (k_hist, v_hist, AttendSpec)``,
+then attends ``q`` over that history. ExecuTorch ships two reference caches
+(``reference_cache.py``). The two classes here are drop-in replacements for them,
+with the same constructor (ExecuTorch's own ``CacheConfig``), verbs, op face and
+builtin exception types, planned by kvcore:
+
+- ``KVCoreContiguousCache`` (for ``ContiguousReferenceCache``): one sequence over a
+  ``kvcore.SequenceCache`` and a torch pool. A ring (sliding-window) layer holds
+  ``window + max_step - 1`` rows written in place, where the reference keeps the
+  whole history and masks it; a flat layer holds its history.
+- ``KVCoreCellCache`` (for ``CellReferenceCache``): many sequences over a
+  ``kvcore.BatchCache`` (cell-granular by default: ``block_size=1``) and a torch
+  paged store. Forks share rows, ``seq_rm`` releases them, and ring layers release
+  what no future query can need, where the reference keeps every cell.
+
+The ``AttendSpec`` each returns is the cheapest kind that is exact: ``NONE`` when
+every query sees every returned row, ``CAUSAL`` when the history is exactly the
+step's own tokens and each sees itself and the earlier ones (what torch's
+``is_causal`` expresses), else ``EXPLICIT`` with a boolean mask from kvcore's
+visibility rule. Errors are kvcore's exceptions, which subclass the builtins the
+references raise (``ValueError``, ``RuntimeError``).
+
+Use (see docs/executorch.md)::
+
+    from executorch.extension.llm.cache.update_and_attend import REGISTRY
+    cache = KVCoreContiguousCache(config, max_step=64)
+    REGISTRY.install("llm", cache)
+    with REGISTRY.active("llm"):
+        out = exported_program.module()(tokens, positions, logits_indices)
+
+Tested with executorch 1.5.1 and torch 2.13.0.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Optional
+
+try:
+    import numpy as np
+    import torch
+
+    # ExecuTorch has no type information (no py.typed): import it as a module object, so its names are Any.
+    _reference: Any = importlib.import_module("executorch.extension.llm.cache.reference_cache")
+except ModuleNotFoundError as _missing:  # name what to install (private: Python deletes the name after the block)
+    raise ModuleNotFoundError(
+        f"kvcore.integrations.executorch needs torch and executorch ({_missing.name!r} is missing): "
+        "pip install torch && pip install --no-deps executorch==1.5.1 && pip install ruamel.yaml flatbuffers tabulate",
+        name=_missing.name,
+    ) from _missing
+
+from kvcore._core import (
+    BatchCache,
+    BatchLimits,
+    CacheBase,
+    CacheConfig,
+    Flat,
+    LayerConfig,
+    Ring,
+    SequenceCache,
+    Step,
+)
+from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, KVCacheError
+from kvcore.integrations.torch_paged import TorchPagedKV
+from kvcore.integrations.torch_pool import StepLayout, TorchKVPool
+
+TESTED_EXECUTORCH = "1.5.1"
+
+AttendSpec: Any = _reference.AttendSpec
+MaskKind: Any = _reference.MaskKind
+CacheSizing: Any = _reference.CacheSizing
+LayerKind: Any = _reference.LayerKind
+#: ExecuTorch's CellReferenceCache limit (its owner bitset); KVCoreCellCache's default max_seqs.
+MAX_SEQS: int = int(_reference.MAX_SEQS)
+
+_NONE: Any = AttendSpec(kind=MaskKind.NONE)
+_CAUSAL: Any = AttendSpec(kind=MaskKind.CAUSAL)
+
+
+def _layer_configs(config: Any, v_head_dim: Optional[int]) -> list[LayerConfig]:
+    """kvcore layer configs for an ExecuTorch CacheConfig: FLAT -> Flat(), RING -> Ring(window)."""
+    out = []
+    for layer in range(config.n_layers):
+        policy = config.policy_for(layer)
+        kvpolicy = Ring(int(policy.window)) if policy.kind is LayerKind.RING else Flat()
+        out.append(LayerConfig(kvpolicy, int(config.n_kv_heads), int(config.head_dim), int(v_head_dim or 0)))
+    return out
+
+
+def _check_layer(layer_id: int, n_layers: int) -> None:
+    if not 0 <= layer_id < n_layers:
+        raise InvalidArgumentError(f"layer_id = {layer_id}: must be in [0, n_layers = {n_layers})")
+
+
+class KVCoreContiguousCache:
+    """One sequence's K/V behind ``update_and_attend``: a drop-in for ExecuTorch's ``ContiguousReferenceCache``.
+
+    ``config``: ExecuTorch's ``CacheConfig`` (``n_layers``, ``n_kv_heads``, ``head_dim``,
+    ``capacity``, ``sizing``, ``dtype``, ``batch_size``, per-layer ``LayerPolicy``).
+    kvcore-only keywords:
+
+    - ``max_step``: the most tokens one forward may carry (default ``min(512, capacity)``);
+      a ring layer holds ``window + max_step - 1`` rows, so keep it near your prefill chunk.
+    - ``initial_capacity``: rows a flat layer allocates first under ``DYNAMIC`` sizing
+      before doubling (default 512); ``STATIC`` allocates every layer whole at construction.
+    - ``mirror_rings``: a ring layer also keeps a copy of its first ``window + max_step - 2``
+      rows, so a window that wraps round the ring is returned as a view rather than copied
+      (default True; False halves ring bytes and gathers a wrapped window into a workspace
+      the layers share: valid until the next ``update_and_fetch``, as the op uses it).
+    - ``order``: ``"positions"`` (default: the history is exactly the keys the step's queries
+      may see, in position order, so a decode is unmasked) or ``"rows"`` (every row the layer
+      holds, as it lies: always a view, with an explicit mask).
+    - ``v_head_dim``: the value head dim when it differs from ``head_dim`` (e.g. MLA).
+
+    A forward is one kvcore step: the update of layer 0 begins it (``position`` must be the
+    sequence's length onwards, else ``ValueError``), every layer is then served once with the
+    same tokens, and the last one served commits it. Layer 0 arriving again before the
+    forward completed restarts the step (the retry path). A step that would pass
+    ``capacity`` raises ``RuntimeError`` (``kvcore.CapacityError``), as the reference does.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        max_step: Optional[int] = None,
+        initial_capacity: int = 512,
+        mirror_rings: bool = True,
+        order: str = "positions",
+        v_head_dim: Optional[int] = None,
+    ) -> None:
+        self.config = config
+        self._static = config.sizing is CacheSizing.STATIC
+        capacity = int(config.capacity)
+        kv_config = CacheConfig(
+            capacity,
+            _layer_configs(config, v_head_dim),
+            max_step=max_step,
+            initial_capacity=capacity if self._static else max(1, initial_capacity),
+        )
+        self.sequence = SequenceCache(kv_config)
+        self.pool = TorchKVPool(self.sequence, mirror_rings=mirror_rings, order=order)
+        self.order = order
+        self.dtype: torch.dtype = config.dtype
+        self.batch_size = int(config.batch_size)
+        self._n_layers = int(config.n_layers)
+        self._policy_of = self.pool.policy_of
+        policies = [self.sequence.layer_policy(layer) for layer in range(self._n_layers)]
+        # Per layer: the window (0 for a flat layer), for the spec's kind.
+        self._window = [p.window if p.is_ring else 0 for p in policies]
+        self._step: Optional[Step] = None
+        self._position: Optional[torch.Tensor] = None
+        self._layouts: list[StepLayout] = []
+        self._specs: list[Any] = []
+        self._served: list[bool] = [False] * self._n_layers
+        self._n_served = 0
+        self._checked: Any = None  # the (shapes, devices) of the last input check_input passed
+        if self._static:
+            self._allocate_all()
+
+    def _allocate_all(self) -> None:
+        for layer in range(self._n_layers):
+            self.pool.allocate(layer, batch_size=self.batch_size, dtype=self.dtype, device="cpu")
+
+    # --- kvcore facts -------------------------------------------------------------
+
+    @property
+    def kvcore(self) -> CacheBase:
+        """The kvcore cache planning this one (a ``kvcore.SequenceCache``), e.g. for kvcore's registry."""
+        return self.sequence
+
+    @property
+    def length(self) -> int:
+        """Committed length: positions ``0 .. length - 1`` are cached; the next forward starts there."""
+        return self.sequence.length
+
+    @property
+    def max_step(self) -> int:
+        return self.sequence.max_step
+
+    def rows(self, layer_id: int) -> int:
+        """Rows kvcore gives the layer: ``window + max_step - 1`` for a ring layer (at most capacity), capacity for a flat one."""
+        return self.sequence.rows(layer_id)
+
+    def used(self, layer_id: int) -> int:
+        """Positions the layer's history spans after its last update (the reference's ``used``)."""
+        _check_layer(layer_id, self._n_layers)
+        step = self._step
+        if step is not None and self._served[layer_id] and step.is_current:
+            return step.end
+        return self.sequence.length
+
+    def nbytes(self, layer_id: Optional[int] = None) -> int:
+        """Bytes of K/V tensors held by one layer or all (ring mirrors included)."""
+        return self.pool.nbytes(layer_id)
+
+    # --- runner verbs ---------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Length 0. ``DYNAMIC`` sizing also gives the tensors back (as the reference does)."""
+        self.sequence.clear()
+        self._end()
+        if not self._static:
+            self.pool.release()
+
+    def can_extend(self, n: int = 1) -> bool:
+        """Whether ``n`` more tokens fit under ``capacity``."""
+        return self.sequence.can_extend(n)
+
+    def can_rewind(self, length: int) -> bool:
+        """Whether ``rewind(length)`` would succeed (a ring layer keeps ``max_step`` tokens of rewind)."""
+        return self.sequence.can_rewind(length)
+
+    def rewind(self, length: int) -> None:
+        """Back to ``length`` tokens (speculative decoding). ``RuntimeError`` when a ring layer no longer holds the history."""
+        self.sequence.rewind(length)
+        self._end()
+
+    def _end(self) -> None:
+        self._step = None
+        self._position = None
+        self._n_served = 0
+        self._served = [False] * self._n_layers
+
+    # --- op face ----------------------------------------------------------------------
+
+    def update_and_fetch(
+        self, layer_id: int, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Write this forward's K/V of ``layer_id``, return its history and the ``AttendSpec`` over it.
+
+        ``k``: ``[batch, n_kv_heads, T, head_dim]``, ``v``: ``[..., v_head_dim]``, ``position``:
+        ``[T, 1]`` (``[T, n]`` is accepted and not checked: placement follows the length).
+        Returns ``[batch, n_kv_heads, n, dim]`` K and V (see ``order``) and the spec.
+        """
+        if not 0 <= layer_id < self._n_layers:
+            _check_layer(layer_id, self._n_layers)
+        if k.dtype != self.dtype:
+            k = k.to(self.dtype)
+        if v.dtype != self.dtype:
+            v = v.to(self.dtype)
+        step = self._step
+        if layer_id == 0:
+            step = self._begin(k, v, position)
+        elif step is None or not step.is_current:
+            raise InvalidStateError(
+                f"update_and_fetch of layer {layer_id}: no forward is under way (layer 0 begins each forward)"
+            )
+        else:
+            if self._served[layer_id]:
+                raise InvalidStateError(
+                    f"layer {layer_id} served twice in one forward (layer 0 begins the next forward)"
+                )
+            if int(k.shape[-2]) != step.T:
+                raise InvalidArgumentError(
+                    f"layer {layer_id}: {int(k.shape[-2])} new tokens, but this forward (begun by layer 0) has {step.T}"
+                )
+            first = self._position
+            if position is not first and (first is None or not torch.equal(position, first)):
+                raise InvalidArgumentError(f"layer {layer_id}: position differs from layer 0's in the same forward")
+        p = self._policy_of[layer_id]
+        keys, values = self.pool.write_read(layer_id, self._layouts[p], k, v)
+        spec = self._specs[p]
+        if spec is None:
+            spec = self._specs[p] = self._spec(layer_id, step)
+        self._served[layer_id] = True
+        self._n_served += 1
+        if self._n_served == self._n_layers:
+            step.commit()
+            self._end()
+        return keys, values, spec
+
+    def _begin(self, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor) -> Step:
+        """Begin the kvcore step of a forward (layer 0), after checking everything that can be wrong."""
+        T = int(k.shape[-2])
+        length = self.sequence.length
+        if length + T > self.sequence.capacity:
+            raise CapacityError(
+                f"KV cache overflow: {length} cached + {T} new tokens exceeds capacity {self.sequence.capacity}"
+            )
+        if T > self.sequence.max_step:
+            raise InvalidArgumentError(
+                f"a forward of {T} tokens: must be <= max_step = {self.sequence.max_step}; feed longer "
+                f"prompts in chunks (or raise max_step)"
+            )
+        if int(k.shape[0]) != self.batch_size:
+            raise InvalidArgumentError(f"k has batch {int(k.shape[0])}, the config's batch_size is {self.batch_size}")
+        _check_positions(position, T, length)
+        seen = (k.shape, v.shape, k.device, v.device)
+        if seen != self._checked:  # checked once per shape: write_read checks the rest on its slow path
+            self.pool.check_input(0, k, v, position=length, T=T)
+            self._checked = seen
+        step = self.sequence.begin_step(T)  # replaces a forward left unfinished: the retry path
+        self._end()
+        self._step = step
+        self._position = position
+        self._layouts = self.pool.plan_step(step)
+        self._specs = [None] * len(self._layouts)
+        return step
+
+    def _spec(self, layer_id: int, step: Step) -> Any:
+        """The cheapest exact AttendSpec for the layer's history this step (shared by its policy's layers)."""
+        P, T = step.position, step.T
+        n = self._layouts[self._policy_of[layer_id]].read_len
+        window = self._window[layer_id]
+        if T == 1 and n == (min(P + 1, window) if window else P + 1):
+            return _NONE  # the one query sees every returned key
+        if P == 0 and n == T and (window == 0 or T <= window):
+            return _CAUSAL  # the history is the step's own tokens, none out of a window
+        mask = step.mask(layer_id, order=self.order)
+        return AttendSpec(kind=MaskKind.EXPLICIT, mask=torch.from_numpy(np.array(mask)))
+
+
+def _check_positions(position: torch.Tensor, T: int, length: int) -> None:
+    """``position`` ([T, 1]) must be length .. length + T - 1: kvcore appends to the sequence."""
+    if position.dim() != 2 or int(position.shape[0]) != T:
+        raise InvalidArgumentError(f"position {tuple(position.shape)}: must be [T = {T}, n_dims]")
+    if int(position.shape[1]) != 1:
+        return  # multi-component positions (e.g. M-RoPE): placement follows the length, as the reference's
+    got = position.reshape(-1).tolist()
+    if got != list(range(length, length + T)):
+        raise InvalidArgumentError(
+            f"positions {_ranges(got)}: the sequence has {length} tokens, so this forward's must be "
+            f"{length}..{length + T - 1} (kvcore appends; rewind() or reset() to go back)"
+        )
+
+
+def _ranges(positions: Sequence[int]) -> str:
+    """A short rendering of a position list: runs as a..b."""
+    runs: list[str] = []
+    start = prev = None
+    for p in list(positions) + [None]:
+        if start is not None and p is not None and prev is not None and p == prev + 1:
+            prev = p
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}..{prev}")
+        start = prev = p
+    return "[" + ", ".join(runs) + "]"
+
+
+@dataclass
+class _Declared:
+    """A step begun by ``begin_step`` and not yet placed by its forward."""
+
+    seq_ids: list[int]  # per token, in the forward's order
+    entries: list[tuple[int, int]]  # (seq, T) per sequence, in order of first appearance
+
+
+@dataclass
+class _Placed:
+    """A step placed by its forward's first layer: per group the write rows, live rows and spec."""
+
+    slots: list[torch.Tensor]
+    rows: list[int]
+    specs: list[Any]
+
+
+class KVCoreCellCache:
+    """Many sequences behind ``update_and_attend``: a drop-in for ExecuTorch's ``CellReferenceCache``.
+
+    Tokens of every sequence share one axis (``B = 1``); ``begin_step(seq_ids)`` names each
+    token's sequence, the forward brings the positions. kvcore's ``BatchCache`` places them:
+    one pool of blocks per group of layers sharing a policy (one group per distinct window),
+    blocks allocated lowest index first so a group's live rows stay packed at the start of
+    its pool. kvcore-only keywords:
+
+    - ``block_size``: rows per block (default 1: cell-granular, like the reference);
+    - ``max_seqs``: sequence ids are ``0 .. max_seqs - 1`` (default 63, ExecuTorch's
+      ``MAX_SEQS``; kvcore has no bitset, any value up to 2**20 works);
+    - ``max_step``: the most tokens of one sequence in one step (default
+      ``min(512, capacity)``); a ring group keeps ``window + max_step - 1`` positions of a
+      sequence (and releases the rest), so keep it near your prefill chunk;
+    - ``max_holes``: separate removed middle ranges one sequence may have (default 8);
+    - ``v_head_dim``: the value head dim when it differs from ``head_dim``.
+
+    Differences from the reference, all documented in docs/executorch.md: kvcore appends, so a
+    sequence's tokens must be at its length onwards (``ValueError`` naming it otherwise); ring
+    layers release cells out of every future window (so ``seq_rm`` truncating into released
+    history raises ``RuntimeError``); ``seq_cp`` into a sequence that still sees positions
+    raises ``RuntimeError`` (the reference would merge the two); the spec is ``NONE`` or
+    ``CAUSAL`` when that is exact.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        block_size: int = 1,
+        max_seqs: int = MAX_SEQS,
+        max_step: Optional[int] = None,
+        max_holes: int = 8,
+        v_head_dim: Optional[int] = None,
+    ) -> None:
+        if config.batch_size != 1:
+            raise InvalidArgumentError("cell cache is flat on the token axis: batch_size must be 1")
+        self.config = config
+        capacity = int(config.capacity)
+        if block_size < 1:
+            raise InvalidArgumentError(f"block_size = {block_size}: must be >= 1")
+        limits = BatchLimits(
+            block_size=block_size,
+            max_seqs=max_seqs,
+            num_blocks=-(-capacity // block_size),  # a flat group's pool holds `capacity` cells, as the reference's
+            max_holes=max_holes,
+        )
+        self.cache = BatchCache(CacheConfig(capacity, _layer_configs(config, v_head_dim), max_step=max_step, batch=limits))
+        self.block_size = block_size
+        self.max_seqs = self.cache.max_seqs
+        self._n_layers = int(config.n_layers)
+        self._n_groups = self.cache.n_groups
+        self._static = config.sizing is CacheSizing.STATIC
+        self.storage = TorchPagedKV(
+            self.cache,
+            dtype=config.dtype,
+            preallocate=self._static,
+            # STATIC: capacity rows per layer (a ring group's pool may be larger; it grows past it only if used)
+            rows_hint=[min(self.cache.num_blocks(g), limits.num_blocks) * block_size for g in range(self._n_groups)],
+        )
+        self._group_of = self.storage.group_of
+        self._declared: Optional[_Declared] = None
+        self._placed: Optional[_Placed] = None
+        self._served: set[int] = set()
+
+    # --- kvcore facts -------------------------------------------------------------
+
+    @property
+    def kvcore(self) -> CacheBase:
+        """The kvcore cache planning this one (a ``kvcore.BatchCache``), e.g. for kvcore's registry."""
+        return self.cache
+
+    def nbytes(self, layer_id: Optional[int] = None) -> int:
+        """Bytes of K/V tensors held by one layer or all."""
+        return self.storage.nbytes(layer_id)
+
+    # --- runner face: admission, lifecycle, sequence verbs ----------------------
+
+    def free_cells(self) -> int:
+        """Rows free in the tightest group's pool: ``min over groups of free_blocks(g) * block_size``.
+
+        With flat layers only this is the reference's count (the pool holds ``capacity``
+        cells). A ring group has its own pool, sized by kvcore for its windows and
+        released as they slide, so with ring layers the flat group usually decides.
+        """
+        return min(self.cache.free_blocks(g) for g in range(self._n_groups)) * self.block_size
+
+    def can_extend(self, n: int = 1) -> bool:
+        """Whether ``n`` more tokens fit: ``free_cells() >= n`` (exact with ``block_size=1``;
+        with larger blocks ``begin_step`` decides exactly)."""
+        return self.free_cells() >= n
+
+    def seq_len(self, seq_id: int) -> int:
+        """Positions the sequence still sees (its length less removed ones)."""
+        self._check_seq_id(seq_id)
+        return self.cache.sequence(seq_id).visible_positions
+
+    def begin_step(self, seq_ids: Sequence[int]) -> None:
+        """Declare the sequence each of the next forward's tokens belongs to (any order).
+
+        Admission is decided here: a step that passes cannot then fail to place unless a verb
+        in between changes the pools. ``ValueError``: no tokens, a bad id, more than
+        ``max_step`` tokens of one sequence. ``RuntimeError``: the pools or a sequence's
+        capacity cannot take the step. Sequences are added on first use.
+        """
+        ids = [int(s) for s in seq_ids]
+        if not ids:
+            raise InvalidArgumentError("a step carries at least one token")
+        counts: dict[int, int] = {}
+        for seq_id in ids:
+            self._check_seq_id(seq_id)
+            counts[seq_id] = counts.get(seq_id, 0) + 1
+        entries = list(counts.items())
+        self._admit(entries)
+        self._declared = _Declared(ids, entries)
+        self._placed = None
+        self._served.clear()
+
+    def _admit(self, entries: list[tuple[int, int]]) -> None:
+        """Raise unless the step fits; change nothing either way.
+
+        With one-row blocks every new token takes one new block in every group, so the
+        counts decide exactly; larger blocks may share a partly filled one (or need a copy
+        of it), so kvcore begins the step and abandons it.
+        """
+        n = sum(T for _, T in entries)
+        capacity, max_step = self.cache.capacity, self.cache.max_step
+        for seq_id, T in entries:
+            length = self.cache.length(seq_id)
+            if length + T > capacity:
+                raise CapacityError(
+                    f"KV cache full: sequence {seq_id} at length {length} with {T} new tokens passes capacity {capacity}"
+                )
+        if self.block_size == 1 and n > self.free_cells():
+            raise CapacityError(f"KV cache full: {n} tokens need as many cells, {self.free_cells()} free")
+        for seq_id, T in entries:
+            if T > max_step:
+                raise InvalidArgumentError(
+                    f"sequence {seq_id} has {T} tokens in one step: must be <= max_step = {max_step}; "
+                    f"feed longer prompts in chunks (or raise max_step)"
+                )
+        if n > self.cache.max_step_tokens:
+            raise InvalidArgumentError(
+                f"a step of {n} tokens: must be <= max_step_tokens = {self.cache.max_step_tokens} (max_seqs * max_step)"
+            )
+        if self.block_size == 1:
+            return
+        added = self._activate(entries)
+        try:
+            step = self._begin_kvcore(entries)
+        except KVCacheError:
+            for seq_id in added:
+                self.cache.release_sequence(seq_id)
+            raise
+        self._abandon(entries[0][0])
+
+    def _activate(self, entries: list[tuple[int, int]]) -> list[int]:
+        added = [seq_id for seq_id, _ in entries if not self.cache.sequence(seq_id).active]
+        for seq_id in added:
+            self.cache.add_sequence(seq_id)
+        return added
+
+    def _begin_kvcore(self, entries: list[tuple[int, int]]) -> Any:
+        """Begin the kvcore step and perform its block copies at once, so an abandoned step loses nothing."""
+        step = self.cache.begin_step(entries)
+        plan = step.plan()
+        for g, group in enumerate(plan.groups):
+            self.storage.copy_blocks(g, group.copies)
+        return step
+
+    def _abandon(self, seq_id: int) -> None:
+        # A removal at or past a sequence's end changes nothing but ends the begun step,
+        # returning the blocks it took.
+        self.cache.remove(seq_id, self.cache.length(seq_id))
+
+    def seq_cp(self, src_id: int, dst_id: int, upto: Optional[int] = None) -> None:
+        """``dst_id`` inherits ``src_id``'s positions below ``upto`` (None: all), sharing rows, copying no K/V.
+
+        ``RuntimeError`` when ``dst_id`` still sees positions of its own (kvcore forks into an
+        empty sequence), or when a ring layer of ``src_id`` released what ``dst_id`` would need.
+        """
+        self._check_seq_id(src_id)
+        self._check_seq_id(dst_id)
+        self._placed = None
+        src = self.cache.sequence(src_id)
+        if not src.active or src_id == dst_id:
+            return  # nothing to share (the reference's no-op)
+        n = src.length if upto is None else max(0, min(int(upto), src.length))
+        dst = self.cache.sequence(dst_id)
+        if dst.active and dst.visible_positions == 0:
+            self.cache.release_sequence(dst_id)  # it sees nothing: forking into it is the reference's merge
+        self.cache.fork(src_id, dst_id, n)
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: Optional[int] = None) -> None:
+        """Drop ``seq_id``'s positions ``[p0, p1)`` (``p1`` None: to its end); a row frees when no sequence holds it.
+
+        ``RuntimeError`` when truncating into history a ring layer already released, or
+        (``kvcore.CapacityError``) when the sequence would keep more than ``max_holes`` removed ranges.
+        """
+        self._check_seq_id(seq_id)
+        self._placed = None
+        if not self.cache.sequence(seq_id).active:
+            return
+        p0 = max(0, int(p0))
+        if p1 is not None and int(p1) <= p0:
+            return
+        self.cache.remove(seq_id, p0, None if p1 is None else int(p1))
+
+    def reset(self) -> None:
+        """Forget every sequence; ``DYNAMIC`` sizing also gives the tensors back."""
+        self.cache.clear()
+        self._declared = None
+        self._placed = None
+        self._served.clear()
+        if not self._static:
+            self.storage.release()
+
+    # --- op face ------------------------------------------------------------------------
+
+    def update_and_fetch(
+        self, layer_id: int, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Write this step's K/V of ``layer_id`` at its rows, return the group's live rows and the spec.
+
+        The first layer served places the step (kvcore's plan, then commit: the tokens join
+        their sequences, as the reference claims cells there); the others reuse the placement.
+        History: rows ``[0, used_blocks * block_size)`` of the layer's group pool, ``[1, H, rows,
+        dim]`` views; the spec's mask (one object per group and step) is ``[n_tokens, rows]``.
+        """
+        _check_layer(layer_id, self._n_layers)
+        if layer_id in self._served:
+            raise InvalidStateError(
+                f"layer {layer_id} served twice for one step: begin_step must precede every forward"
+            )
+        placed = self._placed
+        if placed is None:
+            placed = self._placed = self._place(position)
+        self._served.add(layer_id)
+        g = self._group_of[layer_id]
+        keys, values = self.storage.write_read(layer_id, placed.slots[g], k, v, placed.rows[g])
+        return keys, values, placed.specs[g]
+
+    def _place(self, position: torch.Tensor) -> _Placed:
+        declared = self._declared
+        if declared is None:
+            raise InvalidStateError("no step declared: begin_step must precede every forward")
+        self._declared = None  # one declaration, one attempt at placing it
+        if position.dim() != 2 or int(position.shape[-1]) != 1:
+            raise NotImplementedError(
+                f"cell placement needs one position per token ([n_tokens, 1]), got {tuple(position.shape)}"
+            )
+        positions = position.reshape(-1).tolist()
+        if len(positions) != len(declared.seq_ids):
+            raise InvalidArgumentError(
+                f"begin_step declared {len(declared.seq_ids)} tokens, the forward carries {len(positions)}"
+            )
+        # kvcore lays tokens out sequence after sequence (entry order); map the forward's order onto it.
+        start: dict[int, tuple[int, int, int]] = {}  # seq -> (first token in kvcore's order, length, T)
+        at = 0
+        for seq_id, T in declared.entries:
+            start[seq_id] = (at, self.cache.length(seq_id), T)
+            at += T
+        order = [0] * len(positions)
+        taken = [False] * len(positions)
+        for t, (seq_id, pos) in enumerate(zip(declared.seq_ids, positions)):
+            first, length, T = start[seq_id]
+            j = pos - length
+            if not 0 <= j < T or taken[first + j]:
+                got = [p for s, p in zip(declared.seq_ids, positions) if s == seq_id]
+                raise InvalidArgumentError(
+                    f"sequence {seq_id}: its {T} tokens are at positions {_ranges(sorted(got))}, but they must be "
+                    f"{length}..{length + T - 1} (kvcore appends at the sequence's length; seq_rm to go back)"
+                )
+            taken[first + j] = True
+            order[t] = first + j
+        self._activate(declared.entries)  # a verb since begin_step may have released one
+        step = self._begin_kvcore(declared.entries)
+        plan = step.plan()
+        identity = order == list(range(len(order)))
+        index = None if identity else torch.tensor(order, dtype=torch.long)
+        slots, rows, specs = [], [], []
+        for g, group in enumerate(plan.groups):
+            s = torch.from_numpy(group.slots.astype(np.int64))
+            mask_np = plan.mask(g)  # over rows [0, used_blocks * block_size): every live row
+            mask = torch.from_numpy(mask_np)
+            if index is not None:
+                s, mask = s[index], mask[index]
+            slots.append(s)
+            rows.append(int(mask_np.shape[1]))
+            specs.append(_cell_spec(mask_np, mask, identity))
+        step.commit()
+        return _Placed(slots, rows, specs)
+
+    def _check_seq_id(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.max_seqs:
+            raise InvalidArgumentError(f"seq_id {seq_id} outside [0, {self.max_seqs})")
+
+
+def _cell_spec(mask_np: Any, mask: torch.Tensor, identity: bool) -> Any:
+    """NONE when every token sees every row, CAUSAL when the rows are exactly the tokens, each seeing itself
+    and the earlier ones, else EXPLICIT with the mask (bool [n_tokens, rows], True = attend)."""
+    n, rows = mask_np.shape
+    if mask_np.all():
+        return _NONE
+    if identity and n == rows and np.array_equal(mask_np, np.tri(n, dtype=bool)):
+        return _CAUSAL
+    return AttendSpec(kind=MaskKind.EXPLICIT, mask=mask)
+
+
+@contextmanager
+def installed(cache: Any, key: Optional[str] = None) -> Iterator[str]:
+    """Install ``cache`` in ExecuTorch's ``REGISTRY`` (and its kvcore cache in kvcore's registry under the
+    same key), make it the active cache, yield the key, and remove both on exit."""
+    import kvcore._core as core
+
+    op = importlib.import_module("executorch.extension.llm.cache.update_and_attend")
+    key = core.registry_unique_key("executorch") if key is None else key
+    op.REGISTRY.install(key, cache)
+    core.registry_install(key, cache.kvcore)
+    try:
+        with op.REGISTRY.active(key):
+            yield key
+    finally:
+        op.REGISTRY.uninstall(key)
+        core.registry_erase_if_same(key, cache.kvcore)
+
+
+__all__ = [
+    "MAX_SEQS",
+    "TESTED_EXECUTORCH",
+    "KVCoreCellCache",
+    "KVCoreContiguousCache",
+    "installed",
+]

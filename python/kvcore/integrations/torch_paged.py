@@ -1,0 +1,163 @@
+"""Torch storage for a ``kvcore.BatchCache``: each layer's K/V rows in one tensor per group's pool.
+
+A ``BatchCache`` keeps, per group of layers sharing a policy, a pool of blocks
+of ``block_size`` rows and decides where every new token goes (the plan's
+``slots``) and which blocks to copy first (``copies``, copy-on-write of a shared,
+partly filled block). This module owns the bytes: per layer two tensors
+``[1, n_kv_heads, rows, dim]`` (keys, values) whose row ``r`` is row ``r`` of the
+layer's group pool. It performs a step's copies, writes the new rows at their
+slots and returns a layer's live rows ``[0, used_blocks * block_size)`` as views
+(blocks are allocated lowest index first, so the live rows are packed at the
+start: no gather).
+
+Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
+default the group's whole pool); otherwise a layer starts empty and grows by
+doubling, never past its group's pool. New rows are zeros: rows a step returns
+but masks out must hold finite values (attention computes scores before masking,
+and a NaN would survive it).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvcore._core import BatchCache
+from kvcore._errors import InvalidArgumentError
+
+
+class TorchPagedKV:
+    """K/V tensors ``[1, n_kv_heads, rows, dim]`` per layer of a ``BatchCache``, indexed by pool row.
+
+    ``dtype``/``device``: what every tensor holds. ``preallocate``: allocate each layer
+    now (``rows_hint(group)`` rows if given, else the group's whole pool) instead of
+    growing lazily. Raises InvalidArgumentError for a bad layer or tensors that do not fit.
+    """
+
+    def __init__(
+        self,
+        cache: BatchCache,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Union[torch.device, str] = "cpu",
+        preallocate: bool = False,
+        rows_hint: Optional[list[int]] = None,
+    ) -> None:
+        self.cache = cache
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.block_size = cache.block_size
+        n = cache.n_layers
+        self.group_of = [cache.group_of(layer) for layer in range(n)]
+        configs = [cache.layer_config(layer) for layer in range(n)]
+        self._heads = [c.n_kv_heads for c in configs]
+        self._dims = [(c.head_dim, c.value_dim) for c in configs]
+        # The most rows a layer can need: its group's whole pool.
+        self.max_rows = [cache.num_blocks(g) * self.block_size for g in range(cache.n_groups)]
+        self._keys: list[Optional[torch.Tensor]] = [None] * n
+        self._values: list[Optional[torch.Tensor]] = [None] * n
+        self._preallocate = preallocate
+        self._rows_hint = rows_hint
+        if preallocate:
+            self.allocate_all()
+
+    # --- allocation -------------------------------------------------------------
+
+    def allocate_all(self) -> None:
+        """Allocate every layer: ``rows_hint[group]`` rows (capped at the pool), else the whole pool."""
+        for layer, g in enumerate(self.group_of):
+            rows = self.max_rows[g] if self._rows_hint is None else min(self._rows_hint[g], self.max_rows[g])
+            self._keys[layer], self._values[layer] = self._zeros(layer, rows)
+
+    def _zeros(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        h, (dk, dv) = self._heads[layer], self._dims[layer]
+        keys = torch.zeros((1, h, rows, dk), dtype=self.dtype, device=self.device)
+        values = torch.zeros((1, h, rows, dv), dtype=self.dtype, device=self.device)
+        return keys, values
+
+    def allocated_rows(self, layer: int) -> int:
+        """Rows the layer's tensors hold now (0 before its first write)."""
+        self._check_layer(layer)
+        keys = self._keys[layer]
+        return 0 if keys is None else int(keys.shape[2])
+
+    def ensure(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make the layer hold at least ``rows`` rows, doubling (rows keep their index and bytes);
+        returns its K and V tensors."""
+        keys, values = self._keys[layer], self._values[layer]
+        have = 0 if keys is None else int(keys.shape[2])
+        if keys is not None and values is not None and rows <= have:
+            return keys, values
+        grown = max(have, 1)
+        while grown < rows:
+            grown *= 2
+        grown = min(grown, self.max_rows[self.group_of[layer]])
+        new_keys, new_values = self._zeros(layer, grown)
+        if keys is not None and values is not None and have:
+            new_keys[:, :, :have].copy_(keys)
+            new_values[:, :, :have].copy_(values)
+        self._keys[layer], self._values[layer] = new_keys, new_values
+        return new_keys, new_values
+
+    def release(self) -> None:
+        """Drop every tensor (re-allocated as configured)."""
+        self._keys = [None] * len(self._keys)
+        self._values = [None] * len(self._values)
+        if self._preallocate:
+            self.allocate_all()
+
+    def nbytes(self, layer: Optional[int] = None) -> int:
+        """Bytes of one layer's K/V tensors, or of every layer's."""
+        layers = range(len(self._keys)) if layer is None else [layer]
+        total = 0
+        for i in layers:
+            keys, values = self._keys[i], self._values[i]
+            if keys is not None and values is not None:
+                total += keys.numel() * keys.element_size() + values.numel() * values.element_size()
+        return total
+
+    # --- the per-step path --------------------------------------------------------
+
+    def copy_blocks(self, group: int, copies: npt.NDArray[np.int32]) -> None:
+        """Perform a plan's block copies ``(src, dst)`` of ``group`` in every allocated layer of it."""
+        if len(copies) == 0:
+            return
+        B = self.block_size
+        src = torch.from_numpy((copies[:, 0:1].astype(np.int64) * B + np.arange(B)).reshape(-1))
+        dst = torch.from_numpy((copies[:, 1:2].astype(np.int64) * B + np.arange(B)).reshape(-1))
+        for layer, g in enumerate(self.group_of):
+            keys, values = self._keys[layer], self._values[layer]
+            if g != group or keys is None or values is None:
+                continue
+            keys, values = self.ensure(layer, int(dst.max()) + 1)
+            on = src.to(keys.device), dst.to(keys.device)
+            keys.index_copy_(2, on[1], keys.index_select(2, on[0]))
+            values.index_copy_(2, on[1], values.index_select(2, on[0]))
+
+    def write_read(
+        self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the step's rows of ``layer`` at ``slots`` (int64, one per token, in the tokens' order),
+        return rows ``[0, rows)`` of K and V as views. ``key``/``value``: ``[1, H, n_tokens, dim]``."""
+        self._check_layer(layer)
+        h, (dk, dv) = self._heads[layer], self._dims[layer]
+        n = int(slots.shape[0])
+        if tuple(key.shape) != (1, h, n, dk) or tuple(value.shape) != (1, h, n, dv):
+            raise InvalidArgumentError(
+                f"layer {layer}: key {tuple(key.shape)} / value {tuple(value.shape)}: want "
+                f"{(1, h, n, dk)} / {(1, h, n, dv)} for a step of {n} tokens"
+            )
+        keys, values = self.ensure(layer, rows)
+        keys.index_copy_(2, slots, key.to(self.dtype))
+        values.index_copy_(2, slots, value.to(self.dtype))
+        return keys[:, :, :rows], values[:, :, :rows]
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < len(self._keys):
+            raise InvalidArgumentError(f"layer = {layer}: must be in [0, n_layers = {len(self._keys)})")
+
+
+__all__ = ["TorchPagedKV"]
