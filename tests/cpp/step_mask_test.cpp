@@ -1,0 +1,77 @@
+// fill_step_mask: a step's visibility as a dense mask over a group's pool rows.
+// The random workloads of batch_brute_force_test.cpp compare it with the rule
+// for every query; here a hand-worked case and every refused argument.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "kvcore/batch/batch_cache.h"
+#include "kvcore/batch/step_mask.h"
+
+namespace kvcore {
+namespace {
+
+std::unique_ptr<BatchCache> two_groups() {
+  CacheConfig cfg;
+  cfg.capacity = 32;
+  cfg.n_layers = 2;
+  cfg.max_step = 4;
+  cfg.layers = {LayerConfig{LayerPolicy::ring(2, 1), 1, 2, 0}, LayerConfig{LayerPolicy::flat(), 1, 2, 0}};
+  cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = 2;
+  return std::move(BatchCache::create(cfg)).get();
+}
+
+TEST(StepMask, EachTokenSeesItsOwnSequencesRowsByTheRule) {
+  auto cache = two_groups();
+  ASSERT_TRUE(cache->add_sequence(0).ok() && cache->add_sequence(1).ok());
+  // seq 0: positions 0..3 in blocks 0, 1; seq 1: positions 0..1 in block 2 (lowest free first).
+  const StepEntry first[] = {{0, 4, nullptr}, {1, 2, nullptr}};
+  auto prefill = cache->begin_step(first, 2);
+  ASSERT_TRUE(prefill.ok() && cache->commit(*prefill).ok());
+  // One more token each: seq 0 at position 4 (block 2 is seq 1's: block 3), seq 1 at 2 (block 4).
+  const StepEntry next[] = {{0, 1, nullptr}, {1, 1, nullptr}};
+  auto step = cache->begin_step(next, 2);
+  ASSERT_TRUE(step.ok());
+  auto plan = cache->plan(*step);
+  ASSERT_TRUE(plan.ok());
+  const int rows = *cache->used_blocks(0) * 2;
+  ASSERT_EQ(rows, 10);
+  std::vector<unsigned char> ring(2 * rows), flat(2 * rows);
+  ASSERT_TRUE(fill_step_mask(*plan, 0, LayerPolicy::ring(2, 1), rows, ring.data()).ok());
+  ASSERT_TRUE(fill_step_mask(*plan, 1, LayerPolicy::flat(), rows, flat.data()).ok());
+  // Ring (window 2, sink 1): seq 0's query at 4 sees 0 (row 0), 3 (row 3), 4 (row 6);
+  // seq 1's query at 2 sees 0 (row 4), 1 (row 5), 2 (row 8).
+  const std::vector<unsigned char> want_ring = {1, 0, 0, 1, 0, 0, 1, 0, 0, 0,
+                                                0, 0, 0, 0, 1, 1, 0, 0, 1, 0};
+  EXPECT_EQ(ring, want_ring);
+  // Flat: every position of its own sequence up to itself.
+  const std::vector<unsigned char> want_flat = {1, 1, 1, 1, 0, 0, 1, 0, 0, 0,
+                                                0, 0, 0, 0, 1, 1, 0, 0, 1, 0};
+  EXPECT_EQ(flat, want_flat);
+}
+
+TEST(StepMask, BadArgumentsAreRefused) {
+  auto cache = two_groups();
+  ASSERT_TRUE(cache->add_sequence(0).ok());
+  const StepEntry one[] = {{0, 1, nullptr}};
+  auto step = cache->begin_step(one, 1);
+  ASSERT_TRUE(step.ok());
+  auto plan = cache->plan(*step);
+  unsigned char cell = 7;
+  Status s = fill_step_mask(*plan, 2, LayerPolicy::flat(), 1, &cell);
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "group = 2: must be in [0, n_groups = 2)");
+  s = fill_step_mask(*plan, 0, LayerPolicy::flat(), -1, &cell);
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "rows = -1: must be >= 0");
+  s = fill_step_mask(*plan, 0, LayerPolicy::flat(), 1, nullptr);
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "fill_step_mask: mask is null");
+  EXPECT_EQ(cell, 7);  // nothing written on a refusal
+  EXPECT_TRUE(fill_step_mask(*plan, 0, LayerPolicy::flat(), 0, nullptr).ok());  // no rows, nothing to fill
+}
+
+}  // namespace
+}  // namespace kvcore
