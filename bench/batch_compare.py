@@ -78,7 +78,9 @@ def run_vllm(python: str, groups: str, quick: bool) -> dict:
     if quick:
         cmd.append("--quick")
     # vLLM logs to stdout; its JSON goes to the file.
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
     with open(path) as f:
         data = json.load(f)
     os.unlink(path)

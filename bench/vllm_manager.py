@@ -10,7 +10,8 @@ bench/batch_compare.py runs it alternately with kvcore_bench and compares.
 
 Shape: Gemma-3-27B (62 layers, 16 KV heads x 128, bfloat16): ten full-attention
 layers and 52 sliding-window layers (W = 1024); block size 16; prefix caching on
-(sha256 block hashes, vLLM's default); one block pool of 20,000 blocks.
+(sha256 block hashes, vLLM's default); one block pool shared by the groups,
+20,000 blocks per group.
 `--groups brief` (default): one full-attention group and one sliding-window
 group, as kvcore groups them. `--groups vllm`: the groups vLLM's own planner
 (_get_kv_cache_groups_uniform_page_size) makes of the 62 layers: one full group
@@ -59,7 +60,7 @@ B = 16
 WINDOW = 1024
 N_LAYERS = 62
 KV_HEADS, HEAD_DIM = 16, 128
-NUM_BLOCKS = 20000
+BLOCKS_PER_GROUP = 20000  # the pool is shared by the groups: 20,000 per group
 MAX_MODEL_LEN = 131072
 PROMPT = 2000
 WARM_DECODE = 64
@@ -100,8 +101,10 @@ class Engine:
 
     def __init__(self, groups_kind: str):
         self.groups = make_groups(groups_kind)
+        self.num_blocks = BLOCKS_PER_GROUP * len(self.groups)
         self.manager = KVCacheManager(
-            KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=self.groups),
+            KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[],
+                          kv_cache_groups=self.groups),
             max_model_len=MAX_MODEL_LEN, scheduler_block_size=B, hash_block_size=B,
             enable_caching=True)
         hash_fn = get_hash_fn_by_name("sha256")  # CacheConfig.prefix_caching_hash_algo default
@@ -169,7 +172,7 @@ class Engine:
         per_group = [len({b for rid in ids for b in self.held(g, rid)}) for g in range(len(self.groups))]
         prompt = [len({b for rid in ids for b in self.held(g, rid, hit_blocks)})
                   for g in range(len(self.groups))]
-        pool_in_use = NUM_BLOCKS - 1 - self.manager.block_pool.get_num_free_blocks()
+        pool_in_use = self.num_blocks - 1 - self.manager.block_pool.get_num_free_blocks()
         full = [g for g, s in enumerate(self.sliding) if not s]
         swa = [g for g, s in enumerate(self.sliding) if s]
         return {
@@ -302,7 +305,7 @@ def main() -> None:
         "groups_kind": args.groups,
         "groups": [{"kind": "sliding" if isinstance(g.kv_cache_spec, SlidingWindowSpec) else "full",
                     "layers": len(g.layer_names)} for g in make_groups(args.groups)],
-        "block_size": B, "window": WINDOW, "num_blocks": NUM_BLOCKS, "prompt": PROMPT,
+        "block_size": B, "window": WINDOW, "num_blocks_per_group": BLOCKS_PER_GROUP, "prompt": PROMPT,
         "loadavg_start": loadavg(),
     }
     if "decode" not in skip:
