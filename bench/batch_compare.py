@@ -179,12 +179,13 @@ def main() -> int:
             }
         for g in groupings:
             d = next(x for x in first_vllm[g]["decode"] if x["seqs"] == n)
-            row["vllm"][g] = {
-                "us_per_seq": vl(g, lambda v: next(x for x in v["decode"] if x["seqs"] == n)["us_per_seq"]),
-                "blocks": d["blocks"],
-            }
+            pick = lambda key: vl(g, lambda v: next(x for x in v["decode"] if x["seqs"] == n)[key])
+            row["vllm"][g] = {"us_per_seq": pick("us_per_seq"),
+                              "cpu_us_per_seq": pick("cpu_us_per_seq"), "blocks": d["blocks"]}
         slow = max(row["kvcore"][f"C{c}"]["us_per_seq"] for c in DECODE_CS)
+        slow_cpu = max(row["kvcore"][f"C{c}"]["cpu_us_per_seq"] for c in DECODE_CS)
         row["ratio"] = {g: row["vllm"][g]["us_per_seq"] / slow for g in groupings}
+        row["cpu_ratio"] = {g: row["vllm"][g]["cpu_us_per_seq"] / slow_cpu for g in groupings}
         decode.append(row)
 
     # --- admission ------------------------------------------------------------
@@ -197,7 +198,9 @@ def main() -> int:
                                     "blocks_ring": kv_counter(name, "blocks_ring")}
     for g in groupings:
         admit["vllm"][g] = {"us_manager": vl(g, lambda v: v["admit"]["us_manager"]),
+                            "cpu_us_manager": vl(g, lambda v: v["admit"]["cpu_us_manager"]),
                             "us_with_request": vl(g, lambda v: v["admit"]["us_with_request"]),
+                            "cpu_us_with_request": vl(g, lambda v: v["admit"]["cpu_us_with_request"]),
                             "hit_tokens": first_vllm[g]["admit"]["hit_tokens"],
                             "blocks": first_vllm[g]["admit"]["blocks"]}
 
@@ -262,15 +265,17 @@ def print_tables(res: dict, groupings: list[str]) -> None:
     head = f"{'N':>4}" + "".join(f" {'kvcore C=' + str(c):>13}" for c in DECODE_CS)
     for g, label in (("brief", "vLLM 2 groups"), ("vllm", "vLLM 7 groups")):
         if g in groupings:
-            head += f" {label:>14} {'ratio':>6}"
+            head += f" {label:>14} {'ratio':>6} {'cpu':>5}"
     print(head)
     for row in res["decode"]:
         line = f"{row['seqs']:>4}" + "".join(
             f" {row['kvcore'][f'C{c}']['us_per_seq']:>13.3f}" for c in DECODE_CS)
         for g in ("brief", "vllm"):
             if g in groupings:
-                line += f" {row['vllm'][g]['us_per_seq']:>14.2f} {row['ratio'][g]:>5.0f}x"
+                line += (f" {row['vllm'][g]['us_per_seq']:>14.2f} {row['ratio'][g]:>5.0f}x"
+                         f" {row['cpu_ratio'][g]:>4.0f}x")
         print(line)
+    print("cpu: the same ratio in CPU time (kvcore_bench's cpu_time; vLLM's thread_time).")
     print("\nBlocks in use after the decode warm-up (context 2,064)")
     head = f"{'N':>4}" + "".join(f" {'kvcore C=' + str(c):>18}" for c in DECODE_CS)
     for g in groupings:
@@ -296,7 +301,9 @@ def print_tables(res: dict, groupings: list[str]) -> None:
     slow = max(a["kvcore"][f"C{c}"]["us"] for c in ADMIT_CS)
     for g in groupings:
         v = a["vllm"][g]
-        print(f"  vLLM {g:>5}: manager calls {v['us_manager']:.1f} ({v['us_manager'] / slow:.0f}x); "
+        slow_cpu = max(a["kvcore"][f"C{c}"]["cpu_us"] for c in ADMIT_CS)
+        print(f"  vLLM {g:>5}: manager calls {v['us_manager']:.1f} ({v['us_manager'] / slow:.0f}x, "
+              f"cpu {v['cpu_us_manager'] / slow_cpu:.0f}x); "
               f"with building the Request (prompt hashing) {v['us_with_request']:.1f} "
               f"({v['us_with_request'] / slow:.0f}x) (hit {v['hit_tokens']})")
 

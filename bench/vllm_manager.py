@@ -199,13 +199,15 @@ def decode(groups_kind: str, n: int, steps: int, reps: int) -> dict:
     for _ in range(WARM_DECODE):
         eng.decode_step(reqs, rows)
     blocks = eng.blocks(reqs)
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t = time.perf_counter_ns()
+        t, c = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(steps):
             eng.decode_step(reqs, rows)
+        cpu.append((time.thread_time_ns() - c) / 1e3 / (steps * n))
         times.append((time.perf_counter_ns() - t) / 1e3 / (steps * n))
     return {"seqs": n, "us_per_seq": statistics.median(times), "us_per_seq_reps": times,
+            "cpu_us_per_seq": statistics.median(cpu), "cpu_us_per_seq_reps": cpu,
             "steps_per_rep": steps, "context": PROMPT + WARM_DECODE, "hits": sorted(set(hits)),
             "blocks": blocks}
 
@@ -215,30 +217,35 @@ def admit(groups_kind: str, count: int, reps: int) -> dict:
     tokens = token_row(1, PROMPT)
     first = eng.request("seed", tokens)
     eng.admit(first)  # computes the prompt; stays running
-    manager_us, with_request_us = [], []
+    manager_us, with_request_us, manager_cpu, with_request_cpu = [], [], [], []
     hit = 0
     k = 0
     for _ in range(reps):
-        only = 0
+        only = only_cpu = 0
         for _ in range(count):  # Request built outside the timer (its hashes too)
             r = eng.request(f"a{k}", tokens)
             k += 1
-            t = time.perf_counter_ns()
+            t, c = time.perf_counter_ns(), time.thread_time_ns()
             hit = eng.admit(r)
             eng.manager.free(r)
+            only_cpu += time.thread_time_ns() - c
             only += time.perf_counter_ns() - t
         manager_us.append(only / 1e3 / count)
-        t = time.perf_counter_ns()
+        manager_cpu.append(only_cpu / 1e3 / count)
+        t, c = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(count):  # the Request's construction (prompt hashing) included
             r = eng.request(f"a{k}", tokens)
             k += 1
             eng.admit(r)
             eng.manager.free(r)
+        with_request_cpu.append((time.thread_time_ns() - c) / 1e3 / count)
         with_request_us.append((time.perf_counter_ns() - t) / 1e3 / count)
     r = eng.request("last", tokens)
     eng.admit(r)
     return {"us_manager": statistics.median(manager_us), "us_manager_reps": manager_us,
+            "cpu_us_manager": statistics.median(manager_cpu),
             "us_with_request": statistics.median(with_request_us),
+            "cpu_us_with_request": statistics.median(with_request_cpu),
             "us_with_request_reps": with_request_us, "requests_per_rep": count,
             "hit_tokens": hit, "computed_tokens": PROMPT - hit, "blocks": eng.blocks([first, r])}
 
