@@ -259,15 +259,18 @@ void batch_ring_blocks(benchmark::State& state) {
   kvcore::BatchCache& cache = *made;
   const std::vector<std::int32_t> tokens = token_row(0, capacity);
   if (!cache.add_sequence(0).ok()) { fail(state, "add_sequence failed"); return; }
-  int held_max = 0;
+  int held_max = 0;         // after any begin_step or commit
+  int held_max_decode = 0;  // ... of a decode step (T = 1)
   int length = 0;
   auto grow = [&](int T) {
     const kvcore::StepEntry entry{0, T, tokens.data() + length};
     auto step = cache.begin_step(&entry, 1);
     if (!step.ok()) return fail(state, step.message().c_str());
-    held_max = std::max(held_max, *cache.blocks_held(0, groups.ring));
+    const int begun = *cache.blocks_held(0, groups.ring);
     if (!cache.commit(*step).ok()) return fail(state, "commit failed");
-    held_max = std::max(held_max, *cache.blocks_held(0, groups.ring));
+    const int most = std::max(begun, *cache.blocks_held(0, groups.ring));
+    held_max = std::max(held_max, most);
+    if (T == 1) held_max_decode = std::max(held_max_decode, most);
     length += T;
     return true;
   };
@@ -284,6 +287,7 @@ void batch_ring_blocks(benchmark::State& state) {
   state.counters["C"] = C;
   state.counters["ring_held"] = held;
   state.counters["ring_held_max"] = held_max;
+  state.counters["ring_held_max_decode"] = held_max_decode;
   state.counters["ring_bound"] = ring_bound(C);
   state.counters["flat_held"] = held_flat;
 }

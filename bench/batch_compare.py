@@ -213,7 +213,8 @@ def main() -> int:
             if name not in rounds[0]["kvcore"]:
                 continue
             row["kvcore"][f"C{c}"] = {k: kv_counter(name, k)
-                                      for k in ("ring_held", "ring_held_max", "ring_bound", "flat_held")}
+                                      for k in ("ring_held", "ring_held_max", "ring_held_max_decode",
+                                                "ring_bound", "flat_held")}
             row["kvcore"][f"C{c}"]["decode_step_ns"] = kv(name)
         for g in groupings:
             hit = [x for x in first_vllm[g].get("ring", []) if x["context"] == ctx]
@@ -308,15 +309,16 @@ def print_tables(res: dict, groupings: list[str]) -> None:
               f"({v['us_with_request'] / slow:.0f}x) (hit {v['hit_tokens']})")
 
     print("\nBlocks one sequence holds in the ring (sliding) group: after a decode step | most"
-          " after any step on the way (prefill in chunks of C, then 64 decode steps)")
-    print(f"{'context':>8}" + "".join(f" {'kvcore C=' + str(c):>13} {'bound':>5}" for c in RING_CS)
+          " after a decode step's begin_step or commit | most after any step on the way (prefill"
+          " in chunks of C, then decode)")
+    print(f"{'context':>8}" + "".join(f" {'kvcore C=' + str(c):>16} {'bound':>5}" for c in RING_CS)
           + f" {'vLLM (chunk 512)':>17}")
     for row in res["ring"]:
         line = f"{row['context']:>8}"
         for c in RING_CS:
             k = row["kvcore"].get(f"C{c}")
-            line += (f" {str(k['ring_held']) + ' | ' + str(k['ring_held_max']):>13} {k['ring_bound']:>5}"
-                     if k else f" {'—':>13} {'':>5}")
+            cell = f"{k['ring_held']} | {k['ring_held_max_decode']} | {k['ring_held_max']}" if k else "—"
+            line += f" {cell:>16} {k['ring_bound'] if k else '':>5}"
         v = row["vllm"].get("brief")
         line += f" {(str(v['sliding_held']) + ' | ' + str(v['sliding_held_max'])) if v else '—':>17}"
         print(line)
