@@ -127,19 +127,22 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
       for (int q = plan.first_positions[i]; q < plan.context_lens[i]; ++q) {
         for (int k = 0; k <= q; ++k) {
           const bool seen = BatchModel::in_window(policy, q, k) && m.tags[static_cast<std::size_t>(k)] != 0;
-          const std::string where = "seq " + std::to_string(s) + " group " + std::to_string(g) +
-                                    " query " + std::to_string(q) + " key " + std::to_string(k);
-          if (*cache.visible(g, s, q, k) != seen) return where + ": visible() disagrees";
+          // Made only for a failure: this loop runs for every key of every query.
+          auto where = [&] {
+            return "seq " + std::to_string(s) + " group " + std::to_string(g) + " query " + std::to_string(q) +
+                   " key " + std::to_string(k);
+          };
+          if (*cache.visible(g, s, q, k) != seen) return where() + ": visible() disagrees";
           // The plan's removed ranges say the same.
           bool removed = k < plan.visible_starts[i];
           for (int h = 0; h < plan.n_holes[i]; ++h)
             removed = removed || (k >= plan.holes[i][h].begin && k < plan.holes[i][h].end);
-          if (removed != (m.tags[static_cast<std::size_t>(k)] == 0)) return where + ": removed ranges disagree";
+          if (removed != (m.tags[static_cast<std::size_t>(k)] == 0)) return where() + ": removed ranges disagree";
           if (!seen) continue;
           const int block = table[k / B];
-          if (block < 0) return where + ": a needed key's block is a hole";
+          if (block < 0) return where() + ": a needed key's block is a hole";
           const std::uint64_t held = pools.rows[static_cast<std::size_t>(g)][static_cast<std::size_t>(block * B + k % B)];
-          if (held != m.tags[static_cast<std::size_t>(k)]) return where + ": the row holds other K/V";
+          if (held != m.tags[static_cast<std::size_t>(k)]) return where() + ": the row holds other K/V";
         }
       }
     }
