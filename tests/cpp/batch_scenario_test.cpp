@@ -449,3 +449,97 @@ TEST(BatchScenarios, AMiddleRemovalFreesWholeBlocksAndRemovedPositionsAreNeverSe
 
 }  // namespace
 }  // namespace kvcore_test
+
+// --- regressions -------------------------------------------------------------
+
+namespace kvcore_test {
+namespace {
+
+// A step is begun, its plan copies a forked partial block, and the backend
+// never runs it (the runner fails before the forward and retries, or a verb
+// ends the step). The copy was never made, so the retry's plan must make it
+// again. Before the fix the retry planned no copy: the private block kept
+// whatever it held, and the sequence read garbage for its inherited positions.
+TEST(BatchRegressions, AnAbandonedCopyOnWriteIsPlannedAgain) {
+  for (bool by_verb : {false, true}) {
+    SCOPED_TRACE(by_verb ? "ended by a verb" : "replaced by a retry");
+    Harness h(config(64, 4, {LayerPolicy::flat(), LayerPolicy::ring(6, 1)}, 4, 4));
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 6, 4), "");
+    h.fork(0, 1, 6);  // block 1 (positions 4, 5) shared
+    const int free_flat = h.free(0);
+    kvcore::BatchStepPlan plan;
+    ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false, /*write=*/false, &plan), "");
+    ASSERT_EQ(plan.groups[0].n_copies, 1);
+    EXPECT_EQ(h.free(0), free_flat - 1);
+    if (by_verb) {
+      h.rewind(1, 6);  // changes nothing but ends the step
+      EXPECT_EQ(h.free(0), free_flat);  // the copy is undone
+    }
+    ASSERT_EQ(h.step({{1, none(2)}}, true, true, &plan), "");  // every key of seq 1, exact
+    for (int g = 0; g < 2; ++g) EXPECT_EQ(plan.groups[g].n_copies, 1) << "group " << g;
+    ASSERT_EQ(h.step({{0, none(3)}, {1, none(1)}}), "");  // both sides intact
+  }
+}
+
+// Two holders of a shared partial block write into it in one step, the
+// backend runs the plan, and the step is abandoned: neither may have written
+// into the shared block (both copy it), so undoing the copies restores
+// exactly what each held.
+TEST(BatchRegressions, TwoHoldersWritingASharedBlockInOneStepBothCopyIt) {
+  Harness h(config(64, 4, {LayerPolicy::flat()}, 4, 4));
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 6, 4), "");
+  h.fork(0, 1, 6);
+  h.rewind(0, 5);  // seq 0 holds position 4 of block 1, seq 1 positions 4 and 5
+  kvcore::BatchStepPlan plan;
+  ASSERT_EQ(h.step({{1, none(1)}, {0, none(2)}}, /*commit=*/false, /*write=*/true, &plan), "");
+  EXPECT_EQ(plan.groups[0].n_copies, 2);
+  ASSERT_EQ(h.step({{1, none(1)}}), "");  // seq 1's position 5 is its own again
+  ASSERT_EQ(h.step({{0, none(2)}}), "");
+  ASSERT_EQ(h.step({{0, none(1)}, {1, none(1)}}), "");
+}
+
+// begin_step replaces an uncommitted step: the blocks that step holds are the
+// new step's to take. Before the fix admission counted only the pool's free
+// blocks, and refused a retry that fits once the replaced step is gone.
+TEST(BatchRegressions, ARetryReclaimsTheBlocksOfTheStepItReplaces) {
+  CacheConfig cfg = config(64, 4, {LayerPolicy::flat()}, 4, 3);
+  cfg.batch.num_blocks = 4;
+  Harness h(cfg);
+  h.add(0);
+  h.add(1);
+  h.add(2);
+  ASSERT_EQ(h.decode(0, 4, 4), "");
+  ASSERT_EQ(h.decode(1, 6, 4), "");  // 3 blocks held, 1 free
+  // A step that takes the last block, replaced by one over another sequence
+  // (refused before the fix: "group 0 needs 1 blocks, 0 of its 4 are free"),
+  // replaced again, and committed.
+  ASSERT_EQ(h.step({{0, none(1)}}, /*commit=*/false), "");
+  EXPECT_EQ(h.free(0), 0);
+  ASSERT_EQ(h.step({{2, none(4)}}, /*commit=*/false), "");
+  ASSERT_EQ(h.step({{2, none(1)}}), "");
+  EXPECT_EQ(h.free(0), 0);
+  // A copy-on-write taking the last block, retried: the copy is undone and made again.
+  h.release(1);  // 2 free
+  h.fork(2, 1, 1);  // seq 1 shares seq 2's partial block 0
+  ASSERT_EQ(h.step({{0, none(2)}}), "");  // takes one: 1 free
+  ASSERT_EQ(h.free(0), 1);
+  ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false), "");  // copies block 0 into the last free block
+  EXPECT_EQ(h.free(0), 0);
+  kvcore::BatchStepPlan plan;
+  ASSERT_EQ(h.step({{1, none(2)}}, true, true, &plan), "");  // the retry: admitted, copies again
+  EXPECT_EQ(plan.groups[0].n_copies, 1);
+  // A step that truly does not fit is still refused, and leaves a begun step begun.
+  BatchStep begun;
+  ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false, true, nullptr, &begun), "");
+  const StepEntry too_much[] = {{0, 4, nullptr}, {2, 4, nullptr}};
+  auto refused = h.cache().begin_step(too_much, 2);
+  EXPECT_EQ(refused.error(), Error::OutOfResources);
+  EXPECT_STREQ(refused.message().c_str(), "begin_step: group 0 needs 2 blocks, 0 of its 4 are free");
+  EXPECT_TRUE(h.cache().check_step(begun).ok());
+}
+
+
+}  // namespace
+}  // namespace kvcore_test
