@@ -541,5 +541,44 @@ TEST(BatchRegressions, ARetryReclaimsTheBlocksOfTheStepItReplaces) {
 }
 
 
+// A head removal moves a sequence's lowest held block up; a rewind below it
+// must move it down again, since the next step writes from block n / B. Before
+// the fix it stayed up: a later fork copied none of the blocks below it (the
+// fork read holes where its history was) and oldest_held skipped them.
+TEST(BatchRegressions, ARewindBelowARemovedHeadThenAForkSharesEveryHeldBlock) {
+  const int B = 4;
+  Harness h(config(64, 4, {LayerPolicy::flat()}, B, 3));
+  BatchCache& c = h.cache();
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 12, 4), "");
+  h.remove(0, 0, 9);  // blocks 0 and 1 leave; the lowest held is block 2
+  EXPECT_EQ(*c.oldest_held(0, 0), 9);
+  h.rewind(0, 2);     // block 2 leaves too; positions 0, 1 stay removed
+  ASSERT_EQ(h.decode(0, 4, 4), "");  // positions 2..5 in new blocks 0 and 1
+  EXPECT_EQ(*c.oldest_held(0, 0), 2);  // was 6 (the length: "nothing held")
+  h.fork(0, 1, 6);
+  EXPECT_EQ(h.held(1, 0), 2);  // was 0
+  ASSERT_EQ(h.step({{1, none(2)}, {0, none(1)}}), "");  // was "a needed key's block is a hole"
+}
+
+// A fork of nothing (upto = 0) from a sequence whose head was removed gives an
+// empty sequence; a prefix it then adopts lies in blocks 0, 1, ... Before the
+// fix the fork gave it the source's lowest held block, so forking it in turn
+// shared none of the adopted blocks.
+TEST(BatchRegressions, AnEmptyForkAdoptsAPrefixThatForksWhole) {
+  const int B = 4;
+  Harness h(config(64, 4, {LayerPolicy::flat(), LayerPolicy::ring(16)}, B, 3));
+  BatchCache& c = h.cache();
+  const std::vector<std::int32_t> prompt = tokens(300, 9);
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 8, 4, &prompt), "");  // blocks 0 and 1, named by their tokens
+  h.remove(0, 0, 5);  // block 0 leaves (cached), the lowest held is block 1
+  h.fork(0, 1, 0);
+  EXPECT_EQ(h.adopt(1, prompt), 8);
+  EXPECT_EQ(*c.oldest_held(1, 0), 0);  // was 4
+  h.fork(1, 2, 8);
+  EXPECT_EQ(h.held(2, 0), 2);  // was 1
+  ASSERT_EQ(h.step({{2, {prompt[8]}}}), "");  // was "a needed key's block is a hole"
+}
 }  // namespace
 }  // namespace kvcore_test

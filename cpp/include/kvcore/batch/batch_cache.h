@@ -135,7 +135,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       int& kept = kept_from(g, dst);
       kept = kept_from(g, src) < upto / block_size_ ? kept_from(g, src) : upto / block_size_;
       const int lo = first_block(g, src);
-      first_block(g, dst) = lo;
+      // dst's first step writes block upto / B: it may hold nothing below that.
+      first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;
       for (int i = lo; i < end_block; ++i) {
         if (from[i] < 0) continue;
         groups_[g].pool.hold(from[i]);
@@ -829,9 +830,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     Seq& s = seqs_[seq];
     release_from(seq, ceil_div(n, block_size_));
     // Nothing above n is left for the window to have released: blocks written
-    // again from here on are the window's to release in turn.
-    for (int g = 0; g < n_groups_; ++g)
+    // again from here on are the window's to release in turn. Nor for a head
+    // removal: the next step writes from block n / B on.
+    for (int g = 0; g < n_groups_; ++g) {
       if (kept_from(g, seq) > n / block_size_) kept_from(g, seq) = n / block_size_;
+      if (first_block(g, seq) > n / block_size_) first_block(g, seq) = n / block_size_;
+    }
     s.length = n;
     if (s.start > n) s.start = n;
     while (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].begin >= n) --s.n_holes;
