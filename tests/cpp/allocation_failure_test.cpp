@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cache_fixtures.h"
+#include "kvcore/batch/batch_cache.h"
 #include "kvcore/registry/cache_session.h"
 #include "kvcore/registry/default_builders.h"
 #include "kvcore/registry/shared.h"
@@ -99,6 +100,34 @@ TEST(AllocationFailure, CreateReportsEveryFailedAllocationAndLeaksNothing) {
     EXPECT_GE(failures, 2);
     EXPECT_EQ(live_news(), live_before);
   }
+}
+
+// A pool of more than 2^30 blocks is refused before its tables are asked for
+// (its key table takes 2 int slots per block). Before the fix nothing refused
+// it: with B = 1 up to 2^31 - 1 blocks passed the rows check, BlockPool asked
+// for some 30 GiB and sized its key table past INT_MAX (signed overflow). The
+// allocations after the layer tables fail here, so the unfixed code returned
+// MemoryAllocationFailed instead of trying.
+TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
+  CacheConfig cfg = configs()[2];  // capacity 16, one flat layer
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 1;
+  cfg.batch.num_blocks = (1 << 30) + 1;
+  Status outcome;
+  {
+    FailNothrowNewAfter fail(4);  // the cache object and its 3 layer tables
+    outcome = kvcore::BatchCache::create(cfg).status();
+  }
+  EXPECT_EQ(outcome.code(), kvcore::Error::InvalidArgument) << outcome.message().c_str();
+  EXPECT_STREQ(outcome.message().c_str(), "group 0: 1073741825 blocks: a pool holds at most 2^30 blocks");
+  // 2^30 blocks pass (the pool asks for its tables, which fail here).
+  cfg.batch.num_blocks = 1 << 30;
+  {
+    FailNothrowNewAfter fail(4);
+    outcome = kvcore::BatchCache::create(cfg).status();
+  }
+  EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);
+  EXPECT_STREQ(outcome.message().c_str(), "cannot allocate the block tables of a group's pool (1073741824 blocks)");
 }
 
 TEST(AllocationFailure, RegistryInstallsAndListsThroughNothrowPathsOnly) {

@@ -157,7 +157,8 @@ Snapshot snapshot(const BatchCache& c) {
     v.insert(v.end(), {info.active ? 1 : 0, info.length, info.visible_start, info.n_holes});
     for (int h = 0; h < info.n_holes; ++h) v.insert(v.end(), {info.holes[h].begin, info.holes[h].end});
     for (int g = 0; g < c.n_groups(); ++g) v.insert(v.end(), {*c.blocks_held(q, g), *c.oldest_held(q, g)});
-    for (int n = -1; n <= c.capacity() + 1; ++n) s.rewinds.push_back(c.can_rewind(q, n));
+    for (int n = -1; n <= info.length + 1; ++n) s.rewinds.push_back(c.can_rewind(q, n));
+    s.rewinds.push_back(c.can_rewind(q, INT_MAX));
   }
   for (int g = 0; g < c.n_groups(); ++g) {
     v.insert(v.end(), {*c.free_blocks(g), *c.cached_blocks(g)});
@@ -605,6 +606,31 @@ TEST(BatchCacheErrors, BeginStepOverMaxStepTokensIsInvalidArgument) {
   EXPECT_EQ(w.cache->max_step_tokens(), kSeqs * kMaxStep);
 }
 
+// The tokens of a step are summed in 64 bits: T up to max_step = 2^31 - 1 per
+// entry. Before the fix the sum wrapped (signed overflow) and the step was
+// refused for the wrong reason (OutOfResources, 2049 blocks needed).
+TEST(BatchCacheErrors, BeginStepWhoseTokensPass2To31IsInvalidArgument) {
+  CacheConfig cfg;
+  cfg.capacity = INT_MAX;
+  cfg.max_step = INT_MAX;
+  cfg.n_layers = 1;
+  cfg.layers.push_back(LayerConfig{LayerPolicy::flat(), 1, 4, 0});
+  cfg.batch.block_size = 1 << 20;
+  cfg.batch.max_seqs = 2;
+  cfg.batch.num_blocks = 1;
+  World w;
+  auto created = BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  w.cache = std::move(created).get();
+  ASSERT_TRUE(w.cache->add_sequence(0).ok());
+  ASSERT_TRUE(w.cache->add_sequence(1).ok());
+  EXPECT_EQ(w.cache->max_step_tokens(), 1 << 20);  // the default's cap
+  const StepEntry entries[] = {{0, 5, nullptr}, {1, INT_MAX - 1, nullptr}};
+  const Before b = before(w);
+  expect_refused(w, w.cache->begin_step(entries, 2).status(), Error::InvalidArgument,
+                 {"begin_step: 2147483651 tokens or more, must be <= max_step_tokens = 1048576"}, b);
+}
+
 // A pool short of blocks refuses the whole step, naming the group; reclaiming
 // cached blocks comes first (they are free blocks).
 TEST(BatchCacheErrors, BeginStepWhenAPoolIsShortIsOutOfResourcesNamingTheGroup) {
@@ -770,14 +796,18 @@ TEST(BatchCacheErrors, VisibleWithANegativePositionIsInvalidArgument) {
 
 // --- the config --------------------------------------------------------------
 
-void expect_config_refused(const CacheConfig& cfg, Error code, const std::string& text) {
-  const Status v = kvcore::validate_batch(cfg);
+// create() refuses `cfg`; so does validate_batch() when `by_validate` (a field's
+// rule, not a table's size).
+void expect_config_refused(const CacheConfig& cfg, Error code, const std::string& text, bool by_validate = false) {
   auto created = BatchCache::create(cfg);
   EXPECT_EQ(created.error(), code) << created.message().c_str();
   expect_message_has(created.status(), text);
-  if (code == Error::InvalidArgument && text.rfind("batch.", 0) == 0) {
+  const Status v = kvcore::validate_batch(cfg);
+  if (by_validate) {
     EXPECT_EQ(v.code(), code);
     expect_message_has(v, text);
+  } else {
+    EXPECT_TRUE(v.ok()) << v.message().c_str();
   }
 }
 
@@ -802,7 +832,7 @@ TEST(BatchCacheErrors, ValidateBatchNamesEachBadField) {
     CacheConfig cfg = world_config();
     c.edit(cfg.batch);
     SCOPED_TRACE(c.message);
-    expect_config_refused(cfg, Error::InvalidArgument, c.message);
+    expect_config_refused(cfg, Error::InvalidArgument, c.message, /*by_validate=*/true);
   }
   // validate()'s rules come first, with their own messages.
   CacheConfig cfg = world_config();
@@ -838,9 +868,39 @@ TEST(BatchCacheErrors, TablesPast2To31EntriesAreRefusedBeforeAllocation) {
   cfg.batch.num_blocks = 1 << 20;
   expect_config_refused(cfg, Error::InvalidArgument, "group 0: 1048576 blocks of 4096 rows pass 2^31 rows");
   // The default pool of a flat group: max_seqs x ceil(capacity / B) blocks.
+  cfg.capacity = 8192;
+  cfg.batch.block_size = 2048;
   cfg.batch.num_blocks = 0;
-  cfg.batch.max_seqs = (1 << 20) / 2 + 1;
-  expect_config_refused(cfg, Error::InvalidArgument, "group 0: 524289 blocks of 4096 rows pass 2^31 rows");
+  cfg.batch.max_seqs = (1 << 18) + 1;
+  expect_config_refused(cfg, Error::InvalidArgument, "group 0: 1048580 blocks of 2048 rows pass 2^31 rows");
+  // The step's slots: one per token of a step, per group. (The message named
+  // the block tables, 2 x 4 x 16 entries, before it named the culprit.)
+  cfg = world_config();
+  cfg.batch.max_step_tokens = 1 << 30;
+  expect_config_refused(cfg, Error::InvalidArgument,
+                        "3 groups x batch.max_step_tokens = 1073741824: the step's slot tables would pass 2^31 "
+                        "entries");
+  // The removed ranges: max_holes per sequence.
+  cfg = world_config();
+  cfg.capacity = 1;
+  cfg.max_step = 1;
+  cfg.batch.max_seqs = 1 << 20;
+  cfg.batch.max_holes = 4096;
+  expect_config_refused(cfg, Error::InvalidArgument,
+                        "batch.max_seqs = 1048576 x batch.max_holes = 4096: the removed-range tables would pass "
+                        "2^31 entries");
+  // The tokens of each sequence's block being filled (prefix keys): B per
+  // sequence, however small the pools. (Unchecked before: a 16 GiB request.)
+  cfg = world_config();
+  cfg.layers.resize(1);
+  cfg.n_layers = 1;
+  cfg.layers[0].policy = LayerPolicy::flat();
+  cfg.batch.max_seqs = 1 << 20;
+  cfg.batch.block_size = 1 << 12;
+  cfg.batch.num_blocks = 1;
+  expect_config_refused(cfg, Error::InvalidArgument,
+                        "batch.max_seqs = 1048576 x batch.block_size = 4096: the prefix-token tables would pass "
+                        "2^31 entries");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -579,6 +580,25 @@ TEST(BatchRegressions, AnEmptyForkAdoptsAPrefixThatForksWhole) {
   h.fork(1, 2, 8);
   EXPECT_EQ(h.held(2, 0), 2);  // was 1
   ASSERT_EQ(h.step({{2, {prompt[8]}}}), "");  // was "a needed key's block is a hole"
+}
+
+// Sinks beyond the capacity make every position a sink: nothing is released
+// and every rewind is allowed. Before the fix the sink blocks' first position
+// (ceil(S / B) * B) was computed in int and wrapped for S near 2^31 (signed
+// overflow), and rewinds the sinks allow were refused.
+TEST(BatchRegressions, ARingWhoseSinksRoundPast2To31AllowsEveryRewind) {
+  for (int B : {2, 3, 16}) {
+    SCOPED_TRACE("B " + std::to_string(B));
+    Harness h(config(64, 4, {LayerPolicy::ring(4, INT_MAX), LayerPolicy::ring(4, INT_MAX - 1)}, B, 3));
+    BatchCache& c = h.cache();
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 20, 4), "");
+    for (int n = 0; n <= 20; ++n) EXPECT_TRUE(c.can_rewind(0, n)) << n;  // 14 were refused with B = 2
+    EXPECT_EQ(h.held(0, 0), (20 + B - 1) / B);
+    h.fork(0, 1, 3);
+    h.rewind(0, 7);
+    ASSERT_EQ(h.step({{0, none(4)}, {1, none(4)}}), "");  // every key still held, exact
+  }
 }
 }  // namespace
 }  // namespace kvcore_test

@@ -281,7 +281,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  max_seqs_);
     KVCORE_CHECK_OR_RETURN_ERROR(entries != nullptr, InvalidArgument, "begin_step: entries is null");
     ++stamp_;
-    int tokens = 0;
+    std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
     for (int i = 0; i < n; ++i) {
       const StepEntry& e = entries[i];
       KVCORE_RETURN_IF_ERROR(check_active("begin_step", e.seq));
@@ -580,12 +580,24 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     const std::int64_t table_entries = static_cast<std::int64_t>(n_groups_) * seqs * stride_;
     const std::int64_t step_slots = static_cast<std::int64_t>(n_groups_) * max_step_tokens_;
     const std::int64_t hole_entries = seqs * hole_stride();
+    const std::int64_t token_entries = seqs * block_size_;
     constexpr std::int64_t kMax = 0x7fffffff;
-    KVCORE_CHECK_OR_RETURN_ERROR(table_entries <= kMax && step_slots <= kMax && hole_entries <= kMax,
-                                 InvalidArgument,
+    KVCORE_CHECK_OR_RETURN_ERROR(table_entries <= kMax, InvalidArgument,
                                  "%d groups x %d sequences x %d blocks per table: the tables would "
                                  "pass 2^31 entries",
                                  n_groups_, max_seqs_, stride_);
+    KVCORE_CHECK_OR_RETURN_ERROR(step_slots <= kMax, InvalidArgument,
+                                 "%d groups x batch.max_step_tokens = %d: the step's slot tables "
+                                 "would pass 2^31 entries",
+                                 n_groups_, max_step_tokens_);
+    KVCORE_CHECK_OR_RETURN_ERROR(hole_entries <= kMax, InvalidArgument,
+                                 "batch.max_seqs = %d x batch.max_holes = %d: the removed-range "
+                                 "tables would pass 2^31 entries",
+                                 max_seqs_, max_holes_);
+    KVCORE_CHECK_OR_RETURN_ERROR(token_entries <= kMax, InvalidArgument,
+                                 "batch.max_seqs = %d x batch.block_size = %d: the prefix-token "
+                                 "tables would pass 2^31 entries",
+                                 max_seqs_, block_size_);
     for (int g = 0; g < n_groups_; ++g) {
       Group& group = groups_[g];
       std::int64_t blocks = cfg.batch.num_blocks != 0 ? cfg.batch.num_blocks : seqs * stride_;
@@ -600,6 +612,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       KVCORE_CHECK_OR_RETURN_ERROR(blocks <= kMax / block_size_, InvalidArgument,
                                    "group %d: %lld blocks of %d rows pass 2^31 rows", g,
                                    static_cast<long long>(blocks), block_size_);
+      // A pool's key table takes a power of two >= 2 slots per block, in int.
+      KVCORE_CHECK_OR_RETURN_ERROR(blocks <= (1 << 30), InvalidArgument,
+                                   "group %d: %lld blocks: a pool holds at most 2^30 blocks", g,
+                                   static_cast<long long>(blocks));
       KVCORE_RETURN_IF_ERROR(group.pool.create(static_cast<int>(blocks), "a group's pool"));
     }
     tables_.reset(new (std::nothrow) int[table_entries]);
@@ -807,12 +823,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       const Group& group = groups_[g];
       if (group.policy.kind != LayerPolicy::Kind::Ring) continue;
-      // Released by the window: block indices [sink_blocks, kept_from).
-      const int lo = group.sink_blocks * block_size_;
-      const int hi = kept_from(g, seq) * block_size_;
+      // Released by the window: block indices [sink_blocks, kept_from), positions
+      // [lo, hi) (in 64 bits: sinks may round up past 2^31).
+      const std::int64_t lo = static_cast<std::int64_t>(group.sink_blocks) * block_size_;
+      const std::int64_t hi = static_cast<std::int64_t>(kept_from(g, seq)) * block_size_;
       const std::int64_t window_from = static_cast<std::int64_t>(n) - group.policy.window + 1;
-      int needed = window_from > lo ? static_cast<int>(window_from) : lo;
-      needed = next_kept(seq, needed);  // removed positions are not needed
+      const std::int64_t from = window_from > lo ? window_from : lo;
+      if (from >= n) continue;  // a query at n needs nothing below n past the sinks
+      const int needed = next_kept(seq, static_cast<int>(from));  // removed positions are not needed
       if (needed < n && needed < hi) return g;
     }
     return -1;
