@@ -600,5 +600,23 @@ TEST(BatchRegressions, ARingWhoseSinksRoundPast2To31AllowsEveryRewind) {
     ASSERT_EQ(h.step({{0, none(4)}, {1, none(4)}}), "");  // every key still held, exact
   }
 }
+
+// A ring group's pool holds, per sequence, the sink blocks and the blocks of
+// W + 2C - 1 positions. With max_step near 2^31, 2C was computed in int and
+// wrapped (signed overflow; found by the batch fuzzer): this pool got 0
+// blocks instead of 2047, and the config below it, whose pool passes 2^31
+// rows, was accepted.
+TEST(BatchRegressions, ARingPoolIsSizedWithoutOverflowWhenMaxStepIsNearIntMax) {
+  CacheConfig cfg = config(INT_MAX - (1 << 20), INT_MAX - (1 << 20), {LayerPolicy::ring(4)}, 1 << 20, 1);
+  auto created = BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  EXPECT_EQ(*(*created)->num_blocks(0), 2047);  // max_seqs x ceil(capacity / B): W + 2C - 1 is past the capacity
+  // One more block per table, and the pool would pass 2^31 rows.
+  cfg.capacity = INT_MAX;
+  cfg.max_step = INT_MAX;
+  auto refused = BatchCache::create(cfg);
+  EXPECT_EQ(refused.error(), Error::InvalidArgument);
+  EXPECT_STREQ(refused.message().c_str(), "group 0: 2048 blocks of 1048576 rows pass 2^31 rows");
+}
 }  // namespace
 }  // namespace kvcore_test

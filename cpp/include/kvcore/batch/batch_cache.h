@@ -604,7 +604,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       if (group.policy.kind == LayerPolicy::Kind::Ring) {
         group.sink_blocks = ceil_div(group.policy.sinks, block_size_);
         // What one sequence can hold during a step: sinks, W + 2C - 1 positions, one straddle.
-        const std::int64_t span = static_cast<std::int64_t>(group.policy.window) + 2 * max_step_ - 1;
+        const std::int64_t span =
+            static_cast<std::int64_t>(group.policy.window) + 2 * static_cast<std::int64_t>(max_step_) - 1;
         const std::int64_t per_seq = group.sink_blocks + (span + block_size_ - 1) / block_size_ + 1;
         if (per_seq < stride_) blocks = per_seq * seqs;
         if (blocks > seqs * stride_) blocks = seqs * stride_;
