@@ -7,10 +7,9 @@
 // hit must carry the tag a fresh computation would), otherwise a unique write
 // id. check_step() proves that for every query of a step, every key the
 // visibility rule lets it see is named by the plan and holds exactly that K/V,
-// and that the planner's visibility answers match.
+// and that the planner's visibility answers match. Free of gtest: the batch
+// fuzzer (tests/fuzz/batch_fuzzer.cpp) uses it too.
 #pragma once
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
