@@ -233,8 +233,10 @@ TEST(AllocationFailure, BuilderRegistryRegistersAndListsThroughNothrowPathsOnly)
   EXPECT_GE(fail_each_allocation(
                 [&] {
                   auto builder = CacheBuilder::from_callable(
-                      [state](const CacheConfig& c) { return kvcore::build_sequence_cache(c); });
-                  (void)state;
+                      [state](const CacheConfig& c) {
+                        (void)state;  // a capture: the callable is stored, not a plain function
+                        return kvcore::build_sequence_cache(c);
+                      });
                   return builder.status();
                 },
                 [] {}),
