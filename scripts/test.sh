@@ -8,7 +8,9 @@
 #                   -fsanitize=address,undefined, both suites run under them,
 #                   plus the --tsan run
 #   --tsan          the gtests under ThreadSanitizer (all but the allocation-counting ones)
-#   --fuzz SECONDS  the plan fuzzer (libFuzzer) for SECONDS from tests/fuzz/corpus
+#   --fuzz SECONDS  both fuzzers (libFuzzer) for SECONDS in all, split between
+#                   them: the plan fuzzer from tests/fuzz/corpus, the batch
+#                   fuzzer from tests/fuzz/batch_corpus
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -115,6 +117,7 @@ if [ "$ROBUST" -gt 0 ]; then
     # shellcheck disable=SC2086  # one word per source file
     if clang++ -std=c++17 -g -O1 -fsanitize=thread -fno-omit-frame-pointer -fno-exceptions -fno-rtti \
          -Wall -Wextra -Werror -I cpp/include -DKVCORE_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/corpus\"" \
+         -DKVCORE_BATCH_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/batch_corpus\"" \
          $tsan_sources -lgtest -lgtest_main -pthread -o "$ROOT/build/tsan/kvcore_tests"; then
       TSAN_OPTIONS=halt_on_error=1 "$ROOT/build/tsan/kvcore_tests" --gtest_brief=1 || status=1
     else
@@ -122,19 +125,30 @@ if [ "$ROBUST" -gt 0 ]; then
     fi
   fi
   if [ "$FUZZ_SECONDS" -gt 0 ]; then
-    step "libFuzzer: the plan fuzzer for $FUZZ_SECONDS s from tests/fuzz/corpus"
+    # The time is split: the plan fuzzer gets the odd second.
+    BATCH_SECONDS=$((FUZZ_SECONDS / 2))
+    PLAN_SECONDS=$((FUZZ_SECONDS - BATCH_SECONDS))
+    step "libFuzzer: the plan fuzzer for $PLAN_SECONDS s from tests/fuzz/corpus, the batch fuzzer for $BATCH_SECONDS s from tests/fuzz/batch_corpus"
     if cmake -S tests/fuzz -B "$ROOT/build/fuzz" "${CLANG[@]}" >/dev/null && cmake --build "$ROOT/build/fuzz"; then
-      new_inputs=$(mktemp -d)  # what the run finds stays out of the committed corpus
-      "$ROOT/build/fuzz/plan_fuzzer" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 \
-        -artifact_prefix="$ROOT/build/fuzz/" "$new_inputs" tests/fuzz/corpus >"$ROOT/build/fuzz/last_run.log" 2>&1
-      fuzz_status=$?
-      grep -E "^(stat::|INFO: seed corpus|Done|plan_fuzzer:|SUMMARY|==[0-9]+==ERROR)" "$ROOT/build/fuzz/last_run.log"
-      if [ $fuzz_status != 0 ]; then
-        echo "the fuzzer failed: build/fuzz/last_run.log; reproduce with build/fuzz/plan_fuzzer <crash file>"
-        ls "$ROOT"/build/fuzz/crash-* "$ROOT"/build/fuzz/timeout-* "$ROOT"/build/fuzz/oom-* 2>/dev/null
-        status=1
-      fi
-      rm -rf "$new_inputs"
+      for fuzzer in plan batch; do
+        if [ "$fuzzer" = plan ]; then seconds=$PLAN_SECONDS; corpus=tests/fuzz/corpus
+        else seconds=$BATCH_SECONDS; corpus=tests/fuzz/batch_corpus; fi
+        [ "$seconds" -gt 0 ] || continue  # -max_total_time=0 would never stop
+        new_inputs=$(mktemp -d)  # what the run finds stays out of the committed corpus
+        log="$ROOT/build/fuzz/${fuzzer}_last_run.log"
+        "$ROOT/build/fuzz/${fuzzer}_fuzzer" -max_total_time="$seconds" -print_final_stats=1 \
+          -artifact_prefix="$ROOT/build/fuzz/${fuzzer}-" "$new_inputs" "$corpus" >"$log" 2>&1
+        fuzz_status=$?
+        echo "-- ${fuzzer}_fuzzer:"
+        grep -E "^(stat::|INFO: seed corpus|Done|${fuzzer}_fuzzer:|SUMMARY|==[0-9]+==ERROR)" "$log"
+        if [ $fuzz_status != 0 ]; then
+          echo "the ${fuzzer} fuzzer failed: $log; reproduce with build/fuzz/${fuzzer}_fuzzer <crash file>"
+          ls "$ROOT"/build/fuzz/"${fuzzer}"-crash-* "$ROOT"/build/fuzz/"${fuzzer}"-timeout-* \
+             "$ROOT"/build/fuzz/"${fuzzer}"-oom-* 2>/dev/null
+          status=1
+        fi
+        rm -rf "$new_inputs"
+      done
     else
       echo "fuzzer build failed"; status=1
     fi

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cache_fixtures.h"
+#include "kvcore/batch/batch_cache.h"
 #include "kvcore/registry/cache_session.h"
 #include "kvcore/registry/default_builders.h"
 #include "kvcore/registry/shared.h"
@@ -101,6 +102,90 @@ TEST(AllocationFailure, CreateReportsEveryFailedAllocationAndLeaksNothing) {
   }
 }
 
+// BatchCache: three groups with holes and a small block; one broadcast ring
+// group, cell-granular; one flat layer with an explicit pool and no holes.
+std::vector<CacheConfig> batch_configs() {
+  std::vector<CacheConfig> out = configs();
+  out[0].batch.block_size = 4;
+  out[0].batch.max_seqs = 5;
+  out[0].batch.max_holes = 2;
+  out[1].batch.block_size = 1;
+  out[1].batch.max_seqs = 3;
+  out[2].batch.block_size = 16;
+  out[2].batch.max_seqs = 1;
+  out[2].batch.max_holes = 0;
+  out[2].batch.num_blocks = 7;
+  return out;
+}
+
+// Every nothrow allocation of BatchCache::create fails in turn: the cache
+// object, its 3 layer tables, each group pool's 7 tables, the 10 sequence
+// tables and the 13 step buffers. Each reports MemoryAllocationFailed naming
+// what, leaks nothing, and no throwing operator new is used.
+TEST(AllocationFailure, BatchCreateReportsEveryFailedAllocationAndLeaksNothing) {
+  for (const CacheConfig& cfg : batch_configs()) {
+    SCOPED_TRACE(describe(cfg));
+    const std::int64_t live_before = live_news();
+    std::unique_ptr<kvcore::BatchCache> cache;
+    const int failures = fail_each_allocation(
+        [&] {
+          auto created = kvcore::BatchCache::create(cfg);
+          if (!created.ok()) return created.status();
+          cache = std::move(created).get();
+          return Status();
+        },
+        [] {});
+    ASSERT_NE(cache, nullptr);
+    EXPECT_GE(failures, 1 + 3 + 7 * cache->n_groups() + 10 + 13);
+    // Every allocation succeeded at last: a working cache.
+    ASSERT_EQ(cache->add_sequence(0), kvcore::Error::Ok);
+    for (int T : {2, 1, 1}) {
+      const kvcore::StepEntry e{0, T, nullptr};
+      auto step = cache->begin_step(&e, 1);
+      ASSERT_TRUE(step.ok()) << step.message().c_str();
+      ASSERT_TRUE(cache->plan(*step).ok());
+      ASSERT_EQ(cache->commit(*step), kvcore::Error::Ok);
+    }
+    EXPECT_EQ(cache->sequence(0)->length, 4);
+    if (cache->max_seqs() > 1) {
+      EXPECT_EQ(cache->fork(0, 1, 3), kvcore::Error::Ok);
+    }
+    cache.reset();
+    EXPECT_EQ(live_news(), live_before);
+    // Through the default builder: the shared pointer's control block too.
+    EXPECT_GE(fail_each_allocation([&] { return kvcore::build_batch_cache(cfg).status(); }, [] {}),
+              failures + 1);
+  }
+}
+
+// A pool of more than 2^30 blocks is refused before its tables are asked for
+// (its key table takes 2 int slots per block). Before the fix nothing refused
+// it: with B = 1 up to 2^31 - 1 blocks passed the rows check, BlockPool asked
+// for some 30 GiB and sized its key table past INT_MAX (signed overflow). The
+// allocations after the layer tables fail here, so the unfixed code returned
+// MemoryAllocationFailed instead of trying.
+TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
+  CacheConfig cfg = configs()[2];  // capacity 16, one flat layer
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 1;
+  cfg.batch.num_blocks = (1 << 30) + 1;
+  Status outcome;
+  {
+    FailNothrowNewAfter fail(4);  // the cache object and its 3 layer tables
+    outcome = kvcore::BatchCache::create(cfg).status();
+  }
+  EXPECT_EQ(outcome.code(), kvcore::Error::InvalidArgument) << outcome.message().c_str();
+  EXPECT_STREQ(outcome.message().c_str(), "group 0: 1073741825 blocks: a pool holds at most 2^30 blocks");
+  // 2^30 blocks pass (the pool asks for its tables, which fail here).
+  cfg.batch.num_blocks = 1 << 30;
+  {
+    FailNothrowNewAfter fail(4);
+    outcome = kvcore::BatchCache::create(cfg).status();
+  }
+  EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);
+  EXPECT_STREQ(outcome.message().c_str(), "cannot allocate the block tables of a group's pool (1073741824 blocks)");
+}
+
 TEST(AllocationFailure, RegistryInstallsAndListsThroughNothrowPathsOnly) {
   CacheRegistry reg;
   std::shared_ptr<kvcore::CacheBase> cache = must_create(configs()[2]);
@@ -148,8 +233,10 @@ TEST(AllocationFailure, BuilderRegistryRegistersAndListsThroughNothrowPathsOnly)
   EXPECT_GE(fail_each_allocation(
                 [&] {
                   auto builder = CacheBuilder::from_callable(
-                      [state](const CacheConfig& c) { return kvcore::build_sequence_cache(c); });
-                  (void)state;
+                      [state](const CacheConfig& c) {
+                        (void)state;  // a capture: the callable is stored, not a plain function
+                        return kvcore::build_sequence_cache(c);
+                      });
                   return builder.status();
                 },
                 [] {}),

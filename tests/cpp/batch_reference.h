@@ -7,10 +7,9 @@
 // hit must carry the tag a fresh computation would), otherwise a unique write
 // id. check_step() proves that for every query of a step, every key the
 // visibility rule lets it see is named by the plan and holds exactly that K/V,
-// and that the planner's visibility answers match.
+// and that the planner's visibility answers match. Free of gtest: the batch
+// fuzzer (tests/fuzz/batch_fuzzer.cpp) uses it too.
 #pragma once
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -139,20 +138,23 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
         std::vector<unsigned char> want(static_cast<std::size_t>(mask_rows[static_cast<std::size_t>(g)]), 0);
         for (int k = 0; k <= q; ++k) {
           const bool seen = BatchModel::in_window(policy, q, k) && m.tags[static_cast<std::size_t>(k)] != 0;
-          const std::string where = "seq " + std::to_string(s) + " group " + std::to_string(g) +
-                                    " query " + std::to_string(q) + " key " + std::to_string(k);
-          if (*cache.visible(g, s, q, k) != seen) return where + ": visible() disagrees";
+          // Made only for a failure: this loop runs for every key of every query.
+          auto where = [&] {
+            return "seq " + std::to_string(s) + " group " + std::to_string(g) + " query " + std::to_string(q) +
+                   " key " + std::to_string(k);
+          };
+          if (*cache.visible(g, s, q, k) != seen) return where() + ": visible() disagrees";
           // The plan's removed ranges say the same.
           bool removed = k < plan.visible_starts[i];
           for (int h = 0; h < plan.n_holes[i]; ++h)
             removed = removed || (k >= plan.holes[i][h].begin && k < plan.holes[i][h].end);
-          if (removed != (m.tags[static_cast<std::size_t>(k)] == 0)) return where + ": removed ranges disagree";
+          if (removed != (m.tags[static_cast<std::size_t>(k)] == 0)) return where() + ": removed ranges disagree";
           if (!seen) continue;
           const int block = table[k / B];
-          if (block < 0) return where + ": a needed key's block is a hole";
+          if (block < 0) return where() + ": a needed key's block is a hole";
           const std::uint64_t held = pools.rows[static_cast<std::size_t>(g)][static_cast<std::size_t>(block * B + k % B)];
-          if (held != m.tags[static_cast<std::size_t>(k)]) return where + ": the row holds other K/V";
-          if (block * B + k % B >= mask_rows[static_cast<std::size_t>(g)]) return where + ": past used_blocks";
+          if (held != m.tags[static_cast<std::size_t>(k)]) return where() + ": the row holds other K/V";
+          if (block * B + k % B >= mask_rows[static_cast<std::size_t>(g)]) return where() + ": past used_blocks";
           want[static_cast<std::size_t>(block * B + k % B)] = 1;
         }
         const unsigned char* got = masks[static_cast<std::size_t>(g)].data() +

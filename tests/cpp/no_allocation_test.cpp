@@ -1,7 +1,8 @@
 // Proof that the per-step path never allocates: every per-step call on a
-// mixed cache, error paths included, and every step of an arena pool, between
-// two reads of the binary's operator-new counter (support/counting_new.h),
-// which must not move. CounterSeesAllocations fails loudly if the counter ever
+// mixed cache, error paths included, every step of an arena pool, and every
+// call of the many-sequence cache after create (steps, verbs, queries, error
+// paths), between two reads of the binary's operator-new counter
+// (support/counting_new.h), which must not move. CounterSeesAllocations fails loudly if the counter ever
 // stops counting, so the zero cannot become vacuous.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <new>
 #include <vector>
 
+#include "kvcore/batch/batch_cache.h"
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
 
@@ -163,6 +165,129 @@ TEST(NoAllocation, ArenaPoolNeverAllocates) {
   EXPECT_EQ(allocations, 0u) << "arena mode allocated";
   EXPECT_EQ(good, expected_good);
   EXPECT_EQ(expected_good, 1 + 20 * (2 + 4 * cfg.n_layers));  // every call ran
+}
+
+// BatchCache sizes every table at create(): nothing after it allocates. Steps
+// over several sequences (plans with copies-on-write, abandoned steps and
+// retries, prefix keys), every verb (fork, remove of heads, middles and tails,
+// rewind, adopt_prefix, add and release, clear), every query of both faces,
+// and error paths (their messages are formatted, and still allocate nothing).
+TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
+  CacheConfig cfg = make_config(64, {LayerPolicy::ring(6, 2), LayerPolicy::flat(), LayerPolicy::ring(4)}, 4);
+  cfg.batch.block_size = 4;
+  cfg.batch.max_seqs = 4;
+  cfg.batch.max_holes = 2;
+  auto created = kvcore::BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  kvcore::BatchCache& cache = **created;
+  kvcore::CacheBase& base = cache;
+  kvcore::BatchControl& control = *base.as_batch_control();
+  kvcore::BatchPlanner& planner = *base.as_batch_planner();
+  std::int32_t tokens[64];
+  for (int i = 0; i < 64; ++i) tokens[i] = 7 * i % 5;
+
+  int good = 0, expected_good = 0;  // successful calls that must succeed
+  int bad = 0, expected_bad = 0;    // failing calls that must fail
+  long checksum = 0;                // keeps results observable
+  int copies = 0;                   // copies-on-write planned
+  auto ok = [&](bool b) { ++expected_good; good += b ? 1 : 0; };
+  auto fails = [&](bool b) { ++expected_bad; bad += b ? 0 : 1; };
+  // One step over `entries`: plan it, read every answer of the planner, commit.
+  auto step = [&](const kvcore::StepEntry* entries, int n, bool commit) {
+    auto s = control.begin_step(entries, n);
+    ok(s.ok());
+    if (!s.ok()) return;
+    auto plan = planner.plan(*s);
+    ok(plan.ok() && control.check_step(*s).ok());
+    for (int g = 0; g < plan->n_groups; ++g) {
+      copies += plan->groups[g].n_copies;
+      checksum += plan->groups[g].slots[plan->n_tokens - 1];
+      auto v = planner.visible(g, plan->seq_ids[0], plan->context_lens[0] - 1, 0);
+      ok(v.ok());
+    }
+    if (commit) ok(control.commit(*s).ok());
+  };
+
+  const std::uint64_t before = operator_news();
+  for (int round = 0; round < 3; ++round) {
+    ok(control.add_sequence(0).ok());
+    ok(control.add_sequence(1).ok());
+    for (int i = 0; i < 12; ++i) {  // seq 0 with token ids (prefix keys), seq 1 without
+      const int L0 = control.sequence(0)->length;
+      const kvcore::StepEntry both[] = {{0, 1 + i % 4, tokens + L0}, {1, 1 + (i + 1) % 4, nullptr}};
+      if (i % 4 == 3) step(both, 2, /*commit=*/false);  // abandoned, then retried
+      step(both, 2, true);
+    }
+    // A fork sharing a partial block: its first step copies it.
+    const int L0 = control.sequence(0)->length;
+    const int upto = (L0 - 1) % 4 != 0 ? L0 - 1 : L0 - 2;  // inside a block
+    ok(control.fork(0, 2, upto).ok());
+    const kvcore::StepEntry forked[] = {{2, 2, nullptr}, {0, 1, tokens + L0}};
+    step(forked, 2, false);
+    step(forked, 1, true);  // a retry over fewer sequences
+    // Removals: a middle range, the head, the tail; rewinds and their predicate.
+    ok(control.remove(1, 10, 13).ok());
+    ok(control.remove(1, 0, 3).ok());
+    ok(control.remove(1, control.sequence(1)->length - 1, 64).ok());
+    for (int s = 0; s < 3; ++s)
+      for (int n = -1; n <= control.sequence(s)->length + 1; ++n) checksum += control.can_rewind(s, n) ? 1 : 0;
+    ok(control.rewind(0, control.sequence(0)->length - 2).ok());
+    // Prefix reuse: a new sequence adopts seq 0's prompt.
+    ok(control.add_sequence(3).ok());
+    auto hit = control.adopt_prefix(3, tokens, 20);
+    ok(hit.ok() && *hit > 0);
+    checksum += *hit;
+    // Every query.
+    for (int s = 0; s < cache.max_seqs(); ++s) {
+      auto info = control.sequence(s);
+      ok(info.ok());
+      checksum += info->visible_positions();
+      for (int g = 0; g < control.n_groups(); ++g) {
+        ok(control.blocks_held(s, g).ok() && control.oldest_held(s, g).ok());
+        checksum += *control.blocks_held(s, g) + *control.oldest_held(s, g);
+      }
+    }
+    for (int g = 0; g < planner.n_groups(); ++g) {
+      ok(control.free_blocks(g).ok() && control.cached_blocks(g).ok() && planner.group_policy(g).ok() &&
+         planner.num_blocks(g).ok() && planner.used_blocks(g).ok());
+      checksum += *control.free_blocks(g) + *control.cached_blocks(g) + *planner.used_blocks(g);
+    }
+    for (int l = 0; l < planner.n_layers(); ++l) ok(planner.group_of(l).ok() && planner.layer_config(l).ok());
+    // Error paths: each formats a message, still no allocation.
+    const kvcore::StepEntry bad_T{0, 9, nullptr}, twice[] = {{0, 1, nullptr}, {0, 1, nullptr}};
+    fails(control.begin_step(&bad_T, 1).ok());
+    fails(control.begin_step(nullptr, 1).ok());
+    fails(control.begin_step(twice, 0).ok());
+    fails(control.begin_step(twice, 2).ok());
+    fails(control.add_sequence(0).ok());
+    fails(control.add_sequence(99).ok());
+    fails(control.release_sequence(-1).ok());
+    fails(control.fork(0, 1, 1).ok());
+    fails(control.remove(0, 5, 4).ok());
+    fails(control.rewind(0, -1).ok());
+    fails(control.can_rewind(0, 5) || control.rewind(0, 5).ok());  // into released ring history
+    fails(control.adopt_prefix(0, tokens, 8).ok());
+    fails(control.commit(kvcore::BatchStep{}).ok());
+    fails(planner.plan(kvcore::BatchStep{12345, 1, 1}).ok());
+    fails(control.free_blocks(7).ok());
+    fails(planner.group_of(-1).ok());
+    fails(planner.visible(0, 0, -1, 0).ok());
+    ok(control.remove(1, 5, 6).ok());  // a second hole
+    fails(control.remove(1, 8, 9).ok());  // a third: more than max_holes
+    // Release, clear: everything goes back.
+    ok(control.release_sequence(1).ok());
+    for (int g = 0; g < control.n_groups(); ++g) checksum += *control.cached_blocks(g);
+    control.clear();
+    ok(!control.sequence(0)->active && *control.free_blocks(1) == *planner.num_blocks(1));
+  }
+  const std::uint64_t allocations = operator_news() - before;
+
+  EXPECT_EQ(allocations, 0u);
+  EXPECT_EQ(good, expected_good);
+  EXPECT_EQ(bad, expected_bad);
+  EXPECT_GT(expected_good, 300);
+  EXPECT_GT(checksum, 0);
+  EXPECT_GE(copies, 3 * 3 * 2);  // every round, every group, the fork's step and its retry
 }
 
 }  // namespace

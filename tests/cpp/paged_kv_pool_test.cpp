@@ -845,7 +845,8 @@ TEST(PagedKVPool, GatherRefusesBadEntriesTablesAndBuffers) {
 // the copy runs before the writes, so each side sees the shared rows and its own.
 TEST(PagedKVPool, RowsCoverEveryLiveBlockAndCopiesRunBeforeWrites) {
   // B = 4: a fork at 6 shares a partly filled block; both sides then write
-  // into it, so the step copies it for one of them first.
+  // into it, so the step copies it for each (the shared block stays untouched
+  // until commit, so an abandoned step can give it back).
   auto cache = must_batch(batch_config(32, 4, {flat_layer(1, 1)}, 4, 3));
   PagedKVPool pool = must_paged(*cache, DType::UInt8, PoolAllocator::heap(), 0);
   ASSERT_OK(cache->add_sequence(0));
@@ -867,8 +868,8 @@ TEST(PagedKVPool, RowsCoverEveryLiveBlockAndCopiesRunBeforeWrites) {
   write_step({e});  // positions 0..5 hold tags 1..6
   ASSERT_OK(cache->fork(0, 1, 6));
   const BatchStepPlan both = write_step({StepEntry{0, 1, nullptr}, StepEntry{1, 1, nullptr}});
-  ASSERT_EQ(both.groups[0].n_copies, 1);
-  // Both see positions 4, 5 with tags 5, 6 (one through the copy), then their own 6.
+  ASSERT_EQ(both.groups[0].n_copies, 2);
+  // Both see positions 4, 5 with tags 5, 6 (through their copies), then their own 6.
   for (int seq = 0; seq < 2; ++seq) {
     const int* table = cache->block_tables(0) + seq * cache->table_stride();
     auto span = pool.rows(0);

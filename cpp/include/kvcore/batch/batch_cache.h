@@ -135,7 +135,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       int& kept = kept_from(g, dst);
       kept = kept_from(g, src) < upto / block_size_ ? kept_from(g, src) : upto / block_size_;
       const int lo = first_block(g, src);
-      first_block(g, dst) = lo;
+      // dst's first step writes block upto / B: it may hold nothing below that.
+      first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;
       for (int i = lo; i < end_block; ++i) {
         if (from[i] < 0) continue;
         groups_[g].pool.hold(from[i]);
@@ -280,7 +281,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  max_seqs_);
     KVCORE_CHECK_OR_RETURN_ERROR(entries != nullptr, InvalidArgument, "begin_step: entries is null");
     ++stamp_;
-    int tokens = 0;
+    std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
     for (int i = 0; i < n; ++i) {
       const StepEntry& e = entries[i];
       KVCORE_RETURN_IF_ERROR(check_active("begin_step", e.seq));
@@ -300,22 +301,29 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                    "begin_step: %d tokens or more, must be <= max_step_tokens = %d",
                                    tokens, max_step_tokens_);
     }
-    // Admission: the blocks each group needs (new, or private copies of shared ones).
+    // Admission: the blocks each group needs (new, or private copies of shared
+    // ones), counted as if the step this one replaces had ended: its blocks
+    // past each length are free again and its copies-on-write undone.
     for (int g = 0; g < n_groups_; ++g) {
       const BlockPool& pool = groups_[g].pool;
       int need = 0;
       for (int i = 0; i < n; ++i) {
-        const int* row = table(g, entries[i].seq);
-        const int length = seqs_[entries[i].seq].length;
-        for (int b = length / block_size_; b <= (length + entries[i].T - 1) / block_size_; ++b)
-          if (row[b] < 0 || pool.refs(row[b]) > 1) ++need;
+        const int seq = entries[i].seq;
+        const int* row = table(g, seq);
+        const int length = seqs_[seq].length;
+        const int held_end = ceil_div(length, block_size_);  // past it: nothing, or the begun step's
+        for (int b = length / block_size_; b <= (length + entries[i].T - 1) / block_size_; ++b) {
+          int cur = b < held_end ? row[b] : -1;
+          if (cur >= 0 && cow_src(g, seq) >= 0) cur = cow_src(g, seq);
+          if (cur < 0 || pool.refs(cur) > 1) ++need;
+        }
       }
-      KVCORE_CHECK_OR_RETURN_ERROR(need <= pool.free_blocks(), OutOfResources,
+      const int free = pool.free_blocks() + begun_step_blocks(g);
+      KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
                                    "begin_step: group %d needs %d blocks, %d of its %d are free", g,
-                                   need, pool.free_blocks(), pool.n_blocks());
+                                   need, free, pool.n_blocks());
     }
-    // Admitted: nothing below can fail. A replaced step's unused blocks go first
-    // (each freed block makes up for one this step may now allocate again).
+    // Admitted: nothing below can fail. The replaced step ends first.
     end_step();
     int at = 0;
     for (int i = 0; i < n; ++i) {
@@ -347,9 +355,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
             row[b] = pool.allocate();
             ++held(g, seq);
           } else if (pool.refs(cur) > 1) {
+            // Copy-on-write. The shared block stays held, and so unwritten by
+            // anyone, until commit: ending the step undoes the copy exactly,
+            // whether or not the backend ran the plan.
             row[b] = pool.allocate();
             copies_[g * max_seqs_ + copies++] = BlockCopy{cur, row[b]};
-            pool.release(cur);  // still held by another sequence
+            cow_src(g, seq) = cur;
           } else {
             pool.drop_key(cur);  // its rows change: it no longer names that content
           }
@@ -383,6 +394,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       Seq& s = seqs_[seq];
+      for (int g = 0; g < n_groups_; ++g) {  // the copies are made: the shared blocks go
+        int& src = cow_src(g, seq);
+        if (src >= 0) groups_[g].pool.release(src);
+        src = -1;
+      }
       s.length += step_T_[i];
       hash_tokens(seq, step_tokens_.get() + query_starts_[i], step_T_[i], tokens_given_[i]);
       for (int g = 0; g < n_groups_; ++g) evict(g, seq);
@@ -564,19 +580,32 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     const std::int64_t table_entries = static_cast<std::int64_t>(n_groups_) * seqs * stride_;
     const std::int64_t step_slots = static_cast<std::int64_t>(n_groups_) * max_step_tokens_;
     const std::int64_t hole_entries = seqs * hole_stride();
+    const std::int64_t token_entries = seqs * block_size_;
     constexpr std::int64_t kMax = 0x7fffffff;
-    KVCORE_CHECK_OR_RETURN_ERROR(table_entries <= kMax && step_slots <= kMax && hole_entries <= kMax,
-                                 InvalidArgument,
+    KVCORE_CHECK_OR_RETURN_ERROR(table_entries <= kMax, InvalidArgument,
                                  "%d groups x %d sequences x %d blocks per table: the tables would "
                                  "pass 2^31 entries",
                                  n_groups_, max_seqs_, stride_);
+    KVCORE_CHECK_OR_RETURN_ERROR(step_slots <= kMax, InvalidArgument,
+                                 "%d groups x batch.max_step_tokens = %d: the step's slot tables "
+                                 "would pass 2^31 entries",
+                                 n_groups_, max_step_tokens_);
+    KVCORE_CHECK_OR_RETURN_ERROR(hole_entries <= kMax, InvalidArgument,
+                                 "batch.max_seqs = %d x batch.max_holes = %d: the removed-range "
+                                 "tables would pass 2^31 entries",
+                                 max_seqs_, max_holes_);
+    KVCORE_CHECK_OR_RETURN_ERROR(token_entries <= kMax, InvalidArgument,
+                                 "batch.max_seqs = %d x batch.block_size = %d: the prefix-token "
+                                 "tables would pass 2^31 entries",
+                                 max_seqs_, block_size_);
     for (int g = 0; g < n_groups_; ++g) {
       Group& group = groups_[g];
       std::int64_t blocks = cfg.batch.num_blocks != 0 ? cfg.batch.num_blocks : seqs * stride_;
       if (group.policy.kind == LayerPolicy::Kind::Ring) {
         group.sink_blocks = ceil_div(group.policy.sinks, block_size_);
         // What one sequence can hold during a step: sinks, W + 2C - 1 positions, one straddle.
-        const std::int64_t span = static_cast<std::int64_t>(group.policy.window) + 2 * max_step_ - 1;
+        const std::int64_t span =
+            static_cast<std::int64_t>(group.policy.window) + 2 * static_cast<std::int64_t>(max_step_) - 1;
         const std::int64_t per_seq = group.sink_blocks + (span + block_size_ - 1) / block_size_ + 1;
         if (per_seq < stride_) blocks = per_seq * seqs;
         if (blocks > seqs * stride_) blocks = seqs * stride_;
@@ -584,22 +613,28 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       KVCORE_CHECK_OR_RETURN_ERROR(blocks <= kMax / block_size_, InvalidArgument,
                                    "group %d: %lld blocks of %d rows pass 2^31 rows", g,
                                    static_cast<long long>(blocks), block_size_);
+      // A pool's key table takes a power of two >= 2 slots per block, in int.
+      KVCORE_CHECK_OR_RETURN_ERROR(blocks <= (1 << 30), InvalidArgument,
+                                   "group %d: %lld blocks: a pool holds at most 2^30 blocks", g,
+                                   static_cast<long long>(blocks));
       KVCORE_RETURN_IF_ERROR(group.pool.create(static_cast<int>(blocks), "a group's pool"));
     }
     tables_.reset(new (std::nothrow) int[table_entries]);
     held_.reset(new (std::nothrow) int[n_groups_ * seqs]());
     first_block_.reset(new (std::nothrow) int[n_groups_ * seqs]());
     kept_from_.reset(new (std::nothrow) int[n_groups_ * seqs]());
+    cow_src_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     seqs_.reset(new (std::nothrow) Seq[seqs]);
     holes_.reset(new (std::nothrow) PositionRange[hole_entries > 0 ? hole_entries : 1]);
     partial_.reset(new (std::nothrow) std::int32_t[seqs * block_size_]);
     seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
     scratch_keys_.reset(new (std::nothrow) BlockKey[stride_]);
-    KVCORE_CHECK_OR_RETURN_ERROR(tables_ && held_ && first_block_ && kept_from_ && seqs_ && holes_ &&
-                                     partial_ && seen_ && scratch_keys_,
+    KVCORE_CHECK_OR_RETURN_ERROR(tables_ && held_ && first_block_ && kept_from_ && cow_src_ && seqs_ &&
+                                     holes_ && partial_ && seen_ && scratch_keys_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs_);
     for (std::int64_t i = 0; i < table_entries; ++i) tables_[i] = -1;
+    for (std::int64_t i = 0; i < n_groups_ * seqs; ++i) cow_src_[i] = -1;
     step_seq_.reset(new (std::nothrow) int[seqs]);
     step_T_.reset(new (std::nothrow) int[seqs]);
     query_starts_.reset(new (std::nothrow) int[seqs + 1]);
@@ -645,6 +680,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int first_block(int g, int seq) const noexcept { return first_block_[g * max_seqs_ + seq]; }
   int& kept_from(int g, int seq) noexcept { return kept_from_[g * max_seqs_ + seq]; }
   int kept_from(int g, int seq) const noexcept { return kept_from_[g * max_seqs_ + seq]; }
+  int& cow_src(int g, int seq) noexcept { return cow_src_[g * max_seqs_ + seq]; }
+  int cow_src(int g, int seq) const noexcept { return cow_src_[g * max_seqs_ + seq]; }
 
   Status check_seq(const char* what, int seq) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(seq >= 0 && seq < max_seqs_, InvalidArgument,
@@ -670,13 +707,36 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
 
   // Verbs change the tables a plan points into: any begun step is over. Its
-  // blocks past each sequence's length (never committed) go back to the pools.
+  // copies-on-write are undone (each sequence takes its shared block back, which
+  // no one wrote: a later step copies it again) and its blocks past each
+  // sequence's length (never committed) go back to the pools.
   void end_step() noexcept {
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
+      for (int g = 0; g < n_groups_; ++g) {
+        int& src = cow_src(g, seq);
+        if (src < 0) continue;
+        int& block = table(g, seq)[seqs_[seq].length / block_size_];
+        groups_[g].pool.release(block);
+        block = src;
+        src = -1;
+      }
       if (seqs_[seq].active) release_from(seq, ceil_div(seqs_[seq].length, block_size_));
     }
     active_ = BatchStep{};
+  }
+
+  // Blocks of group g that ending the begun step gives back: those past each of
+  // its sequences' lengths and the private copies of its copies-on-write.
+  int begun_step_blocks(int g) const noexcept {
+    int n = 0;
+    for (int i = 0; i < active_.n_entries; ++i) {
+      const int seq = step_seq_[i];
+      const int* row = table(g, seq);
+      for (int b = ceil_div(seqs_[seq].length, block_size_); b < seqs_[seq].alloc_end; ++b) n += row[b] >= 0;
+      n += cow_src(g, seq) >= 0;
+    }
+    return n;
   }
 
   bool holds_nothing(int seq) const noexcept {
@@ -764,12 +824,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       const Group& group = groups_[g];
       if (group.policy.kind != LayerPolicy::Kind::Ring) continue;
-      // Released by the window: block indices [sink_blocks, kept_from).
-      const int lo = group.sink_blocks * block_size_;
-      const int hi = kept_from(g, seq) * block_size_;
+      // Released by the window: block indices [sink_blocks, kept_from), positions
+      // [lo, hi) (in 64 bits: sinks may round up past 2^31).
+      const std::int64_t lo = static_cast<std::int64_t>(group.sink_blocks) * block_size_;
+      const std::int64_t hi = static_cast<std::int64_t>(kept_from(g, seq)) * block_size_;
       const std::int64_t window_from = static_cast<std::int64_t>(n) - group.policy.window + 1;
-      int needed = window_from > lo ? static_cast<int>(window_from) : lo;
-      needed = next_kept(seq, needed);  // removed positions are not needed
+      const std::int64_t from = window_from > lo ? window_from : lo;
+      if (from >= n) continue;  // a query at n needs nothing below n past the sinks
+      const int needed = next_kept(seq, static_cast<int>(from));  // removed positions are not needed
       if (needed < n && needed < hi) return g;
     }
     return -1;
@@ -787,9 +849,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     Seq& s = seqs_[seq];
     release_from(seq, ceil_div(n, block_size_));
     // Nothing above n is left for the window to have released: blocks written
-    // again from here on are the window's to release in turn.
-    for (int g = 0; g < n_groups_; ++g)
+    // again from here on are the window's to release in turn. Nor for a head
+    // removal: the next step writes from block n / B on.
+    for (int g = 0; g < n_groups_; ++g) {
       if (kept_from(g, seq) > n / block_size_) kept_from(g, seq) = n / block_size_;
+      if (first_block(g, seq) > n / block_size_) first_block(g, seq) = n / block_size_;
+    }
     s.length = n;
     if (s.start > n) s.start = n;
     while (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].begin >= n) --s.n_holes;
@@ -936,6 +1001,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<int[]> held_;
   std::unique_ptr<int[]> first_block_;
   std::unique_ptr<int[]> kept_from_;
+  // The begun step's copies-on-write: the shared block a sequence's private
+  // copy was made from, held until commit; -1 for none.
+  std::unique_ptr<int[]> cow_src_;
   // Per sequence.
   std::unique_ptr<Seq[]> seqs_;
   std::unique_ptr<PositionRange[]> holes_;   // [seq][max_holes]

@@ -60,8 +60,10 @@ class BlockPool {
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  /// Allocates the tables for `n_blocks` blocks, all free.
-  /// MemoryAllocationFailed (naming `what`): a table cannot be allocated.
+  /// Allocates the tables for `n_blocks` blocks, all free. Precondition:
+  /// 1 <= n_blocks <= 2^30 (the key table has a power of two >= 2 n_blocks
+  /// slots, indexed by int). MemoryAllocationFailed (naming `what`): a table
+  /// cannot be allocated.
   Status create(int n_blocks, const char* what) noexcept {
     n_blocks_ = n_blocks;
     refs_.reset(new (std::nothrow) int[n_blocks]());
@@ -71,14 +73,14 @@ class BlockPool {
     prev_.reset(new (std::nothrow) int[n_blocks + 1]);
     keys_.reset(new (std::nothrow) BlockKey[n_blocks]);
     keyed_.reset(new (std::nothrow) bool[n_blocks]());
-    int slots = 2;
-    while (slots < 2 * n_blocks) slots *= 2;
+    std::int64_t slots = 2;
+    while (slots < 2 * static_cast<std::int64_t>(n_blocks)) slots *= 2;
     slots_.reset(new (std::nothrow) int[slots]);
     KVCORE_CHECK_OR_RETURN_ERROR(refs_ && heap_ && next_ && prev_ && keys_ && keyed_ && slots_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the block tables of %s (%d blocks)", what,
                                  n_blocks);
-    slot_mask_ = slots - 1;
+    slot_mask_ = static_cast<int>(slots - 1);
     reset();
     return Error::Ok;
   }

@@ -1,0 +1,622 @@
+// Named scenarios of DESIGN.md section 6 on BatchCache: a shared prefix held
+// once, copy-on-write of a forked partial block, the ring groups' memory bound
+// over long decodes, flat groups keeping history, least-recently-released
+// reclaim of cached blocks only when a pool runs short, and holes. Every step
+// is written into tagged pools (batch_reference.h) and every query's every key
+// is checked against the model of each sequence alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "batch_reference.h"
+#include "kvcore/batch/batch_cache.h"
+
+namespace kvcore_test {
+namespace {
+
+using kvcore::BatchCache;
+using kvcore::BatchStep;
+using kvcore::CacheConfig;
+using kvcore::Error;
+using kvcore::LayerConfig;
+using kvcore::LayerPolicy;
+using kvcore::StepEntry;
+
+CacheConfig config(int capacity, int max_step, std::vector<LayerPolicy> policies, int B, int max_seqs) {
+  CacheConfig cfg;
+  cfg.capacity = capacity;
+  cfg.max_step = max_step;
+  cfg.n_layers = static_cast<int>(policies.size());
+  for (const LayerPolicy& p : policies) cfg.layers.push_back(LayerConfig{p, 1, 4, 0});
+  cfg.batch.block_size = B;
+  cfg.batch.max_seqs = max_seqs;
+  return cfg;
+}
+
+// The cache, the model of each sequence alone and the tagged pools, driven
+// together: every step is planned, written into the pools and checked key by key.
+class Harness {
+ public:
+  explicit Harness(const CacheConfig& cfg)
+      : cfg_(cfg), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_) {}
+
+  BatchCache& cache() { return *cache_; }
+  SeqModel& model(int s) { return model_.seq(s); }
+  int length(int s) { return cache_->sequence(s)->length; }
+  int free(int g) { return *cache_->free_blocks(g); }
+  int cached(int g) { return *cache_->cached_blocks(g); }
+  int held(int s, int g) { return *cache_->blocks_held(s, g); }
+
+  void add(int s) {
+    ASSERT_TRUE(cache_->add_sequence(s).ok());
+    model_.seq(s) = SeqModel{};
+    model_.seq(s).active = true;
+  }
+  void release(int s) {
+    ASSERT_TRUE(cache_->release_sequence(s).ok());
+    model_.seq(s) = SeqModel{};
+  }
+  void fork(int src, int dst, int upto) {
+    const kvcore::Status st = cache_->fork(src, dst, upto);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    SeqModel copy = model_.seq(src);
+    copy.tags.resize(static_cast<std::size_t>(upto));
+    copy.tokens.resize(static_cast<std::size_t>(upto));
+    model_.seq(dst) = copy;
+  }
+  void remove(int s, int p0, int p1) {
+    const kvcore::Status st = cache_->remove(s, p0, p1);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    SeqModel& m = model_.seq(s);
+    if (p1 >= m.length()) {
+      m.tags.resize(static_cast<std::size_t>(p0));
+      m.tokens.resize(static_cast<std::size_t>(p0));
+      return;
+    }
+    for (int p = p0; p < p1; ++p) m.tags[static_cast<std::size_t>(p)] = 0;
+    m.plain = false;
+  }
+  void rewind(int s, int n) {
+    const kvcore::Status st = cache_->rewind(s, n);
+    ASSERT_TRUE(st.ok()) << st.message().c_str();
+    model_.seq(s).tags.resize(static_cast<std::size_t>(n));
+    model_.seq(s).tokens.resize(static_cast<std::size_t>(n));
+  }
+  // Adopts the longest cached prefix of `prompt`; the model takes the K/V a
+  // fresh computation of that prefix would hold.
+  int adopt(int s, const std::vector<std::int32_t>& prompt) {
+    auto hit = cache_->adopt_prefix(s, prompt.data(), static_cast<int>(prompt.size()));
+    EXPECT_TRUE(hit.ok()) << hit.message().c_str();
+    if (!hit.ok()) return -1;
+    SeqModel& m = model_.seq(s);
+    for (int p = 0; p < *hit; ++p) {
+      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
+      m.tags.push_back(BatchModel::prefix_tag(prompt, p));
+    }
+    return *hit;
+  }
+
+  struct Entry {
+    int seq;
+    std::vector<std::int32_t> tokens;  // T tokens; ids below 0 mean "none given"
+  };
+
+  // Begins a step over `entries`, checks its plan, writes it into the pools
+  // (unless `write` is false: a backend that never ran it), and commits it
+  // (unless `commit` is false: the model forgets it, the cache keeps it begun).
+  // Returns "" or what went wrong.
+  std::string step(const std::vector<Entry>& entries, bool commit = true, bool write = true,
+                   kvcore::BatchStepPlan* plan_out = nullptr, BatchStep* step_out = nullptr) {
+    std::vector<StepEntry> e;
+    for (const Entry& x : entries)
+      e.push_back(StepEntry{x.seq, static_cast<int>(x.tokens.size()), x.tokens[0] >= 0 ? x.tokens.data() : nullptr});
+    auto begun = cache_->begin_step(e.data(), static_cast<int>(e.size()));
+    if (!begun.ok()) return std::string("begin_step: ") + begun.message().c_str();
+    std::vector<std::uint64_t> tags;
+    for (const Entry& x : entries) {
+      SeqModel& m = model_.seq(x.seq);
+      for (std::int32_t t : x.tokens) {
+        const std::uint64_t tag = model_.tag_for(x.seq, m.length(), t);
+        m.tags.push_back(tag);
+        m.tokens.push_back(t);
+        tags.push_back(tag);
+      }
+    }
+    auto plan = cache_->plan(*begun);
+    if (!plan.ok()) return std::string("plan: ") + plan.message().c_str();
+    if (plan_out != nullptr) *plan_out = *plan;
+    if (step_out != nullptr) *step_out = *begun;
+    std::string diff;
+    if (write) {
+      pools_.apply(*plan, tags);
+      if (checking) diff = check_step(*cache_, model_, *plan, pools_);
+    }
+    if (commit) {
+      const kvcore::Status st = cache_->commit(*begun);
+      if (!st.ok()) return std::string("commit: ") + st.message().c_str();
+      for (const Entry& x : entries) {
+        SeqModel& m = model_.seq(x.seq);
+        if (x.tokens[0] < 0) m.plain = false;
+        m.peak = std::max(m.peak, m.length());
+      }
+    } else {
+      for (const Entry& x : entries) {
+        SeqModel& m = model_.seq(x.seq);
+        m.tags.resize(m.tags.size() - x.tokens.size());
+        m.tokens.resize(m.tags.size());
+      }
+    }
+    return diff;
+  }
+
+  /// Steps check every query's every key while set (O(T x length) per step).
+  bool checking = true;
+
+  // Decodes `n` tokens of `seq` in steps of up to `T` (token ids from `tokens`
+  // when given, else none).
+  std::string decode(int seq, int n, int T, const std::vector<std::int32_t>* tokens = nullptr) {
+    while (n > 0) {
+      const int t = std::min(n, T);
+      Entry e{seq, {}};
+      for (int j = 0; j < t; ++j)
+        e.tokens.push_back(tokens != nullptr ? (*tokens)[static_cast<std::size_t>(length(seq) + j)] : -1);
+      const std::string err = step({e});
+      if (!err.empty()) return err;
+      n -= t;
+    }
+    return "";
+  }
+
+ private:
+  CacheConfig cfg_;
+  std::unique_ptr<BatchCache> cache_;
+  BatchModel model_;
+  TaggedPools pools_;
+};
+
+std::vector<std::int32_t> tokens(int first, int n) {
+  std::vector<std::int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(first + i);
+  return t;
+}
+
+std::vector<std::int32_t> none(int n) { return std::vector<std::int32_t>(static_cast<std::size_t>(n), -1); }
+
+int ring_bound(const LayerPolicy& p, int B, int C) {
+  return (p.sinks + B - 1) / B + (p.window + C - 1 + B - 1) / B + 1;
+}
+
+// --- a shared prefix ---------------------------------------------------------
+
+// N sequences adopting one prompt's cached prefix hold its blocks once: free
+// blocks drop by the prefix's blocks when it is first computed (or first
+// adopted back from the cache), never again per sequence; every adopter reads
+// the K/V a fresh computation would give.
+TEST(BatchScenarios, APrefixSharedByNSequencesIsHeldOnce) {
+  const int N = 8, B = 4, C = 8;
+  Harness h(config(128, C, {LayerPolicy::flat(), LayerPolicy::ring(16, 4)}, B, N + 1));
+  BatchCache& c = h.cache();
+  ASSERT_EQ(c.n_groups(), 2);
+  const std::vector<std::int32_t> prompt = tokens(1000, 42);  // 10 full blocks and 2 tokens
+  const int free_flat = h.free(0), free_ring = h.free(1);
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 42, C, &prompt), "");
+  EXPECT_EQ(h.held(0, 0), 11);
+  const int after_flat = h.free(0), after_ring = h.free(1);
+  EXPECT_EQ(after_flat, free_flat - 11);
+  for (int s = 1; s <= N; ++s) {
+    h.add(s);
+    std::vector<std::int32_t> own = prompt;
+    for (int j = 0; j < 3; ++j) own.push_back(5000 + 10 * s + j);  // each request's own question
+    const int before_flat = h.free(0), before_ring = h.free(1);
+    EXPECT_EQ(h.adopt(s, own), 40) << "seq " << s;  // the 10 full blocks (the 11th is partial)
+    EXPECT_EQ(h.length(s), 40);
+    EXPECT_EQ(h.held(s, 0), 10);
+    // The ring group keeps the sink block and the window's blocks only.
+    EXPECT_EQ(h.held(s, 1), 1 + 6);
+    // Held once: adopting takes no block from either pool.
+    EXPECT_EQ(h.free(0), before_flat);
+    EXPECT_EQ(h.free(1), before_ring);
+    std::vector<std::int32_t> rest(own.begin() + 40, own.end());
+    ASSERT_EQ(h.step({{s, rest}}), "") << "seq " << s;  // reads the adopted blocks: exact
+  }
+  // Each adopter wrote only its own 2 blocks (positions 40..44) in the flat group.
+  EXPECT_EQ(h.free(0), after_flat - 2 * N);
+  EXPECT_LT(h.free(1), after_ring);
+  // Released, the full blocks stay cached; adopting them back takes them from
+  // the pool once, however many sequences adopt.
+  for (int s = 0; s <= N; ++s) h.release(s);
+  EXPECT_EQ(h.free(0), free_flat);
+  EXPECT_EQ(h.free(1), free_ring);
+  EXPECT_EQ(h.cached(0), 10 + N);  // the prefix, and each adopter's block 10 (full: 40..43)
+  for (int s = 1; s <= N; ++s) {
+    h.add(s);
+    std::vector<std::int32_t> own = prompt;
+    own.push_back(7);
+    EXPECT_EQ(h.adopt(s, own), 40);
+    // The prefix's 10 blocks once, and one block of each earlier adopter's step.
+    EXPECT_EQ(h.free(0), free_flat - 10 - (s - 1)) << "after " << s << " adopters";
+    ASSERT_EQ(h.step({{s, {own[40], own[41], own[42]}}}), "");
+  }
+}
+
+// --- copy-on-write -----------------------------------------------------------
+
+// A fork shares a partly filled block; the first side to write into it gets a
+// private copy (one copy in the plan), and the other side's rows stay intact.
+TEST(BatchScenarios, AForkedPartialBlockIsCopiedOnWriteOnce) {
+  const int B = 4;
+  Harness h(config(64, 4, {LayerPolicy::flat(), LayerPolicy::ring(6, 1)}, B, 4));
+  BatchCache& c = h.cache();
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 6, 4), "");  // block 0 full, block 1 holds positions 4, 5
+  const int shared_flat = c.block_tables(0)[1], shared_ring = c.block_tables(1)[1];
+  h.fork(0, 1, 6);
+  const int stride = c.table_stride();
+  EXPECT_EQ(c.block_tables(0)[stride + 1], shared_flat);  // shared, not copied
+  const int free_flat = h.free(0);
+  kvcore::BatchStepPlan plan;
+  ASSERT_EQ(h.step({{1, none(1)}}, true, true, &plan), "");
+  for (int g = 0; g < 2; ++g) {
+    ASSERT_EQ(plan.groups[g].n_copies, 1) << "group " << g;
+    EXPECT_EQ(plan.groups[g].copies[0].src, g == 0 ? shared_flat : shared_ring);
+    EXPECT_EQ(plan.groups[g].copies[0].dst, c.block_tables(g)[stride + 1]);
+    EXPECT_EQ(plan.groups[g].slots[0], plan.groups[g].copies[0].dst * B + 2);
+  }
+  EXPECT_EQ(h.free(0), free_flat - 1);
+  EXPECT_EQ(c.block_tables(0)[1], shared_flat);  // the source keeps its block
+  // The source writes into its block in place now (no one shares it), and
+  // both read exactly their own history.
+  ASSERT_EQ(h.step({{0, none(2)}}, true, true, &plan), "");
+  EXPECT_EQ(plan.groups[0].n_copies, 0);
+  ASSERT_EQ(h.step({{0, none(1)}, {1, none(3)}}, true, true, &plan), "");
+  EXPECT_EQ(plan.groups[0].n_copies, 0);
+  EXPECT_EQ(plan.groups[1].n_copies, 0);
+  // A fork at a block boundary shares only full blocks: nothing to copy.
+  h.fork(0, 2, 8);
+  ASSERT_EQ(h.step({{2, none(2)}, {0, none(1)}}, true, true, &plan), "");
+  EXPECT_EQ(plan.groups[0].n_copies, 0);
+}
+
+// --- memory of ring and flat groups -------------------------------------------
+
+// Thousands of decode steps, with chunks, speculative rewinds and a fork: at
+// rest, every ring group holds at most ceil(S/B) + ceil((W + C - 1)/B) + 1
+// blocks per sequence, and the flat group every block of the history.
+TEST(BatchScenarios, RingGroupsStayWithinTheirBoundOverALongDecode) {
+  const int C = 4;
+  const std::vector<LayerPolicy> policies = {LayerPolicy::ring(32, 4), LayerPolicy::flat(), LayerPolicy::ring(7)};
+  for (int B : {1, 3, 4, 16}) {
+    SCOPED_TRACE("B " + std::to_string(B));
+    Harness h(config(4096, C, policies, B, 3));
+    BatchCache& c = h.cache();
+    ASSERT_EQ(c.n_groups(), 3);
+    h.add(0);
+    h.add(1);
+    int checked = 0;
+    for (int i = 0; i < 3000 && !HasFailure(); ++i) {
+      // seq 0 decodes a token a step; every other step seq 1 verifies drafts
+      // (T up to C) and rejects some (a rewind of up to C - 1); from step 1000
+      // on, seq 2 (a fork of seq 0) decodes too.
+      std::vector<Harness::Entry> entries = {{0, none(1)}};
+      const int T1 = 1 + (i / 2) % C;
+      if (i % 2 == 0) entries.push_back({1, none(T1)});
+      if (h.model(2).active) entries.push_back({2, none(1)});
+      h.checking = i % 97 == 0;  // every key of every query, now and then
+      ASSERT_EQ(h.step(entries), "") << "step " << i;
+      if (i % 2 == 0 && T1 > 1 && (i / 2) % 3 == 0) h.rewind(1, h.length(1) - (T1 - 1));
+      if (i == 1000) h.fork(0, 2, h.length(0) - 2);
+      for (int s = 0; s < 3; ++s) {
+        if (!h.model(s).active) continue;
+        const int L = h.length(s);
+        for (int g = 0; g < 3; ++g) {
+          const LayerPolicy p = *c.group_policy(g);
+          if (p.kind == LayerPolicy::Kind::Flat) {
+            EXPECT_EQ(h.held(s, g), (L + B - 1) / B) << "seq " << s << " at " << L;
+            EXPECT_EQ(*c.oldest_held(s, g), 0);
+          } else {
+            EXPECT_LE(h.held(s, g), ring_bound(p, B, C)) << "seq " << s << " group " << g << " at " << L;
+            // The next query's window is held.
+            EXPECT_LE(*c.oldest_held(s, g), std::max(0, L - p.window + 1)) << "seq " << s << " at " << L;
+          }
+        }
+        ++checked;
+      }
+      // seq 0 never rewinds: a rewind of up to C from its length always works.
+      for (int k = 0; k <= C; ++k) EXPECT_TRUE(c.can_rewind(0, std::max(0, h.length(0) - k)));
+    }
+    EXPECT_EQ(h.length(0), 3000);
+    EXPECT_GT(h.length(1), 2500);
+    EXPECT_GT(checked, 7900);
+    // The flat group's pool is the only one that grew with the history.
+    EXPECT_LT(*c.num_blocks(0), *c.num_blocks(1));
+  }
+}
+
+// Flat groups release nothing: any rewind is allowed and reads exactly.
+TEST(BatchScenarios, FlatGroupsKeepAllHistory) {
+  for (int B : {1, 5, 16}) {
+    SCOPED_TRACE("B " + std::to_string(B));
+    Harness h(config(1024, 8, {LayerPolicy::flat()}, B, 2));
+    BatchCache& c = h.cache();
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 1000, 8), "");
+    EXPECT_EQ(h.held(0, 0), (1000 + B - 1) / B);
+    EXPECT_EQ(*c.oldest_held(0, 0), 0);
+    for (int n = 0; n <= 1000; ++n) ASSERT_TRUE(c.can_rewind(0, n)) << n;
+    h.fork(0, 1, 3);
+    h.rewind(0, 17);
+    EXPECT_EQ(h.held(0, 0), (17 + B - 1) / B);
+    ASSERT_EQ(h.step({{0, none(8)}, {1, none(8)}}), "");  // every key below 25 and 11, exact
+  }
+}
+
+// --- reclaim of cached blocks ------------------------------------------------
+
+// Full blocks of released sequences stay cached and reusable; a step takes
+// free blocks without a key first, and reclaims a cached block only when none
+// is left, the least recently released first.
+TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenShort) {
+  const int B = 4;
+  CacheConfig cfg = config(64, 4, {LayerPolicy::flat()}, B, 4);
+  cfg.batch.num_blocks = 12;
+  Harness h(cfg);
+  const std::vector<std::int32_t> a = tokens(100, 9), b = tokens(200, 9);  // 2 full blocks each (+ 1 to compute)
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 8, 4, &a), "");
+  h.release(0);  // A0 then A1 released
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 8, 4, &b), "");
+  h.release(0);  // then B0, B1
+  EXPECT_EQ(h.free(0), 12);
+  EXPECT_EQ(h.cached(0), 4);
+  // 8 blocks without a key are free: a sequence fills them, the cache stays.
+  h.add(1);
+  ASSERT_EQ(h.decode(1, 32, 4), "");
+  EXPECT_EQ(h.free(0), 4);
+  EXPECT_EQ(h.cached(0), 4);
+  // Adopting A back and releasing it again makes it the most recently
+  // released: the order is B0, B1, A0, A1 now.
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, a), 8);
+  EXPECT_EQ(h.free(0), 2);
+  EXPECT_EQ(h.cached(0), 2);
+  h.release(2);
+  EXPECT_EQ(h.cached(0), 4);
+  // The pool is short now: each new block reclaims the least recently released.
+  ASSERT_EQ(h.decode(1, 1, 1), "");  // block 8 of seq 1: takes B0
+  EXPECT_EQ(h.cached(0), 3);
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, b), 0);  // B's chain starts with B0: gone
+  EXPECT_EQ(h.adopt(2, a), 8);  // A whole
+  h.release(2);                 // A0, A1 released again: B1, A0, A1
+  ASSERT_EQ(h.decode(1, 4, 4), "");  // block 9 of seq 1: takes B1
+  EXPECT_EQ(h.cached(0), 2);
+  EXPECT_EQ(h.free(0), 2);
+  h.release(1);  // room for one more step
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, a), 8);
+  ASSERT_EQ(h.step({{2, {a[8]}}}), "");  // reads the adopted K/V: exact
+}
+
+// --- holes -------------------------------------------------------------------
+
+// remove(s, p0, p1) in the middle frees the blocks whose every position left
+// (once no other sequence holds them), keeps partly removed ones, and no later
+// query of s sees a removed position; a fork made before keeps seeing them.
+TEST(BatchScenarios, AMiddleRemovalFreesWholeBlocksAndRemovedPositionsAreNeverSeen) {
+  const int B = 4;
+  Harness h(config(64, 4, {LayerPolicy::flat(), LayerPolicy::ring(8)}, B, 3));
+  BatchCache& c = h.cache();
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 24, 4), "");
+  h.fork(0, 1, 24);  // shares every block
+  const int free_flat = h.free(0);
+  h.remove(0, 5, 15);  // block 2 (8..11) entirely; blocks 1 and 3 partly
+  EXPECT_EQ(h.held(0, 0), 5);
+  EXPECT_EQ(h.free(0), free_flat);  // seq 1 still holds block 2
+  EXPECT_EQ(c.block_tables(0)[2], -1);  // a hole in seq 0's table
+  const kvcore::SequenceInfo info = *c.sequence(0);
+  ASSERT_EQ(info.n_holes, 1);
+  EXPECT_EQ(info.holes[0].begin, 5);
+  EXPECT_EQ(info.holes[0].end, 15);
+  EXPECT_EQ(info.visible_positions(), 14);
+  for (int k = 5; k < 15; ++k) EXPECT_FALSE(*c.visible(0, 0, 30, k)) << k;
+  EXPECT_TRUE(*c.visible(0, 0, 30, 4));
+  EXPECT_TRUE(*c.visible(0, 1, 30, 10));  // the fork still sees it
+  kvcore::BatchStepPlan plan;
+  ASSERT_EQ(h.step({{0, none(4)}, {1, none(4)}}, true, true, &plan), "");  // every key, exact
+  ASSERT_EQ(plan.n_holes[0], 1);
+  EXPECT_EQ(plan.holes[0][0].begin, 5);
+  EXPECT_EQ(plan.n_holes[1], 0);
+  h.release(1);
+  // The step took a new block for each; releasing seq 1 frees the two only it
+  // held (block 2, removed from seq 0, and its own new one).
+  EXPECT_EQ(h.free(0), free_flat);
+  // A removal of exactly one block frees it at once.
+  const int before = h.free(0);
+  h.remove(0, 16, 20);
+  EXPECT_EQ(h.free(0), before + 1);
+  EXPECT_EQ(h.held(0, 0), 6 - 1);
+  for (int i = 0; i < 10 && !HasFailure(); ++i) ASSERT_EQ(h.step({{0, none(1 + i % 4)}}), "");
+  for (int k = 16; k < 20; ++k) EXPECT_FALSE(*c.visible(0, 0, h.length(0), k));
+}
+
+}  // namespace
+}  // namespace kvcore_test
+
+// --- regressions -------------------------------------------------------------
+
+namespace kvcore_test {
+namespace {
+
+// A step is begun, its plan copies a forked partial block, and the backend
+// never runs it (the runner fails before the forward and retries, or a verb
+// ends the step). The copy was never made, so the retry's plan must make it
+// again. Before the fix the retry planned no copy: the private block kept
+// whatever it held, and the sequence read garbage for its inherited positions.
+TEST(BatchRegressions, AnAbandonedCopyOnWriteIsPlannedAgain) {
+  for (bool by_verb : {false, true}) {
+    SCOPED_TRACE(by_verb ? "ended by a verb" : "replaced by a retry");
+    Harness h(config(64, 4, {LayerPolicy::flat(), LayerPolicy::ring(6, 1)}, 4, 4));
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 6, 4), "");
+    h.fork(0, 1, 6);  // block 1 (positions 4, 5) shared
+    const int free_flat = h.free(0);
+    kvcore::BatchStepPlan plan;
+    ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false, /*write=*/false, &plan), "");
+    ASSERT_EQ(plan.groups[0].n_copies, 1);
+    EXPECT_EQ(h.free(0), free_flat - 1);
+    if (by_verb) {
+      h.rewind(1, 6);  // changes nothing but ends the step
+      EXPECT_EQ(h.free(0), free_flat);  // the copy is undone
+    }
+    ASSERT_EQ(h.step({{1, none(2)}}, true, true, &plan), "");  // every key of seq 1, exact
+    for (int g = 0; g < 2; ++g) EXPECT_EQ(plan.groups[g].n_copies, 1) << "group " << g;
+    ASSERT_EQ(h.step({{0, none(3)}, {1, none(1)}}), "");  // both sides intact
+  }
+}
+
+// Two holders of a shared partial block write into it in one step, the
+// backend runs the plan, and the step is abandoned: neither may have written
+// into the shared block (both copy it), so undoing the copies restores
+// exactly what each held.
+TEST(BatchRegressions, TwoHoldersWritingASharedBlockInOneStepBothCopyIt) {
+  Harness h(config(64, 4, {LayerPolicy::flat()}, 4, 4));
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 6, 4), "");
+  h.fork(0, 1, 6);
+  h.rewind(0, 5);  // seq 0 holds position 4 of block 1, seq 1 positions 4 and 5
+  kvcore::BatchStepPlan plan;
+  ASSERT_EQ(h.step({{1, none(1)}, {0, none(2)}}, /*commit=*/false, /*write=*/true, &plan), "");
+  EXPECT_EQ(plan.groups[0].n_copies, 2);
+  ASSERT_EQ(h.step({{1, none(1)}}), "");  // seq 1's position 5 is its own again
+  ASSERT_EQ(h.step({{0, none(2)}}), "");
+  ASSERT_EQ(h.step({{0, none(1)}, {1, none(1)}}), "");
+}
+
+// begin_step replaces an uncommitted step: the blocks that step holds are the
+// new step's to take. Before the fix admission counted only the pool's free
+// blocks, and refused a retry that fits once the replaced step is gone.
+TEST(BatchRegressions, ARetryReclaimsTheBlocksOfTheStepItReplaces) {
+  CacheConfig cfg = config(64, 4, {LayerPolicy::flat()}, 4, 3);
+  cfg.batch.num_blocks = 4;
+  Harness h(cfg);
+  h.add(0);
+  h.add(1);
+  h.add(2);
+  ASSERT_EQ(h.decode(0, 4, 4), "");
+  ASSERT_EQ(h.decode(1, 6, 4), "");  // 3 blocks held, 1 free
+  // A step that takes the last block, replaced by one over another sequence
+  // (refused before the fix: "group 0 needs 1 blocks, 0 of its 4 are free"),
+  // replaced again, and committed.
+  ASSERT_EQ(h.step({{0, none(1)}}, /*commit=*/false), "");
+  EXPECT_EQ(h.free(0), 0);
+  ASSERT_EQ(h.step({{2, none(4)}}, /*commit=*/false), "");
+  ASSERT_EQ(h.step({{2, none(1)}}), "");
+  EXPECT_EQ(h.free(0), 0);
+  // A copy-on-write taking the last block, retried: the copy is undone and made again.
+  h.release(1);  // 2 free
+  h.fork(2, 1, 1);  // seq 1 shares seq 2's partial block 0
+  ASSERT_EQ(h.step({{0, none(2)}}), "");  // takes one: 1 free
+  ASSERT_EQ(h.free(0), 1);
+  ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false), "");  // copies block 0 into the last free block
+  EXPECT_EQ(h.free(0), 0);
+  kvcore::BatchStepPlan plan;
+  ASSERT_EQ(h.step({{1, none(2)}}, true, true, &plan), "");  // the retry: admitted, copies again
+  EXPECT_EQ(plan.groups[0].n_copies, 1);
+  // A step that truly does not fit is still refused, and leaves a begun step begun.
+  BatchStep begun;
+  ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false, true, nullptr, &begun), "");
+  const StepEntry too_much[] = {{0, 4, nullptr}, {2, 4, nullptr}};
+  auto refused = h.cache().begin_step(too_much, 2);
+  EXPECT_EQ(refused.error(), Error::OutOfResources);
+  EXPECT_STREQ(refused.message().c_str(), "begin_step: group 0 needs 2 blocks, 0 of its 4 are free");
+  EXPECT_TRUE(h.cache().check_step(begun).ok());
+}
+
+
+// A head removal moves a sequence's lowest held block up; a rewind below it
+// must move it down again, since the next step writes from block n / B. Before
+// the fix it stayed up: a later fork copied none of the blocks below it (the
+// fork read holes where its history was) and oldest_held skipped them.
+TEST(BatchRegressions, ARewindBelowARemovedHeadThenAForkSharesEveryHeldBlock) {
+  const int B = 4;
+  Harness h(config(64, 4, {LayerPolicy::flat()}, B, 3));
+  BatchCache& c = h.cache();
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 12, 4), "");
+  h.remove(0, 0, 9);  // blocks 0 and 1 leave; the lowest held is block 2
+  EXPECT_EQ(*c.oldest_held(0, 0), 9);
+  h.rewind(0, 2);     // block 2 leaves too; positions 0, 1 stay removed
+  ASSERT_EQ(h.decode(0, 4, 4), "");  // positions 2..5 in new blocks 0 and 1
+  EXPECT_EQ(*c.oldest_held(0, 0), 2);  // was 6 (the length: "nothing held")
+  h.fork(0, 1, 6);
+  EXPECT_EQ(h.held(1, 0), 2);  // was 0
+  ASSERT_EQ(h.step({{1, none(2)}, {0, none(1)}}), "");  // was "a needed key's block is a hole"
+}
+
+// A fork of nothing (upto = 0) from a sequence whose head was removed gives an
+// empty sequence; a prefix it then adopts lies in blocks 0, 1, ... Before the
+// fix the fork gave it the source's lowest held block, so forking it in turn
+// shared none of the adopted blocks.
+TEST(BatchRegressions, AnEmptyForkAdoptsAPrefixThatForksWhole) {
+  const int B = 4;
+  Harness h(config(64, 4, {LayerPolicy::flat(), LayerPolicy::ring(16)}, B, 3));
+  BatchCache& c = h.cache();
+  const std::vector<std::int32_t> prompt = tokens(300, 9);
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 8, 4, &prompt), "");  // blocks 0 and 1, named by their tokens
+  h.remove(0, 0, 5);  // block 0 leaves (cached), the lowest held is block 1
+  h.fork(0, 1, 0);
+  EXPECT_EQ(h.adopt(1, prompt), 8);
+  EXPECT_EQ(*c.oldest_held(1, 0), 0);  // was 4
+  h.fork(1, 2, 8);
+  EXPECT_EQ(h.held(2, 0), 2);  // was 1
+  ASSERT_EQ(h.step({{2, {prompt[8]}}}), "");  // was "a needed key's block is a hole"
+}
+
+// Sinks beyond the capacity make every position a sink: nothing is released
+// and every rewind is allowed. Before the fix the sink blocks' first position
+// (ceil(S / B) * B) was computed in int and wrapped for S near 2^31 (signed
+// overflow), and rewinds the sinks allow were refused.
+TEST(BatchRegressions, ARingWhoseSinksRoundPast2To31AllowsEveryRewind) {
+  for (int B : {2, 3, 16}) {
+    SCOPED_TRACE("B " + std::to_string(B));
+    Harness h(config(64, 4, {LayerPolicy::ring(4, INT_MAX), LayerPolicy::ring(4, INT_MAX - 1)}, B, 3));
+    BatchCache& c = h.cache();
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 20, 4), "");
+    for (int n = 0; n <= 20; ++n) EXPECT_TRUE(c.can_rewind(0, n)) << n;  // 14 were refused with B = 2
+    EXPECT_EQ(h.held(0, 0), (20 + B - 1) / B);
+    h.fork(0, 1, 3);
+    h.rewind(0, 7);
+    ASSERT_EQ(h.step({{0, none(4)}, {1, none(4)}}), "");  // every key still held, exact
+  }
+}
+
+// A ring group's pool holds, per sequence, the sink blocks and the blocks of
+// W + 2C - 1 positions. With max_step near 2^31, 2C was computed in int and
+// wrapped (signed overflow; found by the batch fuzzer): this pool got 0
+// blocks instead of 2047, and the config below it, whose pool passes 2^31
+// rows, was accepted.
+TEST(BatchRegressions, ARingPoolIsSizedWithoutOverflowWhenMaxStepIsNearIntMax) {
+  CacheConfig cfg = config(INT_MAX - (1 << 20), INT_MAX - (1 << 20), {LayerPolicy::ring(4)}, 1 << 20, 1);
+  auto created = BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  EXPECT_EQ(*(*created)->num_blocks(0), 2047);  // max_seqs x ceil(capacity / B): W + 2C - 1 is past the capacity
+  // One more block per table, and the pool would pass 2^31 rows.
+  cfg.capacity = INT_MAX;
+  cfg.max_step = INT_MAX;
+  auto refused = BatchCache::create(cfg);
+  EXPECT_EQ(refused.error(), Error::InvalidArgument);
+  EXPECT_STREQ(refused.message().c_str(), "group 0: 2048 blocks of 1048576 rows pass 2^31 rows");
+}
+}  // namespace
+}  // namespace kvcore_test

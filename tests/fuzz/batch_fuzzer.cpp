@@ -1,0 +1,1126 @@
+// libFuzzer harness for the many-sequence cache (BatchCache, DESIGN.md
+// section 6): bytes -> a CacheConfig with its BatchLimits and up to a few
+// hundred operations. Nothing may crash, trip a sanitizer or disagree with
+// the rules:
+//
+//  - small configs (capacity <= 48, up to 6 sequences, B from 1 to 16, flat
+//    and ring groups, small pools so steps run short): every operation is
+//    checked against the brute-force model of tests/cpp/batch_reference.h
+//    (each sequence simulated alone; tagged pools apply the plans; every
+//    query's every key is checked after every step). Steps are committed,
+//    abandoned after the backend ran their plan, ran only its copies, or never
+//    ran it at all. Every call's outcome is predicted from the rules (the
+//    first broken one, in the order the cache checks them), refused calls must
+//    change nothing (lengths, tables, blocks held, free and cached blocks, a
+//    begun step), and after every call: each pool's free blocks plus the
+//    blocks held (tables, and what a begun step copies from) are its blocks,
+//    used_blocks is one past the highest held, ring groups stay within their
+//    bound at rest.
+//  - configs breaking one rule (validate's or BatchLimits'): create refuses
+//    them with InvalidArgument.
+//  - huge configs (capacity, window, sinks, max_step, B, pools, limits near
+//    INT_MAX): create refuses exactly those whose tables would pass 2^31
+//    entries or a pool 2^30 blocks (the rule stated here, not read from the
+//    code); caches small enough to build (<= 64 MiB) run operations with
+//    edgy values, checked by a length-only model.
+//
+// Fuzz build: tests/fuzz/CMakeLists.txt (clang, -fsanitize=fuzzer,address,undefined).
+// The same source compiles into the gtest binary (tests/cpp/batch_fuzz_replay_test.cpp,
+// which defines KVCORE_FUZZ_NO_ENTRY_POINT), replaying tests/fuzz/batch_corpus;
+// there run_batch_fuzz() returns the failure instead of aborting.
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvcore/batch/batch_cache.h"
+#include "../cpp/batch_reference.h"
+
+namespace kvcore_batch_fuzz {
+
+using kvcore::BatchCache;
+using kvcore::BatchStep;
+using kvcore::BatchStepPlan;
+using kvcore::CacheConfig;
+using kvcore::Error;
+using kvcore::LayerConfig;
+using kvcore::LayerPolicy;
+using kvcore::Status;
+using kvcore::StepEntry;
+using kvcore_test::BatchModel;
+using kvcore_test::SeqModel;
+using kvcore_test::TaggedPools;
+
+/// What the inputs went through, summed (the replay test proves the corpus
+/// reaches every interesting path).
+struct Coverage {
+  long inputs = 0;
+  long invalid_configs = 0;
+  long small_caches = 0;
+  long huge_refused = 0;   // huge configs refused for their table sizes
+  long huge_caches = 0;    // huge configs built and driven
+  long huge_skipped = 0;   // valid but too big to build here
+  long steps_checked = 0;  // steps whose every query's every key was checked
+  long steps_committed = 0;
+  long steps_abandoned_unrun = 0;  // abandoned before the backend ran the plan (or only its copies)
+  long copies_planned = 0;
+  long exhausted = 0;  // steps refused for want of blocks
+  long prefix_hits = 0;
+  long forks = 0;
+  long rule_refusals = 0;  // fork, rewind or truncation refused by the rewind rule
+  long holes_refused = 0;  // middle removals past max_holes
+  long middle_removals = 0;
+  long bad_calls = 0;  // refused calls of every other kind
+  long clears = 0;
+};
+
+/// When set, every input adds to it (the replay test reads it).
+inline Coverage*& coverage() {
+  static Coverage* c = nullptr;
+  return c;
+}
+
+namespace detail {
+
+inline void bump(long Coverage::*field) {
+  if (coverage() != nullptr) ++(coverage()->*field);
+}
+
+// Reads the input front to back; past the end every read is 0, so any prefix
+// of an input is an input too.
+class Bytes {
+ public:
+  Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  bool done() const { return at_ >= size_; }
+  std::uint8_t u8() { return at_ < size_ ? data_[at_++] : 0; }
+  std::uint32_t u32() {
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(u8()) << (8 * i);
+    return v;
+  }
+  /// In [lo, hi] (lo <= hi).
+  int in(int lo, int hi) {
+    const std::uint64_t span = static_cast<std::uint64_t>(static_cast<std::int64_t>(hi) - lo) + 1;
+    const std::uint64_t r = (span <= 256 ? u8() : u32()) % span;
+    return static_cast<int>(lo + static_cast<std::int64_t>(r));
+  }
+  bool percent(int p) { return u8() % 100 < p; }
+  /// Any int, biased towards the edges where arithmetic breaks.
+  int edgy() {
+    static const int kEdges[] = {0,       1,           -1,          2,         INT_MAX,   INT_MAX - 1,
+                                 INT_MIN, INT_MIN + 1, 1 << 30,     (1 << 30) + 1, (1 << 30) - 1, 1 << 20,
+                                 (1 << 20) + 1, 1 << 16, 4096, 4097};
+    const std::uint8_t how = u8();
+    if (how < 128) return kEdges[how % (sizeof(kEdges) / sizeof(kEdges[0]))];
+    return static_cast<int>(u32());
+  }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t at_ = 0;
+};
+
+inline std::string str(long long v) { return std::to_string(v); }
+
+inline std::string outcome(const Status& s) {
+  return s.ok() ? std::string("Ok") : std::string(kvcore::to_string(s.code())) + " (" + s.message().c_str() + ")";
+}
+
+inline std::string describe(const CacheConfig& c) {
+  std::string s = "capacity " + str(c.capacity) + ", n_layers " + str(c.n_layers) + ", max_step " + str(c.max_step) +
+                  ", B " + str(c.batch.block_size) + ", max_seqs " + str(c.batch.max_seqs) + ", max_step_tokens " +
+                  str(c.batch.max_step_tokens) + ", num_blocks " + str(c.batch.num_blocks) + ", max_holes " +
+                  str(c.batch.max_holes) + ", layers [";
+  for (const LayerConfig& l : c.layers)
+    s += l.policy.kind == LayerPolicy::Kind::Flat ? " Flat" : " Ring(" + str(l.policy.window) + "," + str(l.policy.sinks) + ")";
+  return s + " ]";
+}
+
+// --- the rules, stated here (DESIGN.md section 2, config.h's BatchLimits) ----
+
+inline bool valid_by_rules(const CacheConfig& cfg) {
+  if (cfg.capacity < 1 || cfg.n_layers < 1 || cfg.n_layers > 65536 || cfg.initial_capacity < 1) return false;
+  if (cfg.layers.size() != 1 && cfg.layers.size() != static_cast<std::size_t>(cfg.n_layers)) return false;
+  if (cfg.max_step < 0 || cfg.max_step > cfg.capacity) return false;
+  for (const LayerConfig& l : cfg.layers) {
+    const LayerPolicy& p = l.policy;
+    if (p.kind == LayerPolicy::Kind::Flat) {
+      if (p.window != 0 || p.sinks != 0) return false;
+    } else if (p.kind == LayerPolicy::Kind::Ring) {
+      if (p.window < 1 || p.sinks < 0) return false;
+    } else {
+      return false;
+    }
+    if (l.n_kv_heads < 1 || l.head_dim < 1 || l.v_head_dim < 0) return false;
+  }
+  const kvcore::BatchLimits& b = cfg.batch;
+  return b.block_size >= 1 && b.max_seqs >= 1 && b.max_seqs <= (1 << 20) && b.max_step_tokens >= 0 &&
+         b.num_blocks >= 0 && b.max_holes >= 0 && b.max_holes <= 4096;
+}
+
+inline int design_max_step(const CacheConfig& cfg) {
+  return cfg.max_step != 0 ? cfg.max_step : std::min(512, cfg.capacity);
+}
+
+// The distinct policies, in layer order: one group each.
+inline std::vector<LayerPolicy> groups_of(const CacheConfig& cfg) {
+  std::vector<LayerPolicy> out;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerPolicy& p = cfg.layer(l).policy;
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    if (cfg.layers.size() == 1) break;
+  }
+  return out;
+}
+
+// What create() must do with a config that passes the rules: tables past 2^31
+// entries and pools past 2^31 rows or 2^30 blocks are refused; `bytes` is
+// about what it allocates (pools included up to the one refused).
+struct Sizing {
+  bool refused = false;
+  bool refused_before_pools = false;
+  std::int64_t bytes = 0;
+};
+
+inline Sizing sizing(const CacheConfig& cfg) {
+  constexpr std::int64_t kMax = 0x7fffffff;
+  const std::vector<LayerPolicy> groups = groups_of(cfg);
+  const std::int64_t G = static_cast<std::int64_t>(groups.size());
+  const std::int64_t B = cfg.batch.block_size, seqs = cfg.batch.max_seqs, C = design_max_step(cfg);
+  const std::int64_t stride = (cfg.capacity + B - 1) / B;
+  const std::int64_t mst = cfg.batch.max_step_tokens != 0 ? cfg.batch.max_step_tokens : std::min(C * seqs, std::int64_t{1} << 20);
+  Sizing s;
+  s.bytes = 64 * static_cast<std::int64_t>(cfg.n_layers);
+  if (G * seqs * stride > kMax || G * mst > kMax || seqs * cfg.batch.max_holes > kMax || seqs * B > kMax) {
+    s.refused = s.refused_before_pools = true;
+    return s;
+  }
+  for (const LayerPolicy& p : groups) {
+    std::int64_t blocks = cfg.batch.num_blocks != 0 ? cfg.batch.num_blocks : seqs * stride;
+    if (p.kind == LayerPolicy::Kind::Ring) {
+      // What one sequence can hold during a step: the sink blocks, W + 2C - 1 positions, and one block more.
+      const std::int64_t per_seq = (p.sinks + B - 1) / B + (p.window + 2 * C - 1 + B - 1) / B + 1;
+      if (per_seq < stride) blocks = per_seq * seqs;
+      blocks = std::min(blocks, seqs * stride);
+    }
+    if (blocks > kMax / B || blocks > (std::int64_t{1} << 30)) {
+      s.refused = true;
+      return s;
+    }
+    std::int64_t slots = 2;
+    while (slots < 2 * blocks) slots *= 2;
+    s.bytes += blocks * 41 + slots * 4;
+  }
+  s.bytes += G * seqs * stride * 4 + 6 * G * seqs * 4 + seqs * 64 + seqs * cfg.batch.max_holes * 8 + seqs * B * 4 +
+             stride * 16 + seqs * 48 + mst * 4 + G * mst * 4 + G * seqs * 8;
+  return s;
+}
+
+constexpr std::int64_t kMaxBuildBytes = std::int64_t{64} << 20;
+
+// --- one run of the harness ----------------------------------------------------
+
+#define FUZZ_REQUIRE(cond, what)                                                    \
+  do {                                                                              \
+    if (!(cond)) return "op " + str(op_) + " (" + last_op_ + "): " + std::string(what); \
+  } while (0)
+
+// Everything a refused call must leave as it was.
+struct Snapshot {
+  std::vector<int> ints;
+  bool operator==(const Snapshot& o) const { return ints == o.ints; }
+};
+
+class Harness {
+ public:
+  explicit Harness(Bytes& in) : in_(in) {}
+
+  std::string run() {
+    const std::uint8_t regime = in_.u8() % 16;
+    CacheConfig cfg = regime < 14 ? small_config() : huge_config();
+    if (regime >= 11 && regime < 14) break_a_rule(&cfg);
+    last_op_ = "create(" + describe(cfg) + ")";
+    if (!valid_by_rules(cfg)) {
+      auto created = BatchCache::create(cfg);
+      FUZZ_REQUIRE(!created.ok() && created.error() == Error::InvalidArgument && !created.message().empty(),
+                   "a config breaking a rule: " + (created.ok() ? std::string("Ok") : outcome(created.status())));
+      FUZZ_REQUIRE(kvcore::validate_batch(cfg).code() == Error::InvalidArgument, "validate_batch accepted it");
+      bump(&Coverage::invalid_configs);
+      return "";
+    }
+    FUZZ_REQUIRE(kvcore::validate_batch(cfg).ok(), "validate_batch refused a valid config");
+    const Sizing size = sizing(cfg);
+    if (size.bytes > kMaxBuildBytes && !size.refused_before_pools) {
+      bump(&Coverage::huge_skipped);  // valid, but more memory than a fuzzing process has
+      return "";
+    }
+    auto created = BatchCache::create(cfg);
+    if (size.refused) {
+      FUZZ_REQUIRE(!created.ok() && created.error() == Error::InvalidArgument && !created.message().empty(),
+                   "tables past 2^31 entries accepted: " + (created.ok() ? std::string("Ok") : outcome(created.status())));
+      bump(&Coverage::huge_refused);
+      return "";
+    }
+    FUZZ_REQUIRE(created.ok(), "a valid config refused: " + outcome(created.status()));
+    cfg_ = cfg;
+    cache_ = std::move(created).get();
+    C_ = cache_->max_step();
+    FUZZ_REQUIRE(C_ == design_max_step(cfg), "max_step " + str(C_));
+    FUZZ_REQUIRE(cache_->n_groups() == static_cast<int>(groups_of(cfg).size()), "n_groups");
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      auto g = cache_->group_of(l);
+      FUZZ_REQUIRE(g.ok() && *cache_->group_policy(*g) == cfg.layer(l).policy, "group_of(" + str(l) + ")");
+      if (cfg.layers.size() == 1 && l > 4) break;
+    }
+    if (regime >= 14) {
+      bump(&Coverage::huge_caches);
+      return run_huge();
+    }
+    bump(&Coverage::small_caches);
+    model_.reset(new BatchModel(cfg));
+    pools_.reset(new TaggedPools(*cache_));
+    return run_small();
+  }
+
+ private:
+  // --- configs -----------------------------------------------------------------
+
+  CacheConfig small_config() {
+    CacheConfig cfg;
+    cfg.capacity = in_.in(1, 48);
+    cfg.max_step = in_.percent(20) ? 0 : in_.in(1, std::min(6, cfg.capacity));
+    std::vector<LayerPolicy> policies;
+    for (int i = in_.in(1, 3); i > 0; --i) {
+      if (in_.u8() % 3 == 0) {
+        policies.push_back(LayerPolicy::flat());
+      } else {
+        const int window = in_.in(1, 10);
+        const int sinks = in_.percent(70) ? 0 : in_.percent(90) ? in_.in(1, 4) : INT_MAX - in_.in(0, 3);
+        policies.push_back(LayerPolicy::ring(window, sinks));
+      }
+    }
+    cfg.n_layers = in_.in(1, 4);
+    if (in_.percent(20)) {
+      cfg.layers.push_back(LayerConfig{policies[0], 1, 2, 0});
+    } else {
+      for (int l = 0; l < cfg.n_layers; ++l)
+        cfg.layers.push_back(LayerConfig{policies[static_cast<std::size_t>(in_.in(0, static_cast<int>(policies.size()) - 1))], 1, 2, 0});
+    }
+    static const int kB[] = {1, 1, 2, 3, 4, 5, 8, 16};
+    cfg.batch.block_size = kB[in_.u8() % 8];
+    cfg.batch.max_seqs = in_.in(1, 6);
+    cfg.batch.max_step_tokens = in_.percent(50) ? 0 : in_.in(1, 16);
+    const int stride = (cfg.capacity + cfg.batch.block_size - 1) / cfg.batch.block_size;
+    cfg.batch.num_blocks = in_.percent(35) ? in_.in(1, 3 * stride + 2) : 0;  // small pools run short
+    cfg.batch.max_holes = in_.in(0, 4);
+    return cfg;
+  }
+
+  // One field (or one layer's) breaks its rule.
+  void break_a_rule(CacheConfig* cfg) {
+    LayerConfig& layer = cfg->layers[static_cast<std::size_t>(in_.in(0, static_cast<int>(cfg->layers.size()) - 1))];
+    auto nonpositive = [&] { return in_.percent(50) ? -in_.in(0, 3) : INT_MIN + in_.in(0, 1); };
+    switch (in_.in(0, 15)) {
+      case 0: cfg->capacity = nonpositive(); break;
+      case 1: cfg->n_layers = in_.percent(50) ? nonpositive() : 65537 + in_.in(0, 3); break;
+      case 2: cfg->layers.push_back(cfg->layers[0]), cfg->layers.push_back(cfg->layers[0]), cfg->n_layers = 1; break;
+      case 3: cfg->max_step = in_.percent(50) ? -in_.in(1, 3) : cfg->capacity + in_.in(1, 3); break;
+      case 4: cfg->initial_capacity = nonpositive(); break;
+      case 5: layer.policy = LayerPolicy{LayerPolicy::Kind::Flat, in_.in(0, 1), 1 - in_.in(0, 1) * 2}; break;
+      case 6: layer.policy = LayerPolicy::ring(nonpositive(), 0); break;
+      case 7: layer.policy = LayerPolicy::ring(3, -in_.in(1, 2)); break;
+      case 8: layer.policy.kind = static_cast<LayerPolicy::Kind>(in_.in(2, 9)); break;
+      case 9: layer.n_kv_heads = nonpositive(); break;
+      case 10: layer.head_dim = nonpositive(); break;
+      case 11: layer.v_head_dim = -in_.in(1, 3); break;
+      case 12: cfg->batch.block_size = nonpositive(); break;
+      case 13: cfg->batch.max_seqs = in_.percent(50) ? nonpositive() : (1 << 20) + in_.in(1, 3); break;
+      case 14:
+        if (in_.percent(50)) cfg->batch.max_step_tokens = -in_.in(1, 3);
+        else cfg->batch.num_blocks = -in_.in(1, 3);
+        break;
+      default: cfg->batch.max_holes = in_.percent(50) ? -in_.in(1, 3) : 4097 + in_.in(0, 3); break;
+    }
+  }
+
+  CacheConfig huge_config() {
+    CacheConfig cfg;
+    auto big = [&](int small_hi) { return in_.percent(50) ? in_.in(1, small_hi) : std::max(1, in_.edgy()); };
+    cfg.capacity = big(1 << 16);
+    cfg.max_step = in_.percent(30) ? 0 : std::min(cfg.capacity, big(64));
+    cfg.n_layers = in_.in(1, 3);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      if (in_.percent(30)) {
+        cfg.layers.push_back(LayerConfig{LayerPolicy::flat(), 1, 2, 0});
+      } else {
+        const int window = big(1 << 12);
+        const int sinks = in_.percent(50) ? 0 : std::max(0, in_.edgy());
+        cfg.layers.push_back(LayerConfig{LayerPolicy::ring(window, sinks), 1, 2, 0});
+      }
+    }
+    cfg.batch.block_size = in_.percent(50) ? 1 << in_.in(0, 20) : big(1 << 12);
+    cfg.batch.max_seqs = in_.percent(70) ? in_.in(1, 8) : in_.in(1, 1 << 20);
+    cfg.batch.max_step_tokens = in_.percent(50) ? 0 : std::max(0, in_.edgy());
+    cfg.batch.num_blocks = in_.percent(50) ? 0 : std::max(0, in_.edgy());
+    cfg.batch.max_holes = in_.percent(70) ? in_.in(0, 8) : in_.in(0, 4096);
+    return cfg;
+  }
+
+  // --- state checks ----------------------------------------------------------------
+
+  Snapshot snapshot() const {
+    Snapshot s;
+    std::vector<int>& v = s.ints;
+    for (int q = 0; q < cache_->max_seqs(); ++q) {
+      const kvcore::SequenceInfo info = *cache_->sequence(q);
+      v.insert(v.end(), {info.active ? 1 : 0, info.length, info.visible_start, info.n_holes});
+      for (int h = 0; h < info.n_holes; ++h) v.insert(v.end(), {info.holes[h].begin, info.holes[h].end});
+      for (int g = 0; g < cache_->n_groups(); ++g) {
+        v.push_back(*cache_->blocks_held(q, g));
+        if (tables_checked_) v.push_back(*cache_->oldest_held(q, g));  // linear in the table's length
+      }
+    }
+    for (int g = 0; g < cache_->n_groups(); ++g) {
+      v.insert(v.end(), {*cache_->free_blocks(g), *cache_->cached_blocks(g), *cache_->used_blocks(g)});
+      if (tables_checked_) v.insert(v.end(), cache_->block_tables(g), cache_->block_tables(g) + cache_->max_seqs() * cache_->table_stride());
+    }
+    v.push_back(static_cast<int>(step_open_ ? open_step_.id : 0));
+    return s;
+  }
+
+  // A refused call: the code it must have, a message, and nothing changed
+  // (a begun step still begun).
+  std::string refused(const Status& st, Error code, const Snapshot& before, long Coverage::*what = &Coverage::bad_calls) {
+    FUZZ_REQUIRE(st.code() == code, "expected " + std::string(kvcore::to_string(code)) + ", got " + outcome(st));
+    FUZZ_REQUIRE(!st.message().empty(), "a refusal without a message");
+    FUZZ_REQUIRE(snapshot() == before, "a refused call changed the cache: " + outcome(st));
+    if (step_open_) FUZZ_REQUIRE(cache_->check_step(open_step_).ok(), "a refused call ended the begun step");
+    bump(what);
+    return "";
+  }
+
+  // A successful verb ends a begun step.
+  std::string verb_done() {
+    if (step_open_) FUZZ_REQUIRE(cache_->check_step(open_step_).code() == Error::InvalidState, "a verb left the step begun");
+    step_open_ = false;
+    return "";
+  }
+
+  int any_seq() {
+    const std::uint8_t how = in_.u8();
+    if (how < 230) return in_.in(0, cfg_.batch.max_seqs - 1);
+    if (how < 240) return how % 2 ? -1 : cfg_.batch.max_seqs;
+    return in_.edgy();
+  }
+  bool in_range(int s) const { return s >= 0 && s < cfg_.batch.max_seqs; }
+  bool active(int s) const { return in_range(s) && model_->seq(s).active; }
+
+  // Range first, then activity: the cache's check_active.
+  bool seq_refusal(int s, Error* code) const {
+    if (!in_range(s)) return *code = Error::InvalidArgument, true;
+    if (!model_->seq(s).active) return *code = Error::InvalidState, true;
+    return false;
+  }
+
+  bool holds_nothing(int s) const {
+    for (int g = 0; g < cache_->n_groups(); ++g)
+      if (*cache_->blocks_held(s, g) != 0) return false;
+    return true;
+  }
+
+  // Must a rewind (or fork) of `s` to n succeed? Up to max_step back from the
+  // longest length since it last was 0, and down to the smallest ring's sinks.
+  bool must_allow(int s, int n) const {
+    const SeqModel& m = model_->seq(s);
+    if (n < 0 || n > m.length()) return false;
+    if (n == 0 || n >= m.peak - C_) return true;
+    int sinks = INT_MAX;
+    for (const LayerConfig& l : cfg_.layers)
+      if (l.policy.kind == LayerPolicy::Kind::Ring) sinks = std::min(sinks, l.policy.sinks);
+    return n <= sinks;
+  }
+
+  static bool plain(const SeqModel& m) {
+    for (std::size_t p = 0; p < m.tags.size(); ++p)
+      if (m.tags[p] == 0 || m.tokens[p] < 0) return false;
+    return m.plain;
+  }
+
+  // Removed ranges that neither start at 0 nor touch another: what max_holes counts.
+  static int holes(const SeqModel& m) {
+    int n = 0;
+    std::size_t p = 0;
+    while (p < m.tags.size() && m.tags[p] == 0) ++p;
+    for (; p < m.tags.size(); ++p)
+      if (m.tags[p] == 0 && m.tags[p - 1] != 0) ++n;
+    return n;
+  }
+
+  std::string invariants() {
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s) {
+      const SeqModel& m = model_->seq(s);
+      const kvcore::SequenceInfo info = *cache_->sequence(s);
+      FUZZ_REQUIRE(info.active == m.active, "seq " + str(s) + " active");
+      if (!m.active) {
+        for (int g = 0; g < cache_->n_groups(); ++g) FUZZ_REQUIRE(*cache_->blocks_held(s, g) == 0, "an inactive sequence holds blocks");
+        continue;
+      }
+      FUZZ_REQUIRE(info.length == m.length(), "seq " + str(s) + " length " + str(info.length) + ", model " + str(m.length()));
+      int visible = 0;
+      for (std::uint64_t t : m.tags) visible += t != 0;
+      FUZZ_REQUIRE(info.visible_positions() == visible, "seq " + str(s) + " visible positions");
+      if (step_open_) continue;
+      for (int g = 0; g < cache_->n_groups(); ++g) {  // DESIGN.md section 6's bound, at rest
+        const LayerPolicy p = *cache_->group_policy(g);
+        if (p.kind != LayerPolicy::Kind::Ring) continue;
+        const std::int64_t B = cfg_.batch.block_size;
+        const std::int64_t bound = (p.sinks + B - 1) / B + (p.window + C_ - 1 + B - 1) / B + 1;
+        FUZZ_REQUIRE(*cache_->blocks_held(s, g) <= bound, "seq " + str(s) + " holds more than the ring bound in group " + str(g));
+      }
+    }
+    if (step_open_) FUZZ_REQUIRE(cache_->check_step(open_step_).ok(), "the begun step was lost");
+    // Blocks: free + held (in a table, or copied from by the begun step) = all,
+    // and used_blocks is one past the highest held.
+    auto plan = step_open_ ? cache_->plan(open_step_) : kvcore::Result<BatchStepPlan>(Error::InvalidState);
+    for (int g = 0; g < cache_->n_groups(); ++g) {
+      const int n_blocks = *cache_->num_blocks(g);
+      held_.assign(static_cast<std::size_t>(n_blocks), 0);
+      const int* tables = cache_->block_tables(g);
+      int used = 0, distinct = 0;
+      auto mark = [&](int b) {
+        if (b < 0) return;
+        used = std::max(used, b + 1);
+        distinct += held_[static_cast<std::size_t>(b)] == 0;
+        held_[static_cast<std::size_t>(b)] = 1;
+      };
+      for (int i = 0; i < cache_->max_seqs() * cache_->table_stride(); ++i) mark(tables[i]);
+      if (plan.ok())
+        for (int c = 0; c < plan->groups[g].n_copies; ++c) mark(plan->groups[g].copies[c].src);
+      FUZZ_REQUIRE(*cache_->free_blocks(g) + distinct == n_blocks,
+                   "group " + str(g) + ": " + str(*cache_->free_blocks(g)) + " free + " + str(distinct) + " held != " + str(n_blocks));
+      FUZZ_REQUIRE(*cache_->used_blocks(g) == used, "group " + str(g) + " used_blocks");
+      FUZZ_REQUIRE(*cache_->cached_blocks(g) <= *cache_->free_blocks(g), "cached blocks that are not free");
+    }
+    return "";
+  }
+
+  // --- the small regime: every call against the model --------------------------------
+
+  std::string run_small() {
+    tables_checked_ = true;
+    const int ops = in_.in(1, 300);
+    for (op_ = 0; op_ < ops && !in_.done(); ++op_) {
+      const int what = in_.u8() % 100;
+      std::string err;
+      if (what < 9) err = add();
+      else if (what < 12) err = release();
+      else if (what < 50) err = step();
+      else if (what < 58) err = fork();
+      else if (what < 67) err = remove();
+      else if (what < 77) err = rewind();
+      else if (what < 87) err = adopt();
+      else if (what < 89) err = clear();
+      else err = abuse();
+      if (!err.empty()) return err;
+      err = invariants();
+      if (!err.empty()) return err;
+    }
+    return "";
+  }
+
+  std::string add() {
+    const int s = any_seq();
+    last_op_ = "add_sequence(" + str(s) + ")";
+    const Snapshot before = snapshot();
+    const Status st = cache_->add_sequence(s);
+    if (!in_range(s)) return refused(st, Error::InvalidArgument, before);
+    if (model_->seq(s).active) return refused(st, Error::InvalidState, before);
+    FUZZ_REQUIRE(st.ok(), outcome(st));
+    model_->seq(s) = SeqModel{};
+    model_->seq(s).active = true;
+    return verb_done();
+  }
+
+  std::string release() {
+    const int s = any_seq();
+    last_op_ = "release_sequence(" + str(s) + ")";
+    const Snapshot before = snapshot();
+    const Status st = cache_->release_sequence(s);
+    Error code;
+    if (seq_refusal(s, &code)) return refused(st, code, before);
+    FUZZ_REQUIRE(st.ok(), outcome(st));
+    model_->seq(s) = SeqModel{};
+    return verb_done();
+  }
+
+  std::string step() {
+    std::vector<int> seqs;
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s)
+      if (model_->seq(s).active) seqs.push_back(s);
+    // Entries: distinct active sequences in an order the input picks.
+    std::vector<int> chosen;
+    const int k = seqs.empty() ? 0 : in_.in(1, static_cast<int>(seqs.size()));
+    for (int i = 0; i < k; ++i) {
+      const int at = in_.in(0, static_cast<int>(seqs.size()) - 1);
+      chosen.push_back(seqs[static_cast<std::size_t>(at)]);
+      seqs.erase(seqs.begin() + at);
+    }
+    std::vector<StepEntry> entries;
+    std::vector<std::vector<std::int32_t>> tokens(chosen.size() + 1);
+    for (std::size_t i = 0; i < chosen.size(); ++i) {
+      const int T = in_.in(1, C_);
+      const bool given = in_.u8() % 10 != 0;
+      for (int j = 0; j < T; ++j) tokens[i].push_back(in_.in(0, 2));  // a tiny vocabulary: prefixes repeat
+      entries.push_back(StepEntry{chosen[i], T, given ? tokens[i].data() : nullptr});
+    }
+    // Now and then a bad entry list.
+    int n = static_cast<int>(entries.size());
+    const StepEntry* data = entries.data();
+    const std::uint8_t abuse = in_.u8();
+    if (abuse < 6 && !entries.empty()) {
+      entries.push_back(entries[static_cast<std::size_t>(in_.in(0, n - 1))]);  // a repeat
+      ++n;
+      data = entries.data();
+    } else if (abuse < 10) {
+      entries.push_back(StepEntry{any_seq(), in_.in(1, C_), nullptr});  // any sequence
+      ++n;
+      data = entries.data();
+    } else if (abuse < 14 && !entries.empty()) {
+      const int bad_T = in_.percent(50) ? in_.in(-2, 0) : C_ + in_.in(1, 2);  // read before the index, as C++17 orders `a[i] = v`
+      entries[static_cast<std::size_t>(in_.in(0, n - 1))].T = bad_T;
+    } else if (abuse < 16) {
+      n = in_.percent(50) ? in_.in(-1, 0) : cfg_.batch.max_seqs + in_.in(1, 2);
+    } else if (abuse < 17) {
+      data = nullptr;
+      n = std::max(n, 1);
+    }
+    // The first broken rule, in the order the cache checks them.
+    Error expected = Error::Ok;
+    if (n < 1 || n > cfg_.batch.max_seqs || data == nullptr) {
+      expected = Error::InvalidArgument;
+    } else {
+      std::int64_t total = 0;
+      std::vector<int> seen;
+      for (int i = 0; i < n && expected == Error::Ok; ++i) {
+        const StepEntry& e = data[i];
+        if (seq_refusal(e.seq, &expected)) break;
+        if (std::find(seen.begin(), seen.end(), e.seq) != seen.end()) expected = Error::InvalidArgument;
+        else if (e.T < 1 || e.T > C_) expected = Error::InvalidArgument;
+        else if (model_->seq(e.seq).length() + e.T > cfg_.capacity) expected = Error::OutOfResources;
+        else if ((total += e.T) > cache_->max_step_tokens()) expected = Error::InvalidArgument;
+        seen.push_back(e.seq);
+      }
+    }
+    last_op_ = "begin_step(";
+    for (int i = 0; data != nullptr && i < n && i < static_cast<int>(entries.size()); ++i)
+      last_op_ += " " + str(data[i].seq) + ":" + str(data[i].T);
+    last_op_ += " )";
+    const Snapshot before = snapshot();
+    auto begun = cache_->begin_step(data, n);
+    if (expected != Error::Ok) return refused(begun.status(), expected, before);
+    if (!begun.ok()) return refused(begun.status(), Error::OutOfResources, before, &Coverage::exhausted);
+    step_open_ = false;  // a replaced step is gone (the model forgot it when it was left)
+    // The model writes the step (undone below when it is not committed).
+    std::vector<std::uint64_t> token_tags;
+    int total = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      SeqModel& m = model_->seq(entries[i].seq);
+      for (int j = 0; j < entries[i].T; ++j) {
+        const std::int32_t t = entries[i].tokens != nullptr ? tokens[i][static_cast<std::size_t>(j)] : -1;
+        const std::uint64_t tag = model_->tag_for(entries[i].seq, m.length(), t);
+        m.tags.push_back(tag);
+        m.tokens.push_back(t);
+        token_tags.push_back(tag);
+      }
+      total += entries[i].T;
+    }
+    auto plan = cache_->plan(*begun);
+    FUZZ_REQUIRE(plan.ok(), "plan of the begun step: " + outcome(plan.status()));
+    FUZZ_REQUIRE(plan->n_tokens == total && plan->n_entries == n, "the plan's tokens or entries");
+    for (int g = 0; g < plan->n_groups; ++g) {
+      if (coverage() != nullptr) coverage()->copies_planned += plan->groups[g].n_copies;
+    }
+    // The backend runs the plan (usually), only its copies, or nothing.
+    const std::uint8_t how = in_.u8() % 10;
+    if (how >= 2) {
+      pools_->apply(*plan, token_tags);
+      const std::string diff = kvcore_test::check_step(*cache_, *model_, *plan, *pools_);
+      FUZZ_REQUIRE(diff.empty(), diff + " in " + describe(cfg_));
+      bump(&Coverage::steps_checked);
+    } else if (how == 1) {
+      for (int g = 0; g < plan->n_groups; ++g) {
+        std::vector<std::uint64_t>& rows = pools_->rows[static_cast<std::size_t>(g)];
+        const std::size_t B = static_cast<std::size_t>(plan->block_size);
+        for (int c = 0; c < plan->groups[g].n_copies; ++c)
+          std::copy_n(rows.begin() + static_cast<long>(plan->groups[g].copies[c].src * B), B,
+                      rows.begin() + static_cast<long>(plan->groups[g].copies[c].dst * B));
+      }
+    }
+    if (how >= 2 && in_.percent(80)) {
+      FUZZ_REQUIRE(cache_->commit(*begun).ok(), "commit of the begun step");
+      for (const StepEntry& e : entries) {
+        SeqModel& m = model_->seq(e.seq);
+        if (e.tokens == nullptr) m.plain = false;
+        m.peak = std::max(m.peak, m.length());
+      }
+      FUZZ_REQUIRE(cache_->commit(*begun).code() == Error::InvalidState, "a second commit");
+      bump(&Coverage::steps_committed);
+      return "";
+    }
+    // Left begun: the model forgets it (a retry, a verb or clear ends it).
+    for (const StepEntry& e : entries) {
+      SeqModel& m = model_->seq(e.seq);
+      m.tags.resize(m.tags.size() - static_cast<std::size_t>(e.T));
+      m.tokens.resize(m.tags.size());
+    }
+    if (how < 2) bump(&Coverage::steps_abandoned_unrun);
+    step_open_ = true;
+    open_step_ = *begun;
+    return "";
+  }
+
+  std::string fork() {
+    const int src = any_seq(), dst = any_seq();
+    const int L = active(src) ? model_->seq(src).length() : 0;
+    const int upto = in_.percent(90) ? in_.in(-1, L + 1) : in_.edgy();
+    last_op_ = "fork(" + str(src) + ", " + str(dst) + ", " + str(upto) + ")";
+    const Snapshot before = snapshot();
+    const bool can = cache_->can_rewind(src, upto);
+    const bool dst_empty = in_range(dst) && holds_nothing(dst);
+    const Status st = cache_->fork(src, dst, upto);
+    Error code;
+    if (seq_refusal(src, &code)) return refused(st, code, before);
+    if (!in_range(dst) || src == dst || upto < 0 || upto > L) return refused(st, Error::InvalidArgument, before);
+    const SeqModel& d = model_->seq(dst);
+    if (d.active && (d.length() != 0 || !dst_empty)) return refused(st, Error::InvalidState, before);
+    if (must_allow(src, upto)) FUZZ_REQUIRE(can, "can_rewind refuses a fork the rule allows");
+    if (!can) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
+    FUZZ_REQUIRE(st.ok(), outcome(st));
+    SeqModel copy = model_->seq(src);
+    copy.tags.resize(static_cast<std::size_t>(upto));
+    copy.tokens.resize(static_cast<std::size_t>(upto));
+    copy.plain = plain(copy);
+    model_->seq(dst) = copy;
+    bump(&Coverage::forks);
+    return verb_done();
+  }
+
+  std::string remove() {
+    const int s = any_seq();
+    const int L = active(s) ? model_->seq(s).length() : 0;
+    int p0 = in_.in(-1, L + 1), p1 = in_.in(std::max(p0, 0) - 1, L + 3);
+    if (in_.percent(25)) p0 = 0;  // heads are common
+    if (in_.percent(3)) p0 = in_.edgy();
+    if (in_.percent(3)) p1 = in_.edgy();
+    last_op_ = "remove(" + str(s) + ", " + str(p0) + ", " + str(p1) + ")";
+    const Snapshot before = snapshot();
+    const bool can_truncate = cache_->can_rewind(s, p0);
+    const Status st = cache_->remove(s, p0, p1);
+    Error code;
+    if (seq_refusal(s, &code)) return refused(st, code, before);
+    if (p0 < 0 || p1 < p0) return refused(st, Error::InvalidArgument, before);
+    SeqModel& m = model_->seq(s);
+    if (p1 >= L && p0 < L) {  // a truncation: the rewind rule
+      if (must_allow(s, p0)) FUZZ_REQUIRE(can_truncate, "can_rewind refuses a truncation the rule allows");
+      if (!can_truncate && p0 != 0) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
+      FUZZ_REQUIRE(st.ok(), outcome(st));
+      m.tags.resize(static_cast<std::size_t>(p0));
+      m.tokens.resize(static_cast<std::size_t>(p0));
+      m.plain = p0 == 0 || plain(m);
+      if (p0 == 0) m.peak = 0;
+      return verb_done();
+    }
+    SeqModel after = m;
+    for (int p = p0; p < std::min(p1, L); ++p) after.tags[static_cast<std::size_t>(p)] = 0;
+    if (p0 < std::min(p1, L)) after.plain = false;
+    if (holes(after) > cfg_.batch.max_holes) return refused(st, Error::OutOfResources, before, &Coverage::holes_refused);
+    FUZZ_REQUIRE(st.ok(), outcome(st));
+    if (p0 > 0 && p0 < std::min(p1, L)) bump(&Coverage::middle_removals);
+    m = after;
+    return verb_done();
+  }
+
+  std::string rewind() {
+    const int s = any_seq();
+    const int L = active(s) ? model_->seq(s).length() : 0;
+    const int n = in_.percent(25) ? (in_.percent(90) ? in_.in(-1, L + 1) : in_.edgy()) : L - in_.in(0, C_ + 2);
+    last_op_ = "rewind(" + str(s) + ", " + str(n) + ")";
+    const Snapshot before = snapshot();
+    const bool can = cache_->can_rewind(s, n);
+    const Status st = cache_->rewind(s, n);
+    Error code;
+    if (seq_refusal(s, &code)) {
+      FUZZ_REQUIRE(!can, "can_rewind of a sequence that cannot rewind");
+      return refused(st, code, before);
+    }
+    if (n < 0 || n > L) {
+      FUZZ_REQUIRE(!can, "can_rewind out of range");
+      return refused(st, Error::InvalidArgument, before);
+    }
+    if (must_allow(s, n)) FUZZ_REQUIRE(can, "can_rewind refuses a rewind the rule allows");
+    if (!can) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
+    FUZZ_REQUIRE(st.ok(), outcome(st));
+    SeqModel& m = model_->seq(s);
+    m.tags.resize(static_cast<std::size_t>(n));
+    m.tokens.resize(static_cast<std::size_t>(n));
+    m.plain = n == 0 || plain(m);
+    if (n == 0) m.peak = 0;
+    return verb_done();
+  }
+
+  // A new (or emptied) sequence adopts a prompt built from another's tokens.
+  std::string adopt() {
+    const int s = any_seq();
+    if (in_range(s) && in_.percent(70) && (!model_->seq(s).active || model_->seq(s).length() != 0)) {
+      last_op_ = "make " + str(s) + " fresh";
+      if (model_->seq(s).active) FUZZ_REQUIRE(cache_->release_sequence(s).ok(), "release");
+      FUZZ_REQUIRE(cache_->add_sequence(s).ok(), "add");
+      model_->seq(s) = SeqModel{};
+      model_->seq(s).active = true;
+      const std::string err = verb_done();
+      if (!err.empty()) return err;
+    }
+    std::vector<std::int32_t> prompt;
+    std::vector<int> seqs;
+    for (int q = 0; q < cfg_.batch.max_seqs; ++q)
+      if (model_->seq(q).active) seqs.push_back(q);
+    if (!seqs.empty()) {
+      const SeqModel& from = model_->seq(seqs[static_cast<std::size_t>(in_.in(0, static_cast<int>(seqs.size()) - 1))]);
+      for (std::int32_t t : from.tokens) prompt.push_back(t < 0 ? 0 : t);
+      prompt.resize(static_cast<std::size_t>(in_.in(0, static_cast<int>(prompt.size()))));
+    }
+    for (int extra = in_.in(0, 4); extra > 0; --extra) prompt.push_back(in_.in(0, 2));
+    if (static_cast<int>(prompt.size()) > cfg_.capacity) prompt.resize(static_cast<std::size_t>(cfg_.capacity));
+    int n = static_cast<int>(prompt.size());
+    const std::int32_t* tokens = prompt.data();
+    const std::uint8_t abuse = in_.u8();
+    if (abuse < 5) n = in_.percent(50) ? -in_.in(1, 2) : cfg_.capacity + in_.in(1, 2);
+    else if (abuse < 8) tokens = nullptr, n = std::max(n, 1);
+    if (prompt.empty() && tokens != nullptr) tokens = nullptr;  // n = 0: tokens may be null
+    last_op_ = "adopt_prefix(" + str(s) + ", " + str(n) + " tokens)";
+    const Snapshot before = snapshot();
+    const bool empty = in_range(s) && holds_nothing(s);
+    auto hit = cache_->adopt_prefix(s, tokens, n);
+    Error code;
+    if (seq_refusal(s, &code)) return refused(hit.status(), code, before);
+    if (n < 0 || n > cfg_.capacity || (tokens == nullptr && n > 0)) return refused(hit.status(), Error::InvalidArgument, before);
+    SeqModel& m = model_->seq(s);
+    if (m.length() != 0 || !empty) return refused(hit.status(), Error::InvalidState, before);
+    FUZZ_REQUIRE(hit.ok(), outcome(hit.status()));
+    const int h = *hit;
+    FUZZ_REQUIRE(h % cfg_.batch.block_size == 0 && h <= std::max(0, n - 1) && cache_->sequence(s)->length == h,
+                 "hit " + str(h));
+    m = SeqModel{};
+    m.active = true;
+    m.peak = h;
+    for (int p = 0; p < h; ++p) {
+      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
+      m.tags.push_back(BatchModel::prefix_tag(prompt, p));  // what a fresh computation would hold
+    }
+    if (h > 0) bump(&Coverage::prefix_hits);
+    return verb_done();
+  }
+
+  std::string clear() {
+    last_op_ = "clear";
+    cache_->clear();
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_->seq(s) = SeqModel{};
+    for (int g = 0; g < cache_->n_groups(); ++g)
+      FUZZ_REQUIRE(*cache_->free_blocks(g) == *cache_->num_blocks(g) && *cache_->cached_blocks(g) == 0, "clear");
+    bump(&Coverage::clears);
+    return verb_done();
+  }
+
+  // Queries and stale steps with any arguments: the predicted answer, or the
+  // predicted refusal, and nothing changed.
+  std::string abuse() {
+    const int G = cache_->n_groups();
+    const int s = any_seq();
+    const int g = in_.percent(85) ? in_.in(0, G - 1) : (in_.percent(50) ? in_.in(-1, G) : in_.edgy());
+    const bool g_ok = g >= 0 && g < G;
+    const Snapshot before = snapshot();
+    switch (in_.u8() % 8) {
+      case 0: {
+        last_op_ = "sequence(" + str(s) + ")";
+        auto r = cache_->sequence(s);
+        if (!in_range(s)) return refused(r.status(), Error::InvalidArgument, before);
+        FUZZ_REQUIRE(r.ok() && r->active == model_->seq(s).active, "sequence()");
+        return "";
+      }
+      case 1: {
+        last_op_ = "blocks_held / oldest_held(" + str(s) + ", " + str(g) + ")";
+        auto held = cache_->blocks_held(s, g);
+        auto oldest = cache_->oldest_held(s, g);
+        if (!in_range(s) || !g_ok) {
+          const std::string err = refused(held.status(), Error::InvalidArgument, before);
+          return err.empty() ? refused(oldest.status(), Error::InvalidArgument, before) : err;
+        }
+        FUZZ_REQUIRE(held.ok() && oldest.ok() && *oldest >= 0 && *oldest <= cache_->sequence(s)->length, "oldest_held");
+        return "";
+      }
+      case 2: {
+        last_op_ = "pool queries(" + str(g) + ")";
+        auto f = cache_->free_blocks(g);
+        auto c = cache_->cached_blocks(g);
+        auto u = cache_->used_blocks(g);
+        auto n = cache_->num_blocks(g);
+        auto p = cache_->group_policy(g);
+        if (!g_ok) {
+          for (const Status& st : {f.status(), c.status(), u.status(), n.status(), p.status()}) {
+            const std::string err = refused(st, Error::InvalidArgument, before);
+            if (!err.empty()) return err;
+          }
+          return "";
+        }
+        FUZZ_REQUIRE(f.ok() && c.ok() && u.ok() && n.ok() && p.ok() && *u <= *n && *f <= *n, "pool queries");
+        return "";
+      }
+      case 3: {
+        const int l = in_.percent(80) ? in_.in(0, cfg_.n_layers - 1) : in_.edgy();
+        last_op_ = "group_of / layer_config(" + str(l) + ")";
+        auto gr = cache_->group_of(l);
+        auto lc = cache_->layer_config(l);
+        if (l < 0 || l >= cfg_.n_layers) {
+          const std::string err = refused(gr.status(), Error::InvalidArgument, before);
+          return err.empty() ? refused(lc.status(), Error::InvalidArgument, before) : err;
+        }
+        FUZZ_REQUIRE(gr.ok() && lc.ok() && lc->policy == cfg_.layer(l).policy &&
+                         *cache_->group_policy(*gr) == lc->policy,
+                     "group_of / layer_config");
+        return "";
+      }
+      case 4: {
+        const int q = in_.percent(80) ? in_.in(-1, cfg_.capacity) : in_.edgy();
+        const int k = in_.percent(80) ? in_.in(-1, cfg_.capacity) : in_.edgy();
+        last_op_ = "visible(" + str(g) + ", " + str(s) + ", " + str(q) + ", " + str(k) + ")";
+        auto v = cache_->visible(g, s, q, k);
+        if (!g_ok || !in_range(s) || q < 0 || k < 0) return refused(v.status(), Error::InvalidArgument, before);
+        const SeqModel& m = model_->seq(s);
+        // The window's rule, and not removed (past the length nothing is).
+        bool want = BatchModel::in_window(*cache_->group_policy(g), q, k);
+        if (m.active && k < m.length()) want = want && m.tags[static_cast<std::size_t>(k)] != 0;
+        FUZZ_REQUIRE(v.ok() && *v == want, "visible()");
+        return "";
+      }
+      case 5: {
+        // A forged or stale step handle: never the begun one.
+        BatchStep forged{step_open_ ? open_step_.id + 1 + in_.u8() : in_.u8(), in_.in(0, 3), in_.in(0, 9)};
+        if (in_.percent(30)) forged.id = 0;
+        last_op_ = "stale step " + str(static_cast<long long>(forged.id));
+        const std::string err = refused(cache_->check_step(forged), Error::InvalidState, before);
+        if (!err.empty()) return err;
+        const std::string err2 = refused(cache_->plan(forged).status(), Error::InvalidState, before);
+        return err2.empty() ? refused(cache_->commit(forged), Error::InvalidState, before) : err2;
+      }
+      case 6: {
+        const int n = in_.edgy();
+        last_op_ = "can_rewind(" + str(s) + ", " + str(n) + ")";
+        const bool can = cache_->can_rewind(s, n);
+        if (!active(s) || n < 0 || n > model_->seq(s).length()) FUZZ_REQUIRE(!can, "can_rewind out of range");
+        return "";
+      }
+      default: {
+        // The plan of the begun step is pure: asked again, the same.
+        if (!step_open_) return "";
+        last_op_ = "plan of the begun step, again";
+        auto a = cache_->plan(open_step_);
+        auto b = cache_->plan(open_step_);
+        FUZZ_REQUIRE(a.ok() && b.ok() && a->n_tokens == b->n_tokens && a->groups == b->groups &&
+                         a->seq_ids == b->seq_ids,
+                     "plan purity");
+        return "";
+      }
+    }
+  }
+
+  // --- the huge regime: lengths only --------------------------------------------------
+
+  std::string run_huge() {
+    tables_checked_ = static_cast<std::int64_t>(cache_->max_seqs()) * cache_->table_stride() <= (1 << 14);
+    lengths_.assign(static_cast<std::size_t>(cache_->max_seqs()), -1);
+    const int ops = in_.in(1, 40);
+    const int seqs = std::min(cache_->max_seqs(), 4);
+    for (op_ = 0; op_ < ops && !in_.done(); ++op_) {
+      const int s = in_.percent(90) ? in_.in(0, seqs - 1) : in_.edgy();
+      const bool ok_s = s >= 0 && s < cache_->max_seqs();
+      const bool act = ok_s && lengths_[static_cast<std::size_t>(s)] >= 0;
+      const int L = act ? lengths_[static_cast<std::size_t>(s)] : 0;
+      const Snapshot before = snapshot();
+      switch (in_.u8() % 6) {
+        case 0: {
+          last_op_ = "add_sequence(" + str(s) + ")";
+          const Status st = cache_->add_sequence(s);
+          FUZZ_REQUIRE(st.ok() == (ok_s && !act), outcome(st));
+          if (st.ok()) lengths_[static_cast<std::size_t>(s)] = 0, step_open_ = false;
+          break;
+        }
+        case 1: {
+          // T: small, up to max_step, or anything.
+          const int T = in_.percent(60) ? in_.in(1, std::min(C_, 64)) : in_.percent(50) ? C_ : in_.edgy();
+          last_op_ = "begin_step(" + str(s) + ": " + str(T) + ") at " + str(L);
+          const StepEntry e{s, T, nullptr};
+          // Per-token work is linear in T: leave steps past 2^20 tokens to the rules that refuse them.
+          if (act && T >= 1 && T <= C_ && static_cast<std::int64_t>(L) + T <= cfg_.capacity &&
+              T <= cache_->max_step_tokens() && T > (1 << 20))
+            break;
+          auto begun = cache_->begin_step(&e, 1);
+          Error want = Error::Ok;
+          if (!ok_s) want = Error::InvalidArgument;
+          else if (!act) want = Error::InvalidState;
+          else if (T < 1 || T > C_) want = Error::InvalidArgument;
+          else if (static_cast<std::int64_t>(L) + T > cfg_.capacity) want = Error::OutOfResources;
+          else if (T > cache_->max_step_tokens()) want = Error::InvalidArgument;
+          if (want != Error::Ok || !begun.ok()) {
+            const std::string err = refused(begun.status(), want == Error::Ok ? Error::OutOfResources : want, before);
+            if (!err.empty()) return err;
+            break;
+          }
+          auto plan = cache_->plan(*begun);
+          FUZZ_REQUIRE(plan.ok() && plan->n_tokens == T && plan->first_positions[0] == L && plan->context_lens[0] == L + T,
+                       "plan");
+          const std::int64_t rows = static_cast<std::int64_t>(*cache_->num_blocks(0)) * cache_->block_size();
+          FUZZ_REQUIRE(plan->groups[0].slots[0] >= 0 && plan->groups[0].slots[0] < rows &&
+                           plan->groups[0].slots[T - 1] >= 0 && plan->groups[0].slots[T - 1] < rows,
+                       "a slot outside the pool");
+          if (in_.percent(70)) {
+            FUZZ_REQUIRE(cache_->commit(*begun).ok(), "commit");
+            lengths_[static_cast<std::size_t>(s)] = L + T;
+            step_open_ = false;
+          } else {
+            step_open_ = true;
+            open_step_ = *begun;
+          }
+          break;
+        }
+        case 2: {
+          const int n = in_.percent(50) ? L - in_.in(0, 3) : in_.percent(50) ? in_.in(0, std::max(L, 0)) : in_.edgy();
+          last_op_ = "rewind(" + str(s) + ", " + str(n) + ") at " + str(L);
+          const bool can = cache_->can_rewind(s, n);
+          const Status st = cache_->rewind(s, n);
+          FUZZ_REQUIRE(st.ok() == can, "rewind disagrees with can_rewind: " + outcome(st));
+          if (!st.ok()) {
+            const Error want = !ok_s ? Error::InvalidArgument : !act ? Error::InvalidState
+                               : (n < 0 || n > L) ? Error::InvalidArgument : Error::InvalidState;
+            const std::string err = refused(st, want, before);
+            if (!err.empty()) return err;
+          } else {
+            lengths_[static_cast<std::size_t>(s)] = n;
+            step_open_ = false;
+          }
+          break;
+        }
+        case 3: {
+          const int dst = in_.in(0, seqs - 1);
+          const int upto = in_.percent(50) ? L - in_.in(0, 3) : in_.edgy();
+          last_op_ = "fork(" + str(s) + ", " + str(dst) + ", " + str(upto) + ")";
+          bool dst_empty = lengths_[static_cast<std::size_t>(dst)] <= 0;
+          for (int g = 0; g < cache_->n_groups(); ++g) dst_empty = dst_empty && *cache_->blocks_held(dst, g) == 0;
+          const bool can = cache_->can_rewind(s, upto);
+          const Status st = cache_->fork(s, dst, upto);
+          const bool want = act && s != dst && upto >= 0 && upto <= L && dst_empty && can;
+          FUZZ_REQUIRE(st.ok() == want, "fork: " + outcome(st));
+          if (st.ok()) {
+            lengths_[static_cast<std::size_t>(dst)] = upto;
+            step_open_ = false;
+          } else {
+            FUZZ_REQUIRE(snapshot() == before, "a refused fork changed the cache");
+          }
+          break;
+        }
+        case 4: {
+          const int p0 = in_.percent(50) ? in_.in(0, std::max(L, 0)) : in_.edgy();
+          const int p1 = in_.percent(50) ? in_.in(std::max(p0, 0), std::max(L, std::max(p0, 0))) : in_.edgy();
+          last_op_ = "remove(" + str(s) + ", " + str(p0) + ", " + str(p1) + ") at " + str(L);
+          const bool can = cache_->can_rewind(s, p0);
+          const Status st = cache_->remove(s, p0, p1);
+          if (!act || p0 < 0 || p1 < p0) {
+            FUZZ_REQUIRE(!st.ok(), "remove accepted a bad call");
+            const std::string err = refused(st, !ok_s || (act && (p0 < 0 || p1 < p0)) ? Error::InvalidArgument : Error::InvalidState, before);
+            if (!err.empty()) return err;
+          } else if (p1 >= L && p0 < L) {
+            FUZZ_REQUIRE(st.ok() == (can || p0 == 0), "a truncation disagrees with can_rewind: " + outcome(st));
+            if (st.ok()) lengths_[static_cast<std::size_t>(s)] = p0;
+          } else if (!st.ok()) {
+            const std::string err = refused(st, Error::OutOfResources, before);  // max_holes
+            if (!err.empty()) return err;
+          }
+          if (st.ok()) step_open_ = false;
+          break;
+        }
+        default: {
+          const int g = in_.in(0, cache_->n_groups() - 1);
+          const int q = in_.edgy(), k = in_.edgy();
+          last_op_ = "visible(" + str(g) + ", " + str(s) + ", " + str(q) + ", " + str(k) + ")";
+          auto v = cache_->visible(g, s, q, k);
+          FUZZ_REQUIRE(v.ok() == (ok_s && q >= 0 && k >= 0), "visible: " + outcome(v.status()));
+          break;
+        }
+      }
+      // Lengths, and the ring bound at rest.
+      for (int q = 0; q < cache_->max_seqs() && q < 8; ++q) {
+        const kvcore::SequenceInfo info = *cache_->sequence(q);
+        const int want = lengths_[static_cast<std::size_t>(q)];
+        FUZZ_REQUIRE(info.active == (want >= 0) && (want < 0 || info.length == want), "seq " + str(q) + " length");
+        if (step_open_ || want < 0) continue;
+        for (int g = 0; g < cache_->n_groups(); ++g) {
+          const LayerPolicy p = *cache_->group_policy(g);
+          if (p.kind != LayerPolicy::Kind::Ring) continue;
+          const std::int64_t B = cache_->block_size();
+          const std::int64_t bound = (static_cast<std::int64_t>(p.sinks) + B - 1) / B +
+                                     (static_cast<std::int64_t>(p.window) + C_ - 1 + B - 1) / B + 1;
+          FUZZ_REQUIRE(*cache_->blocks_held(q, g) <= bound, "ring bound");
+        }
+      }
+      for (int g = 0; g < cache_->n_groups(); ++g)
+        FUZZ_REQUIRE(*cache_->free_blocks(g) <= *cache_->num_blocks(g) && *cache_->used_blocks(g) <= *cache_->num_blocks(g),
+                     "pool counts");
+    }
+    return "";
+  }
+
+  Bytes& in_;
+  CacheConfig cfg_;
+  int C_ = 0;
+  std::unique_ptr<BatchCache> cache_;
+  std::unique_ptr<BatchModel> model_;
+  std::unique_ptr<TaggedPools> pools_;
+  bool step_open_ = false;
+  BatchStep open_step_;
+  bool tables_checked_ = false;
+  std::vector<int> lengths_;    // the huge regime's model: -1 inactive
+  std::vector<char> held_;      // scratch: blocks seen held
+  int op_ = 0;
+  std::string last_op_;
+};
+
+#undef FUZZ_REQUIRE
+
+}  // namespace detail
+
+/// Runs one input; "" when everything held, else the first violation.
+inline std::string run_batch_fuzz(const std::uint8_t* data, std::size_t size) {
+  if (coverage() != nullptr) ++coverage()->inputs;
+  detail::Bytes in(data, size);
+  detail::Harness harness(in);
+  return harness.run();
+}
+
+}  // namespace kvcore_batch_fuzz
+
+#ifndef KVCORE_FUZZ_NO_ENTRY_POINT
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string err = kvcore_batch_fuzz::run_batch_fuzz(data, size);
+  if (!err.empty()) {
+    std::fprintf(stderr, "batch_fuzzer: %s\n", err.c_str());
+    std::abort();
+  }
+  return 0;
+}
+#endif
