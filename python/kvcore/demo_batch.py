@@ -677,12 +677,12 @@ def format_report(r: dict[str, Any]) -> str:
         f"sequences) vs {kv['peak_no_sharing_bytes'] / kib:.1f} KiB without shared blocks "
         f"({ratio(kv['peak_no_sharing_bytes'], kv['peak_bytes'])} more) and {kv['peak_all_flat_bytes'] / kib:.1f} KiB "
         f"all-flat ({ratio(kv['peak_all_flat_bytes'], kv['peak_bytes'])} more)",
-        f"            ring groups released up to {kv['ring_blocks_released_peak']} blocks out of the window; "
-        f"{kv['reserved_bytes'] / kib:.1f} KiB reserved",
+        f"            ring groups: up to {kv['ring_blocks_released_peak']} blocks released behind the window; "
+        f"{kv['reserved_bytes'] / kib:.1f} KiB of storage reserved",
         f"  oracle    max |logit diff| {orc['max_abs_logit_diff']:.2e} every step, {orc['final_max_abs_logit_diff']:.2e} "
-        f"at the end (tolerance {orc['tolerance']:.0e}); incremental forward_full computed "
-        f"{orc['positions_computed']} positions where one per chat per step would compute "
-        f"{orc['positions_per_step_forward_full']}",
+        f"at the end (tolerance {orc['tolerance']:.0e})",
+        f"            incremental forward_full computed {orc['positions_computed']} positions "
+        f"(forward_full per chat per step: {orc['positions_per_step_forward_full']})",
     ]
     for c in r["checks"]:
         lines.append(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
