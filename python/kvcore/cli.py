@@ -84,8 +84,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     # No subcommand: run the demo (the main job), passing the options along.
     print_and_exit = {"-h", "--help", "--version", "--includes", "--cmakedir"}
-    if not any(a in sub.choices for a in args_in) and not print_and_exit & set(args_in):
+    if not any(a in sub.choices for a in args_in) and (
+        not print_and_exit & set(args_in) or demo.batch_argv(args_in) is not None
+    ):
         args_in = ["demo", *args_in]
+    # `kvcore demo --batch`: the many-chat demo, with a parser of its own (kvcore.demo_batch).
+    if args_in[:1] == ["demo"] and (batch_args := demo.batch_argv(args_in[1:])) is not None:
+        from kvcore import demo_batch
+
+        return demo_batch.main(batch_args)
     args = parser.parse_args(args_in)
     try:
         return int(args.run(args))

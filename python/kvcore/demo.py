@@ -339,10 +339,30 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    p.add_argument(
+        "--batch", action="store_true",
+        help="serve many concurrent chats through BatchCache instead, with its own options "
+        "(kvcore demo --batch --help)",
+    )
     p.set_defaults(run=run)
 
 
+def batch_argv(argv: list[str]) -> list[str] | None:
+    """The options of ``kvcore demo --batch`` when argv (after ``demo``) asks for it, else None.
+
+    ``--batch`` (or an abbreviation argparse would take for it) hands the whole
+    command line to kvcore.demo_batch, whose parser has its own knobs.
+    """
+    wants = [a for a in argv if a.startswith("--b") and "--batch".startswith(a)]
+    if not wants:
+        return None
+    return [a for a in argv if a not in wants]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.batch:  # kvcore.cli hands --batch to demo_batch before parsing; this parser alone cannot
+        print("kvcore demo: error: --batch takes its own options: run `kvcore demo --batch ...`", file=sys.stderr)
+        return 2
     opts = DemoOptions(
         layers=args.layers,
         flat_every=args.flat_every,

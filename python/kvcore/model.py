@@ -7,7 +7,7 @@ MLP, and an output head tied to the embedding. Weights are random from a seed.
 Each layer is Ring(window, sinks) or Flat(), from a pattern such as 5 ring : 1
 flat.
 
-Two paths over the same weights:
+Three paths over the same weights:
 
 - ``Model.forward_full(tokens)``, the oracle: no cache; every layer attends over
   the whole sequence through an explicit mask built from the visibility rule
@@ -16,6 +16,10 @@ Two paths over the same weights:
   ``KVPool``: each layer writes its new K/V rows, reads back the rows its plan
   names, and masks with ``step.mask(layer)``. ``Decoder`` drives it (chunked
   prefill in steps of at most ``max_step``, then decode).
+- ``Model.forward_batch(tokens, step, pool)`` through ``BatchCache`` +
+  ``PagedKVPool``: one step over many sequences; each layer writes the step's
+  rows to their slots and attends over the group's live rows with
+  ``pool.mask(step, group)`` (``kvcore demo --batch`` drives it).
 
 K and V are stored in the pool's dtype; ``forward_full(..., kv_dtype=...)`` rounds
 them the same way, so both paths see the same numbers.
@@ -237,6 +241,33 @@ class Model:
             keys, values, _ = pool.update(i, step, k.astype(pool.dtype), v.astype(pool.dtype))
             mask = step.mask(i)
             attn = attention(q, keys.astype(np.float32), values.astype(np.float32), mask)
+            h = self._finish_layer(w, h, attn)
+        return self._logits(h)
+
+    def forward_batch(
+        self, tokens: Sequence[int] | Array, step: kvcore.BatchStep, pool: kvcore.PagedKVPool
+    ) -> Array:
+        """Logits (n_tokens, vocab) for a many-sequence step, through a BatchCache and its pool.
+
+        ``tokens`` are the step's new tokens laid out entry after entry, as in
+        ``begin_step``; each is embedded and rotated at its own sequence's position
+        (the plan's ``positions``). Per layer: ``pool.update`` writes the step's K/V
+        rows and returns the group's live rows, and attention over them uses
+        ``pool.mask(step, group)``, which hides every row that is not a visible
+        position of the token's own sequence. Each row of the result is therefore
+        that token's logits in its own sequence alone.
+        """
+        ids = self._tokens(tokens)
+        if len(ids) != step.n_tokens:
+            raise ValueError(f"{len(ids)} tokens for a step of n_tokens = {step.n_tokens}")
+        positions = np.asarray(step.plan().positions, dtype=np.int64)
+        cache = pool.cache
+        h = self._embed(ids)
+        for i, w in enumerate(self.layers):
+            q, k, v = self._qkv(i, w, h, positions)
+            keys, values = pool.update(i, step, k.astype(pool.dtype), v.astype(pool.dtype))
+            mask = pool.mask(step, cache.group_of(i))
+            attn = attention(q, np.asarray(keys, np.float32), np.asarray(values, np.float32), mask)
             h = self._finish_layer(w, h, attn)
         return self._logits(h)
 

@@ -1,0 +1,761 @@
+"""`kvcore demo --batch`: many concurrent chats through one BatchCache, each proved exact.
+
+The reference model (kvcore.model) serves a queue of chats the way a serving
+engine does, one ``begin_step`` over every active sequence per step and one
+batched forward (``Model.forward_batch``) through ``BatchCache`` +
+``PagedKVPool``:
+
+- every chat starts with the same system prompt; a chat that joins adopts the
+  longest cached prefix of its prompt (``adopt_prefix``) and prefills only the
+  rest, in chunks of at most ``max_step``; every step passes its token ids, so
+  full blocks are named and can be adopted;
+- chats arrive at different steps and wait in a queue while the sequences in
+  flight are at the concurrency limit; a finished chat releases its sequence,
+  and the id is reused by the next chat (continuous batching);
+- some chats fork after their prompt into parallel samples (``fork``, sharing
+  every block; the shared partial block is copied on write); sample j starts
+  from the j-th most likely first token, so the samples diverge;
+- some chats decode speculatively: each step carries the last token plus k
+  drafts, the accepted prefix is kept and the rejected drafts are rewound
+  (``rewind``). The drafts are a perfect draft model's (the oracle's greedy
+  continuation) with one token corrupted at a random place or none, as in
+  ``kvcore demo``, so steps accept anything from 0 to k drafts.
+
+The check, every step: the logits of every new token (rejected drafts included)
+must equal that chat's own full recomputation, ``Model.forward_full`` of the
+chat's token sequence so far (explicit visibility masks, no cache). Running
+``forward_full`` over the whole history for every chat at every step would
+redo the history each step, so the oracle is computed incrementally:
+``Oracle.logits(tokens)`` is ``forward_full(tokens)`` with the K/V of the longest
+prefix it has already computed kept (every position of every layer, no window,
+no paging, nothing from kvcore), recomputing only from the first token that
+differs (after a rewind). When a chat finishes, every logit row it kept is also
+compared with one literal ``forward_full`` of its whole sequence.
+
+Exits 0 when every check passes, 1 when one fails, 2 on bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import kvcore
+from kvcore.demo import TOLERANCE, Progress, _dtype, single_threaded_blas
+from kvcore.model import Model, ModelConfig, attention, visibility_mask
+
+Array = npt.NDArray[Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchDemoOptions:
+    """Knobs of ``kvcore demo --batch`` (defaults: the default run)."""
+
+    chats: int = 12
+    #: Sequences in flight at once (a forking chat needs `samples` of them).
+    concurrency: int = 8
+    #: System prompt tokens every chat starts with.
+    shared_len: int = 32
+    #: Each chat's own prompt after the system prompt: between half and all of it.
+    prompt_len: int = 16
+    #: Tokens each chat (each sample) generates: between half and all of it.
+    gen_len: int = 32
+    #: Mean steps between two arrivals (0: every chat arrives at step 0, before any block is cached).
+    arrive_every: int = 3
+    #: Samples of a forking chat (1: no forks).
+    samples: int = 3
+    #: Every Nth chat from chat 1 on forks: 1, 1 + N, 1 + 2N, ... (0: none).
+    fork_every: int = 4
+    #: Draft tokens per speculative step (at most max_step - 1 are used).
+    draft: int = 3
+    #: Every Nth chat from chat 2 on decodes speculatively: 2, 2 + N, ... (0: none).
+    draft_every: int = 3
+    block_size: int = 8
+    layers: int = 12
+    flat_every: int = 6
+    window: int = 16
+    sinks: int = 4
+    max_step: int = 8
+    seed: int = 0
+    dtype: str = "float32"
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    d_ff: int = 384
+    vocab_size: int = 512
+
+    def check(self) -> None:
+        """Raises ValueError naming the first bad option."""
+        at_least = {
+            "chats": 1, "concurrency": 1, "shared_len": 0, "prompt_len": 1, "gen_len": 1, "arrive_every": 0,
+            "samples": 1, "fork_every": 0, "draft": 0, "draft_every": 0, "block_size": 1, "layers": 1,
+            "flat_every": 0, "window": 1, "sinks": 0, "max_step": 1,
+        }
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= {low}")
+        if self.samples > self.concurrency:
+            raise ValueError(
+                f"--samples = {self.samples}: a forking chat needs that many sequences at once, "
+                f"more than --concurrency = {self.concurrency}"
+            )
+        if self.samples > self.vocab_size:
+            raise ValueError(f"--samples = {self.samples}: at most the vocabulary ({self.vocab_size})")
+        if self.dtype not in TOLERANCE:
+            raise ValueError(
+                f"--dtype = {self.dtype}: must be one of {', '.join(TOLERANCE)} "
+                "(int8/uint8 pools move bytes, but this model computes in floats)"
+            )
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.layers, n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, d_ff=self.d_ff, window=self.window,
+            sinks=self.sinks, flat_every=self.flat_every, seed=self.seed,
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Longest sequence: system prompt, own prompt, generated tokens and one step of drafts."""
+        return self.shared_len + self.prompt_len + self.gen_len + self.draft + 1
+
+
+class Oracle:
+    """``Model.forward_full`` of one token sequence, computed incrementally.
+
+    ``logits(tokens)`` returns ``forward_full(tokens, kv_dtype)`` (every position)
+    while keeping, per layer, the K/V of every position of the longest prefix it
+    has computed before: only the positions from the first token that differs are
+    computed, exactly as ``forward_full`` computes them (each position attends over
+    all positions before it through ``visibility_mask``). Nothing here comes from
+    kvcore's cache or pools.
+    """
+
+    def __init__(self, model: Model, capacity: int, kv_dtype: npt.DTypeLike = np.float32) -> None:
+        c = model.config
+        self.model = model
+        self.kv_dtype = kv_dtype
+        self.tokens: list[int] = []
+        self.k = [np.zeros((capacity, c.n_kv_heads, c.head_dim), np.float32) for _ in range(c.n_layers)]
+        self.v = [np.zeros((capacity, c.n_kv_heads, c.head_dim), np.float32) for _ in range(c.n_layers)]
+        self.rows = np.zeros((capacity, c.vocab_size), np.float32)
+        #: Positions computed so far (the cost of the oracle).
+        self.work = 0
+
+    def copy(self) -> Oracle:
+        other = Oracle.__new__(Oracle)
+        other.model, other.kv_dtype, other.tokens = self.model, self.kv_dtype, list(self.tokens)
+        other.k = [a.copy() for a in self.k]
+        other.v = [a.copy() for a in self.v]
+        other.rows = self.rows.copy()
+        other.work = 0
+        return other
+
+    def logits(self, tokens: Sequence[int]) -> Array:
+        """forward_full(tokens): (len(tokens), vocab), a view valid until the next call."""
+        n = 0
+        limit = min(len(tokens), len(self.tokens))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        new = list(tokens[n:])
+        if len(tokens) > len(self.rows):
+            raise ValueError(f"{len(tokens)} tokens: the oracle holds at most {len(self.rows)}")
+        self.tokens = list(tokens[:n]) + new
+        if new:
+            self._extend(n, new)
+        return self.rows[: len(tokens)]
+
+    def _extend(self, start: int, new: list[int]) -> None:
+        m = self.model
+        end = start + len(new)
+        positions = np.arange(start, end, dtype=np.int64)
+        history = np.arange(end, dtype=np.int64)
+        h = m._embed(m._tokens(new))
+        for i, w in enumerate(m.layers):
+            q, k, v = m._qkv(i, w, h, positions)
+            self.k[i][start:end] = k.astype(self.kv_dtype).astype(np.float32)
+            self.v[i][start:end] = v.astype(self.kv_dtype).astype(np.float32)
+            mask = visibility_mask(m.config.policy(i), positions, history)
+            h = m._finish_layer(w, h, attention(q, self.k[i][:end], self.v[i][:end], mask))
+        self.rows[start:end] = m._logits(h)
+        self.work += len(new)
+
+
+@dataclasses.dataclass
+class Chat:
+    """One request: its prompt (system prompt + its own), what it generates, its role."""
+
+    index: int
+    arrival: int
+    prompt: list[int]
+    gen_len: int
+    samples: int
+    drafts: bool
+    joined: int = -1
+    left: int = -1
+    hit: int = 0
+    seq_ids: list[int] = dataclasses.field(default_factory=list)
+    branches: list[Branch] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Branch:
+    """One sequence of a chat: the chat itself, or one of its forked samples."""
+
+    chat: Chat
+    sample: int
+    seq: int
+    tokens: list[int]
+    oracle: Oracle
+    #: Logits of the committed positions this sequence (or the one it forked from) computed.
+    kept: dict[int, Array] = dataclasses.field(default_factory=dict)
+    #: The next token to feed: generated, not in the cache yet.
+    pending: int = -1
+    generated: list[int] = dataclasses.field(default_factory=list)
+    done: bool = False
+
+    @property
+    def prefilling(self) -> bool:
+        return len(self.tokens) < len(self.chat.prompt)
+
+
+def make_chats(opts: BatchDemoOptions) -> list[Chat]:
+    """The run's chats, in arrival order, from the seed."""
+    rng = np.random.default_rng(opts.seed + 1)
+    vocab, B = opts.vocab_size, opts.block_size
+    shared = rng.integers(0, vocab, size=opts.shared_len).tolist()
+    chats = []
+    arrival = 0
+    for i in range(opts.chats):
+        if i and opts.arrive_every:
+            arrival += int(rng.integers(1, 2 * opts.arrive_every))  # 1 .. 2N - 1 steps: N on average
+        own = int(rng.integers(max(1, opts.prompt_len // 2), opts.prompt_len + 1))
+        forks = opts.samples > 1 and opts.fork_every > 0 and i >= 1 and (i - 1) % opts.fork_every == 0
+        if forks and own > 1 and (opts.shared_len + own) % B == 0:
+            own -= 1  # end the prompt inside a block: the samples share it partly filled (copy-on-write)
+        drafts = opts.draft > 0 and opts.draft_every > 0 and i >= 2 and (i - 2) % opts.draft_every == 0
+        chats.append(
+            Chat(
+                index=i,
+                arrival=arrival,
+                prompt=shared + rng.integers(0, vocab, size=own).tolist(),
+                gen_len=int(rng.integers(max(1, opts.gen_len // 2), opts.gen_len + 1)),
+                samples=opts.samples if forks else 1,
+                drafts=drafts,
+            )
+        )
+    return chats
+
+
+def _greedy(logits: Array) -> int:
+    return int(np.argmax(logits))
+
+
+class _Server:
+    """The serving loop and what it measures."""
+
+    def __init__(self, opts: BatchDemoOptions, bar: Progress) -> None:
+        self.opts = opts
+        self.bar = bar
+        self.dtype = _dtype(opts.dtype)
+        self.tolerance = TOLERANCE[opts.dtype]
+        self.model = Model(opts.model_config())
+        cfg = self.model.config
+        self.max_step = min(opts.max_step, opts.capacity)
+        layers = [kvcore.LayerConfig(cfg.policy(i), cfg.n_kv_heads, cfg.head_dim) for i in range(cfg.n_layers)]
+        limits = kvcore.BatchLimits(block_size=opts.block_size, max_seqs=opts.concurrency)
+        self.cache = kvcore.BatchCache(
+            kvcore.CacheConfig(opts.capacity, layers, max_step=self.max_step, batch=limits)
+        )
+        self.pool = kvcore.PagedKVPool(self.cache, self.dtype)
+        self.row_bytes = 2 * cfg.n_kv_heads * cfg.head_dim * np.dtype(self.dtype).itemsize
+        self.group_layers = [0] * self.cache.n_groups
+        for layer in range(cfg.n_layers):
+            self.group_layers[self.cache.group_of(layer)] += 1
+        self.ring_groups = [g for g in range(self.cache.n_groups) if self.cache.group_policy(g).is_ring]
+        self.rng = np.random.default_rng(opts.seed + 2)
+
+        self.chats = make_chats(opts)
+        self.queue = list(self.chats)
+        self.free: list[int] = list(range(opts.concurrency))
+        self.used_ids: set[int] = set()
+        self.active: list[Branch] = []
+        # The system prompt's oracle, computed once: every chat's oracle starts from a copy.
+        self.base = Oracle(self.model, opts.capacity, self.dtype)
+        shared = self.chats[0].prompt[: opts.shared_len]
+        if shared:
+            self.base.logits(shared)
+
+        self.clock = 0
+        self.steps = 0
+        self.tokens_prefill = self.tokens_decode = 0
+        self.forward_s = self.cache_s = self.oracle_s = 0.0
+        self.peak_sequences = 0
+        self.joined_mid_run = self.left_mid_run = self.ids_reused = self.waited = 0
+        self.hits = self.full_hits = self.hit_tokens = self.lookups = 0
+        self.forks = self.fork_samples = self.cow_copies = 0
+        self.spec_steps = self.drafted = self.accepted = self.rewinds = self.rewound = 0
+        self.step_diff = 0.0
+        self.step_positions = 0
+        self.final_diff = 0.0
+        self.final_positions = 0
+        self.final_work = 0
+        #: What forward_full of each chat's whole sequence at every step would have computed.
+        self.per_step_full_work = 0
+        self.mismatches: list[str] = []
+        self.first_failure: dict[str, Any] | None = None
+        self.peak: dict[str, int] = {"kv_bytes": -1}
+        self.ring_released_peak = 0
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run(self) -> None:
+        while self.queue or self.active:
+            self._admit()
+            if not self.active:  # nobody in flight: the next chat has not arrived yet
+                self.clock = self.queue[0].arrival
+                continue
+            self._step()
+            self.clock += 1
+            done = sum(c.left >= 0 for c in self.chats)
+            self.bar.update("serving", done, len(self.chats))
+
+    def _admit(self) -> None:
+        while self.queue and self.queue[0].arrival <= self.clock and len(self.free) >= self.queue[0].samples:
+            chat = self.queue.pop(0)
+            seq = self._take_id()
+            chat.joined = self.clock
+            if self.active and self.steps > 0:  # into a batch in flight
+                self.joined_mid_run += 1
+            if self.clock > chat.arrival:
+                self.waited += 1
+            t0 = time.perf_counter()
+            self.cache.add_sequence(seq)
+            chat.hit = self.cache.adopt_prefix(seq, chat.prompt)
+            self.cache_s += time.perf_counter() - t0
+            self.lookups += 1
+            if chat.hit:
+                self.hits += 1
+                self.hit_tokens += chat.hit
+                if chat.hit >= self.opts.shared_len // self.opts.block_size * self.opts.block_size:
+                    self.full_hits += 1
+            # The samples' ids are held from the start, so the fork never waits.
+            chat.seq_ids = [seq] + [self._take_id() for _ in range(chat.samples - 1)]
+            branch = Branch(chat=chat, sample=0, seq=seq, tokens=chat.prompt[: chat.hit], oracle=self.base.copy())
+            chat.branches.append(branch)
+            self.active.append(branch)
+            self._agree(branch, "after adopt_prefix")
+
+    def _take_id(self) -> int:
+        seq = heapq.heappop(self.free)
+        if seq in self.used_ids:
+            self.ids_reused += 1
+        self.used_ids.add(seq)
+        return seq
+
+    def _step(self) -> None:
+        C = self.max_step
+        entries: list[tuple[int, int, list[int]]] = []
+        fed: list[list[int]] = []
+        for b in self.active:
+            if b.prefilling:
+                ids = b.chat.prompt[len(b.tokens) : len(b.tokens) + C]
+                self.tokens_prefill += len(ids)
+            else:
+                k = min(self.opts.draft, C - 1, b.chat.gen_len - len(b.generated)) if b.chat.drafts else 0
+                ids = [b.pending, *self._drafts(b, k)]
+                self.tokens_decode += len(ids)
+            entries.append((b.seq, len(ids), ids))
+            fed.append(ids)
+        tokens = [t for ids in fed for t in ids]
+
+        t0 = time.perf_counter()
+        step = self.cache.begin_step(entries)
+        plan = step.plan()
+        first = plan.first_positions.copy()
+        starts = plan.query_starts.copy()
+        copies = sum(int(g.copies.shape[0]) for g in plan.groups)
+        logits = self.model.forward_batch(tokens, step, self.pool)
+        step.commit()
+        self.forward_s += time.perf_counter() - t0
+        self.steps += 1
+        self.cow_copies += copies
+        self.peak_sequences = max(self.peak_sequences, len(self.active))
+        self._measure_bytes()
+
+        forking: list[tuple[Branch, Array]] = []
+        for i, (b, ids) in enumerate(zip(self.active, fed)):
+            P = len(b.tokens)
+            if int(first[i]) != P:
+                self._mismatch(f"step {self.steps}: chat {b.chat.index} sample {b.sample} starts at {first[i]}, not {P}")
+            rows = logits[int(starts[i]) : int(starts[i + 1])]
+            self._check_step(b, ids, rows)
+            if b.prefilling:
+                b.tokens.extend(ids)
+                b.kept.update({P + j: rows[j] for j in range(len(ids))})
+                if not b.prefilling:
+                    if b.chat.samples > 1:
+                        forking.append((b, rows[-1]))
+                    else:
+                        b.pending = _greedy(rows[-1])
+                        b.generated.append(b.pending)
+            else:
+                self._accept(b, ids, rows, P)
+        for b, last in forking:
+            self._fork(b, last)
+        for b in [b for b in self.active if not b.prefilling and len(b.generated) >= b.chat.gen_len]:
+            self._release(b)
+        for b in self.active:
+            self._agree(b, f"after step {self.steps}")
+
+    def _drafts(self, b: Branch, k: int) -> list[int]:
+        """k guesses: the oracle's greedy continuation, one token corrupted at a random place (or none)."""
+        if k == 0:
+            return []
+        t0 = time.perf_counter()
+        seq = [*b.tokens, b.pending]
+        for _ in range(k):
+            seq.append(_greedy(b.oracle.logits(seq)[-1]))
+        drafts = seq[len(b.tokens) + 1 :]
+        wrong = int(self.rng.integers(0, k + 1))
+        if wrong < k:
+            vocab = self.opts.vocab_size
+            drafts[wrong] = (drafts[wrong] + 1 + int(self.rng.integers(0, vocab - 1))) % vocab
+        self.oracle_s += time.perf_counter() - t0
+        return drafts
+
+    def _accept(self, b: Branch, ids: list[int], rows: Array, P: int) -> None:
+        k = len(ids) - 1
+        a = 0
+        while a < k and ids[1 + a] == _greedy(rows[a]):
+            a += 1
+        b.tokens.extend(ids[: a + 1])
+        for j in range(a + 1):
+            b.kept[P + j] = rows[j]
+        b.generated.extend(ids[1 : a + 1])
+        b.pending = _greedy(rows[a])
+        b.generated.append(b.pending)
+        if k:
+            self.spec_steps += 1
+            self.drafted += k
+            self.accepted += a
+        if a < k:
+            t0 = time.perf_counter()
+            self.cache.rewind(b.seq, P + 1 + a)
+            self.cache_s += time.perf_counter() - t0
+            self.rewinds += 1
+            self.rewound += k - a
+
+    def _fork(self, src: Branch, last: Array) -> None:
+        chat = src.chat
+        ranked = np.argsort(-last, kind="stable")
+        src.pending = int(ranked[0])
+        src.generated.append(src.pending)
+        for j, seq in enumerate(chat.seq_ids[1:], start=1):
+            t0 = time.perf_counter()
+            self.cache.fork(src.seq, seq)
+            self.cache_s += time.perf_counter() - t0
+            b = Branch(chat=chat, sample=j, seq=seq, tokens=list(src.tokens), oracle=src.oracle.copy(),
+                       kept=dict(src.kept), pending=int(ranked[j]))
+            b.generated.append(b.pending)
+            chat.branches.append(b)
+            self.active.append(b)
+        self.forks += 1
+        self.fork_samples += chat.samples
+
+    def _release(self, b: Branch) -> None:
+        b.done = True
+        b.generated = b.generated[: b.chat.gen_len]
+        t0 = time.perf_counter()
+        ref = self.model.forward_full(b.tokens, kv_dtype=self.dtype)
+        for p, row in b.kept.items():
+            d = float(np.abs(row - ref[p]).max())
+            self.final_diff = max(self.final_diff, d)
+            if not d <= self.tolerance and self.first_failure is None:
+                self.first_failure = {"check": "final", "chat": b.chat.index, "sample": b.sample, "position": p,
+                                      "diff": d, "step": self.steps}
+        self.final_positions += len(b.kept)
+        self.final_work += len(b.tokens)
+        self.oracle_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.cache.release_sequence(b.seq)
+        self.cache_s += time.perf_counter() - t0
+        heapq.heappush(self.free, b.seq)
+        self.active.remove(b)
+        chat = b.chat
+        if all(x.done for x in chat.branches) and len(chat.branches) == chat.samples:
+            chat.left = self.clock
+            if self.active or self.queue:
+                self.left_mid_run += 1
+
+    # -- checks and measures -----------------------------------------------------
+
+    def _check_step(self, b: Branch, ids: list[int], rows: Array) -> None:
+        t0 = time.perf_counter()
+        P = len(b.tokens)
+        ref = b.oracle.logits([*b.tokens, *ids])[P:]
+        self.per_step_full_work += P + len(ids)
+        diff = np.abs(rows - ref).max(axis=-1)
+        worst = float(diff.max())
+        self.step_diff = max(self.step_diff, worst)
+        self.step_positions += len(ids)
+        if not worst <= self.tolerance and self.first_failure is None:
+            j = int(np.argmax(~(diff <= self.tolerance)))
+            self.first_failure = {"check": "step", "chat": b.chat.index, "sample": b.sample, "position": P + j,
+                                  "diff": float(diff[j]), "step": self.steps}
+        self.oracle_s += time.perf_counter() - t0
+
+    def _agree(self, b: Branch, when: str) -> None:
+        """The cache's length of the sequence is the chat's own count of its tokens."""
+        n = self.cache.length(b.seq)
+        if n != len(b.tokens):
+            self._mismatch(f"{when}: chat {b.chat.index} sample {b.sample} (sequence {b.seq}) "
+                           f"has length {n} in the cache, {len(b.tokens)} tokens in the chat")
+
+    def _mismatch(self, what: str) -> None:
+        self.mismatches.append(what)
+
+    def _measure_bytes(self) -> None:
+        B = self.cache.block_size
+        held = self.pool.nbytes
+        no_sharing = all_flat = released = 0
+        n_layers = self.model.config.n_layers
+        for b in self.active:
+            L = self.cache.length(b.seq)
+            all_flat += L * self.row_bytes * n_layers
+            for g, layers in enumerate(self.group_layers):
+                blocks = self.cache.blocks_held(b.seq, g)
+                no_sharing += blocks * B * self.row_bytes * layers
+                if g in self.ring_groups:
+                    released += -(-L // B) - blocks
+        self.ring_released_peak = max(self.ring_released_peak, released)
+        if held > self.peak["kv_bytes"]:
+            self.peak = {"kv_bytes": held, "no_sharing_bytes": no_sharing, "all_flat_bytes": all_flat,
+                         "step": self.steps, "sequences": len(self.active)}
+
+    # -- the report --------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        cfg = self.model.config
+        tol = self.tolerance
+        all_done = all(c.left >= 0 for c in self.chats)
+        checks = [
+            {
+                "name": "every step's logits equal each chat's own full recomputation",
+                "ok": self.step_diff <= tol and self.steps > 0,
+                "detail": f"max |diff| {self.step_diff:.2e} over {self.step_positions} new positions "
+                          f"in {self.steps} steps, tolerance {tol:.0e}",
+            },
+            {
+                "name": "each finished sequence's kept logits equal forward_full of its whole sequence",
+                "ok": self.final_diff <= tol and all_done,
+                "detail": f"max |diff| {self.final_diff:.2e} over {self.final_positions} positions of "
+                          f"{sum(len(c.branches) for c in self.chats)} sequences"
+                          + ("" if all_done else ", NOT every chat finished"),
+            },
+            {
+                "name": "the cache's lengths and positions agree with every chat's tokens",
+                "ok": not self.mismatches,
+                "detail": "after every admission, step, rewind and fork" if not self.mismatches
+                          else f"{len(self.mismatches)} disagreements, first: {self.mismatches[0]}",
+            },
+        ]
+        n_flat = sum(cfg.is_flat(i) for i in range(cfg.n_layers))
+        generated = sum(len(b.generated) for c in self.chats for b in c.branches)
+        fed = self.tokens_prefill + self.tokens_decode
+        return {
+            "ok": all(bool(c["ok"]) for c in checks),
+            "checks": checks,
+            "first_failure": self.first_failure,
+            "model": {
+                "layers": cfg.n_layers, "ring_layers": cfg.n_layers - n_flat, "flat_layers": n_flat,
+                "window": cfg.window, "sinks": cfg.sinks, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+                "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+                "seed": cfg.seed,
+            },
+            "options": dataclasses.asdict(self.opts),
+            "dtype": self.opts.dtype,
+            "max_step": self.max_step,
+            "block_size": self.cache.block_size,
+            "capacity": self.opts.capacity,
+            "steps": self.steps,
+            "tokens": {"prefill": self.tokens_prefill, "decode": self.tokens_decode, "total": fed,
+                       "generated": generated},
+            "tokens_per_s": fed / max(self.forward_s, 1e-9),
+            "generated_tokens_per_s": generated / max(self.forward_s + self.cache_s, 1e-9),
+            "seconds": {"forward": self.forward_s, "cache": self.cache_s, "oracle": self.oracle_s},
+            "chats": {
+                "total": len(self.chats),
+                "sequences": sum(len(c.branches) for c in self.chats),
+                "concurrency": self.opts.concurrency,
+                "peak_sequences": self.peak_sequences,
+                "joined_mid_run": self.joined_mid_run,
+                "left_mid_run": self.left_mid_run,
+                "waited": self.waited,
+                "ids_reused": self.ids_reused,
+                "finished": sum(c.left >= 0 for c in self.chats),
+            },
+            "prefix": {"shared_len": self.opts.shared_len, "lookups": self.lookups, "hits": self.hits,
+                       "full_hits": self.full_hits, "tokens_reused": self.hit_tokens},
+            "forks": {"forks": self.forks, "samples": self.fork_samples, "copy_on_write_blocks": self.cow_copies},
+            "speculative": {"steps": self.spec_steps, "drafted": self.drafted, "accepted": self.accepted,
+                            "rewinds": self.rewinds, "rewound_tokens": self.rewound},
+            "kv": {
+                "peak_bytes": self.peak["kv_bytes"],
+                "peak_no_sharing_bytes": self.peak.get("no_sharing_bytes", 0),
+                "peak_all_flat_bytes": self.peak.get("all_flat_bytes", 0),
+                "peak_step": self.peak.get("step", 0),
+                "peak_sequences": self.peak.get("sequences", 0),
+                "reserved_bytes": self.pool.reserved_bytes,
+                "ring_blocks_released_peak": self.ring_released_peak,
+            },
+            "oracle": {
+                "max_abs_logit_diff": self.step_diff,
+                "final_max_abs_logit_diff": self.final_diff,
+                "tolerance": tol,
+                "positions_checked": self.step_positions,
+                "positions_computed": self.base.work + sum(b.oracle.work for c in self.chats for b in c.branches),
+                "positions_per_step_forward_full": self.per_step_full_work,
+                "positions_final": self.final_positions,
+                "positions_computed_final": self.final_work,
+            },
+            "per_chat": [
+                {
+                    "chat": c.index, "arrival": c.arrival, "joined": c.joined, "left": c.left,
+                    "prompt_len": len(c.prompt), "prefix_hit": c.hit, "samples": c.samples, "drafts": c.drafts,
+                    "sequence_ids": c.seq_ids, "generated": [b.generated for b in c.branches],
+                }
+                for c in self.chats
+            ],
+        }
+
+
+def run_batch_demo(opts: BatchDemoOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Runs the demo; returns the report (``report["ok"]`` tells whether all checks passed)."""
+    opts.check()
+    server = _Server(opts, progress or Progress(None))
+    try:
+        server.run()
+    finally:
+        server.bar.close()
+    return server.report()
+
+
+def format_report(r: dict[str, Any]) -> str:
+    m, ch, px, fk, sp, kv, orc = r["model"], r["chats"], r["prefix"], r["forks"], r["speculative"], r["kv"], r["oracle"]
+    kib = 1024.0
+
+    def ratio(a: int, b: int) -> str:
+        return f"{a / max(b, 1):.1f}x"
+
+    lines = [
+        f"kvcore demo --batch: {ch['total']} chats on a {m['layers']}-layer Gemma-style model "
+        f"({m['ring_layers']} ring W={m['window']} S={m['sinks']} : {m['flat_layers']} flat), {r['dtype']} K/V, "
+        f"blocks of {r['block_size']}, max_step {r['max_step']}",
+        f"  served    {ch['sequences']} sequences in {r['steps']} steps, up to {ch['peak_sequences']} at once "
+        f"(limit {ch['concurrency']}): {r['tokens']['total']} tokens at {r['tokens_per_s']:.0f} tok/s, "
+        f"{r['tokens']['generated']} generated at {r['generated_tokens_per_s']:.0f} tok/s",
+        f"  batching  {ch['joined_mid_run']} chats joined mid-run ({ch['waited']} waited for a free sequence), "
+        f"{ch['left_mid_run']} left mid-run, sequence ids reused {ch['ids_reused']} times",
+        f"  prefix    {px['hits']}/{px['lookups']} chats adopted a cached prefix of the {px['shared_len']}-token "
+        f"system prompt ({px['full_hits']} all of its full blocks): {px['tokens_reused']} tokens not recomputed",
+        f"  forks     {fk['forks']} chats forked into {fk['samples']} samples, "
+        f"{fk['copy_on_write_blocks']} blocks copied on write",
+        f"  drafts    {sp['steps']} speculative steps, {sp['accepted']}/{sp['drafted']} drafts accepted, "
+        f"{sp['rewinds']} rewinds of {sp['rewound_tokens']} tokens",
+        f"  KV held   {kv['peak_bytes'] / kib:.1f} KiB at the peak (step {kv['peak_step']}, {kv['peak_sequences']} "
+        f"sequences) vs {kv['peak_no_sharing_bytes'] / kib:.1f} KiB without shared blocks "
+        f"({ratio(kv['peak_no_sharing_bytes'], kv['peak_bytes'])} more) and {kv['peak_all_flat_bytes'] / kib:.1f} KiB "
+        f"all-flat ({ratio(kv['peak_all_flat_bytes'], kv['peak_bytes'])} more)",
+        f"            ring groups: up to {kv['ring_blocks_released_peak']} blocks released behind the window; "
+        f"{kv['reserved_bytes'] / kib:.1f} KiB of storage reserved",
+        f"  oracle    max |logit diff| {orc['max_abs_logit_diff']:.2e} every step, {orc['final_max_abs_logit_diff']:.2e} "
+        f"at the end (tolerance {orc['tolerance']:.0e})",
+        f"            incremental forward_full computed {orc['positions_computed']} positions "
+        f"(forward_full per chat per step: {orc['positions_per_step_forward_full']})",
+    ]
+    for c in r["checks"]:
+        lines.append(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
+    if r["first_failure"] is not None:
+        f = r["first_failure"]
+        lines.append(f"  first failure: {f['check']} check at step {f['step']}, chat {f['chat']} sample {f['sample']}, "
+                     f"position {f['position']}: |diff| {f['diff']:.2e}")
+    lines.append("result: " + ("all checks passed" if r["ok"] else "CHECKS FAILED"))
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    d = BatchDemoOptions()
+    p = argparse.ArgumentParser(
+        prog="kvcore demo --batch",
+        description="Serve many concurrent chats with the reference model through one BatchCache and "
+        "PagedKVPool (a shared system prompt adopted from the cache, chats joining and leaving, forks into "
+        "parallel samples, speculative drafts with rewinds); every step, each chat's logits must equal its "
+        "own full recomputation. Exits 0 when every check passes, 1 when one fails, 2 on bad options.",
+    )
+    knobs: list[tuple[str, str]] = [
+        ("chats", "chats to serve"),
+        ("concurrency", "sequences in flight at once; a forking chat takes --samples of them"),
+        ("shared-len", "system prompt tokens shared by every chat"),
+        ("prompt-len", "each chat's own prompt after it: between half and all of this"),
+        ("gen-len", "tokens each chat generates: between half and all of this"),
+        ("arrive-every", "mean steps between two chats' arrivals; 0: all at once"),
+        ("samples", "parallel samples of a forking chat; 1: no forks"),
+        ("fork-every", "every Nth chat from chat 1 on forks (1, 1+N, ...); 0: none"),
+        ("draft", "draft tokens per speculative step"),
+        ("draft-every", "every Nth chat from chat 2 on decodes speculatively (2, 2+N, ...); 0: none"),
+        ("block-size", "rows per cache block"),
+        ("layers", "decoder layers"),
+        ("flat-every", "every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring"),
+        ("window", "ring window"),
+        ("sinks", "ring attention sinks"),
+        ("max-step", "largest step of one sequence: a prefill chunk, or 1 + drafts"),
+        ("seed", "weights, prompts and arrivals seed"),
+    ]
+    for flag, text in knobs:
+        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
+                       help=f"{text} (default %(default)s)")
+    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    bar.add_argument("--no-progress", action="store_true", help="no progress bar (by default it shows on a terminal)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """``kvcore demo --batch`` with argv (the options after it)."""
+    args = parser().parse_args(list(argv))
+    names = [f.name for f in dataclasses.fields(BatchDemoOptions)]
+    opts = BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    show = args.progress or (not args.no_progress and sys.stderr.isatty())
+    try:
+        opts.check()
+        opts.model_config()
+    except ValueError as e:
+        print(f"kvcore demo --batch: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with single_threaded_blas():
+            report = run_batch_demo(opts, Progress(sys.stderr if show else None))
+    except ValueError as e:  # includes InvalidArgumentError: options kvcore refuses
+        print(f"kvcore demo --batch: error: {e}", file=sys.stderr)
+        return 2
+    except kvcore.KVCacheError as e:
+        print(f"kvcore demo --batch: FAILED: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report["ok"] else 1
