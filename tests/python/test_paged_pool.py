@@ -296,7 +296,7 @@ def test_copy_on_write_of_a_forked_partial_block() -> None:
         decode(cache, pool, [0], float(i + 1))
     cache.fork(0, 1)  # shares the block holding positions 4, 5
     with cache.step([(0, 1), (1, 1)]) as step:
-        assert step.plan().groups[0].copies.shape == (1, 2)
+        assert step.plan().groups[0].copies.shape == (2, 2)  # one private copy per writer: the shared block waits for the commit
         k = np.array([[[7.0] * 3] * 2, [[8.0] * 3] * 2], dtype=np.float32)
         pool.update(0, step, k, k)
         for entry, own in enumerate([7.0, 8.0]):
