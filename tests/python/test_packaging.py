@@ -217,7 +217,7 @@ def test_sdist_contents(tmp_path: Path) -> None:
     for needed in ("cpp/include/kvcore/kvcore.h", "LICENSE", "pyproject.toml", "CMakeLists.txt",
                    "cmake/kvcoreConfig.cmake.in", "python/kvcore/__init__.py", "python/kvcore/py.typed"):
         assert needed in members, needed
-    assert not [m for m in members if m.startswith(("tests/fuzz/corpus/", "build/", ".ci/"))]
+    assert not [m for m in members if m.startswith(("tests/fuzz/corpus/", "tests/fuzz/batch_corpus/", "build/", ".ci/"))]
     assert re.search(r"^License: Apache-2.0$", metadata, flags=re.M)
     assert re.search(r"^Provides-Extra: bfloat16$", metadata, flags=re.M)
 
