@@ -7,10 +7,12 @@ model and is covered by test_transformers*.py instead.
 
 from __future__ import annotations
 
+import code
 import os
 import re
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,8 @@ def block(marker: str) -> str:
 QUICKSTART = "cache = kvcore.SequenceCache(cfg)"
 POOL = "pool = kvcore.KVPool(cache"
 REGISTRY = "from kvcore import registry"
+BATCH = "cache = kvcore.BatchCache("
+
 @pytest.fixture
 def no_mybackend() -> Iterator[None]:
     yield
@@ -62,6 +66,47 @@ def test_pool_example_continues_the_quickstart() -> None:
     assert positions.tolist() == [0, 1, 2, 3] and mask.tolist() == [[k <= q for k in range(4)] for q in range(4)]
 
 
+def test_batch_example_runs_and_its_last_comment_holds() -> None:
+    source = block(BATCH)
+    scope: dict[str, Any] = {}
+    exec(source, scope)
+    cache = scope["cache"]
+    said = re.search(r"# \((\d+), (\d+), (\d+)\)\n$", source)
+    assert said is not None
+    assert (scope["hit"], cache.length(1), cache.length(2)) == tuple(int(x) for x in said.groups())
+    assert not cache.sequence(0).active  # released at the end
+    # Sequences 1 and 2 hold three blocks each, four in all: the prompt's two
+    # blocks once, and a copy each of the block they both wrote after the fork.
+    for group in range(cache.n_groups):
+        assert cache.blocks_held(1, group) == cache.blocks_held(2, group) == 3
+        assert cache.num_blocks(group) - cache.free_blocks(group) == 2 + 2
+
+
+class Console(code.InteractiveConsole):
+    """The classic interactive interpreter, keeping its errors instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.errors: list[str] = []
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: Any) -> None:
+        self.errors.append(traceback.format_exc())
+
+    def showtraceback(self) -> None:
+        self.errors.append(traceback.format_exc())
+
+
+@pytest.mark.parametrize("markers", [(QUICKSTART,), (QUICKSTART, POOL), (BATCH,), (REGISTRY,)],
+                         ids=["quickstart", "pool", "batch", "registry"])
+def test_examples_paste_into_the_interactive_interpreter(markers: tuple[str, ...], no_mybackend: None) -> None:
+    console = Console()
+    for marker in markers:
+        for line in block(marker).splitlines():
+            console.push(line)
+        console.push("")  # the blank line that ends a pasted block
+    assert console.errors == []
+
+
 def test_registry_example_runs_and_leaves_no_key(no_mybackend: None) -> None:
     before = registry.keys()
     exec(block(REGISTRY), {})
@@ -69,9 +114,9 @@ def test_registry_example_runs_and_leaves_no_key(no_mybackend: None) -> None:
     assert registry.has_builder("mybackend", "sequence")
 
 
-@pytest.mark.parametrize("name", ["quickstart", "registry"])
+@pytest.mark.parametrize("name", ["quickstart", "batch", "registry"])
 def test_examples_pass_mypy_strict(name: str, tmp_path: Path) -> None:
-    source = block(QUICKSTART if name == "quickstart" else REGISTRY)
+    source = block({"quickstart": QUICKSTART, "batch": BATCH, "registry": REGISTRY}[name])
     path = tmp_path / f"readme_{name}.py"
     path.write_text(source)
     env = dict(os.environ)
