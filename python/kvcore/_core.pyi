@@ -19,7 +19,7 @@ class _pybind11_type(type): ...
 __version__: str
 
 def error_codes() -> dict[str, int]:
-    """kvcore::Error names and values as the C++ core defines them."""
+    """kvcore::Error names and values as the C++ core defines them (ExecuTorch's Error values)."""
 
 # --- config.cpp ----------------------------------------------------------------
 
@@ -44,17 +44,23 @@ class LayerPolicy(metaclass=_pybind11_type):
         def value(self) -> int: ...
 
     @property
-    def kind(self) -> LayerPolicy.Kind: ...
+    def kind(self) -> LayerPolicy.Kind:
+        """LayerPolicy.Kind.Flat or LayerPolicy.Kind.Ring."""
     @property
-    def window(self) -> int: ...
+    def window(self) -> int:
+        """Ring: keys a query sees, counting itself (positions q - window + 1 .. q). Flat: 0."""
     @property
-    def sinks(self) -> int: ...
+    def sinks(self) -> int:
+        """Ring: first positions every query sees, kept forever. Flat: 0."""
     @property
-    def is_ring(self) -> bool: ...
+    def is_ring(self) -> bool:
+        """True for a Ring policy."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
-    def __copy__(self) -> LayerPolicy: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> LayerPolicy: ...
+    def __copy__(self) -> LayerPolicy:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> LayerPolicy:
+        """A copy of the value (it is immutable)."""
 
 def Flat() -> LayerPolicy:
     """Full history: every earlier key is visible."""
@@ -72,21 +78,32 @@ class LayerConfig(metaclass=_pybind11_type):
         n_kv_heads: SupportsIndex,
         head_dim: SupportsIndex,
         v_head_dim: SupportsIndex = 0,
-    ) -> None: ...
+    ) -> None:
+        """policy: Flat() or Ring(...). A K row is n_kv_heads x head_dim elements, a V row
+        n_kv_heads x v_head_dim (0: head_dim). InvalidArgumentError naming the field when a count is
+        below 1 (v_head_dim: below 0).
+        """
     @property
-    def policy(self) -> LayerPolicy: ...
+    def policy(self) -> LayerPolicy:
+        """Flat() or Ring(...)."""
     @property
-    def n_kv_heads(self) -> int: ...
+    def n_kv_heads(self) -> int:
+        """K/V heads per row."""
     @property
-    def head_dim(self) -> int: ...
+    def head_dim(self) -> int:
+        """Elements per head of a K row."""
     @property
-    def v_head_dim(self) -> int: ...
+    def v_head_dim(self) -> int:
+        """Elements per head of a V row as given; 0 means head_dim (see value_dim)."""
     @property
-    def value_dim(self) -> int: ...
+    def value_dim(self) -> int:
+        """Elements per head of a V row: v_head_dim, or head_dim when it is 0."""
     def __eq__(self, other: object) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
-    def __copy__(self) -> LayerConfig: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> LayerConfig: ...
+    def __copy__(self) -> LayerConfig:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> LayerConfig:
+        """A copy of the value (it is immutable)."""
 
 class BatchLimits(metaclass=_pybind11_type):
     """Limits of a many-sequence cache (BatchCache), fixed at its creation."""
@@ -99,19 +116,32 @@ class BatchLimits(metaclass=_pybind11_type):
         max_step_tokens: SupportsIndex = 0,
         num_blocks: SupportsIndex = 0,
         max_holes: SupportsIndex = 8,
-    ) -> None: ...
+    ) -> None:
+        """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
+        max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
+        most 2**20). num_blocks: blocks of each flat group's pool (0: enough for max_seqs sequences
+        at full capacity; ring groups size theirs). max_holes: removed middle ranges one sequence
+        keeps apart. Checked when a BatchCache is built (InvalidArgumentError naming the field).
+        """
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Rows per block."""
     @property
-    def max_seqs(self) -> int: ...
+    def max_seqs(self) -> int:
+        """Sequence ids are 0..max_seqs-1."""
     @property
-    def max_step_tokens(self) -> int: ...
+    def max_step_tokens(self) -> int:
+        """New tokens of one step over all sequences (0: the default)."""
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks of each flat group's pool (0: the default)."""
     @property
-    def max_holes(self) -> int: ...
-    def __copy__(self) -> BatchLimits: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits: ...
+    def max_holes(self) -> int:
+        """Removed middle ranges one sequence keeps apart."""
+    def __copy__(self) -> BatchLimits:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
+        """A copy of the value (it is immutable)."""
 
 class CacheConfig(metaclass=_pybind11_type):
     """Model facts and per-layer policies, validated on construction."""
@@ -125,57 +155,90 @@ class CacheConfig(metaclass=_pybind11_type):
         max_step: SupportsIndex | None = None,
         initial_capacity: SupportsIndex = 512,
         batch: BatchLimits = ...,
-    ) -> None: ...
+    ) -> None:
+        """capacity: largest logical length (positions). layers: one LayerConfig for every layer or
+        one per layer. n_layers: defaults to len(layers). max_step: largest T of one step (default
+        min(512, capacity)). initial_capacity: rows a byte layer allocates per layer before growing.
+        batch: the limits of a BatchCache built from it. Validated here: InvalidArgumentError naming
+        the field and the rule.
+        """
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Largest logical length (positions 0..capacity-1)."""
     @property
-    def n_layers(self) -> int: ...
+    def n_layers(self) -> int:
+        """Number of layers."""
     @property
-    def max_step(self) -> int: ...
+    def max_step(self) -> int:
+        """Largest T (tokens) of one step, default applied."""
     @property
-    def initial_capacity(self) -> int: ...
+    def initial_capacity(self) -> int:
+        """Rows a byte layer (KVPool) allocates per flat layer before growing lazily."""
     @property
-    def layers(self) -> tuple[LayerConfig, ...]: ...
+    def layers(self) -> tuple[LayerConfig, ...]:
+        """One LayerConfig per layer (a broadcast config repeated)."""
     @property
-    def batch(self) -> BatchLimits: ...
-    def __copy__(self) -> CacheConfig: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> CacheConfig: ...
+    def batch(self) -> BatchLimits:
+        """The limits a many-sequence cache (BatchCache) built from it has."""
+    def __copy__(self) -> CacheConfig:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> CacheConfig:
+        """A copy of the value (it is immutable)."""
 
 # --- cache.cpp -----------------------------------------------------------------
 
 class Run(metaclass=_pybind11_type):
     """`len` consecutive rows from `row`, holding positions from `pos`."""
 
-    def __init__(self, row: SupportsIndex, len: SupportsIndex, pos: SupportsIndex) -> None: ...
+    def __init__(self, row: SupportsIndex, len: SupportsIndex, pos: SupportsIndex) -> None:
+        """A run: `len` rows from `row` holding positions from `pos` (ints; InvalidArgumentError
+        when one does not fit a 32-bit int). Plans check every run they are given.
+        """
     @property
-    def row(self) -> int: ...
+    def row(self) -> int:
+        """First row of the run."""
     @property
-    def len(self) -> int: ...
+    def len(self) -> int:
+        """Rows (and positions) in the run."""
     @property
-    def pos(self) -> int: ...
+    def pos(self) -> int:
+        """Position held by the first row; row + i holds pos + i."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
     def __iter__(self) -> Iterator[int]: ...
-    def __copy__(self) -> Run: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> Run: ...
+    def __copy__(self) -> Run:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> Run:
+        """A copy of the value (it is immutable)."""
 
 class SeqStepPlan(metaclass=_pybind11_type):
     """One layer's plan for one step."""
 
     @property
-    def write(self) -> tuple[Run, ...]: ...
+    def write(self) -> tuple[Run, ...]:
+        """Where the step's rows go: at most 2 Runs in position order (input row j is position P +
+        j).
+        """
     @property
-    def read(self) -> tuple[Run, ...]: ...
+    def read(self) -> tuple[Run, ...]:
+        """Every row a query of the step may see: at most 3 Runs (sinks and a wrapped window) in
+        increasing position order.
+        """
     @property
-    def write_len(self) -> int: ...
+    def write_len(self) -> int:
+        """Rows the step writes: its T."""
     @property
-    def read_len(self) -> int: ...
+    def read_len(self) -> int:
+        """Rows the read names."""
     @property
-    def is_contiguous(self) -> bool: ...
+    def is_contiguous(self) -> bool:
+        """True when the write and the read are one run each."""
     def __eq__(self, other: object) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
-    def __copy__(self) -> SeqStepPlan: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> SeqStepPlan: ...
+    def __copy__(self) -> SeqStepPlan:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> SeqStepPlan:
+        """A copy of the value (it is immutable)."""
 
 class CacheBase(metaclass=_pybind11_type):
     """Any cache a registry can hold."""
@@ -184,44 +247,73 @@ class LayerGeometry(metaclass=_pybind11_type):
     """How one layer's positions map onto its rows (SequenceCache.geometry(layer))."""
 
     @property
-    def rows(self) -> int: ...
+    def rows(self) -> int:
+        """Rows the layer's storage holds (rows(layer))."""
     @property
-    def sink_rows(self) -> int: ...
+    def sink_rows(self) -> int:
+        """Rows [0, sink_rows) hold positions [0, sink_rows) for ever: a wrapping ring's attention
+        sinks (0 for flat layers and rings that never wrap).
+        """
     @property
-    def ring_rows(self) -> int: ...
+    def ring_rows(self) -> int:
+        """Rows reused in turn after the sinks: position p >= sink_rows lives in row sink_rows + (p
+        - sink_rows) % ring_rows; 0 when the layer never wraps.
+        """
     @property
-    def wraps(self) -> bool: ...
+    def wraps(self) -> bool:
+        """True when rows are reused (ring_rows != 0)."""
     @property
-    def mirror_rows(self) -> int: ...
-    def row(self, position: SupportsIndex) -> int: ...
-    def held_rows(self, end: SupportsIndex) -> int: ...
-    def position_at(self, row: SupportsIndex, end: SupportsIndex) -> int: ...
+    def mirror_rows(self) -> int:
+        """Rows a mirrored byte layer repeats after the last row (copies of the first ring rows) so
+        a wrapped window is one span: ring_rows - 1 for a wrapping ring without sinks, else 0.
+        """
+    def row(self, position: SupportsIndex) -> int:
+        """The row that holds `position` (>= 0)."""
+    def held_rows(self, end: SupportsIndex) -> int:
+        """Rows that hold a position once positions [0, end) were written: min(end, rows)."""
+    def position_at(self, row: SupportsIndex, end: SupportsIndex) -> int:
+        """The position `row` stands for once positions [0, end) were written (the latest mapped to
+        it); -1 when none is.
+        """
     def __eq__(self, other: object) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
-    def __copy__(self) -> LayerGeometry: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> LayerGeometry: ...
+    def __copy__(self) -> LayerGeometry:
+        """A copy of the value (it is immutable)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> LayerGeometry:
+        """A copy of the value (it is immutable)."""
 
 class Step(metaclass=_pybind11_type):
     """A begun step. As a context manager it commits on normal exit and leaves the
     step uncommitted when the body raises."""
 
     @property
-    def position(self) -> int: ...
+    def position(self) -> int:
+        """First position the step writes: the length when it was begun."""
     @property
-    def T(self) -> int: ...
+    def T(self) -> int:
+        """Tokens in the step."""
     @property
-    def end(self) -> int: ...
+    def end(self) -> int:
+        """position + T: the length once committed."""
     @property
-    def is_current(self) -> bool: ...
-    def plan(self, layer: SupportsIndex) -> SeqStepPlan: ...
+    def is_current(self) -> bool:
+        """True while this is the cache's begun, uncommitted step (a commit, rewind, clear or new
+        begin_step ends it).
+        """
+    def plan(self, layer: SupportsIndex) -> SeqStepPlan:
+        """The SeqStepPlan of `layer` for this step. InvalidArgumentError: bad layer;
+        InvalidStateError: the step is no longer current.
+        """
     def mask(self, layer: SupportsIndex, *, order: str = "rows") -> npt.NDArray[np.bool_]:
-        """Boolean (T, n) array: mask[i, j] is True when the step's query i may see the
-        j-th row of layer's read (the visibility rule), in the order KVPool.update/read
-        return rows with the same `order`: "rows" (n = the held rows, as they lie) or
-        "positions" (n = the plan's read_len, increasing positions). Read-only: layers
-        of one policy share it. InvalidArgumentError: bad layer or order;
-        InvalidStateError: not the begun step. Added by pool.cpp."""
-    def commit(self) -> None: ...
+        """Boolean numpy array (T, n): mask[i, j] is True when the step's query i (position P + i)
+        may see the j-th row of layer's read (the visibility rule), in the order KVPool.update/read
+        return them with the same `order`: 'rows' (n = the held rows, as they lie) or 'positions' (n
+        = the plan's read_len, increasing positions). Read-only: layers of one policy share it.
+        InvalidArgumentError: bad layer or order; InvalidStateError: the step is no longer the begun
+        step.
+        """
+    def commit(self) -> None:
+        """length = end. InvalidStateError: the step is no longer current."""
     def __enter__(self) -> Step: ...
     def __exit__(
         self,
@@ -229,45 +321,92 @@ class Step(metaclass=_pybind11_type):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Literal[False]: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> Step: ...
+    def __deepcopy__(self, memo: dict[int, Any]) -> Step:
+        """The same step of a deep copy of its cache (the clone keeps the begun step)."""
 
 class SequenceCache(CacheBase, metaclass=_pybind11_type):
     """One logical length over flat and ring layers."""
 
-    def __init__(self, config: CacheConfig) -> None: ...
+    def __init__(self, config: CacheConfig) -> None:
+        """Builds the cache (identical layer policies share one policy object). AllocationError when
+        its tables cannot be allocated.
+        """
     @property
-    def length(self) -> int: ...
+    def length(self) -> int:
+        """Committed length L: positions [0, L) hold K/V."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Largest allowed length (positions 0 .. capacity - 1)."""
     @property
-    def max_step(self) -> int: ...
+    def max_step(self) -> int:
+        """Largest T of one step (C)."""
     @property
-    def n_layers(self) -> int: ...
+    def n_layers(self) -> int:
+        """Layers."""
     @property
-    def n_policies(self) -> int: ...
+    def n_policies(self) -> int:
+        """Distinct policy objects (layers with identical policies share one)."""
     @property
-    def config(self) -> CacheConfig: ...
+    def config(self) -> CacheConfig:
+        """The CacheConfig it was built from (max_step resolved, one entry per layer), a new object.
+        """
     @property
-    def active_step(self) -> Step | None: ...
-    def policy_index(self, layer: SupportsIndex) -> int: ...
-    def layer_policy(self, layer: SupportsIndex) -> LayerPolicy: ...
-    def rows(self, layer: SupportsIndex) -> int: ...
-    def geometry(self, layer: SupportsIndex) -> LayerGeometry: ...
-    def can_extend(self, n: SupportsIndex = 1) -> bool: ...
-    def begin_step(self, T: SupportsIndex) -> Step: ...
+    def active_step(self) -> Step | None:
+        """The begun, uncommitted Step, or None."""
+    def policy_index(self, layer: SupportsIndex) -> int:
+        """Index of the policy object `layer` uses (layers with the same index plan alike).
+        InvalidArgumentError: bad layer.
+        """
+    def layer_policy(self, layer: SupportsIndex) -> LayerPolicy:
+        """The LayerPolicy of `layer`. InvalidArgumentError: bad layer."""
+    def rows(self, layer: SupportsIndex) -> int:
+        """Rows a byte layer holds for `layer`: capacity for a flat layer, min(capacity, sinks +
+        window + max_step - 1) for a ring. InvalidArgumentError: bad layer.
+        """
+    def geometry(self, layer: SupportsIndex) -> LayerGeometry:
+        """The LayerGeometry of `layer`: how its positions map onto its rows. InvalidArgumentError:
+        bad layer.
+        """
+    def can_extend(self, n: SupportsIndex = 1) -> bool:
+        """True when n >= 0 and length + n <= capacity. Never raises."""
+    def begin_step(self, T: SupportsIndex) -> Step:
+        """Begins a step of T tokens at position length (replacing an uncommitted step) and returns
+        its Step. From then on the step's rows count as written. InvalidArgumentError: T outside [1,
+        max_step]; CapacityError: length + T > capacity.
+        """
     def step(self, T: SupportsIndex) -> Step:
         """begin_step(T), for use as `with cache.step(T) as step:`."""
-    def plan(self, layer: SupportsIndex, position: SupportsIndex, T: SupportsIndex) -> SeqStepPlan: ...
+    def plan(self, layer: SupportsIndex, position: SupportsIndex, T: SupportsIndex) -> SeqStepPlan:
+        """The SeqStepPlan of `layer` for the begun step at (position, T). InvalidArgumentError: bad
+        layer; InvalidStateError: no such begun step.
+        """
     def preview(self, layer: SupportsIndex, T: SupportsIndex) -> SeqStepPlan:
         """The plan layer would get from the next step of T tokens, without beginning it:
-        begin_step(T) then gives this very plan."""
-    def commit(self, step: Step) -> None: ...
-    def rewind(self, n: SupportsIndex) -> None: ...
-    def can_rewind(self, n: SupportsIndex) -> bool: ...
-    def clear(self) -> None: ...
-    def visible(self, layer: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool: ...
-    def __copy__(self) -> SequenceCache: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> SequenceCache: ...
+        begin_step(T) then gives this very plan. Errors as begin_step, and InvalidArgumentError for
+        a bad layer.
+        """
+    def commit(self, step: Step) -> None:
+        """Commits `step`: length = step.end. InvalidStateError: not this cache's begun step."""
+    def rewind(self, n: SupportsIndex) -> None:
+        """length = n (speculative decoding's rejected drafts, a regenerated reply); ends a begun
+        step. Allowed when every layer still holds what a query at n needs below n: any n on flat
+        layers, up to max_step back once a ring wrapped, and n <= sinks. InvalidArgumentError: n
+        outside [0, length]; InvalidStateError: history a query at n needs was overwritten.
+        """
+    def can_rewind(self, n: SupportsIndex) -> bool:
+        """True exactly when rewind(n) would succeed. Never raises."""
+    def clear(self) -> None:
+        """length = 0; ends a begun step. Never fails."""
+    def visible(self, layer: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool:
+        """May a query at position q see the key at k on `layer`? (k <= q; on a ring also q - k <
+        window or k < sinks.) InvalidArgumentError: bad layer, q or k < 0.
+        """
+    def __copy__(self) -> SequenceCache:
+        """An independent cache in the same state (copy.copy and copy.deepcopy alike): it continues
+        exactly as this one would. AllocationError when it cannot be allocated.
+        """
+    def __deepcopy__(self, memo: dict[int, Any]) -> SequenceCache:
+        """As __copy__; registered in `memo`, so objects sharing this cache share the copy."""
 
 # --- registry.cpp ----------------------------------------------------------------
 # The process-wide registries (kvcore::CacheRegistry / CacheBuilderRegistry::global()).
@@ -277,20 +416,48 @@ registry_storage_v2: object
 """PyCapsule holding the kvcore::RegistryStorage* (see kvcore/python_capsule.h)."""
 REGISTRY_ABI_VERSION: int
 
-def registry_install(key: str, cache: CacheBase | None) -> None: ...
-def registry_install_unique(prefix: str, cache: CacheBase | None) -> str: ...
-def registry_get(key: str) -> CacheBase | None: ...
-def registry_find(key: str) -> CacheBase: ...
-def registry_contains(key: str) -> bool: ...
-def registry_erase(key: str) -> None: ...
-def registry_erase_if_same(key: str, cache: CacheBase) -> None: ...
-def registry_keys() -> list[str]: ...
-def registry_unique_key(prefix: str = "cache") -> str: ...
-def register_builder(backend: str, kind: str, fn: Callable[[CacheConfig], CacheBase]) -> None: ...
-def unregister_builder(backend: str, kind: str) -> None: ...
-def has_builder(backend: str, kind: str) -> bool: ...
-def builders() -> list[tuple[str, str]]: ...
-def build(backend: str, kind: str, config: CacheConfig) -> CacheBase: ...
+def registry_install(key: str, cache: CacheBase | None) -> None:
+    """Installs cache under key in the process registry. AlreadyRegisteredError: the key is taken;
+    InvalidArgumentError: an empty or too long key, or cache None.
+    """
+def registry_install_unique(prefix: str, cache: CacheBase | None) -> str:
+    """Installs cache under a fresh key 'prefix#N' and returns the key. InvalidArgumentError: a bad
+    prefix or cache None.
+    """
+def registry_get(key: str) -> CacheBase | None:
+    """The cache under key, or None."""
+def registry_find(key: str) -> CacheBase:
+    """The cache under key. NotFoundError naming the key when there is none."""
+def registry_contains(key: str) -> bool:
+    """Whether a cache is installed under key."""
+def registry_erase(key: str) -> None:
+    """Removes key (holders keep the cache alive). NotFoundError: no such key."""
+def registry_erase_if_same(key: str, cache: CacheBase) -> None:
+    """Removes key only while it still names this cache (a session's cleanup). NotFoundError: the
+    key is absent or names another cache.
+    """
+def registry_keys() -> list[str]:
+    """The installed keys, sorted."""
+def registry_unique_key(prefix: str = "cache") -> str:
+    """A key 'prefix#N' no cache is installed under (reserves nothing). InvalidArgumentError: a bad
+    prefix.
+    """
+def register_builder(backend: str, kind: str, fn: Callable[[CacheConfig], CacheBase]) -> None:
+    """Registers fn(config) -> cache as the builder of (backend, kind); C++ callers reach it too
+    (they take the GIL). AlreadyRegisteredError: the pair has a builder; InvalidArgumentError: fn is
+    not callable or a name is bad.
+    """
+def unregister_builder(backend: str, kind: str) -> None:
+    """Removes the builder of (backend, kind). NotFoundError: it has none."""
+def has_builder(backend: str, kind: str) -> bool:
+    """Whether (backend, kind) has a builder."""
+def builders() -> list[tuple[str, str]]:
+    """The (backend, kind) pairs that have a builder, sorted."""
+def build(backend: str, kind: str, config: CacheConfig) -> CacheBase:
+    """Builds a cache with the builder of (backend, kind). NotFoundError: none registered;
+    InvalidArgumentError: config breaks a rule; a Python builder's exception propagates unchanged;
+    InternalError: a builder returned None or a non-cache.
+    """
 
 # --- pool.cpp ------------------------------------------------------------------
 
@@ -304,40 +471,90 @@ class KVPool(metaclass=_pybind11_type):
 
     def __init__(
         self, cache: SequenceCache, dtype: npt.DTypeLike = ..., *, mirror_rings: bool = False
-    ) -> None: ...
+    ) -> None:
+        """Storage for every layer of `cache` in `dtype` (float32, float16, "bfloat16" with
+        ml_dtypes, int8, uint8), allocated lazily: flat layers start at config.initial_capacity rows
+        and double, ring layers hold rows(layer). mirror_rings: see the property.
+        InvalidArgumentError: another dtype or cache None; AllocationError when memory runs out.
+        """
     @property
-    def cache(self) -> SequenceCache: ...
+    def cache(self) -> SequenceCache:
+        """The SequenceCache whose plans this pool applies (kept alive by it)."""
     @property
     def mirror_rings(self) -> bool:
         """True when wrapping ring layers keep a mirror of their first R - 1 rows,
         so every read without sinks is a zero-copy view."""
     @property
-    def dtype(self) -> np.dtype[Any]: ...
+    def dtype(self) -> np.dtype[Any]:
+        """numpy dtype of every stored element."""
     @property
-    def n_layers(self) -> int: ...
+    def n_layers(self) -> int:
+        """Number of layers, as the cache's."""
     @property
     def nbytes(self) -> int:
         """Bytes of the rows holding the cache's committed positions."""
     @property
     def reserved_bytes(self) -> int:
         """Bytes of storage allocated now."""
-    def rows(self, layer: SupportsIndex) -> int: ...
-    def allocated_rows(self, layer: SupportsIndex) -> int: ...
-    def reserve(self, layer: SupportsIndex, rows: SupportsIndex) -> None: ...
+    def rows(self, layer: SupportsIndex) -> int:
+        """Rows `layer` holds at most (the cache's rows(layer)). InvalidArgumentError: bad layer."""
+    def allocated_rows(self, layer: SupportsIndex) -> int:
+        """Rows `layer` has storage for now (it doubles up to rows(layer) when a write reaches
+        further). InvalidArgumentError: bad layer.
+        """
+    def reserve(self, layer: SupportsIndex, rows: SupportsIndex) -> None:
+        """Grows `layer`'s storage now to at least `rows` rows, so later writes below it never
+        allocate. InvalidArgumentError: bad layer, rows outside [0, rows(layer)]; AllocationError:
+        the growth failed (nothing changed).
+        """
     def write(
         self, layer: SupportsIndex, plan: SeqStepPlan, k: npt.NDArray[Any], v: npt.NDArray[Any]
-    ) -> None: ...
+    ) -> None:
+        """Writes the step's rows: k (T, n_kv_heads, head_dim) and v (T, n_kv_heads, value_dim),
+        C-contiguous, of the pool's dtype, go where `plan` (layer's plan of the begun step) says;
+        input row j is position P + j. InvalidArgumentError: bad layer or arrays; InvalidStateError:
+        a stale plan; AllocationError: growth failed. Nothing is written on any error.
+        """
     def read(
         self, layer: SupportsIndex, plan: SeqStepPlan, *, order: str = "rows"
-    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """(k, v, positions) of `plan`'s step after its rows were written. order='rows' (the
+        default): every held row as it lies, one zero-copy read-only view, positions[r] the position
+        row r stands for (mask with step.mask(layer)); order='positions': the plan's read in
+        increasing positions, a view when it is one run, else a gathered copy. InvalidArgumentError:
+        bad layer or order; InvalidStateError: a stale plan or rows not written yet.
+        """
     def update(
         self, layer: SupportsIndex, step: Step, k: npt.NDArray[Any], v: npt.NDArray[Any], *, order: str = "rows"
-    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]: ...
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """write then read in one call, the per-layer hot path: writes k/v (T rows) for the begun
+        `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors as write and
+        read; InvalidStateError: `step` is stale or of another cache.
+        """
     @staticmethod
     def required_bytes(
         config: CacheConfig, dtype: npt.DTypeLike, *, mirror_rings: bool = False
-    ) -> int: ...
-    def __deepcopy__(self, memo: dict[int, Any]) -> KVPool: ...
+    ) -> int:
+        """staticmethod(function) -> method
+
+        Convert a function to be a static method.
+
+        A static method does not receive an implicit first argument. To declare a static method, use
+        this idiom:
+
+        class C: @staticmethod def f(arg1, arg2, argN): ...
+
+        It can be called either on the class (e.g. C.f()) or on an instance (e.g. C().f()). Both the
+        class and the instance are ignored, and neither is passed implicitly as the first argument
+        to the method.
+
+        Static methods in Python are similar to those found in Java or C++. For a more advanced
+        concept, see the classmethod builtin.
+        """
+    def __deepcopy__(self, memo: dict[int, Any]) -> KVPool:
+        """An independent pool holding a copy of every row, over a deep copy of its cache (shared
+        with other objects of the same deepcopy). AllocationError when it cannot be allocated.
+        """
 
 # --- batch.cpp -------------------------------------------------------------------
 
@@ -345,53 +562,86 @@ class SequenceInfo(metaclass=_pybind11_type):
     """One sequence of a BatchCache, as the runner sees it."""
 
     @property
-    def active(self) -> bool: ...
+    def active(self) -> bool:
+        """False until add_sequence() or fork() (and after release_sequence())."""
     @property
-    def length(self) -> int: ...
+    def length(self) -> int:
+        """Committed length L: the next step writes positions L, L + 1, ..."""
     @property
-    def visible_start(self) -> int: ...
+    def visible_start(self) -> int:
+        """Positions below it were removed (remove(seq, 0, p1))."""
     @property
-    def holes(self) -> list[tuple[int, int]]: ...
+    def holes(self) -> list[tuple[int, int]]:
+        """Removed middle ranges [(begin, end), ...], sorted."""
     @property
-    def visible_positions(self) -> int: ...
+    def visible_positions(self) -> int:
+        """Positions [0, length) not removed: what the sequence still sees."""
 
 class GroupPlan(metaclass=_pybind11_type):
     """One group's part of a BatchStepPlan; arrays are read-only int32 views."""
 
     @property
-    def group(self) -> int: ...
+    def group(self) -> int:
+        """The group's index."""
     @property
-    def slots(self) -> npt.NDArray[np.int32]: ...
+    def slots(self) -> npt.NDArray[np.int32]:
+        """(n_tokens,) physical row of each new token (block * block_size + offset), in token order:
+        where to write (slot_mapping).
+        """
     @property
-    def copies(self) -> npt.NDArray[np.int32]: ...
+    def copies(self) -> npt.NDArray[np.int32]:
+        """(n_copies, 2) blocks to copy, (src, dst), all block_size rows, before writing
+        (copy-on-write of a shared, partly filled block).
+        """
     @property
-    def block_tables(self) -> npt.NDArray[np.int32]: ...
+    def block_tables(self) -> npt.NDArray[np.int32]:
+        """(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; entry
+        i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.
+        """
 
 class BatchStepPlan(metaclass=_pybind11_type):
     """The plan of a begun BatchStep in the varlen paged format."""
 
     @property
-    def n_entries(self) -> int: ...
+    def n_entries(self) -> int:
+        """Sequences in the step."""
     @property
-    def n_tokens(self) -> int: ...
+    def n_tokens(self) -> int:
+        """New tokens of the step, all sequences."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Rows per block."""
     @property
-    def seq_ids(self) -> npt.NDArray[np.int32]: ...
+    def seq_ids(self) -> npt.NDArray[np.int32]:
+        """(n_entries,) the sequence of each entry."""
     @property
-    def query_starts(self) -> npt.NDArray[np.int32]: ...
+    def query_starts(self) -> npt.NDArray[np.int32]:
+        """(n_entries + 1,) entry i's tokens are [query_starts[i], query_starts[i + 1])
+        (cu_seqlens_q).
+        """
     @property
-    def first_positions(self) -> npt.NDArray[np.int32]: ...
+    def first_positions(self) -> npt.NDArray[np.int32]:
+        """(n_entries,) each sequence's length before the step: its first new position."""
     @property
-    def context_lens(self) -> npt.NDArray[np.int32]: ...
+    def context_lens(self) -> npt.NDArray[np.int32]:
+        """(n_entries,) each sequence's length after the step (cache_seqlens)."""
     @property
-    def visible_starts(self) -> npt.NDArray[np.int32]: ...
-    def holes(self, entry: SupportsIndex) -> list[tuple[int, int]]: ...
-    def mask(self, group: SupportsIndex, rows: SupportsIndex | None = None) -> npt.NDArray[np.bool_]: ...
+    def visible_starts(self) -> npt.NDArray[np.int32]:
+        """(n_entries,) positions below it were removed from the sequence: never visible."""
+    def holes(self, entry: SupportsIndex) -> list[tuple[int, int]]:
+        """Entry i's removed middle ranges [(begin, end), ...]: never visible."""
+    def mask(self, group: SupportsIndex, rows: SupportsIndex | None = None) -> npt.NDArray[np.bool_]:
+        """Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default:
+        used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t may
+        see the key in row r (its own sequence's, by the visibility rule, not removed). A new array.
+        InvalidArgumentError: bad group or rows.
+        """
     @property
-    def positions(self) -> npt.NDArray[np.int32]: ...
+    def positions(self) -> npt.NDArray[np.int32]:
+        """(n_tokens,) the position of each new token (a new array)."""
     @property
-    def groups(self) -> tuple[GroupPlan, ...]: ...
+    def groups(self) -> tuple[GroupPlan, ...]:
+        """One GroupPlan per group (index with cache.group_of(layer))."""
 
 StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Sequence[SupportsIndex] | None]
 
@@ -399,13 +649,18 @@ class BatchStep(metaclass=_pybind11_type):
     """A begun step of a BatchCache; as a context manager it commits on normal exit."""
 
     @property
-    def n_entries(self) -> int: ...
+    def n_entries(self) -> int:
+        """Sequences in the step."""
     @property
-    def n_tokens(self) -> int: ...
+    def n_tokens(self) -> int:
+        """New tokens in the step, all sequences."""
     @property
-    def is_current(self) -> bool: ...
-    def plan(self) -> BatchStepPlan: ...
-    def commit(self) -> None: ...
+    def is_current(self) -> bool:
+        """True while this is the cache's begun, uncommitted step."""
+    def plan(self) -> BatchStepPlan:
+        """The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one."""
+    def commit(self) -> None:
+        """Commits the step (every entry's length grows by its T). InvalidStateError: stale step."""
     def __enter__(self) -> BatchStep: ...
     def __exit__(
         self,
@@ -417,46 +672,94 @@ class BatchStep(metaclass=_pybind11_type):
 class BatchCache(CacheBase, metaclass=_pybind11_type):
     """Many sequences over paged block pools (DESIGN.md section 6)."""
 
-    def __init__(self, config: CacheConfig) -> None: ...
+    def __init__(self, config: CacheConfig) -> None:
+        """Builds the cache. InvalidArgumentError names a bad config or BatchLimits field;
+        AllocationError when its tables cannot be allocated.
+        """
     @property
-    def max_seqs(self) -> int: ...
+    def max_seqs(self) -> int:
+        """Sequence ids are 0..max_seqs-1."""
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Largest length of one sequence (positions)."""
     @property
-    def max_step(self) -> int: ...
+    def max_step(self) -> int:
+        """Largest T of one sequence in one step."""
     @property
-    def max_step_tokens(self) -> int: ...
+    def max_step_tokens(self) -> int:
+        """Largest number of new tokens of one step."""
     @property
-    def n_layers(self) -> int: ...
+    def n_layers(self) -> int:
+        """Layers."""
     @property
-    def n_groups(self) -> int: ...
+    def n_groups(self) -> int:
+        """Groups: layers sharing one policy and one block pool."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Rows per block."""
     @property
-    def table_stride(self) -> int: ...
-    def group_of(self, layer: SupportsIndex) -> int: ...
-    def group_policy(self, group: SupportsIndex) -> LayerPolicy: ...
-    def layer_config(self, layer: SupportsIndex) -> LayerConfig: ...
-    def num_blocks(self, group: SupportsIndex) -> int: ...
-    def used_blocks(self, group: SupportsIndex) -> int: ...
-    def free_blocks(self, group: SupportsIndex) -> int: ...
-    def cached_blocks(self, group: SupportsIndex) -> int: ...
-    def blocks_held(self, seq: SupportsIndex, group: SupportsIndex) -> int: ...
-    def oldest_held(self, seq: SupportsIndex, group: SupportsIndex) -> int: ...
-    def sequence(self, seq: SupportsIndex) -> SequenceInfo: ...
-    def length(self, seq: SupportsIndex) -> int: ...
-    def add_sequence(self, seq: SupportsIndex) -> None: ...
-    def release_sequence(self, seq: SupportsIndex) -> None: ...
-    def fork(self, src: SupportsIndex, dst: SupportsIndex, upto: SupportsIndex | None = None) -> None: ...
-    def remove(self, seq: SupportsIndex, p0: SupportsIndex, p1: SupportsIndex | None = None) -> None: ...
-    def rewind(self, seq: SupportsIndex, n: SupportsIndex) -> None: ...
-    def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool: ...
-    def adopt_prefix(self, seq: SupportsIndex, tokens: Sequence[SupportsIndex]) -> int: ...
-    def begin_step(self, entries: Sequence[StepEntryArg]) -> BatchStep: ...
-    def step(self, entries: Sequence[StepEntryArg]) -> BatchStep: ...
-    def commit(self, step: BatchStep) -> None: ...
-    def visible(self, group: SupportsIndex, seq: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool: ...
-    def clear(self) -> None: ...
+    def table_stride(self) -> int:
+        """Block table entries per sequence."""
+    def group_of(self, layer: SupportsIndex) -> int:
+        """The group of a layer. InvalidArgumentError: bad layer."""
+    def group_policy(self, group: SupportsIndex) -> LayerPolicy:
+        """The policy of a group's layers. InvalidArgumentError: bad group."""
+    def layer_config(self, layer: SupportsIndex) -> LayerConfig:
+        """A layer's policy and row shape. InvalidArgumentError: bad layer."""
+    def num_blocks(self, group: SupportsIndex) -> int:
+        """Blocks in a group's pool (its rows: num_blocks * block_size)."""
+    def used_blocks(self, group: SupportsIndex) -> int:
+        """One past the highest block of the group any sequence holds: every live row lies in rows
+        [0, used_blocks * block_size) (allocation takes the lowest free block).
+        """
+    def free_blocks(self, group: SupportsIndex) -> int:
+        """Blocks of a group no sequence holds (reclaimable cached ones included)."""
+    def cached_blocks(self, group: SupportsIndex) -> int:
+        """Free blocks of a group that still hold a reusable prefix."""
+    def blocks_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
+        """Blocks of a group the sequence holds."""
+    def oldest_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
+        """The oldest position whose block the group still holds for the sequence (its length when
+        none).
+        """
+    def sequence(self, seq: SupportsIndex) -> SequenceInfo:
+        """The sequence's SequenceInfo. InvalidArgumentError: seq out of range."""
+    def length(self, seq: SupportsIndex) -> int:
+        """The sequence's committed length (0 for an inactive one)."""
+    def add_sequence(self, seq: SupportsIndex) -> None:
+        """Starts an empty sequence. InvalidStateError: it is active."""
+    def release_sequence(self, seq: SupportsIndex) -> None:
+        """Ends a sequence and releases its blocks. InvalidStateError: it is not active."""
+    def fork(self, src: SupportsIndex, dst: SupportsIndex, upto: SupportsIndex | None = None) -> None:
+        """dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no K/V.
+        InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not empty, or
+        src no longer holds what a query of dst at upto needs.
+        """
+    def remove(self, seq: SupportsIndex, p0: SupportsIndex, p1: SupportsIndex | None = None) -> None:
+        """Positions [p0, p1) leave the sequence's history (p1 = None: to its end, a truncation with
+        the rewind rule). CapacityError: more removed middle ranges than max_holes.
+        """
+    def rewind(self, seq: SupportsIndex, n: SupportsIndex) -> None:
+        """length(seq) = n. InvalidStateError: a ring group released history a query at n needs."""
+    def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
+        """True exactly when rewind(seq, n) would succeed. Never raises."""
+    def adopt_prefix(self, seq: SupportsIndex, tokens: Sequence[SupportsIndex]) -> int:
+        """An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, at
+        most len(tokens) - 1 tokens) every group holds; returns its length (0: a miss).
+        """
+    def begin_step(self, entries: Sequence[StepEntryArg]) -> BatchStep:
+        """Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for
+        prefix reuse), laid out entry after entry; replaces an uncommitted step. CapacityError: a
+        group's pool is short or a sequence would pass capacity (nothing changes).
+        """
+    def step(self, entries: Sequence[StepEntryArg]) -> BatchStep:
+        """begin_step(entries), for `with cache.step(entries) as step:`."""
+    def commit(self, step: BatchStep) -> None:
+        """Commits the begun step. InvalidStateError: a stale step."""
+    def visible(self, group: SupportsIndex, seq: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool:
+        """May the sequence's query at q see its key at k on the group's layers?"""
+    def clear(self) -> None:
+        """Ends every sequence and forgets every cached block."""
 
 # --- paged_pool.cpp --------------------------------------------------------------
 
@@ -473,9 +776,11 @@ class PagedKVPool(metaclass=_pybind11_type):
     def __init__(
         self, cache: BatchCache, dtype: npt.DTypeLike = ..., *, initial_rows: SupportsIndex = 256
     ) -> None:
-        """Storage for `cache` in `dtype`; each layer starts with min(initial_rows,
-        its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0.
-        AllocationError: the first blocks cannot be allocated."""
+        """PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in
+        `dtype` (float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with
+        min(initial_rows, its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0.
+        AllocationError: the first blocks cannot be allocated.
+        """
     @property
     def cache(self) -> BatchCache:
         """The BatchCache it stores."""
@@ -487,36 +792,69 @@ class PagedKVPool(metaclass=_pybind11_type):
         """Layers."""
     @property
     def nbytes(self) -> int:
-        """Bytes (K and V, every layer) of the rows in blocks some sequence holds now."""
+        """Bytes (K and V, every layer) of the rows in blocks some sequence holds now: (num_blocks -
+        free_blocks) * block_size rows per layer.
+        """
     @property
     def reserved_bytes(self) -> int:
         """Bytes of storage allocated now (K and V, every layer)."""
     def allocated_rows(self, layer: SupportsIndex) -> int:
-        """Rows of the layer backed by storage now. InvalidArgumentError: bad layer."""
+        """Rows of the layer backed by storage now (at most num_blocks(group) * block_size).
+        InvalidArgumentError: bad layer.
+        """
     def reserve(self, layer: SupportsIndex, rows: SupportsIndex) -> None:
-        """Grows the layer now to at least `rows` rows. InvalidArgumentError: bad layer
-        or rows outside [0, num_blocks * block_size]. AllocationError: growth failed."""
+        """Grows the layer now to at least `rows` rows, so later updates below it never allocate.
+        InvalidArgumentError: bad layer, rows outside [0, num_blocks * block_size]. AllocationError:
+        growth failed (nothing changed).
+        """
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """Performs the layer's block copies of the begun step, writes its new rows
-        (token t to its slot) and returns read-only zero-copy views of the layer's
-        live rows, (used_blocks * block_size, n_kv_heads, dim): attend over them with
-        mask(step, group). InvalidArgumentError: bad layer or array (nothing written).
-        InvalidStateError: a stale step or another cache's. AllocationError: growth
-        failed (nothing written)."""
+        """update(layer, step, k, v) -> (k_rows, v_rows): performs the layer's block copies of the
+        begun step (copy-on-write), writes the step's new rows (k: (n_tokens, n_kv_heads, head_dim),
+        v: (n_tokens, n_kv_heads, value_dim), C-contiguous, the pool's dtype; token t to its slot),
+        and returns read-only zero-copy views of the layer's live rows, (used_blocks * block_size,
+        n_kv_heads, dim): attend over them with mask(step, group). Views keep their storage alive.
+        InvalidArgumentError: bad layer or array (nothing written). InvalidStateError: a stale step,
+        or a step of another cache. AllocationError: growth failed (nothing written).
+        """
     def rows(self, layer: SupportsIndex) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """The views update() returns, without writing. InvalidStateError: the layer
-        was not updated for the begun step yet."""
+        """rows(layer) -> (k_rows, v_rows): the views update() returns, without writing.
+        InvalidArgumentError: bad layer. InvalidStateError: the live rows are not all stored yet
+        (update the layer for the begun step first).
+        """
     def mask(self, step: BatchStep, group: SupportsIndex) -> npt.NDArray[np.bool_]:
-        """bool (n_tokens, used_blocks * block_size): may token t see the key in row r
-        of the group's layers? Read-only, built once per group and step."""
+        """mask(step, group) -> bool (n_tokens, used_blocks * block_size): mask[t, r] is True when
+        the step's token t may see the key in row r of the group's layers (its own sequence's, by
+        the visibility rule, not removed): the columns of update()'s rows. Read-only, built once per
+        group and step and shared by the group's layers (step.plan().mask(group) gives a new copy).
+        InvalidArgumentError: bad group. InvalidStateError: a stale step or another cache's.
+        """
     def gather(
         self, layer: SupportsIndex, step: BatchStep, entry: SupportsIndex
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]:
-        """(k, v, positions): the history the step's entry sees on this layer, in
-        increasing positions, as new arrays. Call it after update()."""
+        """gather(layer, step, entry) -> (k, v, positions): the history entry `entry` of the step
+        sees on this layer (every position below its context length that one of its queries sees:
+        the sinks and the first query's window on a ring, all kept positions when flat; removed ones
+        skipped), in increasing positions, as new contiguous arrays (n, n_kv_heads, dim) and int64
+        (n,). Call it after update(). InvalidArgumentError: bad layer or entry. InvalidStateError: a
+        stale step, or the layer not updated for it yet.
+        """
     @staticmethod
     def required_bytes(cache: BatchCache, dtype: npt.DTypeLike) -> int:
-        """Bytes a pool of cache's layers in dtype holds at most (every block, as the
-        C++ arena mode takes them). InvalidArgumentError: bad dtype."""
+        """staticmethod(function) -> method
+
+        Convert a function to be a static method.
+
+        A static method does not receive an implicit first argument. To declare a static method, use
+        this idiom:
+
+        class C: @staticmethod def f(arg1, arg2, argN): ...
+
+        It can be called either on the class (e.g. C.f()) or on an instance (e.g. C().f()). Both the
+        class and the instance are ignored, and neither is passed implicitly as the first argument
+        to the method.
+
+        Static methods in Python are similar to those found in Java or C++. For a more advanced
+        concept, see the classmethod builtin.
+        """

@@ -68,16 +68,17 @@ using LayersArg = std::variant<kvcore::LayerConfig, std::vector<kvcore::LayerCon
 void register_config(py::module_& m) {
   py::class_<kvcore::LayerPolicy> policy(m, "LayerPolicy",
                                          "How one layer keeps its history: Flat() or Ring(...).");
-  py::enum_<kvcore::LayerPolicy::Kind>(policy, "Kind")
+  py::enum_<kvcore::LayerPolicy::Kind>(policy, "Kind", "Flat (full history) or Ring (sliding window).")
       .value("Flat", kvcore::LayerPolicy::Kind::Flat)
       .value("Ring", kvcore::LayerPolicy::Kind::Ring);
-  policy.def_readonly("kind", &kvcore::LayerPolicy::kind)
-      .def_readonly("window", &kvcore::LayerPolicy::window)
-      .def_readonly("sinks", &kvcore::LayerPolicy::sinks)
-      .def_property_readonly("is_ring",
-                             [](const kvcore::LayerPolicy& p) {
-                               return p.kind == kvcore::LayerPolicy::Kind::Ring;
-                             })
+  policy.def_readonly("kind", &kvcore::LayerPolicy::kind, "LayerPolicy.Kind.Flat or LayerPolicy.Kind.Ring.")
+      .def_readonly("window", &kvcore::LayerPolicy::window,
+                    "Ring: keys a query sees, counting itself (positions q - window + 1 .. q). Flat: 0.")
+      .def_readonly("sinks", &kvcore::LayerPolicy::sinks,
+                    "Ring: first positions every query sees, kept forever. Flat: 0.")
+      .def_property_readonly(
+          "is_ring", [](const kvcore::LayerPolicy& p) { return p.kind == kvcore::LayerPolicy::Kind::Ring; },
+          "True for a Ring policy.")
       // is_operator: comparing with another type gives NotImplemented (so False), not TypeError.
       .def("__eq__", [](const kvcore::LayerPolicy& a, const kvcore::LayerPolicy& b) { return a == b; },
            py::is_operator())
@@ -119,12 +120,17 @@ void register_config(py::module_& m) {
              }
              return l;
            }),
-           py::arg("policy"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("v_head_dim") = 0)
-      .def_readonly("policy", &kvcore::LayerConfig::policy)
-      .def_readonly("n_kv_heads", &kvcore::LayerConfig::n_kv_heads)
-      .def_readonly("head_dim", &kvcore::LayerConfig::head_dim)
-      .def_readonly("v_head_dim", &kvcore::LayerConfig::v_head_dim)
-      .def_property_readonly("value_dim", &kvcore::LayerConfig::value_dim)
+           py::arg("policy"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("v_head_dim") = 0,
+           "policy: Flat() or Ring(...). A K row is n_kv_heads x head_dim elements, a V row "
+           "n_kv_heads x v_head_dim (0: head_dim). InvalidArgumentError naming the field when a "
+           "count is below 1 (v_head_dim: below 0).")
+      .def_readonly("policy", &kvcore::LayerConfig::policy, "Flat() or Ring(...).")
+      .def_readonly("n_kv_heads", &kvcore::LayerConfig::n_kv_heads, "K/V heads per row.")
+      .def_readonly("head_dim", &kvcore::LayerConfig::head_dim, "Elements per head of a K row.")
+      .def_readonly("v_head_dim", &kvcore::LayerConfig::v_head_dim,
+                    "Elements per head of a V row as given; 0 means head_dim (see value_dim).")
+      .def_property_readonly("value_dim", &kvcore::LayerConfig::value_dim,
+                             "Elements per head of a V row: v_head_dim, or head_dim when it is 0.")
       .def("__eq__",
            [](const kvcore::LayerConfig& a, const kvcore::LayerConfig& b) {
              return a.policy == b.policy && a.n_kv_heads == b.n_kv_heads &&
@@ -172,7 +178,7 @@ void register_config(py::module_& m) {
                std::to_string(b.max_holes) + ")";
       });
 
-  py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies.");
+  py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies, validated on construction.");
   copyable_value(cache_config);
   cache_config
       // Typed arguments: a wrong type is a TypeError naming the signature.
@@ -208,11 +214,17 @@ void register_config(py::module_& m) {
            }),
            py::arg("capacity"), py::arg("layers"), py::kw_only(), py::arg("n_layers") = py::none(),
            py::arg("max_step") = py::none(), py::arg("initial_capacity") = 512,
-           py::arg("batch") = kvcore::BatchLimits())
-      .def_readonly("capacity", &kvcore::CacheConfig::capacity)
-      .def_readonly("n_layers", &kvcore::CacheConfig::n_layers)
-      .def_readonly("max_step", &kvcore::CacheConfig::max_step)
-      .def_readonly("initial_capacity", &kvcore::CacheConfig::initial_capacity)
+           py::arg("batch") = kvcore::BatchLimits(),
+           "capacity: largest logical length (positions). layers: one LayerConfig for every layer "
+           "or one per layer. n_layers: defaults to len(layers). max_step: largest T of one step "
+           "(default min(512, capacity)). initial_capacity: rows a byte layer allocates per layer "
+           "before growing. batch: the limits of a BatchCache built from it. Validated here: "
+           "InvalidArgumentError naming the field and the rule.")
+      .def_readonly("capacity", &kvcore::CacheConfig::capacity, "Largest logical length (positions 0..capacity-1).")
+      .def_readonly("n_layers", &kvcore::CacheConfig::n_layers, "Number of layers.")
+      .def_readonly("max_step", &kvcore::CacheConfig::max_step, "Largest T (tokens) of one step, default applied.")
+      .def_readonly("initial_capacity", &kvcore::CacheConfig::initial_capacity,
+                    "Rows a byte layer (KVPool) allocates per flat layer before growing lazily.")
       .def_readonly("batch", &kvcore::CacheConfig::batch,
                     "The limits a many-sequence cache (BatchCache) built from it has.")
       .def_property_readonly("layers",
@@ -220,7 +232,8 @@ void register_config(py::module_& m) {
                                py::list out;
                                for (int l = 0; l < c.n_layers; ++l) out.append(c.layer(l));
                                return py::tuple(out);
-                             })
+                             },
+                             "One LayerConfig per layer (a broadcast config repeated).")
       .def("__repr__", [](const kvcore::CacheConfig& c) { return repr(c); });
 }
 

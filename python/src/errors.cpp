@@ -24,7 +24,8 @@ void register_errors(py::module_& m) {
       codes[kvcore::to_string(e)] = static_cast<std::uint32_t>(e);
     }
     return codes;
-  });
+  },
+  "kvcore::Error names and values as the C++ core defines them (ExecuTorch's Error values).");
 }
 
 }  // namespace kvcore_py

@@ -360,14 +360,22 @@ void register_pool(py::module_& m) {
              return new PyPool(std::move(cache), dtype, mirror_rings);
            }),
            py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
-           py::kw_only(), py::arg("mirror_rings") = false)
-      .def_property_readonly("cache", [](const PyPool& p) { return p.cache(); })
+           py::kw_only(), py::arg("mirror_rings") = false,
+           "Storage for every layer of `cache` in `dtype` (float32, float16, \"bfloat16\" with "
+           "ml_dtypes, int8, uint8), allocated lazily: flat layers start at "
+           "config.initial_capacity rows and double, ring layers hold rows(layer). "
+           "mirror_rings: see the property. InvalidArgumentError: another dtype or cache None; "
+           "AllocationError when memory runs out.")
+      .def_property_readonly("cache", [](const PyPool& p) { return p.cache(); },
+                             "The SequenceCache whose plans this pool applies (kept alive by it).")
       .def_property_readonly(
           "mirror_rings", [](const PyPool& p) { return p.mirror_rings(); },
           "True when wrapping ring layers keep a mirror of their first R - 1 rows, so every "
           "read without sinks is a zero-copy view.")
-      .def_property_readonly("dtype", [](const PyPool& p) { return p.dtype(); })
-      .def_property_readonly("n_layers", [](const PyPool& p) { return p.pool().n_layers(); })
+      .def_property_readonly("dtype", [](const PyPool& p) { return p.dtype(); },
+                             "numpy dtype of every stored element.")
+      .def_property_readonly("n_layers", [](const PyPool& p) { return p.pool().n_layers(); },
+                             "Number of layers, as the cache's.")
       .def_property_readonly(
           "nbytes", [](const PyPool& p) { return p.pool().in_use_bytes(p.cache()->length()); },
           "Bytes of the rows holding the cache's committed positions.")

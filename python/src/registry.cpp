@@ -130,33 +130,43 @@ void register_registry(py::module_& m) {
           if (!cache) raise(kvcore::Error::InvalidArgument, "install: cache is None");
           throw_if_error(caches().install(key, std::move(cache)));
         },
-        py::arg("key"), py::arg("cache").none(true));
+        py::arg("key"), py::arg("cache").none(true),
+        "Installs cache under key in the process registry. AlreadyRegisteredError: the key is taken; "
+        "InvalidArgumentError: an empty or too long key, or cache None.");
   m.def("registry_install_unique",
         [](const std::string& prefix, std::shared_ptr<kvcore::CacheBase> cache) {
           if (!cache) raise(kvcore::Error::InvalidArgument, "install_unique: cache is None");
           return std::string(unwrap(caches().install_unique(prefix, std::move(cache))).view());
         },
-        py::arg("prefix"), py::arg("cache").none(true));
-  m.def("registry_get", [](const std::string& key) { return caches().get(key); }, py::arg("key"));
+        py::arg("prefix"), py::arg("cache").none(true),
+        "Installs cache under a fresh key 'prefix#N' and returns the key. InvalidArgumentError: a bad "
+        "prefix or cache None.");
+  m.def("registry_get", [](const std::string& key) { return caches().get(key); }, py::arg("key"),
+        "The cache under key, or None.");
   m.def("registry_find", [](const std::string& key) { return unwrap(caches().find(key)); },
-        py::arg("key"));
+        py::arg("key"), "The cache under key. NotFoundError naming the key when there is none.");
   m.def("registry_contains", [](const std::string& key) { return caches().contains(key); },
-        py::arg("key"));
+        py::arg("key"), "Whether a cache is installed under key.");
   m.def("registry_erase", [](const std::string& key) { throw_if_error(caches().erase(key)); },
-        py::arg("key"));
+        py::arg("key"), "Removes key (holders keep the cache alive). NotFoundError: no such key.");
   m.def("registry_erase_if_same",
         [](const std::string& key, const std::shared_ptr<kvcore::CacheBase>& cache) {
           throw_if_error(caches().erase_if_same(key, cache.get()));
         },
-        py::arg("key"), py::arg("cache"));
+        py::arg("key"), py::arg("cache"),
+        "Removes key only while it still names this cache (a session's cleanup). NotFoundError: "
+        "the key is absent or names another cache.");
   m.def("registry_keys", [] {
     std::vector<std::string> out;
     for (const kvcore::Key& key : unwrap(caches().keys())) out.emplace_back(key.view());
     return out;
-  });
+  },
+  "The installed keys, sorted.");
   m.def("registry_unique_key",
         [](const std::string& prefix) { return std::string(unwrap(caches().make_unique_key(prefix)).view()); },
-        py::arg("prefix") = "cache");
+        py::arg("prefix") = "cache",
+        "A key 'prefix#N' no cache is installed under (reserves nothing). InvalidArgumentError: a "
+        "bad prefix.");
 
   // --- builders by (backend, kind) ----------------------------------------------
   m.def("register_builder",
@@ -171,23 +181,28 @@ void register_registry(py::module_& m) {
                                        python_builder_state({backend_id, kind}, std::move(fn)));
           throw_if_error(builders().register_builder(backend_id, kind, std::move(builder)));
         },
-        py::arg("backend"), py::arg("kind"), py::arg("fn"));
+        py::arg("backend"), py::arg("kind"), py::arg("fn"),
+        "Registers fn(config) -> cache as the builder of (backend, kind); C++ callers reach it too "
+        "(they take the GIL). AlreadyRegisteredError: the pair has a builder; InvalidArgumentError: "
+        "fn is not callable or a name is bad.");
   m.def("unregister_builder",
         [](const std::string& backend_id, const std::string& kind) {
           throw_if_error(builders().unregister_builder(backend_id, kind));
         },
-        py::arg("backend"), py::arg("kind"));
+        py::arg("backend"), py::arg("kind"),
+        "Removes the builder of (backend, kind). NotFoundError: it has none.");
   m.def("has_builder",
         [](const std::string& backend_id, const std::string& kind) {
           return builders().contains(backend_id, kind);
         },
-        py::arg("backend"), py::arg("kind"));
+        py::arg("backend"), py::arg("kind"), "Whether (backend, kind) has a builder.");
   m.def("builders", [] {
     std::vector<std::pair<std::string, std::string>> out;
     for (const kvcore::BuilderName& name : unwrap(builders().keys()))
       out.emplace_back(name.backend_id.view(), name.kind.view());
     return out;
-  });
+  },
+  "The (backend, kind) pairs that have a builder, sorted.");
   m.def("build",
         [](const std::string& backend_id, const std::string& kind, const kvcore::CacheConfig& cfg) {
           PythonBuildFrame frame;
@@ -202,7 +217,10 @@ void register_registry(py::module_& m) {
           }
           return unwrap(std::move(built));
         },
-        py::arg("backend"), py::arg("kind"), py::arg("config"));
+        py::arg("backend"), py::arg("kind"), py::arg("config"),
+        "Builds a cache with the builder of (backend, kind). NotFoundError: none registered; "
+        "InvalidArgumentError: config breaks a rule; a Python builder's exception propagates "
+        "unchanged; InternalError: a builder returned None or a non-cache.");
 }
 
 }  // namespace kvcore_py

@@ -1,13 +1,13 @@
 """help() is useful: every public class, function, method and property of the
 kvcore package (the compiled classes included) says what it does in its own
-words, beyond the signature pybind11 writes; the stubs carry a docstring for
-every class too, so an editor shows them."""
+words, beyond the signature pybind11 writes (constructors included); the stubs
+carry the same docstrings, so an editor shows them."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +17,19 @@ import kvcore
 from kvcore import registry
 
 ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("stub_docs", ROOT / "scripts" / "stub_docs.py")
+assert _spec is not None and _spec.loader is not None
+stub_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stub_docs)
+
 # Dunders whose meaning is the protocol's: their docstring is the protocol's.
-PROTOCOL = {"__eq__", "__hash__", "__iter__", "__repr__", "__enter__", "__exit__", "__init__"}
+PROTOCOL = {"__eq__", "__hash__", "__iter__", "__repr__", "__enter__", "__exit__"}
 
 
-def own_words(obj: Any) -> str:
-    """The docstring minus the signature paragraphs pybind11 writes (numbered when
-    overloaded)."""
-    doc = inspect.getdoc(obj) or ""
-    name = getattr(obj, "__name__", "")
-    kept = []
-    for paragraph in re.split(r"\n\s*\n", doc):
-        line = paragraph.strip()
-        # "name(self: T, x: int) -> R": nothing but the call and its annotations.
-        signature = bool(name) and re.fullmatch(rf"(\d+\. )?{re.escape(name)}\(.*\)( -> [^:]*)?", line) is not None
-        if line and not signature and line != "Overloaded function.":
-            kept.append(line)
-    return " ".join(kept)
+def own_words(obj: Any, name: str = "") -> str:
+    """The docstring minus the signature paragraphs pybind11 writes (a property's
+    getter has only its signature)."""
+    return " ".join(stub_docs.own_paragraphs(obj, name))
 
 
 def public_members(cls: type) -> list[tuple[str, Any]]:
@@ -58,8 +54,7 @@ def test_every_public_class_and_member_explains_itself(cls: type) -> None:
     assert own_words(cls), f"{cls.__name__} has no docstring"
     missing = []
     for name, member in public_members(cls):
-        target = member.fget if isinstance(member, property) else member
-        if target is None or not own_words(target):
+        if not own_words(member, name):
             missing.append(name)
     assert not missing, f"{cls.__name__}: members without a docstring: {missing}"
 
@@ -81,7 +76,14 @@ def test_the_stubs_give_every_class_a_docstring() -> None:
     assert not missing, f"_core.pyi classes without a docstring: {missing}"
 
 
+def test_the_stubs_carry_every_docstring_of_the_compiled_module() -> None:
+    """An editor reads _core.pyi: each function, method and property there has the
+    runtime's docstring (python scripts/stub_docs.py copies them)."""
+    _, stale = stub_docs.updated_stubs((ROOT / "python" / "kvcore" / "_core.pyi").read_text())
+    assert not stale, f"_core.pyi docstrings that differ from kvcore._core's (run scripts/stub_docs.py): {stale}"
+
+
 def test_help_of_the_caches_names_their_errors() -> None:
     for cls in (kvcore.SequenceCache, kvcore.KVPool, kvcore.BatchCache):
-        text = own_words(cls) + " ".join(own_words(m.fget if isinstance(m, property) else m) for _, m in public_members(cls))
+        text = own_words(cls) + " ".join(own_words(m, n) for n, m in public_members(cls))
         assert "Error" in text, f"help({cls.__name__}) names no error"
