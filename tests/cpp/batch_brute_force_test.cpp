@@ -428,11 +428,16 @@ class Driver {
     if (step_open_) {
       EXPECT_TRUE(cache_->check_step(open_step_).ok());
     }
-    // used_blocks: one past the highest block any sequence's table names.
+    // used_blocks: one past the highest block any sequence's table names, or
+    // a begun step copies from (it keeps its copy sources until it commits).
     for (int g = 0; g < cache_->n_groups(); ++g) {
       int used = 0;
       const int* tables = cache_->block_tables(g);
       for (int i = 0; i < cfg_.batch.max_seqs * cache_->table_stride(); ++i) used = std::max(used, tables[i] + 1);
+      if (step_open_) {
+        const kvcore::GroupPlan& gp = cache_->plan(open_step_)->groups[g];
+        for (int c = 0; c < gp.n_copies; ++c) used = std::max(used, gp.copies[c].src + 1);
+      }
       EXPECT_EQ(*cache_->used_blocks(g), used) << "group " << g;
     }
   }

@@ -135,7 +135,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       int& kept = kept_from(g, dst);
       kept = kept_from(g, src) < upto / block_size_ ? kept_from(g, src) : upto / block_size_;
       const int lo = first_block(g, src);
-      first_block(g, dst) = lo;
+      first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;  // dst writes from upto on
       for (int i = lo; i < end_block; ++i) {
         if (from[i] < 0) continue;
         groups_[g].pool.hold(from[i]);
@@ -347,9 +347,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
             row[b] = pool.allocate();
             ++held(g, seq);
           } else if (pool.refs(cur) > 1) {
+            // Copy-on-write. The step keeps holding `cur` until it commits, so
+            // no entry writes into it (another holder in this step copies too)
+            // and an abandoned step can give it back as it was.
             row[b] = pool.allocate();
+            copy_seqs_[g * max_seqs_ + copies] = seq;
             copies_[g * max_seqs_ + copies++] = BlockCopy{cur, row[b]};
-            pool.release(cur);  // still held by another sequence
           } else {
             pool.drop_key(cur);  // its rows change: it no longer names that content
           }
@@ -380,6 +383,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Status commit(const BatchStep& step) noexcept override {
     KVCORE_RETURN_IF_ERROR(check_step(step));
+    for (int g = 0; g < n_groups_; ++g)  // the copies are made: their sources go
+      for (int c = 0; c < group_plans_[g].n_copies; ++c) groups_[g].pool.release(copies_[g * max_seqs_ + c].src);
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       Seq& s = seqs_[seq];
@@ -612,10 +617,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     step_tokens_.reset(new (std::nothrow) std::int32_t[max_step_tokens_]);
     slots_.reset(new (std::nothrow) int[step_slots]);
     copies_.reset(new (std::nothrow) BlockCopy[n_groups_ * seqs]);
+    copy_seqs_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     group_plans_.reset(new (std::nothrow) GroupPlan[n_groups_]);
     KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && step_T_ && query_starts_ && first_positions_ &&
                                      context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
-                                     tokens_given_ && step_tokens_ && slots_ && copies_ && group_plans_,
+                                     tokens_given_ && step_tokens_ && slots_ && copies_ && copy_seqs_ &&
+                                     group_plans_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the step buffers of %d tokens", max_step_tokens_);
     for (int g = 0; g < n_groups_; ++g) {
@@ -670,8 +677,21 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
 
   // Verbs change the tables a plan points into: any begun step is over. Its
-  // blocks past each sequence's length (never committed) go back to the pools.
+  // blocks past each sequence's length (never committed) go back to the pools,
+  // and so do its copy-on-write blocks: the backend may never have made the
+  // copies, so each sequence gets back the shared block it copied from.
   void end_step() noexcept {
+    if (active_.id != 0) {
+      for (int g = 0; g < n_groups_; ++g) {
+        for (int c = 0; c < group_plans_[g].n_copies; ++c) {
+          const BlockCopy& copy = copies_[g * max_seqs_ + c];
+          const int seq = copy_seqs_[g * max_seqs_ + c];
+          table(g, seq)[seqs_[seq].length / block_size_] = copy.src;
+          groups_[g].pool.release(copy.dst);
+        }
+        group_plans_[g].n_copies = 0;
+      }
+    }
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       if (seqs_[seq].active) release_from(seq, ceil_div(seqs_[seq].length, block_size_));
@@ -787,9 +807,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     Seq& s = seqs_[seq];
     release_from(seq, ceil_div(n, block_size_));
     // Nothing above n is left for the window to have released: blocks written
-    // again from here on are the window's to release in turn.
-    for (int g = 0; g < n_groups_; ++g)
+    // again from here on are the window's to release in turn. Nor for a
+    // removed head: the next steps write blocks from n / B on.
+    for (int g = 0; g < n_groups_; ++g) {
       if (kept_from(g, seq) > n / block_size_) kept_from(g, seq) = n / block_size_;
+      if (first_block(g, seq) > n / block_size_) first_block(g, seq) = n / block_size_;
+    }
     s.length = n;
     if (s.start > n) s.start = n;
     while (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].begin >= n) --s.n_holes;
@@ -958,6 +981,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<std::int32_t[]> step_tokens_;
   std::unique_ptr<int[]> slots_;         // [g][max_step_tokens_]
   std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs_]
+  std::unique_ptr<int[]> copy_seqs_;     // [g][max_seqs_]: the sequence of each copy
   std::unique_ptr<GroupPlan[]> group_plans_;
 };
 

@@ -1,0 +1,219 @@
+"""Regressions found by the Python tests of BatchCache (issue 12), each kept as
+the shortest call sequence that showed it.
+
+1. An abandoned step's copy-on-write. A step that writes into a block a fork
+   shares gets a private block and a copy (src, dst) the backend makes before
+   writing. When that step was abandoned (replaced by a retry, or ended by a
+   rewind or any other verb) the sequence kept the private block, but nothing
+   says the backend ever made the copy (DESIGN section 2: the backend *may*
+   write any time after begin_step; a retry replaces an uncommitted step): the
+   retry's plan had no copy, and the sequence read garbage for the positions it
+   had shared. And when both holders of the shared block were in the step, the
+   second wrote into the shared block in place, so giving the first its block
+   back would have been wrong too. Now a step keeps every block it copies from
+   until it commits (no entry writes into it), and an abandoned step gives each
+   sequence its shared block back.
+2. A rewind below a removed head left the sequence's first held block index
+   where the removal had put it, above the blocks the next steps wrote: a fork
+   of the sequence skipped them (its queries found holes where their keys
+   were) and oldest_held() named a later position than the oldest held. A fork
+   passed the same stale index on to its new sequence (fork(src, dst, 0) of a
+   sequence with a removed head), with the same effect on the fork's forks.
+3. `cache.sequence(seq)` returned a SequenceInfo whose holes pointed into the
+   cache's table: it changed under later calls and read freed memory after the
+   cache was gone. It is a copy now.
+4. `begin_step(entries)` walked `entries` twice, so a generator lost every
+   entry's tokens (no prefix could be reused), and a non-integer seq, T or token
+   raised pybind11's RuntimeError("Unable to cast ...") instead of a TypeError
+   naming the field.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvcore
+
+B = 4  # rows per block of cache()
+
+
+def cache(*policies: kvcore.LayerPolicy, num_blocks: int = 16) -> kvcore.BatchCache:
+    layers = [kvcore.LayerConfig(p, 1, 2) for p in policies or (kvcore.Flat(),)]
+    limits = kvcore.BatchLimits(block_size=B, max_seqs=4, num_blocks=num_blocks)
+    return kvcore.BatchCache(kvcore.CacheConfig(32, layers, max_step=4, batch=limits))
+
+
+class Rows:
+    """A byte layer that stores one number per row: the tag written there."""
+
+    def __init__(self, c: kvcore.BatchCache) -> None:
+        self.B = c.block_size
+        self.rows = [np.full(c.num_blocks(g) * self.B, -1, np.int64) for g in range(c.n_groups)]
+
+    def apply(self, plan: kvcore.BatchStepPlan, tags: list[int], copies: bool = True, writes: bool = True) -> None:
+        for g, group in enumerate(plan.groups):
+            if copies:
+                for src, dst in group.copies.tolist():
+                    self.rows[g][dst * self.B : (dst + 1) * self.B] = self.rows[g][src * self.B : (src + 1) * self.B]
+            if writes:
+                self.rows[g][group.slots] = tags
+
+    def read(self, plan: kvcore.BatchStepPlan, entry: int, group: int = 0) -> list[int]:
+        """What entry `entry` reads at positions 0 .. context_lens[entry] - 1."""
+        seq = int(plan.seq_ids[entry])
+        table = plan.groups[group].block_tables[seq]
+        B = self.B
+        return [int(self.rows[group][table[k // B] * B + k % B]) for k in range(int(plan.context_lens[entry]))]
+
+
+def step(c: kvcore.BatchCache, rows: Rows, entries: list[tuple[int, int]], tags: list[int], **how: Any) -> kvcore.BatchStep:
+    s = c.begin_step(entries)
+    rows.apply(s.plan(), tags, **how)
+    return s
+
+
+@pytest.mark.parametrize("applied", ["nothing", "copies", "all"])
+@pytest.mark.parametrize("then", ["retry", "rewind", "remove", "add"])
+def test_an_abandoned_copy_on_write_step_leaves_the_fork_its_rows(applied: str, then: str) -> None:
+    c = cache()
+    rows = Rows(c)
+    c.add_sequence(0)
+    step(c, rows, [(0, 3)], [100, 101, 102]).commit()
+    c.fork(0, 1)  # shares the partly filled block 0
+    how = {"nothing": {"copies": False, "writes": False}, "copies": {"writes": False}, "all": {}}[applied]
+    abandoned = step(c, rows, [(1, 1)], [900], **how)
+    assert abandoned.plan().groups[0].copies.tolist() != []
+    if then == "rewind":
+        c.rewind(1, 2)
+    elif then == "remove":
+        c.remove(1, 5)  # past the end: nothing removed, but the step is over
+    elif then == "add":
+        c.add_sequence(2)
+    retry = c.begin_step([(1, 1)])
+    assert not abandoned.is_current
+    plan = retry.plan()
+    rows.apply(plan, [200])
+    expected = {"rewind": [100, 101, 200]}.get(then, [100, 101, 102, 200])
+    assert rows.read(plan, 0) == expected
+    retry.commit()
+    # The source sequence was never touched.
+    s0 = step(c, rows, [(0, 1)], [103])
+    assert rows.read(s0.plan(), 0) == [100, 101, 102, 103]
+
+
+@pytest.mark.parametrize("applied", ["nothing", "copies", "all"])
+def test_an_abandoned_step_over_both_holders_of_a_shared_block_leaves_both_their_rows(applied: str) -> None:
+    c = cache(kvcore.Flat(), kvcore.Ring(3, 1))
+    rows = Rows(c)
+    c.add_sequence(0)
+    step(c, rows, [(0, 4)], [100, 101, 102, 103]).commit()
+    step(c, rows, [(0, 2)], [104, 105]).commit()
+    c.fork(0, 1, 5)  # shares block 1, where 0 holds 4, 5 and 1 holds 4
+    how = {"nothing": {"copies": False, "writes": False}, "copies": {"writes": False}, "all": {}}[applied]
+    free = [c.free_blocks(g) for g in range(c.n_groups)]
+    abandoned = step(c, rows, [(0, 1), (1, 2)], [906, 905, 906], **how)
+    c.rewind(0, 6)  # ends the step (a rewind to the length itself)
+    assert not abandoned.is_current
+    assert [c.free_blocks(g) for g in range(c.n_groups)] == free  # nothing leaked
+    for seq, history in ((0, [100, 101, 102, 103, 104, 105]), (1, [100, 101, 102, 103, 104])):
+        s = c.begin_step([(seq, 1)])
+        plan = s.plan()
+        rows.apply(plan, [300 + seq])
+        for g in range(c.n_groups):
+            policy = c.group_policy(g)
+            got = rows.read(plan, 0, g)
+            q = len(history)
+            for k, tag in enumerate(history):
+                if not policy.is_ring or q - k < policy.window or k < policy.sinks:
+                    assert got[k] == tag, (seq, g, k)
+        s.commit()
+
+
+@pytest.mark.parametrize("policy", [kvcore.Flat(), kvcore.Ring(7, 1)], ids=repr)
+def test_a_fork_after_a_rewind_below_a_removed_head_inherits_every_block(policy: kvcore.LayerPolicy) -> None:
+    layer = kvcore.LayerConfig(policy, 1, 2)
+    c = kvcore.BatchCache(kvcore.CacheConfig(55, layer, max_step=4, batch=kvcore.BatchLimits(block_size=1, max_seqs=3)))
+    rows = Rows(c)
+    c.add_sequence(2)
+    step(c, rows, [(2, 4)], [0, 1, 2, 3]).commit()
+    step(c, rows, [(2, 1)], [4]).commit()
+    c.remove(2, 0, 4)  # the head: positions 0..3 and their blocks go
+    c.rewind(2, 2)
+    step(c, rows, [(2, 4)], [12, 13, 14, 15]).commit()  # positions 2..5 again
+    assert c.oldest_held(2, 0) == 2
+    c.fork(2, 1, 4)
+    assert c.blocks_held(1, 0) == 2 and c.oldest_held(1, 0) == 2
+    s = c.begin_step([(1, 1)])
+    rows.apply(s.plan(), [24])
+    assert rows.read(s.plan(), 0)[2:] == [12, 13, 24]
+
+
+@pytest.mark.parametrize("policy", [kvcore.Flat(), kvcore.Ring(7, 1)], ids=repr)
+def test_a_fork_of_a_fork_of_a_sequence_with_a_removed_head_inherits_every_block(policy: kvcore.LayerPolicy) -> None:
+    layer = kvcore.LayerConfig(policy, 1, 2)
+    c = kvcore.BatchCache(kvcore.CacheConfig(55, layer, max_step=4, batch=kvcore.BatchLimits(block_size=1, max_seqs=3)))
+    rows = Rows(c)
+    c.add_sequence(1)
+    step(c, rows, [(1, 4)], [0, 1, 2, 3]).commit()
+    step(c, rows, [(1, 1)], [4]).commit()
+    c.remove(1, 0, 4)
+    c.fork(1, 0, 0)  # an empty sequence, from a source whose blocks start at 4
+    step(c, rows, [(0, 3)], [10, 11, 12]).commit()
+    assert c.oldest_held(0, 0) == 0
+    c.fork(0, 2)
+    assert c.blocks_held(2, 0) == 3 and c.oldest_held(2, 0) == 0
+    s = c.begin_step([(2, 1)])
+    rows.apply(s.plan(), [23])
+    assert rows.read(s.plan(), 0) == [10, 11, 12, 23]
+
+
+def test_sequence_info_is_a_copy_that_outlives_the_cache() -> None:
+    c = cache()
+    c.add_sequence(0)
+    c.step([(0, 4)]).commit()
+    c.step([(0, 4)]).commit()
+    c.remove(0, 2, 3)
+    info = c.sequence(0)
+    c.remove(0, 5, 7)
+    c.rewind(0, 1)
+    assert (info.length, info.visible_start, info.holes, info.visible_positions) == (8, 0, [(2, 3)], 7)
+    del c
+    gc.collect()
+    churn = [np.full(1 << 10, 7, np.int32) for _ in range(64)]  # would reuse the freed tables
+    assert info.holes == [(2, 3)]
+    assert repr(info) == "SequenceInfo(active=True, length=8, visible_start=0, holes=[(2, 3)])"
+    del churn
+
+
+def test_entries_from_a_generator_keep_their_tokens() -> None:
+    c = cache()
+    c.add_sequence(0)
+    c.step(e for e in [(0, 3, [1, 2, 3])]).commit()
+    c.step(e for e in [(0, 3, iter([4, 5, 6]))]).commit()
+    c.add_sequence(1)
+    assert c.adopt_prefix(1, [1, 2, 3, 4, 5, 6]) == 4
+
+
+@pytest.mark.parametrize(
+    "entries, text",
+    [
+        ([(0, 1.5)], "begin_step: T = 1.5: must be an int, got float"),
+        ([("0", 1)], "begin_step: seq = '0': must be an int, got str"),
+        (["ab"], "begin_step: seq = 'a': must be an int, got str"),
+        ([(0, 2, [1, 2.0])], "begin_step: token = 2.0: must be an int, got float"),
+        ([(0, 2, "ab")], "begin_step: token = 'a': must be an int, got str"),
+        ([(None, 1)], "begin_step: seq = None: must be an int, got NoneType"),
+    ],
+)
+def test_a_step_entry_that_is_not_an_int_is_a_type_error_naming_it(entries: Any, text: str) -> None:
+    c = cache()
+    c.add_sequence(0)
+    with pytest.raises(TypeError) as info:
+        c.begin_step(entries)
+    assert str(info.value) == text
+    with pytest.raises(TypeError, match="adopt_prefix: token = 1.0: must be an int, got float"):
+        c.adopt_prefix(0, [0, 1.0])
