@@ -19,10 +19,14 @@ the shortest call sequence that showed it.
    were) and oldest_held() named a later position than the oldest held. A fork
    passed the same stale index on to its new sequence (fork(src, dst, 0) of a
    sequence with a removed head), with the same effect on the fork's forks.
-3. `cache.sequence(seq)` returned a SequenceInfo whose holes pointed into the
+3. fork(src, dst) and adopt_prefix(seq) refused an empty sequence that a
+   begun step had given blocks ("dst holds 0 positions; it must be empty"),
+   although the call ends that step and its blocks go back: a runner that
+   begins a prefill, abandons it and then adopts a cached prefix was refused.
+4. `cache.sequence(seq)` returned a SequenceInfo whose holes pointed into the
    cache's table: it changed under later calls and read freed memory after the
    cache was gone. It is a copy now.
-4. `begin_step(entries)` walked `entries` twice, so a generator lost every
+5. `begin_step(entries)` walked `entries` twice, so a generator lost every
    entry's tokens (no prefix could be reused), and a non-integer seq, T or token
    raised pybind11's RuntimeError("Unable to cast ...") instead of a TypeError
    naming the field.
@@ -70,7 +74,7 @@ class Rows:
         return [int(self.rows[group][table[k // B] * B + k % B]) for k in range(int(plan.context_lens[entry]))]
 
 
-def step(c: kvcore.BatchCache, rows: Rows, entries: list[tuple[int, int]], tags: list[int], **how: Any) -> kvcore.BatchStep:
+def step(c: kvcore.BatchCache, rows: Rows, entries: list[Any], tags: list[int], **how: Any) -> kvcore.BatchStep:
     s = c.begin_step(entries)
     rows.apply(s.plan(), tags, **how)
     return s
@@ -169,6 +173,27 @@ def test_a_fork_of_a_fork_of_a_sequence_with_a_removed_head_inherits_every_block
     s = c.begin_step([(2, 1)])
     rows.apply(s.plan(), [23])
     assert rows.read(s.plan(), 0) == [10, 11, 12, 23]
+
+
+def test_fork_and_adopt_into_an_empty_sequence_with_an_abandoned_step() -> None:
+    c = cache()
+    rows = Rows(c)
+    c.add_sequence(0)
+    step(c, rows, [(0, 4, [1, 2, 3, 4])], [1, 2, 3, 4]).commit()
+    step(c, rows, [(0, 1, [5])], [5]).commit()
+    free = c.free_blocks(0)
+    for verb in ("adopt", "fork"):
+        c.add_sequence(1)
+        abandoned = c.begin_step([(1, 2)])  # an empty sequence's prefill, never committed
+        if verb == "adopt":
+            assert c.adopt_prefix(1, [1, 2, 3, 4, 5]) == 4
+        else:
+            c.fork(0, 1)
+        assert not abandoned.is_current and c.free_blocks(0) == free
+        s = c.begin_step([(1, 1)])
+        rows.apply(s.plan(), [9])
+        assert rows.read(s.plan(), 0)[:4] == [1, 2, 3, 4]
+        c.release_sequence(1)
 
 
 def test_sequence_info_is_a_copy_that_outlives_the_cache() -> None:

@@ -699,12 +699,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     active_ = BatchStep{};
   }
 
-  bool holds_nothing(int seq) const noexcept {
-    if (seqs_[seq].length != 0) return false;
-    for (int g = 0; g < n_groups_; ++g)
-      if (held(g, seq) != 0) return false;
-    return true;
-  }
+  // Empty: no committed position, so no block outside the begun step (whose
+  // blocks go when the call asking ends it: fork and adopt_prefix into an
+  // empty sequence a step was begun for are fine).
+  bool holds_nothing(int seq) const noexcept { return seqs_[seq].length == 0; }
 
   // Inactive, length 0, nothing held (its tables must already be released).
   void reset_seq(int seq) noexcept {
