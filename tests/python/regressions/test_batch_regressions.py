@@ -19,6 +19,14 @@ the shortest call sequence that showed it.
    were) and oldest_held() named a later position than the oldest held. A fork
    passed the same stale index on to its new sequence (fork(src, dst, 0) of a
    sequence with a removed head), with the same effect on the fork's forks.
+   Also: a removed head moved that index past every block entirely below the
+   head's end, and past the block the head's end lies in as well; when that
+   block had been released (by a ring's window) and was written again after a
+   rewind, a fork skipped it, and its queries found a hole where a key in
+   their window was.
+   And a truncation whose last, partly kept block held only removed positions
+   kept that block (the sequence holds no position in it: it goes back), as
+   did a fork whose last inherited block held only positions removed from it.
 3. fork(src, dst) and adopt_prefix(seq) refused an empty sequence that a
    begun step had given blocks ("dst holds 0 positions; it must be empty"),
    although the call ends that step and its blocks go back: a runner that
@@ -194,6 +202,54 @@ def test_fork_and_adopt_into_an_empty_sequence_with_an_abandoned_step() -> None:
         rows.apply(s.plan(), [9])
         assert rows.read(s.plan(), 0)[:4] == [1, 2, 3, 4]
         c.release_sequence(1)
+
+
+def test_a_block_rewritten_below_a_removed_heads_end_is_forked_and_found() -> None:
+    layer = kvcore.LayerConfig(kvcore.Ring(2), 1, 2)
+    c = kvcore.BatchCache(kvcore.CacheConfig(16, layer, max_step=1, batch=kvcore.BatchLimits(block_size=3, max_seqs=2)))
+    rows = Rows(c)
+    c.add_sequence(0)
+    for p in range(7):
+        step(c, rows, [(0, 1)], [100 + p]).commit()  # the window released block 0 (positions 0..2)
+    c.remove(0, 1, 3)
+    c.rewind(0, 2)  # allowed: a query at 2 needs position 1, which is removed
+    c.remove(0, 0, 1)  # the head: nothing left is seen
+    step(c, rows, [(0, 1)], [202]).commit()  # position 2: block 0 again
+    assert c.oldest_held(0, 0) == 2 and c.blocks_held(0, 0) == 1
+    c.fork(0, 1)
+    assert c.blocks_held(1, 0) == 1
+    s = c.begin_step([(1, 1)])
+    rows.apply(s.plan(), [303])
+    assert rows.read(s.plan(), 0)[2:] == [202, 303]  # the query at 3 sees 2 and itself
+
+
+def test_a_truncation_releases_a_last_block_it_sees_nothing_of() -> None:
+    c = kvcore.BatchCache(kvcore.CacheConfig(16, kvcore.LayerConfig(kvcore.Flat(), 1, 2), max_step=1, batch=kvcore.BatchLimits(block_size=3, max_seqs=2)))
+    c.add_sequence(0)
+    c.step([(0, 1)]).commit()
+    c.step([(0, 1)]).commit()
+    c.remove(0, 0, 1)  # position 0 removed; block 0 still holds position 1
+    free = c.free_blocks(0)
+    c.rewind(0, 1)  # the sequence sees nothing now
+    assert c.blocks_held(0, 0) == 0 and c.free_blocks(0) == free + 1
+    assert c.oldest_held(0, 0) == 1 and c.sequence(0).visible_positions == 0
+    c.step([(0, 1)]).commit()  # position 1 again, in a new block 0
+    assert c.blocks_held(0, 0) == 1 and c.oldest_held(0, 0) == 1
+
+
+def test_a_fork_inherits_no_block_it_sees_nothing_of() -> None:
+    c = kvcore.BatchCache(kvcore.CacheConfig(16, kvcore.LayerConfig(kvcore.Flat(), 1, 2), max_step=4, batch=kvcore.BatchLimits(block_size=3, max_seqs=2)))
+    rows = Rows(c)
+    c.add_sequence(0)
+    step(c, rows, [(0, 4)], [10, 11, 12, 13]).commit()
+    step(c, rows, [(0, 2)], [14, 15]).commit()
+    c.remove(0, 3, 4)  # block 1 holds 3 (removed), 4 and 5
+    c.fork(0, 1, 4)  # of block 1, the fork would hold position 3 only
+    assert c.blocks_held(1, 0) == 1 and c.sequence(1).holes == [(3, 4)]
+    s = c.begin_step([(1, 1)])  # position 4: a new block 1, no copy
+    rows.apply(s.plan(), [24])
+    assert s.plan().groups[0].copies.tolist() == []
+    assert rows.read(s.plan(), 0)[:3] + rows.read(s.plan(), 0)[4:] == [10, 11, 12, 24]
 
 
 def test_sequence_info_is_a_copy_that_outlives_the_cache() -> None:

@@ -138,6 +138,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;  // dst writes from upto on
       for (int i = lo; i < end_block; ++i) {
         if (from[i] < 0) continue;
+        const int hi = (i + 1) * block_size_ < upto ? (i + 1) * block_size_ : upto;
+        if (next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
         groups_[g].pool.hold(from[i]);
         to[i] = from[i];
         ++held(g, dst);
@@ -772,7 +774,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       int& first = first_block(g, seq);
       const int* row = table(g, seq);
-      while (first < seqs_[seq].alloc_end && row[first] < 0 && first * B < seqs_[seq].start) ++first;
+      // Only past blocks wholly below the head's end: the block it lies in
+      // may be written again after a rewind.
+      while (first < seqs_[seq].alloc_end && row[first] < 0 && (first + 1) * B <= seqs_[seq].start) ++first;
     }
   }
 
@@ -815,6 +819,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     if (s.start > n) s.start = n;
     while (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].begin >= n) --s.n_holes;
     if (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].end > n) s_holes(seq)[s.n_holes - 1].end = n;
+    // The last, partly kept block goes too when every position it keeps is removed.
+    if (n % block_size_ != 0) release_removed(seq, n - n % block_size_, n);
     if (n == 0) {
       const bool was_active = s.active;
       reset_seq(seq);
