@@ -12,7 +12,10 @@ the shortest call sequence that showed it.
    second wrote into the shared block in place, so giving the first its block
    back would have been wrong too. Now a step keeps every block it copies from
    until it commits (no entry writes into it), and an abandoned step gives each
-   sequence its shared block back.
+   sequence its shared block back. In general an abandoned step now leaves
+   every block table as it was: a fresh block it gave a sequence at the index
+   of its first new position (one whose earlier positions were all removed)
+   was kept before, held for no position the sequence sees.
 2. A rewind below a removed head left the sequence's first held block index
    where the removal had put it, above the blocks the next steps wrote: a fork
    of the sequence skipped them (its queries found holes where their keys
@@ -202,6 +205,21 @@ def test_fork_and_adopt_into_an_empty_sequence_with_an_abandoned_step() -> None:
         rows.apply(s.plan(), [9])
         assert rows.read(s.plan(), 0)[:4] == [1, 2, 3, 4]
         c.release_sequence(1)
+
+
+def test_an_abandoned_step_leaves_no_fresh_block_behind() -> None:
+    c = kvcore.BatchCache(kvcore.CacheConfig(16, kvcore.LayerConfig(kvcore.Flat(), 1, 2), max_step=2, batch=kvcore.BatchLimits(block_size=2, max_seqs=2)))
+    c.add_sequence(0)
+    c.step([(0, 2)]).commit()
+    c.step([(0, 1)]).commit()
+    c.remove(0, 0, 2)  # block 0 goes
+    c.rewind(0, 1)  # position 0 only, removed: block index 0 is empty
+    free, held = c.free_blocks(0), c.blocks_held(0, 0)
+    abandoned = c.begin_step([(0, 1)])  # a fresh block 0 for position 1
+    assert c.blocks_held(0, 0) == held + 1
+    c.add_sequence(1)  # ends the step
+    assert not abandoned.is_current
+    assert (c.free_blocks(0), c.blocks_held(0, 0), c.used_blocks(0)) == (free, held, 0)
 
 
 def test_a_block_rewritten_below_a_removed_heads_end_is_forked_and_found() -> None:

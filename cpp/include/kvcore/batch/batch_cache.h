@@ -343,6 +343,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         const int seq = step_seq_[i];
         int* row = table(g, seq);
         const int first = first_positions_[i];
+        first_before_[g * max_seqs_ + i] = row[first / block_size_];  // what an abandoned step restores
         for (int b = first / block_size_; b <= (first + step_T_[i] - 1) / block_size_; ++b) {
           const int cur = row[b];
           if (cur < 0) {
@@ -353,7 +354,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
             // no entry writes into it (another holder in this step copies too)
             // and an abandoned step can give it back as it was.
             row[b] = pool.allocate();
-            copy_seqs_[g * max_seqs_ + copies] = seq;
             copies_[g * max_seqs_ + copies++] = BlockCopy{cur, row[b]};
           } else {
             pool.drop_key(cur);  // its rows change: it no longer names that content
@@ -619,11 +619,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     step_tokens_.reset(new (std::nothrow) std::int32_t[max_step_tokens_]);
     slots_.reset(new (std::nothrow) int[step_slots]);
     copies_.reset(new (std::nothrow) BlockCopy[n_groups_ * seqs]);
-    copy_seqs_.reset(new (std::nothrow) int[n_groups_ * seqs]);
+    first_before_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     group_plans_.reset(new (std::nothrow) GroupPlan[n_groups_]);
     KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && step_T_ && query_starts_ && first_positions_ &&
                                      context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
-                                     tokens_given_ && step_tokens_ && slots_ && copies_ && copy_seqs_ &&
+                                     tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
                                      group_plans_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the step buffers of %d tokens", max_step_tokens_);
@@ -678,18 +678,23 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return Error::Ok;
   }
 
-  // Verbs change the tables a plan points into: any begun step is over. Its
-  // blocks past each sequence's length (never committed) go back to the pools,
-  // and so do its copy-on-write blocks: the backend may never have made the
-  // copies, so each sequence gets back the shared block it copied from.
+  // Verbs change the tables a plan points into: any begun step is over, and
+  // the tables go back to what they were before it. The blocks it allocated
+  // return to the pools: those past each sequence's length, and at the index
+  // of its first new position a fresh block or a copy-on-write block (the
+  // backend may never have made the copy: the sequence gets back the shared
+  // block it copied from, which the step kept holding).
   void end_step() noexcept {
     if (active_.id != 0) {
       for (int g = 0; g < n_groups_; ++g) {
-        for (int c = 0; c < group_plans_[g].n_copies; ++c) {
-          const BlockCopy& copy = copies_[g * max_seqs_ + c];
-          const int seq = copy_seqs_[g * max_seqs_ + c];
-          table(g, seq)[seqs_[seq].length / block_size_] = copy.src;
-          groups_[g].pool.release(copy.dst);
+        for (int i = 0; i < active_.n_entries; ++i) {
+          const int seq = step_seq_[i];
+          int& block = table(g, seq)[seqs_[seq].length / block_size_];
+          const int before = first_before_[g * max_seqs_ + i];
+          if (block == before) continue;  // its own block, written in place
+          groups_[g].pool.release(block);
+          if (before < 0) --held(g, seq);
+          block = before;
         }
         group_plans_[g].n_copies = 0;
       }
@@ -985,7 +990,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<std::int32_t[]> step_tokens_;
   std::unique_ptr<int[]> slots_;         // [g][max_step_tokens_]
   std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs_]
-  std::unique_ptr<int[]> copy_seqs_;     // [g][max_seqs_]: the sequence of each copy
+  std::unique_ptr<int[]> first_before_;  // [g][entry]: the block at its first position's index before the step
   std::unique_ptr<GroupPlan[]> group_plans_;
 };
 
