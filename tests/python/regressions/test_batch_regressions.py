@@ -315,4 +315,4 @@ def test_a_step_entry_that_is_not_an_int_is_a_type_error_naming_it(entries: Any,
         c.begin_step(entries)
     assert str(info.value) == text
     with pytest.raises(TypeError, match="adopt_prefix: token = 1.0: must be an int, got float"):
-        c.adopt_prefix(0, [0, 1.0])
+        c.adopt_prefix(0, [0, 1.0])  # type: ignore[list-item]
