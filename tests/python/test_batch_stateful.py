@@ -131,6 +131,7 @@ class BatchMachine(RuleBasedStateMachine):
         self.open: kvcore.BatchStep | None = None  # the begun, uncommitted step
         self.open_plan: StepPlan | None = None
         self.open_tags: list[int] = []
+        self.open_blocks: list[int] = []  # per group, the blocks the begun step allocated
         self.handles: list[kvcore.BatchStep] = []
         self.plans: list[kvcore.BatchStepPlan] = []
         self.histories: list[list[int]] = []  # token ids of released sequences: prompts for prefix hits
@@ -240,18 +241,23 @@ class BatchMachine(RuleBasedStateMachine):
             self.refused(errors, lambda: c.begin_step(args))
             return False
         free = [c.free_blocks(g) for g in range(c.n_groups)]
+        # A begun step that this one replaces gives back the blocks it took.
+        back = self.open_blocks if self.open is not None else [0] * c.n_groups
         need = m.worst_need(entries)
         before = self.snapshot()
         try:
             step = c.begin_step(args) if how != "with" else c.step(args)
         except kvcore.CapacityError as e:
-            assert any(f < need for f in free), f"refused with {free} free blocks, at most {need} needed: {e}"
+            assert any(f + r < need for f, r in zip(free, back)), (
+                f"refused with {free} free blocks and {back} a replaced step gives back, at most {need} needed: {e}"
+            )
             event("step refused: a pool is short")
             assert self.snapshot() == before, "a refused step changed the cache"
             return False
         if self.open is not None:
             assert not self.open.is_current  # replaced: the retry path
         self.handles.append(step)
+        self.open_blocks = [free[g] + back[g] - c.free_blocks(g) for g in range(c.n_groups)]
         tags = m.begin(entries)
         assert step.is_current and (step.n_entries, step.n_tokens) == (len(entries), len(tags))
         kplan = step.plan()

@@ -34,10 +34,15 @@ the shortest call sequence that showed it.
    begun step had given blocks ("dst holds 0 positions; it must be empty"),
    although the call ends that step and its blocks go back: a runner that
    begins a prefill, abandons it and then adopts a cached prefix was refused.
-4. `cache.sequence(seq)` returned a SequenceInfo whose holes pointed into the
+4. A step that replaced a begun one was admitted against the pools as they
+   were with the begun step's blocks still taken, although replacing it gives
+   them back: a retry over other sequences (a scheduler that preempts one and
+   tries again) was refused with blocks to spare. Admission now judges the
+   tables as ending the begun step leaves them.
+5. `cache.sequence(seq)` returned a SequenceInfo whose holes pointed into the
    cache's table: it changed under later calls and read freed memory after the
    cache was gone. It is a copy now.
-5. `begin_step(entries)` walked `entries` twice, so a generator lost every
+6. `begin_step(entries)` walked `entries` twice, so a generator lost every
    entry's tokens (no prefix could be reused), and a non-integer seq, T or token
    raised pybind11's RuntimeError("Unable to cast ...") instead of a TypeError
    naming the field.
@@ -268,6 +273,27 @@ def test_a_fork_inherits_no_block_it_sees_nothing_of() -> None:
     rows.apply(s.plan(), [24])
     assert s.plan().groups[0].copies.tolist() == []
     assert rows.read(s.plan(), 0)[:3] + rows.read(s.plan(), 0)[4:] == [10, 11, 12, 24]
+
+
+def test_a_retry_over_other_sequences_gets_the_blocks_the_replaced_step_took() -> None:
+    c = kvcore.BatchCache(kvcore.CacheConfig(16, kvcore.LayerConfig(kvcore.Flat(), 1, 2), max_step=4, batch=kvcore.BatchLimits(block_size=2, max_seqs=3, num_blocks=3)))
+    rows = Rows(c)
+    for seq in range(3):
+        c.add_sequence(seq)
+    first = c.begin_step([(0, 4)])  # two of the three blocks
+    assert c.free_blocks(0) == 1
+    retry = step(c, rows, [(1, 4)], [10, 11, 12, 13])  # two blocks: the ones the first step took
+    assert not first.is_current and c.free_blocks(0) == 1
+    with pytest.raises(kvcore.CapacityError, match="group 0 needs 4 blocks, 3 of its 3 are free"):
+        c.begin_step([(1, 4), (2, 4)])  # more than all of them: refused, the retry stays begun
+    assert retry.is_current and c.free_blocks(0) == 1
+    retry.commit()
+    # The same sequence again, with a copy-on-write block: its copy comes back too.
+    c.fork(1, 2, 3)
+    again = c.begin_step([(2, 1)])
+    assert again.plan().groups[0].copies.shape == (1, 2) and c.free_blocks(0) == 0
+    retry2 = step(c, rows, [(2, 1)], [23])
+    assert rows.read(retry2.plan(), 0) == [10, 11, 12, 23]
 
 
 def test_sequence_info_is_a_copy_that_outlives_the_cache() -> None:

@@ -302,28 +302,36 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                    "begin_step: %d tokens or more, must be <= max_step_tokens = %d",
                                    tokens, max_step_tokens_);
     }
-    // Admission: the blocks each group needs (new, or private copies of shared ones).
+    // Admission: the blocks each group needs (new, or private copies of shared
+    // ones), judged on the tables as end_step() leaves them: a begun step this
+    // one replaces gives back every block it took.
     for (int g = 0; g < n_groups_; ++g) {
       const BlockPool& pool = groups_[g].pool;
       int need = 0;
       for (int i = 0; i < n; ++i) {
-        const int* row = table(g, entries[i].seq);
-        const int length = seqs_[entries[i].seq].length;
-        for (int b = length / block_size_; b <= (length + entries[i].T - 1) / block_size_; ++b)
-          if (row[b] < 0 || pool.refs(row[b]) > 1) ++need;
+        const int seq = entries[i].seq;
+        const int* row = table(g, seq);
+        const int length = seqs_[seq].length;
+        const int begun = begun_entry(seq);
+        for (int b = length / block_size_; b <= (length + entries[i].T - 1) / block_size_; ++b) {
+          int cur = row[b];
+          if (begun >= 0) cur = b == length / block_size_ ? first_before_[g * max_seqs_ + begun] : -1;
+          if (cur < 0 || pool.refs(cur) > 1) ++need;
+        }
       }
-      KVCORE_CHECK_OR_RETURN_ERROR(need <= pool.free_blocks(), OutOfResources,
+      const int free = pool.free_blocks() + begun_blocks(g);
+      KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
                                    "begin_step: group %d needs %d blocks, %d of its %d are free", g,
-                                   need, pool.free_blocks(), pool.n_blocks());
+                                   need, free, pool.n_blocks());
     }
-    // Admitted: nothing below can fail. A replaced step's unused blocks go first
-    // (each freed block makes up for one this step may now allocate again).
+    // Admitted: nothing below can fail. A replaced step's blocks go first.
     end_step();
     int at = 0;
     for (int i = 0; i < n; ++i) {
       const StepEntry& e = entries[i];
       Seq& s = seqs_[e.seq];
       step_seq_[i] = e.seq;
+      entry_of_[e.seq] = i;
       step_T_[i] = e.T;
       query_starts_[i] = at;
       first_positions_[i] = s.length;
@@ -608,6 +616,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "cannot allocate the sequence tables of %d sequences", max_seqs_);
     for (std::int64_t i = 0; i < table_entries; ++i) tables_[i] = -1;
     step_seq_.reset(new (std::nothrow) int[seqs]);
+    entry_of_.reset(new (std::nothrow) int[seqs]());
     step_T_.reset(new (std::nothrow) int[seqs]);
     query_starts_.reset(new (std::nothrow) int[seqs + 1]);
     first_positions_.reset(new (std::nothrow) int[seqs]);
@@ -621,7 +630,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     copies_.reset(new (std::nothrow) BlockCopy[n_groups_ * seqs]);
     first_before_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     group_plans_.reset(new (std::nothrow) GroupPlan[n_groups_]);
-    KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && step_T_ && query_starts_ && first_positions_ &&
+    KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && entry_of_ && step_T_ && query_starts_ && first_positions_ &&
                                      context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
                                      tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
                                      group_plans_,
@@ -709,6 +718,26 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   // Empty: no committed position, so no block outside the begun step (whose
   // blocks go when the call asking ends it: fork and adopt_prefix into an
   // empty sequence a step was begun for are fine).
+  // The entry of `seq` in the begun step, or -1.
+  int begun_entry(int seq) const noexcept {
+    if (active_.id == 0) return -1;
+    const int i = entry_of_[seq];
+    return i < active_.n_entries && step_seq_[i] == seq ? i : -1;
+  }
+
+  // Blocks of group g the begun step allocated: end_step() gives them back.
+  int begun_blocks(int g) const noexcept {
+    if (active_.id == 0) return 0;
+    int n = 0;
+    for (int i = 0; i < active_.n_entries; ++i) {
+      const int seq = step_seq_[i];
+      const int first = seqs_[seq].length / block_size_;
+      n += (seqs_[seq].length + step_T_[i] - 1) / block_size_ - first;  // past the first: all new
+      if (table(g, seq)[first] != first_before_[g * max_seqs_ + i]) ++n;  // the first: new, or a copy
+    }
+    return n;
+  }
+
   bool holds_nothing(int seq) const noexcept { return seqs_[seq].length == 0; }
 
   // Inactive, length 0, nothing held (its tables must already be released).
@@ -979,6 +1008,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   BatchStep active_;
   std::uint64_t last_step_id_ = 0;
   std::unique_ptr<int[]> step_seq_;
+  std::unique_ptr<int[]> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
   std::unique_ptr<int[]> step_T_;
   std::unique_ptr<int[]> query_starts_;
   std::unique_ptr<int[]> first_positions_;
