@@ -715,9 +715,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     active_ = BatchStep{};
   }
 
-  // Empty: no committed position, so no block outside the begun step (whose
-  // blocks go when the call asking ends it: fork and adopt_prefix into an
-  // empty sequence a step was begun for are fine).
   // The entry of `seq` in the begun step, or -1.
   int begun_entry(int seq) const noexcept {
     if (active_.id == 0) return -1;
@@ -738,6 +735,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return n;
   }
 
+  // Empty: no committed position, so no block outside the begun step (whose
+  // blocks go when the call asking ends it: fork and adopt_prefix into an
+  // empty sequence a step was begun for are fine).
   bool holds_nothing(int seq) const noexcept { return seqs_[seq].length == 0; }
 
   // Inactive, length 0, nothing held (its tables must already be released).
