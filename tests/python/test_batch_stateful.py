@@ -921,3 +921,44 @@ def test_help_documents_every_verb() -> None:
         assert cls.__doc__, cls
         for name in names:
             assert getattr(cls, name).__doc__, f"{cls.__name__}.{name} has no docstring"
+
+
+def test_a_prompt_one_sequence_computed_is_adopted_whole_until_clear() -> None:
+    """Prefix reuse where nothing forbids it: a sequence adopts every full block
+    of a prompt another one computed (held, or cached after its release), and
+    its rows hold what computing the prompt itself would have (the model's
+    tags); after clear() nothing is adopted."""
+    layers = [kvcore.LayerConfig(kvcore.Ring(4, 1), 1, 2), kvcore.LayerConfig(kvcore.Flat(), 1, 2)]
+    cache = kvcore.BatchCache(kvcore.CacheConfig(32, layers, max_step=4, batch=kvcore.BatchLimits(block_size=2, max_seqs=3)))
+    model = BatchModel(32, 4, [Policy(4, 1), Policy()], 2, 3, cache.max_step_tokens, 8)
+    pools = Pools([cache.num_blocks(g) * 2 for g in range(2)], 2)
+    blocks = [cache.num_blocks(g) for g in range(2)]
+
+    def run(entries: list[Entry]) -> None:
+        step = cache.begin_step(entries)
+        tags = model.begin(entries)
+        plan = step_plan(step.plan())
+        pools.apply(plan, tags)
+        check_step(model, plan, pools, tags, blocks)
+        step.commit()
+        model.commit()
+
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    cache.add_sequence(0)
+    model.add(0)
+    for at in range(0, len(prompt), 4):
+        run([(0, len(prompt[at : at + 4]), prompt[at : at + 4])])
+    for seq, then in ((1, "release 0"), (2, "clear")):  # seq 2: from cached blocks alone
+        cache.add_sequence(seq)
+        model.add(seq)
+        hit = cache.adopt_prefix(seq, prompt + [7])
+        assert hit == 10 and not model.adopt(seq, prompt + [7], hit)
+        run([(seq, 2, [5, 7])])  # reads the adopted rows: they hold the prompt's K/V
+        if then == "release 0":
+            for done in (0, 1):
+                cache.release_sequence(done)
+                model.release(done)
+            assert cache.cached_blocks(1) >= 5  # the flat group keeps the prompt's full blocks, unowned
+    cache.clear()
+    cache.add_sequence(0)
+    assert cache.adopt_prefix(0, prompt + [7]) == 0
