@@ -56,6 +56,8 @@ def _runtime(module: Any, path: list[str]) -> Any:
         obj = vars(owner).get(name) if inspect.isclass(owner) else getattr(owner, name, None)
         if obj is None and inspect.isclass(owner):  # inherited: document it where it is defined
             obj = getattr(owner, name, None)
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
         if obj is None:
             raise LookupError(f"_core.pyi names {'.'.join(path[: i + 1])}, which kvcore._core does not have")
     return obj

@@ -5,7 +5,7 @@ Integer arguments accept any int (or object with __index__); values outside the
 32-bit signed range raise InvalidArgumentError naming the value.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Literal, SupportsIndex
 
@@ -643,7 +643,8 @@ class BatchStepPlan(metaclass=_pybind11_type):
     def groups(self) -> tuple[GroupPlan, ...]:
         """One GroupPlan per group (index with cache.group_of(layer))."""
 
-StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Sequence[SupportsIndex] | None]
+# (seq, T) or (seq, T, tokens): tokens any iterable of T ids (a list, a numpy array), or None.
+StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
 
 class BatchStep(metaclass=_pybind11_type):
     """A begun step of a BatchCache; as a context manager it commits on normal exit."""
@@ -743,16 +744,16 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """length(seq) = n. InvalidStateError: a ring group released history a query at n needs."""
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
-    def adopt_prefix(self, seq: SupportsIndex, tokens: Sequence[SupportsIndex]) -> int:
+    def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, at
         most len(tokens) - 1 tokens) every group holds; returns its length (0: a miss).
         """
-    def begin_step(self, entries: Sequence[StepEntryArg]) -> BatchStep:
+    def begin_step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
         """Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for
         prefix reuse), laid out entry after entry; replaces an uncommitted step. CapacityError: a
         group's pool is short or a sequence would pass capacity (nothing changes).
         """
-    def step(self, entries: Sequence[StepEntryArg]) -> BatchStep:
+    def step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
         """begin_step(entries), for `with cache.step(entries) as step:`."""
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""
@@ -842,19 +843,6 @@ class PagedKVPool(metaclass=_pybind11_type):
         """
     @staticmethod
     def required_bytes(cache: BatchCache, dtype: npt.DTypeLike) -> int:
-        """staticmethod(function) -> method
-
-        Convert a function to be a static method.
-
-        A static method does not receive an implicit first argument. To declare a static method, use
-        this idiom:
-
-        class C: @staticmethod def f(arg1, arg2, argN): ...
-
-        It can be called either on the class (e.g. C.f()) or on an instance (e.g. C().f()). Both the
-        class and the instance are ignored, and neither is passed implicitly as the first argument
-        to the method.
-
-        Static methods in Python are similar to those found in Java or C++. For a more advanced
-        concept, see the classmethod builtin.
+        """Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer, as
+        the C++ arena mode takes them, alignment slack included). InvalidArgumentError: bad dtype.
         """

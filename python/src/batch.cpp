@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,40 +54,81 @@ struct BatchPlanHandle {
   kvcore::BatchStepPlan plan;
 };
 
+// A sequence's state copied out of the cache: kvcore::SequenceInfo points into
+// the cache's hole table, which later calls change and the cache's end frees.
+struct SequenceSnapshot {
+  bool active = false;
+  int length = 0;
+  int visible_start = 0;
+  int visible_positions = 0;
+  std::vector<kvcore::PositionRange> holes;
+};
+
+SequenceSnapshot snapshot_of(const kvcore::SequenceInfo& s) {
+  SequenceSnapshot out{s.active, s.length, s.visible_start, s.visible_positions(), {}};
+  out.holes.assign(s.holes, s.holes + s.n_holes);
+  return out;
+}
+
 const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
   throw_if_error(h.cache->check_step(h.step));  // a plan of an ended step is stale
   return h.plan;
 }
 
+// `x` as a Python int (anything with __index__, as every integer argument
+// takes), or nothing: the caller raises TypeError naming the field.
+std::optional<PyInt> as_index(py::handle x) {
+  PyObject* index = PyNumber_Index(x.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return PyInt{py::reinterpret_steal<py::int_>(index)};
+}
+
+// "T = 1.5: must be an int, got float" (the value's repr cut to 40 characters).
+std::string not_an_int(const char* what, py::handle x) {
+  std::string shown = py::repr(x).cast<std::string>();
+  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+  return std::string(what) + " = " + shown + ": must be an int, got " +
+         py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>();
+}
+
+// One pass over `entries` (any iterable, a generator too): each item (seq, T)
+// or (seq, T, tokens). Token ids go to `tokens`, which the entries point into.
 std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vector<std::vector<std::int32_t>>* tokens) {
   std::vector<kvcore::StepEntry> out;
+  std::vector<std::size_t> with_tokens;  // entries that name their tokens
   for (py::handle item : entries) {
-    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
-    if (!py::isinstance<py::sequence>(item) || (py::len(t) != 2 && py::len(t) != 3))
+    if (!py::isinstance<py::sequence>(item) || (py::len(item) != 2 && py::len(item) != 3))
       raise(kvcore::Error::InvalidArgument,
             "begin_step: each entry is (seq, T) or (seq, T, tokens), got " + py::repr(item).cast<std::string>());
+    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
     kvcore::StepEntry e;
-    e.seq = to_int("seq", py::cast<PyInt>(t[0]));
-    e.T = to_int("T", py::cast<PyInt>(t[1]));
+    const py::object seq = t[0], T = t[1];
+    const std::optional<PyInt> s = as_index(seq), n = as_index(T);
+    if (!s) throw py::type_error("begin_step: " + not_an_int("seq", seq));
+    if (!n) throw py::type_error("begin_step: " + not_an_int("T", T));
+    e.seq = to_int("seq", *s);
+    e.T = to_int("T", *n);
     if (py::len(t) == 3 && !t[2].is_none()) {
       std::vector<std::int32_t> ids;
-      for (py::handle x : t[2]) ids.push_back(to_int("token", py::cast<PyInt>(x)));
+      for (py::handle x : t[2]) {
+        const std::optional<PyInt> id = as_index(x);
+        if (!id) throw py::type_error("begin_step: " + not_an_int("token", x));
+        ids.push_back(to_int("token", *id));
+      }
       if (static_cast<int>(ids.size()) != e.T)
         raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(e.seq) + " has T = " +
                                                   std::to_string(e.T) + " but " + std::to_string(ids.size()) +
                                                   " tokens");
+      with_tokens.push_back(out.size());
       tokens->push_back(std::move(ids));
     }
     out.push_back(e);
   }
   // Pointers only once the token vectors stop moving.
-  std::size_t k = 0;
-  std::size_t i = 0;
-  for (py::handle item : entries) {
-    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
-    if (py::len(t) == 3 && !t[2].is_none()) out[i].tokens = (*tokens)[k++].data();
-    ++i;
-  }
+  for (std::size_t k = 0; k < with_tokens.size(); ++k) out[with_tokens[k]].tokens = (*tokens)[k].data();
   return out;
 }
 
@@ -98,7 +140,11 @@ BatchStepHandle begin(const CachePtr& c, const py::handle& entries) {
 
 std::vector<std::int32_t> token_ids(const py::handle& tokens) {
   std::vector<std::int32_t> out;
-  for (py::handle x : tokens) out.push_back(to_int("token", py::cast<PyInt>(x)));
+  for (py::handle x : tokens) {
+    const std::optional<PyInt> id = as_index(x);
+    if (!id) throw py::type_error("adopt_prefix: " + not_an_int("token", x));
+    out.push_back(to_int("token", *id));
+  }
   return out;
 }
 
@@ -111,22 +157,24 @@ py::list holes_of(const kvcore::PositionRange* holes, int n) {
 }  // namespace
 
 void register_batch(py::module_& m) {
-  py::class_<kvcore::SequenceInfo>(m, "SequenceInfo", "One sequence of a BatchCache, as the runner sees it.")
-      .def_readonly("active", &kvcore::SequenceInfo::active,
+  py::class_<SequenceSnapshot>(m, "SequenceInfo",
+                               "One sequence of a BatchCache, as the runner sees it: a copy, taken when "
+                               "cache.sequence(seq) was called.")
+      .def_readonly("active", &SequenceSnapshot::active,
                     "False until add_sequence() or fork() (and after release_sequence()).")
-      .def_readonly("length", &kvcore::SequenceInfo::length,
+      .def_readonly("length", &SequenceSnapshot::length,
                     "Committed length L: the next step writes positions L, L + 1, ...")
-      .def_readonly("visible_start", &kvcore::SequenceInfo::visible_start,
+      .def_readonly("visible_start", &SequenceSnapshot::visible_start,
                     "Positions below it were removed (remove(seq, 0, p1)).")
       .def_property_readonly("holes",
-                             [](const kvcore::SequenceInfo& s) { return holes_of(s.holes, s.n_holes); },
+                             [](const SequenceSnapshot& s) { return holes_of(s.holes.data(), static_cast<int>(s.holes.size())); },
                              "Removed middle ranges [(begin, end), ...], sorted.")
-      .def_property_readonly("visible_positions", &kvcore::SequenceInfo::visible_positions,
-                             "Positions [0, length) not removed: what the sequence still sees.")
-      .def("__repr__", [](const kvcore::SequenceInfo& s) {
+      .def_readonly("visible_positions", &SequenceSnapshot::visible_positions,
+                    "Positions [0, length) not removed: what the sequence still sees.")
+      .def("__repr__", [](const SequenceSnapshot& s) {
         return "SequenceInfo(active=" + std::string(s.active ? "True" : "False") +
                ", length=" + std::to_string(s.length) + ", visible_start=" + std::to_string(s.visible_start) +
-               ", holes=" + py::repr(holes_of(s.holes, s.n_holes)).cast<std::string>() + ")";
+               ", holes=" + py::repr(holes_of(s.holes.data(), static_cast<int>(s.holes.size()))).cast<std::string>() + ")";
       });
 
   py::class_<GroupPlanHandle>(m, "GroupPlan",
@@ -156,7 +204,12 @@ void register_batch(py::module_& m) {
             return view_of(g.plan.block_tables, {g.cache->max_seqs(), g.plan.table_stride}, py::cast(g.cache));
           },
           "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
-          "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.");
+          "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.")
+      .def("__repr__", [](const GroupPlanHandle& g) {
+        return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens) +
+               ", n_copies=" + std::to_string(g.plan.n_copies) +
+               (g.cache->check_step(g.step).ok() ? ")" : ", stale: its step ended)");
+      });
 
   py::class_<BatchPlanHandle>(m, "BatchStepPlan",
                               "The plan of a begun BatchStep in the varlen paged format. Per-entry arrays "
@@ -237,7 +290,12 @@ void register_batch(py::module_& m) {
               out[static_cast<std::size_t>(g)] = GroupPlanHandle{h.cache, h.step, g, p.groups[g], p.n_tokens};
             return out;
           },
-          "One GroupPlan per group (index with cache.group_of(layer)).");
+          "One GroupPlan per group (index with cache.group_of(layer)).")
+      .def("__repr__", [](const BatchPlanHandle& h) {
+        return "BatchStepPlan(n_entries=" + std::to_string(h.plan.n_entries) + ", n_tokens=" +
+               std::to_string(h.plan.n_tokens) + ", n_groups=" + std::to_string(h.plan.n_groups) +
+               (h.cache->check_step(h.step).ok() ? ")" : ", stale: its step ended)");
+      });
 
   py::class_<BatchStepHandle>(m, "BatchStep",
                               "A begun step of a BatchCache. As a context manager it commits on normal "
@@ -312,7 +370,7 @@ void register_batch(py::module_& m) {
            },
            py::arg("seq"), py::arg("group"),
            "The oldest position whose block the group still holds for the sequence (its length when none).")
-      .def("sequence", [](const Cache& c, const PyInt& seq) { return unwrap(c.sequence(to_int("seq", seq))); },
+      .def("sequence", [](const Cache& c, const PyInt& seq) { return snapshot_of(unwrap(c.sequence(to_int("seq", seq)))); },
            py::arg("seq"), "The sequence's SequenceInfo. InvalidArgumentError: seq out of range.")
       .def("length", [](const Cache& c, const PyInt& seq) { return unwrap(c.sequence(to_int("seq", seq))).length; },
            py::arg("seq"), "The sequence's committed length (0 for an inactive one).")

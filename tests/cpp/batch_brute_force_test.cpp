@@ -237,13 +237,12 @@ class Driver {
     const int upto = pick(-1, m.length() + 1);
     const Snapshot before = snapshot(*cache_);
     const bool can = cache_->can_rewind(src, upto);
-    const bool dst_empty = holds_nothing(dst);
     const kvcore::Status st = cache_->fork(src, dst, upto);
     log("fork(" + std::to_string(src) + ", " + std::to_string(dst) + ", " + std::to_string(upto) + ")", st);
     if (!m.active) return expect_refused(st, Error::InvalidState, before);
     if (src == dst || upto < 0 || upto > m.length()) return expect_refused(st, Error::InvalidArgument, before);
     const SeqModel& d = model_.seq(dst);
-    if (d.active && (d.length() != 0 || !dst_empty)) return expect_refused(st, Error::InvalidState, before);
+    if (d.active && d.length() != 0) return expect_refused(st, Error::InvalidState, before);
     if (must_allow(src, upto)) {
       EXPECT_TRUE(can);
     }
@@ -262,12 +261,6 @@ class Driver {
     std::string out;
     for (int i = 0; i < cache_->table_stride(); ++i) out += std::to_string(plan_table[s * cache_->table_stride() + i]) + " ";
     return out;
-  }
-
-  bool holds_nothing(int s) const {
-    for (int g = 0; g < cache_->n_groups(); ++g)
-      if (*cache_->blocks_held(s, g) != 0) return false;
-    return true;
   }
 
   // A history is a plain token prefix when nothing was removed and every token is known.
@@ -373,14 +366,13 @@ class Driver {
     for (int extra = pick(0, 4); extra > 0; --extra) prompt.push_back(pick(0, 2));
     if (static_cast<int>(prompt.size()) > cfg_.capacity) prompt.resize(static_cast<std::size_t>(cfg_.capacity));
     const Snapshot before = snapshot(*cache_);
-    const bool empty = holds_nothing(s);
     auto hit = cache_->adopt_prefix(s, prompt.data(), static_cast<int>(prompt.size()));
     log("adopt_prefix(" + std::to_string(s) + ", " + std::to_string(prompt.size()) + " tokens) = " +
             std::to_string(hit.ok() ? *hit : -1),
         hit.status());
     SeqModel& m = model_.seq(s);
     if (!m.active) return expect_refused(hit.status(), Error::InvalidState, before);
-    if (m.length() != 0 || !empty) return expect_refused(hit.status(), Error::InvalidState, before);
+    if (m.length() != 0) return expect_refused(hit.status(), Error::InvalidState, before);
     ASSERT_TRUE(hit.ok()) << hit.message().c_str();
     const int h = *hit;
     EXPECT_EQ(h % cfg_.batch.block_size, 0);
@@ -428,16 +420,16 @@ class Driver {
     if (step_open_) {
       EXPECT_TRUE(cache_->check_step(open_step_).ok());
     }
-    // used_blocks: one past the highest block any sequence's table names, or a
-    // begun step copies from (a shared block every holder of which copies it
-    // is held, and read, until the step ends).
-    auto open_plan = step_open_ ? cache_->plan(open_step_) : kvcore::Result<kvcore::BatchStepPlan>(Error::InvalidState);
+    // used_blocks: one past the highest block any sequence's table names, or
+    // a begun step copies from (it keeps its copy sources until it commits).
     for (int g = 0; g < cache_->n_groups(); ++g) {
       int used = 0;
       const int* tables = cache_->block_tables(g);
       for (int i = 0; i < cfg_.batch.max_seqs * cache_->table_stride(); ++i) used = std::max(used, tables[i] + 1);
-      if (open_plan.ok())
-        for (int c = 0; c < open_plan->groups[g].n_copies; ++c) used = std::max(used, open_plan->groups[g].copies[c].src + 1);
+      if (step_open_) {
+        const kvcore::GroupPlan& gp = cache_->plan(open_step_)->groups[g];
+        for (int c = 0; c < gp.n_copies; ++c) used = std::max(used, gp.copies[c].src + 1);
+      }
       EXPECT_EQ(*cache_->used_blocks(g), used) << "group " << g;
     }
   }

@@ -429,12 +429,6 @@ class Harness {
     return false;
   }
 
-  bool holds_nothing(int s) const {
-    for (int g = 0; g < cache_->n_groups(); ++g)
-      if (*cache_->blocks_held(s, g) != 0) return false;
-    return true;
-  }
-
   // Must a rewind (or fork) of `s` to n succeed? Up to max_step back from the
   // longest length since it last was 0, and down to the smallest ring's sinks.
   bool must_allow(int s, int n) const {
@@ -693,13 +687,14 @@ class Harness {
     last_op_ = "fork(" + str(src) + ", " + str(dst) + ", " + str(upto) + ")";
     const Snapshot before = snapshot();
     const bool can = cache_->can_rewind(src, upto);
-    const bool dst_empty = in_range(dst) && holds_nothing(dst);
     const Status st = cache_->fork(src, dst, upto);
     Error code;
     if (seq_refusal(src, &code)) return refused(st, code, before);
     if (!in_range(dst) || src == dst || upto < 0 || upto > L) return refused(st, Error::InvalidArgument, before);
     const SeqModel& d = model_->seq(dst);
-    if (d.active && (d.length() != 0 || !dst_empty)) return refused(st, Error::InvalidState, before);
+    // Empty means no committed position: blocks a begun step gave dst go back
+    // when the fork ends that step.
+    if (d.active && d.length() != 0) return refused(st, Error::InvalidState, before);
     if (must_allow(src, upto)) FUZZ_REQUIRE(can, "can_rewind refuses a fork the rule allows");
     if (!can) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
     FUZZ_REQUIRE(st.ok(), outcome(st));
@@ -806,13 +801,12 @@ class Harness {
     if (prompt.empty() && tokens != nullptr) tokens = nullptr;  // n = 0: tokens may be null
     last_op_ = "adopt_prefix(" + str(s) + ", " + str(n) + " tokens)";
     const Snapshot before = snapshot();
-    const bool empty = in_range(s) && holds_nothing(s);
     auto hit = cache_->adopt_prefix(s, tokens, n);
     Error code;
     if (seq_refusal(s, &code)) return refused(hit.status(), code, before);
     if (n < 0 || n > cfg_.capacity || (tokens == nullptr && n > 0)) return refused(hit.status(), Error::InvalidArgument, before);
     SeqModel& m = model_->seq(s);
-    if (m.length() != 0 || !empty) return refused(hit.status(), Error::InvalidState, before);
+    if (m.length() != 0) return refused(hit.status(), Error::InvalidState, before);  // empty: no committed position
     FUZZ_REQUIRE(hit.ok(), outcome(hit.status()));
     const int h = *hit;
     FUZZ_REQUIRE(h % cfg_.batch.block_size == 0 && h <= std::max(0, n - 1) && cache_->sequence(s)->length == h,

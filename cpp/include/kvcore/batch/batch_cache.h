@@ -135,10 +135,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       int& kept = kept_from(g, dst);
       kept = kept_from(g, src) < upto / block_size_ ? kept_from(g, src) : upto / block_size_;
       const int lo = first_block(g, src);
-      // dst's first step writes block upto / B: it may hold nothing below that.
-      first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;
+      first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;  // dst writes from upto on
       for (int i = lo; i < end_block; ++i) {
         if (from[i] < 0) continue;
+        const int hi = (i + 1) * block_size_ < upto ? (i + 1) * block_size_ : upto;
+        if (next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
         groups_[g].pool.hold(from[i]);
         to[i] = from[i];
         ++held(g, dst);
@@ -302,8 +303,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                    tokens, max_step_tokens_);
     }
     // Admission: the blocks each group needs (new, or private copies of shared
-    // ones), counted as if the step this one replaces had ended: its blocks
-    // past each length are free again and its copies-on-write undone.
+    // ones), judged on the tables as end_step() leaves them: a begun step this
+    // one replaces gives back every block it took.
     for (int g = 0; g < n_groups_; ++g) {
       const BlockPool& pool = groups_[g].pool;
       int need = 0;
@@ -311,25 +312,26 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         const int seq = entries[i].seq;
         const int* row = table(g, seq);
         const int length = seqs_[seq].length;
-        const int held_end = ceil_div(length, block_size_);  // past it: nothing, or the begun step's
+        const int begun = begun_entry(seq);
         for (int b = length / block_size_; b <= (length + entries[i].T - 1) / block_size_; ++b) {
-          int cur = b < held_end ? row[b] : -1;
-          if (cur >= 0 && cow_src(g, seq) >= 0) cur = cow_src(g, seq);
+          int cur = row[b];
+          if (begun >= 0) cur = b == length / block_size_ ? first_before_[g * max_seqs_ + begun] : -1;
           if (cur < 0 || pool.refs(cur) > 1) ++need;
         }
       }
-      const int free = pool.free_blocks() + begun_step_blocks(g);
+      const int free = pool.free_blocks() + begun_blocks(g);
       KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
                                    "begin_step: group %d needs %d blocks, %d of its %d are free", g,
                                    need, free, pool.n_blocks());
     }
-    // Admitted: nothing below can fail. The replaced step ends first.
+    // Admitted: nothing below can fail. A replaced step's blocks go first.
     end_step();
     int at = 0;
     for (int i = 0; i < n; ++i) {
       const StepEntry& e = entries[i];
       Seq& s = seqs_[e.seq];
       step_seq_[i] = e.seq;
+      entry_of_[e.seq] = i;
       step_T_[i] = e.T;
       query_starts_[i] = at;
       first_positions_[i] = s.length;
@@ -349,18 +351,18 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         const int seq = step_seq_[i];
         int* row = table(g, seq);
         const int first = first_positions_[i];
+        first_before_[g * max_seqs_ + i] = row[first / block_size_];  // what an abandoned step restores
         for (int b = first / block_size_; b <= (first + step_T_[i] - 1) / block_size_; ++b) {
           const int cur = row[b];
           if (cur < 0) {
             row[b] = pool.allocate();
             ++held(g, seq);
           } else if (pool.refs(cur) > 1) {
-            // Copy-on-write. The shared block stays held, and so unwritten by
-            // anyone, until commit: ending the step undoes the copy exactly,
-            // whether or not the backend ran the plan.
+            // Copy-on-write. The step keeps holding `cur` until it commits, so
+            // no entry writes into it (another holder in this step copies too)
+            // and an abandoned step can give it back as it was.
             row[b] = pool.allocate();
             copies_[g * max_seqs_ + copies++] = BlockCopy{cur, row[b]};
-            cow_src(g, seq) = cur;
           } else {
             pool.drop_key(cur);  // its rows change: it no longer names that content
           }
@@ -391,14 +393,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Status commit(const BatchStep& step) noexcept override {
     KVCORE_RETURN_IF_ERROR(check_step(step));
+    for (int g = 0; g < n_groups_; ++g)  // the copies are made: their sources go
+      for (int c = 0; c < group_plans_[g].n_copies; ++c) groups_[g].pool.release(copies_[g * max_seqs_ + c].src);
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       Seq& s = seqs_[seq];
-      for (int g = 0; g < n_groups_; ++g) {  // the copies are made: the shared blocks go
-        int& src = cow_src(g, seq);
-        if (src >= 0) groups_[g].pool.release(src);
-        src = -1;
-      }
       s.length += step_T_[i];
       hash_tokens(seq, step_tokens_.get() + query_starts_[i], step_T_[i], tokens_given_[i]);
       for (int g = 0; g < n_groups_; ++g) evict(g, seq);
@@ -623,19 +622,18 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     held_.reset(new (std::nothrow) int[n_groups_ * seqs]());
     first_block_.reset(new (std::nothrow) int[n_groups_ * seqs]());
     kept_from_.reset(new (std::nothrow) int[n_groups_ * seqs]());
-    cow_src_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     seqs_.reset(new (std::nothrow) Seq[seqs]);
     holes_.reset(new (std::nothrow) PositionRange[hole_entries > 0 ? hole_entries : 1]);
     partial_.reset(new (std::nothrow) std::int32_t[seqs * block_size_]);
     seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
     scratch_keys_.reset(new (std::nothrow) BlockKey[stride_]);
-    KVCORE_CHECK_OR_RETURN_ERROR(tables_ && held_ && first_block_ && kept_from_ && cow_src_ && seqs_ &&
-                                     holes_ && partial_ && seen_ && scratch_keys_,
+    KVCORE_CHECK_OR_RETURN_ERROR(tables_ && held_ && first_block_ && kept_from_ && seqs_ && holes_ &&
+                                     partial_ && seen_ && scratch_keys_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs_);
     for (std::int64_t i = 0; i < table_entries; ++i) tables_[i] = -1;
-    for (std::int64_t i = 0; i < n_groups_ * seqs; ++i) cow_src_[i] = -1;
     step_seq_.reset(new (std::nothrow) int[seqs]);
+    entry_of_.reset(new (std::nothrow) int[seqs]());
     step_T_.reset(new (std::nothrow) int[seqs]);
     query_starts_.reset(new (std::nothrow) int[seqs + 1]);
     first_positions_.reset(new (std::nothrow) int[seqs]);
@@ -647,10 +645,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     step_tokens_.reset(new (std::nothrow) std::int32_t[max_step_tokens_]);
     slots_.reset(new (std::nothrow) int[step_slots]);
     copies_.reset(new (std::nothrow) BlockCopy[n_groups_ * seqs]);
+    first_before_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     group_plans_.reset(new (std::nothrow) GroupPlan[n_groups_]);
-    KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && step_T_ && query_starts_ && first_positions_ &&
+    KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && entry_of_ && step_T_ && query_starts_ && first_positions_ &&
                                      context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
-                                     tokens_given_ && step_tokens_ && slots_ && copies_ && group_plans_,
+                                     tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
+                                     group_plans_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the step buffers of %d tokens", max_step_tokens_);
     for (int g = 0; g < n_groups_; ++g) {
@@ -680,8 +680,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int first_block(int g, int seq) const noexcept { return first_block_[g * max_seqs_ + seq]; }
   int& kept_from(int g, int seq) noexcept { return kept_from_[g * max_seqs_ + seq]; }
   int kept_from(int g, int seq) const noexcept { return kept_from_[g * max_seqs_ + seq]; }
-  int& cow_src(int g, int seq) noexcept { return cow_src_[g * max_seqs_ + seq]; }
-  int cow_src(int g, int seq) const noexcept { return cow_src_[g * max_seqs_ + seq]; }
 
   Status check_seq(const char* what, int seq) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(seq >= 0 && seq < max_seqs_, InvalidArgument,
@@ -706,45 +704,58 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return Error::Ok;
   }
 
-  // Verbs change the tables a plan points into: any begun step is over. Its
-  // copies-on-write are undone (each sequence takes its shared block back, which
-  // no one wrote: a later step copies it again) and its blocks past each
-  // sequence's length (never committed) go back to the pools.
+  // Verbs change the tables a plan points into: any begun step is over, and
+  // the tables go back to what they were before it. The blocks it allocated
+  // return to the pools: those past each sequence's length, and at the index
+  // of its first new position a fresh block or a copy-on-write block (the
+  // backend may never have made the copy: the sequence gets back the shared
+  // block it copied from, which the step kept holding).
   void end_step() noexcept {
+    if (active_.id != 0) {
+      for (int g = 0; g < n_groups_; ++g) {
+        for (int i = 0; i < active_.n_entries; ++i) {
+          const int seq = step_seq_[i];
+          int& block = table(g, seq)[seqs_[seq].length / block_size_];
+          const int before = first_before_[g * max_seqs_ + i];
+          if (block == before) continue;  // its own block, written in place
+          groups_[g].pool.release(block);
+          if (before < 0) --held(g, seq);
+          block = before;
+        }
+        group_plans_[g].n_copies = 0;
+      }
+    }
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
-      for (int g = 0; g < n_groups_; ++g) {
-        int& src = cow_src(g, seq);
-        if (src < 0) continue;
-        int& block = table(g, seq)[seqs_[seq].length / block_size_];
-        groups_[g].pool.release(block);
-        block = src;
-        src = -1;
-      }
       if (seqs_[seq].active) release_from(seq, ceil_div(seqs_[seq].length, block_size_));
     }
     active_ = BatchStep{};
   }
 
-  // Blocks of group g that ending the begun step gives back: those past each of
-  // its sequences' lengths and the private copies of its copies-on-write.
-  int begun_step_blocks(int g) const noexcept {
+  // The entry of `seq` in the begun step, or -1.
+  int begun_entry(int seq) const noexcept {
+    if (active_.id == 0) return -1;
+    const int i = entry_of_[seq];
+    return i < active_.n_entries && step_seq_[i] == seq ? i : -1;
+  }
+
+  // Blocks of group g the begun step allocated: end_step() gives them back.
+  int begun_blocks(int g) const noexcept {
+    if (active_.id == 0) return 0;
     int n = 0;
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
-      const int* row = table(g, seq);
-      for (int b = ceil_div(seqs_[seq].length, block_size_); b < seqs_[seq].alloc_end; ++b) n += row[b] >= 0;
-      n += cow_src(g, seq) >= 0;
+      const int first = seqs_[seq].length / block_size_;
+      n += (seqs_[seq].length + step_T_[i] - 1) / block_size_ - first;  // past the first: all new
+      if (table(g, seq)[first] != first_before_[g * max_seqs_ + i]) ++n;  // the first: new, or a copy
     }
     return n;
   }
 
-  bool holds_nothing(int seq) const noexcept {
-    if (seqs_[seq].length != 0) return false;
-    for (int g = 0; g < n_groups_; ++g)
-      if (held(g, seq) != 0) return false;
-    return true;
-  }
+  // Empty: no committed position, so no block outside the begun step (whose
+  // blocks go when the call asking ends it: fork and adopt_prefix into an
+  // empty sequence a step was begun for are fine).
+  bool holds_nothing(int seq) const noexcept { return seqs_[seq].length == 0; }
 
   // Inactive, length 0, nothing held (its tables must already be released).
   void reset_seq(int seq) noexcept {
@@ -814,7 +825,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       int& first = first_block(g, seq);
       const int* row = table(g, seq);
-      while (first < seqs_[seq].alloc_end && row[first] < 0 && first * B < seqs_[seq].start) ++first;
+      // Only past blocks wholly below the head's end: the block it lies in
+      // may be written again after a rewind.
+      while (first < seqs_[seq].alloc_end && row[first] < 0 && (first + 1) * B <= seqs_[seq].start) ++first;
     }
   }
 
@@ -849,8 +862,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     Seq& s = seqs_[seq];
     release_from(seq, ceil_div(n, block_size_));
     // Nothing above n is left for the window to have released: blocks written
-    // again from here on are the window's to release in turn. Nor for a head
-    // removal: the next step writes from block n / B on.
+    // again from here on are the window's to release in turn. Nor for a
+    // removed head: the next steps write blocks from n / B on.
     for (int g = 0; g < n_groups_; ++g) {
       if (kept_from(g, seq) > n / block_size_) kept_from(g, seq) = n / block_size_;
       if (first_block(g, seq) > n / block_size_) first_block(g, seq) = n / block_size_;
@@ -859,6 +872,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     if (s.start > n) s.start = n;
     while (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].begin >= n) --s.n_holes;
     if (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].end > n) s_holes(seq)[s.n_holes - 1].end = n;
+    // The last, partly kept block goes too when every position it keeps is removed.
+    if (n % block_size_ != 0) release_removed(seq, n - n % block_size_, n);
     if (n == 0) {
       const bool was_active = s.active;
       reset_seq(seq);
@@ -1001,9 +1016,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<int[]> held_;
   std::unique_ptr<int[]> first_block_;
   std::unique_ptr<int[]> kept_from_;
-  // The begun step's copies-on-write: the shared block a sequence's private
-  // copy was made from, held until commit; -1 for none.
-  std::unique_ptr<int[]> cow_src_;
   // Per sequence.
   std::unique_ptr<Seq[]> seqs_;
   std::unique_ptr<PositionRange[]> holes_;   // [seq][max_holes]
@@ -1015,6 +1027,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   BatchStep active_;
   std::uint64_t last_step_id_ = 0;
   std::unique_ptr<int[]> step_seq_;
+  std::unique_ptr<int[]> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
   std::unique_ptr<int[]> step_T_;
   std::unique_ptr<int[]> query_starts_;
   std::unique_ptr<int[]> first_positions_;
@@ -1026,6 +1039,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<std::int32_t[]> step_tokens_;
   std::unique_ptr<int[]> slots_;         // [g][max_step_tokens_]
   std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs_]
+  std::unique_ptr<int[]> first_before_;  // [g][entry]: the block at its first position's index before the step
   std::unique_ptr<GroupPlan[]> group_plans_;
 };
 

@@ -83,11 +83,13 @@ class BatchControl {
   virtual Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n) noexcept = 0;
 
   /// Begins one forward over `entries[0, n)` (distinct sequences, tokens laid
-  /// out entry after entry), replacing an uncommitted step (whose copies are
-  /// undone: whether or not the backend ran its plan, the new plan copies what
-  /// it needs). Admission is decided here: when a group lacks the blocks the
-  /// step needs (after reclaiming cached ones and those of the replaced step),
-  /// nothing changes. InvalidArgument: n outside [1, max_seqs], a bad or
+  /// out entry after entry), replacing an uncommitted step. A step that ends
+  /// uncommitted (replaced, or ended by any verb) leaves every block table as
+  /// it was: the backend may have written none, some or all of its plan. While
+  /// it is begun, it keeps holding the blocks its copies read. Admission is
+  /// decided here: when a group lacks the blocks the step needs (after
+  /// reclaiming cached ones and the replaced step's), nothing changes.
+  /// InvalidArgument: n outside [1, max_seqs], a bad or
   /// repeated seq, T outside [1, max_step], more than max_step_tokens tokens.
   /// InvalidState: a sequence not active. OutOfResources: a sequence would pass
   /// capacity, or a group's pool is short (the message names it).
