@@ -32,6 +32,7 @@
 #include "kvcore/core/result.h"
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
+#include "kvcore/pool/pool_bytes.h"
 
 namespace kvcore {
 
@@ -101,10 +102,10 @@ struct PoolLayer {
   }
 };
 
-class KVPool {
+class KVPool : private PoolBytes {
  public:
   /// Every K and V block of an arena starts on this boundary.
-  static constexpr std::size_t kArenaAlignment = 64;
+  static constexpr std::size_t kArenaAlignment = PoolBytes::kArenaAlignment;
 
   /// A growing pool for `planner`'s layers (shapes from layer_config(l), rows and
   /// ring layout from geometry(l)), each starting at min(initial_capacity(), rows)
@@ -407,8 +408,6 @@ class KVPool {
     int end_row = 0;
   };
 
-  // Largest byte count the pool deals in: every size fits ptrdiff_t.
-  static constexpr std::uint64_t kMaxBytes = static_cast<std::uint64_t>(PTRDIFF_MAX);
 
   KVPool(DType dtype, PoolAllocator allocator) noexcept : dtype_(dtype), allocator_(allocator) {}
 
@@ -419,30 +418,7 @@ class KVPool {
     return Error::Ok;
   }
 
-  static Status check_dtype(DType dtype) noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(element_size(dtype) != 0, InvalidArgument,
-                                 "dtype = %d: not a kvcore::DType", static_cast<int>(dtype));
-    return Error::Ok;
-  }
 
-  static bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
-    if (a != 0 && b > kMaxBytes / a) return false;
-    *out = a * b;
-    return true;
-  }
-  static bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
-    if (a > kMaxBytes || b > kMaxBytes - a) return false;
-    *out = a + b;
-    return true;
-  }
-  // n <= kMaxBytes, so this cannot wrap.
-  static std::uint64_t round_up(std::uint64_t n) noexcept {
-    return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-  }
-  static unsigned char* align_up(unsigned char* p) noexcept {
-    const std::uintptr_t misalign = reinterpret_cast<std::uintptr_t>(p) % kArenaAlignment;
-    return misalign == 0 ? p : p + (kArenaAlignment - misalign);
-  }
 
   // A layer's row shape and geometry, as the planner reports them.
   struct Shape {
@@ -550,21 +526,6 @@ class KVPool {
         "before reading it",
         layer_index, extent.end_row - 1, layer.allocated_rows);
     return extent;
-  }
-
-  static Status check_buffer(int layer_index, const char* what, const char* name,
-                             const void* data, std::size_t bytes, std::int64_t rows,
-                             std::size_t row_bytes, bool exact) noexcept {
-    std::uint64_t need = 0;
-    const bool sized = checked_mul(static_cast<std::uint64_t>(rows), row_bytes, &need);
-    const bool ok = sized && (exact ? bytes == need : bytes >= need);
-    KVCORE_CHECK_OR_RETURN_ERROR(
-        ok, InvalidArgument, "%s of layer %d: %s has %zu bytes, %s %lld rows of %zu bytes = %llu",
-        what, layer_index, name, bytes, exact ? "must be exactly" : "needs at least",
-        static_cast<long long>(rows), row_bytes, static_cast<unsigned long long>(need));
-    KVCORE_CHECK_OR_RETURN_ERROR(data != nullptr || need == 0, InvalidArgument,
-                                 "%s of layer %d: %s is null", what, layer_index, name);
-    return Error::Ok;
   }
 
   // Doubling from the current storage until `needed` rows fit, capped at rows.

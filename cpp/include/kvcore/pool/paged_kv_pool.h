@@ -40,6 +40,7 @@
 #include "kvcore/core/result.h"
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
+#include "kvcore/pool/pool_bytes.h"
 
 namespace kvcore {
 
@@ -68,10 +69,10 @@ struct PagedRows {
   int rows = 0;
 };
 
-class PagedKVPool {
+class PagedKVPool : private PoolBytes {
  public:
   /// Every K and V block of an arena starts on this boundary.
-  static constexpr std::size_t kArenaAlignment = 64;
+  static constexpr std::size_t kArenaAlignment = PoolBytes::kArenaAlignment;
   /// Rows a growing layer starts with (capped at its rows).
   static constexpr int kDefaultInitialRows = 256;
 
@@ -389,40 +390,11 @@ class PagedKVPool {
   }
 
  private:
-  // Largest byte count the pool deals in: every size fits ptrdiff_t.
-  static constexpr std::uint64_t kMaxBytes = static_cast<std::uint64_t>(PTRDIFF_MAX);
 
   PagedKVPool(const BatchPlanner& planner, DType dtype, PoolAllocator allocator) noexcept
       : planner_(&planner), dtype_(dtype), allocator_(allocator), block_size_(planner.block_size()) {}
 
-  static Status check_dtype(DType dtype) noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(element_size(dtype) != 0, InvalidArgument,
-                                 "dtype = %d: not a kvcore::DType", static_cast<int>(dtype));
-    return Error::Ok;
-  }
 
-  static bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
-    if (a != 0 && b > kMaxBytes / a) return false;
-    *out = a * b;
-    return true;
-  }
-  static bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
-    if (a > kMaxBytes || b > kMaxBytes - a) return false;
-    *out = a + b;
-    return true;
-  }
-  // n <= kMaxBytes, so this cannot wrap.
-  static std::uint64_t round_up(std::uint64_t n) noexcept {
-    return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-  }
-  static unsigned char* align_up(unsigned char* p) noexcept {
-    const std::uintptr_t misalign = reinterpret_cast<std::uintptr_t>(p) % kArenaAlignment;
-    return misalign == 0 ? p : p + (kArenaAlignment - misalign);
-  }
-  static bool disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
-    const std::uintptr_t x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-    return a_bytes == 0 || b_bytes == 0 || x + a_bytes <= y || y + b_bytes <= x;
-  }
 
   // Layer `l`'s group, policy, row sizes and rows, as the planner reports them;
   // fails when its rows overflow an int or its bytes the address space.
@@ -591,21 +563,6 @@ class PagedKVPool {
     });
     if (!bad.ok()) return bad;
     return n;
-  }
-
-  static Status check_buffer(int layer_index, const char* what, const char* name, const void* data,
-                             std::size_t bytes, std::int64_t rows, std::size_t row_bytes,
-                             bool exact) noexcept {
-    std::uint64_t need = 0;
-    const bool sized = checked_mul(static_cast<std::uint64_t>(rows), row_bytes, &need);
-    const bool ok = sized && (exact ? bytes == need : bytes >= need);
-    KVCORE_CHECK_OR_RETURN_ERROR(
-        ok, InvalidArgument, "%s of layer %d: %s has %zu bytes, %s %lld rows of %zu bytes = %llu",
-        what, layer_index, name, bytes, exact ? "must be exactly" : "needs at least",
-        static_cast<long long>(rows), row_bytes, static_cast<unsigned long long>(need));
-    KVCORE_CHECK_OR_RETURN_ERROR(data != nullptr || need == 0, InvalidArgument,
-                                 "%s of layer %d: %s is null", what, layer_index, name);
-    return Error::Ok;
   }
 
   // Doubling from the current storage until `needed` rows fit, capped at rows.

@@ -1,0 +1,84 @@
+// PoolBytes: byte arithmetic and buffer checks shared by the byte layers
+// (KVPool, PagedKVPool): sizes checked against the address space before anything is
+// allocated, arena carving, and the argument checks whose messages name the
+// layer, the buffer and the rule.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvcore/core/result.h"
+#include "kvcore/pool/dtype.h"
+
+namespace kvcore {
+
+/// Static helpers of the byte layers (they inherit them privately: no state).
+struct PoolBytes {
+  /// Alignment of every block an arena pool carves (the layer table, each K and
+  /// each V), in bytes: a cache line, enough for any element type.
+  static constexpr std::size_t kArenaAlignment = 64;
+
+  /// Largest byte count a pool deals in: every size fits ptrdiff_t.
+  static constexpr std::uint64_t kMaxBytes = static_cast<std::uint64_t>(PTRDIFF_MAX);
+
+  /// *out = a * b; false (and *out untouched) when it would pass kMaxBytes.
+  static bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
+    if (a != 0 && b > kMaxBytes / a) return false;
+    *out = a * b;
+    return true;
+  }
+
+  /// *out = a + b; false (and *out untouched) when it would pass kMaxBytes.
+  static bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
+    if (a > kMaxBytes || b > kMaxBytes - a) return false;
+    *out = a + b;
+    return true;
+  }
+
+  /// n rounded up to kArenaAlignment; n <= kMaxBytes, so this cannot wrap.
+  static std::uint64_t round_up(std::uint64_t n) noexcept {
+    return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  }
+
+  /// The first kArenaAlignment-aligned address at or after p.
+  static unsigned char* align_up(unsigned char* p) noexcept {
+    const std::uintptr_t misalign = reinterpret_cast<std::uintptr_t>(p) % kArenaAlignment;
+    return misalign == 0 ? p : p + (kArenaAlignment - misalign);
+  }
+
+  /// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share no byte.
+  static bool disjoint(const void* a, std::size_t a_bytes, const void* b,
+                       std::size_t b_bytes) noexcept {
+    const std::uintptr_t x = reinterpret_cast<std::uintptr_t>(a);
+    const std::uintptr_t y = reinterpret_cast<std::uintptr_t>(b);
+    return a_bytes == 0 || b_bytes == 0 || x + a_bytes <= y || y + b_bytes <= x;
+  }
+
+  /// InvalidArgument unless dtype is one of kvcore::DType's values.
+  static Status check_dtype(DType dtype) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(element_size(dtype) != 0, InvalidArgument,
+                                 "dtype = %d: not a kvcore::DType", static_cast<int>(dtype));
+    return Error::Ok;
+  }
+
+  /// InvalidArgument unless buffer `name` of call `what` on layer `layer_index`
+  /// holds `rows` rows of `row_bytes` bytes: exactly that many bytes (exact) or
+  /// at least (an output), and is not null unless it needs no byte.
+  static Status check_buffer(int layer_index, const char* what, const char* name, const void* data,
+                             std::size_t bytes, std::int64_t rows, std::size_t row_bytes,
+                             bool exact) noexcept {
+    std::uint64_t need = 0;
+    const bool sized = checked_mul(static_cast<std::uint64_t>(rows), row_bytes, &need);
+    const bool ok = sized && (exact ? bytes == need : bytes >= need);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        ok, InvalidArgument, "%s of layer %d: %s has %zu bytes, %s %lld rows of %zu bytes = %llu",
+        what, layer_index, name, bytes, exact ? "must be exactly" : "needs at least",
+        static_cast<long long>(rows), row_bytes, static_cast<unsigned long long>(need));
+    KVCORE_CHECK_OR_RETURN_ERROR(data != nullptr || need == 0, InvalidArgument,
+                                 "%s of layer %d: %s is null", what, layer_index, name);
+    return Error::Ok;
+  }
+
+};
+
+}  // namespace kvcore
