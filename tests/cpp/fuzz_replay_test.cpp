@@ -4,14 +4,13 @@
 // invalid configs would pass and prove nothing).
 #include <gtest/gtest.h>
 
-#include <dirent.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "../fuzz/plan_fuzzer.cpp"
+
+#include "support/corpus_files.h"
 
 #ifndef KVCORE_FUZZ_CORPUS_DIR
 #error "tests/cpp/CMakeLists.txt defines KVCORE_FUZZ_CORPUS_DIR"
@@ -19,26 +18,8 @@
 
 namespace {
 
-std::vector<std::string> corpus_files(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (const dirent* e = readdir(d))
-      if (e->d_name[0] != '.') names.push_back(dir + "/" + e->d_name);
-    closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-bool read_file(const std::string& path, std::vector<std::uint8_t>* out) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
-  std::uint8_t buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out->insert(out->end(), buf, buf + n);
-  std::fclose(f);
-  return true;
-}
+using kvcore_test::corpus_files;
+using kvcore_test::read_file;
 
 TEST(FuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   const std::vector<std::string> files = corpus_files(KVCORE_FUZZ_CORPUS_DIR);
