@@ -9,10 +9,8 @@
 #include <pybind11/numpy.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,6 +20,7 @@
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/batch/step_mask.h"
 #include "kvcore/pool/paged_kv_pool.h"
+#include "numpy_blocks.h"
 #include "numpy_dtype.h"
 
 namespace kvcore_py {
@@ -34,20 +33,12 @@ constexpr const char* kPagedBlockName = "kvcore.paged_pool_block";
 
 using CachePtr = std::shared_ptr<kvcore::BatchCache>;
 
-void set_read_only(py::handle a) { npy::array_proxy(a.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_; }
-
 class PyPagedPool {
  public:
-  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows) : cache_(std::move(cache)) {
-    auto parsed = parse_dtype(dtype_spec);
-    dtype_ = parsed.first;
-    element_size_ = kvcore::element_size(parsed.second);
-    kvcore::PoolAllocator alloc;
-    alloc.context = this;
-    alloc.allocate = &PyPagedPool::allocate_block;
-    alloc.release = &PyPagedPool::release_block;
-    pool_.reset(new kvcore::PagedKVPool(
-        unwrap(kvcore::PagedKVPool::create(*cache_, parsed.second, alloc, initial_rows))));
+  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows)
+      : blocks_(dtype_spec, kPagedBlockName, "paged pool"), cache_(std::move(cache)) {
+    pool_.reset(new kvcore::PagedKVPool(unwrap(kvcore::PagedKVPool::create(
+        *cache_, blocks_.element_type(), blocks_.allocator(), initial_rows))));
     for (int l = 0; l < cache_->n_layers(); ++l) {
       const kvcore::LayerConfig lc = unwrap(cache_->layer_config(l));
       layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
@@ -55,14 +46,14 @@ class PyPagedPool {
     masks_.resize(static_cast<std::size_t>(cache_->n_groups()));
   }
 
-  // The pool releases its blocks through `owners_`, so it must go first.
+  // The pool releases its blocks through `blocks_`, so it must go first.
   ~PyPagedPool() { pool_.reset(); }
 
   PyPagedPool(const PyPagedPool&) = delete;
   PyPagedPool& operator=(const PyPagedPool&) = delete;
 
   const CachePtr& cache() const { return cache_; }
-  const py::dtype& dtype() const { return dtype_; }
+  const py::dtype& dtype() const { return blocks_.dtype(); }
   const kvcore::PagedKVPool& pool() const { return *pool_; }
   kvcore::PagedKVPool& pool() { return *pool_; }
 
@@ -82,10 +73,11 @@ class PyPagedPool {
   // (k_rows, v_rows) after writing the step's rows of `layer`.
   py::tuple update(int layer, const kvcore::BatchStepPlan& plan, py::handle k, py::handle v) {
     const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
-    const char* k_data = check_input("k", k, plan.n_tokens, s.heads, s.head_dim, "head_dim");
-    const char* v_data = check_input("v", v, plan.n_tokens, s.heads, s.value_dim, "value_dim");
-    throw_if_error(pool_->update(layer, plan, k_data, bytes_of(plan.n_tokens, s.heads, s.head_dim), v_data,
-                                 bytes_of(plan.n_tokens, s.heads, s.value_dim)));
+    const int n = plan.n_tokens;
+    const char* k_data = blocks_.check_input("k", k, "n_tokens", n, s.heads, "head_dim", s.head_dim);
+    const char* v_data = blocks_.check_input("v", v, "n_tokens", n, s.heads, "value_dim", s.value_dim);
+    throw_if_error(pool_->update(layer, plan, k_data, blocks_.bytes_of(n, s.heads, s.head_dim), v_data,
+                                 blocks_.bytes_of(n, s.heads, s.value_dim)));
     return rows(layer);
   }
 
@@ -93,8 +85,8 @@ class PyPagedPool {
   py::tuple rows(int layer) const {
     const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const kvcore::PagedRows live = unwrap(pool_->rows(layer));
-    py::object k = view(live.k, live.rows, s.heads, s.head_dim);
-    py::object v = view(live.v, live.rows, s.heads, s.value_dim);
+    py::object k = blocks_.view(live.k, live.k, live.rows, s.heads, s.head_dim);
+    py::object v = blocks_.view(live.v, live.v, live.rows, s.heads, s.value_dim);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(2, k.ptr(), v.ptr()));
   }
 
@@ -102,11 +94,11 @@ class PyPagedPool {
   py::tuple gather(int layer, const kvcore::BatchStepPlan& plan, int entry) const {
     const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const int n = unwrap(pool_->gather_rows(layer, plan, entry));
-    py::object k = empty(n, s.heads, s.head_dim);
-    py::object v = empty(n, s.heads, s.value_dim);
+    py::object k = blocks_.empty(n, s.heads, s.head_dim);
+    py::object v = blocks_.empty(n, s.heads, s.value_dim);
     py::array_t<std::int64_t> positions(n);
-    unwrap(pool_->gather(layer, plan, entry, data_of(k), bytes_of(n, s.heads, s.head_dim), data_of(v),
-                         bytes_of(n, s.heads, s.value_dim), positions.mutable_data(),
+    unwrap(pool_->gather(layer, plan, entry, blocks_.data_of(k), blocks_.bytes_of(n, s.heads, s.head_dim),
+                         blocks_.data_of(v), blocks_.bytes_of(n, s.heads, s.value_dim), positions.mutable_data(),
                          static_cast<std::size_t>(n)));
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
   }
@@ -121,7 +113,7 @@ class PyPagedPool {
     py::array_t<bool> out({plan.n_tokens, rows});
     throw_if_error(
         kvcore::fill_step_mask(plan, group, policy, rows, reinterpret_cast<unsigned char*>(out.mutable_data())));
-    set_read_only(out);
+    NumpyBlocks::set_read_only(out);
     cached.step_id = h.step.id;
     cached.array = out;
     return std::move(out);
@@ -151,96 +143,9 @@ class PyPagedPool {
     py::object array;
   };
 
-  static void* allocate_block(void* context, std::size_t bytes) noexcept {
-    void* block = std::malloc(bytes == 0 ? 1 : bytes);
-    if (block == nullptr) return nullptr;
-    PyObject* capsule = PyCapsule_New(block, kPagedBlockName, [](PyObject* cap) {
-      std::free(PyCapsule_GetPointer(cap, kPagedBlockName));
-    });
-    if (capsule == nullptr) {
-      PyErr_Clear();
-      std::free(block);
-      return nullptr;
-    }
-    try {
-      static_cast<PyPagedPool*>(context)->owners_.emplace(block, py::reinterpret_steal<py::object>(capsule));
-    } catch (...) {
-      Py_DECREF(capsule);  // frees the block
-      return nullptr;
-    }
-    return block;
-  }
-
-  static void release_block(void* context, void* block) noexcept {
-    // Drops the pool's reference; views keep theirs until numpy lets them go.
-    static_cast<PyPagedPool*>(context)->owners_.erase(block);
-  }
-
-  std::size_t bytes_of(Py_intptr_t rows, int heads, int dim) const {
-    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads) * static_cast<std::size_t>(dim) *
-           element_size_;
-  }
-
-  static char* data_of(py::handle a) { return npy::array_proxy(a.ptr())->data; }
-
-  // Checks everything about one input before anything is written.
-  const char* check_input(const char* name, py::handle a, int n_tokens, int heads, int dim,
-                          const char* dim_name) const {
-    auto& api = npy::npy_api::get();
-    if (!api.PyArray_Check_(a.ptr()))
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ": must be a numpy.ndarray, got " +
-                py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>());
-    const auto* p = npy::array_proxy(a.ptr());
-    if (p->descr != dtype_.ptr() && !api.PyArray_EquivTypes_(p->descr, dtype_.ptr()))
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ".dtype = " + describe(p->descr) + ": the paged pool stores " + describe(dtype_));
-    if (p->nd != 3 || p->dimensions[0] != n_tokens || p->dimensions[1] != heads || p->dimensions[2] != dim)
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ".shape = " + describe(py::reinterpret_borrow<py::object>(a).attr("shape")) +
-                ": must be (n_tokens, n_kv_heads, " + dim_name + ") = (" + std::to_string(n_tokens) + ", " +
-                std::to_string(heads) + ", " + std::to_string(dim) + ")");
-    if ((p->flags & npy::npy_api::NPY_ARRAY_C_CONTIGUOUS_) == 0)
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ": must be C-contiguous (use numpy.ascontiguousarray)");
-    return p->data;
-  }
-
-  // A read-only (rows, heads, dim) array over pool memory, keeping its block alive.
-  py::object view(const unsigned char* block, Py_intptr_t rows, int heads, int dim) const {
-    if (rows == 0) {
-      py::object out = empty(0, heads, dim);
-      set_read_only(out);
-      return out;
-    }
-    auto owner = owners_.find(const_cast<unsigned char*>(block));
-    if (owner == owners_.end()) raise(kvcore::Error::Internal, "a paged pool block has no owner");
-    auto& api = npy::npy_api::get();
-    const Py_intptr_t dims[3] = {rows, heads, dim};
-    Py_INCREF(dtype_.ptr());  // NewFromDescr steals it
-    PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr,
-                                              const_cast<unsigned char*>(block), 0, nullptr);
-    if (arr == nullptr) throw py::error_already_set();
-    py::object out = py::reinterpret_steal<py::object>(arr);
-    if (api.PyArray_SetBaseObject_(arr, owner->second.inc_ref().ptr()) != 0) throw py::error_already_set();
-    return out;
-  }
-
-  py::object empty(Py_intptr_t rows, int heads, int dim) const {
-    auto& api = npy::npy_api::get();
-    const Py_intptr_t dims[3] = {rows, heads, dim};
-    Py_INCREF(dtype_.ptr());
-    PyObject* arr =
-        api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr, nullptr, 0, nullptr);
-    if (arr == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(arr);
-  }
-
   // Declared first so it is destroyed last: the pool's release hook erases from it.
-  std::unordered_map<void*, py::object> owners_;
+  NumpyBlocks blocks_;
   CachePtr cache_;
-  py::dtype dtype_;
-  std::size_t element_size_ = 0;
   std::unique_ptr<kvcore::PagedKVPool> pool_;
   std::vector<LayerShape> layers_;
   std::vector<CachedMask> masks_;  // per group: the mask of the last step asked for

@@ -8,11 +8,9 @@
 // array between the layers of a policy within a step.
 #include <pybind11/numpy.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "errors.h"
 #include "kvcore/pool/kv_pool.h"
 #include "kvcore/core/sequence_cache.h"
+#include "numpy_blocks.h"
 #include "numpy_dtype.h"
 #include "step_handle.h"
 
@@ -59,16 +58,9 @@ kvcore::RingStorage ring_storage(bool mirror_rings) {
 class PyPool {
  public:
   PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec, bool mirror_rings)
-      : cache_(std::move(cache)), mirror_rings_(mirror_rings) {
-    auto parsed = parse_dtype(dtype_spec);
-    dtype_ = parsed.first;
-    element_size_ = kvcore::element_size(parsed.second);
-    kvcore::PoolAllocator alloc;
-    alloc.context = this;
-    alloc.allocate = &PyPool::allocate_block;
-    alloc.release = &PyPool::release_block;
-    pool_.reset(new kvcore::KVPool(
-        unwrap(kvcore::KVPool::create(*cache_, parsed.second, alloc, ring_storage(mirror_rings)))));
+      : blocks_(dtype_spec, kBlockName, "pool"), cache_(std::move(cache)), mirror_rings_(mirror_rings) {
+    pool_.reset(new kvcore::KVPool(unwrap(kvcore::KVPool::create(
+        *cache_, blocks_.element_type(), blocks_.allocator(), ring_storage(mirror_rings)))));
     for (int l = 0; l < cache_->n_layers(); ++l) {
       const kvcore::LayerConfig lc = unwrap(cache_->layer_config(l));
       layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
@@ -77,14 +69,14 @@ class PyPool {
     row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
   }
 
-  // The pool releases its blocks through `owners_`, so it must go first.
+  // The pool releases its blocks through `blocks_`, so it must go first.
   ~PyPool() { pool_.reset(); }
 
   PyPool(const PyPool&) = delete;
   PyPool& operator=(const PyPool&) = delete;
 
   const std::shared_ptr<kvcore::SequenceCache>& cache() const { return cache_; }
-  const py::dtype& dtype() const { return dtype_; }
+  const py::dtype& dtype() const { return blocks_.dtype(); }
   bool mirror_rings() const { return mirror_rings_; }
   const kvcore::KVPool& pool() const { return *pool_; }
   kvcore::KVPool& pool() { return *pool_; }
@@ -110,10 +102,10 @@ class PyPool {
   void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
     const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const int T = plan.write_len();
-    const char* k_data = check_input("k", k, T, s.heads, s.head_dim);
-    const char* v_data = check_input("v", v, T, s.heads, s.value_dim);
-    throw_if_error(pool_->write(layer, plan, k_data, bytes_of(T, s.heads, s.head_dim), v_data,
-                                bytes_of(T, s.heads, s.value_dim)));
+    const char* k_data = blocks_.check_input("k", k, "T", T, s.heads, "dim", s.head_dim);
+    const char* v_data = blocks_.check_input("v", v, "T", T, s.heads, "dim", s.value_dim);
+    throw_if_error(pool_->write(layer, plan, k_data, blocks_.bytes_of(T, s.heads, s.head_dim), v_data,
+                                blocks_.bytes_of(T, s.heads, s.value_dim)));
   }
 
   // (k, v, positions): a zero-copy view when the read is one span (one run, or
@@ -125,13 +117,14 @@ class PyPool {
     const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
     if (views.n == 1) {
       const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
-      k = view(shape.k, views.span[0].k, rows, s.heads, s.head_dim);
-      v = view(shape.v, views.span[0].v, rows, s.heads, s.value_dim);
+      k = blocks_.view(shape.k, views.span[0].k, rows, s.heads, s.head_dim);
+      v = blocks_.view(shape.v, views.span[0].v, rows, s.heads, s.value_dim);
     } else {
-      k = empty(rows, s.heads, s.head_dim);
-      v = empty(rows, s.heads, s.value_dim);
-      throw_if_error(pool_->gather(layer, plan, data_of(k), bytes_of(rows, s.heads, s.head_dim),
-                                   data_of(v), bytes_of(rows, s.heads, s.value_dim)));
+      k = blocks_.empty(rows, s.heads, s.head_dim);
+      v = blocks_.empty(rows, s.heads, s.value_dim);
+      throw_if_error(pool_->gather(layer, plan, blocks_.data_of(k),
+                                   blocks_.bytes_of(rows, s.heads, s.head_dim), blocks_.data_of(v),
+                                   blocks_.bytes_of(rows, s.heads, s.value_dim)));
     }
     py::object positions = positions_of(layer, plan, step_id);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
@@ -142,8 +135,8 @@ class PyPool {
   py::tuple read_rows(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
     const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const kvcore::HeldRows held = unwrap(pool_->held_rows(layer, plan));
-    py::object k = view(held.k, held.k, held.rows, s.heads, s.head_dim);
-    py::object v = view(held.v, held.v, held.rows, s.heads, s.value_dim);
+    py::object k = blocks_.view(held.k, held.k, held.rows, s.heads, s.head_dim);
+    py::object v = blocks_.view(held.v, held.v, held.rows, s.heads, s.value_dim);
     py::object positions = row_positions_of(layer, held, step_id);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
   }
@@ -164,91 +157,6 @@ class PyPool {
     std::uint64_t step_id = 0;
     py::object array;
   };
-
-  static void* allocate_block(void* context, std::size_t bytes) noexcept {
-    void* block = std::malloc(bytes == 0 ? 1 : bytes);
-    if (block == nullptr) return nullptr;
-    PyObject* capsule = PyCapsule_New(block, kBlockName, [](PyObject* cap) {
-      std::free(PyCapsule_GetPointer(cap, kBlockName));
-    });
-    if (capsule == nullptr) {
-      PyErr_Clear();
-      std::free(block);
-      return nullptr;
-    }
-    try {
-      static_cast<PyPool*>(context)->owners_.emplace(block,
-                                                     py::reinterpret_steal<py::object>(capsule));
-    } catch (...) {
-      Py_DECREF(capsule);  // frees the block
-      return nullptr;
-    }
-    return block;
-  }
-
-  static void release_block(void* context, void* block) noexcept {
-    // Drops the pool's reference; views keep theirs until numpy lets them go.
-    static_cast<PyPool*>(context)->owners_.erase(block);
-  }
-
-  // Bytes of a (rows, heads, dim) array of the pool's dtype.
-  std::size_t bytes_of(Py_intptr_t rows, int heads, int dim) const {
-    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads) *
-           static_cast<std::size_t>(dim) * element_size_;
-  }
-
-  static char* data_of(py::handle a) { return npy::array_proxy(a.ptr())->data; }
-
-  // Checks everything about one input before anything is written.
-  const char* check_input(const char* name, py::handle a, int T, int heads, int dim) const {
-    auto& api = npy::npy_api::get();
-    if (!api.PyArray_Check_(a.ptr()))
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ": must be a numpy.ndarray, got " +
-                py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>());
-    const auto* p = npy::array_proxy(a.ptr());
-    if (p->descr != dtype_.ptr() && !api.PyArray_EquivTypes_(p->descr, dtype_.ptr()))
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ".dtype = " + describe(p->descr) + ": the pool stores " +
-                describe(dtype_));
-    if (p->nd != 3 || p->dimensions[0] != T || p->dimensions[1] != heads ||
-        p->dimensions[2] != dim)
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ".shape = " + describe(py::reinterpret_borrow<py::object>(a).attr("shape")) +
-                ": must be (T, n_kv_heads, dim) = (" + std::to_string(T) + ", " +
-                std::to_string(heads) + ", " + std::to_string(dim) + ")");
-    if ((p->flags & npy::npy_api::NPY_ARRAY_C_CONTIGUOUS_) == 0)
-      raise(kvcore::Error::InvalidArgument,
-            std::string(name) + ": must be C-contiguous (use numpy.ascontiguousarray)");
-    return p->data;
-  }
-
-  // A read-only (rows, heads, dim) array over pool memory, keeping its block alive.
-  py::object view(const unsigned char* block, const unsigned char* data, Py_intptr_t rows, int heads,
-                  int dim) const {
-    auto owner = owners_.find(const_cast<unsigned char*>(block));
-    if (owner == owners_.end()) raise(kvcore::Error::Internal, "a pool block has no owner");
-    auto& api = npy::npy_api::get();
-    const Py_intptr_t dims[3] = {rows, heads, dim};
-    Py_INCREF(dtype_.ptr());  // NewFromDescr steals it
-    PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr,
-                                              const_cast<unsigned char*>(data), 0, nullptr);
-    if (arr == nullptr) throw py::error_already_set();
-    py::object out = py::reinterpret_steal<py::object>(arr);
-    if (api.PyArray_SetBaseObject_(arr, owner->second.inc_ref().ptr()) != 0)
-      throw py::error_already_set();
-    return out;
-  }
-
-  py::object empty(Py_intptr_t rows, int heads, int dim) const {
-    auto& api = npy::npy_api::get();
-    const Py_intptr_t dims[3] = {rows, heads, dim};
-    Py_INCREF(dtype_.ptr());
-    PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype_.ptr(), 3, dims, nullptr,
-                                              nullptr, 0, nullptr);
-    if (arr == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(arr);
-  }
 
   py::object row_positions_of(int layer, const kvcore::HeldRows& held, std::uint64_t step_id) {
     CachedPositions& cached =
@@ -275,11 +183,9 @@ class PyPool {
   }
 
   // Declared first so it is destroyed last: the pool's release hook erases from it.
-  std::unordered_map<void*, py::object> owners_;
+  NumpyBlocks blocks_;
   std::shared_ptr<kvcore::SequenceCache> cache_;
   bool mirror_rings_ = false;
-  py::dtype dtype_;
-  std::size_t element_size_ = 0;
   std::unique_ptr<kvcore::KVPool> pool_;
   std::vector<LayerShape> layers_;
   std::vector<CachedPositions> positions_;      // per policy: position-order reads
