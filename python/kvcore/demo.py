@@ -20,7 +20,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import numpy as np
@@ -147,7 +147,8 @@ def single_threaded_blas() -> Iterator[None]:
             put(n)
 
 
-def _greedy(logits: npt.NDArray[Any]) -> int:
+def greedy(logits: npt.NDArray[Any]) -> int:
+    """The token with the highest logit (the demos decode greedily)."""
     return int(np.argmax(logits))
 
 
@@ -171,10 +172,10 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
         rows.append(dec.step(prompt[i : i + max_step]))
         bar.update("prefill", min(i + max_step, len(prompt)), len(prompt))
     t1 = time.perf_counter()
-    tokens = [_greedy(rows[-1][-1])]
+    tokens = [greedy(rows[-1][-1])]
     for n in range(1, opts.gen_len):
         rows.append(dec.step(tokens[-1:]))
-        tokens.append(_greedy(rows[-1][-1]))
+        tokens.append(greedy(rows[-1][-1]))
         bar.update("decode", n + 1, opts.gen_len)
     t2 = time.perf_counter()
     fed = prompt + tokens[:-1]
@@ -258,7 +259,7 @@ def _speculative(
     prompt_logits = dec.feed(prompt)
     for p in range(len(prompt)):
         kept[p] = prompt_logits[p]
-    out = [_greedy(prompt_logits[-1])]
+    out = [greedy(prompt_logits[-1])]
     steps = rewinds = rewound = drafted = accepted = 0
     while len(out) < opts.gen_len:
         P = dec.length
@@ -269,12 +270,12 @@ def _speculative(
             drafts[wrong] = (drafts[wrong] + 1 + int(rng.integers(0, vocab - 1))) % vocab
         logits = dec.step([out[-1], *drafts])
         a = 0
-        while a < k and drafts[a] == _greedy(logits[a]):
+        while a < k and drafts[a] == greedy(logits[a]):
             a += 1
         for j in range(a + 1):
             kept[P + j] = logits[j]
         out.extend(drafts[:a])
-        out.append(_greedy(logits[a]))
+        out.append(greedy(logits[a]))
         if a < k:
             dec.rewind(P + 1 + a)
             rewinds += 1
@@ -376,23 +377,37 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     show = not args.no_progress and sys.stderr.isatty()
+    return run_and_report("kvcore demo", opts, run_demo, format_report, as_json=args.json, show_progress=show)
+
+
+def run_and_report(
+    command: str,
+    opts: Any,
+    run: Callable[[Any, Progress], dict[str, Any]],
+    format_text: Callable[[dict[str, Any]], str],
+    *,
+    as_json: bool,
+    show_progress: bool,
+) -> int:
+    """Checks `opts` (its check() and model_config()), runs `run(opts, progress)`
+    with one BLAS thread and prints its report to stdout, as JSON or as
+    `format_text` gives it. Returns the exit code: 0 when the report says ok, 1
+    when a check failed or kvcore raised, 2 when the options are refused (the
+    reason on stderr, after `command`)."""
     try:
         opts.check()
         opts.model_config()
     except ValueError as e:
-        print(f"kvcore demo: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
         return 2
     try:
         with single_threaded_blas():
-            report = run_demo(opts, Progress(sys.stderr if show else None))
+            report = run(opts, Progress(sys.stderr if show_progress else None))
     except ValueError as e:  # includes InvalidArgumentError: options kvcore refuses
-        print(f"kvcore demo: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
         return 2
     except kvcore.KVCacheError as e:
-        print(f"kvcore demo: FAILED: {e}", file=sys.stderr)
+        print(f"{command}: FAILED: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_report(report))
+    print(json.dumps(report, indent=2) if as_json else format_text(report))
     return 0 if report["ok"] else 1

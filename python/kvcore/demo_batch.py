@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -50,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo import TOLERANCE, Progress, _dtype, single_threaded_blas
+from kvcore.demo import TOLERANCE, Progress, _dtype, greedy, run_and_report
 from kvcore.model import Model, ModelConfig, attention, visibility_mask
 
 Array = npt.NDArray[Any]
@@ -257,10 +256,6 @@ def make_chats(opts: BatchDemoOptions) -> list[Chat]:
     return chats
 
 
-def _greedy(logits: Array) -> int:
-    return int(np.argmax(logits))
-
-
 class _Server:
     """The serving loop and what it measures."""
 
@@ -407,7 +402,7 @@ class _Server:
                     if b.chat.samples > 1:
                         forking.append((b, rows[-1]))
                     else:
-                        b.pending = _greedy(rows[-1])
+                        b.pending = greedy(rows[-1])
                         b.generated.append(b.pending)
             else:
                 self._accept(b, ids, rows, P)
@@ -425,7 +420,7 @@ class _Server:
         t0 = time.perf_counter()
         seq = [*b.tokens, b.pending]
         for _ in range(k):
-            seq.append(_greedy(b.oracle.logits(seq)[-1]))
+            seq.append(greedy(b.oracle.logits(seq)[-1]))
         drafts = seq[len(b.tokens) + 1 :]
         wrong = int(self.rng.integers(0, k + 1))
         if wrong < k:
@@ -437,13 +432,13 @@ class _Server:
     def _accept(self, b: Branch, ids: list[int], rows: Array, P: int) -> None:
         k = len(ids) - 1
         a = 0
-        while a < k and ids[1 + a] == _greedy(rows[a]):
+        while a < k and ids[1 + a] == greedy(rows[a]):
             a += 1
         b.tokens.extend(ids[: a + 1])
         for j in range(a + 1):
             b.kept[P + j] = rows[j]
         b.generated.extend(ids[1 : a + 1])
-        b.pending = _greedy(rows[a])
+        b.pending = greedy(rows[a])
         b.generated.append(b.pending)
         if k:
             self.spec_steps += 1
@@ -739,23 +734,5 @@ def main(argv: Sequence[str]) -> int:
     names = [f.name for f in dataclasses.fields(BatchDemoOptions)]
     opts = BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
     show = args.progress or (not args.no_progress and sys.stderr.isatty())
-    try:
-        opts.check()
-        opts.model_config()
-    except ValueError as e:
-        print(f"kvcore demo --batch: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        with single_threaded_blas():
-            report = run_batch_demo(opts, Progress(sys.stderr if show else None))
-    except ValueError as e:  # includes InvalidArgumentError: options kvcore refuses
-        print(f"kvcore demo --batch: error: {e}", file=sys.stderr)
-        return 2
-    except kvcore.KVCacheError as e:
-        print(f"kvcore demo --batch: FAILED: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report["ok"] else 1
+    return run_and_report("kvcore demo --batch", opts, run_batch_demo, format_report, as_json=args.json,
+                          show_progress=show)
