@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "fuzz_bytes.h"
 #include "kvcore/batch/batch_cache.h"
 #include "../cpp/batch_reference.h"
 
@@ -92,40 +93,12 @@ inline void bump(long Coverage::*field) {
   if (coverage() != nullptr) ++(coverage()->*field);
 }
 
-// Reads the input front to back; past the end every read is 0, so any prefix
-// of an input is an input too.
-class Bytes {
- public:
-  Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  bool done() const { return at_ >= size_; }
-  std::uint8_t u8() { return at_ < size_ ? data_[at_++] : 0; }
-  std::uint32_t u32() {
-    std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(u8()) << (8 * i);
-    return v;
-  }
-  /// In [lo, hi] (lo <= hi).
-  int in(int lo, int hi) {
-    const std::uint64_t span = static_cast<std::uint64_t>(static_cast<std::int64_t>(hi) - lo) + 1;
-    const std::uint64_t r = (span <= 256 ? u8() : u32()) % span;
-    return static_cast<int>(lo + static_cast<std::int64_t>(r));
-  }
-  bool percent(int p) { return u8() % 100 < p; }
-  /// Any int, biased towards the edges where arithmetic breaks.
-  int edgy() {
-    static const int kEdges[] = {0,       1,           -1,          2,         INT_MAX,   INT_MAX - 1,
-                                 INT_MIN, INT_MIN + 1, 1 << 30,     (1 << 30) + 1, (1 << 30) - 1, 1 << 20,
-                                 (1 << 20) + 1, 1 << 16, 4096, 4097};
-    const std::uint8_t how = u8();
-    if (how < 128) return kEdges[how % (sizeof(kEdges) / sizeof(kEdges[0]))];
-    return static_cast<int>(u32());
-  }
+using Bytes = kvcore_fuzz_input::Bytes;
 
- private:
-  const std::uint8_t* data_;
-  std::size_t size_;
-  std::size_t at_ = 0;
-};
+// The ints Bytes::edgy() favours: where the arithmetic of sizes and positions breaks.
+constexpr int kEdges[kvcore_fuzz_input::Bytes::kEdgeCount] = {
+    0,       1,       -1,          2,           INT_MAX,      INT_MAX - 1, INT_MIN, INT_MIN + 1,
+    1 << 30, (1 << 30) + 1, (1 << 30) - 1, 1 << 20, (1 << 20) + 1, 1 << 16, 4096, 4097};
 
 inline std::string str(long long v) { return std::to_string(v); }
 
@@ -1101,7 +1074,7 @@ class Harness {
 /// Runs one input; "" when everything held, else the first violation.
 inline std::string run_batch_fuzz(const std::uint8_t* data, std::size_t size) {
   if (coverage() != nullptr) ++coverage()->inputs;
-  detail::Bytes in(data, size);
+  detail::Bytes in(data, size, detail::kEdges);
   detail::Harness harness(in);
   return harness.run();
 }
