@@ -36,15 +36,17 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
 @dataclasses.dataclass(frozen=True)
-class DemoOptions:
+class ModelOptions:
+    """The small model a demo runs (kvcore.model) and its cache's layer mix:
+    every `flat_every`-th layer flat, the others a ring of `window` positions
+    with `sinks` sinks; `max_step` tokens per sequence and step; pools of
+    `dtype`."""
+
     layers: int = 12
     flat_every: int = 6
     window: int = 32
     sinks: int = 4
     max_step: int = 16
-    prompt_len: int = 128
-    gen_len: int = 128
-    draft: int = 3
     seed: int = 0
     dtype: str = "float32"
     d_model: int = 128
@@ -54,13 +56,8 @@ class DemoOptions:
     d_ff: int = 384
     vocab_size: int = 512
 
-    def check(self) -> None:
-        """Raises ValueError naming the first bad option."""
-        for name in ("layers", "window", "max_step", "prompt_len", "gen_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
-        if self.draft < 0:
-            raise ValueError(f"--draft = {self.draft}: must be >= 0")
+    def check_dtype(self) -> None:
+        """Raises ValueError unless the model can compute in `dtype`."""
         if self.dtype not in TOLERANCE:
             raise ValueError(
                 f"--dtype = {self.dtype}: must be one of {', '.join(TOLERANCE)} "
@@ -68,6 +65,7 @@ class DemoOptions:
             )
 
     def model_config(self) -> ModelConfig:
+        """The ModelConfig these options describe."""
         return ModelConfig(
             vocab_size=self.vocab_size,
             d_model=self.d_model,
@@ -81,6 +79,24 @@ class DemoOptions:
             flat_every=self.flat_every,
             seed=self.seed,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions(ModelOptions):
+    """Knobs of ``kvcore demo`` (defaults: the default run)."""
+
+    prompt_len: int = 128
+    gen_len: int = 128
+    draft: int = 3
+
+    def check(self) -> None:
+        """Raises ValueError naming the first bad option."""
+        for name in ("layers", "window", "max_step", "prompt_len", "gen_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
+        if self.draft < 0:
+            raise ValueError(f"--draft = {self.draft}: must be >= 0")
+        self.check_dtype()
 
 
 class Progress:

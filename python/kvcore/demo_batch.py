@@ -49,14 +49,14 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo import TOLERANCE, Progress, _dtype, greedy, run_and_report
-from kvcore.model import Model, ModelConfig, attention, visibility_mask
+from kvcore.demo import TOLERANCE, ModelOptions, Progress, _dtype, greedy, run_and_report
+from kvcore.model import Model, attention, visibility_mask
 
 Array = npt.NDArray[Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchDemoOptions:
+class BatchDemoOptions(ModelOptions):
     """Knobs of ``kvcore demo --batch`` (defaults: the default run)."""
 
     chats: int = 12
@@ -79,19 +79,8 @@ class BatchDemoOptions:
     #: Every Nth chat from chat 2 on decodes speculatively: 2, 2 + N, ... (0: none).
     draft_every: int = 3
     block_size: int = 8
-    layers: int = 12
-    flat_every: int = 6
     window: int = 16
-    sinks: int = 4
     max_step: int = 8
-    seed: int = 0
-    dtype: str = "float32"
-    d_model: int = 128
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    head_dim: int = 32
-    d_ff: int = 384
-    vocab_size: int = 512
 
     def check(self) -> None:
         """Raises ValueError naming the first bad option."""
@@ -110,18 +99,7 @@ class BatchDemoOptions:
             )
         if self.samples > self.vocab_size:
             raise ValueError(f"--samples = {self.samples}: at most the vocabulary ({self.vocab_size})")
-        if self.dtype not in TOLERANCE:
-            raise ValueError(
-                f"--dtype = {self.dtype}: must be one of {', '.join(TOLERANCE)} "
-                "(int8/uint8 pools move bytes, but this model computes in floats)"
-            )
-
-    def model_config(self) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.layers, n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, d_ff=self.d_ff, window=self.window,
-            sinks=self.sinks, flat_every=self.flat_every, seed=self.seed,
-        )
+        self.check_dtype()
 
     @property
     def capacity(self) -> int:
