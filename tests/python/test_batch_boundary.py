@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import copy
 import gc
-import os
 import pickle
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +25,7 @@ import numpy as np
 import pytest
 
 import kvcore
+from blank_probe import assert_blank_objects_refuse_every_use
 
 RING = kvcore.Ring(window=3, sinks=1)
 HUGE = [2**31, 2**63, -(2**31) - 1, -(2**63) - 1, 2**70]
@@ -423,7 +421,7 @@ def test_kvcore_batch_objects_cannot_be_copied_or_pickled(rig: Rig) -> None:
 
 # --- objects made by Class.__new__(Class) ---------------------------------------------------------
 
-PROBE = textwrap.dedent(
+BLANK_SETUP = textwrap.dedent(
     """
     import kvcore, kvcore._core
 
@@ -458,38 +456,11 @@ PROBE = textwrap.dedent(
         "SequenceInfo": ["active", "length", "visible_start", "holes", "visible_positions", "__repr__()"],
         "BatchLimits": ["block_size", "max_seqs", "max_step_tokens", "num_blocks", "max_holes", "__repr__()"],
     }
-    failures = []
-    for name, exprs in calls.items():
-        cls = getattr(kvcore._core, name)
-        for expr in exprs:
-            live, cache, step = fresh()
-            eval("live[name]." + expr, {"live": live, "name": name, "step": step})  # works when initialized
-            live, cache, step = fresh()
-            blank = cls.__new__(cls)
-            try:
-                eval("blank." + expr, {"blank": blank, "step": step})
-            except (TypeError, RuntimeError) as e:
-                if "never initialized" not in str(e) and "non-held to held" not in str(e):
-                    failures.append(f"{name}.{expr}: {type(e).__name__}: {e}")
-            else:
-                failures.append(f"{name}.{expr}: no error")
-        live, cache, step = fresh()
-        blank = cls.__new__(cls)
-        for use in ("cache.commit(blank)", "kvcore.BatchCache(blank)",
-                    "kvcore.CacheConfig(8, kvcore.LayerConfig(kvcore.Flat(), 1, 2), batch=blank)"):
-            try:
-                eval(use, {"kvcore": kvcore, "blank": blank, "cache": cache})
-            except (TypeError, RuntimeError, kvcore.InvalidArgumentError):
-                pass
-            else:
-                failures.append(f"{use} with a blank {name}: no error")
-    print("\\n".join(failures) if failures else "ok")
+    uses = ["cache.commit(blank)", "kvcore.BatchCache(blank)",
+                    "kvcore.CacheConfig(8, kvcore.LayerConfig(kvcore.Flat(), 1, 2), batch=blank)"]
     """
 )
 
 
 def test_objects_made_by_new_without_init_refuse_every_use() -> None:
-    # In a child interpreter: a regression crashes it, not the test session.
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=dict(os.environ), timeout=120)
-    assert result.returncode == 0, f"the probe died (exit {result.returncode}): {result.stderr[-2000:]}"
-    assert result.stdout.strip() == "ok", result.stdout
+    assert_blank_objects_refuse_every_use(BLANK_SETUP)
