@@ -154,41 +154,6 @@ class Driver {
   int write_id_ = 0;
 };
 
-// Every byte of every allocated row, to prove a failed call wrote nothing.
-std::vector<unsigned char> snapshot(const KVPool& pool) {
-  std::vector<unsigned char> out;
-  for (int l = 0; l < pool.n_layers(); ++l) {
-    auto shape = pool.layer(l);
-    const std::size_t rows = static_cast<std::size_t>(shape->allocated_rows);
-    out.insert(out.end(), shape->k, shape->k + shape->k_row_bytes * rows);
-    out.insert(out.end(), shape->v, shape->v + shape->v_row_bytes * rows);
-  }
-  return out;
-}
-
-// An allocator that counts live blocks and fails on demand.
-struct TestAllocator {
-  int live = 0;
-  int allocations = 0;
-  int fail_from = INT_MAX;  // the allocation with this index and later ones fail
-
-  PoolAllocator get() {
-    PoolAllocator a;
-    a.context = this;
-    a.allocate = [](void* ctx, std::size_t bytes) noexcept -> void* {
-      auto* self = static_cast<TestAllocator*>(ctx);
-      if (self->allocations++ >= self->fail_from) return nullptr;
-      ++self->live;
-      return std::malloc(bytes);
-    };
-    a.release = [](void* ctx, void* block) noexcept {
-      --static_cast<TestAllocator*>(ctx)->live;
-      std::free(block);
-    };
-    return a;
-  }
-};
-
 KVPool must_pool(const SequenceCache& cache, DType dtype, PoolAllocator a = PoolAllocator::heap()) {
   auto r = KVPool::create(cache, dtype, a);
   KVCORE_CHECK(r.ok(), r.message().c_str());

@@ -482,41 +482,6 @@ TEST(PagedKVPool, GatherOfARingEntryIsTheSinksAndTheFirstQuerysWindow) {
   EXPECT_EQ(flat, (std::vector<std::int64_t>{0, 1, 4, 5, 6, 7, 9, 10, 11, 12}));
 }
 
-// What a refused call must leave as it was: every byte of every layer's storage.
-std::vector<unsigned char> snapshot(const PagedKVPool& pool) {
-  std::vector<unsigned char> out;
-  for (int l = 0; l < pool.n_layers(); ++l) {
-    const PagedLayer shape = *pool.layer(l);
-    const std::size_t rows = static_cast<std::size_t>(shape.allocated_rows);
-    out.insert(out.end(), shape.k, shape.k + shape.k_row_bytes * rows);
-    out.insert(out.end(), shape.v, shape.v + shape.v_row_bytes * rows);
-  }
-  return out;
-}
-
-// An allocator that counts live blocks and fails on demand.
-struct TestAllocator {
-  int live = 0;
-  int allocations = 0;
-  int fail_from = INT_MAX;  // the allocation with this index and later ones fail
-
-  PoolAllocator get() {
-    PoolAllocator a;
-    a.context = this;
-    a.allocate = [](void* ctx, std::size_t bytes) noexcept -> void* {
-      auto* self = static_cast<TestAllocator*>(ctx);
-      if (self->allocations++ >= self->fail_from) return nullptr;
-      ++self->live;
-      return std::malloc(bytes);
-    };
-    a.release = [](void* ctx, void* block) noexcept {
-      --static_cast<TestAllocator*>(ctx)->live;
-      std::free(block);
-    };
-    return a;
-  }
-};
-
 // One sequence, one step of T tokens begun on a two-group cache.
 struct OneStep {
   std::unique_ptr<BatchCache> cache;

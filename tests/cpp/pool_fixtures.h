@@ -1,15 +1,19 @@
-// Test-only helpers for KVPool tests: configs whose layers carry row shapes,
-// the bytes a numbered write puts in a row, and Status assertions.
+// Test-only helpers for the byte layers' tests (KVPool, PagedKVPool): configs
+// whose layers carry row shapes, the bytes a numbered write puts in a row, a
+// snapshot of a pool's storage, a failing allocator, and Status assertions.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstddef>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
 #include "cache_fixtures.h"
 #include "kvcore/pool/kv_pool.h"
+#include "kvcore/pool/pool_allocator.h"
 
 // Status checks that print the message on failure.
 #define ASSERT_OK(expr)                                            \
@@ -60,5 +64,42 @@ inline std::vector<unsigned char> row_bytes(int write_id, int layer, bool value,
   for (std::size_t i = 0; i < n; ++i) row[i] = byte_of(write_id, layer, value, i);
   return row;
 }
+
+/// Every byte of every allocated row of a KVPool or PagedKVPool, to prove a
+/// refused or failed call wrote nothing.
+template <typename Pool>
+std::vector<unsigned char> snapshot(const Pool& pool) {
+  std::vector<unsigned char> out;
+  for (int l = 0; l < pool.n_layers(); ++l) {
+    const auto shape = *pool.layer(l);
+    const std::size_t rows = static_cast<std::size_t>(shape.allocated_rows);
+    out.insert(out.end(), shape.k, shape.k + shape.k_row_bytes * rows);
+    out.insert(out.end(), shape.v, shape.v + shape.v_row_bytes * rows);
+  }
+  return out;
+}
+
+// An allocator that counts live blocks and fails on demand.
+struct TestAllocator {
+  int live = 0;
+  int allocations = 0;
+  int fail_from = INT_MAX;  // the allocation with this index and later ones fail
+
+  kvcore::PoolAllocator get() {
+    kvcore::PoolAllocator a;
+    a.context = this;
+    a.allocate = [](void* ctx, std::size_t bytes) noexcept -> void* {
+      auto* self = static_cast<TestAllocator*>(ctx);
+      if (self->allocations++ >= self->fail_from) return nullptr;
+      ++self->live;
+      return std::malloc(bytes);
+    };
+    a.release = [](void* ctx, void* block) noexcept {
+      --static_cast<TestAllocator*>(ctx)->live;
+      std::free(block);
+    };
+    return a;
+  }
+};
 
 }  // namespace kvcore_test
