@@ -61,6 +61,23 @@ class Policy:
         return range(min(self.sinks, n)), range(max(0, n - self.window + 1), n)
 
 
+def policy_of(layer_policy: Any) -> Policy:
+    """The Policy of any object with `is_ring`, `window` and `sinks` (a
+    kvcore.LayerPolicy, duck-typed: this module never imports kvcore)."""
+    return Policy(layer_policy.window if layer_policy.is_ring else 0, layer_policy.sinks)
+
+
+def visible(layer_policy: Any, q: int, k: int) -> bool:
+    """May a query at q see key k under `layer_policy` (DESIGN section 2)?"""
+    return policy_of(layer_policy).visible(q, k)
+
+
+def needed(layer_policy: Any, position: int, T: int) -> list[int]:
+    """Every key some query of the step [position, position + T) may see, in
+    increasing order, straight from the visibility rule."""
+    return policy_of(layer_policy).needed_by_visibility(position, T)
+
+
 @dataclass
 class Layer:
     """One layer's row mapping (DESIGN section 2, Rows) and simulated pool."""

@@ -20,16 +20,9 @@ import numpy.typing as npt
 import pytest
 
 import kvcore
+from reference import visible
 
 Array = npt.NDArray[Any]
-
-
-def visible(policy: kvcore.LayerPolicy, q: int, k: int) -> bool:
-    if k > q:
-        return False
-    if not policy.is_ring:
-        return True
-    return q - k < policy.window or k < policy.sinks
 
 
 def make_cache(

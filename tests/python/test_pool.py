@@ -16,21 +16,9 @@ import numpy.typing as npt
 import pytest
 
 import kvcore
+from reference import needed, visible
 
 Array = npt.NDArray[Any]
-
-
-def visible(policy: kvcore.LayerPolicy, q: int, k: int) -> bool:
-    if k > q:
-        return False
-    if not policy.is_ring:
-        return True
-    return q - k < policy.window or k < policy.sinks
-
-
-def needed(policy: kvcore.LayerPolicy, P: int, T: int) -> list[int]:
-    """Every key some query of the step [P, P+T) may see, in increasing order."""
-    return [k for k in range(P + T) if any(visible(policy, q, k) for q in range(P, P + T))]
 
 
 def make_config(

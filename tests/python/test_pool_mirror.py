@@ -14,17 +14,9 @@ import numpy.typing as npt
 import pytest
 
 import kvcore
+from reference import needed
 
 Array = npt.NDArray[Any]
-
-
-def needed(policy: kvcore.LayerPolicy, P: int, T: int) -> list[int]:
-    """Every key some query of the step [P, P+T) may see, in increasing order."""
-
-    def visible(q: int, k: int) -> bool:
-        return k <= q and (not policy.is_ring or q - k < policy.window or k < policy.sinks)
-
-    return [k for k in range(P + T) if any(visible(q, k) for q in range(P, P + T))]
 
 
 def config(policies: list[kvcore.LayerPolicy], capacity: int = 40, max_step: int = 3, **kw: Any) -> kvcore.CacheConfig:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kvcore
+from reference import visible
 
 H, D, DV = 2, 3, 2
 
@@ -21,15 +22,6 @@ def make(policies: list[kvcore.LayerPolicy], capacity: int, max_step: int) -> tu
     layers = [kvcore.LayerConfig(p, n_kv_heads=H, head_dim=D, v_head_dim=DV) for p in policies]
     cache = kvcore.SequenceCache(kvcore.CacheConfig(capacity, layers, max_step=max_step, initial_capacity=4))
     return cache, kvcore.KVPool(cache, np.float32)
-
-
-def visible(policy: kvcore.LayerPolicy, q: int, k: int) -> bool:
-    """DESIGN.md section 2, written here from the text, not from kvcore."""
-    if k > q:
-        return False
-    if not policy.is_ring:
-        return True
-    return q - k < policy.window or k < policy.sinks
 
 
 def rows_of(value: float, n: int, dim: int) -> np.ndarray:
