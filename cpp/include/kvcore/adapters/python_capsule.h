@@ -50,7 +50,8 @@ inline Result<RegistryStorage*> import_registry_storage() noexcept {
       PyObject* text = PyObject_Str(raised);
       const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
       if (utf8 != nullptr) {
-        // The name is part of the literal, so the reason gets the message's room.
+        // The name is part of the literal, so the reason gets all of a text argument's
+        // room: Status::kArgBytes - 2 (54) characters, longer ones end in "...".
         status = Status::make(Error::NotFound, "cannot import " KVCORE_REGISTRY_CAPSULE_NAME ": %s", utf8);
       }
       Py_XDECREF(text);

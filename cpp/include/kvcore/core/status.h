@@ -42,8 +42,8 @@ class [[nodiscard]] Status {
   /// `std::string_view` (copied). Conversions: d i u x X o c s, with flags,
   /// width and precision (`*` takes an int argument); length modifiers are
   /// accepted and ignored, each argument printing as its own type.
-  template <typename... Args>
-  static Status make(Error code, const char* format, const Args&... args) noexcept {
+  template <std::size_t N, typename... Args>
+  static Status make(Error code, const char (&format)[N], const Args&... args) noexcept {
     Status s(code);
     s.format_ = format;
     (s.pack(args), ...);
@@ -117,9 +117,9 @@ class [[nodiscard]] Status {
       full_ = true;
       return;
     }
+    static_assert(kArgBytes - 2 <= 255, "a text argument's length is one byte");
     const std::size_t room = kArgBytes - size_ - 2;
-    std::size_t n = s.size() < room ? s.size() : room;
-    if (n > 255) n = 255;
+    const std::size_t n = s.size() < room ? s.size() : room;
     const bool cut = n < s.size();
     args_[size_] = kText;
     args_[size_ + 1] = static_cast<unsigned char>(n);
@@ -168,14 +168,19 @@ class [[nodiscard]] Status {
   void format_into(Message& out) const noexcept {
     char* dst = out.text;
     std::size_t left = Message::kCapacity - 1;  // room before the terminator
+    bool cut = false;                           // some text did not fit
     auto put = [&](const char* s, std::size_t n) {
-      if (n > left) n = left;
+      if (n > left) {
+        n = left;
+        cut = true;
+      }
       std::memcpy(dst, s, n);
       dst += n;
       left -= n;
     };
     std::size_t at = 0;
-    for (const char* f = format_; *f != '\0' && left > 0;) {
+    const char* f = format_;
+    while (*f != '\0' && left > 0) {
       if (*f != '%') {
         const char* next = std::strchr(f, '%');
         const std::size_t n = next == nullptr ? std::strlen(f) : static_cast<std::size_t>(next - f);
@@ -246,7 +251,7 @@ class [[nodiscard]] Status {
       }
     }
     *dst = '\0';
-    if (left == 0) std::memcpy(out.text + Message::kCapacity - 4, "...", 4);
+    if (cut || *f != '\0') std::memcpy(out.text + Message::kCapacity - 4, "...", 4);
   }
 
   // One conversion rebuilt for snprintf, with the values its `*`s took.
