@@ -618,5 +618,36 @@ TEST(BatchRegressions, ARingPoolIsSizedWithoutOverflowWhenMaxStepIsNearIntMax) {
   EXPECT_EQ(refused.error(), Error::InvalidArgument);
   EXPECT_STREQ(refused.message().c_str(), "group 0: 2048 blocks of 1048576 rows pass 2^31 rows");
 }
+
+// A ring's window released positions 0..7 (blocks 0 and 1); a truncation to 7
+// then let the next step refill block index 1 with position 7 alone. Position
+// 4, which a query at 6 needs, stays lost. Before the fix the window's release
+// point was kept in whole blocks and cut back to n / B = 1 by the truncation
+// (and by a fork up to 7), so can_rewind(6) said yes and the next step read a
+// fresh block's garbage as position 4 (found in review).
+TEST(BatchRegressions, ATruncationDoesNotBringBackWhatTheWindowReleased) {
+  const int B = 4;
+  for (const bool by_fork : {false, true}) {
+    SCOPED_TRACE(by_fork ? "fork(0, 1, 7)" : "rewind(0, 7)");
+    Harness h(config(64, 1, {LayerPolicy::ring(3)}, B, 2));
+    BatchCache& c = h.cache();
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 12, 1), "");  // the window released blocks 0 and 1
+    h.remove(0, 5, 7);                  // a query at 7 needs nothing below 7 now
+    int s = 0;
+    if (by_fork) {
+      h.fork(0, 1, 7);
+      s = 1;
+    } else {
+      h.rewind(0, 7);
+    }
+    EXPECT_FALSE(c.can_rewind(s, 6));  // needs position 4, released
+    ASSERT_EQ(h.decode(s, 1, 1), "");   // position 7: block index 1 afresh
+    EXPECT_FALSE(c.can_rewind(s, 6));  // was true
+    EXPECT_EQ(c.rewind(s, 6).code(), Error::InvalidState);
+    EXPECT_TRUE(c.can_rewind(s, 7));   // within max_step of the length: guaranteed
+  }
+}
+
 }  // namespace
 }  // namespace kvcore_test

@@ -987,8 +987,8 @@ class Harness {
           const int dst = in_.in(0, seqs - 1);
           const int upto = in_.percent(50) ? L - in_.in(0, 3) : in_.edgy();
           last_op_ = "fork(" + str(s) + ", " + str(dst) + ", " + str(upto) + ")";
-          bool dst_empty = lengths_[static_cast<std::size_t>(dst)] <= 0;
-          for (int g = 0; g < cache_->n_groups(); ++g) dst_empty = dst_empty && *cache_->blocks_held(dst, g) == 0;
+          // Empty: no committed position (blocks a begun step gave it go with the step).
+          const bool dst_empty = lengths_[static_cast<std::size_t>(dst)] <= 0;
           const bool can = cache_->can_rewind(s, upto);
           const Status st = cache_->fork(s, dst, upto);
           const bool want = act && s != dst && upto >= 0 && upto <= L && dst_empty && can;

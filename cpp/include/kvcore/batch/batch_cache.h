@@ -132,11 +132,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       const int* from = table(g, src);
       int* to = table(g, dst);
-      int& kept = kept_from(g, dst);
-      kept = kept_from(g, src) < upto / block_size_ ? kept_from(g, src) : upto / block_size_;
-      const int lo = first_block(g, src);
-      first_block(g, dst) = lo < upto / block_size_ ? lo : upto / block_size_;  // dst writes from upto on
-      for (int i = lo; i < end_block; ++i) {
+      const int lost = lost_below(g, src);
+      lost_below(g, dst) = lost < upto ? lost : upto;
+      for (int i = first_block(src); i < end_block; ++i) {
         if (from[i] < 0) continue;
         const int hi = (i + 1) * block_size_ < upto ? (i + 1) * block_size_ : upto;
         if (next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
@@ -263,7 +261,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         row[i] = b;
         ++held(g, seq);
       }
-      kept_from(g, seq) = need.window_from;
+      // Positions past the hit are the sequence's to write (and huge sinks may put
+      // window_from past the int range in positions).
+      lost_below(g, seq) = (need.window_from < hit_blocks ? need.window_from : hit_blocks) * B;
     }
     s.length = hit_blocks * B;
     s.alloc_end = hit_blocks;
@@ -415,8 +415,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         int* row = table(g, seq);
         for (int i = 0; i < stride_; ++i) row[i] = -1;
         held(g, seq) = 0;
-        first_block(g, seq) = 0;
-        kept_from(g, seq) = 0;
+        lost_below(g, seq) = 0;
       }
     }
   }
@@ -450,7 +449,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(check_group(group));
     const int* row = table(group, seq);
     const int end = ceil_div(seqs_[seq].length, block_size_);
-    for (int i = first_block(group, seq); i < end; ++i)
+    for (int i = first_block(seq); i < end; ++i)
       if (row[i] >= 0) return i * block_size_ > seqs_[seq].start ? i * block_size_ : seqs_[seq].start;
     return seqs_[seq].length;
   }
@@ -620,14 +619,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     }
     tables_.reset(new (std::nothrow) int[table_entries]);
     held_.reset(new (std::nothrow) int[n_groups_ * seqs]());
-    first_block_.reset(new (std::nothrow) int[n_groups_ * seqs]());
-    kept_from_.reset(new (std::nothrow) int[n_groups_ * seqs]());
+    lost_below_.reset(new (std::nothrow) int[n_groups_ * seqs]());
     seqs_.reset(new (std::nothrow) Seq[seqs]);
     holes_.reset(new (std::nothrow) PositionRange[hole_entries > 0 ? hole_entries : 1]);
     partial_.reset(new (std::nothrow) std::int32_t[seqs * block_size_]);
     seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
     scratch_keys_.reset(new (std::nothrow) BlockKey[stride_]);
-    KVCORE_CHECK_OR_RETURN_ERROR(tables_ && held_ && first_block_ && kept_from_ && seqs_ && holes_ &&
+    KVCORE_CHECK_OR_RETURN_ERROR(tables_ && held_ && lost_below_ && seqs_ && holes_ &&
                                      partial_ && seen_ && scratch_keys_,
                                  MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs_);
@@ -676,10 +674,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
   int& held(int g, int seq) noexcept { return held_[g * max_seqs_ + seq]; }
   int held(int g, int seq) const noexcept { return held_[g * max_seqs_ + seq]; }
-  int& first_block(int g, int seq) noexcept { return first_block_[g * max_seqs_ + seq]; }
-  int first_block(int g, int seq) const noexcept { return first_block_[g * max_seqs_ + seq]; }
-  int& kept_from(int g, int seq) noexcept { return kept_from_[g * max_seqs_ + seq]; }
-  int kept_from(int g, int seq) const noexcept { return kept_from_[g * max_seqs_ + seq]; }
+  int& lost_below(int g, int seq) noexcept { return lost_below_[g * max_seqs_ + seq]; }
+  int lost_below(int g, int seq) const noexcept { return lost_below_[g * max_seqs_ + seq]; }
+  // The lowest block index `seq` may hold: blocks wholly below its removed head are gone.
+  int first_block(int seq) const noexcept { return seqs_[seq].start / block_size_; }
 
   Status check_seq(const char* what, int seq) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(seq >= 0 && seq < max_seqs_, InvalidArgument,
@@ -761,8 +759,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   void reset_seq(int seq) noexcept {
     seqs_[seq] = Seq{};
     for (int g = 0; g < n_groups_; ++g) {
-      first_block(g, seq) = 0;
-      kept_from(g, seq) = 0;
+      lost_below(g, seq) = 0;
     }
   }
 
@@ -822,13 +819,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         --held(g, seq);
       }
     }
-    for (int g = 0; g < n_groups_; ++g) {
-      int& first = first_block(g, seq);
-      const int* row = table(g, seq);
-      // Only past blocks wholly below the head's end: the block it lies in
-      // may be written again after a rewind.
-      while (first < seqs_[seq].alloc_end && row[first] < 0 && (first + 1) * B <= seqs_[seq].start) ++first;
-    }
   }
 
   // The ring group (index) of `seq` whose rows no longer hold what a query at n
@@ -837,10 +827,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       const Group& group = groups_[g];
       if (group.policy.kind != LayerPolicy::Kind::Ring) continue;
-      // Released by the window: block indices [sink_blocks, kept_from), positions
-      // [lo, hi) (in 64 bits: sinks may round up past 2^31).
+      // Released by the window: positions [lo, hi) (in 64 bits: sinks may round
+      // up past 2^31).
       const std::int64_t lo = static_cast<std::int64_t>(group.sink_blocks) * block_size_;
-      const std::int64_t hi = static_cast<std::int64_t>(kept_from(g, seq)) * block_size_;
+      const std::int64_t hi = lost_below(g, seq);
       const std::int64_t window_from = static_cast<std::int64_t>(n) - group.policy.window + 1;
       const std::int64_t from = window_from > lo ? window_from : lo;
       if (from >= n) continue;  // a query at n needs nothing below n past the sinks
@@ -861,13 +851,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     end_step();
     Seq& s = seqs_[seq];
     release_from(seq, ceil_div(n, block_size_));
-    // Nothing above n is left for the window to have released: blocks written
-    // again from here on are the window's to release in turn. Nor for a
-    // removed head: the next steps write blocks from n / B on.
-    for (int g = 0; g < n_groups_; ++g) {
-      if (kept_from(g, seq) > n / block_size_) kept_from(g, seq) = n / block_size_;
-      if (first_block(g, seq) > n / block_size_) first_block(g, seq) = n / block_size_;
-    }
+    // Positions from n on are written again: the window has released none of
+    // them. (Those below n it released stay lost, even in a block index the
+    // next step fills afresh.)
+    for (int g = 0; g < n_groups_; ++g)
+      if (lost_below(g, seq) > n) lost_below(g, seq) = n;
     s.length = n;
     if (s.start > n) s.start = n;
     while (s.n_holes > 0 && s_holes(seq)[s.n_holes - 1].begin >= n) --s.n_holes;
@@ -893,15 +881,16 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         static_cast<std::int64_t>(seqs_[seq].length) - max_step_ - group.policy.window + 1;
     if (floor <= 0) return;
     const int floor_block = static_cast<int>(floor / block_size_);
-    int& kept = kept_from(g, seq);
+    int& lost = lost_below(g, seq);
     int* row = table(g, seq);
-    for (int i = kept > group.sink_blocks ? kept : group.sink_blocks; i < floor_block; ++i) {
+    const int from = lost / block_size_;  // the block holding `lost` may hold positions written since
+    for (int i = from > group.sink_blocks ? from : group.sink_blocks; i < floor_block; ++i) {
       if (row[i] < 0) continue;
       group.pool.release(row[i]);
       row[i] = -1;
       --held(g, seq);
     }
-    if (floor_block > kept) kept = floor_block;
+    if (floor_block * block_size_ > lost) lost = floor_block * block_size_;
   }
 
   // The blocks a sequence adopting a hit of `blocks` full blocks needs in group
@@ -1010,12 +999,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<LayerConfig[]> layer_configs_;
   std::unique_ptr<int[]> layer_group_;
   std::unique_ptr<Group[]> groups_;  // the first n_groups_
-  // Per group and sequence: block tables [g][seq][stride_], blocks held, the
-  // lowest index that may be held, and (rings) the window's release cursor.
+  // Per group and sequence: block tables [g][seq][stride_], blocks held, and
+  // (rings) the position below which the window released every block past
+  // the sinks: those positions are lost even where a later step refilled
+  // their block index.
   std::unique_ptr<int[]> tables_;
   std::unique_ptr<int[]> held_;
-  std::unique_ptr<int[]> first_block_;
-  std::unique_ptr<int[]> kept_from_;
+  std::unique_ptr<int[]> lost_below_;
   // Per sequence.
   std::unique_ptr<Seq[]> seqs_;
   std::unique_ptr<PositionRange[]> holes_;   // [seq][max_holes]
