@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "cache_fixtures.h"
+#include "kvcore/batch/batch_cache.h"
 #include "kvcore/core/cache_base.h"
 
 namespace kvcore_test {
@@ -57,6 +58,25 @@ TEST(Faces, DefaultFacesAreNull) {
   CacheBase& base = faceless;
   EXPECT_EQ(base.as_control(), nullptr);
   EXPECT_EQ(base.as_planner(), nullptr);
+  EXPECT_EQ(base.as_batch_control(), nullptr);
+  EXPECT_EQ(base.as_batch_planner(), nullptr);
+}
+
+// Each cache answers only its own faces: one sequence, or many.
+TEST(Faces, EachCacheKindHasOnlyItsOwnFaces) {
+  auto sequence = must_create(make_config(32, {kvcore::LayerPolicy::flat()}, 2));
+  ASSERT_NE(sequence, nullptr);
+  CacheBase& one = *sequence;
+  EXPECT_EQ(one.as_control(), static_cast<SequenceControl*>(sequence.get()));
+  EXPECT_EQ(one.as_batch_control(), nullptr);
+  EXPECT_EQ(one.as_batch_planner(), nullptr);
+  auto batch = kvcore::BatchCache::create(make_config(32, {kvcore::LayerPolicy::flat()}, 2));
+  ASSERT_TRUE(batch.ok()) << batch.message().c_str();
+  CacheBase& many = **batch;
+  EXPECT_EQ(many.as_batch_control(), static_cast<kvcore::BatchControl*>(batch->get()));
+  EXPECT_EQ(many.as_batch_planner(), static_cast<kvcore::BatchPlanner*>(batch->get()));
+  EXPECT_EQ(many.as_control(), nullptr);
+  EXPECT_EQ(many.as_planner(), nullptr);
 }
 
 TEST(PolicyDedup, FiveRingOneFlatHasTwoPolicies) {

@@ -55,8 +55,43 @@ class MirrorDriver {
       }
       ASSERT_OK(pool_.write(l, *plan, k.data(), k.size(), v.data(), v.size()));
     }
-    for (int l = 0; l < cache_.n_layers(); ++l) check_views(l, *step);
+    for (int l = 0; l < cache_.n_layers(); ++l) {
+      check_views(l, *step);
+      check_held_rows(l, *step);
+    }
     if (commit) ASSERT_OK(cache_.commit(*step));
+  }
+
+  // Row order (the default read) on either storage: held_rows() spans the
+  // ring's own rows, never the mirror, and each row a query of the step sees
+  // holds its position's latest bytes; those rows are the plan's reads.
+  void check_held_rows(int l, const Step& step) {
+    auto plan = cache_.plan(l, step);
+    ASSERT_TRUE(plan.ok());
+    auto held = pool_.held_rows(l, *plan);
+    ASSERT_TRUE(held.ok()) << held.message().c_str();
+    const kvcore::LayerGeometry geometry = *cache_.geometry(l);
+    EXPECT_LE(held->rows, geometry.rows);
+    const LayerModel model = LayerModel::of(config_of(cache_), l);
+    const kvcore::PoolLayer shape = *pool_.layer(l);
+    int seen = 0;
+    for (int r = 0; r < held->rows; ++r) {
+      const int p = geometry.position_at(r, step.end());
+      ASSERT_GE(p, 0) << "row " << r << " of layer " << l;
+      bool visible = false;
+      for (int q = step.position; q < step.end(); ++q) visible = visible || model.visible(q, p);
+      if (!visible) continue;
+      ++seen;
+      const int id = latest_[static_cast<std::size_t>(l)].at(p);
+      const std::size_t row = static_cast<std::size_t>(r);
+      for (std::size_t i = 0; i < shape.k_row_bytes; ++i)
+        ASSERT_EQ(held->k[row * shape.k_row_bytes + i], byte_of(id, l, false, i))
+            << "layer " << l << " K of position " << p << " in row " << r;
+      for (std::size_t i = 0; i < shape.v_row_bytes; ++i)
+        ASSERT_EQ(held->v[row * shape.v_row_bytes + i], byte_of(id, l, true, i))
+            << "layer " << l << " V of position " << p << " in row " << r;
+    }
+    EXPECT_EQ(seen, plan->read_len()) << "layer " << l << " step at " << step.position;
   }
 
   // A mirrored layer (a wrapping ring without sinks in a mirrored pool): one
