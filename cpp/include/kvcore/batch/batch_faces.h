@@ -20,7 +20,9 @@ struct SequenceInfo {
   int length = 0;
   /// Positions below `visible_start` were removed (remove(seq, 0, p1)).
   int visible_start = 0;
-  /// Removed middle ranges, sorted: holes[0 .. n_holes).
+  /// Removed middle ranges, sorted: holes[0 .. n_holes). `holes` points into
+  /// the cache's own table: valid until the sequence's next remove, rewind,
+  /// fork into it, release or clear (copy what you keep).
   int n_holes = 0;
   const PositionRange* holes = nullptr;
 
@@ -35,6 +37,7 @@ struct SequenceInfo {
 /// Runner face: sequences, steps, prefix reuse. Every failing call changes nothing.
 class BatchControl {
  public:
+  /// Sequence ids are 0 .. max_seqs() - 1 (BatchLimits::max_seqs).
   virtual int max_seqs() const noexcept = 0;
   /// Largest length of one sequence.
   virtual int capacity() const noexcept = 0;
@@ -105,11 +108,13 @@ class BatchControl {
 
   /// The sequence's state. InvalidArgument: seq out of range.
   virtual Result<SequenceInfo> sequence(int seq) const noexcept = 0;
+  /// Groups: one per distinct layer policy, each with its own block pool.
   virtual int n_groups() const noexcept = 0;
   /// Blocks of `group` no sequence holds (reclaimable cached ones included).
   /// InvalidArgument: group out of range.
   virtual Result<int> free_blocks(int group) const noexcept = 0;
-  /// Free blocks of `group` that still hold a reusable prefix.
+  /// Free blocks of `group` that still hold a reusable prefix (named by their
+  /// tokens). InvalidArgument: group out of range.
   virtual Result<int> cached_blocks(int group) const noexcept = 0;
   /// Blocks of `group` the sequence holds. InvalidArgument: bad seq or group.
   virtual Result<int> blocks_held(int seq, int group) const noexcept = 0;
@@ -124,7 +129,9 @@ class BatchControl {
 /// Backend face: groups, their pools, and the plan of the begun step.
 class BatchPlanner {
  public:
+  /// Layers of the model the cache was built for.
   virtual int n_layers() const noexcept = 0;
+  /// Groups: one per distinct layer policy; a plan has one GroupPlan each.
   virtual int n_groups() const noexcept = 0;
   /// Rows per block, B.
   virtual int block_size() const noexcept = 0;

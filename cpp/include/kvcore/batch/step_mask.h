@@ -18,9 +18,9 @@ namespace kvcore {
 /// Fills `mask[t * rows + r]` (n_tokens x rows bytes, 1 = attend) for every
 /// new token t of `plan` and row r of group `group`'s pool, whose layers have
 /// `policy`. Rows at or past `rows` are left out (give the group's
-/// used_blocks * block_size to cover every live row). Work grows with the
-/// tokens times the keys each sees, not with `rows`. InvalidArgument: group out
-/// of range, rows < 0, mask null with rows > 0.
+/// used_blocks * block_size to cover every live row). Work: clearing
+/// n_tokens x rows bytes, then the tokens times the keys each sees.
+/// InvalidArgument: group out of range, rows < 0, mask null with rows > 0.
 inline Status fill_step_mask(const BatchStepPlan& plan, int group, const LayerPolicy& policy,
                              int rows, unsigned char* mask) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(group >= 0 && group < plan.n_groups, InvalidArgument,

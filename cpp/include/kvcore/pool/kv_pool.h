@@ -88,6 +88,8 @@ struct PoolLayer {
   LayerGeometry geometry;
   /// Rows backed by storage now (always `rows` in arena mode).
   int allocated_rows = 0;
+  /// The layer's K and V storage: storage_rows() rows of k_row_bytes and
+  /// v_row_bytes, row r at k + r * k_row_bytes. Moves when the layer grows.
   unsigned char* k = nullptr;
   unsigned char* v = nullptr;
   /// First ring row (geometry.sink_rows).
@@ -217,7 +219,9 @@ class KVPool : private PoolBytes {
   KVPool& operator=(KVPool&&) = delete;
   ~KVPool() { release_all(); }
 
+  /// The element type every row is stored in.
   DType dtype() const noexcept { return dtype_; }
+  /// Layers: the planner's n_layers().
   int n_layers() const noexcept { return n_layers_; }
   /// True for a pool built by in_arena().
   bool uses_arena() const noexcept { return arena_; }

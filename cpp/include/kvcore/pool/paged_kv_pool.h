@@ -57,6 +57,8 @@ struct PagedLayer {
   int rows = 0;
   /// Rows backed by storage now (always `rows` in arena mode).
   int allocated_rows = 0;
+  /// The layer's K and V storage: allocated_rows rows of k_row_bytes and
+  /// v_row_bytes, row r at k + r * k_row_bytes. Moves when the layer grows.
   unsigned char* k = nullptr;
   unsigned char* v = nullptr;
 };
@@ -174,7 +176,9 @@ class PagedKVPool : private PoolBytes {
   PagedKVPool& operator=(PagedKVPool&&) = delete;
   ~PagedKVPool() { release_all(); }
 
+  /// The element type every row is stored in.
   DType dtype() const noexcept { return dtype_; }
+  /// Layers: the planner's n_layers().
   int n_layers() const noexcept { return n_layers_; }
   /// Rows per block, B (the planner's block_size()).
   int block_size() const noexcept { return block_size_; }
@@ -197,7 +201,10 @@ class PagedKVPool : private PoolBytes {
     return n;
   }
 
-  /// Bytes of every layer's live rows [0, used_blocks * B) now: what rows() spans.
+  /// Bytes of every layer's live rows [0, used_blocks * B) now: what rows()
+  /// spans once the step's update has stored them (rows a growing pool has
+  /// not reached yet are counted too). A group the planner no longer knows
+  /// counts 0.
   std::size_t used_bytes() const noexcept {
     std::size_t n = 0;
     for (int l = 0; l < n_layers_; ++l) {
