@@ -17,12 +17,9 @@ class RingPolicy final : public LayoutPolicy {
   RingPolicy(int window, int sinks, int max_step, int capacity) noexcept
       : LayoutPolicy(LayerGeometry::of(LayerPolicy::ring(window, sinks), max_step, capacity)),
         window_(window),
-        sinks_(sinks),
-        ring_(geometry().ring_rows) {}
+        sinks_(sinks) {}
 
   LayerPolicy policy() const noexcept override { return LayerPolicy::ring(window_, sinks_); }
-  /// False when sinks + ring rows cover the whole capacity: then row(p) = p.
-  bool wraps() const noexcept { return ring_ != 0; }
 
   bool visible(int q, int k) const noexcept override {
     return k <= q && (k < sinks_ || k >= window_begin(q));
@@ -51,8 +48,9 @@ class RingPolicy final : public LayoutPolicy {
   }
 
   int held_floor(int end) const noexcept override {
-    if (!wraps()) return 0;
-    return end > ring_ ? end - ring_ : 0;
+    const int ring = geometry().ring_rows;  // 0: the layer never wraps, every row is kept
+    if (ring == 0) return 0;
+    return end > ring ? end - ring : 0;
   }
 
   int needed_floor(int n) const noexcept override {
@@ -64,17 +62,17 @@ class RingPolicy final : public LayoutPolicy {
  private:
   // One past the last position whose row continues row(pos) without a jump.
   int row_run_end(int pos) const noexcept {
-    if (!wraps()) return capacity_end();
-    if (pos < sinks_) return sinks_ + ring_;  // sinks run straight into ring row S
+    const LayerGeometry& g = geometry();
+    if (!g.wraps()) return capacity_end();
+    if (pos < g.sink_rows) return g.rows;  // sinks run straight into ring row S
     // 64-bit and clamped: within R of INT_MAX, pos + rows left would overflow.
-    const std::int64_t end = static_cast<std::int64_t>(pos) + (sinks_ + ring_ - row(pos));
+    const std::int64_t end = static_cast<std::int64_t>(pos) + (g.rows - row(pos));
     return end < capacity_end() ? static_cast<int>(end) : capacity_end();
   }
   static constexpr int capacity_end() noexcept { return 0x7fffffff; }
 
   int window_;
   int sinks_;
-  int ring_;  // geometry().ring_rows, read on every plan
 };
 
 }  // namespace kvcore
