@@ -548,19 +548,14 @@ class KVPool : private PoolBytes {
     const std::size_t src_offset = first == 0 ? static_cast<std::size_t>(plan.write[0].len) : 0;
     const std::size_t dst_rows = static_cast<std::size_t>(dst.len);
     const std::size_t src_rows = static_cast<std::size_t>(src.len);
-    const std::uintptr_t dst_k =
-        reinterpret_cast<std::uintptr_t>(layer.k) + layer.k_row_bytes * static_cast<std::size_t>(dst.row);
-    const std::uintptr_t dst_v =
-        reinterpret_cast<std::uintptr_t>(layer.v) + layer.v_row_bytes * static_cast<std::size_t>(dst.row);
-    const std::uintptr_t in_k = reinterpret_cast<std::uintptr_t>(k) + layer.k_row_bytes * src_offset;
-    const std::uintptr_t in_v = reinterpret_cast<std::uintptr_t>(v) + layer.v_row_bytes * src_offset;
-    auto apart = [](std::uintptr_t a, std::size_t a_bytes, std::uintptr_t b, std::size_t b_bytes) {
-      return a_bytes == 0 || b_bytes == 0 || a + a_bytes <= b || b + b_bytes <= a;
-    };
+    const unsigned char* dst_k = layer.k + layer.k_row_bytes * static_cast<std::size_t>(dst.row);
+    const unsigned char* dst_v = layer.v + layer.v_row_bytes * static_cast<std::size_t>(dst.row);
+    const unsigned char* in_k = static_cast<const unsigned char*>(k) + layer.k_row_bytes * src_offset;
+    const unsigned char* in_v = static_cast<const unsigned char*>(v) + layer.v_row_bytes * src_offset;
     const std::size_t dk = layer.k_row_bytes * dst_rows, dv = layer.v_row_bytes * dst_rows;
     const std::size_t sk = layer.k_row_bytes * src_rows, sv = layer.v_row_bytes * src_rows;
-    return apart(dst_k, dk, in_k, sk) && apart(dst_k, dk, in_v, sv) && apart(dst_v, dv, in_k, sk) &&
-           apart(dst_v, dv, in_v, sv);
+    return disjoint(dst_k, dk, in_k, sk) && disjoint(dst_k, dk, in_v, sv) && disjoint(dst_v, dv, in_k, sk) &&
+           disjoint(dst_v, dv, in_v, sv);
   }
 
   // New blocks first, then copy and release: a failure leaves the layer as it was.
