@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -279,3 +281,32 @@ def test_the_default_run(tmp_path: Any) -> None:
     assert r["speculative"]["rewinds"] > 0 and r["speculative"]["accepted"] > 0
     assert r["kv"]["ring_blocks_released_peak"] > 0
     assert r["kv"]["peak_bytes"] < r["kv"]["peak_no_sharing_bytes"] < r["kv"]["peak_all_flat_bytes"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _untimed(line: str) -> str:
+    """A report line without what a rerun may change: the token rates (the machine's
+    load) and the |diff| figures (the float kernels NumPy's BLAS picks for the CPU)."""
+    return re.sub(r"\d\.\d\de-\d\d", "<diff>", re.sub(r"\d+ tok/s", "<rate> tok/s", line))
+
+
+def _fenced(path: Path) -> list[str]:
+    """The fenced blocks of a Markdown file, each without its fences."""
+    return [m[1] for m in re.finditer(r"^```[^\n]*\n(.*?)^```$", path.read_text(), flags=re.S | re.M)]
+
+
+def test_the_docs_quote_the_default_run() -> None:
+    """docs/demo.md's sample output and README's excerpt are a default run's, but for timings and |diff|."""
+    ran = [_untimed(line) for line in demo_batch.format_report(_run(demo_batch.BatchDemoOptions())).splitlines()]
+    blocks = [b for b in _fenced(ROOT / "docs" / "demo.md") if b.startswith("$ kvcore demo --batch\n")]
+    assert len(blocks) == 1
+    assert [_untimed(line) for line in blocks[0].splitlines()[1:]] == ran
+    # README quotes its head and its last line, eliding the rest with "  ...".
+    quoted = [b for b in _fenced(ROOT / "README.md") if b.startswith("kvcore demo --batch:")]
+    assert len(quoted) == 1
+    lines = [_untimed(line) for line in quoted[0].splitlines()]
+    cut = lines.index("  ...")
+    assert 0 < cut < len(lines) - 1
+    assert lines[:cut] == ran[:cut] and lines[cut + 1 :] == ran[len(ran) - (len(lines) - cut - 1) :]
