@@ -473,9 +473,11 @@ class KVPool(metaclass=_pybind11_type):
         self, cache: SequenceCache, dtype: npt.DTypeLike = ..., *, mirror_rings: bool = False
     ) -> None:
         """Storage for every layer of `cache` in `dtype` (float32, float16, "bfloat16" with
-        ml_dtypes, int8, uint8), allocated lazily: flat layers start at config.initial_capacity rows
-        and double, ring layers hold rows(layer). mirror_rings: see the property.
-        InvalidArgumentError: another dtype or cache None; AllocationError when memory runs out.
+        ml_dtypes, int8, uint8). Construction gives every layer, flat or ring,
+        min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up to
+        rows(layer), when a write reaches further (reserve() grows it ahead). mirror_rings: see the
+        property. InvalidArgumentError: another dtype or cache None; AllocationError when memory
+        runs out (at construction or on growth).
         """
     @property
     def cache(self) -> SequenceCache:
@@ -535,21 +537,12 @@ class KVPool(metaclass=_pybind11_type):
     def required_bytes(
         config: CacheConfig, dtype: npt.DTypeLike, *, mirror_rings: bool = False
     ) -> int:
-        """staticmethod(function) -> method
-
-        Convert a function to be a static method.
-
-        A static method does not receive an implicit first argument. To declare a static method, use
-        this idiom:
-
-        class C: @staticmethod def f(arg1, arg2, argN): ...
-
-        It can be called either on the class (e.g. C.f()) or on an instance (e.g. C().f()). Both the
-        class and the instance are ignored, and neither is passed implicitly as the first argument
-        to the method.
-
-        Static methods in Python are similar to those found in Java or C++. For a more advanced
-        concept, see the classmethod builtin.
+        """Bytes one arena must have for a pool of a cache built from `config` in `dtype`, as the
+        C++ KVPool::in_arena takes them: every layer at its full rows(layer) for K and V (with
+        mirror_rings, plus the R - 1 mirror rows of each wrapping ring layer without sinks), the
+        layer table and each K and V block rounded up to 64 bytes, and 63 bytes of slack to align
+        the start, so any address works. Builds no pool. InvalidArgumentError: `config` breaks a
+        CacheConfig rule, another dtype, or the total overflows the address space.
         """
     def __deepcopy__(self, memo: dict[int, Any]) -> KVPool:
         """An independent pool holding a copy of every row, over a deep copy of its cache (shared
@@ -790,7 +783,9 @@ class PagedKVPool(metaclass=_pybind11_type):
         """The numpy dtype of every K/V element."""
     @property
     def n_layers(self) -> int:
-        """Layers."""
+        """Number of layers the pool stores, as the cache's (cache.n_layers); each holds its group's
+        blocks.
+        """
     @property
     def nbytes(self) -> int:
         """Bytes (K and V, every layer) of the rows in blocks some sequence holds now: (num_blocks -
