@@ -622,7 +622,9 @@ class BatchStepPlan(metaclass=_pybind11_type):
     def visible_starts(self) -> npt.NDArray[np.int32]:
         """(n_entries,) positions below it were removed from the sequence: never visible."""
     def holes(self, entry: SupportsIndex) -> list[tuple[int, int]]:
-        """Entry i's removed middle ranges [(begin, end), ...]: never visible."""
+        """Entry i's removed middle ranges [(begin, end), ...] of positions: never visible.
+        InvalidArgumentError: entry outside [0, n_entries). InvalidStateError: the step ended.
+        """
     def mask(self, group: SupportsIndex, rows: SupportsIndex | None = None) -> npt.NDArray[np.bool_]:
         """Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default:
         used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t may
@@ -684,7 +686,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """Largest number of new tokens of one step."""
     @property
     def n_layers(self) -> int:
-        """Layers."""
+        """Number of layers (config.n_layers), in n_groups groups."""
     @property
     def n_groups(self) -> int:
         """Groups: layers sharing one policy and one block pool."""
@@ -701,57 +703,92 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def layer_config(self, layer: SupportsIndex) -> LayerConfig:
         """A layer's policy and row shape. InvalidArgumentError: bad layer."""
     def num_blocks(self, group: SupportsIndex) -> int:
-        """Blocks in a group's pool (its rows: num_blocks * block_size)."""
+        """Blocks in a group's pool (its rows: num_blocks * block_size). InvalidArgumentError: group
+        outside [0, n_groups).
+        """
     def used_blocks(self, group: SupportsIndex) -> int:
         """One past the highest block of the group any sequence holds: every live row lies in rows
         [0, used_blocks * block_size) (allocation takes the lowest free block).
+        InvalidArgumentError: group outside [0, n_groups).
         """
     def free_blocks(self, group: SupportsIndex) -> int:
-        """Blocks of a group no sequence holds (reclaimable cached ones included)."""
+        """Blocks of a group no sequence holds (reclaimable cached ones included).
+        InvalidArgumentError: group outside [0, n_groups).
+        """
     def cached_blocks(self, group: SupportsIndex) -> int:
-        """Free blocks of a group that still hold a reusable prefix."""
+        """Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group
+        outside [0, n_groups).
+        """
     def blocks_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
-        """Blocks of a group the sequence holds."""
+        """Blocks of a group the sequence holds (0 for an inactive one), shared ones included.
+        InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).
+        """
     def oldest_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
-        """The oldest position whose block the group still holds for the sequence (its length when
-        none).
+        """The oldest position whose block the group still holds for the sequence (its length in
+        positions when it holds none). InvalidArgumentError: seq outside [0, max_seqs) or group
+        outside [0, n_groups).
         """
     def sequence(self, seq: SupportsIndex) -> SequenceInfo:
         """The sequence's SequenceInfo. InvalidArgumentError: seq out of range."""
     def length(self, seq: SupportsIndex) -> int:
-        """The sequence's committed length (0 for an inactive one)."""
+        """The sequence's committed length in positions (0 for an inactive one).
+        InvalidArgumentError: seq outside [0, max_seqs).
+        """
     def add_sequence(self, seq: SupportsIndex) -> None:
-        """Starts an empty sequence. InvalidStateError: it is active."""
+        """Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs).
+        InvalidStateError: it is already active.
+        """
     def release_sequence(self, seq: SupportsIndex) -> None:
-        """Ends a sequence and releases its blocks. InvalidStateError: it is not active."""
+        """Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs).
+        InvalidStateError: it is not active.
+        """
     def fork(self, src: SupportsIndex, dst: SupportsIndex, upto: SupportsIndex | None = None) -> None:
         """dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no K/V.
         InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not empty, or
         src no longer holds what a query of dst at upto needs.
         """
     def remove(self, seq: SupportsIndex, p0: SupportsIndex, p1: SupportsIndex | None = None) -> None:
-        """Positions [p0, p1) leave the sequence's history (p1 = None: to its end, a truncation with
-        the rewind rule). CapacityError: more removed middle ranges than max_holes.
+        """Positions [p0, p1) leave the sequence's history: it never sees them again; its length and
+        positions do not change. A middle range becomes a hole, a head range moves visible_start; p1
+        = None or p1 >= length is a truncation, rewind(seq, p0). InvalidArgumentError: seq outside
+        [0, max_seqs), p0 < 0 or p1 < p0. InvalidStateError: seq not active, or a truncation that
+        breaks the rewind rule (a ring group released history a query at p0 needs). CapacityError:
+        the sequence would keep more than max_holes separate removed middle ranges.
         """
     def rewind(self, seq: SupportsIndex, n: SupportsIndex) -> None:
-        """length(seq) = n. InvalidStateError: a ring group released history a query at n needs."""
+        """length(seq) = n (positions); the sequence's blocks from index ceil(n / block_size) on are
+        released. InvalidArgumentError: seq outside [0, max_seqs), n outside [0, length(seq)].
+        InvalidStateError: seq not active, or a ring group released history a query at n needs
+        (can_rewind tells first).
+        """
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
     def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, at
-        most len(tokens) - 1 tokens) every group holds; returns its length (0: a miss).
+        most len(tokens) - 1 tokens) every group holds; returns its length in positions, a multiple
+        of block_size (0: a miss), which becomes the sequence's length. InvalidArgumentError: seq
+        outside [0, max_seqs), len(tokens) > capacity. InvalidStateError: seq not active, or not
+        empty (length > 0).
         """
     def begin_step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
         """Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for
-        prefix reuse), laid out entry after entry; replaces an uncommitted step. CapacityError: a
-        group's pool is short or a sequence would pass capacity (nothing changes).
+        prefix reuse), laid out entry after entry; replaces an uncommitted step. T is the sequence's
+        new tokens (positions) in this step. InvalidArgumentError: no entries or more than max_seqs,
+        an entry not (seq, T) or (seq, T, tokens), seq outside [0, max_seqs), a sequence twice, T
+        outside [1, max_step], more than max_step_tokens tokens in all, or len(tokens) != T.
+        InvalidStateError: a sequence not active. CapacityError: length + T would pass capacity
+        (positions), or a group's pool has fewer free blocks than the step needs. On any error
+        nothing changes (a begun step stays begun).
         """
     def step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
-        """begin_step(entries), for `with cache.step(entries) as step:`."""
+        """begin_step(entries), for `with cache.step(entries) as step:`; raises as begin_step."""
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""
     def visible(self, group: SupportsIndex, seq: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool:
-        """May the sequence's query at q see its key at k on the group's layers?"""
+        """May the sequence's query at position q see its key at position k on the group's layers?
+        InvalidArgumentError: group outside [0, n_groups), seq outside [0, max_seqs), or q or k
+        negative.
+        """
     def clear(self) -> None:
         """Ends every sequence and forgets every cached block."""
 
