@@ -24,9 +24,18 @@ def error_codes() -> dict[str, int]:
 # --- config.cpp ----------------------------------------------------------------
 
 class LayerPolicy(metaclass=_pybind11_type):
-    """How one layer keeps its history: made by Flat() or Ring(...)."""
+    """How one layer keeps its history: Flat() or Ring(...)."""
 
     class Kind(metaclass=_pybind11_type):
+        """Flat (full history) or Ring (sliding window).
+
+        Members:
+
+        Flat
+
+        Ring
+        """
+
         Flat: ClassVar[LayerPolicy.Kind]
         Ring: ClassVar[LayerPolicy.Kind]
         __members__: ClassVar[dict[str, LayerPolicy.Kind]]
@@ -106,7 +115,9 @@ class LayerConfig(metaclass=_pybind11_type):
         """A copy of the value (it is immutable)."""
 
 class BatchLimits(metaclass=_pybind11_type):
-    """Limits of a many-sequence cache (BatchCache), fixed at its creation."""
+    """Limits of a many-sequence cache (BatchCache), fixed at its creation: every table it keeps is
+    sized from them, so no step allocates. A SequenceCache ignores them.
+    """
 
     def __init__(
         self,
@@ -241,10 +252,14 @@ class SeqStepPlan(metaclass=_pybind11_type):
         """A copy of the value (it is immutable)."""
 
 class CacheBase(metaclass=_pybind11_type):
-    """Any cache a registry can hold."""
+    """Any cache a registry can hold. A cache made by C++ code without RTTI reaches Python as this
+    class; kvcore's own come as SequenceCache or BatchCache.
+    """
 
 class LayerGeometry(metaclass=_pybind11_type):
-    """How one layer's positions map onto its rows (SequenceCache.geometry(layer))."""
+    """How one layer's positions map onto its rows (SequenceCache.geometry(layer)): the one source
+    of a layer's layout, which byte layers and the memory planner read.
+    """
 
     @property
     def rows(self) -> int:
@@ -325,7 +340,12 @@ class Step(metaclass=_pybind11_type):
         """The same step of a deep copy of its cache (the clone keeps the begun step)."""
 
 class SequenceCache(CacheBase, metaclass=_pybind11_type):
-    """One logical length over flat and ring layers."""
+    """One sequence's cache: one logical length over flat (full history) and ring (sliding window,
+    optional sinks) layers. It plans each step with integers: where the step's K/V rows go and which
+    rows each query reads (a byte layer such as KVPool applies the plans). Positions are token
+    indices from 0; a step adds T tokens at positions length .. length + T - 1. A failing call
+    raises and changes nothing.
+    """
 
     def __init__(self, config: CacheConfig) -> None:
         """Builds the cache (identical layer policies share one policy object). AllocationError when
@@ -552,7 +572,9 @@ class KVPool(metaclass=_pybind11_type):
 # --- batch.cpp -------------------------------------------------------------------
 
 class SequenceInfo(metaclass=_pybind11_type):
-    """One sequence of a BatchCache, as the runner sees it."""
+    """One sequence of a BatchCache, as the runner sees it: a copy, taken when cache.sequence(seq)
+    was called.
+    """
 
     @property
     def active(self) -> bool:
@@ -571,7 +593,9 @@ class SequenceInfo(metaclass=_pybind11_type):
         """Positions [0, length) not removed: what the sequence still sees."""
 
 class GroupPlan(metaclass=_pybind11_type):
-    """One group's part of a BatchStepPlan; arrays are read-only int32 views."""
+    """One group's part of a BatchStepPlan (a group: the layers sharing a policy and a block pool).
+    Arrays are read-only int32 views of the cache's buffers.
+    """
 
     @property
     def group(self) -> int:
@@ -593,7 +617,11 @@ class GroupPlan(metaclass=_pybind11_type):
         """
 
 class BatchStepPlan(metaclass=_pybind11_type):
-    """The plan of a begun BatchStep in the varlen paged format."""
+    """The plan of a begun BatchStep in the varlen paged format. Per-entry arrays are read-only
+    int32 views of the cache's buffers; entry i's queries are tokens [query_starts[i],
+    query_starts[i+1]) at positions first_positions[i] + j. Reading an array after the step ended
+    raises InvalidStateError.
+    """
 
     @property
     def n_entries(self) -> int:
@@ -642,7 +670,9 @@ class BatchStepPlan(metaclass=_pybind11_type):
 StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
 
 class BatchStep(metaclass=_pybind11_type):
-    """A begun step of a BatchCache; as a context manager it commits on normal exit."""
+    """A begun step of a BatchCache. As a context manager it commits on normal exit and leaves the
+    step uncommitted when the body raises.
+    """
 
     @property
     def n_entries(self) -> int:
@@ -666,7 +696,12 @@ class BatchStep(metaclass=_pybind11_type):
     ) -> Literal[False]: ...
 
 class BatchCache(CacheBase, metaclass=_pybind11_type):
-    """Many sequences over paged block pools (DESIGN.md section 6)."""
+    """Many sequences over paged block pools (DESIGN.md section 6): one pool of blocks per group of
+    layers sharing a policy; forks share blocks, removals and rewinds release them, ring groups
+    release what no future query can reach, and full blocks named by their token ids are reused by
+    new sequences with the same prefix. Sequence ids are 0..max_seqs-1; every table is sized from
+    config.batch (BatchLimits) at creation. A failing call raises and changes nothing.
+    """
 
     def __init__(self, config: CacheConfig) -> None:
         """Builds the cache. InvalidArgumentError names a bad config or BatchLimits field;
@@ -795,13 +830,14 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
 # --- paged_pool.cpp --------------------------------------------------------------
 
 class PagedKVPool(metaclass=_pybind11_type):
-    """Reference CPU storage for a BatchCache's K/V rows: applies its plans.
+    """Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool
+    (num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach
+    further. update() performs a step's block copies and writes its new rows; attention reads the
+    live rows with mask(), or one sequence's history with gather().
 
-    Each layer holds its group's block pool (num_blocks * block_size rows of
-    n_kv_heads x dim elements), grown by doubling as steps reach further. dtype:
-    float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or
-    uint8. Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens,
-    n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
+    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or uint8. Arrays
+    are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V,
+    C-contiguous, of exactly the pool's dtype.
     """
 
     def __init__(
