@@ -594,7 +594,8 @@ class SequenceInfo(metaclass=_pybind11_type):
 
 class GroupPlan(metaclass=_pybind11_type):
     """One group's part of a BatchStepPlan (a group: the layers sharing a policy and a block pool).
-    Arrays are read-only int32 views of the cache's buffers.
+    Arrays are read-only int32 views of the cache's buffers; reading one after the step ended raises
+    InvalidStateError.
     """
 
     @property

@@ -179,7 +179,8 @@ void register_batch(py::module_& m) {
 
   py::class_<GroupPlanHandle>(m, "GroupPlan",
                               "One group's part of a BatchStepPlan (a group: the layers sharing a policy "
-                              "and a block pool). Arrays are read-only int32 views of the cache's buffers.")
+                              "and a block pool). Arrays are read-only int32 views of the cache's buffers; "
+                              "reading one after the step ended raises InvalidStateError.")
       .def_readonly("group", &GroupPlanHandle::group, "The group's index.")
       .def_property_readonly(
           "slots",
