@@ -1,9 +1,10 @@
 """Copies the compiled module's docstrings into its stubs, so editors show them.
 
 pybind11 puts each docstring on the runtime object; an editor reads
-python/kvcore/_core.pyi instead. This script gives every function, method and
-property of the stubs the docstring of the object it stands for (minus the
-signature lines pybind11 writes), and leaves the rest of the file as it is.
+python/kvcore/_core.pyi instead. This script gives every class, function,
+method and property of the stubs the docstring of the object it stands for
+(minus the signature lines pybind11 writes), and leaves the rest of the file as
+it is.
 
     python scripts/stub_docs.py           rewrite python/kvcore/_core.pyi
     python scripts/stub_docs.py --check   exit 1 naming every stale docstring
@@ -22,7 +23,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 STUBS = Path(__file__).resolve().parents[1] / "python" / "kvcore" / "_core.pyi"
 WIDTH = 100
@@ -75,19 +76,44 @@ def _docstring_literal(paragraphs: list[str], indent: str) -> str:
     return "\n\n".join(wrapped) + f'\n{indent}"""'
 
 
-def _definitions(tree: ast.Module) -> list[tuple[list[str], ast.FunctionDef]]:
-    """Every function definition with its dotted path of class names."""
-    found: list[tuple[list[str], ast.FunctionDef]] = []
+Definition = Union[ast.ClassDef, ast.FunctionDef]
+
+
+def _definitions(tree: ast.Module) -> list[tuple[list[str], Definition]]:
+    """Every public class and every function definition, each with its dotted path
+    of class names."""
+    found: list[tuple[list[str], Definition]] = []
 
     def walk(body: list[ast.stmt], path: list[str]) -> None:
         for node in body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found.append(([*path, node.name], node))
                 walk(node.body, [*path, node.name])
             elif isinstance(node, ast.FunctionDef):
                 found.append(([*path, node.name], node))
 
     walk(tree.body, [])
     return found
+
+
+def _normalized(docstring: str) -> str:
+    """Paragraphs with their whitespace collapsed: how two docstrings are compared."""
+    return "\n\n".join(" ".join(p.split()) for p in docstring.split("\n\n"))
+
+
+def _class_edit(node: ast.ClassDef, lines: list[str], literal: str) -> tuple[int, int, list[str]]:
+    """(start, end, replacement) of `lines` that gives the class the docstring
+    `literal`: its docstring statement replaced, or a new one put before its body."""
+    first = node.body[0]
+    if ast.get_docstring(node) is not None:
+        return first.lineno - 1, first.end_lineno or first.lineno, [literal]
+    header = lines[first.lineno - 1].encode()[: first.col_offset].decode()
+    if header.strip():  # `class C(...): ...`, all on the header's last line
+        body = lines[first.lineno - 1].encode()[first.col_offset :].decode().strip()
+        kept = [] if body == "..." else [" " * (node.col_offset + 4) + body]
+        return node.lineno - 1, first.lineno, [*lines[node.lineno - 1 : first.lineno - 1], header.rstrip(), literal, *kept]
+    top = min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", []))])
+    return top - 1, top - 1, [literal, ""]
 
 
 def updated_stubs(source: str) -> tuple[str, list[str]]:
@@ -105,9 +131,13 @@ def updated_stubs(source: str) -> tuple[str, list[str]]:
             continue  # a protocol dunder: its meaning is the protocol's
         wanted = "\n\n".join(" ".join(p.split()) for p in paragraphs)
         have = ast.get_docstring(node)
-        if have is not None and "\n\n".join(" ".join(p.split()) for p in have.split("\n\n")) == wanted:
+        if have is not None and _normalized(have) == wanted:
             continue
         changed.append(".".join(path))
+        indent = " " * (node.col_offset + 4)
+        if isinstance(node, ast.ClassDef):
+            edits.append(_class_edit(node, lines, _docstring_literal(paragraphs, indent)))
+            continue
         first = node.body[0]
         # The signature: from the `def` line up to the body (col_offset counts UTF-8 bytes).
         before = lines[first.lineno - 1].encode()[: first.col_offset].decode()
@@ -115,7 +145,6 @@ def updated_stubs(source: str) -> tuple[str, list[str]]:
             head = [*lines[node.lineno - 1 : first.lineno - 1], before.rstrip()]
         else:
             head = lines[node.lineno - 1 : first.lineno - 1]
-        indent = " " * (node.col_offset + 4)
         edits.append((node.lineno - 1, node.end_lineno or node.lineno, [*head, _docstring_literal(paragraphs, indent)]))
     for start, end, replacement in sorted(edits, reverse=True):
         lines[start:end] = replacement

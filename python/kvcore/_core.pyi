@@ -24,9 +24,18 @@ def error_codes() -> dict[str, int]:
 # --- config.cpp ----------------------------------------------------------------
 
 class LayerPolicy(metaclass=_pybind11_type):
-    """How one layer keeps its history: made by Flat() or Ring(...)."""
+    """How one layer keeps its history: Flat() or Ring(...)."""
 
     class Kind(metaclass=_pybind11_type):
+        """Flat (full history) or Ring (sliding window).
+
+        Members:
+
+        Flat
+
+        Ring
+        """
+
         Flat: ClassVar[LayerPolicy.Kind]
         Ring: ClassVar[LayerPolicy.Kind]
         __members__: ClassVar[dict[str, LayerPolicy.Kind]]
@@ -106,7 +115,9 @@ class LayerConfig(metaclass=_pybind11_type):
         """A copy of the value (it is immutable)."""
 
 class BatchLimits(metaclass=_pybind11_type):
-    """Limits of a many-sequence cache (BatchCache), fixed at its creation."""
+    """Limits of a many-sequence cache (BatchCache), fixed at its creation: every table it keeps is
+    sized from them, so no step allocates. A SequenceCache ignores them.
+    """
 
     def __init__(
         self,
@@ -241,10 +252,14 @@ class SeqStepPlan(metaclass=_pybind11_type):
         """A copy of the value (it is immutable)."""
 
 class CacheBase(metaclass=_pybind11_type):
-    """Any cache a registry can hold."""
+    """Any cache a registry can hold. A cache made by C++ code without RTTI reaches Python as this
+    class; kvcore's own come as SequenceCache or BatchCache.
+    """
 
 class LayerGeometry(metaclass=_pybind11_type):
-    """How one layer's positions map onto its rows (SequenceCache.geometry(layer))."""
+    """How one layer's positions map onto its rows (SequenceCache.geometry(layer)): the one source
+    of a layer's layout, which byte layers and the memory planner read.
+    """
 
     @property
     def rows(self) -> int:
@@ -325,7 +340,12 @@ class Step(metaclass=_pybind11_type):
         """The same step of a deep copy of its cache (the clone keeps the begun step)."""
 
 class SequenceCache(CacheBase, metaclass=_pybind11_type):
-    """One logical length over flat and ring layers."""
+    """One sequence's cache: one logical length over flat (full history) and ring (sliding window,
+    optional sinks) layers. It plans each step with integers: where the step's K/V rows go and which
+    rows each query reads (a byte layer such as KVPool applies the plans). Positions are token
+    indices from 0; a step adds T tokens at positions length .. length + T - 1. A failing call
+    raises and changes nothing.
+    """
 
     def __init__(self, config: CacheConfig) -> None:
         """Builds the cache (identical layer policies share one policy object). AllocationError when
@@ -473,9 +493,11 @@ class KVPool(metaclass=_pybind11_type):
         self, cache: SequenceCache, dtype: npt.DTypeLike = ..., *, mirror_rings: bool = False
     ) -> None:
         """Storage for every layer of `cache` in `dtype` (float32, float16, "bfloat16" with
-        ml_dtypes, int8, uint8), allocated lazily: flat layers start at config.initial_capacity rows
-        and double, ring layers hold rows(layer). mirror_rings: see the property.
-        InvalidArgumentError: another dtype or cache None; AllocationError when memory runs out.
+        ml_dtypes, int8, uint8). Construction gives every layer, flat or ring,
+        min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up to
+        rows(layer), when a write reaches further (reserve() grows it ahead). mirror_rings: see the
+        property. InvalidArgumentError: another dtype or cache None; AllocationError when memory
+        runs out (at construction or on growth).
         """
     @property
     def cache(self) -> SequenceCache:
@@ -535,21 +557,12 @@ class KVPool(metaclass=_pybind11_type):
     def required_bytes(
         config: CacheConfig, dtype: npt.DTypeLike, *, mirror_rings: bool = False
     ) -> int:
-        """staticmethod(function) -> method
-
-        Convert a function to be a static method.
-
-        A static method does not receive an implicit first argument. To declare a static method, use
-        this idiom:
-
-        class C: @staticmethod def f(arg1, arg2, argN): ...
-
-        It can be called either on the class (e.g. C.f()) or on an instance (e.g. C().f()). Both the
-        class and the instance are ignored, and neither is passed implicitly as the first argument
-        to the method.
-
-        Static methods in Python are similar to those found in Java or C++. For a more advanced
-        concept, see the classmethod builtin.
+        """Bytes one arena must have for a pool of a cache built from `config` in `dtype`, as the
+        C++ KVPool::in_arena takes them: every layer at its full rows(layer) for K and V (with
+        mirror_rings, plus the R - 1 mirror rows of each wrapping ring layer without sinks), the
+        layer table and each K and V block rounded up to 64 bytes, and 63 bytes of slack to align
+        the start, so any address works. Builds no pool. InvalidArgumentError: `config` breaks a
+        CacheConfig rule, another dtype, or the total overflows the address space.
         """
     def __deepcopy__(self, memo: dict[int, Any]) -> KVPool:
         """An independent pool holding a copy of every row, over a deep copy of its cache (shared
@@ -559,7 +572,9 @@ class KVPool(metaclass=_pybind11_type):
 # --- batch.cpp -------------------------------------------------------------------
 
 class SequenceInfo(metaclass=_pybind11_type):
-    """One sequence of a BatchCache, as the runner sees it."""
+    """One sequence of a BatchCache, as the runner sees it: a copy, taken when cache.sequence(seq)
+    was called.
+    """
 
     @property
     def active(self) -> bool:
@@ -578,7 +593,10 @@ class SequenceInfo(metaclass=_pybind11_type):
         """Positions [0, length) not removed: what the sequence still sees."""
 
 class GroupPlan(metaclass=_pybind11_type):
-    """One group's part of a BatchStepPlan; arrays are read-only int32 views."""
+    """One group's part of a BatchStepPlan (a group: the layers sharing a policy and a block pool).
+    Arrays are read-only int32 views of the cache's buffers; reading one after the step ended raises
+    InvalidStateError.
+    """
 
     @property
     def group(self) -> int:
@@ -600,7 +618,11 @@ class GroupPlan(metaclass=_pybind11_type):
         """
 
 class BatchStepPlan(metaclass=_pybind11_type):
-    """The plan of a begun BatchStep in the varlen paged format."""
+    """The plan of a begun BatchStep in the varlen paged format. Per-entry arrays are read-only
+    int32 views of the cache's buffers; entry i's queries are tokens [query_starts[i],
+    query_starts[i+1]) at positions first_positions[i] + j. Reading an array after the step ended
+    raises InvalidStateError.
+    """
 
     @property
     def n_entries(self) -> int:
@@ -629,7 +651,9 @@ class BatchStepPlan(metaclass=_pybind11_type):
     def visible_starts(self) -> npt.NDArray[np.int32]:
         """(n_entries,) positions below it were removed from the sequence: never visible."""
     def holes(self, entry: SupportsIndex) -> list[tuple[int, int]]:
-        """Entry i's removed middle ranges [(begin, end), ...]: never visible."""
+        """Entry i's removed middle ranges [(begin, end), ...] of positions: never visible.
+        InvalidArgumentError: entry outside [0, n_entries). InvalidStateError: the step ended.
+        """
     def mask(self, group: SupportsIndex, rows: SupportsIndex | None = None) -> npt.NDArray[np.bool_]:
         """Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default:
         used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t may
@@ -647,7 +671,9 @@ class BatchStepPlan(metaclass=_pybind11_type):
 StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
 
 class BatchStep(metaclass=_pybind11_type):
-    """A begun step of a BatchCache; as a context manager it commits on normal exit."""
+    """A begun step of a BatchCache. As a context manager it commits on normal exit and leaves the
+    step uncommitted when the body raises.
+    """
 
     @property
     def n_entries(self) -> int:
@@ -671,7 +697,12 @@ class BatchStep(metaclass=_pybind11_type):
     ) -> Literal[False]: ...
 
 class BatchCache(CacheBase, metaclass=_pybind11_type):
-    """Many sequences over paged block pools (DESIGN.md section 6)."""
+    """Many sequences over paged block pools (DESIGN.md section 6): one pool of blocks per group of
+    layers sharing a policy; forks share blocks, removals and rewinds release them, ring groups
+    release what no future query can reach, and full blocks named by their token ids are reused by
+    new sequences with the same prefix. Sequence ids are 0..max_seqs-1; every table is sized from
+    config.batch (BatchLimits) at creation. A failing call raises and changes nothing.
+    """
 
     def __init__(self, config: CacheConfig) -> None:
         """Builds the cache. InvalidArgumentError names a bad config or BatchLimits field;
@@ -691,7 +722,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """Largest number of new tokens of one step."""
     @property
     def n_layers(self) -> int:
-        """Layers."""
+        """Number of layers (config.n_layers), in n_groups groups."""
     @property
     def n_groups(self) -> int:
         """Groups: layers sharing one policy and one block pool."""
@@ -708,70 +739,106 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def layer_config(self, layer: SupportsIndex) -> LayerConfig:
         """A layer's policy and row shape. InvalidArgumentError: bad layer."""
     def num_blocks(self, group: SupportsIndex) -> int:
-        """Blocks in a group's pool (its rows: num_blocks * block_size)."""
+        """Blocks in a group's pool (its rows: num_blocks * block_size). InvalidArgumentError: group
+        outside [0, n_groups).
+        """
     def used_blocks(self, group: SupportsIndex) -> int:
         """One past the highest block of the group any sequence holds: every live row lies in rows
         [0, used_blocks * block_size) (allocation takes the lowest free block).
+        InvalidArgumentError: group outside [0, n_groups).
         """
     def free_blocks(self, group: SupportsIndex) -> int:
-        """Blocks of a group no sequence holds (reclaimable cached ones included)."""
+        """Blocks of a group no sequence holds (reclaimable cached ones included).
+        InvalidArgumentError: group outside [0, n_groups).
+        """
     def cached_blocks(self, group: SupportsIndex) -> int:
-        """Free blocks of a group that still hold a reusable prefix."""
+        """Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group
+        outside [0, n_groups).
+        """
     def blocks_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
-        """Blocks of a group the sequence holds."""
+        """Blocks of a group the sequence holds (0 for an inactive one), shared ones included.
+        InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).
+        """
     def oldest_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
-        """The oldest position whose block the group still holds for the sequence (its length when
-        none).
+        """The oldest position whose block the group still holds for the sequence (its length in
+        positions when it holds none). InvalidArgumentError: seq outside [0, max_seqs) or group
+        outside [0, n_groups).
         """
     def sequence(self, seq: SupportsIndex) -> SequenceInfo:
         """The sequence's SequenceInfo. InvalidArgumentError: seq out of range."""
     def length(self, seq: SupportsIndex) -> int:
-        """The sequence's committed length (0 for an inactive one)."""
+        """The sequence's committed length in positions (0 for an inactive one).
+        InvalidArgumentError: seq outside [0, max_seqs).
+        """
     def add_sequence(self, seq: SupportsIndex) -> None:
-        """Starts an empty sequence. InvalidStateError: it is active."""
+        """Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs).
+        InvalidStateError: it is already active.
+        """
     def release_sequence(self, seq: SupportsIndex) -> None:
-        """Ends a sequence and releases its blocks. InvalidStateError: it is not active."""
+        """Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs).
+        InvalidStateError: it is not active.
+        """
     def fork(self, src: SupportsIndex, dst: SupportsIndex, upto: SupportsIndex | None = None) -> None:
         """dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no K/V.
         InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not empty, or
         src no longer holds what a query of dst at upto needs.
         """
     def remove(self, seq: SupportsIndex, p0: SupportsIndex, p1: SupportsIndex | None = None) -> None:
-        """Positions [p0, p1) leave the sequence's history (p1 = None: to its end, a truncation with
-        the rewind rule). CapacityError: more removed middle ranges than max_holes.
+        """Positions [p0, p1) leave the sequence's history: it never sees them again; its length and
+        positions do not change. A middle range becomes a hole, a head range moves visible_start; p1
+        = None or p1 >= length is a truncation, rewind(seq, p0). InvalidArgumentError: seq outside
+        [0, max_seqs), p0 < 0 or p1 < p0. InvalidStateError: seq not active, or a truncation that
+        breaks the rewind rule (a ring group released history a query at p0 needs). CapacityError:
+        the sequence would keep more than max_holes separate removed middle ranges.
         """
     def rewind(self, seq: SupportsIndex, n: SupportsIndex) -> None:
-        """length(seq) = n. InvalidStateError: a ring group released history a query at n needs."""
+        """length(seq) = n (positions); the sequence's blocks from index ceil(n / block_size) on are
+        released. InvalidArgumentError: seq outside [0, max_seqs), n outside [0, length(seq)].
+        InvalidStateError: seq not active, or a ring group released history a query at n needs
+        (can_rewind tells first).
+        """
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
     def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, at
-        most len(tokens) - 1 tokens) every group holds; returns its length (0: a miss).
+        most len(tokens) - 1 tokens) every group holds; returns its length in positions, a multiple
+        of block_size (0: a miss), which becomes the sequence's length. InvalidArgumentError: seq
+        outside [0, max_seqs), len(tokens) > capacity. InvalidStateError: seq not active, or not
+        empty (length > 0).
         """
     def begin_step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
         """Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for
-        prefix reuse), laid out entry after entry; replaces an uncommitted step. CapacityError: a
-        group's pool is short or a sequence would pass capacity (nothing changes).
+        prefix reuse), laid out entry after entry; replaces an uncommitted step. T is the sequence's
+        new tokens (positions) in this step. InvalidArgumentError: no entries or more than max_seqs,
+        an entry not (seq, T) or (seq, T, tokens), seq outside [0, max_seqs), a sequence twice, T
+        outside [1, max_step], more than max_step_tokens tokens in all, or len(tokens) != T.
+        InvalidStateError: a sequence not active. CapacityError: length + T would pass capacity
+        (positions), or a group's pool has fewer free blocks than the step needs. On any error
+        nothing changes (a begun step stays begun).
         """
     def step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
-        """begin_step(entries), for `with cache.step(entries) as step:`."""
+        """begin_step(entries), for `with cache.step(entries) as step:`; raises as begin_step."""
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""
     def visible(self, group: SupportsIndex, seq: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool:
-        """May the sequence's query at q see its key at k on the group's layers?"""
+        """May the sequence's query at position q see its key at position k on the group's layers?
+        InvalidArgumentError: group outside [0, n_groups), seq outside [0, max_seqs), or q or k
+        negative.
+        """
     def clear(self) -> None:
         """Ends every sequence and forgets every cached block."""
 
 # --- paged_pool.cpp --------------------------------------------------------------
 
 class PagedKVPool(metaclass=_pybind11_type):
-    """Reference CPU storage for a BatchCache's K/V rows: applies its plans.
+    """Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool
+    (num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach
+    further. update() performs a step's block copies and writes its new rows; attention reads the
+    live rows with mask(), or one sequence's history with gather().
 
-    Each layer holds its group's block pool (num_blocks * block_size rows of
-    n_kv_heads x dim elements), grown by doubling as steps reach further. dtype:
-    float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or
-    uint8. Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens,
-    n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
+    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or uint8. Arrays
+    are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V,
+    C-contiguous, of exactly the pool's dtype.
     """
 
     def __init__(
@@ -790,7 +857,9 @@ class PagedKVPool(metaclass=_pybind11_type):
         """The numpy dtype of every K/V element."""
     @property
     def n_layers(self) -> int:
-        """Layers."""
+        """Number of layers the pool stores, as the cache's (cache.n_layers); each holds its group's
+        blocks.
+        """
     @property
     def nbytes(self) -> int:
         """Bytes (K and V, every layer) of the rows in blocks some sequence holds now: (num_blocks -

@@ -179,7 +179,8 @@ void register_batch(py::module_& m) {
 
   py::class_<GroupPlanHandle>(m, "GroupPlan",
                               "One group's part of a BatchStepPlan (a group: the layers sharing a policy "
-                              "and a block pool). Arrays are read-only int32 views of the cache's buffers.")
+                              "and a block pool). Arrays are read-only int32 views of the cache's buffers; "
+                              "reading one after the step ended raises InvalidStateError.")
       .def_readonly("group", &GroupPlanHandle::group, "The group's index.")
       .def_property_readonly(
           "slots",
@@ -251,7 +252,9 @@ void register_batch(py::module_& m) {
                     "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
             return holes_of(p.holes[i], p.n_holes[i]);
           },
-          py::arg("entry"), "Entry i's removed middle ranges [(begin, end), ...]: never visible.")
+          py::arg("entry"),
+          "Entry i's removed middle ranges [(begin, end), ...] of positions: never visible. "
+          "InvalidArgumentError: entry outside [0, n_entries). InvalidStateError: the step ended.")
       .def_property_readonly(
           "positions",
           [](const BatchPlanHandle& h) {
@@ -336,7 +339,7 @@ void register_batch(py::module_& m) {
       .def_property_readonly("capacity", &Cache::capacity, "Largest length of one sequence (positions).")
       .def_property_readonly("max_step", &Cache::max_step, "Largest T of one sequence in one step.")
       .def_property_readonly("max_step_tokens", &Cache::max_step_tokens, "Largest number of new tokens of one step.")
-      .def_property_readonly("n_layers", &Cache::n_layers, "Layers.")
+      .def_property_readonly("n_layers", &Cache::n_layers, "Number of layers (config.n_layers), in n_groups groups.")
       .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")
       .def_property_readonly("block_size", &Cache::block_size, "Rows per block.")
       .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per sequence.")
@@ -349,35 +352,48 @@ void register_batch(py::module_& m) {
            [](const Cache& c, const PyInt& layer) { return unwrap(c.layer_config(to_int("layer", layer))); },
            py::arg("layer"), "A layer's policy and row shape. InvalidArgumentError: bad layer.")
       .def("num_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.num_blocks(to_int("group", group))); },
-           py::arg("group"), "Blocks in a group's pool (its rows: num_blocks * block_size).")
+           py::arg("group"),
+           "Blocks in a group's pool (its rows: num_blocks * block_size). InvalidArgumentError: group outside [0, n_groups).")
       .def("used_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.used_blocks(to_int("group", group))); },
            py::arg("group"),
            "One past the highest block of the group any sequence holds: every live row lies in rows "
-           "[0, used_blocks * block_size) (allocation takes the lowest free block).")
+           "[0, used_blocks * block_size) (allocation takes the lowest free block). "
+           "InvalidArgumentError: group outside [0, n_groups).")
       .def("free_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.free_blocks(to_int("group", group))); },
-           py::arg("group"), "Blocks of a group no sequence holds (reclaimable cached ones included).")
+           py::arg("group"),
+           "Blocks of a group no sequence holds (reclaimable cached ones included). InvalidArgumentError: group outside [0, n_groups).")
       .def("cached_blocks",
            [](const Cache& c, const PyInt& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
-           py::arg("group"), "Free blocks of a group that still hold a reusable prefix.")
+           py::arg("group"),
+           "Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group outside [0, n_groups).")
       .def("blocks_held",
            [](const Cache& c, const PyInt& seq, const PyInt& group) {
              return unwrap(c.blocks_held(to_int("seq", seq), to_int("group", group)));
            },
-           py::arg("seq"), py::arg("group"), "Blocks of a group the sequence holds.")
+           py::arg("seq"), py::arg("group"),
+           "Blocks of a group the sequence holds (0 for an inactive one), shared ones included. "
+           "InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).")
       .def("oldest_held",
            [](const Cache& c, const PyInt& seq, const PyInt& group) {
              return unwrap(c.oldest_held(to_int("seq", seq), to_int("group", group)));
            },
            py::arg("seq"), py::arg("group"),
-           "The oldest position whose block the group still holds for the sequence (its length when none).")
+           "The oldest position whose block the group still holds for the sequence (its length in "
+           "positions when it holds none). InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).")
       .def("sequence", [](const Cache& c, const PyInt& seq) { return snapshot_of(unwrap(c.sequence(to_int("seq", seq)))); },
            py::arg("seq"), "The sequence's SequenceInfo. InvalidArgumentError: seq out of range.")
       .def("length", [](const Cache& c, const PyInt& seq) { return unwrap(c.sequence(to_int("seq", seq))).length; },
-           py::arg("seq"), "The sequence's committed length (0 for an inactive one).")
+           py::arg("seq"),
+           "The sequence's committed length in positions (0 for an inactive one). "
+           "InvalidArgumentError: seq outside [0, max_seqs).")
       .def("add_sequence", [](Cache& c, const PyInt& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
-           py::arg("seq"), "Starts an empty sequence. InvalidStateError: it is active.")
+           py::arg("seq"),
+           "Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs). "
+           "InvalidStateError: it is already active.")
       .def("release_sequence", [](Cache& c, const PyInt& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
-           py::arg("seq"), "Ends a sequence and releases its blocks. InvalidStateError: it is not active.")
+           py::arg("seq"),
+           "Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs). "
+           "InvalidStateError: it is not active.")
       .def("fork",
            [](Cache& c, const PyInt& src, const PyInt& dst, const std::optional<PyInt>& upto) {
              const int s = to_int("src", src);
@@ -395,11 +411,19 @@ void register_batch(py::module_& m) {
              throw_if_error(c.remove(s, to_int("p0", p0), end));
            },
            py::arg("seq"), py::arg("p0"), py::arg("p1") = py::none(),
-           "Positions [p0, p1) leave the sequence's history (p1 = None: to its end, a truncation "
-           "with the rewind rule). CapacityError: more removed middle ranges than max_holes.")
+           "Positions [p0, p1) leave the sequence's history: it never sees them again; its length and "
+           "positions do not change. A middle range becomes a hole, a head range moves visible_start; "
+           "p1 = None or p1 >= length is a truncation, rewind(seq, p0). InvalidArgumentError: seq "
+           "outside [0, max_seqs), p0 < 0 or p1 < p0. InvalidStateError: seq not active, or a "
+           "truncation that breaks the rewind rule (a ring group released history a query at p0 "
+           "needs). CapacityError: the sequence would keep more than max_holes separate removed "
+           "middle ranges.")
       .def("rewind", [](Cache& c, const PyInt& seq, const PyInt& n) { throw_if_error(c.rewind(to_int("seq", seq), to_int("n", n))); },
            py::arg("seq"), py::arg("n"),
-           "length(seq) = n. InvalidStateError: a ring group released history a query at n needs.")
+           "length(seq) = n (positions); the sequence's blocks from index ceil(n / block_size) on are "
+           "released. InvalidArgumentError: seq outside [0, max_seqs), n outside [0, length(seq)]. "
+           "InvalidStateError: seq not active, or a ring group released history a query at n needs "
+           "(can_rewind tells first).")
       .def("can_rewind",
            [](const Cache& c, const PyInt& seq, const PyInt& n) {
              int s = 0, v = 0;
@@ -413,13 +437,21 @@ void register_batch(py::module_& m) {
            },
            py::arg("seq"), py::arg("tokens"),
            "An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, "
-           "at most len(tokens) - 1 tokens) every group holds; returns its length (0: a miss).")
+           "at most len(tokens) - 1 tokens) every group holds; returns its length in positions, a "
+           "multiple of block_size (0: a miss), which becomes the sequence's length. "
+           "InvalidArgumentError: seq outside [0, max_seqs), len(tokens) > capacity. "
+           "InvalidStateError: seq not active, or not empty (length > 0).")
       .def("begin_step", &begin, py::arg("entries"),
            "Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, "
-           "for prefix reuse), laid out entry after entry; replaces an uncommitted step. "
-           "CapacityError: a group's pool is short or a sequence would pass capacity (nothing "
-           "changes).")
-      .def("step", &begin, py::arg("entries"), "begin_step(entries), for `with cache.step(entries) as step:`.")
+           "for prefix reuse), laid out entry after entry; replaces an uncommitted step. T is the "
+           "sequence's new tokens (positions) in this step. InvalidArgumentError: no entries or more "
+           "than max_seqs, an entry not (seq, T) or (seq, T, tokens), seq outside [0, max_seqs), a "
+           "sequence twice, T outside [1, max_step], more than max_step_tokens tokens in all, or "
+           "len(tokens) != T. InvalidStateError: a sequence not active. CapacityError: length + T "
+           "would pass capacity (positions), or a group's pool has fewer free blocks than the step "
+           "needs. On any error nothing changes (a begun step stays begun).")
+      .def("step", &begin, py::arg("entries"),
+           "begin_step(entries), for `with cache.step(entries) as step:`; raises as begin_step.")
       .def("commit",
            [](Cache& c, const BatchStepHandle& h) {
              if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
@@ -431,7 +463,9 @@ void register_batch(py::module_& m) {
              return unwrap(c.visible(to_int("group", group), to_int("seq", seq), to_int("q", q), to_int("k", k)));
            },
            py::arg("group"), py::arg("seq"), py::arg("q"), py::arg("k"),
-           "May the sequence's query at q see its key at k on the group's layers?")
+           "May the sequence's query at position q see its key at position k on the group's layers? "
+           "InvalidArgumentError: group outside [0, n_groups), seq outside [0, max_seqs), or q or k "
+           "negative.")
       .def("clear", &Cache::clear, "Ends every sequence and forgets every cached block.")
       .def("__repr__", [](const Cache& c) {
         return "BatchCache(max_seqs=" + std::to_string(c.max_seqs()) + ", n_groups=" + std::to_string(c.n_groups()) +

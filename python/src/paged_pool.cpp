@@ -159,7 +159,10 @@ void register_paged_pool(py::module_& m) {
       "Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool "
       "(num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach "
       "further. update() performs a step's block copies and writes its new rows; attention reads the "
-      "live rows with mask(), or one sequence's history with gather().")
+      "live rows with mask(), or one sequence's history with gather().\n\n"
+      "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), int8 or uint8. "
+      "Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V, "
+      "C-contiguous, of exactly the pool's dtype.")
       .def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows) {
              if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
              return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows));
@@ -173,7 +176,9 @@ void register_paged_pool(py::module_& m) {
       .def_property_readonly("cache", [](const PyPagedPool& p) { return p.cache(); }, "The BatchCache it stores.")
       .def_property_readonly("dtype", [](const PyPagedPool& p) { return p.dtype(); },
                              "The numpy dtype of every K/V element.")
-      .def_property_readonly("n_layers", [](const PyPagedPool& p) { return p.pool().n_layers(); }, "Layers.")
+      .def_property_readonly("n_layers", [](const PyPagedPool& p) { return p.pool().n_layers(); },
+                             "Number of layers the pool stores, as the cache's (cache.n_layers); each "
+                             "holds its group's blocks.")
       .def_property_readonly("nbytes", &PyPagedPool::nbytes,
                              "Bytes (K and V, every layer) of the rows in blocks some sequence holds now: "
                              "(num_blocks - free_blocks) * block_size rows per layer.")

@@ -259,7 +259,10 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
 
 void register_pool(py::module_& m) {
   py::class_<PyPool>(m, "KVPool",
-                     "Reference CPU storage for a SequenceCache's K/V rows: applies plans.")
+                     "Reference CPU storage for a SequenceCache's K/V rows: applies plans.\n\n"
+                     "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), "
+                     "int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, "
+                     "value_dim) for V, C-contiguous, of exactly the pool's dtype.")
       .def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype,
                        bool mirror_rings) {
              if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
@@ -268,10 +271,11 @@ void register_pool(py::module_& m) {
            py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
            py::kw_only(), py::arg("mirror_rings") = false,
            "Storage for every layer of `cache` in `dtype` (float32, float16, \"bfloat16\" with "
-           "ml_dtypes, int8, uint8), allocated lazily: flat layers start at "
-           "config.initial_capacity rows and double, ring layers hold rows(layer). "
+           "ml_dtypes, int8, uint8). Construction gives every layer, flat or ring, "
+           "min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up "
+           "to rows(layer), when a write reaches further (reserve() grows it ahead). "
            "mirror_rings: see the property. InvalidArgumentError: another dtype or cache None; "
-           "AllocationError when memory runs out.")
+           "AllocationError when memory runs out (at construction or on growth).")
       .def_property_readonly("cache", [](const PyPool& p) { return p.cache(); },
                              "The SequenceCache whose plans this pool applies (kept alive by it).")
       .def_property_readonly(
@@ -353,7 +357,13 @@ void register_pool(py::module_& m) {
             return unwrap(kvcore::KVPool::required_bytes(config, parse_dtype(dtype).second,
                                                          ring_storage(mirror_rings)));
           },
-          py::arg("config"), py::arg("dtype"), py::kw_only(), py::arg("mirror_rings") = false)
+          py::arg("config"), py::arg("dtype"), py::kw_only(), py::arg("mirror_rings") = false,
+          "Bytes one arena must have for a pool of a cache built from `config` in `dtype`, as the "
+          "C++ KVPool::in_arena takes them: every layer at its full rows(layer) for K and V (with "
+          "mirror_rings, plus the R - 1 mirror rows of each wrapping ring layer without sinks), "
+          "the layer table and each K and V block rounded up to 64 bytes, and 63 bytes of slack to "
+          "align the start, so any address works. Builds no pool. InvalidArgumentError: `config` "
+          "breaks a CacheConfig rule, another dtype, or the total overflows the address space.")
       .def("__deepcopy__",
            [](const PyPool& p, py::dict memo) {
              // Its cache's copy (once per deepcopy, through memo), then every stored row.
