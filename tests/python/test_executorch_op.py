@@ -387,6 +387,31 @@ def test_installed_puts_the_kvcore_cache_in_both_registries() -> None:
         REGISTRY.current()
 
 
+def test_installed_under_a_taken_key_leaves_executorch_registry_without_the_cache() -> None:
+    # kvcore's registry is filled first: a key taken there fails before ExecuTorch's REGISTRY sees the cache.
+    holder = KVCoreCellCache(et_config(8))
+    cache = KVCoreCellCache(et_config(8))
+    kvcore.registry.install("etop-taken", holder.kvcore)
+    try:
+        with pytest.raises(kvcore.AlreadyRegisteredError):
+            with installed(cache, "etop-taken"):
+                pass
+        with pytest.raises(KeyError, match="no cache installed"), REGISTRY.active("etop-taken"):
+            pass
+        assert kvcore.registry.find("etop-taken") is holder.kvcore
+    finally:
+        kvcore.registry.erase("etop-taken")
+        REGISTRY.uninstall("etop-taken")  # only if the test fails: a leaked entry must not reach other tests
+
+
+def test_installed_without_a_key_reserves_a_fresh_one() -> None:
+    cache = KVCoreCellCache(et_config(8))
+    with installed(cache) as key:
+        assert key.startswith("executorch#")
+        assert REGISTRY.current() is cache and kvcore.registry.find(key) is cache.kvcore
+    assert not kvcore.registry.contains(key)
+
+
 @pytest.mark.parametrize("make", [KVCoreContiguousCache, KVCoreCellCache])
 def test_a_value_head_dim_of_its_own(make: Any) -> None:
     # The op allows v's head dim to differ from k's (MLA); ExecuTorch's CacheConfig has one head_dim.

@@ -678,14 +678,21 @@ def _cell_spec(mask_np: Any, mask: torch.Tensor, identity: bool) -> Any:
 @contextmanager
 def installed(cache: Any, key: Optional[str] = None) -> Iterator[str]:
     """Install ``cache`` in ExecuTorch's ``REGISTRY`` (and its kvcore cache in kvcore's registry under the
-    same key), make it the active cache, yield the key, and remove both on exit."""
+    same key), make it the active cache, yield the key, and remove both on exit.
+
+    ``key`` None picks a fresh ``"executorch#N"``, reserved in kvcore's registry as it is picked. kvcore's
+    registry is filled first: a taken ``key`` raises ``kvcore.AlreadyRegisteredError`` (a ``ValueError``)
+    before ExecuTorch's ``REGISTRY`` is touched, and any later failure removes both entries.
+    """
     import kvcore._core as core
 
     op = importlib.import_module("executorch.extension.llm.cache.update_and_attend")
-    key = core.registry_unique_key("executorch") if key is None else key
-    op.REGISTRY.install(key, cache)
-    core.registry_install(key, cache.kvcore)
+    if key is None:
+        key = core.registry_install_unique("executorch", cache.kvcore)
+    else:
+        core.registry_install(key, cache.kvcore)
     try:
+        op.REGISTRY.install(key, cache)
         with op.REGISTRY.active(key):
             yield key
     finally:
