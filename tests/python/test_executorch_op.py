@@ -292,6 +292,31 @@ def test_many_sequences_with_a_fork_and_seq_rm_equal_the_reference(exported: Any
         assert cache.cache.group_of(0) == 0 and in_use[0] < in_use[1] == 48 - reference.free_cells()  # ring released
 
 
+def test_a_fork_copies_its_shared_block_once_per_group() -> None:
+    # block_size 4: sequence 1 forks 0..5 of sequence 0, sharing the partly filled block 1 (rows 4..7),
+    # which its first write copies. Admission (begin_step) only checks that the step fits: the copy is
+    # the forward's, once per group.
+    cache = KVCoreCellCache(et_config(32), max_step=8, block_size=4)
+    kv = torch.randn(1, KV_HEADS, 6, HEAD_DIM)
+    cache.begin_step([0] * 6)
+    for layer in range(N_LAYERS):
+        cache.update_and_fetch(layer, kv, kv, torch.arange(6)[:, None])
+    cache.seq_cp(0, 1)
+    copied: list[tuple[int, int]] = []  # (group, blocks copied)
+    real = cache.storage.copy_blocks
+
+    def spy(group: int, copies: Any) -> None:
+        copied.extend([(group, len(copies))] if len(copies) else [])
+        real(group, copies)
+
+    one = torch.randn(1, KV_HEADS, 1, HEAD_DIM)
+    with mock.patch.object(cache.storage, "copy_blocks", spy):
+        cache.begin_step([1])
+        for layer in range(N_LAYERS):
+            cache.update_and_fetch(layer, one, one, torch.tensor([[6]]))
+    assert sorted(copied) == [(g, 1) for g in range(cache.cache.n_groups)]
+
+
 def test_cell_positions_must_continue_each_sequence() -> None:
     cache = KVCoreCellCache(et_config(16))
     kv = torch.randn(1, KV_HEADS, 2, HEAD_DIM)

@@ -489,7 +489,9 @@ class KVCoreCellCache:
 
         With one-row blocks every new token takes one new block in every group, so the
         counts decide exactly; larger blocks may share a partly filled one (or need a copy
-        of it), so kvcore begins the step and abandons it.
+        of it), so kvcore begins the step and abandons it. Its block copies are not made:
+        an abandoned step loses nothing (a copied block's source stays held until commit),
+        and the forward's ``_place`` begins the step again and makes them.
         """
         n = sum(T for _, T in entries)
         capacity, max_step = self.cache.capacity, self.cache.max_step
@@ -515,7 +517,7 @@ class KVCoreCellCache:
             return
         added = self._activate(entries)
         try:
-            step = self._begin_kvcore(entries)
+            self.cache.begin_step(entries)
         except KVCacheError:
             for seq_id in added:
                 self.cache.release_sequence(seq_id)
@@ -529,7 +531,8 @@ class KVCoreCellCache:
         return added
 
     def _begin_kvcore(self, entries: list[tuple[int, int]]) -> Any:
-        """Begin the kvcore step and perform its block copies at once, so an abandoned step loses nothing."""
+        """Begin the kvcore step and perform its block copies (copy-on-write of shared, partly filled blocks)
+        before any layer writes its rows."""
         step = self.cache.begin_step(entries)
         plan = step.plan()
         for g, group in enumerate(plan.groups):
