@@ -116,6 +116,7 @@ class KVCoreContiguousCache:
       rows, so a window that wraps round the ring is returned as a view rather than copied
       (default True; False halves ring bytes and gathers a wrapped window into a workspace
       the layers share: valid until the next ``update_and_fetch``, as the op uses it).
+      Only with ``order="positions"``: ``"rows"`` reads are views without a mirror, and keep none.
     - ``order``: ``"positions"`` (default: the history is exactly the keys the step's queries
       may see, in position order, so a decode is unmasked) or ``"rows"`` (every row the layer
       holds, as it lies: always a view, with an explicit mask).
