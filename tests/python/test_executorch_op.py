@@ -449,6 +449,27 @@ def test_a_value_head_dim_of_its_own(make: Any) -> None:
     assert out.shape == (1, 4, 3, 5)
 
 
+def test_the_documented_errors_of_rows_seq_len_and_update_and_fetch() -> None:
+    contiguous = KVCoreContiguousCache(et_config(16), max_step=4)
+    assert contiguous.max_step == 4 and contiguous.rows(0) == WINDOW + 4 - 1 and contiguous.rows(1) == 16
+    with pytest.raises(ValueError, match="layer = 3"):
+        contiguous.rows(N_LAYERS)
+    kv = torch.randn(1, KV_HEADS, 5, HEAD_DIM)
+    with pytest.raises(ValueError, match="must be <= max_step = 4"):
+        contiguous.update_and_fetch(0, kv, kv, torch.arange(5)[:, None])
+    with pytest.raises(RuntimeError, match="no forward is under way"):
+        contiguous.update_and_fetch(1, kv, kv, torch.arange(5)[:, None])
+    cell = KVCoreCellCache(et_config(16))
+    with pytest.raises(ValueError, match="seq_id 63 outside"):
+        cell.seq_len(MAX_SEQS)
+    one = torch.randn(1, KV_HEADS, 1, HEAD_DIM)
+    with pytest.raises(RuntimeError, match="no step declared"):
+        cell.update_and_fetch(0, one, one, torch.tensor([[0]]))
+    cell.begin_step([0])
+    with pytest.raises(NotImplementedError, match="one position per token"):
+        cell.update_and_fetch(0, one, one, torch.tensor([[0, 0]]))
+
+
 def test_cell_cache_defaults_accept_the_references_sequence_ids() -> None:
     cache = KVCoreCellCache(et_config(8))
     assert cache.max_seqs == MAX_SEQS == 63
