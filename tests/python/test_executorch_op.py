@@ -292,6 +292,31 @@ def test_many_sequences_with_a_fork_and_seq_rm_equal_the_reference(exported: Any
         assert cache.cache.group_of(0) == 0 and in_use[0] < in_use[1] == 48 - reference.free_cells()  # ring released
 
 
+def test_a_fork_copies_its_shared_block_once_per_group() -> None:
+    # block_size 4: sequence 1 forks 0..5 of sequence 0, sharing the partly filled block 1 (rows 4..7),
+    # which its first write copies. Admission (begin_step) only checks that the step fits: the copy is
+    # the forward's, once per group.
+    cache = KVCoreCellCache(et_config(32), max_step=8, block_size=4)
+    kv = torch.randn(1, KV_HEADS, 6, HEAD_DIM)
+    cache.begin_step([0] * 6)
+    for layer in range(N_LAYERS):
+        cache.update_and_fetch(layer, kv, kv, torch.arange(6)[:, None])
+    cache.seq_cp(0, 1)
+    copied: list[tuple[int, int]] = []  # (group, blocks copied)
+    real = cache.storage.copy_blocks
+
+    def spy(group: int, copies: Any) -> None:
+        copied.extend([(group, len(copies))] if len(copies) else [])
+        real(group, copies)
+
+    one = torch.randn(1, KV_HEADS, 1, HEAD_DIM)
+    with mock.patch.object(cache.storage, "copy_blocks", spy):
+        cache.begin_step([1])
+        for layer in range(N_LAYERS):
+            cache.update_and_fetch(layer, one, one, torch.tensor([[6]]))
+    assert sorted(copied) == [(g, 1) for g in range(cache.cache.n_groups)]
+
+
 def test_cell_positions_must_continue_each_sequence() -> None:
     cache = KVCoreCellCache(et_config(16))
     kv = torch.randn(1, KV_HEADS, 2, HEAD_DIM)
@@ -387,6 +412,31 @@ def test_installed_puts_the_kvcore_cache_in_both_registries() -> None:
         REGISTRY.current()
 
 
+def test_installed_under_a_taken_key_leaves_executorch_registry_without_the_cache() -> None:
+    # kvcore's registry is filled first: a key taken there fails before ExecuTorch's REGISTRY sees the cache.
+    holder = KVCoreCellCache(et_config(8))
+    cache = KVCoreCellCache(et_config(8))
+    kvcore.registry.install("etop-taken", holder.kvcore)
+    try:
+        with pytest.raises(kvcore.AlreadyRegisteredError):
+            with installed(cache, "etop-taken"):
+                pass
+        with pytest.raises(KeyError, match="no cache installed"), REGISTRY.active("etop-taken"):
+            pass
+        assert kvcore.registry.find("etop-taken") is holder.kvcore
+    finally:
+        kvcore.registry.erase("etop-taken")
+        REGISTRY.uninstall("etop-taken")  # only if the test fails: a leaked entry must not reach other tests
+
+
+def test_installed_without_a_key_reserves_a_fresh_one() -> None:
+    cache = KVCoreCellCache(et_config(8))
+    with installed(cache) as key:
+        assert key.startswith("executorch#")
+        assert REGISTRY.current() is cache and kvcore.registry.find(key) is cache.kvcore
+    assert not kvcore.registry.contains(key)
+
+
 @pytest.mark.parametrize("make", [KVCoreContiguousCache, KVCoreCellCache])
 def test_a_value_head_dim_of_its_own(make: Any) -> None:
     # The op allows v's head dim to differ from k's (MLA); ExecuTorch's CacheConfig has one head_dim.
@@ -397,6 +447,27 @@ def test_a_value_head_dim_of_its_own(make: Any) -> None:
     with installed(cache):
         out = update_and_attend(q, k, v, torch.arange(3)[:, None], 0, 0.25, torch.float32)
     assert out.shape == (1, 4, 3, 5)
+
+
+def test_the_documented_errors_of_rows_seq_len_and_update_and_fetch() -> None:
+    contiguous = KVCoreContiguousCache(et_config(16), max_step=4)
+    assert contiguous.max_step == 4 and contiguous.rows(0) == WINDOW + 4 - 1 and contiguous.rows(1) == 16
+    with pytest.raises(ValueError, match="layer = 3"):
+        contiguous.rows(N_LAYERS)
+    kv = torch.randn(1, KV_HEADS, 5, HEAD_DIM)
+    with pytest.raises(ValueError, match="must be <= max_step = 4"):
+        contiguous.update_and_fetch(0, kv, kv, torch.arange(5)[:, None])
+    with pytest.raises(RuntimeError, match="no forward is under way"):
+        contiguous.update_and_fetch(1, kv, kv, torch.arange(5)[:, None])
+    cell = KVCoreCellCache(et_config(16))
+    with pytest.raises(ValueError, match="seq_id 63 outside"):
+        cell.seq_len(MAX_SEQS)
+    one = torch.randn(1, KV_HEADS, 1, HEAD_DIM)
+    with pytest.raises(RuntimeError, match="no step declared"):
+        cell.update_and_fetch(0, one, one, torch.tensor([[0]]))
+    cell.begin_step([0])
+    with pytest.raises(NotImplementedError, match="one position per token"):
+        cell.update_and_fetch(0, one, one, torch.tensor([[0, 0]]))
 
 
 def test_cell_cache_defaults_accept_the_references_sequence_ids() -> None:

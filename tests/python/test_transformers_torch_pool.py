@@ -124,6 +124,24 @@ def test_row_order_random_steps_and_rewinds_return_exact_history(sinks: int) -> 
                 salt += 1
 
 
+def test_row_order_keeps_no_mirror_even_when_asked() -> None:
+    # Row-order reads are one view of the held rows: a mirror would cost R - 1 rows and a second write for nothing.
+    asked = make(kvcore.Ring(window=5), kvcore.Flat(), capacity=64, max_step=4, initial=8, mirror=True, order="rows")
+    compact = make(kvcore.Ring(window=5), kvcore.Flat(), capacity=64, max_step=4, initial=8, order="rows")
+    assert not asked.mirror_rings and asked.mirror_rows(0) == 0
+    refs: tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], ...] = ({}, {})
+    while asked.cache.length < 40:  # past the ring's 8 rows: wrapped windows, checked against the reference
+        run_step(asked, 1, refs[0])
+        run_step(compact, 1, refs[1])
+    step = asked.cache.begin_step(1)
+    assert all(row < asked.cache.rows(0) for row, _, _ in asked.plan_step(step)[0].writes)
+    assert len(asked.plan_step(step)[0].index) == 1  # one destination row: no mirrored copy
+    assert asked.layer(0).keys.shape[2] == asked.cache.rows(0) == 5 + 4 - 1  # type: ignore[union-attr]
+    assert asked.nbytes() == compact.nbytes() and asked.nbytes(0) == (5 + 4 - 1) * H * (D + DV) * 4
+    mirrored = make(kvcore.Ring(window=5), capacity=64, max_step=4, mirror=True)  # order "positions": kept
+    assert mirrored.mirror_rings and mirrored.mirror_rows(0) == 5 + 4 - 2
+
+
 def test_the_default_order_is_rows_and_a_bad_order_is_refused() -> None:
     cache = kvcore.SequenceCache(kvcore.CacheConfig(16, [kvcore.LayerConfig(kvcore.Flat(), 1, 2)]))
     assert TorchKVPool(cache).order == "rows"

@@ -116,6 +116,7 @@ class KVCoreContiguousCache:
       rows, so a window that wraps round the ring is returned as a view rather than copied
       (default True; False halves ring bytes and gathers a wrapped window into a workspace
       the layers share: valid until the next ``update_and_fetch``, as the op uses it).
+      Only with ``order="positions"``: ``"rows"`` reads are views without a mirror, and keep none.
     - ``order``: ``"positions"`` (default: the history is exactly the keys the step's queries
       may see, in position order, so a decode is unmasked) or ``"rows"`` (every row the layer
       holds, as it lies: always a view, with an explicit mask).
@@ -185,10 +186,18 @@ class KVCoreContiguousCache:
 
     @property
     def max_step(self) -> int:
+        """The most tokens one forward may carry (the constructor's ``max_step``, default
+        ``min(512, capacity)``). A longer forward raises ``ValueError``; a ring layer holds
+        ``window + max_step - 1`` rows."""
         return self.sequence.max_step
 
     def rows(self, layer_id: int) -> int:
-        """Rows kvcore gives the layer: ``window + max_step - 1`` for a ring layer (at most capacity), capacity for a flat one."""
+        """Rows kvcore gives the layer: ``window + max_step - 1`` for a ring layer (at most capacity), capacity for a flat one.
+
+        The most a layer ever allocates (a flat layer under ``DYNAMIC`` grows up to it), not counting a
+        ring's mirror (``nbytes`` counts it). ``ValueError`` (``kvcore.InvalidArgumentError``): ``layer_id``
+        outside ``[0, n_layers)``.
+        """
         return self.sequence.rows(layer_id)
 
     def used(self, layer_id: int) -> int:
@@ -241,6 +250,19 @@ class KVCoreContiguousCache:
         ``k``: ``[batch, n_kv_heads, T, head_dim]``, ``v``: ``[..., v_head_dim]``, ``position``:
         ``[T, 1]`` (``[T, n]`` is accepted and not checked: placement follows the length).
         Returns ``[batch, n_kv_heads, n, dim]`` K and V (see ``order``) and the spec.
+
+        Errors (kvcore's exceptions, subclasses of the builtins named; nothing is written):
+
+        - ``ValueError`` (``kvcore.InvalidArgumentError``): ``layer_id`` outside ``[0, n_layers)``;
+          ``k``/``v`` not shaped for the config (``batch_size``, heads, head dims) and ``T``;
+          on layer 0, more than ``max_step`` tokens, or a ``[T, 1]`` position other than
+          ``length .. length + T - 1``, or one not ``[T, n]``; on a later layer, a token count
+          or position other than layer 0's in the same forward.
+        - ``RuntimeError``: ``kvcore.CapacityError`` when layer 0's forward would pass ``capacity``;
+          ``kvcore.InvalidStateError`` when a later layer comes with no forward under way (layer
+          0 begins each) or a layer is served twice in one forward.
+
+        It raises no ``NotImplementedError``: multi-component positions are accepted.
         """
         if not 0 <= layer_id < self._n_layers:
             _check_layer(layer_id, self._n_layers)
@@ -459,7 +481,10 @@ class KVCoreCellCache:
         return self.free_cells() >= n
 
     def seq_len(self, seq_id: int) -> int:
-        """Positions the sequence still sees (its length less removed ones)."""
+        """Positions the sequence still sees (its length less removed ones); 0 for one never used.
+
+        ``ValueError`` (``kvcore.InvalidArgumentError``): ``seq_id`` outside ``[0, max_seqs)``.
+        """
         self._check_seq_id(seq_id)
         return self.cache.sequence(seq_id).visible_positions
 
@@ -489,7 +514,9 @@ class KVCoreCellCache:
 
         With one-row blocks every new token takes one new block in every group, so the
         counts decide exactly; larger blocks may share a partly filled one (or need a copy
-        of it), so kvcore begins the step and abandons it.
+        of it), so kvcore begins the step and abandons it. Its block copies are not made:
+        an abandoned step loses nothing (a copied block's source stays held until commit),
+        and the forward's ``_place`` begins the step again and makes them.
         """
         n = sum(T for _, T in entries)
         capacity, max_step = self.cache.capacity, self.cache.max_step
@@ -515,7 +542,7 @@ class KVCoreCellCache:
             return
         added = self._activate(entries)
         try:
-            step = self._begin_kvcore(entries)
+            self.cache.begin_step(entries)
         except KVCacheError:
             for seq_id in added:
                 self.cache.release_sequence(seq_id)
@@ -529,7 +556,8 @@ class KVCoreCellCache:
         return added
 
     def _begin_kvcore(self, entries: list[tuple[int, int]]) -> Any:
-        """Begin the kvcore step and perform its block copies at once, so an abandoned step loses nothing."""
+        """Begin the kvcore step and perform its block copies (copy-on-write of shared, partly filled blocks)
+        before any layer writes its rows."""
         step = self.cache.begin_step(entries)
         plan = step.plan()
         for g, group in enumerate(plan.groups):
@@ -594,6 +622,18 @@ class KVCoreCellCache:
         their sequences, as the reference claims cells there); the others reuse the placement.
         History: rows ``[0, used_blocks * block_size)`` of the layer's group pool, ``[1, H, rows,
         dim]`` views; the spec's mask (one object per group and step) is ``[n_tokens, rows]``.
+
+        Errors (kvcore's exceptions subclass the builtins named). The first layer's placement
+        uses up the declaration, so after a failure there ``begin_step`` must come again:
+
+        - ``ValueError`` (``kvcore.InvalidArgumentError``): ``layer_id`` outside ``[0, n_layers)``;
+          the forward carries another number of tokens than ``begin_step`` declared; a
+          sequence's positions are not its length onwards, each once; ``k``/``v`` not
+          ``[1, n_kv_heads, n_tokens, dim]``.
+        - ``RuntimeError``: ``kvcore.InvalidStateError`` when no step is declared or the layer was
+          already served for it; ``kvcore.CapacityError`` when a verb between ``begin_step`` and
+          the forward left the pools unable to take the step.
+        - ``NotImplementedError``: ``position`` not ``[n_tokens, 1]`` (one position per token).
         """
         _check_layer(layer_id, self._n_layers)
         if layer_id in self._served:
@@ -678,14 +718,21 @@ def _cell_spec(mask_np: Any, mask: torch.Tensor, identity: bool) -> Any:
 @contextmanager
 def installed(cache: Any, key: Optional[str] = None) -> Iterator[str]:
     """Install ``cache`` in ExecuTorch's ``REGISTRY`` (and its kvcore cache in kvcore's registry under the
-    same key), make it the active cache, yield the key, and remove both on exit."""
+    same key), make it the active cache, yield the key, and remove both on exit.
+
+    ``key`` None picks a fresh ``"executorch#N"``, reserved in kvcore's registry as it is picked. kvcore's
+    registry is filled first: a taken ``key`` raises ``kvcore.AlreadyRegisteredError`` (a ``ValueError``)
+    before ExecuTorch's ``REGISTRY`` is touched, and any later failure removes both entries.
+    """
     import kvcore._core as core
 
     op = importlib.import_module("executorch.extension.llm.cache.update_and_attend")
-    key = core.registry_unique_key("executorch") if key is None else key
-    op.REGISTRY.install(key, cache)
-    core.registry_install(key, cache.kvcore)
+    if key is None:
+        key = core.registry_install_unique("executorch", cache.kvcore)
+    else:
+        core.registry_install(key, cache.kvcore)
     try:
+        op.REGISTRY.install(key, cache)
         with op.REGISTRY.active(key):
             yield key
     finally:

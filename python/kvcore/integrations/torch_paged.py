@@ -126,16 +126,17 @@ class TorchPagedKV:
         if len(copies) == 0:
             return
         B = self.block_size
-        src = torch.from_numpy((copies[:, 0:1].astype(np.int64) * B + np.arange(B)).reshape(-1))
-        dst = torch.from_numpy((copies[:, 1:2].astype(np.int64) * B + np.arange(B)).reshape(-1))
+        # Once per group, not per layer: every layer's tensors live on self.device.
+        src = torch.from_numpy((copies[:, 0:1].astype(np.int64) * B + np.arange(B)).reshape(-1)).to(self.device)
+        dst = torch.from_numpy((copies[:, 1:2].astype(np.int64) * B + np.arange(B)).reshape(-1)).to(self.device)
+        rows = (int(copies[:, 1].max()) + 1) * B  # past the last destination row
         for layer, g in enumerate(self.group_of):
             keys, values = self._keys[layer], self._values[layer]
             if g != group or keys is None or values is None:
                 continue
-            keys, values = self.ensure(layer, int(dst.max()) + 1)
-            on = src.to(keys.device), dst.to(keys.device)
-            keys.index_copy_(2, on[1], keys.index_select(2, on[0]))
-            values.index_copy_(2, on[1], values.index_select(2, on[0]))
+            keys, values = self.ensure(layer, rows)
+            keys.index_copy_(2, dst, keys.index_select(2, src))
+            values.index_copy_(2, dst, values.index_select(2, src))
 
     def write_read(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int

@@ -23,7 +23,10 @@ first ``R - 1`` rows (``R = window + max_step - 1``), written together with them
 A window that wraps round the ring then continues into the copy, so a
 position-order read is one span: a view, never a gather. The cost is ``R - 1``
 rows per such layer and a second copy of each write that lands in the repeated
-rows; row-order reads never need it.
+rows. Row-order reads never need it (the held rows are one view without it), so
+only a pool of order "positions" keeps a mirror: with ``order="rows"``,
+``mirror_rings=True`` allocates and writes nothing more (``TorchKVPool.mirror_rings``
+reports False, ``mirror_rows`` 0).
 
 A step is laid out once per distinct layer policy (``plan_step``): write
 destinations (mirror included), the read spans, and for ``T = 1`` the index of
@@ -121,29 +124,28 @@ class StepLayout:
         self.writes = tuple(writes)
         self.index: tuple[int, ...] = tuple(w[0] for w in writes) if T == 1 else ()
         self.write_end = max(row + n for row, n, _ in writes)
-        spans: list[tuple[int, int]] = []
-        next_pos = -1  # the position after the last span
-        for r in plan.read:
-            if spans and storage.mirror_rows:
-                row, n = spans[-1]
-                # A window that runs past the last row continues in the mirror.
-                if (
-                    row + n == storage.rows
-                    and r.row == storage.ring_start
-                    and r.pos == next_pos
-                    and r.len <= storage.mirror_rows
-                ):
-                    spans[-1] = (row, n + r.len)
-                    next_pos += r.len
-                    continue
-            spans.append((r.row, r.len))
-            next_pos = r.pos + r.len
         self.positions = _position_ranges(plan)
+        spans: list[tuple[int, int]] = []
         if order == "rows":  # every held row, as they lie: one view
             held = storage.geometry.held_rows(position + T)
-            spans = [(0, held)]
+            spans.append((0, held))
             self.read_len = held
-        else:
+        else:  # the plan's read in position order, a window that wraps continuing into the mirror
+            next_pos = -1  # the position after the last span
+            for r in plan.read:
+                if spans and storage.mirror_rows:
+                    row, n = spans[-1]
+                    if (
+                        row + n == storage.rows
+                        and r.row == storage.ring_start
+                        and r.pos == next_pos
+                        and r.len <= storage.mirror_rows
+                    ):
+                        spans[-1] = (row, n + r.len)
+                        next_pos += r.len
+                        continue
+                spans.append((r.row, r.len))
+                next_pos = r.pos + r.len
             self.read_len = plan.read_len
         self.view: Optional[tuple[int, int]] = spans[0] if len(spans) == 1 else None
         self.gather = tuple(spans)
@@ -249,15 +251,18 @@ class TorchKVPool:
     ``new_keys`` shaped ``[batch, n_kv_heads, T, head_dim]``; commit the step after
     the last layer. A layer is allocated on its first update (or by ``allocate``)
     with the batch size, dtype and device of what it is given. ``order`` ("rows",
-    the default, or "positions") and ``mirror_rings``: see the module docstring.
-    Raises InvalidArgumentError for an unknown order.
+    the default, or "positions") and ``mirror_rings``: see the module docstring;
+    a mirror is kept only with order "positions" (row-order reads never use one), and
+    the ``mirror_rings`` attribute says whether this pool keeps them (``mirror_rows(layer)``:
+    how many rows). Raises InvalidArgumentError for an unknown order.
     """
 
     def __init__(self, cache: SequenceCache, *, mirror_rings: bool = False, order: str = "rows") -> None:
         if order not in ORDERS:
             raise InvalidArgumentError(f"order = {order!r}: must be 'rows' (the held rows as they lie) or 'positions'")
         self.cache = cache
-        self.mirror_rings = bool(mirror_rings)
+        # Whether ring layers keep a mirror: asked for, and useful (only position-order reads use it).
+        self.mirror_rings = bool(mirror_rings) and order == "positions"
         self.order = order
         cfg = cache.config
         self._initial_rows = cfg.initial_capacity

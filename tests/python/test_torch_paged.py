@@ -1,0 +1,107 @@
+"""TorchPagedKV (torch storage of a BatchCache) against kvcore's own PagedKVPool, on a forked sequence.
+
+Both apply the same plans: the block copies a fork's shared, partly filled block needs
+(copy_blocks), then each layer's writes at the step's slots and its live rows. Every row a
+query of the step may see must hold the same K/V in both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="TorchPagedKV needs torch")
+
+import kvcore  # noqa: E402
+from kvcore.integrations.torch_paged import TorchPagedKV  # noqa: E402
+
+H, D, DV, B = 2, 8, 4, 4
+POLICIES = [kvcore.Flat(), kvcore.Ring(window=4), kvcore.Flat(), kvcore.Ring(window=4)]  # two layers per group
+
+
+def make_cache() -> kvcore.BatchCache:
+    layers = [kvcore.LayerConfig(p, n_kv_heads=H, head_dim=D, v_head_dim=DV) for p in POLICIES]
+    limits = kvcore.BatchLimits(block_size=B, max_seqs=4, num_blocks=16)
+    return kvcore.BatchCache(kvcore.CacheConfig(32, layers, max_step=8, batch=limits))
+
+
+def run_step(
+    cache: kvcore.BatchCache,
+    store: TorchPagedKV,
+    paged: kvcore.PagedKVPool,
+    entries: list[tuple[int, int]],
+    rng: np.random.Generator,
+) -> list[int]:
+    """One step through every layer of both stores, checked row by row; returns the blocks copied per group."""
+    copied = []
+    with cache.step(entries) as step:
+        plan = step.plan()
+        for g, group in enumerate(plan.groups):
+            store.copy_blocks(g, group.copies)
+            copied.append(len(group.copies))
+            for src, dst in group.copies:  # each copy repeats its source block in every layer of the group
+                for layer in range(cache.n_layers):
+                    if cache.group_of(layer) == g and store.allocated_rows(layer):
+                        keys, _ = store.ensure(layer, 0)  # the layer's tensors as they are
+                        assert torch.equal(keys[:, :, dst * B : (dst + 1) * B], keys[:, :, src * B : (src + 1) * B])
+        n = plan.n_tokens
+        for layer in range(cache.n_layers):
+            g = cache.group_of(layer)
+            k = rng.standard_normal((n, H, D)).astype(np.float32)
+            v = rng.standard_normal((n, H, DV)).astype(np.float32)
+            mask = plan.mask(g)
+            slots = torch.from_numpy(plan.groups[g].slots.astype(np.int64))
+            keys, values = store.write_read(
+                layer, slots, torch.from_numpy(k).permute(1, 0, 2)[None], torch.from_numpy(v).permute(1, 0, 2)[None],
+                mask.shape[1],
+            )  # fmt: skip
+            want_k, want_v = paged.update(layer, step, k, v)
+            assert keys.shape == (1, H, mask.shape[1], D) and values.shape == (1, H, mask.shape[1], DV)
+            assert want_k.shape[0] == mask.shape[1]
+            seen = np.flatnonzero(mask.any(axis=0))
+            assert len(seen) > 0
+            for r in seen:  # rows a query sees: the same K/V in both stores
+                assert np.array_equal(keys[0, :, r].numpy(), want_k[r]), (layer, r)
+                assert np.array_equal(values[0, :, r].numpy(), want_v[r]), (layer, r)
+    return copied
+
+
+@pytest.mark.parametrize("preallocate", [False, True])
+def test_a_forked_sequence_reads_what_paged_kv_pool_reads(preallocate: bool) -> None:
+    rng = np.random.default_rng(5)
+    cache = make_cache()
+    store = TorchPagedKV(cache, preallocate=preallocate)
+    paged = kvcore.PagedKVPool(cache, np.float32)
+    cache.add_sequence(0)
+    assert run_step(cache, store, paged, [(0, 6)], rng) == [0, 0]  # prefill: blocks 0 and 1 (half full)
+    cache.fork(0, 1)  # sequence 1 shares both blocks, block 1 partly filled
+    assert run_step(cache, store, paged, [(1, 2)], rng) == [1, 1]  # the fork writes into the shared block: a copy
+    assert run_step(cache, store, paged, [(0, 1)], rng) == [0, 0]  # sequence 0 holds block 1 alone again
+    for _ in range(6):  # decode both, the ring group sliding past its window
+        run_step(cache, store, paged, [(0, 1), (1, 1)], rng)
+    assert cache.length(0) == 13 and cache.length(1) == 14
+
+
+def test_copy_blocks_copies_every_layer_of_the_group_only() -> None:
+    cache = make_cache()
+    store = TorchPagedKV(cache, preallocate=True)
+    for layer in range(cache.n_layers):
+        keys, values = store.ensure(layer, 2 * B)
+        keys[:, :, :B] = layer + 1.0
+        values[:, :, :B] = -(layer + 1.0)
+    store.copy_blocks(0, np.array([[0, 3]], dtype=np.int32))  # group 0: the flat layers 0 and 2
+    for layer in range(cache.n_layers):
+        keys, values = store.ensure(layer, 0)  # the layer's tensors as they are
+        copied = cache.group_of(layer) == 0
+        assert bool((keys[:, :, 3 * B : 4 * B] == layer + 1.0).all()) == copied
+        assert bool((values[:, :, 3 * B : 4 * B] == -(layer + 1.0)).all()) == copied
+    store.copy_blocks(1, np.zeros((0, 2), dtype=np.int32))  # no copies: nothing to do
+
+
+def test_copy_blocks_grows_a_lazily_allocated_layer_to_the_destination() -> None:
+    cache = make_cache()
+    store = TorchPagedKV(cache)
+    assert store.allocated_rows(0) == 0
+    store.ensure(0, B)  # layer 0 allocated with one block; layer 2 of the same group not yet
+    store.copy_blocks(0, np.array([[0, 5]], dtype=np.int32))
+    assert store.allocated_rows(0) >= 6 * B and store.allocated_rows(2) == 0
