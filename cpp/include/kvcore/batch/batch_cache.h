@@ -507,13 +507,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return sees(group, seq, q, k);
   }
 
-  /// The policy-only half of visible(): k <= q, in the window or a sink.
-  bool in_window(int group, int q, int k) const noexcept {
-    const LayerPolicy& p = groups_[group].policy;
-    if (k > q) return false;
-    return p.kind != LayerPolicy::Kind::Ring || q - k < p.window || k < p.sinks;
-  }
-
  private:
   struct Seq {
     bool active = false;
@@ -801,7 +794,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return p;
   }
 
-  bool sees(int g, int seq, int q, int k) const noexcept { return in_window(g, q, k) && !removed(seq, k); }
+  bool sees(int g, int seq, int q, int k) const noexcept { return groups_[g].policy.sees(q, k) && !removed(seq, k); }
 
   // Releases the blocks of [p0, p1) whose every position below the length is removed.
   void release_removed(int seq, int p0, int p1) noexcept {
@@ -872,13 +865,19 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return Error::Ok;
   }
 
+  // Ring group g at length L: no query after a rewind of up to max_step
+  // positions sees a position below L - max_step - window + 1 but the sinks
+  // (in 64 bits: it may lie far below 0).
+  std::int64_t release_floor(int g, int length) const noexcept {
+    return static_cast<std::int64_t>(length) - max_step_ - groups_[g].policy.window + 1;
+  }
+
   // Ring groups: release the blocks below what a query after a rewind of up to
   // max_step tokens can need (sink blocks stay).
   void evict(int g, int seq) noexcept {
     Group& group = groups_[g];
     if (group.policy.kind != LayerPolicy::Kind::Ring) return;
-    const std::int64_t floor =
-        static_cast<std::int64_t>(seqs_[seq].length) - max_step_ - group.policy.window + 1;
+    const std::int64_t floor = release_floor(g, seqs_[seq].length);
     if (floor <= 0) return;
     const int floor_block = static_cast<int>(floor / block_size_);
     int& lost = lost_below(g, seq);
@@ -899,8 +898,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   Needed needed_blocks(int g, int blocks) const noexcept {
     const Group& group = groups_[g];
     if (group.policy.kind != LayerPolicy::Kind::Ring) return Needed{0, 0};
-    const std::int64_t length = static_cast<std::int64_t>(blocks) * block_size_;
-    const std::int64_t window_from = length - max_step_ - group.policy.window + 1;
+    const std::int64_t window_from = release_floor(g, blocks * block_size_);
     const int from = window_from > 0 ? static_cast<int>(window_from / block_size_) : 0;
     return Needed{group.sink_blocks, from > group.sink_blocks ? from : group.sink_blocks};
   }

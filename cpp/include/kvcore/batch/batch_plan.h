@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kvcore/core/config.h"
+
 namespace kvcore {
 
 /// One sequence's part of a step: T new tokens at positions length(seq) ...
@@ -79,5 +81,38 @@ struct BatchStepPlan {
   int n_groups = 0;
   const GroupPlan* groups = nullptr;
 };
+
+/// Calls f(begin, end) for each maximal run [begin, end) of the positions that
+/// some query of entry `entry` at a position in [first, end_q) sees under
+/// `policy` (the sinks [0, min(sinks, end_q)) and the window
+/// [policy.window_begin(first), end_q)), less the entry's removed positions,
+/// in increasing order; stops when f returns false. The entry's queries:
+/// first = first_positions[entry], end_q = context_lens[entry]; one query q:
+/// first = q, end_q = q + 1. A plan without hole arrays has no holes.
+template <typename F>
+void for_each_visible_run(const BatchStepPlan& plan, int entry, const LayerPolicy& policy, int first,
+                          int end_q, F f) noexcept {
+  const int start = plan.visible_starts[entry];
+  const PositionRange* holes = plan.holes != nullptr ? plan.holes[entry] : nullptr;
+  const int n_holes = plan.n_holes != nullptr && holes != nullptr ? plan.n_holes[entry] : 0;
+  int ranges[2][2] = {{0, end_q}, {end_q, end_q}};
+  const int window_from = policy.window_begin(first);
+  const int sink_end = policy.sinks < end_q ? policy.sinks : end_q;
+  if (sink_end < window_from) {
+    ranges[0][1] = sink_end;
+    ranges[1][0] = window_from;
+  }
+  for (const auto& range : ranges) {
+    int cursor = range[0] > start ? range[0] : start;
+    const int end = range[1];
+    for (int h = 0; h < n_holes && cursor < end; ++h) {
+      if (holes[h].end <= cursor) continue;
+      if (holes[h].begin >= end) break;
+      if (holes[h].begin > cursor && !f(cursor, holes[h].begin)) return;
+      cursor = holes[h].end;
+    }
+    if (cursor < end && !f(cursor, end)) return;
+  }
+}
 
 }  // namespace kvcore

@@ -32,33 +32,19 @@ inline Status fill_step_mask(const BatchStepPlan& plan, int group, const LayerPo
   std::memset(mask, 0, static_cast<std::size_t>(plan.n_tokens) * static_cast<std::size_t>(rows));
   const GroupPlan& gp = plan.groups[group];
   const int B = plan.block_size;
-  const bool ring = policy.kind == LayerPolicy::Kind::Ring;
   for (int i = 0; i < plan.n_entries; ++i) {
     const int* table = gp.block_tables + static_cast<std::ptrdiff_t>(plan.seq_ids[i]) * gp.table_stride;
-    const PositionRange* holes = plan.holes[i];
-    const int n_holes = plan.n_holes[i];
     for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {
       const int q = plan.first_positions[i] + (t - plan.query_starts[i]);
       unsigned char* out = mask + static_cast<std::ptrdiff_t>(t) * rows;
-      // Keys q sees by the rule: [0, sinks) and [window_from, q] (all of [0, q] when flat).
-      const std::int64_t lo = ring ? static_cast<std::int64_t>(q) - policy.window + 1 : 0;
-      const int window_from = lo > 0 ? static_cast<int>(lo) : 0;
-      const int sink_end = ring ? (policy.sinks < window_from ? policy.sinks : window_from) : 0;
-      auto mark = [&](int begin, int end) {  // positions [begin, end), removed ones skipped
-        int h = 0;
-        for (int k = begin < plan.visible_starts[i] ? plan.visible_starts[i] : begin; k < end; ++k) {
-          while (h < n_holes && holes[h].end <= k) ++h;
-          if (h < n_holes && k >= holes[h].begin) {
-            k = holes[h].end - 1;
-            continue;
-          }
+      for_each_visible_run(plan, i, policy, q, q + 1, [&](int begin, int end) {
+        for (int k = begin; k < end; ++k) {
           const int block = table[k / B];
           const std::int64_t row = static_cast<std::int64_t>(block) * B + k % B;
           if (block >= 0 && row < rows) out[row] = 1;
         }
-      };
-      mark(0, sink_end);
-      mark(window_from, q + 1);
+        return true;
+      });
     }
   }
   return Error::Ok;

@@ -24,6 +24,16 @@ struct LayerPolicy {
   static LayerPolicy ring(int window, int sinks = 0) noexcept {
     return LayerPolicy{Kind::Ring, window, sinks};
   }
+  /// The oldest position past the sinks a query at q sees: max(0, q - window + 1)
+  /// for a ring, 0 when flat (q >= 0).
+  int window_begin(int q) const noexcept {
+    if (kind != Kind::Ring) return 0;
+    const std::int64_t lo = static_cast<std::int64_t>(q) - window + 1;  // 64-bit: no underflow
+    return lo > 0 ? static_cast<int>(lo) : 0;
+  }
+  /// DESIGN section 2's rule: may a query at q see the key at k (q, k >= 0)?
+  /// k <= q, and k is a sink or in the window.
+  bool sees(int q, int k) const noexcept { return k <= q && (k < sinks || k >= window_begin(q)); }
   friend bool operator==(const LayerPolicy& a, const LayerPolicy& b) noexcept {
     return a.kind == b.kind && a.window == b.window && a.sinks == b.sinks;
   }

@@ -21,14 +21,9 @@ class RingPolicy final : public LayoutPolicy {
 
   LayerPolicy policy() const noexcept override { return LayerPolicy::ring(window_, sinks_); }
 
-  bool visible(int q, int k) const noexcept override {
-    return k <= q && (k < sinks_ || k >= window_begin(q));
-  }
+  bool visible(int q, int k) const noexcept override { return policy().sees(q, k); }
 
-  int window_begin(int q) const noexcept override {
-    const std::int64_t lo = static_cast<std::int64_t>(q) - window_ + 1;  // 64-bit: no underflow
-    return lo > 0 ? static_cast<int>(lo) : 0;
-  }
+  int window_begin(int q) const noexcept override { return policy().window_begin(q); }
 
   SeqStepPlan plan(int position, int T) const noexcept override {
     const int end = position + T;

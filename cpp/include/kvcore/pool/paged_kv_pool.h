@@ -492,36 +492,10 @@ class PagedKVPool : private PoolBytes {
   }
 
   // Calls f(begin, end) for each maximal run of positions the entry's queries
-  // see, in increasing order: [0, min(S, ctx)) and [max(0, first - W + 1), ctx)
-  // for a ring (all of [0, ctx) when flat), minus removed positions. Stops when
-  // f returns false.
+  // see; stops when f returns false.
   template <typename F>
   static void for_each_visible(const PagedLayer& layer, const BatchStepPlan& plan, int entry, F f) noexcept {
-    const int first = plan.first_positions[entry], ctx = plan.context_lens[entry];
-    const int start = plan.visible_starts[entry];
-    const PositionRange* holes = plan.holes != nullptr ? plan.holes[entry] : nullptr;
-    const int n_holes = plan.n_holes != nullptr && holes != nullptr ? plan.n_holes[entry] : 0;
-    int ranges[2][2] = {{0, ctx}, {ctx, ctx}};
-    if (layer.policy.kind == LayerPolicy::Kind::Ring) {
-      const std::int64_t lo = static_cast<std::int64_t>(first) - layer.policy.window + 1;
-      const int window_from = lo > 0 ? static_cast<int>(lo) : 0;
-      const int sink_end = layer.policy.sinks < ctx ? layer.policy.sinks : ctx;
-      if (sink_end < window_from) {
-        ranges[0][1] = sink_end;
-        ranges[1][0] = window_from;
-      }
-    }
-    for (const auto& range : ranges) {
-      int cursor = range[0] > start ? range[0] : start;
-      const int end = range[1];
-      for (int h = 0; h < n_holes && cursor < end; ++h) {
-        if (holes[h].end <= cursor) continue;
-        if (holes[h].begin >= end) break;
-        if (holes[h].begin > cursor && !f(cursor, holes[h].begin)) return;
-        cursor = holes[h].end;
-      }
-      if (cursor < end && !f(cursor, end)) return;
-    }
+    for_each_visible_run(plan, entry, layer.policy, plan.first_positions[entry], plan.context_lens[entry], f);
   }
 
   // The entry's shape, and every visible position's block: inside the pool and
