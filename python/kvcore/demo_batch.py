@@ -245,11 +245,8 @@ class _Server:
         self.model = Model(opts.model_config())
         cfg = self.model.config
         self.max_step = min(opts.max_step, opts.capacity)
-        layers = [kvcore.LayerConfig(cfg.policy(i), cfg.n_kv_heads, cfg.head_dim) for i in range(cfg.n_layers)]
         limits = kvcore.BatchLimits(block_size=opts.block_size, max_seqs=opts.concurrency)
-        self.cache = kvcore.BatchCache(
-            kvcore.CacheConfig(opts.capacity, layers, max_step=self.max_step, batch=limits)
-        )
+        self.cache = kvcore.BatchCache(cfg.cache_config(opts.capacity, self.max_step, batch=limits))
         self.pool = kvcore.PagedKVPool(self.cache, self.dtype)
         self.row_bytes = 2 * cfg.n_kv_heads * cfg.head_dim * np.dtype(self.dtype).itemsize
         self.group_layers = [0] * self.cache.n_groups

@@ -87,11 +87,26 @@ class ModelConfig:
         return kvcore.Flat() if self.is_flat(layer) else kvcore.Ring(self.window, self.sinks)
 
     def cache_config(
-        self, capacity: int, max_step: int | None = None, initial_capacity: int = 512
+        self,
+        capacity: int,
+        max_step: int | None = None,
+        initial_capacity: int = 512,
+        batch: kvcore.BatchLimits | None = None,
     ) -> kvcore.CacheConfig:
-        """A CacheConfig with one LayerConfig per layer of this model."""
+        """A CacheConfig with one LayerConfig per layer of this model (its policy, n_kv_heads, head_dim).
+
+        capacity: largest sequence length (positions); max_step: largest step
+        (tokens, default kvcore's); initial_capacity: rows a KVPool allocates
+        per flat layer before growing; batch: the limits of a BatchCache built
+        from it (default kvcore's). Raises kvcore.InvalidArgumentError when
+        kvcore refuses a value.
+        """
         layers = [kvcore.LayerConfig(self.policy(i), self.n_kv_heads, self.head_dim) for i in range(self.n_layers)]
-        return kvcore.CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
+        if batch is None:
+            return kvcore.CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
+        return kvcore.CacheConfig(
+            capacity, layers, max_step=max_step, initial_capacity=initial_capacity, batch=batch
+        )
 
 
 def visibility_mask(policy: kvcore.LayerPolicy, q_positions: Array, k_positions: Array) -> Array:

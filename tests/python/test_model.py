@@ -192,6 +192,17 @@ def test_layer_pattern_five_ring_one_flat() -> None:
     assert cache.n_policies == 2
 
 
+def test_cache_config_carries_batch_limits() -> None:
+    cfg = ModelConfig(n_layers=6, flat_every=3, window=8)
+    limits = kvcore.BatchLimits(block_size=4, max_seqs=3)
+    cc = cfg.cache_config(40, 5, batch=limits)
+    assert (cc.capacity, cc.max_step, cc.batch.block_size, cc.batch.max_seqs) == (40, 5, 4, 3)
+    assert [layer.policy for layer in cc.layers] == [cfg.policy(i) for i in range(6)]
+    assert cfg.cache_config(40).batch.block_size == kvcore.CacheConfig(40, cc.layers).batch.block_size
+    cache = kvcore.BatchCache(cc)
+    assert cache.block_size == 4 and cache.n_groups == 2
+
+
 @pytest.mark.parametrize(
     "kw,message",
     [
