@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 import kvcore
 from kvcore.demo import TOLERANCE, ModelOptions, Progress, _dtype, greedy, run_and_report
-from kvcore.model import Model, attention, visibility_mask
+from kvcore.model import Model
 
 Array = npt.NDArray[Any]
 
@@ -113,9 +113,9 @@ class Oracle:
     ``logits(tokens)`` returns ``forward_full(tokens, kv_dtype)`` (every position)
     while keeping, per layer, the K/V of every position of the longest prefix it
     has computed before: only the positions from the first token that differs are
-    computed, exactly as ``forward_full`` computes them (each position attends over
-    all positions before it through ``visibility_mask``). Nothing here comes from
-    kvcore's cache or pools.
+    computed, by ``Model.forward_from`` (``forward_full``'s own loop, resumed at that
+    position: each position attends over all positions before it through
+    ``visibility_mask``). Nothing here comes from kvcore's cache or pools.
     """
 
     def __init__(self, model: Model, capacity: int, kv_dtype: npt.DTypeLike = np.float32) -> None:
@@ -153,18 +153,8 @@ class Oracle:
         return self.rows[: len(tokens)]
 
     def _extend(self, start: int, new: list[int]) -> None:
-        m = self.model
         end = start + len(new)
-        positions = np.arange(start, end, dtype=np.int64)
-        history = np.arange(end, dtype=np.int64)
-        h = m._embed(m._tokens(new))
-        for i, w in enumerate(m.layers):
-            q, k, v = m._qkv(i, w, h, positions)
-            self.k[i][start:end] = k.astype(self.kv_dtype).astype(np.float32)
-            self.v[i][start:end] = v.astype(self.kv_dtype).astype(np.float32)
-            mask = visibility_mask(m.config.policy(i), positions, history)
-            h = m._finish_layer(w, h, attention(q, self.k[i][:end], self.v[i][:end], mask))
-        self.rows[start:end] = m._logits(h)
+        self.rows[start:end] = self.model.forward_from(new, start, self.k, self.v, self.kv_dtype)
         self.work += len(new)
 
 
