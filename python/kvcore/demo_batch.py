@@ -49,7 +49,17 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo import TOLERANCE, ModelOptions, Progress, _dtype, greedy, run_and_report
+from kvcore.demo import (
+    TOLERANCE,
+    ModelOptions,
+    Progress,
+    _dtype,
+    accepted_prefix,
+    corrupt_drafts,
+    greedy,
+    model_summary,
+    run_and_report,
+)
 from kvcore.model import Model
 
 Array = npt.NDArray[Any]
@@ -386,19 +396,13 @@ class _Server:
         seq = [*b.tokens, b.pending]
         for _ in range(k):
             seq.append(greedy(b.oracle.logits(seq)[-1]))
-        drafts = seq[len(b.tokens) + 1 :]
-        wrong = int(self.rng.integers(0, k + 1))
-        if wrong < k:
-            vocab = self.opts.vocab_size
-            drafts[wrong] = (drafts[wrong] + 1 + int(self.rng.integers(0, vocab - 1))) % vocab
+        drafts = corrupt_drafts(seq[len(b.tokens) + 1 :], self.rng, self.opts.vocab_size)
         self.oracle_s += time.perf_counter() - t0
         return drafts
 
     def _accept(self, b: Branch, ids: list[int], rows: Array, P: int) -> None:
         k = len(ids) - 1
-        a = 0
-        while a < k and ids[1 + a] == greedy(rows[a]):
-            a += 1
+        a = accepted_prefix(ids[1:], rows)
         b.tokens.extend(ids[: a + 1])
         for j in range(a + 1):
             b.kept[P + j] = rows[j]
@@ -530,19 +534,13 @@ class _Server:
                           else f"{len(self.mismatches)} disagreements, first: {self.mismatches[0]}",
             },
         ]
-        n_flat = sum(cfg.is_flat(i) for i in range(cfg.n_layers))
         generated = sum(len(b.generated) for c in self.chats for b in c.branches)
         fed = self.tokens_prefill + self.tokens_decode
         return {
             "ok": all(bool(c["ok"]) for c in checks),
             "checks": checks,
             "first_failure": self.first_failure,
-            "model": {
-                "layers": cfg.n_layers, "ring_layers": cfg.n_layers - n_flat, "flat_layers": n_flat,
-                "window": cfg.window, "sinks": cfg.sinks, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
-                "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-                "seed": cfg.seed,
-            },
+            "model": model_summary(cfg),
             "options": dataclasses.asdict(self.opts),
             "dtype": self.opts.dtype,
             "max_step": self.max_step,
