@@ -20,7 +20,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -168,6 +168,50 @@ def greedy(logits: npt.NDArray[Any]) -> int:
     return int(np.argmax(logits))
 
 
+def model_summary(cfg: ModelConfig) -> dict[str, int]:
+    """The report's "model" entry: layer counts (ring and flat), window and sinks
+    (positions), widths, vocabulary size and seed of the model `cfg` describes."""
+    n_flat = sum(cfg.is_flat(i) for i in range(cfg.n_layers))
+    return {
+        "layers": cfg.n_layers,
+        "ring_layers": cfg.n_layers - n_flat,
+        "flat_layers": n_flat,
+        "window": cfg.window,
+        "sinks": cfg.sinks,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "seed": cfg.seed,
+    }
+
+
+def corrupt_drafts(drafts: list[int], rng: np.random.Generator, vocab: int) -> list[int]:
+    """A copy of `drafts` (token ids) with one token, at a place drawn from `rng`,
+    replaced by a different id in [0, vocab); or none replaced (each of the
+    len(drafts) + 1 outcomes equally likely). No draw when `drafts` is empty.
+    Raises ValueError when a token must change and vocab < 2."""
+    out = list(drafts)
+    k = len(out)
+    if k == 0:
+        return out
+    wrong = int(rng.integers(0, k + 1))
+    if wrong < k:
+        out[wrong] = (out[wrong] + 1 + int(rng.integers(0, vocab - 1))) % vocab
+    return out
+
+
+def accepted_prefix(drafts: Sequence[int], logits: npt.NDArray[Any]) -> int:
+    """How many leading drafts greedy decoding accepts: drafts[j] is accepted when it
+    is the greedy token of logits[j] (the row of the token before it) and every draft
+    before it was. `logits` needs a row per draft (len(drafts) x vocab, at least)."""
+    a = 0
+    while a < len(drafts) and drafts[a] == greedy(logits[a]):
+        a += 1
+    return a
+
+
 def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Runs the demo; returns the report (``report["ok"]`` tells whether all checks passed)."""
     opts.check()
@@ -225,23 +269,10 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
             ),
         },
     ]
-    n_flat = sum(cfg.is_flat(i) for i in range(cfg.n_layers))
     return {
         "ok": all(bool(c["ok"]) for c in checks),
         "checks": checks,
-        "model": {
-            "layers": cfg.n_layers,
-            "ring_layers": cfg.n_layers - n_flat,
-            "flat_layers": n_flat,
-            "window": cfg.window,
-            "sinks": cfg.sinks,
-            "d_model": cfg.d_model,
-            "n_heads": cfg.n_heads,
-            "n_kv_heads": cfg.n_kv_heads,
-            "head_dim": cfg.head_dim,
-            "vocab_size": cfg.vocab_size,
-            "seed": cfg.seed,
-        },
+        "model": model_summary(cfg),
         "dtype": opts.dtype,
         "max_step": max_step,
         "prompt_len": opts.prompt_len,
@@ -280,14 +311,9 @@ def _speculative(
     while len(out) < opts.gen_len:
         P = dec.length
         k = min(opts.draft, max_step - 1, opts.gen_len - len(out))
-        drafts = list(plain[len(out) : len(out) + k])
-        wrong = int(rng.integers(0, k + 1)) if k else 0
-        if wrong < k:
-            drafts[wrong] = (drafts[wrong] + 1 + int(rng.integers(0, vocab - 1))) % vocab
+        drafts = corrupt_drafts(plain[len(out) : len(out) + k], rng, vocab)
         logits = dec.step([out[-1], *drafts])
-        a = 0
-        while a < k and drafts[a] == greedy(logits[a]):
-            a += 1
+        a = accepted_prefix(drafts, logits)
         for j in range(a + 1):
             kept[P + j] = logits[j]
         out.extend(drafts[:a])

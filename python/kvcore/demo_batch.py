@@ -49,8 +49,18 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo import TOLERANCE, ModelOptions, Progress, _dtype, greedy, run_and_report
-from kvcore.model import Model, attention, visibility_mask
+from kvcore.demo import (
+    TOLERANCE,
+    ModelOptions,
+    Progress,
+    _dtype,
+    accepted_prefix,
+    corrupt_drafts,
+    greedy,
+    model_summary,
+    run_and_report,
+)
+from kvcore.model import Model
 
 Array = npt.NDArray[Any]
 
@@ -113,9 +123,9 @@ class Oracle:
     ``logits(tokens)`` returns ``forward_full(tokens, kv_dtype)`` (every position)
     while keeping, per layer, the K/V of every position of the longest prefix it
     has computed before: only the positions from the first token that differs are
-    computed, exactly as ``forward_full`` computes them (each position attends over
-    all positions before it through ``visibility_mask``). Nothing here comes from
-    kvcore's cache or pools.
+    computed, by ``Model.forward_from`` (``forward_full``'s own loop, resumed at that
+    position: each position attends over all positions before it through
+    ``visibility_mask``). Nothing here comes from kvcore's cache or pools.
     """
 
     def __init__(self, model: Model, capacity: int, kv_dtype: npt.DTypeLike = np.float32) -> None:
@@ -153,18 +163,8 @@ class Oracle:
         return self.rows[: len(tokens)]
 
     def _extend(self, start: int, new: list[int]) -> None:
-        m = self.model
         end = start + len(new)
-        positions = np.arange(start, end, dtype=np.int64)
-        history = np.arange(end, dtype=np.int64)
-        h = m._embed(m._tokens(new))
-        for i, w in enumerate(m.layers):
-            q, k, v = m._qkv(i, w, h, positions)
-            self.k[i][start:end] = k.astype(self.kv_dtype).astype(np.float32)
-            self.v[i][start:end] = v.astype(self.kv_dtype).astype(np.float32)
-            mask = visibility_mask(m.config.policy(i), positions, history)
-            h = m._finish_layer(w, h, attention(q, self.k[i][:end], self.v[i][:end], mask))
-        self.rows[start:end] = m._logits(h)
+        self.rows[start:end] = self.model.forward_from(new, start, self.k, self.v, self.kv_dtype)
         self.work += len(new)
 
 
@@ -245,11 +245,8 @@ class _Server:
         self.model = Model(opts.model_config())
         cfg = self.model.config
         self.max_step = min(opts.max_step, opts.capacity)
-        layers = [kvcore.LayerConfig(cfg.policy(i), cfg.n_kv_heads, cfg.head_dim) for i in range(cfg.n_layers)]
         limits = kvcore.BatchLimits(block_size=opts.block_size, max_seqs=opts.concurrency)
-        self.cache = kvcore.BatchCache(
-            kvcore.CacheConfig(opts.capacity, layers, max_step=self.max_step, batch=limits)
-        )
+        self.cache = kvcore.BatchCache(cfg.cache_config(opts.capacity, self.max_step, batch=limits))
         self.pool = kvcore.PagedKVPool(self.cache, self.dtype)
         self.row_bytes = 2 * cfg.n_kv_heads * cfg.head_dim * np.dtype(self.dtype).itemsize
         self.group_layers = [0] * self.cache.n_groups
@@ -399,19 +396,13 @@ class _Server:
         seq = [*b.tokens, b.pending]
         for _ in range(k):
             seq.append(greedy(b.oracle.logits(seq)[-1]))
-        drafts = seq[len(b.tokens) + 1 :]
-        wrong = int(self.rng.integers(0, k + 1))
-        if wrong < k:
-            vocab = self.opts.vocab_size
-            drafts[wrong] = (drafts[wrong] + 1 + int(self.rng.integers(0, vocab - 1))) % vocab
+        drafts = corrupt_drafts(seq[len(b.tokens) + 1 :], self.rng, self.opts.vocab_size)
         self.oracle_s += time.perf_counter() - t0
         return drafts
 
     def _accept(self, b: Branch, ids: list[int], rows: Array, P: int) -> None:
         k = len(ids) - 1
-        a = 0
-        while a < k and ids[1 + a] == greedy(rows[a]):
-            a += 1
+        a = accepted_prefix(ids[1:], rows)
         b.tokens.extend(ids[: a + 1])
         for j in range(a + 1):
             b.kept[P + j] = rows[j]
@@ -543,19 +534,13 @@ class _Server:
                           else f"{len(self.mismatches)} disagreements, first: {self.mismatches[0]}",
             },
         ]
-        n_flat = sum(cfg.is_flat(i) for i in range(cfg.n_layers))
         generated = sum(len(b.generated) for c in self.chats for b in c.branches)
         fed = self.tokens_prefill + self.tokens_decode
         return {
             "ok": all(bool(c["ok"]) for c in checks),
             "checks": checks,
             "first_failure": self.first_failure,
-            "model": {
-                "layers": cfg.n_layers, "ring_layers": cfg.n_layers - n_flat, "flat_layers": n_flat,
-                "window": cfg.window, "sinks": cfg.sinks, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
-                "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-                "seed": cfg.seed,
-            },
+            "model": model_summary(cfg),
             "options": dataclasses.asdict(self.opts),
             "dtype": self.opts.dtype,
             "max_step": self.max_step,

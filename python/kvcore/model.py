@@ -12,6 +12,8 @@ Three paths over the same weights:
 - ``Model.forward_full(tokens)``, the oracle: no cache; every layer attends over
   the whole sequence through an explicit mask built from the visibility rule
   (``visibility_mask``, written from DESIGN.md, not taken from kvcore);
+  ``Model.forward_from`` is the same loop resumed at a position, over K/V
+  arrays the caller keeps (the batch demo's incremental oracle);
 - ``Model.forward_step(tokens, step, pool)`` through ``SequenceCache`` +
   ``KVPool``: each layer writes its new K/V rows, reads back the rows its plan
   names, and masks with ``step.mask(layer)``. ``Decoder`` drives it (chunked
@@ -87,11 +89,26 @@ class ModelConfig:
         return kvcore.Flat() if self.is_flat(layer) else kvcore.Ring(self.window, self.sinks)
 
     def cache_config(
-        self, capacity: int, max_step: int | None = None, initial_capacity: int = 512
+        self,
+        capacity: int,
+        max_step: int | None = None,
+        initial_capacity: int = 512,
+        batch: kvcore.BatchLimits | None = None,
     ) -> kvcore.CacheConfig:
-        """A CacheConfig with one LayerConfig per layer of this model."""
+        """A CacheConfig with one LayerConfig per layer of this model (its policy, n_kv_heads, head_dim).
+
+        capacity: largest sequence length (positions); max_step: largest step
+        (tokens, default kvcore's); initial_capacity: rows a KVPool allocates
+        per flat layer before growing; batch: the limits of a BatchCache built
+        from it (default kvcore's). Raises kvcore.InvalidArgumentError when
+        kvcore refuses a value.
+        """
         layers = [kvcore.LayerConfig(self.policy(i), self.n_kv_heads, self.head_dim) for i in range(self.n_layers)]
-        return kvcore.CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
+        if batch is None:
+            return kvcore.CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
+        return kvcore.CacheConfig(
+            capacity, layers, max_step=max_step, initial_capacity=initial_capacity, batch=batch
+        )
 
 
 def visibility_mask(policy: kvcore.LayerPolicy, q_positions: Array, k_positions: Array) -> Array:
@@ -220,13 +237,50 @@ class Model:
         K and V are rounded through ``kv_dtype``, as a pool of that dtype stores them.
         """
         ids = self._tokens(tokens)
-        positions = np.arange(len(ids), dtype=np.int64)
+        c = self.config
+        keys = [np.empty((len(ids), c.n_kv_heads, c.head_dim), np.float32) for _ in range(c.n_layers)]
+        values = [np.empty_like(a) for a in keys]
+        return self.forward_from(ids, 0, keys, values, kv_dtype)
+
+    def forward_from(
+        self,
+        tokens: Sequence[int] | Array,
+        start: int,
+        keys: Sequence[Array],
+        values: Sequence[Array],
+        kv_dtype: npt.DTypeLike = np.float32,
+    ) -> Array:
+        """Logits (len(tokens), vocab) of tokens at positions start.., with no cache: the
+        oracle's loop, resumable.
+
+        ``keys[i]`` and ``values[i]`` are float32 arrays (rows, n_kv_heads, head_dim),
+        one per layer, whose rows 0..start-1 hold the K/V of the positions before
+        (as an earlier call computed them). The new positions' K/V, rounded through
+        ``kv_dtype``, are written to rows start..start+len(tokens)-1 and every new
+        position attends over rows 0.. itself through ``visibility_mask``.
+        ``forward_full(tokens)`` is ``forward_from(tokens, 0, ...)``; continuing a
+        prefix this way gives the same numbers as recomputing it whole.
+        Raises ValueError on a token outside the vocabulary, a negative start, or
+        stores that are not one per layer or have fewer than start + len(tokens) rows.
+        """
+        ids = self._tokens(tokens)
+        c = self.config
+        end = start + len(ids)
+        if start < 0:
+            raise ValueError(f"start = {start}: must be >= 0")
+        if len(keys) != c.n_layers or len(values) != c.n_layers:
+            raise ValueError(f"{len(keys)} key and {len(values)} value stores for {c.n_layers} layers")
+        if any(len(a) < end for a in (*keys, *values)):
+            raise ValueError(f"positions up to {end}: a K/V store has fewer rows")
+        positions = np.arange(start, end, dtype=np.int64)
+        history = np.arange(end, dtype=np.int64)
         h = self._embed(ids)
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(i, w, h, positions)
-            k, v = _round_trip(k, kv_dtype), _round_trip(v, kv_dtype)
-            mask = visibility_mask(self.config.policy(i), positions, positions)
-            h = self._finish_layer(w, h, attention(q, k, v, mask))
+            keys[i][start:end] = _round_trip(k, kv_dtype)
+            values[i][start:end] = _round_trip(v, kv_dtype)
+            mask = visibility_mask(c.policy(i), positions, history)
+            h = self._finish_layer(w, h, attention(q, keys[i][:end], values[i][:end], mask))
         return self._logits(h)
 
     def forward_step(self, tokens: Sequence[int] | Array, step: kvcore.Step, pool: kvcore.KVPool) -> Array:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 
 import kvcore
@@ -36,6 +37,34 @@ def test_report_passes_and_says_what_it_did() -> None:
     assert r["kv_bytes"] == (2 * min(length, 1 + 6 + 4 - 1) + length) * row
     assert r["kv_bytes_all_flat"] == 3 * length * row
     assert r["kv_reserved_bytes"] >= r["kv_bytes"]
+
+
+def test_model_summary_counts_ring_and_flat_layers() -> None:
+    m = demo.model_summary(SMALL_OPTS.model_config())
+    assert (m["layers"], m["ring_layers"], m["flat_layers"], m["window"], m["sinks"]) == (3, 2, 1, 6, 1)
+    assert (m["d_model"], m["head_dim"], m["vocab_size"], m["seed"]) == (32, 8, 64, 0)
+
+
+def test_corrupt_drafts_changes_at_most_one_token() -> None:
+    rng = np.random.default_rng(0)
+    drafts = [3, 4, 5]
+    seen = set()
+    for _ in range(200):
+        out = demo.corrupt_drafts(drafts, rng, 8)
+        changed = [j for j in range(3) if out[j] != drafts[j]]
+        assert len(changed) <= 1 and all(0 <= t < 8 for t in out)
+        seen.add(changed[0] if changed else 3)
+    assert seen == {0, 1, 2, 3} and drafts == [3, 4, 5]
+    before = rng.bit_generator.state
+    assert demo.corrupt_drafts([], rng, 8) == [] and rng.bit_generator.state == before
+
+
+def test_accepted_prefix_stops_at_the_first_miss() -> None:
+    logits = np.eye(5, dtype=np.float32)[[1, 2, 3, 4]]  # greedy tokens 1, 2, 3, 4
+    assert demo.accepted_prefix([1, 2, 3], logits) == 3
+    assert demo.accepted_prefix([1, 0, 3], logits) == 1
+    assert demo.accepted_prefix([0, 2], logits) == 0
+    assert demo.accepted_prefix([], logits) == 0
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -184,12 +184,43 @@ def test_weights_come_from_the_seed() -> None:
     assert not np.array_equal(a.forward_full(tokens), c.forward_full(tokens))
 
 
+def test_forward_from_continues_a_prefix_as_forward_full_computes_it() -> None:
+    model = small_model("mixed", sinks=1)
+    c = model.config
+    tokens = np.random.default_rng(2).integers(0, 48, size=11).tolist()
+    keys = [np.zeros((16, c.n_kv_heads, c.head_dim), np.float32) for _ in range(c.n_layers)]
+    values = [np.zeros_like(a) for a in keys]
+    head = model.forward_from(tokens[:7], 0, keys, values, np.float16)
+    tail = model.forward_from(tokens[7:], 7, keys, values, np.float16)
+    full = model.forward_full(tokens, kv_dtype=np.float16)
+    np.testing.assert_array_equal(head, model.forward_full(tokens[:7], kv_dtype=np.float16))
+    assert float(np.abs(head - full[:7]).max()) <= TOL
+    assert float(np.abs(tail - full[7:]).max()) <= TOL
+    with pytest.raises(ValueError, match="fewer rows"):
+        model.forward_from(tokens, 7, keys, values)
+    with pytest.raises(ValueError, match="for 3 layers"):
+        model.forward_from(tokens[:1], 0, keys[:2], values)
+    with pytest.raises(ValueError, match="start = -1"):
+        model.forward_from(tokens[:1], -1, keys, values)
+
+
 def test_layer_pattern_five_ring_one_flat() -> None:
     cfg = ModelConfig(n_layers=12, flat_every=6, window=8, sinks=1)
     assert [cfg.is_flat(i) for i in range(12)] == [False] * 5 + [True] + [False] * 5 + [True]
     assert cfg.policy(0) == kvcore.Ring(8, 1) and cfg.policy(5) == kvcore.Flat()
     cache = kvcore.SequenceCache(cfg.cache_config(64, 4))
     assert cache.n_policies == 2
+
+
+def test_cache_config_carries_batch_limits() -> None:
+    cfg = ModelConfig(n_layers=6, flat_every=3, window=8)
+    limits = kvcore.BatchLimits(block_size=4, max_seqs=3)
+    cc = cfg.cache_config(40, 5, batch=limits)
+    assert (cc.capacity, cc.max_step, cc.batch.block_size, cc.batch.max_seqs) == (40, 5, 4, 3)
+    assert [layer.policy for layer in cc.layers] == [cfg.policy(i) for i in range(6)]
+    assert cfg.cache_config(40).batch.block_size == kvcore.CacheConfig(40, cc.layers).batch.block_size
+    cache = kvcore.BatchCache(cc)
+    assert cache.block_size == 4 and cache.n_groups == 2
 
 
 @pytest.mark.parametrize(
