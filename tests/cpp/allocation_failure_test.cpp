@@ -119,8 +119,8 @@ std::vector<CacheConfig> batch_configs() {
 }
 
 // Every nothrow allocation of BatchCache::create fails in turn: the cache
-// object, its 3 layer tables, each group pool's 7 tables, the 10 sequence
-// tables and the 13 step buffers. Each reports MemoryAllocationFailed naming
+// object, its 3 layer tables, each group pool's 7 tables, the 8 block-table
+// and sequence tables and the 14 step buffers. Each reports MemoryAllocationFailed naming
 // what, leaks nothing, and no throwing operator new is used.
 TEST(AllocationFailure, BatchCreateReportsEveryFailedAllocationAndLeaksNothing) {
   for (const CacheConfig& cfg : batch_configs()) {
@@ -136,7 +136,7 @@ TEST(AllocationFailure, BatchCreateReportsEveryFailedAllocationAndLeaksNothing) 
         },
         [] {});
     ASSERT_NE(cache, nullptr);
-    EXPECT_GE(failures, 1 + 3 + 7 * cache->n_groups() + 10 + 13);
+    EXPECT_GE(failures, 1 + 3 + 7 * cache->n_groups() + 8 + 14);
     // Every allocation succeeded at last: a working cache.
     ASSERT_EQ(cache->add_sequence(0), kvcore::Error::Ok);
     for (int T : {2, 1, 1}) {

@@ -313,7 +313,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         const int* row = table(g, seq);
         const int length = seqs_[seq].length;
         const int begun = begun_entry(seq);
-        for (int b = length / block_size_; b <= (length + entries[i].T - 1) / block_size_; ++b) {
+        for (int b = length / block_size_; b < ceil_div(length + entries[i].T, block_size_); ++b) {
           int cur = row[b];
           if (begun >= 0) cur = b == length / block_size_ ? first_before_[g * max_seqs_ + begun] : -1;
           if (cur < 0 || pool.refs(cur) > 1) ++need;
@@ -332,7 +332,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       Seq& s = seqs_[e.seq];
       step_seq_[i] = e.seq;
       entry_of_[e.seq] = i;
-      step_T_[i] = e.T;
       query_starts_[i] = at;
       first_positions_[i] = s.length;
       context_lens_[i] = s.length + e.T;
@@ -352,7 +351,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         int* row = table(g, seq);
         const int first = first_positions_[i];
         first_before_[g * max_seqs_ + i] = row[first / block_size_];  // what an abandoned step restores
-        for (int b = first / block_size_; b <= (first + step_T_[i] - 1) / block_size_; ++b) {
+        const int end_block = ceil_div(context_lens_[i], block_size_);
+        for (int b = first / block_size_; b < end_block; ++b) {
           const int cur = row[b];
           if (cur < 0) {
             row[b] = pool.allocate();
@@ -368,11 +368,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
           }
         }
         int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * max_step_tokens_ + query_starts_[i];
-        for (int j = 0; j < step_T_[i]; ++j) {
-          const int p = first + j;
-          slots[j] = row[p / block_size_] * block_size_ + p % block_size_;
-        }
-        const int end_block = (first + step_T_[i] - 1) / block_size_ + 1;
+        for (int p = first; p < context_lens_[i]; ++p)
+          slots[p - first] = row[p / block_size_] * block_size_ + p % block_size_;
         if (end_block > seqs_[seq].alloc_end) seqs_[seq].alloc_end = end_block;
       }
       group_plans_[g].n_copies = copies;
@@ -398,8 +395,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       Seq& s = seqs_[seq];
-      s.length += step_T_[i];
-      hash_tokens(seq, step_tokens_.get() + query_starts_[i], step_T_[i], tokens_given_[i]);
+      s.length = context_lens_[i];
+      hash_tokens(seq, step_tokens_.get() + query_starts_[i], query_starts_[i + 1] - query_starts_[i],
+                  tokens_given_[i]);
       for (int g = 0; g < n_groups_; ++g) evict(g, seq);
     }
     active_ = BatchStep{};
@@ -625,7 +623,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (std::int64_t i = 0; i < table_entries; ++i) tables_[i] = -1;
     step_seq_.reset(new (std::nothrow) int[seqs]);
     entry_of_.reset(new (std::nothrow) int[seqs]());
-    step_T_.reset(new (std::nothrow) int[seqs]);
     query_starts_.reset(new (std::nothrow) int[seqs + 1]);
     first_positions_.reset(new (std::nothrow) int[seqs]);
     context_lens_.reset(new (std::nothrow) int[seqs]);
@@ -638,7 +635,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     copies_.reset(new (std::nothrow) BlockCopy[n_groups_ * seqs]);
     first_before_.reset(new (std::nothrow) int[n_groups_ * seqs]);
     group_plans_.reset(new (std::nothrow) GroupPlan[n_groups_]);
-    KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && entry_of_ && step_T_ && query_starts_ && first_positions_ &&
+    KVCORE_CHECK_OR_RETURN_ERROR(step_seq_ && entry_of_ && query_starts_ && first_positions_ &&
                                      context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
                                      tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
                                      group_plans_,
@@ -737,7 +734,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       const int first = seqs_[seq].length / block_size_;
-      n += (seqs_[seq].length + step_T_[i] - 1) / block_size_ - first;  // past the first: all new
+      n += ceil_div(context_lens_[i], block_size_) - 1 - first;  // past the first: all new
       if (table(g, seq)[first] != first_before_[g * max_seqs_ + i]) ++n;  // the first: new, or a copy
     }
     return n;
@@ -1016,7 +1013,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::uint64_t last_step_id_ = 0;
   std::unique_ptr<int[]> step_seq_;
   std::unique_ptr<int[]> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
-  std::unique_ptr<int[]> step_T_;
   std::unique_ptr<int[]> query_starts_;
   std::unique_ptr<int[]> first_positions_;
   std::unique_ptr<int[]> context_lens_;
