@@ -41,7 +41,7 @@ struct SeqModel {
 
 class BatchModel {
  public:
-  explicit BatchModel(const kvcore::CacheConfig& cfg) : cfg_(cfg) {
+  explicit BatchModel(const kvcore::CacheConfig& cfg) {
     seqs_.resize(static_cast<std::size_t>(cfg.batch.max_seqs));
   }
 
@@ -59,19 +59,23 @@ class BatchModel {
   std::uint64_t tag_for(int s, int p, std::int32_t t) {
     SeqModel& m = seq(s);
     if (!m.plain || t < 0) return next_unique_++;
-    std::uint64_t h = 0x2545f4914f6cdd1dull;
-    for (int i = 0; i < p; ++i) h = mix(h ^ static_cast<std::uint32_t>(m.tokens[static_cast<std::size_t>(i)]));
-    return mix(h ^ static_cast<std::uint32_t>(t)) | 1;  // never 0
+    return chain_tag(m.tokens.data(), p, t);
   }
 
   /// The tag a plain token prefix gives position p (for checking adopted blocks).
   static std::uint64_t prefix_tag(const std::vector<std::int32_t>& tokens, int p) {
-    std::uint64_t h = 0x2545f4914f6cdd1dull;
-    for (int i = 0; i < p; ++i) h = mix(h ^ static_cast<std::uint32_t>(tokens[static_cast<std::size_t>(i)]));
-    return mix(h ^ static_cast<std::uint32_t>(tokens[static_cast<std::size_t>(p)])) | 1;
+    return chain_tag(tokens.data(), p, tokens[static_cast<std::size_t>(p)]);
   }
 
  private:
+  // The K/V a computation of tokens[0, p) then `t` puts at position p: a hash
+  // of them all, never 0.
+  static std::uint64_t chain_tag(const std::int32_t* tokens, int p, std::int32_t t) {
+    std::uint64_t h = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < p; ++i) h = mix(h ^ static_cast<std::uint32_t>(tokens[i]));
+    return mix(h ^ static_cast<std::uint32_t>(t)) | 1;
+  }
+
   static std::uint64_t mix(std::uint64_t x) {
     x ^= x >> 31;
     x *= 0x7fb5d329728ea185ull;
@@ -80,7 +84,6 @@ class BatchModel {
     return x ^ (x >> 33);
   }
 
-  kvcore::CacheConfig cfg_;
   std::vector<SeqModel> seqs_;
   std::uint64_t next_unique_ = 1ull << 62;
 };
