@@ -11,6 +11,7 @@
 // process-wide registry is global_builders() (registry_storage.h).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -193,16 +194,10 @@ class CacheBuilderRegistry {
 
   // Caller holds mutex_. The first entry not less than (backend_id, kind).
   std::size_t lower_bound(std::string_view backend_id, std::string_view kind) const noexcept {
-    std::size_t lo = 0, hi = entries_.size();
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (less(entries_[mid].name, backend_id, kind)) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    return lo;
+    const Entry* at = std::partition_point(entries_.begin(), entries_.end(), [&](const Entry& e) {
+      return less(e.name, backend_id, kind);
+    });
+    return static_cast<std::size_t>(at - entries_.begin());
   }
   bool holds(std::size_t at, std::string_view backend_id, std::string_view kind) const noexcept {
     return at < entries_.size() && entries_[at].name.backend_id.view() == backend_id &&

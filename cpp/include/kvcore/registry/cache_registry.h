@@ -11,6 +11,7 @@
 // per-step path. The process-wide registry is global_caches() (registry_storage.h).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -130,16 +131,9 @@ class CacheRegistry {
 
   // Caller holds mutex_. The first entry whose key is not less than `key`.
   std::size_t lower_bound(std::string_view key) const noexcept {
-    std::size_t lo = 0, hi = entries_.size();
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (entries_[mid].key.view() < key) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    return lo;
+    const Entry* at = std::partition_point(entries_.begin(), entries_.end(),
+                                           [key](const Entry& e) { return e.key.view() < key; });
+    return static_cast<std::size_t>(at - entries_.begin());
   }
   bool holds(std::size_t at, std::string_view key) const noexcept {
     return at < entries_.size() && entries_[at].key.view() == key;
