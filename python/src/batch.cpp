@@ -75,17 +75,6 @@ const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
   return h.plan;
 }
 
-// `x` as a Python int (anything with __index__, as every integer argument
-// takes), or nothing: the caller raises TypeError naming the field.
-std::optional<PyInt> as_index(py::handle x) {
-  PyObject* index = PyNumber_Index(x.ptr());
-  if (index == nullptr) {
-    PyErr_Clear();
-    return std::nullopt;
-  }
-  return PyInt{py::reinterpret_steal<py::int_>(index)};
-}
-
 // "T = 1.5: must be an int, got float" (the value's repr cut to 40 characters).
 std::string not_an_int(const char* what, py::handle x) {
   std::string shown = py::repr(x).cast<std::string>();
