@@ -83,6 +83,20 @@ std::string not_an_int(const char* what, py::handle x) {
          py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>();
 }
 
+// The token ids of `tokens` (any iterable). An item that is not an int goes to
+// `refuse`, which throws the caller's TypeError (its message names the call;
+// each stays a literal at its throw, where test_errors_doc finds it).
+template <typename Refuse>
+std::vector<std::int32_t> token_ids(const py::handle& tokens, Refuse refuse) {
+  std::vector<std::int32_t> out;
+  for (py::handle x : tokens) {
+    const std::optional<PyInt> id = as_index(x);
+    if (!id) refuse(x);  // throws
+    out.push_back(to_int("token", *id));
+  }
+  return out;
+}
+
 // One pass over `entries` (any iterable, a generator too): each item (seq, T)
 // or (seq, T, tokens). Token ids go to `tokens`, which the entries point into.
 std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vector<std::vector<std::int32_t>>* tokens) {
@@ -101,12 +115,9 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vec
     e.seq = to_int("seq", *s);
     e.T = to_int("T", *n);
     if (py::len(t) == 3 && !t[2].is_none()) {
-      std::vector<std::int32_t> ids;
-      for (py::handle x : t[2]) {
-        const std::optional<PyInt> id = as_index(x);
-        if (!id) throw py::type_error("begin_step: " + not_an_int("token", x));
-        ids.push_back(to_int("token", *id));
-      }
+      std::vector<std::int32_t> ids = token_ids(t[2], [](py::handle x) {
+        throw py::type_error("begin_step: " + not_an_int("token", x));
+      });
       if (static_cast<int>(ids.size()) != e.T)
         raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(e.seq) + " has T = " +
                                                   std::to_string(e.T) + " but " + std::to_string(ids.size()) +
@@ -125,16 +136,6 @@ BatchStepHandle begin(const CachePtr& c, const py::handle& entries) {
   std::vector<std::vector<std::int32_t>> tokens;
   const std::vector<kvcore::StepEntry> parsed = parse_entries(entries, &tokens);
   return BatchStepHandle{c, unwrap(c->begin_step(parsed.data(), static_cast<int>(parsed.size())))};
-}
-
-std::vector<std::int32_t> token_ids(const py::handle& tokens) {
-  std::vector<std::int32_t> out;
-  for (py::handle x : tokens) {
-    const std::optional<PyInt> id = as_index(x);
-    if (!id) throw py::type_error("adopt_prefix: " + not_an_int("token", x));
-    out.push_back(to_int("token", *id));
-  }
-  return out;
 }
 
 py::list holes_of(const kvcore::PositionRange* holes, int n) {
@@ -421,7 +422,9 @@ void register_batch(py::module_& m) {
            py::arg("seq"), py::arg("n"), "True exactly when rewind(seq, n) would succeed. Never raises.")
       .def("adopt_prefix",
            [](Cache& c, const PyInt& seq, const py::handle& tokens) {
-             const std::vector<std::int32_t> ids = token_ids(tokens);
+             const std::vector<std::int32_t> ids = token_ids(tokens, [](py::handle x) {
+               throw py::type_error("adopt_prefix: " + not_an_int("token", x));
+             });
              return unwrap(c.adopt_prefix(to_int("seq", seq), ids.data(), static_cast<int>(ids.size())));
            },
            py::arg("seq"), py::arg("tokens"),
