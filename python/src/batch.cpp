@@ -40,17 +40,16 @@ py::array view_of(const int* data, std::vector<py::ssize_t> shape, py::handle ow
 
 // One group's part of a plan.
 struct GroupPlanHandle {
-  CachePtr cache;
-  kvcore::BatchStep step;
+  BatchStepHandle step;  // the step it was made for
   int group = 0;
   kvcore::GroupPlan plan;
-  int n_tokens = 0;
+
+  int n_tokens() const { return step.step.n_tokens; }  // the step's, as its plan's
 };
 
 // The plan of a step, as Python sees it.
 struct BatchPlanHandle {
-  CachePtr cache;
-  kvcore::BatchStep step;
+  BatchStepHandle step;  // the step it was made for
   kvcore::BatchStepPlan plan;
 };
 
@@ -71,7 +70,7 @@ SequenceSnapshot snapshot_of(const kvcore::SequenceInfo& s) {
 }
 
 const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
-  throw_if_error(h.cache->check_step(h.step));  // a plan of an ended step is stale
+  throw_if_error(h.step.check());  // a plan of an ended step is stale
   return h.plan;
 }
 
@@ -175,31 +174,31 @@ void register_batch(py::module_& m) {
       .def_property_readonly(
           "slots",
           [](const GroupPlanHandle& g) {
-            throw_if_error(g.cache->check_step(g.step));
-            return view_of(g.plan.slots, {g.n_tokens}, py::cast(g.cache));
+            throw_if_error(g.step.check());
+            return view_of(g.plan.slots, {g.n_tokens()}, py::cast(g.step.cache));
           },
           "(n_tokens,) physical row of each new token (block * block_size + offset), in token "
           "order: where to write (slot_mapping).")
       .def_property_readonly(
           "copies",
           [](const GroupPlanHandle& g) {
-            throw_if_error(g.cache->check_step(g.step));
-            return view_of(reinterpret_cast<const int*>(g.plan.copies), {g.plan.n_copies, 2}, py::cast(g.cache));
+            throw_if_error(g.step.check());
+            return view_of(reinterpret_cast<const int*>(g.plan.copies), {g.plan.n_copies, 2}, py::cast(g.step.cache));
           },
           "(n_copies, 2) blocks to copy, (src, dst), all block_size rows, before writing "
           "(copy-on-write of a shared, partly filled block).")
       .def_property_readonly(
           "block_tables",
           [](const GroupPlanHandle& g) {
-            throw_if_error(g.cache->check_step(g.step));
-            return view_of(g.plan.block_tables, {g.cache->max_seqs(), g.plan.table_stride}, py::cast(g.cache));
+            throw_if_error(g.step.check());
+            return view_of(g.plan.block_tables, {g.step.cache->max_seqs(), g.plan.table_stride}, py::cast(g.step.cache));
           },
           "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
           "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.")
       .def("__repr__", [](const GroupPlanHandle& g) {
-        return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens) +
+        return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens()) +
                ", n_copies=" + std::to_string(g.plan.n_copies) +
-               (g.cache->check_step(g.step).ok() ? ")" : ", stale: its step ended)");
+               (g.step.check().ok() ? ")" : ", stale: its step ended)");
       });
 
   py::class_<BatchPlanHandle>(m, "BatchStepPlan",
@@ -214,23 +213,23 @@ void register_batch(py::module_& m) {
       .def_property_readonly("block_size", [](const BatchPlanHandle& h) { return h.plan.block_size; },
                              "Rows per block.")
       .def_property_readonly(
-          "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.cache)); },
+          "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) the sequence of each entry.")
       .def_property_readonly(
           "query_starts",
-          [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.step.cache)); },
           "(n_entries + 1,) entry i's tokens are [query_starts[i], query_starts[i + 1]) (cu_seqlens_q).")
       .def_property_readonly(
           "first_positions",
-          [](const BatchPlanHandle& h) { return view_of(current(h).first_positions, {h.plan.n_entries}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).first_positions, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) each sequence's length before the step: its first new position.")
       .def_property_readonly(
           "context_lens",
-          [](const BatchPlanHandle& h) { return view_of(current(h).context_lens, {h.plan.n_entries}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).context_lens, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) each sequence's length after the step (cache_seqlens).")
       .def_property_readonly(
           "visible_starts",
-          [](const BatchPlanHandle& h) { return view_of(current(h).visible_starts, {h.plan.n_entries}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).visible_starts, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) positions below it were removed from the sequence: never visible.")
       .def(
           "holes",
@@ -262,8 +261,8 @@ void register_batch(py::module_& m) {
           [](const BatchPlanHandle& h, const PyInt& group, const std::optional<PyInt>& rows) {
             const kvcore::BatchStepPlan& p = current(h);
             const int g = to_int("group", group);
-            const kvcore::LayerPolicy policy = unwrap(h.cache->group_policy(g));
-            const int n = rows ? to_int("rows", *rows) : unwrap(h.cache->used_blocks(g)) * p.block_size;
+            const kvcore::LayerPolicy policy = unwrap(h.step.cache->group_policy(g));
+            const int n = rows ? to_int("rows", *rows) : unwrap(h.step.cache->used_blocks(g)) * p.block_size;
             if (n < 0) raise(kvcore::Error::InvalidArgument, "rows = " + std::to_string(n) + ": must be >= 0");
             py::array_t<bool> out({p.n_tokens, n});
             throw_if_error(kvcore::fill_step_mask(p, g, policy, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
@@ -280,14 +279,14 @@ void register_batch(py::module_& m) {
             const kvcore::BatchStepPlan& p = current(h);
             py::tuple out(static_cast<std::size_t>(p.n_groups));
             for (int g = 0; g < p.n_groups; ++g)
-              out[static_cast<std::size_t>(g)] = GroupPlanHandle{h.cache, h.step, g, p.groups[g], p.n_tokens};
+              out[static_cast<std::size_t>(g)] = GroupPlanHandle{h.step, g, p.groups[g]};
             return out;
           },
           "One GroupPlan per group (index with cache.group_of(layer)).")
       .def("__repr__", [](const BatchPlanHandle& h) {
         return "BatchStepPlan(n_entries=" + std::to_string(h.plan.n_entries) + ", n_tokens=" +
                std::to_string(h.plan.n_tokens) + ", n_groups=" + std::to_string(h.plan.n_groups) +
-               (h.cache->check_step(h.step).ok() ? ")" : ", stale: its step ended)");
+               (h.step.check().ok() ? ")" : ", stale: its step ended)");
       });
 
   py::class_<BatchStepHandle>(m, "BatchStep",
@@ -297,9 +296,9 @@ void register_batch(py::module_& m) {
                              "Sequences in the step.")
       .def_property_readonly("n_tokens", [](const BatchStepHandle& h) { return h.step.n_tokens; },
                              "New tokens in the step, all sequences.")
-      .def_property_readonly("is_current", [](const BatchStepHandle& h) { return h.cache->check_step(h.step).ok(); },
+      .def_property_readonly("is_current", [](const BatchStepHandle& h) { return h.check().ok(); },
                              "True while this is the cache's begun, uncommitted step.")
-      .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h.cache, h.step, unwrap(h.cache->plan(h.step))}; },
+      .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h, unwrap(h.cache->plan(h.step))}; },
            "The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one.")
       .def("commit", [](const BatchStepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
            "Commits the step (every entry's length grows by its T). InvalidStateError: stale step.")
