@@ -16,7 +16,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "kvcore/batch/batch_cache.h"
-#include "kvcore/batch/step_mask.h"
+#include "plan_mask.h"
 
 namespace kvcore_py {
 
@@ -260,13 +260,7 @@ void register_batch(py::module_& m) {
           "mask",
           [](const BatchPlanHandle& h, const PyInt& group, const std::optional<PyInt>& rows) {
             const kvcore::BatchStepPlan& p = current(h);
-            const int g = to_int("group", group);
-            const kvcore::LayerPolicy policy = unwrap(h.step.cache->group_policy(g));
-            const int n = rows ? to_int("rows", *rows) : unwrap(h.step.cache->used_blocks(g)) * p.block_size;
-            if (n < 0) raise(kvcore::Error::InvalidArgument, "rows = " + std::to_string(n) + ": must be >= 0");
-            py::array_t<bool> out({p.n_tokens, n});
-            throw_if_error(kvcore::fill_step_mask(p, g, policy, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
-            return out;
+            return plan_mask(*h.step.cache, p, to_int("group", group), rows);
           },
           py::arg("group"), py::arg("rows") = py::none(),
           "Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default: "
