@@ -154,12 +154,9 @@ def measure(context: int, n_seqs: int, reps: int, seed: int) -> dict[str, Any]:
                 t0 = time.perf_counter_ns()
                 case.decode(kv)
                 times[case.name].append((time.perf_counter_ns() - t0) / 1e3 / LAYERS)
-    ref_bytes = None
     rows = []
     for case in cases:
         b = nbytes(case.cache)
-        if case.name.startswith("reference") and ref_bytes is None:
-            ref_bytes = b
         rows.append(
             {
                 "cache": case.name,

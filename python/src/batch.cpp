@@ -16,7 +16,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "kvcore/batch/batch_cache.h"
-#include "kvcore/batch/step_mask.h"
+#include "plan_mask.h"
 
 namespace kvcore_py {
 
@@ -40,17 +40,16 @@ py::array view_of(const int* data, std::vector<py::ssize_t> shape, py::handle ow
 
 // One group's part of a plan.
 struct GroupPlanHandle {
-  CachePtr cache;
-  kvcore::BatchStep step;
+  BatchStepHandle step;  // the step it was made for
   int group = 0;
   kvcore::GroupPlan plan;
-  int n_tokens = 0;
+
+  int n_tokens() const { return step.step.n_tokens; }  // the step's, as its plan's
 };
 
 // The plan of a step, as Python sees it.
 struct BatchPlanHandle {
-  CachePtr cache;
-  kvcore::BatchStep step;
+  BatchStepHandle step;  // the step it was made for
   kvcore::BatchStepPlan plan;
 };
 
@@ -71,19 +70,8 @@ SequenceSnapshot snapshot_of(const kvcore::SequenceInfo& s) {
 }
 
 const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
-  throw_if_error(h.cache->check_step(h.step));  // a plan of an ended step is stale
+  throw_if_error(h.step.check());  // a plan of an ended step is stale
   return h.plan;
-}
-
-// `x` as a Python int (anything with __index__, as every integer argument
-// takes), or nothing: the caller raises TypeError naming the field.
-std::optional<PyInt> as_index(py::handle x) {
-  PyObject* index = PyNumber_Index(x.ptr());
-  if (index == nullptr) {
-    PyErr_Clear();
-    return std::nullopt;
-  }
-  return PyInt{py::reinterpret_steal<py::int_>(index)};
 }
 
 // "T = 1.5: must be an int, got float" (the value's repr cut to 40 characters).
@@ -92,6 +80,20 @@ std::string not_an_int(const char* what, py::handle x) {
   if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
   return std::string(what) + " = " + shown + ": must be an int, got " +
          py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>();
+}
+
+// The token ids of `tokens` (any iterable). An item that is not an int goes to
+// `refuse`, which throws the caller's TypeError (its message names the call;
+// each stays a literal at its throw, where test_errors_doc finds it).
+template <typename Refuse>
+std::vector<std::int32_t> token_ids(const py::handle& tokens, Refuse refuse) {
+  std::vector<std::int32_t> out;
+  for (py::handle x : tokens) {
+    const std::optional<PyInt> id = as_index(x);
+    if (!id) refuse(x);  // throws
+    out.push_back(to_int("token", *id));
+  }
+  return out;
 }
 
 // One pass over `entries` (any iterable, a generator too): each item (seq, T)
@@ -112,12 +114,9 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vec
     e.seq = to_int("seq", *s);
     e.T = to_int("T", *n);
     if (py::len(t) == 3 && !t[2].is_none()) {
-      std::vector<std::int32_t> ids;
-      for (py::handle x : t[2]) {
-        const std::optional<PyInt> id = as_index(x);
-        if (!id) throw py::type_error("begin_step: " + not_an_int("token", x));
-        ids.push_back(to_int("token", *id));
-      }
+      std::vector<std::int32_t> ids = token_ids(t[2], [](py::handle x) {
+        throw py::type_error("begin_step: " + not_an_int("token", x));
+      });
       if (static_cast<int>(ids.size()) != e.T)
         raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(e.seq) + " has T = " +
                                                   std::to_string(e.T) + " but " + std::to_string(ids.size()) +
@@ -136,16 +135,6 @@ BatchStepHandle begin(const CachePtr& c, const py::handle& entries) {
   std::vector<std::vector<std::int32_t>> tokens;
   const std::vector<kvcore::StepEntry> parsed = parse_entries(entries, &tokens);
   return BatchStepHandle{c, unwrap(c->begin_step(parsed.data(), static_cast<int>(parsed.size())))};
-}
-
-std::vector<std::int32_t> token_ids(const py::handle& tokens) {
-  std::vector<std::int32_t> out;
-  for (py::handle x : tokens) {
-    const std::optional<PyInt> id = as_index(x);
-    if (!id) throw py::type_error("adopt_prefix: " + not_an_int("token", x));
-    out.push_back(to_int("token", *id));
-  }
-  return out;
 }
 
 py::list holes_of(const kvcore::PositionRange* holes, int n) {
@@ -185,31 +174,31 @@ void register_batch(py::module_& m) {
       .def_property_readonly(
           "slots",
           [](const GroupPlanHandle& g) {
-            throw_if_error(g.cache->check_step(g.step));
-            return view_of(g.plan.slots, {g.n_tokens}, py::cast(g.cache));
+            throw_if_error(g.step.check());
+            return view_of(g.plan.slots, {g.n_tokens()}, py::cast(g.step.cache));
           },
           "(n_tokens,) physical row of each new token (block * block_size + offset), in token "
           "order: where to write (slot_mapping).")
       .def_property_readonly(
           "copies",
           [](const GroupPlanHandle& g) {
-            throw_if_error(g.cache->check_step(g.step));
-            return view_of(reinterpret_cast<const int*>(g.plan.copies), {g.plan.n_copies, 2}, py::cast(g.cache));
+            throw_if_error(g.step.check());
+            return view_of(reinterpret_cast<const int*>(g.plan.copies), {g.plan.n_copies, 2}, py::cast(g.step.cache));
           },
           "(n_copies, 2) blocks to copy, (src, dst), all block_size rows, before writing "
           "(copy-on-write of a shared, partly filled block).")
       .def_property_readonly(
           "block_tables",
           [](const GroupPlanHandle& g) {
-            throw_if_error(g.cache->check_step(g.step));
-            return view_of(g.plan.block_tables, {g.cache->max_seqs(), g.plan.table_stride}, py::cast(g.cache));
+            throw_if_error(g.step.check());
+            return view_of(g.plan.block_tables, {g.step.cache->max_seqs(), g.plan.table_stride}, py::cast(g.step.cache));
           },
           "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
           "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.")
       .def("__repr__", [](const GroupPlanHandle& g) {
-        return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens) +
+        return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens()) +
                ", n_copies=" + std::to_string(g.plan.n_copies) +
-               (g.cache->check_step(g.step).ok() ? ")" : ", stale: its step ended)");
+               (g.step.check().ok() ? ")" : ", stale: its step ended)");
       });
 
   py::class_<BatchPlanHandle>(m, "BatchStepPlan",
@@ -224,23 +213,23 @@ void register_batch(py::module_& m) {
       .def_property_readonly("block_size", [](const BatchPlanHandle& h) { return h.plan.block_size; },
                              "Rows per block.")
       .def_property_readonly(
-          "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.cache)); },
+          "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) the sequence of each entry.")
       .def_property_readonly(
           "query_starts",
-          [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.step.cache)); },
           "(n_entries + 1,) entry i's tokens are [query_starts[i], query_starts[i + 1]) (cu_seqlens_q).")
       .def_property_readonly(
           "first_positions",
-          [](const BatchPlanHandle& h) { return view_of(current(h).first_positions, {h.plan.n_entries}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).first_positions, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) each sequence's length before the step: its first new position.")
       .def_property_readonly(
           "context_lens",
-          [](const BatchPlanHandle& h) { return view_of(current(h).context_lens, {h.plan.n_entries}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).context_lens, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) each sequence's length after the step (cache_seqlens).")
       .def_property_readonly(
           "visible_starts",
-          [](const BatchPlanHandle& h) { return view_of(current(h).visible_starts, {h.plan.n_entries}, py::cast(h.cache)); },
+          [](const BatchPlanHandle& h) { return view_of(current(h).visible_starts, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) positions below it were removed from the sequence: never visible.")
       .def(
           "holes",
@@ -271,13 +260,7 @@ void register_batch(py::module_& m) {
           "mask",
           [](const BatchPlanHandle& h, const PyInt& group, const std::optional<PyInt>& rows) {
             const kvcore::BatchStepPlan& p = current(h);
-            const int g = to_int("group", group);
-            const kvcore::LayerPolicy policy = unwrap(h.cache->group_policy(g));
-            const int n = rows ? to_int("rows", *rows) : unwrap(h.cache->used_blocks(g)) * p.block_size;
-            if (n < 0) raise(kvcore::Error::InvalidArgument, "rows = " + std::to_string(n) + ": must be >= 0");
-            py::array_t<bool> out({p.n_tokens, n});
-            throw_if_error(kvcore::fill_step_mask(p, g, policy, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
-            return out;
+            return plan_mask(*h.step.cache, p, to_int("group", group), rows);
           },
           py::arg("group"), py::arg("rows") = py::none(),
           "Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default: "
@@ -290,14 +273,14 @@ void register_batch(py::module_& m) {
             const kvcore::BatchStepPlan& p = current(h);
             py::tuple out(static_cast<std::size_t>(p.n_groups));
             for (int g = 0; g < p.n_groups; ++g)
-              out[static_cast<std::size_t>(g)] = GroupPlanHandle{h.cache, h.step, g, p.groups[g], p.n_tokens};
+              out[static_cast<std::size_t>(g)] = GroupPlanHandle{h.step, g, p.groups[g]};
             return out;
           },
           "One GroupPlan per group (index with cache.group_of(layer)).")
       .def("__repr__", [](const BatchPlanHandle& h) {
         return "BatchStepPlan(n_entries=" + std::to_string(h.plan.n_entries) + ", n_tokens=" +
                std::to_string(h.plan.n_tokens) + ", n_groups=" + std::to_string(h.plan.n_groups) +
-               (h.cache->check_step(h.step).ok() ? ")" : ", stale: its step ended)");
+               (h.step.check().ok() ? ")" : ", stale: its step ended)");
       });
 
   py::class_<BatchStepHandle>(m, "BatchStep",
@@ -307,9 +290,9 @@ void register_batch(py::module_& m) {
                              "Sequences in the step.")
       .def_property_readonly("n_tokens", [](const BatchStepHandle& h) { return h.step.n_tokens; },
                              "New tokens in the step, all sequences.")
-      .def_property_readonly("is_current", [](const BatchStepHandle& h) { return h.cache->check_step(h.step).ok(); },
+      .def_property_readonly("is_current", [](const BatchStepHandle& h) { return h.check().ok(); },
                              "True while this is the cache's begun, uncommitted step.")
-      .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h.cache, h.step, unwrap(h.cache->plan(h.step))}; },
+      .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h, unwrap(h.cache->plan(h.step))}; },
            "The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one.")
       .def("commit", [](const BatchStepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
            "Commits the step (every entry's length grows by its T). InvalidStateError: stale step.")
@@ -432,7 +415,9 @@ void register_batch(py::module_& m) {
            py::arg("seq"), py::arg("n"), "True exactly when rewind(seq, n) would succeed. Never raises.")
       .def("adopt_prefix",
            [](Cache& c, const PyInt& seq, const py::handle& tokens) {
-             const std::vector<std::int32_t> ids = token_ids(tokens);
+             const std::vector<std::int32_t> ids = token_ids(tokens, [](py::handle x) {
+               throw py::type_error("adopt_prefix: " + not_an_int("token", x));
+             });
              return unwrap(c.adopt_prefix(to_int("seq", seq), ids.data(), static_cast<int>(ids.size())));
            },
            py::arg("seq"), py::arg("tokens"),

@@ -11,6 +11,9 @@ namespace kvcore_py {
 struct BatchStepHandle {
   std::shared_ptr<kvcore::BatchCache> cache;
   kvcore::BatchStep step;
+
+  /// Ok while `step` is the cache's begun, uncommitted step; InvalidState after.
+  kvcore::Status check() const { return cache->check_step(step); }
 };
 
 }  // namespace kvcore_py

@@ -37,6 +37,12 @@ kvcore::LayerPolicy make_ring(const PyInt& window, const PyInt& sinks) {
   return p;
 }
 
+std::string repr(const kvcore::BatchLimits& b) {
+  return "BatchLimits(block_size=" + std::to_string(b.block_size) + ", max_seqs=" + std::to_string(b.max_seqs) +
+         ", max_step_tokens=" + std::to_string(b.max_step_tokens) + ", num_blocks=" + std::to_string(b.num_blocks) +
+         ", max_holes=" + std::to_string(b.max_holes) + ")";
+}
+
 // Mirrors the constructor call, so the repr reads as the config it is.
 std::string repr(const kvcore::CacheConfig& c) {
   std::string layers;
@@ -55,9 +61,7 @@ std::string repr(const kvcore::CacheConfig& c) {
   const kvcore::BatchLimits& b = c.batch;
   if (b.block_size != d.block_size || b.max_seqs != d.max_seqs || b.max_step_tokens != d.max_step_tokens ||
       b.num_blocks != d.num_blocks || b.max_holes != d.max_holes)
-    s += ", batch=BatchLimits(block_size=" + std::to_string(b.block_size) + ", max_seqs=" +
-         std::to_string(b.max_seqs) + ", max_step_tokens=" + std::to_string(b.max_step_tokens) +
-         ", num_blocks=" + std::to_string(b.num_blocks) + ", max_holes=" + std::to_string(b.max_holes) + ")";
+    s += ", batch=" + repr(b);
   return s + ")";
 }
 
@@ -171,12 +175,7 @@ void register_config(py::module_& m) {
                     "Blocks of each flat group's pool (0: the default).")
       .def_readonly("max_holes", &kvcore::BatchLimits::max_holes,
                     "Removed middle ranges one sequence keeps apart.")
-      .def("__repr__", [](const kvcore::BatchLimits& b) {
-        return "BatchLimits(block_size=" + std::to_string(b.block_size) + ", max_seqs=" +
-               std::to_string(b.max_seqs) + ", max_step_tokens=" + std::to_string(b.max_step_tokens) +
-               ", num_blocks=" + std::to_string(b.num_blocks) + ", max_holes=" +
-               std::to_string(b.max_holes) + ")";
-      });
+      .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 
   py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies, validated on construction.");
   copyable_value(cache_config);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -52,6 +53,18 @@ struct PyInt {
   py::int_ value;
 };
 
+/// `x` as a Python int (anything with __index__, as every integer argument
+/// takes: bool is an int in Python; floats and str are refused), or nothing:
+/// the caller raises the TypeError.
+inline std::optional<PyInt> as_index(py::handle x) {
+  PyObject* index = PyNumber_Index(x.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return PyInt{py::reinterpret_steal<py::int_>(index)};
+}
+
 }  // namespace kvcore_py
 
 namespace pybind11 {
@@ -62,14 +75,10 @@ struct type_caster<kvcore_py::PyInt> {
   PYBIND11_TYPE_CASTER(kvcore_py::PyInt, const_name("typing.SupportsIndex"));
 
   bool load(handle src, bool /*convert*/) {
-    // bool is an int in Python; floats and str have no __index__ and are refused.
     if (!src) return false;
-    PyObject* index = PyNumber_Index(src.ptr());
-    if (index == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    value.value = reinterpret_steal<int_>(index);
+    std::optional<kvcore_py::PyInt> index = kvcore_py::as_index(src);
+    if (!index) return false;
+    value = std::move(*index);
     return true;
   }
 };

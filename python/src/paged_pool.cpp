@@ -18,10 +18,10 @@
 #include "bindings.h"
 #include "errors.h"
 #include "kvcore/batch/batch_cache.h"
-#include "kvcore/batch/step_mask.h"
 #include "kvcore/pool/paged_kv_pool.h"
 #include "numpy_blocks.h"
 #include "numpy_dtype.h"
+#include "plan_mask.h"
 
 namespace kvcore_py {
 
@@ -106,13 +106,11 @@ class PyPagedPool {
   // The (n_tokens, used_blocks * B) mask of `group` for the begun step, built
   // once per group and step.
   py::object mask(const BatchStepHandle& h, const kvcore::BatchStepPlan& plan, int group) {
-    const kvcore::LayerPolicy policy = unwrap(cache_->group_policy(group));  // checks the group
+    // A bad group raises here, before masks_ is indexed.
+    throw_if_error(kvcore::internal::to_status(cache_->group_policy(group)));
     CachedMask& cached = masks_[static_cast<std::size_t>(group)];
     if (cached.step_id == h.step.id && cached.array) return cached.array;
-    const int rows = unwrap(cache_->used_blocks(group)) * plan.block_size;
-    py::array_t<bool> out({plan.n_tokens, rows});
-    throw_if_error(
-        kvcore::fill_step_mask(plan, group, policy, rows, reinterpret_cast<unsigned char*>(out.mutable_data())));
+    py::array_t<bool> out = plan_mask(*cache_, plan, group);
     NumpyBlocks::set_read_only(out);
     cached.step_id = h.step.id;
     cached.array = out;
