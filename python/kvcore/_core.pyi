@@ -616,6 +616,11 @@ class GroupPlan(metaclass=_pybind11_type):
         """(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; entry
         i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.
         """
+    @property
+    def policy(self) -> LayerPolicy:
+        """The group's LayerPolicy: the window bounds of the visibility rule (a ring's window and
+        sinks in positions; Flat: every earlier position).
+        """
 
 class BatchStepPlan(metaclass=_pybind11_type):
     """The plan of a begun BatchStep in the varlen paged format. Per-entry arrays are read-only

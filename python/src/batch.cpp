@@ -195,6 +195,14 @@ void register_batch(py::module_& m) {
           },
           "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
           "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.")
+      .def_property_readonly(
+          "policy",
+          [](const GroupPlanHandle& g) {
+            throw_if_error(g.step.check());
+            return g.plan.policy;
+          },
+          "The group's LayerPolicy: the window bounds of the visibility rule (a ring's window "
+          "and sinks in positions; Flat: every earlier position).")
       .def("__repr__", [](const GroupPlanHandle& g) {
         return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens()) +
                ", n_copies=" + std::to_string(g.plan.n_copies) +

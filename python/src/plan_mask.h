@@ -20,11 +20,11 @@ namespace kvcore_py {
 /// or rows.
 inline py::array_t<bool> plan_mask(const kvcore::BatchCache& cache, const kvcore::BatchStepPlan& plan, int group,
                                    const std::optional<PyInt>& rows = std::nullopt) {
-  const kvcore::LayerPolicy policy = unwrap(cache.group_policy(group));  // checks the group
+  unwrap(cache.group_policy(group));  // checks the group
   const int n = rows ? to_int("rows", *rows) : unwrap(cache.used_blocks(group)) * plan.block_size;
   if (n < 0) raise(kvcore::Error::InvalidArgument, "rows = " + std::to_string(n) + ": must be >= 0");
   py::array_t<bool> out({plan.n_tokens, n});
-  throw_if_error(kvcore::fill_step_mask(plan, group, policy, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
+  throw_if_error(kvcore::fill_step_mask(plan, group, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
   return out;
 }
 

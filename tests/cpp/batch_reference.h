@@ -126,7 +126,7 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
   for (int g = 0; g < plan.n_groups; ++g) {
     mask_rows.push_back(*cache.used_blocks(g) * B);
     masks.emplace_back(static_cast<std::size_t>(plan.n_tokens) * static_cast<std::size_t>(mask_rows.back()));
-    const kvcore::Status st = kvcore::fill_step_mask(plan, g, *cache.group_policy(g), mask_rows.back(), masks.back().data());
+    const kvcore::Status st = kvcore::fill_step_mask(plan, g, mask_rows.back(), masks.back().data());
     if (!st.ok()) return std::string("fill_step_mask: ") + st.message().c_str();
   }
   for (int i = 0; i < plan.n_entries; ++i) {

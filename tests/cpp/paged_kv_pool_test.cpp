@@ -136,7 +136,7 @@ std::string check_pool(const BatchCache& cache, const PagedKVPool& pool, const B
     if (span->rows != *cache.used_blocks(g) * B) return "rows: not used_blocks * B";
     if (span->k != shape.k || span->v != shape.v) return "rows: not the layer's storage";
     std::vector<unsigned char> mask(static_cast<std::size_t>(plan.n_tokens) * static_cast<std::size_t>(span->rows));
-    const kvcore::Status st = kvcore::fill_step_mask(plan, g, policy, span->rows, mask.data());
+    const kvcore::Status st = kvcore::fill_step_mask(plan, g, span->rows, mask.data());
     if (!st.ok()) return std::string("fill_step_mask: ") + st.message().c_str();
     for (int i = 0; i < plan.n_entries; ++i) {
       const int s = plan.seq_ids[i];
@@ -885,7 +885,7 @@ TEST(PagedKVPool, ArenaStepsNeverAllocate) {
       ok(made->update(l, *plan, k.data(), kb * n, v.data(), vb * n).ok());
       auto span = made->rows(l);
       ok(span.ok());
-      ok(kvcore::fill_step_mask(*plan, made->layer(l)->group, made->layer(l)->policy, span->rows, mask.data()).ok());
+      ok(kvcore::fill_step_mask(*plan, made->layer(l)->group, span->rows, mask.data()).ok());
       for (int e = 0; e < plan->n_entries; ++e)
         ok(made->gather(l, *plan, e, k_out.data(), k_out.size(), v_out.data(), v_out.size(), positions.data(),
                         positions.size())

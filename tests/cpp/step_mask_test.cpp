@@ -38,9 +38,12 @@ TEST(StepMask, EachTokenSeesItsOwnSequencesRowsByTheRule) {
   ASSERT_TRUE(plan.ok());
   const int rows = *cache->used_blocks(0) * 2;
   ASSERT_EQ(rows, 10);
+  // The plan carries each group's window bounds; the mask follows them.
+  EXPECT_EQ(plan->groups[0].policy, LayerPolicy::ring(2, 1));
+  EXPECT_EQ(plan->groups[1].policy, LayerPolicy::flat());
   std::vector<unsigned char> ring(2 * rows), flat(2 * rows);
-  ASSERT_TRUE(fill_step_mask(*plan, 0, LayerPolicy::ring(2, 1), rows, ring.data()).ok());
-  ASSERT_TRUE(fill_step_mask(*plan, 1, LayerPolicy::flat(), rows, flat.data()).ok());
+  ASSERT_TRUE(fill_step_mask(*plan, 0, rows, ring.data()).ok());
+  ASSERT_TRUE(fill_step_mask(*plan, 1, rows, flat.data()).ok());
   // Ring (window 2, sink 1): seq 0's query at 4 sees 0 (row 0), 3 (row 3), 4 (row 6);
   // seq 1's query at 2 sees 0 (row 4), 1 (row 5), 2 (row 8).
   const std::vector<unsigned char> want_ring = {1, 0, 0, 1, 0, 0, 1, 0, 0, 0,
@@ -60,17 +63,17 @@ TEST(StepMask, BadArgumentsAreRefused) {
   ASSERT_TRUE(step.ok());
   auto plan = cache->plan(*step);
   unsigned char cell = 7;
-  Status s = fill_step_mask(*plan, 2, LayerPolicy::flat(), 1, &cell);
+  Status s = fill_step_mask(*plan, 2, 1, &cell);
   EXPECT_EQ(s.code(), Error::InvalidArgument);
   EXPECT_STREQ(s.message().c_str(), "group = 2: must be in [0, n_groups = 2)");
-  s = fill_step_mask(*plan, 0, LayerPolicy::flat(), -1, &cell);
+  s = fill_step_mask(*plan, 0, -1, &cell);
   EXPECT_EQ(s.code(), Error::InvalidArgument);
   EXPECT_STREQ(s.message().c_str(), "rows = -1: must be >= 0");
-  s = fill_step_mask(*plan, 0, LayerPolicy::flat(), 1, nullptr);
+  s = fill_step_mask(*plan, 0, 1, nullptr);
   EXPECT_EQ(s.code(), Error::InvalidArgument);
   EXPECT_STREQ(s.message().c_str(), "fill_step_mask: mask is null");
   EXPECT_EQ(cell, 7);  // nothing written on a refusal
-  EXPECT_TRUE(fill_step_mask(*plan, 0, LayerPolicy::flat(), 0, nullptr).ok());  // no rows, nothing to fill
+  EXPECT_TRUE(fill_step_mask(*plan, 0, 0, nullptr).ok());  // no rows, nothing to fill
 }
 
 }  // namespace

@@ -452,7 +452,7 @@ BLANK_SETUP = textwrap.dedent(
                       "__repr__()"],
         "BatchStepPlan": ["n_entries", "n_tokens", "block_size", "seq_ids", "query_starts", "first_positions",
                           "context_lens", "visible_starts", "holes(0)", "positions", "groups", "__repr__()"],
-        "GroupPlan": ["group", "slots", "copies", "block_tables", "__repr__()"],
+        "GroupPlan": ["group", "slots", "copies", "block_tables", "policy", "__repr__()"],
         "SequenceInfo": ["active", "length", "visible_start", "holes", "visible_positions", "__repr__()"],
         "BatchLimits": ["block_size", "max_seqs", "max_step_tokens", "num_blocks", "max_holes", "__repr__()"],
     }

@@ -54,7 +54,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import kvcore
 from batch_reference import BatchModel, Entry, Pools, StepPlan, ceil_div, check_step
-from reference import Policy
+from reference import Policy, policy_of
 
 PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 150, "stateful_step_count": 20, "derandomize": True, "database": None},
@@ -264,6 +264,8 @@ class BatchMachine(RuleBasedStateMachine):
         self.plans.append(kplan)
         plan = step_plan(kplan)
         assert (kplan.n_entries, kplan.n_tokens, kplan.block_size) == (len(entries), len(tags), m.B)
+        # Each group's window bounds travel with the plan (DESIGN section 6).
+        assert [policy_of(g.policy) for g in kplan.groups] == m.groups
         assert kplan.positions.tolist() == [c.sequence(s).length + j for s, T, _ in entries for j in range(T)]
         if any(plan.copies):
             event("step with copy-on-write")

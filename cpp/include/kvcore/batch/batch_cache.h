@@ -647,6 +647,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       gp.copies = copies_.get() + static_cast<std::ptrdiff_t>(g) * max_seqs_;
       gp.block_tables = tables_.get() + static_cast<std::ptrdiff_t>(g) * max_seqs_ * stride_;
       gp.table_stride = stride_;
+      gp.policy = groups_[g].policy;
     }
     return Error::Ok;
   }

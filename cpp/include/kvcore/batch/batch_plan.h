@@ -59,6 +59,9 @@ struct GroupPlan {
   /// the step reads row seq_ids[i], its first ceil(context_lens[i] / B) entries.
   const int* block_tables = nullptr;
   int table_stride = 0;
+  /// The group's policy: the window bounds of the visibility rule (window and
+  /// sinks of a ring; flat: every earlier position).
+  LayerPolicy policy;
 };
 
 /// The plan of a step: per-entry arrays (shared by every group) and one

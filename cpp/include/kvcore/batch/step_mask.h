@@ -16,13 +16,12 @@
 namespace kvcore {
 
 /// Fills `mask[t * rows + r]` (n_tokens x rows bytes, 1 = attend) for every
-/// new token t of `plan` and row r of group `group`'s pool, whose layers have
-/// `policy`. Rows at or past `rows` are left out (give the group's
+/// new token t of `plan` and row r of group `group`'s pool, by the group's
+/// policy (plan.groups[group].policy). Rows at or past `rows` are left out (give the group's
 /// used_blocks * block_size to cover every live row). Work: clearing
 /// n_tokens x rows bytes, then the tokens times the keys each sees.
 /// InvalidArgument: group out of range, rows < 0, mask null with rows > 0.
-inline Status fill_step_mask(const BatchStepPlan& plan, int group, const LayerPolicy& policy,
-                             int rows, unsigned char* mask) noexcept {
+inline Status fill_step_mask(const BatchStepPlan& plan, int group, int rows, unsigned char* mask) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(group >= 0 && group < plan.n_groups, InvalidArgument,
                                "group = %d: must be in [0, n_groups = %d)", group, plan.n_groups);
   KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0, InvalidArgument, "rows = %d: must be >= 0", rows);
@@ -37,7 +36,7 @@ inline Status fill_step_mask(const BatchStepPlan& plan, int group, const LayerPo
     for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {
       const int q = plan.first_positions[i] + (t - plan.query_starts[i]);
       unsigned char* out = mask + static_cast<std::ptrdiff_t>(t) * rows;
-      for_each_visible_run(plan, i, policy, q, q + 1, [&](int begin, int end) {
+      for_each_visible_run(plan, i, gp.policy, q, q + 1, [&](int begin, int end) {
         for (int k = begin; k < end; ++k) {
           const int block = table[k / B];
           const std::int64_t row = static_cast<std::int64_t>(block) * B + k % B;

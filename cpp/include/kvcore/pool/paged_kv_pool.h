@@ -318,8 +318,8 @@ class PagedKVPool : private PoolBytes {
 
   /// The layer's live rows [0, used_blocks(group) * B) as one zero-copy span:
   /// every row any sequence's block table names lies in it. Attention over the
-  /// whole pool at once masks it with fill_step_mask(plan, group, policy,
-  /// rows, mask). A span shows the rows as they are: valid until the layer
+  /// whole pool at once masks it with fill_step_mask(plan, group, rows, mask).
+  /// A span shows the rows as they are: valid until the layer
   /// grows (never in arena mode), current until a later update writes them.
   /// InvalidArgument: bad layer. InvalidState: the live rows reach past the
   /// storage (update the layer for the begun step first).
