@@ -405,6 +405,47 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   ASSERT_EQ(h.step({{2, {a[8]}}}), "");  // reads the adopted K/V: exact
 }
 
+// DESIGN section 6: on a ring group a prefix hit counts as far as the blocks a
+// query at the hit length needs are held (the window and the rewind margin);
+// blocks below them may be gone. Ring(4), B = 2, C = 1: a hit of h positions
+// needs ring block indices from (h - 4) / 2 on. The ring pool holds 8 blocks;
+// a sequence decoding without token ids makes the pool reclaim cached blocks,
+// least recently released first.
+TEST(BatchScenarios, ARingPrefixHitCountsAsFarAsTheBlocksItsQueriesNeedAreHeld) {
+  const int B = 2;
+  Harness h(config(64, 1, {LayerPolicy::flat(), LayerPolicy::ring(4)}, B, 2));
+  const int ring = *h.cache().group_of(1);
+  const std::vector<std::int32_t> prompt = tokens(500, 13);  // 6 full blocks adoptable
+  h.add(0);
+  ASSERT_EQ(h.decode(0, 12, 1, &prompt), "");
+  h.release(0);  // ring blocks 0..3 were released by the window, then 4, 5
+  ASSERT_EQ(h.cached(ring), 6);
+  // Another sequence takes the 2 blocks without a key, then reclaims the
+  // least recently released: ring index 0, which a hit of 12 does not need.
+  h.add(1);
+  ASSERT_EQ(h.decode(1, 12, 1), "");
+  ASSERT_EQ(h.cached(ring), 5);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, prompt), 12);  // needs ring blocks 4, 5 only: a whole hit
+  ASSERT_EQ(h.step({{0, {prompt[12]}}}), "");
+  h.release(0);
+  // Adopting the 8-position prefix makes ring blocks 2, 3 the most recently
+  // released; reclaims then take 1, 4 and 5 first, which hits of 12 and 10
+  // need. (A sequence decoding alone reuses the blocks its window gives back:
+  // two at once make the pool short.)
+  h.add(0);
+  const std::vector<std::int32_t> shorter(prompt.begin(), prompt.begin() + 9);
+  EXPECT_EQ(h.adopt(0, shorter), 8);
+  h.release(0);
+  h.add(0);
+  for (int i = 0; i < 12 && h.cached(ring) > 2; ++i) ASSERT_EQ(h.step({{0, none(1)}, {1, none(1)}}), "");
+  ASSERT_EQ(h.cached(ring), 2);
+  h.release(0);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, prompt), 8);  // shorter: as far as its queries' blocks are held
+  ASSERT_EQ(h.step({{0, {prompt[8]}}}), "");  // and exact
+}
+
 // --- holes -------------------------------------------------------------------
 
 // remove(s, p0, p1) in the middle frees the blocks whose every position left
