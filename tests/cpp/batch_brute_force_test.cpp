@@ -63,22 +63,6 @@ std::string describe(const CacheConfig& c) {
   return s + " ]";
 }
 
-// Everything a refused call must leave as it was.
-struct Snapshot {
-  std::vector<int> lengths, held, free;
-  bool operator==(const Snapshot& o) const { return lengths == o.lengths && held == o.held && free == o.free; }
-};
-
-Snapshot snapshot(const BatchCache& cache) {
-  Snapshot s;
-  for (int q = 0; q < cache.max_seqs(); ++q) {
-    s.lengths.push_back(cache.sequence(q)->active ? cache.sequence(q)->length : -1);
-    for (int g = 0; g < cache.n_groups(); ++g) s.held.push_back(*cache.blocks_held(q, g));
-  }
-  for (int g = 0; g < cache.n_groups(); ++g) s.free.push_back(*cache.free_blocks(g));
-  return s;
-}
-
 class Driver {
  public:
   Driver(const CacheConfig& cfg, std::uint32_t seed)

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_reference.h"
 #include "kvcore/batch/batch_cache.h"
 
 namespace kvcore_test {
@@ -115,56 +116,6 @@ World make_world(bool open, const CacheConfig& cfg = world_config()) {
     }
   }
   return w;
-}
-
-// A plan's arrays, copied out (a plan points into the cache's buffers).
-struct PlanCopy {
-  std::vector<int> ints;
-  bool operator==(const PlanCopy& o) const { return ints == o.ints; }
-};
-
-PlanCopy copy_of(const BatchStepPlan& p) {
-  PlanCopy c;
-  std::vector<int>& v = c.ints;
-  v = {p.n_entries, p.n_tokens, p.block_size, p.n_groups};
-  for (int i = 0; i < p.n_entries; ++i) {
-    v.insert(v.end(), {p.seq_ids[i], p.query_starts[i], p.first_positions[i], p.context_lens[i], p.visible_starts[i],
-                       p.n_holes[i]});
-    for (int h = 0; h < p.n_holes[i]; ++h) v.insert(v.end(), {p.holes[i][h].begin, p.holes[i][h].end});
-  }
-  v.push_back(p.query_starts[p.n_entries]);
-  for (int g = 0; g < p.n_groups; ++g) {
-    const kvcore::GroupPlan& gp = p.groups[g];
-    v.insert(v.end(), gp.slots, gp.slots + p.n_tokens);
-    v.push_back(gp.n_copies);
-    for (int c2 = 0; c2 < gp.n_copies; ++c2) v.insert(v.end(), {gp.copies[c2].src, gp.copies[c2].dst});
-  }
-  return c;
-}
-
-// Everything the cache shows.
-struct Snapshot {
-  std::vector<int> ints;
-  std::vector<bool> rewinds;
-  bool operator==(const Snapshot& o) const { return ints == o.ints && rewinds == o.rewinds; }
-};
-
-Snapshot snapshot(const BatchCache& c) {
-  Snapshot s;
-  std::vector<int>& v = s.ints;
-  for (int q = 0; q < c.max_seqs(); ++q) {
-    const kvcore::SequenceInfo info = *c.sequence(q);
-    v.insert(v.end(), {info.active ? 1 : 0, info.length, info.visible_start, info.n_holes});
-    for (int h = 0; h < info.n_holes; ++h) v.insert(v.end(), {info.holes[h].begin, info.holes[h].end});
-    for (int g = 0; g < c.n_groups(); ++g) v.insert(v.end(), {*c.blocks_held(q, g), *c.oldest_held(q, g)});
-    for (int n = -1; n <= info.length + 1; ++n) s.rewinds.push_back(c.can_rewind(q, n));
-    s.rewinds.push_back(c.can_rewind(q, INT_MAX));
-  }
-  for (int g = 0; g < c.n_groups(); ++g) {
-    v.insert(v.end(), {*c.free_blocks(g), *c.cached_blocks(g)});
-    v.insert(v.end(), c.block_tables(g), c.block_tables(g) + c.max_seqs() * c.table_stride());
-  }
-  return s;
 }
 
 struct Before {
