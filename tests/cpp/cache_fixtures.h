@@ -33,8 +33,8 @@ inline CacheConfig make_config(int capacity, const std::vector<LayerPolicy>& pol
   return cfg;
 }
 
-/// Creates the cache or records a failure and returns nullptr.
 /// The config a cache reports through its planner face (max_step resolved).
+/// (The core has no such call: building a std::vector could throw.)
 inline CacheConfig config_of(const SequenceCache& cache) {
   CacheConfig cfg;
   cfg.capacity = cache.capacity();
@@ -45,6 +45,7 @@ inline CacheConfig config_of(const SequenceCache& cache) {
   return cfg;
 }
 
+/// Creates the cache or records a failure and returns nullptr.
 inline std::unique_ptr<SequenceCache> must_create(const CacheConfig& cfg) {
   auto r = SequenceCache::create(cfg);
   if (!r.ok()) {

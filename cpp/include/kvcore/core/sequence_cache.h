@@ -26,7 +26,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     std::unique_ptr<SequenceCache> cache(new (std::nothrow) SequenceCache(cfg));
     KVCORE_CHECK_OR_RETURN_ERROR(cache != nullptr, MemoryAllocationFailed,
                                  "cannot allocate a SequenceCache of %d layers", cfg.n_layers);
-    KVCORE_RETURN_IF_ERROR(cache->build_tables(cfg));
+    KVCORE_RETURN_IF_ERROR(cache->build_tables(cfg.layers.data(), cfg.layers.size()));
     return cache;
   }
 
@@ -41,7 +41,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     std::unique_ptr<SequenceCache> copy(new (std::nothrow) SequenceCache(*this, Cloning{}));
     KVCORE_CHECK_OR_RETURN_ERROR(copy != nullptr, MemoryAllocationFailed,
                                  "cannot allocate a SequenceCache of %d layers", n_layers_);
-    KVCORE_RETURN_IF_ERROR(copy->build_tables(layer_configs_.get()));
+    KVCORE_RETURN_IF_ERROR(copy->build_tables(layer_configs_.get(), static_cast<std::size_t>(n_layers_)));
     copy->length_ = length_;
     copy->active_ = active_;
     copy->last_step_id_ = last_step_id_;
@@ -210,16 +210,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         max_step_(other.max_step_),
         initial_capacity_(other.initial_capacity_) {}
 
-  Status build_tables(const CacheConfig& cfg) noexcept {
-    // A broadcast config has one entry for every layer.
-    const LayerConfig* one = cfg.layers.size() == 1 ? &cfg.layers.front() : nullptr;
-    return build_tables(cfg.layers.data(), one);
-  }
-
   // The per-layer and per-policy tables, through nothrow new: the core reports
   // a failed allocation instead of throwing. ~SequenceCache frees a partial build.
-  // Layer l's config is `broadcast` when given, else layers[l].
-  Status build_tables(const LayerConfig* layers, const LayerConfig* broadcast = nullptr) noexcept {
+  // Layer l's config is layers[l], or layers[0] for every layer when there is
+  // one entry (a broadcast config).
+  Status build_tables(const LayerConfig* layers, std::size_t n_entries) noexcept {
     const int n_layers = n_layers_;
     layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers]);
     layer_policy_.reset(new (std::nothrow) int[n_layers]);
@@ -229,7 +224,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         layer_configs_ != nullptr && layer_policy_ != nullptr && policies_ != nullptr,
         MemoryAllocationFailed, "cannot allocate the policy tables of %d layers", n_layers);
     for (int l = 0; l < n_layers; ++l) {
-      layer_configs_[l] = broadcast != nullptr ? *broadcast : layers[l];
+      layer_configs_[l] = layers[n_entries == 1 ? 0 : l];
       const LayerPolicy lp = layer_configs_[l].policy;
       int index = 0;
       while (index < n_policies_ && policies_[index]->policy() != lp) ++index;
