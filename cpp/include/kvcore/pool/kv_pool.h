@@ -423,7 +423,6 @@ class KVPool : private PoolBytes {
   }
 
 
-
   // A layer's row shape and geometry, as the planner reports them.
   struct Shape {
     LayerConfig config;
@@ -532,13 +531,6 @@ class KVPool : private PoolBytes {
     return extent;
   }
 
-  // Doubling from the current storage until `needed` rows fit, capped at rows.
-  static int grown_rows(const PoolLayer& layer, int needed) noexcept {
-    std::int64_t target = layer.allocated_rows > 0 ? layer.allocated_rows : 1;
-    while (target < needed) target *= 2;
-    return target < layer.rows ? static_cast<int>(target) : layer.rows;
-  }
-
   // Whether copying write run `first` (of two) leaves intact the input of the
   // other run: its destination rows, in K and in V, overlap neither input span.
   static bool copy_keeps_input(const PoolLayer& layer, const SeqStepPlan& plan, const void* k,
@@ -634,15 +626,7 @@ class KVPool : private PoolBytes {
                 layer.v_row_bytes * n);
   }
 
-  void release_all() noexcept {
-    if (layers_ == nullptr || arena_) return;
-    for (int l = 0; l < n_layers_; ++l) {
-      if (layers_[l].k != nullptr) allocator_.release(allocator_.context, layers_[l].k);
-      if (layers_[l].v != nullptr) allocator_.release(allocator_.context, layers_[l].v);
-    }
-    std::free(layers_);
-    layers_ = nullptr;
-  }
+  void release_all() noexcept { release_layers(layers_, n_layers_, arena_, allocator_); }
 
   DType dtype_;
   PoolAllocator allocator_;

@@ -402,7 +402,6 @@ class PagedKVPool : private PoolBytes {
       : planner_(&planner), dtype_(dtype), allocator_(allocator), block_size_(planner.block_size()) {}
 
 
-
   // Layer `l`'s group, policy, row sizes and rows, as the planner reports them;
   // fails when its rows overflow an int or its bytes the address space.
   static Status shape_layer(const BatchPlanner& planner, int l, DType dtype, PagedLayer* out) noexcept {
@@ -546,13 +545,6 @@ class PagedKVPool : private PoolBytes {
     return n;
   }
 
-  // Doubling from the current storage until `needed` rows fit, capped at rows.
-  static int grown_rows(const PagedLayer& layer, int needed) noexcept {
-    std::int64_t target = layer.allocated_rows > 0 ? layer.allocated_rows : 1;
-    while (target < needed) target *= 2;
-    return target < layer.rows ? static_cast<int>(target) : layer.rows;
-  }
-
   // Grows `layer_index` to `rows`, keeping its data: new blocks first, then
   // copy, then release, so a failure leaves the layer as it was.
   Status grow(int layer_index, int rows) noexcept {
@@ -586,15 +578,7 @@ class PagedKVPool : private PoolBytes {
     return Error::Ok;
   }
 
-  void release_all() noexcept {
-    if (layers_ == nullptr || arena_) return;
-    for (int l = 0; l < n_layers_; ++l) {
-      if (layers_[l].k != nullptr) allocator_.release(allocator_.context, layers_[l].k);
-      if (layers_[l].v != nullptr) allocator_.release(allocator_.context, layers_[l].v);
-    }
-    std::free(layers_);
-    layers_ = nullptr;
-  }
+  void release_all() noexcept { release_layers(layers_, n_layers_, arena_, allocator_); }
 
   const BatchPlanner* planner_;
   DType dtype_;

@@ -6,9 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kvcore/core/result.h"
 #include "kvcore/pool/dtype.h"
+#include "kvcore/pool/pool_allocator.h"
 
 namespace kvcore {
 
@@ -79,6 +81,28 @@ struct PoolBytes {
     return Error::Ok;
   }
 
+  /// A growing layer's next size: doubling from its storage until `needed`
+  /// rows fit, capped at its rows.
+  template <typename Layer>
+  static int grown_rows(const Layer& layer, int needed) noexcept {
+    std::int64_t target = layer.allocated_rows > 0 ? layer.allocated_rows : 1;
+    while (target < needed) target *= 2;
+    return target < layer.rows ? static_cast<int>(target) : layer.rows;
+  }
+
+  /// Gives every layer's K and V blocks back to `allocator` and frees the
+  /// layer table (calloc'ed); an arena pool owns nothing. Leaves `layers` null.
+  template <typename Layer>
+  static void release_layers(Layer*& layers, int n_layers, bool arena,
+                             const PoolAllocator& allocator) noexcept {
+    if (layers == nullptr || arena) return;
+    for (int l = 0; l < n_layers; ++l) {
+      if (layers[l].k != nullptr) allocator.release(allocator.context, layers[l].k);
+      if (layers[l].v != nullptr) allocator.release(allocator.context, layers[l].v);
+    }
+    std::free(layers);
+    layers = nullptr;
+  }
 };
 
 }  // namespace kvcore
