@@ -44,10 +44,7 @@ class [[nodiscard]] Status {
   /// accepted and ignored, each argument printing as its own type.
   template <std::size_t N, typename... Args>
   static Status make(Error code, const char (&format)[N], const Args&... args) noexcept {
-    Status s(code);
-    s.format_ = format;
-    (s.pack(args), ...);
-    return s;
+    return make_from(code, format, args...);  // one body per argument list, not per format length
   }
 
   bool ok() const noexcept { return code_ == Error::Ok; }
@@ -68,6 +65,14 @@ class [[nodiscard]] Status {
   static constexpr unsigned char kNarrow = 0x10;
 
   // --- packing (when the error is made) ---
+  template <typename... Args>
+  static Status make_from(Error code, const char* format, const Args&... args) noexcept {
+    Status s(code);
+    s.format_ = format;
+    (s.pack(args), ...);
+    return s;
+  }
+
   template <typename T>
   void pack(const T& value) noexcept {
     if constexpr (std::is_same<T, bool>::value) {
