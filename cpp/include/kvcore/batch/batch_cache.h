@@ -23,12 +23,23 @@
 namespace kvcore {
 
 /// Checks the BatchLimits of `cfg` (after validate(cfg)). InvalidArgument names
-/// the field, its value and the rule.
+/// the field, its value and the rule; among them, the end of the last block a
+/// table can name, ceil(capacity / block_size) * block_size, must be <= 2^31 - 1
+/// (every block boundary is then a position).
 inline Status validate_batch(const CacheConfig& cfg) noexcept {
   KVCORE_RETURN_IF_ERROR(validate(cfg));
   const BatchLimits& b = cfg.batch;
   KVCORE_CHECK_OR_RETURN_ERROR(b.block_size >= 1, InvalidArgument,
                                "batch.block_size = %d: must be >= 1", b.block_size);
+  // Block boundaries: the end of the last block table entry, ceil(capacity / B) * B,
+  // must be a position (an int), or block arithmetic near the top would overflow.
+  const std::int64_t table_end = (static_cast<std::int64_t>(cfg.capacity) + b.block_size - 1) /
+                                 b.block_size * b.block_size;
+  KVCORE_CHECK_OR_RETURN_ERROR(table_end <= 0x7fffffff, InvalidArgument,
+                               "capacity = %d, batch.block_size = %d: the last block ends at "
+                               "position %lld; ceil(capacity / block_size) * block_size must be "
+                               "<= 2^31 - 1",
+                               cfg.capacity, b.block_size, static_cast<long long>(table_end));
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_seqs >= 1 && b.max_seqs <= (1 << 20), InvalidArgument,
                                "batch.max_seqs = %d: must be in [1, 1048576]", b.max_seqs);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_step_tokens >= 0, InvalidArgument,
@@ -136,7 +147,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       lost_below(g, dst) = lost < upto ? lost : upto;
       for (int i = first_block(src); i < end_block; ++i) {
         if (from[i] < 0) continue;
-        const int hi = (i + 1) * block_size_ < upto ? (i + 1) * block_size_ : upto;
+        // Block boundaries in 64 bits (create bounds them by 2^31 - 1 too).
+        const std::int64_t end = (static_cast<std::int64_t>(i) + 1) * block_size_;
+        const int hi = end < upto ? static_cast<int>(end) : upto;
         if (next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
         groups_[g].pool.hold(from[i]);
         to[i] = from[i];
@@ -798,9 +811,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   void release_removed(int seq, int p0, int p1) noexcept {
     const int B = block_size_;
     const int length = seqs_[seq].length;
-    for (int i = p0 / B; i * B < p1; ++i) {
+    for (int i = p0 / B; static_cast<std::int64_t>(i) * B < p1; ++i) {
       const int lo = i * B;
-      const int hi = (i + 1) * B < length ? (i + 1) * B : length;
+      const std::int64_t end = (static_cast<std::int64_t>(i) + 1) * B;
+      const int hi = end < length ? static_cast<int>(end) : length;
       if (next_kept(seq, lo) < hi) continue;  // a position of it is still seen
       for (int g = 0; g < n_groups_; ++g) {
         int* row = table(g, seq);
