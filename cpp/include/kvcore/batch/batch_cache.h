@@ -73,8 +73,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   BatchCache& operator=(const BatchCache&) = delete;
 
   // CacheBase.
-  BatchControl* as_batch_control() noexcept override { return this; }
-  BatchPlanner* as_batch_planner() noexcept override { return this; }
+  void* face(FaceId id) noexcept override {
+    if (id == FaceId::batch_control) return static_cast<BatchControl*>(this);
+    if (id == FaceId::batch_planner) return static_cast<BatchPlanner*>(this);
+    return nullptr;
+  }
 
   // --- BatchControl: limits -------------------------------------------------
   int max_seqs() const noexcept override { return max_seqs_; }
