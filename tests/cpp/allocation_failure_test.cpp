@@ -194,27 +194,20 @@ TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
   const int held = pool.allocate();
   const kvcore::BlockKey key{1, 2};
   ASSERT_TRUE(pool.set_key(held, key));
-  const int failures = fail_each_allocation(
-      [&] {
-        Status outcome = pool.create(64, "a bigger pool");
-        // The run that allocates everything succeeds: put the original back.
-        if (outcome.ok()) {
-          EXPECT_TRUE(pool.create(4, "a test pool").ok());
-          const int again = pool.allocate();
-          EXPECT_TRUE(pool.set_key(again, key));
-        }
-        return outcome;
-      },
-      [&] {
-        EXPECT_EQ(pool.n_blocks(), 4);
-        EXPECT_EQ(pool.used_blocks(), 1);
-        EXPECT_EQ(pool.free_blocks(), 3);
-        EXPECT_EQ(pool.refs(held), 1);
-        EXPECT_EQ(pool.find(key), held);
-      });
+  // Every failed run must leave the 4-block pool as it was; the last run
+  // (all 7 tables allocated) makes it a 64-block pool.
+  const int failures = fail_each_allocation([&] { return pool.create(64, "a bigger pool"); },
+                                            [&] {
+                                              EXPECT_EQ(pool.n_blocks(), 4);
+                                              EXPECT_EQ(pool.used_blocks(), 1);
+                                              EXPECT_EQ(pool.free_blocks(), 3);
+                                              EXPECT_EQ(pool.refs(held), 1);
+                                              EXPECT_EQ(pool.find(key), held);
+                                            });
   EXPECT_EQ(failures, 7);  // one per table
-  EXPECT_EQ(pool.n_blocks(), 4);
-  EXPECT_EQ(pool.find(key), held);
+  EXPECT_EQ(pool.n_blocks(), 64);
+  EXPECT_EQ(pool.free_blocks(), 64);
+  EXPECT_EQ(pool.find(key), -1);
 }
 
 TEST(AllocationFailure, RegistryInstallsAndListsThroughNothrowPathsOnly) {

@@ -134,10 +134,6 @@ inline bool valid_by_rules(const CacheConfig& cfg) {
     if (l.n_kv_heads < 1 || l.head_dim < 1 || l.v_head_dim < 0) return false;
   }
   const kvcore::BatchLimits& b = cfg.batch;
-  // The end of the last block a table names must be a position (an int).
-  if (b.block_size >= 1 && (static_cast<std::int64_t>(cfg.capacity) + b.block_size - 1) / b.block_size * b.block_size >
-                               INT_MAX)
-    return false;
   return b.block_size >= 1 && b.max_seqs >= 1 && b.max_seqs <= (1 << 20) && b.max_step_tokens >= 0 &&
          b.num_blocks >= 0 && b.max_holes >= 0 && b.max_holes <= 4096;
 }

@@ -23,23 +23,14 @@
 namespace kvcore {
 
 /// Checks the BatchLimits of `cfg` (after validate(cfg)). InvalidArgument names
-/// the field, its value and the rule; among them, the end of the last block a
-/// table can name, ceil(capacity / block_size) * block_size, must be <= 2^31 - 1
-/// (every block boundary is then a position).
+/// the field, its value and the rule. (The end of the last block a table names,
+/// ceil(capacity / block_size) * block_size, may pass 2^31 - 1: block
+/// boundaries are computed in 64 bits.)
 inline Status validate_batch(const CacheConfig& cfg) noexcept {
   KVCORE_RETURN_IF_ERROR(validate(cfg));
   const BatchLimits& b = cfg.batch;
   KVCORE_CHECK_OR_RETURN_ERROR(b.block_size >= 1, InvalidArgument,
                                "batch.block_size = %d: must be >= 1", b.block_size);
-  // Block boundaries: the end of the last block table entry, ceil(capacity / B) * B,
-  // must be a position (an int), or block arithmetic near the top would overflow.
-  const std::int64_t table_end = (static_cast<std::int64_t>(cfg.capacity) + b.block_size - 1) /
-                                 b.block_size * b.block_size;
-  KVCORE_CHECK_OR_RETURN_ERROR(table_end <= 0x7fffffff, InvalidArgument,
-                               "capacity = %d, batch.block_size = %d: the last block ends at "
-                               "position %lld; ceil(capacity / block_size) * block_size must be "
-                               "<= 2^31 - 1",
-                               cfg.capacity, b.block_size, static_cast<long long>(table_end));
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_seqs >= 1 && b.max_seqs <= (1 << 20), InvalidArgument,
                                "batch.max_seqs = %d: must be in [1, 1048576]", b.max_seqs);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_step_tokens >= 0, InvalidArgument,
@@ -150,7 +141,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       lost_below(g, dst) = lost < upto ? lost : upto;
       for (int i = first_block(src); i < end_block; ++i) {
         if (from[i] < 0) continue;
-        // Block boundaries in 64 bits (create bounds them by 2^31 - 1 too).
+        // Block boundaries in 64 bits (the last block may end past 2^31 - 1).
         const std::int64_t end = (static_cast<std::int64_t>(i) + 1) * block_size_;
         const int hi = end < upto ? static_cast<int>(end) : upto;
         if (next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
