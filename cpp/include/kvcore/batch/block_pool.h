@@ -60,6 +60,8 @@ class BlockPool {
   BlockPool() = default;
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
+  BlockPool(BlockPool&&) noexcept = default;
+  BlockPool& operator=(BlockPool&&) noexcept = default;
 
   /// Allocates the tables for `n_blocks` blocks, all free. Precondition:
   /// 1 <= n_blocks <= 2^30 (the key table has a power of two >= 2 n_blocks

@@ -38,7 +38,8 @@ class BlockGroup {
   /// `max_seqs` sequences of `stride` block indices, all empty.
   /// MemoryAllocationFailed: nothing is assigned.
   Status create(int blocks, int max_seqs, int stride, int block_size) noexcept {
-    KVCORE_RETURN_IF_ERROR(pool_.create(blocks, "a group's pool"));
+    BlockPool pool;
+    KVCORE_RETURN_IF_ERROR(pool.create(blocks, "a group's pool"));
     const std::int64_t entries = static_cast<std::int64_t>(max_seqs) * stride;
     std::unique_ptr<int[]> tables(new (std::nothrow) int[entries]);
     std::unique_ptr<int[]> held(new (std::nothrow) int[max_seqs]());
@@ -46,6 +47,7 @@ class BlockGroup {
     KVCORE_CHECK_OR_RETURN_ERROR(tables && held && lost, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
     for (std::int64_t i = 0; i < entries; ++i) tables[i] = -1;
+    pool_ = std::move(pool);
     tables_ = std::move(tables);
     held_ = std::move(held);
     lost_below_ = std::move(lost);

@@ -34,9 +34,23 @@ struct StepLimits {
 class StepState {
  public:
   /// The step buffers, and each group's plan pointing into them and at the
-  /// groups' block tables. MemoryAllocationFailed: nothing is assigned that
-  /// a later call reads (the cache is discarded).
-  Status create(const StepLimits& limits, const BlockGroup* groups, int stride) noexcept;
+  /// groups' block tables. MemoryAllocationFailed: nothing is assigned (the
+  /// buffers are built in another StepState, moved in once all exist).
+  Status create(const StepLimits& limits, const BlockGroup* groups, int stride) noexcept {
+    StepState fresh;
+    KVCORE_RETURN_IF_ERROR(fresh.allocate(limits));
+    fresh.lim_ = limits;
+    for (int g = 0; g < limits.n_groups; ++g) {
+      GroupPlan& gp = fresh.group_plans_[g];
+      gp.slots = fresh.slots_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_step_tokens;
+      gp.copies = fresh.copies_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_seqs;
+      gp.block_tables = groups[g].tables();
+      gp.table_stride = stride;
+      gp.policy = groups[g].policy();
+    }
+    *this = std::move(fresh);
+    return Error::Ok;
+  }
 
   /// The begun step, or id 0.
   const BatchStep& active() const noexcept { return active_; }
@@ -120,6 +134,7 @@ class StepState {
     }
   }
 
+  Status allocate(const StepLimits& limits) noexcept;
   void record_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept;
   int place_entry(BlockGroup& group, int g, int i, int copies) noexcept;
   void fill_slots(const BlockGroup& group, int g, int i) noexcept;
@@ -145,7 +160,7 @@ class StepState {
   std::unique_ptr<GroupPlan[]> group_plans_;
 };
 
-inline Status StepState::create(const StepLimits& limits, const BlockGroup* groups, int stride) noexcept {
+inline Status StepState::allocate(const StepLimits& limits) noexcept {
   const std::int64_t seqs = limits.max_seqs;
   const std::int64_t per_groups = limits.n_groups * seqs;
   seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
@@ -169,15 +184,6 @@ inline Status StepState::create(const StepLimits& limits, const BlockGroup* grou
                                    group_plans_,
                                MemoryAllocationFailed, "cannot allocate the step buffers of %d tokens",
                                limits.max_step_tokens);
-  lim_ = limits;
-  for (int g = 0; g < limits.n_groups; ++g) {
-    GroupPlan& gp = group_plans_[g];
-    gp.slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_step_tokens;
-    gp.copies = copies_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_seqs;
-    gp.block_tables = groups[g].tables();
-    gp.table_stride = stride;
-    gp.policy = groups[g].policy();
-  }
   return Error::Ok;
 }
 
