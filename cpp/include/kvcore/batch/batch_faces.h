@@ -169,12 +169,8 @@ class BatchPlanner {
 /// The batch faces' types for CacheBase's face lookup (as_batch_control(),
 /// as_batch_planner(), as_face<FaceId::batch_control>()).
 template <>
-struct FaceType<FaceId::batch_control> {
-  using type = BatchControl;
-};
+struct FaceType<FaceId::batch_control> : FaceTypeIs<BatchControl> {};
 template <>
-struct FaceType<FaceId::batch_planner> {
-  using type = BatchPlanner;
-};
+struct FaceType<FaceId::batch_planner> : FaceTypeIs<BatchPlanner> {};
 
 }  // namespace kvcore

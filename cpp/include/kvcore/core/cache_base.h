@@ -94,14 +94,15 @@ enum class FaceId : int {
 /// not compile.
 template <FaceId Id>
 struct FaceType;
-template <>
-struct FaceType<FaceId::sequence_control> {
-  using type = SequenceControl;
+/// What a FaceType specialization derives from: `type` is T.
+template <class T>
+struct FaceTypeIs {
+  using type = T;
 };
 template <>
-struct FaceType<FaceId::sequence_planner> {
-  using type = SequencePlanner;
-};
+struct FaceType<FaceId::sequence_control> : FaceTypeIs<SequenceControl> {};
+template <>
+struct FaceType<FaceId::sequence_planner> : FaceTypeIs<SequencePlanner> {};
 
 /// What registries hold. A cache answers face(id) with a pointer to itself as
 /// that face (a static upcast, no dynamic_cast), or nullptr when it has no such
