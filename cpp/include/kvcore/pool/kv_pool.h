@@ -94,8 +94,13 @@ struct PoolLayer : LayerStorage {
 /// What PoolStorage needs to know of KVPool's layers (see pool_storage.h).
 struct KVPoolTraits {
   using Layer = PoolLayer;
-  static constexpr PoolNames kNames{"pool", "layer", "arena", "",
-                                    "the layer table overflows the address space"};
+  static constexpr PoolNames kNames{"pool", "layer", "arena", ""};
+
+  /// A layer count whose table does not fit.
+  static Status bad_table(int n_layers) noexcept {
+    return Status::make(Error::InvalidArgument,
+                        "n_layers = %d: the layer table overflows the address space", n_layers);
+  }
 
   /// Copies the rows of `run` that lie in a full mirrored layer's repeated
   /// range into the mirror (from the pool rows just written, never from the input).
@@ -190,6 +195,7 @@ class KVPool : public PoolStorage<KVPoolTraits> {
     }
     return n;
   }
+
   /// Copies the step's rows into the plan's write runs: input row j (k: k_row_bytes,
   /// v: v_row_bytes each) goes to the j-th written row. Grows the layer when the
   /// runs reach past its storage. k/v may be views of this pool, even of the rows

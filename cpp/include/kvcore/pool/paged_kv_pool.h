@@ -65,9 +65,15 @@ struct PagedRows {
 /// What PoolStorage needs to know of PagedKVPool's layers (see pool_storage.h).
 struct PagedKVPoolTraits {
   using Layer = PagedLayer;
-  static constexpr PoolNames kNames{
-      "paged pool", "paged layer", "paged arena", "the paged layer ",
-      "the planner's layer count must be >= 0 and its table fit the address space"};
+  static constexpr PoolNames kNames{"paged pool", "paged layer", "paged arena", "the paged layer "};
+
+  /// A negative layer count, or one whose table does not fit.
+  static Status bad_table(int n_layers) noexcept {
+    return Status::make(Error::InvalidArgument,
+                        "n_layers = %d: the planner's layer count must be >= 0 and its table fit the "
+                        "address space",
+                        n_layers);
+  }
 
   /// A growth needs nothing more: every row is a slot.
   static void grown(PagedLayer&) noexcept {}

@@ -10,6 +10,9 @@
 //   using Layer = ...;  // a LayerStorage with storage_rows(): the rows its
 //                       // blocks hold at allocated_rows
 //   static constexpr PoolNames kNames{...};  // the words its errors use
+//   static Status bad_table(int n_layers) noexcept;  // a negative or
+//                       // overflowing layer count (its own sentence: a
+//                       // Status keeps only short text arguments whole)
 //   static void grown(Layer&) noexcept;  // after a growth, before anything reads
 #pragma once
 
@@ -53,8 +56,6 @@ struct PoolNames {
   const char* arena;
   /// What grows ("cannot allocate N bytes to grow <growth>from A to B rows").
   const char* growth;
-  /// The rule a negative or overflowing layer count breaks ("n_layers = N: <rule>").
-  const char* table_rule;
 };
 
 /// The storage of a byte layer: its layer table and every layer's K and V
@@ -144,8 +145,7 @@ class PoolStorage : protected PoolBytes {
   // On a failure the destructor releases what was allocated so far.
   template <typename ShapeOf>
   Status build(int n_layers, int initial_rows, ShapeOf shape_of) noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(n_layers >= 0, InvalidArgument, "n_layers = %d: %s", n_layers,
-                                 Traits::kNames.table_rule);
+    if (n_layers < 0) return Traits::bad_table(n_layers);
     void* table = std::calloc(static_cast<std::size_t>(n_layers > 0 ? n_layers : 1), sizeof(Layer));
     KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
                                  "cannot allocate the %s table of %d layers", Traits::kNames.table,
@@ -170,8 +170,7 @@ class PoolStorage : protected PoolBytes {
     const bool table_fits =
         n_layers >= 0 && checked_mul(static_cast<std::uint64_t>(n_layers), sizeof(Layer), &total) &&
         checked_add(round_up(total), kArenaAlignment - 1, &total);
-    KVCORE_CHECK_OR_RETURN_ERROR(table_fits, InvalidArgument, "n_layers = %d: %s", n_layers,
-                                 Traits::kNames.table_rule);
+    if (!table_fits) return Traits::bad_table(n_layers);
     for (int l = 0; l < n_layers; ++l) {
       Layer layer;
       KVCORE_RETURN_IF_ERROR(shape_of(l, &layer));
