@@ -9,6 +9,7 @@ expectation is written out from the rows' contents before the call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import kvcore
 Array = npt.NDArray[Any]
 
 
-def rows(values: list[float], dim: int = 2) -> Array:
+def rows(values: Sequence[float], dim: int = 2) -> Array:
     return np.repeat(np.asarray(values, np.float32)[:, None, None], dim, axis=2)
 
 
