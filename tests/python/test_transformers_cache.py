@@ -524,7 +524,7 @@ def test_unsupported_transformers_versions_are_refused() -> None:
 
 
 def reference_masks(config: Any, n: int, sinks: int) -> dict[str, torch.Tensor]:
-    """Eager masks over positions 0..n-1 straight from DESIGN.md's visibility rule."""
+    """Eager masks over positions 0..n-1 straight from docs/design.md's visibility rule."""
     q = torch.arange(n)[:, None]
     k = torch.arange(n)[None, :]
     full = k <= q
