@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any, Optional
 
+from kvcore._argparse import Parser
 from kvcore._core import SequenceCache
 from kvcore._errors import InvalidArgumentError, NotFoundError
 from kvcore.hf_config import MAX_CONTEXT, ModelShape, default_context, model_shape_from_hf
@@ -336,7 +337,7 @@ def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[Lay
 # --- the `kvcore memory` command -----------------------------------------------------
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     """Registers `kvcore memory` on the command line's subparsers."""
     p = sub.add_parser(
         "memory",
