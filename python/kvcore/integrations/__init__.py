@@ -13,4 +13,6 @@ library (torch, transformers) only when you import it, e.g.
 - ``kvcore.integrations.executorch``: drop-in caches for ExecuTorch's
   ``update_and_attend`` op, one sequence and many (needs ``torch`` and
   ``executorch``).
+- ``kvcore.integrations.forward_step``: the step of one forward, layer by layer,
+  that the transformers cache and both ExecuTorch caches share (no dependency).
 """
