@@ -47,16 +47,8 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
+from kvcore.demo import footprint
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
-from kvcore.demo.footprint import (
-    TOKEN_BYTES,
-    activation_bytes,
-    attention_bytes,
-    check_options_fit,
-    kv_bytes,
-    logits_bytes,
-    weights_bytes,
-)
 from kvcore.demo.model import Model
 from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
 from kvcore.demo.runner import Progress
@@ -110,8 +102,8 @@ class BatchDemoOptions(ModelOptions):
             raise ValueError(f"--samples = {self.samples}: at most the vocabulary ({self.vocab_size})")
         self.check_step(self.capacity, self.draft, "--shared-len + --prompt-len + --gen-len + --draft + 1")
         self.check_dtype()
-        check_options_fit(self, [("concurrency", self.samples), ("prompt_len", 1), ("shared_len", 0), ("gen_len", 1),
-                                 ("chats", 1)], "each sequence in flight keeps its own oracle")
+        least = [("concurrency", self.samples), ("prompt_len", 1), ("shared_len", 0), ("gen_len", 1), ("chats", 1)]
+        footprint.check_options_fit(self, least, "each sequence in flight keeps its own oracle")
 
     def bytes_needed(self) -> int:
         """About the most bytes the run holds at once (kvcore.demo.footprint): one
@@ -122,11 +114,13 @@ class BatchDemoOptions(ModelOptions):
         n, c = self.capacity, self.concurrency
         rows = c * -(-n // self.block_size) * self.block_size  # live rows of a group, at most
         step = c * self.max_step
-        oracle = kv_bytes(cfg, n, cfg.n_layers) + logits_bytes(cfg, n)
-        final = attention_bytes(cfg, n, n) + oracle + activation_bytes(cfg, n)
-        forward = attention_bytes(cfg, step, rows) + activation_bytes(cfg, step) + logits_bytes(cfg, step)
-        pool = 2 * kv_bytes(cfg, rows, cfg.n_layers, DTYPE_BYTES[self.dtype])  # grown by doubling
-        return weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + self.chats * n * self.samples * 2 * TOKEN_BYTES
+        fp = footprint
+        oracle = fp.kv_bytes(cfg, n, cfg.n_layers) + fp.logits_bytes(cfg, n)
+        final = fp.attention_bytes(cfg, n, n) + oracle + fp.activation_bytes(cfg, n)
+        forward = fp.attention_bytes(cfg, step, rows) + fp.activation_bytes(cfg, step) + fp.logits_bytes(cfg, step)
+        pool = 2 * fp.kv_bytes(cfg, rows, cfg.n_layers, DTYPE_BYTES[self.dtype])  # grown by doubling
+        tokens = self.chats * n * self.samples * 2 * fp.TOKEN_BYTES
+        return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens
 
     @property
     def capacity(self) -> int:

@@ -20,16 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvcore.demo import footprint
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
-from kvcore.demo.footprint import (
-    TOKEN_BYTES,
-    activation_bytes,
-    attention_bytes,
-    check_options_fit,
-    kv_bytes,
-    logits_bytes,
-    weights_bytes,
-)
 from kvcore.demo.model import Decoder, Model
 from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
 from kvcore.demo.runner import Progress
@@ -60,7 +52,8 @@ class DemoOptions(ModelOptions):
             raise ValueError(f"--draft = {self.draft}: must be >= 0")
         self.check_step(self.capacity, self.draft, "--prompt-len + --gen-len + --draft + 1")
         self.check_dtype()
-        check_options_fit(self, [("prompt_len", 1), ("gen_len", 1)], "the oracle attends over every position at once")
+        footprint.check_options_fit(self, [("prompt_len", 1), ("gen_len", 1)],
+                                    "the oracle attends over every position at once")
 
     def bytes_needed(self) -> int:
         """About the most bytes the run holds at once (kvcore.demo.footprint): the
@@ -72,9 +65,10 @@ class DemoOptions(ModelOptions):
         flat = sum(cfg.is_flat(i) for i in range(cfg.n_layers))
         ring_rows = min(n, self.sinks + self.window + self.max_step - 1)
         # Two decoders (plain, speculative); a flat layer's rows grow by doubling.
-        pools = 2 * (kv_bytes(cfg, 2 * n, flat, itemsize) + kv_bytes(cfg, ring_rows, cfg.n_layers - flat, itemsize))
-        return (weights_bytes(cfg) + attention_bytes(cfg, n, n) + kv_bytes(cfg, n, cfg.n_layers) + 6 * logits_bytes(cfg, n)
-                + pools + activation_bytes(cfg, n) + 3 * n * TOKEN_BYTES)
+        fp = footprint
+        pools = 2 * (fp.kv_bytes(cfg, 2 * n, flat, itemsize) + fp.kv_bytes(cfg, ring_rows, cfg.n_layers - flat, itemsize))
+        oracle = fp.attention_bytes(cfg, n, n) + fp.kv_bytes(cfg, n, cfg.n_layers) + fp.activation_bytes(cfg, n)
+        return fp.weights_bytes(cfg) + oracle + 6 * fp.logits_bytes(cfg, n) + pools + 3 * n * fp.TOKEN_BYTES
 
 
 def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, Any]:
