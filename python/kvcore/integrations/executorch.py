@@ -527,9 +527,9 @@ class KVCoreCellCache:
         except KVCacheError:
             self._release_empty(added)
             raise
-        old, self._declared = self._declared, _Declared(ids, entries, step, added)
-        if old is not None:
-            self._release_empty([seq_id for seq_id in old.added if seq_id not in counts])
+        # A declared step no forward placed is replaced (kvcore's begin_step ended it); the
+        # sequences it added stay active and empty: releasing them now would end this step.
+        self._declared = _Declared(ids, entries, step, added)
         self._placed = None
         self._forward.end()
 
