@@ -1,12 +1,15 @@
 // The two faces of a many-sequence cache, reachable from CacheBase without
-// RTTI (as_batch_control / as_batch_planner): the runner drives sequences
-// (BatchControl), the backend asks where bytes go (BatchPlanner). DESIGN.md
+// RTTI: the runner drives sequences (BatchControl), the backend asks where
+// bytes go (BatchPlanner). CacheBase looks faces up by FaceId; this header
+// types the batch ids by specializing FaceType (as_batch_control(),
+// as_batch_planner()), so the core names no batch type. DESIGN.md
 // section 6 is the contract. Sequence ids are 0 .. max_seqs() - 1.
 #pragma once
 
 #include <cstdint>
 
 #include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
 
@@ -162,5 +165,12 @@ class BatchPlanner {
  protected:
   ~BatchPlanner() = default;
 };
+
+/// The batch faces' types for CacheBase's face lookup (as_batch_control(),
+/// as_batch_planner(), as_face<FaceId::batch_control>()).
+template <>
+struct FaceType<FaceId::batch_control> : FaceTypeIs<BatchControl> {};
+template <>
+struct FaceType<FaceId::batch_planner> : FaceTypeIs<BatchPlanner> {};
 
 }  // namespace kvcore
