@@ -1,5 +1,5 @@
 // BatchCache: many sequences over paged block pools, one pool per group of
-// layers sharing a policy (DESIGN.md section 6). Each sequence has its own
+// layers sharing a policy (docs/design.md section 6). Each sequence has its own
 // length; each group maps a sequence's positions to blocks of B rows through a
 // block table. Forks share blocks (copy-on-write for a shared, partly filled
 // block), removals and rewinds release them, ring groups release blocks no
