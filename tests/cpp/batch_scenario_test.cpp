@@ -489,6 +489,126 @@ TEST(BatchScenarios, AMiddleRemovalFreesWholeBlocksAndRemovedPositionsAreNeverSe
   for (int k = 16; k < 20; ++k) EXPECT_FALSE(*c.visible(0, 0, h.length(0), k));
 }
 
+// --- abandoned steps ----------------------------------------------------------
+
+// A step takes a fresh block at its first position's index when the sequence
+// stands on a block boundary; abandoned (by a verb, or replaced by a retry),
+// the block goes back and blocks_held counts it no more. Its later blocks go
+// too. (A mutation run found only the brute force and the fuzz corpus holding
+// this: the fresh block was given back to the pool but still counted held.)
+TEST(BatchScenarios, AnAbandonedStepsFreshBlockIsSubtractedFromBlocksHeld) {
+  const int B = 4;
+  for (const bool by_retry : {false, true}) {
+    SCOPED_TRACE(by_retry ? "replaced by a retry" : "ended by a verb");
+    Harness h(config(64, 8, {LayerPolicy::flat(), LayerPolicy::ring(4)}, B, 2));
+    h.add(0);
+    h.add(1);
+    ASSERT_EQ(h.decode(0, 8, 8), "");  // two full blocks: the next step starts a fresh one
+    const int held_flat = h.held(0, 0), held_ring = h.held(0, 1);
+    const int free_flat = h.free(0), free_ring = h.free(1);
+    ASSERT_EQ(h.step({{0, none(6)}}, /*commit=*/false), "");  // fresh blocks 2 and 3
+    EXPECT_EQ(h.held(0, 0), held_flat + 2);
+    EXPECT_EQ(h.held(0, 1), held_ring + 2);
+    if (by_retry) {
+      ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false), "");  // replaces it
+    } else {
+      h.rewind(0, 8);  // changes nothing but ends the step
+    }
+    EXPECT_EQ(h.held(0, 0), held_flat);
+    EXPECT_EQ(h.held(0, 1), held_ring);
+    const int taken = by_retry ? 1 : 0;  // the retry's own block for sequence 1
+    EXPECT_EQ(h.free(0), free_flat - taken);
+    EXPECT_EQ(h.free(1), free_ring - taken);
+    ASSERT_EQ(h.step({{0, none(1)}}), "");
+    EXPECT_EQ(h.held(0, 0), held_flat + 1);
+  }
+}
+
+// --- colliding keys ------------------------------------------------------------
+
+// Prompts whose block keys share one home slot in the pools' key table
+// (found by hashing candidates with BlockKey::chain), computed, released,
+// dropped from the middle of their probe chain (a rewind into a named block,
+// then a write) and reclaimed from its head: every prompt whose blocks are
+// still cached must be adopted whole (the longest cached prefix). Before the
+// key table was tested directly, breaking its deletion (`home > i` ->
+// `home >= i`) passed the whole suite: hits shrank silently.
+TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
+  const int B = 2, n_blocks = 8;  // 8 blocks: a key table of 16 slots
+  CacheConfig cfg = config(32, 4, {LayerPolicy::flat()}, B, 3);
+  cfg.batch.num_blocks = n_blocks;
+  Harness h(cfg);
+  const std::uint64_t mask = 15;
+  // Second blocks after one shared first block [1, 2], all with home slot 14:
+  // the chain wraps around the table's end.
+  const std::int32_t head[] = {1, 2};
+  const kvcore::BlockKey first = kvcore::BlockKey::chain(kvcore::BlockKey{}, head, B);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::int32_t a = 10; prompts.size() < 5; ++a) {
+    const std::int32_t tail[] = {a, a + 1000};
+    if ((kvcore::BlockKey::chain(first, tail, B).lo & mask) == 14) prompts.push_back({1, 2, a, a + 1000, 7});
+  }
+  ASSERT_NE(first.lo & mask, 14u) << "pick another slot: the head collides too";
+  // Each prompt computed by its own sequence, then released: 1 + 5 cached blocks.
+  for (const std::vector<std::int32_t>& p : prompts) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, p), prompts.front() == p ? 0 : 2);  // the shared head is cached after the first
+    ASSERT_EQ(h.decode(0, 4 - h.length(0), 4, &p), "");
+    h.release(0);
+  }
+  ASSERT_EQ(h.cached(0), 6);
+  for (const std::vector<std::int32_t>& p : prompts) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, p), 4);
+    h.release(0);
+  }
+  // Drop the middle of the chain: adopt prompt 2, rewind into its second
+  // block and write there (the block changes: its key goes).
+  h.add(0);
+  ASSERT_EQ(h.adopt(0, prompts[2]), 4);
+  h.rewind(0, 3);
+  ASSERT_EQ(h.decode(0, 1, 1), "");
+  h.release(0);
+  for (std::size_t k = 0; k < prompts.size(); ++k) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, prompts[k]), k == 2 ? 2 : 4) << "prompt " << k;
+    h.release(0);
+  }
+  // The end of the chain: prompt 4's block, then the head's, by writes in place.
+  h.add(0);
+  ASSERT_EQ(h.adopt(0, prompts[4]), 4);
+  h.rewind(0, 3);
+  ASSERT_EQ(h.decode(0, 1, 1), "");
+  h.release(0);
+  for (std::size_t k = 0; k < prompts.size(); ++k) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, prompts[k]), k == 2 || k == 4 ? 2 : 4) << "prompt " << k;
+    h.release(0);
+  }
+  // Re-inserted: prompt 2 computed again names its second block again.
+  h.add(0);
+  ASSERT_EQ(h.adopt(0, prompts[2]), 2);
+  ASSERT_EQ(h.decode(0, 2, 2, &prompts[2]), "");
+  h.release(0);
+  for (std::size_t k = 0; k < prompts.size(); ++k) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, prompts[k]), k == 4 ? 2 : 4) << "prompt " << k;
+    h.release(0);
+  }
+  // A reclaim: a sequence without token ids takes the 3 free blocks without a
+  // key, then the least recently released cached one (prompt 0's second
+  // block: each adoption above released the head after it).
+  ASSERT_EQ(h.cached(0), 5);
+  h.add(1);
+  ASSERT_EQ(h.decode(1, 2 * (n_blocks - h.cached(0)) + 1, 2), "");
+  EXPECT_EQ(h.cached(0), 4);
+  for (std::size_t k : {1, 2, 3, 4, 0}) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, prompts[k]), k == 4 || k == 0 ? 2 : 4) << "prompt " << k;
+    h.release(0);
+  }
+}
+
 }  // namespace
 }  // namespace kvcore_test
 

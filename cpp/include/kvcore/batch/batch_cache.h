@@ -316,7 +316,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         for (int b = length / block_size_; b < ceil_div(length + entries[i].T, block_size_); ++b) {
           int cur = row[b];
           if (begun >= 0) cur = b == length / block_size_ ? first_before_[g * max_seqs_ + begun] : -1;
-          if (cur < 0 || pool.refs(cur) > 1) ++need;
+          if (cur < 0 || must_copy(pool, cur)) ++need;
         }
       }
       const int free = pool.free_blocks() + begun_blocks(g);
@@ -357,15 +357,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
           if (cur < 0) {
             row[b] = pool.allocate();
             ++held(g, seq);
-          } else if (pool.refs(cur) > 1) {
+          } else if (must_copy(pool, cur)) {
             // Copy-on-write. The step keeps holding `cur` until it commits, so
             // no entry writes into it (another holder in this step copies too)
-            // and an abandoned step can give it back as it was.
+            // and an abandoned step can give it back as it was, key included.
             row[b] = pool.allocate();
             copies_[g * max_seqs_ + copies++] = BlockCopy{cur, row[b]};
-          } else {
-            pool.drop_key(cur);  // its rows change: it no longer names that content
-          }
+          }  // else its own unnamed block: written in place
         }
         int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * max_step_tokens_ + query_starts_[i];
         for (int p = first; p < context_lens_[i]; ++p)
@@ -754,11 +752,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     }
   }
 
-  // Releases every block of `seq` at index >= `from` (every group).
+  // Releases every block of `seq` at index >= `from` (every group), tail
+  // first: a cached chain's head is reclaimed after its tail.
   void release_from(int seq, int from) noexcept {
     for (int g = 0; g < n_groups_; ++g) {
       int* row = table(g, seq);
-      for (int i = from; i < seqs_[seq].alloc_end; ++i) {
+      for (int i = seqs_[seq].alloc_end - 1; i >= from; --i) {
         if (row[i] < 0) continue;
         groups_[g].pool.release(row[i]);
         row[i] = -1;
@@ -794,11 +793,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   bool sees(int g, int seq, int q, int k) const noexcept { return groups_[g].policy.sees(q, k) && !removed(seq, k); }
 
-  // Releases the blocks of [p0, p1) whose every position below the length is removed.
+  // Releases the blocks of [p0, p1) whose every position below the length is
+  // removed, tail first.
   void release_removed(int seq, int p0, int p1) noexcept {
     const int B = block_size_;
     const int length = seqs_[seq].length;
-    for (int i = p0 / B; i * B < p1; ++i) {
+    for (int i = ceil_div(p1, B) - 1; i >= p0 / B; --i) {
       const int lo = i * B;
       const int hi = (i + 1) * B < length ? (i + 1) * B : length;
       if (next_kept(seq, lo) < hi) continue;  // a position of it is still seen
@@ -881,7 +881,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     int& lost = lost_below(g, seq);
     int* row = table(g, seq);
     const int from = lost / block_size_;  // the block holding `lost` may hold positions written since
-    for (int i = from > group.sink_blocks ? from : group.sink_blocks; i < floor_block; ++i) {
+    for (int i = floor_block - 1; i >= (from > group.sink_blocks ? from : group.sink_blocks); --i) {
       if (row[i] < 0) continue;
       group.pool.release(row[i]);
       row[i] = -1;
@@ -899,6 +899,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     const std::int64_t window_from = release_floor(g, blocks * block_size_);
     const int from = window_from > 0 ? static_cast<int>(window_from / block_size_) : 0;
     return Needed{group.sink_blocks, from > group.sink_blocks ? from : group.sink_blocks};
+  }
+
+  // A step writing into `block` copies it when another sequence holds it, or
+  // when it is named: a named block never changes, so its key survives an
+  // abandoned step and stays true for the sequences that find it later.
+  static bool must_copy(const BlockPool& pool, int block) noexcept {
+    return pool.refs(block) > 1 || pool.keyed(block);
   }
 
   // Does every group hold (as cached blocks) what a hit of `blocks` blocks needs?
@@ -969,7 +976,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   void inherit_hashing(int src, int dst, int upto) noexcept {
     const Seq& s = seqs_[src];
     Seq& d = seqs_[dst];
-    d.hashing = s.hashing && s.start == 0 && s.n_holes == 0;
+    d.hashing = upto == 0 || (s.hashing && s.start == 0 && s.n_holes == 0);  // length 0 always names
     if (!d.hashing) return;
     if (upto >= s.hashed_blocks * block_size_) {
       d.chain = s.chain;
