@@ -370,10 +370,10 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   const std::vector<std::int32_t> a = tokens(100, 9), b = tokens(200, 9);  // 2 full blocks each (+ 1 to compute)
   h.add(0);
   ASSERT_EQ(h.decode(0, 8, 4, &a), "");
-  h.release(0);  // A0 then A1 released
+  h.release(0);  // tail first: A1 then A0
   h.add(0);
   ASSERT_EQ(h.decode(0, 8, 4, &b), "");
-  h.release(0);  // then B0, B1
+  h.release(0);  // then B1, B0
   EXPECT_EQ(h.free(0), 12);
   EXPECT_EQ(h.cached(0), 4);
   // 8 blocks without a key are free: a sequence fills them, the cache stays.
@@ -382,7 +382,7 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   EXPECT_EQ(h.free(0), 4);
   EXPECT_EQ(h.cached(0), 4);
   // Adopting A back and releasing it again makes it the most recently
-  // released: the order is B0, B1, A0, A1 now.
+  // released: the order is B1, B0, A1, A0 now.
   h.add(2);
   EXPECT_EQ(h.adopt(2, a), 8);
   EXPECT_EQ(h.free(0), 2);
@@ -390,15 +390,20 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   h.release(2);
   EXPECT_EQ(h.cached(0), 4);
   // The pool is short now: each new block reclaims the least recently released.
-  ASSERT_EQ(h.decode(1, 1, 1), "");  // block 8 of seq 1: takes B0
+  ASSERT_EQ(h.decode(1, 1, 1), "");  // block 8 of seq 1: takes B1, B's tail
   EXPECT_EQ(h.cached(0), 3);
   h.add(2);
-  EXPECT_EQ(h.adopt(2, b), 0);  // B's chain starts with B0: gone
+  EXPECT_EQ(h.adopt(2, b), 4);  // B's head outlived its tail
+  h.release(2);                 // B0 released again: A1, A0, B0
+  h.add(2);
   EXPECT_EQ(h.adopt(2, a), 8);  // A whole
-  h.release(2);                 // A0, A1 released again: B1, A0, A1
-  ASSERT_EQ(h.decode(1, 4, 4), "");  // block 9 of seq 1: takes B1
+  h.release(2);                 // A1, A0 released again: B0, A1, A0
+  ASSERT_EQ(h.decode(1, 4, 4), "");  // block 9 of seq 1: takes B0
   EXPECT_EQ(h.cached(0), 2);
   EXPECT_EQ(h.free(0), 2);
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, b), 0);
+  h.release(2);
   h.release(1);  // room for one more step
   h.add(2);
   EXPECT_EQ(h.adopt(2, a), 8);
@@ -528,9 +533,9 @@ TEST(BatchScenarios, AnAbandonedStepsFreshBlockIsSubtractedFromBlocksHeld) {
 
 // Prompts whose block keys share one home slot in the pools' key table
 // (found by hashing candidates with BlockKey::chain), computed, released,
-// dropped from the middle of their probe chain (a rewind into a named block,
-// then a write) and reclaimed from its head: every prompt whose blocks are
-// still cached must be adopted whole (the longest cached prefix). Before the
+// reclaimed from the middle and the end of their probe chain, and computed
+// again: every prompt whose blocks are still cached must be adopted whole
+// (the longest cached prefix). Before the
 // key table was tested directly, breaking its deletion (`home > i` ->
 // `home >= i`) passed the whole suite: hits shrank silently.
 TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
@@ -562,30 +567,42 @@ TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
     EXPECT_EQ(h.adopt(0, p), 4);
     h.release(0);
   }
-  // Drop the middle of the chain: adopt prompt 2, rewind into its second
-  // block and write there (the block changes: its key goes).
-  h.add(0);
-  ASSERT_EQ(h.adopt(0, prompts[2]), 4);
-  h.rewind(0, 3);
-  ASSERT_EQ(h.decode(0, 1, 1), "");
-  h.release(0);
+  // The free blocks without a key go to a sequence without token ids: each
+  // block it takes from now on reclaims the least recently released.
+  h.add(1);
+  ASSERT_EQ(h.decode(1, 2 * (n_blocks - h.cached(0)), 2), "");
+  ASSERT_EQ(h.free(0), h.cached(0));
+  // Released tail first, the chain's blocks wait as P0 .. P4, then the head.
+  // Re-adopting 3, 4, 0, 1 leaves P2 (the middle of the probe chain, past the
+  // table's end) least recently released: the next block reclaims it.
+  for (std::size_t k : {3, 4, 0, 1}) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, prompts[k]), 4);
+    h.release(0);
+  }
+  ASSERT_EQ(h.decode(1, 1, 1), "");
+  ASSERT_EQ(h.cached(0), 5);
   for (std::size_t k = 0; k < prompts.size(); ++k) {
     h.add(0);
     EXPECT_EQ(h.adopt(0, prompts[k]), k == 2 ? 2 : 4) << "prompt " << k;
     h.release(0);
   }
-  // The end of the chain: prompt 4's block, then the head's, by writes in place.
-  h.add(0);
-  ASSERT_EQ(h.adopt(0, prompts[4]), 4);
-  h.rewind(0, 3);
-  ASSERT_EQ(h.decode(0, 1, 1), "");
-  h.release(0);
+  // Now P3, P4, P0, P1, head... re-adopting 0, 1, 3 leaves P4 first: the end
+  // of the chain goes.
+  for (std::size_t k : {0, 1, 3}) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, prompts[k]), 4);
+    h.release(0);
+  }
+  ASSERT_EQ(h.decode(1, 2, 2), "");
+  ASSERT_EQ(h.cached(0), 4);
   for (std::size_t k = 0; k < prompts.size(); ++k) {
     h.add(0);
     EXPECT_EQ(h.adopt(0, prompts[k]), k == 2 || k == 4 ? 2 : 4) << "prompt " << k;
     h.release(0);
   }
   // Re-inserted: prompt 2 computed again names its second block again.
+  h.release(1);
   h.add(0);
   ASSERT_EQ(h.adopt(0, prompts[2]), 2);
   ASSERT_EQ(h.decode(0, 2, 2, &prompts[2]), "");
@@ -593,18 +610,6 @@ TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
   for (std::size_t k = 0; k < prompts.size(); ++k) {
     h.add(0);
     EXPECT_EQ(h.adopt(0, prompts[k]), k == 4 ? 2 : 4) << "prompt " << k;
-    h.release(0);
-  }
-  // A reclaim: a sequence without token ids takes the 3 free blocks without a
-  // key, then the least recently released cached one (prompt 0's second
-  // block: each adoption above released the head after it).
-  ASSERT_EQ(h.cached(0), 5);
-  h.add(1);
-  ASSERT_EQ(h.decode(1, 2 * (n_blocks - h.cached(0)) + 1, 2), "");
-  EXPECT_EQ(h.cached(0), 4);
-  for (std::size_t k : {1, 2, 3, 4, 0}) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, prompts[k]), k == 4 || k == 0 ? 2 : 4) << "prompt " << k;
     h.release(0);
   }
 }
