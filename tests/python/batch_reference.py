@@ -36,6 +36,10 @@ What the contract leaves to the cache, the model bounds instead of predicting:
   length and names a prefix some sequence committed since the last clear; the
   next step's reads check its rows.
 
+`PrefixPools` then predicts what docs/batch.md section 5 states exactly: every
+prefix hit (the longest cached prefix, reclaim order included), every
+admission, and every free, cached and held block count.
+
 Errors are named by their kvcore.Error member name ("InvalidArgument", ...).
 """
 

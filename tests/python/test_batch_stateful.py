@@ -20,6 +20,9 @@ What every rule proves:
   wherever the contract guarantees it (up to max_step back from the peak
   length, to the sinks, past removed history); a truncating remove or a fork
   obeys the same rule; a step refused for want of blocks really lacked them;
+- every prefix hit is the longest cached prefix, every admission and every
+  free, cached and held block count as PrefixPools (the pools as
+  docs/batch.md section 5 states them, reclaim order included) predicts;
 - at rest, the block tables (seen through a plan's zero-copy view, which is
   the cache's own buffer) say what the counters say: blocks held, free and
   used blocks, oldest_held; a sequence holds no block without a position it
