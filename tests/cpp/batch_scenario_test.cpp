@@ -535,9 +535,9 @@ TEST(BatchScenarios, AnAbandonedStepsFreshBlockIsSubtractedFromBlocksHeld) {
 // (found by hashing candidates with BlockKey::chain), computed, released,
 // reclaimed from the middle and the end of their probe chain, and computed
 // again: every prompt whose blocks are still cached must be adopted whole
-// (the longest cached prefix). Before the
-// key table was tested directly, breaking its deletion (`home > i` ->
-// `home >= i`) passed the whole suite: hits shrank silently.
+// (the longest cached prefix). Before the key table was tested directly,
+// breaking its deletion (`home > i` -> `home >= i`) passed the whole suite:
+// hits shrank silently.
 TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
   const int B = 2, n_blocks = 8;  // 8 blocks: a key table of 16 slots
   CacheConfig cfg = config(32, 4, {LayerPolicy::flat()}, B, 3);
@@ -562,11 +562,17 @@ TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
     h.release(0);
   }
   ASSERT_EQ(h.cached(0), 6);
-  for (const std::vector<std::int32_t>& p : prompts) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, p), 4);
-    h.release(0);
-  }
+  // Sequence 0 adopts prompts[k] for each k of `order` and releases it again:
+  // the hits must be `want` (a release makes the prompt's blocks the most
+  // recently released, tail first).
+  auto adopt_each = [&](std::vector<std::size_t> order, std::vector<int> want) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      h.add(0);
+      EXPECT_EQ(h.adopt(0, prompts[order[i]]), want[i]) << "prompt " << order[i];
+      h.release(0);
+    }
+  };
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 4, 4, 4});
   // The free blocks without a key go to a sequence without token ids: each
   // block it takes from now on reclaims the least recently released.
   h.add(1);
@@ -575,43 +581,23 @@ TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
   // Released tail first, the chain's blocks wait as P0 .. P4, then the head.
   // Re-adopting 3, 4, 0, 1 leaves P2 (the middle of the probe chain, past the
   // table's end) least recently released: the next block reclaims it.
-  for (std::size_t k : {3, 4, 0, 1}) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, prompts[k]), 4);
-    h.release(0);
-  }
+  adopt_each({3, 4, 0, 1}, {4, 4, 4, 4});
   ASSERT_EQ(h.decode(1, 1, 1), "");
   ASSERT_EQ(h.cached(0), 5);
-  for (std::size_t k = 0; k < prompts.size(); ++k) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, prompts[k]), k == 2 ? 2 : 4) << "prompt " << k;
-    h.release(0);
-  }
-  // Now P3, P4, P0, P1, head... re-adopting 0, 1, 3 leaves P4 first: the end
-  // of the chain goes.
-  for (std::size_t k : {0, 1, 3}) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, prompts[k]), 4);
-    h.release(0);
-  }
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 2, 4, 4});
+  // Now P3, P4, P0, P1, head: re-adopting 0, 1, 3 leaves P4 first, the end of
+  // the chain, for the next reclaim.
+  adopt_each({0, 1, 3}, {4, 4, 4});
   ASSERT_EQ(h.decode(1, 2, 2), "");
   ASSERT_EQ(h.cached(0), 4);
-  for (std::size_t k = 0; k < prompts.size(); ++k) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, prompts[k]), k == 2 || k == 4 ? 2 : 4) << "prompt " << k;
-    h.release(0);
-  }
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 2, 4, 2});
   // Re-inserted: prompt 2 computed again names its second block again.
   h.release(1);
   h.add(0);
   ASSERT_EQ(h.adopt(0, prompts[2]), 2);
   ASSERT_EQ(h.decode(0, 2, 2, &prompts[2]), "");
   h.release(0);
-  for (std::size_t k = 0; k < prompts.size(); ++k) {
-    h.add(0);
-    EXPECT_EQ(h.adopt(0, prompts[k]), k == 4 ? 2 : 4) << "prompt " << k;
-    h.release(0);
-  }
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 4, 4, 2});
 }
 
 }  // namespace
