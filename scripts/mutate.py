@@ -11,10 +11,11 @@ tests once per mutant (docs/robustness.md, "Mutation testing").
   scripts/mutate.py --list
 
 The default builds kvcore_tests in --build-dir (configured on first use) and
-runs `ctest -R <the mutant's regex> --timeout <T> --stop-on-failure`. --quick
-compiles the mutant's own test files into one binary outside the build tree
-(much faster; what the last recorded score used). The source tree is restored
-after every mutant, and on Ctrl-C.
+runs `ctest -R <the mutant's regex> --timeout <T> --stop-on-failure`, mutating
+the tree (restored after every mutant, on Ctrl-C and on SIGTERM: build nothing
+else from this checkout meanwhile). --quick compiles the mutant's own test
+files into one binary against a mutated copy of the headers, never touching
+the tree (much faster).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,10 +151,11 @@ MUTANTS = [
 ]
 
 
-def quick_binary(m: Mutant, work: Path, timeout: int) -> tuple[bool, str]:
-    """Builds the mutant's test files into one binary (g++ -O1, two at a time) and runs it: (killed, why)."""
+def quick_binary(m: Mutant, work: Path, include: Path, timeout: int) -> tuple[bool, str]:
+    """Builds the mutant's test files against `include` (the mutated copy of
+    cpp/include) into one binary (g++ -O1, two at a time) and runs it: (killed, why)."""
     exe = work / "quick_tests"
-    flags = ["g++", "-std=c++17", "-O1", "-fno-exceptions", "-fno-rtti", f"-I{ROOT}/cpp/include", f"-I{ROOT}/tests/cpp",
+    flags = ["g++", "-std=c++17", "-O1", "-fno-exceptions", "-fno-rtti", f"-I{include}", f"-I{ROOT}/tests/cpp",
              f'-DKVCORE_BATCH_FUZZ_CORPUS_DIR="{ROOT}/tests/fuzz/batch_corpus"',
              f'-DKVCORE_FUZZ_CORPUS_DIR="{ROOT}/tests/fuzz/corpus"']
     objs, pending = [], []
@@ -224,16 +227,23 @@ def main() -> int:
         print(f"{len(chosen)} mutants apply")
         return 0
     work = Path(tempfile.mkdtemp(prefix="kvcore-mutate-"))
+    # --quick mutates a private copy of the headers: the tree (and any build
+    # reading it meanwhile) never sees a mutant. The default must mutate the
+    # tree its build directory reads, and restores it even on SIGTERM.
+    include = work / "include"
+    shutil.copytree(ROOT / "cpp/include", include)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     killed, survivors = 0, []
     try:
         for i in chosen:
             m = MUTANTS[i - 1]
-            path = ROOT / INC / m.path
+            path = include / "kvcore" / m.path if args.quick else ROOT / INC / m.path
             original = path.read_text()
             start = time.monotonic()
             try:
                 path.write_text(original.replace(m.old, m.new))
-                dead, why = quick_binary(m, work, args.timeout) if args.quick else ctest_subset(m, Path(args.build_dir), args.timeout)
+                dead, why = (quick_binary(m, work, include, args.timeout) if args.quick
+                             else ctest_subset(m, Path(args.build_dir), args.timeout))
             finally:
                 path.write_text(original)
             killed += dead
