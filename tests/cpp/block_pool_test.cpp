@@ -77,8 +77,35 @@ TEST(BlockPoolKeys, KeysSharingAHomeSlotAreAllFoundAndTheirHiTellsThemApart) {
   t.name(2, 11, 1);
   t.check("three at home slot 3");
   EXPECT_EQ(t.pool().find(key(3, 3)), -1);
-  EXPECT_FALSE(t.pool().set_key(3, key(3, 2))) << "a key another block names";
-  EXPECT_FALSE(t.pool().keyed(3));
+  EXPECT_FALSE(t.pool().set_key(1, key(3, 3))) << "a block with a key already";
+  EXPECT_EQ(t.pool().find(key(3, 3)), -1);
+}
+
+// Two blocks with one content (two sequences computed the same prompt): both
+// carry the key, a lookup takes the lowest held one, and when it goes the
+// other is found; at most one copy stays cached, the most recently released.
+TEST(BlockPoolKeys, CopiesOfOneContentAreFoundUntilTheLastGoes) {
+  BlockPool pool;
+  ASSERT_TRUE(pool.create(4, "a test pool").ok());
+  for (int b = 0; b < 4; ++b) ASSERT_EQ(pool.allocate(), b);
+  const BlockKey k = key(7, 1);
+  ASSERT_TRUE(pool.set_key(2, k));
+  ASSERT_TRUE(pool.set_key(1, k));  // a copy is named too
+  EXPECT_EQ(pool.find(k), 1);       // the lowest held copy
+  pool.drop_key(1);                 // block 1 is written: block 2 still holds the content
+  EXPECT_EQ(pool.find(k), 2);
+  ASSERT_TRUE(pool.set_key(1, k));
+  pool.release(1);  // cached; block 2 is held: the held copy is found
+  EXPECT_EQ(pool.find(k), 2);
+  EXPECT_EQ(pool.cached_blocks(), 1);
+  pool.release(2);  // the most recently released copy stays cached, block 1 is freed unnamed
+  EXPECT_EQ(pool.cached_blocks(), 1);
+  EXPECT_EQ(pool.find(k), 2);
+  EXPECT_FALSE(pool.keyed(1));
+  EXPECT_EQ(pool.free_blocks(), 2);
+  pool.hold(2);  // a hit revives it
+  EXPECT_EQ(pool.cached_blocks(), 0);
+  EXPECT_EQ(pool.refs(2), 1);
 }
 
 TEST(BlockPoolKeys, AProbeChainWrappingAroundTheTableEndSurvivesEveryDeletion) {
