@@ -178,8 +178,12 @@ def quick_binary(m: Mutant, work: Path, include: Path, timeout: int) -> tuple[bo
     except subprocess.TimeoutExpired:
         return True, f"timed out after {timeout} s"
     if run.returncode != 0:
-        failed = [l.split("]")[1].strip() for l in run.stdout.splitlines() if l.startswith("[  FAILED  ]") and "," not in l]
-        return True, ("failed: " + ", ".join(sorted(set(failed))[:3])) if failed else f"exit {run.returncode}"
+        failed = {l.split("]")[1].split(" (")[0].strip() for l in run.stdout.splitlines()
+                  if l.startswith("[  FAILED  ]") and "," not in l}
+        aborted = "check failed" in run.stderr or run.returncode < 0
+        why = ("failed: " + ", ".join(sorted(failed)[:3])) if failed else ""
+        return True, why + ("; " if why and aborted else "") + ("aborted: " + run.stderr.strip().splitlines()[-1][:100]
+                                                              if aborted and run.stderr.strip() else "")
     return False, "every test passed"
 
 
