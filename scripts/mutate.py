@@ -182,8 +182,9 @@ def quick_binary(m: Mutant, work: Path, include: Path, timeout: int) -> tuple[bo
                   if l.startswith("[  FAILED  ]") and "," not in l}
         aborted = "check failed" in run.stderr or run.returncode < 0
         why = ("failed: " + ", ".join(sorted(failed)[:3])) if failed else ""
-        return True, why + ("; " if why and aborted else "") + ("aborted: " + run.stderr.strip().splitlines()[-1][:100]
-                                                              if aborted and run.stderr.strip() else "")
+        if aborted and run.stderr.strip():
+            why += ("; " if why else "") + "aborted: " + run.stderr.strip().splitlines()[-1][:100]
+        return True, why or f"exit {run.returncode}"
     return False, "every test passed"
 
 
