@@ -68,6 +68,7 @@ class Harness {
     SeqModel copy = model_.seq(src);
     copy.tags.resize(static_cast<std::size_t>(upto));
     copy.tokens.resize(static_cast<std::size_t>(upto));
+    if (upto == 0) copy.plain = true;  // at length 0 a history is a plain prefix
     model_.seq(dst) = copy;
   }
   void remove(int s, int p0, int p1) {
@@ -87,6 +88,7 @@ class Harness {
     ASSERT_TRUE(st.ok()) << st.message().c_str();
     model_.seq(s).tags.resize(static_cast<std::size_t>(n));
     model_.seq(s).tokens.resize(static_cast<std::size_t>(n));
+    if (n == 0) model_.seq(s).plain = true;
   }
   // Adopts the longest cached prefix of `prompt`; the model takes the K/V a
   // fresh computation of that prefix would hold.
@@ -598,6 +600,90 @@ TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
   ASSERT_EQ(h.decode(0, 2, 2, &prompts[2]), "");
   h.release(0);
   adopt_each({0, 1, 2, 3, 4}, {4, 4, 4, 4, 2});
+}
+
+// Two sequences computed the same prompt: both copies are named. The first
+// is released and reclaimed; the survivor's copy is found. (Before, a block
+// whose key already named another stayed unnamed and was never found.)
+TEST(BatchScenarios, ASurvivingCopyOfAPromptIsFoundAfterTheOtherIsReclaimed) {
+  const int B = 2;
+  CacheConfig cfg = config(32, 4, {LayerPolicy::flat()}, B, 3);
+  cfg.batch.num_blocks = 6;
+  Harness h(cfg);
+  const std::vector<std::int32_t> prompt = tokens(40, 5);
+  for (int s : {0, 1}) {
+    h.add(s);
+    ASSERT_EQ(h.decode(s, 4, 4, &prompt), "");  // each its own blocks 0 and 1
+  }
+  h.release(0);  // its copies are cached; sequence 1 holds the others
+  h.add(2);
+  ASSERT_EQ(h.decode(2, 4, 4), "");  // takes the 2 free blocks without a key
+  ASSERT_EQ(h.decode(2, 4, 4), "");  // and reclaims sequence 0's copies
+  EXPECT_EQ(h.cached(0), 0);
+  h.release(2);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, prompt), 4);  // sequence 1's copy (was 0)
+  ASSERT_EQ(h.step({{0, {prompt[4]}}}), "");
+}
+
+// A rewind into a full, named block, then a step: the step writes a copy, so
+// the named block stays whole whether the step is committed or abandoned, and
+// the prompt is adopted whole afterwards. (Before, the step wrote in place
+// and dropped the key, and an abandoned step did not give it back.)
+TEST(BatchScenarios, AStepAfterARewindIntoANamedBlockLeavesTheNameWhole) {
+  const int B = 4;
+  for (const bool commit : {false, true}) {
+    SCOPED_TRACE(commit ? "committed" : "abandoned");
+    Harness h(config(32, 4, {LayerPolicy::flat(), LayerPolicy::ring(8, 1)}, B, 3));
+    const std::vector<std::int32_t> prompt = tokens(60, 9);
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 8, 4, &prompt), "");  // blocks 0 and 1 named
+    h.rewind(0, 6);                             // inside block 1
+    kvcore::BatchStepPlan plan;
+    ASSERT_EQ(h.step({{0, {1, 2}}}, commit, /*write=*/true, &plan), "");
+    for (int g = 0; g < 2; ++g) EXPECT_EQ(plan.groups[g].n_copies, 1) << "group " << g;
+    h.add(1);  // a verb: an uncommitted step is over
+    EXPECT_EQ(h.adopt(1, prompt), 8);
+    ASSERT_EQ(h.step({{1, {prompt[8]}}}), "");  // the adopted rows are the prompt's
+  }
+}
+
+// The example: two sequences compute [1, 2, 3, 4, 5] (B = 2); the
+// second, whose blocks are copies, rewinds to a block boundary and writes
+// [7, 8, 9]: it keeps naming, so [1, 2, 7, 8, 9] is adopted up to its last
+// token (was 2). A fork of nothing names like any empty sequence, and so
+// does rewind(s, 0).
+TEST(BatchScenarios, ABoundaryRewindOfACopyAndAForkOfNothingKeepNaming) {
+  const int B = 2;
+  Harness h(config(32, 4, {LayerPolicy::flat()}, B, 4));
+  const std::vector<std::int32_t> first = {1, 2, 3, 4, 5};
+  for (int s : {0, 1}) {
+    h.add(s);
+    ASSERT_EQ(h.decode(s, 5, 4, &first), "");
+  }
+  h.rewind(1, 2);
+  ASSERT_EQ(h.step({{1, {7, 8, 9}}}), "");
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, {1, 2, 7, 8, 9}), 4);
+  // Sequence 3: a step without tokens stops its naming; a fork of nothing
+  // from it names again.
+  h.add(3);
+  ASSERT_EQ(h.step({{3, none(2)}}), "");
+  h.release(2);
+  h.fork(3, 2, 0);
+  const std::vector<std::int32_t> other = {5, 6, 7, 8, 9};
+  ASSERT_EQ(h.decode(2, 4, 4, &other), "");
+  h.rewind(3, 0);  // the same for rewind(s, 0)
+  const std::vector<std::int32_t> third = {9, 8, 7, 6, 5};
+  ASSERT_EQ(h.decode(3, 4, 4, &third), "");
+  h.release(0);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, other), 4);
+  ASSERT_EQ(h.step({{0, {other[4]}}}), "");  // the adopted rows are that prompt's
+  h.release(0);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, third), 4);
+  ASSERT_EQ(h.step({{0, {third[4]}}}), "");
 }
 
 }  // namespace
