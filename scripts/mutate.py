@@ -142,7 +142,7 @@ MUTANTS = [
     # --- byte layers (the issue's thin spots; the pools helper adds their tests) ---
     Mutant("pool/kv_pool.h", "const int i = reverse ? plan.n_write - 1 - n : n;", "const int i = n;",
            "KVPool::write ignores the reverse order an input viewing the pool needs (issue 23)",
-           ["kv_pool_test.cpp", "fuzz_replay_test.cpp"], "KVPool|FuzzCorpus"),
+           ["kv_pool_test.cpp", "robustness_test.cpp", "fuzz_replay_test.cpp"], "KVPool|Robustness|FuzzCorpus"),
     Mutant("pool/paged_kv_pool.h", "      if (cp.src == cp.dst) continue;", "      if (cp.src != cp.dst) continue;",
            "PagedKVPool::update skips every copy-on-write copy", ["paged_kv_pool_test.cpp"], "PagedKVPool|Paged"),
     Mutant("pool/paged_kv_pool.h", PAGED_COPIES + PAGED_WRITES, PAGED_WRITES + PAGED_COPIES,
