@@ -198,4 +198,14 @@ TEST(BlockPoolKeys, AReclaimedCachedBlockLosesItsKeyAndItsNeighboursKeepTheirs) 
   EXPECT_EQ(t.pool().find(key(5)), 1);
 }
 
+// An admission that under-counts must fail at once, not take the LRU list's
+// sentinel for a block (the batch corpus replay used to spin to its timeout).
+TEST(BlockPoolDeathTest, AllocatingFromAnEmptyPoolAborts) {
+  BlockPool pool;
+  ASSERT_TRUE(pool.create(2, "a test pool").ok());
+  pool.allocate();
+  pool.allocate();
+  EXPECT_DEATH(pool.allocate(), "no free block");
+}
+
 }  // namespace
