@@ -170,9 +170,14 @@ def quick_binary(m: Mutant, work: Path, include: Path, timeout: int) -> tuple[bo
                 if p.returncode != 0:
                     return True, "does not build: " + (err.strip().splitlines() or [""])[0][:120]
             pending = []
-    link = subprocess.run(["g++", *objs, "-lgtest", "-lgtest_main", "-pthread", "-o", str(exe)], capture_output=True, text=True)
-    if link.returncode != 0:
-        return True, "does not link"
+    # The suite's operator new counters (tests/cpp/support), as kvcore_tests links them.
+    counting = work / "counting_new.o"
+    if not counting.exists():
+        subprocess.run([*flags, "-c", str(ROOT / "tests/cpp/support/counting_new.cpp"), "-o", str(counting)], check=True)
+    link = subprocess.run(["g++", *objs, str(counting), "-lgtest", "-lgtest_main", "-pthread", "-o", str(exe)],
+                          capture_output=True, text=True)
+    if link.returncode != 0:  # the harness's test list, not the mutant
+        raise RuntimeError(f"mutant {m.what!r}: its test files do not link: {link.stderr.strip()[-300:]}")
     try:
         run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
