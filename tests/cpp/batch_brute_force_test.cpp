@@ -250,6 +250,13 @@ class Driver {
     step_open_ = false;
   }
 
+  // Every sequence's table of group g, for a failure's message.
+  std::string tables_text(int g) const {
+    std::string out = "the cache's tables:";
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s) out += " [ " + table_text(s, g) + "]";
+    return out;
+  }
+
   std::string table_text(int s, int g) const {
     auto plan_table = cache_->block_tables(g);
     std::string out;
@@ -434,7 +441,7 @@ class Driver {
       }
       EXPECT_EQ(*cache_->used_blocks(g), used) << "group " << g;
       // Free and cached blocks, as the pools' model counts them.
-      ASSERT_EQ(*cache_->free_blocks(g), prefix_.free_blocks(g)) << "group " << g << "\n" << prefix_.describe() << table_text(0, g) << "| " << table_text(1, g) << "| " << table_text(2, g) << "| " << table_text(3, g);
+      ASSERT_EQ(*cache_->free_blocks(g), prefix_.free_blocks(g)) << "group " << g << "\n" << prefix_.describe() << tables_text(g);
       ASSERT_EQ(*cache_->cached_blocks(g), prefix_.cached_blocks(g)) << "group " << g;
     }
   }
