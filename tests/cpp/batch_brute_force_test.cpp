@@ -66,7 +66,7 @@ std::string describe(const CacheConfig& c) {
 class Driver {
  public:
   Driver(const CacheConfig& cfg, std::uint32_t seed)
-      : cfg_(cfg), rng_(seed), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_) {}
+      : cfg_(cfg), rng_(seed), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_), prefix_(*cache_) {}
 
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
@@ -121,6 +121,7 @@ class Driver {
     ASSERT_TRUE(st.ok()) << st.message().c_str();
     model_.seq(s) = SeqModel{};
     model_.seq(s).active = true;
+    prefix_.add(s);
     step_open_ = false;
   }
 
@@ -132,6 +133,7 @@ class Driver {
     if (!model_.seq(s).active) return expect_refused(st, Error::InvalidState, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
     model_.seq(s) = SeqModel{};
+    prefix_.release(s);
     step_open_ = false;
   }
 
@@ -154,16 +156,22 @@ class Driver {
       if (model_.seq(seqs[i]).length() + T > cfg_.capacity) expected = Error::OutOfResources;
       else if (total > cache_->max_step_tokens()) expected = Error::InvalidArgument;
     }
+    std::vector<PrefixModel::Entry> model_entries;
+    for (std::size_t i = 0; i < seqs.size(); ++i)
+      model_entries.push_back({seqs[i], entries[i].tokens != nullptr ? tokens[i] : std::vector<std::int32_t>(tokens[i].size(), -1)});
     const Snapshot before = snapshot(*cache_);
     auto begun = cache_->begin_step(entries.data(), static_cast<int>(entries.size()));
     std::string call = "begin_step(";
     for (const StepEntry& e : entries) call += " " + std::to_string(e.seq) + ":" + std::to_string(e.T);
     log(call + " )", begun.status());
     if (expected != Error::Ok) return expect_refused(begun.status(), expected, before);
+    // Admission, predicted by the pools' model.
+    EXPECT_EQ(begun.ok(), prefix_.admits(model_entries)) << begun.message().c_str();
     if (!begun.ok()) {  // a pool ran short: refused whole
       ++exhausted;
       return expect_refused(begun.status(), Error::OutOfResources, before);
     }
+    prefix_.begin(model_entries);
     step_open_ = false;  // a replaced step is gone
     // The model writes the step (undone below when it is not committed).
     std::vector<std::uint64_t> token_tags;
@@ -186,6 +194,7 @@ class Driver {
     ++steps_checked;
     if (pick(0, 9) < 8) {
       ASSERT_TRUE(cache_->commit(*begun).ok());
+      prefix_.commit();
       log("commit", kvcore::Status());
       for (const StepEntry& e : entries) {
         SeqModel& m = model_.seq(e.seq);
@@ -235,9 +244,17 @@ class Driver {
     SeqModel copy = m;
     copy.tags.resize(static_cast<std::size_t>(upto));
     copy.tokens.resize(static_cast<std::size_t>(upto));
-    copy.plain = plain(copy);
+    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
     model_.seq(dst) = copy;
+    prefix_.fork(src, dst, upto);
     step_open_ = false;
+  }
+
+  // Every sequence's table of group g, for a failure's message.
+  std::string tables_text(int g) const {
+    std::string out = "the cache's tables:";
+    for (int s = 0; s < cfg_.batch.max_seqs; ++s) out += " [ " + table_text(s, g) + "]";
+    return out;
   }
 
   std::string table_text(int s, int g) const {
@@ -286,6 +303,7 @@ class Driver {
       m.tokens.resize(static_cast<std::size_t>(p0));
       m.plain = p0 == 0 || plain(m);
       if (p0 == 0) m.peak = 0;
+      prefix_.rewind(s, p0);
       step_open_ = false;
       return;
     }
@@ -295,6 +313,7 @@ class Driver {
     if (holes(after) > cfg_.batch.max_holes) return expect_refused(st, Error::OutOfResources, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
     m = after;
+    prefix_.remove(s, p0, p1);
     step_open_ = false;
   }
 
@@ -324,6 +343,7 @@ class Driver {
     w.tokens.resize(static_cast<std::size_t>(n));
     w.plain = n == 0 || plain(w);
     if (n == 0) w.peak = 0;
+    prefix_.rewind(s, n);
     step_open_ = false;
   }
 
@@ -338,6 +358,7 @@ class Driver {
       ASSERT_TRUE(cache_->add_sequence(s).ok());
       model_.seq(s) = SeqModel{};
       model_.seq(s).active = true;
+      prefix_.release(s);
       step_open_ = false;
     }
     std::vector<std::int32_t> prompt;
@@ -359,6 +380,7 @@ class Driver {
     if (m.length() != 0) return expect_refused(hit.status(), Error::InvalidState, before);
     ASSERT_TRUE(hit.ok()) << hit.message().c_str();
     const int h = *hit;
+    EXPECT_EQ(h, prefix_.adopt(s, prompt)) << "not the longest cached prefix";
     EXPECT_EQ(h % cfg_.batch.block_size, 0);
     EXPECT_LE(h, std::max(0, static_cast<int>(prompt.size()) - 1));
     EXPECT_EQ(cache_->sequence(s)->length, h);
@@ -377,6 +399,7 @@ class Driver {
     cache_->clear();
     log("clear", kvcore::Status());
     for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_.seq(s) = SeqModel{};
+    prefix_.clear();
     step_open_ = false;
   }
 
@@ -387,6 +410,8 @@ class Driver {
       ASSERT_EQ(info->active, m.active);
       if (!m.active) continue;
       ASSERT_EQ(info->length, m.length());
+      for (int g = 0; g < cache_->n_groups(); ++g)
+        ASSERT_EQ(*cache_->blocks_held(s, g), prefix_.blocks_held(s, g)) << "seq " << s << " group " << g;
       int visible = 0;
       for (std::uint64_t t : m.tags) visible += t != 0;
       EXPECT_EQ(info->visible_positions(), visible);
@@ -415,6 +440,9 @@ class Driver {
         for (int c = 0; c < gp.n_copies; ++c) used = std::max(used, gp.copies[c].src + 1);
       }
       EXPECT_EQ(*cache_->used_blocks(g), used) << "group " << g;
+      // Free and cached blocks, as the pools' model counts them.
+      ASSERT_EQ(*cache_->free_blocks(g), prefix_.free_blocks(g)) << "group " << g << "\n" << prefix_.describe() << tables_text(g);
+      ASSERT_EQ(*cache_->cached_blocks(g), prefix_.cached_blocks(g)) << "group " << g;
     }
   }
 
@@ -423,6 +451,7 @@ class Driver {
   std::unique_ptr<BatchCache> cache_;
   BatchModel model_;
   TaggedPools pools_;
+  PrefixModel prefix_;  // the pools as the docs state them: predicts every hit
   bool step_open_ = false;
   kvcore::BatchStep open_step_;
 };

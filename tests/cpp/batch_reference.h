@@ -224,4 +224,413 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
   return "";
 }
 
+/// The block pools as docs/batch.md section 5 states them, to predict every
+/// adopt_prefix hit exactly (and every admission). Written from the docs, not
+/// from BatchCache: a block's name is the token ids of its whole prefix (not a
+/// hash), and each rule below quotes the docs. Driven with the calls the cache
+/// accepted.
+class PrefixModel {
+ public:
+  explicit PrefixModel(const kvcore::BatchCache& cache)
+      : B_(cache.block_size()), C_(cache.max_step()), stride_(cache.table_stride()) {
+    for (int g = 0; g < cache.n_groups(); ++g) {
+      Group grp;
+      grp.policy = *cache.group_policy(g);
+      grp.blocks.resize(static_cast<std::size_t>(*cache.num_blocks(g)));
+      grp.tables.assign(static_cast<std::size_t>(cache.max_seqs()), std::vector<int>(static_cast<std::size_t>(stride_), -1));
+      groups_.push_back(grp);
+    }
+    seqs_.resize(static_cast<std::size_t>(cache.max_seqs()));
+  }
+
+  // --- verbs ---------------------------------------------------------------------
+
+  void add(int s) {
+    end_step();
+    reset(s);
+  }
+  // "A released sequence's blocks go tail first": its highest index first.
+  void release(int s) {
+    end_step();
+    release_from(s, 0);
+    reset(s);
+  }
+  void clear() {
+    for (Group& g : groups_) {
+      for (Block& b : g.blocks) b = Block{};
+      for (std::vector<int>& t : g.tables) std::fill(t.begin(), t.end(), -1);
+      g.copies.clear();
+      g.writes.clear();
+    }
+    for (std::size_t s = 0; s < seqs_.size(); ++s) reset(static_cast<int>(s));
+    step_.clear();
+  }
+
+  // "A fork shares every block of the source that holds a position the new
+  // sequence sees"; rings then give back what a query at `upto` cannot need.
+  void fork(int src, int dst, int upto) {
+    end_step();
+    release_from(dst, 0);
+    Seq& d = seq(dst);
+    const Seq& from = seq(src);
+    d = Seq{};
+    d.tokens.assign(from.tokens.begin(), from.tokens.begin() + upto);
+    d.removed.assign(from.removed.begin(), from.removed.begin() + upto);
+    for (Group& g : groups_) {
+      for (int i = 0; i * B_ < upto; ++i) {
+        const int b = g.table(src)[i];
+        bool seen = false;
+        for (int p = i * B_; p < std::min((i + 1) * B_, upto); ++p) seen = seen || !d.removed[static_cast<std::size_t>(p)];
+        if (b < 0 || !seen) continue;
+        hold(g, b);
+        g.table(dst)[i] = b;
+      }
+      evict(g, dst);
+    }
+    // Naming: a fork of nothing names; else as the source does, when the cut
+    // keeps what its keys need (a boundary, or inside the block being filled).
+    if (upto == 0) return;
+    d.names = from.names && cut_keeps_names(src, upto);
+    d.named_blocks = d.names ? std::min(from.named_blocks, upto / B_) : 0;
+  }
+
+  // remove(s, p0, p1) that removes something (a truncation goes to rewind):
+  // "the blocks whose every position below the length is removed" are released.
+  void remove(int s, int p0, int p1) {
+    end_step();
+    Seq& m = seq(s);
+    bool any = false;
+    for (int p = p0; p < std::min(p1, m.length()); ++p) {
+      any = any || !m.removed[static_cast<std::size_t>(p)];
+      m.removed[static_cast<std::size_t>(p)] = true;
+    }
+    if (!any) return;
+    m.names = false;  // "after a remove of its head or middle"
+    for (int i = ceil_div(m.length(), B_) - 1; i >= 0; --i)
+      if (all_removed(s, i * B_, std::min((i + 1) * B_, m.length())))
+        for (Group& g : groups_) release_at(g, s, i);
+  }
+
+  void rewind(int s, int n) {
+    end_step();
+    Seq& m = seq(s);
+    const bool keeps = n == 0 || (m.names && cut_keeps_names(s, n));
+    release_from(s, ceil_div(n, B_));
+    m.tokens.resize(static_cast<std::size_t>(n));
+    m.removed.resize(static_cast<std::size_t>(n));
+    // The last, partly kept block goes too when every position it keeps is removed.
+    if (n % B_ != 0 && all_removed(s, n - n % B_, n))
+      for (Group& g : groups_) release_at(g, s, n / B_);
+    if (n == 0) return reset(s);
+    m.names = keeps;
+    m.named_blocks = std::min(m.named_blocks, n / B_);
+  }
+
+  // "adopt_prefix hashes the full blocks of tokens[0, len - 1), then takes the
+  // longest run, from block 0, that every group can serve": flat groups every
+  // block, rings their sinks and what a query at the hit length needs.
+  int predict_hit(const std::vector<std::int32_t>& tokens) const {
+    int h = tokens.empty() ? 0 : (static_cast<int>(tokens.size()) - 1) / B_;
+    for (; h > 0; --h) {
+      bool servable = true;
+      for (const Group& g : groups_)
+        for (int i = 0; i < h && servable; ++i)
+          servable = !needed(g, h, i) || find(g, name_of(tokens, i)) >= 0;
+      if (servable) break;
+    }
+    return h * B_;
+  }
+
+  int adopt(int s, const std::vector<std::int32_t>& tokens) {
+    end_step();
+    const int hit = predict_hit(tokens);
+    const int h = hit / B_;
+    reset(s);
+    Seq& m = seq(s);
+    m.tokens.assign(tokens.begin(), tokens.begin() + hit);
+    m.removed.assign(static_cast<std::size_t>(hit), false);
+    m.named_blocks = h;
+    for (Group& g : groups_)
+      for (int i = 0; i < h; ++i) {
+        if (!needed(g, h, i)) continue;
+        const int b = find(g, name_of(tokens, i));
+        hold(g, b);
+        g.table(s)[i] = b;
+      }
+    return hit;
+  }
+
+  // --- steps -----------------------------------------------------------------------
+
+  struct Entry {
+    int seq;
+    std::vector<std::int32_t> tokens;  // T ids, or -1s when none were given
+  };
+
+  /// Would the pools admit the step, once a begun one is given back? "Each
+  /// entry needs its new blocks and a private copy of every shared or named
+  /// block it writes into."
+  bool admits(const std::vector<Entry>& entries) const {
+    PrefixModel after = *this;
+    after.end_step();
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const Group& grp = after.groups_[g];
+      int need = 0;
+      for (const Entry& e : entries) {
+        const int L = after.seq(e.seq).length();
+        for (int i = L / B_; i < ceil_div(L + static_cast<int>(e.tokens.size()), B_); ++i) {
+          const int b = grp.table(e.seq)[i];
+          need += b < 0 || must_copy(grp, b);
+        }
+      }
+      if (need > after.free_blocks(static_cast<int>(g))) return false;
+    }
+    return true;
+  }
+
+  void begin(const std::vector<Entry>& entries) {
+    end_step();
+    for (Group& g : groups_) {
+      for (const Entry& e : entries) {
+        const int L = seq(e.seq).length();
+        Step::Write w{e.seq, L / B_, g.table(e.seq)[L / B_]};
+        for (int i = L / B_; i < ceil_div(L + static_cast<int>(e.tokens.size()), B_); ++i) {
+          int& b = g.table(e.seq)[i];
+          if (b < 0) {
+            b = allocate(g);
+          } else if (must_copy(g, b)) {
+            g.copies.push_back(b);  // held until commit: an abandoned step restores it
+            b = allocate(g);
+          }
+        }
+        g.writes.push_back(w);
+      }
+    }
+    step_ = entries;
+  }
+
+  void commit() {
+    for (Group& g : groups_) {
+      for (int b : g.copies) release_block(g, b);
+      g.copies.clear();
+      g.writes.clear();
+    }
+    const std::vector<Entry> entries = step_;
+    step_.clear();
+    for (const Entry& e : entries) {
+      Seq& m = seq(e.seq);
+      const int L = m.length();
+      for (std::int32_t t : e.tokens) {
+        m.tokens.push_back(t);
+        m.removed.push_back(false);
+      }
+      // "when a committed step passed the tokens that filled it"
+      if (e.tokens[0] < 0) m.names = false;
+      for (int i = L / B_; m.names && (i + 1) * B_ <= m.length(); ++i) {
+        if (i < m.named_blocks) continue;
+        for (Group& g : groups_) {
+          Block& blk = g.blocks[static_cast<std::size_t>(g.table(e.seq)[i])];
+          if (!blk.named) blk.named = true, blk.name = name_of(m.tokens, i);
+        }
+        m.named_blocks = i + 1;
+      }
+      for (Group& g : groups_) evict(g, e.seq);
+    }
+  }
+
+  /// A begun step given back: its new blocks and copies return, the tables are
+  /// as before. Cached blocks it reclaimed stay reclaimed.
+  void end_step() {
+    if (step_.empty()) return;
+    for (Group& g : groups_) {
+      for (const Step::Write& w : g.writes) {
+        int& b = g.table(w.seq)[w.first];
+        if (b != w.before) release_block(g, b);
+        b = w.before;
+        for (int i = w.first + 1; i < stride_; ++i) release_at(g, w.seq, i);
+      }
+      g.writes.clear();
+      g.copies.clear();
+    }
+    step_.clear();
+  }
+
+  int free_blocks(int g) const {
+    int n = 0;
+    for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) n += b.refs == 0;
+    return n;
+  }
+  int cached_blocks(int g) const {
+    int n = 0;
+    for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) n += b.refs == 0 && b.named;
+    return n;
+  }
+  /// Every table and block, for a failure's message.
+  std::string describe() const {
+    std::string out;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      out += "group " + std::to_string(g) + ":";
+      for (std::size_t s = 0; s < seqs_.size(); ++s) {
+        out += " [";
+        for (int b : groups_[g].tables[s]) out += " " + std::to_string(b);
+        out += " ]";
+      }
+      out += " blocks:";
+      for (const Block& b : groups_[g].blocks)
+        out += " " + std::to_string(b.refs) + (b.named ? "n" + std::to_string(b.name.size()) : "") + "@" + std::to_string(b.released);
+      out += "\n";
+    }
+    return out;
+  }
+  int blocks_held(int s, int g) const {
+    int n = 0;
+    for (int b : groups_[static_cast<std::size_t>(g)].table(s)) n += b >= 0;
+    return n;
+  }
+
+ private:
+  struct Block {
+    int refs = 0;
+    bool named = false;
+    std::vector<std::int32_t> name;  // the token ids of this block and every block before it
+    long released = 0;               // when it was last freed (cached blocks: the LRU order)
+  };
+  struct Step {
+    struct Write {
+      int seq, first, before;  // the step's first block index of `seq` and what it held there
+    };
+  };
+  struct Group {
+    kvcore::LayerPolicy policy;
+    std::vector<Block> blocks;
+    std::vector<std::vector<int>> tables;
+    std::vector<int> copies;               // the begun step's copy sources
+    std::vector<Step::Write> writes;       // the begun step's entries
+    std::vector<int>& table(int s) { return tables[static_cast<std::size_t>(s)]; }
+    const std::vector<int>& table(int s) const { return tables[static_cast<std::size_t>(s)]; }
+  };
+  struct Seq {
+    std::vector<std::int32_t> tokens;  // -1: none given
+    std::vector<bool> removed;
+    bool names = true;     // names the full blocks its steps fill
+    int named_blocks = 0;  // blocks whose names it knows (a prefix of its history)
+    int length() const { return static_cast<int>(tokens.size()); }
+  };
+
+  static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+  Seq& seq(int s) { return seqs_[static_cast<std::size_t>(s)]; }
+  const Seq& seq(int s) const { return seqs_[static_cast<std::size_t>(s)]; }
+
+  std::vector<std::int32_t> name_of(const std::vector<std::int32_t>& tokens, int i) const {
+    return std::vector<std::int32_t>(tokens.begin(), tokens.begin() + (i + 1) * B_);
+  }
+
+  void reset(int s) { seq(s) = Seq{}; }
+
+  bool all_removed(int s, int lo, int hi) const {
+    for (int p = lo; p < hi; ++p)
+      if (!seq(s).removed[static_cast<std::size_t>(p)]) return false;
+    return true;
+  }
+
+  // "A rewind (or fork) to a block boundary or inside the block being filled
+  // keeps naming" (the cache keeps the ids of that block only); at a boundary
+  // the name of the block before it must still be held by some group.
+  bool cut_keeps_names(int s, int n) const {
+    const Seq& m = seq(s);
+    if (n >= m.named_blocks * B_) return true;
+    if (n % B_ != 0) return false;
+    for (const Group& g : groups_) {
+      const int b = g.table(s)[n / B_ - 1];
+      if (b >= 0 && g.blocks[static_cast<std::size_t>(b)].named) return true;
+    }
+    return false;
+  }
+
+  // "A step copies a block it writes into when another sequence holds it, or
+  // when it is named (a named block never changes)."
+  static bool must_copy(const Group& g, int b) {
+    return g.blocks[static_cast<std::size_t>(b)].refs > 1 || g.blocks[static_cast<std::size_t>(b)].named;
+  }
+
+  // Rings: a sequence at length L holds its sink blocks and every block not
+  // wholly below L - C - W + 1 ("what a query after a rewind of up to C needs").
+  bool needed_at(const Group& g, int L, int i) const {
+    if (g.policy.kind != kvcore::LayerPolicy::Kind::Ring) return true;
+    const std::int64_t sink_blocks = (static_cast<std::int64_t>(g.policy.sinks) + B_ - 1) / B_;
+    const std::int64_t floor = static_cast<std::int64_t>(L) - C_ - g.policy.window + 1;
+    return i < sink_blocks || static_cast<std::int64_t>(i + 1) * B_ > floor;
+  }
+  bool needed(const Group& g, int h, int i) const { return needed_at(g, h * B_, i); }
+  // "After a commit at length L, a ring group releases a sequence's blocks
+  // that lie wholly below L - C - W + 1, except the sink blocks" (tail first).
+  void evict(Group& g, int s) {
+    const int L = seq(s).length();
+    for (int i = ceil_div(L, B_) - 1; i >= 0; --i)
+      if (!needed_at(g, L, i)) release_at(g, s, i);
+  }
+
+  // "A hit shares the lowest held copy of the content when there is one,
+  // else the cached one." (Block ids: allocation takes the lowest free block
+  // without a name, so the model's ids are the cache's.)
+  static int find(const Group& g, const std::vector<std::int32_t>& name) {
+    int cached = -1;
+    for (std::size_t b = 0; b < g.blocks.size(); ++b) {
+      const Block& blk = g.blocks[b];
+      if (!blk.named || blk.name != name) continue;
+      if (blk.refs > 0) return static_cast<int>(b);
+      cached = static_cast<int>(b);
+    }
+    return cached;
+  }
+
+  void hold(Group& g, int b) { ++g.blocks[static_cast<std::size_t>(b)].refs; }
+
+  // "Allocation takes a free block without a name, else reclaims the least
+  // recently released cached one (its name goes)."
+  int allocate(Group& g) {
+    int pick = -1;
+    for (std::size_t b = 0; b < g.blocks.size() && pick < 0; ++b)
+      if (g.blocks[b].refs == 0 && !g.blocks[b].named) pick = static_cast<int>(b);
+    if (pick < 0)
+      for (std::size_t b = 0; b < g.blocks.size(); ++b)
+        if (g.blocks[b].refs == 0 && (pick < 0 || g.blocks[b].released < g.blocks[static_cast<std::size_t>(pick)].released))
+          pick = static_cast<int>(b);
+    Block& blk = g.blocks[static_cast<std::size_t>(pick)];
+    blk = Block{};
+    blk.refs = 1;
+    return pick;
+  }
+
+  // One holder fewer. A named block no one holds stays cached, the most
+  // recently released; "at most one copy of a content stays cached": an older
+  // cached copy loses its name.
+  void release_block(Group& g, int b) {
+    Block& blk = g.blocks[static_cast<std::size_t>(b)];
+    if (--blk.refs > 0) return;
+    blk.released = ++clock_;
+    if (!blk.named) return;
+    for (std::size_t o = 0; o < g.blocks.size(); ++o) {
+      Block& other = g.blocks[o];
+      if (static_cast<int>(o) != b && other.refs == 0 && other.named && other.name == blk.name) other = Block{};
+    }
+  }
+  void release_at(Group& g, int s, int i) {
+    int& b = g.table(s)[static_cast<std::size_t>(i)];
+    if (b < 0) return;
+    release_block(g, b);
+    b = -1;
+  }
+  void release_from(int s, int from) {
+    for (Group& g : groups_)
+      for (int i = stride_ - 1; i >= from; --i) release_at(g, s, i);
+  }
+
+  int B_, C_, stride_;
+  std::vector<Group> groups_;
+  std::vector<Seq> seqs_;
+  std::vector<Entry> step_;
+  long clock_ = 0;
+};
+
 }  // namespace kvcore_test

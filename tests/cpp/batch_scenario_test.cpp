@@ -68,6 +68,7 @@ class Harness {
     SeqModel copy = model_.seq(src);
     copy.tags.resize(static_cast<std::size_t>(upto));
     copy.tokens.resize(static_cast<std::size_t>(upto));
+    if (upto == 0) copy.plain = true;  // at length 0 a history is a plain prefix
     model_.seq(dst) = copy;
   }
   void remove(int s, int p0, int p1) {
@@ -87,6 +88,7 @@ class Harness {
     ASSERT_TRUE(st.ok()) << st.message().c_str();
     model_.seq(s).tags.resize(static_cast<std::size_t>(n));
     model_.seq(s).tokens.resize(static_cast<std::size_t>(n));
+    if (n == 0) model_.seq(s).plain = true;
   }
   // Adopts the longest cached prefix of `prompt`; the model takes the K/V a
   // fresh computation of that prefix would hold.
@@ -370,10 +372,10 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   const std::vector<std::int32_t> a = tokens(100, 9), b = tokens(200, 9);  // 2 full blocks each (+ 1 to compute)
   h.add(0);
   ASSERT_EQ(h.decode(0, 8, 4, &a), "");
-  h.release(0);  // A0 then A1 released
+  h.release(0);  // tail first: A1 then A0
   h.add(0);
   ASSERT_EQ(h.decode(0, 8, 4, &b), "");
-  h.release(0);  // then B0, B1
+  h.release(0);  // then B1, B0
   EXPECT_EQ(h.free(0), 12);
   EXPECT_EQ(h.cached(0), 4);
   // 8 blocks without a key are free: a sequence fills them, the cache stays.
@@ -382,7 +384,7 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   EXPECT_EQ(h.free(0), 4);
   EXPECT_EQ(h.cached(0), 4);
   // Adopting A back and releasing it again makes it the most recently
-  // released: the order is B0, B1, A0, A1 now.
+  // released: the order is B1, B0, A1, A0 now.
   h.add(2);
   EXPECT_EQ(h.adopt(2, a), 8);
   EXPECT_EQ(h.free(0), 2);
@@ -390,15 +392,20 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
   h.release(2);
   EXPECT_EQ(h.cached(0), 4);
   // The pool is short now: each new block reclaims the least recently released.
-  ASSERT_EQ(h.decode(1, 1, 1), "");  // block 8 of seq 1: takes B0
+  ASSERT_EQ(h.decode(1, 1, 1), "");  // block 8 of seq 1: takes B1, B's tail
   EXPECT_EQ(h.cached(0), 3);
   h.add(2);
-  EXPECT_EQ(h.adopt(2, b), 0);  // B's chain starts with B0: gone
+  EXPECT_EQ(h.adopt(2, b), 4);  // B's head outlived its tail
+  h.release(2);                 // B0 released again: A1, A0, B0
+  h.add(2);
   EXPECT_EQ(h.adopt(2, a), 8);  // A whole
-  h.release(2);                 // A0, A1 released again: B1, A0, A1
-  ASSERT_EQ(h.decode(1, 4, 4), "");  // block 9 of seq 1: takes B1
+  h.release(2);                 // A1, A0 released again: B0, A1, A0
+  ASSERT_EQ(h.decode(1, 4, 4), "");  // block 9 of seq 1: takes B0
   EXPECT_EQ(h.cached(0), 2);
   EXPECT_EQ(h.free(0), 2);
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, b), 0);
+  h.release(2);
   h.release(1);  // room for one more step
   h.add(2);
   EXPECT_EQ(h.adopt(2, a), 8);
@@ -487,6 +494,196 @@ TEST(BatchScenarios, AMiddleRemovalFreesWholeBlocksAndRemovedPositionsAreNeverSe
   EXPECT_EQ(h.held(0, 0), 6 - 1);
   for (int i = 0; i < 10 && !HasFailure(); ++i) ASSERT_EQ(h.step({{0, none(1 + i % 4)}}), "");
   for (int k = 16; k < 20; ++k) EXPECT_FALSE(*c.visible(0, 0, h.length(0), k));
+}
+
+// --- abandoned steps ----------------------------------------------------------
+
+// A step takes a fresh block at its first position's index when the sequence
+// stands on a block boundary; abandoned (by a verb, or replaced by a retry),
+// the block goes back and blocks_held counts it no more. Its later blocks go
+// too. (A mutation run found only the brute force and the fuzz corpus holding
+// this: the fresh block was given back to the pool but still counted held.)
+TEST(BatchScenarios, AnAbandonedStepsFreshBlockIsSubtractedFromBlocksHeld) {
+  const int B = 4;
+  for (const bool by_retry : {false, true}) {
+    SCOPED_TRACE(by_retry ? "replaced by a retry" : "ended by a verb");
+    Harness h(config(64, 8, {LayerPolicy::flat(), LayerPolicy::ring(4)}, B, 2));
+    h.add(0);
+    h.add(1);
+    ASSERT_EQ(h.decode(0, 8, 8), "");  // two full blocks: the next step starts a fresh one
+    const int held_flat = h.held(0, 0), held_ring = h.held(0, 1);
+    const int free_flat = h.free(0), free_ring = h.free(1);
+    ASSERT_EQ(h.step({{0, none(6)}}, /*commit=*/false), "");  // fresh blocks 2 and 3
+    EXPECT_EQ(h.held(0, 0), held_flat + 2);
+    EXPECT_EQ(h.held(0, 1), held_ring + 2);
+    if (by_retry) {
+      ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false), "");  // replaces it
+    } else {
+      h.rewind(0, 8);  // changes nothing but ends the step
+    }
+    EXPECT_EQ(h.held(0, 0), held_flat);
+    EXPECT_EQ(h.held(0, 1), held_ring);
+    const int taken = by_retry ? 1 : 0;  // the retry's own block for sequence 1
+    EXPECT_EQ(h.free(0), free_flat - taken);
+    EXPECT_EQ(h.free(1), free_ring - taken);
+    ASSERT_EQ(h.step({{0, none(1)}}), "");
+    EXPECT_EQ(h.held(0, 0), held_flat + 1);
+  }
+}
+
+// --- colliding keys ------------------------------------------------------------
+
+// Prompts whose block keys share one home slot in the pools' key table
+// (found by hashing candidates with BlockKey::chain), computed, released,
+// reclaimed from the middle and the end of their probe chain, and computed
+// again: every prompt whose blocks are still cached must be adopted whole
+// (the longest cached prefix). Before the key table was tested directly,
+// breaking its deletion (`home > i` -> `home >= i`) passed the whole suite:
+// hits shrank silently.
+TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
+  const int B = 2, n_blocks = 8;  // 8 blocks: a key table of 16 slots
+  CacheConfig cfg = config(32, 4, {LayerPolicy::flat()}, B, 3);
+  cfg.batch.num_blocks = n_blocks;
+  Harness h(cfg);
+  const std::uint64_t mask = 15;
+  // Second blocks after one shared first block [1, 2], all with home slot 14:
+  // the chain wraps around the table's end.
+  const std::int32_t head[] = {1, 2};
+  const kvcore::BlockKey first = kvcore::BlockKey::chain(kvcore::BlockKey{}, head, B);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::int32_t a = 10; prompts.size() < 5; ++a) {
+    const std::int32_t tail[] = {a, a + 1000};
+    if ((kvcore::BlockKey::chain(first, tail, B).lo & mask) == 14) prompts.push_back({1, 2, a, a + 1000, 7});
+  }
+  ASSERT_NE(first.lo & mask, 14u) << "pick another slot: the head collides too";
+  // Each prompt computed by its own sequence, then released: 1 + 5 cached blocks.
+  for (const std::vector<std::int32_t>& p : prompts) {
+    h.add(0);
+    EXPECT_EQ(h.adopt(0, p), prompts.front() == p ? 0 : 2);  // the shared head is cached after the first
+    ASSERT_EQ(h.decode(0, 4 - h.length(0), 4, &p), "");
+    h.release(0);
+  }
+  ASSERT_EQ(h.cached(0), 6);
+  // Sequence 0 adopts prompts[k] for each k of `order` and releases it again:
+  // the hits must be `want` (a release makes the prompt's blocks the most
+  // recently released, tail first).
+  auto adopt_each = [&](std::vector<std::size_t> order, std::vector<int> want) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      h.add(0);
+      EXPECT_EQ(h.adopt(0, prompts[order[i]]), want[i]) << "prompt " << order[i];
+      h.release(0);
+    }
+  };
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 4, 4, 4});
+  // The free blocks without a key go to a sequence without token ids: each
+  // block it takes from now on reclaims the least recently released.
+  h.add(1);
+  ASSERT_EQ(h.decode(1, 2 * (n_blocks - h.cached(0)), 2), "");
+  ASSERT_EQ(h.free(0), h.cached(0));
+  // Released tail first, the chain's blocks wait as P0 .. P4, then the head.
+  // Re-adopting 3, 4, 0, 1 leaves P2 (the middle of the probe chain, past the
+  // table's end) least recently released: the next block reclaims it.
+  adopt_each({3, 4, 0, 1}, {4, 4, 4, 4});
+  ASSERT_EQ(h.decode(1, 1, 1), "");
+  ASSERT_EQ(h.cached(0), 5);
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 2, 4, 4});
+  // Now P3, P4, P0, P1, head: re-adopting 0, 1, 3 leaves P4 first, the end of
+  // the chain, for the next reclaim.
+  adopt_each({0, 1, 3}, {4, 4, 4});
+  ASSERT_EQ(h.decode(1, 2, 2), "");
+  ASSERT_EQ(h.cached(0), 4);
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 2, 4, 2});
+  // Re-inserted: prompt 2 computed again names its second block again.
+  h.release(1);
+  h.add(0);
+  ASSERT_EQ(h.adopt(0, prompts[2]), 2);
+  ASSERT_EQ(h.decode(0, 2, 2, &prompts[2]), "");
+  h.release(0);
+  adopt_each({0, 1, 2, 3, 4}, {4, 4, 4, 4, 2});
+}
+
+// Two sequences computed the same prompt: both copies are named. The first
+// is released and reclaimed; the survivor's copy is found. (Before, a block
+// whose key already named another stayed unnamed and was never found.)
+TEST(BatchScenarios, ASurvivingCopyOfAPromptIsFoundAfterTheOtherIsReclaimed) {
+  const int B = 2;
+  CacheConfig cfg = config(32, 4, {LayerPolicy::flat()}, B, 3);
+  cfg.batch.num_blocks = 6;
+  Harness h(cfg);
+  const std::vector<std::int32_t> prompt = tokens(40, 5);
+  for (int s : {0, 1}) {
+    h.add(s);
+    ASSERT_EQ(h.decode(s, 4, 4, &prompt), "");  // each its own blocks 0 and 1
+  }
+  h.release(0);  // its copies are cached; sequence 1 holds the others
+  h.add(2);
+  ASSERT_EQ(h.decode(2, 4, 4), "");  // takes the 2 free blocks without a key
+  ASSERT_EQ(h.decode(2, 4, 4), "");  // and reclaims sequence 0's copies
+  EXPECT_EQ(h.cached(0), 0);
+  h.release(2);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, prompt), 4);  // sequence 1's copy (was 0)
+  ASSERT_EQ(h.step({{0, {prompt[4]}}}), "");
+}
+
+// A rewind into a full, named block, then a step: the step writes a copy, so
+// the named block stays whole whether the step is committed or abandoned, and
+// the prompt is adopted whole afterwards. (Before, the step wrote in place
+// and dropped the key, and an abandoned step did not give it back.)
+TEST(BatchScenarios, AStepAfterARewindIntoANamedBlockLeavesTheNameWhole) {
+  const int B = 4;
+  for (const bool commit : {false, true}) {
+    SCOPED_TRACE(commit ? "committed" : "abandoned");
+    Harness h(config(32, 4, {LayerPolicy::flat(), LayerPolicy::ring(8, 1)}, B, 3));
+    const std::vector<std::int32_t> prompt = tokens(60, 9);
+    h.add(0);
+    ASSERT_EQ(h.decode(0, 8, 4, &prompt), "");  // blocks 0 and 1 named
+    h.rewind(0, 6);                             // inside block 1
+    kvcore::BatchStepPlan plan;
+    ASSERT_EQ(h.step({{0, {1, 2}}}, commit, /*write=*/true, &plan), "");
+    for (int g = 0; g < 2; ++g) EXPECT_EQ(plan.groups[g].n_copies, 1) << "group " << g;
+    h.add(1);  // a verb: an uncommitted step is over
+    EXPECT_EQ(h.adopt(1, prompt), 8);
+    ASSERT_EQ(h.step({{1, {prompt[8]}}}), "");  // the adopted rows are the prompt's
+  }
+}
+
+// The example: two sequences compute [1, 2, 3, 4, 5] (B = 2); the
+// second, whose blocks are copies, rewinds to a block boundary and writes
+// [7, 8, 9]: it keeps naming, so [1, 2, 7, 8, 9] is adopted up to its last
+// token (was 2). A fork of nothing names like any empty sequence, and so
+// does rewind(s, 0).
+TEST(BatchScenarios, ABoundaryRewindOfACopyAndAForkOfNothingKeepNaming) {
+  const int B = 2;
+  Harness h(config(32, 4, {LayerPolicy::flat()}, B, 4));
+  const std::vector<std::int32_t> first = {1, 2, 3, 4, 5};
+  for (int s : {0, 1}) {
+    h.add(s);
+    ASSERT_EQ(h.decode(s, 5, 4, &first), "");
+  }
+  h.rewind(1, 2);
+  ASSERT_EQ(h.step({{1, {7, 8, 9}}}), "");
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, {1, 2, 7, 8, 9}), 4);
+  // Sequence 3: a step without tokens stops its naming; a fork of nothing
+  // from it names again.
+  h.add(3);
+  ASSERT_EQ(h.step({{3, none(2)}}), "");
+  h.release(2);
+  h.fork(3, 2, 0);
+  const std::vector<std::int32_t> other = {5, 6, 7, 8, 9};
+  ASSERT_EQ(h.decode(2, 4, 4, &other), "");
+  h.rewind(3, 0);  // the same for rewind(s, 0)
+  const std::vector<std::int32_t> third = {9, 8, 7, 6, 5};
+  ASSERT_EQ(h.decode(3, 4, 4, &third), "");
+  h.release(0);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, other), 4);
+  ASSERT_EQ(h.step({{0, {other[4]}}}), "");  // the adopted rows are that prompt's
+  h.release(0);
+  h.add(0);
+  EXPECT_EQ(h.adopt(0, third), 4);
+  ASSERT_EQ(h.step({{0, {third[4]}}}), "");
 }
 
 }  // namespace

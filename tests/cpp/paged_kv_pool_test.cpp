@@ -314,7 +314,7 @@ class Driver {
     SeqModel copy = m;
     copy.tags.resize(static_cast<std::size_t>(upto));
     copy.tokens.resize(static_cast<std::size_t>(upto));
-    copy.plain = plain(copy);
+    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
     model_.seq(dst) = copy;
     ++forks;
   }

@@ -55,6 +55,7 @@ using kvcore::LayerPolicy;
 using kvcore::Status;
 using kvcore::StepEntry;
 using kvcore_test::BatchModel;
+using kvcore_test::PrefixModel;
 using kvcore_test::SeqModel;
 using kvcore_test::TaggedPools;
 
@@ -259,6 +260,7 @@ class Harness {
     bump(&Coverage::small_caches);
     model_.reset(new BatchModel(cfg));
     pools_.reset(new TaggedPools(*cache_));
+    prefix_.reset(new PrefixModel(*cache_));
     return run_small();
   }
 
@@ -474,6 +476,14 @@ class Harness {
                    "group " + str(g) + ": " + str(*cache_->free_blocks(g)) + " free + " + str(distinct) + " held != " + str(n_blocks));
       FUZZ_REQUIRE(*cache_->used_blocks(g) == used, "group " + str(g) + " used_blocks");
       FUZZ_REQUIRE(*cache_->cached_blocks(g) <= *cache_->free_blocks(g), "cached blocks that are not free");
+      // The pools as the docs state them (batch_reference.h's PrefixModel).
+      FUZZ_REQUIRE(*cache_->free_blocks(g) == prefix_->free_blocks(g) && *cache_->cached_blocks(g) == prefix_->cached_blocks(g),
+                   "group " + str(g) + ": free " + str(*cache_->free_blocks(g)) + ", cached " + str(*cache_->cached_blocks(g)) +
+                       "; the model's " + str(prefix_->free_blocks(g)) + ", " + str(prefix_->cached_blocks(g)));
+      for (int s = 0; s < cfg_.batch.max_seqs; ++s)
+        FUZZ_REQUIRE(*cache_->blocks_held(s, g) == prefix_->blocks_held(s, g),
+                     "seq " + str(s) + " group " + str(g) + " holds " + str(*cache_->blocks_held(s, g)) + ", the model " +
+                         str(prefix_->blocks_held(s, g)));
     }
     return "";
   }
@@ -512,6 +522,7 @@ class Harness {
     FUZZ_REQUIRE(st.ok(), outcome(st));
     model_->seq(s) = SeqModel{};
     model_->seq(s).active = true;
+    prefix_->add(s);
     return verb_done();
   }
 
@@ -524,6 +535,7 @@ class Harness {
     if (seq_refusal(s, &code)) return refused(st, code, before);
     FUZZ_REQUIRE(st.ok(), outcome(st));
     model_->seq(s) = SeqModel{};
+    prefix_->release(s);
     return verb_done();
   }
 
@@ -589,10 +601,20 @@ class Harness {
     for (int i = 0; data != nullptr && i < n && i < static_cast<int>(entries.size()); ++i)
       last_op_ += " " + str(data[i].seq) + ":" + str(data[i].T);
     last_op_ += " )";
+    std::vector<PrefixModel::Entry> model_entries;
+    for (int i = 0; expected == Error::Ok && i < n; ++i) {
+      PrefixModel::Entry e{data[i].seq, std::vector<std::int32_t>(static_cast<std::size_t>(data[i].T), -1)};
+      if (data[i].tokens != nullptr) e.tokens.assign(data[i].tokens, data[i].tokens + data[i].T);
+      model_entries.push_back(e);
+    }
+    const bool fits = expected == Error::Ok && prefix_->admits(model_entries);
     const Snapshot before = snapshot();
     auto begun = cache_->begin_step(data, n);
     if (expected != Error::Ok) return refused(begun.status(), expected, before);
+    FUZZ_REQUIRE(begun.ok() == fits, fits ? "refused a step the pools hold: " + outcome(begun.status())
+                                          : std::string("admitted a step the pools cannot hold"));
     if (!begun.ok()) return refused(begun.status(), Error::OutOfResources, before, &Coverage::exhausted);
+    prefix_->begin(model_entries);
     step_open_ = false;  // a replaced step is gone (the model forgot it when it was left)
     // The model writes the step (undone below when it is not committed).
     std::vector<std::uint64_t> token_tags;
@@ -632,6 +654,7 @@ class Harness {
     }
     if (how >= 2 && in_.percent(80)) {
       FUZZ_REQUIRE(cache_->commit(*begun).ok(), "commit of the begun step");
+      prefix_->commit();
       for (const StepEntry& e : entries) {
         SeqModel& m = model_->seq(e.seq);
         if (e.tokens == nullptr) m.plain = false;
@@ -674,8 +697,9 @@ class Harness {
     SeqModel copy = model_->seq(src);
     copy.tags.resize(static_cast<std::size_t>(upto));
     copy.tokens.resize(static_cast<std::size_t>(upto));
-    copy.plain = plain(copy);
+    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
     model_->seq(dst) = copy;
+    prefix_->fork(src, dst, upto);
     bump(&Coverage::forks);
     return verb_done();
   }
@@ -703,6 +727,7 @@ class Harness {
       m.tokens.resize(static_cast<std::size_t>(p0));
       m.plain = p0 == 0 || plain(m);
       if (p0 == 0) m.peak = 0;
+      prefix_->rewind(s, p0);
       return verb_done();
     }
     SeqModel after = m;
@@ -712,6 +737,7 @@ class Harness {
     FUZZ_REQUIRE(st.ok(), outcome(st));
     if (p0 > 0 && p0 < std::min(p1, L)) bump(&Coverage::middle_removals);
     m = after;
+    prefix_->remove(s, p0, p1);
     return verb_done();
   }
 
@@ -740,6 +766,7 @@ class Harness {
     m.tokens.resize(static_cast<std::size_t>(n));
     m.plain = n == 0 || plain(m);
     if (n == 0) m.peak = 0;
+    prefix_->rewind(s, n);
     return verb_done();
   }
 
@@ -752,6 +779,7 @@ class Harness {
       FUZZ_REQUIRE(cache_->add_sequence(s).ok(), "add");
       model_->seq(s) = SeqModel{};
       model_->seq(s).active = true;
+      prefix_->release(s);
       const std::string err = verb_done();
       if (!err.empty()) return err;
     }
@@ -782,6 +810,9 @@ class Harness {
     if (m.length() != 0) return refused(hit.status(), Error::InvalidState, before);  // empty: no committed position
     FUZZ_REQUIRE(hit.ok(), outcome(hit.status()));
     const int h = *hit;
+    const std::vector<std::int32_t> given(prompt.begin(), prompt.begin() + n);
+    const int longest = prefix_->adopt(s, given);
+    FUZZ_REQUIRE(h == longest, "hit " + str(h) + ", the longest cached prefix is " + str(longest));
     FUZZ_REQUIRE(h % cfg_.batch.block_size == 0 && h <= std::max(0, n - 1) && cache_->sequence(s)->length == h,
                  "hit " + str(h));
     m = SeqModel{};
@@ -799,6 +830,7 @@ class Harness {
     last_op_ = "clear";
     cache_->clear();
     for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_->seq(s) = SeqModel{};
+    prefix_->clear();
     for (int g = 0; g < cache_->n_groups(); ++g)
       FUZZ_REQUIRE(*cache_->free_blocks(g) == *cache_->num_blocks(g) && *cache_->cached_blocks(g) == 0, "clear");
     bump(&Coverage::clears);
@@ -1058,6 +1090,7 @@ class Harness {
   std::unique_ptr<BatchCache> cache_;
   std::unique_ptr<BatchModel> model_;
   std::unique_ptr<TaggedPools> pools_;
+  std::unique_ptr<PrefixModel> prefix_;  // the pools as the docs state them: every hit and admission
   bool step_open_ = false;
   BatchStep open_step_;
   bool tables_checked_ = false;

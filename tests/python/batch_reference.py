@@ -36,11 +36,16 @@ What the contract leaves to the cache, the model bounds instead of predicting:
   length and names a prefix some sequence committed since the last clear; the
   next step's reads check its rows.
 
+`PrefixPools` then predicts what docs/batch.md section 5 states exactly: every
+prefix hit (the longest cached prefix, reclaim order included), every
+admission, and every free, cached and held block count.
+
 Errors are named by their kvcore.Error member name ("InvalidArgument", ...).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -495,3 +500,301 @@ def check_step(model: BatchModel, plan: StepPlan, pools: Pools, new_tags: Sequen
                 f"{where}, group {g} ({policy}): keys {wrong.tolist()} hold other K/V "
                 f"(rows hold {have[have != held[ks]].tolist()}, the model says {held[wrong].tolist()})"
             )
+
+
+@dataclass
+class Block:
+    """One block of a pool, as the prefix model sees it."""
+
+    refs: int = 0
+    name: tuple[int, ...] | None = None  # the token ids of this block and every block before it
+    released: int = 0  # when it was last freed (cached blocks: the LRU order)
+
+
+@dataclass
+class _Naming:
+    names: bool = True  # names the full blocks its steps fill
+    named_blocks: int = 0  # blocks whose names it knows (a prefix of its history)
+    tokens: list[int | None] = field(default_factory=list)
+    removed: list[bool] = field(default_factory=list)
+
+
+class PrefixPools:
+    """The block pools as docs/batch.md section 5 states them, to predict every
+    adopt_prefix hit exactly, every admission, and every free, cached and held
+    count. Written from the docs, not from kvcore: a block's name is the token
+    ids of its whole prefix (not a hash), each rule quotes the text, and block
+    ids follow the documented allocation (the lowest free block without a
+    name), so they are the cache's. Driven with the calls the cache accepted."""
+
+    def __init__(self, num_blocks: Sequence[int], groups: Sequence[Policy], block_size: int, max_step: int, max_seqs: int, stride: int) -> None:
+        self.B, self.C, self.stride = block_size, max_step, stride
+        self.policies = list(groups)
+        self.blocks = [[Block() for _ in range(n)] for n in num_blocks]
+        self.tables = [[[-1] * stride for _ in range(max_seqs)] for _ in groups]
+        self.seqs = [_Naming() for _ in range(max_seqs)]
+        self.copies: list[list[int]] = [[] for _ in groups]  # the begun step's copy sources
+        self.writes: list[list[tuple[int, int, int]]] = [[] for _ in groups]  # (seq, first index, block before)
+        self.pending: list[Entry] | None = None
+        self.clock = 0
+
+    # --- counts -------------------------------------------------------------------------
+
+    def free_blocks(self, g: int) -> int:
+        return sum(b.refs == 0 for b in self.blocks[g])
+
+    def cached_blocks(self, g: int) -> int:
+        return sum(b.refs == 0 and b.name is not None for b in self.blocks[g])
+
+    def blocks_held(self, seq: int, g: int) -> int:
+        return sum(b >= 0 for b in self.tables[g][seq])
+
+    # --- rules ----------------------------------------------------------------------------
+
+    def needed(self, g: int, length: int, i: int) -> bool:
+        """Rings: a sequence at `length` holds its sink blocks and every block not
+        wholly below length - C - W + 1 (what a query after a rewind of up to C needs)."""
+        p = self.policies[g]
+        if not p.is_ring:
+            return True
+        return i < ceil_div(p.sinks, self.B) or (i + 1) * self.B > length - self.C - p.window + 1
+
+    def find(self, g: int, name: tuple[int, ...]) -> int:
+        """A hit shares the lowest held copy of the content, else the cached one."""
+        cached = -1
+        for b, blk in enumerate(self.blocks[g]):
+            if blk.name == name:
+                if blk.refs > 0:
+                    return b
+                cached = b
+        return cached
+
+    def must_copy(self, g: int, b: int) -> bool:
+        """A step copies a block it writes into when another sequence holds it,
+        or when it is named (a named block never changes)."""
+        blk = self.blocks[g][b]
+        return blk.refs > 1 or blk.name is not None
+
+    def allocate(self, g: int) -> int:
+        """The lowest free block without a name, else the least recently released
+        cached one (its name goes)."""
+        free = [b for b, blk in enumerate(self.blocks[g]) if blk.refs == 0]
+        plain = [b for b in free if self.blocks[g][b].name is None]
+        pick = plain[0] if plain else min(free, key=lambda b: self.blocks[g][b].released)
+        self.blocks[g][pick] = Block(refs=1)
+        return pick
+
+    def release_block(self, g: int, b: int) -> None:
+        """One holder fewer. A named block no one holds stays cached, the most
+        recently released; one cached copy per content: an older one loses its name."""
+        blk = self.blocks[g][b]
+        blk.refs -= 1
+        if blk.refs:
+            return
+        self.clock += 1
+        blk.released = self.clock
+        if blk.name is None:
+            return
+        for o, other in enumerate(self.blocks[g]):
+            if o != b and other.refs == 0 and other.name == blk.name:
+                self.blocks[g][o] = Block()
+
+    def release_at(self, g: int, seq: int, i: int) -> None:
+        b = self.tables[g][seq][i]
+        if b >= 0:
+            self.release_block(g, b)
+            self.tables[g][seq][i] = -1
+
+    def release_from(self, seq: int, start: int) -> None:
+        """A sequence's blocks go tail first: its highest index first."""
+        for g in range(len(self.policies)):
+            for i in reversed(range(start, self.stride)):
+                self.release_at(g, seq, i)
+
+    def evict(self, g: int, seq: int) -> None:
+        """After a commit at length L a ring releases the blocks wholly below
+        L - C - W + 1 but the sinks, tail first."""
+        L = len(self.seqs[seq].tokens)
+        for i in reversed(range(ceil_div(L, self.B))):
+            if not self.needed(g, L, i):
+                self.release_at(g, seq, i)
+
+    def cut_keeps_names(self, seq: int, n: int) -> bool:
+        """A rewind or fork to a block boundary, or inside the block being filled,
+        keeps naming; at a boundary some group must still hold the block before it, named."""
+        s = self.seqs[seq]
+        if n >= s.named_blocks * self.B:
+            return True
+        if n % self.B:
+            return False
+        return any(t[seq][n // self.B - 1] >= 0 and self.blocks[g][t[seq][n // self.B - 1]].name is not None for g, t in enumerate(self.tables))
+
+    def all_removed(self, seq: int, lo: int, hi: int) -> bool:
+        return all(self.seqs[seq].removed[lo:hi])
+
+    # --- verbs ------------------------------------------------------------------------------
+
+    def add(self, seq: int) -> None:
+        self.end_step()
+        self.seqs[seq] = _Naming()
+
+    def release(self, seq: int) -> None:
+        self.end_step()
+        self.release_from(seq, 0)
+        self.seqs[seq] = _Naming()
+
+    def clear(self) -> None:
+        self.pending = None
+        self.blocks = [[Block() for _ in g] for g in self.blocks]
+        self.tables = [[[-1] * self.stride for _ in t] for t in self.tables]
+        self.seqs = [_Naming() for _ in self.seqs]
+        self.copies = [[] for _ in self.policies]
+        self.writes = [[] for _ in self.policies]
+
+    def fork(self, src: int, dst: int, upto: int) -> None:
+        """A fork shares every block of the source holding a position the new
+        sequence sees; rings give back what a query at `upto` cannot need."""
+        self.end_step()
+        self.release_from(dst, 0)
+        s = self.seqs[src]
+        d = self.seqs[dst] = _Naming(tokens=s.tokens[:upto], removed=s.removed[:upto])
+        for g, t in enumerate(self.tables):
+            for i in range(ceil_div(upto, self.B)):
+                b = t[src][i]
+                if b >= 0 and not self.all_removed(dst, i * self.B, min((i + 1) * self.B, upto)):
+                    self.blocks[g][b].refs += 1
+                    t[dst][i] = b
+            self.evict(g, dst)
+        if upto:
+            d.names = s.names and self.cut_keeps_names(src, upto)
+            d.named_blocks = min(s.named_blocks, upto // self.B) if d.names else 0
+
+    def remove(self, seq: int, p0: int, p1: int) -> None:
+        """A head or middle removal (or none): the blocks whose every position
+        below the length is removed are released, tail first."""
+        self.end_step()
+        s = self.seqs[seq]
+        L = len(s.tokens)
+        if all(s.removed[p0 : min(p1, L)]):
+            return
+        for p in range(p0, min(p1, L)):
+            s.removed[p] = True
+        s.names = False
+        for i in reversed(range(ceil_div(L, self.B))):
+            if self.all_removed(seq, i * self.B, min((i + 1) * self.B, L)):
+                for g in range(len(self.policies)):
+                    self.release_at(g, seq, i)
+
+    def rewind(self, seq: int, n: int) -> None:
+        self.end_step()
+        s = self.seqs[seq]
+        keeps = n == 0 or (s.names and self.cut_keeps_names(seq, n))
+        self.release_from(seq, ceil_div(n, self.B))
+        del s.tokens[n:], s.removed[n:]
+        if n % self.B and self.all_removed(seq, n - n % self.B, n):
+            for g in range(len(self.policies)):
+                self.release_at(g, seq, n // self.B)
+        if n == 0:
+            self.seqs[seq] = _Naming()
+            return
+        s.names = keeps
+        s.named_blocks = min(s.named_blocks, n // self.B)
+
+    def predict_hit(self, tokens: Sequence[int]) -> int:
+        """The longest run of full blocks of tokens[0, len - 1), from block 0, that
+        every group can serve (rings: their sinks and what a query at the hit needs)."""
+        toks = tuple(int(t) for t in tokens)
+        for h in reversed(range(1, (len(toks) - 1) // self.B + 1 if toks else 1)):
+            if all(
+                not self.needed(g, h * self.B, i) or self.find(g, toks[: (i + 1) * self.B]) >= 0
+                for g in range(len(self.policies))
+                for i in range(h)
+            ):
+                return h * self.B
+        return 0
+
+    def adopt(self, seq: int, tokens: Sequence[int]) -> int:
+        self.end_step()
+        hit = self.predict_hit(tokens)
+        toks = tuple(int(t) for t in tokens)
+        self.seqs[seq] = _Naming(tokens=list(toks[:hit]), removed=[False] * hit, named_blocks=hit // self.B)
+        for g, t in enumerate(self.tables):
+            for i in range(hit // self.B):
+                if self.needed(g, hit, i):
+                    b = self.find(g, toks[: (i + 1) * self.B])
+                    self.blocks[g][b].refs += 1
+                    t[seq][i] = b
+        return hit
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def admits(self, entries: Sequence[Entry]) -> bool:
+        """Would the pools admit the step, once a begun one is given back? Each
+        entry needs its new blocks and a copy of every shared or named block it writes."""
+        after = copy.deepcopy(self)
+        after.end_step()
+        for g, t in enumerate(after.tables):
+            need = 0
+            for seq, T, _ in entries:
+                L = len(after.seqs[seq].tokens)
+                need += sum(t[seq][i] < 0 or after.must_copy(g, t[seq][i]) for i in range(L // self.B, ceil_div(L + T, self.B)))
+            if need > after.free_blocks(g):
+                return False
+        return True
+
+    def begin(self, entries: Sequence[Entry]) -> None:
+        self.end_step()
+        for g, t in enumerate(self.tables):
+            for seq, T, _ in entries:
+                L = len(self.seqs[seq].tokens)
+                self.writes[g].append((seq, L // self.B, t[seq][L // self.B]))
+                for i in range(L // self.B, ceil_div(L + T, self.B)):
+                    b = t[seq][i]
+                    if b < 0:
+                        t[seq][i] = self.allocate(g)
+                    elif self.must_copy(g, b):
+                        self.copies[g].append(b)  # held until commit: an abandoned step restores it
+                        t[seq][i] = self.allocate(g)
+        self.pending = list(entries)
+
+    def commit(self) -> None:
+        assert self.pending is not None
+        for g in range(len(self.policies)):
+            for b in self.copies[g]:
+                self.release_block(g, b)
+            self.copies[g], self.writes[g] = [], []
+        entries, self.pending = self.pending, None
+        for seq, T, tokens in entries:
+            s = self.seqs[seq]
+            L = len(s.tokens)
+            s.tokens += [None] * T if tokens is None else [int(x) for x in tokens]
+            s.removed += [False] * T
+            if tokens is None:  # named when a committed step passed the tokens that filled it
+                s.names = False
+            i = L // self.B
+            while s.names and (i + 1) * self.B <= len(s.tokens):
+                if i >= s.named_blocks:
+                    name = tuple(int(x or 0) for x in s.tokens[: (i + 1) * self.B])
+                    for g, t in enumerate(self.tables):
+                        blk = self.blocks[g][t[seq][i]]
+                        if blk.name is None:
+                            blk.name = name
+                    s.named_blocks = i + 1
+                i += 1
+            for g in range(len(self.policies)):
+                self.evict(g, seq)
+
+    def end_step(self) -> None:
+        """A begun step given back: its new blocks and copies return, the tables
+        are as before. Cached blocks it reclaimed stay reclaimed."""
+        if self.pending is None:
+            return
+        for g, t in enumerate(self.tables):
+            for seq, first, before in self.writes[g]:
+                if t[seq][first] != before:
+                    self.release_block(g, t[seq][first])
+                t[seq][first] = before
+                for i in range(first + 1, self.stride):
+                    self.release_at(g, seq, i)
+            self.copies[g], self.writes[g] = [], []
+        self.pending = None

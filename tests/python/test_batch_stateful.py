@@ -20,6 +20,9 @@ What every rule proves:
   wherever the contract guarantees it (up to max_step back from the peak
   length, to the sinks, past removed history); a truncating remove or a fork
   obeys the same rule; a step refused for want of blocks really lacked them;
+- every prefix hit is the longest cached prefix, every admission and every
+  free, cached and held block count as PrefixPools (the pools as
+  docs/batch.md section 5 states them, reclaim order included) predicts;
 - at rest, the block tables (seen through a plan's zero-copy view, which is
   the cache's own buffer) say what the counters say: blocks held, free and
   used blocks, oldest_held; a sequence holds no block without a position it
@@ -53,7 +56,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import kvcore
-from batch_reference import BatchModel, Entry, Pools, StepPlan, ceil_div, check_step
+from batch_reference import BatchModel, Entry, Pools, PrefixPools, StepPlan, ceil_div, check_step
 from reference import Policy, policy_of
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -127,6 +130,7 @@ class BatchMachine(RuleBasedStateMachine):
         self.cache: kvcore.BatchCache
         self.model: BatchModel
         self.pools: Pools
+        self.prefix: PrefixPools  # the pools as the docs state them: every hit, admission and count
         self.tables: list[Any] = []  # per group, a view of the cache's block tables
         self.open: kvcore.BatchStep | None = None  # the begun, uncommitted step
         self.open_plan: StepPlan | None = None
@@ -158,6 +162,7 @@ class BatchMachine(RuleBasedStateMachine):
                 assert c.num_blocks(g) == (b.num_blocks or b.max_seqs * c.table_stride)
             assert c.free_blocks(g) == c.num_blocks(g) and c.used_blocks(g) == 0 and c.cached_blocks(g) == 0
         self.pools = Pools([c.num_blocks(g) * b.block_size for g in range(c.n_groups)], b.block_size)
+        self.prefix = PrefixPools([c.num_blocks(g) for g in range(c.n_groups)], m.groups, b.block_size, cfg.max_step, b.max_seqs, c.table_stride)
         # A step's block_tables are views of the cache's own tables: keep one to
         # read the tables at rest (a throwaway step, then clear()).
         c.add_sequence(0)
@@ -169,6 +174,7 @@ class BatchMachine(RuleBasedStateMachine):
         for seq in range(min(n_active, b.max_seqs)):
             c.add_sequence(seq)
             self.model.add(seq)
+            self.prefix.add(seq)
         for seq, length in zip(self.active(), prefill):
             tokens = data.draw(st.lists(VOCABULARY, min_size=length, max_size=length))
             while self.model.seqs[seq].length < min(length, cfg.capacity):
@@ -244,6 +250,7 @@ class BatchMachine(RuleBasedStateMachine):
         # A begun step that this one replaces gives back the blocks it took.
         back = self.open_blocks if self.open is not None else [0] * c.n_groups
         need = m.worst_need(entries)
+        fits = self.prefix.admits(entries)
         before = self.snapshot()
         try:
             step = c.begin_step(args) if how != "with" else c.step(args)
@@ -251,11 +258,15 @@ class BatchMachine(RuleBasedStateMachine):
             assert any(f + r < need for f, r in zip(free, back)), (
                 f"refused with {free} free blocks and {back} a replaced step gives back, at most {need} needed: {e}"
             )
+            assert not fits, f"refused a step the pools hold: {e}"
+
             event("step refused: a pool is short")
             assert self.snapshot() == before, "a refused step changed the cache"
             return False
+        assert fits, "admitted a step the pools cannot hold"
         if self.open is not None:
             assert not self.open.is_current  # replaced: the retry path
+        self.prefix.begin(entries)
         self.handles.append(step)
         self.open_blocks = [free[g] + back[g] - c.free_blocks(g) for g in range(c.n_groups)]
         tags = m.begin(entries)
@@ -286,6 +297,7 @@ class BatchMachine(RuleBasedStateMachine):
             if how != "raise":
                 assert not step.is_current
                 m.commit()
+                self.prefix.commit()
                 self.open = None
                 self.open_plan = None
                 return True
@@ -305,6 +317,7 @@ class BatchMachine(RuleBasedStateMachine):
         check_step(self.model, self.open_plan, self.pools, self.open_tags, [self.cache.num_blocks(g) for g in range(self.cache.n_groups)])
         self.cache.commit(self.open)
         self.model.commit()
+        self.prefix.commit()
         self.open = None
         self.open_plan = None
 
@@ -322,6 +335,7 @@ class BatchMachine(RuleBasedStateMachine):
             return
         self.cache.add_sequence(seq)
         self.model.add(seq)
+        self.prefix.add(seq)
         self.ended()
 
     @rule(data=st.data(), now=st.integers(0, 2))
@@ -339,6 +353,7 @@ class BatchMachine(RuleBasedStateMachine):
             self.histories = [[t or 0 for t in tokens]] + self.histories[:3]
         self.cache.release_sequence(seq)
         self.model.release(seq)
+        self.prefix.release(seq)
         self.ended()
 
     def step(self, data: st.DataObject, how: str, form: str) -> None:
@@ -428,6 +443,7 @@ class BatchMachine(RuleBasedStateMachine):
             return
         self.cache.fork(src, dst, upto)
         m.fork(src, dst, at)
+        self.prefix.fork(src, dst, at)
         self.ended()
         event("fork")
         # Usually one side writes next, into the block they may share (copy-on-write).
@@ -479,10 +495,12 @@ class BatchMachine(RuleBasedStateMachine):
                 return
             call()
             m.truncate(seq, p0)
+            self.prefix.rewind(seq, p0)
         else:
             call()
             if what == "range":
                 m.remove_range(seq, p0, end)
+            self.prefix.remove(seq, p0, end)
         self.ended()
 
     @rule(data=st.data(), count=st.integers(2, 12), how=st.sampled_from(["by 1", "by C/2", "by C", "by C+1", "by C+2", "any"]))
@@ -540,6 +558,7 @@ class BatchMachine(RuleBasedStateMachine):
             return
         self.cache.rewind(seq, n)
         m.truncate(seq, n)
+        self.prefix.rewind(seq, n)
         self.ended()
 
     @rule(
@@ -559,6 +578,7 @@ class BatchMachine(RuleBasedStateMachine):
                 m.release(seq)
             c.add_sequence(seq)
             m.add(seq)
+            self.prefix.release(seq)
             self.ended()
         sources = [[t or 0 for t in m.seqs[s].tokens] for s in self.active()] + self.histories
         prompt = data.draw(st.sampled_from(sources)) if sources else []
@@ -575,6 +595,8 @@ class BatchMachine(RuleBasedStateMachine):
         assert type(hit) is int
         problems = m.adopt(seq, prompt, hit)
         assert not problems, problems
+        assert hit == self.prefix.adopt(seq, prompt), f"hit {hit}: not the longest cached prefix"
+
         event("prefix hit" if hit else "prefix miss")
         self.ended()
         assert c.sequence(seq).length == hit
@@ -589,6 +611,7 @@ class BatchMachine(RuleBasedStateMachine):
             return
         self.cache.clear()
         self.model.clear()
+        self.prefix.clear()
         self.ended()
         for g in range(self.cache.n_groups):
             assert self.cache.free_blocks(g) == self.cache.num_blocks(g) and self.cache.cached_blocks(g) == 0
@@ -730,6 +753,9 @@ class BatchMachine(RuleBasedStateMachine):
             assert c.free_blocks(g) == c.num_blocks(g) - len(blocks), (g, c.free_blocks(g), len(blocks))
             assert c.used_blocks(g) == (max(blocks) + 1 if blocks else 0)
             assert 0 <= c.cached_blocks(g) <= c.free_blocks(g)
+            assert (c.free_blocks(g), c.cached_blocks(g)) == (self.prefix.free_blocks(g), self.prefix.cached_blocks(g)), g
+            for seq in range(m.max_seqs):
+                assert c.blocks_held(seq, g) == self.prefix.blocks_held(seq, g), (seq, g)
 
 
 BatchMachine.TestCase.settings = SETTINGS

@@ -385,11 +385,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     group.evict(dst, upto);
   }
 
-  // Releases the blocks of [p0, p1) whose every position below the length is removed.
+  // Releases the blocks of [p0, p1) whose every position below the length is
+  // removed, tail first.
   void release_removed(int seq, int p0, int p1) noexcept {
     const int B = block_size_;
     const int length = seqs_[seq].length;
-    for (int i = p0 / B; static_cast<std::int64_t>(i) * B < p1; ++i) {
+    const int last = static_cast<int>((static_cast<std::int64_t>(p1) + B - 1) / B) - 1;
+    for (int i = last; i >= p0 / B; --i) {
       const std::int64_t end = (static_cast<std::int64_t>(i) + 1) * B;
       const int hi = end < length ? static_cast<int>(end) : length;
       if (seqs_.next_kept(seq, i * B) < hi) continue;  // a position of it is still seen

@@ -6,7 +6,10 @@
 // used_blocks() * B) hold every live row); free blocks that keep a key wait in
 // an LRU list and are reclaimed only when no other block is free, least
 // recently released first (vLLM's block pool reclaims cached blocks the same
-// way). Every table is allocated once, through nothrow new, by create().
+// way). Several blocks may carry one key (two sequences computed the same
+// prompt): a lookup takes a held one when there is one, and at most one of
+// them stays cached, so the content outlives whichever copy goes first.
+// Every table is allocated once, through nothrow new, by create().
 #pragma once
 
 #include <cstdint>
@@ -123,8 +126,11 @@ class BlockPool {
 
   /// Takes the lowest free block without a key, else the least recently
   /// released cached one (dropping its key), held once. Precondition:
-  /// free_blocks() > 0 (the caller admitted the need).
+  /// free_blocks() > 0 (the caller admitted the need); broken, it aborts with
+  /// a message (an admission that under-counts fails at once, instead of
+  /// taking the LRU list's sentinel and corrupting the tables).
   int allocate() noexcept {
+    KVCORE_CHECK(heap_size_ + cached_ > 0, "BlockPool::allocate: no free block (the admission under-counted)");
     int b;
     if (heap_size_ > 0) {
       b = pop_lowest();
@@ -149,10 +155,19 @@ class BlockPool {
   }
 
   /// One holder fewer; the last one frees the block: to the LRU list's back
-  /// when it keeps a key (reclaimed last), else to the heap.
+  /// when it keeps a key (reclaimed last), else to the heap. A cached copy of
+  /// the same content already waiting goes to the heap without its key: one
+  /// cached copy per content, the most recently released.
   void release(int block) noexcept {
     if (--refs_[block] != 0) return;
     if (keyed_[block]) {
+      const int older = find_cached(keys_[block], block);
+      if (older >= 0) {
+        unlink(older);
+        --cached_;
+        drop_key(older);
+        push(older);
+      }
       ++cached_;
       link_before(block, n_blocks_);
     } else {
@@ -162,10 +177,10 @@ class BlockPool {
     while (used_ > 0 && refs_[used_ - 1] == 0) --used_;
   }
 
-  /// Names a held block by its content; false (nothing changes) when another
-  /// block already has that key or this one has one.
+  /// Names a held block by its content (other blocks may carry the same key);
+  /// false (nothing changes) when this one has a key already.
   bool set_key(int block, const BlockKey& key) noexcept {
-    if (keyed_[block] || find(key) >= 0) return false;
+    if (keyed_[block]) return false;
     int i = static_cast<int>(key.lo) & slot_mask_;
     while (slots_[i] >= 0) i = (i + 1) & slot_mask_;
     slots_[i] = block;
@@ -174,11 +189,17 @@ class BlockPool {
     return true;
   }
 
-  /// The block whose content has `key`, or -1.
+  /// A block whose content has `key`: the lowest held one when there is one
+  /// (sharing it takes no free block), else the cached one; -1 when none.
   int find(const BlockKey& key) const noexcept {
-    for (int i = static_cast<int>(key.lo) & slot_mask_; slots_[i] >= 0; i = (i + 1) & slot_mask_)
-      if (keys_[slots_[i]] == key) return slots_[i];
-    return -1;
+    int held = -1, cached = -1;
+    for (int i = static_cast<int>(key.lo) & slot_mask_; slots_[i] >= 0; i = (i + 1) & slot_mask_) {
+      const int b = slots_[i];
+      if (keys_[b] != key) continue;
+      if (refs_[b] == 0) cached = b;
+      else if (held < 0 || b < held) held = b;
+    }
+    return held >= 0 ? held : cached;
   }
 
   /// Forgets a block's key (its rows are about to change). Precondition: the
@@ -202,6 +223,16 @@ class BlockPool {
   }
 
  private:
+  // The free block other than `except` carrying `key`, or -1 (release()
+  // keeps at most one).
+  int find_cached(const BlockKey& key, int except) const noexcept {
+    for (int i = static_cast<int>(key.lo) & slot_mask_; slots_[i] >= 0; i = (i + 1) & slot_mask_) {
+      const int b = slots_[i];
+      if (b != except && refs_[b] == 0 && keys_[b] == key) return b;
+    }
+    return -1;
+  }
+
   // The min-heap of free blocks without a key.
   void push(int b) noexcept {
     int i = heap_size_++;

@@ -84,9 +84,10 @@ class BlockGroup {
     row[i] = -1;
     --held_[seq];
   }
-  /// Drops every block of `seq` at indices [from, end).
+  /// Drops every block of `seq` at indices [from, end), tail first: a cached
+  /// chain's head is reclaimed after its tail.
   void drop_range(int seq, int from, int end) noexcept {
-    for (int i = from; i < end; ++i) drop(seq, i);
+    for (int i = end - 1; i >= from; --i) drop(seq, i);
   }
 
   /// Releases the blocks of `seq` at `length` that no query after a rewind of

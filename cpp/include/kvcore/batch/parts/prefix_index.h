@@ -83,7 +83,7 @@ class PrefixIndex {
   void inherit(int src, int dst, int upto, bool src_whole, const BlockGroup* groups, int n_groups) noexcept {
     const Chain& s = chains_[src];
     Chain& d = chains_[dst];
-    d.hashing = s.hashing && src_whole;
+    d.hashing = upto == 0 || (s.hashing && src_whole);  // length 0 always names
     if (!d.hashing) return;
     if (upto >= s.hashed_blocks * block_size_) {
       d.chain = s.chain;

@@ -160,6 +160,13 @@ class StepState {
   std::unique_ptr<GroupPlan[]> group_plans_;
 };
 
+// A step writing into `block` copies it when another sequence holds it, or
+// when it is named: a named block never changes, so its key survives an
+// abandoned step and stays true for the sequences that find it later.
+inline bool must_copy(const BlockPool& pool, int block) noexcept {
+  return pool.refs(block) > 1 || pool.keyed(block);
+}
+
 inline Status StepState::allocate(const StepLimits& limits) noexcept {
   const std::int64_t seqs = limits.max_seqs;
   const std::int64_t per_groups = limits.n_groups * seqs;
@@ -222,7 +229,7 @@ inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTa
     int need = 0;
     for (int i = 0; i < n; ++i)
       walk_entry(groups[g], g, entries[i].seq, seqs[entries[i].seq].length, entries[i].T,
-                 [&](int, int cur) { need += cur < 0 || pool.refs(cur) > 1; });
+                 [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
     int freed = 0;  // what end() gives back
     walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
     const int free = pool.free_blocks() + freed;
@@ -272,10 +279,10 @@ inline void StepState::record_entries(const StepEntry* entries, int n, const Seq
   query_starts_[n] = at;
 }
 
-// Entry i's blocks in group g: new ones, private copies of shared ones (the
-// step keeps holding the shared block until it commits, so no entry writes
-// into it, another holder in this step copies too, and an abandoned step can
-// give it back as it was). Returns the group's copies so far.
+// Entry i's blocks in group g: new ones, private copies of shared or named
+// ones (the step keeps holding the copied block until it commits, so no entry
+// writes into it, another holder in this step copies too, and an abandoned
+// step can give it back as it was, key included). Returns the group's copies so far.
 inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) noexcept {
   const int seq = step_seq_[i];
   int* row = group.table(seq);
@@ -285,12 +292,10 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
     if (cur < 0) {
       row[b] = pool.allocate();
       ++group.held(seq);
-    } else if (pool.refs(cur) > 1) {
+    } else if (must_copy(pool, cur)) {
       row[b] = pool.allocate();
       copies_[g * lim_.max_seqs + copies++] = BlockCopy{cur, row[b]};
-    } else {
-      pool.drop_key(cur);  // its rows change: it no longer names that content
-    }
+    }  // else its own unnamed block: written in place
   });
   return copies;
 }
