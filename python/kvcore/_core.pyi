@@ -329,6 +329,10 @@ class Step(metaclass=_pybind11_type):
         """
     def commit(self) -> None:
         """length = end. InvalidStateError: the step is no longer current."""
+    def abort(self) -> None:
+        """Ends the step without committing it: the length stays, no step is begun (its rows
+        still count as written for can_rewind: the backend may have written them).
+        InvalidStateError: the step is no longer current; nothing changes."""
     def __enter__(self) -> Step: ...
     def __exit__(
         self,
@@ -407,6 +411,10 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         """
     def commit(self, step: Step) -> None:
         """Commits `step`: length = step.end. InvalidStateError: not this cache's begun step."""
+    def abort(self, step: Step) -> None:
+        """Ends `step` without committing it (a failed forward): the length stays and no step
+        is begun; its rows still count as written for can_rewind. InvalidStateError: not
+        this cache's begun step; nothing changes."""
     def rewind(self, n: SupportsIndex) -> None:
         """length = n (speculative decoding's rejected drafts, a regenerated reply); ends a begun
         step. Allowed when every layer still holds what a query at n needs below n: any n on flat
@@ -702,6 +710,10 @@ class BatchStep(metaclass=_pybind11_type):
         """The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one."""
     def commit(self) -> None:
         """Commits the step (every entry's length grows by its T). InvalidStateError: stale step."""
+    def abort(self) -> None:
+        """Ends the step without committing it: every length, block table and count is as
+        before the step began (its blocks return to the pools). InvalidStateError: stale
+        step; nothing changes."""
     def __enter__(self) -> BatchStep: ...
     def __exit__(
         self,
@@ -899,6 +911,10 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""
+    def abort(self, step: BatchStep) -> None:
+        """Ends the begun step without committing it (a failed forward): every length, block
+        table and count is as before it began. InvalidStateError: a stale step or one of
+        another cache; nothing changes."""
     def visible(self, group: SupportsIndex, seq: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool:
         """May the sequence's query at position q see its key at position k on the group's layers?
         InvalidArgumentError: group outside [0, n_groups), seq outside [0, max_seqs), or q or k

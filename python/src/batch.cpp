@@ -312,6 +312,10 @@ void register_batch(py::module_& m) {
            "The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one.")
       .def("commit", [](const BatchStepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
            "Commits the step (every entry's length grows by its T). InvalidStateError: stale step.")
+      .def("abort", [](const BatchStepHandle& h) { throw_if_error(h.cache->abort(h.step)); },
+           "Ends the step without committing it: every length, block table and count is as "
+           "before the step began (its blocks return to the pools). InvalidStateError: stale "
+           "step; nothing changes.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](const BatchStepHandle& h, py::object exc_type, py::object, py::object) {
@@ -492,6 +496,15 @@ void register_batch(py::module_& m) {
              throw_if_error(c.commit(h.step));
            },
            py::arg("step"), "Commits the begun step. InvalidStateError: a stale step.")
+      .def("abort",
+           [](Cache& c, const BatchStepHandle& h) {
+             if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "abort: the step belongs to another cache");
+             throw_if_error(c.abort(h.step));
+           },
+           py::arg("step"),
+           "Ends the begun step without committing it (a failed forward): every length, block "
+           "table and count is as before it began. InvalidStateError: a stale step or one of "
+           "another cache; nothing changes.")
       .def("visible",
            [](const Cache& c, const IntArg& group, const IntArg& seq, const IntArg& q, const IntArg& k) {
              return unwrap(c.visible(to_int("group", group), to_int("seq", seq), to_int("q", q), to_int("k", k)));

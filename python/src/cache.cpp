@@ -156,6 +156,10 @@ void register_cache(py::module_& m) {
            "InvalidStateError: the step is no longer current.")
       .def("commit", [](const StepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
            "length = end. InvalidStateError: the step is no longer current.")
+      .def("abort", [](const StepHandle& h) { throw_if_error(h.cache->abort(h.step)); },
+           "Ends the step without committing it: the length stays, no step is begun (its rows "
+           "still count as written for can_rewind: the backend may have written them). "
+           "InvalidStateError: the step is no longer current; nothing changes.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](const StepHandle& h, py::object exc_type, py::object, py::object) {
@@ -265,6 +269,16 @@ void register_cache(py::module_& m) {
            },
            py::arg("step"),
            "Commits `step`: length = step.end. InvalidStateError: not this cache's begun step.")
+      .def("abort",
+           [](kvcore::SequenceCache& c, const StepHandle& h) {
+             if (h.cache.get() != &c)
+               raise(kvcore::Error::InvalidState, "abort: the step belongs to another cache");
+             throw_if_error(c.abort(h.step));
+           },
+           py::arg("step"),
+           "Ends `step` without committing it (a failed forward): the length stays and no step "
+           "is begun; its rows still count as written for can_rewind. InvalidStateError: not "
+           "this cache's begun step; nothing changes.")
       .def("rewind", [](kvcore::SequenceCache& c, const PyInt& n) { throw_if_error(c.rewind(to_int("n", n))); },
            py::arg("n"),
            "length = n (speculative decoding's rejected drafts, a regenerated reply); ends a "

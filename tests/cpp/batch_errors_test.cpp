@@ -627,7 +627,7 @@ TEST(BatchCacheErrors, BeginStepWhenAPoolIsShortIsOutOfResourcesNamingTheGroup) 
 
 // --- stale steps -------------------------------------------------------------
 
-TEST(BatchCacheErrors, AStaleStepIsInvalidStateForCommitPlanAndCheckStep) {
+TEST(BatchCacheErrors, AStaleStepIsInvalidStateForCommitAbortPlanAndCheckStep) {
   auto expect_stale = [](const World& w, const BatchStep& stale, const std::string& why) {
     SCOPED_TRACE(why);
     BatchCache& c = *w.cache;
@@ -638,6 +638,7 @@ TEST(BatchCacheErrors, AStaleStepIsInvalidStateForCommitPlanAndCheckStep) {
     expect_refused(w, c.check_step(stale), Error::InvalidState, {id + rule}, b);
     expect_refused(w, c.plan(stale).status(), Error::InvalidState, {id + rule}, b);
     expect_refused(w, c.commit(stale), Error::InvalidState, {id + rule}, b);
+    expect_refused(w, c.abort(stale), Error::InvalidState, {id + rule}, b);
   };
   World w = make_world(true);
   ASSERT_NE(w.cache, nullptr);

@@ -107,6 +107,9 @@ TEST(NoAllocation, PerStepPathNeverAllocates) {
       ok(cache.begin_step(1).ok());
       fails(cache.commit(*stale).ok());
       fails(cache.plan(1, *stale).ok());
+      fails(cache.abort(*stale).ok());
+      auto aborted = cache.begin_step(1);
+      ok(aborted.ok() && cache.abort(*aborted).ok());
     }
     // Rewind within the allowed range, then clear.
     ok(cache.rewind(cache.length() - 1).ok());
@@ -224,6 +227,11 @@ TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
       const int L0 = control.sequence(0)->length;
       const kvcore::StepEntry both[] = {{0, 1 + i % 4, tokens + L0}, {1, 1 + (i + 1) % 4, nullptr}};
       if (i % 4 == 3) step(both, 2, /*commit=*/false);  // abandoned, then retried
+      if (i % 4 == 1) {  // aborted: its blocks go back
+        auto aborted = control.begin_step(both, 2);
+        ok(aborted.ok() && control.abort(*aborted).ok());
+        fails(control.abort(*aborted).ok());
+      }
       step(both, 2, true);
     }
     // A fork sharing a partial block: its first step copies it.

@@ -404,6 +404,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return Error::Ok;
   }
 
+  Status abort(const BatchStep& step) noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_step(step));
+    end_step();
+    return Error::Ok;
+  }
+
   void clear() noexcept override {
     end_step();
     for (int seq = 0; seq < max_seqs_; ++seq) reset_seq(seq);

@@ -103,6 +103,11 @@ class BatchControl {
   /// become reusable; ring groups release blocks out of every future query's
   /// reach. InvalidState unless `step` is the begun step.
   virtual Status commit(const BatchStep& step) noexcept = 0;
+  /// Ends `step`, the begun step, without committing it: every table, block,
+  /// count and length is as before begin_step (the blocks it allocated return
+  /// to their pools, a copy-on-write source is shared again). InvalidState
+  /// (nothing changes) unless `step` is the begun step.
+  virtual Status abort(const BatchStep& step) noexcept = 0;
   /// Ends every sequence and forgets every cached block. Always succeeds.
   virtual void clear() noexcept = 0;
 

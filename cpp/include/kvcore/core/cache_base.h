@@ -27,6 +27,11 @@ class SequenceControl {
   virtual Status check_step(const Step& step) const noexcept = 0;
   /// length = step.end(). InvalidState unless `step` is the begun step.
   virtual Status commit(const Step& step) noexcept = 0;
+  /// Ends `step`, the begun step, without committing it: the length stays, no
+  /// step is begun. Its rows still count as written for can_rewind (the backend
+  /// may have written them). InvalidState (nothing changes) unless `step` is the
+  /// begun step.
+  virtual Status abort(const Step& step) noexcept = 0;
   /// length = n; ends a begun step. InvalidArgument: n outside [0, length].
   /// InvalidState: some layer no longer holds history a query at n needs.
   virtual Status rewind(int n) noexcept = 0;

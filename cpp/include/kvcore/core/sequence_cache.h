@@ -97,6 +97,12 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     return Error::Ok;
   }
 
+  Status abort(const Step& step) noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_step(step));
+    active_ = Step{};  // held_floor_ keeps the step's rows as written
+    return Error::Ok;
+  }
+
   Status rewind(int n) noexcept override {
     KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= length_, InvalidArgument,
                                  "rewind(n = %d): must be in [0, length = %d]", n, length_);
