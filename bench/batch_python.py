@@ -10,10 +10,11 @@ Workloads (the token ids are batch_bench.cpp's):
           (seq_ids, query_starts, context_lens; per group slots, copies and
           block_tables, each a zero-copy numpy view), commit. Two forms:
             list    [(seq, 1, [id]), ...] built per step (one tuple per entry)
-            arrays  begin_step(seqs, 1, tokens=ids): seqs an int32 array made
+            arrays  begin_step(seqs, 1, ids): seqs an int32 array made
                     once, ids the step's sampled ids as an int32 array (a
                     row of a precomputed (steps, N) array: what a sampler hands
-                    back), no Python object per entry
+                    back), no Python object per entry (tokens passed by
+                    position: a keyword costs pybind11 ~0.4 us per call)
   admit   one request with that prompt while the first is still running:
           add_sequence, adopt_prefix(prompt as an int32 array: 1,984 tokens hit),
           the step of the 16 left (arrays) with its plan read, commit,
@@ -76,7 +77,7 @@ def admit(cache: kvcore.BatchCache, seq: int, prompt: np.ndarray) -> int:
     ids = np.array([seq], np.int32)
     while at < len(prompt):
         T = min(cache.max_step, len(prompt) - at)
-        step = cache.begin_step(ids, T, tokens=prompt[at:at + T])
+        step = cache.begin_step(ids, T, prompt[at:at + T])
         read_plan(step)
         step.commit()
         at += T
@@ -95,7 +96,7 @@ def decode(n: int, max_step: int, steps: int, reps: int, form: str) -> dict:
 
     def step_arrays() -> None:
         nonlocal length
-        step = cache.begin_step(seqs, 1, tokens=ids[length])
+        step = cache.begin_step(seqs, 1, ids[length])
         read_plan(step)
         step.commit()
         length += 1
@@ -127,6 +128,7 @@ def admission(max_step: int, count: int, reps: int) -> dict:
     admit(cache, 0, prompt)  # computes the prompt; stays running
     cpu = []
     hit = 0
+    one = np.array([1], np.int32)  # the request's sequence id, as a scheduler keeps it
     for _ in range(reps):
         c = time.thread_time_ns()
         for _ in range(count):
@@ -135,7 +137,7 @@ def admission(max_step: int, count: int, reps: int) -> dict:
             at = hit
             while at < PROMPT:
                 T = min(max_step, PROMPT - at)
-                step = cache.begin_step(np.array([1], np.int32), T, tokens=prompt[at:at + T])
+                step = cache.begin_step(one, T, prompt[at:at + T])
                 read_plan(step)
                 step.commit()
                 at += T

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,16 +28,21 @@ namespace {
 using Cache = kvcore::BatchCache;
 using CachePtr = std::shared_ptr<Cache>;
 
-// A read-only int32 view of `n` ints at `data` (shape `shape`), kept alive by `owner`.
-py::array view_of(const int* data, std::vector<py::ssize_t> shape, py::handle owner) {
-  std::vector<py::ssize_t> strides(shape.size());
-  py::ssize_t stride = sizeof(int);
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= shape[i];
-  }
-  py::array out(py::dtype::of<std::int32_t>(), std::move(shape), std::move(strides), data, owner);
-  py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+// A read-only int32 view of the ints at `data` (C order, shape `shape`: one
+// or two sizes), kept alive by `owner`. Made through numpy's C API: a plan's
+// arrays are read every step, and pybind11's array constructor costs twice this.
+py::array view_of(const int* data, std::initializer_list<py::ssize_t> shape, py::handle owner) {
+  auto& api = py::detail::npy_api::get();
+  Py_intptr_t dims[2] = {0, 0};
+  int nd = 0;
+  for (py::ssize_t size : shape) dims[nd++] = size;
+  PyObject* descr = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT_);  // C int: int32
+  PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, nd, dims, nullptr, const_cast<int*>(data),
+                                            0 /* flags: read-only */, nullptr);
+  if (arr == nullptr) throw py::error_already_set();
+  py::array out = py::reinterpret_steal<py::array>(arr);
+  py::detail::array_proxy(arr)->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;  // data null: numpy's own
+  if (api.PyArray_SetBaseObject_(arr, owner.inc_ref().ptr()) != 0) throw py::error_already_set();
   return out;
 }
 

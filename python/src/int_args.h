@@ -9,6 +9,7 @@
 // is not an int) naming the verb, the argument and the rule.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -55,6 +56,7 @@ class IntArray {
     if (!PyObject_CheckBuffer(obj.ptr()) && !py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) &&
         py::hasattr(obj, "__dlpack__"))
       obj = from_dlpack(obj);
+    if (read_numpy(obj)) return;
     if (PyObject_CheckBuffer(obj.ptr())) {
       read_buffer(obj);
     } else if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
@@ -116,6 +118,25 @@ class IntArray {
   std::string dtype_of(py::handle obj) const {
     if (py::hasattr(obj, "dtype")) return py::str(obj.attr("dtype")).cast<std::string>();
     return std::string("format '") + (view_.format ? view_.format : "B") + "'";
+  }
+
+  // The common case, read from numpy's own fields (no buffer export): a 1-D
+  // contiguous int32 or int64 numpy array. Anything else takes read_buffer,
+  // which also says what is wrong.
+  bool read_numpy(py::handle obj) {
+    auto& api = py::detail::npy_api::get();
+    if (!api.PyArray_Check_(obj.ptr())) return false;
+    static PyObject* const int32 = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT32_);
+    static PyObject* const int64 = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT64_);
+    const auto* a = py::detail::array_proxy(obj.ptr());
+    const bool wide = a->descr == int64;
+    if ((a->descr != int32 && !wide) || a->nd != 1) return false;
+    const py::ssize_t itemsize = wide ? 8 : 4;
+    if (a->dimensions[0] > 1 && a->strides[0] != itemsize) return false;
+    size_ = a->dimensions[0];
+    wide_ = wide;
+    data_ = a->data;
+    return true;
   }
 
   void read_buffer(py::handle obj) {
