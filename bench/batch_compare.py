@@ -74,13 +74,12 @@ def run_kvcore(exe: str, reps: int, min_time: float) -> dict:
     return rows
 
 
-def run_python(quick: bool) -> dict:
-    """One bench/batch_python.py run (kvcore from Python), in this interpreter."""
+def run_json(cmd: list[str], quick: bool) -> dict:
+    """Runs a harness that writes its JSON to --out (its stdout, vLLM's logs
+    included, is shown only when it fails)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         path = tmp.name
-    cmd = [sys.executable, os.path.join(HERE, "batch_python.py"), "--out", path]
-    if quick:
-        cmd.append("--quick")
+    cmd = cmd + ["--out", path] + (["--quick"] if quick else [])
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
@@ -88,22 +87,15 @@ def run_python(quick: bool) -> dict:
         data = json.load(f)
     os.unlink(path)
     return data
+
+
+def run_python(quick: bool) -> dict:
+    """One bench/batch_python.py run (kvcore from Python), in this interpreter."""
+    return run_json([sys.executable, os.path.join(HERE, "batch_python.py")], quick)
 
 
 def run_vllm(python: str, groups: str, quick: bool) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-        path = tmp.name
-    cmd = [python, os.path.join(HERE, "vllm_manager.py"), "--groups", groups, "--out", path]
-    if quick:
-        cmd.append("--quick")
-    # vLLM logs to stdout; its JSON goes to the file.
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
-    with open(path) as f:
-        data = json.load(f)
-    os.unlink(path)
-    return data
+    return run_json([python, os.path.join(HERE, "vllm_manager.py"), "--groups", groups], quick)
 
 
 def med(values):

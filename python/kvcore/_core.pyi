@@ -7,7 +7,7 @@ Integer arguments accept any int (or object with __index__); values outside the
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Protocol, SupportsIndex, overload
+from typing import Any, ClassVar, Literal, Protocol, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
@@ -832,30 +832,10 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         miss), which becomes the sequence's length. InvalidArgumentError: seq outside [0, max_seqs),
         len(tokens) > capacity. InvalidStateError: seq not active, or not empty (length > 0).
         """
-    @overload
-    def begin_step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
-        """Begins one forward; replaces an uncommitted step. Two forms: begin_step(entries): entries
-        [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for prefix reuse), laid out entry after
-        entry. begin_step(seqs, T, tokens=None, token_offsets=None): the same as arrays, with no
-        Python object per entry: seqs the sequence of each entry; T one int for all or one per
-        entry; tokens the step's ids flat, entry after entry (sum(T) of them), or with token_offsets
-        (n + 1 values from 0 to len(tokens), non-decreasing) entry i's are
-        tokens[token_offsets[i]:token_offsets[i + 1]], T[i] of them or none. Arrays: int32 or int64,
-        1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists of ints;
-        int32 tokens are read in place. T is the sequence's new tokens (positions) in this step.
-        InvalidArgumentError: no entries or more than max_seqs, an entry not (seq, T) or (seq, T,
-        tokens), seq outside [0, max_seqs), a sequence twice, T outside [1, max_step], more than
-        max_step_tokens tokens in all, len(tokens) != T; an array of another dtype, ndim or length,
-        not contiguous, a value beyond 32 bits, token_offsets not as above. InvalidStateError: a
-        sequence not active. CapacityError: length + T would pass capacity (positions), or a group's
-        pool has fewer free blocks than the step needs. TypeError: entries neither. On any error
-        nothing changes (a begun step stays begun).
-        """
-    @overload
     def begin_step(
         self,
-        entries: IntArrayArg,
-        T: SupportsIndex | IntArrayArg,
+        entries: Iterable[StepEntryArg] | IntArrayArg,
+        T: SupportsIndex | IntArrayArg | None = None,
         tokens: IntArrayArg | None = None,
         token_offsets: IntArrayArg | None = None,
     ) -> BatchStep:
@@ -876,16 +856,10 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         pool has fewer free blocks than the step needs. TypeError: entries neither. On any error
         nothing changes (a begun step stays begun).
         """
-    @overload
-    def step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
-        """begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as
-        begin_step.
-        """
-    @overload
     def step(
         self,
-        entries: IntArrayArg,
-        T: SupportsIndex | IntArrayArg,
+        entries: Iterable[StepEntryArg] | IntArrayArg,
+        T: SupportsIndex | IntArrayArg | None = None,
         tokens: IntArrayArg | None = None,
         token_offsets: IntArrayArg | None = None,
     ) -> BatchStep:
