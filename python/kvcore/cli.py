@@ -9,7 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import kvcore
-from kvcore import demo, memory
+from kvcore import memory
+from kvcore._argparse import Parser
+from kvcore.demo import command as demo
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -63,7 +65,7 @@ class _PrintPath(argparse.Action):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvcore", description=__doc__)
+    parser = Parser(prog="kvcore", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kvcore {kvcore.__version__}")
     parser.add_argument("--includes", action=_PrintPath, directory=kvcore.get_include,
                         needed=os.path.join("kvcore", "kvcore.h"), flag="-I",
@@ -82,20 +84,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     memory.add_parser(sub)
     demo.add_parser(sub)
     args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and not args_in[0].startswith("-") and args_in[0] not in sub.choices:
+        parser.error(f"unknown command {args_in[0]!r}: the commands are {', '.join(sub.choices)} "
+                     "(no command runs the demo)")
     # No subcommand: run the demo (the main job), passing the options along.
     print_and_exit = {"-h", "--help", "--version", "--includes", "--cmakedir"}
     if not any(a in sub.choices for a in args_in) and (
         not print_and_exit & set(args_in) or demo.batch_argv(args_in) is not None
     ):
         args_in = ["demo", *args_in]
-    # `kvcore demo --batch`: the many-chat demo, with a parser of its own (kvcore.demo_batch).
+    # `kvcore demo --batch`: the many-chat demo, with a parser of its own.
     if args_in[:1] == ["demo"] and (batch_args := demo.batch_argv(args_in[1:])) is not None:
-        from kvcore import demo_batch
-
-        return demo_batch.main(batch_args)
+        return demo.batch_main(batch_args)
     args = parser.parse_args(args_in)
     try:
         return int(args.run(args))
     except kvcore.KVCacheError as e:
-        print(f"kvcore: error: {e}", file=sys.stderr)
+        print(f"kvcore {args.command}: error: {e}; see kvcore {args.command} --help", file=sys.stderr)
         return 2

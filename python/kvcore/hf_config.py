@@ -19,6 +19,9 @@ from typing import Any, Optional, Union
 from kvcore._core import CacheConfig, Flat, LayerConfig, Ring
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 
+#: The largest context kvcore can plan: positions are 32-bit signed ints.
+MAX_CONTEXT = 2**31 - 1
+
 HFSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
 SLIDING = "sliding_attention"
@@ -64,6 +67,10 @@ class ModelShape:
         ``all_flat`` makes every layer Flat (the baseline that ignores windows).
         """
         _check_int("context", context, minimum=1)
+        if context > MAX_CONTEXT:
+            raise InvalidArgumentError(
+                f"context = {context}: must be <= {MAX_CONTEXT} (kvcore positions are 32-bit signed ints)"
+            )
         if max_step is not None:
             _check_int("max_step", max_step, minimum=1)
             if max_step > context:

@@ -20,12 +20,10 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any, Optional
 
+from kvcore._argparse import Parser
 from kvcore._core import SequenceCache
 from kvcore._errors import InvalidArgumentError, NotFoundError
-from kvcore.hf_config import ModelShape, default_context, model_shape_from_hf
-
-#: The largest context kvcore can plan: positions are 32-bit signed ints.
-MAX_CONTEXT = 2**31 - 1
+from kvcore.hf_config import MAX_CONTEXT, ModelShape, default_context, model_shape_from_hf
 
 #: Bytes of one K or V element, by dtype name.
 DTYPE_BYTES: Mapping[str, int] = {
@@ -74,7 +72,12 @@ def parse_context(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]+)\s*([kK]?)\s*", text)
     if m is None:
         raise InvalidArgumentError(f"context {text!r}: must be a whole number of tokens, e.g. 8192 or 128k")
-    return int(m.group(1)) * (1024 if m.group(2) else 1)
+    tokens = int(m.group(1)) * (1024 if m.group(2) else 1)
+    if tokens > MAX_CONTEXT:
+        raise InvalidArgumentError(
+            f"context {text!r}: {tokens} tokens, must be <= {MAX_CONTEXT} (kvcore positions are 32-bit signed ints)"
+        )
+    return tokens
 
 
 def format_bytes(n: int) -> str:
@@ -334,7 +337,7 @@ def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[Lay
 # --- the `kvcore memory` command -----------------------------------------------------
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     """Registers `kvcore memory` on the command line's subparsers."""
     p = sub.add_parser(
         "memory",
@@ -372,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         shape = model_shape_from_hf(args.hf_config)
         label = shape.name
     else:
-        raise InvalidArgumentError("kvcore memory: give --model NAME, --hf-config PATH or --list")
+        raise InvalidArgumentError("give --model NAME, --hf-config PATH or --list")
     dtype, _ = dtype_bytes(args.dtype)
     opts: dict[str, Any] = {"max_step": args.max_step, "sinks": args.sinks, "dtype": dtype, "batch": args.batch}
     notes = [f"{shape.name}'s config leaves out {d}" for d in shape.defaults]
@@ -487,7 +490,7 @@ def _plot(path: str, shape: ModelShape, plan: MemoryPlan, opts: Mapping[str, Any
         matplotlib.use("Agg")
         plt = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        print("kvcore: error: --plot needs matplotlib, the optional extra 'plot': "
+        print("kvcore memory: error: --plot needs matplotlib, the optional extra 'plot': "
               'pip install "kvcore[plot]" (or pip install matplotlib)', file=sys.stderr)
         return 1
     lo = opts["max_step"] or 1

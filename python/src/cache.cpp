@@ -283,7 +283,8 @@ void register_cache(py::module_& m) {
            py::arg("n"),
            "length = n (speculative decoding's rejected drafts, a regenerated reply); ends a "
            "begun step. Allowed when every layer still holds what a query at n needs below n: "
-           "any n on flat layers, up to max_step back once a ring wrapped, and n <= sinks. "
+           "any n on flat layers; once a ring wrapped, any n >= Lmax - max_step (Lmax: the "
+           "longest length committed so far, not the length a rewind left) and n <= sinks. "
            "InvalidArgumentError: n outside [0, length]; InvalidStateError: history a query at "
            "n needs was overwritten.")
       .def("can_rewind",

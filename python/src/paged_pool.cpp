@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "numpy_blocks.h"
 #include "numpy_dtype.h"
 #include "plan_mask.h"
+#include "pool_binding.h"
 
 namespace kvcore_py {
 
@@ -33,34 +35,14 @@ constexpr const char* kPagedBlockName = "kvcore.paged_pool_block";
 
 using CachePtr = std::shared_ptr<kvcore::BatchCache>;
 
-class PyPagedPool {
+class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> {
  public:
   PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows)
-      : blocks_(dtype_spec, kPagedBlockName, "paged pool"), cache_(std::move(cache)) {
-    pool_.reset(new kvcore::PagedKVPool(unwrap(kvcore::PagedKVPool::create(
-        *cache_, blocks_.element_type(), blocks_.allocator(), initial_rows))));
-    for (int l = 0; l < cache_->n_layers(); ++l) {
-      const kvcore::LayerConfig lc = unwrap(cache_->layer_config(l));
-      layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
-    }
+      : PoolBinding(std::move(cache), dtype_spec, kPagedBlockName, "paged pool",
+                    [initial_rows](const kvcore::BatchCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
+                      return kvcore::PagedKVPool::create(c, type, a, initial_rows);
+                    }) {
     masks_.resize(static_cast<std::size_t>(cache_->n_groups()));
-  }
-
-  // The pool releases its blocks through `blocks_`, so it must go first.
-  ~PyPagedPool() { pool_.reset(); }
-
-  PyPagedPool(const PyPagedPool&) = delete;
-  PyPagedPool& operator=(const PyPagedPool&) = delete;
-
-  const CachePtr& cache() const { return cache_; }
-  const py::dtype& dtype() const { return blocks_.dtype(); }
-  const kvcore::PagedKVPool& pool() const { return *pool_; }
-  kvcore::PagedKVPool& pool() { return *pool_; }
-
-  int checked_layer(const PyInt& layer) const {
-    const int l = to_int("layer", layer);
-    throw_if_error(kvcore::internal::to_status(pool_->layer(l)));
-    return l;
   }
 
   // The plan of `step`, which must be this cache's begun step.
@@ -72,34 +54,28 @@ class PyPagedPool {
 
   // (k_rows, v_rows) after writing the step's rows of `layer`.
   py::tuple update(int layer, const kvcore::BatchStepPlan& plan, py::handle k, py::handle v) {
-    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
-    const int n = plan.n_tokens;
-    const char* k_data = blocks_.check_input("k", k, "n_tokens", n, s.heads, "head_dim", s.head_dim);
-    const char* v_data = blocks_.check_input("v", v, "n_tokens", n, s.heads, "value_dim", s.value_dim);
-    throw_if_error(pool_->update(layer, plan, k_data, blocks_.bytes_of(n, s.heads, s.head_dim), v_data,
-                                 blocks_.bytes_of(n, s.heads, s.value_dim)));
+    const Input in = checked_input(layer, k, v, "n_tokens", plan.n_tokens, "head_dim", "value_dim");
+    throw_if_error(pool_->update(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
     return rows(layer);
   }
 
   // (k_rows, v_rows): read-only views of the layer's live rows.
   py::tuple rows(int layer) const {
-    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const kvcore::PagedRows live = unwrap(pool_->rows(layer));
-    py::object k = blocks_.view(live.k, live.k, live.rows, s.heads, s.head_dim);
-    py::object v = blocks_.view(live.v, live.v, live.rows, s.heads, s.value_dim);
+    py::object k, v;
+    std::tie(k, v) = views(layer, live.k, live.k, live.v, live.v, live.rows);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(2, k.ptr(), v.ptr()));
   }
 
   // (k, v, positions) of one entry's visible history: new arrays.
   py::tuple gather(int layer, const kvcore::BatchStepPlan& plan, int entry) const {
-    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const int n = unwrap(pool_->gather_rows(layer, plan, entry));
-    py::object k = blocks_.empty(n, s.heads, s.head_dim);
-    py::object v = blocks_.empty(n, s.heads, s.value_dim);
+    const Output out = empty(layer, n);
     py::array_t<std::int64_t> positions(n);
-    unwrap(pool_->gather(layer, plan, entry, blocks_.data_of(k), blocks_.bytes_of(n, s.heads, s.head_dim),
-                         blocks_.data_of(v), blocks_.bytes_of(n, s.heads, s.value_dim), positions.mutable_data(),
-                         static_cast<std::size_t>(n)));
+    unwrap(pool_->gather(layer, plan, entry, blocks_.data_of(out.k), out.k_bytes, blocks_.data_of(out.v),
+                         out.v_bytes, positions.mutable_data(), static_cast<std::size_t>(n)));
+    const py::object& k = out.k;
+    const py::object& v = out.v;
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
   }
 
@@ -130,29 +106,18 @@ class PyPagedPool {
   }
 
  private:
-  struct LayerShape {
-    int heads;
-    int head_dim;
-    int value_dim;
-  };
-
   struct CachedMask {
     std::uint64_t step_id = 0;
     py::object array;
   };
 
-  // Declared first so it is destroyed last: the pool's release hook erases from it.
-  NumpyBlocks blocks_;
-  CachePtr cache_;
-  std::unique_ptr<kvcore::PagedKVPool> pool_;
-  std::vector<LayerShape> layers_;
   std::vector<CachedMask> masks_;  // per group: the mask of the last step asked for
 };
 
 }  // namespace
 
 void register_paged_pool(py::module_& m) {
-  py::class_<PyPagedPool>(
+  py::class_<PyPagedPool> cls(
       m, "PagedKVPool",
       "Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool "
       "(num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach "
@@ -160,43 +125,32 @@ void register_paged_pool(py::module_& m) {
       "live rows with mask(), or one sequence's history with gather().\n\n"
       "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), int8 or uint8. "
       "Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V, "
-      "C-contiguous, of exactly the pool's dtype.")
-      .def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows) {
-             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-             return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows));
-           }),
-           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"), py::kw_only(),
-           py::arg("initial_rows") = kvcore::PagedKVPool::kDefaultInitialRows,
-           "PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in `dtype` "
-           "(float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with "
-           "min(initial_rows, its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0. "
-           "AllocationError: the first blocks cannot be allocated.")
-      .def_property_readonly("cache", [](const PyPagedPool& p) { return p.cache(); }, "The BatchCache it stores.")
-      .def_property_readonly("dtype", [](const PyPagedPool& p) { return p.dtype(); },
-                             "The numpy dtype of every K/V element.")
-      .def_property_readonly("n_layers", [](const PyPagedPool& p) { return p.pool().n_layers(); },
-                             "Number of layers the pool stores, as the cache's (cache.n_layers); each "
-                             "holds its group's blocks.")
-      .def_property_readonly("nbytes", &PyPagedPool::nbytes,
-                             "Bytes (K and V, every layer) of the rows in blocks some sequence holds now: "
-                             "(num_blocks - free_blocks) * block_size rows per layer.")
-      .def_property_readonly("reserved_bytes", [](const PyPagedPool& p) { return p.pool().reserved_bytes(); },
-                             "Bytes of storage allocated now (K and V, every layer).")
-      .def(
-          "allocated_rows",
-          [](const PyPagedPool& p, const PyInt& layer) { return p.pool().layer(p.checked_layer(layer))->allocated_rows; },
-          py::arg("layer"),
-          "Rows of the layer backed by storage now (at most num_blocks(group) * block_size). "
-          "InvalidArgumentError: bad layer.")
-      .def(
-          "reserve",
-          [](PyPagedPool& p, const PyInt& layer, const PyInt& rows) {
-            throw_if_error(p.pool().reserve(p.checked_layer(layer), to_int("rows", rows)));
-          },
-          py::arg("layer"), py::arg("rows"),
-          "Grows the layer now to at least `rows` rows, so later updates below it never allocate. "
-          "InvalidArgumentError: bad layer, rows outside [0, num_blocks * block_size]. AllocationError: "
-          "growth failed (nothing changed).")
+      "C-contiguous, of exactly the pool's dtype.");
+  cls.def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows) {
+            if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
+            return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows));
+          }),
+          py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"), py::kw_only(),
+          py::arg("initial_rows") = kvcore::PagedKVPool::kDefaultInitialRows,
+          "PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in `dtype` "
+          "(float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with "
+          "min(initial_rows, its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0. "
+          "AllocationError: the first blocks cannot be allocated.");
+  def_storage(cls, StorageDocs{
+                       "The BatchCache it stores.",
+                       "The numpy dtype of every K/V element.",
+                       "Number of layers the pool stores, as the cache's (cache.n_layers); each holds its "
+                       "group's blocks.",
+                       "Bytes of storage allocated now (K and V, every layer).",
+                       "Rows of the layer backed by storage now (at most num_blocks(group) * block_size). "
+                       "InvalidArgumentError: bad layer.",
+                       "Grows the layer now to at least `rows` rows, so later updates below it never allocate. "
+                       "InvalidArgumentError: bad layer, rows outside [0, num_blocks * block_size]. "
+                       "AllocationError: growth failed (nothing changed).",
+                   });
+  cls.def_property_readonly("nbytes", &PyPagedPool::nbytes,
+                            "Bytes (K and V, every layer) of the rows in blocks some sequence holds now: "
+                            "(num_blocks - free_blocks) * block_size rows per layer.")
       .def(
           "update",
           [](PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, py::handle k, py::handle v) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "kvcore/core/sequence_cache.h"
 #include "numpy_blocks.h"
 #include "numpy_dtype.h"
+#include "pool_binding.h"
 #include "step_handle.h"
 
 namespace kvcore_py {
@@ -55,37 +57,19 @@ kvcore::RingStorage ring_storage(bool mirror_rings) {
 }
 
 // A Python KVPool: the C++ pool plus what numpy needs to see its rows.
-class PyPool {
+class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
  public:
   PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec, bool mirror_rings)
-      : blocks_(dtype_spec, kBlockName, "pool"), cache_(std::move(cache)), mirror_rings_(mirror_rings) {
-    pool_.reset(new kvcore::KVPool(unwrap(kvcore::KVPool::create(
-        *cache_, blocks_.element_type(), blocks_.allocator(), ring_storage(mirror_rings)))));
-    for (int l = 0; l < cache_->n_layers(); ++l) {
-      const kvcore::LayerConfig lc = unwrap(cache_->layer_config(l));
-      layers_.push_back(LayerShape{lc.n_kv_heads, lc.head_dim, lc.value_dim()});
-    }
+      : PoolBinding(std::move(cache), dtype_spec, kBlockName, "pool",
+                    [mirror_rings](const kvcore::SequenceCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
+                      return kvcore::KVPool::create(c, type, a, ring_storage(mirror_rings));
+                    }),
+        mirror_rings_(mirror_rings) {
     positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
     row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
   }
 
-  // The pool releases its blocks through `blocks_`, so it must go first.
-  ~PyPool() { pool_.reset(); }
-
-  PyPool(const PyPool&) = delete;
-  PyPool& operator=(const PyPool&) = delete;
-
-  const std::shared_ptr<kvcore::SequenceCache>& cache() const { return cache_; }
-  const py::dtype& dtype() const { return blocks_.dtype(); }
   bool mirror_rings() const { return mirror_rings_; }
-  const kvcore::KVPool& pool() const { return *pool_; }
-  kvcore::KVPool& pool() { return *pool_; }
-
-  int checked_layer(const PyInt& layer) const {
-    const int l = to_int("layer", layer);
-    throw_if_error(kvcore::internal::to_status(pool_->layer(l)));
-    return l;
-  }
 
   // The plan must be `layer`'s plan of the begun step: anything else is stale.
   void check_current_plan(int layer, const kvcore::SeqStepPlan& plan) const {
@@ -100,31 +84,25 @@ class PyPool {
   }
 
   void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
-    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
-    const int T = plan.write_len();
-    const char* k_data = blocks_.check_input("k", k, "T", T, s.heads, "dim", s.head_dim);
-    const char* v_data = blocks_.check_input("v", v, "T", T, s.heads, "dim", s.value_dim);
-    throw_if_error(pool_->write(layer, plan, k_data, blocks_.bytes_of(T, s.heads, s.head_dim), v_data,
-                                blocks_.bytes_of(T, s.heads, s.value_dim)));
+    const Input in = checked_input(layer, k, v, "T", plan.write_len(), "dim", "dim");
+    throw_if_error(pool_->write(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
   }
 
   // (k, v, positions): a zero-copy view when the read is one span (one run, or
   // a wrapped window of a mirrored ring), else a copy.
   py::tuple read(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
-    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const Py_intptr_t rows = plan.read_len();
     py::object k, v;
     const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
     if (views.n == 1) {
       const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
-      k = blocks_.view(shape.k, views.span[0].k, rows, s.heads, s.head_dim);
-      v = blocks_.view(shape.v, views.span[0].v, rows, s.heads, s.value_dim);
+      std::tie(k, v) = this->views(layer, shape.k, views.span[0].k, shape.v, views.span[0].v, rows);
     } else {
-      k = blocks_.empty(rows, s.heads, s.head_dim);
-      v = blocks_.empty(rows, s.heads, s.value_dim);
-      throw_if_error(pool_->gather(layer, plan, blocks_.data_of(k),
-                                   blocks_.bytes_of(rows, s.heads, s.head_dim), blocks_.data_of(v),
-                                   blocks_.bytes_of(rows, s.heads, s.value_dim)));
+      const Output out = empty(layer, rows);
+      throw_if_error(pool_->gather(layer, plan, blocks_.data_of(out.k), out.k_bytes, blocks_.data_of(out.v),
+                                   out.v_bytes));
+      k = out.k;
+      v = out.v;
     }
     py::object positions = positions_of(layer, plan, step_id);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
@@ -133,10 +111,9 @@ class PyPool {
   // (k, v, positions) in row order: always a zero-copy view of the rows that
   // hold positions (KVPool::held_rows), positions[r] the one row r stands for.
   py::tuple read_rows(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
-    const LayerShape& s = layers_[static_cast<std::size_t>(layer)];
     const kvcore::HeldRows held = unwrap(pool_->held_rows(layer, plan));
-    py::object k = blocks_.view(held.k, held.k, held.rows, s.heads, s.head_dim);
-    py::object v = blocks_.view(held.v, held.v, held.rows, s.heads, s.value_dim);
+    py::object k, v;
+    std::tie(k, v) = views(layer, held.k, held.k, held.v, held.v, held.rows);
     py::object positions = row_positions_of(layer, held, step_id);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
   }
@@ -146,12 +123,6 @@ class PyPool {
   }
 
  private:
-  struct LayerShape {
-    int heads;
-    int head_dim;
-    int value_dim;
-  };
-
   // Positions of one policy's reads for one step (shared, read-only).
   struct CachedPositions {
     std::uint64_t step_id = 0;
@@ -182,12 +153,7 @@ class PyPool {
     return std::move(out);
   }
 
-  // Declared first so it is destroyed last: the pool's release hook erases from it.
-  NumpyBlocks blocks_;
-  std::shared_ptr<kvcore::SequenceCache> cache_;
   bool mirror_rings_ = false;
-  std::unique_ptr<kvcore::KVPool> pool_;
-  std::vector<LayerShape> layers_;
   std::vector<CachedPositions> positions_;      // per policy: position-order reads
   std::vector<CachedPositions> row_positions_;  // per policy: row-order reads
 };
@@ -258,57 +224,46 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
 }  // namespace
 
 void register_pool(py::module_& m) {
-  py::class_<PyPool>(m, "KVPool",
-                     "Reference CPU storage for a SequenceCache's K/V rows: applies plans.\n\n"
-                     "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), "
-                     "int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, "
-                     "value_dim) for V, C-contiguous, of exactly the pool's dtype.")
-      .def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype,
-                       bool mirror_rings) {
-             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-             return new PyPool(std::move(cache), dtype, mirror_rings);
-           }),
-           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
-           py::kw_only(), py::arg("mirror_rings") = false,
-           "Storage for every layer of `cache` in `dtype` (float32, float16, \"bfloat16\" with "
-           "ml_dtypes, int8, uint8). Construction gives every layer, flat or ring, "
-           "min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up "
-           "to rows(layer), when a write reaches further (reserve() grows it ahead). "
-           "mirror_rings: see the property. InvalidArgumentError: another dtype or cache None; "
-           "AllocationError when memory runs out (at construction or on growth).")
-      .def_property_readonly("cache", [](const PyPool& p) { return p.cache(); },
-                             "The SequenceCache whose plans this pool applies (kept alive by it).")
-      .def_property_readonly(
-          "mirror_rings", [](const PyPool& p) { return p.mirror_rings(); },
-          "True when wrapping ring layers keep a mirror of their first R - 1 rows, so every "
-          "read without sinks is a zero-copy view.")
-      .def_property_readonly("dtype", [](const PyPool& p) { return p.dtype(); },
-                             "numpy dtype of every stored element.")
-      .def_property_readonly("n_layers", [](const PyPool& p) { return p.pool().n_layers(); },
-                             "Number of layers, as the cache's.")
+  py::class_<PyPool> cls(m, "KVPool",
+                         "Reference CPU storage for a SequenceCache's K/V rows: applies plans.\n\n"
+                         "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), "
+                         "int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, "
+                         "value_dim) for V, C-contiguous, of exactly the pool's dtype.");
+  cls.def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype,
+                      bool mirror_rings) {
+            if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
+            return new PyPool(std::move(cache), dtype, mirror_rings);
+          }),
+          py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
+          py::kw_only(), py::arg("mirror_rings") = false,
+          "Storage for every layer of `cache` in `dtype` (float32, float16, \"bfloat16\" with "
+          "ml_dtypes, int8, uint8). Construction gives every layer, flat or ring, "
+          "min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up "
+          "to rows(layer), when a write reaches further (reserve() grows it ahead). "
+          "mirror_rings: see the property. InvalidArgumentError: another dtype or cache None; "
+          "AllocationError when memory runs out (at construction or on growth).");
+  def_storage(cls, StorageDocs{
+                       "The SequenceCache whose plans this pool applies (kept alive by it).",
+                       "numpy dtype of every stored element.",
+                       "Number of layers, as the cache's.",
+                       "Bytes of storage allocated now.",
+                       "Rows `layer` has storage for now (it doubles up to rows(layer) when a write reaches "
+                       "further). InvalidArgumentError: bad layer.",
+                       "Grows `layer`'s storage now to at least `rows` rows, so later writes below it never "
+                       "allocate. InvalidArgumentError: bad layer, rows outside [0, rows(layer)]; "
+                       "AllocationError: the growth failed (nothing changed).",
+                   });
+  cls.def_property_readonly(
+         "mirror_rings", [](const PyPool& p) { return p.mirror_rings(); },
+         "True when wrapping ring layers keep a mirror of their first R - 1 rows, so every "
+         "read without sinks is a zero-copy view.")
       .def_property_readonly(
           "nbytes", [](const PyPool& p) { return p.pool().in_use_bytes(p.cache()->length()); },
           "Bytes of the rows holding the cache's committed positions.")
-      .def_property_readonly(
-          "reserved_bytes", [](const PyPool& p) { return p.pool().reserved_bytes(); },
-          "Bytes of storage allocated now.")
       .def("rows", [](const PyPool& p, const PyInt& layer) {
              return p.pool().layer(p.checked_layer(layer))->rows;
            }, py::arg("layer"),
            "Rows `layer` holds at most (the cache's rows(layer)). InvalidArgumentError: bad layer.")
-      .def("allocated_rows", [](const PyPool& p, const PyInt& layer) {
-             return p.pool().layer(p.checked_layer(layer))->allocated_rows;
-           }, py::arg("layer"),
-           "Rows `layer` has storage for now (it doubles up to rows(layer) when a write reaches "
-           "further). InvalidArgumentError: bad layer.")
-      .def("reserve",
-           [](PyPool& p, const PyInt& layer, const PyInt& rows) {
-             throw_if_error(p.pool().reserve(p.checked_layer(layer), to_int("rows", rows)));
-           },
-           py::arg("layer"), py::arg("rows"),
-           "Grows `layer`'s storage now to at least `rows` rows, so later writes below it never "
-           "allocate. InvalidArgumentError: bad layer, rows outside [0, rows(layer)]; "
-           "AllocationError: the growth failed (nothing changed).")
       .def("write",
            [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan, py::handle k,
               py::handle v) {

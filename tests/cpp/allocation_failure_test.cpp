@@ -186,6 +186,30 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   EXPECT_STREQ(outcome.message().c_str(), "cannot allocate the block tables of a group's pool (1073741824 blocks)");
 }
 
+// A pool whose create() fails keeps what it had: its old tables, counts and
+// keys (nothing is assigned before every new table is allocated).
+TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
+  kvcore::BlockPool pool;
+  ASSERT_TRUE(pool.create(4, "a test pool").ok());
+  const int held = pool.allocate();
+  const kvcore::BlockKey key{1, 2};
+  ASSERT_TRUE(pool.set_key(held, key));
+  // Every failed run must leave the 4-block pool as it was; the last run
+  // (all 7 tables allocated) makes it a 64-block pool.
+  const int failures = fail_each_allocation([&] { return pool.create(64, "a bigger pool"); },
+                                            [&] {
+                                              EXPECT_EQ(pool.n_blocks(), 4);
+                                              EXPECT_EQ(pool.used_blocks(), 1);
+                                              EXPECT_EQ(pool.free_blocks(), 3);
+                                              EXPECT_EQ(pool.refs(held), 1);
+                                              EXPECT_EQ(pool.find(key), held);
+                                            });
+  EXPECT_EQ(failures, 7);  // one per table
+  EXPECT_EQ(pool.n_blocks(), 64);
+  EXPECT_EQ(pool.free_blocks(), 64);
+  EXPECT_EQ(pool.find(key), -1);
+}
+
 TEST(AllocationFailure, RegistryInstallsAndListsThroughNothrowPathsOnly) {
   CacheRegistry reg;
   std::shared_ptr<kvcore::CacheBase> cache = must_create(configs()[2]);

@@ -1,4 +1,4 @@
-"""A brute-force reference model of DESIGN.md section 6 (many sequences over
+"""A brute-force reference model of docs/design.md section 6 (many sequences over
 paged block pools), written from the contract and independent of kvcore (it
 never imports it; Policy and its visibility rule come from reference.py, the
 model of section 2).
@@ -153,7 +153,7 @@ class Pools:
 
 
 class BatchModel:
-    """DESIGN.md section 6 for one cache: its groups and every sequence alone."""
+    """docs/design.md section 6 for one cache: its groups and every sequence alone."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""A brute-force reference model of DESIGN.md section 2, written from the contract
+"""A brute-force reference model of docs/design.md section 2, written from the contract
 and independent of kvcore (it never imports it).
 
 Each layer has a simulated pool whose rows record what was last written there:
@@ -22,7 +22,7 @@ Slot = tuple[int, int]  # (position, version) a row holds
 
 @dataclass(frozen=True)
 class Policy:
-    """A layer policy as DESIGN.md states it: window == 0 means Flat."""
+    """A layer policy as docs/design.md states it: window == 0 means Flat."""
 
     window: int = 0
     sinks: int = 0
@@ -32,7 +32,7 @@ class Policy:
         return self.window > 0
 
     def visible(self, q: int, k: int) -> bool:
-        """May a query at q see key k (DESIGN section 2, Visibility)?"""
+        """May a query at q see key k (docs/design.md section 2, Visibility)?"""
         if k > q:
             return False
         if not self.is_ring:
@@ -40,7 +40,7 @@ class Policy:
         return q - k < self.window or k < self.sinks
 
     def needed(self, position: int, T: int) -> list[int]:
-        """The needed set of a step, by the formula of DESIGN section 2."""
+        """The needed set of a step, by the formula of docs/design.md section 2."""
         end = position + T
         if not self.is_ring:
             return list(range(end))
@@ -68,7 +68,7 @@ def policy_of(layer_policy: Any) -> Policy:
 
 
 def visible(layer_policy: Any, q: int, k: int) -> bool:
-    """May a query at q see key k under `layer_policy` (DESIGN section 2)?"""
+    """May a query at q see key k under `layer_policy` (docs/design.md section 2)?"""
     return policy_of(layer_policy).visible(q, k)
 
 
@@ -80,7 +80,7 @@ def needed(layer_policy: Any, position: int, T: int) -> list[int]:
 
 @dataclass
 class Layer:
-    """One layer's row mapping (DESIGN section 2, Rows) and simulated pool."""
+    """One layer's row mapping (docs/design.md section 2, Rows) and simulated pool."""
 
     policy: Policy
     capacity: int
@@ -218,7 +218,7 @@ class Cache:
 
     def check_plan(self, layer_index: int, write: Iterable[Iterable[int]], read: Iterable[Iterable[int]]) -> None:
         """Asserts that `write`/`read` is a correct plan of `layer_index` for the
-        begun step, by DESIGN section 2 (Plan of a step)."""
+        begun step, by docs/design.md section 2 (Plan of a step)."""
         assert self.active is not None, "no step is begun"
         _, position, T = self.active
         writes, reads = [as_run(r) for r in write], [as_run(r) for r in read]

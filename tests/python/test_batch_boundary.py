@@ -8,7 +8,7 @@ another cache; objects made by `Class.__new__(Class)`. Each gets its exception
 class and a message naming the parameter (or a TypeError where the type is
 wrong), never a crash, and a refused call changes nothing.
 
-Expected outcomes come from the rules (DESIGN.md sections 2 and 6,
+Expected outcomes come from the rules (docs/design.md sections 2 and 6,
 batch_faces.h, docs/errors.md), not from running the code.
 """
 

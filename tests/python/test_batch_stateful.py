@@ -1,4 +1,4 @@
-"""A hypothesis state machine drives kvcore.BatchCache (DESIGN.md section 6)
+"""A hypothesis state machine drives kvcore.BatchCache (docs/design.md section 6)
 against the brute-force model of batch_reference.py, with a simulated byte
 layer that applies every plan: random configs (flat and ring groups with
 sinks, block sizes 1..8, small pools so that steps run out of blocks, few
@@ -264,7 +264,7 @@ class BatchMachine(RuleBasedStateMachine):
         self.plans.append(kplan)
         plan = step_plan(kplan)
         assert (kplan.n_entries, kplan.n_tokens, kplan.block_size) == (len(entries), len(tags), m.B)
-        # Each group's window bounds travel with the plan (DESIGN section 6).
+        # Each group's window bounds travel with the plan (docs/design.md section 6).
         assert [policy_of(g.policy) for g in kplan.groups] == m.groups
         assert kplan.positions.tolist() == [c.sequence(s).length + j for s, T, _ in entries for j in range(T)]
         if any(plan.copies):

@@ -5,7 +5,7 @@ was replaced, after their pool or cache was dropped, or after their session
 ended. Each gets a clear exception (or, where the input is legal, the right
 answer), never a crash, and a refused call changes nothing.
 
-Expected outcomes come from the rules (DESIGN.md section 2 and docs/errors.md),
+Expected outcomes come from the rules (docs/design.md section 2 and docs/errors.md),
 not from running the code.
 """
 

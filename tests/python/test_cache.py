@@ -1,7 +1,7 @@
-"""SequenceCache through Python: the named scenarios of DESIGN.md section 5 (1-9;
+"""SequenceCache through Python: the named scenarios of docs/design.md section 5 (1-9;
 10 is in test_errors.py), the Step lifecycle and the plan objects.
 
-Expectations come from DESIGN.md section 2, spelled out in each test, and from
+Expectations come from docs/design.md section 2, spelled out in each test, and from
 the brute-force reference (reference.py), never from kvcore's own output.
 """
 
@@ -18,7 +18,7 @@ def positions(runs: tuple[kvcore.Run, ...]) -> list[int]:
     return [p for _, p in expand(runs)]
 
 
-# --- DESIGN.md section 5 -------------------------------------------------------
+# --- docs/design.md section 5 -------------------------------------------------------
 
 
 def test_scenario_1_flat_steps_of_1_5_and_max_step_read_one_run(make_cache: MakeCache) -> None:
@@ -155,6 +155,24 @@ def test_scenario_7_rewind_by_c_plus_1_refused_and_to_sinks_accepted(make_cache:
     for T in (3, 3, 1):
         run.advance(T)
     run.rewind(0)
+    run.advance(2)
+
+
+def test_the_rewind_margin_counts_from_the_longest_length_committed(make_cache: MakeCache) -> None:
+    # docs/design.md section 2: n >= Lmax - C is always allowed. "At most C below the
+    # length the last commit left" was false after a rewind and a shorter commit.
+    W, C = 4, 2
+    cache = make_cache(kvcore.Ring(window=W), capacity=64, max_step=C)
+    run = Lockstep(cache)
+    for T in (2, 2, 2, 2, 2):
+        run.advance(T)
+    Lmax = cache.length  # 10
+    run.rewind(Lmax - C)
+    run.advance(1)  # length 9: the last commit left 9, but Lmax is still 10
+    assert cache.length - C == Lmax - C - 1
+    assert not cache.can_rewind(cache.length - C)  # 7: its history (position 4) was overwritten
+    assert cache.can_rewind(Lmax - C)
+    run.rewind(Lmax - C)
     run.advance(2)
 
 

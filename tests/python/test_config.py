@@ -1,4 +1,4 @@
-"""Config objects (DESIGN.md section 2, Config rules): every field's rule is
+"""Config objects (docs/design.md section 2, Config rules): every field's rule is
 enforced on construction with a message naming the field, its value and the rule;
 valid configs keep what they were given."""
 

@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import tracemalloc
 from typing import Any
 
 import numpy as np
 import pytest
 
 import kvcore
-from kvcore import cli, demo
-from kvcore.model import Decoder
+from kvcore import cli
+from kvcore.demo import footprint, options, runner, sequence
+from kvcore.demo.drafts import accepted_prefix, corrupt_drafts
+from kvcore.demo.model import Decoder
 
 # Small enough to run in well under a second, large enough to wrap the rings.
 SMALL = ["--layers", "3", "--flat-every", "3", "--window", "6", "--sinks", "1", "--max-step", "4",
          "--prompt-len", "14", "--gen-len", "12", "--draft", "3"]
-SMALL_OPTS = demo.DemoOptions(layers=3, flat_every=3, window=6, sinks=1, max_step=4, prompt_len=14, gen_len=12,
+SMALL_OPTS = sequence.DemoOptions(layers=3, flat_every=3, window=6, sinks=1, max_step=4, prompt_len=14, gen_len=12,
                               draft=3, d_model=32, d_ff=64, head_dim=8, vocab_size=64)
 
 
 def test_report_passes_and_says_what_it_did() -> None:
-    r = demo.run_demo(SMALL_OPTS)
+    r = sequence.run_demo(SMALL_OPTS)
     assert r["ok"] and all(c["ok"] for c in r["checks"])
     assert r["max_abs_logit_diff"] <= r["tolerance"] == 1e-4
     assert r["generated"] == len(r["tokens"]) == 12
@@ -40,7 +44,7 @@ def test_report_passes_and_says_what_it_did() -> None:
 
 
 def test_model_summary_counts_ring_and_flat_layers() -> None:
-    m = demo.model_summary(SMALL_OPTS.model_config())
+    m = options.model_summary(SMALL_OPTS.model_config())
     assert (m["layers"], m["ring_layers"], m["flat_layers"], m["window"], m["sinks"]) == (3, 2, 1, 6, 1)
     assert (m["d_model"], m["head_dim"], m["vocab_size"], m["seed"]) == (32, 8, 64, 0)
 
@@ -50,21 +54,21 @@ def test_corrupt_drafts_changes_at_most_one_token() -> None:
     drafts = [3, 4, 5]
     seen = set()
     for _ in range(200):
-        out = demo.corrupt_drafts(drafts, rng, 8)
+        out = corrupt_drafts(drafts, rng, 8)
         changed = [j for j in range(3) if out[j] != drafts[j]]
         assert len(changed) <= 1 and all(0 <= t < 8 for t in out)
         seen.add(changed[0] if changed else 3)
     assert seen == {0, 1, 2, 3} and drafts == [3, 4, 5]
     before = rng.bit_generator.state
-    assert demo.corrupt_drafts([], rng, 8) == [] and rng.bit_generator.state == before
+    assert corrupt_drafts([], rng, 8) == [] and rng.bit_generator.state == before
 
 
 def test_accepted_prefix_stops_at_the_first_miss() -> None:
     logits = np.eye(5, dtype=np.float32)[[1, 2, 3, 4]]  # greedy tokens 1, 2, 3, 4
-    assert demo.accepted_prefix([1, 2, 3], logits) == 3
-    assert demo.accepted_prefix([1, 0, 3], logits) == 1
-    assert demo.accepted_prefix([0, 2], logits) == 0
-    assert demo.accepted_prefix([], logits) == 0
+    assert accepted_prefix([1, 2, 3], logits) == 3
+    assert accepted_prefix([1, 0, 3], logits) == 1
+    assert accepted_prefix([0, 2], logits) == 0
+    assert accepted_prefix([], logits) == 0
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,7 +92,7 @@ def test_16_bit_dtypes(dtype: str, capsys: pytest.CaptureFixture[str]) -> None:
         pytest.importorskip("ml_dtypes")
     assert cli.main(["demo", *SMALL, "--dtype", dtype, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["dtype"] == dtype and report["tolerance"] == demo.TOLERANCE[dtype]
+    assert report["dtype"] == dtype and report["tolerance"] == options.TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize(
@@ -114,7 +118,7 @@ def test_int8_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_a_failed_logit_check_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(demo.TOLERANCE, "float32", -1.0)  # no difference can pass
+    monkeypatch.setitem(options.TOLERANCE, "float32", -1.0)  # no difference can pass
     assert cli.main(["demo", *SMALL]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] logits equal the oracle" in out and "CHECKS FAILED" in out
@@ -149,7 +153,7 @@ def test_progress_bar_draws_on_the_stream_it_is_given() -> None:
     import io
 
     stream = io.StringIO()
-    bar = demo.Progress(stream)
+    bar = runner.Progress(stream)
     bar.update("decode", 3, 12)
     bar.close()
     assert "decode" in stream.getvalue() and "3/12" in stream.getvalue()
@@ -163,3 +167,107 @@ def test_python_dash_m_kvcore(tmp_path: Any) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"] is True
+
+
+# --- refusals: a value the run cannot honour is an error, one line, never replaced ------------
+
+
+def _one_line_error(err: str, command: str = "kvcore demo") -> str:
+    """The message of a one-line CLI error (prefix once, a pointer to --help, no usage block)."""
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(f"{command}: error: ") and err.endswith(f"; see {command} --help\n"), err
+    return err[len(f"{command}: error: ") : -len(f"; see {command} --help\n")]
+
+
+def test_a_max_step_past_the_longest_sequence_is_an_error_naming_the_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Was: silently run with max_step = the longest sequence (14 + 12 + 3 + 1 = 30 here).
+    assert cli.main(["demo", *SMALL, "--max-step", "100000000000"]) == 2
+    message = _one_line_error(capsys.readouterr().err)
+    assert message == ("--max-step = 100000000000: must be <= 30, the longest sequence of this run "
+                       "(--prompt-len + --gen-len + --draft + 1)")
+    assert cli.main(["demo", *SMALL, "--max-step", "30"]) == 0  # the limit itself runs
+
+
+def test_more_drafts_than_a_step_holds_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # Was: silently drafted max_step - 1 = 3 tokens per step.
+    assert cli.main(["demo", *SMALL, "--draft", "4"]) == 2
+    assert _one_line_error(capsys.readouterr().err).startswith("--draft = 4: must be <= --max-step - 1 = 3")
+
+
+def test_the_default_max_step_fits_a_short_run(capsys: pytest.CaptureFixture[str]) -> None:
+    # A default adapts (16, or the longest sequence when shorter); only a value the user gave is checked.
+    assert cli.main(["demo", "--layers", "2", "--prompt-len", "3", "--gen-len", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_step"] == 3 + 2 + 3 + 1
+
+
+def test_a_run_larger_than_the_memory_is_refused_before_it_allocates(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(footprint, "available_memory", lambda: 8 * 2**30)
+    assert cli.main(["demo", "--prompt-len", "100000000"]) == 2
+    message = _one_line_error(capsys.readouterr().err)
+    head = "--prompt-len = 100000000: the run needs about "
+    assert message.startswith(head) and "(the oracle attends over every position at once), more than the " \
+        "8.0 GiB of memory available; at most --prompt-len = " in message
+    fits = int(message.rsplit("= ", 1)[1].removesuffix(" fits"))
+    need = [dataclasses.replace(sequence.DemoOptions(), prompt_len=n).bytes_needed() for n in (fits, fits + 1)]
+    assert need[0] <= 8 * 2**30 < need[1]  # the largest that fits, exactly by the estimate
+    assert 1000 < fits < 100000000
+
+
+def test_the_memory_check_names_the_longer_of_prompt_and_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(footprint, "available_memory", lambda: 2**30)
+    with pytest.raises(ValueError, match=r"^--gen-len = 10000000: .* at most --gen-len = \d+ fits$"):
+        sequence.DemoOptions(gen_len=10**7).check()
+    with pytest.raises(ValueError, match=r"^--prompt-len = 10000000: .*; even --prompt-len = 1 would not fit$"):
+        sequence.DemoOptions(prompt_len=10**7, gen_len=10**7).check()
+    monkeypatch.setattr(footprint, "available_memory", lambda: None)  # unknown: nothing to check against
+    sequence.DemoOptions(prompt_len=10**7).check()
+
+
+def test_the_estimate_bounds_what_a_run_allocates() -> None:
+    opts = dataclasses.replace(SMALL_OPTS, prompt_len=300)
+    tracemalloc.start()
+    try:
+        with runner.single_threaded_blas():
+            assert sequence.run_demo(opts)["ok"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= opts.bytes_needed() <= 3 * peak
+
+
+def test_available_memory_reads_the_kernel_then_sysconf(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert footprint.available_memory() is None or footprint.available_memory() > 0
+
+    def no_proc(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(footprint, "open", no_proc, raising=False)
+    pages = {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(footprint.os, "sysconf", lambda name: pages[name])
+    assert footprint.available_memory() == 4096000
+
+
+def test_a_cli_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--layers", "x"])
+    assert e.value.code == 2
+    assert _one_line_error(capsys.readouterr().err) == "argument --layers: invalid int value: 'x'"
+
+
+def test_an_unknown_command_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    # Was: taken for the demo, whose parser then said "unrecognized arguments: bogus".
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bogus"])
+    assert e.value.code == 2
+    assert _one_line_error(capsys.readouterr().err, "kvcore") == (
+        "unknown command 'bogus': the commands are tour, memory, demo (no command runs the demo)"
+    )
+
+
+def test_a_command_error_names_its_command_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tour", "--window", "0"]) == 2
+    assert _one_line_error(capsys.readouterr().err, "kvcore tour").startswith("window = 0")

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 
 import kvcore
-from kvcore import cli, demo_batch
-from kvcore.demo import single_threaded_blas
-from kvcore.model import Model, ModelConfig
+from kvcore import cli
+from kvcore.demo import batch as demo_batch
+from kvcore.demo import footprint
+from kvcore.demo.model import Model, ModelConfig
+from kvcore.demo.runner import single_threaded_blas
 
 
 def test_forward_batch_equals_forward_full_per_sequence() -> None:
@@ -310,3 +313,49 @@ def test_the_docs_quote_the_default_run() -> None:
     cut = lines.index("  ...")
     assert 0 < cut < len(lines) - 1
     assert lines[:cut] == ran[:cut] and lines[cut + 1 :] == ran[len(ran) - (len(lines) - cut - 1) :]
+
+
+# --- refusals and the memory a run holds ------------------------------------------------------
+
+
+def test_a_max_step_past_the_longest_sequence_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # Was: silently run with max_step = the longest sequence (8 + 4 + 8 + 3 + 1 = 24 here).
+    assert cli.main(["demo", "--batch", *SMALL_ARGS, "--max-step", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("kvcore demo --batch: error: --max-step = 1000: must be <= 24, the longest sequence of this run "
+                   "(--shared-len + --prompt-len + --gen-len + --draft + 1); see kvcore demo --batch --help\n")
+
+
+def test_more_drafts_than_a_step_holds_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # Was: silently drafted max_step - 1 = 3 tokens per step.
+    assert cli.main(["demo", "--batch", *SMALL_ARGS, "--draft", "5"]) == 2
+    assert "error: --draft = 5: must be <= --max-step - 1 = 3" in capsys.readouterr().err
+
+
+def test_a_run_larger_than_the_memory_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(footprint, "available_memory", lambda: 2**30)
+    assert cli.main(["demo", "--batch", "--concurrency", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcore demo --batch: error: --concurrency = 100000000: the run needs about ")
+    assert "(each sequence in flight keeps its own oracle), more than the 1.0 GiB of memory available; " \
+        "at most --concurrency = " in err and err.count("\n") == 1
+
+
+def test_the_estimate_bounds_what_a_run_allocates() -> None:
+    opts = demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "prompt_len": 100, "concurrency": 6})
+    tracemalloc.start()
+    try:
+        assert _run(opts)["ok"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= opts.bytes_needed() <= 3 * peak
+
+
+def test_a_released_oracle_keeps_its_work_and_no_arrays() -> None:
+    model = Model(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=64))
+    oracle = demo_batch.Oracle(model, capacity=40)
+    oracle.logits(list(range(10)))
+    oracle.release()
+    assert oracle.work == 10 and oracle.k == [] and oracle.v == [] and oracle.rows.size == 0

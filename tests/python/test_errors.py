@@ -1,5 +1,5 @@
-"""kvcore's exceptions (DESIGN.md section 3) and every invalid call on a cache
-(DESIGN.md section 5, scenario 10): the right class, a message naming the value,
+"""kvcore's exceptions (docs/design.md section 3) and every invalid call on a cache
+(docs/design.md section 5, scenario 10): the right class, a message naming the value,
 and nothing changed afterwards."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ BUILTIN_BASE: dict[type[kvcore.KVCacheError], type[Exception]] = {
     kvcore.CapacityError: RuntimeError,
 }
 
-# DESIGN.md section 3: ExecuTorch's names and values.
+# docs/design.md section 3: ExecuTorch's names and values.
 DESIGN_CODES = {
     "Ok": 0x00,
     "Internal": 0x01,

@@ -493,3 +493,89 @@ def test_the_benchmark_runs_and_its_caches_agree(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     assert [(r["context"], r["sequences"]) for r in results] == [(80, 1), (80, 16)]
     assert all(r["max_abs_diff"] <= 1e-4 for r in results)
+
+
+# --- 5. A failed forward changes nothing (kvcore.integrations.forward_step) -----------------
+
+
+def cell_state(cache: KVCoreCellCache, seqs: range) -> Any:
+    """What a failed forward must leave as it was: every sequence's info, length and blocks, the free counts."""
+    kv = cache.cache
+    return ([repr(kv.sequence(s)) for s in seqs], [cache.seq_len(s) for s in seqs],
+            [[kv.blocks_held(s, g) for g in range(kv.n_groups)] for s in seqs if kv.sequence(s).active],
+            [kv.free_blocks(g) for g in range(kv.n_groups)])
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+@pytest.mark.parametrize("bad", ["heads", "head_dim", "tokens"])
+def test_a_bad_first_layer_leaves_the_cell_cache_as_it_was(block_size: int, bad: str) -> None:
+    # Was: the first layer's placement committed before its K/V were checked, so the lengths
+    # grew over rows never written.
+    cache = KVCoreCellCache(et_config(32), max_step=8, block_size=block_size)
+    kv = torch.randn(1, KV_HEADS, 3, HEAD_DIM)
+    cache.begin_step([0, 0, 0])
+    for layer in range(N_LAYERS):
+        cache.update_and_fetch(layer, kv, kv, torch.arange(3)[:, None])
+    before = cell_state(cache, range(3))
+    shape = {"heads": (1, KV_HEADS + 1, 2, HEAD_DIM), "head_dim": (1, KV_HEADS, 2, HEAD_DIM + 2),
+             "tokens": (1, KV_HEADS, 3, HEAD_DIM)}[bad]
+    cache.begin_step([0, 1])  # sequence 1 is new: the step adds it
+    with pytest.raises(ValueError, match="layer 1: key"):
+        cache.update_and_fetch(1, torch.randn(*shape), torch.randn(*shape), torch.tensor([[3], [0]]))
+    assert cell_state(cache, range(3)) == before
+    with pytest.raises(RuntimeError, match="no step declared"):  # the declaration is spent, as the reference's
+        cache.update_and_fetch(0, kv[:, :, :2], kv[:, :, :2], torch.tensor([[3], [0]]))
+    # The next step goes on exactly as on a cache that never saw the bad one.
+    twin = KVCoreCellCache(et_config(32), max_step=8, block_size=block_size)
+    twin.begin_step([0, 0, 0])
+    for layer in range(N_LAYERS):
+        twin.update_and_fetch(layer, kv, kv, torch.arange(3)[:, None])
+    two = torch.randn(1, KV_HEADS, 2, HEAD_DIM)
+    for c in (cache, twin):
+        c.begin_step([0, 1])
+    for layer in range(N_LAYERS):
+        got, want = (c.update_and_fetch(layer, two, two, torch.tensor([[3], [0]])) for c in (cache, twin))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert cache.seq_len(0) == 4 and cache.seq_len(1) == 1
+
+
+def test_a_refused_seq_cp_leaves_dst_as_it_was() -> None:
+    # Was: seq_cp released a dst that saw nothing before kvcore's fork refused, so dst lost its length.
+    cache = KVCoreCellCache(et_config(32), max_step=4)
+    for seq, n in ((0, 12), (1, 3)):
+        for start in range(0, n, 4):
+            T = min(4, n - start)
+            kv = torch.randn(1, KV_HEADS, T, HEAD_DIM)
+            cache.begin_step([seq] * T)
+            for layer in range(N_LAYERS):
+                cache.update_and_fetch(layer, kv, kv, torch.arange(start, start + T)[:, None])
+    cache.seq_rm(1, 0, 2)
+    cache.seq_rm(1, 2)  # sequence 1: length 2, sees nothing
+    before = cell_state(cache, range(2))
+    assert cache.cache.sequence(1).length == 2 and cache.seq_len(1) == 0
+    # A query at 1 needs position 0, which sequence 0's ring layers released long ago.
+    with pytest.raises(RuntimeError, match=r"seq_cp\(0, 1, upto = 1\): a ring layer of sequence 0 no longer holds"):
+        cache.seq_cp(0, 1, upto=1)
+    assert cell_state(cache, range(2)) == before
+    cache.seq_cp(0, 1)  # the whole of sequence 0 is held: dst goes, and the fork shares it
+    assert cache.seq_len(1) == 12
+
+
+def test_a_bad_later_layer_aborts_the_contiguous_forward() -> None:
+    cache = KVCoreContiguousCache(et_config(32), max_step=4)
+    kv = torch.randn(1, KV_HEADS, 2, HEAD_DIM)
+    for layer in range(N_LAYERS):
+        cache.update_and_fetch(layer, kv, kv, torch.tensor([[0], [1]]))
+    rewindable = [cache.can_rewind(n) for n in range(3)]
+    cache.update_and_fetch(0, kv, kv, torch.tensor([[2], [3]]))
+    bad = torch.randn(1, KV_HEADS + 1, 2, HEAD_DIM)
+    with pytest.raises(ValueError, match="layer 1"):
+        cache.update_and_fetch(1, bad, bad, torch.tensor([[2], [3]]))
+    # The step is aborted, not left begun: the length, the begun step and the rewinds are as before.
+    assert cache.length == 2 and cache.sequence.active_step is None
+    assert [cache.can_rewind(n) for n in range(3)] == rewindable
+    with pytest.raises(RuntimeError, match="no forward is under way"):
+        cache.update_and_fetch(1, kv, kv, torch.tensor([[2], [3]]))
+    for layer in range(N_LAYERS):  # the forward again, from layer 0
+        cache.update_and_fetch(layer, kv, kv, torch.tensor([[2], [3]]))
+    assert cache.length == 4

@@ -292,6 +292,24 @@ def test_cli_bad_input_exits_2(capsys: pytest.CaptureFixture[str], argv: tuple[s
     assert code == 2
     assert out == ""
     assert message in err
+    # One line, prefixed once with the command, pointing to its --help.
+    assert err.count("\n") == 1 and err.startswith("kvcore memory: error: ") and err.count("kvcore") == 2
+    assert err.endswith("; see kvcore memory --help\n")
+
+
+@pytest.mark.parametrize("context", ["3000000000", "2097152k"])
+def test_cli_an_oversized_context_is_named_as_the_option(capsys: pytest.CaptureFixture[str], context: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["memory", "--model", "gemma-3-1b", "--context", context])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvcore memory: error: argument --context: context '{context}': ")
+    assert "must be <= 2147483647" in err and "capacity" not in err
+
+
+def test_an_oversized_context_is_named_by_the_api() -> None:
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"^context = 2147483648: must be <= 2147483647"):
+        plan_memory(shape_of("gemma-3-1b"), context=MAX_CONTEXT + 1)
 
 
 def test_cli_malformed_hf_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -310,7 +328,10 @@ def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: tuple
     with pytest.raises(SystemExit) as exc:
         main(["memory", *argv])
     assert exc.value.code == 2
-    assert "usage: kvcore memory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # One line, the option named, a pointer to --help: no usage block before it.
+    assert err.count("\n") == 1 and "usage" not in err
+    assert err.startswith("kvcore memory: error: argument --") and err.endswith("; see kvcore memory --help\n")
 
 
 def test_cli_exit_status_of_the_process() -> None:

@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 import kvcore
-from kvcore.model import Decoder, Model, ModelConfig, rms_norm, rope, visibility_mask
+from kvcore.demo.model import Decoder, Model, ModelConfig, rms_norm, rope, visibility_mask
 
 Array = npt.NDArray[Any]
 W = 5  # window of every ring layer in the grid

@@ -199,6 +199,9 @@ def test_installed_metadata() -> None:
     assert {"bfloat16", "plot", "transformers", "test"} <= set(meta.get_all("Provides-Extra") or [])
     files = [f.as_posix() for f in importlib.metadata.files("kvcore") or []]
     assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files), files
+    # Subpackages ship: the demos (kvcore demo) and the integrations.
+    for module in ("kvcore/demo/__init__.py", "kvcore/demo/model.py", "kvcore/integrations/__init__.py"):
+        assert module in files, module
 
 
 @needs_checkout
@@ -215,11 +218,45 @@ def test_sdist_contents(tmp_path: Path) -> None:
         assert pkg_info is not None
         metadata = pkg_info.read().decode()
     for needed in ("cpp/include/kvcore/kvcore.h", "LICENSE", "pyproject.toml", "CMakeLists.txt",
-                   "cmake/kvcoreConfig.cmake.in", "python/kvcore/__init__.py", "python/kvcore/py.typed"):
+                   "cmake/kvcoreConfig.cmake.in", "python/kvcore/__init__.py", "python/kvcore/py.typed",
+                   "python/kvcore/demo/__init__.py", "python/kvcore/demo/model.py"):
         assert needed in members, needed
     assert not [m for m in members if m.startswith(("tests/fuzz/corpus/", "tests/fuzz/batch_corpus/", "build/", ".ci/"))]
     assert re.search(r"^License: Apache-2.0$", metadata, flags=re.M)
     assert re.search(r"^Provides-Extra: bfloat16$", metadata, flags=re.M)
+
+
+# --- the package's layout -----------------------------------------------------------
+
+
+PACKAGE = Path(kvcore.__file__).resolve().parent
+
+
+def test_the_top_level_is_the_api() -> None:
+    """Beside the API sit only the command line and the memory planner; the demos and the
+    reference model they run are the kvcore.demo subpackage, which `import kvcore` does not load."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "hf_config", "memory", "registry"]
+    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations"]
+    assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
+    probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith('kvcore.demo')))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "[]\n", done.stdout + done.stderr
+
+
+def test_the_demo_package_names_its_modules() -> None:
+    doc = importlib.import_module("kvcore.demo").__doc__ or ""
+    for path in sorted((PACKAGE / "demo").glob("[!_]*.py")):
+        assert f"``kvcore.demo.{path.stem}``" in doc, path.stem
+
+
+def test_the_integrations_package_names_its_modules() -> None:
+    # Was: two of its four modules.
+    doc = importlib.import_module("kvcore.integrations").__doc__ or ""
+    modules = sorted((PACKAGE / "integrations").glob("[!_]*.py"))
+    assert len(modules) >= 4
+    for path in modules:
+        assert f"``kvcore.integrations.{path.stem}``" in doc, path.stem
 
 
 # --- a missing optional dependency names the extra -------------------------------

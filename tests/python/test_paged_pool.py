@@ -1,6 +1,6 @@
 """PagedKVPool from Python: a BatchCache's bytes follow its plans.
 
-Expectations come from a small reference of DESIGN.md sections 2 and 6 written
+Expectations come from a small reference of docs/design.md sections 2 and 6 written
 here (which keys a query of a sequence sees; the data a position holds), never
 from the pool's answers. A position's data is a function of the tokens up to it
 (and of the layer), so a block adopted by a prefix hit must hold exactly the

@@ -1,6 +1,6 @@
 """KVPool from Python: bytes follow plans, bad input changes nothing, views stay valid.
 
-Expectations come from DESIGN.md section 2 written out by brute force (which
+Expectations come from docs/design.md section 2 written out by brute force (which
 positions a step needs; the last data written to each position), never from
 the pool's own answers.
 """
@@ -326,7 +326,7 @@ def test_nbytes_counts_rows_holding_committed_positions() -> None:
     cache = kvcore.SequenceCache(cfg)
     pool = kvcore.KVPool(cache, np.float16)
     ref = Reference(cache, pool)
-    ring_rows = 1 + 4 + 3 - 1  # DESIGN: S + W + C - 1
+    ring_rows = 1 + 4 + 3 - 1  # docs/design.md: S + W + C - 1
     assert pool.rows(0) == ring_rows and pool.rows(2) == 40
     assert pool.nbytes == 0
     for _ in range(8):

@@ -1,6 +1,6 @@
 """KVPool(..., mirror_rings=True): a wrapped ring window comes back as a zero-copy view.
 
-Expectations come from DESIGN.md section 2 (the needed set; R = W + C - 1 ring
+Expectations come from docs/design.md section 2 (the needed set; R = W + C - 1 ring
 rows) and a brute-force record of the data last written to each position, never
 from the pool's own answers.
 """

@@ -2,7 +2,7 @@
 held row as it lies, one zero-copy view, no more rows than the layer's; each
 row stands for the position LayerGeometry.position_at names, and the mask is
 the visibility rule on those positions. Checked against a brute-force reference
-(every position's latest bytes, DESIGN.md section 2's rule) on random
+(every position's latest bytes, docs/design.md section 2's rule) on random
 workloads with chunks, wraps, rewinds and retries."""
 
 from __future__ import annotations

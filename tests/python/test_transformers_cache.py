@@ -524,7 +524,7 @@ def test_unsupported_transformers_versions_are_refused() -> None:
 
 
 def reference_masks(config: Any, n: int, sinks: int) -> dict[str, torch.Tensor]:
-    """Eager masks over positions 0..n-1 straight from DESIGN.md's visibility rule."""
+    """Eager masks over positions 0..n-1 straight from docs/design.md's visibility rule."""
     q = torch.arange(n)[:, None]
     k = torch.arange(n)[None, :]
     full = k <= q
@@ -659,3 +659,37 @@ def test_prefill_checks_its_arguments() -> None:
         prefill(model, cache, torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(kvcore.InvalidArgumentError, match="must cover the 0 cached tokens and the 3 new ones"):
         prefill(model, cache, prompt(3), attention_mask=torch.ones(1, 2))
+
+
+def test_bad_input_to_a_later_layer_aborts_the_step() -> None:
+    # kvcore.integrations.forward_step: the forward failed, so its step is aborted rather than
+    # left begun (was: begun until a retry replaced it); the cache is as before the forward.
+    cache = KVCoreCache(gemma2().config, max_step=4)
+    decode_random(cache, 30)
+    k = torch.randn(1, 2, 1, 16)
+    cache.update(k, k, 0)
+    assert cache.sequence.active_step is not None
+    with pytest.raises(kvcore.InvalidArgumentError, match="layer 1"):
+        cache.update(*BAD_INPUTS["heads"](), 1)
+    assert cache.sequence.active_step is None and cache.get_seq_length() == 30
+    with pytest.raises(kvcore.InvalidStateError, match="layer 0 is next"):
+        cache.update(k, k, 1)
+
+
+def test_discard_forward_aborts_the_unfinished_step(model: Any) -> None:
+    cache = KVCoreCache(model.config, max_step=4)
+    ids = prompt(18)
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :16])
+        hook = model.model.layers[2].register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
+        try:
+            with pytest.raises(RuntimeError, match="boom"):
+                prefill(model, cache, ids[:, 16:18])
+        finally:
+            hook.remove()
+        step = cache.sequence.active_step
+        assert step is not None  # the model raised between layers: the cache saw no error
+        cache.discard_forward()
+        assert cache.sequence.active_step is None and not step.is_current and cache.get_seq_length() == 16
+        with pytest.raises(kvcore.InvalidStateError, match=r"step \(position 16, T 2\): no step is begun"):
+            cache.sequence.abort(step)  # aborted already: a stale abort changes nothing

@@ -18,7 +18,7 @@
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/sequence_cache.h"
 
-// batch/: many sequences over paged block pools (DESIGN.md section 6).
+// batch/: many sequences over paged block pools (docs/design.md section 6).
 #include "kvcore/batch/block_pool.h"
 #include "kvcore/batch/batch_plan.h"
 #include "kvcore/batch/batch_faces.h"

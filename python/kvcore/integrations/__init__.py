@@ -4,8 +4,15 @@ Nothing here is imported by ``import kvcore``: each integration imports its
 library (torch, transformers) only when you import it, e.g.
 ``from kvcore.integrations.transformers import KVCoreCache``.
 
-- ``kvcore.integrations.torch_pool``: a torch byte layer, K/V tensors laid out by
-  kvcore plans (needs ``torch``).
+- ``kvcore.integrations.torch_pool``: a torch byte layer for one sequence, K/V
+  tensors laid out by kvcore plans (needs ``torch``).
+- ``kvcore.integrations.torch_paged``: a torch byte layer for many sequences,
+  one paged store per group of a ``BatchCache`` (needs ``torch``).
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
+- ``kvcore.integrations.executorch``: drop-in caches for ExecuTorch's
+  ``update_and_attend`` op, one sequence and many (needs ``torch`` and
+  ``executorch``).
+- ``kvcore.integrations.forward_step``: the step of one forward, layer by layer,
+  that the transformers cache and both ExecuTorch caches share (no dependency).
 """

@@ -61,6 +61,7 @@ except ModuleNotFoundError as _missing:  # name what to install (private: Python
 from kvcore._core import (
     BatchCache,
     BatchLimits,
+    BatchStep,
     CacheBase,
     CacheConfig,
     Flat,
@@ -70,6 +71,7 @@ from kvcore._core import (
     Step,
 )
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, KVCacheError
+from kvcore.integrations.forward_step import ForwardStep
 from kvcore.integrations.torch_paged import TorchPagedKV
 from kvcore.integrations.torch_pool import StepLayout, TorchKVPool
 
@@ -124,8 +126,10 @@ class KVCoreContiguousCache:
 
     A forward is one kvcore step: the update of layer 0 begins it (``position`` must be the
     sequence's length onwards, else ``ValueError``), every layer is then served once with the
-    same tokens, and the last one served commits it. Layer 0 arriving again before the
-    forward completed restarts the step (the retry path). A step that would pass
+    same tokens (each layer's K/V checked before its rows are written), and the last one
+    served commits it. An error while a layer is served aborts the step, so the cache is as
+    before the forward (``kvcore.integrations.forward_step``). Layer 0 arriving again before
+    the forward completed restarts the step (the retry path). A step that would pass
     ``capacity`` raises ``RuntimeError`` (``kvcore.CapacityError``), as the reference does.
     """
 
@@ -158,12 +162,12 @@ class KVCoreContiguousCache:
         policies = [self.sequence.layer_policy(layer) for layer in range(self._n_layers)]
         # Per layer: the window (0 for a flat layer), for the spec's kind.
         self._window = [p.window if p.is_ring else 0 for p in policies]
-        self._step: Optional[Step] = None
+        # The forward under way: layer 0 begins its step, the last layer served commits it, an
+        # error while a layer is served aborts it (kvcore.integrations.forward_step).
+        self._forward: ForwardStep[Step] = ForwardStep(self._n_layers, commit_after=self._n_layers)
         self._position: Optional[torch.Tensor] = None
         self._layouts: list[StepLayout] = []
         self._specs: list[Any] = []
-        self._served: list[bool] = [False] * self._n_layers
-        self._n_served = 0
         self._checked: Any = None  # the (shapes, devices) of the last input check_input passed
         if self._static:
             self._allocate_all()
@@ -203,8 +207,8 @@ class KVCoreContiguousCache:
     def used(self, layer_id: int) -> int:
         """Positions the layer's history spans after its last update (the reference's ``used``)."""
         _check_layer(layer_id, self._n_layers)
-        step = self._step
-        if step is not None and self._served[layer_id] and step.is_current:
+        step = self._forward.step
+        if step is not None and self._forward.is_served(layer_id) and step.is_current:
             return step.end
         return self.sequence.length
 
@@ -235,10 +239,8 @@ class KVCoreContiguousCache:
         self._end()
 
     def _end(self) -> None:
-        self._step = None
+        self._forward.end()  # the verb that called this ended a begun step itself
         self._position = None
-        self._n_served = 0
-        self._served = [False] * self._n_layers
 
     # --- op face ----------------------------------------------------------------------
 
@@ -270,7 +272,7 @@ class KVCoreContiguousCache:
             k = k.to(self.dtype)
         if v.dtype != self.dtype:
             v = v.to(self.dtype)
-        step = self._step
+        step = self._forward.step
         if layer_id == 0:
             step = self._begin(k, v, position)
         elif step is None or not step.is_current:
@@ -278,7 +280,7 @@ class KVCoreContiguousCache:
                 f"update_and_fetch of layer {layer_id}: no forward is under way (layer 0 begins each forward)"
             )
         else:
-            if self._served[layer_id]:
+            if self._forward.is_served(layer_id):
                 raise InvalidStateError(
                     f"layer {layer_id} served twice in one forward (layer 0 begins the next forward)"
                 )
@@ -289,17 +291,20 @@ class KVCoreContiguousCache:
             first = self._position
             if position is not first and (first is None or not torch.equal(position, first)):
                 raise InvalidArgumentError(f"layer {layer_id}: position differs from layer 0's in the same forward")
+        begun = step
         p = self._policy_of[layer_id]
-        keys, values = self.pool.write_read(layer_id, self._layouts[p], k, v)
-        spec = self._specs[p]
-        if spec is None:
-            spec = self._specs[p] = self._spec(layer_id, step)
-        self._served[layer_id] = True
-        self._n_served += 1
-        if self._n_served == self._n_layers:
-            step.commit()
-            self._end()
-        return keys, values, spec
+
+        def write() -> tuple[torch.Tensor, torch.Tensor, Any]:
+            keys, values = self.pool.write_read(layer_id, self._layouts[p], k, v)
+            spec = self._specs[p]
+            if spec is None:  # before the last layer commits: the plan is the begun step's
+                spec = self._specs[p] = self._spec(layer_id, begun)
+            return keys, values, spec
+
+        out = self._forward.serve(layer_id, write)
+        if self._forward.step is None:  # the last layer committed the step
+            self._position = None
+        return out
 
     def _begin(self, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor) -> Step:
         """Begin the kvcore step of a forward (layer 0), after checking everything that can be wrong."""
@@ -321,9 +326,7 @@ class KVCoreContiguousCache:
         if seen != self._checked:  # checked once per shape: write_read checks the rest on its slow path
             self.pool.check_input(0, k, v, position=length, T=T)
             self._checked = seen
-        step = self.sequence.begin_step(T)  # replaces a forward left unfinished: the retry path
-        self._end()
-        self._step = step
+        step = self._forward.begin(lambda: self.sequence.begin_step(T))  # replaces an unfinished forward's
         self._position = position
         self._layouts = self.pool.plan_step(step)
         self._specs = [None] * len(self._layouts)
@@ -372,10 +375,13 @@ def _ranges(positions: Sequence[int]) -> str:
 
 @dataclass
 class _Declared:
-    """A step begun by ``begin_step`` and not yet placed by its forward."""
+    """A step declared by ``begin_step`` (and begun in kvcore, which admitted it), not yet
+    placed by its forward."""
 
     seq_ids: list[int]  # per token, in the forward's order
     entries: list[tuple[int, int]]  # (seq, T) per sequence, in order of first appearance
+    step: BatchStep  # kvcore's step; a verb before the forward may have ended it
+    added: list[int]  # sequences begin_step made active: released again if the step is abandoned
 
 
 @dataclass
@@ -451,7 +457,10 @@ class KVCoreCellCache:
         self._group_of = self.storage.group_of
         self._declared: Optional[_Declared] = None
         self._placed: Optional[_Placed] = None
-        self._served: set[int] = set()
+        # The forward under way: its first layer places and commits the step (the reference
+        # claims cells there), an error before that commit aborts it (forward_step).
+        self._forward: ForwardStep[BatchStep] = ForwardStep(self._n_layers, commit_after=1)
+        self._added: list[int] = []  # sequences the placed step made active, until it commits
 
     # --- kvcore facts -------------------------------------------------------------
 
@@ -491,10 +500,11 @@ class KVCoreCellCache:
     def begin_step(self, seq_ids: Sequence[int]) -> None:
         """Declare the sequence each of the next forward's tokens belongs to (any order).
 
-        Admission is decided here: a step that passes cannot then fail to place unless a verb
-        in between changes the pools. ``ValueError``: no tokens, a bad id, more than
-        ``max_step`` tokens of one sequence. ``RuntimeError``: the pools or a sequence's
-        capacity cannot take the step. Sequences are added on first use.
+        Admission is kvcore's: the step is begun here (sequences are added on first use),
+        so a step that passes cannot then fail to place unless a verb in between changes
+        the pools. ``ValueError``: no tokens, a bad id, more than ``max_step`` tokens of one
+        sequence or ``max_step_tokens`` in all. ``RuntimeError``: the pools or a sequence's
+        capacity cannot take the step. A refused step changes nothing.
         """
         ids = [int(s) for s in seq_ids]
         if not ids:
@@ -504,50 +514,24 @@ class KVCoreCellCache:
             self._check_seq_id(seq_id)
             counts[seq_id] = counts.get(seq_id, 0) + 1
         entries = list(counts.items())
-        self._admit(entries)
-        self._declared = _Declared(ids, entries)
-        self._placed = None
-        self._served.clear()
-
-    def _admit(self, entries: list[tuple[int, int]]) -> None:
-        """Raise unless the step fits; change nothing either way.
-
-        With one-row blocks every new token takes one new block in every group, so the
-        counts decide exactly; larger blocks may share a partly filled one (or need a copy
-        of it), so kvcore begins the step and abandons it. Its block copies are not made:
-        an abandoned step loses nothing (a copied block's source stays held until commit),
-        and the forward's ``_place`` begins the step again and makes them.
-        """
-        n = sum(T for _, T in entries)
-        capacity, max_step = self.cache.capacity, self.cache.max_step
-        for seq_id, T in entries:
+        capacity = self.cache.capacity
+        for seq_id, T in entries:  # first, as the reference: kvcore would name max_step before capacity
             length = self.cache.length(seq_id)
             if length + T > capacity:
                 raise CapacityError(
                     f"KV cache full: sequence {seq_id} at length {length} with {T} new tokens passes capacity {capacity}"
                 )
-        if self.block_size == 1 and n > self.free_cells():
-            raise CapacityError(f"KV cache full: {n} tokens need as many cells, {self.free_cells()} free")
-        for seq_id, T in entries:
-            if T > max_step:
-                raise InvalidArgumentError(
-                    f"sequence {seq_id} has {T} tokens in one step: must be <= max_step = {max_step}; "
-                    f"feed longer prompts in chunks (or raise max_step)"
-                )
-        if n > self.cache.max_step_tokens:
-            raise InvalidArgumentError(
-                f"a step of {n} tokens: must be <= max_step_tokens = {self.cache.max_step_tokens} (max_seqs * max_step)"
-            )
-        if self.block_size == 1:
-            return
         added = self._activate(entries)
         try:
-            self.cache.begin_step(entries)
+            step = self.cache.begin_step(entries)  # replaces a declared step no forward placed
         except KVCacheError:
-            for seq_id in added:
-                self.cache.release_sequence(seq_id)
+            self._release_empty(added)
             raise
-        self._abandon(entries[0][0])
+        # A declared step no forward placed is replaced (kvcore's begin_step ended it); the
+        # sequences it added stay active and empty: releasing them now would end this step.
+        self._declared = _Declared(ids, entries, step, added)
+        self._placed = None
+        self._forward.end()
 
     def _activate(self, entries: list[tuple[int, int]]) -> list[int]:
         added = [seq_id for seq_id, _ in entries if not self.cache.sequence(seq_id).active]
@@ -555,25 +539,19 @@ class KVCoreCellCache:
             self.cache.add_sequence(seq_id)
         return added
 
-    def _begin_kvcore(self, entries: list[tuple[int, int]]) -> Any:
-        """Begin the kvcore step and perform its block copies (copy-on-write of shared, partly filled blocks)
-        before any layer writes its rows."""
-        step = self.cache.begin_step(entries)
-        plan = step.plan()
-        for g, group in enumerate(plan.groups):
-            self.storage.copy_blocks(g, group.copies)
-        return step
-
-    def _abandon(self, seq_id: int) -> None:
-        # A removal at or past a sequence's end changes nothing but ends the begun step,
-        # returning the blocks it took.
-        self.cache.remove(seq_id, self.cache.length(seq_id))
+    def _release_empty(self, seq_ids: list[int]) -> None:
+        """Release the sequences a step made active that still hold nothing (the step did not commit)."""
+        for seq_id in seq_ids:
+            info = self.cache.sequence(seq_id)
+            if info.active and info.length == 0:
+                self.cache.release_sequence(seq_id)
 
     def seq_cp(self, src_id: int, dst_id: int, upto: Optional[int] = None) -> None:
         """``dst_id`` inherits ``src_id``'s positions below ``upto`` (None: all), sharing rows, copying no K/V.
 
         ``RuntimeError`` when ``dst_id`` still sees positions of its own (kvcore forks into an
         empty sequence), or when a ring layer of ``src_id`` released what ``dst_id`` would need.
+        A refused ``seq_cp`` changes nothing.
         """
         self._check_seq_id(src_id)
         self._check_seq_id(dst_id)
@@ -583,8 +561,15 @@ class KVCoreCellCache:
             return  # nothing to share (the reference's no-op)
         n = src.length if upto is None else max(0, min(int(upto), src.length))
         dst = self.cache.sequence(dst_id)
-        if dst.active and dst.visible_positions == 0:
-            self.cache.release_sequence(dst_id)  # it sees nothing: forking into it is the reference's merge
+        if dst.active and dst.length > 0 and dst.visible_positions == 0:
+            # It sees nothing: forking into it is the reference's merge. kvcore forks into an
+            # empty sequence, so dst goes first, but only once the fork cannot be refused.
+            if not self.cache.can_rewind(src_id, n):
+                raise InvalidStateError(
+                    f"seq_cp({src_id}, {dst_id}, upto = {n}): a ring layer of sequence {src_id} no longer holds "
+                    f"what a query at {n} needs (kvcore's rewind rule); nothing changed"
+                )
+            self.cache.release_sequence(dst_id)
         self.cache.fork(src_id, dst_id, n)
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: Optional[int] = None) -> None:
@@ -607,7 +592,8 @@ class KVCoreCellCache:
         self.cache.clear()
         self._declared = None
         self._placed = None
-        self._served.clear()
+        self._added = []
+        self._forward.end()  # clear ended a begun step
         if not self._static:
             self.storage.release()
 
@@ -618,13 +604,15 @@ class KVCoreCellCache:
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Write this step's K/V of ``layer_id`` at its rows, return the group's live rows and the spec.
 
-        The first layer served places the step (kvcore's plan, then commit: the tokens join
-        their sequences, as the reference claims cells there); the others reuse the placement.
-        History: rows ``[0, used_blocks * block_size)`` of the layer's group pool, ``[1, H, rows,
-        dim]`` views; the spec's mask (one object per group and step) is ``[n_tokens, rows]``.
+        The first layer served places the step (kvcore's plan) and, once its K/V are checked
+        and written, commits it: the tokens join their sequences, as the reference claims
+        cells there; the others reuse the placement. History: rows ``[0, used_blocks *
+        block_size)`` of the layer's group pool, ``[1, H, rows, dim]`` views; the spec's mask
+        (one object per group and step) is ``[n_tokens, rows]``.
 
         Errors (kvcore's exceptions subclass the builtins named). The first layer's placement
-        uses up the declaration, so after a failure there ``begin_step`` must come again:
+        uses up the declaration, so after a failure there ``begin_step`` must come again; a
+        failure there changes nothing (kvcore aborts the step):
 
         - ``ValueError`` (``kvcore.InvalidArgumentError``): ``layer_id`` outside ``[0, n_layers)``;
           the forward carries another number of tokens than ``begin_step`` declared; a
@@ -636,33 +624,82 @@ class KVCoreCellCache:
         - ``NotImplementedError``: ``position`` not ``[n_tokens, 1]`` (one position per token).
         """
         _check_layer(layer_id, self._n_layers)
-        if layer_id in self._served:
+        if self._forward.is_served(layer_id):
             raise InvalidStateError(
                 f"layer {layer_id} served twice for one step: begin_step must precede every forward"
             )
         placed = self._placed
         if placed is None:
             placed = self._placed = self._place(position)
-        self._served.add(layer_id)
         g = self._group_of[layer_id]
-        keys, values = self.storage.write_read(layer_id, placed.slots[g], k, v, placed.rows[g])
-        return keys, values, placed.specs[g]
+
+        def write() -> tuple[torch.Tensor, torch.Tensor, Any]:
+            keys, values = self.storage.write_read(layer_id, placed.slots[g], k, v, placed.rows[g])
+            return keys, values, placed.specs[g]
+
+        committed = self._forward.committed
+        try:
+            out = self._forward.serve(layer_id, write)  # the first layer served commits
+        except BaseException:
+            if not committed:  # aborted: the sequences the step made active go again
+                self._placed = None
+                self._release_empty(self._added)
+            raise
+        self._added = []
+        return out
 
     def _place(self, position: torch.Tensor) -> _Placed:
+        """Lay the declared step out on the forward's token order and perform its block copies;
+        the forward's step from then on. Any error aborts the step (nothing changes)."""
         declared = self._declared
         if declared is None:
             raise InvalidStateError("no step declared: begin_step must precede every forward")
         self._declared = None  # one declaration, one attempt at placing it
+        try:
+            placed, step = self._lay_out(declared, position)
+        except BaseException:
+            if declared.step.is_current:
+                declared.step.abort()
+            self._release_empty(declared.added)
+            raise
+        self._added = declared.added
+        self._forward.begin(lambda: step)
+        return placed
+
+    def _lay_out(self, declared: _Declared, position: torch.Tensor) -> tuple[_Placed, BatchStep]:
         if position.dim() != 2 or int(position.shape[-1]) != 1:
             raise NotImplementedError(
                 f"cell placement needs one position per token ([n_tokens, 1]), got {tuple(position.shape)}"
             )
-        positions = position.reshape(-1).tolist()
+        order = self._token_order(declared, position.reshape(-1).tolist())
+        step = declared.step
+        if not step.is_current:  # a verb since begin_step ended it (and may have released a sequence)
+            declared.added += self._activate(declared.entries)
+            step = self.cache.begin_step(declared.entries)
+        plan = step.plan()
+        for g, group in enumerate(plan.groups):  # copy-on-write of shared, partly filled blocks, before any write
+            self.storage.copy_blocks(g, group.copies)
+        identity = order == list(range(len(order)))
+        index = None if identity else torch.tensor(order, dtype=torch.long)
+        slots, rows, specs = [], [], []
+        for g, group in enumerate(plan.groups):
+            s = torch.from_numpy(group.slots.astype(np.int64))
+            mask_np = plan.mask(g)  # over rows [0, used_blocks * block_size): every live row
+            mask = torch.from_numpy(mask_np)
+            if index is not None:
+                s, mask = s[index], mask[index]
+            slots.append(s)
+            rows.append(int(mask_np.shape[1]))
+            specs.append(_cell_spec(mask_np, mask, identity))
+        return _Placed(slots, rows, specs), step
+
+    def _token_order(self, declared: _Declared, positions: list[int]) -> list[int]:
+        """Where each of the forward's tokens sits in kvcore's layout (sequence after sequence,
+        entry order). ValueError unless each sequence's tokens are at its length onwards, each once."""
         if len(positions) != len(declared.seq_ids):
             raise InvalidArgumentError(
                 f"begin_step declared {len(declared.seq_ids)} tokens, the forward carries {len(positions)}"
             )
-        # kvcore lays tokens out sequence after sequence (entry order); map the forward's order onto it.
         start: dict[int, tuple[int, int, int]] = {}  # seq -> (first token in kvcore's order, length, T)
         at = 0
         for seq_id, T in declared.entries:
@@ -681,23 +718,7 @@ class KVCoreCellCache:
                 )
             taken[first + j] = True
             order[t] = first + j
-        self._activate(declared.entries)  # a verb since begin_step may have released one
-        step = self._begin_kvcore(declared.entries)
-        plan = step.plan()
-        identity = order == list(range(len(order)))
-        index = None if identity else torch.tensor(order, dtype=torch.long)
-        slots, rows, specs = [], [], []
-        for g, group in enumerate(plan.groups):
-            s = torch.from_numpy(group.slots.astype(np.int64))
-            mask_np = plan.mask(g)  # over rows [0, used_blocks * block_size): every live row
-            mask = torch.from_numpy(mask_np)
-            if index is not None:
-                s, mask = s[index], mask[index]
-            slots.append(s)
-            rows.append(int(mask_np.shape[1]))
-            specs.append(_cell_spec(mask_np, mask, identity))
-        step.commit()
-        return _Placed(slots, rows, specs)
+        return order
 
     def _check_seq_id(self, seq_id: int) -> None:
         if not 0 <= seq_id < self.max_seqs:

@@ -5,17 +5,21 @@ whose layers are ``full_attention`` or ``sliding_attention`` (Gemma 2 / Gemma 3
 style, mixed freely). One ``kvcore.SequenceCache`` keeps one logical length for
 the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
 (``kvcore.integrations.torch_pool``). A sliding layer holds exactly
-``window + max_step - 1`` rows (plus its sinks), and the cache can rewind up to
-``max_step`` tokens even after the window wrapped, which transformers' own
+``window + max_step - 1`` rows (plus its sinks), and the cache can rewind to
+``max_step`` tokens below the longest length it reached even after the window
+wrapped, which transformers' own
 sliding layers refuse unless they keep the whole history.
 
 How a forward maps onto kvcore: a forward of ``T`` tokens is one kvcore step.
 It is begun by ``attention_masks`` or by the update of layer 0 (which replaces
 a step an interrupted forward left unfinished, unless it is the very step it
-needs); ``get_mask_sizes`` begins nothing (it previews the step's plan). Every layer must then follow in order with the same ``T``,
-and the update of the last layer commits it. So the length
-(``get_seq_length``) changes only when a whole forward succeeded, and a forward
-may carry at most ``max_step`` tokens: feed longer prompts with
+needs); ``get_mask_sizes`` begins nothing (it previews the step's plan). Every
+layer must then follow in order with the same ``T``; each layer's K/V are
+checked before its rows are written, and the update of the last layer commits
+the step. An error in a layer's update aborts the step (kvcore's ``abort``), so
+the cache is as before the forward (``kvcore.integrations.forward_step``). So the
+length (``get_seq_length``) changes only when a whole forward succeeded, and a
+forward may carry at most ``max_step`` tokens: feed longer prompts with
 ``generate(..., prefill_chunk_size=cache.max_step)`` or with ``prefill`` below.
 
 Masks come from the step's plan: ``get_mask_sizes`` reports the plan's read
@@ -58,6 +62,7 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
 
 from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
+from kvcore.integrations.forward_step import ForwardStep
 from kvcore.integrations.torch_pool import LayerPool, StepLayout, TorchKVPool
 
 TESTED_TRANSFORMERS = "5.24.0"
@@ -193,7 +198,7 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
     """
 
     is_compileable = False
-    is_croppable = True  # within kvcore's rewind rule: up to max_step tokens once a window wrapped
+    is_croppable = True  # within kvcore's rewind rule: n >= Lmax - max_step once a window wrapped
 
     def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
         self._owner = owner
@@ -319,10 +324,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         super().__init__(layers=list(self.kv_layers))
         self._n_layers = len(layer_types)
         self._policy_of = self.pool.policy_of
-        self._step: Optional[Step] = None
+        # The forward under way: layer 0 begins its step, the last layer commits it, an error
+        # while a layer is served aborts it (kvcore.integrations.forward_step).
+        self._forward: ForwardStep[Step] = ForwardStep(self._n_layers, commit_after=self._n_layers)
         self._T = 0  # the begun step's T
         self._layouts: list[StepLayout] = []
-        self._next_layer = 0
         # Where the last unfinished forward stopped (a layer index), to tell a retry from
         # a model running fewer layers than the cache was built for.
         self._stopped_at: Optional[int] = None
@@ -374,17 +380,17 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         it. Plans are pure, so a step an interrupted forward left at the same (length, T)
         is the same step: it is kept.
         """
-        step = self._step
+        step = self._forward.step
         # is_current implies step.position == length: the length changes only by commit,
         # rewind or clear, and each of them ends the begun step.
         if step is not None and step.T == T and step.is_current:
-            return step
+            same: Step = step
+            return self._forward.begin(lambda: same)  # the same step, from layer 0 again
         self._check_forward_size(T)
         # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
-        step = self.sequence.begin_step(T)
-        self._step, self._T = step, T
+        step = self._forward.begin(lambda: self.sequence.begin_step(T))
+        self._T = T
         self._layouts = self.pool.plan_step(step)
-        self._next_layer = 0
         return step
 
     def _check_forward_size(self, T: int) -> None:
@@ -402,30 +408,26 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         the last layer commits it)."""
         if layer_idx == 0:
             # Checked before _begin: beginning a step moves kvcore's rewind floors, so bad
-            # input must be refused before it (later layers are checked by write_read, and
-            # an error there leaves the interrupted forward's step to be retried).
+            # input must be refused before it. A later layer's input is checked by write_read
+            # before it writes; an error there aborts the step (the forward changed nothing).
             T = self.pool.check_input(0, key_states, value_states, position=self.sequence.length)
             self._check_previous_forward(T)
             self._begin(T)
-            self._next_layer = 0
         else:
             T = int(key_states.shape[-2])
-        step = self._step
-        if step is None or layer_idx != self._next_layer:
+        forward = self._forward
+        if forward.step is None or layer_idx != forward.served:
             raise InvalidStateError(
                 f"update of layer {layer_idx}: a forward updates layers 0..{self._n_layers - 1} in order, "
-                f"and layer {self._next_layer if step is not None else 0} is next"
+                f"and layer {forward.served} is next"
             )
         if T != self._T:
             raise InvalidStateError(
                 f"update of layer {layer_idx} with T = {T} tokens, but this forward's step has T = {self._T}"
             )
-        out = self.pool.write_read(layer_idx, self._layouts[self._policy_of[layer_idx]], key_states, value_states)
-        self._next_layer = layer_idx + 1
-        if self._next_layer == self._n_layers:
-            step.commit()
-            self._step = None
-            self._next_layer = 0
+        layout = self._layouts[self._policy_of[layer_idx]]
+        out = forward.serve(layer_idx, lambda: self.pool.write_read(layer_idx, layout, key_states, value_states))
+        if forward.step is None:  # the last layer committed the step
             self._stopped_at = None
         return out
 
@@ -437,8 +439,8 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         config mismatch that would otherwise commit nothing and give wrong tokens. A
         different T, or a second forward stopping at the same layer, is not a retry.
         """
-        stopped = self._next_layer
-        if self._step is None or not 0 < stopped < self._n_layers:
+        stopped = self._forward.served
+        if self._forward.step is None or not 0 < stopped < self._n_layers:
             return
         if T == self._T and self._stopped_at != stopped:
             self._stopped_at = stopped  # a retry; stopping here again would not be one
@@ -452,12 +454,10 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         )
 
     def discard_forward(self) -> None:
-        """Drop the step a forward left unfinished (it raised part-way): nothing it wrote is kept,
-        the length is unchanged, and the next forward may have any size."""
-        if self._step is not None:
-            self.sequence.rewind(self.sequence.length)  # ends the begun step; always allowed
-        self._step = None
-        self._next_layer = 0
+        """Drop the step a forward left unfinished (the model raised between layers): kvcore
+        aborts it, nothing it wrote is kept, the length is unchanged, and the next forward
+        may have any size. (An error inside a layer's update aborts the step by itself.)"""
+        self._forward.abort()
         self._stopped_at = None
 
     # --- length changes ----------------------------------------------------------------
@@ -465,8 +465,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     def rewind(self, length: int) -> None:
         """Set the length to ``length`` (kvcore's rewind: refused with InvalidStateError into evicted history)."""
         self.sequence.rewind(length)
-        self._step = None
-        self._next_layer = 0
+        self._forward.end()  # rewind ended the begun step
         self._stopped_at = None
 
     def can_rewind(self, length: int) -> bool:
@@ -484,8 +483,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     def reset(self) -> None:
         """Length 0; the tensors stay allocated for the next sequence."""
         self.sequence.clear()
-        self._step = None
-        self._next_layer = 0
+        self._forward.end()  # clear ended the begun step
         self._stopped_at = None
 
     # --- masks for sinks -------------------------------------------------------------

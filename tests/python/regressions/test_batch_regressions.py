@@ -5,7 +5,7 @@ the shortest call sequence that showed it.
    shares gets a private block and a copy (src, dst) the backend makes before
    writing. When that step was abandoned (replaced by a retry, or ended by a
    rewind or any other verb) the sequence kept the private block, but nothing
-   says the backend ever made the copy (DESIGN section 2: the backend *may*
+   says the backend ever made the copy (docs/design.md section 2: the backend *may*
    write any time after begin_step; a retry replaces an uncommitted step): the
    retry's plan had no copy, and the sequence read garbage for the positions it
    had shared. And when both holders of the shared block were in the step, the

@@ -1,12 +1,15 @@
 // The two faces of a many-sequence cache, reachable from CacheBase without
-// RTTI (as_batch_control / as_batch_planner): the runner drives sequences
-// (BatchControl), the backend asks where bytes go (BatchPlanner). DESIGN.md
+// RTTI: the runner drives sequences (BatchControl), the backend asks where
+// bytes go (BatchPlanner). CacheBase looks faces up by FaceId; this header
+// types the batch ids by specializing FaceType (as_batch_control(),
+// as_batch_planner()), so the core names no batch type. docs/design.md
 // section 6 is the contract. Sequence ids are 0 .. max_seqs() - 1.
 #pragma once
 
 #include <cstdint>
 
 #include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
 
@@ -61,14 +64,16 @@ class BatchControl {
   /// rewind rule).
   virtual Status fork(int src, int dst, int upto) noexcept = 0;
   /// Positions [p0, min(p1, length)) leave the sequence's history, never to be
-  /// seen by it again (llama.cpp's seq_rm). p1 >= length is a truncation:
-  /// rewind(seq, p0), with its rule (always allowed for p0 = 0). A block returns
+  /// seen by it again (llama.cpp's seq_rm). p0 < length <= p1 is a truncation:
+  /// rewind(seq, p0), with its rule (always allowed for p0 = 0); p0 >= length
+  /// (or p0 == p1) names no held position: a successful no-op, as seq_rm's
+  /// (rewind refuses p0 > length). A block returns
   /// to its pool once no sequence holds a position in it. InvalidArgument: seq
   /// out of range, p0 < 0 or p1 < p0. InvalidState: seq not active, or the
   /// truncation breaks the rewind rule. OutOfResources: a middle range beyond
   /// BatchLimits::max_holes separate ones.
   virtual Status remove(int seq, int p0, int p1) noexcept = 0;
-  /// length(seq) = n, DESIGN.md section 2's rule per sequence: every ring group
+  /// length(seq) = n, docs/design.md section 2's rule per sequence: every ring group
   /// must still hold what a query at n needs below n (up to max_step tokens
   /// back always work; n <= sinks too). Ends a begun step. InvalidArgument: seq
   /// out of range, n outside [0, length]. InvalidState: seq not active, or
@@ -162,5 +167,12 @@ class BatchPlanner {
  protected:
   ~BatchPlanner() = default;
 };
+
+/// The batch faces' types for CacheBase's face lookup (as_batch_control(),
+/// as_batch_planner(), as_face<FaceId::batch_control>()).
+template <>
+struct FaceType<FaceId::batch_control> : FaceTypeIs<BatchControl> {};
+template <>
+struct FaceType<FaceId::batch_planner> : FaceTypeIs<BatchPlanner> {};
 
 }  // namespace kvcore

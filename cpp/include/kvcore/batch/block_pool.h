@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <utility>
 
 #include "kvcore/core/result.h"
 
@@ -59,28 +60,38 @@ class BlockPool {
   BlockPool() = default;
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
+  BlockPool(BlockPool&&) noexcept = default;
+  BlockPool& operator=(BlockPool&&) noexcept = default;
 
   /// Allocates the tables for `n_blocks` blocks, all free. Precondition:
   /// 1 <= n_blocks <= 2^30 (the key table has a power of two >= 2 n_blocks
   /// slots, indexed by int). MemoryAllocationFailed (naming `what`): a table
-  /// cannot be allocated.
+  /// cannot be allocated; the pool is left as it was (nothing is assigned
+  /// before every table is allocated).
   Status create(int n_blocks, const char* what) noexcept {
-    n_blocks_ = n_blocks;
-    refs_.reset(new (std::nothrow) int[n_blocks]());
-    heap_.reset(new (std::nothrow) int[n_blocks]);
+    std::unique_ptr<int[]> refs(new (std::nothrow) int[n_blocks]());
+    std::unique_ptr<int[]> heap(new (std::nothrow) int[n_blocks]);
     // One more slot each: index n_blocks is the LRU list's sentinel.
-    next_.reset(new (std::nothrow) int[n_blocks + 1]);
-    prev_.reset(new (std::nothrow) int[n_blocks + 1]);
-    keys_.reset(new (std::nothrow) BlockKey[n_blocks]);
-    keyed_.reset(new (std::nothrow) bool[n_blocks]());
-    std::int64_t slots = 2;
-    while (slots < 2 * static_cast<std::int64_t>(n_blocks)) slots *= 2;
-    slots_.reset(new (std::nothrow) int[slots]);
-    KVCORE_CHECK_OR_RETURN_ERROR(refs_ && heap_ && next_ && prev_ && keys_ && keyed_ && slots_,
+    std::unique_ptr<int[]> next(new (std::nothrow) int[n_blocks + 1]);
+    std::unique_ptr<int[]> prev(new (std::nothrow) int[n_blocks + 1]);
+    std::unique_ptr<BlockKey[]> keys(new (std::nothrow) BlockKey[n_blocks]);
+    std::unique_ptr<bool[]> keyed(new (std::nothrow) bool[n_blocks]());
+    std::int64_t n_slots = 2;
+    while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
+    std::unique_ptr<int[]> slots(new (std::nothrow) int[n_slots]);
+    KVCORE_CHECK_OR_RETURN_ERROR(refs && heap && next && prev && keys && keyed && slots,
                                  MemoryAllocationFailed,
                                  "cannot allocate the block tables of %s (%d blocks)", what,
                                  n_blocks);
-    slot_mask_ = static_cast<int>(slots - 1);
+    n_blocks_ = n_blocks;
+    refs_ = std::move(refs);
+    heap_ = std::move(heap);
+    next_ = std::move(next);
+    prev_ = std::move(prev);
+    keys_ = std::move(keys);
+    keyed_ = std::move(keyed);
+    slots_ = std::move(slots);
+    slot_mask_ = static_cast<int>(n_slots - 1);
     reset();
     return Error::Ok;
   }

@@ -1,6 +1,7 @@
-// The two faces of a cache, reachable from CacheBase without RTTI:
-// the runner drives the sequence (SequenceControl), the backend asks where
-// bytes go (SequencePlanner).
+// The faces of a cache, reachable from CacheBase without RTTI: the runner
+// drives the sequence (SequenceControl), the backend asks where bytes go
+// (SequencePlanner). Faces of higher layers (the batch faces) are looked up by
+// a FaceId and typed by that layer: this header names no higher layer.
 #pragma once
 
 #include "kvcore/core/config.h"
@@ -77,23 +78,64 @@ class SequencePlanner {
   ~SequencePlanner() = default;
 };
 
-// The faces of a many-sequence cache (kvcore/batch/batch_faces.h).
-class BatchControl;
-class BatchPlanner;
+/// The faces a cache may show, by id. The core knows each face only by this
+/// number: a face's type is declared in its own layer, which specializes
+/// FaceType for its ids (the batch faces: kvcore/batch/batch_faces.h), so this
+/// layer names no higher one.
+enum class FaceId : int {
+  sequence_control = 0,  ///< SequenceControl (this header)
+  sequence_planner = 1,  ///< SequencePlanner (this header)
+  batch_control = 2,     ///< BatchControl (kvcore/batch/batch_faces.h)
+  batch_planner = 3,     ///< BatchPlanner (kvcore/batch/batch_faces.h)
+};
 
-/// What registries hold. Each face is a static upcast (no dynamic_cast); a cache
-/// without a face returns nullptr for it.
+/// The type of face `Id`: `type` is declared by a specialization beside the
+/// face's declaration. A lookup of a face whose header is not included does
+/// not compile.
+template <FaceId Id>
+struct FaceType;
+/// What a FaceType specialization derives from: `type` is T.
+template <class T>
+struct FaceTypeIs {
+  using type = T;
+};
+template <>
+struct FaceType<FaceId::sequence_control> : FaceTypeIs<SequenceControl> {};
+template <>
+struct FaceType<FaceId::sequence_planner> : FaceTypeIs<SequencePlanner> {};
+
+/// What registries hold. A cache answers face(id) with a pointer to itself as
+/// that face (a static upcast, no dynamic_cast), or nullptr when it has no such
+/// face; the typed accessors below cast that answer back.
 class CacheBase {
  public:
   virtual ~CacheBase() = default;
+  /// This cache as face `id` (a pointer to FaceType<id>::type, as void*), or
+  /// nullptr: the default has no face.
+  virtual void* face(FaceId id) noexcept {
+    (void)id;
+    return nullptr;
+  }
+  /// Face `Id`, typed; nullptr when the cache has none.
+  template <FaceId Id>
+  typename FaceType<Id>::type* as_face() noexcept {
+    return static_cast<typename FaceType<Id>::type*>(face(Id));
+  }
   /// Runner face of a one-sequence cache (SequenceCache).
-  virtual SequenceControl* as_control() noexcept { return nullptr; }
+  SequenceControl* as_control() noexcept { return as_face<FaceId::sequence_control>(); }
   /// Backend face of a one-sequence cache.
-  virtual SequencePlanner* as_planner() noexcept { return nullptr; }
-  /// Runner face of a many-sequence cache (BatchCache).
-  virtual BatchControl* as_batch_control() noexcept { return nullptr; }
-  /// Backend face of a many-sequence cache.
-  virtual BatchPlanner* as_batch_planner() noexcept { return nullptr; }
+  SequencePlanner* as_planner() noexcept { return as_face<FaceId::sequence_planner>(); }
+  /// Runner face of a many-sequence cache (BatchCache): BatchControl, declared
+  /// in kvcore/batch/batch_faces.h, which a caller of this accessor includes.
+  template <FaceId Id = FaceId::batch_control>
+  typename FaceType<Id>::type* as_batch_control() noexcept {
+    return as_face<Id>();
+  }
+  /// Backend face of a many-sequence cache: BatchPlanner (batch_faces.h).
+  template <FaceId Id = FaceId::batch_planner>
+  typename FaceType<Id>::type* as_batch_planner() noexcept {
+    return as_face<Id>();
+  }
 };
 
 }  // namespace kvcore

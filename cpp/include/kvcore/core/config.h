@@ -31,7 +31,7 @@ struct LayerPolicy {
     const std::int64_t lo = static_cast<std::int64_t>(q) - window + 1;  // 64-bit: no underflow
     return lo > 0 ? static_cast<int>(lo) : 0;
   }
-  /// DESIGN section 2's rule: may a query at q see the key at k (q, k >= 0)?
+  /// docs/design.md section 2's rule: may a query at q see the key at k (q, k >= 0)?
   /// k <= q, and k is a sink or in the window.
   bool sees(int q, int k) const noexcept { return k <= q && (k < sinks || k >= window_begin(q)); }
   friend bool operator==(const LayerPolicy& a, const LayerPolicy& b) noexcept {
@@ -102,7 +102,7 @@ struct CacheConfig {
   }
 };
 
-/// Checks every rule of DESIGN.md section 2. Returns InvalidArgument with a
+/// Checks every rule of docs/design.md section 2. Returns InvalidArgument with a
 /// message naming the field, its value and the rule; Ok when the config is usable.
 inline Status validate(const CacheConfig& cfg) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(cfg.capacity >= 1, InvalidArgument,

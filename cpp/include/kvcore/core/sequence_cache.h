@@ -53,8 +53,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
   // CacheBase.
-  SequenceControl* as_control() noexcept override { return this; }
-  SequencePlanner* as_planner() noexcept override { return this; }
+  void* face(FaceId id) noexcept override {
+    if (id == FaceId::sequence_control) return static_cast<SequenceControl*>(this);
+    if (id == FaceId::sequence_planner) return static_cast<SequencePlanner*>(this);
+    return nullptr;
+  }
 
   // SequenceControl.
   int length() const noexcept override { return length_; }

@@ -21,9 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
@@ -33,6 +31,7 @@
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/pool_bytes.h"
+#include "kvcore/pool/pool_storage.h"
 
 namespace kvcore {
 
@@ -76,22 +75,10 @@ enum class RingStorage : int {
   Mirrored = 1,
 };
 
-/// Shape and storage of one layer.
-struct PoolLayer {
-  /// n_kv_heads * head_dim * element size.
-  std::size_t k_row_bytes = 0;
-  /// n_kv_heads * value_dim * element size.
-  std::size_t v_row_bytes = 0;
-  /// rows(layer): the most rows the layer ever holds (geometry.rows).
-  int rows = 0;
+/// Shape and storage of one layer (rows: geometry.rows, rows(layer)).
+struct PoolLayer : LayerStorage {
   /// How positions map onto rows, as the planner reported it.
   LayerGeometry geometry;
-  /// Rows backed by storage now (always `rows` in arena mode).
-  int allocated_rows = 0;
-  /// The layer's K and V storage: storage_rows() rows of k_row_bytes and
-  /// v_row_bytes, row r at k + r * k_row_bytes. Moves when the layer grows.
-  unsigned char* k = nullptr;
-  unsigned char* v = nullptr;
   /// First ring row (geometry.sink_rows).
   int ring_start = 0;
   /// Mirrored ring layers: rows [rows, rows + mirror_rows) repeat rows
@@ -104,7 +91,43 @@ struct PoolLayer {
   }
 };
 
-class KVPool : private PoolBytes {
+/// What PoolStorage needs to know of KVPool's layers (see pool_storage.h).
+struct KVPoolTraits {
+  using Layer = PoolLayer;
+  static constexpr PoolNames kNames{"pool", "layer", "arena", ""};
+
+  /// A layer count whose table does not fit.
+  static Status bad_table(int n_layers) noexcept {
+    return Status::make(Error::InvalidArgument,
+                        "n_layers = %d: the layer table overflows the address space", n_layers);
+  }
+
+  /// Copies the rows of `run` that lie in a full mirrored layer's repeated
+  /// range into the mirror (from the pool rows just written, never from the input).
+  static void mirror_run(const PoolLayer& layer, const Run& run) noexcept {
+    if (layer.mirror_rows == 0 || layer.allocated_rows != layer.rows) return;
+    const int mirror_end = layer.ring_start + layer.mirror_rows;
+    const int lo = run.row > layer.ring_start ? run.row : layer.ring_start;
+    const int hi = run.row + run.len < mirror_end ? run.row + run.len : mirror_end;
+    if (lo >= hi) return;
+    const std::size_t from = static_cast<std::size_t>(lo);
+    const std::size_t to =
+        static_cast<std::size_t>(layer.rows) + static_cast<std::size_t>(lo - layer.ring_start);
+    const std::size_t n = static_cast<std::size_t>(hi - lo);
+    std::memcpy(layer.k + layer.k_row_bytes * to, layer.k + layer.k_row_bytes * from,
+                layer.k_row_bytes * n);
+    std::memcpy(layer.v + layer.v_row_bytes * to, layer.v + layer.v_row_bytes * from,
+                layer.v_row_bytes * n);
+  }
+
+  /// After a growth: a mirrored layer that reached its full rows starts its
+  /// mirror equal to the ring rows it repeats.
+  static void grown(PoolLayer& layer) noexcept {
+    mirror_run(layer, Run{layer.ring_start, layer.mirror_rows, 0});
+  }
+};
+
+class KVPool : public PoolStorage<KVPoolTraits> {
  public:
   /// Every K and V block of an arena starts on this boundary.
   static constexpr std::size_t kArenaAlignment = PoolBytes::kArenaAlignment;
@@ -120,27 +143,10 @@ class KVPool : private PoolBytes {
                                RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
-    KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
-                                 InvalidArgument,
-                                 "allocator: both allocate and release must be set");
-    const int n_layers = planner.n_layers();
+    KVCORE_RETURN_IF_ERROR(check_allocator(allocator));
     KVPool pool(dtype, allocator);
-    void* table = std::calloc(static_cast<std::size_t>(n_layers), sizeof(PoolLayer));
-    KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
-                                 "cannot allocate the layer table of %d layers", n_layers);
-    pool.layers_ = static_cast<PoolLayer*>(table);
-    pool.n_layers_ = n_layers;
-    for (int l = 0; l < n_layers; ++l) new (&pool.layers_[l]) PoolLayer();
-    // On any failure below, ~KVPool releases what was allocated so far.
-    for (int l = 0; l < n_layers; ++l) {
-      PoolLayer& layer = pool.layers_[l];
-      KVCORE_ASSIGN_OR_RETURN(const LayerConfig config, planner.layer_config(l));
-      KVCORE_ASSIGN_OR_RETURN(const LayerGeometry geometry, planner.geometry(l));
-      KVCORE_RETURN_IF_ERROR(shape_layer(l, config, geometry, dtype, ring_storage, &layer));
-      const int initial = planner.initial_capacity() < layer.rows ? planner.initial_capacity()
-                                                                  : layer.rows;
-      KVCORE_RETURN_IF_ERROR(pool.grow(l, initial));
-    }
+    KVCORE_RETURN_IF_ERROR(pool.build(planner.n_layers(), planner.initial_capacity(),
+                                      PlannerShape{planner, dtype, ring_storage}));
     return pool;
   }
 
@@ -154,9 +160,10 @@ class KVPool : private PoolBytes {
     KVCORE_RETURN_IF_ERROR(validate(config));
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
-    return arena_bytes(config.n_layers, dtype, ring_storage, [&config](int l) {
-      return Shape{config.layer(l), LayerGeometry::of(config.layer(l).policy,
-                                                      config.effective_max_step(), config.capacity)};
+    return arena_bytes(config.n_layers, [&](int l, PoolLayer* out) {
+      const LayerGeometry geometry = LayerGeometry::of(
+          config.layer(l).policy, config.effective_max_step(), config.capacity);
+      return shape_layer(l, config.layer(l), geometry, dtype, ring_storage, out);
     });
   }
 
@@ -170,76 +177,10 @@ class KVPool : private PoolBytes {
                                  RingStorage ring_storage = RingStorage::Compact) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
-    KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
-    const int n_layers = planner.n_layers();
-    auto shape_of = [&planner](int l) {
-      return Shape{planner.layer_config(l).get(), planner.geometry(l).get()};
-    };
-    KVCORE_ASSIGN_OR_RETURN(const std::size_t needed,
-                            arena_bytes(n_layers, dtype, ring_storage, shape_of));
-    KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
-                                 "arena of %zu bytes: the pool needs %zu (required_bytes)",
-                                 arena_bytes_given, needed);
     KVPool pool(dtype, PoolAllocator{});
-    pool.arena_ = true;
-    unsigned char* at = align_up(static_cast<unsigned char*>(arena));
-    pool.layers_ = reinterpret_cast<PoolLayer*>(at);
-    pool.n_layers_ = n_layers;
-    at += round_up(static_cast<std::uint64_t>(n_layers) * sizeof(PoolLayer));
-    for (int l = 0; l < n_layers; ++l) {
-      PoolLayer* layer = new (&pool.layers_[l]) PoolLayer();
-      const Shape shape = shape_of(l);
-      // Cannot fail: arena_bytes() already checked every layer's shape.
-      KVCORE_RETURN_IF_ERROR(shape_layer(l, shape.config, shape.geometry, dtype, ring_storage, layer));
-      layer->allocated_rows = layer->rows;
-      const std::size_t storage = static_cast<std::size_t>(layer->storage_rows());
-      const std::size_t k_bytes = layer->k_row_bytes * storage;
-      const std::size_t v_bytes = layer->v_row_bytes * storage;
-      layer->k = at;
-      at += round_up(k_bytes);
-      layer->v = at;
-      at += round_up(v_bytes);
-      std::memset(layer->k, 0, k_bytes);
-      std::memset(layer->v, 0, v_bytes);
-    }
+    KVCORE_RETURN_IF_ERROR(pool.carve(arena, arena_bytes_given, planner.n_layers(),
+                                      PlannerShape{planner, dtype, ring_storage}));
     return pool;
-  }
-
-  KVPool(KVPool&& other) noexcept
-      : dtype_(other.dtype_),
-        allocator_(other.allocator_),
-        layers_(other.layers_),
-        n_layers_(other.n_layers_),
-        arena_(other.arena_) {
-    other.layers_ = nullptr;
-    other.n_layers_ = 0;
-  }
-  KVPool(const KVPool&) = delete;
-  KVPool& operator=(const KVPool&) = delete;
-  KVPool& operator=(KVPool&&) = delete;
-  ~KVPool() { release_all(); }
-
-  /// The element type every row is stored in.
-  DType dtype() const noexcept { return dtype_; }
-  /// Layers: the planner's n_layers().
-  int n_layers() const noexcept { return n_layers_; }
-  /// True for a pool built by in_arena().
-  bool uses_arena() const noexcept { return arena_; }
-
-  /// Shape and storage of `layer`. InvalidArgument: layer outside [0, n_layers).
-  Result<PoolLayer> layer(int layer_index) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    return layers_[layer_index];
-  }
-
-  /// Bytes of the rows backed by storage now, K and V of every layer (mirror rows included).
-  std::size_t reserved_bytes() const noexcept {
-    std::size_t n = 0;
-    for (int l = 0; l < n_layers_; ++l) {
-      const PoolLayer& layer = layers_[l];
-      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.storage_rows());
-    }
-    return n;
   }
 
   /// Bytes of the rows that hold positions [0, length) (min(length, rows) rows
@@ -253,18 +194,6 @@ class KVPool : private PoolBytes {
       n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(held);
     }
     return n;
-  }
-
-  /// Grows `layer` now to at least `rows` rows (writes then never allocate below
-  /// it). InvalidArgument: bad layer, rows outside [0, rows(layer)].
-  /// MemoryAllocationFailed: growth failed; the pool is unchanged.
-  Status reserve(int layer_index, int rows) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const PoolLayer& layer = layers_[layer_index];
-    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= layer.rows, InvalidArgument,
-                                 "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
-                                 layer_index, rows, layer.rows);
-    return grow(layer_index, rows);
   }
 
   /// Copies the step's rows into the plan's write runs: input row j (k: k_row_bytes,
@@ -316,7 +245,7 @@ class KVPool : private PoolBytes {
                    static_cast<const unsigned char*>(v) + layer.v_row_bytes * offset, v_run);
     }
     // After every run: the input (possibly a view of this pool) is fully read.
-    for (int i = 0; i < plan.n_write; ++i) mirror_run(layer, plan.write[i]);
+    for (int i = 0; i < plan.n_write; ++i) KVPoolTraits::mirror_run(layer, plan.write[i]);
     release(replaced);
     return Error::Ok;
   }
@@ -405,6 +334,7 @@ class KVPool : private PoolBytes {
     return HeldRows{layer.k, layer.v, rows, end};
   }
 
+
  private:
   // Rows and one-past-the-last row of a checked list of runs.
   struct Extent {
@@ -412,8 +342,7 @@ class KVPool : private PoolBytes {
     int end_row = 0;
   };
 
-
-  KVPool(DType dtype, PoolAllocator allocator) noexcept : dtype_(dtype), allocator_(allocator) {}
+  KVPool(DType dtype, PoolAllocator allocator) noexcept : PoolStorage(dtype, allocator) {}
 
   static Status check_ring_storage(RingStorage storage) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(
@@ -422,75 +351,35 @@ class KVPool : private PoolBytes {
     return Error::Ok;
   }
 
+  // Shapes layer l as `planner` reports it (PoolStorage's shape_of).
+  struct PlannerShape {
+    const SequencePlanner& planner;
+    DType dtype;
+    RingStorage ring_storage;
 
-  // A layer's row shape and geometry, as the planner reports them.
-  struct Shape {
-    LayerConfig config;
-    LayerGeometry geometry;
+    Status operator()(int l, PoolLayer* out) const noexcept {
+      KVCORE_ASSIGN_OR_RETURN(const LayerConfig config, planner.layer_config(l));
+      KVCORE_ASSIGN_OR_RETURN(const LayerGeometry geometry, planner.geometry(l));
+      return shape_layer(l, config, geometry, dtype, ring_storage, out);
+    }
   };
 
   // Row sizes and mirror of layer `l`; fails when its rows (mirror included)
   // overflow the address space.
   static Status shape_layer(int l, const LayerConfig& lc, const LayerGeometry& geometry,
                             DType dtype, RingStorage ring_storage, PoolLayer* out) noexcept {
-    const std::uint64_t size = element_size(dtype);
     const int rows = geometry.rows;
-    const int ring_start = geometry.sink_rows;
     const int mirror_rows = ring_storage == RingStorage::Mirrored ? geometry.mirror_rows() : 0;
     const std::uint64_t storage =
         static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(mirror_rows);
-    std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
-    const bool fits = checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
-                                  static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
-                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
-                                  static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
-                      checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
-                      checked_mul(k_row, storage, &k_all) && checked_mul(v_row, storage, &v_all) &&
-                      checked_add(k_all, v_all, &k_all);
     KVCORE_CHECK_OR_RETURN_ERROR(
-        fits, InvalidArgument,
+        row_bytes(lc, dtype, storage, &out->k_row_bytes, &out->v_row_bytes), InvalidArgument,
         "layer %d: %d rows of %d heads x (%d + %d) dims of %s overflow the address space", l,
         rows, lc.n_kv_heads, lc.head_dim, lc.value_dim(), to_string(dtype));
-    out->k_row_bytes = static_cast<std::size_t>(k_row);
-    out->v_row_bytes = static_cast<std::size_t>(v_row);
     out->rows = rows;
     out->geometry = geometry;
-    out->ring_start = ring_start;
+    out->ring_start = geometry.sink_rows;
     out->mirror_rows = mirror_rows;
-    return Error::Ok;
-  }
-
-  // Arena bytes for the layers `shape_of(l)` describes (plus mirrors): slack to
-  // align the start, then the layer table and every K and V block, each rounded
-  // to kArenaAlignment.
-  template <typename ShapeOf>
-  static Result<std::size_t> arena_bytes(int n_layers, DType dtype, RingStorage ring_storage,
-                                         ShapeOf shape_of) noexcept {
-    std::uint64_t total = 0;
-    const bool table_fits =
-        checked_mul(static_cast<std::uint64_t>(n_layers), sizeof(PoolLayer), &total) &&
-        checked_add(round_up(total), kArenaAlignment - 1, &total);
-    KVCORE_CHECK_OR_RETURN_ERROR(table_fits, InvalidArgument,
-                                 "n_layers = %d: the layer table overflows the address space",
-                                 n_layers);
-    for (int l = 0; l < n_layers; ++l) {
-      PoolLayer layer;
-      const Shape shape = shape_of(l);
-      KVCORE_RETURN_IF_ERROR(shape_layer(l, shape.config, shape.geometry, dtype, ring_storage, &layer));
-      layer.allocated_rows = layer.rows;
-      const std::uint64_t rows = static_cast<std::uint64_t>(layer.storage_rows());
-      const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
-                        checked_add(total, round_up(layer.v_row_bytes * rows), &total);
-      KVCORE_CHECK_OR_RETURN_ERROR(fits, InvalidArgument,
-                                   "layer %d: the arena would overflow the address space", l);
-    }
-    return static_cast<std::size_t>(total);
-  }
-
-  Status check_layer(int layer_index) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_index >= 0 && layer_index < n_layers_, InvalidArgument,
-                                 "layer = %d: must be in [0, n_layers = %d)", layer_index,
-                                 n_layers_);
     return Error::Ok;
   }
 
@@ -549,90 +438,6 @@ class KVPool : private PoolBytes {
     return disjoint(dst_k, dk, in_k, sk) && disjoint(dst_k, dk, in_v, sv) && disjoint(dst_v, dv, in_k, sk) &&
            disjoint(dst_v, dv, in_v, sv);
   }
-
-  // New blocks first, then copy and release: a failure leaves the layer as it was.
-  // A layer's K and V blocks.
-  struct Blocks {
-    unsigned char* k = nullptr;
-    unsigned char* v = nullptr;
-  };
-
-  void release(const Blocks& blocks) noexcept {
-    if (blocks.k != nullptr) allocator_.release(allocator_.context, blocks.k);
-    if (blocks.v != nullptr) allocator_.release(allocator_.context, blocks.v);
-  }
-
-  // Grows `layer_index` to `rows`, keeping its data. The old blocks are
-  // released, or handed to `replaced` when the caller still reads them.
-  Status grow(int layer_index, int rows, Blocks* replaced = nullptr) noexcept {
-    PoolLayer& layer = layers_[layer_index];
-    if (rows <= layer.allocated_rows) return Error::Ok;
-    KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal,
-                                 "layer %d: an arena pool cannot grow to %d rows", layer_index,
-                                 rows);
-    // Storage reaches the mirror only when the layer reaches its full rows.
-    const std::size_t mirror =
-        rows == layer.rows ? static_cast<std::size_t>(layer.mirror_rows) : 0;
-    const std::size_t storage = static_cast<std::size_t>(rows) + mirror;
-    const std::size_t k_bytes = layer.k_row_bytes * storage;
-    const std::size_t v_bytes = layer.v_row_bytes * storage;
-    auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
-    auto* v = k == nullptr ? nullptr
-                           : static_cast<unsigned char*>(
-                                 allocator_.allocate(allocator_.context, v_bytes));
-    if (v == nullptr) {
-      if (k != nullptr) allocator_.release(allocator_.context, k);
-      return Status::make(Error::MemoryAllocationFailed,
-                          "layer %d: cannot allocate %zu bytes to grow from %d to %d rows",
-                          layer_index, k_bytes + v_bytes, layer.allocated_rows, rows);
-    }
-    const std::size_t k_old = layer.k_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
-    const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
-    if (k_old != 0) std::memcpy(k, layer.k, k_old);
-    if (v_old != 0) std::memcpy(v, layer.v, v_old);
-    std::memset(k + k_old, 0, k_bytes - k_old);
-    std::memset(v + v_old, 0, v_bytes - v_old);
-    const Blocks old{layer.k, layer.v};
-    if (replaced != nullptr) {
-      *replaced = old;
-    } else {
-      release(old);
-    }
-    layer.k = k;
-    layer.v = v;
-    layer.allocated_rows = rows;
-    if (rows == layer.rows && layer.mirror_rows > 0) {
-      const Run ring_head{layer.ring_start, layer.mirror_rows, 0};
-      mirror_run(layer, ring_head);  // the mirror starts equal to what it repeats
-    }
-    return Error::Ok;
-  }
-
-  // Copies the rows of `run` that lie in a full mirrored layer's repeated range
-  // into the mirror (from the pool rows just written, never from the input).
-  static void mirror_run(const PoolLayer& layer, const Run& run) noexcept {
-    if (layer.mirror_rows == 0 || layer.allocated_rows != layer.rows) return;
-    const int mirror_end = layer.ring_start + layer.mirror_rows;
-    const int lo = run.row > layer.ring_start ? run.row : layer.ring_start;
-    const int hi = run.row + run.len < mirror_end ? run.row + run.len : mirror_end;
-    if (lo >= hi) return;
-    const std::size_t from = static_cast<std::size_t>(lo);
-    const std::size_t to =
-        static_cast<std::size_t>(layer.rows) + static_cast<std::size_t>(lo - layer.ring_start);
-    const std::size_t n = static_cast<std::size_t>(hi - lo);
-    std::memcpy(layer.k + layer.k_row_bytes * to, layer.k + layer.k_row_bytes * from,
-                layer.k_row_bytes * n);
-    std::memcpy(layer.v + layer.v_row_bytes * to, layer.v + layer.v_row_bytes * from,
-                layer.v_row_bytes * n);
-  }
-
-  void release_all() noexcept { release_layers(layers_, n_layers_, arena_, allocator_); }
-
-  DType dtype_;
-  PoolAllocator allocator_;
-  PoolLayer* layers_ = nullptr;  // n_layers_ entries: heap (calloc) or arena
-  int n_layers_ = 0;
-  bool arena_ = false;
 };
 
 }  // namespace kvcore

@@ -30,9 +30,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "kvcore/batch/batch_faces.h"
 #include "kvcore/batch/batch_plan.h"
@@ -41,26 +39,19 @@
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/pool_bytes.h"
+#include "kvcore/pool/pool_storage.h"
 
 namespace kvcore {
 
-/// Shape and storage of one layer of a PagedKVPool.
-struct PagedLayer {
-  /// n_kv_heads * head_dim * element size.
-  std::size_t k_row_bytes = 0;
-  /// n_kv_heads * value_dim * element size.
-  std::size_t v_row_bytes = 0;
+/// Shape and storage of one layer of a PagedKVPool (rows: num_blocks(group) *
+/// block_size).
+struct PagedLayer : LayerStorage {
   /// The layer's group (its block pool) and that group's policy.
   int group = 0;
   LayerPolicy policy;
-  /// num_blocks(group) * block_size: the most rows the layer ever holds.
-  int rows = 0;
-  /// Rows backed by storage now (always `rows` in arena mode).
-  int allocated_rows = 0;
-  /// The layer's K and V storage: allocated_rows rows of k_row_bytes and
-  /// v_row_bytes, row r at k + r * k_row_bytes. Moves when the layer grows.
-  unsigned char* k = nullptr;
-  unsigned char* v = nullptr;
+
+  /// Rows the storage blocks hold now: allocated_rows.
+  std::int64_t storage_rows() const noexcept { return allocated_rows; }
 };
 
 /// A layer's live rows [0, rows) as one zero-copy span (rows = used_blocks * B):
@@ -71,7 +62,24 @@ struct PagedRows {
   int rows = 0;
 };
 
-class PagedKVPool : private PoolBytes {
+/// What PoolStorage needs to know of PagedKVPool's layers (see pool_storage.h).
+struct PagedKVPoolTraits {
+  using Layer = PagedLayer;
+  static constexpr PoolNames kNames{"paged pool", "paged layer", "paged arena", "the paged layer "};
+
+  /// A negative layer count, or one whose table does not fit.
+  static Status bad_table(int n_layers) noexcept {
+    return Status::make(Error::InvalidArgument,
+                        "n_layers = %d: the planner's layer count must be >= 0 and its table fit the "
+                        "address space",
+                        n_layers);
+  }
+
+  /// A growth needs nothing more: every row is a slot.
+  static void grown(PagedLayer&) noexcept {}
+};
+
+class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
  public:
   /// Every K and V block of an arena starts on this boundary.
   static constexpr std::size_t kArenaAlignment = PoolBytes::kArenaAlignment;
@@ -89,29 +97,11 @@ class PagedKVPool : private PoolBytes {
                                     PoolAllocator allocator = PoolAllocator::heap(),
                                     int initial_rows = kDefaultInitialRows) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
-    KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
-                                 InvalidArgument,
-                                 "allocator: both allocate and release must be set");
+    KVCORE_RETURN_IF_ERROR(check_allocator(allocator));
     KVCORE_CHECK_OR_RETURN_ERROR(initial_rows >= 0, InvalidArgument,
                                  "initial_rows = %d: must be >= 0", initial_rows);
-    const int n_layers = planner.n_layers();
-    KVCORE_CHECK_OR_RETURN_ERROR(n_layers >= 0, InvalidArgument,
-                                 "n_layers = %d: the planner's layer count must be >= 0 and its "
-                                 "table fit the address space",
-                                 n_layers);
     PagedKVPool pool(planner, dtype, allocator);
-    void* table = std::calloc(static_cast<std::size_t>(n_layers > 0 ? n_layers : 1), sizeof(PagedLayer));
-    KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
-                                 "cannot allocate the paged layer table of %d layers", n_layers);
-    pool.layers_ = static_cast<PagedLayer*>(table);
-    pool.n_layers_ = n_layers;
-    for (int l = 0; l < n_layers; ++l) new (&pool.layers_[l]) PagedLayer();
-    // On any failure below, ~PagedKVPool releases what was allocated so far.
-    for (int l = 0; l < n_layers; ++l) {
-      KVCORE_RETURN_IF_ERROR(shape_layer(planner, l, dtype, &pool.layers_[l]));
-      const int rows = pool.layers_[l].rows;
-      KVCORE_RETURN_IF_ERROR(pool.grow(l, initial_rows < rows ? initial_rows : rows));
-    }
+    KVCORE_RETURN_IF_ERROR(pool.build(planner.n_layers(), initial_rows, PlannerShape{planner, dtype}));
     return pool;
   }
 
@@ -120,7 +110,7 @@ class PagedKVPool : private PoolBytes {
   /// block_size < 1, or the total overflows the address space.
   static Result<std::size_t> required_bytes(const BatchPlanner& planner, DType dtype) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
-    return arena_bytes(planner, dtype);
+    return arena_bytes(planner.n_layers(), PlannerShape{planner, dtype});
   }
 
   /// A pool whose table and rows all live in `arena` (at least
@@ -131,75 +121,14 @@ class PagedKVPool : private PoolBytes {
   static Result<PagedKVPool> in_arena(const BatchPlanner& planner, DType dtype, void* arena,
                                       std::size_t arena_bytes_given) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
-    KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
-    KVCORE_ASSIGN_OR_RETURN(const std::size_t needed, arena_bytes(planner, dtype));
-    KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
-                                 "arena of %zu bytes: the paged pool needs %zu (required_bytes)",
-                                 arena_bytes_given, needed);
-    const int n_layers = planner.n_layers();
     PagedKVPool pool(planner, dtype, PoolAllocator{});
-    pool.arena_ = true;
-    unsigned char* at = align_up(static_cast<unsigned char*>(arena));
-    pool.layers_ = reinterpret_cast<PagedLayer*>(at);
-    pool.n_layers_ = n_layers;
-    at += round_up(static_cast<std::uint64_t>(n_layers) * sizeof(PagedLayer));
-    for (int l = 0; l < n_layers; ++l) {
-      PagedLayer* layer = new (&pool.layers_[l]) PagedLayer();
-      // Cannot fail: arena_bytes() already shaped every layer.
-      KVCORE_RETURN_IF_ERROR(shape_layer(planner, l, dtype, layer));
-      layer->allocated_rows = layer->rows;
-      const std::size_t k_bytes = layer->k_row_bytes * static_cast<std::size_t>(layer->rows);
-      const std::size_t v_bytes = layer->v_row_bytes * static_cast<std::size_t>(layer->rows);
-      layer->k = at;
-      at += round_up(k_bytes);
-      layer->v = at;
-      at += round_up(v_bytes);
-      if (k_bytes != 0) std::memset(layer->k, 0, k_bytes);
-      if (v_bytes != 0) std::memset(layer->v, 0, v_bytes);
-    }
+    KVCORE_RETURN_IF_ERROR(
+        pool.carve(arena, arena_bytes_given, planner.n_layers(), PlannerShape{planner, dtype}));
     return pool;
   }
 
-  PagedKVPool(PagedKVPool&& other) noexcept
-      : planner_(other.planner_),
-        dtype_(other.dtype_),
-        allocator_(other.allocator_),
-        block_size_(other.block_size_),
-        layers_(other.layers_),
-        n_layers_(other.n_layers_),
-        arena_(other.arena_) {
-    other.layers_ = nullptr;
-    other.n_layers_ = 0;
-  }
-  PagedKVPool(const PagedKVPool&) = delete;
-  PagedKVPool& operator=(const PagedKVPool&) = delete;
-  PagedKVPool& operator=(PagedKVPool&&) = delete;
-  ~PagedKVPool() { release_all(); }
-
-  /// The element type every row is stored in.
-  DType dtype() const noexcept { return dtype_; }
-  /// Layers: the planner's n_layers().
-  int n_layers() const noexcept { return n_layers_; }
   /// Rows per block, B (the planner's block_size()).
   int block_size() const noexcept { return block_size_; }
-  /// True for a pool built by in_arena().
-  bool uses_arena() const noexcept { return arena_; }
-
-  /// Shape and storage of `layer`. InvalidArgument: layer outside [0, n_layers).
-  Result<PagedLayer> layer(int layer_index) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    return layers_[layer_index];
-  }
-
-  /// Bytes of the rows backed by storage now, K and V of every layer.
-  std::size_t reserved_bytes() const noexcept {
-    std::size_t n = 0;
-    for (int l = 0; l < n_layers_; ++l) {
-      const PagedLayer& layer = layers_[l];
-      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.allocated_rows);
-    }
-    return n;
-  }
 
   /// Bytes of every layer's live rows [0, used_blocks * B) now: what rows()
   /// spans once the step's update has stored them (rows a growing pool has
@@ -215,18 +144,6 @@ class PagedKVPool : private PoolBytes {
            static_cast<std::size_t>(block_size_);
     }
     return n;
-  }
-
-  /// Grows `layer` now to at least `rows` rows (updates then never allocate
-  /// below it). InvalidArgument: bad layer, rows outside [0, rows(layer)].
-  /// MemoryAllocationFailed: growth failed; the pool is unchanged.
-  Status reserve(int layer_index, int rows) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const PagedLayer& layer = layers_[layer_index];
-    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= layer.rows, InvalidArgument,
-                                 "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
-                                 layer_index, rows, layer.rows);
-    return grow(layer_index, rows);
   }
 
   /// Applies `layer`'s part of the step's plan: first every block copy of the
@@ -399,8 +316,15 @@ class PagedKVPool : private PoolBytes {
  private:
 
   PagedKVPool(const BatchPlanner& planner, DType dtype, PoolAllocator allocator) noexcept
-      : planner_(&planner), dtype_(dtype), allocator_(allocator), block_size_(planner.block_size()) {}
+      : PoolStorage(dtype, allocator), planner_(&planner), block_size_(planner.block_size()) {}
 
+  // Shapes layer l as `planner` reports it (PoolStorage's shape_of).
+  struct PlannerShape {
+    const BatchPlanner& planner;
+    DType dtype;
+
+    Status operator()(int l, PagedLayer* out) const noexcept { return shape_layer(planner, l, dtype, out); }
+  };
 
   // Layer `l`'s group, policy, row sizes and rows, as the planner reports them;
   // fails when its rows overflow an int or its bytes the address space.
@@ -411,59 +335,17 @@ class PagedKVPool : private PoolBytes {
     KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
     KVCORE_ASSIGN_OR_RETURN(const int group, planner.group_of(l));
     KVCORE_ASSIGN_OR_RETURN(const int blocks, planner.num_blocks(group));
-    const std::uint64_t size = element_size(dtype);
     const std::uint64_t rows = static_cast<std::uint64_t>(blocks < 0 ? 0 : blocks) * static_cast<std::uint64_t>(B);
-    std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
-    const bool fits = lc.n_kv_heads >= 0 && lc.head_dim >= 0 && lc.value_dim() >= 0 && blocks >= 0 &&
-                      rows <= static_cast<std::uint64_t>(INT_MAX) &&
-                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
-                                  static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
-                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
-                                  static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
-                      checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
-                      checked_mul(k_row, rows, &k_all) && checked_mul(v_row, rows, &v_all) &&
-                      checked_add(k_all, v_all, &k_all);
+    const bool fits = blocks >= 0 && rows <= static_cast<std::uint64_t>(INT_MAX) &&
+                      row_bytes(lc, dtype, rows, &out->k_row_bytes, &out->v_row_bytes);
     KVCORE_CHECK_OR_RETURN_ERROR(
         fits, InvalidArgument,
         "layer %d: %d blocks of %d rows of %d heads x (%d + %d) dims of %s overflow the address "
         "space",
         l, blocks, B, lc.n_kv_heads, lc.head_dim, lc.value_dim(), to_string(dtype));
-    out->k_row_bytes = static_cast<std::size_t>(k_row);
-    out->v_row_bytes = static_cast<std::size_t>(v_row);
     out->group = group;
     out->policy = lc.policy;
     out->rows = static_cast<int>(rows);
-    return Error::Ok;
-  }
-
-  // Arena bytes for `planner`'s layers: slack to align the start, then the
-  // layer table and every K and V block, each rounded to kArenaAlignment.
-  static Result<std::size_t> arena_bytes(const BatchPlanner& planner, DType dtype) noexcept {
-    const int n_layers = planner.n_layers();
-    std::uint64_t total = 0;
-    const bool table_fits =
-        n_layers >= 0 && checked_mul(static_cast<std::uint64_t>(n_layers), sizeof(PagedLayer), &total) &&
-        checked_add(round_up(total), kArenaAlignment - 1, &total);
-    KVCORE_CHECK_OR_RETURN_ERROR(table_fits, InvalidArgument,
-                                 "n_layers = %d: the planner's layer count must be >= 0 and its "
-                                 "table fit the address space",
-                                 n_layers);
-    for (int l = 0; l < n_layers; ++l) {
-      PagedLayer layer;
-      KVCORE_RETURN_IF_ERROR(shape_layer(planner, l, dtype, &layer));
-      const std::uint64_t rows = static_cast<std::uint64_t>(layer.rows);
-      const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
-                        checked_add(total, round_up(layer.v_row_bytes * rows), &total);
-      KVCORE_CHECK_OR_RETURN_ERROR(fits, InvalidArgument,
-                                   "layer %d: the paged arena would overflow the address space", l);
-    }
-    return static_cast<std::size_t>(total);
-  }
-
-  Status check_layer(int layer_index) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_index >= 0 && layer_index < n_layers_, InvalidArgument,
-                                 "layer = %d: must be in [0, n_layers = %d)", layer_index,
-                                 n_layers_);
     return Error::Ok;
   }
 
@@ -545,48 +427,8 @@ class PagedKVPool : private PoolBytes {
     return n;
   }
 
-  // Grows `layer_index` to `rows`, keeping its data: new blocks first, then
-  // copy, then release, so a failure leaves the layer as it was.
-  Status grow(int layer_index, int rows) noexcept {
-    PagedLayer& layer = layers_[layer_index];
-    if (rows <= layer.allocated_rows) return Error::Ok;
-    KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal,
-                                 "layer %d: an arena paged pool cannot grow to %d rows", layer_index,
-                                 rows);
-    const std::size_t k_bytes = layer.k_row_bytes * static_cast<std::size_t>(rows);
-    const std::size_t v_bytes = layer.v_row_bytes * static_cast<std::size_t>(rows);
-    auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
-    auto* v = k == nullptr ? nullptr
-                           : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, v_bytes));
-    if (v == nullptr) {
-      if (k != nullptr) allocator_.release(allocator_.context, k);
-      return Status::make(Error::MemoryAllocationFailed,
-                          "layer %d: cannot allocate %zu bytes to grow the paged layer from %d to %d rows",
-                          layer_index, k_bytes + v_bytes, layer.allocated_rows, rows);
-    }
-    const std::size_t k_old = layer.k_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
-    const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
-    if (k_old != 0) std::memcpy(k, layer.k, k_old);
-    if (v_old != 0) std::memcpy(v, layer.v, v_old);
-    std::memset(k + k_old, 0, k_bytes - k_old);
-    std::memset(v + v_old, 0, v_bytes - v_old);
-    if (layer.k != nullptr) allocator_.release(allocator_.context, layer.k);
-    if (layer.v != nullptr) allocator_.release(allocator_.context, layer.v);
-    layer.k = k;
-    layer.v = v;
-    layer.allocated_rows = rows;
-    return Error::Ok;
-  }
-
-  void release_all() noexcept { release_layers(layers_, n_layers_, arena_, allocator_); }
-
   const BatchPlanner* planner_;
-  DType dtype_;
-  PoolAllocator allocator_;
   int block_size_ = 1;
-  PagedLayer* layers_ = nullptr;  // n_layers_ entries: heap (calloc) or arena
-  int n_layers_ = 0;
-  bool arena_ = false;
 };
 
 }  // namespace kvcore

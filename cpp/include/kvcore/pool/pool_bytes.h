@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
@@ -34,6 +35,27 @@ struct PoolBytes {
   static bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t* out) noexcept {
     if (a > kMaxBytes || b > kMaxBytes - a) return false;
     *out = a + b;
+    return true;
+  }
+
+  /// Bytes of one K row (n_kv_heads x head_dim elements of `dtype`) and one V
+  /// row (n_kv_heads x value_dim) of `lc`; false (outputs untouched) when a
+  /// count is negative or `rows` rows of both together pass kMaxBytes.
+  static bool row_bytes(const LayerConfig& lc, DType dtype, std::uint64_t rows,
+                        std::size_t* k_row_bytes, std::size_t* v_row_bytes) noexcept {
+    if (lc.n_kv_heads < 0 || lc.head_dim < 0 || lc.value_dim() < 0) return false;
+    const std::uint64_t size = element_size(dtype);
+    std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
+    const bool fits = checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
+                                  static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
+                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
+                                  static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
+                      checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
+                      checked_mul(k_row, rows, &k_all) && checked_mul(v_row, rows, &v_all) &&
+                      checked_add(k_all, v_all, &k_all);
+    if (!fits) return false;
+    *k_row_bytes = static_cast<std::size_t>(k_row);
+    *v_row_bytes = static_cast<std::size_t>(v_row);
     return true;
   }
 

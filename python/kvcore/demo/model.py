@@ -11,7 +11,7 @@ Three paths over the same weights:
 
 - ``Model.forward_full(tokens)``, the oracle: no cache; every layer attends over
   the whole sequence through an explicit mask built from the visibility rule
-  (``visibility_mask``, written from DESIGN.md, not taken from kvcore);
+  (``visibility_mask``, written from docs/design.md, not taken from kvcore);
   ``Model.forward_from`` is the same loop resumed at a position, over K/V
   arrays the caller keeps (the batch demo's incremental oracle);
 - ``Model.forward_step(tokens, step, pool)`` through ``SequenceCache`` +
@@ -114,7 +114,7 @@ class ModelConfig:
 def visibility_mask(policy: kvcore.LayerPolicy, q_positions: Array, k_positions: Array) -> Array:
     """mask[i, j]: may a query at q_positions[i] see the key at k_positions[j]?
 
-    DESIGN.md section 2: k <= q, and for a ring layer also q - k < window or
+    docs/design.md section 2: k <= q, and for a ring layer also q - k < window or
     k < sinks.
     """
     q = np.asarray(q_positions, dtype=np.int64)[:, None]

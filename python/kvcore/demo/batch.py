@@ -1,6 +1,6 @@
 """`kvcore demo --batch`: many concurrent chats through one BatchCache, each proved exact.
 
-The reference model (kvcore.model) serves a queue of chats the way a serving
+The reference model (kvcore.demo.model) serves a queue of chats the way a serving
 engine does, one ``begin_step`` over every active sequence per step and one
 batched forward (``Model.forward_batch``) through ``BatchCache`` +
 ``PagedKVPool``:
@@ -37,10 +37,8 @@ Exits 0 when every check passes, 1 when one fails, 2 on bad options.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import heapq
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,18 +47,11 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo import (
-    TOLERANCE,
-    ModelOptions,
-    Progress,
-    _dtype,
-    accepted_prefix,
-    corrupt_drafts,
-    greedy,
-    model_summary,
-    run_and_report,
-)
-from kvcore.model import Model
+from kvcore.demo import footprint
+from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
+from kvcore.demo.model import Model
+from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
+from kvcore.demo.runner import Progress
 
 Array = npt.NDArray[Any]
 
@@ -84,7 +75,7 @@ class BatchDemoOptions(ModelOptions):
     samples: int = 3
     #: Every Nth chat from chat 1 on forks: 1, 1 + N, 1 + 2N, ... (0: none).
     fork_every: int = 4
-    #: Draft tokens per speculative step (at most max_step - 1 are used).
+    #: Draft tokens per speculative step (at most max_step - 1).
     draft: int = 3
     #: Every Nth chat from chat 2 on decodes speculatively: 2, 2 + N, ... (0: none).
     draft_every: int = 3
@@ -109,7 +100,27 @@ class BatchDemoOptions(ModelOptions):
             )
         if self.samples > self.vocab_size:
             raise ValueError(f"--samples = {self.samples}: at most the vocabulary ({self.vocab_size})")
+        self.check_step(self.capacity, self.draft, "--shared-len + --prompt-len + --gen-len + --draft + 1")
         self.check_dtype()
+        least = [("concurrency", self.samples), ("prompt_len", 1), ("shared_len", 0), ("gen_len", 1), ("chats", 1)]
+        footprint.check_options_fit(self, least, "each sequence in flight keeps its own oracle")
+
+    def bytes_needed(self) -> int:
+        """About the most bytes the run holds at once (kvcore.demo.footprint): one
+        oracle per sequence in flight (and the system prompt's), a finished
+        sequence's full recomputation, one step's attention over the live rows, the
+        pool and every chat's tokens."""
+        cfg = self.model_config()
+        n, c = self.capacity, self.concurrency
+        rows = c * -(-n // self.block_size) * self.block_size  # live rows of a group, at most
+        step = c * self.max_step
+        fp = footprint
+        oracle = fp.kv_bytes(cfg, n, cfg.n_layers) + fp.logits_bytes(cfg, n)
+        final = fp.attention_bytes(cfg, n, n) + oracle + fp.activation_bytes(cfg, n)
+        forward = fp.attention_bytes(cfg, step, rows) + fp.activation_bytes(cfg, step) + fp.logits_bytes(cfg, step)
+        pool = 2 * fp.kv_bytes(cfg, rows, cfg.n_layers, DTYPE_BYTES[self.dtype])  # grown by doubling
+        tokens = self.chats * n * self.samples * 2 * fp.TOKEN_BYTES
+        return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens
 
     @property
     def capacity(self) -> int:
@@ -161,6 +172,13 @@ class Oracle:
         if new:
             self._extend(n, new)
         return self.rows[: len(tokens)]
+
+    def release(self) -> None:
+        """Frees the K/V and logits kept so far (a finished sequence needs them no
+        more); ``work`` stays. The oracle is empty after it."""
+        self.tokens = []
+        self.k, self.v = [], []
+        self.rows = self.rows[:0]
 
     def _extend(self, start: int, new: list[int]) -> None:
         end = start + len(new)
@@ -240,11 +258,11 @@ class _Server:
     def __init__(self, opts: BatchDemoOptions, bar: Progress) -> None:
         self.opts = opts
         self.bar = bar
-        self.dtype = _dtype(opts.dtype)
+        self.dtype = kv_dtype(opts.dtype)
         self.tolerance = TOLERANCE[opts.dtype]
         self.model = Model(opts.model_config())
         cfg = self.model.config
-        self.max_step = min(opts.max_step, opts.capacity)
+        self.max_step = opts.max_step
         limits = kvcore.BatchLimits(block_size=opts.block_size, max_seqs=opts.concurrency)
         self.cache = kvcore.BatchCache(cfg.cache_config(opts.capacity, self.max_step, batch=limits))
         self.pool = kvcore.PagedKVPool(self.cache, self.dtype)
@@ -342,7 +360,7 @@ class _Server:
                 ids = b.chat.prompt[len(b.tokens) : len(b.tokens) + C]
                 self.tokens_prefill += len(ids)
             else:
-                k = min(self.opts.draft, C - 1, b.chat.gen_len - len(b.generated)) if b.chat.drafts else 0
+                k = min(self.opts.draft, b.chat.gen_len - len(b.generated)) if b.chat.drafts else 0
                 ids = [b.pending, *self._drafts(b, k)]
                 self.tokens_decode += len(ids)
             entries.append((b.seq, len(ids), ids))
@@ -450,6 +468,9 @@ class _Server:
                                       "diff": d, "step": self.steps}
         self.final_positions += len(b.kept)
         self.final_work += len(b.tokens)
+        # What the checks kept is done with: a long run holds only the sequences in flight.
+        b.kept = {}
+        b.oracle.release()
         self.oracle_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         self.cache.release_sequence(b.seq)
@@ -650,52 +671,3 @@ def format_report(r: dict[str, Any]) -> str:
                      f"position {f['position']}: |diff| {f['diff']:.2e}")
     lines.append("result: " + ("all checks passed" if r["ok"] else "CHECKS FAILED"))
     return "\n".join(lines)
-
-
-def parser() -> argparse.ArgumentParser:
-    d = BatchDemoOptions()
-    p = argparse.ArgumentParser(
-        prog="kvcore demo --batch",
-        description="Serve many concurrent chats with the reference model through one BatchCache and "
-        "PagedKVPool (a shared system prompt adopted from the cache, chats joining and leaving, forks into "
-        "parallel samples, speculative drafts with rewinds); every step, each chat's logits must equal its "
-        "own full recomputation. Exits 0 when every check passes, 1 when one fails, 2 on bad options.",
-    )
-    knobs: list[tuple[str, str]] = [
-        ("chats", "chats to serve"),
-        ("concurrency", "sequences in flight at once; a forking chat takes --samples of them"),
-        ("shared-len", "system prompt tokens shared by every chat"),
-        ("prompt-len", "each chat's own prompt after it: between half and all of this"),
-        ("gen-len", "tokens each chat generates: between half and all of this"),
-        ("arrive-every", "mean steps between two chats' arrivals; 0: all at once"),
-        ("samples", "parallel samples of a forking chat; 1: no forks"),
-        ("fork-every", "every Nth chat from chat 1 on forks (1, 1+N, ...); 0: none"),
-        ("draft", "draft tokens per speculative step"),
-        ("draft-every", "every Nth chat from chat 2 on decodes speculatively (2, 2+N, ...); 0: none"),
-        ("block-size", "rows per cache block"),
-        ("layers", "decoder layers"),
-        ("flat-every", "every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring"),
-        ("window", "ring window"),
-        ("sinks", "ring attention sinks"),
-        ("max-step", "largest step of one sequence: a prefill chunk, or 1 + drafts"),
-        ("seed", "weights, prompts and arrivals seed"),
-    ]
-    for flag, text in knobs:
-        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
-                       help=f"{text} (default %(default)s)")
-    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
-    bar.add_argument("--no-progress", action="store_true", help="no progress bar (by default it shows on a terminal)")
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    """``kvcore demo --batch`` with argv (the options after it)."""
-    args = parser().parse_args(list(argv))
-    names = [f.name for f in dataclasses.fields(BatchDemoOptions)]
-    opts = BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
-    show = args.progress or (not args.no_progress and sys.stderr.isatty())
-    return run_and_report("kvcore demo --batch", opts, run_batch_demo, format_report, as_json=args.json,
-                          show_progress=show)

@@ -1,0 +1,102 @@
+// The limits of a BatchCache's config: validate_batch() checks each field of
+// BatchLimits; BatchSizes
+// works out the tables create() would allocate and refuses, before any of
+// them, tables past what int indexing (2^31 entries) or a pool (2^30 blocks,
+// 2^31 rows) can hold.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcore/batch/parts/group_rule.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+/// Checks the BatchLimits of `cfg` (after validate(cfg)). InvalidArgument names
+/// the field, its value and the rule. (The end of the last block a table names,
+/// ceil(capacity / block_size) * block_size, may pass 2^31 - 1: block
+/// boundaries are computed in 64 bits.)
+inline Status validate_batch(const CacheConfig& cfg) noexcept {
+  KVCORE_RETURN_IF_ERROR(validate(cfg));
+  const BatchLimits& b = cfg.batch;
+  KVCORE_CHECK_OR_RETURN_ERROR(b.block_size >= 1, InvalidArgument,
+                               "batch.block_size = %d: must be >= 1", b.block_size);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.max_seqs >= 1 && b.max_seqs <= (1 << 20), InvalidArgument,
+                               "batch.max_seqs = %d: must be in [1, 1048576]", b.max_seqs);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.max_step_tokens >= 0, InvalidArgument,
+                               "batch.max_step_tokens = %d: must be >= 1 (or 0 for the default)",
+                               b.max_step_tokens);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.num_blocks >= 0, InvalidArgument,
+                               "batch.num_blocks = %d: must be >= 1 (or 0 for the default)",
+                               b.num_blocks);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.max_holes >= 0 && b.max_holes <= 4096, InvalidArgument,
+                               "batch.max_holes = %d: must be in [0, 4096]", b.max_holes);
+  return Error::Ok;
+}
+
+/// The table sizes of a BatchCache over `cfg` (valid by validate_batch), with
+/// `n_groups` groups.
+struct BatchSizes {
+  int max_seqs = 1;
+  int stride = 1;  ///< block table entries per sequence: ceil(capacity / B)
+  int block_size = 1;
+  int max_step = 1;
+  int max_holes = 0;
+  int max_step_tokens = 1;
+  int n_groups = 1;
+
+  BatchSizes(const CacheConfig& cfg, int groups) noexcept
+      : max_seqs(cfg.batch.max_seqs),
+        stride(static_cast<int>((static_cast<std::int64_t>(cfg.capacity) + cfg.batch.block_size - 1) /
+                                cfg.batch.block_size)),
+        block_size(cfg.batch.block_size),
+        max_step(cfg.effective_max_step()),
+        max_holes(cfg.batch.max_holes),
+        n_groups(groups) {
+    // Default: every sequence stepping max_step tokens at once (capped at 2^20 tokens).
+    const std::int64_t every = static_cast<std::int64_t>(max_step) * max_seqs;
+    max_step_tokens = cfg.batch.max_step_tokens != 0 ? cfg.batch.max_step_tokens
+                                                     : static_cast<int>(every < (1 << 20) ? every : (1 << 20));
+  }
+
+  /// InvalidArgument when a table would pass 2^31 entries (int indexing).
+  Status check_tables() const noexcept {
+    const std::int64_t seqs = max_seqs;
+    constexpr std::int64_t kMax = 0x7fffffff;
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * seqs * stride <= kMax, InvalidArgument,
+                                 "%d groups x %d sequences x %d blocks per table: the tables would "
+                                 "pass 2^31 entries",
+                                 n_groups, max_seqs, stride);
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * max_step_tokens <= kMax, InvalidArgument,
+                                 "%d groups x batch.max_step_tokens = %d: the step's slot tables "
+                                 "would pass 2^31 entries",
+                                 n_groups, max_step_tokens);
+    KVCORE_CHECK_OR_RETURN_ERROR(seqs * max_holes <= kMax, InvalidArgument,
+                                 "batch.max_seqs = %d x batch.max_holes = %d: the removed-range "
+                                 "tables would pass 2^31 entries",
+                                 max_seqs, max_holes);
+    KVCORE_CHECK_OR_RETURN_ERROR(seqs * block_size <= kMax, InvalidArgument,
+                                 "batch.max_seqs = %d x batch.block_size = %d: the prefix-token "
+                                 "tables would pass 2^31 entries",
+                                 max_seqs, block_size);
+    return Error::Ok;
+  }
+
+  /// The blocks of group g's pool under `rule` (`num_blocks`: the config's, 0
+  /// for every table full). InvalidArgument past 2^31 rows or 2^30 blocks.
+  Result<int> pool_blocks(int g, const GroupRule& rule, int num_blocks) const noexcept {
+    const std::int64_t full = static_cast<std::int64_t>(max_seqs) * stride;
+    const std::int64_t blocks = rule.pool_blocks(num_blocks != 0 ? num_blocks : full, max_seqs, stride);
+    KVCORE_CHECK_OR_RETURN_ERROR(blocks <= 0x7fffffff / block_size, InvalidArgument,
+                                 "group %d: %lld blocks of %d rows pass 2^31 rows", g,
+                                 static_cast<long long>(blocks), block_size);
+    // A pool's key table takes a power of two >= 2 slots per block, in int.
+    KVCORE_CHECK_OR_RETURN_ERROR(blocks <= (1 << 30), InvalidArgument,
+                                 "group %d: %lld blocks: a pool holds at most 2^30 blocks", g,
+                                 static_cast<long long>(blocks));
+    return static_cast<int>(blocks);
+  }
+};
+
+}  // namespace kvcore

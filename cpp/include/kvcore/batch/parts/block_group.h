@@ -1,0 +1,161 @@
+// BlockGroup: the layers of a BatchCache that share one policy. It owns their
+// block pool and, per sequence, the block table (position p lives in block
+// table[p / B]), the blocks held and, for a window that releases blocks, the
+// position below which it released every block past the sinks. What depends
+// on the policy is asked of its GroupRule (group_rule.h); nothing here branches
+// on the policy's kind.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "kvcore/batch/block_pool.h"
+#include "kvcore/batch/parts/group_rule.h"
+#include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+class BlockGroup {
+ public:
+  BlockGroup() = default;
+  BlockGroup(const BlockGroup&) = delete;
+  BlockGroup& operator=(const BlockGroup&) = delete;
+
+  /// The group's policy (its rule follows from it); nothing is allocated.
+  void set_policy(const LayerPolicy& policy, int block_size, int max_step) noexcept {
+    policy_ = policy;
+    ring_.set(policy, block_size, max_step);
+    rule_ = policy.kind == LayerPolicy::Kind::Ring ? static_cast<const GroupRule*>(&ring_) : &flat_;
+  }
+  const LayerPolicy& policy() const noexcept { return policy_; }
+  const GroupRule& rule() const noexcept { return *rule_; }
+
+  /// Allocates the pool (`blocks`, checked by the caller) and the tables of
+  /// `max_seqs` sequences of `stride` block indices, all empty.
+  /// MemoryAllocationFailed: nothing is assigned.
+  Status create(int blocks, int max_seqs, int stride, int block_size) noexcept {
+    BlockPool pool;
+    KVCORE_RETURN_IF_ERROR(pool.create(blocks, "a group's pool"));
+    const std::int64_t entries = static_cast<std::int64_t>(max_seqs) * stride;
+    std::unique_ptr<int[]> tables(new (std::nothrow) int[entries]);
+    std::unique_ptr<int[]> held(new (std::nothrow) int[max_seqs]());
+    std::unique_ptr<int[]> lost(new (std::nothrow) int[max_seqs]());
+    KVCORE_CHECK_OR_RETURN_ERROR(tables && held && lost, MemoryAllocationFailed,
+                                 "cannot allocate the sequence tables of %d sequences", max_seqs);
+    for (std::int64_t i = 0; i < entries; ++i) tables[i] = -1;
+    pool_ = std::move(pool);
+    tables_ = std::move(tables);
+    held_ = std::move(held);
+    lost_below_ = std::move(lost);
+    max_seqs_ = max_seqs;
+    stride_ = stride;
+    block_size_ = block_size;
+    return Error::Ok;
+  }
+
+  BlockPool& pool() noexcept { return pool_; }
+  const BlockPool& pool() const noexcept { return pool_; }
+  /// Every sequence's table, [max_seqs][stride] (-1: no block).
+  const int* tables() const noexcept { return tables_.get(); }
+  int* table(int seq) noexcept { return tables_.get() + static_cast<std::ptrdiff_t>(seq) * stride_; }
+  const int* table(int seq) const noexcept { return tables_.get() + static_cast<std::ptrdiff_t>(seq) * stride_; }
+  int& held(int seq) noexcept { return held_[seq]; }
+  int held(int seq) const noexcept { return held_[seq]; }
+  /// Positions below were released by the window (past the sinks): lost even
+  /// where a later step refilled their block index.
+  int& lost_below(int seq) noexcept { return lost_below_[seq]; }
+  int lost_below(int seq) const noexcept { return lost_below_[seq]; }
+
+  /// `seq` holds `block` (one more holder) at index i.
+  void share(int seq, int i, int block) noexcept {
+    pool_.hold(block);
+    table(seq)[i] = block;
+    ++held_[seq];
+  }
+  /// `seq` gives back its block at index i, if any.
+  void drop(int seq, int i) noexcept {
+    int* row = table(seq);
+    if (row[i] < 0) return;
+    pool_.release(row[i]);
+    row[i] = -1;
+    --held_[seq];
+  }
+  /// Drops every block of `seq` at indices [from, end).
+  void drop_range(int seq, int from, int end) noexcept {
+    for (int i = from; i < end; ++i) drop(seq, i);
+  }
+
+  /// Releases the blocks of `seq` at `length` that no query after a rewind of
+  /// up to max_step positions can need (the sinks stay).
+  void evict(int seq, int length) noexcept {
+    const int floor_block = rule_->release_floor_block(length);
+    int& lost = lost_below_[seq];
+    const int from = lost / block_size_;  // the block holding `lost` may hold positions written since
+    drop_range(seq, from > rule_->sink_blocks() ? from : rule_->sink_blocks(), floor_block);
+    if (floor_block * block_size_ > lost) lost = floor_block * block_size_;
+  }
+
+  /// Does this group no longer hold what a query at n (within the length)
+  /// needs below n? Removed positions are not needed.
+  bool loses(const SequenceTable& seqs, int seq, int n) const noexcept {
+    const std::int64_t from = rule_->needs_from(n);
+    if (from >= n) return false;  // a query at n needs nothing below n past the sinks
+    const int needed = seqs.next_kept(seq, static_cast<int>(from));
+    return needed < n && needed < lost_below_[seq];
+  }
+
+  /// Can this group serve a hit of `blocks` full blocks keyed `keys` (every
+  /// block the hit needs cached)?
+  bool serves(const BlockKey* keys, int blocks) const noexcept {
+    const NeededBlocks need = rule_->needed(blocks);
+    for (int i = 0; i < blocks; ++i)
+      if (need.contains(i) && pool_.find(keys[i]) < 0) return false;
+    return true;
+  }
+
+  /// `seq` (empty) takes the cached blocks of a hit of `blocks` full blocks it
+  /// needs (serves() said yes).
+  void adopt(int seq, const BlockKey* keys, int blocks) noexcept {
+    const NeededBlocks need = rule_->needed(blocks);
+    for (int i = 0; i < blocks; ++i)
+      if (need.contains(i)) share(seq, i, pool_.find(keys[i]));
+    // Positions past the hit are the sequence's to write.
+    lost_below_[seq] = (need.window_from < blocks ? need.window_from : blocks) * block_size_;
+  }
+
+  /// The first position of `seq` a block of it holds, or its length.
+  int oldest_held(const SequenceState& s, int seq) const noexcept {
+    const int* row = table(seq);
+    const int end = static_cast<int>((static_cast<std::int64_t>(s.length) + block_size_ - 1) / block_size_);
+    for (int i = s.start / block_size_; i < end; ++i)
+      if (row[i] >= 0) return i * block_size_ > s.start ? i * block_size_ : s.start;
+    return s.length;
+  }
+
+  /// Every block free, every table empty.
+  void clear() noexcept {
+    pool_.reset();
+    const std::int64_t entries = static_cast<std::int64_t>(max_seqs_) * stride_;
+    for (std::int64_t i = 0; i < entries; ++i) tables_[i] = -1;
+    for (int seq = 0; seq < max_seqs_; ++seq) held_[seq] = lost_below_[seq] = 0;
+  }
+
+ private:
+  LayerPolicy policy_;
+  FlatRule flat_;
+  RingRule ring_;
+  const GroupRule* rule_ = &flat_;
+  BlockPool pool_;
+  int max_seqs_ = 0;
+  int stride_ = 0;
+  int block_size_ = 1;
+  std::unique_ptr<int[]> tables_;
+  std::unique_ptr<int[]> held_;
+  std::unique_ptr<int[]> lost_below_;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,103 @@
+// What a group's policy decides about its blocks, one type per policy behind
+// one interface (as SequenceCache's LayoutPolicy, FlatPolicy and RingPolicy):
+// how many blocks its pool needs, which blocks a sequence at some length no
+// longer needs (the ring's window releases them), what a query after a
+// rewind needs, and what a prefix hit must bring. A flat group needs every
+// position and releases none: its answers are trivial. BlockGroup (the only
+// caller) asks its rule and never the policy's kind.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcore/core/config.h"
+
+namespace kvcore {
+
+/// Which block indices a query at some length needs in a group: the sink
+/// blocks and [window_from, ...); everything when window_from is 0.
+struct NeededBlocks {
+  int sink_blocks = 0;
+  int window_from = 0;
+  bool contains(int i) const noexcept { return i < sink_blocks || i >= window_from; }
+};
+
+class GroupRule {
+ public:
+  /// Blocks of the group's pool, given `configured` (the config's or every
+  /// table full) for `seqs` sequences of `stride` block indices each.
+  virtual std::int64_t pool_blocks(std::int64_t configured, std::int64_t seqs, int stride) const noexcept = 0;
+  /// Blocks below this index a sequence never needs again (sinks aside).
+  virtual int sink_blocks() const noexcept = 0;
+  /// The first block index a sequence of `length` positions still needs past
+  /// its sinks: everything below it (past the sinks) can be released.
+  virtual int release_floor_block(int length) const noexcept = 0;
+  /// The lowest position (past the sinks) a query at n needs below n; n or
+  /// more when it needs none (in 64 bits: sinks may round past 2^31).
+  virtual std::int64_t needs_from(int n) const noexcept = 0;
+  /// The blocks a sequence adopting a hit of `blocks` full blocks holds, as a
+  /// sequence that computed the prefix itself would.
+  virtual NeededBlocks needed(int blocks) const noexcept = 0;
+
+ protected:
+  ~GroupRule() = default;
+};
+
+/// Flat: every position stays; a query needs all of them.
+class FlatRule final : public GroupRule {
+ public:
+  std::int64_t pool_blocks(std::int64_t configured, std::int64_t, int) const noexcept override { return configured; }
+  int sink_blocks() const noexcept override { return 0; }
+  int release_floor_block(int) const noexcept override { return 0; }
+  std::int64_t needs_from(int) const noexcept override { return 0; }
+  NeededBlocks needed(int) const noexcept override { return NeededBlocks{0, 0}; }
+};
+
+/// Ring(window, sinks): a query at q sees the sinks and (q - window, q]. No
+/// query after a rewind of up to max_step positions needs a position below
+/// length - max_step - window + 1 but the sinks: those blocks go.
+class RingRule final : public GroupRule {
+ public:
+  void set(const LayerPolicy& policy, int block_size, int max_step) noexcept {
+    window_ = policy.window;
+    block_size_ = block_size;
+    max_step_ = max_step;
+    sink_blocks_ = static_cast<int>((static_cast<std::int64_t>(policy.sinks) + block_size - 1) / block_size);
+  }
+
+  std::int64_t pool_blocks(std::int64_t configured, std::int64_t seqs, int stride) const noexcept override {
+    // What one sequence can hold during a step: sinks, W + 2C - 1 positions, one straddle.
+    const std::int64_t span = static_cast<std::int64_t>(window_) + 2 * static_cast<std::int64_t>(max_step_) - 1;
+    const std::int64_t per_seq = sink_blocks_ + (span + block_size_ - 1) / block_size_ + 1;
+    std::int64_t blocks = per_seq < stride ? per_seq * seqs : configured;
+    if (blocks > seqs * stride) blocks = seqs * stride;
+    return blocks;
+  }
+  int sink_blocks() const noexcept override { return sink_blocks_; }
+  int release_floor_block(int length) const noexcept override {
+    const std::int64_t floor = release_floor(length);
+    return floor > 0 ? static_cast<int>(floor / block_size_) : 0;
+  }
+  std::int64_t needs_from(int n) const noexcept override {
+    const std::int64_t sinks_end = static_cast<std::int64_t>(sink_blocks_) * block_size_;
+    const std::int64_t window_from = static_cast<std::int64_t>(n) - window_ + 1;
+    return window_from > sinks_end ? window_from : sinks_end;
+  }
+  NeededBlocks needed(int blocks) const noexcept override {
+    const int from = release_floor_block(blocks * block_size_);
+    return NeededBlocks{sink_blocks_, from > sink_blocks_ ? from : sink_blocks_};
+  }
+
+ private:
+  // At length L, after a rewind of up to max_step positions, no query sees a
+  // position below this but the sinks (in 64 bits: it may lie far below 0).
+  std::int64_t release_floor(int length) const noexcept {
+    return static_cast<std::int64_t>(length) - max_step_ - window_ + 1;
+  }
+
+  int window_ = 1;
+  int block_size_ = 1;
+  int max_step_ = 1;
+  int sink_blocks_ = 0;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,171 @@
+// PrefixIndex: the prefix keys of each sequence and the lookup of a prompt's
+// blocks. A sequence's key chain names each full block by its token ids and
+// the key before it (BlockKey::chain); committed tokens extend it, and each
+// block it fills is keyed in every group that holds it (the pools find blocks
+// by key). A sequence stops keying when its rows no longer follow from its
+// token ids alone (tokens not given, a removed head or hole) and, after a
+// rewind or a fork, picks its chain up again where a block boundary's key is
+// still known. adopt_prefix() finds the longest run of a prompt's keys every
+// group can serve.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "kvcore/batch/block_pool.h"
+#include "kvcore/batch/parts/block_group.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+class PrefixIndex {
+ public:
+  /// Tables for `max_seqs` sequences, blocks of `block_size` tokens and prompts
+  /// of up to `stride` blocks. MemoryAllocationFailed: nothing is assigned.
+  Status create(int max_seqs, int block_size, int stride) noexcept {
+    std::unique_ptr<Chain[]> chains(new (std::nothrow) Chain[max_seqs]);
+    std::unique_ptr<std::int32_t[]> partial(
+        new (std::nothrow) std::int32_t[static_cast<std::int64_t>(max_seqs) * block_size]);
+    std::unique_ptr<BlockKey[]> prompt(new (std::nothrow) BlockKey[stride]);
+    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt, MemoryAllocationFailed,
+                                 "cannot allocate the sequence tables of %d sequences", max_seqs);
+    chains_ = std::move(chains);
+    partial_ = std::move(partial);
+    prompt_ = std::move(prompt);
+    block_size_ = block_size;
+    return Error::Ok;
+  }
+
+  /// `seq` keys from scratch: no block, no token.
+  void reset(int seq) noexcept { chains_[seq] = Chain{}; }
+  /// `seq`'s rows no longer follow from its token ids: it keys nothing more.
+  void stop(int seq) noexcept { chains_[seq].hashing = false; }
+
+  /// Folds a committed step's tokens (T of them; none when !given) into the
+  /// sequence's keys; each block they fill is keyed in every group holding it.
+  void hash_tokens(int seq, const std::int32_t* tokens, int T, bool given, BlockGroup* groups,
+                   int n_groups) noexcept {
+    Chain& c = chains_[seq];
+    if (!c.hashing) return;
+    if (!given) {
+      c.hashing = false;
+      return;
+    }
+    std::int32_t* partial = partial_of(seq);
+    for (int j = 0; j < T; ++j) {
+      partial[c.partial++] = tokens[j];
+      if (c.partial < block_size_) continue;
+      c.chain = BlockKey::chain(c.chain, partial, block_size_);
+      for (int g = 0; g < n_groups; ++g) {
+        const int b = groups[g].table(seq)[c.hashed_blocks];
+        if (b >= 0) groups[g].pool().set_key(b, c.chain);
+      }
+      ++c.hashed_blocks;
+      c.partial = 0;
+    }
+  }
+
+  /// After `seq`'s length went down to n: the keys of what is left, when known.
+  void rewind(int seq, int n, const BlockGroup* groups, int n_groups) noexcept {
+    Chain& c = chains_[seq];
+    if (!c.hashing) return;
+    if (n >= c.hashed_blocks * block_size_) {
+      c.partial = n - c.hashed_blocks * block_size_;
+      return;
+    }
+    c.hashing = restore(seq, seq, n, groups, n_groups);
+  }
+
+  /// dst, forked from src's positions [0, upto), keys on from src's keys;
+  /// `src_whole`: src removed nothing (else its rows depend on more than tokens).
+  void inherit(int src, int dst, int upto, bool src_whole, const BlockGroup* groups, int n_groups) noexcept {
+    const Chain& s = chains_[src];
+    Chain& d = chains_[dst];
+    d.hashing = s.hashing && src_whole;
+    if (!d.hashing) return;
+    if (upto >= s.hashed_blocks * block_size_) {
+      d.chain = s.chain;
+      d.hashed_blocks = s.hashed_blocks;
+      d.partial = upto - s.hashed_blocks * block_size_;
+      const std::int32_t* from = partial_of(src);
+      std::int32_t* to = partial_of(dst);
+      for (int j = 0; j < d.partial; ++j) to[j] = from[j];
+      return;
+    }
+    d.hashing = restore(src, dst, upto, groups, n_groups);
+  }
+
+  /// The longest hit of tokens[0, n) every group can serve, in full blocks
+  /// (the last token is always computed, so at most (n - 1) / B); its keys are
+  /// prompt_keys() until the next call.
+  int longest_hit(const std::int32_t* tokens, int n, const BlockGroup* groups, int n_groups) noexcept {
+    const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
+    BlockKey chain;
+    for (int i = 0; i < candidates; ++i) {
+      chain = BlockKey::chain(chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
+      prompt_[i] = chain;
+    }
+    int hit = candidates;
+    while (hit > 0 && !served(hit, groups, n_groups)) --hit;
+    return hit;
+  }
+  const BlockKey* prompt_keys() const noexcept { return prompt_.get(); }
+
+  /// `seq` adopted a hit of `blocks` blocks of the last longest_hit(): its
+  /// chain goes on from there.
+  void adopted(int seq, int blocks) noexcept {
+    Chain& c = chains_[seq];
+    c = Chain{};
+    c.hashed_blocks = blocks;
+    c.chain = blocks > 0 ? prompt_[blocks - 1] : BlockKey{};
+  }
+
+ private:
+  // Prefix keys of one sequence: the first hashed_blocks blocks have known keys
+  // (the last is `chain`), then `partial` tokens of the current block wait in
+  // partial_of(seq).
+  struct Chain {
+    bool hashing = true;
+    int hashed_blocks = 0;
+    int partial = 0;
+    BlockKey chain;
+  };
+
+  std::int32_t* partial_of(int seq) noexcept { return partial_.get() + static_cast<std::ptrdiff_t>(seq) * block_size_; }
+
+  bool served(int blocks, const BlockGroup* groups, int n_groups) const noexcept {
+    for (int g = 0; g < n_groups; ++g)
+      if (!groups[g].serves(prompt_.get(), blocks)) return false;
+    return true;
+  }
+
+  // Sets dst's keys to src's at position n when they are known: n on a block
+  // boundary whose last block still carries its key in some group.
+  bool restore(int src, int dst, int n, const BlockGroup* groups, int n_groups) noexcept {
+    Chain& d = chains_[dst];
+    d.partial = 0;
+    if (n % block_size_ != 0) return false;
+    d.hashed_blocks = n / block_size_;
+    if (n == 0) {
+      d.chain = BlockKey{};
+      return true;
+    }
+    for (int g = 0; g < n_groups; ++g) {
+      const int b = groups[g].table(src)[d.hashed_blocks - 1];
+      if (b >= 0 && groups[g].pool().keyed(b)) {
+        d.chain = groups[g].pool().key(b);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  int block_size_ = 1;
+  std::unique_ptr<Chain[]> chains_;
+  std::unique_ptr<std::int32_t[]> partial_;  // [seq][B]: tokens of the block being filled
+  std::unique_ptr<BlockKey[]> prompt_;       // adopt_prefix: a prompt's block keys
+};
+
+}  // namespace kvcore

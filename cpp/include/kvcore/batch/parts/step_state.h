@@ -1,0 +1,361 @@
+// StepState: the begun step of a BatchCache and its plan. begin() walks each
+// entry's block indices once per group, and admission walks them the same way
+// beforehand (walk_entry sees each index as it will be once a begun step this
+// one replaces has ended), so what admission counts is what planning takes.
+// end() gives back what the begun step took (walk_begun), which is also what
+// admission counts as free again. commit() makes the step's lengths the
+// sequences' and lets the groups release what the windows passed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "kvcore/batch/batch_faces.h"
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/batch/parts/block_group.h"
+#include "kvcore/batch/parts/prefix_index.h"
+#include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+/// The sizes a StepState is built for.
+struct StepLimits {
+  int max_seqs = 1;
+  int n_groups = 1;
+  int max_step = 1;         ///< largest T of one entry
+  int max_step_tokens = 1;  ///< tokens of one step
+  int block_size = 1;
+  int capacity = 1;
+};
+
+class StepState {
+ public:
+  /// The step buffers, and each group's plan pointing into them and at the
+  /// groups' block tables. MemoryAllocationFailed: nothing is assigned (the
+  /// buffers are built in another StepState, moved in once all exist).
+  Status create(const StepLimits& limits, const BlockGroup* groups, int stride) noexcept {
+    StepState fresh;
+    KVCORE_RETURN_IF_ERROR(fresh.allocate(limits));
+    fresh.lim_ = limits;
+    for (int g = 0; g < limits.n_groups; ++g) {
+      GroupPlan& gp = fresh.group_plans_[g];
+      gp.slots = fresh.slots_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_step_tokens;
+      gp.copies = fresh.copies_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_seqs;
+      gp.block_tables = groups[g].tables();
+      gp.table_stride = stride;
+      gp.policy = groups[g].policy();
+    }
+    *this = std::move(fresh);
+    return Error::Ok;
+  }
+
+  /// The begun step, or id 0.
+  const BatchStep& active() const noexcept { return active_; }
+  Status check(const BatchStep& step) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(active_.id != 0, InvalidState, "step %llu: no step is begun",
+                                 static_cast<unsigned long long>(step.id));
+    KVCORE_CHECK_OR_RETURN_ERROR(step.id == active_.id, InvalidState,
+                                 "step %llu: not the begun step (%llu)",
+                                 static_cast<unsigned long long>(step.id),
+                                 static_cast<unsigned long long>(active_.id));
+    return Error::Ok;
+  }
+
+  /// The entries of begin_step: n in [1, max_seqs], each an active sequence
+  /// once, T in [1, max_step], within capacity, at most max_step_tokens in all.
+  Status check_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept;
+
+  /// OutOfResources unless each group has the blocks the entries need (new
+  /// ones, or private copies of shared ones), judged on the tables as end()
+  /// leaves them. Changes nothing.
+  Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups) const noexcept;
+
+  /// Begins the admitted step (any begun one has ended): each entry's blocks
+  /// and slots, copies of shared blocks. Never fails.
+  BatchStep begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups) noexcept;
+
+  /// Ends a begun step: the tables go back to what they were before it. The
+  /// blocks it allocated return to the pools: those past each sequence's
+  /// length, and at the index of its first new position a fresh block or a
+  /// copy-on-write block (the backend may never have made the copy: the
+  /// sequence gets back the shared block it copied from, which the step kept
+  /// holding).
+  void end(SequenceTable& seqs, BlockGroup* groups) noexcept;
+
+  /// Commits the begun step (checked): lengths, prefix keys, window releases.
+  void commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept;
+
+  /// The begun step's plan (checked by the caller).
+  BatchStepPlan plan() const noexcept;
+
+ private:
+  int ceil_blocks(int positions) const noexcept {
+    return static_cast<int>((static_cast<std::int64_t>(positions) + lim_.block_size - 1) / lim_.block_size);
+  }
+  // The entry of `seq` in the begun step, or -1.
+  int begun_entry(int seq) const noexcept {
+    if (active_.id == 0) return -1;
+    const int i = entry_of_[seq];
+    return i < active_.n_entries && step_seq_[i] == seq ? i : -1;
+  }
+  int& first_before(int g, int entry) noexcept { return first_before_[g * lim_.max_seqs + entry]; }
+  int first_before(int g, int entry) const noexcept { return first_before_[g * lim_.max_seqs + entry]; }
+
+  // Visits (index, block) for the block indices an entry of T tokens at
+  // `length` writes in group g, each block as it is once any begun step has
+  // ended (the same walk before end(), for admission, and after, for planning).
+  template <class Visit>
+  void walk_entry(const BlockGroup& group, int g, int seq, int length, int T, Visit visit) const noexcept {
+    const int* row = group.table(seq);
+    const int begun = begun_entry(seq);
+    const int first = length / lim_.block_size;
+    for (int b = first; b < ceil_blocks(length + T); ++b) {
+      int cur = row[b];
+      if (begun >= 0) cur = b == first ? first_before(g, begun) : -1;
+      visit(b, cur);
+    }
+  }
+
+  // Visits (seq, index, block, before) for each block the begun step put in
+  // group g's tables in place of `before` (-1: none).
+  template <class Visit>
+  void walk_begun(const SequenceTable& seqs, const BlockGroup& group, int g, Visit visit) const noexcept {
+    for (int i = 0; i < active_.n_entries; ++i) {
+      const int seq = step_seq_[i];
+      const int* row = group.table(seq);
+      const int first = seqs[seq].length / lim_.block_size;
+      for (int b = first; b < ceil_blocks(context_lens_[i]); ++b) {
+        const int before = b == first ? first_before(g, i) : -1;
+        if (row[b] != before) visit(seq, b, row[b], before);
+      }
+    }
+  }
+
+  Status allocate(const StepLimits& limits) noexcept;
+  void record_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept;
+  int place_entry(BlockGroup& group, int g, int i, int copies) noexcept;
+  void fill_slots(const BlockGroup& group, int g, int i) noexcept;
+
+  StepLimits lim_;
+  BatchStep active_;
+  std::uint64_t last_step_id_ = 0;
+  std::uint64_t stamp_ = 0;
+  std::unique_ptr<std::uint64_t[]> seen_;  // check_entries' repeat check
+  std::unique_ptr<int[]> step_seq_;
+  std::unique_ptr<int[]> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
+  std::unique_ptr<int[]> query_starts_;
+  std::unique_ptr<int[]> first_positions_;
+  std::unique_ptr<int[]> context_lens_;
+  std::unique_ptr<int[]> visible_starts_;
+  std::unique_ptr<const PositionRange*[]> holes_of_;
+  std::unique_ptr<int[]> n_holes_of_;
+  std::unique_ptr<bool[]> tokens_given_;
+  std::unique_ptr<std::int32_t[]> step_tokens_;
+  std::unique_ptr<int[]> slots_;         // [g][max_step_tokens]
+  std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs]
+  std::unique_ptr<int[]> first_before_;  // [g][entry]: the block at its first position's index before the step
+  std::unique_ptr<GroupPlan[]> group_plans_;
+};
+
+inline Status StepState::allocate(const StepLimits& limits) noexcept {
+  const std::int64_t seqs = limits.max_seqs;
+  const std::int64_t per_groups = limits.n_groups * seqs;
+  seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
+  step_seq_.reset(new (std::nothrow) int[seqs]);
+  entry_of_.reset(new (std::nothrow) int[seqs]());
+  query_starts_.reset(new (std::nothrow) int[seqs + 1]);
+  first_positions_.reset(new (std::nothrow) int[seqs]);
+  context_lens_.reset(new (std::nothrow) int[seqs]);
+  visible_starts_.reset(new (std::nothrow) int[seqs]);
+  holes_of_.reset(new (std::nothrow) const PositionRange*[seqs]);
+  n_holes_of_.reset(new (std::nothrow) int[seqs]);
+  tokens_given_.reset(new (std::nothrow) bool[seqs]);
+  step_tokens_.reset(new (std::nothrow) std::int32_t[limits.max_step_tokens]);
+  slots_.reset(new (std::nothrow) int[static_cast<std::int64_t>(limits.n_groups) * limits.max_step_tokens]);
+  copies_.reset(new (std::nothrow) BlockCopy[per_groups]);
+  first_before_.reset(new (std::nothrow) int[per_groups]);
+  group_plans_.reset(new (std::nothrow) GroupPlan[limits.n_groups]);
+  KVCORE_CHECK_OR_RETURN_ERROR(seen_ && step_seq_ && entry_of_ && query_starts_ && first_positions_ &&
+                                   context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
+                                   tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
+                                   group_plans_,
+                               MemoryAllocationFailed, "cannot allocate the step buffers of %d tokens",
+                               limits.max_step_tokens);
+  return Error::Ok;
+}
+
+inline Status StepState::check_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(n >= 1 && n <= lim_.max_seqs, InvalidArgument,
+                               "begin_step: %d entries, must be in [1, max_seqs = %d]", n, lim_.max_seqs);
+  KVCORE_CHECK_OR_RETURN_ERROR(entries != nullptr, InvalidArgument, "begin_step: entries is null");
+  ++stamp_;
+  std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
+  for (int i = 0; i < n; ++i) {
+    const StepEntry& e = entries[i];
+    KVCORE_RETURN_IF_ERROR(seqs.check_active("begin_step", e.seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(seen_[e.seq] != stamp_, InvalidArgument, "begin_step: sequence %d appears twice",
+                                 e.seq);
+    seen_[e.seq] = stamp_;
+    KVCORE_CHECK_OR_RETURN_ERROR(e.T >= 1 && e.T <= lim_.max_step, InvalidArgument,
+                                 "begin_step: sequence %d with T = %d, must be in [1, max_step = %d]", e.seq,
+                                 e.T, lim_.max_step);
+    const int length = seqs[e.seq].length;
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + e.T <= lim_.capacity, OutOfResources,
+                                 "begin_step: sequence %d at length %d with T = %d would pass "
+                                 "capacity = %d",
+                                 e.seq, length, e.T, lim_.capacity);
+    tokens += e.T;
+    KVCORE_CHECK_OR_RETURN_ERROR(tokens <= lim_.max_step_tokens, InvalidArgument,
+                                 "begin_step: %d tokens or more, must be <= max_step_tokens = %d", tokens,
+                                 lim_.max_step_tokens);
+  }
+  return Error::Ok;
+}
+
+inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
+                               const BlockGroup* groups) const noexcept {
+  for (int g = 0; g < lim_.n_groups; ++g) {
+    const BlockPool& pool = groups[g].pool();
+    int need = 0;
+    for (int i = 0; i < n; ++i)
+      walk_entry(groups[g], g, entries[i].seq, seqs[entries[i].seq].length, entries[i].T,
+                 [&](int, int cur) { need += cur < 0 || pool.refs(cur) > 1; });
+    int freed = 0;  // what end() gives back
+    walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
+    const int free = pool.free_blocks() + freed;
+    KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
+                                 "begin_step: group %d needs %d blocks, %d of its %d are free", g, need, free,
+                                 pool.n_blocks());
+  }
+  return Error::Ok;
+}
+
+inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
+  if (active_.id == 0) return;
+  for (int g = 0; g < lim_.n_groups; ++g) {
+    BlockGroup& group = groups[g];
+    walk_begun(seqs, group, g, [&](int seq, int b, int block, int before) {
+      group.pool().release(block);
+      if (before < 0) --group.held(seq);
+      group.table(seq)[b] = before;
+    });
+    group_plans_[g].n_copies = 0;
+  }
+  for (int i = 0; i < active_.n_entries; ++i) {
+    SequenceState& s = seqs[step_seq_[i]];
+    const int end = ceil_blocks(s.length);
+    if (s.alloc_end > end) s.alloc_end = end;
+  }
+  active_ = BatchStep{};
+}
+
+inline void StepState::record_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept {
+  int at = 0;
+  for (int i = 0; i < n; ++i) {
+    const StepEntry& e = entries[i];
+    const SequenceState& s = seqs[e.seq];
+    step_seq_[i] = e.seq;
+    entry_of_[e.seq] = i;
+    query_starts_[i] = at;
+    first_positions_[i] = s.length;
+    context_lens_[i] = s.length + e.T;
+    visible_starts_[i] = s.start;
+    holes_of_[i] = seqs.holes(e.seq);
+    n_holes_of_[i] = s.n_holes;
+    tokens_given_[i] = e.tokens != nullptr;
+    for (int j = 0; j < e.T; ++j) step_tokens_[at + j] = e.tokens != nullptr ? e.tokens[j] : 0;
+    at += e.T;
+  }
+  query_starts_[n] = at;
+}
+
+// Entry i's blocks in group g: new ones, private copies of shared ones (the
+// step keeps holding the shared block until it commits, so no entry writes
+// into it, another holder in this step copies too, and an abandoned step can
+// give it back as it was). Returns the group's copies so far.
+inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) noexcept {
+  const int seq = step_seq_[i];
+  int* row = group.table(seq);
+  BlockPool& pool = group.pool();
+  first_before(g, i) = row[first_positions_[i] / lim_.block_size];  // what an abandoned step restores
+  walk_entry(group, g, seq, first_positions_[i], context_lens_[i] - first_positions_[i], [&](int b, int cur) {
+    if (cur < 0) {
+      row[b] = pool.allocate();
+      ++group.held(seq);
+    } else if (pool.refs(cur) > 1) {
+      row[b] = pool.allocate();
+      copies_[g * lim_.max_seqs + copies++] = BlockCopy{cur, row[b]};
+    } else {
+      pool.drop_key(cur);  // its rows change: it no longer names that content
+    }
+  });
+  return copies;
+}
+
+// Entry i's slots in group g: row of each new position, block by block.
+inline void StepState::fill_slots(const BlockGroup& group, int g, int i) noexcept {
+  const int B = lim_.block_size;
+  const int* row = group.table(step_seq_[i]);
+  const int first = first_positions_[i];
+  const int end = context_lens_[i];
+  int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens + query_starts_[i];
+  for (int p = first; p < end;) {
+    const int b = p / B;
+    const std::int64_t next = (static_cast<std::int64_t>(b) + 1) * B;
+    const int block_end = next < end ? static_cast<int>(next) : end;
+    const int base = row[b] * B - b * B;  // row[b] * B + p % B for p in block b
+    for (; p < block_end; ++p) slots[p - first] = base + p;
+  }
+}
+
+inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups) noexcept {
+  record_entries(entries, n, seqs);
+  for (int g = 0; g < lim_.n_groups; ++g) {
+    int copies = 0;
+    for (int i = 0; i < n; ++i) {
+      copies = place_entry(groups[g], g, i, copies);
+      fill_slots(groups[g], g, i);
+      SequenceState& s = seqs[step_seq_[i]];
+      const int end_block = ceil_blocks(context_lens_[i]);
+      if (end_block > s.alloc_end) s.alloc_end = end_block;
+    }
+    group_plans_[g].n_copies = copies;
+  }
+  active_ = BatchStep{++last_step_id_, n, query_starts_[n]};
+  return active_;
+}
+
+inline void StepState::commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept {
+  for (int g = 0; g < lim_.n_groups; ++g)  // the copies are made: their sources go
+    for (int c = 0; c < group_plans_[g].n_copies; ++c) groups[g].pool().release(copies_[g * lim_.max_seqs + c].src);
+  for (int i = 0; i < active_.n_entries; ++i) {
+    const int seq = step_seq_[i];
+    seqs[seq].length = context_lens_[i];
+    prefix.hash_tokens(seq, step_tokens_.get() + query_starts_[i], query_starts_[i + 1] - query_starts_[i],
+                       tokens_given_[i], groups, lim_.n_groups);
+    for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, seqs[seq].length);
+  }
+  active_ = BatchStep{};
+}
+
+inline BatchStepPlan StepState::plan() const noexcept {
+  BatchStepPlan p;
+  p.n_entries = active_.n_entries;
+  p.n_tokens = active_.n_tokens;
+  p.block_size = lim_.block_size;
+  p.seq_ids = step_seq_.get();
+  p.query_starts = query_starts_.get();
+  p.first_positions = first_positions_.get();
+  p.context_lens = context_lens_.get();
+  p.visible_starts = visible_starts_.get();
+  p.holes = holes_of_.get();
+  p.n_holes = n_holes_of_.get();
+  p.n_groups = lim_.n_groups;
+  p.groups = group_plans_.get();
+  return p;
+}
+
+}  // namespace kvcore

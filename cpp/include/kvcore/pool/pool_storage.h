@@ -1,0 +1,273 @@
+// PoolStorage: the storage both byte layers stand on (KVPool, PagedKVPool). A
+// table of layers, each with one K and one V block, that either grows from a
+// PoolAllocator (a heap table; blocks doubled on demand, new blocks first so a
+// failed growth leaves the layer as it was) or lives in one caller arena (the
+// table and every block carved from it, nothing allocated). It owns that
+// storage, its growth, its arena carving and its byte accounting; the pools on
+// top say what the rows mean.
+//
+// `Traits` describes a pool to its storage:
+//   using Layer = ...;  // a LayerStorage with storage_rows(): the rows its
+//                       // blocks hold at allocated_rows
+//   static constexpr PoolNames kNames{...};  // the words its errors use
+//   static Status bad_table(int n_layers) noexcept;  // a negative or
+//                       // overflowing layer count (its own sentence: a
+//                       // Status keeps only short text arguments whole)
+//   static void grown(Layer&) noexcept;  // after a growth, before anything reads
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kvcore/core/result.h"
+#include "kvcore/pool/dtype.h"
+#include "kvcore/pool/pool_allocator.h"
+#include "kvcore/pool/pool_bytes.h"
+
+namespace kvcore {
+
+/// What every layer of a byte layer has: its row sizes, its rows and the
+/// storage behind them (PoolLayer and PagedLayer add what their rows mean).
+struct LayerStorage {
+  /// n_kv_heads * head_dim * element size.
+  std::size_t k_row_bytes = 0;
+  /// n_kv_heads * value_dim * element size.
+  std::size_t v_row_bytes = 0;
+  /// The most rows the layer ever holds.
+  int rows = 0;
+  /// Rows backed by storage now (always `rows` in arena mode).
+  int allocated_rows = 0;
+  /// The layer's K and V storage: storage_rows() rows of k_row_bytes and
+  /// v_row_bytes, row r at k + r * k_row_bytes. Moves when the layer grows.
+  unsigned char* k = nullptr;
+  unsigned char* v = nullptr;
+};
+
+/// The words a pool's storage errors name it by.
+struct PoolNames {
+  /// The pool ("arena of N bytes: the <pool> needs M", "an arena <pool> cannot grow").
+  const char* pool;
+  /// Its table ("cannot allocate the <table> table of N layers").
+  const char* table;
+  /// Its arena ("layer l: the <arena> would overflow the address space").
+  const char* arena;
+  /// What grows ("cannot allocate N bytes to grow <growth>from A to B rows").
+  const char* growth;
+};
+
+/// The storage of a byte layer: its layer table and every layer's K and V
+/// blocks, grown from a PoolAllocator or carved from an arena.
+/// A pool on it is movable (its storage moves along; the moved-from pool is
+/// empty) and not copyable.
+template <typename Traits>
+class PoolStorage : protected PoolBytes {
+ public:
+  using Layer = typename Traits::Layer;
+
+  PoolStorage(const PoolStorage&) = delete;
+  PoolStorage& operator=(const PoolStorage&) = delete;
+  PoolStorage& operator=(PoolStorage&&) = delete;
+
+  /// The element type every row is stored in.
+  DType dtype() const noexcept { return dtype_; }
+  /// Layers: the planner's n_layers().
+  int n_layers() const noexcept { return n_layers_; }
+  /// True for a pool built by in_arena().
+  bool uses_arena() const noexcept { return arena_; }
+
+  /// Shape and storage of `layer`. InvalidArgument: layer outside [0, n_layers).
+  Result<Layer> layer(int layer_index) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    return layers_[layer_index];
+  }
+
+  /// Bytes of the rows backed by storage now, K and V of every layer (the
+  /// layer's storage_rows(): mirror rows included).
+  std::size_t reserved_bytes() const noexcept {
+    std::size_t n = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      const Layer& layer = layers_[l];
+      n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.storage_rows());
+    }
+    return n;
+  }
+
+  /// Grows `layer` now to at least `rows` rows (writes below it then never
+  /// allocate). InvalidArgument: bad layer, rows outside [0, rows(layer)].
+  /// MemoryAllocationFailed: growth failed; the pool is unchanged.
+  Status reserve(int layer_index, int rows) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const Layer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= layer.rows, InvalidArgument,
+                                 "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
+                                 layer_index, rows, layer.rows);
+    return grow(layer_index, rows);
+  }
+
+ protected:
+  // A layer's K and V blocks.
+  struct Blocks {
+    unsigned char* k = nullptr;
+    unsigned char* v = nullptr;
+  };
+
+  PoolStorage(DType dtype, PoolAllocator allocator) noexcept : dtype_(dtype), allocator_(allocator) {}
+  PoolStorage(PoolStorage&& other) noexcept
+      : dtype_(other.dtype_),
+        allocator_(other.allocator_),
+        layers_(other.layers_),
+        n_layers_(other.n_layers_),
+        arena_(other.arena_) {
+    other.layers_ = nullptr;
+    other.n_layers_ = 0;
+  }
+  ~PoolStorage() { release_layers(layers_, n_layers_, arena_, allocator_); }
+
+  static Status check_allocator(const PoolAllocator& allocator) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(allocator.allocate != nullptr && allocator.release != nullptr,
+                                 InvalidArgument,
+                                 "allocator: both allocate and release must be set");
+    return Error::Ok;
+  }
+
+  Status check_layer(int layer_index) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_index >= 0 && layer_index < n_layers_, InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer_index,
+                                 n_layers_);
+    return Error::Ok;
+  }
+
+  // Growing mode: a heap table of `n_layers` layers, layer l shaped by
+  // shape_of(l, &layer) (a Status) and grown to min(initial_rows, its rows).
+  // On a failure the destructor releases what was allocated so far.
+  template <typename ShapeOf>
+  Status build(int n_layers, int initial_rows, ShapeOf shape_of) noexcept {
+    if (n_layers < 0) return Traits::bad_table(n_layers);
+    void* table = std::calloc(static_cast<std::size_t>(n_layers > 0 ? n_layers : 1), sizeof(Layer));
+    KVCORE_CHECK_OR_RETURN_ERROR(table != nullptr, MemoryAllocationFailed,
+                                 "cannot allocate the %s table of %d layers", Traits::kNames.table,
+                                 n_layers);
+    layers_ = static_cast<Layer*>(table);
+    n_layers_ = n_layers;
+    for (int l = 0; l < n_layers; ++l) new (&layers_[l]) Layer();
+    for (int l = 0; l < n_layers; ++l) {
+      KVCORE_RETURN_IF_ERROR(shape_of(l, &layers_[l]));
+      const int rows = layers_[l].rows;
+      KVCORE_RETURN_IF_ERROR(grow(l, initial_rows < rows ? initial_rows : rows));
+    }
+    return Error::Ok;
+  }
+
+  // Arena bytes for `n_layers` layers shaped by shape_of (as build()): slack
+  // to align the start, then the layer table and every K and V block (each
+  // storage_rows() at full rows), each rounded to kArenaAlignment.
+  template <typename ShapeOf>
+  static Result<std::size_t> arena_bytes(int n_layers, ShapeOf shape_of) noexcept {
+    std::uint64_t total = 0;
+    const bool table_fits =
+        n_layers >= 0 && checked_mul(static_cast<std::uint64_t>(n_layers), sizeof(Layer), &total) &&
+        checked_add(round_up(total), kArenaAlignment - 1, &total);
+    if (!table_fits) return Traits::bad_table(n_layers);
+    for (int l = 0; l < n_layers; ++l) {
+      Layer layer;
+      KVCORE_RETURN_IF_ERROR(shape_of(l, &layer));
+      layer.allocated_rows = layer.rows;
+      const std::uint64_t rows = static_cast<std::uint64_t>(layer.storage_rows());
+      const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
+                        checked_add(total, round_up(layer.v_row_bytes * rows), &total);
+      KVCORE_CHECK_OR_RETURN_ERROR(fits, InvalidArgument,
+                                   "layer %d: the %s would overflow the address space", l,
+                                   Traits::kNames.arena);
+    }
+    return static_cast<std::size_t>(total);
+  }
+
+  // Arena mode: checks `arena` (non-null, at least arena_bytes()) and carves
+  // the table and every layer's zeroed K and V blocks, at full rows, from it.
+  template <typename ShapeOf>
+  Status carve(void* arena, std::size_t arena_bytes_given, int n_layers, ShapeOf shape_of) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(arena != nullptr, InvalidArgument, "arena: must not be null");
+    KVCORE_ASSIGN_OR_RETURN(const std::size_t needed, arena_bytes(n_layers, shape_of));
+    KVCORE_CHECK_OR_RETURN_ERROR(arena_bytes_given >= needed, InvalidArgument,
+                                 "arena of %zu bytes: the %s needs %zu (required_bytes)",
+                                 arena_bytes_given, Traits::kNames.pool, needed);
+    arena_ = true;
+    unsigned char* at = align_up(static_cast<unsigned char*>(arena));
+    layers_ = reinterpret_cast<Layer*>(at);
+    n_layers_ = n_layers;
+    at += round_up(static_cast<std::uint64_t>(n_layers) * sizeof(Layer));
+    for (int l = 0; l < n_layers; ++l) {
+      Layer* layer = new (&layers_[l]) Layer();
+      // Cannot fail: arena_bytes() already shaped every layer.
+      KVCORE_RETURN_IF_ERROR(shape_of(l, layer));
+      layer->allocated_rows = layer->rows;
+      const std::size_t storage = static_cast<std::size_t>(layer->storage_rows());
+      const std::size_t k_bytes = layer->k_row_bytes * storage;
+      const std::size_t v_bytes = layer->v_row_bytes * storage;
+      layer->k = at;
+      at += round_up(k_bytes);
+      layer->v = at;
+      at += round_up(v_bytes);
+      if (k_bytes != 0) std::memset(layer->k, 0, k_bytes);
+      if (v_bytes != 0) std::memset(layer->v, 0, v_bytes);
+    }
+    return Error::Ok;
+  }
+
+  // Grows `layer_index` to `rows`, keeping its data: new blocks first, then
+  // copy, then release (or hand the old blocks to `replaced` when the caller
+  // still reads them), so a failure leaves the layer as it was.
+  Status grow(int layer_index, int rows, Blocks* replaced = nullptr) noexcept {
+    Layer& layer = layers_[layer_index];
+    if (rows <= layer.allocated_rows) return Error::Ok;
+    KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal, "layer %d: an arena %s cannot grow to %d rows",
+                                 layer_index, Traits::kNames.pool, rows);
+    Layer grown = layer;
+    grown.allocated_rows = rows;
+    const std::size_t storage = static_cast<std::size_t>(grown.storage_rows());
+    const std::size_t k_bytes = layer.k_row_bytes * storage;
+    const std::size_t v_bytes = layer.v_row_bytes * storage;
+    auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
+    auto* v = k == nullptr ? nullptr
+                           : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, v_bytes));
+    if (v == nullptr) {
+      if (k != nullptr) allocator_.release(allocator_.context, k);
+      return Status::make(Error::MemoryAllocationFailed,
+                          "layer %d: cannot allocate %zu bytes to grow %sfrom %d to %d rows",
+                          layer_index, k_bytes + v_bytes, Traits::kNames.growth, layer.allocated_rows, rows);
+    }
+    const std::size_t k_old = layer.k_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
+    const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
+    if (k_old != 0) std::memcpy(k, layer.k, k_old);
+    if (v_old != 0) std::memcpy(v, layer.v, v_old);
+    std::memset(k + k_old, 0, k_bytes - k_old);
+    std::memset(v + v_old, 0, v_bytes - v_old);
+    const Blocks old{layer.k, layer.v};
+    if (replaced != nullptr) {
+      *replaced = old;
+    } else {
+      release(old);
+    }
+    layer.k = k;
+    layer.v = v;
+    layer.allocated_rows = rows;
+    Traits::grown(layer);
+    return Error::Ok;
+  }
+
+  void release(const Blocks& blocks) noexcept {
+    if (blocks.k != nullptr) allocator_.release(allocator_.context, blocks.k);
+    if (blocks.v != nullptr) allocator_.release(allocator_.context, blocks.v);
+  }
+
+  DType dtype_;
+  PoolAllocator allocator_;
+  Layer* layers_ = nullptr;  // n_layers_ entries: heap (calloc) or arena
+  int n_layers_ = 0;
+  bool arena_ = false;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,19 @@
+"""The demos of ``kvcore demo`` and the reference model they run, apart from the API.
+
+Nothing here is imported by ``import kvcore``. One concept per module:
+
+- ``kvcore.demo.model``: a small Gemma-style decoder in numpy (``Model``), its
+  no-cache oracle (``Model.forward_full``) and ``Decoder``, which runs it through
+  ``SequenceCache`` + ``KVPool``;
+- ``kvcore.demo.options``: the model knobs both demos share (``ModelOptions``),
+  the K/V dtypes and their tolerances;
+- ``kvcore.demo.footprint``: the bytes a run needs, checked against the
+  machine's memory before anything is allocated;
+- ``kvcore.demo.drafts``: greedy decoding and speculative drafts;
+- ``kvcore.demo.runner``: the progress bar, one BLAS thread, and the check, run,
+  report and exit-code sequence both demos share;
+- ``kvcore.demo.sequence``: ``kvcore demo``, one sequence, plain then speculative;
+- ``kvcore.demo.batch``: ``kvcore demo --batch``, many chats through
+  ``BatchCache`` + ``PagedKVPool``;
+- ``kvcore.demo.command``: the two demos' command lines.
+"""

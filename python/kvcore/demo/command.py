@@ -1,0 +1,145 @@
+"""The command lines of ``kvcore demo`` and ``kvcore demo --batch``.
+
+``kvcore demo`` is a subcommand of ``kvcore`` (kvcore.cli); ``--batch`` hands the
+rest of the command line to a parser of its own, with the batch demo's knobs.
+A value the demo cannot honour is refused, never quietly replaced: exit status
+2 and one line naming the option, the value and the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvcore._argparse import Parser
+from kvcore.demo import batch, sequence
+from kvcore.demo.options import TOLERANCE
+from kvcore.demo.runner import run_and_report
+
+
+def add_parser(sub: Any) -> None:
+    """Adds the `demo` subcommand to the kvcore command line."""
+    d = sequence.DemoOptions()
+    p = sub.add_parser("demo", help="decode with the reference model through kvcore and check it (default)")
+    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default %(default)s)")
+    p.add_argument(
+        "--flat-every", type=int, default=d.flat_every,
+        help="every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring (default %(default)s)",
+    )
+    p.add_argument("--window", type=int, default=d.window, help="ring window (default %(default)s)")
+    p.add_argument("--sinks", type=int, default=d.sinks, help="ring attention sinks (default %(default)s)")
+    p.add_argument("--max-step", type=int, default=None,
+                   help=f"largest step, at most the longest sequence (default {d.max_step}, or the longest "
+                   "sequence when shorter)")
+    p.add_argument("--prompt-len", type=int, default=d.prompt_len, help="prompt tokens (default %(default)s)")
+    p.add_argument("--gen-len", type=int, default=d.gen_len, help="tokens to generate (default %(default)s)")
+    p.add_argument("--draft", type=int, default=d.draft,
+                   help="draft tokens per speculative step, at most --max-step - 1 (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="weights and prompt seed (default %(default)s)")
+    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    p.add_argument(
+        "--batch", action="store_true",
+        help="serve many concurrent chats through BatchCache instead, with its own options "
+        "(kvcore demo --batch --help)",
+    )
+    p.set_defaults(run=run)
+
+
+def batch_argv(argv: list[str]) -> list[str] | None:
+    """The options of ``kvcore demo --batch`` when argv (after ``demo``) asks for it, else None.
+
+    ``--batch`` (or an abbreviation argparse would take for it) hands the whole
+    command line to the batch demo's parser, which has its own knobs.
+    """
+    wants = [a for a in argv if a.startswith("--b") and "--batch".startswith(a)]
+    if not wants:
+        return None
+    return [a for a in argv if a not in wants]
+
+
+def _with_default_step(opts: Any, given: int | None) -> Any:
+    """`opts` with max_step as given, or by default the options' own default cut to
+    the run's longest sequence (a default adapts; a value the user gave does not)."""
+    if given is not None:
+        return dataclasses.replace(opts, max_step=given)
+    return dataclasses.replace(opts, max_step=max(1, min(opts.max_step, opts.capacity)))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``kvcore demo`` with the parsed options; its exit status."""
+    if args.batch:  # kvcore.cli hands --batch to the batch parser before parsing; this parser alone cannot
+        print("kvcore demo: error: --batch takes its own options: run `kvcore demo --batch ...`", file=sys.stderr)
+        return 2
+    opts = sequence.DemoOptions(
+        layers=args.layers,
+        flat_every=args.flat_every,
+        window=args.window,
+        sinks=args.sinks,
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+        draft=args.draft,
+        seed=args.seed,
+        dtype=args.dtype,
+    )
+    opts = _with_default_step(opts, args.max_step)
+    show = not args.no_progress and sys.stderr.isatty()
+    return run_and_report("kvcore demo", opts, sequence.run_demo, sequence.format_report, as_json=args.json,
+                          show_progress=show)
+
+
+def batch_parser() -> argparse.ArgumentParser:
+    """The parser of ``kvcore demo --batch``."""
+    d = batch.BatchDemoOptions()
+    p = Parser(
+        prog="kvcore demo --batch",
+        description="Serve many concurrent chats with the reference model through one BatchCache and "
+        "PagedKVPool (a shared system prompt adopted from the cache, chats joining and leaving, forks into "
+        "parallel samples, speculative drafts with rewinds); every step, each chat's logits must equal its "
+        "own full recomputation. Exits 0 when every check passes, 1 when one fails, 2 on bad options.",
+    )
+    knobs: list[tuple[str, str]] = [
+        ("chats", "chats to serve"),
+        ("concurrency", "sequences in flight at once; a forking chat takes --samples of them"),
+        ("shared-len", "system prompt tokens shared by every chat"),
+        ("prompt-len", "each chat's own prompt after it: between half and all of this"),
+        ("gen-len", "tokens each chat generates: between half and all of this"),
+        ("arrive-every", "mean steps between two chats' arrivals; 0: all at once"),
+        ("samples", "parallel samples of a forking chat; 1: no forks"),
+        ("fork-every", "every Nth chat from chat 1 on forks (1, 1+N, ...); 0: none"),
+        ("draft", "draft tokens per speculative step, at most --max-step - 1"),
+        ("draft-every", "every Nth chat from chat 2 on decodes speculatively (2, 2+N, ...); 0: none"),
+        ("block-size", "rows per cache block"),
+        ("layers", "decoder layers"),
+        ("flat-every", "every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring"),
+        ("window", "ring window"),
+        ("sinks", "ring attention sinks"),
+        ("seed", "weights, prompts and arrivals seed"),
+    ]
+    for flag, text in knobs:
+        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
+                       help=f"{text} (default %(default)s)")
+    p.add_argument("--max-step", type=int, default=None,
+                   help="largest step of one sequence: a prefill chunk, or 1 + drafts; at most the longest "
+                   f"sequence (default {d.max_step}, or the longest sequence when shorter)")
+    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    bar.add_argument("--no-progress", action="store_true", help="no progress bar (by default it shows on a terminal)")
+    return p
+
+
+def batch_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --batch`` with argv (the options after it); its exit status."""
+    args = batch_parser().parse_args(list(argv))
+    names = [f.name for f in dataclasses.fields(batch.BatchDemoOptions) if f.name != "max_step"]
+    opts = batch.BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    opts = _with_default_step(opts, args.max_step)
+    show = args.progress or (not args.no_progress and sys.stderr.isatty())
+    return run_and_report("kvcore demo --batch", opts, batch.run_batch_demo, batch.format_report, as_json=args.json,
+                          show_progress=show)
