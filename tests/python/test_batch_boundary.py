@@ -264,8 +264,8 @@ def test_batch_limits_take_keywords_only_and_refuse_unknown_ones() -> None:
         ([(2, 5)], kvcore.InvalidArgumentError, "T = 5, must be in [1, max_step = 4]"),
         ([(2, 1, 7)], TypeError, "not iterable"),
         ([(0, 1), (1, 1), (2, 1), (0, 1), (1, 1)], kvcore.InvalidArgumentError, "5 entries, must be in [1, max_seqs = 4]"),
-        (5, TypeError, "not iterable"),
-        (None, TypeError, "not iterable"),
+        (5, TypeError, "begin_step takes entries [(seq, T) or (seq, T, tokens), ...] or arrays (seqs, T, "),
+        (None, TypeError, "begin_step takes entries [(seq, T) or (seq, T, tokens), ...] or arrays (seqs, T, "),
     ],
     ids=lambda x: repr(x) if not isinstance(x, type) else x.__name__,
 )

@@ -82,3 +82,16 @@ def test_check_rejects_a_cache_that_returns_a_wrong_row(monkeypatch: pytest.Monk
     monkeypatch.setitem(candidates.CANDIDATES, "numpy", _broken("numpy"))  # the dict compare uses
     with pytest.raises(AssertionError, match="K rows differ"):
         compare.check_candidate("numpy", shape, steps, seed=0)
+
+
+def test_batch_python_runs_both_forms_and_admits_from_the_cache(tmp_path: Path) -> None:
+    out = tmp_path / "batch_python.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "batch_python.py"), "--quick", "--seqs", "2,3", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert {(r["seqs"], r["form"]) for r in report["decode"]} == {(n, f) for n in (2, 3) for f in ("list", "arrays")}
+    assert all(r["cpu_us_per_seq"] > 0 for r in report["decode"])
+    assert report["admit"]["hit_tokens"] == 1984  # (2,000 - 1) // 16 full blocks of the cached prompt

@@ -81,9 +81,15 @@ def from_pieces(pieces: list[str]) -> str:
 
 
 def balanced(src: str, start: int) -> int:
-    """Index of the parenthesis closing the one opened just before `start`."""
+    """Index of the parenthesis closing the one opened just before `start`
+    (parentheses inside string literals do not count)."""
     depth, i = 1, start
     while depth:
+        if src[i] == '"':
+            m = re.match(STRING, src[i:])
+            assert m is not None
+            i += len(m.group(0))
+            continue
         depth += {"(": 1, ")": -1}.get(src[i], 0)
         i += 1
     return i - 1
@@ -141,9 +147,11 @@ def binding_sites() -> list[Site]:
         for m in re.finditer(r"Status::make\(\s*(?:kvcore::Error::(\w+)|(\w+)),\s*" + STRINGS, src):
             # A variable code (a Python builder's own kvcore error) may be any code.
             sites.append(Site(path.name, m.group(1) or "*", from_printf(joined(m.group(3)))))
-        for m in re.finditer(r"throw py::(\w+)_error\(\s*" + STRINGS, src):
+        for m in re.finditer(r"throw py::(\w+)_error\(", src):
             name = {"type": "TypeError", "value": "ValueError"}[m.group(1)]
-            sites.append(Site(path.name, name, from_printf(joined(m.group(2)))))
+            expr = src[m.end() : balanced(src, m.end())].strip()
+            pattern = from_pieces(top_level_literals(expr))
+            sites.append(Site(path.name, name, pattern if expr.startswith('"') else ".*?" + pattern))
     return sites
 
 
