@@ -724,11 +724,11 @@ class BatchStep(metaclass=_pybind11_type):
     ) -> Literal[False]: ...
 
 class BatchCache(CacheBase, metaclass=_pybind11_type):
-    """Many sequences over paged block pools (DESIGN.md section 6): one pool of blocks per group of
-    layers sharing a policy; forks share blocks, removals and rewinds release them, ring groups
-    release what no future query can reach, and full blocks named by their token ids are reused by
-    new sequences with the same prefix. Sequence ids are 0..max_seqs-1; every table is sized from
-    config.batch (BatchLimits) at creation. A failing call raises and changes nothing.
+    """Many sequences over paged block pools (docs/design.md section 6): one pool of blocks per
+    group of layers sharing a policy; forks share blocks, removals and rewinds release them, ring
+    groups release what no future query can reach, and full blocks named by their token ids are
+    reused by new sequences with the same prefix. Sequence ids are 0..max_seqs-1; every table is
+    sized from config.batch (BatchLimits) at creation. A failing call raises and changes nothing.
     """
 
     def __init__(self, config: CacheConfig) -> None:
@@ -812,11 +812,13 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def remove(self, seq: SupportsIndex, p0: SupportsIndex, p1: SupportsIndex | None = None) -> None:
         """Positions [p0, p1) leave the sequence's history: it never sees them again; its length and
-        positions do not change. A middle range becomes a hole, a head range moves visible_start; p1
-        = None or p1 >= length is a truncation, rewind(seq, p0). InvalidArgumentError: seq outside
-        [0, max_seqs), p0 < 0 or p1 < p0. InvalidStateError: seq not active, or a truncation that
-        breaks the rewind rule (a ring group released history a query at p0 needs). CapacityError:
-        the sequence would keep more than max_holes separate removed middle ranges.
+        positions do not change. A middle range becomes a hole, a head range moves visible_start; p0
+        < length <= p1 (or p1 = None) is a truncation, rewind(seq, p0); p0 >= length or p0 == p1
+        removes nothing: a successful no-op (llama.cpp's seq_rm), where rewind refuses p0 > length.
+        InvalidArgumentError: seq outside [0, max_seqs), p0 < 0 or p1 < p0. InvalidStateError: seq
+        not active, or a truncation that breaks the rewind rule (a ring group released history a
+        query at p0 needs). CapacityError: the sequence would keep more than max_holes separate
+        removed middle ranges.
         """
     def rewind(self, seq: SupportsIndex, n: SupportsIndex) -> None:
         """length(seq) = n (positions); the sequence's blocks from index ceil(n / block_size) on are
