@@ -100,8 +100,8 @@ class StepLayout:
     """
 
     __slots__ = (
-        "position", "T", "order", "writes", "index", "write_end", "view", "gather", "read_len", "positions",
-        "_geometry", "_key_positions", "_on",
+        "position", "T", "order", "writes", "index", "pair", "write_end", "view", "gather", "read_len", "positions",
+        "_geometry", "_key_positions", "_on", "_last",
     )  # fmt: skip
 
     def __init__(self, plan: SeqStepPlan, storage: _Storage, position: int, T: int, order: str = "rows") -> None:
@@ -123,6 +123,8 @@ class StepLayout:
                     writes.append((storage.rows + lo - lo_m, hi - lo, off + lo - row))
         self.writes = tuple(writes)
         self.index: tuple[int, ...] = tuple(w[0] for w in writes) if T == 1 else ()
+        # T = 1 written to a row and its mirror copy: (row, mirror row - row), else None.
+        self.pair = (self.index[0], self.index[1] - self.index[0]) if len(self.index) == 2 else None
         self.write_end = max(row + n for row, n, _ in writes)
         self.positions = _position_ranges(plan)
         spans: list[tuple[int, int]] = []
@@ -150,6 +152,7 @@ class StepLayout:
         self.view: Optional[tuple[int, int]] = spans[0] if len(spans) == 1 else None
         self.gather = tuple(spans)
         self._on: dict[torch.device, torch.Tensor] = {}
+        self._last: Optional[tuple[torch.device, torch.Tensor]] = None
 
     def key_positions(self) -> list[int]:
         """The logical position of each row a read returns, in the order returned (made once)."""
@@ -163,10 +166,14 @@ class StepLayout:
 
     def index_on(self, device: torch.device) -> torch.Tensor:
         """``index`` as a tensor on ``device`` (made once per step and device)."""
+        last = self._last
+        if last is not None and last[0] == device:  # every layer of a model is usually on one device
+            return last[1]
         t = self._on.get(device)
         if t is None:
             t = torch.tensor(self.index, dtype=torch.long, device=device)
             self._on[device] = t
+        self._last = (device, t)
         return t
 
 
@@ -208,6 +215,13 @@ class LayerPool:
         keys = self.keys.as_strided((B, H, n, D), st, off + row * st[2])
         B, H, D, st, off = self._v_geometry
         return keys, self.values.as_strided((B, H, n, D), st, off + row * st[2])
+
+    def pair(self, row: int, gap: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``row`` and ``row + gap`` of K and V as one view each, ``[B, H, 2, D]`` (a row and its mirror)."""
+        B, H, D, st, off = self._k_geometry
+        keys = self.keys.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2])
+        B, H, D, st, off = self._v_geometry
+        return keys, self.values.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2])
 
     @property
     def allocated_rows(self) -> int:
@@ -390,15 +404,15 @@ class TorchKVPool:
         if layout.write_end > pool.keys.shape[2]:
             self._grow(pool, layout.write_end)
         pk, pv = pool.keys, pool.values
-        index = layout.index
-        if index:  # T = 1: one indexed copy writes the row and its mirror
+        pair = layout.pair
+        if pair is not None:  # T = 1 into a row and its mirror: one strided view of both, the row broadcast
+            dk, dv = pool.pair(pair[0], pair[1])
+            dk.copy_(key)
+            dv.copy_(value)
+        elif layout.index:  # T = 1 into one row: one indexed copy
             rows = layout.index_on(pool.device)
-            if len(index) == 1:
-                pk.index_copy_(2, rows, key)
-                pv.index_copy_(2, rows, value)
-            else:
-                pk.index_copy_(2, rows, key.expand(-1, -1, len(index), -1))
-                pv.index_copy_(2, rows, value.expand(-1, -1, len(index), -1))
+            pk.index_copy_(2, rows, key)
+            pv.index_copy_(2, rows, value)
         else:
             T = layout.T
             for row, n, off in layout.writes:

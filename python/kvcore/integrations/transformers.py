@@ -324,6 +324,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         super().__init__(layers=list(self.kv_layers))
         self._n_layers = len(layer_types)
         self._policy_of = self.pool.policy_of
+        self._write_read = self.pool.write_read  # bound once: the per-layer path calls it 26 times a token
         # The forward under way: layer 0 begins its step, the last layer commits it, an error
         # while a layer is served aborts it (kvcore.integrations.forward_step).
         self._forward: ForwardStep[Step] = ForwardStep(self._n_layers, commit_after=self._n_layers)
@@ -426,7 +427,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 f"update of layer {layer_idx} with T = {T} tokens, but this forward's step has T = {self._T}"
             )
         layout = self._layouts[self._policy_of[layer_idx]]
-        out = forward.serve(layer_idx, lambda: self.pool.write_read(layer_idx, layout, key_states, value_states))
+        out = forward.serve(layer_idx, self._write_read, layer_idx, layout, key_states, value_states)
         if forward.step is None:  # the last layer committed the step
             self._stopped_at = None
         return out
