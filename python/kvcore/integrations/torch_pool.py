@@ -182,7 +182,7 @@ class LayerPool:
 
     __slots__ = (
         "keys", "values", "rows", "mirror_rows", "batch_size", "dtype", "device",
-        "T", "k_shape", "v_shape", "_k_geometry", "_v_geometry",
+        "T", "k_shape", "v_shape", "tensor_rows", "_k_geometry", "_v_geometry",
     )  # fmt: skip
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, mirror_rows: int = 0) -> None:
@@ -195,6 +195,7 @@ class LayerPool:
         self.batch_size = int(keys.shape[0])
         self.dtype = keys.dtype
         self.device = keys.device
+        self.tensor_rows = int(keys.shape[2])  # allocated rows, the mirror included
         # What a step of T new rows must pass in (set for the T of the last step).
         self.T = 0
         self.k_shape = self.v_shape = torch.Size()
@@ -215,13 +216,6 @@ class LayerPool:
         keys = self.keys.as_strided((B, H, n, D), st, off + row * st[2])
         B, H, D, st, off = self._v_geometry
         return keys, self.values.as_strided((B, H, n, D), st, off + row * st[2])
-
-    def pair(self, row: int, gap: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``row`` and ``row + gap`` of K and V as one view each, ``[B, H, 2, D]`` (a row and its mirror)."""
-        B, H, D, st, off = self._k_geometry
-        keys = self.keys.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2])
-        B, H, D, st, off = self._v_geometry
-        return keys, self.values.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2])
 
     @property
     def allocated_rows(self) -> int:
@@ -401,14 +395,16 @@ class TorchKVPool:
             or value.device != pool.device
         ):
             pool = self._pool_for(layer, layout, key, value)
-        if layout.write_end > pool.keys.shape[2]:
+        if layout.write_end > pool.tensor_rows:
             self._grow(pool, layout.write_end)
         pk, pv = pool.keys, pool.values
         pair = layout.pair
         if pair is not None:  # T = 1 into a row and its mirror: one strided view of both, the row broadcast
-            dk, dv = pool.pair(pair[0], pair[1])
-            dk.copy_(key)
-            dv.copy_(value)
+            row, gap = pair  # (inlined, like the view below: this runs for every layer of every token)
+            B, H, D, st, off = pool._k_geometry
+            pk.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2]).copy_(key)
+            B, H, D, st, off = pool._v_geometry
+            pv.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2]).copy_(value)
         elif layout.index:  # T = 1 into one row: one indexed copy
             rows = layout.index_on(pool.device)
             pk.index_copy_(2, rows, key)
@@ -419,8 +415,12 @@ class TorchKVPool:
                 pk.narrow(2, row, n).copy_(key if n == T else key.narrow(2, off, n))
                 pv.narrow(2, row, n).copy_(value if n == T else value.narrow(2, off, n))
         view = layout.view
-        if view is not None:
-            return pool.view(view[0], view[1])
+        if view is not None:  # LayerPool.view, inlined
+            row, n = view
+            B, H, D, st, off = pool._k_geometry
+            keys = pk.as_strided((B, H, n, D), st, off + row * st[2])
+            B, H, D, st, off = pool._v_geometry
+            return keys, pv.as_strided((B, H, n, D), st, off + row * st[2])
         return self._gather(pool, layout.gather, layout.read_len)
 
     def _gather(

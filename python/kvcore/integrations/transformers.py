@@ -417,7 +417,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         else:
             T = int(key_states.shape[-2])
         forward = self._forward
-        if forward.step is None or layer_idx != forward.served:
+        if layer_idx != forward.served or forward.step is None:
             raise InvalidStateError(
                 f"update of layer {layer_idx}: a forward updates layers 0..{self._n_layers - 1} in order, "
                 f"and layer {forward.served} is next"
