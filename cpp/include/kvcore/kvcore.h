@@ -12,6 +12,7 @@
 #include "kvcore/core/config.h"
 #include "kvcore/core/step.h"
 #include "kvcore/core/plan.h"
+#include "kvcore/core/draft_tree.h"
 #include "kvcore/core/layout_policy.h"
 #include "kvcore/core/flat_policy.h"
 #include "kvcore/core/ring_policy.h"
