@@ -7,7 +7,7 @@ Integer arguments accept any int (or object with __index__); values outside the
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Protocol, SupportsIndex
+from typing import Any, ClassVar, Literal, Protocol, SupportsIndex, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -297,6 +297,15 @@ class LayerGeometry(metaclass=_pybind11_type):
     def __deepcopy__(self, memo: dict[int, Any]) -> LayerGeometry:
         """A copy of the value (it is immutable)."""
 
+class _DLPackTensor(Protocol):
+    """A tensor with the DLPack protocol (a CPU torch tensor): read through numpy.from_dlpack."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+# A 1-D integer array argument (the batch verbs, begin_tree, commit): int32 or int64, contiguous (numpy,
+# array.array, anything with the buffer protocol, a DLPack tensor), or a sequence of ints.
+IntArrayArg = npt.NDArray[np.signedinteger[Any]] | Sequence[SupportsIndex] | _DLPackTensor
+
 class Step(metaclass=_pybind11_type):
     """A begun step. As a context manager it commits on normal exit and leaves the
     step uncommitted when the body raises."""
@@ -327,8 +336,31 @@ class Step(metaclass=_pybind11_type):
         InvalidArgumentError: bad layer or order; InvalidStateError: the step is no longer the begun
         step.
         """
-    def commit(self) -> None:
-        """length = end. InvalidStateError: the step is no longer current."""
+    @overload
+    def commit(self, accepted: None = None) -> None:
+        """x"""
+    @overload
+    def commit(self, accepted: IntArrayArg) -> list[npt.NDArray[np.int32]]:
+        """x"""
+    @property
+    def is_tree(self) -> bool:
+        """x"""
+    @property
+    def parents(self) -> npt.NDArray[np.int32]:
+        """x"""
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """x"""
+    @property
+    def chain_index(self) -> npt.NDArray[np.int32]:
+        """x"""
+    @property
+    def tree_mask_packed(self) -> npt.NDArray[np.uint32]:
+        """x"""
+    def tree_rows(self, layer: SupportsIndex) -> npt.NDArray[np.int32]:
+        """x"""
+    def dense_tree_mask(self, layer: SupportsIndex) -> npt.NDArray[np.bool_]:
+        """x"""
     def abort(self) -> None:
         """Ends the step without committing it: the length stays, no step is begun (its rows
         still count as written for can_rewind: the backend may have written them).
@@ -409,8 +441,18 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         begin_step(T) then gives this very plan. Errors as begin_step, and InvalidArgumentError for
         a bad layer.
         """
-    def commit(self, step: Step) -> None:
-        """Commits `step`: length = step.end. InvalidStateError: not this cache's begun step."""
+    @overload
+    def commit(self, step: Step, accepted: None = None) -> None:
+        """x"""
+    @overload
+    def commit(self, step: Step, accepted: IntArrayArg) -> list[npt.NDArray[np.int32]]:
+        """x"""
+    def begin_tree(self, parents: IntArrayArg) -> Step:
+        """x"""
+    def reserve_tree(self, max_nodes: SupportsIndex) -> None:
+        """x"""
+    def commit_copies(self) -> list[npt.NDArray[np.int32]]:
+        """x"""
     def abort(self, step: Step) -> None:
         """Ends `step` without committing it (a failed forward): the length stays and no step
         is begun; its rows still count as written for can_rewind. InvalidStateError: not
@@ -562,6 +604,8 @@ class KVPool(metaclass=_pybind11_type):
         `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors as write and
         read; InvalidStateError: `step` is stale or of another cache.
         """
+    def apply_copies(self, copies: Sequence[npt.NDArray[np.integer[Any]]]) -> None:
+        """x"""
     @staticmethod
     def required_bytes(
         config: CacheConfig, dtype: npt.DTypeLike, *, mirror_rings: bool = False
@@ -684,14 +728,6 @@ class BatchStepPlan(metaclass=_pybind11_type):
 # (seq, T) or (seq, T, tokens): tokens any iterable of T ids (a list, a numpy array), or None.
 StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
 
-class _DLPackTensor(Protocol):
-    """A tensor with the DLPack protocol (a CPU torch tensor): read through numpy.from_dlpack."""
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
-
-# A 1-D integer array argument of the batch verbs: int32 or int64, contiguous (numpy,
-# array.array, anything with the buffer protocol, a DLPack tensor), or a sequence of ints.
-IntArrayArg = npt.NDArray[np.signedinteger[Any]] | Sequence[SupportsIndex] | _DLPackTensor
 
 class BatchStep(metaclass=_pybind11_type):
     """A begun step of a BatchCache. As a context manager it commits on normal exit and leaves the

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cache_fixtures.h"
@@ -166,6 +167,50 @@ TEST(TreeScenario, AbortAndRetryCountTheTreesRows) {
   EXPECT_EQ(tree_cache->commit(*retry, path.data(), 3).code(), Error::InvalidState);
   EXPECT_TRUE(tree_cache->commit(*again, path.data(), 3).ok());
   EXPECT_TRUE(copies_of(*tree_cache, 0).empty());  // 0 1 4 is the main line
+}
+
+// A tree larger than the storage holds grows it; when memory runs out, the
+// call reports it and changes nothing: the begun tree stays begun.
+TEST(TreeScenario, GrowthFailureChangesNothing) {
+  auto cache = must_create(make_config(400, {LayerPolicy::ring(8), LayerPolicy::flat()}, 300));
+  fill(*cache, 10);
+  const std::vector<int> small = {-1, 0, 0};
+  auto begun = cache->begin_tree(small.data(), 3);
+  ASSERT_TRUE(begun.ok());
+  std::vector<int> big(200);
+  for (int i = 0; i < 200; ++i) big[static_cast<std::size_t>(i)] = i - 1;
+  int failures = 0;
+  for (int successes = 0; successes < 10; ++successes) {  // begin_tree: the begun tree stays
+    kvcore::Status outcome;
+    bool failed = false;
+    {
+      FailNothrowNewAfter fail(successes);
+      outcome = cache->begin_tree(big.data(), 200).status();
+      failed = fail.failed_any();
+    }
+    if (!failed) break;
+    ++failures;
+    EXPECT_EQ(outcome.code(), Error::MemoryAllocationFailed);
+    EXPECT_NE(std::string(outcome.message().c_str()).find("cannot allocate"), std::string::npos);
+    ASSERT_EQ(cache->active_step().id, begun->id);
+    auto tree = cache->tree(*begun);
+    ASSERT_TRUE(tree.ok());
+    EXPECT_EQ((*tree)->size(), 3);
+    EXPECT_EQ((*tree)->chain_indices()[2], 2);
+  }
+  EXPECT_EQ(failures, 4);  // the copies, their counts, the tree's arrays, its mask
+  auto again = cache->begin_tree(small.data(), 3);
+  ASSERT_TRUE(again.ok() && cache->abort(*again).ok());
+  auto fresh = must_create(make_config(400, {LayerPolicy::ring(8)}, 300));
+  for (int successes = 0; successes < 4; ++successes) {  // reserve_tree
+    FailNothrowNewAfter fail(successes);
+    const kvcore::Status outcome = fresh->reserve_tree(300);
+    EXPECT_TRUE(fail.failed_any());
+    EXPECT_EQ(outcome.code(), Error::MemoryAllocationFailed);
+  }
+  const std::uint64_t before = operator_news();
+  EXPECT_TRUE(fresh->reserve_tree(128).ok());  // still the 128 reserved at create: no growth
+  EXPECT_EQ(operator_news(), before);
 }
 
 }  // namespace

@@ -89,12 +89,10 @@ inline Status write_tree(KVPool& pool, int layer, const SeqStepPlan& plan, const
   return Error::Ok;
 }
 
-/// Performs a commit's row copies on `layer`, in order: the K and V of row
-/// copies[c].src to row copies[c].dst (SequenceCache::commit_copies(layer)),
-/// before the next step is written. InvalidArgument: bad layer, n < 0, copies
-/// null with n > 0, a row outside [0, rows); InvalidState: a row the layer has
-/// not grown to (the tree step was not written). Nothing is copied on an error.
-inline Status copy_rows(KVPool& pool, int layer, const TreeCopy* copies, int n) noexcept {
+/// Ok when copy_rows(pool, layer, copies, n) would succeed (it copies
+/// nothing): its errors, so that a caller copying several layers can check
+/// them all first.
+inline Status check_copies(const KVPool& pool, int layer, const TreeCopy* copies, int n) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const PoolLayer shape, pool.layer(layer));
   KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && (n == 0 || copies != nullptr), InvalidArgument,
                                "copy_rows of layer %d: %d copies (copies null: %d)", layer, n,
@@ -111,6 +109,17 @@ inline Status copy_rows(KVPool& pool, int layer, const TreeCopy* copies, int n) 
                                  "layer has not grown to (%d): write the tree step first",
                                  layer, c, cp.src, cp.dst, shape.allocated_rows);
   }
+  return Error::Ok;
+}
+
+/// Performs a commit's row copies on `layer`, in order: the K and V of row
+/// copies[c].src to row copies[c].dst (SequenceCache::commit_copies(layer)),
+/// before the next step is written. InvalidArgument: bad layer, n < 0, copies
+/// null with n > 0, a row outside [0, rows); InvalidState: a row the layer has
+/// not grown to (the tree step was not written). Nothing is copied on an error.
+inline Status copy_rows(KVPool& pool, int layer, const TreeCopy* copies, int n) noexcept {
+  KVCORE_RETURN_IF_ERROR(check_copies(pool, layer, copies, n));
+  const PoolLayer shape = *pool.layer(layer);
   for (int c = 0; c < n; ++c) {
     const std::size_t src = static_cast<std::size_t>(copies[c].src), dst = static_cast<std::size_t>(copies[c].dst);
     std::memmove(shape.k + shape.k_row_bytes * dst, shape.k + shape.k_row_bytes * src, shape.k_row_bytes);
