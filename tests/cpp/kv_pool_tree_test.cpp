@@ -134,7 +134,7 @@ TEST(KVPoolTree, CommittedTreesReadAsChainsOfTheAcceptedTokens) {
 }
 
 TEST(KVPoolTree, ErrorsWriteAndCopyNothing) {
-  auto cache = must_create(pool_config(40, {ring_layer(4)}, 4, 8));
+  auto cache = must_create(pool_config(40, {ring_layer(4)}, 4, 4));  // 7 rows, 4 allocated
   KVPool pool = make_pool(*cache, RingStorage::Compact);
   const std::vector<int> parents = {-1, 0, 0};
   auto step = cache->begin_tree(parents.data(), 3);
@@ -152,6 +152,10 @@ TEST(KVPoolTree, ErrorsWriteAndCopyNothing) {
   other.write[0].pos += 1;
   EXPECT_EQ(kvcore::write_tree(pool, 0, other, tree, k.data(), k.size(), v.data(), v.size()).code(),
             Error::InvalidArgument);  // not the tree's step
+  kvcore::SeqStepPlan outside_rows = plan;
+  outside_rows.write[0].row = 40;
+  EXPECT_EQ(kvcore::write_tree(pool, 0, outside_rows, tree, k.data(), k.size(), v.data(), v.size()).code(),
+            Error::InvalidArgument);  // a run outside the rows
   const kvcore::PoolLayer rows = *pool.layer(0);
   EXPECT_EQ(kvcore::write_tree(pool, 0, plan, tree, rows.k, k.size(), v.data(), v.size()).code(),
             Error::InvalidArgument);  // input inside the pool
@@ -159,9 +163,8 @@ TEST(KVPoolTree, ErrorsWriteAndCopyNothing) {
   EXPECT_EQ(kvcore::copy_rows(pool, 0, outside, 1).code(), Error::InvalidArgument);
   EXPECT_EQ(kvcore::copy_rows(pool, 0, nullptr, 1).code(), Error::InvalidArgument);
   const TreeCopy unwritten[1] = {{shape.rows - 1, 0}};
-  if (shape.allocated_rows < shape.rows) {
-    EXPECT_EQ(kvcore::copy_rows(pool, 0, unwritten, 1).code(), Error::InvalidState);
-  }
+  ASSERT_LT(shape.allocated_rows, shape.rows);
+  EXPECT_EQ(kvcore::copy_rows(pool, 0, unwritten, 1).code(), Error::InvalidState);
   EXPECT_EQ(snapshot(pool), before);
   EXPECT_OK(kvcore::copy_rows(pool, 0, nullptr, 0));
 }
