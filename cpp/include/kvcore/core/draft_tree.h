@@ -193,6 +193,15 @@ inline int tree_commit_copies(const int* chain_index, const int* accepted, int m
   return n_out;
 }
 
+/// The row the chain plan writes for chain index `c` (0 <= c < plan.write_len()).
+inline int chain_row(const SeqStepPlan& plan, int c) noexcept {
+  for (int i = 0; i < plan.n_write; ++i) {
+    if (c < plan.write[i].len) return plan.write[i].row + c;
+    c -= plan.write[i].len;
+  }
+  return -1;
+}
+
 /// A tree step's layout, in storage sized once (reserve) and reused: no
 /// allocation per step. SequenceCache keeps one; a batched cache may keep one
 /// per entry or use the free functions above on its own arrays.

@@ -14,15 +14,6 @@
 
 namespace kvcore {
 
-/// The row the chain plan writes for chain index `c` (0 <= c < plan.write_len()).
-inline int chain_row(const SeqStepPlan& plan, int c) noexcept {
-  for (int i = 0; i < plan.n_write; ++i) {
-    if (c < plan.write[i].len) return plan.write[i].row + c;
-    c -= plan.write[i].len;
-  }
-  return -1;
-}
-
 /// Writes the tree step's N node rows on `layer`: input row i (node i; k:
 /// k_row_bytes, v: v_row_bytes each, exactly N rows) goes to the row of chain
 /// index tree.chain_indices()[i] in `plan` (`layer`'s plan of the tree step).
