@@ -6,6 +6,7 @@ checks the logits of every step against the oracle (a full forward over the
 whole sequence with explicit masks, no cache). Then it decodes again with
 speculative steps: each step carries the last token plus k draft tokens, the
 rejected drafts are rewound, and the result must equal decoding without drafts.
+With --tree N it decodes a third time with draft trees (kvcore.demo.trees).
 
 Nothing is downloaded: the model is small and random. Exits 0 when every check
 passes, 1 when one fails, 2 on bad options.
@@ -53,7 +54,8 @@ class DemoOptions(ModelOptions):
             raise ValueError(f"--draft = {self.draft}: must be >= 0")
         if self.tree != 0 and not 2 <= self.tree <= self.max_step:
             raise ValueError(f"--tree = {self.tree}: must be 0 (no trees) or in [2, --max-step = {self.max_step}]")
-        self.check_step(self.capacity, self.draft, "--prompt-len + --gen-len + --draft + 1")
+        longest = "--draft" if self.draft >= self.tree else "--tree"
+        self.check_step(self.capacity, self.draft, f"--prompt-len + --gen-len + {longest} + 1")
         self.check_dtype()
         footprint.check_options_fit(self, [("prompt_len", 1), ("gen_len", 1)],
                                     "the oracle attends over every position at once")

@@ -2,15 +2,15 @@
 
 Each step verifies a tree of at most N tokens in one forward: the last token
 as the root, a main line of drafts below it, and at every depth of the main
-line a second guess beside it. The drafter is the demo's noisy oracle: the
-main line is the plain run's continuation with one token corrupted at a random
-place (or none, as the chain demo drafts), and each second guess is the plain
-run's token with probability 1/2 (else a random token). The longest root path
+line a second guess beside it. The drafter is a noisy oracle shaped like a
+top-2 draft model: each main-line draft is the plain run's next token with
+probability TOP1 (else a wrong one), and when it is wrong the second guess is
+right with probability TOP2 (a top-2 guess never repeats the top-1). The longest root path
 greedy decoding agrees with is committed (`cache.commit(step, accepted=...)`)
 and its row copies applied (`pool.apply_copies`). The run must give the plain
 run's tokens, and every kept logit row must equal the full recomputation; it
 reports accepted tokens per forward against chain drafting of the same node
-budget (N - 1 drafts, the same corruption rule).
+budget (N - 1 drafts from the same top-1 drafter).
 """
 
 from __future__ import annotations
@@ -20,27 +20,37 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo.drafts import corrupt_drafts, greedy
+from kvcore.demo.drafts import greedy
 from kvcore.demo.model import Decoder, Model
+
+TOP1 = 0.6  # the drafter's first guess is right this often
+TOP2 = 0.5  # its second guess is right this often when the first is wrong
+
+
+def other_than(token: int, rng: np.random.Generator, vocab: int) -> int:
+    """A token id in [0, vocab) other than `token`."""
+    return (token + 1 + int(rng.integers(0, vocab - 1))) % vocab
+
+
+def top1_drafts(truth: list[int], rng: np.random.Generator, vocab: int) -> list[int]:
+    """Each of truth's tokens, kept with probability TOP1, else a wrong one."""
+    return [t if rng.random() < TOP1 else other_than(t, rng, vocab) for t in truth]
 
 
 def draft_tree(truth: list[int], budget: int, rng: np.random.Generator, vocab: int) -> tuple[list[int], list[int]]:
     """(parents, tokens) of the drafts below a root, at most `budget` nodes: a
-    main line of ceil(budget / 2) drafts (truth with at most one token
-    corrupted), then beside each main-line draft a second guess (truth's token
-    with probability 1/2, else a random one), while the budget lasts. Node 0 of
-    the result is the first main-line draft; parents index the step's nodes
-    with the root as 0, so every index is one more than in this list."""
+    main line of ceil(budget / 2) top-1 drafts, then beside each main-line
+    draft its second guess, while the budget lasts. Entry i is step node i + 1
+    (the root is node 0), so parents hold step node indices."""
     depth = min(len(truth), (budget + 1) // 2)
-    main = corrupt_drafts(truth[:depth], rng, vocab)
-    parents = [i for i in range(depth)]  # main line: draft d's parent is node d (the root is node 0)
-    tokens = list(main)
+    tokens = top1_drafts(truth[:depth], rng, vocab)
+    parents = list(range(depth))  # main line: draft d's parent is node d
     for d in range(depth):
         if len(tokens) >= budget:
             break
-        guess = truth[d] if rng.random() < 0.5 else int(rng.integers(0, vocab))
+        right = tokens[d] != truth[d] and rng.random() < TOP2
         parents.append(d)  # beside main-line draft d: the same parent
-        tokens.append(guess)
+        tokens.append(truth[d] if right else other_than(tokens[d], rng, vocab))
     return parents, tokens
 
 
@@ -104,15 +114,14 @@ def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: np
 def chain_tokens_per_forward(model: Model, budget: int, capacity: int, max_step: int, dtype: npt.DTypeLike,
                              prompt: list[int], plain: list[int], gen_len: int, seed: int) -> float:
     """Accepted tokens per forward of chain drafting with the same node budget:
-    budget - 1 drafts per step, one corrupted token at most (as draft_tree's
-    main line)."""
+    budget - 1 top-1 drafts per step (as draft_tree's main line)."""
     rng = np.random.default_rng(seed)
     dec = Decoder(model, capacity, max_step, dtype)
     out = [greedy(dec.feed(prompt)[-1])]
     forwards = 0
     while len(out) < gen_len:
         P = dec.length
-        drafts = corrupt_drafts(plain[len(out) : len(out) + budget - 1], rng, model.config.vocab_size)
+        drafts = top1_drafts(plain[len(out) : len(out) + budget - 1], rng, model.config.vocab_size)
         logits = dec.step([out[-1], *drafts])
         a = 0
         while a < len(drafts) and drafts[a] == greedy(logits[a]):
