@@ -15,9 +15,9 @@ import pytest
 
 import kvcore
 from kvcore import cli
-from kvcore.demo import footprint, options, runner, sequence, trees
+from kvcore.demo import early_exit, footprint, options, runner, sequence, trees
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts
-from kvcore.demo.model import Decoder
+from kvcore.demo.model import Decoder, Model
 
 # Small enough to run in well under a second, large enough to wrap the rings.
 SMALL = ["--layers", "3", "--flat-every", "3", "--window", "6", "--sinks", "1", "--max-step", "4",
@@ -275,7 +275,8 @@ def test_a_command_error_names_its_command_once(capsys: pytest.CaptureFixture[st
 
 # --- kvcore demo --tree ---------------------------------------------------
 
-TREE_OPTS = dataclasses.replace(SMALL_OPTS, tree=4, gen_len=40, prompt_len=14)
+# Seed 7: one accepted path leaves the main line (a second guess), so a commit moves a row.
+TREE_OPTS = dataclasses.replace(SMALL_OPTS, tree=4, gen_len=40, prompt_len=14, seed=7)
 
 
 def test_tree_demo_equals_plain_decoding_and_compares_with_chains() -> None:
@@ -285,7 +286,8 @@ def test_tree_demo_equals_plain_decoding_and_compares_with_chains() -> None:
     t = r["tree"]
     assert t["tokens_equal"] and t["max_abs_logit_diff"] <= r["tolerance"]
     assert 1 <= t["tokens_per_forward"] <= 4 and 1 <= t["chain_tokens_per_forward"] <= 4
-    assert t["copies_layer0"] > 0  # some accepted paths left the main line: their rows were moved
+    assert t["paths_off_main_line"] >= 1 and t["copies_layer0"] > 0  # a second guess was accepted: rows moved
+    assert t["draft_layers"] == 1 and t["draft_forwards"] >= t["forwards"]
     assert "trees" in sequence.format_report(r)
 
 
@@ -298,15 +300,33 @@ def test_tree_demo_catches_copies_not_applied(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_draft_tree_is_a_main_line_with_second_guesses() -> None:
-    parents, tokens = trees.draft_tree([5, 6, 7], 5, np.random.default_rng(0), 64)
-    assert parents[:3] == [0, 1, 2] and len(parents) == len(tokens) == 5
-    assert parents[3:] == [0, 1]  # second guesses beside the first two main-line drafts
+    parents, tokens = trees.draft_tree([5, 6, 7], [[15], [16], [17]], 5)
+    assert parents == [0, 1, 2, 0, 1] and tokens == [5, 6, 7, 15, 16]  # second guesses beside drafts 1 and 2
+    assert trees.draft_tree([5, 6], [[], [16]], 4) == ([0, 1, 1], [5, 6, 16])  # no second guess: none added
+    assert trees.main_line_depth(3) == 2 and trees.main_line_depth(4) == 2
     logits = np.zeros((6, 64))
     full = [-1, *parents]
-    absent = next(v for v in range(64) if v not in tokens)
-    for node, want in ((0, tokens[0]), (1, absent)):
-        logits[node, want] = 1.0
-    assert trees.accepted_path(full, [1, *tokens], logits) == [0, 1]
+    logits[0, 5] = logits[1, 16] = 1.0  # greedy takes draft 5, then the second guess 16 beside 6
+    assert trees.accepted_path(full, [1, *tokens], logits) == [0, 1, 5]
+
+
+def test_early_exit_drafter_drafts_the_shallow_models_greedy_continuation() -> None:
+    model = Model(SMALL_OPTS.model_config())
+    shallow = early_exit.shallow_model(model, 2)
+    assert shallow.config.n_layers == 2 and shallow.layers[1] is model.layers[1] and model.config.n_layers == 3
+    drafter = early_exit.EarlyExitDrafter(model, 2, 64, 4, np.float32)
+    base = np.random.default_rng(0).integers(0, 64, size=14).tolist()
+    # Longer, shorter, then a different token: the drafter keeps the common prefix and re-feeds the rest.
+    for context in (base[:9], base[:11], base[:10], base[:12], [*base[:6], (base[6] + 1) % 64, *base[7:]]):
+        main, others = drafter.draft(context, 3, 3)
+        seq = list(context)
+        for d in range(3):
+            row = shallow.forward_full(seq)[-1]
+            ranked = np.argsort(-row, kind="stable")
+            assert main[d] == ranked[0] and others[d] == ranked[1:3].tolist()
+            seq.append(main[d])
+    with pytest.raises(ValueError, match="draft layers = 4: must be in"):
+        early_exit.shallow_model(model, 4)
 
 
 @pytest.mark.parametrize("value", ["1", "5"])

@@ -6,7 +6,8 @@ checks the logits of every step against the oracle (a full forward over the
 whole sequence with explicit masks, no cache). Then it decodes again with
 speculative steps: each step carries the last token plus k draft tokens, the
 rejected drafts are rewound, and the result must equal decoding without drafts.
-With --tree N it decodes a third time with draft trees (kvcore.demo.trees).
+With --tree N it decodes a third time with draft trees from the model's own
+first layers (kvcore.demo.trees, kvcore.demo.early_exit).
 
 Nothing is downloaded: the model is small and random. Exits 0 when every check
 passes, 1 when one fails, 2 on bad options.
@@ -115,9 +116,9 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
     tree = None
     if opts.tree:
         bar.update("trees", 0, 1)
-        args = (model, opts.tree, capacity, max_step, dtype, prompt, tokens, opts.gen_len, opts.seed + 3)
-        tree = trees.run_trees(*args)
-        tree["chain_tokens_per_forward"] = trees.chain_tokens_per_forward(*args)
+        args = (model, opts.tree, capacity, max_step, dtype, prompt)
+        tree = trees.run_trees(*args, tokens, opts.gen_len)
+        tree["chain_tokens_per_forward"] = trees.chain_tokens_per_forward(*args, opts.gen_len)
     bar.close()
 
     pool = dec.pool
@@ -242,7 +243,9 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(
             f"  trees     {t['forwards']} forwards of up to {r['tree_budget']} tokens, "
             f"{t['tokens_per_forward']:.2f} tokens per forward vs {t['chain_tokens_per_forward']:.2f} "
-            f"with chains of the same budget, {t['copies_layer0']} row copies per layer"
+            f"with chains of the same budget, {t['paths_off_main_line']} accepted paths off the main line, "
+            f"{t['copies_layer0']} row copies per layer; drafter: the first {t['draft_layers']} layers, "
+            f"{t['draft_forwards']} shallow forwards"
         )
     for c in r["checks"]:
         lines.append(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")

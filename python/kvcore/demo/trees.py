@@ -2,15 +2,17 @@
 
 Each step verifies a tree of at most N tokens in one forward: the last token
 as the root, a main line of drafts below it, and at every depth of the main
-line a second guess beside it. The drafter is a noisy oracle shaped like a
-top-2 draft model: each main-line draft is the plain run's next token with
-probability TOP1 (else a wrong one), and when it is wrong the second guess is
-right with probability TOP2 (a top-2 guess never repeats the top-1). The longest root path
-greedy decoding agrees with is committed (`cache.commit(step, accepted=...)`)
-and its row copies applied (`pool.apply_copies`). The run must give the plain
-run's tokens, and every kept logit row must equal the full recomputation; it
-reports accepted tokens per forward against chain drafting of the same node
-budget (N - 1 drafts from the same top-1 drafter).
+line a second guess beside it. The drafts come from a real cheap drafter, the
+model's own first layers (kvcore.demo.early_exit: self-speculative early exit,
+the first quarter of the layers, at least one, then the final norm and the LM
+head): the main line is its greedy continuation and each second guess its
+second choice at that depth. It sees only the committed tokens, never the
+plain run's. The longest root path greedy decoding agrees with is committed
+(`cache.commit(step, accepted=...)`) and its row copies applied
+(`pool.apply_copies`). The run must give the plain run's tokens, and every
+kept logit row must equal the full recomputation; it reports accepted tokens
+per forward against chain drafting of the same node budget (the same
+drafter's N - 1 greedy drafts per step).
 """
 
 from __future__ import annotations
@@ -20,37 +22,36 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo.drafts import greedy
+from kvcore.demo.drafts import accepted_prefix, greedy
+from kvcore.demo.early_exit import EarlyExitDrafter
 from kvcore.demo.model import Decoder, Model
 
-TOP1 = 0.6  # the drafter's first guess is right this often
-TOP2 = 0.5  # its second guess is right this often when the first is wrong
+
+def draft_layers(model: Model) -> int:
+    """The drafter's depth: the first quarter of the model's layers, at least one."""
+    return max(1, model.config.n_layers // 4)
 
 
-def other_than(token: int, rng: np.random.Generator, vocab: int) -> int:
-    """A token id in [0, vocab) other than `token`."""
-    return (token + 1 + int(rng.integers(0, vocab - 1))) % vocab
+def main_line_depth(budget: int) -> int:
+    """Main-line drafts of a tree of `budget` drafts below its root: ceil(budget / 2),
+    the rest being second guesses beside the first main-line drafts."""
+    return (budget + 1) // 2
 
 
-def top1_drafts(truth: list[int], rng: np.random.Generator, vocab: int) -> list[int]:
-    """Each of truth's tokens, kept with probability TOP1, else a wrong one."""
-    return [t if rng.random() < TOP1 else other_than(t, rng, vocab) for t in truth]
-
-
-def draft_tree(truth: list[int], budget: int, rng: np.random.Generator, vocab: int) -> tuple[list[int], list[int]]:
-    """(parents, tokens) of the drafts below a root, at most `budget` nodes: a
-    main line of ceil(budget / 2) top-1 drafts, then beside each main-line
-    draft its second guess, while the budget lasts. Entry i is step node i + 1
-    (the root is node 0), so parents hold step node indices."""
-    depth = min(len(truth), (budget + 1) // 2)
-    tokens = top1_drafts(truth[:depth], rng, vocab)
-    parents = list(range(depth))  # main line: draft d's parent is node d
-    for d in range(depth):
+def draft_tree(main: list[int], others: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """(parents, tokens) of the drafts below a root, at most `budget` nodes: the
+    main line `main` (the drafter's greedy tokens, depth after depth), then
+    beside each main-line draft its second guess `others[d][0]`, while the
+    budget lasts. Entry i is step node i + 1 (the root is node 0), so parents
+    hold step node indices."""
+    tokens = list(main[:budget])
+    parents = list(range(len(tokens)))  # main line: draft d's parent is node d
+    for d in range(len(tokens)):
         if len(tokens) >= budget:
             break
-        right = tokens[d] != truth[d] and rng.random() < TOP2
-        parents.append(d)  # beside main-line draft d: the same parent
-        tokens.append(truth[d] if right else other_than(tokens[d], rng, vocab))
+        if others[d]:
+            parents.append(d)  # beside main-line draft d: the same parent
+            tokens.append(others[d][0])
     return parents, tokens
 
 
@@ -68,24 +69,26 @@ def accepted_path(parents: list[int], tokens: list[int], logits: npt.NDArray[Any
 
 
 def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: npt.DTypeLike,
-              prompt: list[int], plain: list[int], gen_len: int, seed: int) -> dict[str, Any]:
+              prompt: list[int], plain: list[int], gen_len: int) -> dict[str, Any]:
     """Tree speculative decoding of gen_len tokens after `prompt` with trees of at
-    most `budget` nodes; the report (tokens equal to `plain`, the worst logit
-    difference against full recomputation, accepted tokens per forward)."""
-    rng = np.random.default_rng(seed)
-    vocab = model.config.vocab_size
+    most `budget` nodes drafted by the early-exit drafter; the report (tokens
+    equal to `plain`, which only the check reads; the worst logit difference
+    against full recomputation; accepted tokens per forward; the drafter's
+    layers and shallow forwards)."""
     dec = Decoder(model, capacity, max_step, dtype)
+    drafter = EarlyExitDrafter(model, draft_layers(model), capacity, max_step, dtype)
     kept: dict[int, npt.NDArray[Any]] = {}
     prompt_logits = dec.feed(prompt)
     for p in range(len(prompt)):
         kept[p] = prompt_logits[p]
     out = [greedy(prompt_logits[-1])]
-    forwards = copies = 0
+    forwards = copies = off_main = 0
     while len(out) < gen_len:
         P = dec.length
-        truth = plain[len(out) : len(out) + budget - 1]
-        below, drafts = draft_tree(truth, budget - 1, rng, vocab)
-        parents = [-1] + [p for p in below]
+        depth = min(main_line_depth(budget - 1), gen_len - len(out))
+        main, others = drafter.draft(prompt + out, depth, 2)
+        below, drafts = draft_tree(main, others, budget - 1)
+        parents = [-1, *below]
         tokens = [out[-1], *drafts]
         step = dec.cache.begin_tree(parents)
         logits = model.forward_step(np.asarray(tokens, dtype=np.int64), step, dec.pool)
@@ -93,6 +96,7 @@ def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: np
         moved = dec.cache.commit(step, accepted=path)
         dec.pool.apply_copies(moved)
         copies += int(moved[0].shape[0])
+        off_main += path != list(range(len(path)))
         for d, node in enumerate(path):
             kept[P + d] = logits[node]
         out.extend(tokens[node] for node in path[1:])
@@ -105,27 +109,28 @@ def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: np
     return {
         "forwards": forwards,
         "tokens_per_forward": (gen_len - 1) / max(forwards, 1),
+        "paths_off_main_line": off_main,
         "copies_layer0": copies,
+        "draft_layers": draft_layers(model),
+        "draft_forwards": drafter.forwards,
         "tokens_equal": out == plain,
         "max_abs_logit_diff": diff,
     }
 
 
 def chain_tokens_per_forward(model: Model, budget: int, capacity: int, max_step: int, dtype: npt.DTypeLike,
-                             prompt: list[int], plain: list[int], gen_len: int, seed: int) -> float:
-    """Accepted tokens per forward of chain drafting with the same node budget:
-    budget - 1 top-1 drafts per step (as draft_tree's main line)."""
-    rng = np.random.default_rng(seed)
+                             prompt: list[int], gen_len: int) -> float:
+    """Accepted tokens per forward of chain drafting with the same node budget and
+    drafter: its budget - 1 greedy drafts per step (a tree's main line, longer)."""
     dec = Decoder(model, capacity, max_step, dtype)
+    drafter = EarlyExitDrafter(model, draft_layers(model), capacity, max_step, dtype)
     out = [greedy(dec.feed(prompt)[-1])]
     forwards = 0
     while len(out) < gen_len:
         P = dec.length
-        drafts = top1_drafts(plain[len(out) : len(out) + budget - 1], rng, model.config.vocab_size)
+        drafts, _ = drafter.draft(prompt + out, min(budget - 1, gen_len - len(out)), 1)
         logits = dec.step([out[-1], *drafts])
-        a = 0
-        while a < len(drafts) and drafts[a] == greedy(logits[a]):
-            a += 1
+        a = accepted_prefix(drafts, logits)
         out.extend(drafts[:a])
         out.append(greedy(logits[a]))
         dec.rewind(P + 1 + a)
