@@ -40,6 +40,15 @@ rows and doubles (capped at ``rows``) when a write needs more; the gather
 workspace grows to the largest gathered read once. After that a step allocates
 nothing but the small per-step layout.
 
+Draft trees (docs/trees.md): for a step of ``cache.begin_tree(parents)`` the
+plan is the chain plan of ``N`` nodes; node ``i``'s row goes to
+``step.tree_rows(layer)[i]`` (its chain index's row, as ``kvcore.KVPool`` and
+``kv_pool_tree.h`` write it, mirror included), the reads are the chain plan's
+reads, ``StepLayout.key_positions()`` gives each read row's token position
+(``length + depth`` for the step's rows) and ``step.mask(layer, order=...)``
+is the tree's mask. After ``cache.commit(step, accepted=path)``,
+``apply_copies(copies)`` performs its row copies before the next step.
+
 The returned history is valid until the next ``update`` of any layer of the same
 pool (the workspace is reused, and a later step overwrites ring rows). That is
 what an attention layer needs; it is also why the pool is for inference only
@@ -49,12 +58,13 @@ what an attention layer needs; it is also why the pool is for inference only
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
+import numpy as np
 import torch
 
 from kvcore._core import LayerConfig, LayerGeometry, SeqStepPlan, SequenceCache, Step
-from kvcore._errors import InvalidArgumentError
+from kvcore._errors import InvalidArgumentError, InvalidStateError
 
 ORDERS = ("rows", "positions")
 
@@ -97,19 +107,36 @@ class StepLayout:
     of rows, else None and ``gather`` lists the spans. ``positions``: the plan's read as
     position ranges in increasing order. ``order``: the order reads return rows in;
     ``key_positions()`` gives the position of each returned row (what masks are built from).
+
+    A draft-tree step (``tree``: the layer's ``step.tree_rows(layer)`` and the token
+    position of each chain index, ``length + depth`` of the node there) writes by
+    index instead: ``tree_dst`` lists destination rows (one per node, node order,
+    then the mirror copies) and ``tree_src`` the input row (node) of each.
     """
 
     __slots__ = (
         "position", "T", "order", "writes", "index", "pair", "write_end", "view", "gather", "read_len", "positions",
-        "_geometry", "_key_positions", "_on", "_last",
+        "tree_dst", "tree_src", "_chain_positions", "_geometry", "_key_positions", "_on", "_last", "_tree_on",
     )  # fmt: skip
 
-    def __init__(self, plan: SeqStepPlan, storage: _Storage, position: int, T: int, order: str = "rows") -> None:
+    def __init__(
+        self,
+        plan: SeqStepPlan,
+        storage: _Storage,
+        position: int,
+        T: int,
+        order: str = "rows",
+        tree: Optional[tuple[Sequence[int], Sequence[int]]] = None,
+    ) -> None:
         self.position = position
         self.T = T
         self.order = order
         self._geometry = storage.geometry
         self._key_positions: Optional[list[int]] = None
+        self.tree_dst: tuple[int, ...] = ()
+        self.tree_src: tuple[int, ...] = ()
+        self._chain_positions: Optional[Sequence[int]] = None
+        self._tree_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         writes: list[tuple[int, int, int]] = []
         j = 0
         for r in plan.write:
@@ -126,6 +153,8 @@ class StepLayout:
         # T = 1 written to a row and its mirror copy: (row, mirror row - row), else None.
         self.pair = (self.index[0], self.index[1] - self.index[0]) if len(self.index) == 2 else None
         self.write_end = max(row + n for row, n, _ in writes)
+        if tree is not None:
+            self._lay_out_tree(storage, *tree)
         self.positions = _position_ranges(plan)
         spans: list[tuple[int, int]] = []
         if order == "rows":  # every held row, as they lie: one view
@@ -154,15 +183,43 @@ class StepLayout:
         self._on: dict[torch.device, torch.Tensor] = {}
         self._last: Optional[tuple[torch.device, torch.Tensor]] = None
 
+    def _lay_out_tree(self, storage: _Storage, rows: Sequence[int], chain_positions: Sequence[int]) -> None:
+        """Index writes of a tree step: node i to rows[i], then the mirror copies of rows in the mirrored span."""
+        dst = [int(r) for r in rows]
+        src = list(range(len(dst)))
+        lo_m, n_m = storage.ring_start, storage.mirror_rows
+        for i, row in enumerate(list(dst)):
+            if n_m and lo_m <= row < lo_m + n_m:
+                dst.append(storage.rows + row - lo_m)
+                src.append(i)
+        self.tree_dst, self.tree_src = tuple(dst), tuple(src)
+        self.writes, self.index, self.pair = (), (), None
+        self.write_end = max(dst) + 1
+        self._chain_positions = chain_positions
+
     def key_positions(self) -> list[int]:
-        """The logical position of each row a read returns, in the order returned (made once)."""
+        """The logical position of each row a read returns, in the order returned (made once). A
+        tree step's rows hold their node's position (``length + depth``), not their chain position."""
         if self._key_positions is None:
             if self.order == "rows":
                 end = self.position + self.T
-                self._key_positions = [self._geometry.position_at(r, end) for r in range(self.read_len)]
+                at = [self._geometry.position_at(r, end) for r in range(self.read_len)]
             else:
-                self._key_positions = [p for a, b in self.positions for p in range(a, b)]
+                at = [p for a, b in self.positions for p in range(a, b)]
+            tree, P = self._chain_positions, self.position
+            self._key_positions = at if tree is None else [p if p < P else int(tree[p - P]) for p in at]
         return self._key_positions
+
+    def tree_index_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tree_dst, tree_src)`` as tensors on ``device`` (made once per step and device)."""
+        got = self._tree_on.get(device)
+        if got is None:
+            got = (
+                torch.tensor(self.tree_dst, dtype=torch.long, device=device),
+                torch.tensor(self.tree_src, dtype=torch.long, device=device),
+            )
+            self._tree_on[device] = got
+        return got
 
     def index_on(self, device: torch.device) -> torch.Tensor:
         """``index`` as a tensor on ``device`` (made once per step and device)."""
@@ -352,10 +409,18 @@ class TorchKVPool:
             return planned[1]
         position, T = step.position, step.T
         order = self.order
+        chain_positions = None
+        if step.is_tree:  # the token position of each chain index
+            chain_positions = [0] * T
+            for node, ci in enumerate(step.chain_index.tolist()):
+                chain_positions[ci] = int(step.positions[node])
         layouts = [
-            StepLayout(step.plan(first), self._storage[p], position, T, order)
+            StepLayout(
+                step.plan(first), self._storage[p], position, T, order,
+                None if chain_positions is None else (step.tree_rows(first).tolist(), chain_positions),
+            )
             for p, first in enumerate(self._first_of_policy)
-        ]
+        ]  # fmt: skip
         self._planned = (step, layouts)
         return layouts
 
@@ -369,12 +434,21 @@ class TorchKVPool:
         ``[batch, n_kv_heads, n, dim]``: for order "positions" the positions
         ``read_positions(plan)`` in order; for "rows" the held rows, row r standing for
         ``cache.geometry(layer).position_at(r, step.end)`` (``StepLayout.key_positions``).
-        Raises InvalidArgumentError for a bad layer or tensors that do not fit it.
+        A draft-tree step (``begin_tree``) writes input row ``i`` (node ``i``) to its
+        chain index's row; it must be passed as the Step (its plan alone does not
+        name the tree). Raises InvalidArgumentError for a bad layer, tensors that do
+        not fit it, or a tree step passed as a plan.
         """
         self._layer_config(layer)
         if isinstance(step, Step):
             layout = self.plan_step(step)[self.policy_of[layer]]
         else:
+            active = self.cache.active_step
+            if active is not None and active.is_tree:
+                raise InvalidArgumentError(
+                    f"layer {layer}: the begun step is a draft tree: pass the Step, not its plan "
+                    "(node rows follow the tree's chain indices)"
+                )
             storage = self._storage[self.policy_of[layer]]
             layout = StepLayout(step, storage, step.write[0].pos, step.write_len, self.order)
         return self.write_read(layer, layout, key, value)
@@ -405,6 +479,14 @@ class TorchKVPool:
             pk.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2]).copy_(key)
             B, H, D, st, off = pool._v_geometry
             pv.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2]).copy_(value)
+        elif layout.tree_dst:  # a draft tree: node i to its chain index's row (and mirror copies)
+            dst, src = layout.tree_index_on(pool.device)
+            if len(layout.tree_dst) == layout.T:
+                pk.index_copy_(2, dst, key)
+                pv.index_copy_(2, dst, value)
+            else:
+                pk.index_copy_(2, dst, key.index_select(2, src))
+                pv.index_copy_(2, dst, value.index_select(2, src))
         elif layout.index:  # T = 1 into one row: one indexed copy
             rows = layout.index_on(pool.device)
             pk.index_copy_(2, rows, key)
@@ -422,6 +504,53 @@ class TorchKVPool:
             B, H, D, st, off = pool._v_geometry
             return keys, pv.as_strided((B, H, n, D), st, off + row * st[2])
         return self._gather(pool, layout.gather, layout.read_len)
+
+    def apply_copies(self, copies: Sequence[Any]) -> None:
+        """Performs a draft-tree commit's row copies: ``copies`` is what
+        ``SequenceCache.commit(step, accepted)`` returned, one int ``(n, 2)`` array of
+        ``[src row, dst row]`` per layer, copied in order (K and V, every batch row,
+        the mirror copy too). Call it after the commit and before the next step's
+        update. InvalidArgumentError: not one ``(n, 2)`` int array per layer, or a row
+        outside ``[0, cache.rows(layer))``; InvalidStateError: a row the layer has not
+        allocated (the tree step was not written). Every layer is checked before
+        anything is copied.
+        """
+        n = len(self._layers)
+        if isinstance(copies, (str, bytes)) or not isinstance(copies, Sequence) or len(copies) != n:
+            raise InvalidArgumentError(f"apply_copies: copies must be a list of one (n, 2) int array per layer ({n} layers)")
+        checked: list[list[list[int]]] = []
+        for layer, c in enumerate(copies):
+            a = np.asarray(c.cpu() if isinstance(c, torch.Tensor) else c)
+            if a.ndim != 2 or a.shape[1] != 2 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+                raise InvalidArgumentError(f"apply_copies: copies[{layer}] must be an (n, 2) int array, got shape {a.shape}")
+            rows = self._storage[self.policy_of[layer]].rows
+            pool = self._layers[layer]
+            allocated = 0 if pool is None else pool.allocated_rows
+            for i, (src, dst) in enumerate(a.tolist()):
+                if not (0 <= src < rows and 0 <= dst < rows):
+                    raise InvalidArgumentError(
+                        f"apply_copies: copies[{layer}][{i}] (row {src} to row {dst}) must lie in rows [0, {rows})"
+                    )
+                if src >= allocated or dst >= allocated:
+                    raise InvalidStateError(
+                        f"apply_copies: copies[{layer}][{i}] (row {src} to row {dst}) reaches rows layer {layer} "
+                        f"has not allocated ({allocated}): write the tree step first"
+                    )
+            checked.append(a.tolist())
+        for layer, pairs in enumerate(checked):
+            pool = self._layers[layer]
+            if pool is None or not pairs:
+                continue
+            storage = self._storage[self.policy_of[layer]]
+            lo_m = storage.ring_start
+            for src, dst in pairs:
+                targets = [dst]
+                if pool.mirror_rows and lo_m <= dst < lo_m + pool.mirror_rows:
+                    targets.append(pool.rows + dst - lo_m)
+                for t in targets:
+                    if t != src:
+                        pool.keys[:, :, t].copy_(pool.keys[:, :, src])
+                        pool.values[:, :, t].copy_(pool.values[:, :, src])
 
     def _gather(
         self, pool: LayerPool, spans: Sequence[tuple[int, int]], n: int
