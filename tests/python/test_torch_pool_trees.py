@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (p
 
 import kvcore  # noqa: E402
 from kvcore.integrations.torch_pool import TorchKVPool  # noqa: E402
+from test_trees import random_tree as tree_shape  # noqa: E402
 
 H, D = 2, 3
 POLICIES = [kvcore.Flat(), kvcore.Ring(4), kvcore.Ring(3, 2), kvcore.Ring(5, 1)]
@@ -48,16 +49,15 @@ def as_numpy(x: Any) -> Any:
 
 
 def random_tree(rng: np.random.Generator, n: int) -> tuple[list[int], list[int]]:
-    """(parents, an accepted root path) of a random tree of n nodes; the path
-    leaves the main line wherever it can, 70% of the time (those commits copy)."""
-    parents = [-1] + [int(i - 1 if rng.random() < 0.4 else rng.integers(0, i)) for i in range(1, n)]
-    path = [0]
-    while rng.random() < 0.8:
-        children = [c for c in range(n) if parents[c] == path[-1]]
-        if not children:
-            break
-        path.append(children[0] if len(children) == 1 or rng.random() < 0.3 else int(rng.choice(children[1:])))
-    return parents, path
+    """(parents, an accepted root path) of a random tree of n nodes (test_trees'
+    shapes); the path is the root path of a node drawn uniformly, so it often
+    leaves the main line (those commits copy rows)."""
+    parents = tree_shape(rng, n)[0]
+    node, path = int(rng.integers(0, n)), []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return parents, path[::-1]
 
 
 class Pair:
@@ -118,7 +118,7 @@ def test_random_trees_equal_kvpool_and_a_chain_pool(order: str, mirror: bool) ->
         else:
             pair.step(*random_tree(rng, int(rng.integers(1, 7))))
     pair.step([-1], [0])  # a last step reads everything the final commit left
-    assert pair.copies > 20 and pair.cache.length > 80  # rows moved, rings wrapped many times
+    assert pair.copies >= 10 and pair.cache.length > 80  # rows moved, rings wrapped many times
 
 
 def test_worked_example_moves_the_accepted_nodes_rows() -> None:
