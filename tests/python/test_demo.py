@@ -291,6 +291,18 @@ def test_tree_demo_equals_plain_decoding_and_compares_with_chains() -> None:
     assert "trees" in sequence.format_report(r)
 
 
+def test_the_tree_drafter_never_reads_the_plain_run() -> None:
+    # The plain run's tokens only feed the check: wrong ones change nothing but its verdict.
+    o = TREE_OPTS
+    model = Model(o.model_config())
+    prompt = np.random.default_rng(o.seed + 1).integers(0, o.vocab_size, size=o.prompt_len).tolist()
+    args = (model, o.tree, o.capacity, o.max_step, np.float32, prompt)
+    right = trees.run_trees(*args, sequence.run_demo(o)["tokens"], o.gen_len)
+    wrong = trees.run_trees(*args, [0] * o.gen_len, o.gen_len)
+    assert right["tokens_equal"] and not wrong["tokens_equal"]
+    assert {k: v for k, v in right.items() if k != "tokens_equal"} == {k: v for k, v in wrong.items() if k != "tokens_equal"}
+
+
 def test_tree_demo_catches_copies_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without the commit's copies an accepted second guess stays in its draft row,
     # and a later step reads the main line's rejected draft in its place.
