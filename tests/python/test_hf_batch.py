@@ -269,3 +269,29 @@ def test_transformers_outside_the_supported_range_is_refused(version: str) -> No
     with pytest.raises(kvcore.NotSupportedError, match=r"needs transformers >=5\.24,<5\.25 \(tested with 5\.24\.0\)"):
         hf_batch.check_batching_support(version)
     hf_batch.check_batching_support("5.24.0")
+
+
+def test_demo_runs_a_tiny_model_and_matches_transformers(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvcore import cli
+
+    args = ["--requests", "3", "--shared-len", "16", "--prompt-len", "4", "--gen-len", "4", "--block-size", "4", "--max-batch-tokens", "20"]
+    assert cli.main(["demo", "--hf-batch", *args, "--samples", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = __import__("json").loads(out[out.index("{") :])
+    assert report["ok"] and report["identical"] == report["sequences"] == 6
+    assert report["kvcore"]["forks"] == 3 and report["kvcore"]["prefix_hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--requests", "0"], "--requests = 0: must be >= 1"),
+    (["--model", "bert"], "invalid choice: 'bert'"),
+])  # fmt: skip
+def test_demo_refuses_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvcore import cli
+
+    try:
+        code = cli.main(["demo", "--hf-batch", *args])
+    except SystemExit as e:  # argparse's own refusals
+        code = int(e.code or 0)
+    assert code == 2
+    assert message in capsys.readouterr().err
