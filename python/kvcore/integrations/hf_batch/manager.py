@@ -20,6 +20,7 @@ from transformers.generation.continuous_batching.initialization import update_cb
 from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, FIFOScheduler
 
 from kvcore._errors import InvalidArgumentError, NotSupportedError
+from kvcore.integrations.hf_batch.chunking import capped_scheduler
 from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.options import BatchOptions, batch_config, resolved_capacity
 from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
@@ -73,7 +74,7 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
     ``model.init_continuous_batching`` (default: the model's). ``continuous_batching_config``:
     transformers' (its token budget and paths are set from ``options``, see ``kvcore_cb_config``).
     ``options``: ``BatchOptions`` fields (``block_size``, ``max_seqs``, ``max_batch_tokens``,
-    ``capacity``, ``num_blocks``, ``max_tokens_read``). Raises NotSupportedError for an
+    ``max_step``, ``capacity``, ``num_blocks``, ``max_tokens_read``). Raises NotSupportedError for an
     unsupported transformers release or model, InvalidArgumentError for a bad option, before
     anything runs. Usable as a context manager (``start`` on entry, ``stop`` on exit).
     """
@@ -146,7 +147,8 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         self._use_prefix_sharing = True
         update_cb_config_after_cache_creation(cb, num_blocks=cache.num_blocks, max_batch_tokens=cache.max_batch_tokens)
         cb.max_blocks_per_request = 0
-        scheduler_cls = SCHEDULER_MAPPING.get(cb.scheduler_type, FIFOScheduler)
+        base = SCHEDULER_MAPPING.get(cb.scheduler_type, FIFOScheduler)
+        scheduler_cls = capped_scheduler(base, cache.batch.max_step)
         scheduler = scheduler_cls(cache=cache, safety_margin=cb.safety_margin, max_requests_per_batch=cb.max_requests_per_batch)
         processor = cb_api.ContinuousBatchProcessor(
             cache=cache,

@@ -28,8 +28,11 @@ class BatchOptions:
 
     - ``block_size``: rows per block (tokens of one sequence per block), >= 1.
     - ``max_seqs``: sequences held at once (requests and parallel samples), in [1, 2**20].
-    - ``max_batch_tokens``: new tokens of one forward over all requests, in [1, 2**20]; also
-      kvcore's ``max_step`` (the largest chunk of one request).
+    - ``max_batch_tokens``: new tokens of one forward over all requests, in [1, 2**20].
+    - ``max_step``: the most tokens of one request in one forward (kvcore's ``max_step``), in
+      [1, max_batch_tokens] (default ``min(64, max_batch_tokens)``). Sliding groups hold up to
+      ``window + 2 * max_step`` positions per request, so a small one holds less K/V; a longer
+      prompt is prefilled over several forwards.
     - ``capacity``: the longest request, prompt plus new tokens (default: the model's
       ``max_position_embeddings``, at most 4096).
     - ``num_blocks``: blocks of each full-attention group's pool (default: ``max_seqs`` requests
@@ -42,14 +45,15 @@ class BatchOptions:
     block_size: int = 16
     max_seqs: int = 32
     max_batch_tokens: int = 256
+    max_step: Optional[int] = None
     capacity: Optional[int] = None
     num_blocks: Optional[int] = None
     max_tokens_read: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_seqs", "max_batch_tokens", "capacity", "num_blocks", "max_tokens_read"):
+        for name in self.names():
             value = getattr(self, name)
-            if value is None and name in ("capacity", "num_blocks", "max_tokens_read"):
+            if value is None and name in ("max_step", "capacity", "num_blocks", "max_tokens_read"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgumentError(f"{name} = {value!r}: must be an int")
@@ -58,6 +62,10 @@ class BatchOptions:
         for name in ("max_seqs", "max_batch_tokens"):
             if getattr(self, name) > _MAX_IDS:
                 raise InvalidArgumentError(f"{name} = {getattr(self, name)}: must be <= 2**20")
+        if self.max_step is not None and self.max_step > self.max_batch_tokens:
+            raise InvalidArgumentError(
+                f"max_step = {self.max_step}: must be <= max_batch_tokens = {self.max_batch_tokens}"
+            )
         if self.capacity is not None and self.num_blocks is not None:
             need = math.ceil(self.capacity / self.block_size)
             if self.num_blocks < need:
@@ -69,7 +77,11 @@ class BatchOptions:
     @staticmethod
     def names() -> tuple[str, ...]:
         """The option names ``generate_batch`` and the manager accept."""
-        return ("block_size", "max_seqs", "max_batch_tokens", "capacity", "num_blocks", "max_tokens_read")
+        return ("block_size", "max_seqs", "max_batch_tokens", "max_step", "capacity", "num_blocks", "max_tokens_read")
+
+    def chunk(self, capacity: int) -> int:
+        """kvcore's ``max_step``: ``max_step``, or ``min(64, max_batch_tokens)``, at most ``capacity``."""
+        return min(self.max_step or min(64, self.max_batch_tokens), capacity)
 
 
 def resolved_capacity(options: BatchOptions, text_config: Any) -> int:
@@ -98,7 +110,7 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
         groups = group_layers_by_attn_type(text_config)
     except ValueError as e:  # a layer type transformers' continuous batching has no allocator for
         raise NotSupportedError(f"{type(text_config).__name__}: {e}; kvcore serves {FULL!r} and {SLIDING!r}") from e
-    max_step = min(options.max_batch_tokens, capacity)
+    max_step = options.chunk(capacity)
     base, layer_types = cache_config_for(text_config, max_step=max_step, capacity=capacity)
     for kind, layers in groups.items():
         wrong = [i for i in layers if layer_types[i] != kind]

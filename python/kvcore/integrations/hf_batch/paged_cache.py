@@ -152,13 +152,14 @@ class KVCorePagedCache:
         if self.round.holds(state.request_id):
             raise InternalError(f"request {state.request_id}: admitted twice in one forward")
         if dry_run:
-            fits = self.round.admit(state.request_id, seq, state, request_len)
+            fits = self.round.admit(state.request_id, seq, state, min(request_len, self.batch.max_step))
             if fits:
                 self.round.drop(state.request_id)
             self.round.reprobe()
             if fresh:
                 self._release(state.request_id)
             return fits
+        request_len = min(request_len, self.batch.max_step)  # the scheduler cuts the chunk there (chunking.py)
         if self.round.admit(state.request_id, seq, state, request_len):
             return True
         if fresh:
