@@ -226,6 +226,7 @@ BAD_OPTIONS = [
     (dict(capacity=64, num_blocks=3), kvcore.InvalidArgumentError, "num_blocks = 3: a request of capacity = 64"),
     (dict(num_blocks=3), kvcore.InvalidArgumentError, "num_blocks = 3: a request of capacity = 256"),
     (dict(page_size=4), kvcore.InvalidArgumentError, "unknown option 'page_size'"),
+    (dict(max_batch_tokens=16, max_step=32), kvcore.InvalidArgumentError, "max_step = 32: must be <= max_batch_tokens = 16"),
 ]
 
 
@@ -295,3 +296,12 @@ def test_demo_refuses_bad_options(args: list[str], message: str, capsys: pytest.
         code = int(e.code or 0)
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_docs_example_runs() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "transformers.md").read_text()
+    section = text[text.index("## Continuous batching") :]
+    code = section[section.index("```python") + len("```python") : section.index("```", section.index("```python") + 9)]
+    exec(compile(code, "docs/transformers.md", "exec"), {})
