@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def capped_scheduler(base: type, max_step: int) -> type:
+def capped_scheduler(base: Any, max_step: int) -> type:
     """A subclass of transformers' scheduler class ``base`` that schedules at most ``max_step``
     tokens of one request per forward."""
 

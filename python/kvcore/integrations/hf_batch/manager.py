@@ -120,7 +120,9 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
                 f"request {request_id or '(next)'}: {len(input_ids)} prompt tokens + max_new_tokens = {new} "
                 f"must be in [1, capacity = {self.capacity}] (set max_new_tokens, or capacity=)"
             )
-        return super().add_request(input_ids, request_id=request_id, max_new_tokens=max_new_tokens, **kwargs)
+        added: Optional[str] = super().add_request(input_ids, request_id=request_id, max_new_tokens=max_new_tokens,
+                                                   **kwargs)  # fmt: skip
+        return added
 
     def start(self) -> None:
         """Start the background generation thread (counters are zeroed)."""

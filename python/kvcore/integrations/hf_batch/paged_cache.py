@@ -140,12 +140,11 @@ class KVCorePagedCache:
         True if every group has the blocks (kvcore's admission), False and no change otherwise."""
         if self.round.planned is not None:
             self.round.end()
-        seq = self._seq_of.get(state.request_id)
-        fresh = seq is None
-        if fresh:
-            seq = self._new_sequence(state.request_id)
-            if seq is None:
-                return False
+        known = self._seq_of.get(state.request_id)
+        fresh = known is None
+        seq = self._new_sequence(state.request_id) if known is None else known
+        if seq is None:
+            return False
         length = self.batch.length(seq)
         if length != state.current_len():
             raise InternalError(f"request {state.request_id}: at position {state.current_len()}, kvcore at {length}")
@@ -305,7 +304,7 @@ class KVCorePagedCache:
         c.peak_blocks = max(c.peak_blocks, sum(held))
         c.peak_kv_bytes = max(c.peak_kv_bytes, sum(h * b for h, b in zip(held, self._block_bytes)))
 
-    @torch.compiler.disable
+    @torch.compiler.disable  # type: ignore[untyped-decorator]  # torch's decorator is untyped
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, kwargs: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor]:
