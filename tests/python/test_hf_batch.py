@@ -163,6 +163,22 @@ def test_a_shared_system_prompt_is_reused_on_sliding_window_models(arch: str) ->
     assert manager._create_batch_processor().cache.use_prefix_sharing is False
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_requests_admitted_together_wait_for_the_one_computing_their_shared_prompt(wait: bool) -> None:
+    m = model("gemma3")
+    gen = greedy(3)
+    counters = BatchCounters()
+    # A budget of 64 tokens, 16 per request: the three requests could all start in the first forward.
+    ours = generate_batch(m, PROMPTS, gen, counters=counters, wait_for_shared_prefill=wait, block_size=4,
+                          max_batch_tokens=64, max_step=16, capacity=64)  # fmt: skip
+    assert list(generated(ours).values()) == one_by_one(m, PROMPTS, gen)
+    own = sum(len(p) - len(SYSTEM) for p in PROMPTS)
+    if wait:  # the system prompt is computed once, by the first request; the others adopt it
+        assert counters.prompt_tokens_computed == len(SYSTEM) + own
+    else:  # all three start in the first forward: each computes it
+        assert counters.prompt_tokens_computed > len(SYSTEM) + own
+
+
 def results(manager: KVCoreBatchingManager, ids: list[str]) -> dict[str, list[int]]:
     out = {}
     for request_id in ids:
@@ -226,6 +242,7 @@ BAD_OPTIONS = [
     (dict(capacity=64, num_blocks=3), kvcore.InvalidArgumentError, "num_blocks = 3: a request of capacity = 64"),
     (dict(num_blocks=3), kvcore.InvalidArgumentError, "num_blocks = 3: a request of capacity = 256"),
     (dict(page_size=4), kvcore.InvalidArgumentError, "unknown option 'page_size'"),
+    (dict(wait_for_shared_prefill=1), kvcore.InvalidArgumentError, "wait_for_shared_prefill = 1: must be a bool"),
     (dict(max_batch_tokens=16, max_step=32), kvcore.InvalidArgumentError, "max_step = 32: must be <= max_batch_tokens = 16"),
 ]
 

@@ -40,6 +40,8 @@ class BatchOptions:
       their own pools (docs/batch.md).
     - ``max_tokens_read``: cache positions one forward may read over all its requests (transformers'
       read budget; default ``max_seqs * capacity``).
+    - ``wait_for_shared_prefill``: a new request whose prompt starts with the first block of a
+      prompt another request is still prefilling waits for it, then adopts it (default True).
     """
 
     block_size: int = 16
@@ -49,9 +51,12 @@ class BatchOptions:
     capacity: Optional[int] = None
     num_blocks: Optional[int] = None
     max_tokens_read: Optional[int] = None
+    wait_for_shared_prefill: bool = True
 
     def __post_init__(self) -> None:
-        for name in self.names():
+        if not isinstance(self.wait_for_shared_prefill, bool):
+            raise InvalidArgumentError(f"wait_for_shared_prefill = {self.wait_for_shared_prefill!r}: must be a bool")
+        for name in self.names()[:-1]:  # the int options
             value = getattr(self, name)
             if value is None and name in ("max_step", "capacity", "num_blocks", "max_tokens_read"):
                 continue
@@ -77,7 +82,8 @@ class BatchOptions:
     @staticmethod
     def names() -> tuple[str, ...]:
         """The option names ``generate_batch`` and the manager accept."""
-        return ("block_size", "max_seqs", "max_batch_tokens", "max_step", "capacity", "num_blocks", "max_tokens_read")
+        return ("block_size", "max_seqs", "max_batch_tokens", "max_step", "capacity", "num_blocks", "max_tokens_read",
+                "wait_for_shared_prefill")  # fmt: skip
 
     def chunk(self, capacity: int) -> int:
         """kvcore's ``max_step``: ``max_step``, or ``min(64, max_batch_tokens)``, at most ``capacity``."""

@@ -31,6 +31,7 @@ from kvcore._errors import InternalError, NotSupportedError
 from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.group_view import GroupView
 from kvcore.integrations.hf_batch.options import BatchOptions, batch_config
+from kvcore.integrations.hf_batch.shared_prefill import SharedPrefill
 from kvcore.integrations.hf_batch.step_round import StepRound
 from kvcore.integrations.hf_batch.tokens import prompt_tokens_in_step
 from kvcore.integrations.torch_paged import TorchPagedKV
@@ -83,6 +84,8 @@ class KVCorePagedCache:
         self.round = StepRound(self.batch, self._views)
         self._seq_of: dict[str, int] = {}
         self._free_seqs = list(range(options.max_seqs - 1, -1, -1))
+        self.shared_prefill = SharedPrefill(self.batch.block_size)
+        self._waiting: set[str] = set()  # new requests told to wait for a shared prompt this forward
         # What transformers' scheduler and input builder read.
         self.max_batch_tokens = options.max_batch_tokens
         self.max_blocks_per_request = 0  # no decode fast path: every forward goes through the indices
@@ -117,6 +120,7 @@ class KVCorePagedCache:
         return seq
 
     def _release(self, request_id: str) -> None:
+        self.shared_prefill.forget(request_id)
         seq = self._seq_of.pop(request_id, None)
         if seq is not None:
             self.batch.release_sequence(seq)
@@ -150,6 +154,12 @@ class KVCorePagedCache:
             raise InternalError(f"request {state.request_id}: at position {state.current_len()}, kvcore at {length}")
         if self.round.holds(state.request_id):
             raise InternalError(f"request {state.request_id}: admitted twice in one forward")
+        if state.request_id in self._waiting and not dry_run:
+            self._waiting.discard(state.request_id)
+            if fresh or not length:
+                self._release(state.request_id)
+                self.round.reprobe()
+            return False
         if dry_run:
             fits = self.round.admit(state.request_id, seq, state, min(request_len, self.batch.max_step))
             if fits:
@@ -160,6 +170,7 @@ class KVCorePagedCache:
             return fits
         request_len = min(request_len, self.batch.max_step)  # the scheduler cuts the chunk there (chunking.py)
         if self.round.admit(state.request_id, seq, state, request_len):
+            self.shared_prefill.note(state.request_id, state, request_len)  # later candidates may wait for it
             return True
         if fresh:
             self._release(state.request_id)
@@ -177,6 +188,9 @@ class KVCorePagedCache:
             if seq is None:
                 return 0
         if self.batch.length(seq) or len(prompt_ids) > self.batch.capacity:
+            return 0
+        if self.options.wait_for_shared_prefill and self.shared_prefill.should_wait(prompt_ids):
+            self._waiting.add(request_id)  # its prompt is being computed: adopt it once committed
             return 0
         hit = self.batch.adopt_prefix(seq, np.asarray(prompt_ids, np.int32))
         if hit and not self.round.reprobe():  # the revived blocks were counted free for others
@@ -225,6 +239,8 @@ class KVCorePagedCache:
         self.round.end()
         for request_id in list(self._seq_of):
             self._release(request_id)
+        self.shared_prefill.clear()
+        self._waiting.clear()
         if clear_ledgers:
             self.batch.clear()
 
@@ -292,6 +308,8 @@ class KVCorePagedCache:
         """Begin the kvcore step of the scheduled ``batch`` (transformers' future states, in input
         order), just before transformers builds its inputs."""
         self.round.plan(batch)
+        for future in batch:
+            self.shared_prefill.note(future.state.request_id, future.state, future.query_length)
         self._count_step()
 
     def _count_step(self) -> None:
