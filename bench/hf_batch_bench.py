@@ -109,6 +109,17 @@ def drive(manager: Any, prompts: list[list[int]], late: int) -> dict[str, list[i
     return out
 
 
+def timed(manager: Any, prompts: list[list[int]], late: int) -> tuple[dict[str, list[int]], float]:
+    """Start the manager, drive the requests through it, stop it: the outputs and the wall seconds."""
+    start = time.perf_counter()
+    manager.start()
+    try:
+        out = drive(manager, prompts, late)
+    finally:
+        manager.stop(block=True)
+    return out, time.perf_counter() - start
+
+
 def run_once(kind: str, model: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     gen = GenerationConfig(max_new_tokens=args.new, do_sample=False, eos_token_id=-1, pad_token_id=0)
     capacity = max(map(len, prompts)) + args.new
@@ -117,28 +128,16 @@ def run_once(kind: str, model: Any, prompts: list[list[int]], args: argparse.Nam
         cb = ContinuousBatchingConfig(page_size=args.block_size, num_blocks=blocks, max_batch_tokens=args.batch_tokens)
         with HfProbe() as probe:
             manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-            start = time.perf_counter()
-            manager.start()
-            try:
-                out = drive(manager, prompts, args.late)
-            finally:
-                manager.stop(block=True)
-            seconds = time.perf_counter() - start
-        generated = sum(map(len, out.values()))
-        stats = dict(tokens_computed=probe.tokens, prompt_tokens_computed=probe.tokens - (generated - len(prompts)),
+            out, seconds = timed(manager, prompts, args.late)
+        decoded = sum(map(len, out.values())) - len(prompts)  # each request's first token ends its prefill
+        stats = dict(tokens_computed=probe.tokens, prompt_tokens_computed=probe.tokens - decoded,
                      peak_blocks=probe.peak_blocks, peak_kv_bytes=probe.peak_bytes)  # fmt: skip
     else:
         manager = KVCoreBatchingManager(model, gen, block_size=args.block_size, max_batch_tokens=args.batch_tokens,
                                         capacity=capacity, max_seqs=len(prompts))  # fmt: skip
-        start = time.perf_counter()
-        manager.start()
-        try:
-            out = drive(manager, prompts, args.late)
-        finally:
-            manager.stop(block=True)
-        seconds = time.perf_counter() - start
-        generated = sum(map(len, out.values()))
-        stats = {k: v for k, v in manager.counters.as_dict().items()}
+        out, seconds = timed(manager, prompts, args.late)
+        stats = manager.counters.as_dict()
+    generated = sum(map(len, out.values()))
     return dict(kind=kind, seconds=seconds, tokens_per_second=generated / seconds, out=out, **stats)
 
 

@@ -106,8 +106,8 @@ def run_hf_batch_demo(opts: HfBatchDemoOptions, progress: Progress) -> dict[str,
     progress.update("kvcore", 1, 2)
     counters = BatchCounters()
     start = time.perf_counter()
-    ours = generate_batch(model, prompts, gen, counters=counters, block_size=opts.block_size,
-                          max_batch_tokens=opts.max_batch_tokens, capacity=opts.capacity, max_seqs=sequences)  # fmt: skip
+    sizes = dict(block_size=opts.block_size, max_batch_tokens=opts.max_batch_tokens, capacity=opts.capacity)
+    ours = generate_batch(model, prompts, gen, counters=counters, max_seqs=sequences, **sizes)
     our_seconds = time.perf_counter() - start
     progress.close()
     same = [k for k in theirs if k in ours and list(theirs[k].generated_tokens) == list(ours[k].generated_tokens)]

@@ -19,7 +19,9 @@ def capped_scheduler(base: Any, max_step: int) -> type:
     """A subclass of transformers' scheduler class ``base`` that schedules at most ``max_step``
     tokens of one request per forward."""
 
-    def _schedule_request(self: Any, state: Any, request_tokens: list[int], token_budget: int, removed: set[str]) -> None:
+    def _schedule_request(
+        self: Any, state: Any, request_tokens: list[int], token_budget: int, removed: set[str]
+    ) -> None:
         base._schedule_request(self, state, request_tokens, min(token_budget, max_step), removed)
 
     return type(f"KVCore{base.__name__}", (base,), {"_schedule_request": _schedule_request, "max_step": max_step})

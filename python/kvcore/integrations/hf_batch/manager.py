@@ -41,7 +41,9 @@ def kvcore_cb_config(options: BatchOptions, given: Optional[ContinuousBatchingCo
     if cb.use_cuda_graph not in (None, False, (False, False)):
         raise NotSupportedError("continuous_batching_config.use_cuda_graph: kvcore's continuous batching runs eagerly")
     if cb.use_async_batching:
-        raise NotSupportedError("continuous_batching_config.use_async_batching: kvcore plans each forward after the last")
+        raise NotSupportedError(
+            "continuous_batching_config.use_async_batching: kvcore plans each forward after the last"
+        )
     cb.max_batch_tokens = options.max_batch_tokens
     cb.max_requests_per_batch = min(cb.max_requests_per_batch or options.max_seqs, options.max_seqs)
     cb.max_blocks_per_request = 0
@@ -90,7 +92,9 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         check_batching_support()
         unknown = sorted(set(options) - set(BatchOptions.names()))
         if unknown:
-            raise InvalidArgumentError(f"unknown option {unknown[0]!r}: expected one of {', '.join(BatchOptions.names())}")
+            raise InvalidArgumentError(
+                f"unknown option {unknown[0]!r}: expected one of {', '.join(BatchOptions.names())}"
+            )
         self.options = BatchOptions(**options)
         check_model(model, self.options)
         gen = generation_config if generation_config is not None else model.generation_config
@@ -151,7 +155,9 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         cb.max_blocks_per_request = 0
         base = SCHEDULER_MAPPING.get(cb.scheduler_type, FIFOScheduler)
         scheduler_cls = capped_scheduler(base, cache.batch.max_step)
-        scheduler = scheduler_cls(cache=cache, safety_margin=cb.safety_margin, max_requests_per_batch=cb.max_requests_per_batch)
+        scheduler = scheduler_cls(
+            cache=cache, safety_margin=cb.safety_margin, max_requests_per_batch=cb.max_requests_per_batch
+        )
         processor = cb_api.ContinuousBatchProcessor(
             cache=cache,
             config=self.model.config.get_text_config(),
@@ -173,7 +179,9 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         return processor
 
 
-def init_kvcore_batching(model: Any, generation_config: Optional[GenerationConfig] = None, **options: Any) -> KVCoreBatchingManager:
+def init_kvcore_batching(
+    model: Any, generation_config: Optional[GenerationConfig] = None, **options: Any
+) -> KVCoreBatchingManager:
     """``model.init_continuous_batching`` served by kvcore: a ``KVCoreBatchingManager`` (not started)."""
     cb = options.pop("continuous_batching_config", None)
     return KVCoreBatchingManager(model, generation_config, cb, **options)
@@ -223,7 +231,9 @@ def generate_batch(
     previous = getattr(model, "_cached_continuous_batching_manager", None)
     model._cached_continuous_batching_manager = manager  # generate_batch runs the cached manager
     try:
-        result: dict[str, Any] = model.generate_batch(inputs, generation_config=generation_config, warmup=False, **options)
+        result: dict[str, Any] = model.generate_batch(
+            inputs, generation_config=generation_config, warmup=False, **options
+        )
     finally:
         if previous is None:
             if getattr(model, "_cached_continuous_batching_manager", None) is manager:

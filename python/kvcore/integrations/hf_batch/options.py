@@ -30,7 +30,8 @@ class BatchOptions:
     - ``max_seqs``: sequences held at once (requests and parallel samples), in [1, 2**20].
     - ``max_batch_tokens``: new tokens of one forward over all requests, in [1, 2**20].
     - ``max_step``: the most tokens of one request in one forward (kvcore's ``max_step``), in
-      [1, max_batch_tokens] (default ``min(64, max_batch_tokens)``). Sliding groups hold up to
+      [1, max_batch_tokens] (default ``min(64, max_batch_tokens)`` with sliding layers, else
+      ``max_batch_tokens``). Sliding groups hold up to
       ``window + 2 * max_step`` positions per request, so a small one holds less K/V; a longer
       prompt is prefilled over several forwards.
     - ``capacity``: the longest request, prompt plus new tokens (default: the model's
@@ -85,9 +86,12 @@ class BatchOptions:
         return ("block_size", "max_seqs", "max_batch_tokens", "max_step", "capacity", "num_blocks", "max_tokens_read",
                 "wait_for_shared_prefill")  # fmt: skip
 
-    def chunk(self, capacity: int) -> int:
-        """kvcore's ``max_step``: ``max_step``, or ``min(64, max_batch_tokens)``, at most ``capacity``."""
-        return min(self.max_step or min(64, self.max_batch_tokens), capacity)
+    def chunk(self, capacity: int, sliding: bool) -> int:
+        """kvcore's ``max_step``: ``max_step``, or by default ``min(64, max_batch_tokens)`` for a model
+        with sliding layers (their blocks grow with it) and ``max_batch_tokens`` otherwise; at most
+        ``capacity``."""
+        default = min(64, self.max_batch_tokens) if sliding else self.max_batch_tokens
+        return min(self.max_step or default, capacity)
 
 
 def resolved_capacity(options: BatchOptions, text_config: Any) -> int:
@@ -116,7 +120,7 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
         groups = group_layers_by_attn_type(text_config)
     except ValueError as e:  # a layer type transformers' continuous batching has no allocator for
         raise NotSupportedError(f"{type(text_config).__name__}: {e}; kvcore serves {FULL!r} and {SLIDING!r}") from e
-    max_step = options.chunk(capacity)
+    max_step = options.chunk(capacity, sliding=SLIDING in groups)
     base, layer_types = cache_config_for(text_config, max_step=max_step, capacity=capacity)
     for kind, layers in groups.items():
         wrong = [i for i in layers if layer_types[i] != kind]

@@ -129,7 +129,8 @@ class StepRound:
         for a, future in zip(self.admitted, batch):
             carried = list(a.state.tokens_to_process)
             length = self.batch.length(a.seq)
-            if not 1 <= len(carried) <= a.tokens or len(carried) != future.query_length or a.state.position_offset != length:
+            planned = 1 <= len(carried) <= a.tokens and len(carried) == future.query_length
+            if not planned or a.state.position_offset != length:
                 raise InternalError(
                     f"request {a.request_id}: carries {len(carried)} tokens at position {a.state.position_offset}; "
                     f"kvcore admitted {a.tokens} at its length {length}"
@@ -140,7 +141,10 @@ class StepRound:
                 tokens.extend(carried)
             offsets.append(len(tokens))
         self.step = self.batch.begin_step(
-            np.array(seqs, np.int32), np.array(counts, np.int32), np.array(tokens, np.int64), np.array(offsets, np.int32)
+            np.array(seqs, np.int32),
+            np.array(counts, np.int32),
+            np.array(tokens, np.int64),
+            np.array(offsets, np.int32),
         )
         self._lay_out()
 
