@@ -90,9 +90,9 @@ def drive(manager: Any, prompts: list[list[int]], late: int) -> dict[str, list[i
     out: dict[str, list[int]] = {}
 
     def collect_one() -> None:
-        result = manager.get_result(timeout=60)
+        result = manager.get_result(timeout=1800)
         if result is None:
-            raise RuntimeError(f"no result within 60 s; {len(out)} of {len(prompts)} done")
+            raise RuntimeError(f"no result within 30 minutes; {len(out)} of {len(prompts)} done")
         if result.error is not None:
             raise RuntimeError(f"{result.request_id}: {result.error}")
         if result.is_finished():
