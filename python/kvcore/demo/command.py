@@ -56,6 +56,13 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _add_int_knobs(p: argparse.ArgumentParser, knobs: list[tuple[str, str]], defaults: Any) -> None:
+    """One int option per (flag, help) knob, its default the options' field of that name."""
+    for flag, text in knobs:
+        p.add_argument(f"--{flag}", type=int, default=getattr(defaults, flag.replace("-", "_")),
+                       help=f"{text} (default %(default)s)")
+
+
 def hf_batch_argv(argv: list[str]) -> list[str] | None:
     """The options of ``kvcore demo --hf-batch`` when argv (after ``demo``) asks for it, else None."""
     if "--hf-batch" not in argv:
@@ -85,9 +92,7 @@ def hf_batch_parser() -> argparse.ArgumentParser:
         ("window", "sliding window of the gemma3 shape"),
         ("seed", "weights and prompts seed"),
     ]
-    for flag, text in knobs:
-        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
-                       help=f"{text} (default %(default)s)")
+    _add_int_knobs(p, knobs, d)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -174,9 +179,7 @@ def batch_parser() -> argparse.ArgumentParser:
         ("sinks", "ring attention sinks"),
         ("seed", "weights, prompts and arrivals seed"),
     ]
-    for flag, text in knobs:
-        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
-                       help=f"{text} (default %(default)s)")
+    _add_int_knobs(p, knobs, d)
     p.add_argument("--max-step", type=int, default=None,
                    help="largest step of one sequence: a prefill chunk, or 1 + drafts; at most the longest "
                    f"sequence (default {d.max_step}, or the longest sequence when shorter)")
