@@ -134,7 +134,7 @@ def run_once(kind: str, model: Any, prompts: list[list[int]], args: argparse.Nam
                      peak_blocks=probe.peak_blocks, peak_kv_bytes=probe.peak_bytes)  # fmt: skip
     else:
         manager = KVCoreBatchingManager(model, gen, block_size=args.block_size, max_batch_tokens=args.batch_tokens,
-                                        capacity=capacity, max_seqs=len(prompts))  # fmt: skip
+                                        capacity=capacity, max_seqs=len(prompts), max_step=args.max_step)  # fmt: skip
         out, seconds = timed(manager, prompts, args.late)
         stats = manager.counters.as_dict()
     generated = sum(map(len, out.values()))
@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=512, help="sliding window of the gemma3 shape")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--batch-tokens", type=int, default=256, help="max_batch_tokens of both")
+    p.add_argument("--max-step", type=int, default=None, help="kvcore's max_step (default: its own)")
     p.add_argument("--reps", type=int, default=2, help="runs of each, alternating")
+    p.add_argument("--kvcore-only", action="store_true", help="run kvcore's side only (no comparison)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="a smoke run: 6 requests, 64 + 8 prompt, 8 new, 1 rep")
     p.add_argument("--out", help="write the figures as JSON here")
@@ -167,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {"transformers": [], "kvcore": []}
     for rep in range(args.reps):
         order = ["transformers", "kvcore"] if rep % 2 == 0 else ["kvcore", "transformers"]
+        if args.kvcore_only:
+            order = ["kvcore"]
         for kind in order:
             r = run_once(kind, model, prompts, args)
             runs[kind].append(r)
             print(f"rep {rep} {kind:12s} {r['seconds']:.2f}s {r['tokens_per_second']:.1f} tok/s "
                   f"prompt computed {r['prompt_tokens_computed']} peak {r['peak_blocks']} blocks "
                   f"{r['peak_kv_bytes'] / 2**20:.2f} MiB", file=sys.stderr)  # fmt: skip
+    if args.kvcore_only:
+        figures = {k: v for k, v in runs["kvcore"][0].items() if k != "out"}
+        print(json.dumps(dict(max_step=args.max_step, **figures), indent=2))
+        return 0
     same = all(r["out"] == runs["transformers"][0]["out"] for rs in runs.values() for r in rs)
     summary: dict[str, Any] = dict(shape=args.shape, requests=args.requests, shared=args.shared, own=args.own,
                                    new=args.new, late=args.late, window=args.window, block_size=args.block_size,
