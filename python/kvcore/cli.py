@@ -91,11 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_and_exit = {"-h", "--help", "--version", "--includes", "--cmakedir"}
     if not any(a in sub.choices for a in args_in) and (
         not print_and_exit & set(args_in) or demo.batch_argv(args_in) is not None
+        or demo.hf_batch_argv(args_in) is not None
     ):
         args_in = ["demo", *args_in]
     # `kvcore demo --batch`: the many-chat demo, with a parser of its own.
     if args_in[:1] == ["demo"] and (batch_args := demo.batch_argv(args_in[1:])) is not None:
         return demo.batch_main(batch_args)
+    # `kvcore demo --hf-batch`: a transformers model through kvcore's continuous batching.
+    if args_in[:1] == ["demo"] and (hf_args := demo.hf_batch_argv(args_in[1:])) is not None:
+        return demo.hf_batch_main(hf_args)
     args = parser.parse_args(args_in)
     try:
         return int(args.run(args))

@@ -95,3 +95,18 @@ def test_batch_python_runs_both_forms_and_admits_from_the_cache(tmp_path: Path) 
     assert {(r["seqs"], r["form"]) for r in report["decode"]} == {(n, f) for n in (2, 3) for f in ("list", "arrays")}
     assert all(r["cpu_us_per_seq"] > 0 for r in report["decode"])
     assert report["admit"]["hit_tokens"] == 1984  # (2,000 - 1) // 16 full blocks of the cached prompt
+
+
+def test_hf_batch_bench_quick_run_matches_outputs_and_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "hf_batch.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "hf_batch_bench.py"), "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["identical_outputs"]
+    for kind in ("transformers", "kvcore"):
+        assert report[kind]["prompt_tokens_computed"] > 0 and report[kind]["peak_kv_bytes"] > 0
+    # kvcore computes the shared system prompt once; transformers' own, with a sliding layer, per request.
+    assert report["kvcore"]["prompt_tokens_computed"] < report["transformers"]["prompt_tokens_computed"]

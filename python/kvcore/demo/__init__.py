@@ -15,5 +15,10 @@ Nothing here is imported by ``import kvcore``. One concept per module:
 - ``kvcore.demo.sequence``: ``kvcore demo``, one sequence, plain then speculative;
 - ``kvcore.demo.batch``: ``kvcore demo --batch``, many chats through
   ``BatchCache`` + ``PagedKVPool``;
-- ``kvcore.demo.command``: the two demos' command lines.
+- ``kvcore.demo.trees``: ``kvcore demo --tree N``, speculative decoding with
+  draft trees through ``SequenceCache`` + ``KVPool``;
+- ``kvcore.demo.hf_batch``: ``kvcore demo --hf-batch``, a tiny random transformers
+  model through kvcore's continuous batching against transformers' own (needs
+  torch and transformers);
+- ``kvcore.demo.command``: the demos' command lines.
 """

@@ -1,7 +1,8 @@
-"""The command lines of ``kvcore demo`` and ``kvcore demo --batch``.
+"""The command lines of ``kvcore demo``, ``kvcore demo --batch`` and ``kvcore demo --hf-batch``.
 
 ``kvcore demo`` is a subcommand of ``kvcore`` (kvcore.cli); ``--batch`` hands the
-rest of the command line to a parser of its own, with the batch demo's knobs.
+rest of the command line to a parser of its own, with the batch demo's knobs;
+``--hf-batch`` likewise (a tiny transformers model through kvcore's continuous batching).
 A value the demo cannot honour is refused, never quietly replaced: exit status
 2 and one line naming the option, the value and the limit.
 """
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcore._argparse import Parser
-from kvcore.demo import batch, sequence
+from kvcore.demo import batch, hf_batch, sequence
 from kvcore.demo.options import TOLERANCE
 from kvcore.demo.runner import run_and_report
 
@@ -51,7 +52,62 @@ def add_parser(sub: Any) -> None:
         help="serve many concurrent chats through BatchCache instead, with its own options "
         "(kvcore demo --batch --help)",
     )
+    p.add_argument(
+        "--hf-batch", action="store_true",
+        help="run a tiny random transformers model through kvcore's continuous batching and check it against "
+        "transformers' own (kvcore demo --hf-batch --help)",
+    )
     p.set_defaults(run=run)
+
+
+def _add_int_knobs(p: argparse.ArgumentParser, knobs: list[tuple[str, str]], defaults: Any) -> None:
+    """One int option per (flag, help) knob, its default the options' field of that name."""
+    for flag, text in knobs:
+        p.add_argument(f"--{flag}", type=int, default=getattr(defaults, flag.replace("-", "_")),
+                       help=f"{text} (default %(default)s)")
+
+
+def hf_batch_argv(argv: list[str]) -> list[str] | None:
+    """The options of ``kvcore demo --hf-batch`` when argv (after ``demo``) asks for it, else None."""
+    if "--hf-batch" not in argv:
+        return None
+    return [a for a in argv if a != "--hf-batch"]
+
+
+def hf_batch_parser() -> argparse.ArgumentParser:
+    """The parser of ``kvcore demo --hf-batch``."""
+    d = hf_batch.HfBatchDemoOptions()
+    p = Parser(
+        prog="kvcore demo --hf-batch",
+        description="Serve requests sharing a system prompt with a tiny random transformers model through "
+        "kvcore's continuous batching (kvcore.integrations.hf_batch) and through transformers' own "
+        "generate_batch; every request's tokens must be identical. Needs torch and transformers. Exits 0 when "
+        "they are, 1 when not, 2 on bad options.",
+    )
+    p.add_argument("--model", default=d.model, choices=hf_batch.MODELS, help="model shape (default %(default)s)")
+    knobs = [
+        ("requests", "requests"),
+        ("shared-len", "system prompt tokens every request starts with"),
+        ("prompt-len", "each request's own prompt tokens after it"),
+        ("gen-len", "tokens each request generates"),
+        ("samples", "parallel samples per request (num_return_sequences; sampled with top_k = 1)"),
+        ("block-size", "rows per cache block (transformers' page size too)"),
+        ("max-batch-tokens", "new tokens of one forward"),
+        ("window", "sliding window of the gemma3 shape"),
+        ("seed", "weights and prompts seed"),
+    ]
+    _add_int_knobs(p, knobs, d)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def hf_batch_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --hf-batch`` with argv (the options after it); its exit status."""
+    args = hf_batch_parser().parse_args(list(argv))
+    names = [f.name for f in dataclasses.fields(hf_batch.HfBatchDemoOptions)]
+    opts = hf_batch.HfBatchDemoOptions(**{n: getattr(args, n) for n in names})
+    return run_and_report("kvcore demo --hf-batch", opts, hf_batch.run_hf_batch_demo, hf_batch.format_report,
+                          as_json=args.json, show_progress=False)
 
 
 def batch_argv(argv: list[str]) -> list[str] | None:
@@ -76,6 +132,9 @@ def _with_default_step(opts: Any, given: int | None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvcore demo`` with the parsed options; its exit status."""
+    if args.hf_batch:  # as --batch below
+        print("kvcore demo: error: --hf-batch takes its own options: run `kvcore demo --hf-batch ...`", file=sys.stderr)
+        return 2
     if args.batch:  # kvcore.cli hands --batch to the batch parser before parsing; this parser alone cannot
         print("kvcore demo: error: --batch takes its own options: run `kvcore demo --batch ...`", file=sys.stderr)
         return 2
@@ -125,9 +184,7 @@ def batch_parser() -> argparse.ArgumentParser:
         ("sinks", "ring attention sinks"),
         ("seed", "weights, prompts and arrivals seed"),
     ]
-    for flag, text in knobs:
-        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
-                       help=f"{text} (default %(default)s)")
+    _add_int_knobs(p, knobs, d)
     p.add_argument("--max-step", type=int, default=None,
                    help="largest step of one sequence: a prefill chunk, or 1 + drafts; at most the longest "
                    f"sequence (default {d.max_step}, or the longest sequence when shorter)")

@@ -10,6 +10,10 @@ library (torch, transformers) only when you import it, e.g.
   one paged store per group of a ``BatchCache`` (needs ``torch``).
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
+- ``kvcore.integrations.hf_batch``: transformers' continuous batching
+  (``generate_batch``, its manager) with the cache served by a ``BatchCache``
+  (needs the ``transformers`` extra; also reached through
+  ``kvcore.integrations.transformers``).
 - ``kvcore.integrations.executorch``: drop-in caches for ExecuTorch's
   ``update_and_attend`` op, one sequence and many (needs ``torch`` and
   ``executorch``).

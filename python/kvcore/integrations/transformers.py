@@ -624,3 +624,15 @@ __all__ = [
     "check_transformers",
     "prefill",
 ]
+
+# Continuous batching lives in kvcore.integrations.hf_batch; these names are served from here
+# too, imported on first use (hf_batch imports this module).
+_BATCHING = ("BatchCounters", "BatchOptions", "KVCoreBatchingManager", "generate_batch", "init_kvcore_batching")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BATCHING:
+        from kvcore.integrations import hf_batch
+
+        return getattr(hf_batch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,148 @@
+"""Options of kvcore's continuous batching, checked before anything runs, and the kvcore config they give.
+
+``BatchOptions`` holds what sizes kvcore's side: block size, blocks, sequences,
+the tokens of one forward and the longest request. ``batch_config`` turns a
+model config and the options into a ``kvcore.CacheConfig`` whose groups are
+transformers' attention types, and refuses a model kvcore cannot serve.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
+
+from kvcore._core import BatchLimits, CacheConfig
+from kvcore._errors import InvalidArgumentError, NotSupportedError
+from kvcore.integrations.transformers import FULL, SLIDING, cache_config_for
+
+_MAX_IDS = 1 << 20  # BatchLimits' bound on sequences and on the tokens of one step
+DEFAULT_CAPACITY = 4096
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """Sizes of kvcore's side of continuous batching.
+
+    - ``block_size``: rows per block (tokens of one sequence per block), >= 1.
+    - ``max_seqs``: sequences held at once (requests and parallel samples), in [1, 2**20].
+    - ``max_batch_tokens``: new tokens of one forward over all requests, in [1, 2**20].
+    - ``max_step``: the most tokens of one request in one forward (kvcore's ``max_step``), in
+      [1, max_batch_tokens] (default ``min(64, max_batch_tokens)`` with sliding layers, else
+      ``max_batch_tokens``). Sliding groups hold up to
+      ``window + 2 * max_step`` positions per request, so a small one holds less K/V; a longer
+      prompt is prefilled over several forwards.
+    - ``capacity``: the longest request, prompt plus new tokens (default: the model's
+      ``max_position_embeddings``, at most 4096).
+    - ``num_blocks``: blocks of each full-attention group's pool (default: ``max_seqs`` requests
+      at ``capacity``); at least the blocks of one request at ``capacity``. Sliding groups size
+      their own pools (docs/batch.md).
+    - ``max_tokens_read``: cache positions one forward may read over all its requests (transformers'
+      read budget; default ``max_seqs * capacity``).
+    - ``wait_for_shared_prefill``: a new request whose prompt starts with the first block of a
+      prompt another request is still prefilling waits for it, then adopts it (default True).
+    """
+
+    block_size: int = 16
+    max_seqs: int = 32
+    max_batch_tokens: int = 256
+    max_step: Optional[int] = None
+    capacity: Optional[int] = None
+    num_blocks: Optional[int] = None
+    max_tokens_read: Optional[int] = None
+    wait_for_shared_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.wait_for_shared_prefill, bool):
+            raise InvalidArgumentError(f"wait_for_shared_prefill = {self.wait_for_shared_prefill!r}: must be a bool")
+        for name in self.names()[:-1]:  # the int options
+            value = getattr(self, name)
+            if value is None and name in ("max_step", "capacity", "num_blocks", "max_tokens_read"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentError(f"{name} = {value!r}: must be an int")
+            if value < 1:
+                raise InvalidArgumentError(f"{name} = {value}: must be >= 1")
+        for name in ("max_seqs", "max_batch_tokens"):
+            if getattr(self, name) > _MAX_IDS:
+                raise InvalidArgumentError(f"{name} = {getattr(self, name)}: must be <= 2**20")
+        if self.max_step is not None and self.max_step > self.max_batch_tokens:
+            raise InvalidArgumentError(
+                f"max_step = {self.max_step}: must be <= max_batch_tokens = {self.max_batch_tokens}"
+            )
+        if self.capacity is not None and self.num_blocks is not None:
+            need = math.ceil(self.capacity / self.block_size)
+            if self.num_blocks < need:
+                raise InvalidArgumentError(
+                    f"num_blocks = {self.num_blocks}: a request of capacity = {self.capacity} positions needs "
+                    f"{need} blocks of block_size = {self.block_size}; raise num_blocks or lower capacity"
+                )
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        """The option names ``generate_batch`` and the manager accept."""
+        return ("block_size", "max_seqs", "max_batch_tokens", "max_step", "capacity", "num_blocks", "max_tokens_read",
+                "wait_for_shared_prefill")  # fmt: skip
+
+    def chunk(self, capacity: int, sliding: bool) -> int:
+        """kvcore's ``max_step``: ``max_step``, or by default ``min(64, max_batch_tokens)`` for a model
+        with sliding layers (their blocks grow with it) and ``max_batch_tokens`` otherwise; at most
+        ``capacity``."""
+        default = min(64, self.max_batch_tokens) if sliding else self.max_batch_tokens
+        return min(self.max_step or default, capacity)
+
+
+def resolved_capacity(options: BatchOptions, text_config: Any) -> int:
+    """``options.capacity``, or the model's ``max_position_embeddings`` capped at 4096."""
+    if options.capacity is not None:
+        return options.capacity
+    return min(int(getattr(text_config, "max_position_embeddings", None) or DEFAULT_CAPACITY), DEFAULT_CAPACITY)
+
+
+def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, dict[str, list[int]]]:
+    """The kvcore config serving ``text_config`` under ``options``, and transformers' layers per
+    attention type (its continuous-batching groups, in its order).
+
+    Raises NotSupportedError for a layer kind kvcore cannot serve here (chunked, linear or
+    shared-KV layers, bidirectional attention, one type with two windows, a window that is not
+    the config's ``sliding_window``), InvalidArgumentError for options that do not fit.
+    """
+    capacity = resolved_capacity(options, text_config)
+    if options.num_blocks is not None and options.num_blocks < math.ceil(capacity / options.block_size):
+        raise InvalidArgumentError(
+            f"num_blocks = {options.num_blocks}: a request of capacity = {capacity} positions needs "
+            f"{math.ceil(capacity / options.block_size)} blocks of block_size = {options.block_size}; raise "
+            f"num_blocks or lower capacity"
+        )
+    try:
+        groups = group_layers_by_attn_type(text_config)
+    except ValueError as e:  # a layer type transformers' continuous batching has no allocator for
+        raise NotSupportedError(f"{type(text_config).__name__}: {e}; kvcore serves {FULL!r} and {SLIDING!r}") from e
+    max_step = options.chunk(capacity, sliding=SLIDING in groups)
+    base, layer_types = cache_config_for(text_config, max_step=max_step, capacity=capacity)
+    for kind, layers in groups.items():
+        wrong = [i for i in layers if layer_types[i] != kind]
+        if wrong:
+            raise NotSupportedError(
+                f"layer {wrong[0]}: transformers' continuous batching treats it as {kind!r} but its cache "
+                f"config says {layer_types[wrong[0]]!r}"
+            )
+    window = getattr(text_config, "sliding_window", None)
+    for i, layer in enumerate(base.layers):
+        if layer_types[i] == SLIDING and layer.policy.window != window:
+            raise NotSupportedError(
+                f"layer {i}: window {layer.policy.window} differs from sliding_window = {window}, which "
+                f"transformers' continuous batching masks every sliding layer with"
+            )
+    limits = BatchLimits(
+        block_size=options.block_size,
+        max_seqs=options.max_seqs,
+        max_step_tokens=options.max_batch_tokens,
+        num_blocks=options.num_blocks or 0,
+    )
+    return CacheConfig(capacity, list(base.layers), max_step=max_step, batch=limits), groups
+
+
+__all__ = ["BatchOptions", "batch_config", "resolved_capacity"]

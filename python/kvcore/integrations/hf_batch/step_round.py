@@ -1,0 +1,174 @@
+"""The requests of one forward: admitted one by one as transformers schedules, begun exactly once it builds inputs.
+
+transformers' scheduler asks the cache, request by request, whether the next
+tokens fit (``can_store_request_tokens``); kvcore decides admission for a whole
+step at once (``begin_step``). ``StepRound`` bridges them: each admission begins
+the step of every request admitted so far plus the new one (a refused step
+changes nothing and the previous one stays begun, so the answer is kvcore's own).
+When transformers builds the forward's inputs the step is begun once more with
+what each request really carries (a parent of parallel samples may carry one
+token less than it asked for) and its token ids (so full blocks get named for
+prefix reuse), and the plan is turned into transformers' read and write
+indices: one pool row per key a query reads, per attention type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcore._core import BatchCache, BatchStep
+from kvcore._errors import CapacityError, InternalError
+from kvcore.integrations.hf_batch.group_view import GroupView
+
+TMP_TOKEN_ID = -1  # transformers' placeholder for a token not sampled yet
+
+
+@dataclass
+class Admitted:
+    """A request in the round: its id, kvcore sequence, transformers state, tokens admitted."""
+
+    request_id: str
+    seq: int
+    state: Any
+    tokens: int
+
+
+@dataclass
+class PlannedEntry:
+    """Where one request's step goes: its place, first position, tokens, and rows per group."""
+
+    place: int
+    first: int
+    tokens: int
+    writes: list[npt.NDArray[np.int64]]
+    reads: list[npt.NDArray[np.int64]]
+
+
+class StepRound:
+    """The step being assembled (``admit``), then planned (``plan``) and run by the layers."""
+
+    def __init__(self, batch: BatchCache, views: list[GroupView]) -> None:
+        self.batch = batch
+        self.views = views
+        self.admitted: list[Admitted] = []
+        self.step: Optional[BatchStep] = None
+        self.planned: Optional[dict[str, PlannedEntry]] = None
+        self.next_place = 0
+        self.copies: list[npt.NDArray[np.int32]] = []
+        self.live_rows: list[int] = []
+        self.layers_done = 0
+
+    # --- admission ------------------------------------------------------------------
+
+    def admit(self, request_id: str, seq: int, state: Any, tokens: int) -> bool:
+        """Begin the step of every admitted request plus this one; False (nothing changes) when
+        a pool is short."""
+        self._settle_counts()
+        seqs = [a.seq for a in self.admitted] + [seq]
+        counts = [a.tokens for a in self.admitted] + [tokens]
+        try:
+            self.step = self.batch.begin_step(np.array(seqs, np.int32), np.array(counts, np.int32))
+        except CapacityError:
+            return False
+        self.admitted.append(Admitted(request_id, seq, state, tokens))
+        return True
+
+    def reprobe(self) -> bool:
+        """Begin the admitted step again after a verb ended it; False if it no longer fits."""
+        if not self.admitted:
+            self.step = None
+            return True
+        self._settle_counts()
+        seqs = np.array([a.seq for a in self.admitted], np.int32)
+        try:
+            self.step = self.batch.begin_step(seqs, np.array([a.tokens for a in self.admitted], np.int32))
+        except CapacityError:
+            return False
+        return True
+
+    def _settle_counts(self) -> None:
+        # transformers schedules a request right after admitting it and may give it one token less
+        # than asked (a parent of parallel samples): count what the earlier ones really carry.
+        for a in self.admitted:
+            carried = len(a.state.tokens_to_process)
+            if 1 <= carried < a.tokens:
+                a.tokens = carried
+
+    def drop(self, request_id: str) -> None:
+        """Forget a request admitted but not planned (cancelled before its forward)."""
+        self.admitted = [a for a in self.admitted if a.request_id != request_id]
+
+    def holds(self, request_id: str) -> bool:
+        """Is the request in this round?"""
+        return any(a.request_id == request_id for a in self.admitted)
+
+    def end(self) -> None:
+        """Leave the round; a begun, uncommitted step is aborted (its blocks go back)."""
+        if self.step is not None and self.step.is_current:
+            self.batch.abort(self.step)
+        self.admitted, self.step, self.planned = [], None, None
+        self.next_place, self.layers_done = 0, 0
+
+    # --- the exact step -----------------------------------------------------------------
+
+    def plan(self, batch: list[Any]) -> None:
+        """Begin the step the scheduled ``batch`` (transformers' future states, in input order) really
+        carries, with its token ids, and lay out its indices. Raises InternalError if the batch is
+        not the admitted requests."""
+        by_id = {a.request_id: a for a in self.admitted}
+        if sorted(by_id) != sorted(f.state.request_id for f in batch):
+            raise InternalError(
+                f"the scheduled batch {[f.state.request_id for f in batch]} is not the admitted {sorted(by_id)}"
+            )
+        self.admitted = [by_id[f.state.request_id] for f in batch]
+        seqs, counts, tokens, offsets = [], [], [], [0]
+        for a, future in zip(self.admitted, batch):
+            carried = list(a.state.tokens_to_process)
+            length = self.batch.length(a.seq)
+            planned = 1 <= len(carried) <= a.tokens and len(carried) == future.query_length
+            if not planned or a.state.position_offset != length:
+                raise InternalError(
+                    f"request {a.request_id}: carries {len(carried)} tokens at position {a.state.position_offset}; "
+                    f"kvcore admitted {a.tokens} at its length {length}"
+                )
+            seqs.append(a.seq)
+            counts.append(len(carried))
+            if TMP_TOKEN_ID not in carried:  # ids known: the blocks they fill get named
+                tokens.extend(carried)
+            offsets.append(len(tokens))
+        self.step = self.batch.begin_step(
+            np.array(seqs, np.int32),
+            np.array(counts, np.int32),
+            np.array(tokens, np.int64),
+            np.array(offsets, np.int32),
+        )
+        self._lay_out()
+
+    def _lay_out(self) -> None:
+        assert self.step is not None
+        plan = self.step.plan()
+        B = plan.block_size
+        starts, firsts, ends = plan.query_starts, plan.first_positions, plan.context_lens
+        planned: dict[str, PlannedEntry] = {}
+        groups = [plan.groups[v.group] for v in self.views]
+        self.copies = [np.array(g.copies) for g in groups]
+        self.live_rows = [self.batch.used_blocks(v.group) * B for v in self.views]
+        for i, a in enumerate(self.admitted):
+            first, end = int(firsts[i]), int(ends[i])
+            writes, reads = [], []
+            for view, group in zip(self.views, groups):
+                writes.append(np.asarray(group.slots[starts[i] : starts[i + 1]], np.int64))
+                positions = np.arange(view.first_read(first), end, dtype=np.int64)
+                blocks = group.block_tables[a.seq][positions // B].astype(np.int64)
+                if len(blocks) and blocks.min() < 0:  # kvcore holds every block a query needs
+                    raise InternalError(f"request {a.request_id}: group {view.group} reads a released block")
+                reads.append(blocks * B + positions % B)
+            planned[a.request_id] = PlannedEntry(i, first, end - first, writes, reads)
+        self.planned = planned
+
+
+__all__ = ["Admitted", "PlannedEntry", "StepRound"]
