@@ -17,6 +17,8 @@ Nothing here is imported by ``import kvcore``. One concept per module:
   ``BatchCache`` + ``PagedKVPool``;
 - ``kvcore.demo.trees``: ``kvcore demo --tree N``, speculative decoding with
   draft trees through ``SequenceCache`` + ``KVPool``;
+- ``kvcore.demo.early_exit``: the tree demo's drafter, the model's own first
+  layers with its final norm and head (self-speculative early exit);
 - ``kvcore.demo.hf_batch``: ``kvcore demo --hf-batch``, a tiny random transformers
   model through kvcore's continuous batching against transformers' own (needs
   torch and transformers);
