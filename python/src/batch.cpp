@@ -205,10 +205,11 @@ void register_batch(py::module_& m) {
           "block_tables",
           [](const GroupPlanHandle& g) {
             throw_if_error(g.step.check());
-            return view_of(g.plan.block_tables, {g.step.cache->max_seqs(), g.plan.table_stride}, py::cast(g.step.cache));
+            return view_of(g.plan.block_tables, {g.step.cache->max_active_seqs(), g.plan.table_stride}, py::cast(g.step.cache));
           },
-          "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
-          "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.")
+          "(max_active_seqs, table_stride) block of each block index, one row per active sequence, "
+          "-1 for a hole; entry i reads row table_rows[seq_ids[i]] of the plan (row seq_ids[i] when "
+          "max_active_seqs == max_seqs), its first ceil(context_lens[i] / block_size) entries.")
       .def_property_readonly(
           "policy",
           [](const GroupPlanHandle& g) {
@@ -237,6 +238,11 @@ void register_batch(py::module_& m) {
       .def_property_readonly(
           "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) the sequence of each entry.")
+      .def_property_readonly(
+          "table_rows",
+          [](const BatchPlanHandle& h) { return view_of(current(h).table_rows, {h.step.cache->max_seqs()}, py::cast(h.step.cache)); },
+          "(max_seqs,) each sequence id's row in every group's block_tables, -1 for an inactive "
+          "sequence (the id itself when max_active_seqs == max_seqs).")
       .def_property_readonly(
           "query_starts",
           [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.step.cache)); },
@@ -351,7 +357,14 @@ void register_batch(py::module_& m) {
       .def_property_readonly("n_layers", &Cache::n_layers, "Number of layers (config.n_layers), in n_groups groups.")
       .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")
       .def_property_readonly("block_size", &Cache::block_size, "Rows per block.")
-      .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per sequence.")
+      .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per row: ceil(capacity / block_size).")
+      .def_property_readonly("max_active_seqs", &Cache::max_active_seqs,
+                             "Sequences active at once (BatchLimits.max_active_seqs, default max_seqs): "
+                             "the rows of each group's block tables.")
+      .def_property_readonly("free_table_rows", &Cache::free_table_rows,
+                             "Sequences that may still become active (add_sequence, fork into an inactive "
+                             "one) before one is refused with CapacityError: the free table rows (max_seqs "
+                             "when each id has its own row).")
       .def("group_of", [](const Cache& c, const IntArg& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
            py::arg("layer"), "The group of a layer. InvalidArgumentError: bad layer.")
       .def("group_policy",
@@ -398,7 +411,8 @@ void register_batch(py::module_& m) {
       .def("add_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs). "
-           "InvalidStateError: it is already active.")
+           "InvalidStateError: it is already active. CapacityError: max_active_seqs sequences are "
+           "active (no table row is free).")
       .def("release_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs). "
@@ -412,7 +426,8 @@ void register_batch(py::module_& m) {
            py::arg("src"), py::arg("dst"), py::arg("upto") = py::none(),
            "dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no "
            "K/V. InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not "
-           "empty, or src no longer holds what a query of dst at upto needs.")
+           "empty, or src no longer holds what a query of dst at upto needs. CapacityError: dst is "
+           "inactive and max_active_seqs sequences are active.")
       .def("remove",
            [](Cache& c, const IntArg& seq, const IntArg& p0, const std::optional<IntArg>& p1) {
              const int s = to_int("seq", seq);
