@@ -658,6 +658,23 @@ class BatchStepPlan(metaclass=_pybind11_type):
     @property
     def seq_ids(self) -> npt.NDArray[np.int32]:
         """(n_entries,) the sequence of each entry."""
+    def arrays(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]], ...],
+    ]:
+        """Every array of the plan in one call, as the properties give them (the same read-only
+        views of the cache's buffers, no copy): (seq_ids, query_starts, first_positions,
+        context_lens, visible_starts, table_rows, groups), groups holding (slots, copies,
+        block_tables) per group. One call instead of a property read per array: what a backend reads
+        every step. InvalidStateError: the step ended.
+        """
     @property
     def table_rows(self) -> npt.NDArray[np.int32]:
         """(max_seqs,) each sequence id's row in every group's block_tables, -1 for an inactive

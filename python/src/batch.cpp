@@ -272,6 +272,29 @@ void register_batch(py::module_& m) {
           py::arg("entry"),
           "Entry i's removed middle ranges [(begin, end), ...] of positions: never visible. "
           "InvalidArgumentError: entry outside [0, n_entries). InvalidStateError: the step ended.")
+      .def(
+          "arrays",
+          [](const BatchPlanHandle& h) {
+            const kvcore::BatchStepPlan& p = current(h);
+            const py::object owner = py::cast(h.step.cache);
+            const int n = p.n_entries, seqs = h.step.cache->max_seqs(), rows = h.step.cache->max_active_seqs();
+            py::tuple groups(p.n_groups);
+            for (int g = 0; g < p.n_groups; ++g) {
+              const kvcore::GroupPlan& gp = p.groups[g];
+              groups[g] = py::make_tuple(view_of(gp.slots, {p.n_tokens}, owner),
+                                         view_of(reinterpret_cast<const int*>(gp.copies), {gp.n_copies, 2}, owner),
+                                         view_of(gp.block_tables, {rows, gp.table_stride}, owner));
+            }
+            return py::make_tuple(view_of(p.seq_ids, {n}, owner), view_of(p.query_starts, {n + 1}, owner),
+                                  view_of(p.first_positions, {n}, owner), view_of(p.context_lens, {n}, owner),
+                                  view_of(p.visible_starts, {n}, owner), view_of(p.table_rows, {seqs}, owner),
+                                  std::move(groups));
+          },
+          "Every array of the plan in one call, as the properties give them (the same "
+          "read-only views of the cache's buffers, no copy): (seq_ids, query_starts, "
+          "first_positions, context_lens, visible_starts, table_rows, groups), groups holding "
+          "(slots, copies, block_tables) per group. One call instead of a property read per "
+          "array: what a backend reads every step. InvalidStateError: the step ended.")
       .def_property_readonly(
           "positions",
           [](const BatchPlanHandle& h) {
@@ -502,7 +525,8 @@ void register_batch(py::module_& m) {
       .def("add_sequences", &add_sequences, py::arg("seqs"),
            "add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
-           "InvalidStateError one already active, and nothing changes. Empty seqs: nothing happens.")
+           "InvalidStateError one already active, CapacityError more ids than free_table_rows, and "
+           "nothing changes. Empty seqs: nothing happens.")
       .def("release_sequences", &release_sequences, py::arg("seqs"),
            "release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
@@ -512,7 +536,8 @@ void register_batch(py::module_& m) {
            "each inherits positions [0, upto) of src (default: all) by sharing blocks, as for "
            "parallel sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a "
            "dst repeated or equal to src; InvalidStateError for src not active or no longer holding "
-           "what a query at upto needs, or a dst not empty; nothing changes then.")
+           "what a query at upto needs, or a dst not empty; CapacityError for more inactive dsts "
+           "than free_table_rows; nothing changes then.")
       .def("commit",
            [](Cache& c, const BatchStepHandle& h) {
              if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");

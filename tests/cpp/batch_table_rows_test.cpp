@@ -253,7 +253,8 @@ TEST(BatchTableRows, BoundedPlansAsUnbounded) {
       ASSERT_EQ(bounded->table_rows()[s] >= 0, full->sequence(s)->active) << "op " << op;
       for (int g = 0; g < 2; ++g) ASSERT_EQ(*bounded->blocks_held(s, g), *full->blocks_held(s, g));
     }
-    for (int g = 0; g < 2; ++g) ASSERT_EQ(*bounded->free_blocks(g), *full->free_blocks(g));
+    // Used blocks (the ring pools differ in size: each is sized per table row).
+    for (int g = 0; g < 2; ++g) ASSERT_EQ(*bounded->used_blocks(g), *full->used_blocks(g));
   }
 }
 

@@ -344,10 +344,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     }
     const BatchSizes sizes(cfg, n_groups_);
     KVCORE_RETURN_IF_ERROR(sizes.check_tables());
+    for (int g = 0; g < n_groups_; ++g)  // every pool checked before any table is allocated
+      KVCORE_RETURN_IF_ERROR(sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks).status());
     KVCORE_RETURN_IF_ERROR(rows_.create(max_seqs_, sizes.rows));
     for (int g = 0; g < n_groups_; ++g) {
       const Result<int> blocks = sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks);
-      KVCORE_RETURN_IF_ERROR(blocks.status());
       KVCORE_RETURN_IF_ERROR(groups_[g].create(*blocks, max_seqs_, rows_, stride_, block_size_));
     }
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));

@@ -71,8 +71,8 @@ struct BatchSizes {
     const std::int64_t seqs = max_seqs;
     constexpr std::int64_t kMax = 0x7fffffff;
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * rows * stride <= kMax, InvalidArgument,
-                                 "%d groups x %d active sequences x %d blocks per table: the tables "
-                                 "would pass 2^31 entries",
+                                 "%d groups x %d sequences x %d blocks per table: the tables would "
+                                 "pass 2^31 entries",
                                  n_groups, rows, stride);
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * max_step_tokens <= kMax, InvalidArgument,
                                  "%d groups x batch.max_step_tokens = %d: the step's slot tables "
