@@ -915,7 +915,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def add_sequences(self, seqs: IntArrayArg) -> None:
         """add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or none:
         InvalidArgumentError names an id outside [0, max_seqs) or repeated, InvalidStateError one
-        already active, and nothing changes. Empty seqs: nothing happens.
+        already active, CapacityError more ids than free_table_rows, and nothing changes. Empty
+        seqs: nothing happens.
         """
     def release_sequences(self, seqs: IntArrayArg) -> None:
         """release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or
@@ -927,7 +928,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         inherits positions [0, upto) of src (default: all) by sharing blocks, as for parallel
         sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a dst repeated or
         equal to src; InvalidStateError for src not active or no longer holding what a query at upto
-        needs, or a dst not empty; nothing changes then.
+        needs, or a dst not empty; CapacityError for more inactive dsts than free_table_rows;
+        nothing changes then.
         """
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""
