@@ -8,7 +8,8 @@ Workloads (the token ids are batch_bench.cpp's):
           timed decode steps. Per step: begin_step over the N sequences with
           T = 1 and each one's token id, the plan read as a backend reads it
           (seq_ids, query_starts, context_lens; per group slots, copies and
-          block_tables, each a zero-copy numpy view), commit. Two forms:
+          block_tables, each a zero-copy numpy view, all from one
+          plan.arrays() call), commit. Two forms:
             list    [(seq, 1, [id]), ...] built per step (one tuple per entry)
             arrays  begin_step(seqs, 1, ids): seqs an int32 array made
                     once, ids the step's sampled ids as an int32 array (a
@@ -62,11 +63,13 @@ def make_cache(max_step: int) -> kvcore.BatchCache:
 
 
 def read_plan(step: kvcore.BatchStep) -> int:
-    """What a backend reads of a plan to launch its kernels: every array once."""
-    plan = step.plan()
-    n = plan.seq_ids.shape[0] + plan.query_starts.shape[0] + plan.context_lens.shape[0]
-    for g in plan.groups:
-        n += g.slots.shape[0] + g.copies.shape[0] + g.block_tables.shape[0]
+    """What a backend reads of a plan to launch its kernels: every array once, in one
+    call (``plan.arrays()``: the per-entry arrays and each group's slots, copies and
+    block_tables, zero-copy views)."""
+    seq_ids, query_starts, _, context_lens, _, _, groups = step.plan().arrays()
+    n = seq_ids.shape[0] + query_starts.shape[0] + context_lens.shape[0]
+    for slots, copies, tables in groups:
+        n += slots.shape[0] + copies.shape[0] + tables.shape[0]
     return n
 
 

@@ -30,7 +30,9 @@ over each returned history, for one decode step of every layer).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import subprocess
 import platform
 import statistics
 import sys
@@ -64,11 +66,36 @@ def nbytes(cache: Any) -> int:
     return sum(t.numel() * t.element_size() for t in cache._k + cache._v)  # the references' tensors
 
 
+def resident() -> int:
+    """This process's resident bytes (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except OSError:
+        return 0
+
+
+def state_bytes(capacity: int) -> int:
+    """The bytes kvcore's own state makes resident (block tables, pools, step buffers) for a
+    KVCoreCellCache over ``capacity`` cells, all sized at its creation: measured in a fresh
+    interpreter (in this one freed memory would be reused), as the growth of its resident
+    set across the creation (DYNAMIC sizing: the K/V tensors start empty)."""
+    out = subprocess.run([sys.executable, __file__, "--state-bytes", str(capacity)], check=True,
+                         capture_output=True, text=True)
+    return int(out.stdout.split()[-1])
+
+
+def kvcore_cell_cache(capacity: int, sizing: Any) -> tuple[Any, int]:
+    """A KVCoreCellCache and the bytes of kvcore's own state (state_bytes)."""
+    return KVCoreCellCache(config(capacity, sizing), max_step=MAX_STEP), state_bytes(capacity)
+
+
 class Case:
     """One cache, its prefill and one decode step."""
 
-    def __init__(self, name: str, cache: Any, n_seqs: int, cells: bool, chunk: int) -> None:
+    def __init__(self, name: str, cache: Any, n_seqs: int, cells: bool, chunk: int, state_bytes: int = 0) -> None:
         self.name, self.cache, self.n_seqs, self.cells, self.chunk = name, cache, n_seqs, cells, chunk
+        self.state_bytes = state_bytes  # kvcore's own state, measured at creation (cell caches)
         self.lengths = [0] * n_seqs
 
     def forward(
@@ -101,10 +128,12 @@ def make_cases(context: int, n_seqs: int, reps: int) -> list[Case]:
     capacity = context + reps + 8
     cells = context + n_seqs * (reps + 8)  # every cell of every sequence
     if n_seqs > 1:
+        cell_cache, state = kvcore_cell_cache(cells, ref.CacheSizing.DYNAMIC)
         return [
             Case("reference CellReferenceCache", ref.CellReferenceCache(config(cells, ref.CacheSizing.DYNAMIC)), n_seqs, True, 512),
-            Case("kvcore KVCoreCellCache", KVCoreCellCache(config(cells, ref.CacheSizing.DYNAMIC), max_step=MAX_STEP), n_seqs, True, MAX_STEP),
+            Case("kvcore KVCoreCellCache", cell_cache, n_seqs, True, MAX_STEP, state),
         ]  # fmt: skip
+    cell_cache, state = kvcore_cell_cache(capacity, ref.CacheSizing.DYNAMIC)
     return [
         Case("reference ContiguousReferenceCache STATIC", ref.ContiguousReferenceCache(config(capacity, ref.CacheSizing.STATIC)), 1, False, 512),
         Case("reference ContiguousReferenceCache DYNAMIC", ref.ContiguousReferenceCache(config(capacity, ref.CacheSizing.DYNAMIC)), 1, False, 512),
@@ -112,7 +141,7 @@ def make_cases(context: int, n_seqs: int, reps: int) -> list[Case]:
         Case("kvcore KVCoreContiguousCache STATIC, mirror_rings=False", KVCoreContiguousCache(config(capacity, ref.CacheSizing.STATIC), max_step=MAX_STEP, mirror_rings=False), 1, False, MAX_STEP),
         Case("kvcore KVCoreContiguousCache STATIC, mirror_rings=False, order=rows", KVCoreContiguousCache(config(capacity, ref.CacheSizing.STATIC), max_step=MAX_STEP, mirror_rings=False, order="rows"), 1, False, MAX_STEP),
         Case("reference CellReferenceCache", ref.CellReferenceCache(config(capacity, ref.CacheSizing.DYNAMIC)), 1, True, 512),
-        Case("kvcore KVCoreCellCache", KVCoreCellCache(config(capacity, ref.CacheSizing.DYNAMIC), max_step=MAX_STEP), 1, True, MAX_STEP),
+        Case("kvcore KVCoreCellCache", cell_cache, 1, True, MAX_STEP, state),
     ]  # fmt: skip
 
 
@@ -163,6 +192,7 @@ def measure(context: int, n_seqs: int, reps: int, seed: int) -> dict[str, Any]:
                 "us_per_layer_median": round(statistics.median(times[case.name]), 2),
                 "us_per_layer_min": round(min(times[case.name]), 2),
                 "bytes_held": b,
+                "state_bytes": case.state_bytes,
                 "prefill_s": round(prefill_s[case.name], 3),
             }
         )
@@ -186,8 +216,9 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         lines.append(f"\ncontext {r['context']:,}, {r['sequences']} sequence(s) (outputs agree: max |diff| {r['max_abs_diff']:.2g})")
         for c in r["caches"]:
+            state = f"  + {c['state_bytes'] / 2**20:.2f} MiB kvcore state" if c.get("state_bytes") else ""
             lines.append(
-                f"  {c['cache']:<68} {c['us_per_layer_median']:>10,.1f} us/layer  {c['bytes_held'] / 2**20:>9,.1f} MiB"
+                f"  {c['cache']:<68} {c['us_per_layer_median']:>10,.1f} us/layer  {c['bytes_held'] / 2**20:>9,.1f} MiB{state}"
             )
     return "\n".join(lines)
 
@@ -198,8 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=61, help="decode steps timed per cache (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="contexts 1K and 4K, 11 reps")
+    p.add_argument("--state-bytes", type=int, metavar="CELLS", help=argparse.SUPPRESS)  # state_bytes()'s child
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
+    if args.state_bytes:
+        KVCoreCellCache(config(64, ref.CacheSizing.DYNAMIC), max_step=MAX_STEP)  # torch's and kvcore's first-use costs
+        gc.collect()
+        before = resident()
+        cache = KVCoreCellCache(config(args.state_bytes, ref.CacheSizing.DYNAMIC), max_step=MAX_STEP)
+        print(resident() - before, cache.nbytes())
+        return 0
     if args.quick:
         args.contexts, args.reps = [1024, 4096], 11
     torch.set_num_threads(1)

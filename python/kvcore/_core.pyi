@@ -127,12 +127,16 @@ class BatchLimits(metaclass=_pybind11_type):
         max_step_tokens: SupportsIndex = 0,
         num_blocks: SupportsIndex = 0,
         max_holes: SupportsIndex = 8,
+        max_active_seqs: SupportsIndex = 0,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
-        most 2**20). num_blocks: blocks of each flat group's pool (0: enough for max_seqs sequences
-        at full capacity; ring groups size theirs). max_holes: removed middle ranges one sequence
-        keeps apart. Checked when a BatchCache is built (InvalidArgumentError naming the field).
+        most 2**20). num_blocks: blocks of each flat group's pool (0: enough for max_active_seqs
+        sequences at full capacity; ring groups size theirs). max_holes: removed middle ranges one
+        sequence keeps apart. max_active_seqs: sequences active at once (0: max_seqs); each group's
+        block tables hold one row of ceil(capacity / block_size) entries per active sequence, and
+        flat pools default to that many full rows. Checked when a BatchCache is built
+        (InvalidArgumentError naming the field).
         """
     @property
     def block_size(self) -> int:
@@ -149,6 +153,9 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def max_holes(self) -> int:
         """Removed middle ranges one sequence keeps apart."""
+    @property
+    def max_active_seqs(self) -> int:
+        """Sequences active at once: block table rows per group (0: max_seqs)."""
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -722,8 +729,9 @@ class GroupPlan(metaclass=_pybind11_type):
         """
     @property
     def block_tables(self) -> npt.NDArray[np.int32]:
-        """(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; entry
-        i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.
+        """(max_active_seqs, table_stride) block of each block index, one row per active sequence,
+        -1 for a hole; entry i reads row table_rows[seq_ids[i]] of the plan (row seq_ids[i] when
+        max_active_seqs == max_seqs), its first ceil(context_lens[i] / block_size) entries.
         """
     @property
     def policy(self) -> LayerPolicy:
@@ -750,6 +758,28 @@ class BatchStepPlan(metaclass=_pybind11_type):
     @property
     def seq_ids(self) -> npt.NDArray[np.int32]:
         """(n_entries,) the sequence of each entry."""
+    def arrays(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]], ...],
+    ]:
+        """Every array of the plan in one call, as the properties give them (the same read-only
+        views of the cache's buffers, no copy): (seq_ids, query_starts, first_positions,
+        context_lens, visible_starts, table_rows, groups), groups holding (slots, copies,
+        block_tables) per group. One call instead of a property read per array: what a backend reads
+        every step. InvalidStateError: the step ended.
+        """
+    @property
+    def table_rows(self) -> npt.NDArray[np.int32]:
+        """(max_seqs,) each sequence id's row in every group's block_tables, -1 for an inactive
+        sequence (the id itself when max_active_seqs == max_seqs).
+        """
     @property
     def query_starts(self) -> npt.NDArray[np.int32]:
         """(n_entries + 1,) entry i's tokens are [query_starts[i], query_starts[i + 1])
@@ -850,7 +880,18 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """Rows per block."""
     @property
     def table_stride(self) -> int:
-        """Block table entries per sequence."""
+        """Block table entries per row: ceil(capacity / block_size)."""
+    @property
+    def max_active_seqs(self) -> int:
+        """Sequences active at once (BatchLimits.max_active_seqs, default max_seqs): the rows of
+        each group's block tables.
+        """
+    @property
+    def free_table_rows(self) -> int:
+        """Sequences that may still become active (add_sequence, fork into an inactive one) before
+        one is refused with CapacityError: the free table rows (max_seqs when each id has its own
+        row).
+        """
     def group_of(self, layer: SupportsIndex) -> int:
         """The group of a layer. InvalidArgumentError: bad layer."""
     def group_policy(self, group: SupportsIndex) -> LayerPolicy:
@@ -891,7 +932,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def add_sequence(self, seq: SupportsIndex) -> None:
         """Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs).
-        InvalidStateError: it is already active.
+        InvalidStateError: it is already active. CapacityError: max_active_seqs sequences are active
+        (no table row is free).
         """
     def release_sequence(self, seq: SupportsIndex) -> None:
         """Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs).
@@ -900,7 +942,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def fork(self, src: SupportsIndex, dst: SupportsIndex, upto: SupportsIndex | None = None) -> None:
         """dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no K/V.
         InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not empty, or
-        src no longer holds what a query of dst at upto needs.
+        src no longer holds what a query of dst at upto needs. CapacityError: dst is inactive and
+        max_active_seqs sequences are active.
         """
     def remove(self, seq: SupportsIndex, p0: SupportsIndex, p1: SupportsIndex | None = None) -> None:
         """Positions [p0, p1) leave the sequence's history: it never sees them again; its length and
@@ -964,7 +1007,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def add_sequences(self, seqs: IntArrayArg) -> None:
         """add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or none:
         InvalidArgumentError names an id outside [0, max_seqs) or repeated, InvalidStateError one
-        already active, and nothing changes. Empty seqs: nothing happens.
+        already active, CapacityError more ids than free_table_rows, and nothing changes. Empty
+        seqs: nothing happens.
         """
     def release_sequences(self, seqs: IntArrayArg) -> None:
         """release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or
@@ -976,7 +1020,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         inherits positions [0, upto) of src (default: all) by sharing blocks, as for parallel
         sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a dst repeated or
         equal to src; InvalidStateError for src not active or no longer holding what a query at upto
-        needs, or a dst not empty; nothing changes then.
+        needs, or a dst not empty; CapacityError for more inactive dsts than free_table_rows;
+        nothing changes then.
         """
     def commit(self, step: BatchStep) -> None:
         """Commits the begun step. InvalidStateError: a stale step."""

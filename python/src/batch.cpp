@@ -205,10 +205,11 @@ void register_batch(py::module_& m) {
           "block_tables",
           [](const GroupPlanHandle& g) {
             throw_if_error(g.step.check());
-            return view_of(g.plan.block_tables, {g.step.cache->max_seqs(), g.plan.table_stride}, py::cast(g.step.cache));
+            return view_of(g.plan.block_tables, {g.step.cache->max_active_seqs(), g.plan.table_stride}, py::cast(g.step.cache));
           },
-          "(max_seqs, table_stride) block of each block index per sequence id, -1 for a hole; "
-          "entry i reads row seq_ids[i], its first ceil(context_lens[i] / block_size) entries.")
+          "(max_active_seqs, table_stride) block of each block index, one row per active sequence, "
+          "-1 for a hole; entry i reads row table_rows[seq_ids[i]] of the plan (row seq_ids[i] when "
+          "max_active_seqs == max_seqs), its first ceil(context_lens[i] / block_size) entries.")
       .def_property_readonly(
           "policy",
           [](const GroupPlanHandle& g) {
@@ -238,6 +239,11 @@ void register_batch(py::module_& m) {
           "seq_ids", [](const BatchPlanHandle& h) { return view_of(current(h).seq_ids, {h.plan.n_entries}, py::cast(h.step.cache)); },
           "(n_entries,) the sequence of each entry.")
       .def_property_readonly(
+          "table_rows",
+          [](const BatchPlanHandle& h) { return view_of(current(h).table_rows, {h.step.cache->max_seqs()}, py::cast(h.step.cache)); },
+          "(max_seqs,) each sequence id's row in every group's block_tables, -1 for an inactive "
+          "sequence (the id itself when max_active_seqs == max_seqs).")
+      .def_property_readonly(
           "query_starts",
           [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.step.cache)); },
           "(n_entries + 1,) entry i's tokens are [query_starts[i], query_starts[i + 1]) (cu_seqlens_q).")
@@ -266,6 +272,29 @@ void register_batch(py::module_& m) {
           py::arg("entry"),
           "Entry i's removed middle ranges [(begin, end), ...] of positions: never visible. "
           "InvalidArgumentError: entry outside [0, n_entries). InvalidStateError: the step ended.")
+      .def(
+          "arrays",
+          [](const BatchPlanHandle& h) {
+            const kvcore::BatchStepPlan& p = current(h);
+            const py::object owner = py::cast(h.step.cache);
+            const int n = p.n_entries, seqs = h.step.cache->max_seqs(), rows = h.step.cache->max_active_seqs();
+            py::tuple groups(p.n_groups);
+            for (int g = 0; g < p.n_groups; ++g) {
+              const kvcore::GroupPlan& gp = p.groups[g];
+              groups[g] = py::make_tuple(view_of(gp.slots, {p.n_tokens}, owner),
+                                         view_of(reinterpret_cast<const int*>(gp.copies), {gp.n_copies, 2}, owner),
+                                         view_of(gp.block_tables, {rows, gp.table_stride}, owner));
+            }
+            return py::make_tuple(view_of(p.seq_ids, {n}, owner), view_of(p.query_starts, {n + 1}, owner),
+                                  view_of(p.first_positions, {n}, owner), view_of(p.context_lens, {n}, owner),
+                                  view_of(p.visible_starts, {n}, owner), view_of(p.table_rows, {seqs}, owner),
+                                  std::move(groups));
+          },
+          "Every array of the plan in one call, as the properties give them (the same "
+          "read-only views of the cache's buffers, no copy): (seq_ids, query_starts, "
+          "first_positions, context_lens, visible_starts, table_rows, groups), groups holding "
+          "(slots, copies, block_tables) per group. One call instead of a property read per "
+          "array: what a backend reads every step. InvalidStateError: the step ended.")
       .def_property_readonly(
           "positions",
           [](const BatchPlanHandle& h) {
@@ -351,7 +380,14 @@ void register_batch(py::module_& m) {
       .def_property_readonly("n_layers", &Cache::n_layers, "Number of layers (config.n_layers), in n_groups groups.")
       .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")
       .def_property_readonly("block_size", &Cache::block_size, "Rows per block.")
-      .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per sequence.")
+      .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per row: ceil(capacity / block_size).")
+      .def_property_readonly("max_active_seqs", &Cache::max_active_seqs,
+                             "Sequences active at once (BatchLimits.max_active_seqs, default max_seqs): "
+                             "the rows of each group's block tables.")
+      .def_property_readonly("free_table_rows", &Cache::free_table_rows,
+                             "Sequences that may still become active (add_sequence, fork into an inactive "
+                             "one) before one is refused with CapacityError: the free table rows (max_seqs "
+                             "when each id has its own row).")
       .def("group_of", [](const Cache& c, const IntArg& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
            py::arg("layer"), "The group of a layer. InvalidArgumentError: bad layer.")
       .def("group_policy",
@@ -398,7 +434,8 @@ void register_batch(py::module_& m) {
       .def("add_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs). "
-           "InvalidStateError: it is already active.")
+           "InvalidStateError: it is already active. CapacityError: max_active_seqs sequences are "
+           "active (no table row is free).")
       .def("release_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs). "
@@ -412,7 +449,8 @@ void register_batch(py::module_& m) {
            py::arg("src"), py::arg("dst"), py::arg("upto") = py::none(),
            "dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no "
            "K/V. InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not "
-           "empty, or src no longer holds what a query of dst at upto needs.")
+           "empty, or src no longer holds what a query of dst at upto needs. CapacityError: dst is "
+           "inactive and max_active_seqs sequences are active.")
       .def("remove",
            [](Cache& c, const IntArg& seq, const IntArg& p0, const std::optional<IntArg>& p1) {
              const int s = to_int("seq", seq);
@@ -487,7 +525,8 @@ void register_batch(py::module_& m) {
       .def("add_sequences", &add_sequences, py::arg("seqs"),
            "add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
-           "InvalidStateError one already active, and nothing changes. Empty seqs: nothing happens.")
+           "InvalidStateError one already active, CapacityError more ids than free_table_rows, and "
+           "nothing changes. Empty seqs: nothing happens.")
       .def("release_sequences", &release_sequences, py::arg("seqs"),
            "release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
@@ -497,7 +536,8 @@ void register_batch(py::module_& m) {
            "each inherits positions [0, upto) of src (default: all) by sharing blocks, as for "
            "parallel sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a "
            "dst repeated or equal to src; InvalidStateError for src not active or no longer holding "
-           "what a query at upto needs, or a dst not empty; nothing changes then.")
+           "what a query at upto needs, or a dst not empty; CapacityError for more inactive dsts "
+           "than free_table_rows; nothing changes then.")
       .def("commit",
            [](Cache& c, const BatchStepHandle& h) {
              if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");

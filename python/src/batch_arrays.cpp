@@ -96,6 +96,14 @@ std::vector<int> distinct_seqs(const kvcore::BatchCache& c, const char* verb, co
 
 bool is_active(const kvcore::BatchCache& c, int seq) { return unwrap(c.sequence(seq)).active; }
 
+// CapacityError unless `n` more sequences can become active (a table row each).
+void check_rows(const kvcore::BatchCache& c, const char* verb, int n) {
+  if (n > c.free_table_rows())
+    raise(kvcore::Error::OutOfResources, std::string(verb) + ": " + str(n) + " sequences would become active, " +
+                                             str(c.free_table_rows()) + " table rows are free (batch.max_active_seqs = " +
+                                             str(c.max_active_seqs()) + ")");
+}
+
 }  // namespace
 
 std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
@@ -131,6 +139,7 @@ void add_sequences(kvcore::BatchCache& c, py::handle seqs) {
   const std::vector<int> ids = distinct_seqs(c, "add_sequences", IntArray("add_sequences", "seqs", seqs));
   for (int s : ids)
     if (is_active(c, s)) raise(kvcore::Error::InvalidState, "add_sequences: sequence " + str(s) + " is already active");
+  check_rows(c, "add_sequences", static_cast<int>(ids.size()));
   for (int s : ids) throw_if_error(c.add_sequence(s));  // checked above: cannot fail
 }
 
@@ -159,6 +168,7 @@ void fork_many(kvcore::BatchCache& c, const IntArg& src, py::handle dsts, const 
                                            " needs (a ring group released it)");
   const IntArray targets("fork_many", "dsts", dsts);
   const std::vector<int> ids = distinct_seqs(c, "fork_many", targets);
+  int becoming = 0;  // dsts made active: each takes a table row
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const int d = ids[i];
     if (d == s)
@@ -168,7 +178,9 @@ void fork_many(kvcore::BatchCache& c, const IntArg& src, py::handle dsts, const 
     if (info.active && info.length > 0)
       raise(kvcore::Error::InvalidState,
             "fork_many: dst " + str(d) + " holds " + str(info.length) + " positions; it must be empty");
+    becoming += info.active ? 0 : 1;
   }
+  check_rows(c, "fork_many", becoming);
   for (int d : ids) throw_if_error(c.fork(s, d, at));  // checked above: cannot fail
 }
 

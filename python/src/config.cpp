@@ -40,7 +40,8 @@ kvcore::LayerPolicy make_ring(const PyInt& window, const PyInt& sinks) {
 std::string repr(const kvcore::BatchLimits& b) {
   return "BatchLimits(block_size=" + std::to_string(b.block_size) + ", max_seqs=" + std::to_string(b.max_seqs) +
          ", max_step_tokens=" + std::to_string(b.max_step_tokens) + ", num_blocks=" + std::to_string(b.num_blocks) +
-         ", max_holes=" + std::to_string(b.max_holes) + ")";
+         ", max_holes=" + std::to_string(b.max_holes) +
+         (b.max_active_seqs != 0 ? ", max_active_seqs=" + std::to_string(b.max_active_seqs) : std::string()) + ")";
 }
 
 // Mirrors the constructor call, so the repr reads as the config it is.
@@ -60,7 +61,7 @@ std::string repr(const kvcore::CacheConfig& c) {
   const kvcore::BatchLimits d;
   const kvcore::BatchLimits& b = c.batch;
   if (b.block_size != d.block_size || b.max_seqs != d.max_seqs || b.max_step_tokens != d.max_step_tokens ||
-      b.num_blocks != d.num_blocks || b.max_holes != d.max_holes)
+      b.num_blocks != d.num_blocks || b.max_holes != d.max_holes || b.max_active_seqs != d.max_active_seqs)
     s += ", batch=" + repr(b);
   return s + ")";
 }
@@ -150,22 +151,25 @@ void register_config(py::module_& m) {
   copyable_value(batch_limits);
   batch_limits
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
-                       const PyInt& num_blocks, const PyInt& max_holes) {
+                       const PyInt& num_blocks, const PyInt& max_holes, const PyInt& max_active_seqs) {
              kvcore::BatchLimits b;
              b.block_size = to_int("block_size", block_size);
              b.max_seqs = to_int("max_seqs", max_seqs);
              b.max_step_tokens = to_int("max_step_tokens", max_step_tokens);
              b.num_blocks = to_int("num_blocks", num_blocks);
              b.max_holes = to_int("max_holes", max_holes);
+             b.max_active_seqs = to_int("max_active_seqs", max_active_seqs);
              return b;
            }),
            py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
-           py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8,
+           py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8, py::arg("max_active_seqs") = 0,
            "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
            "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
            "max_seqs * max_step, at most 2**20). num_blocks: blocks of each flat group's pool (0: enough for "
-           "max_seqs sequences at full capacity; ring groups size theirs). max_holes: removed middle "
-           "ranges one sequence keeps apart. Checked when a BatchCache is built "
+           "max_active_seqs sequences at full capacity; ring groups size theirs). max_holes: removed middle "
+           "ranges one sequence keeps apart. max_active_seqs: sequences active at once (0: max_seqs); "
+           "each group's block tables hold one row of ceil(capacity / block_size) entries per active "
+           "sequence, and flat pools default to that many full rows. Checked when a BatchCache is built "
            "(InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
@@ -175,6 +179,8 @@ void register_config(py::module_& m) {
                     "Blocks of each flat group's pool (0: the default).")
       .def_readonly("max_holes", &kvcore::BatchLimits::max_holes,
                     "Removed middle ranges one sequence keeps apart.")
+      .def_readonly("max_active_seqs", &kvcore::BatchLimits::max_active_seqs,
+                    "Sequences active at once: block table rows per group (0: max_seqs).")
       .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 
   py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies, validated on construction.");

@@ -179,7 +179,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   // 2^30 blocks pass (the pool asks for its tables, which fail here).
   cfg.batch.num_blocks = 1 << 30;
   {
-    FailNothrowNewAfter fail(4);
+    FailNothrowNewAfter fail(6);  // the cache object, its 3 layer tables and the 2 of its table rows
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);

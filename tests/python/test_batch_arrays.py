@@ -293,6 +293,27 @@ def test_an_id_that_is_not_an_int_is_one_line_naming_it(rig: Rig, call: Callable
 
 # --- many sequences in one call -------------------------------------------------------------------------
 
+def test_plan_arrays_in_one_call_are_the_properties_views() -> None:
+    """plan.arrays(): every array in one call, the same zero-copy read-only views."""
+    c = made()
+    step = c.begin_step([(0, 1), (1, 2)])
+    p = step.plan()
+    seq_ids, query_starts, first_positions, context_lens, visible_starts, table_rows, groups = p.arrays()
+    singles = (p.seq_ids, p.query_starts, p.first_positions, p.context_lens, p.visible_starts, p.table_rows)
+    every = [(seq_ids, singles[0]), (query_starts, singles[1]), (first_positions, singles[2]),
+             (context_lens, singles[3]), (visible_starts, singles[4]), (table_rows, singles[5])]
+    assert len(groups) == c.n_groups
+    for (slots, copies, tables), g in zip(groups, p.groups):
+        every += [(slots, g.slots), (copies, g.copies), (tables, g.block_tables)]
+    for one, single in every:
+        assert one.dtype == np.int32 and one.shape == single.shape and one.tolist() == single.tolist()
+        assert not one.flags.writeable and (one.size == 0 or np.shares_memory(one, single))
+    assert seq_ids.tolist() == [0, 1] and context_lens.tolist() == [7, 7]
+    step.commit()
+    with pytest.raises(kvcore.InvalidStateError, match="no step is begun"):
+        p.arrays()
+
+
 def test_add_and_release_sequences_match_one_by_one() -> None:
     one, many = made(), made()
     one.release_sequence(0)

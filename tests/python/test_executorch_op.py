@@ -477,6 +477,30 @@ def test_cell_cache_defaults_accept_the_references_sequence_ids() -> None:
     assert KVCoreCellCache(et_config(8), max_seqs=1000).seq_len(999) == 0
 
 
+def test_cell_cache_bounds_the_sequences_active_at_once() -> None:
+    """``max_active_seqs`` (default 16) sizes kvcore's block tables: one more active sequence
+    is a CapacityError that changes nothing; ``seq_rm`` emptying a sequence frees its row."""
+    assert KVCoreCellCache(et_config(8)).kvcore.max_active_seqs == 16
+    assert KVCoreCellCache(et_config(8), max_seqs=4).kvcore.max_active_seqs == 4
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"max_active_seqs = {bad}: must be >= 1"):
+            KVCoreCellCache(et_config(8), max_active_seqs=bad)
+    cache = KVCoreCellCache(et_config(16), max_active_seqs=2)
+    kv = torch.randn(1, KV_HEADS, 2, HEAD_DIM)
+    cache.begin_step([0, 5])
+    cache.update_and_fetch(0, kv, kv, torch.tensor([[0], [0]]))
+    with pytest.raises(kvcore.CapacityError, match="add_sequences: 2 sequences would become active, 0 table rows"):
+        cache.begin_step([7, 0, 9])
+    with pytest.raises(RuntimeError, match="fork\\(9\\): 2 sequences are active"):
+        cache.seq_cp(0, 9)
+    assert [cache.seq_len(s) for s in (0, 5, 7, 9)] == [1, 1, 0, 0]
+    assert not cache.kvcore.sequence(7).active and cache.kvcore.free_table_rows == 0
+    cache.seq_rm(5)  # empties 5: its row goes back
+    assert cache.kvcore.free_table_rows == 1
+    cache.seq_cp(0, 9)
+    assert cache.seq_len(9) == 1
+
+
 def test_the_benchmark_runs_and_its_caches_agree(tmp_path: Path) -> None:
     # A smoke run of bench/executorch_compare.py (it checks every cache's attention agrees
     # before timing and exits otherwise), so the benchmark cannot rot. No timing is asserted.

@@ -409,6 +409,11 @@ class KVCoreCellCache:
       ``min(512, capacity)``); a ring group keeps ``window + max_step - 1`` positions of a
       sequence (and releases the rest), so keep it near your prefill chunk;
     - ``max_holes``: separate removed middle ranges one sequence may have (default 8);
+    - ``max_active_seqs``: sequences holding positions at once (default 16, at most
+      ``max_seqs``); kvcore keeps one block table row of ``capacity / block_size`` entries
+      per group for each, so this, not ``max_seqs``, sizes the tables. A step or ``seq_cp``
+      that would make one more sequence active raises ``kvcore.CapacityError``
+      (``RuntimeError``) and changes nothing; a sequence ``seq_rm`` empties gives its row back;
     - ``v_head_dim``: the value head dim when it differs from ``head_dim``.
 
     Differences from the reference, all documented in docs/executorch.md: kvcore appends, so a
@@ -427,6 +432,7 @@ class KVCoreCellCache:
         max_seqs: int = MAX_SEQS,
         max_step: Optional[int] = None,
         max_holes: int = 8,
+        max_active_seqs: int = 16,
         v_head_dim: Optional[int] = None,
     ) -> None:
         if config.batch_size != 1:
@@ -435,11 +441,14 @@ class KVCoreCellCache:
         capacity = int(config.capacity)
         if block_size < 1:
             raise InvalidArgumentError(f"block_size = {block_size}: must be >= 1")
+        if max_active_seqs < 1:
+            raise InvalidArgumentError(f"max_active_seqs = {max_active_seqs}: must be >= 1")
         limits = BatchLimits(
             block_size=block_size,
             max_seqs=max_seqs,
             num_blocks=-(-capacity // block_size),  # a flat group's pool holds `capacity` cells, as the reference's
             max_holes=max_holes,
+            max_active_seqs=min(max_active_seqs, max_seqs),
         )
         self.cache = BatchCache(CacheConfig(capacity, _layer_configs(config, v_head_dim), max_step=max_step, batch=limits))
         self.block_size = block_size
@@ -535,8 +544,7 @@ class KVCoreCellCache:
 
     def _activate(self, entries: list[tuple[int, int]]) -> list[int]:
         added = [seq_id for seq_id, _ in entries if not self.cache.sequence(seq_id).active]
-        for seq_id in added:
-            self.cache.add_sequence(seq_id)
+        self.cache.add_sequences(added)  # all or none (CapacityError past max_active_seqs)
         return added
 
     def _release_empty(self, seq_ids: list[int]) -> None:
@@ -586,6 +594,8 @@ class KVCoreCellCache:
         if p1 is not None and int(p1) <= p0:
             return
         self.cache.remove(seq_id, p0, None if p1 is None else int(p1))
+        if self.cache.sequence(seq_id).length == 0:
+            self.cache.release_sequence(seq_id)  # holds nothing: its table row goes back
 
     def reset(self) -> None:
         """Forget every sequence; ``DYNAMIC`` sizing also gives the tensors back."""

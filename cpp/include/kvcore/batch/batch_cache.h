@@ -12,8 +12,9 @@
 // the SequenceTable (lengths, removed heads and holes), one BlockGroup per
 // policy (pool, block tables; its GroupRule says what the policy releases and
 // needs), the PrefixIndex (chained block keys, prompt lookup), the StepState
-// (the begun step: admission, planning, commit and end share one walk) and
-// BatchSizes (the limits checked at create). This class validates each verb
+// (the begun step: admission, planning, commit and end share one walk), the
+// TableRows (each active sequence's block table row) and BatchSizes (the
+// limits checked at create). This class validates each verb
 // and drives the parts.
 #pragma once
 
@@ -29,6 +30,7 @@
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/step_state.h"
+#include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
@@ -69,11 +71,22 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int n_groups() const noexcept override { return n_groups_; }
   int n_layers() const noexcept override { return n_layers_; }
   int block_size() const noexcept override { return block_size_; }
-  /// Block table entries per sequence: ceil(capacity / B).
+  /// Block table entries per row: ceil(capacity / B).
   int table_stride() const noexcept { return stride_; }
-  /// `group`'s block tables, [max_seqs][table_stride()] (-1: no block), as a
-  /// plan's GroupPlan::block_tables shows them. Precondition: a valid group.
+  /// Sequences active at once (BatchLimits::max_active_seqs, default
+  /// max_seqs): the rows of each group's block tables.
+  int max_active_seqs() const noexcept { return rows_.rows(); }
+  /// `group`'s block tables, [max_active_seqs()][table_stride()] (-1: no
+  /// block), as a plan's GroupPlan::block_tables shows them; sequence s uses
+  /// row table_rows()[s]. Precondition: a valid group.
   const int* block_tables(int group) const noexcept { return groups_[group].tables(); }
+  /// Each sequence id's row in every group's block tables (-1: inactive, no
+  /// row); row s for sequence s when max_active_seqs() == max_seqs().
+  const int* table_rows() const noexcept { return rows_.row_of(); }
+  /// Sequences that may still become active (add_sequence, fork into an
+  /// inactive one) before one is refused for want of a table row: the free
+  /// rows, or max_seqs() when each id has its own.
+  int free_table_rows() const noexcept { return rows_.by_id() ? max_seqs_ : rows_.free_rows(); }
 
   // --- BatchControl: sequence verbs ------------------------------------------
 
@@ -81,9 +94,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(seqs_.check_seq("add_sequence", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "add_sequence(%d): the sequence is already active", seq);
+    KVCORE_RETURN_IF_ERROR(check_row_free("add_sequence", seq));
     end_step();
     reset_seq(seq);
     seqs_[seq].active = true;
+    rows_.take(seq);
     return Error::Ok;
   }
 
@@ -92,6 +107,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     end_step();
     release_from(seq, 0);
     reset_seq(seq);
+    rows_.give(seq);
     return Error::Ok;
   }
 
@@ -112,8 +128,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "fork(%d, %d, upto = %d): group %d of the source no longer holds "
                                  "what a query at %d needs",
                                  src, dst, upto, blocking, upto);
+    if (!seqs_[dst].active) KVCORE_RETURN_IF_ERROR(check_row_free("fork", dst));
     end_step();
     if (seqs_[dst].active) release_from(dst, 0);
+    else rows_.take(dst);
     reset_seq(dst);
     seqs_.copy_prefix(src, dst, upto);
     const int end_block = ceil_div(upto, block_size_);
@@ -221,6 +239,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   void clear() noexcept override {
     end_step();
     for (int seq = 0; seq < max_seqs_; ++seq) reset_seq(seq);
+    rows_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
   }
 
@@ -283,7 +302,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Result<BatchStepPlan> plan(const BatchStep& step) const noexcept override {
     KVCORE_RETURN_IF_ERROR(step_.check(step));
-    return step_.plan();
+    BatchStepPlan p = step_.plan();
+    p.table_rows = rows_.row_of();
+    return p;
   }
 
   Result<bool> visible(int group, int seq, int q, int k) const noexcept override {
@@ -323,10 +344,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     }
     const BatchSizes sizes(cfg, n_groups_);
     KVCORE_RETURN_IF_ERROR(sizes.check_tables());
+    for (int g = 0; g < n_groups_; ++g)  // every pool checked before any table is allocated
+      KVCORE_RETURN_IF_ERROR(sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks).status());
+    KVCORE_RETURN_IF_ERROR(rows_.create(max_seqs_, sizes.rows));
     for (int g = 0; g < n_groups_; ++g) {
       const Result<int> blocks = sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks);
-      KVCORE_RETURN_IF_ERROR(blocks.status());
-      KVCORE_RETURN_IF_ERROR(groups_[g].create(*blocks, max_seqs_, stride_, block_size_));
+      KVCORE_RETURN_IF_ERROR(groups_[g].create(*blocks, max_seqs_, rows_, stride_, block_size_));
     }
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
@@ -337,6 +360,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   Status check_group(int group) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(group >= 0 && group < n_groups_, InvalidArgument,
                                  "group = %d: must be in [0, n_groups = %d)", group, n_groups_);
+    return Error::Ok;
+  }
+  // OutOfResources unless a table row is free for `seq` to become active.
+  Status check_row_free(const char* what, int seq) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(rows_.by_id() || rows_.free_rows() > 0, OutOfResources,
+                                 "%s(%d): %d sequences are active, batch.max_active_seqs = %d: release one "
+                                 "first",
+                                 what, seq, rows_.rows(), rows_.rows());
     return Error::Ok;
   }
   Status check_layer(int layer) const noexcept {
@@ -448,6 +479,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   std::unique_ptr<int[]> layer_group_;
   std::unique_ptr<BlockGroup[]> groups_;  // the first n_groups_
   SequenceTable seqs_;
+  TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;
   StepState step_;
 };

@@ -7,6 +7,7 @@
 // mutating call (begin_step, commit, any sequence verb).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvcore/core/config.h"
@@ -53,10 +54,11 @@ struct GroupPlan {
   /// Copies to perform before writing.
   const BlockCopy* copies = nullptr;
   int n_copies = 0;
-  /// The block tables of every sequence id: row `seq` (stride `table_stride`)
-  /// maps block index i (positions [iB, (i+1)B)) to a block, -1 for a hole (a
-  /// block released: out of the window, removed, or never written). Entry i of
-  /// the step reads row seq_ids[i], its first ceil(context_lens[i] / B) entries.
+  /// The block tables, one row (stride `table_stride`) per active sequence:
+  /// a row maps block index i (positions [iB, (i+1)B)) to a block, -1 for a
+  /// hole (a block released: out of the window, removed, or never written).
+  /// Entry i of the step reads row table_rows[seq_ids[i]] (BatchStepPlan), its
+  /// first ceil(context_lens[i] / B) entries; see table_row().
   const int* block_tables = nullptr;
   int table_stride = 0;
   /// The group's policy: the window bounds of the visibility rule (window and
@@ -83,7 +85,19 @@ struct BatchStepPlan {
   const int* n_holes = nullptr;
   int n_groups = 0;
   const GroupPlan* groups = nullptr;
+  /// Per sequence id (max_seqs of them): its row in every group's
+  /// block_tables, -1 for an inactive sequence. Row s for sequence s unless
+  /// BatchLimits::max_active_seqs is below max_seqs. Null: row seq_ids[i].
+  const int* table_rows = nullptr;
 };
+
+/// The block table row of entry `entry` in group `g` of `plan`.
+inline const int* table_row(const BatchStepPlan& plan, int g, int entry) noexcept {
+  const GroupPlan& gp = plan.groups[g];
+  const int seq = plan.seq_ids[entry];
+  const int row = plan.table_rows != nullptr ? plan.table_rows[seq] : seq;
+  return gp.block_tables + static_cast<std::ptrdiff_t>(row) * gp.table_stride;
+}
 
 /// Calls f(begin, end) for each maximal run [begin, end) of the positions that
 /// some query of entry `entry` at a position in [first, end_q) sees under

@@ -32,7 +32,7 @@ inline Status fill_step_mask(const BatchStepPlan& plan, int group, int rows, uns
   const GroupPlan& gp = plan.groups[group];
   const int B = plan.block_size;
   for (int i = 0; i < plan.n_entries; ++i) {
-    const int* table = gp.block_tables + static_cast<std::ptrdiff_t>(plan.seq_ids[i]) * gp.table_stride;
+    const int* table = table_row(plan, group, i);
     for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {
       const int q = plan.first_positions[i] + (t - plan.query_starts[i]);
       unsigned char* out = mask + static_cast<std::ptrdiff_t>(t) * rows;

@@ -62,10 +62,19 @@ struct BatchLimits {
   /// New tokens of one step over all its sequences; 0 means max_seqs * max_step
   /// (at most 2^20).
   int max_step_tokens = 0;
-  /// Blocks of each flat group's pool; 0 means enough for max_seqs sequences at
-  /// full capacity. Ring groups size their pools themselves: max_seqs times what
-  /// one sequence can hold during a step (sinks + W + 2C - 1 positions, + 1 block).
+  /// Blocks of each flat group's pool; 0 means enough for max_active_seqs
+  /// sequences at full capacity. Ring groups size their pools themselves:
+  /// max_active_seqs times what one sequence can hold during a step (sinks +
+  /// W + 2C - 1 positions, + 1 block).
   int num_blocks = 0;
+  /// Sequences active at once (added or forked into, not yet released); 0
+  /// means max_seqs. Each group keeps one block table row of
+  /// ceil(capacity / B) entries per active sequence, so the tables take
+  /// n_groups x max_active_seqs x ceil(capacity / B) ints: bound it when many
+  /// ids are accepted but few are used at once (add_sequence and fork past it:
+  /// OutOfResources). Below max_seqs a sequence's row is not its id: the plan's
+  /// table_rows names it.
+  int max_active_seqs = 0;
   /// Ranges removed from the middle of one sequence (remove(s, p0, p1)) it can
   /// keep apart at once; removing the head or the tail needs none.
   int max_holes = 8;

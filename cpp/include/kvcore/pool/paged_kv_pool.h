@@ -368,8 +368,7 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   }
 
   const int* entry_table(const PagedLayer& layer, const BatchStepPlan& plan, int entry) const noexcept {
-    const GroupPlan& gp = plan.groups[layer.group];
-    return gp.block_tables + static_cast<std::ptrdiff_t>(plan.seq_ids[entry]) * gp.table_stride;
+    return table_row(plan, layer.group, entry);
   }
 
   // Calls f(begin, end) for each maximal run of positions the entry's queries
@@ -390,7 +389,7 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     const int seq = plan.seq_ids[entry], first = plan.first_positions[entry], ctx = plan.context_lens[entry];
     const int B = block_size_;
     KVCORE_CHECK_OR_RETURN_ERROR(
-        seq >= 0 && first >= 0 && first <= ctx && plan.visible_starts[entry] >= 0 && gp.block_tables != nullptr &&
+        seq >= 0 && (plan.table_rows == nullptr || plan.table_rows[seq] >= 0) && first >= 0 && first <= ctx && plan.visible_starts[entry] >= 0 && gp.block_tables != nullptr &&
             static_cast<std::int64_t>(ctx) <= static_cast<std::int64_t>(gp.table_stride) * B,
         InvalidArgument,
         "gather of layer %d: entry %d (seq %d, positions [%d, %d), table_stride %d) does not fit "

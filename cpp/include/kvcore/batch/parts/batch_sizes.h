@@ -1,6 +1,6 @@
 // The limits of a BatchCache's config: validate_batch() checks each field of
-// BatchLimits; BatchSizes
-// works out the tables create() would allocate and refuses, before any of
+// BatchLimits; BatchSizes works out the tables create() would allocate (one
+// block table row per active sequence and group) and refuses, before any of
 // them, tables past what int indexing (2^31 entries) or a pool (2^30 blocks,
 // 2^31 rows) can hold.
 #pragma once
@@ -32,6 +32,10 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
                                b.num_blocks);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_holes >= 0 && b.max_holes <= 4096, InvalidArgument,
                                "batch.max_holes = %d: must be in [0, 4096]", b.max_holes);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.max_active_seqs >= 0 && b.max_active_seqs <= b.max_seqs, InvalidArgument,
+                               "batch.max_active_seqs = %d: must be in [1, batch.max_seqs = %d] (or 0 for "
+                               "max_seqs)",
+                               b.max_active_seqs, b.max_seqs);
   return Error::Ok;
 }
 
@@ -39,7 +43,8 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
 /// `n_groups` groups.
 struct BatchSizes {
   int max_seqs = 1;
-  int stride = 1;  ///< block table entries per sequence: ceil(capacity / B)
+  int rows = 1;    ///< block table rows per group: max_active_seqs (default max_seqs)
+  int stride = 1;  ///< block table entries per row: ceil(capacity / B)
   int block_size = 1;
   int max_step = 1;
   int max_holes = 0;
@@ -48,6 +53,7 @@ struct BatchSizes {
 
   BatchSizes(const CacheConfig& cfg, int groups) noexcept
       : max_seqs(cfg.batch.max_seqs),
+        rows(cfg.batch.max_active_seqs != 0 ? cfg.batch.max_active_seqs : cfg.batch.max_seqs),
         stride(static_cast<int>((static_cast<std::int64_t>(cfg.capacity) + cfg.batch.block_size - 1) /
                                 cfg.batch.block_size)),
         block_size(cfg.batch.block_size),
@@ -64,10 +70,10 @@ struct BatchSizes {
   Status check_tables() const noexcept {
     const std::int64_t seqs = max_seqs;
     constexpr std::int64_t kMax = 0x7fffffff;
-    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * seqs * stride <= kMax, InvalidArgument,
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * rows * stride <= kMax, InvalidArgument,
                                  "%d groups x %d sequences x %d blocks per table: the tables would "
                                  "pass 2^31 entries",
-                                 n_groups, max_seqs, stride);
+                                 n_groups, rows, stride);
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * max_step_tokens <= kMax, InvalidArgument,
                                  "%d groups x batch.max_step_tokens = %d: the step's slot tables "
                                  "would pass 2^31 entries",
@@ -84,10 +90,10 @@ struct BatchSizes {
   }
 
   /// The blocks of group g's pool under `rule` (`num_blocks`: the config's, 0
-  /// for every table full). InvalidArgument past 2^31 rows or 2^30 blocks.
+  /// for every table row full). InvalidArgument past 2^31 rows or 2^30 blocks.
   Result<int> pool_blocks(int g, const GroupRule& rule, int num_blocks) const noexcept {
-    const std::int64_t full = static_cast<std::int64_t>(max_seqs) * stride;
-    const std::int64_t blocks = rule.pool_blocks(num_blocks != 0 ? num_blocks : full, max_seqs, stride);
+    const std::int64_t full = static_cast<std::int64_t>(rows) * stride;
+    const std::int64_t blocks = rule.pool_blocks(num_blocks != 0 ? num_blocks : full, rows, stride);
     KVCORE_CHECK_OR_RETURN_ERROR(blocks <= 0x7fffffff / block_size, InvalidArgument,
                                  "group %d: %lld blocks of %d rows pass 2^31 rows", g,
                                  static_cast<long long>(blocks), block_size);

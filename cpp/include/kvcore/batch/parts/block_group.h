@@ -1,6 +1,6 @@
 // BlockGroup: the layers of a BatchCache that share one policy. It owns their
-// block pool and, per sequence, the block table (position p lives in block
-// table[p / B]), the blocks held and, for a window that releases blocks, the
+// block pool and, per active sequence, a block table row (position p lives in
+// block row[p / B]; TableRows says which row), the blocks held and, for a window that releases blocks, the
 // position below which it released every block past the sinks. What depends
 // on the policy is asked of its GroupRule (group_rule.h); nothing here branches
 // on the policy's kind.
@@ -14,6 +14,7 @@
 #include "kvcore/batch/block_pool.h"
 #include "kvcore/batch/parts/group_rule.h"
 #include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
 
@@ -34,13 +35,14 @@ class BlockGroup {
   const LayerPolicy& policy() const noexcept { return policy_; }
   const GroupRule& rule() const noexcept { return *rule_; }
 
-  /// Allocates the pool (`blocks`, checked by the caller) and the tables of
-  /// `max_seqs` sequences of `stride` block indices, all empty.
+  /// Allocates the pool (`blocks`, checked by the caller), `rows.rows()` table
+  /// rows of `stride` block indices (all empty; `rows`, which outlives the
+  /// group, says each sequence's) and the counts of `max_seqs` sequences.
   /// MemoryAllocationFailed: nothing is assigned.
-  Status create(int blocks, int max_seqs, int stride, int block_size) noexcept {
+  Status create(int blocks, int max_seqs, const TableRows& rows, int stride, int block_size) noexcept {
     BlockPool pool;
     KVCORE_RETURN_IF_ERROR(pool.create(blocks, "a group's pool"));
-    const std::int64_t entries = static_cast<std::int64_t>(max_seqs) * stride;
+    const std::int64_t entries = static_cast<std::int64_t>(rows.rows()) * stride;
     std::unique_ptr<int[]> tables(new (std::nothrow) int[entries]);
     std::unique_ptr<int[]> held(new (std::nothrow) int[max_seqs]());
     std::unique_ptr<int[]> lost(new (std::nothrow) int[max_seqs]());
@@ -51,6 +53,7 @@ class BlockGroup {
     tables_ = std::move(tables);
     held_ = std::move(held);
     lost_below_ = std::move(lost);
+    rows_ = &rows;
     max_seqs_ = max_seqs;
     stride_ = stride;
     block_size_ = block_size;
@@ -59,10 +62,13 @@ class BlockGroup {
 
   BlockPool& pool() noexcept { return pool_; }
   const BlockPool& pool() const noexcept { return pool_; }
-  /// Every sequence's table, [max_seqs][stride] (-1: no block).
+  /// Every row of the tables, [rows][stride] (-1: no block).
   const int* tables() const noexcept { return tables_.get(); }
-  int* table(int seq) noexcept { return tables_.get() + static_cast<std::ptrdiff_t>(seq) * stride_; }
-  const int* table(int seq) const noexcept { return tables_.get() + static_cast<std::ptrdiff_t>(seq) * stride_; }
+  /// The row of `seq`. Precondition: `seq` holds a row (it is active).
+  int* table(int seq) noexcept { return tables_.get() + static_cast<std::ptrdiff_t>(rows_->row(seq)) * stride_; }
+  const int* table(int seq) const noexcept {
+    return tables_.get() + static_cast<std::ptrdiff_t>(rows_->row(seq)) * stride_;
+  }
   int& held(int seq) noexcept { return held_[seq]; }
   int held(int seq) const noexcept { return held_[seq]; }
   /// Positions below were released by the window (past the sinks): lost even
@@ -130,6 +136,7 @@ class BlockGroup {
 
   /// The first position of `seq` a block of it holds, or its length.
   int oldest_held(const SequenceState& s, int seq) const noexcept {
+    if (s.length == 0) return 0;  // holds nothing (and an inactive sequence has no row)
     const int* row = table(seq);
     const int end = static_cast<int>((static_cast<std::int64_t>(s.length) + block_size_ - 1) / block_size_);
     for (int i = s.start / block_size_; i < end; ++i)
@@ -140,7 +147,7 @@ class BlockGroup {
   /// Every block free, every table empty.
   void clear() noexcept {
     pool_.reset();
-    const std::int64_t entries = static_cast<std::int64_t>(max_seqs_) * stride_;
+    const std::int64_t entries = static_cast<std::int64_t>(rows_->rows()) * stride_;
     for (std::int64_t i = 0; i < entries; ++i) tables_[i] = -1;
     for (int seq = 0; seq < max_seqs_; ++seq) held_[seq] = lost_below_[seq] = 0;
   }
@@ -151,6 +158,7 @@ class BlockGroup {
   RingRule ring_;
   const GroupRule* rule_ = &flat_;
   BlockPool pool_;
+  const TableRows* rows_ = nullptr;
   int max_seqs_ = 0;
   int stride_ = 0;
   int block_size_ = 1;
