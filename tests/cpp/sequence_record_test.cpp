@@ -409,3 +409,161 @@ TEST(SequenceRecord, ExportRefusesABegunStepAndASmallBuffer) {
 
 }  // namespace
 }  // namespace kvcore_test
+
+namespace kvcore_test {
+namespace {
+
+using kvcore::RecordLayer;
+using kvcore::RecordSequence;
+
+// A record written field by field (rows zero): for the refusals no exporter makes.
+Record craft(const RecordSequence& seq, const std::vector<kvcore::PositionRange>& holes,
+             const std::vector<RecordLayer>& layers) {
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(seq.n_tokens > 0 ? seq.n_tokens : 0), 7);
+  auto layer_at = [&](int l) { return layers[static_cast<std::size_t>(l)]; };
+  const kvcore::RecordLayout layout = kvcore::RecordLayout::of(seq, layer_at);
+  Record rec;
+  rec.size = layout.total;
+  rec.words.assign((rec.size + 7) / 8, 0);
+  kvcore::write_record_tables(rec.bytes(), seq, layout, [&](int h) { return holes[static_cast<std::size_t>(h)]; },
+                              tokens.data(), layer_at);
+  kvcore::seal_record(rec.bytes(), layout);
+  return rec;
+}
+
+RecordLayer rl(LayerPolicy policy, int sink_end, int held_from, int n_rows, int heads = 2, int dim = 3) {
+  return RecordLayer{policy, DType::Float16, heads, dim, dim, sink_end, held_from, n_rows};
+}
+
+// Patches a 32-bit field at `offset` and seals the record again.
+Record patched(Record rec, std::size_t offset, std::uint32_t value) {
+  for (int i = 0; i < 4; ++i) rec.bytes()[offset + static_cast<std::size_t>(i)] = static_cast<unsigned char>(value >> (8 * i));
+  kvcore::seal_record(rec.bytes(), kvcore::RecordLayout{0, 0, 0, 0, rec.size});
+  return rec;
+}
+
+void expect_parse_refused(const Record& rec, std::size_t size, kvcore::Error code, const char* field) {
+  expect_refused(kvcore::RecordView::parse(rec.data(), size).status(), code, field);
+}
+
+TEST(SequenceRecord, MalformedRecordsAreRefusedByField) {
+  const RecordSequence seq{2, 10, 4, 0, 0, 0};
+  const Record good = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  ASSERT_OK(kvcore::RecordView::parse(good.data(), good.size).status());
+  expect_refused(kvcore::RecordView::parse(nullptr, 80).status(), kvcore::Error::InvalidArgument, "null");
+  Record shifted;
+  shifted.words.assign(good.words.size() + 1, 0);
+  std::memcpy(shifted.bytes() + 1, good.data(), good.size);
+  expect_refused(kvcore::RecordView::parse(shifted.bytes() + 1, good.size).status(), kvcore::Error::InvalidArgument,
+                 "8-byte boundary");
+  Record longer = good;
+  longer.words.push_back(0);
+  expect_parse_refused(longer, good.size + 8, kvcore::Error::InvalidArgument, "trailing bytes");
+  expect_parse_refused(patched(good, 8, 0), good.size, kvcore::Error::InvalidArgument, "version 0");
+  expect_parse_refused(patched(good, 12, 72), good.size, kvcore::Error::InvalidArgument, "header_bytes");
+  expect_parse_refused(patched(good, 24, 0), good.size, kvcore::Error::InvalidArgument, "n_layers");
+  expect_parse_refused(patched(good, 28, 0xffffffffu), good.size, kvcore::Error::InvalidArgument, "length");
+  expect_parse_refused(patched(good, 36, 11), good.size, kvcore::Error::InvalidArgument, "start");
+  expect_parse_refused(patched(good, 44, 11), good.size, kvcore::Error::InvalidArgument, "n_tokens");
+  expect_parse_refused(patched(good, 40, 11), good.size, kvcore::Error::InvalidArgument, "n_holes");
+  expect_parse_refused(patched(patched(good, 28, 5000), 44, 5000), good.size, kvcore::Error::InvalidArgument,
+                       "too small");
+  expect_parse_refused(craft(seq, {}, {rl(LayerPolicy{LayerPolicy::Kind::Flat, 3, 0}, 0, 0, 10), rl(LayerPolicy::flat(), 0, 0, 10)}),
+                       0, kvcore::Error::InvalidArgument, "truncated");
+  const Record bad_policy =
+      craft(seq, {}, {rl(LayerPolicy{LayerPolicy::Kind::Flat, 3, 0}, 0, 0, 10), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_policy, bad_policy.size, kvcore::Error::InvalidArgument, "config rules");
+  const Record bad_shape = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10, 0), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_shape, bad_shape.size, kvcore::Error::InvalidArgument, "each must be >= 1");
+  const Record bad_bounds = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 11, 0), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_bounds, bad_bounds.size, kvcore::Error::InvalidArgument, "held_from");
+  const Record bad_rows = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 9), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_rows, bad_rows.size, kvcore::Error::InvalidArgument, "n_rows = 9");
+  const std::size_t layer0 = kvcore::RecordLayout::tables(seq).layers;
+  expect_parse_refused(patched(good, layer0, 0x0900), good.size, kvcore::Error::InvalidArgument, "dtype 9");
+  expect_parse_refused(patched(good, layer0 + 16, 40), good.size, kvcore::Error::InvalidArgument, "end past");
+  expect_parse_refused(patched(good, layer0 + 16, 1), good.size, kvcore::Error::InvalidArgument, "rows end at");
+  const Record unsorted = craft(RecordSequence{1, 10, 4, 0, 2, 0}, {{5, 7}, {2, 3}}, {rl(LayerPolicy::flat(), 0, 0, 7)});
+  expect_parse_refused(unsorted, unsorted.size, kvcore::Error::InvalidArgument, "sorted");
+}
+
+TEST(SequenceRecord, RecordsADestinationCannotHoldAreRefused) {
+  // A flat layer missing a position; a ring missing a sink; layers of one group disagreeing.
+  CacheConfig cfg = pool_config(32, {flat_layer(), ring_layer(4, 1)}, 2, 8);
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 2;
+  cfg.batch.max_holes = 1;
+  const RecordSequence seq{2, 10, 2, 0, 0, 0};
+  const Record flat_gap = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 3, 7), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  SeqSide s1(cfg);
+  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, s1.cache(), s1.pool()),
+                 kvcore::Error::InvalidArgument, "lacks a position");
+  BatchSide b1(cfg, 0);
+  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, b1.cache(), b1.pool(), 0),
+                 kvcore::Error::InvalidArgument, "is flat");
+  const Record no_sink = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 0, 6, 4)});
+  expect_refused(kvcore::import_record(no_sink.data(), no_sink.size, s1.cache(), s1.pool()),
+                 kvcore::Error::InvalidArgument, "a sink");
+  expect_refused(kvcore::import_record(no_sink.data(), no_sink.size, b1.cache(), b1.pool(), 0),
+                 kvcore::Error::NotSupported, "whole");
+  CacheConfig two = pool_config(32, {ring_layer(4, 1), ring_layer(4, 1)}, 2, 8);
+  two.batch.block_size = 1;
+  two.batch.max_seqs = 2;
+  const Record split = craft(seq, {}, {rl(LayerPolicy::ring(4, 1), 1, 6, 5), rl(LayerPolicy::ring(4, 1), 1, 5, 6)});
+  BatchSide b2(two, 0);
+  expect_refused(kvcore::import_record(split.data(), split.size, b2.cache(), b2.pool(), 0),
+                 kvcore::Error::InvalidArgument, "another layer of its group");
+  const Record holes = craft(RecordSequence{2, 10, 2, 0, 2, 0}, {{2, 3}, {5, 6}},
+                             {rl(LayerPolicy::flat(), 0, 0, 8), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  expect_refused(kvcore::import_record(holes.data(), holes.size, b1.cache(), b1.pool(), 0),
+                 kvcore::Error::OutOfResources, "max_holes");
+  EXPECT_FALSE(b1.cache().sequence(0)->active);
+  expect_refused(kvcore::import_record(holes.data(), holes.size, b1.cache(), b1.pool(), 5),
+                 kvcore::Error::InvalidArgument, "max_seqs");
+  EXPECT_EQ(s1.length(), 0);
+  expect_refused(s1.cache().restore(5, [](int) { return 9; }), kvcore::Error::InvalidArgument, "held_from = 9");
+  EXPECT_EQ(s1.length(), 0);
+}
+
+TEST(SequenceRecord, ExportRefusesWhatItCannotWrite) {
+  SeqSide side(model(64, 3, 4));
+  side.step(3, 1, nullptr);
+  const std::size_t size = *kvcore::export_size(side.cache(), side.pool());
+  std::vector<std::uint64_t> out(size / 8 + 2);
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(out.data());
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 0, nullptr, size), kvcore::Error::InvalidArgument,
+                 "export_size");
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 0, bytes + 4, size), kvcore::Error::InvalidArgument,
+                 "8-byte boundary");
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 2, bytes, size * 2), kvcore::Error::InvalidArgument,
+                 "tokens is null");
+  expect_refused(kvcore::export_size(side.cache(), side.pool(), 4).status(), kvcore::Error::InvalidArgument, "n_tokens");
+  SeqSide small(pool_config(64, {flat_layer()}, 3, 8));
+  expect_refused(kvcore::export_to(side.cache(), small.pool(), nullptr, 0, bytes, size), kvcore::Error::InvalidArgument,
+                 "the pool has 1 layers");
+  // Rows the pool never stored: the cache committed without writing them.
+  SeqSide unwritten(pool_config(64, {flat_layer()}, 3, 1));
+  for (int i = 0; i < 3; ++i) {
+    auto step = unwritten.cache().begin_step(3);
+    ASSERT_OK(unwritten.cache().commit(*step));
+  }
+  expect_refused(kvcore::export_to(unwritten.cache(), unwritten.pool(), nullptr, 0, bytes, size),
+                 kvcore::Error::InvalidState, "no row in the pool");
+
+  BatchSide batch(model(64, 3, 4), 0);
+  expect_refused(kvcore::export_size(batch.cache(), batch.pool(), 0).status(), kvcore::Error::InvalidState, "not active");
+  expect_refused(kvcore::export_to(batch.cache(), batch.pool(), 0, nullptr, 0, bytes, size), kvcore::Error::InvalidState,
+                 "not active");
+  ASSERT_OK(batch.cache().add_sequence(0));
+  batch.step(2, 1, nullptr);
+  BatchSide other(pool_config(64, {flat_layer()}, 3, 8), 0);
+  expect_refused(kvcore::export_to(batch.cache(), other.pool(), 0, nullptr, 0, bytes, size), kvcore::Error::InvalidArgument,
+                 "the pool has 1 layers");
+  const StepEntry entry{0, 1, nullptr};
+  ASSERT_OK(batch.cache().begin_step(&entry, 1).status());
+  expect_refused(kvcore::export_to(batch.cache(), batch.pool(), 0, nullptr, 0, bytes, size), kvcore::Error::InvalidState,
+                 "begun");
+}
+
+}  // namespace
+}  // namespace kvcore_test
