@@ -496,6 +496,9 @@ TEST(SequenceRecord, RecordsADestinationCannotHoldAreRefused) {
   const RecordSequence seq{2, 10, 2, 0, 0, 0};
   const Record flat_gap = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 3, 7), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
   SeqSide s1(cfg);
+  SeqSide four(model(32, 2, 1));
+  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, four.cache(), four.pool()),
+                 kvcore::Error::InvalidArgument, "the record has 2 layers, the cache 4");
   expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, s1.cache(), s1.pool()),
                  kvcore::Error::InvalidArgument, "lacks a position");
   BatchSide b1(cfg, 0);

@@ -275,6 +275,9 @@ def test_every_refusal_is_named_and_changes_nothing(seq: Optional[int]) -> None:
         assert not tight.cache.sequence(0).active and tight.cache.free_blocks(1) == 4
     with pytest.raises(kvcore.InvalidArgumentError, match="bytes-like"):
         import_sequence(busy.pool, 12, seq)  # type: ignore[arg-type]
+    strided = np.frombuffer(record, dtype=np.uint8)[::2]
+    with pytest.raises(kvcore.InvalidArgumentError, match="C-contiguous"):
+        import_sequence(busy.pool, strided, seq)
 
 
 def test_export_refuses_a_begun_step_and_bad_tokens() -> None:
@@ -289,6 +292,8 @@ def test_export_refuses_a_begun_step_and_bad_tokens() -> None:
         side.pool.export_sequence()
     with pytest.raises(kvcore.InvalidArgumentError, match="export_size"):
         side.pool.export_into(np.zeros(8, np.uint8))
+    with pytest.raises(kvcore.InvalidArgumentError, match="writable buffer"):
+        side.pool.export_into(12)
 
 
 def test_the_example_in_docs_state_md_runs() -> None:

@@ -23,6 +23,15 @@ namespace kvcore {
 
 namespace import_detail {
 
+// One layer of a record being imported into a BatchCache, looked up once.
+struct Layer {
+  RecordLayer record;
+  int group = 0;
+  LayerStorage storage;
+  const unsigned char* k = nullptr;
+  const unsigned char* v = nullptr;
+};
+
 // Each record layer against the destination's layer config and pool dtype.
 template <class Planner>
 Status check_layers(const RecordView& rec, const Planner& planner, int pool_layers, DType pool_dtype) noexcept {
@@ -59,10 +68,8 @@ inline int first_missing(const RecordLayer& r, int lo, int hi) noexcept {
 // Copies record rows of positions [lo, hi) (record row j0 on) of a layer to
 // the pool rows row_of(p), one memcpy per run of consecutive rows.
 template <class RowOf>
-void put_rows(const RecordView& rec, int l, const RecordLayer& r, const LayerStorage& s, int lo, int hi, int j0,
-              RowOf row_of) noexcept {
-  const unsigned char* k = rec.k_rows(l);
-  const unsigned char* v = rec.v_rows(l);
+void put_rows(const unsigned char* k, const unsigned char* v, const RecordLayer& r, const LayerStorage& s, int lo,
+              int hi, int j0, RowOf row_of) noexcept {
   const std::size_t kb = r.k_row_bytes(), vb = r.v_row_bytes();
   int p = lo;
   while (p < hi) {
@@ -135,7 +142,8 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
       for (const auto& rg : ranges) {
         const int a = rg[0] > done ? rg[0] : done;
         if (a >= rg[1]) continue;
-        import_detail::put_rows(rec, l, r, s, a, rg[1], j + (a - lo), [&g](int p) { return g.row(p); });
+        import_detail::put_rows(rec.k_rows(l), rec.v_rows(l), r, s, a, rg[1], j + (a - lo),
+                                [&g](int p) { return g.row(p); });
         for (int p = a; p < rg[1]; ++p) KVPoolTraits::mirror_run(s, Run{g.row(p), 1, p});
         done = rg[1];
       }
@@ -165,7 +173,9 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
   KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
   const int n_groups = cache.n_groups();
   std::unique_ptr<int[]> carry(new (std::nothrow) int[2 * static_cast<std::size_t>(n_groups)]);
-  KVCORE_CHECK_OR_RETURN_ERROR(carry != nullptr, MemoryAllocationFailed,
+  // Per layer: its record entry and pool storage, looked up once (write_block runs per block).
+  std::unique_ptr<import_detail::Layer[]> layers(new (std::nothrow) import_detail::Layer[static_cast<std::size_t>(rs.n_layers)]);
+  KVCORE_CHECK_OR_RETURN_ERROR(carry != nullptr && layers != nullptr, MemoryAllocationFailed,
                                "import: cannot allocate the table of %d groups", n_groups);
   for (int g = 0; g < n_groups; ++g) carry[g] = -1;
   for (int l = 0; l < rs.n_layers; ++l) {
@@ -190,6 +200,16 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
     const int rows = (*pool.layer(l)).rows;
     KVCORE_RETURN_IF_ERROR(pool.reserve(l, bound < rows ? static_cast<int>(bound) : rows));
   }
+  std::size_t at = rec.row_offset(0);
+  for (int l = 0; l < rs.n_layers; ++l) {
+    import_detail::Layer& e = layers[l];
+    e.record = rec.layer(l);
+    e.group = *cache.group_of(l);
+    e.storage = *pool.layer(l);
+    e.k = static_cast<const unsigned char*>(data) + at;
+    e.v = e.k + record_detail::padded(static_cast<std::size_t>(e.record.n_rows) * e.record.k_row_bytes());
+    at += RecordLayout::row_block_bytes(e.record);
+  }
   SequenceImport in{rs.length, rs.start, rs.n_holes, rec.holes(), rs.n_tokens == rs.length ? rec.tokens() : nullptr,
                     carry.get(), carry.get() + n_groups};
   auto hole_at = [&rec](int h) { return rec.hole(h); };
@@ -197,15 +217,14 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
     const std::int64_t lo = static_cast<std::int64_t>(i) * B;
     const int hi = lo + B < rs.length ? static_cast<int>(lo + B) : rs.length;
     for (int l = 0; l < rs.n_layers; ++l) {
-      if (*cache.group_of(l) != g) continue;
-      const RecordLayer r = rec.layer(l);
-      const PagedLayer s = *pool.layer(l);
+      const import_detail::Layer& e = layers[l];
+      if (e.group != g) continue;
       int j = 0;  // record row of the run's first position
-      for_each_carried_run(rs.length, rs.start, rs.n_holes, hole_at, r, [&](int a, int b) {
+      for_each_carried_run(rs.length, rs.start, rs.n_holes, hole_at, e.record, [&](int a, int b) {
         const int from = a > lo ? a : static_cast<int>(lo);
         const int to = b < hi ? b : hi;
         if (from < to)
-          import_detail::put_rows(rec, l, r, s, from, to, j + (from - a),
+          import_detail::put_rows(e.k, e.v, e.record, e.storage, from, to, j + (from - a),
                                   [&](int p) { return static_cast<std::int64_t>(block) * B + (p - lo); });
         j += b - a;
       });
