@@ -91,7 +91,7 @@ class Side:
         return reads
 
     def export(self, tokens: Optional[list[int]] = None) -> bytes:
-        return export_sequence(self.pool, self.seq, tokens=tokens)
+        return export_sequence(self.pool, self.seq, tokens=None if tokens is None else tokens[: self.length])
 
 
 def history(side: Side, rng: random.Random, target: int, max_step: int, tokens: Optional[list[int]] = None) -> None:
@@ -143,7 +143,9 @@ def test_a_sequence_cache_round_trips_through_both_caches(dtype: Any, block_size
         return
     same_rewinds(exporter, batch, exact=False)
     decode_both(same, batch, random.Random(3), 10, 3, 64)
-    decode_both(exporter, same, random.Random(4), 10, 3, 64)
+    twin = Side(config(), dtype)
+    import_sequence(twin.pool, record)
+    decode_both(exporter, twin, random.Random(4), 10, 3, 64)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float16", "bfloat16"])
@@ -179,12 +181,17 @@ def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: i
                 importer.step(4, 1, tokens)
             importer.seq = 3
         used = importer.cache.used_blocks(1)
+        if other > block_size and exporter.length > 8:  # the exporter released positions 2.. of a 16-row sink block
+            with pytest.raises(kvcore.NotSupportedError, match="divides the sinks"):
+                import_sequence(importer.pool, record, 3)
+            assert not importer.cache.sequence(3).active
+            continue
         import_sequence(importer.pool, record, 3)
         if shape == "prefix":  # shared, not copied: the flat group takes only the rest
             assert importer.cache.used_blocks(1) - used < -(-info.length // other)
         same_rewinds(exporter, importer, exact=other == block_size)
-        decode_both(twin if other == block_size else clone_of(record, capacity, max_step, block_size, dtype),
-                    importer, random.Random(7), 8, max_step, capacity)
+        decode_both(clone_of(record, capacity, max_step, block_size, dtype), importer, random.Random(7), 8, max_step,
+                    capacity)
     decode_both(exporter, twin, random.Random(8), 8, max_step, capacity)
 
 
