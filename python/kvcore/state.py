@@ -20,7 +20,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,7 @@ def _dtype(code: int) -> np.dtype[Any]:
     if code == 2:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return cast("np.dtype[Any]", np.dtype(ml_dtypes.bfloat16))
     return np.dtype(("float32", "float16", None, "int8", "uint8")[code])
 
 
