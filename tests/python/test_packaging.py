@@ -233,10 +233,11 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 
 def test_the_top_level_is_the_api() -> None:
-    """Beside the API sit only the command line and the memory planner; the demos and the
+    """Beside the API sit only the command line, the memory planner and the sequence records
+    (kvcore.state); the demos and the
     reference model they run are the kvcore.demo subpackage, which `import kvcore` does not load."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "hf_config", "memory", "registry"]
+    assert top == ["__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "hf_config", "memory", "registry", "state"]
     assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
     probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith('kvcore.demo')))"
