@@ -155,10 +155,13 @@ def run_disaggregated(opts: DisaggregatedOptions) -> dict[str, Any]:
                  log_to_driver=False, configure_logging=False)
     try:
         system, prompts = make_prompts(opts)
-        prefills = [ray.remote(num_cpus=0)(Prefill).remote(opts) for _ in range(opts.prefill_actors)]
-        decoder = ray.remote(num_cpus=0)(Decode).remote(opts, system)
+        # Actors take no CPU slot: three of them share a local instance of two CPUs.
+        prefill_actor: Any = ray.remote(num_cpus=0)(Prefill)
+        decode_actor: Any = ray.remote(num_cpus=0)(Decode)
+        prefills = [prefill_actor.remote(opts) for _ in range(opts.prefill_actors)]
+        decoder = decode_actor.remote(opts, system)
         refs = [prefills[i % len(prefills)].prefill.remote(p) for i, p in enumerate(prompts)]
-        out = ray.get(decoder.run.remote(refs))
+        out: dict[str, Any] = ray.get(decoder.run.remote(refs))
     finally:
         if started:
             ray.shutdown()
