@@ -56,6 +56,19 @@ struct Record {
   unsigned char* bytes() { return reinterpret_cast<unsigned char*>(words.data()); }
 };
 
+// The record of a sequence of `length` positions with the first tokens known:
+// sized by size_of(n), written by write(n, out, size).
+template <class SizeOf, class Write>
+Record exported(const std::vector<std::int32_t>& tokens, int length, SizeOf size_of, Write write) {
+  const int n = static_cast<int>(tokens.size()) < length ? static_cast<int>(tokens.size()) : length;
+  Record rec;
+  rec.size = *size_of(n);
+  rec.words.resize((rec.size + 7) / 8);
+  const kvcore::Status st = write(n, rec.bytes(), rec.size);
+  EXPECT_TRUE(st.ok()) << st.message().c_str();
+  return rec;
+}
+
 // One sequence of a cache behind one interface: a SequenceCache + KVPool, or
 // sequence `seq` of a BatchCache + PagedKVPool.
 class Side {
@@ -100,13 +113,10 @@ class SeqSide : public Side {
     return reads;
   }
   Record export_record(const std::vector<std::int32_t>& tokens) const override {
-    const int n = static_cast<int>(tokens.size()) < length() ? static_cast<int>(tokens.size()) : length();
-    Record rec;
-    rec.size = *kvcore::export_size(*cache_, pool_, n);
-    rec.words.resize((rec.size + 7) / 8);
-    const kvcore::Status st = kvcore::export_to(*cache_, pool_, tokens.data(), n, rec.bytes(), rec.size);
-    EXPECT_TRUE(st.ok()) << st.message().c_str();
-    return rec;
+    return exported(tokens, length(), [&](int n) { return kvcore::export_size(*cache_, pool_, n); },
+                    [&](int n, void* out, std::size_t size) {
+                      return kvcore::export_to(*cache_, pool_, tokens.data(), n, out, size);
+                    });
   }
 
  private:
@@ -153,13 +163,10 @@ class BatchSide : public Side {
     return reads;
   }
   Record export_record(const std::vector<std::int32_t>& tokens) const override {
-    const int n = static_cast<int>(tokens.size()) < length() ? static_cast<int>(tokens.size()) : length();
-    Record rec;
-    rec.size = *kvcore::export_size(*cache_, pool_, seq_, n);
-    rec.words.resize((rec.size + 7) / 8);
-    const kvcore::Status st = kvcore::export_to(*cache_, pool_, seq_, tokens.data(), n, rec.bytes(), rec.size);
-    EXPECT_TRUE(st.ok()) << st.message().c_str();
-    return rec;
+    return exported(tokens, length(), [&](int n) { return kvcore::export_size(*cache_, pool_, seq_, n); },
+                    [&](int n, void* out, std::size_t size) {
+                      return kvcore::export_to(*cache_, pool_, seq_, tokens.data(), n, out, size);
+                    });
   }
 
  private:
