@@ -307,3 +307,22 @@ def test_the_example_in_docs_state_md_runs() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
     block = text.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(block, "docs/state.md", "exec"), {})
+
+
+def test_the_helpers_refuse_a_seq_they_cannot_use() -> None:
+    seq_side = Side(config(), np.float16)
+    seq_side.step(2, 1)
+    batch_side = Side(config(), np.float16, seq=0)
+    record = seq_side.export()
+    with pytest.raises(kvcore.InvalidArgumentError, match="one sequence"):
+        export_sequence(seq_side.pool, 0)
+    with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
+        export_sequence(batch_side.pool)
+    with pytest.raises(kvcore.InvalidArgumentError, match="one sequence"):
+        import_sequence(seq_side.pool, record, 0)
+    with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
+        import_sequence(batch_side.pool, record)
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool or PagedKVPool"):
+        export_sequence(object())  # type: ignore[arg-type]
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool or PagedKVPool"):
+        import_sequence(object(), record)  # type: ignore[arg-type]

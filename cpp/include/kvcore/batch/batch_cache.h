@@ -288,22 +288,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     const SequenceAdmission admission(in, block_size_);
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit = named ? prefix_.longest_hit(in.tokens, in.length, groups_.get(), n_groups_) : 0;
-    for (int g = 0; g < n_groups_; ++g) {
-      KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g]));
-      const int need = admission.blocks_needed(g, groups_[g], prefix_.prompt_keys(), hit);
-      const int free = groups_[g].pool().free_blocks();
-      KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
-                                   "import: group %d needs %d blocks, %d are free", g, need, free);
-    }
+    for (int g = 0; g < n_groups_; ++g)
+      KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g], prefix_.prompt_keys(), hit));
     end_step();
     reset_seq(seq);
-    SequenceState& s = seqs_[seq];
-    s.active = true;
-    s.length = in.length;
-    s.start = in.start;
-    s.n_holes = in.n_holes;
-    s.alloc_end = admission.ceil_blocks();
-    for (int h = 0; h < in.n_holes; ++h) seqs_.holes(seq)[h] = in.holes[h];
+    seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
     if (!named) {
       prefix_.stop(seq);

@@ -96,6 +96,27 @@ inline int sequence_floor(const RecordLayer& r, const LayerGeometry& g, int leng
   return floor;
 }
 
+// Per group g of `cache`, the positions the record's layers of g carry:
+// carry[g] = sink_end, carry[n_groups + g] = held_from. InvalidArgument: two
+// layers of one group disagree.
+inline Status group_carry(const RecordView& rec, const BatchCache& cache, int* carry) noexcept {
+  const int n_groups = cache.n_groups();
+  for (int g = 0; g < n_groups; ++g) carry[g] = -1;
+  for (int l = 0; l < rec.sequence().n_layers; ++l) {
+    const int g = *cache.group_of(l);
+    const RecordLayer r = rec.layer(l);
+    if (carry[g] < 0) {
+      carry[g] = r.sink_end;
+      carry[n_groups + g] = r.held_from;
+    }
+    KVCORE_CHECK_OR_RETURN_ERROR(carry[g] == r.sink_end && carry[n_groups + g] == r.held_from, InvalidArgument,
+                                 "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of its "
+                                 "group %d / %d",
+                                 l, g, r.sink_end, r.held_from, carry[g], carry[n_groups + g]);
+  }
+  return Error::Ok;
+}
+
 }  // namespace import_detail
 
 /// Imports the record at data[0, size) (8-byte aligned) into `cache` (empty,
@@ -177,19 +198,7 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
   std::unique_ptr<import_detail::Layer[]> layers(new (std::nothrow) import_detail::Layer[static_cast<std::size_t>(rs.n_layers)]);
   KVCORE_CHECK_OR_RETURN_ERROR(carry != nullptr && layers != nullptr, MemoryAllocationFailed,
                                "import: cannot allocate the table of %d groups", n_groups);
-  for (int g = 0; g < n_groups; ++g) carry[g] = -1;
-  for (int l = 0; l < rs.n_layers; ++l) {
-    const int g = *cache.group_of(l);
-    const RecordLayer r = rec.layer(l);
-    if (carry[g] < 0) {
-      carry[g] = r.sink_end;
-      carry[n_groups + g] = r.held_from;
-    }
-    KVCORE_CHECK_OR_RETURN_ERROR(carry[g] == r.sink_end && carry[n_groups + g] == r.held_from, InvalidArgument,
-                                 "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of its "
-                                 "group %d / %d",
-                                 l, g, r.sink_end, r.held_from, carry[g], carry[n_groups + g]);
-  }
+  KVCORE_RETURN_IF_ERROR(import_detail::group_carry(rec, cache, carry.get()));
   const int B = cache.block_size();
   const int blocks = static_cast<int>((static_cast<std::int64_t>(rs.length) + B - 1) / B);
   for (int l = 0; l < rs.n_layers; ++l) {

@@ -125,8 +125,9 @@ class SequenceAdmission {
   }
 
   /// Checks group g can keep what the record carries: every visible position
-  /// of its sink blocks is carried (a flat group: every visible position).
-  Status check_group(int g, const BlockGroup& group) const noexcept {
+  /// of its sink blocks is carried (a flat group: every visible position), and
+  /// its pool has the blocks (a hit of `hit` blocks keyed `hit_keys` shared).
+  Status check_group(int g, const BlockGroup& group, const BlockKey* hit_keys, int hit) const noexcept {
     const bool ring = group.policy().kind == LayerPolicy::Kind::Ring;
     const std::int64_t sinks_end = static_cast<std::int64_t>(group.rule().sink_blocks()) * B_;
     const int keep_end = !ring ? in_.length : (sinks_end < in_.length ? static_cast<int>(sinks_end) : in_.length);
@@ -139,6 +140,10 @@ class SequenceAdmission {
                                  "import: group %d keeps positions [0, %d) whole, but the record lacks position %d "
                                  "(its exporter's window released it); use a block size that divides the sinks",
                                  g, keep_end, missing);
+    const int need = blocks_needed(g, group, hit_keys, hit);
+    const int free = group.pool().free_blocks();
+    KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources, "import: group %d needs %d blocks, %d are free", g,
+                                 need, free);
     return Error::Ok;
   }
 
