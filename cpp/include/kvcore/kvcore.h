@@ -12,6 +12,7 @@
 #include "kvcore/core/config.h"
 #include "kvcore/core/step.h"
 #include "kvcore/core/plan.h"
+#include "kvcore/core/draft_tree.h"
 #include "kvcore/core/layout_policy.h"
 #include "kvcore/core/flat_policy.h"
 #include "kvcore/core/ring_policy.h"
@@ -36,6 +37,7 @@
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/kv_pool.h"
+#include "kvcore/pool/kv_pool_tree.h"
 #include "kvcore/pool/paged_kv_pool.h"
 
 // state/: a sequence's state outside its process (records, export, import).
