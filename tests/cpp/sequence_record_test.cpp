@@ -535,6 +535,22 @@ TEST(SequenceRecord, RecordsADestinationCannotHoldAreRefused) {
   EXPECT_EQ(s1.length(), 0);
 }
 
+TEST(SequenceRecord, AnImportLeavesNoTreeCopiesPending) {
+  SeqSide from(model(64, 3, 4));
+  from.step(3, 1, nullptr);
+  const Record rec = from.export_record({});
+  SeqSide to(model(64, 3, 4));
+  const int parents[3] = {-1, 0, 0};  // the root and two siblings: accepting the second moves it
+  auto step = to.cache().begin_tree(parents, 3);
+  ASSERT_OK(step.status());
+  const int accepted[2] = {0, 2};
+  ASSERT_OK(to.cache().commit(*step, accepted, 2));
+  ASSERT_GT((*to.cache().commit_copies(1)).n, 0);
+  to.cache().clear();
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool()));
+  for (int l = 0; l < to.cache().n_layers(); ++l) EXPECT_EQ((*to.cache().commit_copies(l)).n, 0);
+}
+
 TEST(SequenceRecord, ExportRefusesWhatItCannotWrite) {
   SeqSide side(model(64, 3, 4));
   side.step(3, 1, nullptr);

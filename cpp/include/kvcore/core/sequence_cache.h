@@ -317,7 +317,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   int held_from(int layer) const noexcept { return held_floor_[policy_index(layer)]; }
 
   /// Takes an imported sequence's state (kvcore/state/sequence_import.h: its
-  /// rows are written already): length `length`, and per layer l the oldest
+  /// rows are written already; commit_copies() is then empty): length `length`, and per layer l the oldest
   /// position past the sinks its rows hold, held_from(l) (layers of one policy
   /// take the largest). InvalidState: a step is begun or the cache holds
   /// positions. OutOfResources: length over capacity. InvalidArgument: a
@@ -339,6 +339,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       if (held_from(l) > floor) floor = held_from(l);
     }
     length_ = length;
+    // An earlier tree commit's row copies would move the imported rows: none are pending now.
+    tree_.record_commit(policies_.get(), 0, nullptr, 0);
     return Error::Ok;
   }
 
