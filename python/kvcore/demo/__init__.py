@@ -15,6 +15,8 @@ Nothing here is imported by ``import kvcore``. One concept per module:
 - ``kvcore.demo.sequence``: ``kvcore demo``, one sequence, plain then speculative;
 - ``kvcore.demo.batch``: ``kvcore demo --batch``, many chats through
   ``BatchCache`` + ``PagedKVPool``;
+- ``kvcore.demo.trees``: ``kvcore demo --tree``, tree speculative decoding
+  through ``SequenceCache.begin_tree`` and ``commit(accepted)``;
 - ``kvcore.demo.disaggregated``: ``kvcore demo --disaggregated``, prefill and
   decode on Ray actors, sequences moved as records (kvcore.state);
 - ``kvcore.demo.command``: the demos' command lines.
