@@ -587,6 +587,16 @@ def build(backend: str, kind: str, config: CacheConfig) -> CacheBase:
 
 # --- pool.cpp ------------------------------------------------------------------
 
+_Buffer = bytes | bytearray | memoryview | npt.NDArray[Any]
+_WritableBuffer = bytearray | memoryview | npt.NDArray[Any]
+_Tokens = Sequence[int] | npt.NDArray[Any]
+
+def check_record(record: _Buffer) -> None:
+    """Validates a sequence record (docs/state.md) as an import does before reading it: size, magic,
+    version, checksum and every field. InvalidArgumentError: truncated, corrupt or malformed (the
+    message names the field); NotSupportedError: a version newer than this build reads.
+    """
+
 class KVPool(metaclass=_pybind11_type):
     """Reference CPU storage for a SequenceCache's K/V rows: applies plans.
 
@@ -634,6 +644,30 @@ class KVPool(metaclass=_pybind11_type):
         """Grows `layer`'s storage now to at least `rows` rows, so later writes below it never
         allocate. InvalidArgumentError: bad layer, rows outside [0, rows(layer)]; AllocationError:
         the growth failed (nothing changed).
+        """
+    def export_size(self, n_tokens: SupportsIndex = 0) -> int:
+        """Bytes export_sequence() gives for the cache's sequence with `n_tokens` known token ids.
+        InvalidArgumentError: n_tokens outside [0, length].
+        """
+    def export_sequence(self, tokens: _Tokens | None = None) -> bytes:
+        """The cache's sequence as a record (bytes, docs/state.md): length, per layer the rows its
+        layer still holds (a ring's sinks and window, not what it released) and `tokens` (the ids of
+        positions [0, len(tokens)), optional). InvalidArgumentError: more tokens than the length;
+        InvalidStateError: a step is begun.
+        """
+    def export_into(self, out: _WritableBuffer, tokens: _Tokens | None = None) -> int:
+        """Writes the record export_sequence() gives into the writable buffer `out` (8-byte aligned,
+        at least export_size() bytes, e.g. a numpy uint8 array) and returns its size.
+        InvalidArgumentError: out too small, misaligned or read-only; errors as export_sequence.
+        """
+    def import_sequence(self, record: _Buffer) -> None:
+        """Admits the sequence of `record` (any bytes-like object) into the empty cache and this
+        pool: its length and rows; every later plan, read and can_rewind answer equals the
+        exporter's. Checks everything first and changes nothing on an error. InvalidArgumentError:
+        truncated, corrupt (checksum), bad magic, or a policy, shape or dtype other than the
+        cache's; NotSupportedError: a newer record version, or a record with holes or a removed
+        head; InvalidStateError: the cache holds positions or a begun step; OutOfResourcesError: its
+        length exceeds the capacity.
         """
     def write(
         self, layer: SupportsIndex, plan: SeqStepPlan, k: npt.NDArray[Any], v: npt.NDArray[Any]
@@ -1085,6 +1119,33 @@ class PagedKVPool(metaclass=_pybind11_type):
         """Grows the layer now to at least `rows` rows, so later updates below it never allocate.
         InvalidArgumentError: bad layer, rows outside [0, num_blocks * block_size]. AllocationError:
         growth failed (nothing changed).
+        """
+    def export_size(self, seq: SupportsIndex, n_tokens: SupportsIndex = 0) -> int:
+        """Bytes export_sequence(seq) gives with `n_tokens` known token ids. InvalidArgumentError:
+        bad seq, n_tokens outside [0, length]; InvalidStateError: seq not active.
+        """
+    def export_sequence(self, seq: SupportsIndex, tokens: _Tokens | None = None) -> bytes:
+        """Sequence `seq` as a record (bytes, docs/state.md): length, removed head and holes, per
+        layer the rows its group still holds (a ring's sink blocks and window, not what it released)
+        and `tokens` (the ids of positions [0, len(tokens)), optional; with all of them an importer
+        can share a prefix it caches). InvalidArgumentError: bad seq, more tokens than the length;
+        InvalidStateError: seq not active, or a step is begun.
+        """
+    def export_into(self, seq: SupportsIndex, out: _WritableBuffer, tokens: _Tokens | None = None) -> int:
+        """Writes export_sequence(seq)'s record into the writable buffer `out` (8-byte aligned, at
+        least export_size() bytes) and returns its size. InvalidArgumentError: out too small,
+        misaligned or read-only; errors as export_sequence.
+        """
+    def import_sequence(self, seq: SupportsIndex, record: _Buffer) -> None:
+        """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
+        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
+        full blocks of a prefix this cache holds (when the record knows every token id) are shared,
+        not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks
+        everything first and changes nothing on an error (any begun step ends on success).
+        InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
+        other than the cache's; NotSupportedError: a newer record version, or a ring group whose
+        sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
+        OutOfResourcesError: length over capacity, too many holes, too few free blocks.
         """
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]

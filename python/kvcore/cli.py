@@ -94,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         or demo.hf_batch_argv(args_in) is not None
     ):
         args_in = ["demo", *args_in]
+    # `kvcore demo --disaggregated`: prefill and decode on Ray actors, with a parser of its own.
+    if args_in[:1] == ["demo"] and (dis_args := demo.disaggregated_argv(args_in[1:])) is not None:
+        return demo.disaggregated_main(dis_args)
     # `kvcore demo --batch`: the many-chat demo, with a parser of its own.
     if args_in[:1] == ["demo"] and (batch_args := demo.batch_argv(args_in[1:])) is not None:
         return demo.batch_main(batch_args)

@@ -24,6 +24,9 @@
 #include "numpy_dtype.h"
 #include "plan_mask.h"
 #include "pool_binding.h"
+#include "record_io.h"
+#include "kvcore/state/sequence_export.h"
+#include "kvcore/state/sequence_import.h"
 
 namespace kvcore_py {
 
@@ -206,6 +209,62 @@ void register_paged_pool(py::module_& m) {
           py::arg("cache"), py::arg("dtype"),
           "Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer, as the "
           "C++ arena mode takes them, alignment slack included). InvalidArgumentError: bad dtype.")
+      .def(
+          "export_size",
+          [](const PyPagedPool& p, const PyInt& seq, const PyInt& n_tokens) {
+            return unwrap(kvcore::export_size(*p.cache(), p.pool(), to_int("seq", seq), to_int("n_tokens", n_tokens)));
+          },
+          py::arg("seq"), py::arg("n_tokens") = 0,
+          "Bytes export_sequence(seq) gives with `n_tokens` known token ids. InvalidArgumentError: bad "
+          "seq, n_tokens outside [0, length]; InvalidStateError: seq not active.")
+      .def(
+          "export_sequence",
+          [](const PyPagedPool& p, const PyInt& seq_arg, py::object tokens) {
+            const int seq = to_int("seq", seq_arg);
+            const py::array_t<std::int32_t> t = token_array(tokens);
+            const int n = static_cast<int>(t.size());
+            const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), seq, n));
+            return new_record(size, [&](void* out) {
+              throw_if_error(kvcore::export_to(*p.cache(), p.pool(), seq, t.data(), n, out, size));
+            });
+          },
+          py::arg("seq"), py::arg("tokens") = py::none(),
+          "Sequence `seq` as a record (bytes, docs/state.md): length, removed head and holes, per layer "
+          "the rows its group still holds (a ring's sink blocks and window, not what it released) and "
+          "`tokens` (the ids of positions [0, len(tokens)), optional; with all of them an importer can "
+          "share a prefix it caches). InvalidArgumentError: bad seq, more tokens than the length; "
+          "InvalidStateError: seq not active, or a step is begun.")
+      .def(
+          "export_into",
+          [](const PyPagedPool& p, const PyInt& seq_arg, py::object out, py::object tokens) {
+            const int seq = to_int("seq", seq_arg);
+            const py::array_t<std::int32_t> t = token_array(tokens);
+            const int n = static_cast<int>(t.size());
+            const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), seq, n));
+            py::buffer_info info = writable_buffer(out, size);
+            throw_if_error(kvcore::export_to(*p.cache(), p.pool(), seq, t.data(), n, info.ptr, size));
+            return size;
+          },
+          py::arg("seq"), py::arg("out"), py::arg("tokens") = py::none(),
+          "Writes export_sequence(seq)'s record into the writable buffer `out` (8-byte aligned, at least "
+          "export_size() bytes) and returns its size. InvalidArgumentError: out too small, misaligned or "
+          "read-only; errors as export_sequence.")
+      .def(
+          "import_sequence",
+          [](PyPagedPool& p, const PyInt& seq, py::object record) {
+            const RecordBytes r(record);
+            throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), to_int("seq", seq)));
+          },
+          py::arg("seq"), py::arg("record"),
+          "Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache or "
+          "a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows; full "
+          "blocks of a prefix this cache holds (when the record knows every token id) are shared, not "
+          "copied. Every later plan, read and can_rewind answer equals the exporter's. Checks "
+          "everything first and changes nothing on an error (any begun step ends on success). "
+          "InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype "
+          "other than the cache's; NotSupportedError: a newer record version, or a ring group whose sink "
+          "blocks would keep a position the record lacks; InvalidStateError: seq is active; "
+          "OutOfResourcesError: length over capacity, too many holes, too few free blocks.")
       .def("__repr__", [](const PyPagedPool& p) {
         return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
                ", dtype=" + p.dtype().attr("name").cast<std::string>() +

@@ -23,6 +23,9 @@
 #include "numpy_blocks.h"
 #include "numpy_dtype.h"
 #include "pool_binding.h"
+#include "record_io.h"
+#include "kvcore/state/sequence_export.h"
+#include "kvcore/state/sequence_import.h"
 #include "step_handle.h"
 #include "tree_binding.h"
 
@@ -401,12 +404,74 @@ void register_pool(py::module_& m) {
            "An independent pool holding a copy of every row, over a deep copy of its cache "
            "(shared with other objects of the same deepcopy). AllocationError when it cannot be "
            "allocated.")
+      .def(
+          "export_size",
+          [](const PyPool& p, const PyInt& n_tokens) {
+            return unwrap(kvcore::export_size(*p.cache(), p.pool(), to_int("n_tokens", n_tokens)));
+          },
+          py::arg("n_tokens") = 0,
+          "Bytes export_sequence() gives for the cache's sequence with `n_tokens` known token ids. "
+          "InvalidArgumentError: n_tokens outside [0, length].")
+      .def(
+          "export_sequence",
+          [](const PyPool& p, py::object tokens) {
+            const py::array_t<std::int32_t> t = token_array(tokens);
+            const int n = static_cast<int>(t.size());
+            const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), n));
+            return new_record(size, [&](void* out) {
+              throw_if_error(kvcore::export_to(*p.cache(), p.pool(), t.data(), n, out, size));
+            });
+          },
+          py::arg("tokens") = py::none(),
+          "The cache's sequence as a record (bytes, docs/state.md): length, per layer the rows its "
+          "layer still holds (a ring's sinks and window, not what it released) and `tokens` (the ids of "
+          "positions [0, len(tokens)), optional). InvalidArgumentError: more tokens than the length; "
+          "InvalidStateError: a step is begun.")
+      .def(
+          "export_into",
+          [](const PyPool& p, py::object out, py::object tokens) {
+            const py::array_t<std::int32_t> t = token_array(tokens);
+            const int n = static_cast<int>(t.size());
+            const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), n));
+            py::buffer_info info = writable_buffer(out, size);
+            throw_if_error(kvcore::export_to(*p.cache(), p.pool(), t.data(), n, info.ptr, size));
+            return size;
+          },
+          py::arg("out"), py::arg("tokens") = py::none(),
+          "Writes the record export_sequence() gives into the writable buffer `out` (8-byte aligned, "
+          "at least export_size() bytes, e.g. a numpy uint8 array) and returns its size. "
+          "InvalidArgumentError: out too small, misaligned or read-only; errors as export_sequence.")
+      .def(
+          "import_sequence",
+          [](PyPool& p, py::object record) {
+            const RecordBytes r(record);
+            throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool()));
+          },
+          py::arg("record"),
+          "Admits the sequence of `record` (any bytes-like object) into the empty cache and this pool: "
+          "its length and rows; every later plan, read and can_rewind answer equals the exporter's. "
+          "Checks everything first and changes nothing on an error. InvalidArgumentError: truncated, "
+          "corrupt (checksum), bad magic, or a policy, shape or dtype other than the cache's; "
+          "NotSupportedError: a newer record version, or a record with holes or a removed head; "
+          "InvalidStateError: the cache holds positions or a begun step; OutOfResourcesError: its "
+          "length exceeds the capacity.")
       .def("__repr__", [](const PyPool& p) {
         return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
                ", dtype=" + p.dtype().attr("name").cast<std::string>() +
                (p.mirror_rings() ? ", mirror_rings=True" : "") +
                ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
       });
+
+  m.def(
+      "check_record",
+      [](py::object record) {
+        const RecordBytes r(record);
+        throw_if_error(kvcore::RecordView::parse(r.data, r.size).status());
+      },
+      py::arg("record"),
+      "Validates a sequence record (docs/state.md) as an import does before reading it: size, magic, "
+      "version, checksum and every field. InvalidArgumentError: truncated, corrupt or malformed (the "
+      "message names the field); NotSupportedError: a version newer than this build reads.");
 
   // Step is registered by register_cache(); mask() joins it here.
   py::object step_type = py::type::of<StepHandle>();

@@ -2,7 +2,8 @@
 
 Each folder of cpp/include/kvcore is a layer: core/ (with version.h) at the
 bottom, then batch/ (its parts/ included), then the byte layers (pool/) and the
-registry (registry/), then the adapters and the umbrella kvcore.h. A header may
+registry (registry/), then the adapters, a sequence's records (state/: they
+join a cache to its byte layer) and the umbrella kvcore.h. A header may
 include its own layer or one below; and core/'s code names no type of a higher
 layer (the batch faces are looked up by FaceId and typed in batch/).
 """
@@ -16,7 +17,7 @@ import pytest
 
 INCLUDE = Path(__file__).resolve().parents[2] / "cpp" / "include"
 HEADERS = sorted((INCLUDE / "kvcore").rglob("*.h"))
-RANK = {"core": 0, "version.h": 0, "batch": 1, "pool": 2, "registry": 2, "adapters": 3, "kvcore.h": 3}
+RANK = {"core": 0, "version.h": 0, "batch": 1, "pool": 2, "registry": 2, "adapters": 3, "state": 3, "kvcore.h": 3}
 # Types of the batch layer (and above) that core/ must not name in code.
 HIGHER_TYPES = re.compile(r"\b(BatchControl|BatchPlanner|BatchCache|BatchStep\w*|BlockPool|BlockGroup|PagedKVPool)\b")
 

@@ -196,7 +196,7 @@ def test_installed_metadata() -> None:
         *(f"Programming Language :: Python :: 3.{minor}" for minor in range(9, 14)),
     } <= classifiers
     # Every extra an error message names is declared.
-    assert {"bfloat16", "plot", "transformers", "test"} <= set(meta.get_all("Provides-Extra") or [])
+    assert {"bfloat16", "plot", "transformers", "distributed", "test"} <= set(meta.get_all("Provides-Extra") or [])
     files = [f.as_posix() for f in importlib.metadata.files("kvcore") or []]
     assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files), files
     # Subpackages ship: the demos (kvcore demo) and the integrations.
@@ -233,10 +233,11 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 
 def test_the_top_level_is_the_api() -> None:
-    """Beside the API sit only the command line and the memory planner; the demos and the
+    """Beside the API sit only the command line, the memory planner and the sequence records
+    (kvcore.state); the demos and the
     reference model they run are the kvcore.demo subpackage, which `import kvcore` does not load."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "hf_config", "memory", "registry"]
+    assert top == ["__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "hf_config", "memory", "registry", "state"]
     assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
     probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith('kvcore.demo')))"

@@ -39,3 +39,9 @@
 #include "kvcore/pool/kv_pool.h"
 #include "kvcore/pool/kv_pool_tree.h"
 #include "kvcore/pool/paged_kv_pool.h"
+
+// state/: a sequence's state outside its process (records, export, import).
+#include "kvcore/state/record_format.h"
+#include "kvcore/state/record_view.h"
+#include "kvcore/state/sequence_export.h"
+#include "kvcore/state/sequence_import.h"

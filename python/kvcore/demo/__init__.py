@@ -22,5 +22,7 @@ Nothing here is imported by ``import kvcore``. One concept per module:
 - ``kvcore.demo.hf_batch``: ``kvcore demo --hf-batch``, a tiny random transformers
   model through kvcore's continuous batching against transformers' own (needs
   torch and transformers);
+- ``kvcore.demo.disaggregated``: ``kvcore demo --disaggregated``, prefill and
+  decode on Ray actors, sequences moved as records (kvcore.state);
 - ``kvcore.demo.command``: the demos' command lines.
 """

@@ -1,8 +1,8 @@
-"""The command lines of ``kvcore demo``, ``kvcore demo --batch`` and ``kvcore demo --hf-batch``.
+"""The command lines of ``kvcore demo`` and its ``--batch``, ``--disaggregated`` and ``--hf-batch`` forms.
 
-``kvcore demo`` is a subcommand of ``kvcore`` (kvcore.cli); ``--batch`` hands the
-rest of the command line to a parser of its own, with the batch demo's knobs;
-``--hf-batch`` likewise (a tiny transformers model through kvcore's continuous batching).
+``kvcore demo`` is a subcommand of ``kvcore`` (kvcore.cli); ``--batch``,
+``--disaggregated`` and ``--hf-batch`` hand the rest of the command line to a
+parser of their own.
 A value the demo cannot honour is refused, never quietly replaced: exit status
 2 and one line naming the option, the value and the limit.
 """
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import kvcore
 from kvcore._argparse import Parser
 from kvcore.demo import batch, hf_batch, sequence
 from kvcore.demo.options import TOLERANCE
@@ -205,3 +207,47 @@ def batch_main(argv: Sequence[str]) -> int:
     show = args.progress or (not args.no_progress and sys.stderr.isatty())
     return run_and_report("kvcore demo --batch", opts, batch.run_batch_demo, batch.format_report, as_json=args.json,
                           show_progress=show)
+
+
+def disaggregated_argv(argv: list[str]) -> list[str] | None:
+    """The options of ``kvcore demo --disaggregated`` when argv (after ``demo``) asks for it, else None."""
+    if "--disaggregated" not in argv:
+        return None
+    return [a for a in argv if a != "--disaggregated"]
+
+
+def disaggregated_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --disaggregated`` with argv (the options after it); its exit status: 0 when
+    every chat's tokens and logits equal single-process decoding, 1 when they do not, 2 when the
+    ``distributed`` extra (ray) is missing or an option is refused."""
+    from kvcore.demo import disaggregated
+
+    d = disaggregated.DisaggregatedOptions()
+    p = argparse.ArgumentParser(
+        prog="kvcore demo --disaggregated",
+        description="Prefill chats on two Ray actors, move each sequence as a record through Ray's object "
+        "store, decode them together on a third that already holds their system prompt; check every chat "
+        "against single-process decoding.",
+    )
+    for flag in ("chats", "system-len", "prompt-len", "gen-len", "layers", "window", "block-size", "max-step",
+                 "prefill-actors", "seed"):
+        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
+                       help="(default %(default)s)")
+    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
+    p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(list(argv))
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print('kvcore demo --disaggregated: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
+        return 2
+    names = [f.name for f in dataclasses.fields(disaggregated.DisaggregatedOptions)]
+    opts = disaggregated.DisaggregatedOptions(**{n: getattr(args, n) for n in names})
+    try:
+        report = disaggregated.run_disaggregated(opts)
+    except (ValueError, kvcore.KVCacheError) as e:
+        print(f"kvcore demo --disaggregated: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else disaggregated.format_report(report))
+    return 0 if report["ok"] else 1

@@ -28,6 +28,7 @@
 #include "kvcore/batch/parts/batch_sizes.h"
 #include "kvcore/batch/parts/block_group.h"
 #include "kvcore/batch/parts/prefix_index.h"
+#include "kvcore/batch/parts/sequence_admission.h"
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/step_state.h"
 #include "kvcore/batch/parts/table_rows.h"
@@ -271,6 +272,55 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(seqs_.check_seq("oldest_held", seq));
     KVCORE_RETURN_IF_ERROR(check_group(group));
     return groups_[group].oldest_held(seqs_[seq], seq);
+  }
+
+  /// The oldest position past its sink blocks whose rows group `group` still
+  /// holds for `seq`: visible positions from here on are in its blocks (what
+  /// an export carries). InvalidArgument: bad seq or group.
+  Result<int> held_from(int seq, int group) const noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_seq("held_from", seq));
+    KVCORE_RETURN_IF_ERROR(check_group(group));
+    return groups_[group].lost_below(seq);
+  }
+  /// True between begin_step() and the commit, abort or verb that ends it.
+  bool has_begun_step() const noexcept { return step_.active().id != 0; }
+
+  /// Admits `seq` (inactive) from outside, as kvcore/state/sequence_import.h
+  /// does: length, removed head and holes, and per group the blocks of the
+  /// positions `in` carries; full blocks of a prefix this cache holds (by
+  /// `in.tokens`) are shared, every other block is fresh and
+  /// write_block(group, index, block) writes its rows. Any begun step ends.
+  /// InvalidState: seq is active. OutOfResources: length over capacity, more
+  /// holes than batch.max_holes, or a group without the blocks. InvalidArgument:
+  /// bad seq, a flat group missing a visible position. NotSupported: a ring
+  /// group's sink blocks would keep a position the record lacks. Nothing
+  /// changes on an error.
+  template <class WriteBlock>
+  Status admit(int seq, const SequenceImport& in, WriteBlock write_block) noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_seq("import", seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
+                                 "import: sequence %d is active; release it first", seq);
+    KVCORE_CHECK_OR_RETURN_ERROR(in.length <= capacity_, OutOfResources,
+                                 "import: length %d exceeds capacity = %d", in.length, capacity_);
+    KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
+                                 "import: %d holes exceed batch.max_holes = %d", in.n_holes, max_holes_);
+    const SequenceAdmission admission(in, block_size_);
+    const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
+    const int hit = named ? prefix_.longest_hit(in.tokens, in.length, groups_.get(), n_groups_) : 0;
+    for (int g = 0; g < n_groups_; ++g)
+      KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g], prefix_.prompt_keys(), hit));
+    end_step();
+    reset_seq(seq);
+    seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
+    for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
+    if (!named) {
+      prefix_.stop(seq);
+      return Error::Ok;
+    }
+    prefix_.imported(seq, in.tokens, in.length, groups_.get(), n_groups_, [&](int g, int i) {
+      return admission.complete(g, groups_[g].rule().sink_blocks(), i);
+    });
+    return Error::Ok;
   }
 
   // --- BatchPlanner ------------------------------------------------------------

@@ -311,6 +311,38 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   const LayoutPolicy& policy(int layer) const noexcept {
     return *policies_[policy_index(layer)];
   }
+  /// The oldest position past the sinks `layer`'s rows still hold: positions
+  /// [held_from, length) and the sinks are in its rows (what an export carries).
+  /// Precondition: 0 <= layer < n_layers.
+  int held_from(int layer) const noexcept { return held_floor_[policy_index(layer)]; }
+
+  /// Takes an imported sequence's state (kvcore/state/sequence_import.h: its
+  /// rows are written already; commit_copies() is then empty): length `length`, and per layer l the oldest
+  /// position past the sinks its rows hold, held_from(l) (layers of one policy
+  /// take the largest). InvalidState: a step is begun or the cache holds
+  /// positions. OutOfResources: length over capacity. InvalidArgument: a
+  /// held_from outside [0, length]. Nothing changes on an error.
+  template <class HeldFrom>
+  Status restore(int length, HeldFrom held_from) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(active_.id == 0 && length_ == 0, InvalidState,
+                                 "import: the cache holds %d positions%s; clear() it first", length_,
+                                 active_.id != 0 ? " and a begun step" : "");
+    KVCORE_CHECK_OR_RETURN_ERROR(length >= 0 && length <= capacity_, OutOfResources,
+                                 "import: length %d exceeds capacity = %d", length, capacity_);
+    for (int l = 0; l < n_layers_; ++l)
+      KVCORE_CHECK_OR_RETURN_ERROR(held_from(l) >= 0 && held_from(l) <= length, InvalidArgument,
+                                   "import: layer %d held_from = %d must be in [0, length = %d]", l,
+                                   held_from(l), length);
+    for (int i = 0; i < n_policies_; ++i) held_floor_[i] = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      int& floor = held_floor_[layer_policy_[l]];
+      if (held_from(l) > floor) floor = held_from(l);
+    }
+    length_ = length;
+    // An earlier tree commit's row copies would move the imported rows: none are pending now.
+    tree_.record_commit(policies_.get(), 0, nullptr, 0);
+    return Error::Ok;
+  }
 
  private:
   // The config's scalars only: its layers (a std::vector, whose copy could only

@@ -113,6 +113,27 @@ class PrefixIndex {
   }
   const BlockKey* prompt_keys() const noexcept { return prompt_.get(); }
 
+  /// `seq` (reset) starts with the tokens of positions [0, n) (an imported
+  /// sequence): its chain is theirs, and each full block i of group g that
+  /// named(g, i) allows (every row of it holds its position) is keyed.
+  template <class Named>
+  void imported(int seq, const std::int32_t* tokens, int n, BlockGroup* groups, int n_groups, Named named) noexcept {
+    Chain& c = chains_[seq];
+    c = Chain{};
+    const int full = n / block_size_;
+    for (int i = 0; i < full; ++i) {
+      c.chain = BlockKey::chain(c.chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
+      for (int g = 0; g < n_groups; ++g) {
+        const int b = groups[g].table(seq)[i];
+        if (b >= 0 && named(g, i)) groups[g].pool().set_key(b, c.chain);
+      }
+    }
+    c.hashed_blocks = full;
+    c.partial = n - full * block_size_;
+    std::int32_t* partial = partial_of(seq);
+    for (int j = 0; j < c.partial; ++j) partial[j] = tokens[full * block_size_ + j];
+  }
+
   /// `seq` adopted a hit of `blocks` blocks of the last longest_hit(): its
   /// chain goes on from there.
   void adopted(int seq, int blocks) noexcept {

@@ -157,6 +157,14 @@ class SequenceTable {
     if (s.n_holes > 0 && hs[s.n_holes - 1].end > n) hs[s.n_holes - 1].end = n;
   }
 
+  /// `seq` (reset) becomes active with `length` positions, those below `start`
+  /// and in holes[0, n_holes) removed (an imported sequence), its tables holding
+  /// nothing at block indices >= alloc_end.
+  void admit(int seq, int length, int start, const PositionRange* holes, int n_holes, int alloc_end) noexcept {
+    seqs_[seq] = SequenceState{true, length, start, n_holes, alloc_end};
+    for (int h = 0; h < n_holes; ++h) this->holes(seq)[h] = holes[h];
+  }
+
   /// dst (reset) becomes active with src's positions [0, upto): its length,
   /// head and holes, cut at upto.
   void copy_prefix(int src, int dst, int upto) noexcept {

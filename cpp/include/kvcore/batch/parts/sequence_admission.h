@@ -1,0 +1,155 @@
+// SequenceAdmission: how a BatchCache takes in a sequence that comes from
+// outside (an imported record, kvcore/state/): which blocks each group needs
+// for the positions the record carries, which of them a cached prefix already
+// holds (shared, not copied), whether the pools have the rest, and then the
+// tables, window floor and prefix keys the sequence starts with. The byte
+// layer writes the rows of each fresh block as the admission hands it over.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/batch/parts/block_group.h"
+#include "kvcore/batch/parts/prefix_index.h"
+#include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+/// An incoming sequence: its length, removed head and holes, the token ids of
+/// all its positions (or null), and per group which positions its rows come
+/// with: the visible ones below sink_end[g] or from held_from[g] on.
+struct SequenceImport {
+  int length = 0;
+  int start = 0;
+  int n_holes = 0;
+  const PositionRange* holes = nullptr;
+  const std::int32_t* tokens = nullptr;
+  const int* sink_end = nullptr;
+  const int* held_from = nullptr;
+};
+
+class SequenceAdmission {
+ public:
+  SequenceAdmission(const SequenceImport& in, int block_size) noexcept : in_(in), B_(block_size) {}
+
+  /// The first visible position >= p (length when none).
+  int next_visible(int p) const noexcept {
+    if (p < in_.start) p = in_.start;
+    for (int h = 0; h < in_.n_holes; ++h) {
+      if (p < in_.holes[h].begin) break;
+      if (p < in_.holes[h].end) p = in_.holes[h].end;
+    }
+    return p < in_.length ? p : in_.length;
+  }
+  /// Does the record carry a visible position in [lo, hi) it lacks for group g?
+  /// Returns the first such position, or -1.
+  int first_missing(int g, int lo, int hi) const noexcept {
+    const int from = lo > in_.sink_end[g] ? lo : in_.sink_end[g];
+    const int upto = hi < in_.held_from[g] ? hi : in_.held_from[g];
+    if (from >= upto) return -1;
+    const int p = next_visible(from);
+    return p < upto ? p : -1;
+  }
+
+  /// The position below which group g's rows are not trusted (past its sink
+  /// blocks, ending at `sinks_end`): the record's held_from when it lacks
+  /// anything below it, else no more than the sink blocks' end (as a cache
+  /// that never released anything: its export then names the same bounds).
+  int lost_below(int g, std::int64_t sinks_end) const noexcept {
+    if (first_missing(g, 0, in_.length) >= 0) return in_.held_from[g];
+    return in_.held_from[g] < sinks_end ? in_.held_from[g] : static_cast<int>(sinks_end < in_.length ? sinks_end : in_.length);
+  }
+
+  /// Does group g (sink blocks `sink_blocks`) keep block index i: a visible
+  /// position of it in the sink blocks or at or past lost_below(g)?
+  bool keeps(int g, int sink_blocks, int i) const noexcept {
+    const std::int64_t lo = static_cast<std::int64_t>(i) * B_;
+    const std::int64_t end = lo + B_;
+    const int hi = end < in_.length ? static_cast<int>(end) : in_.length;
+    if (i < sink_blocks) return next_visible(static_cast<int>(lo)) < hi;
+    const int lost = lost_below(g, static_cast<std::int64_t>(sink_blocks) * B_);
+    const int from = lo > lost ? static_cast<int>(lo) : lost;
+    return from < hi && next_visible(from) < hi;
+  }
+
+  /// Is every position of block i (all B of them, below the length) carried
+  /// and kept by group g? Only such blocks are named by their tokens.
+  bool complete(int g, int sink_blocks, int i) const noexcept {
+    const std::int64_t lo = static_cast<std::int64_t>(i) * B_;
+    if (lo + B_ > in_.length) return false;
+    if (in_.start > 0 || in_.n_holes > 0) return false;
+    if (first_missing(g, static_cast<int>(lo), static_cast<int>(lo + B_)) >= 0) return false;
+    return i < sink_blocks || lo >= lost_below(g, static_cast<std::int64_t>(sink_blocks) * B_);
+  }
+
+  /// The blocks group g needs from its pool (fresh ones, and cached ones a
+  /// prefix hit of `hit` blocks adopts) beyond those other sequences hold.
+  int blocks_needed(int g, const BlockGroup& group, const BlockKey* hit_keys, int hit) const noexcept {
+    const NeededBlocks need = group.rule().needed(hit);
+    const int sink_blocks = group.rule().sink_blocks();
+    int n = 0;
+    for (int i = 0; i < ceil_blocks(); ++i) {
+      if (!keeps(g, sink_blocks, i)) continue;
+      if (i < hit && need.contains(i)) {
+        if (group.pool().refs(group.pool().find(hit_keys[i])) == 0) ++n;  // a cached block comes back
+      } else {
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  /// Fills group g's table of `seq` (reset): blocks of the hit it keeps are
+  /// shared, the others it keeps are fresh, and write_block(g, i, block) writes
+  /// each fresh one's rows. Admitted by blocks_needed: never fails.
+  template <class WriteBlock>
+  void fill(int g, BlockGroup& group, int seq, const BlockKey* hit_keys, int hit, WriteBlock& write_block) const noexcept {
+    const NeededBlocks need = group.rule().needed(hit);
+    const int sink_blocks = group.rule().sink_blocks();
+    // Shared blocks first: a fresh allocation must not reclaim a cached block the hit adopts.
+    for (int i = 0; i < hit && i < ceil_blocks(); ++i)
+      if (need.contains(i) && keeps(g, sink_blocks, i)) group.share(seq, i, group.pool().find(hit_keys[i]));
+    for (int i = 0; i < ceil_blocks(); ++i) {
+      if (!keeps(g, sink_blocks, i) || (i < hit && need.contains(i))) continue;
+      const int b = group.pool().allocate();
+      group.table(seq)[i] = b;
+      ++group.held(seq);
+      write_block(g, i, b);
+    }
+    group.lost_below(seq) = lost_below(g, static_cast<std::int64_t>(sink_blocks) * B_);
+  }
+
+  int ceil_blocks() const noexcept {
+    return static_cast<int>((static_cast<std::int64_t>(in_.length) + B_ - 1) / B_);
+  }
+
+  /// Checks group g can keep what the record carries: every visible position
+  /// of its sink blocks is carried (a flat group: every visible position), and
+  /// its pool has the blocks (a hit of `hit` blocks keyed `hit_keys` shared).
+  Status check_group(int g, const BlockGroup& group, const BlockKey* hit_keys, int hit) const noexcept {
+    const bool ring = group.policy().kind == LayerPolicy::Kind::Ring;
+    const std::int64_t sinks_end = static_cast<std::int64_t>(group.rule().sink_blocks()) * B_;
+    const int keep_end = !ring ? in_.length : (sinks_end < in_.length ? static_cast<int>(sinks_end) : in_.length);
+    const int missing = first_missing(g, 0, keep_end);
+    KVCORE_CHECK_OR_RETURN_ERROR(ring || missing < 0, InvalidArgument,
+                                 "import: group %d is flat and keeps every visible position, but the record lacks "
+                                 "position %d",
+                                 g, missing);
+    KVCORE_CHECK_OR_RETURN_ERROR(missing < 0, NotSupported,
+                                 "import: group %d keeps positions [0, %d) whole, but the record lacks position %d "
+                                 "(its exporter's window released it); use a block size that divides the sinks",
+                                 g, keep_end, missing);
+    const int need = blocks_needed(g, group, hit_keys, hit);
+    const int free = group.pool().free_blocks();
+    KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources, "import: group %d needs %d blocks, %d are free", g,
+                                 need, free);
+    return Error::Ok;
+  }
+
+ private:
+  const SequenceImport& in_;
+  int B_;
+};
+
+}  // namespace kvcore

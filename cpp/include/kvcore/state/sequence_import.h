@@ -1,0 +1,245 @@
+// Import: a record (record_format.h) back into a cache and its byte layer.
+// The record is parsed and checked in full against the destination first
+// (RecordView::parse, then layers, policies, shapes, dtype, the destination's
+// state, capacity, blocks); only then are rows written and the sequence
+// admitted, so a refused import changes nothing. Afterwards every plan, read
+// and can_rewind answer equals the exporter's, except that rewind reaches back
+// only as far as both the record and the importer's rows hold (docs/state.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "kvcore/batch/batch_cache.h"
+#include "kvcore/core/sequence_cache.h"
+#include "kvcore/pool/kv_pool.h"
+#include "kvcore/pool/paged_kv_pool.h"
+#include "kvcore/state/record_view.h"
+
+namespace kvcore {
+
+namespace import_detail {
+
+// One layer of a record being imported into a BatchCache, looked up once.
+struct Layer {
+  RecordLayer record;
+  int group = 0;
+  LayerStorage storage;
+  const unsigned char* k = nullptr;
+  const unsigned char* v = nullptr;
+};
+
+// Each record layer against the destination's layer config and pool dtype.
+template <class Planner>
+Status check_layers(const RecordView& rec, const Planner& planner, int pool_layers, DType pool_dtype) noexcept {
+  const int n = planner.n_layers();
+  KVCORE_CHECK_OR_RETURN_ERROR(rec.sequence().n_layers == n && pool_layers == n, InvalidArgument,
+                               "import: the record has %d layers, the cache %d and its pool %d",
+                               rec.sequence().n_layers, n, pool_layers);
+  for (int l = 0; l < n; ++l) {
+    const RecordLayer r = rec.layer(l);
+    KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
+    KVCORE_CHECK_OR_RETURN_ERROR(r.policy == lc.policy, InvalidArgument,
+                                 "import: layer %d policy (kind %d, window %d, sinks %d) differs from the cache's "
+                                 "(kind %d, window %d, sinks %d)",
+                                 l, static_cast<int>(r.policy.kind), r.policy.window, r.policy.sinks,
+                                 static_cast<int>(lc.policy.kind), lc.policy.window, lc.policy.sinks);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        r.n_kv_heads == lc.n_kv_heads && r.head_dim == lc.head_dim && r.value_dim == lc.value_dim(), InvalidArgument,
+        "import: layer %d shape (n_kv_heads %d, head_dim %d, value_dim %d) differs from the cache's (%d, %d, %d)", l,
+        r.n_kv_heads, r.head_dim, r.value_dim, lc.n_kv_heads, lc.head_dim, lc.value_dim());
+    KVCORE_CHECK_OR_RETURN_ERROR(r.dtype == pool_dtype, InvalidArgument,
+                                 "import: layer %d dtype %s differs from the pool's %s", l, to_string(r.dtype),
+                                 to_string(pool_dtype));
+  }
+  return Error::Ok;
+}
+
+// The first position in [lo, hi) a layer without removals lacks, or -1.
+inline int first_missing(const RecordLayer& r, int lo, int hi) noexcept {
+  const int from = lo > r.sink_end ? lo : r.sink_end;
+  const int upto = hi < r.held_from ? hi : r.held_from;
+  return from < upto ? from : -1;
+}
+
+// Copies record rows of positions [lo, hi) (record row j0 on) of a layer to
+// the pool rows row_of(p), one memcpy per run of consecutive rows.
+template <class RowOf>
+void put_rows(const unsigned char* k, const unsigned char* v, const RecordLayer& r, const LayerStorage& s, int lo,
+              int hi, int j0, RowOf row_of) noexcept {
+  const std::size_t kb = r.k_row_bytes(), vb = r.v_row_bytes();
+  int p = lo;
+  while (p < hi) {
+    const std::int64_t first = row_of(p);
+    int q = p + 1;
+    while (q < hi && row_of(q) == first + (q - p)) ++q;
+    const std::size_t n = static_cast<std::size_t>(q - p), j = static_cast<std::size_t>(j0 + (p - lo));
+    std::memcpy(s.k + kb * static_cast<std::size_t>(first), k + kb * j, kb * n);
+    std::memcpy(s.v + vb * static_cast<std::size_t>(first), v + vb * j, vb * n);
+    p = q;
+  }
+}
+
+// Where an empty SequenceCache's layer l starts holding the record's
+// positions (its held_from after import): where the record holds everything
+// from, and no lower than its ring's rows reach. -1 when the record lacks a
+// position the layer must hold (a sink, or any position of a flat layer).
+inline int sequence_floor(const RecordLayer& r, const LayerGeometry& g, int length) noexcept {
+  const int sinks = r.policy.kind == LayerPolicy::Kind::Ring ? r.policy.sinks : 0;
+  if (first_missing(r, 0, sinks < length ? sinks : length) >= 0) return -1;
+  int floor = g.wraps() && length > g.ring_rows ? length - g.ring_rows : 0;
+  if (first_missing(r, floor, length) >= 0) floor = r.held_from;
+  if (r.policy.kind != LayerPolicy::Kind::Ring && floor > 0) return -1;
+  return floor;
+}
+
+// Per group g of `cache`, the positions the record's layers of g carry:
+// carry[g] = sink_end, carry[n_groups + g] = held_from. InvalidArgument: two
+// layers of one group disagree.
+inline Status group_carry(const RecordView& rec, const BatchCache& cache, int* carry) noexcept {
+  const int n_groups = cache.n_groups();
+  for (int g = 0; g < n_groups; ++g) carry[g] = -1;
+  for (int l = 0; l < rec.sequence().n_layers; ++l) {
+    const int g = *cache.group_of(l);
+    const RecordLayer r = rec.layer(l);
+    if (carry[g] < 0) {
+      carry[g] = r.sink_end;
+      carry[n_groups + g] = r.held_from;
+    }
+    KVCORE_CHECK_OR_RETURN_ERROR(carry[g] == r.sink_end && carry[n_groups + g] == r.held_from, InvalidArgument,
+                                 "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of its "
+                                 "group %d / %d",
+                                 l, g, r.sink_end, r.held_from, carry[g], carry[n_groups + g]);
+  }
+  return Error::Ok;
+}
+
+}  // namespace import_detail
+
+/// Imports the record at data[0, size) (8-byte aligned) into `cache` (empty,
+/// no begun step) and `pool`: length L, and per layer the rows of the
+/// positions the record carries that the cache's rows hold. Errors (nothing
+/// changes; a growing pool may have grown): RecordView::parse's;
+/// InvalidArgument: another layer count, a layer whose policy, shape or dtype
+/// differs, a record lacking a flat layer's position or a sink;
+/// NotSupported: a record with a removed head or holes (a SequenceCache has
+/// none: import it into a BatchCache); InvalidState: the cache holds positions
+/// or a begun step; OutOfResources: L over capacity; MemoryAllocationFailed:
+/// the pool cannot grow.
+inline Status import_record(const void* data, std::size_t size, SequenceCache& cache, KVPool& pool) noexcept {
+  KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
+  const RecordSequence& seq = rec.sequence();
+  KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
+  KVCORE_CHECK_OR_RETURN_ERROR(seq.start == 0 && seq.n_holes == 0, NotSupported,
+                               "import: the record removed positions (start %d, %d holes); a SequenceCache has no "
+                               "holes: import it into a BatchCache",
+                               seq.start, seq.n_holes);
+  KVCORE_CHECK_OR_RETURN_ERROR(cache.active_step().id == 0 && cache.length() == 0, InvalidState,
+                               "import: the cache holds %d positions%s; clear() it first", cache.length(),
+                               cache.active_step().id != 0 ? " and a begun step" : "");
+  KVCORE_CHECK_OR_RETURN_ERROR(seq.length <= cache.capacity(), OutOfResources,
+                               "import: length %d exceeds capacity = %d", seq.length, cache.capacity());
+  auto floor_of = [&](int l) { return import_detail::sequence_floor(rec.layer(l), *cache.geometry(l), seq.length); };
+  for (int l = 0; l < seq.n_layers; ++l)
+    KVCORE_CHECK_OR_RETURN_ERROR(floor_of(l) >= 0, InvalidArgument,
+                                 "import: layer %d: the record lacks a position the cache keeps (a sink, or a flat "
+                                 "layer's: sink_end %d, held_from %d)",
+                                 l, rec.layer(l).sink_end, rec.layer(l).held_from);
+  for (int l = 0; l < seq.n_layers; ++l)
+    KVCORE_RETURN_IF_ERROR(pool.reserve(l, (*cache.geometry(l)).held_rows(seq.length)));
+  for (int l = 0; l < seq.n_layers; ++l) {
+    const RecordLayer r = rec.layer(l);
+    const LayerGeometry g = *cache.geometry(l);
+    const PoolLayer s = *pool.layer(l);
+    const int sinks = r.policy.kind == LayerPolicy::Kind::Ring ? r.policy.sinks : 0;
+    const int floor = floor_of(l);
+    int j = 0;
+    for_each_carried_run(seq.length, 0, 0, [](int) { return PositionRange{}; }, r, [&](int lo, int hi) {
+      const int ranges[2][2] = {{lo, hi < sinks ? hi : sinks}, {lo > floor ? lo : floor, hi}};
+      int done = lo;  // the two ranges overlap when the floor is below the sinks
+      for (const auto& rg : ranges) {
+        const int a = rg[0] > done ? rg[0] : done;
+        if (a >= rg[1]) continue;
+        import_detail::put_rows(rec.k_rows(l), rec.v_rows(l), r, s, a, rg[1], j + (a - lo),
+                                [&g](int p) { return g.row(p); });
+        for (int p = a; p < rg[1]; ++p) KVPoolTraits::mirror_run(s, Run{g.row(p), 1, p});
+        done = rg[1];
+      }
+      j += hi - lo;
+    });
+  }
+  return cache.restore(seq.length, floor_of);
+}
+
+/// Imports the record at data[0, size) (8-byte aligned) as sequence `seq`
+/// (inactive) of `cache` and its `pool` (any block size): its length, removed
+/// head and holes, and per group the blocks of the positions it carries. When
+/// the record knows every token id and removed nothing, full blocks of a
+/// prefix the cache holds are shared instead of written, and the sequence's
+/// blocks are named for prefix reuse. Any begun step ends. Errors (nothing
+/// changes; a growing pool may have grown): RecordView::parse's;
+/// InvalidArgument: another layer count, a layer whose policy, shape or dtype
+/// differs, layers of one group carrying different positions, a flat layer
+/// missing a visible position; plus BatchCache::admit's (InvalidState: seq
+/// active; OutOfResources: length over capacity, too many holes, too few
+/// blocks; NotSupported: a ring group's sink blocks would keep a position the
+/// record lacks); MemoryAllocationFailed: the pool cannot grow or the group
+/// table cannot be allocated.
+inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq) noexcept {
+  KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
+  const RecordSequence& rs = rec.sequence();
+  KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
+  const int n_groups = cache.n_groups();
+  std::unique_ptr<int[]> carry(new (std::nothrow) int[2 * static_cast<std::size_t>(n_groups)]);
+  // Per layer: its record entry and pool storage, looked up once (write_block runs per block).
+  std::unique_ptr<import_detail::Layer[]> layers(new (std::nothrow) import_detail::Layer[static_cast<std::size_t>(rs.n_layers)]);
+  KVCORE_CHECK_OR_RETURN_ERROR(carry != nullptr && layers != nullptr, MemoryAllocationFailed,
+                               "import: cannot allocate the table of %d groups", n_groups);
+  KVCORE_RETURN_IF_ERROR(import_detail::group_carry(rec, cache, carry.get()));
+  const int B = cache.block_size();
+  const int blocks = static_cast<int>((static_cast<std::int64_t>(rs.length) + B - 1) / B);
+  for (int l = 0; l < rs.n_layers; ++l) {
+    // Fresh blocks come from below used + blocks + cached (the lowest free ones, or cached ones).
+    const int g = *cache.group_of(l);
+    const std::int64_t bound =
+        (static_cast<std::int64_t>(*cache.used_blocks(g)) + blocks + *cache.cached_blocks(g)) * B;
+    const int rows = (*pool.layer(l)).rows;
+    KVCORE_RETURN_IF_ERROR(pool.reserve(l, bound < rows ? static_cast<int>(bound) : rows));
+  }
+  std::size_t at = rec.row_offset(0);
+  for (int l = 0; l < rs.n_layers; ++l) {
+    import_detail::Layer& e = layers[l];
+    e.record = rec.layer(l);
+    e.group = *cache.group_of(l);
+    e.storage = *pool.layer(l);
+    e.k = static_cast<const unsigned char*>(data) + at;
+    e.v = e.k + record_detail::padded(static_cast<std::size_t>(e.record.n_rows) * e.record.k_row_bytes());
+    at += RecordLayout::row_block_bytes(e.record);
+  }
+  SequenceImport in{rs.length, rs.start, rs.n_holes, rec.holes(), rs.n_tokens == rs.length ? rec.tokens() : nullptr,
+                    carry.get(), carry.get() + n_groups};
+  auto hole_at = [&rec](int h) { return rec.hole(h); };
+  auto write_block = [&](int g, int i, int block) {
+    const std::int64_t lo = static_cast<std::int64_t>(i) * B;
+    const int hi = lo + B < rs.length ? static_cast<int>(lo + B) : rs.length;
+    for (int l = 0; l < rs.n_layers; ++l) {
+      const import_detail::Layer& e = layers[l];
+      if (e.group != g) continue;
+      int j = 0;  // record row of the run's first position
+      for_each_carried_run(rs.length, rs.start, rs.n_holes, hole_at, e.record, [&](int a, int b) {
+        const int from = a > lo ? a : static_cast<int>(lo);
+        const int to = b < hi ? b : hi;
+        if (from < to)
+          import_detail::put_rows(e.k, e.v, e.record, e.storage, from, to, j + (from - a),
+                                  [&](int p) { return static_cast<std::int64_t>(block) * B + (p - lo); });
+        j += b - a;
+      });
+    }
+  };
+  return cache.admit(seq, in, write_block);
+}
+
+}  // namespace kvcore

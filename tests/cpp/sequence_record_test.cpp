@@ -1,0 +1,595 @@
+// A sequence's state outside its process (kvcore/state/): random sequences
+// (flat, rings with sinks past the wrap, holes, a removed head, forks, prefix
+// hits) exported and imported across SequenceCache and BatchCache and block
+// sizes. After import, every read (positions and bytes) of the following
+// steps and every can_rewind answer equals the exporter's; every refusal is
+// named and changes nothing.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvcore/kvcore.h"
+#include "pool_fixtures.h"
+
+namespace kvcore_test {
+namespace {
+
+using kvcore::BatchCache;
+using kvcore::BatchStep;
+using kvcore::BatchStepPlan;
+using kvcore::PagedKVPool;
+using kvcore::SequenceCache;
+using kvcore::StepEntry;
+
+// The bytes a write names: (layer, position, version) decide every byte.
+unsigned char content(int layer, int pos, int version, bool value, std::size_t i) {
+  std::uint64_t x = static_cast<std::uint64_t>(pos) * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(layer) * 31 +
+                    static_cast<std::uint64_t>(version) * 0xbf58476d1ce4e5b9ull + (value ? 17 : 0) + i * 0x2545f4914f6cdd1dull;
+  x ^= x >> 31;
+  return static_cast<unsigned char>(x * 0xff51afd7ed558ccdull >> 56);
+}
+
+std::vector<unsigned char> rows_of(int layer, int first, int T, int version, bool value, std::size_t row_bytes) {
+  std::vector<unsigned char> out(row_bytes * static_cast<std::size_t>(T));
+  for (int t = 0; t < T; ++t)
+    for (std::size_t i = 0; i < row_bytes; ++i) out[static_cast<std::size_t>(t) * row_bytes + i] = content(layer, first + t, version, value, i);
+  return out;
+}
+
+// What a step's queries read in one layer: positions and their K/V bytes.
+struct Read {
+  std::vector<std::int64_t> positions;
+  std::vector<unsigned char> k, v;
+  bool operator==(const Read& o) const { return positions == o.positions && k == o.k && v == o.v; }
+};
+
+// A record in 8-byte aligned storage.
+struct Record {
+  std::vector<std::uint64_t> words;
+  std::size_t size = 0;
+  const void* data() const { return words.data(); }
+  unsigned char* bytes() { return reinterpret_cast<unsigned char*>(words.data()); }
+};
+
+// The record of a sequence of `length` positions with the first tokens known:
+// sized by size_of(n), written by write(n, out, size).
+template <class SizeOf, class Write>
+Record exported(const std::vector<std::int32_t>& tokens, int length, SizeOf size_of, Write write) {
+  const int n = static_cast<int>(tokens.size()) < length ? static_cast<int>(tokens.size()) : length;
+  Record rec;
+  rec.size = *size_of(n);
+  rec.words.resize((rec.size + 7) / 8);
+  const kvcore::Status st = write(n, rec.bytes(), rec.size);
+  EXPECT_TRUE(st.ok()) << st.message().c_str();
+  return rec;
+}
+
+// One sequence of a cache behind one interface: a SequenceCache + KVPool, or
+// sequence `seq` of a BatchCache + PagedKVPool.
+class Side {
+ public:
+  virtual ~Side() = default;
+  virtual int length() const = 0;
+  virtual bool can_rewind(int n) const = 0;
+  virtual void rewind(int n) = 0;
+  // A step of T tokens (version names the bytes); returns each layer's read.
+  virtual std::vector<Read> step(int T, int version, const std::vector<std::int32_t>* tokens) = 0;
+  virtual Record export_record(const std::vector<std::int32_t>& tokens) const = 0;
+};
+
+class SeqSide : public Side {
+ public:
+  explicit SeqSide(const CacheConfig& cfg, DType dtype = DType::Float16)
+      : cache_(std::move(SequenceCache::create(cfg)).get()), pool_(std::move(KVPool::create(*cache_, dtype)).get()) {}
+  SequenceCache& cache() { return *cache_; }
+  KVPool& pool() { return pool_; }
+  int length() const override { return cache_->length(); }
+  bool can_rewind(int n) const override { return cache_->can_rewind(n); }
+  void rewind(int n) override { EXPECT_TRUE(cache_->rewind(n).ok()); }
+  std::vector<Read> step(int T, int version, const std::vector<std::int32_t>*) override {
+    auto step = cache_->begin_step(T);
+    EXPECT_TRUE(step.ok()) << step.message().c_str();
+    std::vector<Read> reads;
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      const auto plan = *cache_->plan(l, *step);
+      const auto s = *pool_.layer(l);
+      const auto k = rows_of(l, step->position, T, version, false, s.k_row_bytes);
+      const auto v = rows_of(l, step->position, T, version, true, s.v_row_bytes);
+      EXPECT_TRUE(pool_.write(l, plan, k.data(), k.size(), v.data(), v.size()).ok());
+      Read r;
+      r.k.resize(s.k_row_bytes * static_cast<std::size_t>(plan.read_len()));
+      r.v.resize(s.v_row_bytes * static_cast<std::size_t>(plan.read_len()));
+      EXPECT_TRUE(pool_.gather(l, plan, r.k.data(), r.k.size(), r.v.data(), r.v.size()).ok());
+      for (int i = 0; i < plan.n_read; ++i)
+        for (int j = 0; j < plan.read[i].len; ++j) r.positions.push_back(plan.read[i].pos + j);
+      reads.push_back(std::move(r));
+    }
+    EXPECT_TRUE(cache_->commit(*step).ok());
+    return reads;
+  }
+  Record export_record(const std::vector<std::int32_t>& tokens) const override {
+    return exported(tokens, length(), [&](int n) { return kvcore::export_size(*cache_, pool_, n); },
+                    [&](int n, void* out, std::size_t size) {
+                      return kvcore::export_to(*cache_, pool_, tokens.data(), n, out, size);
+                    });
+  }
+
+ private:
+  std::unique_ptr<SequenceCache> cache_;
+  KVPool pool_;
+};
+
+class BatchSide : public Side {
+ public:
+  BatchSide(const CacheConfig& cfg, int seq, DType dtype = DType::Float16)
+      : cache_(std::move(BatchCache::create(cfg)).get()),
+        pool_(std::move(PagedKVPool::create(*cache_, dtype)).get()),
+        seq_(seq) {}
+  BatchCache& cache() { return *cache_; }
+  PagedKVPool& pool() { return pool_; }
+  int seq() const { return seq_; }
+  void use(int seq) { seq_ = seq; }
+  int length() const override { return cache_->sequence(seq_)->length; }
+  bool can_rewind(int n) const override { return cache_->can_rewind(seq_, n); }
+  void rewind(int n) override { EXPECT_TRUE(cache_->rewind(seq_, n).ok()); }
+  std::vector<Read> step(int T, int version, const std::vector<std::int32_t>* tokens) override {
+    const int first = length();
+    const StepEntry entry{seq_, T, tokens != nullptr ? tokens->data() + first : nullptr};
+    auto step = cache_->begin_step(&entry, 1);
+    EXPECT_TRUE(step.ok()) << step.message().c_str();
+    const BatchStepPlan plan = *cache_->plan(*step);
+    std::vector<Read> reads;
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      const auto s = *pool_.layer(l);
+      const auto k = rows_of(l, first, T, version, false, s.k_row_bytes);
+      const auto v = rows_of(l, first, T, version, true, s.v_row_bytes);
+      EXPECT_TRUE(pool_.update(l, plan, k.data(), k.size(), v.data(), v.size()).ok());
+      const int n = *pool_.gather_rows(l, plan, 0);
+      Read r;
+      r.positions.resize(static_cast<std::size_t>(n));
+      r.k.resize(s.k_row_bytes * static_cast<std::size_t>(n));
+      r.v.resize(s.v_row_bytes * static_cast<std::size_t>(n));
+      EXPECT_TRUE(pool_.gather(l, plan, 0, r.k.data(), r.k.size(), r.v.data(), r.v.size(), r.positions.data(),
+                               r.positions.size())
+                      .ok());
+      reads.push_back(std::move(r));
+    }
+    EXPECT_TRUE(cache_->commit(*step).ok());
+    return reads;
+  }
+  Record export_record(const std::vector<std::int32_t>& tokens) const override {
+    return exported(tokens, length(), [&](int n) { return kvcore::export_size(*cache_, pool_, seq_, n); },
+                    [&](int n, void* out, std::size_t size) {
+                      return kvcore::export_to(*cache_, pool_, seq_, tokens.data(), n, out, size);
+                    });
+  }
+
+ private:
+  std::unique_ptr<BatchCache> cache_;
+  PagedKVPool pool_;
+  int seq_;
+};
+
+CacheConfig model(int capacity, int max_step, int block_size) {
+  CacheConfig cfg = pool_config(capacity, {ring_layer(6, 2), flat_layer(), ring_layer(5, 0, 1, 4), ring_layer(6, 2)},
+                                max_step, 8);
+  cfg.batch.block_size = block_size;
+  cfg.batch.max_seqs = 4;
+  cfg.batch.max_holes = 4;
+  return cfg;
+}
+
+// Every can_rewind answer of `to` equals `from`'s; when `exact` is false only
+// where `to` can hold what the record carries (it may reach back less far,
+// never further).
+std::string compare_rewinds(const Side& from, const Side& to, bool exact) {
+  if (from.length() != to.length()) return "lengths differ";
+  for (int n = -1; n <= from.length() + 1; ++n) {
+    const bool a = from.can_rewind(n), b = to.can_rewind(n);
+    if (a != b && (exact || b)) return "can_rewind(" + std::to_string(n) + ") differs";
+  }
+  return "";
+}
+
+// Decodes both sides on with identical steps; every read must match.
+void decode_both(Side& a, Side& b, std::mt19937& rng, int steps, int max_step, int capacity) {
+  for (int s = 0; s < steps; ++s) {
+    const int T = std::min(1 + static_cast<int>(rng() % static_cast<unsigned>(max_step)), capacity - a.length());
+    if (T <= 0) return;
+    const int version = 1000 + s;
+    const std::vector<Read> ra = a.step(T, version, nullptr), rb = b.step(T, version, nullptr);
+    for (std::size_t l = 0; l < ra.size(); ++l) {
+      ASSERT_EQ(ra[l].positions, rb[l].positions) << "step " << s << " layer " << l;
+      ASSERT_TRUE(ra[l] == rb[l]) << "step " << s << " layer " << l << " bytes differ";
+    }
+  }
+}
+
+// A random history on one side: steps with rewinds in between.
+void random_history(Side& side, std::mt19937& rng, int target, int max_step, const std::vector<std::int32_t>* tokens) {
+  int version = 1;
+  while (side.length() < target) {
+    const int T = std::min(1 + static_cast<int>(rng() % static_cast<unsigned>(max_step)), target - side.length());
+    // With token ids, a position's bytes follow from them (as a model's do),
+    // so a prefix another sequence cached holds the same bytes.
+    side.step(T, tokens != nullptr ? 1 : version++, tokens);
+    if (rng() % 4 == 0) {
+      const int n = side.length() - 1 - static_cast<int>(rng() % static_cast<unsigned>(max_step));
+      if (n >= 0 && side.can_rewind(n)) side.rewind(n);
+    }
+  }
+}
+
+TEST(SequenceRecord, SequenceCacheRoundTripsIntoBothCachesAndEveryBlockSize) {
+  for (unsigned seed = 1; seed <= 6; ++seed) {
+    std::mt19937 rng(seed);
+    const int capacity = 64, max_step = 3;
+    SeqSide from(model(capacity, max_step, 4));
+    random_history(from, rng, 10 + static_cast<int>(rng() % 30), max_step, nullptr);
+    const Record rec = from.export_record({});
+    SeqSide same(model(capacity, max_step, 4));
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, same.cache(), same.pool()));
+    EXPECT_EQ(compare_rewinds(from, same, true), "");
+    for (int B : {1, 2, 16}) {
+      BatchSide batch(model(capacity, max_step, B), 1);
+      const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, batch.cache(), batch.pool(), 1);
+      if (st.code() == kvcore::Error::NotSupported) continue;  // sinks in a block the exporter released
+      ASSERT_OK(st);
+      EXPECT_EQ(compare_rewinds(from, batch, false), "") << "B " << B;
+      const Record again = batch.export_record({});
+      SeqSide back(model(capacity, max_step, 4));
+      ASSERT_OK(kvcore::import_record(again.data(), again.size, back.cache(), back.pool()));
+      SeqSide twin(model(capacity, max_step, 4)), twin2(model(capacity, max_step, 4));
+      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool()));
+      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin2.cache(), twin2.pool()));
+      std::mt19937 r1(seed * 7), r2(seed * 7);
+      decode_both(twin, batch, r1, 12, max_step, capacity);
+      decode_both(twin2, back, r2, 12, max_step, capacity);
+    }
+    std::mt19937 r3(seed);
+    decode_both(from, same, r3, 12, max_step, capacity);
+  }
+}
+
+TEST(SequenceRecord, BatchSequencesWithHolesForksAndPrefixesRoundTripAcrossBlockSizes) {
+  const int capacity = 96, max_step = 4;
+  int imported = 0, refused = 0;
+  for (unsigned seed = 1; seed <= 6; ++seed) {
+    for (int B : {1, 16}) {
+      std::mt19937 rng(seed * 31 + static_cast<unsigned>(B));
+      std::vector<std::int32_t> tokens(capacity);
+      for (auto& t : tokens) t = static_cast<std::int32_t>(rng() % 50);
+      BatchSide from(model(capacity, max_step, B), 0);
+      ASSERT_OK(from.cache().add_sequence(0));
+      random_history(from, rng, 20 + static_cast<int>(rng() % 40), max_step, &tokens);
+      // A fork continues on its own; the parent keeps its blocks shared.
+      ASSERT_OK(from.cache().fork(0, 2, from.length()));
+      const int mode = static_cast<int>(seed % 3);
+      if (mode == 1) ASSERT_OK(from.cache().remove(0, 3, 7));        // a hole
+      if (mode == 2) ASSERT_OK(from.cache().remove(0, 0, 5));        // a removed head
+      const Record rec = from.export_record(tokens);
+      for (int B2 : {1, 4, 16}) {
+        SCOPED_TRACE("seed " + std::to_string(seed) + " B " + std::to_string(B) + " -> " + std::to_string(B2));
+        BatchSide to(model(capacity, max_step, B2), 3);
+        if (seed % 2 == 0) {  // the importer already holds the prompt's prefix
+          ASSERT_OK(to.cache().add_sequence(0));
+          to.use(0);
+          for (int i = 0; i < 2; ++i) to.step(4, 1, &tokens);
+          to.use(3);
+        }
+        const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 3);
+        if (st.code() == kvcore::Error::NotSupported) {  // sinks in a block the exporter released
+          ++refused;
+          continue;
+        }
+        ASSERT_OK(st);
+        ++imported;
+        EXPECT_EQ(compare_rewinds(from, to, B2 == B), "") << "B " << B << " -> " << B2;
+        const Record back = to.export_record(tokens);
+        if (B2 == B && seed % 2 == 1) {
+          EXPECT_EQ(back.size, rec.size);
+          EXPECT_EQ(0, std::memcmp(back.data(), rec.data(), rec.size)) << "the record round-trips byte for byte";
+        }
+        BatchSide twin(model(capacity, max_step, B), 0);
+        ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool(), 0));
+        std::mt19937 r1(seed);
+        decode_both(twin, to, r1, 10, max_step, capacity);
+      }
+      std::mt19937 r2(seed);
+      BatchSide twin(model(capacity, max_step, B), 1);
+      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool(), 1));
+      EXPECT_EQ(compare_rewinds(from, twin, true), "");
+      decode_both(from, twin, r2, 10, max_step, capacity);
+    }
+  }
+  EXPECT_GE(imported, 24) << refused << " refused";
+}
+
+TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
+  const int capacity = 64, max_step = 4, B = 4;
+  std::vector<std::int32_t> tokens(capacity);
+  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = i % 7;
+  BatchSide from(model(capacity, max_step, B), 0);
+  ASSERT_OK(from.cache().add_sequence(0));
+  for (int i = 0; i < 6; ++i) from.step(4, 1, &tokens);  // 24 positions
+  const Record rec = from.export_record(tokens);
+  BatchSide to(model(capacity, max_step, B), 0);
+  ASSERT_OK(to.cache().add_sequence(0));
+  for (int i = 0; i < 4; ++i) to.step(4, 1, &tokens);  // 16 positions of the same prompt
+  const int flat = *to.cache().group_of(1);
+  const int before = *to.cache().used_blocks(flat);
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1));
+  // 24 positions are 6 blocks; the 4 the importer holds are shared, 2 are new.
+  EXPECT_EQ(*to.cache().used_blocks(flat) - before, 2);
+  EXPECT_EQ(*to.cache().blocks_held(1, flat), 6);
+}
+
+// A refusal: the code, a message naming `field`, and nothing changed.
+void expect_refused(const kvcore::Status& st, kvcore::Error code, const char* field) {
+  EXPECT_EQ(st.code(), code) << st.message().c_str();
+  EXPECT_NE(std::string(st.message().c_str()).find(field), std::string::npos) << st.message().c_str();
+}
+
+TEST(SequenceRecord, EveryRefusalIsNamedAndChangesNothing) {
+  std::mt19937 rng(5);
+  SeqSide from(model(64, 3, 4));
+  random_history(from, rng, 30, 3, nullptr);
+  const Record rec = from.export_record({});
+  auto refused = [&](const void* data, std::size_t size, kvcore::Error code, const char* field, CacheConfig cfg,
+                     DType dtype = DType::Float16) {
+    SeqSide seq(cfg, dtype);
+    expect_refused(kvcore::import_record(data, size, seq.cache(), seq.pool()), code, field);
+    EXPECT_EQ(seq.length(), 0);
+    cfg.batch.block_size = 2;  // divides the sinks: the exporter released what its rows no longer hold
+    BatchSide batch(cfg, 0, dtype);
+    expect_refused(kvcore::import_record(data, size, batch.cache(), batch.pool(), 0), code, field);
+    EXPECT_FALSE(batch.cache().sequence(0)->active);
+    EXPECT_EQ(*batch.cache().used_blocks(0), 0);
+  };
+  Record bad = rec;
+  refused(bad.data(), rec.size - 1, kvcore::Error::InvalidArgument, "truncated", model(64, 3, 4));
+  refused(bad.data(), 20, kvcore::Error::InvalidArgument, "truncated", model(64, 3, 4));
+  bad.bytes()[rec.size / 2] ^= 0x40;
+  refused(bad.data(), rec.size, kvcore::Error::InvalidArgument, "checksum", model(64, 3, 4));
+  bad = rec;
+  bad.bytes()[0] = 'X';
+  refused(bad.data(), rec.size, kvcore::Error::InvalidArgument, "magic", model(64, 3, 4));
+  bad = rec;
+  bad.bytes()[8] = 2;  // a future version, checksum made right
+  kvcore::seal_record(bad.bytes(), kvcore::RecordLayout{0, 0, 0, 0, rec.size});
+  refused(bad.data(), rec.size, kvcore::Error::NotSupported, "version 2", model(64, 3, 4));
+  CacheConfig other = model(64, 3, 4);
+  other.layers[0] = ring_layer(7, 2);
+  refused(rec.data(), rec.size, kvcore::Error::InvalidArgument, "policy", other);
+  other = model(64, 3, 4);
+  other.layers[1] = flat_layer(3, 3);
+  refused(rec.data(), rec.size, kvcore::Error::InvalidArgument, "shape", other);
+  refused(rec.data(), rec.size, kvcore::Error::InvalidArgument, "dtype", model(64, 3, 4), DType::Float32);
+  refused(rec.data(), rec.size, kvcore::Error::OutOfResources, "capacity", model(20, 3, 4));
+
+  // An active destination, a begun step, too few blocks.
+  SeqSide busy(model(64, 3, 4));
+  busy.step(2, 1, nullptr);
+  expect_refused(kvcore::import_record(rec.data(), rec.size, busy.cache(), busy.pool()), kvcore::Error::InvalidState,
+                 "clear()");
+  EXPECT_EQ(busy.length(), 2);
+  BatchSide active(model(64, 3, 2), 0);
+  ASSERT_OK(active.cache().add_sequence(0));
+  expect_refused(kvcore::import_record(rec.data(), rec.size, active.cache(), active.pool(), 0),
+                 kvcore::Error::InvalidState, "active");
+  CacheConfig small = model(64, 3, 2);
+  small.batch.num_blocks = 4;  // the flat group cannot take 30 positions
+  BatchSide tight(small, 0);
+  expect_refused(kvcore::import_record(rec.data(), rec.size, tight.cache(), tight.pool(), 0),
+                 kvcore::Error::OutOfResources, "blocks");
+  EXPECT_FALSE(tight.cache().sequence(0)->active);
+  EXPECT_EQ(*tight.cache().free_blocks(1), 4);
+
+  // A record with holes does not go into a SequenceCache.
+  BatchSide holed(model(64, 3, 4), 0);
+  ASSERT_OK(holed.cache().add_sequence(0));
+  random_history(holed, rng, 20, 3, nullptr);
+  ASSERT_OK(holed.cache().remove(0, 2, 4));
+  const Record with_hole = holed.export_record({});
+  SeqSide seq(model(64, 3, 4));
+  expect_refused(kvcore::import_record(with_hole.data(), with_hole.size, seq.cache(), seq.pool()),
+                 kvcore::Error::NotSupported, "holes");
+  EXPECT_EQ(seq.length(), 0);
+}
+
+TEST(SequenceRecord, ExportRefusesABegunStepAndASmallBuffer) {
+  SeqSide side(model(64, 3, 4));
+  side.step(3, 1, nullptr);
+  const std::size_t size = *kvcore::export_size(side.cache(), side.pool());
+  std::vector<std::uint64_t> out(size / 8 + 1);
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 0, out.data(), size - 1),
+                 kvcore::Error::InvalidArgument, "export_size");
+  ASSERT_OK(side.cache().begin_step(1).status());
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 0, out.data(), size),
+                 kvcore::Error::InvalidState, "begun");
+}
+
+}  // namespace
+}  // namespace kvcore_test
+
+namespace kvcore_test {
+namespace {
+
+using kvcore::RecordLayer;
+using kvcore::RecordSequence;
+
+// A record written field by field (rows zero): for the refusals no exporter makes.
+Record craft(const RecordSequence& seq, const std::vector<kvcore::PositionRange>& holes,
+             const std::vector<RecordLayer>& layers) {
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(seq.n_tokens > 0 ? seq.n_tokens : 0), 7);
+  auto layer_at = [&](int l) { return layers[static_cast<std::size_t>(l)]; };
+  const kvcore::RecordLayout layout = kvcore::RecordLayout::of(seq, layer_at);
+  Record rec;
+  rec.size = layout.total;
+  rec.words.assign((rec.size + 7) / 8, 0);
+  kvcore::write_record_tables(rec.bytes(), seq, layout, [&](int h) { return holes[static_cast<std::size_t>(h)]; },
+                              tokens.data(), layer_at);
+  kvcore::seal_record(rec.bytes(), layout);
+  return rec;
+}
+
+RecordLayer rl(LayerPolicy policy, int sink_end, int held_from, int n_rows, int heads = 2, int dim = 3) {
+  return RecordLayer{policy, DType::Float16, heads, dim, dim, sink_end, held_from, n_rows};
+}
+
+// Patches a 32-bit field at `offset` and seals the record again.
+Record patched(Record rec, std::size_t offset, std::uint32_t value) {
+  for (int i = 0; i < 4; ++i) rec.bytes()[offset + static_cast<std::size_t>(i)] = static_cast<unsigned char>(value >> (8 * i));
+  kvcore::seal_record(rec.bytes(), kvcore::RecordLayout{0, 0, 0, 0, rec.size});
+  return rec;
+}
+
+void expect_parse_refused(const Record& rec, std::size_t size, kvcore::Error code, const char* field) {
+  expect_refused(kvcore::RecordView::parse(rec.data(), size).status(), code, field);
+}
+
+TEST(SequenceRecord, MalformedRecordsAreRefusedByField) {
+  const RecordSequence seq{2, 10, 4, 0, 0, 0};
+  const Record good = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  ASSERT_OK(kvcore::RecordView::parse(good.data(), good.size).status());
+  expect_refused(kvcore::RecordView::parse(nullptr, 80).status(), kvcore::Error::InvalidArgument, "null");
+  Record shifted;
+  shifted.words.assign(good.words.size() + 1, 0);
+  std::memcpy(shifted.bytes() + 1, good.data(), good.size);
+  expect_refused(kvcore::RecordView::parse(shifted.bytes() + 1, good.size).status(), kvcore::Error::InvalidArgument,
+                 "8-byte boundary");
+  Record longer = good;
+  longer.words.push_back(0);
+  expect_parse_refused(longer, good.size + 8, kvcore::Error::InvalidArgument, "trailing bytes");
+  expect_parse_refused(patched(good, 8, 0), good.size, kvcore::Error::InvalidArgument, "version 0");
+  expect_parse_refused(patched(good, 12, 72), good.size, kvcore::Error::InvalidArgument, "header_bytes");
+  expect_parse_refused(patched(good, 24, 0), good.size, kvcore::Error::InvalidArgument, "n_layers");
+  expect_parse_refused(patched(good, 28, 0xffffffffu), good.size, kvcore::Error::InvalidArgument, "length");
+  expect_parse_refused(patched(good, 36, 11), good.size, kvcore::Error::InvalidArgument, "start");
+  expect_parse_refused(patched(good, 44, 11), good.size, kvcore::Error::InvalidArgument, "n_tokens");
+  expect_parse_refused(patched(good, 40, 11), good.size, kvcore::Error::InvalidArgument, "n_holes");
+  expect_parse_refused(patched(patched(good, 28, 5000), 44, 5000), good.size, kvcore::Error::InvalidArgument,
+                       "too small");
+  expect_parse_refused(craft(seq, {}, {rl(LayerPolicy{LayerPolicy::Kind::Flat, 3, 0}, 0, 0, 10), rl(LayerPolicy::flat(), 0, 0, 10)}),
+                       0, kvcore::Error::InvalidArgument, "truncated");
+  const Record bad_policy =
+      craft(seq, {}, {rl(LayerPolicy{LayerPolicy::Kind::Flat, 3, 0}, 0, 0, 10), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_policy, bad_policy.size, kvcore::Error::InvalidArgument, "config rules");
+  const Record bad_shape = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10, 0), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_shape, bad_shape.size, kvcore::Error::InvalidArgument, "each must be >= 1");
+  const Record bad_bounds = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 11, 0), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_bounds, bad_bounds.size, kvcore::Error::InvalidArgument, "held_from");
+  const Record bad_rows = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 9), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(bad_rows, bad_rows.size, kvcore::Error::InvalidArgument, "n_rows = 9");
+  const std::size_t layer0 = kvcore::RecordLayout::tables(seq).layers;
+  expect_parse_refused(patched(good, layer0, 0x0900), good.size, kvcore::Error::InvalidArgument, "dtype 9");
+  expect_parse_refused(patched(good, layer0 + 16, 40), good.size, kvcore::Error::InvalidArgument, "end past");
+  expect_parse_refused(patched(good, layer0 + 16, 1), good.size, kvcore::Error::InvalidArgument, "rows end at");
+  const Record unsorted = craft(RecordSequence{1, 10, 4, 0, 2, 0}, {{5, 7}, {2, 3}}, {rl(LayerPolicy::flat(), 0, 0, 7)});
+  expect_parse_refused(unsorted, unsorted.size, kvcore::Error::InvalidArgument, "sorted");
+}
+
+TEST(SequenceRecord, RecordsADestinationCannotHoldAreRefused) {
+  // A flat layer missing a position; a ring missing a sink; layers of one group disagreeing.
+  CacheConfig cfg = pool_config(32, {flat_layer(), ring_layer(4, 1)}, 2, 8);
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 2;
+  cfg.batch.max_holes = 1;
+  const RecordSequence seq{2, 10, 2, 0, 0, 0};
+  const Record flat_gap = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 3, 7), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  SeqSide s1(cfg);
+  SeqSide four(model(32, 2, 1));
+  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, four.cache(), four.pool()),
+                 kvcore::Error::InvalidArgument, "the record has 2 layers, the cache 4");
+  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, s1.cache(), s1.pool()),
+                 kvcore::Error::InvalidArgument, "lacks a position");
+  BatchSide b1(cfg, 0);
+  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, b1.cache(), b1.pool(), 0),
+                 kvcore::Error::InvalidArgument, "is flat");
+  const Record no_sink = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 0, 6, 4)});
+  expect_refused(kvcore::import_record(no_sink.data(), no_sink.size, s1.cache(), s1.pool()),
+                 kvcore::Error::InvalidArgument, "a sink");
+  expect_refused(kvcore::import_record(no_sink.data(), no_sink.size, b1.cache(), b1.pool(), 0),
+                 kvcore::Error::NotSupported, "whole");
+  CacheConfig two = pool_config(32, {ring_layer(4, 1), ring_layer(4, 1)}, 2, 8);
+  two.batch.block_size = 1;
+  two.batch.max_seqs = 2;
+  const Record split = craft(seq, {}, {rl(LayerPolicy::ring(4, 1), 1, 6, 5), rl(LayerPolicy::ring(4, 1), 1, 5, 6)});
+  BatchSide b2(two, 0);
+  expect_refused(kvcore::import_record(split.data(), split.size, b2.cache(), b2.pool(), 0),
+                 kvcore::Error::InvalidArgument, "another layer of its group");
+  const Record holes = craft(RecordSequence{2, 10, 2, 0, 2, 0}, {{2, 3}, {5, 6}},
+                             {rl(LayerPolicy::flat(), 0, 0, 8), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  expect_refused(kvcore::import_record(holes.data(), holes.size, b1.cache(), b1.pool(), 0),
+                 kvcore::Error::OutOfResources, "max_holes");
+  EXPECT_FALSE(b1.cache().sequence(0)->active);
+  expect_refused(kvcore::import_record(holes.data(), holes.size, b1.cache(), b1.pool(), 5),
+                 kvcore::Error::InvalidArgument, "max_seqs");
+  EXPECT_EQ(s1.length(), 0);
+  expect_refused(s1.cache().restore(5, [](int) { return 9; }), kvcore::Error::InvalidArgument, "held_from = 9");
+  EXPECT_EQ(s1.length(), 0);
+}
+
+TEST(SequenceRecord, AnImportLeavesNoTreeCopiesPending) {
+  SeqSide from(model(64, 3, 4));
+  from.step(3, 1, nullptr);
+  const Record rec = from.export_record({});
+  SeqSide to(model(64, 3, 4));
+  const int parents[3] = {-1, 0, 0};  // the root and two siblings: accepting the second moves it
+  auto step = to.cache().begin_tree(parents, 3);
+  ASSERT_OK(step.status());
+  const int accepted[2] = {0, 2};
+  ASSERT_OK(to.cache().commit(*step, accepted, 2));
+  ASSERT_GT((*to.cache().commit_copies(1)).n, 0);
+  to.cache().clear();
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool()));
+  for (int l = 0; l < to.cache().n_layers(); ++l) EXPECT_EQ((*to.cache().commit_copies(l)).n, 0);
+}
+
+TEST(SequenceRecord, ExportRefusesWhatItCannotWrite) {
+  SeqSide side(model(64, 3, 4));
+  side.step(3, 1, nullptr);
+  const std::size_t size = *kvcore::export_size(side.cache(), side.pool());
+  std::vector<std::uint64_t> out(size / 8 + 2);
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(out.data());
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 0, nullptr, size), kvcore::Error::InvalidArgument,
+                 "export_size");
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 0, bytes + 4, size), kvcore::Error::InvalidArgument,
+                 "8-byte boundary");
+  expect_refused(kvcore::export_to(side.cache(), side.pool(), nullptr, 2, bytes, size * 2), kvcore::Error::InvalidArgument,
+                 "tokens is null");
+  expect_refused(kvcore::export_size(side.cache(), side.pool(), 4).status(), kvcore::Error::InvalidArgument, "n_tokens");
+  SeqSide small(pool_config(64, {flat_layer()}, 3, 8));
+  expect_refused(kvcore::export_to(side.cache(), small.pool(), nullptr, 0, bytes, size), kvcore::Error::InvalidArgument,
+                 "the pool has 1 layers");
+  // Rows the pool never stored: the cache committed without writing them.
+  SeqSide unwritten(pool_config(64, {flat_layer()}, 3, 1));
+  for (int i = 0; i < 3; ++i) {
+    auto step = unwritten.cache().begin_step(3);
+    ASSERT_OK(unwritten.cache().commit(*step));
+  }
+  expect_refused(kvcore::export_to(unwritten.cache(), unwritten.pool(), nullptr, 0, bytes, size),
+                 kvcore::Error::InvalidState, "no row in the pool");
+
+  BatchSide batch(model(64, 3, 4), 0);
+  expect_refused(kvcore::export_size(batch.cache(), batch.pool(), 0).status(), kvcore::Error::InvalidState, "not active");
+  expect_refused(kvcore::export_to(batch.cache(), batch.pool(), 0, nullptr, 0, bytes, size), kvcore::Error::InvalidState,
+                 "not active");
+  ASSERT_OK(batch.cache().add_sequence(0));
+  batch.step(2, 1, nullptr);
+  BatchSide other(pool_config(64, {flat_layer()}, 3, 8), 0);
+  expect_refused(kvcore::export_to(batch.cache(), other.pool(), 0, nullptr, 0, bytes, size), kvcore::Error::InvalidArgument,
+                 "the pool has 1 layers");
+  const StepEntry entry{0, 1, nullptr};
+  ASSERT_OK(batch.cache().begin_step(&entry, 1).status());
+  expect_refused(kvcore::export_to(batch.cache(), batch.pool(), 0, nullptr, 0, bytes, size), kvcore::Error::InvalidState,
+                 "begun");
+}
+
+}  // namespace
+}  // namespace kvcore_test

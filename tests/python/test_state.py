@@ -1,0 +1,328 @@
+"""Sequence records from Python (kvcore.state, docs/state.md).
+
+Random sequences (flat layers, rings with sinks past the wrap, holes, a removed
+head, forks, prefix hits; block sizes 1 and 16; float32, float16, bfloat16) are
+exported and imported across SequenceCache/KVPool and BatchCache/PagedKVPool and
+block sizes. Afterwards every can_rewind answer and every read of the following
+steps (positions and bytes) equals the exporter's. A position's bytes are a
+function of (layer, position, version); with token ids the version is fixed, so
+a prefix another sequence cached holds the same bytes, as a model's would.
+Every refusal names its field and changes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+import kvcore
+from kvcore.state import RecordInfo, export_sequence, import_sequence
+
+Array = npt.NDArray[Any]
+POLICIES = [kvcore.Ring(6, 2), kvcore.Flat(), kvcore.Ring(5), kvcore.Ring(6, 2)]
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+HEADS, DIM = 2, 4
+
+
+def config(capacity: int = 64, max_step: int = 3, block_size: int = 2, num_blocks: int = 0) -> kvcore.CacheConfig:
+    layers = [kvcore.LayerConfig(p, HEADS, DIM) for p in POLICIES]
+    batch = kvcore.BatchLimits(block_size=block_size, max_seqs=4, num_blocks=num_blocks, max_holes=4)
+    return kvcore.CacheConfig(capacity, layers, max_step=max_step, batch=batch)
+
+
+def content(layer: int, first: int, T: int, version: int, value: bool, dtype: Any) -> Array:
+    """Rows of positions [first, first + T) as `version` writes them."""
+    out = np.empty((T, HEADS, DIM), dtype=np.float32)
+    for t in range(T):
+        rng = np.random.default_rng([layer, first + t, version, int(value)])
+        out[t] = rng.standard_normal((HEADS, DIM))
+    return out.astype(dtype)
+
+
+class Side:
+    """One sequence: of a SequenceCache + KVPool (seq None) or a BatchCache + PagedKVPool."""
+
+    def __init__(self, cfg: kvcore.CacheConfig, dtype: Any, seq: Optional[int] = None) -> None:
+        self.seq, self.dtype = seq, dtype
+        if seq is None:
+            self.cache: Any = kvcore.SequenceCache(cfg)
+            self.pool: Any = kvcore.KVPool(self.cache, dtype)
+        else:
+            self.cache = kvcore.BatchCache(cfg)
+            self.pool = kvcore.PagedKVPool(self.cache, dtype)
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.length if self.seq is None else self.cache.sequence(self.seq).length)
+
+    def can_rewind(self, n: int) -> bool:
+        return bool(self.cache.can_rewind(n) if self.seq is None else self.cache.can_rewind(self.seq, n))
+
+    def rewind(self, n: int) -> None:
+        if self.seq is None:
+            self.cache.rewind(n)
+        else:
+            self.cache.rewind(self.seq, n)
+
+    def step(self, T: int, version: int, tokens: Optional[list[int]] = None) -> list[tuple[Array, Array, Array]]:
+        """A step of T tokens; each layer's read: (k, v, positions) in position order."""
+        first, reads = self.length, []
+        if self.seq is None:
+            step = self.cache.begin_step(T)
+        else:
+            entry = (self.seq, T, tokens[first : first + T]) if tokens is not None else (self.seq, T)
+            step = self.cache.begin_step([entry])
+        for layer in range(len(POLICIES)):
+            k = content(layer, first, T, version, False, self.dtype)
+            v = content(layer, first, T, version, True, self.dtype)
+            if self.seq is None:
+                got_k, got_v, positions = self.pool.update(layer, step, k, v, order="positions")
+            else:
+                self.pool.update(layer, step, k, v)
+                got_k, got_v, positions = self.pool.gather(layer, step, 0)
+            reads.append((np.array(got_k), np.array(got_v), np.array(positions)))
+        self.cache.commit(step)
+        return reads
+
+    def export(self, tokens: Optional[list[int]] = None) -> bytes:
+        return export_sequence(self.pool, self.seq, tokens=None if tokens is None else tokens[: self.length])
+
+
+def history(side: Side, rng: random.Random, target: int, max_step: int, tokens: Optional[list[int]] = None) -> None:
+    version = 1
+    while side.length < target:
+        T = min(rng.randint(1, max_step), target - side.length)
+        side.step(T, 1 if tokens is not None else version, tokens)
+        version += 1
+        n = side.length - rng.randint(1, max_step)
+        if rng.random() < 0.25 and n >= 0 and side.can_rewind(n):
+            side.rewind(n)
+
+
+def same_rewinds(a: Side, b: Side, exact: bool) -> None:
+    assert a.length == b.length
+    for n in range(-1, a.length + 2):
+        if exact:
+            assert a.can_rewind(n) == b.can_rewind(n), n
+        elif b.can_rewind(n):  # across layouts the importer may reach back less far, never further
+            assert a.can_rewind(n), n
+
+
+def decode_both(a: Side, b: Side, rng: random.Random, steps: int, max_step: int, capacity: int) -> None:
+    for s in range(steps):
+        T = min(rng.randint(1, max_step), capacity - a.length)
+        if T <= 0:
+            return
+        for ra, rb in zip(a.step(T, 1000 + s), b.step(T, 1000 + s)):
+            for x, y in zip(ra, rb):
+                np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_a_sequence_cache_round_trips_through_both_caches(dtype: Any, block_size: int) -> None:
+    rng = random.Random(block_size)
+    exporter = Side(config(), dtype)
+    history(exporter, rng, 40, 3)  # rings wrapped, sinks kept
+    record = exporter.export()
+    same = Side(config(), dtype)
+    import_sequence(same.pool, record)
+    same_rewinds(exporter, same, exact=True)
+    assert same.export() == record
+    batch = Side(config(block_size=block_size), dtype, seq=1)
+    try:
+        import_sequence(batch.pool, record, 1)
+    except kvcore.NotSupportedError as e:  # sinks (2) in a 16-row block the exporter released
+        assert block_size == 16 and "sink" in str(e).lower() or "divides" in str(e)
+        return
+    same_rewinds(exporter, batch, exact=False)
+    decode_both(same, batch, random.Random(3), 10, 3, 64)
+    twin = Side(config(), dtype)
+    import_sequence(twin.pool, record)
+    decode_both(exporter, twin, random.Random(4), 10, 3, 64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("shape", ["plain", "hole", "head", "fork", "prefix"])
+def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: int, shape: str) -> None:
+    rng = random.Random(hash((block_size, shape)) & 0xFFFF)
+    capacity, max_step = 96, 4
+    tokens = [rng.randrange(50) for _ in range(capacity)]
+    exporter = Side(config(capacity, max_step, block_size), dtype, seq=0)
+    exporter.cache.add_sequence(0)
+    history(exporter, rng, 40, max_step, tokens)
+    if shape == "fork":
+        exporter.cache.fork(0, 2, exporter.length)
+        exporter.seq = 2
+    if shape == "hole":
+        exporter.cache.remove(0, 3, 9)
+    if shape == "head":
+        exporter.cache.remove(0, 0, 5)
+    record = exporter.export(tokens)
+    info = RecordInfo.of(record)
+    assert info.length == exporter.length and list(info.tokens) == tokens[: info.length]
+    twin = Side(config(capacity, max_step, block_size), dtype, seq=1)
+    import_sequence(twin.pool, record, 1)
+    same_rewinds(exporter, twin, exact=True)
+    assert twin.export(tokens) == record
+    for other in (1, 16):
+        importer = Side(config(capacity, max_step, other), dtype, seq=3)
+        if shape == "prefix":  # the importer holds the prompt's first blocks already
+            importer.cache.add_sequence(0)
+            importer.seq = 0
+            for _ in range(4):
+                importer.step(4, 1, tokens)
+            importer.seq = 3
+        used = importer.cache.used_blocks(1)
+        if other > block_size and exporter.length > 8:  # the exporter released positions 2.. of a 16-row sink block
+            with pytest.raises(kvcore.NotSupportedError, match="divides the sinks"):
+                import_sequence(importer.pool, record, 3)
+            assert not importer.cache.sequence(3).active
+            continue
+        import_sequence(importer.pool, record, 3)
+        if shape == "prefix":  # shared, not copied: the flat group takes only the rest
+            assert importer.cache.used_blocks(1) - used < -(-info.length // other)
+        same_rewinds(exporter, importer, exact=other == block_size)
+        decode_both(clone_of(record, capacity, max_step, block_size, dtype), importer, random.Random(7), 8, max_step,
+                    capacity)
+    decode_both(exporter, twin, random.Random(8), 8, max_step, capacity)
+
+
+def clone_of(record: bytes, capacity: int, max_step: int, block_size: int, dtype: Any) -> Side:
+    side = Side(config(capacity, max_step, block_size), dtype, seq=0)
+    import_sequence(side.pool, record, 0)
+    return side
+
+
+def test_files_buffers_and_zero_copy_views(tmp_path: Path) -> None:
+    exporter = Side(config(), np.float16)
+    history(exporter, random.Random(1), 30, 3)
+    path = tmp_path / "seq.kvrec"
+    record = export_sequence(exporter.pool, tokens=list(range(10)), path=path)
+    assert path.read_bytes() == record
+    size = exporter.pool.export_size(10)
+    out = np.zeros(size + 8, dtype=np.uint8)
+    assert exporter.pool.export_into(out, list(range(10))) == size
+    assert out[:size].tobytes() == record
+    info = RecordInfo.of(path)
+    assert info.version == 1 and info.length == 30 and list(info.tokens) == list(range(10))
+    flat = 1
+    k, v = info.rows(flat)
+    assert k.shape == (30, HEADS, DIM) and not k.flags.owndata and not k.flags.writeable
+    np.testing.assert_array_equal(info.positions(flat), np.arange(30))
+    ring = info.layers[0]
+    assert ring.kind == "ring" and ring.sink_end == 2 and 0 < ring.held_from < 30
+    np.testing.assert_array_equal(info.positions(0)[:2], [0, 1])
+    assert info.layers[0].n_rows < 30  # the ring ships its sinks and window, not what it released
+    importer = Side(config(), np.float16)
+    import_sequence(importer.pool, path)
+    assert importer.export(list(range(10))) == record
+    # A numpy buffer at an odd offset (copied once to an aligned one) imports too.
+    shifted = np.zeros(len(record) + 1, dtype=np.uint8)
+    shifted[1:] = np.frombuffer(record, dtype=np.uint8)
+    again = Side(config(), np.float16)
+    import_sequence(again.pool, shifted[1:])
+    assert again.export(list(range(10))) == record
+
+
+def _refused(make: Any, record: Any, error: type, text: str, seq: Optional[int]) -> None:
+    side = make()
+    before = side.cache.length if seq is None else side.cache.sequence(seq).active
+    with pytest.raises(error, match=text):
+        import_sequence(side.pool, record, seq)
+    assert (side.cache.length if seq is None else side.cache.sequence(seq).active) == before
+
+
+@pytest.mark.parametrize("seq", [None, 0], ids=["SequenceCache", "BatchCache"])
+def test_every_refusal_is_named_and_changes_nothing(seq: Optional[int]) -> None:
+    exporter = Side(config(), np.float16)
+    history(exporter, random.Random(2), 30, 3)
+    record = exporter.export()
+
+    def make(cfg: Optional[kvcore.CacheConfig] = None, dtype: Any = np.float16) -> Any:
+        return lambda: Side(cfg or config(), dtype, seq)
+
+    _refused(make(), record[:-1], kvcore.InvalidArgumentError, "truncated", seq)
+    corrupt = bytearray(record)
+    corrupt[len(record) // 2] ^= 1
+    _refused(make(), bytes(corrupt), kvcore.InvalidArgumentError, "checksum", seq)
+    future = bytearray(record)
+    future[8] = 2
+    _refused(make(), bytes(future), kvcore.NotSupportedError, "version 2 is newer", seq)
+    _refused(make(), b"not a record" * 8, kvcore.InvalidArgumentError, "magic", seq)
+    other = [kvcore.LayerConfig(p, HEADS, DIM) for p in POLICIES]
+    other[0] = kvcore.LayerConfig(kvcore.Ring(7, 2), HEADS, DIM)
+    _refused(make(kvcore.CacheConfig(64, other, max_step=3, batch=config().batch)), record,
+             kvcore.InvalidArgumentError, "policy", seq)
+    other[0] = kvcore.LayerConfig(POLICIES[0], HEADS, DIM + 1)
+    _refused(make(kvcore.CacheConfig(64, other, max_step=3, batch=config().batch)), record,
+             kvcore.InvalidArgumentError, "shape", seq)
+    _refused(make(dtype=np.float32), record, kvcore.InvalidArgumentError, "dtype", seq)
+    _refused(make(config(capacity=20)), record, kvcore.CapacityError, "capacity", seq)
+    busy = Side(config(), np.float16, seq)
+    if seq is None:
+        busy.step(2, 1)
+        with pytest.raises(kvcore.InvalidStateError, match="clear"):
+            import_sequence(busy.pool, record)
+        assert busy.length == 2
+    else:
+        busy.cache.add_sequence(0)
+        with pytest.raises(kvcore.InvalidStateError, match="active"):
+            import_sequence(busy.pool, record, 0)
+        tight = Side(config(num_blocks=4), np.float16, seq)
+        with pytest.raises(kvcore.CapacityError, match="blocks"):
+            import_sequence(tight.pool, record, 0)
+        assert not tight.cache.sequence(0).active and tight.cache.free_blocks(1) == 4
+    with pytest.raises(kvcore.InvalidArgumentError, match="bytes-like"):
+        import_sequence(busy.pool, 12, seq)  # type: ignore[arg-type]
+    strided = np.frombuffer(record, dtype=np.uint8)[::2]
+    with pytest.raises(kvcore.InvalidArgumentError, match="C-contiguous"):
+        import_sequence(busy.pool, strided, seq)
+
+
+def test_export_refuses_a_begun_step_and_bad_tokens() -> None:
+    side = Side(config(), np.float16)
+    side.step(3, 1)
+    with pytest.raises(kvcore.InvalidArgumentError, match="n_tokens"):
+        side.pool.export_sequence(list(range(4)))
+    with pytest.raises(kvcore.InvalidArgumentError, match="tokens"):
+        side.pool.export_sequence([[1, 2]])
+    side.cache.begin_step(1)
+    with pytest.raises(kvcore.InvalidStateError, match="begun"):
+        side.pool.export_sequence()
+    with pytest.raises(kvcore.InvalidArgumentError, match="export_size"):
+        side.pool.export_into(np.zeros(8, np.uint8))
+    with pytest.raises(kvcore.InvalidArgumentError, match="writable buffer"):
+        side.pool.export_into(12)
+
+
+def test_the_example_in_docs_state_md_runs() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/state.md", "exec"), {})
+
+
+def test_the_helpers_refuse_a_seq_they_cannot_use() -> None:
+    seq_side = Side(config(), np.float16)
+    seq_side.step(2, 1)
+    batch_side = Side(config(), np.float16, seq=0)
+    record = seq_side.export()
+    with pytest.raises(kvcore.InvalidArgumentError, match="one sequence"):
+        export_sequence(seq_side.pool, 0)
+    with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
+        export_sequence(batch_side.pool)
+    with pytest.raises(kvcore.InvalidArgumentError, match="one sequence"):
+        import_sequence(seq_side.pool, record, 0)
+    with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
+        import_sequence(batch_side.pool, record)
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool or PagedKVPool"):
+        export_sequence(object())  # type: ignore[arg-type]
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool or PagedKVPool"):
+        import_sequence(object(), record)  # type: ignore[arg-type]
