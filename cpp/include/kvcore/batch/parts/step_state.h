@@ -316,19 +316,21 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
   return copies;
 }
 
-// Entry i's slots in group g: row of each new position, block by block.
+// Entry i's slots in group g: row of each new position, block by block,
+// for the node written there (a tree's node at its chain place).
 inline void StepState::fill_slots(const BlockGroup& group, int g, int i) noexcept {
   const int B = lim_.block_size;
   const int* row = group.table(step_seq_[i]);
   const int first = first_positions_[i];
   const int end = context_lens_[i];
   int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens + query_starts_[i];
+  const int* node_at = trees_.node_at() + query_starts_[i];  // the node written at each position (a chain: itself)
   for (int p = first; p < end;) {
     const int b = p / B;
     const std::int64_t next = (static_cast<std::int64_t>(b) + 1) * B;
     const int block_end = next < end ? static_cast<int>(next) : end;
     const int base = row[b] * B - b * B;  // row[b] * B + p % B for p in block b
-    for (; p < block_end; ++p) slots[p - first] = base + p;
+    for (; p < block_end; ++p) slots[node_at[p - first]] = base + p;
   }
 }
 

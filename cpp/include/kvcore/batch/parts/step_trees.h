@@ -85,6 +85,8 @@ class StepTrees {
 
   const int* positions() const noexcept { return positions_.get(); }
   const int* chain_index() const noexcept { return chain_index_.get(); }
+  /// Per entry's first token + chain place c: the node written at place c.
+  const int* node_at() const noexcept { return node_at_.get(); }
   const int* mask_starts() const noexcept { return mask_starts_.get(); }
   const std::uint32_t* masks() const noexcept { return masks_.get(); }
   bool is_tree(int entry) const noexcept { return mask_starts_[entry + 1] > mask_starts_[entry]; }
