@@ -187,6 +187,9 @@ class TreeTwins(RuleBasedStateMachine):
         self.check_reads(plan, entries, node_tags)
         if data.draw(st.integers(0, 5)) == 0:
             step.abort()
+            # The twin reserves what the tree did (where a pool ran short, the
+            # same cached prefixes are reclaimed) and aborts too.
+            self.chain.begin_step([(s, len(p)) for s, p, _ in entries]).abort()
             return
         self.commit(step, data, entries, node_tags)
 
@@ -318,8 +321,13 @@ class TreeTwins(RuleBasedStateMachine):
                     continue
                 step_a = self.tree.begin_step([(s, 1)])
                 step_b = self.chain.begin_step([(s, 1)])
-                table_a = step_a.plan().groups[g].block_tables[s]
-                table_b = step_b.plan().groups[g].block_tables[s]
+                # The step's copies-on-write first: a shared, partly filled block is copied.
+                plan_a, plan_b = step_a.plan(), step_b.plan()
+                for plan, pools in ((plan_a, self.tree_pools), (plan_b, self.chain_pools)):
+                    for src, dst in plan.groups[g].copies:
+                        pools.rows[g][dst * B : (dst + 1) * B] = pools.rows[g][src * B : (src + 1) * B]
+                table_a = plan_a.groups[g].block_tables[s]
+                table_b = plan_b.groups[g].block_tables[s]
                 for p in range(L):
                     if not sees(policy, L, p):
                         continue
@@ -349,7 +357,7 @@ def test_list_and_array_forms_plan_the_same_tree() -> None:
     a, b = small(), small()
     pa = a.begin_step([(0, 5, [9, 8, 7, 6, 5], parents), (1, 2, None, [-1, 0])]).plan()
     pb = b.begin_step(
-        [0, 1], [5, 2], [9, 8, 7, 6, 5], token_offsets=[0, 5, 5], parents=np.array(parents + [-1, 0])
+        [0, 1], [5, 2], [9, 8, 7, 6, 5], token_offsets=[0, 5, 5], parents=np.array(parents)
     ).plan()
     pc = small().begin_step([0, 1], [5, 2], parents=parents + [-1, 0]).plan()
     for p in (pb, pc):
@@ -369,15 +377,14 @@ def test_commit_returns_row_copies_and_a_pool_applies_them() -> None:
     pool = kvcore.PagedKVPool(c, np.float32)
     parents = [-1, 0, 0, 1, 2]
     step = c.begin_step([(0, 5, [9, 8, 7, 6, 5], parents)])
-    plan = step.plan()
+    slots = [gp.slots.copy() for gp in step.plan().groups]  # the plan's views change with the next step
     for layer in range(c.n_layers):
         k = np.arange(5 * 2, dtype=np.float32).reshape(5, 1, 2) + 100 * layer
         pool.update(layer, step, k, k.copy())
     copies = c.commit(step, accepted={0: [0, 2, 4]})
     assert c.length(0) == 8
     for g, pairs in enumerate(copies):  # nodes 2 and 4 move to chain places 1 and 2
-        slots = plan.groups[g].slots
-        assert [tuple(p) for p in pairs] == [(slots[2], slots[1]), (slots[4], slots[3])]
+        assert [tuple(p) for p in pairs] == [(slots[g][2], slots[g][1]), (slots[g][4], slots[g][3])]
     pool.apply_commit(copies)
     nxt = c.begin_step([(0, 1)])
     k_rows, _ = pool.update(1, nxt, np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32))
@@ -399,6 +406,7 @@ def test_tree_errors_raise_and_change_nothing() -> None:
         c.begin_step([(0, 2, None, [-1])])  # not T parents
     assert TreeTwins.state(c) == before
     step = c.begin_step([(0, 3, None, [-1, 0, 0]), (1, 2)])
+    before = TreeTwins.state(c)
     for accepted in ({0: [1]}, {0: [0, 3]}, {0: [0, -1]}, {0: []}, {0: [0], 2: [0]}, {1: [0]}, [(0, [0]), (0, [0])]):
         with pytest.raises(kvcore.InvalidArgumentError):
             c.commit(step, accepted=accepted)
