@@ -16,6 +16,7 @@
 #include "batch_reference.h"
 #include "batch_tree_reference.h"
 #include "kvcore/batch/batch_cache.h"
+#include "kvcore/pool/paged_kv_pool.h"
 
 namespace kvcore_test {
 namespace {
@@ -260,6 +261,47 @@ TEST(BatchTree, MainLineCommitsCopyNothingAndRejectedBlocksReturn) {
   EXPECT_EQ(done.total_copies(), 0);
   EXPECT_EQ(c->sequence(0)->length, 7);
   EXPECT_EQ(*c->free_blocks(1), free_before - 1);  // block 3 (positions 6, 7) kept, 4 and 5 returned
+}
+
+TEST(BatchTree, PagedKVPoolWritesATreeAndAppliesItsCommit) {
+  std::unique_ptr<BatchCache> c = small_cache();  // length 5, B = 2; K/V rows of 1 x 2 floats
+  kvcore::Result<kvcore::PagedKVPool> made = kvcore::PagedKVPool::create(*c, kvcore::DType::Float32);
+  ASSERT_TRUE(made.ok());
+  kvcore::PagedKVPool pool = std::move(made).get();
+  const int parents[5] = {-1, 0, 0, 1, 2};
+  const StepEntry e{0, 5, nullptr, parents};
+  const BatchStep step = *c->begin_step(&e, 1);
+  const kvcore::BatchStepPlan plan = *c->plan(step);
+  float kv[10];
+  for (int i = 0; i < 10; ++i) kv[i] = static_cast<float>(i / 2);  // node j's row holds j, j
+  for (int l = 0; l < c->n_layers(); ++l) ASSERT_TRUE(pool.update(l, plan, kv, sizeof kv, kv, sizeof kv).ok());
+  const int path[3] = {0, 2, 4};
+  const AcceptedPath accepted{0, path, 3};
+  const kvcore::BatchCommit done = *c->commit(step, &accepted, 1);
+  // A commit of another shape, a copy outside the rows: refused, nothing copied.
+  const kvcore::BatchCommit one_group{1, done.groups};
+  EXPECT_EQ(pool.apply_commit(one_group).code(), Error::InvalidArgument);
+  const kvcore::TreeCopy far{1 << 20, 0};
+  const kvcore::GroupCommit bad_groups[2] = {{&far, 1}, done.groups[1]};
+  EXPECT_EQ(pool.apply_commit(kvcore::BatchCommit{2, bad_groups}).code(), Error::InvalidArgument);
+  ASSERT_TRUE(pool.apply_commit(done).ok());
+  // Positions 5, 6, 7 now hold nodes 0, 2, 4 in every layer.
+  const StepEntry next{0, 1, nullptr, nullptr};
+  const BatchStep s2 = *c->begin_step(&next, 1);
+  const kvcore::BatchStepPlan p2 = *c->plan(s2);
+  for (int l = 0; l < c->n_layers(); ++l) {
+    const kvcore::GroupPlan& gp = p2.groups[*c->group_of(l)];
+    const int* table = gp.block_tables;  // seq 0's row
+    const float zero[2] = {0, 0};
+    ASSERT_TRUE(pool.update(l, p2, zero, sizeof zero, zero, sizeof zero).ok());
+    const kvcore::PagedRows rows = *pool.rows(l);
+    const float* k = reinterpret_cast<const float*>(rows.k);
+    for (int d = 0; d < 3; ++d) {
+      const int p = 5 + d;
+      const int row = table[p / 2] * 2 + p % 2;
+      EXPECT_EQ(k[2 * row], static_cast<float>(path[d])) << "layer " << l << " position " << p;
+    }
+  }
 }
 
 }  // namespace

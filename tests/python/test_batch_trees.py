@@ -415,3 +415,43 @@ def test_tree_errors_raise_and_change_nothing() -> None:
     assert TreeTwins.state(c) == before and step.is_current
     assert [len(p) for p in step.commit(accepted={0: [0, 2]})] == [1, 1]
     assert (c.length(0), c.length(1)) == (7, 2)
+
+
+def test_bad_accepted_and_tree_arrays_are_refused_naming_them() -> None:
+    c = small()
+    step = c.begin_step([(0, 3, None, [-1, 0, 0])])
+    before = TreeTwins.state(c)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"commit: accepted is \{seq: nodes\} or \[\(seq, nodes\), \.\.\.\], got the item 5"):
+        c.commit(step, accepted=[5])
+    with pytest.raises(TypeError, match="commit: node"):
+        c.commit(step, accepted={0: [0, 1.5]})
+    with pytest.raises(TypeError, match="commit: seq"):
+        c.commit(step, accepted={"a": [0]})
+    assert TreeTwins.state(c) == before and step.is_current
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"begin_step: parents has 3 values, the entries' T add up to 4"):
+        c.begin_step([0, 1], [2, 2], parents=[-1, 0, -1])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"begin_step: token_offsets\[2\] = 4: must be len\(parents\) = 3"):
+        c.begin_step([0, 1], [2, 2], [1, 2, 3, 4], token_offsets=[0, 2, 4], parents=[-1, 0, -1])
+    with pytest.raises(kvcore.InvalidArgumentError, match="tokens, token_offsets and parents need seqs and T as arrays"):
+        c.begin_step([(0, 2)], parents=[-1, 0])
+    with pytest.raises(TypeError, match="begin_step: parent"):
+        c.begin_step([(0, 2, None, [-1, "x"])])
+    assert TreeTwins.state(c) == before and step.is_current
+
+
+def test_apply_commit_refuses_what_is_not_a_commit() -> None:
+    c = small()
+    pool = kvcore.PagedKVPool(c, np.float32)
+    step = c.begin_step([(0, 3, None, [-1, 0, 0])])
+    for layer in range(c.n_layers):
+        pool.update(layer, step, np.ones((3, 1, 2), np.float32), np.ones((3, 1, 2), np.float32))
+    copies = c.commit(step, accepted={0: [0, 2]})
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies must hold one \(n, 2\) array per group \(2\)"):
+        pool.apply_commit(copies[:1])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: group 1's copies must be an \(n, 2\) int array"):
+        pool.apply_commit((copies[0], np.zeros(3)))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: group 0's copy 0 names a row outside \[0, 2\^31\)"):
+        pool.apply_commit((np.array([[-1, 0]]), copies[1]))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer 0's copy 0 \(row 4096 -> row 0\) must lie in its"):
+        pool.apply_commit((np.array([[4096, 0]]), copies[1]))
+    pool.apply_commit(copies)
