@@ -455,3 +455,29 @@ def test_apply_commit_refuses_what_is_not_a_commit() -> None:
     with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer 0's copy 0 \(row 4096 -> row 0\) must lie in its"):
         pool.apply_commit((np.array([[4096, 0]]), copies[1]))
     pool.apply_commit(copies)
+
+
+def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:
+    torch = pytest.importorskip("torch")
+    from kvcore.integrations.torch_paged import TorchPagedKV
+
+    c = small()
+    kv = TorchPagedKV(c)
+    step = c.begin_step([(0, 5, None, [-1, 0, 0, 1, 2])])
+    plan = step.plan()
+    rows = [c.used_blocks(g) * c.block_size for g in range(c.n_groups)]
+    for layer in range(c.n_layers):
+        slots = torch.from_numpy(plan.groups[c.group_of(layer)].slots.astype(np.int64))
+        node = torch.arange(5, dtype=torch.float32).reshape(1, 1, 5, 1).expand(1, 1, 5, 2).contiguous()
+        kv.write_read(layer, slots, node, node, rows[c.group_of(layer)])
+    copies = c.commit(step, accepted={0: [0, 2, 4]})
+    with pytest.raises(kvcore.InvalidArgumentError, match="apply_commit: 1 arrays of copies for 2 groups"):
+        kv.apply_commit(copies[:1])
+    kv.apply_commit(copies)
+    nxt = c.begin_step([(0, 1)])
+    for layer in range(c.n_layers):
+        table = nxt.plan().groups[c.group_of(layer)].block_tables[0]
+        keys, _ = kv.ensure(layer, 1)
+        for d, node_id in enumerate([0, 2, 4]):
+            p = 5 + d
+            assert float(keys[0, 0, table[p // 2] * 2 + p % 2, 0]) == node_id
