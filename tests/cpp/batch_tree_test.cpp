@@ -168,6 +168,24 @@ TEST(BatchTreeErrors, BadTreesAreRefusedAndChangeNothing) {
   EXPECT_TRUE(c->check_step(step).ok());
 }
 
+TEST(BatchTreeErrors, TreesWhoseMasksPassTheStepBuffersAreRefused) {
+  // max_step 512 over max_step_tokens 512: masks of 512 x 8 words (trees of up to 256 nodes always fit).
+  CacheConfig cfg = tree_config({LayerPolicy::flat()}, 16, 1024, 512);
+  cfg.batch.max_step_tokens = 512;
+  std::unique_ptr<BatchCache> c = std::move(BatchCache::create(cfg)).get();
+  ASSERT_TRUE(c->add_sequence(0).ok());
+  std::vector<int> parents(512);
+  for (int i = 0; i < 512; ++i) parents[static_cast<std::size_t>(i)] = i == 0 ? -1 : (i - 1) / 2;
+  const Snapshot before = snapshot(*c);
+  const StepEntry big{0, 512, nullptr, parents.data()};
+  EXPECT_EQ(c->begin_step(&big, 1).error(), Error::InvalidArgument);  // 512 x 16 words
+  EXPECT_TRUE(snapshot(*c) == before);
+  const StepEntry fits{0, 256, nullptr, parents.data()};
+  EXPECT_TRUE(c->begin_step(&fits, 1).ok());
+  for (int i = 0; i < 512; ++i) parents[static_cast<std::size_t>(i)] = i - 1;  // a chain needs no mask
+  EXPECT_TRUE(c->begin_step(&big, 1).ok());
+}
+
 TEST(BatchTreeErrors, BadAcceptedPathsAreRefusedAndChangeNothing) {
   std::unique_ptr<BatchCache> c = small_cache();
   const std::int32_t tokens[5] = {7, 8, 9, 10, 11};

@@ -234,7 +234,7 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
                                  "begin_step: %d tokens or more, must be <= max_step_tokens = %d", tokens,
                                  lim_.max_step_tokens);
   }
-  return Error::Ok;
+  return trees_.check_masks(entries, n);
 }
 
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,

@@ -27,7 +27,10 @@ class StepTrees {
   Status create(int max_seqs, int n_groups, int max_step, int max_step_tokens) noexcept {
     StepTrees fresh;
     const std::int64_t tokens = max_step_tokens;
-    const std::int64_t words = tokens * tree_mask_words(max_step);
+    // Mask rows up to kMaskNodes nodes wide for every token: a bound that stays
+    // linear in the tokens when max_step is huge (check_masks refuses a step
+    // whose trees need more).
+    const std::int64_t words = tokens * tree_mask_words(max_step < kMaskNodes ? max_step : kMaskNodes);
     fresh.positions_.reset(new (std::nothrow) int[tokens]);
     fresh.chain_index_.reset(new (std::nothrow) int[tokens]);
     fresh.node_at_.reset(new (std::nothrow) int[tokens]);
@@ -44,6 +47,7 @@ class StepTrees {
                                  MemoryAllocationFailed, "cannot allocate the tree buffers of %d tokens",
                                  max_step_tokens);
     fresh.max_step_tokens_ = max_step_tokens;
+    fresh.mask_capacity_ = words;
     fresh.n_groups_ = n_groups;
     *this = static_cast<StepTrees&&>(fresh);
     return Error::Ok;
@@ -55,6 +59,24 @@ class StepTrees {
     if (e.parents == nullptr) return Error::Ok;
     return check_tree(e.parents, e.T, e.T);  // T itself is checked against max_step before
   }
+
+  /// InvalidArgument unless the entries' trees (checked) fit the mask buffer:
+  /// sum of N x ceil(N / 32) words over tree entries. Only a step with trees
+  /// of more than kMaskNodes nodes can need more than its tokens' share.
+  Status check_masks(const StepEntry* entries, int n) const noexcept {
+    std::int64_t words = 0;
+    for (int i = 0; i < n; ++i)
+      if (entries[i].parents != nullptr && !tree_is_chain(entries[i].parents, entries[i].T))
+        words += static_cast<std::int64_t>(entries[i].T) * tree_mask_words(entries[i].T);
+    KVCORE_CHECK_OR_RETURN_ERROR(words <= mask_capacity_, InvalidArgument,
+                                 "begin_step: the trees' ancestor masks need %lld words, the step buffers hold "
+                                 "%lld (max_step_tokens x ceil(min(max_step, 256) / 32))",
+                                 static_cast<long long>(words), static_cast<long long>(mask_capacity_));
+    return Error::Ok;
+  }
+
+  /// Trees up to this many nodes always fit the mask buffer.
+  static constexpr int kMaskNodes = 256;
 
   /// Records every entry's positions, chain indices and masks (entries
   /// checked). query_starts: n + 1 token offsets; first: each entry's length.
@@ -170,6 +192,7 @@ class StepTrees {
 
   int max_step_tokens_ = 0;
   int n_groups_ = 0;
+  std::int64_t mask_capacity_ = 0;  // words
   int n_entries_ = 0;
   std::unique_ptr<int[]> positions_;    // [token]
   std::unique_ptr<int[]> chain_index_;  // [token]: node's place among the entry's positions
