@@ -7,7 +7,7 @@ Integer arguments accept any int (or object with __index__); values outside the
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Protocol, SupportsIndex
+from typing import Any, ClassVar, Literal, Protocol, SupportsIndex, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -297,6 +297,15 @@ class LayerGeometry(metaclass=_pybind11_type):
     def __deepcopy__(self, memo: dict[int, Any]) -> LayerGeometry:
         """A copy of the value (it is immutable)."""
 
+class _DLPackTensor(Protocol):
+    """A tensor with the DLPack protocol (a CPU torch tensor): read through numpy.from_dlpack."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+# A 1-D integer array argument (the batch verbs, begin_tree, commit): int32 or int64, contiguous (numpy,
+# array.array, anything with the buffer protocol, a DLPack tensor), or a sequence of ints.
+IntArrayArg = npt.NDArray[np.signedinteger[Any]] | Sequence[SupportsIndex] | _DLPackTensor
+
 class Step(metaclass=_pybind11_type):
     """A begun step. As a context manager it commits on normal exit and leaves the
     step uncommitted when the body raises."""
@@ -327,8 +336,64 @@ class Step(metaclass=_pybind11_type):
         InvalidArgumentError: bad layer or order; InvalidStateError: the step is no longer the begun
         step.
         """
-    def commit(self) -> None:
-        """length = end. InvalidStateError: the step is no longer current."""
+    @overload
+    def commit(self, accepted: None = None) -> None:
+        """Without `accepted`: length = end (a tree step only when it is a chain), returns None.
+        With `accepted` (node indices of the accepted root path, accepted[0] = 0, each a child of
+        the one before; a list or 1-D int array): length = position + len(accepted), returns per
+        layer an int32 (n, 2) array of row copies [src, dst] to perform, in order, before the next
+        step (KVPool.apply_copies): none on the main line. InvalidArgumentError: a tree committed
+        without `accepted` (not a chain), or `accepted` not a root path; InvalidStateError: the step
+        is no longer current. Nothing changes on an error.
+        """
+    @overload
+    def commit(self, accepted: IntArrayArg) -> list[npt.NDArray[np.int32]]:
+        """Without `accepted`: length = end (a tree step only when it is a chain), returns None.
+        With `accepted` (node indices of the accepted root path, accepted[0] = 0, each a child of
+        the one before; a list or 1-D int array): length = position + len(accepted), returns per
+        layer an int32 (n, 2) array of row copies [src, dst] to perform, in order, before the next
+        step (KVPool.apply_copies): none on the main line. InvalidArgumentError: a tree committed
+        without `accepted` (not a chain), or `accepted` not a root path; InvalidStateError: the step
+        is no longer current. Nothing changes on an error.
+        """
+    @property
+    def is_tree(self) -> bool:
+        """True for a step begun by begin_tree."""
+    @property
+    def parents(self) -> npt.NDArray[np.int32]:
+        """int32 (T,): each token's parent in the step's tree, -1 for the root (a chain step: i -
+        1). Read-only copy, made once per Step. InvalidStateError: the step is no longer current.
+        """
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """int64 (T,): each token's position, length + depth (a chain step: position + i): the
+        position ids for RoPE. Read-only. InvalidStateError: the step is no longer current.
+        """
+    @property
+    def chain_index(self) -> npt.NDArray[np.int32]:
+        """int32 (T,): token i is written to the row the chain plan of T gives position
+        step.position + chain_index[i]; the main line (node 0, its first child, ...) sits in place.
+        Read-only. InvalidStateError: the step is no longer current.
+        """
+    @property
+    def tree_mask_packed(self) -> npt.NDArray[np.uint32]:
+        """uint32 (T, ceil(T / 32)): the packed ancestor mask, row i bit j (word j // 32, bit j %
+        32, little bit order) set when token j is i or an ancestor of i: TensorRT-LLM's
+        spec_decoding_packed_mask layout (view as int32). Read-only. InvalidStateError: the step is
+        no longer current.
+        """
+    def tree_rows(self, layer: SupportsIndex) -> npt.NDArray[np.int32]:
+        """int32 (T,): the row each token writes on `layer` (its slot: the chain plan's row of
+        position + chain_index). InvalidArgumentError: bad layer; InvalidStateError: the step is no
+        longer current.
+        """
+    def dense_tree_mask(self, layer: SupportsIndex) -> npt.NDArray[np.bool_]:
+        """bool (T, read_len): mask[i, j] is True when token i may see the key of the j-th row of
+        `layer`'s plan read (position order, as KVPool.update(..., order='positions') returns them):
+        committed history by the layer's window rule at i's position, and in the tree only i itself
+        and its ancestors, within the window. InvalidArgumentError: bad layer or a chain step;
+        InvalidStateError: the step is no longer current.
+        """
     def abort(self) -> None:
         """Ends the step without committing it: the length stays, no step is begun (its rows
         still count as written for can_rewind: the backend may have written them).
@@ -409,8 +474,33 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         begin_step(T) then gives this very plan. Errors as begin_step, and InvalidArgumentError for
         a bad layer.
         """
-    def commit(self, step: Step) -> None:
-        """Commits `step`: length = step.end. InvalidStateError: not this cache's begun step."""
+    @overload
+    def commit(self, step: Step, accepted: None = None) -> None:
+        """Commits `step` as Step.commit(accepted) does (returns None, or the copies per layer with
+        `accepted`). InvalidStateError: not this cache's begun step.
+        """
+    @overload
+    def commit(self, step: Step, accepted: IntArrayArg) -> list[npt.NDArray[np.int32]]:
+        """Commits `step` as Step.commit(accepted) does (returns None, or the copies per layer with
+        `accepted`). InvalidStateError: not this cache's begun step.
+        """
+    def begin_tree(self, parents: IntArrayArg) -> Step:
+        """Begins a draft-tree step of N = len(parents) tokens (parents[0] = -1, then 0 <=
+        parents[i] < i; a list or 1-D int array) and returns its Step (T = N, is_tree). Token i
+        stands at position length + depth(i); the step reserves and plans the rows of a chain step
+        of N. InvalidArgumentError: N outside [1, max_step], parents[0] != -1, a second root, a
+        parent not before its child; CapacityError: length + N > capacity. Nothing changes on an
+        error.
+        """
+    def reserve_tree(self, max_nodes: SupportsIndex) -> None:
+        """Sizes the tree storage for trees of up to max_nodes tokens (128 or max_step are reserved
+        at construction), so begin_tree never allocates. InvalidArgumentError: max_nodes outside [1,
+        max_step]; InvalidStateError: a tree step is begun and would need more room.
+        """
+    def commit_copies(self) -> list[npt.NDArray[np.int32]]:
+        """Per layer, the int32 (n, 2) row copies [src, dst] of the last commit (empty after a chain
+        commit), as commit(step, accepted) returned them.
+        """
     def abort(self, step: Step) -> None:
         """Ends `step` without committing it (a failed forward): the length stays and no step
         is begun; its rows still count as written for can_rewind. InvalidStateError: not
@@ -543,8 +633,9 @@ class KVPool(metaclass=_pybind11_type):
     ) -> None:
         """Writes the step's rows: k (T, n_kv_heads, head_dim) and v (T, n_kv_heads, value_dim),
         C-contiguous, of the pool's dtype, go where `plan` (layer's plan of the begun step) says;
-        input row j is position P + j. InvalidArgumentError: bad layer or arrays; InvalidStateError:
-        a stale plan; AllocationError: growth failed. Nothing is written on any error.
+        input row j is position P + j (a tree step's: token j, written to the row of its
+        chain_index). InvalidArgumentError: bad layer or arrays; InvalidStateError: a stale plan;
+        AllocationError: growth failed. Nothing is written on any error.
         """
     def read(
         self, layer: SupportsIndex, plan: SeqStepPlan, *, order: str = "rows"
@@ -560,7 +651,16 @@ class KVPool(metaclass=_pybind11_type):
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.int64]]:
         """write then read in one call, the per-layer hot path: writes k/v (T rows) for the begun
         `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors as write and
-        read; InvalidStateError: `step` is stale or of another cache.
+        read; InvalidStateError: `step` is stale or of another cache. A tree step (begin_tree)
+        writes token i to the row of its chain_index and its positions give each row's token
+        position (length + depth); mask with step.mask(layer, order=order).
+        """
+    def apply_copies(self, copies: Sequence[npt.NDArray[np.integer[Any]]]) -> None:
+        """Performs a draft-tree commit's row copies: `copies` is what SequenceCache.commit(step,
+        accepted) returned, one int (n, 2) array [src row, dst row] per layer, copied in order. Call
+        it after the commit and before writing the next step. InvalidArgumentError: not one (n, 2)
+        array per layer, or a row outside the layer; InvalidStateError: a row the tree step never
+        wrote. Every layer is checked before anything is copied.
         """
     @staticmethod
     def required_bytes(
@@ -719,14 +819,6 @@ StepEntryArg = (
 # commit(step, accepted=...): {seq: nodes} or [(seq, nodes), ...], nodes a root path of node ids.
 AcceptedArg = Mapping[SupportsIndex, Iterable[SupportsIndex]] | Iterable[tuple[SupportsIndex, Iterable[SupportsIndex]]]
 
-class _DLPackTensor(Protocol):
-    """A tensor with the DLPack protocol (a CPU torch tensor): read through numpy.from_dlpack."""
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
-
-# A 1-D integer array argument of the batch verbs: int32 or int64, contiguous (numpy,
-# array.array, anything with the buffer protocol, a DLPack tensor), or a sequence of ints.
-IntArrayArg = npt.NDArray[np.signedinteger[Any]] | Sequence[SupportsIndex] | _DLPackTensor
 
 class BatchStep(metaclass=_pybind11_type):
     """A begun step of a BatchCache. As a context manager it commits on normal exit and leaves the

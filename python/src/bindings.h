@@ -17,6 +17,7 @@ void register_errors(py::module_& m);
 void register_config(py::module_& m);
 void register_cache(py::module_& m);
 void register_pool(py::module_& m);  // after register_cache: adds Step.mask
+void register_tree(py::module_& m);  // after register_pool: draft trees on Step and SequenceCache
 void register_batch(py::module_& m);  // after register_cache: BatchCache derives CacheBase
 void register_paged_pool(py::module_& m);  // after register_batch: takes BatchCache and BatchStep
 void register_registry(py::module_& m);  // registries, builders, the capsule

@@ -1,4 +1,4 @@
-// Python view of SequenceCache, Step and plans.
+// Python view of SequenceCache, Step and plans (draft trees and commit: tree.cpp).
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -34,7 +34,7 @@ std::string repr(const kvcore::SeqStepPlan& p) {
 
 std::string repr(const StepHandle& h) {
   return "Step(position=" + std::to_string(h.step.position) + ", T=" + std::to_string(h.step.T) +
-         ")";
+         (h.step.tree ? ", tree=True" : "") + ")";
 }
 
 }  // namespace
@@ -154,8 +154,6 @@ void register_cache(py::module_& m) {
            py::arg("layer"),
            "The SeqStepPlan of `layer` for this step. InvalidArgumentError: bad layer; "
            "InvalidStateError: the step is no longer current.")
-      .def("commit", [](const StepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
-           "length = end. InvalidStateError: the step is no longer current.")
       .def("abort", [](const StepHandle& h) { throw_if_error(h.cache->abort(h.step)); },
            "Ends the step without committing it: the length stays, no step is begun (its rows "
            "still count as written for can_rewind: the backend may have written them). "
@@ -261,14 +259,6 @@ void register_cache(py::module_& m) {
            "The plan layer would get from the next step of T tokens, without beginning it: "
            "begin_step(T) then gives this very plan. Errors as begin_step, and "
            "InvalidArgumentError for a bad layer.")
-      .def("commit",
-           [](kvcore::SequenceCache& c, const StepHandle& h) {
-             if (h.cache.get() != &c)
-               raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
-             throw_if_error(c.commit(h.step));
-           },
-           py::arg("step"),
-           "Commits `step`: length = step.end. InvalidStateError: not this cache's begun step.")
       .def("abort",
            [](kvcore::SequenceCache& c, const StepHandle& h) {
              if (h.cache.get() != &c)

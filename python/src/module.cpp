@@ -9,6 +9,7 @@ PYBIND11_MODULE(_core, m) {
   kvcore_py::register_config(m);
   kvcore_py::register_cache(m);
   kvcore_py::register_pool(m);
+  kvcore_py::register_tree(m);
   kvcore_py::register_batch(m);
   kvcore_py::register_paged_pool(m);
   kvcore_py::register_registry(m);

@@ -18,11 +18,13 @@
 #include "bindings.h"
 #include "errors.h"
 #include "kvcore/pool/kv_pool.h"
+#include "kvcore/pool/kv_pool_tree.h"
 #include "kvcore/core/sequence_cache.h"
 #include "numpy_blocks.h"
 #include "numpy_dtype.h"
 #include "pool_binding.h"
 #include "step_handle.h"
+#include "tree_binding.h"
 
 namespace kvcore_py {
 
@@ -83,9 +85,38 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
                 std::to_string(active.position) + ", T " + std::to_string(active.T) + ")");
   }
 
+  // A tree step's input row i is node i (written to its chain index's row).
   void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
     const Input in = checked_input(layer, k, v, "T", plan.write_len(), "dim", "dim");
+    if (const kvcore::DraftTree* tree = active_tree()) {
+      throw_if_error(kvcore::write_tree(*pool_, layer, plan, *tree, in.k, in.k_bytes, in.v, in.v_bytes));
+      return;
+    }
     throw_if_error(pool_->write(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
+  }
+
+  // Performs a commit's copies: `copies` has one (n, 2) [src, dst] int array per
+  // layer (SequenceCache.commit's answer). Every layer is checked before any copies.
+  void apply_copies(py::handle copies) {
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(copies);
+    if (!py::isinstance<py::sequence>(copies) || static_cast<int>(py::len(seq)) != pool_->n_layers())
+      raise(kvcore::Error::InvalidArgument,
+            "apply_copies: copies must be a list of one (n, 2) int array per layer (" +
+                std::to_string(pool_->n_layers()) + " layers)");
+    std::vector<std::vector<kvcore::TreeCopy>> all(static_cast<std::size_t>(pool_->n_layers()));
+    for (int l = 0; l < pool_->n_layers(); ++l) {
+      auto a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(seq[static_cast<std::size_t>(l)]);
+      if (!a || a.ndim() != 2 || a.shape(1) != 2)
+        raise(kvcore::Error::InvalidArgument, "apply_copies: copies[" + std::to_string(l) + "] must be an (n, 2) int array");
+      std::vector<kvcore::TreeCopy>& out = all[static_cast<std::size_t>(l)];
+      for (py::ssize_t i = 0; i < a.shape(0); ++i)
+        out.push_back(kvcore::TreeCopy{to_int("copies row", a.at(i, 0)), to_int("copies row", a.at(i, 1))});
+      throw_if_error(kvcore::check_copies(*pool_, l, out.data(), static_cast<int>(out.size())));
+    }
+    for (int l = 0; l < pool_->n_layers(); ++l) {
+      const std::vector<kvcore::TreeCopy>& c = all[static_cast<std::size_t>(l)];
+      throw_if_error(kvcore::copy_rows(*pool_, l, c.data(), static_cast<int>(c.size())));
+    }
   }
 
   // (k, v, positions): a zero-copy view when the read is one span (one run, or
@@ -123,6 +154,19 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   }
 
  private:
+  // The begun step's tree, or null when none (or a chain step) is begun.
+  const kvcore::DraftTree* active_tree() const {
+    const kvcore::Step& active = cache_->active_step();
+    return active.tree ? unwrap(cache_->tree(active)) : nullptr;
+  }
+
+  // A read row's position: a tree step's rows at chain positions >= P hold
+  // nodes, whose positions are length + depth.
+  static std::int64_t node_position(const kvcore::DraftTree* tree, std::int64_t p) {
+    if (tree == nullptr || p < tree->position()) return p;
+    return tree->positions()[tree->nodes_at()[p - tree->position()]];
+  }
+
   // Positions of one policy's reads for one step (shared, read-only).
   struct CachedPositions {
     std::uint64_t step_id = 0;
@@ -134,6 +178,10 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
         row_positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
     if (cached.step_id == step_id && step_id != 0) return cached.array;
     py::array_t<std::int64_t> out = row_positions(cache_->policy(layer).geometry(), held.rows, held.end);
+    if (const kvcore::DraftTree* tree = active_tree()) {
+      std::int64_t* at = static_cast<std::int64_t*>(out.request().ptr);
+      for (int r = 0; r < held.rows; ++r) at[r] = node_position(tree, at[r]);
+    }
     cached.step_id = step_id;
     cached.array = out;
     return std::move(out);
@@ -145,8 +193,9 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     if (cached.step_id == step_id && step_id != 0) return cached.array;
     py::array_t<std::int64_t> out(plan.read_len());
     std::int64_t* at = out.mutable_data();
+    const kvcore::DraftTree* tree = active_tree();
     for (int i = 0; i < plan.n_read; ++i)
-      for (int j = 0; j < plan.read[i].len; ++j) *at++ = plan.read[i].pos + j;
+      for (int j = 0; j < plan.read[i].len; ++j) *at++ = node_position(tree, plan.read[i].pos + j);
     npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
     cached.step_id = step_id;
     cached.array = out;
@@ -215,7 +264,11 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
   const auto index = static_cast<std::size_t>(h.cache->policy_index(l));
   if (masks.empty()) masks.resize(static_cast<std::size_t>(h.cache->n_policies()));
   if (masks[index]) return masks[index];
-  py::object out = order == ReadOrder::Rows ? row_order_mask(h, l) : position_order_mask(h, l, plan);
+  py::object out;
+  if (h.step.tree)
+    out = order == ReadOrder::Rows ? py::object(tree_row_mask(h, l)) : py::object(dense_tree_mask(h, l));
+  else
+    out = order == ReadOrder::Rows ? row_order_mask(h, l) : position_order_mask(h, l, plan);
   npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
   masks[index] = out;
   return out;
@@ -274,7 +327,8 @@ void register_pool(py::module_& m) {
            py::arg("layer"), py::arg("plan"), py::arg("k"), py::arg("v"),
            "Writes the step's rows: k (T, n_kv_heads, head_dim) and v (T, n_kv_heads, value_dim), "
            "C-contiguous, of the pool's dtype, go where `plan` (layer's plan of the begun step) "
-           "says; input row j is position P + j. InvalidArgumentError: bad layer or arrays; "
+           "says; input row j is position P + j (a tree step's: token j, written to the row of its "
+           "chain_index). InvalidArgumentError: bad layer or arrays; "
            "InvalidStateError: a stale plan; AllocationError: growth failed. Nothing is written "
            "on any error.")
       .def("read",
@@ -305,7 +359,15 @@ void register_pool(py::module_& m) {
            py::arg("order") = "rows",
            "write then read in one call, the per-layer hot path: writes k/v (T rows) for the "
            "begun `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors "
-           "as write and read; InvalidStateError: `step` is stale or of another cache.")
+           "as write and read; InvalidStateError: `step` is stale or of another cache. A tree step "
+           "(begin_tree) writes token i to the row of its chain_index and its positions give each "
+           "row's token position (length + depth); mask with step.mask(layer, order=order).")
+      .def("apply_copies", [](PyPool& p, py::handle copies) { p.apply_copies(copies); }, py::arg("copies"),
+           "Performs a draft-tree commit's row copies: `copies` is what SequenceCache.commit(step, "
+           "accepted) returned, one int (n, 2) array [src row, dst row] per layer, copied in order. "
+           "Call it after the commit and before writing the next step. InvalidArgumentError: not one "
+           "(n, 2) array per layer, or a row outside the layer; InvalidStateError: a row the tree step "
+           "never wrote. Every layer is checked before anything is copied.")
       .def_static(
           "required_bytes",
           [](const kvcore::CacheConfig& config, py::object dtype, bool mirror_rings) {

@@ -17,6 +17,8 @@ struct StepHandle {
   // on first use.
   std::vector<pybind11::object> masks{};      // position order
   std::vector<pybind11::object> row_masks{};  // row order
+  // parents, positions, chain_index, tree_mask_packed (tree.cpp), made on first use.
+  std::vector<pybind11::object> tree_arrays{};
 };
 
 }  // namespace kvcore_py

@@ -112,6 +112,36 @@ TEST(NoAllocation, PerStepPathNeverAllocates) {
       auto aborted = cache.begin_step(1);
       ok(aborted.ok() && cache.abort(*aborted).ok());
     }
+    // Draft trees: begin, plan, read the layout, rows and dense mask, commit
+    // an accepted path off the main line and read its copies; error paths too.
+    {
+      const int parents[C] = {-1, 0, 0, 2};
+      const int path[3] = {0, 2, 3};
+      const int bad_path[2] = {0, 3};
+      int rows[C] = {};
+      std::uint8_t mask[C * 16] = {};
+      if (cache.can_extend(C)) {
+        auto tree = cache.begin_tree(parents, C);
+        ok(tree.ok());
+        auto layout = cache.tree(*tree);
+        ok(layout.ok());
+        checksum += (*layout)->positions()[3] + (*layout)->chain_indices()[3] + (*layout)->mask()[3];
+        for (int l = 0; l < cache.n_layers(); ++l) {
+          ok(cache.plan(l, *tree).ok() && cache.tree_rows(l, *tree, rows).ok() &&
+             cache.dense_tree_mask(l, *tree, mask).ok());
+          checksum += rows[3] + mask[0];
+        }
+        fails(cache.commit(*tree).ok());                 // a tree committed as a chain
+        fails(cache.commit(*tree, bad_path, 2).ok());    // not a root path
+        fails(cache.begin_tree(parents, 0).ok());        // N = 0
+        ok(cache.commit(*tree, path, 3).ok());
+        for (int l = 0; l < cache.n_layers(); ++l) {
+          auto copies = cache.commit_copies(l);
+          ok(copies.ok());
+          checksum += copies->n;
+        }
+      }
+    }
     // Rewind within the allowed range, then clear.
     ok(cache.rewind(cache.length() - 1).ok());
     ok(base.as_control()->rewind(cache.length() - 1).ok());

@@ -15,7 +15,7 @@ import pytest
 
 import kvcore
 from kvcore import cli
-from kvcore.demo import footprint, options, runner, sequence
+from kvcore.demo import footprint, options, runner, sequence, trees
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts
 from kvcore.demo.model import Decoder
 
@@ -271,3 +271,51 @@ def test_an_unknown_command_lists_the_commands(capsys: pytest.CaptureFixture[str
 def test_a_command_error_names_its_command_once(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["tour", "--window", "0"]) == 2
     assert _one_line_error(capsys.readouterr().err, "kvcore tour").startswith("window = 0")
+
+
+# --- kvcore demo --tree ---------------------------------------------------
+
+TREE_OPTS = dataclasses.replace(SMALL_OPTS, tree=4, gen_len=40, prompt_len=14)
+
+
+def test_tree_demo_equals_plain_decoding_and_compares_with_chains() -> None:
+    r = sequence.run_demo(TREE_OPTS)
+    assert r["ok"] and all(c["ok"] for c in r["checks"])
+    assert r["checks"][-1]["name"] == "tree speculative decoding equals plain decoding"
+    t = r["tree"]
+    assert t["tokens_equal"] and t["max_abs_logit_diff"] <= r["tolerance"]
+    assert 1 <= t["tokens_per_forward"] <= 4 and 1 <= t["chain_tokens_per_forward"] <= 4
+    assert t["copies_layer0"] > 0  # some accepted paths left the main line: their rows were moved
+    assert "trees" in sequence.format_report(r)
+
+
+def test_tree_demo_catches_copies_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without the commit's copies an accepted second guess stays in its draft row,
+    # and a later step reads the main line's rejected draft in its place.
+    monkeypatch.setattr(kvcore.KVPool, "apply_copies", lambda self, copies: None)
+    r = sequence.run_demo(TREE_OPTS)
+    assert r["ok"] is False and r["checks"][-1]["ok"] is False
+
+
+def test_draft_tree_is_a_main_line_with_second_guesses() -> None:
+    parents, tokens = trees.draft_tree([5, 6, 7], 5, np.random.default_rng(0), 64)
+    assert parents[:3] == [0, 1, 2] and len(parents) == len(tokens) == 5
+    assert parents[3:] == [0, 1]  # second guesses beside the first two main-line drafts
+    logits = np.zeros((6, 64))
+    full = [-1, *parents]
+    absent = next(v for v in range(64) if v not in tokens)
+    for node, want in ((0, tokens[0]), (1, absent)):
+        logits[node, want] = 1.0
+    assert trees.accepted_path(full, [1, *tokens], logits) == [0, 1]
+
+
+@pytest.mark.parametrize("value", ["1", "5"])
+def test_a_tree_budget_outside_the_step_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", *SMALL, "--tree", value]) == 2
+    assert f"--tree = {value}: must be 0 (no trees) or in [2, --max-step = 4]" in capsys.readouterr().err
+
+
+def test_tree_demo_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", *SMALL, "--tree", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "tree speculative decoding equals plain decoding" in out and "tokens per forward" in out

@@ -37,4 +37,5 @@
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/kv_pool.h"
+#include "kvcore/pool/kv_pool_tree.h"
 #include "kvcore/pool/paged_kv_pool.h"

@@ -38,6 +38,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gen-len", type=int, default=d.gen_len, help="tokens to generate (default %(default)s)")
     p.add_argument("--draft", type=int, default=d.draft,
                    help="draft tokens per speculative step, at most --max-step - 1 (default %(default)s)")
+    p.add_argument("--tree", type=int, default=d.tree,
+                   help="also decode with draft trees of up to N tokens per step, verified in one forward "
+                   "(docs/trees.md); 0: no trees (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="weights and prompt seed (default %(default)s)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len,
         gen_len=args.gen_len,
         draft=args.draft,
+        tree=args.tree,
         seed=args.seed,
         dtype=args.dtype,
     )

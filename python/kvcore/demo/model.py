@@ -284,11 +284,13 @@ class Model:
         return self._logits(h)
 
     def forward_step(self, tokens: Sequence[int] | Array, step: kvcore.Step, pool: kvcore.KVPool) -> Array:
-        """Logits (T, vocab) for the step's tokens, through the cache and the pool."""
+        """Logits (T, vocab) for the step's tokens, through the cache and the pool (a
+        draft-tree step too: token i is node i of the tree)."""
         ids = self._tokens(tokens)
         if len(ids) != step.T:
             raise ValueError(f"{len(ids)} tokens for a step of T = {step.T}")
-        positions = np.arange(step.position, step.end, dtype=np.int64)
+        # A draft tree's tokens stand at length + depth (docs/trees.md).
+        positions = step.positions if step.is_tree else np.arange(step.position, step.end, dtype=np.int64)
         h = self._embed(ids)
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(i, w, h, positions)

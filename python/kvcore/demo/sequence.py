@@ -6,6 +6,7 @@ checks the logits of every step against the oracle (a full forward over the
 whole sequence with explicit masks, no cache). Then it decodes again with
 speculative steps: each step carries the last token plus k draft tokens, the
 rejected drafts are rewound, and the result must equal decoding without drafts.
+With --tree N it decodes a third time with draft trees (kvcore.demo.trees).
 
 Nothing is downloaded: the model is small and random. Exits 0 when every check
 passes, 1 when one fails, 2 on bad options.
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo import footprint
+from kvcore.demo import footprint, trees
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
 from kvcore.demo.model import Decoder, Model
 from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
@@ -34,11 +35,12 @@ class DemoOptions(ModelOptions):
     prompt_len: int = 128
     gen_len: int = 128
     draft: int = 3
+    tree: int = 0
 
     @property
     def capacity(self) -> int:
         """Longest sequence (positions): the prompt, the generated tokens and one step of drafts."""
-        return self.prompt_len + self.gen_len + self.draft + 1
+        return self.prompt_len + self.gen_len + max(self.draft, self.tree) + 1
 
     def check(self) -> None:
         """Raises ValueError naming the first bad option: a value below its least, a
@@ -50,7 +52,10 @@ class DemoOptions(ModelOptions):
                 raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
         if self.draft < 0:
             raise ValueError(f"--draft = {self.draft}: must be >= 0")
-        self.check_step(self.capacity, self.draft, "--prompt-len + --gen-len + --draft + 1")
+        if self.tree != 0 and not 2 <= self.tree <= self.max_step:
+            raise ValueError(f"--tree = {self.tree}: must be 0 (no trees) or in [2, --max-step = {self.max_step}]")
+        longest = "--draft" if self.draft >= self.tree else "--tree"
+        self.check_step(self.capacity, self.draft, f"--prompt-len + --gen-len + {longest} + 1")
         self.check_dtype()
         footprint.check_options_fit(self, [("prompt_len", 1), ("gen_len", 1)],
                                     "the oracle attends over every position at once")
@@ -107,6 +112,12 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
     # 2. Speculative decoding: drafts from the plain run with one token corrupted
     # at a random place (or none), so every step accepts a different prefix.
     spec = _speculative(model, opts, dtype, prompt, tokens, capacity, max_step, bar)
+    tree = None
+    if opts.tree:
+        bar.update("trees", 0, 1)
+        args = (model, opts.tree, capacity, max_step, dtype, prompt, tokens, opts.gen_len, opts.seed + 3)
+        tree = trees.run_trees(*args)
+        tree["chain_tokens_per_forward"] = trees.chain_tokens_per_forward(*args)
     bar.close()
 
     pool = dec.pool
@@ -127,12 +138,22 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
             ),
         },
     ]
+    if tree is not None:
+        checks.append({
+            "name": "tree speculative decoding equals plain decoding",
+            "ok": tree["tokens_equal"] and tree["max_abs_logit_diff"] <= tolerance,
+            "detail": (
+                f"tokens {'equal' if tree['tokens_equal'] else 'DIFFER'}, "
+                f"max |diff| {tree['max_abs_logit_diff']:.2e} vs its oracle"
+            ),
+        })
     return {
         "ok": all(bool(c["ok"]) for c in checks),
         "checks": checks,
         "model": model_summary(cfg),
         "dtype": opts.dtype,
         "max_step": max_step,
+        "tree_budget": opts.tree,
         "prompt_len": opts.prompt_len,
         "generated": len(tokens),
         "tokens": tokens,
@@ -144,6 +165,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
         "max_abs_logit_diff": diff,
         "tolerance": tolerance,
         "speculative": {k: v for k, v in spec.items() if k != "tokens"},
+        "tree": tree,
     }
 
 
@@ -215,6 +237,13 @@ def format_report(r: dict[str, Any]) -> str:
         f"  drafts    {s['steps']} speculative steps, {s['accepted']}/{s['drafted']} drafts accepted, "
         f"{s['rewinds']} rewinds of {s['rewound_tokens']} tokens",
     ]
+    t = r.get("tree")
+    if t is not None:
+        lines.append(
+            f"  trees     {t['forwards']} forwards of up to {r['tree_budget']} tokens, "
+            f"{t['tokens_per_forward']:.2f} tokens per forward vs {t['chain_tokens_per_forward']:.2f} "
+            f"with chains of the same budget, {t['copies_layer0']} row copies per layer"
+        )
     for c in r["checks"]:
         lines.append(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
     lines.append("result: " + ("all checks passed" if r["ok"] else "CHECKS FAILED"))

@@ -14,10 +14,9 @@
 //     main-line node d lies at chain index d = its depth: in place;
 //   - every other node takes M, M+1, ... in node order.
 // Each node has a row of its own (ci is a bijection onto 0..N-1), and writing
-// them destroys exactly what a chain step of N destroys: nothing any query of
-// the step needs (section 2's R = W + C - 1 argument, N <= C). Since
-// depth(i) <= ci(i) for every node, each node's row is one a chain of N would
-// write at or after its own position, so no history its query needs is lost.
+// them destroys exactly what a chain step of N destroys: ring positions up to
+// L + N - 1 - R, below L - W + 1 (R = W + C - 1, N <= C), while every node's
+// query, at q >= L, needs history from q - W + 1 >= L - W + 1 on, sinks apart.
 //
 // Packed ancestor mask. Row i, bit j is set iff j == i or j is an ancestor of
 // i. A row is mask_words(N) = ceil(N / 32) uint32 words; bit j lives in word
@@ -191,6 +190,15 @@ inline int tree_commit_copies(const int* chain_index, const int* accepted, int m
     if (src != d) out[n_out++] = TreeCopy{src, d};
   }
   return n_out;
+}
+
+/// The row the chain plan writes for chain index `c` (0 <= c < plan.write_len()).
+inline int chain_row(const SeqStepPlan& plan, int c) noexcept {
+  for (int i = 0; i < plan.n_write; ++i) {
+    if (c < plan.write[i].len) return plan.write[i].row + c;
+    c -= plan.write[i].len;
+  }
+  return -1;
 }
 
 /// A tree step's layout, in storage sized once (reserve) and reused: no

@@ -1,7 +1,11 @@
 // SequenceCache: one logical length for every layer; each layer plans through
 // its LayoutPolicy, and identical policies share one object. Per ring policy it
 // keeps one integer of state, the oldest position its rows still hold, which
-// makes can_rewind() exact. Nothing on the per-step path allocates.
+// makes can_rewind() exact. Draft trees (section 7) step through the same
+// plans: a tree of N nodes reserves the rows of a chain step of N
+// (sequence_tree.h keeps the tree's layout and the commit's copies). Nothing
+// on the per-step path allocates (a tree larger than any before grows the
+// tree storage once: reserve_tree() sizes it ahead).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +16,7 @@
 #include "kvcore/core/config.h"
 #include "kvcore/core/flat_policy.h"
 #include "kvcore/core/ring_policy.h"
+#include "kvcore/core/sequence_tree.h"
 
 namespace kvcore {
 
@@ -49,6 +54,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       copy->held_floor_[i] = held_floor_[i];
       copy->step_plans_[i] = step_plans_[i];
     }
+    KVCORE_RETURN_IF_ERROR(tree_.copy_to(copy->tree_));
     return copy;
   }
 
@@ -70,33 +76,137 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
 
   Result<Step> begin_step(int T) noexcept override {
     KVCORE_RETURN_IF_ERROR(check_next_step(T));
-    const int end = length_ + T;
-    // From here on the step's rows count as written: what they held is gone.
-    // Each distinct policy is planned once here, so plan(layer) is a lookup.
-    for (int i = 0; i < n_policies_; ++i) {
-      const int floor = policies_[i]->held_floor(end);
-      if (floor > held_floor_[i]) held_floor_[i] = floor;
-      step_plans_[i] = policies_[i]->plan(length_, T);
-    }
-    active_ = Step{length_, T, ++last_step_id_};
-    return active_;
+    return start_step(T, false);
   }
+
+  /// Begins a draft-tree step (docs/design.md section 7) of N = n nodes given
+  /// by `parents` (parents[0] = -1, 0 <= parents[i] < i): node i stands at
+  /// position length() + depth(i). The step is planned as a chain step of
+  /// T = N (plan() gives exactly that plan, the same rows); tree(step) gives
+  /// each node's position, chain index (its row is the one of position
+  /// length() + chain index) and the packed ancestor mask. A chain given as a
+  /// tree plans exactly as begin_step(N). Replaces an uncommitted step.
+  /// InvalidArgument: N outside [1, max_step], parents[0] != -1, a second root,
+  /// parents[i] outside [0, i). OutOfResources: length + N > capacity.
+  /// MemoryAllocationFailed: a tree larger than any before (beyond
+  /// SequenceTree::kReservedNodes or reserve_tree()) found no memory. Any error
+  /// changes nothing.
+  Result<Step> begin_tree(const int* parents, int n) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_tree(parents, n, max_step_));
+    KVCORE_RETURN_IF_ERROR(check_next_step(n));
+    KVCORE_RETURN_IF_ERROR(tree_.reserve(n, n_policies_));  // grows only past every earlier tree
+    tree_.assign(parents, n, length_);
+    return start_step(n, true);
+  }
+
+  /// Sizes the tree storage for trees of up to `max_nodes` nodes, so that
+  /// begin_tree never allocates. InvalidArgument: max_nodes outside
+  /// [1, max_step]. MemoryAllocationFailed: nothing changes.
+  Status reserve_tree(int max_nodes) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(max_nodes >= 1 && max_nodes <= max_step_, InvalidArgument,
+                                 "reserve_tree(%d): needs 1 <= max_nodes <= max_step = %d",
+                                 max_nodes, max_step_);
+    if (max_nodes <= tree_.capacity()) return Error::Ok;
+    KVCORE_CHECK_OR_RETURN_ERROR(!active_.tree, InvalidState,
+                                 "reserve_tree(%d): a tree step is begun and growing would drop "
+                                 "its layout: reserve before begin_tree",
+                                 max_nodes);
+    return tree_.reserve(max_nodes, n_policies_);
+  }
+
 
   Status check_step(const Step& step) const noexcept override {
     KVCORE_CHECK_OR_RETURN_ERROR(active_.id != 0, InvalidState,
                                  "step (position %d, T %d): no step is begun", step.position,
                                  step.T);
     KVCORE_CHECK_OR_RETURN_ERROR(
-        step.id == active_.id && step.position == active_.position && step.T == active_.T,
+        step.id == active_.id && step.position == active_.position && step.T == active_.T &&
+            step.tree == active_.tree,
         InvalidState, "step (position %d, T %d): not the begun step (position %d, T %d)",
         step.position, step.T, active_.position, active_.T);
     return Error::Ok;
   }
 
+  /// As SequenceControl::commit; a tree step commits this way only when it is
+  /// a chain. InvalidArgument (nothing changes): a tree step that is not a
+  /// chain (commit it with its accepted path).
   Status commit(const Step& step) noexcept override {
     KVCORE_RETURN_IF_ERROR(check_step(step));
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        !active_.tree || tree_.tree().is_chain(), InvalidArgument,
+        "commit(step): the step at position %d is a draft tree of %d nodes, not a chain: "
+        "commit it with its accepted path",
+        active_.position, active_.T);
+    tree_.record_commit(policies_.get(), active_.position, nullptr, 0);
     length_ = active_.end();
     active_ = Step{};
+    return Error::Ok;
+  }
+
+  /// Commits the accepted root path `accepted[0..m)` of `step` (a tree step,
+  /// or a chain step whose path is 0, 1, ..., m - 1): length = position + m,
+  /// and commit_copies(layer) lists the row copies the backend performs before
+  /// the next step, after which position + d holds node accepted[d]'s K/V.
+  /// None on the main line, at most m - 1 otherwise. The cache is then exactly
+  /// one that stepped a chain of N and rewound to position + m.
+  /// InvalidState: `step` is not the begun step. InvalidArgument: m outside
+  /// [1, N], accepted[0] != 0, an index outside [0, N), accepted[d] not a child
+  /// of accepted[d - 1]. Any error changes nothing.
+  Status commit(const Step& step, const int* accepted, int m) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_step(step));
+    if (active_.tree) {
+      KVCORE_RETURN_IF_ERROR(check_accepted(tree_.tree().parents(), active_.T, accepted, m));
+    } else {
+      KVCORE_RETURN_IF_ERROR(check_chain_path(accepted, m));
+    }
+    tree_.record_commit(policies_.get(), active_.position, active_.tree ? accepted : nullptr, m);
+    length_ = active_.position + m;
+    active_ = Step{};
+    // As rewind(length_) after a chain of N: rows above the length are dead.
+    for (int i = 0; i < n_policies_; ++i)
+      if (held_floor_[i] > length_) held_floor_[i] = length_;
+    return Error::Ok;
+  }
+
+  /// `layer`'s row copies (src row, dst row) of the last commit: performed in
+  /// order before the next step. Empty after a chain commit. Valid until the
+  /// next commit. InvalidArgument: bad layer.
+  Result<RowCopies> commit_copies(int layer) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    return tree_.copies(policy_index(layer));
+  }
+
+  /// The begun tree step's layout: per node its position, chain index and the
+  /// packed ancestor mask (draft_tree.h). Valid until the next begin.
+  /// InvalidState: `step` is not the begun step. InvalidArgument: it was begun
+  /// by begin_step, not begin_tree.
+  Result<const DraftTree*> tree(const Step& step) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_step(step));
+    KVCORE_CHECK_OR_RETURN_ERROR(active_.tree, InvalidArgument,
+                                 "step at position %d (T %d) was begun by begin_step, not "
+                                 "begin_tree: it has no tree",
+                                 active_.position, active_.T);
+    return &tree_.tree();
+  }
+
+  /// Fills `rows[0..N)` with the row each node of the begun tree step writes
+  /// on `layer` (the row of position + chain index). Errors as tree(step),
+  /// plus InvalidArgument for a bad layer.
+  Status tree_rows(int layer, const Step& step, int* rows) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_ASSIGN_OR_RETURN(const DraftTree* t, tree(step));
+    for (int i = 0; i < t->size(); ++i) rows[i] = policy(layer).row(t->position() + t->chain_indices()[i]);
+    return Error::Ok;
+  }
+
+  /// Fills `out` (N rows of plan(layer).read_len() bytes) with the dense
+  /// (tokens, keys) mask of the begun tree step on `layer`: 1 where node i's
+  /// query sees the key the read row holds (DraftTree::dense_mask). Errors as
+  /// tree_rows().
+  Status dense_tree_mask(int layer, const Step& step, std::uint8_t* out) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_ASSIGN_OR_RETURN(const DraftTree* t, tree(step));
+    t->dense_mask(policy(layer).policy(), step_plan(layer), out);
     return Error::Ok;
   }
 
@@ -250,7 +360,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_CHECK_OR_RETURN_ERROR(held_floor_ != nullptr && step_plans_ != nullptr,
                                  MemoryAllocationFailed,
                                  "cannot allocate the step state of %d policies", n_policies_);
-    return Error::Ok;
+    const int tree_nodes = max_step_ < SequenceTree::kReservedNodes ? max_step_ : SequenceTree::kReservedNodes;
+    return tree_.reserve(tree_nodes, n_policies_);
   }
 
   // nullptr when the allocation fails.
@@ -272,6 +383,33 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
                                  "T = %d at length %d: length would exceed capacity = %d", T,
                                  length_, capacity_);
+    return Error::Ok;
+  }
+
+  // Plans every policy for a step of T at length_ (checked) and begins it.
+  Step start_step(int T, bool tree) noexcept {
+    const int end = length_ + T;
+    // From here on the step's rows count as written: what they held is gone.
+    // Each distinct policy is planned once here, so plan(layer) is a lookup.
+    for (int i = 0; i < n_policies_; ++i) {
+      const int floor = policies_[i]->held_floor(end);
+      if (floor > held_floor_[i]) held_floor_[i] = floor;
+      step_plans_[i] = policies_[i]->plan(length_, T);
+    }
+    active_ = Step{length_, T, ++last_step_id_, tree};
+    return active_;
+  }
+
+  // A chain step's accepted path: 0, 1, ..., m - 1 with 1 <= m <= T.
+  Status check_chain_path(const int* accepted, int m) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(m >= 1 && m <= active_.T && accepted != nullptr, InvalidArgument,
+                                 "accepted path of %d nodes: needs 1 <= m <= T = %d", m,
+                                 active_.T);
+    for (int d = 0; d < m; ++d)
+      KVCORE_CHECK_OR_RETURN_ERROR(accepted[d] == d, InvalidArgument,
+                                   "accepted[%d] = %d: a chain step's accepted path is 0, 1, ..., "
+                                   "m - 1",
+                                   d, accepted[d]);
     return Error::Ok;
   }
 
@@ -311,6 +449,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   std::unique_ptr<int[]> layer_policy_;  // per layer: index into policies_
   std::unique_ptr<int[]> held_floor_;    // per policy: oldest evictable position still held
   std::unique_ptr<SeqStepPlan[]> step_plans_;  // per policy: its plan of the begun step
+  SequenceTree tree_;  // the begun tree's layout and the last commit's copies
 };
 
 }  // namespace kvcore

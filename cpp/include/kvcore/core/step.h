@@ -13,6 +13,9 @@ struct Step {
   int T = 0;
   /// Unique per begin_step() of one cache; 0 never names a begun step.
   std::uint64_t id = 0;
+  /// True when begun by begin_tree(): its T nodes form a draft tree
+  /// (docs/design.md section 7) rather than a chain of positions.
+  bool tree = false;
 
   int end() const noexcept { return position + T; }
 };

@@ -1,0 +1,24 @@
+// Draft-tree helpers tree.cpp defines for the other bindings: the commit of a
+// Step (cache.cpp's Step and SequenceCache), and the masks of a tree step
+// (pool.cpp's Step.mask).
+#pragma once
+
+#include <pybind11/numpy.h>
+
+#include "step_handle.h"
+
+namespace kvcore_py {
+
+namespace py = pybind11;
+
+/// Commits `h` (None: a plain commit, returns None) or its accepted root path
+/// (returns per layer the (n, 2) int32 row copies). Raises as the core refuses.
+py::object commit_step(const StepHandle& h, py::handle accepted);
+
+/// (T, read_len) mask of a tree step over `layer`'s plan read, position order.
+py::array_t<bool> dense_tree_mask(const StepHandle& h, int layer);
+
+/// (T, held rows) mask of a tree step over `layer`'s rows as they lie.
+py::array_t<bool> tree_row_mask(const StepHandle& h, int layer);
+
+}  // namespace kvcore_py
