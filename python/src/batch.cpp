@@ -83,6 +83,15 @@ const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
   return h.plan;
 }
 
+// An entry index of the plan: InvalidArgumentError outside [0, n_entries).
+int entry_of(const kvcore::BatchStepPlan& p, const IntArg& entry) {
+  const int i = to_int("entry", entry);
+  if (i < 0 || i >= p.n_entries)
+    raise(kvcore::Error::InvalidArgument,
+          "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
+  return i;
+}
+
 // The token ids of `tokens` (any iterable). An item that is not an int goes to
 // `refuse`, which throws the caller's TypeError (its message names the call;
 // each stays a literal at its throw, where test_errors_doc finds it).
@@ -341,10 +350,7 @@ void register_batch(py::module_& m) {
           "holes",
           [](const BatchPlanHandle& h, const IntArg& entry) {
             const kvcore::BatchStepPlan& p = current(h);
-            const int i = to_int("entry", entry);
-            if (i < 0 || i >= p.n_entries)
-              raise(kvcore::Error::InvalidArgument,
-                    "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
+            const int i = entry_of(p, entry);
             return holes_of(p.holes[i], p.n_holes[i]);
           },
           py::arg("entry"),
@@ -378,11 +384,7 @@ void register_batch(py::module_& m) {
           "is_tree",
           [](const BatchPlanHandle& h, const IntArg& entry) {
             const kvcore::BatchStepPlan& p = current(h);
-            const int i = to_int("entry", entry);
-            if (i < 0 || i >= p.n_entries)
-              raise(kvcore::Error::InvalidArgument,
-                    "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
-            return p.is_tree(i);
+            return p.is_tree(entry_of(p, entry));
           },
           py::arg("entry"),
           "True when entry i is a draft tree (not a chain). InvalidArgumentError: entry outside "

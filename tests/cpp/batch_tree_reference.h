@@ -411,21 +411,21 @@ class TreeTwin {
     return same_state();
   }
 
-  std::string add() {
-    const int s = active_seq(false);
-    if (s < 0) return release();
+  // Adds an inactive sequence (adding) or releases an active one; the other
+  // when there is none.
+  std::string add_or_release(bool adding) {
+    int s = active_seq(!adding);
+    if (s < 0) {
+      adding = !adding;
+      s = active_seq(!adding);
+    }
     tags_[static_cast<std::size_t>(s)].clear();
     tokens_[static_cast<std::size_t>(s)].clear();
-    return both("add_sequence", [&](kvcore::BatchCache& c) { return c.add_sequence(s); });
+    return both(adding ? "add_sequence" : "release_sequence",
+                [&](kvcore::BatchCache& c) { return adding ? c.add_sequence(s) : c.release_sequence(s); });
   }
-
-  std::string release() {
-    const int s = active_seq(true);
-    if (s < 0) return add();
-    tags_[static_cast<std::size_t>(s)].clear();
-    tokens_[static_cast<std::size_t>(s)].clear();
-    return both("release_sequence", [&](kvcore::BatchCache& c) { return c.release_sequence(s); });
-  }
+  std::string add() { return add_or_release(true); }
+  std::string release() { return add_or_release(false); }
 
   std::string rewind() {
     const int s = active_seq(true);
