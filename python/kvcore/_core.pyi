@@ -836,7 +836,13 @@ class BatchStep(metaclass=_pybind11_type):
         """True while this is the cache's begun, uncommitted step."""
     def plan(self) -> BatchStepPlan:
         """The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one."""
-    def commit(self, accepted: AcceptedArg | None = None) -> tuple[npt.NDArray[np.int32], ...] | None:
+    @overload
+    def commit(self, accepted: None = None) -> None:
+        """Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step.
+        InvalidArgumentError: see cache.commit.
+        """
+    @overload
+    def commit(self, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
         """Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step.
         InvalidArgumentError: see cache.commit.
         """
@@ -1021,9 +1027,23 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         equal to src; InvalidStateError for src not active or no longer holding what a query at upto
         needs, or a dst not empty; nothing changes then.
         """
-    def commit(
-        self, step: BatchStep, accepted: AcceptedArg | None = None
-    ) -> tuple[npt.NDArray[np.int32], ...] | None:
+    @overload
+    def commit(self, step: BatchStep, accepted: None = None) -> None:
+        """commit(step) commits the begun step whole (every entry's length grows by its T) and
+        returns None. commit(step, accepted) commits draft trees: accepted maps a sequence to its
+        accepted root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0,
+        each the child of the one before); its length grows by len(nodes), position length + d
+        holding node nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved
+        only for rejected nodes return to their pools. Returns one (n_copies, 2) int32 array per
+        group of rows (src, dst) to copy, in order, in every layer of the group before the next step
+        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the
+        cache is as if the sequence had decoded the accepted tokens as a chain. InvalidStateError: a
+        stale step or one of another cache. InvalidArgumentError (nothing changes): a tree entry
+        committed without a path, a sequence not in the step or listed twice, an empty path or one
+        longer than N, a node outside [0, N), nodes not a root path; accepted not as above.
+        """
+    @overload
+    def commit(self, step: BatchStep, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
         """commit(step) commits the begun step whole (every entry's length grows by its T) and
         returns None. commit(step, accepted) commits draft trees: accepted maps a sequence to its
         accepted root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0,
