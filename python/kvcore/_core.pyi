@@ -5,7 +5,7 @@ Integer arguments accept any int (or object with __index__); values outside the
 32-bit signed range raise InvalidArgumentError naming the value.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Literal, Protocol, SupportsIndex, overload
 
@@ -835,18 +835,53 @@ class BatchStepPlan(metaclass=_pybind11_type):
     def mask(self, group: SupportsIndex, rows: SupportsIndex | None = None) -> npt.NDArray[np.bool_]:
         """Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default:
         used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t may
-        see the key in row r (its own sequence's, by the visibility rule, not removed). A new array.
-        InvalidArgumentError: bad group or rows.
+        see the key in row r (its own sequence's, by the visibility rule, not removed; a tree node
+        sees its history by the rule at its position and, of its tree, itself and its ancestors
+        within the window). A new array. InvalidArgumentError: bad group or rows.
         """
     @property
     def positions(self) -> npt.NDArray[np.int32]:
-        """(n_tokens,) the position of each new token (a new array)."""
+        """(n_tokens,) the position of each new token: first_positions[i] + j for a chain,
+        first_positions[i] + depth(node) for a draft tree's node (RoPE and the mask use it).
+        """
+    @property
+    def chain_index(self) -> npt.NDArray[np.int32]:
+        """(n_tokens,) each token's place among its entry's reserved positions: a tree entry of N
+        nodes takes the rows of positions [first, first + N) as a chain of N would, node j the row
+        of position first + chain_index[j] in the block table (the main line in place). j for a
+        chain.
+        """
+    @property
+    def tree_mask_starts(self) -> npt.NDArray[np.int32]:
+        """(n_entries + 1,) entry i's ancestor mask is
+        tree_masks[tree_mask_starts[i]:tree_mask_starts[i + 1]] (uint32 words); an empty range: a
+        chain (causal).
+        """
+    @property
+    def tree_masks(self) -> npt.NDArray[np.uint32]:
+        """uint32 words of every tree entry's packed ancestor mask, entry after entry: N rows of
+        ceil(N / 32) words, row j bit k (word k // 32, bit k % 32) set when node k is j or an
+        ancestor of j (TensorRT-LLM's packed mask; each row's bytes are FlashInfer's
+        packbits(bitorder='little')).
+        """
+    def is_tree(self, entry: SupportsIndex) -> bool:
+        """True when entry i is a draft tree (not a chain). InvalidArgumentError: entry outside [0,
+        n_entries). InvalidStateError: the step ended.
+        """
     @property
     def groups(self) -> tuple[GroupPlan, ...]:
         """One GroupPlan per group (index with cache.group_of(layer))."""
 
-# (seq, T) or (seq, T, tokens): tokens any iterable of T ids (a list, a numpy array), or None.
-StepEntryArg = tuple[SupportsIndex, SupportsIndex] | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
+# (seq, T), (seq, T, tokens) or (seq, T, tokens, parents): tokens any iterable of T ids (a list,
+# a numpy array), or None; parents T ints making the tokens a draft tree, or None.
+StepEntryArg = (
+    tuple[SupportsIndex, SupportsIndex]
+    | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None]
+    | tuple[SupportsIndex, SupportsIndex, Iterable[SupportsIndex] | None, Iterable[SupportsIndex] | None]
+)
+
+# commit(step, accepted=...): {seq: nodes} or [(seq, nodes), ...], nodes a root path of node ids.
+AcceptedArg = Mapping[SupportsIndex, Iterable[SupportsIndex]] | Iterable[tuple[SupportsIndex, Iterable[SupportsIndex]]]
 
 
 class BatchStep(metaclass=_pybind11_type):
@@ -865,8 +900,16 @@ class BatchStep(metaclass=_pybind11_type):
         """True while this is the cache's begun, uncommitted step."""
     def plan(self) -> BatchStepPlan:
         """The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one."""
-    def commit(self) -> None:
-        """Commits the step (every entry's length grows by its T). InvalidStateError: stale step."""
+    @overload
+    def commit(self, accepted: None = None) -> None:
+        """Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step.
+        InvalidArgumentError: see cache.commit.
+        """
+    @overload
+    def commit(self, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
+        """Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step.
+        InvalidArgumentError: see cache.commit.
+        """
     def abort(self) -> None:
         """Ends the step without committing it: every length, block table and count is as
         before the step began (its blocks return to the pools). InvalidStateError: stale
@@ -1010,23 +1053,28 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         T: SupportsIndex | IntArrayArg | None = None,
         tokens: IntArrayArg | None = None,
         token_offsets: IntArrayArg | None = None,
+        parents: IntArrayArg | None = None,
     ) -> BatchStep:
         """Begins one forward; replaces an uncommitted step. Two forms: begin_step(entries): entries
-        [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for prefix reuse), laid out entry after
-        entry. begin_step(seqs, T, tokens=None, token_offsets=None): the same as arrays, with no
-        Python object per entry: seqs the sequence of each entry; T one int for all or one per
-        entry; tokens the step's ids flat, entry after entry (sum(T) of them), or with token_offsets
-        (n + 1 values from 0 to len(tokens), non-decreasing) entry i's are
+        [(seq, T), (seq, T, tokens) or (seq, T, tokens, parents), ...] (tokens: T ids, for prefix
+        reuse, or None; parents: T ints making the tokens a draft tree of N = T nodes, parents[0] =
+        -1 and 0 <= parents[i] < i, node i at position length + depth(i)), laid out entry after
+        entry. begin_step(seqs, T, tokens=None, token_offsets=None, parents=None): the same as
+        arrays, with no Python object per entry: seqs the sequence of each entry; T one int for all
+        or one per entry; tokens the step's ids flat, entry after entry (sum(T) of them), or with
+        token_offsets (n + 1 values from 0 to len(tokens), non-decreasing) entry i's are
         tokens[token_offsets[i]:token_offsets[i + 1]], T[i] of them or none. Arrays: int32 or int64,
         1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists of ints;
-        int32 tokens are read in place. T is the sequence's new tokens (positions) in this step.
-        InvalidArgumentError: no entries or more than max_seqs, an entry not (seq, T) or (seq, T,
-        tokens), seq outside [0, max_seqs), a sequence twice, T outside [1, max_step], more than
-        max_step_tokens tokens in all, len(tokens) != T; an array of another dtype, ndim or length,
-        not contiguous, a value beyond 32 bits, token_offsets not as above. InvalidStateError: a
-        sequence not active. CapacityError: length + T would pass capacity (positions), or a group's
-        pool has fewer free blocks than the step needs. TypeError: entries neither. On any error
-        nothing changes (a begun step stays begun).
+        int32 tokens are read in place. parents (arrays): the entries' trees flat like the tokens
+        (by token_offsets when given: T[i] values or none, a chain; else T[i] each). T is the
+        sequence's new tokens (positions) in this step. InvalidArgumentError: no entries or more
+        than max_seqs, an entry not as above, seq outside [0, max_seqs), a sequence twice, T outside
+        [1, max_step], more than max_step_tokens tokens in all, len(tokens) != T, parents not a tree
+        in topological order (parents[0] != -1, a second root, parents[i] outside [0, i)) or not T
+        of them; an array of another dtype, ndim or length, not contiguous, a value beyond 32 bits,
+        token_offsets not as above. InvalidStateError: a sequence not active. CapacityError: length
+        + T would pass capacity (positions), or a group's pool has fewer free blocks than the step
+        needs. TypeError: entries neither. On any error nothing changes (a begun step stays begun).
         """
     def step(
         self,
@@ -1034,6 +1082,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         T: SupportsIndex | IntArrayArg | None = None,
         tokens: IntArrayArg | None = None,
         token_offsets: IntArrayArg | None = None,
+        parents: IntArrayArg | None = None,
     ) -> BatchStep:
         """begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as
         begin_step.
@@ -1057,8 +1106,36 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         needs, or a dst not empty; CapacityError for more inactive dsts than free_table_rows;
         nothing changes then.
         """
-    def commit(self, step: BatchStep) -> None:
-        """Commits the begun step. InvalidStateError: a stale step."""
+    @overload
+    def commit(self, step: BatchStep, accepted: None = None) -> None:
+        """commit(step) commits the begun step whole (every entry's length grows by its T) and
+        returns None. commit(step, accepted) commits draft trees: accepted maps a sequence to its
+        accepted root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0,
+        each the child of the one before); its length grows by len(nodes), position length + d
+        holding node nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved
+        only for rejected nodes return to their pools. Returns one (n_copies, 2) int32 array per
+        group of rows (src, dst) to copy, in order, in every layer of the group before the next step
+        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the
+        cache is as if the sequence had decoded the accepted tokens as a chain. InvalidStateError: a
+        stale step or one of another cache. InvalidArgumentError (nothing changes): a tree entry
+        committed without a path, a sequence not in the step or listed twice, an empty path or one
+        longer than N, a node outside [0, N), nodes not a root path; accepted not as above.
+        """
+    @overload
+    def commit(self, step: BatchStep, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
+        """commit(step) commits the begun step whole (every entry's length grows by its T) and
+        returns None. commit(step, accepted) commits draft trees: accepted maps a sequence to its
+        accepted root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0,
+        each the child of the one before); its length grows by len(nodes), position length + d
+        holding node nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved
+        only for rejected nodes return to their pools. Returns one (n_copies, 2) int32 array per
+        group of rows (src, dst) to copy, in order, in every layer of the group before the next step
+        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the
+        cache is as if the sequence had decoded the accepted tokens as a chain. InvalidStateError: a
+        stale step or one of another cache. InvalidArgumentError (nothing changes): a tree entry
+        committed without a path, a sequence not in the step or listed twice, an empty path or one
+        longer than N, a node outside [0, N), nodes not a root path; accepted not as above.
+        """
     def abort(self, step: BatchStep) -> None:
         """Ends the begun step without committing it (a failed forward): every length, block
         table and count is as before it began. InvalidStateError: a stale step or one of
@@ -1157,6 +1234,13 @@ class PagedKVPool(metaclass=_pybind11_type):
         n_kv_heads, dim): attend over them with mask(step, group). Views keep their storage alive.
         InvalidArgumentError: bad layer or array (nothing written). InvalidStateError: a stale step,
         or a step of another cache. AllocationError: growth failed (nothing written).
+        """
+    def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
+        """apply_commit(copies): performs a draft-tree commit's row copies in every layer, copies
+        being what cache.commit(step, accepted) returned (one (n, 2) int array of (src, dst) rows
+        per group, in order). Call it once per commit, before the next step's update().
+        InvalidArgumentError (nothing copied): not one (n, 2) array per group, a row outside a
+        layer's stored rows.
         """
     def rows(self, layer: SupportsIndex) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """rows(layer) -> (k_rows, v_rows): the views update() returns, without writing.

@@ -31,13 +31,14 @@ using CachePtr = std::shared_ptr<Cache>;
 // A read-only int32 view of the ints at `data` (C order, shape `shape`: one
 // or two sizes), kept alive by `owner`. Made through numpy's C API: a plan's
 // arrays are read every step, and pybind11's array constructor costs twice this.
-py::array view_of(const int* data, std::initializer_list<py::ssize_t> shape, py::handle owner) {
+py::array view_of(const void* data, std::initializer_list<py::ssize_t> shape, py::handle owner,
+                  int type = py::detail::npy_api::NPY_INT_ /* C int: int32 */) {
   auto& api = py::detail::npy_api::get();
   Py_intptr_t dims[2] = {0, 0};
   int nd = 0;
   for (py::ssize_t size : shape) dims[nd++] = size;
-  PyObject* descr = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT_);  // C int: int32
-  PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, nd, dims, nullptr, const_cast<int*>(data),
+  PyObject* descr = api.PyArray_DescrFromType_(type);
+  PyObject* arr = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, nd, dims, nullptr, const_cast<void*>(data),
                                             0 /* flags: read-only */, nullptr);
   if (arr == nullptr) throw py::error_already_set();
   py::array out = py::reinterpret_steal<py::array>(arr);
@@ -82,6 +83,15 @@ const kvcore::BatchStepPlan& current(const BatchPlanHandle& h) {
   return h.plan;
 }
 
+// An entry index of the plan: InvalidArgumentError outside [0, n_entries).
+int entry_of(const kvcore::BatchStepPlan& p, const IntArg& entry) {
+  const int i = to_int("entry", entry);
+  if (i < 0 || i >= p.n_entries)
+    raise(kvcore::Error::InvalidArgument,
+          "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
+  return i;
+}
+
 // The token ids of `tokens` (any iterable). An item that is not an int goes to
 // `refuse`, which throws the caller's TypeError (its message names the call;
 // each stays a literal at its throw, where test_errors_doc finds it).
@@ -96,15 +106,36 @@ std::vector<std::int32_t> token_ids(const py::handle& tokens, Refuse refuse) {
   return out;
 }
 
-// One pass over `entries` (any iterable, a generator too): each item (seq, T)
-// or (seq, T, tokens). Token ids go to `tokens`, which the entries point into.
-std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vector<std::vector<std::int32_t>>* tokens) {
+// Entry `seq`'s parents (any iterable of ints), T of them.
+std::vector<int> parent_ids(const py::handle& parents, int seq, int T) {
+  std::vector<int> out;
+  for (py::handle x : parents) {
+    const std::optional<PyInt> id = as_index(x);
+    if (!id) refuse_non_int("begin_step: parent", x);
+    out.push_back(to_int("parent", *id));
+  }
+  if (static_cast<int>(out.size()) != T)
+    raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(seq) + " has T = " +
+                                              std::to_string(T) + " but " + std::to_string(out.size()) + " parents");
+  return out;
+}
+
+// Token and parent ids the parsed entries point into.
+struct EntryStorage {
+  std::vector<std::vector<std::int32_t>> tokens;
+  std::vector<std::vector<int>> parents;
+};
+
+// One pass over `entries` (any iterable, a generator too): each item (seq, T),
+// (seq, T, tokens) or (seq, T, tokens, parents) (tokens may be None).
+std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, EntryStorage* storage) {
   std::vector<kvcore::StepEntry> out;
-  std::vector<std::size_t> with_tokens;  // entries that name their tokens
+  std::vector<std::size_t> with_tokens, with_parents;  // entries that name their tokens, their tree
   for (py::handle item : entries) {
-    if (!py::isinstance<py::sequence>(item) || (py::len(item) != 2 && py::len(item) != 3))
+    if (!py::isinstance<py::sequence>(item) || py::len(item) < 2 || py::len(item) > 4)
       raise(kvcore::Error::InvalidArgument,
-            "begin_step: each entry is (seq, T) or (seq, T, tokens), got " + py::repr(item).cast<std::string>());
+            "begin_step: each entry is (seq, T), (seq, T, tokens) or (seq, T, tokens, parents), got " +
+                py::repr(item).cast<std::string>());
     py::sequence t = py::reinterpret_borrow<py::sequence>(item);
     kvcore::StepEntry e;
     const py::object seq = t[0], T = t[1];
@@ -113,42 +144,104 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, std::vec
     if (!n) refuse_non_int("begin_step: T", T);
     e.seq = to_int("seq", *s);
     e.T = to_int("T", *n);
-    if (py::len(t) == 3 && !t[2].is_none()) {
+    if (py::len(t) >= 3 && !t[2].is_none()) {
       std::vector<std::int32_t> ids = token_ids(t[2], [](py::handle x) { refuse_non_int("begin_step: token", x); });
       if (static_cast<int>(ids.size()) != e.T)
         raise(kvcore::Error::InvalidArgument, "begin_step: sequence " + std::to_string(e.seq) + " has T = " +
                                                   std::to_string(e.T) + " but " + std::to_string(ids.size()) +
                                                   " tokens");
       with_tokens.push_back(out.size());
-      tokens->push_back(std::move(ids));
+      storage->tokens.push_back(std::move(ids));
+    }
+    if (py::len(t) == 4 && !t[3].is_none()) {
+      with_parents.push_back(out.size());
+      storage->parents.push_back(parent_ids(t[3], e.seq, e.T));
     }
     out.push_back(e);
   }
-  // Pointers only once the token vectors stop moving.
-  for (std::size_t k = 0; k < with_tokens.size(); ++k) out[with_tokens[k]].tokens = (*tokens)[k].data();
+  // Pointers only once the vectors stop moving.
+  for (std::size_t k = 0; k < with_tokens.size(); ++k) out[with_tokens[k]].tokens = storage->tokens[k].data();
+  for (std::size_t k = 0; k < with_parents.size(); ++k) out[with_parents[k]].parents = storage->parents[k].data();
   return out;
 }
 
 // begin_step(entries) or begin_step(seqs, T, tokens, token_offsets): the array
 // form when T is given.
 BatchStepHandle begin(const CachePtr& c, const py::handle& entries, const py::handle& T, const py::handle& tokens,
-                      const py::handle& token_offsets) {
+                      const py::handle& token_offsets, const py::handle& parents) {
   std::vector<kvcore::StepEntry> parsed;
-  std::vector<std::vector<std::int32_t>> token_lists;
+  EntryStorage storage;
   std::vector<std::int32_t> narrowed;
+  std::vector<int> parent_ids;
   if (!T.is_none()) {
-    parsed = array_entries(*c, IntArray("begin_step", "seqs", entries), T, tokens, token_offsets, &narrowed);
+    parsed = array_entries(*c, IntArray("begin_step", "seqs", entries), T, tokens, token_offsets, parents, &narrowed,
+                           &parent_ids);
   } else {
-    if (!tokens.is_none() || !token_offsets.is_none())
-      raise(kvcore::Error::InvalidArgument, "begin_step: tokens and token_offsets need seqs and T as arrays");
+    if (!tokens.is_none() || !token_offsets.is_none() || !parents.is_none())
+      raise(kvcore::Error::InvalidArgument, "begin_step: tokens, token_offsets and parents need seqs and T as arrays");
     if (!py::isinstance<py::iterable>(entries) || PyObject_CheckBuffer(entries.ptr()) || py::hasattr(entries, "__dlpack__"))
       throw py::type_error(
-          "begin_step takes entries [(seq, T) or (seq, T, tokens), ...] or arrays (seqs, T, "
-          "tokens=None, token_offsets=None), got " +
+          "begin_step takes entries [(seq, T), (seq, T, tokens) or (seq, T, tokens, parents), ...] or arrays "
+          "(seqs, T, tokens=None, token_offsets=None, parents=None), got " +
           py::repr(entries).cast<std::string>().substr(0, 40) + " without T");
-    parsed = parse_entries(entries, &token_lists);
+    parsed = parse_entries(entries, &storage);
   }
   return BatchStepHandle{c, unwrap(c->begin_step(parsed.data(), static_cast<int>(parsed.size())))};
+}
+
+// The accepted paths of commit(step, accepted): a mapping {seq: nodes} or an
+// iterable of (seq, nodes); `nodes` holds the node ids they point into.
+std::vector<kvcore::AcceptedPath> accepted_paths(const py::handle& accepted, std::vector<std::vector<int>>* nodes) {
+  std::vector<std::pair<py::object, py::object>> items;
+  if (py::isinstance<py::dict>(accepted)) {
+    for (auto kv : py::reinterpret_borrow<py::dict>(accepted))
+      items.emplace_back(py::reinterpret_borrow<py::object>(kv.first), py::reinterpret_borrow<py::object>(kv.second));
+  } else {
+    for (py::handle item : accepted) {
+      if (!py::isinstance<py::sequence>(item) || py::len(item) != 2)
+        raise(kvcore::Error::InvalidArgument,
+              "commit: accepted is {seq: nodes} or [(seq, nodes), ...], got the item " + py::repr(item).cast<std::string>());
+      py::sequence pair = py::reinterpret_borrow<py::sequence>(item);
+      items.emplace_back(pair[0], pair[1]);
+    }
+  }
+  std::vector<kvcore::AcceptedPath> out;
+  for (const auto& item : items) {
+    const std::optional<PyInt> seq = as_index(item.first);
+    if (!seq) refuse_non_int("commit: seq", item.first);
+    std::vector<int> path;
+    for (py::handle x : item.second) {
+      const std::optional<PyInt> id = as_index(x);
+      if (!id) refuse_non_int("commit: node", x);
+      path.push_back(to_int("node", *id));
+    }
+    out.push_back(kvcore::AcceptedPath{to_int("seq", *seq), nullptr, static_cast<int>(path.size())});
+    nodes->push_back(std::move(path));
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) out[i].nodes = (*nodes)[i].data();
+  return out;
+}
+
+// commit(step) or commit(step, accepted): the row copies per group, (n, 2)
+// int32 arrays (new), or None for a plain commit.
+py::object commit_step(Cache& c, const BatchStepHandle& h, const py::handle& accepted) {
+  if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
+  if (accepted.is_none()) {
+    throw_if_error(c.commit(h.step));
+    return py::none();
+  }
+  std::vector<std::vector<int>> nodes;
+  const std::vector<kvcore::AcceptedPath> paths = accepted_paths(accepted, &nodes);
+  const kvcore::BatchCommit done = unwrap(c.commit(h.step, paths.data(), static_cast<int>(paths.size())));
+  py::tuple out(static_cast<std::size_t>(done.n_groups));
+  for (int g = 0; g < done.n_groups; ++g) {
+    const kvcore::GroupCommit& gc = done.groups[g];
+    py::array_t<std::int32_t> copies({gc.n_copies, 2});
+    std::int32_t* at = copies.mutable_data();
+    for (int k = 0; k < gc.n_copies; ++k) *at++ = gc.copies[k].src, *at++ = gc.copies[k].dst;
+    out[static_cast<std::size_t>(g)] = std::move(copies);
+  }
+  return std::move(out);
 }
 
 py::list holes_of(const kvcore::PositionRange* holes, int n) {
@@ -263,10 +356,7 @@ void register_batch(py::module_& m) {
           "holes",
           [](const BatchPlanHandle& h, const IntArg& entry) {
             const kvcore::BatchStepPlan& p = current(h);
-            const int i = to_int("entry", entry);
-            if (i < 0 || i >= p.n_entries)
-              raise(kvcore::Error::InvalidArgument,
-                    "entry = " + std::to_string(i) + ": must be >= 0 and < n_entries = " + std::to_string(p.n_entries));
+            const int i = entry_of(p, entry);
             return holes_of(p.holes[i], p.n_holes[i]);
           },
           py::arg("entry"),
@@ -296,17 +386,38 @@ void register_batch(py::module_& m) {
           "(slots, copies, block_tables) per group. One call instead of a property read per "
           "array: what a backend reads every step. InvalidStateError: the step ended.")
       .def_property_readonly(
-          "positions",
+          "positions", [](const BatchPlanHandle& h) { return view_of(current(h).positions, {h.plan.n_tokens}, py::cast(h.step.cache)); },
+          "(n_tokens,) the position of each new token: first_positions[i] + j for a chain, "
+          "first_positions[i] + depth(node) for a draft tree's node (RoPE and the mask use it).")
+      .def_property_readonly(
+          "chain_index",
+          [](const BatchPlanHandle& h) { return view_of(current(h).chain_index, {h.plan.n_tokens}, py::cast(h.step.cache)); },
+          "(n_tokens,) each token's place among its entry's reserved positions: a tree entry of N nodes "
+          "takes the rows of positions [first, first + N) as a chain of N would, node j the row of "
+          "position first + chain_index[j] in the block table (the main line in place). j for a chain.")
+      .def_property_readonly(
+          "tree_mask_starts",
+          [](const BatchPlanHandle& h) { return view_of(current(h).tree_mask_starts, {h.plan.n_entries + 1}, py::cast(h.step.cache)); },
+          "(n_entries + 1,) entry i's ancestor mask is tree_masks[tree_mask_starts[i]:tree_mask_starts[i + 1]] "
+          "(uint32 words); an empty range: a chain (causal).")
+      .def_property_readonly(
+          "tree_masks",
           [](const BatchPlanHandle& h) {
             const kvcore::BatchStepPlan& p = current(h);
-            py::array_t<std::int32_t> out(p.n_tokens);
-            std::int32_t* at = out.mutable_data();
-            for (int i = 0; i < p.n_entries; ++i)
-              for (int t = p.query_starts[i]; t < p.query_starts[i + 1]; ++t)
-                *at++ = p.first_positions[i] + (t - p.query_starts[i]);
-            return out;
+            return view_of(p.tree_masks, {p.tree_mask_starts[p.n_entries]}, py::cast(h.step.cache), py::detail::npy_api::NPY_UINT_);
           },
-          "(n_tokens,) the position of each new token (a new array).")
+          "uint32 words of every tree entry's packed ancestor mask, entry after entry: N rows of "
+          "ceil(N / 32) words, row j bit k (word k // 32, bit k % 32) set when node k is j or an ancestor "
+          "of j (TensorRT-LLM's packed mask; each row's bytes are FlashInfer's packbits(bitorder='little')).")
+      .def(
+          "is_tree",
+          [](const BatchPlanHandle& h, const IntArg& entry) {
+            const kvcore::BatchStepPlan& p = current(h);
+            return p.is_tree(entry_of(p, entry));
+          },
+          py::arg("entry"),
+          "True when entry i is a draft tree (not a chain). InvalidArgumentError: entry outside "
+          "[0, n_entries). InvalidStateError: the step ended.")
       .def(
           "mask",
           [](const BatchPlanHandle& h, const IntArg& group, const std::optional<PyInt>& rows) {
@@ -316,7 +427,9 @@ void register_batch(py::module_& m) {
           py::arg("group"), py::arg("rows") = py::none(),
           "Boolean (n_tokens, rows) mask over the group's pool rows [0, rows) (default: "
           "used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t "
-          "may see the key in row r (its own sequence's, by the visibility rule, not removed). "
+          "may see the key in row r (its own sequence's, by the visibility rule, not removed; a tree "
+          "node sees its history by the rule at its position and, of its tree, itself and its "
+          "ancestors within the window). "
           "A new array. InvalidArgumentError: bad group or rows.")
       .def_property_readonly(
           "groups",
@@ -345,8 +458,10 @@ void register_batch(py::module_& m) {
                              "True while this is the cache's begun, uncommitted step.")
       .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h, unwrap(h.cache->plan(h.step))}; },
            "The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one.")
-      .def("commit", [](const BatchStepHandle& h) { throw_if_error(h.cache->commit(h.step)); },
-           "Commits the step (every entry's length grows by its T). InvalidStateError: stale step.")
+      .def("commit", [](const BatchStepHandle& h, const py::handle& accepted) { return commit_step(*h.cache, h, accepted); },
+           py::arg("accepted") = py::none(),
+           "Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step. "
+           "InvalidArgumentError: see cache.commit.")
       .def("abort", [](const BatchStepHandle& h) { throw_if_error(h.cache->abort(h.step)); },
            "Ends the step without committing it: every length, block table and count is as "
            "before the step began (its blocks return to the pools). InvalidStateError: stale "
@@ -500,28 +615,33 @@ void register_batch(py::module_& m) {
            "InvalidArgumentError: seq outside [0, max_seqs), len(tokens) > capacity. "
            "InvalidStateError: seq not active, or not empty (length > 0).")
       .def("begin_step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
-           py::arg("token_offsets") = py::none(),
+           py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(),
            "Begins one forward; replaces an uncommitted step. Two forms:\n"
-           "  begin_step(entries): entries [(seq, T) or (seq, T, tokens), ...] (tokens: T ids, for "
-           "prefix reuse), laid out entry after entry.\n"
-           "  begin_step(seqs, T, tokens=None, token_offsets=None): the same as arrays, with no Python "
+           "  begin_step(entries): entries [(seq, T), (seq, T, tokens) or (seq, T, tokens, parents), ...] "
+           "(tokens: T ids, for prefix reuse, or None; parents: T ints making the tokens a draft tree of "
+           "N = T nodes, parents[0] = -1 and 0 <= parents[i] < i, node i at position length + depth(i)), "
+           "laid out entry after entry.\n"
+           "  begin_step(seqs, T, tokens=None, token_offsets=None, parents=None): the same as arrays, with no Python "
            "object per entry: seqs the sequence of each entry; T one int for all or one per entry; "
            "tokens the step's ids flat, entry after entry (sum(T) of them), or with token_offsets "
            "(n + 1 values from 0 to len(tokens), non-decreasing) entry i's are "
            "tokens[token_offsets[i]:token_offsets[i + 1]], T[i] of them or none. Arrays: int32 or "
            "int64, 1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists "
-           "of ints; int32 tokens are read in place.\n"
+           "of ints; int32 tokens are read in place. parents (arrays): the entries' trees flat like the "
+           "tokens (by token_offsets when given: T[i] values or none, a chain; else T[i] each).\n"
            "T is the sequence's new tokens (positions) in this step. InvalidArgumentError: no entries "
-           "or more than max_seqs, an entry not (seq, T) or (seq, T, tokens), seq outside [0, "
+           "or more than max_seqs, an entry not as above, seq outside [0, "
            "max_seqs), a sequence twice, T outside [1, max_step], more than max_step_tokens tokens "
-           "in all, len(tokens) != T; an array of another dtype, ndim or length, not contiguous, a "
+           "in all, len(tokens) != T, parents not a tree in topological order (parents[0] != -1, a "
+           "second root, parents[i] outside [0, i)) or not T of them; an array of another dtype, ndim "
+           "or length, not contiguous, a "
            "value beyond 32 bits, token_offsets not as above. InvalidStateError: a sequence not "
            "active. CapacityError: length + T would pass capacity (positions), or a group's pool has "
            "fewer free blocks than the step needs. TypeError: entries neither. On any error nothing "
            "changes (a begun step stays begun).")
       .def("step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
-           py::arg("token_offsets") = py::none(),
-           "begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as begin_step.")
+           py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(),
+          "begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as begin_step.")
       .def("add_sequences", &add_sequences, py::arg("seqs"),
            "add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
@@ -538,12 +658,19 @@ void register_batch(py::module_& m) {
            "dst repeated or equal to src; InvalidStateError for src not active or no longer holding "
            "what a query at upto needs, or a dst not empty; CapacityError for more inactive dsts "
            "than free_table_rows; nothing changes then.")
-      .def("commit",
-           [](Cache& c, const BatchStepHandle& h) {
-             if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
-             throw_if_error(c.commit(h.step));
-           },
-           py::arg("step"), "Commits the begun step. InvalidStateError: a stale step.")
+      .def("commit", &commit_step, py::arg("step"), py::arg("accepted") = py::none(),
+           "commit(step) commits the begun step whole (every entry's length grows by its T) and returns "
+           "None. commit(step, accepted) commits draft trees: accepted maps a sequence to its accepted "
+           "root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0, each the "
+           "child of the one before); its length grows by len(nodes), position length + d holding node "
+           "nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved only for rejected "
+           "nodes return to their pools. Returns one (n_copies, 2) int32 array per group of rows (src, "
+           "dst) to copy, in order, in every layer of the group before the next step (none when a path "
+           "is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the cache is as if "
+           "the sequence had decoded the accepted tokens as a chain. InvalidStateError: a stale step or "
+           "one of another cache. InvalidArgumentError (nothing changes): a tree entry committed "
+           "without a path, a sequence not in the step or listed twice, an empty path or one longer "
+           "than N, a node outside [0, N), nodes not a root path; accepted not as above.")
       .def("abort",
            [](Cache& c, const BatchStepHandle& h) {
              if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "abort: the step belongs to another cache");

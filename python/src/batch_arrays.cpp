@@ -106,9 +106,56 @@ void check_rows(const kvcore::BatchCache& c, const char* verb, int n) {
 
 }  // namespace
 
+namespace {
+
+// Entry i's parents: parents[offsets[i], offsets[i + 1]) with the tokens'
+// offsets (T[i] of them, or none: a chain), else T[i] each in entry order.
+void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents, py::handle token_offsets,
+                    std::vector<int>* storage) {
+  const IntArray ids("begin_step", "parents", parents);
+  storage->resize(static_cast<std::size_t>(ids.size()));
+  for (py::ssize_t i = 0; i < ids.size(); ++i) (*storage)[static_cast<std::size_t>(i)] = ids.at(i);
+  const py::ssize_t n = static_cast<py::ssize_t>(entries->size());
+  if (token_offsets.is_none()) {
+    std::int64_t total = 0;
+    for (const kvcore::StepEntry& e : *entries) total += e.T;
+    if (total != ids.size())
+      raise(kvcore::Error::InvalidArgument, "begin_step: parents has " + str(ids.size()) +
+                                                " values, the entries' T add up to " + str(total) +
+                                                " (token_offsets can give entries none)");
+    std::int64_t at = 0;
+    for (kvcore::StepEntry& e : *entries) {
+      if (e.T < 1) return;  // the cache refuses it
+      e.parents = storage->data() + at;
+      at += e.T;
+    }
+    return;
+  }
+  const IntArray offsets("begin_step", "token_offsets", token_offsets);  // checked with the tokens
+  if (offsets[n] != ids.size())
+    raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets[" + str(n) + "] = " + str(offsets[n]) +
+                                              ": must be len(parents) = " + str(ids.size()));
+  for (py::ssize_t i = 0; i < n; ++i)
+    if (offsets[i + 1] > offsets[i]) (*entries)[static_cast<std::size_t>(i)].parents = storage->data() + offsets[i];
+}
+
+}  // namespace
+
 std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
-                                             py::handle tokens, py::handle token_offsets,
-                                             std::vector<std::int32_t>* narrowed) {
+                                             py::handle tokens, py::handle token_offsets, py::handle parents,
+                                             std::vector<std::int32_t>* narrowed, std::vector<int>* parent_ids) {
+  std::vector<kvcore::StepEntry> out = array_tokens(c, seqs, T, tokens, token_offsets, narrowed);
+  if (!parents.is_none()) {
+    if (tokens.is_none() && !token_offsets.is_none())
+      raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets given without tokens");
+    attach_parents(&out, parents, token_offsets, parent_ids);
+  }
+  return out;
+}
+
+std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
+                                            py::handle tokens, py::handle token_offsets,
+                                            std::vector<std::int32_t>* narrowed) {
   const py::ssize_t n = seqs.size();
   if (n < 1 || n > c.max_seqs())
     raise(kvcore::Error::InvalidArgument, "begin_step: " + str(n) + " entries, must be in [1, max_seqs = " +

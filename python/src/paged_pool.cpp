@@ -97,6 +97,30 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
   }
 
   // Bytes of the rows of blocks some sequence holds, K and V of every layer.
+  // Performs a tree commit's row copies (one (n, 2) int array per group).
+  void apply_commit(const py::handle& copies) {
+    const py::sequence per_group = py::reinterpret_borrow<py::sequence>(copies);
+    if (!py::isinstance<py::sequence>(copies) || static_cast<int>(py::len(per_group)) != cache_->n_groups())
+      raise(kvcore::Error::InvalidArgument, "apply_commit: copies must hold one (n, 2) array per group (" +
+                                                std::to_string(cache_->n_groups()) + "), as cache.commit(step, accepted) returns");
+    std::vector<std::vector<kvcore::TreeCopy>> rows(static_cast<std::size_t>(cache_->n_groups()));
+    std::vector<kvcore::GroupCommit> groups(rows.size());
+    for (std::size_t g = 0; g < rows.size(); ++g) {
+      const auto pairs = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(per_group[g]);
+      if (!pairs || pairs.ndim() != 2 || pairs.shape(1) != 2)
+        raise(kvcore::Error::InvalidArgument, "apply_commit: group " + std::to_string(g) + "'s copies must be an (n, 2) int array");
+      for (py::ssize_t c = 0; c < pairs.shape(0); ++c) {
+        const std::int64_t src = pairs.at(c, 0), dst = pairs.at(c, 1);
+        if (src < 0 || dst < 0 || src > 0x7fffffff || dst > 0x7fffffff)
+          raise(kvcore::Error::InvalidArgument, "apply_commit: group " + std::to_string(g) + "'s copy " +
+                                                    std::to_string(c) + " names a row outside [0, 2^31)");
+        rows[g].push_back(kvcore::TreeCopy{static_cast<int>(src), static_cast<int>(dst)});
+      }
+      groups[g] = kvcore::GroupCommit{rows[g].data(), static_cast<int>(rows[g].size())};
+    }
+    throw_if_error(pool_->apply_commit(kvcore::BatchCommit{cache_->n_groups(), groups.data()}));
+  }
+
   std::size_t nbytes() const {
     std::size_t n = 0;
     for (int l = 0; l < pool_->n_layers(); ++l) {
@@ -168,6 +192,11 @@ void register_paged_pool(py::module_& m) {
           "n_kv_heads, dim): attend over them with mask(step, group). Views keep their storage alive. "
           "InvalidArgumentError: bad layer or array (nothing written). InvalidStateError: a stale step, "
           "or a step of another cache. AllocationError: growth failed (nothing written).")
+      .def("apply_commit", &PyPagedPool::apply_commit, py::arg("copies"),
+           "apply_commit(copies): performs a draft-tree commit's row copies in every layer, copies being "
+           "what cache.commit(step, accepted) returned (one (n, 2) int array of (src, dst) rows per group, "
+           "in order). Call it once per commit, before the next step's update(). InvalidArgumentError "
+           "(nothing copied): not one (n, 2) array per group, a row outside a layer's stored rows.")
       .def(
           "rows",
           [](const PyPagedPool& p, const PyInt& layer) { return p.rows(p.checked_layer(layer)); },

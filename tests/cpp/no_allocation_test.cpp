@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcore/batch/batch_cache.h"
+#include "kvcore/batch/step_mask.h"
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
 
@@ -271,6 +272,31 @@ TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
     const kvcore::StepEntry forked[] = {{2, 2, nullptr}, {0, 1, tokens + L0}};
     step(forked, 2, false);
     step(forked, 1, true);  // a retry over fewer sequences
+    // Draft trees: begin, plan, the dense mask, refused commits, a commit off
+    // the main line with its row copies, abort.
+    {
+      static const int parents[4] = {-1, 0, 0, 2};
+      static const int off_main[3] = {0, 2, 3};
+      static const int bad_path[2] = {0, 3};
+      static unsigned char mask[4 * 1024];
+      const int T0 = control.sequence(0)->length;
+      const kvcore::StepEntry trees[] = {{0, 4, tokens + T0, parents}, {2, 4, nullptr, parents}};
+      auto t = control.begin_step(trees, 2);
+      ok(t.ok());
+      auto plan = planner.plan(*t);
+      ok(plan.ok() && plan->is_tree(0) && kvcore::fill_step_mask(*plan, 1, 1024 / 8, mask).ok());
+      checksum += plan->positions[3] + plan->chain_index[3] + static_cast<long>(plan->tree_masks[0]) + mask[5];
+      const kvcore::AcceptedPath bad_paths[] = {{0, bad_path, 2}, {2, off_main, 3}};
+      fails(control.commit(*t).ok());  // a tree step committed as a chain
+      fails(control.commit(*t, bad_paths, 2).ok());
+      fails(control.commit(*t, bad_paths + 1, 1).ok());  // seq 0's tree has no path
+      const kvcore::AcceptedPath paths[] = {{0, off_main, 3}, {2, off_main, 2}};
+      auto done = control.commit(*t, paths, 2);
+      ok(done.ok() && done->total_copies() > 0);
+      checksum += done->groups[0].n_copies > 0 ? done->groups[0].copies[0].dst : 0;
+      auto aborted = control.begin_step(trees, 2);
+      ok(aborted.ok() && control.abort(*aborted).ok());
+    }
     // Removals: a middle range, the head, the tail; rewinds and their predicate.
     ok(control.remove(1, 10, 13).ok());
     ok(control.remove(1, 0, 3).ok());

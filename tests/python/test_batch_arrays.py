@@ -235,7 +235,7 @@ BAD_STEPS: list[tuple[str, dict[str, Any], type[BaseException], str]] = [
                          token_offsets=np.array([[0, 1, 2]])),
      kvcore.InvalidArgumentError, "begin_step: token_offsets has 2 dimensions: must be 1-D"),
     ("tokens without T", dict(entries=[(0, 1)], tokens=np.array([7], I32)), kvcore.InvalidArgumentError,
-     "begin_step: tokens and token_offsets need seqs and T as arrays"),
+     "begin_step: tokens, token_offsets and parents need seqs and T as arrays"),
 ]
 
 
@@ -259,7 +259,7 @@ def test_a_step_past_capacity_from_arrays_is_a_capacity_error(rig: Rig) -> None:
 
 @pytest.mark.parametrize("entries", [5, None, np.array([0, 1], I32)], ids=["int", "None", "array"])
 def test_begin_step_of_what_it_does_not_take_says_what_it_takes(rig: Rig, entries: Any) -> None:
-    text = "begin_step takes entries [(seq, T) or (seq, T, tokens), ...] or arrays (seqs, T, "
+    text = "begin_step takes entries [(seq, T), (seq, T, tokens) or (seq, T, tokens, parents), ...] or arrays (seqs, T, "
     refused(rig, lambda: rig.cache.begin_step(entries), TypeError, text)
     refused(rig, lambda: rig.cache.step(entries), TypeError, text)
 

@@ -8,7 +8,9 @@ partly filled block). This module owns the bytes: per layer two tensors
 layer's group pool. It performs a step's copies, writes the new rows at their
 slots and returns a layer's live rows ``[0, used_blocks * block_size)`` as views
 (blocks are allocated lowest index first, so the live rows are packed at the
-start: no gather).
+start: no gather). A draft tree's nodes are written at their slots like any
+token (mask them with the plan's tree-aware ``mask``); ``apply_commit`` performs
+a tree commit's row copies.
 
 Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
 default the group's whole pool); otherwise a layer starts empty and grows by
@@ -137,6 +139,29 @@ class TorchPagedKV:
             keys, values = self.ensure(layer, rows)
             keys.index_copy_(2, dst, keys.index_select(2, src))
             values.index_copy_(2, dst, values.index_select(2, src))
+
+    def apply_commit(self, copies: tuple[npt.NDArray[np.int32], ...]) -> None:
+        """Perform a draft-tree commit's row copies in every allocated layer: ``copies`` is what
+        ``cache.commit(step, accepted=...)`` returned, one ``(n, 2)`` array of rows ``(src, dst)`` per
+        group. Each copy reads its node's row as the step wrote it (no copy reads a row an earlier one
+        wrote: docs/batch.md section 9), so each group's copies run as one gather and one scatter.
+        Raises InvalidArgumentError when ``copies`` is not one array per group."""
+        if len(copies) != len(self.max_rows):
+            raise InvalidArgumentError(
+                f"apply_commit: {len(copies)} arrays of copies for {len(self.max_rows)} groups: pass what "
+                "cache.commit(step, accepted=...) returned"
+            )
+        for group, pairs in enumerate(copies):
+            if len(pairs) == 0:
+                continue
+            src = torch.from_numpy(np.ascontiguousarray(pairs[:, 0], dtype=np.int64)).to(self.device)
+            dst = torch.from_numpy(np.ascontiguousarray(pairs[:, 1], dtype=np.int64)).to(self.device)
+            for layer, g in enumerate(self.group_of):
+                keys, values = self._keys[layer], self._values[layer]
+                if g != group or keys is None or values is None:
+                    continue
+                keys.index_copy_(2, dst, keys.index_select(2, src))
+                values.index_copy_(2, dst, values.index_select(2, src))
 
     def write_read(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int

@@ -225,10 +225,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Status check_step(const BatchStep& step) const noexcept override { return step_.check(step); }
 
-  Status commit(const BatchStep& step) noexcept override {
+  Status commit(const BatchStep& step) noexcept override { return commit(step, nullptr, 0).status(); }
+
+  Result<BatchCommit> commit(const BatchStep& step, const AcceptedPath* accepted, int n) noexcept override {
     KVCORE_RETURN_IF_ERROR(step_.check(step));
-    step_.commit(seqs_, groups_.get(), prefix_);
-    return Error::Ok;
+    KVCORE_RETURN_IF_ERROR(step_.check_accepted(accepted, n));
+    return step_.commit(seqs_, groups_.get(), prefix_);
   }
 
   Status abort(const BatchStep& step) noexcept override {

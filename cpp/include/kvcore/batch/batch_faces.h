@@ -97,8 +97,11 @@ class BatchControl {
   /// it is begun, it keeps holding the blocks its copies read. Admission is
   /// decided here: when a group lacks the blocks the step needs (after
   /// reclaiming cached ones and the replaced step's), nothing changes.
-  /// InvalidArgument: n outside [1, max_seqs], a bad or
-  /// repeated seq, T outside [1, max_step], more than max_step_tokens tokens.
+  /// An entry with `parents` is a draft tree of T nodes (batch_plan.h): it
+  /// takes the blocks of a chain of T. InvalidArgument: n outside [1, max_seqs], a bad or
+  /// repeated seq, T outside [1, max_step], more than max_step_tokens tokens,
+  /// parents not a tree in topological order (parents[0] != -1, a second
+  /// root, parents[i] outside [0, i)).
   /// InvalidState: a sequence not active. OutOfResources: a sequence would pass
   /// capacity, or a group's pool is short (the message names it).
   virtual Result<BatchStep> begin_step(const StepEntry* entries, int n) noexcept = 0;
@@ -106,8 +109,23 @@ class BatchControl {
   virtual Status check_step(const BatchStep& step) const noexcept = 0;
   /// Every entry's length grows by its T; full blocks named by their tokens
   /// become reusable; ring groups release blocks out of every future query's
-  /// reach. InvalidState unless `step` is the begun step.
+  /// reach. InvalidState unless `step` is the begun step. InvalidArgument
+  /// (nothing changes) when an entry is a tree (not a chain): commit it with
+  /// its accepted path.
   virtual Status commit(const BatchStep& step) noexcept = 0;
+  /// Commits the begun step with the accepted root path of each listed
+  /// sequence (docs/design.md section 7): its length grows by the path's m
+  /// nodes, position length + d holding node nodes[d]; unlisted entries must
+  /// be chains and commit whole. Blocks reserved only for rejected nodes
+  /// return to their pools. Returns per group the row copies the backend
+  /// performs before the next step (in order; none for a main-line path, at
+  /// most m - 1 per path otherwise), in the cache's buffers until its next
+  /// mutating call; afterwards the cache is as if each sequence had decoded
+  /// its accepted tokens as a chain. InvalidState unless `step` is the begun
+  /// step. InvalidArgument (nothing changes): n < 0, accepted null with n > 0,
+  /// a sequence not in the step or listed twice, m outside [1, N], a node
+  /// index outside [0, N), nodes not a root path, a tree entry not listed.
+  virtual Result<BatchCommit> commit(const BatchStep& step, const AcceptedPath* accepted, int n) noexcept = 0;
   /// Ends `step`, the begun step, without committing it: every table, block,
   /// count and length is as before begin_step (the blocks it allocated return
   /// to their pools, a copy-on-write source is shared again). InvalidState

@@ -11,16 +11,53 @@
 #include <cstdint>
 
 #include "kvcore/core/config.h"
+#include "kvcore/core/draft_tree.h"
 
 namespace kvcore {
 
 /// One sequence's part of a step: T new tokens at positions length(seq) ...
 /// `tokens` (optional, T ids) names them for prefix reuse; without it the
-/// sequence's later blocks cannot be found by their content.
+/// sequence's later blocks cannot be found by their content. `parents`
+/// (optional, T values) makes the tokens a draft tree of N = T nodes
+/// (docs/design.md section 7): parents[0] = -1, 0 <= parents[i] < i; node i
+/// stands at position length(seq) + depth(i). A chain (parents[i] = i - 1) is
+/// the plain step.
 struct StepEntry {
   int seq = 0;
   int T = 0;
   const std::int32_t* tokens = nullptr;
+  const int* parents = nullptr;
+};
+
+/// The accepted root path of a tree entry, for commit(step, accepted): node
+/// indices, nodes[0] = 0 and each the child of the one before, m >= 1 of them.
+struct AcceptedPath {
+  int seq = 0;
+  const int* nodes = nullptr;
+  int m = 0;
+};
+
+/// One group's row copies of a tree commit, in the order to perform them:
+/// in every layer of the group, the K/V of row `src` to row `dst` (rows are
+/// block * B + offset).
+struct GroupCommit {
+  const TreeCopy* copies = nullptr;
+  int n_copies = 0;
+};
+
+/// What commit(step, accepted) asks of the backend before the next step: per
+/// group, rows to copy so that each accepted node's K/V lands at the position
+/// it was accepted at. Points into the cache's buffers: valid until its next
+/// mutating call.
+struct BatchCommit {
+  int n_groups = 0;
+  const GroupCommit* groups = nullptr;
+  /// Copies over every group.
+  int total_copies() const noexcept {
+    int n = 0;
+    for (int g = 0; g < n_groups; ++g) n += groups[g].n_copies;
+    return n;
+  }
 };
 
 /// A begun many-sequence step: the handle begin_step() returns.
@@ -69,7 +106,15 @@ struct GroupPlan {
 /// The plan of a step: per-entry arrays (shared by every group) and one
 /// GroupPlan per group. Tokens are laid out sequence after sequence in entry
 /// order; entry i's queries are tokens [query_starts[i], query_starts[i + 1]),
-/// at positions first_positions[i] + j.
+/// at positions first_positions[i] + j for a chain, first_positions[i] +
+/// depth(j) for a tree (`positions` gives each token's).
+///
+/// A tree entry of N nodes takes the rows a chain of T = N would: the block
+/// table names positions [first, first + N) of the entry, and node j's row
+/// (its slot) is the row of position first + chain_index[j] there. Reading a
+/// tree entry's keys: its history [0, first) by the table and the rule at the
+/// node's position, and its own nodes by `tree_masks` (ancestors and itself,
+/// window applied by depth); fill_step_mask does both.
 struct BatchStepPlan {
   int n_entries = 0;
   int n_tokens = 0;
@@ -89,6 +134,21 @@ struct BatchStepPlan {
   /// block_tables, -1 for an inactive sequence. Row s for sequence s unless
   /// BatchLimits::max_active_seqs is below max_seqs. Null: row seq_ids[i].
   const int* table_rows = nullptr;
+  /// n_tokens: each token's position (first + j, or first + depth for a tree node).
+  const int* positions = nullptr;
+  /// n_tokens: each token's place among its entry's reserved positions (the
+  /// table names node j at first + chain_index[j]); j for a chain.
+  const int* chain_index = nullptr;
+  /// n_entries + 1: entry i's ancestor mask is tree_masks[tree_mask_starts[i]
+  /// .. tree_mask_starts[i + 1]) (32-bit words); an empty range is a chain.
+  /// Layout: N rows of ceil(N / 32) words, row j bit k (word k / 32, bit
+  /// k % 32) set when node k is j or an ancestor of j.
+  const int* tree_mask_starts = nullptr;
+  const std::uint32_t* tree_masks = nullptr;
+  /// Is entry i a tree (not a chain)?
+  bool is_tree(int entry) const noexcept {
+    return tree_mask_starts != nullptr && tree_mask_starts[entry + 1] > tree_mask_starts[entry];
+  }
 };
 
 /// The block table row of entry `entry` in group `g` of `plan`.

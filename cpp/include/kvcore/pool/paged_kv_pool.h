@@ -233,6 +233,40 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     return Error::Ok;
   }
 
+  /// Performs a tree commit's row copies (BatchCache::commit(step, accepted))
+  /// in every layer: each group's copies, in order, K and V of row src to row
+  /// dst. Call it once per commit, before the next step's update.
+  /// InvalidArgument (nothing copied): a commit of another group count, a
+  /// copy outside a layer's stored rows.
+  Status apply_commit(const BatchCommit& commit) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(commit.n_groups == planner_->n_groups() && (commit.groups != nullptr || commit.n_groups == 0),
+                                 InvalidArgument, "apply_commit: a commit of %d groups, the pool's cache has %d",
+                                 commit.n_groups, planner_->n_groups());
+    for (int l = 0; l < n_layers(); ++l) {
+      const PagedLayer& layer = layers_[l];
+      const GroupCommit& gc = commit.groups[layer.group];
+      for (int c = 0; c < gc.n_copies; ++c) {
+        const TreeCopy cp = gc.copies[c];
+        KVCORE_CHECK_OR_RETURN_ERROR(cp.src >= 0 && cp.dst >= 0 && cp.src < layer.allocated_rows &&
+                                         cp.dst < layer.allocated_rows,
+                                     InvalidArgument,
+                                     "apply_commit: layer %d's copy %d (row %d -> row %d) must lie in its "
+                                     "%d stored rows",
+                                     l, c, cp.src, cp.dst, layer.allocated_rows);
+      }
+    }
+    for (int l = 0; l < n_layers(); ++l) {
+      const PagedLayer& layer = layers_[l];
+      const GroupCommit& gc = commit.groups[layer.group];
+      for (int c = 0; c < gc.n_copies; ++c) {
+        const std::size_t src = static_cast<std::size_t>(gc.copies[c].src), dst = static_cast<std::size_t>(gc.copies[c].dst);
+        std::memcpy(layer.k + layer.k_row_bytes * dst, layer.k + layer.k_row_bytes * src, layer.k_row_bytes);
+        std::memcpy(layer.v + layer.v_row_bytes * dst, layer.v + layer.v_row_bytes * src, layer.v_row_bytes);
+      }
+    }
+    return Error::Ok;
+  }
+
   /// The layer's live rows [0, used_blocks(group) * B) as one zero-copy span:
   /// every row any sequence's block table names lies in it. Attention over the
   /// whole pool at once masks it with fill_step_mask(plan, group, rows, mask).
@@ -375,7 +409,9 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   // see; stops when f returns false.
   template <typename F>
   static void for_each_visible(const PagedLayer& layer, const BatchStepPlan& plan, int entry, F f) noexcept {
-    for_each_visible_run(plan, entry, layer.policy, plan.first_positions[entry], plan.context_lens[entry], f);
+    // A tree entry's nodes are read through its mask: gather gives its history.
+    const int end = plan.is_tree(entry) ? plan.first_positions[entry] : plan.context_lens[entry];
+    for_each_visible_run(plan, entry, layer.policy, plan.first_positions[entry], end, f);
   }
 
   // The entry's shape, and every visible position's block: inside the pool and

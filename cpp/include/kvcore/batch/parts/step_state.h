@@ -17,6 +17,7 @@
 #include "kvcore/batch/parts/block_group.h"
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/batch/parts/step_trees.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -39,6 +40,8 @@ class StepState {
   Status create(const StepLimits& limits, const BlockGroup* groups, int stride) noexcept {
     StepState fresh;
     KVCORE_RETURN_IF_ERROR(fresh.allocate(limits));
+    KVCORE_RETURN_IF_ERROR(
+        fresh.trees_.create(limits.max_seqs, limits.n_groups, limits.max_step, limits.max_step_tokens));
     fresh.lim_ = limits;
     for (int g = 0; g < limits.n_groups; ++g) {
       GroupPlan& gp = fresh.group_plans_[g];
@@ -85,8 +88,18 @@ class StepState {
   /// holding).
   void end(SequenceTable& seqs, BlockGroup* groups) noexcept;
 
-  /// Commits the begun step (checked): lengths, prefix keys, window releases.
-  void commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept;
+  /// Checks the accepted paths of a commit of the begun step (step checked):
+  /// StepTrees::check_accepted. A plain commit is (nullptr, 0).
+  Status check_accepted(const AcceptedPath* accepted, int n) noexcept {
+    return trees_.check_accepted(accepted, n, query_starts_.get(), step_seq_.get(),
+                                 [this](int seq) { return seq >= 0 && seq < lim_.max_seqs ? begun_entry(seq) : -1; });
+  }
+
+  /// Commits the begun step (checked, and its accepted paths): each entry's
+  /// accepted tokens become the sequence's next positions (every token of a
+  /// chain entry with no path), the blocks reserved past them return, prefix
+  /// keys and window releases follow. Returns the row copies of tree entries.
+  BatchCommit commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept;
 
   /// The begun step's plan (checked by the caller).
   BatchStepPlan plan() const noexcept;
@@ -158,6 +171,7 @@ class StepState {
   std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs]
   std::unique_ptr<int[]> first_before_;  // [g][entry]: the block at its first position's index before the step
   std::unique_ptr<GroupPlan[]> group_plans_;
+  StepTrees trees_;
 };
 
 // A step writing into `block` copies it when another sequence holds it, or
@@ -209,6 +223,7 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
     KVCORE_CHECK_OR_RETURN_ERROR(e.T >= 1 && e.T <= lim_.max_step, InvalidArgument,
                                  "begin_step: sequence %d with T = %d, must be in [1, max_step = %d]", e.seq,
                                  e.T, lim_.max_step);
+    KVCORE_RETURN_IF_ERROR(StepTrees::check_entry(e));
     const int length = seqs[e.seq].length;
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + e.T <= lim_.capacity, OutOfResources,
                                  "begin_step: sequence %d at length %d with T = %d would pass "
@@ -219,7 +234,7 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
                                  "begin_step: %d tokens or more, must be <= max_step_tokens = %d", tokens,
                                  lim_.max_step_tokens);
   }
-  return Error::Ok;
+  return trees_.check_masks(entries, n);
 }
 
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
@@ -277,6 +292,7 @@ inline void StepState::record_entries(const StepEntry* entries, int n, const Seq
     at += e.T;
   }
   query_starts_[n] = at;
+  trees_.record(entries, n, query_starts_.get(), first_positions_.get());
 }
 
 // Entry i's blocks in group g: new ones, private copies of shared or named
@@ -300,19 +316,21 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
   return copies;
 }
 
-// Entry i's slots in group g: row of each new position, block by block.
+// Entry i's slots in group g: row of each new position, block by block,
+// for the node written there (a tree's node at its chain place).
 inline void StepState::fill_slots(const BlockGroup& group, int g, int i) noexcept {
   const int B = lim_.block_size;
   const int* row = group.table(step_seq_[i]);
   const int first = first_positions_[i];
   const int end = context_lens_[i];
   int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens + query_starts_[i];
+  const int* node_at = trees_.node_at() + query_starts_[i];  // the node written at each position (a chain: itself)
   for (int p = first; p < end;) {
     const int b = p / B;
     const std::int64_t next = (static_cast<std::int64_t>(b) + 1) * B;
     const int block_end = next < end ? static_cast<int>(next) : end;
     const int base = row[b] * B - b * B;  // row[b] * B + p % B for p in block b
-    for (; p < block_end; ++p) slots[p - first] = base + p;
+    for (; p < block_end; ++p) slots[node_at[p - first]] = base + p;
   }
 }
 
@@ -333,17 +351,29 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
   return active_;
 }
 
-inline void StepState::commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept {
+inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept {
+  trees_.clear_copies();
   for (int g = 0; g < lim_.n_groups; ++g)  // the copies are made: their sources go
     for (int c = 0; c < group_plans_[g].n_copies; ++c) groups[g].pool().release(copies_[g * lim_.max_seqs + c].src);
   for (int i = 0; i < active_.n_entries; ++i) {
     const int seq = step_seq_[i];
-    seqs[seq].length = context_lens_[i];
-    prefix.hash_tokens(seq, step_tokens_.get() + query_starts_[i], query_starts_[i + 1] - query_starts_[i],
-                       tokens_given_[i], groups, lim_.n_groups);
-    for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, seqs[seq].length);
+    const int at = query_starts_[i];
+    const int m = trees_.accepted(i);
+    const AcceptedPath* path = trees_.path(i);
+    SequenceState& s = seqs[seq];
+    s.length = first_positions_[i] + m;
+    const int kept = ceil_blocks(s.length);  // blocks reserved only for rejected nodes go
+    for (int g = 0; g < lim_.n_groups; ++g) {
+      trees_.add_copies(g, path, at, slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens);
+      groups[g].drop_range(seq, kept, ceil_blocks(context_lens_[i]));
+    }
+    if (s.alloc_end > kept) s.alloc_end = kept;
+    trees_.order_tokens(path, at, step_tokens_.get());
+    prefix.hash_tokens(seq, step_tokens_.get() + at, m, tokens_given_[i], groups, lim_.n_groups);
+    for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, s.length);
   }
   active_ = BatchStep{};
+  return trees_.commit_plan();
 }
 
 inline BatchStepPlan StepState::plan() const noexcept {
@@ -360,6 +390,10 @@ inline BatchStepPlan StepState::plan() const noexcept {
   p.n_holes = n_holes_of_.get();
   p.n_groups = lim_.n_groups;
   p.groups = group_plans_.get();
+  p.positions = trees_.positions();
+  p.chain_index = trees_.chain_index();
+  p.tree_mask_starts = trees_.mask_starts();
+  p.tree_masks = trees_.masks();
   return p;
 }
 

@@ -1,0 +1,209 @@
+// StepTrees: the draft trees of a BatchCache's begun step (docs/design.md
+// section 7). A tree entry of N nodes takes the rows of a chain of N: node j
+// writes the row of the entry's reserved position first + chain_index(j),
+// where the main line (node 0, its lowest-index child, ...) keeps its chain
+// places and every other node follows in node order. Per token it keeps the
+// position (first + depth) and chain index, per tree entry the bit-packed
+// ancestor mask; at commit it checks the accepted paths and lists the row
+// copies that move each accepted node to the position it was accepted at.
+// Chains (no parents, or parents[i] = i - 1) are plain steps: no mask.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/draft_tree.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+class StepTrees {
+ public:
+  /// Buffers for steps of `max_step_tokens` tokens, `max_seqs` entries of up
+  /// to `max_step` nodes and `n_groups` groups. MemoryAllocationFailed:
+  /// nothing is assigned.
+  Status create(int max_seqs, int n_groups, int max_step, int max_step_tokens) noexcept {
+    StepTrees fresh;
+    const std::int64_t tokens = max_step_tokens;
+    // Mask rows up to kMaskNodes nodes wide for every token: a bound that stays
+    // linear in the tokens when max_step is huge (check_masks refuses a step
+    // whose trees need more).
+    const std::int64_t words = tokens * tree_mask_words(max_step < kMaskNodes ? max_step : kMaskNodes);
+    fresh.positions_.reset(new (std::nothrow) int[tokens]);
+    fresh.chain_index_.reset(new (std::nothrow) int[tokens]);
+    fresh.node_at_.reset(new (std::nothrow) int[tokens]);
+    fresh.parents_.reset(new (std::nothrow) int[tokens]);
+    fresh.masks_.reset(new (std::nothrow) std::uint32_t[words > 0 ? words : 1]);
+    fresh.mask_starts_.reset(new (std::nothrow) int[static_cast<std::int64_t>(max_seqs) + 1]);
+    fresh.accepted_.reset(new (std::nothrow) int[max_seqs]);
+    fresh.paths_.reset(new (std::nothrow) const AcceptedPath*[max_seqs]);
+    fresh.row_copies_.reset(new (std::nothrow) TreeCopy[static_cast<std::int64_t>(n_groups) * tokens]);
+    fresh.group_commits_.reset(new (std::nothrow) GroupCommit[n_groups]);
+    KVCORE_CHECK_OR_RETURN_ERROR(fresh.positions_ && fresh.chain_index_ && fresh.node_at_ && fresh.parents_ &&
+                                     fresh.masks_ && fresh.mask_starts_ && fresh.accepted_ && fresh.paths_ && fresh.row_copies_ &&
+                                     fresh.group_commits_,
+                                 MemoryAllocationFailed, "cannot allocate the tree buffers of %d tokens",
+                                 max_step_tokens);
+    fresh.max_step_tokens_ = max_step_tokens;
+    fresh.mask_capacity_ = words;
+    fresh.n_groups_ = n_groups;
+    *this = static_cast<StepTrees&&>(fresh);
+    return Error::Ok;
+  }
+
+  /// InvalidArgument (naming the sequence, node and value) unless the entry's
+  /// parents, when given, form a tree in topological order (draft_tree.h).
+  static Status check_entry(const StepEntry& e) noexcept {
+    if (e.parents == nullptr) return Error::Ok;
+    return check_tree(e.parents, e.T, e.T);  // T itself is checked against max_step before
+  }
+
+  /// InvalidArgument unless the entries' trees (checked) fit the mask buffer:
+  /// sum of N x ceil(N / 32) words over tree entries. Only a step with trees
+  /// of more than kMaskNodes nodes can need more than its tokens' share.
+  Status check_masks(const StepEntry* entries, int n) const noexcept {
+    std::int64_t words = 0;
+    for (int i = 0; i < n; ++i)
+      if (entries[i].parents != nullptr && !tree_is_chain(entries[i].parents, entries[i].T))
+        words += static_cast<std::int64_t>(entries[i].T) * tree_mask_words(entries[i].T);
+    KVCORE_CHECK_OR_RETURN_ERROR(words <= mask_capacity_, InvalidArgument,
+                                 "begin_step: the trees' ancestor masks need %lld words, the step buffers hold "
+                                 "%lld (max_step_tokens x ceil(min(max_step, 256) / 32))",
+                                 static_cast<long long>(words), static_cast<long long>(mask_capacity_));
+    return Error::Ok;
+  }
+
+  /// Trees up to this many nodes always fit the mask buffer.
+  static constexpr int kMaskNodes = 256;
+
+  /// Records every entry's positions, chain indices and masks (entries
+  /// checked). query_starts: n + 1 token offsets; first: each entry's length.
+  void record(const StepEntry* entries, int n, const int* query_starts, const int* first) noexcept {
+    int words = 0;
+    for (int i = 0; i < n; ++i) {
+      const int at = query_starts[i];
+      const int N = entries[i].T;
+      mask_starts_[i] = words;
+      if (entries[i].parents == nullptr || tree_is_chain(entries[i].parents, N)) {
+        for (int j = 0; j < N; ++j) {
+          positions_[at + j] = first[i] + j;
+          chain_index_[at + j] = node_at_[at + j] = j;
+          parents_[at + j] = j - 1;
+        }
+        continue;
+      }
+      const int* parents = entries[i].parents;
+      for (int j = 0; j < N; ++j) parents_[at + j] = parents[j];
+      int* positions = positions_.get() + at;
+      lay_out_tree(parents, N, positions, chain_index_.get() + at, node_at_.get() + at, masks_.get() + words);
+      for (int j = 0; j < N; ++j) positions[j] += first[i];  // depth to position
+      words += N * tree_mask_words(N);
+    }
+    mask_starts_[n] = words;
+    n_entries_ = n;
+  }
+
+  const int* positions() const noexcept { return positions_.get(); }
+  const int* chain_index() const noexcept { return chain_index_.get(); }
+  /// Per entry's first token + chain place c: the node written at place c.
+  const int* node_at() const noexcept { return node_at_.get(); }
+  const int* mask_starts() const noexcept { return mask_starts_.get(); }
+  const std::uint32_t* masks() const noexcept { return masks_.get(); }
+  bool is_tree(int entry) const noexcept { return mask_starts_[entry + 1] > mask_starts_[entry]; }
+
+  /// Checks `accepted[0, n)` against the begun step (entry_of(seq): the
+  /// entry of a sequence in the step or -1; query_starts: the step's token
+  /// offsets; step_seq: each entry's sequence) and records each entry's accepted length (an unlisted chain
+  /// keeps every token). InvalidArgument, nothing recorded: a sequence not
+  /// in the step or listed twice, m outside [1, N], nodes not a root path or
+  /// out of range, a tree entry left unlisted.
+  template <class EntryOf>
+  Status check_accepted(const AcceptedPath* accepted, int n, const int* query_starts, const int* step_seq,
+                        EntryOf entry_of) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && (accepted != nullptr || n == 0), InvalidArgument,
+                                 "commit: %d accepted paths (accepted %s)", n,
+                                 accepted != nullptr ? "set" : "null");
+    for (int i = 0; i < n_entries_; ++i) accepted_[i] = -1, paths_[i] = nullptr;
+    for (int a = 0; a < n; ++a)
+      KVCORE_RETURN_IF_ERROR(check_path(accepted[a], query_starts, entry_of(accepted[a].seq)));
+    for (int i = 0; i < n_entries_; ++i) {
+      if (accepted_[i] >= 0) continue;
+      KVCORE_CHECK_OR_RETURN_ERROR(!is_tree(i), InvalidArgument,
+                                   "commit: sequence %d's entry is a tree of %d nodes with no accepted path "
+                                   "(a tree step commits with commit(step, accepted))",
+                                   step_seq[i], query_starts[i + 1] - query_starts[i]);
+      accepted_[i] = query_starts[i + 1] - query_starts[i];
+    }
+    return Error::Ok;
+  }
+
+  /// Entry i's accepted length (after check_accepted).
+  int accepted(int entry) const noexcept { return accepted_[entry]; }
+  /// Entry i's accepted path, or null when it was not listed (a whole chain).
+  const AcceptedPath* path(int entry) const noexcept { return paths_[entry]; }
+
+  /// Moves the accepted tokens of entry i into path order (tokens at its
+  /// query start; each accepted node's index is >= its depth, so ascending
+  /// moves never overwrite a source still to move).
+  void order_tokens(const AcceptedPath* path, int at, std::int32_t* tokens) const noexcept {
+    if (path == nullptr) return;
+    for (int d = 0; d < path->m; ++d) tokens[at + d] = tokens[at + path->nodes[d]];
+  }
+
+  /// Group g's row copies of entry i's accepted path (path null: none), from
+  /// its slots (the group's, by token): accepted[d]'s row to the row of
+  /// chain place d, where they differ, ascending d.
+  void add_copies(int g, const AcceptedPath* path, int at, const int* slots) noexcept {
+    if (path == nullptr) return;
+    GroupCommit& gc = group_commits_[g];
+    TreeCopy* out = row_copies_.get() + static_cast<std::ptrdiff_t>(g) * max_step_tokens_ + gc.n_copies;
+    // Chain places (src -> dst) first, then the group's rows: the slots of
+    // the nodes at those places.
+    const int n = tree_commit_copies(chain_index_.get() + at, path->nodes, path->m, out);
+    for (int c = 0; c < n; ++c)
+      out[c] = TreeCopy{slots[at + node_at_[at + out[c].src]], slots[at + node_at_[at + out[c].dst]]};
+    gc.n_copies += n;
+  }
+
+  /// Empties every group's copies (the start of a commit).
+  void clear_copies() noexcept {
+    for (int g = 0; g < n_groups_; ++g)
+      group_commits_[g] = GroupCommit{row_copies_.get() + static_cast<std::ptrdiff_t>(g) * max_step_tokens_, 0};
+  }
+
+  /// The last commit's copies.
+  BatchCommit commit_plan() const noexcept { return BatchCommit{n_groups_, group_commits_.get()}; }
+
+ private:
+  Status check_path(const AcceptedPath& path, const int* query_starts, int entry) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(entry >= 0, InvalidArgument,
+                                 "commit: an accepted path for sequence %d, which is not in the step", path.seq);
+    KVCORE_CHECK_OR_RETURN_ERROR(accepted_[entry] < 0, InvalidArgument,
+                                 "commit: sequence %d has two accepted paths", path.seq);
+    const int at = query_starts[entry];
+    const int N = query_starts[entry + 1] - at;
+    KVCORE_RETURN_IF_ERROR(kvcore::check_accepted(parents_.get() + at, N, path.nodes, path.m));
+    accepted_[entry] = path.m;
+    paths_[entry] = &path;
+    return Error::Ok;
+  }
+
+  int max_step_tokens_ = 0;
+  int n_groups_ = 0;
+  std::int64_t mask_capacity_ = 0;  // words
+  int n_entries_ = 0;
+  std::unique_ptr<int[]> positions_;    // [token]
+  std::unique_ptr<int[]> chain_index_;  // [token]: node's place among the entry's positions
+  std::unique_ptr<int[]> node_at_;      // [entry's first token + place]: the node there
+  std::unique_ptr<int[]> parents_;      // [token]: the entry's parents (a chain's too)
+  std::unique_ptr<std::uint32_t[]> masks_;
+  std::unique_ptr<int[]> mask_starts_;  // [entry + 1], in words
+  std::unique_ptr<int[]> accepted_;     // [entry]: accepted length at commit
+  std::unique_ptr<const AcceptedPath*[]> paths_;  // [entry]: its accepted path, or null
+  std::unique_ptr<TreeCopy[]> row_copies_;  // [g][max_step_tokens]
+  std::unique_ptr<GroupCommit[]> group_commits_;
+};
+
+}  // namespace kvcore
