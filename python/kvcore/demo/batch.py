@@ -125,7 +125,7 @@ class BatchDemoOptions(ModelOptions):
         """About the most bytes the run holds at once (kvcore.demo.footprint): one
         oracle per sequence in flight (and the system prompt's), a finished
         sequence's full recomputation, one step's attention over the live rows, the
-        pool and every chat's tokens."""
+        pool, every chat's tokens and, with trees, the drafters' caches."""
         cfg = self.model_config()
         n, c = self.capacity, self.concurrency
         rows = c * -(-n // self.block_size) * self.block_size  # live rows of a group, at most
@@ -136,7 +136,9 @@ class BatchDemoOptions(ModelOptions):
         forward = fp.attention_bytes(cfg, step, rows) + fp.activation_bytes(cfg, step) + fp.logits_bytes(cfg, step)
         pool = 2 * fp.kv_bytes(cfg, rows, cfg.n_layers, DTYPE_BYTES[self.dtype])  # grown by doubling
         tokens = self.chats * n * self.samples * 2 * fp.TOKEN_BYTES
-        return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens
+        # --tree: each sequence in flight has an early-exit drafter's cache (a quarter of the layers).
+        drafters = c * fp.kv_bytes(cfg, n, max(1, cfg.n_layers // 4), DTYPE_BYTES[self.dtype]) if self.tree else 0
+        return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens + drafters
 
     @property
     def capacity(self) -> int:
