@@ -406,7 +406,7 @@ class _Server:
         paths = {b.seq: accepted_path(parents, ids, logits[int(starts[i]) : int(starts[i + 1])])
                  for i, (b, ids, parents) in enumerate(zip(self.active, fed, trees)) if parents is not None}
         if paths:  # the chains (prefill chunks) commit whole
-            moved = step.commit(accepted=paths)
+            moved = step.commit(accepted=list(paths.items()))
             self.pool.apply_commit(moved)
             self.tree_copies += sum(int(m.shape[0]) for m in moved)
         else:
