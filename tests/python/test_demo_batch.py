@@ -145,12 +145,14 @@ def test_small_run_passes_and_shows_every_feature() -> None:
     assert all(len({g[0] for g in c["generated"]}) == c["samples"] for c in forked)  # samples diverge
 
 
+@pytest.mark.parametrize("tree", [0, 4])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_16_bit_kv(dtype: str) -> None:
+def test_16_bit_kv(dtype: str, tree: int) -> None:
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
-    r = _run(demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "dtype": dtype, "chats": 3}))
+    r = _run(demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "dtype": dtype, "chats": 3, "tree": tree}))
     assert r["ok"] and r["oracle"]["tolerance"] == demo_batch.TOLERANCE[dtype]
+    assert (r["trees"]["steps"] > 0) == (tree > 0)
 
 
 class _CorruptRow(kvcore.PagedKVPool):

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tree", type=int, default=d.tree,
                    help="also decode with draft trees of up to N tokens per step, drafted by the model's own "
                    "first layers (early exit) and verified in one forward (docs/trees.md); 0: no trees "
-                   "(default %(default)s)")
+                   "(default %(default)s; for many chats: kvcore demo --batch --tree N)")
     p.add_argument("--seed", type=int, default=d.seed, help="weights and prompt seed (default %(default)s)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
