@@ -344,8 +344,9 @@ def test_a_run_larger_than_the_memory_is_refused(monkeypatch: pytest.MonkeyPatch
         "at most --concurrency = " in err and err.count("\n") == 1
 
 
-def test_the_estimate_bounds_what_a_run_allocates() -> None:
-    opts = demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "prompt_len": 100, "concurrency": 6})
+@pytest.mark.parametrize("tree", [0, 4])
+def test_the_estimate_bounds_what_a_run_allocates(tree: int) -> None:
+    opts = demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "prompt_len": 100, "concurrency": 6, "tree": tree})
     tracemalloc.start()
     try:
         assert _run(opts)["ok"]

@@ -66,6 +66,8 @@ from kvcore.demo.runner import Progress
 from kvcore.demo.trees import accepted_path, draft_layers, root_paths, tree_step
 
 Array = npt.NDArray[Any]
+#: A begin_step entry: (seq, T, tokens) for a chain, (seq, T, tokens, parents) for a tree.
+Entry = tuple[int, int, list[int]] | tuple[int, int, list[int], list[int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,9 +376,11 @@ class _Server:
         self.used_ids.add(seq)
         return seq
 
-    def _step(self) -> None:
+    def _entries(self) -> tuple[list[Entry], list[list[int]], list[list[int] | None]]:
+        """The step's entries (a prefill chunk, a decode step with drafts, or a tree per
+        sequence in flight), each one's token ids, and each one's parents (None: a chain)."""
         C = self.max_step
-        entries: list[tuple[int, int, list[int]] | tuple[int, int, list[int], list[int]]] = []
+        entries: list[Entry] = []
         fed: list[list[int]] = []
         trees: list[list[int] | None] = []  # each entry's parents, None for a chain
         for b in self.active:
@@ -394,6 +398,10 @@ class _Server:
             entries.append((b.seq, len(ids), ids) if parents is None else (b.seq, len(ids), ids, parents))
             fed.append(ids)
             trees.append(parents)
+        return entries, fed, trees
+
+    def _step(self) -> None:
+        entries, fed, trees = self._entries()
         tokens = [t for ids in fed for t in ids]
 
         t0 = time.perf_counter()
