@@ -881,7 +881,7 @@ StepEntryArg = (
 )
 
 # commit(step, accepted=...): {seq: nodes} or [(seq, nodes), ...], nodes a root path of node ids.
-AcceptedArg = Mapping[SupportsIndex, Iterable[SupportsIndex]] | Iterable[tuple[SupportsIndex, Iterable[SupportsIndex]]]
+AcceptedArg = Mapping[int, Iterable[SupportsIndex]] | Iterable[tuple[SupportsIndex, Iterable[SupportsIndex]]]
 
 
 class BatchStep(metaclass=_pybind11_type):

@@ -112,6 +112,9 @@ SMALL_LAYERS = 2
 SMALL_ARGS = ["--chats", "4", "--concurrency", "3", "--shared-len", "8", "--prompt-len", "4", "--gen-len", "8",
               "--samples", "2", "--fork-every", "2", "--draft-every", "2", "--block-size", "4", "--layers", "2",
               "--flat-every", "2", "--window", "4", "--sinks", "1", "--max-step", "4", "--arrive-every", "2"]
+# The same run with trees: no chain drafts (--tree refuses --draft and --draft-every).
+_DRAFTS = SMALL_ARGS.index("--draft-every")
+TREE_ARGS = SMALL_ARGS[:_DRAFTS] + SMALL_ARGS[_DRAFTS + 2 :]
 
 
 def _run(opts: demo_batch.BatchDemoOptions) -> dict[str, Any]:
@@ -410,12 +413,20 @@ def test_root_paths_cover_every_node() -> None:
 
 
 def test_tree_batch_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--batch", *SMALL_ARGS, "--tree", "3", "--json"]) == 0
+    assert cli.main(["demo", "--batch", *TREE_ARGS, "--tree", "3", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["ok"] is True and r["trees"]["steps"] > 0 and r["options"]["tree"] == 3
     for value in ("1", "5", "-1"):
-        assert cli.main(["demo", "--batch", *SMALL_ARGS, "--tree", value]) == 2
+        assert cli.main(["demo", "--batch", *TREE_ARGS, "--tree", value]) == 2
         assert f"--tree = {value}: must be" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["demo", "--batch", "--help"])
     assert "--tree" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("chain", [["--draft", "2"], ["--draft-every=1"]])
+def test_tree_batch_refuses_chain_drafts(chain: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "--batch", *TREE_ARGS, "--tree", "3", *chain])
+    assert exit_.value.code == 2
+    assert f"{chain[0].split('=')[0]} with --tree = 3: trees replace the chain drafts" in capsys.readouterr().err

@@ -204,7 +204,11 @@ def batch_parser() -> argparse.ArgumentParser:
 
 def batch_main(argv: Sequence[str]) -> int:
     """``kvcore demo --batch`` with argv (the options after it); its exit status."""
-    args = batch_parser().parse_args(list(argv))
+    parser = batch_parser()
+    args = parser.parse_args(list(argv))
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    if args.tree > 0 and (chains := sorted(given & {"--draft", "--draft-every"})):
+        parser.error(f"{chains[0]} with --tree = {args.tree}: trees replace the chain drafts, give one or the other")
     names = [f.name for f in dataclasses.fields(batch.BatchDemoOptions) if f.name != "max_step"]
     opts = batch.BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
     opts = _with_default_step(opts, args.max_step)
