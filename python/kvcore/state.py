@@ -28,7 +28,7 @@ import numpy.typing as npt
 from kvcore._core import KVPool, PagedKVPool, check_record
 from kvcore._errors import InvalidArgumentError
 
-Pool = Union[KVPool, PagedKVPool]
+Pool = Union[KVPool, PagedKVPool, Any]  # Any: a TorchKVPool (torch is optional)
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
@@ -71,11 +71,24 @@ def export_sequence(
         if seq is None:
             raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to export")
         record = pool.export_sequence(seq, tokens)
+    elif _is_torch_kv_pool(pool):
+        if seq is not None:
+            raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
+        record = pool.export_sequence(tokens)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool or PagedKVPool, not {type(pool).__name__}")
+        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool or TorchKVPool, not {type(pool).__name__}")
     if path is not None:
         Path(path).write_bytes(record)
     return record
+
+
+def _is_torch_kv_pool(pool: Any) -> bool:
+    """True for a ``kvcore.integrations.torch_pool.TorchKVPool`` (torch imported only if it is one)."""
+    if type(pool).__module__ != "kvcore.integrations.torch_pool":
+        return False
+    from kvcore.integrations.torch_pool import TorchKVPool
+
+    return isinstance(pool, TorchKVPool)
 
 
 def _record_bytes(record: RecordSource) -> Any:
@@ -101,8 +114,12 @@ def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None)
         if seq is None:
             raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to import into")
         pool.import_sequence(seq, data)
+    elif _is_torch_kv_pool(pool):
+        if seq is not None:
+            raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
+        pool.import_sequence(data)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool or PagedKVPool, not {type(pool).__name__}")
+        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool or TorchKVPool, not {type(pool).__name__}")
 
 
 @dataclass(frozen=True)
