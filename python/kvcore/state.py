@@ -20,7 +20,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,10 @@ import numpy.typing as npt
 from kvcore._core import KVPool, PagedKVPool, check_record
 from kvcore._errors import InvalidArgumentError
 
-Pool = Union[KVPool, PagedKVPool, Any]  # Any: a TorchKVPool (torch is optional)
+if TYPE_CHECKING:
+    from kvcore.integrations.torch_pool import TorchKVPool
+
+Pool = Union[KVPool, PagedKVPool, "TorchKVPool"]  # torch is imported only for a TorchKVPool
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
