@@ -9,7 +9,8 @@ cache whose layers match (a ``SequenceCache`` + ``KVPool`` or a ``BatchCache`` +
 ``PagedKVPool`` of any block size) gives a sequence whose every plan, read and
 ``can_rewind`` answer equals the exporter's.
 
-``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths;
+``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths, and
+take a ``TorchKVPool`` too (``kvcore.integrations.torch_state``: the same bytes);
 ``RecordInfo.of(record)`` validates a record and shows its fields, and
 ``RecordInfo.rows(layer)`` its rows as zero-copy numpy views.
 """
