@@ -17,7 +17,7 @@ import pytest
 import kvcore
 from kvcore import cli
 from kvcore.demo import batch as demo_batch
-from kvcore.demo import footprint
+from kvcore.demo import footprint, trees
 from kvcore.demo.model import Model, ModelConfig
 from kvcore.demo.runner import single_threaded_blas
 
@@ -145,12 +145,14 @@ def test_small_run_passes_and_shows_every_feature() -> None:
     assert all(len({g[0] for g in c["generated"]}) == c["samples"] for c in forked)  # samples diverge
 
 
+@pytest.mark.parametrize("tree", [0, 4])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_16_bit_kv(dtype: str) -> None:
+def test_16_bit_kv(dtype: str, tree: int) -> None:
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
-    r = _run(demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "dtype": dtype, "chats": 3}))
+    r = _run(demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "dtype": dtype, "chats": 3, "tree": tree}))
     assert r["ok"] and r["oracle"]["tolerance"] == demo_batch.TOLERANCE[dtype]
+    assert (r["trees"]["steps"] > 0) == (tree > 0)
 
 
 class _CorruptRow(kvcore.PagedKVPool):
@@ -342,8 +344,9 @@ def test_a_run_larger_than_the_memory_is_refused(monkeypatch: pytest.MonkeyPatch
         "at most --concurrency = " in err and err.count("\n") == 1
 
 
-def test_the_estimate_bounds_what_a_run_allocates() -> None:
-    opts = demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "prompt_len": 100, "concurrency": 6})
+@pytest.mark.parametrize("tree", [0, 4])
+def test_the_estimate_bounds_what_a_run_allocates(tree: int) -> None:
+    opts = demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "prompt_len": 100, "concurrency": 6, "tree": tree})
     tracemalloc.start()
     try:
         assert _run(opts)["ok"]
@@ -359,3 +362,60 @@ def test_a_released_oracle_keeps_its_work_and_no_arrays() -> None:
     oracle.logits(list(range(10)))
     oracle.release()
     assert oracle.work == 10 and oracle.k == [] and oracle.v == [] and oracle.rows.size == 0
+
+
+# --- kvcore demo --batch --tree ---------------------------------------------------------------
+
+# Every chat decodes with trees of up to 4 nodes from the early-exit drafter (the first layer);
+# seed 5: three accepted paths leave the main line (a second guess), so commits move rows.
+TREE = demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "tree": 4, "seed": 5})
+
+
+def test_tree_batch_run_is_exact_and_commits_paths_off_the_main_line() -> None:
+    r = _run(TREE)
+    assert r["ok"] and all(c["ok"] for c in r["checks"]) and r["first_failure"] is None
+    assert r["oracle"]["positions_checked"] == r["tokens"]["total"]  # every tree node of every step
+    t = r["trees"]
+    assert t["size"] == 4 and t["draft_layers"] == 1 and t["draft_forwards"] >= t["steps"] > 0
+    assert t["nodes"] <= 4 * t["steps"] and 1 < t["tokens_per_forward"] <= 4
+    assert t["paths_off_main_line"] == 3 and t["copies"] == 6  # one row per path in each of the 2 groups
+    assert r["speculative"]["steps"] == 0  # the trees replace --draft's chains
+    greedy = r["checks"][3]
+    assert greedy["name"].startswith("every generated token is plain greedy decoding's")
+    n = int(greedy["detail"].split("/")[1].split()[0])
+    assert greedy["detail"] == f"{n}/{n} tokens" and n > 0
+    assert r["chats"]["finished"] == 6 and r["forks"]["forks"] == 2
+    assert "accepted tokens per forward" in demo_batch.format_report(r)
+
+
+def test_tree_batch_run_catches_commit_copies_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An accepted second guess stays in its draft row: a later step reads the main
+    # line's rejected draft in its place, and that chat's logits leave the oracle's.
+    monkeypatch.setattr(kvcore.PagedKVPool, "apply_commit", lambda self, copies: None)
+    r = _run(TREE)
+    assert r["ok"] is False and r["checks"][0]["ok"] is False and r["first_failure"]["check"] == "step"
+
+
+def test_a_token_that_is_not_greedy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Decoding the second choice keeps every logit exact (the oracle follows the tokens),
+    # so only the greedy check can tell.
+    monkeypatch.setattr(demo_batch, "greedy", lambda row: int(np.argsort(row, kind="stable")[-2]))
+    r = _run(SMALL)
+    assert [c["ok"] for c in r["checks"]] == [True, True, True, False]
+
+
+def test_root_paths_cover_every_node() -> None:
+    assert trees.root_paths([-1, 0, 0, 1, 2], 5) == [[0, 1, 3], [0, 2, 4]]
+    assert trees.root_paths([-1, 0, 1], 3) == [[0, 1, 2]] == trees.root_paths(None, 3)
+
+
+def test_tree_batch_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--batch", *SMALL_ARGS, "--tree", "3", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["ok"] is True and r["trees"]["steps"] > 0 and r["options"]["tree"] == 3
+    for value in ("1", "5", "-1"):
+        assert cli.main(["demo", "--batch", *SMALL_ARGS, "--tree", value]) == 2
+        assert f"--tree = {value}: must be" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--batch", "--help"])
+    assert "--tree" in capsys.readouterr().out

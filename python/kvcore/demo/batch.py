@@ -19,18 +19,28 @@ batched forward (``Model.forward_batch``) through ``BatchCache`` +
   drafts, the accepted prefix is kept and the rejected drafts are rewound
   (``rewind``). The drafts are a perfect draft model's (the oracle's greedy
   continuation) with one token corrupted at a random place or none, as in
-  ``kvcore demo``, so steps accept anything from 0 to k drafts.
+  ``kvcore demo``, so steps accept anything from 0 to k drafts;
+- with ``--tree N`` every chat decodes with draft trees instead (docs/trees.md):
+  each step of a chat is a tree of up to N tokens from a real cheap drafter,
+  the model's own first layers (kvcore.demo.early_exit, one drafter cache per
+  sequence; kvcore.demo.trees shapes the tree), all chats' trees verified in
+  the one batched forward; each chat's accepted root path is committed
+  (``commit(step, accepted={seq: path})``) and the returned row copies applied
+  (``PagedKVPool.apply_commit``).
 
-The check, every step: the logits of every new token (rejected drafts included)
-must equal that chat's own full recomputation, ``Model.forward_full`` of the
-chat's token sequence so far (explicit visibility masks, no cache). Running
+The check, every step: the logits of every new token (rejected drafts and tree
+nodes included; a node's sequence is its root path) must equal that chat's own
+full recomputation, ``Model.forward_full`` of the chat's token sequence so far
+(explicit visibility masks, no cache). Running
 ``forward_full`` over the whole history for every chat at every step would
 redo the history each step, so the oracle is computed incrementally:
 ``Oracle.logits(tokens)`` is ``forward_full(tokens)`` with the K/V of the longest
 prefix it has already computed kept (every position of every layer, no window,
 no paging, nothing from kvcore), recomputing only from the first token that
 differs (after a rewind). When a chat finishes, every logit row it kept is also
-compared with one literal ``forward_full`` of its whole sequence.
+compared with one literal ``forward_full`` of its whole sequence, and every
+token it generated must be that recomputation's greedy token (plain greedy
+decoding; a forked sample's first token is its j-th choice by design).
 
 Exits 0 when every check passes, 1 when one fails, 2 on bad options.
 """
@@ -49,11 +59,15 @@ import numpy.typing as npt
 import kvcore
 from kvcore.demo import footprint
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
+from kvcore.demo.early_exit import EarlyExitDrafter
 from kvcore.demo.model import Model
 from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
 from kvcore.demo.runner import Progress
+from kvcore.demo.trees import accepted_path, draft_layers, root_paths, tree_step
 
 Array = npt.NDArray[Any]
+#: A begin_step entry: (seq, T, tokens) for a chain, (seq, T, tokens, parents) for a tree.
+Entry = tuple[int, int, list[int]] | tuple[int, int, list[int], list[int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +93,8 @@ class BatchDemoOptions(ModelOptions):
     draft: int = 3
     #: Every Nth chat from chat 2 on decodes speculatively: 2, 2 + N, ... (0: none).
     draft_every: int = 3
+    #: Draft tree nodes per step of every chat, drafted by early exit (0: no trees; else 2 .. max_step).
+    tree: int = 0
     block_size: int = 8
     window: int = 16
     max_step: int = 8
@@ -87,7 +103,7 @@ class BatchDemoOptions(ModelOptions):
         """Raises ValueError naming the first bad option."""
         at_least = {
             "chats": 1, "concurrency": 1, "shared_len": 0, "prompt_len": 1, "gen_len": 1, "arrive_every": 0,
-            "samples": 1, "fork_every": 0, "draft": 0, "draft_every": 0, "block_size": 1, "layers": 1,
+            "samples": 1, "fork_every": 0, "draft": 0, "draft_every": 0, "tree": 0, "block_size": 1, "layers": 1,
             "flat_every": 0, "window": 1, "sinks": 0, "max_step": 1,
         }
         for name, low in at_least.items():
@@ -100,7 +116,9 @@ class BatchDemoOptions(ModelOptions):
             )
         if self.samples > self.vocab_size:
             raise ValueError(f"--samples = {self.samples}: at most the vocabulary ({self.vocab_size})")
-        self.check_step(self.capacity, self.draft, "--shared-len + --prompt-len + --gen-len + --draft + 1")
+        self.check_tree(self.tree)
+        longest = "--draft" if self.draft >= self.tree else "--tree"
+        self.check_step(self.capacity, self.draft, f"--shared-len + --prompt-len + --gen-len + {longest} + 1")
         self.check_dtype()
         least = [("concurrency", self.samples), ("prompt_len", 1), ("shared_len", 0), ("gen_len", 1), ("chats", 1)]
         footprint.check_options_fit(self, least, "each sequence in flight keeps its own oracle")
@@ -109,7 +127,7 @@ class BatchDemoOptions(ModelOptions):
         """About the most bytes the run holds at once (kvcore.demo.footprint): one
         oracle per sequence in flight (and the system prompt's), a finished
         sequence's full recomputation, one step's attention over the live rows, the
-        pool and every chat's tokens."""
+        pool, every chat's tokens and, with trees, the drafters' caches."""
         cfg = self.model_config()
         n, c = self.capacity, self.concurrency
         rows = c * -(-n // self.block_size) * self.block_size  # live rows of a group, at most
@@ -120,12 +138,14 @@ class BatchDemoOptions(ModelOptions):
         forward = fp.attention_bytes(cfg, step, rows) + fp.activation_bytes(cfg, step) + fp.logits_bytes(cfg, step)
         pool = 2 * fp.kv_bytes(cfg, rows, cfg.n_layers, DTYPE_BYTES[self.dtype])  # grown by doubling
         tokens = self.chats * n * self.samples * 2 * fp.TOKEN_BYTES
-        return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens
+        # --tree: each sequence in flight has an early-exit drafter's cache (a quarter of the layers).
+        drafters = c * fp.kv_bytes(cfg, n, max(1, cfg.n_layers // 4), DTYPE_BYTES[self.dtype]) if self.tree else 0
+        return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens + drafters
 
     @property
     def capacity(self) -> int:
-        """Longest sequence: system prompt, own prompt, generated tokens and one step of drafts."""
-        return self.shared_len + self.prompt_len + self.gen_len + self.draft + 1
+        """Longest sequence: system prompt, own prompt, generated tokens and one step of drafts (or a tree)."""
+        return self.shared_len + self.prompt_len + self.gen_len + max(self.draft, self.tree) + 1
 
 
 class Oracle:
@@ -218,6 +238,8 @@ class Branch:
     pending: int = -1
     generated: list[int] = dataclasses.field(default_factory=list)
     done: bool = False
+    #: Its early-exit drafter (--tree), made at its first tree step.
+    drafter: EarlyExitDrafter | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -287,12 +309,15 @@ class _Server:
         self.clock = 0
         self.steps = 0
         self.tokens_prefill = self.tokens_decode = 0
-        self.forward_s = self.cache_s = self.oracle_s = 0.0
+        self.forward_s = self.cache_s = self.oracle_s = self.draft_s = 0.0
         self.peak_sequences = 0
         self.joined_mid_run = self.left_mid_run = self.ids_reused = self.waited = 0
         self.hits = self.full_hits = self.hit_tokens = self.lookups = 0
         self.forks = self.fork_samples = self.cow_copies = 0
         self.spec_steps = self.drafted = self.accepted = self.rewinds = self.rewound = 0
+        self.tree_steps = self.tree_nodes = self.tree_tokens = self.tree_copies = self.off_main = 0
+        self.draft_forwards = 0
+        self.greedy_tokens = self.not_greedy = 0
         self.step_diff = 0.0
         self.step_positions = 0
         self.final_diff = 0.0
@@ -351,20 +376,32 @@ class _Server:
         self.used_ids.add(seq)
         return seq
 
-    def _step(self) -> None:
+    def _entries(self) -> tuple[list[Entry], list[list[int]], list[list[int] | None]]:
+        """The step's entries (a prefill chunk, a decode step with drafts, or a tree per
+        sequence in flight), each one's token ids, and each one's parents (None: a chain)."""
         C = self.max_step
-        entries: list[tuple[int, int, list[int]]] = []
+        entries: list[Entry] = []
         fed: list[list[int]] = []
+        trees: list[list[int] | None] = []  # each entry's parents, None for a chain
         for b in self.active:
+            parents = None
             if b.prefilling:
                 ids = b.chat.prompt[len(b.tokens) : len(b.tokens) + C]
                 self.tokens_prefill += len(ids)
+            elif self.opts.tree:
+                parents, ids = self._tree(b)
+                self.tokens_decode += len(ids)
             else:
                 k = min(self.opts.draft, b.chat.gen_len - len(b.generated)) if b.chat.drafts else 0
                 ids = [b.pending, *self._drafts(b, k)]
                 self.tokens_decode += len(ids)
-            entries.append((b.seq, len(ids), ids))
+            entries.append((b.seq, len(ids), ids) if parents is None else (b.seq, len(ids), ids, parents))
             fed.append(ids)
+            trees.append(parents)
+        return entries, fed, trees
+
+    def _step(self) -> None:
+        entries, fed, trees = self._entries()
         tokens = [t for ids in fed for t in ids]
 
         t0 = time.perf_counter()
@@ -374,7 +411,14 @@ class _Server:
         starts = plan.query_starts.copy()
         copies = sum(int(g.copies.shape[0]) for g in plan.groups)
         logits = self.model.forward_batch(tokens, step, self.pool)
-        step.commit()
+        paths = {b.seq: accepted_path(parents, ids, logits[int(starts[i]) : int(starts[i + 1])])
+                 for i, (b, ids, parents) in enumerate(zip(self.active, fed, trees)) if parents is not None}
+        if paths:  # the chains (prefill chunks) commit whole
+            moved = step.commit(accepted=list(paths.items()))
+            self.pool.apply_commit(moved)
+            self.tree_copies += sum(int(m.shape[0]) for m in moved)
+        else:
+            step.commit()
         self.forward_s += time.perf_counter() - t0
         self.steps += 1
         self.cow_copies += copies
@@ -387,7 +431,7 @@ class _Server:
             if int(first[i]) != P:
                 self._mismatch(f"step {self.steps}: chat {b.chat.index} sample {b.sample} starts at {first[i]}, not {P}")
             rows = logits[int(starts[i]) : int(starts[i + 1])]
-            self._check_step(b, ids, rows)
+            self._check_step(b, ids, rows, trees[i])
             if b.prefilling:
                 b.tokens.extend(ids)
                 b.kept.update({P + j: rows[j] for j in range(len(ids))})
@@ -397,6 +441,8 @@ class _Server:
                     else:
                         b.pending = greedy(rows[-1])
                         b.generated.append(b.pending)
+            elif trees[i] is not None:
+                self._accept_tree(b, ids, rows, P, paths[b.seq])
             else:
                 self._accept(b, ids, rows, P)
         for b, last in forking:
@@ -418,15 +464,36 @@ class _Server:
         self.oracle_s += time.perf_counter() - t0
         return drafts
 
+    def _tree(self, b: Branch) -> tuple[list[int], list[int]]:
+        """(parents, tokens) of b's next tree step, from its own early-exit drafter."""
+        if b.drafter is None:
+            b.drafter = EarlyExitDrafter(self.model, draft_layers(self.model), self.opts.capacity, self.max_step,
+                                         self.dtype)
+        t0 = time.perf_counter()
+        out = tree_step(b.drafter, [*b.tokens, b.pending], self.opts.tree, b.chat.gen_len - len(b.generated))
+        self.draft_s += time.perf_counter() - t0
+        return out
+
+    def _keep(self, b: Branch, ids: list[int], rows: Array, P: int, path: list[int]) -> None:
+        """Appends the accepted root path's tokens and logit rows to b (position P on),
+        then the greedy token after them as the next to feed."""
+        b.tokens.extend(ids[n] for n in path)
+        b.kept.update({P + d: rows[n] for d, n in enumerate(path)})
+        b.generated.extend(ids[n] for n in path[1:])
+        b.pending = greedy(rows[path[-1]])
+        b.generated.append(b.pending)
+
+    def _accept_tree(self, b: Branch, ids: list[int], rows: Array, P: int, path: list[int]) -> None:
+        self._keep(b, ids, rows, P, path)
+        self.tree_steps += 1
+        self.tree_nodes += len(ids)
+        self.tree_tokens += len(path)  # the accepted drafts and the token after them
+        self.off_main += path != list(range(len(path)))
+
     def _accept(self, b: Branch, ids: list[int], rows: Array, P: int) -> None:
         k = len(ids) - 1
         a = accepted_prefix(ids[1:], rows)
-        b.tokens.extend(ids[: a + 1])
-        for j in range(a + 1):
-            b.kept[P + j] = rows[j]
-        b.generated.extend(ids[1 : a + 1])
-        b.pending = greedy(rows[a])
-        b.generated.append(b.pending)
+        self._keep(b, ids, rows, P, list(range(a + 1)))
         if k:
             self.spec_steps += 1
             self.drafted += k
@@ -467,6 +534,10 @@ class _Server:
                 self.first_failure = {"check": "final", "chat": b.chat.index, "sample": b.sample, "position": p,
                                       "diff": d, "step": self.steps}
         self.final_positions += len(b.kept)
+        self._check_greedy(b, ref)
+        if b.drafter is not None:
+            self.draft_forwards += b.drafter.forwards
+            b.drafter = None
         self.final_work += len(b.tokens)
         # What the checks kept is done with: a long run holds only the sequences in flight.
         b.kept = {}
@@ -485,20 +556,35 @@ class _Server:
 
     # -- checks and measures -----------------------------------------------------
 
-    def _check_step(self, b: Branch, ids: list[int], rows: Array) -> None:
+    def _check_step(self, b: Branch, ids: list[int], rows: Array, parents: list[int] | None) -> None:
+        """Every row against b's full recomputation: a chain's after b's tokens, a tree
+        node's after b's tokens and the node's root path (one oracle call per leaf)."""
         t0 = time.perf_counter()
         P = len(b.tokens)
-        ref = b.oracle.logits([*b.tokens, *ids])[P:]
-        self.per_step_full_work += P + len(ids)
-        diff = np.abs(rows - ref).max(axis=-1)
-        worst = float(diff.max())
-        self.step_diff = max(self.step_diff, worst)
+        for path in root_paths(parents, len(ids)):
+            ref = b.oracle.logits([*b.tokens, *(ids[n] for n in path)])[P:]
+            self.per_step_full_work += P + len(path)
+            diff = np.abs(rows[path] - ref).max(axis=-1)
+            worst = float(diff.max())
+            self.step_diff = max(self.step_diff, worst)
+            if not worst <= self.tolerance and self.first_failure is None:
+                j = int(np.argmax(~(diff <= self.tolerance)))
+                self.first_failure = {"check": "step", "chat": b.chat.index, "sample": b.sample, "position": P + j,
+                                      "diff": float(diff[j]), "step": self.steps}
         self.step_positions += len(ids)
-        if not worst <= self.tolerance and self.first_failure is None:
-            j = int(np.argmax(~(diff <= self.tolerance)))
-            self.first_failure = {"check": "step", "chat": b.chat.index, "sample": b.sample, "position": P + j,
-                                  "diff": float(diff[j]), "step": self.steps}
         self.oracle_s += time.perf_counter() - t0
+
+    def _check_greedy(self, b: Branch, ref: Array) -> None:
+        """Every token b generated is plain greedy decoding's: the argmax of the full
+        recomputation `ref` at the position before it, up to the dtype's tolerance
+        (a 16-bit near-tie may go either way). A forked sample's first token is its
+        j-th choice, not checked."""
+        seq = [*b.tokens, b.pending]
+        first = len(b.chat.prompt) - (b.sample == 0)
+        for p in range(first, len(seq) - 1):
+            self.greedy_tokens += 1
+            if ref[p, seq[p + 1]] < ref[p].max() - self.tolerance:
+                self.not_greedy += 1
 
     def _agree(self, b: Branch, when: str) -> None:
         """The cache's length of the sequence is the chat's own count of its tokens."""
@@ -554,6 +640,11 @@ class _Server:
                 "detail": "after every admission, step, rewind and fork" if not self.mismatches
                           else f"{len(self.mismatches)} disagreements, first: {self.mismatches[0]}",
             },
+            {
+                "name": "every generated token is plain greedy decoding's (the full recomputation's argmax)",
+                "ok": self.not_greedy == 0 and all_done,
+                "detail": f"{self.greedy_tokens - self.not_greedy}/{self.greedy_tokens} tokens",
+            },
         ]
         generated = sum(len(b.generated) for c in self.chats for b in c.branches)
         fed = self.tokens_prefill + self.tokens_decode
@@ -572,7 +663,8 @@ class _Server:
                        "generated": generated},
             "tokens_per_s": fed / max(self.forward_s, 1e-9),
             "generated_tokens_per_s": generated / max(self.forward_s + self.cache_s, 1e-9),
-            "seconds": {"forward": self.forward_s, "cache": self.cache_s, "oracle": self.oracle_s},
+            "seconds": {"forward": self.forward_s, "cache": self.cache_s, "oracle": self.oracle_s,
+                        "draft": self.draft_s},
             "chats": {
                 "total": len(self.chats),
                 "sequences": sum(len(c.branches) for c in self.chats),
@@ -589,6 +681,11 @@ class _Server:
             "forks": {"forks": self.forks, "samples": self.fork_samples, "copy_on_write_blocks": self.cow_copies},
             "speculative": {"steps": self.spec_steps, "drafted": self.drafted, "accepted": self.accepted,
                             "rewinds": self.rewinds, "rewound_tokens": self.rewound},
+            "trees": {"size": self.opts.tree, "steps": self.tree_steps, "nodes": self.tree_nodes,
+                      "tokens": self.tree_tokens, "tokens_per_forward": self.tree_tokens / max(self.tree_steps, 1),
+                      "paths_off_main_line": self.off_main, "copies": self.tree_copies,
+                      "draft_layers": draft_layers(self.model) if self.opts.tree else 0,
+                      "draft_forwards": self.draft_forwards},
             "kv": {
                 "peak_bytes": self.peak["kv_bytes"],
                 "peak_no_sharing_bytes": self.peak.get("no_sharing_bytes", 0),
@@ -652,6 +749,15 @@ def format_report(r: dict[str, Any]) -> str:
         f"{fk['copy_on_write_blocks']} blocks copied on write",
         f"  drafts    {sp['steps']} speculative steps, {sp['accepted']}/{sp['drafted']} drafts accepted, "
         f"{sp['rewinds']} rewinds of {sp['rewound_tokens']} tokens",
+    ]
+    tr = r["trees"]
+    if tr["size"]:
+        lines.append(
+            f"  trees     {tr['steps']} tree steps of up to {tr['size']} nodes ({tr['nodes']} in all) drafted by the "
+            f"first {tr['draft_layers']} layers ({tr['draft_forwards']} shallow forwards): "
+            f"{tr['tokens_per_forward']:.2f} accepted tokens per forward, {tr['paths_off_main_line']} paths off the main line, "
+            f"{tr['copies']} row copies")
+    lines += [
         f"  KV held   {kv['peak_bytes'] / kib:.1f} KiB at the peak (step {kv['peak_step']}, {kv['peak_sequences']} "
         f"sequences) vs {kv['peak_no_sharing_bytes'] / kib:.1f} KiB without shared blocks "
         f"({ratio(kv['peak_no_sharing_bytes'], kv['peak_bytes'])} more) and {kv['peak_all_flat_bytes'] / kib:.1f} KiB "

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tree", type=int, default=d.tree,
                    help="also decode with draft trees of up to N tokens per step, drafted by the model's own "
                    "first layers (early exit) and verified in one forward (docs/trees.md); 0: no trees "
-                   "(default %(default)s)")
+                   "(default %(default)s; for many chats: kvcore demo --batch --tree N)")
     p.add_argument("--seed", type=int, default=d.seed, help="weights and prompt seed (default %(default)s)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -165,8 +165,9 @@ def batch_parser() -> argparse.ArgumentParser:
         prog="kvcore demo --batch",
         description="Serve many concurrent chats with the reference model through one BatchCache and "
         "PagedKVPool (a shared system prompt adopted from the cache, chats joining and leaving, forks into "
-        "parallel samples, speculative drafts with rewinds); every step, each chat's logits must equal its "
-        "own full recomputation. Exits 0 when every check passes, 1 when one fails, 2 on bad options.",
+        "parallel samples, speculative drafts with rewinds, or with --tree draft trees); every step, each chat's "
+        "logits must equal its own full recomputation. Exits 0 when every check passes, 1 when one fails, 2 on "
+        "bad options.",
     )
     knobs: list[tuple[str, str]] = [
         ("chats", "chats to serve"),
@@ -179,6 +180,9 @@ def batch_parser() -> argparse.ArgumentParser:
         ("fork-every", "every Nth chat from chat 1 on forks (1, 1+N, ...); 0: none"),
         ("draft", "draft tokens per speculative step, at most --max-step - 1"),
         ("draft-every", "every Nth chat from chat 2 on decodes speculatively (2, 2+N, ...); 0: none"),
+        ("tree", "every chat decodes with draft trees of up to N tokens per step (2 <= N <= --max-step) "
+                 "from the model's own first layers (early exit), all verified in the one forward, instead of "
+                 "--draft's chains; 0: no trees"),
         ("block-size", "rows per cache block"),
         ("layers", "decoder layers"),
         ("flat-every", "every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring"),

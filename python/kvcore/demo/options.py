@@ -57,6 +57,12 @@ class ModelOptions:
             raise ValueError(f"--draft = {draft}: must be <= --max-step - 1 = {self.max_step - 1} "
                              "(a speculative step carries the last token and its drafts)")
 
+    def check_tree(self, tree: int) -> None:
+        """Raises ValueError unless `tree` (draft tree nodes per step, the root included)
+        is 0 (no trees) or in [2, max_step]: a tree is verified in one step."""
+        if tree != 0 and not 2 <= tree <= self.max_step:
+            raise ValueError(f"--tree = {tree}: must be 0 (no trees) or in [2, --max-step = {self.max_step}]")
+
     def model_config(self) -> ModelConfig:
         """The ModelConfig these options describe."""
         return ModelConfig(

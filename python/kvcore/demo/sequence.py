@@ -53,8 +53,7 @@ class DemoOptions(ModelOptions):
                 raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
         if self.draft < 0:
             raise ValueError(f"--draft = {self.draft}: must be >= 0")
-        if self.tree != 0 and not 2 <= self.tree <= self.max_step:
-            raise ValueError(f"--tree = {self.tree}: must be 0 (no trees) or in [2, --max-step = {self.max_step}]")
+        self.check_tree(self.tree)
         longest = "--draft" if self.draft >= self.tree else "--tree"
         self.check_step(self.capacity, self.draft, f"--prompt-len + --gen-len + {longest} + 1")
         self.check_dtype()

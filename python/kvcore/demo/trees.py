@@ -55,6 +55,33 @@ def draft_tree(main: list[int], others: list[list[int]], budget: int) -> tuple[l
     return parents, tokens
 
 
+def tree_step(drafter: EarlyExitDrafter, context: list[int], budget: int, left: int) -> tuple[list[int], list[int]]:
+    """(parents, tokens) of one step's tree of at most `budget` nodes: the root is
+    context[-1] (the last committed token, not in the cache yet), the drafts below
+    it `drafter`'s (draft_tree), the main line at most `left` deep (the tokens
+    still to generate, >= 1)."""
+    depth = min(main_line_depth(budget - 1), left)
+    main, others = drafter.draft(context, depth, 2)
+    below, drafts = draft_tree(main, others, budget - 1)
+    return [-1, *below], [context[-1], *drafts]
+
+
+def root_paths(parents: list[int] | None, n: int) -> list[list[int]]:
+    """The root-to-leaf node paths of a step of `n` tokens: one path of every node
+    for a chain (`parents` None), one path per leaf of a tree; every node lies
+    on at least one."""
+    if parents is None:
+        return [list(range(n))]
+    inner = set(parents[1:])
+    paths = []
+    for leaf in (i for i in range(n) if i not in inner):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
 def accepted_path(parents: list[int], tokens: list[int], logits: npt.NDArray[Any]) -> list[int]:
     """The longest root path greedy decoding agrees with: from node 0, each next
     node is the lowest-index child whose token is the greedy token of its
@@ -85,11 +112,7 @@ def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: np
     forwards = copies = off_main = 0
     while len(out) < gen_len:
         P = dec.length
-        depth = min(main_line_depth(budget - 1), gen_len - len(out))
-        main, others = drafter.draft(prompt + out, depth, 2)
-        below, drafts = draft_tree(main, others, budget - 1)
-        parents = [-1, *below]
-        tokens = [out[-1], *drafts]
+        parents, tokens = tree_step(drafter, prompt + out, budget, gen_len - len(out))
         step = dec.cache.begin_tree(parents)
         logits = model.forward_step(np.asarray(tokens, dtype=np.int64), step, dec.pool)
         path = accepted_path(parents, tokens, logits)
