@@ -597,6 +597,12 @@ def check_record(record: _Buffer) -> None:
     message names the field); NotSupportedError: a version newer than this build reads.
     """
 
+def seal_record(out: _WritableBuffer) -> None:
+    """Writes the checksum of the record in the writable buffer `out` (its last 8 bytes, over every
+    byte before them), for a writer that filled a record's rows itself. InvalidArgumentError: out
+    read-only or shorter than 72 bytes.
+    """
+
 class KVPool(metaclass=_pybind11_type):
     """Reference CPU storage for a SequenceCache's K/V rows: applies plans.
 

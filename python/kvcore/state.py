@@ -9,7 +9,8 @@ cache whose layers match (a ``SequenceCache`` + ``KVPool`` or a ``BatchCache`` +
 ``PagedKVPool`` of any block size) gives a sequence whose every plan, read and
 ``can_rewind`` answer equals the exporter's.
 
-``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths;
+``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths, and
+take a ``TorchKVPool`` too (``kvcore.integrations.torch_state``: the same bytes);
 ``RecordInfo.of(record)`` validates a record and shows its fields, and
 ``RecordInfo.rows(layer)`` its rows as zero-copy numpy views.
 """
@@ -20,7 +21,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,10 @@ import numpy.typing as npt
 from kvcore._core import KVPool, PagedKVPool, check_record
 from kvcore._errors import InvalidArgumentError
 
-Pool = Union[KVPool, PagedKVPool]
+if TYPE_CHECKING:
+    from kvcore.integrations.torch_pool import TorchKVPool
+
+Pool = Union[KVPool, PagedKVPool, "TorchKVPool"]  # torch is imported only for a TorchKVPool
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
@@ -71,11 +75,24 @@ def export_sequence(
         if seq is None:
             raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to export")
         record = pool.export_sequence(seq, tokens)
+    elif _is_torch_kv_pool(pool):
+        if seq is not None:
+            raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
+        record = pool.export_sequence(tokens)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool or PagedKVPool, not {type(pool).__name__}")
+        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool or TorchKVPool, not {type(pool).__name__}")
     if path is not None:
         Path(path).write_bytes(record)
     return record
+
+
+def _is_torch_kv_pool(pool: Any) -> bool:
+    """True for a ``kvcore.integrations.torch_pool.TorchKVPool`` (torch imported only if it is one)."""
+    if type(pool).__module__ != "kvcore.integrations.torch_pool":
+        return False
+    from kvcore.integrations.torch_pool import TorchKVPool
+
+    return isinstance(pool, TorchKVPool)
 
 
 def _record_bytes(record: RecordSource) -> Any:
@@ -101,8 +118,12 @@ def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None)
         if seq is None:
             raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to import into")
         pool.import_sequence(seq, data)
+    elif _is_torch_kv_pool(pool):
+        if seq is not None:
+            raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
+        pool.import_sequence(data)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool or PagedKVPool, not {type(pool).__name__}")
+        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool or TorchKVPool, not {type(pool).__name__}")
 
 
 @dataclass(frozen=True)

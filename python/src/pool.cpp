@@ -473,6 +473,21 @@ void register_pool(py::module_& m) {
       "version, checksum and every field. InvalidArgumentError: truncated, corrupt or malformed (the "
       "message names the field); NotSupportedError: a version newer than this build reads.");
 
+  m.def(
+      "seal_record",
+      [](py::object out) {
+        // A writer outside the core (the torch pools) fills a record's rows and seals it here.
+        constexpr std::size_t kMin = kvcore::RecordFormat::kHeaderBytes + kvcore::RecordFormat::kTrailerBytes;
+        const py::buffer_info info = writable_buffer(out, kMin);
+        const std::size_t body = static_cast<std::size_t>(info.size * info.itemsize) - kvcore::RecordFormat::kTrailerBytes;
+        unsigned char* bytes = static_cast<unsigned char*>(info.ptr);
+        kvcore::record_detail::put_u64(bytes + body, kvcore::record_checksum(bytes, body));
+      },
+      py::arg("out"),
+      "Writes the checksum of the record in the writable buffer `out` (its last 8 bytes, over every "
+      "byte before them), for a writer that filled a record's rows itself. InvalidArgumentError: "
+      "out read-only or shorter than 72 bytes.");
+
   // Step is registered by register_cache(); mask() joins it here.
   py::object step_type = py::type::of<StepHandle>();
   step_type.attr("mask") = py::cpp_function(

@@ -322,7 +322,25 @@ def test_the_helpers_refuse_a_seq_they_cannot_use() -> None:
         import_sequence(seq_side.pool, record, 0)
     with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
         import_sequence(batch_side.pool, record)
-    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool or PagedKVPool"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool or TorchKVPool"):
         export_sequence(object())  # type: ignore[arg-type]
-    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool or PagedKVPool"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool or TorchKVPool"):
         import_sequence(object(), record)  # type: ignore[arg-type]
+
+
+def test_seal_record_writes_the_checksum() -> None:
+    side = Side(config(), np.float16)
+    side.step(3, 1)
+    record = np.frombuffer(side.export(), dtype=np.uint8).copy()
+    sealed = record.copy()
+    record[-8:] = 0
+    record[RecordInfo.of(sealed).layers[0].k_offset] ^= 1  # a row byte changed: sealing makes it valid again
+    with pytest.raises(kvcore.InvalidArgumentError, match="corrupt"):
+        kvcore._core.check_record(record)
+    kvcore._core.seal_record(record)
+    kvcore._core.check_record(record)
+    assert not np.array_equal(record[-8:], sealed[-8:])
+    with pytest.raises(kvcore.InvalidArgumentError, match="out: must be a writable buffer"):
+        kvcore._core.seal_record(5)  # type: ignore[arg-type]
+    with pytest.raises(kvcore.InvalidArgumentError, match="out: holds 8 bytes, the record needs 72"):
+        kvcore._core.seal_record(np.zeros(8, np.uint8))

@@ -390,6 +390,31 @@ class TorchKVPool:
         self._layers = [None] * len(self._layers)
         self._workspace.clear()
 
+    # --- records (docs/state.md) ---------------------------------------------
+
+    def export_sequence(
+        self, tokens: Optional[Union[Sequence[int], "np.ndarray[Any, Any]"]] = None, *, dtype: Optional[torch.dtype] = None
+    ) -> bytes:
+        """The cache's sequence as a record (bytes, docs/state.md), byte for byte what a ``KVPool``
+        holding the same rows gives; ``tokens``: ids of positions ``[0, len(tokens))``; ``dtype``:
+        the record's dtype while no layer holds tensors. Errors: ``torch_state.export_sequence``."""
+        from kvcore.integrations import torch_state
+
+        return torch_state.export_sequence(self, tokens, dtype=dtype)
+
+    def import_sequence(self, record: Any, *, device: Union[torch.device, str, None] = None) -> None:
+        """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) into the
+        empty cache and new batch-1 tensors on ``device``; changes nothing on an error. Errors:
+        ``torch_state.import_sequence``."""
+        from kvcore.integrations import torch_state
+
+        torch_state.import_sequence(self, record, device=device)
+
+    def _install(self, layers: list[LayerPool]) -> None:
+        """Replace every layer's storage (an import's tensors); cached step layouts are dropped."""
+        self._layers = list(layers)
+        self._planned = None
+
     def map_batch(self, layer: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the layer's batch with ``fn(tensor)`` (beam reorder / select / repeat on dim 0)."""
         pool = self.layer(layer)
