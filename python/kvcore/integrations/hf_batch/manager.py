@@ -11,7 +11,7 @@ runs; ``counters`` tells what kvcore did.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -114,7 +114,8 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         super().__init__(model, gen, cb, workload_hints)
 
     def add_request(self, input_ids: list[int], request_id: Optional[str] = None, max_new_tokens: Optional[int] = None,
-                    **kwargs: Any) -> Optional[str]:  # fmt: skip
+                    streaming: bool = False, record_timestamps: bool = False,
+                    eos_token_id: Union[int, list[int], None] = None, **logit_processor_kwargs: Any) -> Optional[str]:  # fmt: skip
         """transformers' ``add_request``, after checking the request fits kvcore's ``capacity``
         (prompt plus ``max_new_tokens``): InvalidArgumentError, nothing queued, otherwise."""
         new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -124,8 +125,10 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
                 f"request {request_id or '(next)'}: {len(input_ids)} prompt tokens + max_new_tokens = {new} "
                 f"must be in [1, capacity = {self.capacity}] (set max_new_tokens, or capacity=)"
             )
-        added: Optional[str] = super().add_request(input_ids, request_id=request_id, max_new_tokens=max_new_tokens,
-                                                   **kwargs)  # fmt: skip
+        added: Optional[str] = super().add_request(
+            input_ids, request_id=request_id, max_new_tokens=max_new_tokens, streaming=streaming,
+            record_timestamps=record_timestamps, eos_token_id=eos_token_id, **logit_processor_kwargs,
+        )  # fmt: skip
         return added
 
     def start(self) -> None:
@@ -159,7 +162,7 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
             cache=cache, safety_margin=cb.safety_margin, max_requests_per_batch=cb.max_requests_per_batch
         )
         processor = cb_api.ContinuousBatchProcessor(
-            cache=cache,
+            cache=cache,  # type: ignore[arg-type, unused-ignore]  # duck-typed: answers every PagedAttentionCache call
             config=self.model.config.get_text_config(),
             generation_config=self.generation_config,
             continuous_batching_config=cb,
@@ -175,7 +178,7 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         )
         if processor.model_runner.pad_inputs or processor.use_async_batching:
             raise NotSupportedError("kvcore's continuous batching needs unpadded, synchronous forwards")
-        processor.offloading_manager = Preemption(cache, scheduler)
+        processor.offloading_manager = Preemption(cache, scheduler)  # type: ignore[assignment, unused-ignore]  # duck-typed
         return processor
 
 
