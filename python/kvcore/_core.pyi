@@ -1271,14 +1271,14 @@ class PagedKVPool(metaclass=_pybind11_type):
         """
 
 def _copy_rows(
-    k_dst: tuple[int, int, int, int, int, int, int, int],
-    v_dst: tuple[int, int, int, int, int, int, int, int],
+    k_dst: Sequence[int],
+    v_dst: Sequence[int],
     esize: int,
     writes: Sequence[int],
     k_src: int,
-    k_strides: tuple[int, int, int, int],
+    k_strides: Sequence[int],
     v_src: int,
-    v_strides: tuple[int, int, int, int],
+    v_strides: Sequence[int],
 ) -> None:
     """Internal (kvcore.integrations.torch_pool): copies rows of two source tensors into two pool
     tensors.
