@@ -1275,3 +1275,24 @@ class PagedKVPool(metaclass=_pybind11_type):
         """Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer, as
         the C++ arena mode takes them, alignment slack included). InvalidArgumentError: bad dtype.
         """
+
+def _copy_rows(
+    k_dst: Sequence[int],
+    v_dst: Sequence[int],
+    esize: int,
+    writes: Sequence[int],
+    k_src: int,
+    k_strides: Sequence[int],
+    v_src: int,
+    v_strides: Sequence[int],
+) -> None:
+    """Internal (kvcore.integrations.torch_pool): copies rows of two source tensors into two pool
+    tensors.
+
+    ``k_dst``/``v_dst``: (address, B, H, D, stride b, stride h, stride row, stride d) of a pool
+    tensor [B, H, rows, D]; ``esize``: bytes per element; ``writes``: flat (row, n, offset) triples,
+    source rows [offset, offset + n) to pool rows [row, row + n); ``k_src``/``v_src``: addresses of
+    the [B, H, T, D] sources, ``k_strides``/``v_strides`` their element strides. Nothing is checked:
+    the caller guarantees same dtype, CPU memory, and rows within both tensors (wrong values corrupt
+    memory).
+    """

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (pip install torch)")
 
 import kvcore  # noqa: E402
+from kvcore.integrations import torch_pool  # noqa: E402
 from kvcore.integrations.torch_pool import TorchKVPool, read_positions  # noqa: E402
 
 H, D, DV = 2, 4, 3
@@ -149,9 +150,14 @@ def test_the_default_order_is_rows_and_a_bad_order_is_refused() -> None:
         TorchKVPool(cache, order="sideways")
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("mirror", [False, True], ids=["compact", "mirrored"])
 @pytest.mark.parametrize("sinks", [0, 2])
-def test_random_steps_and_rewinds_return_exact_history(sinks: int, mirror: bool) -> None:
+def test_random_steps_and_rewinds_return_exact_history(
+    sinks: int, mirror: bool, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both write paths: CPU pools copy through _copy_rows, other devices through torch ops.
+    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
     rng = random.Random(7 + sinks)
     pool = make(kvcore.Ring(window=5, sinks=sinks), kvcore.Flat(), capacity=200, max_step=4, initial=8, mirror=mirror)
     cache = pool.cache
@@ -395,3 +401,25 @@ def test_a_stale_step_is_refused_and_writes_nothing() -> None:
         pool.update(0, stale, k, v)
     # Bit-level: rows never written hold whatever torch.empty left (NaN != NaN).
     assert torch.equal(pool.layer(0).keys.view(torch.int32), before.view(torch.int32))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_strided_inputs_are_written_exactly(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What attention hands a cache is often a view (heads transposed, a dim reversed in memory):
+    # the native copy follows every stride, the last dim's too.
+    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
+    pool = make(kvcore.Ring(window=3), kvcore.Flat(), capacity=40, max_step=2, initial=4, mirror=True)
+    cache = pool.cache
+    while cache.length < 30:
+        T = 1 + cache.length % 2
+        k, v = kv_for(range(cache.length, cache.length + T))
+        k_strided = k.transpose(1, 3).contiguous().transpose(1, 3)  # strides (.., 1, T*D..): D not innermost
+        v_strided = v.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+        assert k_strided.stride(3) != 1 and (T == 1 or not v_strided.is_contiguous())
+        with cache.step(T) as step:
+            for layer in range(2):
+                keys, values = pool.update(layer, step, k_strided, v_strided)
+                want = read_positions(step.plan(layer))
+                ref_k, ref_v = kv_for(range(want[0], want[-1] + 1))
+                assert torch.equal(keys, ref_k[:, :, [p - want[0] for p in want]])
+                assert torch.equal(values, ref_v[:, :, [p - want[0] for p in want]])

@@ -63,10 +63,14 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
+from kvcore._core import _copy_rows
 from kvcore._core import LayerConfig, LayerGeometry, SeqStepPlan, SequenceCache, Step
 from kvcore._errors import InvalidArgumentError, InvalidStateError
 
 ORDERS = ("rows", "positions")
+# CPU pools write through kvcore._core._copy_rows (one native call per layer); False: torch ops
+# only (what other devices use). A switch so the tests cover both write paths.
+NATIVE_WRITES = True
 
 
 def read_positions(plan: SeqStepPlan) -> list[int]:
@@ -115,7 +119,7 @@ class StepLayout:
     """
 
     __slots__ = (
-        "position", "T", "order", "writes", "index", "pair", "write_end", "view", "gather", "read_len", "positions",
+        "position", "T", "order", "writes", "flat_writes", "index", "pair", "write_end", "view", "gather", "read_len", "positions",
         "tree_dst", "tree_src", "_chain_positions", "_geometry", "_key_positions", "_on", "_last", "_tree_on",
     )  # fmt: skip
 
@@ -149,6 +153,7 @@ class StepLayout:
                 if lo < hi:
                     writes.append((storage.rows + lo - lo_m, hi - lo, off + lo - row))
         self.writes = tuple(writes)
+        self.flat_writes = tuple(x for w in writes for x in w)  # what _copy_rows takes
         self.index: tuple[int, ...] = tuple(w[0] for w in writes) if T == 1 else ()
         # T = 1 written to a row and its mirror copy: (row, mirror row - row), else None.
         self.pair = (self.index[0], self.index[1] - self.index[0]) if len(self.index) == 2 else None
@@ -193,7 +198,7 @@ class StepLayout:
                 dst.append(storage.rows + row - lo_m)
                 src.append(i)
         self.tree_dst, self.tree_src = tuple(dst), tuple(src)
-        self.writes, self.index, self.pair = (), (), None
+        self.writes, self.flat_writes, self.index, self.pair = (), (), (), None
         self.write_end = max(dst) + 1
         self._chain_positions = chain_positions
 
@@ -234,12 +239,17 @@ class StepLayout:
         return t
 
 
+def _native_dst(t: torch.Tensor) -> tuple[int, ...]:
+    """A pool tensor as ``_copy_rows`` takes it, but its address: (B, H, D, then the four element strides)."""
+    return (int(t.shape[0]), int(t.shape[1]), int(t.shape[3]), *t.stride())
+
+
 class LayerPool:
     """One layer's K/V rows: ``keys`` ``[B, H, allocated (+ mirror), D]``, ``values`` ``[..., Dv]``."""
 
     __slots__ = (
         "keys", "values", "rows", "mirror_rows", "batch_size", "dtype", "device",
-        "T", "k_shape", "v_shape", "tensor_rows", "_k_geometry", "_v_geometry",
+        "T", "k_shape", "v_shape", "tensor_rows", "_k_geometry", "_v_geometry", "native",
     )  # fmt: skip
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, mirror_rows: int = 0) -> None:
@@ -259,6 +269,12 @@ class LayerPool:
         # (B, H, D), strides, offset: a read is an as_strided view (cheaper than narrow).
         self._k_geometry = (*keys.shape[:2], keys.shape[3], keys.stride(), keys.storage_offset())
         self._v_geometry = (*values.shape[:2], values.shape[3], values.stride(), values.storage_offset())
+        # CPU tensors of one dtype: writes go through kvcore._core._copy_rows (one call for K and V,
+        # where torch needs two to four): K's and V's sizes and strides, and the element size. The
+        # addresses are read at each write, never kept (a deep copy of the pool has its own).
+        self.native: Optional[tuple[tuple[int, ...], tuple[int, ...], int]] = None
+        if NATIVE_WRITES and keys.device.type == "cpu" and values.dtype == keys.dtype:
+            self.native = (_native_dst(keys), _native_dst(values), keys.element_size())
 
     def expect(self, T: int) -> None:
         """Set the shapes a step of ``T`` new rows must have."""
@@ -498,7 +514,13 @@ class TorchKVPool:
             self._grow(pool, layout.write_end)
         pk, pv = pool.keys, pool.values
         pair = layout.pair
-        if pair is not None:  # T = 1 into a row and its mirror: one strided view of both, the row broadcast
+        native = pool.native
+        if native is not None and layout.flat_writes:  # CPU: every write of K and V in one native call
+            _copy_rows(
+                (pk.data_ptr(), *native[0]), (pv.data_ptr(), *native[1]), native[2], layout.flat_writes,
+                key.data_ptr(), key.stride(), value.data_ptr(), value.stride(),
+            )  # fmt: skip
+        elif pair is not None:  # T = 1 into a row and its mirror: one strided view of both, the row broadcast
             row, gap = pair  # (inlined, like the view below: this runs for every layer of every token)
             B, H, D, st, off = pool._k_geometry
             pk.as_strided((B, H, 2, D), (st[0], st[1], gap * st[2], st[3]), off + row * st[2]).copy_(key)
