@@ -883,13 +883,15 @@ def test_batch_step_as_a_context_manager_commits_on_normal_exit_only() -> None:
     assert cache.length(0) == 5
 
 
-def test_positions_are_each_new_tokens_position_in_a_new_array() -> None:
+def test_positions_are_each_new_tokens_position_in_a_read_only_view() -> None:
     cache, step = begun()
     plan = step.plan()
     positions = plan.positions
     assert positions.dtype == np.int32 and positions.tolist() == [3, 4, 0]
-    assert positions.flags.owndata and positions.flags.writeable  # a new array, the caller's
-    positions[0] = 99
+    # Zero-copy: a view of the cache's plan buffer, which the caller cannot change.
+    assert not positions.flags.owndata and not positions.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        positions[0] = 99
     assert plan.positions.tolist() == [3, 4, 0]
     assert plan.holes(0) == [] and plan.holes(1) == []
     with pytest.raises(kvcore.InvalidArgumentError, match=r"entry = 2: must be >= 0 and < n_entries = 2"):

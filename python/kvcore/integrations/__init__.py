@@ -8,6 +8,8 @@ library (torch, transformers) only when you import it, e.g.
   tensors laid out by kvcore plans (needs ``torch``).
 - ``kvcore.integrations.torch_paged``: a torch byte layer for many sequences,
   one paged store per group of a ``BatchCache`` (needs ``torch``).
+- ``kvcore.integrations.torch_state``: sequence records (kvcore.state) out of
+  and into a ``torch_pool`` pool, the same bytes as ``KVPool``'s (needs ``torch``).
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
 - ``kvcore.integrations.hf_batch``: transformers' continuous batching
