@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (p
 import kvcore  # noqa: E402
 from kvcore.integrations.torch_pool import TorchKVPool  # noqa: E402
 from test_trees import random_tree as tree_shape  # noqa: E402
+from torch_bits import same_bits  # noqa: E402
 
 H, D = 2, 3
 POLICIES = [kvcore.Flat(), kvcore.Ring(4), kvcore.Ring(3, 2), kvcore.Ring(5, 1)]
@@ -165,7 +166,7 @@ def snapshot(pool: TorchKVPool) -> list[tuple[Any, Any]]:
 
 
 def unchanged(a: list[tuple[Any, Any]], b: list[tuple[Any, Any]]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(u, w) for (x, u), (y, w) in zip(a, b))
+    return len(a) == len(b) and all(same_bits(x, y) and same_bits(u, w) for (x, u), (y, w) in zip(a, b))
 
 
 @pytest.mark.parametrize(
