@@ -229,7 +229,9 @@ class TreeCase {
     TREE_REQUIRE(cache_->commit(*step, path.data(), m).ok(), "commit(step, accepted) failed");
     TREE_REQUIRE(ref_->commit(*ref_step).ok() && ref_->rewind(L + m).ok(), "reference commit failed");
     ++cov_.tree_commits;
-    const bool main = path == std::vector<int>(facts.main_line.begin(), facts.main_line.begin() + m);
+    // A path longer than the main line is off it (and must not read past its end).
+    const bool main = m <= static_cast<int>(facts.main_line.size()) &&
+                      std::equal(path.begin(), path.end(), facts.main_line.begin());
     for (int l = 0; l < cfg_.n_layers; ++l) {
       auto copies = cache_->commit_copies(l);
       TREE_REQUIRE(copies.ok(), "commit_copies failed");
