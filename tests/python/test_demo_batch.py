@@ -416,6 +416,8 @@ def test_tree_batch_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["demo", "--batch", *TREE_ARGS, "--tree", "3", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["ok"] is True and r["trees"]["steps"] > 0 and r["options"]["tree"] == 3
+    d = demo_batch.BatchDemoOptions()
+    assert (r["options"]["draft"], r["options"]["draft_every"]) == (d.draft, d.draft_every)  # not given: defaults
     for value in ("1", "5", "-1"):
         assert cli.main(["demo", "--batch", *TREE_ARGS, "--tree", value]) == 2
         assert f"--tree = {value}: must be" in capsys.readouterr().err
@@ -424,9 +426,13 @@ def test_tree_batch_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--tree" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("chain", [["--draft", "2"], ["--draft-every=1"]])
-def test_tree_batch_refuses_chain_drafts(chain: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("chain", "name"), [
+    (["--draft", "2"], "--draft"), (["--draft-every=1"], "--draft-every"),
+    (["--draft-ev", "1"], "--draft-every"),  # an abbreviation argparse takes is given all the same
+    (["--draft", "3"], "--draft"),  # the default value, given: still refused
+])
+def test_tree_batch_refuses_chain_drafts(chain: list[str], name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(["demo", "--batch", *TREE_ARGS, "--tree", "3", *chain])
     assert exit_.value.code == 2
-    assert f"{chain[0].split('=')[0]} with --tree = 3: trees replace the chain drafts" in capsys.readouterr().err
+    assert f"{name} with --tree = 3: trees replace the chain drafts" in capsys.readouterr().err

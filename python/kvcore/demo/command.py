@@ -205,10 +205,17 @@ def batch_parser() -> argparse.ArgumentParser:
 def batch_main(argv: Sequence[str]) -> int:
     """``kvcore demo --batch`` with argv (the options after it); its exit status."""
     parser = batch_parser()
-    args = parser.parse_args(list(argv))
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    if args.tree > 0 and (chains := sorted(given & {"--draft", "--draft-every"})):
-        parser.error(f"{chains[0]} with --tree = {args.tree}: trees replace the chain drafts, give one or the other")
+    # The chain knobs start unset: argparse leaves a preset attribute alone unless the
+    # option is given, in full or abbreviated (--draft-ev 1), so "given" is argparse's own.
+    chain_knobs = ("draft", "draft_every")
+    args = parser.parse_args(list(argv), namespace=argparse.Namespace(**dict.fromkeys(chain_knobs)))
+    given = [n for n in chain_knobs if getattr(args, n) is not None]
+    if args.tree > 0 and given:
+        parser.error(f"--{given[0].replace('_', '-')} with --tree = {args.tree}: trees replace the chain drafts, "
+                     "give one or the other")
+    for n in chain_knobs:
+        if getattr(args, n) is None:
+            setattr(args, n, getattr(batch.BatchDemoOptions, n))
     names = [f.name for f in dataclasses.fields(batch.BatchDemoOptions) if f.name != "max_step"]
     opts = batch.BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
     opts = _with_default_step(opts, args.max_step)
