@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_and_exit = {"-h", "--help", "--version", "--includes", "--cmakedir"}
     if not any(a in sub.choices for a in args_in) and (
         not print_and_exit & set(args_in) or demo.batch_argv(args_in) is not None
-        or demo.hf_batch_argv(args_in) is not None
+        or demo.hf_batch_argv(args_in) is not None or demo.disaggregated_argv(args_in) is not None
     ):
         args_in = ["demo", *args_in]
     # `kvcore demo --disaggregated`: prefill and decode on Ray actors, with a parser of its own.

@@ -40,3 +40,36 @@ def test_the_command_line_runs_it(local_ray: None, capsys: Any) -> None:
     assert code == 0, out
     report = json.loads(out)
     assert report["ok"] and report["chats"] == 2 and report["prefill_actors"] == 2
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--prefill-actors", "0"], "--prefill-actors = 0: must be >= 1"),
+    (["--chats", "0"], "--chats = 0: must be >= 1"),
+    (["--block-size", "0"], "--block-size = 0: must be >= 1"),
+    (["--gen-len", "3", "--max-step", "57"], "--max-step = 57: must be <= 56, the longest sequence of this run"),
+])
+def test_an_option_it_cannot_honour_is_refused_before_ray_starts(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started before the options were checked"))
+    assert cli.main(["demo", "--disaggregated", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvcore demo --disaggregated: error: {message}") and err.count("\n") == 1
+
+
+def test_its_model_is_model_configs_own_shape() -> None:
+    # The options reuse ModelOptions (validation, dtype, model) with ModelConfig's defaults.
+    from kvcore.demo.model import ModelConfig
+
+    assert DisaggregatedOptions().model_config() == ModelConfig()
+
+
+def test_its_help_is_its_own_with_or_without_demo(capsys: Any) -> None:
+    for argv in (["--disaggregated", "--help"], ["demo", "--disaggregated", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 0 and "--prefill-actors" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "--disaggregated" in capsys.readouterr().out

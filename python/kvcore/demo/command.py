@@ -59,6 +59,11 @@ def add_parser(sub: Any) -> None:
         help="run a tiny random transformers model through kvcore's continuous batching and check it against "
         "transformers' own (kvcore demo --hf-batch --help)",
     )
+    p.add_argument(
+        "--disaggregated", action="store_true",
+        help="prefill on Ray actors and decode on another, sequences moved as records, checked against one "
+        "process (needs the distributed extra; kvcore demo --disaggregated --help)",
+    )
     p.set_defaults(run=run)
 
 
@@ -134,12 +139,11 @@ def _with_default_step(opts: Any, given: int | None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvcore demo`` with the parsed options; its exit status."""
-    if args.hf_batch:  # as --batch below
-        print("kvcore demo: error: --hf-batch takes its own options: run `kvcore demo --hf-batch ...`", file=sys.stderr)
-        return 2
-    if args.batch:  # kvcore.cli hands --batch to the batch parser before parsing; this parser alone cannot
-        print("kvcore demo: error: --batch takes its own options: run `kvcore demo --batch ...`", file=sys.stderr)
-        return 2
+    for form in ("--batch", "--hf-batch", "--disaggregated"):
+        # kvcore.cli hands these to their own parsers before parsing; this parser alone cannot.
+        if getattr(args, form[2:].replace("-", "_")):
+            print(f"kvcore demo: error: {form} takes its own options: run `kvcore demo {form} ...`", file=sys.stderr)
+            return 2
     opts = sequence.DemoOptions(
         layers=args.layers,
         flat_every=args.flat_every,
@@ -238,16 +242,28 @@ def disaggregated_main(argv: Sequence[str]) -> int:
     from kvcore.demo import disaggregated
 
     d = disaggregated.DisaggregatedOptions()
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="kvcore demo --disaggregated",
         description="Prefill chats on two Ray actors, move each sequence as a record through Ray's object "
         "store, decode them together on a third that already holds their system prompt; check every chat "
-        "against single-process decoding.",
+        "against single-process decoding. Exits 0 when every chat matches, 1 when one does not, 2 when Ray is "
+        "missing or an option is refused.",
     )
-    for flag in ("chats", "system-len", "prompt-len", "gen-len", "layers", "window", "block-size", "max-step",
-                 "prefill-actors", "seed"):
-        p.add_argument(f"--{flag}", type=int, default=getattr(d, flag.replace("-", "_")),
-                       help="(default %(default)s)")
+    knobs = [
+        ("chats", "chats to serve"),
+        ("system-len", "system prompt tokens every chat starts with"),
+        ("prompt-len", "each chat's own prompt tokens after it"),
+        ("gen-len", "tokens each chat generates"),
+        ("layers", "decoder layers (every 6th flat, the rest ring)"),
+        ("window", "ring window"),
+        ("block-size", "rows per block of the decode actor's cache"),
+        ("prefill-actors", "Ray actors that prefill (chats go round-robin)"),
+        ("seed", "weights and prompts seed"),
+    ]
+    _add_int_knobs(p, knobs, d)
+    p.add_argument("--max-step", type=int, default=None,
+                   help=f"largest step (a prefill chunk), at most the longest sequence (default {d.max_step}, or "
+                   "the longest sequence when shorter)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -257,8 +273,9 @@ def disaggregated_main(argv: Sequence[str]) -> int:
     except ImportError:
         print('kvcore demo --disaggregated: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
         return 2
-    names = [f.name for f in dataclasses.fields(disaggregated.DisaggregatedOptions)]
-    opts = disaggregated.DisaggregatedOptions(**{n: getattr(args, n) for n in names})
+    names = [f.name for f in dataclasses.fields(disaggregated.DisaggregatedOptions) if f.name != "max_step"]
+    opts = disaggregated.DisaggregatedOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    opts = _with_default_step(opts, args.max_step)
     try:
         report = disaggregated.run_disaggregated(opts)
     except (ValueError, kvcore.KVCacheError) as e:

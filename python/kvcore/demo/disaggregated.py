@@ -25,44 +25,62 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo.model import Decoder, Model, ModelConfig
-from kvcore.demo.options import TOLERANCE
+from kvcore.demo.model import Decoder, Model
+from kvcore.demo.options import TOLERANCE, ModelOptions, kv_dtype
 from kvcore.state import import_sequence
 
 Array = npt.NDArray[Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class DisaggregatedOptions:
-    """The demo's sizes: chats, prompt lengths, tokens to generate, the model's layers and window."""
+class DisaggregatedOptions(ModelOptions):
+    """The demo's sizes (chats, prompt lengths in tokens, tokens to generate, rows per
+    block, prefill actors) and, from ModelOptions, its model and K/V dtype: here
+    ModelConfig's own small shape (6 layers, window 16, no sinks, d_model 64)."""
 
     chats: int = 4
     system_len: int = 32
     prompt_len: int = 20
     gen_len: int = 12
-    layers: int = 6
-    window: int = 16
     block_size: int = 16
-    max_step: int = 16
     prefill_actors: int = 2
-    seed: int = 0
-    dtype: str = "float32"
     #: A Ray cluster's address; None starts a local instance.
     address: Optional[str] = None
+    layers: int = 6
+    window: int = 16
+    sinks: int = 0
+    d_model: int = 64
+    head_dim: int = 16
+    d_ff: int = 128
+    vocab_size: int = 256
 
     def model(self) -> Model:
-        return Model(ModelConfig(n_layers=self.layers, window=self.window, seed=self.seed))
+        """The demo model (every actor builds the same one from the seed)."""
+        return Model(self.model_config())
 
     @property
     def capacity(self) -> int:
+        """Longest sequence (positions): the system prompt, a chat's own prompt and its tokens."""
         return self.system_len + self.prompt_len + self.gen_len + 1
 
-    def np_dtype(self) -> Any:
-        if self.dtype == "bfloat16":
-            import ml_dtypes
+    def check(self) -> None:
+        """Raises ValueError naming the first option the run cannot honour, before any
+        Ray process starts: a value below its least, --max-step above the longest
+        sequence, a dtype the model cannot compute in (or bfloat16 without ml_dtypes);
+        kvcore.InvalidArgumentError when kvcore refuses the decode actor's cache."""
+        at_least = {"chats": 1, "system_len": 0, "prompt_len": 1, "gen_len": 1, "layers": 1, "window": 1,
+                    "block_size": 1, "max_step": 1, "prefill_actors": 1}
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= {low}")
+        self.check_step(self.capacity, 0, "--system-len + --prompt-len + --gen-len + 1")
+        self.check_dtype()
+        kv_dtype(self.dtype)
+        self.model_config().cache_config(self.capacity, self.max_step, batch=self.limits())
 
-            return ml_dtypes.bfloat16
-        return np.dtype(self.dtype)
+    def limits(self) -> kvcore.BatchLimits:
+        """The decode actor's BatchLimits: blocks of block_size rows, every chat and the system prompt."""
+        return kvcore.BatchLimits(block_size=self.block_size, max_seqs=self.chats + 1)
 
 
 def make_prompts(opts: DisaggregatedOptions) -> tuple[list[int], list[list[int]]]:
@@ -82,7 +100,7 @@ class Prefill:
 
     def prefill(self, prompt: list[int]) -> tuple[Array, Array]:
         """The record (numpy uint8, written in place by export_into) and the prompt's last logits."""
-        dec = Decoder(self.model, self.opts.capacity, self.opts.max_step, self.opts.np_dtype())
+        dec = Decoder(self.model, self.opts.capacity, self.opts.max_step, kv_dtype(self.opts.dtype))
         logits = dec.feed(prompt)
         record = np.empty(dec.pool.export_size(len(prompt)), dtype=np.uint8)
         dec.pool.export_into(record, prompt)
@@ -95,10 +113,9 @@ class Decode:
     def __init__(self, opts: DisaggregatedOptions, system: list[int]) -> None:
         self.opts = opts
         self.model = opts.model()
-        limits = kvcore.BatchLimits(block_size=opts.block_size, max_seqs=opts.chats + 1)
-        cfg = self.model.config.cache_config(opts.capacity, opts.max_step, batch=limits)
+        cfg = self.model.config.cache_config(opts.capacity, opts.max_step, batch=opts.limits())
         self.cache = kvcore.BatchCache(cfg)
-        self.pool = kvcore.PagedKVPool(self.cache, opts.np_dtype())
+        self.pool = kvcore.PagedKVPool(self.cache, kv_dtype(opts.dtype))
         self.cache.add_sequence(0)  # the system prompt, its full blocks named by their token ids
         for i in range(0, len(system), opts.max_step):
             chunk = system[i : i + opts.max_step]
@@ -135,7 +152,7 @@ class Decode:
 
 def reference(opts: DisaggregatedOptions, prompt: list[int]) -> tuple[list[int], Array]:
     """One chat decoded alone in this process: its tokens and the logits of its decode steps."""
-    dec = Decoder(opts.model(), opts.capacity, opts.max_step, opts.np_dtype())
+    dec = Decoder(opts.model(), opts.capacity, opts.max_step, kv_dtype(opts.dtype))
     tokens = [int(np.argmax(dec.feed(prompt)[-1]))]
     logits = []
     for _ in range(opts.gen_len):
@@ -146,9 +163,11 @@ def reference(opts: DisaggregatedOptions, prompt: list[int]) -> tuple[list[int],
 
 
 def run_disaggregated(opts: DisaggregatedOptions) -> dict[str, Any]:
-    """Runs the demo on Ray and checks it; a report (``ok`` False names what differed)."""
+    """Runs the demo on Ray and checks it; a report (``ok`` False names what differed).
+    Raises what DisaggregatedOptions.check raises, before Ray starts."""
     import ray
 
+    opts.check()
     started = not ray.is_initialized()
     if started:
         ray.init(address=opts.address, num_cpus=None if opts.address else 2, include_dashboard=False,
