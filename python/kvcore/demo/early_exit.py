@@ -55,11 +55,15 @@ class EarlyExitDrafter:
             common = common if self.dec.cache.can_rewind(common) else 0
             self.dec.rewind(common)
             del self.held[common:]
-        rest = list(context[common:])
+        return self._feed(context[common:])
+
+    def _feed(self, tokens: Sequence[int]) -> npt.NDArray[Any]:
+        """Feeds `tokens` (at least one) through the shallow decoder, counting its
+        forwards and the tokens its cache holds; the logits row of the last one."""
         C = self.dec.cache.max_step
-        self.forwards += (len(rest) + C - 1) // C
-        rows = self.dec.feed(rest)
-        self.held.extend(rest)
+        self.forwards += (len(tokens) + C - 1) // C
+        rows = self.dec.feed(tokens)
+        self.held.extend(tokens)
         out: npt.NDArray[Any] = rows[-1]
         return out
 
@@ -76,7 +80,5 @@ class EarlyExitDrafter:
             main.append(int(ranked[0]))
             others.append([int(t) for t in ranked[1:]])
             if d + 1 < depth:
-                row = self.dec.step([main[-1]])[-1]
-                self.held.append(main[-1])
-                self.forwards += 1
+                row = self._feed(main[-1:])
         return main, others
