@@ -139,7 +139,7 @@ class BatchDemoOptions(ModelOptions):
         pool = 2 * fp.kv_bytes(cfg, rows, cfg.n_layers, DTYPE_BYTES[self.dtype])  # grown by doubling
         tokens = self.chats * n * self.samples * 2 * fp.TOKEN_BYTES
         # --tree: each sequence in flight has an early-exit drafter's cache (a quarter of the layers).
-        drafters = c * fp.kv_bytes(cfg, n, max(1, cfg.n_layers // 4), DTYPE_BYTES[self.dtype]) if self.tree else 0
+        drafters = c * fp.kv_bytes(cfg, n, draft_layers(cfg), DTYPE_BYTES[self.dtype]) if self.tree else 0
         return fp.weights_bytes(cfg) + (c + 2) * oracle + max(final, forward) + pool + tokens + drafters
 
     @property
@@ -467,7 +467,7 @@ class _Server:
     def _tree(self, b: Branch) -> tuple[list[int], list[int]]:
         """(parents, tokens) of b's next tree step, from its own early-exit drafter."""
         if b.drafter is None:
-            b.drafter = EarlyExitDrafter(self.model, draft_layers(self.model), self.opts.capacity, self.max_step,
+            b.drafter = EarlyExitDrafter(self.model, draft_layers(self.model.config), self.opts.capacity, self.max_step,
                                          self.dtype)
         t0 = time.perf_counter()
         out = tree_step(b.drafter, [*b.tokens, b.pending], self.opts.tree, b.chat.gen_len - len(b.generated))
@@ -684,7 +684,7 @@ class _Server:
             "trees": {"size": self.opts.tree, "steps": self.tree_steps, "nodes": self.tree_nodes,
                       "tokens": self.tree_tokens, "tokens_per_forward": self.tree_tokens / max(self.tree_steps, 1),
                       "paths_off_main_line": self.off_main, "copies": self.tree_copies,
-                      "draft_layers": draft_layers(self.model) if self.opts.tree else 0,
+                      "draft_layers": draft_layers(self.model.config) if self.opts.tree else 0,
                       "draft_forwards": self.draft_forwards},
             "kv": {
                 "peak_bytes": self.peak["kv_bytes"],

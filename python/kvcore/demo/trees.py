@@ -24,12 +24,13 @@ import numpy.typing as npt
 
 from kvcore.demo.drafts import accepted_prefix, greedy
 from kvcore.demo.early_exit import EarlyExitDrafter
-from kvcore.demo.model import Decoder, Model
+from kvcore.demo.model import Decoder, Model, ModelConfig
 
 
-def draft_layers(model: Model) -> int:
-    """The drafter's depth: the first quarter of the model's layers, at least one."""
-    return max(1, model.config.n_layers // 4)
+def draft_layers(cfg: ModelConfig) -> int:
+    """The drafter's depth (layers) for a model of shape `cfg`: the first quarter of
+    its layers, at least one."""
+    return max(1, cfg.n_layers // 4)
 
 
 def main_line_depth(budget: int) -> int:
@@ -103,7 +104,7 @@ def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: np
     against full recomputation; accepted tokens per forward; the drafter's
     layers and shallow forwards)."""
     dec = Decoder(model, capacity, max_step, dtype)
-    drafter = EarlyExitDrafter(model, draft_layers(model), capacity, max_step, dtype)
+    drafter = EarlyExitDrafter(model, draft_layers(model.config), capacity, max_step, dtype)
     kept: dict[int, npt.NDArray[Any]] = {}
     prompt_logits = dec.feed(prompt)
     for p in range(len(prompt)):
@@ -134,7 +135,7 @@ def run_trees(model: Model, budget: int, capacity: int, max_step: int, dtype: np
         "tokens_per_forward": (gen_len - 1) / max(forwards, 1),
         "paths_off_main_line": off_main,
         "copies_layer0": copies,
-        "draft_layers": draft_layers(model),
+        "draft_layers": draft_layers(model.config),
         "draft_forwards": drafter.forwards,
         "tokens_equal": out == plain,
         "max_abs_logit_diff": diff,
@@ -146,7 +147,7 @@ def chain_tokens_per_forward(model: Model, budget: int, capacity: int, max_step:
     """Accepted tokens per forward of chain drafting with the same node budget and
     drafter: its budget - 1 greedy drafts per step (a tree's main line, longer)."""
     dec = Decoder(model, capacity, max_step, dtype)
-    drafter = EarlyExitDrafter(model, draft_layers(model), capacity, max_step, dtype)
+    drafter = EarlyExitDrafter(model, draft_layers(model.config), capacity, max_step, dtype)
     out = [greedy(dec.feed(prompt)[-1])]
     forwards = 0
     while len(out) < gen_len:
