@@ -424,6 +424,8 @@ def test_tree_batch_cli(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["demo", "--batch", "--help"])
     assert "--tree" in capsys.readouterr().out
+    # --draft does not apply with trees (and cannot be given): its default 3 does not refuse a step of 2.
+    assert cli.main(["demo", "--batch", *TREE_ARGS, "--tree", "2", "--max-step", "2"]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("chain", "name"), [

@@ -117,8 +117,10 @@ class BatchDemoOptions(ModelOptions):
         if self.samples > self.vocab_size:
             raise ValueError(f"--samples = {self.samples}: at most the vocabulary ({self.vocab_size})")
         self.check_tree(self.tree)
-        longest = "--draft" if self.draft >= self.tree else "--tree"
-        self.check_step(self.capacity, self.draft, f"--shared-len + --prompt-len + --gen-len + {longest} + 1")
+        # With trees --draft does not apply (and cannot be given): its default must not refuse a run.
+        longest = "--tree" if self.tree else "--draft"
+        self.check_step(self.capacity, 0 if self.tree else self.draft,
+                        f"--shared-len + --prompt-len + --gen-len + {longest} + 1")
         self.check_dtype()
         least = [("concurrency", self.samples), ("prompt_len", 1), ("shared_len", 0), ("gen_len", 1), ("chats", 1)]
         footprint.check_options_fit(self, least, "each sequence in flight keeps its own oracle")
@@ -144,8 +146,8 @@ class BatchDemoOptions(ModelOptions):
 
     @property
     def capacity(self) -> int:
-        """Longest sequence: system prompt, own prompt, generated tokens and one step of drafts (or a tree)."""
-        return self.shared_len + self.prompt_len + self.gen_len + max(self.draft, self.tree) + 1
+        """Longest sequence: system prompt, own prompt, generated tokens and one step of drafts (a tree with --tree)."""
+        return self.shared_len + self.prompt_len + self.gen_len + (self.tree or self.draft) + 1
 
 
 class Oracle:
