@@ -27,25 +27,23 @@ def add_parser(sub: Any) -> None:
     """Adds the `demo` subcommand to the kvcore command line."""
     d = sequence.DemoOptions()
     p = sub.add_parser("demo", help="decode with the reference model through kvcore and check it (default)")
-    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default %(default)s)")
-    p.add_argument(
-        "--flat-every", type=int, default=d.flat_every,
-        help="every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring (default %(default)s)",
-    )
-    p.add_argument("--window", type=int, default=d.window, help="ring window (default %(default)s)")
-    p.add_argument("--sinks", type=int, default=d.sinks, help="ring attention sinks (default %(default)s)")
+    knobs = [
+        ("layers", "decoder layers"),
+        ("flat-every", "every Nth layer is flat, the rest ring; 1 = all flat, 0 = all ring"),
+        ("window", "ring window"),
+        ("sinks", "ring attention sinks"),
+        ("prompt-len", "prompt tokens"),
+        ("gen-len", "tokens to generate"),
+        ("draft", "draft tokens per speculative step, at most --max-step - 1"),
+        ("tree", "also decode with draft trees of up to N tokens per step, drafted by the model's own first "
+                 "layers (early exit) and verified in one forward (docs/trees.md; for many chats: kvcore demo "
+                 "--batch --tree N); 0: no trees"),
+        ("seed", "weights and prompt seed"),
+    ]
+    _add_int_knobs(p, knobs, d)
     p.add_argument("--max-step", type=int, default=None,
                    help=f"largest step, at most the longest sequence (default {d.max_step}, or the longest "
                    "sequence when shorter)")
-    p.add_argument("--prompt-len", type=int, default=d.prompt_len, help="prompt tokens (default %(default)s)")
-    p.add_argument("--gen-len", type=int, default=d.gen_len, help="tokens to generate (default %(default)s)")
-    p.add_argument("--draft", type=int, default=d.draft,
-                   help="draft tokens per speculative step, at most --max-step - 1 (default %(default)s)")
-    p.add_argument("--tree", type=int, default=d.tree,
-                   help="also decode with draft trees of up to N tokens per step, drafted by the model's own "
-                   "first layers (early exit) and verified in one forward (docs/trees.md); 0: no trees "
-                   "(default %(default)s; for many chats: kvcore demo --batch --tree N)")
-    p.add_argument("--seed", type=int, default=d.seed, help="weights and prompt seed (default %(default)s)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
@@ -129,11 +127,14 @@ def batch_argv(argv: list[str]) -> list[str] | None:
     return [a for a in argv if a not in wants]
 
 
-def _with_default_step(opts: Any, given: int | None) -> Any:
-    """`opts` with max_step as given, or by default the options' own default cut to
+def _options(cls: Any, args: argparse.Namespace) -> Any:
+    """A `cls` (a demo's options dataclass) from the parsed `args`: every field the
+    parser has, and max_step as given or by default the options' own default cut to
     the run's longest sequence (a default adapts; a value the user gave does not)."""
-    if given is not None:
-        return dataclasses.replace(opts, max_step=given)
+    opts = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if f.name != "max_step" and hasattr(args, f.name)})
+    if args.max_step is not None:
+        return dataclasses.replace(opts, max_step=args.max_step)
     return dataclasses.replace(opts, max_step=max(1, min(opts.max_step, opts.capacity)))
 
 
@@ -144,19 +145,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, form[2:].replace("-", "_")):
             print(f"kvcore demo: error: {form} takes its own options: run `kvcore demo {form} ...`", file=sys.stderr)
             return 2
-    opts = sequence.DemoOptions(
-        layers=args.layers,
-        flat_every=args.flat_every,
-        window=args.window,
-        sinks=args.sinks,
-        prompt_len=args.prompt_len,
-        gen_len=args.gen_len,
-        draft=args.draft,
-        tree=args.tree,
-        seed=args.seed,
-        dtype=args.dtype,
-    )
-    opts = _with_default_step(opts, args.max_step)
+    opts = _options(sequence.DemoOptions, args)
     show = not args.no_progress and sys.stderr.isatty()
     return run_and_report("kvcore demo", opts, sequence.run_demo, sequence.format_report, as_json=args.json,
                           show_progress=show)
@@ -220,9 +209,7 @@ def batch_main(argv: Sequence[str]) -> int:
     for n in chain_knobs:
         if getattr(args, n) is None:
             setattr(args, n, getattr(batch.BatchDemoOptions, n))
-    names = [f.name for f in dataclasses.fields(batch.BatchDemoOptions) if f.name != "max_step"]
-    opts = batch.BatchDemoOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
-    opts = _with_default_step(opts, args.max_step)
+    opts = _options(batch.BatchDemoOptions, args)
     show = args.progress or (not args.no_progress and sys.stderr.isatty())
     return run_and_report("kvcore demo --batch", opts, batch.run_batch_demo, batch.format_report, as_json=args.json,
                           show_progress=show)
@@ -273,9 +260,7 @@ def disaggregated_main(argv: Sequence[str]) -> int:
     except ImportError:
         print('kvcore demo --disaggregated: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
         return 2
-    names = [f.name for f in dataclasses.fields(disaggregated.DisaggregatedOptions) if f.name != "max_step"]
-    opts = disaggregated.DisaggregatedOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
-    opts = _with_default_step(opts, args.max_step)
+    opts = _options(disaggregated.DisaggregatedOptions, args)
     try:
         report = disaggregated.run_disaggregated(opts)
     except (ValueError, kvcore.KVCacheError) as e:
