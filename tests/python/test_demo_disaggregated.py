@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not installed: pip install 'kvcore[distributed]'")
 
 from kvcore import cli  # noqa: E402
-from kvcore.demo.disaggregated import DisaggregatedOptions, run_disaggregated  # noqa: E402
+from kvcore.demo.disaggregated import DisaggregatedOptions, format_report, run_disaggregated  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,14 @@ def test_prefill_and_decode_on_ray_match_one_process(local_ray: None) -> None:
     # sequence: the flat group wrote only each chat's own blocks.
     assert r["flat_blocks_written"] == opts.chats * (-(-(32 + 10) // 16) - 2)
     assert r["record_bytes"] > 0
+
+
+def test_a_model_without_a_flat_layer_reports_no_flat_blocks(local_ray: None) -> None:
+    # --layers below flat_every (6): every layer is a ring, and no ring group's count poses as the flat one's.
+    r = run_disaggregated(DisaggregatedOptions(chats=2, layers=3, prompt_len=4, gen_len=2))
+    assert r["ok"], r["problems"]
+    assert r["flat_blocks_written"] is None and r["flat_blocks_without_sharing"] is None
+    assert "no flat layer" in format_report(r)
 
 
 def test_the_command_line_runs_it(local_ray: None, capsys: Any) -> None:

@@ -127,15 +127,17 @@ class Decode:
         decodes every chat gen_len tokens, greedily; their tokens and logits."""
         import ray
 
-        flat_group = next((g for g in range(self.cache.n_groups) if self.cache.group_policy(g) == kvcore.Flat()), 0)
-        used_before = self.cache.used_blocks(flat_group)
+        # Blocks written are counted in the flat group (a ring group frees blocks behind its window); none
+        # without a flat layer.
+        flat = next((g for g in range(self.cache.n_groups) if self.cache.group_policy(g) == kvcore.Flat()), None)
+        used_before = 0 if flat is None else self.cache.used_blocks(flat)
         record_bytes, last = 0, []
         for i, ref in enumerate(prefilled):
             record, logits = ray.get(ref)
             record_bytes += record.nbytes
             import_sequence(self.pool, record, seq=i + 1)
             last.append(logits)
-        written = self.cache.used_blocks(flat_group) - used_before
+        written = None if flat is None else self.cache.used_blocks(flat) - used_before
         seqs = list(range(1, len(prefilled) + 1))
         tokens = [[int(np.argmax(lg))] for lg in last]
         logits_out: list[list[Array]] = [[] for _ in seqs]
@@ -199,18 +201,20 @@ def run_disaggregated(opts: DisaggregatedOptions) -> dict[str, Any]:
         "chats": opts.chats,
         "prefill_actors": opts.prefill_actors,
         "record_bytes": out["record_bytes"],
-        "flat_blocks_written": out["flat_blocks_written"],
-        "flat_blocks_without_sharing": per_chat * opts.chats,
+        "flat_blocks_written": out["flat_blocks_written"],  # None: the model has no flat layer
+        "flat_blocks_without_sharing": None if out["flat_blocks_written"] is None else per_chat * opts.chats,
         "system_blocks_shared_per_chat": shared,
     }
 
 
 def format_report(r: dict[str, Any]) -> str:
     """The report as text."""
+    blocks = ("no flat layer" if r["flat_blocks_written"] is None else
+              f"flat-group blocks written on import: {r['flat_blocks_written']} "
+              f"(without sharing the system prompt: {r['flat_blocks_without_sharing']})")
     lines = [
         f"{r['chats']} chats prefilled on {r['prefill_actors']} Ray actors, decoded together on one",
-        f"records moved: {r['record_bytes']} bytes; flat-group blocks written on import: "
-        f"{r['flat_blocks_written']} (without sharing the system prompt: {r['flat_blocks_without_sharing']})",
+        f"records moved: {r['record_bytes']} bytes; {blocks}",
         "tokens and logits equal single-process decoding" if r["ok"] else "MISMATCH: " + "; ".join(r["problems"]),
     ]
     return "\n".join(lines)
