@@ -120,6 +120,7 @@ if [ "$ROBUST" -gt 0 ]; then
     if clang++ -std=c++17 -g -O1 -fsanitize=thread -fno-omit-frame-pointer -fno-exceptions -fno-rtti \
          -Wall -Wextra -Werror -I cpp/include -DKVCORE_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/corpus\"" \
          -DKVCORE_BATCH_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/batch_corpus\"" \
+         -DKVCORE_TREE_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/tree_corpus\"" \
          $tsan_sources -lgtest -lgtest_main -pthread -o "$ROOT/build/tsan/kvcore_tests"; then
       TSAN_OPTIONS=halt_on_error=1 "$ROOT/build/tsan/kvcore_tests" --gtest_brief=1 || status=1
     else
@@ -127,14 +128,16 @@ if [ "$ROBUST" -gt 0 ]; then
     fi
   fi
   if [ "$FUZZ_SECONDS" -gt 0 ]; then
-    # The time is split: the plan fuzzer gets the odd second.
-    BATCH_SECONDS=$((FUZZ_SECONDS / 2))
-    PLAN_SECONDS=$((FUZZ_SECONDS - BATCH_SECONDS))
-    step "libFuzzer: the plan fuzzer for $PLAN_SECONDS s from tests/fuzz/corpus, the batch fuzzer for $BATCH_SECONDS s from tests/fuzz/batch_corpus"
+    # The time is split in three: the plan fuzzer gets the seconds left over.
+    SHARE_SECONDS=$((FUZZ_SECONDS / 3))
+    PLAN_SECONDS=$((FUZZ_SECONDS - 2 * SHARE_SECONDS))
+    step "libFuzzer: the plan fuzzer for $PLAN_SECONDS s from tests/fuzz/corpus, the batch and tree fuzzers for $SHARE_SECONDS s each from tests/fuzz/batch_corpus and tests/fuzz/tree_corpus"
     if cmake -S tests/fuzz -B "$ROOT/build/fuzz" "${CLANG[@]}" >/dev/null && cmake --build "$ROOT/build/fuzz"; then
-      for fuzzer in plan batch; do
-        if [ "$fuzzer" = plan ]; then seconds=$PLAN_SECONDS; corpus=tests/fuzz/corpus
-        else seconds=$BATCH_SECONDS; corpus=tests/fuzz/batch_corpus; fi
+      for fuzzer in plan batch tree; do
+        case $fuzzer in
+          plan) seconds=$PLAN_SECONDS; corpus=tests/fuzz/corpus ;;
+          *) seconds=$SHARE_SECONDS; corpus=tests/fuzz/${fuzzer}_corpus ;;
+        esac
         [ "$seconds" -gt 0 ] || continue  # -max_total_time=0 would never stop
         new_inputs=$(mktemp -d)  # what the run finds stays out of the committed corpus
         log="$ROOT/build/fuzz/${fuzzer}_last_run.log"
