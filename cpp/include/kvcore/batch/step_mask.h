@@ -11,6 +11,7 @@
 
 #include "kvcore/batch/batch_plan.h"
 #include "kvcore/core/config.h"
+#include "kvcore/core/draft_tree.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -25,7 +26,7 @@ inline void mark_tree_keys(const BatchStepPlan& plan, const GroupPlan& gp, int e
   const int words = tree_mask_words(n);
   const std::uint32_t* row = plan.tree_masks + plan.tree_mask_starts[entry] + static_cast<std::ptrdiff_t>(t - at) * words;
   for (int j = 0; j < n; ++j) {
-    if (((row[j / 32] >> (j % 32)) & 1u) == 0 || !gp.policy.sees(plan.positions[t], plan.positions[at + j])) continue;
+    if (!tree_mask_bit(row, j) || !gp.policy.sees(plan.positions[t], plan.positions[at + j])) continue;
     if (gp.slots[at + j] < rows) out[gp.slots[at + j]] = 1;
   }
 }

@@ -67,6 +67,13 @@ struct TreeCopy {
 /// uint32 words per row of a packed ancestor mask of n nodes: ceil(n / 32).
 constexpr int tree_mask_words(int n) noexcept { return n <= 0 ? 0 : (n - 1) / 32 + 1; }
 
+/// Bit j of a packed ancestor-mask row (tree_mask_words(n) words, bit j in
+/// word j / 32 at bit j % 32): is node j the row's node or one of its
+/// ancestors? Precondition: 0 <= j < n.
+inline bool tree_mask_bit(const std::uint32_t* row, int j) noexcept {
+  return ((row[j / 32] >> (j % 32)) & 1u) != 0;
+}
+
 /// Ok when `parents[0..n)` is a tree of 1 <= n <= max_nodes nodes in
 /// topological order; else InvalidArgument naming the value and the rule:
 /// n outside [1, max_nodes]; parents[0] != -1; a second root (parents[i] = -1,
@@ -282,8 +289,7 @@ class DraftTree {
   /// Section 2's window rule between their positions is the caller's (see
   /// dense_mask). Precondition: 0 <= i, j < size().
   bool is_ancestor_or_self(int j, int i) const noexcept {
-    const std::uint32_t word = mask_[static_cast<std::int64_t>(i) * mask_words() + j / 32];
-    return ((word >> (j % 32)) & 1u) != 0;
+    return tree_mask_bit(mask_.get() + static_cast<std::int64_t>(i) * mask_words(), j);
   }
 
   /// Fills `out` (size() rows of plan.read_len() bytes, row-major) with the
