@@ -37,8 +37,8 @@
 // in ascending d: zero on the main line, at most m - 1 otherwise (why the
 // order is safe: tree_commit_copies()).
 //
-// Storage. DraftTree holds one tree's arrays (parents, depth, position, chain
-// index, node per chain index) and its mask, sized by reserve() and reused:
+// Storage. DraftTree holds one tree's arrays (parents, position, chain index,
+// node per chain index) and its mask, sized by reserve() and reused:
 // assigning a tree never allocates.
 #pragma once
 
@@ -224,7 +224,7 @@ class DraftTree {
   Status reserve(int max_nodes) noexcept {
     if (max_nodes <= capacity_) return Error::Ok;
     const std::int64_t words = static_cast<std::int64_t>(max_nodes) * tree_mask_words(max_nodes);
-    std::unique_ptr<int[]> ints(new (std::nothrow) int[static_cast<std::size_t>(max_nodes) * 5]);
+    std::unique_ptr<int[]> ints(new (std::nothrow) int[static_cast<std::size_t>(max_nodes) * kArrays]);
     std::unique_ptr<std::uint32_t[]> mask(new (std::nothrow)
                                               std::uint32_t[static_cast<std::size_t>(words)]);
     KVCORE_CHECK_OR_RETURN_ERROR(ints != nullptr && mask != nullptr, MemoryAllocationFailed,
@@ -247,9 +247,10 @@ class DraftTree {
     n_ = n;
     position_ = position;
     for (int i = 0; i < n; ++i) array(kParents)[i] = parents[i];
-    main_line_ = lay_out_tree(parents, n, array(kDepth), array(kChainIndex), array(kNodeAt),
+    // Depths land in the positions array, then shift by the step's position.
+    main_line_ = lay_out_tree(parents, n, array(kPosition), array(kChainIndex), array(kNodeAt),
                               mask_.get());
-    for (int i = 0; i < n; ++i) array(kPosition)[i] = position + array(kDepth)[i];
+    for (int i = 0; i < n; ++i) array(kPosition)[i] += position;
   }
 
   /// Copies this tree into `other` (reserving room there): for clone().
@@ -271,9 +272,8 @@ class DraftTree {
 
   /// Per node i: its parent (-1 for the root).
   const int* parents() const noexcept { return array(kParents); }
-  /// Per node i: depth(i).
-  const int* depths() const noexcept { return array(kDepth); }
-  /// Per node i: its position L + depth(i) (what RoPE and the mask use).
+  /// Per node i: its position L + depth(i) (what RoPE and the mask use;
+  /// depth(i) = positions()[i] - position()).
   const int* positions() const noexcept { return array(kPosition); }
   /// Per node i: its chain index ci(i): it is written to the row the chain step
   /// of T = N gives position L + ci(i).
@@ -311,7 +311,7 @@ class DraftTree {
   }
 
  private:
-  enum Array { kParents = 0, kDepth = 1, kPosition = 2, kChainIndex = 3, kNodeAt = 4 };
+  enum Array { kParents = 0, kPosition = 1, kChainIndex = 2, kNodeAt = 3, kArrays = 4 };
   int* array(Array a) noexcept { return ints_.get() + static_cast<std::size_t>(a) * capacity_; }
   const int* array(Array a) const noexcept {
     return ints_.get() + static_cast<std::size_t>(a) * capacity_;
@@ -329,7 +329,7 @@ class DraftTree {
   int n_ = 0;
   int position_ = 0;
   int main_line_ = 0;
-  std::unique_ptr<int[]> ints_;  // five arrays of capacity_ ints (Array)
+  std::unique_ptr<int[]> ints_;  // kArrays arrays of capacity_ ints (Array)
   std::unique_ptr<std::uint32_t[]> mask_;
 };
 
