@@ -54,11 +54,11 @@ inline Status fill_step_mask(const BatchStepPlan& plan, int group, int rows, uns
     const int first = plan.first_positions[i];
     const bool tree = plan.is_tree(i);
     for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {
-      const int q = plan.first_positions[i] + (t - plan.query_starts[i]);
+      const int q = plan.positions[t];  // first + j for a chain, first + depth for a tree node
       unsigned char* out = mask + static_cast<std::ptrdiff_t>(t) * rows;
       // A tree node reads the table for its history only; its tree keys follow.
       const int end_q = tree ? first : q + 1;
-      for_each_visible_run(plan, i, gp.policy, tree ? plan.positions[t] : q, end_q, [&](int begin, int end) {
+      for_each_visible_run(plan, i, gp.policy, q, end_q, [&](int begin, int end) {
         for (int k = begin; k < end; ++k) {
           const int block = table[k / B];
           const std::int64_t row = static_cast<std::int64_t>(block) * B + k % B;
