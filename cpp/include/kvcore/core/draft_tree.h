@@ -303,11 +303,23 @@ class DraftTree {
                   std::uint8_t* out) const noexcept {
     std::int64_t at = 0;
     for (int i = 0; i < n_; ++i) {
-      const int q = positions()[i];
       for (int r = 0; r < plan.n_read; ++r) {
-        for (int k = 0; k < plan.read[r].len; ++k) out[at++] = sees(policy, i, q, plan.read[r].pos + k);
+        for (int k = 0; k < plan.read[r].len; ++k) out[at++] = sees(policy, i, plan.read[r].pos + k) ? 1 : 0;
       }
     }
+  }
+
+  /// Does node i's query (at positions()[i]) see the key a row holding chain
+  /// position `claimed` holds, for a layer with `policy`? Below position():
+  /// history, by section 2's rule; else the node written at chain index
+  /// claimed - position(), seen iff it is i or an ancestor of i and the rule
+  /// holds between their positions. Precondition: 0 <= i < size(),
+  /// claimed < position() + size().
+  bool sees(const LayerPolicy& policy, int i, int claimed) const noexcept {
+    const int q = positions()[i];
+    if (claimed < position_) return policy.sees(q, claimed);
+    const int j = nodes_at()[claimed - position_];
+    return is_ancestor_or_self(j, i) && policy.sees(q, positions()[j]);
   }
 
  private:
@@ -315,14 +327,6 @@ class DraftTree {
   int* array(Array a) noexcept { return ints_.get() + static_cast<std::size_t>(a) * capacity_; }
   const int* array(Array a) const noexcept {
     return ints_.get() + static_cast<std::size_t>(a) * capacity_;
-  }
-
-  // The key a read row claims to hold at `claimed` (a chain position): history
-  // below the step, else the node written at chain index claimed - L.
-  std::uint8_t sees(const LayerPolicy& policy, int i, int q, int claimed) const noexcept {
-    if (claimed < position_) return policy.sees(q, claimed) ? 1 : 0;
-    const int j = nodes_at()[claimed - position_];
-    return is_ancestor_or_self(j, i) && policy.sees(q, positions()[j]) ? 1 : 0;
   }
 
   int capacity_ = 0;
