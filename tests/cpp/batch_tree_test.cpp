@@ -355,6 +355,10 @@ TEST(BatchTree, PagedKVPoolWritesATreeAndAppliesItsCommit) {
   const kvcore::GroupCommit bad_groups[2] = {{&far, 1}, done.groups[1]};
   EXPECT_EQ(pool.apply_commit(kvcore::BatchCommit{2, bad_groups}).code(), Error::InvalidArgument);
   ASSERT_TRUE(pool.apply_commit(done).ok());
+  // A caller-built copy of a row onto itself changes nothing (and overlaps: memmove).
+  const kvcore::TreeCopy self{0, 0};
+  const kvcore::GroupCommit self_groups[2] = {{&self, 1}, {&self, 1}};
+  ASSERT_TRUE(pool.apply_commit(kvcore::BatchCommit{2, self_groups}).ok());
   // Positions 5, 6, 7 now hold nodes 0, 2, 4 in every layer.
   const StepEntry next{0, 1, nullptr, nullptr};
   const BatchStep s2 = *c->begin_step(&next, 1);
