@@ -1,13 +1,14 @@
 // BatchCache draft trees on the Gemma-3-27B shape of batch_bench.cpp (62
 // layers: 52 ring W = 1024, 10 flat, two groups; B = 16): 256 sequences at
 // 1,500 positions each step 64 new tokens, as draft trees or as chains.
-//   batch_tree_plan/tree   begin_step of 256 trees of 64 nodes (a binary tree:
-//                          node i's parent (i - 1) / 2, depth 6) + plan + abort
-//   batch_tree_plan/chain  the same with chains of 64 tokens
-//   batch_tree_commit/...  begin_step + plan + commit of an accepted path of
-//                          m = 6 nodes (main line, off the main line, a chain's
-//                          prefix) + rewind back: counters give the row copies
-//                          per accepted token, per group
+//   BM_BatchTreePlan/tree:1   begin_step of 256 trees of 64 nodes (a binary
+//                             tree: node i's parent (i - 1) / 2, depth 6) +
+//                             plan + abort
+//   BM_BatchTreePlan/tree:0   the same with chains of 64 tokens
+//   BM_BatchTreeCommit/path:N begin_step + plan + commit of an accepted path
+//                             of m = 6 nodes (0: main line, 1: off the main
+//                             line, 2: a chain's prefix) + rewind back: counters
+//                             give the row copies per accepted token, per group
 // Per iteration: one step of 256 x 64 = 16,384 tokens.
 #include <benchmark/benchmark.h>
 

@@ -127,21 +127,12 @@ py::array_t<bool> tree_row_mask(const StepHandle& h, int layer) {
   const kvcore::DraftTree* t = tree_of(h);
   const kvcore::LayoutPolicy& policy = h.cache->policy(layer);
   const kvcore::LayerGeometry& g = policy.geometry();
-  const int n = t->size(), end = h.step.end(), rows = g.held_rows(end), P = h.step.position;
+  const int n = t->size(), end = h.step.end(), rows = g.held_rows(end);
   py::array_t<bool> out({n, rows});
   bool* cell = out.mutable_data();
-  for (int i = 0; i < n; ++i) {
-    const int q = t->positions()[i];
-    for (int r = 0; r < rows; ++r) {
-      const int p = g.position_at(r, end);  // a node's chain position, or history
-      if (p < P) {
-        *cell++ = policy.visible(q, p);
-      } else {
-        const int j = t->nodes_at()[p - P];
-        *cell++ = t->is_ancestor_or_self(j, i) && policy.visible(q, t->positions()[j]);
-      }
-    }
-  }
+  const kvcore::LayerPolicy rule = policy.policy();
+  for (int i = 0; i < n; ++i)
+    for (int r = 0; r < rows; ++r) *cell++ = t->sees(rule, i, g.position_at(r, end));  // history, or a node's chain position
   return out;
 }
 

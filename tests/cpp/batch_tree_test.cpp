@@ -6,6 +6,7 @@
 // nothing changed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -281,6 +282,57 @@ TEST(BatchTree, MainLineCommitsCopyNothingAndRejectedBlocksReturn) {
   EXPECT_EQ(*c->free_blocks(1), free_before - 1);  // block 3 (positions 6, 7) kept, 4 and 5 returned
 }
 
+// Section 7's visibility with removed positions: a node sees its history by
+// the rule at its own position, never a removed position, and of the tree only
+// itself and its ancestors within the window (ring(3, 1): sink 0, window 3).
+TEST(BatchTree, TreeNodesNeverSeeRemovedPositions) {
+  std::unique_ptr<BatchCache> c = small_cache();  // length 5, B = 2
+  ASSERT_TRUE(c->remove(0, 1, 2).ok());
+  ASSERT_TRUE(c->remove(0, 3, 4).ok());  // in the ring's window of the root (q = 5)
+  const int parents[4] = {-1, 0, 0, 1};  // positions 5, 6, 6, 7; node 2 is node 1's sibling
+  const StepEntry e{0, 4, nullptr, parents};
+  const BatchStep step = *c->begin_step(&e, 1);
+  const kvcore::BatchStepPlan plan = *c->plan(step);
+  const int positions[4] = {5, 6, 6, 7};
+  const bool ancestor_or_self[4][4] = {{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 0, 1, 0}, {1, 1, 0, 1}};
+  for (int g = 0; g < plan.n_groups; ++g) {
+    const kvcore::GroupPlan& gp = plan.groups[g];
+    const int rows = *c->used_blocks(g) * plan.block_size;
+    std::vector<unsigned char> mask(static_cast<std::size_t>(plan.n_tokens) * rows);
+    ASSERT_TRUE(kvcore::fill_step_mask(plan, g, rows, mask.data()).ok());
+    const int* table = gp.block_tables;  // seq 0's row
+    for (int j = 0; j < 4; ++j) {
+      std::vector<unsigned char> want(static_cast<std::size_t>(rows), 0);
+      for (int k : {0, 2, 4})  // 1 and 3 were removed
+        if (gp.policy.sees(positions[j], k)) want[static_cast<std::size_t>(table[k / 2] * 2 + k % 2)] = 1;
+      for (int a = 0; a < 4; ++a)
+        if (ancestor_or_self[j][a] && gp.policy.sees(positions[j], positions[a]))
+          want[static_cast<std::size_t>(gp.slots[a])] = 1;
+      for (int k : {1, 3}) {  // the removed positions' rows, where a block still holds them
+        const int block = table[k / 2];
+        if (block < 0) continue;
+        EXPECT_EQ(mask[static_cast<std::size_t>(j * rows + block * 2 + k % 2)], 0) << "group " << g << " node " << j << " position " << k;
+      }
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), mask.begin() + static_cast<std::ptrdiff_t>(j) * rows))
+          << "group " << g << " node " << j;
+    }
+  }
+  // Hand-worked: the flat group's root sees history 0, 2, 4; the ring's root (window [3, 5]) sees 0 and 4.
+  const int flat = plan.groups[0].policy == LayerPolicy::flat() ? 0 : 1;
+  const int root_rows[2] = {*c->used_blocks(0) * 2, *c->used_blocks(1) * 2};
+  for (int g = 0; g < 2; ++g) {
+    std::vector<unsigned char> mask(static_cast<std::size_t>(plan.n_tokens) * root_rows[g]);
+    ASSERT_TRUE(kvcore::fill_step_mask(plan, g, root_rows[g], mask.data()).ok());
+    const int* table = plan.groups[g].block_tables;
+    int seen = 0;
+    for (int k = 0; k < 5; ++k) {
+      const int block = table[k / 2];
+      seen += block >= 0 && mask[static_cast<std::size_t>(block * 2 + k % 2)] != 0 ? 1 << k : 0;
+    }
+    EXPECT_EQ(seen, g == flat ? 0b10101 : 0b10001) << "group " << g;
+  }
+}
+
 TEST(BatchTree, PagedKVPoolWritesATreeAndAppliesItsCommit) {
   std::unique_ptr<BatchCache> c = small_cache();  // length 5, B = 2; K/V rows of 1 x 2 floats
   kvcore::Result<kvcore::PagedKVPool> made = kvcore::PagedKVPool::create(*c, kvcore::DType::Float32);
@@ -303,6 +355,10 @@ TEST(BatchTree, PagedKVPoolWritesATreeAndAppliesItsCommit) {
   const kvcore::GroupCommit bad_groups[2] = {{&far, 1}, done.groups[1]};
   EXPECT_EQ(pool.apply_commit(kvcore::BatchCommit{2, bad_groups}).code(), Error::InvalidArgument);
   ASSERT_TRUE(pool.apply_commit(done).ok());
+  // A caller-built copy of a row onto itself changes nothing (and overlaps: memmove).
+  const kvcore::TreeCopy self{0, 0};
+  const kvcore::GroupCommit self_groups[2] = {{&self, 1}, {&self, 1}};
+  ASSERT_TRUE(pool.apply_commit(kvcore::BatchCommit{2, self_groups}).ok());
   // Positions 5, 6, 7 now hold nodes 0, 2, 4 in every layer.
   const StepEntry next{0, 1, nullptr, nullptr};
   const BatchStep s2 = *c->begin_step(&next, 1);

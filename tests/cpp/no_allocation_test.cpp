@@ -14,6 +14,7 @@
 
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/batch/step_mask.h"
+#include "kvcore/pool/kv_pool_tree.h"
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
 
@@ -164,7 +165,8 @@ TEST(NoAllocation, PerStepPathNeverAllocates) {
 }
 
 // An arena pool allocates nothing, not even its layer table: in_arena, then
-// every write, gather, views and held_rows of 20 steps. (The pool never calls operator
+// every write, gather, views and held_rows of 20 steps, and write_tree and
+// copy_rows of 5 tree steps. (The pool never calls operator
 // new; this catches a std::vector or similar sneaking onto the path.)
 TEST(NoAllocation, ArenaPoolNeverAllocates) {
   std::vector<LayerConfig> layers(5, ring_layer(4, 2, 2, 4, 6));
@@ -202,11 +204,35 @@ TEST(NoAllocation, ArenaPoolNeverAllocates) {
     }
     ok(cache->commit(*step).ok());
   }
+  // Draft trees on the same pool: write_tree, then a commit off the main line
+  // (node 2 after the root: one copy per layer) and copy_rows.
+  const int parents[3] = {-1, 0, 0}, path[2] = {0, 2};
+  for (int i = 0; i < 5 && made.ok(); ++i) {
+    auto step = cache->begin_tree(parents, 3);
+    ok(step.ok());
+    if (!step.ok()) break;
+    auto layout = cache->tree(*step);
+    ok(layout.ok());
+    if (!layout.ok()) break;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      auto plan = cache->plan(l, *step);
+      ok(plan.ok());
+      if (!plan.ok()) break;
+      const std::size_t kb = made->layer(l)->k_row_bytes, vb = made->layer(l)->v_row_bytes;
+      ok(kvcore::write_tree(*made, l, *plan, **layout, k, kb * 3, v, vb * 3).ok());
+    }
+    ok(cache->commit(*step, path, 2).ok());
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      auto copies = cache->commit_copies(l);
+      ok(copies.ok() && copies->n == 1);
+      ok(copies.ok() && kvcore::copy_rows(*made, l, copies->copies, copies->n).ok());
+    }
+  }
   const std::uint64_t allocations = operator_news() - before;
 
   EXPECT_EQ(allocations, 0u) << "arena mode allocated";
   EXPECT_EQ(good, expected_good);
-  EXPECT_EQ(expected_good, 1 + 20 * (2 + 5 * cfg.n_layers));  // every call ran
+  EXPECT_EQ(expected_good, 1 + 20 * (2 + 5 * cfg.n_layers) + 5 * (3 + 4 * cfg.n_layers));  // every call ran
 }
 
 // BatchCache sizes every table at create(): nothing after it allocates. Steps

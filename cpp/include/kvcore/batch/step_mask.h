@@ -11,6 +11,7 @@
 
 #include "kvcore/batch/batch_plan.h"
 #include "kvcore/core/config.h"
+#include "kvcore/core/draft_tree.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -25,7 +26,7 @@ inline void mark_tree_keys(const BatchStepPlan& plan, const GroupPlan& gp, int e
   const int words = tree_mask_words(n);
   const std::uint32_t* row = plan.tree_masks + plan.tree_mask_starts[entry] + static_cast<std::ptrdiff_t>(t - at) * words;
   for (int j = 0; j < n; ++j) {
-    if (((row[j / 32] >> (j % 32)) & 1u) == 0 || !gp.policy.sees(plan.positions[t], plan.positions[at + j])) continue;
+    if (!tree_mask_bit(row, j) || !gp.policy.sees(plan.positions[t], plan.positions[at + j])) continue;
     if (gp.slots[at + j] < rows) out[gp.slots[at + j]] = 1;
   }
 }
@@ -53,11 +54,11 @@ inline Status fill_step_mask(const BatchStepPlan& plan, int group, int rows, uns
     const int first = plan.first_positions[i];
     const bool tree = plan.is_tree(i);
     for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {
-      const int q = plan.first_positions[i] + (t - plan.query_starts[i]);
+      const int q = plan.positions[t];  // first + j for a chain, first + depth for a tree node
       unsigned char* out = mask + static_cast<std::ptrdiff_t>(t) * rows;
       // A tree node reads the table for its history only; its tree keys follow.
       const int end_q = tree ? first : q + 1;
-      for_each_visible_run(plan, i, gp.policy, tree ? plan.positions[t] : q, end_q, [&](int begin, int end) {
+      for_each_visible_run(plan, i, gp.policy, q, end_q, [&](int begin, int end) {
         for (int k = begin; k < end; ++k) {
           const int block = table[k / B];
           const std::int64_t row = static_cast<std::int64_t>(block) * B + k % B;

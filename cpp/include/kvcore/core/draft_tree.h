@@ -37,8 +37,8 @@
 // in ascending d: zero on the main line, at most m - 1 otherwise (why the
 // order is safe: tree_commit_copies()).
 //
-// Storage. DraftTree holds one tree's arrays (parents, depth, position, chain
-// index, node per chain index) and its mask, sized by reserve() and reused:
+// Storage. DraftTree holds one tree's arrays (parents, position, chain index,
+// node per chain index) and its mask, sized by reserve() and reused:
 // assigning a tree never allocates.
 #pragma once
 
@@ -66,6 +66,13 @@ struct TreeCopy {
 
 /// uint32 words per row of a packed ancestor mask of n nodes: ceil(n / 32).
 constexpr int tree_mask_words(int n) noexcept { return n <= 0 ? 0 : (n - 1) / 32 + 1; }
+
+/// Bit j of a packed ancestor-mask row (tree_mask_words(n) words, bit j in
+/// word j / 32 at bit j % 32): is node j the row's node or one of its
+/// ancestors? Precondition: 0 <= j < n.
+inline bool tree_mask_bit(const std::uint32_t* row, int j) noexcept {
+  return ((row[j / 32] >> (j % 32)) & 1u) != 0;
+}
 
 /// Ok when `parents[0..n)` is a tree of 1 <= n <= max_nodes nodes in
 /// topological order; else InvalidArgument naming the value and the rule:
@@ -217,7 +224,7 @@ class DraftTree {
   Status reserve(int max_nodes) noexcept {
     if (max_nodes <= capacity_) return Error::Ok;
     const std::int64_t words = static_cast<std::int64_t>(max_nodes) * tree_mask_words(max_nodes);
-    std::unique_ptr<int[]> ints(new (std::nothrow) int[static_cast<std::size_t>(max_nodes) * 5]);
+    std::unique_ptr<int[]> ints(new (std::nothrow) int[static_cast<std::size_t>(max_nodes) * kArrays]);
     std::unique_ptr<std::uint32_t[]> mask(new (std::nothrow)
                                               std::uint32_t[static_cast<std::size_t>(words)]);
     KVCORE_CHECK_OR_RETURN_ERROR(ints != nullptr && mask != nullptr, MemoryAllocationFailed,
@@ -240,9 +247,10 @@ class DraftTree {
     n_ = n;
     position_ = position;
     for (int i = 0; i < n; ++i) array(kParents)[i] = parents[i];
-    main_line_ = lay_out_tree(parents, n, array(kDepth), array(kChainIndex), array(kNodeAt),
+    // Depths land in the positions array, then shift by the step's position.
+    main_line_ = lay_out_tree(parents, n, array(kPosition), array(kChainIndex), array(kNodeAt),
                               mask_.get());
-    for (int i = 0; i < n; ++i) array(kPosition)[i] = position + array(kDepth)[i];
+    for (int i = 0; i < n; ++i) array(kPosition)[i] += position;
   }
 
   /// Copies this tree into `other` (reserving room there): for clone().
@@ -264,9 +272,8 @@ class DraftTree {
 
   /// Per node i: its parent (-1 for the root).
   const int* parents() const noexcept { return array(kParents); }
-  /// Per node i: depth(i).
-  const int* depths() const noexcept { return array(kDepth); }
-  /// Per node i: its position L + depth(i) (what RoPE and the mask use).
+  /// Per node i: its position L + depth(i) (what RoPE and the mask use;
+  /// depth(i) = positions()[i] - position()).
   const int* positions() const noexcept { return array(kPosition); }
   /// Per node i: its chain index ci(i): it is written to the row the chain step
   /// of T = N gives position L + ci(i).
@@ -282,8 +289,7 @@ class DraftTree {
   /// Section 2's window rule between their positions is the caller's (see
   /// dense_mask). Precondition: 0 <= i, j < size().
   bool is_ancestor_or_self(int j, int i) const noexcept {
-    const std::uint32_t word = mask_[static_cast<std::int64_t>(i) * mask_words() + j / 32];
-    return ((word >> (j % 32)) & 1u) != 0;
+    return tree_mask_bit(mask_.get() + static_cast<std::int64_t>(i) * mask_words(), j);
   }
 
   /// Fills `out` (size() rows of plan.read_len() bytes, row-major) with the
@@ -297,33 +303,37 @@ class DraftTree {
                   std::uint8_t* out) const noexcept {
     std::int64_t at = 0;
     for (int i = 0; i < n_; ++i) {
-      const int q = positions()[i];
       for (int r = 0; r < plan.n_read; ++r) {
-        for (int k = 0; k < plan.read[r].len; ++k) out[at++] = sees(policy, i, q, plan.read[r].pos + k);
+        for (int k = 0; k < plan.read[r].len; ++k) out[at++] = sees(policy, i, plan.read[r].pos + k) ? 1 : 0;
       }
     }
   }
 
+  /// Does node i's query (at positions()[i]) see the key a row holding chain
+  /// position `claimed` holds, for a layer with `policy`? Below position():
+  /// history, by section 2's rule; else the node written at chain index
+  /// claimed - position(), seen iff it is i or an ancestor of i and the rule
+  /// holds between their positions. Precondition: 0 <= i < size(),
+  /// claimed < position() + size().
+  bool sees(const LayerPolicy& policy, int i, int claimed) const noexcept {
+    const int q = positions()[i];
+    if (claimed < position_) return policy.sees(q, claimed);
+    const int j = nodes_at()[claimed - position_];
+    return is_ancestor_or_self(j, i) && policy.sees(q, positions()[j]);
+  }
+
  private:
-  enum Array { kParents = 0, kDepth = 1, kPosition = 2, kChainIndex = 3, kNodeAt = 4 };
+  enum Array { kParents = 0, kPosition = 1, kChainIndex = 2, kNodeAt = 3, kArrays = 4 };
   int* array(Array a) noexcept { return ints_.get() + static_cast<std::size_t>(a) * capacity_; }
   const int* array(Array a) const noexcept {
     return ints_.get() + static_cast<std::size_t>(a) * capacity_;
-  }
-
-  // The key a read row claims to hold at `claimed` (a chain position): history
-  // below the step, else the node written at chain index claimed - L.
-  std::uint8_t sees(const LayerPolicy& policy, int i, int q, int claimed) const noexcept {
-    if (claimed < position_) return policy.sees(q, claimed) ? 1 : 0;
-    const int j = nodes_at()[claimed - position_];
-    return is_ancestor_or_self(j, i) && policy.sees(q, positions()[j]) ? 1 : 0;
   }
 
   int capacity_ = 0;
   int n_ = 0;
   int position_ = 0;
   int main_line_ = 0;
-  std::unique_ptr<int[]> ints_;  // five arrays of capacity_ ints (Array)
+  std::unique_ptr<int[]> ints_;  // kArrays arrays of capacity_ ints (Array)
   std::unique_ptr<std::uint32_t[]> mask_;
 };
 

@@ -260,8 +260,9 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
       const GroupCommit& gc = commit.groups[layer.group];
       for (int c = 0; c < gc.n_copies; ++c) {
         const std::size_t src = static_cast<std::size_t>(gc.copies[c].src), dst = static_cast<std::size_t>(gc.copies[c].dst);
-        std::memcpy(layer.k + layer.k_row_bytes * dst, layer.k + layer.k_row_bytes * src, layer.k_row_bytes);
-        std::memcpy(layer.v + layer.v_row_bytes * dst, layer.v + layer.v_row_bytes * src, layer.v_row_bytes);
+        // memmove: a caller-built commit may name src == dst (kv_pool_tree.h's copy_rows does the same).
+        std::memmove(layer.k + layer.k_row_bytes * dst, layer.k + layer.k_row_bytes * src, layer.k_row_bytes);
+        std::memmove(layer.v + layer.v_row_bytes * dst, layer.v + layer.v_row_bytes * src, layer.v_row_bytes);
       }
     }
     return Error::Ok;
