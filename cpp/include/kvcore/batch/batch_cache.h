@@ -292,7 +292,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// positions `in` carries; full blocks of a prefix this cache holds (by
   /// `in.tokens`) are shared, every other block is fresh and
   /// write_block(group, index, block) writes its rows. Any begun step ends.
-  /// InvalidState: seq is active. OutOfResources: length over capacity, more
+  /// InvalidState: seq is active. OutOfResources: no free table row
+  /// (batch.max_active_seqs sequences are active), length over capacity, more
   /// holes than batch.max_holes, or a group without the blocks. InvalidArgument:
   /// bad seq, a flat group missing a visible position. NotSupported: a ring
   /// group's sink blocks would keep a position the record lacks. Nothing
@@ -302,6 +303,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(seqs_.check_seq("import", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "import: sequence %d is active; release it first", seq);
+    KVCORE_RETURN_IF_ERROR(check_row_free("import", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(in.length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", in.length, capacity_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
@@ -313,6 +315,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g], prefix_.prompt_keys(), hit));
     end_step();
     reset_seq(seq);
+    rows_.take(seq);
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
     if (!named) {

@@ -184,10 +184,10 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
 /// InvalidArgument: another layer count, a layer whose policy, shape or dtype
 /// differs, layers of one group carrying different positions, a flat layer
 /// missing a visible position; plus BatchCache::admit's (InvalidState: seq
-/// active; OutOfResources: length over capacity, too many holes, too few
-/// blocks; NotSupported: a ring group's sink blocks would keep a position the
-/// record lacks); MemoryAllocationFailed: the pool cannot grow or the group
-/// table cannot be allocated.
+/// active; OutOfResources: no free table row (batch.max_active_seqs), length
+/// over capacity, too many holes, too few blocks; NotSupported: a ring group's
+/// sink blocks would keep a position the record lacks); MemoryAllocationFailed:
+/// the pool cannot grow or the group table cannot be allocated.
 inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
   const RecordSequence& rs = rec.sequence();
