@@ -15,6 +15,8 @@
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/batch/step_mask.h"
 #include "kvcore/pool/kv_pool_tree.h"
+#include "kvcore/state/sequence_export.h"
+#include "kvcore/state/sequence_import.h"
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
 
@@ -388,6 +390,55 @@ TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
   EXPECT_GT(expected_good, 300);
   EXPECT_GT(checksum, 0);
   EXPECT_GE(copies, 3 * 3 * 2);  // every round, every group, the fork's step and its retry
+}
+
+
+// Sequence records (kvcore/state/): export into the caller's buffer and import
+// into reserved pools allocate nothing per call (issue 22: the caller sizes the
+// output; nothing beyond what it hands in), both caches, refusals included.
+TEST(NoAllocation, RecordExportAndImportNeverAllocate) {
+  CacheConfig cfg = pool_config(64, {ring_layer(6, 2), flat_layer(), ring_layer(5), ring_layer(6, 2)}, 4, 8);
+  cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = 3;
+  auto seq_cache = std::move(SequenceCache::create(cfg)).get();
+  auto seq_pool = std::move(KVPool::create(*seq_cache, DType::Float16)).get();
+  auto batch = std::move(kvcore::BatchCache::create(cfg)).get();
+  auto paged = std::move(kvcore::PagedKVPool::create(*batch, DType::Float16)).get();
+  for (int l = 0; l < cfg.n_layers; ++l) {  // pool growth is the caller's (reserve), not per call
+    ASSERT_TRUE(seq_pool.reserve(l, seq_pool.layer(l)->rows).ok());
+    ASSERT_TRUE(paged.reserve(l, paged.layer(l)->rows).ok());
+  }
+  for (int i = 0; i < 10; ++i) {  // 30 positions past the rings' wraps, every row written
+    auto step = seq_cache->begin_step(3);
+    ASSERT_TRUE(step.ok());
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const auto s = *seq_pool.layer(l);
+      std::vector<unsigned char> k(3 * s.k_row_bytes, static_cast<unsigned char>(i)), v(3 * s.v_row_bytes, 7);
+      ASSERT_TRUE(seq_pool.write(l, *seq_cache->plan(l, *step), k.data(), k.size(), v.data(), v.size()).ok());
+    }
+    ASSERT_TRUE(seq_cache->commit(*step).ok());
+  }
+  const std::vector<std::int32_t> tokens(30, 5);
+  std::vector<std::uint64_t> rec(*kvcore::export_size(*seq_cache, seq_pool, 30) / 8 + 1);
+  std::vector<std::uint64_t> again(rec.size() + 64);
+  int good = 0, bad = 0;
+  const std::uint64_t before = operator_news();
+  const std::size_t size = *kvcore::export_size(*seq_cache, seq_pool, 30);
+  good += kvcore::export_to(*seq_cache, seq_pool, tokens.data(), 30, rec.data(), size).ok();
+  good += kvcore::import_record(rec.data(), size, *batch, paged, 1).ok();
+  bad += !kvcore::import_record(rec.data(), size, *batch, paged, 1).ok();  // active: refused
+  good += kvcore::import_record(rec.data(), size, *batch, paged, 2).ok();  // shares the blocks seq 1 named
+  const std::size_t batch_size = *kvcore::export_size(*batch, paged, 2, 30);
+  good += batch_size <= again.size() * 8;
+  good += kvcore::export_to(*batch, paged, 2, tokens.data(), 30, again.data(), batch_size).ok();
+  seq_cache->clear();
+  good += kvcore::import_record(again.data(), batch_size, *seq_cache, seq_pool).ok();
+  bad += !kvcore::import_record(rec.data(), size - 8, *seq_cache, seq_pool).ok();  // truncated
+  const std::uint64_t after = operator_news();
+  EXPECT_EQ(after, before);
+  EXPECT_EQ(good, 6);
+  EXPECT_EQ(bad, 2);
+  EXPECT_EQ(seq_cache->length(), 30);
 }
 
 }  // namespace

@@ -591,5 +591,55 @@ TEST(SequenceRecord, ExportRefusesWhatItCannotWrite) {
                  "begun");
 }
 
+
+// With fewer block-table rows than sequence ids (batch.max_active_seqs), a
+// sequence's blocks are in its row (table_rows()), not row `seq`: export reads
+// that row and import takes a free one (or is refused, changing nothing).
+TEST(SequenceRecord, BoundedTableRowsExportAndImportThroughTheSequencesRow) {
+  const int capacity = 64, max_step = 3;
+  for (int B : {1, 4}) {
+    SCOPED_TRACE("B " + std::to_string(B));
+    CacheConfig bounded = model(capacity, max_step, B);
+    bounded.batch.max_active_seqs = 2;
+    std::mt19937 rng(static_cast<unsigned>(B));
+    BatchSide from(bounded, 3);
+    ASSERT_OK(from.cache().add_sequence(3));  // row 0: row 3 does not exist
+    ASSERT_EQ(from.cache().table_rows()[3], 0);
+    random_history(from, rng, 30, max_step, nullptr);
+    const Record rec = from.export_record({});
+    BatchSide plain(model(capacity, max_step, B), 1);
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, plain.cache(), plain.pool(), 1));
+    const Record again = plain.export_record({});
+    ASSERT_EQ(again.size, rec.size);
+    EXPECT_EQ(0, std::memcmp(again.data(), rec.data(), rec.size)) << "the bounded cache's export read its row";
+
+    BatchSide to(bounded, 1);
+    ASSERT_OK(to.cache().add_sequence(1));  // takes row 0
+    to.step(2, 7, nullptr);
+    to.use(2);
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 2));
+    EXPECT_EQ(to.cache().table_rows()[2], 1);
+    EXPECT_EQ(to.cache().free_table_rows(), 0);
+    EXPECT_EQ(compare_rewinds(from, to, true), "");
+    const Record back = to.export_record({});
+    ASSERT_EQ(back.size, rec.size);
+    EXPECT_EQ(0, std::memcmp(back.data(), rec.data(), rec.size));
+    std::mt19937 r1(7);
+    decode_both(plain, to, r1, 10, max_step, capacity);
+
+    // Every row taken: refused by name, nothing changed; a release frees the row again.
+    const int used = *to.cache().used_blocks(1);
+    expect_refused(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 0), kvcore::Error::OutOfResources,
+                   "max_active_seqs");
+    EXPECT_FALSE(to.cache().sequence(0)->active);
+    EXPECT_EQ(to.cache().table_rows()[0], -1);
+    EXPECT_EQ(*to.cache().used_blocks(1), used);
+    ASSERT_OK(to.cache().release_sequence(2));
+    EXPECT_EQ(to.cache().free_table_rows(), 1);
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 0));
+    EXPECT_EQ(to.cache().table_rows()[0], 1);
+  }
+}
+
 }  // namespace
 }  // namespace kvcore_test

@@ -200,6 +200,31 @@ def test_import_refusals_change_nothing() -> None:
     same(before, tight)
 
 
+def test_import_refuses_a_record_of_mixed_dtypes() -> None:
+    # float16 -> bfloat16 on one layer keeps every size: a valid record a torch pool still refuses.
+    record = bytearray(make(20, DTYPES[1]).pool.export_sequence())
+    info = RecordInfo.of(bytes(record))
+    entry = 64 + 8 * len(info.holes) + 4 * len(info.tokens)  # the layer table (docs/state.md)
+    assert record[entry + 1] == 1  # layer 0's dtype code: float16
+    record[entry + 1] = 2
+    kvcore._core.seal_record(record)
+    kvcore._core.check_record(record)
+    empty = Side(config(), DTYPES[1], True)
+    before = snapshot(empty)
+    with pytest.raises(kvcore.InvalidArgumentError, match="imports one dtype"):
+        empty.pool.import_sequence(bytes(record))
+    same(before, empty)
+
+
+def test_export_refuses_a_layer_without_tensors() -> None:
+    side = Side(config(), DTYPES[0], True)
+    step = side.cache.begin_step(3)  # committed without the pool writing a row
+    side.cache.commit(step)
+    with pytest.raises(kvcore.InvalidStateError, match="layer 0 holds no tensors but the sequence has 3 positions"):
+        side.pool.export_sequence()
+    assert side.cache.length == 3 and side.pool.layer(0) is None
+
+
 def test_export_refusals_change_nothing() -> None:
     side = make(10)
     before = snapshot(side)

@@ -292,9 +292,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// positions `in` carries; full blocks of a prefix this cache holds (by
   /// `in.tokens`) are shared, every other block is fresh and
   /// write_block(group, index, block) writes its rows. Any begun step ends.
-  /// InvalidState: seq is active. OutOfResources: length over capacity, more
+  /// `in` gives the bounds of n_layers() layers.
+  /// InvalidState: seq is active. OutOfResources: no free table row
+  /// (batch.max_active_seqs sequences are active), length over capacity, more
   /// holes than batch.max_holes, or a group without the blocks. InvalidArgument:
-  /// bad seq, a flat group missing a visible position. NotSupported: a ring
+  /// bad seq, layers of one group carrying different positions, a flat group
+  /// missing a visible position. NotSupported: a ring
   /// group's sink blocks would keep a position the record lacks. Nothing
   /// changes on an error.
   template <class WriteBlock>
@@ -302,17 +305,27 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(seqs_.check_seq("import", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "import: sequence %d is active; release it first", seq);
+    KVCORE_RETURN_IF_ERROR(check_row_free("import", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(in.length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", in.length, capacity_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
                                  "import: %d holes exceed batch.max_holes = %d", in.n_holes, max_holes_);
-    const SequenceAdmission admission(in, block_size_);
+    for (int l = 0; l < n_layers_; ++l) {
+      const int g = layer_group_[l], first = group_layer_[g];
+      KVCORE_CHECK_OR_RETURN_ERROR(in.sink_end(l) == in.sink_end(first) && in.held_from(l) == in.held_from(first),
+                                   InvalidArgument,
+                                   "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of "
+                                   "its group %d / %d",
+                                   l, g, in.sink_end(l), in.held_from(l), in.sink_end(first), in.held_from(first));
+    }
+    const SequenceAdmission admission(in, block_size_, group_layer_.get());
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit = named ? prefix_.longest_hit(in.tokens, in.length, groups_.get(), n_groups_) : 0;
     for (int g = 0; g < n_groups_; ++g)
       KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g], prefix_.prompt_keys(), hit));
     end_step();
     reset_seq(seq);
+    rows_.take(seq);
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
     if (!named) {
@@ -384,14 +397,18 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   Status build(const CacheConfig& cfg) noexcept {
     layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers_]);
     layer_group_.reset(new (std::nothrow) int[n_layers_]);
-    groups_.reset(new (std::nothrow) BlockGroup[n_layers_]);  // at worst one group per layer
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && groups_, MemoryAllocationFailed,
+    group_layer_.reset(new (std::nothrow) int[n_layers_]);    // at worst one group per layer
+    groups_.reset(new (std::nothrow) BlockGroup[n_layers_]);
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_, MemoryAllocationFailed,
                                  "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
       layer_configs_[l] = cfg.layer(l);
       int g = 0;
       while (g < n_groups_ && groups_[g].policy() != layer_configs_[l].policy) ++g;
-      if (g == n_groups_) groups_[n_groups_++].set_policy(layer_configs_[l].policy, block_size_, max_step_);
+      if (g == n_groups_) {
+        group_layer_[n_groups_] = l;
+        groups_[n_groups_++].set_policy(layer_configs_[l].policy, block_size_, max_step_);
+      }
       layer_group_[l] = g;
     }
     const BatchSizes sizes(cfg, n_groups_);
@@ -529,6 +546,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int n_groups_ = 0;
   std::unique_ptr<LayerConfig[]> layer_configs_;
   std::unique_ptr<int[]> layer_group_;
+  std::unique_ptr<int[]> group_layer_;  // per group: its first layer
   std::unique_ptr<BlockGroup[]> groups_;  // the first n_groups_
   SequenceTable seqs_;
   TableRows rows_;  // before groups_ is built; the groups point at it

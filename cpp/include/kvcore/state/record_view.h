@@ -71,6 +71,11 @@ class RecordView {
   /// The token ids, as stored (little-endian int32: the host's order; parse()
   /// checked the record is 8-byte aligned).
   const std::int32_t* tokens() const noexcept { return reinterpret_cast<const std::int32_t*>(bytes_ + layout_.tokens); }
+  /// Layer 0's (sink_end, held_from) pair as stored: layer l's is
+  /// kLayerBytes / 4 int32s further on (4-byte aligned in an aligned record).
+  const std::int32_t* layer_bounds() const noexcept {
+    return reinterpret_cast<const std::int32_t*>(bytes_ + layout_.layers + 24);
+  }
   /// Layer l's K rows (n_rows of k_row_bytes, in position order) and V rows.
   const unsigned char* k_rows(int l) const noexcept { return bytes_ + row_offset(l); }
   const unsigned char* v_rows(int l) const noexcept {

@@ -69,7 +69,9 @@ struct BatchSource {
   }
   std::int64_t row(int l, int p) const noexcept {
     const int B = cache.block_size();
-    const int block = cache.block_tables(*cache.group_of(l))[static_cast<std::int64_t>(seq) * cache.table_stride() + p / B];
+    // The sequence's own table row (not row `seq` when max_active_seqs < max_seqs).
+    const std::int64_t row = cache.table_rows()[seq];
+    const int block = cache.block_tables(*cache.group_of(l))[row * cache.table_stride() + p / B];
     return block < 0 ? -1 : static_cast<std::int64_t>(block) * B + p % B;
   }
   Result<LayerStorage> storage(int l) const noexcept {

@@ -10,8 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <new>
 
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/core/sequence_cache.h"
@@ -22,15 +20,6 @@
 namespace kvcore {
 
 namespace import_detail {
-
-// One layer of a record being imported into a BatchCache, looked up once.
-struct Layer {
-  RecordLayer record;
-  int group = 0;
-  LayerStorage storage;
-  const unsigned char* k = nullptr;
-  const unsigned char* v = nullptr;
-};
 
 // Each record layer against the destination's layer config and pool dtype.
 template <class Planner>
@@ -94,27 +83,6 @@ inline int sequence_floor(const RecordLayer& r, const LayerGeometry& g, int leng
   if (first_missing(r, floor, length) >= 0) floor = r.held_from;
   if (r.policy.kind != LayerPolicy::Kind::Ring && floor > 0) return -1;
   return floor;
-}
-
-// Per group g of `cache`, the positions the record's layers of g carry:
-// carry[g] = sink_end, carry[n_groups + g] = held_from. InvalidArgument: two
-// layers of one group disagree.
-inline Status group_carry(const RecordView& rec, const BatchCache& cache, int* carry) noexcept {
-  const int n_groups = cache.n_groups();
-  for (int g = 0; g < n_groups; ++g) carry[g] = -1;
-  for (int l = 0; l < rec.sequence().n_layers; ++l) {
-    const int g = *cache.group_of(l);
-    const RecordLayer r = rec.layer(l);
-    if (carry[g] < 0) {
-      carry[g] = r.sink_end;
-      carry[n_groups + g] = r.held_from;
-    }
-    KVCORE_CHECK_OR_RETURN_ERROR(carry[g] == r.sink_end && carry[n_groups + g] == r.held_from, InvalidArgument,
-                                 "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of its "
-                                 "group %d / %d",
-                                 l, g, r.sink_end, r.held_from, carry[g], carry[n_groups + g]);
-  }
-  return Error::Ok;
 }
 
 }  // namespace import_detail
@@ -184,21 +152,14 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
 /// InvalidArgument: another layer count, a layer whose policy, shape or dtype
 /// differs, layers of one group carrying different positions, a flat layer
 /// missing a visible position; plus BatchCache::admit's (InvalidState: seq
-/// active; OutOfResources: length over capacity, too many holes, too few
-/// blocks; NotSupported: a ring group's sink blocks would keep a position the
-/// record lacks); MemoryAllocationFailed: the pool cannot grow or the group
-/// table cannot be allocated.
+/// active; OutOfResources: no free table row (batch.max_active_seqs), length
+/// over capacity, too many holes, too few blocks; NotSupported: a ring group's
+/// sink blocks would keep a position the record lacks); MemoryAllocationFailed:
+/// the pool cannot grow. Nothing else is allocated.
 inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
   const RecordSequence& rs = rec.sequence();
   KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
-  const int n_groups = cache.n_groups();
-  std::unique_ptr<int[]> carry(new (std::nothrow) int[2 * static_cast<std::size_t>(n_groups)]);
-  // Per layer: its record entry and pool storage, looked up once (write_block runs per block).
-  std::unique_ptr<import_detail::Layer[]> layers(new (std::nothrow) import_detail::Layer[static_cast<std::size_t>(rs.n_layers)]);
-  KVCORE_CHECK_OR_RETURN_ERROR(carry != nullptr && layers != nullptr, MemoryAllocationFailed,
-                               "import: cannot allocate the table of %d groups", n_groups);
-  KVCORE_RETURN_IF_ERROR(import_detail::group_carry(rec, cache, carry.get()));
   const int B = cache.block_size();
   const int blocks = static_cast<int>((static_cast<std::int64_t>(rs.length) + B - 1) / B);
   for (int l = 0; l < rs.n_layers; ++l) {
@@ -209,31 +170,28 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
     const int rows = (*pool.layer(l)).rows;
     KVCORE_RETURN_IF_ERROR(pool.reserve(l, bound < rows ? static_cast<int>(bound) : rows));
   }
-  std::size_t at = rec.row_offset(0);
-  for (int l = 0; l < rs.n_layers; ++l) {
-    import_detail::Layer& e = layers[l];
-    e.record = rec.layer(l);
-    e.group = *cache.group_of(l);
-    e.storage = *pool.layer(l);
-    e.k = static_cast<const unsigned char*>(data) + at;
-    e.v = e.k + record_detail::padded(static_cast<std::size_t>(e.record.n_rows) * e.record.k_row_bytes());
-    at += RecordLayout::row_block_bytes(e.record);
-  }
-  SequenceImport in{rs.length, rs.start, rs.n_holes, rec.holes(), rs.n_tokens == rs.length ? rec.tokens() : nullptr,
-                    carry.get(), carry.get() + n_groups};
+  const SequenceImport in{rs.length,   rs.start,           rs.n_holes,
+                          rec.holes(), rs.n_tokens == rs.length ? rec.tokens() : nullptr,
+                          rec.layer_bounds(), static_cast<int>(RecordFormat::kLayerBytes / 4)};
   auto hole_at = [&rec](int h) { return rec.hole(h); };
+  const std::size_t rows_at = rec.row_offset(0);
   auto write_block = [&](int g, int i, int block) {
     const std::int64_t lo = static_cast<std::int64_t>(i) * B;
     const int hi = lo + B < rs.length ? static_cast<int>(lo + B) : rs.length;
+    std::size_t at = rows_at;  // layer l's K rows
     for (int l = 0; l < rs.n_layers; ++l) {
-      const import_detail::Layer& e = layers[l];
-      if (e.group != g) continue;
+      const RecordLayer r = rec.layer(l);
+      const unsigned char* k = static_cast<const unsigned char*>(data) + at;
+      at += RecordLayout::row_block_bytes(r);
+      if (*cache.group_of(l) != g) continue;
+      const unsigned char* v = k + record_detail::padded(static_cast<std::size_t>(r.n_rows) * r.k_row_bytes());
+      const LayerStorage s = *pool.layer(l);
       int j = 0;  // record row of the run's first position
-      for_each_carried_run(rs.length, rs.start, rs.n_holes, hole_at, e.record, [&](int a, int b) {
+      for_each_carried_run(rs.length, rs.start, rs.n_holes, hole_at, r, [&](int a, int b) {
         const int from = a > lo ? a : static_cast<int>(lo);
         const int to = b < hi ? b : hi;
         if (from < to)
-          import_detail::put_rows(e.k, e.v, e.record, e.storage, from, to, j + (from - a),
+          import_detail::put_rows(k, v, r, s, from, to, j + (from - a),
                                   [&](int p) { return static_cast<std::int64_t>(block) * B + (p - lo); });
         j += b - a;
       });

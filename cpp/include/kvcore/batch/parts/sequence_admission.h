@@ -6,6 +6,7 @@
 // layer writes the rows of each fresh block as the admission hands it over.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvcore/batch/batch_plan.h"
@@ -17,21 +18,29 @@
 namespace kvcore {
 
 /// An incoming sequence: its length, removed head and holes, the token ids of
-/// all its positions (or null), and per group which positions its rows come
-/// with: the visible ones below sink_end[g] or from held_from[g] on.
+/// all its positions (or null), and per layer l which positions its rows come
+/// with: the visible ones below bounds[l * bounds_stride] (sink_end) or from
+/// bounds[l * bounds_stride + 1] (held_from) on. Strided so that a record's
+/// layer table is read in place; layers of one group must agree (admit checks).
 struct SequenceImport {
   int length = 0;
   int start = 0;
   int n_holes = 0;
   const PositionRange* holes = nullptr;
   const std::int32_t* tokens = nullptr;
-  const int* sink_end = nullptr;
-  const int* held_from = nullptr;
+  const std::int32_t* bounds = nullptr;
+  int bounds_stride = 2;
+
+  /// Layer l's sink_end and held_from.
+  int sink_end(int l) const noexcept { return bounds[static_cast<std::ptrdiff_t>(l) * bounds_stride]; }
+  int held_from(int l) const noexcept { return bounds[static_cast<std::ptrdiff_t>(l) * bounds_stride + 1]; }
 };
 
 class SequenceAdmission {
  public:
-  SequenceAdmission(const SequenceImport& in, int block_size) noexcept : in_(in), B_(block_size) {}
+  /// `group_layer[g]`: a layer of group g (its bounds stand for the group's).
+  SequenceAdmission(const SequenceImport& in, int block_size, const int* group_layer) noexcept
+      : in_(in), B_(block_size), group_layer_(group_layer) {}
 
   /// The first visible position >= p (length when none).
   int next_visible(int p) const noexcept {
@@ -45,8 +54,9 @@ class SequenceAdmission {
   /// Does the record carry a visible position in [lo, hi) it lacks for group g?
   /// Returns the first such position, or -1.
   int first_missing(int g, int lo, int hi) const noexcept {
-    const int from = lo > in_.sink_end[g] ? lo : in_.sink_end[g];
-    const int upto = hi < in_.held_from[g] ? hi : in_.held_from[g];
+    const int sink_end = in_.sink_end(group_layer_[g]), held_from = in_.held_from(group_layer_[g]);
+    const int from = lo > sink_end ? lo : sink_end;
+    const int upto = hi < held_from ? hi : held_from;
     if (from >= upto) return -1;
     const int p = next_visible(from);
     return p < upto ? p : -1;
@@ -57,8 +67,9 @@ class SequenceAdmission {
   /// anything below it, else no more than the sink blocks' end (as a cache
   /// that never released anything: its export then names the same bounds).
   int lost_below(int g, std::int64_t sinks_end) const noexcept {
-    if (first_missing(g, 0, in_.length) >= 0) return in_.held_from[g];
-    return in_.held_from[g] < sinks_end ? in_.held_from[g] : static_cast<int>(sinks_end < in_.length ? sinks_end : in_.length);
+    const int held_from = in_.held_from(group_layer_[g]);
+    if (first_missing(g, 0, in_.length) >= 0) return held_from;
+    return held_from < sinks_end ? held_from : static_cast<int>(sinks_end < in_.length ? sinks_end : in_.length);
   }
 
   /// Does group g (sink blocks `sink_blocks`) keep block index i: a visible
@@ -150,6 +161,7 @@ class SequenceAdmission {
  private:
   const SequenceImport& in_;
   int B_;
+  const int* group_layer_;
 };
 
 }  // namespace kvcore
