@@ -2,7 +2,9 @@
 // call (kvcore.integrations.torch_pool's CPU fast path). Through torch, the same
 // writes are two to four tensor calls of about 1.5 us each per layer; here they
 // are one call. The module does not link torch: the caller passes the tensors'
-// addresses and strides, and has checked shapes, dtype, device and bounds.
+// addresses and strides, and has checked shapes, dtype, device and bounds
+// (TorchKVPool.write_read in python/kvcore/integrations/torch_pool.py names each
+// check; its tests/python/test_transformers_torch_pool.py runs both write paths).
 #include <array>
 #include <cstdint>
 #include <cstring>

@@ -142,7 +142,9 @@ def test_sampling_with_a_fixed_seed_equals_transformers_own() -> None:
                            pad_token_id=0)  # fmt: skip
     prompt = [PROMPTS[1]]  # one request: both schedule it identically, so the draws line up
     cb = ContinuousBatchingConfig(seed=1234)
+    given = repr(vars(cb))
     ours = generate_batch(m, prompt, gen, continuous_batching_config=cb, **OPTIONS)
+    assert repr(vars(cb)) == given  # kvcore works on a copy, as transformers' own does
     theirs = m.generate_batch(prompt, generation_config=gen,
                               continuous_batching_config=ContinuousBatchingConfig(seed=1234, num_blocks=64, max_batch_tokens=16))  # fmt: skip
     assert generated(ours) == generated(theirs)
@@ -258,12 +260,15 @@ def test_bad_options_fail_before_anything_runs(options: dict[str, Any], error: t
 
 
 def test_requests_kvcore_cannot_hold_fail_before_anything_runs() -> None:
-    m = model("llama")
+    m = model("gemma2")  # eager: a manager switches it to paged|eager, so a refusal must come first
     with pytest.raises(kvcore.InvalidArgumentError, match=r"inputs\[1\]: 30 prompt tokens \+ max_new_tokens = 6"):
         generate_batch(m, [PROMPTS[0], tokens(30, 9)], greedy(), capacity=32)
+    assert m.config._attn_implementation == "eager"
+    gen = GenerationConfig(max_new_tokens=2, do_sample=True, num_return_sequences=3)
     with pytest.raises(kvcore.InvalidArgumentError, match="num_return_sequences = 3: must be <= max_seqs = 2"):
-        generate_batch(m, PROMPTS, GenerationConfig(max_new_tokens=2, do_sample=True, num_return_sequences=3),
-                       max_seqs=2)  # fmt: skip
+        generate_batch(m, PROMPTS, gen, max_seqs=2)
+    assert gen.eos_token_id is None  # the refused call left the caller's config as it was
+    m = model("llama")
     manager = KVCoreBatchingManager(m, greedy(), capacity=32)
     with pytest.raises(kvcore.InvalidArgumentError, match="capacity = 32"):
         manager.add_request(tokens(30, 9))

@@ -195,6 +195,18 @@ def test_ring_is_allocated_whole_and_flat_grows_by_doubling_up_to_rows() -> None
     assert pool.nbytes() == pool.nbytes(0) + pool.nbytes(1)
 
 
+def test_growing_past_the_layers_rows_is_refused_not_written() -> None:
+    # The native write checks nothing: a plan writing past kvcore's rows (none does) must stop at
+    # the growth, which would otherwise hand it tensors too small for the write.
+    pool = make(kvcore.Flat(), capacity=16, max_step=4, initial=4)
+    run_step(pool, 4, {})
+    layer = pool.layer(0)
+    assert layer is not None and layer.allocated_rows == 4
+    with pytest.raises(kvcore.InternalError, match="writes row 16, past the layer's 16 rows"):
+        TorchKVPool._grow(layer, 17)
+    assert layer.allocated_rows == 4
+
+
 @pytest.mark.parametrize("mirror", [False, True], ids=["compact", "mirrored"])
 def test_no_allocation_after_warm_up(mirror: bool) -> None:
     pool = make(kvcore.Ring(window=6), kvcore.Ring(window=6, sinks=1), capacity=64, max_step=3, mirror=mirror)

@@ -65,7 +65,7 @@ import torch
 
 from kvcore._core import _copy_rows
 from kvcore._core import LayerConfig, LayerGeometry, SeqStepPlan, SequenceCache, Step
-from kvcore._errors import InvalidArgumentError, InvalidStateError
+from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError
 
 ORDERS = ("rows", "positions")
 # CPU pools write through kvcore._core._copy_rows (one native call per layer); False: torch ops
@@ -146,6 +146,8 @@ class StepLayout:
         for r in plan.write:
             writes.append((r.row, r.len, j))
             j += r.len
+        if j > T:  # the writes read input rows [0, j): _copy_rows checks nothing
+            raise InternalError(f"the plan writes {j} rows for a step of T = {T}")
         if storage.mirror_rows:
             lo_m, hi_m = storage.ring_start, storage.ring_start + storage.mirror_rows
             for row, n, off in list(writes):
@@ -515,6 +517,10 @@ class TorchKVPool:
         pk, pv = pool.keys, pool.values
         pair = layout.pair
         native = pool.native
+        # _copy_rows checks nothing. Checked here: key/value have the pool's shape for T rows, its
+        # dtype and device (the test above, else _pool_for); every destination row lies in the
+        # tensors (write_end <= tensor_rows, else _grow, which refuses rows past the layer's);
+        # every source row in [0, T) (StepLayout: the plan's runs add up to T).
         if native is not None and layout.flat_writes:  # CPU: every write of K and V in one native call
             _copy_rows(
                 (pk.data_ptr(), *native[0]), (pv.data_ptr(), *native[1]), native[2], layout.flat_writes,
@@ -661,6 +667,8 @@ class TorchKVPool:
     @staticmethod
     def _grow(pool: LayerPool, needed: int) -> None:
         # Doubling keeps growth amortised O(1) per row; never past kvcore's rows (flat layers only).
+        if needed > pool.rows:  # kvcore's plans never write past them; _copy_rows relies on it
+            raise InternalError(f"a step writes row {needed - 1}, past the layer's {pool.rows} rows")
         new_rows = min(pool.rows, max(needed, 2 * pool.allocated_rows))
         old = pool.allocated_rows
         keys = pool.keys.new_empty((*pool.keys.shape[:2], new_rows, pool.keys.shape[3]))

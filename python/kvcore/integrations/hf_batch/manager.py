@@ -11,6 +11,7 @@ runs; ``counters`` tells what kvcore did.
 
 from __future__ import annotations
 
+from copy import deepcopy
 from typing import Any, Optional, Union
 
 from transformers import GenerationConfig
@@ -31,10 +32,12 @@ _ATTENTION = ("sdpa", "eager", "paged|eager", "paged|sdpa")
 
 
 def kvcore_cb_config(options: BatchOptions, given: Optional[ContinuousBatchingConfig]) -> ContinuousBatchingConfig:
-    """transformers' continuous-batching config for kvcore: the caller's (or a default), with the
-    token budget from ``options``, at most ``max_seqs`` requests per forward, and the paths kvcore
-    does not serve turned off (decode fast path, CUDA graphs, async batching, flash, CPU swap)."""
-    cb = given if given is not None else ContinuousBatchingConfig()
+    """transformers' continuous-batching config for kvcore: a copy of the caller's (or a default;
+    the caller's is not changed, as transformers' own leaves it), with the token budget from
+    ``options``, at most ``max_seqs`` requests per forward, and the paths kvcore does not serve
+    turned off (decode fast path, CUDA graphs, async batching, flash, CPU swap). Raises
+    NotSupportedError for a compile config, CUDA graphs or async batching."""
+    cb = deepcopy(given) if given is not None else ContinuousBatchingConfig()
     for name in ("varlen_compile_config", "decode_compile_config"):
         if getattr(cb, name, None) is not None:
             raise NotSupportedError(f"continuous_batching_config.{name}: kvcore's continuous batching does not compile")
@@ -69,6 +72,27 @@ def check_model(model: Any, options: BatchOptions) -> None:
     batch_config(config.get_text_config(), options)
 
 
+def checked_setup(
+    model: Any, generation_config: Optional[GenerationConfig], options: dict[str, Any]
+) -> tuple[BatchOptions, GenerationConfig, int]:
+    """Everything a manager checks before it changes anything (the model's attention, the
+    generation config): the release, the option names and values, the model, the generation
+    config and its samples. Returns the options, the generation config and the capacity."""
+    check_batching_support()
+    unknown = sorted(set(options) - set(BatchOptions.names()))
+    if unknown:
+        raise InvalidArgumentError(f"unknown option {unknown[0]!r}: expected one of {', '.join(BatchOptions.names())}")
+    checked = BatchOptions(**options)
+    check_model(model, checked)
+    gen = generation_config if generation_config is not None else model.generation_config
+    if gen is None:
+        raise InvalidArgumentError("generation_config: none given and the model has none")
+    samples = gen.num_return_sequences or 1
+    if samples > checked.max_seqs:
+        raise InvalidArgumentError(f"num_return_sequences = {samples}: must be <= max_seqs = {checked.max_seqs}")
+    return checked, gen, resolved_capacity(checked, model.config.get_text_config())
+
+
 class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[misc]  # transformers is untyped
     """transformers' continuous-batching manager whose cache is kvcore's.
 
@@ -89,28 +113,12 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         workload_hints: Any = None,
         **options: Any,
     ) -> None:
-        check_batching_support()
-        unknown = sorted(set(options) - set(BatchOptions.names()))
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown option {unknown[0]!r}: expected one of {', '.join(BatchOptions.names())}"
-            )
-        self.options = BatchOptions(**options)
-        check_model(model, self.options)
-        gen = generation_config if generation_config is not None else model.generation_config
-        if gen is None:
-            raise InvalidArgumentError("generation_config: none given and the model has none")
+        self.options, gen, self.capacity = checked_setup(model, generation_config, options)
+        cb = kvcore_cb_config(self.options, continuous_batching_config)
         if gen.eos_token_id is None:
             gen.eos_token_id = -1  # transformers' own default for continuous batching
-        samples = gen.num_return_sequences or 1
-        if samples > self.options.max_seqs:
-            raise InvalidArgumentError(
-                f"num_return_sequences = {samples}: must be <= max_seqs = {self.options.max_seqs}"
-            )
-        self.capacity = resolved_capacity(self.options, model.config.get_text_config())
         self.counters = BatchCounters()
         self.cache: Optional[KVCorePagedCache] = None
-        cb = kvcore_cb_config(self.options, continuous_batching_config)
         super().__init__(model, gen, cb, workload_hints)
 
     def add_request(self, input_ids: list[int], request_id: Optional[str] = None, max_new_tokens: Optional[int] = None,
@@ -214,23 +222,23 @@ def generate_batch(
             f"unknown option {unknown[0]!r}: expected {', '.join(BatchOptions.names())}, continuous_batching_config, "
             f"max_new_tokens, record_timestamps or progress_bar"
         )
-    gen = generation_config if generation_config is not None else model.generation_config
-    samples = (gen.num_return_sequences or 1) if gen is not None else 1
-    new = options.get("max_new_tokens") or (gen.max_new_tokens if gen is not None else None)
-    hints = cb_api.WorkloadHints(
-        max_prompt_length=max((len(x) for x in inputs), default=0),
-        max_generated_length=new or 0,
-        num_requests=len(inputs) * samples,
-    )
-    manager = KVCoreBatchingManager(model, generation_config, cb, hints, **kv_options)
-    if new is not None:
-        too_long = [i for i, x in enumerate(inputs) if not x or len(x) + new > manager.capacity]
+    _, gen, capacity = checked_setup(model, generation_config, kv_options)
+    new = options.get("max_new_tokens")
+    new = gen.max_new_tokens if new is None else new  # as model.generate_batch reads it
+    if new is not None:  # checked before the manager switches the model's attention
+        too_long = [i for i, x in enumerate(inputs) if not x or len(x) + new > capacity]
         if too_long:
             i = too_long[0]
             raise InvalidArgumentError(
                 f"inputs[{i}]: {len(inputs[i])} prompt tokens + max_new_tokens = {new} must be in "
-                f"[1, capacity = {manager.capacity}]"
+                f"[1, capacity = {capacity}]"
             )
+    hints = cb_api.WorkloadHints(
+        max_prompt_length=max((len(x) for x in inputs), default=0),
+        max_generated_length=new or 0,
+        num_requests=len(inputs) * (gen.num_return_sequences or 1),
+    )
+    manager = KVCoreBatchingManager(model, generation_config, cb, hints, **kv_options)
     previous = getattr(model, "_cached_continuous_batching_manager", None)
     model._cached_continuous_batching_manager = manager  # generate_batch runs the cached manager
     try:
@@ -249,4 +257,11 @@ def generate_batch(
     return result
 
 
-__all__ = ["KVCoreBatchingManager", "check_model", "generate_batch", "init_kvcore_batching", "kvcore_cb_config"]
+__all__ = [
+    "KVCoreBatchingManager",
+    "check_model",
+    "checked_setup",
+    "generate_batch",
+    "init_kvcore_batching",
+    "kvcore_cb_config",
+]

@@ -8,7 +8,7 @@ unchanged on top of it; what they ask of the cache is answered by kvcore:
 - prompt prefixes are adopted across requests for every attention type,
   sliding ones included (``search_prefix_match`` is ``adopt_prefix``), and full
   blocks are named by the token ids each step carries;
-- parallel samples fork their parent (``prepare_fork_request`` is ``fork``):
+- parallel samples fork their parent (``prepare_fork_request`` is ``fork_many``):
   prompt blocks are shared, a partly filled one copied on write by the plan;
 - K/V live in kvcore's torch paged pool (``TorchPagedKV``), one tensor per layer
   indexed by pool row; ``update`` performs the step's block copies, writes the
@@ -237,8 +237,9 @@ class KVCorePagedCache:
     def free_all_requests(self, clear_ledgers: bool = False) -> None:
         """Release every sequence; ``clear_ledgers`` also forgets every cached block."""
         self.round.end()
-        for request_id in list(self._seq_of):
-            self._release(request_id)
+        self.batch.release_sequences(np.asarray(list(self._seq_of.values()), np.int32))
+        self._free_seqs.extend(self._seq_of.values())
+        self._seq_of.clear()
         self.shared_prefill.clear()
         self._waiting.clear()
         if clear_ledgers:
@@ -257,14 +258,14 @@ class KVCorePagedCache:
         if src is None:
             return []
         self.round.end()
-        forked = []
-        for request_id in dst_req_ids:
-            if not self._free_seqs:
-                break
-            seq = self._free_seqs.pop()
-            self.batch.fork(src, seq)
-            self._seq_of[request_id] = seq
-            forked.append(request_id)
+        forked = dst_req_ids[: len(self._free_seqs)]
+        if not forked:
+            return []
+        keep = len(self._free_seqs) - len(forked)
+        seqs = self._free_seqs[keep:][::-1]  # the ids pop() would give, lowest first
+        self.batch.fork_many(src, np.asarray(seqs, np.int32))  # all or none
+        del self._free_seqs[keep:]
+        self._seq_of.update(zip(forked, seqs))
         self.counters.forks += len(forked)
         return forked
 
