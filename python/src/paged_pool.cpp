@@ -96,7 +96,6 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     return std::move(out);
   }
 
-  // Bytes of the rows of blocks some sequence holds, K and V of every layer.
   // Performs a tree commit's row copies (one (n, 2) int array per group).
   void apply_commit(const py::handle& copies) {
     const py::sequence per_group = py::reinterpret_borrow<py::sequence>(copies);
@@ -121,6 +120,7 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     throw_if_error(pool_->apply_commit(kvcore::BatchCommit{cache_->n_groups(), groups.data()}));
   }
 
+  // Bytes of the rows of blocks some sequence holds, K and V of every layer.
   std::size_t nbytes() const {
     std::size_t n = 0;
     for (int l = 0; l < pool_->n_layers(); ++l) {
