@@ -24,30 +24,23 @@ are derandomized and take seconds; long runs random seeds. The C++ twin
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import kvcore
+from hypothesis_profiles import profile_settings
 
 PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 40, "stateful_step_count": 15, "derandomize": True, "database": None},
     "ci": {"max_examples": 150, "stateful_step_count": 20, "derandomize": True, "database": None},
     "long": {"max_examples": 5_000, "stateful_step_count": 40},
 }
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-if PROFILE not in PROFILES:
-    raise ValueError(f"HYPOTHESIS_PROFILE = {PROFILE!r}: must be one of {sorted(PROFILES)}")
-SETTINGS = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    **PROFILES[PROFILE],
-)
+SETTINGS = profile_settings(PROFILES, HealthCheck.filter_too_much, HealthCheck.data_too_large)
 
 SEED_TAG = 0x2545F4914F6CDD1D
 MASK64 = (1 << 64) - 1

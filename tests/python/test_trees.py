@@ -17,16 +17,16 @@ The hypothesis test follows test_batch_stateful.py's profiles
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import kvcore
+from hypothesis_profiles import profile_settings
 from reference import visible
 
 Array = npt.NDArray[Any]
@@ -36,10 +36,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "ci": {"max_examples": 400, "derandomize": True, "database": None},
     "long": {"max_examples": 10_000},
 }
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-if PROFILE not in PROFILES:
-    raise ValueError(f"HYPOTHESIS_PROFILE = {PROFILE!r}: must be one of {sorted(PROFILES)}")
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], **PROFILES[PROFILE])
+SETTINGS = profile_settings(PROFILES)
 
 TREE = [-1, 0, 0, 1, 2, 4]  # main line 0 1 3; 2 4 5 off it
 PATH = [0, 2, 4, 5]
