@@ -113,8 +113,7 @@ namespace {
 void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents, py::handle token_offsets,
                     std::vector<int>* storage) {
   const IntArray ids("begin_step", "parents", parents);
-  storage->resize(static_cast<std::size_t>(ids.size()));
-  for (py::ssize_t i = 0; i < ids.size(); ++i) (*storage)[static_cast<std::size_t>(i)] = ids.at(i);
+  *storage = ids.ints();
   const py::ssize_t n = static_cast<py::ssize_t>(entries->size());
   if (token_offsets.is_none()) {
     std::int64_t total = 0;
@@ -171,8 +170,7 @@ std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const I
   const IntArray ids("begin_step", "tokens", tokens);
   const std::int32_t* data = ids.int32_data();
   if (data == nullptr) {  // int64 ids: narrowed into *narrowed
-    narrowed->resize(static_cast<std::size_t>(ids.size()));
-    for (py::ssize_t i = 0; i < ids.size(); ++i) (*narrowed)[static_cast<std::size_t>(i)] = ids.at(i);
+    *narrowed = ids.ints();
     data = narrowed->data();
   }
   if (token_offsets.is_none())
