@@ -104,10 +104,6 @@ void check_rows(const kvcore::BatchCache& c, const char* verb, int n) {
                                              str(c.max_active_seqs()) + ")");
 }
 
-}  // namespace
-
-namespace {
-
 // Entry i's parents: parents[offsets[i], offsets[i + 1]) with the tokens'
 // offsets (T[i] of them, or none: a chain), else T[i] each in entry order.
 void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents, py::handle token_offsets,
@@ -144,11 +140,7 @@ std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const 
                                              py::handle tokens, py::handle token_offsets, py::handle parents,
                                              std::vector<std::int32_t>* narrowed, std::vector<int>* parent_ids) {
   std::vector<kvcore::StepEntry> out = array_tokens(c, seqs, T, tokens, token_offsets, narrowed);
-  if (!parents.is_none()) {
-    if (tokens.is_none() && !token_offsets.is_none())
-      raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets given without tokens");
-    attach_parents(&out, parents, token_offsets, parent_ids);
-  }
+  if (!parents.is_none()) attach_parents(&out, parents, token_offsets, parent_ids);  // offsets checked with the tokens
   return out;
 }
 
