@@ -293,7 +293,7 @@ void register_paged_pool(py::module_& m) {
           "InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype "
           "other than the cache's; NotSupportedError: a newer record version, or a ring group whose sink "
           "blocks would keep a position the record lacks; InvalidStateError: seq is active; "
-          "OutOfResourcesError: length over capacity, too many holes, too few free blocks.")
+          "CapacityError: length over capacity, too many holes, too few free blocks.")
       .def("__repr__", [](const PyPagedPool& p) {
         return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
                ", dtype=" + p.dtype().attr("name").cast<std::string>() +
