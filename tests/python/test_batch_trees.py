@@ -450,6 +450,32 @@ def test_apply_commit_refuses_what_is_not_a_commit() -> None:
     pool.apply_commit(copies)
 
 
+
+def test_a_refused_apply_commit_copies_nothing() -> None:
+    """Every group is checked before any row is copied: a commit whose first
+    group is fine and second is not leaves every layer's bytes as they were."""
+    c = small()
+    pool = kvcore.PagedKVPool(c, np.float32)
+    step = c.begin_step([(0, 3, None, [-1, 0, 0])])
+    node = np.arange(3, dtype=np.float32).reshape(3, 1, 1).repeat(2, axis=2)  # node i's K and V hold i
+    for layer in range(c.n_layers):
+        pool.update(layer, step, node, node + 10)
+    copies = c.commit(step, accepted={0: [0, 2]})  # node 2 is off the main line: one copy per group
+    assert all(len(g) == 1 for g in copies)
+
+    def layer_bytes() -> list[bytes]:
+        return [k.tobytes() + v.tobytes() for k, v in (pool.rows(layer) for layer in range(c.n_layers))]
+
+    before = layer_bytes()
+    bad = np.array([[4096, 0]])
+    for refused in ((copies[0], bad), (bad, copies[1])):
+        with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer \d's copy 0 \(row 4096 -> row 0\)"):
+            pool.apply_commit(refused)
+        assert layer_bytes() == before
+    pool.apply_commit(copies)
+    assert layer_bytes() != before  # the copies do change rows: the checks above could fail
+
+
 def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:
     torch = pytest.importorskip("torch")
     from kvcore.integrations.torch_paged import TorchPagedKV
