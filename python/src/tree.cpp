@@ -82,12 +82,7 @@ py::list copies_by_layer(const kvcore::SequenceCache& c) {
     py::object& a = by_policy[static_cast<std::size_t>(c.policy_index(l))];
     if (!a) {
       const kvcore::RowCopies copies = unwrap(c.commit_copies(l));
-      py::array_t<std::int32_t> arr({copies.n, 2});
-      for (int i = 0; i < copies.n; ++i) {
-        arr.mutable_data()[2 * i] = copies.copies[i].src;
-        arr.mutable_data()[2 * i + 1] = copies.copies[i].dst;
-      }
-      a = read_only(arr);
+      a = read_only(copies_array(copies.copies, copies.n));
     }
     out.append(a);
   }
@@ -95,6 +90,13 @@ py::list copies_by_layer(const kvcore::SequenceCache& c) {
 }
 
 }  // namespace
+
+py::array_t<std::int32_t> copies_array(const kvcore::TreeCopy* copies, int n) {
+  py::array_t<std::int32_t> out({n, 2});
+  std::int32_t* at = out.mutable_data();
+  for (int i = 0; i < n; ++i) *at++ = copies[i].src, *at++ = copies[i].dst;
+  return out;
+}
 
 py::object commit_step(const StepHandle& h, py::handle accepted) {
   if (accepted.is_none()) {
