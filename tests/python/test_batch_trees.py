@@ -34,6 +34,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import kvcore
 from hypothesis_profiles import profile_settings
+from reference import visible
+from tree_reference import ancestors_or_self, depths, main_line
 
 PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 40, "stateful_step_count": 15, "derandomize": True, "database": None},
@@ -54,39 +56,6 @@ def roll(before: int, token: int) -> int:
     x ^= x >> 27
     x = (x * 0x81DADEF4BC2DD44D) & MASK64
     return (x ^ (x >> 33)) | 1
-
-
-def sees(policy: kvcore.LayerPolicy, q: int, k: int) -> bool:
-    """docs/design.md section 2's rule."""
-    if k > q:
-        return False
-    if policy.kind != kvcore.LayerPolicy.Kind.Ring:
-        return True
-    return q - k < policy.window or k < policy.sinks
-
-
-def depth(parents: list[int], i: int) -> int:
-    d = 0
-    while parents[i] >= 0:
-        i, d = parents[i], d + 1
-    return d
-
-
-def ancestors_or_self(parents: list[int], i: int) -> set[int]:
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = parents[i]
-    return out
-
-
-def main_line(parents: list[int]) -> list[int]:
-    line = [0]
-    while True:
-        kids = [k for k in range(len(parents)) if parents[k] == line[-1]]
-        if not kids:
-            return line
-        line.append(kids[0])
 
 
 def make_config(B: int, policies: list[kvcore.LayerPolicy], max_step: int) -> kvcore.CacheConfig:
@@ -196,7 +165,7 @@ class TreeTwins(RuleBasedStateMachine):
             assert plan.is_tree(i) == is_tree
             assert int(plan.context_lens[i]) == L + n
             assert sorted(places[at : at + n]) == list(range(n))
-            assert list(positions[at : at + n]) == [L + depth(parents, j) for j in range(n)]
+            assert list(positions[at : at + n]) == [L + d for d in depths(parents)]
             if is_tree:
                 words = (n + 31) // 32
                 m = plan.tree_masks[plan.tree_mask_starts[i] : plan.tree_mask_starts[i + 1]].reshape(n, words)
@@ -207,17 +176,18 @@ class TreeTwins(RuleBasedStateMachine):
                 mask = plan.mask(g)
                 table = gp.block_tables[s]
                 pool = self.tree_pools.rows[g]
+                depth = depths(parents)
                 for j in range(n):
-                    q = L + depth(parents, j)
+                    q = L + depth[j]
                     assert int(gp.slots[at + j]) == table[(L + places[at + j]) // B] * B + (L + places[at + j]) % B
                     want = set()
                     for k in range(L):
-                        if sees(gp.policy, q, k):
+                        if visible(gp.policy, q, k):
                             r = int(table[k // B]) * B + k % B
                             assert table[k // B] >= 0 and int(pool[r]) == self.tags[s][k], (g, j, k)
                             want.add(r)
                     for a in ancestors_or_self(parents, j):
-                        if sees(gp.policy, q, L + depth(parents, a)):
+                        if visible(gp.policy, q, L + depth[a]):
                             r = int(gp.slots[at + a])
                             assert int(pool[r]) == node_tags[i][a]
                             want.add(r)
@@ -322,7 +292,7 @@ class TreeTwins(RuleBasedStateMachine):
                 table_a = plan_a.groups[g].block_tables[s]
                 table_b = plan_b.groups[g].block_tables[s]
                 for p in range(L):
-                    if not sees(policy, L, p):
+                    if not visible(policy, L, p):
                         continue
                     ra, rb = int(table_a[p // B]) * B + p % B, int(table_b[p // B]) * B + p % B
                     assert self.tree_pools.rows[g][ra] == self.chain_pools.rows[g][rb] == self.tags[s][p], (g, s, p)
