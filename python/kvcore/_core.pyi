@@ -672,7 +672,7 @@ class KVPool(metaclass=_pybind11_type):
         exporter's. Checks everything first and changes nothing on an error. InvalidArgumentError:
         truncated, corrupt (checksum), bad magic, or a policy, shape or dtype other than the
         cache's; NotSupportedError: a newer record version, or a record with holes or a removed
-        head; InvalidStateError: the cache holds positions or a begun step; OutOfResourcesError: its
+        head; InvalidStateError: the cache holds positions or a begun step; CapacityError: its
         length exceeds the capacity.
         """
     def write(
@@ -1228,7 +1228,7 @@ class PagedKVPool(metaclass=_pybind11_type):
         InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
         other than the cache's; NotSupportedError: a newer record version, or a ring group whose
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
-        OutOfResourcesError: length over capacity, too many holes, too few free blocks.
+        CapacityError: length over capacity, too many holes, too few free blocks.
         """
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]

@@ -20,6 +20,7 @@
 #include "int_args.h"
 #include "kvcore/batch/batch_cache.h"
 #include "plan_mask.h"
+#include "tree_binding.h"
 
 namespace kvcore_py {
 
@@ -224,7 +225,7 @@ std::vector<kvcore::AcceptedPath> accepted_paths(const py::handle& accepted, std
 
 // commit(step) or commit(step, accepted): the row copies per group, (n, 2)
 // int32 arrays (new), or None for a plain commit.
-py::object commit_step(Cache& c, const BatchStepHandle& h, const py::handle& accepted) {
+py::object commit_batch_step(Cache& c, const BatchStepHandle& h, const py::handle& accepted) {
   if (h.cache.get() != &c) raise(kvcore::Error::InvalidState, "commit: the step belongs to another cache");
   if (accepted.is_none()) {
     throw_if_error(c.commit(h.step));
@@ -234,13 +235,8 @@ py::object commit_step(Cache& c, const BatchStepHandle& h, const py::handle& acc
   const std::vector<kvcore::AcceptedPath> paths = accepted_paths(accepted, &nodes);
   const kvcore::BatchCommit done = unwrap(c.commit(h.step, paths.data(), static_cast<int>(paths.size())));
   py::tuple out(static_cast<std::size_t>(done.n_groups));
-  for (int g = 0; g < done.n_groups; ++g) {
-    const kvcore::GroupCommit& gc = done.groups[g];
-    py::array_t<std::int32_t> copies({gc.n_copies, 2});
-    std::int32_t* at = copies.mutable_data();
-    for (int k = 0; k < gc.n_copies; ++k) *at++ = gc.copies[k].src, *at++ = gc.copies[k].dst;
-    out[static_cast<std::size_t>(g)] = std::move(copies);
-  }
+  for (int g = 0; g < done.n_groups; ++g)
+    out[static_cast<std::size_t>(g)] = copies_array(done.groups[g].copies, done.groups[g].n_copies);
   return std::move(out);
 }
 
@@ -458,7 +454,7 @@ void register_batch(py::module_& m) {
                              "True while this is the cache's begun, uncommitted step.")
       .def("plan", [](const BatchStepHandle& h) { return BatchPlanHandle{h, unwrap(h.cache->plan(h.step))}; },
            "The step's BatchStepPlan. InvalidStateError: the step is no longer the begun one.")
-      .def("commit", [](const BatchStepHandle& h, const py::handle& accepted) { return commit_step(*h.cache, h, accepted); },
+      .def("commit", [](const BatchStepHandle& h, const py::handle& accepted) { return commit_batch_step(*h.cache, h, accepted); },
            py::arg("accepted") = py::none(),
            "Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step. "
            "InvalidArgumentError: see cache.commit.")
@@ -658,7 +654,7 @@ void register_batch(py::module_& m) {
            "dst repeated or equal to src; InvalidStateError for src not active or no longer holding "
            "what a query at upto needs, or a dst not empty; CapacityError for more inactive dsts "
            "than free_table_rows; nothing changes then.")
-      .def("commit", &commit_step, py::arg("step"), py::arg("accepted") = py::none(),
+      .def("commit", &commit_batch_step, py::arg("step"), py::arg("accepted") = py::none(),
            "commit(step) commits the begun step whole (every entry's length grows by its T) and returns "
            "None. commit(step, accepted) commits draft trees: accepted maps a sequence to its accepted "
            "root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0, each the "

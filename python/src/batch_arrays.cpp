@@ -104,17 +104,12 @@ void check_rows(const kvcore::BatchCache& c, const char* verb, int n) {
                                              str(c.max_active_seqs()) + ")");
 }
 
-}  // namespace
-
-namespace {
-
 // Entry i's parents: parents[offsets[i], offsets[i + 1]) with the tokens'
 // offsets (T[i] of them, or none: a chain), else T[i] each in entry order.
 void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents, py::handle token_offsets,
                     std::vector<int>* storage) {
   const IntArray ids("begin_step", "parents", parents);
-  storage->resize(static_cast<std::size_t>(ids.size()));
-  for (py::ssize_t i = 0; i < ids.size(); ++i) (*storage)[static_cast<std::size_t>(i)] = ids.at(i);
+  *storage = ids.ints();
   const py::ssize_t n = static_cast<py::ssize_t>(entries->size());
   if (token_offsets.is_none()) {
     std::int64_t total = 0;
@@ -145,11 +140,7 @@ std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const 
                                              py::handle tokens, py::handle token_offsets, py::handle parents,
                                              std::vector<std::int32_t>* narrowed, std::vector<int>* parent_ids) {
   std::vector<kvcore::StepEntry> out = array_tokens(c, seqs, T, tokens, token_offsets, narrowed);
-  if (!parents.is_none()) {
-    if (tokens.is_none() && !token_offsets.is_none())
-      raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets given without tokens");
-    attach_parents(&out, parents, token_offsets, parent_ids);
-  }
+  if (!parents.is_none()) attach_parents(&out, parents, token_offsets, parent_ids);  // offsets checked with the tokens
   return out;
 }
 
@@ -171,8 +162,7 @@ std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const I
   const IntArray ids("begin_step", "tokens", tokens);
   const std::int32_t* data = ids.int32_data();
   if (data == nullptr) {  // int64 ids: narrowed into *narrowed
-    narrowed->resize(static_cast<std::size_t>(ids.size()));
-    for (py::ssize_t i = 0; i < ids.size(); ++i) (*narrowed)[static_cast<std::size_t>(i)] = ids.at(i);
+    *narrowed = ids.ints();
     data = narrowed->data();
   }
   if (token_offsets.is_none())

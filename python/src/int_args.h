@@ -94,6 +94,13 @@ class IntArray {
     return static_cast<int>(v);
   }
 
+  // Every element narrowed to a C int, in a new vector (at() names one that does not fit).
+  std::vector<int> ints() const {
+    std::vector<int> out(static_cast<std::size_t>(size_));
+    for (py::ssize_t i = 0; i < size_; ++i) out[static_cast<std::size_t>(i)] = at(i);
+    return out;
+  }
+
   const char* name() const { return name_; }
 
  private:

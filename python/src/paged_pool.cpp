@@ -96,7 +96,6 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     return std::move(out);
   }
 
-  // Bytes of the rows of blocks some sequence holds, K and V of every layer.
   // Performs a tree commit's row copies (one (n, 2) int array per group).
   void apply_commit(const py::handle& copies) {
     const py::sequence per_group = py::reinterpret_borrow<py::sequence>(copies);
@@ -121,6 +120,7 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     throw_if_error(pool_->apply_commit(kvcore::BatchCommit{cache_->n_groups(), groups.data()}));
   }
 
+  // Bytes of the rows of blocks some sequence holds, K and V of every layer.
   std::size_t nbytes() const {
     std::size_t n = 0;
     for (int l = 0; l < pool_->n_layers(); ++l) {
@@ -293,7 +293,7 @@ void register_paged_pool(py::module_& m) {
           "InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype "
           "other than the cache's; NotSupportedError: a newer record version, or a ring group whose sink "
           "blocks would keep a position the record lacks; InvalidStateError: seq is active; "
-          "OutOfResourcesError: no free table row (batch.max_active_seqs sequences are active), length "
+          "CapacityError: no free table row (batch.max_active_seqs sequences are active), length "
           "over capacity, too many holes, too few free blocks.")
       .def("__repr__", [](const PyPagedPool& p) {
         return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +

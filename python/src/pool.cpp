@@ -453,7 +453,7 @@ void register_pool(py::module_& m) {
           "Checks everything first and changes nothing on an error. InvalidArgumentError: truncated, "
           "corrupt (checksum), bad magic, or a policy, shape or dtype other than the cache's; "
           "NotSupportedError: a newer record version, or a record with holes or a removed head; "
-          "InvalidStateError: the cache holds positions or a begun step; OutOfResourcesError: its "
+          "InvalidStateError: the cache holds positions or a begun step; CapacityError: its "
           "length exceeds the capacity.")
       .def("__repr__", [](const PyPool& p) {
         return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +

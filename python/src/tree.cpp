@@ -73,14 +73,6 @@ py::object tree_rows(const StepHandle& h, const PyInt& layer) {
   return read_only(rows);
 }
 
-// The accepted path as ints (a list, tuple or 1-D integer array).
-std::vector<int> path_of(py::handle accepted) {
-  IntArray a("commit", "accepted", accepted);
-  std::vector<int> out(static_cast<std::size_t>(a.size()));
-  for (py::ssize_t i = 0; i < a.size(); ++i) out[static_cast<std::size_t>(i)] = a.at(i);
-  return out;
-}
-
 // Per layer, the (n, 2) int32 array [src row, dst row] of the last commit;
 // layers of one policy share one array.
 py::list copies_by_layer(const kvcore::SequenceCache& c) {
@@ -90,12 +82,7 @@ py::list copies_by_layer(const kvcore::SequenceCache& c) {
     py::object& a = by_policy[static_cast<std::size_t>(c.policy_index(l))];
     if (!a) {
       const kvcore::RowCopies copies = unwrap(c.commit_copies(l));
-      py::array_t<std::int32_t> arr({copies.n, 2});
-      for (int i = 0; i < copies.n; ++i) {
-        arr.mutable_data()[2 * i] = copies.copies[i].src;
-        arr.mutable_data()[2 * i + 1] = copies.copies[i].dst;
-      }
-      a = read_only(arr);
+      a = read_only(copies_array(copies.copies, copies.n));
     }
     out.append(a);
   }
@@ -104,12 +91,19 @@ py::list copies_by_layer(const kvcore::SequenceCache& c) {
 
 }  // namespace
 
+py::array_t<std::int32_t> copies_array(const kvcore::TreeCopy* copies, int n) {
+  py::array_t<std::int32_t> out({n, 2});
+  std::int32_t* at = out.mutable_data();
+  for (int i = 0; i < n; ++i) *at++ = copies[i].src, *at++ = copies[i].dst;
+  return out;
+}
+
 py::object commit_step(const StepHandle& h, py::handle accepted) {
   if (accepted.is_none()) {
     throw_if_error(h.cache->commit(h.step));
     return py::none();
   }
-  const std::vector<int> path = path_of(accepted);
+  const std::vector<int> path = IntArray("commit", "accepted", accepted).ints();  // a list or 1-D int array
   throw_if_error(h.cache->commit(h.step, path.data(), static_cast<int>(path.size())));
   return copies_by_layer(*h.cache);
 }
@@ -190,10 +184,8 @@ void register_tree(py::module_& m) {
   cache_cls.def(
       "begin_tree",
       [](const std::shared_ptr<kvcore::SequenceCache>& c, py::handle parents) {
-        IntArray a("begin_tree", "parents", parents);
-        std::vector<int> p(static_cast<std::size_t>(a.size()));
-        for (py::ssize_t i = 0; i < a.size(); ++i) p[static_cast<std::size_t>(i)] = a.at(i);
-        const int n = a.size() > 0x7fffffff ? 0x7fffffff : static_cast<int>(a.size());
+        const std::vector<int> p = IntArray("begin_tree", "parents", parents).ints();
+        const int n = p.size() > 0x7fffffff ? 0x7fffffff : static_cast<int>(p.size());
         return StepHandle{c, unwrap(c->begin_tree(p.data(), n))};
       },
       py::arg("parents"),

@@ -43,7 +43,6 @@ the reproducer as a plain test (tests/python/regressions/test_batch_regressions.
 from __future__ import annotations
 
 import gc
-import os
 import pydoc
 import weakref
 from collections.abc import Callable, Sequence
@@ -51,12 +50,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import kvcore
 from batch_reference import BatchModel, Entry, Pools, PrefixPools, StepPlan, ceil_div, check_step
+from hypothesis_profiles import profile_settings
 from reference import Policy, policy_of
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -64,14 +64,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "ci": {"max_examples": 1_500, "stateful_step_count": 25, "derandomize": True, "database": None},
     "long": {"max_examples": 20_000, "stateful_step_count": 60},
 }
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-if PROFILE not in PROFILES:
-    raise ValueError(f"HYPOTHESIS_PROFILE = {PROFILE!r}: must be one of {sorted(PROFILES)}")
-SETTINGS = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    **PROFILES[PROFILE],
-)
+SETTINGS = profile_settings(PROFILES, HealthCheck.filter_too_much, HealthCheck.data_too_large)
 
 ERROR_CLASS: dict[str, type[kvcore.KVCacheError]] = {
     "InvalidArgument": kvcore.InvalidArgumentError,

@@ -24,30 +24,25 @@ are derandomized and take seconds; long runs random seeds. The C++ twin
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import kvcore
+from hypothesis_profiles import profile_settings
+from reference import visible
+from tree_reference import ancestors_or_self, depths, main_line
 
 PROFILES: dict[str, dict[str, Any]] = {
     "dev": {"max_examples": 40, "stateful_step_count": 15, "derandomize": True, "database": None},
     "ci": {"max_examples": 150, "stateful_step_count": 20, "derandomize": True, "database": None},
     "long": {"max_examples": 5_000, "stateful_step_count": 40},
 }
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-if PROFILE not in PROFILES:
-    raise ValueError(f"HYPOTHESIS_PROFILE = {PROFILE!r}: must be one of {sorted(PROFILES)}")
-SETTINGS = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    **PROFILES[PROFILE],
-)
+SETTINGS = profile_settings(PROFILES, HealthCheck.filter_too_much, HealthCheck.data_too_large)
 
 SEED_TAG = 0x2545F4914F6CDD1D
 MASK64 = (1 << 64) - 1
@@ -61,39 +56,6 @@ def roll(before: int, token: int) -> int:
     x ^= x >> 27
     x = (x * 0x81DADEF4BC2DD44D) & MASK64
     return (x ^ (x >> 33)) | 1
-
-
-def sees(policy: kvcore.LayerPolicy, q: int, k: int) -> bool:
-    """docs/design.md section 2's rule."""
-    if k > q:
-        return False
-    if policy.kind != kvcore.LayerPolicy.Kind.Ring:
-        return True
-    return q - k < policy.window or k < policy.sinks
-
-
-def depth(parents: list[int], i: int) -> int:
-    d = 0
-    while parents[i] >= 0:
-        i, d = parents[i], d + 1
-    return d
-
-
-def ancestors_or_self(parents: list[int], i: int) -> set[int]:
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = parents[i]
-    return out
-
-
-def main_line(parents: list[int]) -> list[int]:
-    line = [0]
-    while True:
-        kids = [k for k in range(len(parents)) if parents[k] == line[-1]]
-        if not kids:
-            return line
-        line.append(kids[0])
 
 
 def make_config(B: int, policies: list[kvcore.LayerPolicy], max_step: int) -> kvcore.CacheConfig:
@@ -203,7 +165,7 @@ class TreeTwins(RuleBasedStateMachine):
             assert plan.is_tree(i) == is_tree
             assert int(plan.context_lens[i]) == L + n
             assert sorted(places[at : at + n]) == list(range(n))
-            assert list(positions[at : at + n]) == [L + depth(parents, j) for j in range(n)]
+            assert list(positions[at : at + n]) == [L + d for d in depths(parents)]
             if is_tree:
                 words = (n + 31) // 32
                 m = plan.tree_masks[plan.tree_mask_starts[i] : plan.tree_mask_starts[i + 1]].reshape(n, words)
@@ -214,17 +176,18 @@ class TreeTwins(RuleBasedStateMachine):
                 mask = plan.mask(g)
                 table = gp.block_tables[s]
                 pool = self.tree_pools.rows[g]
+                depth = depths(parents)
                 for j in range(n):
-                    q = L + depth(parents, j)
+                    q = L + depth[j]
                     assert int(gp.slots[at + j]) == table[(L + places[at + j]) // B] * B + (L + places[at + j]) % B
                     want = set()
                     for k in range(L):
-                        if sees(gp.policy, q, k):
+                        if visible(gp.policy, q, k):
                             r = int(table[k // B]) * B + k % B
                             assert table[k // B] >= 0 and int(pool[r]) == self.tags[s][k], (g, j, k)
                             want.add(r)
                     for a in ancestors_or_self(parents, j):
-                        if sees(gp.policy, q, L + depth(parents, a)):
+                        if visible(gp.policy, q, L + depth[a]):
                             r = int(gp.slots[at + a])
                             assert int(pool[r]) == node_tags[i][a]
                             want.add(r)
@@ -329,7 +292,7 @@ class TreeTwins(RuleBasedStateMachine):
                 table_a = plan_a.groups[g].block_tables[s]
                 table_b = plan_b.groups[g].block_tables[s]
                 for p in range(L):
-                    if not sees(policy, L, p):
+                    if not visible(policy, L, p):
                         continue
                     ra, rb = int(table_a[p // B]) * B + p % B, int(table_b[p // B]) * B + p % B
                     assert self.tree_pools.rows[g][ra] == self.chain_pools.rows[g][rb] == self.tags[s][p], (g, s, p)
@@ -455,6 +418,32 @@ def test_apply_commit_refuses_what_is_not_a_commit() -> None:
     with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer 0's copy 0 \(row 4096 -> row 0\) must lie in its"):
         pool.apply_commit((np.array([[4096, 0]]), copies[1]))
     pool.apply_commit(copies)
+
+
+
+def test_a_refused_apply_commit_copies_nothing() -> None:
+    """Every group is checked before any row is copied: a commit whose first
+    group is fine and second is not leaves every layer's bytes as they were."""
+    c = small()
+    pool = kvcore.PagedKVPool(c, np.float32)
+    step = c.begin_step([(0, 3, None, [-1, 0, 0])])
+    node = np.arange(3, dtype=np.float32).reshape(3, 1, 1).repeat(2, axis=2)  # node i's K and V hold i
+    for layer in range(c.n_layers):
+        pool.update(layer, step, node, node + 10)
+    copies = c.commit(step, accepted={0: [0, 2]})  # node 2 is off the main line: one copy per group
+    assert all(len(g) == 1 for g in copies)
+
+    def layer_bytes() -> list[bytes]:
+        return [k.tobytes() + v.tobytes() for k, v in (pool.rows(layer) for layer in range(c.n_layers))]
+
+    before = layer_bytes()
+    bad = np.array([[4096, 0]])
+    for refused in ((copies[0], bad), (bad, copies[1])):
+        with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer \d's copy 0 \(row 4096 -> row 0\)"):
+            pool.apply_commit(refused)
+        assert layer_bytes() == before
+    pool.apply_commit(copies)
+    assert layer_bytes() != before  # the copies do change rows: the checks above could fail
 
 
 def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:

@@ -19,18 +19,18 @@ the reproducer as a plain test under tests/python/regressions/.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import kvcore
 import reference
+from hypothesis_profiles import profile_settings
 from reference import observe
 
 Array = npt.NDArray[Any]
@@ -43,14 +43,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "ci": {"max_examples": 10_000, "stateful_step_count": 10, "derandomize": True, "database": None},
     "long": {"max_examples": 200_000, "stateful_step_count": 50},
 }
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-if PROFILE not in PROFILES:
-    raise ValueError(f"HYPOTHESIS_PROFILE = {PROFILE!r}: must be one of {sorted(PROFILES)}")
-SETTINGS = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    **PROFILES[PROFILE],
-)
+SETTINGS = profile_settings(PROFILES, HealthCheck.filter_too_much)
 
 ERROR_CLASS: dict[str, type[kvcore.KVCacheError]] = {
     "InvalidArgument": kvcore.InvalidArgumentError,

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (p
 
 import kvcore  # noqa: E402
 from kvcore.integrations.torch_pool import TorchKVPool  # noqa: E402
-from test_trees import random_tree as tree_shape  # noqa: E402
 from torch_bits import same_bits  # noqa: E402
+from tree_reference import random_tree as tree_shape  # noqa: E402
 
 H, D = 2, 3
 POLICIES = [kvcore.Flat(), kvcore.Ring(4), kvcore.Ring(3, 2), kvcore.Ring(5, 1)]

@@ -17,17 +17,18 @@ The hypothesis test follows test_batch_stateful.py's profiles
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import kvcore
+from hypothesis_profiles import profile_settings
 from reference import visible
+from tree_reference import ancestors_or_self, depths, random_tree
 
 Array = npt.NDArray[Any]
 
@@ -36,10 +37,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "ci": {"max_examples": 400, "derandomize": True, "database": None},
     "long": {"max_examples": 10_000},
 }
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-if PROFILE not in PROFILES:
-    raise ValueError(f"HYPOTHESIS_PROFILE = {PROFILE!r}: must be one of {sorted(PROFILES)}")
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], **PROFILES[PROFILE])
+SETTINGS = profile_settings(PROFILES)
 
 TREE = [-1, 0, 0, 1, 2, 4]  # main line 0 1 3; 2 4 5 off it
 PATH = [0, 2, 4, 5]
@@ -63,21 +61,6 @@ def fill(cache: kvcore.SequenceCache, length: int, pool: kvcore.KVPool | None = 
 
 def kv(rng: np.random.Generator, n: int) -> tuple[Array, Array]:
     return (rng.standard_normal((n, 2, 3)).astype(np.float32), rng.standard_normal((n, 2, 3)).astype(np.float32))
-
-
-def depths(parents: list[int]) -> list[int]:
-    out: list[int] = []
-    for p in parents:
-        out.append(0 if p < 0 else out[p] + 1)
-    return out
-
-
-def ancestors_or_self(parents: list[int], i: int) -> set[int]:
-    out = set()
-    while i >= 0:
-        out.add(i)
-        i = parents[i]
-    return out
 
 
 def observe(cache: kvcore.SequenceCache) -> dict[str, object]:
@@ -376,17 +359,6 @@ class Verifier:
         assert all(len(c) < len(path) for c in copies)
         self.tree_pool.apply_copies(copies)
         assert observe(self.tree_cache)["can_rewind"] == observe(self.chain_cache)["can_rewind"]
-
-
-def random_tree(rng: np.random.Generator, n: int) -> tuple[list[int], list[int]]:
-    parents = [-1] + [int(i - 1 if rng.random() < 0.4 else rng.integers(0, i)) for i in range(1, n)]
-    path = [0]
-    while rng.random() < 0.8:
-        children = [c for c in range(n) if parents[c] == path[-1]]
-        if not children:
-            break
-        path.append(children[0] if rng.random() < 0.3 else int(rng.choice(children)))
-    return parents, path
 
 
 @pytest.mark.parametrize("mirror", [False, True])
