@@ -64,7 +64,7 @@ fi
 # kvcore (tests/python/test_executorch_op.py).
 "$PYTHON" -m pip install -q --disable-pip-version-check ruamel.yaml flatbuffers tabulate || exit 1
 # kvcore demo --disaggregated runs on Ray (the distributed extra): tests/python/test_demo_disaggregated.py.
-"$PYTHON" -m pip install -q --disable-pip-version-check ray || exit 1
+"$PYTHON" -m pip install -q --disable-pip-version-check "ray==2.60.0" || exit 1
 # The transformers integration tests run against the versions docs/transformers.md
 # names: torch first (the local CPU wheel), so transformers cannot pull another.
 "$PYTHON" -m pip install -q --disable-pip-version-check "torch==2.13.0" || exit 1
