@@ -1228,7 +1228,8 @@ class PagedKVPool(metaclass=_pybind11_type):
         InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
         other than the cache's; NotSupportedError: a newer record version, or a ring group whose
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
-        CapacityError: length over capacity, too many holes, too few free blocks.
+        CapacityError: no free table row (batch.max_active_seqs sequences are active), length over
+        capacity, too many holes, too few free blocks.
         """
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]
