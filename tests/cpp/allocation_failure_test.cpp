@@ -119,7 +119,7 @@ std::vector<CacheConfig> batch_configs() {
 }
 
 // Every nothrow allocation of BatchCache::create fails in turn: the cache
-// object, its 3 layer tables, each group pool's 7 tables, the 8 block-table
+// object, its 4 layer tables, each group pool's 7 tables, the 8 block-table
 // and sequence tables and the 14 step buffers. Each reports MemoryAllocationFailed naming
 // what, leaks nothing, and no throwing operator new is used.
 TEST(AllocationFailure, BatchCreateReportsEveryFailedAllocationAndLeaksNothing) {
@@ -171,7 +171,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   cfg.batch.num_blocks = (1 << 30) + 1;
   Status outcome;
   {
-    FailNothrowNewAfter fail(4);  // the cache object and its 3 layer tables
+    FailNothrowNewAfter fail(5);  // the cache object and its 4 layer tables
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::InvalidArgument) << outcome.message().c_str();
@@ -179,7 +179,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   // 2^30 blocks pass (the pool asks for its tables, which fail here).
   cfg.batch.num_blocks = 1 << 30;
   {
-    FailNothrowNewAfter fail(6);  // the cache object, its 3 layer tables and the 2 of its table rows
+    FailNothrowNewAfter fail(7);  // the cache object, its 4 layer tables and the 2 of its table rows
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);
