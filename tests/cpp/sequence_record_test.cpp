@@ -310,6 +310,43 @@ TEST(SequenceRecord, BatchSequencesWithHolesForksAndPrefixesRoundTripAcrossBlock
   EXPECT_GE(imported, 24) << refused << " refused";
 }
 
+// The import writes a run of consecutive pool blocks with one copy per layer:
+// into a pool whose free blocks alternate with held ones (single blocks, then
+// a long run), every row lands where a fresh importer's does.
+TEST(SequenceRecord, AnImportIntoAFragmentedPoolReadsExactly) {
+  const int capacity = 96, max_step = 4, B = 2;
+  std::vector<std::int32_t> tokens(capacity);
+  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = (i * 5) % 11;
+  BatchSide from(model(capacity, max_step, B), 0);
+  ASSERT_OK(from.cache().add_sequence(0));
+  std::mt19937 rng(7);
+  random_history(from, rng, 41, max_step, &tokens);
+  const Record rec = from.export_record(tokens);
+  BatchSide to(model(capacity, max_step, B), 0);
+  ASSERT_OK(to.cache().add_sequence(0));
+  ASSERT_OK(to.cache().add_sequence(1));
+  for (int i = 0; i < 8; ++i)  // one block per step: sequences 0 and 1 take alternate blocks
+    for (int seq : {0, 1}) {
+      to.use(seq);
+      to.step(B, 100 + i, nullptr);
+    }
+  const int flat = *to.cache().group_of(1);
+  const int free = *to.cache().free_blocks(flat);
+  ASSERT_EQ(*to.cache().used_blocks(flat), 16);
+  ASSERT_OK(to.cache().release_sequence(1));  // every other block of the first 16 is free
+  ASSERT_EQ(*to.cache().free_blocks(flat), free + 8);
+  ASSERT_EQ(*to.cache().used_blocks(flat), 15);
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 2));
+  to.use(2);
+  BatchSide twin(model(capacity, max_step, B), 0);
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool(), 0));
+  EXPECT_EQ(compare_rewinds(twin, to, true), "");
+  const Record back = to.export_record(tokens);
+  ASSERT_EQ(back.size, rec.size);
+  EXPECT_EQ(0, std::memcmp(back.data(), rec.data(), rec.size)) << "the record round-trips byte for byte";
+  decode_both(twin, to, rng, 12, max_step, capacity);
+}
+
 TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
   const int capacity = 64, max_step = 4, B = 4;
   std::vector<std::int32_t> tokens(capacity);

@@ -175,15 +175,21 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
                           rec.layer_bounds(), static_cast<int>(RecordFormat::kLayerBytes / 4)};
   auto hole_at = [&rec](int h) { return rec.hole(h); };
   const std::size_t rows_at = rec.row_offset(0);
-  auto write_block = [&](int g, int i, int block) {
-    const std::int64_t lo = static_cast<std::int64_t>(i) * B;
-    const int hi = lo + B < rs.length ? static_cast<int>(lo + B) : rs.length;
+  // Blocks [i, i + n) of group g, pool blocks [block, block + n): their rows
+  // are consecutive, so each carried run is one copy per layer.
+  struct BlockRun {
+    int g = 0, i = 0, block = 0, n = 0;
+  } run;
+  auto write_run = [&]() {
+    if (run.n == 0) return;
+    const std::int64_t lo = static_cast<std::int64_t>(run.i) * B, end = lo + static_cast<std::int64_t>(run.n) * B;
+    const int hi = end < rs.length ? static_cast<int>(end) : rs.length;
     std::size_t at = rows_at;  // layer l's K rows
     for (int l = 0; l < rs.n_layers; ++l) {
       const RecordLayer r = rec.layer(l);
       const unsigned char* k = static_cast<const unsigned char*>(data) + at;
       at += RecordLayout::row_block_bytes(r);
-      if (*cache.group_of(l) != g) continue;
+      if (*cache.group_of(l) != run.g) continue;
       const unsigned char* v = k + record_detail::padded(static_cast<std::size_t>(r.n_rows) * r.k_row_bytes());
       const LayerStorage s = *pool.layer(l);
       int j = 0;  // record row of the run's first position
@@ -192,12 +198,24 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
         const int to = b < hi ? b : hi;
         if (from < to)
           import_detail::put_rows(k, v, r, s, from, to, j + (from - a),
-                                  [&](int p) { return static_cast<std::int64_t>(block) * B + (p - lo); });
+                                  [&](int p) { return static_cast<std::int64_t>(run.block) * B + (p - lo); });
         j += b - a;
       });
     }
   };
-  return cache.admit(seq, in, write_block);
+  // The admission hands blocks over in index order, the lowest free first:
+  // consecutive ones extend the run (long copies: 1.5x the throughput of block by block, bench/README.md).
+  auto write_block = [&](int g, int i, int block) {
+    if (run.n > 0 && g == run.g && i == run.i + run.n && block == run.block + run.n) {
+      ++run.n;
+      return;
+    }
+    write_run();
+    run = BlockRun{g, i, block, 1};
+  };
+  KVCORE_RETURN_IF_ERROR(cache.admit(seq, in, write_block));
+  write_run();  // the last run (admit changed nothing, and wrote nothing, if it refused)
+  return Error::Ok;
 }
 
 }  // namespace kvcore
