@@ -310,17 +310,29 @@ TEST(SequenceRecord, BatchSequencesWithHolesForksAndPrefixesRoundTripAcrossBlock
   EXPECT_GE(imported, 24) << refused << " refused";
 }
 
+// A record of a 24-position prompt (block size 4), and an importer holding
+// its first 16 positions as sequence 0: 4 full blocks it can share.
+struct PromptImport {
+  static constexpr int kCapacity = 64, kMaxStep = 4, kB = 4;
+  std::vector<std::int32_t> tokens;
+  BatchSide from{model(kCapacity, kMaxStep, kB), 0};
+  BatchSide to{model(kCapacity, kMaxStep, kB), 0};
+  Record rec;
+
+  PromptImport() : tokens(kCapacity) {
+    for (int i = 0; i < kCapacity; ++i) tokens[static_cast<std::size_t>(i)] = i % 7;
+    EXPECT_TRUE(from.cache().add_sequence(0).ok());
+    for (int i = 0; i < 6; ++i) from.step(4, 1, &tokens);  // 24 positions
+    rec = from.export_record(tokens);
+    EXPECT_TRUE(to.cache().add_sequence(0).ok());
+    for (int i = 0; i < 4; ++i) to.step(4, 1, &tokens);  // 16 positions of the same prompt
+  }
+};
+
 TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
-  const int capacity = 64, max_step = 4, B = 4;
-  std::vector<std::int32_t> tokens(capacity);
-  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = i % 7;
-  BatchSide from(model(capacity, max_step, B), 0);
-  ASSERT_OK(from.cache().add_sequence(0));
-  for (int i = 0; i < 6; ++i) from.step(4, 1, &tokens);  // 24 positions
-  const Record rec = from.export_record(tokens);
-  BatchSide to(model(capacity, max_step, B), 0);
-  ASSERT_OK(to.cache().add_sequence(0));
-  for (int i = 0; i < 4; ++i) to.step(4, 1, &tokens);  // 16 positions of the same prompt
+  PromptImport p;
+  BatchSide& to = p.to;
+  const Record& rec = p.rec;
   const int flat = *to.cache().group_of(1);
   const int before = *to.cache().used_blocks(flat);
   ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1));
@@ -332,16 +344,9 @@ TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
 // A byte layer that keeps its own rows (torch) learns which blocks an import
 // wrote: exactly the sequence's fresh blocks, never a shared one.
 TEST(SequenceRecord, AnImportReportsExactlyTheBlocksItWrote) {
-  const int capacity = 64, max_step = 4, B = 4;
-  std::vector<std::int32_t> tokens(capacity);
-  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = i % 7;
-  BatchSide from(model(capacity, max_step, B), 0);
-  ASSERT_OK(from.cache().add_sequence(0));
-  for (int i = 0; i < 6; ++i) from.step(4, 1, &tokens);  // 24 positions
-  const Record rec = from.export_record(tokens);
-  BatchSide to(model(capacity, max_step, B), 0);
-  ASSERT_OK(to.cache().add_sequence(0));
-  for (int i = 0; i < 4; ++i) to.step(4, 1, &tokens);  // 16 positions of the same prompt: 4 shared blocks
+  PromptImport p;
+  BatchSide& to = p.to;
+  const Record& rec = p.rec;
   struct Written {
     int group, index, block;
   };

@@ -10,7 +10,8 @@ slots and returns a layer's live rows ``[0, used_blocks * block_size)`` as views
 (blocks are allocated lowest index first, so the live rows are packed at the
 start: no gather). A draft tree's nodes are written at their slots like any
 token (mask them with the plan's tree-aware ``mask``); ``apply_commit`` performs
-a tree commit's row copies.
+a tree commit's row copies. ``export_sequence`` / ``import_sequence`` move one
+sequence as a record (docs/state.md, ``torch_paged_state``).
 
 Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
 default the group's whole pool); otherwise a layer starts empty and grows by
