@@ -388,7 +388,9 @@ def test_tree_batch_run_is_exact_and_commits_paths_off_the_main_line() -> None:
     n = int(greedy["detail"].split("/")[1].split()[0])
     assert greedy["detail"] == f"{n}/{n} tokens" and n > 0
     assert r["chats"]["finished"] == 6 and r["forks"]["forks"] == 2
-    assert "accepted tokens per forward" in demo_batch.format_report(r)
+    report = demo_batch.format_report(r)
+    assert "accepted tokens per forward" in report and "3 paths off the main line" in report
+    assert "  drafts  " not in report  # no all-zero chain-drafts line beside the trees
 
 
 def test_tree_batch_run_catches_commit_copies_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -749,15 +749,18 @@ def format_report(r: dict[str, Any]) -> str:
         f"system prompt ({px['full_hits']} all of its full blocks): {px['tokens_reused']} tokens not recomputed",
         f"  forks     {fk['forks']} chats forked into {fk['samples']} samples, "
         f"{fk['copy_on_write_blocks']} blocks copied on write",
-        f"  drafts    {sp['steps']} speculative steps, {sp['accepted']}/{sp['drafted']} drafts accepted, "
-        f"{sp['rewinds']} rewinds of {sp['rewound_tokens']} tokens",
     ]
     tr = r["trees"]
-    if tr["size"]:
+    if not tr["size"]:  # with --tree the trees line below reports the speculation
+        lines.append(
+            f"  drafts    {sp['steps']} speculative steps, {sp['accepted']}/{sp['drafted']} drafts accepted, "
+            f"{sp['rewinds']} rewinds of {sp['rewound_tokens']} tokens")
+    else:
+        off = tr["paths_off_main_line"]
         lines.append(
             f"  trees     {tr['steps']} tree steps of up to {tr['size']} nodes ({tr['nodes']} in all) drafted by the "
             f"first {tr['draft_layers']} layers ({tr['draft_forwards']} shallow forwards): "
-            f"{tr['tokens_per_forward']:.2f} accepted tokens per forward, {tr['paths_off_main_line']} paths off the main line, "
+            f"{tr['tokens_per_forward']:.2f} accepted tokens per forward, {off} path{'' if off == 1 else 's'} off the main line, "
             f"{tr['copies']} row copies")
     lines += [
         f"  KV held   {kv['peak_bytes'] / kib:.1f} KiB at the peak (step {kv['peak_step']}, {kv['peak_sequences']} "
