@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 Pool = Union[KVPool, PagedKVPool, "TorchKVPool", "TorchPagedKV"]  # torch is imported only for a torch pool
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
+_NOT_A_POOL = "pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKV, not {}"
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
 _LAYER = struct.Struct("<BBHiiiiiiiii")
 _ALIGN = 64
@@ -88,7 +89,7 @@ def export_sequence(
             raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to export")
         record = pool.export_sequence(seq, tokens)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKV, not {type(pool).__name__}")
+        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
     if path is not None:
         Path(path).write_bytes(record)
     return record
@@ -144,7 +145,7 @@ def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None)
             raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to import into")
         pool.import_sequence(data, seq)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKV, not {type(pool).__name__}")
+        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
 
 
 @dataclass(frozen=True)

@@ -76,13 +76,15 @@ class TorchSide:
             v = paged.content(layer, first, T, version, True, self.np_dtype)
             mask = plan.mask(g)
             slots = torch.from_numpy(plan.groups[g].slots.astype(np.int64))
-            keys, values = self.pool.write_read(layer, slots, to_torch(k, self.t_dtype), to_torch(v, self.t_dtype), mask.shape[1])
+            new_k, new_v = to_torch(k, self.t_dtype), to_torch(v, self.t_dtype)
+            keys, values = self.pool.write_read(layer, slots, new_k, new_v, mask.shape[1])
             # The rows a query of the step sees, in position order (the table maps rows to positions).
-            table = plan.groups[g].block_tables[plan.table_rows[self.seq]]
-            position_of = {int(b) * B + j: i * B + j for i, b in enumerate(table[: -(-(first + T) // B)]) if b >= 0 for j in range(B)}
+            table = plan.groups[g].block_tables[plan.table_rows[self.seq]][: -(-(first + T) // B)]
+            position_of = {int(b) * B + j: i * B + j for i, b in enumerate(table) if b >= 0 for j in range(B)}
             seen = sorted((position_of[int(r)], int(r)) for r in np.flatnonzero(mask.any(axis=0)))
             rows = torch.tensor([r for _, r in seen], dtype=torch.int64)
-            got = [x[0].index_select(1, rows).permute(1, 0, 2).contiguous().view(torch.uint8).numpy() for x in (keys, values)]
+            got = [x[0].index_select(1, rows).permute(1, 0, 2).contiguous().view(torch.uint8).numpy()
+                   for x in (keys, values)]  # fmt: skip
             positions = np.array([p for p, _ in seen], dtype=np.int64)
             reads.append((got[0].view(self.np_dtype), got[1].view(self.np_dtype), positions))
         self.cache.commit(step)
@@ -293,9 +295,8 @@ def test_block_table_names_each_blocks_id() -> None:
 
 def snapshot(side: TorchSide) -> tuple[Any, list[Any]]:
     cache = side.cache
-    state = [
-        (repr(cache.sequence(s)), [list(cache.block_table(s, g)) for g in range(cache.n_groups)]) for s in range(cache.max_seqs)
-    ]
+    tables = [[list(cache.block_table(s, g)) for g in range(cache.n_groups)] for s in range(cache.max_seqs)]
+    state = [(repr(cache.sequence(s)), tables[s]) for s in range(cache.max_seqs)]
     counts = [(cache.used_blocks(g), cache.free_blocks(g), cache.cached_blocks(g)) for g in range(cache.n_groups)]
     tensors = [side.pool.tensors(layer) for layer in range(cache.n_layers)]
     return (state, counts), [None if t is None else (t[0].clone(), t[1].clone()) for t in tensors]
@@ -363,6 +364,22 @@ def test_import_refusals_are_named_and_change_nothing() -> None:
 
     wide = TorchSide(paged.config(CAPACITY, MAX_STEP, 2), (np.float64, torch.float64), 0, preallocate=True)
     refused(wide, record, 1, kvcore.InvalidArgumentError, "the tensors hold torch.float64")
+
+    narrow = [kvcore.LayerConfig(p, 1, paged.DIM) for p in paged.POLICIES]  # one head, not two
+    thin = TorchSide(kvcore.CacheConfig(CAPACITY, narrow, max_step=MAX_STEP, batch=kvcore.BatchLimits(block_size=2)),
+                     DTYPES[0], 0, preallocate=True)  # fmt: skip
+    refused(thin, record, 1, kvcore.InvalidArgumentError, "layer 0 shape")
+    holed = exporter_of()
+    holed.cache.remove(0, 3, 5)
+    holed.cache.remove(0, 7, 9)
+    limits = kvcore.BatchLimits(block_size=2, max_seqs=4, max_holes=1)
+    layers = paged.config().layers
+    strict = TorchSide(kvcore.CacheConfig(CAPACITY, layers, max_step=MAX_STEP, batch=limits), DTYPES[0], 0, True)
+    refused(strict, holed.export(), 1, kvcore.CapacityError, "2 holes exceed batch.max_holes = 1")
+    limits = kvcore.BatchLimits(block_size=2, max_seqs=4, max_active_seqs=1)
+    full = TorchSide(kvcore.CacheConfig(CAPACITY, layers, max_step=MAX_STEP, batch=limits), DTYPES[0], 0, True)
+    full.cache.add_sequence(0)
+    refused(full, record, 1, kvcore.CapacityError, "batch.max_active_seqs = 1")
 
 
 def test_a_refused_import_into_lazy_tensors_keeps_every_byte() -> None:

@@ -191,7 +191,9 @@ class TorchPagedKV:
 
     # --- sequence records (docs/state.md) ---------------------------------------------
 
-    def export_sequence(self, seq: int, tokens: Optional[Union[Sequence[int], npt.NDArray[np.integer[Any]]]] = None) -> bytes:
+    def export_sequence(
+        self, seq: int, tokens: Optional[Union[Sequence[int], npt.NDArray[np.integer[Any]]]] = None
+    ) -> bytes:
         """Sequence ``seq`` as a record (bytes, docs/state.md), byte for byte what a ``PagedKVPool``
         holding the same rows gives; ``tokens``: ids of positions ``[0, len(tokens))`` (all of them
         let an importer share a prefix it caches). Holds a transient numpy pool spanning the rows up
