@@ -1007,6 +1007,16 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         positions when it holds none). InvalidArgumentError: seq outside [0, max_seqs) or group
         outside [0, n_groups).
         """
+    def block_table(self, seq: SupportsIndex, group: SupportsIndex) -> npt.NDArray[np.int32]:
+        """block_table(seq, group) -> int32 (ceil(length / block_size),): the block id holding each
+        block of the sequence's committed positions in the group's pool, by block index (block i
+        holds positions [i * block_size, (i + 1) * block_size), its rows [id * block_size, (id + 1)
+        * block_size) of every layer of the group); -1 for a block the group released or never kept
+        (a ring's passed window, a removed range). A new array (a copy: later verbs do not change
+        it); empty for an inactive sequence. Between steps it names where the rows lie; during a
+        begun step it already names the step's copy-on-write destinations. InvalidArgumentError: seq
+        outside [0, max_seqs) or group outside [0, n_groups).
+        """
     def sequence(self, seq: SupportsIndex) -> SequenceInfo:
         """The sequence's SequenceInfo. InvalidArgumentError: seq out of range."""
     def length(self, seq: SupportsIndex) -> int:
@@ -1219,7 +1229,8 @@ class PagedKVPool(metaclass=_pybind11_type):
         least export_size() bytes) and returns its size. InvalidArgumentError: out too small,
         misaligned or read-only; errors as export_sequence.
         """
-    def import_sequence(self, seq: SupportsIndex, record: _Buffer) -> None:
+    @overload
+    def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[False] = False) -> None:
         """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
         or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
         full blocks of a prefix this cache holds (when the record knows every token id) are shared,
@@ -1230,6 +1241,29 @@ class PagedKVPool(metaclass=_pybind11_type):
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
         CapacityError: no free table row (batch.max_active_seqs sequences are active), length over
         capacity, too many holes, too few free blocks.
+
+        written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
+        block index in the sequence, block id): every block of the sequence but the shared ones (a
+        byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None
+        otherwise.
+        """
+    @overload
+    def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[True]) -> npt.NDArray[np.int32]:
+        """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
+        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
+        full blocks of a prefix this cache holds (when the record knows every token id) are shared,
+        not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks
+        everything first and changes nothing on an error (any begun step ends on success).
+        InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
+        other than the cache's; NotSupportedError: a newer record version, or a ring group whose
+        sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
+        CapacityError: no free table row (batch.max_active_seqs sequences are active), length over
+        capacity, too many holes, too few free blocks.
+
+        written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
+        block index in the sequence, block id): every block of the sequence but the shared ones (a
+        byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None
+        otherwise.
         """
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]

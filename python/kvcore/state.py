@@ -10,7 +10,8 @@ cache whose layers match (a ``SequenceCache`` + ``KVPool`` or a ``BatchCache`` +
 ``can_rewind`` answer equals the exporter's.
 
 ``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths, and
-take a ``TorchKVPool`` too (``kvcore.integrations.torch_state``: the same bytes);
+take a ``TorchKVPool`` or ``TorchPagedKV`` too (``kvcore.integrations.torch_state``,
+``torch_paged_state``: the same bytes);
 ``RecordInfo.of(record)`` validates a record and shows its fields, and
 ``RecordInfo.rows(layer)`` its rows as zero-copy numpy views.
 """
@@ -30,11 +31,15 @@ from kvcore._core import KVPool, PagedKVPool, check_record
 from kvcore._errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10+; annotations only (3.9 runs this module too)
+
+    from kvcore.integrations.torch_paged import TorchPagedKV
     from kvcore.integrations.torch_pool import TorchKVPool
 
-Pool = Union[KVPool, PagedKVPool, "TorchKVPool"]  # torch is imported only for a TorchKVPool
+Pool = Union[KVPool, PagedKVPool, "TorchKVPool", "TorchPagedKV"]  # torch is imported only for a torch pool
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
+_NOT_A_POOL = "pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKV, not {}"
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
 _LAYER = struct.Struct("<BBHiiiiiiiii")
 _ALIGN = 64
@@ -79,20 +84,33 @@ def export_sequence(
         if seq is not None:
             raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
         record = pool.export_sequence(tokens)
+    elif _is_torch_paged_kv(pool):
+        if seq is None:
+            raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to export")
+        record = pool.export_sequence(seq, tokens)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool or TorchKVPool, not {type(pool).__name__}")
+        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
     if path is not None:
         Path(path).write_bytes(record)
     return record
 
 
-def _is_torch_kv_pool(pool: Any) -> bool:
+def _is_torch_kv_pool(pool: Any) -> "TypeGuard[TorchKVPool]":
     """True for a ``kvcore.integrations.torch_pool.TorchKVPool`` (torch imported only if it is one)."""
     if type(pool).__module__ != "kvcore.integrations.torch_pool":
         return False
     from kvcore.integrations.torch_pool import TorchKVPool
 
     return isinstance(pool, TorchKVPool)
+
+
+def _is_torch_paged_kv(pool: Any) -> "TypeGuard[TorchPagedKV]":
+    """True for a ``kvcore.integrations.torch_paged.TorchPagedKV`` (torch imported only if it is one)."""
+    if type(pool).__module__ != "kvcore.integrations.torch_paged":
+        return False
+    from kvcore.integrations.torch_paged import TorchPagedKV
+
+    return isinstance(pool, TorchPagedKV)
 
 
 def _record_bytes(record: RecordSource) -> Any:
@@ -122,8 +140,12 @@ def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None)
         if seq is not None:
             raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
         pool.import_sequence(data)
+    elif _is_torch_paged_kv(pool):
+        if seq is None:
+            raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to import into")
+        pool.import_sequence(data, seq)
     else:
-        raise InvalidArgumentError(f"pool: a KVPool, PagedKVPool or TorchKVPool, not {type(pool).__name__}")
+        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
 
 
 @dataclass(frozen=True)

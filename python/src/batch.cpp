@@ -240,6 +240,28 @@ py::object commit_batch_step(Cache& c, const BatchStepHandle& h, const py::handl
   return std::move(out);
 }
 
+// block_table(seq, group): a copy of the sequence's table row, its committed blocks.
+py::array_t<std::int32_t> block_table(const Cache& c, const IntArg& seq_arg, const IntArg& group_arg) {
+  const int seq = to_int("seq", seq_arg), group = to_int("group", group_arg);
+  if (seq < 0 || seq >= c.max_seqs())
+    raise(kvcore::Error::InvalidArgument, "block_table: sequence " + std::to_string(seq) + " must be in [0, max_seqs = " +
+                                              std::to_string(c.max_seqs()) + ")");
+  if (group < 0 || group >= c.n_groups())
+    raise(kvcore::Error::InvalidArgument, "block_table: group = " + std::to_string(group) + ": must be in [0, n_groups = " +
+                                              std::to_string(c.n_groups()) + ")");
+  const kvcore::SequenceInfo info = unwrap(c.sequence(seq));
+  const std::int64_t row = c.table_rows()[seq];  // -1: inactive, no row
+  const std::int64_t B = c.block_size();
+  const py::ssize_t n = info.active && row >= 0 ? static_cast<py::ssize_t>((info.length + B - 1) / B) : 0;
+  py::array_t<std::int32_t> out(n);
+  if (n > 0) {
+    const int* table = c.block_tables(group) + row * c.table_stride();
+    std::int32_t* ids = out.mutable_data();
+    for (py::ssize_t i = 0; i < n; ++i) ids[i] = table[i];
+  }
+  return out;
+}
+
 py::list holes_of(const kvcore::PositionRange* holes, int n) {
   py::list out;
   for (int i = 0; i < n; ++i) out.append(py::make_tuple(holes[i].begin, holes[i].end));
@@ -536,6 +558,15 @@ void register_batch(py::module_& m) {
            py::arg("seq"), py::arg("group"),
            "The oldest position whose block the group still holds for the sequence (its length in "
            "positions when it holds none). InvalidArgumentError: seq outside [0, max_seqs) or group outside [0, n_groups).")
+      .def("block_table", &block_table, py::arg("seq"), py::arg("group"),
+           "block_table(seq, group) -> int32 (ceil(length / block_size),): the block id holding each "
+           "block of the sequence's committed positions in the group's pool, by block index (block i "
+           "holds positions [i * block_size, (i + 1) * block_size), its rows [id * block_size, (id + 1) "
+           "* block_size) of every layer of the group); -1 for a block the group released or never kept "
+           "(a ring's passed window, a removed range). A new array (a copy: later verbs do not change "
+           "it); empty for an inactive sequence. Between steps it names where the rows lie; during a "
+           "begun step it already names the step's copy-on-write destinations. InvalidArgumentError: seq "
+           "outside [0, max_seqs) or group outside [0, n_groups).")
       .def("sequence", [](const Cache& c, const IntArg& seq) { return snapshot_of(unwrap(c.sequence(to_int("seq", seq)))); },
            py::arg("seq"), "The sequence's SequenceInfo. InvalidArgumentError: seq out of range.")
       .def("length", [](const Cache& c, const IntArg& seq) { return unwrap(c.sequence(to_int("seq", seq))).length; },

@@ -9,6 +9,7 @@
 #include <pybind11/numpy.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -140,6 +141,31 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
 
   std::vector<CachedMask> masks_;  // per group: the mask of the last step asked for
 };
+
+// import_sequence(seq, record, written=True): the import, and the (group,
+// index, block) rows of the blocks it wrote. The array is sized before the
+// import (every block of every group at most), so the report allocates nothing.
+py::array_t<std::int32_t> import_reporting(PyPagedPool& p, int seq, const RecordBytes& r) {
+  const kvcore::Result<kvcore::RecordView> rec = kvcore::RecordView::parse(r.data, r.size);
+  const std::int64_t length = rec.ok() ? (*rec).sequence().length : 0;  // a bad record is refused below
+  const std::int64_t B = p.cache()->block_size();
+  const py::ssize_t most = static_cast<py::ssize_t>((length + B - 1) / B * p.cache()->n_groups());
+  py::array_t<std::int32_t> out({most, static_cast<py::ssize_t>(3)});
+  std::int32_t* rows = out.mutable_data();
+  py::ssize_t n = 0;
+  throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), seq, [&](int g, int i, int block) {
+    if (n < most) {
+      rows[3 * n] = g;
+      rows[3 * n + 1] = i;
+      rows[3 * n + 2] = block;
+    }
+    ++n;
+  }));
+  if (n > most) n = most;  // never: admit writes each kept block once
+  py::array_t<std::int32_t> exact({n, static_cast<py::ssize_t>(3)});
+  if (n > 0) std::memcpy(exact.mutable_data(), rows, static_cast<std::size_t>(n) * 3 * sizeof(std::int32_t));
+  return exact;
+}
 
 }  // namespace
 
@@ -280,11 +306,15 @@ void register_paged_pool(py::module_& m) {
           "read-only; errors as export_sequence.")
       .def(
           "import_sequence",
-          [](PyPagedPool& p, const PyInt& seq, py::object record) {
+          [](PyPagedPool& p, const PyInt& seq, py::object record, bool written) -> py::object {
             const RecordBytes r(record);
-            throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), to_int("seq", seq)));
+            if (!written) {
+              throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), to_int("seq", seq)));
+              return py::none();
+            }
+            return import_reporting(p, to_int("seq", seq), r);
           },
-          py::arg("seq"), py::arg("record"),
+          py::arg("seq"), py::arg("record"), py::kw_only(), py::arg("written") = false,
           "Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache or "
           "a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows; full "
           "blocks of a prefix this cache holds (when the record knows every token id) are shared, not "
@@ -294,7 +324,11 @@ void register_paged_pool(py::module_& m) {
           "other than the cache's; NotSupportedError: a newer record version, or a ring group whose sink "
           "blocks would keep a position the record lacks; InvalidStateError: seq is active; "
           "CapacityError: no free table row (batch.max_active_seqs sequences are active), length "
-          "over capacity, too many holes, too few free blocks.")
+          "over capacity, too many holes, too few free blocks.\n\n"
+          "written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group, "
+          "block index in the sequence, block id): every block of the sequence but the shared ones (a "
+          "byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None "
+          "otherwise.")
       .def("__repr__", [](const PyPagedPool& p) {
         return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
                ", dtype=" + p.dtype().attr("name").cast<std::string>() +

@@ -347,23 +347,74 @@ TEST(SequenceRecord, AnImportIntoAFragmentedPoolReadsExactly) {
   decode_both(twin, to, rng, 12, max_step, capacity);
 }
 
+// A record of a 24-position prompt (block size 4), and an importer holding
+// its first 16 positions as sequence 0: 4 full blocks it can share.
+struct PromptImport {
+  static constexpr int kCapacity = 64, kMaxStep = 4, kB = 4;
+  std::vector<std::int32_t> tokens;
+  BatchSide from{model(kCapacity, kMaxStep, kB), 0};
+  BatchSide to{model(kCapacity, kMaxStep, kB), 0};
+  Record rec;
+
+  PromptImport() : tokens(kCapacity) {
+    for (int i = 0; i < kCapacity; ++i) tokens[static_cast<std::size_t>(i)] = i % 7;
+    EXPECT_TRUE(from.cache().add_sequence(0).ok());
+    for (int i = 0; i < 6; ++i) from.step(4, 1, &tokens);  // 24 positions
+    rec = from.export_record(tokens);
+    EXPECT_TRUE(to.cache().add_sequence(0).ok());
+    for (int i = 0; i < 4; ++i) to.step(4, 1, &tokens);  // 16 positions of the same prompt
+  }
+};
+
 TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
-  const int capacity = 64, max_step = 4, B = 4;
-  std::vector<std::int32_t> tokens(capacity);
-  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = i % 7;
-  BatchSide from(model(capacity, max_step, B), 0);
-  ASSERT_OK(from.cache().add_sequence(0));
-  for (int i = 0; i < 6; ++i) from.step(4, 1, &tokens);  // 24 positions
-  const Record rec = from.export_record(tokens);
-  BatchSide to(model(capacity, max_step, B), 0);
-  ASSERT_OK(to.cache().add_sequence(0));
-  for (int i = 0; i < 4; ++i) to.step(4, 1, &tokens);  // 16 positions of the same prompt
+  PromptImport p;
+  BatchSide& to = p.to;
+  const Record& rec = p.rec;
   const int flat = *to.cache().group_of(1);
   const int before = *to.cache().used_blocks(flat);
   ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1));
   // 24 positions are 6 blocks; the 4 the importer holds are shared, 2 are new.
   EXPECT_EQ(*to.cache().used_blocks(flat) - before, 2);
   EXPECT_EQ(*to.cache().blocks_held(1, flat), 6);
+}
+
+// A byte layer that keeps its own rows (torch) learns which blocks an import
+// wrote: exactly the sequence's fresh blocks, never a shared one.
+TEST(SequenceRecord, AnImportReportsExactlyTheBlocksItWrote) {
+  PromptImport p;
+  BatchSide& to = p.to;
+  const Record& rec = p.rec;
+  struct Written {
+    int group, index, block;
+  };
+  Written written[64];
+  int n = 0;
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, [&](int g, int i, int b) {
+    if (n < 64) written[n] = Written{g, i, b};
+    ++n;
+  }));
+  const BatchCache& cache = to.cache();
+  const std::int64_t row = cache.table_rows()[1], row0 = cache.table_rows()[0];
+  int expected = 0;
+  for (int g = 0; g < cache.n_groups(); ++g) {
+    const int* table = cache.block_tables(g) + row * cache.table_stride();
+    const int* table0 = cache.block_tables(g) + row0 * cache.table_stride();
+    for (int i = 0; i < 6; ++i) {
+      if (table[i] < 0) continue;  // a ring released it (or never kept it)
+      const bool shared = i < 4 && table[i] == table0[i];
+      int reports = 0;
+      for (int w = 0; w < n && w < 64; ++w)
+        if (written[w].group == g && written[w].index == i) {
+          ++reports;
+          EXPECT_EQ(written[w].block, table[i]) << "group " << g << " block " << i;
+        }
+      EXPECT_EQ(reports, shared ? 0 : 1) << "group " << g << " block " << i;
+      expected += shared ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(n, expected);
+  EXPECT_EQ(*cache.blocks_held(1, *cache.group_of(1)), 6);
+  EXPECT_GT(6 * cache.n_groups(), n);  // some blocks were shared
 }
 
 // A refusal: the code, a message naming `field`, and nothing changed.

@@ -322,9 +322,9 @@ def test_the_helpers_refuse_a_seq_they_cannot_use() -> None:
         import_sequence(seq_side.pool, record, 0)
     with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
         import_sequence(batch_side.pool, record)
-    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool or TorchKVPool"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool, TorchKVPool or TorchPagedKV"):
         export_sequence(object())  # type: ignore[arg-type]
-    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool or TorchKVPool"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool, TorchKVPool or TorchPagedKV"):
         import_sequence(object(), record)  # type: ignore[arg-type]
 
 

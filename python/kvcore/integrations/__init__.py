@@ -10,6 +10,8 @@ library (torch, transformers) only when you import it, e.g.
   one paged store per group of a ``BatchCache`` (needs ``torch``).
 - ``kvcore.integrations.torch_state``: sequence records (kvcore.state) out of
   and into a ``torch_pool`` pool, the same bytes as ``KVPool``'s (needs ``torch``).
+- ``kvcore.integrations.torch_paged_state``: sequence records out of and into a
+  ``torch_paged`` store, the same bytes as ``PagedKVPool``'s (needs ``torch``).
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
 - ``kvcore.integrations.hf_batch``: transformers' continuous batching

@@ -10,7 +10,8 @@ slots and returns a layer's live rows ``[0, used_blocks * block_size)`` as views
 (blocks are allocated lowest index first, so the live rows are packed at the
 start: no gather). A draft tree's nodes are written at their slots like any
 token (mask them with the plan's tree-aware ``mask``); ``apply_commit`` performs
-a tree commit's row copies.
+a tree commit's row copies. ``export_sequence`` / ``import_sequence`` move one
+sequence as a record (docs/state.md, ``torch_paged_state``).
 
 Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
 default the group's whole pool); otherwise a layer starts empty and grows by
@@ -21,7 +22,7 @@ and a NaN would survive it).
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -85,6 +86,13 @@ class TorchPagedKV:
         self._check_layer(layer)
         keys = self._keys[layer]
         return 0 if keys is None else int(keys.shape[2])
+
+    def tensors(self, layer: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The layer's K and V tensors ``[1, n_kv_heads, allocated_rows, dim]`` (row ``r`` is row
+        ``r`` of its group's pool), or None before its first write. InvalidArgumentError: bad layer."""
+        self._check_layer(layer)
+        keys, values = self._keys[layer], self._values[layer]
+        return None if keys is None or values is None else (keys, values)
 
     def ensure(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Make the layer hold at least ``rows`` rows, doubling (rows keep their index and bytes);
@@ -180,6 +188,28 @@ class TorchPagedKV:
         keys.index_copy_(2, slots, key.to(self.dtype))
         values.index_copy_(2, slots, value.to(self.dtype))
         return keys[:, :, :rows], values[:, :, :rows]
+
+    # --- sequence records (docs/state.md) ---------------------------------------------
+
+    def export_sequence(
+        self, seq: int, tokens: Optional[Union[Sequence[int], npt.NDArray[np.integer[Any]]]] = None
+    ) -> bytes:
+        """Sequence ``seq`` as a record (bytes, docs/state.md), byte for byte what a ``PagedKVPool``
+        holding the same rows gives; ``tokens``: ids of positions ``[0, len(tokens))`` (all of them
+        let an importer share a prefix it caches). Holds a transient numpy pool spanning the rows up
+        to the sequence's highest block. Errors: ``torch_paged_state.export_sequence``."""
+        from kvcore.integrations import torch_paged_state
+
+        return torch_paged_state.export_sequence(self, seq, tokens)
+
+    def import_sequence(self, record: Any, seq: int) -> None:
+        """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
+        ``seq`` (inactive) and writes the rows of the blocks the import wrote (blocks of a prefix
+        the cache holds are shared, not written); changes nothing on an error. Errors:
+        ``torch_paged_state.import_sequence``."""
+        from kvcore.integrations import torch_paged_state
+
+        torch_paged_state.import_sequence(self, record, seq)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < len(self._keys):

@@ -156,7 +156,12 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
 /// over capacity, too many holes, too few blocks; NotSupported: a ring group's
 /// sink blocks would keep a position the record lacks); MemoryAllocationFailed:
 /// the pool cannot grow. Nothing else is allocated.
-inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq) noexcept {
+/// on_written(group, index, block) is called once per block the import wrote
+/// (after its rows are in `pool`), never for a shared one: a byte layer that
+/// keeps its own copy of the rows (torch) writes exactly those.
+template <class OnWritten>
+Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq,
+                     OnWritten on_written) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
   const RecordSequence& rs = rec.sequence();
   KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
@@ -202,6 +207,7 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
         j += b - a;
       });
     }
+    for (int b = 0; b < run.n; ++b) on_written(run.g, run.i + b, run.block + b);
   };
   // The admission hands blocks over in index order, the lowest free first:
   // consecutive ones extend the run (long copies: 1.5x the throughput of block by block, bench/README.md).
@@ -216,6 +222,11 @@ inline Status import_record(const void* data, std::size_t size, BatchCache& cach
   KVCORE_RETURN_IF_ERROR(cache.admit(seq, in, write_block));
   write_run();  // the last run (admit changed nothing, and wrote nothing, if it refused)
   return Error::Ok;
+}
+
+/// import_record without the report of the written blocks.
+inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq) noexcept {
+  return import_record(data, size, cache, pool, seq, [](int, int, int) {});
 }
 
 }  // namespace kvcore
