@@ -210,7 +210,7 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
     for (int b = 0; b < run.n; ++b) on_written(run.g, run.i + b, run.block + b);
   };
   // The admission hands blocks over in index order, the lowest free first:
-  // consecutive ones extend the run (long copies: 1.5x the throughput of block by block, bench/README.md).
+  // consecutive ones extend the run (long copies: 1.3x the throughput of block by block, bench/README.md).
   auto write_block = [&](int g, int i, int block) {
     if (run.n > 0 && g == run.g && i == run.i + run.n && block == run.block + run.n) {
       ++run.n;
