@@ -136,7 +136,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     reset_seq(dst);
     seqs_.copy_prefix(src, dst, upto);
     const int end_block = ceil_div(upto, block_size_);
-    for (int g = 0; g < n_groups_; ++g) share_prefix(groups_[g], src, dst, upto, end_block);
+    for (int g = 0; g < n_groups_; ++g) groups_[g].share_prefix(seqs_, src, dst, upto, end_block);
     seqs_[dst].alloc_end = end_block;
     prefix_.inherit(src, dst, upto, s.start == 0 && s.n_holes == 0, groups_.get(), n_groups_);
     return Error::Ok;
@@ -310,15 +310,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "import: length %d exceeds capacity = %d", in.length, capacity_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
                                  "import: %d holes exceed batch.max_holes = %d", in.n_holes, max_holes_);
-    for (int l = 0; l < n_layers_; ++l) {
-      const int g = layer_group_[l], first = group_layer_[g];
-      KVCORE_CHECK_OR_RETURN_ERROR(in.sink_end(l) == in.sink_end(first) && in.held_from(l) == in.held_from(first),
-                                   InvalidArgument,
-                                   "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of "
-                                   "its group %d / %d",
-                                   l, g, in.sink_end(l), in.held_from(l), in.sink_end(first), in.held_from(first));
-    }
     const SequenceAdmission admission(in, block_size_, group_layer_.get());
+    KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layer_group_.get()));
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit = named ? prefix_.longest_hit(in.tokens, in.length, groups_.get(), n_groups_) : 0;
     for (int g = 0; g < n_groups_; ++g)
@@ -466,23 +459,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     SequenceState& s = seqs_[seq];
     for (int g = 0; g < n_groups_; ++g) groups_[g].drop_range(seq, from, s.alloc_end);
     if (s.alloc_end > from) s.alloc_end = from;
-  }
-
-  // dst (just forked from src up to `upto`) shares src's blocks below
-  // `end_block` that hold a position dst still sees.
-  void share_prefix(BlockGroup& group, int src, int dst, int upto, int end_block) noexcept {
-    const int* from = group.table(src);
-    const int lost = group.lost_below(src);
-    group.lost_below(dst) = lost < upto ? lost : upto;
-    for (int i = seqs_[src].start / block_size_; i < end_block; ++i) {
-      if (from[i] < 0) continue;
-      // Block boundaries in 64 bits (the last block may end past 2^31 - 1).
-      const std::int64_t end = (static_cast<std::int64_t>(i) + 1) * block_size_;
-      const int hi = end < upto ? static_cast<int>(end) : upto;
-      if (seqs_.next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
-      group.share(dst, i, from[i]);
-    }
-    group.evict(dst, upto);
   }
 
   // Releases the blocks of [p0, p1) whose every position below the length is

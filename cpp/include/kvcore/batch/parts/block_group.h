@@ -96,6 +96,24 @@ class BlockGroup {
     for (int i = end - 1; i >= from; --i) drop(seq, i);
   }
 
+  /// dst (just forked from src up to `upto`) shares src's blocks below
+  /// `end_block` that hold a position dst still sees, then releases what its
+  /// window no longer needs at `upto`.
+  void share_prefix(const SequenceTable& seqs, int src, int dst, int upto, int end_block) noexcept {
+    const int* from = table(src);
+    const int lost = lost_below_[src];
+    lost_below_[dst] = lost < upto ? lost : upto;
+    for (int i = seqs[src].start / block_size_; i < end_block; ++i) {
+      if (from[i] < 0) continue;
+      // Block boundaries in 64 bits (the last block may end past 2^31 - 1).
+      const std::int64_t end = (static_cast<std::int64_t>(i) + 1) * block_size_;
+      const int hi = end < upto ? static_cast<int>(end) : upto;
+      if (seqs.next_kept(dst, i * block_size_) >= hi) continue;  // dst sees none of its positions
+      share(dst, i, from[i]);
+    }
+    evict(dst, upto);
+  }
+
   /// Releases the blocks of `seq` at `length` that no query after a rewind of
   /// up to max_step positions can need (the sinks stay).
   void evict(int seq, int length) noexcept {

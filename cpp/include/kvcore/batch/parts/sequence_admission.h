@@ -42,6 +42,19 @@ class SequenceAdmission {
   SequenceAdmission(const SequenceImport& in, int block_size, const int* group_layer) noexcept
       : in_(in), B_(block_size), group_layer_(group_layer) {}
 
+  /// InvalidArgument unless every layer carries the positions its group's
+  /// first layer carries (layer_group[l]: the group of layer l).
+  Status check_layers(int n_layers, const int* layer_group) const noexcept {
+    for (int l = 0; l < n_layers; ++l) {
+      const int g = layer_group[l], first = group_layer_[g];
+      KVCORE_CHECK_OR_RETURN_ERROR(
+          in_.sink_end(l) == in_.sink_end(first) && in_.held_from(l) == in_.held_from(first), InvalidArgument,
+          "import: layer %d (group %d) carries sink_end %d / held_from %d, another layer of its group %d / %d", l, g,
+          in_.sink_end(l), in_.held_from(l), in_.sink_end(first), in_.held_from(first));
+    }
+    return Error::Ok;
+  }
+
   /// The first visible position >= p (length when none).
   int next_visible(int p) const noexcept {
     if (p < in_.start) p = in_.start;
