@@ -144,12 +144,10 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
 
 // import_sequence(seq, record, written=True): the import, and the (group,
 // index, block) rows of the blocks it wrote. The array is sized before the
-// import (every block of every group at most), so the report allocates nothing.
+// import (a table row of every group at most: no second parse and checksum
+// of the record), so the report allocates nothing while the import runs.
 py::array_t<std::int32_t> import_reporting(PyPagedPool& p, int seq, const RecordBytes& r) {
-  const kvcore::Result<kvcore::RecordView> rec = kvcore::RecordView::parse(r.data, r.size);
-  const std::int64_t length = rec.ok() ? (*rec).sequence().length : 0;  // a bad record is refused below
-  const std::int64_t B = p.cache()->block_size();
-  const py::ssize_t most = static_cast<py::ssize_t>((length + B - 1) / B * p.cache()->n_groups());
+  const py::ssize_t most = static_cast<py::ssize_t>(p.cache()->table_stride()) * p.cache()->n_groups();
   py::array_t<std::int32_t> out({most, static_cast<py::ssize_t>(3)});
   std::int32_t* rows = out.mutable_data();
   py::ssize_t n = 0;
