@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -66,3 +66,16 @@ def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if built.returncode != 0:
         pytest.fail(f"building the probe failed:\n{' '.join(cmd)}\n{built.stderr}")
     return out
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for a module's tests, restored after: on two shared cores,
+    threads only add contention to the tiny models' matmuls. A module opts in with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch  # only the modules that ask need torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 import unittest
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -53,19 +52,12 @@ update_and_attend = et_tests.update_and_attend
 pytestmark = [
     pytest.mark.filterwarnings("ignore::executorch.exir._warnings.ExperimentalWarning"),
     pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
 ]
 
 TOL = 1e-5
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "executorch.md"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # Two shared cores: threads only add contention to tiny matmuls.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --- 1. ExecuTorch's suite against kvcore ------------------------------------------------

@@ -8,7 +8,6 @@ sizes its cache from the machine's memory and takes a minute per run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,12 +27,7 @@ S, F = "sliding_attention", "full_attention"
 OPTIONS = dict(block_size=4, max_batch_tokens=16, capacity=64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def build(name: str) -> Any:

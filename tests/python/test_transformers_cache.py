@@ -9,7 +9,6 @@ cache must give the same tokens and logits within 1e-5.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,13 +26,7 @@ TOL = 1e-5
 S, F = "sliding_attention", "full_attention"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # Two shared cores: threads only add contention to tiny matmuls.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def gemma2(seed: int = 0, layer_types: tuple[str, ...] = (S, F, S, S), **overrides: Any) -> Any:
