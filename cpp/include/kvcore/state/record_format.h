@@ -40,6 +40,9 @@ struct RecordFormat {
   static constexpr std::uint32_t kVersion = 1;
   static constexpr std::size_t kHeaderBytes = 64;
   static constexpr std::size_t kLayerBytes = 40;
+  /// Where a layer entry's (sink_end, held_from) pair starts: after kind,
+  /// dtype, the u16 and five i32s (window .. value_dim).
+  static constexpr std::size_t kLayerBoundsOffset = 24;
   /// Row blocks start on this boundary (zero-copy views of any dtype).
   static constexpr std::size_t kAlign = 64;
   static constexpr std::size_t kTrailerBytes = 8;

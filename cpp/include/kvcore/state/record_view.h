@@ -74,7 +74,7 @@ class RecordView {
   /// Layer 0's (sink_end, held_from) pair as stored: layer l's is
   /// kLayerBytes / 4 int32s further on (4-byte aligned in an aligned record).
   const std::int32_t* layer_bounds() const noexcept {
-    return reinterpret_cast<const std::int32_t*>(bytes_ + layout_.layers + 24);
+    return reinterpret_cast<const std::int32_t*>(bytes_ + layout_.layers + RecordFormat::kLayerBoundsOffset);
   }
   /// Layer l's K rows (n_rows of k_row_bytes, in position order) and V rows.
   const unsigned char* k_rows(int l) const noexcept { return bytes_ + row_offset(l); }
