@@ -462,7 +462,20 @@ def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:
     copies = c.commit(step, accepted={0: [0, 2, 4]})
     with pytest.raises(kvcore.InvalidArgumentError, match="apply_commit: 1 arrays of copies for 2 groups"):
         kv.apply_commit(copies[:1])
+    # A bad row in a later group refuses before the first group's copies run: no byte changes.
+    before = [bytes(t.numpy().tobytes()) for layer in range(c.n_layers) for t in kv.ensure(layer, 1)]
+    outside = np.array([[c.num_blocks(1) * c.block_size, 0]])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[1\]\[0\] \(row \d+ to row 0\)"):
+        kv.apply_commit((copies[0], outside))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"copies\[1\] must be an \(n, 2\) int array"):
+        kv.apply_commit((copies[0], [1, 2, 3]))
+    unwritten = np.array([[kv.allocated_rows(c.n_layers - 1), 0]])  # in the pool, past the tensors
+    assert c.group_of(c.n_layers - 1) == 1 and unwritten[0, 0] < c.num_blocks(1) * c.block_size
+    with pytest.raises(kvcore.InvalidStateError, match="write the tree step first"):
+        kv.apply_commit((copies[0], unwritten))
+    assert [bytes(t.numpy().tobytes()) for layer in range(c.n_layers) for t in kv.ensure(layer, 1)] == before
     kv.apply_commit(copies)
+    assert [bytes(t.numpy().tobytes()) for layer in range(c.n_layers) for t in kv.ensure(layer, 1)] != before
     nxt = c.begin_step([(0, 1)])
     for layer in range(c.n_layers):
         table = nxt.plan().groups[c.group_of(layer)].block_tables[0]

@@ -29,7 +29,7 @@ import numpy.typing as npt
 import torch
 
 from kvcore._core import BatchCache
-from kvcore._errors import InvalidArgumentError
+from kvcore._errors import InvalidArgumentError, InvalidStateError
 
 
 class TorchPagedKV:
@@ -153,17 +153,40 @@ class TorchPagedKV:
         ``cache.commit(step, accepted=...)`` returned, one ``(n, 2)`` array of rows ``(src, dst)`` per
         group. Each copy reads its node's row as the step wrote it (no copy reads a row an earlier one
         wrote: docs/batch.md section 9), so each group's copies run as one gather and one scatter.
-        Raises InvalidArgumentError when ``copies`` is not one array per group."""
+        Raises InvalidArgumentError when ``copies`` is not one ``(n, 2)`` int array per group or a
+        row lies outside the group's pool ``[0, num_blocks * block_size)``, InvalidStateError when a
+        row lies past what an allocated layer holds (the tree step was not written). Every group is
+        checked before anything is copied."""
         if len(copies) != len(self.max_rows):
             raise InvalidArgumentError(
                 f"apply_commit: {len(copies)} arrays of copies for {len(self.max_rows)} groups: pass what "
                 "cache.commit(step, accepted=...) returned"
             )
+        checked = []
         for group, pairs in enumerate(copies):
-            if len(pairs) == 0:
+            a = np.asarray(pairs)
+            if a.ndim != 2 or a.shape[1] != 2 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+                raise InvalidArgumentError(f"apply_commit: copies[{group}] must be an (n, 2) int array, got shape {a.shape}")
+            rows = self.max_rows[group]
+            bad = np.flatnonzero(((a < 0) | (a >= rows)).any(axis=1))
+            if bad.size:
+                i = int(bad[0])
+                raise InvalidArgumentError(
+                    f"apply_commit: copies[{group}][{i}] (row {int(a[i, 0])} to row {int(a[i, 1])}) must lie in "
+                    f"rows [0, {rows})"
+                )
+            allocated = [int(k.shape[2]) for k, g in zip(self._keys, self.group_of) if g == group and k is not None]
+            if a.size and allocated and int(a.max()) >= min(allocated):
+                raise InvalidStateError(
+                    f"apply_commit: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
+                    f"layer of group {group} holds: write the tree step first"
+                )
+            checked.append(a)
+        for group, a in enumerate(checked):
+            if a.size == 0:
                 continue
-            src = torch.from_numpy(np.ascontiguousarray(pairs[:, 0], dtype=np.int64)).to(self.device)
-            dst = torch.from_numpy(np.ascontiguousarray(pairs[:, 1], dtype=np.int64)).to(self.device)
+            src = torch.from_numpy(np.ascontiguousarray(a[:, 0], dtype=np.int64)).to(self.device)
+            dst = torch.from_numpy(np.ascontiguousarray(a[:, 1], dtype=np.int64)).to(self.device)
             for layer, g in enumerate(self.group_of):
                 keys, values = self._keys[layer], self._values[layer]
                 if g != group or keys is None or values is None:
