@@ -8,9 +8,10 @@
 #                   -fsanitize=address,undefined, both suites run under them,
 #                   plus the --tsan run
 #   --tsan          the gtests under ThreadSanitizer (all but the allocation-counting ones)
-#   --fuzz SECONDS  both fuzzers (libFuzzer) for SECONDS in all, split between
-#                   them: the plan fuzzer from tests/fuzz/corpus, the batch
-#                   fuzzer from tests/fuzz/batch_corpus
+#   --fuzz SECONDS  the three fuzzers (libFuzzer) for SECONDS in all, split
+#                   between them: the plan fuzzer from tests/fuzz/corpus, the
+#                   batch and tree fuzzers from tests/fuzz/batch_corpus and
+#                   tests/fuzz/tree_corpus
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
