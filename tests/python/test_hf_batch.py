@@ -262,10 +262,21 @@ def test_requests_kvcore_cannot_hold_fail_before_anything_runs() -> None:
     with pytest.raises(kvcore.InvalidArgumentError, match="num_return_sequences = 3: must be <= max_seqs = 2"):
         generate_batch(m, PROMPTS, gen, max_seqs=2)
     assert gen.eos_token_id is None  # the refused call left the caller's config as it was
+    unset = GenerationConfig(do_sample=False, pad_token_id=0)  # no max_new_tokens: kvcore cannot size a request
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"inputs\[0\]: \d+ prompt tokens \+ max_new_tokens = None"):
+        generate_batch(m, PROMPTS, unset)
+    assert m.config._attn_implementation == "eager" and unset.eos_token_id is None
     m = model("llama")
+    manager = KVCoreBatchingManager(m, unset, capacity=32)
+    assert unset.eos_token_id is None and manager.generation_config.eos_token_id == -1  # set on its own copy
     manager = KVCoreBatchingManager(m, greedy(), capacity=32)
     with pytest.raises(kvcore.InvalidArgumentError, match="capacity = 32"):
         manager.add_request(tokens(30, 9))
+    # add_requests checks every request before it queues one or takes an id.
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"inputs\[1\]: 30 prompt tokens"):
+        manager.add_requests([PROMPTS[0], tokens(30, 9)])
+    assert manager.input_queue.qsize() == 0 and manager._request_counter == 0
+    assert manager.add_requests([PROMPTS[0]]) == ["req_0"] and manager.input_queue.qsize() == 1
 
 
 def test_unsupported_models_fail_before_anything_runs() -> None:

@@ -115,29 +115,46 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
     ) -> None:
         self.options, gen, self.capacity = checked_setup(model, generation_config, options)
         cb = kvcore_cb_config(self.options, continuous_batching_config)
-        if gen.eos_token_id is None:
-            gen.eos_token_id = -1  # transformers' own default for continuous batching
+        if gen.eos_token_id is None:  # transformers' own default for continuous batching, on our copy
+            gen = deepcopy(gen)
+            gen.eos_token_id = -1
         self.counters = BatchCounters()
         self.cache: Optional[KVCorePagedCache] = None
         super().__init__(model, gen, cb, workload_hints)
+
+    def _check_fits(self, input_ids: list[int], max_new_tokens: Optional[int], what: str) -> None:
+        """InvalidArgumentError unless the prompt plus ``max_new_tokens`` (else the generation
+        config's) is in ``[1, capacity]``."""
+        new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not input_ids or new is None or len(input_ids) + new > self.capacity:
+            raise InvalidArgumentError(
+                f"{what}: {len(input_ids)} prompt tokens + max_new_tokens = {new} "
+                f"must be in [1, capacity = {self.capacity}] (set max_new_tokens, or capacity=)"
+            )
 
     def add_request(self, input_ids: list[int], request_id: Optional[str] = None, max_new_tokens: Optional[int] = None,
                     streaming: bool = False, record_timestamps: bool = False,
                     eos_token_id: Union[int, list[int], None] = None, **logit_processor_kwargs: Any) -> Optional[str]:  # fmt: skip
         """transformers' ``add_request``, after checking the request fits kvcore's ``capacity``
         (prompt plus ``max_new_tokens``): InvalidArgumentError, nothing queued, otherwise."""
-        new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        need = len(input_ids) + (new or 0)
-        if not input_ids or new is None or need > self.capacity:
-            raise InvalidArgumentError(
-                f"request {request_id or '(next)'}: {len(input_ids)} prompt tokens + max_new_tokens = {new} "
-                f"must be in [1, capacity = {self.capacity}] (set max_new_tokens, or capacity=)"
-            )
+        self._check_fits(input_ids, max_new_tokens, f"request {request_id or '(next)'}")
         added: Optional[str] = super().add_request(
             input_ids, request_id=request_id, max_new_tokens=max_new_tokens, streaming=streaming,
             record_timestamps=record_timestamps, eos_token_id=eos_token_id, **logit_processor_kwargs,
         )  # fmt: skip
         return added
+
+    def add_requests(self, inputs: list[list[int]], max_new_tokens: Optional[int] = None, streaming: bool = False,
+                     record_timestamps: bool = False, **logit_processor_kwargs: Any) -> list[str]:  # fmt: skip
+        """transformers' ``add_requests``, after checking every request fits kvcore's ``capacity``:
+        InvalidArgumentError naming the first that does not, nothing queued (no request id taken)."""
+        for i, input_ids in enumerate(inputs):
+            self._check_fits(input_ids, max_new_tokens, f"inputs[{i}]")
+        ids: list[str] = super().add_requests(
+            inputs, max_new_tokens=max_new_tokens, streaming=streaming, record_timestamps=record_timestamps,
+            **logit_processor_kwargs,
+        )  # fmt: skip
+        return ids
 
     def start(self) -> None:
         """Start the background generation thread (counters are zeroed)."""
@@ -225,14 +242,15 @@ def generate_batch(
     _, gen, capacity = checked_setup(model, generation_config, kv_options)
     new = options.get("max_new_tokens")
     new = gen.max_new_tokens if new is None else new  # as model.generate_batch reads it
-    if new is not None:  # checked before the manager switches the model's attention
-        too_long = [i for i, x in enumerate(inputs) if not x or len(x) + new > capacity]
-        if too_long:
-            i = too_long[0]
-            raise InvalidArgumentError(
-                f"inputs[{i}]: {len(inputs[i])} prompt tokens + max_new_tokens = {new} must be in "
-                f"[1, capacity = {capacity}]"
-            )
+    # Checked before the manager switches the model's attention (a request's own refusal
+    # would reach transformers' generation loop, which logs it and returns without it).
+    too_long = [i for i, x in enumerate(inputs) if not x or new is None or len(x) + new > capacity]
+    if too_long:
+        i = too_long[0]
+        raise InvalidArgumentError(
+            f"inputs[{i}]: {len(inputs[i])} prompt tokens + max_new_tokens = {new} must be in "
+            f"[1, capacity = {capacity}] (set max_new_tokens, or capacity=)"
+        )
     hints = cb_api.WorkloadHints(
         max_prompt_length=max((len(x) for x in inputs), default=0),
         max_generated_length=new or 0,
