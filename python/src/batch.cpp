@@ -5,6 +5,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -625,18 +627,14 @@ void register_batch(py::module_& m) {
       .def("adopt_prefix",
            [](Cache& c, const IntArg& seq, const py::handle& tokens) {
              const int s = to_int("seq", seq);
-             if (py::array_t<std::int32_t, py::array::c_style>::check_(tokens)) {  // read in place
-               const auto ids = py::reinterpret_borrow<py::array_t<std::int32_t, py::array::c_style>>(tokens);
-               if (ids.ndim() == 1 && ids.size() <= c.capacity())
-                 return unwrap(c.adopt_prefix(s, ids.data(), static_cast<int>(ids.size())));
-             }
-             const std::vector<std::int32_t> ids =
-                 token_ids(tokens, [](py::handle x) { refuse_non_int("adopt_prefix: token", x); });
-             return unwrap(c.adopt_prefix(s, ids.data(), static_cast<int>(ids.size())));
+             const std::vector<std::int32_t> ids = IntArray("adopt_prefix", "tokens", tokens).take_int32s();
+             // More than INT_MAX ids is more than any capacity: the cache refuses the clamped count.
+             const int n = static_cast<int>(std::min<std::size_t>(ids.size(), INT_MAX));
+             return unwrap(c.adopt_prefix(s, ids.data(), n));
            },
            py::arg("seq"), py::arg("tokens"),
-           "An empty active sequence adopts the longest cached prefix of `tokens` (any iterable of "
-           "ints; a C-contiguous int32 numpy array is read in place) (full blocks, "
+           "An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or int64 "
+           "array, or any iterable of ints; copied once) (full blocks, "
            "at most len(tokens) - 1 tokens) every group holds; returns its length in positions, a "
            "multiple of block_size (0: a miss), which becomes the sequence's length. "
            "InvalidArgumentError: seq outside [0, max_seqs), len(tokens) > capacity. "

@@ -106,12 +106,12 @@ void check_rows(const kvcore::BatchCache& c, const char* verb, int n) {
 
 // Entry i's parents: parents[offsets[i], offsets[i + 1]) with the tokens'
 // offsets (T[i] of them, or none: a chain), else T[i] each in entry order.
-void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents, py::handle token_offsets,
+void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents, const IntArray* token_offsets,
                     std::vector<int>* storage) {
   const IntArray ids("begin_step", "parents", parents);
   *storage = ids.ints();
   const py::ssize_t n = static_cast<py::ssize_t>(entries->size());
-  if (token_offsets.is_none()) {
+  if (token_offsets == nullptr) {
     std::int64_t total = 0;
     for (const kvcore::StepEntry& e : *entries) total += e.T;
     if (total != ids.size())
@@ -126,7 +126,7 @@ void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents,
     }
     return;
   }
-  const IntArray offsets("begin_step", "token_offsets", token_offsets);  // checked with the tokens
+  const IntArray& offsets = *token_offsets;  // checked with the tokens
   if (offsets[n] != ids.size())
     raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets[" + str(n) + "] = " + str(offsets[n]) +
                                               ": must be len(parents) = " + str(ids.size()));
@@ -138,15 +138,21 @@ void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents,
 
 std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
                                              py::handle tokens, py::handle token_offsets, py::handle parents,
-                                             std::vector<std::int32_t>* narrowed, std::vector<int>* parent_ids) {
-  std::vector<kvcore::StepEntry> out = array_tokens(c, seqs, T, tokens, token_offsets, narrowed);
-  if (!parents.is_none()) attach_parents(&out, parents, token_offsets, parent_ids);  // offsets checked with the tokens
+                                             std::vector<std::int32_t>* token_ids, std::vector<int>* parent_ids) {
+  // Each array is read (copied) once, here: what is checked below is what the entries point into.
+  std::optional<IntArray> offsets;
+  if (!token_offsets.is_none()) {
+    if (tokens.is_none()) raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets given without tokens");
+    offsets.emplace("begin_step", "token_offsets", token_offsets);
+  }
+  std::vector<kvcore::StepEntry> out = array_tokens(c, seqs, T, tokens, offsets ? &*offsets : nullptr, token_ids);
+  if (!parents.is_none()) attach_parents(&out, parents, offsets ? &*offsets : nullptr, parent_ids);
   return out;
 }
 
 std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
-                                            py::handle tokens, py::handle token_offsets,
-                                            std::vector<std::int32_t>* narrowed) {
+                                            py::handle tokens, const IntArray* token_offsets,
+                                            std::vector<std::int32_t>* token_ids) {
   const py::ssize_t n = seqs.size();
   if (n < 1 || n > c.max_seqs())
     raise(kvcore::Error::InvalidArgument, "begin_step: " + str(n) + " entries, must be in [1, max_seqs = " +
@@ -154,21 +160,14 @@ std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const I
   const StepLengths lengths(T, n);
   std::vector<kvcore::StepEntry> out(static_cast<std::size_t>(n));
   for (py::ssize_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = kvcore::StepEntry{seqs.at(i), lengths(i), nullptr};
-  if (tokens.is_none()) {
-    if (!token_offsets.is_none())
-      raise(kvcore::Error::InvalidArgument, "begin_step: token_offsets given without tokens");
-    return out;
-  }
-  const IntArray ids("begin_step", "tokens", tokens);
-  const std::int32_t* data = ids.int32_data();
-  if (data == nullptr) {  // int64 ids: narrowed into *narrowed
-    *narrowed = ids.ints();
-    data = narrowed->data();
-  }
-  if (token_offsets.is_none())
-    attach_in_order(&out, data, ids.size());
+  if (tokens.is_none()) return out;
+  *token_ids = IntArray("begin_step", "tokens", tokens).take_int32s();
+  const std::int32_t* data = token_ids->data();
+  const py::ssize_t n_ids = static_cast<py::ssize_t>(token_ids->size());
+  if (token_offsets == nullptr)
+    attach_in_order(&out, data, n_ids);
   else
-    attach_by_offsets(&out, data, ids.size(), IntArray("begin_step", "token_offsets", token_offsets));
+    attach_by_offsets(&out, data, n_ids, *token_offsets);
   return out;
 }
 

@@ -1,12 +1,14 @@
-// Integer arguments of the batch verbs. IntArg: one int, whose refusal (not an
+// Integer arguments of every binding. IntArg: one int, whose refusal (not an
 // int) is a one-line TypeError naming the argument, not pybind11's listing of
-// overloads. IntArray: a one-dimensional integer argument, read with
-// no Python object per element: anything with the buffer protocol (numpy
-// arrays, array.array, memoryview) of int32 or int64, or a DLPack tensor (a
-// CPU torch tensor) seen through numpy.from_dlpack, without a copy. A list or
-// tuple of ints is also taken (copied, one item at a time) for convenience.
-// Every refusal is an InvalidArgumentError (a TypeError for a list item that
-// is not an int) naming the verb, the argument and the rule.
+// overloads. IntArray: a 1-D (or (n, k)) integer argument, read with no
+// Python object per element: anything with the buffer protocol (numpy arrays,
+// array.array, memoryview, ctypes arrays) of int32 or int64, contiguous, or a
+// DLPack tensor (a CPU torch tensor) seen through numpy.from_dlpack; a list
+// or tuple of ints is also taken, one item at a time. Whatever the source,
+// the integers are copied into the IntArray before its constructor returns,
+// so what a binding validates is what it uses. Every refusal is an
+// InvalidArgumentError (a TypeError for a list item that is not an int)
+// naming the verb, the argument and the rule.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -51,39 +53,64 @@ class IntArray {
  public:
   // `verb` and `name` ("begin_step", "seqs") name the argument in messages.
   // With `allow_scalar`, one int (or a 0-d array) is taken too: is_scalar().
-  IntArray(const char* verb, const char* name, py::handle obj, bool allow_scalar = false)
-      : verb_(verb), name_(name), allow_scalar_(allow_scalar) {
+  // With `columns` > 0 the argument is (n, columns): a C-contiguous 2-D array
+  // or a list of n rows of `columns` ints; size() counts every int, rows() n.
+  //
+  // The integers are copied into the object before the constructor returns:
+  // no Python code (an __index__, a DLPack producer, another thread) can
+  // change what a caller validated and then uses. The buffer is held only
+  // while it is copied, with the GIL held.
+  IntArray(const char* verb, const char* name, py::handle obj, bool allow_scalar = false, int columns = 0)
+      : verb_(verb), name_(name), allow_scalar_(allow_scalar), columns_(columns) {
+    py::object keep;  // the numpy array a DLPack tensor is read through
     if (!PyObject_CheckBuffer(obj.ptr()) && !py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) &&
         py::hasattr(obj, "__dlpack__"))
-      obj = from_dlpack(obj);
+      obj = keep = from_dlpack(obj);  // the producer's Python code runs here, before anything is read
     if (read_numpy(obj)) return;
     if (PyObject_CheckBuffer(obj.ptr())) {
       read_buffer(obj);
-    } else if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
-      read_items(obj);
+    } else if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj) ||
+               (columns_ == 0 && !allow_scalar && py::isinstance<py::iterable>(obj) && !py::isinstance<py::str>(obj))) {
+      if (columns_ > 0)
+        read_rows(obj);
+      else
+        read_items(obj);
     } else if (allow_scalar && as_index(obj)) {
       read_items(py::make_tuple(obj));
       scalar_ = true;
     } else {
       raise(kvcore::Error::InvalidArgument,
-            std::string(verb_) + ": " + name_ + " must be a 1-D int32 or int64 array (numpy, a CPU torch tensor, "
+            std::string(verb_) + ": " + name_ + " must be a " + shape_name() + " int32 or int64 array (numpy, a CPU torch tensor, "
             "anything with the buffer protocol) or a list of ints, got " + type_name(obj));
     }
-  }
-  ~IntArray() {
-    if (has_view_) PyBuffer_Release(&view_);
   }
   IntArray(const IntArray&) = delete;
   IntArray& operator=(const IntArray&) = delete;
 
+  /// Integers read: n, or n * columns for a 2-D argument.
   py::ssize_t size() const { return size_; }
+  /// n: the length of a 1-D argument, the rows of a 2-D one.
+  py::ssize_t rows() const { return columns_ > 0 ? size_ / columns_ : size_; }
   bool is_scalar() const { return scalar_; }
+  /// Integer i (row-major for a 2-D argument), from the object's own copy.
   std::int64_t operator[](py::ssize_t i) const {
-    if (wide_) return static_cast<const std::int64_t*>(data_)[i];
-    return static_cast<const std::int32_t*>(data_)[i];
+    const std::size_t at = static_cast<std::size_t>(i);
+    return wide_ ? wide_values_[at] : narrow_values_[at];
   }
-  // The elements as int32 in place (no copy), or null when they are int64.
-  const std::int32_t* int32_data() const { return wide_ ? nullptr : static_cast<const std::int32_t*>(data_); }
+  // The elements as int32, moved out of the object when they came as int32
+  // (no second copy), else narrowed (at() names one that does not fit). The
+  // object is empty afterwards.
+  std::vector<std::int32_t> take_int32s() {
+    std::vector<std::int32_t> out;
+    if (!wide_) {
+      out.swap(narrow_values_);
+    } else {
+      out.resize(static_cast<std::size_t>(size_));
+      for (py::ssize_t i = 0; i < size_; ++i) out[static_cast<std::size_t>(i)] = at(i);
+    }
+    size_ = 0;
+    return out;
+  }
 
   // Element i narrowed to a C int, or InvalidArgumentError naming it.
   int at(py::ssize_t i) const {
@@ -108,9 +135,11 @@ class IntArray {
     return py::str(py::type::handle_of(x).attr("__name__")).cast<std::string>();
   }
 
-  py::object from_dlpack(py::handle obj) {
+  std::string shape_name() const { return columns_ > 0 ? "(n, " + std::to_string(columns_) + ")" : "1-D"; }
+
+  py::object from_dlpack(py::handle obj) const {
     try {
-      keep_ = py::module_::import("numpy").attr("from_dlpack")(obj);
+      return py::module_::import("numpy").attr("from_dlpack")(obj);
     } catch (py::error_already_set& e) {
       std::string why = py::str(e.value()).cast<std::string>();
       why = why.substr(0, why.find('\n'));
@@ -118,17 +147,57 @@ class IntArray {
                                                 ": numpy cannot read this DLPack tensor in place (" + why +
                                                 "); pass a CPU tensor");
     }
-    return keep_;
+  }
+
+  // Copies `n` integers of `itemsize` bytes (4: int32, else int64) from `data`.
+  void copy_from(const void* data, py::ssize_t n, py::ssize_t itemsize) {
+    size_ = n;
+    wide_ = itemsize == 8;
+    const std::size_t count = static_cast<std::size_t>(n);
+    if (wide_) {
+      wide_values_.resize(count);
+      if (count > 0) std::memcpy(wide_values_.data(), data, count * sizeof(std::int64_t));
+    } else {
+      narrow_values_.resize(count);
+      if (count > 0) std::memcpy(narrow_values_.data(), data, count * sizeof(std::int32_t));
+    }
+  }
+
+  // The shape checks shared by numpy's fields and the buffer protocol: `strides`
+  // null means C-contiguous (the buffer protocol allows it).
+  void check_shape(int ndim, const py::ssize_t* shape, const py::ssize_t* strides, py::ssize_t itemsize,
+                   py::ssize_t* n) {
+    const int want = columns_ > 0 ? 2 : 1;
+    if (ndim != want) {
+      const bool empty = ndim == 1 && shape[0] == 0;  // [] as (0, columns)
+      if (!empty)
+        raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + " has " + std::to_string(ndim) +
+                                                  " dimensions: must be " + shape_name());
+      *n = 0;
+      return;
+    }
+    if (columns_ > 0 && shape[1] != columns_)
+      raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + " has shape (" +
+                                                std::to_string(shape[0]) + ", " + std::to_string(shape[1]) +
+                                                "): must be " + shape_name());
+    *n = columns_ > 0 ? shape[0] * columns_ : shape[0];
+    if (strides == nullptr || *n <= 1) return;
+    const bool contiguous = columns_ > 0 ? (shape[0] <= 1 || strides[0] == itemsize * columns_) &&
+                                               strides[1] == itemsize
+                                         : strides[0] == itemsize;
+    if (!contiguous)
+      raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ +
+                                                " is not contiguous: use numpy.ascontiguousarray");
   }
 
   // The dtype as numpy names it when the object has one, else its buffer format.
-  std::string dtype_of(py::handle obj) const {
+  static std::string dtype_of(py::handle obj, const char* format) {
     if (py::hasattr(obj, "dtype")) return py::str(obj.attr("dtype")).cast<std::string>();
-    return std::string("format '") + (view_.format ? view_.format : "B") + "'";
+    return std::string("format '") + (format ? format : "B") + "'";
   }
 
-  // The common case, read from numpy's own fields (no buffer export): a 1-D
-  // contiguous int32 or int64 numpy array. Anything else takes read_buffer,
+  // The common case, read from numpy's own fields (no buffer export): a
+  // native int32 or int64 numpy array. Anything else takes read_buffer,
   // which also says what is wrong.
   bool read_numpy(py::handle obj) {
     auto& api = py::detail::npy_api::get();
@@ -137,72 +206,88 @@ class IntArray {
     static PyObject* const int64 = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT64_);
     const auto* a = py::detail::array_proxy(obj.ptr());
     const bool wide = a->descr == int64;
-    if ((a->descr != int32 && !wide) || a->nd != 1) return false;
+    if (a->descr != int32 && !wide) return false;
     const py::ssize_t itemsize = wide ? 8 : 4;
-    if (a->dimensions[0] > 1 && a->strides[0] != itemsize) return false;
-    size_ = a->dimensions[0];
-    wide_ = wide;
-    data_ = a->data;
+    if (a->nd == 0) {
+      if (!allow_scalar_) return false;  // read_buffer names it
+      scalar_ = true;
+      copy_from(a->data, 1, itemsize);
+      return true;
+    }
+    py::ssize_t n = 0;
+    check_shape(a->nd, a->dimensions, a->strides, itemsize, &n);
+    copy_from(a->data, n, itemsize);
     return true;
   }
 
   void read_buffer(py::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_STRIDES | PyBUF_FORMAT) != 0) throw py::error_already_set();
-    has_view_ = true;
-    const char* f = view_.format ? view_.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') ++f;
-    const bool signed_int = std::strlen(f) == 1 && std::strchr("ilq", *f) != nullptr;
-    if (!signed_int || (view_.itemsize != 4 && view_.itemsize != 8))
-      raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + ".dtype = " + dtype_of(obj) +
-                                                ": must be int32 or int64");
-    if (view_.ndim == 0 && allow_scalar_) {
-      size_ = 1;
+    Py_buffer view{};
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+    struct Release {
+      Py_buffer* v;
+      ~Release() { PyBuffer_Release(v); }
+    } release{&view};
+    const char* f = view.format ? view.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') ++f;  // native or little-endian (this build's order)
+    const bool signed_int = std::strlen(f) == 1 && std::strchr("ilqn", *f) != nullptr;
+    if (!signed_int || (view.itemsize != 4 && view.itemsize != 8))
+      raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + ".dtype = " +
+                                                dtype_of(obj, view.format) + ": must be int32 or int64");
+    if (view.ndim == 0 && allow_scalar_) {
       scalar_ = true;
-      wide_ = view_.itemsize == 8;
-      data_ = view_.buf;
+      copy_from(view.buf, 1, view.itemsize);
       return;
     }
-    if (view_.ndim != 1)
-      raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + " has " +
-                                                std::to_string(view_.ndim) + " dimensions: must be 1-D");
-    size_ = view_.shape[0];
-    if (size_ > 1 && view_.strides[0] != view_.itemsize)
-      raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ +
-                                                " is not contiguous: use numpy.ascontiguousarray");
-    wide_ = view_.itemsize == 8;
-    data_ = view_.buf;
+    py::ssize_t n = 0;
+    check_shape(view.ndim, view.shape, view.strides, view.itemsize, &n);
+    copy_from(view.buf, n, view.itemsize);
   }
 
+  // A list or tuple of ints, each through __index__. __index__ may run Python
+  // code that changes the list: the items are taken into a tuple first, and
+  // each value is copied once.
   void read_items(py::handle obj) {
-    const py::sequence items = py::reinterpret_borrow<py::sequence>(obj);
-    owned_.reserve(items.size());
+    const py::tuple items = py::reinterpret_steal<py::tuple>(PySequence_Tuple(obj.ptr()));
+    if (!items) throw py::error_already_set();
     for (py::handle x : items) {
+      const std::size_t i = wide_values_.size();
       const std::optional<PyInt> v = as_index(x);
-      if (!v)
-        refuse_non_int(std::string(verb_) + ": " + name_ + "[" + std::to_string(owned_.size()) + "]", x);
+      if (!v) refuse_non_int(std::string(verb_) + ": " + name_ + "[" + std::to_string(i) + "]", x);
       int overflow = 0;
       const long long value = PyLong_AsLongLongAndOverflow(v->value.ptr(), &overflow);
       if (overflow != 0)
-        raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + "[" +
-                                                  std::to_string(owned_.size()) + "] = " +
-                                                  py::repr(v->value).cast<std::string>() +
+        raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + "[" + std::to_string(i) +
+                                                  "] = " + py::repr(v->value).cast<std::string>() +
                                                   ": must fit in a 32-bit signed int");
-      owned_.push_back(value);
+      wide_values_.push_back(value);
     }
-    size_ = static_cast<py::ssize_t>(owned_.size());
+    size_ = static_cast<py::ssize_t>(wide_values_.size());
     wide_ = true;
-    data_ = owned_.data();
+  }
+
+  // A list of rows, each a list or tuple of `columns` ints.
+  void read_rows(py::handle obj) {
+    const py::tuple rows = py::reinterpret_steal<py::tuple>(PySequence_Tuple(obj.ptr()));
+    if (!rows) throw py::error_already_set();
+    for (py::handle row : rows) {
+      const std::size_t r = wide_values_.size() / static_cast<std::size_t>(columns_);
+      if (!(py::isinstance<py::list>(row) || py::isinstance<py::tuple>(row)) ||
+          py::len(row) != static_cast<std::size_t>(columns_))
+        raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + "[" + std::to_string(r) +
+                                                  "] must be a list of " + std::to_string(columns_) + " ints");
+      read_items(row);
+    }
+    size_ = static_cast<py::ssize_t>(wide_values_.size());
+    wide_ = true;
   }
 
   const char* verb_;
   const char* name_;
   bool allow_scalar_ = false;
+  int columns_ = 0;
   bool scalar_ = false;
-  Py_buffer view_{};
-  bool has_view_ = false;
-  py::object keep_;  // the numpy array a DLPack tensor was read through
-  std::vector<std::int64_t> owned_;  // a list's items
-  const void* data_ = nullptr;
+  std::vector<std::int32_t> narrow_values_;  // the integers, when they came as int32
+  std::vector<std::int64_t> wide_values_;    // the integers, when they came as int64 or Python ints
   py::ssize_t size_ = 0;
   bool wide_ = false;
 };

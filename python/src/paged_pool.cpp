@@ -19,6 +19,7 @@
 #include "batch_step_handle.h"
 #include "bindings.h"
 #include "errors.h"
+#include "int_args.h"
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/pool/paged_kv_pool.h"
 #include "numpy_blocks.h"
@@ -90,8 +91,7 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     throw_if_error(kvcore::internal::to_status(cache_->group_policy(group)));
     CachedMask& cached = masks_[static_cast<std::size_t>(group)];
     if (cached.step_id == h.step.id && cached.array) return cached.array;
-    py::array_t<bool> out = plan_mask(*cache_, plan, group);
-    NumpyBlocks::set_read_only(out);
+    py::array out = plan_mask(*cache_, plan, group);
     cached.step_id = h.step.id;
     cached.array = out;
     return std::move(out);
@@ -106,11 +106,10 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     std::vector<std::vector<kvcore::TreeCopy>> rows(static_cast<std::size_t>(cache_->n_groups()));
     std::vector<kvcore::GroupCommit> groups(rows.size());
     for (std::size_t g = 0; g < rows.size(); ++g) {
-      const auto pairs = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(per_group[g]);
-      if (!pairs || pairs.ndim() != 2 || pairs.shape(1) != 2)
-        raise(kvcore::Error::InvalidArgument, "apply_commit: group " + std::to_string(g) + "'s copies must be an (n, 2) int array");
-      for (py::ssize_t c = 0; c < pairs.shape(0); ++c) {
-        const std::int64_t src = pairs.at(c, 0), dst = pairs.at(c, 1);
+      const std::string name = "copies[" + std::to_string(g) + "]";
+      const IntArray pairs("apply_commit", name.c_str(), per_group[g], false, /*columns=*/2);
+      for (py::ssize_t c = 0; c < pairs.rows(); ++c) {
+        const std::int64_t src = pairs[2 * c], dst = pairs[2 * c + 1];
         if (src < 0 || dst < 0 || src > 0x7fffffff || dst > 0x7fffffff)
           raise(kvcore::Error::InvalidArgument, "apply_commit: group " + std::to_string(g) + "'s copy " +
                                                     std::to_string(c) + " names a row outside [0, 2^31)");
@@ -274,7 +273,7 @@ void register_paged_pool(py::module_& m) {
           "export_sequence",
           [](const PyPagedPool& p, const PyInt& seq_arg, py::object tokens) {
             const int seq = to_int("seq", seq_arg);
-            const py::array_t<std::int32_t> t = token_array(tokens);
+            const std::vector<std::int32_t> t = token_ids_of("export_sequence", tokens);
             const int n = static_cast<int>(t.size());
             const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), seq, n));
             return new_record(size, [&](void* out) {
@@ -291,11 +290,11 @@ void register_paged_pool(py::module_& m) {
           "export_into",
           [](const PyPagedPool& p, const PyInt& seq_arg, py::object out, py::object tokens) {
             const int seq = to_int("seq", seq_arg);
-            const py::array_t<std::int32_t> t = token_array(tokens);
+            const std::vector<std::int32_t> t = token_ids_of("export_into", tokens);
             const int n = static_cast<int>(t.size());
             const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), seq, n));
-            py::buffer_info info = writable_buffer(out, size);
-            throw_if_error(kvcore::export_to(*p.cache(), p.pool(), seq, t.data(), n, info.ptr, size));
+            const OutputBuffer buffer("export_into", out, size);
+            throw_if_error(kvcore::export_to(*p.cache(), p.pool(), seq, t.data(), n, buffer.data, size));
             return size;
           },
           py::arg("seq"), py::arg("out"), py::arg("tokens") = py::none(),

@@ -9,23 +9,24 @@
 #include <string>
 
 #include "errors.h"
+#include "frozen_array.h"
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/batch/step_mask.h"
 
 namespace kvcore_py {
 
-/// A new (plan.n_tokens, rows) mask of `group` over its pool rows [0, rows)
+/// A new read-only (plan.n_tokens, rows) mask of `group` over its pool rows [0, rows)
 /// (default: used_blocks(group) * block_size, every live row): mask[t, r] is
 /// True when token t may see the key in row r. InvalidArgumentError: bad group
 /// or rows.
-inline py::array_t<bool> plan_mask(const kvcore::BatchCache& cache, const kvcore::BatchStepPlan& plan, int group,
+inline py::array plan_mask(const kvcore::BatchCache& cache, const kvcore::BatchStepPlan& plan, int group,
                                    const std::optional<PyInt>& rows = std::nullopt) {
   unwrap(cache.group_policy(group));  // checks the group
   const int n = rows ? to_int("rows", *rows) : unwrap(cache.used_blocks(group)) * plan.block_size;
   if (n < 0) raise(kvcore::Error::InvalidArgument, "rows = " + std::to_string(n) + ": must be >= 0");
-  py::array_t<bool> out({plan.n_tokens, n});
-  throw_if_error(kvcore::fill_step_mask(plan, group, n, reinterpret_cast<unsigned char*>(out.mutable_data())));
-  return out;
+  FrozenArray<bool> out({plan.n_tokens, n});
+  throw_if_error(kvcore::fill_step_mask(plan, group, n, reinterpret_cast<unsigned char*>(out.data)));
+  return out.array;
 }
 
 }  // namespace kvcore_py

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "frozen_array.h"
 #include "errors.h"
 #include "kvcore/pool/kv_pool.h"
 #include "kvcore/pool/kv_pool_tree.h"
@@ -48,13 +49,19 @@ ReadOrder parse_order(const std::string& order) {
         "order = '" + order + "': must be 'rows' (the held rows as they lie) or 'positions'");
 }
 
-// positions[r] = geometry.position_at(r, end) for r < rows, read-only.
-py::array_t<std::int64_t> row_positions(const kvcore::LayerGeometry& geometry, int rows, int end) {
-  py::array_t<std::int64_t> out(rows);
-  std::int64_t* at = out.mutable_data();
-  for (int r = 0; r < rows; ++r) at[r] = geometry.position_at(r, end);
-  npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
-  return out;
+// A read row's position: a tree step's rows at chain positions >= P hold
+// nodes, whose positions are length + depth.
+std::int64_t node_position(const kvcore::DraftTree* tree, std::int64_t p) {
+  if (tree == nullptr || p < tree->position()) return p;
+  return tree->positions()[tree->nodes_at()[p - tree->position()]];
+}
+
+// positions[r] = geometry.position_at(r, end) for r < rows, read-only;
+// `tree` (the begun tree, or null) maps a tree step's chain positions to its nodes' positions.
+py::array row_positions(const kvcore::LayerGeometry& geometry, int rows, int end, const kvcore::DraftTree* tree) {
+  FrozenArray<std::int64_t> out({rows});
+  for (int r = 0; r < rows; ++r) out.data[r] = node_position(tree, geometry.position_at(r, end));
+  return out.array;
 }
 
 kvcore::RingStorage ring_storage(bool mirror_rings) {
@@ -72,6 +79,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
         mirror_rings_(mirror_rings) {
     positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
     row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
+    tree_writes_.resize(static_cast<std::size_t>(cache_->n_layers()));
   }
 
   bool mirror_rings() const { return mirror_rings_; }
@@ -91,11 +99,14 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   // A tree step's input row i is node i (written to its chain index's row).
   void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
     const Input in = checked_input(layer, k, v, "T", plan.write_len(), "dim", "dim");
+    kvcore::SeqStepPlan& written = tree_writes_[static_cast<std::size_t>(layer)];
     if (const kvcore::DraftTree* tree = active_tree()) {
       throw_if_error(kvcore::write_tree(*pool_, layer, plan, *tree, in.k, in.k_bytes, in.v, in.v_bytes));
+      written = plan;
       return;
     }
     throw_if_error(pool_->write(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
+    written = kvcore::SeqStepPlan{};  // no tree rows to copy from now on
   }
 
   // Performs a commit's copies: `copies` has one (n, 2) [src, dst] int array per
@@ -108,18 +119,39 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
                 std::to_string(pool_->n_layers()) + " layers)");
     std::vector<std::vector<kvcore::TreeCopy>> all(static_cast<std::size_t>(pool_->n_layers()));
     for (int l = 0; l < pool_->n_layers(); ++l) {
-      auto a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(seq[static_cast<std::size_t>(l)]);
-      if (!a || a.ndim() != 2 || a.shape(1) != 2)
-        raise(kvcore::Error::InvalidArgument, "apply_copies: copies[" + std::to_string(l) + "] must be an (n, 2) int array");
+      const std::string name = "copies[" + std::to_string(l) + "]";
+      const IntArray a("apply_copies", name.c_str(), seq[static_cast<std::size_t>(l)], false, /*columns=*/2);
       std::vector<kvcore::TreeCopy>& out = all[static_cast<std::size_t>(l)];
-      for (py::ssize_t i = 0; i < a.shape(0); ++i)
-        out.push_back(kvcore::TreeCopy{to_int("copies row", a.at(i, 0)), to_int("copies row", a.at(i, 1))});
+      for (py::ssize_t i = 0; i < a.rows(); ++i) out.push_back(kvcore::TreeCopy{a.at(2 * i), a.at(2 * i + 1)});
       throw_if_error(kvcore::check_copies(*pool_, l, out.data(), static_cast<int>(out.size())));
+      check_tree_rows(l, out);
     }
     for (int l = 0; l < pool_->n_layers(); ++l) {
       const std::vector<kvcore::TreeCopy>& c = all[static_cast<std::size_t>(l)];
       throw_if_error(kvcore::copy_rows(*pool_, l, c.data(), static_cast<int>(c.size())));
+      if (!c.empty()) tree_writes_[static_cast<std::size_t>(l)] = kvcore::SeqStepPlan{};  // copied once
     }
+  }
+
+  // InvalidStateError unless every copy's rows are rows the layer's last tree
+  // step wrote (a commit moves accepted nodes within them): other rows hold
+  // committed history or nothing.
+  void check_tree_rows(int layer, const std::vector<kvcore::TreeCopy>& copies) const {
+    const kvcore::SeqStepPlan& written = tree_writes_[static_cast<std::size_t>(layer)];
+    auto wrote = [&](int row) {
+      for (int i = 0; i < written.n_write; ++i)
+        if (row >= written.write[i].row && row < written.write[i].row + written.write[i].len) return true;
+      return false;
+    };
+    for (std::size_t c = 0; c < copies.size(); ++c)
+      for (const int row : {copies[c].src, copies[c].dst})
+        if (!wrote(row))
+          raise(kvcore::Error::InvalidState,
+                "apply_copies: copies[" + std::to_string(layer) + "][" + std::to_string(c) + "] names row " +
+                    std::to_string(row) + ", which the layer's last tree step did not write (" +
+                    (written.n_write == 0 ? std::string("no tree step was written since the last copies")
+                                          : std::to_string(written.write_len()) + " rows written") +
+                    "): copies come from commit(step, accepted) after writing that step");
   }
 
   // (k, v, positions): a zero-copy view when the read is one span (one run, or
@@ -163,12 +195,6 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     return active.tree ? unwrap(cache_->tree(active)) : nullptr;
   }
 
-  // A read row's position: a tree step's rows at chain positions >= P hold
-  // nodes, whose positions are length + depth.
-  static std::int64_t node_position(const kvcore::DraftTree* tree, std::int64_t p) {
-    if (tree == nullptr || p < tree->position()) return p;
-    return tree->positions()[tree->nodes_at()[p - tree->position()]];
-  }
 
   // Positions of one policy's reads for one step (shared, read-only).
   struct CachedPositions {
@@ -180,11 +206,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     CachedPositions& cached =
         row_positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
     if (cached.step_id == step_id && step_id != 0) return cached.array;
-    py::array_t<std::int64_t> out = row_positions(cache_->policy(layer).geometry(), held.rows, held.end);
-    if (const kvcore::DraftTree* tree = active_tree()) {
-      std::int64_t* at = static_cast<std::int64_t*>(out.request().ptr);
-      for (int r = 0; r < held.rows; ++r) at[r] = node_position(tree, at[r]);
-    }
+    py::array out = row_positions(cache_->policy(layer).geometry(), held.rows, held.end, active_tree());
     cached.step_id = step_id;
     cached.array = out;
     return std::move(out);
@@ -194,20 +216,20 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     CachedPositions& cached =
         positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
     if (cached.step_id == step_id && step_id != 0) return cached.array;
-    py::array_t<std::int64_t> out(plan.read_len());
-    std::int64_t* at = out.mutable_data();
+    FrozenArray<std::int64_t> out({plan.read_len()});
+    std::int64_t* at = out.data;
     const kvcore::DraftTree* tree = active_tree();
     for (int i = 0; i < plan.n_read; ++i)
       for (int j = 0; j < plan.read[i].len; ++j) *at++ = node_position(tree, plan.read[i].pos + j);
-    npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
     cached.step_id = step_id;
-    cached.array = out;
-    return std::move(out);
+    cached.array = out.array;
+    return out.array;
   }
 
   bool mirror_rings_ = false;
   std::vector<CachedPositions> positions_;      // per policy: position-order reads
   std::vector<CachedPositions> row_positions_;  // per policy: row-order reads
+  std::vector<kvcore::SeqStepPlan> tree_writes_;  // per layer: the write runs of its last tree step, until copied
 };
 
 const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
@@ -223,8 +245,8 @@ const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
 py::object position_order_mask(const StepHandle& h, int l, const kvcore::SeqStepPlan& plan) {
   const kvcore::LayoutPolicy& policy = h.cache->policy(l);
   const int sinks = policy.policy().sinks, T = h.step.T, R = plan.read_len();
-  py::array_t<bool> out({T, R});
-  bool* row = out.mutable_data();
+  FrozenArray<bool> out({T, R});
+  bool* row = out.data;
   std::memset(row, 0, static_cast<std::size_t>(T) * static_cast<std::size_t>(R));
   for (int i = 0; i < T; ++i, row += R) {
     const int q = h.step.position + i, begin = policy.window_begin(q);
@@ -242,7 +264,7 @@ py::object position_order_mask(const StepHandle& h, int l, const kvcore::SeqStep
       cell += run.len;
     }
   }
-  return std::move(out);
+  return out.array;
 }
 
 // mask[i, r]: may query i see the position held row r stands for (row order)?
@@ -250,13 +272,13 @@ py::object row_order_mask(const StepHandle& h, int l) {
   const kvcore::LayoutPolicy& policy = h.cache->policy(l);
   const kvcore::LayerGeometry& geometry = policy.geometry();
   const int T = h.step.T, end = h.step.end(), rows = geometry.held_rows(end);
-  py::array_t<bool> out({T, rows});
-  bool* row = out.mutable_data();
+  FrozenArray<bool> out({T, rows});
+  bool* row = out.data;
   for (int i = 0; i < T; ++i, row += rows) {
     const int q = h.step.position + i;
     for (int r = 0; r < rows; ++r) row[r] = policy.visible(q, geometry.position_at(r, end));
   }
-  return std::move(out);
+  return out.array;
 }
 
 py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order_name) {
@@ -272,7 +294,6 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
     out = order == ReadOrder::Rows ? py::object(tree_row_mask(h, l)) : py::object(dense_tree_mask(h, l));
   else
     out = order == ReadOrder::Rows ? row_order_mask(h, l) : position_order_mask(h, l, plan);
-  npy::array_proxy(out.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
   masks[index] = out;
   return out;
 }
@@ -415,7 +436,7 @@ void register_pool(py::module_& m) {
       .def(
           "export_sequence",
           [](const PyPool& p, py::object tokens) {
-            const py::array_t<std::int32_t> t = token_array(tokens);
+            const std::vector<std::int32_t> t = token_ids_of("export_sequence", tokens);
             const int n = static_cast<int>(t.size());
             const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), n));
             return new_record(size, [&](void* out) {
@@ -430,11 +451,11 @@ void register_pool(py::module_& m) {
       .def(
           "export_into",
           [](const PyPool& p, py::object out, py::object tokens) {
-            const py::array_t<std::int32_t> t = token_array(tokens);
+            const std::vector<std::int32_t> t = token_ids_of("export_into", tokens);
             const int n = static_cast<int>(t.size());
             const std::size_t size = unwrap(kvcore::export_size(*p.cache(), p.pool(), n));
-            py::buffer_info info = writable_buffer(out, size);
-            throw_if_error(kvcore::export_to(*p.cache(), p.pool(), t.data(), n, info.ptr, size));
+            const OutputBuffer buffer("export_into", out, size);
+            throw_if_error(kvcore::export_to(*p.cache(), p.pool(), t.data(), n, buffer.data, size));
             return size;
           },
           py::arg("out"), py::arg("tokens") = py::none(),
@@ -478,9 +499,9 @@ void register_pool(py::module_& m) {
       [](py::object out) {
         // A writer outside the core (the torch pools) fills a record's rows and seals it here.
         constexpr std::size_t kMin = kvcore::RecordFormat::kHeaderBytes + kvcore::RecordFormat::kTrailerBytes;
-        const py::buffer_info info = writable_buffer(out, kMin);
-        const std::size_t body = static_cast<std::size_t>(info.size * info.itemsize) - kvcore::RecordFormat::kTrailerBytes;
-        unsigned char* bytes = static_cast<unsigned char*>(info.ptr);
+        const OutputBuffer buffer("seal_record", out, kMin);
+        const std::size_t body = buffer.bytes - kvcore::RecordFormat::kTrailerBytes;
+        unsigned char* bytes = buffer.data;
         kvcore::record_detail::put_u64(bytes + body, kvcore::record_checksum(bytes, body));
       },
       py::arg("out"),

@@ -10,26 +10,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "errors.h"
+#include "int_args.h"
 
 namespace kvcore_py {
 
 namespace py = pybind11;
 
-/// Token ids as a C-contiguous int32 array (None: an empty one).
-/// InvalidArgumentError: not a 1-D sequence of integers.
-inline py::array_t<std::int32_t> token_array(py::handle tokens) {
-  if (tokens.is_none()) return py::array_t<std::int32_t>(0);
-  py::array_t<std::int32_t, py::array::c_style | py::array::forcecast> a;
-  try {
-    a = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(tokens);
-  } catch (const py::error_already_set&) {
-    a = py::array_t<std::int32_t>();
-  }
-  if (!a || a.ndim() != 1) raise(kvcore::Error::InvalidArgument, "tokens: must be a 1-D sequence of token ids or None");
-  return a;
+/// The token ids of a record (None: none), copied as int32 (IntArray's rules:
+/// a 1-D int32 or int64 array or a list of ints). `verb` names the call in
+/// refusals. InvalidArgumentError: another dtype, not 1-D, not contiguous, an
+/// id beyond 32 bits; TypeError: a list item that is not an int (1.5).
+inline std::vector<std::int32_t> token_ids_of(const char* verb, py::handle tokens) {
+  if (tokens.is_none()) return {};
+  return IntArray(verb, "tokens", tokens).take_int32s();
 }
 
 /// A record's bytes (any C-contiguous buffer), 8-byte aligned, held for the
@@ -81,16 +78,43 @@ py::bytes new_record(std::size_t size, Write write) {
   return out;
 }
 
-/// A writable buffer of at least `size` bytes for export_into. InvalidArgumentError:
-/// read-only, not C-contiguous, too small.
-inline py::buffer_info writable_buffer(py::handle out, std::size_t size) {
-  if (!PyObject_CheckBuffer(out.ptr())) raise(kvcore::Error::InvalidArgument, "out: must be a writable buffer");
-  py::buffer_info info = py::reinterpret_borrow<py::buffer>(out).request(true);
-  const std::size_t have = static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize);
-  if (have < size)
-    raise(kvcore::Error::InvalidArgument,
-          "out: holds " + std::to_string(have) + " bytes, the record needs " + std::to_string(size) + " (export_size)");
-  return info;
-}
+/// An output buffer `out` held for the call: writable, C-contiguous (its bytes
+/// in order: a negative-stride, stride-0 or Fortran-ordered view would get
+/// them in other places) and at least `size` bytes. InvalidArgumentError
+/// naming the rule otherwise, before anything is written.
+class OutputBuffer {
+ public:
+  OutputBuffer(const char* verb, py::handle out, std::size_t size) {
+    if (!PyObject_CheckBuffer(out.ptr()))
+      raise(kvcore::Error::InvalidArgument, std::string(verb) + ": out: must be a writable buffer (a numpy uint8 "
+                                            "array, a bytearray), got " + py::str(py::type::handle_of(out).attr("__name__")).cast<std::string>());
+    if (PyObject_GetBuffer(out.ptr(), &view_, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      Py_buffer probe{};
+      const bool contiguous = PyObject_GetBuffer(out.ptr(), &probe, PyBUF_C_CONTIGUOUS) == 0;
+      if (contiguous) PyBuffer_Release(&probe);
+      PyErr_Clear();
+      if (contiguous) raise(kvcore::Error::InvalidArgument, std::string(verb) + ": out: is read-only: must be writable");
+      raise(kvcore::Error::InvalidArgument, std::string(verb) + ": out: is not C-contiguous (a strided, negative-stride, "
+                                            "stride-0 or Fortran-ordered view): pass a contiguous buffer");
+    }
+    data = static_cast<unsigned char*>(view_.buf);
+    bytes = static_cast<std::size_t>(view_.len);
+    if (bytes < size) {
+      PyBuffer_Release(&view_);
+      raise(kvcore::Error::InvalidArgument, std::string(verb) + ": out: holds " + std::to_string(bytes) +
+                                                " bytes, the record needs " + std::to_string(size) + " (export_size)");
+    }
+  }
+  ~OutputBuffer() { PyBuffer_Release(&view_); }
+  OutputBuffer(const OutputBuffer&) = delete;
+  OutputBuffer& operator=(const OutputBuffer&) = delete;
+
+  unsigned char* data = nullptr;
+  std::size_t bytes = 0;  // the whole buffer's length in bytes
+
+ private:
+  Py_buffer view_{};
+};
 
 }  // namespace kvcore_py

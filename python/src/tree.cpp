@@ -15,6 +15,7 @@
 
 #include "bindings.h"
 #include "errors.h"
+#include "frozen_array.h"
 #include "int_args.h"
 #include "step_handle.h"
 #include "tree_binding.h"
@@ -24,12 +25,6 @@ namespace kvcore_py {
 namespace {
 
 namespace npy = py::detail;
-
-template <typename T>
-py::array_t<T> read_only(py::array_t<T> a) {
-  npy::array_proxy(a.ptr())->flags &= ~npy::npy_api::NPY_ARRAY_WRITEABLE_;
-  return a;
-}
 
 // The begun tree of `h`, or the error saying why not (a stale step).
 const kvcore::DraftTree* tree_of(const StepHandle& h) {
@@ -43,34 +38,34 @@ const std::vector<py::object>& tree_arrays(StepHandle& h) {
   if (!h.tree_arrays.empty()) return h.tree_arrays;
   const kvcore::DraftTree* t = tree_of(h);
   const int n = h.step.T, words = kvcore::tree_mask_words(n);
-  py::array_t<std::int32_t> parents(n), chain(n);
-  py::array_t<std::int64_t> positions(n);
-  py::array_t<std::uint32_t> mask({n, words});
-  std::uint32_t* bits = mask.mutable_data();
+  FrozenArray<std::int32_t> parents({n}), chain({n});
+  FrozenArray<std::int64_t> positions({n});
+  FrozenArray<std::uint32_t> mask({n, words});
+  std::uint32_t* bits = mask.data;
   for (int i = 0; i < n; ++i) {
-    parents.mutable_data()[i] = t ? t->parents()[i] : i - 1;
-    chain.mutable_data()[i] = t ? t->chain_indices()[i] : i;
-    positions.mutable_data()[i] = t ? t->positions()[i] : h.step.position + i;
+    parents.data[i] = t ? t->parents()[i] : i - 1;
+    chain.data[i] = t ? t->chain_indices()[i] : i;
+    positions.data[i] = t ? t->positions()[i] : h.step.position + i;
     for (int w = 0; w < words; ++w) {  // a chain: row i has bits 0..i
       const int lo = 32 * w, full = i + 1 - lo;
       const std::uint32_t chain_word = full >= 32 ? 0xffffffffu : full <= 0 ? 0u : (1u << full) - 1u;
       bits[i * words + w] = t ? t->mask()[i * words + w] : chain_word;
     }
   }
-  h.tree_arrays = {read_only(parents), read_only(positions), read_only(chain), read_only(mask)};
+  h.tree_arrays = {parents.array, positions.array, chain.array, mask.array};
   return h.tree_arrays;
 }
 
 py::object tree_rows(const StepHandle& h, const PyInt& layer) {
   const int l = to_int("layer", layer);
   const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));  // checks layer and step
-  py::array_t<std::int32_t> rows(h.step.T);
+  FrozenArray<std::int32_t> rows({h.step.T});
   if (h.step.tree) {
-    throw_if_error(h.cache->tree_rows(l, h.step, rows.mutable_data()));
+    throw_if_error(h.cache->tree_rows(l, h.step, rows.data));
   } else {
-    for (int c = 0; c < h.step.T; ++c) rows.mutable_data()[c] = kvcore::chain_row(plan, c);
+    for (int c = 0; c < h.step.T; ++c) rows.data[c] = kvcore::chain_row(plan, c);
   }
-  return read_only(rows);
+  return rows.array;
 }
 
 // Per layer, the (n, 2) int32 array [src row, dst row] of the last commit;
@@ -82,7 +77,9 @@ py::list copies_by_layer(const kvcore::SequenceCache& c) {
     py::object& a = by_policy[static_cast<std::size_t>(c.policy_index(l))];
     if (!a) {
       const kvcore::RowCopies copies = unwrap(c.commit_copies(l));
-      a = read_only(copies_array(copies.copies, copies.n));
+      FrozenArray<std::int32_t> frozen({copies.n, 2});
+      for (int i = 0; i < copies.n; ++i) frozen.data[2 * i] = copies.copies[i].src, frozen.data[2 * i + 1] = copies.copies[i].dst;
+      a = frozen.array;
     }
     out.append(a);
   }
@@ -108,26 +105,26 @@ py::object commit_step(const StepHandle& h, py::handle accepted) {
   return copies_by_layer(*h.cache);
 }
 
-py::array_t<bool> dense_tree_mask(const StepHandle& h, int layer) {
+py::array dense_tree_mask(const StepHandle& h, int layer) {
   const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(layer, h.step));
   const kvcore::DraftTree* t = tree_of(h);
   if (t == nullptr) raise(kvcore::Error::InvalidArgument, "dense_tree_mask: the step was begun by begin_step, not begin_tree (use Step.mask)");
-  py::array_t<bool> out({t->size(), plan.read_len()});
-  throw_if_error(h.cache->dense_tree_mask(layer, h.step, reinterpret_cast<std::uint8_t*>(out.mutable_data())));
-  return out;
+  FrozenArray<bool> out({t->size(), plan.read_len()});
+  throw_if_error(h.cache->dense_tree_mask(layer, h.step, reinterpret_cast<std::uint8_t*>(out.data)));
+  return out.array;
 }
 
-py::array_t<bool> tree_row_mask(const StepHandle& h, int layer) {
+py::array tree_row_mask(const StepHandle& h, int layer) {
   const kvcore::DraftTree* t = tree_of(h);
   const kvcore::LayoutPolicy& policy = h.cache->policy(layer);
   const kvcore::LayerGeometry& g = policy.geometry();
   const int n = t->size(), end = h.step.end(), rows = g.held_rows(end);
-  py::array_t<bool> out({n, rows});
-  bool* cell = out.mutable_data();
+  FrozenArray<bool> out({n, rows});
+  bool* cell = out.data;
   const kvcore::LayerPolicy rule = policy.policy();
   for (int i = 0; i < n; ++i)
     for (int r = 0; r < rows; ++r) *cell++ = t->sees(rule, i, g.position_at(r, end));  // history, or a node's chain position
-  return out;
+  return out.array;
 }
 
 void register_tree(py::module_& m) {

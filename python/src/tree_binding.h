@@ -22,9 +22,9 @@ py::object commit_step(const StepHandle& h, py::handle accepted);
 py::array_t<std::int32_t> copies_array(const kvcore::TreeCopy* copies, int n);
 
 /// (T, read_len) mask of a tree step over `layer`'s plan read, position order.
-py::array_t<bool> dense_tree_mask(const StepHandle& h, int layer);
+py::array dense_tree_mask(const StepHandle& h, int layer);
 
 /// (T, held rows) mask of a tree step over `layer`'s rows as they lie.
-py::array_t<bool> tree_row_mask(const StepHandle& h, int layer);
+py::array tree_row_mask(const StepHandle& h, int layer);
 
 }  // namespace kvcore_py

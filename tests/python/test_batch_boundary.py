@@ -93,7 +93,7 @@ INT_PARAMETERS: dict[str, tuple[str, Callable[[Rig, Any], object], str | None]] 
     "rewind.seq": ("seq", lambda r, x: r.cache.rewind(x, 0), "rewind: sequence -1 must be in"),
     "rewind.n": ("n", lambda r, x: r.cache.rewind(0, x), "rewind(0, n = -1): must be in [0, length = 6]"),
     "adopt_prefix.seq": ("seq", lambda r, x: r.cache.adopt_prefix(x, [1, 2, 3]), "adopt_prefix: sequence -1 must be in"),
-    "adopt_prefix.token": ("token", lambda r, x: r.cache.adopt_prefix(2, [1, x, 3]), None),  # any int32 is a token id
+    "adopt_prefix.token": ("adopt_prefix: tokens[1]", lambda r, x: r.cache.adopt_prefix(2, [1, x, 3]), None),  # any int32 is a token id
     "begin_step.seq": ("seq", lambda r, x: r.cache.begin_step([(2, 1), (x, 1)]), "begin_step: sequence -1 must be in"),
     "begin_step.T": ("T", lambda r, x: r.cache.begin_step([(2, x)]), "begin_step: sequence 2 with T = -1, must be in [1, max_step = 4]"),
     "begin_step.token": ("token", lambda r, x: r.cache.begin_step([(2, 2, [7, x])]), None),
@@ -190,7 +190,7 @@ def test_numpy_integers_are_integers(rig: Rig) -> None:
     c = rig.cache
     assert c.blocks_held(np.int64(0), np.uint8(1)) == c.blocks_held(0, 1)
     assert c.can_rewind(np.int32(0), np.int16(6))
-    tokens = np.array([1, 2, 3, 4, 5], np.int16)
+    tokens = [np.int16(t) for t in (1, 2, 3, 4, 5)]
     c.release_sequence(2)
     c.add_sequence(2)
     assert c.adopt_prefix(np.int8(2), tokens) == 4  # seq 0's first two blocks, keyed by token ids

@@ -411,8 +411,10 @@ def test_apply_commit_refuses_what_is_not_a_commit() -> None:
     copies = c.commit(step, accepted={0: [0, 2]})
     with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies must hold one \(n, 2\) array per group \(2\)"):
         pool.apply_commit(copies[:1])
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: group 1's copies must be an \(n, 2\) int array"):
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[1\].dtype = float64: must be int32 or int64"):
         pool.apply_commit((copies[0], np.zeros(3)))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[1\] has shape \(1, 3\): must be \(n, 2\)"):
+        pool.apply_commit((copies[0], np.zeros((1, 3), np.int32)))
     with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: group 0's copy 0 names a row outside \[0, 2\^31\)"):
         pool.apply_commit((np.array([[-1, 0]]), copies[1]))
     with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer 0's copy 0 \(row 4096 -> row 0\) must lie in its"):

@@ -292,8 +292,10 @@ def test_export_refuses_a_begun_step_and_bad_tokens() -> None:
     side.step(3, 1)
     with pytest.raises(kvcore.InvalidArgumentError, match="n_tokens"):
         side.pool.export_sequence(list(range(4)))
-    with pytest.raises(kvcore.InvalidArgumentError, match="tokens"):
+    with pytest.raises(TypeError, match=r"export_sequence: tokens\[0\] = \[1, 2\]: must be an int, got list"):
         side.pool.export_sequence([[1, 2]])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"export_sequence: tokens has 2 dimensions: must be 1-D"):
+        side.pool.export_sequence(np.ones((1, 2), np.int64))
     side.cache.begin_step(1)
     with pytest.raises(kvcore.InvalidStateError, match="begun"):
         side.pool.export_sequence()
@@ -340,7 +342,7 @@ def test_seal_record_writes_the_checksum() -> None:
     kvcore._core.seal_record(record)
     kvcore._core.check_record(record)
     assert not np.array_equal(record[-8:], sealed[-8:])
-    with pytest.raises(kvcore.InvalidArgumentError, match="out: must be a writable buffer"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="seal_record: out: must be a writable buffer"):
         kvcore._core.seal_record(5)  # type: ignore[arg-type]
-    with pytest.raises(kvcore.InvalidArgumentError, match="out: holds 8 bytes, the record needs 72"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="seal_record: out: holds 8 bytes, the record needs 72"):
         kvcore._core.seal_record(np.zeros(8, np.uint8))

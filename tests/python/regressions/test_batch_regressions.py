@@ -340,5 +340,5 @@ def test_a_step_entry_that_is_not_an_int_is_a_type_error_naming_it(entries: Any,
     with pytest.raises(TypeError) as info:
         c.begin_step(entries)
     assert str(info.value) == text
-    with pytest.raises(TypeError, match="adopt_prefix: token = 1.0: must be an int, got float"):
+    with pytest.raises(TypeError, match=r"adopt_prefix: tokens\[1\] = 1.0: must be an int, got float"):
         c.adopt_prefix(0, [0, 1.0])  # type: ignore[list-item]
