@@ -11,7 +11,8 @@
 #   --fuzz SECONDS  the three fuzzers (libFuzzer) for SECONDS in all, split
 #                   between them: the plan fuzzer from tests/fuzz/corpus, the
 #                   batch and tree fuzzers from tests/fuzz/batch_corpus and
-#                   tests/fuzz/tree_corpus
+#                   tests/fuzz/tree_corpus; then the Python entry-point
+#                   fuzzer (atheris) for a third of SECONDS more
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -158,6 +159,31 @@ if [ "$ROBUST" -gt 0 ]; then
     else
       echo "fuzzer build failed"; status=1
     fi
+    # The Python entry points (atheris, on libFuzzer): a third of the seconds more, at
+    # least 10, against the ASan build of the module when --sanitize made one.
+    PY_FUZZ_SECONDS=$((FUZZ_SECONDS / 3 > 10 ? FUZZ_SECONDS / 3 : 10))
+    step "atheris: the Python entry-point fuzzer for $PY_FUZZ_SECONDS s"
+    "$PYTHON" -m pip install -q --disable-pip-version-check "atheris>=2.3" || status=1
+    py_env=(env)
+    if [ -d "$ROOT/build/asan-python/site/kvcore" ]; then
+      py_env=(env PYTHONPATH="$ROOT/build/asan-python/site" ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1
+              LD_PRELOAD="$(clang++ -print-file-name="libclang_rt.asan-$(uname -m).so")")
+    else
+      py_env=(env PYTHONPATH="$("$ROOT/scripts/dev.sh" fuzz | sed -e 's/^export PYTHONPATH=//' -e 's/\${.*//')")
+    fi
+    new_inputs=$(mktemp -d)
+    log="$ROOT/build/fuzz/python_last_run.log"
+    mkdir -p "$ROOT/build/fuzz"
+    "${py_env[@]}" "$PYTHON" tests/fuzz/python_entry_fuzzer.py -max_total_time="$PY_FUZZ_SECONDS" \
+      -print_final_stats=1 -artifact_prefix="$ROOT/build/fuzz/python-" "$new_inputs" >"$log" 2>&1
+    fuzz_status=$?
+    echo "-- python_entry_fuzzer:"
+    grep -E "^(stat::|Done|SUMMARY|==[0-9]+==ERROR| === Uncaught)" "$log"
+    if [ $fuzz_status != 0 ]; then
+      echo "the Python entry-point fuzzer failed: $log; reproduce with python tests/fuzz/python_entry_fuzzer.py <crash file>"
+      status=1
+    fi
+    rm -rf "$new_inputs"
   fi
   step "summary: $([ $status = 0 ] && echo 'all robustness checks passed' || echo 'FAILURES above')"
   exit $status
