@@ -105,3 +105,40 @@ def test_copy_blocks_grows_a_lazily_allocated_layer_to_the_destination() -> None
     store.ensure(0, B)  # layer 0 allocated with one block; layer 2 of the same group not yet
     store.copy_blocks(0, np.array([[0, 5]], dtype=np.int32))
     assert store.allocated_rows(0) >= 6 * B and store.allocated_rows(2) == 0
+
+
+# --- what PagedKVPool checks, TorchPagedKV checks (issue 33): nothing written on a refusal ---------
+
+
+def _one_token_step(store: TorchPagedKV) -> tuple[torch.Tensor, int]:
+    cache = store.cache
+    cache.add_sequence(0)
+    step = cache.begin_step([(0, 1)])
+    plan = step.plan()
+    return torch.from_numpy(plan.groups[0].slots.astype(np.int64)), int(plan.mask(0).shape[1])
+
+
+def test_write_read_refuses_slots_outside_the_live_rows_before_writing() -> None:
+    store = TorchPagedKV(make_cache(), preallocate=True)
+    slots, rows = _one_token_step(store)
+    k, v = torch.ones((1, H, 1, D)), torch.ones((1, H, 1, DV))
+    before = store.tensors(0)[0].clone()  # type: ignore[index]
+    for bad in (torch.tensor([rows]), torch.tensor([-1]), torch.tensor([store.max_rows[0] - 1])):
+        with pytest.raises(kvcore.InvalidArgumentError, match="slots reach rows"):
+            store.write_read(0, bad, k, v, rows)
+    with pytest.raises(kvcore.InvalidArgumentError, match="slots must be a 1-D int64 tensor"):
+        store.write_read(0, slots.to(torch.int32), k, v, rows)
+    with pytest.raises(kvcore.InvalidArgumentError, match="rows = "):
+        store.write_read(0, slots, k, v, store.max_rows[0] + 1)
+    assert torch.equal(store.tensors(0)[0], before)  # type: ignore[index]
+
+
+def test_write_read_takes_tensors_that_require_grad_detached() -> None:
+    store = TorchPagedKV(make_cache())
+    slots, rows = _one_token_step(store)
+    k = torch.ones((1, H, 1, D), requires_grad=True)
+    v = torch.ones((1, H, 1, DV), requires_grad=True)
+    keys, values = store.write_read(0, slots, k, v, rows)
+    assert not keys.requires_grad and not values.requires_grad
+    tensors = store.tensors(0)
+    assert tensors is not None and not tensors[0].requires_grad and not tensors[1].requires_grad

@@ -63,6 +63,8 @@ class TorchPagedKV:
         self._keys: list[Optional[torch.Tensor]] = [None] * n
         self._values: list[Optional[torch.Tensor]] = [None] * n
         self._preallocate = preallocate
+        self._checked_slots: Optional[torch.Tensor] = None  # the slots write_read checked last, and rows
+        self._checked_rows = -1
         self._rows_hint = rows_hint
         if preallocate:
             self.allocate_all()
@@ -197,8 +199,12 @@ class TorchPagedKV:
     def write_read(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the step's rows of ``layer`` at ``slots`` (int64, one per token, in the tokens' order),
-        return rows ``[0, rows)`` of K and V as views. ``key``/``value``: ``[1, H, n_tokens, dim]``."""
+        """Write the step's rows of ``layer`` at ``slots`` (a 1-D int64 tensor on the store's device, one
+        pool row per token, in the tokens' order: the plan's slots), return rows ``[0, rows)`` of K
+        and V as views. ``key``/``value``: ``[1, H, n_tokens, dim]``, taken detached when they
+        require grad (the values are stored, never their autograd history: the store is for
+        inference). InvalidArgumentError, before any row is written: a bad layer, tensors that do
+        not fit it, ``rows`` outside ``[0, max_rows]`` or a slot outside ``[0, rows)``."""
         self._check_layer(layer)
         h, (dk, dv) = self._heads[layer], self._dims[layer]
         n = int(slots.shape[0])
@@ -207,10 +213,29 @@ class TorchPagedKV:
                 f"layer {layer}: key {tuple(key.shape)} / value {tuple(value.shape)}: want "
                 f"{(1, h, n, dk)} / {(1, h, n, dv)} for a step of {n} tokens"
             )
+        if self._checked_slots is not slots or self._checked_rows != rows:  # once per step and group
+            self._check_slots(layer, slots, rows)
+        if key.requires_grad or value.requires_grad:  # inference only: the values, never the graph
+            key, value = key.detach(), value.detach()
         keys, values = self.ensure(layer, rows)
         keys.index_copy_(2, slots, key.to(self.dtype))
         values.index_copy_(2, slots, value.to(self.dtype))
         return keys[:, :, :rows], values[:, :, :rows]
+
+    def _check_slots(self, layer: int, slots: torch.Tensor, rows: int) -> None:
+        """InvalidArgumentError unless ``slots`` is a 1-D int64 tensor of rows in ``[0, rows)`` and
+        ``rows`` fits the layer's group pool; remembered so the other layers of the step skip it."""
+        top = self.max_rows[self.group_of[layer]]
+        if not 0 <= rows <= top:
+            raise InvalidArgumentError(f"layer {layer}: rows = {rows}: must be in [0, {top}] (the group's pool)")
+        if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype != torch.int64:
+            what = f"{slots.dtype} of shape {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else type(slots).__name__
+            raise InvalidArgumentError(f"layer {layer}: slots must be a 1-D int64 tensor, got {what}")
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= rows):
+            raise InvalidArgumentError(
+                f"layer {layer}: slots reach rows [{int(slots.min())}, {int(slots.max())}]: must lie in [0, rows = {rows})"
+            )
+        self._checked_slots, self._checked_rows = slots, rows
 
     # --- sequence records (docs/state.md) ---------------------------------------------
 

@@ -52,7 +52,15 @@ is the tree's mask. After ``cache.commit(step, accepted=path)``,
 The returned history is valid until the next ``update`` of any layer of the same
 pool (the workspace is reused, and a later step overwrites ring rows). That is
 what an attention layer needs; it is also why the pool is for inference only
-(autograd would reject a backward through overwritten rows).
+(autograd would reject a backward through overwritten rows): key/value tensors
+that require grad are taken detached (their values are stored, never their
+autograd history), so the pool's tensors never require grad and no gradient
+flows through the cache.
+
+What ``kvcore.KVPool`` checks, this pool checks before it writes a row: the step
+is its cache's begun step (InvalidStateError naming a stale step, another
+cache's step, or a plan that is not the layer's plan of the begun step), and the
+tensors fit the layer (InvalidArgumentError). A refused call changes nothing.
 """
 
 from __future__ import annotations
@@ -111,6 +119,8 @@ class StepLayout:
     of rows, else None and ``gather`` lists the spans. ``positions``: the plan's read as
     position ranges in increasing order. ``order``: the order reads return rows in;
     ``key_positions()`` gives the position of each returned row (what masks are built from).
+    ``step``: the begun ``Step`` it was laid out for (``write_read`` refuses the layout once
+    that step has ended).
 
     A draft-tree step (``tree``: the layer's ``step.tree_rows(layer)`` and the token
     position of each chain index, ``length + depth`` of the node there) writes by
@@ -120,7 +130,7 @@ class StepLayout:
 
     __slots__ = (
         "position", "T", "order", "writes", "flat_writes", "index", "pair", "write_end", "view", "gather", "read_len", "positions",
-        "tree_dst", "tree_src", "_chain_positions", "_geometry", "_key_positions", "_on", "_last", "_tree_on",
+        "tree_dst", "tree_src", "step", "storage", "_chain_positions", "_geometry", "_key_positions", "_on", "_last", "_tree_on",
     )  # fmt: skip
 
     def __init__(
@@ -131,7 +141,10 @@ class StepLayout:
         T: int,
         order: str = "rows",
         tree: Optional[tuple[Sequence[int], Sequence[int]]] = None,
+        step: Optional[Step] = None,
     ) -> None:
+        self.step = step
+        self.storage = storage
         self.position = position
         self.T = T
         self.order = order
@@ -438,7 +451,7 @@ class TorchKVPool:
         pool = self.layer(layer)
         if pool is None:
             return
-        keys, values = fn(pool.keys), fn(pool.values)
+        keys, values = fn(pool.keys).detach(), fn(pool.values).detach()
         if keys.shape[1:] != pool.keys.shape[1:] or values.shape[1:] != pool.values.shape[1:]:
             raise InvalidArgumentError("map_batch: fn may change only the batch dimension (dim 0)")
         pool.set_tensors(keys.contiguous(), values.contiguous())
@@ -450,6 +463,7 @@ class TorchKVPool:
         planned = self._planned
         if planned is not None and planned[0] is step and step.is_current:
             return planned[1]
+        self._check_step(step)
         position, T = step.position, step.T
         order = self.order
         chain_positions = None
@@ -461,11 +475,41 @@ class TorchKVPool:
             StepLayout(
                 step.plan(first), self._storage[p], position, T, order,
                 None if chain_positions is None else (step.tree_rows(first).tolist(), chain_positions),
+                step,
             )
             for p, first in enumerate(self._first_of_policy)
         ]  # fmt: skip
         self._planned = (step, layouts)
         return layouts
+
+    def _check_step(self, step: Step) -> None:
+        """InvalidStateError unless ``step`` is the begun step of the pool's cache (as ``KVPool.update``)."""
+        if not isinstance(step, Step):
+            raise InvalidArgumentError(f"step: a kvcore.Step of the pool's cache, not {type(step).__name__}")
+        if step.cache is not self.cache:
+            raise InvalidStateError(f"step {step!r} belongs to another cache than the pool's")
+        if not step.is_current:
+            raise InvalidStateError(
+                f"step {step!r} is stale: it is no longer its cache's begun step (committed, aborted or replaced)"
+            )
+
+    def _check_plan(self, layer: int, plan: SeqStepPlan) -> Step:
+        """The begun step, after checking ``plan`` is ``layer``'s plan of it (as ``KVPool.write``):
+        InvalidStateError naming a stale plan or another step's (another cache's) plan."""
+        active = self.cache.active_step
+        if active is None:
+            raise InvalidStateError(f"plan of layer {layer}: no step is begun (stale plan)")
+        if active.is_tree:
+            raise InvalidArgumentError(
+                f"layer {layer}: the begun step is a draft tree: pass the Step, not its plan "
+                "(node rows follow the tree's chain indices)"
+            )
+        if active.plan(layer) != plan:
+            raise InvalidStateError(
+                f"plan is not layer {layer}'s plan of the begun step (position {active.position}, T {active.T}): "
+                "a stale plan or another cache's"
+            )
+        return active
 
     def update(
         self, layer: int, step: Union[Step, SeqStepPlan], key: torch.Tensor, value: torch.Tensor
@@ -473,33 +517,40 @@ class TorchKVPool:
         """Write the step's rows of ``layer`` where kvcore's plan says, return its history in the pool's order.
 
         ``step``: the begun step (or the layer's ``SeqStepPlan`` of it). ``key``/``value``:
-        ``[batch, n_kv_heads, T, head_dim]`` / ``[..., value_dim]``. Returns keys and values
+        ``[batch, n_kv_heads, T, head_dim]`` / ``[..., value_dim]``, taken detached when they
+        require grad (the values are stored, never their autograd history). Returns keys and values
         ``[batch, n_kv_heads, n, dim]``: for order "positions" the positions
         ``read_positions(plan)`` in order; for "rows" the held rows, row r standing for
         ``cache.geometry(layer).position_at(r, step.end)`` (``StepLayout.key_positions``).
         A draft-tree step (``begin_tree``) writes input row ``i`` (node ``i``) to its
         chain index's row; it must be passed as the Step (its plan alone does not
         name the tree). Raises InvalidArgumentError for a bad layer, tensors that do
-        not fit it, or a tree step passed as a plan.
+        not fit it, or a tree step passed as a plan; InvalidStateError for a stale step
+        or plan (of an earlier step) or another cache's step or plan. Nothing is written
+        on an error.
         """
         self._layer_config(layer)
-        if isinstance(step, Step):
-            layout = self.plan_step(step)[self.policy_of[layer]]
-        else:
-            active = self.cache.active_step
-            if active is not None and active.is_tree:
-                raise InvalidArgumentError(
-                    f"layer {layer}: the begun step is a draft tree: pass the Step, not its plan "
-                    "(node rows follow the tree's chain indices)"
-                )
+        if isinstance(step, SeqStepPlan):
+            active = self._check_plan(layer, step)
             storage = self._storage[self.policy_of[layer]]
-            layout = StepLayout(step, storage, step.write[0].pos, step.write_len, self.order)
+            layout = StepLayout(step, storage, active.position, active.T, self.order, step=active)
+        else:
+            layout = self.plan_step(step)[self.policy_of[layer]]
         return self.write_read(layer, layout, key, value)
 
     def write_read(
         self, layer: int, layout: StepLayout, key: torch.Tensor, value: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``update`` with the step already laid out (``plan_step(step)[policy_of[layer]]``): the hot path."""
+        """``update`` with the step already laid out (``plan_step(step)[policy_of[layer]]``): the hot path.
+
+        Same checks, result and errors as ``update``: InvalidStateError when the layout's step
+        is no longer its cache's begun step or the layout is another pool's.
+        """
+        step = layout.step
+        if step is None or layout.storage is not self._storage[self.policy_of[layer]] or not step.is_current:
+            self._refuse_layout(layer, layout)
+        if key.requires_grad or value.requires_grad:  # inference only: the values, never the graph
+            key, value = key.detach(), value.detach()
         pool = self._layers[layer]
         if (
             pool is None
@@ -557,6 +608,15 @@ class TorchKVPool:
             B, H, D, st, off = pool._v_geometry
             return keys, pv.as_strided((B, H, n, D), st, off + row * st[2])
         return self._gather(pool, layout.gather, layout.read_len)
+
+    def _refuse_layout(self, layer: int, layout: StepLayout) -> None:
+        """Why ``write_read`` refuses ``layout``: not this pool's (InvalidArgumentError), or its step ended."""
+        self._layer_config(layer)
+        if layout.step is None or layout.storage is not self._storage[self.policy_of[layer]]:
+            raise InvalidArgumentError(
+                f"layer {layer}: the layout is not this pool's layout of the layer's policy (use pool.plan_step(step))"
+            )
+        self._check_step(layout.step)
 
     def apply_copies(self, copies: Sequence[Any]) -> None:
         """Performs a draft-tree commit's row copies: ``copies`` is what
