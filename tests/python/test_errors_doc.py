@@ -159,7 +159,7 @@ def binding_sites() -> list[Site]:
 PY_COVERED = [ROOT / "python" / "kvcore" / "registry.py"]
 # Python modules whose rows are checked against their raises (no stale rows), not yet every raise
 # documented: kvcore's torch byte layers (their refusals mirror KVPool's and PagedKVPool's).
-PY_ROWS_ONLY = [ROOT / "python" / "kvcore" / "integrations" / f"{name}.py" for name in ("torch_pool", "torch_paged")]
+PY_ROWS_ONLY = [ROOT / "python" / "kvcore" / "torch" / f"{name}.py" for name in ("pool", "paged")]
 
 
 def python_sites(paths: list[Path]) -> list[Site]:

@@ -1,4 +1,4 @@
-"""The torch byte layer (kvcore.integrations.torch_pool): rows laid out by kvcore plans.
+"""The torch byte layer (kvcore.torch.pool): rows laid out by kvcore plans.
 
 The reference is a dict position -> (K, V) of everything written in the current
 timeline; every history the pool returns must equal the reference at the
@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (pip install torch)")
 
 import kvcore  # noqa: E402
-from kvcore.integrations import torch_pool  # noqa: E402
+from kvcore.torch import layer as torch_layer  # noqa: E402
 from kvcore.state import RecordInfo  # noqa: E402
-from kvcore.integrations.torch_pool import TorchKVPool, read_positions  # noqa: E402
+from kvcore.torch.pool import TorchKVPool, read_positions  # noqa: E402
 
 H, D, DV = 2, 4, 3
 
@@ -158,7 +158,7 @@ def test_random_steps_and_rewinds_return_exact_history(
     sinks: int, mirror: bool, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Both write paths: CPU pools copy through _copy_rows, other devices through torch ops.
-    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
+    monkeypatch.setattr(torch_layer, "NATIVE_WRITES", native)
     rng = random.Random(7 + sinks)
     pool = make(kvcore.Ring(window=5, sinks=sinks), kvcore.Flat(), capacity=200, max_step=4, initial=8, mirror=mirror)
     cache = pool.cache
@@ -420,7 +420,7 @@ def test_a_stale_step_is_refused_and_writes_nothing() -> None:
 def test_strided_inputs_are_written_exactly(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # What attention hands a cache is often a view (heads transposed, a dim reversed in memory):
     # the native copy follows every stride, the last dim's too.
-    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
+    monkeypatch.setattr(torch_layer, "NATIVE_WRITES", native)
     pool = make(kvcore.Ring(window=3), kvcore.Flat(), capacity=40, max_step=2, initial=4, mirror=True)
     cache = pool.cache
     while cache.length < 30:
@@ -516,7 +516,7 @@ def test_a_stale_step_and_its_layouts_are_refused_and_write_nothing() -> None:
 
 @pytest.mark.parametrize("native", [True, False])
 def test_tensors_that_require_grad_are_taken_detached(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
-    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
+    monkeypatch.setattr(torch_layer, "NATIVE_WRITES", native)
     pool = make(kvcore.Ring(window=2), max_step=2, mirror=False, order="positions")  # wraps: read gathered
     cache = pool.cache
     for _ in range(6):
