@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 import warnings
-from typing import Any, Optional, Protocol, Sequence, Union, cast, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, Union, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -52,10 +52,12 @@ class SequencePool(Protocol):
     def cache(self) -> Any:
         """The cache whose plans the pool applies (a ``SequenceCache`` or a ``BatchCache``)."""
 
-    def export_sequence(self, *args: Any) -> bytes:
+    @property
+    def export_sequence(self) -> Callable[..., bytes]:
         """The record of the sequence (``seq`` first over a ``BatchCache``), then ``tokens``."""
 
-    def import_sequence(self, *args: Any) -> None:
+    @property
+    def import_sequence(self) -> Callable[..., object]:
         """Admits a record's sequence (``seq`` first over a ``BatchCache``, then the record)."""
 
 

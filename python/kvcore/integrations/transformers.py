@@ -60,7 +60,7 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
         name=_missing.name,
     ) from _missing
 
-from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SequenceCache, Step
+from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
