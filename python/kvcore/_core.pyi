@@ -331,6 +331,9 @@ class Step(metaclass=_pybind11_type):
         """True while this is the cache's begun, uncommitted step (a commit, rewind, clear or new
         begin_step ends it).
         """
+    @property
+    def cache(self) -> SequenceCache:
+        """The SequenceCache that began the step (a byte layer refuses another cache's step by it)."""
     def plan(self, layer: SupportsIndex) -> SeqStepPlan:
         """The SeqStepPlan of `layer` for this step. InvalidArgumentError: bad layer;
         InvalidStateError: the step is no longer current.

@@ -10,10 +10,17 @@ cache whose layers match (a ``SequenceCache`` + ``KVPool`` or a ``BatchCache`` +
 ``can_rewind`` answer equals the exporter's.
 
 ``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths, and
-take a ``TorchKVPool`` or ``TorchPagedKV`` too (``kvcore.integrations.torch_state``,
-``torch_paged_state``: the same bytes);
+take any byte layer implementing ``SequencePool`` (the numpy ``KVPool`` /
+``PagedKVPool`` and the torch ``TorchKVPool`` / ``TorchPagedKVPool`` of
+``kvcore.torch``: the same bytes); this module imports none of them beyond the core.
 ``RecordInfo.of(record)`` validates a record and shows its fields, and
 ``RecordInfo.rows(layer)`` its rows as zero-copy numpy views.
+
+Argument order (every export and import, methods and these functions alike): the
+pool first, then the sequence id (pools over a ``BatchCache`` only), then the record
+or the tokens: ``export_sequence(pool, seq, tokens=...)``,
+``import_sequence(pool, seq, record)``; a pool over a ``SequenceCache`` holds one
+sequence and takes no id: ``import_sequence(pool, record)``.
 """
 
 from __future__ import annotations
@@ -22,24 +29,42 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
+import warnings
+from typing import Any, Callable, Optional, Protocol, Sequence, Union, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from kvcore._core import KVPool, PagedKVPool, check_record
-from kvcore._errors import InvalidArgumentError
+from kvcore._core import CacheBase, SequenceCache, check_record
+from kvcore._errors import InternalError, InvalidArgumentError
 
-if TYPE_CHECKING:
-    from typing import TypeGuard  # Python 3.10+; annotations only (3.9 runs this module too)
-
-    from kvcore.integrations.torch_paged import TorchPagedKV
-    from kvcore.integrations.torch_pool import TorchKVPool
-
-Pool = Union[KVPool, PagedKVPool, "TorchKVPool", "TorchPagedKV"]  # torch is imported only for a torch pool
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
-_NOT_A_POOL = "pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKV, not {}"
+
+@runtime_checkable
+class SequencePool(Protocol):
+    """A byte layer whose sequences move as records: ``KVPool``, ``PagedKVPool``, and
+    ``kvcore.torch``'s ``TorchKVPool`` and ``TorchPagedKVPool``. Over a ``SequenceCache``
+    (``cache``) it holds one sequence: ``export_sequence(tokens)``, ``import_sequence(record)``;
+    over a ``BatchCache``: ``export_sequence(seq, tokens)``, ``import_sequence(seq, record)``."""
+
+    @property
+    def cache(self) -> Any:
+        """The cache whose plans the pool applies (a ``SequenceCache`` or a ``BatchCache``)."""
+
+    @property
+    def export_sequence(self) -> Callable[..., bytes]:
+        """The record of the sequence (``seq`` first over a ``BatchCache``), then ``tokens``."""
+
+    @property
+    def import_sequence(self) -> Callable[..., object]:
+        """Admits a record's sequence (``seq`` first over a ``BatchCache``, then the record)."""
+
+
+Pool = SequencePool
+
+_NOT_A_POOL = "pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKVPool (a SequencePool), not {}"
+
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
 _LAYER = struct.Struct("<BBHiiiiiiiii")
 _ALIGN = 64
@@ -59,6 +84,20 @@ def _padded(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _holds_one(pool: Any, seq: Optional[int], verb: str) -> bool:
+    """Whether ``pool`` holds one sequence (over a ``SequenceCache``), after checking ``seq``
+    fits it: InvalidArgumentError for a pool that is no ``SequencePool`` or a wrong ``seq``."""
+    if not isinstance(pool, SequencePool) or not isinstance(pool.cache, CacheBase):
+        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
+    one = isinstance(pool.cache, SequenceCache)
+    name = type(pool).__name__
+    if one and seq is not None:
+        raise InvalidArgumentError(f"seq: a {name} holds one sequence; pass seq=None")
+    if not one and seq is None:
+        raise InvalidArgumentError(f"seq: a {name} needs the sequence id to {verb}")
+    return one
+
+
 def export_sequence(
     pool: Pool,
     seq: Optional[int] = None,
@@ -69,83 +108,64 @@ def export_sequence(
     """The record of a sequence: of ``pool``'s ``SequenceCache`` (``seq`` None) or of
     sequence ``seq`` of its ``BatchCache``. ``tokens``: the token ids of positions
     ``[0, len(tokens))`` (all of them let an importer share a prefix it caches).
-    ``path``: also write the record there. Raises as ``pool.export_sequence``
-    (InvalidStateError: a step is begun, seq not active; InvalidArgumentError:
-    more tokens than the length)."""
-    if isinstance(pool, KVPool):
-        if seq is not None:
-            raise InvalidArgumentError("seq: a KVPool holds one sequence; pass seq=None")
+    ``path``: also write the record there. Raises InvalidArgumentError for a pool that is
+    no ``SequencePool`` or a ``seq`` it does not take, else as ``pool.export_sequence``
+    (InvalidStateError: a step is begun, seq not active; InvalidArgumentError: more
+    tokens than the length)."""
+    if _holds_one(pool, seq, "export"):
         record = pool.export_sequence(tokens)
-    elif isinstance(pool, PagedKVPool):
-        if seq is None:
-            raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to export")
-        record = pool.export_sequence(seq, tokens)
-    elif _is_torch_kv_pool(pool):
-        if seq is not None:
-            raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
-        record = pool.export_sequence(tokens)
-    elif _is_torch_paged_kv(pool):
-        if seq is None:
-            raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to export")
-        record = pool.export_sequence(seq, tokens)
     else:
-        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
+        record = pool.export_sequence(seq, tokens)
     if path is not None:
         Path(path).write_bytes(record)
     return record
 
 
-def _is_torch_kv_pool(pool: Any) -> "TypeGuard[TorchKVPool]":
-    """True for a ``kvcore.integrations.torch_pool.TorchKVPool`` (torch imported only if it is one)."""
-    if type(pool).__module__ != "kvcore.integrations.torch_pool":
-        return False
-    from kvcore.integrations.torch_pool import TorchKVPool
-
-    return isinstance(pool, TorchKVPool)
-
-
-def _is_torch_paged_kv(pool: Any) -> "TypeGuard[TorchPagedKV]":
-    """True for a ``kvcore.integrations.torch_paged.TorchPagedKV`` (torch imported only if it is one)."""
-    if type(pool).__module__ != "kvcore.integrations.torch_paged":
-        return False
-    from kvcore.integrations.torch_paged import TorchPagedKV
-
-    return isinstance(pool, TorchPagedKV)
-
-
-def _record_bytes(record: RecordSource) -> Any:
+def record_data(record: RecordSource) -> Any:
+    """The bytes of ``record``: read from the file when it is a path, else ``record`` itself
+    (bytes-like, unchanged and uncopied)."""
     if isinstance(record, (str, os.PathLike)):
         return Path(record).read_bytes()
     return record
 
 
-def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None) -> None:
-    """Admits the sequence of ``record`` (bytes-like, or a path to a file holding one)
-    into ``pool``'s ``SequenceCache`` (empty; ``seq`` None) or as sequence ``seq``
-    (inactive) of its ``BatchCache``. Checks everything first and changes nothing on
-    an error; raises as ``pool.import_sequence`` (InvalidArgumentError: truncated,
-    corrupt, mismatched policy, shape or dtype; NotSupportedError: a newer version;
-    InvalidStateError: an active destination; CapacityError: too few blocks or
-    over capacity)."""
-    data = _record_bytes(record)
-    if isinstance(pool, KVPool):
-        if seq is not None:
-            raise InvalidArgumentError("seq: a KVPool holds one sequence; pass seq=None")
-        pool.import_sequence(data)
-    elif isinstance(pool, PagedKVPool):
-        if seq is None:
-            raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to import into")
-        pool.import_sequence(seq, data)
-    elif _is_torch_kv_pool(pool):
-        if seq is not None:
-            raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
-        pool.import_sequence(data)
-    elif _is_torch_paged_kv(pool):
-        if seq is None:
-            raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to import into")
-        pool.import_sequence(data, seq)
+def _is_seq(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def import_sequence(pool: Pool, *args: Any, seq: Optional[int] = None) -> None:
+    """Admits the sequence of a record (bytes-like, or a path to a file holding one):
+    ``import_sequence(pool, record)`` (or ``(pool, None, record)``) into ``pool``'s empty
+    ``SequenceCache``, or ``import_sequence(pool, seq, record)`` as sequence ``seq``
+    (inactive) of its ``BatchCache`` (docs/state.md: the pool, then the id, then the record). The order of
+    the last release, ``(pool, record, seq)`` or ``seq=`` by keyword, still works and
+    warns (DeprecationWarning). Checks everything first and changes nothing on an error;
+    raises InvalidArgumentError for a pool that is no ``SequencePool`` or a ``seq`` it does
+    not take, else as ``pool.import_sequence`` (InvalidArgumentError: truncated, corrupt,
+    mismatched policy, shape or dtype; NotSupportedError: a newer version;
+    InvalidStateError: an active destination; CapacityError: too few blocks or over
+    capacity)."""
+    if len(args) == 2 and (args[0] is None or _is_seq(args[0])) and seq is None:
+        seq, record = args
+    elif len(args) == 1 and seq is None:
+        (record,) = args
+    elif (len(args) == 2 and (args[1] is None or _is_seq(args[1])) and seq is None) or (len(args) == 1 and seq is not None):
+        warnings.warn(
+            "import_sequence(pool, record, seq) is deprecated: pass import_sequence(pool, seq, record)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        record = args[0]
+        seq = args[1] if len(args) == 2 else seq
     else:
-        raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
+        raise InvalidArgumentError(
+            "import_sequence: pass (pool, record) for a pool of one sequence or (pool, seq, record)"
+        )
+    data = record_data(record)
+    if _holds_one(pool, seq, "import into"):
+        pool.import_sequence(data)
+    else:
+        pool.import_sequence(seq, data)
 
 
 @dataclass(frozen=True)
@@ -185,8 +205,24 @@ class RecordInfo:
         """Validates ``record`` (as an import does: InvalidArgumentError for a truncated,
         corrupt or malformed record, NotSupportedError for a newer version) and reads it.
         The result's arrays are views of ``record``'s bytes."""
-        data = _record_bytes(record)
+        data = record_data(record)
         check_record(data)
+        return RecordInfo.parse(data)
+
+    @staticmethod
+    def parse(record: RecordSource) -> "RecordInfo":
+        """Reads ``record`` without validating it: for a record an import validates (once)
+        or kvcore just made. Bytes it cannot read are refused as ``RecordInfo.of`` refuses
+        them (InvalidArgumentError, NotSupportedError); other invalid bytes read as nonsense."""
+        data = record_data(record)
+        try:
+            return RecordInfo._read(data)
+        except (struct.error, ValueError, IndexError, TypeError):
+            check_record(data)  # raises the import's error for the bytes
+            raise InternalError("record: unreadable, yet check_record accepts it") from None
+
+    @staticmethod
+    def _read(data: Any) -> "RecordInfo":
         view = memoryview(data).cast("B")
         (_, version, _, _, n_layers, length, max_step, start, n_holes, n_tokens, _, _) = _HEADER.unpack_from(view, 0)
         at = _HEADER.size
@@ -229,4 +265,4 @@ class RecordInfo:
         return k.reshape(s.n_rows, s.n_kv_heads, s.head_dim), v.reshape(s.n_rows, s.n_kv_heads, s.value_dim)
 
 
-__all__ = ["RecordInfo", "RecordLayer", "export_sequence", "import_sequence"]
+__all__ = ["RecordInfo", "RecordLayer", "SequencePool", "export_sequence", "import_sequence", "record_data"]

@@ -147,6 +147,9 @@ void register_cache(py::module_& m) {
                              [](const StepHandle& h) { return h.cache->check_step(h.step).ok(); },
                              "True while this is the cache's begun, uncommitted step (a commit, "
                              "rewind, clear or new begin_step ends it).")
+      .def_property_readonly("cache", [](const StepHandle& h) { return h.cache; },
+                             "The SequenceCache that began the step (a byte layer refuses another "
+                             "cache's step by it).")
       .def("plan",
            [](const StepHandle& h, const PyInt& layer) {
              return unwrap(h.cache->plan(to_int("layer", layer), h.step));

@@ -450,10 +450,10 @@ def test_a_refused_apply_commit_copies_nothing() -> None:
 
 def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:
     torch = pytest.importorskip("torch")
-    from kvcore.integrations.torch_paged import TorchPagedKV
+    from kvcore.torch.paged import TorchPagedKVPool
 
     c = small()
-    kv = TorchPagedKV(c)
+    kv = TorchPagedKVPool(c)
     step = c.begin_step([(0, 5, None, [-1, 0, 0, 1, 2])])
     plan = step.plan()
     rows = [c.used_blocks(g) * c.block_size for g in range(c.n_groups)]

@@ -155,9 +155,16 @@ def binding_sites() -> list[Site]:
     return sites
 
 
-def python_sites() -> list[Site]:
+# Python modules whose every raise has a row (test_every_error_path_has_a_row).
+PY_COVERED = [ROOT / "python" / "kvcore" / "registry.py"]
+# Python modules whose rows are checked against their raises (no stale rows), not yet every raise
+# documented: kvcore's torch byte layers (their refusals mirror KVPool's and PagedKVPool's).
+PY_ROWS_ONLY = [ROOT / "python" / "kvcore" / "torch" / f"{name}.py" for name in ("pool", "paged")]
+
+
+def python_sites(paths: list[Path]) -> list[Site]:
     sites = []
-    for path in [ROOT / "python" / "kvcore" / "registry.py"]:
+    for path in paths:
         src = path.read_text()
         for m in re.finditer(r"raise (\w+)\(\s*((?:f?\"(?:[^\"\\]|\\.)*\"\s*)+)\)", src):
             text = "".join(re.findall(r'f?"((?:[^"\\]|\\.)*)"', m.group(2)))
@@ -166,9 +173,11 @@ def python_sites() -> list[Site]:
     return sites
 
 
-def all_sites() -> list[Site]:
+def all_sites(covered_only: bool = False) -> list[Site]:
+    """Every error path found; ``covered_only``: only those of sources every path of which needs a row."""
+    found = cpp_header_sites() + binding_sites() + python_sites(PY_COVERED if covered_only else PY_COVERED + PY_ROWS_ONLY)
     # A format that is only conversions ("%s") relays an error made elsewhere.
-    return [s for s in cpp_header_sites() + binding_sites() + python_sites() if re.sub(r"[.*?()|:]", "", s.pattern)]
+    return [s for s in found if re.sub(r"[.*?()|:]", "", s.pattern)]
 
 
 def rows() -> list[Row]:
@@ -204,7 +213,7 @@ def test_the_sources_have_error_paths_to_check() -> None:
 
 def test_every_error_path_has_a_row() -> None:
     table = rows()
-    missing = [f"{s.where}: {s.code} {s.pattern}" for s in all_sites() if not any(agree(s, r) for r in table)]
+    missing = [f"{s.where}: {s.code} {s.pattern}" for s in all_sites(covered_only=True) if not any(agree(s, r) for r in table)]
     assert not missing, "error paths docs/errors.md does not document:\n" + "\n".join(missing)
 
 

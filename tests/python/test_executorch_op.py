@@ -511,7 +511,7 @@ def test_the_benchmark_runs_and_its_caches_agree(tmp_path: Path) -> None:
     assert all(r["max_abs_diff"] <= 1e-4 for r in results)
 
 
-# --- 5. A failed forward changes nothing (kvcore.integrations.forward_step) -----------------
+# --- 5. A failed forward changes nothing (kvcore.forward_step) -----------------
 
 
 def cell_state(cache: KVCoreCellCache, seqs: range) -> Any:

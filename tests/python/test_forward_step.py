@@ -1,4 +1,4 @@
-"""kvcore.integrations.forward_step: the step of one forward, shared by the transformers
+"""kvcore.forward_step: the step of one forward, shared by the transformers
 cache and both ExecuTorch caches. A fake step records what the helper asks of kvcore;
 the integrations' own tests (test_transformers_cache.py, test_executorch_op.py) run it
 against real caches."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import kvcore
-from kvcore.integrations.forward_step import ForwardStep
+from kvcore.forward_step import ForwardStep
 
 
 class FakeStep:

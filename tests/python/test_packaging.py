@@ -233,14 +233,18 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 
 def test_the_top_level_is_the_api() -> None:
-    """Beside the API sit only the command line, the memory planner and the sequence records
-    (kvcore.state); the demos and the
-    reference model they run are the kvcore.demo subpackage, which `import kvcore` does not load."""
+    """Beside the API sit only the command line, the memory planner, the sequence records
+    (kvcore.state) and the step of one forward (kvcore.forward_step); the torch byte layers are
+    kvcore.torch, adapters to other libraries kvcore.integrations, the demos and the reference
+    model they run the kvcore.demo subpackage, none of which `import kvcore` loads."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "hf_config", "memory", "registry", "state"]
-    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations"]
+    assert top == [
+        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "forward_step", "hf_config", "memory",
+        "registry", "state",
+    ]  # fmt: skip
+    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
-    probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith('kvcore.demo')))"
+    probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith(('kvcore.demo', 'kvcore.torch'))))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "[]\n", done.stdout + done.stderr
 
@@ -249,6 +253,12 @@ def test_the_demo_package_names_its_modules() -> None:
     doc = importlib.import_module("kvcore.demo").__doc__ or ""
     for path in sorted((PACKAGE / "demo").glob("[!_]*.py")):
         assert f"``kvcore.demo.{path.stem}``" in doc, path.stem
+
+
+def test_the_torch_package_names_its_modules() -> None:
+    doc = importlib.import_module("kvcore.torch").__doc__ or ""
+    for path in sorted((PACKAGE / "torch").glob("[!_]*.py")):
+        assert f"``{path.stem}``" in doc or f"``kvcore.torch.{path.stem}``" in doc, path.stem
 
 
 def test_the_integrations_package_names_its_modules() -> None:
@@ -268,7 +278,7 @@ def test_transformers_integration_without_its_dependencies(monkeypatch: pytest.M
     # Import now raises ModuleNotFoundError, submodules too (an imported one would be found directly).
     for name in [missing, *(m for m in sys.modules if m.startswith(missing + "."))]:
         monkeypatch.setitem(sys.modules, name, None)
-    for name in ("kvcore.integrations.transformers", "kvcore.integrations.torch_pool"):
+    for name in ("kvcore.integrations.transformers", "kvcore.torch.pool"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ModuleNotFoundError, match=re.escape('pip install "kvcore[transformers]"')) as raised:
         importlib.import_module("kvcore.integrations.transformers")

@@ -137,7 +137,7 @@ def test_a_sequence_cache_round_trips_through_both_caches(dtype: Any, block_size
     assert same.export() == record
     batch = Side(config(block_size=block_size), dtype, seq=1)
     try:
-        import_sequence(batch.pool, record, 1)
+        import_sequence(batch.pool, 1, record)
     except kvcore.NotSupportedError as e:  # sinks (2) in a 16-row block the exporter released
         assert block_size == 16 and "sink" in str(e).lower() or "divides" in str(e)
         return
@@ -169,7 +169,7 @@ def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: i
     info = RecordInfo.of(record)
     assert info.length == exporter.length and list(info.tokens) == tokens[: info.length]
     twin = Side(config(capacity, max_step, block_size), dtype, seq=1)
-    import_sequence(twin.pool, record, 1)
+    import_sequence(twin.pool, 1, record)
     same_rewinds(exporter, twin, exact=True)
     assert twin.export(tokens) == record
     for other in (1, 16):
@@ -183,10 +183,10 @@ def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: i
         used = importer.cache.used_blocks(1)
         if other > block_size and exporter.length > 8:  # the exporter released positions 2.. of a 16-row sink block
             with pytest.raises(kvcore.NotSupportedError, match="divides the sinks"):
-                import_sequence(importer.pool, record, 3)
+                import_sequence(importer.pool, 3, record)
             assert not importer.cache.sequence(3).active
             continue
-        import_sequence(importer.pool, record, 3)
+        import_sequence(importer.pool, 3, record)
         if shape == "prefix":  # shared, not copied: the flat group takes only the rest
             assert importer.cache.used_blocks(1) - used < -(-info.length // other)
         same_rewinds(exporter, importer, exact=other == block_size)
@@ -197,7 +197,7 @@ def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: i
 
 def clone_of(record: bytes, capacity: int, max_step: int, block_size: int, dtype: Any) -> Side:
     side = Side(config(capacity, max_step, block_size), dtype, seq=0)
-    import_sequence(side.pool, record, 0)
+    import_sequence(side.pool, 0, record)
     return side
 
 
@@ -236,7 +236,7 @@ def _refused(make: Any, record: Any, error: type, text: str, seq: Optional[int])
     side = make()
     before = side.cache.length if seq is None else side.cache.sequence(seq).active
     with pytest.raises(error, match=text):
-        import_sequence(side.pool, record, seq)
+        import_sequence(side.pool, seq, record)
     assert (side.cache.length if seq is None else side.cache.sequence(seq).active) == before
 
 
@@ -275,16 +275,16 @@ def test_every_refusal_is_named_and_changes_nothing(seq: Optional[int]) -> None:
     else:
         busy.cache.add_sequence(0)
         with pytest.raises(kvcore.InvalidStateError, match="active"):
-            import_sequence(busy.pool, record, 0)
+            import_sequence(busy.pool, 0, record)
         tight = Side(config(num_blocks=4), np.float16, seq)
         with pytest.raises(kvcore.CapacityError, match="blocks"):
-            import_sequence(tight.pool, record, 0)
+            import_sequence(tight.pool, 0, record)
         assert not tight.cache.sequence(0).active and tight.cache.free_blocks(1) == 4
     with pytest.raises(kvcore.InvalidArgumentError, match="bytes-like"):
-        import_sequence(busy.pool, 12, seq)  # type: ignore[arg-type]
+        import_sequence(busy.pool, seq, 12)
     strided = np.frombuffer(record, dtype=np.uint8)[::2]
     with pytest.raises(kvcore.InvalidArgumentError, match="C-contiguous"):
-        import_sequence(busy.pool, strided, seq)
+        import_sequence(busy.pool, seq, strided)
 
 
 def test_export_refuses_a_begun_step_and_bad_tokens() -> None:
@@ -321,12 +321,12 @@ def test_the_helpers_refuse_a_seq_they_cannot_use() -> None:
     with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
         export_sequence(batch_side.pool)
     with pytest.raises(kvcore.InvalidArgumentError, match="one sequence"):
-        import_sequence(seq_side.pool, record, 0)
+        import_sequence(seq_side.pool, 0, record)
     with pytest.raises(kvcore.InvalidArgumentError, match="needs the sequence id"):
         import_sequence(batch_side.pool, record)
-    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool, TorchKVPool or TorchPagedKV"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool, TorchKVPool or TorchPagedKVPool \\(a SequencePool\\)"):
         export_sequence(object())  # type: ignore[arg-type]
-    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool, TorchKVPool or TorchPagedKV"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="KVPool, PagedKVPool, TorchKVPool or TorchPagedKVPool \\(a SequencePool\\)"):
         import_sequence(object(), record)  # type: ignore[arg-type]
 
 

@@ -22,7 +22,7 @@ import kvcore
 
 torch = pytest.importorskip("torch")
 
-from kvcore.integrations.torch_pool import TorchKVPool, read_positions  # noqa: E402
+from kvcore.torch.pool import TorchKVPool, read_positions  # noqa: E402
 from kvcore.state import RecordInfo, export_sequence, import_sequence  # noqa: E402
 from torch_bits import same_bits  # noqa: E402
 
@@ -132,7 +132,7 @@ def test_round_trips(dtypes: tuple[Any, Any], mirror: bool, length: int) -> None
     t3.pool.import_sequence(export_sequence(n_side.pool, tokens=tokens))
     batch = kvcore.BatchCache(cfg)  # torch -> a BatchCache
     paged = kvcore.PagedKVPool(batch, dtypes[0])
-    import_sequence(paged, record, seq=1)
+    import_sequence(paged, 1, record)
     assert batch.sequence(1).length == length
 
     assert export_sequence(n2.pool, tokens=tokens) == record

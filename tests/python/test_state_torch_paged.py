@@ -1,6 +1,6 @@
-"""Sequence records of the torch paged store (TorchPagedKV, docs/state.md).
+"""Sequence records of the torch paged store (TorchPagedKVPool, docs/state.md).
 
-A TorchPagedKV and a numpy PagedKVPool run the same random history (flat layers,
+A TorchPagedKVPool and a numpy PagedKVPool run the same random history (flat layers,
 rings with sinks past the wrap, rewinds, holes, a removed head, forks, prefix hits;
 block sizes 1 and 16; float32, float16, bfloat16) on twin BatchCaches: their records
 must be equal byte for byte. Records then move torch -> torch, torch -> numpy and
@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 import test_state as paged  # noqa: E402  (numpy BatchCache sides, histories, comparisons)
 import test_state_torch as seq_torch  # noqa: E402  (SequenceCache sides: TorchKVPool and KVPool)
-from kvcore.integrations.torch_paged import TorchPagedKV  # noqa: E402
+from kvcore.torch.paged import TorchPagedKVPool  # noqa: E402
 from kvcore.state import RecordInfo, export_sequence, import_sequence  # noqa: E402
 from torch_bits import same_bits  # noqa: E402
 
@@ -43,14 +43,14 @@ def to_torch(a: Array, dtype: Any) -> Any:
 
 
 class TorchSide:
-    """Sequence `seq` of a BatchCache whose rows live in a TorchPagedKV (test_state.Side's interface)."""
+    """Sequence `seq` of a BatchCache whose rows live in a TorchPagedKVPool (test_state.Side's interface)."""
 
     def __init__(self, cfg: kvcore.CacheConfig, dtypes: tuple[Any, Any], seq: int, preallocate: bool = False) -> None:
         self.np_dtype, self.t_dtype = dtypes
         self.dtype = self.np_dtype
         self.seq = seq
         self.cache = kvcore.BatchCache(cfg)
-        self.pool = TorchPagedKV(self.cache, dtype=self.t_dtype, preallocate=preallocate)
+        self.pool = TorchPagedKVPool(self.cache, dtype=self.t_dtype, preallocate=preallocate)
 
     @property
     def length(self) -> int:
@@ -138,7 +138,7 @@ def test_round_trips_with_paged_kv_pool(dtypes: tuple[Any, Any], block_size: int
     assert RecordInfo.of(record).length == t_side.length
 
     t2 = torch_side(block_size, dtypes, 1)  # torch -> torch, same block size: exact
-    import_sequence(t2.pool, record, 1)
+    import_sequence(t2.pool, 1, record)
     assert t2.export(tokens) == record  # an export of an import is the record
     paged.same_rewinds(t_side, t2, exact=True)
     for other in (1, 16):  # torch -> torch and torch -> numpy across block sizes, twins of each other
@@ -149,17 +149,17 @@ def test_round_trips_with_paged_kv_pool(dtypes: tuple[Any, Any], block_size: int
         if other > block_size and t_side.length > 8:  # a 16-row sink block keeps positions the exporter released
             for side in (to_t, to_n):
                 with pytest.raises(kvcore.NotSupportedError, match="divides the sinks"):
-                    import_sequence(side.pool, record, 3)
+                    import_sequence(side.pool, 3, record)
                 assert not side.cache.sequence(3).active
             continue
-        import_sequence(to_t.pool, record, 3)
-        import_sequence(to_n.pool, record, 3)
+        import_sequence(to_t.pool, 3, record)
+        import_sequence(to_n.pool, 3, record)
         assert to_t.export(tokens) == to_n.export(tokens)
         paged.same_rewinds(t_side, to_t, exact=other == block_size)
         paged.same_rewinds(to_n, to_t, exact=True)
         paged.decode_both(to_n, to_t, random.Random(5), 6, MAX_STEP, CAPACITY)
     n2 = torch_side(block_size, dtypes, 0)  # numpy -> torch
-    import_sequence(n2.pool, n_side.export(tokens), 0)
+    import_sequence(n2.pool, 0, n_side.export(tokens))
     assert n2.export(tokens) == record
     paged.decode_both(t_side, t2, random.Random(7), 8, MAX_STEP, CAPACITY)  # the exporter and its import
     paged.decode_both(n_side, n2, random.Random(8), 8, MAX_STEP, CAPACITY)
@@ -175,13 +175,13 @@ def test_round_trips_with_a_sequence_cache(dtypes: tuple[Any, Any]) -> None:
     assert record == export_sequence(n_seq.pool)
     for block_size in (1, 2):  # block sizes dividing the sinks: every SequenceCache record fits
         to_t, to_n = torch_side(block_size, dtypes, 1), numpy_side(block_size, dtypes, 1)
-        import_sequence(to_t.pool, record, 1)
-        import_sequence(to_n.pool, record, 1)
+        import_sequence(to_t.pool, 1, record)
+        import_sequence(to_n.pool, 1, record)
         assert to_t.export() == to_n.export()
         paged.same_rewinds(to_n, to_t, exact=True)
         paged.decode_both(to_n, to_t, random.Random(block_size), 6, MAX_STEP, 48)
 
-    # A TorchPagedKV's sequence into a TorchKVPool and a KVPool (no holes: a SequenceCache has none).
+    # A TorchPagedKVPool's sequence into a TorchKVPool and a KVPool (no holes: a SequenceCache has none).
     exporter = torch_side(2, dtypes, 0)
     twin = numpy_side(2, dtypes, 0)
     for side in (exporter, twin):
@@ -196,7 +196,7 @@ def test_round_trips_with_a_sequence_cache(dtypes: tuple[Any, Any]) -> None:
     seq_torch.agree(t_back, n_back, random.Random(4))
 
 
-def poison(kv: TorchPagedKV, cache: kvcore.BatchCache, seq: int) -> dict[tuple[int, int], Any]:
+def poison(kv: TorchPagedKVPool, cache: kvcore.BatchCache, seq: int) -> dict[tuple[int, int], Any]:
     """Fill every row of the sequence's blocks with 0x7f bytes (a NaN in every float dtype);
     returns each (layer, block)'s K/V before."""
     before = {}
@@ -226,7 +226,7 @@ def test_an_import_sharing_a_cached_prefix_writes_no_shared_block(block_size: in
     holds_prefix(importer, tokens)
     cache, kv = importer.cache, importer.pool
     before = poison(kv, cache, 0)
-    import_sequence(kv, record, 3)
+    import_sequence(kv, 3, record)
     B, shared = cache.block_size, 0
     for layer in range(cache.n_layers):
         g = cache.group_of(layer)
@@ -321,7 +321,7 @@ def exporter_of(block_size: int = 2, dtypes: tuple[Any, Any] = DTYPES[0], length
 def refused(side: TorchSide, record: Any, seq: int, error: type, match: str) -> None:
     before = snapshot(side)
     with pytest.raises(error, match=match):
-        side.pool.import_sequence(record, seq)
+        side.pool.import_sequence(seq, record)
     unchanged(before, side)
 
 
@@ -389,7 +389,7 @@ def test_a_refused_import_into_lazy_tensors_keeps_every_byte() -> None:
     paged.history(dest, random.Random(1), 9, MAX_STEP)
     before = snapshot(dest)
     with pytest.raises(kvcore.InvalidStateError, match="sequence 0 is active"):
-        dest.pool.import_sequence(record, 0)
+        dest.pool.import_sequence(0, record)
     state, tensors = snapshot(dest)
     assert state == before[0]
     for old, new in zip(before[1], tensors):  # the tensors may have grown; every row they held is kept
@@ -440,10 +440,10 @@ def test_kvcore_state_takes_a_torch_paged_kv() -> None:
     side = exporter_of()
     record = export_sequence(side.pool, 0)
     assert record == side.export()
-    with pytest.raises(kvcore.InvalidArgumentError, match="TorchPagedKV needs the sequence id to export"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="TorchPagedKVPool needs the sequence id to export"):
         export_sequence(side.pool)
     dest = torch_side(2, DTYPES[0], 1)
-    with pytest.raises(kvcore.InvalidArgumentError, match="TorchPagedKV needs the sequence id to import"):
+    with pytest.raises(kvcore.InvalidArgumentError, match="TorchPagedKVPool needs the sequence id to import"):
         import_sequence(dest.pool, record)
-    import_sequence(dest.pool, record, 1)
+    import_sequence(dest.pool, 1, record)
     assert dest.export() == record

@@ -1,4 +1,4 @@
-"""TorchPagedKV (torch storage of a BatchCache) against kvcore's own PagedKVPool, on a forked sequence.
+"""TorchPagedKVPool (torch storage of a BatchCache) against kvcore's own PagedKVPool, on a forked sequence.
 
 Both apply the same plans: the block copies a fork's shared, partly filled block needs
 (copy_blocks), then each layer's writes at the step's slots and its live rows. Every row a
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="TorchPagedKV needs torch")
+torch = pytest.importorskip("torch", reason="TorchPagedKVPool needs torch")
 
 import kvcore  # noqa: E402
-from kvcore.integrations.torch_paged import TorchPagedKV  # noqa: E402
+from kvcore.torch.paged import TorchPagedKVPool  # noqa: E402
 
 H, D, DV, B = 2, 8, 4, 4
 POLICIES = [kvcore.Flat(), kvcore.Ring(window=4), kvcore.Flat(), kvcore.Ring(window=4)]  # two layers per group
@@ -27,7 +27,7 @@ def make_cache() -> kvcore.BatchCache:
 
 def run_step(
     cache: kvcore.BatchCache,
-    store: TorchPagedKV,
+    store: TorchPagedKVPool,
     paged: kvcore.PagedKVPool,
     entries: list[tuple[int, int]],
     rng: np.random.Generator,
@@ -70,7 +70,7 @@ def run_step(
 def test_a_forked_sequence_reads_what_paged_kv_pool_reads(preallocate: bool) -> None:
     rng = np.random.default_rng(5)
     cache = make_cache()
-    store = TorchPagedKV(cache, preallocate=preallocate)
+    store = TorchPagedKVPool(cache, preallocate=preallocate)
     paged = kvcore.PagedKVPool(cache, np.float32)
     cache.add_sequence(0)
     assert run_step(cache, store, paged, [(0, 6)], rng) == [0, 0]  # prefill: blocks 0 and 1 (half full)
@@ -84,7 +84,7 @@ def test_a_forked_sequence_reads_what_paged_kv_pool_reads(preallocate: bool) -> 
 
 def test_copy_blocks_copies_every_layer_of_the_group_only() -> None:
     cache = make_cache()
-    store = TorchPagedKV(cache, preallocate=True)
+    store = TorchPagedKVPool(cache, preallocate=True)
     for layer in range(cache.n_layers):
         keys, values = store.ensure(layer, 2 * B)
         keys[:, :, :B] = layer + 1.0
@@ -100,8 +100,45 @@ def test_copy_blocks_copies_every_layer_of_the_group_only() -> None:
 
 def test_copy_blocks_grows_a_lazily_allocated_layer_to_the_destination() -> None:
     cache = make_cache()
-    store = TorchPagedKV(cache)
+    store = TorchPagedKVPool(cache)
     assert store.allocated_rows(0) == 0
     store.ensure(0, B)  # layer 0 allocated with one block; layer 2 of the same group not yet
     store.copy_blocks(0, np.array([[0, 5]], dtype=np.int32))
     assert store.allocated_rows(0) >= 6 * B and store.allocated_rows(2) == 0
+
+
+# --- what PagedKVPool checks, TorchPagedKVPool checks (issue 33): nothing written on a refusal ---------
+
+
+def _one_token_step(store: TorchPagedKVPool) -> tuple[torch.Tensor, int]:
+    cache = store.cache
+    cache.add_sequence(0)
+    step = cache.begin_step([(0, 1)])
+    plan = step.plan()
+    return torch.from_numpy(plan.groups[0].slots.astype(np.int64)), int(plan.mask(0).shape[1])
+
+
+def test_write_read_refuses_slots_outside_the_live_rows_before_writing() -> None:
+    store = TorchPagedKVPool(make_cache(), preallocate=True)
+    slots, rows = _one_token_step(store)
+    k, v = torch.ones((1, H, 1, D)), torch.ones((1, H, 1, DV))
+    before = store.tensors(0)[0].clone()  # type: ignore[index]
+    for bad in (torch.tensor([rows]), torch.tensor([-1]), torch.tensor([store.max_rows[0] - 1])):
+        with pytest.raises(kvcore.InvalidArgumentError, match="slots reach rows"):
+            store.write_read(0, bad, k, v, rows)
+    with pytest.raises(kvcore.InvalidArgumentError, match="slots must be a 1-D int64 tensor"):
+        store.write_read(0, slots.to(torch.int32), k, v, rows)
+    with pytest.raises(kvcore.InvalidArgumentError, match="rows = "):
+        store.write_read(0, slots, k, v, store.max_rows[0] + 1)
+    assert torch.equal(store.tensors(0)[0], before)  # type: ignore[index]
+
+
+def test_write_read_takes_tensors_that_require_grad_detached() -> None:
+    store = TorchPagedKVPool(make_cache())
+    slots, rows = _one_token_step(store)
+    k = torch.ones((1, H, 1, D), requires_grad=True)
+    v = torch.ones((1, H, 1, DV), requires_grad=True)
+    keys, values = store.write_read(0, slots, k, v, rows)
+    assert not keys.requires_grad and not values.requires_grad
+    tensors = store.tensors(0)
+    assert tensors is not None and not tensors[0].requires_grad and not tensors[1].requires_grad

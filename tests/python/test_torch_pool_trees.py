@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (pip install torch)")
 
 import kvcore  # noqa: E402
-from kvcore.integrations.torch_pool import TorchKVPool  # noqa: E402
+from kvcore.torch.pool import TorchKVPool  # noqa: E402
 from torch_bits import same_bits  # noqa: E402
 from tree_reference import random_tree as tree_shape  # noqa: E402
 

@@ -655,7 +655,7 @@ def test_prefill_checks_its_arguments() -> None:
 
 
 def test_bad_input_to_a_later_layer_aborts_the_step() -> None:
-    # kvcore.integrations.forward_step: the forward failed, so its step is aborted rather than
+    # kvcore.forward_step: the forward failed, so its step is aborted rather than
     # left begun (was: begun until a retry replaced it); the cache is as before the forward.
     cache = KVCoreCache(gemma2().config, max_step=4)
     decode_random(cache, 30)

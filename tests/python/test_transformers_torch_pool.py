@@ -1,4 +1,4 @@
-"""The torch byte layer (kvcore.integrations.torch_pool): rows laid out by kvcore plans.
+"""The torch byte layer (kvcore.torch.pool): rows laid out by kvcore plans.
 
 The reference is a dict position -> (K, V) of everything written in the current
 timeline; every history the pool returns must equal the reference at the
@@ -16,8 +16,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (pip install torch)")
 
 import kvcore  # noqa: E402
-from kvcore.integrations import torch_pool  # noqa: E402
-from kvcore.integrations.torch_pool import TorchKVPool, read_positions  # noqa: E402
+from kvcore.torch import layer as torch_layer  # noqa: E402
+from kvcore.state import RecordInfo  # noqa: E402
+from kvcore.torch.pool import TorchKVPool, read_positions  # noqa: E402
 
 H, D, DV = 2, 4, 3
 
@@ -157,7 +158,7 @@ def test_random_steps_and_rewinds_return_exact_history(
     sinks: int, mirror: bool, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Both write paths: CPU pools copy through _copy_rows, other devices through torch ops.
-    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
+    monkeypatch.setattr(torch_layer, "NATIVE_WRITES", native)
     rng = random.Random(7 + sinks)
     pool = make(kvcore.Ring(window=5, sinks=sinks), kvcore.Flat(), capacity=200, max_step=4, initial=8, mirror=mirror)
     cache = pool.cache
@@ -419,7 +420,7 @@ def test_a_stale_step_is_refused_and_writes_nothing() -> None:
 def test_strided_inputs_are_written_exactly(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # What attention hands a cache is often a view (heads transposed, a dim reversed in memory):
     # the native copy follows every stride, the last dim's too.
-    monkeypatch.setattr(torch_pool, "NATIVE_WRITES", native)
+    monkeypatch.setattr(torch_layer, "NATIVE_WRITES", native)
     pool = make(kvcore.Ring(window=3), kvcore.Flat(), capacity=40, max_step=2, initial=4, mirror=True)
     cache = pool.cache
     while cache.length < 30:
@@ -435,3 +436,111 @@ def test_strided_inputs_are_written_exactly(native: bool, monkeypatch: pytest.Mo
                 ref_k, ref_v = kv_for(range(want[0], want[-1] + 1))
                 assert torch.equal(keys, ref_k[:, :, [p - want[0] for p in want]])
                 assert torch.equal(values, ref_v[:, :, [p - want[0] for p in want]])
+
+
+# --- what KVPool checks, TorchKVPool checks (issue 33): nothing written on a refusal --------------
+
+
+def _snapshot(pool: TorchKVPool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(lp.keys.clone(), lp.values.clone()) for lp in (pool.layer(i) for i in range(pool.cache.n_layers)) if lp]
+
+
+def _unchanged(pool: TorchKVPool, before: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Bit for bit (rows never written hold whatever torch.empty gave, NaN included)."""
+    after = _snapshot(pool)
+    same = [torch.equal(x.view(torch.int32), y.view(torch.int32)) for a, b in zip(after, before) for x, y in zip(a, b)]
+    return len(after) == len(before) and all(same)
+
+
+def _pool_with_history(by_step: bool = True) -> TorchKVPool:
+    pool = make(kvcore.Flat(), kvcore.Ring(window=4), order="positions")
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    run_step(pool, 4, ref, by_step=by_step)
+    run_step(pool, 2, ref, by_step=by_step)
+    return pool
+
+
+def test_a_stale_plan_of_an_earlier_step_is_refused_and_writes_nothing() -> None:
+    pool = _pool_with_history()
+    cache = pool.cache
+    with cache.step(2) as old:
+        stale = old.plan(0)
+        k, v = kv_for(range(old.position, old.end))
+        for layer in range(cache.n_layers):
+            pool.update(layer, old, k, v)
+    step = cache.begin_step(2)
+    before = _snapshot(pool)
+    with pytest.raises(kvcore.InvalidStateError, match="plan is not layer 0's plan of the begun step"):
+        pool.update(0, stale, k, v)
+    assert _unchanged(pool, before)
+    step.abort()
+    with pytest.raises(kvcore.InvalidStateError, match="no step is begun \\(stale plan\\)"):
+        pool.update(0, stale, k, v)
+    assert _unchanged(pool, before)
+
+
+def test_another_caches_step_is_refused_by_name_and_writes_nothing() -> None:
+    pool = _pool_with_history()
+    other = make(kvcore.Flat(), kvcore.Ring(window=4), order="positions")
+    theirs = other.cache.begin_step(2)  # position 0: it would overwrite the pool's committed rows 0-1
+    mine = pool.cache.begin_step(2)
+    k, v = kv_for(range(0, 2), salt=9)
+    before = _snapshot(pool)
+    with pytest.raises(kvcore.InvalidStateError, match="belongs to another cache"):
+        pool.update(0, theirs, k, v)
+    with pytest.raises(kvcore.InvalidStateError, match="plan is not layer 0's plan"):
+        pool.update(0, theirs.plan(0), k, v)  # another cache's plan
+    assert _unchanged(pool, before)
+    mine.abort()
+
+
+def test_a_stale_step_and_its_layouts_are_refused_and_write_nothing() -> None:
+    pool = _pool_with_history()
+    cache = pool.cache
+    old = cache.begin_step(1)
+    layouts = pool.plan_step(old)
+    k, v = kv_for(range(old.position, old.end))
+    old.abort()
+    cache.begin_step(1)
+    before = _snapshot(pool)
+    with pytest.raises(kvcore.InvalidStateError, match="is stale"):
+        pool.update(0, old, k, v)
+    with pytest.raises(kvcore.InvalidStateError, match="is stale"):
+        pool.write_read(0, layouts[pool.policy_of[0]], k, v)
+    other = make(kvcore.Flat(), kvcore.Ring(window=4), order="positions")
+    foreign = other.plan_step(other.cache.begin_step(1))
+    with pytest.raises(kvcore.InvalidArgumentError, match="not this pool's layout"):
+        pool.write_read(0, foreign[other.policy_of[0]], k, v)
+    assert _unchanged(pool, before)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_tensors_that_require_grad_are_taken_detached(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    monkeypatch.setattr(torch_layer, "NATIVE_WRITES", native)
+    pool = make(kvcore.Ring(window=2), max_step=2, mirror=False, order="positions")  # wraps: read gathered
+    cache = pool.cache
+    for _ in range(6):
+        with cache.step(1) as step:
+            k, v = kv_for(range(step.position, step.end))
+            keys, values = pool.update(0, step, k.requires_grad_(), v.requires_grad_())
+            assert not keys.requires_grad and not values.requires_grad
+            assert torch.equal(keys[:, :, -1:], k.detach()) and torch.equal(values[:, :, -1:], v.detach())
+    lp = pool.layer(0)
+    assert lp is not None and not lp.keys.requires_grad and not lp.values.requires_grad
+    record = pool.export_sequence()  # raised "Can't call numpy() on Tensor that requires grad"
+    assert RecordInfo.of(record).length == 6
+
+
+def test_a_tree_step_of_tensors_that_require_grad_leaves_the_pool_without_grad() -> None:
+    pool = make(kvcore.Flat(), order="positions")
+    cache = pool.cache
+    ref: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    run_step(pool, 2, ref)
+    step = cache.begin_tree([-1, 0, 0])
+    k, v = kv_for(range(3))
+    pool.update(0, step, k.requires_grad_(), v.requires_grad_())
+    copies = cache.commit(step, accepted=[0, 2])
+    pool.apply_copies(copies)
+    lp = pool.layer(0)
+    assert lp is not None and not lp.keys.requires_grad
+    pool.export_sequence()

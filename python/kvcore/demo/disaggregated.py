@@ -135,7 +135,7 @@ class Decode:
         for i, ref in enumerate(prefilled):
             record, logits = ray.get(ref)
             record_bytes += record.nbytes
-            import_sequence(self.pool, record, seq=i + 1)
+            import_sequence(self.pool, i + 1, record)
             last.append(logits)
         written = None if flat is None else self.cache.used_blocks(flat) - used_before
         seqs = list(range(1, len(prefilled) + 1))

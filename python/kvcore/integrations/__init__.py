@@ -1,26 +1,28 @@
-"""Optional integrations of kvcore with other libraries.
+"""Adapters of kvcore to other libraries.
 
-Nothing here is imported by ``import kvcore``: each integration imports its
-library (torch, transformers) only when you import it, e.g.
-``from kvcore.integrations.transformers import KVCoreCache``.
+Nothing here is imported by ``import kvcore``: each adapter imports its library
+(torch, transformers, ExecuTorch) only when you import it, e.g.
+``from kvcore.integrations.transformers import KVCoreCache``. kvcore's own torch
+byte layers are ``kvcore.torch``; the step of one forward all adapters share is
+``kvcore.forward_step``.
 
-- ``kvcore.integrations.torch_pool``: a torch byte layer for one sequence, K/V
-  tensors laid out by kvcore plans (needs ``torch``).
-- ``kvcore.integrations.torch_paged``: a torch byte layer for many sequences,
-  one paged store per group of a ``BatchCache`` (needs ``torch``).
-- ``kvcore.integrations.torch_state``: sequence records (kvcore.state) out of
-  and into a ``torch_pool`` pool, the same bytes as ``KVPool``'s (needs ``torch``).
-- ``kvcore.integrations.torch_paged_state``: sequence records out of and into a
-  ``torch_paged`` store, the same bytes as ``PagedKVPool``'s (needs ``torch``).
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
 - ``kvcore.integrations.hf_batch``: transformers' continuous batching
   (``generate_batch``, its manager) with the cache served by a ``BatchCache``
   (needs the ``transformers`` extra; also reached through
   ``kvcore.integrations.transformers``).
+- ``kvcore.integrations.hf_layers``: a transformers model config's layer types
+  and their kvcore config, shared by the two above.
 - ``kvcore.integrations.executorch``: drop-in caches for ExecuTorch's
   ``update_and_attend`` op, one sequence and many (needs ``torch`` and
   ``executorch``).
-- ``kvcore.integrations.forward_step``: the step of one forward, layer by layer,
-  that the transformers cache and both ExecuTorch caches share (no dependency).
+
+Deprecated paths (one release, each warns with a DeprecationWarning when imported):
+``kvcore.integrations.torch_pool`` (now ``kvcore.torch.pool``),
+``kvcore.integrations.torch_paged`` (``kvcore.torch.paged``; ``TorchPagedKV`` is
+``TorchPagedKVPool``), ``kvcore.integrations.torch_state``
+(``kvcore.torch.pool_records``), ``kvcore.integrations.torch_paged_state``
+(``kvcore.torch.paged_records``) and ``kvcore.integrations.forward_step``
+(``kvcore.forward_step``).
 """

@@ -71,9 +71,9 @@ from kvcore._core import (
     Step,
 )
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, KVCacheError
-from kvcore.integrations.forward_step import ForwardStep
-from kvcore.integrations.torch_paged import TorchPagedKV
-from kvcore.integrations.torch_pool import StepLayout, TorchKVPool
+from kvcore.forward_step import ForwardStep
+from kvcore.torch.paged import TorchPagedKVPool
+from kvcore.torch.pool import StepLayout, TorchKVPool
 
 TESTED_EXECUTORCH = "1.5.1"
 
@@ -128,7 +128,7 @@ class KVCoreContiguousCache:
     sequence's length onwards, else ``ValueError``), every layer is then served once with the
     same tokens (each layer's K/V checked before its rows are written), and the last one
     served commits it. An error while a layer is served aborts the step, so the cache is as
-    before the forward (``kvcore.integrations.forward_step``). Layer 0 arriving again before
+    before the forward (``kvcore.forward_step``). Layer 0 arriving again before
     the forward completed restarts the step (the retry path). A step that would pass
     ``capacity`` raises ``RuntimeError`` (``kvcore.CapacityError``), as the reference does.
     """
@@ -163,7 +163,7 @@ class KVCoreContiguousCache:
         # Per layer: the window (0 for a flat layer), for the spec's kind.
         self._window = [p.window if p.is_ring else 0 for p in policies]
         # The forward under way: layer 0 begins its step, the last layer served commits it, an
-        # error while a layer is served aborts it (kvcore.integrations.forward_step).
+        # error while a layer is served aborts it (kvcore.forward_step).
         self._forward: ForwardStep[Step] = ForwardStep(self._n_layers, commit_after=self._n_layers)
         self._position: Optional[torch.Tensor] = None
         self._layouts: list[StepLayout] = []
@@ -456,7 +456,7 @@ class KVCoreCellCache:
         self._n_layers = int(config.n_layers)
         self._n_groups = self.cache.n_groups
         self._static = config.sizing is CacheSizing.STATIC
-        self.storage = TorchPagedKV(
+        self.storage = TorchPagedKVPool(
             self.cache,
             dtype=config.dtype,
             preallocate=self._static,

@@ -1,154 +1,24 @@
-"""Sequence records (docs/state.md) for ``TorchPagedKV``: export and import in the record format.
+"""Deprecated: ``kvcore.integrations.torch_paged_state`` moved to ``kvcore.torch.paged_records``.
 
-A ``TorchPagedKV`` keeps each layer's rows in tensors ``[1, n_kv_heads, rows, dim]``
-indexed by pool row (block ``b`` holds rows ``[b * B, (b + 1) * B)``), which the core
-never sees; a record stores a layer's rows as ``(n_rows, n_kv_heads, dim)`` in position
-order. So the core writes and checks everything but the rows, and this module moves
-the rows, as ``torch_state`` does for ``TorchKVPool``:
-
-- export: a numpy ``PagedKVPool`` on the same cache (reserved up to the sequence's
-  highest block, never written) lets the core write the record's header, tables and
-  padding exactly as for a ``PagedKVPool``; the rows are then gathered from the tensors
-  (``BatchCache.block_table`` names each position's row) and ``seal_record`` writes the
-  checksum. The record equals, byte for byte, a ``PagedKVPool``'s of the same sequence
-  and rows.
-- import: a numpy ``PagedKVPool`` on the cache imports the record (every check of
-  ``PagedKVPool.import_sequence``: a refusal changes nothing) and reports the blocks it
-  wrote; exactly those are written into the tensors, never a block the import shared
-  with a cached prefix (another sequence may be reading it).
-
-Both hold a transient numpy pool besides the tensors: its storage spans the rows up to
-the sequence's highest block (export) or up to the blocks the import may take (import),
-though only the sequence's rows are read or written.
+This path keeps working for one release and warns (DeprecationWarning) when imported;
+import ``kvcore.torch.paged_records`` instead (docs/pool.md, README's layout table).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import warnings
+from kvcore.state import RecordSource
+from kvcore.torch.paged import TorchPagedKVPool
+from kvcore.torch.paged_records import export_sequence
 
-import numpy as np
-import numpy.typing as npt
-import torch
-
-from kvcore._core import PagedKVPool, seal_record
-from kvcore._errors import InvalidArgumentError, InvalidStateError
-from kvcore.integrations.torch_state import _NAME_OF, Tokens, _byte_view
-from kvcore.state import RecordInfo, RecordSource, _record_bytes
-
-if TYPE_CHECKING:
-    from kvcore.integrations.torch_paged import TorchPagedKV
+warnings.warn(
+    "kvcore.integrations.torch_paged_state is deprecated: import kvcore.torch.paged_records", DeprecationWarning, stacklevel=2
+)
 
 
-def _record_dtype(kv: "TorchPagedKV", what: str) -> str:
-    """The numpy name of the tensors' dtype, checked for a record."""
-    name = _NAME_OF.get(kv.dtype)
-    if name is None:
-        raise InvalidArgumentError(
-            f"{what}: the tensors hold {kv.dtype}: a record holds float32, float16, bfloat16, int8 or uint8"
-        )
-    return name
-
-
-def _rows(table: npt.NDArray[np.int32], positions: npt.NDArray[np.int64], B: int) -> npt.NDArray[np.int64]:
-    """The pool row of each position: its block's id (by the block table) * B + its offset."""
-    return table[positions // B].astype(np.int64) * B + positions % B
-
-
-def export_sequence(kv: "TorchPagedKV", seq: int, tokens: Tokens = None) -> bytes:
-    """The record of sequence ``seq`` (docs/state.md), byte for byte what a ``PagedKVPool`` of the
-    same cache and rows gives. ``tokens``: ids of positions ``[0, len(tokens))``. Raises as
-    ``PagedKVPool.export_sequence`` (InvalidArgumentError: bad seq, more tokens than the length;
-    InvalidStateError: seq not active, a step is begun), InvalidArgumentError for tensors of a dtype
-    no record holds, InvalidStateError for a carried position whose row the tensors do not hold."""
-    cache, B = kv.cache, kv.block_size
-    helper = PagedKVPool(cache, _record_dtype(kv, "export"), initial_rows=0)
-    size = helper.export_size(seq, 0 if tokens is None else len(tokens))  # seq and n_tokens checked
-    tables = [cache.block_table(seq, g) for g in range(cache.n_groups)]
-    for layer, g in enumerate(kv.group_of):  # the helper's rows must span the sequence's blocks
-        held = tables[g][tables[g] >= 0]
-        if held.size:
-            helper.reserve(layer, min((int(held.max()) + 1) * B, kv.max_rows[g]))
-    out = np.empty(size, dtype=np.uint8)
-    helper.export_into(seq, out, tokens)  # header, tables, padding (the rows: ours, next)
-    del helper
-    info = RecordInfo.of(out)
-    for layer, spec in enumerate(info.layers):
-        if spec.n_rows == 0:
-            continue
-        positions = info.positions(layer)
-        rows = _rows(tables[kv.group_of[layer]], positions, B)
-        tensors = kv.tensors(layer)
-        have = 0 if tensors is None else int(tensors[0].shape[2])
-        if tensors is None or int(rows.max()) >= have:
-            at = int(np.argmax(rows >= have))
-            raise InvalidStateError(
-                f"export: layer {layer} position {int(positions[at])} lies in row {int(rows[at])}, past the "
-                f"{have} rows its tensors hold (write the step first)"
-            )
-        index = torch.from_numpy(rows).to(kv.device)
-        for tensor, offset in zip(tensors, (spec.k_offset, spec.v_offset)):
-            picked = _byte_view(tensor[0].index_select(1, index).permute(1, 0, 2).contiguous().cpu())
-            out[offset : offset + picked.size] = picked
-    seal_record(out)
-    return out.tobytes()
-
-
-def _grow_for(kv: "TorchPagedKV", info: RecordInfo) -> None:
-    """Grow each allocated or lazy layer to the rows the import's fresh blocks may reach (the
-    bound ``import_record`` reserves: used + imported + cached blocks), before anything changes."""
-    cache, B = kv.cache, kv.block_size
-    blocks = -(-info.length // B)
-    for layer, g in enumerate(kv.group_of):
-        bound = min((cache.used_blocks(g) + blocks + cache.cached_blocks(g)) * B, kv.max_rows[g])
-        if bound > kv.allocated_rows(layer):
-            kv.ensure(layer, bound)
-
-
-def _tensor_of(rows: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
-    """``(n, H, dim)`` numpy rows as a torch tensor of ``dtype`` holding the same bytes."""
-    return torch.from_numpy(np.ascontiguousarray(rows).view(np.uint8)).view(dtype)
-
-
-def _write_blocks(kv: "TorchPagedKV", info: RecordInfo, written: npt.NDArray[np.int32]) -> None:
-    """Copy the record's rows of the written blocks ``(group, index, block)`` into the tensors."""
-    B = kv.block_size
-    n_blocks = -(-info.length // B)
-    for g in range(kv.cache.n_groups):
-        mine = written[written[:, 0] == g]
-        if mine.size == 0:
-            continue
-        ids = np.full(n_blocks, -1, dtype=np.int32)
-        ids[mine[:, 1]] = mine[:, 2]
-        for layer in (layer for layer, lg in enumerate(kv.group_of) if lg == g):
-            if info.layers[layer].n_rows == 0:
-                continue
-            positions = info.positions(layer)
-            fresh = ids[positions // B] >= 0
-            if not fresh.any():
-                continue
-            rows = _rows(ids, positions[fresh], B)
-            keys, values = kv.ensure(layer, int(rows.max()) + 1)  # grown already: no copy
-            index = torch.from_numpy(rows).to(kv.device)
-            for tensor, src in zip((keys, values), info.rows(layer)):
-                tensor[0].index_copy_(1, index, _tensor_of(src[fresh], kv.dtype).permute(1, 0, 2).to(kv.device))
-
-
-def import_sequence(kv: "TorchPagedKV", record: RecordSource, seq: int) -> None:
-    """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
-    ``seq`` (inactive) of ``kv``'s cache, and writes its rows into the tensors: only the blocks
-    the import wrote, not those it shared with a prefix the cache holds. Checks everything first;
-    a refusal changes neither the cache nor any row's bytes (a lazily grown layer may have grown,
-    as a ``PagedKVPool`` may). Raises as ``PagedKVPool.import_sequence`` (InvalidArgumentError:
-    truncated, corrupt, another layer count, policy, shape or dtype than the tensors';
-    NotSupportedError: a newer version, a ring group's sink blocks would keep a position the record
-    lacks; InvalidStateError: seq active; CapacityError: no free table row, over capacity, too many
-    holes, too few blocks), InvalidArgumentError also for tensors of a dtype no record holds."""
-    data = _record_bytes(record)
-    name = _record_dtype(kv, "import")
-    info = RecordInfo.of(data)  # truncated, corrupt, version: refused here, before any growth
-    _grow_for(kv, info)
-    written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(seq, data, written=True)
-    _write_blocks(kv, info, written)
+def import_sequence(kv: TorchPagedKVPool, record: RecordSource, seq: int) -> None:
+    """Deprecated: ``kv.import_sequence(seq, record)`` (this old function keeps its old order)."""
+    kv.import_sequence(seq, record)
 
 
 __all__ = ["export_sequence", "import_sequence"]

@@ -1,171 +1,28 @@
-"""Sequence records (docs/state.md) for ``TorchKVPool``: export and import in the record format.
+"""Deprecated: ``kvcore.integrations.torch_state`` moved to ``kvcore.torch.pool_records``.
 
-A torch pool's rows live in tensors ``[batch, n_kv_heads, rows, dim]`` the core never
-sees, while a record stores each layer's rows as ``(n_rows, n_kv_heads, dim)``. So the
-core writes and reads everything but the rows, and this module moves the rows:
-
-- export: a numpy ``KVPool`` on the same cache (reserved to the torch layers' rows,
-  never written) lets the core write the record's header, tables and padding exactly as
-  for a ``KVPool``; the rows are then copied in from the tensors (position order, the
-  cache's ``LayerGeometry`` naming each position's row) and ``seal_record`` writes the
-  checksum. The record equals, byte for byte, a ``KVPool``'s of the same sequence and
-  contents.
-- import: the record is validated, the new tensors allocated, then a numpy ``KVPool``
-  on the cache imports it (every check of ``KVPool.import_sequence``: a refusal changes
-  nothing) and the record's rows are copied into the tensors, mirror rows included.
-
-Both hold a transient numpy copy of the rows (the helper pool) on top of the tensors.
+This path keeps working for one release and warns (DeprecationWarning) when imported;
+import ``kvcore.torch.pool_records`` instead (docs/pool.md, README's layout table).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+import warnings
+from typing import Union
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
-from kvcore._core import KVPool, seal_record
-from kvcore._errors import InvalidArgumentError, InvalidStateError
-from kvcore.state import RecordInfo, RecordSource, _record_bytes
+from kvcore.state import RecordSource
+from kvcore.torch.pool import TorchKVPool
+from kvcore.torch.pool_records import export_sequence
 
-if TYPE_CHECKING:
-    from kvcore.integrations.torch_pool import LayerPool, TorchKVPool
-
-# The record dtypes a torch tensor can hold, by numpy name.
-_TORCH_OF = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8, "uint8": torch.uint8,
-}  # fmt: skip
-_NAME_OF = {t: n for n, t in _TORCH_OF.items()}
-
-Tokens = Optional[Union[Sequence[int], "npt.NDArray[np.integer[Any]]"]]
+warnings.warn(
+    "kvcore.integrations.torch_state is deprecated: import kvcore.torch.pool_records", DeprecationWarning, stacklevel=2
+)
 
 
-def _rows_of(pool: "TorchKVPool", layer: int, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The row holding each position (LayerGeometry: sinks fixed, then the ring in turn)."""
-    g = pool.cache.geometry(layer)
-    if not g.wraps:
-        return positions
-    s, r = g.sink_rows, g.ring_rows
-    return np.where(positions < s, positions, s + (positions - s) % r)
-
-
-def _byte_view(t: torch.Tensor) -> npt.NDArray[np.uint8]:
-    """A contiguous CPU tensor's bytes as a flat uint8 array (bfloat16 through int16: numpy has none)."""
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy().reshape(-1).view(np.uint8)
-
-
-def _export_dtype(pool: "TorchKVPool", dtype: Optional[torch.dtype]) -> torch.dtype:
-    """The one dtype of the pool's allocated layers (or ``dtype``), checked for a record."""
-    length = pool.cache.length
-    found = dtype
-    for layer in range(pool.cache.n_layers):
-        lp = pool.layer(layer)
-        if lp is None:
-            if length > 0:
-                raise InvalidStateError(
-                    f"export: layer {layer} holds no tensors but the sequence has {length} positions (write its steps first)"
-                )
-            continue
-        if lp.batch_size != 1:
-            raise InvalidArgumentError(
-                f"export: layer {layer} holds a batch of {lp.batch_size} sequences: a record holds one (batch 1)"
-            )
-        if found is not None and lp.dtype != found:
-            raise InvalidArgumentError(f"export: layer {layer} holds {lp.dtype}, another layer (or dtype=) {found}: a record has one dtype")
-        found = lp.dtype
-    if found is None:
-        raise InvalidArgumentError("export: no layer holds tensors yet: pass dtype= to export the empty sequence")
-    if found not in _NAME_OF:
-        raise InvalidArgumentError(f"export: dtype {found}: a record holds float32, float16, bfloat16, int8 or uint8")
-    return found
-
-
-def export_sequence(pool: "TorchKVPool", tokens: Tokens = None, *, dtype: Optional[torch.dtype] = None) -> bytes:
-    """The record of ``pool``'s sequence (docs/state.md), byte for byte what a ``KVPool`` of the
-    same sequence and rows gives. ``tokens``: ids of positions ``[0, len(tokens))``. ``dtype``:
-    the record's dtype when no layer holds tensors yet (an empty sequence). InvalidStateError: a
-    step is begun, a layer without tensors or rows for a held position; InvalidArgumentError: a
-    batch other than 1, mixed or unsupported dtypes, more tokens than the length."""
-    cache = pool.cache
-    if cache.active_step is not None:
-        raise InvalidStateError("export: a step is begun; commit or abort it first")
-    tdtype = _export_dtype(pool, dtype)
-    helper = KVPool(cache, _NAME_OF[tdtype])
-    for layer in range(cache.n_layers):
-        lp = pool.layer(layer)
-        if lp is not None and lp.allocated_rows > helper.allocated_rows(layer):
-            helper.reserve(layer, lp.allocated_rows)
-    n_tokens = 0 if tokens is None else len(tokens)
-    out = np.empty(helper.export_size(n_tokens), dtype=np.uint8)
-    helper.export_into(out, tokens)  # header, tables, padding (the rows: ours, next)
-    del helper
-    info = RecordInfo.of(out)
-    for layer, spec in enumerate(info.layers):
-        lp = pool.layer(layer)
-        if lp is None or spec.n_rows == 0:
-            continue
-        rows = torch.from_numpy(_rows_of(pool, layer, info.positions(layer))).to(lp.device)
-        for tensor, offset in ((lp.keys, spec.k_offset), (lp.values, spec.v_offset)):
-            picked = _byte_view(tensor[0].index_select(1, rows).permute(1, 0, 2).contiguous().cpu())
-            out[offset : offset + picked.size] = picked
-    seal_record(out)
-    return out.tobytes()
-
-
-def _new_layers(pool: "TorchKVPool", info: RecordInfo, dtype: torch.dtype, device: torch.device) -> list["LayerPool"]:
-    """Fresh zeroed batch-1 tensors for every layer, big enough for the record's rows."""
-    from kvcore.integrations.torch_pool import LayerPool
-
-    layers = []
-    for layer in range(pool.cache.n_layers):
-        lc = pool.cache.config.layers[0 if len(pool.cache.config.layers) == 1 else layer]
-        rows = pool.cache.rows(layer)
-        mirror = pool.mirror_rows(layer)
-        start = rows + mirror if lc.policy.is_ring else min(rows, max(info.length, pool.cache.config.initial_capacity))
-        keys = torch.zeros((1, lc.n_kv_heads, start, lc.head_dim), dtype=dtype, device=device)
-        values = torch.zeros((1, lc.n_kv_heads, start, lc.value_dim), dtype=dtype, device=device)
-        layers.append(LayerPool(keys, values, rows, mirror if lc.policy.is_ring else 0))
-    return layers
-
-
-def import_sequence(pool: "TorchKVPool", record: RecordSource, *, device: Union[torch.device, str, None] = None) -> None:
-    """Admits the sequence of ``record`` (bytes-like or a path) into ``pool``'s empty cache: its
-    length, and its rows into new batch-1 tensors of the record's dtype on ``device`` (default: the
-    device of the pool's first allocated layer, else CPU). Checks everything first and changes
-    nothing on an error; raises as ``KVPool.import_sequence`` (InvalidArgumentError: truncated,
-    corrupt, another policy, shape or layer count; NotSupportedError: a newer version, holes or a
-    removed head; InvalidStateError: the cache holds positions or a begun step; CapacityError: over
-    capacity), InvalidArgumentError also for layers of mixed dtypes."""
-    data = _record_bytes(record)
-    info = RecordInfo.of(data)
-    names = {spec.dtype.name for spec in info.layers}
-    if len(names) != 1:
-        raise InvalidArgumentError(f"import: the record's layers hold {sorted(names)}: a torch pool imports one dtype")
-    if device is None:
-        allocated = [lp for lp in (pool.layer(i) for i in range(pool.cache.n_layers)) if lp is not None]
-        device = allocated[0].device if allocated else "cpu"
-    dev = torch.device(device)
-    if len(info.layers) == pool.cache.n_layers:
-        layers = _new_layers(pool, info, _TORCH_OF[names.pop()], dev)
-    else:
-        layers = []  # the helper's import refuses the layer count by name
-    KVPool(pool.cache, info.layers[0].dtype).import_sequence(data)  # every check; changes the cache only on success
-    for layer, (lp, spec) in enumerate(zip(layers, info.layers)):
-        if spec.n_rows:
-            rows = torch.from_numpy(_rows_of(pool, layer, info.positions(layer))).to(dev)
-            for tensor, src in zip((lp.keys, lp.values), info.rows(layer)):
-                # np.frombuffer views are read-only; torch wants writable memory: copy once.
-                t = torch.from_numpy(np.array(src).view(np.int16) if spec.dtype.name == "bfloat16" else np.array(src))
-                tensor[0].index_copy_(1, rows, t.view(tensor.dtype).permute(1, 0, 2).to(dev))
-        if lp.mirror_rows:  # rows [rows, rows + m) repeat the first ring rows
-            lo = pool.cache.geometry(layer).sink_rows
-            lp.keys[:, :, lp.rows :].copy_(lp.keys[:, :, lo : lo + lp.mirror_rows])
-            lp.values[:, :, lp.rows :].copy_(lp.values[:, :, lo : lo + lp.mirror_rows])
-    pool._install(layers)
+def import_sequence(pool: TorchKVPool, record: RecordSource, *, device: Union[torch.device, str, None] = None) -> None:
+    """Deprecated: ``pool.import_sequence(record, device=device)``."""
+    pool.import_sequence(record, device=device)
 
 
 __all__ = ["export_sequence", "import_sequence"]

@@ -4,7 +4,7 @@
 whose layers are ``full_attention`` or ``sliding_attention`` (Gemma 2 / Gemma 3
 style, mixed freely). One ``kvcore.SequenceCache`` keeps one logical length for
 the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
-(``kvcore.integrations.torch_pool``). A sliding layer holds exactly
+(``kvcore.torch.pool``). A sliding layer holds exactly
 ``window + max_step - 1`` rows (plus its sinks), and the cache can rewind to
 ``max_step`` tokens below the longest length it reached even after the window
 wrapped, which transformers' own
@@ -17,7 +17,7 @@ needs); ``get_mask_sizes`` begins nothing (it previews the step's plan). Every
 layer must then follow in order with the same ``T``; each layer's K/V are
 checked before its rows are written, and the update of the last layer commits
 the step. An error in a layer's update aborts the step (kvcore's ``abort``), so
-the cache is as before the forward (``kvcore.integrations.forward_step``). So the
+the cache is as before the forward (``kvcore.forward_step``). So the
 length (``get_seq_length``) changes only when a whole forward succeeded, and a
 forward may carry at most ``max_step`` tokens: feed longer prompts with
 ``generate(..., prefill_chunk_size=cache.max_step)`` or with ``prefill`` below.
@@ -60,18 +60,16 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
         name=_missing.name,
     ) from _missing
 
-from kvcore._core import CacheConfig, Flat, LayerConfig, LayerPolicy, Ring, SequenceCache, Step
+from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
-from kvcore.integrations.forward_step import ForwardStep
-from kvcore.integrations.torch_pool import LayerPool, StepLayout, TorchKVPool
+from kvcore.forward_step import ForwardStep
+from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
+from kvcore.torch.layer import LayerPool
+from kvcore.torch.pool import StepLayout, TorchKVPool
 
 TESTED_TRANSFORMERS = "5.24.0"
 SUPPORTED_TRANSFORMERS = ">=5.24,<6"
 _MIN, _MAX = Version("5.24"), Version("6")
-
-FULL = "full_attention"
-SLIDING = "sliding_attention"
-
 
 def check_transformers(version: str = transformers.__version__) -> None:
     """Raise NotSupportedError unless ``version`` and the installed Cache API are ones this module works with."""
@@ -104,72 +102,6 @@ def _params(fn: Any) -> list[str]:
 
 
 check_transformers()
-
-
-# --- model config -> kvcore config -------------------------------------------------
-
-
-def cache_config_for(
-    config: Any,
-    *,
-    max_step: Optional[int] = None,
-    capacity: Optional[int] = None,
-    sinks: int = 0,
-    initial_capacity: int = 512,
-) -> tuple[CacheConfig, list[str]]:
-    """The kvcore config for a transformers model config, and each layer's transformers layer type.
-
-    Layer types, windows, KV heads and head_dim come from transformers' own helpers
-    (what ``DynamicCache(config=...)`` reads). ``capacity`` defaults to
-    ``max_position_embeddings``; ``sinks`` applies to every sliding layer.
-    """
-    text = config.get_text_config(decoder=True)
-    if getattr(text, "use_bidirectional_attention", False) or not getattr(text, "is_causal", True):
-        raise NotSupportedError("bidirectional attention: kvcore plans causal attention only")
-    layer_types, layer_kwargs = cache_utils.get_layer_types_and_kwargs(text)
-    n_layers = len(layer_types)
-    heads, dims = _head_shapes(text, n_layers)
-    if capacity is None:
-        capacity = getattr(text, "max_position_embeddings", None)
-        if capacity is None:
-            raise InvalidArgumentError("capacity: the config has no max_position_embeddings; pass capacity=")
-    if sinks < 0:
-        raise InvalidArgumentError(f"sinks = {sinks}: must be >= 0")
-    layers = []
-    for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
-        if kind == FULL:
-            policy = Flat()
-        elif kind == SLIDING:
-            policy = Ring(int(kwargs["sliding_window"]), sinks)
-        else:
-            raise NotSupportedError(
-                f"layer {i} is {kind!r}: kvcore's transformers cache supports {FULL!r} and {SLIDING!r} layers"
-            )
-        layers.append(LayerConfig(policy, heads[i], dims[i]))
-    _check_one_policy_per_type(layer_types, layers)
-    cfg = CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
-    return cfg, list(layer_types)
-
-
-def _check_one_policy_per_type(layer_types: list[str], layers: list[LayerConfig]) -> None:
-    # transformers builds one mask per layer type (from the first layer of that type), so
-    # every layer of a type must read the same keys: one policy per type.
-    first: dict[str, int] = {}
-    for i, kind in enumerate(layer_types):
-        j = first.setdefault(kind, i)
-        if layers[i].policy != layers[j].policy:
-            raise NotSupportedError(
-                f"layers {j} and {i} are both {kind!r} but have different policies ({layers[j].policy} and "
-                f"{layers[i].policy}, e.g. per_layer_config windows): transformers builds one mask per layer "
-                f"type, so every layer of a type must have the same window"
-            )
-
-
-def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
-    per_layer = getattr(text, "per_layer_config", None) or [text] * n_layers
-    heads = [int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads) for c in per_layer]
-    dims = [int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads) for c in per_layer]
-    return heads, dims
 
 
 # --- the cache ---------------------------------------------------------------------
@@ -326,7 +258,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._policy_of = self.pool.policy_of
         self._write_read = self.pool.write_read  # bound once: the per-layer path calls it 26 times a token
         # The forward under way: layer 0 begins its step, the last layer commits it, an error
-        # while a layer is served aborts it (kvcore.integrations.forward_step).
+        # while a layer is served aborts it (kvcore.forward_step).
         self._forward: ForwardStep[Step] = ForwardStep(self._n_layers, commit_after=self._n_layers)
         self._T = 0  # the begun step's T
         self._layouts: list[StepLayout] = []
@@ -626,7 +558,7 @@ __all__ = [
 ]
 
 # Continuous batching lives in kvcore.integrations.hf_batch; these names are served from here
-# too, imported on first use (hf_batch imports this module).
+# too, imported on first use (hf_batch does not import this module: no cycle).
 _BATCHING = ("BatchCounters", "BatchOptions", "KVCoreBatchingManager", "generate_batch", "init_kvcore_batching")
 
 

@@ -10,7 +10,7 @@ unchanged on top of it; what they ask of the cache is answered by kvcore:
   blocks are named by the token ids each step carries;
 - parallel samples fork their parent (``prepare_fork_request`` is ``fork_many``):
   prompt blocks are shared, a partly filled one copied on write by the plan;
-- K/V live in kvcore's torch paged pool (``TorchPagedKV``), one tensor per layer
+- K/V live in kvcore's torch paged pool (``TorchPagedKVPool``), one tensor per layer
   indexed by pool row; ``update`` performs the step's block copies, writes the
   new rows at the plan's slots and returns the rows transformers' masks expect
   (each request's keys in position order), so its paged attention functions
@@ -34,8 +34,8 @@ from kvcore.integrations.hf_batch.options import BatchOptions, batch_config
 from kvcore.integrations.hf_batch.shared_prefill import SharedPrefill
 from kvcore.integrations.hf_batch.step_round import StepRound
 from kvcore.integrations.hf_batch.tokens import prompt_tokens_in_step
-from kvcore.integrations.torch_paged import TorchPagedKV
-from kvcore.integrations.transformers import SLIDING
+from kvcore.torch.paged import TorchPagedKVPool
+from kvcore.integrations.hf_layers import SLIDING
 
 
 class _NoSectors:
@@ -69,7 +69,7 @@ class KVCorePagedCache:
         self.dtype = dtype
         self.batch = BatchCache(kv_config)
         self.pool = _NoSectors(self)
-        self.kv = TorchPagedKV(self.batch, dtype=dtype, device=device)
+        self.kv = TorchPagedKVPool(self.batch, dtype=dtype, device=device)
         self.counters = BatchCounters()
         self.cache_allocators: dict[str, GroupView] = {}
         self.layer_to_allocator: dict[int, GroupView] = {}

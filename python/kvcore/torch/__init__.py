@@ -1,0 +1,30 @@
+"""kvcore's torch byte layers: the torch counterparts of ``KVPool`` and ``PagedKVPool``.
+
+kvcore plans steps with integers; a byte layer owns the K/V bytes and applies the
+plans. These keep the bytes in torch tensors (any device), beside the numpy ones of
+``kvcore._core``:
+
+- ``TorchKVPool`` (``kvcore.torch.pool``): one ``SequenceCache``'s rows, per layer
+  ``[batch, n_kv_heads, rows, dim]`` tensors laid out by the step's plans.
+- ``TorchPagedKVPool`` (``kvcore.torch.paged``): a ``BatchCache``'s rows, per layer
+  ``[1, n_kv_heads, pool rows, dim]`` tensors indexed by pool row.
+- Their record export and import (``pool_records``, ``paged_records``: docs/state.md),
+  reached through their ``export_sequence`` / ``import_sequence`` methods and
+  ``kvcore.state``; ``layer`` (one layer's tensors of a ``TorchKVPool``) and
+  ``record_dtypes`` (the dtypes a record and a tensor share) below them.
+
+Naming: a byte layer class is ``[Torch]<Cache kind>KVPool``: ``KVPool`` /
+``TorchKVPool`` over a ``SequenceCache``, ``PagedKVPool`` / ``TorchPagedKVPool`` over a
+``BatchCache``. Needs ``torch``; ``import kvcore`` does not import this package.
+The old paths (``kvcore.integrations.torch_pool``, ``torch_paged``, ``torch_state``,
+``torch_paged_state``, and the name ``TorchPagedKV``) work for one more release and
+warn (DeprecationWarning).
+"""
+
+from __future__ import annotations
+
+from kvcore.torch.layer import LayerPool
+from kvcore.torch.paged import TorchPagedKVPool
+from kvcore.torch.pool import ORDERS, StepLayout, TorchKVPool, read_positions
+
+__all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "read_positions"]

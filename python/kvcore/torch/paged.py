@@ -1,0 +1,284 @@
+"""TorchPagedKVPool: a ``kvcore.BatchCache``'s K/V rows in torch tensors, one per layer, by pool row.
+
+The torch counterpart of ``kvcore.PagedKVPool`` (``kvcore.torch``: docs/pool.md).
+
+A ``BatchCache`` keeps, per group of layers sharing a policy, a pool of blocks
+of ``block_size`` rows and decides where every new token goes (the plan's
+``slots``) and which blocks to copy first (``copies``, copy-on-write of a shared,
+partly filled block). This module owns the bytes: per layer two tensors
+``[1, n_kv_heads, rows, dim]`` (keys, values) whose row ``r`` is row ``r`` of the
+layer's group pool. It performs a step's copies, writes the new rows at their
+slots and returns a layer's live rows ``[0, used_blocks * block_size)`` as views
+(blocks are allocated lowest index first, so the live rows are packed at the
+start: no gather). A draft tree's nodes are written at their slots like any
+token (mask them with the plan's tree-aware ``mask``); ``apply_commit`` performs
+a tree commit's row copies. ``export_sequence`` / ``import_sequence`` move one
+sequence as a record (docs/state.md, ``kvcore.torch.paged_records``).
+
+Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
+default the group's whole pool); otherwise a layer starts empty and grows by
+doubling, never past its group's pool. New rows are zeros: rows a step returns
+but masks out must hold finite values (attention computes scores before masking,
+and a NaN would survive it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional, Sequence, Union, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvcore._core import BatchCache
+from kvcore._errors import InvalidArgumentError, InvalidStateError
+from kvcore.state import RecordSource
+from kvcore.torch import paged_records
+
+
+class TorchPagedKVPool:
+    """K/V tensors ``[1, n_kv_heads, rows, dim]`` per layer of a ``BatchCache``, indexed by pool row.
+
+    ``dtype``/``device``: what every tensor holds. ``preallocate``: allocate each layer
+    now (``rows_hint(group)`` rows if given, else the group's whole pool) instead of
+    growing lazily. Raises InvalidArgumentError for a bad layer or tensors that do not fit.
+    """
+
+    def __init__(
+        self,
+        cache: BatchCache,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Union[torch.device, str] = "cpu",
+        preallocate: bool = False,
+        rows_hint: Optional[list[int]] = None,
+    ) -> None:
+        self.cache = cache
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.block_size = cache.block_size
+        n = cache.n_layers
+        self.group_of = [cache.group_of(layer) for layer in range(n)]
+        configs = [cache.layer_config(layer) for layer in range(n)]
+        self._heads = [c.n_kv_heads for c in configs]
+        self._dims = [(c.head_dim, c.value_dim) for c in configs]
+        # The most rows a layer can need: its group's whole pool.
+        self.max_rows = [cache.num_blocks(g) * self.block_size for g in range(cache.n_groups)]
+        self._keys: list[Optional[torch.Tensor]] = [None] * n
+        self._values: list[Optional[torch.Tensor]] = [None] * n
+        self._preallocate = preallocate
+        self._checked_slots: Optional[torch.Tensor] = None  # the slots write_read checked last, and rows
+        self._checked_rows = -1
+        self._rows_hint = rows_hint
+        if preallocate:
+            self.allocate_all()
+
+    # --- allocation -------------------------------------------------------------
+
+    def allocate_all(self) -> None:
+        """Allocate every layer: ``rows_hint[group]`` rows (capped at the pool), else the whole pool."""
+        for layer, g in enumerate(self.group_of):
+            rows = self.max_rows[g] if self._rows_hint is None else min(self._rows_hint[g], self.max_rows[g])
+            self._keys[layer], self._values[layer] = self._zeros(layer, rows)
+
+    def _zeros(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        h, (dk, dv) = self._heads[layer], self._dims[layer]
+        keys = torch.zeros((1, h, rows, dk), dtype=self.dtype, device=self.device)
+        values = torch.zeros((1, h, rows, dv), dtype=self.dtype, device=self.device)
+        return keys, values
+
+    def allocated_rows(self, layer: int) -> int:
+        """Rows the layer's tensors hold now (0 before its first write)."""
+        self._check_layer(layer)
+        keys = self._keys[layer]
+        return 0 if keys is None else int(keys.shape[2])
+
+    def tensors(self, layer: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The layer's K and V tensors ``[1, n_kv_heads, allocated_rows, dim]`` (row ``r`` is row
+        ``r`` of its group's pool), or None before its first write. InvalidArgumentError: bad layer."""
+        self._check_layer(layer)
+        keys, values = self._keys[layer], self._values[layer]
+        return None if keys is None or values is None else (keys, values)
+
+    def ensure(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make the layer hold at least ``rows`` rows, doubling (rows keep their index and bytes);
+        returns its K and V tensors."""
+        keys, values = self._keys[layer], self._values[layer]
+        have = 0 if keys is None else int(keys.shape[2])
+        if keys is not None and values is not None and rows <= have:
+            return keys, values
+        grown = max(have, 1)
+        while grown < rows:
+            grown *= 2
+        grown = min(grown, self.max_rows[self.group_of[layer]])
+        new_keys, new_values = self._zeros(layer, grown)
+        if keys is not None and values is not None and have:
+            new_keys[:, :, :have].copy_(keys)
+            new_values[:, :, :have].copy_(values)
+        self._keys[layer], self._values[layer] = new_keys, new_values
+        return new_keys, new_values
+
+    def release(self) -> None:
+        """Drop every tensor (re-allocated as configured)."""
+        self._keys = [None] * len(self._keys)
+        self._values = [None] * len(self._values)
+        if self._preallocate:
+            self.allocate_all()
+
+    def nbytes(self, layer: Optional[int] = None) -> int:
+        """Bytes of one layer's K/V tensors, or of every layer's."""
+        layers = range(len(self._keys)) if layer is None else [layer]
+        total = 0
+        for i in layers:
+            keys, values = self._keys[i], self._values[i]
+            if keys is not None and values is not None:
+                total += keys.numel() * keys.element_size() + values.numel() * values.element_size()
+        return total
+
+    # --- the per-step path --------------------------------------------------------
+
+    def copy_blocks(self, group: int, copies: npt.NDArray[np.int32]) -> None:
+        """Perform a plan's block copies ``(src, dst)`` of ``group`` in every allocated layer of it."""
+        if len(copies) == 0:
+            return
+        B = self.block_size
+        # Once per group, not per layer: every layer's tensors live on self.device.
+        src = torch.from_numpy((copies[:, 0:1].astype(np.int64) * B + np.arange(B)).reshape(-1)).to(self.device)
+        dst = torch.from_numpy((copies[:, 1:2].astype(np.int64) * B + np.arange(B)).reshape(-1)).to(self.device)
+        rows = (int(copies[:, 1].max()) + 1) * B  # past the last destination row
+        for layer, g in enumerate(self.group_of):
+            keys, values = self._keys[layer], self._values[layer]
+            if g != group or keys is None or values is None:
+                continue
+            keys, values = self.ensure(layer, rows)
+            keys.index_copy_(2, dst, keys.index_select(2, src))
+            values.index_copy_(2, dst, values.index_select(2, src))
+
+    def apply_commit(self, copies: tuple[npt.NDArray[np.int32], ...]) -> None:
+        """Perform a draft-tree commit's row copies in every allocated layer: ``copies`` is what
+        ``cache.commit(step, accepted=...)`` returned, one ``(n, 2)`` array of rows ``(src, dst)`` per
+        group. Each copy reads its node's row as the step wrote it (no copy reads a row an earlier one
+        wrote: docs/batch.md section 9), so each group's copies run as one gather and one scatter.
+        Raises InvalidArgumentError when ``copies`` is not one ``(n, 2)`` int array per group or a
+        row lies outside the group's pool ``[0, num_blocks * block_size)``, InvalidStateError when a
+        row lies past what an allocated layer holds (the tree step was not written). Every group is
+        checked before anything is copied."""
+        if len(copies) != len(self.max_rows):
+            raise InvalidArgumentError(
+                f"apply_commit: {len(copies)} arrays of copies for {len(self.max_rows)} groups: pass what "
+                "cache.commit(step, accepted=...) returned"
+            )
+        checked = []
+        for group, pairs in enumerate(copies):
+            a = np.asarray(pairs)
+            if a.ndim != 2 or a.shape[1] != 2 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+                raise InvalidArgumentError(f"apply_commit: copies[{group}] must be an (n, 2) int array, got shape {a.shape}")
+            rows = self.max_rows[group]
+            bad = np.flatnonzero(((a < 0) | (a >= rows)).any(axis=1))
+            if bad.size:
+                i = int(bad[0])
+                raise InvalidArgumentError(
+                    f"apply_commit: copies[{group}][{i}] (row {int(a[i, 0])} to row {int(a[i, 1])}) must lie in "
+                    f"rows [0, {rows})"
+                )
+            allocated = [int(k.shape[2]) for k, g in zip(self._keys, self.group_of) if g == group and k is not None]
+            if a.size and allocated and int(a.max()) >= min(allocated):
+                raise InvalidStateError(
+                    f"apply_commit: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
+                    f"layer of group {group} holds: write the tree step first"
+                )
+            checked.append(a)
+        for group, a in enumerate(checked):
+            if a.size == 0:
+                continue
+            src = torch.from_numpy(np.ascontiguousarray(a[:, 0], dtype=np.int64)).to(self.device)
+            dst = torch.from_numpy(np.ascontiguousarray(a[:, 1], dtype=np.int64)).to(self.device)
+            for layer, g in enumerate(self.group_of):
+                keys, values = self._keys[layer], self._values[layer]
+                if g != group or keys is None or values is None:
+                    continue
+                keys.index_copy_(2, dst, keys.index_select(2, src))
+                values.index_copy_(2, dst, values.index_select(2, src))
+
+    def write_read(
+        self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the step's rows of ``layer`` at ``slots`` (a 1-D int64 tensor on the store's device, one
+        pool row per token, in the tokens' order: the plan's slots), return rows ``[0, rows)`` of K
+        and V as views. ``key``/``value``: ``[1, H, n_tokens, dim]``, taken detached when they
+        require grad (the values are stored, never their autograd history: the store is for
+        inference). InvalidArgumentError, before any row is written: a bad layer, tensors that do
+        not fit it, ``rows`` outside ``[0, max_rows]`` or a slot outside ``[0, rows)``."""
+        self._check_layer(layer)
+        h, (dk, dv) = self._heads[layer], self._dims[layer]
+        n = int(slots.shape[0])
+        if tuple(key.shape) != (1, h, n, dk) or tuple(value.shape) != (1, h, n, dv):
+            raise InvalidArgumentError(
+                f"layer {layer}: key {tuple(key.shape)} / value {tuple(value.shape)}: want "
+                f"{(1, h, n, dk)} / {(1, h, n, dv)} for a step of {n} tokens"
+            )
+        if self._checked_slots is not slots or self._checked_rows != rows:  # once per step and group
+            self._check_slots(layer, slots, rows)
+        if key.requires_grad or value.requires_grad:  # inference only: the values, never the graph
+            key, value = key.detach(), value.detach()
+        keys, values = self.ensure(layer, rows)
+        keys.index_copy_(2, slots, key.to(self.dtype))
+        values.index_copy_(2, slots, value.to(self.dtype))
+        return keys[:, :, :rows], values[:, :, :rows]
+
+    def _check_slots(self, layer: int, slots: torch.Tensor, rows: int) -> None:
+        """InvalidArgumentError unless ``slots`` is a 1-D int64 tensor of rows in ``[0, rows)`` and
+        ``rows`` fits the layer's group pool; remembered so the other layers of the step skip it."""
+        top = self.max_rows[self.group_of[layer]]
+        if not 0 <= rows <= top:
+            raise InvalidArgumentError(f"layer {layer}: rows = {rows}: must be in [0, {top}] (the group's pool)")
+        if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype != torch.int64:
+            what = f"{slots.dtype} of shape {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else type(slots).__name__
+            raise InvalidArgumentError(f"layer {layer}: slots must be a 1-D int64 tensor, got {what}")
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= rows):
+            raise InvalidArgumentError(
+                f"layer {layer}: slots reach rows [{int(slots.min())}, {int(slots.max())}]: must lie in [0, rows = {rows})"
+            )
+        self._checked_slots, self._checked_rows = slots, rows
+
+    # --- sequence records (docs/state.md) ---------------------------------------------
+
+    def export_sequence(
+        self, seq: int, tokens: Optional[Union[Sequence[int], npt.NDArray[np.integer[Any]]]] = None
+    ) -> bytes:
+        """Sequence ``seq`` as a record (bytes, docs/state.md), byte for byte what a ``PagedKVPool``
+        holding the same rows gives; ``tokens``: ids of positions ``[0, len(tokens))`` (all of them
+        let an importer share a prefix it caches). Holds a transient numpy pool spanning the rows up
+        to the sequence's highest block. Errors: ``paged_records.export_sequence``."""
+        return paged_records.export_sequence(self, seq, tokens)
+
+    def import_sequence(self, seq: int, record: RecordSource) -> None:
+        """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
+        ``seq`` (inactive), the record validated once, and writes the rows of the blocks the import
+        wrote (blocks of a prefix the cache holds are shared, not written); changes nothing on an
+        error. ``import_sequence(record, seq)``, the order of the last release, still works and
+        warns (DeprecationWarning). Errors: ``paged_records.import_sequence``."""
+        if isinstance(record, (int, np.integer)) and not isinstance(record, bool) and not isinstance(seq, (int, np.integer)):
+            warnings.warn(
+                "TorchPagedKVPool.import_sequence(record, seq) is deprecated: pass import_sequence(seq, record)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            seq, record = cast(int, record), cast(RecordSource, seq)
+        paged_records.import_sequence(self, seq, record)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < len(self._keys):
+            raise InvalidArgumentError(f"layer = {layer}: must be in [0, n_layers = {len(self._keys)})")
+
+
+def __getattr__(name: str) -> Any:
+    """``TorchPagedKV``: the name of the last release, deprecated (DeprecationWarning)."""
+    if name == "TorchPagedKV":
+        warnings.warn("TorchPagedKV is deprecated: use kvcore.torch.TorchPagedKVPool", DeprecationWarning, stacklevel=2)
+        return TorchPagedKVPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["TorchPagedKVPool"]

@@ -1,0 +1,87 @@
+"""The paths and argument orders of the last release keep working for one release, with a DeprecationWarning.
+
+pytest runs with warnings as errors, so each test expects its warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch byte layers need torch")
+
+import kvcore  # noqa: E402
+from kvcore import state  # noqa: E402
+from kvcore.torch import TorchKVPool, TorchPagedKVPool  # noqa: E402
+
+OLD = {
+    "kvcore.integrations.torch_pool": ("kvcore.torch.pool", ["TorchKVPool", "LayerPool", "StepLayout", "read_positions"]),
+    "kvcore.integrations.torch_paged": ("kvcore.torch.paged", ["TorchPagedKVPool", "TorchPagedKV"]),
+    "kvcore.integrations.torch_state": ("kvcore.torch.pool_records", ["export_sequence", "import_sequence"]),
+    "kvcore.integrations.torch_paged_state": ("kvcore.torch.paged_records", ["export_sequence", "import_sequence"]),
+    "kvcore.integrations.forward_step": ("kvcore.forward_step", ["ForwardStep", "KVStep"]),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD))
+def test_an_old_module_path_imports_with_a_deprecation_warning(monkeypatch: pytest.MonkeyPatch, old: str) -> None:
+    new, names = OLD[old]
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: import {new}"):
+        module = importlib.import_module(old)
+    for name in names:
+        assert getattr(module, name) is not None, name
+
+
+def test_the_old_class_name_is_the_new_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvcore.torch.paged as paged
+
+    with pytest.warns(DeprecationWarning, match="TorchPagedKV is deprecated"):
+        assert paged.TorchPagedKV is TorchPagedKVPool  # type: ignore[attr-defined]
+    monkeypatch.delitem(sys.modules, "kvcore.integrations.torch_paged", raising=False)
+    with pytest.warns(DeprecationWarning):
+        old = importlib.import_module("kvcore.integrations.torch_paged")
+    assert old.TorchPagedKV is TorchPagedKVPool
+
+
+def _batch() -> tuple[TorchPagedKVPool, bytes]:
+    """A paged pool and the record of a 3-token sequence exported from another."""
+    layers = [kvcore.LayerConfig(kvcore.Flat(), n_kv_heads=1, head_dim=4)]
+    cfg = kvcore.CacheConfig(32, layers, max_step=4, batch=kvcore.BatchLimits(block_size=4, max_seqs=2, num_blocks=8))
+    src = kvcore.BatchCache(cfg)
+    numpy_pool = kvcore.PagedKVPool(src, np.float32)
+    src.add_sequence(0)
+    with src.step([(0, 3)]) as step:
+        numpy_pool.update(0, step, np.ones((3, 1, 4), np.float32), np.ones((3, 1, 4), np.float32))
+    return TorchPagedKVPool(kvcore.BatchCache(cfg)), numpy_pool.export_sequence(0)
+
+
+def test_the_old_argument_order_of_torch_paged_import_warns_and_works() -> None:
+    dest, record = _batch()
+    with pytest.warns(DeprecationWarning, match=r"import_sequence\(record, seq\) is deprecated"):
+        dest.import_sequence(record, 1)  # type: ignore[arg-type]
+    assert dest.cache.sequence(1).length == 3
+
+
+@pytest.mark.parametrize("keyword", [False, True])
+def test_the_old_argument_order_of_state_import_warns_and_works(keyword: bool) -> None:
+    dest, record = _batch()
+    with pytest.warns(DeprecationWarning, match=r"import_sequence\(pool, record, seq\) is deprecated"):
+        if keyword:
+            state.import_sequence(dest, record, seq=1)
+        else:
+            state.import_sequence(dest, record, 1)
+    assert dest.cache.sequence(1).length == 3
+
+
+def test_the_new_argument_order_does_not_warn() -> None:
+    dest, record = _batch()
+    state.import_sequence(dest, 1, record)
+    dest2, _ = _batch()
+    dest2.import_sequence(1, record)
+    one = TorchKVPool(kvcore.SequenceCache(kvcore.CacheConfig(32, [kvcore.LayerConfig(kvcore.Flat(), 1, 4)], max_step=4)))
+    with pytest.raises(kvcore.InvalidArgumentError, match="holds one sequence"):
+        state.import_sequence(one, 1, record)

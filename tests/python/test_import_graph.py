@@ -1,0 +1,114 @@
+"""The import graph of python/kvcore: no cycle, no private name imported across modules.
+
+Every module's imports are read with ``ast`` (module level, ``if TYPE_CHECKING`` blocks and
+imports inside functions alike: a deferred import is still an edge). ``from pkg import sub``
+where ``sub`` is a module is an edge to that module; any other ``from mod import name`` an
+edge to ``mod``. A cycle fails, so does importing a name with a leading underscore from
+another module, except the package's lowest layer: the compiled core (``kvcore._core``)
+and the private modules holding what every layer shares (``kvcore._errors``,
+``kvcore._paths``, ``kvcore._argparse``), whose names are imported by module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "python"
+PACKAGE = ROOT / "kvcore"
+LOWEST = {"kvcore._core", "kvcore._errors", "kvcore._paths", "kvcore._argparse"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str) -> list[tuple[str, str, int]]:
+    """(imported module, imported name or "", line) for every import in module ``name`` of kvcore."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, "", node.lineno) for alias in node.names if alias.name.split(".")[0] == "kvcore"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the package
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] != "kvcore":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((sub, "", node.lineno) if sub in MODULES or sub in LOWEST else (base, alias.name, node.lineno))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {target for target, _, _ in imports(m) if target in MODULES and target != m} for m in MODULES}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``edges`` as a path [a, b, ..., a], or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str]:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                return path[path.index(n) :] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        state[m] = 2
+        path.pop()
+        return []
+
+    for m in sorted(edges):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return []
+
+
+def test_the_graph_is_read() -> None:
+    edges = graph()
+    assert len(MODULES) > 30
+    assert "kvcore.torch.pool_records" in edges["kvcore.torch.pool"]
+    assert "kvcore.integrations.hf_batch" in edges["kvcore.integrations.transformers"]  # its __getattr__
+
+
+def test_no_import_cycle() -> None:
+    cycle = find_cycle(graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    bad = []
+    for m in MODULES:
+        for target, name, line in imports(m):
+            private_module = any(part.startswith("_") and part != "__init__" for part in target.split("."))
+            if private_module and target not in LOWEST:
+                bad.append(f"{m}:{line} imports the private module {target}")
+            if name.startswith("_") and target not in LOWEST - {"kvcore._errors", "kvcore._paths", "kvcore._argparse"}:
+                bad.append(f"{m}:{line} imports the private name {target}.{name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_state_imports_no_byte_layer_above_the_core() -> None:
+    """kvcore.state reaches byte layers through SequencePool: it imports nothing of kvcore but the lowest layer."""
+    assert {t for t, _, _ in imports("kvcore.state")} <= LOWEST
