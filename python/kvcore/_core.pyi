@@ -601,9 +601,9 @@ def check_record(record: _Buffer) -> None:
     """
 
 def seal_record(out: _WritableBuffer) -> None:
-    """Writes the checksum of the record in the writable buffer `out` (its last 8 bytes, over every
-    byte before them), for a writer that filled a record's rows itself. InvalidArgumentError: out
-    read-only or shorter than 72 bytes.
+    """Writes the checksum of the record in the buffer `out` (its last 8 bytes, over every byte
+    before them), for a writer that filled a record's rows itself. InvalidArgumentError: out not a
+    buffer, read-only, not C-contiguous, or shorter than 72 bytes.
     """
 
 class KVPool(metaclass=_pybind11_type):
@@ -661,13 +661,17 @@ class KVPool(metaclass=_pybind11_type):
     def export_sequence(self, tokens: _Tokens | None = None) -> bytes:
         """The cache's sequence as a record (bytes, docs/state.md): length, per layer the rows its
         layer still holds (a ring's sinks and window, not what it released) and `tokens` (the ids of
-        positions [0, len(tokens)), optional). InvalidArgumentError: more tokens than the length;
-        InvalidStateError: a step is begun.
+        positions [0, len(tokens)), optional: a 1-D int32 or int64 array or a list of ints, copied;
+        never cast from floats, bools or strings). InvalidArgumentError: more tokens than the
+        length, tokens of another dtype or shape, an id beyond 32 bits; TypeError: a list item that
+        is not an int; InvalidStateError: a step is begun.
         """
     def export_into(self, out: _WritableBuffer, tokens: _Tokens | None = None) -> int:
-        """Writes the record export_sequence() gives into the writable buffer `out` (8-byte aligned,
-        at least export_size() bytes, e.g. a numpy uint8 array) and returns its size.
-        InvalidArgumentError: out too small, misaligned or read-only; errors as export_sequence.
+        """Writes the record export_sequence() gives into the first bytes of the buffer `out`
+        (writable, C-contiguous, 8-byte aligned, at least export_size() bytes, e.g. a numpy uint8
+        array) and returns its size in bytes. InvalidArgumentError: out not a buffer, read-only, not
+        C-contiguous (a strided, negative-stride, stride-0 or Fortran-ordered view), misaligned or
+        too small, checked before anything is written; errors as export_sequence.
         """
     def import_sequence(self, record: _Buffer) -> None:
         """Admits the sequence of `record` (any bytes-like object) into the empty cache and this
@@ -846,7 +850,8 @@ class BatchStepPlan(metaclass=_pybind11_type):
         used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t may
         see the key in row r (its own sequence's, by the visibility rule, not removed; a tree node
         sees its history by the rule at its position and, of its tree, itself and its ancestors
-        within the window). A new array. InvalidArgumentError: bad group or rows.
+        within the window). A new read-only array (np.array(mask) for a writable copy).
+        InvalidArgumentError: bad group or rows.
         """
     @property
     def positions(self) -> npt.NDArray[np.int32]:
@@ -1060,9 +1065,9 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
     def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
-        """An empty active sequence adopts the longest cached prefix of `tokens` (any iterable of
-        ints; a C-contiguous int32 numpy array is read in place) (full blocks, at most len(tokens) -
-        1 tokens) every group holds; returns its length in positions, a multiple of block_size (0: a
+        """An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or
+        int64 array, or any iterable of ints; copied once) (full blocks, at most len(tokens) - 1
+        tokens) every group holds; returns its length in positions, a multiple of block_size (0: a
         miss), which becomes the sequence's length. InvalidArgumentError: seq outside [0, max_seqs),
         len(tokens) > capacity. InvalidStateError: seq not active, or not empty (length > 0).
         """
@@ -1223,14 +1228,17 @@ class PagedKVPool(metaclass=_pybind11_type):
     def export_sequence(self, seq: SupportsIndex, tokens: _Tokens | None = None) -> bytes:
         """Sequence `seq` as a record (bytes, docs/state.md): length, removed head and holes, per
         layer the rows its group still holds (a ring's sink blocks and window, not what it released)
-        and `tokens` (the ids of positions [0, len(tokens)), optional; with all of them an importer
-        can share a prefix it caches). InvalidArgumentError: bad seq, more tokens than the length;
+        and `tokens` (the ids of positions [0, len(tokens)), optional, a 1-D int32 or int64 array or
+        a list of ints, copied and never cast; with all of them an importer can share a prefix it
+        caches). InvalidArgumentError: bad seq, more tokens than the length, tokens of another dtype
+        or shape, an id beyond 32 bits; TypeError: a list item that is not an int;
         InvalidStateError: seq not active, or a step is begun.
         """
     def export_into(self, seq: SupportsIndex, out: _WritableBuffer, tokens: _Tokens | None = None) -> int:
-        """Writes export_sequence(seq)'s record into the writable buffer `out` (8-byte aligned, at
-        least export_size() bytes) and returns its size. InvalidArgumentError: out too small,
-        misaligned or read-only; errors as export_sequence.
+        """Writes export_sequence(seq)'s record into the first bytes of the buffer `out` (writable,
+        C-contiguous, 8-byte aligned, at least export_size() bytes) and returns its size in bytes.
+        InvalidArgumentError: out not a buffer, read-only, not C-contiguous, misaligned or too
+        small, checked before anything is written; errors as export_sequence.
         """
     @overload
     def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[False] = False) -> None:
@@ -1295,7 +1303,7 @@ class PagedKVPool(metaclass=_pybind11_type):
         """mask(step, group) -> bool (n_tokens, used_blocks * block_size): mask[t, r] is True when
         the step's token t may see the key in row r of the group's layers (its own sequence's, by
         the visibility rule, not removed): the columns of update()'s rows. Read-only, built once per
-        group and step and shared by the group's layers (step.plan().mask(group) gives a new copy).
+        group and step and shared by the group's layers (step.plan().mask(group) gives a new one).
         InvalidArgumentError: bad group. InvalidStateError: a stale step or another cache's.
         """
     def gather(

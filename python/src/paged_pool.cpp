@@ -237,7 +237,7 @@ void register_paged_pool(py::module_& m) {
           "mask(step, group) -> bool (n_tokens, used_blocks * block_size): mask[t, r] is True when the "
           "step's token t may see the key in row r of the group's layers (its own sequence's, by the "
           "visibility rule, not removed): the columns of update()'s rows. Read-only, built once per group "
-          "and step and shared by the group's layers (step.plan().mask(group) gives a new copy). "
+          "and step and shared by the group's layers (step.plan().mask(group) gives a new one). "
           "InvalidArgumentError: bad group. InvalidStateError: a stale step or another cache's.")
       .def(
           "gather",
@@ -283,9 +283,11 @@ void register_paged_pool(py::module_& m) {
           py::arg("seq"), py::arg("tokens") = py::none(),
           "Sequence `seq` as a record (bytes, docs/state.md): length, removed head and holes, per layer "
           "the rows its group still holds (a ring's sink blocks and window, not what it released) and "
-          "`tokens` (the ids of positions [0, len(tokens)), optional; with all of them an importer can "
-          "share a prefix it caches). InvalidArgumentError: bad seq, more tokens than the length; "
-          "InvalidStateError: seq not active, or a step is begun.")
+          "`tokens` (the ids of positions [0, len(tokens)), optional, a 1-D int32 or int64 array or a list "
+          "of ints, copied and never cast; with all of them an importer can share a prefix it caches). "
+          "InvalidArgumentError: bad seq, more tokens than the length, tokens of another dtype or shape, an "
+          "id beyond 32 bits; TypeError: a list item that is not an int; InvalidStateError: seq not "
+          "active, or a step is begun.")
       .def(
           "export_into",
           [](const PyPagedPool& p, const PyInt& seq_arg, py::object out, py::object tokens) {
@@ -298,9 +300,10 @@ void register_paged_pool(py::module_& m) {
             return size;
           },
           py::arg("seq"), py::arg("out"), py::arg("tokens") = py::none(),
-          "Writes export_sequence(seq)'s record into the writable buffer `out` (8-byte aligned, at least "
-          "export_size() bytes) and returns its size. InvalidArgumentError: out too small, misaligned or "
-          "read-only; errors as export_sequence.")
+          "Writes export_sequence(seq)'s record into the first bytes of the buffer `out` (writable, "
+          "C-contiguous, 8-byte aligned, at least export_size() bytes) and returns its size in bytes. InvalidArgumentError: "
+          "out not a buffer, read-only, not C-contiguous, misaligned or too small, checked before anything "
+          "is written; errors as export_sequence.")
       .def(
           "import_sequence",
           [](PyPagedPool& p, const PyInt& seq, py::object record, bool written) -> py::object {

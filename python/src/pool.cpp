@@ -446,8 +446,10 @@ void register_pool(py::module_& m) {
           py::arg("tokens") = py::none(),
           "The cache's sequence as a record (bytes, docs/state.md): length, per layer the rows its "
           "layer still holds (a ring's sinks and window, not what it released) and `tokens` (the ids of "
-          "positions [0, len(tokens)), optional). InvalidArgumentError: more tokens than the length; "
-          "InvalidStateError: a step is begun.")
+          "positions [0, len(tokens)), optional: a 1-D int32 or int64 array or a list of ints, copied; "
+          "never cast from floats, bools or strings). InvalidArgumentError: more tokens than the length, "
+          "tokens of another dtype or shape, an id beyond 32 bits; TypeError: a list item that is not an "
+          "int; InvalidStateError: a step is begun.")
       .def(
           "export_into",
           [](const PyPool& p, py::object out, py::object tokens) {
@@ -459,9 +461,11 @@ void register_pool(py::module_& m) {
             return size;
           },
           py::arg("out"), py::arg("tokens") = py::none(),
-          "Writes the record export_sequence() gives into the writable buffer `out` (8-byte aligned, "
-          "at least export_size() bytes, e.g. a numpy uint8 array) and returns its size. "
-          "InvalidArgumentError: out too small, misaligned or read-only; errors as export_sequence.")
+          "Writes the record export_sequence() gives into the first bytes of the buffer `out` (writable, "
+          "C-contiguous, 8-byte aligned, at least export_size() bytes, e.g. a numpy uint8 array) and "
+          "returns its size in bytes. InvalidArgumentError: out not a buffer, read-only, not C-contiguous "
+          "(a strided, negative-stride, stride-0 or Fortran-ordered view), misaligned or too small, checked "
+          "before anything is written; errors as export_sequence.")
       .def(
           "import_sequence",
           [](PyPool& p, py::object record) {
@@ -505,9 +509,9 @@ void register_pool(py::module_& m) {
         kvcore::record_detail::put_u64(bytes + body, kvcore::record_checksum(bytes, body));
       },
       py::arg("out"),
-      "Writes the checksum of the record in the writable buffer `out` (its last 8 bytes, over every "
-      "byte before them), for a writer that filled a record's rows itself. InvalidArgumentError: "
-      "out read-only or shorter than 72 bytes.");
+      "Writes the checksum of the record in the buffer `out` (its last 8 bytes, over every byte "
+      "before them), for a writer that filled a record's rows itself. InvalidArgumentError: out not "
+      "a buffer, read-only, not C-contiguous, or shorter than 72 bytes.");
 
   // Step is registered by register_cache(); mask() joins it here.
   py::object step_type = py::type::of<StepHandle>();
