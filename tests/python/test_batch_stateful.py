@@ -646,7 +646,7 @@ class BatchMachine(RuleBasedStateMachine):
             "rewind.seq": ("seq", lambda: c.rewind(x, 0)),
             "rewind.n": ("n", lambda: c.rewind(0, x)),
             "adopt_prefix.seq": ("seq", lambda: c.adopt_prefix(x, [])),
-            "adopt_prefix.token": ("token", lambda: c.adopt_prefix(0, [1, x])),
+            "adopt_prefix.token": (r"adopt_prefix: tokens\[1\]", lambda: c.adopt_prefix(0, [1, x])),
             "begin_step.seq": ("seq", lambda: c.begin_step([(x, 1)])),
             "begin_step.T": ("T", lambda: c.begin_step([(0, x)])),
             "begin_step.token": ("token", lambda: c.begin_step([(0, 2, [0, x])])),
