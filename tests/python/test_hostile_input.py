@@ -433,3 +433,34 @@ def test_a_memoryview_and_an_array_array_are_read() -> None:
     ro.setflags(write=False)
     c.add_sequences(ro)  # inputs may be read-only
     assert c.sequence(3).active
+
+
+def test_buffers_changed_or_freed_after_the_call_change_no_result() -> None:
+    # Nothing the caches keep or return aliases a caller's buffer: a prompt
+    # overwritten and freed between begin_step and commit still names its blocks,
+    # and parents rewritten after begin_tree leave the tree as it was.
+    run_isolated("""
+        import gc
+        c = batch(block_size=8)
+        c.add_sequence(0)
+        prompt = list(range(100, 116))
+        tokens = np.array(prompt, np.int32)
+        step = c.begin_step(np.array([0]), 16, tokens=tokens)
+        tokens[:] = 0
+        del tokens
+        gc.collect()
+        c.commit(step)
+        c.release_sequence(0)
+        c.add_sequence(1)
+        assert c.adopt_prefix(1, prompt + [1]) == 16
+
+        cfg = kvcore.CacheConfig(64, kvcore.LayerConfig(kvcore.Ring(4, 1), 1, 4), max_step=8)
+        seq = kvcore.SequenceCache(cfg)
+        parents = np.array([-1, 0, 0, 1], np.int32)
+        tree = seq.begin_tree(parents)
+        held = tree.parents
+        parents[:] = [-1, 0, 1, 2]
+        del parents
+        gc.collect()
+        assert held.tolist() == tree.parents.tolist() == [-1, 0, 0, 1]
+    """)
