@@ -850,8 +850,7 @@ class BatchStepPlan(metaclass=_pybind11_type):
         used_blocks(group) * block_size, every live row): mask[t, r] is True when new token t may
         see the key in row r (its own sequence's, by the visibility rule, not removed; a tree node
         sees its history by the rule at its position and, of its tree, itself and its ancestors
-        within the window). A new read-only array (np.array(mask) for a writable copy).
-        InvalidArgumentError: bad group or rows.
+        within the window). A new array. InvalidArgumentError: bad group or rows.
         """
     @property
     def positions(self) -> npt.NDArray[np.int32]:

@@ -450,7 +450,7 @@ void register_batch(py::module_& m) {
           "may see the key in row r (its own sequence's, by the visibility rule, not removed; a tree "
           "node sees its history by the rule at its position and, of its tree, itself and its "
           "ancestors within the window). "
-          "A new read-only array (np.array(mask) for a writable copy). InvalidArgumentError: bad group or rows.")
+          "A new array. InvalidArgumentError: bad group or rows.")
       .def_property_readonly(
           "groups",
           [](const BatchPlanHandle& h) {

@@ -91,7 +91,7 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     throw_if_error(kvcore::internal::to_status(cache_->group_policy(group)));
     CachedMask& cached = masks_[static_cast<std::size_t>(group)];
     if (cached.step_id == h.step.id && cached.array) return cached.array;
-    py::array out = plan_mask(*cache_, plan, group);
+    py::array out = plan_mask(*cache_, plan, group, std::nullopt, /*shared=*/true);
     cached.step_id = h.step.id;
     cached.array = out;
     return std::move(out);

@@ -412,7 +412,7 @@ def test_the_arrays_a_batch_step_shares_stay_read_only() -> None:
     step = batch.begin_step([(0, 3, None, [-1, 0, 0])])
     plan = step.plan()
     group = plan.groups[0]
-    shared = {"PagedKVPool.mask": paged.mask(step, 0), "plan.mask": plan.mask(0), "seq_ids": plan.seq_ids,
+    shared = {"PagedKVPool.mask": paged.mask(step, 0), "seq_ids": plan.seq_ids,
               "positions": plan.positions, "chain_index": plan.chain_index, "tree_masks": plan.tree_masks,
               "slots": group.slots, "block_tables": group.block_tables}
     for name, a in shared.items():
