@@ -164,6 +164,15 @@ class SequenceAdmission {
                                  "import: group %d keeps positions [0, %d) whole, but the record lacks position %d "
                                  "(its exporter's window released it); use a block size that divides the sinks",
                                  g, keep_end, missing);
+    // A ring group's next query (at the length) needs its window: a record lacking
+    // part of it would leave holes the next gather reads (RecordView::parse refuses
+    // such a record first; this guards a direct admit()).
+    const int wb = group.policy().window_begin(in_.length);
+    const int lacks = ring ? first_missing(g, wb, in_.length) : -1;
+    KVCORE_CHECK_OR_RETURN_ERROR(lacks < 0, InvalidArgument,
+                                 "import: group %d (ring window %d) lacks position %d, which a query at length %d "
+                                 "needs: incomplete",
+                                 g, group.policy().window, lacks, in_.length);
     const int need = blocks_needed(g, group, hit_keys, hit);
     const int free = group.pool().free_blocks();
     KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources, "import: group %d needs %d blocks, %d are free", g,
