@@ -372,10 +372,22 @@ TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
   const Record& rec = p.rec;
   const int flat = *to.cache().group_of(1);
   const int before = *to.cache().used_blocks(flat);
-  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1));
+  // Untrusted (the default): the record's token ids name nothing and share nothing.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 2));
+  EXPECT_EQ(*to.cache().used_blocks(flat) - before, 6);
+  ASSERT_OK(to.cache().release_sequence(2));
+  // In another namespace than the prompt's: nothing shared either.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 2, kvcore::RecordTrust::tokens_in(9)));
+  EXPECT_EQ(*to.cache().blocks_held(2, flat), 6);
+  EXPECT_EQ(*to.cache().prefix_namespace(2), 9u);
+  ASSERT_OK(to.cache().release_sequence(2));
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, kvcore::RecordTrust::tokens_in(0)));
   // 24 positions are 6 blocks; the 4 the importer holds are shared, 2 are new.
-  EXPECT_EQ(*to.cache().used_blocks(flat) - before, 2);
   EXPECT_EQ(*to.cache().blocks_held(1, flat), 6);
+  const BatchCache& cache = to.cache();
+  const int* t1 = cache.block_tables(flat) + cache.table_rows()[1] * cache.table_stride();
+  const int* t0 = cache.block_tables(flat) + cache.table_rows()[0] * cache.table_stride();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t1[i], t0[i]) << "block " << i << " is shared";
 }
 
 // A byte layer that keeps its own rows (torch) learns which blocks an import
@@ -389,7 +401,8 @@ TEST(SequenceRecord, AnImportReportsExactlyTheBlocksItWrote) {
   };
   Written written[64];
   int n = 0;
-  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, [&](int g, int i, int b) {
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, kvcore::RecordTrust::tokens_in(0),
+                                  [&](int g, int i, int b) {
     if (n < 64) written[n] = Written{g, i, b};
     ++n;
   }));
