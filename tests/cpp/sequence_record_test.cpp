@@ -905,5 +905,66 @@ TEST(SequenceRecord, ARecordWhoseSizesWrapIsRefused) {
   expect_parse_refused(big, big.size, kvcore::Error::InvalidArgument, "more bytes than the record's");
 }
 
+
+// The poisoning scenario (issue 28): a record carrying a prompt's token ids
+// but other K/V, imported and released, must not decide what a later request
+// of that prompt reads: by default it names nothing; trusted in a namespace
+// of its own, only requests of that namespace find its blocks.
+TEST(SequenceRecord, AHostileRecordCannotChangeWhatALaterRequestReads) {
+  const int capacity = 64, max_step = 4, B = 4;
+  std::vector<std::int32_t> tokens(capacity);
+  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = 3 + i % 5;
+  // The hostile record: the prompt's 24 token ids, K/V of another version.
+  BatchSide hostile(model(capacity, max_step, B), 0);
+  ASSERT_OK(hostile.cache().add_sequence(0));
+  for (int i = 0; i < 6; ++i) hostile.step(4, 666, &tokens);
+  const Record rec = hostile.export_record(tokens);
+
+  BatchSide server(model(capacity, max_step, B), 1);
+  auto adopt = [&](int seq, std::uint64_t ns) {
+    EXPECT_TRUE(server.cache().add_sequence(seq, ns).ok());
+    // A prompt extending the record's 24 positions: a ring group serves a hit
+    // only where the record carried its window (at 24, not below).
+    const int hit = *server.cache().adopt_prefix(seq, tokens.data(), 32);
+    EXPECT_TRUE(server.cache().release_sequence(seq).ok());
+    return hit;
+  };
+  // Untrusted (the default): its blocks are named by nothing.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, server.cache(), server.pool(), 1));
+  EXPECT_EQ(*server.cache().prefix_namespace(1), 0u);
+  ASSERT_OK(server.cache().release_sequence(1));
+  EXPECT_EQ(adopt(2, 0), 0) << "an untrusted record's blocks served a later request";
+  // Trusted in the sender's namespace 77: only namespace 77 finds them.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, server.cache(), server.pool(), 1,
+                                  kvcore::RecordTrust::tokens_in(77)));
+  ASSERT_OK(server.cache().release_sequence(1));
+  EXPECT_EQ(adopt(2, 0), 0) << "namespace 77's blocks served the default namespace";
+  EXPECT_EQ(adopt(2, 78), 0) << "namespace 77's blocks served namespace 78";
+  EXPECT_EQ(adopt(2, 77), 24) << "namespace 77 finds its own blocks";
+  // An honest request of the default namespace computes the prompt; a later
+  // one of that namespace reads its blocks, whatever namespace 77 cached.
+  BatchSide& s = server;
+  ASSERT_OK(s.cache().add_sequence(3));
+  s.use(3);
+  for (int i = 0; i < 6; ++i) s.step(4, 1, &tokens);
+  ASSERT_OK(s.cache().release_sequence(3));
+  ASSERT_OK(s.cache().add_sequence(2));
+  const int hit = *s.cache().adopt_prefix(2, tokens.data(), 32);
+  ASSERT_EQ(hit, 24);
+  s.use(2);
+  BatchSide twin(model(capacity, max_step, B), 0);
+  ASSERT_OK(twin.cache().add_sequence(0));
+  for (int i = 0; i < hit / 4; ++i) twin.step(4, 1, &tokens);
+  const std::vector<Read> a = s.step(1, 5, nullptr), b = twin.step(1, 5, nullptr);
+  for (std::size_t l = 0; l < a.size(); ++l) EXPECT_TRUE(a[l] == b[l]) << "layer " << l << " read the record's K/V";
+  // A fork keeps its source's namespace; a rewind to 0 keeps it too.
+  ASSERT_OK(s.cache().add_sequence(0, 0xabcdef));
+  ASSERT_OK(s.cache().fork(0, 1, 0));
+  EXPECT_EQ(*s.cache().prefix_namespace(1), 0xabcdefu);
+  EXPECT_EQ(*s.cache().adopt_prefix(1, tokens.data(), 24), 0);
+  ASSERT_OK(s.cache().rewind(1, 0));
+  EXPECT_EQ(*s.cache().prefix_namespace(1), 0xabcdefu);
+}
+
 }  // namespace
 }  // namespace kvcore_test
