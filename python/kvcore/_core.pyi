@@ -1023,7 +1023,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """The sequence's committed length in positions (0 for an inactive one).
         InvalidArgumentError: seq outside [0, max_seqs).
         """
-    def add_sequence(self, seq: SupportsIndex) -> None:
+    def add_sequence(self, seq: SupportsIndex, namespace: int | bytes | str | None = None) -> None:
         """Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs).
         InvalidStateError: it is already active. CapacityError: max_active_seqs sequences are active
         (no table row is free).
@@ -1056,7 +1056,11 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
-    def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
+    def prefix_namespace(self, seq: SupportsIndex) -> int:
+        """."""
+    def adopt_prefix(
+        self, seq: SupportsIndex, tokens: Iterable[SupportsIndex], namespace: int | bytes | str | None = None
+    ) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (any iterable of
         ints; a C-contiguous int32 numpy array is read in place) (full blocks, at most len(tokens) -
         1 tokens) every group holds; returns its length in positions, a multiple of block_size (0: a
@@ -1230,7 +1234,15 @@ class PagedKVPool(metaclass=_pybind11_type):
         misaligned or read-only; errors as export_sequence.
         """
     @overload
-    def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[False] = False) -> None:
+    def import_sequence(
+        self,
+        seq: SupportsIndex,
+        record: _Buffer,
+        *,
+        written: Literal[False] = False,
+        trust_tokens: bool = False,
+        namespace: int | bytes | str | None = None,
+    ) -> None:
         """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
         or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
         full blocks of a prefix this cache holds (when the record knows every token id) are shared,
@@ -1248,7 +1260,15 @@ class PagedKVPool(metaclass=_pybind11_type):
         otherwise.
         """
     @overload
-    def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[True]) -> npt.NDArray[np.int32]:
+    def import_sequence(
+        self,
+        seq: SupportsIndex,
+        record: _Buffer,
+        *,
+        written: Literal[True],
+        trust_tokens: bool = False,
+        namespace: int | bytes | str | None = None,
+    ) -> npt.NDArray[np.int32]:
         """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
         or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
         full blocks of a prefix this cache holds (when the record knows every token id) are shared,

@@ -119,15 +119,30 @@ def _record_bytes(record: RecordSource) -> Any:
     return record
 
 
-def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None) -> None:
+def import_sequence(
+    pool: Pool,
+    record: RecordSource,
+    seq: Optional[int] = None,
+    *,
+    trust_tokens: bool = False,
+    namespace: Optional[Union[int, bytes, str]] = None,
+) -> None:
     """Admits the sequence of ``record`` (bytes-like, or a path to a file holding one)
     into ``pool``'s ``SequenceCache`` (empty; ``seq`` None) or as sequence ``seq``
     (inactive) of its ``BatchCache``. Checks everything first and changes nothing on
     an error; raises as ``pool.import_sequence`` (InvalidArgumentError: truncated,
-    corrupt, mismatched policy, shape or dtype; NotSupportedError: a newer version;
-    InvalidStateError: an active destination; CapacityError: too few blocks or
-    over capacity)."""
+    corrupt, incomplete, mismatched policy, shape or dtype; NotSupportedError: a newer
+    version; InvalidStateError: an active destination; CapacityError: too few blocks or
+    over capacity). Into a ``BatchCache`` the record's token ids name and share blocks
+    for prefix reuse only when ``trust_tokens`` is True or a prefix ``namespace`` is
+    given (None, an int in [0, 2**64), bytes or str; docs/state.md "Trust"); a
+    ``SequenceCache`` keys no prefix, and refuses both (InvalidArgumentError)."""
     data = _record_bytes(record)
+    trusted = trust_tokens or namespace is not None
+    if trusted and (isinstance(pool, KVPool) or _is_torch_kv_pool(pool)):
+        raise InvalidArgumentError(
+            "trust_tokens / namespace: a SequenceCache keys no prefix; they apply to a BatchCache's pool"
+        )
     if isinstance(pool, KVPool):
         if seq is not None:
             raise InvalidArgumentError("seq: a KVPool holds one sequence; pass seq=None")
@@ -135,7 +150,7 @@ def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None)
     elif isinstance(pool, PagedKVPool):
         if seq is None:
             raise InvalidArgumentError("seq: a PagedKVPool needs the sequence id to import into")
-        pool.import_sequence(seq, data)
+        pool.import_sequence(seq, data, trust_tokens=trust_tokens, namespace=namespace)
     elif _is_torch_kv_pool(pool):
         if seq is not None:
             raise InvalidArgumentError("seq: a TorchKVPool holds one sequence; pass seq=None")
@@ -143,7 +158,7 @@ def import_sequence(pool: Pool, record: RecordSource, seq: Optional[int] = None)
     elif _is_torch_paged_kv(pool):
         if seq is None:
             raise InvalidArgumentError("seq: a TorchPagedKV needs the sequence id to import into")
-        pool.import_sequence(data, seq)
+        pool.import_sequence(data, seq, trust_tokens=trust_tokens, namespace=namespace)
     else:
         raise InvalidArgumentError(_NOT_A_POOL.format(type(pool).__name__))
 

@@ -225,14 +225,17 @@ class TorchPagedKV:
 
         return torch_paged_state.export_sequence(self, seq, tokens)
 
-    def import_sequence(self, record: Any, seq: int) -> None:
+    def import_sequence(
+        self, record: Any, seq: int, *, trust_tokens: bool = False, namespace: Optional[Union[int, bytes, str]] = None
+    ) -> None:
         """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
         ``seq`` (inactive) and writes the rows of the blocks the import wrote (blocks of a prefix
-        the cache holds are shared, not written); changes nothing on an error. Errors:
+        the cache holds are shared, not written, when trusted: ``trust_tokens`` or a ``namespace``,
+        as ``PagedKVPool.import_sequence``); changes nothing on an error. Errors:
         ``torch_paged_state.import_sequence``."""
         from kvcore.integrations import torch_paged_state
 
-        torch_paged_state.import_sequence(self, record, seq)
+        torch_paged_state.import_sequence(self, record, seq, trust_tokens=trust_tokens, namespace=namespace)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < len(self._keys):

@@ -24,7 +24,7 @@ though only the sequence's rows are read or written.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -133,7 +133,14 @@ def _write_blocks(kv: "TorchPagedKV", info: RecordInfo, written: npt.NDArray[np.
                 tensor[0].index_copy_(1, index, _tensor_of(src[fresh], kv.dtype).permute(1, 0, 2).to(kv.device))
 
 
-def import_sequence(kv: "TorchPagedKV", record: RecordSource, seq: int) -> None:
+def import_sequence(
+    kv: "TorchPagedKV",
+    record: RecordSource,
+    seq: int,
+    *,
+    trust_tokens: bool = False,
+    namespace: Optional[Union[int, bytes, str]] = None,
+) -> None:
     """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
     ``seq`` (inactive) of ``kv``'s cache, and writes its rows into the tensors: only the blocks
     the import wrote, not those it shared with a prefix the cache holds. Checks everything first;
@@ -142,12 +149,16 @@ def import_sequence(kv: "TorchPagedKV", record: RecordSource, seq: int) -> None:
     truncated, corrupt, another layer count, policy, shape or dtype than the tensors';
     NotSupportedError: a newer version, a ring group's sink blocks would keep a position the record
     lacks; InvalidStateError: seq active; CapacityError: no free table row, over capacity, too many
-    holes, too few blocks), InvalidArgumentError also for tensors of a dtype no record holds."""
+    holes, too few blocks), InvalidArgumentError also for tensors of a dtype no record holds.
+    ``trust_tokens`` / ``namespace``: as ``PagedKVPool.import_sequence`` (by default the record's
+    token ids name and share no block)."""
     data = _record_bytes(record)
     name = _record_dtype(kv, "import")
     info = RecordInfo.of(data)  # truncated, corrupt, version: refused here, before any growth
     _grow_for(kv, info)
-    written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(seq, data, written=True)
+    written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(
+        seq, data, written=True, trust_tokens=trust_tokens, namespace=namespace
+    )
     _write_blocks(kv, info, written)
 
 
