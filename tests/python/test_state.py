@@ -186,7 +186,8 @@ def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: i
                 import_sequence(importer.pool, record, 3)
             assert not importer.cache.sequence(3).active
             continue
-        import_sequence(importer.pool, record, 3)
+        # Trusted (the importer's own prefill worker, say): the record's token ids share blocks.
+        import_sequence(importer.pool, record, 3, trust_tokens=True)
         if shape == "prefix":  # shared, not copied: the flat group takes only the rest
             assert importer.cache.used_blocks(1) - used < -(-info.length // other)
         same_rewinds(exporter, importer, exact=other == block_size)
@@ -389,9 +390,9 @@ def test_incomplete_records_are_refused_per_layer_kind() -> None:
     # (layers, what the refusal names): the reviewer's ring carrying only its sink; one
     # position short of the window (L - W + 1 = 9); the sink missing; a flat layer's head.
     cases = [
-        ([FLAT12, (1, 4, 1, (1, 2, 2), 1, 12, 1)], "layer 1 (ring, window 4, sinks 1) lacks position 9"),
+        ([FLAT12, (1, 4, 1, (1, 2, 2), 1, 12, 1)], r"layer 1 \(ring, window 4, sinks 1\) lacks position 9"),
         ([FLAT12, (1, 4, 1, (1, 2, 2), 1, 10, 3)], "lacks position 9, which a query at length 12 needs"),
-        ([FLAT12, (1, 4, 1, (1, 2, 2), 0, 9, 3)], "layer 1 (ring, window 4, sinks 1) lacks position 0"),
+        ([FLAT12, (1, 4, 1, (1, 2, 2), 0, 9, 3)], r"layer 1 \(ring, window 4, sinks 1\) lacks position 0"),
         ([(0, 0, 0, (1, 2, 2), 0, 1, 11), (1, 4, 1, (1, 2, 2), 1, 9, 4)], r"layer 0 \(flat"),
     ]
     for layers, text in cases:
