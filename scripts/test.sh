@@ -8,11 +8,12 @@
 #                   -fsanitize=address,undefined, both suites run under them,
 #                   plus the --tsan run
 #   --tsan          the gtests under ThreadSanitizer (all but the allocation-counting ones)
-#   --fuzz SECONDS  the three fuzzers (libFuzzer) for SECONDS in all, split
+#   --fuzz SECONDS  the four fuzzers (libFuzzer) for SECONDS in all, split
 #                   between them: the plan fuzzer from tests/fuzz/corpus, the
-#                   batch and tree fuzzers from tests/fuzz/batch_corpus and
-#                   tests/fuzz/tree_corpus; then the Python entry-point
-#                   fuzzer (atheris) for a third of SECONDS more
+#                   batch, tree and record fuzzers from tests/fuzz/batch_corpus,
+#                   tests/fuzz/tree_corpus and tests/fuzz/record_corpus; then
+#                   the Python entry-point fuzzer (atheris) for a third of
+#                   SECONDS more
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -123,6 +124,7 @@ if [ "$ROBUST" -gt 0 ]; then
          -Wall -Wextra -Werror -I cpp/include -DKVCORE_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/corpus\"" \
          -DKVCORE_BATCH_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/batch_corpus\"" \
          -DKVCORE_TREE_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/tree_corpus\"" \
+         -DKVCORE_RECORD_FUZZ_CORPUS_DIR="\"$ROOT/tests/fuzz/record_corpus\"" \
          $tsan_sources -lgtest -lgtest_main -pthread -o "$ROOT/build/tsan/kvcore_tests"; then
       TSAN_OPTIONS=halt_on_error=1 "$ROOT/build/tsan/kvcore_tests" --gtest_brief=1 || status=1
     else
@@ -130,12 +132,12 @@ if [ "$ROBUST" -gt 0 ]; then
     fi
   fi
   if [ "$FUZZ_SECONDS" -gt 0 ]; then
-    # The time is split in three: the plan fuzzer gets the seconds left over.
-    SHARE_SECONDS=$((FUZZ_SECONDS / 3))
-    PLAN_SECONDS=$((FUZZ_SECONDS - 2 * SHARE_SECONDS))
-    step "libFuzzer: the plan fuzzer for $PLAN_SECONDS s from tests/fuzz/corpus, the batch and tree fuzzers for $SHARE_SECONDS s each from tests/fuzz/batch_corpus and tests/fuzz/tree_corpus"
+    # The time is split in four: the plan fuzzer gets the seconds left over.
+    SHARE_SECONDS=$((FUZZ_SECONDS / 4))
+    PLAN_SECONDS=$((FUZZ_SECONDS - 3 * SHARE_SECONDS))
+    step "libFuzzer: the plan fuzzer for $PLAN_SECONDS s from tests/fuzz/corpus, the batch, tree and record fuzzers for $SHARE_SECONDS s each from tests/fuzz/batch_corpus, tests/fuzz/tree_corpus and tests/fuzz/record_corpus"
     if cmake -S tests/fuzz -B "$ROOT/build/fuzz" "${CLANG[@]}" >/dev/null && cmake --build "$ROOT/build/fuzz"; then
-      for fuzzer in plan batch tree; do
+      for fuzzer in plan batch tree record; do
         case $fuzzer in
           plan) seconds=$PLAN_SECONDS; corpus=tests/fuzz/corpus ;;
           *) seconds=$SHARE_SECONDS; corpus=tests/fuzz/${fuzzer}_corpus ;;

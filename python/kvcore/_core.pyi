@@ -1030,10 +1030,14 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """The sequence's committed length in positions (0 for an inactive one).
         InvalidArgumentError: seq outside [0, max_seqs).
         """
-    def add_sequence(self, seq: SupportsIndex) -> None:
-        """Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs).
-        InvalidStateError: it is already active. CapacityError: max_active_seqs sequences are active
-        (no table row is free).
+    def add_sequence(self, seq: SupportsIndex, namespace: int | bytes | str | None = None) -> None:
+        """Starts an empty sequence (length 0) in prefix namespace `namespace`: None (the default
+        namespace, 0), an int in [0, 2**64), or bytes / str hashed once (BLAKE2b, 8 bytes). Its full
+        blocks are named, and its adopt_prefix looks prompts up, in that namespace only: give
+        requests whose K/V differ for equal tokens (a tenant, LoRA adapter, model revision,
+        multimodal input) their own. Forks inherit it. InvalidArgumentError: seq outside [0,
+        max_seqs), a bad namespace. InvalidStateError: it is already active. CapacityError:
+        max_active_seqs sequences are active (no table row is free).
         """
     def release_sequence(self, seq: SupportsIndex) -> None:
         """Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs).
@@ -1063,12 +1067,20 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
-    def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
+    def prefix_namespace(self, seq: SupportsIndex) -> int:
+        """The 64-bit prefix namespace the sequence names its blocks in (0: the default; 0 once
+        released). InvalidArgumentError: seq outside [0, max_seqs).
+        """
+    def adopt_prefix(
+        self, seq: SupportsIndex, tokens: Iterable[SupportsIndex], namespace: int | bytes | str | None = None
+    ) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or
         int64 array, or any iterable of ints; copied once) (full blocks, at most len(tokens) - 1
-        tokens) every group holds; returns its length in positions, a multiple of block_size (0: a
-        miss), which becomes the sequence's length. InvalidArgumentError: seq outside [0, max_seqs),
-        len(tokens) > capacity. InvalidStateError: seq not active, or not empty (length > 0).
+        tokens) every group holds, in the sequence's prefix namespace; returns its length in
+        positions, a multiple of block_size (0: a miss), which becomes the sequence's length.
+        `namespace` (None: keep the sequence's, as add_sequence gave it) sets the namespace first
+        (as add_sequence's). InvalidArgumentError: seq outside [0, max_seqs), len(tokens) >
+        capacity, a bad namespace. InvalidStateError: seq not active, or not empty (length > 0).
         """
     def begin_step(
         self,
@@ -1240,17 +1252,29 @@ class PagedKVPool(metaclass=_pybind11_type):
         small, checked before anything is written; errors as export_sequence.
         """
     @overload
-    def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[False] = False) -> None:
+    def import_sequence(
+        self,
+        seq: SupportsIndex,
+        record: _Buffer,
+        *,
+        written: Literal[False] = False,
+        trust_tokens: bool = False,
+        namespace: int | bytes | str | None = None,
+    ) -> None:
         """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
-        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
-        full blocks of a prefix this cache holds (when the record knows every token id) are shared,
+        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows.
+        A record's token ids are its sender's word: by default the sequence names no block by them
+        and shares none with this cache's prefixes (an untrusted record cannot change what a later
+        request reads). trust_tokens=True, or a `namespace` (as add_sequence's; trust_tokens then
+        implied), names its full blocks by the record's token ids in that namespace (default: 0) and
+        shares the blocks of a prefix this cache holds there (when the record knows every token id),
         not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks
         everything first and changes nothing on an error (any begun step ends on success).
         InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
         other than the cache's; NotSupportedError: a newer record version, or a ring group whose
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
         CapacityError: no free table row (batch.max_active_seqs sequences are active), length over
-        capacity, too many holes, too few free blocks.
+        capacity, too many holes, too few free blocks; InvalidArgumentError also: a bad namespace.
 
         written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
         block index in the sequence, block id): every block of the sequence but the shared ones (a
@@ -1258,17 +1282,29 @@ class PagedKVPool(metaclass=_pybind11_type):
         otherwise.
         """
     @overload
-    def import_sequence(self, seq: SupportsIndex, record: _Buffer, *, written: Literal[True]) -> npt.NDArray[np.int32]:
+    def import_sequence(
+        self,
+        seq: SupportsIndex,
+        record: _Buffer,
+        *,
+        written: Literal[True],
+        trust_tokens: bool = False,
+        namespace: int | bytes | str | None = None,
+    ) -> npt.NDArray[np.int32]:
         """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
-        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows;
-        full blocks of a prefix this cache holds (when the record knows every token id) are shared,
+        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows.
+        A record's token ids are its sender's word: by default the sequence names no block by them
+        and shares none with this cache's prefixes (an untrusted record cannot change what a later
+        request reads). trust_tokens=True, or a `namespace` (as add_sequence's; trust_tokens then
+        implied), names its full blocks by the record's token ids in that namespace (default: 0) and
+        shares the blocks of a prefix this cache holds there (when the record knows every token id),
         not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks
         everything first and changes nothing on an error (any begun step ends on success).
         InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
         other than the cache's; NotSupportedError: a newer record version, or a ring group whose
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
         CapacityError: no free table row (batch.max_active_seqs sequences are active), length over
-        capacity, too many holes, too few free blocks.
+        capacity, too many holes, too few free blocks; InvalidArgumentError also: a bad namespace.
 
         written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
         block index in the sequence, block id): every block of the sequence but the shared ones (a

@@ -133,7 +133,13 @@ def _is_seq(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def import_sequence(pool: Pool, *args: Any, seq: Optional[int] = None) -> None:
+def import_sequence(
+    pool: Pool,
+    *args: Any,
+    seq: Optional[int] = None,
+    trust_tokens: bool = False,
+    namespace: Optional[Union[int, bytes, str]] = None,
+) -> None:
     """Admits the sequence of a record (bytes-like, or a path to a file holding one):
     ``import_sequence(pool, record)`` (or ``(pool, None, record)``) into ``pool``'s empty
     ``SequenceCache``, or ``import_sequence(pool, seq, record)`` as sequence ``seq``
@@ -142,9 +148,12 @@ def import_sequence(pool: Pool, *args: Any, seq: Optional[int] = None) -> None:
     warns (DeprecationWarning). Checks everything first and changes nothing on an error;
     raises InvalidArgumentError for a pool that is no ``SequencePool`` or a ``seq`` it does
     not take, else as ``pool.import_sequence`` (InvalidArgumentError: truncated, corrupt,
-    mismatched policy, shape or dtype; NotSupportedError: a newer version;
+    incomplete, mismatched policy, shape or dtype; NotSupportedError: a newer version;
     InvalidStateError: an active destination; CapacityError: too few blocks or over
-    capacity)."""
+    capacity). Into a ``BatchCache`` the record's token ids name and share blocks for
+    prefix reuse only when ``trust_tokens`` is True or a prefix ``namespace`` is given
+    (None, an int in [0, 2**64), bytes or str; docs/state.md "Trust"); a ``SequenceCache``
+    keys no prefix, and refuses both (InvalidArgumentError)."""
     if len(args) == 2 and (args[0] is None or _is_seq(args[0])) and seq is None:
         seq, record = args
     elif len(args) == 1 and seq is None:
@@ -163,9 +172,13 @@ def import_sequence(pool: Pool, *args: Any, seq: Optional[int] = None) -> None:
         )
     data = record_data(record)
     if _holds_one(pool, seq, "import into"):
+        if trust_tokens or namespace is not None:
+            raise InvalidArgumentError(
+                "trust_tokens / namespace: a SequenceCache keys no prefix; they apply to a BatchCache's pool"
+            )
         pool.import_sequence(data)
     else:
-        pool.import_sequence(seq, data)
+        pool.import_sequence(seq, data, trust_tokens=trust_tokens, namespace=namespace)
 
 
 @dataclass(frozen=True)

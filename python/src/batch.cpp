@@ -22,6 +22,7 @@
 #include "int_args.h"
 #include "kvcore/batch/batch_cache.h"
 #include "plan_mask.h"
+#include "prefix_namespace.h"
 #include "tree_binding.h"
 
 namespace kvcore_py {
@@ -575,11 +576,23 @@ void register_batch(py::module_& m) {
            py::arg("seq"),
            "The sequence's committed length in positions (0 for an inactive one). "
            "InvalidArgumentError: seq outside [0, max_seqs).")
-      .def("add_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.add_sequence(to_int("seq", seq))); },
+      .def("add_sequence",
+           [](Cache& c, const IntArg& seq, const py::handle& ns) {
+             const int s = to_int("seq", seq);
+             throw_if_error(c.add_sequence(s, prefix_namespace_of(ns)));
+           },
+           py::arg("seq"), py::arg("namespace") = py::none(),
+           "Starts an empty sequence (length 0) in prefix namespace `namespace`: None (the default "
+           "namespace, 0), an int in [0, 2**64), or bytes / str hashed once (BLAKE2b, 8 bytes). Its "
+           "full blocks are named, and its adopt_prefix looks prompts up, in that namespace only: "
+           "give requests whose K/V differ for equal tokens (a tenant, LoRA adapter, model revision, "
+           "multimodal input) their own. Forks inherit it. InvalidArgumentError: seq outside [0, "
+           "max_seqs), a bad namespace. InvalidStateError: it is already active. CapacityError: "
+           "max_active_seqs sequences are active (no table row is free).")
+      .def("prefix_namespace", [](const Cache& c, const IntArg& seq) { return unwrap(c.prefix_namespace(to_int("seq", seq))); },
            py::arg("seq"),
-           "Starts an empty sequence (length 0). InvalidArgumentError: seq outside [0, max_seqs). "
-           "InvalidStateError: it is already active. CapacityError: max_active_seqs sequences are "
-           "active (no table row is free).")
+           "The 64-bit prefix namespace the sequence names its blocks in (0: the default; 0 once "
+           "released). InvalidArgumentError: seq outside [0, max_seqs).")
       .def("release_sequence", [](Cache& c, const IntArg& seq) { throw_if_error(c.release_sequence(to_int("seq", seq))); },
            py::arg("seq"),
            "Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs). "
@@ -625,20 +638,24 @@ void register_batch(py::module_& m) {
            },
            py::arg("seq"), py::arg("n"), "True exactly when rewind(seq, n) would succeed. Never raises.")
       .def("adopt_prefix",
-           [](Cache& c, const IntArg& seq, const py::handle& tokens) {
+           [](Cache& c, const IntArg& seq, const py::handle& tokens, const py::handle& ns) {
              const int s = to_int("seq", seq);
+             const bool given = !ns.is_none();
+             const std::uint64_t space = prefix_namespace_of(ns);
              const std::vector<std::int32_t> ids = IntArray("adopt_prefix", "tokens", tokens).take_int32s();
              // More than INT_MAX ids is more than any capacity: the cache refuses the clamped count.
              const int n = static_cast<int>(std::min<std::size_t>(ids.size(), INT_MAX));
-             return unwrap(c.adopt_prefix(s, ids.data(), n));
+             return unwrap(given ? c.adopt_prefix(s, ids.data(), n, space) : c.adopt_prefix(s, ids.data(), n));
            },
-           py::arg("seq"), py::arg("tokens"),
+           py::arg("seq"), py::arg("tokens"), py::arg("namespace") = py::none(),
            "An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or int64 "
            "array, or any iterable of ints; copied once) (full blocks, "
-           "at most len(tokens) - 1 tokens) every group holds; returns its length in positions, a "
-           "multiple of block_size (0: a miss), which becomes the sequence's length. "
-           "InvalidArgumentError: seq outside [0, max_seqs), len(tokens) > capacity. "
-           "InvalidStateError: seq not active, or not empty (length > 0).")
+           "at most len(tokens) - 1 tokens) every group holds, in the sequence's prefix namespace; "
+           "returns its length in positions, a multiple of block_size (0: a miss), which becomes the "
+           "sequence's length. `namespace` (None: keep the sequence's, as add_sequence gave it) sets "
+           "the namespace first (as add_sequence's). InvalidArgumentError: seq outside [0, "
+           "max_seqs), len(tokens) > capacity, a bad namespace. InvalidStateError: seq not active, "
+           "or not empty (length > 0).")
       .def("begin_step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
            py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(),
            "Begins one forward; replaces an uncommitted step. Two forms:\n"

@@ -26,6 +26,7 @@
 #include "numpy_dtype.h"
 #include "plan_mask.h"
 #include "pool_binding.h"
+#include "prefix_namespace.h"
 #include "record_io.h"
 #include "kvcore/state/sequence_export.h"
 #include "kvcore/state/sequence_import.h"
@@ -145,12 +146,13 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
 // index, block) rows of the blocks it wrote. The array is sized before the
 // import (a table row of every group at most: no second parse and checksum
 // of the record), so the report allocates nothing while the import runs.
-py::array_t<std::int32_t> import_reporting(PyPagedPool& p, int seq, const RecordBytes& r) {
+py::array_t<std::int32_t> import_reporting(PyPagedPool& p, int seq, const RecordBytes& r,
+                                           const kvcore::RecordTrust& trust) {
   const py::ssize_t most = static_cast<py::ssize_t>(p.cache()->table_stride()) * p.cache()->n_groups();
   py::array_t<std::int32_t> out({most, static_cast<py::ssize_t>(3)});
   std::int32_t* rows = out.mutable_data();
   py::ssize_t n = 0;
-  throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), seq, [&](int g, int i, int block) {
+  throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), seq, trust, [&](int g, int i, int block) {
     if (n < most) {
       rows[3 * n] = g;
       rows[3 * n + 1] = i;
@@ -306,25 +308,34 @@ void register_paged_pool(py::module_& m) {
           "is written; errors as export_sequence.")
       .def(
           "import_sequence",
-          [](PyPagedPool& p, const PyInt& seq, py::object record, bool written) -> py::object {
+          [](PyPagedPool& p, const PyInt& seq, py::object record, bool written, bool trust_tokens,
+             const py::handle& ns) -> py::object {
+            const int s = to_int("seq", seq);
+            const kvcore::RecordTrust trust{trust_tokens || !ns.is_none(), prefix_namespace_of(ns)};
             const RecordBytes r(record);
             if (!written) {
-              throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), to_int("seq", seq)));
+              throw_if_error(kvcore::import_record(r.data, r.size, *p.cache(), p.pool(), s, trust));
               return py::none();
             }
-            return import_reporting(p, to_int("seq", seq), r);
+            return import_reporting(p, s, r, trust);
           },
           py::arg("seq"), py::arg("record"), py::kw_only(), py::arg("written") = false,
+          py::arg("trust_tokens") = false, py::arg("namespace") = py::none(),
           "Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache or "
-          "a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows; full "
-          "blocks of a prefix this cache holds (when the record knows every token id) are shared, not "
-          "copied. Every later plan, read and can_rewind answer equals the exporter's. Checks "
+          "a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows. "
+          "A record's token ids are its sender's word: by default the sequence names no block by them "
+          "and shares none with this cache's prefixes (an untrusted record cannot change what a later "
+          "request reads). trust_tokens=True, or a `namespace` (as add_sequence's; trust_tokens then "
+          "implied), names its full blocks by the record's token ids in that namespace (default: 0) "
+          "and shares the blocks of a prefix this cache holds there (when the record knows every "
+          "token id), not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks "
           "everything first and changes nothing on an error (any begun step ends on success). "
           "InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype "
           "other than the cache's; NotSupportedError: a newer record version, or a ring group whose sink "
           "blocks would keep a position the record lacks; InvalidStateError: seq is active; "
           "CapacityError: no free table row (batch.max_active_seqs sequences are active), length "
-          "over capacity, too many holes, too few free blocks.\n\n"
+          "over capacity, too many holes, too few free blocks; InvalidArgumentError also: a bad "
+          "namespace.\n\n"
           "written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group, "
           "block index in the sequence, block id): every block of the sequence but the shared ones (a "
           "byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None "

@@ -337,6 +337,12 @@ TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
     auto hit = control.adopt_prefix(3, tokens, 20);
     ok(hit.ok() && *hit > 0);
     checksum += *hit;
+    // Another prefix namespace misses the same prompt; back in the default one it hits.
+    ok(control.rewind(3, 0).ok());
+    auto miss = control.adopt_prefix(3, tokens, 20, 0x5eed);
+    ok(miss.ok() && *miss == 0 && *control.prefix_namespace(3) == 0x5eed);
+    auto again = control.adopt_prefix(3, tokens, 20, 0);
+    ok(again.ok() && *again == *hit);
     // Every query.
     for (int s = 0; s < cache.max_seqs(); ++s) {
       auto info = control.sequence(s);
@@ -425,9 +431,10 @@ TEST(NoAllocation, RecordExportAndImportNeverAllocate) {
   const std::uint64_t before = operator_news();
   const std::size_t size = *kvcore::export_size(*seq_cache, seq_pool, 30);
   good += kvcore::export_to(*seq_cache, seq_pool, tokens.data(), 30, rec.data(), size).ok();
-  good += kvcore::import_record(rec.data(), size, *batch, paged, 1).ok();
+  const kvcore::RecordTrust trusted = kvcore::RecordTrust::tokens_in(7);
+  good += kvcore::import_record(rec.data(), size, *batch, paged, 1, trusted).ok();
   bad += !kvcore::import_record(rec.data(), size, *batch, paged, 1).ok();  // active: refused
-  good += kvcore::import_record(rec.data(), size, *batch, paged, 2).ok();  // shares the blocks seq 1 named
+  good += kvcore::import_record(rec.data(), size, *batch, paged, 2, trusted).ok();  // shares the blocks seq 1 named
   const std::size_t batch_size = *kvcore::export_size(*batch, paged, 2, 30);
   good += batch_size <= again.size() * 8;
   good += kvcore::export_to(*batch, paged, 2, tokens.data(), 30, again.data(), batch_size).ok();

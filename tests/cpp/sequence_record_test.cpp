@@ -372,10 +372,22 @@ TEST(SequenceRecord, APrefixTheImporterHoldsIsSharedNotCopied) {
   const Record& rec = p.rec;
   const int flat = *to.cache().group_of(1);
   const int before = *to.cache().used_blocks(flat);
-  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1));
+  // Untrusted (the default): the record's token ids name nothing and share nothing.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 2));
+  EXPECT_EQ(*to.cache().used_blocks(flat) - before, 6);
+  ASSERT_OK(to.cache().release_sequence(2));
+  // In another namespace than the prompt's: nothing shared either.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 2, kvcore::RecordTrust::tokens_in(9)));
+  EXPECT_EQ(*to.cache().blocks_held(2, flat), 6);
+  EXPECT_EQ(*to.cache().prefix_namespace(2), 9u);
+  ASSERT_OK(to.cache().release_sequence(2));
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, kvcore::RecordTrust::tokens_in(0)));
   // 24 positions are 6 blocks; the 4 the importer holds are shared, 2 are new.
-  EXPECT_EQ(*to.cache().used_blocks(flat) - before, 2);
   EXPECT_EQ(*to.cache().blocks_held(1, flat), 6);
+  const BatchCache& cache = to.cache();
+  const int* t1 = cache.block_tables(flat) + cache.table_rows()[1] * cache.table_stride();
+  const int* t0 = cache.block_tables(flat) + cache.table_rows()[0] * cache.table_stride();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t1[i], t0[i]) << "block " << i << " is shared";
 }
 
 // A byte layer that keeps its own rows (torch) learns which blocks an import
@@ -389,7 +401,8 @@ TEST(SequenceRecord, AnImportReportsExactlyTheBlocksItWrote) {
   };
   Written written[64];
   int n = 0;
-  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, [&](int g, int i, int b) {
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 1, kvcore::RecordTrust::tokens_in(0),
+                                  [&](int g, int i, int b) {
     if (n < 64) written[n] = Written{g, i, b};
     ++n;
   }));
@@ -576,34 +589,35 @@ TEST(SequenceRecord, MalformedRecordsAreRefusedByField) {
   expect_parse_refused(bad_rows, bad_rows.size, kvcore::Error::InvalidArgument, "n_rows = 9");
   const std::size_t layer0 = kvcore::RecordLayout::tables(seq).layers;
   expect_parse_refused(patched(good, layer0, 0x0900), good.size, kvcore::Error::InvalidArgument, "dtype 9");
-  expect_parse_refused(patched(good, layer0 + 16, 40), good.size, kvcore::Error::InvalidArgument, "end past");
+  expect_parse_refused(patched(good, layer0 + 16, 8), good.size, kvcore::Error::InvalidArgument, "end past");
+  expect_parse_refused(patched(good, layer0 + 16, 40), good.size, kvcore::Error::InvalidArgument,
+                       "more bytes than the record's 584");
   expect_parse_refused(patched(good, layer0 + 16, 1), good.size, kvcore::Error::InvalidArgument, "rows end at");
   const Record unsorted = craft(RecordSequence{1, 10, 4, 0, 2, 0}, {{5, 7}, {2, 3}}, {rl(LayerPolicy::flat(), 0, 0, 7)});
   expect_parse_refused(unsorted, unsorted.size, kvcore::Error::InvalidArgument, "sorted");
 }
 
 TEST(SequenceRecord, RecordsADestinationCannotHoldAreRefused) {
-  // A flat layer missing a position; a ring missing a sink; layers of one group disagreeing.
+  // Another layer count; a ring whose sink blocks would keep a position the
+  // record lacks; layers of one group disagreeing. (A record lacking what a
+  // query needs is refused by RecordView::parse: IncompleteRecordsAreRefused.)
   CacheConfig cfg = pool_config(32, {flat_layer(), ring_layer(4, 1)}, 2, 8);
   cfg.batch.block_size = 1;
   cfg.batch.max_seqs = 2;
   cfg.batch.max_holes = 1;
   const RecordSequence seq{2, 10, 2, 0, 0, 0};
-  const Record flat_gap = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 3, 7), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  const Record complete = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
   SeqSide s1(cfg);
   SeqSide four(model(32, 2, 1));
-  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, four.cache(), four.pool()),
+  expect_refused(kvcore::import_record(complete.data(), complete.size, four.cache(), four.pool()),
                  kvcore::Error::InvalidArgument, "the record has 2 layers, the cache 4");
-  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, s1.cache(), s1.pool()),
-                 kvcore::Error::InvalidArgument, "lacks a position");
   BatchSide b1(cfg, 0);
-  expect_refused(kvcore::import_record(flat_gap.data(), flat_gap.size, b1.cache(), b1.pool(), 0),
-                 kvcore::Error::InvalidArgument, "is flat");
-  const Record no_sink = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 0, 6, 4)});
-  expect_refused(kvcore::import_record(no_sink.data(), no_sink.size, s1.cache(), s1.pool()),
-                 kvcore::Error::InvalidArgument, "a sink");
-  expect_refused(kvcore::import_record(no_sink.data(), no_sink.size, b1.cache(), b1.pool(), 0),
+  CacheConfig wide = cfg;
+  wide.batch.block_size = 4;  // sink blocks [0, 4): positions 1-3 were released by the exporter
+  BatchSide b4(wide, 0);
+  expect_refused(kvcore::import_record(complete.data(), complete.size, b4.cache(), b4.pool(), 0),
                  kvcore::Error::NotSupported, "whole");
+  EXPECT_FALSE(b4.cache().sequence(0)->active);
   CacheConfig two = pool_config(32, {ring_layer(4, 1), ring_layer(4, 1)}, 2, 8);
   two.batch.block_size = 1;
   two.batch.max_seqs = 2;
@@ -726,6 +740,274 @@ TEST(SequenceRecord, BoundedTableRowsExportAndImportThroughTheSequencesRow) {
     EXPECT_EQ(to.cache().free_table_rows(), 1);
     ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 0));
     EXPECT_EQ(to.cache().table_rows()[0], 1);
+  }
+}
+
+
+// A record must carry every visible position a query at its length needs, by
+// each layer's kind (docs/state.md "Complete records"): a flat layer all of
+// them, a ring its sinks and its window. Anything less is refused by parse
+// (so check_record and every import), naming the layer and the position, and
+// nothing changes.
+TEST(SequenceRecord, IncompleteRecordsAreRefusedPerLayerKind) {
+  CacheConfig cfg = pool_config(64, {flat_layer(), ring_layer(4, 1)}, 2, 8);
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 2;
+  cfg.batch.max_holes = 2;
+  const RecordSequence seq{2, 12, 2, 0, 0, 0};
+  const RecordLayer flat = rl(LayerPolicy::flat(), 0, 0, 12);
+  struct Case {
+    RecordLayer layer0, layer1;
+    const char* what;
+  };
+  const Case cases[] = {
+      // The reviewer's record: the ring carries only its sink (held_from = length).
+      {flat, rl(LayerPolicy::ring(4, 1), 1, 12, 1), "layer 1 (ring, window 4, sinks 1) lacks position 9"},
+      // One position short of the window a query at 12 needs: 9 = L - W + 1.
+      {flat, rl(LayerPolicy::ring(4, 1), 1, 10, 3), "lacks position 9, which a query at length 12 needs"},
+      // The sink missing.
+      {flat, rl(LayerPolicy::ring(4, 1), 0, 9, 3), "layer 1 (ring, window 4, sinks 1) lacks position 0"},
+      // A flat layer missing its head, or all but its last position.
+      {rl(LayerPolicy::flat(), 0, 1, 11), rl(LayerPolicy::ring(4, 1), 1, 9, 4), "layer 0 (flat, window 0, sinks 0) lacks position 0"},
+      {rl(LayerPolicy::flat(), 0, 11, 1), rl(LayerPolicy::ring(4, 1), 1, 9, 4), "layer 0 (flat"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Record rec = craft(seq, {}, {c.layer0, c.layer1});
+    expect_refused(kvcore::RecordView::parse(rec.data(), rec.size).status(), kvcore::Error::InvalidArgument, c.what);
+    SeqSide s(cfg);
+    expect_refused(kvcore::import_record(rec.data(), rec.size, s.cache(), s.pool()), kvcore::Error::InvalidArgument,
+                   "incomplete");
+    EXPECT_EQ(s.length(), 0);
+    BatchSide b(cfg, 0);
+    const int free0 = *b.cache().free_blocks(0), free1 = *b.cache().free_blocks(1);
+    expect_refused(kvcore::import_record(rec.data(), rec.size, b.cache(), b.pool(), 0), kvcore::Error::InvalidArgument,
+                   "incomplete");
+    EXPECT_FALSE(b.cache().sequence(0)->active);
+    EXPECT_EQ(*b.cache().free_blocks(0), free0);
+    EXPECT_EQ(*b.cache().free_blocks(1), free1);
+  }
+  // Exactly the window and the sinks: accepted. Positions a hole removed are
+  // not needed: a ring whose window lies in a hole needs none of it.
+  ASSERT_OK(kvcore::RecordView::parse(craft(seq, {}, {flat, rl(LayerPolicy::ring(4, 1), 1, 9, 4)}).data(),
+                                      craft(seq, {}, {flat, rl(LayerPolicy::ring(4, 1), 1, 9, 4)}).size)
+                .status());
+  const Record holed = craft(RecordSequence{2, 12, 2, 0, 1, 0}, {{8, 11}},
+                             {rl(LayerPolicy::flat(), 0, 0, 9), rl(LayerPolicy::ring(4, 1), 1, 11, 2)});
+  ASSERT_OK(kvcore::RecordView::parse(holed.data(), holed.size).status());
+  BatchSide b(cfg, 0);
+  ASSERT_OK(kvcore::import_record(holed.data(), holed.size, b.cache(), b.pool(), 0));
+  // A flat layer whose visible positions are all carried past a removed head.
+  const Record headless = craft(RecordSequence{2, 12, 2, 5, 0, 0}, {},
+                                {rl(LayerPolicy::flat(), 0, 5, 7), rl(LayerPolicy::ring(4, 1), 0, 9, 3)});
+  ASSERT_OK(kvcore::RecordView::parse(headless.data(), headless.size).status());
+}
+
+// BatchCache::admit itself (the import's last step, public for other byte
+// layers) refuses a sequence whose ring group lacks its window or whose flat
+// group lacks a position, changing nothing.
+TEST(SequenceRecord, AdmitRefusesAnIncompleteSequence) {
+  CacheConfig cfg = pool_config(64, {flat_layer(), ring_layer(4, 1)}, 2, 8);
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 2;
+  auto cache = std::move(BatchCache::create(cfg)).get();
+  const int free1 = *cache->free_blocks(1);
+  int written = 0;
+  auto count = [&written](int, int, int) { ++written; };
+  const std::int32_t ring_gap[4] = {0, 0, 1, 12};
+  kvcore::SequenceImport in{12, 0, 0, nullptr, nullptr, ring_gap, 2};
+  expect_refused(cache->admit(0, in, count), kvcore::Error::InvalidArgument,
+                 "group 1 (ring window 4) lacks position 9, which a query at length 12 needs");
+  const std::int32_t flat_gap[4] = {0, 3, 1, 9};
+  in.bounds = flat_gap;
+  expect_refused(cache->admit(0, in, count), kvcore::Error::InvalidArgument, "is flat");
+  EXPECT_EQ(written, 0);
+  EXPECT_FALSE(cache->sequence(0)->active);
+  EXPECT_EQ(*cache->free_blocks(1), free1);
+}
+
+// The policy comparison includes the sinks: a record whose ring has other
+// sinks than the cache's is refused (reads would keep the wrong positions).
+TEST(SequenceRecord, ASinksMismatchIsRefused) {
+  CacheConfig cfg = pool_config(64, {flat_layer(), ring_layer(4, 1)}, 2, 8);
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 2;
+  const Record rec = craft(RecordSequence{2, 12, 2, 0, 0, 0}, {},
+                           {rl(LayerPolicy::flat(), 0, 0, 12), rl(LayerPolicy::ring(4, 2), 2, 9, 5)});
+  ASSERT_OK(kvcore::RecordView::parse(rec.data(), rec.size).status());
+  SeqSide s(cfg);
+  expect_refused(kvcore::import_record(rec.data(), rec.size, s.cache(), s.pool()), kvcore::Error::InvalidArgument,
+                 "layer 1 policy (kind 1, window 4, sinks 2) differs from the cache's (kind 1, window 4, sinks 1)");
+  EXPECT_EQ(s.length(), 0);
+  BatchSide b(cfg, 0);
+  expect_refused(kvcore::import_record(rec.data(), rec.size, b.cache(), b.pool(), 0), kvcore::Error::InvalidArgument,
+                 "sinks 2) differs");
+  EXPECT_FALSE(b.cache().sequence(0)->active);
+}
+
+// The checksum folds all four lanes and the tail: a change in any word of the
+// body (each lane's last one included) or in a tail byte is caught.
+TEST(SequenceRecord, AChangeInAnyChecksumLaneIsRefused) {
+  const RecordSequence seq{2, 10, 4, 0, 0, 0};
+  const Record good = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::ring(4, 1), 1, 6, 5)});
+  const std::size_t words = (good.size - 8) / 8;
+  ASSERT_GE(words, 8u);
+  for (std::size_t w = words - 4; w < words; ++w) {  // the last word of each lane (rows' padding)
+    SCOPED_TRACE("word " + std::to_string(w) + " (lane " + std::to_string(w % 4) + ")");
+    Record bad = good;
+    bad.bytes()[w * 8] ^= 0x01;
+    expect_parse_refused(bad, bad.size, kvcore::Error::InvalidArgument, "checksum mismatch");
+  }
+  // A word of lane 3 in the header (the reserved bytes) too.
+  Record reserved = good;
+  reserved.bytes()[56] ^= 0x80;
+  expect_parse_refused(reserved, reserved.size, kvcore::Error::InvalidArgument, "corrupt");
+  // The tail bytes (n % 8 of them) and the length.
+  const unsigned char data[13] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  unsigned char other[13];
+  std::memcpy(other, data, 13);
+  other[12] ^= 1;
+  EXPECT_NE(kvcore::record_checksum(data, 13), kvcore::record_checksum(other, 13));
+  EXPECT_NE(kvcore::record_checksum(data, 12), kvcore::record_checksum(data, 13));
+  for (std::size_t lane = 0; lane < 4; ++lane) {
+    std::uint64_t a[8] = {}, b[8] = {};
+    b[4 + lane] = 1;
+    EXPECT_NE(kvcore::record_checksum(a, sizeof a), kvcore::record_checksum(b, sizeof b)) << "lane " << lane;
+  }
+}
+
+
+// Sizes are computed with checked arithmetic: a layer shape whose row bytes
+// wrap to 0 in 64 bits (n_kv_heads 2^30, head_dim = value_dim 2^28, float16,
+// 32 rows: 2^64 bytes each for K and V), with another layer grown to keep
+// total_bytes consistent and the checksum right, is refused by name.
+TEST(SequenceRecord, ARecordWhoseSizesWrapIsRefused) {
+  const RecordSequence seq{2, 32, 4, 0, 0, 0};
+  Record rec = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 32, 1, 1), rl(LayerPolicy::flat(), 0, 0, 32, 1, 1)});
+  ASSERT_OK(kvcore::RecordView::parse(rec.data(), rec.size).status());
+  const std::size_t layers = kvcore::RecordLayout::tables(seq).layers;
+  rec = patched(rec, layers + 12, 1u << 30);  // layer 0: n_kv_heads
+  rec = patched(rec, layers + 16, 1u << 28);  // head_dim
+  rec = patched(rec, layers + 20, 1u << 28);  // value_dim
+  rec = patched(rec, layers + 40 + 16, 3);    // layer 1: head_dim 3 (K rows 192 bytes: the 128 layer 0 had, plus its own)
+  expect_parse_refused(rec, rec.size, kvcore::Error::InvalidArgument,
+                       "record: layer 0: 32 rows of 1073741824 heads x (head_dim 268435456 + value_dim 268435456) "
+                       "float16 elements are more bytes than the record's");
+  CacheConfig cfg = pool_config(64, {flat_layer(), flat_layer()}, 4, 1);
+  SeqSide s(cfg);
+  expect_refused(kvcore::import_record(rec.data(), rec.size, s.cache(), s.pool()), kvcore::Error::InvalidArgument,
+                 "more bytes than the record's");
+  EXPECT_EQ(s.length(), 0);
+  // Each factor alone within int but their product past the record.
+  Record big = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 32, 1, 1), rl(LayerPolicy::flat(), 0, 0, 32, 1, 1)});
+  big = patched(big, layers + 12, 0x7fffffffu);
+  big = patched(big, layers + 16, 0x7fffffffu);
+  expect_parse_refused(big, big.size, kvcore::Error::InvalidArgument, "more bytes than the record's");
+}
+
+
+// The poisoning scenario (issue 28): a record carrying a prompt's token ids
+// but other K/V, imported and released, must not decide what a later request
+// of that prompt reads: by default it names nothing; trusted in a namespace
+// of its own, only requests of that namespace find its blocks.
+TEST(SequenceRecord, AHostileRecordCannotChangeWhatALaterRequestReads) {
+  const int capacity = 64, max_step = 4, B = 4;
+  std::vector<std::int32_t> tokens(capacity);
+  for (int i = 0; i < capacity; ++i) tokens[static_cast<std::size_t>(i)] = 3 + i % 5;
+  // The hostile record: the prompt's 24 token ids, K/V of another version.
+  BatchSide hostile(model(capacity, max_step, B), 0);
+  ASSERT_OK(hostile.cache().add_sequence(0));
+  for (int i = 0; i < 6; ++i) hostile.step(4, 666, &tokens);
+  const Record rec = hostile.export_record(tokens);
+
+  BatchSide server(model(capacity, max_step, B), 1);
+  auto adopt = [&](int seq, std::uint64_t ns) {
+    EXPECT_TRUE(server.cache().add_sequence(seq, ns).ok());
+    // A prompt extending the record's 24 positions: a ring group serves a hit
+    // only where the record carried its window (at 24, not below).
+    const int hit = *server.cache().adopt_prefix(seq, tokens.data(), 32);
+    EXPECT_TRUE(server.cache().release_sequence(seq).ok());
+    return hit;
+  };
+  // Untrusted (the default): its blocks are named by nothing.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, server.cache(), server.pool(), 1));
+  EXPECT_EQ(*server.cache().prefix_namespace(1), 0u);
+  ASSERT_OK(server.cache().release_sequence(1));
+  EXPECT_EQ(adopt(2, 0), 0) << "an untrusted record's blocks served a later request";
+  // Trusted in the sender's namespace 77: only namespace 77 finds them.
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, server.cache(), server.pool(), 1,
+                                  kvcore::RecordTrust::tokens_in(77)));
+  ASSERT_OK(server.cache().release_sequence(1));
+  EXPECT_EQ(adopt(2, 0), 0) << "namespace 77's blocks served the default namespace";
+  EXPECT_EQ(adopt(2, 78), 0) << "namespace 77's blocks served namespace 78";
+  EXPECT_EQ(adopt(2, 77), 24) << "namespace 77 finds its own blocks";
+  // An honest request of the default namespace computes the prompt; a later
+  // one of that namespace reads its blocks, whatever namespace 77 cached.
+  BatchSide& s = server;
+  ASSERT_OK(s.cache().add_sequence(3));
+  s.use(3);
+  for (int i = 0; i < 6; ++i) s.step(4, 1, &tokens);
+  ASSERT_OK(s.cache().release_sequence(3));
+  ASSERT_OK(s.cache().add_sequence(2));
+  const int hit = *s.cache().adopt_prefix(2, tokens.data(), 32);
+  ASSERT_EQ(hit, 24);
+  s.use(2);
+  BatchSide twin(model(capacity, max_step, B), 0);
+  ASSERT_OK(twin.cache().add_sequence(0));
+  for (int i = 0; i < hit / 4; ++i) twin.step(4, 1, &tokens);
+  const std::vector<Read> a = s.step(1, 5, nullptr), b = twin.step(1, 5, nullptr);
+  for (std::size_t l = 0; l < a.size(); ++l) EXPECT_TRUE(a[l] == b[l]) << "layer " << l << " read the record's K/V";
+  // A fork keeps its source's namespace; a rewind to 0 keeps it too.
+  ASSERT_OK(s.cache().add_sequence(0, 0xabcdef));
+  ASSERT_OK(s.cache().fork(0, 1, 0));
+  EXPECT_EQ(*s.cache().prefix_namespace(1), 0xabcdefu);
+  EXPECT_EQ(*s.cache().adopt_prefix(1, tokens.data(), 24), 0);
+  ASSERT_OK(s.cache().rewind(1, 0));
+  EXPECT_EQ(*s.cache().prefix_namespace(1), 0xabcdefu);
+}
+
+
+// An export of an import equals the record byte for byte (same cache kind and
+// block size). The reviewer's case: Ring(4, 1), three steps of 2, rewind(5):
+// the exporter's ring held from 1, the importer's from 0 (both carry 0..4).
+TEST(SequenceRecord, AReExportEqualsTheRecordByteForByte) {
+  CacheConfig cfg = pool_config(32, {ring_layer(4, 1), flat_layer()}, 2, 8);
+  cfg.batch.block_size = 1;
+  SeqSide from(cfg);
+  for (int i = 0; i < 3; ++i) from.step(2, i + 1, nullptr);
+  from.rewind(5);
+  const Record rec = from.export_record({});
+  SeqSide to(cfg);
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool()));
+  const Record again = to.export_record({});
+  ASSERT_EQ(again.size, rec.size);
+  EXPECT_EQ(0, std::memcmp(again.data(), rec.data(), rec.size));
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    std::mt19937 rng(seed);
+    for (int B : {0, 1, 2, 4}) {  // 0: a SequenceCache
+      SCOPED_TRACE("seed " + std::to_string(seed) + " B " + std::to_string(B));
+      const CacheConfig m = model(48, 3, B > 0 ? B : 4);
+      std::unique_ptr<Side> a, b;
+      if (B == 0) {
+        a.reset(new SeqSide(m));
+        b.reset(new SeqSide(m));
+      } else {
+        auto* x = new BatchSide(m, 0);
+        EXPECT_TRUE(x->cache().add_sequence(0).ok());
+        a.reset(x);
+        b.reset(new BatchSide(m, 0));
+      }
+      random_history(*a, rng, 1 + static_cast<int>(rng() % 40), 3, nullptr);
+      const Record r1 = a->export_record({});
+      if (B == 0) {
+        ASSERT_OK(kvcore::import_record(r1.data(), r1.size, static_cast<SeqSide&>(*b).cache(), static_cast<SeqSide&>(*b).pool()));
+      } else {
+        ASSERT_OK(kvcore::import_record(r1.data(), r1.size, static_cast<BatchSide&>(*b).cache(), static_cast<BatchSide&>(*b).pool(), 0));
+      }
+      const Record r2 = b->export_record({});
+      ASSERT_EQ(r2.size, r1.size);
+      EXPECT_EQ(0, std::memcmp(r2.data(), r1.data(), r1.size));
+    }
   }
 }
 

@@ -186,7 +186,8 @@ def test_batch_sequences_round_trip_across_block_sizes(dtype: Any, block_size: i
                 import_sequence(importer.pool, 3, record)
             assert not importer.cache.sequence(3).active
             continue
-        import_sequence(importer.pool, 3, record)
+        # Trusted (the importer's own prefill worker, say): the record's token ids share blocks.
+        import_sequence(importer.pool, 3, record, trust_tokens=True)
         if shape == "prefix":  # shared, not copied: the flat group takes only the rest
             assert importer.cache.used_blocks(1) - used < -(-info.length // other)
         same_rewinds(exporter, importer, exact=other == block_size)
@@ -346,3 +347,107 @@ def test_seal_record_writes_the_checksum() -> None:
         kvcore._core.seal_record(5)  # type: ignore[arg-type]
     with pytest.raises(kvcore.InvalidArgumentError, match="seal_record: out: holds 8 bytes, the record needs 72"):
         kvcore._core.seal_record(np.zeros(8, np.uint8))
+
+
+# --- Records as a trust boundary (issue 28) -------------------------------------------------------
+
+
+def craft(length: int, layers: list[tuple[int, int, int, tuple[int, int, int], int, int, int]],
+          holes: tuple[tuple[int, int], ...] = (), start: int = 0) -> bytes:
+    """A version-1 record written field by field from docs/state.md (float16 rows of zeros):
+    layers are (kind, window, sinks, (heads, head_dim, value_dim), sink_end, held_from, n_rows)."""
+    import struct as st
+
+    def padded(n: int) -> int:
+        return (n + 63) // 64 * 64
+
+    table = b"".join(st.pack("<ii", b, e) for b, e in holes)
+    entries = b"".join(
+        st.pack("<BBHiiiiiiiii", kind, 1, 0, window, sinks, h, d, vd, sink_end, held_from, n_rows, 0)
+        for kind, window, sinks, (h, d, vd), sink_end, held_from, n_rows in layers
+    )
+    rows_at = padded(64 + len(table) + len(entries))
+    row_bytes = sum(padded((n * h * d * 2) % 2**64) + padded((n * h * vd * 2) % 2**64)
+                    for _, _, _, (h, d, vd), _, _, n in layers)
+    total = (rows_at + row_bytes + 8) % 2**64
+    header = st.pack("<8sIIQIiiiiiII8x", b"KVCSEQ\0\1", 1, 64, total, len(layers), length, 3, start,
+                     len(holes), 0, 0, 40)
+    body = header + table + entries
+    body += bytes(rows_at - len(body))
+    out = bytearray(body + bytes(total - len(body)))
+    kvcore._core.seal_record(out)
+    return bytes(out)
+
+
+def trust_config(block_size: int = 1) -> kvcore.CacheConfig:
+    layers = [kvcore.LayerConfig(kvcore.Flat(), 1, 2), kvcore.LayerConfig(kvcore.Ring(4, 1), 1, 2)]
+    return kvcore.CacheConfig(64, layers, max_step=2,
+                              batch=kvcore.BatchLimits(block_size=block_size, max_seqs=2, max_holes=2))
+
+
+FLAT12 = (0, 0, 0, (1, 2, 2), 0, 0, 12)
+
+
+def test_incomplete_records_are_refused_per_layer_kind() -> None:
+    # (layers, what the refusal names): the reviewer's ring carrying only its sink; one
+    # position short of the window (L - W + 1 = 9); the sink missing; a flat layer's head.
+    cases = [
+        ([FLAT12, (1, 4, 1, (1, 2, 2), 1, 12, 1)], r"layer 1 \(ring, window 4, sinks 1\) lacks position 9"),
+        ([FLAT12, (1, 4, 1, (1, 2, 2), 1, 10, 3)], "lacks position 9, which a query at length 12 needs"),
+        ([FLAT12, (1, 4, 1, (1, 2, 2), 0, 9, 3)], r"layer 1 \(ring, window 4, sinks 1\) lacks position 0"),
+        ([(0, 0, 0, (1, 2, 2), 0, 1, 11), (1, 4, 1, (1, 2, 2), 1, 9, 4)], r"layer 0 \(flat"),
+    ]
+    for layers, text in cases:
+        record = craft(12, layers)
+        with pytest.raises(kvcore.InvalidArgumentError, match=text):
+            kvcore._core.check_record(record)
+        with pytest.raises(kvcore.InvalidArgumentError, match="incomplete"):
+            RecordInfo.of(record)
+        cache = kvcore.SequenceCache(trust_config())
+        with pytest.raises(kvcore.InvalidArgumentError, match="incomplete"):
+            import_sequence(kvcore.KVPool(cache, np.float16), record)
+        assert cache.length == 0
+        batch = kvcore.BatchCache(trust_config())
+        free = [batch.free_blocks(g) for g in range(batch.n_groups)]
+        with pytest.raises(kvcore.InvalidArgumentError, match="incomplete"):
+            import_sequence(kvcore.PagedKVPool(batch, np.float16), 0, record)
+        assert not batch.sequence(0).active and [batch.free_blocks(g) for g in range(batch.n_groups)] == free
+    # Exactly the sinks and the window: accepted; positions a hole removed are not needed.
+    kvcore._core.check_record(craft(12, [FLAT12, (1, 4, 1, (1, 2, 2), 1, 9, 4)]))
+    holed = craft(12, [(0, 0, 0, (1, 2, 2), 0, 0, 9), (1, 4, 1, (1, 2, 2), 1, 11, 2)], holes=((8, 11),))
+    batch = kvcore.BatchCache(trust_config())
+    import_sequence(kvcore.PagedKVPool(batch, np.float16), 0, holed)
+    assert batch.sequence(0).length == 12
+
+
+def test_a_record_whose_sizes_wrap_is_refused() -> None:
+    # Layer 0's K and V bytes are 32 x 2^30 x 2^28 x 2 = 2^64 each: 0 when they wrap; layer 1
+    # (head_dim 3) takes the 128 bytes layer 0 would have had, so total_bytes adds up.
+    record = craft(32, [(0, 0, 0, (2**30, 2**28, 2**28), 0, 0, 32), (0, 0, 0, (1, 3, 1), 0, 0, 32)])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"layer 0: 32 rows of 1073741824 heads .* more bytes"):
+        kvcore._core.check_record(record)
+    with pytest.raises(kvcore.InvalidArgumentError, match="more bytes than the record's"):
+        RecordInfo.of(record)
+
+
+def test_a_sinks_mismatch_is_refused() -> None:
+    record = craft(12, [FLAT12, (1, 4, 2, (1, 2, 2), 2, 9, 5)])
+    kvcore._core.check_record(record)
+    cache = kvcore.SequenceCache(trust_config())
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"sinks 2\) differs from the cache's \(kind 1, window 4, sinks 1\)"):
+        import_sequence(kvcore.KVPool(cache, np.float16), record)
+    assert cache.length == 0
+    batch = kvcore.BatchCache(trust_config())
+    with pytest.raises(kvcore.InvalidArgumentError, match="sinks 2"):
+        import_sequence(kvcore.PagedKVPool(batch, np.float16), 0, record)
+    assert not batch.sequence(0).active
+
+
+def test_a_change_in_any_checksum_lane_is_refused() -> None:
+    record = craft(12, [FLAT12, (1, 4, 1, (1, 2, 2), 1, 9, 4)])
+    words = (len(record) - 8) // 8
+    for w in range(words - 4, words):  # the last word of each of the four lanes
+        bad = bytearray(record)
+        bad[8 * w] ^= 1
+        with pytest.raises(kvcore.InvalidArgumentError, match="checksum mismatch"):
+            kvcore._core.check_record(bytes(bad))

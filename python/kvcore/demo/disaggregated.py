@@ -135,7 +135,9 @@ class Decode:
         for i, ref in enumerate(prefilled):
             record, logits = ray.get(ref)
             record_bytes += record.nbytes
-            import_sequence(self.pool, i + 1, record)
+            # Trusted: the prefill worker is this deployment's own, so its token ids may
+            # name blocks and share the system prompt's (docs/state.md "Trust").
+            import_sequence(self.pool, i + 1, record, trust_tokens=True)
             last.append(logits)
         written = None if flat is None else self.cache.used_blocks(flat) - used_before
         seqs = list(range(1, len(prefilled) + 1))

@@ -253,11 +253,19 @@ class TorchPagedKVPool:
         to the sequence's highest block. Errors: ``paged_records.export_sequence``."""
         return paged_records.export_sequence(self, seq, tokens)
 
-    def import_sequence(self, seq: int, record: RecordSource) -> None:
+    def import_sequence(
+        self,
+        seq: int,
+        record: RecordSource,
+        *,
+        trust_tokens: bool = False,
+        namespace: Optional[Union[int, bytes, str]] = None,
+    ) -> None:
         """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
         ``seq`` (inactive), the record validated once, and writes the rows of the blocks the import
-        wrote (blocks of a prefix the cache holds are shared, not written); changes nothing on an
-        error. ``import_sequence(record, seq)``, the order of the last release, still works and
+        wrote (blocks of a prefix the cache holds are shared, not written, when trusted:
+        ``trust_tokens`` or a ``namespace``, as ``PagedKVPool.import_sequence``); changes nothing on
+        an error. ``import_sequence(record, seq)``, the order of the last release, still works and
         warns (DeprecationWarning). Errors: ``paged_records.import_sequence``."""
         if isinstance(record, (int, np.integer)) and not isinstance(record, bool) and not isinstance(seq, (int, np.integer)):
             warnings.warn(
@@ -266,7 +274,7 @@ class TorchPagedKVPool:
                 stacklevel=2,
             )
             seq, record = cast(int, record), cast(RecordSource, seq)
-        paged_records.import_sequence(self, seq, record)
+        paged_records.import_sequence(self, seq, record, trust_tokens=trust_tokens, namespace=namespace)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < len(self._keys):

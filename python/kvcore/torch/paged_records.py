@@ -27,7 +27,7 @@ through ``PagedStore`` (what they use of it), so this module sits below
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -149,7 +149,14 @@ def _write_blocks(kv: PagedStore, info: RecordInfo, written: npt.NDArray[np.int3
                 tensor[0].index_copy_(1, index, tensor_of(src[fresh], kv.dtype).permute(1, 0, 2).to(kv.device))
 
 
-def import_sequence(kv: PagedStore, seq: int, record: RecordSource) -> None:
+def import_sequence(
+    kv: PagedStore,
+    seq: int,
+    record: RecordSource,
+    *,
+    trust_tokens: bool = False,
+    namespace: Optional[Union[int, bytes, str]] = None,
+) -> None:
     """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
     ``seq`` (inactive) of ``kv``'s cache, and writes its rows into the tensors: only the blocks
     the import wrote, not those it shared with a prefix the cache holds. Checks everything first;
@@ -158,12 +165,16 @@ def import_sequence(kv: PagedStore, seq: int, record: RecordSource) -> None:
     truncated, corrupt, another layer count, policy, shape or dtype than the tensors';
     NotSupportedError: a newer version, a ring group's sink blocks would keep a position the record
     lacks; InvalidStateError: seq active; CapacityError: no free table row, over capacity, too many
-    holes, too few blocks), InvalidArgumentError also for tensors of a dtype no record holds."""
+    holes, too few blocks), InvalidArgumentError also for tensors of a dtype no record holds.
+    ``trust_tokens`` / ``namespace``: as ``PagedKVPool.import_sequence`` (by default the record's
+    token ids name and share no block)."""
     data = record_data(record)
     name = _record_dtype(kv, "import")
     info = RecordInfo.parse(data)  # read only (a record it cannot read is refused here); the import validates it
     _grow_for(kv, info)
-    written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(seq, data, written=True)
+    written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(
+        seq, data, written=True, trust_tokens=trust_tokens, namespace=namespace
+    )
     _write_blocks(kv, info, written)
 
 

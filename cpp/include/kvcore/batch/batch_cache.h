@@ -91,16 +91,24 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   // --- BatchControl: sequence verbs ------------------------------------------
 
-  Status add_sequence(int seq) noexcept override {
+  Status add_sequence(int seq) noexcept override { return add_sequence(seq, 0); }
+
+  Status add_sequence(int seq, std::uint64_t prefix_namespace) noexcept override {
     KVCORE_RETURN_IF_ERROR(seqs_.check_seq("add_sequence", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "add_sequence(%d): the sequence is already active", seq);
     KVCORE_RETURN_IF_ERROR(check_row_free("add_sequence", seq));
     end_step();
     reset_seq(seq);
+    prefix_.set_namespace(seq, prefix_namespace);
     seqs_[seq].active = true;
     rows_.take(seq);
     return Error::Ok;
+  }
+
+  Result<std::uint64_t> prefix_namespace(int seq) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_seq("prefix_namespace", seq));
+    return prefix_.namespace_of(seq);
   }
 
   Status release_sequence(int seq) noexcept override {
@@ -192,6 +200,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
 
   Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n) noexcept override {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_seq("adopt_prefix", seq));
+    return adopt_prefix(seq, tokens, n, prefix_.namespace_of(seq));
+  }
+
+  Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n,
+                           std::uint64_t prefix_namespace) noexcept override {
     KVCORE_RETURN_IF_ERROR(seqs_.check_active("adopt_prefix", seq));
     KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= capacity_, InvalidArgument,
                                  "adopt_prefix(%d, n = %d): must be in [0, capacity = %d]", seq, n,
@@ -202,7 +216,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "adopt_prefix(%d): the sequence holds %d positions; it must be empty",
                                  seq, seqs_[seq].length);
     end_step();
-    const int hit = prefix_.longest_hit(tokens, n, groups_.get(), n_groups_);
+    prefix_.set_namespace(seq, prefix_namespace);
+    const int hit = prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_);
     for (int g = 0; g < n_groups_; ++g) groups_[g].adopt(seq, prefix_.prompt_keys(), hit);
     SequenceState& s = seqs_[seq];
     s.length = hit * block_size_;
@@ -290,8 +305,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// Admits `seq` (inactive) from outside, as kvcore/state/sequence_import.h
   /// does: length, removed head and holes, and per group the blocks of the
   /// positions `in` carries; full blocks of a prefix this cache holds (by
-  /// `in.tokens`) are shared, every other block is fresh and
-  /// write_block(group, index, block) writes its rows. Any begun step ends.
+  /// `in.tokens`, in namespace `in.prefix_namespace`) are shared, every other
+  /// block is fresh and write_block(group, index, block) writes its rows; the
+  /// sequence keys in `in.prefix_namespace`, naming its blocks by `in.tokens`
+  /// (none: it names nothing). Any begun step ends.
   /// `in` gives the bounds of n_layers() layers.
   /// InvalidState: seq is active. OutOfResources: no free table row
   /// (batch.max_active_seqs sequences are active), length over capacity, more
@@ -313,7 +330,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     const SequenceAdmission admission(in, block_size_, group_layer_.get());
     KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layer_group_.get()));
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
-    const int hit = named ? prefix_.longest_hit(in.tokens, in.length, groups_.get(), n_groups_) : 0;
+    const int hit =
+        named ? prefix_.longest_hit(in.prefix_namespace, in.tokens, in.length, groups_.get(), n_groups_) : 0;
     for (int g = 0; g < n_groups_; ++g)
       KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g], prefix_.prompt_keys(), hit));
     end_step();
@@ -321,11 +339,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     rows_.take(seq);
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
+    prefix_.set_namespace(seq, in.prefix_namespace);
     if (!named) {
       prefix_.stop(seq);
       return Error::Ok;
     }
-    prefix_.imported(seq, in.tokens, in.length, groups_.get(), n_groups_, [&](int g, int i) {
+    prefix_.imported(seq, in.prefix_namespace, in.tokens, in.length, groups_.get(), n_groups_, [&](int g, int i) {
       return admission.complete(g, groups_[g].rule().sink_blocks(), i);
     });
     return Error::Ok;
@@ -503,7 +522,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     if (n % block_size_ != 0) release_removed(seq, n - n % block_size_, n);
     if (n == 0) {
       const bool was_active = seqs_[seq].active;
+      const std::uint64_t ns = prefix_.namespace_of(seq);  // an emptied sequence keeps its namespace
       reset_seq(seq);
+      prefix_.set_namespace(seq, ns);
       seqs_[seq].active = was_active;
       return Error::Ok;
     }

@@ -49,16 +49,26 @@ class BatchControl {
   /// Largest number of new tokens of one step, over all its sequences.
   virtual int max_step_tokens() const noexcept = 0;
 
-  /// Starts an empty sequence. InvalidArgument: seq outside [0, max_seqs).
-  /// InvalidState: seq is active.
+  /// Starts an empty sequence in the default prefix namespace (0).
+  /// InvalidArgument: seq outside [0, max_seqs). InvalidState: seq is active.
   virtual Status add_sequence(int seq) noexcept = 0;
+  /// Starts an empty sequence whose full blocks are named (and whose
+  /// adopt_prefix looks up) in prefix namespace `prefix_namespace`, a 64-bit
+  /// salt (0: the default namespace): blocks of different namespaces never
+  /// match, so requests whose K/V differ for equal tokens (another tenant,
+  /// LoRA adapter, model revision, multimodal input) never share them. Forks
+  /// inherit it. Errors as add_sequence(seq).
+  virtual Status add_sequence(int seq, std::uint64_t prefix_namespace) noexcept = 0;
+  /// The prefix namespace `seq` names its blocks in (0 once released).
+  /// InvalidArgument: seq out of range.
+  virtual Result<std::uint64_t> prefix_namespace(int seq) const noexcept = 0;
   /// Ends a sequence; its blocks return to their pools once no sequence holds
   /// them (full blocks with a content key stay reusable). InvalidArgument: seq
   /// out of range. InvalidState: seq is not active.
   virtual Status release_sequence(int seq) noexcept = 0;
   /// `dst` inherits positions [0, upto) of `src` by sharing its blocks (no K/V
   /// copied; a shared, partly filled block is copied when one side writes into
-  /// it). dst becomes active. InvalidArgument: ids out of range, src == dst, upto
+  /// it), and src's prefix namespace. dst becomes active. InvalidArgument: ids out of range, src == dst, upto
   /// outside [0, length(src)]. InvalidState: src not active, dst active and not
   /// empty, or src no longer holds what a query of dst at `upto` needs (the
   /// rewind rule).
@@ -82,13 +92,19 @@ class BatchControl {
   /// True exactly when rewind(seq, n) would succeed. Never fails.
   virtual bool can_rewind(int seq, int n) const noexcept = 0;
   /// Prefix reuse: an empty active sequence adopts the longest run of cached
-  /// full blocks that `tokens[0, n)` names (chained hashes of their ids; at most
-  /// n - 1 tokens, so the last token is computed) and that every group holds
-  /// (a ring group: what a query at the hit length needs). Returns the hit
+  /// full blocks that `tokens[0, n)` names in the sequence's prefix namespace
+  /// (chained hashes of their ids from the namespace's root; at most n - 1
+  /// tokens, so the last token is computed) and that every group holds (a
+  /// ring group: what a query at the hit length needs). Returns the hit
   /// length, a multiple of B (0 on a miss); length(seq) becomes it.
   /// InvalidArgument: seq out of range, n < 0 or n > capacity, tokens null with
   /// n > 0. InvalidState: seq not active or not empty.
   virtual Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n) noexcept = 0;
+  /// adopt_prefix(seq, tokens, n) after the empty sequence takes prefix
+  /// namespace `prefix_namespace` (as add_sequence(seq, prefix_namespace)
+  /// gives it; kept on a miss). Errors as adopt_prefix (nothing changes).
+  virtual Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n,
+                                   std::uint64_t prefix_namespace) noexcept = 0;
 
   /// Begins one forward over `entries[0, n)` (distinct sequences, tokens laid
   /// out entry after entry), replacing an uncommitted step. A step that ends

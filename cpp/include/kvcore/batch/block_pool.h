@@ -33,8 +33,18 @@ struct BlockKey {
   }
   friend bool operator!=(const BlockKey& a, const BlockKey& b) noexcept { return !(a == b); }
 
+  /// The parent key of a sequence's first block in prefix namespace `ns` (a
+  /// 64-bit salt: tenant, adapter, model revision, multimodal digest): the
+  /// zero key for ns = 0 (the default namespace), else a key no other
+  /// namespace has (each lane is a bijection of ns, and no ns != 0 gives the
+  /// zero key), so chains of different namespaces never meet.
+  static BlockKey root(std::uint64_t ns) noexcept {
+    if (ns == 0) return BlockKey{};
+    return BlockKey{mix(ns ^ 0x6a09e667f3bcc908ull), mix(ns ^ 0xbb67ae8584caa73bull)};
+  }
+
   /// The key of a block holding `tokens[0, n)` after a block whose key is `parent`
-  /// (the first block's parent is the zero key).
+  /// (the first block's parent is root(ns) of the sequence's namespace).
   static BlockKey chain(const BlockKey& parent, const std::int32_t* tokens, int n) noexcept {
     BlockKey k{mix(parent.lo ^ 0x9e3779b97f4a7c15ull), mix(parent.hi ^ 0xc2b2ae3d27d4eb4full)};
     // Two ids per round: one 64-bit word holds both whole, and each lane's

@@ -109,6 +109,20 @@ inline std::uint64_t get_u64(const unsigned char* p) noexcept {
   return v;
 }
 inline void put_i32(unsigned char* p, int v) noexcept { put_u32(p, static_cast<std::uint32_t>(v)); }
+
+// Checked arithmetic for untrusted sizes: a * b (and a + b) into `out` when
+// the result is at most `limit` (so it can neither wrap in 64 bits nor exceed
+// a size_t when limit is one); false otherwise, `out` untouched.
+inline bool mul_within(std::uint64_t a, std::uint64_t b, std::uint64_t limit, std::uint64_t& out) noexcept {
+  if (a != 0 && b > limit / a) return false;
+  out = a * b;
+  return true;
+}
+inline bool add_within(std::uint64_t a, std::uint64_t b, std::uint64_t limit, std::uint64_t& out) noexcept {
+  if (a > limit || b > limit - a) return false;
+  out = a + b;
+  return true;
+}
 inline int get_i32(const unsigned char* p) noexcept { return static_cast<int>(get_u32(p)); }
 
 // Rows and token ids are copied as the host stores them: records are little-endian.
@@ -186,7 +200,29 @@ struct RecordLayout {
     return l;
   }
 
-  /// Bytes of a layer's K rows and V rows, each padded.
+  /// Bytes of a layer's K rows and V rows, each padded, computed without
+  /// wrapping: false when they (or any product on the way) exceed `limit`
+  /// (for an untrusted layer: the record's size). Fields must be >= 0.
+  static bool checked_row_block_bytes(const RecordLayer& layer, std::uint64_t limit, std::uint64_t& out) noexcept {
+    using record_detail::mul_within;
+    const std::uint64_t rows = static_cast<std::uint64_t>(layer.n_rows);
+    const std::uint64_t heads = static_cast<std::uint64_t>(layer.n_kv_heads);
+    const std::uint64_t size = element_size(layer.dtype);
+    std::uint64_t k = 0, v = 0, k_rows = 0, v_rows = 0;
+    if (!mul_within(heads, static_cast<std::uint64_t>(layer.head_dim), limit, k) || !mul_within(k, size, limit, k) ||
+        !mul_within(k, rows, limit, k_rows))
+      return false;
+    if (!mul_within(heads, static_cast<std::uint64_t>(layer.value_dim), limit, v) || !mul_within(v, size, limit, v) ||
+        !mul_within(v, rows, limit, v_rows))
+      return false;
+    // padded(x) <= x + 63: with x <= limit it stays within limit + 63.
+    const std::uint64_t kp = (k_rows + RecordFormat::kAlign - 1) / RecordFormat::kAlign * RecordFormat::kAlign;
+    const std::uint64_t vp = (v_rows + RecordFormat::kAlign - 1) / RecordFormat::kAlign * RecordFormat::kAlign;
+    return record_detail::add_within(kp, vp, limit, out);
+  }
+
+  /// Bytes of a layer's K rows and V rows, each padded. Precondition: they
+  /// fit a size_t (a layer RecordView::parse accepted, or the cache's own).
   static std::size_t row_block_bytes(const RecordLayer& layer) noexcept {
     const std::size_t n = static_cast<std::size_t>(layer.n_rows);
     return record_detail::padded(n * layer.k_row_bytes()) + record_detail::padded(n * layer.v_row_bytes());

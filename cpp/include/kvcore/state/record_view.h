@@ -33,6 +33,48 @@ void for_each_carried_run(int length, int start, int n_holes, HoleAt hole, const
   }
 }
 
+/// The first visible position (not below `start`, not in a hole) in [lo, hi),
+/// or hi when none: holes hole(0) .. hole(n_holes - 1) are sorted.
+template <class HoleAt>
+int next_visible_position(int start, int n_holes, HoleAt hole, int lo, int hi) noexcept {
+  int p = lo > start ? lo : start;
+  for (int h = 0; h < n_holes && p < hi; ++h) {
+    const PositionRange r = hole(h);
+    if (p < r.begin) break;
+    if (p < r.end) p = r.end;
+  }
+  return p < hi ? p : hi;
+}
+
+/// The first visible position that a query at position q (0 <= q <= length)
+/// of a sequence (removed head `start`, sorted holes) sees on `layer` by its
+/// policy (docs/design.md section 2: flat, every k < q; ring of window W and
+/// S sinks, k < min(S, q) or k >= max(0, q - W + 1)) and that the layer does
+/// not carry (it lies in [sink_end, held_from)); -1 when the layer carries
+/// every position such a query needs. A record answering -1 for q = length
+/// holds every rewind its bounds allow too: a rewind to n <= length needs the
+/// sinks below min(S, n) (below min(S, length): checked) and the window
+/// [max(0, n - W + 1), n), which an importer allows only from held_from on
+/// (or below sink_end), where the record carries everything.
+template <class HoleAt>
+int first_needed_uncarried(int start, int n_holes, HoleAt hole, const RecordLayer& layer, int q) noexcept {
+  const int gap_lo = layer.sink_end, gap_hi = layer.held_from < q ? layer.held_from : q;
+  if (gap_lo >= gap_hi) return -1;  // the layer carries everything below q
+  // The needed set below q: [0, sinks') and [window_begin, q) (flat: [0, q)).
+  const bool ring = layer.policy.kind == LayerPolicy::Kind::Ring;
+  const int sinks = ring ? (layer.policy.sinks < q ? layer.policy.sinks : q) : 0;
+  const int wb = layer.policy.window_begin(q);
+  const int needed[2][2] = {{0, sinks}, {wb, q}};
+  for (const auto& n : needed) {
+    const int lo = n[0] > gap_lo ? n[0] : gap_lo;
+    const int hi = n[1] < gap_hi ? n[1] : gap_hi;
+    if (lo >= hi) continue;
+    const int p = next_visible_position(start, n_holes, hole, lo, hi);
+    if (p < hi) return p;
+  }
+  return -1;
+}
+
 /// Positions `layer` carries (see for_each_carried_run).
 template <class HoleAt>
 int carried_positions(int length, int start, int n_holes, HoleAt hole, const RecordLayer& layer) noexcept {
@@ -159,7 +201,11 @@ inline Status RecordView::check_sequence() const noexcept {
                                "record: n_tokens = %d: must be in [0, length = %d]", s.n_tokens, s.length);
   KVCORE_CHECK_OR_RETURN_ERROR(s.n_holes >= 0 && s.n_holes <= s.length, InvalidArgument,
                                "record: n_holes = %d: must be in [0, length = %d]", s.n_holes, s.length);
-  KVCORE_CHECK_OR_RETURN_ERROR(layout_.rows + RecordFormat::kTrailerBytes <= layout_.total, InvalidArgument,
+  // 64-bit sums of counts below 2^31 (and n_layers <= 2^16): no wrap, on any size_t.
+  const std::uint64_t tables = RecordFormat::kHeaderBytes + 8 * static_cast<std::uint64_t>(s.n_holes) +
+                               4 * static_cast<std::uint64_t>(s.n_tokens) +
+                               RecordFormat::kLayerBytes * static_cast<std::uint64_t>(s.n_layers);
+  KVCORE_CHECK_OR_RETURN_ERROR(tables + RecordFormat::kTrailerBytes <= layout_.total, InvalidArgument,
                                "record: total_bytes %zu: too small for its %d holes, %d tokens and %d layers",
                                layout_.total, s.n_holes, s.n_tokens, s.n_layers);
   int prev_end = s.start;
@@ -195,6 +241,15 @@ inline Status RecordView::check_layer(int l) const noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(r.n_rows == carried, InvalidArgument,
                                "record: layer %d n_rows = %d: its sink_end/held_from select %d positions", l,
                                r.n_rows, carried);
+  // Complete: the layer carries every visible position a query at the length
+  // needs by its policy (and so every rewind its bounds allow).
+  const int missing =
+      first_needed_uncarried(seq_.start, seq_.n_holes, [this](int h) { return hole(h); }, r, seq_.length);
+  KVCORE_CHECK_OR_RETURN_ERROR(missing < 0, InvalidArgument,
+                               "record: layer %d (%s, window %d, sinks %d) lacks position %d, which a query at "
+                               "length %d needs (sink_end %d, held_from %d): incomplete",
+                               l, ring ? "ring" : "flat", r.policy.window, r.policy.sinks, missing, seq_.length,
+                               r.sink_end, r.held_from);
   return Error::Ok;
 }
 
@@ -215,19 +270,30 @@ inline Result<RecordView> RecordView::parse(const void* data, std::size_t size) 
   v.seq_.start = get_i32(v.bytes_ + 36);
   v.seq_.n_holes = get_i32(v.bytes_ + 40);
   v.seq_.n_tokens = get_i32(v.bytes_ + 44);
-  v.layout_ = RecordLayout::tables(v.seq_);  // trusted only once check_sequence() passes
+  // Only the holes' offset (fixed) and the size are known before the counts pass.
+  v.layout_.holes = RecordFormat::kHeaderBytes;
   v.layout_.total = size;
   KVCORE_RETURN_IF_ERROR(v.check_sequence());
-  std::size_t at = v.layout_.rows;
+  const std::size_t total = size;
+  v.layout_ = RecordLayout::tables(v.seq_);  // fits: check_sequence() bounded it by the size
+  v.layout_.total = total;
+  // Every size below is at most the record's: checked before it is added.
+  std::uint64_t at = v.layout_.rows;
   for (int l = 0; l < v.seq_.n_layers; ++l) {
     KVCORE_RETURN_IF_ERROR(v.check_layer(l));
-    at += RecordLayout::row_block_bytes(v.layer(l));
+    const RecordLayer r = v.layer(l);
+    std::uint64_t bytes = 0;
+    KVCORE_CHECK_OR_RETURN_ERROR(RecordLayout::checked_row_block_bytes(r, size, bytes), InvalidArgument,
+                                 "record: layer %d: %d rows of %d heads x (head_dim %d + value_dim %d) %s "
+                                 "elements are more bytes than the record's %zu",
+                                 l, r.n_rows, r.n_kv_heads, r.head_dim, r.value_dim, to_string(r.dtype), size);
+    at += bytes;  // both at most size < 2^63: no wrap
     KVCORE_CHECK_OR_RETURN_ERROR(at + RecordFormat::kTrailerBytes <= size, InvalidArgument,
                                  "record: layer %d's rows end past total_bytes %zu", l, size);
   }
   KVCORE_CHECK_OR_RETURN_ERROR(at + RecordFormat::kTrailerBytes == size, InvalidArgument,
                                "record: total_bytes %zu: its layers' rows end at %zu", size,
-                               at + RecordFormat::kTrailerBytes);
+                               static_cast<std::size_t>(at + RecordFormat::kTrailerBytes));
   return v;
 }
 

@@ -20,6 +20,16 @@ namespace kvcore {
 
 namespace export_detail {
 
+// A ring layer's bounds in their one written form: a held_from below the
+// sinks' end selects no other position than that end does (positions below
+// sink_end are carried either way), so it is raised to min(sink_end, length).
+// Two caches holding the same positions then write the same bytes, whatever
+// their rows held below the sinks' end (a re-export equals the record).
+inline void canonical_bounds(RecordLayer& r, int length) noexcept {
+  const int sinks_end = r.sink_end < length ? r.sink_end : length;
+  if (r.held_from < sinks_end) r.held_from = sinks_end;
+}
+
 // A SequenceCache and its KVPool as a record's source.
 struct SequenceSource {
   const SequenceCache& cache;
@@ -35,6 +45,7 @@ struct SequenceSource {
     if (lc.policy.kind == LayerPolicy::Kind::Ring) {
       r.sink_end = lc.policy.sinks;
       r.held_from = cache.held_from(l);
+      canonical_bounds(r, cache.length());
     }
     return r;
   }
@@ -64,6 +75,7 @@ struct BatchSource {
       const std::int64_t sink_end = (static_cast<std::int64_t>(lc.policy.sinks) + B - 1) / B * B;
       r.sink_end = sink_end < info.length ? static_cast<int>(sink_end) : info.length;
       r.held_from = *cache.held_from(seq, *cache.group_of(l));
+      canonical_bounds(r, info.length);
     }
     return r;
   }

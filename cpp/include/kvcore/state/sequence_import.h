@@ -19,6 +19,26 @@
 
 namespace kvcore {
 
+/// Whether an import into a BatchCache names the sequence's blocks for prefix
+/// reuse (docs/state.md "Trust"). A record's token ids are the sender's word:
+/// named by them, its blocks would serve every later request of that prompt
+/// with the record's K/V, whatever they are. So by default (untrusted) the
+/// imported sequence names no block and shares none with the cache's prefixes;
+/// name_blocks (Python: trust_tokens=True, or a namespace given) names its
+/// full blocks by the record's token ids in `prefix_namespace` (0: the
+/// default namespace) and shares cached blocks of that namespace's prompt.
+/// A namespace of the sender's own (a tenant's salt) confines what it names
+/// to the requests of that namespace.
+struct RecordTrust {
+  bool name_blocks = false;
+  std::uint64_t prefix_namespace = 0;
+
+  /// Names nothing, shares nothing (the default).
+  static RecordTrust untrusted() noexcept { return RecordTrust{}; }
+  /// Names and shares blocks by the record's token ids in namespace `ns`.
+  static RecordTrust tokens_in(std::uint64_t ns) noexcept { return RecordTrust{true, ns}; }
+};
+
 namespace import_detail {
 
 // Each record layer against the destination's layer config and pool dtype.
@@ -145,9 +165,11 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
 /// Imports the record at data[0, size) (8-byte aligned) as sequence `seq`
 /// (inactive) of `cache` and its `pool` (any block size): its length, removed
 /// head and holes, and per group the blocks of the positions it carries. When
-/// the record knows every token id and removed nothing, full blocks of a
-/// prefix the cache holds are shared instead of written, and the sequence's
-/// blocks are named for prefix reuse. Any begun step ends. Errors (nothing
+/// `trust` names blocks (RecordTrust::tokens_in) and the record knows every
+/// token id and removed nothing, full blocks of a prefix the cache holds in
+/// trust.prefix_namespace are shared instead of written, and the sequence's
+/// blocks are named there for prefix reuse; untrusted (the default), the
+/// sequence names and shares nothing. Any begun step ends. Errors (nothing
 /// changes; a growing pool may have grown): RecordView::parse's;
 /// InvalidArgument: another layer count, a layer whose policy, shape or dtype
 /// differs, layers of one group carrying different positions, a flat layer
@@ -161,7 +183,7 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
 /// keeps its own copy of the rows (torch) writes exactly those.
 template <class OnWritten>
 Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq,
-                     OnWritten on_written) noexcept {
+                     const RecordTrust& trust, OnWritten on_written) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
   const RecordSequence& rs = rec.sequence();
   KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
@@ -175,9 +197,12 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
     const int rows = (*pool.layer(l)).rows;
     KVCORE_RETURN_IF_ERROR(pool.reserve(l, bound < rows ? static_cast<int>(bound) : rows));
   }
-  const SequenceImport in{rs.length,   rs.start,           rs.n_holes,
-                          rec.holes(), rs.n_tokens == rs.length ? rec.tokens() : nullptr,
-                          rec.layer_bounds(), static_cast<int>(RecordFormat::kLayerBytes / 4)};
+  const bool named = trust.name_blocks && rs.n_tokens == rs.length;
+  const SequenceImport in{rs.length,          rs.start,
+                          rs.n_holes,         rec.holes(),
+                          named ? rec.tokens() : nullptr,
+                          rec.layer_bounds(), static_cast<int>(RecordFormat::kLayerBytes / 4),
+                          trust.prefix_namespace};
   auto hole_at = [&rec](int h) { return rec.hole(h); };
   const std::size_t rows_at = rec.row_offset(0);
   // Blocks [i, i + n) of group g, pool blocks [block, block + n): their rows
@@ -224,9 +249,22 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
   return Error::Ok;
 }
 
+/// import_record, untrusted (RecordTrust::untrusted(): names and shares no block).
+template <class OnWritten>
+Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq,
+                     OnWritten on_written) noexcept {
+  return import_record(data, size, cache, pool, seq, RecordTrust::untrusted(), on_written);
+}
+
 /// import_record without the report of the written blocks.
+inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq,
+                            const RecordTrust& trust) noexcept {
+  return import_record(data, size, cache, pool, seq, trust, [](int, int, int) {});
+}
+
+/// import_record, untrusted, without the report of the written blocks.
 inline Status import_record(const void* data, std::size_t size, BatchCache& cache, PagedKVPool& pool, int seq) noexcept {
-  return import_record(data, size, cache, pool, seq, [](int, int, int) {});
+  return import_record(data, size, cache, pool, seq, RecordTrust::untrusted(), [](int, int, int) {});
 }
 
 }  // namespace kvcore

@@ -1,6 +1,7 @@
 // PrefixIndex: the prefix keys of each sequence and the lookup of a prompt's
 // blocks. A sequence's key chain names each full block by its token ids and
-// the key before it (BlockKey::chain); committed tokens extend it, and each
+// the key before it (BlockKey::chain), starting from its prefix namespace's
+// root (BlockKey::root: blocks of different namespaces never match); committed tokens extend it, and each
 // block it fills is keyed in every group that holds it (the pools find blocks
 // by key). A sequence stops keying when its rows no longer follow from its
 // token ids alone (tokens not given, a removed head or hole) and, after a
@@ -38,8 +39,16 @@ class PrefixIndex {
     return Error::Ok;
   }
 
-  /// `seq` keys from scratch: no block, no token.
+  /// `seq` keys from scratch in the default namespace (0): no block, no token.
   void reset(int seq) noexcept { chains_[seq] = Chain{}; }
+  /// `seq`, holding no position, keys in prefix namespace `ns` from now on.
+  void set_namespace(int seq, std::uint64_t ns) noexcept {
+    Chain& c = chains_[seq];
+    c.ns = ns;
+    if (c.hashed_blocks == 0) c.chain = BlockKey::root(ns);
+  }
+  /// The prefix namespace `seq` keys in.
+  std::uint64_t namespace_of(int seq) const noexcept { return chains_[seq].ns; }
   /// `seq`'s rows no longer follow from its token ids: it keys nothing more.
   void stop(int seq) noexcept { chains_[seq].hashing = false; }
 
@@ -83,6 +92,8 @@ class PrefixIndex {
   void inherit(int src, int dst, int upto, bool src_whole, const BlockGroup* groups, int n_groups) noexcept {
     const Chain& s = chains_[src];
     Chain& d = chains_[dst];
+    d.ns = s.ns;  // a fork keys in its source's namespace
+    d.chain = BlockKey::root(d.ns);
     d.hashing = upto == 0 || (s.hashing && src_whole);  // length 0 always names
     if (!d.hashing) return;
     if (upto >= s.hashed_blocks * block_size_) {
@@ -97,12 +108,13 @@ class PrefixIndex {
     d.hashing = restore(src, dst, upto, groups, n_groups);
   }
 
-  /// The longest hit of tokens[0, n) every group can serve, in full blocks
-  /// (the last token is always computed, so at most (n - 1) / B); its keys are
-  /// prompt_keys() until the next call.
-  int longest_hit(const std::int32_t* tokens, int n, const BlockGroup* groups, int n_groups) noexcept {
+  /// The longest hit of tokens[0, n) in prefix namespace `ns` every group can
+  /// serve, in full blocks (the last token is always computed, so at most
+  /// (n - 1) / B); its keys are prompt_keys() until the next call.
+  int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups,
+                  int n_groups) noexcept {
     const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
-    BlockKey chain;
+    BlockKey chain = BlockKey::root(ns);
     for (int i = 0; i < candidates; ++i) {
       chain = BlockKey::chain(chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
       prompt_[i] = chain;
@@ -114,12 +126,16 @@ class PrefixIndex {
   const BlockKey* prompt_keys() const noexcept { return prompt_.get(); }
 
   /// `seq` (reset) starts with the tokens of positions [0, n) (an imported
-  /// sequence): its chain is theirs, and each full block i of group g that
-  /// named(g, i) allows (every row of it holds its position) is keyed.
+  /// sequence) in prefix namespace `ns`: its chain is theirs, and each full
+  /// block i of group g that named(g, i) allows (every row of it holds its
+  /// position) is keyed.
   template <class Named>
-  void imported(int seq, const std::int32_t* tokens, int n, BlockGroup* groups, int n_groups, Named named) noexcept {
+  void imported(int seq, std::uint64_t ns, const std::int32_t* tokens, int n, BlockGroup* groups, int n_groups,
+                Named named) noexcept {
     Chain& c = chains_[seq];
     c = Chain{};
+    c.ns = ns;
+    c.chain = BlockKey::root(ns);
     const int full = n / block_size_;
     for (int i = 0; i < full; ++i) {
       c.chain = BlockKey::chain(c.chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
@@ -138,16 +154,19 @@ class PrefixIndex {
   /// chain goes on from there.
   void adopted(int seq, int blocks) noexcept {
     Chain& c = chains_[seq];
+    const std::uint64_t ns = c.ns;
     c = Chain{};
+    c.ns = ns;
     c.hashed_blocks = blocks;
-    c.chain = blocks > 0 ? prompt_[blocks - 1] : BlockKey{};
+    c.chain = blocks > 0 ? prompt_[blocks - 1] : BlockKey::root(ns);
   }
 
  private:
   // Prefix keys of one sequence: the first hashed_blocks blocks have known keys
   // (the last is `chain`), then `partial` tokens of the current block wait in
-  // partial_of(seq).
+  // partial_of(seq). `ns`: the prefix namespace its chain starts from.
   struct Chain {
+    std::uint64_t ns = 0;
     bool hashing = true;
     int hashed_blocks = 0;
     int partial = 0;
@@ -170,7 +189,7 @@ class PrefixIndex {
     if (n % block_size_ != 0) return false;
     d.hashed_blocks = n / block_size_;
     if (n == 0) {
-      d.chain = BlockKey{};
+      d.chain = BlockKey::root(d.ns);
       return true;
     }
     for (int g = 0; g < n_groups; ++g) {

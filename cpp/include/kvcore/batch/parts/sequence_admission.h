@@ -18,7 +18,9 @@
 namespace kvcore {
 
 /// An incoming sequence: its length, removed head and holes, the token ids of
-/// all its positions (or null), and per layer l which positions its rows come
+/// all its positions (or null: its blocks are named by nothing, and share
+/// nothing; an importer gives them only when it trusts them), the prefix
+/// namespace its blocks are named in, and per layer l which positions its rows come
 /// with: the visible ones below bounds[l * bounds_stride] (sink_end) or from
 /// bounds[l * bounds_stride + 1] (held_from) on. Strided so that a record's
 /// layer table is read in place; layers of one group must agree (admit checks).
@@ -30,6 +32,7 @@ struct SequenceImport {
   const std::int32_t* tokens = nullptr;
   const std::int32_t* bounds = nullptr;
   int bounds_stride = 2;
+  std::uint64_t prefix_namespace = 0;
 
   /// Layer l's sink_end and held_from.
   int sink_end(int l) const noexcept { return bounds[static_cast<std::ptrdiff_t>(l) * bounds_stride]; }
@@ -164,6 +167,15 @@ class SequenceAdmission {
                                  "import: group %d keeps positions [0, %d) whole, but the record lacks position %d "
                                  "(its exporter's window released it); use a block size that divides the sinks",
                                  g, keep_end, missing);
+    // A ring group's next query (at the length) needs its window: a record lacking
+    // part of it would leave holes the next gather reads (RecordView::parse refuses
+    // such a record first; this guards a direct admit()).
+    const int wb = group.policy().window_begin(in_.length);
+    const int lacks = ring ? first_missing(g, wb, in_.length) : -1;
+    KVCORE_CHECK_OR_RETURN_ERROR(lacks < 0, InvalidArgument,
+                                 "import: group %d (ring window %d) lacks position %d, which a query at length %d "
+                                 "needs: incomplete",
+                                 g, group.policy().window, lacks, in_.length);
     const int need = blocks_needed(g, group, hit_keys, hit);
     const int free = group.pool().free_blocks();
     KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources, "import: group %d needs %d blocks, %d are free", g,
