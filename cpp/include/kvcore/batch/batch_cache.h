@@ -32,6 +32,7 @@
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/step_state.h"
 #include "kvcore/batch/parts/table_rows.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
@@ -388,10 +389,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   // Every part, through nothrow new; ~BatchCache frees a partial build.
   Status build(const CacheConfig& cfg) noexcept {
-    layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers_]);
-    layer_group_.reset(new (std::nothrow) int[n_layers_]);
-    group_layer_.reset(new (std::nothrow) int[n_layers_]);    // at worst one group per layer
-    groups_.reset(new (std::nothrow) BlockGroup[n_layers_]);
+    layer_configs_ = internal::Buffer<LayerConfig>::make(n_layers_);
+    layer_group_ = internal::Buffer<int>::make(n_layers_);
+    group_layer_ = internal::Buffer<int>::make(n_layers_);    // at worst one group per layer
+    groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
     KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_, MemoryAllocationFailed,
                                  "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
@@ -520,10 +521,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int stride_;
   int max_step_tokens_;
   int n_groups_ = 0;
-  std::unique_ptr<LayerConfig[]> layer_configs_;
-  std::unique_ptr<int[]> layer_group_;
-  std::unique_ptr<int[]> group_layer_;  // per group: its first layer
-  std::unique_ptr<BlockGroup[]> groups_;  // the first n_groups_
+  internal::Buffer<LayerConfig> layer_configs_;
+  internal::Buffer<int> layer_group_;
+  internal::Buffer<int> group_layer_;  // per group: its first layer
+  internal::Buffer<BlockGroup> groups_;  // the first n_groups_
   SequenceTable seqs_;
   TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;

@@ -18,6 +18,7 @@
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/step_trees.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -156,21 +157,21 @@ class StepState {
   BatchStep active_;
   std::uint64_t last_step_id_ = 0;
   std::uint64_t stamp_ = 0;
-  std::unique_ptr<std::uint64_t[]> seen_;  // check_entries' repeat check
-  std::unique_ptr<int[]> step_seq_;
-  std::unique_ptr<int[]> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
-  std::unique_ptr<int[]> query_starts_;
-  std::unique_ptr<int[]> first_positions_;
-  std::unique_ptr<int[]> context_lens_;
-  std::unique_ptr<int[]> visible_starts_;
-  std::unique_ptr<const PositionRange*[]> holes_of_;
-  std::unique_ptr<int[]> n_holes_of_;
-  std::unique_ptr<bool[]> tokens_given_;
-  std::unique_ptr<std::int32_t[]> step_tokens_;
-  std::unique_ptr<int[]> slots_;         // [g][max_step_tokens]
-  std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs]
-  std::unique_ptr<int[]> first_before_;  // [g][entry]: the block at its first position's index before the step
-  std::unique_ptr<GroupPlan[]> group_plans_;
+  internal::Buffer<std::uint64_t> seen_;  // check_entries' repeat check
+  internal::Buffer<int> step_seq_;
+  internal::Buffer<int> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
+  internal::Buffer<int> query_starts_;
+  internal::Buffer<int> first_positions_;
+  internal::Buffer<int> context_lens_;
+  internal::Buffer<int> visible_starts_;
+  internal::Buffer<const PositionRange*> holes_of_;
+  internal::Buffer<int> n_holes_of_;
+  internal::Buffer<bool> tokens_given_;
+  internal::Buffer<std::int32_t> step_tokens_;
+  internal::Buffer<int> slots_;         // [g][max_step_tokens]
+  internal::Buffer<BlockCopy> copies_;  // [g][max_seqs]
+  internal::Buffer<int> first_before_;  // [g][entry]: the block at its first position's index before the step
+  internal::Buffer<GroupPlan> group_plans_;
   StepTrees trees_;
 };
 
@@ -184,21 +185,21 @@ inline bool must_copy(const BlockPool& pool, int block) noexcept {
 inline Status StepState::allocate(const StepLimits& limits) noexcept {
   const std::int64_t seqs = limits.max_seqs;
   const std::int64_t per_groups = limits.n_groups * seqs;
-  seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
-  step_seq_.reset(new (std::nothrow) int[seqs]);
-  entry_of_.reset(new (std::nothrow) int[seqs]());
-  query_starts_.reset(new (std::nothrow) int[seqs + 1]);
-  first_positions_.reset(new (std::nothrow) int[seqs]);
-  context_lens_.reset(new (std::nothrow) int[seqs]);
-  visible_starts_.reset(new (std::nothrow) int[seqs]);
-  holes_of_.reset(new (std::nothrow) const PositionRange*[seqs]);
-  n_holes_of_.reset(new (std::nothrow) int[seqs]);
-  tokens_given_.reset(new (std::nothrow) bool[seqs]);
-  step_tokens_.reset(new (std::nothrow) std::int32_t[limits.max_step_tokens]);
-  slots_.reset(new (std::nothrow) int[static_cast<std::int64_t>(limits.n_groups) * limits.max_step_tokens]);
-  copies_.reset(new (std::nothrow) BlockCopy[per_groups]);
-  first_before_.reset(new (std::nothrow) int[per_groups]);
-  group_plans_.reset(new (std::nothrow) GroupPlan[limits.n_groups]);
+  seen_ = internal::Buffer<std::uint64_t>::make_zeroed(seqs);
+  step_seq_ = internal::Buffer<int>::make(seqs);
+  entry_of_ = internal::Buffer<int>::make_zeroed(seqs);
+  query_starts_ = internal::Buffer<int>::make(seqs + 1);
+  first_positions_ = internal::Buffer<int>::make(seqs);
+  context_lens_ = internal::Buffer<int>::make(seqs);
+  visible_starts_ = internal::Buffer<int>::make(seqs);
+  holes_of_ = internal::Buffer<const PositionRange*>::make(seqs);
+  n_holes_of_ = internal::Buffer<int>::make(seqs);
+  tokens_given_ = internal::Buffer<bool>::make(seqs);
+  step_tokens_ = internal::Buffer<std::int32_t>::make(limits.max_step_tokens);
+  slots_ = internal::Buffer<int>::make(static_cast<std::int64_t>(limits.n_groups) * limits.max_step_tokens);
+  copies_ = internal::Buffer<BlockCopy>::make(per_groups);
+  first_before_ = internal::Buffer<int>::make(per_groups);
+  group_plans_ = internal::Buffer<GroupPlan>::make(limits.n_groups);
   KVCORE_CHECK_OR_RETURN_ERROR(seen_ && step_seq_ && entry_of_ && query_starts_ && first_positions_ &&
                                    context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
                                    tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
