@@ -994,6 +994,15 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """Blocks of a group no sequence holds (reclaimable cached ones included).
         InvalidArgumentError: group outside [0, n_groups).
         """
+    def blocks_needed(self, seq: SupportsIndex, T: SupportsIndex) -> list[int]:
+        """The blocks a step entry of T tokens of seq takes in each group (new blocks, and private
+        copies of blocks other sequences hold or that are named), a list of n_groups ints, as
+        begin_step counts them: begin_step admits a step when, in every group, its entries' sum is
+        at most free_blocks(group) (plus what a begun step it replaces took), so requests admitted
+        one by one can add their needs up and begin the step once. Changes nothing.
+        InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step];
+        InvalidStateError: seq not active; CapacityError: length + T > capacity.
+        """
     def cached_blocks(self, group: SupportsIndex) -> int:
         """Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group
         outside [0, n_groups).

@@ -224,6 +224,28 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return step_.begin(entries, n, seqs_, groups_.get());
   }
 
+  /// The blocks a step entry of `T` tokens of `seq` takes in each group, as
+  /// begin_step() counts them (new blocks, and private copies of blocks other
+  /// sequences hold or that are named), written to need[0, n_groups()).
+  /// begin_step() admits a step when, in every group, its entries' sum is at
+  /// most free_blocks(group), plus the blocks a begun step it replaces took:
+  /// so a runner admitting requests one by one adds their needs up and begins
+  /// the step once. Changes nothing. InvalidArgument: seq outside [0,
+  /// max_seqs), T outside [1, max_step], need null. InvalidState: seq not
+  /// active. OutOfResources: length + T > capacity.
+  Status blocks_needed(int seq, int T, int* need) const noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_active("blocks_needed", seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
+                                 "blocks_needed(%d, T = %d): must be in [1, max_step = %d]", seq, T, max_step_);
+    KVCORE_CHECK_OR_RETURN_ERROR(need != nullptr, InvalidArgument, "blocks_needed(%d): need is null", seq);
+    const int length = seqs_[seq].length;
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + T <= capacity_, OutOfResources,
+                                 "blocks_needed(%d, T = %d): length %d + T would pass capacity = %d", seq, T,
+                                 length, capacity_);
+    for (int g = 0; g < n_groups_; ++g) need[g] = step_.entry_need(seqs_, groups_[g], g, seq, T);
+    return Error::Ok;
+  }
+
   Status check_step(const BatchStep& step) const noexcept override { return step_.check(step); }
 
   Status commit(const BatchStep& step) noexcept override { return commit(step, nullptr, 0).status(); }

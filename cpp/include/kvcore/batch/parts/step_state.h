@@ -77,6 +77,12 @@ class StepState {
   /// leaves them. Changes nothing.
   Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups) const noexcept;
 
+  /// The blocks an entry of T tokens of `seq` takes in group g (new ones, or
+  /// private copies of shared or named ones), judged as admit() judges each
+  /// entry: admit() refuses a group whose entries' sum passes its free blocks
+  /// (plus what end() gives back). Changes nothing.
+  int entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq, int T) const noexcept;
+
   /// Begins the admitted step (any begun one has ended): each entry's blocks
   /// and slots, copies of shared blocks. Never fails.
   BatchStep begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups) noexcept;
@@ -238,14 +244,20 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
   return trees_.check_masks(entries, n);
 }
 
+inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq,
+                                  int T) const noexcept {
+  const BlockPool& pool = group.pool();
+  int need = 0;
+  walk_entry(group, g, seq, seqs[seq].length, T, [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
+  return need;
+}
+
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
                                const BlockGroup* groups) const noexcept {
   for (int g = 0; g < lim_.n_groups; ++g) {
     const BlockPool& pool = groups[g].pool();
     int need = 0;
-    for (int i = 0; i < n; ++i)
-      walk_entry(groups[g], g, entries[i].seq, seqs[entries[i].seq].length, entries[i].T,
-                 [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
+    for (int i = 0; i < n; ++i) need += entry_need(seqs, groups[g], g, entries[i].seq, entries[i].T);
     int freed = 0;  // what end() gives back
     walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
     const int free = pool.free_blocks() + freed;
