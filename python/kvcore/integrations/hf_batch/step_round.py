@@ -1,14 +1,15 @@
-"""The requests of one forward: admitted one by one as transformers schedules, begun exactly once it builds inputs.
+"""The requests of one forward: admitted one by one as transformers schedules, begun once when it builds inputs.
 
 transformers' scheduler asks the cache, request by request, whether the next
-tokens fit (``can_store_request_tokens``); kvcore decides admission for a whole
-step at once (``begin_step``). ``StepRound`` bridges them: each admission begins
-the step of every request admitted so far plus the new one (a refused step
-changes nothing and the previous one stays begun, so the answer is kvcore's own).
-When transformers builds the forward's inputs the step is begun once more with
-what each request really carries (a parent of parallel samples may carry one
-token less than it asked for) and its token ids (so full blocks get named for
-prefix reuse), and the plan is turned into transformers' read and write
+tokens fit (``can_store_request_tokens``); kvcore admits a step when, in every
+group, the blocks its entries need add up to at most the group's free blocks.
+``StepRound`` keeps that sum: each admission asks kvcore what the new request
+needs (``blocks_needed``, kvcore's own count per entry, so the answer is the one
+``begin_step`` would give) and admits it if the sum still fits; nothing is begun
+then. When transformers builds the forward's inputs the step is begun, once,
+with what each request really carries (a parent of parallel samples may carry
+one token less than it asked for) and its token ids (so full blocks get named
+for prefix reuse), and its plan is turned into transformers' read and write
 indices: one pool row per key a query reads, per attention type.
 """
 
@@ -29,12 +30,14 @@ TMP_TOKEN_ID = -1  # transformers' placeholder for a token not sampled yet
 
 @dataclass
 class Admitted:
-    """A request in the round: its id, kvcore sequence, transformers state, tokens admitted."""
+    """A request in the round: its id, kvcore sequence, transformers state, tokens admitted and
+    the blocks they need per kvcore group."""
 
     request_id: str
     seq: int
     state: Any
     tokens: int
+    need: list[int]
 
 
 @dataclass
@@ -49,7 +52,7 @@ class PlannedEntry:
 
 
 class StepRound:
-    """The step being assembled (``admit``), then planned (``plan``) and run by the layers."""
+    """The step being assembled (``admit``), then begun and planned (``plan``) and run by the layers."""
 
     def __init__(self, batch: BatchCache, views: list[GroupView]) -> None:
         self.batch = batch
@@ -65,29 +68,25 @@ class StepRound:
     # --- admission ------------------------------------------------------------------
 
     def admit(self, request_id: str, seq: int, state: Any, tokens: int) -> bool:
-        """Begin the step of every admitted request plus this one; False (nothing changes) when
-        a pool is short."""
-        self._settle_counts()
-        seqs = [a.seq for a in self.admitted] + [seq]
-        counts = [a.tokens for a in self.admitted] + [tokens]
+        """Admit the request's next ``tokens`` if every group has the blocks they need besides those
+        of the requests admitted before (kvcore's count); False (nothing changes) otherwise."""
         try:
-            self.step = self.batch.begin_step(np.array(seqs, np.int32), np.array(counts, np.int32))
+            need = self.batch.blocks_needed(seq, tokens)
         except CapacityError:
             return False
-        self.admitted.append(Admitted(request_id, seq, state, tokens))
+        if not self.fits(need):
+            return False
+        self.admitted.append(Admitted(request_id, seq, state, tokens, need))
         return True
 
-    def reprobe(self) -> bool:
-        """Begin the admitted step again after a verb ended it; False if it no longer fits."""
-        if not self.admitted:
-            self.step = None
-            return True
+    def fits(self, extra: Optional[list[int]] = None) -> bool:
+        """Do the admitted requests (plus ``extra`` blocks per group) fit every group's free blocks?
+        Asked again after a verb that takes free blocks (a prefix adopted)."""
         self._settle_counts()
-        seqs = np.array([a.seq for a in self.admitted], np.int32)
-        try:
-            self.step = self.batch.begin_step(seqs, np.array([a.tokens for a in self.admitted], np.int32))
-        except CapacityError:
-            return False
+        for g in range(self.batch.n_groups):
+            total = sum(a.need[g] for a in self.admitted) + (extra[g] if extra is not None else 0)
+            if total > self.batch.free_blocks(g):
+                return False
         return True
 
     def _settle_counts(self) -> None:
@@ -97,6 +96,7 @@ class StepRound:
             carried = len(a.state.tokens_to_process)
             if 1 <= carried < a.tokens:
                 a.tokens = carried
+                a.need = self.batch.blocks_needed(a.seq, carried)
 
     def drop(self, request_id: str) -> None:
         """Forget a request admitted but not planned (cancelled before its forward)."""
@@ -107,7 +107,8 @@ class StepRound:
         return any(a.request_id == request_id for a in self.admitted)
 
     def end(self) -> None:
-        """Leave the round; a begun, uncommitted step is aborted (its blocks go back)."""
+        """Leave the round: the admissions are dropped, a begun, uncommitted step is aborted (its
+        blocks go back)."""
         if self.step is not None and self.step.is_current:
             self.batch.abort(self.step)
         self.admitted, self.step, self.planned = [], None, None
@@ -116,9 +117,9 @@ class StepRound:
     # --- the exact step -----------------------------------------------------------------
 
     def plan(self, batch: list[Any]) -> None:
-        """Begin the step the scheduled ``batch`` (transformers' future states, in input order) really
-        carries, with its token ids, and lay out its indices. Raises InternalError if the batch is
-        not the admitted requests."""
+        """Begin the forward's one step: what the scheduled ``batch`` (transformers' future states, in
+        input order) really carries, with its token ids; and lay out its indices. Raises InternalError
+        if the batch is not the admitted requests, or kvcore refuses what they were admitted for."""
         by_id = {a.request_id: a for a in self.admitted}
         if sorted(by_id) != sorted(f.state.request_id for f in batch):
             raise InternalError(
@@ -140,12 +141,15 @@ class StepRound:
             if TMP_TOKEN_ID not in carried:  # ids known: the blocks they fill get named
                 tokens.extend(carried)
             offsets.append(len(tokens))
-        self.step = self.batch.begin_step(
-            np.array(seqs, np.int32),
-            np.array(counts, np.int32),
-            np.array(tokens, np.int64),
-            np.array(offsets, np.int32),
-        )
+        try:
+            self.step = self.batch.begin_step(
+                np.array(seqs, np.int32),
+                np.array(counts, np.int32),
+                np.array(tokens, np.int64),
+                np.array(offsets, np.int32),
+            )
+        except CapacityError as e:  # each request carries at most what it was admitted for
+            raise InternalError(f"kvcore refused the admitted step: {e}") from e
         self._lay_out()
 
     def _lay_out(self) -> None:
