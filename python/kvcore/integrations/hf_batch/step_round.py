@@ -58,6 +58,9 @@ class StepRound:
         self.batch = batch
         self.views = views
         self.admitted: list[Admitted] = []
+        self.needed = [0] * batch.n_groups  # per group: the admitted requests' blocks_needed, summed
+        self._by_id: dict[str, Admitted] = {}
+        self._unsettled: Optional[Admitted] = None  # the last admitted, until it is scheduled
         self.step: Optional[BatchStep] = None
         self.planned: Optional[dict[str, PlannedEntry]] = None
         self.next_place = 0
@@ -76,35 +79,54 @@ class StepRound:
             return False
         if not self.fits(need):
             return False
-        self.admitted.append(Admitted(request_id, seq, state, tokens, need))
+        a = Admitted(request_id, seq, state, tokens, need)
+        self.admitted.append(a)
+        self._by_id[request_id] = a
+        self._count(need, 1)
+        self._unsettled = a
         return True
 
     def fits(self, extra: Optional[list[int]] = None) -> bool:
         """Do the admitted requests (plus ``extra`` blocks per group) fit every group's free blocks?
         Asked again after a verb that takes free blocks (a prefix adopted)."""
-        self._settle_counts()
-        for g in range(self.batch.n_groups):
-            total = sum(a.need[g] for a in self.admitted) + (extra[g] if extra is not None else 0)
+        self._settle()
+        for g, total in enumerate(self.needed):
+            if extra is not None:
+                total += extra[g]
             if total > self.batch.free_blocks(g):
                 return False
         return True
 
-    def _settle_counts(self) -> None:
-        # transformers schedules a request right after admitting it and may give it one token less
-        # than asked (a parent of parallel samples): count what the earlier ones really carry.
-        for a in self.admitted:
-            carried = len(a.state.tokens_to_process)
-            if 1 <= carried < a.tokens:
-                a.tokens = carried
-                a.need = self.batch.blocks_needed(a.seq, carried)
+    def _count(self, need: list[int], sign: int) -> None:
+        for g, n in enumerate(need):
+            self.needed[g] += sign * n
+
+    def _settle(self) -> None:
+        # transformers schedules a request right after admitting it (before it asks about the next
+        # one) and may give it one token less than asked (a parent of parallel samples): count what
+        # the last one admitted really carries.
+        a, self._unsettled = self._unsettled, None
+        if a is None:
+            return
+        carried = len(a.state.tokens_to_process)
+        if 1 <= carried < a.tokens:
+            self._count(a.need, -1)
+            a.tokens = carried
+            a.need = self.batch.blocks_needed(a.seq, carried)
+            self._count(a.need, 1)
 
     def drop(self, request_id: str) -> None:
         """Forget a request admitted but not planned (cancelled before its forward)."""
-        self.admitted = [a for a in self.admitted if a.request_id != request_id]
+        a = self._by_id.pop(request_id, None)
+        if a is not None:
+            self.admitted.remove(a)
+            self._count(a.need, -1)
+            if self._unsettled is a:
+                self._unsettled = None
 
     def holds(self, request_id: str) -> bool:
         """Is the request in this round?"""
-        return any(a.request_id == request_id for a in self.admitted)
+        return request_id in self._by_id
 
     def end(self) -> None:
         """Leave the round: the admissions are dropped, a begun, uncommitted step is aborted (its
@@ -112,6 +134,8 @@ class StepRound:
         if self.step is not None and self.step.is_current:
             self.batch.abort(self.step)
         self.admitted, self.step, self.planned = [], None, None
+        self.needed = [0] * len(self.needed)
+        self._by_id, self._unsettled = {}, None
         self.next_place, self.layers_done = 0, 0
 
     # --- the exact step -----------------------------------------------------------------
@@ -120,7 +144,7 @@ class StepRound:
         """Begin the forward's one step: what the scheduled ``batch`` (transformers' future states, in
         input order) really carries, with its token ids; and lay out its indices. Raises InternalError
         if the batch is not the admitted requests, or kvcore refuses what they were admitted for."""
-        by_id = {a.request_id: a for a in self.admitted}
+        by_id = self._by_id
         if sorted(by_id) != sorted(f.state.request_id for f in batch):
             raise InternalError(
                 f"the scheduled batch {[f.state.request_id for f in batch]} is not the admitted {sorted(by_id)}"
