@@ -10,12 +10,22 @@ prompt tokens computed, and the blocks and K/V bytes held at the peak.
 
     python bench/hf_batch_bench.py --shape gemma3 --requests 64 --shared 1000 --new 128
     python bench/hf_batch_bench.py --quick      # seconds: a smoke run
+    python bench/hf_batch_bench.py --overhead 8,32   # kvcore's cache overhead per request of a forward
 
 transformers' own figures come from hooks on its cache (tokens through
 ``extend_read_and_write_indices``; distinct blocks its allocators' block tables
 hold, times their bytes, after each forward's indices are built); kvcore's from
 ``KVCoreBatchingManager.counters``. Outputs must be identical (greedy): the
 script exits 1 otherwise.
+
+``--overhead N,...`` measures kvcore's side alone: N requests at once (the
+shared prompt, their own tokens, ``--new`` generated), timing every call
+transformers makes into ``KVCorePagedCache`` per forward (CPU time of the
+thread that makes it, so the load of a shared machine weighs less); per request of a
+forward of N decoding requests (medians over those forwards, and over
+``--reps`` runs): scheduling and planning (admission, prefix lookup, the
+step's plan and transformers' indices) and ``update`` (block copies, the K/V
+writes and reads of every layer, the commit).
 """
 
 from __future__ import annotations
@@ -141,6 +151,57 @@ def run_once(kind: str, model: Any, prompts: list[list[int]], args: argparse.Nam
     return dict(kind=kind, seconds=seconds, tokens_per_second=generated / seconds, out=out, **stats)
 
 
+PLANNING_CALLS = ("can_store_request_tokens", "search_prefix_match", "plan_forward", "extend_read_and_write_indices",
+                  "free_blocks", "open_round")  # fmt: skip
+
+
+def overhead(model: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
+    """One run of kvcore alone with every request added at once: per forward of len(prompts)
+    requests, the microseconds per request spent in the cache's scheduling and planning calls
+    and in its layers' ``update`` (medians over those forwards)."""
+    from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
+
+    spent = {"planning": 0, "update": 0}
+    per_forward: list[tuple[int, float, float]] = []  # (requests, planning us, update us)
+    requests = [0]
+    originals = {name: getattr(KVCorePagedCache, name) for name in (*PLANNING_CALLS, "update")}
+
+    def timed_call(name: str, fn: Any) -> Any:
+        bucket = "update" if name == "update" else "planning"
+
+        def call(cache: Any, *a: Any, **k: Any) -> Any:
+            forwards = cache.counters.forwards
+            start = time.thread_time_ns()  # CPU time of the manager's thread: less of the machine's load
+            out = fn(cache, *a, **k)
+            spent[bucket] += time.thread_time_ns() - start
+            if name == "plan_forward":
+                requests[0] = len(a[0])
+            if cache.counters.forwards != forwards:  # the last layer committed: the forward is done
+                per_forward.append((requests[0], spent["planning"] / 1e3, spent["update"] / 1e3))
+                spent["planning"] = spent["update"] = 0
+            return out
+
+        return call
+
+    for name, fn in originals.items():
+        setattr(KVCorePagedCache, name, timed_call(name, fn))
+    try:
+        gen = GenerationConfig(max_new_tokens=args.new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        capacity = max(map(len, prompts)) + args.new
+        manager = KVCoreBatchingManager(model, gen, block_size=args.block_size, max_batch_tokens=args.batch_tokens,
+                                        capacity=capacity, max_seqs=len(prompts), max_step=args.max_step)  # fmt: skip
+        timed(manager, prompts, 0)
+    finally:
+        for name, fn in originals.items():
+            setattr(KVCorePagedCache, name, fn)
+    full = [(p, u) for n, p, u in per_forward if n == len(prompts)]
+    if not full:
+        raise RuntimeError(f"no forward carried all {len(prompts)} requests")
+    n = len(prompts)
+    return dict(forwards=len(full), planning_us_per_request=statistics.median(p / n for p, _ in full),
+                update_us_per_request=statistics.median(u / n for _, u in full))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=["gemma3", "llama"], default="gemma3")
@@ -157,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kvcore-only", action="store_true", help="run kvcore's side only (no comparison)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="a smoke run: 6 requests, 64 + 8 prompt, 8 new, 1 rep")
+    p.add_argument("--overhead", help="measure kvcore's cache overhead per request at these request counts (e.g. 8,32)")
     p.add_argument("--out", help="write the figures as JSON here")
     args = p.parse_args(argv)
     if args.quick:
@@ -166,6 +228,27 @@ def main(argv: list[str] | None = None) -> int:
     shared = torch.randint(3, VOCAB, (args.shared,), generator=g).tolist()
     prompts = [shared + torch.randint(3, VOCAB, (args.own,), generator=g).tolist() for _ in range(args.requests)]
     model = build(args.shape, args.window, args.shared + args.own + args.new + 64)
+    if args.overhead:
+        counts = [int(n) for n in args.overhead.split(",")]
+        result: dict[str, Any] = dict(shape=args.shape, shared=args.shared, own=args.own, new=args.new,
+                                      block_size=args.block_size, batch_tokens=args.batch_tokens, reps=args.reps,
+                                      load=open("/proc/loadavg").read().split()[:3], requests={})  # fmt: skip
+        for n in counts:
+            runs = [overhead(model, prompts[:n], args) for _ in range(args.reps)]
+            result["requests"][n] = dict(
+                forwards=runs[0]["forwards"],
+                planning_us_per_request=statistics.median(r["planning_us_per_request"] for r in runs),
+                update_us_per_request=statistics.median(r["update_us_per_request"] for r in runs),
+                runs=runs,
+            )
+            print(f"{n} requests: planning {result['requests'][n]['planning_us_per_request']:.1f} us, "
+                  f"update {result['requests'][n]['update_us_per_request']:.1f} us per request per forward",
+                  file=sys.stderr)  # fmt: skip
+        print(json.dumps(result, indent=2))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+        return 0
     runs: dict[str, list[dict[str, Any]]] = {"transformers": [], "kvcore": []}
     for rep in range(args.reps):
         order = ["transformers", "kvcore"] if rep % 2 == 0 else ["kvcore", "transformers"]

@@ -192,7 +192,7 @@ if [ "$ROBUST" -gt 0 ]; then
 fi
 
 # --- C++ ---------------------------------------------------------------------
-step "C++: configure, build (header check, benchmarks included), ctest (benchmark smoke run included)"
+step "C++: configure, build (header check, benchmarks included), ctest (benchmark smoke run, header check with the other compiler and size test included)"
 if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON -DKVCORE_REQUIRE_TESTS=ON -DKVCORE_BUILD_BENCH=ON \
      -DKVCORE_REQUIRE_EXECUTORCH=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null &&
    cmake --build "$BUILD" --parallel; then

@@ -1001,6 +1001,15 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """Blocks of a group no sequence holds (reclaimable cached ones included).
         InvalidArgumentError: group outside [0, n_groups).
         """
+    def blocks_needed(self, seq: SupportsIndex, T: SupportsIndex) -> list[int]:
+        """The blocks a step entry of T tokens of seq takes in each group (new blocks, and private
+        copies of blocks other sequences hold or that are named), a list of n_groups ints, as
+        begin_step counts them: begin_step admits a step when, in every group, its entries' sum is
+        at most free_blocks(group) (plus what a begun step it replaces took), so requests admitted
+        one by one can add their needs up and begin the step once. Changes nothing.
+        InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step];
+        InvalidStateError: seq not active; CapacityError: length + T > capacity.
+        """
     def cached_blocks(self, group: SupportsIndex) -> int:
         """Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group
         outside [0, n_groups).
@@ -1278,8 +1287,8 @@ class PagedKVPool(metaclass=_pybind11_type):
 
         written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
         block index in the sequence, block id): every block of the sequence but the shared ones (a
-        byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None
-        otherwise.
+        byte layer keeping its own copy of the rows, as TorchPagedKVPool, writes exactly these).
+        None otherwise.
         """
     @overload
     def import_sequence(
@@ -1308,8 +1317,8 @@ class PagedKVPool(metaclass=_pybind11_type):
 
         written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
         block index in the sequence, block id): every block of the sequence but the shared ones (a
-        byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None
-        otherwise.
+        byte layer keeping its own copy of the rows, as TorchPagedKVPool, writes exactly these).
+        None otherwise.
         """
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]
@@ -1367,8 +1376,7 @@ def _copy_rows(
     v_src: int,
     v_strides: Sequence[int],
 ) -> None:
-    """Internal (kvcore.integrations.torch_pool): copies rows of two source tensors into two pool
-    tensors.
+    """Internal (kvcore.torch.pool): copies rows of two source tensors into two pool tensors.
 
     ``k_dst``/``v_dst``: (address, B, H, D, stride b, stride h, stride row, stride d) of a pool
     tensor [B, H, rows, D]; ``esize``: bytes per element; ``writes``: flat (row, n, offset) triples,

@@ -543,6 +543,19 @@ void register_batch(py::module_& m) {
       .def("free_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.free_blocks(to_int("group", group))); },
            py::arg("group"),
            "Blocks of a group no sequence holds (reclaimable cached ones included). InvalidArgumentError: group outside [0, n_groups).")
+      .def("blocks_needed",
+           [](const Cache& c, const IntArg& seq, const IntArg& T) {
+             std::vector<int> need(static_cast<std::size_t>(c.n_groups()));
+             throw_if_error(c.blocks_needed(to_int("seq", seq), to_int("T", T), need.data()));
+             return need;
+           },
+           py::arg("seq"), py::arg("T"),
+           "The blocks a step entry of T tokens of seq takes in each group (new blocks, and private copies "
+           "of blocks other sequences hold or that are named), a list of n_groups ints, as begin_step counts "
+           "them: begin_step admits a step when, in every group, its entries' sum is at most free_blocks(group) "
+           "(plus what a begun step it replaces took), so requests admitted one by one can add their needs up "
+           "and begin the step once. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T "
+           "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
       .def("cached_blocks",
            [](const Cache& c, const IntArg& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
            py::arg("group"),

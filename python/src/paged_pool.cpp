@@ -338,7 +338,7 @@ void register_paged_pool(py::module_& m) {
           "namespace.\n\n"
           "written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group, "
           "block index in the sequence, block id): every block of the sequence but the shared ones (a "
-          "byte layer keeping its own copy of the rows, as TorchPagedKV, writes exactly these). None "
+          "byte layer keeping its own copy of the rows, as TorchPagedKVPool, writes exactly these). None "
           "otherwise.")
       .def("__repr__", [](const PyPagedPool& p) {
         return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +

@@ -1,5 +1,5 @@
 // kvcore._core._copy_rows: a layer's new K/V rows copied into a torch pool in one
-// call (kvcore.integrations.torch_pool's CPU fast path). Through torch, the same
+// call (kvcore.torch.pool's CPU fast path). Through torch, the same
 // writes are two to four tensor calls of about 1.5 us each per layer; here they
 // are one call. The module does not link torch: the caller passes the tensors'
 // addresses and strides, and has checked shapes, dtype, device and bounds
@@ -59,7 +59,7 @@ void register_row_copy(py::module_& m) {
       },
       py::arg("k_dst"), py::arg("v_dst"), py::arg("esize"), py::arg("writes"), py::arg("k_src"),
       py::arg("k_strides"), py::arg("v_src"), py::arg("v_strides"),
-      "Internal (kvcore.integrations.torch_pool): copies rows of two source tensors into two pool tensors.\n\n"
+      "Internal (kvcore.torch.pool): copies rows of two source tensors into two pool tensors.\n\n"
       "``k_dst``/``v_dst``: (address, B, H, D, stride b, stride h, stride row, stride d) of a pool tensor\n"
       "[B, H, rows, D]; ``esize``: bytes per element; ``writes``: flat (row, n, offset) triples, source\n"
       "rows [offset, offset + n) to pool rows [row, row + n); ``k_src``/``v_src``: addresses of the\n"

@@ -779,7 +779,6 @@ TEST(BatchRegressions, ARetryReclaimsTheBlocksOfTheStepItReplaces) {
   EXPECT_TRUE(h.cache().check_step(begun).ok());
 }
 
-
 // A head removal moves a sequence's lowest held block up; a rewind below it
 // must move it down again, since the next step writes from block n / B. Before
 // the fix it stayed up: a later fork copied none of the blocks below it (the
@@ -885,6 +884,79 @@ TEST(BatchRegressions, ATruncationDoesNotBringBackWhatTheWindowReleased) {
     EXPECT_EQ(c.rewind(s, 6).code(), Error::InvalidState);
     EXPECT_TRUE(c.can_rewind(s, 7));   // within max_step of the length: guaranteed
   }
+}
+
+// blocks_needed(seq, T) is what begin_step counts per entry: a step takes the
+// sum of its entries' needs from each group, and is admitted exactly when each
+// sum fits the group's free blocks (a runner admitting requests one by one adds
+// the needs up and begins the step once).
+TEST(BatchScenarios, BlocksNeededAddUpToWhatBeginStepTakesAndAdmits) {
+  const int B = 4;
+  CacheConfig cfg = config(64, 8, {LayerPolicy::flat(), LayerPolicy::ring(6, 1)}, B, 4);
+  cfg.batch.num_blocks = 9;
+  auto created = BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  BatchCache& c = **created;
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(c.add_sequence(s).ok());
+  // seq 0 at 6 (block 1 partly filled), seq 1 its fork (that block shared), seq 2 empty.
+  StepEntry first{0, 6, nullptr, nullptr};
+  auto step = c.begin_step(&first, 1);
+  ASSERT_TRUE(step.ok());
+  ASSERT_TRUE(c.commit(*step).ok());
+  ASSERT_TRUE(c.fork(0, 1, 6).ok());
+  auto need = [&](int seq, int T) {
+    std::vector<int> n(2, -1);
+    EXPECT_EQ(c.blocks_needed(seq, T, n.data()), Error::Ok);
+    return n;
+  };
+  EXPECT_EQ(need(0, 1), (std::vector<int>{1, 1}));  // writes into the shared block: a copy
+  EXPECT_EQ(need(1, 3), (std::vector<int>{2, 2}));  // a copy and a fresh block
+  EXPECT_EQ(need(2, 5), (std::vector<int>{2, 2}));  // two fresh blocks
+  const std::vector<StepEntry> entries = {{0, 1, nullptr, nullptr}, {1, 3, nullptr, nullptr},
+                                          {2, 5, nullptr, nullptr}};
+  std::vector<int> sum(2, 0), free_before(2);
+  for (const StepEntry& e : entries) {
+    const std::vector<int> n = need(e.seq, e.T);
+    for (int g = 0; g < 2; ++g) sum[static_cast<std::size_t>(g)] += n[static_cast<std::size_t>(g)];
+  }
+  for (int g = 0; g < 2; ++g) free_before[static_cast<std::size_t>(g)] = *c.free_blocks(g);
+  auto all = c.begin_step(entries.data(), 3);
+  ASSERT_TRUE(all.ok()) << all.message().c_str();
+  for (int g = 0; g < 2; ++g)
+    EXPECT_EQ(*c.free_blocks(g), free_before[static_cast<std::size_t>(g)] - sum[static_cast<std::size_t>(g)])
+        << "group " << g;
+  ASSERT_TRUE(c.abort(*all).ok());
+  // The flat group's pool is the bound: a step needing exactly its free blocks
+  // is admitted, one needing one more is refused, as the sums say.
+  ASSERT_EQ(*c.free_blocks(0), 7);
+  const std::vector<StepEntry> fits = {{2, 8, nullptr, nullptr}, {1, 8, nullptr, nullptr}, {0, 6, nullptr, nullptr}};
+  const std::vector<StepEntry> over = {{2, 8, nullptr, nullptr}, {1, 8, nullptr, nullptr}, {0, 7, nullptr, nullptr}};
+  int fits_sum = 0, over_sum = 0;
+  for (int i = 0; i < 3; ++i) {
+    fits_sum += need(fits[static_cast<std::size_t>(i)].seq, fits[static_cast<std::size_t>(i)].T)[0];
+    over_sum += need(over[static_cast<std::size_t>(i)].seq, over[static_cast<std::size_t>(i)].T)[0];
+  }
+  EXPECT_EQ(fits_sum, 2 + 3 + 2);
+  EXPECT_EQ(over_sum, 2 + 3 + 3);
+  auto fitting = c.begin_step(fits.data(), 3);
+  ASSERT_TRUE(fitting.ok()) << fitting.message().c_str();
+  ASSERT_TRUE(c.abort(*fitting).ok());
+  EXPECT_EQ(c.begin_step(over.data(), 3).error(), Error::OutOfResources);
+  // Errors: an inactive sequence, T outside [1, max_step], past capacity, null.
+  std::vector<int> n(2);
+  EXPECT_EQ(c.blocks_needed(3, 1, n.data()).code(), Error::InvalidState);
+  EXPECT_EQ(c.blocks_needed(0, 0, n.data()).code(), Error::InvalidArgument);
+  EXPECT_EQ(c.blocks_needed(0, 9, n.data()).code(), Error::InvalidArgument);
+  EXPECT_EQ(c.blocks_needed(0, 1, nullptr).code(), Error::InvalidArgument);
+  auto small = BatchCache::create(config(8, 4, {LayerPolicy::flat()}, B, 1));
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE((*small)->add_sequence(0).ok());
+  const StepEntry six{0, 4, nullptr, nullptr}, two{0, 2, nullptr, nullptr};
+  ASSERT_TRUE((*small)->commit(*(*small)->begin_step(&six, 1)).ok());
+  ASSERT_TRUE((*small)->commit(*(*small)->begin_step(&two, 1)).ok());
+  const kvcore::Status past = (*small)->blocks_needed(0, 4, n.data());
+  EXPECT_EQ(past.code(), Error::OutOfResources);
+  EXPECT_STREQ(past.message().c_str(), "blocks_needed(0, T = 4): length 6 + T would pass capacity = 8");
 }
 
 }  // namespace

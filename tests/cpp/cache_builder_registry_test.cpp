@@ -244,6 +244,29 @@ TEST(DefaultBuilders, RegisteringTwiceKeepsTheExistingBuilder) {
   EXPECT_EQ(batch.get()->as_control(), nullptr);
 }
 
+TEST(DefaultBuilders, EachKindRegistersAloneAndTheDefaultRegistersBoth) {
+  CacheBuilderRegistry sequence_only;
+  ASSERT_EQ(register_sequence_builders(sequence_only), Error::Ok);
+  EXPECT_EQ(sequence_only.size(), 1u);
+  EXPECT_TRUE(sequence_only.contains(kCpuBackend, kSequenceKind));
+  EXPECT_EQ(sequence_only.build(kCpuBackend, kBatchKind, small_config()).error(), Error::NotFound);
+  EXPECT_EQ(register_sequence_builders(sequence_only), Error::Ok);  // again: kept, Ok
+  EXPECT_EQ(sequence_only.size(), 1u);
+
+  CacheBuilderRegistry batch_only;
+  ASSERT_EQ(register_batch_builders(batch_only), Error::Ok);
+  EXPECT_EQ(batch_only.size(), 1u);
+  auto batch = batch_only.build(kCpuBackend, kBatchKind, small_config());
+  ASSERT_TRUE(batch.ok()) << batch.message().c_str();
+  EXPECT_NE(batch.get()->as_batch_control(), nullptr);
+  EXPECT_FALSE(batch_only.contains(kCpuBackend, kSequenceKind));
+
+  // The default after one kind adds the other beside it.
+  EXPECT_EQ(register_default_builders(batch_only), Error::Ok);
+  EXPECT_EQ(batch_only.size(), 2u);
+  EXPECT_TRUE(batch_only.contains(kCpuBackend, kSequenceKind));
+}
+
 TEST(CacheBuilderRegistry, GlobalIsOneObjectBackedByTheStorage) {
   EXPECT_EQ(&global_builders(), &global_builders());
   EXPECT_EQ(&global_builders(), &registry_storage().builders);

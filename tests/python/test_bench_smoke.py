@@ -110,3 +110,17 @@ def test_hf_batch_bench_quick_run_matches_outputs_and_writes_its_report(tmp_path
         assert report[kind]["prompt_tokens_computed"] > 0 and report[kind]["peak_kv_bytes"] > 0
     # kvcore computes the shared system prompt once; transformers' own, with a sliding layer, per request.
     assert report["kvcore"]["prompt_tokens_computed"] < report["transformers"]["prompt_tokens_computed"]
+
+
+def test_hf_batch_bench_overhead_run_reports_per_request_figures(tmp_path: Path) -> None:
+    out = tmp_path / "hf_batch_overhead.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "hf_batch_bench.py"), "--quick", "--overhead", "2,4", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    for n in ("2", "4"):
+        figures = report["requests"][n]
+        assert figures["forwards"] > 0
+        assert figures["planning_us_per_request"] > 0 and figures["update_us_per_request"] > 0

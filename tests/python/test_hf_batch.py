@@ -212,6 +212,59 @@ def test_requests_that_run_the_cache_out_of_blocks_wait_and_finish() -> None:
     assert counters.preempted > 0  # a starved request was released, requeued and finished exactly
 
 
+class CountingBatch:
+    """A BatchCache whose begin_step calls are counted (every other call goes to the cache)."""
+
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+        self.begun = 0
+
+    def begin_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.begun += 1
+        return self._batch.begin_step(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+
+@pytest.mark.parametrize("options", [OPTIONS, dict(OPTIONS, num_blocks=20, max_batch_tokens=64, max_step=16)])
+def test_each_forward_begins_one_kvcore_step(options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Admission adds up what kvcore says each request needs (blocks_needed); the forward's step is
+    # begun once, when transformers builds its inputs: not once per admitted request and again.
+    rounds: list[CountingBatch] = []
+    init = hf_batch.step_round.StepRound.__init__
+
+    def counting_init(self: Any, batch: Any, views: Any) -> None:
+        rounds.append(CountingBatch(batch))
+        init(self, rounds[-1], views)
+
+    monkeypatch.setattr(hf_batch.step_round.StepRound, "__init__", counting_init)
+    m = model("gemma3")
+    gen = greedy(5)
+    counters = BatchCounters()
+    prompts = [*PROMPTS, tokens(10, 7), tokens(5, 8)]
+    ours = generate_batch(m, prompts, gen, counters=counters, **options)
+    assert list(generated(ours).values()) == one_by_one(m, prompts, gen)
+    assert len(rounds) == 1
+    assert counters.forwards > 0 and rounds[0].begun == counters.forwards
+
+
+def test_generate_batch_builds_its_kvcore_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    build_config = hf_batch.options.cache_config_for
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return build_config(*args, **kwargs)
+
+    monkeypatch.setattr(hf_batch.options, "cache_config_for", counting)
+    m = model("gemma3")
+    assert list(generated(generate_batch(m, PROMPTS[:1], greedy(2), **OPTIONS)).values()) == one_by_one(
+        m, PROMPTS[:1], greedy(2)
+    )
+    assert len(calls) == 1
+
+
 def test_a_cancelled_request_returns_its_blocks() -> None:
     m = model("gemma3")
     manager = KVCoreBatchingManager(m, greedy(40), **OPTIONS)

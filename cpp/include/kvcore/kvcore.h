@@ -31,6 +31,9 @@
 #include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/registry/registry_storage.h"
 #include "kvcore/registry/cache_session.h"
+#include "kvcore/registry/builder_kinds.h"
+#include "kvcore/registry/sequence_builders.h"
+#include "kvcore/registry/batch_builders.h"
 #include "kvcore/registry/default_builders.h"
 
 // pool/: the reference byte layer that applies plans to memory.

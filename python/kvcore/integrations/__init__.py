@@ -8,6 +8,8 @@ byte layers are ``kvcore.torch``; the step of one forward all adapters share is
 
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
+- ``kvcore.integrations.transformers_release``: the transformers releases the
+  two transformers integrations accept, and their one version check.
 - ``kvcore.integrations.hf_batch``: transformers' continuous batching
   (``generate_batch``, its manager) with the cache served by a ``BatchCache``
   (needs the ``transformers`` extra; also reached through

@@ -50,8 +50,8 @@ from typing import Any, Callable, Optional, Union
 
 try:
     import torch
+    import packaging  # noqa: F401  # the version gate's (transformers_release.py)
     import transformers
-    from packaging.version import Version
     from transformers import cache_utils
 except ModuleNotFoundError as _missing:  # name the extra (private: Python deletes the name after the block)
     raise ModuleNotFoundError(
@@ -66,22 +66,26 @@ from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.pool import StepLayout, TorchKVPool
+from kvcore.integrations.transformers_release import CACHE_SUPPORTED, TESTED, check_release
 
-TESTED_TRANSFORMERS = "5.24.0"
-SUPPORTED_TRANSFORMERS = ">=5.24,<6"
-_MIN, _MAX = Version("5.24"), Version("6")
+TESTED_TRANSFORMERS = TESTED
+SUPPORTED_TRANSFORMERS = CACHE_SUPPORTED
 
 def check_transformers(version: str = transformers.__version__) -> None:
     """Raise NotSupportedError unless ``version`` and the installed Cache API are ones this module works with."""
-    v = Version(version)
-    if not (_MIN <= Version(v.base_version) < _MAX):
-        raise NotSupportedError(
-            f"kvcore.integrations.transformers needs transformers {SUPPORTED_TRANSFORMERS} "
-            f"(tested with {TESTED_TRANSFORMERS}); found {version}. Older 5.x releases size masks from "
-            f"cache_position and crop by absolute length, which this cache does not implement."
-        )
-    # The calls transformers makes into a cache, as of the tested release.
-    needed = {
+    check_release(
+        version,
+        SUPPORTED_TRANSFORMERS,
+        "kvcore.integrations.transformers",
+        "Older 5.x releases size masks from cache_position and crop by absolute length, which this cache "
+        "does not implement.",
+        _cache_calls,
+    )
+
+
+def _cache_calls() -> dict[str, bool]:
+    """The calls transformers makes into a cache, as of the tested release."""
+    return {
         "CacheLayerMixin.get_mask_sizes(query_length)": _params(cache_utils.CacheLayerMixin.get_mask_sizes)
         == ["self", "query_length"],
         "Cache.get_mask_sizes(query_length, layer_idx)": _params(cache_utils.Cache.get_mask_sizes)
@@ -89,12 +93,6 @@ def check_transformers(version: str = transformers.__version__) -> None:
         "Cache.get_query_offset": hasattr(cache_utils.Cache, "get_query_offset"),
         "cache_utils.get_layer_types_and_kwargs": hasattr(cache_utils, "get_layer_types_and_kwargs"),
     }
-    missing = [name for name, ok in needed.items() if not ok]
-    if missing:
-        raise NotSupportedError(
-            f"transformers {version} lacks {', '.join(missing)}, which kvcore.integrations.transformers "
-            f"relies on (tested with {TESTED_TRANSFORMERS})"
-        )
 
 
 def _params(fn: Any) -> list[str]:

@@ -32,6 +32,7 @@
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/step_state.h"
 #include "kvcore/batch/parts/table_rows.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
@@ -238,6 +239,28 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return step_.begin(entries, n, seqs_, groups_.get());
   }
 
+  /// The blocks a step entry of `T` tokens of `seq` takes in each group, as
+  /// begin_step() counts them (new blocks, and private copies of blocks other
+  /// sequences hold or that are named), written to need[0, n_groups()).
+  /// begin_step() admits a step when, in every group, its entries' sum is at
+  /// most free_blocks(group), plus the blocks a begun step it replaces took:
+  /// so a runner admitting requests one by one adds their needs up and begins
+  /// the step once. Changes nothing. InvalidArgument: seq outside [0,
+  /// max_seqs), T outside [1, max_step], need null. InvalidState: seq not
+  /// active. OutOfResources: length + T > capacity.
+  Status blocks_needed(int seq, int T, int* need) const noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_active("blocks_needed", seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
+                                 "blocks_needed(%d, T = %d): must be in [1, max_step = %d]", seq, T, max_step_);
+    KVCORE_CHECK_OR_RETURN_ERROR(need != nullptr, InvalidArgument, "blocks_needed(%d): need is null", seq);
+    const int length = seqs_[seq].length;
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + T <= capacity_, OutOfResources,
+                                 "blocks_needed(%d, T = %d): length %d + T would pass capacity = %d", seq, T,
+                                 length, capacity_);
+    for (int g = 0; g < n_groups_; ++g) need[g] = step_.entry_need(seqs_, groups_[g], g, seq, T);
+    return Error::Ok;
+  }
+
   Status check_step(const BatchStep& step) const noexcept override { return step_.check(step); }
 
   Status commit(const BatchStep& step) noexcept override { return commit(step, nullptr, 0).status(); }
@@ -407,10 +430,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   // Every part, through nothrow new; ~BatchCache frees a partial build.
   Status build(const CacheConfig& cfg) noexcept {
-    layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers_]);
-    layer_group_.reset(new (std::nothrow) int[n_layers_]);
-    group_layer_.reset(new (std::nothrow) int[n_layers_]);    // at worst one group per layer
-    groups_.reset(new (std::nothrow) BlockGroup[n_layers_]);
+    layer_configs_ = internal::Buffer<LayerConfig>::make(n_layers_);
+    layer_group_ = internal::Buffer<int>::make(n_layers_);
+    group_layer_ = internal::Buffer<int>::make(n_layers_);    // at worst one group per layer
+    groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
     KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_, MemoryAllocationFailed,
                                  "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
@@ -541,10 +564,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int stride_;
   int max_step_tokens_;
   int n_groups_ = 0;
-  std::unique_ptr<LayerConfig[]> layer_configs_;
-  std::unique_ptr<int[]> layer_group_;
-  std::unique_ptr<int[]> group_layer_;  // per group: its first layer
-  std::unique_ptr<BlockGroup[]> groups_;  // the first n_groups_
+  internal::Buffer<LayerConfig> layer_configs_;
+  internal::Buffer<int> layer_group_;
+  internal::Buffer<int> group_layer_;  // per group: its first layer
+  internal::Buffer<BlockGroup> groups_;  // the first n_groups_
   SequenceTable seqs_;
   TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;

@@ -17,6 +17,7 @@
 #include <new>
 #include <utility>
 
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -94,16 +95,16 @@ class BlockPool {
   /// cannot be allocated; the pool is left as it was (nothing is assigned
   /// before every table is allocated).
   Status create(int n_blocks, const char* what) noexcept {
-    std::unique_ptr<int[]> refs(new (std::nothrow) int[n_blocks]());
-    std::unique_ptr<int[]> heap(new (std::nothrow) int[n_blocks]);
+    auto refs = internal::Buffer<int>::make_zeroed(n_blocks);
+    auto heap = internal::Buffer<int>::make(n_blocks);
     // One more slot each: index n_blocks is the LRU list's sentinel.
-    std::unique_ptr<int[]> next(new (std::nothrow) int[n_blocks + 1]);
-    std::unique_ptr<int[]> prev(new (std::nothrow) int[n_blocks + 1]);
-    std::unique_ptr<BlockKey[]> keys(new (std::nothrow) BlockKey[n_blocks]);
-    std::unique_ptr<bool[]> keyed(new (std::nothrow) bool[n_blocks]());
+    auto next = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
+    auto prev = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
+    auto keys = internal::Buffer<BlockKey>::make(n_blocks);
+    auto keyed = internal::Buffer<bool>::make_zeroed(n_blocks);
     std::int64_t n_slots = 2;
     while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
-    std::unique_ptr<int[]> slots(new (std::nothrow) int[n_slots]);
+    auto slots = internal::Buffer<int>::make(n_slots);
     KVCORE_CHECK_OR_RETURN_ERROR(refs && heap && next && prev && keys && keyed && slots,
                                  MemoryAllocationFailed,
                                  "cannot allocate the block tables of %s (%d blocks)", what,
@@ -297,13 +298,13 @@ class BlockPool {
   int cached_ = 0;
   int used_ = 0;
   int slot_mask_ = 0;
-  std::unique_ptr<int[]> refs_;
-  std::unique_ptr<int[]> heap_;
-  std::unique_ptr<int[]> next_;
-  std::unique_ptr<int[]> prev_;
-  std::unique_ptr<BlockKey[]> keys_;
-  std::unique_ptr<bool[]> keyed_;
-  std::unique_ptr<int[]> slots_;  // open addressing by key.lo: block ids, -1 empty
+  internal::Buffer<int> refs_;
+  internal::Buffer<int> heap_;
+  internal::Buffer<int> next_;
+  internal::Buffer<int> prev_;
+  internal::Buffer<BlockKey> keys_;
+  internal::Buffer<bool> keyed_;
+  internal::Buffer<int> slots_;  // open addressing by key.lo: block ids, -1 empty
 };
 
 }  // namespace kvcore

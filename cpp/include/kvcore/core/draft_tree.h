@@ -42,10 +42,12 @@
 // assigning a tree never allocates.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
 
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/plan.h"
 #include "kvcore/core/result.h"
@@ -224,9 +226,8 @@ class DraftTree {
   Status reserve(int max_nodes) noexcept {
     if (max_nodes <= capacity_) return Error::Ok;
     const std::int64_t words = static_cast<std::int64_t>(max_nodes) * tree_mask_words(max_nodes);
-    std::unique_ptr<int[]> ints(new (std::nothrow) int[static_cast<std::size_t>(max_nodes) * kArrays]);
-    std::unique_ptr<std::uint32_t[]> mask(new (std::nothrow)
-                                              std::uint32_t[static_cast<std::size_t>(words)]);
+    auto ints = internal::Buffer<int>::make(static_cast<std::int64_t>(max_nodes) * kArrays);
+    auto mask = internal::Buffer<std::uint32_t>::make(words);
     KVCORE_CHECK_OR_RETURN_ERROR(ints != nullptr && mask != nullptr, MemoryAllocationFailed,
                                  "cannot allocate the draft tree storage of %d nodes", max_nodes);
     n_ = 0;
@@ -324,17 +325,17 @@ class DraftTree {
 
  private:
   enum Array { kParents = 0, kPosition = 1, kChainIndex = 2, kNodeAt = 3, kArrays = 4 };
-  int* array(Array a) noexcept { return ints_.get() + static_cast<std::size_t>(a) * capacity_; }
+  int* array(Array a) noexcept { return ints_.get() + static_cast<std::ptrdiff_t>(a) * capacity_; }
   const int* array(Array a) const noexcept {
-    return ints_.get() + static_cast<std::size_t>(a) * capacity_;
+    return ints_.get() + static_cast<std::ptrdiff_t>(a) * capacity_;
   }
 
   int capacity_ = 0;
   int n_ = 0;
   int position_ = 0;
   int main_line_ = 0;
-  std::unique_ptr<int[]> ints_;  // kArrays arrays of capacity_ ints (Array)
-  std::unique_ptr<std::uint32_t[]> mask_;
+  internal::Buffer<int> ints_;  // kArrays arrays of capacity_ ints (Array)
+  internal::Buffer<std::uint32_t> mask_;
 };
 
 }  // namespace kvcore

@@ -3,6 +3,8 @@
 // layer with the same policy.
 #pragma once
 
+#include <cstddef>
+
 #include "kvcore/core/config.h"
 #include "kvcore/core/geometry.h"
 #include "kvcore/core/plan.h"
@@ -43,13 +45,14 @@ class LayoutPolicy {
   // one past the last position whose row follows row(p) consecutively, so each
   // run is maximal. Callers pass disjoint, non-adjacent intervals, so runs of
   // different calls never need merging.
-  template <int kMax, typename RowRunEnd>
+  template <std::size_t kMax, typename RowRunEnd>
   void append_runs(Run (&runs)[kMax], int& n, int begin, int end, RowRunEnd row_run_end) const
       noexcept {
+    constexpr int kRuns = static_cast<int>(kMax);
     for (int p = begin; p < end;) {
       const int run_end = row_run_end(p);
       const int stop = run_end < end ? run_end : end;
-      KVCORE_CHECK(n < kMax, "plan needs more runs than a SeqStepPlan holds");
+      KVCORE_CHECK(n < kRuns, "plan needs more runs than a SeqStepPlan holds");
       runs[n++] = Run{row(p), stop - p, p};
       p = stop;
     }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <new>
 
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/flat_policy.h"
@@ -367,10 +368,10 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // one entry (a broadcast config).
   Status build_tables(const LayerConfig* layers, std::size_t n_entries) noexcept {
     const int n_layers = n_layers_;
-    layer_configs_.reset(new (std::nothrow) LayerConfig[n_layers]);
-    layer_policy_.reset(new (std::nothrow) int[n_layers]);
+    layer_configs_ = internal::Buffer<LayerConfig>::make(n_layers);
+    layer_policy_ = internal::Buffer<int>::make(n_layers);
     // Sized for the worst case, one distinct policy per layer.
-    policies_.reset(new (std::nothrow) std::unique_ptr<LayoutPolicy>[n_layers]);
+    policies_ = internal::Buffer<std::unique_ptr<LayoutPolicy>>::make(n_layers);
     KVCORE_CHECK_OR_RETURN_ERROR(
         layer_configs_ != nullptr && layer_policy_ != nullptr && policies_ != nullptr,
         MemoryAllocationFailed, "cannot allocate the policy tables of %d layers", n_layers);
@@ -387,8 +388,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       }
       layer_policy_[l] = index;
     }
-    held_floor_.reset(new (std::nothrow) int[n_policies_]());
-    step_plans_.reset(new (std::nothrow) SeqStepPlan[n_policies_]);
+    held_floor_ = internal::Buffer<int>::make_zeroed(n_policies_);
+    step_plans_ = internal::Buffer<SeqStepPlan>::make(n_policies_);
     KVCORE_CHECK_OR_RETURN_ERROR(held_floor_ != nullptr && step_plans_ != nullptr,
                                  MemoryAllocationFailed,
                                  "cannot allocate the step state of %d policies", n_policies_);
@@ -476,11 +477,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   Step active_;
   std::uint64_t last_step_id_ = 0;
   int n_policies_ = 0;
-  std::unique_ptr<std::unique_ptr<LayoutPolicy>[]> policies_;  // the first n_policies_ are set
-  std::unique_ptr<LayerConfig[]> layer_configs_;  // per layer, broadcast resolved
-  std::unique_ptr<int[]> layer_policy_;  // per layer: index into policies_
-  std::unique_ptr<int[]> held_floor_;    // per policy: oldest evictable position still held
-  std::unique_ptr<SeqStepPlan[]> step_plans_;  // per policy: its plan of the begun step
+  internal::Buffer<std::unique_ptr<LayoutPolicy>> policies_;  // the first n_policies_ are set
+  internal::Buffer<LayerConfig> layer_configs_;  // per layer, broadcast resolved
+  internal::Buffer<int> layer_policy_;  // per layer: index into policies_
+  internal::Buffer<int> held_floor_;    // per policy: oldest evictable position still held
+  internal::Buffer<SeqStepPlan> step_plans_;  // per policy: its plan of the begun step
   SequenceTree tree_;  // the begun tree's layout and the last commit's copies
 };
 

@@ -4,10 +4,12 @@
 // commit(step, accepted) allocate nothing once trees of their size fit.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
 
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/draft_tree.h"
 #include "kvcore/core/layout_policy.h"
 
@@ -35,9 +37,8 @@ class SequenceTree {
   Status reserve(int max_nodes, int n_policies) noexcept {
     if (max_nodes <= tree_.capacity() && n_policies == n_policies_) return Error::Ok;
     if (max_nodes < tree_.capacity()) max_nodes = tree_.capacity();
-    const std::size_t n = static_cast<std::size_t>(max_nodes) * static_cast<std::size_t>(n_policies);
-    std::unique_ptr<TreeCopy[]> rows(new (std::nothrow) TreeCopy[n]);
-    std::unique_ptr<int[]> counts(new (std::nothrow) int[static_cast<std::size_t>(n_policies)]());
+    auto rows = internal::Buffer<TreeCopy>::make(static_cast<std::int64_t>(max_nodes) * n_policies);
+    auto counts = internal::Buffer<int>::make_zeroed(n_policies);
     KVCORE_CHECK_OR_RETURN_ERROR(rows != nullptr && counts != nullptr, MemoryAllocationFailed,
                                  "cannot allocate the commit copies of %d tree nodes", max_nodes);
     KVCORE_RETURN_IF_ERROR(tree_.reserve(max_nodes));
@@ -45,7 +46,7 @@ class SequenceTree {
     for (int p = 0; p < n_policies_ && p < n_policies; ++p) {
       counts[p] = n_copies_[p];
       for (int c = 0; c < n_copies_[p]; ++c)
-        rows[static_cast<std::size_t>(p) * max_nodes + c] = row_copy(p)[c];
+        rows.get()[static_cast<std::ptrdiff_t>(p) * max_nodes + c] = row_copy(p)[c];
     }
     copies_ = std::move(rows);
     n_copies_ = std::move(counts);
@@ -93,16 +94,16 @@ class SequenceTree {
   }
 
  private:
-  TreeCopy* row_copy(int p) noexcept { return copies_.get() + static_cast<std::size_t>(p) * stride_; }
+  TreeCopy* row_copy(int p) noexcept { return copies_.get() + static_cast<std::ptrdiff_t>(p) * stride_; }
   const TreeCopy* row_copy(int p) const noexcept {
-    return copies_.get() + static_cast<std::size_t>(p) * stride_;
+    return copies_.get() + static_cast<std::ptrdiff_t>(p) * stride_;
   }
 
   DraftTree tree_;
   int n_policies_ = 0;
   int stride_ = 0;  // copies per policy the storage holds: the tree capacity
-  std::unique_ptr<TreeCopy[]> copies_;  // n_policies_ x stride_
-  std::unique_ptr<int[]> n_copies_;     // per policy
+  internal::Buffer<TreeCopy> copies_;  // n_policies_ x stride_
+  internal::Buffer<int> n_copies_;     // per policy
 };
 
 }  // namespace kvcore

@@ -12,6 +12,7 @@ runs; ``counters`` tells what kvcore did.
 from __future__ import annotations
 
 from copy import deepcopy
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from transformers import GenerationConfig
@@ -20,10 +21,11 @@ from transformers.generation.continuous_batching import continuous_api as cb_api
 from transformers.generation.continuous_batching.initialization import update_cb_config_after_cache_creation
 from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, FIFOScheduler
 
+from kvcore._core import CacheConfig
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 from kvcore.integrations.hf_batch.chunking import capped_scheduler
 from kvcore.integrations.hf_batch.counters import BatchCounters
-from kvcore.integrations.hf_batch.options import BatchOptions, batch_config, resolved_capacity
+from kvcore.integrations.hf_batch.options import BatchOptions, batch_config, check_fits, resolved_capacity
 from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
 from kvcore.integrations.hf_batch.preemption import Preemption
 from kvcore.integrations.hf_batch.versions import check_batching_support
@@ -58,8 +60,9 @@ def kvcore_cb_config(options: BatchOptions, given: Optional[ContinuousBatchingCo
     return cb
 
 
-def check_model(model: Any, options: BatchOptions) -> None:
-    """Refuse, before anything runs, a model kvcore's continuous batching cannot serve."""
+def check_model(model: Any, options: BatchOptions) -> tuple[CacheConfig, dict[str, list[int]]]:
+    """Refuse, before anything runs, a model kvcore's continuous batching cannot serve; returns the
+    kvcore config serving it and transformers' layers per attention type (``batch_config``)."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "generate_batch"):
         raise NotSupportedError(f"{type(model).__name__}: not a transformers generation model")
@@ -69,28 +72,39 @@ def check_model(model: Any, options: BatchOptions) -> None:
             f"attn_implementation = {attn!r}: kvcore's continuous batching attends through transformers' "
             f"{' / '.join(_ATTENTION)} paged paths (masks from its read indices)"
         )
-    batch_config(config.get_text_config(), options)
+    return batch_config(config.get_text_config(), options)
 
 
-def checked_setup(
-    model: Any, generation_config: Optional[GenerationConfig], options: dict[str, Any]
-) -> tuple[BatchOptions, GenerationConfig, int]:
+@dataclass(frozen=True)
+class Setup:
+    """What ``checked_setup`` found: the options, the generation config, the longest request, and
+    the kvcore config with transformers' layers per attention type (built once, used by the cache)."""
+
+    options: BatchOptions
+    generation_config: GenerationConfig
+    capacity: int
+    cache_config: CacheConfig
+    groups: dict[str, list[int]]
+
+
+def checked_setup(model: Any, generation_config: Optional[GenerationConfig], options: dict[str, Any]) -> Setup:
     """Everything a manager checks before it changes anything (the model's attention, the
     generation config): the release, the option names and values, the model, the generation
-    config and its samples. Returns the options, the generation config and the capacity."""
+    config and its samples."""
     check_batching_support()
     unknown = sorted(set(options) - set(BatchOptions.names()))
     if unknown:
         raise InvalidArgumentError(f"unknown option {unknown[0]!r}: expected one of {', '.join(BatchOptions.names())}")
     checked = BatchOptions(**options)
-    check_model(model, checked)
+    cache_config, groups = check_model(model, checked)
     gen = generation_config if generation_config is not None else model.generation_config
     if gen is None:
         raise InvalidArgumentError("generation_config: none given and the model has none")
     samples = gen.num_return_sequences or 1
     if samples > checked.max_seqs:
         raise InvalidArgumentError(f"num_return_sequences = {samples}: must be <= max_seqs = {checked.max_seqs}")
-    return checked, gen, resolved_capacity(checked, model.config.get_text_config())
+    capacity = resolved_capacity(checked, model.config.get_text_config())
+    return Setup(checked, gen, capacity, cache_config, groups)
 
 
 class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[misc]  # transformers is untyped
@@ -103,6 +117,8 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
     ``max_step``, ``capacity``, ``num_blocks``, ``max_tokens_read``). Raises NotSupportedError for an
     unsupported transformers release or model, InvalidArgumentError for a bad option, before
     anything runs. Usable as a context manager (``start`` on entry, ``stop`` on exit).
+    ``setup``: what ``checked_setup`` returned for these arguments (``generate_batch`` checks
+    first), in place of ``options``.
     """
 
     def __init__(
@@ -111,9 +127,17 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         generation_config: Optional[GenerationConfig] = None,
         continuous_batching_config: Optional[ContinuousBatchingConfig] = None,
         workload_hints: Any = None,
+        *,
+        setup: Optional[Setup] = None,
         **options: Any,
     ) -> None:
-        self.options, gen, self.capacity = checked_setup(model, generation_config, options)
+        if setup is None:
+            setup = checked_setup(model, generation_config, options)
+        elif options:
+            raise InvalidArgumentError(f"option {sorted(options)[0]!r}: given with setup, which holds the options")
+        self.setup = setup
+        self.options, self.capacity = setup.options, setup.capacity
+        gen = setup.generation_config
         cb = kvcore_cb_config(self.options, continuous_batching_config)
         if gen.eos_token_id is None:  # transformers' own default for continuous batching, on our copy
             gen = deepcopy(gen)
@@ -123,14 +147,9 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         super().__init__(model, gen, cb, workload_hints)
 
     def _check_fits(self, input_ids: list[int], max_new_tokens: Optional[int], what: str) -> None:
-        """InvalidArgumentError unless the prompt plus ``max_new_tokens`` (else the generation
-        config's) is in ``[1, capacity]``."""
+        """``check_fits`` with ``max_new_tokens``, else the generation config's."""
         new = self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if not input_ids or new is None or len(input_ids) + new > self.capacity:
-            raise InvalidArgumentError(
-                f"{what}: {len(input_ids)} prompt tokens + max_new_tokens = {new} "
-                f"must be in [1, capacity = {self.capacity}] (set max_new_tokens, or capacity=)"
-            )
+        check_fits(input_ids, new, self.capacity, what)
 
     def add_request(self, input_ids: list[int], request_id: Optional[str] = None, max_new_tokens: Optional[int] = None,
                     streaming: bool = False, record_timestamps: bool = False,
@@ -175,7 +194,10 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
             existing.reset()
             return existing
         cb = self.continuous_batching_config
-        cache = KVCorePagedCache(self.model.config.get_text_config(), self.options, self.model.device, self.model.dtype)
+        cache = KVCorePagedCache(
+            self.model.config.get_text_config(), self.options, self.model.device, self.model.dtype,
+            planned_config=(self.setup.cache_config, self.setup.groups),
+        )  # fmt: skip
         cache.counters = self.counters
         self.cache = cache
         self._use_prefix_sharing = True
@@ -239,24 +261,20 @@ def generate_batch(
             f"unknown option {unknown[0]!r}: expected {', '.join(BatchOptions.names())}, continuous_batching_config, "
             f"max_new_tokens, record_timestamps or progress_bar"
         )
-    _, gen, capacity = checked_setup(model, generation_config, kv_options)
+    setup = checked_setup(model, generation_config, kv_options)
+    gen = setup.generation_config
     new = options.get("max_new_tokens")
     new = gen.max_new_tokens if new is None else new  # as model.generate_batch reads it
     # Checked before the manager switches the model's attention (a request's own refusal
     # would reach transformers' generation loop, which logs it and returns without it).
-    too_long = [i for i, x in enumerate(inputs) if not x or new is None or len(x) + new > capacity]
-    if too_long:
-        i = too_long[0]
-        raise InvalidArgumentError(
-            f"inputs[{i}]: {len(inputs[i])} prompt tokens + max_new_tokens = {new} must be in "
-            f"[1, capacity = {capacity}] (set max_new_tokens, or capacity=)"
-        )
+    for i, x in enumerate(inputs):
+        check_fits(x, new, setup.capacity, f"inputs[{i}]")
     hints = cb_api.WorkloadHints(
         max_prompt_length=max((len(x) for x in inputs), default=0),
         max_generated_length=new or 0,
         num_requests=len(inputs) * (gen.num_return_sequences or 1),
     )
-    manager = KVCoreBatchingManager(model, generation_config, cb, hints, **kv_options)
+    manager = KVCoreBatchingManager(model, generation_config, cb, hints, setup=setup)
     previous = getattr(model, "_cached_continuous_batching_manager", None)
     model._cached_continuous_batching_manager = manager  # generate_batch runs the cached manager
     try:
@@ -277,6 +295,7 @@ def generate_batch(
 
 __all__ = [
     "KVCoreBatchingManager",
+    "Setup",
     "check_model",
     "checked_setup",
     "generate_batch",

@@ -72,13 +72,18 @@ class BatchOptions:
             raise InvalidArgumentError(
                 f"max_step = {self.max_step}: must be <= max_batch_tokens = {self.max_batch_tokens}"
             )
-        if self.capacity is not None and self.num_blocks is not None:
-            need = math.ceil(self.capacity / self.block_size)
-            if self.num_blocks < need:
-                raise InvalidArgumentError(
-                    f"num_blocks = {self.num_blocks}: a request of capacity = {self.capacity} positions needs "
-                    f"{need} blocks of block_size = {self.block_size}; raise num_blocks or lower capacity"
-                )
+        if self.capacity is not None:
+            self.check_num_blocks(self.capacity)
+
+    def check_num_blocks(self, capacity: int) -> None:
+        """InvalidArgumentError unless ``num_blocks`` (when set) holds one request of ``capacity``
+        positions."""
+        need = math.ceil(capacity / self.block_size)
+        if self.num_blocks is not None and self.num_blocks < need:
+            raise InvalidArgumentError(
+                f"num_blocks = {self.num_blocks}: a request of capacity = {capacity} positions needs "
+                f"{need} blocks of block_size = {self.block_size}; raise num_blocks or lower capacity"
+            )
 
     @staticmethod
     def names() -> tuple[str, ...]:
@@ -101,6 +106,16 @@ def resolved_capacity(options: BatchOptions, text_config: Any) -> int:
     return min(int(getattr(text_config, "max_position_embeddings", None) or DEFAULT_CAPACITY), DEFAULT_CAPACITY)
 
 
+def check_fits(prompt: list[int], max_new_tokens: Optional[int], capacity: int, what: str) -> None:
+    """InvalidArgumentError (naming ``what``) unless the prompt plus ``max_new_tokens`` is in
+    ``[1, capacity]``: kvcore sizes a request by both before it runs."""
+    if not prompt or max_new_tokens is None or len(prompt) + max_new_tokens > capacity:
+        raise InvalidArgumentError(
+            f"{what}: {len(prompt)} prompt tokens + max_new_tokens = {max_new_tokens} "
+            f"must be in [1, capacity = {capacity}] (set max_new_tokens, or capacity=)"
+        )
+
+
 def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, dict[str, list[int]]]:
     """The kvcore config serving ``text_config`` under ``options``, and transformers' layers per
     attention type (its continuous-batching groups, in its order).
@@ -110,12 +125,7 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
     the config's ``sliding_window``), InvalidArgumentError for options that do not fit.
     """
     capacity = resolved_capacity(options, text_config)
-    if options.num_blocks is not None and options.num_blocks < math.ceil(capacity / options.block_size):
-        raise InvalidArgumentError(
-            f"num_blocks = {options.num_blocks}: a request of capacity = {capacity} positions needs "
-            f"{math.ceil(capacity / options.block_size)} blocks of block_size = {options.block_size}; raise "
-            f"num_blocks or lower capacity"
-        )
+    options.check_num_blocks(capacity)
     try:
         groups = group_layers_by_attn_type(text_config)
     except ValueError as e:  # a layer type transformers' continuous batching has no allocator for
@@ -145,4 +155,4 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
     return CacheConfig(capacity, list(base.layers), max_step=max_step, batch=limits), groups
 
 
-__all__ = ["BatchOptions", "batch_config", "resolved_capacity"]
+__all__ = ["BatchOptions", "batch_config", "check_fits", "resolved_capacity"]

@@ -3,8 +3,9 @@
 transformers' continuous-batching manager, scheduler and input builder run
 unchanged on top of it; what they ask of the cache is answered by kvcore:
 
-- requests are kvcore sequences; admission (``can_store_request_tokens``) is
-  kvcore's ``begin_step`` (``StepRound``), releases are ``release_sequence``;
+- requests are kvcore sequences; admission (``can_store_request_tokens``) adds
+  up the blocks kvcore says each request needs (``blocks_needed``, ``StepRound``),
+  and the forward begins one kvcore step; releases are ``release_sequence``;
 - prompt prefixes are adopted across requests for every attention type,
   sliding ones included (``search_prefix_match`` is ``adopt_prefix``), and full
   blocks are named by the token ids each step carries;
@@ -26,7 +27,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from kvcore._core import BatchCache
+from kvcore._core import BatchCache, CacheConfig
 from kvcore._errors import InternalError, NotSupportedError
 from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.group_view import GroupView
@@ -53,16 +54,25 @@ class KVCorePagedCache:
     """A drop-in for transformers' ``PagedAttentionCache``, built by ``KVCoreBatchingManager``.
 
     ``config``: the model's text config. ``options``: kvcore's sizes (``BatchOptions``).
-    ``device``/``dtype``: where and how K/V are held. Raises NotSupportedError for a model
-    kvcore cannot serve, InvalidArgumentError for options that do not fit it.
+    ``device``/``dtype``: where and how K/V are held. ``planned_config``: what
+    ``batch_config(config, options)`` returned, when the caller has it (not built again). Raises
+    NotSupportedError for a model kvcore cannot serve, InvalidArgumentError for options that do not
+    fit it.
     """
 
     # transformers' processor builds its own offloading manager (replaced by ``Preemption`` right
     # after), which sizes a swap pool of 0 bytes in sectors; kvcore has no sectors.
     bytes_per_sector = 1
 
-    def __init__(self, config: Any, options: BatchOptions, device: Any, dtype: torch.dtype) -> None:
-        kv_config, groups = batch_config(config, options)
+    def __init__(
+        self,
+        config: Any,
+        options: BatchOptions,
+        device: Any,
+        dtype: torch.dtype,
+        planned_config: Optional[tuple[CacheConfig, dict[str, list[int]]]] = None,
+    ) -> None:
+        kv_config, groups = planned_config if planned_config is not None else batch_config(config, options)
         self.config = config
         self.options = options
         self.device = device
@@ -158,23 +168,20 @@ class KVCorePagedCache:
             self._waiting.discard(state.request_id)
             if fresh or not length:
                 self._release(state.request_id)
-                self.round.reprobe()
             return False
+        request_len = min(request_len, self.batch.max_step)  # the scheduler cuts the chunk there (chunking.py)
         if dry_run:
-            fits = self.round.admit(state.request_id, seq, state, min(request_len, self.batch.max_step))
+            fits = self.round.admit(state.request_id, seq, state, request_len)
             if fits:
                 self.round.drop(state.request_id)
-            self.round.reprobe()
             if fresh:
                 self._release(state.request_id)
             return fits
-        request_len = min(request_len, self.batch.max_step)  # the scheduler cuts the chunk there (chunking.py)
         if self.round.admit(state.request_id, seq, state, request_len):
             self.shared_prefill.note(state.request_id, state, request_len)  # later candidates may wait for it
             return True
         if fresh:
             self._release(state.request_id)
-            self.round.reprobe()
         return False
 
     def search_prefix_match(self, request_id: str, prompt_ids: list[int]) -> int:
@@ -193,12 +200,9 @@ class KVCorePagedCache:
             self._waiting.add(request_id)  # its prompt is being computed: adopt it once committed
             return 0
         hit = self.batch.adopt_prefix(seq, np.asarray(prompt_ids, np.int32))
-        if hit and not self.round.reprobe():  # the revived blocks were counted free for others
+        if hit and not self.round.fits():  # the revived blocks were counted free for the admitted
             self.batch.rewind(seq, 0)
-            self.round.reprobe()
             hit = 0
-        elif not hit:
-            self.round.reprobe()
         if hit:
             self.counters.prefix_hits += 1
             self.counters.prefix_hit_tokens += hit
@@ -231,8 +235,6 @@ class KVCorePagedCache:
         elif self.round.holds(request_id):
             self.round.drop(request_id)
         self._release(request_id)
-        if self.round.admitted and self.round.planned is None:
-            self.round.reprobe()
 
     def free_all_requests(self, clear_ledgers: bool = False) -> None:
         """Release every sequence; ``clear_ledgers`` also forgets every cached block."""

@@ -1,14 +1,15 @@
-"""The requests of one forward: admitted one by one as transformers schedules, begun exactly once it builds inputs.
+"""The requests of one forward: admitted one by one as transformers schedules, begun once when it builds inputs.
 
 transformers' scheduler asks the cache, request by request, whether the next
-tokens fit (``can_store_request_tokens``); kvcore decides admission for a whole
-step at once (``begin_step``). ``StepRound`` bridges them: each admission begins
-the step of every request admitted so far plus the new one (a refused step
-changes nothing and the previous one stays begun, so the answer is kvcore's own).
-When transformers builds the forward's inputs the step is begun once more with
-what each request really carries (a parent of parallel samples may carry one
-token less than it asked for) and its token ids (so full blocks get named for
-prefix reuse), and the plan is turned into transformers' read and write
+tokens fit (``can_store_request_tokens``); kvcore admits a step when, in every
+group, the blocks its entries need add up to at most the group's free blocks.
+``StepRound`` keeps that sum: each admission asks kvcore what the new request
+needs (``blocks_needed``, kvcore's own count per entry, so the answer is the one
+``begin_step`` would give) and admits it if the sum still fits; nothing is begun
+then. When transformers builds the forward's inputs the step is begun, once,
+with what each request really carries (a parent of parallel samples may carry
+one token less than it asked for) and its token ids (so full blocks get named
+for prefix reuse), and its plan is turned into transformers' read and write
 indices: one pool row per key a query reads, per attention type.
 """
 
@@ -29,12 +30,14 @@ TMP_TOKEN_ID = -1  # transformers' placeholder for a token not sampled yet
 
 @dataclass
 class Admitted:
-    """A request in the round: its id, kvcore sequence, transformers state, tokens admitted."""
+    """A request in the round: its id, kvcore sequence, transformers state, tokens admitted and
+    the blocks they need per kvcore group."""
 
     request_id: str
     seq: int
     state: Any
     tokens: int
+    need: list[int]
 
 
 @dataclass
@@ -49,12 +52,15 @@ class PlannedEntry:
 
 
 class StepRound:
-    """The step being assembled (``admit``), then planned (``plan``) and run by the layers."""
+    """The step being assembled (``admit``), then begun and planned (``plan``) and run by the layers."""
 
     def __init__(self, batch: BatchCache, views: list[GroupView]) -> None:
         self.batch = batch
         self.views = views
         self.admitted: list[Admitted] = []
+        self.needed = [0] * batch.n_groups  # per group: the admitted requests' blocks_needed, summed
+        self._by_id: dict[str, Admitted] = {}
+        self._unsettled: Optional[Admitted] = None  # the last admitted, until it is scheduled
         self.step: Optional[BatchStep] = None
         self.planned: Optional[dict[str, PlannedEntry]] = None
         self.next_place = 0
@@ -65,61 +71,80 @@ class StepRound:
     # --- admission ------------------------------------------------------------------
 
     def admit(self, request_id: str, seq: int, state: Any, tokens: int) -> bool:
-        """Begin the step of every admitted request plus this one; False (nothing changes) when
-        a pool is short."""
-        self._settle_counts()
-        seqs = [a.seq for a in self.admitted] + [seq]
-        counts = [a.tokens for a in self.admitted] + [tokens]
+        """Admit the request's next ``tokens`` if every group has the blocks they need besides those
+        of the requests admitted before (kvcore's count); False (nothing changes) otherwise."""
         try:
-            self.step = self.batch.begin_step(np.array(seqs, np.int32), np.array(counts, np.int32))
+            need = self.batch.blocks_needed(seq, tokens)
         except CapacityError:
             return False
-        self.admitted.append(Admitted(request_id, seq, state, tokens))
-        return True
-
-    def reprobe(self) -> bool:
-        """Begin the admitted step again after a verb ended it; False if it no longer fits."""
-        if not self.admitted:
-            self.step = None
-            return True
-        self._settle_counts()
-        seqs = np.array([a.seq for a in self.admitted], np.int32)
-        try:
-            self.step = self.batch.begin_step(seqs, np.array([a.tokens for a in self.admitted], np.int32))
-        except CapacityError:
+        if not self.fits(need):
             return False
+        a = Admitted(request_id, seq, state, tokens, need)
+        self.admitted.append(a)
+        self._by_id[request_id] = a
+        self._count(need, 1)
+        self._unsettled = a
         return True
 
-    def _settle_counts(self) -> None:
-        # transformers schedules a request right after admitting it and may give it one token less
-        # than asked (a parent of parallel samples): count what the earlier ones really carry.
-        for a in self.admitted:
-            carried = len(a.state.tokens_to_process)
-            if 1 <= carried < a.tokens:
-                a.tokens = carried
+    def fits(self, extra: Optional[list[int]] = None) -> bool:
+        """Do the admitted requests (plus ``extra`` blocks per group) fit every group's free blocks?
+        Asked again after a verb that takes free blocks (a prefix adopted)."""
+        self._settle()
+        for g, total in enumerate(self.needed):
+            if extra is not None:
+                total += extra[g]
+            if total > self.batch.free_blocks(g):
+                return False
+        return True
+
+    def _count(self, need: list[int], sign: int) -> None:
+        for g, n in enumerate(need):
+            self.needed[g] += sign * n
+
+    def _settle(self) -> None:
+        # transformers schedules a request right after admitting it (before it asks about the next
+        # one) and may give it one token less than asked (a parent of parallel samples): count what
+        # the last one admitted really carries.
+        a, self._unsettled = self._unsettled, None
+        if a is None:
+            return
+        carried = len(a.state.tokens_to_process)
+        if 1 <= carried < a.tokens:
+            self._count(a.need, -1)
+            a.tokens = carried
+            a.need = self.batch.blocks_needed(a.seq, carried)
+            self._count(a.need, 1)
 
     def drop(self, request_id: str) -> None:
         """Forget a request admitted but not planned (cancelled before its forward)."""
-        self.admitted = [a for a in self.admitted if a.request_id != request_id]
+        a = self._by_id.pop(request_id, None)
+        if a is not None:
+            self.admitted.remove(a)
+            self._count(a.need, -1)
+            if self._unsettled is a:
+                self._unsettled = None
 
     def holds(self, request_id: str) -> bool:
         """Is the request in this round?"""
-        return any(a.request_id == request_id for a in self.admitted)
+        return request_id in self._by_id
 
     def end(self) -> None:
-        """Leave the round; a begun, uncommitted step is aborted (its blocks go back)."""
+        """Leave the round: the admissions are dropped, a begun, uncommitted step is aborted (its
+        blocks go back)."""
         if self.step is not None and self.step.is_current:
             self.batch.abort(self.step)
         self.admitted, self.step, self.planned = [], None, None
+        self.needed = [0] * len(self.needed)
+        self._by_id, self._unsettled = {}, None
         self.next_place, self.layers_done = 0, 0
 
     # --- the exact step -----------------------------------------------------------------
 
     def plan(self, batch: list[Any]) -> None:
-        """Begin the step the scheduled ``batch`` (transformers' future states, in input order) really
-        carries, with its token ids, and lay out its indices. Raises InternalError if the batch is
-        not the admitted requests."""
-        by_id = {a.request_id: a for a in self.admitted}
+        """Begin the forward's one step: what the scheduled ``batch`` (transformers' future states, in
+        input order) really carries, with its token ids; and lay out its indices. Raises InternalError
+        if the batch is not the admitted requests, or kvcore refuses what they were admitted for."""
+        by_id = self._by_id
         if sorted(by_id) != sorted(f.state.request_id for f in batch):
             raise InternalError(
                 f"the scheduled batch {[f.state.request_id for f in batch]} is not the admitted {sorted(by_id)}"
@@ -140,12 +165,15 @@ class StepRound:
             if TMP_TOKEN_ID not in carried:  # ids known: the blocks they fill get named
                 tokens.extend(carried)
             offsets.append(len(tokens))
-        self.step = self.batch.begin_step(
-            np.array(seqs, np.int32),
-            np.array(counts, np.int32),
-            np.array(tokens, np.int64),
-            np.array(offsets, np.int32),
-        )
+        try:
+            self.step = self.batch.begin_step(
+                np.array(seqs, np.int32),
+                np.array(counts, np.int32),
+                np.array(tokens, np.int64),
+                np.array(offsets, np.int32),
+            )
+        except CapacityError as e:  # each request carries at most what it was admitted for
+            raise InternalError(f"kvcore refused the admitted step: {e}") from e
         self._lay_out()
 
     def _lay_out(self) -> None:

@@ -14,31 +14,22 @@ import inspect
 from typing import Any
 
 import transformers
-from packaging.version import Version
 
-from kvcore._errors import NotSupportedError
+from kvcore.integrations.transformers_release import BATCHING_SUPPORTED, TESTED, check_release
 
-TESTED = "5.24.0"
-SUPPORTED = ">=5.24,<5.25"
-_MIN, _MAX = Version("5.24"), Version("5.25")
+SUPPORTED = BATCHING_SUPPORTED
 
 
 def check_batching_support(version: str = transformers.__version__) -> None:
     """Raise NotSupportedError unless ``version`` is in ``SUPPORTED`` and transformers'
     continuous-batching internals have the shape this integration relies on."""
-    v = Version(version)
-    if not (_MIN <= Version(v.base_version) < _MAX):
-        raise NotSupportedError(
-            f"kvcore's continuous batching needs transformers {SUPPORTED} (tested with {TESTED}); found "
-            f"{version}. It replaces transformers' PagedAttentionCache, whose private interface changes "
-            f"between minor releases."
-        )
-    missing = [name for name, ok in _internals().items() if not ok]
-    if missing:
-        raise NotSupportedError(
-            f"transformers {version} lacks {', '.join(missing)}, which kvcore's continuous batching relies on "
-            f"(tested with {TESTED})"
-        )
+    check_release(
+        version,
+        SUPPORTED,
+        "kvcore's continuous batching",
+        "It replaces transformers' PagedAttentionCache, whose private interface changes between minor releases.",
+        _internals,
+    )
 
 
 def _internals() -> dict[str, bool]:

@@ -15,6 +15,7 @@
 #include "kvcore/batch/parts/group_rule.h"
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/table_rows.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
 
@@ -43,12 +44,12 @@ class BlockGroup {
     BlockPool pool;
     KVCORE_RETURN_IF_ERROR(pool.create(blocks, "a group's pool"));
     const std::int64_t entries = static_cast<std::int64_t>(rows.rows()) * stride;
-    std::unique_ptr<int[]> tables(new (std::nothrow) int[entries]);
-    std::unique_ptr<int[]> held(new (std::nothrow) int[max_seqs]());
-    std::unique_ptr<int[]> lost(new (std::nothrow) int[max_seqs]());
+    auto tables = internal::Buffer<int>::make(entries);
+    auto held = internal::Buffer<int>::make_zeroed(max_seqs);
+    auto lost = internal::Buffer<int>::make_zeroed(max_seqs);
     KVCORE_CHECK_OR_RETURN_ERROR(tables && held && lost, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
-    for (std::int64_t i = 0; i < entries; ++i) tables[i] = -1;
+    tables.fill(entries, -1);
     pool_ = std::move(pool);
     tables_ = std::move(tables);
     held_ = std::move(held);
@@ -166,7 +167,7 @@ class BlockGroup {
   void clear() noexcept {
     pool_.reset();
     const std::int64_t entries = static_cast<std::int64_t>(rows_->rows()) * stride_;
-    for (std::int64_t i = 0; i < entries; ++i) tables_[i] = -1;
+    tables_.fill(entries, -1);
     for (int seq = 0; seq < max_seqs_; ++seq) held_[seq] = lost_below_[seq] = 0;
   }
 
@@ -180,9 +181,9 @@ class BlockGroup {
   int max_seqs_ = 0;
   int stride_ = 0;
   int block_size_ = 1;
-  std::unique_ptr<int[]> tables_;
-  std::unique_ptr<int[]> held_;
-  std::unique_ptr<int[]> lost_below_;
+  internal::Buffer<int> tables_;
+  internal::Buffer<int> held_;
+  internal::Buffer<int> lost_below_;
 };
 
 }  // namespace kvcore

@@ -17,6 +17,7 @@
 
 #include "kvcore/batch/block_pool.h"
 #include "kvcore/batch/parts/block_group.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -26,10 +27,9 @@ class PrefixIndex {
   /// Tables for `max_seqs` sequences, blocks of `block_size` tokens and prompts
   /// of up to `stride` blocks. MemoryAllocationFailed: nothing is assigned.
   Status create(int max_seqs, int block_size, int stride) noexcept {
-    std::unique_ptr<Chain[]> chains(new (std::nothrow) Chain[max_seqs]);
-    std::unique_ptr<std::int32_t[]> partial(
-        new (std::nothrow) std::int32_t[static_cast<std::int64_t>(max_seqs) * block_size]);
-    std::unique_ptr<BlockKey[]> prompt(new (std::nothrow) BlockKey[stride]);
+    auto chains = internal::Buffer<Chain>::make(max_seqs);
+    auto partial = internal::Buffer<std::int32_t>::make(static_cast<std::int64_t>(max_seqs) * block_size);
+    auto prompt = internal::Buffer<BlockKey>::make(stride);
     KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
     chains_ = std::move(chains);
@@ -203,9 +203,9 @@ class PrefixIndex {
   }
 
   int block_size_ = 1;
-  std::unique_ptr<Chain[]> chains_;
-  std::unique_ptr<std::int32_t[]> partial_;  // [seq][B]: tokens of the block being filled
-  std::unique_ptr<BlockKey[]> prompt_;       // adopt_prefix: a prompt's block keys
+  internal::Buffer<Chain> chains_;
+  internal::Buffer<std::int32_t> partial_;  // [seq][B]: tokens of the block being filled
+  internal::Buffer<BlockKey> prompt_;       // adopt_prefix: a prompt's block keys
 };
 
 }  // namespace kvcore

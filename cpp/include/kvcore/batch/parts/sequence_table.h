@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -30,8 +31,8 @@ class SequenceTable {
   /// sequence inactive. MemoryAllocationFailed: nothing is assigned.
   Status create(int max_seqs, int max_holes) noexcept {
     const std::int64_t hole_entries = static_cast<std::int64_t>(max_seqs) * max_holes;
-    std::unique_ptr<SequenceState[]> seqs(new (std::nothrow) SequenceState[max_seqs]);
-    std::unique_ptr<PositionRange[]> holes(new (std::nothrow) PositionRange[hole_entries > 0 ? hole_entries : 1]);
+    auto seqs = internal::Buffer<SequenceState>::make(max_seqs);
+    auto holes = internal::Buffer<PositionRange>::make(hole_entries > 0 ? hole_entries : 1);
     KVCORE_CHECK_OR_RETURN_ERROR(seqs && holes, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
     seqs_ = std::move(seqs);
@@ -183,8 +184,8 @@ class SequenceTable {
  private:
   int max_seqs_ = 0;
   int max_holes_ = 0;
-  std::unique_ptr<SequenceState[]> seqs_;
-  std::unique_ptr<PositionRange[]> holes_;  // [seq][max_holes]
+  internal::Buffer<SequenceState> seqs_;
+  internal::Buffer<PositionRange> holes_;  // [seq][max_holes]
 };
 
 }  // namespace kvcore

@@ -18,6 +18,7 @@
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/step_trees.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -75,6 +76,12 @@ class StepState {
   /// ones, or private copies of shared ones), judged on the tables as end()
   /// leaves them. Changes nothing.
   Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups) const noexcept;
+
+  /// The blocks an entry of T tokens of `seq` takes in group g (new ones, or
+  /// private copies of shared or named ones), judged as admit() judges each
+  /// entry: admit() refuses a group whose entries' sum passes its free blocks
+  /// (plus what end() gives back). Changes nothing.
+  int entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq, int T) const noexcept;
 
   /// Begins the admitted step (any begun one has ended): each entry's blocks
   /// and slots, copies of shared blocks. Never fails.
@@ -156,21 +163,21 @@ class StepState {
   BatchStep active_;
   std::uint64_t last_step_id_ = 0;
   std::uint64_t stamp_ = 0;
-  std::unique_ptr<std::uint64_t[]> seen_;  // check_entries' repeat check
-  std::unique_ptr<int[]> step_seq_;
-  std::unique_ptr<int[]> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
-  std::unique_ptr<int[]> query_starts_;
-  std::unique_ptr<int[]> first_positions_;
-  std::unique_ptr<int[]> context_lens_;
-  std::unique_ptr<int[]> visible_starts_;
-  std::unique_ptr<const PositionRange*[]> holes_of_;
-  std::unique_ptr<int[]> n_holes_of_;
-  std::unique_ptr<bool[]> tokens_given_;
-  std::unique_ptr<std::int32_t[]> step_tokens_;
-  std::unique_ptr<int[]> slots_;         // [g][max_step_tokens]
-  std::unique_ptr<BlockCopy[]> copies_;  // [g][max_seqs]
-  std::unique_ptr<int[]> first_before_;  // [g][entry]: the block at its first position's index before the step
-  std::unique_ptr<GroupPlan[]> group_plans_;
+  internal::Buffer<std::uint64_t> seen_;  // check_entries' repeat check
+  internal::Buffer<int> step_seq_;
+  internal::Buffer<int> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
+  internal::Buffer<int> query_starts_;
+  internal::Buffer<int> first_positions_;
+  internal::Buffer<int> context_lens_;
+  internal::Buffer<int> visible_starts_;
+  internal::Buffer<const PositionRange*> holes_of_;
+  internal::Buffer<int> n_holes_of_;
+  internal::Buffer<bool> tokens_given_;
+  internal::Buffer<std::int32_t> step_tokens_;
+  internal::Buffer<int> slots_;         // [g][max_step_tokens]
+  internal::Buffer<BlockCopy> copies_;  // [g][max_seqs]
+  internal::Buffer<int> first_before_;  // [g][entry]: the block at its first position's index before the step
+  internal::Buffer<GroupPlan> group_plans_;
   StepTrees trees_;
 };
 
@@ -184,21 +191,21 @@ inline bool must_copy(const BlockPool& pool, int block) noexcept {
 inline Status StepState::allocate(const StepLimits& limits) noexcept {
   const std::int64_t seqs = limits.max_seqs;
   const std::int64_t per_groups = limits.n_groups * seqs;
-  seen_.reset(new (std::nothrow) std::uint64_t[seqs]());
-  step_seq_.reset(new (std::nothrow) int[seqs]);
-  entry_of_.reset(new (std::nothrow) int[seqs]());
-  query_starts_.reset(new (std::nothrow) int[seqs + 1]);
-  first_positions_.reset(new (std::nothrow) int[seqs]);
-  context_lens_.reset(new (std::nothrow) int[seqs]);
-  visible_starts_.reset(new (std::nothrow) int[seqs]);
-  holes_of_.reset(new (std::nothrow) const PositionRange*[seqs]);
-  n_holes_of_.reset(new (std::nothrow) int[seqs]);
-  tokens_given_.reset(new (std::nothrow) bool[seqs]);
-  step_tokens_.reset(new (std::nothrow) std::int32_t[limits.max_step_tokens]);
-  slots_.reset(new (std::nothrow) int[static_cast<std::int64_t>(limits.n_groups) * limits.max_step_tokens]);
-  copies_.reset(new (std::nothrow) BlockCopy[per_groups]);
-  first_before_.reset(new (std::nothrow) int[per_groups]);
-  group_plans_.reset(new (std::nothrow) GroupPlan[limits.n_groups]);
+  seen_ = internal::Buffer<std::uint64_t>::make_zeroed(seqs);
+  step_seq_ = internal::Buffer<int>::make(seqs);
+  entry_of_ = internal::Buffer<int>::make_zeroed(seqs);
+  query_starts_ = internal::Buffer<int>::make(seqs + 1);
+  first_positions_ = internal::Buffer<int>::make(seqs);
+  context_lens_ = internal::Buffer<int>::make(seqs);
+  visible_starts_ = internal::Buffer<int>::make(seqs);
+  holes_of_ = internal::Buffer<const PositionRange*>::make(seqs);
+  n_holes_of_ = internal::Buffer<int>::make(seqs);
+  tokens_given_ = internal::Buffer<bool>::make(seqs);
+  step_tokens_ = internal::Buffer<std::int32_t>::make(limits.max_step_tokens);
+  slots_ = internal::Buffer<int>::make(static_cast<std::int64_t>(limits.n_groups) * limits.max_step_tokens);
+  copies_ = internal::Buffer<BlockCopy>::make(per_groups);
+  first_before_ = internal::Buffer<int>::make(per_groups);
+  group_plans_ = internal::Buffer<GroupPlan>::make(limits.n_groups);
   KVCORE_CHECK_OR_RETURN_ERROR(seen_ && step_seq_ && entry_of_ && query_starts_ && first_positions_ &&
                                    context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
                                    tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
@@ -237,14 +244,20 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
   return trees_.check_masks(entries, n);
 }
 
+inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq,
+                                  int T) const noexcept {
+  const BlockPool& pool = group.pool();
+  int need = 0;
+  walk_entry(group, g, seq, seqs[seq].length, T, [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
+  return need;
+}
+
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
                                const BlockGroup* groups) const noexcept {
   for (int g = 0; g < lim_.n_groups; ++g) {
     const BlockPool& pool = groups[g].pool();
     int need = 0;
-    for (int i = 0; i < n; ++i)
-      walk_entry(groups[g], g, entries[i].seq, seqs[entries[i].seq].length, entries[i].T,
-                 [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
+    for (int i = 0; i < n; ++i) need += entry_need(seqs, groups[g], g, entries[i].seq, entries[i].T);
     int freed = 0;  // what end() gives back
     walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
     const int free = pool.free_blocks() + freed;

@@ -14,6 +14,7 @@
 #include <new>
 
 #include "kvcore/batch/batch_plan.h"
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/draft_tree.h"
 #include "kvcore/core/result.h"
 
@@ -31,16 +32,16 @@ class StepTrees {
     // linear in the tokens when max_step is huge (check_masks refuses a step
     // whose trees need more).
     const std::int64_t words = tokens * tree_mask_words(max_step < kMaskNodes ? max_step : kMaskNodes);
-    fresh.positions_.reset(new (std::nothrow) int[tokens]);
-    fresh.chain_index_.reset(new (std::nothrow) int[tokens]);
-    fresh.node_at_.reset(new (std::nothrow) int[tokens]);
-    fresh.parents_.reset(new (std::nothrow) int[tokens]);
-    fresh.masks_.reset(new (std::nothrow) std::uint32_t[words > 0 ? words : 1]);
-    fresh.mask_starts_.reset(new (std::nothrow) int[static_cast<std::int64_t>(max_seqs) + 1]);
-    fresh.accepted_.reset(new (std::nothrow) int[max_seqs]);
-    fresh.paths_.reset(new (std::nothrow) const AcceptedPath*[max_seqs]);
-    fresh.row_copies_.reset(new (std::nothrow) TreeCopy[static_cast<std::int64_t>(n_groups) * tokens]);
-    fresh.group_commits_.reset(new (std::nothrow) GroupCommit[n_groups]);
+    fresh.positions_ = internal::Buffer<int>::make(tokens);
+    fresh.chain_index_ = internal::Buffer<int>::make(tokens);
+    fresh.node_at_ = internal::Buffer<int>::make(tokens);
+    fresh.parents_ = internal::Buffer<int>::make(tokens);
+    fresh.masks_ = internal::Buffer<std::uint32_t>::make(words > 0 ? words : 1);
+    fresh.mask_starts_ = internal::Buffer<int>::make(static_cast<std::int64_t>(max_seqs) + 1);
+    fresh.accepted_ = internal::Buffer<int>::make(max_seqs);
+    fresh.paths_ = internal::Buffer<const AcceptedPath*>::make(max_seqs);
+    fresh.row_copies_ = internal::Buffer<TreeCopy>::make(static_cast<std::int64_t>(n_groups) * tokens);
+    fresh.group_commits_ = internal::Buffer<GroupCommit>::make(n_groups);
     KVCORE_CHECK_OR_RETURN_ERROR(fresh.positions_ && fresh.chain_index_ && fresh.node_at_ && fresh.parents_ &&
                                      fresh.masks_ && fresh.mask_starts_ && fresh.accepted_ && fresh.paths_ && fresh.row_copies_ &&
                                      fresh.group_commits_,
@@ -194,16 +195,16 @@ class StepTrees {
   int n_groups_ = 0;
   std::int64_t mask_capacity_ = 0;  // words
   int n_entries_ = 0;
-  std::unique_ptr<int[]> positions_;    // [token]
-  std::unique_ptr<int[]> chain_index_;  // [token]: node's place among the entry's positions
-  std::unique_ptr<int[]> node_at_;      // [entry's first token + place]: the node there
-  std::unique_ptr<int[]> parents_;      // [token]: the entry's parents (a chain's too)
-  std::unique_ptr<std::uint32_t[]> masks_;
-  std::unique_ptr<int[]> mask_starts_;  // [entry + 1], in words
-  std::unique_ptr<int[]> accepted_;     // [entry]: accepted length at commit
-  std::unique_ptr<const AcceptedPath*[]> paths_;  // [entry]: its accepted path, or null
-  std::unique_ptr<TreeCopy[]> row_copies_;  // [g][max_step_tokens]
-  std::unique_ptr<GroupCommit[]> group_commits_;
+  internal::Buffer<int> positions_;    // [token]
+  internal::Buffer<int> chain_index_;  // [token]: node's place among the entry's positions
+  internal::Buffer<int> node_at_;      // [entry's first token + place]: the node there
+  internal::Buffer<int> parents_;      // [token]: the entry's parents (a chain's too)
+  internal::Buffer<std::uint32_t> masks_;
+  internal::Buffer<int> mask_starts_;  // [entry + 1], in words
+  internal::Buffer<int> accepted_;     // [entry]: accepted length at commit
+  internal::Buffer<const AcceptedPath*> paths_;  // [entry]: its accepted path, or null
+  internal::Buffer<TreeCopy> row_copies_;  // [g][max_step_tokens]
+  internal::Buffer<GroupCommit> group_commits_;
 };
 
 }  // namespace kvcore

@@ -11,6 +11,7 @@
 #include <new>
 #include <utility>
 
+#include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
@@ -20,8 +21,8 @@ class TableRows {
   /// Rows for `max_seqs` sequence ids, `rows` of them (1 <= rows <= max_seqs),
   /// all free. MemoryAllocationFailed: nothing is assigned.
   Status create(int max_seqs, int rows) noexcept {
-    std::unique_ptr<int[]> row_of(new (std::nothrow) int[max_seqs]);
-    std::unique_ptr<int[]> free(new (std::nothrow) int[rows]);
+    auto row_of = internal::Buffer<int>::make(max_seqs);
+    auto free = internal::Buffer<int>::make(rows);
     KVCORE_CHECK_OR_RETURN_ERROR(row_of && free, MemoryAllocationFailed,
                                  "cannot allocate the table rows of %d sequences", max_seqs);
     row_of_ = std::move(row_of);
@@ -63,8 +64,8 @@ class TableRows {
   }
 
  private:
-  std::unique_ptr<int[]> row_of_;  // [max_seqs]
-  std::unique_ptr<int[]> free_;    // stack of free rows, [0, n_free_)
+  internal::Buffer<int> row_of_;  // [max_seqs]
+  internal::Buffer<int> free_;    // stack of free rows, [0, n_free_)
   int max_seqs_ = 0;
   int rows_ = 0;
   int n_free_ = 0;
