@@ -326,7 +326,7 @@ def test_add_and_release_sequences_match_one_by_one() -> None:
     many.release_sequences(np.array([0, 2], I32))
     many.add_sequences([3, 0])
     assert state(one) == state(many)
-    many.add_sequences(np.array([], I64))  # nothing happens
+    many.add_sequences(np.array([], I64))  # no step begun: nothing happens
     many.release_sequences([])
     assert state(one) == state(many)
 
