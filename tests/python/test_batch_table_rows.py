@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kvcore
+from batch_reference import observable
 
 RING = kvcore.Ring(window=3, sinks=1)
 
@@ -25,9 +26,7 @@ def config(active: int = 2) -> kvcore.CacheConfig:
 
 
 def state(c: kvcore.BatchCache) -> tuple[Any, ...]:
-    infos = tuple((i.active, i.length) for i in map(c.sequence, range(c.max_seqs)))
-    held = tuple(c.blocks_held(s, g) for s in range(c.max_seqs) for g in range(c.n_groups))
-    return infos, held, c.free_table_rows, tuple(c.free_blocks(g) for g in range(c.n_groups))
+    return observable(c)
 
 
 def test_limits_carry_the_bound() -> None:
