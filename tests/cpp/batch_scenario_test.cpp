@@ -64,30 +64,18 @@ class Harness {
   void fork(int src, int dst, int upto) {
     const kvcore::Status st = cache_->fork(src, dst, upto);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    SeqModel copy = model_.seq(src);
-    copy.tags.resize(static_cast<std::size_t>(upto));
-    copy.tokens.resize(static_cast<std::size_t>(upto));
-    if (upto == 0) copy.plain = true;  // at length 0 a history is a plain prefix
-    model_.seq(dst) = copy;
+    model_.fork(src, dst, upto);
   }
   void remove(int s, int p0, int p1) {
     const kvcore::Status st = cache_->remove(s, p0, p1);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    SeqModel& m = model_.seq(s);
-    if (p1 >= m.length()) {
-      m.tags.resize(static_cast<std::size_t>(p0));
-      m.tokens.resize(static_cast<std::size_t>(p0));
-      return;
-    }
-    for (int p = p0; p < p1; ++p) m.tags[static_cast<std::size_t>(p)] = 0;
-    m.plain = false;
+    if (p1 >= model_.seq(s).length()) return model_.truncate(s, p0);
+    model_.seq(s) = model_.removed(s, p0, p1);
   }
   void rewind(int s, int n) {
     const kvcore::Status st = cache_->rewind(s, n);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    model_.seq(s).tags.resize(static_cast<std::size_t>(n));
-    model_.seq(s).tokens.resize(static_cast<std::size_t>(n));
-    if (n == 0) model_.seq(s).plain = true;
+    model_.truncate(s, n);
   }
   // Adopts the longest cached prefix of `prompt`; the model takes the K/V a
   // fresh computation of that prefix would hold.
