@@ -368,7 +368,10 @@ class Step(metaclass=_pybind11_type):
         """
     @property
     def is_tree(self) -> bool:
-        """True for a step begun by begin_tree."""
+        """True for a draft tree that branches: begun by begin_tree with a node off the chain
+        (commit it with its accepted path). A chain is not a tree however it was begun (begin_step,
+        or begin_tree with parents[i] = i - 1), as for BatchStepPlan.is_tree.
+        """
     @property
     def parents(self) -> npt.NDArray[np.int32]:
         """int32 (T,): each token's parent in the step's tree, -1 for the root (a chain step: i -
@@ -496,11 +499,11 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         """
     def begin_tree(self, parents: IntArrayArg) -> Step:
         """Begins a draft-tree step of N = len(parents) tokens (parents[0] = -1, then 0 <=
-        parents[i] < i; a list or 1-D int array) and returns its Step (T = N, is_tree). Token i
-        stands at position length + depth(i); the step reserves and plans the rows of a chain step
-        of N. InvalidArgumentError: N outside [1, max_step], parents[0] != -1, a second root, a
-        parent not before its child; CapacityError: length + N > capacity. Nothing changes on an
-        error.
+        parents[i] < i; a list or 1-D int array) and returns its Step (T = N; is_tree unless parents
+        is a chain, parents[i] = i - 1). Token i stands at position length + depth(i); the step
+        reserves and plans the rows of a chain step of N. InvalidArgumentError: N outside [1,
+        max_step], parents[0] != -1, a second root, a parent not before its child; CapacityError:
+        length + N > capacity. Nothing changes on an error.
         """
     def reserve_tree(self, max_nodes: SupportsIndex) -> None:
         """Sizes the tree storage for trees of up to max_nodes tokens (128 or max_step are reserved
@@ -824,8 +827,9 @@ class BatchStepPlan(metaclass=_pybind11_type):
         """
     @property
     def table_rows(self) -> npt.NDArray[np.int32]:
-        """(max_seqs,) each sequence id's row in every group's block_tables, -1 for an inactive
-        sequence (the id itself when max_active_seqs == max_seqs).
+        """(max_seqs,) each sequence id's row in every group's block_tables: an active sequence's
+        row (its id when max_active_seqs == max_seqs), -1 for an inactive one whatever
+        max_active_seqs.
         """
     @property
     def query_starts(self) -> npt.NDArray[np.int32]:
@@ -979,8 +983,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     @property
     def free_table_rows(self) -> int:
         """Sequences that may still become active (add_sequence, fork into an inactive one) before
-        one is refused with CapacityError: the free table rows (max_seqs when each id has its own
-        row).
+        one is refused with CapacityError: max_active_seqs less the active sequences (also when
+        max_active_seqs == max_seqs).
         """
     def group_of(self, layer: SupportsIndex) -> int:
         """The group of a layer. InvalidArgumentError: bad layer."""
@@ -1076,13 +1080,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
-    def prefix_namespace(self, seq: SupportsIndex) -> int:
-        """The 64-bit prefix namespace the sequence names its blocks in (0: the default; 0 once
-        released). InvalidArgumentError: seq outside [0, max_seqs).
-        """
-    def adopt_prefix(
-        self, seq: SupportsIndex, tokens: Iterable[SupportsIndex], namespace: int | bytes | str | None = None
-    ) -> int:
+    def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or
         int64 array, or any iterable of ints; copied once) (full blocks, at most len(tokens) - 1
         tokens) every group holds, in the sequence's prefix namespace; returns its length in
@@ -1135,12 +1133,13 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or none:
         InvalidArgumentError names an id outside [0, max_seqs) or repeated, InvalidStateError one
         already active, CapacityError more ids than free_table_rows, and nothing changes. Empty
-        seqs: nothing happens.
+        seqs: changes nothing but ends a begun step, as every successful verb does.
         """
     def release_sequences(self, seqs: IntArrayArg) -> None:
         """release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or
         none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, InvalidStateError
-        one not active, and nothing changes. Empty seqs: nothing happens.
+        one not active, and nothing changes. Empty seqs: changes nothing but ends a begun step, as
+        every successful verb does.
         """
     def fork_many(self, src: SupportsIndex, dsts: IntArrayArg, upto: SupportsIndex | None = None) -> None:
         """fork(src, dst, upto) for every dst of dsts (an int32/int64 array or a list of ints): each
@@ -1148,7 +1147,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a dst repeated or
         equal to src; InvalidStateError for src not active or no longer holding what a query at upto
         needs, or a dst not empty; CapacityError for more inactive dsts than free_table_rows;
-        nothing changes then.
+        nothing changes then. Empty dsts (src and upto valid): changes nothing but ends a begun
+        step, as every successful verb does.
         """
     @overload
     def commit(self, step: BatchStep, accepted: None = None) -> None:

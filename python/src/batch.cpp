@@ -355,8 +355,9 @@ void register_batch(py::module_& m) {
       .def_property_readonly(
           "table_rows",
           [](const BatchPlanHandle& h) { return view_of(current(h).table_rows, {h.step.cache->max_seqs()}, py::cast(h.step.cache)); },
-          "(max_seqs,) each sequence id's row in every group's block_tables, -1 for an inactive "
-          "sequence (the id itself when max_active_seqs == max_seqs).")
+          "(max_seqs,) each sequence id's row in every group's block_tables: an active sequence's "
+          "row (its id when max_active_seqs == max_seqs), -1 for an inactive one whatever "
+          "max_active_seqs.")
       .def_property_readonly(
           "query_starts",
           [](const BatchPlanHandle& h) { return view_of(current(h).query_starts, {h.plan.n_entries + 1}, py::cast(h.step.cache)); },
@@ -522,8 +523,8 @@ void register_batch(py::module_& m) {
                              "the rows of each group's block tables.")
       .def_property_readonly("free_table_rows", &Cache::free_table_rows,
                              "Sequences that may still become active (add_sequence, fork into an inactive "
-                             "one) before one is refused with CapacityError: the free table rows (max_seqs "
-                             "when each id has its own row).")
+                             "one) before one is refused with CapacityError: max_active_seqs less the "
+                             "active sequences (also when max_active_seqs == max_seqs).")
       .def("group_of", [](const Cache& c, const IntArg& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
            py::arg("layer"), "The group of a layer. InvalidArgumentError: bad layer.")
       .def("group_policy",
@@ -701,18 +702,21 @@ void register_batch(py::module_& m) {
            "add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
            "InvalidStateError one already active, CapacityError more ids than free_table_rows, and "
-           "nothing changes. Empty seqs: nothing happens.")
+           "nothing changes. Empty seqs: changes nothing but ends a begun step, as every "
+           "successful verb does.")
       .def("release_sequences", &release_sequences, py::arg("seqs"),
            "release_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
            "none: InvalidArgumentError names an id outside [0, max_seqs) or repeated, "
-           "InvalidStateError one not active, and nothing changes. Empty seqs: nothing happens.")
+           "InvalidStateError one not active, and nothing changes. Empty seqs: changes nothing but "
+           "ends a begun step, as every successful verb does.")
       .def("fork_many", &fork_many, py::arg("src"), py::arg("dsts"), py::arg("upto") = py::none(),
            "fork(src, dst, upto) for every dst of dsts (an int32/int64 array or a list of ints): "
            "each inherits positions [0, upto) of src (default: all) by sharing blocks, as for "
            "parallel sampling. All or none: InvalidArgumentError for a bad src, upto or dst id, a "
            "dst repeated or equal to src; InvalidStateError for src not active or no longer holding "
            "what a query at upto needs, or a dst not empty; CapacityError for more inactive dsts "
-           "than free_table_rows; nothing changes then.")
+           "than free_table_rows; nothing changes then. Empty dsts (src and upto valid): changes "
+           "nothing but ends a begun step, as every successful verb does.")
       .def("commit", &commit_batch_step, py::arg("step"), py::arg("accepted") = py::none(),
            "commit(step) commits the begun step whole (every entry's length grows by its T) and returns "
            "None. commit(step, accepted) commits draft trees: accepted maps a sequence to its accepted "

@@ -171,11 +171,24 @@ std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const I
   return out;
 }
 
+// An array verb given no ids succeeds, and every successful verb ends a begun
+// step (docs/batch.md section 3). A step's entries are active sequences, and a
+// removal from an active sequence's length on is the core's verb that changes
+// nothing but the begun step.
+void end_begun_step(kvcore::BatchCache& c) {
+  if (!c.has_begun_step()) return;
+  for (int s = 0; s < c.max_seqs(); ++s) {
+    const kvcore::SequenceInfo info = unwrap(c.sequence(s));
+    if (info.active) return throw_if_error(c.remove(s, info.length, info.length));
+  }
+}
+
 void add_sequences(kvcore::BatchCache& c, py::handle seqs) {
   const std::vector<int> ids = distinct_seqs(c, "add_sequences", IntArray("add_sequences", "seqs", seqs));
   for (int s : ids)
     if (is_active(c, s)) raise(kvcore::Error::InvalidState, "add_sequences: sequence " + str(s) + " is already active");
   check_rows(c, "add_sequences", static_cast<int>(ids.size()));
+  if (ids.empty()) end_begun_step(c);
   for (int s : ids) throw_if_error(c.add_sequence(s));  // checked above: cannot fail
 }
 
@@ -184,6 +197,7 @@ void release_sequences(kvcore::BatchCache& c, py::handle seqs) {
   for (int s : ids)
     if (!is_active(c, s))
       raise(kvcore::Error::InvalidState, "release_sequences: sequence " + str(s) + " is not active");
+  if (ids.empty()) end_begun_step(c);
   for (int s : ids) throw_if_error(c.release_sequence(s));
 }
 
@@ -217,6 +231,7 @@ void fork_many(kvcore::BatchCache& c, const IntArg& src, py::handle dsts, const 
     becoming += info.active ? 0 : 1;
   }
   check_rows(c, "fork_many", becoming);
+  if (ids.empty()) end_begun_step(c);
   for (int d : ids) throw_if_error(c.fork(s, d, at));  // checked above: cannot fail
 }
 

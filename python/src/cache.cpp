@@ -34,7 +34,7 @@ std::string repr(const kvcore::SeqStepPlan& p) {
 
 std::string repr(const StepHandle& h) {
   return "Step(position=" + std::to_string(h.step.position) + ", T=" + std::to_string(h.step.T) +
-         (h.step.tree ? ", tree=True" : "") + ")";
+         (h.branched ? ", tree=True" : "") + ")";
 }
 
 }  // namespace
@@ -171,7 +171,9 @@ void register_cache(py::module_& m) {
            [](const StepHandle& h, py::dict memo) {
              // The step of the cache's copy (made once per deepcopy, through memo).
              py::object cache = py::module_::import("copy").attr("deepcopy")(py::cast(h.cache), memo);
-             return StepHandle{cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), h.step};
+             StepHandle copy{cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), h.step};
+             copy.branched = h.branched;
+             return copy;
            },
            py::arg("memo"), "The same step of a deep copy of its cache (the clone keeps the begun step).")
       .def("__repr__", [](const StepHandle& h) { return repr(h); });
@@ -244,7 +246,9 @@ void register_cache(py::module_& m) {
       .def_property_readonly("active_step",
                              [](const std::shared_ptr<kvcore::SequenceCache>& c) -> py::object {
                                if (c->active_step().id == 0) return py::none();
-                               return py::cast(StepHandle{c, c->active_step()});
+                               StepHandle h{c, c->active_step()};
+                               h.branched = h.step.tree && !unwrap(c->tree(h.step))->is_chain();
+                               return py::cast(std::move(h));
                              },
                              "The begun, uncommitted Step, or None.")
       .def("plan",

@@ -13,6 +13,9 @@ namespace kvcore_py {
 struct StepHandle {
   std::shared_ptr<kvcore::SequenceCache> cache;
   kvcore::Step step;
+  // Step.is_tree: begun by begin_tree with nodes that branch (a chain given to
+  // begin_tree is a chain, as a chain entry of a BatchCache step).
+  bool branched = false;
   // Step.mask's read-only arrays, one per distinct policy and read order, made
   // on first use.
   std::vector<pybind11::object> masks{};      // position order

@@ -148,8 +148,11 @@ void register_tree(py::module_& m) {
            "little bit order) set when token j is i or an ancestor of i: TensorRT-LLM's "
            "spec_decoding_packed_mask layout (view as int32). Read-only. InvalidStateError: the step "
            "is no longer current.");
-  step_cls.def_property_readonly("is_tree", [](const StepHandle& h) { return h.step.tree; },
-                                 "True for a step begun by begin_tree.");
+  step_cls.def_property_readonly("is_tree", [](const StepHandle& h) { return h.branched; },
+                                 "True for a draft tree that branches: begun by begin_tree with a node "
+                                 "off the chain (commit it with its accepted path). A chain is not a tree "
+                                 "however it was begun (begin_step, or begin_tree with parents[i] = i - 1), "
+                                 "as for BatchStepPlan.is_tree.");
   step_cls.def(
       "tree_rows", &tree_rows, py::arg("layer"),
       "int32 (T,): the row each token writes on `layer` (its slot: the chain plan's row of "
@@ -183,11 +186,14 @@ void register_tree(py::module_& m) {
       [](const std::shared_ptr<kvcore::SequenceCache>& c, py::handle parents) {
         const std::vector<int> p = IntArray("begin_tree", "parents", parents).ints();
         const int n = p.size() > 0x7fffffff ? 0x7fffffff : static_cast<int>(p.size());
-        return StepHandle{c, unwrap(c->begin_tree(p.data(), n))};
+        StepHandle h{c, unwrap(c->begin_tree(p.data(), n))};
+        h.branched = !kvcore::tree_is_chain(p.data(), n);
+        return h;
       },
       py::arg("parents"),
       "Begins a draft-tree step of N = len(parents) tokens (parents[0] = -1, then 0 <= parents[i] < "
-      "i; a list or 1-D int array) and returns its Step (T = N, is_tree). Token i stands at position "
+      "i; a list or 1-D int array) and returns its Step (T = N; is_tree unless parents is a chain, "
+      "parents[i] = i - 1). Token i stands at position "
       "length + depth(i); the step reserves and plans the rows of a chain step of N. "
       "InvalidArgumentError: N outside [1, max_step], parents[0] != -1, a second root, a parent "
       "not before its child; CapacityError: length + N > capacity. Nothing changes on an error.");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "batch_reference.h"
+#include "support/random_ops.h"
 #include "kvcore/batch/batch_cache.h"
 
 namespace kvcore_test {
@@ -71,19 +72,10 @@ class Driver {
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
   void run(int ops) {
-    for (int op = 0; op < ops && !::testing::Test::HasFailure(); ++op) {
-      const int what = pick(0, 99);
-      SCOPED_TRACE("op " + std::to_string(op) + " (" + std::to_string(what) + ")");
-      if (what < 10) add();
-      else if (what < 14) release();
-      else if (what < 55) step();
-      else if (what < 63) fork();
-      else if (what < 73) remove();
-      else if (what < 85) rewind();
-      else if (what < 97) adopt();
-      else clear();
-      check_invariants();
-    }
+    run_random_ops<Driver>(*this, ops,
+                           {{10, &Driver::add}, {14, &Driver::release}, {55, &Driver::step}, {63, &Driver::fork},
+                            {73, &Driver::remove}, {85, &Driver::rewind}, {97, &Driver::adopt}, {100, &Driver::clear}},
+                           &Driver::check_invariants);
   }
 
   int steps_checked = 0;
@@ -119,8 +111,7 @@ class Driver {
     log("add_sequence(" + std::to_string(s) + ")", st);
     if (model_.seq(s).active) return expect_refused(st, Error::InvalidState, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    model_.seq(s) = SeqModel{};
-    model_.seq(s).active = true;
+    model_.add(s);
     prefix_.add(s);
     step_open_ = false;
   }
@@ -132,7 +123,7 @@ class Driver {
     log("release_sequence(" + std::to_string(s) + ")", st);
     if (!model_.seq(s).active) return expect_refused(st, Error::InvalidState, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    model_.seq(s) = SeqModel{};
+    model_.release(s);
     prefix_.release(s);
     step_open_ = false;
   }
@@ -175,16 +166,7 @@ class Driver {
     step_open_ = false;  // a replaced step is gone
     // The model writes the step (undone below when it is not committed).
     std::vector<std::uint64_t> token_tags;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      SeqModel& m = model_.seq(entries[i].seq);
-      for (int j = 0; j < entries[i].T; ++j) {
-        const std::int32_t t = entries[i].tokens != nullptr ? tokens[i][static_cast<std::size_t>(j)] : -1;
-        const std::uint64_t tag = model_.tag_for(entries[i].seq, m.length(), t);
-        m.tags.push_back(tag);
-        m.tokens.push_back(t);
-        token_tags.push_back(tag);
-      }
-    }
+    for (const StepEntry& e : entries) model_.write(e.seq, e.tokens, e.T, &token_tags);
     auto plan = cache_->plan(*begun);
     ASSERT_TRUE(plan.ok()) << plan.message().c_str();
     ASSERT_EQ(plan->n_tokens, total);
@@ -196,33 +178,16 @@ class Driver {
       ASSERT_TRUE(cache_->commit(*begun).ok());
       prefix_.commit();
       log("commit", kvcore::Status());
-      for (const StepEntry& e : entries) {
-        SeqModel& m = model_.seq(e.seq);
-        if (e.tokens == nullptr) m.plain = false;
-        m.peak = std::max(m.peak, m.length());
-      }
+      for (const StepEntry& e : entries) model_.commit(e.seq, e.tokens != nullptr);
     } else {  // abandoned: the model forgets it; the cache keeps lengths
-      for (const StepEntry& e : entries) {
-        SeqModel& m = model_.seq(e.seq);
-        m.tags.resize(m.tags.size() - static_cast<std::size_t>(e.T));
-        m.tokens.resize(m.tags.size());
-      }
+      for (const StepEntry& e : entries) model_.abandon(e.seq, e.T);
       step_open_ = true;
       open_step_ = *begun;
     }
   }
 
-  // Must a rewind (or fork) of `s` to n succeed? Up to max_step back from the
-  // peak length always does, and so does n <= the smallest ring's sinks (or 0).
-  bool must_allow(int s, int n) const {
-    const int L = model_.seq(s).length();
-    if (n < 0 || n > L) return false;
-    if (n >= model_.seq(s).peak - C()) return true;
-    int sinks = 1 << 30;
-    for (const LayerConfig& l : cfg_.layers)
-      if (l.policy.kind == LayerPolicy::Kind::Ring) sinks = std::min(sinks, l.policy.sinks);
-    return n <= sinks;
-  }
+  // Must a rewind (or fork) of `s` to n succeed? The model's rule.
+  bool must_allow(int s, int n) const { return model_.must_allow(cfg_, C(), s, n); }
 
   void fork() {
     const int src = any_seq(), dst = any_seq();
@@ -241,11 +206,7 @@ class Driver {
     }
     if (!can) return expect_refused(st, Error::InvalidState, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    SeqModel copy = m;
-    copy.tags.resize(static_cast<std::size_t>(upto));
-    copy.tokens.resize(static_cast<std::size_t>(upto));
-    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
-    model_.seq(dst) = copy;
+    model_.fork(src, dst, upto);
     prefix_.fork(src, dst, upto);
     step_open_ = false;
   }
@@ -264,22 +225,7 @@ class Driver {
     return out;
   }
 
-  // A history is a plain token prefix when nothing was removed and every token is known.
-  static bool plain(const SeqModel& m) {
-    for (std::size_t p = 0; p < m.tags.size(); ++p)
-      if (m.tags[p] == 0 || m.tokens[p] < 0) return false;
-    return m.plain;
-  }
-
-  // Removed ranges that neither start at 0 nor touch another: what max_holes counts.
-  static int holes(const SeqModel& m) {
-    int n = 0;
-    std::size_t p = 0;
-    while (p < m.tags.size() && m.tags[p] == 0) ++p;
-    for (; p < m.tags.size(); ++p)
-      if (m.tags[p] == 0 && m.tags[p - 1] != 0) ++n;
-    return n;
-  }
+  static int holes(const SeqModel& m) { return BatchModel::holes(m); }
 
   void remove() {
     const int s = any_seq();
@@ -299,17 +245,12 @@ class Driver {
       }
       if (!can_truncate && p0 != 0) return expect_refused(st, Error::InvalidState, before);
       ASSERT_TRUE(st.ok()) << st.message().c_str();
-      m.tags.resize(static_cast<std::size_t>(p0));
-      m.tokens.resize(static_cast<std::size_t>(p0));
-      m.plain = p0 == 0 || plain(m);
-      if (p0 == 0) m.peak = 0;
+      model_.truncate(s, p0);
       prefix_.rewind(s, p0);
       step_open_ = false;
       return;
     }
-    SeqModel after = m;
-    for (int p = p0; p < std::min(p1, L); ++p) after.tags[static_cast<std::size_t>(p)] = 0;
-    if (p0 < std::min(p1, L)) after.plain = false;
+    const SeqModel after = model_.removed(s, p0, p1);
     if (holes(after) > cfg_.batch.max_holes) return expect_refused(st, Error::OutOfResources, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
     m = after;
@@ -338,11 +279,7 @@ class Driver {
     }
     if (!can) return expect_refused(st, Error::InvalidState, before);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    SeqModel& w = model_.seq(s);
-    w.tags.resize(static_cast<std::size_t>(n));
-    w.tokens.resize(static_cast<std::size_t>(n));
-    w.plain = n == 0 || plain(w);
-    if (n == 0) w.peak = 0;
+    model_.truncate(s, n);
     prefix_.rewind(s, n);
     step_open_ = false;
   }
@@ -356,8 +293,7 @@ class Driver {
         ASSERT_TRUE(cache_->release_sequence(s).ok());
       }
       ASSERT_TRUE(cache_->add_sequence(s).ok());
-      model_.seq(s) = SeqModel{};
-      model_.seq(s).active = true;
+      model_.add(s);
       prefix_.release(s);
       step_open_ = false;
     }
@@ -384,13 +320,7 @@ class Driver {
     EXPECT_EQ(h % cfg_.batch.block_size, 0);
     EXPECT_LE(h, std::max(0, static_cast<int>(prompt.size()) - 1));
     EXPECT_EQ(cache_->sequence(s)->length, h);
-    m = SeqModel{};
-    m.active = true;
-    m.peak = h;
-    for (int p = 0; p < h; ++p) {
-      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
-      m.tags.push_back(BatchModel::prefix_tag(prompt, p));  // what a fresh computation would hold
-    }
+    model_.adopt(s, prompt, h);  // what a fresh computation would hold
     if (h > 0) ++prefix_hits;
     step_open_ = false;
   }
@@ -398,7 +328,7 @@ class Driver {
   void clear() {
     cache_->clear();
     log("clear", kvcore::Status());
-    for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_.seq(s) = SeqModel{};
+    model_.clear();
     prefix_.clear();
     step_open_ = false;
   }
@@ -458,11 +388,8 @@ class Driver {
 
 TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
   int steps = 0, hits = 0, exhausted = 0;
-  // KVCORE_BATCH_SEED=N runs that seed alone.
-  const char* only = std::getenv("KVCORE_BATCH_SEED");
-  const std::uint32_t first = only != nullptr ? static_cast<std::uint32_t>(std::atoi(only)) : 1;
-  const std::uint32_t last = only != nullptr ? first : 300;
-  for (std::uint32_t seed = first; seed <= last && !HasFailure(); ++seed) {
+  const Seeds seeds = seeds_from_env("KVCORE_BATCH_SEED", 300);  // KVCORE_BATCH_SEED=N runs that seed alone
+  for (std::uint32_t seed = seeds.first; seed <= seeds.last && !HasFailure(); ++seed) {
     std::mt19937 rng(seed);
     const CacheConfig cfg = random_config(rng);
     SCOPED_TRACE("seed " + std::to_string(seed) + ": " + describe(cfg));
@@ -472,7 +399,7 @@ TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
     hits += d.prefix_hits;
     exhausted += d.exhausted;
   }
-  if (only != nullptr) return;
+  if (seeds.first == seeds.last) return;  // one seed: no totals to hold
   std::printf("%d steps checked, %d prefix hits, %d steps refused for want of blocks\n", steps, hits, exhausted);
   // The workloads reach what they are for.
   EXPECT_GT(steps, 20000);

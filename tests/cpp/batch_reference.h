@@ -108,6 +108,114 @@ class BatchModel {
     return q - k < p.window || k < p.sinks;
   }
 
+  // --- what a verb that succeeded does to the model ------------------------
+  // (one place for the brute-force test, the fuzzer, the pool and scenario tests)
+
+  /// add_sequence(s).
+  void add(int s) {
+    seq(s) = SeqModel{};
+    seq(s).active = true;
+  }
+  /// release_sequence(s).
+  void release(int s) { seq(s) = SeqModel{}; }
+  /// clear().
+  void clear() {
+    for (SeqModel& m : seqs_) m = SeqModel{};
+  }
+  /// A begun step writes T positions of s (`tokens` null: none given); each
+  /// position's tag is appended to `tags`. Undone by abandon(), kept by commit().
+  void write(int s, const std::int32_t* tokens, int T, std::vector<std::uint64_t>* tags) {
+    SeqModel& m = seq(s);
+    for (int j = 0; j < T; ++j) {
+      const std::int32_t t = tokens != nullptr ? tokens[j] : -1;
+      const std::uint64_t tag = tag_for(s, m.length(), t);
+      m.tags.push_back(tag);
+      m.tokens.push_back(t);
+      tags->push_back(tag);
+    }
+  }
+  /// The step that wrote s is committed (`tokens_given`: its entry carried ids).
+  void commit(int s, bool tokens_given) {
+    SeqModel& m = seq(s);
+    if (!tokens_given) m.plain = false;
+    m.peak = std::max(m.peak, m.length());
+  }
+  /// The step that wrote T positions of s ended uncommitted: they are forgotten.
+  void abandon(int s, int T) {
+    SeqModel& m = seq(s);
+    m.tags.resize(m.tags.size() - static_cast<std::size_t>(T));
+    m.tokens.resize(m.tags.size());
+  }
+  /// fork(src, dst, upto).
+  void fork(int src, int dst, int upto) {
+    SeqModel copy = seq(src);
+    copy.tags.resize(static_cast<std::size_t>(upto));
+    copy.tokens.resize(static_cast<std::size_t>(upto));
+    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
+    seq(dst) = copy;
+  }
+  /// rewind(s, n), or a remove(s, n, p1) with p1 >= length (a truncation).
+  void truncate(int s, int n) {
+    SeqModel& m = seq(s);
+    m.tags.resize(static_cast<std::size_t>(n));
+    m.tokens.resize(static_cast<std::size_t>(n));
+    m.plain = n == 0 || plain(m);
+    if (n == 0) m.peak = 0;
+  }
+  /// s after remove(s, p0, p1) of its head or middle (p1 < length): the
+  /// positions leave its history (tag 0). Not applied: the caller checks it first.
+  SeqModel removed(int s, int p0, int p1) const {
+    SeqModel after = seq(s);
+    const int end = std::min(p1, after.length());
+    for (int p = p0; p < end; ++p) after.tags[static_cast<std::size_t>(p)] = 0;
+    if (p0 < end) after.plain = false;
+    return after;
+  }
+  /// adopt_prefix(s, prompt) on an empty s returned `hit`: s holds the K/V a
+  /// fresh computation of prompt[0, hit) would.
+  void adopt(int s, const std::vector<std::int32_t>& prompt, int hit) {
+    SeqModel& m = seq(s);
+    m = SeqModel{};
+    m.active = true;
+    m.peak = hit;
+    for (int p = 0; p < hit; ++p) {
+      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
+      m.tags.push_back(prefix_tag(prompt, p));
+    }
+  }
+
+  /// A history is a plain token prefix when nothing was removed and every
+  /// token is known (the only histories whose K/V prefix reuse may share).
+  static bool plain(const SeqModel& m) {
+    for (std::size_t p = 0; p < m.tags.size(); ++p)
+      if (m.tags[p] == 0 || m.tokens[p] < 0) return false;
+    return m.plain;
+  }
+
+  /// Removed ranges that neither start at 0 nor touch another: what
+  /// batch.max_holes counts.
+  static int holes(const SeqModel& m) {
+    int n = 0;
+    std::size_t p = 0;
+    while (p < m.tags.size() && m.tags[p] == 0) ++p;
+    for (; p < m.tags.size(); ++p)
+      if (m.tags[p] == 0 && m.tags[p - 1] != 0) ++n;
+    return n;
+  }
+
+  /// Must a rewind (or fork, or truncation) of `s` to n succeed under `cfg`'s
+  /// layers and the cache's max_step `C`? Up to C back from the longest length since it last was 0 always
+  /// does, and so does n <= the smallest ring's sinks (so n = 0 too).
+  bool must_allow(const kvcore::CacheConfig& cfg, int C, int s, int n) const {
+    const SeqModel& m = seq(s);
+    if (n < 0 || n > m.length()) return false;
+    if (n >= m.peak - C) return true;
+    int sinks = INT_MAX;
+    for (const kvcore::LayerConfig& l : cfg.layers)
+      if (l.policy.kind == kvcore::LayerPolicy::Kind::Ring) sinks = std::min(sinks, l.policy.sinks);
+    return n <= sinks;
+  }
+
   /// The tag position p of `s` gets when written now with token `t` (-1: none).
   std::uint64_t tag_for(int s, int p, std::int32_t t) {
     SeqModel& m = seq(s);

@@ -55,40 +55,27 @@ class Harness {
 
   void add(int s) {
     ASSERT_TRUE(cache_->add_sequence(s).ok());
-    model_.seq(s) = SeqModel{};
-    model_.seq(s).active = true;
+    model_.add(s);
   }
   void release(int s) {
     ASSERT_TRUE(cache_->release_sequence(s).ok());
-    model_.seq(s) = SeqModel{};
+    model_.release(s);
   }
   void fork(int src, int dst, int upto) {
     const kvcore::Status st = cache_->fork(src, dst, upto);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    SeqModel copy = model_.seq(src);
-    copy.tags.resize(static_cast<std::size_t>(upto));
-    copy.tokens.resize(static_cast<std::size_t>(upto));
-    if (upto == 0) copy.plain = true;  // at length 0 a history is a plain prefix
-    model_.seq(dst) = copy;
+    model_.fork(src, dst, upto);
   }
   void remove(int s, int p0, int p1) {
     const kvcore::Status st = cache_->remove(s, p0, p1);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    SeqModel& m = model_.seq(s);
-    if (p1 >= m.length()) {
-      m.tags.resize(static_cast<std::size_t>(p0));
-      m.tokens.resize(static_cast<std::size_t>(p0));
-      return;
-    }
-    for (int p = p0; p < p1; ++p) m.tags[static_cast<std::size_t>(p)] = 0;
-    m.plain = false;
+    if (p1 >= model_.seq(s).length()) return model_.truncate(s, p0);
+    model_.seq(s) = model_.removed(s, p0, p1);
   }
   void rewind(int s, int n) {
     const kvcore::Status st = cache_->rewind(s, n);
     ASSERT_TRUE(st.ok()) << st.message().c_str();
-    model_.seq(s).tags.resize(static_cast<std::size_t>(n));
-    model_.seq(s).tokens.resize(static_cast<std::size_t>(n));
-    if (n == 0) model_.seq(s).plain = true;
+    model_.truncate(s, n);
   }
   // Adopts the longest cached prefix of `prompt`; the model takes the K/V a
   // fresh computation of that prefix would hold.
@@ -96,11 +83,7 @@ class Harness {
     auto hit = cache_->adopt_prefix(s, prompt.data(), static_cast<int>(prompt.size()));
     EXPECT_TRUE(hit.ok()) << hit.message().c_str();
     if (!hit.ok()) return -1;
-    SeqModel& m = model_.seq(s);
-    for (int p = 0; p < *hit; ++p) {
-      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
-      m.tags.push_back(BatchModel::prefix_tag(prompt, p));
-    }
+    model_.adopt(s, prompt, *hit);
     return *hit;
   }
 
@@ -121,15 +104,8 @@ class Harness {
     auto begun = cache_->begin_step(e.data(), static_cast<int>(e.size()));
     if (!begun.ok()) return std::string("begin_step: ") + begun.message().c_str();
     std::vector<std::uint64_t> tags;
-    for (const Entry& x : entries) {
-      SeqModel& m = model_.seq(x.seq);
-      for (std::int32_t t : x.tokens) {
-        const std::uint64_t tag = model_.tag_for(x.seq, m.length(), t);
-        m.tags.push_back(tag);
-        m.tokens.push_back(t);
-        tags.push_back(tag);
-      }
-    }
+    for (const Entry& x : entries)
+      model_.write(x.seq, x.tokens[0] >= 0 ? x.tokens.data() : nullptr, static_cast<int>(x.tokens.size()), &tags);
     auto plan = cache_->plan(*begun);
     if (!plan.ok()) return std::string("plan: ") + plan.message().c_str();
     if (plan_out != nullptr) *plan_out = *plan;
@@ -142,17 +118,9 @@ class Harness {
     if (commit) {
       const kvcore::Status st = cache_->commit(*begun);
       if (!st.ok()) return std::string("commit: ") + st.message().c_str();
-      for (const Entry& x : entries) {
-        SeqModel& m = model_.seq(x.seq);
-        if (x.tokens[0] < 0) m.plain = false;
-        m.peak = std::max(m.peak, m.length());
-      }
+      for (const Entry& x : entries) model_.commit(x.seq, x.tokens[0] >= 0);
     } else {
-      for (const Entry& x : entries) {
-        SeqModel& m = model_.seq(x.seq);
-        m.tags.resize(m.tags.size() - x.tokens.size());
-        m.tokens.resize(m.tags.size());
-      }
+      for (const Entry& x : entries) model_.abandon(x.seq, static_cast<int>(x.tokens.size()));
     }
     return diff;
   }

@@ -69,7 +69,6 @@ TEST(BatchTableRows, DefaultRowIsTheSequenceId) {
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(cache->max_active_seqs(), 6);
   EXPECT_EQ(cache->free_table_rows(), 6);
-  for (int s = 0; s < 6; ++s) EXPECT_EQ(cache->table_rows()[s], s);
   ASSERT_TRUE(cache->add_sequence(3).ok());
   const StepEntry e{3, 2, nullptr};
   auto step = cache->begin_step(&e, 1);
@@ -77,6 +76,39 @@ TEST(BatchTableRows, DefaultRowIsTheSequenceId) {
   const BatchStepPlan plan = *cache->plan(*step);
   EXPECT_EQ(plan.table_rows[3], 3);
   EXPECT_EQ(kvcore::table_row(plan, 0, 0), plan.groups[0].block_tables + 3 * plan.groups[0].table_stride);
+}
+
+// docs/batch.md sections 2 and 4, one rule with or without the bound:
+// free_table_rows() is max_active_seqs() less the active sequences, and
+// table_rows() is -1 for an inactive id (an active one's row is its id by
+// default). Before issue 27 the default counted max_seqs and named every id.
+TEST(BatchTableRows, WithoutTheBoundFreeRowsCountTheInactiveAndInactiveIdsHaveNoRow) {
+  for (const int active : {0, 6}) {  // 0: the default, max_seqs
+    auto cache = make(two_groups(active));
+    ASSERT_NE(cache, nullptr);
+    auto rows = [&] { return std::vector<int>(cache->table_rows(), cache->table_rows() + 6); };
+    EXPECT_EQ(rows(), std::vector<int>(6, -1));
+    EXPECT_EQ(cache->free_table_rows(), 6);
+    ASSERT_TRUE(cache->add_sequence(3).ok());
+    ASSERT_TRUE(cache->add_sequence(0).ok());
+    EXPECT_EQ(cache->free_table_rows(), 4);
+    EXPECT_EQ(rows(), (std::vector<int>{0, -1, -1, 3, -1, -1}));
+    ASSERT_TRUE(cache->fork(3, 5, 0).ok());  // into an inactive id: it becomes active
+    ASSERT_TRUE(cache->fork(3, 0, 0).ok());  // into an active, empty one: no row taken
+    EXPECT_EQ(cache->free_table_rows(), 3);
+    EXPECT_EQ(rows(), (std::vector<int>{0, -1, -1, 3, -1, 5}));
+    ASSERT_TRUE(cache->release_sequence(3).ok());
+    EXPECT_EQ(cache->free_table_rows(), 4);
+    EXPECT_EQ(rows(), (std::vector<int>{0, -1, -1, -1, -1, 5}));
+    EXPECT_EQ(cache->add_sequence(5).code(), Error::InvalidState);  // refused: nothing changes
+    EXPECT_EQ(cache->free_table_rows(), 4);
+    for (int s : {1, 2, 3, 4}) ASSERT_TRUE(cache->add_sequence(s).ok());
+    EXPECT_EQ(cache->free_table_rows(), 0);
+    EXPECT_EQ(rows(), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+    cache->clear();
+    EXPECT_EQ(cache->free_table_rows(), 6);
+    EXPECT_EQ(rows(), std::vector<int>(6, -1));
+  }
 }
 
 TEST(BatchTableRows, ActiveSequencesTakeAndGiveBackRows) {

@@ -10,7 +10,7 @@
 
 #include "../fuzz/plan_fuzzer.cpp"
 
-#include "support/corpus_files.h"
+#include "support/corpus_replay.h"
 
 #ifndef KVCORE_FUZZ_CORPUS_DIR
 #error "tests/cpp/CMakeLists.txt defines KVCORE_FUZZ_CORPUS_DIR"
@@ -18,26 +18,13 @@
 
 namespace {
 
-using kvcore_test::corpus_files;
-using kvcore_test::read_file;
+using kvcore_test::replay_corpus;
 
 TEST(FuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
-  const std::vector<std::string> files = corpus_files(KVCORE_FUZZ_CORPUS_DIR);
-  ASSERT_GE(files.size(), 50u) << "the corpus at " << KVCORE_FUZZ_CORPUS_DIR << " is missing or tiny";
   kvcore_fuzz::Coverage cov;
-  kvcore_fuzz::coverage() = &cov;
-  int failures = 0;
-  for (const std::string& path : files) {
-    std::vector<std::uint8_t> data;
-    ASSERT_TRUE(read_file(path, &data)) << path;
-    const std::string err = kvcore_fuzz::run_plan_fuzz(data.data(), data.size());
-    if (!err.empty()) {
-      ADD_FAILURE() << path << " (rerun: plan_fuzzer " << path << "): " << err;
-      if (++failures == 5) break;
-    }
-  }
-  kvcore_fuzz::coverage() = nullptr;
-  EXPECT_EQ(cov.inputs, static_cast<long>(files.size()));
+  const long inputs = replay_corpus(KVCORE_FUZZ_CORPUS_DIR, "plan_fuzzer", kvcore_fuzz::run_plan_fuzz,
+                                    kvcore_fuzz::coverage(), &cov, 50u);
+  EXPECT_EQ(cov.inputs, inputs);
   EXPECT_GT(cov.invalid_configs, 0);
   EXPECT_GT(cov.small_caches, 0);
   EXPECT_GT(cov.huge_caches, 0);

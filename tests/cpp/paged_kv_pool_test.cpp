@@ -28,6 +28,7 @@
 #include "kvcore/pool/paged_kv_pool.h"
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
+#include "support/random_ops.h"
 
 namespace kvcore_test {
 namespace {
@@ -213,18 +214,9 @@ class Driver {
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
   void run(int ops) {
-    for (int op = 0; op < ops && !::testing::Test::HasFailure(); ++op) {
-      const int what = pick(0, 99);
-      SCOPED_TRACE("op " + std::to_string(op) + " (" + std::to_string(what) + ")");
-      if (what < 8) add();
-      else if (what < 11) release();
-      else if (what < 58) step();
-      else if (what < 70) fork();
-      else if (what < 78) remove();
-      else if (what < 88) rewind();
-      else if (what < 98) adopt();
-      else clear();
-    }
+    run_random_ops<Driver>(*this, ops,
+                           {{8, &Driver::add}, {11, &Driver::release}, {58, &Driver::step}, {70, &Driver::fork},
+                            {78, &Driver::remove}, {88, &Driver::rewind}, {98, &Driver::adopt}, {100, &Driver::clear}});
   }
 
   int steps = 0, copies = 0, hits = 0, abandoned = 0, forks = 0, removals = 0, growths = 0;
@@ -232,23 +224,14 @@ class Driver {
  private:
   int any_seq() { return pick(0, cfg_.batch.max_seqs - 1); }
 
-  static bool plain(const SeqModel& m) {
-    for (std::size_t p = 0; p < m.tags.size(); ++p)
-      if (m.tags[p] == 0 || m.tokens[p] < 0) return false;
-    return m.plain;
-  }
-
   void add() {
     const int s = any_seq();
-    if (cache_->add_sequence(s).ok()) {
-      model_.seq(s) = SeqModel{};
-      model_.seq(s).active = true;
-    }
+    if (cache_->add_sequence(s).ok()) model_.add(s);
   }
 
   void release() {
     const int s = any_seq();
-    if (cache_->release_sequence(s).ok()) model_.seq(s) = SeqModel{};
+    if (cache_->release_sequence(s).ok()) model_.release(s);
   }
 
   void step() {
@@ -268,16 +251,7 @@ class Driver {
     auto begun = cache_->begin_step(entries.data(), static_cast<int>(entries.size()));
     if (!begun.ok()) return;  // capacity or a short pool: refused whole, nothing changed
     std::vector<std::uint64_t> tags;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      SeqModel& m = model_.seq(entries[i].seq);
-      for (int j = 0; j < entries[i].T; ++j) {
-        const std::int32_t t = entries[i].tokens != nullptr ? tokens[i][static_cast<std::size_t>(j)] : -1;
-        const std::uint64_t tag = model_.tag_for(entries[i].seq, m.length(), t);
-        m.tags.push_back(tag);
-        m.tokens.push_back(t);
-        tags.push_back(tag);
-      }
-    }
+    for (const StepEntry& e : entries) model_.write(e.seq, e.tokens, e.T, &tags);
     auto plan = cache_->plan(*begun);
     ASSERT_TRUE(plan.ok()) << plan.message().c_str();
     for (int g = 0; g < plan->n_groups; ++g) copies += plan->groups[g].n_copies;
@@ -294,56 +268,36 @@ class Driver {
     ++steps;
     if (pick(0, 9) < 8) {
       ASSERT_TRUE(cache_->commit(*begun).ok());
-      for (const StepEntry& e : entries)
-        if (e.tokens == nullptr) model_.seq(e.seq).plain = false;
+      for (const StepEntry& e : entries) model_.commit(e.seq, e.tokens != nullptr);
     } else {  // abandoned: the rows were written, the lengths stay
       ++abandoned;
-      for (const StepEntry& e : entries) {
-        SeqModel& m = model_.seq(e.seq);
-        m.tags.resize(m.tags.size() - static_cast<std::size_t>(e.T));
-        m.tokens.resize(m.tags.size());
-      }
+      for (const StepEntry& e : entries) model_.abandon(e.seq, e.T);
     }
   }
 
   void fork() {
     const int src = any_seq(), dst = any_seq();
-    const SeqModel& m = model_.seq(src);
-    const int upto = pick(0, m.length());
+    const int upto = pick(0, model_.seq(src).length());
     if (!cache_->fork(src, dst, upto).ok()) return;
-    SeqModel copy = m;
-    copy.tags.resize(static_cast<std::size_t>(upto));
-    copy.tokens.resize(static_cast<std::size_t>(upto));
-    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
-    model_.seq(dst) = copy;
+    model_.fork(src, dst, upto);
     ++forks;
   }
 
   void remove() {
     const int s = any_seq();
-    SeqModel& m = model_.seq(s);
-    const int L = m.length();
+    const int L = model_.seq(s).length();
     const int p0 = pick(0, 3) == 0 ? 0 : pick(0, L), p1 = pick(p0, L + 2);
     if (!cache_->remove(s, p0, p1).ok()) return;
     ++removals;
-    if (p1 >= L && p0 < L) {  // a truncation
-      m.tags.resize(static_cast<std::size_t>(p0));
-      m.tokens.resize(static_cast<std::size_t>(p0));
-      m.plain = p0 == 0 || plain(m);
-      return;
-    }
-    for (int p = p0; p < std::min(p1, L); ++p) m.tags[static_cast<std::size_t>(p)] = 0;
-    if (p0 < std::min(p1, L)) m.plain = false;
+    if (p1 >= L && p0 < L) return model_.truncate(s, p0);
+    model_.seq(s) = model_.removed(s, p0, p1);
   }
 
   void rewind() {
     const int s = any_seq();
-    SeqModel& m = model_.seq(s);
-    const int n = m.length() - pick(0, cache_->max_step() + 2);
+    const int n = model_.seq(s).length() - pick(0, cache_->max_step() + 2);
     if (!cache_->rewind(s, n).ok()) return;
-    m.tags.resize(static_cast<std::size_t>(n));
-    m.tokens.resize(static_cast<std::size_t>(n));
-    m.plain = n == 0 || plain(m);
+    model_.truncate(s, n);
   }
 
   // A fresh sequence adopts a prompt built from another's tokens.
@@ -353,8 +307,7 @@ class Driver {
       ASSERT_TRUE(cache_->release_sequence(s).ok());
     }
     ASSERT_TRUE(cache_->add_sequence(s).ok());
-    model_.seq(s) = SeqModel{};
-    model_.seq(s).active = true;
+    model_.add(s);
     std::vector<std::int32_t> prompt;
     const SeqModel& from = model_.seq(any_seq());
     for (std::int32_t t : from.tokens) prompt.push_back(t < 0 ? 0 : t);
@@ -363,17 +316,13 @@ class Driver {
     if (static_cast<int>(prompt.size()) > cfg_.capacity) prompt.resize(static_cast<std::size_t>(cfg_.capacity));
     auto hit = cache_->adopt_prefix(s, prompt.data(), static_cast<int>(prompt.size()));
     ASSERT_TRUE(hit.ok()) << hit.message().c_str();
-    SeqModel& m = model_.seq(s);
-    for (int p = 0; p < *hit; ++p) {
-      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
-      m.tags.push_back(BatchModel::prefix_tag(prompt, p));  // what a fresh computation would hold
-    }
+    model_.adopt(s, prompt, *hit);  // what a fresh computation would hold
     hits += *hit > 0;
   }
 
   void clear() {
     cache_->clear();
-    for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_.seq(s) = SeqModel{};
+    model_.clear();
   }
 
   CacheConfig cfg_;
@@ -407,11 +356,8 @@ CacheConfig random_config(std::mt19937& rng) {
 
 TEST(PagedKVPool, RandomWorkloadsGatherAndMaskExactlyTheVisibleBytes) {
   int steps = 0, copies = 0, hits = 0, abandoned = 0, forks = 0, removals = 0, growths = 0;
-  // KVCORE_PAGED_SEED=N runs that seed alone.
-  const char* only = std::getenv("KVCORE_PAGED_SEED");
-  const std::uint32_t first = only != nullptr ? static_cast<std::uint32_t>(std::atoi(only)) : 1;
-  const std::uint32_t last = only != nullptr ? first : 200;
-  for (std::uint32_t seed = first; seed <= last && !HasFailure(); ++seed) {
+  const Seeds seeds = seeds_from_env("KVCORE_PAGED_SEED", 200);  // KVCORE_PAGED_SEED=N runs that seed alone
+  for (std::uint32_t seed = seeds.first; seed <= seeds.last && !HasFailure(); ++seed) {
     std::mt19937 rng(seed);
     const CacheConfig cfg = random_config(rng);
     SCOPED_TRACE("seed " + std::to_string(seed) + ": B " + std::to_string(cfg.batch.block_size) + ", capacity " +
@@ -426,7 +372,7 @@ TEST(PagedKVPool, RandomWorkloadsGatherAndMaskExactlyTheVisibleBytes) {
     removals += d.removals;
     growths += d.growths;
   }
-  if (only != nullptr) return;
+  if (seeds.first == seeds.last) return;  // one seed: no totals to hold
   std::printf("%d steps checked on two pools: %d block copies, %d prefix hits, %d abandoned steps, %d forks, "
               "%d removals, %d growths\n",
               steps, copies, hits, abandoned, forks, removals, growths);

@@ -10,7 +10,7 @@
 #define KVCORE_FUZZ_NO_ENTRY_POINT
 #include "../fuzz/tree_fuzzer.cpp"
 
-#include "support/corpus_files.h"
+#include "support/corpus_replay.h"
 
 #ifndef KVCORE_TREE_FUZZ_CORPUS_DIR
 #error "tests/cpp/CMakeLists.txt defines KVCORE_TREE_FUZZ_CORPUS_DIR"
@@ -18,26 +18,13 @@
 
 namespace {
 
-using kvcore_test::corpus_files;
-using kvcore_test::read_file;
+using kvcore_test::replay_corpus;
 
 TEST(TreeFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
-  const std::vector<std::string> files = corpus_files(KVCORE_TREE_FUZZ_CORPUS_DIR);
-  ASSERT_GE(files.size(), 20u) << "the corpus at " << KVCORE_TREE_FUZZ_CORPUS_DIR << " is missing or tiny";
   kvcore_tree_fuzz::Coverage cov;
-  kvcore_tree_fuzz::coverage() = &cov;
-  int failures = 0;
-  for (const std::string& path : files) {
-    std::vector<std::uint8_t> data;
-    ASSERT_TRUE(read_file(path, &data)) << path;
-    const std::string err = kvcore_tree_fuzz::run_tree_fuzz(data.data(), data.size());
-    if (!err.empty()) {
-      ADD_FAILURE() << path << " (rerun: tree_fuzzer " << path << "): " << err;
-      if (++failures == 5) break;
-    }
-  }
-  kvcore_tree_fuzz::coverage() = nullptr;
-  EXPECT_EQ(cov.inputs, static_cast<long>(files.size()));
+  const long inputs = replay_corpus(KVCORE_TREE_FUZZ_CORPUS_DIR, "tree_fuzzer", kvcore_tree_fuzz::run_tree_fuzz,
+                                    kvcore_tree_fuzz::coverage(), &cov, 20u);
+  EXPECT_EQ(cov.inputs, inputs);
   EXPECT_GT(cov.twin.trees, 0);
   EXPECT_GT(cov.twin.off_main, 0);
   EXPECT_GT(cov.twin.copies, 0);

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "fuzz_bytes.h"
+#include "fuzz_harness.h"
 #include "kvcore/batch/batch_cache.h"
 #include "../cpp/batch_reference.h"
 
@@ -83,10 +84,7 @@ struct Coverage {
 };
 
 /// When set, every input adds to it (the replay test reads it).
-inline Coverage*& coverage() {
-  static Coverage* c = nullptr;
-  return c;
-}
+inline Coverage*& coverage() { return kvcore_fuzz_input::coverage_slot<Coverage>(); }
 
 namespace detail {
 
@@ -404,33 +402,9 @@ class Harness {
     return false;
   }
 
-  // Must a rewind (or fork) of `s` to n succeed? Up to max_step back from the
-  // longest length since it last was 0, and down to the smallest ring's sinks.
-  bool must_allow(int s, int n) const {
-    const SeqModel& m = model_->seq(s);
-    if (n < 0 || n > m.length()) return false;
-    if (n == 0 || n >= m.peak - C_) return true;
-    int sinks = INT_MAX;
-    for (const LayerConfig& l : cfg_.layers)
-      if (l.policy.kind == LayerPolicy::Kind::Ring) sinks = std::min(sinks, l.policy.sinks);
-    return n <= sinks;
-  }
-
-  static bool plain(const SeqModel& m) {
-    for (std::size_t p = 0; p < m.tags.size(); ++p)
-      if (m.tags[p] == 0 || m.tokens[p] < 0) return false;
-    return m.plain;
-  }
-
-  // Removed ranges that neither start at 0 nor touch another: what max_holes counts.
-  static int holes(const SeqModel& m) {
-    int n = 0;
-    std::size_t p = 0;
-    while (p < m.tags.size() && m.tags[p] == 0) ++p;
-    for (; p < m.tags.size(); ++p)
-      if (m.tags[p] == 0 && m.tags[p - 1] != 0) ++n;
-    return n;
-  }
+  // Must a rewind (or fork) of `s` to n succeed? The model's rule.
+  bool must_allow(int s, int n) const { return model_->must_allow(cfg_, C_, s, n); }
+  static int holes(const SeqModel& m) { return BatchModel::holes(m); }
 
   std::string invariants() {
     for (int s = 0; s < cfg_.batch.max_seqs; ++s) {
@@ -520,8 +494,7 @@ class Harness {
     if (!in_range(s)) return refused(st, Error::InvalidArgument, before);
     if (model_->seq(s).active) return refused(st, Error::InvalidState, before);
     FUZZ_REQUIRE(st.ok(), outcome(st));
-    model_->seq(s) = SeqModel{};
-    model_->seq(s).active = true;
+    model_->add(s);
     prefix_->add(s);
     return verb_done();
   }
@@ -534,7 +507,7 @@ class Harness {
     Error code;
     if (seq_refusal(s, &code)) return refused(st, code, before);
     FUZZ_REQUIRE(st.ok(), outcome(st));
-    model_->seq(s) = SeqModel{};
+    model_->release(s);
     prefix_->release(s);
     return verb_done();
   }
@@ -619,16 +592,9 @@ class Harness {
     // The model writes the step (undone below when it is not committed).
     std::vector<std::uint64_t> token_tags;
     int total = 0;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      SeqModel& m = model_->seq(entries[i].seq);
-      for (int j = 0; j < entries[i].T; ++j) {
-        const std::int32_t t = entries[i].tokens != nullptr ? tokens[i][static_cast<std::size_t>(j)] : -1;
-        const std::uint64_t tag = model_->tag_for(entries[i].seq, m.length(), t);
-        m.tags.push_back(tag);
-        m.tokens.push_back(t);
-        token_tags.push_back(tag);
-      }
-      total += entries[i].T;
+    for (const StepEntry& e : entries) {
+      model_->write(e.seq, e.tokens, e.T, &token_tags);
+      total += e.T;
     }
     auto plan = cache_->plan(*begun);
     FUZZ_REQUIRE(plan.ok(), "plan of the begun step: " + outcome(plan.status()));
@@ -655,21 +621,13 @@ class Harness {
     if (how >= 2 && in_.percent(80)) {
       FUZZ_REQUIRE(cache_->commit(*begun).ok(), "commit of the begun step");
       prefix_->commit();
-      for (const StepEntry& e : entries) {
-        SeqModel& m = model_->seq(e.seq);
-        if (e.tokens == nullptr) m.plain = false;
-        m.peak = std::max(m.peak, m.length());
-      }
+      for (const StepEntry& e : entries) model_->commit(e.seq, e.tokens != nullptr);
       FUZZ_REQUIRE(cache_->commit(*begun).code() == Error::InvalidState, "a second commit");
       bump(&Coverage::steps_committed);
       return "";
     }
     // Left begun: the model forgets it (a retry, a verb or clear ends it).
-    for (const StepEntry& e : entries) {
-      SeqModel& m = model_->seq(e.seq);
-      m.tags.resize(m.tags.size() - static_cast<std::size_t>(e.T));
-      m.tokens.resize(m.tags.size());
-    }
+    for (const StepEntry& e : entries) model_->abandon(e.seq, e.T);
     if (how < 2) bump(&Coverage::steps_abandoned_unrun);
     step_open_ = true;
     open_step_ = *begun;
@@ -694,11 +652,7 @@ class Harness {
     if (must_allow(src, upto)) FUZZ_REQUIRE(can, "can_rewind refuses a fork the rule allows");
     if (!can) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
     FUZZ_REQUIRE(st.ok(), outcome(st));
-    SeqModel copy = model_->seq(src);
-    copy.tags.resize(static_cast<std::size_t>(upto));
-    copy.tokens.resize(static_cast<std::size_t>(upto));
-    copy.plain = upto == 0 || plain(copy);  // at length 0 a history is a plain prefix
-    model_->seq(dst) = copy;
+    model_->fork(src, dst, upto);
     prefix_->fork(src, dst, upto);
     bump(&Coverage::forks);
     return verb_done();
@@ -723,16 +677,11 @@ class Harness {
       if (must_allow(s, p0)) FUZZ_REQUIRE(can_truncate, "can_rewind refuses a truncation the rule allows");
       if (!can_truncate && p0 != 0) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
       FUZZ_REQUIRE(st.ok(), outcome(st));
-      m.tags.resize(static_cast<std::size_t>(p0));
-      m.tokens.resize(static_cast<std::size_t>(p0));
-      m.plain = p0 == 0 || plain(m);
-      if (p0 == 0) m.peak = 0;
+      model_->truncate(s, p0);
       prefix_->rewind(s, p0);
       return verb_done();
     }
-    SeqModel after = m;
-    for (int p = p0; p < std::min(p1, L); ++p) after.tags[static_cast<std::size_t>(p)] = 0;
-    if (p0 < std::min(p1, L)) after.plain = false;
+    const SeqModel after = model_->removed(s, p0, p1);
     if (holes(after) > cfg_.batch.max_holes) return refused(st, Error::OutOfResources, before, &Coverage::holes_refused);
     FUZZ_REQUIRE(st.ok(), outcome(st));
     if (p0 > 0 && p0 < std::min(p1, L)) bump(&Coverage::middle_removals);
@@ -761,11 +710,7 @@ class Harness {
     if (must_allow(s, n)) FUZZ_REQUIRE(can, "can_rewind refuses a rewind the rule allows");
     if (!can) return refused(st, Error::InvalidState, before, &Coverage::rule_refusals);
     FUZZ_REQUIRE(st.ok(), outcome(st));
-    SeqModel& m = model_->seq(s);
-    m.tags.resize(static_cast<std::size_t>(n));
-    m.tokens.resize(static_cast<std::size_t>(n));
-    m.plain = n == 0 || plain(m);
-    if (n == 0) m.peak = 0;
+    model_->truncate(s, n);
     prefix_->rewind(s, n);
     return verb_done();
   }
@@ -777,8 +722,7 @@ class Harness {
       last_op_ = "make " + str(s) + " fresh";
       if (model_->seq(s).active) FUZZ_REQUIRE(cache_->release_sequence(s).ok(), "release");
       FUZZ_REQUIRE(cache_->add_sequence(s).ok(), "add");
-      model_->seq(s) = SeqModel{};
-      model_->seq(s).active = true;
+      model_->add(s);
       prefix_->release(s);
       const std::string err = verb_done();
       if (!err.empty()) return err;
@@ -815,13 +759,7 @@ class Harness {
     FUZZ_REQUIRE(h == longest, "hit " + str(h) + ", the longest cached prefix is " + str(longest));
     FUZZ_REQUIRE(h % cfg_.batch.block_size == 0 && h <= std::max(0, n - 1) && cache_->sequence(s)->length == h,
                  "hit " + str(h));
-    m = SeqModel{};
-    m.active = true;
-    m.peak = h;
-    for (int p = 0; p < h; ++p) {
-      m.tokens.push_back(prompt[static_cast<std::size_t>(p)]);
-      m.tags.push_back(BatchModel::prefix_tag(prompt, p));  // what a fresh computation would hold
-    }
+    model_->adopt(s, prompt, h);  // what a fresh computation would hold
     if (h > 0) bump(&Coverage::prefix_hits);
     return verb_done();
   }
@@ -829,7 +767,7 @@ class Harness {
   std::string clear() {
     last_op_ = "clear";
     cache_->clear();
-    for (int s = 0; s < cfg_.batch.max_seqs; ++s) model_->seq(s) = SeqModel{};
+    model_->clear();
     prefix_->clear();
     for (int g = 0; g < cache_->n_groups(); ++g)
       FUZZ_REQUIRE(*cache_->free_blocks(g) == *cache_->num_blocks(g) && *cache_->cached_blocks(g) == 0, "clear");
@@ -1106,21 +1044,9 @@ class Harness {
 
 /// Runs one input; "" when everything held, else the first violation.
 inline std::string run_batch_fuzz(const std::uint8_t* data, std::size_t size) {
-  if (coverage() != nullptr) ++coverage()->inputs;
-  detail::Bytes in(data, size, detail::kEdges);
-  detail::Harness harness(in);
-  return harness.run();
+  return kvcore_fuzz_input::run_input<detail::Harness>(coverage(), detail::kEdges, data, size);
 }
 
 }  // namespace kvcore_batch_fuzz
 
-#ifndef KVCORE_FUZZ_NO_ENTRY_POINT
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string err = kvcore_batch_fuzz::run_batch_fuzz(data, size);
-  if (!err.empty()) {
-    std::fprintf(stderr, "batch_fuzzer: %s\n", err.c_str());
-    std::abort();
-  }
-  return 0;
-}
-#endif
+KVCORE_FUZZ_ENTRY_POINT("batch_fuzzer", kvcore_batch_fuzz::run_batch_fuzz)

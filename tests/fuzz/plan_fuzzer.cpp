@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "fuzz_bytes.h"
+#include "fuzz_harness.h"
 #include "kvcore/pool/kv_pool.h"
 #include "kvcore/core/sequence_cache.h"
 #include "../cpp/reference.h"
@@ -75,10 +76,7 @@ struct Coverage {
 };
 
 /// When set, every input adds to it (the replay test reads it).
-inline Coverage*& coverage() {
-  static Coverage* c = nullptr;
-  return c;
-}
+inline Coverage*& coverage() { return kvcore_fuzz_input::coverage_slot<Coverage>(); }
 
 namespace detail {
 
@@ -1082,19 +1080,9 @@ class Harness {
 
 /// Runs one input; "" when everything held, else the first violation.
 inline std::string run_plan_fuzz(const std::uint8_t* data, std::size_t size) {
-  if (coverage() != nullptr) ++coverage()->inputs;
-  detail::Bytes in(data, size, detail::kEdges);
-  detail::Harness harness(in);
-  return harness.run();
+  return kvcore_fuzz_input::run_input<detail::Harness>(coverage(), detail::kEdges, data, size);
 }
 
 }  // namespace kvcore_fuzz
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string err = kvcore_fuzz::run_plan_fuzz(data, size);
-  if (!err.empty()) {
-    std::fprintf(stderr, "plan_fuzzer: %s\n", err.c_str());
-    std::abort();
-  }
-  return 0;
-}
+KVCORE_FUZZ_ENTRY_POINT("plan_fuzzer", kvcore_fuzz::run_plan_fuzz)

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fuzz_bytes.h"
+#include "fuzz_harness.h"
 #include "kvcore/batch/batch_cache.h"
 #include "../cpp/batch_reference.h"
 #include "../cpp/batch_tree_reference.h"
@@ -47,10 +48,7 @@ struct Coverage {
   long raw_paths_refused = 0;
   long raw_paths_taken = 0;
 };
-inline Coverage*& coverage() {
-  static Coverage* c = nullptr;
-  return c;
-}
+inline Coverage*& coverage() { return kvcore_fuzz_input::coverage_slot<Coverage>(); }
 
 inline CacheConfig config_from(Bytes& in) {
   static const int kBlocks[5] = {1, 2, 4, 16, 64};
@@ -145,13 +143,4 @@ inline std::string run_tree_fuzz(const std::uint8_t* data, std::size_t size) {
 
 }  // namespace kvcore_tree_fuzz
 
-#ifndef KVCORE_FUZZ_NO_ENTRY_POINT
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string err = kvcore_tree_fuzz::run_tree_fuzz(data, size);
-  if (!err.empty()) {
-    std::fprintf(stderr, "tree_fuzzer: %s\n", err.c_str());
-    std::abort();
-  }
-  return 0;
-}
-#endif
+KVCORE_FUZZ_ENTRY_POINT("tree_fuzzer", kvcore_tree_fuzz::run_tree_fuzz)

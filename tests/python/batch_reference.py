@@ -61,6 +61,19 @@ Entry = tuple[int, int, "Sequence[int] | None"]  # (seq, T, tokens or None)
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
 
+def observable(c: Any) -> tuple[Any, ...]:
+    """What a refused call of a kvcore.BatchCache `c` must leave as it was (docs/batch.md
+    section 3: "each failing call changes nothing"), as its queries show it: each sequence's
+    state, the blocks it holds per group, each group's free, cached and used blocks, and the
+    free table rows. The tests that check a refusal compare it before and after (adding what
+    they hold besides: a begun step, its tables)."""
+    seqs, groups = range(c.max_seqs), range(c.n_groups)
+    infos = tuple((i.active, i.length, i.visible_start, tuple(i.holes)) for i in map(c.sequence, seqs))
+    held = tuple(c.blocks_held(s, g) for s in seqs for g in groups)
+    counts = tuple((c.free_blocks(g), c.cached_blocks(g), c.used_blocks(g)) for g in groups)
+    return infos, held, counts, c.free_table_rows
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

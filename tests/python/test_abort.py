@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import kvcore
+from batch_reference import observable
 
 
 def batch_cache() -> kvcore.BatchCache:
@@ -24,11 +25,8 @@ def batch_cache() -> kvcore.BatchCache:
 
 
 def batch_state(c: kvcore.BatchCache) -> tuple[Any, ...]:
-    infos = tuple((i.active, i.length, i.visible_start, tuple(i.holes)) for i in map(c.sequence, range(c.max_seqs)))
-    held = tuple(c.blocks_held(s, g) for s in range(c.max_seqs) for g in range(c.n_groups))
-    counts = tuple((c.free_blocks(g), c.cached_blocks(g)) for g in range(c.n_groups))
     rewinds = tuple(c.can_rewind(s, n) for s in range(c.max_seqs) for n in range(-1, c.length(s) + 2))
-    return infos, held, counts, rewinds
+    return observable(c), rewinds
 
 
 def seq_cache() -> kvcore.SequenceCache:

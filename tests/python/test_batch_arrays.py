@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import kvcore
+from batch_reference import observable
 
 RING = kvcore.Ring(window=3, sinks=1)
 
@@ -42,10 +43,7 @@ def made() -> kvcore.BatchCache:
 
 
 def state(c: kvcore.BatchCache) -> tuple[Any, ...]:
-    infos = tuple((i.active, i.length, i.visible_start, tuple(i.holes)) for i in map(c.sequence, range(4)))
-    counts = tuple((c.free_blocks(g), c.cached_blocks(g), c.used_blocks(g)) for g in range(2))
-    held = tuple(c.blocks_held(s, g) for s in range(4) for g in range(2))
-    return infos, counts, held
+    return observable(c)
 
 
 def plan_of(step: kvcore.BatchStep) -> tuple[Any, ...]:
@@ -326,7 +324,7 @@ def test_add_and_release_sequences_match_one_by_one() -> None:
     many.release_sequences(np.array([0, 2], I32))
     many.add_sequences([3, 0])
     assert state(one) == state(many)
-    many.add_sequences(np.array([], I64))  # nothing happens
+    many.add_sequences(np.array([], I64))  # no step begun: nothing happens
     many.release_sequences([])
     assert state(one) == state(many)
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import kvcore
+from batch_reference import observable
 from blank_probe import assert_blank_objects_refuse_every_use
 
 RING = kvcore.Ring(window=3, sinks=1)
@@ -56,11 +57,7 @@ class Rig:
         self.tables = [g.block_tables for g in self.plan.groups]
 
     def state(self) -> tuple[Any, ...]:
-        c = self.cache
-        infos = tuple((i.active, i.length, i.visible_start, tuple(i.holes)) for i in map(c.sequence, range(4)))
-        counts = tuple((c.free_blocks(g), c.cached_blocks(g), c.used_blocks(g)) for g in range(2))
-        held = tuple(c.blocks_held(s, g) for s in range(4) for g in range(2))
-        return infos, counts, held, tuple(t.tobytes() for t in self.tables), self.step.is_current
+        return observable(self.cache), tuple(t.tobytes() for t in self.tables), self.step.is_current
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import kvcore
-from batch_reference import BatchModel, Entry, Pools, PrefixPools, StepPlan, ceil_div, check_step
+from batch_reference import BatchModel, Entry, Pools, PrefixPools, StepPlan, ceil_div, check_step, observable
 from hypothesis_profiles import profile_settings
 from reference import Policy, policy_of
 
@@ -180,14 +180,9 @@ class BatchMachine(RuleBasedStateMachine):
 
     def snapshot(self) -> tuple[Any, ...]:
         c = self.cache
-        infos = tuple(
-            (i.active, i.length, i.visible_start, tuple(i.holes), i.visible_positions) for i in map(c.sequence, range(c.max_seqs))
-        )
-        groups = range(c.n_groups)
-        held = tuple(c.blocks_held(s, g) for s in range(c.max_seqs) for g in groups)
-        counts = tuple((c.free_blocks(g), c.cached_blocks(g), c.used_blocks(g)) for g in groups)
+        visible = tuple(c.sequence(s).visible_positions for s in range(c.max_seqs))
         tables = tuple(t.tobytes() for t in self.tables)
-        return infos, held, counts, tables, self.open is not None and self.open.is_current
+        return observable(c), visible, tables, self.open is not None and self.open.is_current
 
     def refused(self, errors: set[str], call: Callable[[], object]) -> None:
         """`call` raises the class of one of `errors`, with a message, and changes nothing."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kvcore
+from batch_reference import observable
 
 RING = kvcore.Ring(window=3, sinks=1)
 
@@ -25,9 +26,7 @@ def config(active: int = 2) -> kvcore.CacheConfig:
 
 
 def state(c: kvcore.BatchCache) -> tuple[Any, ...]:
-    infos = tuple((i.active, i.length) for i in map(c.sequence, range(c.max_seqs)))
-    held = tuple(c.blocks_held(s, g) for s in range(c.max_seqs) for g in range(c.n_groups))
-    return infos, held, c.free_table_rows, tuple(c.free_blocks(g) for g in range(c.n_groups))
+    return observable(c)
 
 
 def test_limits_carry_the_bound() -> None:
@@ -50,7 +49,7 @@ def test_the_default_row_is_the_sequence_id() -> None:
     c.add_sequence(3)
     with c.step([(3, 2)]) as step:
         plan = step.plan()
-        assert plan.table_rows.tolist() == [0, 1, 2, 3, 4]
+        assert plan.table_rows.tolist() == [-1, -1, -1, 3, -1]  # an inactive id has no row
         assert plan.groups[0].block_tables.shape == (5, c.table_stride)
 
 
@@ -118,3 +117,24 @@ def test_many_verbs_past_the_free_rows_change_nothing() -> None:
     assert state(c) == before
     c.fork_many(0, [1, 2])  # exactly the free rows
     assert c.free_table_rows == 0
+
+
+@pytest.mark.parametrize("bound", [0, 5, 4])  # 0: the default, max_active_seqs = max_seqs = 5
+def test_free_table_rows_counts_how_many_more_may_become_active_with_or_without_the_bound(bound: int) -> None:
+    """batch.md section 2: free_table_rows is max_active_seqs less the active sequences, and
+    (section 4) table_rows is -1 for an inactive id, whatever the bound."""
+    c = kvcore.BatchCache(config(bound))
+    rows = c.max_active_seqs
+    assert c.free_table_rows == rows
+    c.add_sequences([1, 3])
+    assert c.free_table_rows == rows - 2
+    c.fork_many(3, [4])
+    assert c.free_table_rows == rows - 3
+    with c.step([(3, 1)]) as step:
+        assert step.plan().table_rows.tolist() == ([-1, 1, -1, 3, 4] if rows == 5 else [-1, 0, -1, 1, 2])
+    c.release_sequence(1)
+    assert c.free_table_rows == rows - 2
+    c.add_sequences([0, 1])
+    assert c.free_table_rows == rows - 4
+    c.clear()
+    assert c.free_table_rows == rows

@@ -127,6 +127,11 @@ def test_parallel_samples_fork_the_prompt_and_equal_greedy(arch: str, samples: i
         ids = [f"req_{i}__child#{c}" for c in range(samples - 1)] + [f"req_{i}"]
         assert [list(ours[k].generated_tokens) for k in ids] == [want] * samples
     assert counters.forks == 2 * (samples - 1)
+    # transformers prefills a request with children up to its last prompt token, forks there,
+    # and each sample computes that token for its own logits: once more per fork, nothing else
+    # twice (the fork shares every block).
+    prompt = sum(map(len, PROMPTS[:2]))
+    assert counters.prompt_tokens_computed == prompt + counters.forks - counters.prefix_hit_tokens
     assert generated(ours) == generated(transformers_own(m, PROMPTS[:2], gen))
 
 

@@ -97,7 +97,7 @@ class Pair:
             assert history or L == 0
             for c, p in history:
                 assert torch.equal(tk[:, :, at[p]], ck[:, :, c]) and torch.equal(tv[:, :, at[p]], cv[:, :, c]), (layer, p)
-        if step.is_tree:
+        if step.is_tree or len(path) < n:  # a chain given as a tree is no tree: it commits a shorter path too
             copies = step.commit(accepted=path)
             self.copies += sum(len(c) for c in copies)
             self.torch.apply_copies(copies)

@@ -82,13 +82,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// block), as a plan's GroupPlan::block_tables shows them; sequence s uses
   /// row table_rows()[s]. Precondition: a valid group.
   const int* block_tables(int group) const noexcept { return groups_[group].tables(); }
-  /// Each sequence id's row in every group's block tables (-1: inactive, no
-  /// row); row s for sequence s when max_active_seqs() == max_seqs().
+  /// Each sequence id's row in every group's block tables, -1 for an inactive
+  /// one (whatever max_active_seqs()); an active s has row s when
+  /// max_active_seqs() == max_seqs().
   const int* table_rows() const noexcept { return rows_.row_of(); }
   /// Sequences that may still become active (add_sequence, fork into an
-  /// inactive one) before one is refused for want of a table row: the free
-  /// rows, or max_seqs() when each id has its own.
-  int free_table_rows() const noexcept { return rows_.by_id() ? max_seqs_ : rows_.free_rows(); }
+  /// inactive one) before one is refused for want of a table row:
+  /// max_active_seqs() less the active sequences.
+  int free_table_rows() const noexcept { return rows_.free_rows(); }
 
   // --- BatchControl: sequence verbs ------------------------------------------
 
@@ -468,7 +469,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
   // OutOfResources unless a table row is free for `seq` to become active.
   Status check_row_free(const char* what, int seq) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(rows_.by_id() || rows_.free_rows() > 0, OutOfResources,
+    KVCORE_CHECK_OR_RETURN_ERROR(rows_.free_rows() > 0, OutOfResources,
                                  "%s(%d): %d sequences are active, batch.max_active_seqs = %d: release one "
                                  "first",
                                  what, seq, rows_.rows(), rows_.rows());

@@ -12,7 +12,10 @@ class BatchCounters:
     - ``prefix_hits``: requests that adopted a cached prompt prefix.
     - ``prefix_hit_tokens``: prompt tokens adopted, so not recomputed.
     - ``forks``: sequences forked from a parent for parallel samples (``num_return_sequences``).
-    - ``prompt_tokens_computed``: prompt tokens run through the model.
+    - ``prompt_tokens_computed``: prompt tokens run through the model. A request with parallel
+      samples counts its last prompt token once per sample (``prompt + forks``): transformers'
+      scheduler prefills all but that token, forks, and each sample computes it for its own
+      logits (kvcore's fork shares the rest, so nothing else is computed twice).
     - ``tokens_computed``: all tokens run through the model (prompt and decode).
     - ``forwards``: forwards (steps) committed.
     - ``preempted``: requests whose cache was released to let others continue (recomputed later,

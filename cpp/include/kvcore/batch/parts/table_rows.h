@@ -1,8 +1,9 @@
 // TableRows: which block table row each active sequence of a BatchCache uses
 // (the same row in every group). With as many rows as sequence ids a
-// sequence's row is its id, for good; with fewer (BatchLimits::max_active_seqs)
-// a sequence takes a free row when it becomes active and gives it back when
-// released, so the tables cost rows x ceil(capacity / B) entries per group
+// sequence's row is its id; with fewer (BatchLimits::max_active_seqs) it is a
+// free row. Either way a sequence takes its row when it becomes active and
+// gives it back when released (an inactive id has none: -1), and free_rows()
+// counts the sequences that may still become active, so the tables cost rows x ceil(capacity / B) entries per group
 // however many ids are accepted. A row given back is empty (every entry -1):
 // releasing a sequence drops each of its blocks first.
 #pragma once
@@ -39,27 +40,29 @@ class TableRows {
   bool by_id() const noexcept { return rows_ == max_seqs_; }
   /// Rows no sequence holds.
   int free_rows() const noexcept { return n_free_; }
-  /// The row of `seq`: its id when by_id(), else -1 until it takes one.
+  /// The row of `seq` (its id when by_id()), -1 until it takes one.
   int row(int seq) const noexcept { return row_of_[seq]; }
   /// Every sequence id's row (-1: none), as the plan's table_rows shows it.
   const int* row_of() const noexcept { return row_of_.get(); }
 
-  /// `seq` (holding no row) takes one. Precondition: by_id() or free_rows() > 0.
+  /// `seq` (holding no row) takes one. Precondition: free_rows() > 0.
   void take(int seq) noexcept {
-    if (!by_id()) row_of_[seq] = free_[--n_free_];
+    row_of_[seq] = by_id() ? seq : free_[n_free_ - 1];
+    --n_free_;
   }
   /// `seq` gives its row back (its entries are all -1 by then), if it holds one.
   void give(int seq) noexcept {
-    if (by_id() || row_of_[seq] < 0) return;
-    free_[n_free_++] = row_of_[seq];
+    if (row_of_[seq] < 0) return;
+    if (!by_id()) free_[n_free_] = row_of_[seq];
+    ++n_free_;
     row_of_[seq] = -1;
   }
 
-  /// Every row free (by_id(): each id keeps its own).
+  /// Every row free.
   void clear() noexcept {
-    for (int seq = 0; seq < max_seqs_; ++seq) row_of_[seq] = by_id() ? seq : -1;
+    for (int seq = 0; seq < max_seqs_; ++seq) row_of_[seq] = -1;
     // Lowest row taken first: the first sequences use the first rows.
-    n_free_ = by_id() ? 0 : rows_;
+    n_free_ = rows_;
     for (int i = 0; i < n_free_; ++i) free_[i] = rows_ - 1 - i;
   }
 
