@@ -174,7 +174,7 @@ BatchStepHandle begin(const CachePtr& c, const py::handle& entries, const py::ha
                       const py::handle& token_offsets, const py::handle& parents) {
   std::vector<kvcore::StepEntry> parsed;
   EntryStorage storage;
-  std::vector<std::int32_t> narrowed;
+  std::optional<IntArray> narrowed;  // the tokens the entries point into
   std::vector<int> parent_ids;
   if (!T.is_none()) {
     parsed = array_entries(*c, IntArray("begin_step", "seqs", entries), T, tokens, token_offsets, parents, &narrowed,
@@ -627,10 +627,10 @@ void register_batch(py::module_& m) {
       .def("adopt_prefix",
            [](Cache& c, const IntArg& seq, const py::handle& tokens) {
              const int s = to_int("seq", seq);
-             const std::vector<std::int32_t> ids = IntArray("adopt_prefix", "tokens", tokens).take_int32s();
+             IntArray ids("adopt_prefix", "tokens", tokens);
              // More than INT_MAX ids is more than any capacity: the cache refuses the clamped count.
-             const int n = static_cast<int>(std::min<std::size_t>(ids.size(), INT_MAX));
-             return unwrap(c.adopt_prefix(s, ids.data(), n));
+             const int n = static_cast<int>(std::min<py::ssize_t>(ids.size(), INT_MAX));
+             return unwrap(c.adopt_prefix(s, ids.int32s(), n));
            },
            py::arg("seq"), py::arg("tokens"),
            "An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or int64 "
