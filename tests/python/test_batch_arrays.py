@@ -459,3 +459,40 @@ def test_a_list_token_beyond_int32_is_named_on_the_fast_path_too(bad: list[int],
     assert c.sequence(0).length == 0
     with pytest.raises(TypeError, match=r"adopt_prefix: tokens\[2\] = 1.5: must be an int, got float"):
         c.adopt_prefix(0, [1, 2, 1.5])
+
+
+def test_plan_arrays_are_handed_out_again_while_nothing_changed_and_keep_the_cache_alive() -> None:
+    """A decode step's arrays are the same buffers and shapes step after step:
+    arrays() gives the same read-only views again (the same memory a fresh view
+    would show), new ones where a pointer or shape changed; the views keep the
+    cache's buffers alive after the cache object is gone, and do not keep the
+    cache object itself alive."""
+    import gc
+    import weakref
+
+    c = made()
+    seqs = np.array([0, 2], I32)
+    step = c.begin_step(seqs, 1, np.array([7, 8], I32))
+    first = step.plan().arrays()
+    step.commit()
+    step = c.begin_step(seqs, 1, np.array([9, 10], I32))
+    again = step.plan().arrays()
+    assert again is first
+    assert again[3].tolist() == [8, 2] and again[0].tolist() == [0, 2]
+    step.commit()
+    step = c.begin_step(np.array([0], I32), 1, np.array([11], I32))
+    fewer = step.plan().arrays()
+    assert fewer is not again and fewer[0].tolist() == [0] and fewer[3].tolist() == [9]
+    assert fewer[5] is again[5]  # table_rows: same buffer, same shape
+    for a in fewer[:6] + tuple(x for g in fewer[6] for x in g):
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a.setflags(write=True)
+    step.commit()
+    tables = fewer[6][0][2]
+    expected = tables.tolist()
+    alive = weakref.ref(c)
+    del c, step, first, again, fewer
+    gc.collect()
+    assert alive() is None
+    assert tables.tolist() == expected  # the buffers outlive the cache object
