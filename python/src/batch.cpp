@@ -116,6 +116,9 @@ class PlanViewMemo {
   py::object tuple_;   // the last tuple handed out, while every view in it was reused
 };
 
+// What plan.arrays() returns (its signature as the typed tuple make_tuple gives).
+using PlanArrays = py::typing::Tuple<py::array, py::array, py::array, py::array, py::array, py::array, py::tuple>;
+
 // One group's part of a plan.
 struct GroupPlanHandle {
   BatchStepHandle step;  // the step it was made for
@@ -450,7 +453,7 @@ void register_batch(py::module_& m) {
           "InvalidArgumentError: entry outside [0, n_entries). InvalidStateError: the step ended.")
       .def(
           "arrays",
-          [](const BatchPlanHandle& h) -> py::object {
+          [](const BatchPlanHandle& h) -> PlanArrays {
             const kvcore::BatchStepPlan& p = current(h);
             const py::object owner = py::cast(h.step.cache);
             PlanViewMemo& memo = PlanViewMemo::of(h.step.cache, owner);
@@ -474,12 +477,15 @@ void register_batch(py::module_& m) {
               per_group[3 * g + 1] = one(gp.copies, gp.n_copies, 2);
               per_group[3 * g + 2] = one(gp.block_tables, rows, gp.table_stride);
             }
-            if (reused && memo.tuple()) return memo.tuple();
+            if (reused && memo.tuple()) return py::reinterpret_borrow<PlanArrays>(memo.tuple());
             py::tuple groups(p.n_groups);
             for (int g = 0; g < p.n_groups; ++g)
               groups[g] = py::make_tuple(per_group[3 * g], per_group[3 * g + 1], per_group[3 * g + 2]);
-            memo.tuple() = py::make_tuple(v[0], v[1], v[2], v[3], v[4], v[5], std::move(groups));
-            return memo.tuple();
+            memo.tuple() = py::make_tuple(py::reinterpret_borrow<py::array>(v[0]), py::reinterpret_borrow<py::array>(v[1]),
+                                          py::reinterpret_borrow<py::array>(v[2]), py::reinterpret_borrow<py::array>(v[3]),
+                                          py::reinterpret_borrow<py::array>(v[4]), py::reinterpret_borrow<py::array>(v[5]),
+                                          std::move(groups));
+            return py::reinterpret_borrow<PlanArrays>(memo.tuple());
           },
           "Every array of the plan in one call, as the properties give them (the same "
           "read-only views of the cache's buffers, no copy): (seq_ids, query_starts, "
