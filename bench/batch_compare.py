@@ -94,8 +94,9 @@ def run_python(quick: bool) -> dict:
     return run_json([sys.executable, os.path.join(HERE, "batch_python.py")], quick)
 
 
-def run_vllm(python: str, groups: str, quick: bool) -> dict:
-    return run_json([python, os.path.join(HERE, "vllm_manager.py"), "--groups", groups], quick)
+def run_vllm(python: str, groups: str, quick: bool, python_only: bool = False) -> dict:
+    extra = ["--seqs", "16,64,256", "--skip", "ring"] if python_only else []  # what batch_python.py measures
+    return run_json([python, os.path.join(HERE, "vllm_manager.py"), "--groups", groups] + extra, quick)
 
 
 def med(values):
@@ -122,11 +123,16 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one round, tiny sizes (smoke run)")
     ap.add_argument("--python", action="store_true",
                     help="also kvcore from Python (bench/batch_python.py) in every round")
+    ap.add_argument("--python-only", action="store_true",
+                    help="kvcore from Python against vLLM only (no kvcore_bench: no C++ columns; "
+                         "vLLM without the ring workload)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.reps, args.min_time = 1, 1, 0.001
 
-    if not os.access(args.kvcore_bench, os.X_OK):
+    if args.python_only:
+        args.python = True
+    elif not os.access(args.kvcore_bench, os.X_OK):
         print(f"{args.kvcore_bench} not found: build it (cmake --build build/bench "
               "--target kvcore_bench)", file=sys.stderr)
         return 2
@@ -142,7 +148,7 @@ def main() -> int:
     load = [loadavg()]
     rounds = []
     for i in range(args.rounds):
-        order = ["kvcore"] + (["python"] if args.python else []) + groupings
+        order = ([] if args.python_only else ["kvcore"]) + (["python"] if args.python else []) + groupings
         if i % 2 == 1:
             order.reverse()
         rnd = {"order": order, "loadavg": loadavg(), "vllm": {}}
@@ -152,11 +158,14 @@ def main() -> int:
             elif who == "python":
                 rnd["python"] = run_python(args.quick)
             else:
-                rnd["vllm"][who] = run_vllm(args.vllm_python, who, args.quick)
+                rnd["vllm"][who] = run_vllm(args.vllm_python, who, args.quick, args.python_only)
         print(f"round {i + 1}/{args.rounds} ({', '.join(order)}), load {rnd['loadavg']}",
               flush=True)
         rounds.append(rnd)
         load.append(loadavg())
+
+    if args.python_only:
+        return finish_python_only(args, rounds, groupings, started, load)
 
     def kv(name, key="real_ns"):
         return med([r["kvcore"].get(name, {}).get(key) for r in rounds])
@@ -263,6 +272,42 @@ def main() -> int:
     return 0
 
 
+def finish_python_only(args, rounds: list, groupings: list[str], started, load: list) -> int:
+    """--python-only: kvcore from Python against vLLM (medians over rounds), no C++."""
+    def vl(g, pick):
+        return med([pick(r["vllm"][g]) for r in rounds if g in r["vllm"]])
+
+    decode = []
+    for n in [x["seqs"] for x in rounds[0]["python"]["decode"] if x["form"] == "arrays"]:
+        row = {"seqs": n, "kvcore": {}, "vllm": {}}
+        for g in groupings:
+            row["vllm"][g] = {"cpu_us_per_seq": vl(g, lambda v: next(x for x in v["decode"]
+                                                                   if x["seqs"] == n)["cpu_us_per_seq"])}
+        decode.append(row)
+    admit = {"kvcore": {}, "vllm": {g: {"cpu_us_manager": vl(g, lambda v: v["admit"]["cpu_us_manager"]),
+                                         "cpu_us_with_request": vl(g, lambda v: v["admit"]["cpu_us_with_request"])}
+                                     for g in groupings}}
+    result = {
+        "what": "kvcore.BatchCache from Python against vLLM's KVCacheManager (batch_compare.py --python-only)",
+        "started": started.isoformat(timespec="seconds"),
+        "machine": {"nproc": os.cpu_count(), "loadavg_per_round": [r["loadavg"] for r in rounds],
+                    "cpu": _cpu_model(), "python": platform.python_version()},
+        "vllm_meta": {g: {k: rounds[0]["vllm"][g][k] for k in ("vllm", "torch", "python", "groups")}
+                      for g in groupings},
+        "python": python_side(rounds, decode, admit, groupings),
+        "raw_rounds": [{"order": r["order"], "loadavg": r["loadavg"], "python": r["python"],
+                        "vllm": {g: {k: r["vllm"][g].get(k) for k in ("decode", "admit", "loadavg_start",
+                                                                        "loadavg_end")}
+                                 for g in r["vllm"]}} for r in rounds],
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print_python(result["python"], groupings)
+    print(f"\nwrote {args.out}; load average {load[0]} .. {load[-1]}")
+    return 0
+
+
 def python_side(rounds: list, decode: list, admit: dict, groupings: list[str]) -> dict:
     """kvcore from Python (medians over rounds of CPU us), against C++ (C = the
     Python run's max_step) and vLLM (CPU time)."""
@@ -277,7 +322,7 @@ def python_side(rounds: list, decode: list, admit: dict, groupings: list[str]) -
             per[form] = med(vals)
         if per["arrays"] is None:
             continue
-        cpp = row["kvcore"].get(f"C{c}", {}).get("cpu_us_per_seq")
+        cpp = row["kvcore"].get(f"C{c}", {}).get("cpu_us_per_seq")  # none with --python-only
         entry = {"seqs": n, "list_cpu_us": per["list"], "arrays_cpu_us": per["arrays"], "cpp_cpu_us": cpp,
                  "arrays_over_cpp": per["arrays"] / cpp if cpp else None, "vllm": {}}
         for g in groupings:
@@ -285,7 +330,9 @@ def python_side(rounds: list, decode: list, admit: dict, groupings: list[str]) -
             entry["vllm"][g] = {"cpu_us": v, "over_arrays": v / per["arrays"], "over_list": v / per["list"]}
         out["decode"].append(entry)
     py_admit = med([r["python"]["admit"]["cpu_us"] for r in rounds])
-    out["admit"] = {"cpu_us": py_admit, "cpp_cpu_us": admit["kvcore"].get(f"C{c}", {}).get("cpu_us"),
+    py_list = med([r["python"]["admit"].get("list_cpu_us") for r in rounds])  # the prompt as a list
+    out["admit"] = {"cpu_us": py_admit, "list_cpu_us": py_list,
+                    "cpp_cpu_us": admit["kvcore"].get(f"C{c}", {}).get("cpu_us"),
                     "hit_tokens": rounds[0]["python"]["admit"]["hit_tokens"], "vllm": {}}
     for g in groupings:
         v = admit["vllm"][g]
@@ -293,6 +340,16 @@ def python_side(rounds: list, decode: list, admit: dict, groupings: list[str]) -
                                    "over_python": v["cpu_us_manager"] / py_admit,
                                    "cpu_us_with_request": v["cpu_us_with_request"],
                                    "with_request_over_python": v["cpu_us_with_request"] / py_admit}
+        if py_list:
+            out["admit"]["vllm"][g].update({"over_python_list": v["cpu_us_manager"] / py_list,
+                                            "with_request_over_python_list": v["cpu_us_with_request"] / py_list})
+    # Per round (each side's figure of that round): the ratios of one run with interleaved repetitions.
+    out["admit"]["per_round"] = [
+        {"loadavg": r["loadavg"], "array_cpu_us": r["python"]["admit"]["cpu_us"],
+         "list_cpu_us": r["python"]["admit"].get("list_cpu_us"),
+         "vllm": {g: {"cpu_us_manager": r["vllm"][g]["admit"]["cpu_us_manager"],
+                      "cpu_us_with_request": r["vllm"][g]["admit"]["cpu_us_with_request"]}
+                  for g in groupings if g in r["vllm"]}} for r in rounds]
     return out
 
 
@@ -320,6 +377,13 @@ def print_python(p: dict, groupings: list[str]) -> None:
         v = a["vllm"][g]
         print(f"  vLLM {g}: manager calls {v['cpu_us_manager']:.1f} ({v['over_python']:.0f}x), with the "
               f"Request {v['cpu_us_with_request']:.1f} ({v['with_request_over_python']:.0f}x)")
+    if a.get("list_cpu_us"):
+        print(f"Admission with the prompt as a Python list (adopt_prefix and the step read the list): "
+              f"{a['list_cpu_us']:.2f} CPU us")
+        for g in groupings:
+            v = a["vllm"][g]
+            print(f"  vLLM {g}: manager calls {v['over_python_list']:.0f}x, with the Request (built from the "
+                  f"list, its hashes) {v['with_request_over_python_list']:.0f}x")
 
 
 def _cpu_model() -> str:

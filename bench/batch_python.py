@@ -17,9 +17,11 @@ Workloads (the token ids are batch_bench.cpp's):
                     back), no Python object per entry (tokens passed by
                     position: a keyword costs pybind11 ~0.4 us per call)
   admit   one request with that prompt while the first is still running:
-          add_sequence, adopt_prefix(prompt as an int32 array: 1,984 tokens hit),
-          the step of the 16 left (arrays) with its plan read, commit,
-          release_sequence.
+          add_sequence, adopt_prefix(prompt: 1,984 tokens hit), the step of the
+          16 left with its plan read, commit, release_sequence. Two forms:
+            array   the prompt as an int32 array (read in place), the rest a slice
+            list    the prompt as the Python list of ints a tokenizer returns,
+                    the rest a slice of it (what vLLM's Request is built from)
 
 Timings are CPU time of this thread (time.thread_time_ns), medians of --reps.
 
@@ -126,27 +128,32 @@ def decode(n: int, max_step: int, steps: int, reps: int, form: str) -> dict:
 
 
 def admission(max_step: int, count: int, reps: int) -> dict:
+    """Both prompt forms, their repetitions interleaved (load hits both alike)."""
     cache = make_cache(max_step)
     prompt = token_row(1, PROMPT)
     admit(cache, 0, prompt)  # computes the prompt; stays running
-    cpu = []
+    forms = {"array": prompt, "list": prompt.tolist()}  # tolist(): fresh Python ints, as a tokenizer's
+    cpu = {form: [] for form in forms}
     hit = 0
     one = np.array([1], np.int32)  # the request's sequence id, as a scheduler keeps it
     for _ in range(reps):
-        c = time.thread_time_ns()
-        for _ in range(count):
-            cache.add_sequence(1)
-            hit = cache.adopt_prefix(1, prompt)
-            at = hit
-            while at < PROMPT:
-                T = min(max_step, PROMPT - at)
-                step = cache.begin_step(one, T, prompt[at:at + T])
-                read_plan(step)
-                step.commit()
-                at += T
-            cache.release_sequence(1)
-        cpu.append((time.thread_time_ns() - c) / 1e3 / count)
-    return {"cpu_us": statistics.median(cpu), "cpu_us_reps": cpu, "requests_per_rep": count, "hit_tokens": hit}
+        for form, tokens in forms.items():
+            c = time.thread_time_ns()
+            for _ in range(count):
+                cache.add_sequence(1)
+                hit = cache.adopt_prefix(1, tokens)
+                at = hit
+                while at < PROMPT:
+                    T = min(max_step, PROMPT - at)
+                    step = cache.begin_step(one, T, tokens[at:at + T])
+                    read_plan(step)
+                    step.commit()
+                    at += T
+                cache.release_sequence(1)
+            cpu[form].append((time.thread_time_ns() - c) / 1e3 / count)
+    return {"cpu_us": statistics.median(cpu["array"]), "cpu_us_reps": cpu["array"],
+            "list_cpu_us": statistics.median(cpu["list"]), "list_cpu_us_reps": cpu["list"],
+            "requests_per_rep": count, "hit_tokens": hit}
 
 
 def main() -> int:

@@ -138,7 +138,7 @@ void attach_parents(std::vector<kvcore::StepEntry>* entries, py::handle parents,
 
 std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
                                              py::handle tokens, py::handle token_offsets, py::handle parents,
-                                             std::vector<std::int32_t>* token_ids, std::vector<int>* parent_ids) {
+                                             std::optional<IntArray>* token_ids, std::vector<int>* parent_ids) {
   // Each array is read (copied) once, here: what is checked below is what the entries point into.
   std::optional<IntArray> offsets;
   if (!token_offsets.is_none()) {
@@ -152,7 +152,7 @@ std::vector<kvcore::StepEntry> array_entries(const kvcore::BatchCache& c, const 
 
 std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const IntArray& seqs, py::handle T,
                                             py::handle tokens, const IntArray* token_offsets,
-                                            std::vector<std::int32_t>* token_ids) {
+                                            std::optional<IntArray>* token_ids) {
   const py::ssize_t n = seqs.size();
   if (n < 1 || n > c.max_seqs())
     raise(kvcore::Error::InvalidArgument, "begin_step: " + str(n) + " entries, must be in [1, max_seqs = " +
@@ -161,9 +161,9 @@ std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const I
   std::vector<kvcore::StepEntry> out(static_cast<std::size_t>(n));
   for (py::ssize_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = kvcore::StepEntry{seqs.at(i), lengths(i), nullptr};
   if (tokens.is_none()) return out;
-  *token_ids = IntArray("begin_step", "tokens", tokens).take_int32s();
-  const std::int32_t* data = token_ids->data();
-  const py::ssize_t n_ids = static_cast<py::ssize_t>(token_ids->size());
+  IntArray& ids = token_ids->emplace("begin_step", "tokens", tokens);
+  const std::int32_t* data = ids.int32s();
+  const py::ssize_t n_ids = ids.size();
   if (token_offsets == nullptr)
     attach_in_order(&out, data, n_ids);
   else

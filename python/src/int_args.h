@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,6 +50,35 @@ inline PyInt index_of(const char* name, const IntArg& arg) {
 /// The argument narrowed to a C int: TypeError for a non-int, InvalidArgumentError beyond 32 bits.
 inline int to_int(const char* name, const IntArg& arg) { return to_int(name, index_of(name, arg)); }
 
+/// Integers an IntArray owns: up to `Inline` of them in the object itself (no
+/// heap allocation for the arrays of a decode step), more on the heap.
+template <class T, std::size_t Inline>
+class IntStore {
+ public:
+  IntStore() = default;
+  IntStore(const IntStore&) = delete;
+  IntStore& operator=(const IntStore&) = delete;
+
+  /// Room for n integers (their values undefined), replacing any held.
+  T* assign(std::size_t n) {
+    if (n <= Inline) {
+      heap_.reset();
+      data_ = inline_;
+    } else {
+      heap_.reset(new T[n]);
+      data_ = heap_.get();
+    }
+    return data_;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+
+ private:
+  T inline_[Inline];
+  std::unique_ptr<T[]> heap_;
+  T* data_ = inline_;
+};
+
 class IntArray {
  public:
   // `verb` and `name` ("begin_step", "seqs") name the argument in messages.
@@ -67,6 +97,7 @@ class IntArray {
         py::hasattr(obj, "__dlpack__"))
       obj = keep = from_dlpack(obj);  // the producer's Python code runs here, before anything is read
     if (read_numpy(obj)) return;
+    if (columns_ == 0 && read_exact_ints(obj)) return;
     if (PyObject_CheckBuffer(obj.ptr())) {
       read_buffer(obj);
     } else if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj) ||
@@ -95,21 +126,24 @@ class IntArray {
   /// Integer i (row-major for a 2-D argument), from the object's own copy.
   std::int64_t operator[](py::ssize_t i) const {
     const std::size_t at = static_cast<std::size_t>(i);
-    return wide_ ? wide_values_[at] : narrow_values_[at];
+    return wide_ ? wide_values_.data()[at] : narrow_values_.data()[at];
   }
-  // The elements as int32, moved out of the object when they came as int32
-  // (no second copy), else narrowed (at() names one that does not fit). The
-  // object is empty afterwards.
+  // The elements as int32, in a new vector (at() names one that does not fit).
   std::vector<std::int32_t> take_int32s() {
-    std::vector<std::int32_t> out;
-    if (!wide_) {
-      out.swap(narrow_values_);
-    } else {
-      out.resize(static_cast<std::size_t>(size_));
+    const std::int32_t* ids = int32s();
+    return std::vector<std::int32_t>(ids, ids + size_);
+  }
+
+  // The elements as int32, in the object's own storage: narrowed there once
+  // when they came wider (at() names one that does not fit). Valid while the
+  // object lives.
+  const std::int32_t* int32s() {
+    if (wide_) {
+      std::int32_t* out = narrow_values_.assign(static_cast<std::size_t>(size_));
       for (py::ssize_t i = 0; i < size_; ++i) out[static_cast<std::size_t>(i)] = at(i);
+      wide_ = false;
     }
-    size_ = 0;
-    return out;
+    return narrow_values_.data();
   }
 
   // Element i narrowed to a C int, or InvalidArgumentError naming it.
@@ -155,11 +189,11 @@ class IntArray {
     wide_ = itemsize == 8;
     const std::size_t count = static_cast<std::size_t>(n);
     if (wide_) {
-      wide_values_.resize(count);
-      if (count > 0) std::memcpy(wide_values_.data(), data, count * sizeof(std::int64_t));
+      std::int64_t* out = wide_values_.assign(count);
+      if (count > 0) std::memcpy(out, data, count * sizeof(std::int64_t));
     } else {
-      narrow_values_.resize(count);
-      if (count > 0) std::memcpy(narrow_values_.data(), data, count * sizeof(std::int32_t));
+      std::int32_t* out = narrow_values_.assign(count);
+      if (count > 0) std::memcpy(out, data, count * sizeof(std::int32_t));
     }
   }
 
@@ -243,14 +277,47 @@ class IntArray {
     copy_from(view.buf, n, view.itemsize);
   }
 
+  // The common list case: a list or tuple whose items are all exact ints
+  // that fit in 32 bits (what a tokenizer returns), read straight into int32
+  // storage. No Python code runs while the items are read (an exact int has
+  // no __index__ to call), so the list cannot change under the loop. Anything
+  // else (a bool, an int subclass, a wider value, a non-int) returns false
+  // and the caller reads the object again item by item (read_items), which
+  // says what is wrong.
+  bool read_exact_ints(py::handle obj) {
+    PyObject* o = obj.ptr();
+    if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
+    const py::ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    std::int32_t* out = narrow_values_.assign(static_cast<std::size_t>(n));
+    for (py::ssize_t i = 0; i < n; ++i) {
+      PyObject* x = items[i];
+      if (!PyLong_CheckExact(x)) return false;
+      int overflow = 0;
+      const long v = PyLong_AsLongAndOverflow(x, &overflow);
+      if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) return false;
+      out[i] = static_cast<std::int32_t>(v);
+    }
+    size_ = n;
+    wide_ = false;
+    return true;
+  }
+
   // A list or tuple of ints, each through __index__. __index__ may run Python
   // code that changes the list: the items are taken into a tuple first, and
   // each value is copied once.
   void read_items(py::handle obj) {
+    std::vector<std::int64_t> values;
+    append_items(obj, &values);
+    store_wide(values);
+  }
+
+  void append_items(py::handle obj, std::vector<std::int64_t>* values) {
     const py::tuple items = py::reinterpret_steal<py::tuple>(PySequence_Tuple(obj.ptr()));
     if (!items) throw py::error_already_set();
+    values->reserve(values->size() + items.size());
     for (py::handle x : items) {
-      const std::size_t i = wide_values_.size();
+      const std::size_t i = values->size();
       const std::optional<PyInt> v = as_index(x);
       if (!v) refuse_non_int(std::string(verb_) + ": " + name_ + "[" + std::to_string(i) + "]", x);
       int overflow = 0;
@@ -259,9 +326,14 @@ class IntArray {
         raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + "[" + std::to_string(i) +
                                                   "] = " + py::repr(v->value).cast<std::string>() +
                                                   ": must fit in a 32-bit signed int");
-      wide_values_.push_back(value);
+      values->push_back(value);
     }
-    size_ = static_cast<py::ssize_t>(wide_values_.size());
+  }
+
+  void store_wide(const std::vector<std::int64_t>& values) {
+    std::int64_t* out = wide_values_.assign(values.size());
+    if (!values.empty()) std::memcpy(out, values.data(), values.size() * sizeof(std::int64_t));
+    size_ = static_cast<py::ssize_t>(values.size());
     wide_ = true;
   }
 
@@ -269,16 +341,16 @@ class IntArray {
   void read_rows(py::handle obj) {
     const py::tuple rows = py::reinterpret_steal<py::tuple>(PySequence_Tuple(obj.ptr()));
     if (!rows) throw py::error_already_set();
+    std::vector<std::int64_t> values;
     for (py::handle row : rows) {
-      const std::size_t r = wide_values_.size() / static_cast<std::size_t>(columns_);
+      const std::size_t r = values.size() / static_cast<std::size_t>(columns_);
       if (!(py::isinstance<py::list>(row) || py::isinstance<py::tuple>(row)) ||
           py::len(row) != static_cast<std::size_t>(columns_))
         raise(kvcore::Error::InvalidArgument, std::string(verb_) + ": " + name_ + "[" + std::to_string(r) +
                                                   "] must be a list of " + std::to_string(columns_) + " ints");
-      read_items(row);
+      append_items(row, &values);
     }
-    size_ = static_cast<py::ssize_t>(wide_values_.size());
-    wide_ = true;
+    store_wide(values);
   }
 
   const char* verb_;
@@ -286,8 +358,11 @@ class IntArray {
   bool allow_scalar_ = false;
   int columns_ = 0;
   bool scalar_ = false;
-  std::vector<std::int32_t> narrow_values_;  // the integers, when they came as int32
-  std::vector<std::int64_t> wide_values_;    // the integers, when they came as int64 or Python ints
+  // The integers: int32 ones (and lists of small exact ints) in narrow_values_,
+  // int64 ones and other Python ints in wide_values_ (wide_). Inline up to 256
+  // (a decode step's ids at N = 256), on the heap beyond.
+  IntStore<std::int32_t, 256> narrow_values_;
+  IntStore<std::int64_t, 256> wide_values_;
   py::ssize_t size_ = 0;
   bool wide_ = false;
 };

@@ -402,3 +402,95 @@ def test_fork_many_refuses_a_source_whose_ring_released_what_upto_needs() -> Non
         c.fork_many(0, [1, 2], upto=4)
     assert str(info.value) == "fork_many: src 0 no longer holds what a query at 4 needs (a ring group released it)"
     assert state(c) == before
+
+
+class _Int(int):
+    """An int subclass: not an exact int, read through __index__ like any other."""
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        list(range(100, 700)),                            # exact ints, more than the inline storage (256)
+        tuple(range(100, 700)),                           # a tuple the same
+        [100, True, 102] + list(range(103, 700)),         # a bool among them: an int in Python
+        [_Int(100)] + list(range(101, 700)),              # an int subclass
+        np.arange(100, 700, dtype=np.int64).tolist(),     # what tolist() gives
+    ],
+    ids=["list", "tuple", "bool", "subclass", "tolist"],
+)
+def test_a_prompt_as_a_list_adopts_what_the_array_adopts(tokens: Any) -> None:
+    """adopt_prefix and begin_step read a list of ints (the exact-int fast path
+    or item by item) exactly as the same ids as an int32 array."""
+    hits = []
+    for form in (np.array([int(t) for t in tokens], I32), tokens):
+        c = kvcore.BatchCache(kvcore.CacheConfig(1024, [kvcore.LayerConfig(kvcore.Flat(), 1, 2)], max_step=4,
+                                                 batch=kvcore.BatchLimits(block_size=4, max_seqs=2)))
+        c.add_sequence(0)
+        ids = [int(t) for t in tokens]
+        for at in range(0, len(ids), 4):
+            c.step([(0, len(ids[at:at + 4]), ids[at:at + 4])]).commit()
+        c.add_sequence(1)
+        hit = c.adopt_prefix(1, form)
+        T = min(4, len(ids) - hit)  # the first step after the hit, its ids a slice of the same form
+        step = c.begin_step(np.array([1], I32), T, form[hit:hit + T])
+        hits.append((hit, plan_of(step)))
+        step.commit()
+    assert hits[0] == hits[1]
+
+
+@pytest.mark.parametrize(
+    "bad, text",
+    [
+        ([1, 2**31], "adopt_prefix: tokens[1] = 2147483648: must fit in a 32-bit signed int"),
+        ([1, -2**31 - 1], "adopt_prefix: tokens[1] = -2147483649: must fit in a 32-bit signed int"),
+        ([1, 2**70], "adopt_prefix: tokens[1] = 1180591620717411303424: must fit in a 32-bit signed int"),
+        (list(range(300)) + [2**31], "adopt_prefix: tokens[300] = 2147483648: must fit in a 32-bit signed int"),
+    ],
+    ids=["int32+1", "int32-1", "beyond int64", "past the inline storage"],
+)
+def test_a_list_token_beyond_int32_is_named_on_the_fast_path_too(bad: list[int], text: str) -> None:
+    c = kvcore.BatchCache(config())
+    c.add_sequence(0)
+    with pytest.raises(kvcore.InvalidArgumentError, match="^" + text.replace("[", r"\[").replace("]", r"\]")):
+        c.adopt_prefix(0, bad)
+    assert c.sequence(0).length == 0
+    with pytest.raises(TypeError, match=r"adopt_prefix: tokens\[2\] = 1.5: must be an int, got float"):
+        c.adopt_prefix(0, [1, 2, 1.5])
+
+
+def test_plan_arrays_are_handed_out_again_while_nothing_changed_and_keep_the_cache_alive() -> None:
+    """A decode step's arrays are the same buffers and shapes step after step:
+    arrays() gives the same read-only views again (the same memory a fresh view
+    would show), new ones where a pointer or shape changed; the views keep the
+    cache's buffers alive after the cache object is gone, and do not keep the
+    cache object itself alive."""
+    import gc
+    import weakref
+
+    c = made()
+    seqs = np.array([0, 2], I32)
+    step = c.begin_step(seqs, 1, np.array([7, 8], I32))
+    first = step.plan().arrays()
+    step.commit()
+    step = c.begin_step(seqs, 1, np.array([9, 10], I32))
+    again = step.plan().arrays()
+    assert again is first
+    assert again[3].tolist() == [8, 2] and again[0].tolist() == [0, 2]
+    step.commit()
+    step = c.begin_step(np.array([0], I32), 1, np.array([11], I32))
+    fewer = step.plan().arrays()
+    assert fewer is not again and fewer[0].tolist() == [0] and fewer[3].tolist() == [9]
+    assert fewer[5] is again[5]  # table_rows: same buffer, same shape
+    for a in fewer[:6] + tuple(x for g in fewer[6] for x in g):
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a.setflags(write=True)
+    step.commit()
+    tables = fewer[6][0][2]
+    expected = tables.tolist()
+    alive = weakref.ref(c)
+    del c, step, first, again, fewer
+    gc.collect()
+    assert alive() is None
+    assert tables.tolist() == expected  # the buffers outlive the cache object

@@ -33,6 +33,30 @@ struct StepLimits {
   int capacity = 1;
 };
 
+/// Divisions of non-negative positions by the block size: a shift when it is
+/// a power of two (the usual sizes), else a division. A decode step divides
+/// some twenty times per entry; a 64-bit division costs tens of cycles.
+class BlockDivisor {
+ public:
+  void set(int block_size) noexcept {
+    size_ = block_size;
+    shift_ = -1;
+    for (int s = 0; s < 31; ++s)
+      if ((1 << s) == block_size) shift_ = s;
+  }
+  /// p / B for p >= 0.
+  int floor(int p) const noexcept { return shift_ >= 0 ? p >> shift_ : p / size_; }
+  /// ceil(p / B) for p >= 0 (in 64 bits: p + B - 1 may pass 2^31 - 1).
+  int ceil(int p) const noexcept {
+    const std::int64_t x = static_cast<std::int64_t>(p) + size_ - 1;
+    return static_cast<int>(shift_ >= 0 ? x >> shift_ : x / size_);
+  }
+
+ private:
+  int size_ = 1;
+  int shift_ = 0;
+};
+
 class StepState {
  public:
   /// The step buffers, and each group's plan pointing into them and at the
@@ -44,6 +68,7 @@ class StepState {
     KVCORE_RETURN_IF_ERROR(
         fresh.trees_.create(limits.max_seqs, limits.n_groups, limits.max_step, limits.max_step_tokens));
     fresh.lim_ = limits;
+    fresh.div_.set(limits.block_size);
     for (int g = 0; g < limits.n_groups; ++g) {
       GroupPlan& gp = fresh.group_plans_[g];
       gp.slots = fresh.slots_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_step_tokens;
@@ -112,9 +137,7 @@ class StepState {
   BatchStepPlan plan() const noexcept;
 
  private:
-  int ceil_blocks(int positions) const noexcept {
-    return static_cast<int>((static_cast<std::int64_t>(positions) + lim_.block_size - 1) / lim_.block_size);
-  }
+  int ceil_blocks(int positions) const noexcept { return div_.ceil(positions); }
   // The entry of `seq` in the begun step, or -1.
   int begun_entry(int seq) const noexcept {
     if (active_.id == 0) return -1;
@@ -131,8 +154,9 @@ class StepState {
   void walk_entry(const BlockGroup& group, int g, int seq, int length, int T, Visit visit) const noexcept {
     const int* row = group.table(seq);
     const int begun = begun_entry(seq);
-    const int first = length / lim_.block_size;
-    for (int b = first; b < ceil_blocks(length + T); ++b) {
+    const int first = div_.floor(length);
+    const int end = ceil_blocks(length + T);
+    for (int b = first; b < end; ++b) {
       int cur = row[b];
       if (begun >= 0) cur = b == first ? first_before(g, begun) : -1;
       visit(b, cur);
@@ -146,8 +170,9 @@ class StepState {
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
       const int* row = group.table(seq);
-      const int first = seqs[seq].length / lim_.block_size;
-      for (int b = first; b < ceil_blocks(context_lens_[i]); ++b) {
+      const int first = div_.floor(seqs[seq].length);
+      const int end = ceil_blocks(context_lens_[i]);
+      for (int b = first; b < end; ++b) {
         const int before = b == first ? first_before(g, i) : -1;
         if (row[b] != before) visit(seq, b, row[b], before);
       }
@@ -160,6 +185,7 @@ class StepState {
   void fill_slots(const BlockGroup& group, int g, int i) noexcept;
 
   StepLimits lim_;
+  BlockDivisor div_;
   BatchStep active_;
   std::uint64_t last_step_id_ = 0;
   std::uint64_t stamp_ = 0;
@@ -316,7 +342,7 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
   const int seq = step_seq_[i];
   int* row = group.table(seq);
   BlockPool& pool = group.pool();
-  first_before(g, i) = row[first_positions_[i] / lim_.block_size];  // what an abandoned step restores
+  first_before(g, i) = row[div_.floor(first_positions_[i])];  // what an abandoned step restores
   walk_entry(group, g, seq, first_positions_[i], context_lens_[i] - first_positions_[i], [&](int b, int cur) {
     if (cur < 0) {
       row[b] = pool.allocate();
@@ -339,7 +365,7 @@ inline void StepState::fill_slots(const BlockGroup& group, int g, int i) noexcep
   int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens + query_starts_[i];
   const int* node_at = trees_.node_at() + query_starts_[i];  // the node written at each position (a chain: itself)
   for (int p = first; p < end;) {
-    const int b = p / B;
+    const int b = div_.floor(p);
     const std::int64_t next = (static_cast<std::int64_t>(b) + 1) * B;
     const int block_end = next < end ? static_cast<int>(next) : end;
     const int base = row[b] * B - b * B;  // row[b] * B + p % B for p in block b
