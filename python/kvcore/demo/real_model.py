@@ -20,6 +20,7 @@ only depends on the package that ships them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -27,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,23 @@ def _convert(name: str, directory: Path, source: dict[str, str]) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers without its progress bars and warnings (the GGUF conversion's notes
+    on unused metadata), restored after: the demo's report is the output."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
 def load(name: str, root: Path | None = None) -> LoadedModel:
     """Model `name` and its tokenizer, from its converted copy under `root` (default
     ``cache_root()``), converting it first when that copy is missing or stale.
@@ -145,10 +164,11 @@ def load(name: str, root: Path | None = None) -> LoadedModel:
     directory = (cache_root() if root is None else root) / name
     source = _source(name)
     converted = not _is_current(directory, source)
-    if converted:
-        _convert(name, directory, source)
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    with _quiet_transformers():
+        if converted:
+            _convert(name, directory, source)
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
     return LoadedModel(name, model, tokenizer, directory, converted, time.perf_counter() - start)
 
 
