@@ -144,3 +144,12 @@ def test_the_demos_check_passes_and_fails_with_one_wrong_weight(gemma: Any, prom
     assert not check["ok"], check
     report = {"ok": False, "checks": [check]}
     assert "[FAIL] logits equal a full recomputation" in "\n".join(format_checks(report))
+
+
+def test_the_batch_demos_real_chats_equal_generate_alone(gemma: Any) -> None:
+    from kvcore.demo import real_batch
+
+    report = real_batch.run_real_batch_demo(real_batch.RealBatchOptions(chats=2, gen_len=2), loaded=gemma)
+    assert report["ok"], report["checks"]
+    assert report["kvcore"]["prefix_hit_tokens"] >= report["system_prompt_tokens"] - 32  # all its full blocks
+    assert "[ok] every chat's tokens equal" in real_batch.format_report(report)

@@ -184,16 +184,58 @@ def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
             print(f"{command}: error: {flag} = {getattr(args, name)}: does not apply to a real model (it has its "
                   f"own shape, float32 K/V, and its prompt is --prompt text); see kvcore demo --help", file=sys.stderr)
             return 2
-    try:
-        real_model.check_packages(args.model)
-    except real_model.MissingModelPackageError as e:
-        print(f"{command}: error: {e}", file=sys.stderr)
+    if not _packages_installed(command, args.model):
         return 2
     given = {k: v for k, v in (("prompt", args.prompt), ("gen_len", args.gen_len), ("max_step", args.max_step))
              if v is not None}  # fmt: skip
     opts = real.RealDemoOptions(model=args.model, **given)
     return run_and_report(command, opts, real.run_real_demo, real.format_report, as_json=args.json,
                           show_progress=show_progress)
+
+
+def _packages_installed(command: str, model: str) -> bool:
+    """True when model `model` can be loaded, else False after one line on stderr saying
+    what to install."""
+    try:
+        real_model.check_packages(model)
+    except real_model.MissingModelPackageError as e:
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def real_batch_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --batch --model NAME ...`` with argv (the options after --batch); its exit status."""
+    from kvcore.demo import real_batch
+
+    d = real_batch.RealBatchOptions()
+    p = Parser(
+        prog="kvcore demo --batch --model",
+        description="Serve chats of a real model sharing a real system prompt through kvcore's continuous "
+        "batching (generate_batch: BatchCache, prefix reuse, a torch paged pool) and check every chat's tokens "
+        "against transformers' own generate() of it alone. Needs the gemma extra. Exits 0 when every chat is "
+        "identical, 1 when one is not, 2 on bad options or a missing package.",
+    )
+    p.add_argument("--model", required=True, choices=sorted(real_model.MODELS), help="the real model")
+    knobs = [
+        ("chats", f"chats, each one visitor's question (at most {len(real_batch.QUESTIONS)})"),
+        ("gen-len", "tokens each chat generates at most"),
+        ("block-size", "rows per cache block"),
+        ("max-batch-tokens", "new tokens of one forward over all chats"),
+    ]
+    _add_int_knobs(p, knobs, d)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    bar.add_argument("--no-progress", action="store_true", help="no progress bar (by default it shows on a terminal)")
+    args = p.parse_args(list(argv))
+    command = f"kvcore demo --batch --model {args.model}"
+    if not _packages_installed(command, args.model):
+        return 2
+    opts = real_batch.RealBatchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(d)})
+    show = args.progress or (not args.no_progress and sys.stderr.isatty())
+    return run_and_report(command, opts, real_batch.run_real_batch_demo, real_batch.format_report,
+                          as_json=args.json, show_progress=show)
 
 
 def batch_parser() -> argparse.ArgumentParser:
@@ -242,6 +284,8 @@ def batch_parser() -> argparse.ArgumentParser:
 
 def batch_main(argv: Sequence[str]) -> int:
     """``kvcore demo --batch`` with argv (the options after it); its exit status."""
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        return real_batch_main(argv)
     parser = batch_parser()
     # The chain knobs start unset: argparse leaves a preset attribute alone unless the
     # option is given, in full or abbreviated (--draft-ev 1), so "given" is argparse's own.

@@ -26,9 +26,9 @@ from kvcore.demo import real_model
 from kvcore.demo.options import kv_bytes_all_flat
 from kvcore.demo.runner import Progress, check_entry, format_checks
 
-#: The default prompt: an original passage of about 700 Gemma tokens, longer than
-#: Gemma 3's 512-token sliding window, so the window wraps during prefill.
-DEFAULT_PROMPT = (
+#: An original passage of about 690 Gemma tokens, longer than Gemma 3's 512-token
+#: sliding window: the default prompt's body, and the batch demo's system prompt.
+PASSAGE = (
     "The lighthouse on the northern cape was built in the spring of a dry year, when the fishing fleet had "
     "lost three boats on the reef in a single winter. The builders came from the town across the bay. They "
     "brought stone by cart along the cliff road, which was so narrow that the carts had to be unloaded at the "
@@ -61,9 +61,11 @@ DEFAULT_PROMPT = (
     "The lighthouse was automated many years later, and the cottage became a small museum. Visitors can read "
     "the three books, the weather, the birds and the tides, in a glass case by the window. On clear evenings "
     "the museum opens the gallery at the top of the tower, and the guide, who is Marta's grandson, points out "
-    "the places where the boats were lost, the road the builders used, and the rock where the heron stood. "
-    "Then he tells the visitors what happened to the lighthouse in the end. He says that"
+    "the places where the boats were lost, the road the builders used, and the rock where the heron stood."
 )
+#: The default prompt: the passage and a sentence the model continues (703 tokens: the
+#: window wraps during prefill).
+DEFAULT_PROMPT = PASSAGE + " Then he tells the visitors what happened to the lighthouse in the end. He says that"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,5 +267,5 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines + format_checks(r))
 
 
-__all__ = ["DEFAULT_PROMPT", "TOLERANCE", "Decoded", "RealDemoOptions", "check_against_recomputation", "decode",
+__all__ = ["DEFAULT_PROMPT", "PASSAGE", "TOLERANCE", "Decoded", "RealDemoOptions", "check_against_recomputation", "decode",
            "format_report", "run_real_demo", "torch_threads"]  # fmt: skip
