@@ -54,6 +54,17 @@ def test_bad_real_model_options_are_refused_naming_the_value(
     assert message in capsys.readouterr().err
 
 
+def test_prompt_lookup_drafts_what_followed_the_longest_recurring_tail() -> None:
+    assert real.prompt_lookup_drafts([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]  # "1 2 3" recurs: what followed it
+    assert real.prompt_lookup_drafts([5, 7, 8, 5, 6, 5], 3) == [6, 5]  # only "5" recurs: its latest earlier one
+    assert real.prompt_lookup_drafts([1, 2, 3], 4) == []  # nothing recurs
+
+
+def test_a_draft_longer_than_a_forward_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^--draft = 8: must be in \[0, --max-step - 1 = 7\]"):
+        real.RealDemoOptions(max_step=8, draft=8).check()
+
+
 # --- the real model ----------------------------------------------------------------
 
 
@@ -123,14 +134,20 @@ def test_generate_batch_generates_transformers_generate_tokens_per_prompt(
     assert counters.prefix_hit_tokens > 0  # the second request adopted the shared prompt
 
 
-def test_the_demos_check_passes_and_fails_with_one_wrong_weight(gemma: Any, prompts: list[list[int]]) -> None:
+def test_the_demos_checks_pass_and_fail_with_one_wrong_weight(gemma: Any, prompts: list[list[int]]) -> None:
     import torch
 
     text = gemma.tokenizer.decode(prompts[0], skip_special_tokens=True)
     opts = dataclasses.replace(real.RealDemoOptions(), prompt=text, gen_len=NEW_TOKENS, max_step=128)
-    decoded = real.decode(gemma, opts)
+    prefilled = real.prefill_prompt(gemma, opts)
+    spec_start = prefilled.copy()
+    decoded = real.decode(gemma, opts, prefilled=prefilled)
     assert len(decoded.prompt_ids) > gemma.model.config.sliding_window
     assert real.check_against_recomputation(gemma.model, decoded)["ok"]
+    # Speculative decoding with prompt-lookup drafts and rewinds gives the same tokens.
+    spec, counts = real.decode_speculative(gemma, opts, spec_start)
+    assert spec.tokens == decoded.tokens and counts["forwards"] <= NEW_TOKENS - 1
+    assert real.check_against_recomputation(gemma.model, spec)["ok"]
     # One weight tensor wrong by 1% noise: the recomputation no longer matches the cached run.
     weight = gemma.model.model.layers[9].self_attn.v_proj.weight
     saved = weight.detach().clone()

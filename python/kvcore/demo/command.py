@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
         ("window", "ring window"),
         ("sinks", "ring attention sinks"),
         ("prompt-len", "prompt tokens"),
-        ("draft", "draft tokens per speculative step, at most --max-step - 1"),
+        ("draft", "draft tokens per speculative step, at most --max-step - 1 (with --model: prompt-lookup drafts, "
+                  "0: no speculative run)"),
         ("tree", "also decode with draft trees of up to N tokens per step, drafted by the model's own first "
                  "layers (early exit) and verified in one forward (docs/trees.md; for many chats: kvcore demo "
                  "--batch --tree N); 0: no trees"),
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 #: Options of the random model's demo that a real model's run does not take.
-_RANDOM_MODEL_ONLY = ("layers", "flat_every", "window", "sinks", "prompt_len", "draft", "tree", "seed", "dtype")
+_RANDOM_MODEL_ONLY = ("layers", "flat_every", "window", "sinks", "prompt_len", "tree", "seed", "dtype")
 
 
 def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
@@ -188,7 +189,7 @@ def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
         return 2
     given = {k: v for k, v in (("prompt", args.prompt), ("gen_len", args.gen_len), ("max_step", args.max_step))
              if v is not None}  # fmt: skip
-    opts = real.RealDemoOptions(model=args.model, **given)
+    opts = real.RealDemoOptions(model=args.model, draft=args.draft, **given)
     return run_and_report(command, opts, real.run_real_demo, real.format_report, as_json=args.json,
                           show_progress=show_progress)
 

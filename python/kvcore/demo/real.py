@@ -17,6 +17,7 @@ bad options or a missing package.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -71,13 +72,15 @@ DEFAULT_PROMPT = PASSAGE + " Then he tells the visitors what happened to the lig
 @dataclasses.dataclass(frozen=True)
 class RealDemoOptions:
     """Knobs of ``kvcore demo --model NAME``: the model (a key of real_model.MODELS),
-    the prompt text, tokens to generate at most (fewer when the model ends its text)
-    and the largest forward (``max_step``, tokens: prefill chunks are this long)."""
+    the prompt text, tokens to generate at most (fewer when the model ends its text),
+    the largest forward (``max_step``, tokens: prefill chunks are this long) and the
+    prompt-lookup drafts per speculative forward (0: no speculative run)."""
 
     model: str = "gemma-3-270m"
     prompt: str = DEFAULT_PROMPT
     gen_len: int = 40
     max_step: int = 64
+    draft: int = 3
 
     def check(self) -> None:
         """Raises ValueError naming the first bad option: an unknown model, an empty
@@ -88,6 +91,9 @@ class RealDemoOptions:
         for name in ("gen_len", "max_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
+        if not 0 <= self.draft <= self.max_step - 1:
+            raise ValueError(f"--draft = {self.draft}: must be in [0, --max-step - 1 = {self.max_step - 1}] (a "
+                             "speculative forward carries the last token and its drafts)")
 
 
 #: Largest |logit difference| accepted between the cached run and the recomputation.
@@ -116,39 +122,127 @@ class Decoded:
         return self.prompt_ids + self.tokens[:-1]
 
 
-def decode(loaded: real_model.LoadedModel, opts: RealDemoOptions, progress: Progress | None = None) -> Decoded:
-    """Prefills `opts.prompt` in chunks of `opts.max_step` tokens through a ``KVCoreCache``
-    and decodes greedily, one token per forward, until `opts.gen_len` tokens or the
-    model's end-of-text token; keeps the logits of every chunk's last position and of
-    every decode step."""
+@dataclasses.dataclass
+class Prefilled:
+    """A prompt prefilled through a ``KVCoreCache``: its token ids, the cache, the logits of
+    every chunk's last position (position -> row) and the seconds it took."""
+
+    prompt_ids: list[int]
+    cache: Any
+    logits: dict[int, Any]
+    seconds: float
+
+    def copy(self) -> Prefilled:
+        """An independent copy (the cache deep-copied), to decode twice from one prefill."""
+        return Prefilled(list(self.prompt_ids), copy.deepcopy(self.cache), dict(self.logits), self.seconds)
+
+
+def prefill_prompt(loaded: real_model.LoadedModel, opts: RealDemoOptions, progress: Progress | None = None) -> Prefilled:
+    """Tokenizes `opts.prompt` and prefills it in chunks of `opts.max_step` tokens through a
+    new ``KVCoreCache`` with room for `opts.gen_len` tokens and one step of drafts."""
     import torch
 
     from kvcore.integrations.transformers import KVCoreCache, prefill
 
     bar = progress or Progress(None)
-    model, eos = loaded.model, loaded.tokenizer.eos_token_id
     prompt_ids = [int(t) for t in loaded.tokenizer(opts.prompt).input_ids]
     n = len(prompt_ids)
     # Compact rings (no mirror): a sliding layer holds window + max_step - 1 rows, which
     # the report counts; a wrapped window is gathered into the workspace instead.
-    cache = KVCoreCache(model.config, max_step=opts.max_step, capacity=n + opts.gen_len, mirror_rings=False)
+    cache = KVCoreCache(loaded.model.config, max_step=opts.max_step, capacity=n + opts.gen_len + opts.draft,
+                        mirror_rings=False)  # fmt: skip
     logits: dict[int, Any] = {}
+    start_time = time.perf_counter()
     with torch.no_grad():
-        t0 = time.perf_counter()
         for start in range(0, n, opts.max_step):
             chunk = torch.tensor([prompt_ids[start : start + opts.max_step]])
-            out = prefill(model, cache, chunk, logits_to_keep=1)
+            out = prefill(loaded.model, cache, chunk, logits_to_keep=1)
             logits[start + chunk.shape[1] - 1] = out.logits[0, -1].float()
             bar.update("prefill", min(start + opts.max_step, n), n)
-        t1 = time.perf_counter()
-        tokens = [int(logits[n - 1].argmax())]
+    return Prefilled(prompt_ids, cache, logits, time.perf_counter() - start_time)
+
+
+def decode(
+    loaded: real_model.LoadedModel,
+    opts: RealDemoOptions,
+    progress: Progress | None = None,
+    prefilled: Prefilled | None = None,
+) -> Decoded:
+    """Decodes greedily from `prefilled` (default: `opts.prompt` prefilled now), one token
+    per forward, until `opts.gen_len` tokens or the model's end-of-text token; keeps the
+    logits of every chunk's last position and of every decode step."""
+    import torch
+
+    from kvcore.integrations.transformers import prefill
+
+    bar = progress or Progress(None)
+    start = prefilled or prefill_prompt(loaded, opts, bar)
+    eos, n, logits = loaded.tokenizer.eos_token_id, len(start.prompt_ids), start.logits
+    t1 = time.perf_counter()
+    tokens = [int(logits[n - 1].argmax())]
+    with torch.no_grad():
         while len(tokens) < opts.gen_len and tokens[-1] != eos:
-            out = prefill(model, cache, torch.tensor([tokens[-1:]]), logits_to_keep=1)
+            out = prefill(loaded.model, start.cache, torch.tensor([tokens[-1:]]), logits_to_keep=1)
             logits[n + len(tokens) - 1] = out.logits[0, -1].float()
             tokens.append(int(logits[n + len(tokens) - 1].argmax()))
             bar.update("decode", len(tokens), opts.gen_len)
-        t2 = time.perf_counter()
-    return Decoded(prompt_ids, tokens, logits, cache, t1 - t0, t2 - t1)
+    return Decoded(start.prompt_ids, tokens, logits, start.cache, start.seconds, time.perf_counter() - t1)
+
+
+def prompt_lookup_drafts(tokens: list[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Up to `k` draft tokens by prompt lookup: the tokens that followed the latest earlier
+    occurrence of the last n tokens of `tokens`, trying n = `max_ngram` down to 1; none
+    when no n-gram recurs. A drafter with no model: it wins where the text repeats its
+    context, and loses where it does not (the default run: 7 of 112 drafts accepted)."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def decode_speculative(
+    loaded: real_model.LoadedModel, opts: RealDemoOptions, start: Prefilled, progress: Progress | None = None
+) -> tuple[Decoded, dict[str, Any]]:
+    """Greedy decoding from `start` with `opts.draft` prompt-lookup drafts per forward:
+    each forward carries the last token and its drafts, the drafts greedy decoding agrees
+    with are kept and the cache is rewound past the others (``KVCoreCache.rewind``). Its
+    tokens must equal plain greedy decoding's. Returns the run (logits of every kept
+    position) and its counts: forwards, drafted, accepted and rewinds."""
+    import torch
+
+    from kvcore.integrations.transformers import prefill
+
+    bar = progress or Progress(None)
+    eos, n, logits, cache = loaded.tokenizer.eos_token_id, len(start.prompt_ids), start.logits, start.cache
+    t1 = time.perf_counter()
+    out = [int(logits[n - 1].argmax())]
+    forwards = drafted = accepted = rewinds = 0
+    with torch.no_grad():
+        while len(out) < opts.gen_len and out[-1] != eos:
+            drafts = prompt_lookup_drafts(start.prompt_ids + out, min(opts.draft, opts.gen_len - len(out)))
+            P = cache.get_seq_length()
+            rows = prefill(loaded.model, cache, torch.tensor([[out[-1], *drafts]])).logits[0].float()
+            greedy = rows.argmax(-1).tolist()
+            a = 0
+            while a < len(drafts) and greedy[a] == drafts[a] and drafts[a] != eos:
+                a += 1
+            for j in range(a + 1):
+                logits[P + j] = rows[j]
+            out += [*drafts[:a], int(greedy[a])]
+            if a < len(drafts):
+                cache.rewind(P + 1 + a)
+                rewinds += 1
+            forwards, drafted, accepted = forwards + 1, drafted + len(drafts), accepted + a
+            bar.update("speculative", min(len(out), opts.gen_len), opts.gen_len)
+    if eos in out:
+        out = out[: out.index(eos) + 1]
+    out = out[: opts.gen_len]
+    fed = len(start.prompt_ids) + len(out) - 1
+    kept = {p: row for p, row in logits.items() if p < fed}
+    run = Decoded(start.prompt_ids, out, kept, cache, start.seconds, time.perf_counter() - t1)
+    return run, {"forwards": forwards, "drafted": drafted, "accepted": accepted, "rewinds": rewinds}
 
 
 def check_against_recomputation(model: Any, decoded: Decoded, tolerance: float = TOLERANCE) -> dict[str, Any]:
@@ -197,9 +291,22 @@ def run_real_demo(
         bar.update("loading", 0, 1)
         loaded = real_model.load(opts.model)
     with torch_threads(1):
-        decoded = decode(loaded, opts, bar)
+        prefilled = prefill_prompt(loaded, opts, bar)
+        spec_start = prefilled.copy() if opts.draft else None
+        decoded = decode(loaded, opts, bar, prefilled)
         bar.update("recompute", 0, 1)
         checks = [check_against_recomputation(loaded.model, decoded)]
+        spec: dict[str, Any] | None = None
+        if spec_start is not None:
+            run, spec = decode_speculative(loaded, opts, spec_start, bar)
+            spec["tokens_per_s"] = (len(run.tokens) - 1) / max(run.decode_seconds, 1e-9)
+            spec_check = check_against_recomputation(loaded.model, run)
+            same = run.tokens == decoded.tokens
+            checks.append(check_entry(
+                "speculative decoding (prompt-lookup drafts, rewinds) equals plain decoding",
+                same and bool(spec_check["ok"]),
+                f"tokens {'equal' if same else 'DIFFER'}; {spec_check['detail']}",
+            ))
     bar.close()
     cfg = loaded.model.config
     layer_types = list(cfg.layer_types)
@@ -235,6 +342,8 @@ def run_real_demo(
         "prompt_tail": loaded.tokenizer.decode(decoded.prompt_ids[-24:], skip_special_tokens=True),
         "prefill_tokens_per_s": len(decoded.prompt_ids) / max(decoded.prefill_seconds, 1e-9),
         "decode_tokens_per_s": max(len(decoded.tokens) - 1, 0) / max(decoded.decode_seconds, 1e-9),
+        "draft": opts.draft,
+        "speculative": spec,
         "kv_bytes": cache.nbytes(),
         "kv_bytes_all_flat": kv_all_flat,
         "length": length,
@@ -255,7 +364,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"{m['full_layers']} full), {m['n_kv_heads']} KV head x {m['head_dim']}, vocabulary {m['vocab_size']:,}, "
         f"{r['dtype']} K/V, max_step {r['max_step']}",
         f"  weights   {loaded} {m['directory']} in {m['load_seconds']:.1f} s",
-        f"  prompt    {r['prompt_len']} tokens, ending \"...{r['prompt_tail']}\"",
+        f"  prompt    {r['prompt_len']} tokens, ending {'...' + r['prompt_tail']!r}",
         f"  output    {r['text']!r}",
         f"  prefill   {r['prompt_len']} tokens at {r['prefill_tokens_per_s']:.0f} tok/s",
         f"  decode    {r['generated']} tokens at {r['decode_tokens_per_s']:.1f} tok/s",
@@ -264,8 +373,16 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['context']:,}-token context {r['kv_bytes_at_context'] / mib:.0f} MiB vs "
         f"{r['kv_bytes_all_flat_at_context'] / mib:.0f} MiB ({r['kv_bytes_all_flat_at_context'] / r['kv_bytes_at_context']:.1f}x)",
     ]
+    s = r["speculative"]
+    if s is not None:
+        lines.append(
+            f"  drafts    prompt lookup, up to {r['draft']} per forward: {s['accepted']}/{s['drafted']} accepted, "
+            f"{(r['generated'] - 1) / max(s['forwards'], 1):.2f} tokens per forward ({s['forwards']} forwards for "
+            f"{r['generated'] - 1} tokens), {s['rewinds']} rewinds, {s['tokens_per_s']:.1f} tok/s"
+        )
     return "\n".join(lines + format_checks(r))
 
 
-__all__ = ["DEFAULT_PROMPT", "PASSAGE", "TOLERANCE", "Decoded", "RealDemoOptions", "check_against_recomputation", "decode",
+__all__ = ["DEFAULT_PROMPT", "PASSAGE", "TOLERANCE", "Decoded", "RealDemoOptions", "Prefilled", "check_against_recomputation", "decode", "decode_speculative",
+           "prefill_prompt", "prompt_lookup_drafts",
            "format_report", "run_real_demo", "torch_threads"]  # fmt: skip
