@@ -193,7 +193,7 @@ def prompt_lookup_drafts(tokens: list[int], k: int, max_ngram: int = 3) -> list[
     """Up to `k` draft tokens by prompt lookup: the tokens that followed the latest earlier
     occurrence of the last n tokens of `tokens`, trying n = `max_ngram` down to 1; none
     when no n-gram recurs. A drafter with no model: it wins where the text repeats its
-    context, and loses where it does not (the default run: 7 of 112 drafts accepted)."""
+    context, and loses where it does not (the default run: 7 of 85 drafts accepted)."""
     for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
         tail = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
