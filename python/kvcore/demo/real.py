@@ -137,20 +137,28 @@ class Prefilled:
         return Prefilled(list(self.prompt_ids), copy.deepcopy(self.cache), dict(self.logits), self.seconds)
 
 
+def new_cache(loaded: real_model.LoadedModel, opts: RealDemoOptions, prompt_len: int) -> Any:
+    """The demo's empty ``KVCoreCache`` for a prompt of `prompt_len` tokens: steps of at most
+    `opts.max_step`, room for `opts.gen_len` tokens and one step of drafts after it, compact
+    rings (no mirror: a sliding layer holds window + max_step - 1 rows, which the report
+    counts; a wrapped window is gathered into the workspace instead)."""
+    from kvcore.integrations.transformers import KVCoreCache
+
+    capacity = prompt_len + opts.gen_len + opts.draft
+    return KVCoreCache(loaded.model.config, max_step=opts.max_step, capacity=capacity, mirror_rings=False)
+
+
 def prefill_prompt(loaded: real_model.LoadedModel, opts: RealDemoOptions, progress: Progress | None = None) -> Prefilled:
     """Tokenizes `opts.prompt` and prefills it in chunks of `opts.max_step` tokens through a
     new ``KVCoreCache`` with room for `opts.gen_len` tokens and one step of drafts."""
     import torch
 
-    from kvcore.integrations.transformers import KVCoreCache, prefill
+    from kvcore.integrations.transformers import prefill
 
     bar = progress or Progress(None)
     prompt_ids = [int(t) for t in loaded.tokenizer(opts.prompt).input_ids]
     n = len(prompt_ids)
-    # Compact rings (no mirror): a sliding layer holds window + max_step - 1 rows, which
-    # the report counts; a wrapped window is gathered into the workspace instead.
-    cache = KVCoreCache(loaded.model.config, max_step=opts.max_step, capacity=n + opts.gen_len + opts.draft,
-                        mirror_rings=False)  # fmt: skip
+    cache = new_cache(loaded, opts, n)
     logits: dict[int, Any] = {}
     start_time = time.perf_counter()
     with torch.no_grad():
@@ -384,5 +392,5 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 __all__ = ["DEFAULT_PROMPT", "PASSAGE", "TOLERANCE", "Decoded", "RealDemoOptions", "Prefilled", "check_against_recomputation", "decode", "decode_speculative",
-           "prefill_prompt", "prompt_lookup_drafts",
+           "new_cache", "prefill_prompt", "prompt_lookup_drafts",
            "format_report", "run_real_demo", "torch_threads"]  # fmt: skip

@@ -61,9 +61,14 @@ class RealBatchOptions:
                 raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
 
 
+def chat_texts(chats: int) -> list[str]:
+    """The text of the first `chats` chats: the system prompt, then a visitor's question."""
+    return [f"{SYSTEM_PROMPT}\n\nVisitor: {q}\nGuide:" for q in QUESTIONS[:chats]]
+
+
 def chat_prompts(tokenizer: Any, chats: int) -> list[list[int]]:
-    """The token ids of the first `chats` chats: the system prompt, then a visitor's question."""
-    return [tokenizer(f"{SYSTEM_PROMPT}\n\nVisitor: {q}\nGuide:").input_ids for q in QUESTIONS[:chats]]
+    """The token ids of the first `chats` chats (chat_texts)."""
+    return [tokenizer(text).input_ids for text in chat_texts(chats)]
 
 
 def run_real_batch_demo(
@@ -145,4 +150,4 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines + format_checks(r))
 
 
-__all__ = ["QUESTIONS", "SYSTEM_PROMPT", "RealBatchOptions", "chat_prompts", "format_report", "run_real_batch_demo"]
+__all__ = ["QUESTIONS", "SYSTEM_PROMPT", "RealBatchOptions", "chat_prompts", "chat_texts", "format_report", "run_real_batch_demo"]
