@@ -54,7 +54,8 @@ def test_bad_real_model_options_are_refused_naming_the_value(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if "--model" in argv and "--layers" not in argv:
-        pytest.importorskip(real_model.MODELS["gemma-3-270m"], reason="the model's options are checked after its packages")
+        pytest.importorskip(real_model.MODELS["gemma-3-270m"],
+                            reason="the real model's options are checked once its packages are installed (kvcore[gemma])")
     if "--disaggregated" in argv:
         pytest.importorskip("ray", reason="--disaggregated checks for Ray first")
     assert cli.main(["demo", *argv]) == 2
