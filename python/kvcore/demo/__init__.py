@@ -24,5 +24,15 @@ Nothing here is imported by ``import kvcore``. One concept per module:
   torch and transformers);
 - ``kvcore.demo.disaggregated``: ``kvcore demo --disaggregated``, prefill and
   decode on Ray actors, sequences moved as records (kvcore.state);
+- ``kvcore.demo.real_model``: real trained models for ``--model`` (Gemma 3 270M from
+  PyPI), converted once and cached under ~/.cache/kvcore (needs the gemma extra);
+- ``kvcore.demo.real``: ``kvcore demo --model NAME``, the real model through
+  transformers and ``KVCoreCache``, checked against a full recomputation, plain and
+  with prompt-lookup drafts;
+- ``kvcore.demo.real_batch``: ``kvcore demo --batch --model NAME``, real chats sharing
+  a system prompt through kvcore's ``generate_batch``, each checked against
+  transformers' ``generate()`` of it alone;
+- ``kvcore.demo.real_disaggregated``: ``kvcore demo --disaggregated --model NAME``, a real
+  model's prefill and decode on two Ray actors, sequences moved as records;
 - ``kvcore.demo.command``: the demos' command lines.
 """

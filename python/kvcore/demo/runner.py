@@ -69,6 +69,17 @@ def single_threaded_blas() -> Iterator[None]:
             put(n)
 
 
+def check_entry(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    """One entry of a report's "checks": what was checked, whether it held, the figures."""
+    return {"name": name, "ok": ok, "detail": detail}
+
+
+def format_checks(report: dict[str, Any]) -> list[str]:
+    """The report's checks as text lines, one per check, then the result line."""
+    lines = [f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}" for c in report["checks"]]
+    return [*lines, "result: " + ("all checks passed" if report["ok"] else "CHECKS FAILED")]
+
+
 def run_and_report(
     command: str,
     opts: Any,
@@ -78,14 +89,15 @@ def run_and_report(
     as_json: bool,
     show_progress: bool,
 ) -> int:
-    """Checks `opts` (its check() and model_config()), runs `run(opts, progress)`
+    """Checks `opts` (its check(), and its model_config() when it has one), runs `run(opts, progress)`
     with one BLAS thread and prints its report to stdout, as JSON or as
     `format_text` gives it. Returns the exit code: 0 when the report says ok, 1
     when a check failed or kvcore raised, 2 when the options are refused (the
     reason on stderr, one line after `command`, with a pointer to its --help)."""
     try:
         opts.check()
-        opts.model_config()
+        if hasattr(opts, "model_config"):
+            opts.model_config()
     except ValueError as e:
         print(f"{command}: error: {e}; see {command} --help", file=sys.stderr)
         return 2

@@ -25,8 +25,8 @@ import numpy.typing as npt
 from kvcore.demo import footprint, trees
 from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
 from kvcore.demo.model import Decoder, Model
-from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
-from kvcore.demo.runner import Progress
+from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_bytes_all_flat, kv_dtype, model_summary
+from kvcore.demo.runner import Progress, format_checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +121,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
     bar.close()
 
     pool = dec.pool
-    row_bytes = 2 * cfg.n_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize
-    all_flat = cfg.n_layers * dec.length * row_bytes
+    all_flat = kv_bytes_all_flat(cfg.n_layers, dec.length, cfg.n_kv_heads, cfg.head_dim, np.dtype(dtype).itemsize)
     checks = [
         {
             "name": "logits equal the oracle (full recomputation)",
@@ -246,7 +245,4 @@ def format_report(r: dict[str, Any]) -> str:
             f"{t['copies_layer0']} row copies per layer; drafter: the first {t['draft_layers']} layers, "
             f"{t['draft_forwards']} shallow forwards"
         )
-    for c in r["checks"]:
-        lines.append(f"  [{'ok' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
-    lines.append("result: " + ("all checks passed" if r["ok"] else "CHECKS FAILED"))
-    return "\n".join(lines)
+    return "\n".join(lines + format_checks(r))
