@@ -5,13 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <string>
-#include <vector>
 
 #define KVCORE_FUZZ_NO_ENTRY_POINT
 #include "../fuzz/record_fuzzer.cpp"
 
-#include "support/corpus_files.h"
+#include "support/corpus_replay.h"
 
 #ifndef KVCORE_RECORD_FUZZ_CORPUS_DIR
 #error "tests/cpp/CMakeLists.txt defines KVCORE_RECORD_FUZZ_CORPUS_DIR"
@@ -19,26 +17,13 @@
 
 namespace {
 
-using kvcore_test::corpus_files;
-using kvcore_test::read_file;
+using kvcore_test::replay_corpus;
 
 TEST(RecordFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
-  const std::vector<std::string> files = corpus_files(KVCORE_RECORD_FUZZ_CORPUS_DIR);
-  ASSERT_GE(files.size(), 20u) << "the corpus at " << KVCORE_RECORD_FUZZ_CORPUS_DIR << " is missing or tiny";
   kvcore_record_fuzz::Coverage cov;
-  kvcore_record_fuzz::coverage() = &cov;
-  int failures = 0;
-  for (const std::string& path : files) {
-    std::vector<std::uint8_t> data;
-    ASSERT_TRUE(read_file(path, &data)) << path;
-    const std::string err = kvcore_record_fuzz::run_record_fuzz(data.data(), data.size());
-    if (!err.empty()) {
-      ADD_FAILURE() << path << " (rerun: record_fuzzer " << path << "): " << err;
-      if (++failures == 5) break;
-    }
-  }
-  kvcore_record_fuzz::coverage() = nullptr;
-  EXPECT_EQ(cov.inputs, static_cast<long>(files.size()));
+  const long inputs = replay_corpus(KVCORE_RECORD_FUZZ_CORPUS_DIR, "record_fuzzer", kvcore_record_fuzz::run_record_fuzz,
+                                    kvcore_record_fuzz::coverage(), &cov, 20u);
+  EXPECT_EQ(cov.inputs, inputs);
   EXPECT_GT(cov.parsed, 0);
   EXPECT_GT(cov.refused_parse, 0);
   EXPECT_GT(cov.imported_seq, 0);

@@ -1,5 +1,5 @@
 // The loop every fuzz replay test runs (fuzz_replay_test.cpp,
-// batch_fuzz_replay_test.cpp, tree_fuzz_replay_test.cpp): each input of a
+// batch_fuzz_replay_test.cpp, tree_fuzz_replay_test.cpp, record_fuzz_replay_test.cpp): each input of a
 // committed corpus through the fuzzer's harness, its coverage counters
 // summed, a failure naming the input and how to rerun it.
 #pragma once
