@@ -1080,7 +1080,13 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def can_rewind(self, seq: SupportsIndex, n: SupportsIndex) -> bool:
         """True exactly when rewind(seq, n) would succeed. Never raises."""
-    def adopt_prefix(self, seq: SupportsIndex, tokens: Iterable[SupportsIndex]) -> int:
+    def prefix_namespace(self, seq: SupportsIndex) -> int:
+        """The 64-bit prefix namespace the sequence names its blocks in (0: the default; 0 once
+        released). InvalidArgumentError: seq outside [0, max_seqs).
+        """
+    def adopt_prefix(
+        self, seq: SupportsIndex, tokens: Iterable[SupportsIndex], namespace: int | bytes | str | None = None
+    ) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or
         int64 array, or any iterable of ints; copied once) (full blocks, at most len(tokens) - 1
         tokens) every group holds, in the sequence's prefix namespace; returns its length in

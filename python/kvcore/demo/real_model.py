@@ -115,7 +115,7 @@ def _convert(name: str, directory: Path, source: dict[str, str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The weights are dequantized float32 tensors now; transformers still marks the model as
     # GGUF-quantized and refuses to save such a model, so the marks go.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # an attribute torch.nn.Module types as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     directory.parent.mkdir(parents=True, exist_ok=True)
