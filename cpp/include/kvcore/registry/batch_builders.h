@@ -9,16 +9,13 @@
 #include "kvcore/registry/builder_kinds.h"
 #include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/registry/registry_storage.h"
-#include "kvcore/registry/shared.h"
 
 namespace kvcore {
 
 /// Builds a BatchCache from cfg (its BatchLimits included); errors as
 /// BatchCache::create, and MemoryAllocationFailed for the control block.
 inline Result<std::shared_ptr<CacheBase>> build_batch_cache(const CacheConfig& cfg) noexcept {
-  KVCORE_ASSIGN_OR_RETURN(std::unique_ptr<BatchCache> cache, BatchCache::create(cfg));
-  KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<BatchCache> shared, share(std::move(cache)));
-  return std::shared_ptr<CacheBase>(std::move(shared));
+  return internal::build_shared<BatchCache>(cfg);
 }
 
 /// Registers (kCpuBackend, kBatchKind) -> build_batch_cache unless that pair

@@ -3,10 +3,14 @@
 // runner links only the caches it registers; default_builders.h registers both.
 #pragma once
 
+#include <memory>
 #include <utility>
 
+#include "kvcore/core/cache_base.h"
+#include "kvcore/core/config.h"
 #include "kvcore/core/status.h"
 #include "kvcore/registry/cache_builder_registry.h"
+#include "kvcore/registry/shared.h"
 
 namespace kvcore {
 
@@ -17,6 +21,17 @@ constexpr const char* kSequenceKind = "sequence";
 constexpr const char* kBatchKind = "batch";
 
 namespace internal {
+
+// Cache::create(cfg) as the shared CacheBase a builder returns: Cache's own
+// errors pass through (InvalidArgument naming the bad config field,
+// MemoryAllocationFailed), and MemoryAllocationFailed when the shared
+// pointer's control block cannot be allocated.
+template <class Cache>
+Result<std::shared_ptr<CacheBase>> build_shared(const CacheConfig& cfg) noexcept {
+  KVCORE_ASSIGN_OR_RETURN(std::unique_ptr<Cache> cache, Cache::create(cfg));
+  KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<Cache> shared, share(std::move(cache)));
+  return std::shared_ptr<CacheBase>(std::move(shared));
+}
 
 // Registers (backend, kind) -> builder unless that pair already has a builder
 // (a runner's own choice is never replaced): Ok either way;

@@ -9,7 +9,6 @@
 #include "kvcore/registry/builder_kinds.h"
 #include "kvcore/registry/cache_builder_registry.h"
 #include "kvcore/registry/registry_storage.h"
-#include "kvcore/registry/shared.h"
 
 namespace kvcore {
 
@@ -17,9 +16,7 @@ namespace kvcore {
 /// field, MemoryAllocationFailed) pass through, and MemoryAllocationFailed when
 /// the shared pointer's control block cannot be allocated.
 inline Result<std::shared_ptr<CacheBase>> build_sequence_cache(const CacheConfig& cfg) noexcept {
-  KVCORE_ASSIGN_OR_RETURN(std::unique_ptr<SequenceCache> cache, SequenceCache::create(cfg));
-  KVCORE_ASSIGN_OR_RETURN(std::shared_ptr<SequenceCache> shared, share(std::move(cache)));
-  return std::shared_ptr<CacheBase>(std::move(shared));
+  return internal::build_shared<SequenceCache>(cfg);
 }
 
 /// Registers (kCpuBackend, kSequenceKind) -> build_sequence_cache unless that
