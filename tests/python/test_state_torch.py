@@ -22,7 +22,8 @@ import kvcore
 
 torch = pytest.importorskip("torch")
 
-from kvcore.torch.pool import TorchKVPool, read_positions  # noqa: E402
+from kvcore.torch.pool import TorchKVPool  # noqa: E402
+from kvcore.torch.step_layout import read_positions  # noqa: E402
 from kvcore.state import RecordInfo, export_sequence, import_sequence  # noqa: E402
 from torch_bits import same_bits  # noqa: E402
 

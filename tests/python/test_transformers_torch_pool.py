@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (p
 import kvcore  # noqa: E402
 from kvcore.torch import layer as torch_layer  # noqa: E402
 from kvcore.state import RecordInfo  # noqa: E402
-from kvcore.torch.pool import TorchKVPool, read_positions  # noqa: E402
+from kvcore.torch.pool import TorchKVPool  # noqa: E402
+from kvcore.torch.step_layout import read_positions  # noqa: E402
 
 H, D, DV = 2, 4, 3
 

@@ -73,7 +73,8 @@ from kvcore._core import (
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, KVCacheError
 from kvcore.forward_step import ForwardStep
 from kvcore.torch.paged import TorchPagedKVPool
-from kvcore.torch.pool import StepLayout, TorchKVPool
+from kvcore.torch.pool import TorchKVPool
+from kvcore.torch.step_layout import StepLayout
 
 TESTED_EXECUTORCH = "1.5.1"
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import warnings
 
 from kvcore.torch.layer import NATIVE_WRITES, LayerPool
-from kvcore.torch.pool import ORDERS, StepLayout, TorchKVPool, read_positions
+from kvcore.torch.pool import ORDERS, TorchKVPool
+from kvcore.torch.step_layout import StepLayout, read_positions
 
 warnings.warn(
     "kvcore.integrations.torch_pool is deprecated: import kvcore.torch.pool", DeprecationWarning, stacklevel=2

@@ -65,7 +65,8 @@ from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateErro
 from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
 from kvcore.torch.layer import LayerPool
-from kvcore.torch.pool import StepLayout, TorchKVPool
+from kvcore.torch.pool import TorchKVPool
+from kvcore.torch.step_layout import StepLayout
 from kvcore.integrations.transformers_release import CACHE_SUPPORTED, TESTED, check_release
 
 TESTED_TRANSFORMERS = TESTED

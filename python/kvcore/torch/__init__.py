@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.paged import TorchPagedKVPool
-from kvcore.torch.pool import ORDERS, StepLayout, TorchKVPool, read_positions
+from kvcore.torch.pool import ORDERS, TorchKVPool
+from kvcore.torch.step_layout import StepLayout, read_positions
 
 __all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "read_positions"]
