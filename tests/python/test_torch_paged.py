@@ -142,3 +142,39 @@ def test_write_read_takes_tensors_that_require_grad_detached() -> None:
     assert not keys.requires_grad and not values.requires_grad
     tensors = store.tensors(0)
     assert tensors is not None and not tensors[0].requires_grad and not tensors[1].requires_grad
+
+
+def test_write_read_checks_slots_per_group_and_devices_before_writing() -> None:
+    store = TorchPagedKVPool(make_cache(), preallocate=True)
+    _one_token_step(store)
+    big, small = sorted((0, 1), key=lambda layer: -store.max_rows[store.group_of[layer]])  # layers of two groups
+    assert store.max_rows[store.group_of[small]] < store.max_rows[store.group_of[big]]
+    rows = store.max_rows[store.group_of[small]] + 1  # fits the big group's pool, not the small one's
+    slots = torch.tensor([rows - 1])
+    k, v = torch.ones((1, H, 1, D)), torch.ones((1, H, 1, DV))
+    store.write_read(big, slots, k, v, rows)  # checked for the big group
+    before = store.tensors(small)[0].clone()  # type: ignore[index]
+    with pytest.raises(kvcore.InvalidArgumentError, match="rows = .*the group's pool"):
+        store.write_read(small, slots, k, v, rows)  # the same slots object: checked again for its group
+    with pytest.raises(kvcore.InvalidArgumentError, match="slots must be a 1-D int64 tensor, got list"):
+        store.write_read(small, [0], k, v, 1)  # type: ignore[arg-type]
+    with pytest.raises(kvcore.InvalidArgumentError, match="value on meta: the store is on cpu"):
+        store.write_read(small, torch.tensor([0]), k, v.to("meta"), 1)
+    assert torch.equal(store.tensors(small)[0], before)  # type: ignore[index]
+
+
+def test_a_corrupt_record_grows_no_tensor_of_a_lazy_store() -> None:
+    # The import sized every layer from the record's length before the record was checked.
+    source = make_cache()
+    store = TorchPagedKVPool(source)
+    paged = kvcore.PagedKVPool(source, np.float32)
+    source.add_sequence(0)
+    run_step(source, store, paged, [(0, 8)], np.random.default_rng(0))
+    record = bytearray(store.export_sequence(0))
+    record[len(record) // 2] ^= 1  # the checksum no longer holds; the header still reads
+    lazy = TorchPagedKVPool(make_cache())
+    before = [None if lazy.tensors(layer) is None else lazy.tensors(layer)[0].shape for layer in range(4)]  # type: ignore[index]
+    with pytest.raises(kvcore.InvalidArgumentError, match="corrupt"):
+        lazy.import_sequence(0, bytes(record))
+    assert [None if lazy.tensors(layer) is None else lazy.tensors(layer)[0].shape for layer in range(4)] == before  # type: ignore[index]
+    assert not lazy.cache.sequence(0).active

@@ -545,3 +545,26 @@ def test_a_tree_step_of_tensors_that_require_grad_leaves_the_pool_without_grad()
     lp = pool.layer(0)
     assert lp is not None and not lp.keys.requires_grad
     pool.export_sequence()
+
+
+def test_write_read_refuses_a_layer_outside_the_pool_and_writes_nothing() -> None:
+    pool = _pool_with_history()
+    step = pool.cache.begin_step(1)
+    layouts = pool.plan_step(step)
+    k, v = kv_for(range(step.position, step.end))
+    before = _snapshot(pool)
+    for layer in (-1, pool.cache.n_layers):  # -1 wrote the last layer
+        with pytest.raises(kvcore.InvalidArgumentError, match=f"layer = {layer}: must be in"):
+            pool.write_read(layer, layouts[0], k, v)
+    assert _unchanged(pool, before)
+
+
+def test_a_corrupt_record_is_refused_before_any_tensor_is_sized_from_it() -> None:
+    pool = _pool_with_history()
+    record = bytearray(pool.export_sequence())
+    record[len(record) // 2] ^= 1  # the checksum no longer holds; the header still reads
+    fresh = make(kvcore.Flat(), kvcore.Ring(window=4))
+    before = _snapshot(fresh)
+    with pytest.raises(kvcore.InvalidArgumentError, match="corrupt"):
+        fresh.import_sequence(bytes(record))
+    assert _unchanged(fresh, before) and fresh.cache.length == 0

@@ -68,8 +68,8 @@ class TorchPagedKVPool:
         self._keys: list[Optional[torch.Tensor]] = [None] * n
         self._values: list[Optional[torch.Tensor]] = [None] * n
         self._preallocate = preallocate
-        self._checked_slots: Optional[torch.Tensor] = None  # the slots write_read checked last, and rows
-        self._checked_rows = -1
+        # The slots, rows and group write_read checked last (the other layers of the group skip it).
+        self._checked: Optional[tuple[torch.Tensor, int, int]] = None
         self._rows_hint = rows_hint
         if preallocate:
             self.allocate_all()
@@ -211,15 +211,22 @@ class TorchPagedKVPool:
         inference). InvalidArgumentError, before any row is written: a bad layer, tensors that do
         not fit it, ``rows`` outside ``[0, max_rows]`` or a slot outside ``[0, rows)``."""
         self._check_layer(layer)
+        group = self.group_of[layer]
+        checked = self._checked  # once per step and group: the same slots object, rows and group
+        if checked is None or checked[0] is not slots or checked[1:] != (rows, group):
+            self._check_slots(layer, slots, rows)
+            self._checked = (slots, rows, group)
         h, (dk, dv) = self._heads[layer], self._dims[layer]
         n = int(slots.shape[0])
+        if key.device != self.device or value.device != self.device:
+            raise InvalidArgumentError(
+                f"layer {layer}: key on {key.device} / value on {value.device}: the store is on {self.device}"
+            )
         if tuple(key.shape) != (1, h, n, dk) or tuple(value.shape) != (1, h, n, dv):
             raise InvalidArgumentError(
                 f"layer {layer}: key {tuple(key.shape)} / value {tuple(value.shape)}: want "
                 f"{(1, h, n, dk)} / {(1, h, n, dv)} for a step of {n} tokens"
             )
-        if self._checked_slots is not slots or self._checked_rows != rows:  # once per step and group
-            self._check_slots(layer, slots, rows)
         if key.requires_grad or value.requires_grad:  # inference only: the values, never the graph
             key, value = key.detach(), value.detach()
         keys, values = self.ensure(layer, rows)
@@ -240,7 +247,6 @@ class TorchPagedKVPool:
             raise InvalidArgumentError(
                 f"layer {layer}: slots reach rows [{int(slots.min())}, {int(slots.max())}]: must lie in [0, rows = {rows})"
             )
-        self._checked_slots, self._checked_rows = slots, rows
 
     # --- sequence records (docs/state.md) ---------------------------------------------
 
@@ -262,7 +268,7 @@ class TorchPagedKVPool:
         namespace: Optional[Union[int, bytes, str]] = None,
     ) -> None:
         """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) as sequence
-        ``seq`` (inactive), the record validated once, and writes the rows of the blocks the import
+        ``seq`` (inactive), the record validated before any growth, and writes the rows of the blocks the import
         wrote (blocks of a prefix the cache holds are shared, not written, when trusted:
         ``trust_tokens`` or a ``namespace``, as ``PagedKVPool.import_sequence``); changes nothing on
         an error. ``import_sequence(record, seq)``, the order of the last release, still works and

@@ -13,7 +13,7 @@ the rows, as ``kvcore.torch.pool_records`` does for ``TorchKVPool``:
   checksum. The record equals, byte for byte, a ``PagedKVPool``'s of the same sequence
   and rows.
 - import: a numpy ``PagedKVPool`` on the cache imports the record (every check of
-  ``PagedKVPool.import_sequence``, the record validated once, there: a refusal changes
+  ``PagedKVPool.import_sequence``, after the record was validated before any growth: a refusal changes
   nothing) and reports the blocks it
   wrote; exactly those are written into the tensors, never a block the import shared
   with a cached prefix (another sequence may be reading it).
@@ -170,7 +170,9 @@ def import_sequence(
     token ids name and share no block)."""
     data = record_data(record)
     name = _record_dtype(kv, "import")
-    info = RecordInfo.parse(data)  # read only (a record it cannot read is refused here); the import validates it
+    # Validated before its sizes grow any tensor (the helper pool's import checks it again: a
+    # checksum pass, cheap next to growing every layer from an unchecked length).
+    info = RecordInfo.of(data)
     _grow_for(kv, info)
     written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(
         seq, data, written=True, trust_tokens=trust_tokens, namespace=namespace

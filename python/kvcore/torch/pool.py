@@ -199,7 +199,7 @@ class TorchKVPool:
 
     def import_sequence(self, record: Any, *, device: Union[torch.device, str, None] = None) -> None:
         """Admits the sequence of ``record`` (bytes-like or a path; from any kvcore pool) into the
-        empty cache and new batch-1 tensors on ``device``, the record validated once; changes
+        empty cache and new batch-1 tensors on ``device``, the record validated before anything is allocated; changes
         nothing on an error. Errors: ``pool_records.import_layers``."""
         self._install(pool_records.import_layers(self, record, device=device))
 
@@ -305,9 +305,12 @@ class TorchKVPool:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``update`` with the step already laid out (``plan_step(step)[policy_of[layer]]``): the hot path.
 
-        Same checks, result and errors as ``update``: InvalidStateError when the layout's step
-        is no longer its cache's begun step or the layout is another pool's.
+        Same checks, result and errors as ``update``: InvalidArgumentError for a layer outside
+        ``[0, n_layers)``, InvalidStateError when the layout's step is no longer its cache's
+        begun step or the layout is another pool's.
         """
+        if not 0 <= layer < len(self._layers):  # -1 would write the last layer
+            raise InvalidArgumentError(f"layer = {layer}: must be in [0, n_layers = {len(self._layers)})")
         step = layout.step
         if step is None or layout.storage is not self._storage[self.policy_of[layer]] or not step.is_current:
             self._refuse_layout(layer, layout)

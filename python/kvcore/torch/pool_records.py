@@ -11,8 +11,8 @@ core writes and reads everything but the rows, and this module moves the rows:
   checksum. The record equals, byte for byte, a ``KVPool``'s of the same sequence and
   contents.
 - import: the new tensors are allocated, then a numpy ``KVPool`` on the cache imports
-  the record (every check of ``KVPool.import_sequence``, the record validated once, there:
-  a refusal changes nothing) and the record's rows are copied into the tensors, mirror
+  the record (every check of ``KVPool.import_sequence``, the record validated before the
+  tensors were allocated: a refusal changes nothing) and the record's rows are copied into the tensors, mirror
   rows included; the pool installs the new layers.
 
 Both hold a transient numpy copy of the rows (the helper pool) on top of the tensors.
@@ -136,12 +136,12 @@ def import_layers(
     length) and returns its rows in new batch-1 tensors of the record's dtype on ``device``
     (default: the device of the pool's first allocated layer, else CPU), one ``LayerPool`` per
     layer, for the pool to install (``TorchKVPool.import_sequence`` does). The record is validated
-    once, by the import. Checks everything first and changes nothing on an error; raises as ``KVPool.import_sequence`` (InvalidArgumentError: truncated,
+    before its sizes allocate anything (and again by the helper pool's import). Checks everything first and changes nothing on an error; raises as ``KVPool.import_sequence`` (InvalidArgumentError: truncated,
     corrupt, another policy, shape or layer count; NotSupportedError: a newer version, holes or a
     removed head; InvalidStateError: the cache holds positions or a begun step; CapacityError: over
     capacity), InvalidArgumentError also for layers of mixed dtypes."""
     data = record_data(record)
-    info = RecordInfo.parse(data)  # read only; the import below validates the record
+    info = RecordInfo.of(data)  # validated before its sizes allocate tensors
     names = {spec.dtype.name for spec in info.layers}
     if len(names) != 1:
         raise InvalidArgumentError(f"import: the record's layers hold {sorted(names)}: a torch pool imports one dtype")
