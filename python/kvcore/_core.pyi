@@ -1088,12 +1088,13 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         self, seq: SupportsIndex, tokens: Iterable[SupportsIndex], namespace: int | bytes | str | None = None
     ) -> int:
         """An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or
-        int64 array, or any iterable of ints; copied once) (full blocks, at most len(tokens) - 1
-        tokens) every group holds, in the sequence's prefix namespace; returns its length in
-        positions, a multiple of block_size (0: a miss), which becomes the sequence's length.
-        `namespace` (None: keep the sequence's, as add_sequence gave it) sets the namespace first
-        (as add_sequence's). InvalidArgumentError: seq outside [0, max_seqs), len(tokens) >
-        capacity, a bad namespace. InvalidStateError: seq not active, or not empty (length > 0).
+        int64 array, or an ordered iterable of ints, not a set or dict; copied once) (full blocks,
+        at most len(tokens) - 1 tokens) every group holds, in the sequence's prefix namespace;
+        returns its length in positions, a multiple of block_size (0: a miss), which becomes the
+        sequence's length. `namespace` (None: keep the sequence's, as add_sequence gave it) sets the
+        namespace first (as add_sequence's). InvalidArgumentError: seq outside [0, max_seqs),
+        len(tokens) > capacity, a bad namespace. InvalidStateError: seq not active, or not empty
+        (length > 0).
         """
     def begin_step(
         self,

@@ -750,7 +750,7 @@ void register_batch(py::module_& m) {
            },
            py::arg("seq"), py::arg("tokens"), py::arg("namespace") = py::none(),
            "An empty active sequence adopts the longest cached prefix of `tokens` (a 1-D int32 or int64 "
-           "array, or any iterable of ints; copied once) (full blocks, "
+           "array, or an ordered iterable of ints, not a set or dict; copied once) (full blocks, "
            "at most len(tokens) - 1 tokens) every group holds, in the sequence's prefix namespace; "
            "returns its length in positions, a multiple of block_size (0: a miss), which becomes the "
            "sequence's length. `namespace` (None: keep the sequence's, as add_sequence gave it) sets "

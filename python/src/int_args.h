@@ -4,7 +4,8 @@
 // Python object per element: anything with the buffer protocol (numpy arrays,
 // array.array, memoryview, ctypes arrays) of int32 or int64, contiguous, or a
 // DLPack tensor (a CPU torch tensor) seen through numpy.from_dlpack; a list
-// or tuple of ints is also taken, one item at a time. Whatever the source,
+// or tuple (or another ordered iterable: not a set or dict) of ints is also
+// taken, one item at a time. Whatever the source,
 // the integers are copied into the IntArray before its constructor returns,
 // so what a binding validates is what it uses. Every refusal is an
 // InvalidArgumentError (a TypeError for a list item that is not an int)
@@ -101,7 +102,8 @@ class IntArray {
     if (PyObject_CheckBuffer(obj.ptr())) {
       read_buffer(obj);
     } else if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj) ||
-               (columns_ == 0 && !allow_scalar && py::isinstance<py::iterable>(obj) && !py::isinstance<py::str>(obj))) {
+               (columns_ == 0 && !allow_scalar && py::isinstance<py::iterable>(obj) && !py::isinstance<py::str>(obj) &&
+                !PyAnySet_Check(obj.ptr()) && !PyDict_Check(obj.ptr()))) {  // sets and dicts have no order
       if (columns_ > 0)
         read_rows(obj);
       else

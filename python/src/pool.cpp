@@ -8,6 +8,7 @@
 // array between the layers of a policy within a step.
 #include <pybind11/numpy.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -99,6 +100,11 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   // A tree step's input row i is node i (written to its chain index's row).
   void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
     const Input in = checked_input(layer, k, v, "T", plan.write_len(), "dim", "dim");
+    const std::uint64_t step_id = cache_->active_step().id;
+    if (step_id != tree_writes_step_) {  // a new step: an abandoned tree step's rows name nothing now
+      for (kvcore::SeqStepPlan& runs : tree_writes_) runs = kvcore::SeqStepPlan{};
+      tree_writes_step_ = step_id;
+    }
     kvcore::SeqStepPlan& written = tree_writes_[static_cast<std::size_t>(layer)];
     if (const kvcore::DraftTree* tree = active_tree()) {
       throw_if_error(kvcore::write_tree(*pool_, layer, plan, *tree, in.k, in.k_bytes, in.v, in.v_bytes));
@@ -230,6 +236,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   std::vector<CachedPositions> positions_;      // per policy: position-order reads
   std::vector<CachedPositions> row_positions_;  // per policy: row-order reads
   std::vector<kvcore::SeqStepPlan> tree_writes_;  // per layer: the write runs of its last tree step, until copied
+  std::uint64_t tree_writes_step_ = 0;             // the step tree_writes_ belong to
 };
 
 const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {

@@ -464,3 +464,32 @@ def test_buffers_changed_or_freed_after_the_call_change_no_result() -> None:
         gc.collect()
         assert held.tolist() == tree.parents.tolist() == [-1, 0, 0, 1]
     """)
+
+
+def test_sets_and_dicts_are_refused_as_integer_arrays() -> None:
+    # Read in hash order, a set of token ids would name a prompt no one wrote.
+    c = kvcore.BatchCache(kvcore.CacheConfig(64, kvcore.LayerConfig(kvcore.Flat(), 1, 4),
+                                             batch=kvcore.BatchLimits(block_size=4, max_seqs=4)))
+    c.add_sequence(0)
+    with pytest.raises(kvcore.InvalidArgumentError, match="adopt_prefix: tokens must be a 1-D int32 or int64 array"):
+        c.adopt_prefix(0, {3, 1, 2})
+    with pytest.raises(kvcore.InvalidArgumentError, match="add_sequences: seqs must be a 1-D int32 or int64 array"):
+        c.add_sequences({1: None})
+    assert c.adopt_prefix(0, (t for t in (3, 1, 2))) == 0  # an ordered iterable is read
+    assert not c.sequence(1).active
+
+
+def test_an_abandoned_tree_step_leaves_no_rows_to_copy() -> None:
+    # Its write runs outlived it on a layer the next step did not write.
+    cache, pool, tree = _tree_pool()
+    pool.apply_copies(tree.commit(accepted=[0, 2, 3]))
+    abandoned = cache.begin_tree([-1, 0, 0])  # rows 6, 7, 8
+    for layer in range(2):
+        pool.update(layer, abandoned, np.ones((3, 1, 2), np.float32), np.ones((3, 1, 2), np.float32))
+    chain = cache.begin_step(1)  # a new step replaces the abandoned tree and writes layer 0 only
+    pool.update(0, chain, np.ones((1, 1, 2), np.float32), np.ones((1, 1, 2), np.float32))
+    cache.commit(chain)
+    before = _rows(pool, cache)
+    with pytest.raises(kvcore.InvalidStateError, match="did not write"):
+        pool.apply_copies([np.zeros((0, 2), np.int32), np.array([[7, 6]], np.int32)])  # the abandoned tree's rows
+    assert _rows(pool, cache) == before
