@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from kvcore._errors import InvalidArgumentError
 from kvcore.demo import real, real_batch, real_model
 from kvcore.demo.runner import check_entry, format_checks
 
@@ -76,6 +77,10 @@ class Decode:
         opts = self.opts.demo_options("")
         cache = real.new_cache(self.loaded, opts, len(prompt_ids))
         import_sequence(cache.pool, record)
+        if cache.pool.cache.length != len(prompt_ids):  # the ids travel beside the record: they must agree
+            raise InvalidArgumentError(
+                f"the record holds {cache.pool.cache.length} positions, its prompt {len(prompt_ids)} token ids"
+            )
         start = real.Prefilled(prompt_ids, cache, {len(prompt_ids) - 1: torch.from_numpy(last)}, 0.0)
         with real.torch_threads(1):
             run = real.decode(self.loaded, opts, prefilled=start)
