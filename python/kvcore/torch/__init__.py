@@ -5,7 +5,9 @@ plans. These keep the bytes in torch tensors (any device), beside the numpy ones
 ``kvcore._core``:
 
 - ``TorchKVPool`` (``kvcore.torch.pool``): one ``SequenceCache``'s rows, per layer
-  ``[batch, n_kv_heads, rows, dim]`` tensors laid out by the step's plans.
+  ``[batch, n_kv_heads, rows, dim]`` tensors laid out by the step's plans
+  (``StepLayout``, ``kvcore.torch.step_layout``: where one policy's layers write and
+  read a step, computed once per step and policy).
 - ``TorchPagedKVPool`` (``kvcore.torch.paged``): a ``BatchCache``'s rows, per layer
   ``[1, n_kv_heads, pool rows, dim]`` tensors indexed by pool row.
 - Their record export and import (``pool_records``, ``paged_records``: docs/state.md),
