@@ -1,8 +1,9 @@
 """kvcore: a backend-neutral KV-cache core for LLM runtimes.
 
 kvcore plans each step with integers: where a step's new K/V rows go and which
-rows every query reads, for full-history (Flat) and sliding-window (Ring, with
-optional attention sinks) layers under one logical length.
+rows every query reads, for full-history (Flat), sliding-window (Ring, with
+optional attention sinks), chunked (Chunked), shared-K/V (Shared) and
+recurrent-state (State) layers under one logical length.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from kvcore._core import (
     BatchStepPlan,
     CacheBase,
     CacheConfig,
+    Chunked,
     Flat,
     GroupPlan,
     KVPool,
@@ -26,6 +28,8 @@ from kvcore._core import (
     SequenceInfo,
     SeqStepPlan,
     SequenceCache,
+    Shared,
+    State,
     Step,
     __version__,
 )
@@ -56,6 +60,7 @@ __all__ = [
     "CacheBase",
     "CacheConfig",
     "CapacityError",
+    "Chunked",
     "Error",
     "Flat",
     "GroupPlan",
@@ -76,6 +81,8 @@ __all__ = [
     "SequenceCache",
     "SequenceInfo",
     "Session",
+    "Shared",
+    "State",
     "Step",
     "__version__",
     "build",

@@ -24,20 +24,32 @@ def error_codes() -> dict[str, int]:
 # --- config.cpp ----------------------------------------------------------------
 
 class LayerPolicy(metaclass=_pybind11_type):
-    """How one layer keeps its history: Flat() or Ring(...)."""
+    """How one layer keeps its history: Flat(), Ring(...), Chunked(...), Shared(...) or State(...)
+    (docs/design.md sections 2 and 9; docs/layer_kinds.md).
+    """
 
     class Kind(metaclass=_pybind11_type):
-        """Flat (full history) or Ring (sliding window).
+        """Flat (full history), Ring (sliding window), Chunked (attention within chunks), Shared
+        (another layer's K/V) or State (recurrent state snapshots).
 
         Members:
 
         Flat
 
         Ring
+
+        Chunked
+
+        Shared
+
+        State
         """
 
         Flat: ClassVar[LayerPolicy.Kind]
         Ring: ClassVar[LayerPolicy.Kind]
+        Chunked: ClassVar[LayerPolicy.Kind]
+        Shared: ClassVar[LayerPolicy.Kind]
+        State: ClassVar[LayerPolicy.Kind]
         __members__: ClassVar[dict[str, LayerPolicy.Kind]]
         def __init__(self, value: SupportsIndex) -> None: ...
         def __eq__(self, other: object) -> bool: ...
@@ -54,13 +66,21 @@ class LayerPolicy(metaclass=_pybind11_type):
 
     @property
     def kind(self) -> LayerPolicy.Kind:
-        """LayerPolicy.Kind.Flat or LayerPolicy.Kind.Ring."""
+        """The LayerPolicy.Kind."""
     @property
     def window(self) -> int:
-        """Ring: keys a query sees, counting itself (positions q - window + 1 .. q). Flat: 0."""
+        """Ring: keys a query sees, counting itself (positions q - window + 1 .. q). Chunked: the
+        chunk size K (a query at q sees K * (q // K) .. q). Otherwise 0.
+        """
     @property
     def sinks(self) -> int:
-        """Ring: first positions every query sees, kept forever. Flat: 0."""
+        """Ring: first positions every query sees, kept forever. Otherwise 0."""
+    @property
+    def source(self) -> int:
+        """Shared: the earlier layer whose K/V this layer reads. Otherwise 0."""
+    @property
+    def slots(self) -> int:
+        """State: state snapshots kept per sequence, D (slot of position p: p % D). Otherwise 0."""
     @property
     def is_ring(self) -> bool:
         """True for a Ring policy."""
@@ -78,23 +98,45 @@ def Ring(window: SupportsIndex, sinks: SupportsIndex = 0) -> LayerPolicy:
     """Sliding window of `window` keys counting the query itself, plus `sinks` first
     positions kept forever."""
 
+def Chunked(chunk: SupportsIndex) -> LayerPolicy:
+    """Chunked attention (Llama 4): a query at q sees the keys k <= q of its own chunk, k // chunk
+    == q // chunk. Its rows: a ring of chunk + max_step - 1. InvalidArgumentError: chunk < 1.
+    """
+
+def Shared(source: SupportsIndex) -> LayerPolicy:
+    """A layer that reuses layer `source`'s K/V (Gemma 3n's shared KV layers): it holds no rows,
+    writes nothing and reads what its source reads after the source's writes. The source must be an
+    earlier Flat, Ring or Chunked layer of the same shape (CacheConfig checks).
+    InvalidArgumentError: source < 0.
+    """
+
+def State(slots: SupportsIndex) -> LayerPolicy:
+    """A recurrent-state layer (Mamba, gated DeltaNet, short convolutions) keeping `slots` state
+    snapshots per sequence, slot(p) = p % slots: the token at p reads the state after p - 1 and
+    writes the state after p. A verify step (begin_step(T, verify=True)) or tree keeps the state
+    after each position and needs T <= slots - 1; other steps keep only the last. Its LayerConfig
+    has n_kv_heads = head_dim = 0 (the byte layer knows the state's shape). InvalidArgumentError:
+    slots < 1.
+    """
+
 class LayerConfig(metaclass=_pybind11_type):
     """One layer's policy and K/V row shape."""
 
     def __init__(
         self,
         policy: LayerPolicy,
-        n_kv_heads: SupportsIndex,
-        head_dim: SupportsIndex,
+        n_kv_heads: SupportsIndex = 0,
+        head_dim: SupportsIndex = 0,
         v_head_dim: SupportsIndex = 0,
     ) -> None:
-        """policy: Flat() or Ring(...). A K row is n_kv_heads x head_dim elements, a V row
-        n_kv_heads x v_head_dim (0: head_dim). InvalidArgumentError naming the field when a count is
-        below 1 (v_head_dim: below 0).
+        """policy: Flat(), Ring(...), Chunked(...), Shared(...) or State(...). A K row is n_kv_heads
+        x head_dim elements, a V row n_kv_heads x v_head_dim (0: head_dim). A State layer holds no
+        K/V rows: leave the three at 0. InvalidArgumentError naming the field when a count is below
+        1 (v_head_dim: below 0), or nonzero on a State layer.
         """
     @property
     def policy(self) -> LayerPolicy:
-        """Flat() or Ring(...)."""
+        """Flat(), Ring(...), Chunked(...), Shared(...) or State(...)."""
     @property
     def n_kv_heads(self) -> int:
         """K/V heads per row."""
@@ -324,6 +366,11 @@ class Step(metaclass=_pybind11_type):
     def T(self) -> int:
         """Tokens in the step."""
     @property
+    def verify(self) -> bool:
+        """True when the step may be rewound into (begun with verify=True, or a tree): State layers
+        keep the state after each of its positions.
+        """
+    @property
     def end(self) -> int:
         """position + T: the length once committed."""
     @property
@@ -422,11 +469,12 @@ class Step(metaclass=_pybind11_type):
         """The same step of a deep copy of its cache (the clone keeps the begun step)."""
 
 class SequenceCache(CacheBase, metaclass=_pybind11_type):
-    """One sequence's cache: one logical length over flat (full history) and ring (sliding window,
-    optional sinks) layers. It plans each step with integers: where the step's K/V rows go and which
-    rows each query reads (a byte layer such as KVPool applies the plans). Positions are token
-    indices from 0; a step adds T tokens at positions length .. length + T - 1. A failing call
-    raises and changes nothing.
+    """One sequence's cache: one logical length over flat (full history), ring (sliding window,
+    optional sinks), chunked (attention within chunks), shared (another layer's K/V) and state
+    (recurrent state snapshots) layers. It plans each step with integers: where the step's K/V rows
+    go and which rows each query reads (a byte layer such as KVPool applies the plans). Positions
+    are token indices from 0; a step adds T tokens at positions length .. length + T - 1. A failing
+    call raises and changes nothing.
     """
 
     def __init__(self, config: CacheConfig) -> None:
@@ -463,7 +511,9 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         """The LayerPolicy of `layer`. InvalidArgumentError: bad layer."""
     def rows(self, layer: SupportsIndex) -> int:
         """Rows a byte layer holds for `layer`: capacity for a flat layer, min(capacity, sinks +
-        window + max_step - 1) for a ring. InvalidArgumentError: bad layer.
+        window + max_step - 1) for a ring, min(capacity, chunk + max_step - 1) for a chunked layer,
+        0 for a shared layer, slots (state snapshots) for a state layer. InvalidArgumentError: bad
+        layer.
         """
     def geometry(self, layer: SupportsIndex) -> LayerGeometry:
         """The LayerGeometry of `layer`: how its positions map onto its rows. InvalidArgumentError:
@@ -471,21 +521,30 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         """
     def can_extend(self, n: SupportsIndex = 1) -> bool:
         """True when n >= 0 and length + n <= capacity. Never raises."""
-    def begin_step(self, T: SupportsIndex) -> Step:
+    def begin_step(self, T: SupportsIndex, verify: bool = False) -> Step:
         """Begins a step of T tokens at position length (replacing an uncommitted step) and returns
-        its Step. From then on the step's rows count as written. InvalidArgumentError: T outside [1,
-        max_step]; CapacityError: length + T > capacity.
+        its Step. From then on the step's rows count as written. verify=True: the step may be
+        rewound into (speculative verify), so State layers keep the state after each of its
+        positions (needs T <= slots - 1); without it they keep only the last, and a rewind or
+        partial commit into the step is refused. Other layers plan the same either way.
+        InvalidArgumentError: T outside [1, max_step], or verify with T > slots - 1; CapacityError:
+        length + T > capacity; InvalidStateError: a State layer lost the state after length - 1 (an
+        aborted step overwrote its slot).
         """
-    def step(self, T: SupportsIndex) -> Step:
-        """begin_step(T), for use as `with cache.step(T) as step:`."""
+    def step(self, T: SupportsIndex, verify: bool = False) -> Step:
+        """begin_step(T, verify), for use as `with cache.step(T) as step:`."""
     def plan(self, layer: SupportsIndex, position: SupportsIndex, T: SupportsIndex) -> SeqStepPlan:
         """The SeqStepPlan of `layer` for the begun step at (position, T). InvalidArgumentError: bad
         layer; InvalidStateError: no such begun step.
         """
-    def preview(self, layer: SupportsIndex, T: SupportsIndex) -> SeqStepPlan:
+    def preview(self, layer: SupportsIndex, T: SupportsIndex, verify: bool = False) -> SeqStepPlan:
         """The plan layer would get from the next step of T tokens, without beginning it:
-        begin_step(T) then gives this very plan. Errors as begin_step, and InvalidArgumentError for
-        a bad layer.
+        begin_step(T, verify) then gives this very plan. Errors as begin_step, and
+        InvalidArgumentError for a bad layer.
+        """
+    def row_layer(self, layer: SupportsIndex) -> int:
+        """The layer whose rows `layer` reads: a Shared layer's source, else `layer` itself (a byte
+        layer hands a Shared layer its source's K/V). InvalidArgumentError: bad layer.
         """
     @overload
     def commit(self, step: Step, accepted: None = None) -> None:
@@ -531,7 +590,8 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         """length = 0; ends a begun step. Never fails."""
     def visible(self, layer: SupportsIndex, q: SupportsIndex, k: SupportsIndex) -> bool:
         """May a query at position q see the key at k on `layer`? (k <= q; on a ring also q - k <
-        window or k < sinks.) InvalidArgumentError: bad layer, q or k < 0.
+        window or k < sinks; on a chunked layer k // chunk == q // chunk; a shared layer answers as
+        its source; a state layer has no keys: False.) InvalidArgumentError: bad layer, q or k < 0.
         """
     def __copy__(self) -> SequenceCache:
         """An independent cache in the same state (copy.copy and copy.deepcopy alike): it continues

@@ -141,6 +141,9 @@ void register_cache(py::module_& m) {
       .def_property_readonly("position", [](const StepHandle& h) { return h.step.position; },
                              "First position the step writes: the length when it was begun.")
       .def_property_readonly("T", [](const StepHandle& h) { return h.step.T; }, "Tokens in the step.")
+      .def_property_readonly("verify", [](const StepHandle& h) { return h.step.verify; },
+                             "True when the step may be rewound into (begun with verify=True, or a "
+                             "tree): State layers keep the state after each of its positions.")
       .def_property_readonly("end", [](const StepHandle& h) { return h.step.end(); },
                              "position + T: the length once committed.")
       .def_property_readonly("is_current",
@@ -180,8 +183,9 @@ void register_cache(py::module_& m) {
 
   py::class_<kvcore::SequenceCache, kvcore::CacheBase, std::shared_ptr<kvcore::SequenceCache>>(
       m, "SequenceCache",
-      "One sequence's cache: one logical length over flat (full history) and ring (sliding "
-      "window, optional sinks) layers. It plans each step with integers: where the step's K/V "
+      "One sequence's cache: one logical length over flat (full history), ring (sliding "
+      "window, optional sinks), chunked (attention within chunks), shared (another layer's "
+      "K/V) and state (recurrent state snapshots) layers. It plans each step with integers: where the step's K/V "
       "rows go and which rows each query reads (a byte layer such as KVPool applies the plans). "
       "Positions are token indices from 0; a step adds T tokens at positions length .. "
       "length + T - 1. A failing call raises and changes nothing.")
@@ -216,7 +220,9 @@ void register_cache(py::module_& m) {
            [](const kvcore::SequenceCache& c, const PyInt& layer) { return unwrap(c.rows(to_int("layer", layer))); },
            py::arg("layer"),
            "Rows a byte layer holds for `layer`: capacity for a flat layer, min(capacity, sinks + "
-           "window + max_step - 1) for a ring. InvalidArgumentError: bad layer.")
+           "window + max_step - 1) for a ring, min(capacity, chunk + max_step - 1) for a chunked "
+           "layer, 0 for a shared layer, slots (state snapshots) for a state layer. "
+           "InvalidArgumentError: bad layer.")
       .def("geometry",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              return unwrap(c.geometry(to_int("layer", layer)));
@@ -231,18 +237,24 @@ void register_cache(py::module_& m) {
            },
            py::arg("n") = 1, "True when n >= 0 and length + n <= capacity. Never raises.")
       .def("begin_step",
-           [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T) {
-             return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T, bool verify) {
+             return StepHandle{c, unwrap(c->begin_step(to_int("T", T), verify))};
            },
-           py::arg("T"),
+           py::arg("T"), py::arg("verify") = false,
            "Begins a step of T tokens at position length (replacing an uncommitted step) and "
-           "returns its Step. From then on the step's rows count as written. "
-           "InvalidArgumentError: T outside [1, max_step]; CapacityError: length + T > capacity.")
+           "returns its Step. From then on the step's rows count as written. verify=True: the "
+           "step may be rewound into (speculative verify), so State layers keep the state after "
+           "each of its positions (needs T <= slots - 1); without it they keep only the last, "
+           "and a rewind or partial commit into the step is refused. Other layers plan the same "
+           "either way. InvalidArgumentError: T outside [1, max_step], or verify with T > "
+           "slots - 1; CapacityError: length + T > capacity; InvalidStateError: a State layer "
+           "lost the state after length - 1 (an aborted step overwrote its slot).")
       .def("step",
-           [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T) {
-             return StepHandle{c, unwrap(c->begin_step(to_int("T", T)))};
+           [](const std::shared_ptr<kvcore::SequenceCache>& c, const PyInt& T, bool verify) {
+             return StepHandle{c, unwrap(c->begin_step(to_int("T", T), verify))};
            },
-           py::arg("T"), "begin_step(T), for use as `with cache.step(T) as step:`.")
+           py::arg("T"), py::arg("verify") = false,
+           "begin_step(T, verify), for use as `with cache.step(T) as step:`.")
       .def_property_readonly("active_step",
                              [](const std::shared_ptr<kvcore::SequenceCache>& c) -> py::object {
                                if (c->active_step().id == 0) return py::none();
@@ -259,13 +271,22 @@ void register_cache(py::module_& m) {
            "The SeqStepPlan of `layer` for the begun step at (position, T). InvalidArgumentError: "
            "bad layer; InvalidStateError: no such begun step.")
       .def("preview",
-           [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& T) {
-             return unwrap(c.preview(to_int("layer", layer), to_int("T", T)));
+           [](const kvcore::SequenceCache& c, const PyInt& layer, const PyInt& T, bool verify) {
+             return unwrap(c.preview(to_int("layer", layer), to_int("T", T), verify));
            },
-           py::arg("layer"), py::arg("T"),
+           py::arg("layer"), py::arg("T"), py::arg("verify") = false,
            "The plan layer would get from the next step of T tokens, without beginning it: "
-           "begin_step(T) then gives this very plan. Errors as begin_step, and "
+           "begin_step(T, verify) then gives this very plan. Errors as begin_step, and "
            "InvalidArgumentError for a bad layer.")
+      .def("row_layer",
+           [](const kvcore::SequenceCache& c, const PyInt& layer) {
+             const int l = to_int("layer", layer);
+             throw_if_error(kvcore::internal::to_status(c.rows(l)));
+             return c.row_layer(l);
+           },
+           py::arg("layer"),
+           "The layer whose rows `layer` reads: a Shared layer's source, else `layer` itself "
+           "(a byte layer hands a Shared layer its source's K/V). InvalidArgumentError: bad layer.")
       .def("abort",
            [](kvcore::SequenceCache& c, const StepHandle& h) {
              if (h.cache.get() != &c)
@@ -297,7 +318,9 @@ void register_cache(py::module_& m) {
            },
            py::arg("layer"), py::arg("q"), py::arg("k"),
            "May a query at position q see the key at k on `layer`? (k <= q; on a ring also "
-           "q - k < window or k < sinks.) InvalidArgumentError: bad layer, q or k < 0.")
+           "q - k < window or k < sinks; on a chunked layer k // chunk == q // chunk; a shared "
+           "layer answers as its source; a state layer has no keys: False.) "
+           "InvalidArgumentError: bad layer, q or k < 0.")
       .def("layer_policy",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);

@@ -13,8 +13,15 @@
 namespace kvcore_py {
 
 std::string repr_policy(const kvcore::LayerPolicy& p) {
-  if (p.kind == kvcore::LayerPolicy::Kind::Flat) return "Flat()";
-  return "Ring(window=" + std::to_string(p.window) + ", sinks=" + std::to_string(p.sinks) + ")";
+  using Kind = kvcore::LayerPolicy::Kind;
+  switch (p.kind) {
+    case Kind::Flat: return "Flat()";
+    case Kind::Ring: return "Ring(window=" + std::to_string(p.window) + ", sinks=" + std::to_string(p.sinks) + ")";
+    case Kind::Chunked: return "Chunked(chunk=" + std::to_string(p.window) + ")";
+    case Kind::Shared: return "Shared(source=" + std::to_string(p.source) + ")";
+    case Kind::State: return "State(slots=" + std::to_string(p.slots) + ")";
+  }
+  return "LayerPolicy(kind=" + std::to_string(static_cast<int>(p.kind)) + ")";
 }
 
 namespace {
@@ -35,6 +42,15 @@ kvcore::LayerPolicy make_ring(const PyInt& window, const PyInt& sinks) {
     raise(kvcore::Error::InvalidArgument,
           "sinks = " + std::to_string(p.sinks) + ": a Ring layer needs sinks >= 0");
   return p;
+}
+
+// One positive field of a policy factory, checked as the config would.
+int positive(const char* kind, const char* field, const PyInt& value) {
+  const int v = to_int(field, value);
+  if (v < 1)
+    raise(kvcore::Error::InvalidArgument,
+          std::string(field) + " = " + std::to_string(v) + ": a " + kind + " layer needs " + field + " >= 1");
+  return v;
 }
 
 std::string repr(const kvcore::BatchLimits& b) {
@@ -71,16 +87,30 @@ using LayersArg = std::variant<kvcore::LayerConfig, std::vector<kvcore::LayerCon
 }  // namespace
 
 void register_config(py::module_& m) {
-  py::class_<kvcore::LayerPolicy> policy(m, "LayerPolicy",
-                                         "How one layer keeps its history: Flat() or Ring(...).");
-  py::enum_<kvcore::LayerPolicy::Kind>(policy, "Kind", "Flat (full history) or Ring (sliding window).")
+  py::class_<kvcore::LayerPolicy> policy(
+      m, "LayerPolicy",
+      "How one layer keeps its history: Flat(), Ring(...), Chunked(...), Shared(...) or State(...) "
+      "(docs/design.md sections 2 and 9; docs/layer_kinds.md).");
+  py::enum_<kvcore::LayerPolicy::Kind>(policy, "Kind",
+                                       "Flat (full history), Ring (sliding window), Chunked (attention "
+                                       "within chunks), Shared (another layer's K/V) or State "
+                                       "(recurrent state snapshots).")
       .value("Flat", kvcore::LayerPolicy::Kind::Flat)
-      .value("Ring", kvcore::LayerPolicy::Kind::Ring);
-  policy.def_readonly("kind", &kvcore::LayerPolicy::kind, "LayerPolicy.Kind.Flat or LayerPolicy.Kind.Ring.")
+      .value("Ring", kvcore::LayerPolicy::Kind::Ring)
+      .value("Chunked", kvcore::LayerPolicy::Kind::Chunked)
+      .value("Shared", kvcore::LayerPolicy::Kind::Shared)
+      .value("State", kvcore::LayerPolicy::Kind::State);
+  policy.def_readonly("kind", &kvcore::LayerPolicy::kind, "The LayerPolicy.Kind.")
       .def_readonly("window", &kvcore::LayerPolicy::window,
-                    "Ring: keys a query sees, counting itself (positions q - window + 1 .. q). Flat: 0.")
+                    "Ring: keys a query sees, counting itself (positions q - window + 1 .. q). "
+                    "Chunked: the chunk size K (a query at q sees K * (q // K) .. q). Otherwise 0.")
       .def_readonly("sinks", &kvcore::LayerPolicy::sinks,
-                    "Ring: first positions every query sees, kept forever. Flat: 0.")
+                    "Ring: first positions every query sees, kept forever. Otherwise 0.")
+      .def_readonly("source", &kvcore::LayerPolicy::source,
+                    "Shared: the earlier layer whose K/V this layer reads. Otherwise 0.")
+      .def_readonly("slots", &kvcore::LayerPolicy::slots,
+                    "State: state snapshots kept per sequence, D (slot of position p: p % D). "
+                    "Otherwise 0.")
       .def_property_readonly(
           "is_ring", [](const kvcore::LayerPolicy& p) { return p.kind == kvcore::LayerPolicy::Kind::Ring; },
           "True for a Ring policy.")
@@ -89,7 +119,7 @@ void register_config(py::module_& m) {
            py::is_operator())
       .def("__hash__",
            [](const kvcore::LayerPolicy& p) {
-             return py::hash(py::make_tuple(static_cast<int>(p.kind), p.window, p.sinks));
+             return py::hash(py::make_tuple(static_cast<int>(p.kind), p.window, p.sinks, p.source, p.slots));
            })
       .def("__repr__", [](const kvcore::LayerPolicy& p) { return repr_policy(p); });
   copyable_value(policy);
@@ -98,6 +128,35 @@ void register_config(py::module_& m) {
   m.def("Ring", &make_ring, py::arg("window"), py::arg("sinks") = 0,
         "Sliding window of `window` keys counting the query itself, plus `sinks` first "
         "positions kept forever.");
+  m.def(
+      "Chunked", [](const PyInt& chunk) { return kvcore::LayerPolicy::chunked(positive("Chunked", "chunk", chunk)); },
+      py::arg("chunk"),
+      "Chunked attention (Llama 4): a query at q sees the keys k <= q of its own chunk, "
+      "k // chunk == q // chunk. Its rows: a ring of chunk + max_step - 1. InvalidArgumentError: "
+      "chunk < 1.");
+  m.def(
+      "Shared",
+      [](const PyInt& source) {
+        const int s = to_int("source", source);
+        if (s < 0)
+          raise(kvcore::Error::InvalidArgument,
+                "source = " + std::to_string(s) + ": a Shared layer's source is a layer index >= 0");
+        return kvcore::LayerPolicy::shared(s);
+      },
+      py::arg("source"),
+      "A layer that reuses layer `source`'s K/V (Gemma 3n's shared KV layers): it holds no rows, "
+      "writes nothing and reads what its source reads after the source's writes. The source "
+      "must be an earlier Flat, Ring or Chunked layer of the same shape (CacheConfig checks). "
+      "InvalidArgumentError: source < 0.");
+  m.def(
+      "State", [](const PyInt& slots) { return kvcore::LayerPolicy::state(positive("State", "slots", slots)); },
+      py::arg("slots"),
+      "A recurrent-state layer (Mamba, gated DeltaNet, short convolutions) keeping `slots` state "
+      "snapshots per sequence, slot(p) = p % slots: the token at p reads the state after p - 1 "
+      "and writes the state after p. A verify step (begin_step(T, verify=True)) or tree keeps "
+      "the state after each position and needs T <= slots - 1; other steps keep only the last. "
+      "Its LayerConfig has n_kv_heads = head_dim = 0 (the byte layer knows the state's shape). "
+      "InvalidArgumentError: slots < 1.");
 
   py::class_<kvcore::LayerConfig> layer_config(m, "LayerConfig", "One layer's policy and K/V row shape.");
   copyable_value(layer_config);
@@ -111,25 +170,32 @@ void register_config(py::module_& m) {
              l.v_head_dim = to_int("v_head_dim", v_head_dim);
              // Check the layer alone now, so the error points at this line; the
              // message names the field as the caller wrote it ("head_dim", not
-             // "layers[0].head_dim").
+             // "layers[0].head_dim"). A Shared layer is checked behind a source of
+             // its own shape: its real source is checked by CacheConfig.
              kvcore::CacheConfig probe;
              probe.capacity = 1;
-             probe.n_layers = 1;
-             probe.layers = {l};
-             const kvcore::Status status = kvcore::validate(probe);
+             const bool shared = policy.kind == kvcore::LayerPolicy::Kind::Shared;
+             kvcore::LayerConfig alone = l;
+             if (shared) alone.policy = kvcore::LayerPolicy::shared(0);
+             probe.layers = shared ? std::vector<kvcore::LayerConfig>{kvcore::LayerConfig{kvcore::LayerPolicy::flat(), l.n_kv_heads, l.head_dim, l.v_head_dim}, alone}
+                                   : std::vector<kvcore::LayerConfig>{alone};
+             probe.n_layers = static_cast<int>(probe.layers.size());
+             kvcore::Status status = kvcore::validate_layer(probe, 0);
+             if (status.ok() && shared) status = kvcore::validate_layer(probe, 1);
              if (!status.ok()) {
                std::string message = status.message().c_str();
-               const std::string prefix = "layers[0].";
-               if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
+               for (const std::string prefix : {"layers[0].", "layers[1].", "layers[0]: ", "layers[1]: "})
+                 if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
                raise(status.code(), message);
              }
              return l;
            }),
-           py::arg("policy"), py::arg("n_kv_heads"), py::arg("head_dim"), py::arg("v_head_dim") = 0,
-           "policy: Flat() or Ring(...). A K row is n_kv_heads x head_dim elements, a V row "
-           "n_kv_heads x v_head_dim (0: head_dim). InvalidArgumentError naming the field when a "
-           "count is below 1 (v_head_dim: below 0).")
-      .def_readonly("policy", &kvcore::LayerConfig::policy, "Flat() or Ring(...).")
+           py::arg("policy"), py::arg("n_kv_heads") = 0, py::arg("head_dim") = 0, py::arg("v_head_dim") = 0,
+           "policy: Flat(), Ring(...), Chunked(...), Shared(...) or State(...). A K row is "
+           "n_kv_heads x head_dim elements, a V row n_kv_heads x v_head_dim (0: head_dim). A "
+           "State layer holds no K/V rows: leave the three at 0. InvalidArgumentError naming the "
+           "field when a count is below 1 (v_head_dim: below 0), or nonzero on a State layer.")
+      .def_readonly("policy", &kvcore::LayerConfig::policy, "Flat(), Ring(...), Chunked(...), Shared(...) or State(...).")
       .def_readonly("n_kv_heads", &kvcore::LayerConfig::n_kv_heads, "K/V heads per row.")
       .def_readonly("head_dim", &kvcore::LayerConfig::head_dim, "Elements per head of a K row.")
       .def_readonly("v_head_dim", &kvcore::LayerConfig::v_head_dim,

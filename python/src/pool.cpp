@@ -251,7 +251,7 @@ const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
 // most two spans. Layers of one policy share one read-only array per step.
 py::object position_order_mask(const StepHandle& h, int l, const kvcore::SeqStepPlan& plan) {
   const kvcore::LayoutPolicy& policy = h.cache->policy(l);
-  const int sinks = policy.policy().sinks, T = h.step.T, R = plan.read_len();
+  const int sinks = policy.visibility().sinks, T = h.step.T, R = plan.read_len();  // a Shared layer's: its source's
   FrozenArray<bool> out({T, R});
   bool* row = out.data;
   std::memset(row, 0, static_cast<std::size_t>(T) * static_cast<std::size_t>(R));
@@ -277,7 +277,7 @@ py::object position_order_mask(const StepHandle& h, int l, const kvcore::SeqStep
 // mask[i, r]: may query i see the position held row r stands for (row order)?
 py::object row_order_mask(const StepHandle& h, int l) {
   const kvcore::LayoutPolicy& policy = h.cache->policy(l);
-  const kvcore::LayerGeometry& geometry = policy.geometry();
+  const kvcore::LayerGeometry& geometry = h.cache->policy(h.cache->row_layer(l)).geometry();  // the rows it reads
   const int T = h.step.T, end = h.step.end(), rows = geometry.held_rows(end);
   FrozenArray<bool> out({T, rows});
   bool* row = out.data;
@@ -292,6 +292,10 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
   const ReadOrder order = parse_order(order_name);
   const int l = to_int("layer", layer);
   const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(l, h.step));  // checks layer and step
+  if (h.cache->policy(l).policy().kind == kvcore::LayerPolicy::Kind::State)
+    raise(kvcore::Error::InvalidArgument, "mask: layer " + std::to_string(l) +
+                                              " is a State layer: it has no keys to mask (the step reads "
+                                              "the state slot plan.read names)");
   std::vector<py::object>& masks = order == ReadOrder::Rows ? h.row_masks : h.masks;
   const auto index = static_cast<std::size_t>(h.cache->policy_index(l));
   if (masks.empty()) masks.resize(static_cast<std::size_t>(h.cache->n_policies()));

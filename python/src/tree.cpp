@@ -117,11 +117,11 @@ py::array dense_tree_mask(const StepHandle& h, int layer) {
 py::array tree_row_mask(const StepHandle& h, int layer) {
   const kvcore::DraftTree* t = tree_of(h);
   const kvcore::LayoutPolicy& policy = h.cache->policy(layer);
-  const kvcore::LayerGeometry& g = policy.geometry();
+  const kvcore::LayerGeometry& g = h.cache->policy(h.cache->row_layer(layer)).geometry();  // the rows it reads
   const int n = t->size(), end = h.step.end(), rows = g.held_rows(end);
   FrozenArray<bool> out({n, rows});
   bool* cell = out.data;
-  const kvcore::LayerPolicy rule = policy.policy();
+  const kvcore::LayerPolicy rule = policy.visibility();
   for (int i = 0; i < n; ++i)
     for (int r = 0; r < rows; ++r) *cell++ = t->sees(rule, i, g.position_at(r, end));  // history, or a node's chain position
   return out.array;

@@ -817,7 +817,7 @@ TEST(SequenceRecord, AdmitRefusesAnIncompleteSequence) {
   const std::int32_t ring_gap[4] = {0, 0, 1, 12};
   kvcore::SequenceImport in{12, 0, 0, nullptr, nullptr, ring_gap, 2};
   expect_refused(cache->admit(0, in, count), kvcore::Error::InvalidArgument,
-                 "group 1 (ring window 4) lacks position 9, which a query at length 12 needs");
+                 "group 1 (window or chunk 4) lacks position 9, which a query at length 12 needs");
   const std::int32_t flat_gap[4] = {0, 3, 1, 9};
   in.bounds = flat_gap;
   expect_refused(cache->admit(0, in, count), kvcore::Error::InvalidArgument, "is flat");

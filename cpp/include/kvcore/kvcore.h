@@ -16,6 +16,9 @@
 #include "kvcore/core/layout_policy.h"
 #include "kvcore/core/flat_policy.h"
 #include "kvcore/core/ring_policy.h"
+#include "kvcore/core/chunked_policy.h"
+#include "kvcore/core/shared_policy.h"
+#include "kvcore/core/state_policy.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/sequence_cache.h"
 

@@ -44,6 +44,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// Validates `cfg` (validate() and validate_batch(): InvalidArgument naming
   /// the field) and builds the cache with every table it will use. InvalidArgument:
   /// the tables would exceed the address space (2^31 entries each).
+  /// NotSupported: a State layer (SequenceCache plans them; a Shared layer
+  /// reads its source's group, a Chunked layer has its own group).
   /// MemoryAllocationFailed (naming what): a table cannot be allocated; nothing
   /// is kept. Never throws.
   static Result<std::unique_ptr<BatchCache>> create(const CacheConfig& cfg) noexcept {
@@ -439,6 +441,15 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
       layer_configs_[l] = cfg.layer(l);
+      const LayerPolicy& policy = layer_configs_[l].policy;
+      KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, NotSupported,
+                                   "layers[%d]: a State layer (recurrent state) is planned by SequenceCache; "
+                                   "BatchCache does not keep state slots yet",
+                                   l);
+      if (policy.kind == LayerPolicy::Kind::Shared) {  // reads its source's group, holds no blocks
+        layer_group_[l] = layer_group_[policy.source];
+        continue;
+      }
       int g = 0;
       while (g < n_groups_ && groups_[g].policy() != layer_configs_[l].policy) ++g;
       if (g == n_groups_) {

@@ -9,33 +9,67 @@
 
 namespace kvcore {
 
-/// How one layer keeps its history.
+/// How one layer keeps its history (docs/design.md sections 2 and 9).
 struct LayerPolicy {
   /// Serialized values: append-only.
-  enum class Kind : int { Flat = 0, Ring = 1 };
+  enum class Kind : int {
+    Flat = 0,     ///< full history: a query sees every key up to itself
+    Ring = 1,     ///< sliding window of `window` keys plus `sinks` attention sinks
+    Chunked = 2,  ///< chunked attention: a query sees keys of its own chunk of `window` positions
+    Shared = 3,   ///< holds no rows: reads what layer `source` reads, after its writes
+    State = 4,    ///< recurrent state in `slots` snapshots, slot(p) = p mod slots
+  };
 
   Kind kind = Kind::Flat;
-  /// Ring: keys a query sees counting itself (q - k < window). Flat: 0.
+  /// Ring: keys a query sees counting itself (q - k < window). Chunked: the
+  /// chunk size K (a query at q sees [K * floor(q / K), q]). Otherwise 0.
   int window = 0;
-  /// Ring: the first `sinks` positions stay visible forever (StreamingLLM). Flat: 0.
+  /// Ring: the first `sinks` positions stay visible forever (StreamingLLM). Otherwise 0.
   int sinks = 0;
+  /// Shared: the earlier layer whose K/V this layer reads (a Flat, Ring or
+  /// Chunked layer with a lower index). Otherwise 0.
+  int source = 0;
+  /// State: D, the state snapshots kept per sequence (slot(p) = p mod D; a
+  /// verify step of T tokens needs T <= D - 1). Otherwise 0.
+  int slots = 0;
 
-  static LayerPolicy flat() noexcept { return LayerPolicy{Kind::Flat, 0, 0}; }
+  static LayerPolicy flat() noexcept { return LayerPolicy{Kind::Flat, 0, 0, 0, 0}; }
   static LayerPolicy ring(int window, int sinks = 0) noexcept {
-    return LayerPolicy{Kind::Ring, window, sinks};
+    return LayerPolicy{Kind::Ring, window, sinks, 0, 0};
   }
-  /// The oldest position past the sinks a query at q sees: max(0, q - window + 1)
-  /// for a ring, 0 when flat (q >= 0).
+  static LayerPolicy chunked(int chunk) noexcept { return LayerPolicy{Kind::Chunked, chunk, 0, 0, 0}; }
+  static LayerPolicy shared(int source_layer) noexcept {
+    return LayerPolicy{Kind::Shared, 0, 0, source_layer, 0};
+  }
+  static LayerPolicy state(int n_slots) noexcept { return LayerPolicy{Kind::State, 0, 0, 0, n_slots}; }
+
+  /// True for the kinds whose rows are reused, so that old positions leave
+  /// them: a window (Ring) or a chunk (Chunked) evicts what no query needs.
+  bool evicts() const noexcept { return kind == Kind::Ring || kind == Kind::Chunked; }
+  /// True for the kinds whose rows hold K/V a query attends over with a mask
+  /// (Flat, Ring, Chunked); Shared reads its source's, State holds snapshots.
+  bool holds_keys() const noexcept { return kind == Kind::Flat || kind == Kind::Ring || kind == Kind::Chunked; }
+
+  /// The oldest position past the sinks a query at q sees (q >= 0):
+  /// max(0, q - window + 1) for a ring, K * floor(q / K) for a chunked layer,
+  /// 0 when flat. Shared and State layers: 0 (ask the source; a state layer
+  /// has no keys).
   int window_begin(int q) const noexcept {
+    if (kind == Kind::Chunked) return q - q % window;
     if (kind != Kind::Ring) return 0;
     const std::int64_t lo = static_cast<std::int64_t>(q) - window + 1;  // 64-bit: no underflow
     return lo > 0 ? static_cast<int>(lo) : 0;
   }
-  /// docs/design.md section 2's rule: may a query at q see the key at k (q, k >= 0)?
-  /// k <= q, and k is a sink or in the window.
-  bool sees(int q, int k) const noexcept { return k <= q && (k < sinks || k >= window_begin(q)); }
+  /// docs/design.md sections 2 and 9: may a query at q see the key at k (q, k >= 0)?
+  /// k <= q, and k is a sink or from window_begin(q) on. False on a State layer
+  /// (it has no keys); a Shared layer's answer is its source's (ask the cache).
+  bool sees(int q, int k) const noexcept {
+    if (kind == Kind::State) return false;
+    return k <= q && (k < sinks || k >= window_begin(q));
+  }
   friend bool operator==(const LayerPolicy& a, const LayerPolicy& b) noexcept {
-    return a.kind == b.kind && a.window == b.window && a.sinks == b.sinks;
+    return a.kind == b.kind && a.window == b.window && a.sinks == b.sinks && a.source == b.source &&
+           a.slots == b.slots;
   }
   friend bool operator!=(const LayerPolicy& a, const LayerPolicy& b) noexcept { return !(a == b); }
 };
@@ -111,6 +145,99 @@ struct CacheConfig {
   }
 };
 
+namespace internal {
+
+// Checks 0 on every LayerPolicy field the kind does not use.
+inline Status check_unused(int idx, const char* kind, const char* field, int value) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(value == 0, InvalidArgument,
+                               "layers[%d].policy.%s = %d: a %s layer needs %s == 0", idx, field,
+                               value, kind, field);
+  return Error::Ok;
+}
+
+}  // namespace internal
+
+/// Checks entry `idx` of cfg.layers (its policy's fields for its kind, a
+/// Shared layer's source, the row shape). InvalidArgument naming the field,
+/// its value and the rule. Precondition: idx < cfg.layers.size().
+inline Status validate_layer(const CacheConfig& cfg, int idx) noexcept {
+  using Kind = LayerPolicy::Kind;
+  const LayerConfig& l = cfg.layers[static_cast<std::size_t>(idx)];
+  const LayerPolicy& p = l.policy;
+  const char* name = p.kind == Kind::Flat      ? "Flat"
+                     : p.kind == Kind::Ring    ? "Ring"
+                     : p.kind == Kind::Chunked ? "Chunked"
+                     : p.kind == Kind::Shared  ? "Shared"
+                     : p.kind == Kind::State   ? "State"
+                                               : nullptr;
+  if (name == nullptr)
+    return Status::make(Error::InvalidArgument,
+                        "layers[%d].policy.kind = %d: must be Flat (0), Ring (1), Chunked (2), "
+                        "Shared (3) or State (4)",
+                        idx, static_cast<int>(p.kind));
+  if (p.kind == Kind::Ring) {
+    KVCORE_CHECK_OR_RETURN_ERROR(p.window >= 1, InvalidArgument,
+                                 "layers[%d].policy.window = %d: a Ring layer needs window >= 1",
+                                 idx, p.window);
+    KVCORE_CHECK_OR_RETURN_ERROR(p.sinks >= 0, InvalidArgument,
+                                 "layers[%d].policy.sinks = %d: a Ring layer needs sinks >= 0",
+                                 idx, p.sinks);
+  } else if (p.kind == Kind::Chunked) {
+    KVCORE_CHECK_OR_RETURN_ERROR(p.window >= 1, InvalidArgument,
+                                 "layers[%d].policy.window = %d: a Chunked layer needs a chunk "
+                                 "size window >= 1",
+                                 idx, p.window);
+  } else {
+    KVCORE_RETURN_IF_ERROR(internal::check_unused(idx, name, "window", p.window));
+  }
+  if (p.kind != Kind::Ring) KVCORE_RETURN_IF_ERROR(internal::check_unused(idx, name, "sinks", p.sinks));
+  if (p.kind != Kind::Shared) KVCORE_RETURN_IF_ERROR(internal::check_unused(idx, name, "source", p.source));
+  if (p.kind != Kind::State) KVCORE_RETURN_IF_ERROR(internal::check_unused(idx, name, "slots", p.slots));
+  if (p.kind == Kind::State) {
+    KVCORE_CHECK_OR_RETURN_ERROR(p.slots >= 1, InvalidArgument,
+                                 "layers[%d].policy.slots = %d: a State layer needs slots >= 1",
+                                 idx, p.slots);
+    // Its state's shape belongs to the byte layer: the planner counts slots, not rows.
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        l.n_kv_heads == 0 && l.head_dim == 0 && l.v_head_dim == 0, InvalidArgument,
+        "layers[%d]: a State layer holds no K/V rows: needs n_kv_heads = head_dim = v_head_dim = 0 "
+        "(got %d, %d, %d)",
+        idx, l.n_kv_heads, l.head_dim, l.v_head_dim);
+    return Error::Ok;
+  }
+  if (p.kind == Kind::Shared) {
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        cfg.layers.size() > 1, InvalidArgument,
+        "layers[0].policy: a Shared layer broadcast to every layer would make layer 0 share an "
+        "earlier layer, and there is none: give one entry per layer");
+    KVCORE_CHECK_OR_RETURN_ERROR(p.source >= 0 && p.source < idx, InvalidArgument,
+                                 "layers[%d].policy.source = %d: a Shared layer reads an earlier "
+                                 "layer: needs 0 <= source < %d",
+                                 idx, p.source, idx);
+    const LayerConfig& src = cfg.layers[static_cast<std::size_t>(p.source)];
+    KVCORE_CHECK_OR_RETURN_ERROR(src.policy.holds_keys(), InvalidArgument,
+                                 "layers[%d].policy.source = %d: layer %d is kind %d; a Shared "
+                                 "layer's source must hold K/V rows (Flat, Ring or Chunked)",
+                                 idx, p.source, p.source, static_cast<int>(src.policy.kind));
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        l.n_kv_heads == src.n_kv_heads && l.head_dim == src.head_dim &&
+            l.value_dim() == src.value_dim(),
+        InvalidArgument,
+        "layers[%d]: a Shared layer attends over layer %d's K/V: needs its n_kv_heads, head_dim, "
+        "v_head_dim (%d, %d, %d) equal to the source's (%d, %d, %d)",
+        idx, p.source, l.n_kv_heads, l.head_dim, l.value_dim(), src.n_kv_heads, src.head_dim,
+        src.value_dim());
+  }
+  KVCORE_CHECK_OR_RETURN_ERROR(l.n_kv_heads >= 1, InvalidArgument,
+                               "layers[%d].n_kv_heads = %d: must be >= 1", idx, l.n_kv_heads);
+  KVCORE_CHECK_OR_RETURN_ERROR(l.head_dim >= 1, InvalidArgument,
+                               "layers[%d].head_dim = %d: must be >= 1", idx, l.head_dim);
+  KVCORE_CHECK_OR_RETURN_ERROR(l.v_head_dim >= 0, InvalidArgument,
+                               "layers[%d].v_head_dim = %d: must be >= 1 (or 0 for head_dim)",
+                               idx, l.v_head_dim);
+  return Error::Ok;
+}
+
 /// Checks every rule of docs/design.md section 2. Returns InvalidArgument with a
 /// message naming the field, its value and the rule; Ok when the config is usable.
 inline Status validate(const CacheConfig& cfg) noexcept {
@@ -133,35 +260,7 @@ inline Status validate(const CacheConfig& cfg) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(cfg.initial_capacity >= 1, InvalidArgument,
                                "initial_capacity = %d: must be >= 1", cfg.initial_capacity);
   for (std::size_t i = 0; i < n_entries; ++i) {
-    const LayerConfig& l = cfg.layers[i];
-    const int idx = static_cast<int>(i);
-    const LayerPolicy& p = l.policy;
-    if (p.kind == LayerPolicy::Kind::Flat) {
-      KVCORE_CHECK_OR_RETURN_ERROR(p.window == 0, InvalidArgument,
-                                   "layers[%d].policy.window = %d: a Flat layer needs window == 0",
-                                   idx, p.window);
-      KVCORE_CHECK_OR_RETURN_ERROR(p.sinks == 0, InvalidArgument,
-                                   "layers[%d].policy.sinks = %d: a Flat layer needs sinks == 0",
-                                   idx, p.sinks);
-    } else if (p.kind == LayerPolicy::Kind::Ring) {
-      KVCORE_CHECK_OR_RETURN_ERROR(p.window >= 1, InvalidArgument,
-                                   "layers[%d].policy.window = %d: a Ring layer needs window >= 1",
-                                   idx, p.window);
-      KVCORE_CHECK_OR_RETURN_ERROR(p.sinks >= 0, InvalidArgument,
-                                   "layers[%d].policy.sinks = %d: a Ring layer needs sinks >= 0",
-                                   idx, p.sinks);
-    } else {
-      return Status::make(Error::InvalidArgument,
-                          "layers[%d].policy.kind = %d: must be Flat (0) or Ring (1)", idx,
-                          static_cast<int>(p.kind));
-    }
-    KVCORE_CHECK_OR_RETURN_ERROR(l.n_kv_heads >= 1, InvalidArgument,
-                                 "layers[%d].n_kv_heads = %d: must be >= 1", idx, l.n_kv_heads);
-    KVCORE_CHECK_OR_RETURN_ERROR(l.head_dim >= 1, InvalidArgument,
-                                 "layers[%d].head_dim = %d: must be >= 1", idx, l.head_dim);
-    KVCORE_CHECK_OR_RETURN_ERROR(l.v_head_dim >= 0, InvalidArgument,
-                                 "layers[%d].v_head_dim = %d: must be >= 1 (or 0 for head_dim)",
-                                 idx, l.v_head_dim);
+    KVCORE_RETURN_IF_ERROR(validate_layer(cfg, static_cast<int>(i)));
   }
   return Error::Ok;
 }

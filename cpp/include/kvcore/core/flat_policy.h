@@ -14,7 +14,7 @@ class FlatPolicy final : public LayoutPolicy {
   bool visible(int q, int k) const noexcept override { return k <= q; }
   int window_begin(int /*q*/) const noexcept override { return 0; }
 
-  SeqStepPlan plan(int position, int T) const noexcept override {
+  SeqStepPlan plan(int position, int T, bool /*keep_each*/) const noexcept override {
     SeqStepPlan p;
     p.write[p.n_write++] = Run{position, T, position};
     p.read[p.n_read++] = Run{0, position + T, 0};

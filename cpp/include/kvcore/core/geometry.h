@@ -20,9 +20,12 @@ struct LayerGeometry {
   /// p >= sink_rows lives in row sink_rows + (p - sink_rows) % ring_rows.
   /// 0 when the layer never wraps (row(p) = p).
   int ring_rows = 0;
+  /// True for a State layer: its rows are state snapshots, slot(p) = p mod
+  /// rows, each read alone (so never mirrored).
+  bool state_slots = false;
 
-  /// True when rows are reused (a ring whose sinks + W + C - 1 rows are fewer
-  /// than the capacity).
+  /// True when rows are reused (a ring or chunked layer whose sinks + W + C - 1
+  /// rows are fewer than the capacity; always for a State layer).
   bool wraps() const noexcept { return ring_rows != 0; }
 
   /// The row that holds `position` (0 <= position < capacity).
@@ -36,7 +39,9 @@ struct LayerGeometry {
   /// round the ring is one span: ring_rows - 1 for a ring that wraps without
   /// sinks; 0 otherwise (with sinks a read is two spans anyway, so a mirror
   /// would cost rows and save no copy).
-  int mirror_rows() const noexcept { return wraps() && sink_rows == 0 ? ring_rows - 1 : 0; }
+  int mirror_rows() const noexcept {
+    return wraps() && sink_rows == 0 && !state_slots ? ring_rows - 1 : 0;
+  }
 
   /// Rows that hold a position once positions [0, end) were written: rows
   /// [0, held_rows(end)), each holding position_at(row, end).
@@ -60,10 +65,24 @@ struct LayerGeometry {
   static LayerGeometry of(const LayerPolicy& policy, int max_step, int capacity) noexcept {
     LayerGeometry g;
     g.rows = capacity;
-    if (policy.kind != LayerPolicy::Kind::Ring) return g;
+    switch (policy.kind) {
+      case LayerPolicy::Kind::Shared:  // holds no rows: it reads its source's
+        g.rows = 0;
+        return g;
+      case LayerPolicy::Kind::State:  // D snapshots in turn, whatever the capacity
+        g.rows = g.ring_rows = policy.slots;
+        g.state_slots = true;
+        return g;
+      case LayerPolicy::Kind::Ring:
+      case LayerPolicy::Kind::Chunked:
+        break;
+      default:
+        return g;
+    }
     // A ring needs W + C - 1 rows after its sinks: a step of C tokens is then
-    // written in place while its first query still sees its whole window.
-    // 64-bit: W + C - 1 + S can exceed INT_MAX for huge windows.
+    // written in place while its first query still sees its whole window. A
+    // chunked layer's query looks back at most K - 1 positions: the same ring
+    // with W = K and no sinks. 64-bit: W + C - 1 + S can exceed INT_MAX.
     const std::int64_t ring = static_cast<std::int64_t>(policy.window) + max_step - 1;
     if (ring + policy.sinks >= capacity) return g;  // never wraps: row(p) = p
     g.rows = static_cast<int>(ring + policy.sinks);
@@ -73,7 +92,8 @@ struct LayerGeometry {
   }
 
   friend bool operator==(const LayerGeometry& a, const LayerGeometry& b) noexcept {
-    return a.rows == b.rows && a.sink_rows == b.sink_rows && a.ring_rows == b.ring_rows;
+    return a.rows == b.rows && a.sink_rows == b.sink_rows && a.ring_rows == b.ring_rows &&
+           a.state_slots == b.state_slots;
   }
   friend bool operator!=(const LayerGeometry& a, const LayerGeometry& b) noexcept { return !(a == b); }
 };

@@ -25,19 +25,18 @@ class RingPolicy final : public LayoutPolicy {
 
   int window_begin(int q) const noexcept override { return policy().window_begin(q); }
 
-  SeqStepPlan plan(int position, int T) const noexcept override {
+  SeqStepPlan plan(int position, int T, bool /*keep_each*/) const noexcept override {
     const int end = position + T;
     SeqStepPlan p;
-    auto run_end = [this](int pos) { return row_run_end(pos); };
-    append_runs(p.write, p.n_write, position, end, run_end);
+    append_geometry_runs(p.write, p.n_write, position, end);
     // Needed set: sinks [0, min(S, end)) and window [max(0, P - W + 1), end).
     const int begin = window_begin(position);
     const int sink_end = sinks_ < end ? sinks_ : end;
     if (begin <= sink_end) {
-      append_runs(p.read, p.n_read, 0, end, run_end);
+      append_geometry_runs(p.read, p.n_read, 0, end);
     } else {
-      append_runs(p.read, p.n_read, 0, sink_end, run_end);
-      append_runs(p.read, p.n_read, begin, end, run_end);
+      append_geometry_runs(p.read, p.n_read, 0, sink_end);
+      append_geometry_runs(p.read, p.n_read, begin, end);
     }
     return p;
   }
@@ -55,17 +54,6 @@ class RingPolicy final : public LayoutPolicy {
   }
 
  private:
-  // One past the last position whose row continues row(pos) without a jump.
-  int row_run_end(int pos) const noexcept {
-    const LayerGeometry& g = geometry();
-    if (!g.wraps()) return capacity_end();
-    if (pos < g.sink_rows) return g.rows;  // sinks run straight into ring row S
-    // 64-bit and clamped: within R of INT_MAX, pos + rows left would overflow.
-    const std::int64_t end = static_cast<std::int64_t>(pos) + (g.rows - row(pos));
-    return end < capacity_end() ? static_cast<int>(end) : capacity_end();
-  }
-  static constexpr int capacity_end() noexcept { return 0x7fffffff; }
-
   int window_;
   int sinks_;
 };

@@ -1,7 +1,8 @@
 // SequenceCache: one logical length for every layer; each layer plans through
-// its LayoutPolicy, and identical policies share one object. Per ring policy it
-// keeps one integer of state, the oldest position its rows still hold, which
-// makes can_rewind() exact. Draft trees (section 7) step through the same
+// its LayoutPolicy (flat, ring, chunked, shared or state: docs/design.md
+// sections 2 and 9), and identical policies share one object. Per policy it
+// keeps a few integers of what the rows still hold (a window's oldest
+// position, a state layer's slot table), which makes can_rewind() exact. Draft trees (section 7) step through the same
 // plans: a tree of N nodes reserves the rows of a chain step of N
 // (sequence_tree.h keeps the tree's layout and the commit's copies). Nothing
 // on the per-step path allocates (a tree larger than any before grows the
@@ -15,9 +16,12 @@
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
+#include "kvcore/core/chunked_policy.h"
 #include "kvcore/core/flat_policy.h"
 #include "kvcore/core/ring_policy.h"
 #include "kvcore/core/sequence_tree.h"
+#include "kvcore/core/shared_policy.h"
+#include "kvcore/core/state_policy.h"
 
 namespace kvcore {
 
@@ -51,10 +55,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     copy->length_ = length_;
     copy->active_ = active_;
     copy->last_step_id_ = last_step_id_;
-    for (int i = 0; i < n_policies_; ++i) {
-      copy->held_floor_[i] = held_floor_[i];
-      copy->step_plans_[i] = step_plans_[i];
-    }
+    for (int i = 0; i < n_held_; ++i) copy->held_[i] = held_[i];
+    for (int i = 0; i < n_policies_; ++i) copy->step_plans_[i] = step_plans_[i];
     KVCORE_RETURN_IF_ERROR(tree_.copy_to(copy->tree_));
     return copy;
   }
@@ -75,9 +77,20 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     return n >= 0 && static_cast<std::int64_t>(length_) + n <= capacity_;
   }
 
-  Result<Step> begin_step(int T) noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_next_step(T));
-    return start_step(T, false);
+  Result<Step> begin_step(int T) noexcept override { return begin_step(T, false); }
+
+  /// begin_step(T) for a step that may be rewound into when `verify` (a
+  /// speculative verify step): State layers then keep the state after each of
+  /// its positions, so rewind() and commit(step, accepted) may stop anywhere
+  /// in it; without it they keep only the last (docs/design.md section 9).
+  /// Layers of other kinds plan the same either way. Errors as begin_step(T),
+  /// plus InvalidArgument: verify with T > slots - 1 on a State layer;
+  /// InvalidState: a State layer no longer holds the state after length - 1
+  /// (an aborted step overwrote its slot: rewind to a held length or clear()).
+  /// Any error changes nothing.
+  Result<Step> begin_step(int T, bool verify) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_next_step(T, verify));
+    return start_step(T, false, verify);
   }
 
   /// Begins a draft-tree step (docs/design.md section 7) of N = n nodes given
@@ -88,16 +101,18 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// length() + chain index) and the packed ancestor mask. A chain given as a
   /// tree plans exactly as begin_step(N). Replaces an uncommitted step.
   /// InvalidArgument: N outside [1, max_step], parents[0] != -1, a second root,
-  /// parents[i] outside [0, i). OutOfResources: length + N > capacity.
+  /// parents[i] outside [0, i), N > slots - 1 on a State layer (node i
+  /// reads its parent's state slot and writes its own). OutOfResources:
+  /// length + N > capacity. InvalidState: as begin_step(T, verify).
   /// MemoryAllocationFailed: a tree larger than any before (beyond
   /// SequenceTree::kReservedNodes or reserve_tree()) found no memory. Any error
   /// changes nothing.
   Result<Step> begin_tree(const int* parents, int n) noexcept {
     KVCORE_RETURN_IF_ERROR(check_tree(parents, n, max_step_));
-    KVCORE_RETURN_IF_ERROR(check_next_step(n));
+    KVCORE_RETURN_IF_ERROR(check_next_step(n, true));
     KVCORE_RETURN_IF_ERROR(tree_.reserve(n, n_policies_));  // grows only past every earlier tree
     tree_.assign(parents, n, length_);
-    return start_step(n, true);
+    return start_step(n, true, true);
   }
 
   /// Sizes the tree storage for trees of up to `max_nodes` nodes, so that
@@ -122,7 +137,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
                                  step.T);
     KVCORE_CHECK_OR_RETURN_ERROR(
         step.id == active_.id && step.position == active_.position && step.T == active_.T &&
-            step.tree == active_.tree,
+            step.tree == active_.tree && step.verify == active_.verify,
         InvalidState, "step (position %d, T %d): not the begun step (position %d, T %d)",
         step.position, step.T, active_.position, active_.T);
     return Error::Ok;
@@ -139,6 +154,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         "commit it with its accepted path",
         active_.position, active_.T);
     tree_.record_commit(policies_.get(), active_.position, nullptr, 0);
+    if (active_.tree)  // a chain given as a tree: node i is position + i
+      for (int i = 0; i < n_policies_; ++i) policies_[i]->note_tree_commit(held(i), active_.position, active_.T);
     length_ = active_.end();
     active_ = Step{};
     return Error::Ok;
@@ -150,22 +167,29 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// the next step, after which position + d holds node accepted[d]'s K/V.
   /// None on the main line, at most m - 1 otherwise. The cache is then exactly
   /// one that stepped a chain of N and rewound to position + m.
-  /// InvalidState: `step` is not the begun step. InvalidArgument: m outside
-  /// [1, N], accepted[0] != 0, an index outside [0, N), accepted[d] not a child
-  /// of accepted[d - 1]. Any error changes nothing.
+  /// InvalidState: `step` is not the begun step; a chain step begun without
+  /// verify stops early (m < T) on a model whose State layers kept only its
+  /// last state. InvalidArgument: m outside [1, N], accepted[0] != 0, an index
+  /// outside [0, N), accepted[d] not a child of accepted[d - 1]. Any error
+  /// changes nothing.
   Status commit(const Step& step, const int* accepted, int m) noexcept {
     KVCORE_RETURN_IF_ERROR(check_step(step));
+    const int end = active_.position + m;
     if (active_.tree) {
       KVCORE_RETURN_IF_ERROR(check_accepted(tree_.tree().parents(), active_.T, accepted, m));
     } else {
       KVCORE_RETURN_IF_ERROR(check_chain_path(accepted, m));
+      const int blocking = rewind_blocker(end);
+      if (blocking >= 0) return blocked("commit(step, accepted) to length", end, blocking);
     }
     tree_.record_commit(policies_.get(), active_.position, active_.tree ? accepted : nullptr, m);
-    length_ = active_.position + m;
+    // As rewind(end) after a chain of N: rows above the length are dead.
+    for (int i = 0; i < n_policies_; ++i) {
+      if (active_.tree) policies_[i]->note_tree_commit(held(i), active_.position, m);
+      policies_[i]->note_truncate(held(i), end);
+    }
+    length_ = end;
     active_ = Step{};
-    // As rewind(length_) after a chain of N: rows above the length are dead.
-    for (int i = 0; i < n_policies_; ++i)
-      if (held_floor_[i] > length_) held_floor_[i] = length_;
     return Error::Ok;
   }
 
@@ -191,29 +215,40 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
   /// Fills `rows[0..N)` with the row each node of the begun tree step writes
-  /// on `layer` (the row of position + chain index). Errors as tree(step),
-  /// plus InvalidArgument for a bad layer.
+  /// on `layer` (the row of position + chain index): on a State layer the
+  /// node's state slot (node i reads its parent's, the root the plan's read
+  /// slot); on a Shared layer the row its source writes, which it reads.
+  /// Errors as tree(step), plus InvalidArgument for a bad layer.
   Status tree_rows(int layer, const Step& step, int* rows) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_ASSIGN_OR_RETURN(const DraftTree* t, tree(step));
-    for (int i = 0; i < t->size(); ++i) rows[i] = policy(layer).row(t->position() + t->chain_indices()[i]);
+    const LayoutPolicy& holder = policy(row_layer(layer));
+    for (int i = 0; i < t->size(); ++i) rows[i] = holder.row(t->position() + t->chain_indices()[i]);
     return Error::Ok;
   }
 
   /// Fills `out` (N rows of plan(layer).read_len() bytes) with the dense
   /// (tokens, keys) mask of the begun tree step on `layer`: 1 where node i's
   /// query sees the key the read row holds (DraftTree::dense_mask). Errors as
-  /// tree_rows().
+  /// tree_rows(), plus InvalidArgument on a State layer (it has no keys).
   Status dense_tree_mask(int layer, const Step& step, std::uint8_t* out) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_ASSIGN_OR_RETURN(const DraftTree* t, tree(step));
-    t->dense_mask(policy(layer).policy(), step_plan(layer), out);
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_[layer].policy.kind != LayerPolicy::Kind::State,
+                                 InvalidArgument,
+                                 "layer %d is a State layer: it has no keys to mask (node i "
+                                 "reads its parent's state slot)",
+                                 layer);
+    t->dense_mask(policy(layer).visibility(), step_plan(layer), out);
     return Error::Ok;
   }
 
   Status abort(const Step& step) noexcept override {
     KVCORE_RETURN_IF_ERROR(check_step(step));
-    active_ = Step{};  // held_floor_ keeps the step's rows as written
+    // The step's rows count as written (what they overwrote is gone), but
+    // what it wrote belongs to no committed position.
+    for (int i = 0; i < n_policies_; ++i) policies_[i]->note_truncate(held(i), active_.position);
+    active_ = Step{};
     return Error::Ok;
   }
 
@@ -221,18 +256,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= length_, InvalidArgument,
                                  "rewind(n = %d): must be in [0, length = %d]", n, length_);
     const int blocking = rewind_blocker(n);
-    if (blocking >= 0) {
-      return Status::make(Error::InvalidState,
-                          "rewind(n = %d): layer %d needs position %d, but its rows now hold "
-                          "only positions >= %d",
-                          n, first_layer_of(blocking), policies_[blocking]->needed_floor(n),
-                          held_floor_[blocking]);
-    }
+    if (blocking >= 0) return blocked("rewind(n", n, blocking);
     length_ = n;
     active_ = Step{};
     // Rows above n are dead: nothing above n is held.
-    for (int i = 0; i < n_policies_; ++i)
-      if (held_floor_[i] > n) held_floor_[i] = n;
+    for (int i = 0; i < n_policies_; ++i) policies_[i]->note_truncate(held(i), n);
     return Error::Ok;
   }
 
@@ -243,7 +271,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   void clear() noexcept override {
     length_ = 0;
     active_ = Step{};
-    for (int i = 0; i < n_policies_; ++i) held_floor_[i] = 0;
+    for (int i = 0; i < n_policies_; ++i) policies_[i]->reset_held(held(i));
   }
 
   // SequencePlanner.
@@ -280,9 +308,15 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// buffers before the step. begin_step(T) then gives this very plan.
   /// Errors as begin_step(T), plus InvalidArgument for a bad layer.
   Result<SeqStepPlan> preview(int layer, int T) const noexcept override {
+    return preview(layer, T, false);
+  }
+
+  /// preview(layer, T) of begin_step(T, verify). Errors as begin_step(T, verify),
+  /// plus InvalidArgument for a bad layer.
+  Result<SeqStepPlan> preview(int layer, int T, bool verify) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    KVCORE_RETURN_IF_ERROR(check_next_step(T));
-    return policy(layer).plan(length_, T);
+    KVCORE_RETURN_IF_ERROR(check_next_step(T, verify));
+    return policy(layer).plan(length_, T, verify);
   }
 
   Result<SeqStepPlan> plan(int layer, const Step& step) const noexcept override {
@@ -314,29 +348,44 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
   /// The oldest position past the sinks `layer`'s rows still hold: positions
   /// [held_from, length) and the sinks are in its rows (what an export carries).
+  /// Meaningful for layers that hold K/V rows (Flat, Ring, Chunked).
   /// Precondition: 0 <= layer < n_layers.
-  int held_from(int layer) const noexcept { return held_floor_[policy_index(layer)]; }
+  int held_from(int layer) const noexcept { return held_[held_offset_[policy_index(layer)]]; }
+
+  /// The layer whose rows `layer` reads: its Shared source, else itself.
+  /// Precondition: 0 <= layer < n_layers.
+  int row_layer(int layer) const noexcept {
+    const LayerPolicy& p = layer_configs_[layer].policy;
+    return p.kind == LayerPolicy::Kind::Shared ? p.source : layer;
+  }
 
   /// Takes an imported sequence's state (kvcore/state/sequence_import.h: its
   /// rows are written already; commit_copies() is then empty): length `length`, and per layer l the oldest
   /// position past the sinks its rows hold, held_from(l) (layers of one policy
   /// take the largest). InvalidState: a step is begun or the cache holds
   /// positions. OutOfResources: length over capacity. InvalidArgument: a
-  /// held_from outside [0, length]. Nothing changes on an error.
+  /// held_from outside [0, length]. NotSupported: the model has State layers
+  /// (records do not carry states yet). Nothing changes on an error.
   template <class HeldFrom>
   Status restore(int length, HeldFrom held_from) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(active_.id == 0 && length_ == 0, InvalidState,
                                  "import: the cache holds %d positions%s; clear() it first", length_,
                                  active_.id != 0 ? " and a begun step" : "");
+    for (int l = 0; l < n_layers_; ++l)
+      KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_[l].policy.kind != LayerPolicy::Kind::State,
+                                   NotSupported,
+                                   "import: layer %d is a State layer; records do not carry "
+                                   "recurrent states yet",
+                                   l);
     KVCORE_CHECK_OR_RETURN_ERROR(length >= 0 && length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", length, capacity_);
     for (int l = 0; l < n_layers_; ++l)
       KVCORE_CHECK_OR_RETURN_ERROR(held_from(l) >= 0 && held_from(l) <= length, InvalidArgument,
                                    "import: layer %d held_from = %d must be in [0, length = %d]", l,
                                    held_from(l), length);
-    for (int i = 0; i < n_policies_; ++i) held_floor_[i] = 0;
+    for (int i = 0; i < n_policies_; ++i) policies_[i]->reset_held(held(i));
     for (int l = 0; l < n_layers_; ++l) {
-      int& floor = held_floor_[layer_policy_[l]];
+      int& floor = held(layer_policy_[l])[0];
       if (held_from(l) > floor) floor = held_from(l);
     }
     length_ = length;
@@ -382,55 +431,108 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       while (index < n_policies_ && policies_[index]->policy() != lp) ++index;
       if (index == n_policies_) {
         policies_[index] = make_policy(lp);
+        n_held_ += policies_[index] != nullptr ? policies_[index]->held_ints() : 0;
         KVCORE_CHECK_OR_RETURN_ERROR(policies_[index] != nullptr, MemoryAllocationFailed,
                                      "cannot allocate the policy of layer %d", l);
         ++n_policies_;
       }
       layer_policy_[l] = index;
     }
-    held_floor_ = internal::Buffer<int>::make_zeroed(n_policies_);
+    held_ = internal::Buffer<int>::make(n_held_);
+    held_offset_ = internal::Buffer<int>::make(n_policies_);
     step_plans_ = internal::Buffer<SeqStepPlan>::make(n_policies_);
-    KVCORE_CHECK_OR_RETURN_ERROR(held_floor_ != nullptr && step_plans_ != nullptr,
+    KVCORE_CHECK_OR_RETURN_ERROR(held_ != nullptr && held_offset_ != nullptr && step_plans_ != nullptr,
                                  MemoryAllocationFailed,
                                  "cannot allocate the step state of %d policies", n_policies_);
+    for (int i = 0, offset = 0; i < n_policies_; offset += policies_[i]->held_ints(), ++i) {
+      held_offset_[i] = offset;
+      policies_[i]->reset_held(held(i));
+    }
     const int tree_nodes = max_step_ < SequenceTree::kReservedNodes ? max_step_ : SequenceTree::kReservedNodes;
     return tree_.reserve(tree_nodes, n_policies_);
   }
 
-  // nullptr when the allocation fails.
+  // nullptr when the allocation fails. A Shared layer's source (an earlier
+  // layer, validate() checked) has its policy already.
   std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const noexcept {
-    if (lp.kind == LayerPolicy::Kind::Ring)
-      return std::unique_ptr<LayoutPolicy>(
-          new (std::nothrow) RingPolicy(lp.window, lp.sinks, max_step_, capacity_));
-    return std::unique_ptr<LayoutPolicy>(new (std::nothrow) FlatPolicy(capacity_));
+    LayoutPolicy* made = nullptr;
+    switch (lp.kind) {
+      case LayerPolicy::Kind::Ring:
+        made = new (std::nothrow) RingPolicy(lp.window, lp.sinks, max_step_, capacity_);
+        break;
+      case LayerPolicy::Kind::Chunked:
+        made = new (std::nothrow) ChunkedPolicy(lp.window, max_step_, capacity_);
+        break;
+      case LayerPolicy::Kind::Shared:
+        made = new (std::nothrow) SharedPolicy(*policies_[layer_policy_[lp.source]], lp.source);
+        break;
+      case LayerPolicy::Kind::State:
+        made = new (std::nothrow) StatePolicy(lp.slots);
+        break;
+      default:
+        made = new (std::nothrow) FlatPolicy(capacity_);
+    }
+    return std::unique_ptr<LayoutPolicy>(made);
   }
+
+  // Policy i's share of the held bookkeeping.
+  int* held(int i) noexcept { return held_.get() + held_offset_[i]; }
+  const int* held(int i) const noexcept { return held_.get() + held_offset_[i]; }
 
   // The begun step's plan of `layer` (computed by begin_step; plans are pure).
   const SeqStepPlan& step_plan(int layer) const noexcept {
     return step_plans_[policy_index(layer)];
   }
 
-  Status check_next_step(int T) const noexcept {
+  Status check_next_step(int T, bool verify) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step(), InvalidArgument,
                                  "T = %d: a step needs 1 <= T <= max_step = %d", T, max_step());
     KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
                                  "T = %d at length %d: length would exceed capacity = %d", T,
                                  length_, capacity_);
+    for (int i = 0; i < n_policies_; ++i) {
+      const LayerPolicy p = policies_[i]->policy();
+      KVCORE_CHECK_OR_RETURN_ERROR(
+          p.kind != LayerPolicy::Kind::State || !verify || T <= p.slots - 1, InvalidArgument,
+          "T = %d: a verify or tree step keeps the state after each of its positions, and layer "
+          "%d keeps %d state slots: needs T <= slots - 1 = %d",
+          T, first_layer_of(i), p.slots, p.slots - 1);
+    }
+    for (int i = 0; i < n_policies_; ++i) {  // attention layers always hold what the length needs
+      KVCORE_CHECK_OR_RETURN_ERROR(policies_[i]->holds_for(held(i), length_), InvalidState,
+                                   "step at length %d: layer %d no longer holds the state after "
+                                   "position %d (an aborted step overwrote its slot): rewind to a "
+                                   "length can_rewind() allows, or clear()",
+                                   length_, first_layer_of(i), length_ - 1);
+    }
     return Error::Ok;
   }
 
   // Plans every policy for a step of T at length_ (checked) and begins it.
-  Step start_step(int T, bool tree) noexcept {
-    const int end = length_ + T;
+  Step start_step(int T, bool tree, bool verify) noexcept {
     // From here on the step's rows count as written: what they held is gone.
     // Each distinct policy is planned once here, so plan(layer) is a lookup.
     for (int i = 0; i < n_policies_; ++i) {
-      const int floor = policies_[i]->held_floor(end);
-      if (floor > held_floor_[i]) held_floor_[i] = floor;
-      step_plans_[i] = policies_[i]->plan(length_, T);
+      policies_[i]->note_begin(held(i), length_, T, verify);
+      step_plans_[i] = policies_[i]->plan(length_, T, verify);
     }
-    active_ = Step{length_, T, ++last_step_id_, tree};
+    active_ = Step{length_, T, ++last_step_id_, tree, verify};
     return active_;
+  }
+
+  // InvalidState naming what `blocking` (a policy) lacks for a length of n;
+  // `what` opens the message ("rewind(n" reads "rewind(n = 5): ...").
+  Status blocked(const char* what, int n, int blocking) const noexcept {
+    const LayoutPolicy& p = *policies_[blocking];
+    if (p.policy().kind == LayerPolicy::Kind::State)
+      return Status::make(Error::InvalidState,
+                          "%s = %d): layer %d no longer holds the state after position %d "
+                          "(a step begun without verify keeps only its last state)",
+                          what, n, first_layer_of(blocking), n - 1);
+    return Status::make(Error::InvalidState,
+                        "%s = %d): layer %d needs position %d, but its rows now hold only "
+                        "positions >= %d",
+                        what, n, first_layer_of(blocking), p.needed_floor(n), held(blocking)[0]);
   }
 
   // A chain step's accepted path: 0, 1, ..., m - 1 with 1 <= m <= T.
@@ -456,10 +558,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // length) needs below n; -1 when rewind(n) may go ahead. Makes no message:
   // can_rewind() answers with it.
   int rewind_blocker(int n) const noexcept {
-    for (int i = 0; i < n_policies_; ++i) {
-      const int needed = policies_[i]->needed_floor(n);
-      if (needed < n && needed < held_floor_[i]) return i;
-    }
+    for (int i = 0; i < n_policies_; ++i)
+      if (!policies_[i]->holds_for(held(i), n)) return i;
     return -1;
   }
 
@@ -480,7 +580,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   internal::Buffer<std::unique_ptr<LayoutPolicy>> policies_;  // the first n_policies_ are set
   internal::Buffer<LayerConfig> layer_configs_;  // per layer, broadcast resolved
   internal::Buffer<int> layer_policy_;  // per layer: index into policies_
-  internal::Buffer<int> held_floor_;    // per policy: oldest evictable position still held
+  int n_held_ = 0;                      // ints of held bookkeeping over every policy
+  internal::Buffer<int> held_;          // what the rows hold (LayoutPolicy::note_*), per policy
+  internal::Buffer<int> held_offset_;   // per policy: where its share of held_ starts
   internal::Buffer<SeqStepPlan> step_plans_;  // per policy: its plan of the begun step
   SequenceTree tree_;  // the begun tree's layout and the last commit's copies
 };

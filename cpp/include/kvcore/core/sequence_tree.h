@@ -72,7 +72,8 @@ class SequenceTree {
                      const int* accepted, int m) noexcept {
     for (int p = 0; p < n_policies_; ++p) {
       TreeCopy* out = row_copy(p);
-      const int n = accepted == nullptr
+      // A layer that holds no rows (Shared) copies none.
+      const int n = accepted == nullptr || policies[p]->rows() == 0
                         ? 0
                         : tree_commit_copies(tree_.chain_indices(), accepted, m, out);
       for (int c = 0; c < n; ++c)

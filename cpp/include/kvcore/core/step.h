@@ -16,6 +16,10 @@ struct Step {
   /// True when begun by begin_tree(): its T nodes form a draft tree
   /// (docs/design.md section 7) rather than a chain of positions.
   bool tree = false;
+  /// True when the step may be rewound into (begun with verify, or a tree):
+  /// State layers keep the state after each of its positions
+  /// (docs/design.md section 9).
+  bool verify = false;
 
   int end() const noexcept { return position + T; }
 };

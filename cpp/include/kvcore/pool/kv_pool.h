@@ -368,6 +368,10 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   // overflow the address space.
   static Status shape_layer(int l, const LayerConfig& lc, const LayerGeometry& geometry,
                             DType dtype, RingStorage ring_storage, PoolLayer* out) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(lc.policy.holds_keys(), NotSupported,
+                                 "layer %d: KVPool stores the K/V rows of Flat, Ring and Chunked layers; "
+                                 "its Shared or State layer has none (docs/layer_kinds.md)",
+                                 l);
     const int rows = geometry.rows;
     const int mirror_rows = ring_storage == RingStorage::Mirrored ? geometry.mirror_rows() : 0;
     const std::uint64_t storage =

@@ -368,6 +368,10 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     KVCORE_CHECK_OR_RETURN_ERROR(B >= 1, InvalidArgument,
                                  "block_size = %d: the planner's blocks must hold >= 1 row", B);
     KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
+    KVCORE_CHECK_OR_RETURN_ERROR(lc.policy.holds_keys(), NotSupported,
+                                 "layer %d: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; "
+                                 "its Shared layer has none (docs/layer_kinds.md)",
+                                 l);
     KVCORE_ASSIGN_OR_RETURN(const int group, planner.group_of(l));
     KVCORE_ASSIGN_OR_RETURN(const int blocks, planner.num_blocks(group));
     const std::uint64_t rows = static_cast<std::uint64_t>(blocks < 0 ? 0 : blocks) * static_cast<std::uint64_t>(B);

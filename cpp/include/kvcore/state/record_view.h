@@ -61,7 +61,7 @@ int first_needed_uncarried(int start, int n_holes, HoleAt hole, const RecordLaye
   const int gap_lo = layer.sink_end, gap_hi = layer.held_from < q ? layer.held_from : q;
   if (gap_lo >= gap_hi) return -1;  // the layer carries everything below q
   // The needed set below q: [0, sinks') and [window_begin, q) (flat: [0, q)).
-  const bool ring = layer.policy.kind == LayerPolicy::Kind::Ring;
+  const bool ring = layer.policy.evicts();
   const int sinks = ring ? (layer.policy.sinks < q ? layer.policy.sinks : q) : 0;
   const int wb = layer.policy.window_begin(q);
   const int needed[2][2] = {{0, sinks}, {wb, q}};
@@ -223,9 +223,13 @@ inline Status RecordView::check_sequence() const noexcept {
 // Layer l's policy, shape, dtype, bounds and row count.
 inline Status RecordView::check_layer(int l) const noexcept {
   const RecordLayer r = layer(l);
-  const bool ring = r.policy.kind == LayerPolicy::Kind::Ring;
-  const bool policy_ok = ring ? (r.policy.window >= 1 && r.policy.sinks >= 0)
-                              : (r.policy.kind == LayerPolicy::Kind::Flat && r.policy.window == 0 && r.policy.sinks == 0);
+  // Records carry the kinds that hold K/V rows (Shared and State layers: not yet).
+  const bool ring = r.policy.evicts();
+  const bool policy_ok = r.policy.source == 0 && r.policy.slots == 0 &&
+                         (r.policy.kind == LayerPolicy::Kind::Ring      ? r.policy.window >= 1 && r.policy.sinks >= 0
+                          : r.policy.kind == LayerPolicy::Kind::Chunked ? r.policy.window >= 1 && r.policy.sinks == 0
+                                                                         : r.policy.kind == LayerPolicy::Kind::Flat &&
+                                                                               r.policy.window == 0 && r.policy.sinks == 0);
   KVCORE_CHECK_OR_RETURN_ERROR(policy_ok, InvalidArgument,
                                "record: layer %d policy (kind %d, window %d, sinks %d) breaks the config rules", l,
                                static_cast<int>(r.policy.kind), r.policy.window, r.policy.sinks);

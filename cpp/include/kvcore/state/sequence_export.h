@@ -42,7 +42,7 @@ struct SequenceSource {
   RecordLayer layer(int l) const noexcept {
     const LayerConfig lc = *cache.layer_config(l);
     RecordLayer r{lc.policy, pool.dtype(), lc.n_kv_heads, lc.head_dim, lc.value_dim(), 0, 0, 0};
-    if (lc.policy.kind == LayerPolicy::Kind::Ring) {
+    if (lc.policy.evicts()) {
       r.sink_end = lc.policy.sinks;
       r.held_from = cache.held_from(l);
       canonical_bounds(r, cache.length());
@@ -70,7 +70,7 @@ struct BatchSource {
   RecordLayer layer(int l) const noexcept {
     const LayerConfig lc = *cache.layer_config(l);
     RecordLayer r{lc.policy, pool.dtype(), lc.n_kv_heads, lc.head_dim, lc.value_dim(), 0, 0, 0};
-    if (lc.policy.kind == LayerPolicy::Kind::Ring) {
+    if (lc.policy.evicts()) {
       const int B = cache.block_size();
       const std::int64_t sink_end = (static_cast<std::int64_t>(lc.policy.sinks) + B - 1) / B * B;
       r.sink_end = sink_end < info.length ? static_cast<int>(sink_end) : info.length;
@@ -130,6 +130,11 @@ template <class Source>
 Result<std::size_t> size_of(const Source& src, int n_layers, int max_step, int n_tokens) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(n_tokens >= 0 && n_tokens <= src.length(), InvalidArgument,
                                "export: n_tokens = %d must be in [0, length = %d]", n_tokens, src.length());
+  for (int l = 0; l < n_layers; ++l)
+    KVCORE_CHECK_OR_RETURN_ERROR(src.layer(l).policy.holds_keys(), NotSupported,
+                                 "export: layer %d is a %s layer: records carry Flat, Ring and Chunked "
+                                 "layers only (shared K/V and recurrent state not yet)",
+                                 l, src.layer(l).policy.kind == LayerPolicy::Kind::Shared ? "Shared" : "State");
   const RecordSequence seq = sequence_of(src, n_layers, max_step, n_tokens);
   return RecordLayout::of(seq, [&src](int l) { return counted_layer(src, l); }).total;
 }
@@ -173,7 +178,7 @@ Status write(const Source& src, int n_layers, int max_step, const std::int32_t* 
 
 /// Bytes export_to() writes for `cache`'s sequence (rows in `pool`) with the
 /// token ids of its first n_tokens positions. InvalidArgument: n_tokens
-/// outside [0, length].
+/// outside [0, length]. NotSupported: a Shared or State layer.
 inline Result<std::size_t> export_size(const SequenceCache& cache, const KVPool& pool, int n_tokens = 0) noexcept {
   return export_detail::size_of(export_detail::SequenceSource{cache, pool}, cache.n_layers(), cache.max_step(),
                                 n_tokens);

@@ -97,11 +97,11 @@ void put_rows(const unsigned char* k, const unsigned char* v, const RecordLayer&
 // from, and no lower than its ring's rows reach. -1 when the record lacks a
 // position the layer must hold (a sink, or any position of a flat layer).
 inline int sequence_floor(const RecordLayer& r, const LayerGeometry& g, int length) noexcept {
-  const int sinks = r.policy.kind == LayerPolicy::Kind::Ring ? r.policy.sinks : 0;
+  const int sinks = r.policy.sinks;  // 0 but on a ring
   if (first_missing(r, 0, sinks < length ? sinks : length) >= 0) return -1;
   int floor = g.wraps() && length > g.ring_rows ? length - g.ring_rows : 0;
   if (first_missing(r, floor, length) >= 0) floor = r.held_from;
-  if (r.policy.kind != LayerPolicy::Kind::Ring && floor > 0) return -1;
+  if (!r.policy.evicts() && floor > 0) return -1;
   return floor;
 }
 
@@ -142,7 +142,7 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
     const RecordLayer r = rec.layer(l);
     const LayerGeometry g = *cache.geometry(l);
     const PoolLayer s = *pool.layer(l);
-    const int sinks = r.policy.kind == LayerPolicy::Kind::Ring ? r.policy.sinks : 0;
+    const int sinks = r.policy.sinks;  // 0 but on a ring
     const int floor = floor_of(l);
     int j = 0;
     for_each_carried_run(seq.length, 0, 0, [](int) { return PositionRange{}; }, r, [&](int lo, int hi) {

@@ -31,7 +31,10 @@ class BlockGroup {
   void set_policy(const LayerPolicy& policy, int block_size, int max_step) noexcept {
     policy_ = policy;
     ring_.set(policy, block_size, max_step);
-    rule_ = policy.kind == LayerPolicy::Kind::Ring ? static_cast<const GroupRule*>(&ring_) : &flat_;
+    chunked_.set(policy, block_size, max_step);
+    rule_ = policy.kind == LayerPolicy::Kind::Ring      ? static_cast<const GroupRule*>(&ring_)
+            : policy.kind == LayerPolicy::Kind::Chunked ? static_cast<const GroupRule*>(&chunked_)
+                                                        : &flat_;
   }
   const LayerPolicy& policy() const noexcept { return policy_; }
   const GroupRule& rule() const noexcept { return *rule_; }
@@ -175,6 +178,7 @@ class BlockGroup {
   LayerPolicy policy_;
   FlatRule flat_;
   RingRule ring_;
+  ChunkedRule chunked_;
   const GroupRule* rule_ = &flat_;
   BlockPool pool_;
   const TableRows* rows_ = nullptr;

@@ -52,6 +52,18 @@ class FlatRule final : public GroupRule {
   NeededBlocks needed(int) const noexcept override { return NeededBlocks{0, 0}; }
 };
 
+/// Blocks of a pool whose sequences each hold at most `sink_blocks` sink
+/// blocks and W + 2C - 1 positions during a step (one straddle more), or
+/// `configured` when a full table row is fewer.
+inline std::int64_t window_pool_blocks(std::int64_t configured, std::int64_t seqs, int stride, int window,
+                                       int max_step, int block_size, int sink_blocks) noexcept {
+  const std::int64_t span = static_cast<std::int64_t>(window) + 2 * static_cast<std::int64_t>(max_step) - 1;
+  const std::int64_t per_seq = sink_blocks + (span + block_size - 1) / block_size + 1;
+  std::int64_t blocks = per_seq < stride ? per_seq * seqs : configured;
+  if (blocks > seqs * stride) blocks = seqs * stride;
+  return blocks;
+}
+
 /// Ring(window, sinks): a query at q sees the sinks and (q - window, q]. No
 /// query after a rewind of up to max_step positions needs a position below
 /// length - max_step - window + 1 but the sinks: those blocks go.
@@ -65,12 +77,7 @@ class RingRule final : public GroupRule {
   }
 
   std::int64_t pool_blocks(std::int64_t configured, std::int64_t seqs, int stride) const noexcept override {
-    // What one sequence can hold during a step: sinks, W + 2C - 1 positions, one straddle.
-    const std::int64_t span = static_cast<std::int64_t>(window_) + 2 * static_cast<std::int64_t>(max_step_) - 1;
-    const std::int64_t per_seq = sink_blocks_ + (span + block_size_ - 1) / block_size_ + 1;
-    std::int64_t blocks = per_seq < stride ? per_seq * seqs : configured;
-    if (blocks > seqs * stride) blocks = seqs * stride;
-    return blocks;
+    return window_pool_blocks(configured, seqs, stride, window_, max_step_, block_size_, sink_blocks_);
   }
   int sink_blocks() const noexcept override { return sink_blocks_; }
   int release_floor_block(int length) const noexcept override {
@@ -98,6 +105,37 @@ class RingRule final : public GroupRule {
   int block_size_ = 1;
   int max_step_ = 1;
   int sink_blocks_ = 0;
+};
+
+/// Chunked(K): a query at q sees its own chunk, [K * floor(q / K), q]. No
+/// query after a rewind of up to max_step positions needs a position below the
+/// chunk start of length - max_step: those blocks go. A sequence holds at most
+/// K + 2C - 1 positions during a step, as a ring of window K.
+class ChunkedRule final : public GroupRule {
+ public:
+  void set(const LayerPolicy& policy, int block_size, int max_step) noexcept {
+    chunk_ = policy.window;
+    block_size_ = block_size;
+    max_step_ = max_step;
+  }
+
+  std::int64_t pool_blocks(std::int64_t configured, std::int64_t seqs, int stride) const noexcept override {
+    return window_pool_blocks(configured, seqs, stride, chunk_, max_step_, block_size_, 0);
+  }
+  int sink_blocks() const noexcept override { return 0; }
+  int release_floor_block(int length) const noexcept override {
+    const int lo = length > max_step_ ? length - max_step_ : 0;
+    return (lo - lo % chunk_) / block_size_;
+  }
+  std::int64_t needs_from(int n) const noexcept override { return n - n % chunk_; }
+  NeededBlocks needed(int blocks) const noexcept override {
+    return NeededBlocks{0, release_floor_block(static_cast<int>(static_cast<std::int64_t>(blocks) * block_size_))};
+  }
+
+ private:
+  int chunk_ = 1;
+  int block_size_ = 1;
+  int max_step_ = 1;
 };
 
 }  // namespace kvcore

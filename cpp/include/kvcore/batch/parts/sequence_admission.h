@@ -155,7 +155,7 @@ class SequenceAdmission {
   /// of its sink blocks is carried (a flat group: every visible position), and
   /// its pool has the blocks (a hit of `hit` blocks keyed `hit_keys` shared).
   Status check_group(int g, const BlockGroup& group, const BlockKey* hit_keys, int hit) const noexcept {
-    const bool ring = group.policy().kind == LayerPolicy::Kind::Ring;
+    const bool ring = group.policy().evicts();
     const std::int64_t sinks_end = static_cast<std::int64_t>(group.rule().sink_blocks()) * B_;
     const int keep_end = !ring ? in_.length : (sinks_end < in_.length ? static_cast<int>(sinks_end) : in_.length);
     const int missing = first_missing(g, 0, keep_end);
@@ -173,7 +173,7 @@ class SequenceAdmission {
     const int wb = group.policy().window_begin(in_.length);
     const int lacks = ring ? first_missing(g, wb, in_.length) : -1;
     KVCORE_CHECK_OR_RETURN_ERROR(lacks < 0, InvalidArgument,
-                                 "import: group %d (ring window %d) lacks position %d, which a query at length %d "
+                                 "import: group %d (window or chunk %d) lacks position %d, which a query at length %d "
                                  "needs: incomplete",
                                  g, group.policy().window, lacks, in_.length);
     const int need = blocks_needed(g, group, hit_keys, hit);
