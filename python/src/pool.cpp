@@ -533,8 +533,9 @@ void register_pool(py::module_& m) {
       "step's query i (position P + i) may see the j-th row of layer's read (the visibility "
       "rule), in the order KVPool.update/read return them with the same `order`: 'rows' (n = "
       "the held rows, as they lie) or 'positions' (n = the plan's read_len, increasing "
-      "positions). Read-only: layers of one policy share it. InvalidArgumentError: bad layer or "
-      "order; InvalidStateError: the step is no longer the begun step.");
+      "positions). Read-only: layers of one policy share it. A Shared layer's mask is its "
+      "source's. InvalidArgumentError: bad layer or order, or a State layer (it has no keys); "
+      "InvalidStateError: the step is no longer the begun step.");
 }
 
 }  // namespace kvcore_py
