@@ -424,15 +424,20 @@ def config_from_hf(
     context: Optional[int] = None,
     max_step: Optional[int] = None,
     sinks: int = 0,
+    state_slots: Optional[int] = None,
 ) -> CacheConfig:
     """A validated CacheConfig for a Hugging Face config.
 
     ``context`` (the cache capacity) defaults to the config's
     max_position_embeddings; ``max_step`` to kvcore's min(512, context);
-    ``sinks`` attention sinks are kept by every sliding layer.
+    ``sinks`` attention sinks are kept by every sliding layer; ``state_slots``
+    (D, default default_state_slots(max_step)) by every recurrent-state layer.
+    Chunked layers become Chunked(chunk), KV-shared layers Shared(source).
+    Errors as model_shape_from_hf and ModelShape.cache_config.
     """
     shape = model_shape_from_hf(source)
-    return shape.cache_config(default_context(shape, context), max_step=max_step, sinks=sinks)
+    return shape.cache_config(default_context(shape, context), max_step=max_step, sinks=sinks,
+                              state_slots=state_slots)
 
 
 def default_context(shape: ModelShape, context: Optional[int]) -> int:
