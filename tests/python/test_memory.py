@@ -497,3 +497,13 @@ def test_cli_bad_state_slots_exit_2(capsys: pytest.CaptureFixture[str], slots: s
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"kvcore memory: error: argument --state-slots: {message}; see kvcore memory --help\n"
+
+
+@pytest.mark.parametrize("model", ["qwen3-next-80b-a3b", "gemma-3n-e4b"])
+def test_docs_state_and_shared_examples_are_the_commands_output(capsys: pytest.CaptureFixture[str], model: str) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "memory.md").read_text(encoding="utf-8")
+    start = doc.index(f"$ kvcore memory --model {model} ")
+    command, _, rest = doc[start:].partition("\n")
+    shown = rest[: rest.index("```")]
+    code = main(command.split()[2:])  # "$ kvcore memory ...": the arguments after "kvcore"
+    assert code == 0 and capsys.readouterr().out == shown
