@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from kvcore._core import CacheConfig, Flat, LayerConfig, Ring
+from kvcore._core import CacheConfig, Chunked, Flat, LayerConfig, Ring, Shared, State
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 
 #: The largest context kvcore can plan: positions are 32-bit signed ints.
@@ -26,6 +26,72 @@ HFSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
+CHUNKED = "chunked_attention"
+
+#: Verify-step tokens the default state slots allow: D = min(max_step, 8) + 1 (see default_state_slots).
+DEFAULT_VERIFY_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class ChunkedLayer:
+    """A chunked-attention layer (Llama 4): a query sees the keys of its own ``chunk``-token chunk."""
+
+    chunk: int
+
+
+@dataclass(frozen=True)
+class SharedLayer:
+    """A layer that reads layer ``source``'s K/V (Gemma 3n's KV-shared layers) and holds none."""
+
+    source: int
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """One recurrent layer's state for one sequence: what one snapshot (one state slot) holds.
+
+    ``conv_channels`` x ``conv_width`` elements of convolution window, kept in the
+    activation dtype; ``recurrent_elements`` elements of recurrent (SSM / DeltaNet)
+    matrix, kept in float32 (``recurrent_dtype_bytes``). ``formula`` says where the
+    shape comes from (docs/memory.md, "Recurrent state").
+    """
+
+    kind: str  # "gated_deltanet", "mamba2" or "short_conv"
+    conv_channels: int
+    conv_width: int
+    recurrent_elements: int = 0
+    recurrent_dtype_bytes: int = 4
+    formula: str = ""
+
+    @property
+    def conv_elements(self) -> int:
+        """Elements of the convolution window."""
+        return self.conv_channels * self.conv_width
+
+    def conv_bytes(self, dtype_size: int) -> int:
+        """Bytes of the convolution window at ``dtype_size`` bytes per element."""
+        return self.conv_elements * dtype_size
+
+    @property
+    def recurrent_bytes(self) -> int:
+        """Bytes of the recurrent matrix (float32 unless recurrent_dtype_bytes says otherwise)."""
+        return self.recurrent_elements * self.recurrent_dtype_bytes
+
+    def snapshot_bytes(self, dtype_size: int) -> int:
+        """Bytes of one state snapshot (one slot), the conv part at ``dtype_size`` bytes per element."""
+        return self.conv_bytes(dtype_size) + self.recurrent_bytes
+
+
+#: A layer that is neither full nor sliding: its kind and what it needs.
+SpecialLayer = Union[ChunkedLayer, SharedLayer, StateShape]
+
+
+def default_state_slots(max_step: int) -> int:
+    """State slots D by default: min(max_step, DEFAULT_VERIFY_TOKENS) + 1, room for a verify step of
+    up to 8 tokens (a verify step of T tokens needs T <= D - 1). Pass D = max_step + 1 to let
+    every step be a verify step, or 1 when nothing is ever rewound."""
+    _check_int("max_step", max_step, minimum=1)
+    return min(max_step, DEFAULT_VERIFY_TOKENS) + 1
 
 
 @dataclass(frozen=True)
@@ -33,7 +99,9 @@ class ModelShape:
     """What a model's config says about its KV cache.
 
     ``windows[i]`` is layer i's sliding window (keys a query sees, counting
-    itself), or None for a full-attention layer.
+    itself), or None for a full-attention layer. ``special[i]`` (empty when the
+    model has none) is a ChunkedLayer, SharedLayer or StateShape for a layer
+    of another kind (its window is None), else None.
     """
 
     name: str
@@ -44,10 +112,36 @@ class ModelShape:
     v_head_dim: int = 0  # 0: V rows are head_dim wide, like K rows
     max_position_embeddings: Optional[int] = None
     defaults: tuple[str, ...] = field(default=())  # "field=value (source)" the file left out
+    special: tuple[Optional[SpecialLayer], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.special and len(self.special) != len(self.windows):
+            raise InvalidArgumentError(
+                f"special has {len(self.special)} entries: must be empty or one per layer ({len(self.windows)})"
+            )
+        for i, other in enumerate(self.special):
+            if other is not None and self.windows[i] is not None:
+                raise InvalidArgumentError(f"layer {i}: sliding (window {self.windows[i]}) and {other}")
 
     @property
     def n_layers(self) -> int:
         return len(self.windows)
+
+    def layer_kind(self, layer: int) -> str:
+        """"sliding", "full", "chunked", "shared" or "state": what ``layer`` is."""
+        other = self.special[layer] if self.special else None
+        if isinstance(other, ChunkedLayer):
+            return "chunked"
+        if isinstance(other, SharedLayer):
+            return "shared"
+        if isinstance(other, StateShape):
+            return "state"
+        return "full" if self.windows[layer] is None else "sliding"
+
+    @property
+    def has_state(self) -> bool:
+        """True when some layer keeps a recurrent state."""
+        return any(isinstance(o, StateShape) for o in self.special)
 
     @property
     def value_dim(self) -> int:
@@ -60,11 +154,16 @@ class ModelShape:
         max_step: Optional[int] = None,
         sinks: int = 0,
         all_flat: bool = False,
+        state_slots: Optional[int] = None,
     ) -> CacheConfig:
         """The CacheConfig of this model for ``context`` positions.
 
-        Sliding layers become Ring(window, sinks), full layers Flat();
-        ``all_flat`` makes every layer Flat (the baseline that ignores windows).
+        Sliding layers become Ring(window, sinks), full layers Flat(), chunked
+        layers Chunked(chunk), KV-shared layers Shared(source) and recurrent
+        layers State(state_slots) (default: default_state_slots(max_step)).
+        ``all_flat`` makes every sliding and chunked layer Flat (the baseline that
+        ignores windows and chunks); shared and state layers stay as they are.
+        InvalidArgumentError names a bad argument.
         """
         _check_int("context", context, minimum=1)
         if context > MAX_CONTEXT:
@@ -79,11 +178,35 @@ class ModelShape:
                     "(one step cannot hold more tokens than the cache)"
                 )
         _check_int("sinks", sinks, minimum=0)
+        if state_slots is not None:
+            _check_int("state_slots", state_slots, minimum=1)
+        if not self.special:
+            layers = []
+            for window in self.windows:
+                policy = Flat() if window is None or all_flat else Ring(window, sinks)
+                layers.append(LayerConfig(policy, self.n_kv_heads, self.head_dim, self.v_head_dim))
+            return CacheConfig(context, layers, max_step=max_step)
+        return CacheConfig(context, self._special_layers(context, max_step, sinks, all_flat, state_slots),
+                           max_step=max_step)
+
+    def _special_layers(self, context: int, max_step: Optional[int], sinks: int, all_flat: bool,
+                        state_slots: Optional[int]) -> list[LayerConfig]:
+        """LayerConfigs of a model with chunked, shared or state layers."""
+        if state_slots is None:
+            state_slots = default_state_slots(max_step if max_step is not None else min(512, context))
         layers = []
-        for window in self.windows:
-            policy = Flat() if window is None or all_flat else Ring(window, sinks)
+        for window, other in zip(self.windows, self.special):
+            if isinstance(other, StateShape):
+                layers.append(LayerConfig(State(state_slots)))
+                continue
+            if isinstance(other, SharedLayer):
+                policy = Shared(other.source)
+            elif isinstance(other, ChunkedLayer):
+                policy = Flat() if all_flat else Chunked(other.chunk)
+            else:
+                policy = Flat() if window is None or all_flat else Ring(window, sinks)
             layers.append(LayerConfig(policy, self.n_kv_heads, self.head_dim, self.v_head_dim))
-        return CacheConfig(context, layers, max_step=max_step)
+        return layers
 
 
 @dataclass(frozen=True)
@@ -152,19 +275,65 @@ _FAMILIES: dict[str, _Family] = {
     ),
 }
 
+# Families with chunked, KV-shared or recurrent-state layers (section 9 of docs/design.md). Their
+# layer kinds come from layer_types when the file has it, else from the rule in _family_layer_types;
+# defaults from the transformers 5.24 config classes named here.
+_FAMILIES.update({
+    "llama4_text": _Family(
+        "transformers Llama4TextConfig",
+        {"hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+         "head_dim": 128, "max_position_embeddings": 131072, "attention_chunk_size": 8192,
+         "no_rope_layer_interval": 4},
+        pattern="kinds",
+    ),
+    "gemma3n_text": _Family(
+        "transformers Gemma3nTextConfig",
+        {"hidden_size": 2048, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "head_dim": 256, "max_position_embeddings": 32768, "sliding_window": 512, "num_kv_shared_layers": 15},
+        pattern="kinds",
+    ),
+    "qwen3_next": _Family(
+        "transformers Qwen3NextConfig",
+        {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+         "head_dim": 256, "max_position_embeddings": 32768, "linear_conv_kernel_dim": 4,
+         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+         "linear_num_value_heads": 32, "full_attention_interval": 4},
+        pattern="kinds",
+    ),
+    "lfm2": _Family(
+        "transformers Lfm2Config",
+        {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "max_position_embeddings": 128000, "conv_L_cache": 3},
+        pattern="kinds",
+    ),
+    "granitemoehybrid": _Family(
+        "transformers GraniteMoeHybridConfig",
+        {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+         "mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_head": "auto",
+         "mamba_d_conv": 4, "mamba_expand": 2},
+        pattern="kinds",
+    ),
+})
+
+# Fields of _UNSUPPORTED that a family's own layers explain (read in _state_shape).
+_READS: dict[str, tuple[str, ...]] = {"granitemoehybrid": ("mamba_d_state",)}
+
+# transformers' legacy layer type names (configuration_utils._LEGACY_LAYER_TYPE_REMAP).
+_LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": FULL}
+_STATE_TYPES = ("linear_attention", "conv")
+
 # A multimodal config keeps the language model under text_config.
-_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text"}
+_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text"}
 
 # Fields that mean the KV cache is not per-layer K/V rows of one shape.
 _UNSUPPORTED: dict[str, str] = {
     "kv_lora_rank": "multi-head latent attention caches a compressed latent, not per-head K/V rows",
-    "num_kv_shared_layers": "layers that reuse another layer's K/V (Gemma 3n) are not modelled",
-    "attention_chunk_size": "chunked attention (Llama 4) is not a sliding window",
     "global_head_dim": "full and sliding layers with different head sizes are not modelled",
     "num_global_key_value_heads": "full and sliding layers with different KV head counts are not modelled",
     "use_bidirectional_attention": "a bidirectional (non-causal) model keeps no decoding KV cache",
     # Hybrids: transformers gives these layers a recurrent state, not K/V rows.
-    "mamba_d_state": "state-space (Mamba) layers keep a recurrent state, not K/V rows; hybrid models are not modelled",
+    "mamba_d_state": "state-space (Mamba) layers keep a recurrent state whose shape kvcore reads for "
+                     "model_type 'granitemoehybrid' only",
     "block_types": "recurrent blocks (RecurrentGemma) keep a recurrent state, not K/V rows; hybrids are not modelled",
 }
 
@@ -207,7 +376,7 @@ def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> Mode
     raw = load_hf_config(source)
     cfg, model_type = _language_model(raw)
     for key, why in _UNSUPPORTED.items():
-        if cfg.get(key) not in (None, 0):
+        if cfg.get(key) not in (None, 0) and key not in _READS.get(model_type, ()):
             raise NotSupportedError(f"{key} = {cfg[key]!r}: {why}")
     r = _Reader(cfg, model_type)
     n_layers = r.required_int("num_hidden_layers")
@@ -229,7 +398,12 @@ def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> Mode
     head_dim = _head_dim(r, n_heads)
     v_head_dim = _optional_int(cfg.get("v_head_dim"), "v_head_dim") or 0
     max_pos = r.optional_int("max_position_embeddings")
-    windows = _per_layer_windows(cfg.get("per_layer_config"), _layer_windows(r, n_layers))
+    special: tuple[Optional[SpecialLayer], ...] = ()
+    if _has_special_layers(r):
+        windows, special = _special_layer_kinds(r, n_layers)
+    else:
+        windows = _layer_windows(r, n_layers)
+    windows = _per_layer_windows(cfg.get("per_layer_config"), windows)
     label = name or raw.get("_name_or_path") or (None if isinstance(source, Mapping) else str(source))
     return ModelShape(
         name=str(label or model_type or "model"),
@@ -240,6 +414,7 @@ def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> Mode
         v_head_dim=v_head_dim,
         max_position_embeddings=max_pos,
         defaults=tuple(r.defaults),
+        special=special,
     )
 
 
@@ -249,15 +424,20 @@ def config_from_hf(
     context: Optional[int] = None,
     max_step: Optional[int] = None,
     sinks: int = 0,
+    state_slots: Optional[int] = None,
 ) -> CacheConfig:
     """A validated CacheConfig for a Hugging Face config.
 
     ``context`` (the cache capacity) defaults to the config's
     max_position_embeddings; ``max_step`` to kvcore's min(512, context);
-    ``sinks`` attention sinks are kept by every sliding layer.
+    ``sinks`` attention sinks are kept by every sliding layer; ``state_slots``
+    (D, default default_state_slots(max_step)) by every recurrent-state layer.
+    Chunked layers become Chunked(chunk), KV-shared layers Shared(source).
+    Errors as model_shape_from_hf and ModelShape.cache_config.
     """
     shape = model_shape_from_hf(source)
-    return shape.cache_config(default_context(shape, context), max_step=max_step, sinks=sinks)
+    return shape.cache_config(default_context(shape, context), max_step=max_step, sinks=sinks,
+                              state_slots=state_slots)
 
 
 def default_context(shape: ModelShape, context: Optional[int]) -> int:
@@ -407,6 +587,176 @@ def _layer_windows(r: _Reader, n_layers: int) -> tuple[Optional[int], ...]:
         if family.every_field is not None:
             r.default(family.every_field, every)
     return _every(every, window, n_layers)
+
+
+def _has_special_layers(r: _Reader) -> bool:
+    """True when the config has chunked, KV-shared or recurrent-state layers (or a layer kind
+    other than full and sliding), which _special_layer_kinds reads."""
+    family = r.family
+    if family is not None and family.pattern == "kinds":
+        return True
+    if r.cfg.get("num_kv_shared_layers") not in (None, 0) or r.cfg.get("attention_chunk_size") is not None:
+        return True
+    kinds = r.cfg.get("layer_types")
+    return isinstance(kinds, Sequence) and not isinstance(kinds, str) and any(k not in (FULL, SLIDING) for k in kinds)
+
+
+def _special_layer_kinds(
+    r: _Reader, n_layers: int
+) -> tuple[tuple[Optional[int], ...], tuple[Optional[SpecialLayer], ...]]:
+    """(windows, special) of a model with chunked, KV-shared or state layers: per layer its
+    sliding window (or None), and its ChunkedLayer / SharedLayer / StateShape (or None)."""
+    types = _family_layer_types(r, n_layers)
+    windows: list[Optional[int]] = []
+    special: list[Optional[SpecialLayer]] = []
+    state: Optional[StateShape] = None
+    for i, kind in enumerate(types):
+        window: Optional[int] = None
+        other: Optional[SpecialLayer] = None
+        if kind == SLIDING:
+            window = r.optional_int("sliding_window")
+            if window is None:
+                raise InvalidArgumentError(f"layer_types[{i}] = {SLIDING!r}: contradicts sliding_window, which is missing")
+        elif kind == CHUNKED:
+            chunk = r.optional_int("attention_chunk_size")
+            if chunk is None:
+                raise InvalidArgumentError(
+                    f"layer_types[{i}] = {CHUNKED!r}: contradicts attention_chunk_size, which is missing"
+                )
+            other = ChunkedLayer(chunk)
+        elif kind in _STATE_TYPES:
+            state = state or _state_shape(r, kind, i)
+            other = state
+        elif kind != FULL:
+            raise NotSupportedError(
+                f"layer_types[{i}] = {kind!r}: kvcore models only {FULL!r}, {SLIDING!r}, {CHUNKED!r} and the "
+                f"recurrent {' and '.join(repr(t) for t in _STATE_TYPES)} layers"
+            )
+        windows.append(window)
+        special.append(other)
+    shared = r.optional_int("num_kv_shared_layers", minimum=0) or 0
+    if shared:
+        _share_kv(types, special, windows, shared)
+    return tuple(windows), tuple(special)
+
+
+def _family_layer_types(r: _Reader, n_layers: int) -> list[str]:
+    """Each layer's transformers layer type: layer_types when the file has it, else the family's rule."""
+    kinds = r.cfg.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, Sequence) or isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
+            raise InvalidArgumentError(f"layer_types: must be a list of strings, not {kinds!r:.60}")
+        if len(kinds) != n_layers:
+            raise InvalidArgumentError(
+                f"layer_types has {len(kinds)} entries: must have one per layer, num_hidden_layers = {n_layers}"
+            )
+        return [str(_LEGACY_LAYER_TYPES.get(k, k)) for k in kinds]
+    mt = r.model_type
+    if mt == "llama4_text":  # Llama4TextConfig: layers with RoPE chunk, every no_rope_layer_interval-th is full
+        chunk = r.optional_int("attention_chunk_size")
+        rope = r.cfg.get("no_rope_layers")
+        if not rope:
+            every = r.optional_int("no_rope_layer_interval")
+            assert every is not None  # the family default supplies it
+            rope = [int((i + 1) % every != 0) for i in range(n_layers)]
+        if not isinstance(rope, Sequence) or len(rope) != n_layers:
+            raise InvalidArgumentError(f"no_rope_layers: must hold one 0 or 1 per layer ({n_layers})")
+        return [CHUNKED if flag and chunk is not None else FULL for flag in rope]
+    if mt == "gemma3n_text":  # Gemma3nTextConfig: every 5th layer full, the rest sliding
+        return [FULL if (i + 1) % 5 == 0 else SLIDING for i in range(n_layers)]
+    if mt == "qwen3_next":  # Qwen3NextConfig: every full_attention_interval-th layer full, the rest linear
+        every = r.optional_int("full_attention_interval")
+        assert every is not None
+        return ["linear_attention" if (i + 1) % every else FULL for i in range(n_layers)]
+    if mt == "lfm2":  # Lfm2Config: full_attn_idxs are full (default: every layer), the rest short convs
+        idxs = r.cfg.get("full_attn_idxs")
+        if idxs is None:
+            idxs = list(range(n_layers))
+            r.defaults.append("full_attn_idxs=every layer (transformers Lfm2Config default)")
+        if not isinstance(idxs, Sequence) or not all(isinstance(i, int) and 0 <= i < n_layers for i in idxs):
+            raise InvalidArgumentError(f"full_attn_idxs = {idxs!r:.60}: must be a list of layer indices")
+        return [FULL if i in idxs else "conv" for i in range(n_layers)]
+    if mt == "granitemoehybrid":  # GraniteMoeHybridConfig: every layer Mamba-2 by default
+        r.defaults.append("layer_types=every layer 'linear_attention' (transformers GraniteMoeHybridConfig default)")
+        return ["linear_attention"] * n_layers
+    if r.cfg.get("attention_chunk_size") is not None:
+        raise InvalidArgumentError(
+            f"attention_chunk_size = {r.cfg['attention_chunk_size']!r}: model_type {mt or '(missing)'!r} is not a "
+            f"family kvcore knows, so it cannot tell which layers are chunked; add layer_types"
+        )
+    return [FULL if w is None else SLIDING for w in _layer_windows(r, n_layers)]
+
+
+def _share_kv(types: list[str], special: list[Optional[SpecialLayer]], windows: list[Optional[int]],
+              shared: int) -> None:
+    """Make the last ``shared`` layers SharedLayer: each reads the last earlier non-shared layer of its
+    own layer type (transformers Gemma3nTextConfig.kv_sharing_modes)."""
+    n = len(types)
+    if shared >= n:
+        raise InvalidArgumentError(
+            f"num_kv_shared_layers = {shared}: must be < num_hidden_layers = {n} (some layer must write K/V)"
+        )
+    first = n - shared
+    for i in range(first, n):
+        if isinstance(special[i], StateShape):
+            raise InvalidArgumentError(f"num_kv_shared_layers = {shared}: layer {i} is a recurrent layer, not attention")
+        source = next((j for j in range(first - 1, -1, -1) if types[j] == types[i]), None)
+        if source is None:
+            raise InvalidArgumentError(
+                f"num_kv_shared_layers = {shared}: layer {i} is {types[i]!r}, and no layer before {first} is, "
+                "so it has no layer to share K/V with"
+            )
+        special[i] = SharedLayer(source)
+        windows[i] = None
+
+
+def _state_shape(r: _Reader, kind: str, layer: int) -> StateShape:
+    """The per-sequence state of a recurrent layer, from the model's modeling code in transformers
+    5.24 (docs/memory.md, "Recurrent state", cites each line)."""
+    mt = r.model_type
+    if mt == "qwen3_next" and kind == "linear_attention":
+        # modeling_qwen3_next.Qwen3NextGatedDeltaNet: conv_dim = 2 * key_dim + value_dim over
+        # linear_conv_kernel_dim columns; recurrent state (num_v_heads, head_k_dim, head_v_dim), float32.
+        width = _need(r, "linear_conv_kernel_dim")
+        nk, dk = _need(r, "linear_num_key_heads"), _need(r, "linear_key_head_dim")
+        nv, dv = _need(r, "linear_num_value_heads"), _need(r, "linear_value_head_dim")
+        return StateShape("gated_deltanet", 2 * nk * dk + nv * dv, width, nv * dk * dv,
+                          formula="conv (2 x linear_num_key_heads x linear_key_head_dim + linear_num_value_heads "
+                          "x linear_value_head_dim) x linear_conv_kernel_dim; recurrent linear_num_value_heads x "
+                          "linear_key_head_dim x linear_value_head_dim float32")
+    if mt == "granitemoehybrid" and kind == "linear_attention":
+        # modeling_granitemoehybrid.GraniteMoeHybridMambaLayer: conv_dim = intermediate + 2 * n_groups *
+        # d_state over mamba_d_conv columns; SSM state (mamba_n_heads, mamba_d_head, mamba_d_state), float32.
+        hidden, expand = _need(r, "hidden_size"), _need(r, "mamba_expand")
+        heads, groups = _need(r, "mamba_n_heads"), _need(r, "mamba_n_groups")
+        d_state, d_conv = _need(r, "mamba_d_state"), _need(r, "mamba_d_conv")
+        inner = expand * hidden
+        d_head = r.get("mamba_d_head")
+        if d_head == "auto":
+            d_head = inner // heads
+        d_head = _optional_int(d_head, "mamba_d_head")
+        if d_head is None or d_head * heads != inner:
+            raise InvalidArgumentError(
+                f"mamba_d_head = {d_head}: mamba_n_heads x mamba_d_head must equal mamba_expand x hidden_size = {inner}"
+            )
+        return StateShape("mamba2", inner + 2 * groups * d_state, d_conv, heads * d_head * d_state,
+                          formula="conv (mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state) x "
+                          "mamba_d_conv; SSM mamba_n_heads x mamba_d_head x mamba_d_state float32")
+    if mt == "lfm2" and kind == "conv":
+        # modeling_lfm2.Lfm2ShortConv: a depthwise conv over hidden_size channels, conv_L_cache columns.
+        return StateShape("short_conv", _need(r, "hidden_size"), _need(r, "conv_L_cache"),
+                          formula="conv hidden_size x conv_L_cache")
+    raise NotSupportedError(
+        f"layer_types[{layer}] = {kind!r}: kvcore knows the recurrent state of model_type 'qwen3_next', "
+        f"'granitemoehybrid' ('linear_attention') and 'lfm2' ('conv'), not of {mt or '(missing)'!r}"
+    )
+
+
+def _need(r: _Reader, key: str) -> int:
+    value = r.optional_int(key)
+    if value is None:
+        raise InvalidArgumentError(f"{key}: missing, and model_type {r.model_type!r}'s recurrent layers need it")
+    return value
 
 
 def _every(every: int, window: int, n_layers: int) -> tuple[Optional[int], ...]:

@@ -21,9 +21,17 @@ from importlib import resources
 from typing import Any, Optional
 
 from kvcore._argparse import Parser
-from kvcore._core import SequenceCache
+from kvcore._core import LayerPolicy, SequenceCache
 from kvcore._errors import InvalidArgumentError, NotFoundError
-from kvcore.hf_config import MAX_CONTEXT, ModelShape, default_context, model_shape_from_hf
+from kvcore.hf_config import (
+    MAX_CONTEXT,
+    ChunkedLayer,
+    ModelShape,
+    SharedLayer,
+    StateShape,
+    default_context,
+    model_shape_from_hf,
+)
 
 #: Bytes of one K or V element, by dtype name.
 DTYPE_BYTES: Mapping[str, int] = {
@@ -133,15 +141,19 @@ def preset(name: str) -> Preset:
 class LayerKind:
     """Layers that share a policy and a row shape, and what one of them costs."""
 
-    kind: str  # "sliding" or "full" (kvcore Ring or Flat)
+    kind: str  # "sliding", "full", "chunked", "shared" or "state" (kvcore Ring, Flat, Chunked, Shared, State)
     window: Optional[int]
     sinks: int
     layers: tuple[int, ...]  # layer indices
-    rows: int  # rows per layer: SequenceCache.rows(layer)
+    rows: int  # rows per layer: SequenceCache.rows(layer) (state layers: D state slots)
     n_kv_heads: int
     head_dim: int
     v_head_dim: int  # the V width actually used (head_dim unless the model says otherwise)
     bytes_per_layer: int
+    chunk: Optional[int] = None  # chunked layers: the chunk size
+    sources: tuple[int, ...] = ()  # shared layers: the layer each one reads, in `layers` order
+    state_conv_bytes: int = 0  # state layers: one snapshot's conv window, per sequence
+    state_recurrent_bytes: int = 0  # state layers: one snapshot's recurrent matrix, per sequence
 
     @property
     def total_bytes(self) -> int:
@@ -161,6 +173,14 @@ class MemoryPlan:
     batch: int
     kinds: tuple[LayerKind, ...]
     flat_kinds: tuple[LayerKind, ...]
+    state_slots: Optional[int] = None  # D of the state layers (None: the model has none)
+    state_dtype: str = "bfloat16"  # element type of the state's conv window
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        """Bytes of one state snapshot of every state layer, for the whole batch (0 without state)."""
+        return sum((k.state_conv_bytes + k.state_recurrent_bytes) * len(k.layers) * self.batch
+                   for k in self.kinds if k.kind == "state")
 
     @property
     def total_bytes(self) -> int:
@@ -195,6 +215,7 @@ class MemoryPlan:
             "total_bytes": self.total_bytes,
             "all_flat": {"kinds": [kind(k) for k in self.flat_kinds], "total_bytes": self.flat_total_bytes},
             "ratio": self.ratio,
+            **_state_dict(self),
         }
 
 
@@ -206,13 +227,29 @@ def plan_memory(
     sinks: int = 0,
     dtype: str = "bfloat16",
     batch: int = 1,
+    state_slots: Optional[int] = None,
+    state_dtype: str = "bfloat16",
 ) -> MemoryPlan:
-    """The KV bytes of ``shape`` at ``context`` tokens (default: its max_position_embeddings)."""
+    """The KV bytes of ``shape`` at ``context`` tokens (default: its max_position_embeddings).
+
+    State layers keep ``state_slots`` snapshots (default: hf_config.default_state_slots), their
+    conv window in ``state_dtype``. InvalidArgumentError names a bad argument.
+    """
     context = default_context(shape, context)
     name, size = dtype_bytes(dtype)
     _check_batch(batch)
-    cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks))
-    flat = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=True))
+    cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, state_slots=state_slots))
+    flat = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=True,
+                                            state_slots=state_slots))
+    if shape.special:
+        state_name, state_size = dtype_bytes(state_dtype)
+        return MemoryPlan(
+            model=shape.name, context=context, max_step=cache.max_step, sinks=sinks, dtype=name,
+            dtype_bytes=size, batch=batch,
+            kinds=_special_kinds(cache, shape, size, state_size, batch),
+            flat_kinds=_special_kinds(flat, shape, size, state_size, batch),
+            state_slots=_state_slots_of(cache), state_dtype=state_name,
+        )
     return MemoryPlan(
         model=shape.name,
         context=context,
@@ -235,11 +272,17 @@ def kv_bytes(
     dtype: str = "bfloat16",
     batch: int = 1,
     all_flat: bool = False,
+    state_slots: Optional[int] = None,
+    state_dtype: str = "bfloat16",
 ) -> int:
-    """Total KV bytes of ``shape`` at ``context`` tokens (kvcore's layout, or all flat)."""
+    """Total KV bytes of ``shape`` at ``context`` tokens (kvcore's layout, or all flat), state
+    layers' ``state_slots`` snapshots included (conv window in ``state_dtype``)."""
     _, size = dtype_bytes(dtype)
     _check_batch(batch)
-    cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=all_flat))
+    cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=all_flat,
+                                             state_slots=state_slots))
+    if shape.special:
+        return sum(k.total_bytes for k in _special_kinds(cache, shape, size, dtype_bytes(state_dtype)[1], batch))
     return sum(k.total_bytes for k in _layer_kinds(cache, size, batch))
 
 
@@ -252,8 +295,10 @@ def longest_context(
     dtype: str = "bfloat16",
     batch: int = 1,
     all_flat: bool = False,
+    state_slots: Optional[int] = None,
+    state_dtype: str = "bfloat16",
 ) -> int:
-    """The longest context whose KV cache fits in ``budget`` bytes.
+    """The longest context whose KV cache (state layers' snapshots included) fits in ``budget`` bytes.
 
     Binary search over real caches (bytes never shrink as the context grows).
     MAX_CONTEXT when even that fits: every layer's window is full long before.
@@ -264,7 +309,7 @@ def longest_context(
 
     def need(context: int) -> int:
         return kv_bytes(shape, context, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch,
-                        all_flat=all_flat)
+                        all_flat=all_flat, state_slots=state_slots, state_dtype=state_dtype)
 
     def fits(context: int) -> bool:
         return need(context) <= budget
@@ -296,9 +341,12 @@ def memory_curve(
     sinks: int = 0,
     dtype: str = "bfloat16",
     batch: int = 1,
+    state_slots: Optional[int] = None,
+    state_dtype: str = "bfloat16",
 ) -> list[tuple[int, int, int]]:
     """(context, kvcore bytes, all-flat bytes) at each context."""
-    opts: dict[str, Any] = {"max_step": max_step, "sinks": sinks, "dtype": dtype, "batch": batch}
+    opts: dict[str, Any] = {"max_step": max_step, "sinks": sinks, "dtype": dtype, "batch": batch,
+                            "state_slots": state_slots, "state_dtype": state_dtype}
     return [(c, kv_bytes(shape, c, **opts), kv_bytes(shape, c, all_flat=True, **opts)) for c in contexts]
 
 
@@ -334,6 +382,86 @@ def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[Lay
     return tuple(out)
 
 
+# --- chunked, shared and state layers (docs/design.md section 9) ------------------------
+
+
+def _special_kinds(
+    cache: SequenceCache, shape: ModelShape, dtype_size: int, state_size: int, batch: int
+) -> tuple[LayerKind, ...]:
+    """The LayerKinds of a model with chunked, shared or state layers: K/V layers grouped as in
+    _layer_kinds (chunked ones by chunk), every shared layer in one kind of 0 bytes, state layers
+    by state shape at D x snapshot bytes."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, layer in enumerate(cache.config.layers):
+        p = layer.policy
+        kind = shape.layer_kind(i)
+        if kind == "state":
+            key: tuple[Any, ...] = (kind, shape.special[i])
+        elif kind == "shared":
+            key = (kind, layer.n_kv_heads, layer.head_dim, layer.value_dim)
+        else:  # all_flat turns sliding and chunked layers Flat: the policy decides the label
+            label = "sliding" if p.is_ring else "chunked" if p.kind == LayerPolicy.Kind.Chunked else "full"
+            key = (label, p.window, p.sinks, layer.n_kv_heads, layer.head_dim, layer.value_dim)
+        groups.setdefault(key, []).append(i)
+    out = []
+    for key, members in groups.items():
+        rows = {cache.rows(i) for i in members}
+        assert len(rows) == 1, f"layers {members} share a policy but not their rows: {rows}"
+        row_count = rows.pop()
+        if key[0] == "state":
+            state = key[1]
+            assert isinstance(state, StateShape)
+            conv, recurrent = state.conv_bytes(state_size), state.recurrent_bytes
+            out.append(LayerKind(
+                kind="state", window=None, sinks=0, layers=tuple(members), rows=row_count, n_kv_heads=0,
+                head_dim=0, v_head_dim=0, bytes_per_layer=row_count * (conv + recurrent) * batch,
+                state_conv_bytes=conv, state_recurrent_bytes=recurrent,
+            ))
+            continue
+        if key[0] == "shared":
+            _, heads, head_dim, value_dim = key
+            sources = tuple(_shared_source(shape, i) for i in members)
+            out.append(LayerKind(
+                kind="shared", window=None, sinks=0, layers=tuple(members), rows=row_count, n_kv_heads=heads,
+                head_dim=head_dim, v_head_dim=value_dim, bytes_per_layer=0, sources=sources,
+            ))
+            continue
+        label, window, sinks, heads, head_dim, value_dim = key
+        out.append(LayerKind(
+            kind=label,
+            window=window if label == "sliding" else None,
+            sinks=sinks,
+            layers=tuple(members),
+            rows=row_count,
+            n_kv_heads=heads,
+            head_dim=head_dim,
+            v_head_dim=value_dim,
+            bytes_per_layer=row_count * heads * (head_dim + value_dim) * dtype_size * batch,
+            chunk=window if label == "chunked" else None,
+        ))
+    return tuple(out)
+
+
+def _shared_source(shape: ModelShape, layer: int) -> int:
+    other = shape.special[layer]
+    assert isinstance(other, SharedLayer)
+    return other.source
+
+
+def _state_slots_of(cache: SequenceCache) -> Optional[int]:
+    slots = {layer.policy.slots for layer in cache.config.layers if layer.policy.kind == LayerPolicy.Kind.State}
+    return slots.pop() if slots else None
+
+
+def _state_dict(plan: MemoryPlan) -> dict[str, Any]:
+    """The JSON facts of a plan's state layers: what one slot costs, D, and D = 1 beside it."""
+    if plan.state_slots is None:
+        return {}
+    per_slot = plan.state_bytes_per_slot
+    return {"state": {"slots": plan.state_slots, "dtype": plan.state_dtype, "bytes_per_slot": per_slot,
+                      "total_bytes": per_slot * plan.state_slots, "one_slot_total_bytes": per_slot}}
+
+
 # --- the `kvcore memory` command -----------------------------------------------------
 
 
@@ -359,6 +487,12 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--batch", type=_arg(_positive_int), default=1, metavar="N", help="sequences (default 1)")
     p.add_argument("--budget", type=_arg(parse_size), metavar="SIZE",
                    help="answer the longest context whose KV cache fits, e.g. 8GiB")
+    p.add_argument("--state-slots", type=_arg(_positive_int), metavar="D",
+                   help="state snapshots each recurrent-state layer keeps per sequence; a verify step of T "
+                   "tokens needs T <= D - 1 (default: min(max_step, 8) + 1; 1: never rewound)")
+    p.add_argument("--state-dtype", default="bfloat16",
+                   help="element type of a state layer's conv window (default bfloat16; its recurrent "
+                   "matrix is float32, as transformers keeps it)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", metavar="OUT.png", help="draw KV bytes against context (needs kvcore[plot])")
     p.set_defaults(run=run)
@@ -379,6 +513,7 @@ def run(args: argparse.Namespace) -> int:
     dtype, _ = dtype_bytes(args.dtype)
     opts: dict[str, Any] = {"max_step": args.max_step, "sinks": args.sinks, "dtype": dtype, "batch": args.batch}
     notes = [f"{shape.name}'s config leaves out {d}" for d in shape.defaults]
+    opts.update(_state_options(shape, args, notes))
 
     context = default_context(shape, args.context)
     answer: Optional[dict[str, Any]] = None
@@ -396,7 +531,7 @@ def run(args: argparse.Namespace) -> int:
     if shape.max_position_embeddings is not None and context > shape.max_position_embeddings:
         notes.append(f"context {context:,} is beyond the model's max_position_embeddings "
                      f"{shape.max_position_embeddings:,}")
-    if args.sinks and all(w is None for w in shape.windows):
+    if args.sinks and all(w is None for w in shape.windows) and not shape.special:
         notes.append("--sinks applies to sliding layers only; this model has none")
 
     if args.json:
@@ -409,6 +544,16 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         return _plot(args.plot, shape, plan, opts, args.budget, quiet=args.json)
     return 0
+
+
+def _state_options(shape: ModelShape, args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
+    """The planner options of --state-slots and --state-dtype (only a model with state layers takes them)."""
+    state_dtype, _ = dtype_bytes(args.state_dtype)
+    if not shape.has_state:
+        if args.state_slots is not None or state_dtype != "bfloat16":
+            notes.append("--state-slots and --state-dtype apply to recurrent-state layers only; this model has none")
+        return {}
+    return {"state_slots": args.state_slots, "state_dtype": state_dtype}
 
 
 def _longest_or_zero(shape: ModelShape, budget: int, opts: Mapping[str, Any]) -> int:
@@ -445,10 +590,9 @@ def _print_list(as_json: bool) -> int:
 
 def _print_plan(plan: MemoryPlan, shape: ModelShape, label: str, answer: Optional[Mapping[str, Any]],
                 notes: Sequence[str]) -> None:
-    sliding = sum(len(k.layers) for k in plan.kinds if k.kind == "sliding")
-    parts = [f"{sliding} sliding"] if sliding else []
-    if shape.n_layers - sliding:
-        parts.append(f"{shape.n_layers - sliding} full")
+    counts = {kind: sum(len(k.layers) for k in plan.kinds if k.kind == kind)
+              for kind in ("sliding", "chunked", "full", "shared", "state")}
+    parts = [f"{n} {kind}" for kind, n in counts.items() if n]
     print(label)
     heads = f"{shape.n_kv_heads} KV head" + ("s" if shape.n_kv_heads != 1 else "")
     print(f"  {shape.n_layers} layers ({' + '.join(parts)}), {heads} x "
@@ -465,13 +609,17 @@ def _print_plan(plan: MemoryPlan, shape: ModelShape, label: str, answer: Optiona
     print(header)
     for k in plan.kinds:
         window = "-" if k.window is None else str(k.window) + (f"+{k.sinks}" if k.sinks else "")
+        window = f"c{k.chunk}" if k.chunk is not None else window
         print(f"  {k.kind:<12} {len(k.layers):>6} {window:>7} {k.rows:>13,} {format_bytes(k.bytes_per_layer):>12} "
-              f"{format_bytes(k.total_bytes):>11}")
+              f"{format_bytes(k.total_bytes):>11}{_kind_note(k)}")
     print(f"  {'kvcore':<12} {shape.n_layers:>6} {'':>7} {'':>13} {'':>12} {format_bytes(plan.total_bytes):>11}"
           f"  {plan.total_bytes:,} B")
-    for k in plan.flat_kinds:
-        print(f"  {'all flat':<12} {len(k.layers):>6} {'-':>7} {k.rows:>13,} {format_bytes(k.bytes_per_layer):>12} "
-              f"{format_bytes(k.total_bytes):>11}  {k.total_bytes:,} B")
+    if shape.special:
+        _print_special_flat(plan, shape)
+    else:
+        for k in plan.flat_kinds:
+            print(f"  {'all flat':<12} {len(k.layers):>6} {'-':>7} {k.rows:>13,} "
+                  f"{format_bytes(k.bytes_per_layer):>12} {format_bytes(k.total_bytes):>11}  {k.total_bytes:,} B")
     print()
     saved = plan.flat_total_bytes - plan.total_bytes
     if saved:
@@ -479,8 +627,50 @@ def _print_plan(plan: MemoryPlan, shape: ModelShape, label: str, answer: Optiona
               f"saves {format_bytes(saved)}")
     else:
         print("  kvcore / all flat = 1.000: no layer's window is shorter than the context")
+    if plan.state_slots is not None:
+        _print_state_cost(plan)
     for note in notes:
         print(f"  note: {note}")
+
+
+def _kind_note(k: LayerKind) -> str:
+    """The table's remark on a shared or state kind (nothing for K/V kinds)."""
+    if k.kind == "shared":
+        sources = sorted(set(k.sources))
+        return f"  read layer{'s' if len(sources) > 1 else ''} {', '.join(map(str, sources))}'s K/V"
+    if k.kind == "state":
+        return f"  D = {k.rows} slots x {format_bytes(k.state_conv_bytes + k.state_recurrent_bytes)}"
+    return ""
+
+
+def _print_special_flat(plan: MemoryPlan, shape: ModelShape) -> None:
+    """The all-flat baseline of a model with chunked, shared or state layers: its K/V layers flat,
+    its shared and state layers as they are, and its total."""
+    for k in plan.flat_kinds:
+        label = "all flat" if k.kind == "full" else k.kind
+        print(f"  {label:<12} {len(k.layers):>6} {'-':>7} {k.rows:>13,} {format_bytes(k.bytes_per_layer):>12} "
+              f"{format_bytes(k.total_bytes):>11}")
+    print(f"  {'all flat':<12} {shape.n_layers:>6} {'':>7} {'':>13} {'':>12} "
+          f"{format_bytes(plan.flat_total_bytes):>11}  {plan.flat_total_bytes:,} B")
+
+
+def _print_state_cost(plan: MemoryPlan) -> None:
+    """What D costs: one state snapshot of every state layer, D of them, and D = 1 beside it."""
+    kinds = [k for k in plan.kinds if k.kind == "state"]
+    n = sum(len(k.layers) for k in kinds)
+    parts = []
+    for k in kinds:
+        part = f"{format_bytes(k.state_conv_bytes)} conv ({plan.state_dtype})"
+        if k.state_recurrent_bytes:
+            part += f" + {format_bytes(k.state_recurrent_bytes)} recurrent (float32)"
+        parts.append(part)
+    per_slot = plan.state_bytes_per_slot
+    slots = plan.state_slots or 1
+    batch = f", batch {plan.batch}" if plan.batch != 1 else ""
+    verify = f"verify steps up to {slots - 1} tokens" if slots > 1 else "no verify step, no rewind"
+    print(f"  state: {n} layers x ({' | '.join(parts)}) = {format_bytes(per_slot)} per slot{batch}")
+    print(f"  state slots D = {slots} ({verify}): {format_bytes(per_slot * slots)}; "
+          f"D = 1 (no rewind): {format_bytes(per_slot)}; each slot more: +{format_bytes(per_slot)}")
 
 
 def _plot(path: str, shape: ModelShape, plan: MemoryPlan, opts: Mapping[str, Any], budget: Optional[int],

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import kvcore
-from kvcore.hf_config import ModelShape, model_shape_from_hf
+from kvcore.cli import main
+from kvcore.hf_config import ModelShape, StateShape, default_state_slots, model_shape_from_hf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -267,8 +268,12 @@ _DROP = object()
          kvcore.InvalidArgumentError, r"head_dim: missing, and hidden_size = 4000 / num_attention_heads = None"),
         (_mistral(layer_types=[SLIDING] * 31), kvcore.InvalidArgumentError,
          r"layer_types has 31 entries: must have one per layer, num_hidden_layers = 32"),
-        (_mistral(layer_types=[SLIDING, "chunked_attention"] * 16), kvcore.NotSupportedError,
-         r"layer_types\[1\] = 'chunked_attention'"),
+        (_mistral(layer_types=[SLIDING, "chunked_attention"] * 16), kvcore.InvalidArgumentError,
+         r"layer_types\[1\] = 'chunked_attention': contradicts attention_chunk_size, which is missing"),
+        (_mistral(layer_types=[SLIDING, "indexed_attention"] * 16), kvcore.NotSupportedError,
+         r"layer_types\[1\] = 'indexed_attention': kvcore models only"),
+        (_mistral(layer_types=[SLIDING, "linear_attention"] * 16), kvcore.NotSupportedError,
+         r"layer_types\[1\] = 'linear_attention': kvcore knows the recurrent state of model_type 'qwen3_next'"),
         (_mistral(layer_types="sliding_attention"), kvcore.InvalidArgumentError,
          r"layer_types: must be a list of strings"),
         (_mistral(sliding_window=None, layer_types=[FULL, SLIDING] * 16), kvcore.InvalidArgumentError,
@@ -280,8 +285,12 @@ _DROP = object()
         (_mistral(use_sliding_window="yes"), kvcore.InvalidArgumentError,
          r"use_sliding_window = 'yes': must be true or false"),
         (_mistral(kv_lora_rank=512), kvcore.NotSupportedError, r"kv_lora_rank = 512: multi-head latent"),
-        (_mistral(num_kv_shared_layers=20), kvcore.NotSupportedError, r"num_kv_shared_layers = 20"),
-        (_mistral(attention_chunk_size=8192), kvcore.NotSupportedError, r"attention_chunk_size = 8192"),
+        (_mistral(num_kv_shared_layers=32), kvcore.InvalidArgumentError,
+         r"num_kv_shared_layers = 32: must be < num_hidden_layers = 32"),
+        (_mistral(num_kv_shared_layers=2, layer_types=[SLIDING] * 31 + [FULL]), kvcore.InvalidArgumentError,
+         r"num_kv_shared_layers = 2: layer 31 is 'full_attention', and no layer before 30 is"),
+        (_mistral(attention_chunk_size=8192), kvcore.InvalidArgumentError,
+         r"attention_chunk_size = 8192: model_type 'mistral' is not a family kvcore knows.*add layer_types"),
         (_mistral(model_type=3), kvcore.InvalidArgumentError, r"model_type = 3: must be a string"),
         ({**GEMMA_3_4B, "num_hidden_layers": 34, "text_config": {**GEMMA_3_4B["text_config"],  # type: ignore[dict-item]
                                                                   "num_hidden_layers": 26}},
@@ -312,3 +321,114 @@ def test_shape_cache_config_all_flat() -> None:
     assert all(layer.policy == kvcore.Flat() for layer in cfg.layers)
     rings = shape.cache_config(100, sinks=2)
     assert [layer.policy for layer in rings.layers] == [kvcore.Ring(8, 2), kvcore.Flat(), kvcore.Ring(8, 2)]
+
+
+# --- chunked, KV-shared and recurrent-state layers, from transformers' own config classes ----------
+# Tiny configs built with transformers 5.24's classes, written as config.json by to_dict() and
+# read back by --hf-config. Expected kinds and state bytes follow the rules of docs/memory.md,
+# worked out here from the numbers given.
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+
+
+def tiny(cls: str, **kwargs: Any) -> dict[str, Any]:
+    transformers = pytest.importorskip("transformers", reason="builds configs with transformers' classes")
+    config: dict[str, Any] = getattr(transformers, cls)(**{**TINY, **kwargs}).to_dict()
+    return config
+
+
+def policies(source: Any, **kwargs: Any) -> list[tuple[str, int]]:
+    """(kind, window / source / slots) of each layer of config_from_hf's CacheConfig."""
+    cfg = kvcore.config_from_hf(source, **{"context": 4096, **kwargs})
+    out = []
+    for layer in cfg.layers:
+        p = layer.policy
+        kind = str(p.kind).rsplit(".", 1)[-1]
+        out.append((kind, {"Ring": p.window, "Chunked": p.window, "Shared": p.source, "State": p.slots}.get(kind, 0)))
+    return out
+
+
+def test_llama4_chunked_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tiny("Llama4TextConfig", num_hidden_layers=8, head_dim=16, attention_chunk_size=32)
+    assert policies(write(tmp_path, source)) == [("Chunked", 32)] * 3 + [("Flat", 0)] + [("Chunked", 32)] * 3 + [
+        ("Flat", 0)
+    ]
+    # Without layer_types, Llama4TextConfig's rule: every no_rope_layer_interval-th layer is full.
+    bare = {k: v for k, v in source.items() if k not in ("layer_types", "no_rope_layers")}
+    assert policies({**bare, "no_rope_layer_interval": 2}) == [("Chunked", 32), ("Flat", 0)] * 4
+    code = main(["memory", "--hf-config", str(write(tmp_path, source)), "--context", "1000", "--max-step", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "6 chunked + 2 full" in out
+    # chunked: min(1000, 32 + 8 - 1) = 39 rows x 2 heads x (16 + 16) x 2 B; full: 1000 rows.
+    assert f"{6 * 39 * 128 + 2 * 1000 * 128:,} B" in out
+
+
+def test_gemma3n_shared_layers_read_the_last_layer_of_their_type(tmp_path: Path) -> None:
+    source = tiny("Gemma3nTextConfig", num_hidden_layers=10, head_dim=16, sliding_window=16, num_kv_shared_layers=5,
+                  intermediate_size=[128] * 10, hidden_size_per_layer_input=8, laurel_rank=4)
+    # Layers 4 and 9 full, the rest sliding; 5-9 share: sliding ones read 3, layer 9 (full) reads 4.
+    assert policies(write(tmp_path, source)) == (
+        [("Ring", 16)] * 4 + [("Flat", 0)] + [("Shared", 3)] * 4 + [("Shared", 4)]
+    )
+    multimodal = {"model_type": "gemma3n", "text_config": source}
+    assert model_shape_from_hf(multimodal).special == model_shape_from_hf(source).special
+
+
+def test_qwen3_next_linear_attention_is_state(tmp_path: Path) -> None:
+    source = tiny("Qwen3NextConfig", num_hidden_layers=4, head_dim=16, linear_conv_kernel_dim=3, linear_key_head_dim=8,
+                  linear_value_head_dim=4, linear_num_key_heads=2, linear_num_value_heads=6, num_experts=4,
+                  num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    assert policies(write(tmp_path, source), max_step=16, state_slots=3) == [("State", 3)] * 3 + [("Flat", 0)]
+    state = model_shape_from_hf(source).special[0]
+    assert isinstance(state, StateShape)
+    # conv (2 x 2 x 8 + 6 x 4) channels x 3 columns; recurrent 6 heads x 8 x 4.
+    assert (state.conv_elements, state.recurrent_elements) == ((32 + 24) * 3, 6 * 8 * 4)
+    assert state.snapshot_bytes(2) == 56 * 3 * 2 + 192 * 4
+
+
+def test_lfm2_conv_layers_are_state() -> None:
+    source = tiny("Lfm2Config", num_hidden_layers=5, full_attn_idxs=[1, 3], conv_L_cache=3)
+    assert policies(source, max_step=4) == [("State", 5), ("Flat", 0), ("State", 5), ("Flat", 0), ("State", 5)]
+    state = model_shape_from_hf(source).special[0]
+    assert isinstance(state, StateShape) and (state.conv_elements, state.recurrent_elements) == (64 * 3, 0)
+
+
+def test_granite_mamba2_layers_are_state() -> None:
+    source = tiny("GraniteMoeHybridConfig", num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "mamba"],
+                  mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8, mamba_d_conv=4, mamba_n_groups=2,
+                  mamba_expand=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32)
+    assert policies(source, state_slots=2) == [("State", 2), ("Flat", 0), ("State", 2), ("State", 2)]
+    state = model_shape_from_hf(source).special[0]
+    # conv (2 x 64 + 2 x 2 x 8) channels x 4; SSM 8 heads x 16 x 8.
+    assert isinstance(state, StateShape)
+    assert (state.conv_elements, state.recurrent_elements) == ((128 + 32) * 4, 8 * 16 * 8)
+    # The legacy names of a published config.json read the same.
+    legacy = {**source, "layer_types": ["mamba", "attention", "mamba", "mamba"]}
+    assert model_shape_from_hf(legacy).special == model_shape_from_hf(source).special
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"model_type": "bamba"}, kvcore.NotSupportedError, r"mamba_d_state = 8: state-space \(Mamba\) layers"),
+        ({"mamba_d_head": 5}, kvcore.InvalidArgumentError,
+         r"mamba_d_head = 5: mamba_n_heads x mamba_d_head must equal mamba_expand x hidden_size = 128"),
+        ({"mamba_d_conv": None}, kvcore.InvalidArgumentError, r"mamba_d_conv: missing"),
+        ({"layer_types": ["mamba", "attention", "moe_only", "mamba"]}, kvcore.NotSupportedError,
+         r"layer_types\[2\] = 'moe_only': kvcore models only"),
+    ],
+)  # fmt: skip
+def test_bad_state_configs_are_named(changes: dict[str, Any], error: type[Exception], message: str) -> None:
+    source = {"model_type": "granitemoehybrid", "num_hidden_layers": 4, "num_attention_heads": 4,
+              "hidden_size": 64, "max_position_embeddings": 4096, "layer_types": ["mamba", "attention"] * 2,
+              "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_n_groups": 1,
+              "mamba_expand": 2}  # fmt: skip
+    with pytest.raises(error, match=message):
+        model_shape_from_hf({**source, **changes})
+
+
+def test_state_slots_are_checked() -> None:
+    shape = model_shape_from_hf(tiny("Lfm2Config", num_hidden_layers=2, full_attn_idxs=[1]))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"state_slots = 0: must be >= 1"):
+        shape.cache_config(100, state_slots=0)
+    assert default_state_slots(1) == 2 and default_state_slots(512) == 9

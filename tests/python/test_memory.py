@@ -358,3 +358,152 @@ def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, err = run_cli(capsys, "--model", "gemma-3-1b", "--plot", str(tmp_path / "missing" / "kv.png"))
     assert code == 2 and "cannot write it" in err
+
+
+# --- chunked, shared and state layers (docs/design.md section 9) -----------------------------
+# Bytes below come from the formulas of docs/memory.md ("Chunked, shared and state layers"),
+# worked by hand from the published configs, never from the planner.
+
+BF16 = 2
+
+
+def kinds_of(plan: memory.MemoryPlan) -> dict[str, memory.LayerKind]:
+    return {k.kind: k for k in plan.kinds}
+
+
+def test_llama_4_scout_chunked_layers_hold_a_chunk_plus_a_step() -> None:
+    plan = plan_memory(shape_of("llama-4-scout"), context=131072, max_step=512)
+    row = 8 * (128 + 128) * BF16
+    by_kind = kinds_of(plan)
+    # Layers 3, 7, ..., 47 are full (NoPE); the other 36 chunk by 8192.
+    assert by_kind["full"].layers == tuple(range(3, 48, 4))
+    assert (len(by_kind["chunked"].layers), by_kind["chunked"].rows, by_kind["chunked"].chunk) == (36, 8192 + 511, 8192)
+    assert plan.total_bytes == 36 * 8703 * row + 12 * 131072 * row
+    assert plan.flat_total_bytes == 48 * 131072 * row
+    # A context inside one chunk: rows never exceed the capacity.
+    small = plan_memory(shape_of("llama-4-scout"), context=4096, max_step=512)
+    assert kinds_of(small)["chunked"].rows == 4096
+
+
+def test_gemma_3n_shared_layers_cost_nothing_and_read_their_source() -> None:
+    plan = plan_memory(shape_of("gemma-3n-e4b"), context=32768, max_step=512)
+    row = 2 * (256 + 256) * BF16
+    by_kind = kinds_of(plan)
+    # Layers 0-19 write K/V (every 5th full); 20-34 share: sliding ones read 18, full ones (24, 29, 34) read 19.
+    assert by_kind["sliding"].layers == tuple(i for i in range(20) if (i + 1) % 5)
+    assert by_kind["full"].layers == (4, 9, 14, 19)
+    assert by_kind["shared"].layers == tuple(range(20, 35))
+    assert by_kind["shared"].sources == tuple(19 if (i + 1) % 5 == 0 else 18 for i in range(20, 35))
+    assert by_kind["shared"].rows == 0 and by_kind["shared"].total_bytes == 0
+    assert plan.total_bytes == 16 * (512 + 511) * row + 4 * 32768 * row
+    assert plan.flat_total_bytes == 20 * 32768 * row  # the baseline keeps sharing: only windows differ
+
+
+def gated_deltanet_bytes(nk: int, dk: int, nv: int, dv: int, kernel: int) -> int:
+    return (2 * nk * dk + nv * dv) * kernel * BF16 + nv * dk * dv * 4  # conv bf16, recurrent fp32
+
+
+def mamba2_bytes(hidden: int, expand: int, heads: int, d_head: int, groups: int, d_state: int, d_conv: int) -> int:
+    return (expand * hidden + 2 * groups * d_state) * d_conv * BF16 + heads * d_head * d_state * 4
+
+
+@pytest.mark.parametrize(
+    ("name", "n_state", "snapshot", "full_layers", "row"),
+    [
+        ("qwen3-next-80b-a3b", 36, gated_deltanet_bytes(16, 128, 32, 128, 4), 12, 2 * 512 * BF16),
+        ("lfm2-1.2b", 10, 2048 * 3 * BF16, 6, 8 * 128 * BF16),
+        ("granite-4.0-h-small", 36, mamba2_bytes(4096, 2, 128, 64, 1, 128, 4), 4, 8 * 256 * BF16),
+    ],
+)  # fmt: skip
+def test_state_layers_cost_d_snapshots(name: str, n_state: int, snapshot: int, full_layers: int, row: int) -> None:
+    shape = shape_of(name)
+    for slots in (1, 5):
+        plan = plan_memory(shape, context=8192, max_step=256, state_slots=slots, batch=2)
+        state = kinds_of(plan)["state"]
+        assert (len(state.layers), state.rows, plan.state_slots) == (n_state, slots, slots)
+        assert state.bytes_per_layer == slots * snapshot * 2
+        assert plan.state_bytes_per_slot == n_state * snapshot * 2
+        assert plan.total_bytes == n_state * slots * snapshot * 2 + full_layers * 8192 * row * 2
+    # Default D: room for a verify step of up to 8 tokens (min(max_step, 8) + 1).
+    assert plan_memory(shape, context=8192, max_step=256).state_slots == 9
+    assert plan_memory(shape, context=8192, max_step=4).state_slots == 5
+
+
+def test_qwen3_next_state_in_numbers() -> None:
+    plan = plan_memory(shape_of("qwen3-next-80b-a3b"), context=262144, state_slots=1)
+    # conv (2 x 16 x 128 + 32 x 128) x 4 columns bf16 = 64 KiB, recurrent 32 x 128 x 128 fp32 = 2 MiB.
+    assert kinds_of(plan)["state"].state_conv_bytes == 64 * 2**10
+    assert kinds_of(plan)["state"].state_recurrent_bytes == 2 * 2**20
+    assert plan.state_bytes_per_slot == 36 * (64 * 2**10 + 2 * 2**20)
+
+
+def test_state_rows_are_the_caches_own_rows() -> None:
+    for name in ("gemma-3n-e4b", "qwen3-next-80b-a3b", "llama-4-scout"):
+        shape = shape_of(name)
+        plan = plan_memory(shape, context=20000, max_step=64, state_slots=3)
+        cache = kvcore.SequenceCache(shape.cache_config(20000, max_step=64, state_slots=3))
+        for kind in plan.kinds:
+            for layer in kind.layers:
+                assert cache.rows(layer) == kind.rows, (name, layer)
+
+
+def test_budget_counts_the_state() -> None:
+    shape = shape_of("lfm2-1.2b")
+    state = 10 * 3 * (2048 * 3 * BF16)  # D = 3
+    per_token = 6 * 8 * 128 * BF16
+    assert longest_context(shape, state + 1000 * per_token, state_slots=3) == 1000
+
+
+def test_bad_state_slots_are_named() -> None:
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"state_slots = 0: must be >= 1"):
+        plan_memory(shape_of("lfm2-1.2b"), context=4096, state_slots=0)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"dtype = 'int4'"):
+        plan_memory(shape_of("lfm2-1.2b"), context=4096, state_dtype="int4")
+
+
+def test_cli_state_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "--model", "qwen3-next-80b-a3b", "--context", "32k", "--state-slots", "4")
+    assert code == 0 and err == ""
+    assert "12 full + 36 state" in out
+    assert "state slots D = 4 (verify steps up to 3 tokens): 297.0 MiB; D = 1 (no rewind): 74.2 MiB" in out
+    code, out, _ = run_cli(capsys, "--model", "qwen3-next-80b-a3b", "--context", "32k", "--json")
+    data = json.loads(out)
+    per_slot = 36 * gated_deltanet_bytes(16, 128, 32, 128, 4)
+    assert data["state"] == {"slots": 9, "dtype": "bfloat16", "bytes_per_slot": per_slot,
+                             "total_bytes": 9 * per_slot, "one_slot_total_bytes": per_slot}
+
+
+def test_cli_shared_and_chunked_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--model", "gemma-3n-e4b")
+    assert code == 0
+    assert "16 sliding + 4 full + 15 shared" in out
+    assert "read layers 18, 19's K/V" in out
+    code, out, _ = run_cli(capsys, "--model", "llama-4-scout", "--context", "128k")
+    assert "36 chunked + 12 full" in out and "c8192" in out
+
+
+def test_cli_state_options_on_a_model_without_state(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "--model", "gemma-3-1b", "--state-slots", "4")
+    assert code == 0
+    assert "--state-slots and --state-dtype apply to recurrent-state layers only" in out
+
+
+@pytest.mark.parametrize(("slots", "message"), [("0", "'0': must be >= 1"), ("-1", "'-1': must be >= 1"),
+                                               ("two", "'two': must be a whole number")])
+def test_cli_bad_state_slots_exit_2(capsys: pytest.CaptureFixture[str], slots: str, message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["memory", "--model", "lfm2-1.2b", "--state-slots", slots])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"kvcore memory: error: argument --state-slots: {message}; see kvcore memory --help\n"
+
+
+@pytest.mark.parametrize("model", ["qwen3-next-80b-a3b", "gemma-3n-e4b"])
+def test_docs_state_and_shared_examples_are_the_commands_output(capsys: pytest.CaptureFixture[str], model: str) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "memory.md").read_text(encoding="utf-8")
+    start = doc.index(f"$ kvcore memory --model {model} ")
+    command, _, rest = doc[start:].partition("\n")
+    shown = rest[: rest.index("```")]
+    code = main(command.split()[2:])  # "$ kvcore memory ...": the arguments after "kvcore"
+    assert code == 0 and capsys.readouterr().out == shown

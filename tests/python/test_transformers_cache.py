@@ -686,3 +686,28 @@ def test_discard_forward_aborts_the_unfinished_step(model: Any) -> None:
         assert cache.sequence.active_step is None and not step.is_current and cache.get_seq_length() == 16
         with pytest.raises(kvcore.InvalidStateError, match=r"step \(position 16, T 2\): no step is begun"):
             cache.sequence.abort(step)  # aborted already: a stale abort changes nothing
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        ("Llama4TextConfig", dict(num_hidden_layers=4, head_dim=16, attention_chunk_size=8),
+         r"layer 0 is 'chunked_attention' \(chunked attention, kvcore.Chunked; kvcore plans it, but its "
+         r"transformers integration has not landed yet\)"),
+        ("Gemma3nTextConfig", dict(num_hidden_layers=10, head_dim=16, sliding_window=16, num_kv_shared_layers=5,
+                                   intermediate_size=[128] * 10, hidden_size_per_layer_input=8, laurel_rank=4),
+         r"layer 5 is 'dummy' \(a KV-shared layer reading an earlier layer's K/V, kvcore.Shared"),
+        ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, num_experts=4, num_experts_per_tok=2),
+         r"layer 0 is 'linear_attention' \(a recurrent-state layer \(linear attention / Mamba\), kvcore.State"),
+        ("Lfm2Config", dict(num_hidden_layers=4, full_attn_idxs=[1, 3]),
+         r"layer 0 is 'conv' \(a recurrent-state layer \(short convolution\), kvcore.State"),
+    ],
+)  # fmt: skip
+def test_layer_kinds_the_integration_does_not_serve_yet_are_named(cls: str, kwargs: dict[str, Any],
+                                                                    message: str) -> None:
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    config = getattr(transformers, cls)(**{**small, **kwargs})
+    # kvcore's core and config_from_hf plan these models; KVCoreCache refuses them by name.
+    kvcore.config_from_hf(config.to_dict(), context=256)
+    with pytest.raises(kvcore.NotSupportedError, match=message):
+        KVCoreCache(config, capacity=256)

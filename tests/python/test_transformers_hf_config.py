@@ -58,6 +58,21 @@ def dynamic_cache_windows(config: Any) -> list[Optional[int]]:
     return out
 
 
+def kvcore_view(shape: Any) -> list[Any]:
+    """Per layer, as transformers_windows names it: a sliding window, None for full, else the
+    transformers layer type ("chunked_attention", "dummy" for a KV-shared layer, "linear_attention"
+    or "conv" for a recurrent-state layer)."""
+    names = {"chunked": "chunked_attention", "shared": "dummy"}
+    out: list[Any] = []
+    for i, window in enumerate(shape.windows):
+        kind = shape.layer_kind(i)
+        if kind == "state":
+            out.append("conv" if shape.special[i].kind == "short_conv" else "linear_attention")
+        else:
+            out.append(names.get(kind, window))
+    return out
+
+
 def kvcore_windows(source: dict[str, Any]) -> list[Optional[int]]:
     """Per layer of config_from_hf's CacheConfig: the Ring's window, or None for Flat."""
     cfg = config_from_hf(source, context=4096)
@@ -151,7 +166,7 @@ def test_every_sliding_family_agrees_or_is_refused_never_silently_wrong() -> Non
         want = transformers_windows(config)
         for how, source in serialized(config, known_family=family in _FAMILIES):
             try:
-                got = list(model_shape_from_hf(source).windows)
+                got = kvcore_view(model_shape_from_hf(source))
             except kvcore.KVCacheError:
                 refused.append((family, how))
                 continue

@@ -17,6 +17,13 @@ from kvcore._errors import InvalidArgumentError, NotSupportedError
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 
+# Layer kinds kvcore's core plans (kvcore.Chunked, Shared, State) that this cache does not serve yet.
+_NOT_YET = {
+    "chunked_attention": "chunked attention, kvcore.Chunked",
+    "dummy": "a KV-shared layer reading an earlier layer's K/V, kvcore.Shared",
+    "linear_attention": "a recurrent-state layer (linear attention / Mamba), kvcore.State",
+    "conv": "a recurrent-state layer (short convolution), kvcore.State",
+}
 
 
 def cache_config_for(
@@ -52,8 +59,11 @@ def cache_config_for(
         elif kind == SLIDING:
             policy = Ring(int(kwargs["sliding_window"]), sinks)
         else:
+            what = _NOT_YET.get(kind)
             raise NotSupportedError(
-                f"layer {i} is {kind!r}: kvcore's transformers cache supports {FULL!r} and {SLIDING!r} layers"
+                f"layer {i} is {kind!r}"
+                + (f" ({what}; kvcore plans it, but its transformers integration has not landed yet)" if what else "")
+                + f": kvcore's transformers cache supports {FULL!r} and {SLIDING!r} layers"
             )
         layers.append(LayerConfig(policy, heads[i], dims[i]))
     _check_one_policy_per_type(layer_types, layers)
