@@ -91,3 +91,22 @@ def test_tree_misuse_is_refused_and_changes_nothing(model: Any) -> None:
         out = prefill(model, cache, torch.tensor([[7]])).logits[0, -1].float()
     assert cache.get_seq_length() == 4
     assert float((out - no_cache_logits(model, [1, 2, 3, 7])).abs().max()) <= TOL
+
+
+def test_a_commit_off_the_main_line_without_its_row_copies_is_caught(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a missing copy: with apply_copies disabled, the next logits differ."""
+    g = torch.Generator().manual_seed(5)
+    history = torch.randint(0, VOCAB, (12,), generator=g).tolist()
+    tokens = torch.randint(0, VOCAB, (len(PARENTS),), generator=g).tolist()
+    cache = KVCoreCache(model.config, max_step=6, capacity=64)
+    monkeypatch.setattr(cache.pool, "apply_copies", lambda copies: None)
+    path = root_path(PARENTS, 4)  # 0 2 4: off the main line
+    with torch.no_grad():
+        prefill(model, cache, torch.tensor([history]))
+        verify_tree(model, cache, tokens, PARENTS)
+        cache.commit_tree(path)
+        out = prefill(model, cache, torch.tensor([[9]])).logits[0, -1].float()
+    want = no_cache_logits(model, history + [tokens[i] for i in path] + [9])
+    assert float((out - want).abs().max()) > 100 * TOL
