@@ -357,10 +357,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._check_forward_size(T)
         self._check_no_tree()
         # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
-        step = self._forward.begin(lambda: self.sequence.begin_step(T))
+        chain = self.sequence.begin_step(T)  # when kvcore refuses, nothing changed
+        self._forward.begin(lambda: chain)
         self._T = T
-        self._layouts = self.pool.plan_step(step)
-        return step
+        self._layouts = self.pool.plan_step(chain)
+        return chain
 
     def _check_forward_size(self, T: int) -> None:
         if T > self.sequence.max_step:
