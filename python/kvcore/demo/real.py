@@ -10,8 +10,10 @@ greedily one token per forward until ``gen_len`` tokens or its end-of-text token
 The check is the one ``kvcore demo`` makes: the logits the cached run produced
 (the last position of every prefill chunk and every decode step) against a full
 recomputation of the same tokens with no cache at all (one forward over the
-whole sequence, transformers' own masks). Exits 0 when it holds, 1 when not, 2 on
-bad options or a missing package.
+whole sequence, transformers' own masks). With ``draft`` it decodes again with
+prompt-lookup drafts and rewinds, with ``tree`` with early-exit draft trees and chains
+(kvcore.demo.real_trees); both must give plain decoding's tokens. Exits 0 when it
+holds, 1 when not, 2 on bad options or a missing package.
 """
 
 from __future__ import annotations
