@@ -200,3 +200,16 @@ def test_draft_trees_of_the_real_model_give_plain_greedy_tokens(gemma: Any, prom
     assert counts["forwards"] <= len(plain.tokens) - 1 and counts["draft_layers"] == 15
     # Every kept row (each accepted node's) equals a recomputation without cache.
     assert real.check_against_recomputation(gemma.model, run)["ok"]
+
+
+def test_tree_demo_cli_on_the_real_model_passes_and_reports_trees_and_chains(
+    gemma: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(real_model, "load", lambda name: gemma)  # the module's copy: no second load
+    prompt = "The keeper of the lighthouse wrote the weather in his logbook every night. The keeper of the"
+    argv = ["demo", "--model", "gemma-3-270m", "--tree", "3", "--gen-len", "3", "--draft", "0", "--prompt", prompt]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trees     early exit after 15 of 18 layers, up to 3 tokens per forward" in out
+    assert "[ok] draft trees (early exit, commit_tree) equal plain decoding: tokens equal (chains of the same " \
+           "budget: equal)" in out

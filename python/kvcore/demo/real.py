@@ -167,13 +167,16 @@ class Prefilled:
 
 def new_cache(loaded: real_model.LoadedModel, opts: RealDemoOptions, prompt_len: int) -> Any:
     """The demo's empty ``KVCoreCache`` for a prompt of `prompt_len` tokens: steps of at most
-    `opts.max_step`, room for `opts.gen_len` tokens and one step of drafts (or a tree) after it, compact
+    `opts.max_step` (at most the capacity), room for `opts.gen_len` tokens and one step of drafts
+    (or a tree) after it, compact
     rings (no mirror: a sliding layer holds window + max_step - 1 rows, which the report
     counts; a wrapped window is gathered into the workspace instead)."""
     from kvcore.integrations.transformers import KVCoreCache
 
     capacity = prompt_len + opts.gen_len + max(opts.draft, opts.tree)
-    return KVCoreCache(loaded.model.config, max_step=opts.max_step, capacity=capacity, mirror_rings=False)
+    # A forward never carries more than the whole sequence: a short --prompt takes smaller steps.
+    return KVCoreCache(loaded.model.config, max_step=min(opts.max_step, capacity), capacity=capacity,
+                       mirror_rings=False)  # fmt: skip
 
 
 def prefill_prompt(loaded: real_model.LoadedModel, opts: RealDemoOptions, progress: Progress | None = None) -> Prefilled:
@@ -384,7 +387,7 @@ def run_real_demo(
             "load_seconds": loaded.seconds,
         },
         "dtype": "float32",
-        "max_step": opts.max_step,
+        "max_step": cache.max_step,
         "prompt_len": len(decoded.prompt_ids),
         "generated": len(decoded.tokens),
         "tokens": decoded.tokens,

@@ -35,7 +35,7 @@ def new_drafter(loaded: real_model.LoadedModel, opts: real.RealDemoOptions, prom
     `opts.tree_draft_layers` layers; its cache holds the prompt, the generated tokens and a step
     of drafts; forwards of at most `opts.max_step`."""
     capacity = prompt_len + opts.gen_len + max(opts.draft, opts.tree) + 1
-    return HFEarlyExitDrafter(loaded.model, opts.tree_draft_layers, capacity, opts.max_step)
+    return HFEarlyExitDrafter(loaded.model, opts.tree_draft_layers, capacity, min(opts.max_step, capacity))
 
 
 def decode_tree(
