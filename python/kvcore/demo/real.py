@@ -10,8 +10,10 @@ greedily one token per forward until ``gen_len`` tokens or its end-of-text token
 The check is the one ``kvcore demo`` makes: the logits the cached run produced
 (the last position of every prefill chunk and every decode step) against a full
 recomputation of the same tokens with no cache at all (one forward over the
-whole sequence, transformers' own masks). Exits 0 when it holds, 1 when not, 2 on
-bad options or a missing package.
+whole sequence, transformers' own masks). With ``draft`` it decodes again with
+prompt-lookup drafts and rewinds, with ``tree`` with early-exit draft trees and chains
+(kvcore.demo.real_trees); both must give plain decoding's tokens. Exits 0 when it
+holds, 1 when not, 2 on bad options or a missing package.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvcore.demo import real_model
@@ -73,18 +75,23 @@ DEFAULT_PROMPT = PASSAGE + " Then he tells the visitors what happened to the lig
 class RealDemoOptions:
     """Knobs of ``kvcore demo --model NAME``: the model (a key of real_model.MODELS),
     the prompt text, tokens to generate at most (fewer when the model ends its text),
-    the largest forward (``max_step``, tokens: prefill chunks are this long) and the
-    prompt-lookup drafts per speculative forward (0: no speculative run)."""
+    the largest forward (``max_step``, tokens: prefill chunks are this long), the
+    prompt-lookup drafts per speculative forward (0: no speculative run) and the
+    tokens of a draft tree per forward (0: no tree run; kvcore.demo.real_trees) and the
+    layers of its early-exit drafter (0: ``default_draft_layers``)."""
 
     model: str = "gemma-3-270m"
     prompt: str = DEFAULT_PROMPT
     gen_len: int = 40
     max_step: int = 64
     draft: int = 3
+    tree: int = 0
+    draft_layers: int = 0
 
     def check(self) -> None:
         """Raises ValueError naming the first bad option: an unknown model, an empty
-        prompt, or a count below 1."""
+        prompt, a count below 1, drafts that do not fit a forward, or a tree budget
+        other than 0 (no trees) or 2 .. max_step."""
         real_model.check_name(self.model)
         if not self.prompt.strip():
             raise ValueError("--prompt is empty: give the text the model continues")
@@ -94,6 +101,27 @@ class RealDemoOptions:
         if not 0 <= self.draft <= self.max_step - 1:
             raise ValueError(f"--draft = {self.draft}: must be in [0, --max-step - 1 = {self.max_step - 1}] (a "
                              "speculative forward carries the last token and its drafts)")
+        if self.tree != 0 and not 2 <= self.tree <= self.max_step:
+            raise ValueError(f"--tree = {self.tree}: must be 0 (no trees) or in [2, --max-step = {self.max_step}] "
+                             "(a tree of N tokens, the root included, is verified in one forward)")
+        layers = real_model.LAYERS[self.model]
+        if self.draft_layers != 0 and self.tree == 0:
+            raise ValueError(f"--draft-layers = {self.draft_layers}: sets the tree drafter's depth; give --tree N too")
+        if self.draft_layers != 0 and not 1 <= self.draft_layers <= layers - 1:
+            raise ValueError(f"--draft-layers = {self.draft_layers}: must be in [1, {layers - 1}] (a drafter of "
+                             f"{self.model}'s first layers, fewer than its {layers})")
+
+    @property
+    def tree_draft_layers(self) -> int:
+        """The tree drafter's layers: `draft_layers`, or by default ``default_draft_layers``."""
+        return self.draft_layers or default_draft_layers(real_model.LAYERS[self.model])
+
+
+def default_draft_layers(layers: int) -> int:
+    """The early-exit drafter's default depth for a real model of `layers` layers: all but the
+    last sixth (15 of Gemma 3 270M's 18). Shallower exits of a model not trained for early exit
+    draft almost nothing its full depth agrees with (bench/gemma_drafts.py measures depths)."""
+    return max(1, layers - layers // 6)
 
 
 #: Largest |logit difference| accepted between the cached run and the recomputation.
@@ -139,13 +167,16 @@ class Prefilled:
 
 def new_cache(loaded: real_model.LoadedModel, opts: RealDemoOptions, prompt_len: int) -> Any:
     """The demo's empty ``KVCoreCache`` for a prompt of `prompt_len` tokens: steps of at most
-    `opts.max_step`, room for `opts.gen_len` tokens and one step of drafts after it, compact
+    `opts.max_step` (at most the capacity), room for `opts.gen_len` tokens and one step of drafts
+    (or a tree) after it, compact
     rings (no mirror: a sliding layer holds window + max_step - 1 rows, which the report
     counts; a wrapped window is gathered into the workspace instead)."""
     from kvcore.integrations.transformers import KVCoreCache
 
-    capacity = prompt_len + opts.gen_len + opts.draft
-    return KVCoreCache(loaded.model.config, max_step=opts.max_step, capacity=capacity, mirror_rings=False)
+    capacity = prompt_len + opts.gen_len + max(opts.draft, opts.tree)
+    # A forward never carries more than the whole sequence: a short --prompt takes smaller steps.
+    return KVCoreCache(loaded.model.config, max_step=min(opts.max_step, capacity), capacity=capacity,
+                       mirror_rings=False)  # fmt: skip
 
 
 def prefill_prompt(loaded: real_model.LoadedModel, opts: RealDemoOptions, progress: Progress | None = None) -> Prefilled:
@@ -211,10 +242,17 @@ def prompt_lookup_drafts(tokens: list[int], k: int, max_ngram: int = 3) -> list[
 
 
 def decode_speculative(
-    loaded: real_model.LoadedModel, opts: RealDemoOptions, start: Prefilled, progress: Progress | None = None
+    loaded: real_model.LoadedModel,
+    opts: RealDemoOptions,
+    start: Prefilled,
+    progress: Progress | None = None,
+    drafter: Callable[[list[int], int], list[int]] | None = None,
+    draft: int | None = None,
 ) -> tuple[Decoded, dict[str, Any]]:
-    """Greedy decoding from `start` with `opts.draft` prompt-lookup drafts per forward:
-    each forward carries the last token and its drafts, the drafts greedy decoding agrees
+    """Greedy decoding from `start` with up to `draft` (default `opts.draft`) drafts per
+    forward from `drafter(context, k)` (default: prompt lookup; `context` is every token
+    so far, the last one not in the cache yet; it returns at most `k` token ids): each
+    forward carries the last token and its drafts, the drafts greedy decoding agrees
     with are kept and the cache is rewound past the others (``KVCoreCache.rewind``). Its
     tokens must equal plain greedy decoding's. Returns the run (logits of every kept
     position) and its counts: forwards, drafted, accepted and rewinds."""
@@ -223,13 +261,15 @@ def decode_speculative(
     from kvcore.integrations.transformers import prefill
 
     bar = progress or Progress(None)
+    propose = drafter or prompt_lookup_drafts
+    k = opts.draft if draft is None else draft
     eos, n, logits, cache = loaded.tokenizer.eos_token_id, len(start.prompt_ids), start.logits, start.cache
     t1 = time.perf_counter()
     out = [int(logits[n - 1].argmax())]
     forwards = drafted = accepted = rewinds = 0
     with torch.no_grad():
         while len(out) < opts.gen_len and out[-1] != eos:
-            drafts = prompt_lookup_drafts(start.prompt_ids + out, min(opts.draft, opts.gen_len - len(out)))
+            drafts = propose(start.prompt_ids + out, min(k, opts.gen_len - len(out)))
             P = cache.get_seq_length()
             rows = prefill(loaded.model, cache, torch.tensor([[out[-1], *drafts]])).logits[0].float()
             greedy = rows.argmax(-1).tolist()
@@ -301,6 +341,7 @@ def run_real_demo(
     with torch_threads(1):
         prefilled = prefill_prompt(loaded, opts, bar)
         spec_start = prefilled.copy() if opts.draft else None
+        tree_starts = (prefilled.copy(), prefilled.copy()) if opts.tree else None
         decoded = decode(loaded, opts, bar, prefilled)
         bar.update("recompute", 0, 1)
         checks = [check_against_recomputation(loaded.model, decoded)]
@@ -315,6 +356,10 @@ def run_real_demo(
                 same and bool(spec_check["ok"]),
                 f"tokens {'equal' if same else 'DIFFER'}; {spec_check['detail']}",
             ))
+        tree: dict[str, Any] | None = None
+        if tree_starts is not None:
+            tree, tree_check = _trees_against_chains(loaded, opts, tree_starts, decoded.tokens, bar)
+            checks.append(tree_check)
     bar.close()
     cfg = loaded.model.config
     layer_types = list(cfg.layer_types)
@@ -342,7 +387,7 @@ def run_real_demo(
             "load_seconds": loaded.seconds,
         },
         "dtype": "float32",
-        "max_step": opts.max_step,
+        "max_step": cache.max_step,
         "prompt_len": len(decoded.prompt_ids),
         "generated": len(decoded.tokens),
         "tokens": decoded.tokens,
@@ -352,6 +397,7 @@ def run_real_demo(
         "decode_tokens_per_s": max(len(decoded.tokens) - 1, 0) / max(decoded.decode_seconds, 1e-9),
         "draft": opts.draft,
         "speculative": spec,
+        "tree": tree,
         "kv_bytes": cache.nbytes(),
         "kv_bytes_all_flat": kv_all_flat,
         "length": length,
@@ -360,6 +406,32 @@ def run_real_demo(
         "kv_bytes_all_flat_at_context": kv_bytes_all_flat(cfg.num_hidden_layers, context, cfg.num_key_value_heads,
                                                           cfg.head_dim, 4),
     }
+
+
+def _trees_against_chains(
+    loaded: real_model.LoadedModel,
+    opts: RealDemoOptions,
+    starts: tuple[Prefilled, Prefilled],
+    plain: list[int],
+    bar: Progress,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tree run (``opts.tree`` tokens per forward) and the chain run of the same budget and
+    drafter, each from its own copy of the prefilled cache; their counts and the check that
+    both give `plain`'s tokens and the tree run's kept logits pass the recomputation."""
+    from kvcore.demo import real_trees
+
+    run, counts = real_trees.decode_tree(loaded, opts, starts[0], opts.tree, bar)
+    chain_run, chain = real_trees.decode_chain(loaded, opts, starts[1], opts.tree, bar)
+    counts["chain"] = chain
+    recomputed = check_against_recomputation(loaded.model, run)
+    same, chain_same = run.tokens == plain, chain_run.tokens == plain
+    check = check_entry(
+        "draft trees (early exit, commit_tree) equal plain decoding",
+        same and chain_same and bool(recomputed["ok"]),
+        f"tokens {'equal' if same else 'DIFFER'} (chains of the same budget: "
+        f"{'equal' if chain_same else 'DIFFER'}); {recomputed['detail']}",
+    )
+    return counts, check
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -387,6 +459,16 @@ def format_report(r: dict[str, Any]) -> str:
             f"  drafts    prompt lookup, up to {r['draft']} per forward: {s['accepted']}/{s['drafted']} accepted, "
             f"{(r['generated'] - 1) / max(s['forwards'], 1):.2f} tokens per forward ({s['forwards']} forwards for "
             f"{r['generated'] - 1} tokens), {s['rewinds']} rewinds, {s['tokens_per_s']:.1f} tok/s"
+        )
+    t = r.get("tree")
+    if t is not None:
+        c = t["chain"]
+        lines.append(
+            f"  trees     early exit after {t['draft_layers']} of {m['layers']} layers, up to {t['budget']} tokens per "
+            f"forward: {t['tokens_per_forward']:.2f} tokens per forward ({t['forwards']} forwards, "
+            f"{t['paths_off_main_line']} accepted paths off the main line, {t['copies_layer0']} row copies per layer), "
+            f"{t['tokens_per_s']:.1f} tok/s; chains of {t['budget'] - 1} drafts: {c['tokens_per_forward']:.2f} tokens "
+            f"per forward ({c['forwards']} forwards), {c['tokens_per_s']:.1f} tok/s"
         )
     return "\n".join(lines + format_checks(r))
 

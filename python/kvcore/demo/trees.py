@@ -17,7 +17,8 @@ drafter's N - 1 greedy drafts per step).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +57,17 @@ def draft_tree(main: list[int], others: list[list[int]], budget: int) -> tuple[l
     return parents, tokens
 
 
-def tree_step(drafter: EarlyExitDrafter, context: list[int], budget: int, left: int) -> tuple[list[int], list[int]]:
+class TreeDrafter(Protocol):
+    """What tree_step needs of a drafter (``EarlyExitDrafter``, or the real model's
+    ``kvcore.demo.real_early_exit.HFEarlyExitDrafter``)."""
+
+    def draft(self, context: Sequence[int], depth: int, width: int) -> tuple[list[int], list[list[int]]]:
+        """(main, others): the greedy tokens after `context`, `depth` deep, and beside each
+        its next `width - 1` choices."""
+        ...
+
+
+def tree_step(drafter: TreeDrafter, context: list[int], budget: int, left: int) -> tuple[list[int], list[int]]:
     """(parents, tokens) of one step's tree of at most `budget` nodes: the root is
     context[-1] (the last committed token, not in the cache yet), the drafts below
     it `drafter`'s (draft_tree), the main line at most `left` deep (the tokens

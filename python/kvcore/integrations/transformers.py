@@ -31,6 +31,13 @@ express: for such a cache ``get_mask_sizes`` raises, and you pass the masks from
 ``cache.attention_masks(...)`` (built from the plan and kvcore's visibility
 rule) yourself (``prefill`` does).
 
+Draft trees (docs/trees.md): ``cache.begin_tree(parents)`` makes the next forward
+a tree step of ``N = len(parents)`` tokens (token ``i`` at position ``length +
+depth(i)``; pass ``position_ids=step.positions`` and the tree's masks from
+``cache.attention_masks(model.config, N)``, as ``verify_tree`` does); the last
+layer does not commit it, and ``cache.commit_tree(accepted)`` commits the
+accepted root path and performs the row copies it returns.
+
 Storage: sliding layers without sinks are mirrored by default
 (``mirror_rings=True``): a window that wraps round the ring is returned as a
 view, never gathered, at the price of ``window + max_step - 2`` more rows per
@@ -46,6 +53,7 @@ output.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
 try:
@@ -218,6 +226,32 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
         return f"KVCoreLayer({self.layer_idx}, {self.policy!r})"
 
 
+class _TreeStep:
+    """A draft tree's kvcore step as a forward sees it: the forward's last layer "commits" it by
+    marking it verified (kvcore commits a tree only with its accepted path: commit_tree)."""
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.verified = False
+
+    @property
+    def T(self) -> int:
+        return self.step.T
+
+    @property
+    def is_current(self) -> bool:
+        return self.step.is_current
+
+    def mask(self, layer: int, *, order: str = "rows") -> Any:
+        return self.step.mask(layer, order=order)
+
+    def commit(self) -> None:
+        self.verified = True
+
+    def abort(self) -> None:
+        self.step.abort()
+
+
 class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     """A transformers Cache whose layers are planned by kvcore (see the module docstring).
 
@@ -258,9 +292,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._write_read = self.pool.write_read  # bound once: the per-layer path calls it 26 times a token
         # The forward under way: layer 0 begins its step, the last layer commits it, an error
         # while a layer is served aborts it (kvcore.forward_step).
-        self._forward: ForwardStep[Step] = ForwardStep(self._n_layers, commit_after=self._n_layers)
+        self._forward: ForwardStep[Union[Step, _TreeStep]] = ForwardStep(self._n_layers, commit_after=self._n_layers)
         self._T = 0  # the begun step's T
         self._layouts: list[StepLayout] = []
+        # A draft tree's step (begin_tree) between its forward and commit_tree.
+        self._tree: Optional[_TreeStep] = None
         # Where the last unfinished forward stopped (a layer index), to tell a retry from
         # a model running fewer layers than the cache was built for.
         self._stopped_at: Optional[int] = None
@@ -305,7 +341,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
 
     # --- the step of one forward -----------------------------------------------------
 
-    def _begin(self, T: int) -> Step:
+    def _begin(self, T: int) -> Union[Step, _TreeStep]:
         """The begun kvcore step of the next forward of ``T`` tokens, beginning it if needed.
 
         Layer 0 of the forward (or ``attention_masks``) begins it; the other layers join
@@ -316,14 +352,16 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         # is_current implies step.position == length: the length changes only by commit,
         # rewind or clear, and each of them ends the begun step.
         if step is not None and step.T == T and step.is_current:
-            same: Step = step
+            same = step
             return self._forward.begin(lambda: same)  # the same step, from layer 0 again
         self._check_forward_size(T)
+        self._check_no_tree()
         # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
-        step = self._forward.begin(lambda: self.sequence.begin_step(T))
+        chain = self.sequence.begin_step(T)  # when kvcore refuses, nothing changed
+        self._forward.begin(lambda: chain)
         self._T = T
-        self._layouts = self.pool.plan_step(step)
-        return step
+        self._layouts = self.pool.plan_step(chain)
+        return chain
 
     def _check_forward_size(self, T: int) -> None:
         if T > self.sequence.max_step:
@@ -332,6 +370,64 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 f"inputs in chunks (generate(..., prefill_chunk_size={self.sequence.max_step}) or "
                 f"kvcore.integrations.transformers.prefill)"
             )
+
+    def _check_no_tree(self) -> None:
+        """InvalidStateError while a verified draft tree waits for ``commit_tree``: a new step would
+        silently drop it (``discard_forward`` drops it on purpose)."""
+        tree = self._tree
+        if tree is not None and tree.verified and tree.is_current:
+            raise InvalidStateError(
+                f"a draft tree of {tree.T} tokens was verified and is not committed: call "
+                f"cache.commit_tree(accepted) (or cache.discard_forward()) before the next forward"
+            )
+
+    def begin_tree(self, parents: Sequence[int]) -> Step:
+        """Begin the next forward's step as a draft tree (docs/trees.md) and return its kvcore ``Step``.
+
+        ``parents``: one entry per token of the forward, ``parents[0] = -1`` (the root, the
+        last committed token's successor), then ``0 <= parents[i] < i``. Token ``i`` stands at
+        position ``length + depth(i)``: give the forward ``position_ids=step.positions`` and
+        ``attention_mask=cache.attention_masks(model.config, len(parents))`` (each token sees
+        the history and its own root path, never a sibling), or call ``verify_tree``. The
+        forward's last layer does not commit the step; ``commit_tree`` does. Raises
+        InvalidArgumentError for a forward over ``max_step`` or parents kvcore refuses (see
+        ``SequenceCache.begin_tree``), InvalidStateError while a forward is under way or a
+        verified tree is not committed, CapacityError past the capacity. Nothing changes on
+        an error.
+        """
+        if self._forward.step is not None and self._forward.served > 0:
+            raise InvalidStateError(
+                f"begin_tree: a forward is under way (layers 0..{self._forward.served - 1} served); finish it "
+                f"or call cache.discard_forward()"
+            )
+        self._check_forward_size(len(parents))
+        self._check_no_tree()
+        tree = _TreeStep(self.sequence.begin_tree(list(parents)))
+        self._forward.begin(lambda: tree)
+        self._T = tree.T
+        self._layouts = self.pool.plan_step(tree.step)
+        self._tree = tree
+        return tree.step
+
+    def commit_tree(self, accepted: Sequence[int]) -> None:
+        """Commit the verified draft tree with its accepted root path and copy the rows it moves.
+
+        ``accepted``: node indices, ``accepted[0] = 0``, each a child of the one before. The
+        length becomes ``length + len(accepted)`` and position ``length + d`` holds node
+        ``accepted[d]``'s K/V (kvcore's commit returns the row copies; the pool performs them).
+        Raises InvalidStateError when no tree forward completed since ``begin_tree`` (or it was
+        replaced, rewound or reset), InvalidArgumentError for a path that is not a root path
+        of the tree; nothing changes on an error.
+        """
+        tree = self._tree
+        if tree is None or not tree.verified or not tree.is_current:
+            raise InvalidStateError(
+                "commit_tree: no verified draft tree (call begin_tree, run the forward over every layer, then "
+                "commit_tree)"
+            )
+        copies = self.sequence.commit(tree.step, accepted=list(accepted))
+        self._tree = None
+        self.pool.apply_copies(copies)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -390,6 +486,9 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         aborts it, nothing it wrote is kept, the length is unchanged, and the next forward
         may have any size. (An error inside a layer's update aborts the step by itself.)"""
         self._forward.abort()
+        tree, self._tree = self._tree, None
+        if tree is not None and tree.is_current:  # a verified tree waiting for commit_tree
+            tree.step.abort()
         self._stopped_at = None
 
     # --- length changes ----------------------------------------------------------------
@@ -398,6 +497,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         """Set the length to ``length`` (kvcore's rewind: refused with InvalidStateError into evicted history)."""
         self.sequence.rewind(length)
         self._forward.end()  # rewind ended the begun step
+        self._tree = None
         self._stopped_at = None
 
     def can_rewind(self, length: int) -> bool:
@@ -416,6 +516,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         """Length 0; the tensors stay allocated for the next sequence."""
         self.sequence.clear()
         self._forward.end()  # clear ended the begun step
+        self._tree = None
         self._stopped_at = None
 
     # --- masks for sinks -------------------------------------------------------------
@@ -543,6 +644,33 @@ def prefill(
     return output
 
 
+def verify_tree(model: Any, cache: KVCoreCache, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+    """One forward of ``model`` over a draft tree through ``cache``; the tree's logits, uncommitted.
+
+    ``tokens[i]`` is node ``i``'s token id and ``parents[i]`` its parent (``parents[0] =
+    -1``, the root; then ``0 <= parents[i] < i``; at most ``cache.max_step`` nodes). Every
+    node stands at position ``length + depth`` and attends over the cached history and its
+    own root path (kvcore's tree mask, sinks and windows included). Returns float32 logits
+    ``[N, vocab]`` (row ``i``: the distribution after node ``i``'s root path); the caller
+    picks the accepted root path and calls ``cache.commit_tree(path)``. Batch of one. Raises
+    InvalidArgumentError when ``tokens`` and ``parents`` differ in length, and what
+    ``KVCoreCache.begin_tree`` raises; a forward that raises leaves no step begun.
+    """
+    if len(tokens) != len(parents):
+        raise InvalidArgumentError(f"verify_tree: {len(tokens)} tokens for {len(parents)} parents: one each")
+    step = cache.begin_tree(parents)
+    try:
+        masks = cache.attention_masks(model.config, len(parents), dtype=model.dtype)
+        positions = torch.tensor(step.positions.tolist(), dtype=torch.long)[None]
+        out = model(input_ids=torch.tensor([list(tokens)]), position_ids=positions, attention_mask=masks,
+                    use_cache=True, **{cache_keyword(model): cache})  # fmt: skip
+    except BaseException:
+        cache.discard_forward()
+        raise
+    logits: torch.Tensor = out.logits[0].float()
+    return logits
+
+
 __all__ = [
     "FULL",
     "KVCoreCache",
@@ -554,6 +682,7 @@ __all__ = [
     "cache_keyword",
     "check_transformers",
     "prefill",
+    "verify_tree",
 ]
 
 # Continuous batching lives in kvcore.integrations.hf_batch; these names are served from here
