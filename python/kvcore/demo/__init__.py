@@ -26,9 +26,11 @@ Nothing here is imported by ``import kvcore``. One concept per module:
   decode on Ray actors, sequences moved as records (kvcore.state);
 - ``kvcore.demo.real_model``: real trained models for ``--model`` (Gemma 3 270M from
   PyPI), converted once and cached under ~/.cache/kvcore (needs the gemma extra);
-- ``kvcore.demo.real``: ``kvcore demo --model NAME``, the real model through
-  transformers and ``KVCoreCache``, checked against a full recomputation, plain and
-  with prompt-lookup drafts;
+- ``kvcore.demo.real``: ``kvcore demo --model NAME``'s decoding, the real model through
+  transformers and ``KVCoreCache``, plain and with prompt-lookup drafts, and the check
+  against a full recomputation;
+- ``kvcore.demo.real_run``: ``kvcore demo --model NAME``'s run and report: every
+  decoding of the real model, each checked;
 - ``kvcore.demo.real_trees``: ``kvcore demo --tree N --model NAME``, draft trees of
   the real model verified through ``KVCoreCache`` (``begin_tree`` / ``commit_tree``),
   against chains of the same budget;

@@ -18,7 +18,7 @@ from typing import Any
 
 import kvcore
 from kvcore._argparse import Parser
-from kvcore.demo import batch, hf_batch, real, real_model, sequence
+from kvcore.demo import batch, hf_batch, real, real_model, real_run, sequence
 from kvcore.demo.options import TOLERANCE
 from kvcore.demo.runner import run_and_report
 
@@ -200,7 +200,7 @@ def _run_real(args: argparse.Namespace, show_progress: bool) -> int:
              if v is not None}  # fmt: skip
     opts = real.RealDemoOptions(model=args.model, draft=args.draft, tree=args.tree, draft_layers=args.draft_layers,
                                 **given)  # fmt: skip
-    return run_and_report(command, opts, real.run_real_demo, real.format_report, as_json=args.json,
+    return run_and_report(command, opts, real_run.run_real_demo, real_run.format_report, as_json=args.json,
                           show_progress=show_progress)
 
 
