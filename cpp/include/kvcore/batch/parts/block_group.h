@@ -32,6 +32,7 @@ class BlockGroup {
     policy_ = policy;
     ring_.set(policy, block_size, max_step);
     rule_ = policy.kind == LayerPolicy::Kind::Ring ? static_cast<const GroupRule*>(&ring_) : &flat_;
+    releases_ = rule_->releases_blocks();
   }
   const LayerPolicy& policy() const noexcept { return policy_; }
   const GroupRule& rule() const noexcept { return *rule_; }
@@ -118,8 +119,12 @@ class BlockGroup {
   /// Releases the blocks of `seq` at `length` that no query after a rewind of
   /// up to max_step positions can need (the sinks stay).
   void evict(int seq, int length) noexcept {
+    if (!releases_) return;
     const int floor_block = rule_->release_floor_block(length);
     int& lost = lost_below_[seq];
+    // Nothing past `lost` to release (the usual step: the floor moves one
+    // block every B positions): the range below is empty, `lost` stays.
+    if (floor_block * block_size_ <= lost) return;
     const int from = lost / block_size_;  // the block holding `lost` may hold positions written since
     drop_range(seq, from > rule_->sink_blocks() ? from : rule_->sink_blocks(), floor_block);
     if (floor_block * block_size_ > lost) lost = floor_block * block_size_;
@@ -176,6 +181,7 @@ class BlockGroup {
   FlatRule flat_;
   RingRule ring_;
   const GroupRule* rule_ = &flat_;
+  bool releases_ = false;  // rule_->releases_blocks(): evict() has work to do
   BlockPool pool_;
   const TableRows* rows_ = nullptr;
   int max_seqs_ = 0;
