@@ -71,6 +71,12 @@ class BlockGroup {
   const int* table(int seq) const noexcept {
     return tables_.get() + static_cast<std::ptrdiff_t>(rows_->row(seq)) * stride_;
   }
+  /// Where the row of `seq` starts in the tables: the same in every group
+  /// (one TableRows, one stride), so a caller planning an entry in every
+  /// group looks it up once. Precondition: `seq` holds a row.
+  std::ptrdiff_t row_offset(int seq) const noexcept { return static_cast<std::ptrdiff_t>(rows_->row(seq)) * stride_; }
+  /// The row starting at `offset` (row_offset()).
+  int* table_at(std::ptrdiff_t offset) noexcept { return tables_.get() + offset; }
   int& held(int seq) noexcept { return held_[seq]; }
   int held(int seq) const noexcept { return held_[seq]; }
   /// Positions below were released by the window (past the sinks): lost even

@@ -422,9 +422,10 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
     // A chain within block b, which the sequence holds alone and unnamed,
     // writes in place: no block taken, slots in one run (the usual decode entry).
     const bool one_block = !tree && div_.floor(first + T - 1) == b;
+    const std::ptrdiff_t row = groups[0].row_offset(seq);
     for (int g = 0; g < n_groups; ++g) {
       BlockGroup& group = groups[g];
-      const int cur = group.table(seq)[b];
+      const int cur = group.table_at(row)[b];
       if (one_block && cur >= 0 && !must_copy(group.pool(), cur)) {
         first_before(g, i) = cur;
         int* out = slots + g * group_slots + at;
