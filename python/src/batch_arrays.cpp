@@ -1,6 +1,7 @@
 // BatchCache verbs over arrays: see batch_arrays.h.
 #include "batch_arrays.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -159,7 +160,11 @@ std::vector<kvcore::StepEntry> array_tokens(const kvcore::BatchCache& c, const I
                                               str(c.max_seqs()) + "]");
   const StepLengths lengths(T, n);
   std::vector<kvcore::StepEntry> out(static_cast<std::size_t>(n));
-  for (py::ssize_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = kvcore::StepEntry{seqs.at(i), lengths(i), nullptr};
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const std::int64_t seq = seqs[i];  // at(i) only to name one that does not fit (at() is out of line)
+    const int id = seq >= INT32_MIN && seq <= INT32_MAX ? static_cast<int>(seq) : seqs.at(i);
+    out[static_cast<std::size_t>(i)] = kvcore::StepEntry{id, lengths(i), nullptr};
+  }
   if (tokens.is_none()) return out;
   IntArray& ids = token_ids->emplace("begin_step", "tokens", tokens);
   const std::int32_t* data = ids.int32s();

@@ -35,6 +35,7 @@ class BlockGroup {
     rule_ = policy.kind == LayerPolicy::Kind::Ring      ? static_cast<const GroupRule*>(&ring_)
             : policy.kind == LayerPolicy::Kind::Chunked ? static_cast<const GroupRule*>(&chunked_)
                                                         : &flat_;
+    releases_ = rule_->releases_blocks();
   }
   const LayerPolicy& policy() const noexcept { return policy_; }
   const GroupRule& rule() const noexcept { return *rule_; }
@@ -73,6 +74,12 @@ class BlockGroup {
   const int* table(int seq) const noexcept {
     return tables_.get() + static_cast<std::ptrdiff_t>(rows_->row(seq)) * stride_;
   }
+  /// Where the row of `seq` starts in the tables: the same in every group
+  /// (one TableRows, one stride), so a caller planning an entry in every
+  /// group looks it up once. Precondition: `seq` holds a row.
+  std::ptrdiff_t row_offset(int seq) const noexcept { return static_cast<std::ptrdiff_t>(rows_->row(seq)) * stride_; }
+  /// The row starting at `offset` (row_offset()).
+  int* table_at(std::ptrdiff_t offset) noexcept { return tables_.get() + offset; }
   int& held(int seq) noexcept { return held_[seq]; }
   int held(int seq) const noexcept { return held_[seq]; }
   /// Positions below were released by the window (past the sinks): lost even
@@ -121,8 +128,12 @@ class BlockGroup {
   /// Releases the blocks of `seq` at `length` that no query after a rewind of
   /// up to max_step positions can need (the sinks stay).
   void evict(int seq, int length) noexcept {
+    if (!releases_) return;
     const int floor_block = rule_->release_floor_block(length);
     int& lost = lost_below_[seq];
+    // Nothing past `lost` to release (the usual step: the floor moves one
+    // block every B positions): the range below is empty, `lost` stays.
+    if (floor_block * block_size_ <= lost) return;
     const int from = lost / block_size_;  // the block holding `lost` may hold positions written since
     drop_range(seq, from > rule_->sink_blocks() ? from : rule_->sink_blocks(), floor_block);
     if (floor_block * block_size_ > lost) lost = floor_block * block_size_;
@@ -180,6 +191,7 @@ class BlockGroup {
   RingRule ring_;
   ChunkedRule chunked_;
   const GroupRule* rule_ = &flat_;
+  bool releases_ = false;  // rule_->releases_blocks(): evict() has work to do
   BlockPool pool_;
   const TableRows* rows_ = nullptr;
   int max_seqs_ = 0;

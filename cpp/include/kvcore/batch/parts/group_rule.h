@@ -37,6 +37,9 @@ class GroupRule {
   /// The blocks a sequence adopting a hit of `blocks` full blocks holds, as a
   /// sequence that computed the prefix itself would.
   virtual NeededBlocks needed(int blocks) const noexcept = 0;
+  /// False only when release_floor_block() is 0 at every length: a sequence
+  /// never gives a block back for its length alone (evict() skips the group).
+  virtual bool releases_blocks() const noexcept { return true; }
 
  protected:
   ~GroupRule() = default;
@@ -50,6 +53,7 @@ class FlatRule final : public GroupRule {
   int release_floor_block(int) const noexcept override { return 0; }
   std::int64_t needs_from(int) const noexcept override { return 0; }
   NeededBlocks needed(int) const noexcept override { return NeededBlocks{0, 0}; }
+  bool releases_blocks() const noexcept override { return false; }
 };
 
 /// Blocks of a pool whose sequences each hold at most `sink_blocks` sink

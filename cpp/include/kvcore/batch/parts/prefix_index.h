@@ -76,6 +76,21 @@ class PrefixIndex {
     }
   }
 
+  /// hash_tokens, with the usual case inline: tokens that do not fill the
+  /// block being filled only wait in it.
+  void append_tokens(int seq, const std::int32_t* tokens, int T, bool given, BlockGroup* groups,
+                     int n_groups) noexcept {
+    Chain& c = chains_[seq];
+    if (!c.hashing) return;
+    if (given && c.partial + T < block_size_) {
+      std::int32_t* partial = partial_of(seq) + c.partial;
+      for (int j = 0; j < T; ++j) partial[j] = tokens[j];
+      c.partial += T;
+      return;
+    }
+    hash_tokens(seq, tokens, T, given, groups, n_groups);
+  }
+
   /// After `seq`'s length went down to n: the keys of what is left, when known.
   void rewind(int seq, int n, const BlockGroup* groups, int n_groups) noexcept {
     Chain& c = chains_[seq];

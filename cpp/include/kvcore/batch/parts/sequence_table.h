@@ -56,6 +56,9 @@ class SequenceTable {
     return Error::Ok;
   }
 
+  /// Is `seq` in [0, max_seqs) and active (check_active without a message)?
+  bool is_active(int seq) const noexcept { return seq >= 0 && seq < max_seqs_ && seqs_[seq].active; }
+
   int max_holes() const noexcept { return max_holes_; }
   SequenceState& operator[](int seq) noexcept { return seqs_[seq]; }
   const SequenceState& operator[](int seq) const noexcept { return seqs_[seq]; }

@@ -1,10 +1,14 @@
 // StepState: the begun step of a BatchCache and its plan. begin() walks each
-// entry's block indices once per group, and admission walks them the same way
+// entry's block indices once per group, and admission counts them the same way
 // beforehand (walk_entry sees each index as it will be once a begun step this
 // one replaces has ended), so what admission counts is what planning takes.
+// A pool with a free block for every index the entries write admits without
+// counting (the usual step: check_entries sums the indices as it checks).
 // end() gives back what the begun step took (walk_begun), which is also what
 // admission counts as free again. commit() makes the step's lengths the
-// sequences' and lets the groups release what the windows passed.
+// sequences' and lets the groups release what the windows passed. A decode
+// step's chain entry that writes within a block it holds alone is planned in
+// place, with no walk.
 #pragma once
 
 #include <cstdint>
@@ -180,15 +184,15 @@ class StepState {
   }
 
   Status allocate(const StepLimits& limits) noexcept;
-  void record_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept;
   int place_entry(BlockGroup& group, int g, int i, int copies) noexcept;
-  void fill_slots(const BlockGroup& group, int g, int i) noexcept;
+  void fill_slots(const BlockGroup& group, int g, int i, bool tree) noexcept;
 
   StepLimits lim_;
   BlockDivisor div_;
   BatchStep active_;
   std::uint64_t last_step_id_ = 0;
   std::uint64_t stamp_ = 0;
+  std::int64_t walked_blocks_ = 0;  // check_entries: block indices the entries write, summed
   internal::Buffer<std::uint64_t> seen_;  // check_entries' repeat check
   internal::Buffer<int> step_seq_;
   internal::Buffer<int> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
@@ -247,16 +251,21 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
   KVCORE_CHECK_OR_RETURN_ERROR(entries != nullptr, InvalidArgument, "begin_step: entries is null");
   ++stamp_;
   std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
+  std::int64_t walked = 0;  // block indices the entries write, each at most once per entry
+  std::int64_t mask_words = 0;  // the trees' ancestor masks
   for (int i = 0; i < n; ++i) {
     const StepEntry& e = entries[i];
-    KVCORE_RETURN_IF_ERROR(seqs.check_active("begin_step", e.seq));
+    if (!seqs.is_active(e.seq)) return seqs.check_active("begin_step", e.seq);
     KVCORE_CHECK_OR_RETURN_ERROR(seen_[e.seq] != stamp_, InvalidArgument, "begin_step: sequence %d appears twice",
                                  e.seq);
     seen_[e.seq] = stamp_;
     KVCORE_CHECK_OR_RETURN_ERROR(e.T >= 1 && e.T <= lim_.max_step, InvalidArgument,
                                  "begin_step: sequence %d with T = %d, must be in [1, max_step = %d]", e.seq,
                                  e.T, lim_.max_step);
-    KVCORE_RETURN_IF_ERROR(StepTrees::check_entry(e));
+    if (e.parents != nullptr) {
+      KVCORE_RETURN_IF_ERROR(StepTrees::check_entry(e));
+      mask_words += StepTrees::mask_words(e);
+    }
     const int length = seqs[e.seq].length;
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + e.T <= lim_.capacity, OutOfResources,
                                  "begin_step: sequence %d at length %d with T = %d would pass "
@@ -266,8 +275,10 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
     KVCORE_CHECK_OR_RETURN_ERROR(tokens <= lim_.max_step_tokens, InvalidArgument,
                                  "begin_step: %d tokens or more, must be <= max_step_tokens = %d", tokens,
                                  lim_.max_step_tokens);
+    walked += div_.floor(length + e.T - 1) - div_.floor(length) + 1;  // length + T - 1 < capacity
   }
-  return trees_.check_masks(entries, n);
+  walked_blocks_ = walked;
+  return trees_.check_mask_words(mask_words);
 }
 
 inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq,
@@ -282,6 +293,10 @@ inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTa
                                const BlockGroup* groups) const noexcept {
   for (int g = 0; g < lim_.n_groups; ++g) {
     const BlockPool& pool = groups[g].pool();
+    // An entry takes at most one block per index it writes (check_entries
+    // counted them), and end() only adds free blocks: a pool with that many
+    // free admits the step, whatever the exact count below would say.
+    if (pool.free_blocks() >= walked_blocks_) continue;
     int need = 0;
     for (int i = 0; i < n; ++i) need += entry_need(seqs, groups[g], g, entries[i].seq, entries[i].T);
     int freed = 0;  // what end() gives back
@@ -313,27 +328,6 @@ inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
   active_ = BatchStep{};
 }
 
-inline void StepState::record_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept {
-  int at = 0;
-  for (int i = 0; i < n; ++i) {
-    const StepEntry& e = entries[i];
-    const SequenceState& s = seqs[e.seq];
-    step_seq_[i] = e.seq;
-    entry_of_[e.seq] = i;
-    query_starts_[i] = at;
-    first_positions_[i] = s.length;
-    context_lens_[i] = s.length + e.T;
-    visible_starts_[i] = s.start;
-    holes_of_[i] = seqs.holes(e.seq);
-    n_holes_of_[i] = s.n_holes;
-    tokens_given_[i] = e.tokens != nullptr;
-    for (int j = 0; j < e.T; ++j) step_tokens_[at + j] = e.tokens != nullptr ? e.tokens[j] : 0;
-    at += e.T;
-  }
-  query_starts_[n] = at;
-  trees_.record(entries, n, query_starts_.get(), first_positions_.get());
-}
-
 // Entry i's blocks in group g: new ones, private copies of shared or named
 // ones (the step keeps holding the copied block until it commits, so no entry
 // writes into it, another holder in this step copies too, and an abandoned
@@ -342,8 +336,12 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
   const int seq = step_seq_[i];
   int* row = group.table(seq);
   BlockPool& pool = group.pool();
-  first_before(g, i) = row[div_.floor(first_positions_[i])];  // what an abandoned step restores
-  walk_entry(group, g, seq, first_positions_[i], context_lens_[i] - first_positions_[i], [&](int b, int cur) {
+  const int first = div_.floor(first_positions_[i]);
+  first_before(g, i) = row[first];  // what an abandoned step restores
+  // walk_entry's blocks: no step is begun here (begin() runs after end()).
+  const int end = ceil_blocks(context_lens_[i]);
+  for (int b = first; b < end; ++b) {
+    const int cur = row[b];
     if (cur < 0) {
       row[b] = pool.allocate();
       ++group.held(seq);
@@ -351,13 +349,13 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
       row[b] = pool.allocate();
       copies_[g * lim_.max_seqs + copies++] = BlockCopy{cur, row[b]};
     }  // else its own unnamed block: written in place
-  });
+  }
   return copies;
 }
 
 // Entry i's slots in group g: row of each new position, block by block,
 // for the node written there (a tree's node at its chain place).
-inline void StepState::fill_slots(const BlockGroup& group, int g, int i) noexcept {
+inline void StepState::fill_slots(const BlockGroup& group, int g, int i, bool tree) noexcept {
   const int B = lim_.block_size;
   const int* row = group.table(step_seq_[i]);
   const int first = first_positions_[i];
@@ -369,24 +367,86 @@ inline void StepState::fill_slots(const BlockGroup& group, int g, int i) noexcep
     const std::int64_t next = (static_cast<std::int64_t>(b) + 1) * B;
     const int block_end = next < end ? static_cast<int>(next) : end;
     const int base = row[b] * B - b * B;  // row[b] * B + p % B for p in block b
-    for (; p < block_end; ++p) slots[node_at[p - first]] = base + p;
+    if (tree) {
+      for (; p < block_end; ++p) slots[node_at[p - first]] = base + p;
+    } else {
+      for (; p < block_end; ++p) slots[p - first] = base + p;
+    }
   }
 }
 
+// One pass over the entries: each entry's arrays, tokens and tree, then its
+// blocks and slots in every group before the next entry (each group's
+// allocations and copies still come in entry order).
 inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups) noexcept {
-  record_entries(entries, n, seqs);
-  for (int g = 0; g < lim_.n_groups; ++g) {
-    int copies = 0;
-    for (int i = 0; i < n; ++i) {
-      copies = place_entry(groups[g], g, i, copies);
-      fill_slots(groups[g], g, i);
-      SequenceState& s = seqs[step_seq_[i]];
-      const int end_block = ceil_blocks(context_lens_[i]);
-      if (end_block > s.alloc_end) s.alloc_end = end_block;
+  const int B = lim_.block_size;
+  const int n_groups = lim_.n_groups;
+  const std::ptrdiff_t group_slots = lim_.max_step_tokens;
+  int* const step_seq = step_seq_.get();
+  int* const entry_of = entry_of_.get();
+  int* const query_starts = query_starts_.get();
+  int* const first_positions = first_positions_.get();
+  int* const context_lens = context_lens_.get();
+  int* const visible_starts = visible_starts_.get();
+  const PositionRange** const holes_of = holes_of_.get();
+  int* const n_holes_of = n_holes_of_.get();
+  bool* const tokens_given = tokens_given_.get();
+  std::int32_t* const step_tokens = step_tokens_.get();
+  int* const slots = slots_.get();
+  for (int g = 0; g < n_groups; ++g) group_plans_[g].n_copies = 0;
+  trees_.start_record();
+  int at = 0;
+  for (int i = 0; i < n; ++i) {
+    const StepEntry& e = entries[i];
+    const int seq = e.seq, T = e.T;
+    SequenceState& s = seqs[seq];
+    const int first = s.length;
+    step_seq[i] = seq;
+    entry_of[seq] = i;
+    query_starts[i] = at;
+    first_positions[i] = first;
+    context_lens[i] = first + T;
+    visible_starts[i] = s.start;
+    holes_of[i] = seqs.holes(seq);
+    n_holes_of[i] = s.n_holes;
+    tokens_given[i] = e.tokens != nullptr;
+    if (e.tokens == nullptr) {
+      for (int j = 0; j < T; ++j) step_tokens[at + j] = 0;
+    } else if (T == 1) {
+      step_tokens[at] = e.tokens[0];
+    } else {
+      for (int j = 0; j < T; ++j) step_tokens[at + j] = e.tokens[j];
     }
-    group_plans_[g].n_copies = copies;
+    const bool tree = trees_.record_entry(i, e, at, first);
+    const int b = div_.floor(first);
+    // A chain within block b, which the sequence holds alone and unnamed,
+    // writes in place: no block taken, slots in one run (the usual decode entry).
+    const bool one_block = !tree && div_.floor(first + T - 1) == b;
+    const std::ptrdiff_t row = groups[0].row_offset(seq);
+    for (int g = 0; g < n_groups; ++g) {
+      BlockGroup& group = groups[g];
+      const int cur = group.table_at(row)[b];
+      if (one_block && cur >= 0 && !must_copy(group.pool(), cur)) {
+        first_before(g, i) = cur;
+        int* out = slots + g * group_slots + at;
+        const int base = cur * B - b * B + first;  // row of position first
+        if (T == 1) {
+          out[0] = base;
+        } else {
+          for (int j = 0; j < T; ++j) out[j] = base + j;
+        }
+        continue;
+      }
+      group_plans_[g].n_copies = place_entry(group, g, i, group_plans_[g].n_copies);
+      fill_slots(group, g, i, tree);
+    }
+    const int end_block = ceil_blocks(first + T);
+    if (end_block > s.alloc_end) s.alloc_end = end_block;
+    at += T;
   }
-  active_ = BatchStep{++last_step_id_, n, query_starts_[n]};
+  query_starts[n] = at;
+  trees_.end_record(n);
+  active_ = BatchStep{++last_step_id_, n, at};
   return active_;
 }
 
@@ -401,14 +461,18 @@ inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, Pr
     const AcceptedPath* path = trees_.path(i);
     SequenceState& s = seqs[seq];
     s.length = first_positions_[i] + m;
-    const int kept = ceil_blocks(s.length);  // blocks reserved only for rejected nodes go
-    for (int g = 0; g < lim_.n_groups; ++g) {
-      trees_.add_copies(g, path, at, slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens);
-      groups[g].drop_range(seq, kept, ceil_blocks(context_lens_[i]));
-    }
+    if (path != nullptr || m < context_lens_[i] - first_positions_[i]) {
+      const int kept = ceil_blocks(s.length);  // blocks reserved only for rejected nodes go
+      const int reserved = ceil_blocks(context_lens_[i]);
+      for (int g = 0; g < lim_.n_groups; ++g) {
+        trees_.add_copies(g, path, at, slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens);
+        groups[g].drop_range(seq, kept, reserved);
+      }
+      trees_.order_tokens(path, at, step_tokens_.get());
+    }  // else every token is kept, in place: nothing to copy or drop
+    const int kept = ceil_blocks(s.length);
     if (s.alloc_end > kept) s.alloc_end = kept;
-    trees_.order_tokens(path, at, step_tokens_.get());
-    prefix.hash_tokens(seq, step_tokens_.get() + at, m, tokens_given_[i], groups, lim_.n_groups);
+    prefix.append_tokens(seq, step_tokens_.get() + at, m, tokens_given_[i], groups, lim_.n_groups);
     for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, s.length);
   }
   active_ = BatchStep{};

@@ -29,7 +29,7 @@ class StepTrees {
     StepTrees fresh;
     const std::int64_t tokens = max_step_tokens;
     // Mask rows up to kMaskNodes nodes wide for every token: a bound that stays
-    // linear in the tokens when max_step is huge (check_masks refuses a step
+    // linear in the tokens when max_step is huge (check_mask_words refuses a step
     // whose trees need more).
     const std::int64_t words = tokens * tree_mask_words(max_step < kMaskNodes ? max_step : kMaskNodes);
     fresh.positions_ = internal::Buffer<int>::make(tokens);
@@ -61,14 +61,17 @@ class StepTrees {
     return check_tree(e.parents, e.T, e.T);  // T itself is checked against max_step before
   }
 
-  /// InvalidArgument unless the entries' trees (checked) fit the mask buffer:
-  /// sum of N x ceil(N / 32) words over tree entries. Only a step with trees
-  /// of more than kMaskNodes nodes can need more than its tokens' share.
-  Status check_masks(const StepEntry* entries, int n) const noexcept {
-    std::int64_t words = 0;
-    for (int i = 0; i < n; ++i)
-      if (entries[i].parents != nullptr && !tree_is_chain(entries[i].parents, entries[i].T))
-        words += static_cast<std::int64_t>(entries[i].T) * tree_mask_words(entries[i].T);
+  /// The mask words entry `e` (checked) needs: N x ceil(N / 32) for a tree,
+  /// none for a chain.
+  static std::int64_t mask_words(const StepEntry& e) noexcept {
+    if (e.parents == nullptr || tree_is_chain(e.parents, e.T)) return 0;
+    return static_cast<std::int64_t>(e.T) * tree_mask_words(e.T);
+  }
+
+  /// InvalidArgument unless the entries' trees fit the mask buffer: `words`,
+  /// the sum of mask_words() over the entries. Only a step with trees of more
+  /// than kMaskNodes nodes can need more than its tokens' share.
+  Status check_mask_words(std::int64_t words) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(words <= mask_capacity_, InvalidArgument,
                                  "begin_step: the trees' ancestor masks need %lld words, the step buffers hold "
                                  "%lld (max_step_tokens x ceil(min(max_step, 256) / 32))",
@@ -80,35 +83,45 @@ class StepTrees {
   static constexpr int kMaskNodes = 256;
 
   /// Records every entry's positions, chain indices and masks (entries
-  /// checked). query_starts: n + 1 token offsets; first: each entry's length.
-  void record(const StepEntry* entries, int n, const int* query_starts, const int* first) noexcept {
-    int words = 0;
-    for (int i = 0; i < n; ++i) {
-      const int at = query_starts[i];
-      const int N = entries[i].T;
-      mask_starts_[i] = words;
-      if (entries[i].parents == nullptr || tree_is_chain(entries[i].parents, N)) {
-        for (int j = 0; j < N; ++j) {
-          positions_[at + j] = first[i] + j;
-          chain_index_[at + j] = node_at_[at + j] = j;
-          parents_[at + j] = j - 1;
-        }
-        continue;
-      }
-      const int* parents = entries[i].parents;
-      for (int j = 0; j < N; ++j) parents_[at + j] = parents[j];
+  /// checked): start_record(), record_entry() for each entry in order,
+  /// end_record(n). A chain entry records its positions and chain indices
+  /// only; its parents and nodes (the identity) are filled when a commit
+  /// names a path for it (check_accepted), the only reader of them.
+  void start_record() noexcept {
+    words_ = 0;
+    n_trees_ = 0;
+  }
+  /// Entry i (T = N tokens from token `at`, its first position `first`).
+  /// Returns whether it is a tree (not a chain).
+  bool record_entry(int i, const StepEntry& e, int at, int first) noexcept {
+    const int N = e.T;
+    mask_starts_[i] = words_;
+    if (e.parents == nullptr || tree_is_chain(e.parents, N)) {
       int* positions = positions_.get() + at;
-      lay_out_tree(parents, N, positions, chain_index_.get() + at, node_at_.get() + at, masks_.get() + words);
-      for (int j = 0; j < N; ++j) positions[j] += first[i];  // depth to position
-      words += N * tree_mask_words(N);
+      int* chain_index = chain_index_.get() + at;
+      for (int j = 0; j < N; ++j) {
+        positions[j] = first + j;
+        chain_index[j] = j;
+      }
+      return false;
     }
-    mask_starts_[n] = words;
+    for (int j = 0; j < N; ++j) parents_[at + j] = e.parents[j];
+    int* positions = positions_.get() + at;
+    lay_out_tree(e.parents, N, positions, chain_index_.get() + at, node_at_.get() + at, masks_.get() + words_);
+    for (int j = 0; j < N; ++j) positions[j] += first;  // depth to position
+    words_ += N * tree_mask_words(N);
+    ++n_trees_;
+    return true;
+  }
+  void end_record(int n) noexcept {
+    mask_starts_[n] = words_;
     n_entries_ = n;
   }
 
   const int* positions() const noexcept { return positions_.get(); }
   const int* chain_index() const noexcept { return chain_index_.get(); }
-  /// Per entry's first token + chain place c: the node written at place c.
+  /// Per tree entry's first token + chain place c: the node written at place
+  /// c (a chain entry's place c holds node c; this is not filled for it).
   const int* node_at() const noexcept { return node_at_.get(); }
   const int* mask_starts() const noexcept { return mask_starts_.get(); }
   const std::uint32_t* masks() const noexcept { return masks_.get(); }
@@ -126,6 +139,9 @@ class StepTrees {
     KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && (accepted != nullptr || n == 0), InvalidArgument,
                                  "commit: %d accepted paths (accepted %s)", n,
                                  accepted != nullptr ? "set" : "null");
+    query_starts_ = query_starts;
+    whole_ = n == 0 && n_trees_ == 0;  // a plain commit of chains: every token of every entry
+    if (whole_) return Error::Ok;
     for (int i = 0; i < n_entries_; ++i) accepted_[i] = -1, paths_[i] = nullptr;
     for (int a = 0; a < n; ++a)
       KVCORE_RETURN_IF_ERROR(check_path(accepted[a], query_starts, entry_of(accepted[a].seq)));
@@ -141,9 +157,11 @@ class StepTrees {
   }
 
   /// Entry i's accepted length (after check_accepted).
-  int accepted(int entry) const noexcept { return accepted_[entry]; }
+  int accepted(int entry) const noexcept {
+    return whole_ ? query_starts_[entry + 1] - query_starts_[entry] : accepted_[entry];
+  }
   /// Entry i's accepted path, or null when it was not listed (a whole chain).
-  const AcceptedPath* path(int entry) const noexcept { return paths_[entry]; }
+  const AcceptedPath* path(int entry) const noexcept { return whole_ ? nullptr : paths_[entry]; }
 
   /// Moves the accepted tokens of entry i into path order (tokens at its
   /// query start; each accepted node's index is >= its depth, so ascending
@@ -185,6 +203,8 @@ class StepTrees {
                                  "commit: sequence %d has two accepted paths", path.seq);
     const int at = query_starts[entry];
     const int N = query_starts[entry + 1] - at;
+    if (!is_tree(entry))  // a chain's parents and nodes, recorded only now (record_entry)
+      for (int j = 0; j < N; ++j) parents_[at + j] = j - 1, node_at_[at + j] = j;
     KVCORE_RETURN_IF_ERROR(kvcore::check_accepted(parents_.get() + at, N, path.nodes, path.m));
     accepted_[entry] = path.m;
     paths_[entry] = &path;
@@ -195,10 +215,14 @@ class StepTrees {
   int n_groups_ = 0;
   std::int64_t mask_capacity_ = 0;  // words
   int n_entries_ = 0;
+  int words_ = 0;    // mask words recorded so far
+  int n_trees_ = 0;  // tree entries (not chains) of the recorded step
+  bool whole_ = false;  // check_accepted: no path, no tree: every entry keeps all its tokens
+  const int* query_starts_ = nullptr;  // check_accepted's
   internal::Buffer<int> positions_;    // [token]
   internal::Buffer<int> chain_index_;  // [token]: node's place among the entry's positions
-  internal::Buffer<int> node_at_;      // [entry's first token + place]: the node there
-  internal::Buffer<int> parents_;      // [token]: the entry's parents (a chain's too)
+  internal::Buffer<int> node_at_;      // [entry's first token + place]: the node there (a chain's: lazily)
+  internal::Buffer<int> parents_;      // [token]: the entry's parents (a chain's: lazily)
   internal::Buffer<std::uint32_t> masks_;
   internal::Buffer<int> mask_starts_;  // [entry + 1], in words
   internal::Buffer<int> accepted_;     // [entry]: accepted length at commit
