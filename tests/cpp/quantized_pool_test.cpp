@@ -20,6 +20,7 @@
 #include "kvcore/state/sequence_export.h"
 #include "kvcore/state/sequence_import.h"
 #include "pool_fixtures.h"
+#include "support/counting_new.h"
 
 namespace kvcore_test {
 namespace {
@@ -442,6 +443,47 @@ TEST(QuantizedPagedKVPool, CopyOnWriteCarriesScalesAndGatherDequantizesEachSeque
     ASSERT_TRUE(live.ok());
     std::vector<float> k(static_cast<std::size_t>(live->rows) * 6), v(k.size());
     EXPECT_OK(pool.rows_values(0, DType::Float16, k.data(), k.size() * 2, v.data(), v.size() * 2));
+  }
+}
+
+// The per-step path of a quantized arena pool allocates nothing: write_values,
+// gather_values, held_values and a refused write (NaN), over 40 steps, between
+// two reads of the operator-new counter; the arena pool never calls its allocator.
+TEST(QuantizedKVPool, ArenaStepsNeverAllocate) {
+  const CacheConfig cfg = pool_config(
+      60, {LayerConfig{LayerPolicy::ring(4), 2, 8, 0}, LayerConfig{LayerPolicy::flat(), 2, 8, 0}}, 3, 4);
+  auto cache = std::move(SequenceCache::create(cfg)).get();
+  for (DType format : {DType::QInt8, DType::Fp8E4M3}) {
+    const std::size_t need = *KVPool::required_bytes(cfg, format, RingStorage::Mirrored);
+    std::vector<unsigned char> arena(need);
+    KVPool pool = std::move(KVPool::in_arena(*cache, format, arena.data(), arena.size(), RingStorage::Mirrored)).get();
+    std::mt19937 rng(9);
+    std::vector<float> values = kvcore_test::values(rng, 3, 2, 8);
+    std::vector<float> nan_values = values;
+    nan_values[5] = NAN;
+    std::vector<std::uint16_t> out_k(60 * 16), out_v(60 * 16);
+    cache->clear();
+    int good = 0, refused = 0;
+    const std::uint64_t before = operator_news();
+    for (int s = 0; s < 40 && cache->can_extend(1); ++s) {
+      const int T = 1 + s % 3;
+      if (!cache->can_extend(T)) break;
+      auto step = cache->begin_step(T);
+      for (int l = 0; l < 2; ++l) {
+        auto plan = cache->plan(l, *step);
+        const std::size_t bytes = static_cast<std::size_t>(T) * 16 * 4;
+        refused += pool.write_values(l, *plan, DType::Float32, nan_values.data(), bytes, values.data(), bytes).ok() ? 0 : 1;
+        good += pool.write_values(l, *plan, DType::Float32, values.data(), bytes, values.data(), bytes).ok() ? 1 : 0;
+        good += pool.gather_values(l, *plan, DType::Float16, out_k.data(), out_k.size() * 2, out_v.data(), out_v.size() * 2).ok() ? 1 : 0;
+        good += pool.held_values(l, *plan, DType::BFloat16, out_k.data(), out_k.size() * 2, out_v.data(), out_v.size() * 2).ok() ? 1 : 0;
+      }
+      good += cache->commit(*step).ok() ? 0 : -1000;
+    }
+    const std::uint64_t after = operator_news();
+    EXPECT_EQ(after, before) << kvcore::to_string(format);
+    EXPECT_GT(good, 100);
+    EXPECT_EQ(good % 3, 0);
+    EXPECT_GT(refused, 0);
   }
 }
 
