@@ -678,14 +678,22 @@ class KVPool(metaclass=_pybind11_type):
     """
 
     def __init__(
-        self, cache: SequenceCache, dtype: npt.DTypeLike = ..., *, mirror_rings: bool = False
+        self,
+        cache: SequenceCache,
+        dtype: npt.DTypeLike = ...,
+        *,
+        mirror_rings: bool = False,
+        compute_dtype: npt.DTypeLike | None = None,
     ) -> None:
         """Storage for every layer of `cache` in `dtype` (float32, float16, "bfloat16" with
         ml_dtypes, int8, uint8). Construction gives every layer, flat or ring,
         min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up to
         rows(layer), when a write reaches further (reserve() grows it ahead). mirror_rings: see the
-        property. InvalidArgumentError: another dtype or cache None; AllocationError when memory
-        runs out (at construction or on growth).
+        property. dtype 'qint8' or 'fp8_e4m3' stores quantized rows (docs/quantized.md): values go
+        in and come out as compute_dtype (float32 by default, float16 or "bfloat16").
+        InvalidArgumentError: another dtype or cache None, a compute_dtype other than those (or, for
+        a plain dtype, other than it); AllocationError when memory runs out (at construction or on
+        growth).
         """
     @property
     def cache(self) -> SequenceCache:
@@ -695,8 +703,15 @@ class KVPool(metaclass=_pybind11_type):
         """True when wrapping ring layers keep a mirror of their first R - 1 rows,
         so every read without sinks is a zero-copy view."""
     @property
-    def dtype(self) -> np.dtype[Any]:
-        """numpy dtype of every stored element."""
+    def dtype(self) -> np.dtype[Any] | str:
+        """Storage format: the numpy dtype of every stored element, or 'qint8' / 'fp8_e4m3' for
+        quantized rows (docs/quantized.md).
+        """
+    @property
+    def compute_dtype(self) -> np.dtype[Any]:
+        """numpy dtype that write/update take and read/update return (a plain pool's dtype; float32,
+        float16 or bfloat16 for a quantized one).
+        """
     @property
     def n_layers(self) -> int:
         """Number of layers, as the cache's."""
@@ -761,7 +776,17 @@ class KVPool(metaclass=_pybind11_type):
         default): every held row as it lies, one zero-copy read-only view, positions[r] the position
         row r stands for (mask with step.mask(layer)); order='positions': the plan's read in
         increasing positions, a view when it is one run, else a gathered copy. InvalidArgumentError:
-        bad layer or order; InvalidStateError: a stale plan or rows not written yet.
+        bad layer or order; InvalidStateError: a stale plan or rows not written yet. A quantized
+        pool returns the rows dequantized into compute_dtype, in a workspace the next read of any
+        layer reuses (copy what must outlive it).
+        """
+    def read_quantized(self, layer: SupportsIndex, plan: SeqStepPlan) -> dict[str, npt.NDArray[Any] | None]:
+        """The raw quantized rows of `plan`'s step in row order (as read(order='rows')), zero-copy
+        and read-only: a dict of k, v (int8 values for 'qint8'; uint8 bytes of float8 e4m3fn for
+        'fp8_e4m3', view them with ml_dtypes.float8_e4m3fn), k_scales, v_scales (float32, (rows,
+        n_kv_heads)), k_zero_points, v_zero_points (int8, (rows, n_kv_heads); None for fp8) and
+        positions. InvalidArgumentError: bad layer, a pool that is not quantized; InvalidStateError:
+        a stale plan or rows not written yet.
         """
     def update(
         self, layer: SupportsIndex, step: Step, k: npt.NDArray[Any], v: npt.NDArray[Any], *, order: str = "rows"
@@ -1273,19 +1298,33 @@ class PagedKVPool(metaclass=_pybind11_type):
     """
 
     def __init__(
-        self, cache: BatchCache, dtype: npt.DTypeLike = ..., *, initial_rows: SupportsIndex = 256
+        self,
+        cache: BatchCache,
+        dtype: npt.DTypeLike = ...,
+        *,
+        initial_rows: SupportsIndex = 256,
+        compute_dtype: npt.DTypeLike | None = None,
     ) -> None:
         """PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in
         `dtype` (float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with
-        min(initial_rows, its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0.
-        AllocationError: the first blocks cannot be allocated.
+        min(initial_rows, its rows) rows. dtype 'qint8' or 'fp8_e4m3' stores quantized rows
+        (docs/quantized.md): update takes values of compute_dtype (float32 by default, float16 or
+        'bfloat16') and rows/gather return them dequantized. InvalidArgumentError: bad dtype,
+        compute_dtype or initial_rows < 0. AllocationError: the first blocks cannot be allocated.
         """
     @property
     def cache(self) -> BatchCache:
         """The BatchCache it stores."""
     @property
-    def dtype(self) -> np.dtype[Any]:
-        """The numpy dtype of every K/V element."""
+    def dtype(self) -> np.dtype[Any] | str:
+        """Storage format: the numpy dtype of every K/V element, or 'qint8' / 'fp8_e4m3' for
+        quantized rows (docs/quantized.md).
+        """
+    @property
+    def compute_dtype(self) -> np.dtype[Any]:
+        """numpy dtype update takes and rows/gather return (a plain pool's dtype; float32, float16
+        or bfloat16 for a quantized one).
+        """
     @property
     def n_layers(self) -> int:
         """Number of layers the pool stores, as the cache's (cache.n_layers); each holds its group's
@@ -1405,8 +1444,16 @@ class PagedKVPool(metaclass=_pybind11_type):
         InvalidArgumentError (nothing copied): not one (n, 2) array per group, a row outside a
         layer's stored rows.
         """
+    def rows_quantized(self, layer: SupportsIndex) -> dict[str, npt.NDArray[Any] | None]:
+        """The raw quantized live rows, zero-copy and read-only: a dict of k, v (int8 values for
+        'qint8'; uint8 bytes of float8 e4m3fn for 'fp8_e4m3'), k_scales, v_scales (float32, (rows,
+        n_kv_heads)), k_zero_points, v_zero_points (int8; None for fp8). InvalidArgumentError: bad
+        layer, a pool that is not quantized. InvalidStateError: the live rows are not all stored
+        yet.
+        """
     def rows(self, layer: SupportsIndex) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-        """rows(layer) -> (k_rows, v_rows): the views update() returns, without writing.
+        """rows(layer) -> (k_rows, v_rows): the views update() returns, without writing (a quantized
+        pool's: the live rows dequantized into a workspace the next read reuses).
         InvalidArgumentError: bad layer. InvalidStateError: the live rows are not all stored yet
         (update the layer for the begun step first).
         """

@@ -32,6 +32,8 @@ from kvcore.hf_config import (
     default_context,
     model_shape_from_hf,
 )
+from kvcore.quantized import KV_FORMATS, kv_format
+from kvcore.quantized import row_bytes as quantized_row_bytes
 
 #: Bytes of one K or V element, by dtype name.
 DTYPE_BYTES: Mapping[str, int] = {
@@ -175,6 +177,9 @@ class MemoryPlan:
     flat_kinds: tuple[LayerKind, ...]
     state_slots: Optional[int] = None  # D of the state layers (None: the model has none)
     state_dtype: str = "bfloat16"  # element type of the state's conv window
+    #: "int8" or "fp8" when rows are stored quantized (bytes then count values, scales and zero
+    #: points: kvcore.quantized.row_bytes); None when stored as ``dtype``.
+    kv_dtype: Optional[str] = None
 
     @property
     def state_bytes_per_slot(self) -> int:
@@ -210,6 +215,7 @@ class MemoryPlan:
             "sinks": self.sinks,
             "dtype": self.dtype,
             "dtype_bytes": self.dtype_bytes,
+            "kv_dtype": self.kv_dtype,
             "batch": self.batch,
             "kinds": [kind(k) for k in self.kinds],
             "total_bytes": self.total_bytes,
@@ -229,15 +235,20 @@ def plan_memory(
     batch: int = 1,
     state_slots: Optional[int] = None,
     state_dtype: str = "bfloat16",
+    kv_dtype: Optional[str] = None,
 ) -> MemoryPlan:
     """The KV bytes of ``shape`` at ``context`` tokens (default: its max_position_embeddings).
 
     State layers keep ``state_slots`` snapshots (default: hf_config.default_state_slots), their
-    conv window in ``state_dtype``. InvalidArgumentError names a bad argument.
+    conv window in ``state_dtype``. ``kv_dtype`` ("int8" or "fp8") counts quantized rows with
+    their scales and zero points instead of ``dtype`` elements. InvalidArgumentError names a bad
+    argument (dtype, kv_dtype, batch, state_slots).
     """
     context = default_context(shape, context)
     name, size = dtype_bytes(dtype)
     _check_batch(batch)
+    if kv_dtype is not None:
+        kv_format(kv_dtype)
     cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, state_slots=state_slots))
     flat = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=True,
                                             state_slots=state_slots))
@@ -246,9 +257,9 @@ def plan_memory(
         return MemoryPlan(
             model=shape.name, context=context, max_step=cache.max_step, sinks=sinks, dtype=name,
             dtype_bytes=size, batch=batch,
-            kinds=_special_kinds(cache, shape, size, state_size, batch),
-            flat_kinds=_special_kinds(flat, shape, size, state_size, batch),
-            state_slots=_state_slots_of(cache), state_dtype=state_name,
+            kinds=_special_kinds(cache, shape, size, state_size, batch, kv_dtype),
+            flat_kinds=_special_kinds(flat, shape, size, state_size, batch, kv_dtype),
+            state_slots=_state_slots_of(cache), state_dtype=state_name, kv_dtype=kv_dtype,
         )
     return MemoryPlan(
         model=shape.name,
@@ -258,8 +269,9 @@ def plan_memory(
         dtype=name,
         dtype_bytes=size,
         batch=batch,
-        kinds=_layer_kinds(cache, size, batch),
-        flat_kinds=_layer_kinds(flat, size, batch),
+        kinds=_layer_kinds(cache, size, batch, kv_dtype),
+        flat_kinds=_layer_kinds(flat, size, batch, kv_dtype),
+        kv_dtype=kv_dtype,
     )
 
 
@@ -274,16 +286,21 @@ def kv_bytes(
     all_flat: bool = False,
     state_slots: Optional[int] = None,
     state_dtype: str = "bfloat16",
+    kv_dtype: Optional[str] = None,
 ) -> int:
     """Total KV bytes of ``shape`` at ``context`` tokens (kvcore's layout, or all flat), state
-    layers' ``state_slots`` snapshots included (conv window in ``state_dtype``)."""
+    layers' ``state_slots`` snapshots included (conv window in ``state_dtype``); ``kv_dtype``
+    ("int8" or "fp8"): quantized rows, scales and zero points included."""
     _, size = dtype_bytes(dtype)
     _check_batch(batch)
+    if kv_dtype is not None:
+        kv_format(kv_dtype)
     cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=all_flat,
                                              state_slots=state_slots))
     if shape.special:
-        return sum(k.total_bytes for k in _special_kinds(cache, shape, size, dtype_bytes(state_dtype)[1], batch))
-    return sum(k.total_bytes for k in _layer_kinds(cache, size, batch))
+        return sum(k.total_bytes
+                   for k in _special_kinds(cache, shape, size, dtype_bytes(state_dtype)[1], batch, kv_dtype))
+    return sum(k.total_bytes for k in _layer_kinds(cache, size, batch, kv_dtype))
 
 
 def longest_context(
@@ -297,8 +314,10 @@ def longest_context(
     all_flat: bool = False,
     state_slots: Optional[int] = None,
     state_dtype: str = "bfloat16",
+    kv_dtype: Optional[str] = None,
 ) -> int:
-    """The longest context whose KV cache (state layers' snapshots included) fits in ``budget`` bytes.
+    """The longest context whose KV cache (state layers' snapshots included) fits in ``budget``
+    bytes (``kv_dtype``: as kv_bytes).
 
     Binary search over real caches (bytes never shrink as the context grows).
     MAX_CONTEXT when even that fits: every layer's window is full long before.
@@ -309,7 +328,8 @@ def longest_context(
 
     def need(context: int) -> int:
         return kv_bytes(shape, context, max_step=max_step, sinks=sinks, dtype=dtype, batch=batch,
-                        all_flat=all_flat, state_slots=state_slots, state_dtype=state_dtype)
+                        all_flat=all_flat, state_slots=state_slots, state_dtype=state_dtype,
+                        kv_dtype=kv_dtype)
 
     def fits(context: int) -> bool:
         return need(context) <= budget
@@ -343,10 +363,11 @@ def memory_curve(
     batch: int = 1,
     state_slots: Optional[int] = None,
     state_dtype: str = "bfloat16",
+    kv_dtype: Optional[str] = None,
 ) -> list[tuple[int, int, int]]:
-    """(context, kvcore bytes, all-flat bytes) at each context."""
+    """(context, kvcore bytes, all-flat bytes) at each context (``kv_dtype``: as kv_bytes)."""
     opts: dict[str, Any] = {"max_step": max_step, "sinks": sinks, "dtype": dtype, "batch": batch,
-                            "state_slots": state_slots, "state_dtype": state_dtype}
+                            "state_slots": state_slots, "state_dtype": state_dtype, "kv_dtype": kv_dtype}
     return [(c, kv_bytes(shape, c, **opts), kv_bytes(shape, c, all_flat=True, **opts)) for c in contexts]
 
 
@@ -355,7 +376,15 @@ def _check_batch(batch: int) -> None:
         raise InvalidArgumentError(f"batch = {batch!r}: must be an integer >= 1")
 
 
-def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[LayerKind, ...]:
+def _row_pair_bytes(heads: int, head_dim: int, value_dim: int, dtype_size: int, kv_dtype: Optional[str]) -> int:
+    """Bytes of one K row and one V row: elements of dtype_size, or quantized rows with their scales."""
+    if kv_dtype is None:
+        return heads * (head_dim + value_dim) * dtype_size
+    return quantized_row_bytes(kv_dtype, heads, head_dim) + quantized_row_bytes(kv_dtype, heads, value_dim)
+
+
+def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int,
+                 kv_dtype: Optional[str] = None) -> tuple[LayerKind, ...]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     layers = cache.config.layers
     for i, layer in enumerate(layers):
@@ -377,7 +406,7 @@ def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[Lay
             n_kv_heads=heads,
             head_dim=head_dim,
             v_head_dim=value_dim,
-            bytes_per_layer=row_count * heads * (head_dim + value_dim) * dtype_size * batch,
+            bytes_per_layer=row_count * _row_pair_bytes(heads, head_dim, value_dim, dtype_size, kv_dtype) * batch,
         ))
     return tuple(out)
 
@@ -386,7 +415,8 @@ def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int) -> tuple[Lay
 
 
 def _special_kinds(
-    cache: SequenceCache, shape: ModelShape, dtype_size: int, state_size: int, batch: int
+    cache: SequenceCache, shape: ModelShape, dtype_size: int, state_size: int, batch: int,
+    kv_dtype: Optional[str] = None,
 ) -> tuple[LayerKind, ...]:
     """The LayerKinds of a model with chunked, shared or state layers: K/V layers grouped as in
     _layer_kinds (chunked ones by chunk), every shared layer in one kind of 0 bytes, state layers
@@ -436,7 +466,7 @@ def _special_kinds(
             n_kv_heads=heads,
             head_dim=head_dim,
             v_head_dim=value_dim,
-            bytes_per_layer=row_count * heads * (head_dim + value_dim) * dtype_size * batch,
+            bytes_per_layer=row_count * _row_pair_bytes(heads, head_dim, value_dim, dtype_size, kv_dtype) * batch,
             chunk=window if label == "chunked" else None,
         ))
     return tuple(out)
@@ -484,6 +514,9 @@ def add_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument("--sinks", type=_arg(_non_negative_int), default=0, metavar="N",
                    help="attention-sink positions every sliding layer keeps (default 0)")
     p.add_argument("--dtype", default="bfloat16", help=f"K/V element type: {', '.join(DTYPE_BYTES)} (default bfloat16)")
+    p.add_argument("--kv-dtype", choices=sorted(KV_FORMATS), default=None,
+                   help="store K/V quantized: int8 (ExecuTorch's asymmetric rule) or fp8 (e4m3fn); "
+                   "counts values, per-head float32 scales and int8 zero points (docs/quantized.md)")
     p.add_argument("--batch", type=_arg(_positive_int), default=1, metavar="N", help="sequences (default 1)")
     p.add_argument("--budget", type=_arg(parse_size), metavar="SIZE",
                    help="answer the longest context whose KV cache fits, e.g. 8GiB")
@@ -512,6 +545,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("give --model NAME, --hf-config PATH or --list")
     dtype, _ = dtype_bytes(args.dtype)
     opts: dict[str, Any] = {"max_step": args.max_step, "sinks": args.sinks, "dtype": dtype, "batch": args.batch}
+    if args.kv_dtype is not None:
+        opts["kv_dtype"] = args.kv_dtype
     notes = [f"{shape.name}'s config leaves out {d}" for d in shape.defaults]
     opts.update(_state_options(shape, args, notes))
 
@@ -603,7 +638,8 @@ def _print_plan(plan: MemoryPlan, shape: ModelShape, label: str, answer: Optiona
         print(f"  budget {format_bytes(budget)} ({budget:,} B): longest context {answer['longest_context']:,} "
               f"tokens (all layers flat: {flat:,})")
     print(f"  context {plan.context:,}, max_step {plan.max_step}, sinks {plan.sinks}, "
-          f"{plan.dtype} ({plan.dtype_bytes} B), batch {plan.batch}")
+          + (f"K/V {plan.kv_dtype} (values, scales and zero points), " if plan.kv_dtype else
+             f"{plan.dtype} ({plan.dtype_bytes} B), ") + f"batch {plan.batch}")
     print()
     header = f"  {'layer kind':<12} {'layers':>6} {'window':>7} {'rows/layer':>13} {'bytes/layer':>12} {'total':>11}"
     print(header)

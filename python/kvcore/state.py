@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 import warnings
 from typing import Any, Callable, Optional, Protocol, Sequence, Union, cast, runtime_checkable
@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from kvcore._core import CacheBase, SequenceCache, check_record
 from kvcore._errors import InternalError, InvalidArgumentError
+from kvcore.quantized import row_bytes as quantized_row_bytes
 
 RecordSource = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]", str, "os.PathLike[str]"]
 
@@ -71,8 +72,15 @@ _ALIGN = 64
 _KINDS = ("flat", "ring")
 
 
+#: Record dtype codes of the quantized formats (docs/quantized.md): rows of raw bytes.
+_QUANTIZED = {5: "qint8", 6: "fp8_e4m3"}
+
+
 def _dtype(code: int) -> np.dtype[Any]:
-    """The numpy dtype of a record's dtype code (bfloat16 from ml_dtypes)."""
+    """The numpy dtype of a record's dtype code (bfloat16 from ml_dtypes; uint8, the rows'
+    bytes, for a quantized format)."""
+    if code in _QUANTIZED:
+        return np.dtype("uint8")
     if code == 2:
         import ml_dtypes
 
@@ -198,6 +206,15 @@ class RecordLayer:
     n_rows: int
     k_offset: int
     v_offset: int
+    #: "qint8" or "fp8_e4m3" when the rows are quantized (``rows`` then gives each row's bytes,
+    #: values then scales and zero points: ``QuantRowLayout``); None for a plain dtype.
+    format: Optional[str] = None
+
+    def row_bytes(self, dim: int) -> int:
+        """Bytes of one row of ``n_kv_heads`` x ``dim`` (``head_dim`` for K, ``value_dim`` for V)."""
+        if self.format is not None:
+            return quantized_row_bytes("int8" if self.format == "qint8" else "fp8", self.n_kv_heads, dim)
+        return self.n_kv_heads * dim * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -250,12 +267,11 @@ class RecordInfo:
                 _LAYER.unpack_from(view, at + _LAYER.size * layer)
             )
             dtype = _dtype(dtype_code)
-            k_bytes = _padded(n_rows * heads * head_dim * dtype.itemsize)
-            v_bytes = _padded(n_rows * heads * value_dim * dtype.itemsize)
-            layers.append(
-                RecordLayer(_KINDS[kind], window, sinks, heads, head_dim, value_dim, dtype, sink_end, held_from,
-                            n_rows, rows_at, rows_at + k_bytes)
-            )
+            spec = RecordLayer(_KINDS[kind], window, sinks, heads, head_dim, value_dim, dtype, sink_end, held_from,
+                               n_rows, rows_at, 0, _QUANTIZED.get(dtype_code))
+            k_bytes = _padded(n_rows * spec.row_bytes(head_dim))
+            v_bytes = _padded(n_rows * spec.row_bytes(value_dim))
+            layers.append(replace(spec, v_offset=rows_at + k_bytes))
             rows_at += k_bytes + v_bytes
         return RecordInfo(version, length, max_step, start, holes, tokens, tuple(layers), data)
 
@@ -271,8 +287,14 @@ class RecordInfo:
 
     def rows(self, layer: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """``layer``'s K rows ``(n_rows, n_kv_heads, head_dim)`` and V rows
-        ``(n_rows, n_kv_heads, value_dim)`` as read-only numpy views of the record."""
+        ``(n_rows, n_kv_heads, value_dim)`` as read-only numpy views of the record; a quantized
+        layer's as ``(n_rows, row_bytes)`` uint8 (each row's values, scales and zero points)."""
         s = self.layers[layer]
+        if s.format is not None:
+            kb, vb = s.row_bytes(s.head_dim), s.row_bytes(s.value_dim)
+            k = np.frombuffer(self.data, dtype=np.uint8, count=s.n_rows * kb, offset=s.k_offset)
+            v = np.frombuffer(self.data, dtype=np.uint8, count=s.n_rows * vb, offset=s.v_offset)
+            return k.reshape(s.n_rows, kb), v.reshape(s.n_rows, vb)
         k = np.frombuffer(self.data, dtype=s.dtype, count=s.n_rows * s.n_kv_heads * s.head_dim, offset=s.k_offset)
         v = np.frombuffer(self.data, dtype=s.dtype, count=s.n_rows * s.n_kv_heads * s.value_dim, offset=s.v_offset)
         return k.reshape(s.n_rows, s.n_kv_heads, s.head_dim), v.reshape(s.n_rows, s.n_kv_heads, s.value_dim)

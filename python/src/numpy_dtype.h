@@ -14,9 +14,23 @@ namespace kvcore_py {
 
 inline std::string describe(py::handle obj) { return py::repr(obj).cast<std::string>(); }
 
+// The quantized storage formats by name (docs/quantized.md): their rows are
+// raw bytes to numpy (uint8); values go in and out in a compute dtype.
+inline bool parse_quantized(py::handle given, kvcore::DType* out) {
+  if (!py::isinstance<py::str>(given)) return false;
+  const std::string name = given.cast<std::string>();
+  if (name == "qint8") *out = kvcore::DType::QInt8;
+  else if (name == "fp8_e4m3") *out = kvcore::DType::Fp8E4M3;
+  else return false;
+  return true;
+}
+
 // The numpy dtype for `spec` and the DType it stands for. "bfloat16" needs the
-// ml_dtypes package, which registers that type with numpy.
+// ml_dtypes package, which registers that type with numpy. "qint8" and
+// "fp8_e4m3" (the quantized formats) give numpy's uint8: their rows' bytes.
 inline std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
+  kvcore::DType quantized = kvcore::DType::QInt8;
+  if (parse_quantized(given, &quantized)) return {py::dtype("uint8"), quantized};
   py::object spec = py::reinterpret_borrow<py::object>(given);
   if (py::isinstance<py::str>(spec) && spec.cast<std::string>() == "bfloat16") {
     try {
@@ -48,7 +62,7 @@ inline std::pair<py::dtype, kvcore::DType> parse_dtype(py::handle given) {
     raise(kvcore::Error::InvalidArgument,
           "dtype = " + describe(dt) +
               ": must be one of float32, float16, bfloat16 (ml_dtypes), int8, uint8 in native "
-              "byte order");
+              "byte order, or a quantized format: 'qint8', 'fp8_e4m3'");
   return {dt, out};
 }
 

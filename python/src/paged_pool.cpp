@@ -43,11 +43,12 @@ using CachePtr = std::shared_ptr<kvcore::BatchCache>;
 
 class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> {
  public:
-  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows)
+  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows, py::handle compute_spec = py::none())
       : PoolBinding(std::move(cache), dtype_spec, kPagedBlockName, "paged pool",
                     [initial_rows](const kvcore::BatchCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
                       return kvcore::PagedKVPool::create(c, type, a, initial_rows);
-                    }) {
+                    },
+                    compute_spec) {
     masks_.resize(static_cast<std::size_t>(cache_->n_groups()));
   }
 
@@ -61,16 +62,37 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
   // (k_rows, v_rows) after writing the step's rows of `layer`.
   py::tuple update(int layer, const kvcore::BatchStepPlan& plan, py::handle k, py::handle v) {
     const Input in = checked_input(layer, k, v, "n_tokens", plan.n_tokens, "head_dim", "value_dim");
-    throw_if_error(pool_->update(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
+    if (quantized()) {
+      throw_if_error(pool_->update_values(layer, plan, blocks_.compute_type(), in.k, in.k_bytes, in.v, in.v_bytes));
+    } else {
+      throw_if_error(pool_->update(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
+    }
     return rows(layer);
   }
 
-  // (k_rows, v_rows): read-only views of the layer's live rows.
-  py::tuple rows(int layer) const {
+  // (k_rows, v_rows): read-only views of the layer's live rows (a quantized
+  // pool's dequantized into the workspace, which the next read reuses).
+  py::tuple rows(int layer) {
     const kvcore::PagedRows live = unwrap(pool_->rows(layer));
     py::object k, v;
+    if (quantized()) {
+      const Output out = values_out(layer, live.rows);
+      unwrap(pool_->rows_values(layer, blocks_.compute_type(), blocks_.data_of(out.k), out.k_bytes,
+                                blocks_.data_of(out.v), out.v_bytes));
+      return py::reinterpret_steal<py::tuple>(PyTuple_Pack(2, out.k.ptr(), out.v.ptr()));
+    }
     std::tie(k, v) = views(layer, live.k, live.k, live.v, live.v, live.rows);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(2, k.ptr(), v.ptr()));
+  }
+
+  // The raw quantized live rows with their scales and zero points (raw_views).
+  py::dict rows_quantized(int layer) const {
+    if (!quantized())
+      raise(kvcore::Error::InvalidArgument, "rows_quantized: the paged pool stores " +
+                                                py::str(dtype()).cast<std::string>() +
+                                                ", not a quantized format ('qint8', 'fp8_e4m3'): use rows");
+    const kvcore::PagedRows live = unwrap(pool_->rows(layer));
+    return raw_views(layer, live.k, live.k, live.v, live.v, live.rows);
   }
 
   // (k, v, positions) of one entry's visible history: new arrays.
@@ -78,8 +100,14 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     const int n = unwrap(pool_->gather_rows(layer, plan, entry));
     const Output out = empty(layer, n);
     py::array_t<std::int64_t> positions(n);
-    unwrap(pool_->gather(layer, plan, entry, blocks_.data_of(out.k), out.k_bytes, blocks_.data_of(out.v),
-                         out.v_bytes, positions.mutable_data(), static_cast<std::size_t>(n)));
+    if (quantized()) {
+      unwrap(pool_->gather_values(layer, plan, entry, blocks_.compute_type(), blocks_.data_of(out.k), out.k_bytes,
+                                  blocks_.data_of(out.v), out.v_bytes, positions.mutable_data(),
+                                  static_cast<std::size_t>(n)));
+    } else {
+      unwrap(pool_->gather(layer, plan, entry, blocks_.data_of(out.k), out.k_bytes, blocks_.data_of(out.v),
+                           out.v_bytes, positions.mutable_data(), static_cast<std::size_t>(n)));
+    }
     const py::object& k = out.k;
     const py::object& v = out.v;
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
@@ -178,19 +206,25 @@ void register_paged_pool(py::module_& m) {
       "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), int8 or uint8. "
       "Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V, "
       "C-contiguous, of exactly the pool's dtype.");
-  cls.def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows) {
+  cls.def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows, py::object compute_dtype) {
             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-            return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows));
+            return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows), compute_dtype);
           }),
           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"), py::kw_only(),
-          py::arg("initial_rows") = kvcore::PagedKVPool::kDefaultInitialRows,
+          py::arg("initial_rows") = kvcore::PagedKVPool::kDefaultInitialRows, py::arg("compute_dtype") = py::none(),
           "PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in `dtype` "
           "(float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with "
-          "min(initial_rows, its rows) rows. InvalidArgumentError: bad dtype or initial_rows < 0. "
+          "min(initial_rows, its rows) rows. dtype 'qint8' or 'fp8_e4m3' stores quantized rows "
+          "(docs/quantized.md): update takes values of compute_dtype (float32 by default, float16 or "
+          "'bfloat16') and rows/gather return them dequantized. InvalidArgumentError: bad dtype, "
+          "compute_dtype or initial_rows < 0. "
           "AllocationError: the first blocks cannot be allocated.");
   def_storage(cls, StorageDocs{
                        "The BatchCache it stores.",
-                       "The numpy dtype of every K/V element.",
+                       "Storage format: the numpy dtype of every K/V element, or 'qint8' / 'fp8_e4m3' for "
+                       "quantized rows (docs/quantized.md).",
+                       "numpy dtype update takes and rows/gather return (a plain pool's dtype; float32, "
+                       "float16 or bfloat16 for a quantized one).",
                        "Number of layers the pool stores, as the cache's (cache.n_layers); each holds its "
                        "group's blocks.",
                        "Bytes of storage allocated now (K and V, every layer).",
@@ -224,11 +258,20 @@ void register_paged_pool(py::module_& m) {
            "(nothing copied): not one (n, 2) array per group, a row outside a layer's stored rows.")
       .def(
           "rows",
-          [](const PyPagedPool& p, const PyInt& layer) { return p.rows(p.checked_layer(layer)); },
+          [](PyPagedPool& p, const PyInt& layer) { return p.rows(p.checked_layer(layer)); },
           py::arg("layer"),
-          "rows(layer) -> (k_rows, v_rows): the views update() returns, without writing. "
+          "rows(layer) -> (k_rows, v_rows): the views update() returns, without writing (a quantized "
+          "pool's: the live rows dequantized into a workspace the next read reuses). "
           "InvalidArgumentError: bad layer. InvalidStateError: the live rows are not all stored yet "
           "(update the layer for the begun step first).")
+      .def(
+          "rows_quantized",
+          [](const PyPagedPool& p, const PyInt& layer) { return p.rows_quantized(p.checked_layer(layer)); },
+          py::arg("layer"),
+          "The raw quantized live rows, zero-copy and read-only: a dict of k, v (int8 values for 'qint8'; "
+          "uint8 bytes of float8 e4m3fn for 'fp8_e4m3'), k_scales, v_scales (float32, (rows, n_kv_heads)), "
+          "k_zero_points, v_zero_points (int8; None for fp8). InvalidArgumentError: bad layer, a pool "
+          "that is not quantized. InvalidStateError: the live rows are not all stored yet.")
       .def(
           "mask",
           [](PyPagedPool& p, const BatchStepHandle& step, const PyInt& group) {
@@ -342,7 +385,8 @@ void register_paged_pool(py::module_& m) {
           "otherwise.")
       .def("__repr__", [](const PyPagedPool& p) {
         return "PagedKVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
-               ", dtype=" + p.dtype().attr("name").cast<std::string>() +
+               ", dtype=" + (p.quantized() ? py::str(p.dtype()).cast<std::string>()
+                                           : p.dtype().attr("name").cast<std::string>()) +
                ", block_size=" + std::to_string(p.pool().block_size()) +
                ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
       });

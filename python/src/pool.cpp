@@ -72,11 +72,13 @@ kvcore::RingStorage ring_storage(bool mirror_rings) {
 // A Python KVPool: the C++ pool plus what numpy needs to see its rows.
 class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
  public:
-  PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec, bool mirror_rings)
+  PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec, bool mirror_rings,
+         py::handle compute_spec = py::none())
       : PoolBinding(std::move(cache), dtype_spec, kBlockName, "pool",
                     [mirror_rings](const kvcore::SequenceCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
                       return kvcore::KVPool::create(c, type, a, ring_storage(mirror_rings));
-                    }),
+                    },
+                    compute_spec),
         mirror_rings_(mirror_rings) {
     positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
     row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
@@ -107,11 +109,20 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     }
     kvcore::SeqStepPlan& written = tree_writes_[static_cast<std::size_t>(layer)];
     if (const kvcore::DraftTree* tree = active_tree()) {
-      throw_if_error(kvcore::write_tree(*pool_, layer, plan, *tree, in.k, in.k_bytes, in.v, in.v_bytes));
+      if (quantized()) {
+        const Staged staged = quantize_nodes(layer, in, tree->size());
+        throw_if_error(kvcore::write_tree(*pool_, layer, plan, *tree, staged.k, staged.k_bytes, staged.v, staged.v_bytes));
+      } else {
+        throw_if_error(kvcore::write_tree(*pool_, layer, plan, *tree, in.k, in.k_bytes, in.v, in.v_bytes));
+      }
       written = plan;
       return;
     }
-    throw_if_error(pool_->write(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
+    if (quantized()) {
+      throw_if_error(pool_->write_values(layer, plan, blocks_.compute_type(), in.k, in.k_bytes, in.v, in.v_bytes));
+    } else {
+      throw_if_error(pool_->write(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
+    }
     written = kvcore::SeqStepPlan{};  // no tree rows to copy from now on
   }
 
@@ -160,11 +171,62 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
                     "): copies come from commit(step, accepted) after writing that step");
   }
 
+  // Quantized rows of a tree step's `n` nodes, each quantized on its own into
+  // the staging rows (grown once to the largest step; write_tree then places them).
+  struct Staged {
+    const unsigned char* k;
+    std::size_t k_bytes;
+    const unsigned char* v;
+    std::size_t v_bytes;
+  };
+  Staged quantize_nodes(int layer, const Input& in, int n) {
+    const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
+    const kvcore::DType type = blocks_.compute_type();
+    throw_if_error(kvcore::check_quantizable("write", "k", layer, type, in.k, n, shape.n_kv_heads, shape.head_dim));
+    throw_if_error(kvcore::check_quantizable("write", "v", layer, type, in.v, n, shape.n_kv_heads, shape.value_dim));
+    const std::size_t k_bytes = shape.k_row_bytes * static_cast<std::size_t>(n);
+    const std::size_t v_bytes = shape.v_row_bytes * static_cast<std::size_t>(n);
+    if (staging_.size() < k_bytes + v_bytes) staging_.resize(k_bytes + v_bytes);
+    unsigned char* k = staging_.data();
+    unsigned char* v = staging_.data() + k_bytes;
+    const std::size_t k_in = kvcore::PoolBytes::value_row_bytes(shape.n_kv_heads, shape.head_dim, type);
+    const std::size_t v_in = kvcore::PoolBytes::value_row_bytes(shape.n_kv_heads, shape.value_dim, type);
+    for (int i = 0; i < n; ++i) {
+      const std::size_t r = static_cast<std::size_t>(i);
+      kvcore::quantize_row(pool_->dtype(), shape.n_kv_heads, shape.head_dim, type,
+                           reinterpret_cast<const unsigned char*>(in.k) + k_in * r, k + shape.k_row_bytes * r);
+      kvcore::quantize_row(pool_->dtype(), shape.n_kv_heads, shape.value_dim, type,
+                           reinterpret_cast<const unsigned char*>(in.v) + v_in * r, v + shape.v_row_bytes * r);
+    }
+    return Staged{k, k_bytes, v, v_bytes};
+  }
+
+  // The raw quantized rows of `plan`'s step in row order (held_rows) with
+  // their scales and zero points (raw_views), and their positions.
+  py::dict read_quantized(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
+    if (!quantized())
+      raise(kvcore::Error::InvalidArgument, "read_quantized: the pool stores " +
+                                                py::str(dtype()).cast<std::string>() +
+                                                ", not a quantized format ('qint8', 'fp8_e4m3'): use read");
+    const kvcore::HeldRows held = unwrap(pool_->held_rows(layer, plan));
+    py::dict out = raw_views(layer, held.k, held.k, held.v, held.v, held.rows);
+    out["positions"] = row_positions_of(layer, held, step_id);
+    return out;
+  }
+
   // (k, v, positions): a zero-copy view when the read is one span (one run, or
-  // a wrapped window of a mirrored ring), else a copy.
+  // a wrapped window of a mirrored ring), else a copy. A quantized pool's k, v
+  // are the read's rows dequantized into the workspace (the next read reuses it).
   py::tuple read(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
     const Py_intptr_t rows = plan.read_len();
     py::object k, v;
+    if (quantized()) {
+      const Output out = values_out(layer, rows);
+      throw_if_error(pool_->gather_values(layer, plan, blocks_.compute_type(), blocks_.data_of(out.k), out.k_bytes,
+                                          blocks_.data_of(out.v), out.v_bytes));
+      py::object positions = positions_of(layer, plan, step_id);
+      return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, out.k.ptr(), out.v.ptr(), positions.ptr()));
+    }
     const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
     if (views.n == 1) {
       const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
@@ -185,7 +247,15 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   py::tuple read_rows(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
     const kvcore::HeldRows held = unwrap(pool_->held_rows(layer, plan));
     py::object k, v;
-    std::tie(k, v) = views(layer, held.k, held.k, held.v, held.v, held.rows);
+    if (quantized()) {
+      const Output out = values_out(layer, held.rows);
+      unwrap(pool_->held_values(layer, plan, blocks_.compute_type(), blocks_.data_of(out.k), out.k_bytes,
+                                blocks_.data_of(out.v), out.v_bytes));
+      k = out.k;
+      v = out.v;
+    } else {
+      std::tie(k, v) = views(layer, held.k, held.k, held.v, held.v, held.rows);
+    }
     py::object positions = row_positions_of(layer, held, step_id);
     return py::reinterpret_steal<py::tuple>(PyTuple_Pack(3, k.ptr(), v.ptr(), positions.ptr()));
   }
@@ -233,6 +303,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   }
 
   bool mirror_rings_ = false;
+  std::vector<unsigned char> staging_;          // a quantized tree step's rows before write_tree places them
   std::vector<CachedPositions> positions_;      // per policy: position-order reads
   std::vector<CachedPositions> row_positions_;  // per policy: row-order reads
   std::vector<kvcore::SeqStepPlan> tree_writes_;  // per layer: the write runs of its last tree step, until copied
@@ -318,21 +389,27 @@ void register_pool(py::module_& m) {
                          "int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, "
                          "value_dim) for V, C-contiguous, of exactly the pool's dtype.");
   cls.def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype,
-                      bool mirror_rings) {
+                      bool mirror_rings, py::object compute_dtype) {
             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-            return new PyPool(std::move(cache), dtype, mirror_rings);
+            return new PyPool(std::move(cache), dtype, mirror_rings, compute_dtype);
           }),
           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
-          py::kw_only(), py::arg("mirror_rings") = false,
+          py::kw_only(), py::arg("mirror_rings") = false, py::arg("compute_dtype") = py::none(),
           "Storage for every layer of `cache` in `dtype` (float32, float16, \"bfloat16\" with "
           "ml_dtypes, int8, uint8). Construction gives every layer, flat or ring, "
           "min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up "
           "to rows(layer), when a write reaches further (reserve() grows it ahead). "
-          "mirror_rings: see the property. InvalidArgumentError: another dtype or cache None; "
+          "mirror_rings: see the property. dtype 'qint8' or 'fp8_e4m3' stores quantized rows "
+          "(docs/quantized.md): values go in and come out as compute_dtype (float32 by default, "
+          "float16 or \"bfloat16\"). InvalidArgumentError: another dtype or cache None, a "
+          "compute_dtype other than those (or, for a plain dtype, other than it); "
           "AllocationError when memory runs out (at construction or on growth).");
   def_storage(cls, StorageDocs{
                        "The SequenceCache whose plans this pool applies (kept alive by it).",
-                       "numpy dtype of every stored element.",
+                       "Storage format: the numpy dtype of every stored element, or 'qint8' / 'fp8_e4m3' "
+                       "for quantized rows (docs/quantized.md).",
+                       "numpy dtype that write/update take and read/update return (a plain pool's dtype; "
+                       "float32, float16 or bfloat16 for a quantized one).",
                        "Number of layers, as the cache's.",
                        "Bytes of storage allocated now.",
                        "Rows `layer` has storage for now (it doubles up to rows(layer) when a write reaches "
@@ -379,7 +456,21 @@ void register_pool(py::module_& m) {
            "position row r stands for (mask with step.mask(layer)); order='positions': the plan's "
            "read in increasing positions, a view when it is one run, else a gathered copy. "
            "InvalidArgumentError: bad layer or order; InvalidStateError: a stale plan or rows not "
-           "written yet.")
+           "written yet. A quantized pool returns the rows dequantized into compute_dtype, in a "
+           "workspace the next read of any layer reuses (copy what must outlive it).")
+      .def("read_quantized",
+           [](PyPool& p, const PyInt& layer, const kvcore::SeqStepPlan& plan) {
+             const int l = p.checked_layer(layer);
+             p.check_current_plan(l, plan);
+             return p.read_quantized(l, plan, p.cache()->active_step().id);
+           },
+           py::arg("layer"), py::arg("plan"),
+           "The raw quantized rows of `plan`'s step in row order (as read(order='rows')), zero-copy and "
+           "read-only: a dict of k, v (int8 values for 'qint8'; uint8 bytes of float8 e4m3fn for "
+           "'fp8_e4m3', view them with ml_dtypes.float8_e4m3fn), k_scales, v_scales (float32, (rows, "
+           "n_kv_heads)), k_zero_points, v_zero_points (int8, (rows, n_kv_heads); None for fp8) and "
+           "positions. InvalidArgumentError: bad layer, a pool that is not quantized; "
+           "InvalidStateError: a stale plan or rows not written yet.")
       .def("update",
            [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle k, py::handle v,
               const std::string& order) {
@@ -420,7 +511,8 @@ void register_pool(py::module_& m) {
            [](const PyPool& p, py::dict memo) {
              // Its cache's copy (once per deepcopy, through memo), then every stored row.
              py::object cache = py::module_::import("copy").attr("deepcopy")(py::cast(p.cache()), memo);
-             auto* copy = new PyPool(cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), p.dtype(), p.mirror_rings());
+             auto* copy = new PyPool(cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), p.dtype_spec(),
+                                     p.mirror_rings(), p.quantized() ? py::object(p.compute_dtype()) : py::object(py::none()));
              py::object owned = py::cast(copy, py::return_value_policy::take_ownership);
              for (int l = 0; l < p.pool().n_layers(); ++l) {
                const kvcore::PoolLayer from = unwrap(p.pool().layer(l));
@@ -493,7 +585,9 @@ void register_pool(py::module_& m) {
           "length exceeds the capacity.")
       .def("__repr__", [](const PyPool& p) {
         return "KVPool(n_layers=" + std::to_string(p.pool().n_layers()) +
-               ", dtype=" + p.dtype().attr("name").cast<std::string>() +
+               ", dtype=" + (p.quantized() ? py::str(p.dtype()).cast<std::string>()
+                                           : p.dtype().attr("name").cast<std::string>()) +
+               (p.quantized() ? ", compute_dtype=" + p.compute_dtype().attr("name").cast<std::string>() : "") +
                (p.mirror_rings() ? ", mirror_rings=True" : "") +
                ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
       });

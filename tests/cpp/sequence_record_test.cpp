@@ -461,9 +461,9 @@ TEST(SequenceRecord, EveryRefusalIsNamedAndChangesNothing) {
   bad.bytes()[0] = 'X';
   refused(bad.data(), rec.size, kvcore::Error::InvalidArgument, "magic", model(64, 3, 4));
   bad = rec;
-  bad.bytes()[8] = 2;  // a future version, checksum made right
+  bad.bytes()[8] = 3;  // a future version (the newest is 2), checksum made right
   kvcore::seal_record(bad.bytes(), kvcore::RecordLayout{0, 0, 0, 0, rec.size});
-  refused(bad.data(), rec.size, kvcore::Error::NotSupported, "version 2", model(64, 3, 4));
+  refused(bad.data(), rec.size, kvcore::Error::NotSupported, "version 3", model(64, 3, 4));
   CacheConfig other = model(64, 3, 4);
   other.layers[0] = ring_layer(7, 2);
   refused(rec.data(), rec.size, kvcore::Error::InvalidArgument, "policy", other);

@@ -396,7 +396,7 @@ class Harness {
 
   DType pick_dtype() {
     const int d = in_.in(0, 15);
-    if (d == 15) return static_cast<DType>(in_.percent(50) ? 5 : -1);  // not a DType
+    if (d == 15) return static_cast<DType>(in_.percent(50) ? 99 : -1);  // not a DType (5 and 6 are the quantized formats now)
     return static_cast<DType>(d % 5);
   }
 

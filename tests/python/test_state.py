@@ -255,8 +255,8 @@ def test_every_refusal_is_named_and_changes_nothing(seq: Optional[int]) -> None:
     corrupt[len(record) // 2] ^= 1
     _refused(make(), bytes(corrupt), kvcore.InvalidArgumentError, "checksum", seq)
     future = bytearray(record)
-    future[8] = 2
-    _refused(make(), bytes(future), kvcore.NotSupportedError, "version 2 is newer", seq)
+    future[8] = 3  # one past the newest version (2)
+    _refused(make(), bytes(future), kvcore.NotSupportedError, "version 3 is newer", seq)
     _refused(make(), b"not a record" * 8, kvcore.InvalidArgumentError, "magic", seq)
     other = [kvcore.LayerConfig(p, HEADS, DIM) for p in POLICIES]
     other[0] = kvcore.LayerConfig(kvcore.Ring(7, 2), HEADS, DIM)

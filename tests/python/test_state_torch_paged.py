@@ -335,9 +335,9 @@ def test_import_refusals_are_named_and_change_nothing() -> None:
     refused(dest, bytes(corrupt), 1, kvcore.InvalidArgumentError, "corrupt")
     refused(dest, record[:-9], 1, kvcore.InvalidArgumentError, "truncated")
     newer = bytearray(record)
-    newer[8] = 2  # the version field
+    newer[8] = 3  # the version field: one past the newest (2)
     kvcore._core.seal_record(newer)
-    refused(dest, bytes(newer), 1, kvcore.NotSupportedError, "version 2 is newer")
+    refused(dest, bytes(newer), 1, kvcore.NotSupportedError, "version 3 is newer")
     refused(dest, record, 0, kvcore.InvalidStateError, "sequence 0 is active")
     refused(dest, record, 9, kvcore.InvalidArgumentError, "sequence 9 must be in")
     refused(dest, exporter_of(dtypes=DTYPES[1]).export(), 1, kvcore.InvalidArgumentError, "dtype float16 differs")

@@ -74,6 +74,8 @@ from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.pool import TorchKVPool
+from kvcore.torch.quantized import TorchQuantizedKVPool
+from kvcore.quantized import kv_format
 from kvcore.torch.step_layout import StepLayout
 from kvcore.integrations.transformers_release import CACHE_SUPPORTED, TESTED, check_release
 
@@ -263,7 +265,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     without sinks keep a copy of their first ring rows after the last, so a window
     that wraps is returned as a view instead of a gathered copy (faster; ``R - 1``
     more rows per such layer, see docs/transformers.md). Sliding layers with sinks
-    are never mirrored: their read is two spans, gathered either way.
+    are never mirrored: their read is two spans, gathered either way. ``kv_dtype``:
+    None stores K/V in the model's dtype; "int8" (ExecuTorch's asymmetric rule) or "fp8"
+    (e4m3fn) stores each row quantized with per-head float32 scales
+    (``kvcore.torch.quantized``, docs/quantized.md) and returns them dequantized in the
+    model's dtype; raises InvalidArgumentError naming any other value.
     """
 
     def __init__(
@@ -275,13 +281,21 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         sinks: int = 0,
         initial_capacity: int = 512,
         mirror_rings: bool = True,
+        kv_dtype: Optional[str] = None,
     ) -> None:
+        if kv_dtype is not None:
+            kv_format(kv_dtype)  # an unknown name is refused before anything is built
         cache_config, layer_types = cache_config_for(
             config, max_step=max_step, capacity=capacity, sinks=sinks, initial_capacity=initial_capacity
         )
         self.sequence = SequenceCache(cache_config)
         # Position order: transformers' own mask functions index keys by position.
-        self.pool = TorchKVPool(self.sequence, mirror_rings=mirror_rings, order="positions")
+        self.kv_dtype = kv_dtype
+        self.pool = (
+            TorchKVPool(self.sequence, mirror_rings=mirror_rings, order="positions")
+            if kv_dtype is None
+            else TorchQuantizedKVPool(self.sequence, kv_dtype, mirror_rings=mirror_rings, order="positions")
+        )
         self.layer_types = layer_types
         policies = [self.sequence.layer_policy(i) for i in range(len(layer_types))]
         # Typed alias of Cache.layers (transformers types it as a union of layer kinds).

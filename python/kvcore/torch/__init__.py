@@ -8,6 +8,9 @@ plans. These keep the bytes in torch tensors (any device), beside the numpy ones
   ``[batch, n_kv_heads, rows, dim]`` tensors laid out by the step's plans
   (``StepLayout``, ``kvcore.torch.step_layout``: where one policy's layers write and
   read a step, computed once per step and policy).
+- ``TorchQuantizedKVPool`` (``kvcore.torch.quantized``): a ``TorchKVPool`` whose rows
+  are stored quantized (``kv_dtype`` "int8" or "fp8", each row with its scales:
+  docs/quantized.md), values in and out in a compute dtype.
 - ``TorchPagedKVPool`` (``kvcore.torch.paged``): a ``BatchCache``'s rows, per layer
   ``[1, n_kv_heads, pool rows, dim]`` tensors indexed by pool row.
 - Their record export and import (``pool_records``, ``paged_records``: docs/state.md),
@@ -28,6 +31,8 @@ from __future__ import annotations
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.pool import ORDERS, TorchKVPool
+from kvcore.torch.quantized import TorchQuantizedKVPool
 from kvcore.torch.step_layout import StepLayout, read_positions
 
-__all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "read_positions"]
+__all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "TorchQuantizedKVPool",
+           "read_positions"]

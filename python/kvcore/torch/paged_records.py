@@ -173,6 +173,11 @@ def import_sequence(
     # Validated before its sizes grow any tensor (the helper pool's import checks it again: a
     # checksum pass, cheap next to growing every layer from an unchecked length).
     info = RecordInfo.of(data)
+    for layer, spec in enumerate(info.layers):
+        if spec.format is not None:
+            raise InvalidArgumentError(
+                f"import: layer {layer} holds {spec.format} rows (quantized, docs/quantized.md): a torch pool "
+                f"stores plain dtypes; import it into kvcore.PagedKVPool(cache, {spec.format!r})")
     _grow_for(kv, info)
     written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(
         seq, data, written=True, trust_tokens=trust_tokens, namespace=namespace

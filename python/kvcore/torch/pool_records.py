@@ -57,6 +57,15 @@ def _rows_of(pool: LayerStore, layer: int, positions: npt.NDArray[np.int64]) -> 
     return np.where(positions < s, positions, s + (positions - s) % r)
 
 
+def _refuse_quantized(info: RecordInfo) -> None:
+    """InvalidArgumentError naming the format when a layer of ``info`` holds quantized rows."""
+    for layer, spec in enumerate(info.layers):
+        if spec.format is not None:
+            raise InvalidArgumentError(
+                f"import: layer {layer} holds {spec.format} rows (quantized, docs/quantized.md): a torch pool "
+                f"stores plain dtypes; import it into kvcore.KVPool(cache, {spec.format!r})")
+
+
 def _export_dtype(pool: LayerStore, dtype: Optional[torch.dtype]) -> torch.dtype:
     """The one dtype of the pool's allocated layers (or ``dtype``), checked for a record."""
     length = pool.cache.length
@@ -142,6 +151,7 @@ def import_layers(
     capacity), InvalidArgumentError also for layers of mixed dtypes."""
     data = record_data(record)
     info = RecordInfo.of(data)  # validated before its sizes allocate tensors
+    _refuse_quantized(info)
     names = {spec.dtype.name for spec in info.layers}
     if len(names) != 1:
         raise InvalidArgumentError(f"import: the record's layers hold {sorted(names)}: a torch pool imports one dtype")

@@ -32,6 +32,7 @@
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/pool_bytes.h"
 #include "kvcore/pool/pool_storage.h"
+#include "kvcore/pool/quantize.h"
 
 namespace kvcore {
 
@@ -334,6 +335,104 @@ class KVPool : public PoolStorage<KVPoolTraits> {
     return HeldRows{layer.k, layer.v, rows, end};
   }
 
+  /// write() for values: the step's rows as n_kv_heads x head_dim (V:
+  /// value_dim) values of `in_type` each. A quantized pool (QInt8, Fp8E4M3)
+  /// quantizes every (row, head) into its row, scales and zero points included
+  /// (quantize.h); another pool takes only its own dtype and writes as write().
+  /// InvalidArgument (nothing written): as write(); `in_type` not float32,
+  /// float16 or bfloat16 (or, for a plain pool, not its dtype); a value that is
+  /// not finite or a (row, head) whose range passes FLT_MAX (quantize.h); k/v
+  /// overlapping the layer's storage. MemoryAllocationFailed: growth failed.
+  Status write_values(int layer_index, const SeqStepPlan& plan, DType in_type, const void* k,
+                      std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    if (!is_quantized(dtype_)) {
+      KVCORE_CHECK_OR_RETURN_ERROR(in_type == dtype_, InvalidArgument,
+                                   "write_values of layer %d: values of %s, the pool stores %s", layer_index,
+                                   to_string(in_type), to_string(dtype_));
+      return write(layer_index, plan, k, k_bytes, v, v_bytes);
+    }
+    KVCORE_RETURN_IF_ERROR(check_compute_type(layer_index, "write_values", "values", in_type));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent,
+                            check_runs(layer_index, plan.write, plan.n_write,
+                                       SeqStepPlan::kMaxWriteRuns, "write"));
+    const PoolLayer& shape = layers_[layer_index];
+    const std::size_t k_in = value_row_bytes(shape.n_kv_heads, shape.head_dim, in_type);
+    const std::size_t v_in = value_row_bytes(shape.n_kv_heads, shape.value_dim, in_type);
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write_values", "k", k, k_bytes, extent.rows, k_in, true));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write_values", "v", v, v_bytes, extent.rows, v_in, true));
+    KVCORE_RETURN_IF_ERROR(check_quantizable("write_values", "k", layer_index, in_type, k, extent.rows,
+                                             shape.n_kv_heads, shape.head_dim));
+    KVCORE_RETURN_IF_ERROR(check_quantizable("write_values", "v", layer_index, in_type, v, extent.rows,
+                                             shape.n_kv_heads, shape.value_dim));
+    KVCORE_RETURN_IF_ERROR(check_apart(shape, "write_values", layer_index, k, k_bytes, v, v_bytes));
+    if (extent.end_row > shape.allocated_rows) {
+      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row)));
+    }
+    const PoolLayer& layer = layers_[layer_index];
+    std::size_t j = 0;  // input row
+    for (int i = 0; i < plan.n_write; ++i) {
+      const Run& run = plan.write[i];
+      for (int r = 0; r < run.len; ++r, ++j) {
+        const std::size_t row = static_cast<std::size_t>(run.row + r);
+        quantize_row(dtype_, layer.n_kv_heads, layer.head_dim, in_type,
+                     static_cast<const unsigned char*>(k) + k_in * j, layer.k + layer.k_row_bytes * row);
+        quantize_row(dtype_, layer.n_kv_heads, layer.value_dim, in_type,
+                     static_cast<const unsigned char*>(v) + v_in * j, layer.v + layer.v_row_bytes * row);
+      }
+    }
+    for (int i = 0; i < plan.n_write; ++i) KVPoolTraits::mirror_run(layer, plan.write[i]);
+    return Error::Ok;
+  }
+
+  /// gather() for values: the plan's read runs, in position order,
+  /// dequantized into k_out/v_out as `out_type` values (at least read_len()
+  /// rows of n_kv_heads x head_dim / value_dim each). Only a quantized pool.
+  /// InvalidArgument: as gather(); a plain pool (use gather or views);
+  /// `out_type` not float32, float16 or bfloat16. InvalidState: as gather().
+  Status gather_values(int layer_index, const SeqStepPlan& plan, DType out_type, void* k_out,
+                       std::size_t k_capacity, void* v_out, std::size_t v_capacity) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(layer_index, plan));
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "gather_values", out_type));
+    const PoolLayer& layer = layers_[layer_index];
+    const std::size_t k_row = value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type);
+    const std::size_t v_row = value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type);
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather_values", "k_out", k_out, k_capacity, extent.rows,
+                                        k_row, false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather_values", "v_out", v_out, v_capacity, extent.rows,
+                                        v_row, false));
+    unsigned char* k_at = static_cast<unsigned char*>(k_out);
+    unsigned char* v_at = static_cast<unsigned char*>(v_out);
+    for (int i = 0; i < plan.n_read; ++i) {
+      const Run& run = plan.read[i];
+      const std::size_t row = static_cast<std::size_t>(run.row);
+      dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, layer.k + layer.k_row_bytes * row, run.len,
+                      out_type, k_at);
+      dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, layer.v + layer.v_row_bytes * row, run.len,
+                      out_type, v_at);
+      k_at += k_row * static_cast<std::size_t>(run.len);
+      v_at += v_row * static_cast<std::size_t>(run.len);
+    }
+    return Error::Ok;
+  }
+
+  /// held_rows() for values: the same rows, in row order, dequantized into
+  /// k_out/v_out as `out_type` values; the result's k/v point at k_out/v_out.
+  /// Only a quantized pool. Errors as held_rows(), plus gather_values()'s.
+  Result<HeldRows> held_values(int layer_index, const SeqStepPlan& plan, DType out_type, void* k_out,
+                               std::size_t k_capacity, void* v_out, std::size_t v_capacity) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const HeldRows held, held_rows(layer_index, plan));
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "held_values", out_type));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "held_values", "k_out", k_out, k_capacity, held.rows,
+                                        value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type), false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "held_values", "v_out", v_out, v_capacity, held.rows,
+                                        value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type), false));
+    dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, held.k, held.rows, out_type, k_out);
+    dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, held.v, held.rows, out_type, v_out);
+    return HeldRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), held.rows,
+                    held.end};
+  }
 
  private:
   // Rows and one-past-the-last row of a checked list of runs.
@@ -343,6 +442,14 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   };
 
   KVPool(DType dtype, PoolAllocator allocator) noexcept : PoolStorage(dtype, allocator) {}
+
+  Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(is_quantized(dtype_), InvalidArgument,
+                                 "%s of layer %d: the pool stores %s, not a quantized format (qint8, "
+                                 "fp8_e4m3): read its rows as they are",
+                                 what, layer_index, to_string(dtype_));
+    return check_compute_type(layer_index, what, "values", out_type);
+  }
 
   static Status check_ring_storage(RingStorage storage) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(
@@ -380,6 +487,9 @@ class KVPool : public PoolStorage<KVPoolTraits> {
         row_bytes(lc, dtype, storage, &out->k_row_bytes, &out->v_row_bytes), InvalidArgument,
         "layer %d: %d rows of %d heads x (%d + %d) dims of %s overflow the address space", l,
         rows, lc.n_kv_heads, lc.head_dim, lc.value_dim(), to_string(dtype));
+    out->n_kv_heads = lc.n_kv_heads;
+    out->head_dim = lc.head_dim;
+    out->value_dim = lc.value_dim();
     out->rows = rows;
     out->geometry = geometry;
     out->ring_start = geometry.sink_rows;

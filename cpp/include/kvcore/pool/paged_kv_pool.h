@@ -40,6 +40,7 @@
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/pool_bytes.h"
 #include "kvcore/pool/pool_storage.h"
+#include "kvcore/pool/quantize.h"
 
 namespace kvcore {
 
@@ -159,6 +160,63 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   Status update(int layer_index, const BatchStepPlan& plan, const void* k, std::size_t k_bytes,
                 const void* v, std::size_t v_bytes) noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const PagedLayer& shape = layers_[layer_index];
+    return update_with(layer_index, plan, "update", k, k_bytes, shape.k_row_bytes, v, v_bytes, shape.v_row_bytes,
+                       [](const PagedLayer& layer, std::size_t slot, const unsigned char* k_row,
+                          const unsigned char* v_row) {
+                         std::memcpy(layer.k + layer.k_row_bytes * slot, k_row, layer.k_row_bytes);
+                         std::memcpy(layer.v + layer.v_row_bytes * slot, v_row, layer.v_row_bytes);
+                       });
+  }
+
+  /// update() for values: the step's rows as n_kv_heads x head_dim (V:
+  /// value_dim) values of `in_type` each; a quantized pool (QInt8, Fp8E4M3)
+  /// quantizes every (row, head) into its slot's row, scales and zero points
+  /// included (quantize.h), after the block copies; a plain pool takes only
+  /// its own dtype and writes as update(). InvalidArgument (nothing written):
+  /// as update(); `in_type` not float32, float16 or bfloat16 (or, for a plain
+  /// pool, not its dtype); a value that is not finite or a (row, head) whose
+  /// range passes FLT_MAX. MemoryAllocationFailed: growth failed.
+  Status update_values(int layer_index, const BatchStepPlan& plan, DType in_type, const void* k,
+                       std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    if (!is_quantized(dtype_)) {
+      KVCORE_CHECK_OR_RETURN_ERROR(in_type == dtype_, InvalidArgument,
+                                   "update_values of layer %d: values of %s, the pool stores %s", layer_index,
+                                   to_string(in_type), to_string(dtype_));
+      return update(layer_index, plan, k, k_bytes, v, v_bytes);
+    }
+    KVCORE_RETURN_IF_ERROR(check_compute_type(layer_index, "update_values", "values", in_type));
+    const PagedLayer& shape = layers_[layer_index];
+    const std::size_t k_in = value_row_bytes(shape.n_kv_heads, shape.head_dim, in_type);
+    const std::size_t v_in = value_row_bytes(shape.n_kv_heads, shape.value_dim, in_type);
+    const std::int64_t n = plan.n_tokens < 0 ? 0 : plan.n_tokens;
+    if (k_bytes == k_in * static_cast<std::size_t>(n) && k != nullptr) {
+      KVCORE_RETURN_IF_ERROR(
+          check_quantizable("update_values", "k", layer_index, in_type, k, n, shape.n_kv_heads, shape.head_dim));
+    }
+    if (v_bytes == v_in * static_cast<std::size_t>(n) && v != nullptr) {
+      KVCORE_RETURN_IF_ERROR(
+          check_quantizable("update_values", "v", layer_index, in_type, v, n, shape.n_kv_heads, shape.value_dim));
+    }
+    const DType format = dtype_;
+    return update_with(layer_index, plan, "update_values", k, k_bytes, k_in, v, v_bytes, v_in,
+                       [format, in_type](const PagedLayer& layer, std::size_t slot, const unsigned char* k_row,
+                                         const unsigned char* v_row) {
+                         quantize_row(format, layer.n_kv_heads, layer.head_dim, in_type, k_row,
+                                      layer.k + layer.k_row_bytes * slot);
+                         quantize_row(format, layer.n_kv_heads, layer.value_dim, in_type, v_row,
+                                      layer.v + layer.v_row_bytes * slot);
+                       });
+  }
+
+ private:
+  // update()'s checks, growth and block copies; then write_row(layer, slot, k
+  // row, v row) per new token, the input rows k_in_row / v_in_row bytes each.
+  template <typename WriteRow>
+  Status update_with(int layer_index, const BatchStepPlan& plan, const char* what, const void* k,
+                     std::size_t k_bytes, std::size_t k_in_row, const void* v, std::size_t v_bytes,
+                     std::size_t v_in_row, WriteRow write_row) noexcept {
     KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/false));
     const PagedLayer& shape = layers_[layer_index];
     const GroupPlan& gp = plan.groups[shape.group];
@@ -191,10 +249,10 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
                                    layer_index, t, slot, shape.rows);
       if (slot + 1 > end_row) end_row = slot + 1;
     }
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "update", "k", k, k_bytes, plan.n_tokens,
-                                        shape.k_row_bytes, /*exact=*/true));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "update", "v", v, v_bytes, plan.n_tokens,
-                                        shape.v_row_bytes, /*exact=*/true));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "k", k, k_bytes, plan.n_tokens, k_in_row,
+                                        /*exact=*/true));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "v", v, v_bytes, plan.n_tokens, v_in_row,
+                                        /*exact=*/true));
     // Copies and scattered writes could overwrite input rows before they are
     // read: an input inside the layer's own storage is refused.
     const std::size_t k_storage = shape.k_row_bytes * static_cast<std::size_t>(shape.allocated_rows);
@@ -224,14 +282,13 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     const unsigned char* k_in = static_cast<const unsigned char*>(k);
     const unsigned char* v_in = static_cast<const unsigned char*>(v);
     for (int t = 0; t < plan.n_tokens; ++t) {
-      const std::size_t slot = static_cast<std::size_t>(gp.slots[t]);
-      std::memcpy(layer.k + layer.k_row_bytes * slot, k_in + layer.k_row_bytes * static_cast<std::size_t>(t),
-                  layer.k_row_bytes);
-      std::memcpy(layer.v + layer.v_row_bytes * slot, v_in + layer.v_row_bytes * static_cast<std::size_t>(t),
-                  layer.v_row_bytes);
+      write_row(layer, static_cast<std::size_t>(gp.slots[t]), k_in + k_in_row * static_cast<std::size_t>(t),
+                v_in + v_in_row * static_cast<std::size_t>(t));
     }
     return Error::Ok;
   }
+
+ public:
 
   /// Performs a tree commit's row copies (BatchCache::commit(step, accepted))
   /// in every layer: each group's copies, in order, K and V of row src to row
@@ -312,13 +369,82 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
                      std::size_t k_capacity, void* v_out, std::size_t v_capacity,
                      std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const PagedLayer& shape = layers_[layer_index];
+    return gather_with(layer_index, plan, entry, "gather", k_out, k_capacity, shape.k_row_bytes, v_out, v_capacity,
+                       shape.v_row_bytes, positions, positions_capacity,
+                       [](const PagedLayer& layer, std::size_t row, int len, unsigned char* k_at,
+                          unsigned char* v_at) {
+                         std::memcpy(k_at, layer.k + layer.k_row_bytes * row,
+                                     layer.k_row_bytes * static_cast<std::size_t>(len));
+                         std::memcpy(v_at, layer.v + layer.v_row_bytes * row,
+                                     layer.v_row_bytes * static_cast<std::size_t>(len));
+                       });
+  }
+
+  /// gather() for values: the entry's visible history dequantized into
+  /// k_out/v_out as `out_type` values (rows of n_kv_heads x head_dim /
+  /// value_dim). Only a quantized pool. Errors as gather(); InvalidArgument: a
+  /// plain pool (use gather), `out_type` not float32, float16 or bfloat16.
+  Result<int> gather_values(int layer_index, const BatchStepPlan& plan, int entry, DType out_type, void* k_out,
+                            std::size_t k_capacity, void* v_out, std::size_t v_capacity,
+                            std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "gather_values", out_type));
+    const PagedLayer& shape = layers_[layer_index];
+    const DType format = dtype_;
+    return gather_with(layer_index, plan, entry, "gather_values", k_out, k_capacity,
+                       value_row_bytes(shape.n_kv_heads, shape.head_dim, out_type), v_out, v_capacity,
+                       value_row_bytes(shape.n_kv_heads, shape.value_dim, out_type), positions, positions_capacity,
+                       [format, out_type](const PagedLayer& layer, std::size_t row, int len, unsigned char* k_at,
+                                          unsigned char* v_at) {
+                         dequantize_rows(format, layer.n_kv_heads, layer.head_dim, layer.k + layer.k_row_bytes * row,
+                                         len, out_type, k_at);
+                         dequantize_rows(format, layer.n_kv_heads, layer.value_dim,
+                                         layer.v + layer.v_row_bytes * row, len, out_type, v_at);
+                       });
+  }
+
+  /// rows() for values: the live rows dequantized into k_out/v_out as
+  /// `out_type` values (at least rows x n_kv_heads x head_dim / value_dim);
+  /// the result's k/v point at k_out/v_out. Only a quantized pool. Errors as
+  /// rows(); InvalidArgument: a plain pool, another out_type, outputs too small.
+  Result<PagedRows> rows_values(int layer_index, DType out_type, void* k_out, std::size_t k_capacity, void* v_out,
+                                std::size_t v_capacity) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const PagedRows live, rows(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "rows_values", out_type));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "rows_values", "k_out", k_out, k_capacity, live.rows,
+                                        value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type), false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "rows_values", "v_out", v_out, v_capacity, live.rows,
+                                        value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type), false));
+    dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, live.k, live.rows, out_type, k_out);
+    dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, live.v, live.rows, out_type, v_out);
+    return PagedRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), live.rows};
+  }
+
+ private:
+  Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(is_quantized(dtype_), InvalidArgument,
+                                 "%s of layer %d: the pool stores %s, not a quantized format (qint8, "
+                                 "fp8_e4m3): read its rows as they are",
+                                 what, layer_index, to_string(dtype_));
+    return check_compute_type(layer_index, what, "values", out_type);
+  }
+
+  // gather()'s checks and walk; copy(layer, first row, len, k_at, v_at) moves
+  // each stretch of consecutive rows, k_out_row / v_out_row bytes a row out.
+  template <typename CopyRows>
+  Result<int> gather_with(int layer_index, const BatchStepPlan& plan, int entry, const char* what, void* k_out,
+                          std::size_t k_capacity, std::size_t k_out_row, void* v_out, std::size_t v_capacity,
+                          std::size_t v_out_row, std::int64_t* positions, std::size_t positions_capacity,
+                          CopyRows copy) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/true));
     KVCORE_ASSIGN_OR_RETURN(const int n, check_entry(layer_index, plan, entry));
     const PagedLayer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "k_out", k_out, k_capacity, n,
-                                        layer.k_row_bytes, /*exact=*/false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "v_out", v_out, v_capacity, n,
-                                        layer.v_row_bytes, /*exact=*/false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "k_out", k_out, k_capacity, n, k_out_row,
+                                        /*exact=*/false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "v_out", v_out, v_capacity, n, v_out_row,
+                                        /*exact=*/false));
     KVCORE_CHECK_OR_RETURN_ERROR(
         positions == nullptr || positions_capacity >= static_cast<std::size_t>(n), InvalidArgument,
         "gather of layer %d: positions holds %zu, needs %d", layer_index, positions_capacity, n);
@@ -333,12 +459,9 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
         const int len = B - offset < end - p ? B - offset : end - p;
         const std::size_t row =
             static_cast<std::size_t>(table[p / B]) * static_cast<std::size_t>(B) + static_cast<std::size_t>(offset);
-        const std::size_t kn = layer.k_row_bytes * static_cast<std::size_t>(len);
-        const std::size_t vn = layer.v_row_bytes * static_cast<std::size_t>(len);
-        std::memcpy(k_at, layer.k + layer.k_row_bytes * row, kn);
-        std::memcpy(v_at, layer.v + layer.v_row_bytes * row, vn);
-        k_at += kn;
-        v_at += vn;
+        copy(layer, row, len, k_at, v_at);
+        k_at += k_out_row * static_cast<std::size_t>(len);
+        v_at += v_out_row * static_cast<std::size_t>(len);
         if (pos_at != nullptr)
           for (int j = 0; j < len; ++j) *pos_at++ = p + j;
         p += len;
@@ -382,6 +505,9 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
         "layer %d: %d blocks of %d rows of %d heads x (%d + %d) dims of %s overflow the address "
         "space",
         l, blocks, B, lc.n_kv_heads, lc.head_dim, lc.value_dim(), to_string(dtype));
+    out->n_kv_heads = lc.n_kv_heads;
+    out->head_dim = lc.head_dim;
+    out->value_dim = lc.value_dim();
     out->group = group;
     out->policy = lc.policy;
     out->rows = static_cast<int>(rows);

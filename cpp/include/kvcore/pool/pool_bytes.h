@@ -38,25 +38,54 @@ struct PoolBytes {
     return true;
   }
 
-  /// Bytes of one K row (n_kv_heads x head_dim elements of `dtype`) and one V
-  /// row (n_kv_heads x value_dim) of `lc`; false (outputs untouched) when a
-  /// count is negative or `rows` rows of both together pass kMaxBytes.
+  /// Bytes of one K row (n_kv_heads x head_dim elements of `dtype`; a quantized
+  /// format's row with its scales, dtype.h's row_size) and one V row (n_kv_heads
+  /// x value_dim) of `lc`; false (outputs untouched) when a count is negative or
+  /// `rows` rows of both together pass kMaxBytes.
   static bool row_bytes(const LayerConfig& lc, DType dtype, std::uint64_t rows,
                         std::size_t* k_row_bytes, std::size_t* v_row_bytes) noexcept {
     if (lc.n_kv_heads < 0 || lc.head_dim < 0 || lc.value_dim() < 0) return false;
-    const std::uint64_t size = element_size(dtype);
-    std::uint64_t k_elems = 0, v_elems = 0, k_row = 0, v_row = 0, k_all = 0, v_all = 0;
-    const bool fits = checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
-                                  static_cast<std::uint64_t>(lc.head_dim), &k_elems) &&
-                      checked_mul(static_cast<std::uint64_t>(lc.n_kv_heads),
-                                  static_cast<std::uint64_t>(lc.value_dim()), &v_elems) &&
-                      checked_mul(k_elems, size, &k_row) && checked_mul(v_elems, size, &v_row) &&
+    std::uint64_t k_row = 0, v_row = 0, k_all = 0, v_all = 0;
+    const std::uint64_t heads = static_cast<std::uint64_t>(lc.n_kv_heads);
+    const bool fits = row_size(dtype, heads, static_cast<std::uint64_t>(lc.head_dim), kMaxBytes, &k_row) &&
+                      row_size(dtype, heads, static_cast<std::uint64_t>(lc.value_dim()), kMaxBytes, &v_row) &&
                       checked_mul(k_row, rows, &k_all) && checked_mul(v_row, rows, &v_all) &&
                       checked_add(k_all, v_all, &k_all);
     if (!fits) return false;
     *k_row_bytes = static_cast<std::size_t>(k_row);
     *v_row_bytes = static_cast<std::size_t>(v_row);
     return true;
+  }
+
+  /// Bytes of one row of heads x dim values of a compute type (float32,
+  /// float16, bfloat16). Precondition: the layer's own rows fit (they are at
+  /// least half as large, for one-byte formats a quarter: fits 64 bits).
+  static std::size_t value_row_bytes(int heads, int dim, DType type) noexcept {
+    return static_cast<std::size_t>(heads) * static_cast<std::size_t>(dim) * element_size(type);
+  }
+
+  /// InvalidArgument unless `type` is float32, float16 or bfloat16: the types
+  /// a quantized pool takes values in and gives them out as.
+  static Status check_compute_type(int layer_index, const char* what, const char* name, DType type) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        type == DType::Float32 || type == DType::Float16 || type == DType::BFloat16, InvalidArgument,
+        "%s of layer %d: %s of %s: quantized rows take and give float32, float16 or bfloat16", what,
+        layer_index, name, to_string(type));
+    return Error::Ok;
+  }
+
+  /// InvalidArgument unless k and v (k_bytes, v_bytes) share no byte with the
+  /// layer's K and V storage (rows written one at a time could overwrite them).
+  template <typename Layer>
+  static Status check_apart(const Layer& layer, const char* what, int layer_index, const void* k,
+                            std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
+    const std::size_t k_all = layer.k_row_bytes * static_cast<std::size_t>(layer.storage_rows());
+    const std::size_t v_all = layer.v_row_bytes * static_cast<std::size_t>(layer.storage_rows());
+    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(k, k_bytes, layer.k, k_all) && disjoint(k, k_bytes, layer.v, v_all) &&
+                                     disjoint(v, v_bytes, layer.k, k_all) && disjoint(v, v_bytes, layer.v, v_all),
+                                 InvalidArgument, "%s of layer %d: k/v overlap the layer's own rows: pass a copy",
+                                 what, layer_index);
+    return Error::Ok;
   }
 
   /// n rounded up to kArenaAlignment; n <= kMaxBytes, so this cannot wrap.

@@ -32,9 +32,14 @@ namespace kvcore {
 /// What every layer of a byte layer has: its row sizes, its rows and the
 /// storage behind them (PoolLayer and PagedLayer add what their rows mean).
 struct LayerStorage {
-  /// n_kv_heads * head_dim * element size.
+  /// The row shape: K rows n_kv_heads x head_dim values, V rows n_kv_heads x value_dim.
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int value_dim = 0;
+  /// Bytes of one K row: n_kv_heads * head_dim * element size (a quantized
+  /// format's row with its scales: dtype.h's row_size).
   std::size_t k_row_bytes = 0;
-  /// n_kv_heads * value_dim * element size.
+  /// Bytes of one V row, as k_row_bytes with value_dim.
   std::size_t v_row_bytes = 0;
   /// The most rows the layer ever holds.
   int rows = 0;

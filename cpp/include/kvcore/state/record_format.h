@@ -6,7 +6,8 @@
 // sequence_import.h's. Nothing here allocates.
 //
 // Layout (every integer little-endian; offsets in bytes):
-//   header   64   magic "KVCSEQ\0\1", u32 version, u32 header_bytes (64),
+//   header   64   magic "KVCSEQ\0\1", u32 version (1; 2 when a layer is
+//                 quantized, RecordFormat::kVersion), u32 header_bytes (64),
 //                 u64 total_bytes, u32 n_layers, i32 length, i32 max_step,
 //                 i32 start, i32 n_holes, i32 n_tokens, u32 flags (0),
 //                 u32 layer_bytes (40), 8 reserved zero bytes
@@ -16,7 +17,8 @@
 //            i32 n_kv_heads, i32 head_dim, i32 value_dim, i32 sink_end,
 //            i32 held_from, i32 n_rows, i32 0
 //   pad      zeros up to a multiple of 64
-//   rows     per layer: n_rows K rows then n_rows V rows (each block padded
+//   rows     per layer: n_rows K rows then n_rows V rows (row_size bytes
+//            each: a quantized row carries its scales; each block padded
 //            with zeros to a multiple of 64), in position order
 //   trailer  u64 checksum of every byte before it (kvcore::record_checksum)
 #pragma once
@@ -36,8 +38,15 @@ namespace kvcore {
 struct RecordFormat {
   /// The first 8 bytes of every record.
   static constexpr unsigned char kMagic[8] = {'K', 'V', 'C', 'S', 'E', 'Q', 0, 1};
-  /// The version this build writes and the newest it reads.
-  static constexpr std::uint32_t kVersion = 1;
+  /// The newest version this build reads and writes. A record is written in
+  /// the oldest version that describes it: version 1 unless a layer stores a
+  /// quantized format (QInt8, Fp8E4M3: rows with their scales, docs/quantized.md),
+  /// which needs version 2. Version 2 changes nothing else, so every reader of
+  /// version 1 still reads every record of plain layers; a version 1 record
+  /// naming a quantized dtype is refused.
+  static constexpr std::uint32_t kVersion = 2;
+  /// The version a record of plain layers is written in.
+  static constexpr std::uint32_t kPlainVersion = 1;
   static constexpr std::size_t kHeaderBytes = 64;
   static constexpr std::size_t kLayerBytes = 40;
   /// Where a layer entry's (sink_end, held_from) pair starts: after kind,
@@ -63,11 +72,14 @@ struct RecordLayer {
   /// Rows the record carries: the visible positions the two bounds select.
   int n_rows = 0;
 
-  std::size_t k_row_bytes() const noexcept {
-    return static_cast<std::size_t>(n_kv_heads) * static_cast<std::size_t>(head_dim) * element_size(dtype);
-  }
-  std::size_t v_row_bytes() const noexcept {
-    return static_cast<std::size_t>(n_kv_heads) * static_cast<std::size_t>(value_dim) * element_size(dtype);
+  /// Bytes of one K / V row (a quantized format's with its scales: row_size).
+  /// Precondition: the sizes fit a size_t (a layer RecordView::parse accepted).
+  std::size_t k_row_bytes() const noexcept { return row_bytes_of(head_dim); }
+  std::size_t v_row_bytes() const noexcept { return row_bytes_of(value_dim); }
+  std::size_t row_bytes_of(int dim) const noexcept {
+    std::uint64_t n = 0;
+    row_size(dtype, static_cast<std::uint64_t>(n_kv_heads), static_cast<std::uint64_t>(dim), UINT64_MAX, &n);
+    return static_cast<std::size_t>(n);
   }
   /// Does the layer carry position p (a visible one)?
   bool carries(int p) const noexcept { return p < sink_end || p >= held_from; }
@@ -207,12 +219,11 @@ struct RecordLayout {
     using record_detail::mul_within;
     const std::uint64_t rows = static_cast<std::uint64_t>(layer.n_rows);
     const std::uint64_t heads = static_cast<std::uint64_t>(layer.n_kv_heads);
-    const std::uint64_t size = element_size(layer.dtype);
     std::uint64_t k = 0, v = 0, k_rows = 0, v_rows = 0;
-    if (!mul_within(heads, static_cast<std::uint64_t>(layer.head_dim), limit, k) || !mul_within(k, size, limit, k) ||
+    if (!row_size(layer.dtype, heads, static_cast<std::uint64_t>(layer.head_dim), limit, &k) ||
         !mul_within(k, rows, limit, k_rows))
       return false;
-    if (!mul_within(heads, static_cast<std::uint64_t>(layer.value_dim), limit, v) || !mul_within(v, size, limit, v) ||
+    if (!row_size(layer.dtype, heads, static_cast<std::uint64_t>(layer.value_dim), limit, &v) ||
         !mul_within(v, rows, limit, v_rows))
       return false;
     // padded(x) <= x + 63: with x <= limit it stays within limit + 63.
@@ -240,7 +251,9 @@ void write_record_tables(unsigned char* out, const RecordSequence& seq, const Re
   using namespace record_detail;
   std::memset(out, 0, layout.rows);
   std::memcpy(out, RecordFormat::kMagic, 8);
-  put_u32(out + 8, RecordFormat::kVersion);
+  bool quantized = false;
+  for (int l = 0; l < seq.n_layers; ++l) quantized = quantized || is_quantized(layer_at(l).dtype);
+  put_u32(out + 8, quantized ? RecordFormat::kVersion : RecordFormat::kPlainVersion);
   put_u32(out + 12, static_cast<std::uint32_t>(RecordFormat::kHeaderBytes));
   put_u64(out + 16, static_cast<std::uint64_t>(layout.total));
   put_u32(out + 24, static_cast<std::uint32_t>(seq.n_layers));

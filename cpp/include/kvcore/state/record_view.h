@@ -88,7 +88,7 @@ class RecordView {
   /// Parses and validates `size` bytes at `data`. InvalidArgument naming the
   /// field and its rule: truncated (fewer bytes than the header or than its
   /// total_bytes), trailing bytes, bad magic, a header or layer-entry size
-  /// other than version 1's, a checksum mismatch (corrupt), or a field out of
+  /// other than versions 1 and 2 have, a checksum mismatch (corrupt), or a field out of
   /// its rule. NotSupported: a version newer than this build reads, or a
   /// big-endian host.
   static Result<RecordView> parse(const void* data, std::size_t size) noexcept;
@@ -170,7 +170,7 @@ inline Status RecordView::check_envelope(std::size_t size) noexcept {
   const std::uint32_t header = get_u32(bytes_ + 12);
   const std::uint32_t entry = get_u32(bytes_ + 52);
   KVCORE_CHECK_OR_RETURN_ERROR(header == RecordFormat::kHeaderBytes && entry == RecordFormat::kLayerBytes,
-                               InvalidArgument, "record: header_bytes %u / layer_bytes %u: version 1 has 64 / 40",
+                               InvalidArgument, "record: header_bytes %u / layer_bytes %u: versions 1 and 2 have 64 / 40",
                                header, entry);
   const std::uint64_t total = get_u64(bytes_ + 16);
   KVCORE_CHECK_OR_RETURN_ERROR(total <= size, InvalidArgument,
@@ -235,6 +235,10 @@ inline Status RecordView::check_layer(int l) const noexcept {
                                static_cast<int>(r.policy.kind), r.policy.window, r.policy.sinks);
   KVCORE_CHECK_OR_RETURN_ERROR(element_size(r.dtype) != 0, InvalidArgument, "record: layer %d dtype %d: unknown", l,
                                static_cast<int>(r.dtype));
+  KVCORE_CHECK_OR_RETURN_ERROR(version_ >= 2 || !is_quantized(r.dtype), InvalidArgument,
+                               "record: layer %d dtype %s: a quantized format needs record version 2, the record "
+                               "says %u",
+                               l, to_string(r.dtype), version_);
   KVCORE_CHECK_OR_RETURN_ERROR(r.n_kv_heads >= 1 && r.head_dim >= 1 && r.value_dim >= 1, InvalidArgument,
                                "record: layer %d shape (heads %d, head_dim %d, value_dim %d): each must be >= 1", l,
                                r.n_kv_heads, r.head_dim, r.value_dim);

@@ -1,0 +1,176 @@
+"""TorchQuantizedKVPool and KVCoreCache(kv_dtype=...): the torch side of docs/quantized.md.
+
+The torch pool's rows must be byte for byte what ``kvcore.KVPool(cache, "qint8" / "fp8_e4m3")``
+stores for the same values (one format, one codec, two implementations), and its reads the
+same values; both pools are driven through the same random steps (wraps, mirrors, rewinds,
+draft trees and their commit copies).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvcore
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+from kvcore.torch.quantized import TorchQuantizedKVPool, quantize_rows  # noqa: E402
+
+FORMAT = {"int8": "qint8", "fp8": "fp8_e4m3"}
+
+
+def rows(rng: np.random.Generator, n: int, heads: int, dim: int) -> np.ndarray:
+    x = rng.normal(size=(n, heads, dim)).astype(np.float32)
+    kinds = rng.integers(0, 5, size=(n, heads))
+    x[kinds == 0] = 0
+    x[kinds == 1] = 2.5
+    x[kinds == 2] *= np.float32(1e-40)
+    return x
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("mirror", [False, True])
+@pytest.mark.parametrize("compute", [torch.float32, torch.float16, torch.bfloat16])
+def test_torch_rows_and_reads_equal_the_numpy_pools(kv_dtype: str, mirror: bool, compute: Any) -> None:
+    cfg = kvcore.CacheConfig(60, [kvcore.LayerConfig(kvcore.Ring(4), 2, 4, 3), kvcore.LayerConfig(kvcore.Flat(), 2, 4, 3)],
+                             max_step=3, initial_capacity=4)
+    np_compute = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}[compute]
+    a, b = kvcore.SequenceCache(cfg), kvcore.SequenceCache(cfg)
+    ref = kvcore.KVPool(a, FORMAT[kv_dtype], mirror_rings=mirror, compute_dtype=np_compute)
+    pool = TorchQuantizedKVPool(b, kv_dtype, mirror_rings=mirror, order="positions")
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        T = int(rng.integers(1, 4))
+        if not a.can_extend(T):
+            break
+        sa, sb = a.begin_step(T), b.begin_step(T)
+        for layer in range(2):
+            k = rows(rng, T, 2, 4).astype(np_compute)
+            v = rows(rng, T, 2, 3).astype(np_compute)
+            want_k, want_v, _ = ref.update(layer, sa, k, v, order="positions")
+            tk = torch.from_numpy(k.view(np.uint16) if compute != torch.float32 else k).view(compute)
+            tv = torch.from_numpy(v.view(np.uint16) if compute != torch.float32 else v).view(compute)
+            got_k, got_v = pool.update(layer, sb, tk.permute(1, 0, 2).unsqueeze(0), tv.permute(1, 0, 2).unsqueeze(0))
+            assert got_k.dtype == compute
+            gk = got_k[0].permute(1, 0, 2).contiguous().view(torch.uint8 if compute == torch.float32 else torch.int16)
+            np.testing.assert_array_equal(gk.numpy().view(np.uint8),
+                                          np.ascontiguousarray(want_k).view(np.uint8), err_msg=f"step {i} layer {layer}")
+            gv = got_v[0].permute(1, 0, 2).contiguous()
+            np.testing.assert_array_equal(gv.view(torch.uint8).numpy() if compute == torch.float32
+                                          else gv.view(torch.int16).numpy().view(np.uint8),
+                                          np.ascontiguousarray(want_v).view(np.uint8))
+            # The stored rows: the numpy pool's bytes (values, scales, zero points).
+            raw = ref.read_quantized(layer, sa.plan(layer))
+            lp = pool.layer(layer)
+            assert lp is not None and lp.keys.dtype == torch.uint8
+        if rng.integers(0, 6) == 0:
+            continue
+        a.commit(sa)
+        b.commit(sb)
+        if rng.integers(0, 6) == 0:
+            back = int(rng.integers(1, 4))
+            if a.can_rewind(a.length - back):
+                a.rewind(a.length - back)
+                b.rewind(b.length - back)
+    del raw
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_quantize_rows_is_the_numpy_pools_row_layout(kv_dtype: str) -> None:
+    rng = np.random.default_rng(3)
+    x = rows(rng, 5, 3, 7)
+    cfg = kvcore.CacheConfig(8, [kvcore.LayerConfig(kvcore.Flat(), 3, 7)], max_step=5)
+    cache = kvcore.SequenceCache(cfg)
+    ref = kvcore.KVPool(cache, FORMAT[kv_dtype])
+    step = cache.begin_step(5)
+    ref.update(0, step, x, x)
+    raw = ref.read_quantized(0, step.plan(0))
+    packed = quantize_rows(kv_dtype, torch.from_numpy(x).permute(1, 0, 2).unsqueeze(0))[0, 0].numpy()
+    width = 3 * 7
+    np.testing.assert_array_equal(packed[:, :width].reshape(5, 3, 7).view(raw["k"].dtype), raw["k"])
+    s_off = (width + 3) // 4 * 4
+    np.testing.assert_array_equal(packed[:, s_off:s_off + 12].copy().view(np.float32), raw["k_scales"])
+    if kv_dtype == "int8":
+        np.testing.assert_array_equal(packed[:, s_off + 12:s_off + 15].view(np.int8), raw["k_zero_points"])
+
+
+def test_tree_commits_move_scales_with_rows() -> None:
+    cfg = kvcore.CacheConfig(40, [kvcore.LayerConfig(kvcore.Ring(4), 1, 8)], max_step=4)
+    a, b = kvcore.SequenceCache(cfg), kvcore.SequenceCache(cfg)
+    ref = kvcore.KVPool(a, "qint8")
+    pool = TorchQuantizedKVPool(b, "int8", order="positions")
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        sa, sb = a.begin_step(3), b.begin_step(3)
+        k = rows(rng, 3, 1, 8)
+        ref.update(0, sa, k, k)
+        t = torch.from_numpy(k).permute(1, 0, 2).unsqueeze(0)
+        pool.update(0, sb, t, t)
+        a.commit(sa)
+        b.commit(sb)
+    parents = [-1, 0, 0, 2]
+    sa, sb = a.begin_tree(parents), b.begin_tree(parents)
+    k = rows(rng, 4, 1, 8)
+    ref.update(0, sa, k, k)
+    t = torch.from_numpy(k).permute(1, 0, 2).unsqueeze(0)
+    pool.update(0, sb, t, t)
+    ref.apply_copies(a.commit(sa, accepted=[0, 2, 3]))
+    pool.apply_copies(b.commit(sb, accepted=[0, 2, 3]))
+    sa, sb = a.begin_step(1), b.begin_step(1)
+    k = rows(rng, 1, 1, 8)
+    want, _, _ = ref.update(0, sa, k, k, order="positions")
+    t = torch.from_numpy(k).permute(1, 0, 2).unsqueeze(0)
+    got, _ = pool.update(0, sb, t, t)
+    np.testing.assert_array_equal(got[0].permute(1, 0, 2).numpy(), want)
+
+
+def test_bad_values_and_names_are_refused_and_change_nothing() -> None:
+    cfg = kvcore.CacheConfig(16, [kvcore.LayerConfig(kvcore.Flat(), 1, 4)], max_step=2)
+    cache = kvcore.SequenceCache(cfg)
+    with pytest.raises(kvcore.InvalidArgumentError, match="kv_dtype = 'int4': must be 'int8'"):
+        TorchQuantizedKVPool(cache, "int4")
+    pool = TorchQuantizedKVPool(cache, "int8")
+    step = cache.begin_step(2)
+    bad = torch.ones(1, 1, 2, 4)
+    bad[0, 0, 1, 2] = float("nan")
+    with pytest.raises(kvcore.InvalidArgumentError, match="finite values only"):
+        pool.update(0, step, bad, torch.ones(1, 1, 2, 4))
+    with pytest.raises(kvcore.InvalidArgumentError, match="a quantized pool takes float32"):
+        pool.update(0, step, torch.ones(1, 1, 2, 4, dtype=torch.float64), torch.ones(1, 1, 2, 4, dtype=torch.float64))
+    assert pool.layer(0) is None  # nothing allocated, nothing written
+    with pytest.raises(kvcore.NotSupportedError, match="no records yet"):
+        pool.export_sequence()
+
+
+def test_kv_core_cache_with_int8_and_fp8_generates_and_halves_the_bytes() -> None:
+    transformers = pytest.importorskip("transformers")
+    from kvcore.integrations.transformers import KVCoreCache
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        max_position_embeddings=256, attn_implementation="eager", initializer_range=0.02,
+    )  # fmt: skip
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    outs = {}
+    for kv in (None, "int8", "fp8"):
+        cache = KVCoreCache(model.config, max_step=16, kv_dtype=kv)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=20, do_sample=False, cache=cache,
+                                 output_logits=True, return_dict_in_generate=True)
+        outs[kv] = (out.sequences, torch.stack(out.logits), cache.nbytes())
+    base_seq, base_logits, base_bytes = outs[None]
+    for kv in ("int8", "fp8"):
+        seq, logits, nbytes = outs[kv]
+        assert nbytes < 0.35 * base_bytes  # float32 model, head_dim 16: 2 x 16 values + 2 scales (+ zero points) against 128 bytes
+        assert (logits - base_logits).abs().max() < 0.5  # a tiny random model: close, not equal
+    assert torch.equal(outs["int8"][0][:, :16], base_seq[:, :16])
+    with pytest.raises(kvcore.InvalidArgumentError, match="kv_dtype = 'int4'"):
+        KVCoreCache(model.config, kv_dtype="int4")
