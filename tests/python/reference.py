@@ -22,19 +22,45 @@ Slot = tuple[int, int]  # (position, version) a row holds
 
 @dataclass(frozen=True)
 class Policy:
-    """A layer policy as docs/design.md states it: window == 0 means Flat."""
+    """A layer policy as docs/design.md states it: window == 0 means Flat;
+    chunk > 0 a Chunked(chunk) layer, source >= 0 a Shared(source) one (section 9)."""
 
     window: int = 0
     sinks: int = 0
+    chunk: int = 0
+    source: int = -1
 
     @property
     def is_ring(self) -> bool:
         return self.window > 0
 
+    @property
+    def is_chunked(self) -> bool:
+        return self.chunk > 0
+
+    @property
+    def is_shared(self) -> bool:
+        return self.source >= 0
+
+    @property
+    def evicts(self) -> bool:
+        """Rings and chunked layers let old positions go."""
+        return self.is_ring or self.is_chunked
+
+    def kept_from(self, length: int, C: int) -> int:
+        """Section 6 and 9: the lowest position a query after a rewind of up to C
+        from `length` may need past the sinks: length - C - W + 1 on a ring, the
+        chunk start K * floor((length - C) / K) on a chunked layer, 0 when flat."""
+        if self.is_chunked:
+            return self.chunk * ((length - C) // self.chunk)
+        return length - C - self.window + 1 if self.is_ring else 0
+
     def visible(self, q: int, k: int) -> bool:
-        """May a query at q see key k (docs/design.md section 2, Visibility)?"""
+        """May a query at q see key k (docs/design.md sections 2 and 9, Visibility)?"""
         if k > q:
             return False
+        if self.is_chunked:
+            return k // self.chunk == q // self.chunk
         if not self.is_ring:
             return True
         return q - k < self.window or k < self.sinks
@@ -42,6 +68,8 @@ class Policy:
     def needed(self, position: int, T: int) -> list[int]:
         """The needed set of a step, by the formula of docs/design.md section 2."""
         end = position + T
+        if self.is_chunked:
+            return list(range(position - position % self.chunk, end))
         if not self.is_ring:
             return list(range(end))
         sinks = set(range(min(self.sinks, end)))
@@ -56,6 +84,8 @@ class Policy:
 
     def history_below(self, n: int) -> tuple[range, range]:
         """Keys below n that a query at n sees, as (sinks, window) ranges."""
+        if self.is_chunked:
+            return range(0), range(n - n % self.chunk, n)
         if not self.is_ring:
             return range(0), range(n)
         return range(min(self.sinks, n)), range(max(0, n - self.window + 1), n)
