@@ -93,7 +93,10 @@ class Policy:
 
 def policy_of(layer_policy: Any) -> Policy:
     """The Policy of any object with `is_ring`, `window` and `sinks` (a
-    kvcore.LayerPolicy, duck-typed: this module never imports kvcore)."""
+    kvcore.LayerPolicy, duck-typed: this module never imports kvcore). A
+    Chunked policy (its kind's name; section 9) keeps its chunk in `window`."""
+    if getattr(getattr(layer_policy, "kind", None), "name", "") == "Chunked":
+        return Policy(chunk=layer_policy.window)
     return Policy(layer_policy.window if layer_policy.is_ring else 0, layer_policy.sinks)
 
 
@@ -120,8 +123,8 @@ class Layer:
     pool: list[Slot | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.policy.is_ring:
-            ring = self.policy.window + self.max_step - 1
+        if self.policy.evicts:  # a chunked layer: a ring of K + C - 1 rows, no sinks (section 9)
+            ring = max(self.policy.window, self.policy.chunk) + self.max_step - 1
             if self.policy.sinks + ring < self.capacity:
                 self.ring = ring
             self.rows = min(self.capacity, self.policy.sinks + ring)
@@ -271,7 +274,7 @@ class Cache:
             assert held == (p, self.version(p)), f"row {row} holds {held}, read claims position {p}: {where}"
         for a, b in zip(reads, reads[1:]):
             assert not (a[0] + a[1] == b[0] and a[2] + a[1] == b[2]), f"read runs not merged: {where}"
-        assert len(reads) <= (3 if layer.policy.is_ring else 1), f"too many read runs: {where}"
+        assert len(reads) <= (3 if layer.policy.evicts else 1), f"too many read runs: {where}"
 
 
 # --- driving a real cache alongside the reference ------------------------------
