@@ -188,6 +188,7 @@ CacheConfig chunked_shared_batch_config() {
 TEST(AllocationFailure, SectionNineKindsCreateReportsEveryFailureAndLeaksNothing) {
   const CacheConfig cfg = five_kinds_config();
   ASSERT_TRUE(kvcore::validate(cfg).ok());
+  SCOPED_TRACE(describe(cfg));  // before the count, as above: gtest's first trace allocates its stack
   const std::int64_t live_before = live_news();
   std::unique_ptr<SequenceCache> cache;
   const int failures = fail_each_allocation(
@@ -220,6 +221,7 @@ TEST(AllocationFailure, SectionNineKindsCreateReportsEveryFailureAndLeaksNothing
 
 TEST(AllocationFailure, ChunkedAndSharedBatchCreateReportsEveryFailureAndLeaksNothing) {
   const CacheConfig cfg = chunked_shared_batch_config();
+  SCOPED_TRACE(describe(cfg));
   const std::int64_t live_before = live_news();
   std::unique_ptr<kvcore::BatchCache> cache;
   const int failures = fail_each_allocation(
