@@ -158,6 +158,97 @@ TEST(AllocationFailure, BatchCreateReportsEveryFailedAllocationAndLeaksNothing) 
   }
 }
 
+// Section 9: a model with all five layer kinds (SequenceCache) and one with
+// chunked groups and shared layers (BatchCache). State layers hold no K/V rows.
+CacheConfig five_kinds_config() {
+  CacheConfig cfg;
+  cfg.capacity = 40;
+  cfg.max_step = 3;
+  cfg.n_layers = 6;
+  cfg.layers = {LayerConfig{LayerPolicy::flat(), 2, 8, 0},       LayerConfig{LayerPolicy::ring(5, 2), 2, 8, 0},
+                LayerConfig{LayerPolicy::chunked(4), 2, 8, 0},   LayerConfig{LayerPolicy::shared(2), 2, 8, 0},
+                LayerConfig{LayerPolicy::state(4), 0, 0, 0},     LayerConfig{LayerPolicy::shared(0), 2, 8, 0}};
+  return cfg;
+}
+
+CacheConfig chunked_shared_batch_config() {
+  CacheConfig cfg;
+  cfg.capacity = 48;
+  cfg.max_step = 4;
+  cfg.n_layers = 5;
+  cfg.layers = {LayerConfig{LayerPolicy::chunked(5), 2, 8, 0}, LayerConfig{LayerPolicy::flat(), 2, 8, 0},
+                LayerConfig{LayerPolicy::shared(0), 2, 8, 0},  LayerConfig{LayerPolicy::chunked(3), 2, 8, 0},
+                LayerConfig{LayerPolicy::shared(1), 2, 8, 0}};
+  cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = 3;
+  cfg.batch.max_holes = 2;
+  return cfg;
+}
+
+TEST(AllocationFailure, SectionNineKindsCreateReportsEveryFailureAndLeaksNothing) {
+  const CacheConfig cfg = five_kinds_config();
+  ASSERT_TRUE(kvcore::validate(cfg).ok());
+  SCOPED_TRACE(describe(cfg));  // before the count, as above: gtest's first trace allocates its stack
+  const std::int64_t live_before = live_news();
+  std::unique_ptr<SequenceCache> cache;
+  const int failures = fail_each_allocation(
+      [&] {
+        auto created = SequenceCache::create(cfg);
+        if (!created.ok()) return created.status();
+        cache = std::move(created).get();
+        return Status();
+      },
+      [] {});
+  ASSERT_NE(cache, nullptr);
+  EXPECT_GE(failures, 2);
+  // A working cache: verify steps, a rewind into one, a tree.
+  for (int T : {3, 2, 3}) {
+    auto step = cache->begin_step(T, /*verify=*/true);
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
+    for (int l = 0; l < cache->n_layers(); ++l) ASSERT_TRUE(cache->plan(l, *step).ok());
+    ASSERT_EQ(cache->commit(*step), Error::Ok);
+  }
+  ASSERT_EQ(cache->rewind(cache->length() - 2), Error::Ok);
+  const int parents[3] = {-1, 0, 0};
+  const int path[2] = {0, 2};
+  auto tree = cache->begin_tree(parents, 3);
+  ASSERT_TRUE(tree.ok()) << tree.message().c_str();
+  ASSERT_EQ(cache->commit(*tree, path, 2), Error::Ok);
+  EXPECT_EQ(cache->length(), 8);
+  cache.reset();
+  EXPECT_EQ(live_news(), live_before);
+}
+
+TEST(AllocationFailure, ChunkedAndSharedBatchCreateReportsEveryFailureAndLeaksNothing) {
+  const CacheConfig cfg = chunked_shared_batch_config();
+  SCOPED_TRACE(describe(cfg));
+  const std::int64_t live_before = live_news();
+  std::unique_ptr<kvcore::BatchCache> cache;
+  const int failures = fail_each_allocation(
+      [&] {
+        auto created = kvcore::BatchCache::create(cfg);
+        if (!created.ok()) return created.status();
+        cache = std::move(created).get();
+        return Status();
+      },
+      [] {});
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->n_groups(), 3);  // shared layers hold no group of their own
+  EXPECT_GE(failures, 1 + 3 + 7 * cache->n_groups() + 8 + 14);
+  ASSERT_EQ(cache->add_sequence(0), Error::Ok);
+  for (int i = 0; i < 8; ++i) {
+    const kvcore::StepEntry e{0, 1 + i % 4, nullptr};
+    auto step = cache->begin_step(&e, 1);
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
+    ASSERT_TRUE(cache->plan(*step).ok());
+    ASSERT_EQ(cache->commit(*step), Error::Ok);
+  }
+  EXPECT_LT(*cache->blocks_held(0, *cache->group_of(0)), *cache->blocks_held(0, *cache->group_of(1)));  // chunks went
+  EXPECT_EQ(cache->fork(0, 1, cache->sequence(0)->length - 1), Error::Ok);
+  cache.reset();
+  EXPECT_EQ(live_news(), live_before);
+}
+
 // A pool of more than 2^30 blocks is refused before its tables are asked for
 // (its key table takes 2 int slots per block). Before the fix nothing refused
 // it: with B = 1 up to 2^31 - 1 blocks passed the rows check, BlockPool asked

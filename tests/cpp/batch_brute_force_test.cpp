@@ -36,11 +36,23 @@ CacheConfig random_config(std::mt19937& rng) {
   cfg.max_step = pick(1, std::min(6, cfg.capacity));
   const int n_policies = pick(1, 3);
   std::vector<LayerPolicy> policies;
-  for (int i = 0; i < n_policies; ++i)
-    policies.push_back(pick(0, 2) == 0 ? LayerPolicy::flat() : LayerPolicy::ring(pick(1, 9), pick(0, 2) == 0 ? pick(1, 3) : 0));
-  cfg.n_layers = pick(1, 4);
-  for (int l = 0; l < cfg.n_layers; ++l)
+  // Flat, Ring and (section 9) Chunked groups; Shared layers read an earlier one's.
+  for (int i = 0; i < n_policies; ++i) {
+    const int kind = pick(0, 3);
+    policies.push_back(kind == 0   ? LayerPolicy::flat()
+                       : kind == 3 ? LayerPolicy::chunked(pick(1, 9))
+                                   : LayerPolicy::ring(pick(1, 9), pick(0, 2) == 0 ? pick(1, 3) : 0));
+  }
+  cfg.n_layers = pick(1, 5);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    if (l > 0 && pick(0, 3) == 0) {  // shares an earlier layer that holds K/V
+      int src = pick(0, l - 1);
+      while (cfg.layers[static_cast<std::size_t>(src)].policy.kind == LayerPolicy::Kind::Shared) --src;
+      cfg.layers.push_back(LayerConfig{LayerPolicy::shared(src), 1, 2, 0});
+      continue;
+    }
     cfg.layers.push_back(LayerConfig{policies[static_cast<std::size_t>(pick(0, n_policies - 1))], 1, 2, 0});
+  }
   const int B[] = {1, 1, 2, 3, 4, 8};
   cfg.batch.block_size = B[pick(0, 5)];
   cfg.batch.max_seqs = pick(2, 6);
@@ -58,16 +70,20 @@ std::string describe(const CacheConfig& c) {
                   ", max_step_tokens " + std::to_string(c.batch.max_step_tokens) + ", num_blocks " +
                   std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", layers [";
   for (const LayerConfig& l : c.layers)
-    s += l.policy.kind == LayerPolicy::Kind::Flat
-             ? " Flat"
-             : " Ring(" + std::to_string(l.policy.window) + "," + std::to_string(l.policy.sinks) + ")";
+    s += l.policy.kind == LayerPolicy::Kind::Flat      ? std::string(" Flat")
+         : l.policy.kind == LayerPolicy::Kind::Chunked ? " Chunked(" + std::to_string(l.policy.window) + ")"
+         : l.policy.kind == LayerPolicy::Kind::Shared  ? " Shared(" + std::to_string(l.policy.source) + ")"
+                                                       : " Ring(" + std::to_string(l.policy.window) + "," +
+                                                             std::to_string(l.policy.sinks) + ")";
   return s + " ]";
 }
 
 class Driver {
  public:
   Driver(const CacheConfig& cfg, std::uint32_t seed)
-      : cfg_(cfg), rng_(seed), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_), prefix_(*cache_) {}
+      : cfg_(cfg), rng_(seed), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_), prefix_(*cache_) {
+    EXPECT_EQ(BatchModel::check_layer_groups(*cache_, cfg_), "");
+  }
 
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
@@ -81,6 +97,20 @@ class Driver {
   int steps_checked = 0;
   int prefix_hits = 0;
   int exhausted = 0;
+  int chunked_hits = 0;      // prefix hits on a cache with a chunked group
+  int chunked_released = 0;  // checks where a chunked group held fewer blocks than the live ones
+  int shared_steps = 0;      // steps checked on a cache with a shared layer
+
+  bool has_chunked() const {
+    for (int g = 0; g < cache_->n_groups(); ++g)
+      if (cache_->group_policy(g)->kind == LayerPolicy::Kind::Chunked) return true;
+    return false;
+  }
+  bool has_shared() const {
+    for (const LayerConfig& l : cfg_.layers)
+      if (l.policy.kind == LayerPolicy::Kind::Shared) return true;
+    return false;
+  }
 
  private:
   int any_seq() { return pick(0, cfg_.batch.max_seqs - 1); }
@@ -174,6 +204,7 @@ class Driver {
     const std::string diff = check_step(*cache_, model_, *plan, pools_);
     ASSERT_EQ(diff, "") << describe(cfg_);
     ++steps_checked;
+    shared_steps += has_shared();
     if (pick(0, 9) < 8) {
       ASSERT_TRUE(cache_->commit(*begun).ok());
       prefix_.commit();
@@ -322,6 +353,7 @@ class Driver {
     EXPECT_EQ(cache_->sequence(s)->length, h);
     model_.adopt(s, prompt, h);  // what a fresh computation would hold
     if (h > 0) ++prefix_hits;
+    if (h > 0 && has_chunked()) ++chunked_hits;
     step_open_ = false;
   }
 
@@ -347,10 +379,20 @@ class Driver {
       EXPECT_EQ(info->visible_positions(), visible);
       if (step_open_) continue;
       // DESIGN.md section 6's memory bound for ring groups, at rest.
+      // Section 9: a chunked group of chunk K is bounded as a ring of window K.
       for (int g = 0; g < cache_->n_groups(); ++g) {
         const LayerPolicy p = *cache_->group_policy(g);
-        if (p.kind != LayerPolicy::Kind::Ring) continue;
+        if (p.kind != LayerPolicy::Kind::Ring && p.kind != LayerPolicy::Kind::Chunked) continue;
         const int B = cfg_.batch.block_size;
+        if (p.kind == LayerPolicy::Kind::Chunked) {
+          int live = 0;
+          for (int i = 0; i * B < m.length(); ++i) {
+            bool any = false;
+            for (int q = i * B; q < std::min((i + 1) * B, m.length()); ++q) any = any || m.tags[static_cast<std::size_t>(q)] != 0;
+            live += any;
+          }
+          chunked_released += *cache_->blocks_held(s, g) < live;
+        }
         const int bound = (p.sinks + B - 1) / B + (p.window + C() - 1 + B - 1) / B + 1;
         EXPECT_LE(*cache_->blocks_held(s, g), bound) << "seq " << s << " group " << g << " at length "
                                                      << m.length() << ": " << table_text(s, g);
@@ -387,7 +429,7 @@ class Driver {
 };
 
 TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
-  int steps = 0, hits = 0, exhausted = 0;
+  int steps = 0, hits = 0, exhausted = 0, chunked_hits = 0, chunked_released = 0, shared_steps = 0;
   const Seeds seeds = seeds_from_env("KVCORE_BATCH_SEED", 300);  // KVCORE_BATCH_SEED=N runs that seed alone
   for (std::uint32_t seed = seeds.first; seed <= seeds.last && !HasFailure(); ++seed) {
     std::mt19937 rng(seed);
@@ -398,13 +440,22 @@ TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
     steps += d.steps_checked;
     hits += d.prefix_hits;
     exhausted += d.exhausted;
+    chunked_hits += d.chunked_hits;
+    chunked_released += d.chunked_released;
+    shared_steps += d.shared_steps;
   }
   if (seeds.first == seeds.last) return;  // one seed: no totals to hold
-  std::printf("%d steps checked, %d prefix hits, %d steps refused for want of blocks\n", steps, hits, exhausted);
+  std::printf("%d steps checked, %d prefix hits, %d steps refused for want of blocks; chunked: %d prefix hits, %d "
+              "checks with released blocks; %d steps with a shared layer\n",
+              steps, hits, exhausted, chunked_hits, chunked_released, shared_steps);
   // The workloads reach what they are for.
   EXPECT_GT(steps, 20000);
   EXPECT_GT(hits, 500);
   EXPECT_GT(exhausted, 100);
+  // Section 9's kinds are reached: chunked groups return blocks and serve hits.
+  EXPECT_GT(chunked_hits, 100);
+  EXPECT_GT(chunked_released, 1000);
+  EXPECT_GT(shared_steps, 2000);
 }
 
 }  // namespace

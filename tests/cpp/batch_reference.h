@@ -101,11 +101,43 @@ class BatchModel {
   SeqModel& seq(int s) { return seqs_[static_cast<std::size_t>(s)]; }
   const SeqModel& seq(int s) const { return seqs_[static_cast<std::size_t>(s)]; }
 
-  /// DESIGN.md section 2's rule for a policy.
+  /// DESIGN.md section 2's rule for a policy, and section 9's for a chunked
+  /// layer of chunk K: k <= q and k / K == q / K. (A shared layer reads its
+  /// source's group: callers pass the source's policy.)
   static bool in_window(const kvcore::LayerPolicy& p, int q, int k) {
     if (k > q) return false;
+    if (p.kind == kvcore::LayerPolicy::Kind::Chunked) return k / p.window == q / p.window;
     if (p.kind != kvcore::LayerPolicy::Kind::Ring) return true;
     return q - k < p.window || k < p.sinks;
+  }
+
+  /// The policy whose rule layer l of `cfg` follows: its own, or for a Shared
+  /// layer its source's (section 9: it reads exactly what its source reads).
+  static kvcore::LayerPolicy effective_policy(const kvcore::CacheConfig& cfg, int l) {
+    kvcore::LayerPolicy p = cfg.layer(l).policy;
+    while (p.kind == kvcore::LayerPolicy::Kind::Shared) p = cfg.layer(p.source).policy;
+    return p;
+  }
+
+  /// Section 9: a shared layer holds no blocks and reads its source's group;
+  /// every other layer's group follows its own policy; layers with identical
+  /// policies share a group. Returns "" or the first difference.
+  static std::string check_layer_groups(const kvcore::BatchCache& cache, const kvcore::CacheConfig& cfg) {
+    std::vector<kvcore::LayerPolicy> distinct;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const kvcore::LayerPolicy own = cfg.layer(l).policy;
+      const kvcore::LayerPolicy eff = effective_policy(cfg, l);
+      const int g = *cache.group_of(l);
+      if (*cache.group_policy(g) != eff) return "layer " + std::to_string(l) + ": its group's policy is not its rule";
+      if (own.kind == kvcore::LayerPolicy::Kind::Shared) {
+        if (g != *cache.group_of(own.source))
+          return "shared layer " + std::to_string(l) + ": not its source's group";
+        continue;
+      }
+      if (std::find(distinct.begin(), distinct.end(), own) == distinct.end()) distinct.push_back(own);
+    }
+    if (cache.n_groups() != static_cast<int>(distinct.size())) return "groups: not one per distinct policy";
+    return "";
   }
 
   // --- what a verb that succeeded does to the model ------------------------
@@ -210,9 +242,11 @@ class BatchModel {
     const SeqModel& m = seq(s);
     if (n < 0 || n > m.length()) return false;
     if (n >= m.peak - C) return true;
+    // A chunked layer (section 9) has no sinks: only n = 0 below the margin.
     int sinks = INT_MAX;
     for (const kvcore::LayerConfig& l : cfg.layers)
       if (l.policy.kind == kvcore::LayerPolicy::Kind::Ring) sinks = std::min(sinks, l.policy.sinks);
+      else if (l.policy.kind == kvcore::LayerPolicy::Kind::Chunked) sinks = 0;
     return n <= sinks;
   }
 
@@ -663,7 +697,15 @@ class PrefixModel {
 
   // Rings: a sequence at length L holds its sink blocks and every block not
   // wholly below L - C - W + 1 ("what a query after a rewind of up to C needs").
+  // Chunked groups (section 9: "a paged group returns blocks of finished
+  // chunks"): at length L every block not wholly below K * floor((L - C) / K),
+  // the chunk start of the lowest length a rewind of up to C reaches.
   bool needed_at(const Group& g, int L, int i) const {
+    if (g.policy.kind == kvcore::LayerPolicy::Kind::Chunked) {
+      const std::int64_t K = g.policy.window, low = static_cast<std::int64_t>(L) - C_;
+      const std::int64_t floor = low >= 0 ? low / K * K : -((-low + K - 1) / K) * K;
+      return static_cast<std::int64_t>(i + 1) * B_ > floor;
+    }
     if (g.policy.kind != kvcore::LayerPolicy::Kind::Ring) return true;
     const std::int64_t sink_blocks = (static_cast<std::int64_t>(g.policy.sinks) + B_ - 1) / B_;
     const std::int64_t floor = static_cast<std::int64_t>(L) - C_ - g.policy.window + 1;

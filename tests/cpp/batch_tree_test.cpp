@@ -123,6 +123,25 @@ TEST_P(TreeTwinByBlock, WindowOfOneAndWideTrees) {
                  B <= 16);
 }
 
+// Section 9: a chunked group (its chunk boundaries fall inside trees) and a
+// shared layer reading it, beside a flat group.
+TEST_P(TreeTwinByBlock, ChunkedSharedAndFlat) {
+  const int B = GetParam();
+  expect_covered(run_twin(tree_config({LayerPolicy::chunked(5), LayerPolicy::flat(), LayerPolicy::shared(0)}, B,
+                                      6 * B + 60, 8),
+                          4, 2000),
+                 B <= 16);
+}
+
+TEST_P(TreeTwinByBlock, ChunksOfOneAndThreeWithRing) {
+  const int B = GetParam();
+  expect_covered(run_twin(tree_config({LayerPolicy::chunked(1), LayerPolicy::chunked(3), LayerPolicy::shared(1),
+                                       LayerPolicy::ring(2, 1)},
+                                      B, 6 * B + 60, 12),
+                          4, 2000),
+                 B <= 16);
+}
+
 INSTANTIATE_TEST_SUITE_P(BlockSizes, TreeTwinByBlock, ::testing::Values(1, 16, 64));
 
 // A cache with one active sequence at length 5 (tokens 0..4), ring and flat groups.

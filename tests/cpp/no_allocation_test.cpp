@@ -242,8 +242,7 @@ TEST(NoAllocation, ArenaPoolNeverAllocates) {
 // retries, prefix keys), every verb (fork, remove of heads, middles and tails,
 // rewind, adopt_prefix, add and release, clear), every query of both faces,
 // and error paths (their messages are formatted, and still allocate nothing).
-TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
-  CacheConfig cfg = make_config(64, {LayerPolicy::ring(6, 2), LayerPolicy::flat(), LayerPolicy::ring(4)}, 4);
+void expect_batch_never_allocates(CacheConfig cfg) {
   cfg.batch.block_size = 4;
   cfg.batch.max_seqs = 4;
   cfg.batch.max_holes = 2;
@@ -396,6 +395,100 @@ TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
   EXPECT_GT(expected_good, 300);
   EXPECT_GT(checksum, 0);
   EXPECT_GE(copies, 3 * 3 * 2);  // every round, every group, the fork's step and its retry
+}
+
+TEST(NoAllocation, BatchCacheNeverAllocatesAfterCreate) {
+  expect_batch_never_allocates(
+      make_config(64, {LayerPolicy::ring(6, 2), LayerPolicy::flat(), LayerPolicy::ring(4)}, 4));
+}
+
+// Section 9: chunked groups (blocks of finished chunks go back) and shared
+// layers (their source's group) on the same path.
+TEST(NoAllocation, BatchCacheWithChunkedAndSharedLayersNeverAllocates) {
+  expect_batch_never_allocates(make_config(
+      64, {LayerPolicy::chunked(6), LayerPolicy::flat(), LayerPolicy::shared(0), LayerPolicy::chunked(3),
+           LayerPolicy::shared(1)},
+      4));
+}
+
+// Section 9 on SequenceCache: all five kinds (state slots, chunked rings,
+// shared reads) through verify and plain steps, rewinds into verify steps,
+// trees with commits off the main line, aborts, refusals and clears.
+TEST(NoAllocation, AllFiveKindsPerStepPathNeverAllocates) {
+  const int C = 3;
+  CacheConfig cfg;
+  cfg.capacity = 60;
+  cfg.max_step = C;
+  cfg.n_layers = 6;
+  cfg.layers = {LayerConfig{LayerPolicy::flat(), 2, 8, 0},     LayerConfig{LayerPolicy::ring(5, 2), 2, 8, 0},
+                LayerConfig{LayerPolicy::chunked(4), 2, 8, 0}, LayerConfig{LayerPolicy::shared(2), 2, 8, 0},
+                LayerConfig{LayerPolicy::state(4), 0, 0, 0},   LayerConfig{LayerPolicy::shared(1), 2, 8, 0}};
+  auto created = SequenceCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  SequenceCache& cache = **created;
+
+  int good = 0, expected_good = 0;
+  int bad = 0, expected_bad = 0;
+  long checksum = 0;
+  auto ok = [&](bool b) { ++expected_good; good += b ? 1 : 0; };
+  auto fails = [&](bool b) { ++expected_bad; bad += b ? 0 : 1; };
+  const int parents[C] = {-1, 0, 0};
+  const int off_main[2] = {0, 2};
+  int rows[C] = {};
+  std::uint8_t mask[C * 64] = {};
+
+  const std::uint64_t before = operator_news();
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 16 && cache.can_extend(C); ++i) {
+      const int T = 1 + i % C;
+      const bool verify = i % 2 == 0;
+      if (i % 5 == 4) {  // begun, then aborted
+        auto aborted = cache.begin_step(T, verify);
+        ok(aborted.ok() && cache.abort(*aborted).ok());
+      }
+      auto step = cache.begin_step(T, verify);
+      ok(step.ok());
+      ok(step->verify == verify);
+      for (int l = 0; l < cache.n_layers(); ++l) {
+        auto plan = cache.plan(l, *step);
+        ok(plan.ok());
+        checksum += plan->read_len() + plan->write_len();
+      }
+      for (int n = 0; n <= cache.length(); ++n) checksum += cache.can_rewind(n) ? 1 : 0;
+      ok(cache.commit(*step).ok());
+      if (verify && T > 1) ok(cache.rewind(cache.length() - (T - 1)).ok());  // the rejected drafts
+      if (i % 4 == 3) {  // a tree, its accepted path off the main line
+        auto tree = cache.begin_tree(parents, C);
+        ok(tree.ok());
+        for (int l = 0; l < cache.n_layers(); ++l) {
+          ok(cache.plan(l, *tree).ok() && cache.tree_rows(l, *tree, rows).ok());
+          if (cache.layer_config(l)->policy.kind != LayerPolicy::Kind::State)
+            ok(cache.dense_tree_mask(l, *tree, mask).ok());
+          checksum += rows[C - 1] + mask[0];
+        }
+        ok(cache.commit(*tree, off_main, 2).ok());
+        for (int l = 0; l < cache.n_layers(); ++l) {
+          auto copies = cache.commit_copies(l);
+          ok(copies.ok());
+          checksum += copies->n;
+        }
+      }
+    }
+    fails(cache.begin_step(C + 1, true).ok());  // past max_step
+    fails(cache.begin_step(0, false).ok());
+    fails(cache.rewind(-1).ok());
+    fails(cache.plan(cache.n_layers(), Step{}).ok());
+    checksum += cache.rewind(-1).message().c_str()[0];
+    cache.clear();
+    ok(cache.length() == 0);
+  }
+  const std::uint64_t allocations = operator_news() - before;
+
+  EXPECT_EQ(allocations, 0u);
+  EXPECT_EQ(good, expected_good);
+  EXPECT_EQ(bad, expected_bad);
+  EXPECT_GT(expected_good, 300);
+  EXPECT_GT(checksum, 0);
 }
 
 

@@ -1011,5 +1011,119 @@ TEST(SequenceRecord, AReExportEqualsTheRecordByteForByte) {
   }
 }
 
+// --- section 9: chunked layers travel in records like rings; shared and state
+// layers do not travel yet (NotSupported at export, refused at parse by name).
+
+CacheConfig chunked_model(int capacity, int max_step, int block_size) {
+  CacheConfig cfg = pool_config(capacity,
+                                {LayerConfig{LayerPolicy::chunked(5), 2, 3, 0}, flat_layer(), ring_layer(4, 1),
+                                 LayerConfig{LayerPolicy::chunked(3), 1, 4, 0}},
+                                max_step, 8);
+  cfg.batch.block_size = block_size;
+  cfg.batch.max_seqs = 4;
+  cfg.batch.max_holes = 4;
+  return cfg;
+}
+
+TEST(SequenceRecord, ChunkedLayersRoundTripBetweenBothCachesAndBlockSizes) {
+  int batch_imports = 0;
+  for (unsigned seed = 1; seed <= 8; ++seed) {
+    std::mt19937 rng(seed);
+    const int capacity = 64, max_step = 3;
+    SeqSide from(chunked_model(capacity, max_step, 4));
+    random_history(from, rng, 10 + static_cast<int>(rng() % 30), max_step, nullptr);
+    const Record rec = from.export_record({});
+    SeqSide same(chunked_model(capacity, max_step, 4));
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, same.cache(), same.pool()));
+    EXPECT_EQ(compare_rewinds(from, same, true), "");
+    for (int B : {1, 2, 3, 16}) {
+      BatchSide batch(chunked_model(capacity, max_step, B), 2);
+      const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, batch.cache(), batch.pool(), 2);
+      if (st.code() == kvcore::Error::NotSupported) continue;  // the ring's sink in a block the exporter released
+      ASSERT_OK(st);
+      ++batch_imports;
+      EXPECT_EQ(compare_rewinds(from, batch, false), "") << "B " << B;
+      // The batch side's own record (chunk blocks released) back into a SequenceCache.
+      const Record again = batch.export_record({});
+      SeqSide back(chunked_model(capacity, max_step, 4));
+      ASSERT_OK(kvcore::import_record(again.data(), again.size, back.cache(), back.pool()));
+      SeqSide twin(chunked_model(capacity, max_step, 4)), twin2(chunked_model(capacity, max_step, 4));
+      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool()));
+      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin2.cache(), twin2.pool()));
+      std::mt19937 r1(seed * 7), r2(seed * 7);
+      decode_both(twin, batch, r1, 14, max_step, capacity);
+      decode_both(twin2, back, r2, 14, max_step, capacity);
+    }
+    std::mt19937 r3(seed);
+    decode_both(from, same, r3, 14, max_step, capacity);
+  }
+  EXPECT_GT(batch_imports, 5);
+}
+
+TEST(SequenceRecord, ABatchSequenceWithChunkedGroupsRoundTripsAfterTheyReleasedBlocks) {
+  for (int B : {1, 2, 4}) {
+    const int capacity = 80, max_step = 4;
+    BatchSide from(chunked_model(capacity, max_step, B), 1);
+    ASSERT_OK(from.cache().add_sequence(1));
+    std::mt19937 rng(static_cast<unsigned>(B));
+    random_history(from, rng, 50, max_step, nullptr);
+    const int g = *from.cache().group_of(0);
+    EXPECT_GT(*from.cache().oldest_held(1, g), 0) << "the chunked group released finished chunks";
+    const Record rec = from.export_record({});
+    SeqSide seq(chunked_model(capacity, max_step, 4));
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, seq.cache(), seq.pool()));
+    EXPECT_EQ(compare_rewinds(from, seq, false), "");
+    BatchSide to(chunked_model(capacity, max_step, B), 3);
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 3));
+    EXPECT_EQ(compare_rewinds(from, to, true), "");
+    BatchSide twin(chunked_model(capacity, max_step, B), 1);
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool(), 1));
+    std::mt19937 r1(9), r2(9);
+    decode_both(seq, to, r1, 10, max_step, capacity);
+    decode_both(twin, from, r2, 10, max_step, capacity);
+  }
+}
+
+TEST(SequenceRecord, SharedAndStateLayersAreNotExportedAndHostileKindsAreRefusedByName) {
+  // Export: a shared layer (and a state layer) is NotSupported, naming it.
+  // (Pools hold no rows for them: the pool here is a flat model's of the same shape.)
+  CacheConfig cfg = pool_config(32, {flat_layer(), LayerConfig{LayerPolicy::shared(0), 2, 3, 0}}, 4, 8);
+  CacheConfig flat_cfg = pool_config(32, {flat_layer(), flat_layer()}, 4, 8);
+  auto shared = std::move(SequenceCache::create(cfg)).get();
+  auto flat = std::move(SequenceCache::create(flat_cfg)).get();
+  auto pool = std::move(KVPool::create(*flat, DType::Float16)).get();
+  auto step = shared->begin_step(3);
+  ASSERT_OK(step.status());
+  ASSERT_OK(shared->commit(*step));
+  std::vector<unsigned char> buffer(1 << 16);
+  expect_refused(kvcore::export_size(*shared, pool, 0).status(), kvcore::Error::NotSupported,
+                 "layer 1 is a Shared layer");
+  cfg.batch.block_size = flat_cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = flat_cfg.batch.max_seqs = 2;
+  auto batch = std::move(BatchCache::create(cfg)).get();
+  auto batch_flat = std::move(BatchCache::create(flat_cfg)).get();
+  auto paged = std::move(PagedKVPool::create(*batch_flat, DType::Float16)).get();
+  ASSERT_OK(batch->add_sequence(0));
+  expect_refused(kvcore::export_size(*batch, paged, 0, 0).status(), kvcore::Error::NotSupported,
+                 "layer 1 is a Shared layer");
+  expect_refused(kvcore::export_to(*batch, paged, 0, nullptr, 0, buffer.data(), buffer.size()),
+                 kvcore::Error::NotSupported, "Shared");
+  // Parse: a record naming kind 3 (Shared) or 4 (State), or a chunked layer
+  // with sinks, breaks the rules; the message names the kind and the field.
+  const RecordSequence seq{2, 10, 4, 0, 0, 0};
+  using Kind = LayerPolicy::Kind;
+  const Record good = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::chunked(4), 0, 8, 2)});
+  ASSERT_OK(kvcore::RecordView::parse(good.data(), good.size).status());
+  const Record kind3 = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Shared, 0, 0, 0, 0}, 0, 0, 10)});
+  expect_parse_refused(kind3, kind3.size, kvcore::Error::InvalidArgument, "kind 3");
+  const Record kind4 = craft(seq, {}, {rl(LayerPolicy{Kind::State, 0, 0, 0, 0}, 0, 0, 10), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(kind4, kind4.size, kvcore::Error::InvalidArgument, "kind 4");
+  const Record chunk_sinks =
+      craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Chunked, 4, 1, 0, 0}, 1, 8, 3)});
+  expect_parse_refused(chunk_sinks, chunk_sinks.size, kvcore::Error::InvalidArgument, "kind 2, window 4, sinks 1");
+  const Record chunk0 = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Chunked, 0, 0, 0, 0}, 0, 0, 10)});
+  expect_parse_refused(chunk0, chunk0.size, kvcore::Error::InvalidArgument, "kind 2, window 0");
+}
+
 }  // namespace
 }  // namespace kvcore_test

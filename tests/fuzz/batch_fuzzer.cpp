@@ -81,6 +81,10 @@ struct Coverage {
   long middle_removals = 0;
   long bad_calls = 0;  // refused calls of every other kind
   long clears = 0;
+  long state_refused = 0;   // valid configs with a State layer: NotSupported (section 9)
+  long shared_layers = 0;   // shared layers checked to read their source's group
+  long chunked_steps = 0;   // steps checked on a cache with a chunked group
+  long chunked_hits = 0;    // prefix hits on a cache with a chunked group
 };
 
 /// When set, every input adds to it (the replay test reads it).
@@ -111,24 +115,48 @@ inline std::string describe(const CacheConfig& c) {
                   str(c.batch.max_step_tokens) + ", num_blocks " + str(c.batch.num_blocks) + ", max_holes " +
                   str(c.batch.max_holes) + ", layers [";
   for (const LayerConfig& l : c.layers)
-    s += l.policy.kind == LayerPolicy::Kind::Flat ? " Flat" : " Ring(" + str(l.policy.window) + "," + str(l.policy.sinks) + ")";
+    s += l.policy.kind == LayerPolicy::Kind::Flat      ? std::string(" Flat")
+         : l.policy.kind == LayerPolicy::Kind::Chunked ? " Chunked(" + str(l.policy.window) + ")"
+         : l.policy.kind == LayerPolicy::Kind::Shared  ? " Shared(" + str(l.policy.source) + ")"
+         : l.policy.kind == LayerPolicy::Kind::State   ? " State(" + str(l.policy.slots) + ")"
+                                                       : " Ring(" + str(l.policy.window) + "," + str(l.policy.sinks) + ")";
   return s + " ]";
 }
 
 // --- the rules, stated here (DESIGN.md section 2, config.h's BatchLimits) ----
 
+// Section 9 adds Chunked (K >= 1, no sinks) and Shared (an earlier layer that
+// holds K/V, its shape, never broadcast); a field a kind does not use is 0.
+// (State layers are valid configs that BatchCache refuses: NotSupported.)
 inline bool valid_by_rules(const CacheConfig& cfg) {
+  using Kind = LayerPolicy::Kind;
   if (cfg.capacity < 1 || cfg.n_layers < 1 || cfg.n_layers > 65536 || cfg.initial_capacity < 1) return false;
   if (cfg.layers.size() != 1 && cfg.layers.size() != static_cast<std::size_t>(cfg.n_layers)) return false;
   if (cfg.max_step < 0 || cfg.max_step > cfg.capacity) return false;
-  for (const LayerConfig& l : cfg.layers) {
+  for (std::size_t i = 0; i < cfg.layers.size(); ++i) {
+    const LayerConfig& l = cfg.layers[i];
     const LayerPolicy& p = l.policy;
-    if (p.kind == LayerPolicy::Kind::Flat) {
+    if (p.kind == Kind::Flat || p.kind == Kind::Shared || p.kind == Kind::State) {
       if (p.window != 0 || p.sinks != 0) return false;
-    } else if (p.kind == LayerPolicy::Kind::Ring) {
+    } else if (p.kind == Kind::Ring) {
       if (p.window < 1 || p.sinks < 0) return false;
+    } else if (p.kind == Kind::Chunked) {
+      if (p.window < 1 || p.sinks != 0) return false;
     } else {
       return false;
+    }
+    if ((p.kind != Kind::Shared && p.source != 0) || (p.kind != Kind::State && p.slots != 0)) return false;
+    if (p.kind == Kind::State) {
+      if (p.slots < 1 || l.n_kv_heads != 0 || l.head_dim != 0 || l.v_head_dim != 0) return false;
+      continue;
+    }
+    if (p.kind == Kind::Shared) {
+      if (cfg.layers.size() == 1 || p.source < 0 || static_cast<std::size_t>(p.source) >= i) return false;
+      const LayerConfig& src = cfg.layers[static_cast<std::size_t>(p.source)];
+      if (src.policy.kind != Kind::Flat && src.policy.kind != Kind::Ring && src.policy.kind != Kind::Chunked) return false;
+      if (l.n_kv_heads != src.n_kv_heads || l.head_dim != src.head_dim ||
+          (l.v_head_dim == 0 ? l.head_dim : l.v_head_dim) != (src.v_head_dim == 0 ? src.head_dim : src.v_head_dim))
+        return false;
     }
     if (l.n_kv_heads < 1 || l.head_dim < 1 || l.v_head_dim < 0) return false;
   }
@@ -141,11 +169,27 @@ inline int design_max_step(const CacheConfig& cfg) {
   return cfg.max_step != 0 ? cfg.max_step : std::min(512, cfg.capacity);
 }
 
-// The distinct policies, in layer order: one group each.
+// Has cfg a State layer (valid, but BatchCache plans none: NotSupported)?
+inline bool has_state_layer(const CacheConfig& cfg) {
+  for (const LayerConfig& l : cfg.layers)
+    if (l.policy.kind == LayerPolicy::Kind::State) return true;
+  return false;
+}
+
+// The policy layer l follows: its own, or a Shared layer's source's (section 9).
+inline LayerPolicy rule_of(const CacheConfig& cfg, int l) {
+  LayerPolicy p = cfg.layer(l).policy;
+  while (p.kind == LayerPolicy::Kind::Shared) p = cfg.layer(p.source).policy;
+  return p;
+}
+
+// The distinct policies, in layer order: one group each (a Shared layer has
+// none: it reads its source's).
 inline std::vector<LayerPolicy> groups_of(const CacheConfig& cfg) {
   std::vector<LayerPolicy> out;
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerPolicy& p = cfg.layer(l).policy;
+    if (p.kind == LayerPolicy::Kind::Shared) continue;
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
     if (cfg.layers.size() == 1) break;
   }
@@ -176,8 +220,9 @@ inline Sizing sizing(const CacheConfig& cfg) {
   }
   for (const LayerPolicy& p : groups) {
     std::int64_t blocks = cfg.batch.num_blocks != 0 ? cfg.batch.num_blocks : seqs * stride;
-    if (p.kind == LayerPolicy::Kind::Ring) {
-      // What one sequence can hold during a step: the sink blocks, W + 2C - 1 positions, and one block more.
+    if (p.kind == LayerPolicy::Kind::Ring || p.kind == LayerPolicy::Kind::Chunked) {
+      // What one sequence can hold during a step: the sink blocks, W + 2C - 1 positions, and one block more
+      // (a chunked group as a ring of window K, section 9).
       const std::int64_t per_seq = (p.sinks + B - 1) / B + (p.window + 2 * C - 1 + B - 1) / B + 1;
       if (per_seq < stride) blocks = per_seq * seqs;
       blocks = std::min(blocks, seqs * stride);
@@ -227,6 +272,13 @@ class Harness {
       bump(&Coverage::invalid_configs);
       return "";
     }
+    if (has_state_layer(cfg)) {  // section 9: SequenceCache plans state layers, BatchCache refuses them
+      auto created = BatchCache::create(cfg);
+      FUZZ_REQUIRE(!created.ok() && created.error() == Error::NotSupported && !created.message().empty(),
+                   "a State layer: " + (created.ok() ? std::string("Ok") : outcome(created.status())));
+      bump(&Coverage::state_refused);
+      return "";
+    }
     FUZZ_REQUIRE(kvcore::validate_batch(cfg).ok(), "validate_batch refused a valid config");
     const Sizing size = sizing(cfg);
     if (size.bytes > kMaxBuildBytes && !size.refused_before_pools) {
@@ -248,7 +300,11 @@ class Harness {
     FUZZ_REQUIRE(cache_->n_groups() == static_cast<int>(groups_of(cfg).size()), "n_groups");
     for (int l = 0; l < cfg.n_layers; ++l) {
       auto g = cache_->group_of(l);
-      FUZZ_REQUIRE(g.ok() && *cache_->group_policy(*g) == cfg.layer(l).policy, "group_of(" + str(l) + ")");
+      FUZZ_REQUIRE(g.ok() && *cache_->group_policy(*g) == rule_of(cfg, l), "group_of(" + str(l) + ")");
+      if (cfg.layer(l).policy.kind == LayerPolicy::Kind::Shared) {  // its source's group (section 9)
+        FUZZ_REQUIRE(*g == *cache_->group_of(cfg.layer(l).policy.source), "shared layer " + str(l) + "'s group");
+        bump(&Coverage::shared_layers);
+      }
       if (cfg.layers.size() == 1 && l > 4) break;
     }
     if (regime >= 14) {
@@ -271,7 +327,12 @@ class Harness {
     cfg.max_step = in_.percent(20) ? 0 : in_.in(1, std::min(6, cfg.capacity));
     std::vector<LayerPolicy> policies;
     for (int i = in_.in(1, 3); i > 0; --i) {
-      if (in_.u8() % 3 == 0) {
+      // The policy byte: % 3 == 0 flat, else a ring; 253 and 254 (section 9,
+      // appended: older inputs read them as rings) chunked, 255 (flat) state.
+      const std::uint8_t kind = in_.u8();
+      if (kind >= 253) {
+        policies.push_back(kind == 255 ? LayerPolicy::state(in_.in(1, 4)) : LayerPolicy::chunked(in_.in(1, 10)));
+      } else if (kind % 3 == 0) {
         policies.push_back(LayerPolicy::flat());
       } else {
         const int window = in_.in(1, 10);
@@ -280,11 +341,24 @@ class Harness {
       }
     }
     cfg.n_layers = in_.in(1, 4);
+    auto layer_of = [](const LayerPolicy& p) {  // a State layer holds no K/V rows: shape 0
+      return p.kind == LayerPolicy::Kind::State ? LayerConfig{p, 0, 0, 0} : LayerConfig{p, 1, 2, 0};
+    };
     if (in_.percent(20)) {
-      cfg.layers.push_back(LayerConfig{policies[0], 1, 2, 0});
+      cfg.layers.push_back(layer_of(policies[0]));
     } else {
-      for (int l = 0; l < cfg.n_layers; ++l)
-        cfg.layers.push_back(LayerConfig{policies[static_cast<std::size_t>(in_.in(0, static_cast<int>(policies.size()) - 1))], 1, 2, 0});
+      for (int l = 0; l < cfg.n_layers; ++l) {
+        // The pick byte: % policies; from 253 on (appended) a layer past the
+        // first shares an earlier one that holds K/V (section 9).
+        const std::uint8_t pick = in_.u8();
+        int src = l - 1 - (l > 0 ? (pick - 253) % l : 0);
+        while (src >= 0 && !cfg.layers[static_cast<std::size_t>(src)].policy.holds_keys()) --src;
+        if (pick >= 253 && src >= 0) {
+          cfg.layers.push_back(LayerConfig{LayerPolicy::shared(src), 1, 2, 0});
+          continue;
+        }
+        cfg.layers.push_back(layer_of(policies[static_cast<std::size_t>(pick % policies.size())]));
+      }
     }
     static const int kB[] = {1, 1, 2, 3, 4, 5, 8, 16};
     cfg.batch.block_size = kB[in_.u8() % 8];
@@ -306,7 +380,7 @@ class Harness {
       case 2: cfg->layers.push_back(cfg->layers[0]), cfg->layers.push_back(cfg->layers[0]), cfg->n_layers = 1; break;
       case 3: cfg->max_step = in_.percent(50) ? -in_.in(1, 3) : cfg->capacity + in_.in(1, 3); break;
       case 4: cfg->initial_capacity = nonpositive(); break;
-      case 5: layer.policy = LayerPolicy{LayerPolicy::Kind::Flat, in_.in(0, 1), 1 - in_.in(0, 1) * 2}; break;
+      case 5: layer.policy = LayerPolicy{LayerPolicy::Kind::Flat, in_.in(0, 1), 1 - in_.in(0, 1) * 2, 0, 0}; break;
       case 6: layer.policy = LayerPolicy::ring(nonpositive(), 0); break;
       case 7: layer.policy = LayerPolicy::ring(3, -in_.in(1, 2)); break;
       case 8: layer.policy.kind = static_cast<LayerPolicy::Kind>(in_.in(2, 9)); break;
@@ -347,6 +421,12 @@ class Harness {
   }
 
   // --- state checks ----------------------------------------------------------------
+
+  bool has_chunked_group() const {
+    for (int g = 0; g < cache_->n_groups(); ++g)
+      if (cache_->group_policy(g)->kind == LayerPolicy::Kind::Chunked) return true;
+    return false;
+  }
 
   Snapshot snapshot() const {
     Snapshot s;
@@ -422,7 +502,7 @@ class Harness {
       if (step_open_) continue;
       for (int g = 0; g < cache_->n_groups(); ++g) {  // DESIGN.md section 6's bound, at rest
         const LayerPolicy p = *cache_->group_policy(g);
-        if (p.kind != LayerPolicy::Kind::Ring) continue;
+        if (p.kind != LayerPolicy::Kind::Ring && p.kind != LayerPolicy::Kind::Chunked) continue;  // chunked: a ring of K
         const std::int64_t B = cfg_.batch.block_size;
         const std::int64_t bound = (p.sinks + B - 1) / B + (p.window + C_ - 1 + B - 1) / B + 1;
         FUZZ_REQUIRE(*cache_->blocks_held(s, g) <= bound, "seq " + str(s) + " holds more than the ring bound in group " + str(g));
@@ -609,6 +689,7 @@ class Harness {
       const std::string diff = kvcore_test::check_step(*cache_, *model_, *plan, *pools_);
       FUZZ_REQUIRE(diff.empty(), diff + " in " + describe(cfg_));
       bump(&Coverage::steps_checked);
+      if (has_chunked_group()) bump(&Coverage::chunked_steps);
     } else if (how == 1) {
       for (int g = 0; g < plan->n_groups; ++g) {
         std::vector<std::uint64_t>& rows = pools_->rows[static_cast<std::size_t>(g)];
@@ -761,6 +842,7 @@ class Harness {
                  "hit " + str(h));
     model_->adopt(s, prompt, h);  // what a fresh computation would hold
     if (h > 0) bump(&Coverage::prefix_hits);
+    if (h > 0 && has_chunked_group()) bump(&Coverage::chunked_hits);
     return verb_done();
   }
 
@@ -829,7 +911,7 @@ class Harness {
           return err.empty() ? refused(lc.status(), Error::InvalidArgument, before) : err;
         }
         FUZZ_REQUIRE(gr.ok() && lc.ok() && lc->policy == cfg_.layer(l).policy &&
-                         *cache_->group_policy(*gr) == lc->policy,
+                         *cache_->group_policy(*gr) == rule_of(cfg_, l),
                      "group_of / layer_config");
         return "";
       }
@@ -1008,7 +1090,7 @@ class Harness {
         if (step_open_ || want < 0) continue;
         for (int g = 0; g < cache_->n_groups(); ++g) {
           const LayerPolicy p = *cache_->group_policy(g);
-          if (p.kind != LayerPolicy::Kind::Ring) continue;
+          if (p.kind != LayerPolicy::Kind::Ring && p.kind != LayerPolicy::Kind::Chunked) continue;
           const std::int64_t B = cache_->block_size();
           const std::int64_t bound = (static_cast<std::int64_t>(p.sinks) + B - 1) / B +
                                      (static_cast<std::int64_t>(p.window) + C_ - 1 + B - 1) / B + 1;

@@ -10,6 +10,11 @@
 //    reads and can_rewind exactly, and a real KVPool (growing through a failing
 //    allocator, or in an arena; compact or mirrored ring rows) holds rows tagged
 //    by (layer, position, write);
+//  - small with a layer of section 9's new kinds (Chunked, Shared, State): a
+//    layer's policy byte >= 253 (which older inputs used for a ring); the whole
+//    run is then the brute-force oracle of tests/cpp/layer_kinds_reference.h
+//    (chains with and without verify, trees, partial commits, rewinds, clears),
+//    its choices read from the input;
 //  - huge: capacity, window, sinks, max_step and T up to INT_MAX; plans are
 //    checked in interval form (O(1) per run), and the pool only takes writes
 //    whose blocks the allocator grants (it refuses anything over 1 MiB).
@@ -33,6 +38,7 @@
 #include "kvcore/pool/kv_pool.h"
 #include "kvcore/core/sequence_cache.h"
 #include "../cpp/reference.h"
+#include "../cpp/layer_kinds_reference.h"
 
 namespace kvcore_fuzz {
 
@@ -73,6 +79,10 @@ struct Coverage {
   long aliasing_writes = 0;  // writes whose input was the pool's own rows
   long bad_pool_calls = 0;
   long huge_plans = 0;  // plans of steps ending above 2^30
+  long kinds_caches = 0;    // small caches with a Chunked, Shared or State layer (section 9)
+  long kinds_verify_steps = 0;
+  long kinds_trees = 0;
+  long kinds_rewinds = 0;   // accepted and refused
 };
 
 /// When set, every input adds to it (the replay test reads it).
@@ -131,23 +141,54 @@ std::string outcome(const Status& s) {
 
 // The config rules of DESIGN.md section 2 (and config.h's initial_capacity),
 // stated independently of validate().
+// Section 9 adds: Chunked(K >= 1, no sinks); Shared(source) reads an earlier
+// layer that holds K/V, with its shape, and is never broadcast; State(slots >=
+// 1) holds no K/V rows (shape 0). A field a kind does not use is 0.
 bool valid_by_rules(const CacheConfig& cfg) {
+  using Kind = LayerPolicy::Kind;
   if (cfg.capacity < 1 || cfg.n_layers < 1 || cfg.initial_capacity < 1) return false;
   if (cfg.n_layers > 65536) return false;  // CacheConfig::kMaxLayers
   if (cfg.layers.size() != 1 && cfg.layers.size() != static_cast<std::size_t>(cfg.n_layers)) return false;
   if (cfg.max_step != 0 && (cfg.max_step < 1 || cfg.max_step > cfg.capacity)) return false;
-  for (const LayerConfig& l : cfg.layers) {
+  for (std::size_t i = 0; i < cfg.layers.size(); ++i) {
+    const LayerConfig& l = cfg.layers[i];
     const LayerPolicy& p = l.policy;
-    if (p.kind == LayerPolicy::Kind::Flat) {
+    if (p.kind == Kind::Flat) {
       if (p.window != 0 || p.sinks != 0) return false;
-    } else if (p.kind == LayerPolicy::Kind::Ring) {
+    } else if (p.kind == Kind::Ring) {
       if (p.window < 1 || p.sinks < 0) return false;
+    } else if (p.kind == Kind::Chunked) {
+      if (p.window < 1 || p.sinks != 0) return false;
+    } else if (p.kind == Kind::Shared || p.kind == Kind::State) {
+      if (p.window != 0 || p.sinks != 0) return false;
     } else {
       return false;
+    }
+    if (p.kind != Kind::Shared && p.source != 0) return false;
+    if (p.kind != Kind::State && p.slots != 0) return false;
+    if (p.kind == Kind::State) {
+      if (p.slots < 1 || l.n_kv_heads != 0 || l.head_dim != 0 || l.v_head_dim != 0) return false;
+      continue;
+    }
+    if (p.kind == Kind::Shared) {
+      if (cfg.layers.size() == 1 || p.source < 0 || static_cast<std::size_t>(p.source) >= i) return false;
+      const LayerConfig& src = cfg.layers[static_cast<std::size_t>(p.source)];
+      if (src.policy.kind != Kind::Flat && src.policy.kind != Kind::Ring && src.policy.kind != Kind::Chunked)
+        return false;
+      const int v = l.v_head_dim == 0 ? l.head_dim : l.v_head_dim;
+      const int src_v = src.v_head_dim == 0 ? src.head_dim : src.v_head_dim;
+      if (l.n_kv_heads != src.n_kv_heads || l.head_dim != src.head_dim || v != src_v) return false;
     }
     if (l.n_kv_heads < 1 || l.head_dim < 1 || l.v_head_dim < 0) return false;
   }
   return true;
+}
+
+// Does cfg have a layer of section 9's new kinds?
+bool has_new_kinds(const CacheConfig& cfg) {
+  for (const LayerConfig& l : cfg.layers)
+    if (l.policy.kind != LayerPolicy::Kind::Flat && l.policy.kind != LayerPolicy::Kind::Ring) return true;
+  return false;
 }
 
 const LayerConfig& layer_config(const CacheConfig& cfg, int l) {
@@ -281,6 +322,7 @@ class Harness {
       return "";
     }
     if (!created.ok()) return "valid config refused: " + outcome(created.status()) + " for " + kvcore_test::describe(cfg);
+    if (has_new_kinds(cfg)) return run_kinds(cfg);
     cache_ = std::move(created).get();
     cfg_ = cfg;
     C_ = cache_->max_step();
@@ -315,6 +357,31 @@ class Harness {
     if (coverage() != nullptr) ++(coverage()->*field);
   }
 
+  // The oracle's choices, read from the input.
+  struct InputRand {
+    Bytes* in;
+    int uniform(int lo, int hi) { return in->in(lo, hi); }
+    bool percent(int p) { return in->percent(p); }
+  };
+
+  // Section 9's kinds: the brute-force oracle runs the cache (its own store
+  // of rows and state slots stands for the pool).
+  std::string run_kinds(const CacheConfig& given) {
+    bump(&Coverage::kinds_caches);
+    CacheConfig cfg = given;  // the oracle reads one entry per layer: a broadcast entry, spelled out
+    if (cfg.layers.size() == 1) cfg.layers.assign(static_cast<std::size_t>(cfg.n_layers), given.layers[0]);
+    InputRand rand{&in_};
+    kvcore_test::kinds::KindsCoverage cov;
+    kvcore_test::kinds::KindsCase<InputRand> one(cfg, rand, cov);
+    const std::string err = one.run();
+    if (coverage() != nullptr) {
+      coverage()->kinds_verify_steps += cov.verify_chains;
+      coverage()->kinds_trees += cov.trees;
+      coverage()->kinds_rewinds += cov.rewinds_ok + cov.rewinds_refused;
+    }
+    return err.empty() ? err : err + " for " + kvcore_test::kinds::describe_kinds(cfg);
+  }
+
   // --- configs ----------------------------------------------------------------
 
   // Small values, with a chance of breaking each rule on purpose.
@@ -329,7 +396,19 @@ class Harness {
     const int entries = in_.percent(20) ? 1 : cfg.n_layers;
     for (int i = 0; i < entries; ++i) {
       LayerConfig l;
-      if (!in_.percent(30)) {
+      // The policy byte: % 100 below 30 flat, else a ring; 253, 254, 255 (section
+      // 9, appended: older inputs read them as rings) chunked, shared, state.
+      const std::uint8_t kind = in_.u8();
+      if (kind >= 253) {
+        const int what = kind - 253;  // 0 chunked, 1 shared, 2 state
+        if (what == 1 && i > 0) {
+          l.policy = LayerPolicy::shared(in_.in(0, i - 1));
+        } else if (what == 2) {
+          l.policy = LayerPolicy::state(in_.in(1, 8));
+        } else {
+          l.policy = LayerPolicy::chunked(in_.in(1, 24));
+        }
+      } else if (kind % 100 >= 30) {
         // Locals: the order in which call arguments are evaluated is unspecified,
         // and gcc (the corpus replay) and clang (the fuzzer) would read differently.
         const int window = in_.in(1, 24);
@@ -339,6 +418,11 @@ class Harness {
       l.n_kv_heads = in_.in(1, 2);
       l.head_dim = in_.in(2, 6);
       l.v_head_dim = in_.percent(70) ? 0 : in_.in(1, 6);
+      if (l.policy.kind == LayerPolicy::Kind::State) l.n_kv_heads = l.head_dim = l.v_head_dim = 0;
+      if (l.policy.kind == LayerPolicy::Kind::Shared) {  // its source's shape (a spoil may break the rest)
+        const LayerConfig& src = cfg.layers[static_cast<std::size_t>(l.policy.source)];
+        l.n_kv_heads = src.n_kv_heads, l.head_dim = src.head_dim, l.v_head_dim = src.v_head_dim;
+      }
       cfg.layers.push_back(l);
     }
     if (spoil) spoil_one_rule(cfg);
@@ -357,8 +441,8 @@ class Harness {
       }
       case 3: cfg.max_step = in_.percent(50) || cfg.capacity == INT_MAX ? -1 : cfg.capacity + 1; break;
       case 4: cfg.initial_capacity = -in_.in(0, 3); break;
-      case 5: l.policy = LayerPolicy{LayerPolicy::Kind::Flat, in_.in(1, 4), 0}; break;
-      case 6: l.policy = LayerPolicy{LayerPolicy::Kind::Flat, 0, in_.in(1, 4)}; break;
+      case 5: l.policy = LayerPolicy{LayerPolicy::Kind::Flat, in_.in(1, 4), 0, 0, 0}; break;
+      case 6: l.policy = LayerPolicy{LayerPolicy::Kind::Flat, 0, in_.in(1, 4), 0, 0}; break;
       case 7: l.policy = LayerPolicy::ring(-in_.in(0, 3), 0); break;
       case 8: l.policy = LayerPolicy::ring(4, -in_.in(1, 3)); break;
       case 9: l.policy.kind = static_cast<LayerPolicy::Kind>(in_.in(2, 255)); break;

@@ -97,11 +97,15 @@ inline std::string check_parsed(const RecordView& rec, std::size_t size) {
     const std::size_t v_end = static_cast<std::size_t>(rec.v_rows(l) - base) + static_cast<std::size_t>(r.n_rows) * r.v_row_bytes();
     if (k_end > size - 8 || v_end > size - 8) return "layer " + std::to_string(l) + "'s rows reach past the record";
     // Completeness, position by position, within a bounded walk: a query at
-    // L needs the sinks and the window (flat: everything below L).
+    // L needs the sinks and the window (flat: everything below L; chunked,
+    // section 9: its chunk, from K * floor(L / K)).
     const bool ring = r.policy.kind == LayerPolicy::Kind::Ring;
+    const bool chunked = r.policy.kind == LayerPolicy::Kind::Chunked && r.policy.window >= 1;
     const std::int64_t L = s.length;
     const std::int64_t sinks = ring ? (r.policy.sinks < L ? r.policy.sinks : L) : 0;
-    const std::int64_t wb = ring ? (L - r.policy.window + 1 > 0 ? L - r.policy.window + 1 : 0) : 0;
+    const std::int64_t wb = ring      ? (L - r.policy.window + 1 > 0 ? L - r.policy.window + 1 : 0)
+                            : chunked ? L - L % r.policy.window
+                                      : 0;
     const std::int64_t ranges[2][2] = {{0, sinks}, {wb, L}};
     long walked = 0;
     for (const auto& range : ranges)

@@ -193,6 +193,9 @@ class BatchModel:
         self.groups: list[Policy] = []
         self.group_of: list[int] = []
         for p in layer_policies:
+            if p.is_shared:  # section 9: reads its source's group, holds none
+                self.group_of.append(self.group_of[p.source])
+                continue
             if p not in self.groups:
                 self.groups.append(p)
             self.group_of.append(self.groups.index(p))
@@ -230,7 +233,7 @@ class BatchModel:
     def ring_bound(self, g: int) -> int:
         """Section 6, Memory: the most blocks a ring group keeps for one sequence."""
         p, B, C = self.groups[g], self.B, self.max_step
-        return ceil_div(p.sinks, B) + ceil_div(p.window + C - 1, B) + 1
+        return ceil_div(p.sinks, B) + ceil_div(max(p.window, p.chunk) + C - 1, B) + 1  # chunked: a ring of K
 
     def must_allow(self, seq: int, n: int) -> bool:
         """Must a rewind of `seq` to n (or a fork of it at n) succeed? Every ring
@@ -241,9 +244,9 @@ class BatchModel:
         if not s.active or not 0 <= n <= s.length:
             return False
         for p in self.groups:
-            if not p.is_ring:
+            if not p.evicts:
                 continue
-            kept_from = s.peak - self.max_step - p.window + 1
+            kept_from = p.kept_from(s.peak, self.max_step)
             for k in range(n):
                 if p.visible(n, k) and not s.removed[k] and not (k < p.sinks or k >= kept_from):
                     return False
@@ -502,6 +505,8 @@ def check_step(model: BatchModel, plan: StepPlan, pools: Pools, new_tags: Sequen
             seen = keys <= queries
             if policy.is_ring:
                 seen &= (queries - keys < policy.window) | (keys < policy.sinks)
+            if policy.is_chunked:  # section 9: the query's own chunk
+                seen &= keys // policy.chunk == queries // policy.chunk
             needed = seen.any(axis=0) & ~removed
             ks = keys[needed]
             blocks = table[ks // B]
@@ -568,9 +573,10 @@ class PrefixPools:
         """Rings: a sequence at `length` holds its sink blocks and every block not
         wholly below length - C - W + 1 (what a query after a rewind of up to C needs)."""
         p = self.policies[g]
-        if not p.is_ring:
+        if not p.evicts:
             return True
-        return i < ceil_div(p.sinks, self.B) or (i + 1) * self.B > length - self.C - p.window + 1
+        # Chunked (section 9): every block not wholly below K * floor((length - C) / K).
+        return i < ceil_div(p.sinks, self.B) or (i + 1) * self.B > p.kept_from(length, self.C)
 
     def find(self, g: int, name: tuple[int, ...]) -> int:
         """A hit shares the lowest held copy of the content, else the cached one."""

@@ -22,19 +22,45 @@ Slot = tuple[int, int]  # (position, version) a row holds
 
 @dataclass(frozen=True)
 class Policy:
-    """A layer policy as docs/design.md states it: window == 0 means Flat."""
+    """A layer policy as docs/design.md states it: window == 0 means Flat;
+    chunk > 0 a Chunked(chunk) layer, source >= 0 a Shared(source) one (section 9)."""
 
     window: int = 0
     sinks: int = 0
+    chunk: int = 0
+    source: int = -1
 
     @property
     def is_ring(self) -> bool:
         return self.window > 0
 
+    @property
+    def is_chunked(self) -> bool:
+        return self.chunk > 0
+
+    @property
+    def is_shared(self) -> bool:
+        return self.source >= 0
+
+    @property
+    def evicts(self) -> bool:
+        """Rings and chunked layers let old positions go."""
+        return self.is_ring or self.is_chunked
+
+    def kept_from(self, length: int, C: int) -> int:
+        """Section 6 and 9: the lowest position a query after a rewind of up to C
+        from `length` may need past the sinks: length - C - W + 1 on a ring, the
+        chunk start K * floor((length - C) / K) on a chunked layer, 0 when flat."""
+        if self.is_chunked:
+            return self.chunk * ((length - C) // self.chunk)
+        return length - C - self.window + 1 if self.is_ring else 0
+
     def visible(self, q: int, k: int) -> bool:
-        """May a query at q see key k (docs/design.md section 2, Visibility)?"""
+        """May a query at q see key k (docs/design.md sections 2 and 9, Visibility)?"""
         if k > q:
             return False
+        if self.is_chunked:
+            return k // self.chunk == q // self.chunk
         if not self.is_ring:
             return True
         return q - k < self.window or k < self.sinks
@@ -42,6 +68,8 @@ class Policy:
     def needed(self, position: int, T: int) -> list[int]:
         """The needed set of a step, by the formula of docs/design.md section 2."""
         end = position + T
+        if self.is_chunked:
+            return list(range(position - position % self.chunk, end))
         if not self.is_ring:
             return list(range(end))
         sinks = set(range(min(self.sinks, end)))
@@ -56,6 +84,8 @@ class Policy:
 
     def history_below(self, n: int) -> tuple[range, range]:
         """Keys below n that a query at n sees, as (sinks, window) ranges."""
+        if self.is_chunked:
+            return range(0), range(n - n % self.chunk, n)
         if not self.is_ring:
             return range(0), range(n)
         return range(min(self.sinks, n)), range(max(0, n - self.window + 1), n)
@@ -63,7 +93,10 @@ class Policy:
 
 def policy_of(layer_policy: Any) -> Policy:
     """The Policy of any object with `is_ring`, `window` and `sinks` (a
-    kvcore.LayerPolicy, duck-typed: this module never imports kvcore)."""
+    kvcore.LayerPolicy, duck-typed: this module never imports kvcore). A
+    Chunked policy (its kind's name; section 9) keeps its chunk in `window`."""
+    if getattr(getattr(layer_policy, "kind", None), "name", "") == "Chunked":
+        return Policy(chunk=layer_policy.window)
     return Policy(layer_policy.window if layer_policy.is_ring else 0, layer_policy.sinks)
 
 
@@ -90,8 +123,8 @@ class Layer:
     pool: list[Slot | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.policy.is_ring:
-            ring = self.policy.window + self.max_step - 1
+        if self.policy.evicts:  # a chunked layer: a ring of K + C - 1 rows, no sinks (section 9)
+            ring = max(self.policy.window, self.policy.chunk) + self.max_step - 1
             if self.policy.sinks + ring < self.capacity:
                 self.ring = ring
             self.rows = min(self.capacity, self.policy.sinks + ring)
@@ -241,7 +274,7 @@ class Cache:
             assert held == (p, self.version(p)), f"row {row} holds {held}, read claims position {p}: {where}"
         for a, b in zip(reads, reads[1:]):
             assert not (a[0] + a[1] == b[0] and a[2] + a[1] == b[2]), f"read runs not merged: {where}"
-        assert len(reads) <= (3 if layer.policy.is_ring else 1), f"too many read runs: {where}"
+        assert len(reads) <= (3 if layer.policy.evicts else 1), f"too many read runs: {where}"
 
 
 # --- driving a real cache alongside the reference ------------------------------

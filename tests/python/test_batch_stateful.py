@@ -82,8 +82,16 @@ def batch_configs(draw: st.DrawFn) -> tuple[kvcore.CacheConfig, list[Policy]]:
     capacity = draw(st.integers(4, 40))
     max_step = draw(st.integers(1, min(6, capacity)))
     ring = st.builds(Policy, window=st.one_of(st.integers(1, 4), st.integers(1, 9)), sinks=st.sampled_from([0, 0, 1, 2, 3]))
-    kinds = [draw(st.one_of(ring, ring, st.just(Policy()))) for _ in range(draw(st.integers(1, 3)))]
-    policies = [draw(st.sampled_from(kinds)) for _ in range(draw(st.integers(1, 4)))]
+    chunked = st.builds(Policy, chunk=st.integers(1, 9))  # section 9
+    kinds = [draw(st.one_of(ring, ring, st.just(Policy()), chunked)) for _ in range(draw(st.integers(1, 3)))]
+    policies: list[Policy] = []
+    for layer in range(draw(st.integers(1, 4))):
+        # Section 9: a layer past the first may share an earlier one's K/V (its group).
+        holders = [i for i, p in enumerate(policies) if not p.is_shared]
+        if layer > 0 and draw(st.integers(0, 3)) == 0:
+            policies.append(Policy(source=draw(st.sampled_from(holders))))
+        else:
+            policies.append(draw(st.sampled_from(kinds)))
     B = draw(st.one_of(st.sampled_from([1, 2, 2, 3, 4]), st.integers(1, 8)))
     stride = ceil_div(capacity, B)
     limits = kvcore.BatchLimits(
@@ -94,7 +102,14 @@ def batch_configs(draw: st.DrawFn) -> tuple[kvcore.CacheConfig, list[Policy]]:
         num_blocks=draw(st.one_of(st.just(0), st.just(0), st.integers(1, 3 * stride), st.integers(max(1, stride // 2), 2 * stride))),
         max_holes=draw(st.integers(0, 3)),
     )
-    layers = [kvcore.LayerConfig(kvcore.Ring(p.window, p.sinks) if p.is_ring else kvcore.Flat(), 1, 2) for p in policies]
+    def layer_policy(p: Policy) -> kvcore.LayerPolicy:
+        if p.is_shared:
+            return kvcore.Shared(p.source)
+        if p.is_chunked:
+            return kvcore.Chunked(p.chunk)
+        return kvcore.Ring(p.window, p.sinks) if p.is_ring else kvcore.Flat()
+
+    layers = [kvcore.LayerConfig(layer_policy(p), 1, 2) for p in policies]
     return kvcore.CacheConfig(capacity, layers, max_step=max_step, batch=limits), policies
 
 
@@ -150,8 +165,9 @@ class BatchMachine(RuleBasedStateMachine):
             assert c.layer_config(layer) == cfg.layers[layer]
         for g, p in enumerate(m.groups):
             got = c.group_policy(g)
-            assert (got.is_ring, got.window, got.sinks) == (p.is_ring, p.window, p.sinks)
-            if not p.is_ring:
+            assert (got.is_ring, got.window, got.sinks) == (p.is_ring, p.window or p.chunk, p.sinks)
+            assert (got.kind == kvcore.LayerPolicy.Kind.Chunked) == p.is_chunked
+            if not p.evicts:
                 assert c.num_blocks(g) == (b.num_blocks or b.max_seqs * c.table_stride)
             assert c.free_blocks(g) == c.num_blocks(g) and c.used_blocks(g) == 0 and c.cached_blocks(g) == 0
         self.pools = Pools([c.num_blocks(g) * b.block_size for g in range(c.n_groups)], b.block_size)
@@ -728,12 +744,12 @@ class BatchMachine(RuleBasedStateMachine):
                         f"seq {seq} group {g} holds block index {i} for no visible position: {row.tolist()}"
                     )
                 # Flat: every visible position; ring: what the rewind guarantee needs.
-                kept_from = s.peak - m.max_step - policy.window + 1
+                kept_from = policy.kept_from(s.peak, m.max_step)
                 for p in range(s.length):
-                    if s.removed[p] or (policy.is_ring and not (p < policy.sinks or p >= kept_from)):
+                    if s.removed[p] or (policy.evicts and not (p < policy.sinks or p >= kept_from)):
                         continue
                     assert row[p // B] >= 0, f"seq {seq} group {g}: position {p} (visible) has no block: {row.tolist()}"
-                if policy.is_ring:
+                if policy.evicts:
                     assert held.size <= m.ring_bound(g), (seq, g, held.size, m.ring_bound(g))
                 start = s.visible_start
                 oldest = next((p for p in range(start, s.length) if row[p // B] >= 0), s.length)

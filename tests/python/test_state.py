@@ -30,8 +30,9 @@ DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 HEADS, DIM = 2, 4
 
 
-def config(capacity: int = 64, max_step: int = 3, block_size: int = 2, num_blocks: int = 0) -> kvcore.CacheConfig:
-    layers = [kvcore.LayerConfig(p, HEADS, DIM) for p in POLICIES]
+def config(capacity: int = 64, max_step: int = 3, block_size: int = 2, num_blocks: int = 0,
+           policies: Optional[list[Any]] = None) -> kvcore.CacheConfig:
+    layers = [kvcore.LayerConfig(p, HEADS, DIM) for p in (POLICIES if policies is None else policies)]
     batch = kvcore.BatchLimits(block_size=block_size, max_seqs=4, num_blocks=num_blocks, max_holes=4)
     return kvcore.CacheConfig(capacity, layers, max_step=max_step, batch=batch)
 
@@ -451,3 +452,55 @@ def test_a_change_in_any_checksum_lane_is_refused() -> None:
         bad[8 * w] ^= 1
         with pytest.raises(kvcore.InvalidArgumentError, match="checksum mismatch"):
             kvcore._core.check_record(bytes(bad))
+
+
+# --- section 9: chunked layers travel like rings; shared/state kinds do not (yet) ---
+
+CHUNKED = [kvcore.Chunked(5), kvcore.Flat(), kvcore.Chunked(3), kvcore.Ring(4, 1)]
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 16])
+def test_chunked_layers_round_trip_through_both_caches(block_size: int) -> None:
+    dtype = np.float16
+    rng = random.Random(block_size)
+    exporter = Side(config(policies=CHUNKED), dtype)
+    history(exporter, rng, 41, 3)  # past several chunks: their rows reused
+    record = exporter.export()
+    same = Side(config(policies=CHUNKED), dtype)
+    import_sequence(same.pool, record)
+    same_rewinds(exporter, same, exact=True)
+    assert same.export() == record
+    batch = Side(config(block_size=block_size, policies=CHUNKED), dtype, seq=1)
+    try:
+        import_sequence(batch.pool, 1, record)
+    except kvcore.NotSupportedError as e:  # the ring's sink in a block the exporter released
+        assert block_size == 16 and "sink" in str(e).lower() or "divides" in str(e)
+        return
+    same_rewinds(exporter, batch, exact=False)
+    # The batch side's own record (finished chunks' blocks released) comes back too.
+    back = Side(config(policies=CHUNKED), dtype)
+    import_sequence(back.pool, batch.export())
+    twin, twin2 = Side(config(policies=CHUNKED), dtype), Side(config(policies=CHUNKED), dtype)
+    import_sequence(twin.pool, record)
+    import_sequence(twin2.pool, record)
+    decode_both(twin, batch, random.Random(3), 12, 3, 64)
+    decode_both(twin2, back, random.Random(3), 12, 3, 64)
+
+
+def test_records_naming_shared_or_state_kinds_or_chunks_with_sinks_are_refused_by_name() -> None:
+    cases = [
+        ((3, 0, 0, (1, 2, 2), 0, 0, 12), "kind 3"),  # Shared: records carry no shared layers
+        ((4, 0, 0, (1, 2, 2), 0, 0, 12), "kind 4"),  # State: nor state slots, yet
+        ((2, 4, 1, (1, 2, 2), 1, 8, 5), "kind 2, window 4, sinks 1"),  # a chunk has no sinks
+        ((2, 0, 0, (1, 2, 2), 0, 0, 12), "kind 2, window 0"),  # nor a chunk of 0
+    ]
+    for layer, text in cases:
+        record = craft(12, [FLAT12, layer])
+        with pytest.raises(kvcore.InvalidArgumentError, match=text):
+            kvcore._core.check_record(record)
+        cache = kvcore.SequenceCache(trust_config())
+        with pytest.raises(kvcore.InvalidArgumentError, match=text):
+            import_sequence(kvcore.KVPool(cache, np.float16), record)
+        assert cache.length == 0
+    # A chunked layer carrying exactly its chunk is a record parse accepts.
+    kvcore._core.check_record(craft(12, [FLAT12, (2, 4, 0, (1, 2, 2), 0, 8, 4)]))

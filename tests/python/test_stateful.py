@@ -70,14 +70,17 @@ def cache_configs(draw: st.DrawFn) -> tuple[kvcore.CacheConfig, list[reference.P
     n_layers = draw(st.integers(1, 4))
     ring = st.builds(reference.Policy, window=st.integers(1, 8), sinks=st.integers(0, 3))
     flat = st.just(reference.Policy())
-    policy = st.one_of(ring, ring, flat)
+    chunked = st.builds(reference.Policy, chunk=st.integers(1, 8))  # section 9
+    policy = st.one_of(ring, ring, flat, chunked)
     broadcast = draw(st.booleans()) and draw(st.booleans())
     policies = [draw(policy)] * n_layers if broadcast else [draw(policy) for _ in range(n_layers)]
     shapes = [(draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(0, 3))) for _ in policies]
-    layers = [
-        kvcore.LayerConfig(kvcore.Ring(p.window, p.sinks) if p.is_ring else kvcore.Flat(), h, d, v)
-        for p, (h, d, v) in zip(policies, shapes)
-    ]
+    def layer_policy(p: reference.Policy) -> kvcore.LayerPolicy:
+        if p.is_chunked:
+            return kvcore.Chunked(p.chunk)
+        return kvcore.Ring(p.window, p.sinks) if p.is_ring else kvcore.Flat()
+
+    layers = [kvcore.LayerConfig(layer_policy(p), h, d, v) for p, (h, d, v) in zip(policies, shapes)]
     cfg = kvcore.CacheConfig(
         capacity,
         layers[:1] if broadcast else layers,
@@ -161,18 +164,21 @@ class CacheMachine(RuleBasedStateMachine):
         write=st.sampled_from(["all", "some", "none"]),
         split=st.booleans(),
         commit=st.sampled_from(["step", "cache", "with", None]),
+        verify=st.booleans(),
     )
-    def begin(self, size: int, bad: int | None, write: str, split: bool, commit: str | None) -> None:
+    def begin(self, size: int, bad: int | None, write: str, split: bool, commit: str | None, verify: bool = False) -> None:
         """begin_step(T); writes all, some or none of its layers; and commits it
         right away (three times in four), or leaves it begun for later rules to
         commit, retry, rewind or clear. T is `bad` when given, else a legal size
-        (which may still exceed the capacity left)."""
+        (which may still exceed the capacity left). A verify step (section 9)
+        plans K/V layers exactly as any other step."""
         T = 1 + (size - 1) % self.ref.max_step if bad is None else bad
         expected = self.ref.begin_step(T)
         if expected is not None:
-            self.refused(expected, lambda: self.cache.begin_step(T))
+            self.refused(expected, lambda: self.cache.begin_step(T, verify=verify))
             return
-        self.step = self.cache.begin_step(T)
+        self.step = self.cache.begin_step(T, verify=verify)
+        assert self.step.verify == verify
         self.handles.append(self.step)
         assert self.ref.active is not None
         self.ref_id, position, _ = self.ref.active
