@@ -351,7 +351,8 @@ class Harness {
         // The pick byte: % policies; from 253 on (appended) a layer past the
         // first shares an earlier one that holds K/V (section 9).
         const std::uint8_t pick = in_.u8();
-        int src = l - 1 - (l > 0 ? (pick - 253) % l : 0);
+        // (Only a pick from 253 on names a source: below it, pick - 253 is negative.)
+        int src = pick >= 253 && l > 0 ? l - 1 - (pick - 253) % l : -1;
         while (src >= 0 && !cfg.layers[static_cast<std::size_t>(src)].policy.holds_keys()) --src;
         if (pick >= 253 && src >= 0) {
           cfg.layers.push_back(LayerConfig{LayerPolicy::shared(src), 1, 2, 0});
