@@ -252,26 +252,13 @@ def plan_memory(
     cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, state_slots=state_slots))
     flat = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=True,
                                             state_slots=state_slots))
-    if shape.special:
-        state_name, state_size = dtype_bytes(state_dtype)
-        return MemoryPlan(
-            model=shape.name, context=context, max_step=cache.max_step, sinks=sinks, dtype=name,
-            dtype_bytes=size, batch=batch,
-            kinds=_special_kinds(cache, shape, size, state_size, batch, kv_dtype),
-            flat_kinds=_special_kinds(flat, shape, size, state_size, batch, kv_dtype),
-            state_slots=_state_slots_of(cache), state_dtype=state_name, kv_dtype=kv_dtype,
-        )
+    state_name, state_size = dtype_bytes(state_dtype)
     return MemoryPlan(
-        model=shape.name,
-        context=context,
-        max_step=cache.max_step,
-        sinks=sinks,
-        dtype=name,
-        dtype_bytes=size,
-        batch=batch,
-        kinds=_layer_kinds(cache, size, batch, kv_dtype),
-        flat_kinds=_layer_kinds(flat, size, batch, kv_dtype),
-        kv_dtype=kv_dtype,
+        model=shape.name, context=context, max_step=cache.max_step, sinks=sinks, dtype=name,
+        dtype_bytes=size, batch=batch,
+        kinds=_layer_kinds(cache, shape, size, state_size, batch, kv_dtype),
+        flat_kinds=_layer_kinds(flat, shape, size, state_size, batch, kv_dtype),
+        state_slots=_state_slots_of(cache), state_dtype=state_name, kv_dtype=kv_dtype,
     )
 
 
@@ -297,10 +284,7 @@ def kv_bytes(
         kv_format(kv_dtype)
     cache = SequenceCache(shape.cache_config(context, max_step=max_step, sinks=sinks, all_flat=all_flat,
                                              state_slots=state_slots))
-    if shape.special:
-        return sum(k.total_bytes
-                   for k in _special_kinds(cache, shape, size, dtype_bytes(state_dtype)[1], batch, kv_dtype))
-    return sum(k.total_bytes for k in _layer_kinds(cache, size, batch, kv_dtype))
+    return sum(k.total_bytes for k in _layer_kinds(cache, shape, size, dtype_bytes(state_dtype)[1], batch, kv_dtype))
 
 
 def longest_context(
@@ -383,44 +367,17 @@ def _row_pair_bytes(heads: int, head_dim: int, value_dim: int, dtype_size: int, 
     return quantized_row_bytes(kv_dtype, heads, head_dim) + quantized_row_bytes(kv_dtype, heads, value_dim)
 
 
-def _layer_kinds(cache: SequenceCache, dtype_size: int, batch: int,
-                 kv_dtype: Optional[str] = None) -> tuple[LayerKind, ...]:
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    layers = cache.config.layers
-    for i, layer in enumerate(layers):
-        p = layer.policy
-        key = (p.is_ring, p.window, p.sinks, layer.n_kv_heads, layer.head_dim, layer.value_dim)
-        groups.setdefault(key, []).append(i)
-    out = []
-    for (is_ring, window, sinks, heads, head_dim, value_dim), members in groups.items():
-        rows = {cache.rows(i) for i in members}
-        # Same policy and capacity give the same rows; a mismatch would be a core bug.
-        assert len(rows) == 1, f"layers {members} share a policy but not their rows: {rows}"
-        row_count = rows.pop()
-        out.append(LayerKind(
-            kind="sliding" if is_ring else "full",
-            window=window if is_ring else None,
-            sinks=sinks,
-            layers=tuple(members),
-            rows=row_count,
-            n_kv_heads=heads,
-            head_dim=head_dim,
-            v_head_dim=value_dim,
-            bytes_per_layer=row_count * _row_pair_bytes(heads, head_dim, value_dim, dtype_size, kv_dtype) * batch,
-        ))
-    return tuple(out)
+# --- the layer kinds of a plan (flat, sliding, chunked, shared, state: design.md 2 and 9) ---
 
 
-# --- chunked, shared and state layers (docs/design.md section 9) ------------------------
-
-
-def _special_kinds(
+def _layer_kinds(
     cache: SequenceCache, shape: ModelShape, dtype_size: int, state_size: int, batch: int,
     kv_dtype: Optional[str] = None,
 ) -> tuple[LayerKind, ...]:
-    """The LayerKinds of a model with chunked, shared or state layers: K/V layers grouped as in
-    _layer_kinds (chunked ones by chunk), every shared layer in one kind of 0 bytes, state layers
-    by state shape at D x snapshot bytes."""
+    """The LayerKinds of ``cache`` (built from ``shape``): K/V layers grouped by policy and row
+    shape (sliding by window and sinks, chunked by chunk, full), every shared layer of one shape
+    in one kind of 0 bytes, state layers by state shape at D x snapshot bytes (conv window of
+    ``state_size``-byte elements); K/V rows of ``dtype_size`` bytes or quantized (``kv_dtype``)."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, layer in enumerate(cache.config.layers):
         p = layer.policy
