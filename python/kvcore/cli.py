@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import kvcore
-from kvcore import memory
+from kvcore import memory_command
 from kvcore._argparse import Parser
 from kvcore.demo import command as demo
 
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tour.add_argument("--capacity", type=int, default=64)
     tour.add_argument("--decode", type=int, default=6)
     tour.set_defaults(run=_tour)
-    memory.add_parser(sub)
+    memory_command.add_parser(sub)
     demo.add_parser(sub)
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and not args_in[0].startswith("-") and args_in[0] not in sub.choices:

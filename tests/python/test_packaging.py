@@ -233,7 +233,7 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 
 def test_the_top_level_is_the_api() -> None:
-    """Beside the API sit only the command line, the memory planner, the sequence records
+    """Beside the API sit only the command line, the memory planner and its command, the sequence records
     (kvcore.state), the quantized formats' names and sizes (kvcore.quantized) and the step of one
     forward (kvcore.forward_step); the torch byte layers are
     kvcore.torch, adapters to other libraries kvcore.integrations, the demos and the reference
@@ -241,7 +241,7 @@ def test_the_top_level_is_the_api() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == [
         "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "forward_step", "hf_config", "memory",
-        "quantized", "registry", "state",
+        "memory_command", "quantized", "registry", "state",
     ]  # fmt: skip
     assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
