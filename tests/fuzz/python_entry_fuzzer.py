@@ -169,8 +169,11 @@ def one_input(data: bytes) -> None:
                 nonlocal step
                 step = batch.begin_step(shapes.array(shapes.ints(n, -1, 4)), shapes.array(T), **kw)
                 plan = step.plan()
-                for a in (plan.seq_ids, plan.positions, plan.chain_index, plan.mask(0), paged.mask(step, 0)):
+                shared = paged.mask(step, 0)
+                for a in (plan.seq_ids, plan.positions, plan.chain_index, shared):
                     check_frozen(a)
+                # The plan's mask is a new, writable array (torch.from_numpy takes it as is): the same cells.
+                assert np.array_equal(plan.mask(0), shared)
                 return plan
         elif verb == 4 and step is not None:
             s = step
