@@ -11,17 +11,27 @@ For each K/V storage (the model's dtype, kv_dtype "int8", kv_dtype "fp8") it rep
   next-token distributions along the unquantized run's tokens (teacher-forced, so one
   early disagreement does not decide every later position);
 - decode tokens per second (wall clock, this machine, its load at the time).
+
+--peers adds transformers' own ``QuantizedCache`` (backends fp8, hqq 8 and 4 bits, quanto 4
+bits; residual 128 float tokens) side by side. transformers refuses it on models with sliding
+layers, Gemma 3 among them, so the peers get a config whose layers are all full-attention
+layers (they keep every token; the model's own masks still apply each layer's window, checked:
+a DynamicCache built that way must decode the float run's tokens). Bytes are then what each
+cache holds after the run (tensor bytes, scales and residuals included). hqq and quanto come from PyPI (``pip install --no-deps hqq optimum-quanto termcolor
+einops``); a backend that fails to import is reported, not fatal.
 Needs the ``gemma`` extra (kvcore.demo.real_model).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+from transformers.cache_utils import DynamicCache, QuantizedCache
 
 from kvcore.demo.real_model import load
 from kvcore.integrations.transformers import KVCoreCache
@@ -41,10 +51,36 @@ def kv_bytes_at(model: Any, context: int, max_step: int, kv_dtype: Optional[str]
     return {"kv_bytes": cache.nbytes(), "dequant_workspace_bytes": workspace}
 
 
-def run(model: Any, ids: torch.Tensor, new: int, max_step: int, kv_dtype: Optional[str],
+def tensor_bytes(obj: Any, seen: Optional[set[int]] = None) -> int:
+    """Bytes of every tensor reachable from ``obj`` (attributes, tuples, lists, dicts), each once;
+    a tensor subclass holding its data in inner tensors (quanto) counts those."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        inner = [v for v in vars(obj).values() if isinstance(v, torch.Tensor)] if hasattr(obj, "__dict__") else []
+        if inner:
+            return sum(tensor_bytes(v, seen) for v in inner)
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(v, seen) for v in obj)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, seen) for v in obj.values())
+    if hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.nn.Module)):
+        return sum(tensor_bytes(v, seen) for v in vars(obj).values())
+    return 0
+
+
+def kvcore_cache(kv_dtype: Optional[str]) -> Callable[[Any, int, int], Any]:
+    return lambda config, capacity, max_step: KVCoreCache(config, capacity=capacity, max_step=max_step,
+                                                          kv_dtype=kv_dtype)
+
+
+def run(model: Any, ids: torch.Tensor, new: int, max_step: int, make_cache: Callable[[Any, int, int], Any],
         forced: Optional[torch.Tensor]) -> dict[str, Any]:
     """Greedy decoding (forced: feed these tokens instead, teacher-forced) with a fresh cache."""
-    cache = KVCoreCache(model.config, capacity=ids.shape[1] + new + 1, max_step=max_step, kv_dtype=kv_dtype)
+    cache = make_cache(model.config, ids.shape[1] + new + 1, max_step)
     logprobs, tokens = [], []
     with torch.no_grad():
         for start in range(0, ids.shape[1], max_step):  # chunked prefill
@@ -58,7 +94,35 @@ def run(model: Any, ids: torch.Tensor, new: int, max_step: int, kv_dtype: Option
             feed = tok if forced is None else forced[:, i:i + 1]
             nxt = model(feed, cache=cache, use_cache=True).logits[:, -1]
         seconds = time.perf_counter() - t0
-    return {"tokens": tokens, "logprobs": torch.cat(logprobs), "tok_per_s": new / seconds}
+    held = cache.nbytes() if isinstance(cache, KVCoreCache) else tensor_bytes(cache.layers)
+    return {"tokens": tokens, "logprobs": torch.cat(logprobs), "tok_per_s": new / seconds, "held_bytes": held}
+
+
+def compare(base: dict[str, Any], free: dict[str, Any], teacher: dict[str, Any], new: int) -> dict[str, Any]:
+    """Greedy agreement with the float run, and the teacher-forced KL and top-1 agreement."""
+    same = sum(a == b for a, b in zip(free["tokens"], base["tokens"]))
+    first = next((i for i, (a, b) in enumerate(zip(free["tokens"], base["tokens"])) if a != b), None)
+    kl = torch.nn.functional.kl_div(teacher["logprobs"], base["logprobs"], log_target=True, reduction="none").sum(-1)
+    top1 = float((teacher["logprobs"].argmax(-1) == base["logprobs"].argmax(-1)).float().mean())
+    return {"greedy_agreement": same / new, "first_disagreement": first, "teacher_forced_top1_agreement": top1,
+            "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "tok_per_s": free["tok_per_s"],
+            "held_bytes_after_run": free["held_bytes"]}
+
+
+PEERS: dict[str, dict[str, Any]] = {  # --peers names: transformers' QuantizedCache arguments
+    "fp8": {"backend": "fp8"},
+    "hqq8": {"backend": "hqq", "nbits": 8},
+    "hqq4": {"backend": "hqq", "nbits": 4},
+    "quanto4": {"backend": "quanto", "nbits": 4},
+}
+
+
+def all_full(config: Any) -> Any:
+    """A copy of ``config`` whose layers are all full-attention layers, for the caches that
+    refuse sliding ones (the model keeps its own config: its masks and rotary embeddings)."""
+    full = copy.deepcopy(config)
+    full.layer_types = ["full_attention"] * len(full.layer_types)
+    return full
 
 
 def main() -> None:
@@ -69,7 +133,13 @@ def main() -> None:
     p.add_argument("--max-step", type=int, default=256)
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--json", metavar="OUT")
+    p.add_argument("--peers", nargs="?", const=",".join(PEERS), default="", metavar="NAMES",
+                   help=f"transformers' QuantizedCache side by side, comma-separated from {', '.join(PEERS)} (all)")
     args = p.parse_args()
+    peers = [n for n in args.peers.split(",") if n]
+    for n in peers:
+        if n not in PEERS:
+            p.error(f"--peers: {n!r} is not one of {', '.join(PEERS)}")
     torch.manual_seed(0)
     loaded = load("gemma-3-270m")
     dtype = getattr(torch, args.dtype)
@@ -78,25 +148,37 @@ def main() -> None:
     ids = loaded.tokenizer(text, return_tensors="pt").input_ids[:, : args.prompt]
     report: dict[str, Any] = {"model": "gemma-3-270m", "dtype": args.dtype, "prompt": int(ids.shape[1]),
                               "new": args.new, "context": args.context}
-    base = run(model, ids, args.new, args.max_step, None, None)
+    base = run(model, ids, args.new, args.max_step, kvcore_cache(None), None)
     forced = torch.tensor([base["tokens"]])
+    at_context = {kv: kv_bytes_at(model, args.context, args.max_step, kv, dtype) for kv in (None, "int8", "fp8")}
+    full = all_full(model.config)
+    if args.peers:  # the float cache of the peers' kind first: it must decode the same tokens
+        dyn = run(model, ids, args.new, args.max_step, lambda c, n, s: DynamicCache(config=full), None)
+        if dyn["tokens"] != base["tokens"]:
+            raise SystemExit("--peers: a DynamicCache of full layers decodes other tokens than kvcore's cache")
+        report["dynamic_cache_full_layers_held_bytes"] = dyn["held_bytes"]
     for kv in (None, "int8", "fp8"):
         name = kv or args.dtype
-        entry: dict[str, Any] = kv_bytes_at(model, args.context, args.max_step, kv, dtype)
+        entry: dict[str, Any] = dict(at_context[kv])
         if kv is None:
-            entry["tok_per_s"] = base["tok_per_s"]
+            entry.update(tok_per_s=base["tok_per_s"], held_bytes_after_run=base["held_bytes"])
         else:
-            free = run(model, ids, args.new, args.max_step, kv, None)
-            teacher = run(model, ids, args.new, args.max_step, kv, forced)
-            same = sum(a == b for a, b in zip(free["tokens"], base["tokens"]))
-            first = next((i for i, (a, b) in enumerate(zip(free["tokens"], base["tokens"])) if a != b), None)
-            kl = torch.nn.functional.kl_div(teacher["logprobs"], base["logprobs"], log_target=True,
-                                            reduction="none").sum(-1)
-            entry.update(greedy_agreement=same / args.new, first_disagreement=first,
-                         teacher_forced_top1_agreement=float((teacher["logprobs"].argmax(-1) == base["logprobs"].argmax(-1)).float().mean()),
-                         mean_kl=float(kl.mean()), max_kl=float(kl.max()), tok_per_s=free["tok_per_s"])
+            free = run(model, ids, args.new, args.max_step, kvcore_cache(kv), None)
+            teacher = run(model, ids, args.new, args.max_step, kvcore_cache(kv), forced)
+            entry.update(compare(base, free, teacher, args.new))
         report[name] = entry
         print(name, json.dumps(entry), flush=True)
+    for peer in peers:
+        name = f"transformers QuantizedCache {peer}"
+        make = lambda c, n, s, kw=PEERS[peer]: QuantizedCache(config=full, **kw)  # noqa: E731
+        try:
+            free = run(model, ids, args.new, args.max_step, make, None)
+            teacher = run(model, ids, args.new, args.max_step, make, forced)
+        except Exception as e:  # a backend that does not import or run here is reported
+            report[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        else:
+            report[name] = compare(base, free, teacher, args.new)
+        print(name, json.dumps(report[name]), flush=True)
     half = report[args.dtype]["kv_bytes"]
     for kv in ("int8", "fp8"):
         report[kv]["kv_ratio"] = report[kv]["kv_bytes"] / half
