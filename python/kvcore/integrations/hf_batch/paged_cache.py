@@ -56,7 +56,7 @@ class _NoSectors:
 class KVCorePagedCache:
     """A drop-in for transformers' ``PagedAttentionCache``, built by ``KVCoreBatchingManager``.
 
-    ``config``: the model's text config. ``options``: kvcore's sizes (``BatchOptions``).
+    ``config``: the model's text config. ``options``: kvcore's sizes and ``kv_dtype`` (``BatchOptions``).
     ``device``/``dtype``: where and how K/V are held. ``planned_config``: what
     ``batch_config(config, options)`` returned, when the caller has it (not built again). Raises
     NotSupportedError for a model kvcore cannot serve, InvalidArgumentError for options that do not
