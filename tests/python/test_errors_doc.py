@@ -158,8 +158,11 @@ def binding_sites() -> list[Site]:
 # Python modules whose every raise has a row (test_every_error_path_has_a_row).
 PY_COVERED = [ROOT / "python" / "kvcore" / "registry.py"]
 # Python modules whose rows are checked against their raises (no stale rows), not yet every raise
-# documented: kvcore's torch byte layers (their refusals mirror KVPool's and PagedKVPool's).
-PY_ROWS_ONLY = [ROOT / "python" / "kvcore" / "torch" / f"{name}.py" for name in ("pool", "paged")]
+# documented: kvcore's torch byte layers (their refusals mirror KVPool's and PagedKVPool's), their
+# records and kvcore.quantized's format names.
+PY_ROWS_ONLY = [ROOT / "python" / "kvcore" / "torch" / f"{name}.py"
+                for name in ("pool", "paged", "quantized", "quantized_paged", "pool_records", "paged_records")]
+PY_ROWS_ONLY.append(ROOT / "python" / "kvcore" / "quantized.py")
 
 
 def python_sites(paths: list[Path]) -> list[Site]:

@@ -3,7 +3,8 @@
 The torch pool's rows must be byte for byte what ``kvcore.KVPool(cache, "qint8" / "fp8_e4m3")``
 stores for the same values (one format, one codec, two implementations), and its reads the
 same values; both pools are driven through the same random steps (wraps, mirrors, rewinds,
-draft trees and their commit copies).
+draft trees and their commit copies). Their records are equal byte for byte, each imports the
+other's and continues as the exporter does; a record of another storage format is refused.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import numpy as np
 import pytest
 
 import kvcore
+import kvcore.state
 
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
+import kvcore.torch  # noqa: E402
 from kvcore.torch.quantized import TorchQuantizedKVPool, quantize_rows  # noqa: E402
 
 FORMAT = {"int8": "qint8", "fp8": "fp8_e4m3"}
@@ -32,18 +35,20 @@ def rows(rng: np.random.Generator, n: int, heads: int, dim: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
-@pytest.mark.parametrize("mirror", [False, True])
-@pytest.mark.parametrize("compute", [torch.float32, torch.float16, torch.bfloat16])
-def test_torch_rows_and_reads_equal_the_numpy_pools(kv_dtype: str, mirror: bool, compute: Any) -> None:
-    cfg = kvcore.CacheConfig(60, [kvcore.LayerConfig(kvcore.Ring(4), 2, 4, 3), kvcore.LayerConfig(kvcore.Flat(), 2, 4, 3)],
-                             max_step=3, initial_capacity=4)
-    np_compute = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}[compute]
-    a, b = kvcore.SequenceCache(cfg), kvcore.SequenceCache(cfg)
-    ref = kvcore.KVPool(a, FORMAT[kv_dtype], mirror_rings=mirror, compute_dtype=np_compute)
-    pool = TorchQuantizedKVPool(b, kv_dtype, mirror_rings=mirror, order="positions")
-    rng = np.random.default_rng(0)
-    for i in range(60):
+NP_COMPUTE = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16}
+
+
+def config() -> kvcore.CacheConfig:
+    return kvcore.CacheConfig(60, [kvcore.LayerConfig(kvcore.Ring(4), 2, 4, 3), kvcore.LayerConfig(kvcore.Flat(), 2, 4, 3)],
+                              max_step=3, initial_capacity=4)
+
+
+def drive(a: Any, b: Any, ref: Any, pool: Any, rng: np.random.Generator, compute: Any, steps: int = 60) -> None:
+    """Random steps (some abandoned, some rewound) through a numpy pool on cache ``a`` and a torch
+    pool on ``b``; every read compared bit for bit. Ends with no step begun."""
+    np_compute = NP_COMPUTE[compute]
+    sa = sb = None
+    for i in range(steps):
         T = int(rng.integers(1, 4))
         if not a.can_extend(T):
             break
@@ -63,20 +68,83 @@ def test_torch_rows_and_reads_equal_the_numpy_pools(kv_dtype: str, mirror: bool,
             np.testing.assert_array_equal(gv.view(torch.uint8).numpy() if compute == torch.float32
                                           else gv.view(torch.int16).numpy().view(np.uint8),
                                           np.ascontiguousarray(want_v).view(np.uint8))
-            # The stored rows: the numpy pool's bytes (values, scales, zero points).
-            raw = ref.read_quantized(layer, sa.plan(layer))
             lp = pool.layer(layer)
             assert lp is not None and lp.keys.dtype == torch.uint8
         if rng.integers(0, 6) == 0:
             continue
         a.commit(sa)
         b.commit(sb)
+        sa = sb = None
         if rng.integers(0, 6) == 0:
             back = int(rng.integers(1, 4))
             if a.can_rewind(a.length - back):
                 a.rewind(a.length - back)
                 b.rewind(b.length - back)
-    del raw
+    if sa is not None and sb is not None:
+        a.abort(sa)
+        b.abort(sb)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("mirror", [False, True])
+@pytest.mark.parametrize("compute", [torch.float32, torch.float16, torch.bfloat16])
+def test_torch_rows_and_reads_equal_the_numpy_pools(kv_dtype: str, mirror: bool, compute: Any) -> None:
+    a, b = kvcore.SequenceCache(config()), kvcore.SequenceCache(config())
+    ref = kvcore.KVPool(a, FORMAT[kv_dtype], mirror_rings=mirror, compute_dtype=NP_COMPUTE[compute])
+    pool = TorchQuantizedKVPool(b, kv_dtype, mirror_rings=mirror, order="positions")
+    drive(a, b, ref, pool, np.random.default_rng(0), compute)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("mirror", [False, True])
+def test_records_are_the_kv_pools_byte_for_byte(kv_dtype: str, mirror: bool) -> None:
+    rng = np.random.default_rng(1)
+    a, b = kvcore.SequenceCache(config()), kvcore.SequenceCache(config())
+    ref = kvcore.KVPool(a, FORMAT[kv_dtype], mirror_rings=mirror)
+    pool = TorchQuantizedKVPool(b, kv_dtype, mirror_rings=mirror, order="positions")
+    drive(a, b, ref, pool, rng, torch.float32, steps=25)
+    assert a.length > 8  # the ring wrapped
+    tokens = list(range(a.length))
+    record = pool.export_sequence(tokens)
+    assert record == ref.export_sequence(tokens)
+    info = kvcore.state.RecordInfo.of(record)
+    assert info.version == 2 and {spec.format for spec in info.layers} == {FORMAT[kv_dtype]}
+    # numpy -> torch: the import exports the same bytes and continues as the exporter does.
+    c = kvcore.SequenceCache(config())
+    back = TorchQuantizedKVPool(c, kv_dtype, mirror_rings=mirror, order="positions")
+    back.import_sequence(ref.export_sequence(tokens))
+    assert back.export_sequence(tokens) == record
+    drive(a, c, ref, back, rng, torch.float32, steps=10)
+    # torch -> numpy: the same.
+    d = kvcore.SequenceCache(config())
+    np_back = kvcore.KVPool(d, FORMAT[kv_dtype], mirror_rings=mirror)
+    np_back.import_sequence(pool.export_sequence(tokens))
+    drive(d, b, np_back, pool, rng, torch.float32, steps=10)
+
+
+def test_a_record_of_another_storage_format_is_refused_naming_both() -> None:
+    source = kvcore.SequenceCache(config())
+    ref = kvcore.KVPool(source, "qint8")
+    pool = TorchQuantizedKVPool(kvcore.SequenceCache(config()), "int8", order="positions")
+    drive(source, pool.cache, ref, pool, np.random.default_rng(2), torch.float32, steps=6)
+    qint8 = ref.export_sequence()
+    fp8 = kvcore.KVPool(kvcore.SequenceCache(config()), "fp8_e4m3").export_sequence()
+    plain = kvcore.KVPool(kvcore.SequenceCache(config()), np.float32).export_sequence()
+    cases = [
+        (TorchQuantizedKVPool(kvcore.SequenceCache(config()), "int8"), fp8,
+         r"layer 0 holds fp8_e4m3 rows \(quantized, docs/quantized.md\), the pool qint8: import it into "
+         r"TorchQuantizedKVPool\(cache, 'fp8'\) or kvcore.KVPool\(cache, 'fp8_e4m3'\)"),
+        (TorchQuantizedKVPool(kvcore.SequenceCache(config()), "fp8"), plain,
+         r"layer 0 holds float32 rows, the pool fp8_e4m3 \(quantized, docs/quantized.md\): import it into a "
+         r"TorchKVPool or kvcore.KVPool\(cache, 'float32'\)"),
+        (kvcore.torch.TorchKVPool(kvcore.SequenceCache(config())), qint8,
+         r"layer 0 holds qint8 rows \(quantized, docs/quantized.md\), the pool plain dtypes: import it into "
+         r"TorchQuantizedKVPool\(cache, 'int8'\)"),
+    ]  # fmt: skip
+    for target, record, match in cases:
+        with pytest.raises(kvcore.InvalidArgumentError, match=match):
+            target.import_sequence(record)
+        assert target.cache.length == 0 and target.layer(0) is None and target.layer(1) is None
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
@@ -142,8 +210,6 @@ def test_bad_values_and_names_are_refused_and_change_nothing() -> None:
     with pytest.raises(kvcore.InvalidArgumentError, match="a quantized pool takes float32"):
         pool.update(0, step, torch.ones(1, 1, 2, 4, dtype=torch.float64), torch.ones(1, 1, 2, 4, dtype=torch.float64))
     assert pool.layer(0) is None  # nothing allocated, nothing written
-    with pytest.raises(kvcore.NotSupportedError, match="no records yet"):
-        pool.export_sequence()
 
 
 def test_kv_core_cache_with_int8_and_fp8_generates_and_halves_the_bytes() -> None:

@@ -13,10 +13,14 @@ plans. These keep the bytes in torch tensors (any device), beside the numpy ones
   docs/quantized.md), values in and out in a compute dtype.
 - ``TorchPagedKVPool`` (``kvcore.torch.paged``): a ``BatchCache``'s rows, per layer
   ``[1, n_kv_heads, pool rows, dim]`` tensors indexed by pool row.
+- ``TorchQuantizedPagedKVPool`` (``kvcore.torch.quantized_paged``): a ``TorchPagedKVPool``
+  whose rows are stored quantized as ``PagedKVPool(cache, "qint8" / "fp8_e4m3")`` stores them,
+  read back dequantized in a compute dtype (continuous batching's ``kv_dtype``).
 - Their record export and import (``pool_records``, ``paged_records``: docs/state.md),
   reached through their ``export_sequence`` / ``import_sequence`` methods and
   ``kvcore.state``; ``layer`` (one layer's tensors of a ``TorchKVPool``) and
-  ``record_dtypes`` (the dtypes a record and a tensor share) below them.
+  ``record_dtypes`` (the dtypes a record and a tensor share) and ``workspace`` (the reused
+  buffers reads are returned in) below them.
 
 Naming: a byte layer class is ``[Torch]<Cache kind>KVPool``: ``KVPool`` /
 ``TorchKVPool`` over a ``SequenceCache``, ``PagedKVPool`` / ``TorchPagedKVPool`` over a
@@ -32,7 +36,8 @@ from kvcore.torch.layer import LayerPool
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.pool import ORDERS, TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
+from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
 from kvcore.torch.step_layout import StepLayout, read_positions
 
 __all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "TorchQuantizedKVPool",
-           "read_positions"]
+           "TorchQuantizedPagedKVPool", "read_positions"]

@@ -35,6 +35,7 @@ from kvcore._core import BatchCache
 from kvcore._errors import InvalidArgumentError, InvalidStateError
 from kvcore.state import RecordSource
 from kvcore.torch import paged_records
+from kvcore.torch.record_dtypes import RECORD_DTYPE
 
 
 class TorchPagedKVPool:
@@ -70,6 +71,8 @@ class TorchPagedKVPool:
         self._preallocate = preallocate
         # The slots, rows and group write_read checked last (the other layers of the group skip it).
         self._checked: Optional[tuple[torch.Tensor, int, int]] = None
+        # The read index and rows write_gather checked last (the other layers of the group skip it).
+        self._read_checked: Optional[tuple[torch.Tensor, int]] = None
         self._rows_hint = rows_hint
         if preallocate:
             self.allocate_all()
@@ -234,6 +237,33 @@ class TorchPagedKVPool:
         values.index_copy_(2, slots, value.to(self.dtype))
         return keys[:, :, :rows], values[:, :, :rows]
 
+    def write_gather(
+        self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int, read: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``write_read``, then the rows at ``read`` (a 1-D int64 tensor of rows in ``[0, rows)``,
+        repeats allowed), in that order: new tensors ``[1, H, len(read), dim]`` (what continuous
+        batching attends over: each request's keys in position order). InvalidArgumentError, before
+        any row is written: as ``write_read``, ``read`` not a 1-D int64 tensor or a row outside
+        ``[0, rows)``."""
+        self._check_read(layer, read, rows)
+        keys, values = self.write_read(layer, slots, key, value, rows)
+        return keys.index_select(2, read), values.index_select(2, read)
+
+    def _check_read(self, layer: int, read: torch.Tensor, rows: int) -> None:
+        """InvalidArgumentError unless ``read`` is a 1-D int64 tensor of rows in ``[0, rows)``;
+        remembered so the other layers of the step skip it."""
+        checked = self._read_checked
+        if checked is not None and checked[0] is read and checked[1] == rows:
+            return
+        if not isinstance(read, torch.Tensor) or read.dim() != 1 or read.dtype != torch.int64:
+            what = f"{read.dtype} of shape {tuple(read.shape)}" if isinstance(read, torch.Tensor) else type(read).__name__
+            raise InvalidArgumentError(f"layer {layer}: read must be a 1-D int64 tensor, got {what}")
+        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= rows):
+            raise InvalidArgumentError(
+                f"layer {layer}: read reaches rows [{int(read.min())}, {int(read.max())}]: must lie in [0, rows = {rows})"
+            )
+        self._read_checked = (read, rows)
+
     def _check_slots(self, layer: int, slots: torch.Tensor, rows: int) -> None:
         """InvalidArgumentError unless ``slots`` is a 1-D int64 tensor of rows in ``[0, rows)`` and
         ``rows`` fits the layer's group pool; remembered so the other layers of the step skip it."""
@@ -249,6 +279,12 @@ class TorchPagedKVPool:
             )
 
     # --- sequence records (docs/state.md) ---------------------------------------------
+
+    @property
+    def record_format(self) -> Optional[str]:
+        """The record dtype the tensors' rows are stored as (numpy's name: ``"float32"``, ...), or
+        None for a dtype no record holds (``export_sequence`` / ``import_sequence`` refuse it)."""
+        return RECORD_DTYPE.get(self.dtype)
 
     def export_sequence(
         self, seq: int, tokens: Optional[Union[Sequence[int], npt.NDArray[np.integer[Any]]]] = None

@@ -18,6 +18,10 @@ the rows, as ``kvcore.torch.pool_records`` does for ``TorchKVPool``:
   wrote; exactly those are written into the tensors, never a block the import shared
   with a cached prefix (another sequence may be reading it).
 
+A ``TorchQuantizedPagedKVPool``'s tensors hold quantized rows (``record_format`` "qint8" or
+"fp8_e4m3"): the helper pool is a ``PagedKVPool`` of that format and the rows move as bytes,
+scales and zero points inside them; a record of another storage format is refused by name.
+
 Both hold a transient numpy pool besides the tensors: its storage spans the rows up to
 the sequence's highest block (export) or up to the blocks the import may take (import),
 though only the sequence's rows are read or written. The functions take the store
@@ -36,7 +40,7 @@ import torch
 from kvcore._core import BatchCache, PagedKVPool, seal_record
 from kvcore._errors import InvalidArgumentError, InvalidStateError
 from kvcore.state import RecordInfo, RecordSource, record_data
-from kvcore.torch.record_dtypes import RECORD_DTYPE, Tokens, byte_view, tensor_of
+from kvcore.torch.record_dtypes import KV_DTYPE_OF_FORMAT, Tokens, byte_view, stored_rows, tensor_of
 
 
 class PagedStore(Protocol):
@@ -50,6 +54,10 @@ class PagedStore(Protocol):
     dtype: torch.dtype
     device: torch.device
 
+    @property
+    def record_format(self) -> Optional[str]:
+        """The record dtype of the stored rows (``"float32"``, ..., ``"qint8"``, ``"fp8_e4m3"``), or None."""
+
     def tensors(self, layer: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The layer's K and V tensors, or None before its first write."""
 
@@ -61,8 +69,8 @@ class PagedStore(Protocol):
 
 
 def _record_dtype(kv: PagedStore, what: str) -> str:
-    """The numpy name of the tensors' dtype, checked for a record."""
-    name = RECORD_DTYPE.get(kv.dtype)
+    """The record dtype of the stored rows (a numpy name or a quantized format), checked for a record."""
+    name = kv.record_format
     if name is None:
         raise InvalidArgumentError(
             f"{what}: the tensors hold {kv.dtype}: a record holds float32, float16, bfloat16, int8 or uint8"
@@ -146,7 +154,7 @@ def _write_blocks(kv: PagedStore, info: RecordInfo, written: npt.NDArray[np.int3
             keys, values = kv.ensure(layer, int(rows.max()) + 1)  # grown already: no copy
             index = torch.from_numpy(rows).to(kv.device)
             for tensor, src in zip((keys, values), info.rows(layer)):
-                tensor[0].index_copy_(1, index, tensor_of(src[fresh], kv.dtype).permute(1, 0, 2).to(kv.device))
+                tensor[0].index_copy_(1, index, stored_rows(tensor_of(src[fresh], kv.dtype)).permute(1, 0, 2).to(kv.device))
 
 
 def import_sequence(
@@ -174,10 +182,15 @@ def import_sequence(
     # checksum pass, cheap next to growing every layer from an unchecked length).
     info = RecordInfo.of(data)
     for layer, spec in enumerate(info.layers):
-        if spec.format is not None:
+        if spec.format is not None and spec.format != name:
             raise InvalidArgumentError(
-                f"import: layer {layer} holds {spec.format} rows (quantized, docs/quantized.md): a torch pool "
-                f"stores plain dtypes; import it into kvcore.PagedKVPool(cache, {spec.format!r})")
+                f"import: layer {layer} holds {spec.format} rows (quantized, docs/quantized.md), the tensors "
+                f"{name}: import it into TorchQuantizedPagedKVPool(cache, {KV_DTYPE_OF_FORMAT[spec.format]!r}) or "
+                f"kvcore.PagedKVPool(cache, {spec.format!r})")
+        if spec.format is None and name in KV_DTYPE_OF_FORMAT:
+            raise InvalidArgumentError(
+                f"import: layer {layer} holds {spec.dtype.name} rows, the tensors {name} (quantized, "
+                f"docs/quantized.md): import it into a TorchPagedKVPool of {spec.dtype.name}")
     _grow_for(kv, info)
     written = PagedKVPool(kv.cache, name, initial_rows=0).import_sequence(
         seq, data, written=True, trust_tokens=trust_tokens, namespace=namespace

@@ -80,31 +80,9 @@ from kvcore.torch import pool_records
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.record_dtypes import Tokens
 from kvcore.torch.step_layout import RowStorage, StepLayout
+from kvcore.torch.workspace import Workspace
 
 ORDERS = ("rows", "positions")
-
-
-class _Workspace:
-    """Flat scratch buffers a gathered read is copied into; grown, never shrunk."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def take(self, kind: str, shape: tuple[int, int, int, int], like: torch.Tensor) -> torch.Tensor:
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
-        key = (kind, like.dtype, like.device)
-        buf = self._buffers.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
-            self._buffers[key] = buf
-        return buf[:numel].view(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
-    def clear(self) -> None:
-        self._buffers.clear()
 
 
 class TorchKVPool:
@@ -137,7 +115,7 @@ class TorchKVPool:
         self._first_of_policy = [self.policy_of.index(p) for p in range(cache.n_policies)]
         self._storage = [RowStorage(cache.geometry(first), self.mirror_rings) for first in self._first_of_policy]
         self._layers: list[Optional[LayerPool]] = [None] * n
-        self._workspace = _Workspace()
+        self._workspace = Workspace()
         self._planned: Optional[tuple[Step, list[StepLayout]]] = None
 
     # --- allocation ----------------------------------------------------------

@@ -14,8 +14,9 @@ bit for bit: ExecuTorch's ``quantized_decomposed`` ops for int8; tests/python/te
 checks both), write the rows, and return the rows the step reads dequantized into a workspace
 ``[batch, n_kv_heads, n, dim]`` of the compute dtype, valid until the next update of any layer
 (as the base class's gathered reads). Values that are not finite, or a (row, head) whose range
-passes FLT_MAX, are refused before anything is written (InvalidArgumentError). Records of such a
-pool are not supported yet (NotSupportedError); ``kvcore.KVPool(cache, "qint8")`` carries them.
+passes FLT_MAX, are refused before anything is written (InvalidArgumentError). Records
+(``export_sequence`` / ``import_sequence``) are byte for byte ``kvcore.KVPool(cache, "qint8" /
+"fp8_e4m3")``'s (``kvcore.torch.pool_records`` given the pool's ``format``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from typing import Any, Optional, Union
 import torch
 
 from kvcore._core import LayerConfig, SequenceCache
-from kvcore._errors import InvalidArgumentError, NotSupportedError
+from kvcore._errors import InvalidArgumentError
 from kvcore.quantized import kv_format, row_bytes
+from kvcore.torch import pool_records
 from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.record_dtypes import Tokens
 from kvcore.torch.step_layout import StepLayout
 
-_COMPUTE = (torch.float32, torch.float16, torch.bfloat16)
+#: The dtypes values come in and go out as (the compute dtypes).
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _EPS = torch.finfo(torch.float32).eps
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -40,6 +43,15 @@ def _offsets(n_kv_heads: int, dim: int, kv_dtype: str) -> tuple[int, int, int]:
     """(scales, zero points, row bytes) offsets of a quantized row, as QuantRowLayout."""
     scales = (n_kv_heads * dim + 3) // 4 * 4
     return scales, scales + 4 * n_kv_heads, row_bytes(kv_dtype, n_kv_heads, dim)
+
+
+def check_compute_dtype(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    """InvalidArgumentError naming both dtypes unless ``key`` and ``value`` hold one compute dtype
+    (float32, float16 or bfloat16): what a quantized pool takes and gives."""
+    if key.dtype not in COMPUTE_DTYPES or value.dtype != key.dtype:
+        raise InvalidArgumentError(
+            f"layer {layer}: key/value of {key.dtype}/{value.dtype}: a quantized pool takes float32, "
+            "float16 or bfloat16 (both the same)")
 
 
 def quantize_rows(kv_dtype: str, x: torch.Tensor, what: str = "key") -> torch.Tensor:
@@ -107,9 +119,11 @@ class TorchQuantizedKVPool(TorchKVPool):
 
     def __init__(self, cache: SequenceCache, kv_dtype: str, *, mirror_rings: bool = False,
                  order: str = "rows") -> None:
-        kv_format(kv_dtype)  # refuses an unknown name before anything is built
+        format_ = kv_format(kv_dtype)  # refuses an unknown name before anything is built
         super().__init__(cache, mirror_rings=mirror_rings, order=order)
         self.kv_dtype = kv_dtype
+        #: The pool format of the rows, as ``kvcore.KVPool`` names it: "qint8" or "fp8_e4m3".
+        self.format = format_
         #: Each layer's real shape (values); ``_configs`` holds the packed rows' shape the base class stores.
         self.value_configs = list(self._configs)
         self._configs = [
@@ -117,21 +131,6 @@ class TorchQuantizedKVPool(TorchKVPool):
                         row_bytes(kv_dtype, lc.n_kv_heads, lc.value_dim))
             for lc in self.value_configs
         ]
-        self._out: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def _values_out(self, kind: str, shape: tuple[int, int, int, int], like: torch.Tensor) -> torch.Tensor:
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
-        key = (kind, like.dtype, like.device)
-        buf = self._out.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
-            self._out[key] = buf
-        return buf[:numel].view(shape)
-
-    @property
-    def workspace_nbytes(self) -> int:
-        """Bytes of the workspaces: gathered quantized rows and dequantized values."""
-        return super().workspace_nbytes + sum(b.numel() * b.element_size() for b in self._out.values())
 
     def write_read(
         self, layer: int, layout: StepLayout, key: torch.Tensor, value: torch.Tensor
@@ -151,9 +150,9 @@ class TorchQuantizedKVPool(TorchKVPool):
         rows_k, rows_v = super().write_read(layer, layout, packed_k, packed_v)
         B, _, n, _ = rows_k.shape
         keys = dequantize_rows(self.kv_dtype, rows_k, lc.n_kv_heads, lc.head_dim,
-                               self._values_out("k", (B, lc.n_kv_heads, n, lc.head_dim), key))
+                               self._workspace.take("dk", (B, lc.n_kv_heads, n, lc.head_dim), key))
         values = dequantize_rows(self.kv_dtype, rows_v, lc.n_kv_heads, lc.value_dim,
-                                 self._values_out("v", (B, lc.n_kv_heads, n, lc.value_dim), value))
+                                 self._workspace.take("dv", (B, lc.n_kv_heads, n, lc.value_dim), value))
         return keys, values
 
     def _check_values(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -167,10 +166,7 @@ class TorchQuantizedKVPool(TorchKVPool):
             raise InvalidArgumentError(
                 f"layer {layer}: key {tuple(key.shape)} / value {tuple(value.shape)} must be "
                 f"[batch, {lc.n_kv_heads}, T, {lc.head_dim}] / [batch, {lc.n_kv_heads}, T, {lc.value_dim}]")
-        if key.dtype not in _COMPUTE or value.dtype != key.dtype:
-            raise InvalidArgumentError(
-                f"layer {layer}: key/value of {key.dtype}/{value.dtype}: a quantized pool takes float32, "
-                "float16 or bfloat16 (both the same)")
+        check_compute_dtype(layer, key, value)
 
     def check_input(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, *, position: int, T: Optional[int] = None
@@ -192,16 +188,19 @@ class TorchQuantizedKVPool(TorchKVPool):
         return super().allocate(layer, batch_size=batch_size, dtype=torch.uint8, device=device)
 
     def export_sequence(self, tokens: Tokens = None, *, dtype: Optional[torch.dtype] = None) -> bytes:
-        """Not supported yet: raises NotSupportedError (``kvcore.KVPool(cache, 'qint8')`` exports quantized rows)."""
-        raise NotSupportedError(
-            f"export_sequence: a torch pool of kv_dtype {self.kv_dtype!r} has no records yet; "
-            f"kvcore.KVPool(cache, {kv_format(self.kv_dtype)!r}) exports quantized rows")
+        """The cache's sequence as a record (bytes, docs/state.md, version 2), byte for byte what
+        ``kvcore.KVPool(cache, "qint8" / "fp8_e4m3")`` holding the same rows gives: each row's
+        values, scales and zero points as stored. ``tokens``: ids of positions ``[0, len(tokens))``.
+        ``dtype``: ignored (the rows are the format's bytes). Errors: ``pool_records.export_sequence``."""
+        return pool_records.export_sequence(self, tokens, record_format=self.format)
 
     def import_sequence(self, record: Any, *, device: Union[torch.device, str, None] = None) -> None:
-        """Not supported yet: raises NotSupportedError (``kvcore.KVPool(cache, 'qint8')`` imports quantized rows)."""
-        raise NotSupportedError(
-            f"import_sequence: a torch pool of kv_dtype {self.kv_dtype!r} has no records yet; "
-            f"kvcore.KVPool(cache, {kv_format(self.kv_dtype)!r}) imports quantized rows")
+        """Admits the sequence of a record of this pool's format (from this pool, a ``KVPool(cache,
+        "qint8" / "fp8_e4m3")`` or a quantized paged pool) into the empty cache and new batch-1
+        tensors on ``device``, the record validated before anything is allocated; changes nothing on
+        an error. A record of another storage format (plain or the other quantized one) is refused
+        naming both (InvalidArgumentError). Errors: ``pool_records.import_layers``."""
+        self._install(pool_records.import_layers(self, record, device=device, record_format=self.format))
 
 
-__all__ = ["TorchQuantizedKVPool", "dequantize_rows", "quantize_rows"]
+__all__ = ["COMPUTE_DTYPES", "TorchQuantizedKVPool", "check_compute_dtype", "dequantize_rows", "quantize_rows"]

@@ -114,7 +114,8 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
     ``model.init_continuous_batching`` (default: the model's). ``continuous_batching_config``:
     transformers' (its token budget and paths are set from ``options``, see ``kvcore_cb_config``).
     ``options``: ``BatchOptions`` fields (``block_size``, ``max_seqs``, ``max_batch_tokens``,
-    ``max_step``, ``capacity``, ``num_blocks``, ``max_tokens_read``). Raises NotSupportedError for an
+    ``max_step``, ``capacity``, ``num_blocks``, ``max_tokens_read``, ``wait_for_shared_prefill``,
+    ``kv_dtype``: "int8" / "fp8" store K/V quantized). Raises NotSupportedError for an
     unsupported transformers release or model, InvalidArgumentError for a bad option, before
     anything runs. Usable as a context manager (``start`` on entry, ``stop`` on exit).
     ``setup``: what ``checked_setup`` returned for these arguments (``generate_batch`` checks
@@ -248,7 +249,8 @@ def generate_batch(
     """``model.generate_batch(inputs, generation_config, ...)`` with kvcore serving the cache;
     returns exactly what it returns (request id -> ``GenerationOutput``, inputs' order).
 
-    ``options``: ``BatchOptions`` fields, plus ``model.generate_batch``'s own keywords
+    ``options``: ``BatchOptions`` fields (``kv_dtype="int8"`` / ``"fp8"``: K/V stored quantized,
+    ``TorchQuantizedPagedKVPool``), plus ``model.generate_batch``'s own keywords
     (``continuous_batching_config``, ``max_new_tokens``, ``record_timestamps``, ``progress_bar``).
     ``counters``: a ``BatchCounters`` filled with the run's counters. Errors as
     ``KVCoreBatchingManager``, raised before anything runs.

@@ -17,6 +17,7 @@ from transformers.generation.continuous_batching.cache import group_layers_by_at
 from kvcore._core import BatchLimits, CacheConfig
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
+from kvcore.quantized import kv_format
 
 _MAX_IDS = 1 << 20  # BatchLimits' bound on sequences and on the tokens of one step
 DEFAULT_CAPACITY = 4096
@@ -43,6 +44,10 @@ class BatchOptions:
       read budget; default ``max_seqs * capacity``).
     - ``wait_for_shared_prefill``: a new request whose prompt starts with the first block of a
       prompt another request is still prefilling waits for it, then adopts it (default True).
+    - ``kv_dtype``: None (the default) stores K/V in the model's dtype; ``"int8"`` (ExecuTorch's
+      asymmetric rule) or ``"fp8"`` (e4m3fn) stores each row quantized with per-head float32 scales
+      (``kvcore.torch.TorchQuantizedPagedKVPool``, docs/quantized.md), read back in the model's
+      dtype. Any other value: InvalidArgumentError naming it and the choices.
     """
 
     block_size: int = 16
@@ -53,11 +58,14 @@ class BatchOptions:
     num_blocks: Optional[int] = None
     max_tokens_read: Optional[int] = None
     wait_for_shared_prefill: bool = True
+    kv_dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.wait_for_shared_prefill, bool):
             raise InvalidArgumentError(f"wait_for_shared_prefill = {self.wait_for_shared_prefill!r}: must be a bool")
-        for name in self.names()[:-1]:  # the int options
+        if self.kv_dtype is not None:
+            kv_format(self.kv_dtype)  # names the value and the choices
+        for name in self.names()[:-2]:  # the int options
             value = getattr(self, name)
             if value is None and name in ("max_step", "capacity", "num_blocks", "max_tokens_read"):
                 continue
@@ -89,7 +97,7 @@ class BatchOptions:
     def names() -> tuple[str, ...]:
         """The option names ``generate_batch`` and the manager accept."""
         return ("block_size", "max_seqs", "max_batch_tokens", "max_step", "capacity", "num_blocks", "max_tokens_read",
-                "wait_for_shared_prefill")  # fmt: skip
+                "wait_for_shared_prefill", "kv_dtype")  # fmt: skip
 
     def chunk(self, capacity: int, sliding: bool) -> int:
         """kvcore's ``max_step``: ``max_step``, or by default ``min(64, max_batch_tokens)`` for a model

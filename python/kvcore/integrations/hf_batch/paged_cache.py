@@ -11,8 +11,9 @@ unchanged on top of it; what they ask of the cache is answered by kvcore:
   blocks are named by the token ids each step carries;
 - parallel samples fork their parent (``prepare_fork_request`` is ``fork_many``):
   prompt blocks are shared, a partly filled one copied on write by the plan;
-- K/V live in kvcore's torch paged pool (``TorchPagedKVPool``), one tensor per layer
-  indexed by pool row; ``update`` performs the step's block copies, writes the
+- K/V live in kvcore's torch paged pool (``TorchPagedKVPool``, or with
+  ``options.kv_dtype`` ``TorchQuantizedPagedKVPool``: rows quantized, read back
+  dequantized), one tensor per layer indexed by pool row; ``update`` performs the step's block copies, writes the
   new rows at the plan's slots and returns the rows transformers' masks expect
   (each request's keys in position order), so its paged attention functions
   (``sdpa``, ``paged|eager``) attend as with its own cache.
@@ -35,7 +36,9 @@ from kvcore.integrations.hf_batch.options import BatchOptions, batch_config
 from kvcore.integrations.hf_batch.shared_prefill import SharedPrefill
 from kvcore.integrations.hf_batch.step_round import StepRound
 from kvcore.integrations.hf_batch.tokens import prompt_tokens_in_step
+from kvcore.quantized import row_bytes
 from kvcore.torch.paged import TorchPagedKVPool
+from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
 from kvcore.integrations.hf_layers import SLIDING
 
 
@@ -53,7 +56,7 @@ class _NoSectors:
 class KVCorePagedCache:
     """A drop-in for transformers' ``PagedAttentionCache``, built by ``KVCoreBatchingManager``.
 
-    ``config``: the model's text config. ``options``: kvcore's sizes (``BatchOptions``).
+    ``config``: the model's text config. ``options``: kvcore's sizes and ``kv_dtype`` (``BatchOptions``).
     ``device``/``dtype``: where and how K/V are held. ``planned_config``: what
     ``batch_config(config, options)`` returned, when the caller has it (not built again). Raises
     NotSupportedError for a model kvcore cannot serve, InvalidArgumentError for options that do not
@@ -79,7 +82,11 @@ class KVCorePagedCache:
         self.dtype = dtype
         self.batch = BatchCache(kv_config)
         self.pool = _NoSectors(self)
-        self.kv = TorchPagedKVPool(self.batch, dtype=dtype, device=device)
+        self.kv = (
+            TorchPagedKVPool(self.batch, dtype=dtype, device=device)
+            if options.kv_dtype is None
+            else TorchQuantizedPagedKVPool(self.batch, options.kv_dtype, device=device)
+        )
         self.counters = BatchCounters()
         self.cache_allocators: dict[str, GroupView] = {}
         self.layer_to_allocator: dict[int, GroupView] = {}
@@ -109,10 +116,15 @@ class KVCorePagedCache:
         self.num_blocks = self.batch.num_blocks((flat or self._views)[0].group)
 
     def _bytes_per_block(self, view: GroupView) -> int:
+        """K/V bytes of one block of the group over its layers (quantized rows with their scales)."""
+        kv_dtype, size = self.options.kv_dtype, torch.empty((), dtype=self.dtype).element_size()
         per_row = 0
         for layer in view.layer_indices:
             c = self.batch.layer_config(layer)
-            per_row += c.n_kv_heads * (c.head_dim + c.value_dim) * torch.empty((), dtype=self.dtype).element_size()
+            if kv_dtype is None:
+                per_row += c.n_kv_heads * (c.head_dim + c.value_dim) * size
+            else:
+                per_row += row_bytes(kv_dtype, c.n_kv_heads, c.head_dim) + row_bytes(kv_dtype, c.n_kv_heads, c.value_dim)
         return per_row * self.batch.block_size
 
     # --- sequences ----------------------------------------------------------------------
@@ -345,9 +357,11 @@ class KVCorePagedCache:
                 self.kv.copy_blocks(v.group, copies)
         write = kwargs["write_index"][view.index]
         read = kwargs["read_index"][view.index]
-        keys, values = self.kv.write_read(layer_idx, write, key_states, value_states, rnd.live_rows[view.index])
-        if read.numel():
-            key_states, value_states = keys.index_select(2, read), values.index_select(2, read)
+        # A forward reading no cache (transformers leaves read_index empty) attends over its own new
+        # rows: read back from the pool, so quantized K/V are attended as stored, as every later read.
+        key_states, value_states = self.kv.write_gather(
+            layer_idx, write, key_states, value_states, rnd.live_rows[view.index], read if read.numel() else write
+        )
         rnd.layers_done += 1
         if rnd.layers_done == len(self.layer_to_allocator):
             rnd.step.commit()
