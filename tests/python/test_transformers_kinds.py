@@ -92,6 +92,12 @@ def test_cache_config_reads_chunked_and_shared_layers() -> None:
     assert cache.rows(4) == cache.rows(5) == 0 and cache.layers[4].keys is None
 
 
+def test_the_cache_reads_the_layers_config_from_hf_reads(model: Any) -> None:
+    cfg, _ = cache_config_for(model.config, capacity=256)
+    planned = kvcore.config_from_hf(model.config.to_dict(), context=256)
+    assert [layer.policy for layer in cfg.layers] == [layer.policy for layer in planned.layers]
+
+
 def test_a_layer_without_a_storing_source_is_refused_by_name() -> None:
     cfg = gemma3n().config
     modes = [None, None, None, None, "reuse", "reuse"]  # nothing stores the K/V the last layers reuse
