@@ -4,7 +4,8 @@ Tiny random models built from configs (no download), float32: a Llama 4 text mod
 chunks of 8 (layers 0-2 chunked, layer 3 full NoPE with temperature tuning) and a Gemma 3n
 text model whose last two layers read the K/V of layers 2 (sliding, window 8) and 3 (full).
 Prompts are longer than two chunks / windows, and ``max_step`` makes the chunked prefill
-cross chunk boundaries. The reference is transformers' own cache (or no cache at all).
+cross chunk boundaries. The reference is transformers' own cache (or no cache at all, for
+rewinds and draft trees); float32 logits must agree within 1e-5.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ transformers = pytest.importorskip("transformers", reason="the transformers inte
 
 import kvcore  # noqa: E402
 from kvcore.hf_config import model_shape_from_hf  # noqa: E402
-from kvcore.integrations.transformers import KVCoreCache, KVCoreSharedLayer, cache_config_for, prefill  # noqa: E402
+from kvcore.integrations.transformers import (  # noqa: E402
+    KVCoreCache,
+    KVCoreSharedLayer,
+    cache_config_for,
+    prefill,
+    verify_tree,
+)
 from kvcore.memory import kv_bytes  # noqa: E402
 from kvcore.torch import TorchKVPool  # noqa: E402
 
@@ -145,6 +152,19 @@ def test_sdpa_attention_matches_dynamic_cache(name: str) -> None:
     assert torch.equal(out.sequences, ref.sequences) and max_diff(out.logits, ref.logits) <= TOL
 
 
+def test_gemma3n_batches_with_left_padding_and_beams_match_dynamic_cache() -> None:
+    model = gemma3n()
+    ids = torch.cat([prompt(14, seed=8), prompt(14, seed=9)])
+    mask = torch.ones_like(ids)
+    ids[0, :3], mask[0, :3] = 0, 0
+    ref = generate(model, ids, 16, do_sample=False, attention_mask=mask)
+    out = generate(model, ids, 16, do_sample=False, attention_mask=mask, cache=KVCoreCache(model.config, max_step=16))
+    assert torch.equal(out.sequences, ref.sequences) and max_diff(out.logits, ref.logits) <= TOL
+    ref = generate(model, ids[1:], 16, do_sample=False, num_beams=3)  # beams reorder the batch rows each step
+    out = generate(model, ids[1:], 16, do_sample=False, num_beams=3, cache=KVCoreCache(model.config, max_step=16))
+    assert torch.equal(out.sequences, ref.sequences)
+
+
 def test_quantized_rows_serve_shared_layers_their_sources_keys() -> None:
     # The source's dequantized K/V live in a workspace the next layers reuse: the cache keeps a
     # copy for the shared layers. Against a cache that copies every layer's output, exactly.
@@ -178,6 +198,28 @@ def test_crop_after_the_rings_wrapped_is_exact_where_can_rewind_allows(model: An
         ref = model(input_ids=ids, use_cache=False)
     assert cache.get_seq_length() == 40
     assert float((out.logits[:, -1] - ref.logits[:, -1]).abs().max()) <= TOL
+
+
+def test_a_draft_tree_on_gemma3n_equals_recomputation_and_commits_off_the_main_line() -> None:
+    from test_transformers_trees import PARENTS, no_cache_logits, root_path
+
+    model = gemma3n()
+    g = torch.Generator().manual_seed(3)
+    history = torch.randint(3, VOCAB, (1, 13), generator=g).tolist()[0]  # past the window of 8
+    tokens = torch.randint(3, VOCAB, (len(PARENTS),), generator=g).tolist()
+    cache = KVCoreCache(model.config, max_step=6, capacity=64)
+    with torch.no_grad():
+        prefill(model, cache, torch.tensor([history]))
+        rows = verify_tree(model, cache, tokens, PARENTS)
+    for node in range(len(PARENTS)):  # the shared layers attend over their sources' tree rows
+        ids = history + [tokens[i] for i in root_path(PARENTS, node)]
+        assert float((rows[node] - no_cache_logits(model, ids)).abs().max()) <= TOL, node
+    path = root_path(PARENTS, 4)  # off the main line: row copies
+    cache.commit_tree(path)
+    accepted = history + [tokens[i] for i in path] + [7]
+    with torch.no_grad():
+        out = prefill(model, cache, torch.tensor([[7]])).logits[0, -1].float()
+    assert float((out - no_cache_logits(model, accepted)).abs().max()) <= TOL
 
 
 # --- memory --------------------------------------------------------------------------------
