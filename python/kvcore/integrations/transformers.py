@@ -313,6 +313,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     (e4m3fn) stores each row quantized with per-head float32 scales
     (``kvcore.torch.quantized``, docs/quantized.md) and returns them dequantized in the
     model's dtype; raises InvalidArgumentError naming any other value.
+
+    Chunked layers (Llama 4) are rings of ``chunk + max_step - 1`` rows; KV-shared layers
+    (Gemma 3n) are ``KVCoreSharedLayer``s holding nothing, and ``writing_layers`` lists the
+    layers a forward updates, in order (all the others). Raises NotSupportedError for layer
+    kinds it does not serve (``cache_config_for``).
     """
 
     def __init__(
