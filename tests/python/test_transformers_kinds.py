@@ -97,6 +97,10 @@ def test_cache_config_reads_chunked_and_shared_layers() -> None:
     cache = KVCoreCache(gemma3n().config, max_step=4)
     assert isinstance(cache.layers[4], KVCoreSharedLayer) and cache.writing_layers == [0, 1, 2, 3]
     assert cache.rows(4) == cache.rows(5) == 0 and cache.layers[4].keys is None
+    with torch.no_grad():
+        prefill(gemma3n(), cache, prompt(12))
+    assert cache.layers[4].get_mask_sizes(3) == cache.layers[2].get_mask_sizes(3) == (WINDOW - 1 + 3, 12 - WINDOW + 1)
+    assert cache.layers[5].get_mask_sizes(3) == cache.layers[3].get_mask_sizes(3) == (15, 0)
 
 
 def test_the_cache_reads_the_layers_config_from_hf_reads(model: Any) -> None:
