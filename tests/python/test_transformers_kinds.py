@@ -91,14 +91,15 @@ def test_cache_config_reads_chunked_and_shared_layers() -> None:
     cfg, types = cache_config_for(llama4().config, max_step=4)
     assert types == [C, C, C, F]
     assert [str(layer.policy) for layer in cfg.layers] == ["Chunked(chunk=8)"] * 3 + ["Flat()"]
-    cfg, types = cache_config_for(gemma3n().config, max_step=4)
+    g3n = gemma3n()
+    cfg, types = cache_config_for(g3n.config, max_step=4)
     assert types == [S, F, S, F, S, F]  # a shared layer reports its attention type: the model's masks key
     assert [str(layer.policy) for layer in cfg.layers][4:] == ["Shared(source=2)", "Shared(source=3)"]
-    cache = KVCoreCache(gemma3n().config, max_step=4)
+    cache = KVCoreCache(g3n.config, max_step=4)
     assert isinstance(cache.layers[4], KVCoreSharedLayer) and cache.writing_layers == [0, 1, 2, 3]
     assert cache.rows(4) == cache.rows(5) == 0 and cache.layers[4].keys is None
     with torch.no_grad():
-        prefill(gemma3n(), cache, prompt(12))
+        prefill(g3n, cache, prompt(12))
     assert cache.layers[4].get_mask_sizes(3) == cache.layers[2].get_mask_sizes(3) == (WINDOW - 1 + 3, 12 - WINDOW + 1)
     assert cache.layers[5].get_mask_sizes(3) == cache.layers[3].get_mask_sizes(3) == (15, 0)
 
@@ -300,6 +301,25 @@ def test_torch_pool_hands_a_shared_layer_its_sources_rows() -> None:
         pool.allocate(2, batch_size=1, dtype=torch.float32, device="cpu")
     assert pool.layer(2) is None and pool.nbytes(2) == 0 and pool.mirror_rows(2) == 0
     assert pool.nbytes() == pool.nbytes(0) + pool.nbytes(1)
+
+
+def test_a_quantized_torch_pool_reads_a_shared_layer_dequantized() -> None:
+    from kvcore.torch import TorchQuantizedKVPool
+
+    kv = lambda policy: kvcore.LayerConfig(policy, n_kv_heads=2, head_dim=4)  # noqa: E731
+    seq = kvcore.SequenceCache(kvcore.CacheConfig(
+        capacity=32, layers=[kv(kvcore.Ring(4)), kv(kvcore.Shared(0))], max_step=2))  # fmt: skip
+    pool = TorchQuantizedKVPool(seq, "int8", order="positions")
+    step = seq.begin_step(2)
+    new = torch.randn(1, 2, 2, 4)
+    keys, values = pool.update(0, step, new, new)
+    keys, values = keys.clone(), values.clone()
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"read: dtype = torch.int8: a quantized pool returns"):
+        pool.read(1, step, dtype=torch.int8)
+    shared_k, shared_v = pool.read(1, step)
+    assert shared_k.dtype == torch.float32 and torch.equal(shared_k, keys) and torch.equal(shared_v, values)
+    assert float((shared_k - new).abs().max()) < 0.05  # int8 rows of the written values
+    assert pool.read(1, step, dtype=torch.bfloat16)[0].dtype == torch.bfloat16
 
 
 def test_continuous_batching_refuses_chunked_and_shared_models_up_front(model: Any) -> None:
