@@ -496,10 +496,9 @@ def test_configs_kvcore_cannot_serve_are_refused() -> None:
     with pytest.raises(kvcore.NotSupportedError, match="bidirectional"):
         KVCoreCache(gemma3(use_bidirectional_attention=True).config)
     cfg = gemma2().config
-    cfg.layer_types = [S, F, "chunked_attention", S]
-    cfg.attention_chunk_size = 4
-    with pytest.raises(kvcore.NotSupportedError, match="layer 2 is 'chunked_attention'"):
-        KVCoreCache(cfg)
+    cfg.layer_types = [S, F, "mlp", S]  # a layer without attention: transformers' "dummy", sharing nothing
+    with pytest.raises(kvcore.NotSupportedError, match="layer 2 is 'dummy'"):
+        KVCoreCache(cfg)  # (chunked and KV-shared layers are served: test_transformers_kinds.py)
     with pytest.raises(kvcore.InvalidArgumentError, match="sinks = -1: must be >= 0"):
         KVCoreCache(gemma2().config, sinks=-1)
     with pytest.raises(kvcore.InvalidArgumentError, match="max_step = 300: must be <= capacity = 256"):
@@ -691,12 +690,7 @@ def test_discard_forward_aborts_the_unfinished_step(model: Any) -> None:
 @pytest.mark.parametrize(
     ("cls", "kwargs", "message"),
     [
-        ("Llama4TextConfig", dict(num_hidden_layers=4, head_dim=16, attention_chunk_size=8),
-         r"layer 0 is 'chunked_attention' \(chunked attention, kvcore.Chunked; kvcore plans it, but its "
-         r"transformers integration has not landed yet\)"),
-        ("Gemma3nTextConfig", dict(num_hidden_layers=10, head_dim=16, sliding_window=16, num_kv_shared_layers=5,
-                                   intermediate_size=[128] * 10, hidden_size_per_layer_input=8, laurel_rank=4),
-         r"layer 5 is 'dummy' \(a KV-shared layer reading an earlier layer's K/V, kvcore.Shared"),
+        # (Llama 4's chunked and Gemma 3n's KV-shared layers are served: test_transformers_kinds.py)
         ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, num_experts=4, num_experts_per_tok=2),
          r"layer 0 is 'linear_attention' \(a recurrent-state layer \(linear attention / Mamba\), kvcore.State"),
         ("Lfm2Config", dict(num_hidden_layers=4, full_attn_idxs=[1, 3]),

@@ -11,16 +11,17 @@ from typing import Any, Optional
 
 from transformers import cache_utils
 
-from kvcore._core import CacheConfig, Flat, LayerConfig, Ring
+from kvcore._core import CacheConfig, Chunked, Flat, LayerConfig, LayerPolicy, Ring, Shared
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+CHUNKED = "chunked_attention"
+# transformers' cache type of a layer that holds no cache (a KV-shared layer, or one without attention).
+_DUMMY = "dummy"
 
-# Layer kinds kvcore's core plans (kvcore.Chunked, Shared, State) that this cache does not serve yet.
+# Layer kinds kvcore's core plans (kvcore.State) that this cache does not serve yet.
 _NOT_YET = {
-    "chunked_attention": "chunked attention, kvcore.Chunked",
-    "dummy": "a KV-shared layer reading an earlier layer's K/V, kvcore.Shared",
     "linear_attention": "a recurrent-state layer (linear attention / Mamba), kvcore.State",
     "conv": "a recurrent-state layer (short convolution), kvcore.State",
 }
@@ -39,6 +40,14 @@ def cache_config_for(
     Layer types, windows, KV heads and head_dim come from transformers' own helpers
     (what ``DynamicCache(config=...)`` reads). ``capacity`` defaults to
     ``max_position_embeddings``; ``sinks`` applies to every sliding layer.
+    ``full_attention`` layers become ``Flat()``, ``sliding_attention`` ``Ring(sliding_window,
+    sinks)``, ``chunked_attention`` (Llama 4) ``Chunked(attention_chunk_size)``, and a
+    KV-shared layer (Gemma 3n's ``kv_sharing_modes`` "reuse", transformers' "dummy" cache
+    layer) ``Shared(source)``, ``source`` the layer of its attention type that stores K/V
+    for it ("store"); its reported type is its attention type (what keys the model's masks).
+    Raises NotSupportedError naming the layer for any other layer type, bidirectional
+    attention, or two layers of one type that read differently; InvalidArgumentError for a
+    missing capacity or negative sinks.
     """
     text = config.get_text_config(decoder=True)
     if getattr(text, "use_bidirectional_attention", False) or not getattr(text, "is_causal", True):
@@ -53,31 +62,63 @@ def cache_config_for(
     if sinks < 0:
         raise InvalidArgumentError(f"sinks = {sinks}: must be >= 0")
     layers = []
+    types = list(layer_types)
     for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
         if kind == FULL:
-            policy = Flat()
+            policy: LayerPolicy = Flat()
         elif kind == SLIDING:
             policy = Ring(int(kwargs["sliding_window"]), sinks)
+        elif kind == CHUNKED:  # transformers passes attention_chunk_size as the layer's sliding_window
+            policy = Chunked(int(kwargs["sliding_window"]))
+        elif kind == _DUMMY and _sharing_mode(text, i) == "reuse":
+            types[i], source = _shared_source(text, i)
+            policy = Shared(source)
         else:
             what = _NOT_YET.get(kind)
             raise NotSupportedError(
                 f"layer {i} is {kind!r}"
                 + (f" ({what}; kvcore plans it, but its transformers integration has not landed yet)" if what else "")
-                + f": kvcore's transformers cache supports {FULL!r} and {SLIDING!r} layers"
+                + f": kvcore's transformers cache supports {FULL!r}, {SLIDING!r}, {CHUNKED!r} and KV-shared layers"
             )
         layers.append(LayerConfig(policy, heads[i], dims[i]))
-    _check_one_policy_per_type(layer_types, layers)
+    _check_one_policy_per_type(types, layers)
     cfg = CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
-    return cfg, list(layer_types)
+    return cfg, types
+
+
+def _sharing_mode(text: Any, layer: int) -> Any:
+    """Gemma 3n's ``kv_sharing_modes[layer]`` ("reuse": reads another layer's K/V; "store": its
+    K/V are read by such layers; None), None for a config without KV sharing."""
+    modes = getattr(text, "kv_sharing_modes", None)
+    return None if modes is None else modes[layer]
+
+
+def _shared_source(text: Any, layer: int) -> tuple[str, int]:
+    """A KV-shared layer's attention type and source: the layer of that type whose K/V the model
+    stores for it (``kv_sharing_modes`` "store"; Gemma3nTextAttention reads
+    ``shared_kv_states[layer_type]``). NotSupportedError when no layer stores them."""
+    kind = text.layer_types[layer]
+    stores = [j for j in range(layer) if text.layer_types[j] == kind and _sharing_mode(text, j) == "store"]
+    if not stores:
+        raise NotSupportedError(
+            f"layer {layer} reuses the K/V of an earlier {kind!r} layer, and no earlier layer of that type "
+            f"stores them (kv_sharing_modes): kvcore's transformers cache needs the source layer in the model"
+        )
+    return kind, stores[-1]
 
 
 def _check_one_policy_per_type(layer_types: list[str], layers: list[LayerConfig]) -> None:
     # transformers builds one mask per layer type (from the first layer of that type), so
-    # every layer of a type must read the same keys: one policy per type.
+    # every layer of a type must read the same keys: one policy per type (a shared layer
+    # reads its source's keys, so its source's policy counts).
+    def reads(i: int) -> LayerPolicy:
+        p = layers[i].policy
+        return layers[p.source].policy if p.kind == LayerPolicy.Kind.Shared else p
+
     first: dict[str, int] = {}
     for i, kind in enumerate(layer_types):
         j = first.setdefault(kind, i)
-        if layers[i].policy != layers[j].policy:
+        if reads(i) != reads(j):
             raise NotSupportedError(
                 f"layers {j} and {i} are both {kind!r} but have different policies ({layers[j].policy} and "
                 f"{layers[i].policy}, e.g. per_layer_config windows): transformers builds one mask per layer "
@@ -92,4 +133,4 @@ def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
     return heads, dims
 
 
-__all__ = ["FULL", "SLIDING", "cache_config_for"]
+__all__ = ["CHUNKED", "FULL", "SLIDING", "cache_config_for"]

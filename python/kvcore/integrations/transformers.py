@@ -1,8 +1,12 @@
 """A Hugging Face transformers ``Cache`` backed by kvcore.
 
 ``KVCoreCache(model.config, max_step=...)`` is a drop-in cache for decoder models
-whose layers are ``full_attention`` or ``sliding_attention`` (Gemma 2 / Gemma 3
-style, mixed freely). One ``kvcore.SequenceCache`` keeps one logical length for
+whose layers are ``full_attention``, ``sliding_attention`` (Gemma 2 / Gemma 3
+style), ``chunked_attention`` (Llama 4) or KV-shared (Gemma 3n's last layers),
+mixed freely. A chunked layer is a ring of ``chunk + max_step - 1`` rows that
+returns the keys of its chunk; a KV-shared layer holds nothing and is never
+updated (the model hands it the K/V its source layer's update returned, as with
+``DynamicCache``; the cache keeps those alive for the forward). One ``kvcore.SequenceCache`` keeps one logical length for
 the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
 (``kvcore.torch.pool``). A sliding layer holds exactly
 ``window + max_step - 1`` rows (plus its sinks), and the cache can rewind to
@@ -146,8 +150,11 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
         self.layer_idx = layer_idx
         super().__init__()
         self.policy = policy
-        self.is_sliding = policy.is_ring
-        self.sliding_window: Optional[int] = policy.window if policy.is_ring else None
+        # A chunked layer is "sliding" to transformers (DynamicCache keeps it in a sliding layer
+        # of the chunk's size): its chunked mask is sized from the first such layer.
+        chunked = policy.kind == LayerPolicy.Kind.Chunked
+        self.is_sliding = policy.is_ring or chunked
+        self.sliding_window: Optional[int] = policy.window if self.is_sliding else None
         self.sinks = policy.sinks
 
     # The pool owns the tensors; these read them, so nothing is copied per step.
@@ -228,6 +235,42 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
         return f"KVCoreLayer({self.layer_idx}, {self.policy!r})"
 
 
+class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
+    """A KV-shared layer of a KVCoreCache (``kvcore.Shared(source)``; Gemma 3n's last layers).
+
+    It holds no rows and is never updated: transformers' model code hands it the K/V its
+    source layer's update returned in the same forward, exactly as with ``DynamicCache``,
+    whose layer there is transformers' ``DummyLayer`` (this is one: ``keys``/``values`` are
+    None). ``update`` raises InvalidArgumentError naming the layer and its source;
+    ``get_mask_sizes`` is its source's (it reads the source's keys).
+    """
+
+    sinks = 0
+    is_sliding = False  # as DynamicCache's DummyLayer: masks are sized from layers that hold K/V
+
+    def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
+        super().__init__()
+        self._owner = owner
+        self.layer_idx = layer_idx
+        self.policy = policy
+        self.source = int(policy.source)
+
+    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+        """Refused (InvalidArgumentError): a shared layer writes nothing (see ``KVCoreCache.update``)."""
+        return self._owner.update(key_states, value_states, self.layer_idx)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` of the keys it reads: its source layer's."""
+        return self._owner.kv_layers[self.source].get_mask_sizes(query_length)
+
+    def get_seq_length(self) -> int:
+        """The cache's one length."""
+        return self._owner.sequence.length
+
+    def __repr__(self) -> str:
+        return f"KVCoreSharedLayer({self.layer_idx}, source={self.source})"
+
+
 class _TreeStep:
     """A draft tree's kvcore step as a forward sees it: the forward's last layer "commits" it by
     marking it verified (kvcore commits a tree only with its accepted path: commit_tree)."""
@@ -270,6 +313,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     (e4m3fn) stores each row quantized with per-head float32 scales
     (``kvcore.torch.quantized``, docs/quantized.md) and returns them dequantized in the
     model's dtype; raises InvalidArgumentError naming any other value.
+
+    Chunked layers (Llama 4) are rings of ``chunk + max_step - 1`` rows; KV-shared layers
+    (Gemma 3n) are ``KVCoreSharedLayer``s holding nothing, and ``writing_layers`` lists the
+    layers a forward updates, in order (all the others). Raises NotSupportedError for layer
+    kinds it does not serve (``cache_config_for``).
     """
 
     def __init__(
@@ -297,15 +345,26 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             else TorchQuantizedKVPool(self.sequence, kv_dtype, mirror_rings=mirror_rings, order="positions")
         )
         self.layer_types = layer_types
-        policies = [self.sequence.layer_policy(i) for i in range(len(layer_types))]
+        n = len(layer_types)
+        policies = [self.sequence.layer_policy(i) for i in range(n)]
+        # The layers a forward updates, in order: all but the KV-shared ones (which the model
+        # never updates: it hands them their source's K/V).
+        self.writing_layers = [i for i in range(n) if self.sequence.row_layer(i) == i]
+        # Layers whose returned K/V a shared layer uses later in the forward: kept alive (see update).
+        self._sources = frozenset(self.sequence.row_layer(i) for i in range(n) if self.sequence.row_layer(i) != i)
         # Typed alias of Cache.layers (transformers types it as a union of layer kinds).
-        self.kv_layers = [KVCoreLayer(self, i, p) for i, p in enumerate(policies)]
+        self.kv_layers: list[Union[KVCoreLayer, KVCoreSharedLayer]] = [
+            KVCoreLayer(self, i, p) if i in self.writing_layers else KVCoreSharedLayer(self, i, p)
+            for i, p in enumerate(policies)
+        ]
         super().__init__(layers=list(self.kv_layers))
-        self._n_layers = len(layer_types)
+        self._n_layers = len(self.writing_layers)
+        self._chunked = [i for i, p in enumerate(policies) if p.kind == LayerPolicy.Kind.Chunked]
+        self._order = {layer: k for k, layer in enumerate(self.writing_layers)}
         self._policy_of = self.pool.policy_of
         self._write_read = self.pool.write_read  # bound once: the per-layer path calls it 26 times a token
-        # The forward under way: layer 0 begins its step, the last layer commits it, an error
-        # while a layer is served aborts it (kvcore.forward_step).
+        # The forward under way: layer 0 begins its step, the last writing layer commits it, an
+        # error while a layer is served aborts it (kvcore.forward_step).
         self._forward: ForwardStep[Union[Step, _TreeStep]] = ForwardStep(self._n_layers, commit_after=self._n_layers)
         self._T = 0  # the begun step's T
         self._layouts: list[StepLayout] = []
@@ -330,6 +389,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
 
     @property
     def has_sinks(self) -> bool:
+        """Whether any sliding layer keeps attention sinks (then masks come from ``attention_masks``)."""
         return any(layer.sinks > 0 for layer in self.kv_layers)
 
     @property
@@ -447,21 +507,39 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the forward's new K/V of ``layer_idx`` and return its history (layer 0 begins the step,
-        the last layer commits it)."""
+        the last layer that holds K/V commits it).
+
+        A KV-shared layer is refused with InvalidArgumentError naming it and its source, before
+        anything changes: it holds no rows and writes nothing (transformers' Gemma 3n code never
+        updates it; it uses the K/V its source's update returned). Errors otherwise: see the
+        module docstring (InvalidArgumentError for K/V that do not fit, InvalidStateError for a
+        layer out of order or another T), and NotSupportedError for a batch of more than one
+        sequence on a model with chunked layers (transformers shifts each row's chunks by its
+        left padding; kvcore's chunks start at position 0), refused before the step begins.
+        """
+        order = self._order.get(layer_idx)
+        if order is None:
+            self._refuse_shared(layer_idx)
         if layer_idx == 0:
             # Checked before _begin: beginning a step moves kvcore's rewind floors, so bad
             # input must be refused before it. A later layer's input is checked by write_read
             # before it writes; an error there aborts the step (the forward changed nothing).
             T = self.pool.check_input(0, key_states, value_states, position=self.sequence.length)
+            if self._chunked and key_states.shape[0] > 1:
+                raise NotSupportedError(
+                    f"a batch of {key_states.shape[0]} sequences on chunked layers (layer {self._chunked[0]}): "
+                    f"transformers starts each row's chunks after its left padding, kvcore's at position 0; "
+                    f"give each sequence its own KVCoreCache"
+                )
             self._check_previous_forward(T)
             self._begin(T)
         else:
             T = int(key_states.shape[-2])
         forward = self._forward
-        if layer_idx != forward.served or forward.step is None:
+        if order != forward.served or forward.step is None:
             raise InvalidStateError(
-                f"update of layer {layer_idx}: a forward updates layers 0..{self._n_layers - 1} in order, "
-                f"and layer {forward.served} is next"
+                f"update of layer {layer_idx}: a forward updates {self._updated_layers()} in order, "
+                f"and layer {self.writing_layers[forward.served]} is next"
             )
         if T != self._T:
             raise InvalidStateError(
@@ -471,7 +549,29 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         out = forward.serve(layer_idx, self._write_read, layer_idx, layout, key_states, value_states)
         if forward.step is None:  # the last layer committed the step
             self._stopped_at = None
+        if layer_idx in self._sources and (layout.view is None or self.kv_dtype is not None):
+            # A shared layer attends over these later in the forward, after other layers' updates
+            # reused the workspace they were gathered (or dequantized) into: keep a copy.
+            out = (out[0].clone(), out[1].clone())
         return out
+
+    def _updated_layers(self) -> str:
+        """The layers a forward updates, for messages: ``layers 0..n-1`` (and the shared ones it skips)."""
+        w = self.writing_layers
+        skipped = [i for i in range(len(self.kv_layers)) if i not in self._order]
+        text = f"layers 0..{w[-1]}" if w == list(range(len(w))) else f"layers {w}"
+        return text + (f" (KV-shared layers {skipped} are never updated)" if skipped else "")
+
+    def _refuse_shared(self, layer_idx: int) -> None:
+        """InvalidArgumentError for an update of a KV-shared layer (or an index outside the layers)."""
+        n = len(self.kv_layers)
+        if not 0 <= layer_idx < n:
+            raise InvalidArgumentError(f"update of layer {layer_idx}: must be in [0, {n})")
+        source = self.sequence.row_layer(layer_idx)
+        raise InvalidArgumentError(
+            f"update of layer {layer_idx}: it shares layer {source}'s K/V (kvcore.Shared({source})), holds no "
+            f"rows and writes nothing; attend over the K/V layer {source}'s update returned in this forward"
+        )
 
     def _check_previous_forward(self, T: int) -> None:
         """Refuse a forward after one that stopped part-way, unless it is that forward's retry.
@@ -489,7 +589,8 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             return
         self._stopped_at = None
         raise InvalidStateError(
-            f"the previous forward updated layers 0..{stopped - 1} of this cache's {self._n_layers} and "
+            f"the previous forward updated layers 0..{self.writing_layers[stopped - 1]} of this cache's "
+            f"{self._n_layers} {'' if len(self.kv_layers) == self._n_layers else 'K/V-writing layers '}and "
             f"stopped; this forward is not its retry{' (it stopped there twice)' if T == self._T else ''}. "
             f"If the model has {stopped} layers, build the KVCoreCache from its config; if that forward "
             f"raised, call cache.discard_forward() before starting another"
@@ -689,6 +790,7 @@ __all__ = [
     "FULL",
     "KVCoreCache",
     "KVCoreLayer",
+    "KVCoreSharedLayer",
     "SLIDING",
     "SUPPORTED_TRANSFORMERS",
     "TESTED_TRANSFORMERS",

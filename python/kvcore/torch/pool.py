@@ -42,6 +42,14 @@ rows and doubles (capped at ``rows``) when a write needs more; the gather
 workspace grows to the largest gathered read once. After that a step allocates
 nothing but the small per-step layout.
 
+Chunked layers (``kvcore.Chunked(K)``, Llama 4) live in a ring of ``K + max_step - 1``
+rows like a sliding layer (mirrored alike); order "positions" returns the keys of the
+chunk of the step's first query onwards in position order, what transformers' chunked
+mask expects. Shared layers (``kvcore.Shared(source)``, Gemma 3n) allocate nothing and
+write nothing (``update`` refuses them by name); ``read(layer, step)`` returns the
+step's K/V of the layer they read (``cache.row_layer(layer)``), once that layer wrote
+them in the same step.
+
 Draft trees (docs/trees.md): for a step of ``cache.begin_tree(parents)`` the
 plan is the chain plan of ``N`` nodes; node ``i``'s row goes to
 ``step.tree_rows(layer)[i]`` (its chain index's row, as ``kvcore.KVPool`` and
@@ -74,7 +82,7 @@ import numpy as np
 import torch
 
 from kvcore._core import _copy_rows
-from kvcore._core import LayerConfig, LayerGeometry, SeqStepPlan, SequenceCache, Step
+from kvcore._core import LayerConfig, LayerGeometry, LayerPolicy, SeqStepPlan, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError
 from kvcore.torch import pool_records
 from kvcore.torch.layer import LayerPool
@@ -113,8 +121,14 @@ class TorchKVPool:
         self._configs = [cfg.layers[0 if len(cfg.layers) == 1 else i] for i in range(n)]
         self.policy_of = [cache.policy_index(i) for i in range(n)]
         self._first_of_policy = [self.policy_of.index(p) for p in range(cache.n_policies)]
-        self._storage = [RowStorage(cache.geometry(first), self.mirror_rings) for first in self._first_of_policy]
+        # The layer whose rows each layer reads: a Shared layer's source, else itself.
+        self.row_layer = [cache.row_layer(i) for i in range(n)]
+        # A Shared policy reads its source's rows: its reads are laid out on the source's geometry.
+        self._storage = [
+            RowStorage(cache.geometry(self.row_layer[first]), self.mirror_rings) for first in self._first_of_policy
+        ]
         self._layers: list[Optional[LayerPool]] = [None] * n
+        self._written: list[Optional[Step]] = [None] * n  # the step each layer last wrote (read checks it)
         self._workspace = Workspace()
         self._planned: Optional[tuple[Step, list[StepLayout]]] = None
 
@@ -123,32 +137,44 @@ class TorchKVPool:
     def allocate(
         self, layer: int, *, batch_size: int, dtype: torch.dtype, device: Union[torch.device, str]
     ) -> LayerPool:
-        """(Re)allocate ``layer`` for ``batch_size`` sequences; its rows hold nothing yet."""
+        """(Re)allocate ``layer`` for ``batch_size`` sequences; its rows hold nothing yet.
+        InvalidArgumentError: a bad layer or batch size, or a Shared layer (it holds no rows)."""
         lc = self._layer_config(layer)
+        self._refuse_shared(layer, "allocate")
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size = {batch_size}: must be >= 1")
         storage = self._storage[self.policy_of[layer]]
         rows = storage.rows
-        # A ring is small and cycles through all its rows at once; only flat layers grow.
-        start = rows + storage.mirror_rows if lc.policy.is_ring else min(rows, self._initial_rows)
+        # A ring (sliding or chunked) is small and cycles through all its rows at once; only flat layers grow.
+        ring = lc.policy.is_ring or lc.policy.kind == LayerPolicy.Kind.Chunked
+        start = rows + storage.mirror_rows if ring else min(rows, self._initial_rows)
         pool = LayerPool(
             keys=torch.empty((batch_size, lc.n_kv_heads, start, lc.head_dim), dtype=dtype, device=device),
             values=torch.empty((batch_size, lc.n_kv_heads, start, lc.value_dim), dtype=dtype, device=device),
             rows=rows,
-            mirror_rows=storage.mirror_rows if lc.policy.is_ring else 0,
+            mirror_rows=storage.mirror_rows if ring else 0,
         )
         self._layers[layer] = pool
         return pool
 
+    def _refuse_shared(self, layer: int, what: str) -> None:
+        """InvalidArgumentError when ``layer`` is Shared: it holds no rows and writes nothing."""
+        source = self.row_layer[layer]
+        if source != layer:
+            raise InvalidArgumentError(
+                f"{what} of layer {layer}: it is Shared({source}), which holds no rows and writes nothing; "
+                f"layer {source} writes the K/V it reads (pool.read({layer}, step) returns them)"
+            )
+
     def layer(self, layer: int) -> Optional[LayerPool]:
-        """The layer's storage, or None before it is allocated."""
+        """The layer's storage, or None before it is allocated (always None for a Shared layer)."""
         self._layer_config(layer)
         return self._layers[layer]
 
     def mirror_rows(self, layer: int) -> int:
-        """Rows the layer keeps after its last row as a copy of its first ring rows (0: none)."""
+        """Rows the layer keeps after its last row as a copy of its first ring rows (0: none, and for a Shared layer)."""
         self._layer_config(layer)
-        return self._storage[self.policy_of[layer]].mirror_rows
+        return self._storage[self.policy_of[layer]].mirror_rows if self.row_layer[layer] == layer else 0
 
     def nbytes(self, layer: Optional[int] = None) -> int:
         """Bytes held by one layer's K/V tensors, or by every layer (mirrors included, workspace excluded)."""
@@ -165,6 +191,7 @@ class TorchKVPool:
     def release(self) -> None:
         """Drop every tensor (the next update allocates again)."""
         self._layers = [None] * len(self._layers)
+        self._written = [None] * len(self._layers)
         self._workspace.clear()
 
     # --- records (docs/state.md) ---------------------------------------------
@@ -184,6 +211,7 @@ class TorchKVPool:
     def _install(self, layers: list[LayerPool]) -> None:
         """Replace every layer's storage (an import's tensors); cached step layouts are dropped."""
         self._layers = list(layers)
+        self._written = [None] * len(self._layers)
         self._planned = None
 
     def map_batch(self, layer: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -264,8 +292,8 @@ class TorchKVPool:
         ``cache.geometry(layer).position_at(r, step.end)`` (``StepLayout.key_positions``).
         A draft-tree step (``begin_tree``) writes input row ``i`` (node ``i``) to its
         chain index's row; it must be passed as the Step (its plan alone does not
-        name the tree). Raises InvalidArgumentError for a bad layer, tensors that do
-        not fit it, or a tree step passed as a plan; InvalidStateError for a stale step
+        name the tree). Raises InvalidArgumentError for a bad layer, a Shared layer (it
+        writes nothing: ``read`` returns its source's K/V), tensors that do not fit it, or a tree step passed as a plan; InvalidStateError for a stale step
         or plan (of an earlier step) or another cache's step or plan. Nothing is written
         on an error.
         """
@@ -343,6 +371,7 @@ class TorchKVPool:
             for row, n, off in layout.writes:
                 pk.narrow(2, row, n).copy_(key if n == T else key.narrow(2, off, n))
                 pv.narrow(2, row, n).copy_(value if n == T else value.narrow(2, off, n))
+        self._written[layer] = step
         view = layout.view
         if view is not None:  # LayerPool.view, inlined
             row, n = view
@@ -350,6 +379,29 @@ class TorchKVPool:
             keys = pk.as_strided((B, H, n, D), st, off + row * st[2])
             B, H, D, st, off = pool._v_geometry
             return keys, pv.as_strided((B, H, n, D), st, off + row * st[2])
+        return self._gather(pool, layout.gather, layout.read_len)
+
+    def read(self, layer: int, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V ``update`` returned for ``layer`` in the begun ``step``, without writing anything.
+
+        For a Shared layer: the rows of its source (``row_layer[layer]``) for the step's plan,
+        which is the source's read (a view, or a copy in the gather workspace, in the pool's
+        order). The rows must be written first: InvalidStateError when the layer that holds them
+        has not been updated in ``step`` (a Shared layer's source writes earlier in the same
+        forward); InvalidArgumentError for a bad layer or a non-Step; InvalidStateError for a
+        stale step or another cache's. Valid until the next update of any layer (as ``update``'s).
+        """
+        self._layer_config(layer)
+        layout = self.plan_step(step)[self.policy_of[layer]]
+        source = self.row_layer[layer]
+        pool = self._layers[source]
+        if pool is None or self._written[source] is not step:
+            raise InvalidStateError(
+                f"read of layer {layer}: layer {source} has not written its rows of this step (position "
+                f"{step.position}, T {step.T}) yet; update layer {source} first"
+            )
+        if layout.view is not None:
+            return pool.view(*layout.view)
         return self._gather(pool, layout.gather, layout.read_len)
 
     def _refuse_layout(self, layer: int, layout: StepLayout) -> None:
@@ -438,6 +490,7 @@ class TorchKVPool:
         checks it again on its slow path).
         """
         lc = self._layer_config(layer)
+        self._refuse_shared(layer, "update")
         if key.dim() != 4 or value.dim() != 4:
             raise InvalidArgumentError(
                 f"layer {layer}: key/value must be 4-D [batch, n_kv_heads, T, dim], got {tuple(key.shape)} "

@@ -25,7 +25,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from kvcore._core import LayerConfig, SequenceCache
+from kvcore._core import LayerConfig, SequenceCache, Step
 from kvcore._errors import InvalidArgumentError
 from kvcore.quantized import kv_format, row_bytes
 from kvcore.torch import pool_records
@@ -153,6 +153,22 @@ class TorchQuantizedKVPool(TorchKVPool):
                                self._workspace.take("dk", (B, lc.n_kv_heads, n, lc.head_dim), key))
         values = dequantize_rows(self.kv_dtype, rows_v, lc.n_kv_heads, lc.value_dim,
                                  self._workspace.take("dv", (B, lc.n_kv_heads, n, lc.value_dim), value))
+        return keys, values
+
+    def read(self, layer: int, step: Step, *, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """``TorchKVPool.read`` dequantized into ``dtype`` (float32, float16 or bfloat16): the K/V the
+        layer's source wrote in ``step``, without writing (a workspace the next update or read reuses).
+        Errors: ``TorchKVPool.read``'s, and InvalidArgumentError for another dtype."""
+        if dtype not in _COMPUTE:
+            raise InvalidArgumentError(f"read: dtype = {dtype}: a quantized pool returns float32, float16 or bfloat16")
+        rows_k, rows_v = super().read(layer, step)
+        lc = self.value_configs[layer]
+        B, _, n, _ = rows_k.shape
+        like = torch.empty((), dtype=dtype, device=rows_k.device)
+        keys = dequantize_rows(self.kv_dtype, rows_k, lc.n_kv_heads, lc.head_dim,
+                               self._workspace.take("dk", (B, lc.n_kv_heads, n, lc.head_dim), like))
+        values = dequantize_rows(self.kv_dtype, rows_v, lc.n_kv_heads, lc.value_dim,
+                                 self._workspace.take("dv", (B, lc.n_kv_heads, n, lc.value_dim), like))
         return keys, values
 
     def _check_values(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:

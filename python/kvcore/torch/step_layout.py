@@ -108,7 +108,7 @@ class StepLayout:
         self.index: tuple[int, ...] = tuple(w[0] for w in writes) if T == 1 else ()
         # T = 1 written to a row and its mirror copy: (row, mirror row - row), else None.
         self.pair = (self.index[0], self.index[1] - self.index[0]) if len(self.index) == 2 else None
-        self.write_end = max(row + n for row, n, _ in writes)
+        self.write_end = max((row + n for row, n, _ in writes), default=0)  # 0: a Shared layer writes nothing
         if tree is not None:
             self._lay_out_tree(storage, *tree)
         self.positions = _position_ranges(plan)
@@ -150,7 +150,7 @@ class StepLayout:
                 src.append(i)
         self.tree_dst, self.tree_src = tuple(dst), tuple(src)
         self.writes, self.flat_writes, self.index, self.pair = (), (), (), None
-        self.write_end = max(dst) + 1
+        self.write_end = max(dst, default=-1) + 1
         self._chain_positions = chain_positions
 
     def key_positions(self) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
 
-from kvcore._core import BatchLimits, CacheConfig
+from kvcore._core import BatchLimits, CacheConfig, LayerPolicy
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
 from kvcore.quantized import kv_format
@@ -129,7 +129,7 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
     attention type (its continuous-batching groups, in its order).
 
     Raises NotSupportedError for a layer kind kvcore cannot serve here (chunked, linear or
-    shared-KV layers, bidirectional attention, one type with two windows, a window that is not
+    KV-shared layers: Llama 4, Gemma 3n, bidirectional attention, one type with two windows, a window that is not
     the config's ``sliding_window``), InvalidArgumentError for options that do not fit.
     """
     capacity = resolved_capacity(options, text_config)
@@ -140,6 +140,13 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
         raise NotSupportedError(f"{type(text_config).__name__}: {e}; kvcore serves {FULL!r} and {SLIDING!r}") from e
     max_step = options.chunk(capacity, sliding=SLIDING in groups)
     base, layer_types = cache_config_for(text_config, max_step=max_step, capacity=capacity)
+    for i, layer in enumerate(base.layers):
+        if layer.policy.kind in (LayerPolicy.Kind.Chunked, LayerPolicy.Kind.Shared):
+            raise NotSupportedError(
+                f"{type(text_config).__name__}: layer {i} is {layer.policy!r} ({layer_types[i]!r}): kvcore's "
+                f"continuous batching serves {FULL!r} and {SLIDING!r} layers; KVCoreCache serves this model "
+                f"one batch at a time (model.generate(..., cache=KVCoreCache(model.config)))"
+            )
     for kind, layers in groups.items():
         wrong = [i for i in layers if layer_types[i] != kind]
         if wrong:
