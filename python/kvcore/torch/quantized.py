@@ -159,7 +159,7 @@ class TorchQuantizedKVPool(TorchKVPool):
         """``TorchKVPool.read`` dequantized into ``dtype`` (float32, float16 or bfloat16): the K/V the
         layer's source wrote in ``step``, without writing (a workspace the next update or read reuses).
         Errors: ``TorchKVPool.read``'s, and InvalidArgumentError for another dtype."""
-        if dtype not in _COMPUTE:
+        if dtype not in COMPUTE_DTYPES:
             raise InvalidArgumentError(f"read: dtype = {dtype}: a quantized pool returns float32, float16 or bfloat16")
         rows_k, rows_v = super().read(layer, step)
         lc = self.value_configs[layer]
