@@ -377,3 +377,30 @@ def test_state_bytes_are_slots_times_dynamic_caches(model: Any) -> None:
         held = sum(t.numel() * t.element_size() for d in (layer.conv_states, layer.recurrent_states)
                    for t in d.values() if t is not None)  # fmt: skip
         assert cache.state.nbytes(i) == 9 * held  # D = min(8, 8) + 1 snapshots
+
+
+def test_an_error_in_the_last_layers_state_call_after_its_commit_rewinds_the_forward() -> None:
+    # LFM2's last layer holds a state: the forward commits at its first call (get_conv_state),
+    # and a bad update after it rewinds the cache to where the forward began.
+    model = lfm2()
+    ids = prompt(10)
+    cache = KVCoreCache(model.config, max_step=8)
+    conv = model.model.layers[3].conv
+
+    def one_column_too_many(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        h = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": torch.cat([h, h[:, -1:]], dim=1)}
+
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :6])
+        hook = conv.register_forward_pre_hook(one_column_too_many, with_kwargs=True)
+        try:
+            with pytest.raises(kvcore.InvalidArgumentError, match=r"update_conv_state of layer 3: conv_states "
+                                                                 r"\(1, 32, 3\) must be \[batch, channels, 2\]"):  # fmt: skip
+                model(input_ids=ids[:, 6:8], cache=cache, use_cache=True)
+        finally:
+            hook.remove()
+        assert cache.get_seq_length() == 6 and cache.sequence.active_step is None
+        out = prefill(model, cache, ids[:, 6:10]).logits[:, -1]
+        ref = model(input_ids=ids, use_cache=False).logits[:, -1]
+    assert float((out - ref).abs().max()) <= TOL

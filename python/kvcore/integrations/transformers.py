@@ -1,8 +1,10 @@
 """A Hugging Face transformers ``Cache`` backed by kvcore.
 
 ``KVCoreCache(model.config, max_step=...)`` is a drop-in cache for decoder models
-whose layers are ``full_attention`` or ``sliding_attention`` (Gemma 2 / Gemma 3
-style, mixed freely). One ``kvcore.SequenceCache`` keeps one logical length for
+whose layers are ``full_attention``, ``sliding_attention`` (Gemma 2 / Gemma 3
+style) or recurrent-state layers (``linear_attention``: Qwen3-Next's gated
+DeltaNet, Granite 4.0-H's Mamba-2; ``conv``: LFM2's short convolutions), mixed
+freely. One ``kvcore.SequenceCache`` keeps one logical length for
 the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
 (``kvcore.torch.pool``). A sliding layer holds exactly
 ``window + max_step - 1`` rows (plus its sinks), and the cache can rewind to
@@ -37,6 +39,21 @@ depth(i)``; pass ``position_ids=step.positions`` and the tree's masks from
 ``cache.attention_masks(model.config, N)``, as ``verify_tree`` does); the last
 layer does not commit it, and ``cache.commit_tree(accepted)`` commits the
 accepted root path and performs the row copies it returns.
+
+Recurrent-state layers (hybrids) implement transformers' linear-attention cache API
+(``get_conv_state`` / ``update_conv_state`` / ``get_recurrent_state`` /
+``update_recurrent_state`` / ``has_previous_state``) over kvcore's State slots
+(``kvcore.torch.state_slots``): ``state_slots`` snapshots per layer, ``slot(p) = p %
+D``. A forward reads the state after its first position minus one and keeps its last
+state (a plain step) or the state after each of its tokens (a verify step:
+``begin_verify``, or every forward of ``T <= D - 1`` tokens after
+``activate_past_recording``), so ``crop`` is exact wherever ``can_rewind`` allows.
+A state call carries no token count: a forward whose layer 0 holds a state takes its
+``T`` from the forward's ``get_mask_sizes`` (transformers' mask functions call it
+first) or from a begun step. A layer's first state call of a forward serves it; when
+the model's last layer holds a state, the forward commits at that call, and an error
+in its later calls rewinds the cache to where the forward began. Exact speculative
+decoding on these models: ``kvcore.integrations.transformers_speculative``.
 
 Storage: sliding layers without sinks are mirrored by default
 (``mirror_rings=True``): a window that wraps round the ring is returned as a
@@ -265,6 +282,7 @@ class KVCoreStateLayer(cache_utils.LinearAttentionCacheLayerMixin):  # type: ign
 
     @property
     def batch_size(self) -> int:
+        """Sequences in the stored states (AttributeError before the first write)."""
         size = self._owner.state.batch_size
         if size is None:
             raise AttributeError("batch_size: no state is stored yet")
@@ -274,40 +292,50 @@ class KVCoreStateLayer(cache_utils.LinearAttentionCacheLayerMixin):  # type: ign
         """Nothing to do: each state is allocated by its first write (``TorchStateSlots``)."""
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+        """``KVCoreCache.update_conv_state`` for this layer."""
         return self._owner.update_conv_state(conv_states, self.layer_idx, state_idx, **kwargs)
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+        """``KVCoreCache.update_recurrent_state`` for this layer."""
         return self._owner.update_recurrent_state(recurrent_states, self.layer_idx, state_idx, **kwargs)
 
     def get_seq_length(self) -> int:
+        """The cache's length in tokens."""
         return self._owner.sequence.length
 
     def get_max_length(self) -> int:
-        return -1  # no sequence dimension (transformers' convention for linear-attention layers)
+        """-1: a state layer has no sequence dimension (transformers' convention)."""
+        return -1
 
     def activate_past_recording(self) -> None:
         """Nothing to do: kvcore's slots keep what a rewind needs (see ``KVCoreCache.can_rewind``)."""
 
     def crop(self, tokens_to_remove: int) -> None:
+        """NotSupportedError: kvcore keeps one length for every layer (crop the KVCoreCache)."""
         raise NotSupportedError(
             f"crop on layer {self.layer_idx} alone: kvcore keeps one length for every layer; crop the KVCoreCache"
         )
 
     def reset(self) -> None:
+        """Reset the whole cache (one length for every layer)."""
         self._owner.reset()
 
     def offload(self) -> None:
+        """NotSupportedError: the states stay where the cache keeps them."""
         raise NotSupportedError(f"layer {self.layer_idx}: offloading is not supported")
 
     prefetch = offload
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder the batch of every state slot (beam search)."""
         self._owner.state.map_batch(self.layer_idx, lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each sequence's states ``repeats`` times along the batch."""
         self._owner.state.map_batch(self.layer_idx, lambda t: t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the sequences ``indices`` of the batch."""
         self._owner.state.map_batch(self.layer_idx, lambda t: t[indices.to(t.device)])
 
     def __repr__(self) -> str:
@@ -855,7 +883,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         span = self._state_span(layer_idx)
         if recurrent:
             self._check_last_state_only(span)
-        if span.read is None:
+        if span.first == 0:
             return None  # position 0: no previous state (DynamicCache's None)
         if self.state.tensor(layer_idx, name) is None:
             raise InvalidStateError(

@@ -13,6 +13,9 @@ plans. These keep the bytes in torch tensors (any device), beside the numpy ones
   docs/quantized.md), values in and out in a compute dtype.
 - ``TorchPagedKVPool`` (``kvcore.torch.paged``): a ``BatchCache``'s rows, per layer
   ``[1, n_kv_heads, pool rows, dim]`` tensors indexed by pool row.
+- ``TorchStateSlots`` (``kvcore.torch.state_slots``): the recurrent states of a
+  ``SequenceCache``'s State layers, any number of named tensors per layer, ``D``
+  slots each, read and written where the step's plan says (design.md section 9).
 - Their record export and import (``pool_records``, ``paged_records``: docs/state.md),
   reached through their ``export_sequence`` / ``import_sequence`` methods and
   ``kvcore.state``; ``layer`` (one layer's tensors of a ``TorchKVPool``) and
@@ -32,7 +35,8 @@ from kvcore.torch.layer import LayerPool
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.pool import ORDERS, TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
+from kvcore.torch.state_slots import TorchStateSlots
 from kvcore.torch.step_layout import StepLayout, read_positions
 
 __all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "TorchQuantizedKVPool",
-           "read_positions"]
+           "TorchStateSlots", "read_positions"]

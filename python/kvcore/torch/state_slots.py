@@ -63,7 +63,8 @@ def plan_slot(plan: SeqStepPlan, position: int) -> Optional[int]:
 class SlotSpan:
     """The slots one call of a State layer over positions ``[first, first + count)`` of a step uses.
 
-    ``read``: the slot holding the state after ``first - 1`` (None at ``first = 0``: zeros).
+    ``read``: the slot holding the state after ``first - 1``; None at ``first = 0`` (zeros) and
+    when the plan does not hold it (``first`` inside a plain step: reading it is refused).
     ``keep``: ``(position, slot)`` for each position of the call whose state the step keeps,
     in order (every one in a verify step, the step's last only in a plain step).
     """
@@ -145,22 +146,14 @@ class TorchStateSlots:
     def span(self, layer: int, plan: SeqStepPlan, first: int, count: int) -> SlotSpan:
         """The slots a call of ``layer`` over positions ``[first, first + count)`` of the begun step reads
         and keeps (``plan``: the layer's plan of that step). InvalidArgumentError: positions outside the
-        step, or a first position whose previous state the plan does not hold (within a plain step,
-        which keeps only its last); InvalidStateError: a stale plan."""
+        step; InvalidStateError: a stale plan."""
         self._check_plan(layer, plan)
         P, T = self._step_span()
         if count < 1 or not P <= first or first + count > P + T:
             raise InvalidArgumentError(
                 f"positions [{first}, {first + count}): layer {layer}'s step covers [{P}, {P + T})"
             )
-        read = None
-        if first > 0:
-            read = plan_slot(plan, first - 1)
-            if read is None:
-                raise InvalidArgumentError(
-                    f"position = {first}: layer {layer}'s plan does not keep the state after {first - 1} "
-                    f"(a step begun without verify keeps only its last)"
-                )
+        read = plan_slot(plan, first - 1) if first > 0 else None
         written = [(int(r.pos), int(r.len), int(r.row)) for r in plan.write]
         keep = tuple((q, row + q - pos) for q in range(first, first + count)
                      for pos, n, row in written if pos <= q < pos + n)  # fmt: skip
@@ -168,29 +161,30 @@ class TorchStateSlots:
 
     def read_state(self, layer: int, name: str, span: SlotSpan) -> Optional[torch.Tensor]:
         """The state after ``span.first - 1``: a view of its slot, zeros at position 0, or None
-        before ``name``'s first write."""
+        before ``name``'s first write. InvalidArgumentError: the plan does not hold that state (a
+        position inside a plain step, which keeps only its last)."""
         t = self._tensors[self._check_layer(layer)].get(name)
         if t is None:
             return None
-        if span.read is None:
+        if span.first == 0:
             return torch.zeros_like(t[:, 0] if self.batch_first else t[0])
-        return self.slot(layer, name, span.read)
+        return self.slot(layer, name, self._read_slot(span))
 
     def prepare(self, layer: int, name: str, span: SlotSpan) -> torch.Tensor:
         """The slot of the span's last position, holding the state after ``span.first - 1``: a kernel
         that updates a state in place (transformers' single-token decode kernels) leaves the state
         after the last position there. InvalidStateError: ``name`` not written yet, or a span whose
-        last position the step does not keep."""
+        last position the step does not keep; InvalidArgumentError: as ``read_state``."""
         target = span.last_slot
         if target is None:
             raise InvalidStateError(
                 f"layer {layer}: the step does not keep the state after position {span.first + span.count - 1}"
             )
         view = self.slot(layer, name, target)
-        if span.read is None:
+        if span.first == 0:
             view.zero_()
-        elif span.read != target:
-            view.copy_(self.slot(layer, name, span.read))
+        elif (read := self._read_slot(span)) != target:
+            view.copy_(self.slot(layer, name, read))
         return view
 
     def write_states(self, layer: int, name: str, span: SlotSpan, states: torch.Tensor) -> Optional[torch.Tensor]:
@@ -287,6 +281,14 @@ class TorchStateSlots:
                 f"layer = {layer}: not a State layer of the cache (its State layers: {list(self._slots)})"
             )
         return layer
+
+    def _read_slot(self, span: SlotSpan) -> int:
+        if span.read is None:
+            raise InvalidArgumentError(
+                f"position = {span.first}: layer {span.layer}'s plan does not keep the state after {span.first - 1} "
+                f"(a step begun without verify keeps only its last)"
+            )
+        return span.read
 
     def _stored(self, layer: int, name: str) -> torch.Tensor:
         t = self._tensors[self._check_layer(layer)].get(name)
