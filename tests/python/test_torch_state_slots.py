@@ -136,6 +136,14 @@ def test_refusals_name_the_value_and_change_nothing() -> None:
         slots.write(1, "conv", plan, 3, torch.zeros(1, 1, 4))
     with pytest.raises(kvcore.InvalidArgumentError, match=r"position = 2: layer 1's plan does not keep the state after 1"):
         slots.read(1, "conv", plan, 2)  # inside a plain step
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"states \(3,\): must be \[batch, n positions, \*state shape\]"):
+        slots.write(1, "conv", plan, 3, torch.zeros(3))
+    span = slots.span(1, plan, 0, 2)  # the first two positions of a plain step of 4: neither kept
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"states \(1, 3, 3\) of layer 1: must be \[batch, n, \*state "
+                                                          r"shape\] with n in \[1, 2\] \(the positions of the call\)"):  # fmt: skip
+        slots.write_states(1, "conv", span, torch.zeros(1, 3, 3))
+    with pytest.raises(kvcore.InvalidStateError, match=r"layer 1: the step does not keep the state after position 1"):
+        slots.prepare(1, "conv", span)
     with pytest.raises(kvcore.InvalidArgumentError, match=r"slot = 4: layer 1 keeps slots \[0, 4\)"):
         slots.slot(1, "conv", 4)
     with pytest.raises(kvcore.InvalidStateError, match=r"layer 1 holds no state 'recurrent' yet"):
