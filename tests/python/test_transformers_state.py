@@ -147,6 +147,15 @@ def test_reset_cache_serves_a_new_sequence(model: Any) -> None:
     assert torch.equal(out.sequences, generate(model, ids, 6, do_sample=False).sequences)
 
 
+def test_a_batch_and_beam_search_match_dynamic_cache(model: Any) -> None:
+    # Beams repeat, select and reorder the batch of every state slot.
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    out = generate(model, ids, 8, do_sample=False, cache=KVCoreCache(model.config, max_step=16))
+    assert torch.equal(out.sequences, generate(model, ids, 8, do_sample=False).sequences)
+    out = generate(model, ids[:1], 6, do_sample=False, num_beams=2, cache=KVCoreCache(model.config, max_step=16))
+    assert torch.equal(out.sequences, generate(model, ids[:1], 6, do_sample=False, num_beams=2).sequences)
+
+
 # --- crops --------------------------------------------------------------------------------
 
 

@@ -13,9 +13,10 @@ wrapped, which transformers' own
 sliding layers refuse unless they keep the whole history.
 
 How a forward maps onto kvcore: a forward of ``T`` tokens is one kvcore step.
-It is begun by ``attention_masks`` or by the update of layer 0 (which replaces
-a step an interrupted forward left unfinished, unless it is the very step it
-needs); ``get_mask_sizes`` begins nothing (it previews the step's plan). Every
+It is begun by ``attention_masks``, ``begin_verify``, ``begin_tree`` or by layer 0
+(its update, or its first state call for a state layer; layer 0 replaces a step an
+interrupted forward left unfinished, unless it is the very step it needs);
+``get_mask_sizes`` begins nothing (it previews the step's plan). Every
 layer must then follow in order with the same ``T``; each layer's K/V are
 checked before its rows are written, and the update of the last layer commits
 the step. An error in a layer's update aborts the step (kvcore's ``abort``), so
