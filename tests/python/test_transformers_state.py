@@ -413,3 +413,44 @@ def test_an_error_in_the_last_layers_state_call_after_its_commit_rewinds_the_for
         out = prefill(model, cache, ids[:, 6:10]).logits[:, -1]
         ref = model(input_ids=ids, use_cache=False).logits[:, -1]
     assert float((out - ref).abs().max()) <= TOL
+
+
+def test_a_verify_step_whose_last_layer_fails_cannot_be_committed() -> None:
+    model = lfm2()
+    ids = prompt(10)
+    cache = KVCoreCache(model.config, max_step=8)
+    conv = model.model.layers[3].conv
+
+    def one_column_too_many(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        h = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": torch.cat([h, h[:, -1:]], dim=1)}
+
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :6])
+        cache.begin_verify(2)
+        hook = conv.register_forward_pre_hook(one_column_too_many, with_kwargs=True)
+        try:
+            with pytest.raises(kvcore.InvalidArgumentError, match=r"update_conv_state of layer 3"):
+                model(input_ids=ids[:, 6:8], cache=cache, use_cache=True)
+        finally:
+            hook.remove()
+        with pytest.raises(kvcore.InvalidStateError, match=r"commit_tree: no verified draft tree or verify step"):
+            cache.commit_verify(2)
+        assert cache.get_seq_length() == 6 and cache.sequence.active_step is None
+        out = prefill(model, cache, ids[:, 6:10]).logits[:, -1]
+        ref = model(input_ids=ids, use_cache=False).logits[:, -1]
+    assert float((out - ref).abs().max()) <= TOL
+
+
+def test_deepcopy_continues_identically_and_independently(model: Any) -> None:
+    import copy
+
+    ids = prompt(14)
+    cache = KVCoreCache(model.config, max_step=8)
+    with torch.no_grad():
+        prefill(model, cache, ids[:, :10])
+        twin = copy.deepcopy(cache)
+        a = prefill(model, cache, ids[:, 10:14]).logits[:, -1]
+        assert twin.get_seq_length() == 10  # the original's forward did not touch the copy
+        b = prefill(model, twin, ids[:, 10:14]).logits[:, -1]
+    assert torch.equal(a, b) and twin.state is not cache.state and twin.state.cache is twin.sequence

@@ -813,14 +813,19 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         return layer
 
     def _state_guard(self, fn: Callable[..., _R], layer_idx: int, *args: Any) -> _R:
-        """Run one state call; an error ends the forward as an attention layer's does (aborted, or
-        when this layer already committed it, rewound to where the forward began when kvcore can)."""
+        """Run one state call; an error ends the forward as an attention layer's does (aborted; a
+        verify step is dropped, never left to ``commit_verify``; a plain step this layer already
+        committed is rewound to where the forward began when kvcore can)."""
         try:
             return fn(layer_idx, *args)
         except BaseException:
             call = self._state_call
+            tree = self._tree
             if self._forward.step is not None:
                 self._forward.abort()
+            elif tree is not None and tree.is_current:  # a verify step whose last layer failed: not committable
+                tree.step.abort()
+                self._tree = None
             elif call is not None and call[0] == layer_idx and call[1] == self._n_layers:
                 start = call[2].first  # a plain step (only those commit at their last layer)
                 if self.sequence.length > start and self.sequence.can_rewind(start):
