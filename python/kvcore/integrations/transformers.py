@@ -125,6 +125,10 @@ def _cache_calls() -> dict[str, bool]:
         == ["self", "query_length", "layer_idx"],
         "Cache.get_query_offset": hasattr(cache_utils.Cache, "get_query_offset"),
         "cache_utils.get_layer_types_and_kwargs": hasattr(cache_utils, "get_layer_types_and_kwargs"),
+        # Hybrids: the linear-attention layer API the models call (KVCoreStateLayer implements it).
+        "cache_utils.LinearAttentionCacheLayerMixin": hasattr(cache_utils, "LinearAttentionCacheLayerMixin"),
+        "Cache.update_conv_state(conv_states, layer_idx, state_idx)": _params(cache_utils.Cache.update_conv_state)[:4]
+        == ["self", "conv_states", "layer_idx", "state_idx"],
     }
 
 
@@ -396,6 +400,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     per sequence (default ``min(max_step, 8) + 1``): a plain forward keeps only its last
     state, a verify step (``begin_verify``) of ``T <= D - 1`` tokens the state after each
     token, so ``crop`` is exact wherever ``can_rewind`` allows it (docs/transformers.md).
+
+    Attributes: ``sequence`` (the ``kvcore.SequenceCache``), ``pool`` (the attention layers'
+    K/V, ``kvcore.torch.TorchKVPool``), ``state`` (the state layers' slots,
+    ``kvcore.torch.TorchStateSlots``), ``kv_layers`` / ``state_layers`` (the layers of each kind,
+    in order; ``layers`` has them all).
     """
 
     def __init__(
