@@ -19,9 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(D: int = 5, max_step: int = 8, batch_first: bool = False) -> tuple[kvcore.SequenceCache, TorchStateSlots]:
-    cache = kvcore.SequenceCache(kvcore.CacheConfig(
-        capacity=256, max_step=max_step,
-        layers=[kvcore.LayerConfig(kvcore.Flat(), n_kv_heads=1, head_dim=4), kvcore.LayerConfig(kvcore.State(D))]))  # fmt: skip
+    layers = [kvcore.LayerConfig(kvcore.Flat(), n_kv_heads=1, head_dim=4), kvcore.LayerConfig(kvcore.State(D))]
+    cache = kvcore.SequenceCache(kvcore.CacheConfig(capacity=256, max_step=max_step, layers=layers))
     return cache, TorchStateSlots(cache, batch_first=batch_first)
 
 
@@ -131,16 +130,16 @@ def test_refusals_name_the_value_and_change_nothing() -> None:
     before = slots.tensor(1, "conv")
     assert before is not None
     before = before.clone()
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"state 'conv' of layer 1: \(1, 4\) torch.float32 on cpu, "
-                                                          r"but the layer stores \(1, 3\) torch.float32 on cpu"):  # fmt: skip
+    stored = r"state 'conv' of layer 1: \(1, 4\) torch.float32 on cpu, but the layer stores \(1, 3\) torch.float32"
+    with pytest.raises(kvcore.InvalidArgumentError, match=stored):
         slots.write(1, "conv", plan, 3, torch.zeros(1, 1, 4))
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"position = 2: layer 1's plan does not keep the state after 1"):
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"position = 2: layer 1's plan does not keep the state after"):
         slots.read(1, "conv", plan, 2)  # inside a plain step
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"states \(3,\): must be \[batch, n positions, \*state shape\]"):
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"states \(3,\): must be \[batch, n positions, \*state"):
         slots.write(1, "conv", plan, 3, torch.zeros(3))
     span = slots.span(1, plan, 0, 2)  # the first two positions of a plain step of 4: neither kept
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"states \(1, 3, 3\) of layer 1: must be \[batch, n, \*state "
-                                                          r"shape\] with n in \[1, 2\] \(the positions of the call\)"):  # fmt: skip
+    n_range = r"states \(1, 3, 3\) of layer 1: must be \[batch, n, \*state shape\] with n in \[1, 2\]"
+    with pytest.raises(kvcore.InvalidArgumentError, match=n_range):
         slots.write_states(1, "conv", span, torch.zeros(1, 3, 3))
     with pytest.raises(kvcore.InvalidStateError, match=r"layer 1: the step does not keep the state after position 1"):
         slots.prepare(1, "conv", span)

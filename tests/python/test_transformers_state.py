@@ -132,8 +132,8 @@ def test_seeded_sampling_matches_dynamic_cache(model: Any) -> None:
     torch.manual_seed(7)
     ref = generate(model, ids, 10, do_sample=True, top_k=0, temperature=1.5)
     torch.manual_seed(7)
-    out = generate(model, ids, 10, do_sample=True, top_k=0, temperature=1.5, cache=KVCoreCache(model.config, max_step=4),
-                   prefill_chunk_size=4)  # fmt: skip
+    cache = KVCoreCache(model.config, max_step=4)
+    out = generate(model, ids, 10, do_sample=True, top_k=0, temperature=1.5, cache=cache, prefill_chunk_size=4)
     assert torch.equal(out.sequences, ref.sequences)
     assert max_diff(out.logits, ref.logits) <= TOL
 
@@ -404,8 +404,8 @@ def test_an_error_in_the_last_layers_state_call_after_its_commit_rewinds_the_for
         prefill(model, cache, ids[:, :6])
         hook = conv.register_forward_pre_hook(one_column_too_many, with_kwargs=True)
         try:
-            with pytest.raises(kvcore.InvalidArgumentError, match=r"update_conv_state of layer 3: conv_states "
-                                                                 r"\(1, 32, 3\) must be \[batch, channels, 2\]"):  # fmt: skip
+            bad = r"update_conv_state of layer 3: conv_states \(1, 32, 3\) must be \[batch, channels, 2\]"
+            with pytest.raises(kvcore.InvalidArgumentError, match=bad):
                 model(input_ids=ids[:, 6:8], cache=cache, use_cache=True)
         finally:
             hook.remove()

@@ -944,7 +944,8 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             raise InvalidArgumentError(f"update_recurrent_state of layer {layer_idx}: a state must be [batch, ...]")
         out = self.state.write_states(layer_idx, _state_name("recurrent", state_idx), span, state[:, None])
         if out is None:  # a span always keeps its last position (a plain step's, or each of a verify step's)
-            raise InternalError(f"layer {layer_idx}: the step keeps no state after position {span.first + span.count - 1}")
+            last = span.first + span.count - 1
+            raise InternalError(f"layer {layer_idx}: the step keeps no state after position {last}")
         return out
 
     # --- length changes ----------------------------------------------------------------
