@@ -687,21 +687,13 @@ def test_discard_forward_aborts_the_unfinished_step(model: Any) -> None:
             cache.sequence.abort(step)  # aborted already: a stale abort changes nothing
 
 
-@pytest.mark.parametrize(
-    ("cls", "kwargs", "message"),
-    [
-        # (Llama 4's chunked and Gemma 3n's KV-shared layers are served: test_transformers_kinds.py)
-        ("Qwen3NextConfig", dict(num_hidden_layers=4, head_dim=16, num_experts=4, num_experts_per_tok=2),
-         r"layer 0 is 'linear_attention' \(a recurrent-state layer \(linear attention / Mamba\), kvcore.State"),
-        ("Lfm2Config", dict(num_hidden_layers=4, full_attn_idxs=[1, 3]),
-         r"layer 0 is 'conv' \(a recurrent-state layer \(short convolution\), kvcore.State"),
-    ],
-)  # fmt: skip
-def test_layer_kinds_the_integration_does_not_serve_yet_are_named(cls: str, kwargs: dict[str, Any],
-                                                                    message: str) -> None:
-    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
-    config = getattr(transformers, cls)(**{**small, **kwargs})
-    # kvcore's core and config_from_hf plan these models; KVCoreCache refuses them by name.
-    kvcore.config_from_hf(config.to_dict(), context=256)
-    with pytest.raises(kvcore.NotSupportedError, match=message):
+def test_a_layer_type_the_integration_does_not_know_is_named() -> None:
+    # Every kind kvcore plans is served (chunked and KV-shared: test_transformers_kinds.py;
+    # recurrent state: test_transformers_state.py); a type outside them is refused by name.
+    config = transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                           num_key_value_heads=2, vocab_size=256, num_hidden_layers=2,
+                                           head_dim=16, sliding_window=8)
+    config.layer_types = ["full_attention", "mystery_attention"]
+    with pytest.raises(kvcore.NotSupportedError, match=r"layer 1 is 'mystery_attention': kvcore's transformers "
+                       r"cache supports 'full_attention', 'sliding_attention', 'chunked_attention', KV-shared"):
         KVCoreCache(config, capacity=256)

@@ -8,6 +8,9 @@ byte layers are ``kvcore.torch``; the step of one forward all adapters share is
 
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
+- ``kvcore.integrations.transformers_speculative``: exact speculative decoding
+  (prompt lookup, a draft model) with verify steps on hybrid models, whose
+  recurrent states transformers cannot roll back.
 - ``kvcore.integrations.transformers_release``: the transformers releases the
   two transformers integrations accept, and their one version check.
 - ``kvcore.integrations.hf_batch``: transformers' continuous batching

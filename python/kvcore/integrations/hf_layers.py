@@ -11,19 +11,18 @@ from typing import Any, Optional
 
 from transformers import cache_utils
 
-from kvcore._core import CacheConfig, Chunked, Flat, LayerConfig, LayerPolicy, Ring, Shared
+from kvcore._core import CacheConfig, Chunked, Flat, LayerConfig, LayerPolicy, Ring, Shared, State
 from kvcore._errors import InvalidArgumentError, NotSupportedError
+from kvcore.hf_config import default_state_slots
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 CHUNKED = "chunked_attention"
 # transformers' cache type of a layer that holds no cache (a KV-shared layer, or one without attention).
 _DUMMY = "dummy"
-
-# Layer kinds kvcore's core plans (kvcore.State) that this cache does not serve yet.
-_NOT_YET = {
-    "linear_attention": "a recurrent-state layer (linear attention / Mamba), kvcore.State",
-    "conv": "a recurrent-state layer (short convolution), kvcore.State",
+# transformers' recurrent-state layer types (its LinearAttentionLayer): gated DeltaNet and Mamba
+# layers are "linear_attention", LFM2's short convolutions "conv". kvcore plans them as State(D).
+STATE_TYPES = ("linear_attention", "conv")
 }
 
 
@@ -34,6 +33,7 @@ def cache_config_for(
     capacity: Optional[int] = None,
     sinks: int = 0,
     initial_capacity: int = 512,
+    state_slots: Optional[int] = None,
 ) -> tuple[CacheConfig, list[str]]:
     """The kvcore config for a transformers model config, and each layer's transformers layer type.
 
@@ -41,13 +41,15 @@ def cache_config_for(
     (what ``DynamicCache(config=...)`` reads). ``capacity`` defaults to
     ``max_position_embeddings``; ``sinks`` applies to every sliding layer.
     ``full_attention`` layers become ``Flat()``, ``sliding_attention`` ``Ring(sliding_window,
-    sinks)``, ``chunked_attention`` (Llama 4) ``Chunked(attention_chunk_size)``, and a
+    sinks)``, ``chunked_attention`` (Llama 4) ``Chunked(attention_chunk_size)``, a
     KV-shared layer (Gemma 3n's ``kv_sharing_modes`` "reuse", transformers' "dummy" cache
     layer) ``Shared(source)``, ``source`` the layer of its attention type that stores K/V
-    for it ("store"); its reported type is its attention type (what keys the model's masks).
-    Raises NotSupportedError naming the layer for any other layer type, bidirectional
-    attention, or two layers of one type that read differently; InvalidArgumentError for a
-    missing capacity or negative sinks.
+    for it ("store"; its reported type is its attention type, what keys the model's masks),
+    and a recurrent-state layer (``STATE_TYPES``) ``State(state_slots)``, by default
+    ``kvcore.hf_config.default_state_slots(max_step)`` slots (room for a verify step of up to
+    8 tokens). Raises NotSupportedError naming the layer for any other layer type,
+    bidirectional attention, or two layers of one type that read differently;
+    InvalidArgumentError for a missing capacity, ``state_slots < 1`` or negative sinks.
     """
     text = config.get_text_config(decoder=True)
     if getattr(text, "use_bidirectional_attention", False) or not getattr(text, "is_causal", True):
@@ -61,6 +63,12 @@ def cache_config_for(
             raise InvalidArgumentError("capacity: the config has no max_position_embeddings; pass capacity=")
     if sinks < 0:
         raise InvalidArgumentError(f"sinks = {sinks}: must be >= 0")
+    if state_slots is None:
+        state_slots = default_state_slots(max_step if max_step is not None else min(512, capacity))
+    elif state_slots < 1:
+        raise InvalidArgumentError(
+            f"state_slots = {state_slots}: must be >= 1 (a verify step of T tokens needs T <= state_slots - 1)"
+        )
     layers = []
     types = list(layer_types)
     for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
@@ -73,12 +81,13 @@ def cache_config_for(
         elif kind == _DUMMY and _sharing_mode(text, i) == "reuse":
             types[i], source = _shared_source(text, i)
             policy = Shared(source)
+        elif kind in STATE_TYPES:
+            layers.append(LayerConfig(State(state_slots)))
+            continue
         else:
-            what = _NOT_YET.get(kind)
             raise NotSupportedError(
-                f"layer {i} is {kind!r}"
-                + (f" ({what}; kvcore plans it, but its transformers integration has not landed yet)" if what else "")
-                + f": kvcore's transformers cache supports {FULL!r}, {SLIDING!r}, {CHUNKED!r} and KV-shared layers"
+                f"layer {i} is {kind!r}: kvcore's transformers cache supports {FULL!r}, {SLIDING!r}, {CHUNKED!r}, "
+                f"KV-shared and recurrent-state ({', '.join(map(repr, STATE_TYPES))}) layers"
             )
         layers.append(LayerConfig(policy, heads[i], dims[i]))
     _check_one_policy_per_type(types, layers)
@@ -133,4 +142,4 @@ def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
     return heads, dims
 
 
-__all__ = ["CHUNKED", "FULL", "SLIDING", "cache_config_for"]
+__all__ = ["CHUNKED", "FULL", "SLIDING", "STATE_TYPES", "cache_config_for"]

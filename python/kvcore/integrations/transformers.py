@@ -2,11 +2,13 @@
 
 ``KVCoreCache(model.config, max_step=...)`` is a drop-in cache for decoder models
 whose layers are ``full_attention``, ``sliding_attention`` (Gemma 2 / Gemma 3
-style), ``chunked_attention`` (Llama 4) or KV-shared (Gemma 3n's last layers),
-mixed freely. A chunked layer is a ring of ``chunk + max_step - 1`` rows that
-returns the keys of its chunk; a KV-shared layer holds nothing and is never
-updated (the model hands it the K/V its source layer's update returned, as with
-``DynamicCache``; the cache keeps those alive for the forward). One ``kvcore.SequenceCache`` keeps one logical length for
+style), ``chunked_attention`` (Llama 4), KV-shared (Gemma 3n's last layers) or
+recurrent-state layers (``linear_attention``: Qwen3-Next's gated DeltaNet, Granite
+4.0-H's Mamba-2; ``conv``: LFM2's short convolutions), mixed freely. A chunked layer is
+a ring of ``chunk + max_step - 1`` rows that returns the keys of its chunk; a KV-shared
+layer holds nothing and is never updated (the model hands it the K/V its source layer's
+update returned, as with ``DynamicCache``; the cache keeps those alive for the forward).
+One ``kvcore.SequenceCache`` keeps one logical length for
 the whole model; each layer's K/V live in a torch pool laid out by kvcore plans
 (``kvcore.torch.pool``). A sliding layer holds exactly
 ``window + max_step - 1`` rows (plus its sinks), and the cache can rewind to
@@ -15,9 +17,10 @@ wrapped, which transformers' own
 sliding layers refuse unless they keep the whole history.
 
 How a forward maps onto kvcore: a forward of ``T`` tokens is one kvcore step.
-It is begun by ``attention_masks`` or by the update of layer 0 (which replaces
-a step an interrupted forward left unfinished, unless it is the very step it
-needs); ``get_mask_sizes`` begins nothing (it previews the step's plan). Every
+It is begun by ``attention_masks``, ``begin_verify``, ``begin_tree`` or by layer 0
+(its update, or its first state call for a state layer; layer 0 replaces a step an
+interrupted forward left unfinished, unless it is the very step it needs);
+``get_mask_sizes`` begins nothing (it previews the step's plan). Every
 layer must then follow in order with the same ``T``; each layer's K/V are
 checked before its rows are written, and the update of the last layer commits
 the step. An error in a layer's update aborts the step (kvcore's ``abort``), so
@@ -42,6 +45,21 @@ depth(i)``; pass ``position_ids=step.positions`` and the tree's masks from
 layer does not commit it, and ``cache.commit_tree(accepted)`` commits the
 accepted root path and performs the row copies it returns.
 
+Recurrent-state layers (hybrids) implement transformers' linear-attention cache API
+(``get_conv_state`` / ``update_conv_state`` / ``get_recurrent_state`` /
+``update_recurrent_state`` / ``has_previous_state``) over kvcore's State slots
+(``kvcore.torch.state_slots``): ``state_slots`` snapshots per layer, ``slot(p) = p %
+D``. A forward reads the state after its first position minus one and keeps its last
+state (a plain step) or the state after each of its tokens (a verify step:
+``begin_verify``, or every forward of ``T <= D - 1`` tokens after
+``activate_past_recording``), so ``crop`` is exact wherever ``can_rewind`` allows.
+A state call carries no token count: a forward whose layer 0 holds a state takes its
+``T`` from the forward's ``get_mask_sizes`` (transformers' mask functions call it
+first) or from a begun step. A layer's first state call of a forward serves it; when
+the model's last layer holds a state, the forward commits at that call, and an error
+in its later calls rewinds the cache to where the forward began. Exact speculative
+decoding on these models: ``kvcore.integrations.transformers_speculative``.
+
 Storage: sliding layers without sinks are mirrored by default
 (``mirror_rings=True``): a window that wraps round the ring is returned as a
 view, never gathered, at the price of ``window + max_step - 2`` more rows per
@@ -58,9 +76,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 try:
+    import numpy as np
     import torch
     import packaging  # noqa: F401  # the version gate's (transformers_release.py)
     import transformers
@@ -75,13 +94,16 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
 from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
-from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
+from kvcore.integrations.hf_layers import FULL, SLIDING, STATE_TYPES, cache_config_for
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
+from kvcore.torch.state_slots import SlotSpan, TorchStateSlots
 from kvcore.quantized import kv_format
 from kvcore.torch.step_layout import StepLayout
 from kvcore.integrations.transformers_release import CACHE_SUPPORTED, TESTED, check_release
+
+_R = TypeVar("_R")
 
 TESTED_TRANSFORMERS = TESTED
 SUPPORTED_TRANSFORMERS = CACHE_SUPPORTED
@@ -107,6 +129,10 @@ def _cache_calls() -> dict[str, bool]:
         == ["self", "query_length", "layer_idx"],
         "Cache.get_query_offset": hasattr(cache_utils.Cache, "get_query_offset"),
         "cache_utils.get_layer_types_and_kwargs": hasattr(cache_utils, "get_layer_types_and_kwargs"),
+        # Hybrids: the linear-attention layer API the models call (KVCoreStateLayer implements it).
+        "cache_utils.LinearAttentionCacheLayerMixin": hasattr(cache_utils, "LinearAttentionCacheLayerMixin"),
+        "Cache.update_conv_state(conv_states, layer_idx, state_idx)": _params(cache_utils.Cache.update_conv_state)[:4]
+        == ["self", "conv_states", "layer_idx", "state_idx"],
     }
 
 
@@ -197,6 +223,7 @@ class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transfo
             )
         # A query, not the step: preview plans the forward's step without beginning it.
         self._owner._check_forward_size(query_length)
+        self._owner._mask_hint = (self._owner.sequence.length, query_length)
         plan = self._owner.sequence.preview(self.layer_idx, query_length)
         start, last = plan.read[0].pos, plan.read[-1]
         stop = last.pos + last.len
@@ -261,7 +288,7 @@ class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` of the keys it reads: its source layer's."""
-        return self._owner.kv_layers[self.source].get_mask_sizes(query_length)
+        return self._owner.layers[self.source].get_mask_sizes(query_length)
 
     def get_seq_length(self) -> int:
         """The cache's one length."""
@@ -269,6 +296,98 @@ class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"KVCoreSharedLayer({self.layer_idx}, source={self.source})"
+
+
+class KVCoreStateLayer(cache_utils.LinearAttentionCacheLayerMixin):  # type: ignore[misc]
+    """One recurrent-state layer of a KVCoreCache (transformers' linear-attention layer API).
+
+    Its states (``"conv"``, ``"recurrent"``; ``"conv1"``... for ``state_idx > 0``) live in
+    the cache's ``TorchStateSlots`` (``cache.state``), ``D`` slots each: the model's calls
+    ``get_conv_state`` / ``update_conv_state`` / ``get_recurrent_state`` /
+    ``update_recurrent_state`` go through the cache, which reads the state after the
+    forward's first position minus one and writes the states the step's plan keeps
+    (docs/transformers.md, "Hybrid models"). Its length is the cache's.
+    """
+
+    is_compileable = False
+    is_croppable = True  # kvcore's rewind rule: to n when the state after n - 1 is held
+    supports_early_init = False
+    record_past = False  # kvcore keeps what its rewinds need; the model's in-place decode kernels stay on
+
+    def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
+        # The mixin's own dicts are not used: the states live in the cache's slots.
+        self._owner = owner
+        self.layer_idx = layer_idx
+        self.policy = policy
+        self.slots = policy.slots
+        self.is_sliding = False
+
+    @property
+    def has_previous_state(self) -> dict[int, bool]:
+        """Per state index: whether the next forward reads a state (the length is above 0)."""
+        previous = self._owner._first_position() > 0
+        return {0: previous}
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences in the stored states (AttributeError before the first write)."""
+        size = self._owner.state.batch_size
+        if size is None:
+            raise AttributeError("batch_size: no state is stored yet")
+        return size
+
+    def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: each state is allocated by its first write (``TorchStateSlots``)."""
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+        """``KVCoreCache.update_conv_state`` for this layer."""
+        return self._owner.update_conv_state(conv_states, self.layer_idx, state_idx, **kwargs)
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+        """``KVCoreCache.update_recurrent_state`` for this layer."""
+        return self._owner.update_recurrent_state(recurrent_states, self.layer_idx, state_idx, **kwargs)
+
+    def get_seq_length(self) -> int:
+        """The cache's length in tokens."""
+        return self._owner.sequence.length
+
+    def get_max_length(self) -> int:
+        """-1: a state layer has no sequence dimension (transformers' convention)."""
+        return -1
+
+    def activate_past_recording(self) -> None:
+        """Nothing to do: kvcore's slots keep what a rewind needs (see ``KVCoreCache.can_rewind``)."""
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """NotSupportedError: kvcore keeps one length for every layer (crop the KVCoreCache)."""
+        raise NotSupportedError(
+            f"crop on layer {self.layer_idx} alone: kvcore keeps one length for every layer; crop the KVCoreCache"
+        )
+
+    def reset(self) -> None:
+        """Reset the whole cache (one length for every layer)."""
+        self._owner.reset()
+
+    def offload(self) -> None:
+        """NotSupportedError: the states stay where the cache keeps them."""
+        raise NotSupportedError(f"layer {self.layer_idx}: offloading is not supported")
+
+    prefetch = offload
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder the batch of every state slot (beam search)."""
+        self._owner.state.map_batch(self.layer_idx, lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each sequence's states ``repeats`` times along the batch."""
+        self._owner.state.map_batch(self.layer_idx, lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the sequences ``indices`` of the batch."""
+        self._owner.state.map_batch(self.layer_idx, lambda t: t[indices.to(t.device)])
+
+    def __repr__(self) -> str:
+        return f"KVCoreStateLayer({self.layer_idx}, {self.policy!r})"
 
 
 class _TreeStep:
@@ -284,8 +403,15 @@ class _TreeStep:
         return self.step.T
 
     @property
+    def position(self) -> int:
+        return self.step.position
+
+    @property
     def is_current(self) -> bool:
         return self.step.is_current
+
+    def plan(self, layer: int) -> Any:
+        return self.step.plan(layer)
 
     def mask(self, layer: int, *, order: str = "rows") -> Any:
         return self.step.mask(layer, order=order)
@@ -312,12 +438,21 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     None stores K/V in the model's dtype; "int8" (ExecuTorch's asymmetric rule) or "fp8"
     (e4m3fn) stores each row quantized with per-head float32 scales
     (``kvcore.torch.quantized``, docs/quantized.md) and returns them dequantized in the
-    model's dtype; raises InvalidArgumentError naming any other value.
+    model's dtype; raises InvalidArgumentError naming any other value. ``state_slots``: the
+    state snapshots ``D`` each recurrent-state layer (``linear_attention``, ``conv``) keeps
+    per sequence (default ``min(max_step, 8) + 1``): a plain forward keeps only its last
+    state, a verify step (``begin_verify``) of ``T <= D - 1`` tokens the state after each
+    token, so ``crop`` is exact wherever ``can_rewind`` allows it (docs/transformers.md).
 
     Chunked layers (Llama 4) are rings of ``chunk + max_step - 1`` rows; KV-shared layers
     (Gemma 3n) are ``KVCoreSharedLayer``s holding nothing, and ``writing_layers`` lists the
     layers a forward updates, in order (all the others). Raises NotSupportedError for layer
     kinds it does not serve (``cache_config_for``).
+
+    Attributes: ``sequence`` (the ``kvcore.SequenceCache``), ``pool`` (the attention layers'
+    K/V, ``kvcore.torch.TorchKVPool``), ``state`` (the state layers' slots,
+    ``kvcore.torch.TorchStateSlots``), ``kv_layers`` / ``shared_layers`` / ``state_layers``
+    (the layers of each kind, in order; ``layers`` has them all).
     """
 
     def __init__(
@@ -330,12 +465,14 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         initial_capacity: int = 512,
         mirror_rings: bool = True,
         kv_dtype: Optional[str] = None,
+        state_slots: Optional[int] = None,
     ) -> None:
         if kv_dtype is not None:
             kv_format(kv_dtype)  # an unknown name is refused before anything is built
         cache_config, layer_types = cache_config_for(
-            config, max_step=max_step, capacity=capacity, sinks=sinks, initial_capacity=initial_capacity
-        )
+            config, max_step=max_step, capacity=capacity, sinks=sinks, initial_capacity=initial_capacity,
+            state_slots=state_slots,
+        )  # fmt: skip
         self.sequence = SequenceCache(cache_config)
         # Position order: transformers' own mask functions index keys by position.
         self.kv_dtype = kv_dtype
@@ -344,20 +481,27 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             if kv_dtype is None
             else TorchQuantizedKVPool(self.sequence, kv_dtype, mirror_rings=mirror_rings, order="positions")
         )
+        # The recurrent states of the State layers, D slots each (kvcore.torch.state_slots).
+        self.state = TorchStateSlots(self.sequence)
         self.layer_types = layer_types
         n = len(layer_types)
         policies = [self.sequence.layer_policy(i) for i in range(n)]
-        # The layers a forward updates, in order: all but the KV-shared ones (which the model
-        # never updates: it hands them their source's K/V).
+        # The layers a forward updates (K/V or states), in order: all but the KV-shared ones
+        # (which the model never updates: it hands them their source's K/V).
         self.writing_layers = [i for i in range(n) if self.sequence.row_layer(i) == i]
         # Layers whose returned K/V a shared layer uses later in the forward: kept alive (see update).
         self._sources = frozenset(self.sequence.row_layer(i) for i in range(n) if self.sequence.row_layer(i) != i)
-        # Typed alias of Cache.layers (transformers types it as a union of layer kinds).
-        self.kv_layers: list[Union[KVCoreLayer, KVCoreSharedLayer]] = [
-            KVCoreLayer(self, i, p) if i in self.writing_layers else KVCoreSharedLayer(self, i, p)
-            for i, p in enumerate(policies)
-        ]
-        super().__init__(layers=list(self.kv_layers))
+        layers: list[Union[KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer]] = [
+            KVCoreStateLayer(self, i, p) if kind in STATE_TYPES
+            else KVCoreLayer(self, i, p) if i in self.writing_layers
+            else KVCoreSharedLayer(self, i, p)
+            for i, (kind, p) in enumerate(zip(layer_types, policies))
+        ]  # fmt: skip
+        # Typed aliases of Cache.layers (transformers types it as a union of layer kinds).
+        self.kv_layers = [layer for layer in layers if isinstance(layer, KVCoreLayer)]
+        self.shared_layers = [layer for layer in layers if isinstance(layer, KVCoreSharedLayer)]
+        self.state_layers = [layer for layer in layers if isinstance(layer, KVCoreStateLayer)]
+        super().__init__(layers=layers)
         self._n_layers = len(self.writing_layers)
         self._chunked = [i for i, p in enumerate(policies) if p.kind == LayerPolicy.Kind.Chunked]
         self._order = {layer: k for k, layer in enumerate(self.writing_layers)}
@@ -375,6 +519,16 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._stopped_at: Optional[int] = None
         # Models with layer_types take a dict of masks per type; the others one 4-D mask.
         self._masks_by_type = getattr(config.get_text_config(decoder=True), "layer_types", None) is not None
+        # State layers: the layer being served, the forward's served count then, and its slots.
+        self._state_call: Optional[tuple[int, int, SlotSpan]] = None
+        # Positions the state layers' calls cover now (state_positions), else the whole step.
+        self._state_range: Optional[tuple[int, int]] = None
+        # (length, T) of the last get_mask_sizes: the token count of a forward whose first
+        # layer holds a state (a state call carries no token count).
+        self._mask_hint: Optional[tuple[int, int]] = None
+        # activate_past_recording: forwards of T <= state_slots - 1 tokens are verify steps.
+        self._verify_forwards = False
+        self._max_verify_T = min((layer.slots for layer in self.state_layers), default=1) - 1
 
     # --- kvcore facts ----------------------------------------------------------------
 
@@ -431,8 +585,10 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._check_forward_size(T)
         self._check_no_tree()
         # Replaces a step that an interrupted forward left uncommitted (kvcore's retry path).
-        chain = self.sequence.begin_step(T)  # when kvcore refuses, nothing changed
+        verify = self._verify_forwards and bool(self.state_layers) and T <= self._max_verify_T
+        chain = self.sequence.begin_step(T, verify=verify)  # when kvcore refuses, nothing changed
         self._forward.begin(lambda: chain)
+        self._state_call = None
         self._T = T
         self._layouts = self.pool.plan_step(chain)
         return chain
@@ -469,19 +625,55 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         verified tree is not committed, CapacityError past the capacity. Nothing changes on
         an error.
         """
+        if self.state_layers:
+            raise NotSupportedError(
+                f"begin_tree: layers {[s.layer_idx for s in self.state_layers]} keep a recurrent state, and a draft "
+                f"tree's nodes would each read their parent's state (not there yet): verify a chain with begin_verify"
+            )
+        return self._begin_uncommitted("begin_tree", len(parents), lambda: self.sequence.begin_tree(list(parents)))
+
+    def begin_verify(self, T: int) -> Step:
+        """Begin the next forward's step as a verify step of ``T`` tokens and return its kvcore ``Step``.
+
+        A verify step may be rewound into: attention layers plan it as any step, and each
+        recurrent-state layer keeps the state after every one of its tokens (kvcore's
+        ``begin_step(T, verify=True)``: ``T <= state_slots - 1``). The forward's last layer does
+        not commit it; ``commit_verify(n)`` keeps its first ``n`` tokens, and the next forward
+        reads the state after the last kept one (nothing is recomputed). Transformers' gated
+        DeltaNet and Mamba layers compute only their last recurrent state: run them token by
+        token inside the forward (``kvcore.integrations.transformers_speculative``). Raises
+        InvalidArgumentError for ``T`` outside ``[1, max_step]`` or over ``state_slots - 1``,
+        InvalidStateError while a forward is under way or a verified step is not committed,
+        CapacityError past the capacity. Nothing changes on an error.
+        """
+        return self._begin_uncommitted("begin_verify", T, lambda: self.sequence.begin_step(T, verify=True))
+
+    def _begin_uncommitted(self, what: str, T: int, begin: Callable[[], Step]) -> Step:
+        """Begin the next forward's step with ``begin()``; its last layer will not commit it."""
         if self._forward.step is not None and self._forward.served > 0:
             raise InvalidStateError(
-                f"begin_tree: a forward is under way (layers 0..{self._forward.served - 1} served); finish it "
+                f"{what}: a forward is under way (layers 0..{self._forward.served - 1} served); finish it "
                 f"or call cache.discard_forward()"
             )
-        self._check_forward_size(len(parents))
+        self._check_forward_size(T)
         self._check_no_tree()
-        tree = _TreeStep(self.sequence.begin_tree(list(parents)))
+        tree = _TreeStep(begin())
         self._forward.begin(lambda: tree)
+        self._state_call = None
         self._T = tree.T
         self._layouts = self.pool.plan_step(tree.step)
         self._tree = tree
         return tree.step
+
+    def commit_verify(self, accepted: int) -> None:
+        """Keep the first ``accepted`` tokens of the verified ``begin_verify`` step: the length becomes
+        ``length + accepted``. Raises InvalidArgumentError for ``accepted`` outside ``[1, T]``,
+        InvalidStateError when no verify forward completed since ``begin_verify``; nothing changes
+        on an error."""
+        tree = self._tree
+        if tree is not None and tree.verified and tree.is_current and not 1 <= accepted <= tree.T:
+            raise InvalidArgumentError(f"commit_verify({accepted}): keep 1..{tree.T} tokens of the verify step")
+        self.commit_tree(list(range(accepted)))
 
     def commit_tree(self, accepted: Sequence[int]) -> None:
         """Commit the verified draft tree with its accepted root path and copy the rows it moves.
@@ -496,11 +688,16 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         tree = self._tree
         if tree is None or not tree.verified or not tree.is_current:
             raise InvalidStateError(
-                "commit_tree: no verified draft tree (call begin_tree, run the forward over every layer, then "
-                "commit_tree)"
+                "commit_tree: no verified draft tree or verify step (call begin_tree or begin_verify, run the "
+                "forward over every layer, then commit_tree or commit_verify)"
             )
         copies = self.sequence.commit(tree.step, accepted=list(accepted))
         self._tree = None
+        self._state_call = None
+        if self.state_layers:  # their slot copies are the state slots'; the K/V pool takes the others
+            self.state.apply_copies(copies)
+            empty = np.zeros((0, 2), dtype=np.int32)
+            copies = [empty if isinstance(layer, KVCoreStateLayer) else c for layer, c in zip(self.layers, copies)]
         self.pool.apply_copies(copies)
 
     def update(
@@ -558,13 +755,13 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
     def _updated_layers(self) -> str:
         """The layers a forward updates, for messages: ``layers 0..n-1`` (and the shared ones it skips)."""
         w = self.writing_layers
-        skipped = [i for i in range(len(self.kv_layers)) if i not in self._order]
+        skipped = [i for i in range(len(self.layers)) if i not in self._order]
         text = f"layers 0..{w[-1]}" if w == list(range(len(w))) else f"layers {w}"
         return text + (f" (KV-shared layers {skipped} are never updated)" if skipped else "")
 
     def _refuse_shared(self, layer_idx: int) -> None:
         """InvalidArgumentError for an update of a KV-shared layer (or an index outside the layers)."""
-        n = len(self.kv_layers)
+        n = len(self.layers)
         if not 0 <= layer_idx < n:
             raise InvalidArgumentError(f"update of layer {layer_idx}: must be in [0, {n})")
         source = self.sequence.row_layer(layer_idx)
@@ -590,7 +787,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._stopped_at = None
         raise InvalidStateError(
             f"the previous forward updated layers 0..{self.writing_layers[stopped - 1]} of this cache's "
-            f"{self._n_layers} {'' if len(self.kv_layers) == self._n_layers else 'K/V-writing layers '}and "
+            f"{self._n_layers} {'' if len(self.layers) == self._n_layers else 'writing layers '}and "
             f"stopped; this forward is not its retry{' (it stopped there twice)' if T == self._T else ''}. "
             f"If the model has {stopped} layers, build the KVCoreCache from its config; if that forward "
             f"raised, call cache.discard_forward() before starting another"
@@ -606,6 +803,252 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             tree.step.abort()
         self._stopped_at = None
 
+
+    # --- recurrent-state layers (transformers' linear-attention API) ---------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The cache's length (every layer has it, state layers included)."""
+        return self.sequence.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the next forward of ``query_length`` tokens for ``layer_idx``
+        (a state layer answers as the first attention layer: it has no keys)."""
+        self._mask_hint = (self.sequence.length, query_length)
+        layer = self.layers[layer_idx]
+        if isinstance(layer, KVCoreStateLayer):
+            if not self.kv_layers:
+                self._check_forward_size(query_length)
+                return query_length, 0
+            layer = self.kv_layers[0]
+        sizes: tuple[int, int] = layer.get_mask_sizes(query_length)
+        return sizes
+
+    def has_previous_state(self, layer_idx: Optional[int] = None, state_idx: Optional[int] = None) -> bool:
+        """Whether the forward under way (else the next one) reads a state: its first position is above 0."""
+        if layer_idx is not None:
+            self._state_layer(layer_idx)
+        return self._first_position() > 0
+
+    def activate_past_recording(self) -> None:
+        """From now on (until ``reset``), a forward of ``T <= state_slots - 1`` tokens is a verify step,
+        so ``crop`` can rewind into it: transformers calls this before assisted generation and prompt
+        lookup. State layers then keep the state after each token of such forwards; gated DeltaNet
+        and Mamba layers need ``state_layers_token_by_token``
+        (``kvcore.integrations.transformers_speculative``), or their forward raises
+        NotSupportedError. A cache without state layers changes nothing (its rewinds need no slots)."""
+        self._verify_forwards = True
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        """False: kvcore's slots keep what a rewind needs, so the model's in-place decode kernels stay on."""
+        return False
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> Optional[torch.Tensor]:
+        """The conv state the forward's tokens read in ``layer_idx`` (None at position 0, as DynamicCache).
+
+        It is the slot that will hold the state after the call's last token, filled with the
+        state after the one before its first: a kernel that updates it in place (transformers'
+        single-token decode) leaves the new state where the step's plan keeps it. The layer's
+        first call of a forward serves it (layer 0's begins the forward's step: the token count
+        comes from the forward's ``get_mask_sizes``, a begun ``begin_verify`` step or
+        ``attention_masks``). InvalidStateError: out of layer order, no token count known, or no
+        state stored for a position above 0.
+        """
+        return self._state_guard(self._get_state, layer_idx, _state_name("conv", state_idx), False)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Optional[torch.Tensor]:
+        """The recurrent state the forward's tokens read in ``layer_idx``: as ``get_conv_state``.
+        NotSupportedError (the step is aborted) in a verify step whose call covers more than one
+        token: transformers' layer computes only the last recurrent state, and a verify step keeps
+        each one (run the layer token by token: ``kvcore.integrations.transformers_speculative``)."""
+        return self._state_guard(self._get_state, layer_idx, _state_name("recurrent", state_idx), True)
+
+    def update_conv_state(
+        self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
+    ) -> torch.Tensor:
+        """Store the conv windows after each kept position of the call; return the inputs the causal
+        conv needs: the state the call read (``kernel`` columns, zeros at position 0) followed by
+        ``conv_states`` (``[batch, channels, T]``, one column per token of the call). The state after
+        position ``q`` is the last ``conv_kernel_size`` columns up to ``q``, so a verify step keeps
+        every position's exactly. InvalidArgumentError: not one column per token of the call, or a
+        shape other than the stored one (the forward is aborted).
+        """
+        return self._state_guard(self._update_conv, layer_idx, state_idx, conv_states,
+                                 kwargs.get("conv_kernel_size"))  # fmt: skip
+
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
+    ) -> torch.Tensor:
+        """Store the recurrent state after the call's last token (``[batch, *shape]``) in the slot
+        the step keeps it in; return that slot. NotSupportedError in a verify step whose call covers
+        more than one token (see ``get_recurrent_state``); InvalidArgumentError: a shape, dtype or
+        device other than the stored one. Either aborts the forward."""
+        return self._state_guard(self._update_recurrent, layer_idx, state_idx, recurrent_states)
+
+    def state_positions(self, first: int, count: int) -> _StatePositions:
+        """A context in which the state layers' calls cover positions ``[first, first + count)`` of
+        the begun verify step instead of all of it: a layer run token by token (one call per
+        token) reads the state its previous call left and keeps each one.
+        ``kvcore.integrations.transformers_speculative`` uses it. InvalidStateError: no verify
+        step is begun; InvalidArgumentError: positions outside it."""
+        step = self._verify_step()
+        if step is None:
+            raise InvalidStateError("state_positions: no verify step is begun (begin_verify)")
+        if count < 1 or not step.position <= first or first + count > step.position + step.T:
+            raise InvalidArgumentError(
+                f"state_positions({first}, {count}): the verify step covers [{step.position}, "
+                f"{step.position + step.T})"
+            )
+        return _StatePositions(self, (first, count))
+
+    def _verify_step(self) -> Optional[_TreeStep]:
+        """The begun verify step (``begin_verify``), its forward under way or done, else None."""
+        step = self._forward.step
+        if not isinstance(step, _TreeStep):
+            step = self._tree
+        if step is None or not step.is_current or not step.step.verify or step.step.is_tree:
+            return None
+        return step
+
+    def _first_position(self) -> int:
+        step = self._forward.step
+        return int(step.position) if step is not None and step.is_current else self.sequence.length
+
+    def _state_layer(self, layer_idx: int) -> KVCoreStateLayer:
+        layer = self.layers[layer_idx] if 0 <= layer_idx < len(self.layers) else None
+        if not isinstance(layer, KVCoreStateLayer):
+            raise InvalidArgumentError(
+                f"layer {layer_idx}: not a recurrent-state layer of this cache (its state layers: "
+                f"{[s.layer_idx for s in self.state_layers]})"
+            )
+        return layer
+
+    def _state_guard(self, fn: Callable[..., _R], layer_idx: int, *args: Any) -> _R:
+        """Run one state call; an error ends the forward as an attention layer's does (aborted; a
+        verify step is dropped, never left to ``commit_verify``; a plain step this layer already
+        committed is rewound to where the forward began when kvcore can)."""
+        try:
+            return fn(layer_idx, *args)
+        except BaseException:
+            call = self._state_call
+            tree = self._tree
+            if self._forward.step is not None:
+                self._forward.abort()
+            elif tree is not None and tree.is_current:  # a verify step whose last layer failed: not committable
+                tree.step.abort()
+                self._tree = None
+            elif call is not None and call[0] == layer_idx and call[1] == self._n_layers:
+                start = call[2].first  # a plain step (only those commit at their last layer)
+                if self.sequence.length > start and self.sequence.can_rewind(start):
+                    self.sequence.rewind(start)
+            self._state_call = None
+            raise
+
+    def _state_span(self, layer_idx: int) -> SlotSpan:
+        """The slots this call of state layer ``layer_idx`` reads and keeps; its first call in a
+        forward serves the layer (layer 0's begins the step)."""
+        self._state_layer(layer_idx)
+        forward = self._forward
+        call = self._state_call
+        if call is not None and call[0] == layer_idx and (forward.step is None or forward.served == call[1]):
+            span = call[2]
+            rng = self._state_range
+            if rng is None or (span.first, span.count) == rng:
+                return span
+            verify = self._verify_step()
+            if verify is None:  # not reached: state_positions needs a begun verify step
+                raise InternalError(f"layer {layer_idx}: positions {rng} outside a begun verify step")
+            span = self.state.span(layer_idx, verify.plan(layer_idx), *rng)
+            self._state_call = (layer_idx, call[1], span)
+            return span
+        if layer_idx == 0:
+            T = self._state_forward_T()
+            self._check_previous_forward(T)
+            self._begin(T)
+        if self._order.get(layer_idx) != forward.served or forward.step is None:
+            raise InvalidStateError(
+                f"state call of layer {layer_idx}: a forward serves {self._updated_layers()} in order, "
+                f"and layer {self.writing_layers[forward.served]} is next"
+            )
+        span = forward.serve(layer_idx, self._enter_state, layer_idx)
+        self._state_call = (layer_idx, forward.served if forward.step is not None else self._n_layers, span)
+        if forward.step is None:
+            self._stopped_at = None
+        return span
+
+    def _enter_state(self, layer_idx: int) -> SlotSpan:
+        step = self._forward.step
+        if step is None:  # serve checked it
+            raise InternalError(f"layer {layer_idx}: no forward under way")
+        first, count = self._state_range or (int(step.position), int(step.T))
+        return self.state.span(layer_idx, step.plan(layer_idx), first, count)
+
+    def _state_forward_T(self) -> int:
+        """The token count of a forward whose first call is a state layer's."""
+        step = self._forward.step
+        if step is not None and self._forward.served == 0 and step.is_current:
+            return int(step.T)  # begun by begin_verify, begin_tree or attention_masks
+        hint = self._mask_hint
+        if hint is not None and hint[0] == self.sequence.length:
+            return hint[1]
+        raise InvalidStateError(
+            "layer 0 holds a recurrent state and its calls carry no token count: begin the forward with "
+            "get_mask_sizes (transformers' mask functions call it), attention_masks or begin_verify"
+        )
+
+    def _get_state(self, layer_idx: int, name: str, recurrent: bool) -> Optional[torch.Tensor]:
+        span = self._state_span(layer_idx)
+        if recurrent:
+            self._check_last_state_only(span)
+        if span.first == 0:
+            return None  # position 0: no previous state (DynamicCache's None)
+        if self.state.tensor(layer_idx, name) is None:
+            raise InvalidStateError(
+                f"layer {layer_idx} holds no {name!r} state for position {span.first}: the forwards before "
+                f"it did not run this layer"
+            )
+        return self.state.prepare(layer_idx, name, span)
+
+    def _check_last_state_only(self, span: SlotSpan) -> None:
+        if len(span.keep) > 1:
+            raise NotSupportedError(
+                f"layer {span.layer}: a verify step of {span.count} tokens keeps the state after each, and "
+                f"transformers' layer computes only its last recurrent state: run the state layers token by "
+                f"token (kvcore.integrations.transformers_speculative)"
+            )
+
+    def _update_conv(
+        self, layer_idx: int, state_idx: int, new: torch.Tensor, kernel: Optional[int]
+    ) -> torch.Tensor:
+        span = self._state_span(layer_idx)
+        name = _state_name("conv", state_idx)
+        if new.dim() < 2 or int(new.shape[-1]) != span.count:
+            raise InvalidArgumentError(
+                f"update_conv_state of layer {layer_idx}: conv_states {tuple(new.shape)} must be [batch, "
+                f"channels, {span.count}] (one column per token of the call)"
+            )
+        stored = self.state.tensor(layer_idx, name)
+        if kernel is None:
+            kernel = int(stored.shape[-1]) if stored is not None else int(new.shape[-1])
+        prev = self.state.read_state(layer_idx, name, span)
+        if prev is None:
+            prev = new.new_zeros((*new.shape[:-1], kernel))
+        full = torch.cat([prev.to(new.dtype), new], dim=-1)
+        # Column window j of full ends at the call's (j - 1)-th token: the state after it.
+        windows = full.unfold(-1, kernel, 1)[..., 1:, :]  # [batch, channels, count, kernel]
+        self.state.write_states(layer_idx, name, span, windows.movedim(-2, 1))
+        return full
+
+    def _update_recurrent(self, layer_idx: int, state_idx: int, state: torch.Tensor) -> torch.Tensor:
+        span = self._state_span(layer_idx)
+        self._check_last_state_only(span)
+        if state.dim() < 1:
+            raise InvalidArgumentError(f"update_recurrent_state of layer {layer_idx}: a state must be [batch, ...]")
+        out = self.state.write_states(layer_idx, _state_name("recurrent", state_idx), span, state[:, None])
+        if out is None:  # a span always keeps its last position (a plain step's, or each of a verify step's)
+            last = span.first + span.count - 1
+            raise InternalError(f"layer {layer_idx}: the step keeps no state after position {last}")
+        return out
+
     # --- length changes ----------------------------------------------------------------
 
     def rewind(self, length: int) -> None:
@@ -613,6 +1056,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self.sequence.rewind(length)
         self._forward.end()  # rewind ended the begun step
         self._tree = None
+        self._state_call = None
         self._stopped_at = None
 
     def can_rewind(self, length: int) -> bool:
@@ -628,10 +1072,13 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             self.rewind(self.sequence.length + tokens_to_remove)
 
     def reset(self) -> None:
-        """Length 0; the tensors stay allocated for the next sequence."""
+        """Length 0 (and forwards are plain steps again: ``activate_past_recording``); the tensors stay
+        allocated for the next sequence."""
         self.sequence.clear()
+        self._verify_forwards = False
         self._forward.end()  # clear ended the begun step
         self._tree = None
+        self._state_call = None
         self._stopped_at = None
 
     # --- masks for sinks -------------------------------------------------------------
@@ -699,6 +1146,26 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 )
             return next(iter(masks.values()))
         return masks
+
+
+def _state_name(kind: str, state_idx: int) -> str:
+    """The TorchStateSlots name of transformers' conv or recurrent state ``state_idx``."""
+    return kind if state_idx == 0 else f"{kind}{state_idx}"
+
+
+class _StatePositions:
+    """``KVCoreCache.state_positions``: sets the positions state calls cover, restored on exit."""
+
+    def __init__(self, cache: KVCoreCache, positions: tuple[int, int]) -> None:
+        self._cache = cache
+        self._positions = positions
+        self._before: Optional[tuple[int, int]] = None
+
+    def __enter__(self) -> None:
+        self._before, self._cache._state_range = self._cache._state_range, self._positions
+
+    def __exit__(self, *exc: Any) -> None:
+        self._cache._state_range = self._before
 
 
 # --- driving a model -----------------------------------------------------------------

@@ -16,6 +16,9 @@ plans. These keep the bytes in torch tensors (any device), beside the numpy ones
 - ``TorchQuantizedPagedKVPool`` (``kvcore.torch.quantized_paged``): a ``TorchPagedKVPool``
   whose rows are stored quantized as ``PagedKVPool(cache, "qint8" / "fp8_e4m3")`` stores them,
   read back dequantized in a compute dtype (continuous batching's ``kv_dtype``).
+- ``TorchStateSlots`` (``kvcore.torch.state_slots``): the recurrent states of a
+  ``SequenceCache``'s State layers, any number of named tensors per layer, ``D``
+  slots each, read and written where the step's plan says (design.md section 9).
 - Their record export and import (``pool_records``, ``paged_records``: docs/state.md),
   reached through their ``export_sequence`` / ``import_sequence`` methods and
   ``kvcore.state``; ``layer`` (one layer's tensors of a ``TorchKVPool``) and
@@ -37,7 +40,8 @@ from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.pool import ORDERS, TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
 from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
+from kvcore.torch.state_slots import TorchStateSlots
 from kvcore.torch.step_layout import StepLayout, read_positions
 
 __all__ = ["ORDERS", "LayerPool", "StepLayout", "TorchKVPool", "TorchPagedKVPool", "TorchQuantizedKVPool",
-           "TorchQuantizedPagedKVPool", "read_positions"]
+           "TorchQuantizedPagedKVPool", "TorchStateSlots", "read_positions"]

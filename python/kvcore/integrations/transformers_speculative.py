@@ -1,0 +1,269 @@
+"""Exact speculative decoding on hybrid models (recurrent-state layers) through a ``KVCoreCache``.
+
+transformers' assisted generation and prompt lookup need the cache to roll back the
+rejected drafts. transformers 5.24 refuses both for every model that sets
+``_is_stateful`` (``generation/utils.py``, ``_validate_generation_mode``: "assisted
+generation is not supported with stateful models"): Qwen3-Next, Granite 4.0-H, Jamba,
+Mamba, Falcon-Mamba, Kimi Linear... Its linear-attention ``crop`` rolls back only the
+conv part of a layer anyway. kvcore keeps the state after every token of a verify
+step in its own slot (``KVCoreCache.begin_verify``), so a rejected draft costs nothing
+to undo: the next forward reads the slot of the last accepted token. (LFM2 is not
+marked stateful: transformers' own prompt lookup runs on it, and through a
+``KVCoreCache`` whose ``state_slots`` exceed its longest forward it is exact, since
+``activate_past_recording`` makes such forwards verify steps.)
+
+``speculative_generate(model, cache, input_ids, draft, max_new_tokens=...)`` is greedy
+speculative decoding with verify steps: the prompt is prefilled in chunks of
+``cache.max_step``; each verify forward carries the pending token and up to
+``num_draft_tokens`` drafts from ``draft`` (``prompt_lookup_drafter``: draft tokens
+copied from the latest earlier match of the last n-gram, as transformers'
+``prompt_lookup_num_tokens``; ``draft_model_drafter``: a smaller model's greedy
+continuation, as assisted generation), and ``commit_verify`` keeps the pending token
+and the drafts the model's own greedy choice agrees with. Its tokens are plain greedy
+decoding's, exactly. ``prompt_lookup_generate`` is it with prompt lookup.
+
+Per layer type, how a verify step gets the state after each of its tokens:
+
+- LFM2's short convolution (``conv``): ``update_conv_state`` receives every token's
+  inputs, and the conv state after token ``q`` is the last ``kernel`` columns up to
+  ``q``: exact, at no extra cost.
+- Gated DeltaNet (Qwen3-Next, ``linear_attn``) and Mamba-2 (Granite 4.0-H, ``mamba``):
+  transformers' layer returns only the last recurrent state, so
+  ``state_layers_token_by_token`` runs each such mixer one token at a time inside the
+  verify forward (``KVCoreCache.state_positions``): the single-token path decoding
+  uses, the state after each token kept in its slot. Attention and MLPs still run
+  once over the ``T`` tokens; the mixer costs ``T`` single-token calls instead of one
+  chunked call (the recurrence is sequential anyway; the projections are batched ``T``
+  times smaller).
+
+Other model types with recurrent layers are refused by name (NotSupportedError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from kvcore._errors import InvalidArgumentError, NotSupportedError
+from kvcore.integrations.transformers import KVCoreCache, cache_keyword, prefill
+
+# model_type -> the attribute of a decoder layer holding its recurrent mixer, for the models whose
+# mixer computes only its last recurrent state. LFM2 ("conv") needs none: its conv states come
+# from update_conv_state's inputs, every position's exactly.
+TOKEN_BY_TOKEN_MIXERS = {"qwen3_next": "linear_attn", "granitemoehybrid": "mamba"}
+EXACT_PER_POSITION = ("lfm2",)
+
+
+def _mixers(model: Any, cache: KVCoreCache) -> list[Any]:
+    """The recurrent mixers of ``model`` that a verify step must run token by token."""
+    if not cache.state_layers:
+        return []
+    text = model.config.get_text_config(decoder=True)
+    model_type = getattr(text, "model_type", "")
+    if model_type in EXACT_PER_POSITION:
+        return []
+    attr = TOKEN_BY_TOKEN_MIXERS.get(model_type)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if attr is None or layers is None:
+        raise NotSupportedError(
+            f"model_type {model_type!r}: kvcore does not know how its recurrent layers give the state after "
+            f"each token of a verify step (it knows {sorted(TOKEN_BY_TOKEN_MIXERS) + list(EXACT_PER_POSITION)})"
+        )
+    mixers = []
+    for state_layer in cache.state_layers:
+        mixer = getattr(layers[state_layer.layer_idx], attr, None)
+        if mixer is None:
+            raise NotSupportedError(f"layer {state_layer.layer_idx} of the model has no {attr!r} mixer")
+        mixers.append(mixer)
+    return mixers
+
+
+def _token_by_token(cache: KVCoreCache, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` of a mixer, run one token at a time inside a verify step of more than one token."""
+
+    def run(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        step = cache.sequence.active_step
+        T = int(hidden_states.shape[1])
+        if step is None or not step.verify or T == 1:
+            return forward(hidden_states, *args, **kwargs)
+        mask = kwargs.get("attention_mask")
+        outs = []
+        for i in range(T):
+            if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] == T:
+                kwargs["attention_mask"] = mask[:, i : i + 1]
+            with cache.state_positions(step.position + i, 1):
+                outs.append(forward(hidden_states[:, i : i + 1], *args, **kwargs))
+        return torch.cat(outs, dim=1)
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if "hidden_states" in kwargs:
+            return run(kwargs.pop("hidden_states"), *args, **kwargs)
+        return run(*args, **kwargs)
+
+    return entry
+
+
+@contextmanager
+def state_layers_token_by_token(model: Any, cache: KVCoreCache) -> Iterator[None]:
+    """Within the context, a verify step's forward (``cache.begin_verify``) runs each recurrent mixer
+    of ``model`` that computes only its last state one token at a time, so the cache keeps the state
+    after every token; other forwards run as they are. The mixers' ``forward`` is restored on exit.
+    NotSupportedError: a model type whose state layers kvcore does not know (see the module docstring).
+    """
+    mixers = _mixers(model, cache)
+    for mixer in mixers:
+        mixer.forward = _token_by_token(cache, mixer.forward)
+    try:
+        yield
+    finally:
+        for mixer in mixers:
+            del mixer.forward  # the class's forward again
+
+
+def lookup_drafts(tokens: list[int], max_ngram_size: int, n: int) -> list[int]:
+    """Up to ``n`` draft tokens: what followed the latest earlier occurrence of the longest suffix
+    n-gram of ``tokens`` (``max_ngram_size`` down to 1), as transformers' prompt lookup drafts."""
+    for size in range(min(max_ngram_size, len(tokens) - 1), 0, -1):
+        suffix = tokens[-size:]
+        for start in range(len(tokens) - size - 1, -1, -1):
+            if tokens[start : start + size] == suffix:
+                return tokens[start + size : start + size + n]
+    return []
+
+
+Drafter = Callable[[list[int], int], list[int]]
+"""A draft source: given the tokens so far and ``n``, up to ``n`` proposed next tokens."""
+
+
+def prompt_lookup_drafter(max_ngram_size: int = 2) -> Drafter:
+    """Prompt lookup (transformers' ``prompt_lookup_num_tokens``) as a Drafter: ``lookup_drafts``."""
+    if max_ngram_size < 1:
+        raise InvalidArgumentError(f"max_ngram_size = {max_ngram_size}: must be >= 1")
+    return lambda tokens, n: lookup_drafts(tokens, max_ngram_size, n)
+
+
+def draft_model_drafter(draft_model: Any) -> Drafter:
+    """A smaller model's greedy continuation as a Drafter (assisted generation). The draft model
+    recomputes its forward over the whole history for each proposal (no cache of its own): simple
+    and exact, for small draft models."""
+
+    def draft(tokens: list[int], n: int) -> list[int]:
+        ids = torch.tensor([tokens], device=draft_model.device)
+        out = draft_model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return [int(t) for t in out[0, len(tokens) :].tolist()]
+
+    return draft
+
+
+def speculative_generate(
+    model: Any,
+    cache: KVCoreCache,
+    input_ids: torch.Tensor,
+    draft: Drafter,
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int = 3,
+    eos_token_id: Union[int, Sequence[int], None] = None,
+    stats: Optional[dict[str, int]] = None,
+) -> torch.Tensor:
+    """Greedy decoding of ``max_new_tokens`` tokens after ``input_ids`` (``[1, n]``) with drafts from
+    ``draft`` verified by kvcore verify steps; returns ``[1, n + generated]`` token ids, equal to
+    plain greedy decoding's.
+
+    ``cache``: an empty or partly filled ``KVCoreCache`` of ``model`` (``input_ids`` continue it).
+    Each verify forward (``cache.begin_verify``) carries the pending token and at most
+    ``num_draft_tokens`` drafts, bounded by the cache (``max_step - 1`` and ``state_slots - 2``:
+    a verify step of ``T`` tokens needs ``T <= state_slots - 1``); ``commit_verify`` keeps the
+    pending token and the drafts the model's greedy choice agrees with, and the next forward
+    reads the state after the last of them (nothing recomputed). Stops after a token of
+    ``eos_token_id`` (one id or several), as ``generate``. ``stats`` (optional dict) receives
+    ``forwards``, ``drafted`` and ``accepted`` counts. Raises InvalidArgumentError for a batch
+    other than 1, ``max_new_tokens < 1`` or ``num_draft_tokens < 0``; NotSupportedError for a
+    model whose state layers kvcore cannot run token by token; what the model and the cache raise
+    (a forward that raises is discarded: the cache keeps what was committed before it).
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise InvalidArgumentError(f"input_ids {tuple(input_ids.shape)}: must be [1, >= 1 tokens] (a batch of one)")
+    if max_new_tokens < 1 or num_draft_tokens < 0:
+        raise InvalidArgumentError(
+            f"max_new_tokens = {max_new_tokens}, num_draft_tokens = {num_draft_tokens}: need >= 1 and >= 0"
+        )
+    slots = min((s.slots for s in cache.state_layers), default=cache.max_step + 1)
+    room = max(0, min(num_draft_tokens, cache.max_step - 1, slots - 2))
+    counts = {"forwards": 0, "drafted": 0, "accepted": 0}
+    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    tokens = input_ids[0].tolist()
+    generated: list[int] = []
+    keyword = cache_keyword(model)
+    with torch.no_grad(), state_layers_token_by_token(model, cache):
+        out = prefill(model, cache, input_ids)
+        counts["forwards"] += -(-int(input_ids.shape[1]) // cache.max_step)
+        pending = int(out.logits[0, -1].argmax())
+        while True:
+            generated.append(pending)
+            if len(generated) >= max_new_tokens or pending in eos:
+                break
+            n = min(room, max_new_tokens - len(generated), cache.capacity - cache.sequence.length - 1)
+            drafts = [int(t) for t in draft(tokens + generated, n)][:n] if n > 0 else []
+            cache.begin_verify(1 + len(drafts))
+            try:
+                logits = model(input_ids=torch.tensor([[pending, *drafts]], device=input_ids.device), use_cache=True,
+                               **{keyword: cache}).logits[0]  # fmt: skip
+            except BaseException:
+                cache.discard_forward()
+                raise
+            choice = logits.argmax(-1).tolist()
+            agree = 0
+            while agree < len(drafts) and drafts[agree] == choice[agree]:
+                agree += 1
+            cache.commit_verify(1 + agree)
+            counts["forwards"] += 1
+            counts["drafted"] += len(drafts)
+            counts["accepted"] += agree
+            done = False
+            for token in drafts[:agree]:
+                generated.append(token)
+                if len(generated) >= max_new_tokens or token in eos:
+                    done = True
+                    break
+            if done:
+                break
+            pending = int(choice[agree])
+    if stats is not None:
+        stats.update(counts)
+    return torch.tensor([tokens + generated], dtype=input_ids.dtype, device=input_ids.device)
+
+
+def prompt_lookup_generate(
+    model: Any,
+    cache: KVCoreCache,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int = 3,
+    max_ngram_size: int = 2,
+    eos_token_id: Union[int, Sequence[int], None] = None,
+    stats: Optional[dict[str, int]] = None,
+) -> torch.Tensor:
+    """``speculative_generate`` with prompt-lookup drafts (``prompt_lookup_drafter(max_ngram_size)``):
+    what ``model.generate(ids, prompt_lookup_num_tokens=num_draft_tokens)`` does, exact on models
+    transformers refuses it for. Same arguments, result and errors."""
+    return speculative_generate(model, cache, input_ids, prompt_lookup_drafter(max_ngram_size),
+                                max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
+                                eos_token_id=eos_token_id, stats=stats)  # fmt: skip
+
+
+__all__ = [
+    "EXACT_PER_POSITION",
+    "TOKEN_BY_TOKEN_MIXERS",
+    "Drafter",
+    "draft_model_drafter",
+    "lookup_drafts",
+    "prompt_lookup_drafter",
+    "prompt_lookup_generate",
+    "speculative_generate",
+    "state_layers_token_by_token",
+]
