@@ -23,6 +23,7 @@ from kvcore import (
     KVPool,
     LayerConfig,
     LayerPolicy,
+    NotSupportedError,
     Ring,
     SequenceCache,
     Shared,
@@ -372,3 +373,13 @@ def test_state_tensors_for_a_cache_without_state_layers_are_refused() -> None:
     with pytest.raises(InvalidArgumentError, match=r"^state_tensors: key 0 names no State layer \(the State layers: none\)$"):
         KVPool(cache, F32, state_tensors={0: {"conv": ((1,), F32)}})
     assert "state_bytes" not in repr(KVPool(cache, F32, state_tensors={}))
+
+
+def test_records_still_refuse_shared_and_state_layers_by_name() -> None:
+    cache = kinds_cache()
+    pool = KVPool(cache, F32, state_tensors=TENSORS)
+    with pytest.raises(NotSupportedError, match=r"^export: layer 3 is a Shared layer: records carry Flat, Ring and Chunked layers only"):
+        pool.export_sequence()
+    only_state = SequenceCache(CacheConfig(capacity=16, layers=[kv(Flat()), LayerConfig(State(3))], max_step=2))
+    with pytest.raises(NotSupportedError, match=r"layer 1 is a State layer"):
+        KVPool(only_state, F32, state_tensors={"h": ((2,), F32)}).export_sequence()
