@@ -673,11 +673,14 @@ def seal_record(out: _WritableBuffer) -> None:
     """
 
 class KVPool(metaclass=_pybind11_type):
-    """Reference CPU storage for a SequenceCache's K/V rows: applies plans.
+    """Reference CPU storage for a SequenceCache's K/V rows and state slots: applies plans.
 
-    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works),
-    int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and
-    (T, n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
+    A Shared layer stores nothing (read gives its source's rows); a State layer keeps its D state
+    slots of the named tensors state_tensors gives (read_state, write_state, state_slots).
+
+    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or uint8. Arrays
+    are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, value_dim) for V, C-contiguous, of
+    exactly the pool's dtype.
     """
 
     def __init__(
@@ -806,7 +809,9 @@ class KVPool(metaclass=_pybind11_type):
         `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors as write and
         read; InvalidStateError: `step` is stale or of another cache. A tree step (begin_tree)
         writes token i to the row of its chain_index and its positions give each row's token
-        position (length + depth); mask with step.mask(layer, order=order).
+        position (length + depth); mask with step.mask(layer, order=order). A Shared layer is
+        refused naming its source (update the source, then read the Shared layer: its source's
+        rows); a State layer is refused (write_state, read_state).
         """
     def state_names(self, layer: SupportsIndex) -> list[str]:
         """The names of State layer `layer`'s state tensors, in the order state_tensors gave them.

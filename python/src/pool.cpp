@@ -462,7 +462,10 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
 
 void register_pool(py::module_& m) {
   py::class_<PyPool> cls(m, "KVPool",
-                         "Reference CPU storage for a SequenceCache's K/V rows: applies plans.\n\n"
+                         "Reference CPU storage for a SequenceCache's K/V rows and state slots: applies plans.\n\n"
+                         "A Shared layer stores nothing (read gives its source's rows); a State layer keeps "
+                         "its D state slots of the named tensors state_tensors gives (read_state, write_state, "
+                         "state_slots).\n\n"
                          "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), "
                          "int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, "
                          "value_dim) for V, C-contiguous, of exactly the pool's dtype.");
@@ -575,7 +578,9 @@ void register_pool(py::module_& m) {
            "begun `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors "
            "as write and read; InvalidStateError: `step` is stale or of another cache. A tree step "
            "(begin_tree) writes token i to the row of its chain_index and its positions give each "
-           "row's token position (length + depth); mask with step.mask(layer, order=order).")
+           "row's token position (length + depth); mask with step.mask(layer, order=order). A Shared "
+           "layer is refused naming its source (update the source, then read the Shared layer: its "
+           "source's rows); a State layer is refused (write_state, read_state).")
       .def("state_names",
            [](const PyPool& p, const PyInt& layer) {
              const int l = p.checked_layer(layer);
