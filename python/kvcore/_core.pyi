@@ -656,6 +656,9 @@ def build(backend: str, kind: str, config: CacheConfig) -> CacheBase:
 _Buffer = bytes | bytearray | memoryview | npt.NDArray[Any]
 _WritableBuffer = bytearray | memoryview | npt.NDArray[Any]
 _Tokens = Sequence[int] | npt.NDArray[Any]
+# A State layer's tensors: name -> (shape, dtype), for every State layer or per State layer index.
+_StateTensorSpec = Mapping[str, tuple[Sequence[int], npt.DTypeLike]]
+_StateTensors = _StateTensorSpec | Mapping[int, _StateTensorSpec]
 
 def check_record(record: _Buffer) -> None:
     """Validates a sequence record (docs/state.md) as an import does before reading it: size, magic,
@@ -670,11 +673,14 @@ def seal_record(out: _WritableBuffer) -> None:
     """
 
 class KVPool(metaclass=_pybind11_type):
-    """Reference CPU storage for a SequenceCache's K/V rows: applies plans.
+    """Reference CPU storage for a SequenceCache's K/V rows and state slots: applies plans.
 
-    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works),
-    int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and
-    (T, n_kv_heads, value_dim) for V, C-contiguous, of exactly the pool's dtype.
+    A Shared layer stores nothing (read gives its source's rows); a State layer keeps its D state
+    slots of the named tensors state_tensors gives (read_state, write_state, state_slots).
+
+    dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or uint8. Arrays
+    are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, value_dim) for V, C-contiguous, of
+    exactly the pool's dtype.
     """
 
     def __init__(
@@ -684,16 +690,22 @@ class KVPool(metaclass=_pybind11_type):
         *,
         mirror_rings: bool = False,
         compute_dtype: npt.DTypeLike | None = None,
+        state_tensors: _StateTensors | None = None,
     ) -> None:
         """Storage for every layer of `cache` in `dtype` (float32, float16, "bfloat16" with
         ml_dtypes, int8, uint8). Construction gives every layer, flat or ring,
         min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up to
         rows(layer), when a write reaches further (reserve() grows it ahead). mirror_rings: see the
         property. dtype 'qint8' or 'fp8_e4m3' stores quantized rows (docs/quantized.md): values go
-        in and come out as compute_dtype (float32 by default, float16 or "bfloat16").
+        in and come out as compute_dtype (float32 by default, float16 or "bfloat16"). A Shared layer
+        stores nothing: reads answer from its source's rows. state_tensors: the named tensors of
+        each State layer's state, {name: (shape, dtype)} for every State layer or {layer: {name:
+        (shape, dtype)}} per layer (numeric numpy dtypes or "bfloat16"; each tensor 16-byte aligned
+        in a slot); the pool keeps rows(layer) slots of them per State layer (docs/layer_kinds.md).
         InvalidArgumentError: another dtype or cache None, a compute_dtype other than those (or, for
-        a plain dtype, other than it); AllocationError when memory runs out (at construction or on
-        growth).
+        a plain dtype, other than it), state_tensors missing for a State layer, naming a layer that
+        is not one, an empty name, a dim < 1, another dtype or a slot that overflows;
+        AllocationError when memory runs out (at construction or on growth).
         """
     @property
     def cache(self) -> SequenceCache:
@@ -717,7 +729,9 @@ class KVPool(metaclass=_pybind11_type):
         """Number of layers, as the cache's."""
     @property
     def nbytes(self) -> int:
-        """Bytes of the rows holding the cache's committed positions."""
+        """Bytes of the rows holding the cache's committed positions (a State layer's: min(length,
+        D) slots; a Shared layer's: none).
+        """
     @property
     def reserved_bytes(self) -> int:
         """Bytes of storage allocated now."""
@@ -795,29 +809,69 @@ class KVPool(metaclass=_pybind11_type):
         `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors as write and
         read; InvalidStateError: `step` is stale or of another cache. A tree step (begin_tree)
         writes token i to the row of its chain_index and its positions give each row's token
-        position (length + depth); mask with step.mask(layer, order=order).
+        position (length + depth); mask with step.mask(layer, order=order). A Shared layer is
+        refused naming its source (update the source, then read the Shared layer: its source's
+        rows); a State layer is refused (write_state, read_state).
+        """
+    def state_names(self, layer: SupportsIndex) -> list[str]:
+        """The names of State layer `layer`'s state tensors, in the order state_tensors gave them.
+        InvalidArgumentError: bad layer, a layer that is not a State layer.
+        """
+    def write_state(self, layer: SupportsIndex, step: Step, states: Mapping[str, npt.NDArray[Any]]) -> None:
+        """Stores the states the begun `step` produces on State layer `layer`: states[name] is an
+        array (n, *shape) of the tensor's dtype, C-contiguous, for every tensor of the layer, row j
+        the state after the j-th position the step keeps: n = step.plan(layer).write_len, T for a
+        verify step (begin_step(T, verify=True)), 1 (the last position's) for any other chain step,
+        N for a tree step (row i: node i's). Every name, shape and dtype is checked before anything
+        is written. InvalidArgumentError: bad layer, not a State layer, a missing or unknown name,
+        another shape or dtype, not C-contiguous; InvalidStateError: `step` is stale or of another
+        cache.
+        """
+    def read_state(
+        self, layer: SupportsIndex, step: Step, *, node: SupportsIndex | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """The state the begun `step` starts from on State layer `layer`, as a dict name ->
+        read-only array of the tensor's shape (a copy): the state after position P - 1, zeros at P =
+        0. Read it before write_state (a step without verify may write its last state into that
+        slot). node=i (a tree step): the state tree node i starts from, its parent's (write_state
+        the tree first), the root's being the step's. InvalidArgumentError: bad layer, not a State
+        layer, node outside [0, N) or given for a chain step; InvalidStateError: `step` is stale or
+        of another cache.
+        """
+    def state_slots(self, layer: SupportsIndex, name: str) -> npt.NDArray[Any]:
+        """Read-only zero-copy array (D, *shape) of tensor `name` in every slot of State layer
+        `layer` (D = rows(layer)), for kernels that index slots themselves (vLLM-style
+        state_indices: step.plan(layer).read names the slot a step starts from, its write runs the
+        slots it fills). InvalidArgumentError: bad layer, not a State layer, no such tensor.
         """
     def apply_copies(self, copies: Sequence[npt.NDArray[np.integer[Any]]]) -> None:
         """Performs a draft-tree commit's row copies: `copies` is what SequenceCache.commit(step,
-        accepted) returned, one int (n, 2) array [src row, dst row] per layer, copied in order. Call
-        it after the commit and before writing the next step. InvalidArgumentError: not one (n, 2)
-        array per layer, or a row outside the layer; InvalidStateError: a row the tree step never
-        wrote. Every layer is checked before anything is copied.
+        accepted) returned, one int (n, 2) array [src row, dst row] per layer (a State layer's:
+        state slots), copied in order. Call it after the commit and before writing the next step.
+        InvalidArgumentError: not one (n, 2) array per layer, or a row outside the layer;
+        InvalidStateError: a row the tree step never wrote. Every layer is checked before anything
+        is copied.
         """
     @staticmethod
     def required_bytes(
-        config: CacheConfig, dtype: npt.DTypeLike, *, mirror_rings: bool = False
+        config: CacheConfig,
+        dtype: npt.DTypeLike,
+        *,
+        mirror_rings: bool = False,
+        state_tensors: _StateTensors | None = None,
     ) -> int:
         """Bytes one arena must have for a pool of a cache built from `config` in `dtype`, as the
         C++ KVPool::in_arena takes them: every layer at its full rows(layer) for K and V (with
         mirror_rings, plus the R - 1 mirror rows of each wrapping ring layer without sinks), the
         layer table and each K and V block rounded up to 64 bytes, and 63 bytes of slack to align
-        the start, so any address works. Builds no pool. InvalidArgumentError: `config` breaks a
-        CacheConfig rule, another dtype, or the total overflows the address space.
+        the start, so any address works; each State layer's D slots of its state_tensors (as KVPool
+        takes them). Builds no pool. InvalidArgumentError: `config` breaks a CacheConfig rule,
+        another dtype, bad state_tensors (as KVPool), or the total overflows the address space.
         """
     def __deepcopy__(self, memo: dict[int, Any]) -> KVPool:
-        """An independent pool holding a copy of every row, over a deep copy of its cache (shared
-        with other objects of the same deepcopy). AllocationError when it cannot be allocated.
+        """An independent pool holding a copy of every row and state slot, over a deep copy of its
+        cache (shared with other objects of the same deepcopy). AllocationError when it cannot be
+        allocated.
         """
 
 # --- batch.cpp -------------------------------------------------------------------

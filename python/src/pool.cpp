@@ -28,6 +28,7 @@
 #include "record_io.h"
 #include "kvcore/state/sequence_export.h"
 #include "kvcore/state/sequence_import.h"
+#include "state_tensors.h"
 #include "step_handle.h"
 #include "tree_binding.h"
 
@@ -73,19 +74,21 @@ kvcore::RingStorage ring_storage(bool mirror_rings) {
 class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
  public:
   PyPool(std::shared_ptr<kvcore::SequenceCache> cache, py::handle dtype_spec, bool mirror_rings,
-         py::handle compute_spec = py::none())
+         py::handle compute_spec, const StateTensors& states)
       : PoolBinding(std::move(cache), dtype_spec, kBlockName, "pool",
-                    [mirror_rings](const kvcore::SequenceCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
-                      return kvcore::KVPool::create(c, type, a, ring_storage(mirror_rings));
+                    [mirror_rings, &states](const kvcore::SequenceCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
+                      return kvcore::KVPool::create(c, type, a, ring_storage(mirror_rings), states.slot_bytes());
                     },
                     compute_spec),
-        mirror_rings_(mirror_rings) {
+        mirror_rings_(mirror_rings),
+        states_(states) {
     positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
     row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
     tree_writes_.resize(static_cast<std::size_t>(cache_->n_layers()));
   }
 
   bool mirror_rings() const { return mirror_rings_; }
+  const StateTensors& states() const { return states_; }
 
   // The plan must be `layer`'s plan of the begun step: anything else is stale.
   void check_current_plan(int layer, const kvcore::SeqStepPlan& plan) const {
@@ -101,13 +104,9 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
 
   // A tree step's input row i is node i (written to its chain index's row).
   void write(int layer, const kvcore::SeqStepPlan& plan, py::handle k, py::handle v) {
+    throw_if_error(pool_->check_writes_rows(layer, "write"));  // a Shared or State layer: by name, first
     const Input in = checked_input(layer, k, v, "T", plan.write_len(), "dim", "dim");
-    const std::uint64_t step_id = cache_->active_step().id;
-    if (step_id != tree_writes_step_) {  // a new step: an abandoned tree step's rows name nothing now
-      for (kvcore::SeqStepPlan& runs : tree_writes_) runs = kvcore::SeqStepPlan{};
-      tree_writes_step_ = step_id;
-    }
-    kvcore::SeqStepPlan& written = tree_writes_[static_cast<std::size_t>(layer)];
+    kvcore::SeqStepPlan& written = tree_writes(layer);
     if (const kvcore::DraftTree* tree = active_tree()) {
       if (quantized()) {
         const Staged staged = quantize_nodes(layer, in, tree->size());
@@ -124,6 +123,59 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
       throw_if_error(pool_->write(layer, plan, in.k, in.k_bytes, in.v, in.v_bytes));
     }
     written = kvcore::SeqStepPlan{};  // no tree rows to copy from now on
+  }
+
+  // Writes the states of `step` on State layer `layer`: states[name] (n,
+  // *shape), n the plan's write_len (a tree step's: node i's state after its
+  // token), packed into slots once every entry is checked.
+  void write_state(int layer, const StepHandle& h, py::handle states) {
+    throw_if_error(pool_->check_state_layer(layer, "write_state"));
+    const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(layer, h.step));
+    states_.pack("write_state", layer, states, plan.write_len(), &staging_);
+    kvcore::SeqStepPlan& written = tree_writes(layer);
+    if (const kvcore::DraftTree* tree = active_tree()) {
+      throw_if_error(kvcore::write_state_tree(*pool_, layer, plan, *tree, staging_.data(), staging_.size()));
+      written = plan;
+    } else {
+      throw_if_error(pool_->write_state(layer, plan, staging_.data(), staging_.size()));
+      written = kvcore::SeqStepPlan{};
+    }
+  }
+
+  // The state `step` (or its tree node `node`) starts from on State layer `layer`.
+  py::dict read_state(int layer, const StepHandle& h, py::handle node) {
+    throw_if_error(pool_->check_state_layer(layer, "read_state"));
+    const kvcore::SeqStepPlan plan = unwrap(h.cache->plan(layer, h.step));
+    if (node.is_none()) {
+      std::vector<unsigned char>& slot = staging_;
+      slot.assign(states_.slot_bytes(layer), 0);
+      throw_if_error(pool_->read_state(layer, plan, slot.data(), slot.size()));
+      return states_.unpack(layer, slot.data());
+    }
+    const int i = to_int("node", py::cast<PyInt>(node));
+    const kvcore::DraftTree* tree = active_tree();
+    if (tree == nullptr)
+      raise(kvcore::Error::InvalidArgument, "read_state of layer " + std::to_string(layer) + ": node = " +
+                                                std::to_string(i) + ", but the step is not a tree step (begin_tree)");
+    const int slot = unwrap(kvcore::node_read_slot(*pool_, layer, plan, *tree, i));
+    return states_.unpack(layer, slot < 0 ? nullptr : unwrap(pool_->state_slot(layer, slot)));
+  }
+
+  // Read-only (D, *shape) view of tensor `name` in every slot of State layer `layer`.
+  py::object state_slots(int layer, const std::string& name) const {
+    throw_if_error(pool_->check_state_layer(layer, "state_slots"));
+    const StateTensors::Tensor& t = states_.tensor("state_slots", layer, name);
+    const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
+    std::vector<Py_intptr_t> dims{shape.rows}, strides{static_cast<Py_intptr_t>(shape.k_row_bytes)};
+    dims.insert(dims.end(), t.shape.begin(), t.shape.end());
+    strides.resize(dims.size());
+    Py_intptr_t stride = t.dtype.itemsize();
+    for (std::size_t d = dims.size(); d-- > 1;) {
+      strides[d] = stride;
+      stride *= dims[d];
+    }
+    return blocks_.strided_view(shape.k, shape.k + t.offset, t.dtype, static_cast<int>(dims.size()), dims.data(),
+                                strides.data());
   }
 
   // Performs a commit's copies: `copies` has one (n, 2) [src, dst] int array per
@@ -229,7 +281,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     }
     const kvcore::KVViews views = unwrap(pool_->views(layer, plan));
     if (views.n == 1) {
-      const kvcore::PoolLayer shape = unwrap(pool_->layer(layer));
+      const kvcore::PoolLayer shape = unwrap(pool_->layer(cache_->row_layer(layer)));  // a Shared layer's: its source's
       std::tie(k, v) = this->views(layer, shape.k, views.span[0].k, shape.v, views.span[0].v, rows);
     } else {
       const Output out = empty(layer, rows);
@@ -265,6 +317,17 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   }
 
  private:
+  // The write runs of `layer`'s last tree step, forgotten when a new step begins
+  // (an abandoned tree step's rows name nothing then).
+  kvcore::SeqStepPlan& tree_writes(int layer) {
+    const std::uint64_t step_id = cache_->active_step().id;
+    if (step_id != tree_writes_step_) {
+      for (kvcore::SeqStepPlan& runs : tree_writes_) runs = kvcore::SeqStepPlan{};
+      tree_writes_step_ = step_id;
+    }
+    return tree_writes_[static_cast<std::size_t>(layer)];
+  }
+
   // The begun step's tree, or null when none (or a chain step) is begun.
   const kvcore::DraftTree* active_tree() const {
     const kvcore::Step& active = cache_->active_step();
@@ -282,7 +345,8 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
     CachedPositions& cached =
         row_positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
     if (cached.step_id == step_id && step_id != 0) return cached.array;
-    py::array out = row_positions(cache_->policy(layer).geometry(), held.rows, held.end, active_tree());
+    const kvcore::LayerGeometry& geometry = cache_->policy(cache_->row_layer(layer)).geometry();  // the rows it reads
+    py::array out = row_positions(geometry, held.rows, held.end, active_tree());
     cached.step_id = step_id;
     cached.array = out;
     return std::move(out);
@@ -303,12 +367,26 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
   }
 
   bool mirror_rings_ = false;
-  std::vector<unsigned char> staging_;          // a quantized tree step's rows before write_tree places them
+  StateTensors states_;                          // each State layer's named tensors in a slot
+  std::vector<unsigned char> staging_;          // a quantized tree step's rows before write_tree places them; states
   std::vector<CachedPositions> positions_;      // per policy: position-order reads
   std::vector<CachedPositions> row_positions_;  // per policy: row-order reads
   std::vector<kvcore::SeqStepPlan> tree_writes_;  // per layer: the write runs of its last tree step, until copied
   std::uint64_t tree_writes_step_ = 0;             // the step tree_writes_ belong to
 };
+
+// ", state_bytes=N" (every State layer's slots; in reserved_bytes too), or "" without State layers.
+std::string state_bytes(const PyPool& p) {
+  std::size_t n = 0;
+  bool any = false;
+  for (int l = 0; l < p.pool().n_layers(); ++l) {
+    const kvcore::PoolLayer layer = unwrap(p.pool().layer(l));
+    if (layer.policy.kind != kvcore::LayerPolicy::Kind::State) continue;
+    any = true;
+    n += layer.k_row_bytes * static_cast<std::size_t>(layer.rows);
+  }
+  return any ? ", state_bytes=" + std::to_string(n) : std::string();
+}
 
 const StepHandle& checked_step(const PyPool& p, const StepHandle& h) {
   if (h.cache.get() != p.cache().get())
@@ -384,26 +462,38 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
 
 void register_pool(py::module_& m) {
   py::class_<PyPool> cls(m, "KVPool",
-                         "Reference CPU storage for a SequenceCache's K/V rows: applies plans.\n\n"
+                         "Reference CPU storage for a SequenceCache's K/V rows and state slots: applies plans.\n\n"
+                         "A Shared layer stores nothing (read gives its source's rows); a State layer keeps "
+                         "its D state slots of the named tensors state_tensors gives (read_state, write_state, "
+                         "state_slots).\n\n"
                          "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), "
                          "int8 or uint8. Arrays are (T, n_kv_heads, head_dim) for K and (T, n_kv_heads, "
                          "value_dim) for V, C-contiguous, of exactly the pool's dtype.");
   cls.def(py::init([](std::shared_ptr<kvcore::SequenceCache> cache, py::object dtype,
-                      bool mirror_rings, py::object compute_dtype) {
+                      bool mirror_rings, py::object compute_dtype, py::object state_tensors) {
             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-            return new PyPool(std::move(cache), dtype, mirror_rings, compute_dtype);
+            std::vector<kvcore::LayerPolicy::Kind> kinds;
+            for (int l = 0; l < cache->n_layers(); ++l) kinds.push_back(unwrap(cache->layer_config(l)).policy.kind);
+            const StateTensors states = StateTensors::parse(state_tensors, kinds);
+            return new PyPool(std::move(cache), dtype, mirror_rings, compute_dtype, states);
           }),
           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"),
           py::kw_only(), py::arg("mirror_rings") = false, py::arg("compute_dtype") = py::none(),
+          py::arg("state_tensors") = py::none(),
           "Storage for every layer of `cache` in `dtype` (float32, float16, \"bfloat16\" with "
           "ml_dtypes, int8, uint8). Construction gives every layer, flat or ring, "
           "min(config.initial_capacity, rows(layer)) rows; a layer's storage then doubles, up "
           "to rows(layer), when a write reaches further (reserve() grows it ahead). "
           "mirror_rings: see the property. dtype 'qint8' or 'fp8_e4m3' stores quantized rows "
           "(docs/quantized.md): values go in and come out as compute_dtype (float32 by default, "
-          "float16 or \"bfloat16\"). InvalidArgumentError: another dtype or cache None, a "
-          "compute_dtype other than those (or, for a plain dtype, other than it); "
-          "AllocationError when memory runs out (at construction or on growth).");
+          "float16 or \"bfloat16\"). A Shared layer stores nothing: reads answer from its source's rows. "
+          "state_tensors: the named tensors of each State layer's state, {name: (shape, dtype)} for "
+          "every State layer or {layer: {name: (shape, dtype)}} per layer (numeric numpy dtypes or "
+          "\"bfloat16\"; each tensor 16-byte aligned in a slot); the pool keeps rows(layer) slots of "
+          "them per State layer (docs/layer_kinds.md). InvalidArgumentError: another dtype or cache None, a "
+          "compute_dtype other than those (or, for a plain dtype, other than it), state_tensors missing "
+          "for a State layer, naming a layer that is not one, an empty name, a dim < 1, another dtype "
+          "or a slot that overflows; AllocationError when memory runs out (at construction or on growth).");
   def_storage(cls, StorageDocs{
                        "The SequenceCache whose plans this pool applies (kept alive by it).",
                        "Storage format: the numpy dtype of every stored element, or 'qint8' / 'fp8_e4m3' "
@@ -424,7 +514,8 @@ void register_pool(py::module_& m) {
          "read without sinks is a zero-copy view.")
       .def_property_readonly(
           "nbytes", [](const PyPool& p) { return p.pool().in_use_bytes(p.cache()->length()); },
-          "Bytes of the rows holding the cache's committed positions.")
+          "Bytes of the rows holding the cache's committed positions (a State layer's: min(length, D) "
+          "slots; a Shared layer's: none).")
       .def("rows", [](const PyPool& p, const PyInt& layer) {
              return p.pool().layer(p.checked_layer(layer))->rows;
            }, py::arg("layer"),
@@ -487,45 +578,100 @@ void register_pool(py::module_& m) {
            "begun `step` and returns (k, v, positions) as read(layer, plan, order=order). Errors "
            "as write and read; InvalidStateError: `step` is stale or of another cache. A tree step "
            "(begin_tree) writes token i to the row of its chain_index and its positions give each "
-           "row's token position (length + depth); mask with step.mask(layer, order=order).")
+           "row's token position (length + depth); mask with step.mask(layer, order=order). A Shared "
+           "layer is refused naming its source (update the source, then read the Shared layer: its "
+           "source's rows); a State layer is refused (write_state, read_state).")
+      .def("state_names",
+           [](const PyPool& p, const PyInt& layer) {
+             const int l = p.checked_layer(layer);
+             throw_if_error(p.pool().check_state_layer(l, "state_names"));
+             return p.states().names(l);
+           },
+           py::arg("layer"),
+           "The names of State layer `layer`'s state tensors, in the order state_tensors gave them. "
+           "InvalidArgumentError: bad layer, a layer that is not a State layer.")
+      .def("write_state",
+           [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle states) {
+             const int l = p.checked_layer(layer);
+             p.write_state(l, checked_step(p, step), states);
+           },
+           py::arg("layer"), py::arg("step"), py::arg("states"),
+           "Stores the states the begun `step` produces on State layer `layer`: states[name] is an "
+           "array (n, *shape) of the tensor's dtype, C-contiguous, for every tensor of the layer, row j "
+           "the state after the j-th position the step keeps: n = step.plan(layer).write_len, T for a "
+           "verify step (begin_step(T, verify=True)), 1 (the last position's) for any other chain step, "
+           "N for a tree step (row i: node i's). Every name, shape and dtype is checked before anything "
+           "is written. InvalidArgumentError: bad layer, not a State layer, a missing or unknown name, "
+           "another shape or dtype, not C-contiguous; InvalidStateError: `step` is stale or of another cache.")
+      .def("read_state",
+           [](PyPool& p, const PyInt& layer, const StepHandle& step, py::handle node) {
+             const int l = p.checked_layer(layer);
+             return p.read_state(l, checked_step(p, step), node);
+           },
+           py::arg("layer"), py::arg("step"), py::kw_only(), py::arg("node") = py::none(),
+           "The state the begun `step` starts from on State layer `layer`, as a dict name -> read-only "
+           "array of the tensor's shape (a copy): the state after position P - 1, zeros at P = 0. "
+           "Read it before write_state (a step without verify may write its last state into that slot). "
+           "node=i (a tree step): the state tree node i starts from, its parent's (write_state the "
+           "tree first), the root's being the step's. InvalidArgumentError: bad layer, not a State "
+           "layer, node outside [0, N) or given for a chain step; InvalidStateError: `step` is stale "
+           "or of another cache.")
+      .def("state_slots",
+           [](const PyPool& p, const PyInt& layer, const std::string& name) {
+             return p.state_slots(p.checked_layer(layer), name);
+           },
+           py::arg("layer"), py::arg("name"),
+           "Read-only zero-copy array (D, *shape) of tensor `name` in every slot of State layer `layer` "
+           "(D = rows(layer)), for kernels that index slots themselves (vLLM-style state_indices: "
+           "step.plan(layer).read names the slot a step starts from, its write runs the slots it fills). "
+           "InvalidArgumentError: bad layer, not a State layer, no such tensor.")
       .def("apply_copies", [](PyPool& p, py::handle copies) { p.apply_copies(copies); }, py::arg("copies"),
            "Performs a draft-tree commit's row copies: `copies` is what SequenceCache.commit(step, "
-           "accepted) returned, one int (n, 2) array [src row, dst row] per layer, copied in order. "
+           "accepted) returned, one int (n, 2) array [src row, dst row] per layer (a State layer's: "
+           "state slots), copied in order. "
            "Call it after the commit and before writing the next step. InvalidArgumentError: not one "
            "(n, 2) array per layer, or a row outside the layer; InvalidStateError: a row the tree step "
            "never wrote. Every layer is checked before anything is copied.")
       .def_static(
           "required_bytes",
-          [](const kvcore::CacheConfig& config, py::object dtype, bool mirror_rings) {
+          [](const kvcore::CacheConfig& config, py::object dtype, bool mirror_rings, py::object state_tensors) {
+            throw_if_error(kvcore::validate(config));
+            std::vector<kvcore::LayerPolicy::Kind> kinds;
+            for (int l = 0; l < config.n_layers; ++l) kinds.push_back(config.layer(l).policy.kind);
+            const StateTensors states = StateTensors::parse(state_tensors, kinds);
             return unwrap(kvcore::KVPool::required_bytes(config, parse_dtype(dtype).second,
-                                                         ring_storage(mirror_rings)));
+                                                         ring_storage(mirror_rings), states.slot_bytes()));
           },
           py::arg("config"), py::arg("dtype"), py::kw_only(), py::arg("mirror_rings") = false,
+          py::arg("state_tensors") = py::none(),
           "Bytes one arena must have for a pool of a cache built from `config` in `dtype`, as the "
           "C++ KVPool::in_arena takes them: every layer at its full rows(layer) for K and V (with "
           "mirror_rings, plus the R - 1 mirror rows of each wrapping ring layer without sinks), "
           "the layer table and each K and V block rounded up to 64 bytes, and 63 bytes of slack to "
-          "align the start, so any address works. Builds no pool. InvalidArgumentError: `config` "
-          "breaks a CacheConfig rule, another dtype, or the total overflows the address space.")
+          "align the start, so any address works; each State layer's D slots of its state_tensors "
+          "(as KVPool takes them). Builds no pool. InvalidArgumentError: `config` "
+          "breaks a CacheConfig rule, another dtype, bad state_tensors (as KVPool), or the total "
+          "overflows the address space.")
       .def("__deepcopy__",
            [](const PyPool& p, py::dict memo) {
              // Its cache's copy (once per deepcopy, through memo), then every stored row.
              py::object cache = py::module_::import("copy").attr("deepcopy")(py::cast(p.cache()), memo);
              auto* copy = new PyPool(cache.cast<std::shared_ptr<kvcore::SequenceCache>>(), p.dtype_spec(),
-                                     p.mirror_rings(), p.quantized() ? py::object(p.compute_dtype()) : py::object(py::none()));
+                                     p.mirror_rings(), p.quantized() ? py::object(p.compute_dtype()) : py::object(py::none()),
+                                     p.states());
              py::object owned = py::cast(copy, py::return_value_policy::take_ownership);
              for (int l = 0; l < p.pool().n_layers(); ++l) {
                const kvcore::PoolLayer from = unwrap(p.pool().layer(l));
                throw_if_error(copy->pool().reserve(l, from.allocated_rows));
                const kvcore::PoolLayer to = unwrap(copy->pool().layer(l));
                const std::size_t n = static_cast<std::size_t>(from.storage_rows());
-               std::memcpy(to.k, from.k, from.k_row_bytes * n);
-               std::memcpy(to.v, from.v, from.v_row_bytes * n);
+               if (from.k_row_bytes * n != 0) std::memcpy(to.k, from.k, from.k_row_bytes * n);
+               if (from.v_row_bytes * n != 0) std::memcpy(to.v, from.v, from.v_row_bytes * n);  // a State layer has no V
              }
              return owned;
            },
            py::arg("memo"),
-           "An independent pool holding a copy of every row, over a deep copy of its cache "
+           "An independent pool holding a copy of every row and state slot, over a deep copy of its cache "
            "(shared with other objects of the same deepcopy). AllocationError when it cannot be "
            "allocated.")
       .def(
@@ -589,7 +735,7 @@ void register_pool(py::module_& m) {
                                            : p.dtype().attr("name").cast<std::string>()) +
                (p.quantized() ? ", compute_dtype=" + p.compute_dtype().attr("name").cast<std::string>() : "") +
                (p.mirror_rings() ? ", mirror_rings=True" : "") +
-               ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + ")";
+               ", reserved_bytes=" + std::to_string(p.pool().reserved_bytes()) + state_bytes(p) + ")";
       });
 
   m.def(

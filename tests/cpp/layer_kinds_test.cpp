@@ -290,14 +290,8 @@ TEST(LayerKindsRefusals, BatchCacheRefusesStateLayers) {
   expect_refused(made.status(), Error::NotSupported, "layers[1]: a State layer");
 }
 
-TEST(LayerKindsRefusals, BytePoolsAndRecordsRefuseSharedAndStateLayers) {
-  auto c = make(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::shared(0)}));
-  auto pool = kvcore::KVPool::create(*c, kvcore::DType::Float32);
-  ASSERT_FALSE(pool.ok());
-  expect_refused(pool.status(), Error::NotSupported, "layer 1: KVPool stores the K/V rows");
-  auto s = make(kinds_config(64, 4, {LayerPolicy::state(3)}));
-  expect_refused(kvcore::KVPool::create(*s, kvcore::DType::Float32).status(), Error::NotSupported,
-                 "its Shared or State layer has none");
+TEST(LayerKindsRefusals, PagedKVPoolRefusesSharedLayers) {
+  // KVPool stores both kinds (kv_pool_kinds_test.cpp); PagedKVPool not yet.
   auto batch = BatchCache::create(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::shared(0)}));
   ASSERT_TRUE(batch.ok());
   EXPECT_EQ(*(*batch)->group_of(1), *(*batch)->group_of(0));  // the shared layer reads its source's group

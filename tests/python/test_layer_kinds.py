@@ -19,10 +19,10 @@ from kvcore import (
     Flat,
     InvalidArgumentError,
     InvalidStateError,
-    KVPool,
     LayerConfig,
     LayerPolicy,
     NotSupportedError,
+    PagedKVPool,
     Ring,
     SequenceCache,
     Shared,
@@ -141,8 +141,9 @@ def test_an_abort_that_overwrote_the_read_slot_blocks_the_next_step_until_a_rewi
 
 
 def test_byte_layers_and_batch_caches_refuse_what_they_do_not_store_yet() -> None:
-    with pytest.raises(NotSupportedError, match=r"layer 1: KVPool stores the K/V rows of Flat, Ring and Chunked layers"):
-        KVPool(SequenceCache(CacheConfig(capacity=32, layers=[kv(Flat()), kv(Shared(0))], max_step=4)), np.float32)
+    # KVPool stores both (test_kv_pool_kinds.py); PagedKVPool not yet.
+    with pytest.raises(NotSupportedError, match=r"layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers"):
+        PagedKVPool(BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), kv(Shared(0))], max_step=4)), np.float32)
     with pytest.raises(NotSupportedError, match=r"layers\[1\]: a State layer \(recurrent state\) is planned by SequenceCache"):
         BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), LayerConfig(State(3))], max_step=4))
     batch = BatchCache(CacheConfig(capacity=32, layers=[kv(Chunked(8)), kv(Flat()), kv(Shared(0))], max_step=4))

@@ -74,6 +74,18 @@ struct LayerPolicy {
   friend bool operator!=(const LayerPolicy& a, const LayerPolicy& b) noexcept { return !(a == b); }
 };
 
+/// The kind's name ("Flat", "Ring", "Chunked", "Shared", "State"); nullptr
+/// for a value outside LayerPolicy::Kind.
+inline const char* to_string(LayerPolicy::Kind kind) noexcept {
+  using Kind = LayerPolicy::Kind;
+  return kind == Kind::Flat      ? "Flat"
+         : kind == Kind::Ring    ? "Ring"
+         : kind == Kind::Chunked ? "Chunked"
+         : kind == Kind::Shared  ? "Shared"
+         : kind == Kind::State   ? "State"
+                                 : nullptr;
+}
+
 /// One layer's policy and the shape of one K/V row (the byte layer sizes rows from it).
 struct LayerConfig {
   LayerPolicy policy;
@@ -164,12 +176,7 @@ inline Status validate_layer(const CacheConfig& cfg, int idx) noexcept {
   using Kind = LayerPolicy::Kind;
   const LayerConfig& l = cfg.layers[static_cast<std::size_t>(idx)];
   const LayerPolicy& p = l.policy;
-  const char* name = p.kind == Kind::Flat      ? "Flat"
-                     : p.kind == Kind::Ring    ? "Ring"
-                     : p.kind == Kind::Chunked ? "Chunked"
-                     : p.kind == Kind::Shared  ? "Shared"
-                     : p.kind == Kind::State   ? "State"
-                                               : nullptr;
+  const char* name = to_string(p.kind);
   if (name == nullptr)
     return Status::make(Error::InvalidArgument,
                         "layers[%d].policy.kind = %d: must be Flat (0), Ring (1), Chunked (2), "

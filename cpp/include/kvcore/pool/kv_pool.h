@@ -11,6 +11,13 @@
 //    nothing is allocated, not even the layer table.
 // Rows never written read as zeros in both modes.
 //
+// The kinds of docs/design.md section 9: a Shared layer stores nothing (its
+// reads answer from its source's rows; writing it is refused); a State layer
+// stores D state slots of a size the caller gives (StateSlotBytes: the pool
+// never interprets a state's bytes), allocated in full at creation, written
+// and read with the state verbs (write_state, read_state, state_slot); the
+// K/V verbs refuse it and the state verbs refuse the other kinds, by name.
+//
 // RingStorage::Mirrored (either mode) repeats the first R - 1 ring rows of each
 // wrapping ring layer without sinks (LayerGeometry::mirror_rows) after its last
 // row, so a read that wraps round the ring is one contiguous span: backends
@@ -76,8 +83,21 @@ enum class RingStorage : int {
   Mirrored = 1,
 };
 
-/// Shape and storage of one layer (rows: geometry.rows, rows(layer)).
+/// The bytes of one state slot of each State layer, for KVPool::create,
+/// in_arena and required_bytes: bytes[l] for layer l, n entries (one per layer;
+/// entries of other kinds are ignored). A state's bytes are the caller's
+/// (its tensors, dtypes and shapes): the pool stores and copies them whole.
+struct StateSlotBytes {
+  const std::size_t* bytes = nullptr;
+  int n = 0;
+};
+
+/// Shape and storage of one layer (rows: geometry.rows, rows(layer)). A
+/// Shared layer has rows = 0 (no storage); a State layer has rows = D slots
+/// of k_row_bytes bytes each, v_row_bytes = 0 and no heads.
 struct PoolLayer : LayerStorage {
+  /// The layer's policy (its kind; a Shared layer's source).
+  LayerPolicy policy;
   /// How positions map onto rows, as the planner reported it.
   LayerGeometry geometry;
   /// First ring row (geometry.sink_rows).
@@ -135,36 +155,43 @@ class KVPool : public PoolStorage<KVPoolTraits> {
 
   /// A growing pool for `planner`'s layers (shapes from layer_config(l), rows and
   /// ring layout from geometry(l)), each starting at min(initial_capacity(), rows)
-  /// rows. InvalidArgument: dtype outside DType, allocator without both
-  /// functions, ring storage outside RingStorage, or a layer whose bytes overflow
-  /// the address space. MemoryAllocationFailed: the initial blocks cannot be
-  /// allocated (nothing is kept).
+  /// rows; a State layer's D slots of state_slot_bytes.bytes[l] bytes are
+  /// allocated in full. InvalidArgument: dtype outside DType, allocator without both
+  /// functions, ring storage outside RingStorage, a State layer without a slot
+  /// size (or of 0 bytes), or a layer whose bytes overflow the address space.
+  /// MemoryAllocationFailed: the initial blocks cannot be allocated (nothing is kept).
   static Result<KVPool> create(const SequencePlanner& planner, DType dtype,
                                PoolAllocator allocator = PoolAllocator::heap(),
-                               RingStorage ring_storage = RingStorage::Compact) noexcept {
+                               RingStorage ring_storage = RingStorage::Compact,
+                               StateSlotBytes state_slot_bytes = {}) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
     KVCORE_RETURN_IF_ERROR(check_allocator(allocator));
     KVPool pool(dtype, allocator);
     KVCORE_RETURN_IF_ERROR(pool.build(planner.n_layers(), planner.initial_capacity(),
-                                      PlannerShape{planner, dtype, ring_storage}));
+                                      PlannerShape{planner, dtype, ring_storage, state_slot_bytes}));
+    for (int l = 0; l < pool.n_layers_; ++l) {  // D is small: every slot from the start
+      if (pool.layers_[l].policy.kind == LayerPolicy::Kind::State)
+        KVCORE_RETURN_IF_ERROR(pool.grow(l, pool.layers_[l].rows));
+    }
     return pool;
   }
 
   /// Bytes in_arena() needs for a cache built from `config`, alignment slack
   /// included (any arena address works). InvalidArgument: `config` breaks a rule
-  /// of validate(), dtype outside DType, ring storage outside RingStorage, or the
-  /// total overflows the address space.
-  static Result<std::size_t> required_bytes(
-      const CacheConfig& config, DType dtype,
-      RingStorage ring_storage = RingStorage::Compact) noexcept {
+  /// of validate(), dtype outside DType, ring storage outside RingStorage, a
+  /// State layer without a slot size (or of 0 bytes), or the total overflows
+  /// the address space.
+  static Result<std::size_t> required_bytes(const CacheConfig& config, DType dtype,
+                                            RingStorage ring_storage = RingStorage::Compact,
+                                            StateSlotBytes state_slot_bytes = {}) noexcept {
     KVCORE_RETURN_IF_ERROR(validate(config));
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
     return arena_bytes(config.n_layers, [&](int l, PoolLayer* out) {
       const LayerGeometry geometry = LayerGeometry::of(
           config.layer(l).policy, config.effective_max_step(), config.capacity);
-      return shape_layer(l, config.layer(l), geometry, dtype, ring_storage, out);
+      return shape_layer(l, config.layer(l), geometry, dtype, ring_storage, state_slot_bytes, out);
     });
   }
 
@@ -172,20 +199,23 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// required_bytes(config, dtype, ring_storage) bytes for the config `planner`
   /// was built from, any alignment). Allocates nothing; the arena must outlive
   /// the pool. InvalidArgument: dtype outside DType, ring storage outside
-  /// RingStorage, null arena, arena too small (the message names both sizes).
+  /// RingStorage, null arena, arena too small (the message names both sizes),
+  /// a State layer without a slot size (or of 0 bytes).
   static Result<KVPool> in_arena(const SequencePlanner& planner, DType dtype, void* arena,
                                  std::size_t arena_bytes_given,
-                                 RingStorage ring_storage = RingStorage::Compact) noexcept {
+                                 RingStorage ring_storage = RingStorage::Compact,
+                                 StateSlotBytes state_slot_bytes = {}) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_ring_storage(ring_storage));
     KVPool pool(dtype, PoolAllocator{});
     KVCORE_RETURN_IF_ERROR(pool.carve(arena, arena_bytes_given, planner.n_layers(),
-                                      PlannerShape{planner, dtype, ring_storage}));
+                                      PlannerShape{planner, dtype, ring_storage, state_slot_bytes}));
     return pool;
   }
 
   /// Bytes of the rows that hold positions [0, length) (min(length, rows) rows
-  /// per layer): what a cache of that length keeps alive.
+  /// per layer; a State layer's min(length, D) slots, a Shared layer's none):
+  /// what a cache of that length keeps alive.
   std::size_t in_use_bytes(int length) const noexcept {
     std::size_t n = 0;
     if (length <= 0) return 0;
@@ -204,10 +234,11 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// layer, a run outside the layer's rows, k/v not exactly write_len() rows, or
   /// k/v overlapping rows each of a wrapped write's two runs overwrites before the
   /// other reads them (pass a copy); nothing is written.
+  /// A Shared or State layer: InvalidArgument (check_writes_rows()).
   /// MemoryAllocationFailed: growth failed (nothing written, pool unchanged).
   Status write(int layer_index, const SeqStepPlan& plan, const void* k, std::size_t k_bytes,
                const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "write"));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent,
                             check_runs(layer_index, plan.write, plan.n_write,
                                        SeqStepPlan::kMaxWriteRuns, "write"));
@@ -253,12 +284,14 @@ class KVPool : public PoolStorage<KVPoolTraits> {
 
   /// Copies the plan's read runs, in position order, into contiguous k_out/v_out
   /// (at least read_len() rows each). InvalidArgument: bad layer, a run outside the
-  /// layer's rows, an output too small or null. InvalidState: a run reaches rows
-  /// the pool has not grown to yet (write the step before reading it).
+  /// layer's rows, an output too small or null, a State layer. InvalidState: a run reaches rows
+  /// the pool has not grown to yet (write the step before reading it). A Shared
+  /// layer's plan reads its source's rows: they are copied from the source.
   Status gather(int layer_index, const SeqStepPlan& plan, void* k_out, std::size_t k_capacity,
                 void* v_out, std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(layer_index, plan));
-    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "gather"));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(from, plan));
+    const PoolLayer& layer = layers_[from];
     KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "k_out", k_out, k_capacity,
                                         extent.rows, layer.k_row_bytes, /*exact=*/false));
     KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "v_out", v_out, v_capacity,
@@ -282,10 +315,12 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// current until a later step writes those rows. In a mirrored ring layer a run
   /// that ends at the last row and the run that continues it from the first ring
   /// row are one span (its `run.row + run.len` then passes rows(layer): the rest
-  /// is the mirror). Errors as gather() (no buffers).
+  /// is the mirror). A Shared layer's spans are its source's rows. Errors as
+  /// gather() (no buffers).
   Result<KVViews> views(int layer_index, const SeqStepPlan& plan) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_read(layer_index, plan));
-    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "views"));
+    KVCORE_RETURN_IF_ERROR(check_read(from, plan));
+    const PoolLayer& layer = layers_[from];
     const bool mirrored = layer.mirror_rows > 0 && layer.allocated_rows == layer.rows;
     KVViews out;
     for (int i = 0; i < plan.n_read; ++i) {
@@ -315,17 +350,24 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// order. Every position a query of the step sees is the position of exactly
   /// one row, which holds its K/V; the other rows (up to max_step - T on a
   /// wrapped ring, never more than rows(layer) in all) are invisible to every
-  /// query and may hold anything, e.g. a rewound draft: the mask hides them. Validity as views(). InvalidArgument:
-  /// bad layer, or a plan without writes or reaching past the layer's rows.
+  /// query and may hold anything, e.g. a rewound draft: the mask hides them. Validity as views().
+  /// A Shared layer answers with its source's rows, `end` then being the end
+  /// of its plan's last read run (its plan writes nothing). InvalidArgument:
+  /// bad layer, a State layer, or a plan without writes (a Shared layer's:
+  /// without reads) or reaching past the layer's rows.
   /// InvalidState: the rows are not all allocated yet (write the step first).
   Result<HeldRows> held_rows(int layer_index, const SeqStepPlan& plan) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    KVCORE_RETURN_IF_ERROR(
-        check_runs(layer_index, plan.write, plan.n_write, SeqStepPlan::kMaxWriteRuns, "write"));
-    const PoolLayer& layer = layers_[layer_index];
-    const int end = plan.end_position();
-    KVCORE_CHECK_OR_RETURN_ERROR(plan.n_write >= 1, InvalidArgument,
-                                 "held_rows of layer %d: the plan writes nothing", layer_index);
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "held_rows"));
+    const bool shared = from != layer_index;
+    const Run* runs = shared ? plan.read : plan.write;
+    const int n_runs = shared ? plan.n_read : plan.n_write;
+    KVCORE_RETURN_IF_ERROR(check_runs(from, runs, n_runs,
+                                      shared ? SeqStepPlan::kMaxReadRuns : SeqStepPlan::kMaxWriteRuns,
+                                      shared ? "read" : "write"));
+    const PoolLayer& layer = layers_[from];
+    KVCORE_CHECK_OR_RETURN_ERROR(n_runs >= 1, InvalidArgument, "held_rows of layer %d: the plan %s nothing",
+                                 layer_index, shared ? "reads" : "writes");
+    const int end = runs[n_runs - 1].end_pos();
     const int rows = layer.geometry.held_rows(end);
     KVCORE_CHECK_OR_RETURN_ERROR(
         rows <= layer.allocated_rows, InvalidState,
@@ -342,10 +384,11 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// InvalidArgument (nothing written): as write(); `in_type` not float32,
   /// float16 or bfloat16 (or, for a plain pool, not its dtype); a value that is
   /// not finite or a (row, head) whose range passes FLT_MAX (quantize.h); k/v
-  /// overlapping the layer's storage. MemoryAllocationFailed: growth failed.
+  /// overlapping the layer's storage; a Shared or State layer.
+  /// MemoryAllocationFailed: growth failed.
   Status write_values(int layer_index, const SeqStepPlan& plan, DType in_type, const void* k,
                       std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "write_values"));
     if (!is_quantized(dtype_)) {
       KVCORE_CHECK_OR_RETURN_ERROR(in_type == dtype_, InvalidArgument,
                                    "write_values of layer %d: values of %s, the pool stores %s", layer_index,
@@ -392,9 +435,10 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// `out_type` not float32, float16 or bfloat16. InvalidState: as gather().
   Status gather_values(int layer_index, const SeqStepPlan& plan, DType out_type, void* k_out,
                        std::size_t k_capacity, void* v_out, std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(layer_index, plan));
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "gather_values"));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(from, plan));
     KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "gather_values", out_type));
-    const PoolLayer& layer = layers_[layer_index];
+    const PoolLayer& layer = layers_[from];
     const std::size_t k_row = value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type);
     const std::size_t v_row = value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type);
     KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather_values", "k_out", k_out, k_capacity, extent.rows,
@@ -434,6 +478,122 @@ class KVPool : public PoolStorage<KVPoolTraits> {
                     held.end};
   }
 
+  /// The layer whose K/V rows `what` (the calling verb, for the message)
+  /// reads on `layer_index`: a Shared layer's source, else the layer itself.
+  /// InvalidArgument: bad layer, a State layer (it holds state slots).
+  Result<int> row_layer(int layer_index, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const LayerPolicy& policy = layers_[layer_index].policy;
+    KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, InvalidArgument,
+                                 "%s of layer %d: a State layer holds state slots, not K/V rows (use "
+                                 "write_state, read_state, state_slot)",
+                                 what, layer_index);
+    return policy.kind == LayerPolicy::Kind::Shared ? policy.source : layer_index;
+  }
+
+  /// Ok when a step writes K/V rows into `layer_index` (a Flat, Ring or
+  /// Chunked layer). InvalidArgument naming `what`: bad layer, a Shared layer
+  /// (it writes nothing: its source's rows are written), a State layer.
+  Status check_writes_rows(int layer_index, const char* what) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, what));
+    KVCORE_CHECK_OR_RETURN_ERROR(from == layer_index, InvalidArgument,
+                                 "%s: layer %d is Shared(%d): it writes nothing; write layer %d", what,
+                                 layer_index, from, from);
+    return Error::Ok;
+  }
+
+  /// Ok when `layer_index` is a State layer. InvalidArgument naming `what`:
+  /// bad layer, another kind (it has no state slots).
+  Status check_state_layer(int layer_index, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const LayerPolicy::Kind kind = layers_[layer_index].policy.kind;
+    KVCORE_CHECK_OR_RETURN_ERROR(kind == LayerPolicy::Kind::State, InvalidArgument,
+                                 "%s of layer %d: a %s layer has no state slots (the state verbs take "
+                                 "State layers)",
+                                 what, layer_index, to_string(kind));
+    return Error::Ok;
+  }
+
+  /// Copies the step's states into the slots `plan` (the State layer's plan
+  /// of the step) writes: input slot j (k_row_bytes bytes each; `bytes`
+  /// exactly write_len() slots) goes to the j-th written slot, i.e. the state
+  /// after position write[..].pos + j. InvalidArgument (nothing written): bad
+  /// layer, not a State layer, a write run outside the slots [0, D), `states`
+  /// null or not exactly write_len() slots, or overlapping the layer's slots
+  /// (pass a copy).
+  Status write_state(int layer_index, const SeqStepPlan& plan, const void* states,
+                     std::size_t bytes) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "write_state"));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent,
+                            check_runs(layer_index, plan.write, plan.n_write,
+                                       SeqStepPlan::kMaxWriteRuns, "write"));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_state_input(layer, layer_index, "write_state", states, bytes, extent.rows));
+    const unsigned char* in = static_cast<const unsigned char*>(states);
+    for (int i = 0; i < plan.n_write; ++i) {
+      const Run& run = plan.write[i];
+      const std::size_t n = layer.k_row_bytes * static_cast<std::size_t>(run.len);
+      std::memcpy(layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row), in, n);
+      in += n;
+    }
+    return Error::Ok;
+  }
+
+  /// Copies the state `plan`'s step starts from into `out` (at least
+  /// k_row_bytes bytes): the slot its read run names (the state after P - 1),
+  /// or zeros when the plan reads none (P = 0: a state starts at zeros). Read
+  /// it before write_state(): a step without verify may write its last state
+  /// into that slot. InvalidArgument: bad layer, not a State layer, a read run
+  /// outside the slots [0, D), a plan reading more than one slot, `out` null
+  /// or too small.
+  Status read_state(int layer_index, const SeqStepPlan& plan, void* out, std::size_t capacity) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "read_state"));
+    KVCORE_ASSIGN_OR_RETURN(const Extent extent,
+                            check_runs(layer_index, plan.read, plan.n_read, SeqStepPlan::kMaxReadRuns, "read"));
+    KVCORE_CHECK_OR_RETURN_ERROR(extent.rows <= 1, InvalidArgument,
+                                 "read_state of layer %d: the plan reads %lld slots: a step starts from "
+                                 "one state (none at position 0)",
+                                 layer_index, static_cast<long long>(extent.rows));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "read_state", "out", out, capacity, 1, layer.k_row_bytes,
+                                        /*exact=*/false));
+    if (plan.n_read == 0) {
+      std::memset(out, 0, layer.k_row_bytes);
+    } else {
+      std::memmove(out, layer.k + layer.k_row_bytes * static_cast<std::size_t>(plan.read[0].row),
+                   layer.k_row_bytes);
+    }
+    return Error::Ok;
+  }
+
+  /// Slot `slot` of State layer `layer_index`, zero-copy: k_row_bytes bytes
+  /// for a kernel that reads and writes slots itself (vLLM-style
+  /// state_indices: the plan's read run's row is the slot it starts from, its
+  /// write runs' rows the slots it fills, in order). Valid for the pool's life
+  /// (a State layer never grows after creation). InvalidArgument: bad layer,
+  /// not a State layer, slot outside [0, D).
+  Result<unsigned char*> state_slot(int layer_index, int slot) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "state_slot"));
+    const PoolLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < layer.rows, InvalidArgument,
+                                 "state_slot of layer %d: slot = %d: must be in [0, D = %d)", layer_index, slot,
+                                 layer.rows);
+    return layer.k + layer.k_row_bytes * static_cast<std::size_t>(slot);
+  }
+
+  /// InvalidArgument unless `states` (`bytes`) are exactly `slots` states of
+  /// State layer `layer` and share no byte with its slots (`what` names the verb).
+  static Status check_state_input(const PoolLayer& layer, int layer_index, const char* what, const void* states,
+                                  std::size_t bytes, std::int64_t slots) noexcept {
+    KVCORE_RETURN_IF_ERROR(
+        check_buffer(layer_index, what, "states", states, bytes, slots, layer.k_row_bytes, /*exact=*/true));
+    const std::size_t all = layer.k_row_bytes * static_cast<std::size_t>(layer.rows);
+    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(states, bytes, layer.k, all), InvalidArgument,
+                                 "%s of layer %d: the states overlap the layer's slots: pass a copy", what,
+                                 layer_index);
+    return Error::Ok;
+  }
+
  private:
   // Rows and one-past-the-last row of a checked list of runs.
   struct Extent {
@@ -463,22 +623,22 @@ class KVPool : public PoolStorage<KVPoolTraits> {
     const SequencePlanner& planner;
     DType dtype;
     RingStorage ring_storage;
+    StateSlotBytes state_slot_bytes;
 
     Status operator()(int l, PoolLayer* out) const noexcept {
       KVCORE_ASSIGN_OR_RETURN(const LayerConfig config, planner.layer_config(l));
       KVCORE_ASSIGN_OR_RETURN(const LayerGeometry geometry, planner.geometry(l));
-      return shape_layer(l, config, geometry, dtype, ring_storage, out);
+      return shape_layer(l, config, geometry, dtype, ring_storage, state_slot_bytes, out);
     }
   };
 
-  // Row sizes and mirror of layer `l`; fails when its rows (mirror included)
-  // overflow the address space.
-  static Status shape_layer(int l, const LayerConfig& lc, const LayerGeometry& geometry,
-                            DType dtype, RingStorage ring_storage, PoolLayer* out) noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(lc.policy.holds_keys(), NotSupported,
-                                 "layer %d: KVPool stores the K/V rows of Flat, Ring and Chunked layers; "
-                                 "its Shared or State layer has none (docs/layer_kinds.md)",
-                                 l);
+  // Row sizes and mirror of layer `l` (a Shared layer: its source's row
+  // sizes, no rows); fails when its rows (mirror included) overflow the
+  // address space. A State layer: shape_state().
+  static Status shape_layer(int l, const LayerConfig& lc, const LayerGeometry& geometry, DType dtype,
+                            RingStorage ring_storage, StateSlotBytes state, PoolLayer* out) noexcept {
+    out->policy = lc.policy;
+    if (lc.policy.kind == LayerPolicy::Kind::State) return shape_state(l, geometry, state, out);
     const int rows = geometry.rows;
     const int mirror_rows = ring_storage == RingStorage::Mirrored ? geometry.mirror_rows() : 0;
     const std::uint64_t storage =
@@ -494,6 +654,28 @@ class KVPool : public PoolStorage<KVPoolTraits> {
     out->geometry = geometry;
     out->ring_start = geometry.sink_rows;
     out->mirror_rows = mirror_rows;
+    return Error::Ok;
+  }
+
+  // State layer `l`: D = geometry.rows slots of state.bytes[l] bytes (K), no V.
+  static Status shape_state(int l, const LayerGeometry& geometry, StateSlotBytes state, PoolLayer* out) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(state.bytes != nullptr && l < state.n, InvalidArgument,
+                                 "layer %d is a State layer: its state slot size is missing (state_slot_bytes "
+                                 "has %d entries, needs one per layer)",
+                                 l, state.bytes == nullptr ? 0 : state.n);
+    const std::size_t slot = state.bytes[l];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 1, InvalidArgument,
+                                 "layer %d is a State layer: state_slot_bytes[%d] = 0: a slot needs >= 1 byte", l,
+                                 l);
+    std::uint64_t all = 0;
+    KVCORE_CHECK_OR_RETURN_ERROR(checked_mul(static_cast<std::uint64_t>(geometry.rows), slot, &all),
+                                 InvalidArgument,
+                                 "layer %d: %d state slots of %zu bytes overflow the address space", l,
+                                 geometry.rows, slot);
+    out->k_row_bytes = slot;
+    out->v_row_bytes = 0;
+    out->rows = geometry.rows;
+    out->geometry = geometry;
     return Error::Ok;
   }
 

@@ -47,6 +47,7 @@ struct LayerStorage {
   int allocated_rows = 0;
   /// The layer's K and V storage: storage_rows() rows of k_row_bytes and
   /// v_row_bytes, row r at k + r * k_row_bytes. Moves when the layer grows.
+  /// A block of no bytes (a KVPool State layer's V) may be null.
   unsigned char* k = nullptr;
   unsigned char* v = nullptr;
 };
@@ -235,10 +236,12 @@ class PoolStorage : protected PoolBytes {
     const std::size_t storage = static_cast<std::size_t>(grown.storage_rows());
     const std::size_t k_bytes = layer.k_row_bytes * storage;
     const std::size_t v_bytes = layer.v_row_bytes * storage;
-    auto* k = static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
-    auto* v = k == nullptr ? nullptr
-                           : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, v_bytes));
-    if (v == nullptr) {
+    // A block of no bytes (a state layer's V) is not allocated: it stays null.
+    auto* k = k_bytes == 0 ? nullptr : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
+    auto* v = (k == nullptr && k_bytes != 0) || v_bytes == 0
+                  ? nullptr
+                  : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, v_bytes));
+    if ((k == nullptr && k_bytes != 0) || (v == nullptr && v_bytes != 0)) {
       if (k != nullptr) allocator_.release(allocator_.context, k);
       return Status::make(Error::MemoryAllocationFailed,
                           "layer %d: cannot allocate %zu bytes to grow %sfrom %d to %d rows",
@@ -248,8 +251,8 @@ class PoolStorage : protected PoolBytes {
     const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
     if (k_old != 0) std::memcpy(k, layer.k, k_old);
     if (v_old != 0) std::memcpy(v, layer.v, v_old);
-    std::memset(k + k_old, 0, k_bytes - k_old);
-    std::memset(v + v_old, 0, v_bytes - v_old);
+    if (k_bytes != k_old) std::memset(k + k_old, 0, k_bytes - k_old);
+    if (v_bytes != v_old) std::memset(v + v_old, 0, v_bytes - v_old);
     const Blocks old{layer.k, layer.v};
     if (replaced != nullptr) {
       *replaced = old;
