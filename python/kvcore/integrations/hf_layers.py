@@ -23,7 +23,6 @@ _DUMMY = "dummy"
 # transformers' recurrent-state layer types (its LinearAttentionLayer): gated DeltaNet and Mamba
 # layers are "linear_attention", LFM2's short convolutions "conv". kvcore plans them as State(D).
 STATE_TYPES = ("linear_attention", "conv")
-}
 
 
 def cache_config_for(
