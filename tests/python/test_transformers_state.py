@@ -388,6 +388,12 @@ def test_state_bytes_are_slots_times_dynamic_caches(model: Any) -> None:
         assert cache.state.nbytes(i) == 9 * held  # D = min(8, 8) + 1 snapshots
 
 
+def one_column_too_many(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """A forward pre-hook giving a conv layer one more input column than tokens (a bad update_conv_state)."""
+    h = kwargs["hidden_states"]
+    return args, {**kwargs, "hidden_states": torch.cat([h, h[:, -1:]], dim=1)}
+
+
 def test_an_error_in_the_last_layers_state_call_after_its_commit_rewinds_the_forward() -> None:
     # LFM2's last layer holds a state: the forward commits at its first call (get_conv_state),
     # and a bad update after it rewinds the cache to where the forward began.
@@ -395,10 +401,6 @@ def test_an_error_in_the_last_layers_state_call_after_its_commit_rewinds_the_for
     ids = prompt(10)
     cache = KVCoreCache(model.config, max_step=8)
     conv = model.model.layers[3].conv
-
-    def one_column_too_many(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        h = kwargs["hidden_states"]
-        return args, {**kwargs, "hidden_states": torch.cat([h, h[:, -1:]], dim=1)}
 
     with torch.no_grad():
         prefill(model, cache, ids[:, :6])
@@ -420,10 +422,6 @@ def test_a_verify_step_whose_last_layer_fails_cannot_be_committed() -> None:
     ids = prompt(10)
     cache = KVCoreCache(model.config, max_step=8)
     conv = model.model.layers[3].conv
-
-    def one_column_too_many(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        h = kwargs["hidden_states"]
-        return args, {**kwargs, "hidden_states": torch.cat([h, h[:, -1:]], dim=1)}
 
     with torch.no_grad():
         prefill(model, cache, ids[:, :6])
