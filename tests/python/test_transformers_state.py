@@ -452,3 +452,18 @@ def test_deepcopy_continues_identically_and_independently(model: Any) -> None:
         assert twin.get_seq_length() == 10  # the original's forward did not touch the copy
         b = prefill(model, twin, ids[:, 10:14]).logits[:, -1]
     assert torch.equal(a, b) and twin.state is not cache.state and twin.state.cache is twin.sequence
+
+
+def test_records_of_a_hybrid_cache_are_refused_by_name_and_change_nothing() -> None:
+    # The torch pool's records carry K/V rows only: a model with State layers is refused at
+    # export and at import (not a helper pool's complaint about missing state tensors).
+    model = lfm2()
+    cache = KVCoreCache(model.config, max_step=8)
+    with torch.no_grad():
+        prefill(model, cache, prompt(6))
+    with pytest.raises(kvcore.NotSupportedError, match=r"export: layer 0 is a State layer; records do not carry"):
+        cache.pool.export_sequence()
+    fresh = KVCoreCache(model.config, max_step=8)
+    with pytest.raises(kvcore.NotSupportedError, match=r"import: layer 0 is a State layer; records do not carry"):
+        fresh.pool.import_sequence(b"\0" * 64)
+    assert cache.get_seq_length() == 6 and fresh.get_seq_length() == 0

@@ -33,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvcore._core import KVPool, SequenceCache, seal_record
-from kvcore._errors import InvalidArgumentError, InvalidStateError
+from kvcore._core import KVPool, LayerPolicy, SequenceCache, seal_record
+from kvcore._errors import InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.state import RecordInfo, RecordSource, record_data
 from kvcore.torch.layer import LayerPool
 from kvcore.quantized import row_bytes
@@ -107,6 +107,15 @@ def _export_dtype(pool: LayerStore, dtype: Optional[torch.dtype]) -> torch.dtype
     return found
 
 
+def _refuse_state_layers(cache: SequenceCache, what: str) -> None:
+    """NotSupportedError naming the first State layer: records do not carry recurrent states yet
+    (a torch pool keeps them beside it, in ``TorchStateSlots``; docs/layer_kinds.md)."""
+    for layer in range(cache.n_layers):
+        if cache.layer_policy(layer).kind == LayerPolicy.Kind.State:
+            raise NotSupportedError(
+                f"{what}: layer {layer} is a State layer; records do not carry recurrent states yet")
+
+
 def export_sequence(
     pool: LayerStore, tokens: Tokens = None, *, dtype: Optional[torch.dtype] = None, record_format: Optional[str] = None
 ) -> bytes:
@@ -117,8 +126,9 @@ def export_sequence(
     uint8 (``TorchQuantizedKVPool``: the record is ``KVPool(cache, record_format)``'s).
     InvalidStateError: a step is begun, a layer without tensors or rows for a held position;
     InvalidArgumentError: a batch other than 1, mixed or unsupported dtypes, more tokens than the
-    length."""
+    length; NotSupportedError: a State layer (records do not carry states yet)."""
     cache = pool.cache
+    _refuse_state_layers(cache, "export")
     if cache.active_step is not None:
         raise InvalidStateError("export: a step is begun; commit or abort it first")
     tdtype = _export_dtype(pool, torch.uint8 if record_format is not None else dtype)
@@ -181,7 +191,9 @@ def import_layers(
     before its sizes allocate anything (and again by the helper pool's import). Checks everything first and changes nothing on an error; raises as ``KVPool.import_sequence`` (InvalidArgumentError: truncated,
     corrupt, another policy, shape or layer count; NotSupportedError: a newer version, holes or a
     removed head; InvalidStateError: the cache holds positions or a begun step; CapacityError: over
-    capacity), InvalidArgumentError also for layers of mixed dtypes."""
+    capacity), InvalidArgumentError also for layers of mixed dtypes; NotSupportedError for a model
+    with State layers (records do not carry states yet)."""
+    _refuse_state_layers(pool.cache, "import")
     data = record_data(record)
     info = RecordInfo.of(data)  # validated before its sizes allocate tensors
     _check_formats(info, record_format)
