@@ -288,7 +288,8 @@ class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` of the keys it reads: its source layer's."""
-        return self._owner.layers[self.source].get_mask_sizes(query_length)
+        sizes: tuple[int, int] = self._owner.layers[self.source].get_mask_sizes(query_length)
+        return sizes
 
     def get_seq_length(self) -> int:
         """The cache's one length."""
