@@ -19,6 +19,12 @@ builtin exception types, planned by kvcore:
   paged store. Forks share rows, ``seq_rm`` releases them, and ring layers release
   what no future query can need, where the reference keeps every cell.
 
+Both take ``kv_dtype`` (None, ``"int8"`` or ``"fp8"``): with ``"int8"`` each row is stored
+as ExecuTorch's ``QuantizedKVCache`` quantizes it (asymmetric int8 per (token, head), a
+float32 scale and an int8 zero point, bit for bit), with ``"fp8"`` as float8 e4m3fn with a
+float32 scale (``kvcore.torch.TorchQuantizedKVPool`` / ``TorchQuantizedPagedKVPool``,
+docs/quantized.md); the history comes back dequantized in the dtype ``k`` came in.
+
 The ``AttendSpec`` each returns is the cheapest kind that is exact: ``NONE`` when
 every query sees every returned row, ``CAUSAL`` when the history is exactly the
 step's own tokens and each sees itself and the earlier ones (what torch's
@@ -72,8 +78,11 @@ from kvcore._core import (
 )
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, KVCacheError
 from kvcore.forward_step import ForwardStep
+from kvcore.quantized import kv_format
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.pool import TorchKVPool
+from kvcore.torch.quantized import TorchQuantizedKVPool
+from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
 from kvcore.torch.step_layout import StepLayout
 
 TESTED_EXECUTORCH = "1.5.1"
@@ -124,6 +133,13 @@ class KVCoreContiguousCache:
       may see, in position order, so a decode is unmasked) or ``"rows"`` (every row the layer
       holds, as it lies: always a view, with an explicit mask).
     - ``v_head_dim``: the value head dim when it differs from ``head_dim`` (e.g. MLA).
+    - ``kv_dtype``: None (default: K/V stored in ``config.dtype``, inputs cast to it), ``"int8"``
+      (ExecuTorch's ``QuantizedKVCache`` rule: per (token, head) int8 values, a float32 scale
+      and an int8 zero point) or ``"fp8"`` (float8 e4m3fn, a float32 scale): rows stored
+      quantized in a ``TorchQuantizedKVPool``, the history returned dequantized in the dtype
+      ``k`` and ``v`` come in (float32, float16 or bfloat16, both the same; ``config.dtype`` is
+      not used). ``ValueError`` (``kvcore.InvalidArgumentError``) naming any other value and
+      the choices, before anything is built.
 
     A forward is one kvcore step: the update of layer 0 begins it (``position`` must be the
     sequence's length onwards, else ``ValueError``), every layer is then served once with the
@@ -143,8 +159,13 @@ class KVCoreContiguousCache:
         mirror_rings: bool = True,
         order: str = "positions",
         v_head_dim: Optional[int] = None,
+        kv_dtype: Optional[str] = None,
     ) -> None:
+        if kv_dtype is not None:
+            kv_format(kv_dtype)  # an unknown name is refused before anything is built
         self.config = config
+        #: None (K/V stored in ``config.dtype``), ``"int8"`` or ``"fp8"`` (stored quantized).
+        self.kv_dtype = kv_dtype
         self._static = config.sizing is CacheSizing.STATIC
         capacity = int(config.capacity)
         kv_config = CacheConfig(
@@ -154,7 +175,11 @@ class KVCoreContiguousCache:
             initial_capacity=capacity if self._static else max(1, initial_capacity),
         )
         self.sequence = SequenceCache(kv_config)
-        self.pool = TorchKVPool(self.sequence, mirror_rings=mirror_rings, order=order)
+        self.pool = (
+            TorchKVPool(self.sequence, mirror_rings=mirror_rings, order=order)
+            if kv_dtype is None
+            else TorchQuantizedKVPool(self.sequence, kv_dtype, mirror_rings=mirror_rings, order=order)
+        )
         self.order = order
         self.dtype: torch.dtype = config.dtype
         self.batch_size = int(config.batch_size)
@@ -252,7 +277,8 @@ class KVCoreContiguousCache:
 
         ``k``: ``[batch, n_kv_heads, T, head_dim]``, ``v``: ``[..., v_head_dim]``, ``position``:
         ``[T, 1]`` (``[T, n]`` is accepted and not checked: placement follows the length).
-        Returns ``[batch, n_kv_heads, n, dim]`` K and V (see ``order``) and the spec.
+        Returns ``[batch, n_kv_heads, n, dim]`` K and V (see ``order``) and the spec; with
+        ``kv_dtype`` dequantized in ``k``'s dtype, in a workspace the next update reuses.
 
         Errors (kvcore's exceptions, subclasses of the builtins named; nothing is written):
 
@@ -260,7 +286,9 @@ class KVCoreContiguousCache:
           ``k``/``v`` not shaped for the config (``batch_size``, heads, head dims) and ``T``;
           on layer 0, more than ``max_step`` tokens, or a ``[T, 1]`` position other than
           ``length .. length + T - 1``, or one not ``[T, n]``; on a later layer, a token count
-          or position other than layer 0's in the same forward.
+          or position other than layer 0's in the same forward. With ``kv_dtype``: ``k``/``v``
+          not of one dtype of float32, float16, bfloat16, or holding inf or NaN, or a (token,
+          head) whose range passes FLT_MAX (on a later layer the forward is aborted).
         - ``RuntimeError``: ``kvcore.CapacityError`` when layer 0's forward would pass ``capacity``;
           ``kvcore.InvalidStateError`` when a later layer comes with no forward under way (layer
           0 begins each) or a layer is served twice in one forward.
@@ -269,10 +297,11 @@ class KVCoreContiguousCache:
         """
         if not 0 <= layer_id < self._n_layers:
             _check_layer(layer_id, self._n_layers)
-        if k.dtype != self.dtype:
-            k = k.to(self.dtype)
-        if v.dtype != self.dtype:
-            v = v.to(self.dtype)
+        if self.kv_dtype is None:  # quantized: the values' own dtype, checked by the pool
+            if k.dtype != self.dtype:
+                k = k.to(self.dtype)
+            if v.dtype != self.dtype:
+                v = v.to(self.dtype)
         step = self._forward.step
         if layer_id == 0:
             step = self._begin(k, v, position)
@@ -323,7 +352,7 @@ class KVCoreContiguousCache:
         if int(k.shape[0]) != self.batch_size:
             raise InvalidArgumentError(f"k has batch {int(k.shape[0])}, the config's batch_size is {self.batch_size}")
         _check_positions(position, T, length)
-        seen = (k.shape, v.shape, k.device, v.device)
+        seen = (k.shape, v.shape, k.device, v.device, k.dtype, v.dtype)
         if seen != self._checked:  # checked once per shape: write_read checks the rest on its slow path
             self.pool.check_input(0, k, v, position=length, T=T)
             self._checked = seen
@@ -415,7 +444,14 @@ class KVCoreCellCache:
       per group for each, so this, not ``max_seqs``, sizes the tables. A step or ``seq_cp``
       that would make one more sequence active raises ``kvcore.CapacityError``
       (``RuntimeError``) and changes nothing; a sequence ``seq_rm`` empties gives its row back;
-    - ``v_head_dim``: the value head dim when it differs from ``head_dim``.
+    - ``v_head_dim``: the value head dim when it differs from ``head_dim``;
+    - ``kv_dtype``: None (default: rows stored in ``config.dtype``), ``"int8"`` (ExecuTorch's
+      ``QuantizedKVCache`` rule) or ``"fp8"`` (float8 e4m3fn): rows stored quantized, each with
+      its scales, in a ``TorchQuantizedPagedKVPool`` (forks, copies and ``seq_rm`` move them
+      with their rows); the history is returned dequantized in the dtype ``k`` and ``v`` come
+      in (float32, float16 or bfloat16, both the same). ``ValueError``
+      (``kvcore.InvalidArgumentError``) naming any other value and the choices, before
+      anything is built.
 
     Differences from the reference, all documented in docs/executorch.md: kvcore appends, so a
     sequence's tokens must be at its length onwards (``ValueError`` naming it otherwise); ring
@@ -435,7 +471,10 @@ class KVCoreCellCache:
         max_holes: int = 8,
         max_active_seqs: int = 16,
         v_head_dim: Optional[int] = None,
+        kv_dtype: Optional[str] = None,
     ) -> None:
+        if kv_dtype is not None:
+            kv_format(kv_dtype)  # an unknown name is refused before anything is built
         if config.batch_size != 1:
             raise InvalidArgumentError("cell cache is flat on the token axis: batch_size must be 1")
         self.config = config
@@ -457,12 +496,14 @@ class KVCoreCellCache:
         self._n_layers = int(config.n_layers)
         self._n_groups = self.cache.n_groups
         self._static = config.sizing is CacheSizing.STATIC
-        self.storage = TorchPagedKVPool(
-            self.cache,
-            dtype=config.dtype,
-            preallocate=self._static,
-            # STATIC: capacity rows per layer (a ring group's pool may be larger; it grows past it only if used)
-            rows_hint=[min(self.cache.num_blocks(g), limits.num_blocks) * block_size for g in range(self._n_groups)],
+        # STATIC: capacity rows per layer (a ring group's pool may be larger; it grows past it only if used)
+        rows_hint = [min(self.cache.num_blocks(g), limits.num_blocks) * block_size for g in range(self._n_groups)]
+        #: None (rows stored in ``config.dtype``), ``"int8"`` or ``"fp8"`` (stored quantized).
+        self.kv_dtype = kv_dtype
+        self.storage = (
+            TorchPagedKVPool(self.cache, dtype=config.dtype, preallocate=self._static, rows_hint=rows_hint)
+            if kv_dtype is None
+            else TorchQuantizedPagedKVPool(self.cache, kv_dtype, preallocate=self._static, rows_hint=rows_hint)
         )
         self._group_of = self.storage.group_of
         self._declared: Optional[_Declared] = None
@@ -618,7 +659,8 @@ class KVCoreCellCache:
         The first layer served places the step (kvcore's plan) and, once its K/V are checked
         and written, commits it: the tokens join their sequences, as the reference claims
         cells there; the others reuse the placement. History: rows ``[0, used_blocks *
-        block_size)`` of the layer's group pool, ``[1, H, rows, dim]`` views; the spec's mask
+        block_size)`` of the layer's group pool, ``[1, H, rows, dim]`` views (with ``kv_dtype``:
+        dequantized in ``k``'s dtype into a workspace the next update reuses); the spec's mask
         (one object per group and step) is ``[n_tokens, rows]``.
 
         Errors (kvcore's exceptions subclass the builtins named). The first layer's placement
@@ -628,7 +670,9 @@ class KVCoreCellCache:
         - ``ValueError`` (``kvcore.InvalidArgumentError``): ``layer_id`` outside ``[0, n_layers)``;
           the forward carries another number of tokens than ``begin_step`` declared; a
           sequence's positions are not its length onwards, each once; ``k``/``v`` not
-          ``[1, n_kv_heads, n_tokens, dim]``.
+          ``[1, n_kv_heads, n_tokens, dim]``; with ``kv_dtype``, ``k``/``v`` not of one dtype of
+          float32, float16, bfloat16, or holding inf or NaN, or a (token, head) whose range
+          passes FLT_MAX (checked before any row of the layer is written).
         - ``RuntimeError``: ``kvcore.InvalidStateError`` when no step is declared or the layer was
           already served for it; ``kvcore.CapacityError`` when a verb between ``begin_step`` and
           the forward left the pools unable to take the step.
