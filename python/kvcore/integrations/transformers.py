@@ -288,8 +288,10 @@ class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """``(kv_length, kv_offset)`` of the keys it reads: its source layer's."""
-        sizes: tuple[int, int] = self._owner.layers[self.source].get_mask_sizes(query_length)
-        return sizes
+        source = self._owner.layers[self.source]
+        if not isinstance(source, KVCoreLayer):  # not an assert: it must hold under -O too
+            raise InternalError(f"layer {self.layer_idx}: its source layer {self.source} holds no K/V")
+        return source.get_mask_sizes(query_length)
 
     def get_seq_length(self) -> int:
         """The cache's one length."""
@@ -323,8 +325,8 @@ class KVCoreStateLayer(cache_utils.LinearAttentionCacheLayerMixin):  # type: ign
         self.slots = policy.slots
         self.is_sliding = False
 
-    @property
-    def has_previous_state(self) -> dict[int, bool]:
+    @property  # the mixin's attribute, computed here (a read-only property over it)
+    def has_previous_state(self) -> dict[int, bool]:  # type: ignore[override, unused-ignore]
         """Per state index: whether the next forward reads a state (the length is above 0)."""
         previous = self._owner._first_position() > 0
         return {0: previous}
@@ -492,7 +494,8 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self.writing_layers = [i for i in range(n) if self.sequence.row_layer(i) == i]
         # Layers whose returned K/V a shared layer uses later in the forward: kept alive (see update).
         self._sources = frozenset(self.sequence.row_layer(i) for i in range(n) if self.sequence.row_layer(i) != i)
-        layers: list[Union[KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer]] = [
+        # (Typed Any: transformers types Cache.layers as a union of its own layer kinds.)
+        layers: list[Any] = [
             KVCoreStateLayer(self, i, p) if kind in STATE_TYPES
             else KVCoreLayer(self, i, p) if i in self.writing_layers
             else KVCoreSharedLayer(self, i, p)
@@ -816,13 +819,12 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         (a state layer answers as the first attention layer: it has no keys)."""
         self._mask_hint = (self.sequence.length, query_length)
         layer = self.layers[layer_idx]
-        if isinstance(layer, KVCoreStateLayer):
-            if not self.kv_layers:
-                self._check_forward_size(query_length)
-                return query_length, 0
-            layer = self.kv_layers[0]
-        sizes: tuple[int, int] = layer.get_mask_sizes(query_length)
-        return sizes
+        if isinstance(layer, (KVCoreLayer, KVCoreSharedLayer)):
+            return layer.get_mask_sizes(query_length)
+        if not self.kv_layers:
+            self._check_forward_size(query_length)
+            return query_length, 0
+        return self.kv_layers[0].get_mask_sizes(query_length)
 
     def has_previous_state(self, layer_idx: Optional[int] = None, state_idx: Optional[int] = None) -> bool:
         """Whether the forward under way (else the next one) reads a state: its first position is above 0."""
