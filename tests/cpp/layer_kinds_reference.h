@@ -118,6 +118,11 @@ class KindsCase {
   const LayerPolicy& policy(int l) const { return cfg_.layers[static_cast<std::size_t>(l)].policy; }
   std::vector<Cell>& store(int l) { return store_[static_cast<std::size_t>(l)]; }
   int length() const { return static_cast<int>(tags_.size()); }
+  // A token never drawn before: the draw count joins the random id. The cache
+  // never sees tokens, so a position written again (after a rewind, or by a
+  // sibling node) must not match its old row even when the fuzzer's exhausted
+  // input draws the same id again.
+  std::int64_t next_token() { return static_cast<std::int64_t>(rng_.uniform(0, 1 << 30)) * (std::int64_t{1} << 24) + ++draws_; }
   std::uint64_t tag_before(int P) const { return P == 0 ? kEmptyPrefix : tags_[static_cast<std::size_t>(P - 1)]; }
 
   // The row (or state slot) position p lives in on layer l, by the contract:
@@ -227,7 +232,7 @@ class KindsCase {
     const int end = P + T;
     if (P / C_ != (end - 1) / C_) ++cov_.chunk_crossing_steps;
     std::vector<std::uint64_t> tags(tags_);  // the prefix tags with the step's tokens
-    for (int p = P; p < end; ++p) tags.push_back(mix(p == 0 ? kEmptyPrefix : tags.back(), rng_.uniform(0, 1 << 30)));
+    for (int p = P; p < end; ++p) tags.push_back(mix(p == 0 ? kEmptyPrefix : tags.back(), next_token()));
     auto tag_of = [&tags](int k) { return tags[static_cast<std::size_t>(k)]; };
     // Writes first, in layer order (a shared layer's source comes earlier).
     for (int l = 0; l < cfg_.n_layers; ++l) {
@@ -311,11 +316,8 @@ class KindsCase {
     for (int i = 0; i < N; ++i) {
       const int par = parents[static_cast<std::size_t>(i)];
       depth[static_cast<std::size_t>(i)] = par < 0 ? 0 : depth[static_cast<std::size_t>(par)] + 1;
-      // The node index joins the token: siblings given the same token (the
-      // fuzzer's exhausted input draws 0s) still hold K/V the mask tells apart.
       node_tag[static_cast<std::size_t>(i)] =
-          mix(par < 0 ? tag_before(P) : node_tag[static_cast<std::size_t>(par)],
-              static_cast<std::int64_t>(rng_.uniform(0, 1 << 30)) * 4096 + i);
+          mix(par < 0 ? tag_before(P) : node_tag[static_cast<std::size_t>(par)], next_token());
     }
     auto ancestor_or_self = [&](int j, int i) {
       for (int a = i; a >= 0; a = parents[static_cast<std::size_t>(a)])
@@ -442,6 +444,7 @@ class KindsCase {
   std::unique_ptr<kvcore::SequenceCache> cache_;
   int C_ = 1;
   int op_ = 0;
+  std::int64_t draws_ = 0;  // tokens drawn so far (next_token)
   std::vector<std::vector<Cell>> store_;
   std::vector<std::uint64_t> tags_;  // tag of each committed position
 };
