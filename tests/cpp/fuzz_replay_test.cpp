@@ -47,8 +47,9 @@ TEST(FuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   EXPECT_GT(cov.kinds_verify_steps, 0);
   EXPECT_GT(cov.kinds_trees, 0);
   EXPECT_GT(cov.kinds_rewinds, 0);
-  std::printf("fuzz corpus, section 9 kinds: %ld caches, %ld verify steps, %ld trees, %ld rewinds\n",
-              cov.kinds_caches, cov.kinds_verify_steps, cov.kinds_trees, cov.kinds_rewinds);
+  EXPECT_GT(cov.huge_kinds_caches, 0);
+  std::printf("fuzz corpus, section 9 kinds: %ld caches (%ld near INT_MAX), %ld verify steps, %ld trees, %ld rewinds\n",
+              cov.kinds_caches, cov.huge_kinds_caches, cov.kinds_verify_steps, cov.kinds_trees, cov.kinds_rewinds);
   std::printf(
       "fuzz corpus: %ld inputs (%ld invalid configs, %ld small and %ld huge caches, %ld arena and %ld mirrored "
       "pools), %ld steps "

@@ -80,6 +80,7 @@ struct Coverage {
   long bad_pool_calls = 0;
   long huge_plans = 0;  // plans of steps ending above 2^30
   long kinds_caches = 0;    // small caches with a Chunked, Shared or State layer (section 9)
+  long huge_kinds_caches = 0;  // near-INT_MAX ones (a spoiled kind byte), checked without a row store
   long kinds_verify_steps = 0;
   long kinds_trees = 0;
   long kinds_rewinds = 0;   // accepted and refused
@@ -322,7 +323,7 @@ class Harness {
       return "";
     }
     if (!created.ok()) return "valid config refused: " + outcome(created.status()) + " for " + kvcore_test::describe(cfg);
-    if (has_new_kinds(cfg)) return run_kinds(cfg);
+    if (has_new_kinds(cfg)) return huge_ ? run_huge_kinds(cfg, *created) : run_kinds(cfg);
     cache_ = std::move(created).get();
     cfg_ = cfg;
     C_ = cache_->max_step();
@@ -368,8 +369,8 @@ class Harness {
   // of rows and state slots stands for the pool).
   std::string run_kinds(const CacheConfig& given) {
     bump(&Coverage::kinds_caches);
-    CacheConfig cfg = given;  // the oracle reads one entry per layer: a broadcast entry, spelled out
-    if (cfg.layers.size() == 1) cfg.layers.assign(static_cast<std::size_t>(cfg.n_layers), given.layers[0]);
+    // The oracle reads one entry per layer: a broadcast entry, spelled out.
+    const CacheConfig cfg = given.layers.size() == 1 ? broadcast(given) : given;
     InputRand rand{&in_};
     kvcore_test::kinds::KindsCoverage cov;
     kvcore_test::kinds::KindsCase<InputRand> one(cfg, rand, cov);
@@ -380,6 +381,59 @@ class Harness {
       coverage()->kinds_rewinds += cov.rewinds_ok + cov.rewinds_refused;
     }
     return err.empty() ? err : err + " for " + kvcore_test::kinds::describe_kinds(cfg);
+  }
+
+  // A near-INT_MAX config with a section-9 kind (a spoiled kind byte can make
+  // one valid): the oracle's per-row store would not fit, so the checks are
+  // the ones integers allow: each layer's rows by the contract, and two steps
+  // (a longest one from 0, then one token) whose runs stay inside the rows
+  // and write exactly the step's positions.
+  std::string run_huge_kinds(const CacheConfig& given, std::unique_ptr<SequenceCache>& cache) {
+    bump(&Coverage::huge_kinds_caches);
+    const CacheConfig cfg = given.layers.size() == 1 ? broadcast(given) : given;
+    const int C = cache->max_step();
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const LayerPolicy& p = cfg.layers[static_cast<std::size_t>(l)].policy;
+      if (*cache->rows(l) != kvcore_test::kinds::contract_rows(p, C, cfg.capacity))
+        return "huge kinds: layer " + str(l) + " rows " + str(*cache->rows(l)) + " for " +
+               kvcore_test::kinds::describe_kinds(cfg);
+    }
+    for (const int T : {C, 1}) {
+      if (static_cast<std::int64_t>(cache->length()) + T > cfg.capacity) break;
+      const int P = cache->length();
+      auto step = cache->begin_step(T);
+      if (!step.ok()) return "huge kinds: begin_step(" + str(T) + ") at " + str(P) + ": " + outcome(step.status());
+      for (int l = 0; l < cfg.n_layers; ++l) {
+        const LayerPolicy& p = cfg.layers[static_cast<std::size_t>(l)].policy;
+        const SeqStepPlan plan = *cache->plan(l, *step);
+        const int rows = p.kind == LayerPolicy::Kind::Shared ? *cache->rows(p.source) : *cache->rows(l);
+        std::int64_t written = 0;
+        for (int r = 0; r < plan.n_write; ++r) {
+          const kvcore::Run& w = plan.write[r];
+          if (w.row < 0 || w.len < 1 || static_cast<std::int64_t>(w.row) + w.len > rows || w.pos < P ||
+              static_cast<std::int64_t>(w.pos) + w.len > static_cast<std::int64_t>(P) + T)
+            return "huge kinds: layer " + str(l) + " writes outside its rows or its step";
+          written += w.len;
+        }
+        const std::int64_t want = p.kind == LayerPolicy::Kind::Shared ? 0 : p.kind == LayerPolicy::Kind::State ? 1 : T;
+        if (written != want) return "huge kinds: layer " + str(l) + " writes " + str(static_cast<long long>(written)) + " rows";
+        for (int r = 0; r < plan.n_read; ++r) {
+          const kvcore::Run& rd = plan.read[r];
+          if (rd.row < 0 || rd.len < 1 || static_cast<std::int64_t>(rd.row) + rd.len > rows || rd.pos < 0 ||
+              static_cast<std::int64_t>(rd.pos) + rd.len > static_cast<std::int64_t>(P) + T)
+            return "huge kinds: layer " + str(l) + " reads outside its rows or the length";
+        }
+      }
+      const Status c = cache->commit(*step);
+      if (!c.ok() || cache->length() != P + T) return "huge kinds: commit " + outcome(c);
+    }
+    return "";
+  }
+
+  static CacheConfig broadcast(const CacheConfig& given) {
+    CacheConfig cfg = given;
+    cfg.layers.assign(static_cast<std::size_t>(cfg.n_layers), given.layers[0]);
+    return cfg;
   }
 
   // --- configs ----------------------------------------------------------------
