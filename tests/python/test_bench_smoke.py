@@ -124,3 +124,33 @@ def test_hf_batch_bench_overhead_run_reports_per_request_figures(tmp_path: Path)
         figures = report["requests"][n]
         assert figures["forwards"] > 0
         assert figures["planning_us_per_request"] > 0 and figures["update_us_per_request"] > 0
+
+
+def test_hybrid_speculative_runs_checks_exactness_and_counts_state_writes(tmp_path: Path) -> None:
+    out = tmp_path / "hybrid.json"
+    args = ["--models", "qwen3_next,granite", "--new", "12", "--reps", "1", "--drafts", "3"]
+    args += ["--contexts", "200", "--max-step", "64", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "hybrid_speculative.py"), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["all_tokens_equal_greedy"]
+    for name in ("qwen3_next", "granite"):
+        rows = {r["candidate"]: r for r in report["models"][name]["speed"]["rows"]}
+        assert len(rows) == 4 and all(r["tokens_equal_greedy"] and r["tokens_per_s"] > 0 for r in rows.values())
+        # A verify step of one token writes one slot of each state of each state layer.
+        plain = rows["speculative_generate, 0 drafts, KVCoreCache"]
+        assert plain["state_bytes_per_verify_step"] == plain["state_slot_bytes_per_token"] > 0
+        assert plain["tokens_per_forward"] == 1.0 and plain["drafted"] == 0
+        # With drafts, a verify step keeps the state after each of its tokens.
+        lookup = rows["prompt_lookup_generate, 3 drafts, KVCoreCache"]
+        steps, slot = lookup["verify_steps"], lookup["state_slot_bytes_per_token"]
+        assert lookup["state_bytes_per_verify_step"] == round((steps + lookup["drafted"]) * slot / steps)
+        (memory,) = report["models"][name]["memory"]
+        kv, dyn = memory["kvcore"], memory["dynamic"]
+        assert kv["length"] == dyn["length"] == 200 and memory["last_logits_max_abs_diff"] < 1e-4
+        # Both hold the attention layer's 200 rows; kvcore keeps D = 9 snapshots of each state.
+        assert kv["kv_bytes"] == dyn["kv_bytes"] > 0
+        assert kv["state_bytes"] == 9 * dyn["state_bytes"] > 0
