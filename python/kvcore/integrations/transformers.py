@@ -70,6 +70,12 @@ Tested with transformers 5.24.0 and torch 2.13.0 (see docs/transformers.md).
 Other 5.x releases are accepted only if the Cache API this module relies on is
 there; anything else raises NotSupportedError at import rather than risk wrong
 output.
+
+This module is the public entry and holds the cache; its parts live beside it and
+every name is importable from here: the layer classes (``KVCoreLayer``,
+``KVCoreSharedLayer``, ``KVCoreStateLayer``) in ``kvcore.integrations.transformers_layers``,
+the release and Cache API check (``check_transformers``) in
+``kvcore.integrations.transformers_versions``.
 """
 
 from __future__ import annotations

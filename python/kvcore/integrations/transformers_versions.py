@@ -1,11 +1,11 @@
-"""The transformers releases and Cache API that ``KVCoreCache`` accepts, checked at import.
+"""The transformers releases and Cache API that ``KVCoreCache`` accepts: ``check_transformers``.
 
 ``kvcore.integrations.transformers`` relies on transformers' public Cache API: the
 release range comes from ``kvcore.integrations.transformers_release`` (the one version
 gate, shared with continuous batching), the calls it makes into that API are listed
-here. Importing this module checks the installed release and raises NotSupportedError
-rather than risk wrong output; ``kvcore.integrations.transformers_layers`` imports it
-before it subclasses transformers' layer classes.
+here. ``kvcore.integrations.transformers_layers`` runs the check at import, before it
+subclasses transformers' layer classes, so importing ``kvcore.integrations.transformers``
+on another release raises NotSupportedError rather than risk wrong output.
 """
 
 from __future__ import annotations
@@ -52,9 +52,6 @@ def _cache_calls() -> dict[str, bool]:
 
 def _params(fn: Any) -> list[str]:
     return list(inspect.signature(fn).parameters)
-
-
-check_transformers()
 
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "TESTED_TRANSFORMERS", "check_transformers"]
