@@ -75,7 +75,8 @@ This module is the public entry and holds the cache; its parts live beside it an
 every name is importable from here: the layer classes (``KVCoreLayer``,
 ``KVCoreSharedLayer``, ``KVCoreStateLayer``) in ``kvcore.integrations.transformers_layers``,
 the release and Cache API check (``check_transformers``) in
-``kvcore.integrations.transformers_versions``.
+``kvcore.integrations.transformers_versions``. How a state layer's conv and recurrent
+tensors become slot states is ``kvcore.integrations.transformers_state``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateErro
 from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import FULL, SLIDING, STATE_TYPES, cache_config_for
 from kvcore.integrations.transformers_layers import KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
+from kvcore.integrations.transformers_state import read_state, state_name, write_conv_states, write_recurrent_state
 from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
 from kvcore.torch.state_slots import SlotSpan, TorchStateSlots
@@ -578,14 +580,14 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         ``attention_masks``). InvalidStateError: out of layer order, no token count known, or no
         state stored for a position above 0.
         """
-        return self._state_guard(self._get_state, layer_idx, _state_name("conv", state_idx), False)
+        return self._state_guard(self._get_state, layer_idx, state_name("conv", state_idx), False)
 
     def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Optional[torch.Tensor]:
         """The recurrent state the forward's tokens read in ``layer_idx``: as ``get_conv_state``.
         NotSupportedError (the step is aborted) in a verify step whose call covers more than one
         token: transformers' layer computes only the last recurrent state, and a verify step keeps
         each one (run the layer token by token: ``kvcore.integrations.transformers_speculative``)."""
-        return self._state_guard(self._get_state, layer_idx, _state_name("recurrent", state_idx), True)
+        return self._state_guard(self._get_state, layer_idx, state_name("recurrent", state_idx), True)
 
     def update_conv_state(
         self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
@@ -720,59 +722,19 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             "get_mask_sizes (transformers' mask functions call it), attention_masks or begin_verify"
         )
 
-    def _get_state(self, layer_idx: int, name: str, recurrent: bool) -> Optional[torch.Tensor]:
-        span = self._state_span(layer_idx)
-        if recurrent:
-            self._check_last_state_only(span)
-        if span.first == 0:
-            return None  # position 0: no previous state (DynamicCache's None)
-        if self.state.tensor(layer_idx, name) is None:
-            raise InvalidStateError(
-                f"layer {layer_idx} holds no {name!r} state for position {span.first}: the forwards before "
-                f"it did not run this layer"
-            )
-        return self.state.prepare(layer_idx, name, span)
+    # What a state call does with the model's tensors (kvcore.integrations.transformers_state), once
+    # _state_span served the layer: inside _state_guard, so an error ends the forward.
 
-    def _check_last_state_only(self, span: SlotSpan) -> None:
-        if len(span.keep) > 1:
-            raise NotSupportedError(
-                f"layer {span.layer}: a verify step of {span.count} tokens keeps the state after each, and "
-                f"transformers' layer computes only its last recurrent state: run the state layers token by "
-                f"token (kvcore.integrations.transformers_speculative)"
-            )
+    def _get_state(self, layer_idx: int, name: str, recurrent: bool) -> Optional[torch.Tensor]:
+        return read_state(self.state, layer_idx, self._state_span(layer_idx), name, recurrent)
 
     def _update_conv(
         self, layer_idx: int, state_idx: int, new: torch.Tensor, kernel: Optional[int]
     ) -> torch.Tensor:
-        span = self._state_span(layer_idx)
-        name = _state_name("conv", state_idx)
-        if new.dim() < 2 or int(new.shape[-1]) != span.count:
-            raise InvalidArgumentError(
-                f"update_conv_state of layer {layer_idx}: conv_states {tuple(new.shape)} must be [batch, "
-                f"channels, {span.count}] (one column per token of the call)"
-            )
-        stored = self.state.tensor(layer_idx, name)
-        if kernel is None:
-            kernel = int(stored.shape[-1]) if stored is not None else int(new.shape[-1])
-        prev = self.state.read_state(layer_idx, name, span)
-        if prev is None:
-            prev = new.new_zeros((*new.shape[:-1], kernel))
-        full = torch.cat([prev.to(new.dtype), new], dim=-1)
-        # Column window j of full ends at the call's (j - 1)-th token: the state after it.
-        windows = full.unfold(-1, kernel, 1)[..., 1:, :]  # [batch, channels, count, kernel]
-        self.state.write_states(layer_idx, name, span, windows.movedim(-2, 1))
-        return full
+        return write_conv_states(self.state, layer_idx, self._state_span(layer_idx), state_idx, new, kernel)
 
     def _update_recurrent(self, layer_idx: int, state_idx: int, state: torch.Tensor) -> torch.Tensor:
-        span = self._state_span(layer_idx)
-        self._check_last_state_only(span)
-        if state.dim() < 1:
-            raise InvalidArgumentError(f"update_recurrent_state of layer {layer_idx}: a state must be [batch, ...]")
-        out = self.state.write_states(layer_idx, _state_name("recurrent", state_idx), span, state[:, None])
-        if out is None:  # a span always keeps its last position (a plain step's, or each of a verify step's)
-            last = span.first + span.count - 1
-            raise InternalError(f"layer {layer_idx}: the step keeps no state after position {last}")
-        return out
+        return write_recurrent_state(self.state, layer_idx, self._state_span(layer_idx), state_idx, state)
 
     # --- length changes ----------------------------------------------------------------
 
@@ -871,11 +833,6 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 )
             return next(iter(masks.values()))
         return masks
-
-
-def _state_name(kind: str, state_idx: int) -> str:
-    """The TorchStateSlots name of transformers' conv or recurrent state ``state_idx``."""
-    return kind if state_idx == 0 else f"{kind}{state_idx}"
 
 
 class _StatePositions:
