@@ -3,6 +3,8 @@ global state: a test opts in by naming a fixture.
 
 Helpers that are not fixtures live in reference.py (`import reference`): the
 brute-force model, `Lockstep` (a cache driven alongside it) and `observe`.
+The transformers integration's model tests share hf_generate.py (prompts, `generate`,
+`max_diff`, the per-model `model` fixture).
 """
 
 from __future__ import annotations

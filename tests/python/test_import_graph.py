@@ -85,6 +85,7 @@ def test_the_graph_is_read() -> None:
     assert len(MODULES) > 30
     assert "kvcore.torch.pool_records" in edges["kvcore.torch.pool"]
     assert "kvcore.integrations.hf_batch" in edges["kvcore.integrations.transformers"]  # its __getattr__
+    assert "kvcore.integrations.transformers_layers" in edges["kvcore.integrations.transformers"]  # re-exported
 
 
 def test_no_import_cycle() -> None:

@@ -9,6 +9,7 @@ cache must give the same tokens and logits within 1e-5.
 from __future__ import annotations
 
 import copy
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ transformers = pytest.importorskip("transformers", reason="the transformers inte
 import kvcore  # noqa: E402
 from kvcore.integrations import transformers as kvt  # noqa: E402
 from kvcore.integrations.transformers import KVCoreCache, prefill  # noqa: E402
+from hf_generate import greedy, max_diff, model_fixture, random_prompt  # noqa: E402
 
 WINDOW = 8
 VOCAB = 256
@@ -54,26 +56,8 @@ def gemma3(seed: int = 0, attn: str = "eager", **overrides: Any) -> Any:
 MODELS = {"gemma2": gemma2, "gemma3": gemma3}
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def model(request: pytest.FixtureRequest) -> Any:
-    return MODELS[request.param]()
-
-
-def prompt(n: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (batch, n), generator=g)
-
-
-def max_diff(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> float:
-    assert len(a) == len(b)
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
-
-
-def greedy(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
-    with torch.no_grad():
-        return model.generate(
-            ids, max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True, **kwargs
-        )
+model = model_fixture(MODELS)
+prompt = partial(random_prompt, vocab=VOCAB)
 
 
 # --- generate() ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ rewinds and draft trees); float32 logits must agree within 1e-5.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from kvcore.integrations.transformers import (  # noqa: E402
 )
 from kvcore.memory import kv_bytes  # noqa: E402
 from kvcore.torch import TorchKVPool  # noqa: E402
+from hf_generate import generate, max_diff, model_fixture, random_prompt  # noqa: E402
 
 VOCAB = 256
 CHUNK = WINDOW = 8
@@ -64,24 +66,8 @@ def gemma3n(attn: str = "eager") -> Any:
 MODELS = {"llama4": llama4, "gemma3n": gemma3n}
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def model(request: pytest.FixtureRequest) -> Any:
-    return MODELS[request.param]()
-
-
-def prompt(n: int, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (1, n), generator=g)
-
-
-def generate(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, min_new_tokens=n, output_logits=True, return_dict_in_generate=True,
-                              **kwargs)  # fmt: skip
-
-
-def max_diff(a: Any, b: Any) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+model = model_fixture(MODELS)
+prompt = partial(random_prompt, vocab=VOCAB)
 
 
 # --- the config ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ breaks.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import pytest
@@ -27,17 +28,12 @@ from kvcore.integrations.transformers_speculative import (  # noqa: E402
     speculative_generate,
 )
 from kvcore.torch.state_slots import TorchStateSlots  # noqa: E402
+from hf_generate import generate, max_diff, model_fixture, no_eos, random_prompt  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB = 96
 TOL = 1e-4
-
-
-def no_eos(model: Any) -> Any:
-    """Generation runs its full length: random models hit their eos id early."""
-    model.generation_config.eos_token_id = None
-    return model
 
 
 def qwen3_next(seed: int = 0) -> Any:
@@ -77,24 +73,8 @@ def granite(seed: int = 0) -> Any:
 MODELS: dict[str, Callable[[], Any]] = {"qwen3_next": qwen3_next, "lfm2": lfm2, "granite": granite}
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def model(request: pytest.FixtureRequest) -> Any:
-    return MODELS[request.param]()
-
-
-def prompt(n: int, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (1, n), generator=g)
-
-
-def generate(model: Any, ids: torch.Tensor, n: int, **kwargs: Any) -> Any:
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, output_logits=True, return_dict_in_generate=True, **kwargs)
-
-
-def max_diff(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> float:
-    assert len(a) == len(b)
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+model = model_fixture(MODELS)
+prompt = partial(random_prompt, vocab=VOCAB)
 
 
 def state_layer_indices(model: Any) -> list[int]:

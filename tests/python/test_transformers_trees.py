@@ -17,6 +17,7 @@ pytest.importorskip("transformers", reason="the transformers integration needs t
 
 import kvcore  # noqa: E402
 from kvcore.integrations.transformers import KVCoreCache, prefill, verify_tree  # noqa: E402
+from hf_generate import model_fixture  # noqa: E402
 from test_transformers_cache import MODELS, TOL, VOCAB  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -37,9 +38,7 @@ def no_cache_logits(model: Any, ids: list[int]) -> Any:
         return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def model(request: pytest.FixtureRequest) -> Any:
-    return MODELS[request.param]()
+model = model_fixture(MODELS)
 
 
 @pytest.mark.parametrize("path_end", [5, 4], ids=["main-line", "off-main-line"])

@@ -8,6 +8,11 @@ byte layers are ``kvcore.torch``; the step of one forward all adapters share is
 
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
+  Its parts: ``kvcore.integrations.transformers_layers`` (the cache's layer
+  classes), ``kvcore.integrations.transformers_state`` (the states transformers'
+  linear-attention layers pass, in kvcore's State slots) and
+  ``kvcore.integrations.transformers_versions`` (the Cache API it relies on, checked
+  at import); import their public names from ``kvcore.integrations.transformers``.
 - ``kvcore.integrations.transformers_speculative``: exact speculative decoding
   (prompt lookup, a draft model) with verify steps on hybrid models, whose
   recurrent states transformers cannot roll back.

@@ -70,6 +70,13 @@ Tested with transformers 5.24.0 and torch 2.13.0 (see docs/transformers.md).
 Other 5.x releases are accepted only if the Cache API this module relies on is
 there; anything else raises NotSupportedError at import rather than risk wrong
 output.
+
+This module is the public entry and holds the cache; its parts live beside it and
+every name is importable from here: the layer classes (``KVCoreLayer``,
+``KVCoreSharedLayer``, ``KVCoreStateLayer``) in ``kvcore.integrations.transformers_layers``,
+the release and Cache API check (``check_transformers``) in
+``kvcore.integrations.transformers_versions``. How a state layer's conv and recurrent
+tensors become slot states is ``kvcore.integrations.transformers_state``.
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ try:
     import numpy as np
     import torch
     import packaging  # noqa: F401  # the version gate's (transformers_release.py)
-    import transformers
+    import transformers  # noqa: F401  # named in the message when it is missing
     from transformers import cache_utils
 except ModuleNotFoundError as _missing:  # name the extra (private: Python deletes the name after the block)
     raise ModuleNotFoundError(
@@ -95,302 +102,19 @@ from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import FULL, SLIDING, STATE_TYPES, cache_config_for
-from kvcore.torch.layer import LayerPool
+from kvcore.integrations.transformers_layers import KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
+from kvcore.integrations.transformers_state import read_state, state_name, write_conv_states, write_recurrent_state
 from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
 from kvcore.torch.state_slots import SlotSpan, TorchStateSlots
 from kvcore.quantized import kv_format
 from kvcore.torch.step_layout import StepLayout
-from kvcore.integrations.transformers_release import CACHE_SUPPORTED, TESTED, check_release
+from kvcore.integrations.transformers_versions import SUPPORTED_TRANSFORMERS, TESTED_TRANSFORMERS, check_transformers
 
 _R = TypeVar("_R")
 
-TESTED_TRANSFORMERS = TESTED
-SUPPORTED_TRANSFORMERS = CACHE_SUPPORTED
-
-def check_transformers(version: str = transformers.__version__) -> None:
-    """Raise NotSupportedError unless ``version`` and the installed Cache API are ones this module works with."""
-    check_release(
-        version,
-        SUPPORTED_TRANSFORMERS,
-        "kvcore.integrations.transformers",
-        "Older 5.x releases size masks from cache_position and crop by absolute length, which this cache "
-        "does not implement.",
-        _cache_calls,
-    )
-
-
-def _cache_calls() -> dict[str, bool]:
-    """The calls transformers makes into a cache, as of the tested release."""
-    return {
-        "CacheLayerMixin.get_mask_sizes(query_length)": _params(cache_utils.CacheLayerMixin.get_mask_sizes)
-        == ["self", "query_length"],
-        "Cache.get_mask_sizes(query_length, layer_idx)": _params(cache_utils.Cache.get_mask_sizes)
-        == ["self", "query_length", "layer_idx"],
-        "Cache.get_query_offset": hasattr(cache_utils.Cache, "get_query_offset"),
-        "cache_utils.get_layer_types_and_kwargs": hasattr(cache_utils, "get_layer_types_and_kwargs"),
-        # Hybrids: the linear-attention layer API the models call (KVCoreStateLayer implements it).
-        "cache_utils.LinearAttentionCacheLayerMixin": hasattr(cache_utils, "LinearAttentionCacheLayerMixin"),
-        "Cache.update_conv_state(conv_states, layer_idx, state_idx)": _params(cache_utils.Cache.update_conv_state)[:4]
-        == ["self", "conv_states", "layer_idx", "state_idx"],
-    }
-
-
-def _params(fn: Any) -> list[str]:
-    return list(inspect.signature(fn).parameters)
-
-
-check_transformers()
-
 
 # --- the cache ---------------------------------------------------------------------
-
-
-def _read_from_pool(name: str, get: Callable[[KVCoreLayer], Any], reset: Any = None) -> property:
-    """A KVCoreLayer attribute read from the pool; assigning it anything but ``reset`` raises."""
-
-    def refuse(self: KVCoreLayer, value: Any) -> None:
-        # CacheLayerMixin.__init__ assigns the reset value; anything else (offloading) is not supported.
-        if value is not reset:
-            raise NotSupportedError(
-                f"layer {self.layer_idx}: {name} is read from the kvcore pool and cannot be assigned "
-                f"(offloading is not supported)"
-            )
-
-    return property(get, refuse)
-
-
-class KVCoreLayer(cache_utils.CacheLayerMixin):  # type: ignore[misc]  # transformers is Any to mypy
-    """One layer of a KVCoreCache. Its rows live in the cache's pool; its length is the cache's.
-
-    ``keys``/``values`` are the pool tensors in row order (not position order; a
-    mirrored ring's copy of its first ring rows follows its last row); the history
-    in position order is what ``update`` returns.
-    """
-
-    is_compileable = False
-    is_croppable = True  # within kvcore's rewind rule: n >= Lmax - max_step once a window wrapped
-
-    def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
-        self._owner = owner
-        self.layer_idx = layer_idx
-        super().__init__()
-        self.policy = policy
-        # A chunked layer is "sliding" to transformers (DynamicCache keeps it in a sliding layer
-        # of the chunk's size): its chunked mask is sized from the first such layer.
-        chunked = policy.kind == LayerPolicy.Kind.Chunked
-        self.is_sliding = policy.is_ring or chunked
-        self.sliding_window: Optional[int] = policy.window if self.is_sliding else None
-        self.sinks = policy.sinks
-
-    # The pool owns the tensors; these read them, so nothing is copied per step.
-    def _pool_layer(self) -> Optional[LayerPool]:
-        return self._owner.pool.layer(self.layer_idx)
-
-    def _allocated(self, name: str) -> LayerPool:
-        pool = self._pool_layer()
-        if pool is None:
-            raise AttributeError(f"{name}: the layer is not allocated yet")
-        return pool
-
-    keys = _read_from_pool("keys", lambda self: None if (p := self._pool_layer()) is None else p.keys)
-    values = _read_from_pool("values", lambda self: None if (p := self._pool_layer()) is None else p.values)
-    is_initialized = _read_from_pool("is_initialized", lambda self: self._pool_layer() is not None, reset=False)
-
-    @property
-    def device(self) -> torch.device:
-        return self._allocated("device").device
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self._owner.pool.allocate(
-            self.layer_idx,
-            batch_size=int(key_states.shape[0]),
-            dtype=key_states.dtype,
-            device=key_states.device,
-        )
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._owner.update(key_states, value_states, self.layer_idx)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        if self.sinks > 0:
-            raise NotSupportedError(
-                f"layer {self.layer_idx} keeps {self.sinks} attention sinks, which transformers' masks cannot "
-                f"express: pass attention_mask=cache.attention_masks(model.config, {query_length}) (or use "
-                f"kvcore.integrations.transformers.prefill), not generate()"
-            )
-        # A query, not the step: preview plans the forward's step without beginning it.
-        self._owner._check_forward_size(query_length)
-        self._owner._mask_hint = (self._owner.sequence.length, query_length)
-        plan = self._owner.sequence.preview(self.layer_idx, query_length)
-        start, last = plan.read[0].pos, plan.read[-1]
-        stop = last.pos + last.len
-        if plan.read_len != stop - start:  # not an assert: it must hold under -O too
-            raise InternalError(f"layer {self.layer_idx}: a read without sinks is {plan.read}, not one range")
-        return stop - start, start
-
-    def get_seq_length(self) -> int:
-        return self._owner.sequence.length
-
-    def get_max_length(self) -> int:
-        return self._owner.sequence.capacity
-
-    @property
-    def batch_size(self) -> int:
-        return self._allocated("batch_size").batch_size
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotSupportedError(
-            f"crop on layer {self.layer_idx} alone: kvcore keeps one length for every layer; crop the KVCoreCache"
-        )
-
-    def reset(self) -> None:
-        self._owner.reset()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._owner.pool.map_batch(self.layer_idx, lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._owner.pool.map_batch(self.layer_idx, lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._owner.pool.map_batch(self.layer_idx, lambda t: t[indices.to(t.device)])
-
-    def __repr__(self) -> str:
-        return f"KVCoreLayer({self.layer_idx}, {self.policy!r})"
-
-
-class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
-    """A KV-shared layer of a KVCoreCache (``kvcore.Shared(source)``; Gemma 3n's last layers).
-
-    It holds no rows and is never updated: transformers' model code hands it the K/V its
-    source layer's update returned in the same forward, exactly as with ``DynamicCache``,
-    whose layer there is transformers' ``DummyLayer`` (this is one: ``keys``/``values`` are
-    None). ``update`` raises InvalidArgumentError naming the layer and its source;
-    ``get_mask_sizes`` is its source's (it reads the source's keys).
-    """
-
-    sinks = 0
-    is_sliding = False  # as DynamicCache's DummyLayer: masks are sized from layers that hold K/V
-
-    def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
-        super().__init__()
-        self._owner = owner
-        self.layer_idx = layer_idx
-        self.policy = policy
-        self.source = int(policy.source)
-
-    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
-        """Refused (InvalidArgumentError): a shared layer writes nothing (see ``KVCoreCache.update``)."""
-        return self._owner.update(key_states, value_states, self.layer_idx)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)`` of the keys it reads: its source layer's."""
-        source = self._owner.layers[self.source]
-        if not isinstance(source, KVCoreLayer):  # not an assert: it must hold under -O too
-            raise InternalError(f"layer {self.layer_idx}: its source layer {self.source} holds no K/V")
-        return source.get_mask_sizes(query_length)
-
-    def get_seq_length(self) -> int:
-        """The cache's one length."""
-        return self._owner.sequence.length
-
-    def __repr__(self) -> str:
-        return f"KVCoreSharedLayer({self.layer_idx}, source={self.source})"
-
-
-class KVCoreStateLayer(cache_utils.LinearAttentionCacheLayerMixin):  # type: ignore[misc]
-    """One recurrent-state layer of a KVCoreCache (transformers' linear-attention layer API).
-
-    Its states (``"conv"``, ``"recurrent"``; ``"conv1"``... for ``state_idx > 0``) live in
-    the cache's ``TorchStateSlots`` (``cache.state``), ``D`` slots each: the model's calls
-    ``get_conv_state`` / ``update_conv_state`` / ``get_recurrent_state`` /
-    ``update_recurrent_state`` go through the cache, which reads the state after the
-    forward's first position minus one and writes the states the step's plan keeps
-    (docs/transformers.md, "Hybrid models"). Its length is the cache's.
-    """
-
-    is_compileable = False
-    is_croppable = True  # kvcore's rewind rule: to n when the state after n - 1 is held
-    supports_early_init = False
-    record_past = False  # kvcore keeps what its rewinds need; the model's in-place decode kernels stay on
-
-    def __init__(self, owner: KVCoreCache, layer_idx: int, policy: LayerPolicy) -> None:
-        # The mixin's own dicts are not used: the states live in the cache's slots.
-        self._owner = owner
-        self.layer_idx = layer_idx
-        self.policy = policy
-        self.slots = policy.slots
-        self.is_sliding = False
-
-    @property  # the mixin's attribute, computed here (a read-only property over it)
-    def has_previous_state(self) -> dict[int, bool]:  # type: ignore[override, unused-ignore]
-        """Per state index: whether the next forward reads a state (the length is above 0)."""
-        previous = self._owner._first_position() > 0
-        return {0: previous}
-
-    @property
-    def batch_size(self) -> int:
-        """Sequences in the stored states (AttributeError before the first write)."""
-        size = self._owner.state.batch_size
-        if size is None:
-            raise AttributeError("batch_size: no state is stored yet")
-        return size
-
-    def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to do: each state is allocated by its first write (``TorchStateSlots``)."""
-
-    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
-        """``KVCoreCache.update_conv_state`` for this layer."""
-        return self._owner.update_conv_state(conv_states, self.layer_idx, state_idx, **kwargs)
-
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
-        """``KVCoreCache.update_recurrent_state`` for this layer."""
-        return self._owner.update_recurrent_state(recurrent_states, self.layer_idx, state_idx, **kwargs)
-
-    def get_seq_length(self) -> int:
-        """The cache's length in tokens."""
-        return self._owner.sequence.length
-
-    def get_max_length(self) -> int:
-        """-1: a state layer has no sequence dimension (transformers' convention)."""
-        return -1
-
-    def activate_past_recording(self) -> None:
-        """Nothing to do: kvcore's slots keep what a rewind needs (see ``KVCoreCache.can_rewind``)."""
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """NotSupportedError: kvcore keeps one length for every layer (crop the KVCoreCache)."""
-        raise NotSupportedError(
-            f"crop on layer {self.layer_idx} alone: kvcore keeps one length for every layer; crop the KVCoreCache"
-        )
-
-    def reset(self) -> None:
-        """Reset the whole cache (one length for every layer)."""
-        self._owner.reset()
-
-    def offload(self) -> None:
-        """NotSupportedError: the states stay where the cache keeps them."""
-        raise NotSupportedError(f"layer {self.layer_idx}: offloading is not supported")
-
-    prefetch = offload
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder the batch of every state slot (beam search)."""
-        self._owner.state.map_batch(self.layer_idx, lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each sequence's states ``repeats`` times along the batch."""
-        self._owner.state.map_batch(self.layer_idx, lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep the sequences ``indices`` of the batch."""
-        self._owner.state.map_batch(self.layer_idx, lambda t: t[indices.to(t.device)])
-
-    def __repr__(self) -> str:
-        return f"KVCoreStateLayer({self.layer_idx}, {self.policy!r})"
 
 
 class _TreeStep:
@@ -856,14 +580,14 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         ``attention_masks``). InvalidStateError: out of layer order, no token count known, or no
         state stored for a position above 0.
         """
-        return self._state_guard(self._get_state, layer_idx, _state_name("conv", state_idx), False)
+        return self._state_guard(self._get_state, layer_idx, state_name("conv", state_idx), False)
 
     def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Optional[torch.Tensor]:
         """The recurrent state the forward's tokens read in ``layer_idx``: as ``get_conv_state``.
         NotSupportedError (the step is aborted) in a verify step whose call covers more than one
         token: transformers' layer computes only the last recurrent state, and a verify step keeps
         each one (run the layer token by token: ``kvcore.integrations.transformers_speculative``)."""
-        return self._state_guard(self._get_state, layer_idx, _state_name("recurrent", state_idx), True)
+        return self._state_guard(self._get_state, layer_idx, state_name("recurrent", state_idx), True)
 
     def update_conv_state(
         self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
@@ -998,59 +722,19 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             "get_mask_sizes (transformers' mask functions call it), attention_masks or begin_verify"
         )
 
-    def _get_state(self, layer_idx: int, name: str, recurrent: bool) -> Optional[torch.Tensor]:
-        span = self._state_span(layer_idx)
-        if recurrent:
-            self._check_last_state_only(span)
-        if span.first == 0:
-            return None  # position 0: no previous state (DynamicCache's None)
-        if self.state.tensor(layer_idx, name) is None:
-            raise InvalidStateError(
-                f"layer {layer_idx} holds no {name!r} state for position {span.first}: the forwards before "
-                f"it did not run this layer"
-            )
-        return self.state.prepare(layer_idx, name, span)
+    # What a state call does with the model's tensors (kvcore.integrations.transformers_state), once
+    # _state_span served the layer: inside _state_guard, so an error ends the forward.
 
-    def _check_last_state_only(self, span: SlotSpan) -> None:
-        if len(span.keep) > 1:
-            raise NotSupportedError(
-                f"layer {span.layer}: a verify step of {span.count} tokens keeps the state after each, and "
-                f"transformers' layer computes only its last recurrent state: run the state layers token by "
-                f"token (kvcore.integrations.transformers_speculative)"
-            )
+    def _get_state(self, layer_idx: int, name: str, recurrent: bool) -> Optional[torch.Tensor]:
+        return read_state(self.state, layer_idx, self._state_span(layer_idx), name, recurrent)
 
     def _update_conv(
         self, layer_idx: int, state_idx: int, new: torch.Tensor, kernel: Optional[int]
     ) -> torch.Tensor:
-        span = self._state_span(layer_idx)
-        name = _state_name("conv", state_idx)
-        if new.dim() < 2 or int(new.shape[-1]) != span.count:
-            raise InvalidArgumentError(
-                f"update_conv_state of layer {layer_idx}: conv_states {tuple(new.shape)} must be [batch, "
-                f"channels, {span.count}] (one column per token of the call)"
-            )
-        stored = self.state.tensor(layer_idx, name)
-        if kernel is None:
-            kernel = int(stored.shape[-1]) if stored is not None else int(new.shape[-1])
-        prev = self.state.read_state(layer_idx, name, span)
-        if prev is None:
-            prev = new.new_zeros((*new.shape[:-1], kernel))
-        full = torch.cat([prev.to(new.dtype), new], dim=-1)
-        # Column window j of full ends at the call's (j - 1)-th token: the state after it.
-        windows = full.unfold(-1, kernel, 1)[..., 1:, :]  # [batch, channels, count, kernel]
-        self.state.write_states(layer_idx, name, span, windows.movedim(-2, 1))
-        return full
+        return write_conv_states(self.state, layer_idx, self._state_span(layer_idx), state_idx, new, kernel)
 
     def _update_recurrent(self, layer_idx: int, state_idx: int, state: torch.Tensor) -> torch.Tensor:
-        span = self._state_span(layer_idx)
-        self._check_last_state_only(span)
-        if state.dim() < 1:
-            raise InvalidArgumentError(f"update_recurrent_state of layer {layer_idx}: a state must be [batch, ...]")
-        out = self.state.write_states(layer_idx, _state_name("recurrent", state_idx), span, state[:, None])
-        if out is None:  # a span always keeps its last position (a plain step's, or each of a verify step's)
-            last = span.first + span.count - 1
-            raise InternalError(f"layer {layer_idx}: the step keeps no state after position {last}")
-        return out
+        return write_recurrent_state(self.state, layer_idx, self._state_span(layer_idx), state_idx, state)
 
     # --- length changes ----------------------------------------------------------------
 
@@ -1149,11 +833,6 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 )
             return next(iter(masks.values()))
         return masks
-
-
-def _state_name(kind: str, state_idx: int) -> str:
-    """The TorchStateSlots name of transformers' conv or recurrent state ``state_idx``."""
-    return kind if state_idx == 0 else f"{kind}{state_idx}"
 
 
 class _StatePositions:
