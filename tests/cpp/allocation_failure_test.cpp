@@ -219,6 +219,52 @@ TEST(AllocationFailure, SectionNineKindsCreateReportsEveryFailureAndLeaksNothing
   EXPECT_EQ(live_news(), live_before);
 }
 
+// The five kinds in a BatchCache: the State group's 7 slot tables fail in
+// turn too, and the cache built at last plans verify steps, a fork (which
+// shares the state snapshot), a tree and its commit without allocating more.
+TEST(AllocationFailure, StateGroupBatchCreateReportsEveryFailureAndLeaksNothing) {
+  CacheConfig cfg = five_kinds_config();
+  cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = 3;
+  SCOPED_TRACE(describe(cfg));
+  const std::int64_t live_before = live_news();
+  std::unique_ptr<kvcore::BatchCache> cache;
+  const int failures = fail_each_allocation(
+      [&] {
+        auto created = kvcore::BatchCache::create(cfg);
+        if (!created.ok()) return created.status();
+        cache = std::move(created).get();
+        return Status();
+      },
+      [] {});
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->n_state_groups(), 1);
+  EXPECT_GE(failures, 1 + 6 + 7 * cache->n_groups() + 7 + 8 + 16);
+  ASSERT_EQ(cache->add_sequence(0), Error::Ok);
+  for (int T : {3, 2, 3}) {
+    kvcore::StepEntry e{0, T, nullptr};
+    e.verify = true;
+    auto step = cache->begin_step(&e, 1);
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
+    ASSERT_TRUE(cache->plan(*step).ok());
+    ASSERT_EQ(cache->commit(*step), Error::Ok);
+  }
+  ASSERT_EQ(cache->rewind(0, 6), Error::Ok);
+  ASSERT_EQ(cache->fork(0, 1, 6), Error::Ok);
+  const int parents[3] = {-1, 0, 0};
+  const int nodes[2] = {0, 2};
+  const kvcore::StepEntry tree{1, 3, nullptr, parents};
+  auto step = cache->begin_step(&tree, 1);
+  ASSERT_TRUE(step.ok()) << step.message().c_str();
+  const kvcore::AcceptedPath path{1, nodes, 2};
+  auto done = cache->commit(*step, &path, 1);
+  ASSERT_TRUE(done.ok()) << done.message().c_str();
+  EXPECT_EQ(done->state_groups[0].n_copies, 1);
+  EXPECT_EQ(cache->sequence(1)->length, 8);
+  cache.reset();
+  EXPECT_EQ(live_news(), live_before);
+}
+
 TEST(AllocationFailure, ChunkedAndSharedBatchCreateReportsEveryFailureAndLeaksNothing) {
   const CacheConfig cfg = chunked_shared_batch_config();
   SCOPED_TRACE(describe(cfg));
@@ -262,7 +308,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   cfg.batch.num_blocks = (1 << 30) + 1;
   Status outcome;
   {
-    FailNothrowNewAfter fail(5);  // the cache object and its 4 layer tables
+    FailNothrowNewAfter fail(7);  // the cache object and its 6 layer tables
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::InvalidArgument) << outcome.message().c_str();
@@ -270,7 +316,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   // 2^30 blocks pass (the pool asks for its tables, which fail here).
   cfg.batch.num_blocks = 1 << 30;
   {
-    FailNothrowNewAfter fail(7);  // the cache object, its 4 layer tables and the 2 of its table rows
+    FailNothrowNewAfter fail(9);  // the cache object, its 6 layer tables and the 2 of its table rows
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);

@@ -44,13 +44,17 @@ TEST(BatchFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   EXPECT_GT(cov.bad_calls, 0);
   EXPECT_GT(cov.clears, 0);
   // Section 9's kinds (committed inputs that reach them).
-  EXPECT_GT(cov.state_refused, 0);
+  EXPECT_GT(cov.state_configs, 0);
+  EXPECT_GT(cov.state_steps, 0);
+  EXPECT_GT(cov.state_refusals, 0);
   EXPECT_GT(cov.shared_layers, 0);
   EXPECT_GT(cov.chunked_steps, 0);
   EXPECT_GT(cov.chunked_hits, 0);
-  std::printf("batch fuzz corpus, section 9 kinds: %ld State configs refused, %ld shared layers checked, %ld steps "
-              "and %ld prefix hits on a chunked group\n",
-              cov.state_refused, cov.shared_layers, cov.chunked_steps, cov.chunked_hits);
+  std::printf("batch fuzz corpus, section 9 kinds: %ld State configs driven (%ld steps with every state read "
+              "checked, %ld tree commits, %ld refused by a State group's rules, %ld huge skipped), %ld shared layers "
+              "checked, %ld steps and %ld prefix hits on a chunked group\n",
+              cov.state_configs, cov.state_steps, cov.state_tree_commits, cov.state_refusals, cov.state_huge_skipped,
+              cov.shared_layers, cov.chunked_steps, cov.chunked_hits);
   std::printf(
       "batch fuzz corpus: %ld inputs (%ld invalid configs, %ld huge refused, %ld huge skipped, %ld huge and %ld small "
       "caches), %ld steps checked key by key, %ld committed, %ld abandoned before their plan ran, %ld copies planned, "

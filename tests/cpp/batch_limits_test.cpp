@@ -82,11 +82,11 @@ TEST(BatchLimits, BlocksEndingPastTwoTo31ForkAndRemoveExactly) {
   EXPECT_EQ(*cache.blocks_held(1, 0), 1);
 }
 
-// create() with every allocation after the cache object and its 4 layer
+// create() with every allocation after the cache object and its 6 layer
 // tables failing: a config within every limit gets MemoryAllocationFailed (it
 // passed the checks), one past a limit InvalidArgument naming it.
 kvcore::Status create_without_memory(const CacheConfig& cfg) {
-  kvcore_test::FailNothrowNewAfter fail(5);
+  kvcore_test::FailNothrowNewAfter fail(7);
   return BatchCache::create(cfg).status();
 }
 

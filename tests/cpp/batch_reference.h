@@ -50,7 +50,8 @@ inline PlanCopy copy_of(const kvcore::BatchStepPlan& p) {
 
 /// Everything the cache shows (what a refused call must leave as it was):
 /// every sequence's info, blocks held, oldest held and rewind answers, every
-/// pool's free and cached counts and every block table.
+/// pool's free and cached counts and every block table, every State group's
+/// slots.
 struct Snapshot {
   std::vector<int> ints;
   std::vector<bool> rewinds;
@@ -70,7 +71,17 @@ inline Snapshot snapshot(const kvcore::BatchCache& c) {
   }
   for (int g = 0; g < c.n_groups(); ++g) {
     v.insert(v.end(), {*c.free_blocks(g), *c.cached_blocks(g)});
-    v.insert(v.end(), c.block_tables(g), c.block_tables(g) + c.max_seqs() * c.table_stride());
+    v.insert(v.end(), c.block_tables(g), c.block_tables(g) + c.max_active_seqs() * c.table_stride());
+  }
+  // State groups (section 9): each active sequence's logical slots, what they
+  // hold and name, and the free physical slots.
+  for (int k = 0; k < c.n_state_groups(); ++k) {
+    v.push_back(*c.free_state_slots(k));
+    for (int q = 0; q < c.max_seqs(); ++q) {
+      if (!c.sequence(q)->active) continue;
+      for (int sl = 0; sl < c.state_group_policy(k)->slots; ++sl)
+        v.insert(v.end(), {*c.held_state(k, q, sl), *c.state_slot(k, q, sl)});
+    }
   }
   return s;
 }

@@ -283,11 +283,14 @@ TEST(LayerKindsConfig, ShapesOfSharedAndStateLayersAreChecked) {
   expect_refused(kvcore::validate(broadcast), Error::InvalidArgument, "give one entry per layer");
 }
 
-TEST(LayerKindsRefusals, BatchCacheRefusesStateLayers) {
+// BatchCache keeps State layers' slots (batch_state_test.cpp): a State group beside the block groups.
+TEST(LayerKindsRefusals, BatchCacheKeepsStateLayersInAStateGroup) {
   CacheConfig cfg = kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::state(3)});
   auto made = BatchCache::create(cfg);
-  ASSERT_FALSE(made.ok());
-  expect_refused(made.status(), Error::NotSupported, "layers[1]: a State layer");
+  ASSERT_TRUE(made.ok()) << made.message().c_str();
+  EXPECT_EQ((*made)->n_groups(), 1);
+  EXPECT_EQ((*made)->n_state_groups(), 1);
+  EXPECT_EQ(*(*made)->state_group_of(1), 0);
 }
 
 TEST(LayerKindsRefusals, PagedKVPoolRefusesSharedLayers) {

@@ -411,6 +411,80 @@ TEST(NoAllocation, BatchCacheWithChunkedAndSharedLayersNeverAllocates) {
       4));
 }
 
+// Section 9 on BatchCache: State groups beside ring, chunked, flat and shared
+// groups. Prefills, verify steps and rewinds into them, forks that share a
+// state snapshot (and the fresh slots the next writes take), trees with
+// commits off the main line (slot copies), aborts, refusals (their messages
+// formatted), releases and clears: nothing allocates after create().
+TEST(NoAllocation, BatchCacheWithStateGroupsNeverAllocates) {
+  CacheConfig cfg = make_config(64, {LayerPolicy::ring(6, 1), LayerPolicy::flat(), LayerPolicy::chunked(5)}, 3);
+  cfg.layers.push_back(LayerConfig{LayerPolicy::shared(1), cfg.layers[1].n_kv_heads, cfg.layers[1].head_dim, 0});
+  cfg.layers.push_back(LayerConfig{LayerPolicy::state(4), 0, 0, 0});
+  cfg.layers.push_back(LayerConfig{LayerPolicy::state(6), 0, 0, 0});
+  cfg.n_layers = static_cast<int>(cfg.layers.size());
+  cfg.batch.block_size = 4;
+  cfg.batch.max_seqs = 4;
+  auto created = kvcore::BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  kvcore::BatchCache& cache = **created;
+  std::int32_t tokens[16];
+  for (int i = 0; i < 16; ++i) tokens[i] = i % 5;
+  const int parents[3] = {-1, 0, 0};
+  const int off_main[2] = {0, 2};
+  int good = 0, expected_good = 0, bad = 0, expected_bad = 0;
+  long checksum = 0;
+  auto ok = [&](bool b) { ++expected_good; good += b ? 1 : 0; };
+  auto fails = [&](bool b) { ++expected_bad; bad += b ? 0 : 1; };
+  const std::uint64_t before = operator_news();
+  for (int round = 0; round < 3; ++round) {
+    ok(cache.add_sequence(0).ok());
+    const kvcore::StepEntry prefill{0, 3, tokens};
+    auto s1 = cache.begin_step(&prefill, 1);
+    ok(s1.ok());
+    checksum += cache.plan(*s1)->state_groups[0].write_slots[2];
+    ok(cache.commit(*s1).ok());
+    kvcore::StepEntry verify{0, 3, tokens + 3};
+    verify.verify = true;
+    auto s2 = cache.begin_step(&verify, 1);
+    ok(s2.ok());
+    ok(cache.commit(*s2).ok());
+    ok(cache.can_rewind(0, 4));
+    ok(cache.rewind(0, 5).ok());
+    ok(cache.fork(0, 1, 5).ok());
+    const kvcore::StepEntry both[2] = {{0, 1, tokens}, {1, 3, tokens, parents}};
+    auto s3 = cache.begin_step(both, 2);
+    ok(s3.ok());
+    checksum += cache.plan(*s3)->state_groups[1].read_slots[1];
+    ok(cache.abort(*s3).ok());
+    auto s4 = cache.begin_step(both, 2);
+    ok(s4.ok());
+    const kvcore::AcceptedPath path{1, off_main, 2};
+    auto done = cache.commit(*s4, &path, 1);
+    ok(done.ok() && done->state_groups[0].n_copies == 1);
+    checksum += done->total_copies();
+    // Refusals, messages formatted.
+    fails(cache.remove(0, 1, 2).ok());
+    kvcore::StepEntry too_long{0, 4, nullptr};
+    too_long.verify = true;
+    auto refused = cache.begin_step(&too_long, 1);
+    fails(refused.ok());
+    checksum += refused.message().c_str()[0];
+    fails(cache.rewind(0, 2).ok());
+    fails(cache.group_of(4).ok());
+    ok(cache.add_sequence(2).ok());
+    auto hit = cache.adopt_prefix(2, tokens, 8);
+    ok(hit.ok() && *hit == 0);
+    ok(cache.release_sequence(1).ok());
+    for (int k = 0; k < cache.n_state_groups(); ++k) checksum += *cache.free_state_slots(k);
+    cache.clear();
+  }
+  const std::uint64_t allocations = operator_news() - before;
+  EXPECT_EQ(allocations, 0u);
+  EXPECT_EQ(good, expected_good);
+  EXPECT_EQ(bad, expected_bad);
+  EXPECT_GT(checksum, 0);
+}
+
 // Section 9 on SequenceCache: all five kinds (state slots, chunked rings,
 // shared reads) through verify and plain steps, rewinds into verify steps,
 // trees with commits off the main line, aborts, refusals and clears.

@@ -144,8 +144,10 @@ def test_byte_layers_and_batch_caches_refuse_what_they_do_not_store_yet() -> Non
     # KVPool stores both (test_kv_pool_kinds.py); PagedKVPool not yet.
     with pytest.raises(NotSupportedError, match=r"layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers"):
         PagedKVPool(BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), kv(Shared(0))], max_step=4)), np.float32)
-    with pytest.raises(NotSupportedError, match=r"layers\[1\]: a State layer \(recurrent state\) is planned by SequenceCache"):
-        BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), LayerConfig(State(3))], max_step=4))
+    # BatchCache keeps State layers in a State group (docs/batch.md); PagedKVPool stores no state slots.
+    hybrid = BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), LayerConfig(State(3))], max_step=4))
+    with pytest.raises(NotSupportedError, match=r"layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; a Shared layer has none, a State layer keeps state slots"):
+        PagedKVPool(hybrid, np.float32)
     batch = BatchCache(CacheConfig(capacity=32, layers=[kv(Chunked(8)), kv(Flat()), kv(Shared(0))], max_step=4))
     assert batch.group_of(2) == batch.group_of(0) != batch.group_of(1)
 

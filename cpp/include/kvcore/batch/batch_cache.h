@@ -13,9 +13,26 @@
 // policy (pool, block tables; its GroupRule says what the policy releases and
 // needs), the PrefixIndex (chained block keys, prompt lookup), the StepState
 // (the begun step: admission, planning, commit and end share one walk), the
-// TableRows (each active sequence's block table row) and BatchSizes (the
-// limits checked at create). This class validates each verb
-// and drives the parts.
+// TableRows (each active sequence's block table row), BatchSizes (the
+// limits checked at create) and one StateGroup per distinct State policy
+// (state_group.h). This class validates each verb and drives the parts.
+//
+// State layers (docs/design.md section 9; docs/layer_kinds.md): layers of
+// one State policy (D slots) form a State group, apart from the block groups
+// (group_of() names none for them; state_group_of() does). Per sequence the
+// group keeps D logical slots, slot(p) = p mod D, each naming a physical slot
+// (the kernels' state_indices) from the group's pool of rows x D +
+// max_step_tokens slots, all allocated at create(). The plan's StateGroupPlan
+// says per token which slot its state starts from and where it is written
+// (every token's for a verify step or a tree, T <= D - 1; else the last
+// only). can_rewind(n) needs the state after n - 1 in every State group (the
+// most restrictive group decides). A fork shares the source's snapshots below
+// `upto` (no copy; a shared slot is never written in place: the next write
+// takes a fresh slot). A tree commit returns slot copies beside the row
+// copies. A prefix hit counts zero blocks on a model with a State group (no
+// state snapshot is named by a block's key yet), removing positions other
+// than the tail is refused (a recurrent state cannot forget them), and
+// records (import) do not carry states.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +47,7 @@
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_admission.h"
 #include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/batch/parts/state_group.h"
 #include "kvcore/batch/parts/step_state.h"
 #include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/buffer.h"
@@ -44,8 +62,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// Validates `cfg` (validate() and validate_batch(): InvalidArgument naming
   /// the field) and builds the cache with every table it will use. InvalidArgument:
   /// the tables would exceed the address space (2^31 entries each).
-  /// NotSupported: a State layer (SequenceCache plans them; a Shared layer
-  /// reads its source's group, a Chunked layer has its own group).
+  /// (A Shared layer reads its source's group, a Chunked layer has its own
+  /// group, State layers of one policy form a State group.)
   /// MemoryAllocationFailed (naming what): a table cannot be allocated; nothing
   /// is kept. Never throws.
   static Result<std::unique_ptr<BatchCache>> create(const CacheConfig& cfg) noexcept {
@@ -75,6 +93,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int n_groups() const noexcept override { return n_groups_; }
   int n_layers() const noexcept override { return n_layers_; }
   int block_size() const noexcept override { return block_size_; }
+  int n_state_groups() const noexcept override { return n_state_groups_; }
   /// Block table entries per row: ceil(capacity / B).
   int table_stride() const noexcept { return stride_; }
   /// Sequences active at once (BatchLimits::max_active_seqs, default
@@ -119,6 +138,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(seqs_.check_active("release_sequence", seq));
     end_step();
     release_from(seq, 0);
+    for (int k = 0; k < n_state_groups_; ++k) states_[k].release(seq);
     reset_seq(seq);
     rows_.give(seq);
     return Error::Ok;
@@ -138,17 +158,22 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  seqs_[dst].length);
     const int blocking = rewind_blocker(src, upto);
     KVCORE_CHECK_OR_RETURN_ERROR(blocking < 0, InvalidState,
-                                 "fork(%d, %d, upto = %d): group %d of the source no longer holds "
+                                 "fork(%d, %d, upto = %d): %s %d of the source no longer holds "
                                  "what a query at %d needs",
-                                 src, dst, upto, blocking, upto);
+                                 src, dst, upto, blocker_kind(blocking), blocker_index(blocking), upto);
     if (!seqs_[dst].active) KVCORE_RETURN_IF_ERROR(check_row_free("fork", dst));
     end_step();
-    if (seqs_[dst].active) release_from(dst, 0);
-    else rows_.take(dst);
+    if (seqs_[dst].active) {
+      release_from(dst, 0);
+      for (int k = 0; k < n_state_groups_; ++k) states_[k].release(dst);
+    } else {
+      rows_.take(dst);  // a row given back names no state slot
+    }
     reset_seq(dst);
     seqs_.copy_prefix(src, dst, upto);
     const int end_block = ceil_div(upto, block_size_);
     for (int g = 0; g < n_groups_; ++g) groups_[g].share_prefix(seqs_, src, dst, upto, end_block);
+    for (int k = 0; k < n_state_groups_; ++k) states_[k].fork(src, dst, upto);
     seqs_[dst].alloc_end = end_block;
     prefix_.inherit(src, dst, upto, s.start == 0 && s.n_holes == 0, groups_.get(), n_groups_);
     return Error::Ok;
@@ -170,6 +195,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       end_step();
       return Error::Ok;
     }
+    KVCORE_CHECK_OR_RETURN_ERROR(n_state_groups_ == 0, NotSupported,
+                                 "remove(%d, %d, %d): the model has State layers (state group 0 keeps %d "
+                                 "slots), whose state after position %d already folds in positions [%d, %d); "
+                                 "only the tail can be removed (p1 >= length = %d)",
+                                 seq, p0, p1, n_state_groups_ > 0 ? states_[0].slots() : 0, s.length - 1,
+                                 p0 > s.start ? p0 : s.start, p1, s.length);
     if (p0 <= s.start) {  // the head (and any hole it reaches)
       end_step();
       seqs_.remove_head(seq, p1);
@@ -221,7 +252,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  seq, seqs_[seq].length);
     end_step();
     prefix_.set_namespace(seq, prefix_namespace);
-    const int hit = prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_);
+    // A hit counts only as far as every State group holds a named snapshot:
+    // none is named yet, so a model with a State group never hits.
+    const int hit =
+        n_state_groups_ > 0 ? 0 : prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_);
     for (int g = 0; g < n_groups_; ++g) groups_[g].adopt(seq, prefix_.prompt_keys(), hit);
     SequenceState& s = seqs_[seq];
     s.length = hit * block_size_;
@@ -234,12 +268,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Result<BatchStep> begin_step(const StepEntry* entries, int n) noexcept override {
     KVCORE_RETURN_IF_ERROR(step_.check_entries(entries, n, seqs_));
+    KVCORE_RETURN_IF_ERROR(check_state_entries(entries, n));
     // Judged on the tables as end_step() leaves them: a begun step this one
     // replaces gives back every block it took.
     KVCORE_RETURN_IF_ERROR(step_.admit(entries, n, seqs_, groups_.get()));
     // Admitted: nothing below can fail. A replaced step's blocks go first.
     end_step();
-    return step_.begin(entries, n, seqs_, groups_.get());
+    return step_.begin(entries, n, seqs_, groups_.get(), states_.get());
   }
 
   /// The blocks a step entry of `T` tokens of `seq` takes in each group, as
@@ -271,7 +306,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   Result<BatchCommit> commit(const BatchStep& step, const AcceptedPath* accepted, int n) noexcept override {
     KVCORE_RETURN_IF_ERROR(step_.check(step));
     KVCORE_RETURN_IF_ERROR(step_.check_accepted(accepted, n));
-    return step_.commit(seqs_, groups_.get(), prefix_);
+    if (n_state_groups_ > 0) KVCORE_RETURN_IF_ERROR(step_.check_state_commit(accepted, n));
+    const BatchCommit done = step_.commit(seqs_, groups_.get(), prefix_, states_.get());
+    for (int k = 0; k < n_state_groups_; ++k) states_[k].end_step();
+    return done;
   }
 
   Status abort(const BatchStep& step) noexcept override {
@@ -285,6 +323,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int seq = 0; seq < max_seqs_; ++seq) reset_seq(seq);
     rows_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
+    for (int k = 0; k < n_state_groups_; ++k) states_[k].clear();
   }
 
   // --- BatchControl: queries -------------------------------------------------
@@ -349,6 +388,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "import: sequence %d is active; release it first", seq);
     KVCORE_RETURN_IF_ERROR(check_row_free("import", seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(n_state_groups_ == 0, NotSupported,
+                                 "import: the model has State layers (%d state groups); records do not carry "
+                                 "recurrent states yet",
+                                 n_state_groups_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", in.length, capacity_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
@@ -378,9 +421,51 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   // --- BatchPlanner ------------------------------------------------------------
 
+  /// InvalidArgument also for a State layer (it has no block group:
+  /// state_group_of() names its State group).
   Result<int> group_of(int layer) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_group_[layer] >= 0, InvalidArgument,
+                                 "group_of(layer = %d): a State layer has no block group (state_group_of(%d) "
+                                 "names its State group)",
+                                 layer, layer);
     return layer_group_[layer];
+  }
+
+  Result<int> state_group_of(int layer) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_state_[layer] >= 0, InvalidArgument,
+                                 "state_group_of(layer = %d): not a State layer (group_of(%d) names its group)",
+                                 layer, layer);
+    return layer_state_[layer];
+  }
+
+  Result<LayerPolicy> state_group_policy(int state_group) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    return states_[state_group].policy();
+  }
+
+  Result<int> num_state_slots(int state_group) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    return states_[state_group].num_slots();
+  }
+
+  /// The position whose state logical slot `slot` of `seq` in State group
+  /// `state_group` holds (-1: none; slot(p) = p mod D), and the physical slot
+  /// it names (-1: none), for tests and tools. InvalidArgument: bad state
+  /// group, seq out of range or inactive, slot outside [0, D).
+  Result<int> held_state(int state_group, int seq, int slot) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_slot(state_group, seq, slot));
+    return states_[state_group].held(seq, slot);
+  }
+  Result<int> state_slot(int state_group, int seq, int slot) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_slot(state_group, seq, slot));
+    return states_[state_group].physical(seq, slot);
+  }
+  /// Physical slots of `state_group` no sequence names. InvalidArgument: bad state group.
+  Result<int> free_state_slots(int state_group) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    return states_[state_group].free_slots();
   }
 
   Result<LayerConfig> layer_config(int layer) const noexcept override {
@@ -437,15 +522,22 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     layer_group_ = internal::Buffer<int>::make(n_layers_);
     group_layer_ = internal::Buffer<int>::make(n_layers_);    // at worst one group per layer
     groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_, MemoryAllocationFailed,
-                                 "cannot allocate the layer tables of %d layers", n_layers_);
+    layer_state_ = internal::Buffer<int>::make(n_layers_);
+    states_ = internal::Buffer<StateGroup>::make(n_layers_);  // at worst one State group per layer
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_,
+                                 MemoryAllocationFailed, "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
       layer_configs_[l] = cfg.layer(l);
       const LayerPolicy& policy = layer_configs_[l].policy;
-      KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, NotSupported,
-                                   "layers[%d]: a State layer (recurrent state) is planned by SequenceCache; "
-                                   "BatchCache does not keep state slots yet",
-                                   l);
+      layer_state_[l] = -1;
+      if (policy.kind == LayerPolicy::Kind::State) {  // a State group, no blocks
+        int k = 0;
+        while (k < n_state_groups_ && states_[k].policy() != policy) ++k;
+        if (k == n_state_groups_) states_[n_state_groups_++].set_policy(policy);
+        layer_group_[l] = -1;
+        layer_state_[l] = k;
+        continue;
+      }
       if (policy.kind == LayerPolicy::Kind::Shared) {  // reads its source's group, holds no blocks
         layer_group_[l] = layer_group_[policy.source];
         continue;
@@ -469,8 +561,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     }
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
-    const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_};
-    return step_.create(limits, groups_.get(), stride_);
+    for (int k = 0; k < n_state_groups_; ++k) KVCORE_RETURN_IF_ERROR(states_[k].create(rows_, max_step_tokens_));
+    const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
+    return step_.create(limits, groups_.get(), stride_, states_.get());
   }
 
   Status check_group(int group) const noexcept {
@@ -486,6 +579,48 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  what, seq, rows_.rows(), rows_.rows());
     return Error::Ok;
   }
+  Status check_state_group(int state_group) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(state_group >= 0 && state_group < n_state_groups_, InvalidArgument,
+                                 "state_group = %d: must be in [0, n_state_groups = %d)", state_group,
+                                 n_state_groups_);
+    return Error::Ok;
+  }
+  Status check_state_slot(int state_group, int seq, int slot) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    KVCORE_CHECK_OR_RETURN_ERROR(seq >= 0 && seq < max_seqs_ && seqs_[seq].active, InvalidArgument,
+                                 "seq = %d: must be an active sequence in [0, max_seqs = %d)", seq, max_seqs_);
+    const int D = states_[state_group].slots();
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < D, InvalidArgument,
+                                 "slot = %d: must be in [0, slots = %d) of state group %d", slot, D, state_group);
+    return Error::Ok;
+  }
+  // The State groups' rules for begin_step's entries (checked otherwise):
+  // a verify or tree entry of T > D - 1 is InvalidArgument, a sequence whose
+  // state after length - 1 is not held InvalidState. Changes nothing.
+  Status check_state_entries(const StepEntry* entries, int n) const noexcept {
+    for (int k = 0; k < n_state_groups_; ++k) {
+      const StateGroup& sg = states_[k];
+      for (int i = 0; i < n; ++i) {
+        const StepEntry& e = entries[i];
+        const bool keep_each = e.verify || e.parents != nullptr;
+        KVCORE_CHECK_OR_RETURN_ERROR(
+            !keep_each || e.T <= sg.slots() - 1, InvalidArgument,
+            "begin_step: sequence %d with T = %d: a %s keeps the state after each of its positions, and "
+            "state group %d keeps %d state slots: needs T <= slots - 1 = %d",
+            e.seq, e.T, e.parents != nullptr ? "tree" : "verify step", k, sg.slots(), sg.slots() - 1);
+        const int length = seqs_[e.seq].length;
+        KVCORE_CHECK_OR_RETURN_ERROR(sg.holds(e.seq, length), InvalidState,
+                                     "begin_step: sequence %d at length %d: state group %d no longer holds the "
+                                     "state after position %d (a step begun without verify keeps only its last "
+                                     "state; an aborted step may have written its slot)",
+                                     e.seq, length, k, length - 1);
+      }
+    }
+    return Error::Ok;
+  }
+  // rewind_blocker()'s answer, for messages: "group" or "state group", and its index.
+  const char* blocker_kind(int blocking) const noexcept { return blocking < n_groups_ ? "group" : "state group"; }
+  int blocker_index(int blocking) const noexcept { return blocking < n_groups_ ? blocking : blocking - n_groups_; }
   Status check_layer(int layer) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < n_layers_, InvalidArgument,
                                  "layer = %d: must be in [0, n_layers = %d)", layer, n_layers_);
@@ -494,7 +629,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   // Verbs change the tables a plan points into: any begun step is over, and
   // the tables go back to what they were before it (StepState::end).
-  void end_step() noexcept { step_.end(seqs_, groups_.get()); }
+  void end_step() noexcept {
+    step_.end(seqs_, groups_.get());
+    for (int k = 0; k < n_state_groups_; ++k) states_[k].end_step();
+  }
 
   // Empty: no committed position, so no block outside the begun step (whose
   // blocks go when the call asking ends it: fork and adopt_prefix into an
@@ -530,20 +668,27 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
 
   // The group (index) of `seq` whose rows no longer hold what a query at n
-  // needs below n; -1 when none (n within [0, length]).
+  // needs below n, or n_groups + k for State group k that no longer holds
+  // the state after n - 1; -1 when none (n within [0, length]).
   int rewind_blocker(int seq, int n) const noexcept {
     for (int g = 0; g < n_groups_; ++g)
       if (groups_[g].loses(seqs_, seq, n)) return g;
+    for (int k = 0; k < n_state_groups_; ++k)
+      if (!states_[k].holds(seq, n)) return n_groups_ + k;
     return -1;
   }
 
   Status truncate(int seq, int n, const char* what) noexcept {
     if (n > 0) {
       const int blocking = rewind_blocker(seq, n);
-      KVCORE_CHECK_OR_RETURN_ERROR(blocking < 0, InvalidState,
+      KVCORE_CHECK_OR_RETURN_ERROR(blocking < 0 || blocking >= n_groups_, InvalidState,
                                    "%s(%d, %d): group %d no longer holds what a query at %d needs "
                                    "(released by its window)",
                                    what, seq, n, blocking, n);
+      KVCORE_CHECK_OR_RETURN_ERROR(blocking < 0, InvalidState,
+                                   "%s(%d, %d): state group %d no longer holds the state after position %d (a "
+                                   "step begun without verify keeps only its last state)",
+                                   what, seq, n, blocking - n_groups_, n - 1);
     }
     end_step();
     release_from(seq, ceil_div(n, block_size_));
@@ -553,6 +698,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g)
       if (groups_[g].lost_below(seq) > n) groups_[g].lost_below(seq) = n;
     seqs_.truncate(seq, n);
+    for (int k = 0; k < n_state_groups_; ++k) states_[k].truncate(seq, n);
     // The last, partly kept block goes too when every position it keeps is removed.
     if (n % block_size_ != 0) release_removed(seq, n - n % block_size_, n);
     if (n == 0) {
@@ -576,10 +722,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int stride_;
   int max_step_tokens_;
   int n_groups_ = 0;
+  int n_state_groups_ = 0;
   internal::Buffer<LayerConfig> layer_configs_;
   internal::Buffer<int> layer_group_;
   internal::Buffer<int> group_layer_;  // per group: its first layer
   internal::Buffer<BlockGroup> groups_;  // the first n_groups_
+  internal::Buffer<int> layer_state_;    // per layer: its State group, -1
+  internal::Buffer<StateGroup> states_;  // the first n_state_groups_
   SequenceTable seqs_;
   TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;

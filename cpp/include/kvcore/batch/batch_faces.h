@@ -179,8 +179,23 @@ class BatchPlanner {
   virtual int n_groups() const noexcept = 0;
   /// Rows per block, B.
   virtual int block_size() const noexcept = 0;
-  /// The group (policy and block pool) of `layer`. InvalidArgument: bad layer.
+  /// The group (policy and block pool) of `layer`. InvalidArgument: bad
+  /// layer, or a State layer (it has no block group: state_group_of).
   virtual Result<int> group_of(int layer) const noexcept = 0;
+  /// State groups: one per distinct State policy (docs/design.md section 9);
+  /// a plan has one StateGroupPlan each. 0 without State layers (the
+  /// default for planners that plan none).
+  virtual int n_state_groups() const noexcept { return 0; }
+  /// The State group of State layer `layer`. InvalidArgument: bad layer, or
+  /// not a State layer.
+  virtual Result<int> state_group_of(int /*layer*/) const noexcept { return Error::InvalidArgument; }
+  /// The State policy (slots D) of `state_group`'s layers. InvalidArgument:
+  /// bad state group.
+  virtual Result<LayerPolicy> state_group_policy(int /*state_group*/) const noexcept { return Error::InvalidArgument; }
+  /// Physical state slots of `state_group` (every slot a plan or commit names
+  /// is below it; a layer of the group keeps this many states).
+  /// InvalidArgument: bad state group.
+  virtual Result<int> num_state_slots(int /*state_group*/) const noexcept { return Error::InvalidArgument; }
   /// `layer`'s policy and row shape. InvalidArgument: bad layer.
   virtual Result<LayerConfig> layer_config(int layer) const noexcept = 0;
   /// The policy of `group`'s layers. InvalidArgument: bad group.

@@ -21,12 +21,16 @@ namespace kvcore {
 /// (optional, T values) makes the tokens a draft tree of N = T nodes
 /// (docs/design.md section 7): parents[0] = -1, 0 <= parents[i] < i; node i
 /// stands at position length(seq) + depth(i). A chain (parents[i] = i - 1) is
-/// the plain step.
+/// the plain step. `verify`: a chain step that may be rewound into (a
+/// speculative verify step): State groups keep the state after each of its
+/// positions, which needs T <= slots - 1; without it they keep only the last
+/// (a tree always keeps each node's). Models without State layers ignore it.
 struct StepEntry {
   int seq = 0;
   int T = 0;
   const std::int32_t* tokens = nullptr;
   const int* parents = nullptr;
+  bool verify = false;
 };
 
 /// The accepted root path of a tree entry, for commit(step, accepted): node
@@ -47,15 +51,20 @@ struct GroupCommit {
 
 /// What commit(step, accepted) asks of the backend before the next step: per
 /// group, rows to copy so that each accepted node's K/V lands at the position
-/// it was accepted at. Points into the cache's buffers: valid until its next
-/// mutating call.
+/// it was accepted at, and per State group, physical state slots to copy (in
+/// every layer of the group, the state in slot `src` to slot `dst`) so that
+/// each accepted node's state lands in the slot a chain decode would have
+/// written. Points into the cache's buffers: valid until its next mutating call.
 struct BatchCommit {
   int n_groups = 0;
   const GroupCommit* groups = nullptr;
-  /// Copies over every group.
+  int n_state_groups = 0;
+  const GroupCommit* state_groups = nullptr;
+  /// Copies over every group and State group.
   int total_copies() const noexcept {
     int n = 0;
     for (int g = 0; g < n_groups; ++g) n += groups[g].n_copies;
+    for (int g = 0; g < n_state_groups; ++g) n += state_groups[g].n_copies;
     return n;
   }
 };
@@ -103,6 +112,33 @@ struct GroupPlan {
   LayerPolicy policy;
 };
 
+/// One State group's part of the plan (docs/design.md section 9: the State
+/// layers keeping the same number D of state slots per sequence). Slots are
+/// physical state slot indices in [0, num_slots), the `state_indices` a
+/// recurrent kernel takes: layer l of the group keeps its state of slot i at
+/// state[l][i]. Per token j of the step (token order, as GroupPlan::slots):
+/// - read_slots[j]: the slot holding the state token j starts from: for an
+///   entry's first token (a tree's root) the state after position first - 1,
+///   -1 at position 0 (the state is zeros); for a tree node its parent's
+///   write slot; for a chain token j > 0 the previous token's write slot, or
+///   -1 when the step does not keep it (the previous token's state, carried
+///   within this forward).
+/// - write_slots[j]: where token j's state (the state after its position) is
+///   written, -1 when the step does not keep it: a chain step without
+///   `verify` keeps only its last token's; a verify step or a tree keeps every
+///   token's (node j in the slot of position first + chain_index[j]).
+/// No slot a step reads is written by another entry of the step; an entry may
+/// write the slot it reads (a step of T = k * D tokens without verify).
+struct StateGroupPlan {
+  const int* read_slots = nullptr;   // n_tokens
+  const int* write_slots = nullptr;  // n_tokens
+  /// D: logical slots per sequence (the policy's slots).
+  int slots_per_seq = 0;
+  /// Physical slots of the group: rows x D + max_step_tokens.
+  int num_slots = 0;
+  LayerPolicy policy;
+};
+
 /// The plan of a step: per-entry arrays (shared by every group) and one
 /// GroupPlan per group. Tokens are laid out sequence after sequence in entry
 /// order; entry i's queries are tokens [query_starts[i], query_starts[i + 1]),
@@ -145,6 +181,9 @@ struct BatchStepPlan {
   /// k % 32) set when node k is j or an ancestor of j.
   const int* tree_mask_starts = nullptr;
   const std::uint32_t* tree_masks = nullptr;
+  /// One StateGroupPlan per State group (none without State layers).
+  int n_state_groups = 0;
+  const StateGroupPlan* state_groups = nullptr;
   /// Is entry i a tree (not a chain)?
   bool is_tree(int entry) const noexcept {
     return tree_mask_starts != nullptr && tree_mask_starts[entry + 1] > tree_mask_starts[entry];

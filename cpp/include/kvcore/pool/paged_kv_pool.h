@@ -493,7 +493,7 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
     KVCORE_CHECK_OR_RETURN_ERROR(lc.policy.holds_keys(), NotSupported,
                                  "layer %d: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; "
-                                 "its Shared layer has none (docs/layer_kinds.md)",
+                                 "a Shared layer has none, a State layer keeps state slots (docs/layer_kinds.md)",
                                  l);
     KVCORE_ASSIGN_OR_RETURN(const int group, planner.group_of(l));
     KVCORE_ASSIGN_OR_RETURN(const int blocks, planner.num_blocks(group));

@@ -8,7 +8,9 @@
 // admission counts as free again. commit() makes the step's lengths the
 // sequences' and lets the groups release what the windows passed. A decode
 // step's chain entry that writes within a block it holds alone is planned in
-// place, with no walk.
+// place, with no walk. State groups (state_group.h) plan each entry's state
+// slots after its blocks; a tree commit lists their slot copies beside the
+// groups' row copies.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "kvcore/batch/parts/block_group.h"
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
+#include "kvcore/batch/parts/state_group.h"
 #include "kvcore/batch/parts/step_trees.h"
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
@@ -35,6 +38,7 @@ struct StepLimits {
   int max_step_tokens = 1;  ///< tokens of one step
   int block_size = 1;
   int capacity = 1;
+  int n_state_groups = 0;
 };
 
 /// Divisions of non-negative positions by the block size: a shift when it is
@@ -66,11 +70,20 @@ class StepState {
   /// The step buffers, and each group's plan pointing into them and at the
   /// groups' block tables. MemoryAllocationFailed: nothing is assigned (the
   /// buffers are built in another StepState, moved in once all exist).
-  Status create(const StepLimits& limits, const BlockGroup* groups, int stride) noexcept {
+  Status create(const StepLimits& limits, const BlockGroup* groups, int stride,
+                const StateGroup* states) noexcept {
     StepState fresh;
     KVCORE_RETURN_IF_ERROR(fresh.allocate(limits));
-    KVCORE_RETURN_IF_ERROR(
-        fresh.trees_.create(limits.max_seqs, limits.n_groups, limits.max_step, limits.max_step_tokens));
+    KVCORE_RETURN_IF_ERROR(fresh.trees_.create(limits.max_seqs, limits.n_groups + limits.n_state_groups,
+                                               limits.max_step, limits.max_step_tokens));
+    for (int k = 0; k < limits.n_state_groups; ++k) {
+      StateGroupPlan& sp = fresh.state_plans_[k];
+      sp.read_slots = states[k].read_slots();
+      sp.write_slots = states[k].write_slots();
+      sp.slots_per_seq = states[k].slots();
+      sp.num_slots = states[k].num_slots();
+      sp.policy = states[k].policy();
+    }
     fresh.lim_ = limits;
     fresh.div_.set(limits.block_size);
     for (int g = 0; g < limits.n_groups; ++g) {
@@ -114,7 +127,8 @@ class StepState {
 
   /// Begins the admitted step (any begun one has ended): each entry's blocks
   /// and slots, copies of shared blocks. Never fails.
-  BatchStep begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups) noexcept;
+  BatchStep begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups,
+                  StateGroup* states) noexcept;
 
   /// Ends a begun step: the tables go back to what they were before it. The
   /// blocks it allocated return to the pools: those past each sequence's
@@ -135,7 +149,23 @@ class StepState {
   /// accepted tokens become the sequence's next positions (every token of a
   /// chain entry with no path), the blocks reserved past them return, prefix
   /// keys and window releases follow. Returns the row copies of tree entries.
-  BatchCommit commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept;
+  BatchCommit commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix, const StateGroup* states) noexcept;
+
+  /// After check_accepted, on a model with State groups: InvalidState when a
+  /// path stops a chain entry begun without verify early (m < T): its State
+  /// groups kept only the state after its last token. Changes nothing.
+  Status check_state_commit(const AcceptedPath* accepted, int n) const noexcept {
+    for (int a = 0; a < n; ++a) {
+      const int i = begun_entry(accepted[a].seq);
+      const int T = query_starts_[i + 1] - query_starts_[i];
+      KVCORE_CHECK_OR_RETURN_ERROR(keep_each_[i] || accepted[a].m >= T, InvalidState,
+                                   "commit: sequence %d accepts m = %d of its T = %d tokens, but its step was "
+                                   "begun without verify: the State groups kept only the state after its "
+                                   "last token",
+                                   accepted[a].seq, accepted[a].m, T);
+    }
+    return Error::Ok;
+  }
 
   /// The begun step's plan (checked by the caller).
   BatchStepPlan plan() const noexcept;
@@ -208,6 +238,8 @@ class StepState {
   internal::Buffer<BlockCopy> copies_;  // [g][max_seqs]
   internal::Buffer<int> first_before_;  // [g][entry]: the block at its first position's index before the step
   internal::Buffer<GroupPlan> group_plans_;
+  internal::Buffer<StateGroupPlan> state_plans_;  // [state group]
+  internal::Buffer<bool> keep_each_;              // [entry]: verify or tree: each state kept
   StepTrees trees_;
 };
 
@@ -236,10 +268,12 @@ inline Status StepState::allocate(const StepLimits& limits) noexcept {
   copies_ = internal::Buffer<BlockCopy>::make(per_groups);
   first_before_ = internal::Buffer<int>::make(per_groups);
   group_plans_ = internal::Buffer<GroupPlan>::make(limits.n_groups);
+  state_plans_ = internal::Buffer<StateGroupPlan>::make(limits.n_state_groups);
+  keep_each_ = internal::Buffer<bool>::make(seqs);
   KVCORE_CHECK_OR_RETURN_ERROR(seen_ && step_seq_ && entry_of_ && query_starts_ && first_positions_ &&
                                    context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
                                    tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
-                                   group_plans_,
+                                   group_plans_ && state_plans_ && keep_each_,
                                MemoryAllocationFailed, "cannot allocate the step buffers of %d tokens",
                                limits.max_step_tokens);
   return Error::Ok;
@@ -378,7 +412,8 @@ inline void StepState::fill_slots(const BlockGroup& group, int g, int i, bool tr
 // One pass over the entries: each entry's arrays, tokens and tree, then its
 // blocks and slots in every group before the next entry (each group's
 // allocations and copies still come in entry order).
-inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups) noexcept {
+inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups,
+                                  StateGroup* states) noexcept {
   const int B = lim_.block_size;
   const int n_groups = lim_.n_groups;
   const std::ptrdiff_t group_slots = lim_.max_step_tokens;
@@ -422,7 +457,7 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
     // A chain within block b, which the sequence holds alone and unnamed,
     // writes in place: no block taken, slots in one run (the usual decode entry).
     const bool one_block = !tree && div_.floor(first + T - 1) == b;
-    const std::ptrdiff_t row = groups[0].row_offset(seq);
+    const std::ptrdiff_t row = n_groups > 0 ? groups[0].row_offset(seq) : 0;
     for (int g = 0; g < n_groups; ++g) {
       BlockGroup& group = groups[g];
       const int cur = group.table_at(row)[b];
@@ -440,6 +475,9 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
       group_plans_[g].n_copies = place_entry(group, g, i, group_plans_[g].n_copies);
       fill_slots(group, g, i, tree);
     }
+    keep_each_[i] = e.verify || e.parents != nullptr;
+    for (int k = 0; k < lim_.n_state_groups; ++k)
+      states[k].begin_entry(seq, first, T, at, keep_each_[i], e.parents, trees_.chain_index() + at);
     const int end_block = ceil_blocks(first + T);
     if (end_block > s.alloc_end) s.alloc_end = end_block;
     at += T;
@@ -450,7 +488,8 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
   return active_;
 }
 
-inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix) noexcept {
+inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix,
+                                     const StateGroup* states) noexcept {
   trees_.clear_copies();
   for (int g = 0; g < lim_.n_groups; ++g)  // the copies are made: their sources go
     for (int c = 0; c < group_plans_[g].n_copies; ++c) groups[g].pool().release(copies_[g * lim_.max_seqs + c].src);
@@ -468,6 +507,8 @@ inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, Pr
         trees_.add_copies(g, path, at, slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens);
         groups[g].drop_range(seq, kept, reserved);
       }
+      for (int k = 0; k < lim_.n_state_groups; ++k)  // an accepted node's state to its chain place's slot
+        trees_.add_copies(lim_.n_groups + k, path, at, states[k].write_slots());
       trees_.order_tokens(path, at, step_tokens_.get());
     }  // else every token is kept, in place: nothing to copy or drop
     const int kept = ceil_blocks(s.length);
@@ -476,7 +517,11 @@ inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, Pr
     for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, s.length);
   }
   active_ = BatchStep{};
-  return trees_.commit_plan();
+  BatchCommit c = trees_.commit_plan();
+  c.n_groups = lim_.n_groups;
+  c.n_state_groups = lim_.n_state_groups;
+  c.state_groups = c.groups + lim_.n_groups;
+  return c;
 }
 
 inline BatchStepPlan StepState::plan() const noexcept {
@@ -497,6 +542,8 @@ inline BatchStepPlan StepState::plan() const noexcept {
   p.chain_index = trees_.chain_index();
   p.tree_mask_starts = trees_.mask_starts();
   p.tree_masks = trees_.masks();
+  p.n_state_groups = lim_.n_state_groups;
+  p.state_groups = state_plans_.get();
   return p;
 }
 

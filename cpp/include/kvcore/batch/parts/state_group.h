@@ -1,0 +1,226 @@
+// StateGroup: the State layers of a BatchCache that keep the same number of
+// state slots D (docs/design.md section 9, recurrent state: linear attention,
+// gated DeltaNet, Mamba, short convolutions). Per active sequence (per table
+// row, TableRows) the group keeps D logical slots, slot(p) = p mod D, exactly
+// as StatePolicy keeps them for one sequence: held(s) is the position whose
+// state logical slot s holds (-1: none), so can_rewind(n) is exact (the state
+// after n - 1 is held, or n = 0).
+//
+// Physical slots. Each logical slot names a physical slot, the index kernels
+// use (vLLM / SGLang `state_indices`: the state of layer l lives at
+// state[l][physical]). The group owns rows * D + max_step_tokens physical
+// slots, taken from a free list and counted by references: a fork shares the
+// source's snapshots (both sequences name the same physical slot, no bytes
+// copied), and a snapshot is never written in place while another sequence
+// names it: a step writing a logical slot whose physical slot is shared takes
+// a fresh one (a state write replaces the whole state, so nothing is copied).
+// The step keeps holding the physical slots it stopped naming until it ends,
+// so no slot read in a step is written by another entry of the same step.
+// Every table is allocated at create(); the step path never allocates and
+// never runs short (each row names at most D slots, and a step stops naming
+// at most one slot per token).
+//
+// Per step the group plans, per token, the physical slot its state starts
+// from (read_slots) and the one its state is written to (write_slots, -1 when
+// the step does not keep that token's state). begin() updates held() as
+// StatePolicy::note_begin does: a slot a step writes no longer holds what it
+// held before, even when the step is later aborted (the backend may have
+// written it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "kvcore/batch/batch_plan.h"
+#include "kvcore/batch/parts/table_rows.h"
+#include "kvcore/core/buffer.h"
+#include "kvcore/core/config.h"
+#include "kvcore/core/result.h"
+
+namespace kvcore {
+
+class StateGroup {
+ public:
+  StateGroup() = default;
+  StateGroup(const StateGroup&) = delete;
+  StateGroup& operator=(const StateGroup&) = delete;
+
+  /// The group's policy (a State policy of D = policy.slots >= 1); nothing is allocated.
+  void set_policy(const LayerPolicy& policy) noexcept {
+    policy_ = policy;
+    slots_ = policy.slots;
+  }
+  const LayerPolicy& policy() const noexcept { return policy_; }
+  /// D: logical state slots per sequence.
+  int slots() const noexcept { return slots_; }
+  /// Physical slots in all: rows * D + max_step_tokens (every slot index a
+  /// plan names is in [0, num_slots())).
+  int num_slots() const noexcept { return n_phys_; }
+
+  /// Sizes the tables for `rows` (which outlives the group) and steps of
+  /// `max_step_tokens` tokens. InvalidArgument: the slots exceed 2^31 - 1.
+  /// MemoryAllocationFailed: nothing is assigned.
+  Status create(const TableRows& rows, int max_step_tokens) noexcept {
+    const std::int64_t logical = static_cast<std::int64_t>(rows.rows()) * slots_;
+    const std::int64_t phys = logical + max_step_tokens;
+    KVCORE_CHECK_OR_RETURN_ERROR(phys <= 0x7fffffff, InvalidArgument,
+                                 "a State group of %d slots: %d table rows x %d slots + max_step_tokens = %d "
+                                 "exceed 2^31 - 1 state slots",
+                                 slots_, rows.rows(), slots_, max_step_tokens);
+    auto held = internal::Buffer<int>::make(logical);
+    auto phys_of = internal::Buffer<int>::make(logical);
+    auto refs = internal::Buffer<int>::make_zeroed(phys);
+    auto free = internal::Buffer<int>::make(phys);
+    auto deferred = internal::Buffer<int>::make(max_step_tokens);
+    auto reads = internal::Buffer<int>::make(max_step_tokens);
+    auto writes = internal::Buffer<int>::make(max_step_tokens);
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && refs && free && deferred && reads && writes,
+                                 MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
+                                 static_cast<long long>(phys));
+    held_ = std::move(held);
+    phys_of_ = std::move(phys_of);
+    refs_ = std::move(refs);
+    free_ = std::move(free);
+    deferred_ = std::move(deferred);
+    reads_ = std::move(reads);
+    writes_ = std::move(writes);
+    rows_ = &rows;
+    n_logical_ = static_cast<int>(logical);
+    n_phys_ = static_cast<int>(phys);
+    clear();
+    return Error::Ok;
+  }
+
+  /// Every slot free, every table empty.
+  void clear() noexcept {
+    held_.fill(n_logical_, -1);
+    phys_of_.fill(n_logical_, -1);
+    for (int i = 0; i < n_phys_; ++i) refs_[i] = 0;
+    // Lowest slot taken first.
+    n_free_ = n_phys_;
+    for (int i = 0; i < n_phys_; ++i) free_[i] = n_phys_ - 1 - i;
+    n_deferred_ = 0;
+  }
+
+  /// The position whose state logical slot `s` of `seq` holds, -1 when none.
+  /// Precondition: `seq` holds a row, 0 <= s < D.
+  int held(int seq, int s) const noexcept { return held_[base(seq) + s]; }
+  /// The physical slot logical slot `s` of `seq` names, -1 when none.
+  int physical(int seq, int s) const noexcept { return phys_of_[base(seq) + s]; }
+  /// Is the state after n - 1 held (or n = 0)? Precondition: `seq` holds a row.
+  bool holds(int seq, int n) const noexcept { return n == 0 || held_[base(seq) + (n - 1) % slots_] == n - 1; }
+  /// The physical slot holding the state after n - 1, -1 when n = 0 or not held.
+  int slot_after(int seq, int n) const noexcept { return holds(seq, n) && n > 0 ? physical(seq, (n - 1) % slots_) : -1; }
+
+  /// States of positions >= n are no longer the sequence's (a rewind or truncation to n).
+  void truncate(int seq, int n) noexcept {
+    int* held = held_.get() + base(seq);
+    for (int s = 0; s < slots_; ++s)
+      if (held[s] >= n) held[s] = -1;
+  }
+
+  /// `seq` names no slot any more (release, or before a fork into it).
+  /// Precondition: `seq` holds a row.
+  void release(int seq) noexcept {
+    const int b = base(seq);
+    for (int s = 0; s < slots_; ++s) {
+      unref(phys_of_[b + s]);
+      phys_of_[b + s] = -1;
+      held_[b + s] = -1;
+    }
+  }
+
+  /// `dst` (naming nothing) shares every snapshot `src` holds of a position
+  /// below `upto` (the state after upto - 1 among them: the fork's rule was checked).
+  void fork(int src, int dst, int upto) noexcept {
+    const int from = base(src), to = base(dst);
+    for (int s = 0; s < slots_; ++s) {
+      const int p = held_[from + s];
+      if (p < 0 || p >= upto) continue;
+      phys_of_[to + s] = phys_of_[from + s];
+      ++refs_[phys_of_[from + s]];
+      held_[to + s] = p;
+    }
+  }
+
+  /// Plans entry `seq` of a step: T tokens from token `at` at length L (the
+  /// state after L - 1 is held: checked), keeping each token's state
+  /// (`keep_each`: a verify step or a tree, T <= D - 1, checked) or only the
+  /// last. A tree (parents and chain_index non-null, T nodes) writes node j's
+  /// state in the logical slot of position L + chain_index[j], as a chain of
+  /// T would, and node j reads its parent's. Never fails.
+  void begin_entry(int seq, int L, int T, int at, bool keep_each, const int* parents,
+                   const int* chain_index) noexcept {
+    const int b = base(seq);
+    const int read = L > 0 ? phys_of_[b + (L - 1) % slots_] : -1;  // before any write takes a fresh slot
+    truncate(seq, L);  // states past the length belong to a replaced or aborted step
+    const int first = keep_each ? 0 : T - 1;
+    for (int c = first; c < T; ++c) {
+      const int s = (L + c) % slots_;
+      own(b + s);
+      held_[b + s] = L + c;
+    }
+    int* reads = reads_.get() + at;
+    int* writes = writes_.get() + at;
+    if (parents != nullptr) {
+      for (int j = 0; j < T; ++j) writes[j] = phys_of_[b + (L + chain_index[j]) % slots_];
+      for (int j = 0; j < T; ++j) reads[j] = parents[j] < 0 ? read : writes[parents[j]];
+      return;
+    }
+    for (int j = 0; j < T; ++j) writes[j] = j >= first ? phys_of_[b + (L + j) % slots_] : -1;
+    reads[0] = read;
+    for (int j = 1; j < T; ++j) reads[j] = writes[j - 1];
+  }
+
+  /// The step has ended (committed or not): the physical slots it stopped
+  /// naming go back unless a sequence still names them.
+  void end_step() noexcept {
+    for (int i = 0; i < n_deferred_; ++i) unref(deferred_[i]);
+    n_deferred_ = 0;
+  }
+
+  /// Per token of the begun step: the physical slot it reads / writes.
+  const int* read_slots() const noexcept { return reads_.get(); }
+  const int* write_slots() const noexcept { return writes_.get(); }
+  /// Physical slots no sequence names and no step holds.
+  int free_slots() const noexcept { return n_free_; }
+
+ private:
+  int base(int seq) const noexcept { return rows_->row(seq) * slots_; }  // < 2^31: checked at create
+  void unref(int phys) noexcept {
+    if (phys < 0) return;
+    if (--refs_[phys] == 0) free_[n_free_++] = phys;
+  }
+  int take() noexcept {
+    const int phys = free_[--n_free_];
+    refs_[phys] = 1;
+    return phys;
+  }
+  // Logical slot i names a physical slot no one else names: a fresh one when
+  // it names none or a shared one (which the step keeps holding until it ends).
+  void own(int i) noexcept {
+    const int cur = phys_of_[i];
+    if (cur >= 0 && refs_[cur] == 1) return;
+    if (cur >= 0) deferred_[n_deferred_++] = cur;  // its reference moves to the step
+    phys_of_[i] = take();
+  }
+
+  LayerPolicy policy_;
+  int slots_ = 1;
+  const TableRows* rows_ = nullptr;
+  int n_logical_ = 0;
+  int n_phys_ = 0;
+  int n_free_ = 0;
+  int n_deferred_ = 0;
+  internal::Buffer<int> held_;      // [row][D]: the position whose state the slot holds, -1
+  internal::Buffer<int> phys_of_;   // [row][D]: its physical slot, -1
+  internal::Buffer<int> refs_;      // [physical]: logical slots (and the step) naming it
+  internal::Buffer<int> free_;      // stack of free physical slots, [0, n_free_)
+  internal::Buffer<int> deferred_;  // physical slots the begun step holds, [0, n_deferred_)
+  internal::Buffer<int> reads_;     // [token]
+  internal::Buffer<int> writes_;    // [token]
+};
+
+}  // namespace kvcore

@@ -1,0 +1,446 @@
+// State layers in BatchCache (docs/design.md sections 6, 7 and 9): named
+// scenarios for each rule, and a brute-force run on random mixed models
+// (flat, ring, chunked, shared and state layers) against
+// batch_state_reference.h: every state read of every token of every sequence,
+// every can_rewind answer, forks, removals, rewinds, aborts and tree commits
+// (equal to a chain decode of the accepted tokens). The block groups of a
+// mixed model are checked against a twin BatchCache of the same model without
+// its State layers: the same plans, copies and answers (the twin itself is
+// checked by batch_brute_force_test.cpp).
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "batch_reference.h"
+#include "batch_state_driver.h"
+#include "batch_state_reference.h"
+#include "kvcore/batch/batch_cache.h"
+#include "kvcore/pool/paged_kv_pool.h"
+
+namespace kvcore_test {
+namespace {
+
+using kvcore::AcceptedPath;
+using kvcore::BatchCache;
+using kvcore::CacheConfig;
+using kvcore::Error;
+using kvcore::LayerConfig;
+using kvcore::LayerPolicy;
+using kvcore::StepEntry;
+
+CacheConfig state_config(int capacity, int max_step, const std::vector<LayerPolicy>& policies, int B = 2,
+                         int max_seqs = 3) {
+  CacheConfig cfg;
+  cfg.capacity = capacity;
+  cfg.max_step = max_step;
+  cfg.n_layers = static_cast<int>(policies.size());
+  for (const LayerPolicy& p : policies)
+    cfg.layers.push_back(p.kind == LayerPolicy::Kind::State ? LayerConfig{p, 0, 0, 0} : LayerConfig{p, 1, 2, 0});
+  cfg.batch.block_size = B;
+  cfg.batch.max_seqs = max_seqs;
+  return cfg;
+}
+
+std::unique_ptr<BatchCache> make(const CacheConfig& cfg) {
+  auto made = BatchCache::create(cfg);
+  EXPECT_TRUE(made.ok()) << made.message().c_str();
+  return made.ok() ? std::move(made).get() : nullptr;
+}
+
+void expect_message(const kvcore::Status& st, Error code, const char* text) {
+  EXPECT_EQ(st.code(), code) << st.message().c_str();
+  EXPECT_NE(std::strstr(st.message().c_str(), text), nullptr) << "message '" << st.message().c_str() << "' lacks '"
+                                                              << text << "'";
+}
+
+// One step of one entry, committed whole; returns the plan's state slots of group 0.
+struct Slots {
+  std::vector<int> reads, writes;
+};
+Slots step_and_commit(BatchCache& c, StepEntry e) {
+  auto step = c.begin_step(&e, 1);
+  EXPECT_TRUE(step.ok()) << step.message().c_str();
+  if (!step.ok()) return {};
+  const kvcore::BatchStepPlan plan = *c.plan(*step);
+  Slots s;
+  if (plan.n_state_groups == 0) {
+    EXPECT_EQ(c.commit(*step), Error::Ok);
+    return s;
+  }
+  s.reads.assign(plan.state_groups[0].read_slots, plan.state_groups[0].read_slots + e.T);
+  s.writes.assign(plan.state_groups[0].write_slots, plan.state_groups[0].write_slots + e.T);
+  EXPECT_EQ(c.commit(*step), Error::Ok);
+  return s;
+}
+
+TEST(BatchState, StateLayersFormStateGroupsApartFromBlockGroups) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4), LayerPolicy::ring(4),
+                                     LayerPolicy::state(4), LayerPolicy::state(6)}));
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->n_groups(), 2);
+  EXPECT_EQ(c->n_state_groups(), 2);
+  EXPECT_EQ(*c->state_group_of(1), 0);
+  EXPECT_EQ(*c->state_group_of(3), 0);
+  EXPECT_EQ(*c->state_group_of(4), 1);
+  EXPECT_EQ(c->state_group_policy(1)->slots, 6);
+  // rows (3) x D + max_step_tokens (3 x 4): every slot a plan names is below it.
+  EXPECT_EQ(*c->num_state_slots(0), 3 * 4 + 12);
+  expect_message(c->group_of(1).status(), Error::InvalidArgument,
+                 "group_of(layer = 1): a State layer has no block group (state_group_of(1) names its State group)");
+  expect_message(c->state_group_of(0).status(), Error::InvalidArgument,
+                 "state_group_of(layer = 0): not a State layer (group_of(0) names its group)");
+  expect_message(c->state_group_policy(2).status(), Error::InvalidArgument,
+                 "state_group = 2: must be in [0, n_state_groups = 2)");
+  expect_message(c->num_state_slots(-1).status(), Error::InvalidArgument,
+                 "state_group = -1: must be in [0, n_state_groups = 2)");
+  expect_message(c->held_state(0, 0, 0).status(), Error::InvalidArgument,
+                 "seq = 0: must be an active sequence in [0, max_seqs = 3)");
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  expect_message(c->held_state(0, 0, 4).status(), Error::InvalidArgument,
+                 "slot = 4: must be in [0, slots = 4) of state group 0");
+  EXPECT_EQ(*c->held_state(0, 0, 0), -1);
+  EXPECT_EQ(*c->state_slot(0, 0, 0), -1);
+  EXPECT_EQ(*c->free_state_slots(0), *c->num_state_slots(0));
+}
+
+// The physical slots (rows x D + max_step_tokens) are indexed by int.
+TEST(BatchState, AStateGroupPast2To31SlotsIsRefused) {
+  auto made = BatchCache::create(state_config(16, 4, {LayerPolicy::flat(), LayerPolicy::state(1 << 30)}));
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), Error::InvalidArgument);
+  EXPECT_STREQ(made.message().c_str(),
+               "a State group of 1073741824 slots: 3 table rows x 1073741824 slots + max_step_tokens = 12 exceed "
+               "2^31 - 1 state slots");
+}
+
+TEST(BatchState, PagedKVPoolRefusesStateLayers) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(3)}));
+  ASSERT_NE(c, nullptr);
+  expect_message(kvcore::PagedKVPool::create(*c, kvcore::DType::Float32).status(), Error::NotSupported,
+                 "layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; a Shared layer has "
+                 "none, a State layer keeps state slots");
+}
+
+// The token at p reads the state after p - 1 (none at p = 0); a step without
+// verify keeps only its last state, so a rewind into it is refused.
+TEST(BatchState, AChainStepReadsTheStateBeforeItAndKeepsOnlyItsLastWithoutVerify) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  const Slots prefill = step_and_commit(*c, StepEntry{0, 3, nullptr});
+  EXPECT_EQ(prefill.reads, (std::vector<int>{-1, -1, -1}));  // zeros, then carried within the forward
+  ASSERT_GE(prefill.writes[2], 0);
+  EXPECT_EQ(prefill.writes[0], -1);
+  EXPECT_EQ(prefill.writes[1], -1);
+  EXPECT_EQ(*c->held_state(0, 0, 2), 2);
+  EXPECT_EQ(*c->state_slot(0, 0, 2), prefill.writes[2]);
+  EXPECT_TRUE(c->can_rewind(0, 3));
+  EXPECT_FALSE(c->can_rewind(0, 2));  // the state after 1 was never kept
+  EXPECT_TRUE(c->can_rewind(0, 0));
+  expect_message(c->rewind(0, 2), Error::InvalidState,
+                 "rewind(0, 2): state group 0 no longer holds the state after position 1 (a step begun without "
+                 "verify keeps only its last state)");
+  const Slots decode = step_and_commit(*c, StepEntry{0, 1, nullptr});
+  EXPECT_EQ(decode.reads[0], prefill.writes[2]);
+  EXPECT_NE(decode.writes[0], decode.reads[0]);
+  EXPECT_EQ(c->sequence(0)->length, 4);
+}
+
+// A verify step keeps the state after each of its positions (T <= D - 1):
+// every one of them is a length the sequence can rewind to.
+TEST(BatchState, AVerifyStepKeepsEachStateAndCanBeRewoundInto) {
+  auto c = make(state_config(32, 4, {LayerPolicy::ring(3), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  step_and_commit(*c, StepEntry{0, 2, nullptr});
+  StepEntry verify{0, 4, nullptr};
+  verify.verify = true;
+  expect_message(c->begin_step(&verify, 1).status(), Error::InvalidArgument,
+                 "begin_step: sequence 0 with T = 4: a verify step keeps the state after each of its positions, "
+                 "and state group 0 keeps 4 state slots: needs T <= slots - 1 = 3");
+  verify.T = 3;
+  const Slots v = step_and_commit(*c, verify);
+  for (int j = 0; j < 3; ++j) EXPECT_GE(v.writes[static_cast<std::size_t>(j)], 0);
+  EXPECT_EQ(v.reads[1], v.writes[0]);
+  EXPECT_EQ(v.reads[2], v.writes[1]);
+  for (int n = 2; n <= 5; ++n) EXPECT_TRUE(c->can_rewind(0, n)) << n;
+  EXPECT_FALSE(c->can_rewind(0, 1));
+  ASSERT_EQ(c->rewind(0, 3), Error::Ok);
+  const Slots next = step_and_commit(*c, StepEntry{0, 1, nullptr});
+  EXPECT_EQ(next.reads[0], v.writes[0]);  // the state after position 2
+}
+
+// A step without verify cannot stop early: its State groups kept only its last state.
+TEST(BatchState, APartialCommitOfAStepWithoutVerifyIsRefused) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  const StepEntry e{0, 3, nullptr};
+  auto step = c->begin_step(&e, 1);
+  ASSERT_TRUE(step.ok());
+  const int nodes[2] = {0, 1};
+  const AcceptedPath path{0, nodes, 2};
+  expect_message(c->commit(*step, &path, 1).status(), Error::InvalidState,
+                 "commit: sequence 0 accepts m = 2 of its T = 3 tokens, but its step was begun without verify");
+  EXPECT_TRUE(c->has_begun_step());
+  const int all[3] = {0, 1, 2};
+  const AcceptedPath whole{0, all, 3};
+  EXPECT_TRUE(c->commit(*step, &whole, 1).ok());
+  EXPECT_EQ(c->sequence(0)->length, 3);
+}
+
+// A fork shares the snapshot: the child's first step reads the parent's slot;
+// neither writes it in place afterwards.
+TEST(BatchState, AForkSharesTheStateSnapshotAndNeverWritesItInPlace) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(3)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  const Slots prefill = step_and_commit(*c, StepEntry{0, 3, nullptr});
+  const int snapshot = prefill.writes[2];
+  ASSERT_EQ(c->fork(0, 1, 3), Error::Ok);
+  EXPECT_EQ(*c->state_slot(0, 1, 2), snapshot);
+  expect_message(c->fork(0, 2, 2), Error::InvalidState,
+                 "fork(0, 2, upto = 2): state group 0 of the source no longer holds what a query at 2 needs");
+  // Both step at once, each a T = 3 = D step whose last state lands in the slot it reads.
+  const StepEntry both[2] = {{0, 3, nullptr}, {1, 3, nullptr}};
+  auto step = c->begin_step(both, 2);
+  ASSERT_TRUE(step.ok());
+  const kvcore::StateGroupPlan sp = c->plan(*step)->state_groups[0];
+  EXPECT_EQ(sp.read_slots[0], snapshot);
+  EXPECT_EQ(sp.read_slots[3], snapshot);
+  EXPECT_NE(sp.write_slots[2], snapshot);  // shared: fresh slots for both
+  EXPECT_NE(sp.write_slots[5], snapshot);
+  EXPECT_NE(sp.write_slots[2], sp.write_slots[5]);
+  ASSERT_EQ(c->commit(*step), Error::Ok);
+  EXPECT_FALSE(c->can_rewind(1, 3));  // the snapshot's logical slot now holds position 5
+}
+
+// Draft trees: node i reads its parent's slot and writes its own; the commit
+// copies the accepted nodes' states where a chain decode would have put them.
+TEST(BatchState, TreeNodesReadTheirParentsSlotsAndTheCommitCopiesSlots) {
+  auto c = make(state_config(32, 4, {LayerPolicy::chunked(4), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  const Slots prefill = step_and_commit(*c, StepEntry{0, 2, nullptr});
+  const int big[4] = {-1, 0, 0, 1};
+  const StepEntry too_big{0, 4, nullptr, big};
+  expect_message(c->begin_step(&too_big, 1).status(), Error::InvalidArgument,
+                 "begin_step: sequence 0 with T = 4: a tree keeps the state after each of its positions, and state "
+                 "group 0 keeps 4 state slots: needs T <= slots - 1 = 3");
+  const int parents[3] = {-1, 0, 0};
+  const StepEntry tree{0, 3, nullptr, parents};
+  auto step = c->begin_step(&tree, 1);
+  ASSERT_TRUE(step.ok());
+  const kvcore::BatchStepPlan plan = *c->plan(*step);
+  const kvcore::StateGroupPlan sp = plan.state_groups[0];
+  EXPECT_EQ(sp.read_slots[0], prefill.writes[1]);
+  EXPECT_EQ(sp.read_slots[1], sp.write_slots[0]);
+  EXPECT_EQ(sp.read_slots[2], sp.write_slots[0]);
+  EXPECT_NE(sp.write_slots[1], sp.write_slots[2]);
+  EXPECT_EQ(*c->state_slot(0, 0, (2 + plan.chain_index[2]) % 4), sp.write_slots[2]);
+  const int nodes[2] = {0, 2};
+  const AcceptedPath path{0, nodes, 2};
+  auto done = c->commit(*step, &path, 1);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->n_state_groups, 1);
+  ASSERT_EQ(done->state_groups[0].n_copies, 1);
+  EXPECT_EQ(done->state_groups[0].copies[0].src, sp.write_slots[2]);
+  EXPECT_EQ(done->state_groups[0].copies[0].dst, *c->state_slot(0, 0, 3));  // position 3's slot
+  EXPECT_EQ(c->sequence(0)->length, 4);
+  EXPECT_TRUE(c->can_rewind(0, 3));
+  EXPECT_TRUE(c->can_rewind(0, 4));
+  // The main line needs no copy.
+  const int main_nodes[2] = {0, 1};
+  auto again = c->begin_step(&tree, 1);
+  ASSERT_TRUE(again.ok());
+  const AcceptedPath main_path{0, main_nodes, 2};
+  auto main_done = c->commit(*again, &main_path, 1);
+  ASSERT_TRUE(main_done.ok());
+  EXPECT_EQ(main_done->total_copies(), 0);
+}
+
+// A recurrent state cannot forget positions in its past: only the tail can go.
+TEST(BatchState, RemovingPositionsOtherThanTheTailIsNotSupported) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  StepEntry e{0, 3, nullptr};
+  e.verify = true;
+  step_and_commit(*c, e);
+  step_and_commit(*c, e);
+  expect_message(c->remove(0, 2, 4), Error::NotSupported,
+                 "remove(0, 2, 4): the model has State layers (state group 0 keeps 4 slots), whose state after "
+                 "position 5 already folds in positions [2, 4); only the tail can be removed (p1 >= length = 6)");
+  expect_message(c->remove(0, 0, 2), Error::NotSupported, "remove(0, 0, 2): the model has State layers");
+  EXPECT_EQ(c->remove(0, 2, 2), Error::Ok);  // nothing named: a no-op
+  EXPECT_EQ(c->remove(0, 4, 100), Error::Ok);  // the tail: a rewind to 4
+  EXPECT_EQ(c->sequence(0)->length, 4);
+  expect_message(c->remove(0, 2, 100), Error::InvalidState, "remove(0, 2): state group 0 no longer holds");
+}
+
+// A prefix hit counts only as far as every State group holds a named
+// snapshot; none is named yet, so a model with a State group never hits
+// (its twin without the State layer does).
+TEST(BatchState, APrefixHitCountsZeroBlocksWithAStateGroup) {
+  const CacheConfig with = state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)});
+  const CacheConfig without = state_config(32, 4, {LayerPolicy::flat()});
+  std::int32_t tokens[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (const CacheConfig* cfg : {&with, &without}) {
+    auto c = make(*cfg);
+    ASSERT_NE(c, nullptr);
+    ASSERT_EQ(c->add_sequence(0), Error::Ok);
+    step_and_commit(*c, StepEntry{0, 4, tokens});
+    step_and_commit(*c, StepEntry{0, 4, tokens + 4});
+    ASSERT_EQ(c->add_sequence(1), Error::Ok);
+    auto hit = c->adopt_prefix(1, tokens, 9);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(*hit, cfg == &with ? 0 : 8);
+    EXPECT_EQ(c->sequence(1)->length, *hit);
+  }
+}
+
+// An abort of a T = D step without verify may have written its last state
+// into the slot it read: the next step is refused until a rewind.
+TEST(BatchState, AnAbortThatMayHaveOverwrittenTheReadSlotBlocksTheNextStep) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(2)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  step_and_commit(*c, StepEntry{0, 3, nullptr});
+  const StepEntry e{0, 2, nullptr};
+  auto step = c->begin_step(&e, 1);
+  ASSERT_TRUE(step.ok());
+  const kvcore::StateGroupPlan sp = c->plan(*step)->state_groups[0];
+  EXPECT_EQ(sp.write_slots[1], sp.read_slots[0]);  // in place: its own, unshared slot
+  ASSERT_EQ(c->abort(*step), Error::Ok);
+  EXPECT_FALSE(c->can_rewind(0, 3));
+  expect_message(c->begin_step(&e, 1).status(), Error::InvalidState,
+                 "begin_step: sequence 0 at length 3: state group 0 no longer holds the state after position 2");
+  EXPECT_EQ(c->rewind(0, 0), Error::Ok);
+  step_and_commit(*c, e);
+}
+
+// The most restrictive layer decides can_rewind: a ring keeps a rewind of
+// max_step tokens, the State group only the states it kept.
+TEST(BatchState, TheMostRestrictiveGroupDecidesCanRewind) {
+  auto c = make(state_config(32, 4, {LayerPolicy::ring(4), LayerPolicy::state(3), LayerPolicy::state(5)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  step_and_commit(*c, StepEntry{0, 4, nullptr});
+  StepEntry verify{0, 2, nullptr};
+  verify.verify = true;
+  step_and_commit(*c, verify);  // keeps the states after 4 and 5 in both groups
+  EXPECT_TRUE(c->can_rewind(0, 6));
+  EXPECT_TRUE(c->can_rewind(0, 5));
+  EXPECT_TRUE(c->can_rewind(0, 4));  // the prefill's last state, kept in both
+  EXPECT_FALSE(c->can_rewind(0, 3));
+  verify.T = 3;
+  expect_message(c->begin_step(&verify, 1).status(), Error::InvalidArgument,
+                 "and state group 0 keeps 3 state slots: needs T <= slots - 1 = 2");
+  verify.T = 2;
+  step_and_commit(*c, verify);  // D = 3 now holds 6, 7 and the state after 5; D = 5 also 3 and 4
+  EXPECT_TRUE(c->can_rewind(0, 6));
+  EXPECT_FALSE(c->can_rewind(0, 5));  // state group 0's slot of 4 now holds 7
+  EXPECT_EQ(*c->held_state(1, 0, 4 % 5), 4);
+}
+
+// A model of State layers only has no block group.
+TEST(BatchState, AModelOfStateLayersOnlyPlansSlotsAlone) {
+  auto c = make(state_config(16, 3, {LayerPolicy::state(4), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->n_groups(), 0);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  const StepEntry both[2] = {{0, 3, nullptr}, {1, 2, nullptr}};
+  auto step = c->begin_step(both, 2);
+  ASSERT_TRUE(step.ok()) << step.message().c_str();
+  EXPECT_EQ(c->plan(*step)->n_groups, 0);
+  ASSERT_EQ(c->commit(*step), Error::Ok);
+  ASSERT_EQ(c->fork(0, 2, 3), Error::Ok);
+  EXPECT_EQ(c->sequence(2)->length, 3);
+  ASSERT_EQ(c->release_sequence(0), Error::Ok);
+  EXPECT_EQ(*c->state_slot(0, 2, 2), *c->state_slot(0, 2, 2));
+  c->clear();
+  EXPECT_EQ(*c->free_state_slots(0), *c->num_state_slots(0));
+}
+
+TEST(BatchState, ImportIntoAModelWithStateLayersIsNotSupported) {
+  auto c = make(state_config(16, 3, {LayerPolicy::flat(), LayerPolicy::state(4)}));
+  ASSERT_NE(c, nullptr);
+  kvcore::SequenceImport in;
+  expect_message(c->admit(0, in, [](int, int, int) {}), Error::NotSupported,
+                 "import: the model has State layers (1 state groups); records do not carry recurrent states yet");
+}
+
+// ---------------------------------------------------------------------------
+// Brute force.
+
+struct Rand {
+  std::mt19937 rng;
+  int operator()(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+  bool percent(int p) { return (*this)(0, 99) < p; }
+};
+
+// Random mixed models: flat, ring, chunked and shared layers first (the twin
+// keeps those), then one to three State layers of D in [2, 7].
+CacheConfig random_mixed(Rand& r, int* n_kv) {
+  CacheConfig cfg;
+  cfg.capacity = r(8, 48);
+  cfg.max_step = r(1, std::min(6, cfg.capacity));
+  const int kv = r(0, 3);
+  for (int l = 0; l < kv; ++l) {
+    if (l > 0 && r.percent(25)) {
+      int src = r(0, l - 1);
+      while (cfg.layers[static_cast<std::size_t>(src)].policy.kind == LayerPolicy::Kind::Shared) --src;
+      cfg.layers.push_back(LayerConfig{LayerPolicy::shared(src), 1, 2, 0});
+      continue;
+    }
+    const int kind = r(0, 2);
+    const LayerPolicy p = kind == 0   ? LayerPolicy::flat()
+                          : kind == 1 ? LayerPolicy::ring(r(1, 9), r.percent(30) ? r(1, 3) : 0)
+                                      : LayerPolicy::chunked(r(1, 9));
+    cfg.layers.push_back(LayerConfig{p, 1, 2, 0});
+  }
+  const int states = r(1, 3);
+  for (int i = 0; i < states; ++i) cfg.layers.push_back(LayerConfig{LayerPolicy::state(r(2, 7)), 0, 0, 0});
+  cfg.n_layers = static_cast<int>(cfg.layers.size());
+  const int B[] = {1, 2, 3, 4, 8};
+  cfg.batch.block_size = B[r(0, 4)];
+  cfg.batch.max_seqs = r(2, 5);
+  cfg.batch.max_step_tokens = r.percent(50) ? 0 : r(cfg.max_step, 12);
+  if (r.percent(30)) cfg.batch.num_blocks = r(4, 24);
+  if (r.percent(20)) cfg.batch.max_active_seqs = r(1, cfg.batch.max_seqs);
+  *n_kv = kv;
+  return cfg;
+}
+
+TEST(BatchStateBruteForce, EveryStateReadAndRewindFollowsSection9) {
+  state_ref::Counts n;
+  for (int w = 0; w < 1500; ++w) {
+    Rand r{std::mt19937(static_cast<std::uint32_t>(1000 + w))};
+    int n_kv = 0;
+    const CacheConfig cfg = random_mixed(r, &n_kv);
+    ASSERT_TRUE(kvcore::validate_batch(cfg).ok()) << kvcore::validate_batch(cfg).message().c_str();
+    state_ref::Driver<Rand> d(cfg, r, n);
+    const std::string err = d.run(200, [] { return true; });
+    ASSERT_EQ(err, "") << "workload " << w;
+  }
+  std::printf("state brute force: %d steps (%d tokens read), %d commits (%d of trees, %d slot copies), %d aborts, "
+              "%d forks, %d rewinds, %d refusals, %d can_rewind answers\n",
+              n.steps, n.reads, n.commits, n.tree_commits, n.state_copies, n.aborts, n.forks, n.rewinds, n.refusals,
+              n.rewind_checks);
+  EXPECT_GT(n.steps, 50000);
+  EXPECT_GT(n.tree_commits, 10000);
+  EXPECT_GT(n.state_copies, 500);
+  EXPECT_GT(n.forks, 4000);
+  EXPECT_GT(n.aborts, 5000);
+  EXPECT_GT(n.refusals, 20000);
+}
+
+}  // namespace
+}  // namespace kvcore_test
