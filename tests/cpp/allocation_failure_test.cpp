@@ -76,19 +76,26 @@ int fail_each_allocation(const std::function<Status()>& attempt,
   }
 }
 
+// fail_each_allocation over Cache::create(cfg): `cache` keeps the cache the
+// last (successful) run built.
+template <class Cache>
+int fail_each_create(const CacheConfig& cfg, std::unique_ptr<Cache>& cache, int line = __builtin_LINE()) {
+  return fail_each_allocation(
+      [&] {
+        auto created = Cache::create(cfg);
+        if (!created.ok()) return created.status();
+        cache = std::move(created).get();
+        return Status();
+      },
+      [] {}, line);
+}
+
 TEST(AllocationFailure, CreateReportsEveryFailedAllocationAndLeaksNothing) {
   for (const CacheConfig& cfg : configs()) {
     SCOPED_TRACE(describe(cfg));
     const std::int64_t live_before = live_news();
     std::unique_ptr<SequenceCache> cache;
-    const int failures = fail_each_allocation(
-        [&] {
-          auto created = SequenceCache::create(cfg);
-          if (!created.ok()) return created.status();
-          cache = std::move(created).get();
-          return Status();
-        },
-        [] {});
+    const int failures = fail_each_create(cfg, cache);
     // Every allocation succeeded at last: a working cache.
     ASSERT_NE(cache, nullptr);
     {
@@ -127,14 +134,7 @@ TEST(AllocationFailure, BatchCreateReportsEveryFailedAllocationAndLeaksNothing) 
     SCOPED_TRACE(describe(cfg));
     const std::int64_t live_before = live_news();
     std::unique_ptr<kvcore::BatchCache> cache;
-    const int failures = fail_each_allocation(
-        [&] {
-          auto created = kvcore::BatchCache::create(cfg);
-          if (!created.ok()) return created.status();
-          cache = std::move(created).get();
-          return Status();
-        },
-        [] {});
+    const int failures = fail_each_create(cfg, cache);
     ASSERT_NE(cache, nullptr);
     EXPECT_GE(failures, 1 + 3 + 7 * cache->n_groups() + 8 + 14);
     // Every allocation succeeded at last: a working cache.
@@ -191,14 +191,7 @@ TEST(AllocationFailure, SectionNineKindsCreateReportsEveryFailureAndLeaksNothing
   SCOPED_TRACE(describe(cfg));  // before the count, as above: gtest's first trace allocates its stack
   const std::int64_t live_before = live_news();
   std::unique_ptr<SequenceCache> cache;
-  const int failures = fail_each_allocation(
-      [&] {
-        auto created = SequenceCache::create(cfg);
-        if (!created.ok()) return created.status();
-        cache = std::move(created).get();
-        return Status();
-      },
-      [] {});
+  const int failures = fail_each_create(cfg, cache);
   ASSERT_NE(cache, nullptr);
   EXPECT_GE(failures, 2);
   // A working cache: verify steps, a rewind into one, a tree.
@@ -229,14 +222,7 @@ TEST(AllocationFailure, StateGroupBatchCreateReportsEveryFailureAndLeaksNothing)
   SCOPED_TRACE(describe(cfg));
   const std::int64_t live_before = live_news();
   std::unique_ptr<kvcore::BatchCache> cache;
-  const int failures = fail_each_allocation(
-      [&] {
-        auto created = kvcore::BatchCache::create(cfg);
-        if (!created.ok()) return created.status();
-        cache = std::move(created).get();
-        return Status();
-      },
-      [] {});
+  const int failures = fail_each_create(cfg, cache);
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(cache->n_state_groups(), 1);
   EXPECT_GE(failures, 1 + 6 + 7 * cache->n_groups() + 7 + 8 + 16);
@@ -270,14 +256,7 @@ TEST(AllocationFailure, ChunkedAndSharedBatchCreateReportsEveryFailureAndLeaksNo
   SCOPED_TRACE(describe(cfg));
   const std::int64_t live_before = live_news();
   std::unique_ptr<kvcore::BatchCache> cache;
-  const int failures = fail_each_allocation(
-      [&] {
-        auto created = kvcore::BatchCache::create(cfg);
-        if (!created.ok()) return created.status();
-        cache = std::move(created).get();
-        return Status();
-      },
-      [] {});
+  const int failures = fail_each_create(cfg, cache);
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(cache->n_groups(), 3);  // shared layers hold no group of their own
   EXPECT_GE(failures, 1 + 3 + 7 * cache->n_groups() + 8 + 14);
