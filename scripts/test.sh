@@ -108,11 +108,13 @@ if [ "$ROBUST" -gt 0 ]; then
       cp "$PY_OUT"/cmake/python/_core*.so "$PY_OUT/site/kvcore/"
       # The interpreter is not instrumented: preload the ASan runtime, skip the leak
       # check (it would report CPython's own allocations), and let malloc return
-      # null (tests provoke allocation failures on purpose).
+      # null (tests provoke allocation failures on purpose). The real model's tests stay
+      # out: their time goes to torch's forwards of a 270M model, and the kvcore calls
+      # they make are the ones the tiny-model tests make.
       (cd "$ROOT" && LD_PRELOAD="$(clang++ -print-file-name="libclang_rt.asan-$(uname -m).so")" \
          ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
          PYTHONPATH="$PY_OUT/site" HYPOTHESIS_PROFILE=dev \
-         "$PYTHON" -m pytest tests/python -q -p no:cacheprovider) || status=1
+         "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --ignore=tests/python/test_gemma_real.py) || status=1
     else
       echo "ASan Python build failed"; status=1
     fi
