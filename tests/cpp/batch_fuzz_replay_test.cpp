@@ -46,6 +46,7 @@ TEST(BatchFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   // Section 9's kinds (committed inputs that reach them).
   EXPECT_GT(cov.state_configs, 0);
   EXPECT_GT(cov.state_steps, 0);
+  EXPECT_GT(cov.state_tree_commits, 0);
   EXPECT_GT(cov.state_refusals, 0);
   EXPECT_GT(cov.shared_layers, 0);
   EXPECT_GT(cov.chunked_steps, 0);
