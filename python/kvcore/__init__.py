@@ -30,6 +30,7 @@ from kvcore._core import (
     SequenceCache,
     Shared,
     State,
+    StateGroupPlan,
     Step,
     __version__,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "Session",
     "Shared",
     "State",
+    "StateGroupPlan",
     "Step",
     "__version__",
     "build",

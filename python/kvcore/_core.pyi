@@ -928,6 +928,43 @@ class GroupPlan(metaclass=_pybind11_type):
         sinks in positions; Flat: every earlier position).
         """
 
+class StateGroupPlan(metaclass=_pybind11_type):
+    """One State group's part of a BatchStepPlan (docs/batch.md section 10: the State layers keeping
+    D state slots per sequence). Slots are physical state slot indices in [0, num_slots), the
+    state_indices a recurrent kernel takes (layer l of the group keeps state i at state[l][i]), -1
+    for none. Arrays are read-only int32 views of the cache's buffers, one value per token of the
+    step in token order (as GroupPlan.slots); reading one after the step ended raises
+    InvalidStateError.
+    """
+
+    @property
+    def state_group(self) -> int:
+        """The State group's index (cache.state_group_of(layer))."""
+    @property
+    def read_slots(self) -> npt.NDArray[np.int32]:
+        """(n_tokens,) the physical slot holding the state token j starts from: for an entry's first
+        token (a tree's root) the state after position first - 1, -1 at position 0 (zeros); for a
+        tree node its parent's write slot; for a chain token j > 0 the previous token's write slot,
+        or -1 when the step does not keep it (the state carried within the forward).
+        """
+    @property
+    def write_slots(self) -> npt.NDArray[np.int32]:
+        """(n_tokens,) the physical slot where token j's state (the state after its position) is
+        written, -1 when the step does not keep it: a chain entry without verify keeps only its last
+        token's; a verify entry or a tree keeps every token's (tree node j in the slot of position
+        first + chain_index[j], as a chain would). No slot one entry reads is written by another
+        entry of the step.
+        """
+    @property
+    def slots_per_seq(self) -> int:
+        """D: the logical state slots each sequence keeps (the policy's slots)."""
+    @property
+    def num_slots(self) -> int:
+        """Physical slots of the group (cache.num_state_slots): every slot named is below it."""
+    @property
+    def policy(self) -> LayerPolicy:
+        """The group's State LayerPolicy (its slots: D)."""
+
 class BatchStepPlan(metaclass=_pybind11_type):
     """The plan of a begun BatchStep in the varlen paged format. Per-entry arrays are read-only
     int32 views of the cache's buffers; entry i's queries are tokens [query_starts[i],
@@ -1027,6 +1064,19 @@ class BatchStepPlan(metaclass=_pybind11_type):
     @property
     def groups(self) -> tuple[GroupPlan, ...]:
         """One GroupPlan per group (index with cache.group_of(layer))."""
+    @property
+    def n_state_groups(self) -> int:
+        """State groups of the cache (0 without State layers)."""
+    @property
+    def state_groups(self) -> tuple[StateGroupPlan, ...]:
+        """One StateGroupPlan per State group (index with cache.state_group_of(layer)); empty
+        without State layers. InvalidStateError: the step ended.
+        """
+    def state_arrays(self) -> tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]], ...]:
+        """Every State group's arrays in one call: a tuple of (read_slots, write_slots) per State
+        group, the same read-only int32 (n_tokens,) views StateGroupPlan gives (physical state slots
+        per token, -1 for none). Empty without State layers. InvalidStateError: the step ended.
+        """
 
 # (seq, T), (seq, T, tokens) or (seq, T, tokens, parents): tokens any iterable of T ids (a list,
 # a numpy array), or None; parents T ints making the tokens a draft tree, or None.
@@ -1126,7 +1176,29 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         max_active_seqs == max_seqs).
         """
     def group_of(self, layer: SupportsIndex) -> int:
-        """The group of a layer. InvalidArgumentError: bad layer."""
+        """The group of a layer. InvalidArgumentError: bad layer, or a State layer (it has no block
+        group: state_group_of names its State group).
+        """
+    @property
+    def n_state_groups(self) -> int:
+        """State groups: the State layers (recurrent state, docs/batch.md section 10) of one policy,
+        apart from the n_groups block groups. 0 without State layers.
+        """
+    def state_group_of(self, layer: SupportsIndex) -> int:
+        """The State group of a State layer, in [0, n_state_groups): index plan.state_groups and the
+        State part of commit's copies with it. InvalidArgumentError: bad layer, or a layer that is
+        not a State layer (the message names it; group_of names its block group).
+        """
+    def state_group_policy(self, state_group: SupportsIndex) -> LayerPolicy:
+        """The State policy of a State group's layers: its .slots is D, the logical state slots each
+        sequence keeps (position p's state in slot p % D; a verify step needs T <= D - 1).
+        InvalidArgumentError: state_group outside [0, n_state_groups).
+        """
+    def num_state_slots(self, state_group: SupportsIndex) -> int:
+        """Physical state slots of a State group (max_active_seqs * D + max_step_tokens): every slot
+        a plan or commit names is below it, and a byte layer of the group keeps this many states
+        (state[l][slot]). InvalidArgumentError: state_group outside [0, n_state_groups).
+        """
     def group_policy(self, group: SupportsIndex) -> LayerPolicy:
         """The policy of a group's layers. InvalidArgumentError: bad group."""
     def layer_config(self, layer: SupportsIndex) -> LayerConfig:
@@ -1242,6 +1314,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         tokens: IntArrayArg | None = None,
         token_offsets: IntArrayArg | None = None,
         parents: IntArrayArg | None = None,
+        *,
+        verify: bool | Iterable[bool] = False,
     ) -> BatchStep:
         """Begins one forward; replaces an uncommitted step. Two forms: begin_step(entries): entries
         [(seq, T), (seq, T, tokens) or (seq, T, tokens, parents), ...] (tokens: T ids, for prefix
@@ -1254,15 +1328,23 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         tokens[token_offsets[i]:token_offsets[i + 1]], T[i] of them or none. Arrays: int32 or int64,
         1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists of ints;
         int32 tokens are read in place. parents (arrays): the entries' trees flat like the tokens
-        (by token_offsets when given: T[i] values or none, a chain; else T[i] each). T is the
-        sequence's new tokens (positions) in this step. InvalidArgumentError: no entries or more
-        than max_seqs, an entry not as above, seq outside [0, max_seqs), a sequence twice, T outside
-        [1, max_step], more than max_step_tokens tokens in all, len(tokens) != T, parents not a tree
-        in topological order (parents[0] != -1, a second root, parents[i] outside [0, i)) or not T
-        of them; an array of another dtype, ndim or length, not contiguous, a value beyond 32 bits,
-        token_offsets not as above. InvalidStateError: a sequence not active. CapacityError: length
-        + T would pass capacity (positions), or a group's pool has fewer free blocks than the step
-        needs. TypeError: entries neither. On any error nothing changes (a begun step stays begun).
+        (by token_offsets when given: T[i] values or none, a chain; else T[i] each). verify
+        (keyword, either form): True makes every entry a verify step, one that may be rewound into
+        (speculative decoding): the State groups keep the state after each of its positions (needs T
+        <= D - 1, D = state_group_policy(k).slots); False (the default) keeps only each entry's
+        last. Or one bool per entry, in entry order (a list, a numpy bool array). A tree keeps every
+        node's state anyway; models without State layers ignore it. T is the sequence's new tokens
+        (positions) in this step. InvalidArgumentError: no entries or more than max_seqs, an entry
+        not as above, seq outside [0, max_seqs), a sequence twice, T outside [1, max_step], more
+        than max_step_tokens tokens in all, len(tokens) != T, parents not a tree in topological
+        order (parents[0] != -1, a second root, parents[i] outside [0, i)) or not T of them; an
+        array of another dtype, ndim or length, not contiguous, a value beyond 32 bits,
+        token_offsets not as above; verify neither a bool nor one bool per entry (the message names
+        the value), a verify entry with T > D - 1 of a State group. InvalidStateError: a sequence
+        not active, or a State group no longer holds the state after length - 1 (an aborted step of
+        T = k * D without verify: rewind first). CapacityError: length + T would pass capacity
+        (positions), or a group's pool has fewer free blocks than the step needs. TypeError: entries
+        neither. On any error nothing changes (a begun step stays begun).
         """
     def step(
         self,
@@ -1271,6 +1353,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         tokens: IntArrayArg | None = None,
         token_offsets: IntArrayArg | None = None,
         parents: IntArrayArg | None = None,
+        *,
+        verify: bool | Iterable[bool] = False,
     ) -> BatchStep:
         """begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as
         begin_step.
@@ -1305,11 +1389,15 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         holding node nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved
         only for rejected nodes return to their pools. Returns one (n_copies, 2) int32 array per
         group of rows (src, dst) to copy, in order, in every layer of the group before the next step
-        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the
-        cache is as if the sequence had decoded the accepted tokens as a chain. InvalidStateError: a
-        stale step or one of another cache. InvalidArgumentError (nothing changes): a tree entry
-        committed without a path, a sequence not in the step or listed twice, an empty path or one
-        longer than N, a node outside [0, N), nodes not a root path; accepted not as above.
+        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise), then one per
+        State group (index n_groups + k: physical state slots (src, dst), the state in slot src to
+        slot dst in every layer of State group k, in order), n_groups + n_state_groups arrays in
+        all; afterwards the cache is as if the sequence had decoded the accepted tokens as a chain
+        (a verify chain for the State groups: each accepted node's state in the slot its position's
+        chain token would have written). InvalidStateError: a stale step or one of another cache.
+        InvalidArgumentError (nothing changes): a tree entry committed without a path, a sequence
+        not in the step or listed twice, an empty path or one longer than N, a node outside [0, N),
+        nodes not a root path; accepted not as above.
         """
     @overload
     def commit(self, step: BatchStep, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
@@ -1320,11 +1408,15 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         holding node nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved
         only for rejected nodes return to their pools. Returns one (n_copies, 2) int32 array per
         group of rows (src, dst) to copy, in order, in every layer of the group before the next step
-        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the
-        cache is as if the sequence had decoded the accepted tokens as a chain. InvalidStateError: a
-        stale step or one of another cache. InvalidArgumentError (nothing changes): a tree entry
-        committed without a path, a sequence not in the step or listed twice, an empty path or one
-        longer than N, a node outside [0, N), nodes not a root path; accepted not as above.
+        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise), then one per
+        State group (index n_groups + k: physical state slots (src, dst), the state in slot src to
+        slot dst in every layer of State group k, in order), n_groups + n_state_groups arrays in
+        all; afterwards the cache is as if the sequence had decoded the accepted tokens as a chain
+        (a verify chain for the State groups: each accepted node's state in the slot its position's
+        chain token would have written). InvalidStateError: a stale step or one of another cache.
+        InvalidArgumentError (nothing changes): a tree entry committed without a path, a sequence
+        not in the step or listed twice, an empty path or one longer than N, a node outside [0, N),
+        nodes not a root path; accepted not as above.
         """
     def abort(self, step: BatchStep) -> None:
         """Ends the begun step without committing it (a failed forward): every length, block

@@ -129,6 +129,15 @@ struct GroupPlanHandle {
   int n_tokens() const { return step.step.n_tokens; }  // the step's, as its plan's
 };
 
+// One State group's part of a plan.
+struct StateGroupPlanHandle {
+  BatchStepHandle step;  // the step it was made for
+  int state_group = 0;
+  kvcore::StateGroupPlan plan;
+
+  int n_tokens() const { return step.step.n_tokens; }
+};
+
 // The plan of a step, as Python sees it.
 struct BatchPlanHandle {
   BatchStepHandle step;  // the step it was made for
@@ -238,10 +247,47 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, EntrySto
   return out;
 }
 
+// One verify flag: a bool (numpy's too) or an int 0 or 1; nullopt otherwise.
+std::optional<bool> verify_flag(const py::handle& x) {
+  if (PyBool_Check(x.ptr())) return x.ptr() == Py_True;
+  static const py::handle np_bool = py::object(py::module_::import("numpy").attr("bool_")).release();
+  if (py::isinstance(x, np_bool)) return PyObject_IsTrue(x.ptr()) == 1;
+  const std::optional<PyInt> v = as_index(x);  // an int, numpy's too: 0 or 1
+  int i = 0;
+  if (v && fits_int(*v, &i) && (i == 0 || i == 1)) return i == 1;
+  return std::nullopt;
+}
+
+// begin_step's verify: one bool for every entry, or one per entry (any
+// iterable of bools, a numpy bool array too), in entry order. Checked before
+// the cache sees the step: a refusal changes nothing.
+void set_verify(std::vector<kvcore::StepEntry>* entries, const py::handle& verify) {
+  if (const std::optional<bool> all = verify_flag(verify)) {
+    for (kvcore::StepEntry& e : *entries) e.verify = *all;
+    return;
+  }
+  if (!py::isinstance<py::iterable>(verify) || PyUnicode_Check(verify.ptr()) || PyBytes_Check(verify.ptr()))
+    raise(kvcore::Error::InvalidArgument, "begin_step: verify = " + py::repr(verify).cast<std::string>().substr(0, 40) +
+                                              ": must be a bool, or one bool per entry");
+  std::vector<bool> flags;
+  for (py::handle x : verify) {
+    const std::optional<bool> f = verify_flag(x);
+    if (!f)
+      raise(kvcore::Error::InvalidArgument, "begin_step: verify[" + std::to_string(flags.size()) + "] = " +
+                                                py::repr(x).cast<std::string>().substr(0, 40) + ": must be a bool");
+    flags.push_back(*f);
+  }
+  if (flags.size() != entries->size())
+    raise(kvcore::Error::InvalidArgument, "begin_step: verify has " + std::to_string(flags.size()) + " values for " +
+                                              std::to_string(entries->size()) +
+                                              " entries: give one per entry, or one bool for all");
+  for (std::size_t i = 0; i < flags.size(); ++i) (*entries)[i].verify = flags[i];
+}
+
 // begin_step(entries) or begin_step(seqs, T, tokens, token_offsets): the array
 // form when T is given.
 BatchStepHandle begin(const CachePtr& c, const py::handle& entries, const py::handle& T, const py::handle& tokens,
-                      const py::handle& token_offsets, const py::handle& parents) {
+                      const py::handle& token_offsets, const py::handle& parents, const py::handle& verify) {
   std::vector<kvcore::StepEntry> parsed;
   EntryStorage storage;
   std::optional<IntArray> narrowed;  // the tokens the entries point into
@@ -259,6 +305,7 @@ BatchStepHandle begin(const CachePtr& c, const py::handle& entries, const py::ha
           py::repr(entries).cast<std::string>().substr(0, 40) + " without T");
     parsed = parse_entries(entries, &storage);
   }
+  set_verify(&parsed, verify);
   return BatchStepHandle{c, unwrap(c->begin_step(parsed.data(), static_cast<int>(parsed.size())))};
 }
 
@@ -306,9 +353,13 @@ py::object commit_batch_step(Cache& c, const BatchStepHandle& h, const py::handl
   std::vector<std::vector<int>> nodes;
   const std::vector<kvcore::AcceptedPath> paths = accepted_paths(accepted, &nodes);
   const kvcore::BatchCommit done = unwrap(c.commit(h.step, paths.data(), static_cast<int>(paths.size())));
-  py::tuple out(static_cast<std::size_t>(done.n_groups));
+  // One array per group, then one per State group (slot copies), as SequenceCache gives a State layer's.
+  py::tuple out(static_cast<std::size_t>(done.n_groups + done.n_state_groups));
   for (int g = 0; g < done.n_groups; ++g)
     out[static_cast<std::size_t>(g)] = copies_array(done.groups[g].copies, done.groups[g].n_copies);
+  for (int k = 0; k < done.n_state_groups; ++k)
+    out[static_cast<std::size_t>(done.n_groups + k)] =
+        copies_array(done.state_groups[k].copies, done.state_groups[k].n_copies);
   return std::move(out);
 }
 
@@ -404,6 +455,64 @@ void register_batch(py::module_& m) {
       .def("__repr__", [](const GroupPlanHandle& g) {
         return "GroupPlan(group=" + std::to_string(g.group) + ", n_tokens=" + std::to_string(g.n_tokens()) +
                ", n_copies=" + std::to_string(g.plan.n_copies) +
+               (g.step.check().ok() ? ")" : ", stale: its step ended)");
+      });
+
+  py::class_<StateGroupPlanHandle>(
+      m, "StateGroupPlan",
+      "One State group's part of a BatchStepPlan (docs/batch.md section 10: the State layers keeping D "
+      "state slots per sequence). Slots are physical state slot indices in [0, num_slots), the "
+      "state_indices a recurrent kernel takes (layer l of the group keeps state i at state[l][i]), -1 "
+      "for none. Arrays are read-only int32 views of the cache's buffers, one value per token of the "
+      "step in token order (as GroupPlan.slots); reading one after the step ended raises "
+      "InvalidStateError.")
+      .def_readonly("state_group", &StateGroupPlanHandle::state_group,
+                    "The State group's index (cache.state_group_of(layer)).")
+      .def_property_readonly(
+          "read_slots",
+          [](const StateGroupPlanHandle& g) {
+            throw_if_error(g.step.check());
+            return view_of(g.plan.read_slots, {g.n_tokens()}, py::cast(g.step.cache));
+          },
+          "(n_tokens,) the physical slot holding the state token j starts from: for an entry's first "
+          "token (a tree's root) the state after position first - 1, -1 at position 0 (zeros); for a "
+          "tree node its parent's write slot; for a chain token j > 0 the previous token's write slot, "
+          "or -1 when the step does not keep it (the state carried within the forward).")
+      .def_property_readonly(
+          "write_slots",
+          [](const StateGroupPlanHandle& g) {
+            throw_if_error(g.step.check());
+            return view_of(g.plan.write_slots, {g.n_tokens()}, py::cast(g.step.cache));
+          },
+          "(n_tokens,) the physical slot where token j's state (the state after its position) is "
+          "written, -1 when the step does not keep it: a chain entry without verify keeps only its "
+          "last token's; a verify entry or a tree keeps every token's (tree node j in the slot of "
+          "position first + chain_index[j], as a chain would). No slot one entry reads is written by "
+          "another entry of the step.")
+      .def_property_readonly(
+          "slots_per_seq",
+          [](const StateGroupPlanHandle& g) {
+            throw_if_error(g.step.check());
+            return g.plan.slots_per_seq;
+          },
+          "D: the logical state slots each sequence keeps (the policy's slots).")
+      .def_property_readonly(
+          "num_slots",
+          [](const StateGroupPlanHandle& g) {
+            throw_if_error(g.step.check());
+            return g.plan.num_slots;
+          },
+          "Physical slots of the group (cache.num_state_slots): every slot named is below it.")
+      .def_property_readonly(
+          "policy",
+          [](const StateGroupPlanHandle& g) {
+            throw_if_error(g.step.check());
+            return g.plan.policy;
+          },
+          "The group's State LayerPolicy (its slots: D).")
+      .def("__repr__", [](const StateGroupPlanHandle& g) {
+        return "StateGroupPlan(state_group=" + std::to_string(g.state_group) + ", n_tokens=" +
+               std::to_string(g.n_tokens()) + ", slots_per_seq=" + std::to_string(g.plan.slots_per_seq) +
                (g.step.check().ok() ? ")" : ", stale: its step ended)");
       });
 
@@ -550,6 +659,33 @@ void register_batch(py::module_& m) {
             return out;
           },
           "One GroupPlan per group (index with cache.group_of(layer)).")
+      .def_property_readonly("n_state_groups", [](const BatchPlanHandle& h) { return current(h).n_state_groups; },
+                             "State groups of the cache (0 without State layers).")
+      .def_property_readonly(
+          "state_groups",
+          [](const BatchPlanHandle& h) {
+            const kvcore::BatchStepPlan& p = current(h);
+            py::tuple out(static_cast<std::size_t>(p.n_state_groups));
+            for (int k = 0; k < p.n_state_groups; ++k)
+              out[static_cast<std::size_t>(k)] = StateGroupPlanHandle{h.step, k, p.state_groups[k]};
+            return out;
+          },
+          "One StateGroupPlan per State group (index with cache.state_group_of(layer)); empty without "
+          "State layers. InvalidStateError: the step ended.")
+      .def(
+          "state_arrays",
+          [](const BatchPlanHandle& h) {
+            const kvcore::BatchStepPlan& p = current(h);
+            const py::object owner = py::cast(h.step.cache);
+            py::tuple out(static_cast<std::size_t>(p.n_state_groups));
+            for (int k = 0; k < p.n_state_groups; ++k)
+              out[static_cast<std::size_t>(k)] = py::make_tuple(view_of(p.state_groups[k].read_slots, {p.n_tokens}, owner),
+                                                                view_of(p.state_groups[k].write_slots, {p.n_tokens}, owner));
+            return out;
+          },
+          "Every State group's arrays in one call: a tuple of (read_slots, write_slots) per State group, "
+          "the same read-only int32 (n_tokens,) views StateGroupPlan gives (physical state slots per "
+          "token, -1 for none). Empty without State layers. InvalidStateError: the step ended.")
       .def("__repr__", [](const BatchPlanHandle& h) {
         return "BatchStepPlan(n_entries=" + std::to_string(h.plan.n_entries) + ", n_tokens=" +
                std::to_string(h.plan.n_tokens) + ", n_groups=" + std::to_string(h.plan.n_groups) +
@@ -613,7 +749,30 @@ void register_batch(py::module_& m) {
                              "one) before one is refused with CapacityError: max_active_seqs less the "
                              "active sequences (also when max_active_seqs == max_seqs).")
       .def("group_of", [](const Cache& c, const IntArg& layer) { return unwrap(c.group_of(to_int("layer", layer))); },
-           py::arg("layer"), "The group of a layer. InvalidArgumentError: bad layer.")
+           py::arg("layer"),
+           "The group of a layer. InvalidArgumentError: bad layer, or a State layer (it has no block "
+           "group: state_group_of names its State group).")
+      .def_property_readonly("n_state_groups", &Cache::n_state_groups,
+                             "State groups: the State layers (recurrent state, docs/batch.md section 10) of "
+                             "one policy, apart from the n_groups block groups. 0 without State layers.")
+      .def("state_group_of",
+           [](const Cache& c, const IntArg& layer) { return unwrap(c.state_group_of(to_int("layer", layer))); },
+           py::arg("layer"),
+           "The State group of a State layer, in [0, n_state_groups): index plan.state_groups and the "
+           "State part of commit's copies with it. InvalidArgumentError: bad layer, or a layer that is "
+           "not a State layer (the message names it; group_of names its block group).")
+      .def("state_group_policy",
+           [](const Cache& c, const IntArg& k) { return unwrap(c.state_group_policy(to_int("state_group", k))); },
+           py::arg("state_group"),
+           "The State policy of a State group's layers: its .slots is D, the logical state slots each "
+           "sequence keeps (position p's state in slot p % D; a verify step needs T <= D - 1). "
+           "InvalidArgumentError: state_group outside [0, n_state_groups).")
+      .def("num_state_slots",
+           [](const Cache& c, const IntArg& k) { return unwrap(c.num_state_slots(to_int("state_group", k))); },
+           py::arg("state_group"),
+           "Physical state slots of a State group (max_active_seqs * D + max_step_tokens): every slot a "
+           "plan or commit names is below it, and a byte layer of the group keeps this many states "
+           "(state[l][slot]). InvalidArgumentError: state_group outside [0, n_state_groups).")
       .def("group_policy",
            [](const Cache& c, const IntArg& group) { return unwrap(c.group_policy(to_int("group", group))); },
            py::arg("group"), "The policy of a group's layers. InvalidArgumentError: bad group.")
@@ -758,7 +917,8 @@ void register_batch(py::module_& m) {
            "max_seqs), len(tokens) > capacity, a bad namespace. InvalidStateError: seq not active, "
            "or not empty (length > 0).")
       .def("begin_step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
-           py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(),
+           py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(), py::kw_only(),
+           py::arg("verify") = false,
            "Begins one forward; replaces an uncommitted step. Two forms:\n"
            "  begin_step(entries): entries [(seq, T), (seq, T, tokens) or (seq, T, tokens, parents), ...] "
            "(tokens: T ids, for prefix reuse, or None; parents: T ints making the tokens a draft tree of "
@@ -772,18 +932,26 @@ void register_batch(py::module_& m) {
            "int64, 1-D, contiguous (numpy, array.array, a CPU torch tensor through DLPack) or lists "
            "of ints; int32 tokens are read in place. parents (arrays): the entries' trees flat like the "
            "tokens (by token_offsets when given: T[i] values or none, a chain; else T[i] each).\n"
+           "verify (keyword, either form): True makes every entry a verify step, one that may be rewound into "
+           "(speculative decoding): the State groups keep the state after each of its positions (needs T <= "
+           "D - 1, D = state_group_policy(k).slots); False (the default) keeps only each entry's last. Or "
+           "one bool per entry, in entry order (a list, a numpy bool array). A tree keeps every node's "
+           "state anyway; models without State layers ignore it.\n"
            "T is the sequence's new tokens (positions) in this step. InvalidArgumentError: no entries "
            "or more than max_seqs, an entry not as above, seq outside [0, "
            "max_seqs), a sequence twice, T outside [1, max_step], more than max_step_tokens tokens "
            "in all, len(tokens) != T, parents not a tree in topological order (parents[0] != -1, a "
            "second root, parents[i] outside [0, i)) or not T of them; an array of another dtype, ndim "
            "or length, not contiguous, a "
-           "value beyond 32 bits, token_offsets not as above. InvalidStateError: a sequence not "
-           "active. CapacityError: length + T would pass capacity (positions), or a group's pool has "
+           "value beyond 32 bits, token_offsets not as above; verify neither a bool nor one bool per entry "
+           "(the message names the value), a verify entry with T > D - 1 of a State group. InvalidStateError: "
+           "a sequence not active, or a State group no longer holds the state after length - 1 (an aborted "
+           "step of T = k * D without verify: rewind first). CapacityError: length + T would pass capacity (positions), or a group's pool has "
            "fewer free blocks than the step needs. TypeError: entries neither. On any error nothing "
            "changes (a begun step stays begun).")
       .def("step", &begin, py::arg("entries"), py::arg("T") = py::none(), py::arg("tokens") = py::none(),
-           py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(),
+           py::arg("token_offsets") = py::none(), py::arg("parents") = py::none(), py::kw_only(),
+           py::arg("verify") = false,
           "begin_step(...) in either form, for `with cache.step(seqs, T) as step:`; raises as begin_step.")
       .def("add_sequences", &add_sequences, py::arg("seqs"),
            "add_sequence for every id of seqs (an int32/int64 array or a list of ints), all or "
@@ -812,8 +980,12 @@ void register_batch(py::module_& m) {
            "nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved only for rejected "
            "nodes return to their pools. Returns one (n_copies, 2) int32 array per group of rows (src, "
            "dst) to copy, in order, in every layer of the group before the next step (none when a path "
-           "is its tree's main line, at most len(nodes) - 1 otherwise); afterwards the cache is as if "
-           "the sequence had decoded the accepted tokens as a chain. InvalidStateError: a stale step or "
+           "is its tree's main line, at most len(nodes) - 1 otherwise), then one per State group "
+           "(index n_groups + k: physical state slots (src, dst), the state in slot src to slot dst in "
+           "every layer of State group k, in order), n_groups + n_state_groups arrays in all; afterwards "
+           "the cache is as if the sequence had decoded the accepted tokens as a chain (a verify chain "
+           "for the State groups: each accepted node's state in the slot its position's chain token "
+           "would have written). InvalidStateError: a stale step or "
            "one of another cache. InvalidArgumentError (nothing changes): a tree entry committed "
            "without a path, a sequence not in the step or listed twice, an empty path or one longer "
            "than N, a node outside [0, N), nodes not a root path; accepted not as above.")
