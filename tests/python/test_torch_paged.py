@@ -178,3 +178,20 @@ def test_a_corrupt_record_grows_no_tensor_of_a_lazy_store() -> None:
         lazy.import_sequence(0, bytes(record))
     assert [None if lazy.tensors(layer) is None else lazy.tensors(layer)[0].shape for layer in range(4)] == before  # type: ignore[index]
     assert not lazy.cache.sequence(0).active
+
+
+@pytest.mark.parametrize("kind", ["Shared", "State"])
+def test_shared_and_state_layers_are_refused_by_name(kind: str) -> None:
+    flat = kvcore.LayerConfig(kvcore.Flat(), n_kv_heads=1, head_dim=4)
+    other = (
+        kvcore.LayerConfig(kvcore.Shared(0), n_kv_heads=1, head_dim=4)
+        if kind == "Shared"
+        else kvcore.LayerConfig(kvcore.State(4), n_kv_heads=0, head_dim=0)
+    )
+    cfg = kvcore.CacheConfig(64, [flat, other], max_step=4, batch=kvcore.BatchLimits(block_size=4, max_seqs=2))
+    cache = kvcore.BatchCache(cfg)
+    with pytest.raises(kvcore.NotSupportedError, match=f"layer 1: TorchPagedKVPool stores .* a {kind} layer holds none"):
+        TorchPagedKVPool(cache)
+    # The PagedKVPool the torch pool mirrors refuses the same layer.
+    with pytest.raises(kvcore.NotSupportedError, match="layer 1: PagedKVPool stores"):
+        kvcore.PagedKVPool(cache, "float32")

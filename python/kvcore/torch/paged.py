@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvcore._core import BatchCache
-from kvcore._errors import InvalidArgumentError, InvalidStateError
+from kvcore._core import BatchCache, LayerPolicy
+from kvcore._errors import InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.state import RecordSource
 from kvcore.torch import paged_records
 from kvcore.torch.record_dtypes import RECORD_DTYPE
@@ -43,7 +43,9 @@ class TorchPagedKVPool:
 
     ``dtype``/``device``: what every tensor holds. ``preallocate``: allocate each layer
     now (``rows_hint(group)`` rows if given, else the group's whole pool) instead of
-    growing lazily. Raises InvalidArgumentError for a bad layer or tensors that do not fit.
+    growing lazily. Raises NotSupportedError for a Shared or State layer (as ``PagedKVPool``:
+    it stores the K/V rows of Flat, Ring and Chunked layers), InvalidArgumentError for a bad
+    layer or tensors that do not fit.
     """
 
     def __init__(
@@ -55,6 +57,13 @@ class TorchPagedKVPool:
         preallocate: bool = False,
         rows_hint: Optional[list[int]] = None,
     ) -> None:
+        for layer in range(cache.n_layers):
+            kind = cache.layer_config(layer).policy.kind
+            if kind in (LayerPolicy.Kind.Shared, LayerPolicy.Kind.State):
+                raise NotSupportedError(
+                    f"layer {layer}: TorchPagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; "
+                    f"a {kind.name} layer holds none (docs/layer_kinds.md)"
+                )
         self.cache = cache
         self.dtype = dtype
         self.device = torch.device(device)
