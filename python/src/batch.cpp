@@ -271,6 +271,7 @@ void set_verify(std::vector<kvcore::StepEntry>* entries, const py::handle& verif
                                               ": must be a bool, or one bool per entry");
   std::vector<bool> flags;
   for (py::handle x : verify) {
+    if (flags.size() > entries->size()) break;  // already too many: an endless iterable ends here
     const std::optional<bool> f = verify_flag(x);
     if (!f)
       raise(kvcore::Error::InvalidArgument, "begin_step: verify[" + std::to_string(flags.size()) + "] = " +
@@ -278,7 +279,10 @@ void set_verify(std::vector<kvcore::StepEntry>* entries, const py::handle& verif
     flags.push_back(*f);
   }
   if (flags.size() != entries->size())
-    raise(kvcore::Error::InvalidArgument, "begin_step: verify has " + std::to_string(flags.size()) + " values for " +
+    raise(kvcore::Error::InvalidArgument, "begin_step: verify has " +
+                                              (flags.size() > entries->size() ? "more than " + std::to_string(entries->size())
+                                                                              : std::to_string(flags.size())) +
+                                              " values for " +
                                               std::to_string(entries->size()) +
                                               " entries: give one per entry, or one bool for all");
   for (std::size_t i = 0; i < flags.size(); ++i) (*entries)[i].verify = flags[i];

@@ -9,6 +9,7 @@ plans, every read must find the state of exactly the history before the token.
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 from collections.abc import Sequence
 
@@ -250,6 +251,8 @@ def test_refusals_name_the_value_and_change_nothing() -> None:
         ({"verify": 2}, r"verify = 2: must be a bool, or one bool per entry"),
         ({"verify": [True, None]}, r"verify\[1\] = None: must be a bool"),
         ({"verify": [True]}, r"verify has 1 values for 2 entries"),
+        ({"verify": [True, False, True]}, r"verify has more than 2 values for 2 entries"),
+        ({"verify": itertools.repeat(True)}, r"verify has more than 2 values for 2 entries"),  # endless: ends
     ]
     for kwargs, message in refusals:
         with pytest.raises(InvalidArgumentError, match=message):
