@@ -302,20 +302,18 @@ TEST(LayerKindsRefusals, PagedKVPoolRefusesSharedLayers) {
                  "layer 1: PagedKVPool stores the K/V rows");
 }
 
-TEST(LayerKindsRefusals, RecordsCarryNoSharedOrStateLayersYet) {
-  auto flat = make(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::flat()}));
-  auto pool = kvcore::KVPool::create(*flat, kvcore::DType::Float32);  // any pool of two layers
-  ASSERT_TRUE(pool.ok());
-  auto shared = make(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::shared(0)}));
-  expect_refused(kvcore::export_size(*shared, *pool).status(), Error::NotSupported,
-                 "export: layer 1 is a Shared layer: records carry Flat, Ring and Chunked layers only");
-  auto state = make(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::state(2)}));
-  expect_refused(kvcore::export_size(*state, *pool).status(), Error::NotSupported, "layer 1 is a State layer");
-}
-
-TEST(LayerKindsRefusals, ImportIntoAModelWithStateLayersIsNotSupported) {
-  auto c = make(kinds_config(64, 4, {LayerPolicy::state(3)}));
-  expect_refused(c->restore(0, [](int) { return 0; }), Error::NotSupported, "layer 0 is a State layer");
+// restore() (what import_record calls) holds a State layer to what a record
+// may carry: the last state, at most D; nothing changes on a refusal.
+TEST(LayerKindsRefusals, RestoreKeepsAStateLayersLastStateAndAtMostDStates) {
+  auto c = make(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::state(3)}));
+  expect_refused(c->restore(5, [](int l) { return l == 1 ? 5 : 0; }), Error::InvalidArgument,
+                 "layer 1 is State(slots 3): held_from = 5 at length 5 must keep the last state and at most 3");
+  expect_refused(c->restore(5, [](int l) { return l == 1 ? 1 : 0; }), Error::InvalidArgument,
+                 "held_from = 1 at length 5");
+  EXPECT_EQ(c->length(), 0);
+  ASSERT_TRUE(c->restore(5, [](int l) { return l == 1 ? 2 : 0; }).ok());
+  EXPECT_EQ(c->held_from(1), 2);
+  for (int n = 0; n <= 5; ++n) EXPECT_EQ(c->can_rewind(n), n == 0 || n >= 3) << n;
 }
 
 }  // namespace

@@ -461,9 +461,10 @@ TEST(SequenceRecord, EveryRefusalIsNamedAndChangesNothing) {
   bad.bytes()[0] = 'X';
   refused(bad.data(), rec.size, kvcore::Error::InvalidArgument, "magic", model(64, 3, 4));
   bad = rec;
-  bad.bytes()[8] = 3;  // a future version (the newest is 2), checksum made right
+  bad.bytes()[8] = kvcore::RecordFormat::kVersion + 1;  // a future version, checksum made right
   kvcore::seal_record(bad.bytes(), kvcore::RecordLayout{0, 0, 0, 0, rec.size});
-  refused(bad.data(), rec.size, kvcore::Error::NotSupported, "version 3", model(64, 3, 4));
+  refused(bad.data(), rec.size, kvcore::Error::NotSupported, "version 4 is newer than this build reads (3)",
+          model(64, 3, 4));
   CacheConfig other = model(64, 3, 4);
   other.layers[0] = ring_layer(7, 2);
   refused(rec.data(), rec.size, kvcore::Error::InvalidArgument, "policy", other);
@@ -837,11 +838,12 @@ TEST(SequenceRecord, ASinksMismatchIsRefused) {
   ASSERT_OK(kvcore::RecordView::parse(rec.data(), rec.size).status());
   SeqSide s(cfg);
   expect_refused(kvcore::import_record(rec.data(), rec.size, s.cache(), s.pool()), kvcore::Error::InvalidArgument,
-                 "layer 1 policy (kind 1, window 4, sinks 2) differs from the cache's (kind 1, window 4, sinks 1)");
+                 "layer 1 policy (kind 1, window 4, sinks 2, source 0, slots 0) differs from the cache's (kind 1, window "
+                 "4, sinks 1, source 0, slots 0)");
   EXPECT_EQ(s.length(), 0);
   BatchSide b(cfg, 0);
   expect_refused(kvcore::import_record(rec.data(), rec.size, b.cache(), b.pool(), 0), kvcore::Error::InvalidArgument,
-                 "sinks 2) differs");
+                 "sinks 2, source 0, slots 0) differs");
   EXPECT_FALSE(b.cache().sequence(0)->active);
 }
 
@@ -1084,45 +1086,140 @@ TEST(SequenceRecord, ABatchSequenceWithChunkedGroupsRoundTripsAfterTheyReleasedB
   }
 }
 
-TEST(SequenceRecord, SharedAndStateLayersAreNotExportedAndHostileKindsAreRefusedByName) {
-  // Export: a shared layer (and a state layer) is NotSupported, naming it.
-  // (Pools hold no rows for them: the pool here is a flat model's of the same shape.)
-  CacheConfig cfg = pool_config(32, {flat_layer(), LayerConfig{LayerPolicy::shared(0), 2, 3, 0}}, 4, 8);
-  CacheConfig flat_cfg = pool_config(32, {flat_layer(), flat_layer()}, 4, 8);
-  auto shared = std::move(SequenceCache::create(cfg)).get();
-  auto flat = std::move(SequenceCache::create(flat_cfg)).get();
-  auto pool = std::move(KVPool::create(*flat, DType::Float16)).get();
-  auto step = shared->begin_step(3);
+// A State layer's record entry: states of `bytes` bytes after [held_from, length).
+RecordLayer state_rl(int slots, int held_from, int n_rows, int bytes = 24) {
+  return RecordLayer{LayerPolicy::state(slots), DType::UInt8, 1, bytes, 0, 0, held_from, n_rows};
+}
+// A Shared layer's entry over a source of rl()'s shape.
+RecordLayer shared_rl(int source, int length) {
+  return RecordLayer{LayerPolicy::shared(source), DType::Float16, 2, 3, 3, 0, length, 0};
+}
+// The offset of layer l's entry in a record of `seq` (field f at + 4 + 4 * f; the param at + 36).
+std::size_t entry_at(const RecordSequence& seq, int l) {
+  return kvcore::RecordLayout::tables(seq).layers + kvcore::RecordFormat::kLayerBytes * static_cast<std::size_t>(l);
+}
+
+// Version 3 (docs/state.md): Shared and State layers, each in one written
+// form; every field a hostile record could bend is refused by name.
+TEST(SequenceRecord, HostileSharedAndStateEntriesAreRefusedByField) {
+  using Kind = LayerPolicy::Kind;
+  const RecordSequence seq{3, 10, 4, 0, 0, 0};
+  const Record good = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10), state_rl(4, 7, 3)});
+  const auto view = kvcore::RecordView::parse(good.data(), good.size);
+  ASSERT_OK(view.status());
+  EXPECT_EQ(view->version(), 3u);
+  EXPECT_EQ(view->layer(1).policy, LayerPolicy::shared(0));
+  EXPECT_EQ(view->layer(2).policy, LayerPolicy::state(4));
+  // The version says what the record may describe.
+  expect_parse_refused(patched(good, 8, 2), good.size, kvcore::Error::InvalidArgument,
+                       "layer 1 (kind 3, dtype float16) needs record version 3, the record says 2");
+  expect_parse_refused(patched(good, 8, 4), good.size, kvcore::Error::NotSupported, "version 4 is newer");
+  // The param field: only a Shared or State layer has one.
+  expect_parse_refused(patched(good, entry_at(seq, 0) + 36, 5), good.size, kvcore::Error::InvalidArgument,
+                       "layer 0's last field is 5: only a Shared or State layer has one");
+  // Shared: a source that is itself, later, or not a K/V layer.
+  for (int source : {1, 2, -1})
+    expect_parse_refused(patched(good, entry_at(seq, 1) + 36, static_cast<std::uint32_t>(source)), good.size,
+                         kvcore::Error::InvalidArgument, "its source must be an earlier layer");
+  const Record on_state = craft(seq, {}, {state_rl(4, 7, 3), shared_rl(0, 10), rl(LayerPolicy::flat(), 0, 0, 10)});
+  expect_parse_refused(on_state, on_state.size, kvcore::Error::InvalidArgument,
+                       "layer 1 is Shared(0), and layer 0 (kind 4) holds no K/V rows");
+  // Shared: another shape, or rows of its own.
+  RecordLayer wide = shared_rl(0, 10);
+  wide.head_dim = 4;
+  wide.value_dim = 4;
+  const Record shaped = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), wide, state_rl(4, 7, 3)});
+  expect_parse_refused(shaped, shaped.size, kvcore::Error::InvalidArgument, "must be its source's");
+  RecordLayer rows = shared_rl(0, 10);
+  rows.held_from = 0;
+  rows.n_rows = 10;
+  const Record with_rows = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rows, state_rl(4, 7, 3)});
+  expect_parse_refused(with_rows, with_rows.size, kvcore::Error::InvalidArgument, "it carries no rows");
+  // State: D < 1, a window, another row form, no last state, more than D states, a count that lies.
+  const Record d0 = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10), state_rl(0, 10, 0)});
+  expect_parse_refused(d0, d0.size, kvcore::Error::InvalidArgument, "needs slots >= 1");
+  expect_parse_refused(patched(good, entry_at(seq, 2) + 4, 2), good.size, kvcore::Error::InvalidArgument,
+                       "window 2, sinks 0): needs slots >= 1, window and sinks 0");
+  RecordLayer as_kv = state_rl(4, 7, 3);
+  as_kv.dtype = DType::Float16;
+  const Record typed = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10), as_kv});
+  expect_parse_refused(typed, typed.size, kvcore::Error::InvalidArgument, "its rows are states of head_dim bytes");
+  const Record no_last = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10), state_rl(4, 10, 0)});
+  expect_parse_refused(no_last, no_last.size, kvcore::Error::InvalidArgument,
+                       "held_from 10: needs sink_end 0 and held_from in [6, 9] (the last state, at most D states)");
+  const Record too_many = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10), state_rl(4, 5, 5)});
+  expect_parse_refused(too_many, too_many.size, kvcore::Error::InvalidArgument, "held_from in [6, 9]");
+  const Record lies = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10), state_rl(4, 7, 2)});
+  expect_parse_refused(lies, lies.size, kvcore::Error::InvalidArgument, "n_rows = 2: its held_from selects 3 states");
+  // State: a sequence with removed positions (a model with State layers removes none).
+  const RecordSequence holed{3, 10, 4, 2, 0, 0};
+  const Record removed = craft(holed, {}, {rl(LayerPolicy::flat(), 0, 0, 8), shared_rl(0, 10), state_rl(4, 7, 3)});
+  expect_parse_refused(removed, removed.size, kvcore::Error::InvalidArgument,
+                       "layer 2 is State, and the record removed positions (start 2, 0 holes)");
+  // Kinds past State are unknown to every version.
+  const Record kind5 = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), shared_rl(0, 10),
+                                       rl(LayerPolicy{static_cast<Kind>(5), 0, 0, 0, 0}, 0, 0, 10)});
+  expect_parse_refused(kind5, kind5.size, kvcore::Error::InvalidArgument, "kind 5");
+  // A chunked layer with sinks or chunk 0 still breaks the rules.
+  const RecordSequence two{2, 10, 4, 0, 0, 0};
+  const Record chunk_sinks =
+      craft(two, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Chunked, 4, 1, 0, 0}, 1, 8, 3)});
+  expect_parse_refused(chunk_sinks, chunk_sinks.size, kvcore::Error::InvalidArgument, "kind 2, window 4, sinks 1");
+  const Record chunk0 = craft(two, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Chunked, 0, 0, 0, 0}, 0, 0, 10)});
+  expect_parse_refused(chunk0, chunk0.size, kvcore::Error::InvalidArgument, "kind 2, window 0");
+}
+
+// An import checks a State layer's slots and D against the cache's, and a
+// BatchCache refuses a model with State layers; each refusal changes nothing.
+TEST(SequenceRecord, StateRecordsImportOnlyIntoTheSameStateSlots) {
+  auto config = [](int slots) {
+    CacheConfig cfg = pool_config(32, {flat_layer(), LayerConfig{LayerPolicy::shared(0), 2, 3, 0},
+                                       LayerConfig{LayerPolicy::state(slots), 0, 0, 0}},
+                                  4, 8);
+    cfg.batch.block_size = 2;
+    cfg.batch.max_seqs = 2;
+    return cfg;
+  };
+  const std::size_t bytes24[3] = {0, 0, 24}, bytes16[3] = {0, 0, 16};
+  auto from = std::move(SequenceCache::create(config(4))).get();
+  auto from_pool = std::move(KVPool::create(*from, DType::Float16, kvcore::PoolAllocator::heap(),
+                                            kvcore::RingStorage::Compact, kvcore::StateSlotBytes{bytes24, 3}))
+                       .get();
+  auto step = from->begin_step(3, /*verify=*/true);
   ASSERT_OK(step.status());
-  ASSERT_OK(shared->commit(*step));
-  std::vector<unsigned char> buffer(1 << 16);
-  expect_refused(kvcore::export_size(*shared, pool, 0).status(), kvcore::Error::NotSupported,
-                 "layer 1 is a Shared layer");
-  cfg.batch.block_size = flat_cfg.batch.block_size = 2;
-  cfg.batch.max_seqs = flat_cfg.batch.max_seqs = 2;
-  auto batch = std::move(BatchCache::create(cfg)).get();
+  ASSERT_OK(from->commit(*step));
+  const std::size_t size = *kvcore::export_size(*from, from_pool);
+  std::vector<std::uint64_t> rec((size + 7) / 8);
+  ASSERT_OK(kvcore::export_to(*from, from_pool, nullptr, 0, rec.data(), size));
+  const auto view = kvcore::RecordView::parse(rec.data(), size);
+  ASSERT_OK(view.status());
+  EXPECT_EQ(view->layer(2).held_from, 0);  // a verify step keeps every state: all three carried
+  EXPECT_EQ(view->layer(2).n_rows, 3);
+  auto other_slots = std::move(SequenceCache::create(config(5))).get();
+  auto pool5 = std::move(KVPool::create(*other_slots, DType::Float16, kvcore::PoolAllocator::heap(),
+                                        kvcore::RingStorage::Compact, kvcore::StateSlotBytes{bytes24, 3}))
+                   .get();
+  expect_refused(kvcore::import_record(rec.data(), size, *other_slots, pool5), kvcore::Error::InvalidArgument,
+                 "layer 2 policy (kind 4, window 0, sinks 0, source 0, slots 4) differs from the cache's (kind 4, "
+                 "window 0, sinks 0, source 0, slots 5)");
+  EXPECT_EQ(other_slots->length(), 0);
+  auto to = std::move(SequenceCache::create(config(4))).get();
+  auto pool16 = std::move(KVPool::create(*to, DType::Float16, kvcore::PoolAllocator::heap(),
+                                         kvcore::RingStorage::Compact, kvcore::StateSlotBytes{bytes16, 3}))
+                    .get();
+  expect_refused(kvcore::import_record(rec.data(), size, *to, pool16), kvcore::Error::InvalidArgument,
+                 "layer 2 states of 24 bytes differ from the pool's state slots of 16 bytes");
+  EXPECT_EQ(to->length(), 0);
+  // Export from a BatchCache with State layers: NotSupported, naming the layer.
+  auto batch = std::move(BatchCache::create(config(4))).get();
+  CacheConfig flat_cfg = pool_config(32, {flat_layer(), flat_layer(), flat_layer()}, 4, 8);
+  flat_cfg.batch.block_size = 2;
+  flat_cfg.batch.max_seqs = 2;
   auto batch_flat = std::move(BatchCache::create(flat_cfg)).get();
-  auto paged = std::move(PagedKVPool::create(*batch_flat, DType::Float16)).get();
+  auto paged = std::move(PagedKVPool::create(*batch_flat, DType::Float16)).get();  // any pool of three layers
   ASSERT_OK(batch->add_sequence(0));
   expect_refused(kvcore::export_size(*batch, paged, 0, 0).status(), kvcore::Error::NotSupported,
-                 "layer 1 is a Shared layer");
-  expect_refused(kvcore::export_to(*batch, paged, 0, nullptr, 0, buffer.data(), buffer.size()),
-                 kvcore::Error::NotSupported, "Shared");
-  // Parse: a record naming kind 3 (Shared) or 4 (State), or a chunked layer
-  // with sinks, breaks the rules; the message names the kind and the field.
-  const RecordSequence seq{2, 10, 4, 0, 0, 0};
-  using Kind = LayerPolicy::Kind;
-  const Record good = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy::chunked(4), 0, 8, 2)});
-  ASSERT_OK(kvcore::RecordView::parse(good.data(), good.size).status());
-  const Record kind3 = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Shared, 0, 0, 0, 0}, 0, 0, 10)});
-  expect_parse_refused(kind3, kind3.size, kvcore::Error::InvalidArgument, "kind 3");
-  const Record kind4 = craft(seq, {}, {rl(LayerPolicy{Kind::State, 0, 0, 0, 0}, 0, 0, 10), rl(LayerPolicy::flat(), 0, 0, 10)});
-  expect_parse_refused(kind4, kind4.size, kvcore::Error::InvalidArgument, "kind 4");
-  const Record chunk_sinks =
-      craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Chunked, 4, 1, 0, 0}, 1, 8, 3)});
-  expect_parse_refused(chunk_sinks, chunk_sinks.size, kvcore::Error::InvalidArgument, "kind 2, window 4, sinks 1");
-  const Record chunk0 = craft(seq, {}, {rl(LayerPolicy::flat(), 0, 0, 10), rl(LayerPolicy{Kind::Chunked, 0, 0, 0, 0}, 0, 0, 10)});
-  expect_parse_refused(chunk0, chunk0.size, kvcore::Error::InvalidArgument, "kind 2, window 0");
+                 "export: layer 2 is a State layer: records of a BatchCache's sequences carry no states yet");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // libFuzzer harness for sequence records (docs/state.md): bytes -> a record
 // -> RecordView::parse -> import into a SequenceCache + KVPool or a
-// BatchCache + PagedKVPool (block size 1, 2 or 4). Input: byte 0 picks the
-// destination (bits 1-2) and whether the harness fixes the checksum first
+// BatchCache + PagedKVPool (block size 1, 2 or 4), or a SequenceCache of the
+// section 9 kinds (bit 3). Input: byte 0 picks the
+// destination (bits 1-2, 3) and whether the harness fixes the checksum first
 // (bit 0: so that mutations reach the field checks past the envelope); the
 // rest is the record. Checked, from the rules (docs/state.md and
 // docs/design.md section 2), not from the code:
@@ -99,13 +100,20 @@ inline std::string check_parsed(const RecordView& rec, std::size_t size) {
     // Completeness, position by position, within a bounded walk: a query at
     // L needs the sinks and the window (flat: everything below L; chunked,
     // section 9: its chunk, from K * floor(L / K)).
+    // A State layer (section 9) needs the state after L - 1 and holds at
+    // most D; a Shared layer needs nothing of its own.
     const bool ring = r.policy.kind == LayerPolicy::Kind::Ring;
     const bool chunked = r.policy.kind == LayerPolicy::Kind::Chunked && r.policy.window >= 1;
+    const bool state = r.policy.kind == LayerPolicy::Kind::State;
     const std::int64_t L = s.length;
+    if (r.policy.kind == LayerPolicy::Kind::Shared && r.n_rows != 0) return "a Shared layer carries rows";
+    if (state && r.n_rows > r.policy.slots) return "a State layer carries more than D states";
     const std::int64_t sinks = ring ? (r.policy.sinks < L ? r.policy.sinks : L) : 0;
     const std::int64_t wb = ring      ? (L - r.policy.window + 1 > 0 ? L - r.policy.window + 1 : 0)
                             : chunked ? L - L % r.policy.window
-                                      : 0;
+                            : state   ? (L > 0 ? L - 1 : 0)
+                            : r.policy.kind == LayerPolicy::Kind::Shared ? L
+                                                                         : 0;
     const std::int64_t ranges[2][2] = {{0, sinks}, {wb, L}};
     long walked = 0;
     for (const auto& range : ranges)
@@ -177,6 +185,74 @@ inline std::string into_sequence_cache(const RecordView& rec, const void* data, 
   return "";
 }
 
+// The kinds destination (mode bit 3): a SequenceCache of Ring, Flat, Shared
+// and State layers (section 9), what make_record_corpus.py's kinds records
+// export. After an accepted import the next step reads the record's rows, a
+// Shared layer its source's, and a State layer starts from the record's last
+// state; every rewind the cache then allows lands on a state the record
+// carries, in its slot.
+constexpr std::size_t kStateBytes = 24;
+inline CacheConfig kinds_destination() {
+  CacheConfig cfg = destination(1);
+  cfg.n_layers = 4;
+  cfg.layers = {LayerConfig{LayerPolicy::ring(4, 1), 1, 2, 0}, LayerConfig{LayerPolicy::flat(), 1, 2, 0},
+                LayerConfig{LayerPolicy::shared(0), 1, 2, 0}, LayerConfig{LayerPolicy::state(4), 0, 0, 0}};
+  return cfg;
+}
+
+inline std::string into_kinds_cache(const RecordView& rec, const void* data, std::size_t size) {
+  auto cache = std::move(kvcore::SequenceCache::create(kinds_destination())).get();
+  const std::size_t slots[4] = {0, 0, 0, kStateBytes};
+  auto pool = std::move(kvcore::KVPool::create(*cache, kvcore::DType::Float16, kvcore::PoolAllocator::heap(),
+                                               kvcore::RingStorage::Compact, kvcore::StateSlotBytes{slots, 4}))
+                  .get();
+  const kvcore::Status st = kvcore::import_record(data, size, *cache, pool);
+  if (!st.ok()) {
+    if (coverage() != nullptr) ++coverage()->refused_import;
+    return cache->length() == 0 ? "" : "a refused import into the kinds cache changed its length";
+  }
+  if (coverage() != nullptr) ++coverage()->imported_seq;
+  const int L = rec.sequence().length;
+  if (cache->length() != L) return "the imported length differs";
+  const RecordLayer sr = rec.layer(3);
+  for (int n = 1; n <= L; ++n) {  // a held state is the record's, in slot (n - 1) mod D
+    if (!cache->can_rewind(n)) continue;
+    if (n - 1 < sr.held_from) return "the kinds cache allows rewind(" + std::to_string(n) + "), a state the record lacks";
+    const unsigned char* slot = *pool.state_slot(3, (n - 1) % sr.policy.slots);
+    if (std::memcmp(slot, rec.k_rows(3) + static_cast<std::size_t>(n - 1 - sr.held_from) * kStateBytes, kStateBytes) != 0)
+      return "the state after " + std::to_string(n - 1) + " differs from the record's";
+    if (coverage() != nullptr) ++coverage()->rows_checked;
+  }
+  if (L >= cache->capacity()) return "";
+  auto step = cache->begin_step(1);
+  if (!step.ok()) return std::string("a step after the import was refused: ") + step.message().c_str();
+  for (int l = 0; l < 3; ++l) {
+    const kvcore::SeqStepPlan plan = *cache->plan(l, *step);
+    const int from = l == 2 ? 0 : l;  // the Shared layer reads its source's rows
+    const RecordLayer r = rec.layer(from);
+    std::vector<unsigned char> k(r.k_row_bytes()), v(r.v_row_bytes());
+    if (l != 2 && !pool.write(l, plan, k.data(), k.size(), v.data(), v.size()).ok()) return "writing the step failed";
+    std::vector<unsigned char> rk(r.k_row_bytes() * static_cast<std::size_t>(plan.read_len()));
+    std::vector<unsigned char> rv(r.v_row_bytes() * static_cast<std::size_t>(plan.read_len()));
+    if (!pool.gather(l, plan, rk.data(), rk.size(), rv.data(), rv.size()).ok()) return "gather after the import failed";
+    std::size_t i = 0;
+    for (int run = 0; run < plan.n_read; ++run)
+      for (int j = 0; j < plan.read[run].len; ++j, ++i) {
+        const std::string e = same_row(rec, from, plan.read[run].pos + j, rk.data() + i * r.k_row_bytes(),
+                                       rv.data() + i * r.v_row_bytes());
+        if (!e.empty()) return "kinds cache layer " + std::to_string(l) + ": " + e;
+      }
+  }
+  std::vector<unsigned char> state(kStateBytes, 0xEE);
+  if (!pool.read_state(3, *cache->plan(3, *step), state.data(), state.size()).ok()) return "read_state failed";
+  const std::vector<unsigned char> want =
+      L == 0 ? std::vector<unsigned char>(kStateBytes, 0)
+             : std::vector<unsigned char>(rec.k_rows(3) + static_cast<std::size_t>(sr.n_rows - 1) * kStateBytes,
+                                          rec.k_rows(3) + static_cast<std::size_t>(sr.n_rows) * kStateBytes);
+  if (state != want) return "the step after the import starts from another state than the record's last";
+  return "";
+}
+
 inline std::string into_batch_cache(const RecordView& rec, const void* data, std::size_t size, int block_size) {
   auto cache = std::move(BatchCache::create(destination(block_size))).get();
   auto pool = std::move(kvcore::PagedKVPool::create(*cache, kvcore::DType::Float16)).get();
@@ -236,6 +312,7 @@ inline std::string run_record_fuzz(const std::uint8_t* data, std::size_t size) {
   const RecordView& rec = *parsed;
   std::string err = check_parsed(rec, n);
   if (!err.empty()) return err;
+  if ((mode & 8) != 0) return into_kinds_cache(rec, bytes, n);
   const int dest = (mode >> 1) & 3;
   if (dest == 0) return into_sequence_cache(rec, bytes, n);
   return into_batch_cache(rec, bytes, n, dest == 1 ? 1 : dest == 2 ? 2 : 4);

@@ -397,7 +397,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
                                  "import: %d holes exceed batch.max_holes = %d", in.n_holes, max_holes_);
     const SequenceAdmission admission(in, block_size_, group_layer_.get());
-    KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layer_group_.get()));
+    KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layer_group_.get(), [this](int l) {
+      return layer_configs_[l].policy.kind == LayerPolicy::Kind::Shared;
+    }));
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit =
         named ? prefix_.longest_hit(in.prefix_namespace, in.tokens, in.length, groups_.get(), n_groups_) : 0;

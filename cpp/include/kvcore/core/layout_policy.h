@@ -71,6 +71,21 @@ class LayoutPolicy {
   virtual void note_truncate(int* held, int n) const noexcept {
     if (held[0] > n) held[0] = n;
   }
+  /// The oldest position from which on what the sequence holds is whole, at
+  /// length `length` (what a record carries): attention layers, the oldest
+  /// evictable position still held; a State layer, the oldest p whose state
+  /// and every later one's up to length - 1 are held.
+  virtual int held_from(const int* held, int length) const noexcept {
+    (void)length;
+    return held[0];
+  }
+  /// An imported sequence of `length` positions holds everything from
+  /// `floor` on (held was reset): rows of [floor, length) (past the sinks),
+  /// or a State layer's states after those positions.
+  virtual void restore_held(int* held, int floor, int length) const noexcept {
+    (void)length;
+    held[0] = floor;
+  }
   /// Does the sequence still hold what a query at n (within its length)
   /// needs? rewind(n) and the next step at n depend on it.
   virtual bool holds_for(const int* held, int n) const noexcept {

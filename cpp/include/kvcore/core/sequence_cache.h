@@ -347,10 +347,15 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     return *policies_[policy_index(layer)];
   }
   /// The oldest position past the sinks `layer`'s rows still hold: positions
-  /// [held_from, length) and the sinks are in its rows (what an export carries).
-  /// Meaningful for layers that hold K/V rows (Flat, Ring, Chunked).
+  /// [held_from, length) and the sinks are in its rows (what an export
+  /// carries). A State layer: the oldest p whose state and every later one's
+  /// (up to length - 1) its slots hold (length when it holds none). Not
+  /// meaningful for a Shared layer (its source's answers).
   /// Precondition: 0 <= layer < n_layers.
-  int held_from(int layer) const noexcept { return held_[held_offset_[policy_index(layer)]]; }
+  int held_from(int layer) const noexcept {
+    const int i = policy_index(layer);
+    return policies_[i]->held_from(held(i), length_);
+  }
 
   /// The layer whose rows `layer` reads: its Shared source, else itself.
   /// Precondition: 0 <= layer < n_layers.
@@ -360,33 +365,43 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   }
 
   /// Takes an imported sequence's state (kvcore/state/sequence_import.h: its
-  /// rows are written already; commit_copies() is then empty): length `length`, and per layer l the oldest
-  /// position past the sinks its rows hold, held_from(l) (layers of one policy
-  /// take the largest). InvalidState: a step is begun or the cache holds
-  /// positions. OutOfResources: length over capacity. InvalidArgument: a
-  /// held_from outside [0, length]. NotSupported: the model has State layers
-  /// (records do not carry states yet). Nothing changes on an error.
+  /// rows and states are written already; commit_copies() is then empty):
+  /// length `length`, and per layer l the oldest position past the sinks its
+  /// rows hold, held_from(l) (a State layer: the oldest position whose state
+  /// its slots hold, every later one's held too; a Shared layer's is
+  /// ignored; layers of one policy take the largest). InvalidState: a step is
+  /// begun or the cache holds positions. OutOfResources: length over
+  /// capacity. InvalidArgument: a held_from outside [0, length], or a State
+  /// layer's outside [length - D, length - 1] (at least the last state, at
+  /// most D). Nothing changes on an error.
   template <class HeldFrom>
   Status restore(int length, HeldFrom held_from) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(active_.id == 0 && length_ == 0, InvalidState,
                                  "import: the cache holds %d positions%s; clear() it first", length_,
                                  active_.id != 0 ? " and a begun step" : "");
-    for (int l = 0; l < n_layers_; ++l)
-      KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_[l].policy.kind != LayerPolicy::Kind::State,
-                                   NotSupported,
-                                   "import: layer %d is a State layer; records do not carry "
-                                   "recurrent states yet",
-                                   l);
     KVCORE_CHECK_OR_RETURN_ERROR(length >= 0 && length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", length, capacity_);
-    for (int l = 0; l < n_layers_; ++l)
-      KVCORE_CHECK_OR_RETURN_ERROR(held_from(l) >= 0 && held_from(l) <= length, InvalidArgument,
-                                   "import: layer %d held_from = %d must be in [0, length = %d]", l,
-                                   held_from(l), length);
-    for (int i = 0; i < n_policies_; ++i) policies_[i]->reset_held(held(i));
     for (int l = 0; l < n_layers_; ++l) {
-      int& floor = held(layer_policy_[l])[0];
-      if (held_from(l) > floor) floor = held_from(l);
+      const LayerPolicy& p = layer_configs_[l].policy;
+      if (p.kind == LayerPolicy::Kind::Shared) continue;
+      const int h = held_from(l);
+      KVCORE_CHECK_OR_RETURN_ERROR(h >= 0 && h <= length, InvalidArgument,
+                                   "import: layer %d held_from = %d must be in [0, length = %d]", l, h, length);
+      KVCORE_CHECK_OR_RETURN_ERROR(
+          p.kind != LayerPolicy::Kind::State || length == 0 || (h <= length - 1 && length - h <= p.slots),
+          InvalidArgument,
+          "import: layer %d is State(slots %d): held_from = %d at length %d must keep the last state and at most "
+          "%d",
+          l, p.slots, h, length, p.slots);
+    }
+    for (int i = 0; i < n_policies_; ++i) {
+      int floor = 0;
+      for (int l = 0; l < n_layers_; ++l)
+        if (layer_policy_[l] == i && layer_configs_[l].policy.kind != LayerPolicy::Kind::Shared &&
+            held_from(l) > floor)
+          floor = held_from(l);
+      policies_[i]->reset_held(held(i));
+      policies_[i]->restore_held(held(i), floor, length);
     }
     length_ = length;
     // An earlier tree commit's row copies would move the imported rows: none are pending now.

@@ -59,6 +59,14 @@ class StatePolicy final : public LayoutPolicy {
     for (int s = 0; s < slots_; ++s)
       if (held[s] >= n) held[s] = -1;
   }
+  int held_from(const int* held, int length) const noexcept override {
+    int p = length;
+    while (p > 0 && held[row(p - 1)] == p - 1) --p;
+    return p;
+  }
+  void restore_held(int* held, int floor, int length) const noexcept override {
+    for (int p = floor; p < length; ++p) held[row(p)] = p;
+  }
   bool holds_for(const int* held, int n) const noexcept override {
     return n == 0 || held[row(n - 1)] == n - 1;
   }

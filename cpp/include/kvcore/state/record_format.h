@@ -6,8 +6,8 @@
 // sequence_import.h's. Nothing here allocates.
 //
 // Layout (every integer little-endian; offsets in bytes):
-//   header   64   magic "KVCSEQ\0\1", u32 version (1; 2 when a layer is
-//                 quantized, RecordFormat::kVersion), u32 header_bytes (64),
+//   header   64   magic "KVCSEQ\0\1", u32 version (the oldest that describes
+//                 the record: RecordFormat), u32 header_bytes (64),
 //                 u64 total_bytes, u32 n_layers, i32 length, i32 max_step,
 //                 i32 start, i32 n_holes, i32 n_tokens, u32 flags (0),
 //                 u32 layer_bytes (40), 8 reserved zero bytes
@@ -15,11 +15,15 @@
 //   tokens   n_tokens x i32 (token ids of positions [0, n_tokens))
 //   layers   n_layers x 40: u8 kind, u8 dtype, u16 0, i32 window, i32 sinks,
 //            i32 n_kv_heads, i32 head_dim, i32 value_dim, i32 sink_end,
-//            i32 held_from, i32 n_rows, i32 0
+//            i32 held_from, i32 n_rows, i32 param (version 3: a Shared
+//            layer's source, a State layer's slots D; else 0)
 //   pad      zeros up to a multiple of 64
 //   rows     per layer: n_rows K rows then n_rows V rows (row_size bytes
 //            each: a quantized row carries its scales; each block padded
-//            with zeros to a multiple of 64), in position order
+//            with zeros to a multiple of 64), in position order. A State
+//            layer's rows are its states (dtype uint8, 1 head, head_dim the
+//            state's bytes, value_dim 0: no V rows), row j the state after
+//            position held_from + j; a Shared layer has none.
 //   trailer  u64 checksum of every byte before it (kvcore::record_checksum)
 #pragma once
 
@@ -39,14 +43,22 @@ struct RecordFormat {
   /// The first 8 bytes of every record.
   static constexpr unsigned char kMagic[8] = {'K', 'V', 'C', 'S', 'E', 'Q', 0, 1};
   /// The newest version this build reads and writes. A record is written in
-  /// the oldest version that describes it: version 1 unless a layer stores a
-  /// quantized format (QInt8, Fp8E4M3: rows with their scales, docs/quantized.md),
-  /// which needs version 2. Version 2 changes nothing else, so every reader of
-  /// version 1 still reads every record of plain layers; a version 1 record
-  /// naming a quantized dtype is refused.
-  static constexpr std::uint32_t kVersion = 2;
+  /// the oldest version that describes it (version_for): version 1 for Flat,
+  /// Ring and Chunked layers of plain dtypes; version 2 when a layer stores a
+  /// quantized format (QInt8, Fp8E4M3: rows with their scales,
+  /// docs/quantized.md); version 3 when a layer is Shared or State
+  /// (docs/layer_kinds.md: the layer entry's last field is then the kind's
+  /// parameter). Each version only adds, so a reader of version N reads every
+  /// record written in N or older; a record naming what its version cannot
+  /// describe (a quantized dtype before 2, a Shared or State layer before 3)
+  /// is refused.
+  static constexpr std::uint32_t kVersion = 3;
   /// The version a record of plain layers is written in.
   static constexpr std::uint32_t kPlainVersion = 1;
+  /// The version that adds the quantized formats.
+  static constexpr std::uint32_t kQuantizedVersion = 2;
+  /// The version that adds Shared and State layers.
+  static constexpr std::uint32_t kLayerKindsVersion = 3;
   static constexpr std::size_t kHeaderBytes = 64;
   static constexpr std::size_t kLayerBytes = 40;
   /// Where a layer entry's (sink_end, held_from) pair starts: after kind,
@@ -81,8 +93,22 @@ struct RecordLayer {
     row_size(dtype, static_cast<std::uint64_t>(n_kv_heads), static_cast<std::uint64_t>(dim), UINT64_MAX, &n);
     return static_cast<std::size_t>(n);
   }
-  /// Does the layer carry position p (a visible one)?
+  /// Does the layer carry position p (a visible one)? A State layer: the
+  /// state after p.
   bool carries(int p) const noexcept { return p < sink_end || p >= held_from; }
+
+  /// The version a record needs for this layer (RecordFormat::kVersion's rule).
+  std::uint32_t version_needed() const noexcept {
+    if (policy.kind == LayerPolicy::Kind::Shared || policy.kind == LayerPolicy::Kind::State)
+      return RecordFormat::kLayerKindsVersion;
+    return is_quantized(dtype) ? RecordFormat::kQuantizedVersion : RecordFormat::kPlainVersion;
+  }
+  /// The layer entry's last field: a Shared layer's source, a State layer's D, else 0.
+  int param() const noexcept {
+    return policy.kind == LayerPolicy::Kind::Shared  ? policy.source
+           : policy.kind == LayerPolicy::Kind::State ? policy.slots
+                                                     : 0;
+  }
 };
 
 /// The sequence-wide fields of a record.
@@ -251,9 +277,12 @@ void write_record_tables(unsigned char* out, const RecordSequence& seq, const Re
   using namespace record_detail;
   std::memset(out, 0, layout.rows);
   std::memcpy(out, RecordFormat::kMagic, 8);
-  bool quantized = false;
-  for (int l = 0; l < seq.n_layers; ++l) quantized = quantized || is_quantized(layer_at(l).dtype);
-  put_u32(out + 8, quantized ? RecordFormat::kVersion : RecordFormat::kPlainVersion);
+  std::uint32_t version = RecordFormat::kPlainVersion;
+  for (int l = 0; l < seq.n_layers; ++l) {
+    const std::uint32_t needed = layer_at(l).version_needed();
+    if (needed > version) version = needed;
+  }
+  put_u32(out + 8, version);
   put_u32(out + 12, static_cast<std::uint32_t>(RecordFormat::kHeaderBytes));
   put_u64(out + 16, static_cast<std::uint64_t>(layout.total));
   put_u32(out + 24, static_cast<std::uint32_t>(seq.n_layers));
@@ -272,9 +301,9 @@ void write_record_tables(unsigned char* out, const RecordSequence& seq, const Re
     const RecordLayer r = layer_at(l);
     e[0] = static_cast<unsigned char>(r.policy.kind);
     e[1] = static_cast<unsigned char>(r.dtype);
-    const int values[8] = {r.policy.window, r.policy.sinks, r.n_kv_heads, r.head_dim,
-                           r.value_dim,     r.sink_end,     r.held_from,  r.n_rows};
-    for (int f = 0; f < 8; ++f) put_i32(e + 4 + 4 * f, values[f]);
+    const int values[9] = {r.policy.window, r.policy.sinks, r.n_kv_heads, r.head_dim, r.value_dim,
+                           r.sink_end,      r.held_from,    r.n_rows,     r.param()};
+    for (int f = 0; f < 9; ++f) put_i32(e + 4 + 4 * f, values[f]);
     // Zero each row block's padding.
     const std::size_t k = static_cast<std::size_t>(r.n_rows) * r.k_row_bytes();
     const std::size_t v = static_cast<std::size_t>(r.n_rows) * r.v_row_bytes();

@@ -88,7 +88,7 @@ class RecordView {
   /// Parses and validates `size` bytes at `data`. InvalidArgument naming the
   /// field and its rule: truncated (fewer bytes than the header or than its
   /// total_bytes), trailing bytes, bad magic, a header or layer-entry size
-  /// other than versions 1 and 2 have, a checksum mismatch (corrupt), or a field out of
+  /// other than every version has, a checksum mismatch (corrupt), or a field out of
   /// its rule. NotSupported: a version newer than this build reads, or a
   /// big-endian host.
   static Result<RecordView> parse(const void* data, std::size_t size) noexcept;
@@ -141,11 +141,16 @@ class RecordView {
     int* fields[8] = {&r.policy.window, &r.policy.sinks, &r.n_kv_heads, &r.head_dim,
                       &r.value_dim,     &r.sink_end,     &r.held_from,  &r.n_rows};
     for (int f = 0; f < 8; ++f) *fields[f] = record_detail::get_i32(e + 4 + 4 * f);
+    const int param = record_detail::get_i32(e + 36);
+    if (r.policy.kind == LayerPolicy::Kind::Shared) r.policy.source = param;
+    if (r.policy.kind == LayerPolicy::Kind::State) r.policy.slots = param;
     return r;
   }
   Status check_envelope(std::size_t size) noexcept;
   Status check_sequence() const noexcept;
   Status check_layer(int l) const noexcept;
+  Status check_shared_layer(int l, const RecordLayer& r) const noexcept;
+  Status check_state_layer(int l, const RecordLayer& r) const noexcept;
 
   const unsigned char* bytes_ = nullptr;
   std::uint32_t version_ = 0;
@@ -170,7 +175,7 @@ inline Status RecordView::check_envelope(std::size_t size) noexcept {
   const std::uint32_t header = get_u32(bytes_ + 12);
   const std::uint32_t entry = get_u32(bytes_ + 52);
   KVCORE_CHECK_OR_RETURN_ERROR(header == RecordFormat::kHeaderBytes && entry == RecordFormat::kLayerBytes,
-                               InvalidArgument, "record: header_bytes %u / layer_bytes %u: versions 1 and 2 have 64 / 40",
+                               InvalidArgument, "record: header_bytes %u / layer_bytes %u: every version has 64 / 40",
                                header, entry);
   const std::uint64_t total = get_u64(bytes_ + 16);
   KVCORE_CHECK_OR_RETURN_ERROR(total <= size, InvalidArgument,
@@ -223,22 +228,27 @@ inline Status RecordView::check_sequence() const noexcept {
 // Layer l's policy, shape, dtype, bounds and row count.
 inline Status RecordView::check_layer(int l) const noexcept {
   const RecordLayer r = layer(l);
-  // Records carry the kinds that hold K/V rows (Shared and State layers: not yet).
-  const bool ring = r.policy.evicts();
-  const bool policy_ok = r.policy.source == 0 && r.policy.slots == 0 &&
-                         (r.policy.kind == LayerPolicy::Kind::Ring      ? r.policy.window >= 1 && r.policy.sinks >= 0
-                          : r.policy.kind == LayerPolicy::Kind::Chunked ? r.policy.window >= 1 && r.policy.sinks == 0
-                                                                         : r.policy.kind == LayerPolicy::Kind::Flat &&
-                                                                               r.policy.window == 0 && r.policy.sinks == 0);
-  KVCORE_CHECK_OR_RETURN_ERROR(policy_ok, InvalidArgument,
-                               "record: layer %d policy (kind %d, window %d, sinks %d) breaks the config rules", l,
-                               static_cast<int>(r.policy.kind), r.policy.window, r.policy.sinks);
+  const LayerPolicy::Kind kind = r.policy.kind;
   KVCORE_CHECK_OR_RETURN_ERROR(element_size(r.dtype) != 0, InvalidArgument, "record: layer %d dtype %d: unknown", l,
                                static_cast<int>(r.dtype));
-  KVCORE_CHECK_OR_RETURN_ERROR(version_ >= 2 || !is_quantized(r.dtype), InvalidArgument,
-                               "record: layer %d dtype %s: a quantized format needs record version 2, the record "
-                               "says %u",
-                               l, to_string(r.dtype), version_);
+  KVCORE_CHECK_OR_RETURN_ERROR(version_ >= r.version_needed(), InvalidArgument,
+                               "record: layer %d (kind %d, dtype %s) needs record version %u, the record says %u "
+                               "(RecordFormat::kVersion's rule)",
+                               l, static_cast<int>(kind), to_string(r.dtype), r.version_needed(), version_);
+  const int param = record_detail::get_i32(bytes_ + layout_.layers + RecordFormat::kLayerBytes * static_cast<std::size_t>(l) + 36);
+  KVCORE_CHECK_OR_RETURN_ERROR(param == r.param(), InvalidArgument,
+                               "record: layer %d's last field is %d: only a Shared or State layer has one", l,
+                               param);
+  if (kind == LayerPolicy::Kind::Shared) return check_shared_layer(l, r);
+  if (kind == LayerPolicy::Kind::State) return check_state_layer(l, r);
+  const bool ring = r.policy.evicts();
+  const bool policy_ok = kind == LayerPolicy::Kind::Ring      ? r.policy.window >= 1 && r.policy.sinks >= 0
+                         : kind == LayerPolicy::Kind::Chunked ? r.policy.window >= 1 && r.policy.sinks == 0
+                                                              : kind == LayerPolicy::Kind::Flat &&
+                                                                    r.policy.window == 0 && r.policy.sinks == 0;
+  KVCORE_CHECK_OR_RETURN_ERROR(policy_ok, InvalidArgument,
+                               "record: layer %d policy (kind %d, window %d, sinks %d) breaks the config rules", l,
+                               static_cast<int>(kind), r.policy.window, r.policy.sinks);
   KVCORE_CHECK_OR_RETURN_ERROR(r.n_kv_heads >= 1 && r.head_dim >= 1 && r.value_dim >= 1, InvalidArgument,
                                "record: layer %d shape (heads %d, head_dim %d, value_dim %d): each must be >= 1", l,
                                r.n_kv_heads, r.head_dim, r.value_dim);
@@ -258,6 +268,65 @@ inline Status RecordView::check_layer(int l) const noexcept {
                                "length %d needs (sink_end %d, held_from %d): incomplete",
                                l, ring ? "ring" : "flat", r.policy.window, r.policy.sinks, missing, seq_.length,
                                r.sink_end, r.held_from);
+  return Error::Ok;
+}
+
+// A Shared layer (version 3): reads an earlier K/V layer's rows, carries none,
+// in one written form (no rows, sink_end 0, held_from = length), with its
+// source's shape and dtype.
+inline Status RecordView::check_shared_layer(int l, const RecordLayer& r) const noexcept {
+  const int src = r.policy.source;
+  KVCORE_CHECK_OR_RETURN_ERROR(src >= 0 && src < l && r.policy.window == 0 && r.policy.sinks == 0, InvalidArgument,
+                               "record: layer %d is Shared(%d) (window %d, sinks %d): its source must be an earlier "
+                               "layer, window and sinks 0",
+                               l, src, r.policy.window, r.policy.sinks);
+  const RecordLayer s = layer(src);
+  KVCORE_CHECK_OR_RETURN_ERROR(s.policy.holds_keys(), InvalidArgument,
+                               "record: layer %d is Shared(%d), and layer %d (kind %d) holds no K/V rows", l, src,
+                               src, static_cast<int>(s.policy.kind));
+  KVCORE_CHECK_OR_RETURN_ERROR(
+      r.dtype == s.dtype && r.n_kv_heads == s.n_kv_heads && r.head_dim == s.head_dim && r.value_dim == s.value_dim,
+      InvalidArgument,
+      "record: layer %d is Shared(%d): its shape (%s, heads %d, head_dim %d, value_dim %d) must be its source's "
+      "(%s, %d, %d, %d)",
+      l, src, to_string(r.dtype), r.n_kv_heads, r.head_dim, r.value_dim, to_string(s.dtype), s.n_kv_heads,
+      s.head_dim, s.value_dim);
+  KVCORE_CHECK_OR_RETURN_ERROR(r.n_rows == 0 && r.sink_end == 0 && r.held_from == seq_.length, InvalidArgument,
+                               "record: layer %d is Shared: it carries no rows (n_rows %d, sink_end %d, held_from %d; "
+                               "need 0, 0, length = %d)",
+                               l, r.n_rows, r.sink_end, r.held_from, seq_.length);
+  return Error::Ok;
+}
+
+// A State layer (version 3): D slots; its rows are the states after
+// positions [held_from, length), at least the last one (the next token reads
+// it) and at most D (what the importer's slots hold), of `head_dim` bytes
+// each (dtype uint8, one head, no V). Its sequence removed nothing (a model
+// with State layers cannot: docs/layer_kinds.md).
+inline Status RecordView::check_state_layer(int l, const RecordLayer& r) const noexcept {
+  const int D = r.policy.slots, L = seq_.length;
+  KVCORE_CHECK_OR_RETURN_ERROR(D >= 1 && r.policy.window == 0 && r.policy.sinks == 0, InvalidArgument,
+                               "record: layer %d is State(slots %d) (window %d, sinks %d): needs slots >= 1, window "
+                               "and sinks 0",
+                               l, D, r.policy.window, r.policy.sinks);
+  KVCORE_CHECK_OR_RETURN_ERROR(
+      r.dtype == DType::UInt8 && r.n_kv_heads == 1 && r.head_dim >= 1 && r.value_dim == 0, InvalidArgument,
+      "record: layer %d is State: its rows are states of head_dim bytes (dtype uint8, 1 head, value_dim 0), the "
+      "record says %s, heads %d, head_dim %d, value_dim %d",
+      l, to_string(r.dtype), r.n_kv_heads, r.head_dim, r.value_dim);
+  KVCORE_CHECK_OR_RETURN_ERROR(seq_.start == 0 && seq_.n_holes == 0, InvalidArgument,
+                               "record: layer %d is State, and the record removed positions (start %d, %d holes): "
+                               "a model with State layers removes none",
+                               l, seq_.start, seq_.n_holes);
+  const std::int64_t lowest = L > D ? static_cast<std::int64_t>(L) - D : 0;
+  const int highest = L > 0 ? L - 1 : 0;
+  KVCORE_CHECK_OR_RETURN_ERROR(r.sink_end == 0 && r.held_from >= lowest && r.held_from <= highest, InvalidArgument,
+                               "record: layer %d is State(slots %d) at length %d: sink_end %d / held_from %d: needs "
+                               "sink_end 0 and held_from in [%lld, %d] (the last state, at most D states)",
+                               l, D, L, r.sink_end, r.held_from, static_cast<long long>(lowest), highest);
+  KVCORE_CHECK_OR_RETURN_ERROR(r.n_rows == L - r.held_from, InvalidArgument,
+                               "record: layer %d n_rows = %d: its held_from selects %d states", l, r.n_rows,
+                               L - r.held_from);
   return Error::Ok;
 }
 

@@ -6,6 +6,7 @@
 // never what it released. Nothing is allocated.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +31,18 @@ inline void canonical_bounds(RecordLayer& r, int length) noexcept {
   if (r.held_from < sinks_end) r.held_from = sinks_end;
 }
 
+// The entry of a Shared layer: its config's shape (its source's) and the
+// pool's dtype, no rows (RecordView's one written form).
+inline RecordLayer shared_layer(const LayerConfig& lc, DType dtype, int length) noexcept {
+  return RecordLayer{lc.policy, dtype, lc.n_kv_heads, lc.head_dim, lc.value_dim(), 0, length, 0};
+}
+
+// The entry of a State layer whose slots are `slot_bytes` each: its rows are
+// the states after positions [held_from, length) (uint8 rows, one head, no V).
+inline RecordLayer state_layer(const LayerConfig& lc, std::size_t slot_bytes, int held_from) noexcept {
+  return RecordLayer{lc.policy, DType::UInt8, 1, static_cast<int>(slot_bytes), 0, 0, held_from, 0};
+}
+
 // A SequenceCache and its KVPool as a record's source.
 struct SequenceSource {
   const SequenceCache& cache;
@@ -39,8 +52,12 @@ struct SequenceSource {
   int start() const noexcept { return 0; }
   int n_holes() const noexcept { return 0; }
   PositionRange hole(int) const noexcept { return PositionRange{}; }
+  // Precondition: storage(l) is ok (size_of checked it).
   RecordLayer layer(int l) const noexcept {
     const LayerConfig lc = *cache.layer_config(l);
+    if (lc.policy.kind == LayerPolicy::Kind::Shared) return shared_layer(lc, pool.dtype(), cache.length());
+    if (lc.policy.kind == LayerPolicy::Kind::State)
+      return state_layer(lc, (*pool.layer(l)).k_row_bytes, cache.held_from(l));
     RecordLayer r{lc.policy, pool.dtype(), lc.n_kv_heads, lc.head_dim, lc.value_dim(), 0, 0, 0};
     if (lc.policy.evicts()) {
       r.sink_end = lc.policy.sinks;
@@ -50,6 +67,7 @@ struct SequenceSource {
     return r;
   }
   std::int64_t row(int l, int p) const noexcept { return (*cache.geometry(l)).row(p); }
+  LayerPolicy::Kind kind(int l) const noexcept { return (*cache.layer_config(l)).policy.kind; }
   Result<LayerStorage> storage(int l) const noexcept {
     KVCORE_ASSIGN_OR_RETURN(const PoolLayer layer, pool.layer(l));
     return static_cast<const LayerStorage&>(layer);
@@ -69,6 +87,7 @@ struct BatchSource {
   PositionRange hole(int h) const noexcept { return info.holes[h]; }
   RecordLayer layer(int l) const noexcept {
     const LayerConfig lc = *cache.layer_config(l);
+    if (lc.policy.kind == LayerPolicy::Kind::Shared) return shared_layer(lc, pool.dtype(), info.length);
     RecordLayer r{lc.policy, pool.dtype(), lc.n_kv_heads, lc.head_dim, lc.value_dim(), 0, 0, 0};
     if (lc.policy.evicts()) {
       const int B = cache.block_size();
@@ -86,7 +105,12 @@ struct BatchSource {
     const int block = cache.block_tables(*cache.group_of(l))[row * cache.table_stride() + p / B];
     return block < 0 ? -1 : static_cast<std::int64_t>(block) * B + p % B;
   }
+  LayerPolicy::Kind kind(int l) const noexcept { return (*cache.layer_config(l)).policy.kind; }
   Result<LayerStorage> storage(int l) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(kind(l) != LayerPolicy::Kind::State, NotSupported,
+                                 "export: layer %d is a State layer: records of a BatchCache's sequences carry "
+                                 "no states yet (a SequenceCache's do)",
+                                 l);
     KVCORE_ASSIGN_OR_RETURN(const PagedLayer layer, pool.layer(l));
     return static_cast<const LayerStorage&>(layer);
   }
@@ -130,11 +154,13 @@ template <class Source>
 Result<std::size_t> size_of(const Source& src, int n_layers, int max_step, int n_tokens) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(n_tokens >= 0 && n_tokens <= src.length(), InvalidArgument,
                                "export: n_tokens = %d must be in [0, length = %d]", n_tokens, src.length());
-  for (int l = 0; l < n_layers; ++l)
-    KVCORE_CHECK_OR_RETURN_ERROR(src.layer(l).policy.holds_keys(), NotSupported,
-                                 "export: layer %d is a %s layer: records carry Flat, Ring and Chunked "
-                                 "layers only (shared K/V and recurrent state not yet)",
-                                 l, src.layer(l).policy.kind == LayerPolicy::Kind::Shared ? "Shared" : "State");
+  for (int l = 0; l < n_layers; ++l) {
+    KVCORE_ASSIGN_OR_RETURN(const LayerStorage s, src.storage(l));
+    KVCORE_CHECK_OR_RETURN_ERROR(src.kind(l) != LayerPolicy::Kind::State || s.k_row_bytes <= INT_MAX, NotSupported,
+                                 "export: layer %d's states are %zu bytes each: a record's state is at most "
+                                 "2^31 - 1 bytes",
+                                 l, s.k_row_bytes);
+  }
   const RecordSequence seq = sequence_of(src, n_layers, max_step, n_tokens);
   return RecordLayout::of(seq, [&src](int l) { return counted_layer(src, l); }).total;
 }
@@ -150,7 +176,6 @@ Status write(const Source& src, int n_layers, int max_step, const std::int32_t* 
   KVCORE_CHECK_OR_RETURN_ERROR(reinterpret_cast<std::uintptr_t>(out) % 8 == 0, InvalidArgument,
                                "export: the output starts %d bytes past an 8-byte boundary: it must start on one",
                                static_cast<int>(reinterpret_cast<std::uintptr_t>(out) % 8));
-  for (int l = 0; l < n_layers; ++l) KVCORE_RETURN_IF_ERROR(src.storage(l).status());
   const RecordSequence seq = sequence_of(src, n_layers, max_step, n_tokens);
   auto layer_at = [&src](int l) { return counted_layer(src, l); };
   auto hole_at = [&src](int h) { return src.hole(h); };
@@ -177,8 +202,11 @@ Status write(const Source& src, int n_layers, int max_step, const std::int32_t* 
 }  // namespace export_detail
 
 /// Bytes export_to() writes for `cache`'s sequence (rows in `pool`) with the
-/// token ids of its first n_tokens positions. InvalidArgument: n_tokens
-/// outside [0, length]. NotSupported: a Shared or State layer.
+/// token ids of its first n_tokens positions (a Shared layer carries no
+/// rows; a State layer its states after positions [held_from(l), length):
+/// the last one and those a rewind needs). InvalidArgument: n_tokens outside
+/// [0, length], a pool of another layer count. NotSupported: a state of
+/// 2^31 bytes or more.
 inline Result<std::size_t> export_size(const SequenceCache& cache, const KVPool& pool, int n_tokens = 0) noexcept {
   return export_detail::size_of(export_detail::SequenceSource{cache, pool}, cache.n_layers(), cache.max_step(),
                                 n_tokens);
@@ -201,8 +229,8 @@ inline Status export_to(const SequenceCache& cache, const KVPool& pool, const st
 }
 
 /// Bytes export_to() writes for sequence `seq` of `cache` (rows in `pool`).
-/// InvalidArgument: bad seq, n_tokens outside [0, length]. InvalidState: seq
-/// is not active.
+/// InvalidArgument: bad seq, n_tokens outside [0, length], a pool of another
+/// layer count. InvalidState: seq is not active. NotSupported: a State layer.
 inline Result<std::size_t> export_size(const BatchCache& cache, const PagedKVPool& pool, int seq,
                                        int n_tokens = 0) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const SequenceInfo info, cache.sequence(seq));

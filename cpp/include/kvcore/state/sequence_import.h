@@ -41,10 +41,12 @@ struct RecordTrust {
 
 namespace import_detail {
 
-// Each record layer against the destination's layer config and pool dtype.
-template <class Planner>
-Status check_layers(const RecordView& rec, const Planner& planner, int pool_layers, DType pool_dtype) noexcept {
-  const int n = planner.n_layers();
+// Each record layer against the destination's layer config and its pool
+// (its dtype; a State layer's slot bytes).
+template <class Planner, class Pool>
+Status check_layers(const RecordView& rec, const Planner& planner, const Pool& pool) noexcept {
+  const int n = planner.n_layers(), pool_layers = pool.n_layers();
+  const DType pool_dtype = pool.dtype();
   KVCORE_CHECK_OR_RETURN_ERROR(rec.sequence().n_layers == n && pool_layers == n, InvalidArgument,
                                "import: the record has %d layers, the cache %d and its pool %d",
                                rec.sequence().n_layers, n, pool_layers);
@@ -52,10 +54,19 @@ Status check_layers(const RecordView& rec, const Planner& planner, int pool_laye
     const RecordLayer r = rec.layer(l);
     KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
     KVCORE_CHECK_OR_RETURN_ERROR(r.policy == lc.policy, InvalidArgument,
-                                 "import: layer %d policy (kind %d, window %d, sinks %d) differs from the cache's "
-                                 "(kind %d, window %d, sinks %d)",
-                                 l, static_cast<int>(r.policy.kind), r.policy.window, r.policy.sinks,
-                                 static_cast<int>(lc.policy.kind), lc.policy.window, lc.policy.sinks);
+                                 "import: layer %d policy (kind %d, window %d, sinks %d, source %d, slots %d) differs "
+                                 "from the cache's (kind %d, window %d, sinks %d, source %d, slots %d)",
+                                 l, static_cast<int>(r.policy.kind), r.policy.window, r.policy.sinks, r.policy.source,
+                                 r.policy.slots, static_cast<int>(lc.policy.kind), lc.policy.window, lc.policy.sinks,
+                                 lc.policy.source, lc.policy.slots);
+    if (lc.policy.kind == LayerPolicy::Kind::State) {  // rows of the state's bytes (RecordView checked the form)
+      KVCORE_ASSIGN_OR_RETURN(const auto layer, pool.layer(l));
+      KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::size_t>(r.head_dim) == layer.k_row_bytes, InvalidArgument,
+                                   "import: layer %d states of %d bytes differ from the pool's state slots of %zu "
+                                   "bytes",
+                                   l, r.head_dim, layer.k_row_bytes);
+      continue;
+    }
     KVCORE_CHECK_OR_RETURN_ERROR(
         r.n_kv_heads == lc.n_kv_heads && r.head_dim == lc.head_dim && r.value_dim == lc.value_dim(), InvalidArgument,
         "import: layer %d shape (n_kv_heads %d, head_dim %d, value_dim %d) differs from the cache's (%d, %d, %d)", l,
@@ -109,10 +120,12 @@ inline int sequence_floor(const RecordLayer& r, const LayerGeometry& g, int leng
 
 /// Imports the record at data[0, size) (8-byte aligned) into `cache` (empty,
 /// no begun step) and `pool`: length L, and per layer the rows of the
-/// positions the record carries that the cache's rows hold. Errors (nothing
-/// changes; a growing pool may have grown): RecordView::parse's;
-/// InvalidArgument: another layer count, a layer whose policy, shape or dtype
-/// differs, a record lacking a flat layer's position or a sink;
+/// positions the record carries that the cache's rows hold (a State layer:
+/// the states it carries, into their slots; can_rewind then answers from
+/// them). Errors (nothing changes; a growing pool may have grown):
+/// RecordView::parse's; InvalidArgument: another layer count, a layer whose
+/// policy, shape or dtype (a State layer: state bytes) differs, a record
+/// lacking a flat layer's position or a sink;
 /// NotSupported: a record with a removed head or holes (a SequenceCache has
 /// none: import it into a BatchCache); InvalidState: the cache holds positions
 /// or a begun step; OutOfResources: L over capacity; MemoryAllocationFailed:
@@ -120,7 +133,7 @@ inline int sequence_floor(const RecordLayer& r, const LayerGeometry& g, int leng
 inline Status import_record(const void* data, std::size_t size, SequenceCache& cache, KVPool& pool) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
   const RecordSequence& seq = rec.sequence();
-  KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
+  KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool));
   KVCORE_CHECK_OR_RETURN_ERROR(seq.start == 0 && seq.n_holes == 0, NotSupported,
                                "import: the record removed positions (start %d, %d holes); a SequenceCache has no "
                                "holes: import it into a BatchCache",
@@ -130,14 +143,21 @@ inline Status import_record(const void* data, std::size_t size, SequenceCache& c
                                cache.active_step().id != 0 ? " and a begun step" : "");
   KVCORE_CHECK_OR_RETURN_ERROR(seq.length <= cache.capacity(), OutOfResources,
                                "import: length %d exceeds capacity = %d", seq.length, cache.capacity());
-  auto floor_of = [&](int l) { return import_detail::sequence_floor(rec.layer(l), *cache.geometry(l), seq.length); };
+  // A State layer holds the states the record carries; a Shared layer holds nothing.
+  auto floor_of = [&](int l) {
+    const RecordLayer r = rec.layer(l);
+    if (r.policy.kind == LayerPolicy::Kind::State) return r.held_from;
+    if (r.policy.kind == LayerPolicy::Kind::Shared) return 0;
+    return import_detail::sequence_floor(r, *cache.geometry(l), seq.length);
+  };
   for (int l = 0; l < seq.n_layers; ++l)
     KVCORE_CHECK_OR_RETURN_ERROR(floor_of(l) >= 0, InvalidArgument,
                                  "import: layer %d: the record lacks a position the cache keeps (a sink, or a flat "
                                  "layer's: sink_end %d, held_from %d)",
                                  l, rec.layer(l).sink_end, rec.layer(l).held_from);
   for (int l = 0; l < seq.n_layers; ++l)
-    KVCORE_RETURN_IF_ERROR(pool.reserve(l, (*cache.geometry(l)).held_rows(seq.length)));
+    if (rec.layer(l).policy.holds_keys())  // a State layer's slots are all there from creation
+      KVCORE_RETURN_IF_ERROR(pool.reserve(l, (*cache.geometry(l)).held_rows(seq.length)));
   for (int l = 0; l < seq.n_layers; ++l) {
     const RecordLayer r = rec.layer(l);
     const LayerGeometry g = *cache.geometry(l);
@@ -186,10 +206,12 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
                      const RecordTrust& trust, OnWritten on_written) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const RecordView rec, RecordView::parse(data, size));
   const RecordSequence& rs = rec.sequence();
-  KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool.n_layers(), pool.dtype()));
+  KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool));
   const int B = cache.block_size();
   const int blocks = static_cast<int>((static_cast<std::int64_t>(rs.length) + B - 1) / B);
   for (int l = 0; l < rs.n_layers; ++l) {
+    // Shared and State layers hold no blocks (admit refuses a model with State layers).
+    if (!rec.layer(l).policy.holds_keys()) continue;
     // Fresh blocks come from below used + blocks + cached (the lowest free ones, or cached ones).
     const int g = *cache.group_of(l);
     const std::int64_t bound =

@@ -46,9 +46,12 @@ class SequenceAdmission {
       : in_(in), B_(block_size), group_layer_(group_layer) {}
 
   /// InvalidArgument unless every layer carries the positions its group's
-  /// first layer carries (layer_group[l]: the group of layer l).
-  Status check_layers(int n_layers, const int* layer_group) const noexcept {
+  /// first layer carries (layer_group[l]: the group of layer l; skip(l): a
+  /// layer that carries no rows of its own, a Shared one).
+  template <class Skip>
+  Status check_layers(int n_layers, const int* layer_group, Skip skip) const noexcept {
     for (int l = 0; l < n_layers; ++l) {
+      if (skip(l)) continue;
       const int g = layer_group[l], first = group_layer_[g];
       KVCORE_CHECK_OR_RETURN_ERROR(
           in_.sink_end(l) == in_.sink_end(first) && in_.held_from(l) == in_.held_from(first), InvalidArgument,
