@@ -482,9 +482,12 @@ TEST(KVPoolKinds, AStateLayerNeedsAPositiveSlotSizeThatFits) {
   expect_refused(KVPool::in_arena(*c, DType::UInt8, arena.data(), arena.size(), kvcore::RingStorage::Compact,
                                   StateSlotBytes{huge, 2})
                      .status(),
-                 Error::InvalidArgument, "layer 1: 3 state slots of");
-  expect_refused(KVPool::required_bytes(cfg, DType::UInt8, kvcore::RingStorage::Compact, StateSlotBytes{huge, 2}).status(),
-                 Error::InvalidArgument, "overflow the address space");
+                 Error::InvalidArgument, "state_slot_bytes[1] = 9223372036854775807: a slot holds at most 2^31 - 1 bytes");
+  // A record names a state's bytes in an int32: 2^31 is refused without allocating anything.
+  const std::size_t big[2] = {0, std::size_t{1} << 31};
+  expect_refused(KVPool::required_bytes(cfg, DType::UInt8, kvcore::RingStorage::Compact, StateSlotBytes{big, 2}).status(),
+                 Error::InvalidArgument,
+                 "layer 1 is a State layer: state_slot_bytes[1] = 2147483648: a slot holds at most 2^31 - 1 bytes");
 }
 
 TEST(KVPoolKinds, WritingASharedLayerIsRefusedNamingItsSource) {

@@ -28,11 +28,12 @@ TEST(RecordFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   EXPECT_GT(cov.refused_parse, 0);
   EXPECT_GT(cov.imported_seq, 0);
   EXPECT_GT(cov.imported_batch, 0);
+  EXPECT_GT(cov.imported_kinds, 0);
   EXPECT_GT(cov.refused_import, 0);
   EXPECT_GT(cov.rows_checked, 0);
-  std::printf("record fuzz corpus: %ld inputs, %ld parsed, %ld refused by parse, %ld + %ld imported, %ld imports "
-              "refused, %ld rows compared\n",
-              cov.inputs, cov.parsed, cov.refused_parse, cov.imported_seq, cov.imported_batch, cov.refused_import,
+  std::printf("record fuzz corpus: %ld inputs, %ld parsed, %ld refused by parse, %ld + %ld + %ld (kinds) imported, "
+              "%ld imports refused, %ld rows compared\n",
+              cov.inputs, cov.parsed, cov.refused_parse, cov.imported_seq, cov.imported_batch, cov.imported_kinds, cov.refused_import,
               cov.rows_checked);
 }
 

@@ -3,7 +3,8 @@ tests/fuzz/record_corpus: valid records of every layout its destinations take.
 
 Each file is one mode byte (bit 0: the harness fixes the checksum before parsing;
 bits 1-2: the destination, 0 a SequenceCache, 1/2/3 a BatchCache of block size
-1/2/4) followed by a record exported by kvcore: from a SequenceCache and from
+1/2/4; bit 3: a SequenceCache of Ring, Flat, Shared and State layers instead)
+followed by a record exported by kvcore: from a SequenceCache and from
 BatchCaches of block sizes 1, 2 and 4, after random histories with rewinds,
 with and without token ids, with a hole, a removed head, a fork, and lengths
 from 0 past the rings' wrap. Run with the kvcore module importable:
@@ -80,6 +81,35 @@ def from_batch_cache(rng: random.Random, block_size: int, length: int, shape: st
     return bytes(pool.export_sequence(0, tokens[:L] if rng.random() < 0.5 else None))
 
 
+def kinds_config() -> kvcore.CacheConfig:
+    # Keep in step with kinds_destination() in record_fuzzer.cpp.
+    layers = [
+        kvcore.LayerConfig(kvcore.Ring(4, 1), 1, 2),
+        kvcore.LayerConfig(kvcore.Flat(), 1, 2),
+        kvcore.LayerConfig(kvcore.Shared(0), 1, 2),
+        kvcore.LayerConfig(kvcore.State(4)),
+    ]
+    return kvcore.CacheConfig(64, layers, max_step=3, initial_capacity=8)
+
+
+def from_kinds_cache(rng: random.Random, length: int) -> bytes:
+    """A record of Ring, Flat, Shared and State layers (version 3): verify steps keep every state."""
+    cache = kvcore.SequenceCache(kinds_config())
+    pool = kvcore.KVPool(cache, np.float16, state_tensors={"h": ((16,), np.float32)})  # 64-byte states
+    while cache.length < length:
+        T = min(rng.randint(1, 3), length - cache.length)
+        step = cache.begin_step(T, verify=rng.random() < 0.5)
+        for layer in (0, 1):
+            pool.update(layer, step, rows(rng, T), rows(rng, T))
+        n = step.plan(3).write_len
+        pool.write_state(3, step, {"h": np.array([[rng.uniform(-4, 4) for _ in range(16)] for _ in range(n)], np.float32)})
+        cache.commit(step)
+        back = cache.length - rng.randint(1, 3)
+        if rng.random() < 0.25 and back >= 0 and cache.can_rewind(back):
+            cache.rewind(back)
+    return bytes(pool.export_sequence())
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     rng = random.Random(28)
@@ -100,6 +130,12 @@ def main() -> None:
         length = record[28:32]
         broken.append(record[: layers + 28] + length + record[layers + 32 :])
         broken.append(record[: layers + 40 + 12] + (1 << 30).to_bytes(4, "little") + record[layers + 40 + 16 :])
+    # Kinds records go to the kinds destination (mode bit 3), with and without the checksum fix.
+    for length in (0, 1, 2, 5, 9, 17, 30):
+        record = from_kinds_cache(rng, length)
+        for mode in (8, 9):
+            data = bytes([mode]) + record
+            (OUT / hashlib.sha1(data).hexdigest()).write_bytes(data)
     written = 0
     for record in broken:
         data = bytes([1]) + record

@@ -49,6 +49,7 @@ struct Coverage {
   long refused_parse = 0;   // ... refused
   long imported_seq = 0;    // accepted by a SequenceCache
   long imported_batch = 0;  // accepted by a BatchCache
+  long imported_kinds = 0;  // accepted by the kinds destination (Shared and State layers)
   long refused_import = 0;  // parsed, refused by the destination
   long rows_checked = 0;    // read rows compared with the record's
 };
@@ -191,7 +192,7 @@ inline std::string into_sequence_cache(const RecordView& rec, const void* data, 
 // Shared layer its source's, and a State layer starts from the record's last
 // state; every rewind the cache then allows lands on a state the record
 // carries, in its slot.
-constexpr std::size_t kStateBytes = 24;
+constexpr std::size_t kStateBytes = 64;  // make_record_corpus.py: 16 float32
 inline CacheConfig kinds_destination() {
   CacheConfig cfg = destination(1);
   cfg.n_layers = 4;
@@ -211,7 +212,7 @@ inline std::string into_kinds_cache(const RecordView& rec, const void* data, std
     if (coverage() != nullptr) ++coverage()->refused_import;
     return cache->length() == 0 ? "" : "a refused import into the kinds cache changed its length";
   }
-  if (coverage() != nullptr) ++coverage()->imported_seq;
+  if (coverage() != nullptr) ++coverage()->imported_kinds;
   const int L = rec.sequence().length;
   if (cache->length() != L) return "the imported length differs";
   const RecordLayer sr = rec.layer(3);

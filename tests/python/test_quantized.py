@@ -324,7 +324,7 @@ def test_a_version_1_record_cannot_hold_quantized_rows() -> None:
     record[8:12] = (1).to_bytes(4, "little")
     forged = np.frombuffer(record, dtype=np.uint8).copy()  # 8-byte aligned, writable
     kvcore._core.seal_record(forged)
-    with pytest.raises(kvcore.InvalidArgumentError, match="dtype qint8: a quantized format needs record version 2"):
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"layer 0 \(kind 0, dtype qint8\) needs record version 2, the record says 1"):
         kvcore._core.check_record(forged)
 
 

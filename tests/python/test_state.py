@@ -256,8 +256,8 @@ def test_every_refusal_is_named_and_changes_nothing(seq: Optional[int]) -> None:
     corrupt[len(record) // 2] ^= 1
     _refused(make(), bytes(corrupt), kvcore.InvalidArgumentError, "checksum", seq)
     future = bytearray(record)
-    future[8] = 3  # one past the newest version (2)
-    _refused(make(), bytes(future), kvcore.NotSupportedError, "version 3 is newer", seq)
+    future[8] = 4  # one past the newest version (3)
+    _refused(make(), bytes(future), kvcore.NotSupportedError, "version 4 is newer", seq)
     _refused(make(), b"not a record" * 8, kvcore.InvalidArgumentError, "magic", seq)
     other = [kvcore.LayerConfig(p, HEADS, DIM) for p in POLICIES]
     other[0] = kvcore.LayerConfig(kvcore.Ring(7, 2), HEADS, DIM)
@@ -435,7 +435,7 @@ def test_a_sinks_mismatch_is_refused() -> None:
     record = craft(12, [FLAT12, (1, 4, 2, (1, 2, 2), 2, 9, 5)])
     kvcore._core.check_record(record)
     cache = kvcore.SequenceCache(trust_config())
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"sinks 2\) differs from the cache's \(kind 1, window 4, sinks 1\)"):
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"sinks 2, source 0, slots 0\) differs from the cache's \(kind 1, window 4, sinks 1, source 0, slots 0\)"):
         import_sequence(kvcore.KVPool(cache, np.float16), record)
     assert cache.length == 0
     batch = kvcore.BatchCache(trust_config())

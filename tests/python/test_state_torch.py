@@ -250,3 +250,20 @@ def test_export_refusals_change_nothing() -> None:
     ).export_sequence()
     with pytest.raises(kvcore.InvalidArgumentError, match="seq"):
         export_sequence(empty.pool, 0)
+
+
+def test_a_torch_pools_records_refuse_shared_layers_by_name_and_change_nothing() -> None:
+    # KVPool's records carry a Shared layer (test_kv_pool_kinds.py); a torch pool's do not yet.
+    def shared_cache() -> kvcore.SequenceCache:
+        layers = [kvcore.LayerConfig(kvcore.Flat(), 1, 4), kvcore.LayerConfig(kvcore.Shared(0), 1, 4)]
+        return kvcore.SequenceCache(kvcore.CacheConfig(capacity=16, layers=layers, max_step=2))
+
+    source = kvcore.SequenceCache(kvcore.CacheConfig(capacity=16, layers=[kvcore.LayerConfig(kvcore.Flat(), 1, 4)] * 2, max_step=2))
+    record = kvcore.KVPool(source, np.float32).export_sequence()
+    cache = shared_cache()
+    pool = TorchKVPool(cache)
+    with pytest.raises(kvcore.NotSupportedError, match=r"^export: layer 1 is a Shared layer; a torch pool's records do not carry Shared layers yet \(a KVPool's do\)$"):
+        export_sequence(pool)
+    with pytest.raises(kvcore.NotSupportedError, match=r"^import: layer 1 is a Shared layer; a torch pool's records"):
+        import_sequence(pool, record)
+    assert cache.length == 0

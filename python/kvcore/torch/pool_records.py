@@ -108,12 +108,18 @@ def _export_dtype(pool: LayerStore, dtype: Optional[torch.dtype]) -> torch.dtype
 
 
 def _refuse_state_layers(cache: SequenceCache, what: str) -> None:
-    """NotSupportedError naming the first State layer: records do not carry recurrent states yet
-    (a torch pool keeps them beside it, in ``TorchStateSlots``; docs/layer_kinds.md)."""
+    """NotSupportedError naming the first State or Shared layer: a torch pool's records do not
+    carry them yet (it keeps states beside it, in ``TorchStateSlots``; a ``KVPool``'s records
+    carry both: docs/layer_kinds.md)."""
     for layer in range(cache.n_layers):
-        if cache.layer_policy(layer).kind == LayerPolicy.Kind.State:
+        kind = cache.layer_policy(layer).kind
+        if kind == LayerPolicy.Kind.State:
             raise NotSupportedError(
                 f"{what}: layer {layer} is a State layer; records do not carry recurrent states yet")
+        if kind == LayerPolicy.Kind.Shared:
+            raise NotSupportedError(
+                f"{what}: layer {layer} is a Shared layer; a torch pool's records do not carry Shared layers yet "
+                "(a KVPool's do)")
 
 
 def export_sequence(
@@ -126,7 +132,7 @@ def export_sequence(
     uint8 (``TorchQuantizedKVPool``: the record is ``KVPool(cache, record_format)``'s).
     InvalidStateError: a step is begun, a layer without tensors or rows for a held position;
     InvalidArgumentError: a batch other than 1, mixed or unsupported dtypes, more tokens than the
-    length; NotSupportedError: a State layer (records do not carry states yet)."""
+    length; NotSupportedError: a State or Shared layer (a torch pool's records do not carry them yet)."""
     cache = pool.cache
     _refuse_state_layers(cache, "export")
     if cache.active_step is not None:
@@ -192,7 +198,7 @@ def import_layers(
     corrupt, another policy, shape or layer count; NotSupportedError: a newer version, holes or a
     removed head; InvalidStateError: the cache holds positions or a begun step; CapacityError: over
     capacity), InvalidArgumentError also for layers of mixed dtypes; NotSupportedError for a model
-    with State layers (records do not carry states yet)."""
+    with State or Shared layers (a torch pool's records do not carry them yet)."""
     _refuse_state_layers(pool.cache, "import")
     data = record_data(record)
     info = RecordInfo.of(data)  # validated before its sizes allocate tensors

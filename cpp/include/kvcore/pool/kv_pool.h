@@ -26,6 +26,7 @@
 // lands in those first R - 1 ring rows. (held_rows() is one span without it.)
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -180,7 +181,7 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// Bytes in_arena() needs for a cache built from `config`, alignment slack
   /// included (any arena address works). InvalidArgument: `config` breaks a rule
   /// of validate(), dtype outside DType, ring storage outside RingStorage, a
-  /// State layer without a slot size (or of 0 bytes), or the total overflows
+  /// State layer without a slot size (or of 0 bytes, or of 2^31 or more), or the total overflows
   /// the address space.
   static Result<std::size_t> required_bytes(const CacheConfig& config, DType dtype,
                                             RingStorage ring_storage = RingStorage::Compact,
@@ -200,7 +201,7 @@ class KVPool : public PoolStorage<KVPoolTraits> {
   /// was built from, any alignment). Allocates nothing; the arena must outlive
   /// the pool. InvalidArgument: dtype outside DType, ring storage outside
   /// RingStorage, null arena, arena too small (the message names both sizes),
-  /// a State layer without a slot size (or of 0 bytes).
+  /// a State layer without a slot size (or of 0 bytes, or of 2^31 or more).
   static Result<KVPool> in_arena(const SequencePlanner& planner, DType dtype, void* arena,
                                  std::size_t arena_bytes_given,
                                  RingStorage ring_storage = RingStorage::Compact,
@@ -667,6 +668,11 @@ class KVPool : public PoolStorage<KVPoolTraits> {
     KVCORE_CHECK_OR_RETURN_ERROR(slot >= 1, InvalidArgument,
                                  "layer %d is a State layer: state_slot_bytes[%d] = 0: a slot needs >= 1 byte", l,
                                  l);
+    // A record names a state's bytes in an int32 (docs/state.md).
+    KVCORE_CHECK_OR_RETURN_ERROR(slot <= static_cast<std::size_t>(INT_MAX), InvalidArgument,
+                                 "layer %d is a State layer: state_slot_bytes[%d] = %zu: a slot holds at most "
+                                 "2^31 - 1 bytes",
+                                 l, l, slot);
     std::uint64_t all = 0;
     KVCORE_CHECK_OR_RETURN_ERROR(checked_mul(static_cast<std::uint64_t>(geometry.rows), slot, &all),
                                  InvalidArgument,

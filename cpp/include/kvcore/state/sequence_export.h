@@ -6,7 +6,6 @@
 // never what it released. Nothing is allocated.
 #pragma once
 
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -67,7 +66,6 @@ struct SequenceSource {
     return r;
   }
   std::int64_t row(int l, int p) const noexcept { return (*cache.geometry(l)).row(p); }
-  LayerPolicy::Kind kind(int l) const noexcept { return (*cache.layer_config(l)).policy.kind; }
   Result<LayerStorage> storage(int l) const noexcept {
     KVCORE_ASSIGN_OR_RETURN(const PoolLayer layer, pool.layer(l));
     return static_cast<const LayerStorage&>(layer);
@@ -154,13 +152,8 @@ template <class Source>
 Result<std::size_t> size_of(const Source& src, int n_layers, int max_step, int n_tokens) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(n_tokens >= 0 && n_tokens <= src.length(), InvalidArgument,
                                "export: n_tokens = %d must be in [0, length = %d]", n_tokens, src.length());
-  for (int l = 0; l < n_layers; ++l) {
-    KVCORE_ASSIGN_OR_RETURN(const LayerStorage s, src.storage(l));
-    KVCORE_CHECK_OR_RETURN_ERROR(src.kind(l) != LayerPolicy::Kind::State || s.k_row_bytes <= INT_MAX, NotSupported,
-                                 "export: layer %d's states are %zu bytes each: a record's state is at most "
-                                 "2^31 - 1 bytes",
-                                 l, s.k_row_bytes);
-  }
+  // (A State layer's slot fits the record's int32: KVPool keeps slots below 2^31 bytes.)
+  for (int l = 0; l < n_layers; ++l) KVCORE_RETURN_IF_ERROR(src.storage(l).status());
   const RecordSequence seq = sequence_of(src, n_layers, max_step, n_tokens);
   return RecordLayout::of(seq, [&src](int l) { return counted_layer(src, l); }).total;
 }
@@ -205,8 +198,7 @@ Status write(const Source& src, int n_layers, int max_step, const std::int32_t* 
 /// token ids of its first n_tokens positions (a Shared layer carries no
 /// rows; a State layer its states after positions [held_from(l), length):
 /// the last one and those a rewind needs). InvalidArgument: n_tokens outside
-/// [0, length], a pool of another layer count. NotSupported: a state of
-/// 2^31 bytes or more.
+/// [0, length], a pool of another layer count.
 inline Result<std::size_t> export_size(const SequenceCache& cache, const KVPool& pool, int n_tokens = 0) noexcept {
   return export_detail::size_of(export_detail::SequenceSource{cache, pool}, cache.n_layers(), cache.max_step(),
                                 n_tokens);
