@@ -752,11 +752,13 @@ class KVPool(metaclass=_pybind11_type):
         """
     def export_sequence(self, tokens: _Tokens | None = None) -> bytes:
         """The cache's sequence as a record (bytes, docs/state.md): length, per layer the rows its
-        layer still holds (a ring's sinks and window, not what it released) and `tokens` (the ids of
-        positions [0, len(tokens)), optional: a 1-D int32 or int64 array or a list of ints, copied;
-        never cast from floats, bools or strings). InvalidArgumentError: more tokens than the
-        length, tokens of another dtype or shape, an id beyond 32 bits; TypeError: a list item that
-        is not an int; InvalidStateError: a step is begun.
+        layer still holds (a ring's sinks and window, not what it released; a Shared layer none; a
+        State layer its states after positions [held_from, length): the last one and the run of held
+        states before it, what a rewind needs; record version 3) and `tokens` (the ids of positions
+        [0, len(tokens)), optional: a 1-D int32 or int64 array or a list of ints, copied; never cast
+        from floats, bools or strings). InvalidArgumentError: more tokens than the length, tokens of
+        another dtype or shape, an id beyond 32 bits; TypeError: a list item that is not an int;
+        InvalidStateError: a step is begun.
         """
     def export_into(self, out: _WritableBuffer, tokens: _Tokens | None = None) -> int:
         """Writes the record export_sequence() gives into the first bytes of the buffer `out`
@@ -767,12 +769,13 @@ class KVPool(metaclass=_pybind11_type):
         """
     def import_sequence(self, record: _Buffer) -> None:
         """Admits the sequence of `record` (any bytes-like object) into the empty cache and this
-        pool: its length and rows; every later plan, read and can_rewind answer equals the
-        exporter's. Checks everything first and changes nothing on an error. InvalidArgumentError:
-        truncated, corrupt (checksum), bad magic, or a policy, shape or dtype other than the
-        cache's; NotSupportedError: a newer record version, or a record with holes or a removed
-        head; InvalidStateError: the cache holds positions or a begun step; CapacityError: its
-        length exceeds the capacity.
+        pool: its length, rows and states; every later plan and read equals the exporter's, and
+        can_rewind allows what the record carries (never more than the exporter). Checks everything
+        first and changes nothing on an error. InvalidArgumentError: truncated, corrupt (checksum),
+        bad magic, or a policy, shape or dtype other than the cache's (a State layer: D or the bytes
+        of its state tensors); NotSupportedError: a newer record version, or a record with holes or
+        a removed head; InvalidStateError: the cache holds positions or a begun step; CapacityError:
+        its length exceeds the capacity.
         """
     def write(
         self, layer: SupportsIndex, plan: SeqStepPlan, k: npt.NDArray[Any], v: npt.NDArray[Any]

@@ -694,7 +694,9 @@ void register_pool(py::module_& m) {
           },
           py::arg("tokens") = py::none(),
           "The cache's sequence as a record (bytes, docs/state.md): length, per layer the rows its "
-          "layer still holds (a ring's sinks and window, not what it released) and `tokens` (the ids of "
+          "layer still holds (a ring's sinks and window, not what it released; a Shared layer none; a "
+          "State layer its states after positions [held_from, length): the last one and the run of held "
+          "states before it, what a rewind needs; record version 3) and `tokens` (the ids of "
           "positions [0, len(tokens)), optional: a 1-D int32 or int64 array or a list of ints, copied; "
           "never cast from floats, bools or strings). InvalidArgumentError: more tokens than the length, "
           "tokens of another dtype or shape, an id beyond 32 bits; TypeError: a list item that is not an "
@@ -723,9 +725,11 @@ void register_pool(py::module_& m) {
           },
           py::arg("record"),
           "Admits the sequence of `record` (any bytes-like object) into the empty cache and this pool: "
-          "its length and rows; every later plan, read and can_rewind answer equals the exporter's. "
-          "Checks everything first and changes nothing on an error. InvalidArgumentError: truncated, "
-          "corrupt (checksum), bad magic, or a policy, shape or dtype other than the cache's; "
+          "its length, rows and states; every later plan and read equals the exporter's, and can_rewind "
+          "allows what the record carries (never more than the exporter). Checks everything first and "
+          "changes nothing on an error. InvalidArgumentError: truncated, corrupt (checksum), bad magic, or "
+          "a policy, shape or dtype other than the cache's (a State layer: D or the bytes of its state "
+          "tensors); "
           "NotSupportedError: a newer record version, or a record with holes or a removed head; "
           "InvalidStateError: the cache holds positions or a begun step; CapacityError: its "
           "length exceeds the capacity.")
