@@ -50,7 +50,7 @@ inline CacheConfig without_state(const CacheConfig& cfg) {
 
 struct Counts {
   int steps = 0, reads = 0, commits = 0, tree_commits = 0, state_copies = 0, aborts = 0, forks = 0,
-      rewinds = 0, refusals = 0, rewind_checks = 0;
+      rewinds = 0, refusals = 0, rewind_checks = 0, hits = 0;
 };
 
 template <class R>
@@ -247,20 +247,39 @@ class Driver {
     return "";
   }
 
+  // A prompt: often an active sequence's tokens (a prefix of them and a
+  // tail), so that named state snapshots are hit.
   std::string adopt() {
-    const int s = r_(0, max_seqs() - 1);
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(r_(1, std::min(20, cfg_.capacity))));
-    for (auto& t : tokens) t = r_(0, 3);
-    auto hit = cache_->adopt_prefix(s, tokens.data(), static_cast<int>(tokens.size()));
+    int s = r_(0, max_seqs() - 1);
+    for (int q = 0; q < max_seqs(); ++q)  // mostly an empty active sequence: one that can adopt
+      if (active(q) && length(q) == 0 && r_.percent(80)) s = q;
+    std::vector<std::int32_t> tokens;
+    const int from = pick_active();
+    if (from >= 0 && r_.percent(70)) {
+      const std::vector<std::int32_t>& known = model_->tokens(from);
+      tokens.assign(known.begin(), known.begin() + r_(0, static_cast<int>(known.size())));
+      for (int i = r_(1, 3); i > 0; --i) tokens.push_back(r_(0, 9));
+      if (static_cast<int>(tokens.size()) > cfg_.capacity) tokens.resize(static_cast<std::size_t>(cfg_.capacity));
+    } else {
+      tokens.resize(static_cast<std::size_t>(r_(1, std::min(20, cfg_.capacity))));
+      for (auto& t : tokens) t = r_(0, 3);
+    }
+    const int n = static_cast<int>(tokens.size());
+    auto hit = cache_->adopt_prefix(s, tokens.data(), n);
+    const int B = cfg_.batch.block_size;
+    if (hit.ok() && *hit % B != 0) return "a hit of " + std::to_string(*hit) + " positions: not whole blocks";
+    if (hit.ok() && *hit > 0 && cfg_.batch.state_snapshots == 0) return "a prefix hit without state snapshots";
     if (twin_) {
-      // A model with a State group never hits: the twin adopts nothing too.
-      auto t = twin_->adopt_prefix(s, tokens.data(), 0);
+      // The twin's block groups serve exactly the hit: a State group's
+      // snapshots only shorten it (adopting at most hit / B blocks).
+      auto t = twin_->adopt_prefix(s, tokens.data(), hit.ok() && *hit > 0 ? *hit + 1 : 0);
       const std::string e = same(hit.status(), t.status(), "adopt_prefix");
       if (!e.empty()) return e;
+      if (hit.ok() && *t != *hit) return "the hit " + std::to_string(*hit) + " is not the twin's " + std::to_string(*t);
     }
     if (hit.ok()) {
-      if (*hit != 0) return "a prefix hit on a model with a State group";
       ended();
+      if (*hit > 0) model_->adopt(s, tokens.data(), *hit), ++n_.hits;
     }
     return "";
   }

@@ -37,6 +37,7 @@ inline std::uint64_t next_state(std::uint64_t h, std::int32_t token) {
 struct Seq {
   bool active = false;
   std::vector<std::uint64_t> states;     // states[p]: the state after p
+  std::vector<std::int32_t> tokens;      // tokens[p]: the token at p
   std::vector<std::vector<int>> held;    // [state group][slot]: position, -1
   int length() const { return static_cast<int>(states.size()); }
   std::uint64_t before(int p) const { return p == 0 ? kZeros : states[static_cast<std::size_t>(p - 1)]; }
@@ -100,6 +101,7 @@ class Model {
   void truncate(int s, int n) {
     Seq& q = seq(s);
     q.states.resize(static_cast<std::size_t>(n));
+    q.tokens.resize(static_cast<std::size_t>(n));
     for (auto& h : q.held)
       for (int& p : h)
         if (p >= n) p = -1;
@@ -111,6 +113,7 @@ class Model {
     d.active = true;
     const Seq& from = seq(src);
     d.states.assign(from.states.begin(), from.states.begin() + upto);
+    d.tokens.assign(from.tokens.begin(), from.tokens.begin() + upto);
     for (int k = 0; k < n_groups(); ++k)
       for (int sl = 0; sl < slots(k); ++sl) {
         const int p = from.held[static_cast<std::size_t>(k)][static_cast<std::size_t>(sl)];
@@ -118,6 +121,25 @@ class Model {
       }
     seq(dst) = d;
   }
+
+  /// `s` (holding nothing) adopted a prefix hit of tokens[0, L) (L > 0): its
+  /// states are those tokens' (the contract: a state follows from the tokens
+  /// before it), and each State group holds only the state after L - 1 (the
+  /// named snapshot).
+  void adopt(int s, const std::int32_t* tokens, int L) {
+    Seq& q = seq(s);
+    q.tokens.assign(tokens, tokens + L);
+    q.states.clear();
+    std::uint64_t h = kZeros;
+    for (int p = 0; p < L; ++p) q.states.push_back(h = next_state(h, tokens[p]));
+    for (int k = 0; k < n_groups(); ++k) {
+      std::vector<int>& held = q.held[static_cast<std::size_t>(k)];
+      for (int& p : held) p = -1;
+      held[static_cast<std::size_t>((L - 1) % slots(k))] = L - 1;
+    }
+  }
+  /// Token ids of `s`'s positions.
+  const std::vector<std::int32_t>& tokens(int s) const { return seq(s).tokens; }
 
   /// A step begins: each entry's slots hold, from now on, the positions the
   /// step keeps (what they held before is gone, even if it is aborted).
@@ -232,7 +254,10 @@ class Model {
     }
     for (std::size_t i = 0; i < entries.size(); ++i) {
       const Entry& e = entries[i];
-      for (int node : accepted[i]) seq(e.seq).states.push_back(e.computed[static_cast<std::size_t>(node)]);
+      for (int node : accepted[i]) {
+        seq(e.seq).states.push_back(e.computed[static_cast<std::size_t>(node)]);
+        seq(e.seq).tokens.push_back(e.tokens[static_cast<std::size_t>(node)]);
+      }
     }
     return "";
   }

@@ -115,8 +115,8 @@ TEST(BatchState, AStateGroupPast2To31SlotsIsRefused) {
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.status().code(), Error::InvalidArgument);
   EXPECT_STREQ(made.message().c_str(),
-               "a State group of 1073741824 slots: 3 table rows x 1073741824 slots + max_step_tokens = 12 exceed "
-               "2^31 - 1 state slots");
+               "a State group of 1073741824 slots: 3 table rows x 1073741824 slots + max_step_tokens = 12 + "
+               "state_snapshots = 0 exceed 2^31 - 1 state slots");
 }
 
 TEST(BatchState, PagedKVPoolRefusesStateLayers) {
@@ -285,9 +285,9 @@ TEST(BatchState, RemovingPositionsOtherThanTheTailIsNotSupported) {
 }
 
 // A prefix hit counts only as far as every State group holds a named
-// snapshot; none is named yet, so a model with a State group never hits
-// (its twin without the State layer does).
-TEST(BatchState, APrefixHitCountsZeroBlocksWithAStateGroup) {
+// snapshot; without batch.state_snapshots none is named, so a model with a
+// State group never hits (its twin without the State layer does).
+TEST(BatchState, APrefixHitCountsZeroBlocksWithAStateGroupWithoutSnapshots) {
   const CacheConfig with = state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)});
   const CacheConfig without = state_config(32, 4, {LayerPolicy::flat()});
   std::int32_t tokens[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -303,6 +303,76 @@ TEST(BatchState, APrefixHitCountsZeroBlocksWithAStateGroup) {
     EXPECT_EQ(*hit, cfg == &with ? 0 : 8);
     EXPECT_EQ(c->sequence(1)->length, *hit);
   }
+}
+
+// Section 9's prefix reuse: a step that ends on a full keyed block names the
+// state after it; a prompt with that prefix adopts the snapshot's slot (no
+// bytes move), reads it in its first step, and no later write of any
+// sequence lands in it. A hit counts as far as the last named snapshot.
+TEST(BatchState, NamedStateSnapshotsServeAPrefixAndAreNeverWrittenInPlace) {
+  CacheConfig cfg = state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)}, /*B=*/4, /*max_seqs=*/4);
+  cfg.batch.state_snapshots = 4;
+  auto c = make(cfg);
+  ASSERT_NE(c, nullptr);
+  std::int32_t tokens[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  step_and_commit(*c, StepEntry{0, 4, tokens});      // ends block 0: named
+  step_and_commit(*c, StepEntry{0, 3, tokens + 4});  // mid-block: nothing named
+  step_and_commit(*c, StepEntry{0, 1, tokens + 7});  // ends block 1: named
+  EXPECT_EQ(*c->state_snapshots(0), 2);
+  const int snapshot = *c->state_slot(0, 0, 7 % 4);  // the slot holding the state after 7
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  auto hit = c->adopt_prefix(1, tokens, 9);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(*hit, 8);
+  EXPECT_TRUE(c->can_rewind(1, 8));
+  EXPECT_FALSE(c->can_rewind(1, 4));  // only the snapshot's state is held
+  EXPECT_EQ(*c->state_slot(0, 1, 7 % 4), snapshot);
+  // Both sequences step together: each reads the snapshot's slot (seq 0 its own
+  // slot, which it shares), and neither writes it.
+  const StepEntry both[2] = {{0, 4, tokens + 8}, {1, 1, tokens + 8}};
+  auto step = c->begin_step(both, 2);
+  ASSERT_TRUE(step.ok());
+  const kvcore::BatchStepPlan plan = *c->plan(*step);
+  const kvcore::StateGroupPlan sp = plan.state_groups[0];
+  EXPECT_EQ(sp.read_slots[plan.query_starts[0]], snapshot);
+  EXPECT_EQ(sp.read_slots[plan.query_starts[1]], snapshot);
+  for (int t = 0; t < plan.n_tokens; ++t) EXPECT_NE(sp.write_slots[t], snapshot) << t;
+  ASSERT_TRUE(c->commit(*step).ok());
+  // A prompt that parts after block 0 hits block 0's snapshot; another namespace nothing.
+  std::int32_t other[9] = {1, 2, 3, 4, 0, 0, 0, 0, 0};
+  ASSERT_EQ(c->add_sequence(2), Error::Ok);
+  EXPECT_EQ(*c->adopt_prefix(2, other, 9), 4);
+  ASSERT_EQ(c->add_sequence(3, /*prefix_namespace=*/7), Error::Ok);
+  EXPECT_EQ(*c->adopt_prefix(3, tokens, 9), 0);
+  // clear() forgets every snapshot.
+  c->clear();
+  EXPECT_EQ(*c->state_snapshots(0), 0);
+}
+
+// At most batch.state_snapshots are named: the least recently used goes, and
+// with it the hit its prefix gave (the block groups alone would serve it).
+TEST(BatchState, TheLeastRecentlyUsedSnapshotIsDroppedFirst) {
+  CacheConfig cfg = state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(3)}, /*B=*/2, /*max_seqs=*/3);
+  cfg.batch.state_snapshots = 2;
+  auto c = make(cfg);
+  ASSERT_NE(c, nullptr);
+  const int free_before = *c->free_state_slots(0);
+  std::int32_t tokens[7] = {5, 6, 7, 8, 9, 10, 11};
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  for (int i = 0; i < 3; ++i) step_and_commit(*c, StepEntry{0, 2, tokens + 2 * i});  // names blocks 0, 1, 2
+  EXPECT_EQ(*c->state_snapshots(0), 2);
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  EXPECT_EQ(*c->adopt_prefix(1, tokens, 7), 6);
+  ASSERT_EQ(c->release_sequence(1), Error::Ok);
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  EXPECT_EQ(*c->adopt_prefix(1, tokens, 5), 4);  // block 1's snapshot (block 0's was dropped)
+  ASSERT_EQ(c->release_sequence(1), Error::Ok);
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  EXPECT_EQ(*c->adopt_prefix(1, tokens, 3), 0);
+  ASSERT_EQ(c->release_sequence(1), Error::Ok);
+  ASSERT_EQ(c->release_sequence(0), Error::Ok);
+  EXPECT_EQ(*c->free_state_slots(0), free_before - 2);  // only the two snapshots hold slots
 }
 
 // An abort of a T = D step without verify may have written its last state
@@ -415,6 +485,7 @@ CacheConfig random_mixed(Rand& r, int* n_kv) {
   cfg.batch.max_step_tokens = r.percent(50) ? 0 : r(cfg.max_step, 12);
   if (r.percent(30)) cfg.batch.num_blocks = r(4, 24);
   if (r.percent(20)) cfg.batch.max_active_seqs = r(1, cfg.batch.max_seqs);
+  if (r.percent(60)) cfg.batch.state_snapshots = r(1, 6);
   *n_kv = kv;
   return cfg;
 }
@@ -431,15 +502,37 @@ TEST(BatchStateBruteForce, EveryStateReadAndRewindFollowsSection9) {
     ASSERT_EQ(err, "") << "workload " << w;
   }
   std::printf("state brute force: %d steps (%d tokens read), %d commits (%d of trees, %d slot copies), %d aborts, "
-              "%d forks, %d rewinds, %d refusals, %d can_rewind answers\n",
+              "%d forks, %d rewinds, %d refusals, %d can_rewind answers, %d prefix hits on named snapshots\n",
               n.steps, n.reads, n.commits, n.tree_commits, n.state_copies, n.aborts, n.forks, n.rewinds, n.refusals,
-              n.rewind_checks);
+              n.rewind_checks, n.hits);
   EXPECT_GT(n.steps, 50000);
   EXPECT_GT(n.tree_commits, 10000);
   EXPECT_GT(n.state_copies, 500);
   EXPECT_GT(n.forks, 4000);
   EXPECT_GT(n.aborts, 5000);
   EXPECT_GT(n.refusals, 20000);
+  EXPECT_GT(n.hits, 100);
+}
+
+// The same walk on models that keep named snapshots in small blocks: every
+// prefix hit starts from the snapshot's state (the read checks prove its
+// bytes are the prompt's), counts as far as the twin's block groups serve
+// and the snapshots reach, and no later write lands in a named slot.
+TEST(BatchStateBruteForce, PrefixHitsOnNamedSnapshotsReadThePromptsStates) {
+  state_ref::Counts n;
+  for (int w = 0; w < 3000; ++w) {
+    Rand r{std::mt19937(static_cast<std::uint32_t>(90000 + w))};
+    int n_kv = 0;
+    CacheConfig cfg = random_mixed(r, &n_kv);
+    cfg.batch.block_size = r(1, 2);
+    cfg.batch.state_snapshots = r(1, 8);
+    state_ref::Driver<Rand> d(cfg, r, n);
+    const std::string err = d.run(200, [] { return true; });
+    ASSERT_EQ(err, "") << "workload " << w;
+  }
+  std::printf("named snapshots: %d prefix hits, %d steps, %d forks, %d rewinds\n", n.hits, n.steps, n.forks,
+              n.rewinds);
+  EXPECT_GT(n.hits, 1000);
 }
 
 }  // namespace

@@ -424,6 +424,7 @@ TEST(NoAllocation, BatchCacheWithStateGroupsNeverAllocates) {
   cfg.n_layers = static_cast<int>(cfg.layers.size());
   cfg.batch.block_size = 4;
   cfg.batch.max_seqs = 4;
+  cfg.batch.state_snapshots = 2;
   auto created = kvcore::BatchCache::create(cfg);
   ASSERT_TRUE(created.ok()) << created.message().c_str();
   kvcore::BatchCache& cache = **created;
@@ -471,9 +472,18 @@ TEST(NoAllocation, BatchCacheWithStateGroupsNeverAllocates) {
     checksum += refused.message().c_str()[0];
     fails(cache.rewind(0, 2).ok());
     fails(cache.group_of(4).ok());
+    // A step ending on a full block names its state; a prompt adopts it.
+    ok(cache.add_sequence(3).ok());
+    const kvcore::StepEntry block{3, 3, tokens};
+    auto s5 = cache.begin_step(&block, 1);
+    ok(s5.ok() && cache.commit(*s5).ok());
+    const kvcore::StepEntry last{3, 1, tokens + 3};
+    auto s6 = cache.begin_step(&last, 1);
+    ok(s6.ok() && cache.commit(*s6).ok());
+    ok(*cache.state_snapshots(0) == 1);
     ok(cache.add_sequence(2).ok());
     auto hit = cache.adopt_prefix(2, tokens, 8);
-    ok(hit.ok() && *hit == 0);
+    ok(hit.ok() && *hit == 4);
     ok(cache.release_sequence(1).ok());
     for (int k = 0; k < cache.n_state_groups(); ++k) checksum += *cache.free_state_slots(k);
     cache.clear();

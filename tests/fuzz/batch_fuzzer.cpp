@@ -292,6 +292,9 @@ class Harness {
         int operator()(int lo, int hi) { return in.in(lo, hi); }
         bool percent(int p) { return in.percent(p); }
       } draw{in_};
+      // Named state snapshots (prefix reuse) in three of four configs, from a
+      // field already drawn (so every input keeps its meaning).
+      cfg.batch.state_snapshots = cfg.capacity % 4;
       kvcore_test::state_ref::Counts counts;
       kvcore_test::state_ref::Driver<Draw> driver(cfg, draw, counts);
       const std::string err = driver.run(400, [this] { return !in_.done(); });

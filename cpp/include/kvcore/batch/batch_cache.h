@@ -252,11 +252,16 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  seq, seqs_[seq].length);
     end_step();
     prefix_.set_namespace(seq, prefix_namespace);
-    // A hit counts only as far as every State group holds a named snapshot:
-    // none is named yet, so a model with a State group never hits.
-    const int hit =
-        n_state_groups_ > 0 ? 0 : prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_);
+    // A hit counts only as far as every State group holds a named snapshot
+    // of the state after its last block (docs/design.md section 9).
+    const int hit = prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_, [this](const BlockKey& key) {
+      for (int k = 0; k < n_state_groups_; ++k)
+        if (!states_[k].named(key)) return false;
+      return true;
+    });
     for (int g = 0; g < n_groups_; ++g) groups_[g].adopt(seq, prefix_.prompt_keys(), hit);
+    if (hit > 0)
+      for (int k = 0; k < n_state_groups_; ++k) states_[k].adopt(seq, prefix_.prompt_keys()[hit - 1], hit * block_size_);
     SequenceState& s = seqs_[seq];
     s.length = hit * block_size_;
     s.alloc_end = hit;
@@ -464,6 +469,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(check_state_slot(state_group, seq, slot));
     return states_[state_group].physical(seq, slot);
   }
+  /// Named state snapshots `state_group` keeps now (at most
+  /// batch.state_snapshots). InvalidArgument: bad state group.
+  Result<int> state_snapshots(int state_group) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    return states_[state_group].named_count();
+  }
   /// Physical slots of `state_group` no sequence names. InvalidArgument: bad state group.
   Result<int> free_state_slots(int state_group) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
@@ -563,7 +574,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     }
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
-    for (int k = 0; k < n_state_groups_; ++k) KVCORE_RETURN_IF_ERROR(states_[k].create(rows_, max_step_tokens_));
+    for (int k = 0; k < n_state_groups_; ++k)
+      KVCORE_RETURN_IF_ERROR(states_[k].create(rows_, max_step_tokens_, cfg.batch.state_snapshots));
     const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
     return step_.create(limits, groups_.get(), stride_, states_.get());
   }

@@ -124,6 +124,13 @@ struct BatchLimits {
   /// Ranges removed from the middle of one sequence (remove(s, p0, p1)) it can
   /// keep apart at once; removing the head or the tail needs none.
   int max_holes = 8;
+  /// Named state snapshots each State group keeps for prefix reuse
+  /// (docs/design.md section 9): the state after a step that ends on a full,
+  /// keyed block is named by that block's key, so a later prompt with that
+  /// prefix starts from it (adopt_prefix). Each takes one state slot; the
+  /// least recently used goes first. 0: none, and a model with State layers
+  /// never hits a prefix.
+  int state_snapshots = 0;
 };
 
 struct CacheConfig {

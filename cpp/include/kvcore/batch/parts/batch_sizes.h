@@ -32,6 +32,8 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
                                b.num_blocks);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_holes >= 0 && b.max_holes <= 4096, InvalidArgument,
                                "batch.max_holes = %d: must be in [0, 4096]", b.max_holes);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.state_snapshots >= 0 && b.state_snapshots <= (1 << 20), InvalidArgument,
+                               "batch.state_snapshots = %d: must be in [0, 1048576]", b.state_snapshots);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_active_seqs >= 0 && b.max_active_seqs <= b.max_seqs, InvalidArgument,
                                "batch.max_active_seqs = %d: must be in [1, batch.max_seqs = %d] (or 0 for "
                                "max_seqs)",

@@ -124,10 +124,12 @@ class PrefixIndex {
   }
 
   /// The longest hit of tokens[0, n) in prefix namespace `ns` every group can
-  /// serve, in full blocks (the last token is always computed, so at most
+  /// serve and accept(key of its last block) allows (a State group's named
+  /// snapshot), in full blocks (the last token is always computed, so at most
   /// (n - 1) / B); its keys are prompt_keys() until the next call.
-  int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups,
-                  int n_groups) noexcept {
+  template <class Accept>
+  int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups, int n_groups,
+                  Accept accept) noexcept {
     const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
     BlockKey chain = BlockKey::root(ns);
     for (int i = 0; i < candidates; ++i) {
@@ -135,8 +137,23 @@ class PrefixIndex {
       prompt_[i] = chain;
     }
     int hit = candidates;
-    while (hit > 0 && !served(hit, groups, n_groups)) --hit;
+    while (hit > 0 && !(accept(prompt_[hit - 1]) && served(hit, groups, n_groups))) --hit;
     return hit;
+  }
+  int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups,
+                  int n_groups) noexcept {
+    return longest_hit(ns, tokens, n, groups, n_groups, [](const BlockKey&) { return true; });
+  }
+
+  /// The key of `seq`'s last block when its length ends exactly on a block
+  /// it keyed (so the state after length - 1 follows from the keyed tokens).
+  bool boundary_key(int seq, int length, BlockKey* out) const noexcept {
+    const Chain& c = chains_[seq];
+    if (!c.hashing || c.partial != 0 || c.hashed_blocks == 0 ||
+        static_cast<std::int64_t>(c.hashed_blocks) * block_size_ != length)
+      return false;
+    *out = c.chain;
+    return true;
   }
   const BlockKey* prompt_keys() const noexcept { return prompt_.get(); }
 

@@ -26,6 +26,16 @@
 // StatePolicy::note_begin does: a slot a step writes no longer holds what it
 // held before, even when the step is later aborted (the backend may have
 // written it).
+//
+// Named snapshots (prefix reuse). When a committed step leaves a sequence at
+// a length that ends a full block its prefix index keyed, the state after
+// that block's last position is named by the block's key: the snapshot takes
+// one more reference to the physical slot holding it (no bytes move; a later
+// write of that logical slot takes a fresh slot, as for a fork). A sequence
+// that adopts the prompt's prefix names the snapshot's slot as its own. At
+// most `snapshots` are named (the least recently named or adopted is dropped
+// first), so the group owns rows * D + max_step_tokens + snapshots physical
+// slots. Lookups scan the names: O(snapshots).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +44,7 @@
 #include <utility>
 
 #include "kvcore/batch/batch_plan.h"
+#include "kvcore/batch/block_pool.h"
 #include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/config.h"
@@ -55,20 +66,20 @@ class StateGroup {
   const LayerPolicy& policy() const noexcept { return policy_; }
   /// D: logical state slots per sequence.
   int slots() const noexcept { return slots_; }
-  /// Physical slots in all: rows * D + max_step_tokens (every slot index a
-  /// plan names is in [0, num_slots())).
+  /// Physical slots in all: rows * D + max_step_tokens + snapshots (every
+  /// slot index a plan names is in [0, num_slots())).
   int num_slots() const noexcept { return n_phys_; }
 
-  /// Sizes the tables for `rows` (which outlives the group) and steps of
-  /// `max_step_tokens` tokens. InvalidArgument: the slots exceed 2^31 - 1.
-  /// MemoryAllocationFailed: nothing is assigned.
-  Status create(const TableRows& rows, int max_step_tokens) noexcept {
+  /// Sizes the tables for `rows` (which outlives the group), steps of
+  /// `max_step_tokens` tokens and `snapshots` named snapshots. InvalidArgument:
+  /// the slots exceed 2^31 - 1. MemoryAllocationFailed: nothing is assigned.
+  Status create(const TableRows& rows, int max_step_tokens, int snapshots) noexcept {
     const std::int64_t logical = static_cast<std::int64_t>(rows.rows()) * slots_;
-    const std::int64_t phys = logical + max_step_tokens;
+    const std::int64_t phys = logical + max_step_tokens + snapshots;
     KVCORE_CHECK_OR_RETURN_ERROR(phys <= 0x7fffffff, InvalidArgument,
-                                 "a State group of %d slots: %d table rows x %d slots + max_step_tokens = %d "
-                                 "exceed 2^31 - 1 state slots",
-                                 slots_, rows.rows(), slots_, max_step_tokens);
+                                 "a State group of %d slots: %d table rows x %d slots + max_step_tokens = %d + "
+                                 "state_snapshots = %d exceed 2^31 - 1 state slots",
+                                 slots_, rows.rows(), slots_, max_step_tokens, snapshots);
     auto held = internal::Buffer<int>::make(logical);
     auto phys_of = internal::Buffer<int>::make(logical);
     auto refs = internal::Buffer<int>::make_zeroed(phys);
@@ -76,7 +87,8 @@ class StateGroup {
     auto deferred = internal::Buffer<int>::make(max_step_tokens);
     auto reads = internal::Buffer<int>::make(max_step_tokens);
     auto writes = internal::Buffer<int>::make(max_step_tokens);
-    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && refs && free && deferred && reads && writes,
+    auto named = internal::Buffer<Snapshot>::make(snapshots);
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && refs && free && deferred && reads && writes && (named || snapshots == 0),
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
     held_ = std::move(held);
@@ -86,6 +98,8 @@ class StateGroup {
     deferred_ = std::move(deferred);
     reads_ = std::move(reads);
     writes_ = std::move(writes);
+    named_ = std::move(named);
+    max_named_ = snapshots;
     rows_ = &rows;
     n_logical_ = static_cast<int>(logical);
     n_phys_ = static_cast<int>(phys);
@@ -102,6 +116,7 @@ class StateGroup {
     n_free_ = n_phys_;
     for (int i = 0; i < n_phys_; ++i) free_[i] = n_phys_ - 1 - i;
     n_deferred_ = 0;
+    n_named_ = 0;
   }
 
   /// The position whose state logical slot `s` of `seq` holds, -1 when none.
@@ -181,6 +196,50 @@ class StateGroup {
     n_deferred_ = 0;
   }
 
+  /// Names the state after L - 1 of `seq` (held: a committed step's length)
+  /// by `key`, the key of the full block ending at L - 1. A name already
+  /// known is only marked as used (its state is the same by the contract);
+  /// with every name taken the least recently used one is dropped. No-op
+  /// without snapshots.
+  void name(int seq, int L, const BlockKey& key) noexcept {
+    if (max_named_ == 0) return;
+    const int phys = slot_after(seq, L);
+    if (phys < 0) return;
+    int i = find(key);
+    if (i >= 0) {
+      named_[i].used = ++clock_;
+      return;
+    }
+    if (n_named_ < max_named_) {
+      i = n_named_++;
+    } else {
+      i = 0;
+      for (int j = 1; j < n_named_; ++j)
+        if (named_[j].used < named_[i].used) i = j;
+      unref(named_[i].phys);
+    }
+    ++refs_[phys];
+    named_[i] = Snapshot{key, phys, ++clock_};
+  }
+  /// Is a snapshot named `key`?
+  bool named(const BlockKey& key) const noexcept { return find(key) >= 0; }
+  /// Named snapshots now.
+  int named_count() const noexcept { return n_named_; }
+  /// `seq` (holding no position) starts at length L from the snapshot named
+  /// `key` (named(key): checked): its logical slot of L - 1 names the
+  /// snapshot's physical slot.
+  void adopt(int seq, const BlockKey& key, int L) noexcept {
+    const int i = find(key);
+    truncate(seq, 0);  // an ended step's states past the length are not the prompt's
+    const int s = base(seq) + (L - 1) % slots_;
+    const int phys = named_[i].phys;
+    ++refs_[phys];
+    unref(phys_of_[s]);
+    phys_of_[s] = phys;
+    held_[s] = L - 1;
+    named_[i].used = ++clock_;
+  }
+
   /// Per token of the begun step: the physical slot it reads / writes.
   const int* read_slots() const noexcept { return reads_.get(); }
   const int* write_slots() const noexcept { return writes_.get(); }
@@ -188,6 +247,18 @@ class StateGroup {
   int free_slots() const noexcept { return n_free_; }
 
  private:
+  // A named state: the physical slot holding the state after a keyed block,
+  // and when it was last named or adopted (the clock of this group).
+  struct Snapshot {
+    BlockKey key;
+    int phys = -1;
+    std::uint64_t used = 0;
+  };
+  int find(const BlockKey& key) const noexcept {
+    for (int i = 0; i < n_named_; ++i)
+      if (named_[i].key == key) return i;
+    return -1;
+  }
   int base(int seq) const noexcept { return rows_->row(seq) * slots_; }  // < 2^31: checked at create
   void unref(int phys) noexcept {
     if (phys < 0) return;
@@ -221,6 +292,10 @@ class StateGroup {
   internal::Buffer<int> deferred_;  // physical slots the begun step holds, [0, n_deferred_)
   internal::Buffer<int> reads_;     // [token]
   internal::Buffer<int> writes_;    // [token]
+  internal::Buffer<Snapshot> named_;  // [0, n_named_): named snapshots
+  int max_named_ = 0;
+  int n_named_ = 0;
+  std::uint64_t clock_ = 0;
 };
 
 }  // namespace kvcore

@@ -149,7 +149,7 @@ class StepState {
   /// accepted tokens become the sequence's next positions (every token of a
   /// chain entry with no path), the blocks reserved past them return, prefix
   /// keys and window releases follow. Returns the row copies of tree entries.
-  BatchCommit commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix, const StateGroup* states) noexcept;
+  BatchCommit commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix, StateGroup* states) noexcept;
 
   /// After check_accepted, on a model with State groups: InvalidState when a
   /// path stops a chain entry begun without verify early (m < T): its State
@@ -489,7 +489,7 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
 }
 
 inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, PrefixIndex& prefix,
-                                     const StateGroup* states) noexcept {
+                                     StateGroup* states) noexcept {
   trees_.clear_copies();
   for (int g = 0; g < lim_.n_groups; ++g)  // the copies are made: their sources go
     for (int c = 0; c < group_plans_[g].n_copies; ++c) groups[g].pool().release(copies_[g * lim_.max_seqs + c].src);
@@ -515,6 +515,9 @@ inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, Pr
     if (s.alloc_end > kept) s.alloc_end = kept;
     prefix.append_tokens(seq, step_tokens_.get() + at, m, tokens_given_[i], groups, lim_.n_groups);
     for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, s.length);
+    BlockKey key;  // a length ending on a keyed block: its state is named for prefix reuse
+    if (lim_.n_state_groups > 0 && prefix.boundary_key(seq, s.length, &key))
+      for (int k = 0; k < lim_.n_state_groups; ++k) states[k].name(seq, s.length, key);
   }
   active_ = BatchStep{};
   BatchCommit c = trees_.commit_plan();
