@@ -774,9 +774,17 @@ void register_batch(py::module_& m) {
       .def("num_state_slots",
            [](const Cache& c, const IntArg& k) { return unwrap(c.num_state_slots(to_int("state_group", k))); },
            py::arg("state_group"),
-           "Physical state slots of a State group (max_active_seqs * D + max_step_tokens): every slot a "
-           "plan or commit names is below it, and a byte layer of the group keeps this many states "
-           "(state[l][slot]). InvalidArgumentError: state_group outside [0, n_state_groups).")
+           "Physical state slots of a State group (max_active_seqs * D + max_step_tokens + "
+           "batch.state_snapshots): every slot a plan or commit names is below it, and a byte layer of the "
+           "group keeps this many states (state[l][slot]). InvalidArgumentError: state_group outside [0, "
+           "n_state_groups).")
+      .def("state_snapshots",
+           [](const Cache& c, const IntArg& k) { return unwrap(c.state_snapshots(to_int("state_group", k))); },
+           py::arg("state_group"),
+           "Named state snapshots a State group keeps now, at most batch.state_snapshots: a committed step "
+           "whose length ends a full block of known tokens names the state after it, and adopt_prefix starts "
+           "a prompt with that prefix from it (docs/batch.md section 10). InvalidArgumentError: "
+           "state_group outside [0, n_state_groups).")
       .def("group_policy",
            [](const Cache& c, const IntArg& group) { return unwrap(c.group_policy(to_int("group", group))); },
            py::arg("group"), "The policy of a group's layers. InvalidArgumentError: bad group.")
