@@ -158,6 +158,88 @@ TEST(PagedPoolKinds, AnArenaHoldsTheStateSlots) {
       Error::InvalidArgument, "the paged pool needs");
 }
 
+// Each refusal of the state verbs and of apply_commit names the value and the
+// rule, and writes nothing.
+TEST(PagedPoolKinds, EveryStateVerbRefusalNamesTheValueAndTheRule) {
+  auto cache = std::move(BatchCache::create(kinds_config())).get();
+  PagedKVPool pool =
+      std::move(PagedKVPool::create(*cache, DType::Float32, kvcore::PoolAllocator::heap(), 4, slot_bytes())).get();
+  ASSERT_EQ(cache->add_sequence(0), Error::Ok);
+  const StepEntry e{0, 3, nullptr};
+  auto step = cache->begin_step(&e, 1);
+  ASSERT_TRUE(step.ok());
+  const BatchStepPlan plan = *cache->plan(*step);
+  const Bytes before = snapshot(pool);
+  Bytes out(12, 0x5A), states(12, 1);
+  // Tokens and entries.
+  expect_message(PagedKVPool::entry_tokens(plan, 1).status(), Error::InvalidArgument,
+                 "entry = 1: must be in [0, n_entries = 1) of a plan with query_starts");
+  std::vector<int> starts = {0, 4};
+  BatchStepPlan bad = plan;
+  bad.query_starts = starts.data();
+  expect_message(PagedKVPool::entry_tokens(bad, 0).status(), Error::InvalidArgument,
+                 "entry 0: tokens [0, 4) must lie in [0, n_tokens = 3)");
+  expect_message(pool.write_state(3, plan, {2, 4}, states.data(), states.size()), Error::InvalidArgument,
+                 "write_state of layer 3: tokens [2, 4) must lie in [0, n_tokens = 3]");
+  expect_message(pool.read_state(3, plan, 3, out.data(), out.size()), Error::InvalidArgument,
+                 "read_state of layer 3: token = 3: must be in [0, n_tokens = 3)");
+  // The state a token starts from: zeros at position 0, refused when carried within the forward.
+  expect_message(pool.read_state(3, plan, 1, out.data(), out.size()), Error::InvalidArgument,
+                 "read_state of layer 3: token 1 (position 1) reads no slot: the step keeps no state before it (a "
+                 "chain step without verify carries it within the forward from token 0)");
+  EXPECT_EQ(pool.read_state(3, plan, 0, out.data(), out.size()), Error::Ok);
+  EXPECT_EQ(out, Bytes(12, 0));
+  out.assign(12, 0x5A);
+  expect_message(pool.read_state(3, plan, 0, out.data(), 11), Error::InvalidArgument,
+                 "read_state of layer 3: out has 11 bytes, needs at least 1 rows of 12 bytes = 12");
+  expect_message(pool.write_state(3, plan, {0, 3}, states.data(), 13), Error::InvalidArgument,
+                 "write_state of layer 3: states has 13 bytes, must be exactly 1 rows of 12 bytes = 12");
+  // Plans that do not fit the pool.
+  BatchStepPlan none = plan;
+  none.n_state_groups = 0;
+  expect_message(pool.read_state(3, none, 0, out.data(), out.size()), Error::InvalidArgument,
+                 "read_state of layer 3: the plan (0 State groups, 3 tokens) lacks the layer's State group 0");
+  std::vector<kvcore::StateGroupPlan> groups(plan.state_groups, plan.state_groups + plan.n_state_groups);
+  groups[0].num_slots += 1;
+  BatchStepPlan other = plan;
+  other.state_groups = groups.data();
+  expect_message(pool.write_state(3, other, {0, 3}, states.data(), states.size()), Error::InvalidArgument,
+                 "write_state of layer 3: State group 0's plan (num_slots 28, read_slots set, write_slots set) does "
+                 "not fit the layer's 27 slots or lacks an array");
+  groups[0].num_slots -= 1;
+  std::vector<int> reads(plan.state_groups[0].read_slots, plan.state_groups[0].read_slots + 3);
+  reads[0] = -2;
+  groups[0].read_slots = reads.data();
+  expect_message(pool.read_state(3, other, 0, out.data(), out.size()), Error::InvalidArgument,
+                 "read_state of layer 3: token 0's read slot -2 must be -1 or in [0, num_slots = 27)");
+  reads[0] = -1;
+  other.positions = nullptr;
+  expect_message(pool.read_state(3, other, 0, out.data(), out.size()), Error::InvalidArgument,
+                 "read_state of layer 3: token 0 reads no slot and the plan has no positions to tell position 0 "
+                 "(zeros) from a carried state");
+  std::vector<int> writes(plan.state_groups[0].write_slots, plan.state_groups[0].write_slots + 3);
+  writes[2] = 27;
+  groups[0].read_slots = plan.state_groups[0].read_slots;
+  groups[0].write_slots = writes.data();
+  other.positions = plan.positions;
+  expect_message(pool.write_state(3, other, {0, 3}, states.data(), states.size()), Error::InvalidArgument,
+                 "write_state of layer 3: token 2's write slot 27 must be -1 or in [0, num_slots = 27)");
+  expect_message(pool.kept_states(2, plan, {0, 3}).status(), Error::InvalidArgument,
+                 "kept_states of layer 2: a Shared layer has no state slots (the state verbs take State layers)");
+  // Commits.
+  std::vector<kvcore::GroupCommit> kv(static_cast<std::size_t>(cache->n_groups()));
+  std::vector<kvcore::GroupCommit> sg(2);
+  sg[0] = kvcore::GroupCommit{nullptr, 1};
+  expect_message(pool.apply_commit(BatchCommit{cache->n_groups(), kv.data(), 2, sg.data()}), Error::InvalidArgument,
+                 "apply_commit: layer 3's State group 0 has n_copies = 1 (copies null): must be >= 0 with its array "
+                 "set");
+  expect_message(pool.apply_commit(BatchCommit{cache->n_groups(), kv.data(), 1, sg.data()}), Error::InvalidArgument,
+                 "apply_commit: a commit of 1 State groups, the pool's cache has 2 (pass the whole commit: its "
+                 "state_groups carry the slot copies)");
+  EXPECT_EQ(out, Bytes(12, 0x5A));
+  EXPECT_EQ(snapshot(pool), before);
+}
+
 // The random run. The reference: per sequence and State layer, the state
 // after each committed position it still holds.
 class KindsRun {
