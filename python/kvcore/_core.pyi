@@ -1436,10 +1436,13 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
 # --- paged_pool.cpp --------------------------------------------------------------
 
 class PagedKVPool(metaclass=_pybind11_type):
-    """Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool
-    (num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach
-    further. update() performs a step's block copies and writes its new rows; attention reads the
-    live rows with mask(), or one sequence's history with gather().
+    """Reference CPU storage for a BatchCache's K/V rows and state slots: each layer holds its
+    group's block pool (num_blocks * block_size rows of n_kv_heads x dim elements), grown by
+    doubling as steps reach further. update() performs a step's block copies and writes its new
+    rows; attention reads the live rows with mask(), or one sequence's history with gather(). A
+    Shared layer stores nothing (rows and gather give its source's rows); a State layer keeps its
+    State group's num_state_slots physical slots of the named tensors state_tensors gives
+    (write_state, read_state, state_slots).
 
     dtype: float32, float16, bfloat16 (from ml_dtypes; "bfloat16" also works), int8 or uint8. Arrays
     are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V,
@@ -1453,13 +1456,22 @@ class PagedKVPool(metaclass=_pybind11_type):
         *,
         initial_rows: SupportsIndex = 256,
         compute_dtype: npt.DTypeLike | None = None,
+        state_tensors: _StateTensors | None = None,
     ) -> None:
-        """PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in
-        `dtype` (float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with
-        min(initial_rows, its rows) rows. dtype 'qint8' or 'fp8_e4m3' stores quantized rows
-        (docs/quantized.md): update takes values of compute_dtype (float32 by default, float16 or
-        'bfloat16') and rows/gather return them dequantized. InvalidArgumentError: bad dtype,
-        compute_dtype or initial_rows < 0. AllocationError: the first blocks cannot be allocated.
+        """PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256, compute_dtype=None,
+        state_tensors=None): storage for `cache` in `dtype` (float32, float16, 'bfloat16' via
+        ml_dtypes, int8, uint8); each layer starts with min(initial_rows, its rows) rows. dtype
+        'qint8' or 'fp8_e4m3' stores quantized rows (docs/quantized.md): update takes values of
+        compute_dtype (float32 by default, float16 or 'bfloat16') and rows/gather return them
+        dequantized. A Shared layer stores nothing: its reads answer from its source's rows.
+        state_tensors: the named tensors of each State layer's state, {name: (shape, dtype)} for
+        every State layer or {layer: {name: (shape, dtype)}} per layer (numeric numpy dtypes or
+        "bfloat16"; each tensor 16-byte aligned in a slot), as KVPool takes them; the pool keeps
+        cache.num_state_slots(cache.state_group_of(layer)) slots of them per State layer, allocated
+        (zeros) now. InvalidArgumentError: bad dtype, compute_dtype or initial_rows < 0;
+        state_tensors missing for a State layer, naming a layer that is not one, an empty name, a
+        dim < 1, another dtype or a slot that overflows. AllocationError: the first blocks or the
+        state slots cannot be allocated.
         """
     @property
     def cache(self) -> BatchCache:
@@ -1477,12 +1489,13 @@ class PagedKVPool(metaclass=_pybind11_type):
     @property
     def n_layers(self) -> int:
         """Number of layers the pool stores, as the cache's (cache.n_layers); each holds its group's
-        blocks.
+        blocks (a Shared layer none, a State layer its state slots).
         """
     @property
     def nbytes(self) -> int:
         """Bytes (K and V, every layer) of the rows in blocks some sequence holds now: (num_blocks -
-        free_blocks) * block_size rows per layer.
+        free_blocks) * block_size rows per layer (a Shared layer's none), plus every State layer's
+        state slots (always stored).
         """
     @property
     def reserved_bytes(self) -> int:
@@ -1583,15 +1596,59 @@ class PagedKVPool(metaclass=_pybind11_type):
         v: (n_tokens, n_kv_heads, value_dim), C-contiguous, the pool's dtype; token t to its slot),
         and returns read-only zero-copy views of the layer's live rows, (used_blocks * block_size,
         n_kv_heads, dim): attend over them with mask(step, group). Views keep their storage alive.
-        InvalidArgumentError: bad layer or array (nothing written). InvalidStateError: a stale step,
-        or a step of another cache. AllocationError: growth failed (nothing written).
+        InvalidArgumentError: bad layer or array (nothing written); a Shared layer (it writes
+        nothing: update its source, named in the message, then read the Shared layer with rows or
+        gather); a State layer (write_state). InvalidStateError: a stale step, or a step of another
+        cache. AllocationError: growth failed (nothing written).
         """
     def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
-        """apply_commit(copies): performs a draft-tree commit's row copies in every layer, copies
-        being what cache.commit(step, accepted) returned (one (n, 2) int array of (src, dst) rows
-        per group, in order). Call it once per commit, before the next step's update().
-        InvalidArgumentError (nothing copied): not one (n, 2) array per group, a row outside a
-        layer's stored rows.
+        """apply_commit(copies): performs a draft-tree commit's copies in every layer, copies being
+        what cache.commit(step, accepted) returned: one (n, 2) int array of (src, dst) rows per
+        group, then one of (src, dst) physical state slots per State group (n_groups +
+        n_state_groups arrays), each performed in order in every layer of its group (a Shared
+        layer's rows are its source's). Call it once per commit, before the next step's update().
+        InvalidArgumentError (nothing copied): not one (n, 2) array per group and State group, a row
+        outside a layer's stored rows, a slot outside [0, num_state_slots).
+        """
+    def state_names(self, layer: SupportsIndex) -> list[str]:
+        """The names of State layer `layer`'s state tensors, in the order state_tensors gave them.
+        InvalidArgumentError: bad layer, a layer that is not a State layer.
+        """
+    def write_state(
+        self,
+        layer: SupportsIndex,
+        step: BatchStep,
+        states: Mapping[str, npt.NDArray[Any]],
+        *,
+        entry: SupportsIndex | None = None,
+    ) -> None:
+        """write_state(layer, step, states, *, entry=None): stores the states the begun `step` keeps
+        on State layer `layer`, for every token of the step (or of entry `entry` only): states[name]
+        is an array (n, *shape) of the tensor's dtype, C-contiguous, for every tensor of the layer,
+        row i the state after the position of the i-th token whose write slot is set
+        (plan.state_groups[k].write_slots >= 0, k = cache.state_group_of(layer)), in token order:
+        every token of a verify step or a tree, the last of each other entry. Each goes to its
+        physical slot. Every name, shape and dtype is checked before anything is written.
+        InvalidArgumentError: bad layer, not a State layer, a bad entry, a missing or unknown name,
+        another shape or dtype, not C-contiguous; InvalidStateError: a stale step or another
+        cache's.
+        """
+    def read_state(self, layer: SupportsIndex, step: BatchStep, token: SupportsIndex) -> dict[str, npt.NDArray[Any]]:
+        """read_state(layer, step, token) -> dict: the state token `token` of the begun `step`
+        starts from on State layer `layer`, as name -> read-only array of the tensor's shape (a
+        copy): the slot plan.state_groups[k].read_slots[token] names (the state after position - 1:
+        an entry's first token's, a tree node's parent's, a verify step's previous token's), zeros
+        at position 0. Read an entry's first token before write_state (an entry may write the slot
+        it reads). InvalidArgumentError: bad layer, not a State layer, token outside [0, n_tokens),
+        a token past position 0 that reads no slot (its state is carried within the forward: a step
+        without verify keeps only its last); InvalidStateError: a stale step or another cache's.
+        """
+    def state_slots(self, layer: SupportsIndex, name: str) -> npt.NDArray[Any]:
+        """Read-only zero-copy array (num_slots, *shape) of tensor `name` in every physical slot of
+        State layer `layer` (num_slots = cache.num_state_slots(cache.state_group_of(layer))), for
+        kernels that index slots themselves (vLLM / SGLang state_indices:
+        plan.state_groups[k].read_slots and write_slots per token). The view keeps the storage
+        alive. InvalidArgumentError: bad layer, not a State layer, no such tensor.
         """
     def rows_quantized(self, layer: SupportsIndex) -> dict[str, npt.NDArray[Any] | None]:
         """The raw quantized live rows, zero-copy and read-only: a dict of k, v (int8 values for
@@ -1602,9 +1659,10 @@ class PagedKVPool(metaclass=_pybind11_type):
         """
     def rows(self, layer: SupportsIndex) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """rows(layer) -> (k_rows, v_rows): the views update() returns, without writing (a quantized
-        pool's: the live rows dequantized into a workspace the next read reuses).
-        InvalidArgumentError: bad layer. InvalidStateError: the live rows are not all stored yet
-        (update the layer for the begun step first).
+        pool's: the live rows dequantized into a workspace the next read reuses); a Shared layer's
+        are its source's rows. InvalidArgumentError: bad layer, a State layer (state_slots).
+        InvalidStateError: the live rows are not all stored yet (update the layer for the begun step
+        first).
         """
     def mask(self, step: BatchStep, group: SupportsIndex) -> npt.NDArray[np.bool_]:
         """mask(step, group) -> bool (n_tokens, used_blocks * block_size): mask[t, r] is True when
@@ -1620,13 +1678,15 @@ class PagedKVPool(metaclass=_pybind11_type):
         sees on this layer (every position below its context length that one of its queries sees:
         the sinks and the first query's window on a ring, all kept positions when flat; removed ones
         skipped), in increasing positions, as new contiguous arrays (n, n_kv_heads, dim) and int64
-        (n,). Call it after update(). InvalidArgumentError: bad layer or entry. InvalidStateError: a
-        stale step, or the layer not updated for it yet.
+        (n,); a Shared layer's are its source's. Call it after update(). InvalidArgumentError: bad
+        layer or entry, a State layer (read_state). InvalidStateError: a stale step, or the layer
+        not updated for it yet.
         """
     @staticmethod
-    def required_bytes(cache: BatchCache, dtype: npt.DTypeLike) -> int:
-        """Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer, as
-        the C++ arena mode takes them, alignment slack included). InvalidArgumentError: bad dtype.
+    def required_bytes(cache: BatchCache, dtype: npt.DTypeLike, *, state_tensors: _StateTensors | None = None) -> int:
+        """Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer and
+        every State layer's slots of its state_tensors, as the C++ arena mode takes them, alignment
+        slack included). InvalidArgumentError: bad dtype, bad state_tensors (as PagedKVPool).
         """
 
 def _copy_rows(

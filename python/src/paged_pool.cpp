@@ -28,6 +28,7 @@
 #include "pool_binding.h"
 #include "prefix_namespace.h"
 #include "record_io.h"
+#include "state_tensors.h"
 #include "kvcore/state/sequence_export.h"
 #include "kvcore/state/sequence_import.h"
 
@@ -41,16 +42,27 @@ constexpr const char* kPagedBlockName = "kvcore.paged_pool_block";
 
 using CachePtr = std::shared_ptr<kvcore::BatchCache>;
 
+// Each layer's kind, for StateTensors::parse.
+std::vector<kvcore::LayerPolicy::Kind> kinds_of(const kvcore::BatchCache& cache) {
+  std::vector<kvcore::LayerPolicy::Kind> kinds;
+  for (int l = 0; l < cache.n_layers(); ++l) kinds.push_back(unwrap(cache.layer_config(l)).policy.kind);
+  return kinds;
+}
+
 class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> {
  public:
-  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows, py::handle compute_spec = py::none())
+  PyPagedPool(CachePtr cache, py::handle dtype_spec, int initial_rows, py::handle compute_spec,
+              const StateTensors& states)
       : PoolBinding(std::move(cache), dtype_spec, kPagedBlockName, "paged pool",
-                    [initial_rows](const kvcore::BatchCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
-                      return kvcore::PagedKVPool::create(c, type, a, initial_rows);
+                    [initial_rows, &states](const kvcore::BatchCache& c, kvcore::DType type, kvcore::PoolAllocator a) {
+                      return kvcore::PagedKVPool::create(c, type, a, initial_rows, states.slot_bytes());
                     },
-                    compute_spec) {
+                    compute_spec),
+        states_(states) {
     masks_.resize(static_cast<std::size_t>(cache_->n_groups()));
   }
+
+  const StateTensors& states() const { return states_; }
 
   // The plan of `step`, which must be this cache's begun step.
   kvcore::BatchStepPlan plan_of(const BatchStepHandle& h) const {
@@ -61,6 +73,7 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
 
   // (k_rows, v_rows) after writing the step's rows of `layer`.
   py::tuple update(int layer, const kvcore::BatchStepPlan& plan, py::handle k, py::handle v) {
+    throw_if_error(pool_->check_writes_rows(layer, "update"));  // a Shared or State layer, by name
     const Input in = checked_input(layer, k, v, "n_tokens", plan.n_tokens, "head_dim", "value_dim");
     if (quantized()) {
       throw_if_error(pool_->update_values(layer, plan, blocks_.compute_type(), in.k, in.k_bytes, in.v, in.v_bytes));
@@ -126,34 +139,84 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
     return std::move(out);
   }
 
-  // Performs a tree commit's row copies (one (n, 2) int array per group).
+  // Performs a tree commit's copies: one (n, 2) int array per group, then
+  // one per State group (as cache.commit(step, accepted) returns them).
   void apply_commit(const py::handle& copies) {
+    const int n_groups = cache_->n_groups(), n_states = cache_->n_state_groups();
     const py::sequence per_group = py::reinterpret_borrow<py::sequence>(copies);
-    if (!py::isinstance<py::sequence>(copies) || static_cast<int>(py::len(per_group)) != cache_->n_groups())
-      raise(kvcore::Error::InvalidArgument, "apply_commit: copies must hold one (n, 2) array per group (" +
-                                                std::to_string(cache_->n_groups()) + "), as cache.commit(step, accepted) returns");
-    std::vector<std::vector<kvcore::TreeCopy>> rows(static_cast<std::size_t>(cache_->n_groups()));
+    if (!py::isinstance<py::sequence>(copies) || static_cast<int>(py::len(per_group)) != n_groups + n_states)
+      raise(kvcore::Error::InvalidArgument,
+            "apply_commit: copies must hold one (n, 2) array per group (" + std::to_string(n_groups) +
+                ") and per State group (" + std::to_string(n_states) + "), as cache.commit(step, accepted) returns");
+    std::vector<std::vector<kvcore::TreeCopy>> rows(static_cast<std::size_t>(n_groups + n_states));
     std::vector<kvcore::GroupCommit> groups(rows.size());
     for (std::size_t g = 0; g < rows.size(); ++g) {
+      const bool state = static_cast<int>(g) >= n_groups;
       const std::string name = "copies[" + std::to_string(g) + "]";
       const IntArray pairs("apply_commit", name.c_str(), per_group[g], false, /*columns=*/2);
       for (py::ssize_t c = 0; c < pairs.rows(); ++c) {
         const std::int64_t src = pairs[2 * c], dst = pairs[2 * c + 1];
         if (src < 0 || dst < 0 || src > 0x7fffffff || dst > 0x7fffffff)
-          raise(kvcore::Error::InvalidArgument, "apply_commit: group " + std::to_string(g) + "'s copy " +
-                                                    std::to_string(c) + " names a row outside [0, 2^31)");
+          raise(kvcore::Error::InvalidArgument,
+                "apply_commit: " +
+                    (state ? "State group " + std::to_string(static_cast<int>(g) - n_groups) : "group " + std::to_string(g)) +
+                    "'s copy " + std::to_string(c) + " names a " + (state ? "slot" : "row") + " outside [0, 2^31)");
         rows[g].push_back(kvcore::TreeCopy{static_cast<int>(src), static_cast<int>(dst)});
       }
       groups[g] = kvcore::GroupCommit{rows[g].data(), static_cast<int>(rows[g].size())};
     }
-    throw_if_error(pool_->apply_commit(kvcore::BatchCommit{cache_->n_groups(), groups.data()}));
+    throw_if_error(pool_->apply_commit(
+        kvcore::BatchCommit{n_groups, groups.data(), n_states, n_states > 0 ? groups.data() + n_groups : nullptr}));
   }
 
-  // Bytes of the rows of blocks some sequence holds, K and V of every layer.
+  // Writes the states the step keeps for its tokens (or entry `entry`'s) on
+  // State layer `layer`, packed into slots once every entry is checked.
+  void write_state(int layer, const kvcore::BatchStepPlan& plan, py::handle states, py::handle entry) {
+    throw_if_error(pool_->check_state_layer(layer, "write_state"));
+    kvcore::PagedKVPool::StepTokens tokens{0, plan.n_tokens};
+    if (!entry.is_none())
+      tokens = unwrap(kvcore::PagedKVPool::entry_tokens(plan, to_int("entry", py::cast<PyInt>(entry))));
+    const int kept = unwrap(pool_->kept_states(layer, plan, tokens));
+    states_.pack("write_state", layer, states, kept, &staging_);
+    throw_if_error(pool_->write_state(layer, plan, tokens, staging_.data(), staging_.size()));
+  }
+
+  // The state token `token` of the step starts from on State layer `layer` (a copy).
+  py::dict read_state(int layer, const kvcore::BatchStepPlan& plan, int token) {
+    throw_if_error(pool_->check_state_layer(layer, "read_state"));
+    staging_.assign(states_.slot_bytes(layer), 0);
+    throw_if_error(pool_->read_state(layer, plan, token, staging_.data(), staging_.size()));
+    return states_.unpack(layer, staging_.data());
+  }
+
+  // Read-only zero-copy (num_slots, *shape) view of tensor `name` in every slot of State layer `layer`.
+  py::object state_slots(int layer, const std::string& name) const {
+    throw_if_error(pool_->check_state_layer(layer, "state_slots"));
+    const StateTensors::Tensor& t = states_.tensor("state_slots", layer, name);
+    const kvcore::PagedLayer shape = unwrap(pool_->layer(layer));
+    std::vector<Py_intptr_t> dims{shape.rows}, strides{static_cast<Py_intptr_t>(shape.k_row_bytes)};
+    dims.insert(dims.end(), t.shape.begin(), t.shape.end());
+    strides.resize(dims.size());
+    Py_intptr_t stride = t.dtype.itemsize();
+    for (std::size_t d = dims.size(); d-- > 1;) {
+      strides[d] = stride;
+      stride *= dims[d];
+    }
+    return blocks_.strided_view(shape.k, shape.k + t.offset, t.dtype, static_cast<int>(dims.size()), dims.data(),
+                                strides.data());
+  }
+
+  // Bytes of the rows of blocks some sequence holds, K and V of every layer
+  // (a Shared layer's none), and every State layer's slots.
   std::size_t nbytes() const {
     std::size_t n = 0;
     for (int l = 0; l < pool_->n_layers(); ++l) {
       const kvcore::PagedLayer shape = unwrap(pool_->layer(l));
+      if (shape.policy.kind == kvcore::LayerPolicy::Kind::Shared) continue;
+      if (shape.policy.kind == kvcore::LayerPolicy::Kind::State) {
+        n += shape.k_row_bytes * static_cast<std::size_t>(shape.rows);
+        continue;
+      }
       const int held = unwrap(cache_->num_blocks(shape.group)) - unwrap(cache_->free_blocks(shape.group));
       n += (shape.k_row_bytes + shape.v_row_bytes) * static_cast<std::size_t>(held) *
            static_cast<std::size_t>(pool_->block_size());
@@ -168,6 +231,8 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
   };
 
   std::vector<CachedMask> masks_;  // per group: the mask of the last step asked for
+  StateTensors states_;            // each State layer's named tensors in a slot
+  std::vector<unsigned char> staging_;  // a step's states packed, or one state read
 };
 
 // import_sequence(seq, record, written=True): the import, and the (group,
@@ -199,26 +264,40 @@ py::array_t<std::int32_t> import_reporting(PyPagedPool& p, int seq, const Record
 void register_paged_pool(py::module_& m) {
   py::class_<PyPagedPool> cls(
       m, "PagedKVPool",
-      "Reference CPU storage for a BatchCache's K/V rows: each layer holds its group's block pool "
-      "(num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps reach "
-      "further. update() performs a step's block copies and writes its new rows; attention reads the "
-      "live rows with mask(), or one sequence's history with gather().\n\n"
+      "Reference CPU storage for a BatchCache's K/V rows and state slots: each layer holds its group's "
+      "block pool (num_blocks * block_size rows of n_kv_heads x dim elements), grown by doubling as steps "
+      "reach further. update() performs a step's block copies and writes its new rows; attention reads the "
+      "live rows with mask(), or one sequence's history with gather(). A Shared layer stores nothing "
+      "(rows and gather give its source's rows); a State layer keeps its State group's num_state_slots "
+      "physical slots of the named tensors state_tensors gives (write_state, read_state, "
+      "state_slots).\n\n"
       "dtype: float32, float16, bfloat16 (from ml_dtypes; \"bfloat16\" also works), int8 or uint8. "
       "Arrays are (n_tokens, n_kv_heads, head_dim) for K and (n_tokens, n_kv_heads, value_dim) for V, "
       "C-contiguous, of exactly the pool's dtype.");
-  cls.def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows, py::object compute_dtype) {
+  cls.def(py::init([](CachePtr cache, py::object dtype, const PyInt& initial_rows, py::object compute_dtype,
+                      py::object state_tensors) {
             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-            return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows), compute_dtype);
+            const StateTensors states = StateTensors::parse(state_tensors, kinds_of(*cache));
+            return new PyPagedPool(std::move(cache), dtype, to_int("initial_rows", initial_rows), compute_dtype,
+                                   states);
           }),
           py::arg("cache"), py::arg("dtype") = py::module_::import("numpy").attr("float16"), py::kw_only(),
           py::arg("initial_rows") = kvcore::PagedKVPool::kDefaultInitialRows, py::arg("compute_dtype") = py::none(),
-          "PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256): storage for `cache` in `dtype` "
+          py::arg("state_tensors") = py::none(),
+          "PagedKVPool(cache, dtype=numpy.float16, *, initial_rows=256, compute_dtype=None, "
+          "state_tensors=None): storage for `cache` in `dtype` "
           "(float32, float16, 'bfloat16' via ml_dtypes, int8, uint8); each layer starts with "
           "min(initial_rows, its rows) rows. dtype 'qint8' or 'fp8_e4m3' stores quantized rows "
           "(docs/quantized.md): update takes values of compute_dtype (float32 by default, float16 or "
-          "'bfloat16') and rows/gather return them dequantized. InvalidArgumentError: bad dtype, "
-          "compute_dtype or initial_rows < 0. "
-          "AllocationError: the first blocks cannot be allocated.");
+          "'bfloat16') and rows/gather return them dequantized. A Shared layer stores nothing: its reads "
+          "answer from its source's rows. state_tensors: the named tensors of each State layer's state, "
+          "{name: (shape, dtype)} for every State layer or {layer: {name: (shape, dtype)}} per layer "
+          "(numeric numpy dtypes or \"bfloat16\"; each tensor 16-byte aligned in a slot), as KVPool "
+          "takes them; the pool keeps cache.num_state_slots(cache.state_group_of(layer)) slots of them per "
+          "State layer, allocated (zeros) now. InvalidArgumentError: bad dtype, compute_dtype or "
+          "initial_rows < 0; state_tensors missing for a State layer, naming a layer that is not one, an "
+          "empty name, a dim < 1, another dtype or a slot that overflows. "
+          "AllocationError: the first blocks or the state slots cannot be allocated.");
   def_storage(cls, StorageDocs{
                        "The BatchCache it stores.",
                        "Storage format: the numpy dtype of every K/V element, or 'qint8' / 'fp8_e4m3' for "
@@ -226,7 +305,7 @@ void register_paged_pool(py::module_& m) {
                        "numpy dtype update takes and rows/gather return (a plain pool's dtype; float32, "
                        "float16 or bfloat16 for a quantized one).",
                        "Number of layers the pool stores, as the cache's (cache.n_layers); each holds its "
-                       "group's blocks.",
+                       "group's blocks (a Shared layer none, a State layer its state slots).",
                        "Bytes of storage allocated now (K and V, every layer).",
                        "Rows of the layer backed by storage now (at most num_blocks(group) * block_size). "
                        "InvalidArgumentError: bad layer.",
@@ -236,7 +315,8 @@ void register_paged_pool(py::module_& m) {
                    });
   cls.def_property_readonly("nbytes", &PyPagedPool::nbytes,
                             "Bytes (K and V, every layer) of the rows in blocks some sequence holds now: "
-                            "(num_blocks - free_blocks) * block_size rows per layer.")
+                            "(num_blocks - free_blocks) * block_size rows per layer (a Shared layer's none), "
+                            "plus every State layer's state slots (always stored).")
       .def(
           "update",
           [](PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, py::handle k, py::handle v) {
@@ -249,20 +329,77 @@ void register_paged_pool(py::module_& m) {
           "(n_tokens, n_kv_heads, value_dim), C-contiguous, the pool's dtype; token t to its slot), and "
           "returns read-only zero-copy views of the layer's live rows, (used_blocks * block_size, "
           "n_kv_heads, dim): attend over them with mask(step, group). Views keep their storage alive. "
-          "InvalidArgumentError: bad layer or array (nothing written). InvalidStateError: a stale step, "
+          "InvalidArgumentError: bad layer or array (nothing written); a Shared layer (it writes nothing: "
+          "update its source, named in the message, then read the Shared layer with rows or gather); a "
+          "State layer (write_state). InvalidStateError: a stale step, "
           "or a step of another cache. AllocationError: growth failed (nothing written).")
       .def("apply_commit", &PyPagedPool::apply_commit, py::arg("copies"),
-           "apply_commit(copies): performs a draft-tree commit's row copies in every layer, copies being "
-           "what cache.commit(step, accepted) returned (one (n, 2) int array of (src, dst) rows per group, "
-           "in order). Call it once per commit, before the next step's update(). InvalidArgumentError "
-           "(nothing copied): not one (n, 2) array per group, a row outside a layer's stored rows.")
+           "apply_commit(copies): performs a draft-tree commit's copies in every layer, copies being "
+           "what cache.commit(step, accepted) returned: one (n, 2) int array of (src, dst) rows per group, "
+           "then one of (src, dst) physical state slots per State group (n_groups + n_state_groups arrays), "
+           "each performed in order in every layer of its group (a Shared layer's rows are its source's). "
+           "Call it once per commit, before the next step's update(). InvalidArgumentError "
+           "(nothing copied): not one (n, 2) array per group and State group, a row outside a layer's "
+           "stored rows, a slot outside [0, num_state_slots).")
+      .def(
+          "state_names",
+          [](const PyPagedPool& p, const PyInt& layer) {
+            const int l = p.checked_layer(layer);
+            throw_if_error(p.pool().check_state_layer(l, "state_names"));
+            return p.states().names(l);
+          },
+          py::arg("layer"),
+          "The names of State layer `layer`'s state tensors, in the order state_tensors gave them. "
+          "InvalidArgumentError: bad layer, a layer that is not a State layer.")
+      .def(
+          "write_state",
+          [](PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, py::handle states, py::handle entry) {
+            const int l = p.checked_layer(layer);
+            p.write_state(l, p.plan_of(step), states, entry);
+          },
+          py::arg("layer"), py::arg("step"), py::arg("states"), py::kw_only(), py::arg("entry") = py::none(),
+          "write_state(layer, step, states, *, entry=None): stores the states the begun `step` keeps on "
+          "State layer `layer`, for every token of the step (or of entry `entry` only): states[name] is an "
+          "array (n, *shape) of the tensor's dtype, C-contiguous, for every tensor of the layer, row i the "
+          "state after the position of the i-th token whose write slot is set (plan.state_groups[k]"
+          ".write_slots >= 0, k = cache.state_group_of(layer)), in token order: every token of a verify "
+          "step or a tree, the last of each other entry. Each goes to its physical slot. Every name, shape "
+          "and dtype is checked before anything is written. InvalidArgumentError: bad layer, not a State "
+          "layer, a bad entry, a missing or unknown name, another shape or dtype, not C-contiguous; "
+          "InvalidStateError: a stale step or another cache's.")
+      .def(
+          "read_state",
+          [](PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, const PyInt& token) {
+            const int l = p.checked_layer(layer);
+            return p.read_state(l, p.plan_of(step), to_int("token", token));
+          },
+          py::arg("layer"), py::arg("step"), py::arg("token"),
+          "read_state(layer, step, token) -> dict: the state token `token` of the begun `step` starts from "
+          "on State layer `layer`, as name -> read-only array of the tensor's shape (a copy): the slot "
+          "plan.state_groups[k].read_slots[token] names (the state after position - 1: an entry's first "
+          "token's, a tree node's parent's, a verify step's previous token's), zeros at position 0. Read an "
+          "entry's first token before write_state (an entry may write the slot it reads). "
+          "InvalidArgumentError: bad layer, not a State layer, token outside [0, n_tokens), a token past "
+          "position 0 that reads no slot (its state is carried within the forward: a step without verify "
+          "keeps only its last); InvalidStateError: a stale step or another cache's.")
+      .def(
+          "state_slots",
+          [](const PyPagedPool& p, const PyInt& layer, const std::string& name) {
+            return p.state_slots(p.checked_layer(layer), name);
+          },
+          py::arg("layer"), py::arg("name"),
+          "Read-only zero-copy array (num_slots, *shape) of tensor `name` in every physical slot of State "
+          "layer `layer` (num_slots = cache.num_state_slots(cache.state_group_of(layer))), for kernels that "
+          "index slots themselves (vLLM / SGLang state_indices: plan.state_groups[k].read_slots and "
+          "write_slots per token). The view keeps the storage alive. InvalidArgumentError: bad layer, not a "
+          "State layer, no such tensor.")
       .def(
           "rows",
           [](PyPagedPool& p, const PyInt& layer) { return p.rows(p.checked_layer(layer)); },
           py::arg("layer"),
           "rows(layer) -> (k_rows, v_rows): the views update() returns, without writing (a quantized "
-          "pool's: the live rows dequantized into a workspace the next read reuses). "
-          "InvalidArgumentError: bad layer. InvalidStateError: the live rows are not all stored yet "
+          "pool's: the live rows dequantized into a workspace the next read reuses); a Shared layer's are "
+          "its source's rows. InvalidArgumentError: bad layer, a State layer (state_slots). InvalidStateError: the live rows are not all stored yet "
           "(update the layer for the begun step first).")
       .def(
           "rows_quantized",
@@ -294,18 +431,21 @@ void register_paged_pool(py::module_& m) {
           "gather(layer, step, entry) -> (k, v, positions): the history entry `entry` of the step sees on "
           "this layer (every position below its context length that one of its queries sees: the sinks and "
           "the first query's window on a ring, all kept positions when flat; removed ones skipped), in "
-          "increasing positions, as new contiguous arrays (n, n_kv_heads, dim) and int64 (n,). Call it "
-          "after update(). InvalidArgumentError: bad layer or entry. InvalidStateError: a stale step, or "
+          "increasing positions, as new contiguous arrays (n, n_kv_heads, dim) and int64 (n,); a Shared "
+          "layer's are its source's. Call it after update(). InvalidArgumentError: bad layer or entry, a "
+          "State layer (read_state). InvalidStateError: a stale step, or "
           "the layer not updated for it yet.")
       .def_static(
           "required_bytes",
-          [](const CachePtr& cache, py::object dtype) {
+          [](const CachePtr& cache, py::object dtype, py::object state_tensors) {
             if (!cache) raise(kvcore::Error::InvalidArgument, "cache: must not be None");
-            return unwrap(kvcore::PagedKVPool::required_bytes(*cache, parse_dtype(dtype).second));
+            const StateTensors states = StateTensors::parse(state_tensors, kinds_of(*cache));
+            return unwrap(kvcore::PagedKVPool::required_bytes(*cache, parse_dtype(dtype).second, states.slot_bytes()));
           },
-          py::arg("cache"), py::arg("dtype"),
-          "Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer, as the "
-          "C++ arena mode takes them, alignment slack included). InvalidArgumentError: bad dtype.")
+          py::arg("cache"), py::arg("dtype"), py::kw_only(), py::arg("state_tensors") = py::none(),
+          "Bytes a pool of `cache`'s layers in `dtype` holds at most (every block of every layer and every "
+          "State layer's slots of its state_tensors, as the C++ arena mode takes them, alignment slack "
+          "included). InvalidArgumentError: bad dtype, bad state_tensors (as PagedKVPool).")
       .def(
           "export_size",
           [](const PyPagedPool& p, const PyInt& seq, const PyInt& n_tokens) {

@@ -119,12 +119,19 @@ TEST(BatchState, AStateGroupPast2To31SlotsIsRefused) {
                "state_snapshots = 0 exceed 2^31 - 1 state slots");
 }
 
-TEST(BatchState, PagedKVPoolRefusesStateLayers) {
+// PagedKVPool stores a State layer's physical slots given their size
+// (paged_pool_kinds_test.cpp checks the bytes).
+TEST(BatchState, PagedKVPoolNeedsTheStateSlotSize) {
   auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(3)}));
   ASSERT_NE(c, nullptr);
-  expect_message(kvcore::PagedKVPool::create(*c, kvcore::DType::Float32).status(), Error::NotSupported,
-                 "layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; a Shared layer has "
-                 "none, a State layer keeps state slots");
+  expect_message(kvcore::PagedKVPool::create(*c, kvcore::DType::Float32).status(), Error::InvalidArgument,
+                 "layer 1 is a State layer: its state slot size is missing (state_slot_bytes has 0 entries, needs "
+                 "one per layer)");
+  const std::size_t bytes[2] = {0, 16};
+  auto pool = kvcore::PagedKVPool::create(*c, kvcore::DType::Float32, kvcore::PoolAllocator::heap(), 4,
+                                          kvcore::StateSlotBytes{bytes, 2});
+  ASSERT_TRUE(pool.ok()) << pool.message().c_str();
+  EXPECT_EQ(pool->layer(1)->rows, *c->num_state_slots(0));
 }
 
 // The token at p reads the state after p - 1 (none at p = 0); a step without

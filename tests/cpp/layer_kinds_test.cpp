@@ -293,13 +293,16 @@ TEST(LayerKindsRefusals, BatchCacheKeepsStateLayersInAStateGroup) {
   EXPECT_EQ(*(*made)->state_group_of(1), 0);
 }
 
-TEST(LayerKindsRefusals, PagedKVPoolRefusesSharedLayers) {
-  // KVPool stores both kinds (kv_pool_kinds_test.cpp); PagedKVPool not yet.
+TEST(LayerKinds, PagedKVPoolStoresNothingForASharedLayer) {
+  // KVPool and PagedKVPool store both kinds (kv_pool_kinds_test.cpp, paged_pool_kinds_test.cpp).
   auto batch = BatchCache::create(kinds_config(64, 4, {LayerPolicy::flat(), LayerPolicy::shared(0)}));
   ASSERT_TRUE(batch.ok());
   EXPECT_EQ(*(*batch)->group_of(1), *(*batch)->group_of(0));  // the shared layer reads its source's group
-  expect_refused(kvcore::PagedKVPool::create(**batch, kvcore::DType::Float32).status(), Error::NotSupported,
-                 "layer 1: PagedKVPool stores the K/V rows");
+  auto pool = kvcore::PagedKVPool::create(**batch, kvcore::DType::Float32);
+  ASSERT_TRUE(pool.ok()) << pool.message().c_str();
+  EXPECT_EQ(pool->layer(1)->rows, 0);
+  EXPECT_EQ(pool->reserved_bytes(), static_cast<std::size_t>(pool->layer(0)->storage_rows()) *
+                                       (pool->layer(0)->k_row_bytes + pool->layer(0)->v_row_bytes));
 }
 
 // restore() (what import_record calls) holds a State layer to what a record

@@ -21,7 +21,6 @@ from kvcore import (
     InvalidStateError,
     LayerConfig,
     LayerPolicy,
-    NotSupportedError,
     PagedKVPool,
     Ring,
     SequenceCache,
@@ -140,14 +139,14 @@ def test_an_abort_that_overwrote_the_read_slot_blocks_the_next_step_until_a_rewi
     cache.commit(cache.begin_step(1))
 
 
-def test_byte_layers_and_batch_caches_refuse_what_they_do_not_store_yet() -> None:
-    # KVPool stores both (test_kv_pool_kinds.py); PagedKVPool not yet.
-    with pytest.raises(NotSupportedError, match=r"layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers"):
-        PagedKVPool(BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), kv(Shared(0))], max_step=4)), np.float32)
-    # BatchCache keeps State layers in a State group (docs/batch.md); PagedKVPool stores no state slots.
+def test_paged_pools_store_shared_and_state_layers() -> None:
+    # KVPool stores both (test_kv_pool_kinds.py), PagedKVPool too (test_paged_pool_kinds.py).
+    shared = PagedKVPool(BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), kv(Shared(0))], max_step=4)), np.float32)
+    assert shared.allocated_rows(1) == 0
+    # BatchCache keeps State layers in a State group (docs/batch.md); PagedKVPool stores its slots.
     hybrid = BatchCache(CacheConfig(capacity=32, layers=[kv(Flat()), LayerConfig(State(3))], max_step=4))
-    with pytest.raises(NotSupportedError, match=r"layer 1: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; a Shared layer has none, a State layer keeps state slots"):
-        PagedKVPool(hybrid, np.float32)
+    pool = PagedKVPool(hybrid, np.float32, state_tensors={"h": ((2,), np.float32)})
+    assert pool.state_slots(1, "h").shape == (hybrid.num_state_slots(0), 2)
     batch = BatchCache(CacheConfig(capacity=32, layers=[kv(Chunked(8)), kv(Flat()), kv(Shared(0))], max_step=4))
     assert batch.group_of(2) == batch.group_of(0) != batch.group_of(1)
 

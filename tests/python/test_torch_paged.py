@@ -181,7 +181,8 @@ def test_a_corrupt_record_grows_no_tensor_of_a_lazy_store() -> None:
 
 
 @pytest.mark.parametrize("kind", ["Shared", "State"])
-def test_shared_and_state_layers_are_refused_by_name(kind: str) -> None:
+def test_shared_and_state_layers_are_stored_and_refuse_writes_by_name(kind: str) -> None:
+    # test_paged_pool_kinds.py checks what both paged pools store for them.
     flat = kvcore.LayerConfig(kvcore.Flat(), n_kv_heads=1, head_dim=4)
     other = (
         kvcore.LayerConfig(kvcore.Shared(0), n_kv_heads=1, head_dim=4)
@@ -190,8 +191,21 @@ def test_shared_and_state_layers_are_refused_by_name(kind: str) -> None:
     )
     cfg = kvcore.CacheConfig(64, [flat, other], max_step=4, batch=kvcore.BatchLimits(block_size=4, max_seqs=2))
     cache = kvcore.BatchCache(cfg)
-    with pytest.raises(kvcore.NotSupportedError, match=f"layer 1: TorchPagedKVPool stores .* a {kind} layer holds none"):
-        TorchPagedKVPool(cache)
-    # The PagedKVPool the torch pool mirrors refuses the same layer.
-    with pytest.raises(kvcore.NotSupportedError, match="layer 1: PagedKVPool stores"):
-        kvcore.PagedKVPool(cache, "float32")
+    store = TorchPagedKVPool(cache, preallocate=True)
+    assert store.nbytes(1) == 0  # a Shared layer stores nothing; a State layer nothing before its first write
+    slots = torch.zeros(1, dtype=torch.int64)
+    k = torch.zeros(1, 1, 1, 4)
+    message = (
+        r"write_read: layer 1 is Shared\(0\): it writes nothing; write layer 0, then read this one"
+        if kind == "Shared"
+        else "write_read of layer 1: a State layer holds state slots, not K/V rows"
+    )
+    with pytest.raises(kvcore.InvalidArgumentError, match=message):
+        store.write_read(1, slots, k, k, 4)
+    if kind == "Shared":
+        shared, source = store.tensors(1), store.tensors(0)
+        assert shared is not None and source is not None and all(a is b for a, b in zip(shared, source))
+        kvcore.PagedKVPool(cache, "float32")  # the numpy pool stores it too
+    else:
+        with pytest.raises(kvcore.InvalidArgumentError, match="layer 1 is a State layer and has no state tensors"):
+            kvcore.PagedKVPool(cache, "float32")

@@ -15,6 +15,17 @@ token (mask them with the plan's tree-aware ``mask``); ``apply_commit`` performs
 a tree commit's row copies. ``export_sequence`` / ``import_sequence`` move one
 sequence as a record (docs/state.md, ``kvcore.torch.paged_records``).
 
+Layer kinds (docs/layer_kinds.md). A Shared layer stores nothing: ``read``,
+``tensors`` and ``allocated_rows`` answer from its source's K/V (what the
+source's ``write_read`` wrote this step); ``write_read`` on it is refused naming
+the source. A State layer stores, as ``TorchStateSlots`` does for one sequence,
+any number of named tensors, each with its own shape and dtype (taken from its
+first write), indexed by the State group's physical slot: ``state(layer, name)``
+is ``[num_slots, *shape]``, the tensor a recurrent kernel indexes with the plan's
+``state_groups[k].read_slots`` / ``write_slots`` (vLLM / SGLang
+``state_indices``); ``write_state`` / ``read_state`` store and gather by those
+slot arrays, and ``apply_commit`` performs a tree commit's slot copies too.
+
 Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
 default the group's whole pool); otherwise a layer starts empty and grows by
 doubling, never past its group's pool. New rows are zeros: rows a step returns
@@ -36,6 +47,7 @@ from kvcore._errors import InvalidArgumentError, InvalidStateError, NotSupported
 from kvcore.state import RecordSource
 from kvcore.torch import paged_records
 from kvcore.torch.record_dtypes import RECORD_DTYPE
+from kvcore.torch.state_slots import check_like
 
 
 class TorchPagedKVPool:
@@ -43,9 +55,9 @@ class TorchPagedKVPool:
 
     ``dtype``/``device``: what every tensor holds. ``preallocate``: allocate each layer
     now (``rows_hint(group)`` rows if given, else the group's whole pool) instead of
-    growing lazily. Raises NotSupportedError for a Shared or State layer (as ``PagedKVPool``:
-    it stores the K/V rows of Flat, Ring and Chunked layers), InvalidArgumentError for a bad
-    layer or tensors that do not fit.
+    growing lazily. A Shared layer stores nothing (its reads are its source's); a State layer
+    stores named state tensors by physical slot (see the module docstring). Raises
+    InvalidArgumentError for a bad layer or tensors that do not fit.
     """
 
     def __init__(
@@ -57,20 +69,23 @@ class TorchPagedKVPool:
         preallocate: bool = False,
         rows_hint: Optional[list[int]] = None,
     ) -> None:
-        for layer in range(cache.n_layers):
-            kind = cache.layer_config(layer).policy.kind
-            if kind in (LayerPolicy.Kind.Shared, LayerPolicy.Kind.State):
-                raise NotSupportedError(
-                    f"layer {layer}: TorchPagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; "
-                    f"a {kind.name} layer holds none (docs/layer_kinds.md)"
-                )
         self.cache = cache
         self.dtype = dtype
         self.device = torch.device(device)
         self.block_size = cache.block_size
         n = cache.n_layers
-        self.group_of = [cache.group_of(layer) for layer in range(n)]
         configs = [cache.layer_config(layer) for layer in range(n)]
+        policies = [c.policy for c in configs]
+        # A State layer has no block group (-1): it keeps state slots of its State group.
+        self.group_of = [-1 if p.kind == LayerPolicy.Kind.State else cache.group_of(i) for i, p in enumerate(policies)]
+        # The layer whose K/V each layer reads: a Shared layer's source, else itself (-1: a State layer).
+        self.source_of = [
+            int(p.source) if p.kind == LayerPolicy.Kind.Shared else (-1 if p.kind == LayerPolicy.Kind.State else i)
+            for i, p in enumerate(policies)
+        ]
+        self.state_group_of = {i: cache.state_group_of(i) for i, p in enumerate(policies) if p.kind == LayerPolicy.Kind.State}
+        self.num_state_slots = [cache.num_state_slots(k) for k in range(cache.n_state_groups)]
+        self._states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in self.state_group_of}
         self._heads = [c.n_kv_heads for c in configs]
         self._dims = [(c.head_dim, c.value_dim) for c in configs]
         # The most rows a layer can need: its group's whole pool.
@@ -91,6 +106,8 @@ class TorchPagedKVPool:
     def allocate_all(self) -> None:
         """Allocate every layer: ``rows_hint[group]`` rows (capped at the pool), else the whole pool."""
         for layer, g in enumerate(self.group_of):
+            if self.source_of[layer] != layer:  # a Shared or State layer stores no K/V
+                continue
             rows = self.max_rows[g] if self._rows_hint is None else min(self._rows_hint[g], self.max_rows[g])
             self._keys[layer], self._values[layer] = self._zeros(layer, rows)
 
@@ -101,17 +118,46 @@ class TorchPagedKVPool:
         return keys, values
 
     def allocated_rows(self, layer: int) -> int:
-        """Rows the layer's tensors hold now (0 before its first write)."""
+        """Rows the layer's tensors hold now (0 before its first write; a Shared layer's source's,
+        a State layer's 0: it holds state slots)."""
         self._check_layer(layer)
-        keys = self._keys[layer]
+        source = self.source_of[layer]
+        keys = self._keys[source] if source >= 0 else None
         return 0 if keys is None else int(keys.shape[2])
 
     def tensors(self, layer: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The layer's K and V tensors ``[1, n_kv_heads, allocated_rows, dim]`` (row ``r`` is row
-        ``r`` of its group's pool), or None before its first write. InvalidArgumentError: bad layer."""
-        self._check_layer(layer)
-        keys, values = self._keys[layer], self._values[layer]
+        ``r`` of its group's pool; a Shared layer's: its source's), or None before its first write.
+        InvalidArgumentError: bad layer, a State layer (``state``)."""
+        source = self._row_layer(layer, "tensors")
+        keys, values = self._keys[source], self._values[source]
         return None if keys is None or values is None else (keys, values)
+
+    def read(
+        self, layer: int, rows: int, index: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``[0, rows)`` of the layer's K and V as views ``[1, H, rows, dim]`` (a Shared layer's:
+        its source's, as the source's ``write_read`` left them), or, with ``index`` (a 1-D int64
+        tensor of rows in ``[0, rows)``), those rows in that order as new tensors (what
+        ``write_gather`` returns). InvalidArgumentError: bad layer, a State layer, ``rows`` outside
+        ``[0, max_rows]``, a bad ``index``; InvalidStateError: the layer's tensors hold fewer than
+        ``rows`` rows (write the source's step first)."""
+        source = self._row_layer(layer, "read")
+        top = self.max_rows[self.group_of[source]]
+        if not 0 <= rows <= top:
+            raise InvalidArgumentError(f"read of layer {layer}: rows = {rows}: must be in [0, {top}] (the group's pool)")
+        if index is not None:
+            self._check_read(layer, index, rows)
+        keys, values = self._keys[source], self._values[source]
+        have = 0 if keys is None else int(keys.shape[2])
+        if keys is None or values is None or rows > have:
+            raise InvalidStateError(
+                f"read of layer {layer}: rows = {rows}, but layer {source}'s tensors hold {have} rows: write the "
+                f"step's rows of layer {source} first"
+            )
+        if index is not None:
+            return keys.index_select(2, index), values.index_select(2, index)
+        return keys[:, :, :rows], values[:, :, :rows]
 
     def ensure(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Make the layer hold at least ``rows`` rows, doubling (rows keep their index and bytes);
@@ -132,20 +178,22 @@ class TorchPagedKVPool:
         return new_keys, new_values
 
     def release(self) -> None:
-        """Drop every tensor (re-allocated as configured)."""
+        """Drop every tensor, state tensors included (K/V re-allocated as configured)."""
         self._keys = [None] * len(self._keys)
         self._values = [None] * len(self._values)
+        self._states = {i: {} for i in self.state_group_of}
         if self._preallocate:
             self.allocate_all()
 
     def nbytes(self, layer: Optional[int] = None) -> int:
-        """Bytes of one layer's K/V tensors, or of every layer's."""
+        """Bytes of one layer's K/V tensors (a Shared layer's none) or state tensors, or of every layer's."""
         layers = range(len(self._keys)) if layer is None else [layer]
         total = 0
         for i in layers:
             keys, values = self._keys[i], self._values[i]
             if keys is not None and values is not None:
                 total += keys.numel() * keys.element_size() + values.numel() * values.element_size()
+            total += sum(t.numel() * t.element_size() for t in self._states.get(i, {}).values())
         return total
 
     # --- the per-step path --------------------------------------------------------
@@ -167,41 +215,48 @@ class TorchPagedKVPool:
             keys.index_copy_(2, dst, keys.index_select(2, src))
             values.index_copy_(2, dst, values.index_select(2, src))
 
-    def apply_commit(self, copies: tuple[npt.NDArray[np.int32], ...]) -> None:
-        """Perform a draft-tree commit's row copies in every allocated layer: ``copies`` is what
-        ``cache.commit(step, accepted=...)`` returned, one ``(n, 2)`` array of rows ``(src, dst)`` per
-        group. Each copy reads its node's row as the step wrote it (no copy reads a row an earlier one
-        wrote: docs/batch.md section 9), so each group's copies run as one gather and one scatter.
-        Raises InvalidArgumentError when ``copies`` is not one ``(n, 2)`` int array per group or a
-        row lies outside the group's pool ``[0, num_blocks * block_size)``, InvalidStateError when a
-        row lies past what an allocated layer holds (the tree step was not written). Every group is
-        checked before anything is copied."""
-        if len(copies) != len(self.max_rows):
+    def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
+        """Perform a draft-tree commit's copies: ``copies`` is what ``cache.commit(step, accepted=...)``
+        returned, one ``(n, 2)`` int array per group (rows ``(src, dst)``, in every allocated layer of
+        the group; a Shared layer's rows are its source's) and then one per State group (physical slots
+        ``(src, dst)``, in order, in every state tensor of each State layer of the group). Each row
+        copy reads its node's row as the step wrote it (no copy reads a row an earlier one wrote:
+        docs/batch.md section 9), so each group's row copies run as one gather and one scatter.
+        Raises InvalidArgumentError when ``copies`` is not one ``(n, 2)`` int array per group and State
+        group, a row lies outside the group's pool ``[0, num_blocks * block_size)`` or a slot outside
+        ``[0, num_state_slots)``, InvalidStateError when a row lies past what an allocated layer holds
+        (the tree step was not written). Everything is checked before anything is copied."""
+        n_groups, n_states = len(self.max_rows), len(self.num_state_slots)
+        if len(copies) != n_groups + n_states:
             raise InvalidArgumentError(
-                f"apply_commit: {len(copies)} arrays of copies for {len(self.max_rows)} groups: pass what "
-                "cache.commit(step, accepted=...) returned"
+                f"apply_commit: {len(copies)} arrays of copies for {n_groups} groups and {n_states} State groups: "
+                "pass what cache.commit(step, accepted=...) returned"
             )
         checked = []
         for group, pairs in enumerate(copies):
+            state = group >= n_groups
+            name = f"copies[{group}] (State group {group - n_groups})" if state else f"copies[{group}]"
             a = np.asarray(pairs)
             if a.ndim != 2 or a.shape[1] != 2 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
-                raise InvalidArgumentError(f"apply_commit: copies[{group}] must be an (n, 2) int array, got shape {a.shape}")
-            rows = self.max_rows[group]
-            bad = np.flatnonzero(((a < 0) | (a >= rows)).any(axis=1))
+                raise InvalidArgumentError(f"apply_commit: {name} must be an (n, 2) int array, got shape {a.shape}")
+            top = self.num_state_slots[group - n_groups] if state else self.max_rows[group]
+            bad = np.flatnonzero(((a < 0) | (a >= top)).any(axis=1))
             if bad.size:
                 i = int(bad[0])
+                what = "slot" if state else "row"
                 raise InvalidArgumentError(
-                    f"apply_commit: copies[{group}][{i}] (row {int(a[i, 0])} to row {int(a[i, 1])}) must lie in "
-                    f"rows [0, {rows})"
+                    f"apply_commit: {name}[{i}] ({what} {int(a[i, 0])} to {what} {int(a[i, 1])}) must lie in "
+                    f"{what}s [0, {top})"
                 )
-            allocated = [int(k.shape[2]) for k, g in zip(self._keys, self.group_of) if g == group and k is not None]
-            if a.size and allocated and int(a.max()) >= min(allocated):
-                raise InvalidStateError(
-                    f"apply_commit: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
-                    f"layer of group {group} holds: write the tree step first"
-                )
+            if not state:
+                allocated = [int(k.shape[2]) for k, g in zip(self._keys, self.group_of) if g == group and k is not None]
+                if a.size and allocated and int(a.max()) >= min(allocated):
+                    raise InvalidStateError(
+                        f"apply_commit: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
+                        f"layer of group {group} holds: write the tree step first"
+                    )
             checked.append(a)
-        for group, a in enumerate(checked):
+        for group, a in enumerate(checked[:n_groups]):
             if a.size == 0:
                 continue
             src = torch.from_numpy(np.ascontiguousarray(a[:, 0], dtype=np.int64)).to(self.device)
@@ -212,6 +267,13 @@ class TorchPagedKVPool:
                     continue
                 keys.index_copy_(2, dst, keys.index_select(2, src))
                 values.index_copy_(2, dst, values.index_select(2, src))
+        for k, a in enumerate(checked[n_groups:]):
+            for layer, lk in self.state_group_of.items():
+                if lk != k:
+                    continue
+                for t in self._states[layer].values():
+                    for src_slot, dst_slot in a.tolist():  # in order, as the commit lists them
+                        t[dst_slot].copy_(t[src_slot])
 
     def write_read(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int
@@ -221,8 +283,10 @@ class TorchPagedKVPool:
         and V as views. ``key``/``value``: ``[1, H, n_tokens, dim]``, taken detached when they
         require grad (the values are stored, never their autograd history: the store is for
         inference). InvalidArgumentError, before any row is written: a bad layer, tensors that do
-        not fit it, ``rows`` outside ``[0, max_rows]`` or a slot outside ``[0, rows)``."""
-        self._check_layer(layer)
+        not fit it, ``rows`` outside ``[0, max_rows]`` or a slot outside ``[0, rows)``; a Shared layer
+        (it writes nothing: write its source, named in the message, then ``read`` the Shared layer);
+        a State layer (``write_state``)."""
+        self._check_writes(layer, "write_read")
         group = self.group_of[layer]
         checked = self._checked  # once per step and group: the same slots object, rows and group
         if checked is None or checked[0] is not slots or checked[1:] != (rows, group):
@@ -254,6 +318,7 @@ class TorchPagedKVPool:
         batching attends over: each request's keys in position order). InvalidArgumentError, before
         any row is written: as ``write_read``, ``read`` not a 1-D int64 tensor or a row outside
         ``[0, rows)``."""
+        self._check_writes(layer, "write_gather")
         self._check_read(layer, read, rows)
         keys, values = self.write_read(layer, slots, key, value, rows)
         return keys.index_select(2, read), values.index_select(2, read)
@@ -287,6 +352,104 @@ class TorchPagedKVPool:
                 f"layer {layer}: slots reach rows [{int(slots.min())}, {int(slots.max())}]: must lie in [0, rows = {rows})"
             )
 
+    # --- State layers (recurrent state by physical slot) ----------------------------------
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The cache's State layers, in order."""
+        return tuple(self.state_group_of)
+
+    def state_names(self, layer: int) -> tuple[str, ...]:
+        """The state names ``layer`` holds so far (each allocated by its first write).
+        InvalidArgumentError: not a State layer."""
+        return tuple(self._states[self._check_state_layer(layer, "state_names")])
+
+    def state(self, layer: int, name: str) -> Optional[torch.Tensor]:
+        """The whole storage ``[num_slots, *shape]`` of state ``name`` of State layer ``layer`` (slot
+        ``i`` at index ``i``: the tensor a kernel indexes with the plan's ``state_groups[k]``
+        ``read_slots`` / ``write_slots``; writing it writes the slots), or None before its first
+        write. InvalidArgumentError: not a State layer."""
+        return self._states[self._check_state_layer(layer, "state")].get(name)
+
+    def write_state(self, layer: int, name: str, slots: Any, states: torch.Tensor) -> int:
+        """Store ``states[i]`` (``states``: ``[n, *shape]``, taken detached) in physical slot
+        ``slots[i]`` of state ``name`` of State layer ``layer``; rows whose slot is -1 are dropped (a
+        step without verify keeps only each entry's last state). ``slots``: n ints, a 1-D int tensor
+        or array, typically the plan's ``state_groups[k].write_slots`` (k =
+        ``cache.state_group_of(layer)``) or a slice of it. Returns the states stored. The first write
+        of ``name`` allocates it (zeros ``[num_slots, *shape]``, dtype and device of ``states``); later
+        ones must match them. InvalidArgumentError, before anything is written: not a State layer,
+        ``states`` with fewer than 1 dim or not ``n`` rows, a slot outside ``[-1, num_slots)``, a slot
+        named twice, another shape, dtype or device than the stored one."""
+        self._check_state_layer(layer, "write_state")
+        index = self._slots(layer, "write_state", slots)
+        if not isinstance(states, torch.Tensor) or states.dim() < 1 or int(states.shape[0]) != int(index.numel()):
+            shape = tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__
+            raise InvalidArgumentError(
+                f"write_state of layer {layer}: states {shape} must be [n, *state shape] with n = {int(index.numel())} "
+                "(one per slot)"
+            )
+        keep = index >= 0
+        kept = index[keep]
+        if int(kept.numel()) != int(torch.unique(kept).numel()):
+            raise InvalidArgumentError(f"write_state of layer {layer}: slots name a slot twice")
+        t = self._states[layer].get(name)
+        one = states[0] if int(states.shape[0]) else states.new_zeros(states.shape[1:])
+        if t is not None:
+            check_like(layer, name, t[0], one)
+        else:
+            t = torch.zeros((self.num_state_slots[self.state_group_of[layer]], *states.shape[1:]), dtype=states.dtype, device=states.device)
+            self._states[layer][name] = t
+        if int(kept.numel()):
+            t.index_copy_(0, kept.to(t.device), states.detach()[keep.to(states.device)])
+        return int(kept.numel())
+
+    def read_state(self, layer: int, name: str, slots: Any) -> Optional[torch.Tensor]:
+        """The states in physical slots ``slots`` of state ``name`` of State layer ``layer``, as a new
+        tensor ``[n, *shape]``: typically the plan's ``read_slots`` (the state each token starts from);
+        a slot of -1 reads zeros (a token at position 0; a token whose state the step carries within
+        the forward is the caller's). None before ``name``'s first write. InvalidArgumentError: not a
+        State layer, a slot outside ``[-1, num_slots)``."""
+        self._check_state_layer(layer, "read_state")
+        index = self._slots(layer, "read_state", slots)
+        t = self._states[layer].get(name)
+        if t is None:
+            return None
+        out = t.index_select(0, index.clamp(min=0).to(t.device))
+        out[(index < 0).to(t.device)] = 0
+        return out
+
+    def _check_state_layer(self, layer: int, what: str) -> int:
+        if layer not in self._states:
+            raise InvalidArgumentError(
+                f"{what}: layer = {layer} is not a State layer of the cache (its State layers: {list(self._states)})"
+            )
+        return layer
+
+    def _slots(self, layer: int, what: str, slots: Any) -> torch.Tensor:
+        """``slots`` as a 1-D int64 CPU tensor, each in ``[-1, num_slots)``; InvalidArgumentError otherwise."""
+        if isinstance(slots, torch.Tensor):
+            index = slots.detach().to("cpu")
+        else:
+            a = np.asarray(slots)
+            if a.size == 0:
+                a = a.astype(np.int64)
+            if not np.issubdtype(a.dtype, np.integer):
+                raise InvalidArgumentError(f"{what} of layer {layer}: slots must be ints, got {a.dtype}")
+            index = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+        if index.dim() != 1 or index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise InvalidArgumentError(
+                f"{what} of layer {layer}: slots must be a 1-D int array, got {index.dtype} of shape {tuple(index.shape)}"
+            )
+        index = index.to(torch.int64)
+        top = self.num_state_slots[self.state_group_of[layer]]
+        if index.numel() and (int(index.min()) < -1 or int(index.max()) >= top):
+            raise InvalidArgumentError(
+                f"{what} of layer {layer}: slots reach [{int(index.min())}, {int(index.max())}]: must be -1 or in "
+                f"[0, num_slots = {top})"
+            )
+        return index
+
     # --- sequence records (docs/state.md) ---------------------------------------------
 
     @property
@@ -301,7 +464,9 @@ class TorchPagedKVPool:
         """Sequence ``seq`` as a record (bytes, docs/state.md), byte for byte what a ``PagedKVPool``
         holding the same rows gives; ``tokens``: ids of positions ``[0, len(tokens))`` (all of them
         let an importer share a prefix it caches). Holds a transient numpy pool spanning the rows up
-        to the sequence's highest block. Errors: ``paged_records.export_sequence``."""
+        to the sequence's highest block. Errors: ``paged_records.export_sequence``; NotSupportedError: a
+        Shared or State layer (records carry Flat, Ring and Chunked layers only)."""
+        self._check_record_layers("export")
         return paged_records.export_sequence(self, seq, tokens)
 
     def import_sequence(
@@ -317,7 +482,9 @@ class TorchPagedKVPool:
         wrote (blocks of a prefix the cache holds are shared, not written, when trusted:
         ``trust_tokens`` or a ``namespace``, as ``PagedKVPool.import_sequence``); changes nothing on
         an error. ``import_sequence(record, seq)``, the order of the last release, still works and
-        warns (DeprecationWarning). Errors: ``paged_records.import_sequence``."""
+        warns (DeprecationWarning). Errors: ``paged_records.import_sequence``; NotSupportedError: a
+        Shared or State layer (records carry Flat, Ring and Chunked layers only)."""
+        self._check_record_layers("import")
         if isinstance(record, (int, np.integer)) and not isinstance(record, bool) and not isinstance(seq, (int, np.integer)):
             warnings.warn(
                 "TorchPagedKVPool.import_sequence(record, seq) is deprecated: pass import_sequence(seq, record)",
@@ -330,6 +497,37 @@ class TorchPagedKVPool:
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < len(self._keys):
             raise InvalidArgumentError(f"layer = {layer}: must be in [0, n_layers = {len(self._keys)})")
+
+    def _row_layer(self, layer: int, what: str) -> int:
+        """The layer whose K/V ``what`` reads on ``layer``: a Shared layer's source, else itself.
+        InvalidArgumentError: bad layer, a State layer."""
+        self._check_layer(layer)
+        source = self.source_of[layer]
+        if source < 0:
+            raise InvalidArgumentError(
+                f"{what} of layer {layer}: a State layer holds state slots, not K/V rows (use write_state, "
+                "read_state, state)"
+            )
+        return source
+
+    def _check_writes(self, layer: int, what: str) -> None:
+        """InvalidArgumentError unless ``layer`` stores the K/V rows it is written (a Flat, Ring or
+        Chunked layer): a Shared layer is refused naming its source, a State layer by kind."""
+        source = self._row_layer(layer, what)
+        if source != layer:
+            raise InvalidArgumentError(
+                f"{what}: layer {layer} is Shared({source}): it writes nothing; write layer {source}, then read "
+                f"this one (read(layer, rows): layer {source}'s rows)"
+            )
+
+    def _check_record_layers(self, what: str) -> None:
+        for layer, source in enumerate(self.source_of):
+            if source != layer:
+                kind = "State" if source < 0 else "Shared"
+                raise NotSupportedError(
+                    f"{what}: layer {layer} is a {kind} layer: records carry Flat, Ring and Chunked layers only "
+                    "(shared K/V and recurrent state not yet)"
+                )
 
 
 def __getattr__(name: str) -> Any:

@@ -109,8 +109,9 @@ class TorchQuantizedPagedKVPool(TorchPagedKVPool):
         return self._dequantize(layer, rows_k.index_select(2, read), rows_v.index_select(2, read), key)
 
     def _quantize(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The checked values as quantized rows ``[1, 1, T, row_bytes]`` (nothing written yet)."""
-        self._check_layer(layer)
+        """The checked values as quantized rows ``[1, 1, T, row_bytes]`` (nothing written yet); a
+        Shared or State layer is refused by name first, as the base class refuses it."""
+        self._check_writes(layer, "write_read")
         h, (dk, dv) = self.value_heads[layer], self.value_dims[layer]
         if (key.dim() != 4 or value.dim() != 4 or tuple(key.shape[:2]) != (1, h) or tuple(value.shape[:2]) != (1, h)
                 or key.shape[3] != dk or value.shape[3] != dv or key.shape[2] != value.shape[2]):

@@ -59,6 +59,18 @@ def plan_slot(plan: SeqStepPlan, position: int) -> Optional[int]:
     return None
 
 
+def check_like(layer: int, name: str, stored: torch.Tensor, one: torch.Tensor) -> None:
+    """InvalidArgumentError unless ``one`` (a state to store) has the shape, dtype and device of
+    ``stored`` (one slot of state ``name`` of ``layer`` as stored): a state keeps those of its first
+    write (``TorchStateSlots`` and ``TorchPagedKVPool`` store states by this rule)."""
+    shape = tuple(stored.shape)
+    if tuple(one.shape) != shape or one.dtype != stored.dtype or one.device != stored.device:
+        raise InvalidArgumentError(
+            f"state {name!r} of layer {layer}: {tuple(one.shape)} {one.dtype} on {one.device}, but the "
+            f"layer stores {shape} {stored.dtype} on {stored.device} (a state keeps the shape of its first write)"
+        )
+
+
 @dataclass(frozen=True)
 class SlotSpan:
     """The slots one call of a State layer over positions ``[first, first + count)`` of a step uses.
@@ -308,12 +320,7 @@ class TorchStateSlots:
         return int(step.position), int(step.T)
 
     def _check_like(self, layer: int, name: str, t: torch.Tensor, one: torch.Tensor) -> None:
-        shape = tuple(t[:, 0].shape if self.batch_first else t[0].shape)
-        if tuple(one.shape) != shape or one.dtype != t.dtype or one.device != t.device:
-            raise InvalidArgumentError(
-                f"state {name!r} of layer {layer}: {tuple(one.shape)} {one.dtype} on {one.device}, but the "
-                f"layer stores {shape} {t.dtype} on {t.device} (a state keeps the shape of its first write)"
-            )
+        check_like(layer, name, t[:, 0] if self.batch_first else t[0], one)
 
     def _allocate(self, layer: int, name: str, one: torch.Tensor) -> torch.Tensor:
         D = self._slots[layer]
@@ -323,5 +330,5 @@ class TorchStateSlots:
         return t
 
 
-__all__ = ["SlotSpan", "TorchStateSlots", "plan_slot"]
+__all__ = ["SlotSpan", "TorchStateSlots", "check_like", "plan_slot"]
 

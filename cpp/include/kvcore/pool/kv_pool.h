@@ -84,15 +84,6 @@ enum class RingStorage : int {
   Mirrored = 1,
 };
 
-/// The bytes of one state slot of each State layer, for KVPool::create,
-/// in_arena and required_bytes: bytes[l] for layer l, n entries (one per layer;
-/// entries of other kinds are ignored). A state's bytes are the caller's
-/// (its tensors, dtypes and shapes): the pool stores and copies them whole.
-struct StateSlotBytes {
-  const std::size_t* bytes = nullptr;
-  int n = 0;
-};
-
 /// Shape and storage of one layer (rows: geometry.rows, rows(layer)). A
 /// Shared layer has rows = 0 (no storage); a State layer has rows = D slots
 /// of k_row_bytes bytes each, v_row_bytes = 0 and no heads.

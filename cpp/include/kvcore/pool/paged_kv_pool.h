@@ -23,8 +23,21 @@
 //  - arena (in_arena): one caller-provided block sized by required_bytes();
 //    nothing is allocated, not even the layer table.
 // Rows never written read as zeros in both modes. Nothing on the step path
-// (update without growth, rows, gather) allocates. Every plan is checked
-// against the pool before anything is written.
+// (update without growth, rows, gather, the state verbs, apply_commit)
+// allocates. Every plan is checked against the pool before anything is written.
+//
+// The kinds of docs/design.md section 9, as KVPool stores them: a Shared
+// layer stores nothing (every read verb answers from its source's rows, in
+// the source's group; update on it is refused naming the source, since the
+// source's update already wrote what it reads); a State layer stores its
+// State group's num_state_slots() physical slots of a size the caller gives
+// (StateSlotBytes: the pool never interprets a state's bytes), allocated in
+// full at creation (or carved in the arena), indexed exactly as the plan's
+// StateGroupPlan read_slots / write_slots name them (vLLM / SGLang
+// `state_indices`), written and read with the state verbs (write_state,
+// read_state, state_slot); apply_commit performs a tree commit's slot copies
+// in every State layer of each State group. The K/V verbs refuse a State
+// layer and the state verbs the other kinds, by name.
 #pragma once
 
 #include <climits>
@@ -45,11 +58,17 @@
 namespace kvcore {
 
 /// Shape and storage of one layer of a PagedKVPool (rows: num_blocks(group) *
-/// block_size).
+/// block_size). A Shared layer: its source's group and row shape, rows = 0
+/// (no storage). A State layer: group = -1, rows = num_state_slots(state_group)
+/// slots of k_row_bytes bytes each, v_row_bytes = 0 and no heads.
 struct PagedLayer : LayerStorage {
-  /// The layer's group (its block pool) and that group's policy.
+  /// The layer's group (its block pool; a Shared layer's: its source's; -1
+  /// for a State layer) and the layer's own policy (its kind; a Shared
+  /// layer's source).
   int group = 0;
   LayerPolicy policy;
+  /// A State layer's State group (planner.state_group_of(layer)), else -1.
+  int state_group = -1;
 
   /// Rows the storage blocks hold now: allocated_rows.
   std::int64_t storage_rows() const noexcept { return allocated_rows; }
@@ -89,42 +108,55 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
 
   /// A growing pool for `planner`'s layers (shapes from layer_config(l), rows
   /// from num_blocks(group_of(l)) * block_size()), each starting at
-  /// min(initial_rows, rows) rows. The planner must outlive the pool.
-  /// InvalidArgument: dtype outside DType, allocator without both functions,
-  /// initial_rows < 0, block_size < 1, or a layer whose bytes overflow the
-  /// address space. MemoryAllocationFailed: the layer table or the initial
-  /// blocks cannot be allocated (nothing is kept).
+  /// min(initial_rows, rows) rows; a Shared layer has no storage; a State
+  /// layer's num_state_slots(state_group_of(l)) slots of
+  /// state_slot_bytes.bytes[l] bytes are allocated in full (zeros). The
+  /// planner must outlive the pool. InvalidArgument: dtype outside DType,
+  /// allocator without both functions, initial_rows < 0, block_size < 1, a
+  /// State layer without a slot size (or of 0 bytes), or a layer whose bytes
+  /// overflow the address space. MemoryAllocationFailed: the layer table or
+  /// the initial blocks cannot be allocated (nothing is kept).
   static Result<PagedKVPool> create(const BatchPlanner& planner, DType dtype,
                                     PoolAllocator allocator = PoolAllocator::heap(),
-                                    int initial_rows = kDefaultInitialRows) noexcept {
+                                    int initial_rows = kDefaultInitialRows,
+                                    StateSlotBytes state_slot_bytes = {}) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     KVCORE_RETURN_IF_ERROR(check_allocator(allocator));
     KVCORE_CHECK_OR_RETURN_ERROR(initial_rows >= 0, InvalidArgument,
                                  "initial_rows = %d: must be >= 0", initial_rows);
     PagedKVPool pool(planner, dtype, allocator);
-    KVCORE_RETURN_IF_ERROR(pool.build(planner.n_layers(), initial_rows, PlannerShape{planner, dtype}));
+    KVCORE_RETURN_IF_ERROR(
+        pool.build(planner.n_layers(), initial_rows, PlannerShape{planner, dtype, state_slot_bytes}));
+    for (int l = 0; l < pool.n_layers_; ++l) {  // every state slot from the start: the step path never grows one
+      if (pool.layers_[l].policy.kind == LayerPolicy::Kind::State)
+        KVCORE_RETURN_IF_ERROR(pool.grow(l, pool.layers_[l].rows));
+    }
     return pool;
   }
 
   /// Bytes in_arena() needs for `planner`'s layers, alignment slack included
-  /// (any arena address works). InvalidArgument: dtype outside DType,
-  /// block_size < 1, or the total overflows the address space.
-  static Result<std::size_t> required_bytes(const BatchPlanner& planner, DType dtype) noexcept {
+  /// (any arena address works); State layers' slots of state_slot_bytes
+  /// included. InvalidArgument: dtype outside DType, block_size < 1, a State
+  /// layer without a slot size (or of 0 bytes), or the total overflows the
+  /// address space.
+  static Result<std::size_t> required_bytes(const BatchPlanner& planner, DType dtype,
+                                            StateSlotBytes state_slot_bytes = {}) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
-    return arena_bytes(planner.n_layers(), PlannerShape{planner, dtype});
+    return arena_bytes(planner.n_layers(), PlannerShape{planner, dtype, state_slot_bytes});
   }
 
-  /// A pool whose table and rows all live in `arena` (at least
-  /// required_bytes(planner, dtype) bytes, any alignment). Allocates nothing;
-  /// the arena and the planner must outlive the pool. InvalidArgument: dtype
-  /// outside DType, null arena, arena too small (the message names both
-  /// sizes), or what required_bytes() refuses.
+  /// A pool whose table, rows and state slots all live in `arena` (at least
+  /// required_bytes(planner, dtype, state_slot_bytes) bytes, any alignment).
+  /// Allocates nothing; the arena and the planner must outlive the pool.
+  /// InvalidArgument: dtype outside DType, null arena, arena too small (the
+  /// message names both sizes), or what required_bytes() refuses.
   static Result<PagedKVPool> in_arena(const BatchPlanner& planner, DType dtype, void* arena,
-                                      std::size_t arena_bytes_given) noexcept {
+                                      std::size_t arena_bytes_given,
+                                      StateSlotBytes state_slot_bytes = {}) noexcept {
     KVCORE_RETURN_IF_ERROR(check_dtype(dtype));
     PagedKVPool pool(planner, dtype, PoolAllocator{});
-    KVCORE_RETURN_IF_ERROR(
-        pool.carve(arena, arena_bytes_given, planner.n_layers(), PlannerShape{planner, dtype}));
+    KVCORE_RETURN_IF_ERROR(pool.carve(arena, arena_bytes_given, planner.n_layers(),
+                                      PlannerShape{planner, dtype, state_slot_bytes}));
     return pool;
   }
 
@@ -133,12 +165,18 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
 
   /// Bytes of every layer's live rows [0, used_blocks * B) now: what rows()
   /// spans once the step's update has stored them (rows a growing pool has
-  /// not reached yet are counted too). A group the planner no longer knows
+  /// not reached yet are counted too); a State layer's slots in full (always
+  /// stored), a Shared layer's none. A group the planner no longer knows
   /// counts 0.
   std::size_t used_bytes() const noexcept {
     std::size_t n = 0;
     for (int l = 0; l < n_layers_; ++l) {
       const PagedLayer& layer = layers_[l];
+      if (layer.policy.kind == LayerPolicy::Kind::Shared) continue;
+      if (layer.policy.kind == LayerPolicy::Kind::State) {
+        n += layer.k_row_bytes * static_cast<std::size_t>(layer.rows);
+        continue;
+      }
       Result<int> used = planner_->used_blocks(layer.group);
       if (!used.ok()) continue;
       n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(*used) *
@@ -155,11 +193,13 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   /// bad layer; a plan whose block_size is not the pool's, without the
   /// layer's group, with n_tokens < 0, n_copies < 0 or null arrays; a slot
   /// outside the layer's rows; a copy outside its blocks; k/v not exactly
-  /// n_tokens rows, null, or overlapping the layer's own storage (pass a copy).
+  /// n_tokens rows, null, or overlapping the layer's own storage (pass a copy);
+  /// a Shared layer (it writes nothing: update its source, whose rows it
+  /// reads; the message names the source) or a State layer (write_state).
   /// MemoryAllocationFailed: growth failed. Nothing is written on any error.
   Status update(int layer_index, const BatchStepPlan& plan, const void* k, std::size_t k_bytes,
                 const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "update"));
     const PagedLayer& shape = layers_[layer_index];
     return update_with(layer_index, plan, "update", k, k_bytes, shape.k_row_bytes, v, v_bytes, shape.v_row_bytes,
                        [](const PagedLayer& layer, std::size_t slot, const unsigned char* k_row,
@@ -179,7 +219,7 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   /// range passes FLT_MAX. MemoryAllocationFailed: growth failed.
   Status update_values(int layer_index, const BatchStepPlan& plan, DType in_type, const void* k,
                        std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "update_values"));
     if (!is_quantized(dtype_)) {
       KVCORE_CHECK_OR_RETURN_ERROR(in_type == dtype_, InvalidArgument,
                                    "update_values of layer %d: values of %s, the pool stores %s", layer_index,
@@ -290,36 +330,58 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
 
  public:
 
-  /// Performs a tree commit's row copies (BatchCache::commit(step, accepted))
-  /// in every layer: each group's copies, in order, K and V of row src to row
-  /// dst. Call it once per commit, before the next step's update.
-  /// InvalidArgument (nothing copied): a commit of another group count, a
-  /// copy outside a layer's stored rows.
+  /// Performs a tree commit's copies (BatchCache::commit(step, accepted)):
+  /// in every layer that stores K/V rows, its group's row copies, in order, K
+  /// and V of row src to row dst; in every State layer, its State group's
+  /// slot copies, in order, the state in physical slot src to slot dst (a
+  /// Shared layer stores nothing: its source's copies serve it). Call it once
+  /// per commit, before the next step's update. InvalidArgument (nothing
+  /// copied): a commit of another group or State group count (a commit
+  /// without its state_groups on a cache with State groups among them), a row
+  /// copy outside a layer's stored rows, a slot copy outside [0, num_slots).
   Status apply_commit(const BatchCommit& commit) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(commit.n_groups == planner_->n_groups() && (commit.groups != nullptr || commit.n_groups == 0),
                                  InvalidArgument, "apply_commit: a commit of %d groups, the pool's cache has %d",
                                  commit.n_groups, planner_->n_groups());
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        commit.n_state_groups == planner_->n_state_groups() &&
+            (commit.state_groups != nullptr || commit.n_state_groups == 0),
+        InvalidArgument,
+        "apply_commit: a commit of %d State groups, the pool's cache has %d (pass the whole commit: its "
+        "state_groups carry the slot copies)",
+        commit.n_state_groups, planner_->n_state_groups());
     for (int l = 0; l < n_layers(); ++l) {
       const PagedLayer& layer = layers_[l];
-      const GroupCommit& gc = commit.groups[layer.group];
+      if (layer.policy.kind == LayerPolicy::Kind::Shared) continue;
+      const bool state = layer.policy.kind == LayerPolicy::Kind::State;
+      const GroupCommit& gc = state ? commit.state_groups[layer.state_group] : commit.groups[layer.group];
+      KVCORE_CHECK_OR_RETURN_ERROR(gc.n_copies >= 0 && (gc.n_copies == 0 || gc.copies != nullptr), InvalidArgument,
+                                   "apply_commit: layer %d's %s %d has n_copies = %d (copies %s): must be >= 0 "
+                                   "with its array set",
+                                   l, state ? "State group" : "group", state ? layer.state_group : layer.group,
+                                   gc.n_copies, gc.copies != nullptr ? "set" : "null");
       for (int c = 0; c < gc.n_copies; ++c) {
         const TreeCopy cp = gc.copies[c];
         KVCORE_CHECK_OR_RETURN_ERROR(cp.src >= 0 && cp.dst >= 0 && cp.src < layer.allocated_rows &&
                                          cp.dst < layer.allocated_rows,
                                      InvalidArgument,
-                                     "apply_commit: layer %d's copy %d (row %d -> row %d) must lie in its "
-                                     "%d stored rows",
-                                     l, c, cp.src, cp.dst, layer.allocated_rows);
+                                     "apply_commit: %slayer %d's copy %d (%s %d -> %s %d) must lie in its %d %s",
+                                     state ? "State " : "", l, c, state ? "slot" : "row", cp.src,
+                                     state ? "slot" : "row", cp.dst, layer.allocated_rows,
+                                     state ? "state slots" : "stored rows");
       }
     }
     for (int l = 0; l < n_layers(); ++l) {
       const PagedLayer& layer = layers_[l];
-      const GroupCommit& gc = commit.groups[layer.group];
+      if (layer.policy.kind == LayerPolicy::Kind::Shared) continue;
+      const bool state = layer.policy.kind == LayerPolicy::Kind::State;
+      const GroupCommit& gc = state ? commit.state_groups[layer.state_group] : commit.groups[layer.group];
       for (int c = 0; c < gc.n_copies; ++c) {
         const std::size_t src = static_cast<std::size_t>(gc.copies[c].src), dst = static_cast<std::size_t>(gc.copies[c].dst);
         // memmove: a caller-built commit may name src == dst (kv_pool_tree.h's copy_rows does the same).
         std::memmove(layer.k + layer.k_row_bytes * dst, layer.k + layer.k_row_bytes * src, layer.k_row_bytes);
-        std::memmove(layer.v + layer.v_row_bytes * dst, layer.v + layer.v_row_bytes * src, layer.v_row_bytes);
+        if (!state)
+          std::memmove(layer.v + layer.v_row_bytes * dst, layer.v + layer.v_row_bytes * src, layer.v_row_bytes);
       }
     }
     return Error::Ok;
@@ -330,10 +392,11 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   /// whole pool at once masks it with fill_step_mask(plan, group, rows, mask).
   /// A span shows the rows as they are: valid until the layer
   /// grows (never in arena mode), current until a later update writes them.
-  /// InvalidArgument: bad layer. InvalidState: the live rows reach past the
+  /// A Shared layer's span is its source's rows. InvalidArgument: bad layer,
+  /// a State layer (state_slot). InvalidState: the live rows reach past the
   /// storage (update the layer for the begun step first).
-  Result<PagedRows> rows(int layer_index) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+  Result<PagedRows> rows(int layer_index_given) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "rows"));
     const PagedLayer& layer = layers_[layer_index];
     KVCORE_ASSIGN_OR_RETURN(const int used, planner_->used_blocks(layer.group));
     const std::int64_t live = static_cast<std::int64_t>(used) * block_size_;
@@ -347,8 +410,8 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
 
   /// Rows gather(layer, plan, entry) writes: the entry's visible positions
   /// (see gather). Errors as gather(), without the buffers.
-  Result<int> gather_rows(int layer_index, const BatchStepPlan& plan, int entry) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+  Result<int> gather_rows(int layer_index_given, const BatchStepPlan& plan, int entry) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "gather_rows"));
     KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/true));
     return check_entry(layer_index, plan, entry);
   }
@@ -364,11 +427,12 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   /// entry whose positions or table do not fit, a visible position whose
   /// block is a hole or outside the pool, an output too small or null.
   /// InvalidState: a visible row lies past the storage (update the layer
-  /// first). Nothing is written on any error.
-  Result<int> gather(int layer_index, const BatchStepPlan& plan, int entry, void* k_out,
+  /// first). Nothing is written on any error. A Shared layer gathers its
+  /// source's rows; a State layer is refused (InvalidArgument: read_state).
+  Result<int> gather(int layer_index_given, const BatchStepPlan& plan, int entry, void* k_out,
                      std::size_t k_capacity, void* v_out, std::size_t v_capacity,
                      std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "gather"));
     const PagedLayer& shape = layers_[layer_index];
     return gather_with(layer_index, plan, entry, "gather", k_out, k_capacity, shape.k_row_bytes, v_out, v_capacity,
                        shape.v_row_bytes, positions, positions_capacity,
@@ -385,10 +449,10 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   /// k_out/v_out as `out_type` values (rows of n_kv_heads x head_dim /
   /// value_dim). Only a quantized pool. Errors as gather(); InvalidArgument: a
   /// plain pool (use gather), `out_type` not float32, float16 or bfloat16.
-  Result<int> gather_values(int layer_index, const BatchStepPlan& plan, int entry, DType out_type, void* k_out,
-                            std::size_t k_capacity, void* v_out, std::size_t v_capacity,
+  Result<int> gather_values(int layer_index_given, const BatchStepPlan& plan, int entry, DType out_type,
+                            void* k_out, std::size_t k_capacity, void* v_out, std::size_t v_capacity,
                             std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "gather_values"));
     KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "gather_values", out_type));
     const PagedLayer& shape = layers_[layer_index];
     const DType format = dtype_;
@@ -408,9 +472,12 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   /// `out_type` values (at least rows x n_kv_heads x head_dim / value_dim);
   /// the result's k/v point at k_out/v_out. Only a quantized pool. Errors as
   /// rows(); InvalidArgument: a plain pool, another out_type, outputs too small.
-  Result<PagedRows> rows_values(int layer_index, DType out_type, void* k_out, std::size_t k_capacity, void* v_out,
-                                std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const PagedRows live, rows(layer_index));
+  Result<PagedRows> rows_values(int layer_index_given, DType out_type, void* k_out, std::size_t k_capacity,
+                                void* v_out, std::size_t v_capacity) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const PagedRows live, rows(layer_index_given));
+    const int layer_index = layers_[layer_index_given].policy.kind == LayerPolicy::Kind::Shared
+                                ? layers_[layer_index_given].policy.source
+                                : layer_index_given;
     KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "rows_values", out_type));
     const PagedLayer& layer = layers_[layer_index];
     KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "rows_values", "k_out", k_out, k_capacity, live.rows,
@@ -421,6 +488,215 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, live.v, live.rows, out_type, v_out);
     return PagedRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), live.rows};
   }
+
+  // --- layer kinds ---------------------------------------------------------------
+
+  /// The layer whose K/V rows `what` (the calling verb, for the message)
+  /// reads on `layer_index`: a Shared layer's source, else the layer itself.
+  /// InvalidArgument: bad layer, a State layer (it holds state slots).
+  Result<int> row_layer(int layer_index, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const LayerPolicy& policy = layers_[layer_index].policy;
+    KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, InvalidArgument,
+                                 "%s of layer %d: a State layer holds state slots, not K/V rows (use "
+                                 "write_state, read_state, state_slot)",
+                                 what, layer_index);
+    return policy.kind == LayerPolicy::Kind::Shared ? policy.source : layer_index;
+  }
+
+  /// Ok when a step writes K/V rows into `layer_index` (a Flat, Ring or
+  /// Chunked layer). InvalidArgument naming `what`: bad layer, a Shared layer
+  /// (it writes nothing: its source's update writes the rows it reads), a
+  /// State layer.
+  Status check_writes_rows(int layer_index, const char* what) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, what));
+    KVCORE_CHECK_OR_RETURN_ERROR(from == layer_index, InvalidArgument,
+                                 "%s: layer %d is Shared(%d): it writes nothing; update layer %d, then read "
+                                 "this one (its reads answer from layer %d's rows)",
+                                 what, layer_index, from, from, from);
+    return Error::Ok;
+  }
+
+  /// Ok when `layer_index` is a State layer. InvalidArgument naming `what`:
+  /// bad layer, another kind (it has no state slots).
+  Status check_state_layer(int layer_index, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const LayerPolicy::Kind kind = layers_[layer_index].policy.kind;
+    KVCORE_CHECK_OR_RETURN_ERROR(kind == LayerPolicy::Kind::State, InvalidArgument,
+                                 "%s of layer %d: a %s layer has no state slots (the state verbs take "
+                                 "State layers)",
+                                 what, layer_index, to_string(kind));
+    return Error::Ok;
+  }
+
+  // --- State layers ---------------------------------------------------------------
+
+  /// Tokens [begin, end) of a step, in the plan's token order.
+  struct StepTokens {
+    int begin = 0;
+    int end = 0;
+  };
+
+  /// Entry `entry`'s tokens [query_starts[entry], query_starts[entry + 1]).
+  /// InvalidArgument: entry outside [0, n_entries), no query_starts, or
+  /// starts outside [0, n_tokens].
+  static Result<StepTokens> entry_tokens(const BatchStepPlan& plan, int entry) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(entry >= 0 && entry < plan.n_entries && plan.query_starts != nullptr,
+                                 InvalidArgument, "entry = %d: must be in [0, n_entries = %d) of a plan with "
+                                 "query_starts", entry, plan.n_entries);
+    const StepTokens t{plan.query_starts[entry], plan.query_starts[entry + 1]};
+    KVCORE_CHECK_OR_RETURN_ERROR(t.begin >= 0 && t.begin <= t.end && t.end <= plan.n_tokens, InvalidArgument,
+                                 "entry %d: tokens [%d, %d) must lie in [0, n_tokens = %d)", entry, t.begin,
+                                 t.end, plan.n_tokens);
+    return t;
+  }
+
+  /// States write_state(layer, plan, tokens, ...) takes: the tokens of
+  /// [tokens.begin, tokens.end) whose write slot is set (every token of a
+  /// verify step or a tree, the last of a chain step without verify). Errors
+  /// as write_state, without the states.
+  Result<int> kept_states(int layer_index, const BatchStepPlan& plan, StepTokens tokens) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "kept_states"));
+    KVCORE_ASSIGN_OR_RETURN(const StateGroupPlan* sp, check_state_plan(layer_index, plan, "kept_states"));
+    return check_writes(layer_index, plan, *sp, tokens, "kept_states");
+  }
+
+  /// Copies the states the step keeps for tokens [tokens.begin, tokens.end)
+  /// into their slots: the i-th of `states` (k_row_bytes bytes each; exactly
+  /// kept_states() of them, in token order) goes to the physical slot
+  /// write_slots[t] of the i-th token t of the range whose write slot is set,
+  /// i.e. the state after t's position; tokens whose write slot is -1 take
+  /// none. InvalidArgument (nothing written): bad layer, not a State layer, a
+  /// plan without the layer's State group, with another num_slots or lacking
+  /// its arrays, tokens outside [0, n_tokens], a write slot outside [-1,
+  /// num_slots), `states` null or not exactly kept_states() slots, or
+  /// overlapping the layer's slots (pass a copy).
+  Status write_state(int layer_index, const BatchStepPlan& plan, StepTokens tokens, const void* states,
+                     std::size_t bytes) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "write_state"));
+    KVCORE_ASSIGN_OR_RETURN(const StateGroupPlan* sp, check_state_plan(layer_index, plan, "write_state"));
+    KVCORE_ASSIGN_OR_RETURN(const int kept, check_writes(layer_index, plan, *sp, tokens, "write_state"));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write_state", "states", states, bytes, kept,
+                                        layer.k_row_bytes, /*exact=*/true));
+    const std::size_t all = layer.k_row_bytes * static_cast<std::size_t>(layer.rows);
+    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(states, bytes, layer.k, all), InvalidArgument,
+                                 "write_state of layer %d: the states overlap the layer's slots: pass a copy",
+                                 layer_index);
+    const unsigned char* in = static_cast<const unsigned char*>(states);
+    for (int t = tokens.begin; t < tokens.end; ++t) {
+      const int slot = sp->write_slots[t];
+      if (slot < 0) continue;
+      std::memcpy(layer.k + layer.k_row_bytes * static_cast<std::size_t>(slot), in, layer.k_row_bytes);
+      in += layer.k_row_bytes;
+    }
+    return Error::Ok;
+  }
+
+  /// Copies the state step token `token` starts from into `out` (at least
+  /// k_row_bytes bytes): the slot read_slots[token] names (the state after
+  /// position - 1: an entry's first token's, a tree node's parent's, a kept
+  /// previous token's), or zeros for a token at position 0. Read it before
+  /// write_state() (an entry may write the slot it reads). InvalidArgument
+  /// (nothing written): bad layer, not a State layer, a plan as write_state
+  /// refuses, token outside [0, n_tokens), a read slot outside [-1,
+  /// num_slots), a token past position 0 whose read slot is -1 (its state is
+  /// carried within the forward from the previous token: the step does not
+  /// keep it), a plan without positions for such a token, `out` null or too
+  /// small.
+  Status read_state(int layer_index, const BatchStepPlan& plan, int token, void* out,
+                    std::size_t capacity) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "read_state"));
+    KVCORE_ASSIGN_OR_RETURN(const StateGroupPlan* sp, check_state_plan(layer_index, plan, "read_state"));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(token >= 0 && token < plan.n_tokens, InvalidArgument,
+                                 "read_state of layer %d: token = %d: must be in [0, n_tokens = %d)", layer_index,
+                                 token, plan.n_tokens);
+    const int slot = sp->read_slots[token];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= -1 && slot < layer.rows, InvalidArgument,
+                                 "read_state of layer %d: token %d's read slot %d must be -1 or in [0, "
+                                 "num_slots = %d)",
+                                 layer_index, token, slot, layer.rows);
+    if (slot < 0) {
+      KVCORE_CHECK_OR_RETURN_ERROR(plan.positions != nullptr, InvalidArgument,
+                                   "read_state of layer %d: token %d reads no slot and the plan has no "
+                                   "positions to tell position 0 (zeros) from a carried state",
+                                   layer_index, token);
+      KVCORE_CHECK_OR_RETURN_ERROR(plan.positions[token] == 0, InvalidArgument,
+                                   "read_state of layer %d: token %d (position %d) reads no slot: the step "
+                                   "keeps no state before it (a chain step without verify carries it within "
+                                   "the forward from token %d)",
+                                   layer_index, token, plan.positions[token], token - 1);
+    }
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "read_state", "out", out, capacity, 1, layer.k_row_bytes,
+                                        /*exact=*/false));
+    if (slot < 0) {
+      std::memset(out, 0, layer.k_row_bytes);
+    } else {
+      std::memmove(out, layer.k + layer.k_row_bytes * static_cast<std::size_t>(slot), layer.k_row_bytes);
+    }
+    return Error::Ok;
+  }
+
+  /// Physical slot `slot` of State layer `layer_index`, zero-copy:
+  /// k_row_bytes bytes, for kernels that read and write slots themselves
+  /// (vLLM / SGLang `state_indices`: the plan's StateGroupPlan read_slots and
+  /// write_slots per token). Slot i of every layer is at state_slot(layer, 0)
+  /// + i * k_row_bytes. Valid for the pool's life (a State layer never grows
+  /// after creation). InvalidArgument: bad layer, not a State layer, slot
+  /// outside [0, num_slots).
+  Result<unsigned char*> state_slot(int layer_index, int slot) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "state_slot"));
+    const PagedLayer& layer = layers_[layer_index];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < layer.rows, InvalidArgument,
+                                 "state_slot of layer %d: slot = %d: must be in [0, num_slots = %d)", layer_index,
+                                 slot, layer.rows);
+    return layer.k + layer.k_row_bytes * static_cast<std::size_t>(slot);
+  }
+
+ private:
+  // The State layer's StateGroupPlan in `plan`, checked: its group present,
+  // its slot count the pool's, its arrays set.
+  Result<const StateGroupPlan*> check_state_plan(int layer_index, const BatchStepPlan& plan,
+                                                 const char* what) const noexcept {
+    const PagedLayer& layer = layers_[layer_index];
+    const int k = layer.state_group;
+    KVCORE_CHECK_OR_RETURN_ERROR(plan.n_state_groups > k && plan.state_groups != nullptr && plan.n_tokens >= 0,
+                                 InvalidArgument,
+                                 "%s of layer %d: the plan (%d State groups, %d tokens) lacks the layer's State "
+                                 "group %d",
+                                 what, layer_index, plan.n_state_groups, plan.n_tokens, k);
+    const StateGroupPlan& sp = plan.state_groups[k];
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        sp.num_slots == layer.rows && (plan.n_tokens == 0 || (sp.read_slots != nullptr && sp.write_slots != nullptr)),
+        InvalidArgument,
+        "%s of layer %d: State group %d's plan (num_slots %d, read_slots %s, write_slots %s) does not fit the "
+        "layer's %d slots or lacks an array",
+        what, layer_index, k, sp.num_slots, sp.read_slots != nullptr ? "set" : "null",
+        sp.write_slots != nullptr ? "set" : "null", layer.rows);
+    return &sp;
+  }
+
+  // Tokens inside the step, every write slot of them in [-1, num_slots);
+  // returns how many are set.
+  Result<int> check_writes(int layer_index, const BatchStepPlan& plan, const StateGroupPlan& sp, StepTokens tokens,
+                           const char* what) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(tokens.begin >= 0 && tokens.begin <= tokens.end && tokens.end <= plan.n_tokens,
+                                 InvalidArgument, "%s of layer %d: tokens [%d, %d) must lie in [0, n_tokens = %d]",
+                                 what, layer_index, tokens.begin, tokens.end, plan.n_tokens);
+    const int n_slots = layers_[layer_index].rows;
+    int kept = 0;
+    for (int t = tokens.begin; t < tokens.end; ++t) {
+      const int slot = sp.write_slots[t];
+      KVCORE_CHECK_OR_RETURN_ERROR(slot >= -1 && slot < n_slots, InvalidArgument,
+                                   "%s of layer %d: token %d's write slot %d must be -1 or in [0, num_slots = %d)",
+                                   what, layer_index, t, slot, n_slots);
+      if (slot >= 0) ++kept;
+    }
+    return kept;
+  }
+
+ public:
 
  private:
   Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
@@ -480,22 +756,38 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
   struct PlannerShape {
     const BatchPlanner& planner;
     DType dtype;
+    StateSlotBytes state_slot_bytes;
 
-    Status operator()(int l, PagedLayer* out) const noexcept { return shape_layer(planner, l, dtype, out); }
+    Status operator()(int l, PagedLayer* out) const noexcept {
+      return shape_layer(planner, l, dtype, state_slot_bytes, out);
+    }
   };
 
   // Layer `l`'s group, policy, row sizes and rows, as the planner reports them;
   // fails when its rows overflow an int or its bytes the address space.
-  static Status shape_layer(const BatchPlanner& planner, int l, DType dtype, PagedLayer* out) noexcept {
+  // A Shared layer: its source's group and row sizes, no rows. A State
+  // layer: shape_state().
+  static Status shape_layer(const BatchPlanner& planner, int l, DType dtype, StateSlotBytes state,
+                            PagedLayer* out) noexcept {
     const int B = planner.block_size();
     KVCORE_CHECK_OR_RETURN_ERROR(B >= 1, InvalidArgument,
                                  "block_size = %d: the planner's blocks must hold >= 1 row", B);
     KVCORE_ASSIGN_OR_RETURN(const LayerConfig lc, planner.layer_config(l));
-    KVCORE_CHECK_OR_RETURN_ERROR(lc.policy.holds_keys(), NotSupported,
-                                 "layer %d: PagedKVPool stores the K/V rows of Flat, Ring and Chunked layers; "
-                                 "a Shared layer has none, a State layer keeps state slots (docs/layer_kinds.md)",
-                                 l);
+    if (lc.policy.kind == LayerPolicy::Kind::State) return shape_state(planner, l, lc, state, out);
     KVCORE_ASSIGN_OR_RETURN(const int group, planner.group_of(l));
+    if (lc.policy.kind == LayerPolicy::Kind::Shared) {
+      // validate() made the source an earlier Flat, Ring or Chunked layer of this shape: shaped
+      // (and its row size checked) before this one.
+      KVCORE_ASSIGN_OR_RETURN(const LayerConfig source, planner.layer_config(lc.policy.source));
+      (void)row_bytes(source, dtype, 0, &out->k_row_bytes, &out->v_row_bytes);
+      out->n_kv_heads = source.n_kv_heads;
+      out->head_dim = source.head_dim;
+      out->value_dim = source.value_dim();
+      out->group = group;
+      out->policy = lc.policy;
+      out->rows = 0;
+      return Error::Ok;
+    }
     KVCORE_ASSIGN_OR_RETURN(const int blocks, planner.num_blocks(group));
     const std::uint64_t rows = static_cast<std::uint64_t>(blocks < 0 ? 0 : blocks) * static_cast<std::uint64_t>(B);
     const bool fits = blocks >= 0 && rows <= static_cast<std::uint64_t>(INT_MAX) &&
@@ -511,6 +803,33 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     out->group = group;
     out->policy = lc.policy;
     out->rows = static_cast<int>(rows);
+    return Error::Ok;
+  }
+
+  // State layer `l`: its State group's num_state_slots() slots of
+  // state.bytes[l] bytes (K), no V, no heads.
+  static Status shape_state(const BatchPlanner& planner, int l, const LayerConfig& lc, StateSlotBytes state,
+                            PagedLayer* out) noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int k, planner.state_group_of(l));
+    KVCORE_ASSIGN_OR_RETURN(const int slots, planner.num_state_slots(k));
+    KVCORE_CHECK_OR_RETURN_ERROR(state.bytes != nullptr && l < state.n, InvalidArgument,
+                                 "layer %d is a State layer: its state slot size is missing (state_slot_bytes "
+                                 "has %d entries, needs one per layer)",
+                                 l, state.bytes == nullptr ? 0 : state.n);
+    const std::size_t slot = state.bytes[l];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 1, InvalidArgument,
+                                 "layer %d is a State layer: state_slot_bytes[%d] = 0: a slot needs >= 1 byte", l,
+                                 l);
+    std::uint64_t all = 0;
+    KVCORE_CHECK_OR_RETURN_ERROR(slots >= 0 && checked_mul(static_cast<std::uint64_t>(slots), slot, &all),
+                                 InvalidArgument, "layer %d: %d state slots of %zu bytes overflow the address space",
+                                 l, slots, slot);
+    out->k_row_bytes = slot;
+    out->v_row_bytes = 0;
+    out->group = -1;
+    out->state_group = k;
+    out->policy = lc.policy;
+    out->rows = slots;
     return Error::Ok;
   }
 

@@ -52,6 +52,16 @@ struct LayerStorage {
   unsigned char* v = nullptr;
 };
 
+/// The bytes of one state slot of each State layer, for the create, in_arena
+/// and required_bytes of KVPool and PagedKVPool: bytes[l] for layer l, n
+/// entries (one per layer; entries of other kinds are ignored). A state's
+/// bytes are the caller's (its tensors, dtypes and shapes): a pool stores and
+/// copies them whole.
+struct StateSlotBytes {
+  const std::size_t* bytes = nullptr;
+  int n = 0;
+};
+
 /// The words a pool's storage errors name it by.
 struct PoolNames {
   /// The pool ("arena of N bytes: the <pool> needs M", "an arena <pool> cannot grow").
