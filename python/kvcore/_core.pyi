@@ -170,6 +170,7 @@ class BatchLimits(metaclass=_pybind11_type):
         num_blocks: SupportsIndex = 0,
         max_holes: SupportsIndex = 8,
         max_active_seqs: SupportsIndex = 0,
+        state_snapshots: SupportsIndex = 0,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
@@ -177,8 +178,10 @@ class BatchLimits(metaclass=_pybind11_type):
         sequences at full capacity; ring groups size theirs). max_holes: removed middle ranges one
         sequence keeps apart. max_active_seqs: sequences active at once (0: max_seqs); each group's
         block tables hold one row of ceil(capacity / block_size) entries per active sequence, and
-        flat pools default to that many full rows. Checked when a BatchCache is built
-        (InvalidArgumentError naming the field).
+        flat pools default to that many full rows. state_snapshots: named state snapshots each State
+        group keeps for prefix reuse (a step ending on a full block names the state after it; 0: a
+        model with State layers never hits a prefix), one state slot each. Checked when a BatchCache
+        is built (InvalidArgumentError naming the field).
         """
     @property
     def block_size(self) -> int:
@@ -198,6 +201,9 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def max_active_seqs(self) -> int:
         """Sequences active at once: block table rows per group (0: max_seqs)."""
+    @property
+    def state_snapshots(self) -> int:
+        """Named state snapshots per State group for prefix reuse (0: none)."""
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -1198,9 +1204,16 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         InvalidArgumentError: state_group outside [0, n_state_groups).
         """
     def num_state_slots(self, state_group: SupportsIndex) -> int:
-        """Physical state slots of a State group (max_active_seqs * D + max_step_tokens): every slot
-        a plan or commit names is below it, and a byte layer of the group keeps this many states
-        (state[l][slot]). InvalidArgumentError: state_group outside [0, n_state_groups).
+        """Physical state slots of a State group (max_active_seqs * D + max_step_tokens +
+        batch.state_snapshots): every slot a plan or commit names is below it, and a byte layer of
+        the group keeps this many states (state[l][slot]). InvalidArgumentError: state_group outside
+        [0, n_state_groups).
+        """
+    def state_snapshots(self, state_group: SupportsIndex) -> int:
+        """Named state snapshots a State group keeps now, at most batch.state_snapshots: a committed
+        step whose length ends a full block of known tokens names the state after it, and
+        adopt_prefix starts a prompt with that prefix from it (docs/batch.md section 10).
+        InvalidArgumentError: state_group outside [0, n_state_groups).
         """
     def group_policy(self, group: SupportsIndex) -> LayerPolicy:
         """The policy of a group's layers. InvalidArgumentError: bad group."""

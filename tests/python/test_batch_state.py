@@ -197,6 +197,53 @@ def test_a_fork_reads_the_parents_state_and_shares_its_slots() -> None:
     assert store.history[2] == [1, 2, 3, 7, 10]
 
 
+def snapshot_cache(snapshots: int) -> BatchCache:
+    layers = [kvcore.LayerConfig(kvcore.Flat(), 1, 2), kvcore.LayerConfig(kvcore.State(D))]
+    limits = kvcore.BatchLimits(block_size=2, max_seqs=3, num_blocks=64, state_snapshots=snapshots)
+    return BatchCache(kvcore.CacheConfig(32, layers, max_step=6, batch=limits))
+
+
+def test_a_prompt_starts_from_a_named_state_snapshot_and_never_writes_it() -> None:
+    c = snapshot_cache(2)
+    limits = kvcore.BatchLimits(block_size=2, state_snapshots=2)
+    assert limits.state_snapshots == 2 and "state_snapshots=2" in repr(limits)
+    assert c.num_state_slots(0) == c.max_active_seqs * D + c.max_step_tokens + 2
+    store = StateStore(c)
+    c.add_sequence(0)
+    store.history[0] = []
+    prompt = [7, 8, 9, 10, 11]
+    for chunk in ([7, 8], [9, 10]):  # a prefill whose steps end on full blocks: each names its state
+        step = c.begin_step([(0, len(chunk), chunk)])
+        store.run(step, {0: chunk})
+        store.commit(step)
+    assert c.state_snapshots(0) == 2
+    c.add_sequence(1)
+    assert c.adopt_prefix(1, prompt) == 4  # the state after position 3 is named: its prefix hits
+    store.history[1] = prompt[:4]
+    assert c.can_rewind(1, 4) and not c.can_rewind(1, 2)
+    step = c.begin_step([(1, 1, [11]), (0, 3, [1, 2, 3])])
+    (sp,) = step.plan().state_groups
+    snapshot = int(sp.read_slots[0])
+    assert int(sp.read_slots[1]) == snapshot and snapshot not in sp.write_slots.tolist()
+    store.run(step, {1: [11], 0: [1, 2, 3]})  # checks each read against the token history
+    store.commit(step)
+    assert store.slots[snapshot] == (7, 8, 9, 10)  # still the prompt's state
+    c.add_sequence(2, namespace=5)
+    assert c.adopt_prefix(2, prompt) == 0  # another namespace: no snapshot of its own
+
+
+def test_without_state_snapshots_a_model_with_state_layers_never_hits_and_bad_limits_are_refused() -> None:
+    c = snapshot_cache(0)
+    c.add_sequence(0)
+    c.begin_step([(0, 2, [1, 2])]).commit()
+    c.add_sequence(1)
+    assert c.state_snapshots(0) == 0 and c.adopt_prefix(1, [1, 2, 3]) == 0
+    with pytest.raises(InvalidArgumentError, match=r"^batch.state_snapshots = -1: must be in \[0, 1048576\]$"):
+        snapshot_cache(-1)
+    with pytest.raises(InvalidArgumentError, match=r"^state_group = 1: must be in \[0, n_state_groups = 1\)"):
+        c.state_snapshots(1)
+
+
 @pytest.mark.parametrize("path", [[0, 1, 3], [0, 2, 4], [0, 2], [0, 1], [0]])
 def test_a_tree_commits_slot_copies_that_land_the_accepted_states_as_a_chain_would(path: list[int]) -> None:
     c = hybrid(slots=6)  # a tree keeps every node's state: N <= slots - 1
