@@ -69,7 +69,7 @@ _NOT_A_POOL = "pool: a KVPool, PagedKVPool, TorchKVPool or TorchPagedKVPool (a S
 _HEADER = struct.Struct("<8sIIQIiiiiiII8x")
 _LAYER = struct.Struct("<BBHiiiiiiiii")
 _ALIGN = 64
-_KINDS = ("flat", "ring")
+_KINDS = ("flat", "ring", "chunked", "shared", "state")  # LayerPolicy.Kind's serialized values
 
 
 #: Record dtype codes of the quantized formats (docs/quantized.md): rows of raw bytes.
@@ -209,6 +209,10 @@ class RecordLayer:
     #: "qint8" or "fp8_e4m3" when the rows are quantized (``rows`` then gives each row's bytes,
     #: values then scales and zero points: ``QuantRowLayout``); None for a plain dtype.
     format: Optional[str] = None
+    #: A "shared" layer's source layer, a "state" layer's slots D; 0 otherwise (version 3). A
+    #: state layer's rows are its states (uint8 rows of ``head_dim`` bytes, no V): row j the
+    #: state after position ``held_from + j``.
+    param: int = 0
 
     def row_bytes(self, dim: int) -> int:
         """Bytes of one row of ``n_kv_heads`` x ``dim`` (``head_dim`` for K, ``value_dim`` for V)."""
@@ -263,12 +267,12 @@ class RecordInfo:
         rows_at = _padded(at + _LAYER.size * n_layers)
         layers = []
         for layer in range(n_layers):
-            kind, dtype_code, _, window, sinks, heads, head_dim, value_dim, sink_end, held_from, n_rows, _ = (
+            kind, dtype_code, _, window, sinks, heads, head_dim, value_dim, sink_end, held_from, n_rows, param = (
                 _LAYER.unpack_from(view, at + _LAYER.size * layer)
             )
             dtype = _dtype(dtype_code)
             spec = RecordLayer(_KINDS[kind], window, sinks, heads, head_dim, value_dim, dtype, sink_end, held_from,
-                               n_rows, rows_at, 0, _QUANTIZED.get(dtype_code))
+                               n_rows, rows_at, 0, _QUANTIZED.get(dtype_code), param)
             k_bytes = _padded(n_rows * spec.row_bytes(head_dim))
             v_bytes = _padded(n_rows * spec.row_bytes(value_dim))
             layers.append(replace(spec, v_offset=rows_at + k_bytes))

@@ -446,12 +446,31 @@ TEST(BatchState, AModelOfStateLayersOnlyPlansSlotsAlone) {
   EXPECT_EQ(*c->free_state_slots(0), *c->num_state_slots(0));
 }
 
-TEST(BatchState, ImportIntoAModelWithStateLayersIsNotSupported) {
-  auto c = make(state_config(16, 3, {LayerPolicy::flat(), LayerPolicy::state(4)}));
+// An import into a model with State layers (records: docs/state.md) carries
+// each State group's states after [held_from, length): the last one, at most
+// D, the same in every layer of the group, and removes nothing; each refusal
+// changes nothing.
+TEST(BatchState, AnImportCarriesEachStateGroupsLastStatesOrIsRefusedByName) {
+  auto c = make(state_config(16, 3, {LayerPolicy::flat(), LayerPolicy::state(4), LayerPolicy::state(4)}));
   ASSERT_NE(c, nullptr);
-  kvcore::SequenceImport in;
-  expect_message(c->admit(0, in, [](int, int, int) {}), Error::NotSupported,
-                 "import: the model has State layers (1 state groups); records do not carry recurrent states yet");
+  auto admit = [&](int length, int start, std::vector<std::int32_t> bounds) {  // (sink_end, held_from) per layer
+    kvcore::SequenceImport in;
+    in.length = length;
+    in.start = start;
+    in.bounds = bounds.data();
+    return c->admit(0, in, [](int, int, int) {});
+  };
+  expect_message(admit(6, 2, {0, 2, 0, 3, 0, 3}), Error::InvalidArgument,
+                 "import: the model has State layers, and the sequence removed positions (start 2, 0 holes)");
+  expect_message(admit(6, 0, {0, 0, 0, 3, 0, 4}), Error::InvalidArgument,
+                 "import: State layer 2 carries states from 4 (sink_end 0), layer 1 of its State group from 3");
+  expect_message(admit(6, 0, {0, 0, 0, 1, 0, 1}), Error::InvalidArgument,
+                 "import: State layer 1 (slots 4) carries states from 1 at length 6: it needs the last state and at "
+                 "most D");
+  expect_message(admit(6, 0, {0, 0, 0, 6, 0, 6}), Error::InvalidArgument, "carries states from 6 at length 6");
+  EXPECT_FALSE(c->sequence(0)->active);
+  ASSERT_EQ(admit(6, 0, {0, 0, 0, 3, 0, 3}), Error::Ok);
+  for (int n = 0; n <= 6; ++n) EXPECT_EQ(c->can_rewind(0, n), n == 0 || n >= 4) << n;
 }
 
 // ---------------------------------------------------------------------------

@@ -346,7 +346,10 @@ class KindsPoolCase {
   // claims a rewind the exporter could not make, holds the length, and
   // re-exports the record byte for byte.
   void round_trip() {
-    const std::size_t size = take(kvcore::export_size(*cache_, *pool_));
+    auto sized = kvcore::export_size(*cache_, *pool_);
+    if (!sized.ok() && sized.status().code() == Error::InvalidState && !cache_->can_rewind(P()))
+      return;  // an aborted step lost the last state: nothing to carry
+    const std::size_t size = take(std::move(sized));
     std::vector<std::uint64_t> buffer((size + 7) / 8);
     ASSERT_TRUE(kvcore::export_to(*cache_, *pool_, nullptr, 0, buffer.data(), size).ok());
     const kvcore::RecordView rec = take(kvcore::RecordView::parse(buffer.data(), size));

@@ -1169,8 +1169,32 @@ TEST(SequenceRecord, HostileSharedAndStateEntriesAreRefusedByField) {
   expect_parse_refused(chunk0, chunk0.size, kvcore::Error::InvalidArgument, "kind 2, window 0");
 }
 
-// An import checks a State layer's slots and D against the cache's, and a
-// BatchCache refuses a model with State layers; each refusal changes nothing.
+// A sequence whose State layer lost its last state (an aborted step of T = D
+// without verify may have overwritten the slot it read) has nothing to
+// carry: its export is refused until a rewind.
+TEST(SequenceRecord, ASequenceThatLostItsLastStateIsNotExported) {
+  CacheConfig cfg = pool_config(32, {flat_layer(), LayerConfig{LayerPolicy::state(2), 0, 0, 0}}, 4, 8);
+  auto cache = std::move(SequenceCache::create(cfg)).get();
+  const std::size_t bytes[2] = {0, 8};
+  auto pool = std::move(KVPool::create(*cache, DType::Float16, kvcore::PoolAllocator::heap(),
+                                       kvcore::RingStorage::Compact, kvcore::StateSlotBytes{bytes, 2}))
+                  .get();
+  auto step = cache->begin_step(3);
+  ASSERT_OK(step.status());
+  ASSERT_OK(cache->commit(*step));
+  auto lost = cache->begin_step(2);
+  ASSERT_OK(lost.status());
+  ASSERT_OK(cache->abort(*lost));
+  ASSERT_FALSE(cache->can_rewind(3));
+  expect_refused(kvcore::export_size(*cache, pool).status(), kvcore::Error::InvalidState,
+                 "export: layer 1 no longer holds the state after position 2 (an aborted step may have overwritten "
+                 "its slot): rewind to a length can_rewind() allows first");
+  ASSERT_OK(cache->rewind(0));
+  ASSERT_OK(kvcore::export_size(*cache, pool).status());
+}
+
+// An import checks a State layer's slots and D against the cache's (each
+// refusal changes nothing), and a BatchCache takes the same record.
 TEST(SequenceRecord, StateRecordsImportOnlyIntoTheSameStateSlots) {
   auto config = [](int slots) {
     CacheConfig cfg = pool_config(32, {flat_layer(), LayerConfig{LayerPolicy::shared(0), 2, 3, 0},
@@ -1187,6 +1211,9 @@ TEST(SequenceRecord, StateRecordsImportOnlyIntoTheSameStateSlots) {
                        .get();
   auto step = from->begin_step(3, /*verify=*/true);
   ASSERT_OK(step.status());
+  unsigned char states[72];
+  for (int i = 0; i < 72; ++i) states[i] = static_cast<unsigned char>(i * 7 + 1);
+  ASSERT_OK(from_pool.write_state(2, *from->plan(2, *step), states, sizeof states));
   ASSERT_OK(from->commit(*step));
   const std::size_t size = *kvcore::export_size(*from, from_pool);
   std::vector<std::uint64_t> rec((size + 7) / 8);
@@ -1210,16 +1237,22 @@ TEST(SequenceRecord, StateRecordsImportOnlyIntoTheSameStateSlots) {
   expect_refused(kvcore::import_record(rec.data(), size, *to, pool16), kvcore::Error::InvalidArgument,
                  "layer 2 states of 24 bytes differ from the pool's state slots of 16 bytes");
   EXPECT_EQ(to->length(), 0);
-  // Export from a BatchCache with State layers: NotSupported, naming the layer.
+  // Into a BatchCache: its states land in fresh physical slots, and its
+  // export is the record again, byte for byte.
   auto batch = std::move(BatchCache::create(config(4))).get();
-  CacheConfig flat_cfg = pool_config(32, {flat_layer(), flat_layer(), flat_layer()}, 4, 8);
-  flat_cfg.batch.block_size = 2;
-  flat_cfg.batch.max_seqs = 2;
-  auto batch_flat = std::move(BatchCache::create(flat_cfg)).get();
-  auto paged = std::move(PagedKVPool::create(*batch_flat, DType::Float16)).get();  // any pool of three layers
-  ASSERT_OK(batch->add_sequence(0));
-  expect_refused(kvcore::export_size(*batch, paged, 0, 0).status(), kvcore::Error::NotSupported,
-                 "export: layer 2 is a State layer: records of a BatchCache's sequences carry no states yet");
+  auto paged = std::move(PagedKVPool::create(*batch, DType::Float16, kvcore::PoolAllocator::heap(), 8,
+                                             kvcore::StateSlotBytes{bytes24, 3}))
+                   .get();
+  ASSERT_OK(kvcore::import_record(rec.data(), size, *batch, paged, 1));
+  for (int p = 0; p < 3; ++p) {
+    const unsigned char* slot = *paged.state_slot(2, *batch->state_slot(0, 1, p % 4));
+    EXPECT_EQ(std::memcmp(slot, view->k_rows(2) + 24 * p, 24), 0) << p;
+    EXPECT_TRUE(batch->can_rewind(1, p + 1));
+  }
+  ASSERT_EQ(*kvcore::export_size(*batch, paged, 1, 0), size);
+  std::vector<std::uint64_t> again((size + 7) / 8);
+  ASSERT_OK(kvcore::export_to(*batch, paged, 1, nullptr, 0, again.data(), size));
+  EXPECT_EQ(std::memcmp(rec.data(), again.data(), size), 0);
 }
 
 }  // namespace

@@ -433,3 +433,26 @@ def test_a_state_record_imports_only_into_the_same_slots_and_state_bytes() -> No
         step = target.begin_step(1)
         assert_state(pool2.read_state(4, step), reference(4, [5, 6, 7][:n]))
         step.abort()
+
+
+def test_record_info_reads_every_kind_and_a_state_layers_rows() -> None:
+    """RecordInfo (kvcore.state) names chunked, shared and state layers, their param (source, D),
+    and gives a state layer's rows as the states' bytes."""
+    from kvcore.state import RecordInfo
+
+    m = Model(3)
+    while m.cache.length < 6:
+        m.chain()
+    info = RecordInfo.of(m.pool.export_sequence())
+    assert info.version == 3
+    assert [s.kind for s in info.layers] == ["flat", "ring", "chunked", "shared", "state", "shared", "state"]
+    assert [s.param for s in info.layers] == [0, 0, 0, 1, 5, 2, 6]
+    state = info.layers[4]
+    assert state.dtype == np.uint8 and state.n_kv_heads == 1 and state.value_dim == 0 and state.n_rows >= 1
+    k, v = info.rows(4)
+    assert k.shape == (state.n_rows, 1, state.head_dim) and v.shape == (state.n_rows, 1, 0)
+    step = m.cache.begin_step(1)
+    last = m.pool.read_state(4, step)  # the state after length - 1: the record's last row
+    step.abort()
+    for value in last.values():  # each tensor's bytes, at its offset in the slot
+        assert value.tobytes() in bytes(k[-1, 0])

@@ -328,3 +328,53 @@ def test_torch_state_tensors_keep_their_first_shape_dtype_and_device() -> None:
     assert store.nbytes(3) == top * 6 * 4
     store.release()
     assert store.state(3, "conv") is None
+
+
+def test_records_carry_a_batch_sequences_states_both_ways() -> None:
+    """A BatchCache sequence's record (version 3) carries its held states: into a SequenceCache and
+    its KVPool, and back into a BatchCache, each state reads as exported; the BatchCache's export
+    of the import is the record, byte for byte."""
+    rng = np.random.default_rng(7)
+    cache = kinds_cache()
+    pool = kvcore.PagedKVPool(cache, np.float32, state_tensors=TENSORS)
+    cache.add_sequence(0)
+    written: dict[int, dict[str, npt.NDArray[np.generic]]] = {}
+    for T, verify in ((3, False), (3, True)):
+        step = cache.begin_step([(0, T)], verify=verify)
+        for layer in (0, 1):
+            pool.update(layer, step, rng.standard_normal((T, 2, 3)).astype(np.float32), rng.standard_normal((T, 2, 3)).astype(np.float32))
+        L = cache.length(0)
+        kept = list(range(T)) if verify else [T - 1]
+        states = random_state(rng, len(kept))
+        for layer in STATE_LAYERS:
+            pool.write_state(layer, step, states)
+        for i, j in enumerate(kept):
+            written[L + j] = {name: a[i] for name, a in states.items()}
+        step.commit()
+    record = pool.export_sequence(0)
+    assert int.from_bytes(record[8:12], "little") == 3  # the record version that carries State layers
+    for n in (6, 5, 4, 3):  # the verify step's states, and the plain step's last
+        seq_cache = kvcore.SequenceCache(kvcore.CacheConfig(40, [cache.layer_config(layer) for layer in range(6)], max_step=4))
+        seq_pool = kvcore.KVPool(seq_cache, np.float32, state_tensors=TENSORS)
+        seq_pool.import_sequence(record)
+        assert [seq_cache.can_rewind(m) for m in range(7)] == [True, False, False, True, True, True, True]
+        seq_cache.rewind(n)
+        step = seq_cache.begin_step(1)
+        for layer in STATE_LAYERS:
+            got = seq_pool.read_state(layer, step)
+            for name in TENSORS:
+                np.testing.assert_array_equal(got[name], written[n - 1][name])
+        step.abort()
+    other = kinds_cache()
+    other_pool = kvcore.PagedKVPool(other, np.float32, state_tensors=TENSORS)
+    other_pool.import_sequence(2, record)
+    assert other_pool.export_sequence(2) == record
+    step = other.begin_step([(2, 1)])
+    for layer in STATE_LAYERS:
+        got = other_pool.read_state(layer, step, 0)
+        for name in TENSORS:
+            np.testing.assert_array_equal(got[name], written[5][name])
+    step.abort()
+    smaller = kvcore.PagedKVPool(kinds_cache(), np.float32, state_tensors={"conv": ((2, 3), np.float32)})
+    with pytest.raises(InvalidArgumentError, match=r"^import: layer 3 states of \d+ bytes differ from the pool's state slots of \d+ bytes$"):
+        smaller.import_sequence(0, record)

@@ -393,17 +393,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "import: sequence %d is active; release it first", seq);
     KVCORE_RETURN_IF_ERROR(check_row_free("import", seq));
-    KVCORE_CHECK_OR_RETURN_ERROR(n_state_groups_ == 0, NotSupported,
-                                 "import: the model has State layers (%d state groups); records do not carry "
-                                 "recurrent states yet",
-                                 n_state_groups_);
+    KVCORE_RETURN_IF_ERROR(check_state_import(in));
     KVCORE_CHECK_OR_RETURN_ERROR(in.length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", in.length, capacity_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
                                  "import: %d holes exceed batch.max_holes = %d", in.n_holes, max_holes_);
     const SequenceAdmission admission(in, block_size_, group_layer_.get());
     KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layer_group_.get(), [this](int l) {
-      return layer_configs_[l].policy.kind == LayerPolicy::Kind::Shared;
+      return !layer_configs_[l].policy.holds_keys();  // Shared: its source's; State: check_state_import
     }));
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit =
@@ -415,6 +412,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     rows_.take(seq);
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
+    for (int l = 0; l < n_layers_; ++l)  // each State group's first layer: the states it carries, fresh slots
+      if (layer_state_[l] >= 0 && first_state_layer(layer_state_[l]) == l)
+        states_[layer_state_[l]].restore(seq, in.length > 0 ? in.held_from(l) : 0, in.length);
     prefix_.set_namespace(seq, in.prefix_namespace);
     if (!named) {
       prefix_.stop(seq);
@@ -608,6 +608,39 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "slot = %d: must be in [0, slots = %d) of state group %d", slot, D, state_group);
     return Error::Ok;
   }
+  // The first layer of State group k.
+  int first_state_layer(int k) const noexcept {
+    for (int l = 0; l < n_layers_; ++l)
+      if (layer_state_[l] == k) return l;
+    return -1;
+  }
+
+  // An imported sequence on a model with State groups (docs/state.md): it
+  // removed nothing, and the layers of each State group carry the same states
+  // after [held_from, length): the last one and at most D. Changes nothing.
+  Status check_state_import(const SequenceImport& in) const noexcept {
+    if (n_state_groups_ == 0) return Error::Ok;
+    KVCORE_CHECK_OR_RETURN_ERROR(in.start == 0 && in.n_holes == 0, InvalidArgument,
+                                 "import: the model has State layers, and the sequence removed positions (start "
+                                 "%d, %d holes): a recurrent state cannot forget them",
+                                 in.start, in.n_holes);
+    for (int l = 0; l < n_layers_; ++l) {
+      const int k = layer_state_[l];
+      if (k < 0) continue;
+      const int first = first_state_layer(k), D = states_[k].slots(), h = in.held_from(l);
+      KVCORE_CHECK_OR_RETURN_ERROR(in.held_from(first) == h && in.sink_end(l) == 0, InvalidArgument,
+                                   "import: State layer %d carries states from %d (sink_end %d), layer %d of its "
+                                   "State group from %d",
+                                   l, h, in.sink_end(l), first, in.held_from(first));
+      const bool ok = in.length == 0 ? h == 0 : h <= in.length - 1 && in.length - h <= D;
+      KVCORE_CHECK_OR_RETURN_ERROR(ok, InvalidArgument,
+                                   "import: State layer %d (slots %d) carries states from %d at length %d: it needs "
+                                   "the last state and at most D",
+                                   l, D, h, in.length);
+    }
+    return Error::Ok;
+  }
+
   // The State groups' rules for begin_step's entries (checked otherwise):
   // a verify or tree entry of T > D - 1 is InvalidArgument, a sequence whose
   // state after length - 1 is not held InvalidState. Changes nothing.

@@ -26,7 +26,6 @@
 // lands in those first R - 1 ring rows. (held_rows() is one span without it.)
 #pragma once
 
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -651,19 +650,7 @@ class KVPool : public PoolStorage<KVPoolTraits> {
 
   // State layer `l`: D = geometry.rows slots of state.bytes[l] bytes (K), no V.
   static Status shape_state(int l, const LayerGeometry& geometry, StateSlotBytes state, PoolLayer* out) noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(state.bytes != nullptr && l < state.n, InvalidArgument,
-                                 "layer %d is a State layer: its state slot size is missing (state_slot_bytes "
-                                 "has %d entries, needs one per layer)",
-                                 l, state.bytes == nullptr ? 0 : state.n);
-    const std::size_t slot = state.bytes[l];
-    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 1, InvalidArgument,
-                                 "layer %d is a State layer: state_slot_bytes[%d] = 0: a slot needs >= 1 byte", l,
-                                 l);
-    // A record names a state's bytes in an int32 (docs/state.md).
-    KVCORE_CHECK_OR_RETURN_ERROR(slot <= static_cast<std::size_t>(INT_MAX), InvalidArgument,
-                                 "layer %d is a State layer: state_slot_bytes[%d] = %zu: a slot holds at most "
-                                 "2^31 - 1 bytes",
-                                 l, l, slot);
+    KVCORE_ASSIGN_OR_RETURN(const std::size_t slot, state.of(l));
     std::uint64_t all = 0;
     KVCORE_CHECK_OR_RETURN_ERROR(checked_mul(static_cast<std::uint64_t>(geometry.rows), slot, &all),
                                  InvalidArgument,

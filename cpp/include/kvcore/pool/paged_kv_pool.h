@@ -812,14 +812,7 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
                             PagedLayer* out) noexcept {
     KVCORE_ASSIGN_OR_RETURN(const int k, planner.state_group_of(l));
     KVCORE_ASSIGN_OR_RETURN(const int slots, planner.num_state_slots(k));
-    KVCORE_CHECK_OR_RETURN_ERROR(state.bytes != nullptr && l < state.n, InvalidArgument,
-                                 "layer %d is a State layer: its state slot size is missing (state_slot_bytes "
-                                 "has %d entries, needs one per layer)",
-                                 l, state.bytes == nullptr ? 0 : state.n);
-    const std::size_t slot = state.bytes[l];
-    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 1, InvalidArgument,
-                                 "layer %d is a State layer: state_slot_bytes[%d] = 0: a slot needs >= 1 byte", l,
-                                 l);
+    KVCORE_ASSIGN_OR_RETURN(const std::size_t slot, state.of(l));
     std::uint64_t all = 0;
     KVCORE_CHECK_OR_RETURN_ERROR(slots >= 0 && checked_mul(static_cast<std::uint64_t>(slots), slot, &all),
                                  InvalidArgument, "layer %d: %d state slots of %zu bytes overflow the address space",

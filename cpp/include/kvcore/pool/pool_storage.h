@@ -60,6 +60,25 @@ struct LayerStorage {
 struct StateSlotBytes {
   const std::size_t* bytes = nullptr;
   int n = 0;
+
+  /// State layer l's slot size, checked: given (bytes set, l < n), at least
+  /// 1 byte and below 2^31 (a record names it in an int32, docs/state.md).
+  /// InvalidArgument naming the layer and the rule otherwise.
+  Result<std::size_t> of(int l) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(bytes != nullptr && l < n, InvalidArgument,
+                                 "layer %d is a State layer: its state slot size is missing (state_slot_bytes "
+                                 "has %d entries, needs one per layer)",
+                                 l, bytes == nullptr ? 0 : n);
+    const std::size_t slot = bytes[l];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 1, InvalidArgument,
+                                 "layer %d is a State layer: state_slot_bytes[%d] = 0: a slot needs >= 1 byte", l,
+                                 l);
+    KVCORE_CHECK_OR_RETURN_ERROR(slot <= 0x7fffffffu, InvalidArgument,
+                                 "layer %d is a State layer: state_slot_bytes[%d] = %zu: a slot holds at most "
+                                 "2^31 - 1 bytes",
+                                 l, l, slot);
+    return slot;
+  }
 };
 
 /// The words a pool's storage errors name it by.

@@ -86,6 +86,12 @@ struct BatchSource {
   RecordLayer layer(int l) const noexcept {
     const LayerConfig lc = *cache.layer_config(l);
     if (lc.policy.kind == LayerPolicy::Kind::Shared) return shared_layer(lc, pool.dtype(), info.length);
+    if (lc.policy.kind == LayerPolicy::Kind::State) {  // the run of held states ending at the last one
+      const int k = *cache.state_group_of(l);
+      int from = info.length;
+      while (from > 0 && *cache.held_state(k, seq, (from - 1) % lc.policy.slots) == from - 1) --from;
+      return state_layer(lc, (*pool.layer(l)).k_row_bytes, from);
+    }
     RecordLayer r{lc.policy, pool.dtype(), lc.n_kv_heads, lc.head_dim, lc.value_dim(), 0, 0, 0};
     if (lc.policy.evicts()) {
       const int B = cache.block_size();
@@ -97,18 +103,16 @@ struct BatchSource {
     return r;
   }
   std::int64_t row(int l, int p) const noexcept {
+    const LayerConfig lc = *cache.layer_config(l);
+    if (lc.policy.kind == LayerPolicy::Kind::State)  // the physical slot holding the state after p
+      return *cache.state_slot(*cache.state_group_of(l), seq, p % lc.policy.slots);
     const int B = cache.block_size();
     // The sequence's own table row (not row `seq` when max_active_seqs < max_seqs).
     const std::int64_t row = cache.table_rows()[seq];
     const int block = cache.block_tables(*cache.group_of(l))[row * cache.table_stride() + p / B];
     return block < 0 ? -1 : static_cast<std::int64_t>(block) * B + p % B;
   }
-  LayerPolicy::Kind kind(int l) const noexcept { return (*cache.layer_config(l)).policy.kind; }
   Result<LayerStorage> storage(int l) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(kind(l) != LayerPolicy::Kind::State, NotSupported,
-                                 "export: layer %d is a State layer: records of a BatchCache's sequences carry "
-                                 "no states yet (a SequenceCache's do)",
-                                 l);
     KVCORE_ASSIGN_OR_RETURN(const PagedLayer layer, pool.layer(l));
     return static_cast<const LayerStorage&>(layer);
   }
@@ -152,8 +156,16 @@ template <class Source>
 Result<std::size_t> size_of(const Source& src, int n_layers, int max_step, int n_tokens) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(n_tokens >= 0 && n_tokens <= src.length(), InvalidArgument,
                                "export: n_tokens = %d must be in [0, length = %d]", n_tokens, src.length());
-  // (A State layer's slot fits the record's int32: KVPool keeps slots below 2^31 bytes.)
+  // (A State layer's slot fits the record's int32: the pools keep slots below 2^31 bytes.)
   for (int l = 0; l < n_layers; ++l) KVCORE_RETURN_IF_ERROR(src.storage(l).status());
+  for (int l = 0; l < n_layers; ++l) {
+    const RecordLayer r = src.layer(l);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        r.policy.kind != LayerPolicy::Kind::State || src.length() == 0 || r.held_from < src.length(), InvalidState,
+        "export: layer %d no longer holds the state after position %d (an aborted step may have overwritten its "
+        "slot): rewind to a length can_rewind() allows first",
+        l, src.length() - 1);
+  }
   const RecordSequence seq = sequence_of(src, n_layers, max_step, n_tokens);
   return RecordLayout::of(seq, [&src](int l) { return counted_layer(src, l); }).total;
 }
@@ -198,7 +210,8 @@ Status write(const Source& src, int n_layers, int max_step, const std::int32_t* 
 /// token ids of its first n_tokens positions (a Shared layer carries no
 /// rows; a State layer its states after positions [held_from(l), length):
 /// the last one and those a rewind needs). InvalidArgument: n_tokens outside
-/// [0, length], a pool of another layer count.
+/// [0, length], a pool of another layer count. InvalidState: a State layer no
+/// longer holds the state after length - 1.
 inline Result<std::size_t> export_size(const SequenceCache& cache, const KVPool& pool, int n_tokens = 0) noexcept {
   return export_detail::size_of(export_detail::SequenceSource{cache, pool}, cache.n_layers(), cache.max_step(),
                                 n_tokens);
@@ -222,7 +235,8 @@ inline Status export_to(const SequenceCache& cache, const KVPool& pool, const st
 
 /// Bytes export_to() writes for sequence `seq` of `cache` (rows in `pool`).
 /// InvalidArgument: bad seq, n_tokens outside [0, length], a pool of another
-/// layer count. InvalidState: seq is not active. NotSupported: a State layer.
+/// layer count. InvalidState: seq is not active, or a State layer no longer
+/// holds the state after length - 1.
 inline Result<std::size_t> export_size(const BatchCache& cache, const PagedKVPool& pool, int seq,
                                        int n_tokens = 0) noexcept {
   KVCORE_ASSIGN_OR_RETURN(const SequenceInfo info, cache.sequence(seq));

@@ -241,7 +241,7 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
       const RecordLayer r = rec.layer(l);
       const unsigned char* k = static_cast<const unsigned char*>(data) + at;
       at += RecordLayout::row_block_bytes(r);
-      if (*cache.group_of(l) != run.g) continue;
+      if (!r.policy.holds_keys() || *cache.group_of(l) != run.g) continue;  // Shared, State: no blocks
       const unsigned char* v = k + record_detail::padded(static_cast<std::size_t>(r.n_rows) * r.k_row_bytes());
       const LayerStorage s = *pool.layer(l);
       int j = 0;  // record row of the run's first position
@@ -268,6 +268,17 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
   };
   KVCORE_RETURN_IF_ERROR(cache.admit(seq, in, write_block));
   write_run();  // the last run (admit changed nothing, and wrote nothing, if it refused)
+  // States: admit gave each carried state a fresh physical slot of its own.
+  for (int l = 0; l < rs.n_layers; ++l) {
+    const RecordLayer r = rec.layer(l);
+    if (r.policy.kind != LayerPolicy::Kind::State) continue;
+    const int k = *cache.state_group_of(l);
+    for (int j = 0; j < r.n_rows; ++j) {
+      const int p = r.held_from + j;
+      unsigned char* slot = *pool.state_slot(l, *cache.state_slot(k, seq, p % r.policy.slots));
+      std::memcpy(slot, rec.k_rows(l) + static_cast<std::size_t>(j) * r.k_row_bytes(), r.k_row_bytes());
+    }
+  }
   return Error::Ok;
 }
 

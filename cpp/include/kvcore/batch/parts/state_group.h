@@ -240,6 +240,19 @@ class StateGroup {
     named_[i].used = ++clock_;
   }
 
+  /// `seq` (an imported sequence: holding no position, no step begun) holds
+  /// the states after positions [from, L) (from >= L - D): each logical
+  /// slot of them names a physical slot of its own, for the importer to
+  /// fill. Never runs short (a row's D slots are always free for it).
+  void restore(int seq, int from, int L) noexcept {
+    truncate(seq, 0);
+    const int b = base(seq);
+    for (int p = from; p < L; ++p) {
+      own(b + p % slots_);
+      held_[b + p % slots_] = p;
+    }
+  }
+
   /// Per token of the begun step: the physical slot it reads / writes.
   const int* read_slots() const noexcept { return reads_.get(); }
   const int* write_slots() const noexcept { return writes_.get(); }
