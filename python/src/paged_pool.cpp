@@ -192,18 +192,8 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
   // Read-only zero-copy (num_slots, *shape) view of tensor `name` in every slot of State layer `layer`.
   py::object state_slots(int layer, const std::string& name) const {
     throw_if_error(pool_->check_state_layer(layer, "state_slots"));
-    const StateTensors::Tensor& t = states_.tensor("state_slots", layer, name);
     const kvcore::PagedLayer shape = unwrap(pool_->layer(layer));
-    std::vector<Py_intptr_t> dims{shape.rows}, strides{static_cast<Py_intptr_t>(shape.k_row_bytes)};
-    dims.insert(dims.end(), t.shape.begin(), t.shape.end());
-    strides.resize(dims.size());
-    Py_intptr_t stride = t.dtype.itemsize();
-    for (std::size_t d = dims.size(); d-- > 1;) {
-      strides[d] = stride;
-      stride *= dims[d];
-    }
-    return blocks_.strided_view(shape.k, shape.k + t.offset, t.dtype, static_cast<int>(dims.size()), dims.data(),
-                                strides.data());
+    return states_.slots_view(blocks_, layer, name, shape.k, shape.rows, shape.k_row_bytes);
   }
 
   // Bytes of the rows of blocks some sequence holds, K and V of every layer

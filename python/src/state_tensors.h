@@ -37,6 +37,25 @@ class StateTensors {
     std::size_t bytes = 0;
   };
 
+  /// A read-only zero-copy (rows, *shape) view of tensor `name` of State
+  /// layer `layer` in each of `rows` slots of `slot_bytes` bytes from `base`
+  /// (the layer's slots, a block `blocks` keeps alive: its strided_view).
+  template <class Blocks>
+  py::object slots_view(const Blocks& blocks, int layer, const std::string& name, const unsigned char* base, int rows,
+                        std::size_t slot_bytes) const {
+    const Tensor& t = tensor("state_slots", layer, name);
+    std::vector<Py_intptr_t> dims{rows}, strides{static_cast<Py_intptr_t>(slot_bytes)};
+    dims.insert(dims.end(), t.shape.begin(), t.shape.end());
+    strides.resize(dims.size());
+    Py_intptr_t stride = t.dtype.itemsize();
+    for (std::size_t d = dims.size(); d-- > 1;) {
+      strides[d] = stride;
+      stride *= dims[d];
+    }
+    return blocks.strided_view(base, base + t.offset, t.dtype, static_cast<int>(dims.size()), dims.data(),
+                               strides.data());
+  }
+
   /// Parses `spec` for layers of `kinds`: None (only without State layers), a
   /// dict name -> (shape, dtype) for every State layer, or a dict State layer
   /// index -> such a dict. InvalidArgument names the value and the rule.

@@ -469,19 +469,6 @@ class KVPool : public PoolStorage<KVPoolTraits> {
                     held.end};
   }
 
-  /// The layer whose K/V rows `what` (the calling verb, for the message)
-  /// reads on `layer_index`: a Shared layer's source, else the layer itself.
-  /// InvalidArgument: bad layer, a State layer (it holds state slots).
-  Result<int> row_layer(int layer_index, const char* what) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const LayerPolicy& policy = layers_[layer_index].policy;
-    KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, InvalidArgument,
-                                 "%s of layer %d: a State layer holds state slots, not K/V rows (use "
-                                 "write_state, read_state, state_slot)",
-                                 what, layer_index);
-    return policy.kind == LayerPolicy::Kind::Shared ? policy.source : layer_index;
-  }
-
   /// Ok when a step writes K/V rows into `layer_index` (a Flat, Ring or
   /// Chunked layer). InvalidArgument naming `what`: bad layer, a Shared layer
   /// (it writes nothing: its source's rows are written), a State layer.
@@ -493,17 +480,6 @@ class KVPool : public PoolStorage<KVPoolTraits> {
     return Error::Ok;
   }
 
-  /// Ok when `layer_index` is a State layer. InvalidArgument naming `what`:
-  /// bad layer, another kind (it has no state slots).
-  Status check_state_layer(int layer_index, const char* what) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const LayerPolicy::Kind kind = layers_[layer_index].policy.kind;
-    KVCORE_CHECK_OR_RETURN_ERROR(kind == LayerPolicy::Kind::State, InvalidArgument,
-                                 "%s of layer %d: a %s layer has no state slots (the state verbs take "
-                                 "State layers)",
-                                 what, layer_index, to_string(kind));
-    return Error::Ok;
-  }
 
   /// Copies the step's states into the slots `plan` (the State layer's plan
   /// of the step) writes: input slot j (k_row_bytes bytes each; `bytes`

@@ -3,8 +3,10 @@
 // PoolAllocator (a heap table; blocks doubled on demand, new blocks first so a
 // failed growth leaves the layer as it was) or lives in one caller arena (the
 // table and every block carved from it, nothing allocated). It owns that
-// storage, its growth, its arena carving and its byte accounting; the pools on
-// top say what the rows mean.
+// storage, its growth, its arena carving and its byte accounting, and which
+// layers hold K/V rows (a Shared layer reads its source's, a State layer holds
+// state slots: row_layer, check_state_layer); the pools on top say what the
+// rows mean.
 //
 // `Traits` describes a pool to its storage:
 //   using Layer = ...;  // a LayerStorage with storage_rows(): the rows its
@@ -22,6 +24,7 @@
 #include <cstring>
 #include <new>
 
+#include "kvcore/core/config.h"
 #include "kvcore/core/result.h"
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
@@ -140,6 +143,32 @@ class PoolStorage : protected PoolBytes {
                                  "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
                                  layer_index, rows, layer.rows);
     return grow(layer_index, rows);
+  }
+
+
+  /// The layer whose K/V rows `what` (the calling verb, for the message)
+  /// reads on `layer_index`: a Shared layer's source, else the layer itself.
+  /// InvalidArgument: bad layer, a State layer (it holds state slots).
+  Result<int> row_layer(int layer_index, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const LayerPolicy& policy = layers_[layer_index].policy;
+    KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, InvalidArgument,
+                                 "%s of layer %d: a State layer holds state slots, not K/V rows (use "
+                                 "write_state, read_state, state_slot)",
+                                 what, layer_index);
+    return policy.kind == LayerPolicy::Kind::Shared ? policy.source : layer_index;
+  }
+
+  /// Ok when `layer_index` is a State layer. InvalidArgument naming `what`:
+  /// bad layer, another kind (it has no state slots).
+  Status check_state_layer(int layer_index, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+    const LayerPolicy::Kind kind = layers_[layer_index].policy.kind;
+    KVCORE_CHECK_OR_RETURN_ERROR(kind == LayerPolicy::Kind::State, InvalidArgument,
+                                 "%s of layer %d: a %s layer has no state slots (the state verbs take "
+                                 "State layers)",
+                                 what, layer_index, to_string(kind));
+    return Error::Ok;
   }
 
  protected:
