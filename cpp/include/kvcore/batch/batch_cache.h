@@ -378,13 +378,17 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// `in.tokens`, in namespace `in.prefix_namespace`) are shared, every other
   /// block is fresh and write_block(group, index, block) writes its rows; the
   /// sequence keys in `in.prefix_namespace`, naming its blocks by `in.tokens`
-  /// (none: it names nothing). Any begun step ends.
+  /// (none: it names nothing); each State group holds the states after
+  /// [held_from, length) of its layers' bounds, each in a fresh physical slot
+  /// (state_slot() names them, for the importer to fill). Any begun step ends.
   /// `in` gives the bounds of n_layers() layers.
   /// InvalidState: seq is active. OutOfResources: no free table row
   /// (batch.max_active_seqs sequences are active), length over capacity, more
   /// holes than batch.max_holes, or a group without the blocks. InvalidArgument:
   /// bad seq, layers of one group carrying different positions, a flat group
-  /// missing a visible position. NotSupported: a ring
+  /// missing a visible position; on a model with State layers, removed
+  /// positions, or a State group's layers carrying different states, without
+  /// the last one or more than D. NotSupported: a ring
   /// group's sink blocks would keep a position the record lacks. Nothing
   /// changes on an error.
   template <class WriteBlock>
@@ -412,9 +416,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     rows_.take(seq);
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
-    for (int l = 0; l < n_layers_; ++l)  // each State group's first layer: the states it carries, fresh slots
-      if (layer_state_[l] >= 0 && first_state_layer(layer_state_[l]) == l)
-        states_[layer_state_[l]].restore(seq, in.length > 0 ? in.held_from(l) : 0, in.length);
+    for (int k = 0; k < n_state_groups_; ++k)  // the states each State group carries, in fresh slots
+      states_[k].restore(seq, in.length > 0 ? in.held_from(state_layer_[k]) : 0, in.length);
     prefix_.set_namespace(seq, in.prefix_namespace);
     if (!named) {
       prefix_.stop(seq);
@@ -537,7 +540,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
     layer_state_ = internal::Buffer<int>::make(n_layers_);
     states_ = internal::Buffer<StateGroup>::make(n_layers_);  // at worst one State group per layer
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_,
+    state_layer_ = internal::Buffer<int>::make(n_layers_);
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_ &&
+                                     state_layer_,
                                  MemoryAllocationFailed, "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
       layer_configs_[l] = cfg.layer(l);
@@ -546,7 +551,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       if (policy.kind == LayerPolicy::Kind::State) {  // a State group, no blocks
         int k = 0;
         while (k < n_state_groups_ && states_[k].policy() != policy) ++k;
-        if (k == n_state_groups_) states_[n_state_groups_++].set_policy(policy);
+        if (k == n_state_groups_) {
+          state_layer_[k] = l;
+          states_[n_state_groups_++].set_policy(policy);
+        }
         layer_group_[l] = -1;
         layer_state_[l] = k;
         continue;
@@ -608,13 +616,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "slot = %d: must be in [0, slots = %d) of state group %d", slot, D, state_group);
     return Error::Ok;
   }
-  // The first layer of State group k.
-  int first_state_layer(int k) const noexcept {
-    for (int l = 0; l < n_layers_; ++l)
-      if (layer_state_[l] == k) return l;
-    return -1;
-  }
-
   // An imported sequence on a model with State groups (docs/state.md): it
   // removed nothing, and the layers of each State group carry the same states
   // after [held_from, length): the last one and at most D. Changes nothing.
@@ -627,7 +628,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int l = 0; l < n_layers_; ++l) {
       const int k = layer_state_[l];
       if (k < 0) continue;
-      const int first = first_state_layer(k), D = states_[k].slots(), h = in.held_from(l);
+      const int first = state_layer_[k], D = states_[k].slots(), h = in.held_from(l);
       KVCORE_CHECK_OR_RETURN_ERROR(in.held_from(first) == h && in.sink_end(l) == 0, InvalidArgument,
                                    "import: State layer %d carries states from %d (sink_end %d), layer %d of its "
                                    "State group from %d",
@@ -773,6 +774,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   internal::Buffer<LayerConfig> layer_configs_;
   internal::Buffer<int> layer_group_;
   internal::Buffer<int> group_layer_;  // per group: its first layer
+  internal::Buffer<int> state_layer_;  // per State group: its first layer
   internal::Buffer<BlockGroup> groups_;  // the first n_groups_
   internal::Buffer<int> layer_state_;    // per layer: its State group, -1
   internal::Buffer<StateGroup> states_;  // the first n_state_groups_
