@@ -45,11 +45,11 @@ def no_eos(model: Any) -> Any:
     return model
 
 
-def model_fixture(models: Mapping[str, Callable[[], Any]]) -> Any:
-    """A module-scoped ``model`` fixture running each test once per model of ``models`` (name: builder);
-    assign it to ``model`` in the test module."""
+def model_fixture(models: Mapping[str, Callable[[], Any]], name: str = "model") -> Any:
+    """A module-scoped fixture ``name`` running each test once per model of ``models`` (name: builder);
+    assign it to a module variable of that name in the test module."""
 
-    @pytest.fixture(scope="module", params=sorted(models), name="model")
+    @pytest.fixture(scope="module", params=sorted(models), name=name)
     def model(request: pytest.FixtureRequest) -> Any:
         return models[request.param]()
 

@@ -79,7 +79,7 @@ def test_a_shared_layer_stores_nothing_and_a_state_layer_its_groups_slots() -> N
     assert store.tensors(2) is None and store.state(3, "conv") is None
     with pytest.raises(InvalidArgumentError, match="tensors of layer 3: a State layer holds state slots"):
         store.tensors(3)
-    with pytest.raises(NotSupportedError, match="export: layer 2 is a Shared layer: records carry"):
+    with pytest.raises(NotSupportedError, match="export: layer 2 is a Shared layer: a torch pool's records carry"):
         store.export_sequence(0)
 
 

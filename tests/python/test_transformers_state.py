@@ -73,6 +73,55 @@ def granite(seed: int = 0) -> Any:
 MODELS: dict[str, Callable[[], Any]] = {"qwen3_next": qwen3_next, "lfm2": lfm2, "granite": granite}
 
 
+# The other hybrid families, tiny: gated DeltaNet (Qwen 3.5), Mamba (Jamba), Mamba-2 (Bamba,
+# Nemotron-H, whose "-" layers have neither attention nor state: transformers' "dummy" layer).
+def qwen3_5(seed: int = 0) -> Any:
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=256,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return no_eos(transformers.Qwen3_5ForCausalLM(config).eval())
+
+
+def jamba(seed: int = 0) -> Any:
+    config = transformers.JambaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=8,
+        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return no_eos(transformers.JambaForCausalLM(config).eval())
+
+
+def bamba(seed: int = 0) -> Any:
+    config = transformers.BambaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
+        mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return no_eos(transformers.BambaForCausalLM(config).eval())
+
+
+def nemotron_h(seed: int = 0) -> Any:
+    config = transformers.NemotronHConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, hybrid_override_pattern="M*-",
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=1, ssm_state_size=8, conv_kernel=4, expand=2, chunk_size=16,
+        initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return no_eos(transformers.NemotronHForCausalLM(config).eval())
+
+
+FAMILIES: dict[str, Callable[[], Any]] = {"qwen3_5": qwen3_5, "jamba": jamba, "bamba": bamba, "nemotron_h": nemotron_h}
+family = model_fixture(FAMILIES, name="family")
+
+
 model = model_fixture(MODELS)
 prompt = partial(random_prompt, vocab=VOCAB)
 
@@ -230,6 +279,44 @@ def test_prompt_lookup_and_a_draft_model_equal_plain_greedy(model: Any) -> None:
     drafter = draft_model_drafter(type(model)(model.config).eval())  # same shape, other weights
     out = speculative_generate(model, KVCoreCache(model.config, max_step=8), ids, drafter, max_new_tokens=8)
     assert torch.equal(out, ref[:, : ids.shape[1] + 8])
+
+
+def test_the_other_hybrid_families_decode_and_look_up_prompts_as_dynamic_cache(family: Any) -> None:
+    # Greedy with chunked prefill past the state slots, and prompt lookup (verify steps, rewinds
+    # into them) equal to plain greedy decoding with transformers' own cache.
+    ids = repetitive_prompt()
+    ref = generate(family, ids, 12, do_sample=False, prefill_chunk_size=4)  # the same float path as below
+    cache = KVCoreCache(family.config, max_step=4)
+    out = generate(family, ids, 12, do_sample=False, cache=cache, prefill_chunk_size=4)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert max_diff(out.logits, ref.logits) <= TOL
+    assert len(set(ref.sequences[0, ids.shape[1] :].tolist())) > 2
+    assert cache.state_layers, "the model has state layers"
+    # (Prompt lookup prefills in one forward: against greedy decoding that does too, as chunked
+    # and whole prefills of a recurrent layer differ in float rounding.)
+    whole = generate(family, ids, 12, do_sample=False).sequences
+    lookup = KVCoreCache(family.config, max_step=8)
+    model_type = family.config.get_text_config(decoder=True).model_type
+    if model_type in ("bamba", "jamba"):  # their mixers are not run token by token: refused, not wrong
+        with pytest.raises(kvcore.NotSupportedError, match=f"model_type {model_type!r}: kvcore does not know"):
+            prompt_lookup_generate(family, lookup, ids, max_new_tokens=12)
+        return
+    looked_up = prompt_lookup_generate(family, lookup, ids, max_new_tokens=12)
+    assert torch.equal(looked_up, whole)
+
+
+def test_a_layer_without_attention_or_state_holds_nothing_and_refuses_updates() -> None:
+    model = nemotron_h()
+    cache = KVCoreCache(model.config, max_step=8)
+    assert cache.layer_types == ["linear_attention", "full_attention", "dummy"]
+    assert cache.writing_layers == [0, 1] and repr(cache.layers[2]) == "KVCoreEmptyLayer(2)"
+    with torch.no_grad():
+        prefill(model, cache, prompt(6))
+    assert cache.get_seq_length() == 6 and cache.layers[2].get_seq_length() == 6
+    assert cache.pool.layer(2) is None  # never allocated
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"^update of layer 2: the model's config gives it no attention"):
+        cache.layers[2].update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+    assert cache.get_seq_length() == 6
 
 
 def test_transformers_refuses_prompt_lookup_on_models_it_marks_stateful() -> None:

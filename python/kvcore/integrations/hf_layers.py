@@ -19,7 +19,7 @@ FULL = "full_attention"
 SLIDING = "sliding_attention"
 CHUNKED = "chunked_attention"
 # transformers' cache type of a layer that holds no cache (a KV-shared layer, or one without attention).
-_DUMMY = "dummy"
+DUMMY = "dummy"
 # transformers' recurrent-state layer types (its LinearAttentionLayer): gated DeltaNet and Mamba
 # layers are "linear_attention", LFM2's short convolutions "conv". kvcore plans them as State(D).
 STATE_TYPES = ("linear_attention", "conv")
@@ -43,8 +43,11 @@ def cache_config_for(
     sinks)``, ``chunked_attention`` (Llama 4) ``Chunked(attention_chunk_size)``, a
     KV-shared layer (Gemma 3n's ``kv_sharing_modes`` "reuse", transformers' "dummy" cache
     layer) ``Shared(source)``, ``source`` the layer of its attention type that stores K/V
-    for it ("store"; its reported type is its attention type, what keys the model's masks),
-    and a recurrent-state layer (``STATE_TYPES``) ``State(state_slots)``, by default
+    for it ("store"; its reported type is its attention type, what keys the model's masks), a
+    layer without attention or state (transformers' "dummy" for "mlp" / "moe" layers,
+    Nemotron-H's) a never-written ``Flat()`` placeholder of one head of one element that keeps
+    the layer indices aligned (its type stays "dummy"), and a recurrent-state layer
+    (``STATE_TYPES``) ``State(state_slots)``, by default
     ``kvcore.hf_config.default_state_slots(max_step)`` slots (room for a verify step of up to
     8 tokens). Raises NotSupportedError naming the layer for any other layer type,
     bidirectional attention, or two layers of one type that read differently;
@@ -77,9 +80,12 @@ def cache_config_for(
             policy = Ring(int(kwargs["sliding_window"]), sinks)
         elif kind == CHUNKED:  # transformers passes attention_chunk_size as the layer's sliding_window
             policy = Chunked(int(kwargs["sliding_window"]))
-        elif kind == _DUMMY and _sharing_mode(text, i) == "reuse":
+        elif kind == DUMMY and _sharing_mode(text, i) == "reuse":
             types[i], source = _shared_source(text, i)
             policy = Shared(source)
+        elif kind == DUMMY:  # no attention, no state (an MLP or MoE layer): the model never calls the cache
+            layers.append(LayerConfig(Flat(), 1, 1))  # a placeholder at its index, never written
+            continue
         elif kind in STATE_TYPES:
             layers.append(LayerConfig(State(state_slots)))
             continue

@@ -101,8 +101,8 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
 from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
-from kvcore.integrations.hf_layers import FULL, SLIDING, STATE_TYPES, cache_config_for
-from kvcore.integrations.transformers_layers import KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
+from kvcore.integrations.hf_layers import DUMMY, FULL, SLIDING, STATE_TYPES, cache_config_for
+from kvcore.integrations.transformers_layers import KVCoreEmptyLayer, KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
 from kvcore.integrations.transformers_state import read_state, state_name, write_conv_states, write_recurrent_state
 from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.quantized import TorchQuantizedKVPool
@@ -215,12 +215,14 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         policies = [self.sequence.layer_policy(i) for i in range(n)]
         # The layers a forward updates (K/V or states), in order: all but the KV-shared ones
         # (which the model never updates: it hands them their source's K/V).
-        self.writing_layers = [i for i in range(n) if self.sequence.row_layer(i) == i]
+        # (and the placeholders of layers without attention or state, which the model never calls).
+        self.writing_layers = [i for i in range(n) if self.sequence.row_layer(i) == i and layer_types[i] != DUMMY]
         # Layers whose returned K/V a shared layer uses later in the forward: kept alive (see update).
         self._sources = frozenset(self.sequence.row_layer(i) for i in range(n) if self.sequence.row_layer(i) != i)
         # (Typed Any: transformers types Cache.layers as a union of its own layer kinds.)
         layers: list[Any] = [
             KVCoreStateLayer(self, i, p) if kind in STATE_TYPES
+            else KVCoreEmptyLayer(self, i) if kind == DUMMY
             else KVCoreLayer(self, i, p) if i in self.writing_layers
             else KVCoreSharedLayer(self, i, p)
             for i, (kind, p) in enumerate(zip(layer_types, policies))
@@ -676,7 +678,9 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._state_layer(layer_idx)
         forward = self._forward
         call = self._state_call
-        if call is not None and call[0] == layer_idx and (forward.step is None or forward.served == call[1]):
+        # The same layer's next call in this forward (after the commit: only the committing call's).
+        served = forward.served if forward.step is not None else self._n_layers
+        if call is not None and call[0] == layer_idx and call[1] == served:
             span = call[2]
             rng = self._state_range
             if rng is None or (span.first, span.count) == rng:
@@ -939,6 +943,7 @@ __all__ = [
     "FULL",
     "KVCoreCache",
     "KVCoreLayer",
+    "KVCoreEmptyLayer",
     "KVCoreSharedLayer",
     "SLIDING",
     "SUPPORTED_TRANSFORMERS",

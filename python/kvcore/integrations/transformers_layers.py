@@ -19,7 +19,7 @@ import torch
 from transformers import cache_utils
 
 from kvcore._core import LayerPolicy, SequenceCache
-from kvcore._errors import InternalError, NotSupportedError
+from kvcore._errors import InternalError, InvalidArgumentError, NotSupportedError
 from kvcore.integrations.transformers_versions import check_transformers
 from kvcore.torch.layer import LayerPool
 from kvcore.torch.pool import TorchKVPool
@@ -225,6 +225,35 @@ class KVCoreSharedLayer(cache_utils.DummyLayer):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"KVCoreSharedLayer({self.layer_idx}, source={self.source})"
+
+
+class KVCoreEmptyLayer(cache_utils.DummyLayer):  # type: ignore[misc]
+    """A layer of a KVCoreCache without attention or state (an MLP or MoE layer: transformers'
+    "dummy" cache layer, Nemotron-H's "-" layers). The model never calls the cache for it; it
+    holds nothing (kvcore keeps a never-written ``Flat()`` placeholder at its index). ``update``
+    raises InvalidArgumentError naming the layer."""
+
+    sinks = 0
+    is_sliding = False
+
+    def __init__(self, owner: LayerOwner, layer_idx: int) -> None:
+        super().__init__()
+        self._owner = owner
+        self.layer_idx = layer_idx
+
+    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+        """Refused (InvalidArgumentError): the layer has no attention."""
+        raise InvalidArgumentError(
+            f"update of layer {self.layer_idx}: the model's config gives it no attention and no state "
+            f"(transformers' 'dummy' layer); nothing is cached for it"
+        )
+
+    def get_seq_length(self) -> int:
+        """The cache's one length."""
+        return self._owner.sequence.length
+
+    def __repr__(self) -> str:
+        return f"KVCoreEmptyLayer({self.layer_idx})"
 
 
 class KVCoreStateLayer(cache_utils.LinearAttentionCacheLayerMixin):  # type: ignore[misc]

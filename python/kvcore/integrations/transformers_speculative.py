@@ -27,7 +27,8 @@ Per layer type, how a verify step gets the state after each of its tokens:
 - LFM2's short convolution (``conv``): ``update_conv_state`` receives every token's
   inputs, and the conv state after token ``q`` is the last ``kernel`` columns up to
   ``q``: exact, at no extra cost.
-- Gated DeltaNet (Qwen3-Next, ``linear_attn``) and Mamba-2 (Granite 4.0-H, ``mamba``):
+- Gated DeltaNet (Qwen3-Next and Qwen 3.5, ``linear_attn``) and Mamba-2 (Granite 4.0-H,
+  ``mamba``; Nemotron-H, ``mixer``):
   transformers' layer returns only the last recurrent state, so
   ``state_layers_token_by_token`` runs each such mixer one token at a time inside the
   verify forward (``KVCoreCache.state_positions``): the single-token path decoding
@@ -36,7 +37,11 @@ Per layer type, how a verify step gets the state after each of its tokens:
   chunked call (the recurrence is sequential anyway; the projections are batched ``T``
   times smaller).
 
-Other model types with recurrent layers are refused by name (NotSupportedError).
+Other model types with recurrent layers are refused by name (NotSupportedError). Bamba
+(Mamba-2) and Jamba (Mamba) are among them: their mixers run token by token inside a verify
+forward give other tokens than plain decoding (found by the tests; their single-token calls
+inside a longer forward are not what their decode path computes), so verify steps are refused
+for them rather than wrong; plain decoding with ``KVCoreCache`` equals ``DynamicCache``.
 """
 
 from __future__ import annotations
@@ -53,7 +58,12 @@ from kvcore.integrations.transformers import KVCoreCache, cache_keyword, prefill
 # model_type -> the attribute of a decoder layer holding its recurrent mixer, for the models whose
 # mixer computes only its last recurrent state. LFM2 ("conv") needs none: its conv states come
 # from update_conv_state's inputs, every position's exactly.
-TOKEN_BY_TOKEN_MIXERS = {"qwen3_next": "linear_attn", "granitemoehybrid": "mamba"}
+TOKEN_BY_TOKEN_MIXERS = {
+    "qwen3_next": "linear_attn",
+    "qwen3_5_text": "linear_attn",
+    "granitemoehybrid": "mamba",
+    "nemotron_h": "mixer",
+}
 EXACT_PER_POSITION = ("lfm2",)
 
 

@@ -465,7 +465,7 @@ class TorchPagedKVPool:
         holding the same rows gives; ``tokens``: ids of positions ``[0, len(tokens))`` (all of them
         let an importer share a prefix it caches). Holds a transient numpy pool spanning the rows up
         to the sequence's highest block. Errors: ``paged_records.export_sequence``; NotSupportedError: a
-        Shared or State layer (records carry Flat, Ring and Chunked layers only)."""
+        Shared or State layer (a torch pool's records carry Flat, Ring and Chunked layers only)."""
         self._check_record_layers("export")
         return paged_records.export_sequence(self, seq, tokens)
 
@@ -483,7 +483,7 @@ class TorchPagedKVPool:
         ``trust_tokens`` or a ``namespace``, as ``PagedKVPool.import_sequence``); changes nothing on
         an error. ``import_sequence(record, seq)``, the order of the last release, still works and
         warns (DeprecationWarning). Errors: ``paged_records.import_sequence``; NotSupportedError: a
-        Shared or State layer (records carry Flat, Ring and Chunked layers only)."""
+        Shared or State layer (a torch pool's records carry Flat, Ring and Chunked layers only)."""
         self._check_record_layers("import")
         if isinstance(record, (int, np.integer)) and not isinstance(record, bool) and not isinstance(seq, (int, np.integer)):
             warnings.warn(
@@ -525,8 +525,8 @@ class TorchPagedKVPool:
             if source != layer:
                 kind = "State" if source < 0 else "Shared"
                 raise NotSupportedError(
-                    f"{what}: layer {layer} is a {kind} layer: records carry Flat, Ring and Chunked layers only "
-                    "(shared K/V and recurrent state not yet)"
+                    f"{what}: layer {layer} is a {kind} layer: a torch pool's records carry Flat, Ring and Chunked "
+                    "layers only (a PagedKVPool's carry every kind)"
                 )
 
 
