@@ -287,7 +287,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   cfg.batch.num_blocks = (1 << 30) + 1;
   Status outcome;
   {
-    FailNothrowNewAfter fail(8);  // the cache object and its 7 layer tables
+    FailNothrowNewAfter fail(7);  // the cache object and its 6 layer tables
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::InvalidArgument) << outcome.message().c_str();
@@ -295,7 +295,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   // 2^30 blocks pass (the pool asks for its tables, which fail here).
   cfg.batch.num_blocks = 1 << 30;
   {
-    FailNothrowNewAfter fail(10);  // the cache object, its 7 layer tables and the 2 of its table rows
+    FailNothrowNewAfter fail(9);  // the cache object, its 6 layer tables and the 2 of its table rows
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);

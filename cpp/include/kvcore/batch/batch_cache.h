@@ -417,7 +417,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
     for (int k = 0; k < n_state_groups_; ++k)  // the states each State group carries, in fresh slots
-      states_[k].restore(seq, in.length > 0 ? in.held_from(state_layer_[k]) : 0, in.length);
+      states_[k].restore(seq, in.length > 0 ? in.held_from(states_[k].first_layer()) : 0, in.length);
     prefix_.set_namespace(seq, in.prefix_namespace);
     if (!named) {
       prefix_.stop(seq);
@@ -540,9 +540,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
     layer_state_ = internal::Buffer<int>::make(n_layers_);
     states_ = internal::Buffer<StateGroup>::make(n_layers_);  // at worst one State group per layer
-    state_layer_ = internal::Buffer<int>::make(n_layers_);
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_ &&
-                                     state_layer_,
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_,
                                  MemoryAllocationFailed, "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
       layer_configs_[l] = cfg.layer(l);
@@ -551,10 +549,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       if (policy.kind == LayerPolicy::Kind::State) {  // a State group, no blocks
         int k = 0;
         while (k < n_state_groups_ && states_[k].policy() != policy) ++k;
-        if (k == n_state_groups_) {
-          state_layer_[k] = l;
-          states_[n_state_groups_++].set_policy(policy);
-        }
+        if (k == n_state_groups_) states_[n_state_groups_++].set_policy(policy, l);
         layer_group_[l] = -1;
         layer_state_[l] = k;
         continue;
@@ -628,7 +623,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int l = 0; l < n_layers_; ++l) {
       const int k = layer_state_[l];
       if (k < 0) continue;
-      const int first = state_layer_[k], D = states_[k].slots(), h = in.held_from(l);
+      const int first = states_[k].first_layer(), D = states_[k].slots(), h = in.held_from(l);
       KVCORE_CHECK_OR_RETURN_ERROR(in.held_from(first) == h && in.sink_end(l) == 0, InvalidArgument,
                                    "import: State layer %d carries states from %d (sink_end %d), layer %d of its "
                                    "State group from %d",
@@ -774,7 +769,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   internal::Buffer<LayerConfig> layer_configs_;
   internal::Buffer<int> layer_group_;
   internal::Buffer<int> group_layer_;  // per group: its first layer
-  internal::Buffer<int> state_layer_;  // per State group: its first layer
   internal::Buffer<BlockGroup> groups_;  // the first n_groups_
   internal::Buffer<int> layer_state_;    // per layer: its State group, -1
   internal::Buffer<StateGroup> states_;  // the first n_state_groups_

@@ -58,12 +58,16 @@ class StateGroup {
   StateGroup(const StateGroup&) = delete;
   StateGroup& operator=(const StateGroup&) = delete;
 
-  /// The group's policy (a State policy of D = policy.slots >= 1); nothing is allocated.
-  void set_policy(const LayerPolicy& policy) noexcept {
+  /// The group's policy (a State policy of D = policy.slots >= 1) and its
+  /// first layer (whose bounds stand for the group's in an import); nothing
+  /// is allocated.
+  void set_policy(const LayerPolicy& policy, int first_layer) noexcept {
     policy_ = policy;
     slots_ = policy.slots;
+    first_layer_ = first_layer;
   }
   const LayerPolicy& policy() const noexcept { return policy_; }
+  int first_layer() const noexcept { return first_layer_; }
   /// D: logical state slots per sequence.
   int slots() const noexcept { return slots_; }
   /// Physical slots in all: rows * D + max_step_tokens + snapshots (every
@@ -293,6 +297,7 @@ class StateGroup {
 
   LayerPolicy policy_;
   int slots_ = 1;
+  int first_layer_ = 0;
   const TableRows* rows_ = nullptr;
   int n_logical_ = 0;
   int n_phys_ = 0;
