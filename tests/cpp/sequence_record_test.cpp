@@ -1169,6 +1169,23 @@ TEST(SequenceRecord, HostileSharedAndStateEntriesAreRefusedByField) {
   expect_parse_refused(chunk0, chunk0.size, kvcore::Error::InvalidArgument, "kind 2, window 0");
 }
 
+// An export reads the rows the cache's layer table promises: a pool of another
+// cache (same layer count, other row shapes) is refused, nothing written.
+TEST(SequenceRecord, ExportRefusesAPoolOfAnotherCache) {
+  CacheConfig cfg = pool_config(32, {flat_layer(), flat_layer()}, 4, 8);
+  CacheConfig wide = pool_config(32, {flat_layer(), LayerConfig{LayerPolicy::flat(), 4, 8, 0}}, 4, 8);
+  auto cache = std::move(SequenceCache::create(cfg)).get();
+  auto other = std::move(SequenceCache::create(wide)).get();
+  auto pool = std::move(KVPool::create(*other, DType::Float16)).get();
+  std::vector<std::uint64_t> out(1 << 10, 0);
+  expect_refused(kvcore::export_size(*cache, pool).status(), kvcore::Error::InvalidArgument,
+                 "export: layer 1 of the pool has rows of 64 / 64 bytes, the cache's layer 12 / 12: the pool is "
+                 "another cache's");
+  expect_refused(kvcore::export_to(*cache, pool, nullptr, 0, out.data(), 8 * out.size()),
+                 kvcore::Error::InvalidArgument, "the pool is another cache's");
+  EXPECT_EQ(out[0], 0u);
+}
+
 // A sequence whose State layer lost its last state (an aborted step of T = D
 // without verify may have overwritten the slot it read) has nothing to
 // carry: its export is refused until a rewind.

@@ -156,10 +156,16 @@ template <class Source>
 Result<std::size_t> size_of(const Source& src, int n_layers, int max_step, int n_tokens) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(n_tokens >= 0 && n_tokens <= src.length(), InvalidArgument,
                                "export: n_tokens = %d must be in [0, length = %d]", n_tokens, src.length());
-  // (A State layer's slot fits the record's int32: the pools keep slots below 2^31 bytes.)
-  for (int l = 0; l < n_layers; ++l) KVCORE_RETURN_IF_ERROR(src.storage(l).status());
+  // The pool must be the cache's: its rows are the bytes the record's layer
+  // table promises (a State layer's slot fits the record's int32: the pools
+  // keep slots below 2^31 bytes, so a slot the int does not hold is another pool's).
   for (int l = 0; l < n_layers; ++l) {
+    KVCORE_ASSIGN_OR_RETURN(const LayerStorage s, src.storage(l));
     const RecordLayer r = src.layer(l);
+    KVCORE_CHECK_OR_RETURN_ERROR(r.k_row_bytes() == s.k_row_bytes && r.v_row_bytes() == s.v_row_bytes, InvalidArgument,
+                                 "export: layer %d of the pool has rows of %zu / %zu bytes, the cache's layer %zu / "
+                                 "%zu: the pool is another cache's",
+                                 l, s.k_row_bytes, s.v_row_bytes, r.k_row_bytes(), r.v_row_bytes());
     KVCORE_CHECK_OR_RETURN_ERROR(
         r.policy.kind != LayerPolicy::Kind::State || src.length() == 0 || r.held_from < src.length(), InvalidState,
         "export: layer %d no longer holds the state after position %d (an aborted step may have overwritten its "
