@@ -144,7 +144,8 @@ Status copy_rows(const Source& src, int l, const LayerStorage& s, int lo, int hi
     while (q < hi && src.row(l, q) == first + (q - p) && first + (q - p) < s.allocated_rows) ++q;
     const std::size_t n = static_cast<std::size_t>(q - p);
     std::memcpy(k_out, s.k + s.k_row_bytes * static_cast<std::size_t>(first), s.k_row_bytes * n);
-    std::memcpy(v_out, s.v + s.v_row_bytes * static_cast<std::size_t>(first), s.v_row_bytes * n);
+    if (s.v_row_bytes != 0)  // a State layer has no V storage (its pointer may be null)
+      std::memcpy(v_out, s.v + s.v_row_bytes * static_cast<std::size_t>(first), s.v_row_bytes * n);
     k_out += s.k_row_bytes * n;
     v_out += s.v_row_bytes * n;
     p = q;

@@ -98,7 +98,8 @@ void put_rows(const unsigned char* k, const unsigned char* v, const RecordLayer&
     while (q < hi && row_of(q) == first + (q - p)) ++q;
     const std::size_t n = static_cast<std::size_t>(q - p), j = static_cast<std::size_t>(j0 + (p - lo));
     std::memcpy(s.k + kb * static_cast<std::size_t>(first), k + kb * j, kb * n);
-    std::memcpy(s.v + vb * static_cast<std::size_t>(first), v + vb * j, vb * n);
+    if (vb != 0)  // a State layer has no V storage (its pointer may be null)
+      std::memcpy(s.v + vb * static_cast<std::size_t>(first), v + vb * j, vb * n);
     p = q;
   }
 }
