@@ -333,11 +333,7 @@ void register_paged_pool(py::module_& m) {
            "stored rows, a slot outside [0, num_state_slots).")
       .def(
           "state_names",
-          [](const PyPagedPool& p, const PyInt& layer) {
-            const int l = p.checked_layer(layer);
-            throw_if_error(p.pool().check_state_layer(l, "state_names"));
-            return p.states().names(l);
-          },
+          [](const PyPagedPool& p, const PyInt& layer) { return p.states().checked_names(p.pool(), p.checked_layer(layer)); },
           py::arg("layer"),
           "The names of State layer `layer`'s state tensors, in the order state_tensors gave them. "
           "InvalidArgumentError: bad layer, a layer that is not a State layer.")

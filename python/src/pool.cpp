@@ -572,11 +572,7 @@ void register_pool(py::module_& m) {
            "layer is refused naming its source (update the source, then read the Shared layer: its "
            "source's rows); a State layer is refused (write_state, read_state).")
       .def("state_names",
-           [](const PyPool& p, const PyInt& layer) {
-             const int l = p.checked_layer(layer);
-             throw_if_error(p.pool().check_state_layer(l, "state_names"));
-             return p.states().names(l);
-           },
+           [](const PyPool& p, const PyInt& layer) { return p.states().checked_names(p.pool(), p.checked_layer(layer)); },
            py::arg("layer"),
            "The names of State layer `layer`'s state tensors, in the order state_tensors gave them. "
            "InvalidArgumentError: bad layer, a layer that is not a State layer.")

@@ -199,6 +199,14 @@ class StateTensors {
     return out;
   }
 
+  /// State layer `layer`'s tensor names, in the order given, after `pool`
+  /// checked it is one (InvalidArgument naming state_names otherwise).
+  template <class Pool>
+  py::list checked_names(const Pool& pool, int layer) const {
+    throw_if_error(pool.check_state_layer(layer, "state_names"));
+    return names(layer);
+  }
+
   /// The layer's tensor names, in the order given.
   py::list names(int layer) const {
     py::list out;
