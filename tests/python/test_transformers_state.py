@@ -36,6 +36,12 @@ VOCAB = 96
 TOL = 1e-4
 
 
+def tiny(model_class: Any, config: Any, seed: int) -> Any:
+    """``model_class(config)`` in eval mode, its weights drawn from ``seed``, that never stops at an EOS."""
+    torch.manual_seed(seed)
+    return no_eos(model_class(config).eval())
+
+
 def qwen3_next(seed: int = 0) -> Any:
     config = transformers.Qwen3NextConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
@@ -44,8 +50,7 @@ def qwen3_next(seed: int = 0) -> Any:
         num_experts_per_tok=1, moe_intermediate_size=16, shared_expert_intermediate_size=16,
         max_position_embeddings=256, full_attention_interval=2, initializer_range=0.2,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.Qwen3NextForCausalLM(config).eval())
+    return tiny(transformers.Qwen3NextForCausalLM, config, seed)
 
 
 def lfm2(seed: int = 0) -> Any:
@@ -54,8 +59,7 @@ def lfm2(seed: int = 0) -> Any:
         num_key_value_heads=1, max_position_embeddings=256, conv_L_cache=3, initializer_range=0.2,
         layer_types=["conv", "full_attention", "conv", "conv"],  # the last layer holds a state
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.Lfm2ForCausalLM(config).eval())
+    return tiny(transformers.Lfm2ForCausalLM, config, seed)
 
 
 def granite(seed: int = 0) -> Any:
@@ -66,8 +70,7 @@ def granite(seed: int = 0) -> Any:
         num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=32, mamba_chunk_size=16,
         initializer_range=0.2,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.GraniteMoeHybridForCausalLM(config).eval())
+    return tiny(transformers.GraniteMoeHybridForCausalLM, config, seed)
 
 
 MODELS: dict[str, Callable[[], Any]] = {"qwen3_next": qwen3_next, "lfm2": lfm2, "granite": granite}
@@ -82,8 +85,7 @@ def qwen3_5(seed: int = 0) -> Any:
         linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=256,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], initializer_range=0.2,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.Qwen3_5ForCausalLM(config).eval())
+    return tiny(transformers.Qwen3_5ForCausalLM, config, seed)
 
 
 def jamba(seed: int = 0) -> Any:
@@ -93,8 +95,7 @@ def jamba(seed: int = 0) -> Any:
         expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=8,
         mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, initializer_range=0.2,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.JambaForCausalLM(config).eval())
+    return tiny(transformers.JambaForCausalLM, config, seed)
 
 
 def bamba(seed: int = 0) -> Any:
@@ -103,8 +104,7 @@ def bamba(seed: int = 0) -> Any:
         num_key_value_heads=1, max_position_embeddings=256, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
         mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, initializer_range=0.2,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.BambaForCausalLM(config).eval())
+    return tiny(transformers.BambaForCausalLM, config, seed)
 
 
 def nemotron_h(seed: int = 0) -> Any:
@@ -114,8 +114,7 @@ def nemotron_h(seed: int = 0) -> Any:
         mamba_num_heads=4, mamba_head_dim=16, n_groups=1, ssm_state_size=8, conv_kernel=4, expand=2, chunk_size=16,
         initializer_range=0.2,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    return no_eos(transformers.NemotronHForCausalLM(config).eval())
+    return tiny(transformers.NemotronHForCausalLM, config, seed)
 
 
 FAMILIES: dict[str, Callable[[], Any]] = {"qwen3_5": qwen3_5, "jamba": jamba, "bamba": bamba, "nemotron_h": nemotron_h}
@@ -300,6 +299,7 @@ def test_the_other_hybrid_families_decode_and_look_up_prompts_as_dynamic_cache(f
     if model_type in ("bamba", "jamba"):  # their mixers are not run token by token: refused, not wrong
         with pytest.raises(kvcore.NotSupportedError, match=f"model_type {model_type!r}: kvcore does not know"):
             prompt_lookup_generate(family, lookup, ids, max_new_tokens=12)
+        assert lookup.get_seq_length() == 0  # refused before its prefill
         return
     looked_up = prompt_lookup_generate(family, lookup, ids, max_new_tokens=12)
     assert torch.equal(looked_up, whole)
