@@ -1,6 +1,6 @@
 """transformers' continuous batching served by kvcore (kvcore.integrations.hf_batch).
 
-Tiny random models of nine architectures; each run is checked token for token
+Tiny random models of ten architectures; each run is checked token for token
 against transformers' own ``generate_batch`` and ``generate()`` per prompt.
 transformers' own runs get an explicit small cache (``num_blocks``), else it
 sizes its cache from the machine's memory and takes a minute per run.
@@ -55,11 +55,18 @@ def build(name: str) -> Any:
             t.Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=32, **common)  # fmt: skip
         ),
+        # Gemma 3n: its last two layers read the K/V of layers 2 (sliding) and 3 (full), writing none.
+        "gemma3n": lambda: t.Gemma3nForCausalLM(
+            t.Gemma3nTextConfig(**{**common, "num_hidden_layers": 6}, vocab_size_per_layer_input=VOCAB,
+                                hidden_size_per_layer_input=8, sliding_window=WINDOW, layer_types=[S, F] * 3,
+                                num_kv_shared_layers=2, laurel_rank=4, altup_num_inputs=2,
+                                activation_sparsity_pattern=[0.0] * 6)  # fmt: skip
+        ),
     }
     return configs[name]().eval()
 
 
-ARCHS = ["llama", "qwen3", "mistral_window", "gemma2", "gemma3", "gpt_oss", "cohere2", "qwen2_moe"]
+ARCHS = ["llama", "qwen3", "mistral_window", "gemma2", "gemma3", "gpt_oss", "cohere2", "qwen2_moe", "gemma3n"]
 _models: dict[str, Any] = {}
 
 
@@ -112,7 +119,7 @@ def test_greedy_outputs_equal_transformers_generate_batch_and_generate(arch: str
     assert counters.peak_blocks > 0 and counters.peak_kv_bytes > 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma3n"])
 @pytest.mark.parametrize("samples", [2, 3])
 def test_parallel_samples_fork_the_prompt_and_equal_greedy(arch: str, samples: int) -> None:
     m = model(arch)
@@ -149,7 +156,7 @@ def test_sampling_with_a_fixed_seed_equals_transformers_own() -> None:
     assert generated(ours) == generated(theirs)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "gemma3n"])
 def test_a_shared_system_prompt_is_reused_on_sliding_window_models(arch: str) -> None:
     m = model(arch)
     gen = greedy(4)

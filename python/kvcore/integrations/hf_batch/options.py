@@ -128,8 +128,9 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
     """The kvcore config serving ``text_config`` under ``options``, and transformers' layers per
     attention type (its continuous-batching groups, in its order).
 
-    Raises NotSupportedError for a layer kind kvcore cannot serve here (chunked, linear or
-    KV-shared layers: Llama 4, Gemma 3n, bidirectional attention, one type with two windows, a window that is not
+    KV-shared layers (Gemma 3n) are served: they read their source's blocks and write none.
+    Raises NotSupportedError for a layer kind kvcore cannot serve here (chunked or linear layers:
+    Llama 4, hybrids, bidirectional attention, one type with two windows, a window that is not
     the config's ``sliding_window``), InvalidArgumentError for options that do not fit.
     """
     capacity = resolved_capacity(options, text_config)
@@ -141,7 +142,7 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
     max_step = options.chunk(capacity, sliding=SLIDING in groups)
     base, layer_types = cache_config_for(text_config, max_step=max_step, capacity=capacity)
     for i, layer in enumerate(base.layers):
-        if layer.policy.kind in (LayerPolicy.Kind.Chunked, LayerPolicy.Kind.Shared):
+        if layer.policy.kind == LayerPolicy.Kind.Chunked:
             raise NotSupportedError(
                 f"{type(text_config).__name__}: layer {i} is {layer.policy!r} ({layer_types[i]!r}): kvcore's "
                 f"continuous batching serves {FULL!r} and {SLIDING!r} layers; KVCoreCache serves this model "
@@ -156,7 +157,8 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
             )
     window = getattr(text_config, "sliding_window", None)
     for i, layer in enumerate(base.layers):
-        if layer_types[i] == SLIDING and layer.policy.window != window:
+        shared = layer.policy.kind == LayerPolicy.Kind.Shared  # masked as its source
+        if layer_types[i] == SLIDING and not shared and layer.policy.window != window:
             raise NotSupportedError(
                 f"layer {i}: window {layer.policy.window} differs from sliding_window = {window}, which "
                 f"transformers' continuous batching masks every sliding layer with"

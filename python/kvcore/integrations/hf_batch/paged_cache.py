@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from kvcore._core import BatchCache, CacheConfig
+from kvcore._core import BatchCache, CacheConfig, LayerPolicy
 from kvcore._errors import InternalError, NotSupportedError
 from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.group_view import GroupView
@@ -96,6 +96,8 @@ class KVCorePagedCache:
             view = GroupView(index, kind, group, layers, window)
             self.cache_allocators[kind] = view
             self.layer_to_allocator.update(dict.fromkeys(layers, view))
+        # KV-shared layers (Gemma 3n) never call update: the step commits after the last layer that writes.
+        self._writing_layers = sum(1 for l in self.layer_to_allocator if self.batch.layer_config(l).policy.kind != LayerPolicy.Kind.Shared)
         self._views = list(self.cache_allocators.values())
         self._block_bytes = [self._bytes_per_block(v) for v in self._views]
         self.round = StepRound(self.batch, self._views)
@@ -121,6 +123,8 @@ class KVCorePagedCache:
         per_row = 0
         for layer in view.layer_indices:
             c = self.batch.layer_config(layer)
+            if c.policy.kind == LayerPolicy.Kind.Shared:  # a KV-shared layer reads its source's rows
+                continue
             if kv_dtype is None:
                 per_row += c.n_kv_heads * (c.head_dim + c.value_dim) * size
             else:
@@ -343,7 +347,8 @@ class KVCorePagedCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's part of the forward: the step's block copies (first layer), the new K/V
         ``[1, heads, tokens, dim]`` written at the plan's slots, and the keys and values its
-        queries read returned in transformers' order. The last layer commits the step."""
+        queries read returned in transformers' order. The last layer that writes commits the step
+        (a KV-shared layer attends over its source's returned rows and never calls update)."""
         view = self.layer_to_allocator[layer_idx]
         kwargs["cu_seq_lens_k"] = kwargs["cu_seq_lens_k"][view.layer_type].to(torch.int32)
         kwargs["max_length_k"] = kwargs["max_length_k"][view.layer_type]
@@ -363,7 +368,7 @@ class KVCorePagedCache:
             layer_idx, write, key_states, value_states, rnd.live_rows[view.index], read if read.numel() else write
         )
         rnd.layers_done += 1
-        if rnd.layers_done == len(self.layer_to_allocator):
+        if rnd.layers_done == self._writing_layers:
             rnd.step.commit()
             self.counters.forwards += 1
             rnd.end()
