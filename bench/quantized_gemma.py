@@ -15,8 +15,10 @@ For each K/V storage (the model's dtype, kv_dtype "int8", kv_dtype "fp8") it rep
 --peers adds transformers' own ``QuantizedCache`` (backends fp8, hqq 8 and 4 bits, quanto 4
 bits; residual 128 float tokens) side by side. transformers refuses it on models with sliding
 layers, Gemma 3 among them, so the peers get a config whose layers are all full-attention
-layers (they keep every token; the model's own masks still apply each layer's window, checked:
-a DynamicCache built that way must decode the float run's tokens). Bytes are then what each
+layers (they keep every token; the model's own masks still apply each layer's window). Each
+peer is compared with a DynamicCache built the same way (its own unquantized cache: at long
+contexts in bfloat16, attention over a masked full history and over a ring's window differ in
+rounding, so the two float caches may part; the report says how far). Bytes are then what each
 cache holds after the run (tensor bytes, scales and residuals included). hqq and quanto come from PyPI (``pip install --no-deps hqq optimum-quanto termcolor
 einops``); a backend that fails to import is reported, not fatal.
 Needs the ``gemma`` extra (kvcore.demo.real_model).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -34,6 +37,8 @@ from typing import Any, Callable, Optional
 import torch
 from transformers.cache_utils import DynamicCache, QuantizedCache
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import _release_freed_memory, _reset_peak_rss, _status_kib  # noqa: E402
 from kvcore import InvalidArgumentError
 from kvcore.demo.real_model import load
 from kvcore.integrations.transformers import KVCoreCache
@@ -80,35 +85,71 @@ def kvcore_cache(kv_dtype: Optional[str]) -> Callable[[Any, int, int], Any]:
 
 
 def run(model: Any, ids: torch.Tensor, new: int, max_step: int, make_cache: Callable[[Any, int, int], Any],
-        forced: Optional[torch.Tensor]) -> dict[str, Any]:
-    """Greedy decoding (forced: feed these tokens instead, teacher-forced) with a fresh cache."""
+        base: Optional[list[int]]) -> dict[str, Any]:
+    """One prefill, then greedy decoding of ``new`` tokens with a fresh cache; with ``base`` (the
+    unquantized run's tokens) also the teacher-forced run along them. A KVCoreCache shares the
+    prefill: the two runs feed the same tokens up to the first disagreement, so the cache is
+    rewound there (``crop``, exact: max_step > new) and fed ``base`` from it; a peer cache, which
+    cannot rewind past its sliding layers, is prefilled again. Peak RSS is the process's above
+    its RSS before the cache was built (VmHWM reset, freed memory handed back first)."""
+    _release_freed_memory()
+    before = _status_kib("VmRSS")
+    peak_ok = _reset_peak_rss()
     cache = make_cache(model.config, ids.shape[1] + new + 1, max_step)
-    logprobs, tokens = [], []
-    with torch.no_grad():
-        for start in range(0, ids.shape[1], max_step):  # chunked prefill
-            out = model(ids[:, start:start + max_step], cache=cache, use_cache=True)
-        nxt = out.logits[:, -1]
-        t0 = time.perf_counter()
-        for i in range(new):
+    P = ids.shape[1]
+
+    def prefill(c: Any) -> torch.Tensor:
+        for start in range(0, P, max_step):  # chunked prefill
+            out = model(ids[:, start:start + max_step], cache=c, use_cache=True)
+        return out.logits[:, -1]
+
+    def decode(c: Any, nxt: torch.Tensor, count: int, forced: Optional[list[int]]) -> tuple[list[int], list[torch.Tensor]]:
+        tokens, logprobs = [], []
+        for i in range(count):
             logprobs.append(torch.log_softmax(nxt.float(), dim=-1))
-            tok = nxt.argmax(dim=-1, keepdim=True)
-            tokens.append(int(tok))
-            feed = tok if forced is None else forced[:, i:i + 1]
-            nxt = model(feed, cache=cache, use_cache=True).logits[:, -1]
+            tok = int(nxt.argmax(dim=-1))
+            tokens.append(tok)
+            feed = tok if forced is None else forced[i]
+            nxt = model(torch.tensor([[feed]]), cache=c, use_cache=True).logits[:, -1]
+        return tokens, logprobs
+
+    with torch.no_grad():
+        t_prefill = time.perf_counter()
+        nxt = prefill(cache)
+        t0 = time.perf_counter()
+        tokens, logprobs = decode(cache, nxt, new, None)
         seconds = time.perf_counter() - t0
-    held = cache.nbytes() if isinstance(cache, KVCoreCache) else tensor_bytes(cache.layers)
-    return {"tokens": tokens, "logprobs": torch.cat(logprobs), "tok_per_s": new / seconds, "held_bytes": held}
+        result: dict[str, Any] = {"tokens": tokens, "logprobs": torch.cat(logprobs), "tok_per_s": new / seconds,
+                                  "prefill_s": t0 - t_prefill}
+        if base is not None:
+            first = next((i for i, (a, b) in enumerate(zip(tokens, base)) if a != b), new)
+            if first == new:
+                teacher_logprobs = logprobs
+            elif isinstance(cache, KVCoreCache):
+                cache.crop(-(new - first))  # back to the first disagreement: the same K/V rows
+                nxt = model(torch.tensor([[base[first]]]), cache=cache, use_cache=True).logits[:, -1]
+                teacher_logprobs = logprobs[:first + 1] + decode(cache, nxt, new - first - 1, base[first + 1:])[1]
+            else:
+                teacher = make_cache(model.config, P + new + 1, max_step)
+                teacher_logprobs = decode(teacher, prefill(teacher), new, base)[1]
+            result["teacher_logprobs"] = torch.cat(teacher_logprobs)
+    peak = _status_kib("VmHWM") if peak_ok else None
+    result["held_bytes"] = cache.nbytes() if isinstance(cache, KVCoreCache) else tensor_bytes(cache.layers)
+    result["peak_rss_above_mib"] = None if peak is None else (peak - before) / 1024
+    return result
 
 
-def compare(base: dict[str, Any], free: dict[str, Any], teacher: dict[str, Any], new: int) -> dict[str, Any]:
+def compare(base: dict[str, Any], free: dict[str, Any], new: int) -> dict[str, Any]:
     """Greedy agreement with the float run, and the teacher-forced KL and top-1 agreement."""
     same = sum(a == b for a, b in zip(free["tokens"], base["tokens"]))
     first = next((i for i, (a, b) in enumerate(zip(free["tokens"], base["tokens"])) if a != b), None)
-    kl = torch.nn.functional.kl_div(teacher["logprobs"], base["logprobs"], log_target=True, reduction="none").sum(-1)
-    top1 = float((teacher["logprobs"].argmax(-1) == base["logprobs"].argmax(-1)).float().mean())
+    teacher = free["teacher_logprobs"]
+    kl = torch.nn.functional.kl_div(teacher, base["logprobs"], log_target=True, reduction="none").sum(-1)
+    top1 = float((teacher.argmax(-1) == base["logprobs"].argmax(-1)).float().mean())
     return {"greedy_agreement": same / new, "first_disagreement": first, "teacher_forced_top1_agreement": top1,
             "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "tok_per_s": free["tok_per_s"],
-            "held_bytes_after_run": free["held_bytes"]}
+            "prefill_s": free["prefill_s"], "held_bytes_after_run": free["held_bytes"],
+            "peak_rss_above_mib": free["peak_rss_above_mib"]}
 
 
 PEERS: dict[str, dict[str, Any]] = {  # --peers names: transformers' QuantizedCache arguments
@@ -132,12 +173,14 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--new", type=int, default=256)
     p.add_argument("--context", type=int, default=8192)
-    p.add_argument("--max-step", type=int, default=256)
+    p.add_argument("--max-step", type=int, default=257, help="tokens per forward; > --new so a cache can rewind to the first disagreement")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--peers", nargs="?", const=",".join(PEERS), default="", metavar="NAMES",
                    help=f"transformers' QuantizedCache side by side, comma-separated from {', '.join(PEERS)} (all)")
     args = p.parse_args()
+    if args.max_step <= args.new:
+        p.error(f"--max-step {args.max_step} must be > --new {args.new}: the teacher-forced run rewinds up to --new tokens")
     peers = [n for n in args.peers.split(",") if n]
     for n in peers:
         if n not in PEERS:
@@ -158,39 +201,37 @@ def main() -> None:
     report: dict[str, Any] = {"model": "gemma-3-270m", "dtype": args.dtype, "prompt": int(ids.shape[1]),
                               "new": args.new, "context": args.context}
     base = run(model, ids, args.new, args.max_step, kvcore_cache(None), None)
-    forced = torch.tensor([base["tokens"]])
     at_context = {kv: kv_bytes_at(model, args.context, args.max_step, kv, dtype) for kv in (None, "int8", "fp8")}
     full = all_full(model.config)
-    if args.peers:  # the float cache of the peers' kind first: it must decode the same tokens
-        dyn = run(model, ids, args.new, args.max_step, lambda c, n, s: DynamicCache(config=full), None)
-        if dyn["tokens"] != base["tokens"]:
-            raise SystemExit("--peers: a DynamicCache of full layers decodes other tokens than kvcore's cache")
-        report["dynamic_cache_full_layers_held_bytes"] = dyn["held_bytes"]
+    dyn = base
+    if args.peers:  # the peers' own unquantized cache is their reference (like with like)
+        dyn = run(model, ids, args.new, args.max_step, lambda c, n, s: DynamicCache(config=full), base["tokens"])
+        report["dynamic_cache_full_layers"] = compare(base, dyn, args.new)  # how close the two float caches are
+        print("DynamicCache (full layers) vs kvcore", json.dumps(report["dynamic_cache_full_layers"]), flush=True)
     for kv in (None, "int8", "fp8"):
         name = kv or args.dtype
         entry: dict[str, Any] = dict(at_context[kv])
         if kv is None:
-            entry.update(tok_per_s=base["tok_per_s"], held_bytes_after_run=base["held_bytes"])
+            entry.update(tok_per_s=base["tok_per_s"], prefill_s=base["prefill_s"], held_bytes_after_run=base["held_bytes"],
+                         peak_rss_above_mib=base["peak_rss_above_mib"])
         else:
             try:
-                free = run(model, ids, args.new, args.max_step, kvcore_cache(kv), None)
-                teacher = run(model, ids, args.new, args.max_step, kvcore_cache(kv), forced)
+                free = run(model, ids, args.new, args.max_step, kvcore_cache(kv), base["tokens"])
             except InvalidArgumentError as e:  # K/V the format cannot hold (inf / NaN): reported
                 entry["error"] = str(e)
             else:
-                entry.update(compare(base, free, teacher, args.new))
+                entry.update(compare(base, free, args.new))
         report[name] = entry
         print(name, json.dumps(entry), flush=True)
     for peer in peers:
         name = f"transformers QuantizedCache {peer}"
         make = lambda c, n, s, kw=PEERS[peer]: QuantizedCache(config=full, **kw)  # noqa: E731
         try:
-            free = run(model, ids, args.new, args.max_step, make, None)
-            teacher = run(model, ids, args.new, args.max_step, make, forced)
+            free = run(model, ids, args.new, args.max_step, make, dyn["tokens"])
         except Exception as e:  # a backend that does not import or run here is reported
             report[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
         else:
-            report[name] = compare(base, free, teacher, args.new)
+            report[name] = compare(dyn, free, args.new)  # against the DynamicCache of full layers
         print(name, json.dumps(report[name]), flush=True)
     half = report[args.dtype]["kv_bytes"]
     for kv in ("int8", "fp8"):
