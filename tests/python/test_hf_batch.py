@@ -55,6 +55,12 @@ def build(name: str) -> Any:
             t.Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=32, **common)  # fmt: skip
         ),
+        # Llama 4: layers 0-2 chunked (chunks of WINDOW), layer 3 full NoPE with temperature tuning
+        # (floor_scale 4, attn_scale 2: its query scale changes every 4 positions, enough to change tokens).
+        "llama4": lambda: t.Llama4ForCausalLM(
+            t.Llama4TextConfig(**{**common, "num_hidden_layers": 4}, intermediate_size_mlp=64,
+                               attention_chunk_size=WINDOW, num_local_experts=2, floor_scale=4, attn_scale=2.0)  # fmt: skip
+        ),
         # Gemma 3n: its last two layers read the K/V of layers 2 (sliding) and 3 (full), writing none.
         "gemma3n": lambda: t.Gemma3nForCausalLM(
             t.Gemma3nTextConfig(**{**common, "num_hidden_layers": 6}, vocab_size_per_layer_input=VOCAB,
@@ -154,6 +160,54 @@ def test_sampling_with_a_fixed_seed_equals_transformers_own() -> None:
     theirs = m.generate_batch(prompt, generation_config=gen,
                               continuous_batching_config=ContinuousBatchingConfig(seed=1234, num_blocks=64, max_batch_tokens=16))  # fmt: skip
     assert generated(ours) == generated(theirs)
+
+
+def test_llama4_chunked_layers_equal_generate_where_transformers_refuses() -> None:
+    m = model("llama4")
+    assert m.config.layer_types == ["chunked_attention"] * 3 + [F]
+    gen = greedy(10)  # every prompt crosses chunk boundaries in prefill and in decoding
+    counters = BatchCounters()
+    ours = generate_batch(m, PROMPTS, gen, counters=counters, **OPTIONS)
+    assert list(generated(ours).values()) == one_by_one(m, PROMPTS, gen)
+    assert counters.prefix_hit_tokens > 0  # the system prompt's blocks, chunked group included
+    # One request per forward: the later ones adopt the whole system prompt.
+    counters = BatchCounters()
+    ours = generate_batch(m, PROMPTS, greedy(4), counters=counters, block_size=4, max_batch_tokens=16, capacity=64,
+                          max_seqs=1)  # fmt: skip
+    assert list(generated(ours).values()) == one_by_one(m, PROMPTS, greedy(4))
+    assert counters.prefix_hits == 2 and counters.prefix_hit_tokens == 2 * len(SYSTEM)
+    # Parallel samples fork the prompt (top_k = 1: each is the greedy continuation).
+    gen = GenerationConfig(max_new_tokens=5, do_sample=True, top_k=1, eos_token_id=-1, pad_token_id=0,
+                           num_return_sequences=2)  # fmt: skip
+    ours = generate_batch(m, PROMPTS[:2], gen, **OPTIONS)
+    want = one_by_one(m, PROMPTS[:2], greedy(5))
+    assert [list(ours[k].generated_tokens) for k in ("req_0__child#0", "req_0", "req_1__child#0", "req_1")] == [
+        want[0], want[0], want[1], want[1]]  # fmt: skip
+    with pytest.raises(ValueError, match="Invalid layer type: chunked_attention"):  # transformers' own
+        transformers_own(m, PROMPTS, greedy())
+
+
+def test_no_forward_carries_a_request_across_a_chunk_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = model("llama4")
+    steps: list[tuple[int, int]] = []
+    original = hf_batch.paged_cache.KVCorePagedCache.extend_read_and_write_indices
+
+    def spy(self: Any, request_id: str, past_length: int, query_length: int, *rest: Any) -> None:
+        steps.append((past_length, query_length))
+        original(self, request_id, past_length, query_length, *rest)
+
+    monkeypatch.setattr(hf_batch.paged_cache.KVCorePagedCache, "extend_read_and_write_indices", spy)
+    generate_batch(m, PROMPTS, greedy(3), block_size=4, max_batch_tokens=32, capacity=64)
+    assert any(q > 1 for _, q in steps)
+    assert all(past // WINDOW == (past + q - 1) // WINDOW for past, q in steps), steps
+
+
+def test_chunked_layers_beside_sliding_ones_are_refused_and_change_nothing() -> None:
+    m = build("gemma3")
+    m.config.layer_types = [S, "chunked_attention"]
+    with pytest.raises(kvcore.NotSupportedError, match=r"kvcore serves 'chunked_attention' beside 'full_attention' only"):
+        generate_batch(m, PROMPTS, greedy())
+    assert getattr(m, "_cached_continuous_batching_manager", None) is None  # no manager left installed
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "gemma3n"])

@@ -135,6 +135,14 @@ def state_layer_indices(model: Any) -> list[int]:
 # --- generate() ---------------------------------------------------------------------------
 
 
+def test_continuous_batching_refuses_hybrids_up_front_by_name(model: Any) -> None:
+    from kvcore.integrations.transformers import generate_batch
+
+    with pytest.raises(kvcore.NotSupportedError, match=r"Invalid layer type: \w+; .*\(hybrid models\) are not served"):
+        generate_batch(model, [prompt(5)[0].tolist()], max_new_tokens=2)
+    assert getattr(model, "_cached_continuous_batching_manager", None) is None  # nothing installed
+
+
 @pytest.mark.parametrize(("max_step", "chunk"), [(16, None), (4, 4)], ids=["one-forward-prefill", "chunked-prefill"])
 def test_greedy_generate_matches_dynamic_cache(model: Any, max_step: int, chunk: int | None) -> None:
     ids = prompt(13)

@@ -15,14 +15,19 @@ from __future__ import annotations
 from typing import Any
 
 
-def capped_scheduler(base: Any, max_step: int) -> type:
+def capped_scheduler(base: Any, max_step: int, chunk: int = 0) -> type:
     """A subclass of transformers' scheduler class ``base`` that schedules at most ``max_step``
-    tokens of one request per forward."""
+    tokens of one request per forward and, with ``chunk`` > 0 (a model with chunked layers),
+    never carries a request across a multiple of ``chunk``: its queries then all see the same
+    chunk, which transformers' causal mask over the chunk's keys expresses exactly."""
 
     def _schedule_request(
         self: Any, state: Any, request_tokens: list[int], token_budget: int, removed: set[str]
     ) -> None:
-        base._schedule_request(self, state, request_tokens, min(token_budget, max_step), removed)
+        budget = min(token_budget, max_step)
+        if chunk:
+            budget = min(budget, chunk - state.position_offset % chunk)
+        base._schedule_request(self, state, request_tokens, budget, removed)
 
     return type(f"KVCore{base.__name__}", (base,), {"_schedule_request": _schedule_request, "max_step": max_step})
 

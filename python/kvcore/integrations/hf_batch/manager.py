@@ -23,12 +23,14 @@ from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPP
 
 from kvcore._core import CacheConfig
 from kvcore._errors import InvalidArgumentError, NotSupportedError
+from kvcore.integrations.hf_batch.chunked_inputs import chunked_types_pass_setup, make_room_for_chunked
 from kvcore.integrations.hf_batch.chunking import capped_scheduler
 from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.options import BatchOptions, batch_config, check_fits, resolved_capacity
 from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
 from kvcore.integrations.hf_batch.preemption import Preemption
 from kvcore.integrations.hf_batch.versions import check_batching_support
+from kvcore.integrations.hf_layers import CHUNKED
 
 _ATTENTION = ("sdpa", "eager", "paged|eager", "paged|sdpa")
 
@@ -145,7 +147,8 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
             gen.eos_token_id = -1
         self.counters = BatchCounters()
         self.cache: Optional[KVCorePagedCache] = None
-        super().__init__(model, gen, cb, workload_hints)
+        with chunked_types_pass_setup():
+            super().__init__(model, gen, cb, workload_hints)
 
     def _check_fits(self, input_ids: list[int], max_new_tokens: Optional[int], what: str) -> None:
         """``check_fits`` with ``max_new_tokens``, else the generation config's."""
@@ -193,6 +196,7 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         existing = getattr(self, "batch_processor", None)
         if isinstance(existing, cb_api.ContinuousBatchProcessor):
             existing.reset()
+            make_room_for_chunked(existing.inputs_and_outputs, existing.cache.cache_allocators)
             return existing
         cb = self.continuous_batching_config
         cache = KVCorePagedCache(
@@ -205,7 +209,8 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         update_cb_config_after_cache_creation(cb, num_blocks=cache.num_blocks, max_batch_tokens=cache.max_batch_tokens)
         cb.max_blocks_per_request = 0
         base = SCHEDULER_MAPPING.get(cb.scheduler_type, FIFOScheduler)
-        scheduler_cls = capped_scheduler(base, cache.batch.max_step)
+        chunked = cache.cache_allocators.get(CHUNKED)
+        scheduler_cls = capped_scheduler(base, cache.batch.max_step, chunked.chunk if chunked else 0)
         scheduler = scheduler_cls(
             cache=cache, safety_margin=cb.safety_margin, max_requests_per_batch=cb.max_requests_per_batch
         )
@@ -226,6 +231,7 @@ class KVCoreBatchingManager(cb_api.ContinuousBatchingManager):  # type: ignore[m
         )
         if processor.model_runner.pad_inputs or processor.use_async_batching:
             raise NotSupportedError("kvcore's continuous batching needs unpadded, synchronous forwards")
+        make_room_for_chunked(processor.inputs_and_outputs, cache.cache_allocators)
         processor.offloading_manager = Preemption(cache, scheduler)  # type: ignore[assignment, unused-ignore]  # duck-typed
         return processor
 

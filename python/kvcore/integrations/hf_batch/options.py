@@ -16,7 +16,7 @@ from transformers.generation.continuous_batching.cache import group_layers_by_at
 
 from kvcore._core import BatchLimits, CacheConfig, LayerPolicy
 from kvcore._errors import InvalidArgumentError, NotSupportedError
-from kvcore.integrations.hf_layers import FULL, SLIDING, cache_config_for
+from kvcore.integrations.hf_layers import CHUNKED, FULL, SLIDING, cache_config_for
 from kvcore.quantized import kv_format
 
 _MAX_IDS = 1 << 20  # BatchLimits' bound on sequences and on the tokens of one step
@@ -31,7 +31,7 @@ class BatchOptions:
     - ``max_seqs``: sequences held at once (requests and parallel samples), in [1, 2**20].
     - ``max_batch_tokens``: new tokens of one forward over all requests, in [1, 2**20].
     - ``max_step``: the most tokens of one request in one forward (kvcore's ``max_step``), in
-      [1, max_batch_tokens] (default ``min(64, max_batch_tokens)`` with sliding layers, else
+      [1, max_batch_tokens] (default ``min(64, max_batch_tokens)`` with sliding or chunked layers, else
       ``max_batch_tokens``). Sliding groups hold up to
       ``window + 2 * max_step`` positions per request, so a small one holds less K/V; a longer
       prompt is prefilled over several forwards.
@@ -124,30 +124,49 @@ def check_fits(prompt: list[int], max_new_tokens: Optional[int], capacity: int, 
         )
 
 
+def attention_groups(text_config: Any) -> dict[str, list[int]]:
+    """transformers' continuous-batching groups (layers per attention type, in its order), and a
+    ``chunked_attention`` group (Llama 4) beside the full one: transformers' input builder has
+    key lengths and masks for two types, so a chunked model takes the sliding type's place.
+
+    Raises NotSupportedError for a layer type without an allocator in transformers (linear
+    attention, convolutions, ...) or chunked layers beside sliding ones (three types)."""
+    types = list(getattr(text_config, "layer_types", None) or [])
+    if CHUNKED in types:
+        groups = {t: [i for i, x in enumerate(types) if x == t] for t in dict.fromkeys(types)}
+        if set(groups) - {FULL, CHUNKED}:
+            raise NotSupportedError(
+                f"{type(text_config).__name__}: layer types {sorted(groups)}: kvcore serves {CHUNKED!r} beside "
+                f"{FULL!r} only (transformers' input builder has room for two attention types)"
+            )
+        return groups
+    try:
+        groups = group_layers_by_attn_type(text_config)
+    except ValueError as e:  # a layer type transformers' continuous batching has no allocator for
+        raise NotSupportedError(
+            f"{type(text_config).__name__}: {e}; kvcore's continuous batching serves {FULL!r}, {SLIDING!r} and "
+            f"{CHUNKED!r} layers. Recurrent and convolution layers (hybrid models) are not served: "
+            f"transformers' layer code runs them over a forward's packed tokens as one sequence, so "
+            f"requests would share one state; KVCoreCache serves hybrids through model.generate"
+        ) from e
+    return dict(groups)
+
+
 def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, dict[str, list[int]]]:
     """The kvcore config serving ``text_config`` under ``options``, and transformers' layers per
     attention type (its continuous-batching groups, in its order).
 
     KV-shared layers (Gemma 3n) are served: they read their source's blocks and write none.
-    Raises NotSupportedError for a layer kind kvcore cannot serve here (chunked or linear layers:
-    Llama 4, hybrids, bidirectional attention, one type with two windows, a window that is not
-    the config's ``sliding_window``), InvalidArgumentError for options that do not fit.
+    Chunked layers (Llama 4) are served beside full ones (``attention_groups``). Raises
+    NotSupportedError for a layer kind kvcore cannot serve here (linear or convolution layers:
+    hybrids; bidirectional attention, one type with two windows, a window that is not the
+    config's ``sliding_window``), InvalidArgumentError for options that do not fit.
     """
     capacity = resolved_capacity(options, text_config)
     options.check_num_blocks(capacity)
-    try:
-        groups = group_layers_by_attn_type(text_config)
-    except ValueError as e:  # a layer type transformers' continuous batching has no allocator for
-        raise NotSupportedError(f"{type(text_config).__name__}: {e}; kvcore serves {FULL!r} and {SLIDING!r}") from e
-    max_step = options.chunk(capacity, sliding=SLIDING in groups)
+    groups = attention_groups(text_config)
+    max_step = options.chunk(capacity, sliding=SLIDING in groups or CHUNKED in groups)
     base, layer_types = cache_config_for(text_config, max_step=max_step, capacity=capacity)
-    for i, layer in enumerate(base.layers):
-        if layer.policy.kind == LayerPolicy.Kind.Chunked:
-            raise NotSupportedError(
-                f"{type(text_config).__name__}: layer {i} is {layer.policy!r} ({layer_types[i]!r}): kvcore's "
-                f"continuous batching serves {FULL!r} and {SLIDING!r} layers; KVCoreCache serves this model "
-                f"one batch at a time (model.generate(..., cache=KVCoreCache(model.config)))"
-            )
     for kind, layers in groups.items():
         wrong = [i for i in layers if layer_types[i] != kind]
         if wrong:
@@ -172,4 +191,4 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
     return CacheConfig(capacity, list(base.layers), max_step=max_step, batch=limits), groups
 
 
-__all__ = ["BatchOptions", "batch_config", "check_fits", "resolved_capacity"]
+__all__ = ["BatchOptions", "attention_groups", "batch_config", "check_fits", "resolved_capacity"]

@@ -39,7 +39,7 @@ from kvcore.integrations.hf_batch.tokens import prompt_tokens_in_step
 from kvcore.quantized import row_bytes
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
-from kvcore.integrations.hf_layers import SLIDING
+from kvcore.integrations.hf_layers import CHUNKED, SLIDING
 
 
 class _NoSectors:
@@ -93,6 +93,8 @@ class KVCorePagedCache:
         for index, (kind, layers) in enumerate(groups.items()):
             group = self.batch.group_of(layers[0])
             window = int(getattr(config, "sliding_window", 0) or 0) if kind == SLIDING else 0
+            if kind == CHUNKED:
+                window = self.batch.layer_config(layers[0]).policy.window  # the chunk size
             view = GroupView(index, kind, group, layers, window)
             self.cache_allocators[kind] = view
             self.layer_to_allocator.update(dict.fromkeys(layers, view))
@@ -105,6 +107,7 @@ class KVCorePagedCache:
         self._free_seqs = list(range(options.max_seqs - 1, -1, -1))
         self.shared_prefill = SharedPrefill(self.batch.block_size)
         self._waiting: set[str] = set()  # new requests told to wait for a shared prompt this forward
+        self._offsets = torch.zeros(0, dtype=torch.int64)  # get_seq_length of the planned forward
         # What transformers' scheduler and input builder read.
         self.max_batch_tokens = options.max_batch_tokens
         self.max_blocks_per_request = 0  # no decode fast path: every forward goes through the indices
@@ -327,6 +330,10 @@ class KVCorePagedCache:
         """Begin the kvcore step of the scheduled ``batch`` (transformers' future states, in input
         order), just before transformers builds its inputs."""
         self.round.plan(batch)
+        assert self.round.planned is not None
+        entries = sorted(self.round.planned.values(), key=lambda e: e.place)
+        positions = np.concatenate([np.arange(e.first, e.first + e.tokens) for e in entries])
+        self._offsets = torch.from_numpy(positions - np.arange(len(positions))).to(self.device)
         for future in batch:
             self.shared_prefill.note(future.state.request_id, future.state, future.query_length)
         self._count_step()
@@ -340,6 +347,16 @@ class KVCorePagedCache:
         held = [self.batch.num_blocks(v.group) - self.batch.free_blocks(v.group) for v in self._views]
         c.peak_blocks = max(c.peak_blocks, sum(held))
         c.peak_kv_bytes = max(c.peak_kv_bytes, sum(h * b for h, b in zip(held, self._block_bytes)))
+
+    def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
+        """Per token of the planned forward (requests packed in input order): its position minus
+        its index in the forward, an int64 tensor, so that ``arange(T) + get_seq_length()`` is
+        each token's position. Llama 4's temperature tuning (NoPE layers) asks the cache for one
+        past length and adds ``arange(T)``, which in a packed forward of requests at different
+        positions must be this. InternalError when no forward is planned."""
+        if self.round.planned is None:
+            raise InternalError("get_seq_length: no planned forward (inputs not built by this cache)")
+        return self._offsets
 
     @torch.compiler.disable  # type: ignore[untyped-decorator]  # torch's decorator is untyped
     def update(
