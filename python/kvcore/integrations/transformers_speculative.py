@@ -37,11 +37,16 @@ Per layer type, how a verify step gets the state after each of its tokens:
   chunked call (the recurrence is sequential anyway; the projections are batched ``T``
   times smaller).
 
-Other model types with recurrent layers are refused by name (NotSupportedError). Bamba
-(Mamba-2) and Jamba (Mamba) are among them: their mixers run token by token inside a verify
-forward give other tokens than plain decoding (found by the tests; their single-token calls
-inside a longer forward are not what their decode path computes), so verify steps are refused
-for them rather than wrong; plain decoding with ``KVCoreCache`` equals ``DynamicCache``.
+- Bamba (Mamba-2, ``mamba``): as Granite's. Its model computes ``position_ids`` as
+  ``arange(T)`` when none are given, whatever the cache holds, so every forward here passes
+  each token's position.
+- Jamba (Mamba, ``mamba``): token by token as above; and its multi-token path scans from a
+  zero state (``SCAN_FROM_ZERO``: transformers' chunked prefill of Jamba is wrong with any
+  cache, ``DynamicCache`` included), so its prompt is prefilled in one plain forward of up to
+  ``max_step`` tokens from an empty cache and then in verify steps (mixer token by token),
+  each committed whole: exact, at ``T`` single-token mixer calls per chunk.
+
+Other model types with recurrent layers are refused by name (NotSupportedError).
 """
 
 from __future__ import annotations
@@ -63,8 +68,14 @@ TOKEN_BY_TOKEN_MIXERS = {
     "qwen3_5_text": "linear_attn",
     "granitemoehybrid": "mamba",
     "nemotron_h": "mixer",
+    "bamba": "mamba",
+    "jamba": "mamba",
 }
 EXACT_PER_POSITION = ("lfm2",)
+# Models whose mixer, given several tokens, scans them from a zero state and ignores the cached one
+# (transformers 5.24's Jamba: ``mamba_selective_scan`` gets no initial state): a forward after the
+# first one must run the mixer token by token, so their prompt is prefilled in verify steps.
+SCAN_FROM_ZERO = ("jamba",)
 
 
 def _mixers(model: Any, cache: KVCoreCache) -> list[Any]:
@@ -209,8 +220,8 @@ def speculative_generate(
     generated: list[int] = []
     keyword = cache_keyword(model)
     with torch.no_grad(), state_layers_token_by_token(model, cache):
-        out = prefill(model, cache, input_ids)
-        counts["forwards"] += -(-int(input_ids.shape[1]) // cache.max_step)
+        out, forwards = _prefill(model, cache, input_ids, slots)
+        counts["forwards"] += forwards
         pending = int(out.logits[0, -1].argmax())
         while True:
             generated.append(pending)
@@ -218,9 +229,11 @@ def speculative_generate(
                 break
             n = min(room, max_new_tokens - len(generated), cache.capacity - cache.sequence.length - 1)
             drafts = [int(t) for t in draft(tokens + generated, n)][:n] if n > 0 else []
+            length = cache.sequence.length
             cache.begin_verify(1 + len(drafts))
             try:
                 logits = model(input_ids=torch.tensor([[pending, *drafts]], device=input_ids.device), use_cache=True,
+                               position_ids=_positions(length, 1 + len(drafts), input_ids.device),
                                **{keyword: cache}).logits[0]  # fmt: skip
             except BaseException:
                 cache.discard_forward()
@@ -247,6 +260,43 @@ def speculative_generate(
     return torch.tensor([tokens + generated], dtype=input_ids.dtype, device=input_ids.device)
 
 
+def _positions(first: int, count: int, device: Any) -> torch.Tensor:
+    """``[1, count]`` positions from ``first``: passed to every forward (Bamba's model would
+    otherwise number each forward's tokens from 0)."""
+    return torch.arange(first, first + count, device=device)[None]
+
+
+def _prefill(model: Any, cache: KVCoreCache, input_ids: torch.Tensor, slots: int) -> tuple[Any, int]:
+    """Feed the prompt (chunks of ``cache.max_step``); return the last output and the forwards run.
+    A ``SCAN_FROM_ZERO`` model's forwards after the first one are verify steps of at most
+    ``min(max_step, slots - 1)`` tokens, committed whole (its mixer then runs token by token
+    from the cached state)."""
+    n, length, device = int(input_ids.shape[1]), cache.sequence.length, input_ids.device
+    model_type = getattr(model.config.get_text_config(decoder=True), "model_type", "")
+    if model_type not in SCAN_FROM_ZERO or not cache.state_layers:
+        out = prefill(model, cache, input_ids, position_ids=_positions(length, n, device))
+        return out, -(-n // cache.max_step)
+    start, forwards, out = 0, 0, None
+    if length == 0:  # from a zero state: one plain forward is exact
+        start = min(n, cache.max_step)
+        out = prefill(model, cache, input_ids[:, :start], position_ids=_positions(0, start, device))
+        forwards = 1
+    keyword = cache_keyword(model)
+    while start < n:
+        T = min(n - start, cache.max_step, slots - 1)
+        first = cache.sequence.length
+        cache.begin_verify(T)
+        try:
+            out = model(input_ids=input_ids[:, start : start + T], position_ids=_positions(first, T, device),
+                        use_cache=True, **{keyword: cache})  # fmt: skip
+        except BaseException:
+            cache.discard_forward()
+            raise
+        cache.commit_verify(T)
+        start, forwards = start + T, forwards + 1
+    return out, forwards
+
+
 def prompt_lookup_generate(
     model: Any,
     cache: KVCoreCache,
@@ -268,6 +318,7 @@ def prompt_lookup_generate(
 
 __all__ = [
     "EXACT_PER_POSITION",
+    "SCAN_FROM_ZERO",
     "TOKEN_BY_TOKEN_MIXERS",
     "Drafter",
     "draft_model_drafter",
