@@ -21,7 +21,9 @@ torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 import kvcore.torch  # noqa: E402
-from kvcore.torch.quantized import TorchQuantizedKVPool, quantize_rows  # noqa: E402
+from kvcore.torch import quantized  # noqa: E402
+from kvcore.torch.quantized import TorchQuantizedKVPool, dequantize_rows, quantize_rows  # noqa: E402
+from kvcore.torch.workspace import Workspace  # noqa: E402
 
 FORMAT = {"int8": "qint8", "fp8": "fp8_e4m3"}
 
@@ -164,6 +166,23 @@ def test_quantize_rows_is_the_numpy_pools_row_layout(kv_dtype: str) -> None:
     np.testing.assert_array_equal(packed[:, s_off:s_off + 12].copy().view(np.float32), raw["k_scales"])
     if kv_dtype == "int8":
         np.testing.assert_array_equal(packed[:, s_off + 12:s_off + 15].view(np.int8), raw["k_zero_points"])
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16])
+def test_dequantizing_in_pieces_of_any_size_gives_the_same_bits(kv_dtype: str, compute: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # A long read goes through bounded scratch pieces: the pieces' edges must not show.
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 37, 7)).astype(np.float32) * 4)
+    packed = quantize_rows(kv_dtype, x)  # [2, 1, 37, row_bytes]
+    whole = dequantize_rows(kv_dtype, packed, 3, 7, torch.empty(2, 3, 37, 7, dtype=compute))
+    ws = Workspace()
+    for piece in (1, 2 * 3 * 7 * 5, 2 * 3 * 7 * 36 + 1):  # one value per piece, 5 rows, all but one row
+        monkeypatch.setattr(quantized, "DEQUANTIZE_PIECE", piece)
+        got = dequantize_rows(kv_dtype, packed, 3, 7, torch.empty(2, 3, 37, 7, dtype=compute), ws)
+        assert torch.equal(got, whole)
+    assert torch.allclose(whole.float(), x, rtol=0.07, atol=0.1)  # and it is x, quantized
 
 
 def test_tree_commits_move_scales_with_rows() -> None:

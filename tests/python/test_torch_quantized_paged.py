@@ -212,11 +212,11 @@ def test_every_read_equals_paged_kv_pools_bit_for_bit(kv_dtype: Optional[str], c
 def test_a_scale_read_from_the_next_row_fails_the_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
     real = quantized_paged.dequantize_rows
 
-    def next_rows_scales(kv_dtype: str, rows: Any, n_kv_heads: int, dim: int, out: Any) -> Any:
+    def next_rows_scales(kv_dtype: str, rows: Any, n_kv_heads: int, dim: int, out: Any, scratch: Any) -> Any:
         s_off = (n_kv_heads * dim + 3) // 4 * 4
         shifted = rows.clone()
         shifted[:, :, :-1, s_off:] = rows[:, :, 1:, s_off:]
-        return real(kv_dtype, shifted, n_kv_heads, dim, out)
+        return real(kv_dtype, shifted, n_kv_heads, dim, out, scratch)
 
     monkeypatch.setattr(quantized_paged, "dequantize_rows", next_rows_scales)
     with pytest.raises(AssertionError):

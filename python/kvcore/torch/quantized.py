@@ -32,6 +32,7 @@ from kvcore.torch import pool_records
 from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.record_dtypes import Tokens
 from kvcore.torch.step_layout import StepLayout
+from kvcore.torch.workspace import Workspace
 
 #: The dtypes values come in and go out as (the compute dtypes).
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -89,23 +90,45 @@ def quantize_rows(kv_dtype: str, x: torch.Tensor, what: str = "key") -> torch.Te
     return out.unsqueeze(1)
 
 
+#: Values dequantized per piece: bounds the float32 / int32 scratch at 1 MiB each, whatever the read.
+DEQUANTIZE_PIECE = 1 << 18
+
+
 def dequantize_rows(
-    kv_dtype: str, rows: torch.Tensor, n_kv_heads: int, dim: int, out: torch.Tensor
+    kv_dtype: str, rows: torch.Tensor, n_kv_heads: int, dim: int, out: torch.Tensor,
+    scratch: Optional[Workspace] = None,
 ) -> torch.Tensor:
     """Quantized rows ``[batch, 1, n, row_bytes]`` uint8 into ``out`` ``[batch, n_kv_heads, n, dim]``
-    (its dtype: float32, float16 or bfloat16), values rounded from float32 as the C++ codec does."""
+    (its dtype: float32, float16 or bfloat16), values rounded from float32 as the C++ codec does.
+
+    The rows go through in pieces of about ``DEQUANTIZE_PIECE`` values, in ``scratch`` buffers
+    (a pool's workspace: nothing allocated once warm; a fresh one when None), so a read of a
+    long context needs no float32 copy of its whole K or V beside ``out``."""
     B, _, n, _ = rows.shape
     H, D = n_kv_heads, dim
     s_off, z_off, _ = _offsets(H, D, kv_dtype)
+    ws = Workspace() if scratch is None else scratch
     r = rows[:, 0]
-    scale = r[:, :, s_off:s_off + 4 * H].contiguous().view(torch.float32).transpose(1, 2).unsqueeze(-1)
     values = r[:, :, : H * D].reshape(B, n, H, D).transpose(1, 2)
-    if kv_dtype == "int8":
-        zp = r[:, :, z_off:z_off + H].contiguous().view(torch.int8).transpose(1, 2).unsqueeze(-1)
-        f = (values.view(torch.int8).to(torch.int32) - zp.to(torch.int32)).to(torch.float32) * scale
-    else:
-        f = values.view(torch.float8_e4m3fn).to(torch.float32) * scale
-    out.copy_(f)
+    step = max(1, DEQUANTIZE_PIECE // max(1, B * H * D))
+    for a in range(0, n, step):
+        m = min(step, n - a)
+        part = r[:, a:a + m, None]  # [B, m, 1, row_bytes]
+        scale_bytes = ws.take_as("dq_scale", (B, m, 1, 4 * H), torch.uint8, rows.device)
+        scale_bytes.copy_(part[..., s_off:s_off + 4 * H])
+        scale = scale_bytes.view(torch.float32).permute(0, 3, 1, 2)  # [B, H, m, 1]
+        f32 = ws.take_as("dq_f32", (B, H, m, D), torch.float32, rows.device)
+        if kv_dtype == "int8":
+            zp = ws.take_as("dq_zp", (B, m, 1, H), torch.int8, rows.device)
+            zp.copy_(part[..., z_off:z_off + H].view(torch.int8))
+            i32 = ws.take_as("dq_i32", (B, H, m, D), torch.int32, rows.device)
+            i32.copy_(values[:, :, a:a + m].view(torch.int8))
+            i32.sub_(zp.permute(0, 3, 1, 2))
+            f32.copy_(i32)
+        else:
+            f32.copy_(values[:, :, a:a + m].view(torch.float8_e4m3fn))
+        f32.mul_(scale)
+        out[:, :, a:a + m].copy_(f32)
     return out
 
 
@@ -150,9 +173,10 @@ class TorchQuantizedKVPool(TorchKVPool):
         rows_k, rows_v = super().write_read(layer, layout, packed_k, packed_v)
         B, _, n, _ = rows_k.shape
         keys = dequantize_rows(self.kv_dtype, rows_k, lc.n_kv_heads, lc.head_dim,
-                               self._workspace.take("dk", (B, lc.n_kv_heads, n, lc.head_dim), key))
+                               self._workspace.take("dk", (B, lc.n_kv_heads, n, lc.head_dim), key), self._workspace)
         values = dequantize_rows(self.kv_dtype, rows_v, lc.n_kv_heads, lc.value_dim,
-                                 self._workspace.take("dv", (B, lc.n_kv_heads, n, lc.value_dim), value))
+                                 self._workspace.take("dv", (B, lc.n_kv_heads, n, lc.value_dim), value),
+                                 self._workspace)  # fmt: skip
         return keys, values
 
     def read(self, layer: int, step: Step, *, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,11 +188,11 @@ class TorchQuantizedKVPool(TorchKVPool):
         rows_k, rows_v = super().read(layer, step)
         lc = self.value_configs[layer]
         B, _, n, _ = rows_k.shape
-        like = torch.empty((), dtype=dtype, device=rows_k.device)
+        ws, device = self._workspace, rows_k.device
         keys = dequantize_rows(self.kv_dtype, rows_k, lc.n_kv_heads, lc.head_dim,
-                               self._workspace.take("dk", (B, lc.n_kv_heads, n, lc.head_dim), like))
+                               ws.take_as("dk", (B, lc.n_kv_heads, n, lc.head_dim), dtype, device), ws)
         values = dequantize_rows(self.kv_dtype, rows_v, lc.n_kv_heads, lc.value_dim,
-                                 self._workspace.take("dv", (B, lc.n_kv_heads, n, lc.value_dim), like))
+                                 ws.take_as("dv", (B, lc.n_kv_heads, n, lc.value_dim), dtype, device), ws)
         return keys, values
 
     def _check_values(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -219,4 +243,4 @@ class TorchQuantizedKVPool(TorchKVPool):
         self._install(pool_records.import_layers(self, record, device=device, record_format=self.format))
 
 
-__all__ = ["COMPUTE_DTYPES", "TorchQuantizedKVPool", "check_compute_dtype", "dequantize_rows", "quantize_rows"]
+__all__ = ["COMPUTE_DTYPES", "DEQUANTIZE_PIECE", "TorchQuantizedKVPool", "check_compute_dtype", "dequantize_rows", "quantize_rows"]

@@ -129,8 +129,9 @@ class TorchQuantizedPagedKVPool(TorchPagedKVPool):
         """Quantized rows ``[1, 1, n, row_bytes]`` as values ``[1, n_kv_heads, n, dim]`` in the workspace."""
         h, (dk, dv) = self.value_heads[layer], self.value_dims[layer]
         n = int(rows_k.shape[2])
-        keys = dequantize_rows(self.kv_dtype, rows_k, h, dk, self._workspace.take("k", (1, h, n, dk), like))
-        values = dequantize_rows(self.kv_dtype, rows_v, h, dv, self._workspace.take("v", (1, h, n, dv), like))
+        ws = self._workspace
+        keys = dequantize_rows(self.kv_dtype, rows_k, h, dk, ws.take("k", (1, h, n, dk), like), ws)
+        values = dequantize_rows(self.kv_dtype, rows_v, h, dv, ws.take("v", (1, h, n, dv), like), ws)
         return keys, values
 
 

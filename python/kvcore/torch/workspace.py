@@ -21,11 +21,16 @@ class Workspace:
     def take(self, kind: str, shape: tuple[int, int, int, int], like: torch.Tensor) -> torch.Tensor:
         """A tensor of ``shape`` with ``like``'s dtype and device, a view of the ``kind`` buffer (grown
         when smaller; its contents are whatever the last read left)."""
+        return self.take_as(kind, shape, like.dtype, like.device)
+
+    def take_as(self, kind: str, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+        """``take`` for a ``dtype`` and ``device`` given by name."""
         numel = shape[0] * shape[1] * shape[2] * shape[3]
-        key = (kind, like.dtype, like.device)
+        key = (kind, dtype, device)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf[:numel].view(shape)
 
