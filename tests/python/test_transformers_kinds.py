@@ -308,11 +308,14 @@ def test_a_quantized_torch_pool_reads_a_shared_layer_dequantized() -> None:
     assert pool.read(1, step, dtype=torch.bfloat16)[0].dtype == torch.bfloat16
 
 
-def test_continuous_batching_refuses_chunked_and_shared_models_up_front(model: Any) -> None:
+def test_continuous_batching_serves_chunked_and_shared_models(model: Any) -> None:
+    # (tests/python/test_hf_batch.py holds the full continuous-batching suite of both kinds.)
     from kvcore.integrations.transformers import generate_batch
 
     gen = transformers.GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    before = model.config._attn_implementation
-    with pytest.raises(kvcore.NotSupportedError, match=r"chunked_attention|Shared\(source=2\)"):
-        generate_batch(model, [[5, 6, 7]], gen, capacity=32)
-    assert model.config._attn_implementation == before
+    prompts = [prompt(11, seed=s)[0].tolist() for s in (1, 2)]  # past a chunk / window of 8
+    out = generate_batch(model, prompts, gen, block_size=4, max_batch_tokens=16, capacity=32)
+    want = [model.generate(torch.tensor([p]), generation_config=gen)[0, len(p) :].tolist() for p in prompts]
+    assert [list(r.generated_tokens) for r in out.values()] == want
+
+

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import kvcore  # noqa: E402
-from kvcore.integrations.transformers import KVCoreCache, prefill  # noqa: E402
+from kvcore.integrations.transformers import KVCoreCache, prefill, verify_tree  # noqa: E402
 from kvcore.integrations.transformers_speculative import (  # noqa: E402
     draft_model_drafter,
     lookup_drafts,
@@ -400,11 +400,91 @@ def test_a_verify_step_longer_than_the_slots_allow_is_refused() -> None:
     assert cache.sequence.active_step is None
 
 
-def test_draft_trees_are_refused_on_state_layers() -> None:
-    cache = KVCoreCache(lfm2().config, max_step=8)
-    with pytest.raises(kvcore.NotSupportedError, match=r"begin_tree: layers \[0, 2, 3\] keep a recurrent state"):
-        cache.begin_tree([-1, 0, 0])
-    assert cache.sequence.active_step is None
+def test_a_draft_tree_on_a_hybrid_equals_recomputation_and_commits_off_the_main_line(model: Any) -> None:
+    # Each node's recurrent state follows its parent (mixers run node by node in the tree forward),
+    # and commit_tree copies the accepted path's state slots into place.
+    from test_transformers_trees import PARENTS, no_cache_logits, root_path
+
+    g = torch.Generator().manual_seed(3)
+    history = torch.randint(3, VOCAB, (1, 11), generator=g).tolist()[0]
+    tokens = torch.randint(3, VOCAB, (len(PARENTS),), generator=g).tolist()
+    cache = KVCoreCache(model.config, max_step=8, capacity=64)
+    with torch.no_grad():
+        prefill(model, cache, torch.tensor([history]))
+        rows = verify_tree(model, cache, tokens, PARENTS)
+    for node in range(len(PARENTS)):
+        ids = history + [tokens[i] for i in root_path(PARENTS, node)]
+        assert float((rows[node] - no_cache_logits(model, ids)).abs().max()) <= TOL, node
+    path = root_path(PARENTS, 4)  # 0 2 4: off the main line, state slots copied
+    cache.commit_tree(path)
+    accepted = history + [tokens[i] for i in path]
+    with torch.no_grad():
+        for t in (7, 9, 11):  # decoding goes on from the accepted path's states
+            accepted.append(t)
+            out = prefill(model, cache, torch.tensor([[t]])).logits[0, -1].float()
+            assert float((out - no_cache_logits(model, accepted)).abs().max()) <= TOL
+
+
+def test_a_tree_forward_whose_mixers_run_over_all_nodes_is_refused_and_changes_nothing() -> None:
+    model = qwen3_next()
+    cache = KVCoreCache(model.config, max_step=8)
+    with torch.no_grad():
+        prefill(model, cache, prompt(6))
+    with pytest.raises(kvcore.InvalidStateError, match=r"tree_node: no draft tree is begun"):
+        cache.tree_node(0)
+    step = cache.begin_tree([-1, 0, 0])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"tree_node\(3\): the draft tree has nodes \[0, 3\)"):
+        cache.tree_node(3)
+    masks = cache.attention_masks(model.config, 3)
+    positions = torch.tensor(step.positions.tolist())[None]
+    with torch.no_grad(), pytest.raises(kvcore.InvalidStateError, match=r"over a draft tree of 3 nodes: each node reads"):
+        model(input_ids=prompt(3), position_ids=positions, attention_mask=masks, cache=cache, use_cache=True)
+    cache.discard_forward()
+    assert cache.get_seq_length() == 6 and cache.sequence.active_step is None
+    with torch.no_grad():  # and the cache goes on exactly
+        out = prefill(model, cache, prompt(1, seed=9)).logits[0, -1].float()
+        ref = model(input_ids=torch.cat([prompt(6), prompt(1, seed=9)], 1)).logits[0, -1].float()
+    assert float((out - ref).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("build", [qwen3_next, granite, lfm2], ids=["qwen3_next", "granite", "lfm2"])
+def test_tree_speculative_decoding_on_a_hybrid_equals_greedy(build: Any) -> None:
+    # The documented loop (docs/transformers.md, "Draft trees on hybrid models"): per forward a tree
+    # whose main line is a wrong guess and whose side branch holds the true next tokens, so every
+    # accepted path leaves the main line and its state slots are copied into place.
+    model = build()
+    ids = repetitive_prompt()
+    want = generate(model, ids, 12, do_sample=False).sequences[0].tolist()
+    n = ids.shape[1]
+
+    def draft(at: int) -> tuple[list[int], list[int]]:
+        """The tree after the pending token at position ``at``: nodes and parents (0 = the pending)."""
+        true = want[at + 1 : at + 3]
+        wrong = [(t + 1) % VOCAB for t in true]
+        return wrong + true, [0, 1][: len(wrong)] + [0, len(wrong) + 1][: len(true)]
+
+    cache = KVCoreCache(model.config, max_step=8)
+    with torch.no_grad():
+        pending = int(prefill(model, cache, ids).logits[0, -1].argmax())
+        out, off_main = [pending], 0
+        while len(out) < 12:
+            nodes, parents = draft(n + len(out) - 1)
+            nodes, parents = [pending] + nodes, [-1] + parents
+            rows = verify_tree(model, cache, nodes, parents)
+            choice = rows.argmax(-1).tolist()
+            path = [0]
+            while len(out) + len(path) <= 12:  # follow the child the model agrees with
+                kids = [i for i in range(len(nodes)) if parents[i] == path[-1] and nodes[i] == choice[path[-1]]]
+                if not kids:
+                    break
+                path.append(kids[0])
+            cache.commit_tree(path)
+            off_main += path != list(range(len(path)))
+            out += [nodes[i] for i in path[1:]]
+            pending = choice[path[-1]]
+            out.append(pending)
+    assert want[: n + 12] == want[:n] + out[:12]
+    assert off_main > 0
 
 
 def test_bad_conv_input_aborts_the_forward_and_changes_nothing() -> None:

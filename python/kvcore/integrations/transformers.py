@@ -81,6 +81,7 @@ tensors become slot states is ``kvcore.integrations.transformers_state``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
@@ -253,6 +254,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._state_call: Optional[tuple[int, int, SlotSpan]] = None
         # Positions the state layers' calls cover now (state_positions), else the whole step.
         self._state_range: Optional[tuple[int, int]] = None
+        self._state_node: Optional[int] = None  # tree_node: the draft-tree node state calls cover
         # (length, T) of the last get_mask_sizes: the token count of a forward whose first
         # layer holds a state (a state call carries no token count).
         self._mask_hint: Optional[tuple[int, int]] = None
@@ -349,17 +351,14 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         position ``length + depth(i)``: give the forward ``position_ids=step.positions`` and
         ``attention_mask=cache.attention_masks(model.config, len(parents))`` (each token sees
         the history and its own root path, never a sibling), or call ``verify_tree``. The
-        forward's last layer does not commit the step; ``commit_tree`` does. Raises
+        forward's last layer does not commit the step; ``commit_tree`` does. A recurrent-state
+        layer runs node by node (each node reads its parent's state and keeps its own:
+        ``tree_node``; ``verify_tree`` arranges it). Raises
         InvalidArgumentError for a forward over ``max_step`` or parents kvcore refuses (see
         ``SequenceCache.begin_tree``), InvalidStateError while a forward is under way or a
         verified tree is not committed, CapacityError past the capacity. Nothing changes on
         an error.
         """
-        if self.state_layers:
-            raise NotSupportedError(
-                f"begin_tree: layers {[s.layer_idx for s in self.state_layers]} keep a recurrent state, and a draft "
-                f"tree's nodes would each read their parent's state (not there yet): verify a chain with begin_verify"
-            )
         return self._begin_uncommitted("begin_tree", len(parents), lambda: self.sequence.begin_tree(list(parents)))
 
     def begin_verify(self, T: int) -> Step:
@@ -627,7 +626,21 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
                 f"state_positions({first}, {count}): the verify step covers [{step.position}, "
                 f"{step.position + step.T})"
             )
-        return _StatePositions(self, (first, count))
+        return _StatePositions(self, (first, count), None)
+
+    def tree_node(self, node: int) -> _StatePositions:
+        """A context in which the state layers' calls cover node ``node`` alone of the begun draft
+        tree (``begin_tree``): the call reads the state after the node's parent (the root: after the
+        last committed token) and keeps the state after the node in its own slot, so a layer run
+        node by node (one call per node) gives every node its root path's state.
+        ``kvcore.integrations.transformers_speculative`` uses it. InvalidStateError: no draft tree is
+        begun; InvalidArgumentError: a node outside it."""
+        tree = self._tree
+        if tree is None or not tree.is_current or not tree.step.is_tree:
+            raise InvalidStateError("tree_node: no draft tree is begun (begin_tree)")
+        if not 0 <= node < tree.T:
+            raise InvalidArgumentError(f"tree_node({node}): the draft tree has nodes [0, {tree.T})")
+        return _StatePositions(self, None, node)
 
     def _verify_step(self) -> Optional[_TreeStep]:
         """The begun verify step (``begin_verify``), its forward under way or done, else None."""
@@ -682,6 +695,15 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         served = forward.served if forward.step is not None else self._n_layers
         if call is not None and call[0] == layer_idx and call[1] == served:
             span = call[2]
+            if self._state_node is not None:
+                tree = self._tree
+                if tree is None:  # not reached: tree_node needs a begun tree
+                    raise InternalError(f"layer {layer_idx}: node {self._state_node} outside a begun draft tree")
+                node_span = self.state.node_span(layer_idx, tree.step, self._state_node)
+                if node_span == span:
+                    return span
+                self._state_call = (layer_idx, call[1], node_span)
+                return node_span
             rng = self._state_range
             if rng is None or (span.first, span.count) == rng:
                 return span
@@ -710,6 +732,16 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         step = self._forward.step
         if step is None:  # serve checked it
             raise InternalError(f"layer {layer_idx}: no forward under way")
+        tree = step.step if isinstance(step, _TreeStep) else step
+        if tree.is_tree:
+            if self._state_node is not None:
+                return self.state.node_span(layer_idx, tree, self._state_node)
+            if step.T > 1:
+                raise InvalidStateError(
+                    f"state call of layer {layer_idx} over a draft tree of {step.T} nodes: each node reads its "
+                    f"parent's state, so the layer must run node by node (cache.tree_node(i); verify_tree and "
+                    f"kvcore.integrations.transformers_speculative.state_layers_token_by_token arrange it)"
+                )
         first, count = self._state_range or (int(step.position), int(step.T))
         return self.state.span(layer_idx, step.plan(layer_idx), first, count)
 
@@ -783,7 +815,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         batch_size: Optional[int] = None,
         dtype: torch.dtype = torch.float32,
         device: Union[torch.device, str, None] = None,
-    ) -> Union[dict[str, torch.Tensor], torch.Tensor]:
+    ) -> Union[dict[str, Optional[torch.Tensor]], torch.Tensor, None]:
         """Masks for the next forward of ``query_length`` tokens, per transformers layer type.
 
         Pass the result as ``attention_mask=`` to the model's forward: models whose config
@@ -794,7 +826,9 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         (which this begins) names the keys, and kvcore's visibility rule (``Step.mask``),
         sinks included, says which each query sees. ``attention_mask``: optional 2-D
         padding mask ``[batch, length + query_length]`` (1 = attend). Works for eager
-        (float masks) and sdpa (boolean masks) attention.
+        (float masks) and sdpa (boolean masks) attention. A recurrent-state layer type
+        (``linear_attention``, ``conv``) gets what transformers' ``create_recurrent_attention_mask``
+        gives it: the new tokens' columns of ``attention_mask``, or None without one.
         """
         impl = config.get_text_config(decoder=True)._attn_implementation
         if impl not in ("eager", "sdpa"):
@@ -813,9 +847,13 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             device = attention_mask.device if device is None else device
         batch_size = 1 if batch_size is None else batch_size
         step = self._begin(query_length)
-        masks: dict[str, torch.Tensor] = {}
+        masks: dict[str, Optional[torch.Tensor]] = {}
         for i, kind in enumerate(self.layer_types):
             if kind in masks:
+                continue
+            if self.sequence.layer_policy(i).kind == LayerPolicy.Kind.State:
+                # transformers' recurrent mask: the new tokens' 2-D padding, None without padding.
+                masks[kind] = None if attention_mask is None else attention_mask[:, -query_length:].contiguous()
                 continue
             mask = torch.tensor(step.mask(i, order="positions"), device=device)[None, None].expand(batch_size, 1, -1, -1)
             if attention_mask is not None:
@@ -840,18 +878,21 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
 
 
 class _StatePositions:
-    """``KVCoreCache.state_positions``: sets the positions state calls cover, restored on exit."""
+    """``KVCoreCache.state_positions`` / ``tree_node``: sets the positions or the draft-tree node
+    state calls cover, restored on exit."""
 
-    def __init__(self, cache: KVCoreCache, positions: tuple[int, int]) -> None:
+    def __init__(self, cache: KVCoreCache, positions: Optional[tuple[int, int]], node: Optional[int]) -> None:
         self._cache = cache
-        self._positions = positions
-        self._before: Optional[tuple[int, int]] = None
+        self._scope = (positions, node)
+        self._before: tuple[Optional[tuple[int, int]], Optional[int]] = (None, None)
 
     def __enter__(self) -> None:
-        self._before, self._cache._state_range = self._cache._state_range, self._positions
+        c = self._cache
+        self._before = (c._state_range, c._state_node)
+        c._state_range, c._state_node = self._scope
 
     def __exit__(self, *exc: Any) -> None:
-        self._cache._state_range = self._before
+        self._cache._state_range, self._cache._state_node = self._before
 
 
 # --- driving a model -----------------------------------------------------------------
@@ -920,21 +961,31 @@ def verify_tree(model: Any, cache: KVCoreCache, tokens: Sequence[int], parents: 
     node stands at position ``length + depth`` and attends over the cached history and its
     own root path (kvcore's tree mask, sinks and windows included). Returns float32 logits
     ``[N, vocab]`` (row ``i``: the distribution after node ``i``'s root path); the caller
-    picks the accepted root path and calls ``cache.commit_tree(path)``. Batch of one. Raises
-    InvalidArgumentError when ``tokens`` and ``parents`` differ in length, and what
-    ``KVCoreCache.begin_tree`` raises; a forward that raises leaves no step begun.
+    picks the accepted root path and calls ``cache.commit_tree(path)``. Batch of one. On a
+    hybrid model the recurrent mixers run node by node inside the forward
+    (``kvcore.integrations.transformers_speculative.state_layers_token_by_token``: each node
+    reads its parent's state slot and writes its own; ``commit_tree`` copies the accepted
+    path's slots). Raises InvalidArgumentError when ``tokens`` and ``parents`` differ in
+    length, NotSupportedError for a hybrid whose mixers kvcore cannot run node by node, and
+    what ``KVCoreCache.begin_tree`` raises; a forward that raises leaves no step begun.
     """
     if len(tokens) != len(parents):
         raise InvalidArgumentError(f"verify_tree: {len(tokens)} tokens for {len(parents)} parents: one each")
-    step = cache.begin_tree(parents)
-    try:
-        masks = cache.attention_masks(model.config, len(parents), dtype=model.dtype)
-        positions = torch.tensor(step.positions.tolist(), dtype=torch.long)[None]
-        out = model(input_ids=torch.tensor([list(tokens)]), position_ids=positions, attention_mask=masks,
-                    use_cache=True, **{cache_keyword(model): cache})  # fmt: skip
-    except BaseException:
-        cache.discard_forward()
-        raise
+    node_by_node: Any = contextlib.nullcontext()
+    if cache.state_layers:  # each node reads its parent's state: the recurrent mixers run node by node
+        from kvcore.integrations.transformers_speculative import state_layers_token_by_token
+
+        node_by_node = state_layers_token_by_token(model, cache)  # NotSupportedError before anything begins
+    with node_by_node:
+        step = cache.begin_tree(parents)
+        try:
+            masks = cache.attention_masks(model.config, len(parents), dtype=model.dtype)
+            positions = torch.tensor(step.positions.tolist(), dtype=torch.long)[None]
+            out = model(input_ids=torch.tensor([list(tokens)]), position_ids=positions, attention_mask=masks,
+                        use_cache=True, **{cache_keyword(model): cache})  # fmt: skip
+        except BaseException:
+            cache.discard_forward()
+            raise
     logits: torch.Tensor = out.logits[0].float()
     return logits
 

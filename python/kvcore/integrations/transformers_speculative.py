@@ -72,21 +72,24 @@ TOKEN_BY_TOKEN_MIXERS = {
     "jamba": "mamba",
 }
 EXACT_PER_POSITION = ("lfm2",)
+# The mixers that give each position's state from one call (EXACT_PER_POSITION) still run node by
+# node in a draft tree, where a node's state follows its parent, not the node before it.
+NODE_BY_NODE_MIXERS = {"lfm2": "conv"}
 # Models whose mixer, given several tokens, scans them from a zero state and ignores the cached one
 # (transformers 5.24's Jamba: ``mamba_selective_scan`` gets no initial state): a forward after the
 # first one must run the mixer token by token, so their prompt is prefilled in verify steps.
 SCAN_FROM_ZERO = ("jamba",)
 
 
-def _mixers(model: Any, cache: KVCoreCache) -> list[Any]:
-    """The recurrent mixers of ``model`` that a verify step must run token by token."""
+def _mixers(model: Any, cache: KVCoreCache) -> tuple[list[Any], bool]:
+    """The recurrent mixers of ``model`` that a verify step or a draft tree must run token by
+    token, and whether verify steps need it (False: only trees, ``NODE_BY_NODE_MIXERS``)."""
     if not cache.state_layers:
-        return []
+        return [], False
     text = model.config.get_text_config(decoder=True)
     model_type = getattr(text, "model_type", "")
-    if model_type in EXACT_PER_POSITION:
-        return []
-    attr = TOKEN_BY_TOKEN_MIXERS.get(model_type)
+    chains = model_type not in EXACT_PER_POSITION
+    attr = TOKEN_BY_TOKEN_MIXERS.get(model_type) if chains else NODE_BY_NODE_MIXERS.get(model_type)
     layers = getattr(getattr(model, "model", None), "layers", None)
     if attr is None or layers is None:
         raise NotSupportedError(
@@ -99,23 +102,25 @@ def _mixers(model: Any, cache: KVCoreCache) -> list[Any]:
         if mixer is None:
             raise NotSupportedError(f"layer {state_layer.layer_idx} of the model has no {attr!r} mixer")
         mixers.append(mixer)
-    return mixers
+    return mixers, chains
 
 
-def _token_by_token(cache: KVCoreCache, forward: Callable[..., Any]) -> Callable[..., Any]:
-    """``forward`` of a mixer, run one token at a time inside a verify step of more than one token."""
+def _token_by_token(cache: KVCoreCache, forward: Callable[..., Any], chains: bool) -> Callable[..., Any]:
+    """``forward`` of a mixer, run one token at a time inside a draft tree (node by node: each reads
+    its parent's state) and, with ``chains``, inside a verify step of more than one token."""
 
     def run(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         step = cache.sequence.active_step
         T = int(hidden_states.shape[1])
-        if step is None or not step.verify or T == 1:
+        if step is None or T == 1 or not (step.is_tree or (chains and step.verify)):
             return forward(hidden_states, *args, **kwargs)
         mask = kwargs.get("attention_mask")
         outs = []
         for i in range(T):
             if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] == T:
                 kwargs["attention_mask"] = mask[:, i : i + 1]
-            with cache.state_positions(step.position + i, 1):
+            scope = cache.tree_node(i) if step.is_tree else cache.state_positions(step.position + i, 1)
+            with scope:
                 outs.append(forward(hidden_states[:, i : i + 1], *args, **kwargs))
         return torch.cat(outs, dim=1)
 
@@ -131,12 +136,14 @@ def _token_by_token(cache: KVCoreCache, forward: Callable[..., Any]) -> Callable
 def state_layers_token_by_token(model: Any, cache: KVCoreCache) -> Iterator[None]:
     """Within the context, a verify step's forward (``cache.begin_verify``) runs each recurrent mixer
     of ``model`` that computes only its last state one token at a time, so the cache keeps the state
-    after every token; other forwards run as they are. The mixers' ``forward`` is restored on exit.
+    after every token, and a draft tree's forward (``cache.begin_tree``) runs every recurrent mixer
+    node by node (``cache.tree_node``: each node reads its parent's state); other forwards run as
+    they are. The mixers' ``forward`` is restored on exit.
     NotSupportedError: a model type whose state layers kvcore does not know (see the module docstring).
     """
-    mixers = _mixers(model, cache)
+    mixers, chains = _mixers(model, cache)
     for mixer in mixers:
-        mixer.forward = _token_by_token(cache, mixer.forward)
+        mixer.forward = _token_by_token(cache, mixer.forward, chains)
     try:
         yield
     finally:
@@ -318,6 +325,7 @@ def prompt_lookup_generate(
 
 __all__ = [
     "EXACT_PER_POSITION",
+    "NODE_BY_NODE_MIXERS",
     "SCAN_FROM_ZERO",
     "TOKEN_BY_TOKEN_MIXERS",
     "Drafter",

@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 import torch
 
-from kvcore._core import LayerPolicy, SeqStepPlan, SequenceCache
+from kvcore._core import LayerPolicy, SeqStepPlan, SequenceCache, Step
 from kvcore._errors import InvalidArgumentError, InvalidStateError
 
 
@@ -170,6 +170,25 @@ class TorchStateSlots:
         keep = tuple((q, row + q - pos) for q in range(first, first + count)
                      for pos, n, row in written if pos <= q < pos + n)  # fmt: skip
         return SlotSpan(layer, first, count, read, keep)
+
+    def node_span(self, layer: int, step: Step, node: int) -> SlotSpan:
+        """The slots a call of ``layer`` over node ``node`` alone of the begun draft-tree ``step``
+        reads and keeps: its parent's slot (the root: the state after ``step.position - 1``) and its
+        own (``step.tree_rows(layer)``). ``SlotSpan.first`` is the node's chain position
+        (``step.position + chain_index[node]``, its slot's position in the step's layout).
+        InvalidArgumentError: not a tree step's node; InvalidStateError: a stale step."""
+        plan = step.plan(layer)
+        self._check_plan(layer, plan)
+        T = int(step.T)
+        if not step.is_tree or not 0 <= node < T:
+            raise InvalidArgumentError(f"node = {node}: layer {layer}'s step is not a draft tree with nodes [0, {T})")
+        P, rows, parent = int(step.position), step.tree_rows(layer), int(step.parents[node])
+        if parent < 0:
+            read = plan_slot(plan, P - 1) if P > 0 else None
+        else:
+            read = int(rows[parent])
+        first = P + int(step.chain_index[node])
+        return SlotSpan(layer, first, 1, read, ((first, int(rows[node])),))
 
     def read_state(self, layer: int, name: str, span: SlotSpan) -> Optional[torch.Tensor]:
         """The state after ``span.first - 1``: a view of its slot, zeros at position 0, or None
