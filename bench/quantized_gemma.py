@@ -10,7 +10,10 @@ For each K/V storage (the model's dtype, kv_dtype "int8", kv_dtype "fp8") it rep
   tokens equal the unquantized run's, and the mean KL(unquantized || quantized) of the
   next-token distributions along the unquantized run's tokens (teacher-forced, so one
   early disagreement does not decide every later position);
-- decode tokens per second (wall clock, this machine, its load at the time).
+- decode tokens per second (wall clock, this machine, its load at the time);
+- peak RSS: each cache runs in a process of its own (``--one``), and reports its process's peak
+  RSS above the RSS just before its cache was built (model and prompt loaded): K/V, the
+  dequantization workspace and every transient of prefill and decoding.
 
 --peers adds transformers' own ``QuantizedCache`` (backends fp8, hqq 8 and 4 bits, quanto 4
 bits; residual 128 float tokens) side by side. transformers refuses it on models with sliding
@@ -29,7 +32,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -39,7 +44,6 @@ from transformers.cache_utils import DynamicCache, QuantizedCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import _release_freed_memory, _reset_peak_rss, _status_kib  # noqa: E402
-from kvcore import InvalidArgumentError
 from kvcore.demo.real_model import load
 from kvcore.integrations.transformers import KVCoreCache
 
@@ -168,6 +172,45 @@ def all_full(config: Any) -> Any:
     return full
 
 
+def make_cache(name: str, model: Any) -> Callable[[Any, int, int], Any]:
+    """The cache a run named ``name`` uses: "base" (kvcore, the model's dtype), "int8", "fp8"
+    (kvcore quantized), "dynamic" (transformers' DynamicCache of full layers), or "peer-NAME"
+    (transformers' QuantizedCache with ``PEERS[NAME]``)."""
+    if name in ("base", "int8", "fp8"):
+        return kvcore_cache(None if name == "base" else name)
+    full = all_full(model.config)
+    if name == "dynamic":
+        return lambda c, n, s: DynamicCache(config=full)
+    return lambda c, n, s, kw=PEERS[name.removeprefix("peer-")]: QuantizedCache(config=full, **kw)
+
+
+def load_prompt(prompt: int) -> tuple[Any, torch.Tensor]:
+    """The model and ``prompt`` tokens of real text: docs/design.md, then the other docs in name order."""
+    loaded = load("gemma-3-270m")
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    texts = [docs / "design.md"] + sorted(f for f in docs.glob("*.md") if f.name != "design.md")
+    text = ""
+    for f in texts:
+        text += f.read_text() + "\n\n"
+        if len(loaded.tokenizer(text).input_ids) >= prompt:
+            break
+    return loaded, loaded.tokenizer(text, return_tensors="pt").input_ids[:, :prompt]
+
+
+def run_one(args: argparse.Namespace) -> None:
+    """``--one NAME``: one cache's run in this process (its peak RSS is this process's), saved to
+    ``--out`` (``torch.save``); ``--ref`` holds the reference run's tokens to teacher-force."""
+    torch.manual_seed(0)
+    loaded, ids = load_prompt(args.prompt)
+    model = loaded.model.to(getattr(torch, args.dtype)).eval()
+    ref = torch.load(args.ref)["tokens"] if args.ref else None
+    try:
+        result = run(model, ids, args.new, args.max_step, make_cache(args.one, model), ref)
+    except Exception as e:  # K/V a format cannot hold (inf / NaN), a peer that does not run: reported
+        result = {"error": f"{type(e).__name__}: {e}"[:300]}
+    torch.save(result, args.out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompt", type=int, default=1024)
@@ -178,61 +221,57 @@ def main() -> None:
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--peers", nargs="?", const=",".join(PEERS), default="", metavar="NAMES",
                    help=f"transformers' QuantizedCache side by side, comma-separated from {', '.join(PEERS)} (all)")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one run in a process of its own
+    p.add_argument("--ref", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.max_step <= args.new:
         p.error(f"--max-step {args.max_step} must be > --new {args.new}: the teacher-forced run rewinds up to --new tokens")
+    if args.one:
+        run_one(args)
+        return
     peers = [n for n in args.peers.split(",") if n]
     for n in peers:
         if n not in PEERS:
             p.error(f"--peers: {n!r} is not one of {', '.join(PEERS)}")
-    torch.manual_seed(0)
-    loaded = load("gemma-3-270m")
+    loaded, ids = load_prompt(args.prompt)
     dtype = getattr(torch, args.dtype)
     model = loaded.model.to(dtype).eval()
-    # Real text: docs/design.md, then the other docs in name order, as far as --prompt needs.
-    docs = Path(__file__).resolve().parent.parent / "docs"
-    texts = [docs / "design.md"] + sorted(f for f in docs.glob("*.md") if f.name != "design.md")
-    text = ""
-    for f in texts:
-        text += f.read_text() + "\n\n"
-        if len(loaded.tokenizer(text).input_ids) >= args.prompt:
-            break
-    ids = loaded.tokenizer(text, return_tensors="pt").input_ids[:, : args.prompt]
     report: dict[str, Any] = {"model": "gemma-3-270m", "dtype": args.dtype, "prompt": int(ids.shape[1]),
                               "new": args.new, "context": args.context}
-    base = run(model, ids, args.new, args.max_step, kvcore_cache(None), None)
     at_context = {kv: kv_bytes_at(model, args.context, args.max_step, kv, dtype) for kv in (None, "int8", "fp8")}
-    full = all_full(model.config)
-    dyn = base
-    if args.peers:  # the peers' own unquantized cache is their reference (like with like)
-        dyn = run(model, ids, args.new, args.max_step, lambda c, n, s: DynamicCache(config=full), base["tokens"])
-        report["dynamic_cache_full_layers"] = compare(base, dyn, args.new)  # how close the two float caches are
-        print("DynamicCache (full layers) vs kvcore", json.dumps(report["dynamic_cache_full_layers"]), flush=True)
-    for kv in (None, "int8", "fp8"):
-        name = kv or args.dtype
-        entry: dict[str, Any] = dict(at_context[kv])
-        if kv is None:
-            entry.update(tok_per_s=base["tok_per_s"], prefill_s=base["prefill_s"], held_bytes_after_run=base["held_bytes"],
-                         peak_rss_above_mib=base["peak_rss_above_mib"])
-        else:
-            try:
-                free = run(model, ids, args.new, args.max_step, kvcore_cache(kv), base["tokens"])
-            except InvalidArgumentError as e:  # K/V the format cannot hold (inf / NaN): reported
-                entry["error"] = str(e)
+    del model, loaded
+    common = [sys.executable, str(Path(__file__).resolve()), "--prompt", str(args.prompt), "--new", str(args.new),
+              "--max-step", str(args.max_step), "--dtype", args.dtype]
+    with tempfile.TemporaryDirectory() as tmp:
+        def spawn(name: str, ref: Optional[str]) -> dict[str, Any]:
+            out = str(Path(tmp) / f"{name}.pt")
+            subprocess.run(common + ["--one", name, "--out", out] + (["--ref", ref] if ref else []), check=True)
+            result: dict[str, Any] = torch.load(out)
+            return result
+
+        base = spawn("base", None)
+        base_file = str(Path(tmp) / "base.pt")
+        for kv in (None, "int8", "fp8"):
+            name = kv or args.dtype
+            entry: dict[str, Any] = dict(at_context[kv])
+            if kv is None:
+                entry.update(tok_per_s=base["tok_per_s"], prefill_s=base["prefill_s"],
+                             held_bytes_after_run=base["held_bytes"], peak_rss_above_mib=base["peak_rss_above_mib"])
             else:
-                entry.update(compare(base, free, args.new))
-        report[name] = entry
-        print(name, json.dumps(entry), flush=True)
-    for peer in peers:
-        name = f"transformers QuantizedCache {peer}"
-        make = lambda c, n, s, kw=PEERS[peer]: QuantizedCache(config=full, **kw)  # noqa: E731
-        try:
-            free = run(model, ids, args.new, args.max_step, make, dyn["tokens"])
-        except Exception as e:  # a backend that does not import or run here is reported
-            report[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        else:
-            report[name] = compare(dyn, free, args.new)  # against the DynamicCache of full layers
-        print(name, json.dumps(report[name]), flush=True)
+                free = spawn(kv, base_file)
+                entry.update({"error": free["error"]} if "error" in free else compare(base, free, args.new))
+            report[name] = entry
+            print(name, json.dumps(entry), flush=True)
+        if peers:  # the peers' own unquantized cache is their reference (like with like)
+            dyn = spawn("dynamic", base_file)
+            report["dynamic_cache_full_layers"] = compare(base, dyn, args.new)  # how close the two float caches are
+            print("DynamicCache (full layers) vs kvcore", json.dumps(report["dynamic_cache_full_layers"]), flush=True)
+            for peer in peers:
+                name = f"transformers QuantizedCache {peer}"
+                free = spawn(f"peer-{peer}", str(Path(tmp) / "dynamic.pt"))
+                report[name] = {"error": free["error"]} if "error" in free else compare(dyn, free, args.new)
+                print(name, json.dumps(report[name]), flush=True)
     half = report[args.dtype]["kv_bytes"]
     for kv in ("int8", "fp8"):
         report[kv]["kv_ratio"] = report[kv]["kv_bytes"] / half
