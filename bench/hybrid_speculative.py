@@ -40,7 +40,7 @@ drafts prompt lookup finds are rejected, its worst case (speed section only). Pe
    ``T`` tokens keeps the state after each of its ``T`` tokens.
 3. **cache bytes** after a chunked prefill (``--max-step`` tokens a forward) of
    ``--contexts`` tokens (random ids), ``KVCoreCache`` against ``DynamicCache``: K/V bytes
-   (``KVCoreCache.nbytes()``: allocated rows; DynamicCache: its tensors), state bytes
+   (``KVCoreCache.pool.nbytes()``: allocated rows; DynamicCache: its tensors), state bytes
    (``cache.state.nbytes()``: D slots per state layer; DynamicCache: its conv and recurrent
    tensors), and kvcore's gather workspace. Both caches only grow during a prefill, so what
    they hold at its end is their peak (DynamicCache's ``torch.cat`` briefly holds a layer's old
@@ -332,7 +332,7 @@ def memory(model: Any, context: int, max_step: int) -> dict[str, Any]:
             logits_d = model(input_ids=ids[:, start : start + max_step], use_cache=True, **{keyword: dc}).logits[0, -1]
         out["dynamic_prefill_s"] = round(time.perf_counter() - t0, 2)
     kv_rows = {i: kc.allocated_rows(i) for i in range(len(kc.layers)) if kc.layers[i] in kc.kv_layers}
-    out["kvcore"] = {"kv_bytes": kc.nbytes(), "state_bytes": kc.state.nbytes(),
+    out["kvcore"] = {"kv_bytes": kc.pool.nbytes(), "state_bytes": kc.state.nbytes(),
                      "workspace_bytes": int(kc.pool.workspace_nbytes), "length": kc.get_seq_length(),
                      "allocated_rows": kv_rows, "state_slots": [layer.slots for layer in kc.state_layers]}  # fmt: skip
     out["kvcore"]["total_bytes"] = out["kvcore"]["kv_bytes"] + out["kvcore"]["state_bytes"]

@@ -56,7 +56,7 @@ class StateShape:
     shape comes from (docs/memory.md, "Recurrent state").
     """
 
-    kind: str  # "gated_deltanet", "mamba2" or "short_conv"
+    kind: str  # "gated_deltanet", "mamba2", "mamba" (Mamba-1) or "short_conv"
     conv_channels: int
     conv_width: int
     recurrent_elements: int = 0
@@ -82,8 +82,16 @@ class StateShape:
         return self.conv_bytes(dtype_size) + self.recurrent_bytes
 
 
+@dataclass(frozen=True)
+class EmptyLayer:
+    """A layer without attention or recurrent state: it caches nothing (Nemotron-H's "-" MLP and "E"
+    MoE layers; transformers' "dummy" cache layer for layer type "mlp" or "moe")."""
+
+    block: str  # "mlp" or "moe"
+
+
 #: A layer that is neither full nor sliding: its kind and what it needs.
-SpecialLayer = Union[ChunkedLayer, SharedLayer, StateShape]
+SpecialLayer = Union[ChunkedLayer, SharedLayer, StateShape, EmptyLayer]
 
 
 def default_state_slots(max_step: int) -> int:
@@ -100,8 +108,8 @@ class ModelShape:
 
     ``windows[i]`` is layer i's sliding window (keys a query sees, counting
     itself), or None for a full-attention layer. ``special[i]`` (empty when the
-    model has none) is a ChunkedLayer, SharedLayer or StateShape for a layer
-    of another kind (its window is None), else None.
+    model has none) is a ChunkedLayer, SharedLayer, StateShape or EmptyLayer for
+    a layer of another kind (its window is None), else None.
     """
 
     name: str
@@ -128,7 +136,8 @@ class ModelShape:
         return len(self.windows)
 
     def layer_kind(self, layer: int) -> str:
-        """"sliding", "full", "chunked", "shared" or "state": what ``layer`` is."""
+        """"sliding", "full", "chunked", "shared", "state" or "empty" (no attention, no state: it
+        caches nothing): what ``layer`` is."""
         other = self.special[layer] if self.special else None
         if isinstance(other, ChunkedLayer):
             return "chunked"
@@ -136,6 +145,8 @@ class ModelShape:
             return "shared"
         if isinstance(other, StateShape):
             return "state"
+        if isinstance(other, EmptyLayer):
+            return "empty"
         return "full" if self.windows[layer] is None else "sliding"
 
     @property
@@ -159,10 +170,13 @@ class ModelShape:
         """The CacheConfig of this model for ``context`` positions.
 
         Sliding layers become Ring(window, sinks), full layers Flat(), chunked
-        layers Chunked(chunk), KV-shared layers Shared(source) and recurrent
-        layers State(state_slots) (default: default_state_slots(max_step)).
+        layers Chunked(chunk), KV-shared layers Shared(source), recurrent
+        layers State(state_slots) (default: default_state_slots(max_step)), and
+        empty layers (EmptyLayer) a never-written Flat() placeholder of one head
+        of one element that keeps the layer indices aligned, as kvcore's
+        transformers cache builds it (the memory planner counts it 0 bytes).
         ``all_flat`` makes every sliding and chunked layer Flat (the baseline that
-        ignores windows and chunks); shared and state layers stay as they are.
+        ignores windows and chunks); shared, state and empty layers stay as they are.
         InvalidArgumentError names a bad argument.
         """
         _check_int("context", context, minimum=1)
@@ -191,13 +205,16 @@ class ModelShape:
 
     def _special_layers(self, context: int, max_step: Optional[int], sinks: int, all_flat: bool,
                         state_slots: Optional[int]) -> list[LayerConfig]:
-        """LayerConfigs of a model with chunked, shared or state layers."""
+        """LayerConfigs of a model with chunked, shared, state or empty layers."""
         if state_slots is None:
             state_slots = default_state_slots(max_step if max_step is not None else min(512, context))
         layers = []
         for window, other in zip(self.windows, self.special):
             if isinstance(other, StateShape):
                 layers.append(LayerConfig(State(state_slots)))
+                continue
+            if isinstance(other, EmptyLayer):  # nothing cached: a placeholder at its index, never written
+                layers.append(LayerConfig(Flat(), 1, 1))
                 continue
             if isinstance(other, SharedLayer):
                 policy = Shared(other.source)
@@ -313,17 +330,61 @@ _FAMILIES.update({
          "mamba_d_conv": 4, "mamba_expand": 2},
         pattern="kinds",
     ),
+    "qwen3_5_text": _Family(
+        "transformers Qwen3_5TextConfig",
+        {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+         "head_dim": 256, "max_position_embeddings": 32768, "linear_conv_kernel_dim": 4,
+         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+         "linear_num_value_heads": 32, "full_attention_interval": 4},
+        pattern="kinds",
+    ),
+    "bamba": _Family(
+        "transformers BambaConfig",
+        {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "max_position_embeddings": 262144, "mamba_n_heads": 128, "mamba_d_head": "auto", "mamba_n_groups": 1,
+         "mamba_d_state": 256, "mamba_d_conv": 4, "mamba_expand": 2},
+        pattern="kinds",
+    ),
+    "jamba": _Family(
+        "transformers JambaConfig",
+        {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "max_position_embeddings": 262144, "attn_layer_period": 8, "attn_layer_offset": 4, "mamba_d_state": 16,
+         "mamba_d_conv": 4, "mamba_expand": 2},
+        pattern="kinds",
+    ),
+    # num_hidden_layers: NemotronHConfig derives it from the layer list (_nemotron_h_types).
+    "nemotron_h": _Family(
+        "transformers NemotronHConfig",
+        {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+         "max_position_embeddings": 4096, "ssm_state_size": 128, "mamba_num_heads": 128, "mamba_head_dim": 64,
+         "n_groups": 8, "conv_kernel": 4},
+        pattern="kinds",
+    ),
 })
 
-# Fields of _UNSUPPORTED that a family's own layers explain (read in _state_shape).
-_READS: dict[str, tuple[str, ...]] = {"granitemoehybrid": ("mamba_d_state",)}
+# Fields of _UNSUPPORTED that a family's own layers explain (read in _family_layer_types and _state_shape).
+_READS: dict[str, tuple[str, ...]] = {
+    "granitemoehybrid": ("mamba_d_state", "layers_block_type"),
+    "bamba": ("mamba_d_state", "layers_block_type"),
+    "jamba": ("mamba_d_state", "layers_block_type"),
+    "nemotron_h": ("layers_block_type", "hybrid_override_pattern"),
+}
+
+# Where a family's config class takes layer_types from a field of another name (its attribute_map).
+_LAYER_TYPES_ALIAS = {"granitemoehybrid": "layers_block_type", "nemotron_h": "layers_block_type"}
 
 # transformers' legacy layer type names (configuration_utils._LEGACY_LAYER_TYPE_REMAP).
 _LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": FULL}
 _STATE_TYPES = ("linear_attention", "conv")
+# Layer types without attention or state: transformers gives them a "dummy" cache layer
+# (cache_utils.get_layer_types_and_kwargs), kvcore an EmptyLayer, in the families that are known
+# to mean that by them (Dory's config.json, for one, lists "mlp" blocks that are halves of a layer).
+_EMPTY_TYPES = ("mlp", "moe")
+_EMPTY_FAMILIES = ("nemotron_h",)
 
 # A multimodal config keeps the language model under text_config.
-_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text"}
+_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text",
+                    "qwen3_5": "qwen3_5_text"}
 
 # Fields that mean the KV cache is not per-layer K/V rows of one shape.
 _UNSUPPORTED: dict[str, str] = {
@@ -332,8 +393,12 @@ _UNSUPPORTED: dict[str, str] = {
     "num_global_key_value_heads": "full and sliding layers with different KV head counts are not modelled",
     "use_bidirectional_attention": "a bidirectional (non-causal) model keeps no decoding KV cache",
     # Hybrids: transformers gives these layers a recurrent state, not K/V rows.
-    "mamba_d_state": "state-space (Mamba) layers keep a recurrent state whose shape kvcore reads for "
-                     "model_type 'granitemoehybrid' only",
+    "mamba_d_state": "state-space (Mamba) layers keep a recurrent state whose shape depends on the family's "
+                     "modeling code",
+    "layers_block_type": "a hybrid layer pattern (attention, Mamba, MLP-only layers) whose meaning depends on "
+                         "the family's config class",
+    "hybrid_override_pattern": "a hybrid layer pattern (attention, Mamba, MLP-only layers) whose meaning depends "
+                               "on the family's config class",
     "block_types": "recurrent blocks (RecurrentGemma) keep a recurrent state, not K/V rows; hybrids are not modelled",
 }
 
@@ -368,18 +433,28 @@ def load_hf_config(source: HFSource) -> dict[str, Any]:
 
 
 def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> ModelShape:
-    """The KV-cache facts of a Hugging Face config (mapping, config.json path, or directory).
+    """The KV-cache facts of a Hugging Face config (mapping, config.json path, or directory):
+    per layer its kind (full, sliding, chunked, KV-shared, recurrent state with its StateShape
+    in elements, or empty), K/V heads and head sizes, and the family defaults it used.
 
     Raises InvalidArgumentError naming the field for a missing, mistyped or
-    contradictory field, and NotSupportedError for attention kvcore does not model.
+    contradictory field, and NotSupportedError for attention kvcore does not model
+    (including a recurrent or hybrid layer of a model_type whose state formula it lacks).
     """
     raw = load_hf_config(source)
     cfg, model_type = _language_model(raw)
     for key, why in _UNSUPPORTED.items():
         if cfg.get(key) not in (None, 0) and key not in _READS.get(model_type, ()):
-            raise NotSupportedError(f"{key} = {cfg[key]!r}: {why}")
+            readers = sorted(mt for mt, keys in _READS.items() if key in keys)
+            if readers:
+                why += (f"; kvcore reads it for model_type {_names(readers)} only, not "
+                        f"{model_type or '(missing)'!r}")
+            raise NotSupportedError(f"{key} = {cfg[key]!r:.80}: {why}")
     r = _Reader(cfg, model_type)
-    n_layers = r.required_int("num_hidden_layers")
+    if model_type == "nemotron_h":  # NemotronHConfig: as many layers as its layer list has
+        n_layers = len(_nemotron_h_types(r))
+    else:
+        n_layers = r.required_int("num_hidden_layers")
     n_heads = r.optional_int("num_attention_heads")
     n_kv_heads = r.optional_int("num_key_value_heads")
     if n_kv_heads is None:
@@ -497,8 +572,13 @@ class _Reader:
 
     def default(self, key: str, value: Any) -> Any:
         assert self.family is not None
-        self.defaults.append(f"{key}={value!r} ({self.family.source} default)")
+        self.note(f"{key}={value!r} ({self.family.source} default)")
         return value
+
+    def note(self, text: str) -> None:
+        """Record a default the file left out, once however often it is read."""
+        if text not in self.defaults:
+            self.defaults.append(text)
 
     def optional_int(self, key: str, *, minimum: int = 1) -> Optional[int]:
         return _optional_int(self.get(key), key, minimum=minimum)
@@ -604,8 +684,8 @@ def _has_special_layers(r: _Reader) -> bool:
 def _special_layer_kinds(
     r: _Reader, n_layers: int
 ) -> tuple[tuple[Optional[int], ...], tuple[Optional[SpecialLayer], ...]]:
-    """(windows, special) of a model with chunked, KV-shared or state layers: per layer its
-    sliding window (or None), and its ChunkedLayer / SharedLayer / StateShape (or None)."""
+    """(windows, special) of a model with chunked, KV-shared, state or empty layers: per layer its
+    sliding window (or None), and its ChunkedLayer / SharedLayer / StateShape / EmptyLayer (or None)."""
     types = _family_layer_types(r, n_layers)
     windows: list[Optional[int]] = []
     special: list[Optional[SpecialLayer]] = []
@@ -627,10 +707,14 @@ def _special_layer_kinds(
         elif kind in _STATE_TYPES:
             state = state or _state_shape(r, kind, i)
             other = state
+        elif kind in _EMPTY_TYPES and r.model_type in _EMPTY_FAMILIES:
+            other = EmptyLayer(kind)
         elif kind != FULL:
             raise NotSupportedError(
                 f"layer_types[{i}] = {kind!r}: kvcore models only {FULL!r}, {SLIDING!r}, {CHUNKED!r} and the "
-                f"recurrent {' and '.join(repr(t) for t in _STATE_TYPES)} layers"
+                f"recurrent {' and '.join(repr(t) for t in _STATE_TYPES)} layers (and the "
+                f"{' and '.join(repr(t) for t in _EMPTY_TYPES)} layers of model_type {_names(_EMPTY_FAMILIES)}, "
+                "which cache nothing)"
             )
         windows.append(window)
         special.append(other)
@@ -641,17 +725,18 @@ def _special_layer_kinds(
 
 
 def _family_layer_types(r: _Reader, n_layers: int) -> list[str]:
-    """Each layer's transformers layer type: layer_types when the file has it, else the family's rule."""
-    kinds = r.cfg.get("layer_types")
-    if kinds is not None:
-        if not isinstance(kinds, Sequence) or isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
-            raise InvalidArgumentError(f"layer_types: must be a list of strings, not {kinds!r:.60}")
-        if len(kinds) != n_layers:
-            raise InvalidArgumentError(
-                f"layer_types has {len(kinds)} entries: must have one per layer, num_hidden_layers = {n_layers}"
-            )
-        return [str(_LEGACY_LAYER_TYPES.get(k, k)) for k in kinds]
+    """Each layer's transformers layer type (what cache_utils.get_layer_types_and_kwargs reads, before
+    it renames "mlp" and "moe" to "dummy"): layer_types when the file has it, else the family's rule.
+    Bamba and Jamba always derive theirs (their config classes cannot load a file that sets them),
+    Nemotron-H reads layers_block_type or hybrid_override_pattern."""
     mt = r.model_type
+    if mt in ("bamba", "jamba"):
+        return _derived_hybrid_types(r, n_layers)
+    if mt == "nemotron_h":
+        return _nemotron_h_types(r)
+    kinds = _file_layer_types(r, n_layers)
+    if kinds is not None:
+        return kinds
     if mt == "llama4_text":  # Llama4TextConfig: layers with RoPE chunk, every no_rope_layer_interval-th is full
         chunk = r.optional_int("attention_chunk_size")
         rope = r.cfg.get("no_rope_layers")
@@ -664,7 +749,8 @@ def _family_layer_types(r: _Reader, n_layers: int) -> list[str]:
         return [CHUNKED if flag and chunk is not None else FULL for flag in rope]
     if mt == "gemma3n_text":  # Gemma3nTextConfig: every 5th layer full, the rest sliding
         return [FULL if (i + 1) % 5 == 0 else SLIDING for i in range(n_layers)]
-    if mt == "qwen3_next":  # Qwen3NextConfig: every full_attention_interval-th layer full, the rest linear
+    if mt in ("qwen3_next", "qwen3_5_text"):
+        # Qwen3NextConfig, Qwen3_5TextConfig: every full_attention_interval-th layer full, the rest linear.
         every = r.optional_int("full_attention_interval")
         assert every is not None
         return ["linear_attention" if (i + 1) % every else FULL for i in range(n_layers)]
@@ -672,12 +758,12 @@ def _family_layer_types(r: _Reader, n_layers: int) -> list[str]:
         idxs = r.cfg.get("full_attn_idxs")
         if idxs is None:
             idxs = list(range(n_layers))
-            r.defaults.append("full_attn_idxs=every layer (transformers Lfm2Config default)")
+            r.note("full_attn_idxs=every layer (transformers Lfm2Config default)")
         if not isinstance(idxs, Sequence) or not all(isinstance(i, int) and 0 <= i < n_layers for i in idxs):
             raise InvalidArgumentError(f"full_attn_idxs = {idxs!r:.60}: must be a list of layer indices")
         return [FULL if i in idxs else "conv" for i in range(n_layers)]
     if mt == "granitemoehybrid":  # GraniteMoeHybridConfig: every layer Mamba-2 by default
-        r.defaults.append("layer_types=every layer 'linear_attention' (transformers GraniteMoeHybridConfig default)")
+        r.note("layer_types=every layer 'linear_attention' (transformers GraniteMoeHybridConfig default)")
         return ["linear_attention"] * n_layers
     if r.cfg.get("attention_chunk_size") is not None:
         raise InvalidArgumentError(
@@ -685,6 +771,112 @@ def _family_layer_types(r: _Reader, n_layers: int) -> list[str]:
             f"family kvcore knows, so it cannot tell which layers are chunked; add layer_types"
         )
     return [FULL if w is None else SLIDING for w in _layer_windows(r, n_layers)]
+
+
+def _file_layer_types(r: _Reader, n_layers: Optional[int]) -> Optional[list[str]]:
+    """The file's layer_types (or the family's alias of it, e.g. Nemotron-H's layers_block_type), legacy
+    names ("mamba", "attention") renamed as transformers renames them; None when the file has none.
+    InvalidArgumentError for a malformed list, one of the wrong length (``n_layers``, when given), or an
+    alias that contradicts layer_types."""
+    found: list[tuple[str, list[str]]] = []
+    alias = _LAYER_TYPES_ALIAS.get(r.model_type)
+    for key in ("layer_types", *((alias,) if alias else ())):
+        kinds = r.cfg.get(key)
+        if kinds is None:
+            continue
+        if not isinstance(kinds, Sequence) or isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
+            raise InvalidArgumentError(f"{key}: must be a list of strings, not {kinds!r:.60}")
+        if n_layers is not None and len(kinds) != n_layers:
+            raise InvalidArgumentError(
+                f"{key} has {len(kinds)} entries: must have one per layer, num_hidden_layers = {n_layers}"
+            )
+        found.append((key, [str(_LEGACY_LAYER_TYPES.get(k, k)) for k in kinds]))
+    if len(found) == 2 and found[0][1] != found[1][1]:
+        raise InvalidArgumentError(f"{found[1][0]}: contradicts layer_types (transformers reads them as one field)")
+    return found[0][1] if found else None
+
+
+def _derived_hybrid_types(r: _Reader, n_layers: int) -> list[str]:
+    """Bamba's and Jamba's layer types as their transformers config classes derive them (the
+    layers_block_type / layer_types properties): Bamba's attn_layer_indices are full attention,
+    Jamba's layers with i % attn_layer_period == attn_layer_offset; every other layer Mamba. A file that
+    lists layer_types or layers_block_type itself must agree (transformers cannot load it otherwise)."""
+    if r.model_type == "bamba":
+        idxs = r.cfg.get("attn_layer_indices")
+        if "attn_layer_indices" not in r.cfg:
+            r.note("attn_layer_indices=None, every layer Mamba-2 (transformers BambaConfig default)")
+        if idxs is None:
+            idxs = []
+        if (not isinstance(idxs, Sequence) or isinstance(idxs, str)
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_layers for i in idxs)):
+            raise InvalidArgumentError(
+                f"attn_layer_indices = {idxs!r:.60}: must be a list of layer indices in [0, {n_layers})"
+            )
+        rule = f"attn_layer_indices = {list(idxs)!r:.60}"
+        kinds = [FULL if i in idxs else "linear_attention" for i in range(n_layers)]
+    else:
+        period = r.optional_int("attn_layer_period")
+        offset = r.optional_int("attn_layer_offset", minimum=0)
+        assert period is not None and offset is not None  # the family defaults supply them
+        if offset >= period:
+            raise InvalidArgumentError(
+                f"attn_layer_offset = {offset}: must be < attn_layer_period = {period} (transformers JambaConfig)"
+            )
+        rule = f"attn_layer_period = {period}, attn_layer_offset = {offset}"
+        kinds = [FULL if i % period == offset else "linear_attention" for i in range(n_layers)]
+    for key in ("layer_types", "layers_block_type"):
+        listed = r.cfg.get(key)
+        if listed is None:
+            continue
+        if not isinstance(listed, Sequence) or isinstance(listed, str) or not all(isinstance(k, str) for k in listed):
+            raise InvalidArgumentError(f"{key}: must be a list of strings, not {listed!r:.60}")
+        if [_LEGACY_LAYER_TYPES.get(k, k) for k in listed] != kinds:
+            family = _FAMILIES[r.model_type].source
+            raise InvalidArgumentError(
+                f"{key} = {listed!r:.60}: contradicts {rule}, from which {family} derives the layer kinds"
+            )
+    return kinds
+
+
+# NemotronHConfig._pattern_to_list: one character per layer.
+_NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": FULL, "-": "mlp", "E": "moe"}
+
+
+def _nemotron_h_types(r: _Reader) -> list[str]:
+    """Nemotron-H's layer types as NemotronHConfig reads them: layers_block_type (or layer_types), else
+    hybrid_override_pattern ("M" Mamba-2, "*" attention, "-" MLP, "E" MoE), else its default
+    [linear_attention, moe, full_attention, mlp]. The number of layers is the list's length; a
+    num_hidden_layers that says otherwise is an error (transformers would ignore it)."""
+    kinds = _file_layer_types(r, None)
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or not pattern:
+            raise InvalidArgumentError(f"hybrid_override_pattern = {pattern!r:.60}: must be a non-empty string")
+        bad = next((i for i, c in enumerate(pattern) if c not in _NEMOTRON_H_PATTERN), None)
+        if bad is not None:
+            raise InvalidArgumentError(
+                f"hybrid_override_pattern[{bad}] = {pattern[bad]!r}: must be one of 'M' (Mamba-2), '*' (attention), "
+                "'-' (MLP) and 'E' (MoE)"
+            )
+        from_pattern = [_NEMOTRON_H_PATTERN[c] for c in pattern]
+        if kinds is not None and kinds != from_pattern:
+            raise InvalidArgumentError(
+                f"hybrid_override_pattern = {pattern!r:.60}: contradicts layers_block_type "
+                "(transformers NemotronHConfig reads layers_block_type and ignores the pattern)"
+            )
+        kinds = from_pattern
+    if kinds is None:
+        kinds = ["linear_attention", "moe", FULL, "mlp"]
+        r.note(f"layers_block_type={kinds!r} (transformers NemotronHConfig default)")
+    if not kinds:
+        raise InvalidArgumentError("layers_block_type: empty, a model needs at least one layer")
+    given = r.optional_int("num_hidden_layers")
+    if given is not None and given != len(kinds):
+        raise InvalidArgumentError(
+            f"num_hidden_layers = {given}: contradicts the layer list, which has {len(kinds)} layers "
+            "(transformers NemotronHConfig takes the number of layers from it)"
+        )
+    return kinds
 
 
 def _share_kv(types: list[str], special: list[Optional[SpecialLayer]], windows: list[Optional[int]],
@@ -698,8 +890,9 @@ def _share_kv(types: list[str], special: list[Optional[SpecialLayer]], windows: 
         )
     first = n - shared
     for i in range(first, n):
-        if isinstance(special[i], StateShape):
-            raise InvalidArgumentError(f"num_kv_shared_layers = {shared}: layer {i} is a recurrent layer, not attention")
+        if isinstance(special[i], (StateShape, EmptyLayer)):
+            what = "a recurrent" if isinstance(special[i], StateShape) else "an MLP-only"
+            raise InvalidArgumentError(f"num_kv_shared_layers = {shared}: layer {i} is {what} layer, not attention")
         source = next((j for j in range(first - 1, -1, -1) if types[j] == types[i]), None)
         if source is None:
             raise InvalidArgumentError(
@@ -712,11 +905,13 @@ def _share_kv(types: list[str], special: list[Optional[SpecialLayer]], windows: 
 
 def _state_shape(r: _Reader, kind: str, layer: int) -> StateShape:
     """The per-sequence state of a recurrent layer, from the model's modeling code in transformers
-    5.24 (docs/memory.md, "Recurrent state", cites each line)."""
+    5.24 (docs/memory.md, "Recurrent state", cites each line). NotSupportedError for a model_type
+    whose state formula kvcore does not have; InvalidArgumentError for a missing or contradictory field."""
     mt = r.model_type
-    if mt == "qwen3_next" and kind == "linear_attention":
-        # modeling_qwen3_next.Qwen3NextGatedDeltaNet: conv_dim = 2 * key_dim + value_dim over
-        # linear_conv_kernel_dim columns; recurrent state (num_v_heads, head_k_dim, head_v_dim), float32.
+    if mt in ("qwen3_next", "qwen3_5_text") and kind == "linear_attention":
+        # modeling_qwen3_next.Qwen3NextGatedDeltaNet, modeling_qwen3_5.Qwen3_5GatedDeltaNet: conv_dim =
+        # 2 * key_dim + value_dim over linear_conv_kernel_dim columns; recurrent state (num_v_heads,
+        # head_k_dim, head_v_dim), float32 (torch_chunk_gated_delta_rule casts its inputs .to(torch.float32)).
         width = _need(r, "linear_conv_kernel_dim")
         nk, dk = _need(r, "linear_num_key_heads"), _need(r, "linear_key_head_dim")
         nv, dv = _need(r, "linear_num_value_heads"), _need(r, "linear_value_head_dim")
@@ -724,9 +919,11 @@ def _state_shape(r: _Reader, kind: str, layer: int) -> StateShape:
                           formula="conv (2 x linear_num_key_heads x linear_key_head_dim + linear_num_value_heads "
                           "x linear_value_head_dim) x linear_conv_kernel_dim; recurrent linear_num_value_heads x "
                           "linear_key_head_dim x linear_value_head_dim float32")
-    if mt == "granitemoehybrid" and kind == "linear_attention":
-        # modeling_granitemoehybrid.GraniteMoeHybridMambaLayer: conv_dim = intermediate + 2 * n_groups *
-        # d_state over mamba_d_conv columns; SSM state (mamba_n_heads, mamba_d_head, mamba_d_state), float32.
+    if mt in ("granitemoehybrid", "bamba") and kind == "linear_attention":
+        # modeling_granitemoehybrid.GraniteMoeHybridMambaLayer, modeling_bamba.BambaMixer: conv_dim =
+        # intermediate + 2 * n_groups * d_state over mamba_d_conv columns, intermediate = mamba_expand *
+        # hidden_size; SSM state (mamba_n_heads, mamba_d_head, mamba_d_state), float32 (the chunked scan runs
+        # in .float()).
         hidden, expand = _need(r, "hidden_size"), _need(r, "mamba_expand")
         heads, groups = _need(r, "mamba_n_heads"), _need(r, "mamba_n_groups")
         d_state, d_conv = _need(r, "mamba_d_state"), _need(r, "mamba_d_conv")
@@ -742,14 +939,48 @@ def _state_shape(r: _Reader, kind: str, layer: int) -> StateShape:
         return StateShape("mamba2", inner + 2 * groups * d_state, d_conv, heads * d_head * d_state,
                           formula="conv (mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state) x "
                           "mamba_d_conv; SSM mamba_n_heads x mamba_d_head x mamba_d_state float32")
+    if mt == "nemotron_h" and kind == "linear_attention":
+        # modeling_nemotron_h.NemotronHMamba2Mixer: intermediate = mamba_num_heads * mamba_head_dim (not
+        # expand * hidden_size), conv_dim = intermediate + 2 * n_groups * ssm_state_size over conv_kernel
+        # columns; SSM state (mamba_num_heads, mamba_head_dim, ssm_state_size), float32 (mamba2_chunk_scan
+        # runs in .float()). NemotronHConfig takes the legacy mamba_n_groups / mamba_d_conv over them.
+        heads, d_head = _need(r, "mamba_num_heads"), _need(r, "mamba_head_dim")
+        groups = _need(r, "mamba_n_groups" if "mamba_n_groups" in r.cfg else "n_groups")
+        d_conv = _need(r, "mamba_d_conv" if "mamba_d_conv" in r.cfg else "conv_kernel")
+        d_state = _need(r, "ssm_state_size")
+        inner = heads * d_head
+        return StateShape("mamba2", inner + 2 * groups * d_state, d_conv, heads * d_head * d_state,
+                          formula="conv (mamba_num_heads x mamba_head_dim + 2 x n_groups x ssm_state_size) x "
+                          "conv_kernel; SSM mamba_num_heads x mamba_head_dim x ssm_state_size float32")
+    if mt == "jamba" and kind == "linear_attention":
+        # modeling_jamba.JambaMambaMixer (Mamba-1): a depthwise conv over intermediate = mamba_expand *
+        # hidden_size channels, mamba_d_conv columns; SSM state (intermediate, mamba_d_state), float32
+        # (mamba_selective_scan's discretized A and B are float32, so the scanned state is).
+        hidden, expand = _need(r, "hidden_size"), _need(r, "mamba_expand")
+        d_state, d_conv = _need(r, "mamba_d_state"), _need(r, "mamba_d_conv")
+        inner = expand * hidden
+        return StateShape("mamba", inner, d_conv, inner * d_state,
+                          formula="conv (mamba_expand x hidden_size) x mamba_d_conv; SSM (mamba_expand x "
+                          "hidden_size) x mamba_d_state float32")
     if mt == "lfm2" and kind == "conv":
         # modeling_lfm2.Lfm2ShortConv: a depthwise conv over hidden_size channels, conv_L_cache columns.
         return StateShape("short_conv", _need(r, "hidden_size"), _need(r, "conv_L_cache"),
                           formula="conv hidden_size x conv_L_cache")
     raise NotSupportedError(
-        f"layer_types[{layer}] = {kind!r}: kvcore knows the recurrent state of model_type 'qwen3_next', "
-        f"'granitemoehybrid' ('linear_attention') and 'lfm2' ('conv'), not of {mt or '(missing)'!r}"
+        f"layer_types[{layer}] = {kind!r}: kvcore knows the recurrent state of the 'linear_attention' layers of "
+        f"model_type {_names([t for t in _STATE_FAMILIES if t != 'lfm2'])} and of the 'conv' layers of 'lfm2', "
+        f"not those of {mt or '(missing)'!r}"
     )
+
+
+#: The model_types whose recurrent state _state_shape knows.
+_STATE_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "lfm2", "nemotron_h", "qwen3_5_text", "qwen3_next")
+
+
+def _names(items: Sequence[str]) -> str:
+    """'a', 'b' and 'c'."""
+    quoted = [repr(x) for x in items]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
 
 
 def _need(r: _Reader, key: str) -> int:

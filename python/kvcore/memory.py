@@ -131,11 +131,13 @@ def preset(name: str) -> Preset:
 class LayerKind:
     """Layers that share a policy and a row shape, and what one of them costs."""
 
-    kind: str  # "sliding", "full", "chunked", "shared" or "state" (kvcore Ring, Flat, Chunked, Shared, State)
+    # "sliding", "full", "chunked", "shared" or "state" (kvcore Ring, Flat, Chunked, Shared, State), or
+    # "empty": layers without attention or state (Nemotron-H's MLP / MoE layers) that cache nothing
+    kind: str
     window: Optional[int]
     sinks: int
     layers: tuple[int, ...]  # layer indices
-    rows: int  # rows per layer: SequenceCache.rows(layer) (state layers: D state slots)
+    rows: int  # rows per layer: SequenceCache.rows(layer) (state layers: D state slots; empty layers: 0)
     n_kv_heads: int
     head_dim: int
     v_head_dim: int  # the V width actually used (head_dim unless the model says otherwise)
@@ -365,13 +367,16 @@ def _layer_kinds(
     """The LayerKinds of ``cache`` (built from ``shape``): K/V layers grouped by policy and row
     shape (sliding by window and sinks, chunked by chunk, full), every shared layer of one shape
     in one kind of 0 bytes, state layers by state shape at D x snapshot bytes (conv window of
-    ``state_size``-byte elements); K/V rows of ``dtype_size`` bytes or quantized (``kv_dtype``)."""
+    ``state_size``-byte elements), every empty layer (no attention, no state) in one kind of 0 rows
+    and 0 bytes; K/V rows of ``dtype_size`` bytes or quantized (``kv_dtype``)."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, layer in enumerate(cache.config.layers):
         p = layer.policy
         kind = shape.layer_kind(i)
         if kind == "state":
             key: tuple[Any, ...] = (kind, shape.special[i])
+        elif kind == "empty":  # its LayerConfig is a placeholder that is never written
+            key = (kind,)
         elif kind == "shared":
             key = (kind, layer.n_kv_heads, layer.head_dim, layer.value_dim)
         else:  # all_flat turns sliding and chunked layers Flat: the policy decides the label
@@ -391,6 +396,12 @@ def _layer_kinds(
                 kind="state", window=None, sinks=0, layers=tuple(members), rows=row_count, n_kv_heads=0,
                 head_dim=0, v_head_dim=0, bytes_per_layer=row_count * (conv + recurrent) * batch,
                 state_conv_bytes=conv, state_recurrent_bytes=recurrent,
+            ))
+            continue
+        if key[0] == "empty":
+            out.append(LayerKind(
+                kind="empty", window=None, sinks=0, layers=tuple(members), rows=0, n_kv_heads=0, head_dim=0,
+                v_head_dim=0, bytes_per_layer=0,
             ))
             continue
         if key[0] == "shared":

@@ -162,7 +162,7 @@ def _print_list(as_json: bool) -> int:
 def _print_plan(plan: MemoryPlan, shape: ModelShape, label: str, answer: Optional[Mapping[str, Any]],
                 notes: Sequence[str]) -> None:
     counts = {kind: sum(len(k.layers) for k in plan.kinds if k.kind == kind)
-              for kind in ("sliding", "chunked", "full", "shared", "state")}
+              for kind in ("sliding", "chunked", "full", "shared", "state", "empty")}
     parts = [f"{n} {kind}" for kind, n in counts.items() if n]
     print(label)
     heads = f"{shape.n_kv_heads} KV head" + ("s" if shape.n_kv_heads != 1 else "")

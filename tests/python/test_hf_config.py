@@ -15,7 +15,8 @@ import pytest
 
 import kvcore
 from kvcore.cli import main
-from kvcore.hf_config import ModelShape, StateShape, default_state_slots, model_shape_from_hf
+from kvcore.hf_config import EmptyLayer, ModelShape, StateShape, default_state_slots, model_shape_from_hf
+from kvcore.memory import kv_bytes, plan_memory
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -273,7 +274,8 @@ _DROP = object()
         (_mistral(layer_types=[SLIDING, "indexed_attention"] * 16), kvcore.NotSupportedError,
          r"layer_types\[1\] = 'indexed_attention': kvcore models only"),
         (_mistral(layer_types=[SLIDING, "linear_attention"] * 16), kvcore.NotSupportedError,
-         r"layer_types\[1\] = 'linear_attention': kvcore knows the recurrent state of model_type 'qwen3_next'"),
+         r"layer_types\[1\] = 'linear_attention': kvcore knows the recurrent state of the 'linear_attention' "
+         r"layers of model_type 'bamba', .*'qwen3_next' and of the 'conv' layers of 'lfm2', not those of 'mistral'"),
         (_mistral(layer_types="sliding_attention"), kvcore.InvalidArgumentError,
          r"layer_types: must be a list of strings"),
         (_mistral(sliding_window=None, layer_types=[FULL, SLIDING] * 16), kvcore.InvalidArgumentError,
@@ -407,10 +409,163 @@ def test_granite_mamba2_layers_are_state() -> None:
     assert model_shape_from_hf(legacy).special == model_shape_from_hf(source).special
 
 
+# The other hybrid families, from minimal config.json dicts (no transformers needed). Each test works
+# out the state of one layer from the numbers given, then what the planner gives at 100 tokens with
+# max_step 4 (D = 5 state slots), bfloat16 K/V rows and conv windows, float32 recurrent states.
+
+
+def kinds(shape: ModelShape) -> list[str]:
+    return [shape.layer_kind(i) for i in range(shape.n_layers)]
+
+
+QWEN3_5_TEXT = {"model_type": "qwen3_5_text", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096,
+                "full_attention_interval": 2, "linear_conv_kernel_dim": 3, "linear_num_key_heads": 2,
+                "linear_key_head_dim": 8, "linear_num_value_heads": 4, "linear_value_head_dim": 6}  # fmt: skip
+
+
+def test_qwen3_5_gated_deltanet_layers_are_state() -> None:
+    shape = model_shape_from_hf(QWEN3_5_TEXT)
+    assert kinds(shape) == ["state", "full", "state", "full"]  # every full_attention_interval = 2nd layer full
+    state = shape.special[0]
+    # conv (2 x 2 key heads x 8 + 4 value heads x 6) = 56 channels x 3 columns; recurrent 4 x 8 x 6, float32.
+    assert isinstance(state, StateShape) and state.kind == "gated_deltanet"
+    assert (state.conv_elements, state.recurrent_elements) == (56 * 3, 4 * 8 * 6)
+    assert state.snapshot_bytes(2) == 56 * 3 * 2 + 192 * 4  # 1104 B
+    # 2 full layers x 100 rows x 2 KV heads x (16 K + 16 V) x 2 B; 2 state layers x 5 slots x 1104 B.
+    assert kv_bytes(shape, 100, max_step=4) == 2 * 100 * 2 * 32 * 2 + 2 * 5 * 1104
+    # Qwen 3.5's config.json wraps it (model_type qwen3_5, the text model under text_config, which may
+    # leave its own model_type out) beside a vision_config.
+    for text in (QWEN3_5_TEXT, {k: v for k, v in QWEN3_5_TEXT.items() if k != "model_type"}):
+        wrapped = model_shape_from_hf({"model_type": "qwen3_5", "text_config": text, "vision_config": {"depth": 2}})
+        assert (wrapped.model_type, wrapped.special) == ("qwen3_5_text", shape.special)
+    # Qwen3_5TextConfig's defaults: conv (2 x 16 x 128 + 32 x 128) x 4, recurrent 32 x 128 x 128 float32 (2 MiB).
+    default = model_shape_from_hf({"model_type": "qwen3_5_text"})
+    assert kinds(default) == ["state", "state", "state", "full"] * 8
+    assert isinstance(default.special[0], StateShape) and default.special[0].snapshot_bytes(2) == (
+        8192 * 4 * 2 + 32 * 128 * 128 * 4
+    )
+    assert "linear_num_value_heads=32 (transformers Qwen3_5TextConfig default)" in default.defaults
+
+
+BAMBA = {"model_type": "bamba", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "max_position_embeddings": 4096, "attn_layer_indices": [2], "mamba_n_heads": 8,
+         "mamba_d_head": "auto", "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_d_conv": 3,
+         "mamba_expand": 2}  # fmt: skip
+
+
+def test_bamba_mamba2_layers_are_state() -> None:
+    shape = model_shape_from_hf(BAMBA)
+    assert kinds(shape) == ["state", "state", "full", "state"]  # attn_layer_indices = [2]
+    state = shape.special[0]
+    # mamba_d_head "auto" = 2 x 64 // 8 = 16; conv (2 x 64 + 2 x 2 x 8) = 160 channels x 3; SSM 8 x 16 x 8 float32.
+    assert isinstance(state, StateShape) and state.kind == "mamba2"
+    assert (state.conv_elements, state.recurrent_elements) == (160 * 3, 8 * 16 * 8)
+    # head_dim = 64 / 4 = 16: 1 full layer x 100 x 2 x 32 x 2 B; 3 state layers x 5 x (480 x 2 + 1024 x 4) B.
+    assert kv_bytes(shape, 100, max_step=4) == 100 * 2 * 32 * 2 + 3 * 5 * (480 * 2 + 1024 * 4)
+    # Without attn_layer_indices, BambaConfig.layers_block_type makes every layer Mamba-2.
+    assert kinds(model_shape_from_hf({k: v for k, v in BAMBA.items() if k != "attn_layer_indices"})) == ["state"] * 4
+    # A layers_block_type (legacy names) that says what attn_layer_indices says reads the same.
+    listed = {**BAMBA, "layers_block_type": ["mamba", "mamba", "attention", "mamba"]}
+    assert model_shape_from_hf(listed).special == shape.special
+
+
+JAMBA = {"model_type": "jamba", "num_hidden_layers": 6, "hidden_size": 64, "intermediate_size": 200,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096, "attn_layer_period": 3,
+         "attn_layer_offset": 1, "mamba_d_state": 8, "mamba_d_conv": 3, "mamba_expand": 2}  # fmt: skip
+
+
+def test_jamba_mamba_layers_are_state() -> None:
+    shape = model_shape_from_hf(JAMBA)
+    assert kinds(shape) == ["state", "full", "state", "state", "full", "state"]  # attention where i % 3 == 1
+    state = shape.special[0]
+    # Mamba-1 over 2 x 64 = 128 channels (mamba_expand x hidden_size; intermediate_size is the MLP's):
+    # conv 128 x 3, SSM 128 x 8 float32.
+    assert isinstance(state, StateShape) and state.kind == "mamba"
+    assert (state.conv_elements, state.recurrent_elements) == (128 * 3, 128 * 8)
+    # head_dim = 64 / 4 = 16: 2 full layers x 100 x 2 x 32 x 2 B; 4 state layers x 5 x (384 x 2 + 1024 x 4) B.
+    assert kv_bytes(shape, 100, max_step=4) == 2 * 100 * 2 * 32 * 2 + 4 * 5 * (384 * 2 + 1024 * 4)
+    # JambaConfig's defaults: attention where i % 8 == 4.
+    bare = {k: v for k, v in JAMBA.items() if k not in ("attn_layer_period", "attn_layer_offset")}
+    assert kinds(model_shape_from_hf(bare)) == ["state"] * 4 + ["full", "state"]
+
+
+NEMOTRON_H = {"model_type": "nemotron_h", "num_hidden_layers": 5, "hybrid_override_pattern": "M-M*E",
+              "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "max_position_embeddings": 4096, "mamba_num_heads": 6, "mamba_head_dim": 8, "n_groups": 2,
+              "ssm_state_size": 4, "conv_kernel": 3, "expand": 2}  # fmt: skip
+
+
+def test_nemotron_h_mamba2_layers_are_state_and_mlp_layers_hold_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shape = model_shape_from_hf(NEMOTRON_H)
+    # "M" Mamba-2, "-" MLP, "*" attention, "E" MoE: the "-" and "E" layers are neither attention nor state.
+    assert kinds(shape) == ["state", "empty", "state", "full", "empty"]
+    assert (shape.special[1], shape.special[4]) == (EmptyLayer("mlp"), EmptyLayer("moe"))
+    state = shape.special[0]
+    # intermediate = mamba_num_heads x mamba_head_dim = 6 x 8 = 48 (not expand x hidden_size = 128):
+    # conv (48 + 2 x 2 x 4) = 64 channels x 3; SSM 6 x 8 x 4 float32.
+    assert isinstance(state, StateShape) and state.kind == "mamba2"
+    assert (state.conv_elements, state.recurrent_elements) == (64 * 3, 6 * 8 * 4)
+    # The "*" layer: 100 x 2 x (16 + 16) x 2 B; 2 "M" layers x 5 x (192 x 2 + 192 x 4) B; "-" and "E": 0.
+    plan = plan_memory(shape, context=100, max_step=4)
+    assert plan.total_bytes == 100 * 2 * 32 * 2 + 2 * 5 * (192 * 2 + 192 * 4)
+    assert [(k.layers, k.rows, k.total_bytes) for k in plan.kinds if k.kind == "empty"] == [((1, 4), 0, 0)]
+    cfg = kvcore.config_from_hf(NEMOTRON_H, context=100, max_step=4)  # a placeholder at each empty layer
+    assert (cfg.layers[1].policy, cfg.layers[1].n_kv_heads, cfg.layers[1].head_dim) == (kvcore.Flat(), 1, 1)
+    # transformers' own spelling (NemotronHConfig.to_dict): layers_block_type, no num_hidden_layers; and
+    # the legacy mamba_n_groups / mamba_d_conv names, which NemotronHConfig takes over n_groups / conv_kernel.
+    listed = {k: v for k, v in NEMOTRON_H.items() if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    listed.update(layers_block_type=["mamba", "mlp", "mamba", "attention", "moe"], n_groups=7, conv_kernel=9,
+                  mamba_n_groups=2, mamba_d_conv=3)
+    assert model_shape_from_hf(listed).special == shape.special
+    code = main(["memory", "--hf-config", str(write(tmp_path, NEMOTRON_H)), "--context", "100", "--max-step", "4"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"{12800 + 11520:,} B" in out
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "message"),
+    [
+        ({**BAMBA, "attn_layer_indices": [4]}, kvcore.InvalidArgumentError,
+         r"attn_layer_indices = \[4\]: must be a list of layer indices in \[0, 4\)"),
+        ({**BAMBA, "layer_types": ["full_attention"] * 4}, kvcore.InvalidArgumentError,
+         r"layer_types = .*: contradicts attn_layer_indices = \[2\], from which transformers BambaConfig derives"),
+        ({**JAMBA, "attn_layer_offset": 3}, kvcore.InvalidArgumentError,
+         r"attn_layer_offset = 3: must be < attn_layer_period = 3"),
+        ({**JAMBA, "layers_block_type": ["attention"] * 6}, kvcore.InvalidArgumentError,
+         r"layers_block_type = .*: contradicts attn_layer_period = 3, attn_layer_offset = 1"),
+        ({**NEMOTRON_H, "num_hidden_layers": 6}, kvcore.InvalidArgumentError,
+         r"num_hidden_layers = 6: contradicts the layer list, which has 5 layers"),
+        ({**NEMOTRON_H, "hybrid_override_pattern": "M-X*E"}, kvcore.InvalidArgumentError,
+         r"hybrid_override_pattern\[2\] = 'X': must be one of 'M' \(Mamba-2\)"),
+        ({**NEMOTRON_H, "layers_block_type": ["mamba"] * 5}, kvcore.InvalidArgumentError,
+         r"hybrid_override_pattern = 'M-M\*E': contradicts layers_block_type"),
+        ({**NEMOTRON_H, "ssm_state_size": None}, kvcore.InvalidArgumentError, r"ssm_state_size: missing"),
+        # A hybrid layer pattern of a family kvcore does not know is refused, not read as all attention.
+        ({**NEMOTRON_H, "model_type": "brand_new"}, kvcore.NotSupportedError,
+         r"hybrid_override_pattern = 'M-M\*E': a hybrid layer pattern .*; kvcore reads it for model_type "
+         r"'nemotron_h' only, not 'brand_new'"),
+        ({**QWEN3_5_TEXT, "model_type": "brand_new", "layers_block_type": ["mamba", "attention"] * 2},
+         kvcore.NotSupportedError, r"layers_block_type = .*: a hybrid layer pattern"),
+        # "mlp" layers hold nothing in Nemotron-H; elsewhere they may mean something else (Dory's are half a layer).
+        ({**QWEN3_5_TEXT, "model_type": "brand_new", "layer_types": [FULL, "mlp"] * 2}, kvcore.NotSupportedError,
+         r"layer_types\[1\] = 'mlp': kvcore models only .*'mlp' and 'moe' layers of model_type 'nemotron_h'"),
+    ],
+)  # fmt: skip
+def test_bad_hybrid_configs_are_named(config: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        model_shape_from_hf(config)
+
+
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
-        ({"model_type": "bamba"}, kvcore.NotSupportedError, r"mamba_d_state = 8: state-space \(Mamba\) layers"),
+        # Falcon-H1 runs attention and Mamba-2 side by side in every layer: no formula, refused.
+        ({"model_type": "falcon_h1"}, kvcore.NotSupportedError,
+         r"mamba_d_state = 8: state-space \(Mamba\) layers .*; kvcore reads it for model_type 'bamba', "
+         r"'granitemoehybrid' and 'jamba' only, not 'falcon_h1'"),
         ({"mamba_d_head": 5}, kvcore.InvalidArgumentError,
          r"mamba_d_head = 5: mamba_n_heads x mamba_d_head must equal mamba_expand x hidden_size = 128"),
         ({"mamba_d_conv": None}, kvcore.InvalidArgumentError, r"mamba_d_conv: missing"),

@@ -18,7 +18,7 @@ import pytest
 import kvcore
 from kvcore import memory
 from kvcore.cli import main
-from kvcore.hf_config import ModelShape
+from kvcore.hf_config import EmptyLayer, ModelShape
 from kvcore.memory import MAX_CONTEXT, kv_bytes, longest_context, parse_context, parse_size, plan_memory, preset
 
 GiB = 2**30
@@ -445,6 +445,20 @@ def test_state_rows_are_the_caches_own_rows() -> None:
         for kind in plan.kinds:
             for layer in kind.layers:
                 assert cache.rows(layer) == kind.rows, (name, layer)
+
+
+def test_layers_without_attention_or_state_cost_nothing() -> None:
+    # Nemotron-H's "-" (MLP) and "E" (MoE) layers: transformers gives them a "dummy" cache layer.
+    shape = ModelShape(name="toy", model_type="nemotron_h", n_kv_heads=2, head_dim=16, windows=(None, None, None),
+                       special=(EmptyLayer("mlp"), None, EmptyLayer("moe")))  # fmt: skip
+    row = 2 * (16 + 16) * BF16
+    plan = plan_memory(shape, context=1000, max_step=8, batch=2)
+    assert plan.total_bytes == plan.flat_total_bytes == 1000 * row * 2  # the one attention layer, batch 2
+    assert (kinds_of(plan)["empty"].layers, kinds_of(plan)["empty"].rows, kinds_of(plan)["empty"].total_bytes) == (
+        (0, 2), 0, 0,
+    )  # fmt: skip
+    assert plan.state_slots is None  # nothing recurrent either
+    assert longest_context(shape, 1000 * row) == 1000
 
 
 def test_budget_counts_the_state() -> None:

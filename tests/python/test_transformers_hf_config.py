@@ -60,9 +60,9 @@ def dynamic_cache_windows(config: Any) -> list[Optional[int]]:
 
 def kvcore_view(shape: Any) -> list[Any]:
     """Per layer, as transformers_windows names it: a sliding window, None for full, else the
-    transformers layer type ("chunked_attention", "dummy" for a KV-shared layer, "linear_attention"
-    or "conv" for a recurrent-state layer)."""
-    names = {"chunked": "chunked_attention", "shared": "dummy"}
+    transformers layer type ("chunked_attention", "dummy" for a KV-shared layer or one without
+    attention or state, "linear_attention" or "conv" for a recurrent-state layer)."""
+    names = {"chunked": "chunked_attention", "shared": "dummy", "empty": "dummy"}
     out: list[Any] = []
     for i, window in enumerate(shape.windows):
         kind = shape.layer_kind(i)
@@ -178,6 +178,66 @@ def test_every_sliding_family_agrees_or_is_refused_never_silently_wrong() -> Non
     assert len(agreed_families) >= 20
 
 
+# --- hybrid families: which layers are attention, recurrent state, or nothing -----------------
+
+# (label, transformers config class, kwargs): each family whose recurrent state hf_config knows.
+HYBRIDS: list[tuple[str, str, dict[str, Any]]] = [
+    ("qwen3_next", "Qwen3NextConfig", dict(num_hidden_layers=6, full_attention_interval=3, num_experts=4,
+                                           num_experts_per_tok=2)),
+    ("qwen3_5_text", "Qwen3_5TextConfig", dict(num_hidden_layers=6, full_attention_interval=3)),
+    ("lfm2", "Lfm2Config", dict(num_hidden_layers=5, full_attn_idxs=[1, 4])),
+    ("granitemoehybrid", "GraniteMoeHybridConfig",
+     dict(num_hidden_layers=4, layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_d_head=16,
+          num_local_experts=4, num_experts_per_tok=2)),
+    ("bamba", "BambaConfig", dict(num_hidden_layers=5, attn_layer_indices=[1, 3], mamba_n_heads=8)),
+    ("bamba-all-mamba", "BambaConfig", dict(num_hidden_layers=3, mamba_n_heads=8)),
+    ("jamba", "JambaConfig", dict(num_hidden_layers=7, attn_layer_period=3, attn_layer_offset=2, num_experts=4)),
+    ("nemotron_h", "NemotronHConfig",
+     dict(hybrid_override_pattern="M-M*EM", mamba_num_heads=4, mamba_head_dim=16, n_groups=1)),
+    ("nemotron_h-default-layers", "NemotronHConfig", dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=1)),
+]  # fmt: skip
+
+
+def hybrid_sources(label: str, config: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """to_dict, to_diff_dict, and the older spellings a published config.json may have."""
+    full = config.to_dict()
+    yield "to_dict", full
+    yield "to_diff_dict", config.to_diff_dict()
+    if label == "granitemoehybrid":  # GraniteMoeHybridConfig.attribute_map: layers_block_type is layer_types
+        yield "layers_block_type", {**{k: v for k, v in full.items() if k != "layer_types"},
+                                    "layers_block_type": full["layer_types"]}
+    if label.startswith("nemotron_h"):  # a published Nemotron-H config.json: a pattern and num_hidden_layers
+        pattern = config.hybrid_override_pattern
+        yield "hybrid_override_pattern", {**{k: v for k, v in full.items() if k != "layers_block_type"},
+                                          "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)}
+    if label.startswith("qwen3"):  # without layer_types: full_attention_interval decides
+        yield "without layer_types", {k: v for k, v in full.items() if k != "layer_types"}
+
+
+@pytest.mark.parametrize(("label", "cls", "kwargs"), HYBRIDS, ids=[c[0] for c in HYBRIDS])
+def test_hybrid_layer_kinds_are_transformers_own(label: str, cls: str, kwargs: dict[str, Any]) -> None:
+    # Which layers are attention, recurrent state or hold nothing ("dummy": Nemotron-H's "-" and "E"
+    # layers), exactly as cache_utils.get_layer_types_and_kwargs reads the same dict back.
+    transformers = transformers_module()
+    config_class = getattr(transformers, cls)
+    config = config_class(**{**SMALL, **kwargs})
+    for how, source in hybrid_sources(label, config):
+        want = transformers_windows(config_class.from_dict(source))
+        assert kvcore_view(model_shape_from_hf(source)) == want, (label, how)
+        assert "linear_attention" in want or "conv" in want, want
+    if label.startswith("nemotron_h"):
+        assert "dummy" in want and None in want, want
+
+
+def test_qwen3_5_reads_its_text_config() -> None:
+    transformers = transformers_module()
+    text = transformers.Qwen3_5TextConfig(**SMALL, num_hidden_layers=4, head_dim=16)
+    config = transformers.Qwen3_5Config(text_config=text.to_dict())
+    for how, source in serialized(config, known_family=False):
+        want = transformers_windows(transformers.Qwen3_5Config.from_dict(source))
+        assert kvcore_view(model_shape_from_hf(source)) == want == ["linear_attention"] * 3 + [None], how
+
+
 # --- per_layer_config: transformers' heterogeneous configs -----------------------------------
 
 
@@ -233,11 +293,27 @@ def test_bad_per_layer_config_is_named(per_layer: Any, error: type[Exception], m
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("mamba_d_state", 16, r"mamba_d_state = 16: state-space \(Mamba\) layers"),
-     ("block_types", ["recurrent", "attention"], r"block_types = \['recurrent', 'attention'\]: recurrent blocks")],
+    [("mamba_d_state", 16, r"mamba_d_state = 16: state-space \(Mamba\) layers .*not 'brand_new'"),
+     ("block_types", ["recurrent", "attention"], r"block_types = \['recurrent', 'attention'\]: recurrent blocks"),
+     ("layers_block_type", ["mamba", "attention", "mlp", "mamba"], r"layers_block_type = .*: a hybrid layer pattern"),
+     ("hybrid_override_pattern", "M*-M", r"hybrid_override_pattern = 'M\*-M': a hybrid layer pattern")],
 )  # fmt: skip
 def test_hybrid_recurrent_models_are_refused_not_read_as_all_full(field: str, value: Any, message: str) -> None:
     # Without layer_types, these used to read as every layer full attention (no sliding_window).
     source = {k: v for k, v in base(**{field: value}).items() if k not in ("layer_types", "sliding_window")}
     with pytest.raises(kvcore.NotSupportedError, match=message):
         model_shape_from_hf(source)
+
+
+@pytest.mark.parametrize("family", ["falcon_h1", "zamba", "zamba2", "minimax"])
+def test_hybrids_without_a_state_formula_are_refused(family: str) -> None:
+    # Falcon-H1 runs attention and Mamba-2 side by side in each layer, Zamba shares attention blocks
+    # across Mamba layers, MiniMax's linear attention has its own state: kvcore has no formula for
+    # them, so their config.json is refused, never planned as attention.
+    transformers_module()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[family]()
+    for how, source in serialized(config, known_family=False):
+        with pytest.raises(kvcore.NotSupportedError, match=rf"not '{family}'|not those of '{family}'"):
+            model_shape_from_hf(source)

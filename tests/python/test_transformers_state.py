@@ -539,6 +539,46 @@ def test_state_bytes_are_slots_times_dynamic_caches(model: Any) -> None:
         assert cache.state.nbytes(i) == 9 * held  # D = min(8, 8) + 1 snapshots
 
 
+def held_bytes_match_the_memory_planner(model: Any, tmp_path: Any) -> None:
+    """After a prefill, what KVCoreCache holds equals what the memory planner (``kvcore memory
+    --hf-config``) plans for the model's config.json at capacity 64, max_step 8, float32: K/V rows
+    and state slots (cache.nbytes(i): a state layer's is cache.state.nbytes(i)), layer by layer
+    and in total."""
+    from kvcore.hf_config import model_shape_from_hf
+    from kvcore.memory import plan_memory
+
+    cache = KVCoreCache(model.config, max_step=8, capacity=64, initial_capacity=64)
+    with torch.no_grad():
+        prefill(model, cache, prompt(12))  # allocates every K/V layer and every state slot
+    path = tmp_path / "config.json"
+    model.config.to_json_file(path)
+    plan = plan_memory(model_shape_from_hf(path), context=64, max_step=8, dtype="float32", state_dtype="float32")
+    planned = {i: (k.kind, k.bytes_per_layer) for k in plan.kinds for i in k.layers}
+    assert sorted(planned) == list(range(len(cache.layers)))
+    # The planner's state layers are transformers' (get_layer_types_and_kwargs) and the cache's.
+    state = [i for i, (kind, _) in sorted(planned.items()) if kind == "state"]
+    assert state == state_layer_indices(model) == list(cache.state.layers)
+    held = {i: cache.nbytes(i) for i in planned}
+    assert all(held[i] == cache.state.nbytes(i) for i in state)
+    assert held == {i: b for i, (_, b) in planned.items()}
+    assert all(held[i] > 0 for i in state)
+    assert sum(held.values()) == plan.total_bytes == cache.nbytes() == cache.pool.nbytes() + cache.state.nbytes()
+    # Layers without attention or state (transformers' "dummy": Nemotron-H's "-") hold nothing, planned as nothing.
+    dummy = [i for i, t in enumerate(cache.layer_types) if t == "dummy"]
+    assert [i for i, (kind, _) in sorted(planned.items()) if kind == "empty"] == dummy
+    assert all(held[i] == 0 for i in dummy)
+
+
+def test_held_bytes_match_the_memory_planner(model: Any, tmp_path: Any) -> None:
+    held_bytes_match_the_memory_planner(model, tmp_path)
+
+
+def test_held_bytes_of_the_other_hybrid_families_match_the_memory_planner(family: Any, tmp_path: Any) -> None:
+    held_bytes_match_the_memory_planner(family, tmp_path)
+    if family.config.model_type == "nemotron_h":
+        assert "dummy" in KVCoreCache(family.config, max_step=8).layer_types  # the "-" layer was checked
+
+
 def one_column_too_many(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """A forward pre-hook giving a conv layer one more input column than tokens (a bad update_conv_state)."""
     h = kwargs["hidden_states"]

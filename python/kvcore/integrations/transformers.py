@@ -232,6 +232,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self.kv_layers = [layer for layer in layers if isinstance(layer, KVCoreLayer)]
         self.shared_layers = [layer for layer in layers if isinstance(layer, KVCoreSharedLayer)]
         self.state_layers = [layer for layer in layers if isinstance(layer, KVCoreStateLayer)]
+        self._state_layer_set = frozenset(layer.layer_idx for layer in self.state_layers)
         super().__init__(layers=layers)
         self._n_layers = len(self.writing_layers)
         self._chunked = [i for i, p in enumerate(policies) if p.kind == LayerPolicy.Kind.Chunked]
@@ -296,7 +297,13 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         return self.pool.mirror_rows(layer_idx)
 
     def nbytes(self, layer_idx: Optional[int] = None) -> int:
-        """Bytes of K/V tensors held by one layer or by all, mirrors included (the gather workspace is separate)."""
+        """Bytes held by one layer or by all: K/V tensors (mirrors included) and a recurrent-state
+        layer's ``D`` state snapshots (``cache.state``); what ``kvcore memory --hf-config`` plans.
+        The gather / dequantization workspace is separate (``pool.workspace_nbytes``)."""
+        if layer_idx is None:
+            return self.pool.nbytes() + (self.state.nbytes() if self.state_layers else 0)
+        if layer_idx in self._state_layer_set:
+            return self.state.nbytes(layer_idx)
         return self.pool.nbytes(layer_idx)
 
     # --- the step of one forward -----------------------------------------------------
