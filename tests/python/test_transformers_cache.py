@@ -480,9 +480,9 @@ def test_configs_kvcore_cannot_serve_are_refused() -> None:
     with pytest.raises(kvcore.NotSupportedError, match="bidirectional"):
         KVCoreCache(gemma3(use_bidirectional_attention=True).config)
     cfg = gemma2().config
-    cfg.layer_types = [S, F, "hybrid", S]  # attention and Mamba side by side in one layer (Falcon-H1)
-    with pytest.raises(kvcore.NotSupportedError, match="layer 2 is 'hybrid'"):
-        KVCoreCache(cfg)  # (chunked and KV-shared layers are served: test_transformers_kinds.py)
+    cfg.layer_types = [S, F, "hybrid_sliding", S]  # a sliding window beside a Mamba mixer in one layer
+    with pytest.raises(kvcore.NotSupportedError, match="layer 2 is 'hybrid_sliding'"):
+        KVCoreCache(cfg)  # (chunked, KV-shared and hybrid layers are served: test_transformers_kinds/state.py)
     cfg.layer_types = [S, F, "mlp", S]  # a layer without attention: transformers' "dummy", served as empty
     assert repr(KVCoreCache(cfg).layers[2]) == "KVCoreEmptyLayer(2)"
     with pytest.raises(kvcore.InvalidArgumentError, match="sinks = -1: must be >= 0"):

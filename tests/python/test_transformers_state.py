@@ -117,7 +117,19 @@ def nemotron_h(seed: int = 0) -> Any:
     return tiny(transformers.NemotronHForCausalLM, config, seed)
 
 
-FAMILIES: dict[str, Callable[[], Any]] = {"qwen3_5": qwen3_5, "jamba": jamba, "bamba": bamba, "nemotron_h": nemotron_h}
+def falcon_h1(seed: int = 0) -> Any:
+    # Every layer runs attention and a Mamba-2 mixer side by side (transformers' "hybrid" layer type).
+    config = transformers.FalconH1Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, mamba_d_ssm=64, mamba_n_heads=4,
+        mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+        initializer_range=0.2,
+    )  # fmt: skip
+    return tiny(transformers.FalconH1ForCausalLM, config, seed)
+
+
+FAMILIES: dict[str, Callable[[], Any]] = {"qwen3_5": qwen3_5, "jamba": jamba, "bamba": bamba, "nemotron_h": nemotron_h,
+                                          "falcon_h1": falcon_h1}  # fmt: skip
 family = model_fixture(FAMILIES, name="family")
 
 
@@ -401,14 +413,23 @@ def test_a_verify_step_longer_than_the_slots_allow_is_refused() -> None:
 
 
 def test_a_draft_tree_on_a_hybrid_equals_recomputation_and_commits_off_the_main_line(model: Any) -> None:
-    # Each node's recurrent state follows its parent (mixers run node by node in the tree forward),
-    # and commit_tree copies the accepted path's state slots into place.
+    draft_tree_equals_recomputation(model)
+
+
+def test_a_draft_tree_on_the_other_hybrid_families_equals_recomputation(family: Any) -> None:
+    # (max_step 16: the history in one forward, as Jamba's multi-token scan starts from zero.)
+    draft_tree_equals_recomputation(family, max_step=16)
+
+
+def draft_tree_equals_recomputation(model: Any, max_step: int = 8) -> None:
+    """Each node's recurrent state follows its parent (mixers run node by node in the tree
+    forward), and commit_tree copies the accepted path's state slots into place."""
     from test_transformers_trees import PARENTS, no_cache_logits, root_path
 
     g = torch.Generator().manual_seed(3)
     history = torch.randint(3, VOCAB, (1, 11), generator=g).tolist()[0]
     tokens = torch.randint(3, VOCAB, (len(PARENTS),), generator=g).tolist()
-    cache = KVCoreCache(model.config, max_step=8, capacity=64)
+    cache = KVCoreCache(model.config, max_step=max_step, capacity=64)
     with torch.no_grad():
         prefill(model, cache, torch.tensor([history]))
         rows = verify_tree(model, cache, tokens, PARENTS)
@@ -574,6 +595,13 @@ def test_held_bytes_match_the_memory_planner(model: Any, tmp_path: Any) -> None:
 
 
 def test_held_bytes_of_the_other_hybrid_families_match_the_memory_planner(family: Any, tmp_path: Any) -> None:
+    if family.config.model_type == "falcon_h1":  # the planner has no layer that is attention and state at once
+        family.config.to_json_file(tmp_path / "config.json")
+        from kvcore.hf_config import model_shape_from_hf
+
+        with pytest.raises(kvcore.NotSupportedError, match="falcon_h1"):
+            model_shape_from_hf(tmp_path / "config.json")
+        return
     held_bytes_match_the_memory_planner(family, tmp_path)
     if family.config.model_type == "nemotron_h":
         assert "dummy" in KVCoreCache(family.config, max_step=8).layer_types  # the "-" layer was checked

@@ -23,6 +23,19 @@ DUMMY = "dummy"
 # transformers' recurrent-state layer types (its LinearAttentionLayer): gated DeltaNet and Mamba
 # layers are "linear_attention", LFM2's short convolutions "conv". kvcore plans them as State(D).
 STATE_TYPES = ("linear_attention", "conv")
+# transformers' layer type of a layer running full attention and a Mamba-2 mixer side by side
+# (Falcon-H1): kvcore plans it as two layers, Flat() at its index and a State(D) appended after
+# the model's layers (hybrid_state_layers says which serves which).
+HYBRID = "hybrid"
+
+
+def hybrid_state_layers(config: Any) -> dict[int, int]:
+    """For each ``hybrid`` layer of ``config`` (transformers' layer types), the index of the
+    State layer ``cache_config_for`` appends for its recurrent part: ``n_layers + k`` for the
+    k-th hybrid layer. Empty for a model without hybrid layers."""
+    types, _ = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    hybrids = [i for i, kind in enumerate(types) if kind == HYBRID]
+    return {i: len(types) + k for k, i in enumerate(hybrids)}
 
 
 def cache_config_for(
@@ -49,7 +62,10 @@ def cache_config_for(
     the layer indices aligned (its type stays "dummy"), and a recurrent-state layer
     (``STATE_TYPES``) ``State(state_slots)``, by default
     ``kvcore.hf_config.default_state_slots(max_step)`` slots (room for a verify step of up to
-    8 tokens). Raises NotSupportedError naming the layer for any other layer type,
+    8 tokens). A ``hybrid`` layer (Falcon-H1: full attention and Mamba-2 side by side) is a
+    ``Flat()`` layer at its index (type ``full_attention``) plus a ``State(state_slots)`` layer
+    appended after the model's layers (type ``linear_attention``; ``hybrid_state_layers``).
+    Raises NotSupportedError naming the layer for any other layer type,
     bidirectional attention, or two layers of one type that read differently;
     InvalidArgumentError for a missing capacity, ``state_slots < 1`` or negative sinks.
     """
@@ -73,9 +89,13 @@ def cache_config_for(
         )
     layers = []
     types = list(layer_types)
+    hybrids = 0
     for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
         if kind == FULL:
             policy: LayerPolicy = Flat()
+        elif kind == HYBRID:  # its attention here, its state after the model's layers
+            policy, types[i] = Flat(), FULL
+            hybrids += 1
         elif kind == SLIDING:
             policy = Ring(int(kwargs["sliding_window"]), sinks)
         elif kind == CHUNKED:  # transformers passes attention_chunk_size as the layer's sliding_window
@@ -92,9 +112,11 @@ def cache_config_for(
         else:
             raise NotSupportedError(
                 f"layer {i} is {kind!r}: kvcore's transformers cache supports {FULL!r}, {SLIDING!r}, {CHUNKED!r}, "
-                f"KV-shared and recurrent-state ({', '.join(map(repr, STATE_TYPES))}) layers"
+                f"KV-shared, recurrent-state ({', '.join(map(repr, STATE_TYPES))}) and {HYBRID!r} layers"
             )
         layers.append(LayerConfig(policy, heads[i], dims[i]))
+    layers += [LayerConfig(State(state_slots)) for _ in range(hybrids)]
+    types += ["linear_attention"] * hybrids
     _check_one_policy_per_type(types, layers)
     cfg = CacheConfig(capacity, layers, max_step=max_step, initial_capacity=initial_capacity)
     return cfg, types
@@ -147,4 +169,4 @@ def _head_shapes(text: Any, n_layers: int) -> tuple[list[int], list[int]]:
     return heads, dims
 
 
-__all__ = ["CHUNKED", "FULL", "SLIDING", "STATE_TYPES", "cache_config_for"]
+__all__ = ["CHUNKED", "FULL", "HYBRID", "SLIDING", "STATE_TYPES", "cache_config_for", "hybrid_state_layers"]

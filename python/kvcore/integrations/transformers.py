@@ -102,7 +102,7 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
 from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
-from kvcore.integrations.hf_layers import DUMMY, FULL, SLIDING, STATE_TYPES, cache_config_for
+from kvcore.integrations.hf_layers import DUMMY, FULL, SLIDING, STATE_TYPES, cache_config_for, hybrid_state_layers
 from kvcore.integrations.transformers_layers import KVCoreEmptyLayer, KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
 from kvcore.integrations.transformers_state import read_state, state_name, write_conv_states, write_recurrent_state
 from kvcore.torch.pool import TorchKVPool
@@ -217,7 +217,15 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         # The layers a forward updates (K/V or states), in order: all but the KV-shared ones
         # (which the model never updates: it hands them their source's K/V).
         # (and the placeholders of layers without attention or state, which the model never calls).
-        self.writing_layers = [i for i in range(n) if self.sequence.row_layer(i) == i and layer_types[i] != DUMMY]
+        # A hybrid layer (Falcon-H1) is two kvcore layers: its attention at its index, its state after
+        # the model's layers (hybrid_state_layers); the model runs the mixer first, then attention.
+        self._state_of = hybrid_state_layers(config)
+        self._model_layer_of = {s: i for i, s in self._state_of.items()}
+        model_layers = n - len(self._state_of)
+        self.writing_layers = [
+            j for i in range(model_layers) if self.sequence.row_layer(i) == i and layer_types[i] != DUMMY
+            for j in ([self._state_of[i], i] if i in self._state_of else [i])
+        ]  # fmt: skip
         # Layers whose returned K/V a shared layer uses later in the forward: kept alive (see update).
         self._sources = frozenset(self.sequence.row_layer(i) for i in range(n) if self.sequence.row_layer(i) != i)
         # (Typed Any: transformers types Cache.layers as a union of its own layer kinds.)
@@ -432,8 +440,10 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         self._state_call = None
         if self.state_layers:  # their slot copies are the state slots'; the K/V pool takes the others
             self.state.apply_copies(copies)
-            empty = np.zeros((0, 2), dtype=np.int32)
-            copies = [empty if isinstance(layer, KVCoreStateLayer) else c for layer, c in zip(self.layers, copies)]
+        # State layers' copies went to the slots; a placeholder (no attention, no state) holds no rows.
+        empty = np.zeros((0, 2), dtype=np.int32)
+        copies = [empty if isinstance(layer, (KVCoreStateLayer, KVCoreEmptyLayer)) else c
+                  for layer, c in zip(self.layers, copies)]  # fmt: skip
         self.pool.apply_copies(copies)
 
     def update(
@@ -453,11 +463,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         order = self._order.get(layer_idx)
         if order is None:
             self._refuse_shared(layer_idx)
-        if layer_idx == 0:
+        if order == 0:
             # Checked before _begin: beginning a step moves kvcore's rewind floors, so bad
             # input must be refused before it. A later layer's input is checked by write_read
             # before it writes; an error there aborts the step (the forward changed nothing).
-            T = self.pool.check_input(0, key_states, value_states, position=self.sequence.length)
+            T = self.pool.check_input(layer_idx, key_states, value_states, position=self.sequence.length)
             if self._chunked and key_states.shape[0] > 1:
                 raise NotSupportedError(
                     f"a batch of {key_states.shape[0]} sequences on chunked layers (layer {self._chunked[0]}): "
@@ -558,10 +568,15 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             return query_length, 0
         return self.kv_layers[0].get_mask_sizes(query_length)
 
+    def model_layer(self, layer: int) -> int:
+        """The model's layer index a kvcore layer serves: itself, except the State layer appended for a
+        hybrid layer's recurrent part (Falcon-H1), which serves that layer."""
+        return self._model_layer_of.get(layer, layer)
+
     def has_previous_state(self, layer_idx: Optional[int] = None, state_idx: Optional[int] = None) -> bool:
         """Whether the forward under way (else the next one) reads a state: its first position is above 0."""
         if layer_idx is not None:
-            self._state_layer(layer_idx)
+            self._state_layer(self._state_of.get(layer_idx, layer_idx))
         return self._first_position() > 0
 
     def activate_past_recording(self) -> None:
@@ -672,9 +687,11 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
         return layer
 
     def _state_guard(self, fn: Callable[..., _R], layer_idx: int, *args: Any) -> _R:
-        """Run one state call; an error ends the forward as an attention layer's does (aborted; a
-        verify step is dropped, never left to ``commit_verify``; a plain step this layer already
-        committed is rewound to where the forward began when kvcore can)."""
+        """Run one state call of the model's layer ``layer_idx`` (a hybrid layer's: its appended State
+        layer); an error ends the forward as an attention layer's does (aborted; a verify step is
+        dropped, never left to ``commit_verify``; a plain step this layer already committed is
+        rewound to where the forward began when kvcore can)."""
+        layer_idx = self._state_of.get(layer_idx, layer_idx)
         try:
             return fn(layer_idx, *args)
         except BaseException:
@@ -720,7 +737,7 @@ class KVCoreCache(cache_utils.Cache):  # type: ignore[misc]
             span = self.state.span(layer_idx, verify.plan(layer_idx), *rng)
             self._state_call = (layer_idx, call[1], span)
             return span
-        if layer_idx == 0:
+        if self._order.get(layer_idx) == 0:
             T = self._state_forward_T()
             self._check_previous_forward(T)
             self._begin(T)
@@ -923,8 +940,9 @@ def prefill(
     """Feed ``input_ids`` through ``model`` in chunks of ``cache.max_step`` tokens; return the last output.
 
     ``attention_mask`` (2-D, optional) covers the cached tokens and ``input_ids``;
-    ``position_ids`` (optional) covers ``input_ids`` (the model's default is the cache
-    length onwards). For a
+    ``position_ids`` (optional) covers ``input_ids``: without it and without
+    ``attention_mask`` the tokens stand at the cache length onwards, passed to the model
+    (some models, Bamba's, would number every forward's tokens from 0). For a
     cache with sinks, each chunk's masks come from ``cache.attention_masks``. Also a
     decode step: ``prefill(model, cache, next_token)``.
     """
@@ -937,6 +955,8 @@ def prefill(
             f"the {input_ids.shape[1]} new ones"
         )
     keyword = cache_keyword(model)
+    if position_ids is None and attention_mask is None:
+        position_ids = torch.arange(start_length, start_length + input_ids.shape[1], device=input_ids.device)[None]
     output = None
     for start in range(0, int(input_ids.shape[1]), cache.max_step):
         chunk = input_ids[:, start : start + cache.max_step]

@@ -70,6 +70,7 @@ TOKEN_BY_TOKEN_MIXERS = {
     "nemotron_h": "mixer",
     "bamba": "mamba",
     "jamba": "mamba",
+    "falcon_h1": "mamba",
 }
 EXACT_PER_POSITION = ("lfm2",)
 # The mixers that give each position's state from one call (EXACT_PER_POSITION) still run node by
@@ -98,9 +99,10 @@ def _mixers(model: Any, cache: KVCoreCache) -> tuple[list[Any], bool]:
         )
     mixers = []
     for state_layer in cache.state_layers:
-        mixer = getattr(layers[state_layer.layer_idx], attr, None)
+        index = cache.model_layer(state_layer.layer_idx)
+        mixer = getattr(layers[index], attr, None)
         if mixer is None:
-            raise NotSupportedError(f"layer {state_layer.layer_idx} of the model has no {attr!r} mixer")
+            raise NotSupportedError(f"layer {index} of the model has no {attr!r} mixer")
         mixers.append(mixer)
     return mixers, chains
 
