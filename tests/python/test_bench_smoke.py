@@ -148,9 +148,19 @@ def test_hybrid_speculative_runs_checks_exactness_and_counts_state_writes(tmp_pa
         lookup = rows["prompt_lookup_generate, 3 drafts, KVCoreCache"]
         steps, slot = lookup["verify_steps"], lookup["state_slot_bytes_per_token"]
         assert lookup["state_bytes_per_verify_step"] == round((steps + lookup["drafted"]) * slot / steps)
+    # The bytes section runs on all ten architectures (--bytes-models' default). At 200 tokens no window
+    # or chunk (512, 8192) is reached: both hold the same K/V rows; kvcore keeps D = 9 snapshots of each state.
+    ten = {"llama4", "gemma3n", "qwen3_next", "qwen3_5", "lfm2", "granite", "falcon_h1", "jamba", "bamba", "nemotron_h"}
+    assert {name for name, m in report["models"].items() if "memory" in m} == ten
+    for name in ten:
         (memory,) = report["models"][name]["memory"]
         kv, dyn = memory["kvcore"], memory["dynamic"]
-        assert kv["length"] == dyn["length"] == 200 and memory["last_logits_max_abs_diff"] < 1e-4
-        # Both hold the attention layer's 200 rows; kvcore keeps D = 9 snapshots of each state.
-        assert kv["kv_bytes"] == dyn["kv_bytes"] > 0
-        assert kv["state_bytes"] == 9 * dyn["state_bytes"] > 0
+        assert kv["length"] == dyn["length"] == 200 and memory["last_logits_max_abs_diff"] < 1e-4, name
+        assert kv["kv_bytes"] == dyn["kv_bytes"] > 0, name
+        assert kv["state_bytes"] == 9 * dyn["state_bytes"], name
+        assert (kv["state_bytes"] > 0) == (name not in ("llama4", "gemma3n")), name
+        assert kv["total_bytes"] == kv["kv_bytes"] + kv["state_bytes"] + kv["workspace_bytes"], name
+    # Gemma 3n's two KV-shared layers hold nothing in either cache.
+    (memory,) = report["models"]["gemma3n"]["memory"]
+    assert [r["kind"] for r in memory["kvcore"]["layers"]] == ["kv", "kv", "shared", "shared"]
+    assert [r["class"] for r in memory["dynamic"]["layers"][2:]] == ["DummyLayer", "DummyLayer"]
