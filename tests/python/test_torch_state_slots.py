@@ -159,6 +159,24 @@ def test_refusals_name_the_value_and_change_nothing() -> None:
         slots.write(1, "conv", plan, 3, torch.ones(1, 1, 3))
 
 
+def test_a_tree_node_reads_its_parents_slot_and_keeps_its_own() -> None:
+    cache, slots = make(D=5)
+    cache.commit(cache.begin_step(3))
+    chain = cache.begin_step(2)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"node = 0: layer 1's step is not a draft tree with nodes \[0, 2\)"):
+        slots.node_span(1, chain, 0)  # a chain step has no nodes
+    chain.abort()
+    step = cache.begin_tree([-1, 0, 0, 2])
+    rows = step.tree_rows(1)
+    spans = [slots.node_span(1, step, i) for i in range(4)]
+    # The root reads the state after the last committed token; the others their parent's slot.
+    assert spans[0].read == (3 - 1) % 5
+    assert [s.read for s in spans[1:]] == [int(rows[0]), int(rows[0]), int(rows[2])]
+    assert [s.keep for s in spans] == [((3 + int(step.chain_index[i]), int(rows[i])),) for i in range(4)]
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"node = 4: layer 1's step is not a draft tree with nodes \[0, 4\)"):
+        slots.node_span(1, step, 4)
+
+
 def test_map_batch_and_release() -> None:
     cache, slots = make()
     step = cache.begin_step(1)
