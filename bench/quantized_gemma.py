@@ -95,7 +95,13 @@ def run(model: Any, ids: torch.Tensor, new: int, max_step: int, make_cache: Call
     prefill: the two runs feed the same tokens up to the first disagreement, so the cache is
     rewound there (``crop``, exact: max_step > new) and fed ``base`` from it; a peer cache, which
     cannot rewind past its sliding layers, is prefilled again. Peak RSS is the process's above
-    its RSS before the cache was built (VmHWM reset, freed memory handed back first)."""
+    its RSS before the cache was built (VmHWM reset, freed memory handed back first); the
+    next-token distributions the comparison keeps (``new`` x vocab float32 per run: 256 MiB at
+    256 tokens of Gemma 3's 262K vocabulary) are allocated and touched before, so they are not
+    counted as the cache's."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    free_lp = torch.zeros(new, vocab)
+    teacher_lp = free_lp if base is None else torch.zeros(new, vocab)
     _release_freed_memory()
     before = _status_kib("VmRSS")
     peak_ok = _reset_peak_rss()
@@ -107,36 +113,37 @@ def run(model: Any, ids: torch.Tensor, new: int, max_step: int, make_cache: Call
             out = model(ids[:, start:start + max_step], cache=c, use_cache=True)
         return out.logits[:, -1]
 
-    def decode(c: Any, nxt: torch.Tensor, count: int, forced: Optional[list[int]]) -> tuple[list[int], list[torch.Tensor]]:
-        tokens, logprobs = [], []
-        for i in range(count):
-            logprobs.append(torch.log_softmax(nxt.float(), dim=-1))
+    def decode(c: Any, nxt: torch.Tensor, rows: torch.Tensor, forced: Optional[list[int]]) -> list[int]:
+        """Greedy (or ``forced``) steps, one per row of ``rows``, each row the log-distribution
+        of the token chosen there."""
+        tokens = []
+        for i in range(rows.shape[0]):
+            torch.log_softmax(nxt[0].float(), dim=-1, out=rows[i])
             tok = int(nxt.argmax(dim=-1))
             tokens.append(tok)
             feed = tok if forced is None else forced[i]
             nxt = model(torch.tensor([[feed]]), cache=c, use_cache=True).logits[:, -1]
-        return tokens, logprobs
+        return tokens
 
     with torch.no_grad():
         t_prefill = time.perf_counter()
         nxt = prefill(cache)
         t0 = time.perf_counter()
-        tokens, logprobs = decode(cache, nxt, new, None)
+        tokens = decode(cache, nxt, free_lp, None)
         seconds = time.perf_counter() - t0
-        result: dict[str, Any] = {"tokens": tokens, "logprobs": torch.cat(logprobs), "tok_per_s": new / seconds,
+        result: dict[str, Any] = {"tokens": tokens, "logprobs": free_lp, "tok_per_s": new / seconds,
                                   "prefill_s": t0 - t_prefill}
         if base is not None:
             first = next((i for i, (a, b) in enumerate(zip(tokens, base)) if a != b), new)
-            if first == new:
-                teacher_logprobs = logprobs
-            elif isinstance(cache, KVCoreCache):
+            teacher_lp[:first + 1] = free_lp[:first + 1]  # the same tokens fed up to there
+            if first < new - 1 and isinstance(cache, KVCoreCache):
                 cache.crop(-(new - first))  # back to the first disagreement: the same K/V rows
                 nxt = model(torch.tensor([[base[first]]]), cache=cache, use_cache=True).logits[:, -1]
-                teacher_logprobs = logprobs[:first + 1] + decode(cache, nxt, new - first - 1, base[first + 1:])[1]
-            else:
+                decode(cache, nxt, teacher_lp[first + 1:], base[first + 1:])
+            elif first < new - 1:
                 teacher = make_cache(model.config, P + new + 1, max_step)
-                teacher_logprobs = decode(teacher, prefill(teacher), new, base)[1]
-            result["teacher_logprobs"] = torch.cat(teacher_logprobs)
+                decode(teacher, prefill(teacher), teacher_lp, base)
+            result["teacher_logprobs"] = teacher_lp
     peak = _status_kib("VmHWM") if peak_ok else None
     result["held_bytes"] = cache.nbytes() if isinstance(cache, KVCoreCache) else tensor_bytes(cache.layers)
     result["peak_rss_above_mib"] = None if peak is None else (peak - before) / 1024
