@@ -27,6 +27,8 @@ HFSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 CHUNKED = "chunked_attention"
+#: transformers' layer type of a layer running full attention and a Mamba-2 mixer side by side (Falcon-H1).
+HYBRID = "hybrid"
 
 #: Verify-step tokens the default state slots allow: D = min(max_step, 8) + 1 (see default_state_slots).
 DEFAULT_VERIFY_TOKENS = 8
@@ -109,7 +111,11 @@ class ModelShape:
     ``windows[i]`` is layer i's sliding window (keys a query sees, counting
     itself), or None for a full-attention layer. ``special[i]`` (empty when the
     model has none) is a ChunkedLayer, SharedLayer, StateShape or EmptyLayer for
-    a layer of another kind (its window is None), else None.
+    a layer of another kind (its window is None), else None. A model whose layers
+    run attention and a recurrent mixer side by side (Falcon-H1's "hybrid" layers)
+    has two planned layers per model layer: n attention layers, then n state
+    layers appended after them (as kvcore's transformers cache holds them);
+    ``notes`` says so.
     """
 
     name: str
@@ -121,6 +127,7 @@ class ModelShape:
     max_position_embeddings: Optional[int] = None
     defaults: tuple[str, ...] = field(default=())  # "field=value (source)" the file left out
     special: tuple[Optional[SpecialLayer], ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())  # how the layers were counted, for the memory report
 
     def __post_init__(self) -> None:
         if self.special and len(self.special) != len(self.windows):
@@ -352,6 +359,15 @@ _FAMILIES.update({
          "mamba_d_conv": 4, "mamba_expand": 2},
         pattern="kinds",
     ),
+    # Every layer "hybrid" (FalconH1Config.layers_block_type): attention and Mamba-2 side by side. head_dim
+    # has no default: FalconH1Attention takes hidden_size // num_attention_heads when the file has none.
+    "falcon_h1": _Family(
+        "transformers FalconH1Config",
+        {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "max_position_embeddings": 8192, "mamba_d_ssm": 1024, "mamba_n_heads": 128, "mamba_d_head": "auto",
+         "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4, "mamba_expand": 2},
+        pattern="kinds",
+    ),
     # num_hidden_layers: NemotronHConfig derives it from the layer list (_nemotron_h_types).
     "nemotron_h": _Family(
         "transformers NemotronHConfig",
@@ -367,6 +383,7 @@ _READS: dict[str, tuple[str, ...]] = {
     "granitemoehybrid": ("mamba_d_state", "layers_block_type"),
     "bamba": ("mamba_d_state", "layers_block_type"),
     "jamba": ("mamba_d_state", "layers_block_type"),
+    "falcon_h1": ("mamba_d_state",),
     "nemotron_h": ("layers_block_type", "hybrid_override_pattern"),
 }
 
@@ -381,6 +398,9 @@ _STATE_TYPES = ("linear_attention", "conv")
 # to mean that by them (Dory's config.json, for one, lists "mlp" blocks that are halves of a layer).
 _EMPTY_TYPES = ("mlp", "moe")
 _EMPTY_FAMILIES = ("nemotron_h",)
+# The families whose "hybrid" layers (attention and a recurrent mixer in one layer) kvcore plans: each as
+# a full-attention layer at its index plus a state layer appended after the model's layers.
+_HYBRID_FAMILIES = ("falcon_h1",)
 
 # A multimodal config keeps the language model under text_config.
 _TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text",
@@ -474,8 +494,15 @@ def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> Mode
     v_head_dim = _optional_int(cfg.get("v_head_dim"), "v_head_dim") or 0
     max_pos = r.optional_int("max_position_embeddings")
     special: tuple[Optional[SpecialLayer], ...] = ()
+    notes: tuple[str, ...] = ()
     if _has_special_layers(r):
         windows, special = _special_layer_kinds(r, n_layers)
+        if len(windows) > n_layers:  # "hybrid" layers: their states appended after the model's layers
+            hybrid = len(windows) - n_layers
+            notes = (f"Falcon-H1 (model_type {model_type!r}) runs full attention and a Mamba-2 mixer side by side "
+                     f"in each of its {hybrid} 'hybrid' layers: kvcore counts them as {n_layers} attention layers "
+                     f"(0-{n_layers - 1}) and {hybrid} state layers ({n_layers}-{n_layers + hybrid - 1}) appended "
+                     f"after them, {n_layers + hybrid} layers in all, as its transformers cache holds them",)
     else:
         windows = _layer_windows(r, n_layers)
     windows = _per_layer_windows(cfg.get("per_layer_config"), windows)
@@ -490,6 +517,7 @@ def model_shape_from_hf(source: HFSource, *, name: Optional[str] = None) -> Mode
         max_position_embeddings=max_pos,
         defaults=tuple(r.defaults),
         special=special,
+        notes=notes,
     )
 
 
@@ -685,11 +713,15 @@ def _special_layer_kinds(
     r: _Reader, n_layers: int
 ) -> tuple[tuple[Optional[int], ...], tuple[Optional[SpecialLayer], ...]]:
     """(windows, special) of a model with chunked, KV-shared, state or empty layers: per layer its
-    sliding window (or None), and its ChunkedLayer / SharedLayer / StateShape / EmptyLayer (or None)."""
+    sliding window (or None), and its ChunkedLayer / SharedLayer / StateShape / EmptyLayer (or None).
+    A "hybrid" layer (Falcon-H1) is a full-attention layer at its index plus a state layer appended
+    after the model's ``n_layers`` (index n_layers + k for the k-th), as kvcore's transformers cache
+    (integrations.hf_layers.cache_config_for) builds it."""
     types = _family_layer_types(r, n_layers)
     windows: list[Optional[int]] = []
     special: list[Optional[SpecialLayer]] = []
     state: Optional[StateShape] = None
+    hybrids = 0
     for i, kind in enumerate(types):
         window: Optional[int] = None
         other: Optional[SpecialLayer] = None
@@ -709,18 +741,23 @@ def _special_layer_kinds(
             other = state
         elif kind in _EMPTY_TYPES and r.model_type in _EMPTY_FAMILIES:
             other = EmptyLayer(kind)
+        elif kind == HYBRID and r.model_type in _HYBRID_FAMILIES:
+            state = state or _state_shape(r, kind, i)  # its attention here, its state appended below
+            hybrids += 1
         elif kind != FULL:
             raise NotSupportedError(
                 f"layer_types[{i}] = {kind!r}: kvcore models only {FULL!r}, {SLIDING!r}, {CHUNKED!r} and the "
                 f"recurrent {' and '.join(repr(t) for t in _STATE_TYPES)} layers (and the "
                 f"{' and '.join(repr(t) for t in _EMPTY_TYPES)} layers of model_type {_names(_EMPTY_FAMILIES)}, "
-                "which cache nothing)"
+                f"which cache nothing, and the {HYBRID!r} layers of model_type {_names(_HYBRID_FAMILIES)})"
             )
         windows.append(window)
         special.append(other)
     shared = r.optional_int("num_kv_shared_layers", minimum=0) or 0
     if shared:
         _share_kv(types, special, windows, shared)
+    windows += [None] * hybrids
+    special += [state] * hybrids
     return tuple(windows), tuple(special)
 
 
@@ -734,6 +771,13 @@ def _family_layer_types(r: _Reader, n_layers: int) -> list[str]:
         return _derived_hybrid_types(r, n_layers)
     if mt == "nemotron_h":
         return _nemotron_h_types(r)
+    if mt == "falcon_h1":  # FalconH1Config.layers_block_type: every layer "hybrid", a read-only property
+        if r.cfg.get("layer_types") is not None:
+            raise InvalidArgumentError(
+                f"layer_types = {r.cfg['layer_types']!r:.60}: transformers FalconH1Config makes every layer "
+                f"{HYBRID!r} and cannot load a file that sets layer_types"
+            )
+        return [HYBRID] * n_layers
     kinds = _file_layer_types(r, n_layers)
     if kinds is not None:
         return kinds
@@ -939,6 +983,31 @@ def _state_shape(r: _Reader, kind: str, layer: int) -> StateShape:
         return StateShape("mamba2", inner + 2 * groups * d_state, d_conv, heads * d_head * d_state,
                           formula="conv (mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state) x "
                           "mamba_d_conv; SSM mamba_n_heads x mamba_d_head x mamba_d_state float32")
+    if mt == "falcon_h1" and kind == HYBRID:
+        # modeling_falcon_h1.FalconH1Mixer: intermediate = mamba_d_ssm, or int(mamba_expand * hidden_size) when
+        # it is None; conv_dim = intermediate + 2 * n_groups * d_state over mamba_d_conv columns; SSM state
+        # (mamba_n_heads, mamba_d_head, mamba_d_state), float32 (mamba2_chunk_scan runs in .float()).
+        # FalconH1Config: mamba_d_head "auto" = intermediate // mamba_n_heads.
+        ssm = r.get("mamba_d_ssm")
+        if ssm is None:
+            inner = _need(r, "mamba_expand") * _need(r, "hidden_size")
+            what = "mamba_expand x hidden_size"
+        else:
+            inner = _need(r, "mamba_d_ssm")
+            what = "mamba_d_ssm"
+        heads, groups = _need(r, "mamba_n_heads"), _need(r, "mamba_n_groups")
+        d_state, d_conv = _need(r, "mamba_d_state"), _need(r, "mamba_d_conv")
+        d_head = r.get("mamba_d_head")
+        if d_head == "auto":
+            d_head = inner // heads
+        d_head = _optional_int(d_head, "mamba_d_head")
+        if d_head is None or d_head * heads != inner:
+            raise InvalidArgumentError(
+                f"mamba_d_head = {d_head}: mamba_n_heads x mamba_d_head must equal {what} = {inner}"
+            )
+        return StateShape("mamba2", inner + 2 * groups * d_state, d_conv, heads * d_head * d_state,
+                          formula="conv (mamba_d_ssm, else mamba_expand x hidden_size, + 2 x mamba_n_groups x "
+                          "mamba_d_state) x mamba_d_conv; SSM mamba_n_heads x mamba_d_head x mamba_d_state float32")
     if mt == "nemotron_h" and kind == "linear_attention":
         # modeling_nemotron_h.NemotronHMamba2Mixer: intermediate = mamba_num_heads * mamba_head_dim (not
         # expand * hidden_size), conv_dim = intermediate + 2 * n_groups * ssm_state_size over conv_kernel

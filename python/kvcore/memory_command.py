@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_dtype is not None:
         opts["kv_dtype"] = args.kv_dtype
     notes = [f"{shape.name}'s config leaves out {d}" for d in shape.defaults]
+    notes += shape.notes  # how the planner counted the layers (Falcon-H1's hybrid layers: attention + state)
     opts.update(_state_options(shape, args, notes))
 
     context = default_context(shape, args.context)

@@ -525,6 +525,49 @@ def test_nemotron_h_mamba2_layers_are_state_and_mlp_layers_hold_nothing(
     assert code == 0 and f"{12800 + 11520:,} B" in out
 
 
+FALCON_H1 = {"model_type": "falcon_h1", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 4096, "mamba_d_ssm": 96,
+             "mamba_n_heads": 6, "mamba_d_head": "auto", "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_d_conv": 3,
+             "mamba_expand": 2}  # fmt: skip
+
+
+def test_falcon_h1_hybrid_layers_are_attention_then_appended_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shape = model_shape_from_hf(FALCON_H1)
+    # Each of the 3 "hybrid" layers runs attention and Mamba-2 side by side: 3 full layers (0-2), then
+    # their 3 states appended as layers 3-5, as kvcore's transformers cache holds them.
+    assert kinds(shape) == ["full"] * 3 + ["state"] * 3
+    state = shape.special[3]
+    # intermediate = mamba_d_ssm = 96 (not mamba_expand x hidden_size = 128); mamba_d_head "auto" = 96 // 6 = 16;
+    # conv (96 + 2 x 2 x 8) = 128 channels x 3; SSM 6 x 16 x 8 = 768 float32.
+    assert isinstance(state, StateShape) and state.kind == "mamba2"
+    assert (state.conv_elements, state.recurrent_elements) == (128 * 3, 6 * 16 * 8)
+    assert state.snapshot_bytes(2) == 384 * 2 + 768 * 4  # 3840 B
+    # 3 full layers x 100 x 2 KV heads x (8 K + 8 V) x 2 B; 3 state layers x 5 slots x 3840 B.
+    plan = plan_memory(shape, context=100, max_step=4)
+    assert plan.total_bytes == 3 * 100 * 2 * 16 * 2 + 3 * 5 * 3840 == 76800
+    cfg = kvcore.config_from_hf(FALCON_H1, context=100, max_step=4)
+    assert [lc.policy.kind == kvcore.LayerPolicy.Kind.State for lc in cfg.layers] == [False] * 3 + [True] * 3
+    # mamba_d_ssm null: intermediate = mamba_expand x hidden_size = 128, mamba_d_head "auto" = 128 // 8 = 16:
+    # conv (128 + 2 x 2 x 8) = 160 x 3; SSM 8 x 16 x 8.
+    expand = model_shape_from_hf({**FALCON_H1, "mamba_d_ssm": None, "mamba_n_heads": 8}).special[3]
+    assert isinstance(expand, StateShape) and (expand.conv_elements, expand.recurrent_elements) == (160 * 3, 1024)
+    # FalconH1Config's defaults: 32 layers; head_dim = 4096 / 32 = 128; intermediate = mamba_d_ssm = 1024,
+    # mamba_d_head = 1024 // 128 = 8: conv (1024 + 2 x 1 x 256) = 1536 x 4; SSM 128 x 8 x 256.
+    default = model_shape_from_hf({"model_type": "falcon_h1"})
+    assert kinds(default) == ["full"] * 32 + ["state"] * 32 and (default.n_kv_heads, default.head_dim) == (8, 128)
+    assert isinstance(default.special[32], StateShape)
+    assert (default.special[32].conv_elements, default.special[32].recurrent_elements) == (1536 * 4, 128 * 8 * 256)
+    assert "mamba_d_ssm=1024 (transformers FalconH1Config default)" in default.defaults
+    # The report says how the layers were counted.
+    code = main(["memory", "--hf-config", str(write(tmp_path, FALCON_H1)), "--context", "100", "--max-step", "4"])
+    out = capsys.readouterr().out
+    assert code == 0 and "6 layers (3 full + 3 state)" in out and "76,800 B" in out
+    assert ("note: Falcon-H1 (model_type 'falcon_h1') runs full attention and a Mamba-2 mixer side by side in each "
+            "of its 3 'hybrid' layers: kvcore counts them as 3 attention layers (0-2) and 3 state layers (3-5)") in out
+
+
 @pytest.mark.parametrize(
     ("config", "error", "message"),
     [
@@ -543,6 +586,14 @@ def test_nemotron_h_mamba2_layers_are_state_and_mlp_layers_hold_nothing(
         ({**NEMOTRON_H, "layers_block_type": ["mamba"] * 5}, kvcore.InvalidArgumentError,
          r"hybrid_override_pattern = 'M-M\*E': contradicts layers_block_type"),
         ({**NEMOTRON_H, "ssm_state_size": None}, kvcore.InvalidArgumentError, r"ssm_state_size: missing"),
+        ({**FALCON_H1, "mamba_d_head": 12}, kvcore.InvalidArgumentError,
+         r"mamba_d_head = 12: mamba_n_heads x mamba_d_head must equal mamba_d_ssm = 96"),
+        # FalconH1Config cannot load a file that lists its layer types (every layer is "hybrid").
+        ({**FALCON_H1, "layer_types": ["hybrid"] * 3}, kvcore.InvalidArgumentError,
+         r"layer_types = .*: transformers FalconH1Config makes every layer 'hybrid'"),
+        # "hybrid" layers of any other family stay refused.
+        ({**QWEN3_5_TEXT, "model_type": "brand_new", "layer_types": [FULL, "hybrid"] * 2}, kvcore.NotSupportedError,
+         r"layer_types\[1\] = 'hybrid': kvcore models only .*'hybrid' layers of model_type 'falcon_h1'"),
         # A hybrid layer pattern of a family kvcore does not know is refused, not read as all attention.
         ({**NEMOTRON_H, "model_type": "brand_new"}, kvcore.NotSupportedError,
          r"hybrid_override_pattern = 'M-M\*E': a hybrid layer pattern .*; kvcore reads it for model_type "
@@ -562,10 +613,10 @@ def test_bad_hybrid_configs_are_named(config: dict[str, Any], error: type[Except
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
-        # Falcon-H1 runs attention and Mamba-2 side by side in every layer: no formula, refused.
-        ({"model_type": "falcon_h1"}, kvcore.NotSupportedError,
+        # Zamba shares attention blocks across its Mamba layers: no formula, refused.
+        ({"model_type": "zamba"}, kvcore.NotSupportedError,
          r"mamba_d_state = 8: state-space \(Mamba\) layers .*; kvcore reads it for model_type 'bamba', "
-         r"'granitemoehybrid' and 'jamba' only, not 'falcon_h1'"),
+         r"'falcon_h1', 'granitemoehybrid' and 'jamba' only, not 'zamba'"),
         ({"mamba_d_head": 5}, kvcore.InvalidArgumentError,
          r"mamba_d_head = 5: mamba_n_heads x mamba_d_head must equal mamba_expand x hidden_size = 128"),
         ({"mamba_d_conv": None}, kvcore.InvalidArgumentError, r"mamba_d_conv: missing"),

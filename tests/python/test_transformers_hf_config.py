@@ -195,7 +195,19 @@ HYBRIDS: list[tuple[str, str, dict[str, Any]]] = [
     ("nemotron_h", "NemotronHConfig",
      dict(hybrid_override_pattern="M-M*EM", mamba_num_heads=4, mamba_head_dim=16, n_groups=1)),
     ("nemotron_h-default-layers", "NemotronHConfig", dict(mamba_num_heads=4, mamba_head_dim=16, n_groups=1)),
+    # Every layer "hybrid": attention and Mamba-2 side by side (see planned_view).
+    ("falcon_h1", "FalconH1Config", dict(num_hidden_layers=3, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_state=8)),
+    ("falcon_h1-expand", "FalconH1Config",
+     dict(num_hidden_layers=2, mamba_d_ssm=None, mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=4)),
 ]  # fmt: skip
+
+
+def planned_view(types: list[Any]) -> list[Any]:
+    """transformers_windows as kvcore plans it: a "hybrid" layer (Falcon-H1) is a full-attention layer
+    (None) at its index plus a "linear_attention" state layer appended after the model's layers, as
+    kvcore.integrations.hf_layers.cache_config_for builds it."""
+    hybrids = sum(t == "hybrid" for t in types)
+    return [None if t == "hybrid" else t for t in types] + ["linear_attention"] * hybrids
 
 
 def hybrid_sources(label: str, config: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -222,11 +234,17 @@ def test_hybrid_layer_kinds_are_transformers_own(label: str, cls: str, kwargs: d
     config_class = getattr(transformers, cls)
     config = config_class(**{**SMALL, **kwargs})
     for how, source in hybrid_sources(label, config):
-        want = transformers_windows(config_class.from_dict(source))
+        want = planned_view(transformers_windows(config_class.from_dict(source)))
         assert kvcore_view(model_shape_from_hf(source)) == want, (label, how)
         assert "linear_attention" in want or "conv" in want, want
     if label.startswith("nemotron_h"):
         assert "dummy" in want and None in want, want
+    if label.startswith("falcon_h1"):  # n attention layers, then their n states
+        from kvcore.integrations.hf_layers import cache_config_for
+
+        n = config.num_hidden_layers
+        assert want == [None] * n + ["linear_attention"] * n, want
+        assert len(cache_config_for(config)[0].layers) == 2 * n
 
 
 def test_qwen3_5_reads_its_text_config() -> None:
@@ -305,11 +323,11 @@ def test_hybrid_recurrent_models_are_refused_not_read_as_all_full(field: str, va
         model_shape_from_hf(source)
 
 
-@pytest.mark.parametrize("family", ["falcon_h1", "zamba", "zamba2", "minimax"])
+@pytest.mark.parametrize("family", ["zamba", "zamba2", "minimax"])
 def test_hybrids_without_a_state_formula_are_refused(family: str) -> None:
-    # Falcon-H1 runs attention and Mamba-2 side by side in each layer, Zamba shares attention blocks
-    # across Mamba layers, MiniMax's linear attention has its own state: kvcore has no formula for
-    # them, so their config.json is refused, never planned as attention.
+    # Zamba shares attention blocks across Mamba layers, MiniMax's linear attention has its own
+    # state: kvcore has no formula for them, so their config.json is refused, never planned as
+    # attention. (Falcon-H1's "hybrid" layers are served: see HYBRIDS.)
     transformers_module()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 

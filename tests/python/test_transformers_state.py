@@ -578,7 +578,11 @@ def held_bytes_match_the_memory_planner(model: Any, tmp_path: Any) -> None:
     assert sorted(planned) == list(range(len(cache.layers)))
     # The planner's state layers are transformers' (get_layer_types_and_kwargs) and the cache's.
     state = [i for i, (kind, _) in sorted(planned.items()) if kind == "state"]
-    assert state == state_layer_indices(model) == list(cache.state.layers)
+    if model.config.model_type == "falcon_h1":  # its states are appended after its n "hybrid" layers
+        n = model.config.num_hidden_layers
+        assert state == [s.layer_idx for s in cache.state_layers] == list(cache.state.layers) == list(range(n, 2 * n))
+    else:
+        assert state == state_layer_indices(model) == list(cache.state.layers)
     held = {i: cache.nbytes(i) for i in planned}
     assert all(held[i] == cache.state.nbytes(i) for i in state)
     assert held == {i: b for i, (_, b) in planned.items()}
@@ -595,13 +599,6 @@ def test_held_bytes_match_the_memory_planner(model: Any, tmp_path: Any) -> None:
 
 
 def test_held_bytes_of_the_other_hybrid_families_match_the_memory_planner(family: Any, tmp_path: Any) -> None:
-    if family.config.model_type == "falcon_h1":  # the planner has no layer that is attention and state at once
-        family.config.to_json_file(tmp_path / "config.json")
-        from kvcore.hf_config import model_shape_from_hf
-
-        with pytest.raises(kvcore.NotSupportedError, match="falcon_h1"):
-            model_shape_from_hf(tmp_path / "config.json")
-        return
     held_bytes_match_the_memory_planner(family, tmp_path)
     if family.config.model_type == "nemotron_h":
         assert "dummy" in KVCoreCache(family.config, max_step=8).layer_types  # the "-" layer was checked
