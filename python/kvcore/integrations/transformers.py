@@ -103,6 +103,7 @@ from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
 from kvcore.integrations.hf_layers import DUMMY, FULL, SLIDING, STATE_TYPES, cache_config_for, hybrid_state_layers
+from kvcore.integrations.transformers_mixers import state_layers_token_by_token
 from kvcore.integrations.transformers_layers import KVCoreEmptyLayer, KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
 from kvcore.integrations.transformers_state import read_state, state_name, write_conv_states, write_recurrent_state
 from kvcore.torch.pool import TorchKVPool
@@ -1000,8 +1001,6 @@ def verify_tree(model: Any, cache: KVCoreCache, tokens: Sequence[int], parents: 
         raise InvalidArgumentError(f"verify_tree: {len(tokens)} tokens for {len(parents)} parents: one each")
     node_by_node: Any = contextlib.nullcontext()
     if cache.state_layers:  # each node reads its parent's state: the recurrent mixers run node by node
-        from kvcore.integrations.transformers_speculative import state_layers_token_by_token
-
         node_by_node = state_layers_token_by_token(model, cache)  # NotSupportedError before anything begins
     with node_by_node:
         step = cache.begin_tree(parents)
