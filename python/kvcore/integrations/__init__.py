@@ -10,7 +10,9 @@ byte layers are ``kvcore.torch``; the step of one forward all adapters share is
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``).
   Its parts: ``kvcore.integrations.transformers_layers`` (the cache's layer
   classes), ``kvcore.integrations.transformers_state`` (the states transformers'
-  linear-attention layers pass, in kvcore's State slots) and
+  linear-attention layers pass, in kvcore's State slots),
+  ``kvcore.integrations.transformers_mixers`` (recurrent mixers run token by token in
+  verify steps and node by node in draft trees) and
   ``kvcore.integrations.transformers_versions`` (the Cache API it relies on, checked
   at import); import their public names from ``kvcore.integrations.transformers``.
 - ``kvcore.integrations.transformers_speculative``: exact speculative decoding
