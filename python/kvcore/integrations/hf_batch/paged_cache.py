@@ -107,7 +107,8 @@ class KVCorePagedCache:
         self._free_seqs = list(range(options.max_seqs - 1, -1, -1))
         self.shared_prefill = SharedPrefill(self.batch.block_size)
         self._waiting: set[str] = set()  # new requests told to wait for a shared prompt this forward
-        self._offsets = torch.zeros(0, dtype=torch.int64)  # get_seq_length of the planned forward
+        self._offsets = torch.zeros(0, dtype=torch.int64)  # get_seq_length of the planned forward ...
+        self._offsets_of: Optional[dict[str, Any]] = None  # ... built for this round.planned
         # What transformers' scheduler and input builder read.
         self.max_batch_tokens = options.max_batch_tokens
         self.max_blocks_per_request = 0  # no decode fast path: every forward goes through the indices
@@ -330,10 +331,6 @@ class KVCorePagedCache:
         """Begin the kvcore step of the scheduled ``batch`` (transformers' future states, in input
         order), just before transformers builds its inputs."""
         self.round.plan(batch)
-        assert self.round.planned is not None
-        entries = sorted(self.round.planned.values(), key=lambda e: e.place)
-        positions = np.concatenate([np.arange(e.first, e.first + e.tokens) for e in entries])
-        self._offsets = torch.from_numpy(positions - np.arange(len(positions))).to(self.device)
         for future in batch:
             self.shared_prefill.note(future.state.request_id, future.state, future.query_length)
         self._count_step()
@@ -354,8 +351,14 @@ class KVCorePagedCache:
         each token's position. Llama 4's temperature tuning (NoPE layers) asks the cache for one
         past length and adds ``arange(T)``, which in a packed forward of requests at different
         positions must be this. InternalError when no forward is planned."""
-        if self.round.planned is None:
+        planned = self.round.planned
+        if planned is None:
             raise InternalError("get_seq_length: no planned forward (inputs not built by this cache)")
+        if self._offsets_of is not planned:  # built once per forward, and only for models that ask
+            entries = sorted(planned.values(), key=lambda e: e.place)
+            positions = np.concatenate([np.arange(e.first, e.first + e.tokens) for e in entries])
+            self._offsets = torch.from_numpy(positions - np.arange(len(positions))).to(self.device)
+            self._offsets_of = planned
         return self._offsets
 
     @torch.compiler.disable  # type: ignore[untyped-decorator]  # torch's decorator is untyped
