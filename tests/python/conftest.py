@@ -5,6 +5,9 @@ Helpers that are not fixtures live in reference.py (`import reference`): the
 brute-force model, `Lockstep` (a cache driven alongside it) and `observe`.
 The transformers integration's model tests share hf_generate.py (prompts, `generate`,
 `max_diff`, the per-model `model` fixture).
+
+The skip budget (``--skip-budget RUN``, skip_allowlist.py) and the seed of the
+random hypothesis profiles (hypothesis_profiles.py) are the hooks below.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import shutil
 import subprocess
 import sysconfig
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
 
 import kvcore
+import skip_allowlist
 
 MakeCache = Callable[..., kvcore.SequenceCache]
 
@@ -81,3 +86,68 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# --- the skip budget (skip_allowlist.py) ---------------------------------------------
+
+_SKIPS: list[tuple[str, str]] = []  # (node id, reason), in the order pytest reported them
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--skip-budget", choices=skip_allowlist.RUNS, default=None, metavar="RUN",
+        help="list every skip and fail the run on one that tests/python/skip_allowlist.py does not "
+             "allow for RUN (normal, sanitize); scripts/test.sh passes it",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run = config.getoption("--skip-budget")
+    for path, why in skip_allowlist.LEFT_OUT.get(run, {}).items() if run else ():
+        for item in items:
+            if item.nodeid == path or item.nodeid.startswith(path + "::"):
+                item.add_marker(pytest.mark.skip(reason=skip_allowlist.left_out_reason(run, why)))
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a module-level skip: the whole file's tests are not even collected
+        _SKIPS.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append((report.nodeid, _skip_reason(report)))
+
+
+def _unexpected(config: pytest.Config) -> list[tuple[str, str]]:
+    run = config.getoption("--skip-budget")
+    return [s for s in _SKIPS if not skip_allowlist.allowed(run, *s)] if run else []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _unexpected(session.config) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    run = config.getoption("--skip-budget")
+    if not _SKIPS and not run:
+        return
+    unexpected = _unexpected(config)
+    tr = terminalreporter
+    title = f"skips: {len(_SKIPS)}" + (f", {len(unexpected)} not on the {run} run's budget" if run else "")
+    tr.write_sep("=", title, red=bool(unexpected), green=bool(run) and not unexpected)
+    for nodeid, reason in _SKIPS:
+        mark = "UNEXPECTED " if (nodeid, reason) in unexpected else ""
+        tr.write_line(f"{mark}SKIP {nodeid}: {reason}")
+    if unexpected:
+        tr.write_line(f"FAILED: {len(unexpected)} skip(s) not allowed for the {run} run by "
+                      "tests/python/skip_allowlist.py: install what they need, fix the import, "
+                      "or add an entry saying why the skip is expected")  # fmt: skip

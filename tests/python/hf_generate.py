@@ -3,7 +3,7 @@ test_transformers_kinds.py, test_transformers_state.py, test_transformers_trees.
 module builds its own models from configs (no download) and compares a run through a
 ``KVCoreCache`` with transformers' own cache on the same prompt.
 
-Import it after ``pytest.importorskip("torch")`` and ``("transformers")``: it needs torch.
+Import it after ``need("torch")`` and ``need("transformers")`` (needs.py): it needs torch.
 """
 
 from __future__ import annotations

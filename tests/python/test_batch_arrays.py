@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need
 
 import kvcore
 from batch_reference import observable
@@ -127,7 +128,7 @@ def test_step_takes_the_array_form_as_a_context_manager() -> None:
 
 
 def test_torch_tensors_are_taken_through_dlpack() -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     by_list, by_tensors = made(), made()
     a = by_list.begin_step([(0, 1, [7]), (1, 2, [8, 9])])
     b = by_tensors.begin_step(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1, 2]),
@@ -136,7 +137,7 @@ def test_torch_tensors_are_taken_through_dlpack() -> None:
 
 
 def test_a_tensor_numpy_cannot_read_in_place_is_refused(rig: Rig) -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     meta = torch.zeros(2, dtype=torch.int32, device="meta")
     refused(rig, lambda: rig.cache.begin_step(meta, 1), kvcore.InvalidArgumentError,
             "begin_step: seqs: numpy cannot read this DLPack tensor in place")
@@ -145,7 +146,7 @@ def test_a_tensor_numpy_cannot_read_in_place_is_refused(rig: Rig) -> None:
 # --- plan arrays: zero-copy numpy, zero-copy torch --------------------------------------------------
 
 def test_plan_arrays_reach_torch_without_a_copy_or_a_warning() -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     c = made()
     plan = c.begin_step(np.array([0, 1], I32), 1).plan()
     for a in (plan.seq_ids, plan.query_starts, plan.context_lens, plan.groups[0].slots, plan.groups[1].block_tables):

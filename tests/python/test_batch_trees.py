@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -449,7 +450,7 @@ def test_a_refused_apply_commit_copies_nothing() -> None:
 
 
 def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     from kvcore.torch.paged import TorchPagedKVPool
 
     c = small()

@@ -15,9 +15,10 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
+from needs import need
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+need("torch")
+need("transformers")
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 TINY = ["--layers", "6", "--kv-heads", "2", "--head-dim", "8", "--window", "8", "--max-step", "4"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need
 
 import kvcore
 from kvcore import cli
@@ -89,7 +90,7 @@ def test_no_subcommand_runs_the_demo(capsys: pytest.CaptureFixture[str]) -> None
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16_bit_dtypes(dtype: str, capsys: pytest.CaptureFixture[str]) -> None:
     if dtype == "bfloat16":
-        pytest.importorskip("ml_dtypes")
+        need("ml_dtypes")
     assert cli.main(["demo", *SMALL, "--dtype", dtype, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["dtype"] == dtype and report["tolerance"] == options.TOLERANCE[dtype]

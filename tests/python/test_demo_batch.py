@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need
 
 import kvcore
 from kvcore import cli
@@ -152,7 +153,7 @@ def test_small_run_passes_and_shows_every_feature() -> None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16_bit_kv(dtype: str, tree: int) -> None:
     if dtype == "bfloat16":
-        pytest.importorskip("ml_dtypes")
+        need("ml_dtypes")
     r = _run(demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "dtype": dtype, "chats": 3, "tree": tree}))
     assert r["ok"] and r["oracle"]["tolerance"] == demo_batch.TOLERANCE[dtype]
     assert (r["trees"]["steps"] > 0) == (tree > 0)

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from needs import need
 
-ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not installed: pip install 'kvcore[distributed]'")
+ray = need("ray", reason="the distributed extra (ray) is not installed: pip install 'kvcore[distributed]'")
 
 from kvcore import cli  # noqa: E402
 from kvcore.demo.disaggregated import DisaggregatedOptions, format_report, run_disaggregated  # noqa: E402

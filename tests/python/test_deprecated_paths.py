@@ -10,8 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the torch byte layers need torch")
+torch = need("torch", reason="the torch byte layers need torch")
 
 import kvcore  # noqa: E402
 from kvcore import state  # noqa: E402

@@ -26,13 +26,13 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the ExecuTorch integration needs torch")
-et_tests = pytest.importorskip(
+torch = need("torch", reason="the ExecuTorch integration needs torch")
+et_tests = need(
     "executorch.extension.llm.cache.test_update_and_attend",
     reason="ExecuTorch's update_and_attend op and its suite need executorch==1.5.1 (installed with --no-deps) "
     "and ruamel.yaml, flatbuffers, tabulate (scripts/test.sh installs them)",
-    exc_type=ImportError,  # not only a missing module: a broken install skips with the reason too
 )
 
 import kvcore  # noqa: E402

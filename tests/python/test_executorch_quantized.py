@@ -1,7 +1,7 @@
 """kvcore's ExecuTorch caches with ``kv_dtype``: ExecuTorch's int8 layout behind ``update_and_attend``.
 
 ExecuTorch's own quantization is the reference: ``QuantizedKVCache._quantize`` of ExecuTorch
-1.5.1 (or, where that module does not import, the ``quantized_decomposed`` ops it calls), and
+1.5.1, and
 ``dequantize_per_token`` as it dequantizes, through the helpers of
 test_quantized_executorch.py. On the same K/V:
 
@@ -23,15 +23,15 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the ExecuTorch integration needs torch")
-op_module = pytest.importorskip(
+torch = need("torch", reason="the ExecuTorch integration needs torch")
+op_module = need(
     "executorch.extension.llm.cache.update_and_attend",
     reason="ExecuTorch's update_and_attend op needs executorch==1.5.1 (installed with --no-deps) "
     "and ruamel.yaml, flatbuffers, tabulate (scripts/test.sh installs them)",
-    exc_type=ImportError,
 )
-ref = pytest.importorskip("executorch.extension.llm.cache.reference_cache", exc_type=ImportError)
+ref = need("executorch.extension.llm.cache.reference_cache")
 
 import kvcore  # noqa: E402
 import kvcore.integrations.executorch as et_kvcore  # noqa: E402

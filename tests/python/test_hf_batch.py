@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the transformers integration needs torch")
-transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers")
+torch = need("torch", reason="the transformers integration needs torch")
+transformers = need("transformers", reason="the transformers integration needs transformers")
 
 from transformers import GenerationConfig  # noqa: E402
 from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the transformers integration needs torch")
-transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers")
+torch = need("torch", reason="the transformers integration needs torch")
+transformers = need("transformers", reason="the transformers integration needs transformers")
 
 import kvcore  # noqa: E402
 from kvcore.integrations.transformers import BatchCounters, KVCoreBatchingManager, KVCoreCache, generate_batch  # noqa: E402

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import need
 
 import kvcore
 from kvcore.cli import main
@@ -334,7 +335,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_ke
 
 
 def tiny(cls: str, **kwargs: Any) -> dict[str, Any]:
-    transformers = pytest.importorskip("transformers", reason="builds configs with transformers' classes")
+    transformers = need("transformers", reason="builds configs with transformers' classes")
     config: dict[str, Any] = getattr(transformers, cls)(**{**TINY, **kwargs}).to_dict()
     return config
 

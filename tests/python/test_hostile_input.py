@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from needs import need
 
 import kvcore
 
@@ -187,7 +188,7 @@ def test_token_ids_freed_by_an_index_are_never_read() -> None:
 @pytest.mark.parametrize("container", ["list", "torch"])
 def test_token_ids_are_copied_before_other_arguments_run_code(container: str) -> None:
     if container == "torch":
-        pytest.importorskip("torch")
+        need("torch")
     run_isolated(f"""
         c = batch(block_size=8)
         c.add_sequences([0, 1])

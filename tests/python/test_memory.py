@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import need
 
 import kvcore
 from kvcore import memory
@@ -351,7 +352,7 @@ def test_cli_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     out_png = tmp_path / "kv.png"
     code, _, _ = run_cli(capsys, "--model", "gemma-3-1b", "--budget", "64MiB", "--plot", str(out_png))
     assert code == 0

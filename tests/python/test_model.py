@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from needs import need
 
 import kvcore
 from kvcore.demo.model import Decoder, Model, ModelConfig, rms_norm, rope, visibility_mask
@@ -139,7 +140,7 @@ def test_the_masks_matter() -> None:
 @pytest.mark.parametrize("dtype,tol", [(np.float16, 2e-2), ("bfloat16", 5e-2)])
 def test_16_bit_pools_match_an_oracle_that_rounds_kv_the_same_way(dtype: Any, tol: float) -> None:
     if dtype == "bfloat16":
-        dtype = pytest.importorskip("ml_dtypes").bfloat16
+        dtype = need("ml_dtypes").bfloat16
     model = small_model("mixed", sinks=1)
     tokens = np.random.default_rng(2).integers(0, 48, 24).tolist()
     dec = Decoder(model, 64, 3, dtype)

@@ -22,6 +22,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from needs import need
 
 import kvcore
 from kvcore import cli
@@ -206,7 +207,7 @@ def test_installed_metadata() -> None:
 
 @needs_checkout
 def test_sdist_contents(tmp_path: Path) -> None:
-    pytest.importorskip("scikit_build_core", reason="building the sdist needs scikit-build-core")
+    need("scikit_build_core", reason="building the sdist needs scikit-build-core")
     build = "import sys; from scikit_build_core.build import build_sdist; print(build_sdist(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", build, str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -15,11 +15,12 @@ import random
 import numpy as np
 import numpy.typing as npt
 import pytest
+from needs import need
 
 import kvcore
 from kvcore import BatchCache, InvalidArgumentError, InvalidStateError, NotSupportedError
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 from kvcore.torch import TorchPagedKVPool  # noqa: E402
 
 # Layers: 0 Flat, 1 Ring(4), 2 Shared(0), 3 State(4), 4 State(4), 5 Shared(1).

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from needs import BFLOAT16, need, needs_ml_dtypes
 
 import kvcore
 from reference import needed, visible
@@ -38,14 +39,10 @@ MIXED = [kvcore.Ring(4, 1), kvcore.Ring(4, 1), kvcore.Flat()]
 
 
 def dtypes() -> list[Any]:
-    out: list[Any] = [np.float32, np.float16, np.int8, np.uint8]
-    try:
-        import ml_dtypes
-
-        out.append(ml_dtypes.bfloat16)
-    except ImportError:
-        pass
-    return out
+    """Every storage dtype; bfloat16 skips, visibly, without ml_dtypes (needs.py)."""
+    plain: list[Any] = [np.float32, np.float16, np.int8, np.uint8]
+    return [*(pytest.param(d, id=np.dtype(d).name) for d in plain),
+            pytest.param(BFLOAT16, id="bfloat16", marks=needs_ml_dtypes)]
 
 
 class Reference:
@@ -85,7 +82,7 @@ class Reference:
         np.testing.assert_array_equal(v, np.stack([self.v[layer][p] for p in want]))
 
 
-@pytest.mark.parametrize("dtype", dtypes(), ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", dtypes())
 def test_update_reads_back_exactly_the_needed_positions(dtype: Any) -> None:
     cache = kvcore.SequenceCache(make_config(MIXED, v_dim=3))
     pool = kvcore.KVPool(cache, dtype)
@@ -295,7 +292,7 @@ def test_default_dtype_is_float16() -> None:
 
 
 def test_bfloat16_by_name_and_by_type() -> None:
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = need("ml_dtypes")
     cache = kvcore.SequenceCache(make_config(MIXED))
     assert kvcore.KVPool(cache, "bfloat16").dtype == ml_dtypes.bfloat16
     assert kvcore.KVPool(cache, ml_dtypes.bfloat16).dtype == ml_dtypes.bfloat16

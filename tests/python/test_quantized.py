@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from needs import need
 
 import kvcore
 import kvcore.quantized
 import kvcore.state
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+ml_dtypes = need("ml_dtypes")
 
 Array = npt.NDArray[Any]
 FORMATS = ["qint8", "fp8_e4m3"]

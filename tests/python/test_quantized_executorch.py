@@ -1,12 +1,13 @@
 """kvcore's qint8 rows equal ExecuTorch's QuantizedKVCache bit for bit (docs/quantized.md).
 
-Runs ExecuTorch's own code where it imports: ``QuantizedKVCache._quantize`` (the
+Runs ExecuTorch's own code: ``QuantizedKVCache._quantize`` (the
 ``quantized_decomposed`` ops ``choose_qparams_per_token_asymmetric`` and
 ``quantize_per_token``; scales stored as float32, zero points as int8, as its
 ``_quantize_and_update`` stores them) and ``dequantize_per_token`` as its
 ``_update_and_return_float_values`` calls it (float64 scales, int64 zero points,
-float32 out). Without executorch, torch's ``quantized_decomposed`` ops alone are
-the reference; without those, the test is skipped with the reason. fp8 is
+float32 out). Without executorch (scripts/test.sh installs it) the tests that need
+its quantizer skip, visibly, and the skip budget fails the run (needs.py); an
+executorch that is there but does not import fails them with the cause. fp8 is
 checked against torch's float8_e4m3fn cast of the same rule.
 """
 
@@ -17,38 +18,29 @@ from typing import Any, Callable
 import numpy as np
 import numpy.typing as npt
 import pytest
+from needs import need
 
 import kvcore
 
-torch = pytest.importorskip("torch")
-try:
-    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
-except ImportError as e:  # pragma: no cover - depends on the torch build
-    pytest.skip(f"torch's quantized_decomposed ops do not import: {e}", allow_module_level=True)
+torch = need("torch")
+need("torch.ao.quantization.fx._decomposed", reason="registers torch's quantized_decomposed ops")
 
 Array = npt.NDArray[Any]
 QD = torch.ops.quantized_decomposed
 
 
 def executorch_quantize() -> Callable[[Any], tuple[Any, Any, Any]]:
-    """ExecuTorch's QuantizedKVCache._quantize (stored dtypes), or the same ops through torch."""
-    try:
-        from executorch.examples.models.llama.source_transformation.custom_kv_cache import (
-            QuantizedCacheType,
-            QuantizedKVCache,
-        )
+    """ExecuTorch's QuantizedKVCache._quantize, giving the dtypes it stores (float32 scales,
+    int8 zero points). Skips the calling test when executorch is not installed."""
+    custom_kv_cache = need(
+        "executorch.examples.models.llama.source_transformation.custom_kv_cache",
+        reason="the reference is ExecuTorch's QuantizedKVCache (executorch==1.5.1, installed --no-deps by scripts/test.sh)",
+    )
+    cache = custom_kv_cache.QuantizedKVCache(1, 1, 1, 1, custom_kv_cache.QuantizedCacheType.AffineAsymmetric)
 
-        cache = QuantizedKVCache(1, 1, 1, 1, QuantizedCacheType.AffineAsymmetric)
-
-        def quantize(x: Any) -> tuple[Any, Any, Any]:
-            q, s, z = cache._quantize(x)
-            return q, s.to(torch.float32), z.to(torch.int8)
-    except Exception:  # executorch missing or incomplete (installed --no-deps): the ops it calls
-
-        def quantize(x: Any) -> tuple[Any, Any, Any]:
-            s, z = QD.choose_qparams_per_token_asymmetric.default(x, torch.int8)
-            q = QD.quantize_per_token(x, s, z, -128, 127, torch.int8)
-            return q, s.to(torch.float32), z.to(torch.int8)
+    def quantize(x: Any) -> tuple[Any, Any, Any]:
+        q, s, z = cache._quantize(x)
+        return q, s.to(torch.float32), z.to(torch.int8)
 
     return quantize
 
@@ -98,7 +90,7 @@ def test_qint8_equals_executorchs_quantized_kv_cache_bit_for_bit(dim: int) -> No
 
 @pytest.mark.parametrize("compute", [np.float16, "bfloat16"])
 def test_qint8_of_half_values_is_executorchs_rule_on_their_float32_values(compute: Any) -> None:
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = need("ml_dtypes")
     cdt = np.dtype(ml_dtypes.bfloat16) if compute == "bfloat16" else np.dtype(compute)
     tdt = torch.bfloat16 if compute == "bfloat16" else torch.float16
     rng = np.random.default_rng(5)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import pytest
+from needs import BFLOAT16, need, needs_ml_dtypes
 
 import kvcore
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 import test_state as paged  # noqa: E402  (numpy BatchCache sides, histories, comparisons)
 import test_state_torch as seq_torch  # noqa: E402  (SequenceCache sides: TorchKVPool and KVPool)
@@ -32,8 +32,10 @@ from kvcore.state import RecordInfo, export_sequence, import_sequence  # noqa: E
 from torch_bits import same_bits  # noqa: E402
 
 Array = npt.NDArray[Any]
-DTYPES = [(np.float32, torch.float32), (np.float16, torch.float16), (ml_dtypes.bfloat16, torch.bfloat16)]
-IDS = ["float32", "float16", "bfloat16"]
+DTYPES = [(np.float32, torch.float32), (np.float16, torch.float16), (BFLOAT16, torch.bfloat16)]
+# The parameter list: the bfloat16 case skips, visibly, without ml_dtypes (needs.py).
+DTYPE_CASES = [pytest.param(d, id=i, marks=[needs_ml_dtypes] if i == "bfloat16" else [])
+               for d, i in zip(DTYPES, ["float32", "float16", "bfloat16"])]
 CAPACITY, MAX_STEP = 96, 4
 
 
@@ -124,7 +126,7 @@ def holds_prefix(side: Any, tokens: list[int]) -> None:
     side.seq = seq
 
 
-@pytest.mark.parametrize("dtypes", DTYPES, ids=IDS)
+@pytest.mark.parametrize("dtypes", DTYPE_CASES)
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("shape", ["plain", "hole", "head", "fork", "prefix"])
 def test_round_trips_with_paged_kv_pool(dtypes: tuple[Any, Any], block_size: int, shape: str) -> None:
@@ -165,7 +167,7 @@ def test_round_trips_with_paged_kv_pool(dtypes: tuple[Any, Any], block_size: int
     paged.decode_both(n_side, n2, random.Random(8), 8, MAX_STEP, CAPACITY)
 
 
-@pytest.mark.parametrize("dtypes", DTYPES, ids=IDS)
+@pytest.mark.parametrize("dtypes", DTYPE_CASES)
 def test_round_trips_with_a_sequence_cache(dtypes: tuple[Any, Any]) -> None:
     cfg = seq_torch.config()  # the same layers as paged.config's
     rng = random.Random(11)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="TorchPagedKVPool needs torch")
+torch = need("torch", reason="TorchPagedKVPool needs torch")
 
 import kvcore  # noqa: E402
 from kvcore.torch.paged import TorchPagedKVPool  # noqa: E402

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (pip install torch)")
+torch = need("torch", reason="the torch byte layer needs torch (pip install torch)")
 
 import kvcore  # noqa: E402
 from kvcore.torch.pool import TorchKVPool  # noqa: E402

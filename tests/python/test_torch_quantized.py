@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from needs import need
 
 import kvcore
 import kvcore.state
 
-torch = pytest.importorskip("torch")
-ml_dtypes = pytest.importorskip("ml_dtypes")
+torch = need("torch")
+ml_dtypes = need("ml_dtypes")
 
 import kvcore.torch  # noqa: E402
 from kvcore.torch import quantized  # noqa: E402
@@ -232,7 +233,7 @@ def test_bad_values_and_names_are_refused_and_change_nothing() -> None:
 
 
 def test_kv_core_cache_with_int8_and_fp8_generates_and_halves_the_bytes() -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = need("transformers")
     from kvcore.integrations.transformers import KVCoreCache
 
     torch.manual_seed(0)

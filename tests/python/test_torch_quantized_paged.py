@@ -17,14 +17,15 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
-import ml_dtypes
 import numpy as np
 import pytest
+from needs import need
 
 import kvcore
 import kvcore.state
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
+ml_dtypes = need("ml_dtypes", reason="the bfloat16 compute cases and test_torch_quantized.py's rows")
 
 from test_state_torch_paged import to_torch  # noqa: E402  ((T, H, D) numpy rows as [1, H, T, D])
 from test_torch_quantized import FORMAT, rows as hard_rows  # noqa: E402  (zeros, constants, denormals)

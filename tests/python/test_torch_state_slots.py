@@ -9,8 +9,9 @@ tokens. Refusals change nothing.
 from __future__ import annotations
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 import kvcore  # noqa: E402
 from kvcore.torch.state_slots import TorchStateSlots, plan_slot  # noqa: E402

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
+from needs import need
 
 import kvcore
 from kvcore.hf_config import _FAMILIES, config_from_hf, model_shape_from_hf
@@ -30,7 +31,7 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_k
 
 
 def transformers_module() -> Any:
-    return pytest.importorskip("transformers", reason="the comparison needs transformers")
+    return need("transformers", reason="the comparison needs transformers")
 
 
 # --- transformers' view ------------------------------------------------------------------

@@ -14,9 +14,10 @@ from functools import partial
 from typing import Any
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the transformers integration needs torch")
-transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers")
+torch = need("torch", reason="the transformers integration needs torch")
+transformers = need("transformers", reason="the transformers integration needs transformers")
 
 import kvcore  # noqa: E402
 from kvcore.hf_config import model_shape_from_hf  # noqa: E402

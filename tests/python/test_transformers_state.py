@@ -15,9 +15,10 @@ from functools import partial
 from typing import Any, Callable
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = need("torch")
+transformers = need("transformers")
 
 import kvcore  # noqa: E402
 from kvcore.integrations.transformers import KVCoreCache, prefill, verify_tree  # noqa: E402

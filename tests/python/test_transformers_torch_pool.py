@@ -12,8 +12,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the torch byte layer needs torch (pip install torch)")
+torch = need("torch", reason="the torch byte layer needs torch (pip install torch)")
 
 import kvcore  # noqa: E402
 from kvcore.torch import layer as torch_layer  # noqa: E402

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from needs import need
 
-torch = pytest.importorskip("torch", reason="the transformers integration needs torch")
-pytest.importorskip("transformers", reason="the transformers integration needs transformers")
+torch = need("torch", reason="the transformers integration needs torch")
+need("transformers", reason="the transformers integration needs transformers")
 
 import kvcore  # noqa: E402
 from kvcore.integrations.transformers import KVCoreCache, prefill, verify_tree  # noqa: E402
