@@ -309,7 +309,7 @@ TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
   ASSERT_TRUE(pool.create(4, "a test pool").ok());
   const int held = pool.allocate();
   const kvcore::BlockKey key{1, 2};
-  ASSERT_TRUE(pool.set_key(held, key));
+  ASSERT_TRUE(pool.set_key(held, key, 0, 0));
   // Every failed run must leave the 4-block pool as it was; the last run
   // (all 7 tables allocated) makes it a 64-block pool.
   const int failures = fail_each_allocation([&] { return pool.create(64, "a bigger pool"); },

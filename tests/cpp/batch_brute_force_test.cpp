@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batch_reference.h"
@@ -83,6 +85,8 @@ class Driver {
   Driver(const CacheConfig& cfg, std::uint32_t seed)
       : cfg_(cfg), rng_(seed), cache_(std::move(BatchCache::create(cfg)).get()), model_(cfg), pools_(*cache_), prefix_(*cache_) {
     EXPECT_EQ(BatchModel::check_layer_groups(*cache_, cfg_), "");
+    EXPECT_TRUE(cache_->enable_kv_events(kEventCapacity).ok());
+    event_keys_.resize(static_cast<std::size_t>(cache_->n_groups()));
   }
 
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
@@ -94,7 +98,9 @@ class Driver {
                            &Driver::check_invariants);
   }
 
+  static constexpr int kEventCapacity = 1 << 16;
   int steps_checked = 0;
+  int events_checked = 0;
   int prefix_hits = 0;
   int exhausted = 0;
   int chunked_hits = 0;      // prefix hits on a cache with a chunked group
@@ -338,6 +344,15 @@ class Driver {
     for (int extra = pick(0, 4); extra > 0; --extra) prompt.push_back(pick(0, 2));
     if (static_cast<int>(prompt.size()) > cfg_.capacity) prompt.resize(static_cast<std::size_t>(cfg_.capacity));
     const Snapshot before = snapshot(*cache_);
+    // lookup_prefix answers the hit the model predicts and changes nothing
+    // (an open step stays open).
+    auto looked = cache_->lookup_prefix(prompt.data(), static_cast<int>(prompt.size()), 0);
+    ASSERT_TRUE(looked.ok()) << looked.message().c_str();
+    EXPECT_EQ(*looked, prefix_.predict_hit(prompt)) << "lookup_prefix is not the longest cached prefix";
+    EXPECT_EQ(snapshot(*cache_), before) << "lookup_prefix changed the cache";
+    if (step_open_) {
+      EXPECT_TRUE(cache_->check_step(open_step_).ok()) << "lookup_prefix ended the begun step";
+    }
     auto hit = cache_->adopt_prefix(s, prompt.data(), static_cast<int>(prompt.size()));
     log("adopt_prefix(" + std::to_string(s) + ", " + std::to_string(prompt.size()) + " tokens) = " +
             std::to_string(hit.ok() ? *hit : -1),
@@ -347,6 +362,7 @@ class Driver {
     if (m.length() != 0) return expect_refused(hit.status(), Error::InvalidState, before);
     ASSERT_TRUE(hit.ok()) << hit.message().c_str();
     const int h = *hit;
+    EXPECT_EQ(h, *looked) << "adopt_prefix adopted another hit than lookup_prefix answered";
     EXPECT_EQ(h, prefix_.adopt(s, prompt)) << "not the longest cached prefix";
     EXPECT_EQ(h % cfg_.batch.block_size, 0);
     EXPECT_LE(h, std::max(0, static_cast<int>(prompt.size()) - 1));
@@ -416,6 +432,40 @@ class Driver {
       ASSERT_EQ(*cache_->free_blocks(g), prefix_.free_blocks(g)) << "group " << g << "\n" << prefix_.describe() << tables_text(g);
       ASSERT_EQ(*cache_->cached_blocks(g), prefix_.cached_blocks(g)) << "group " << g;
     }
+    check_events();
+  }
+
+  // The keys each group's KV events say it stores are exactly the keys its
+  // blocks carry (the model's named blocks): every store and eviction told,
+  // none twice, each with its block's token range.
+  void check_events() {
+    ASSERT_EQ(cache_->kv_events().dropped(), 0) << "the queue of " << kEventCapacity << " overflowed";
+    std::vector<kvcore::KVEvent> events(static_cast<std::size_t>(cache_->kv_events().size()));
+    const int n = *cache_->drain_kv_events(events.data(), static_cast<int>(events.size()));
+    ASSERT_EQ(n, static_cast<int>(events.size()));
+    ASSERT_EQ(cache_->kv_events().size(), 0);
+    for (const kvcore::KVEvent& e : events) {
+      if (e.kind == kvcore::KVEventKind::Cleared) {
+        for (auto& keys : event_keys_) keys.clear();
+        continue;
+      }
+      ASSERT_GE(e.group, 0);
+      ASSERT_LT(e.group, cache_->n_groups());
+      EXPECT_EQ(e.prefix_namespace, 0u);
+      EXPECT_EQ(e.n_positions, cfg_.batch.block_size);
+      EXPECT_EQ(e.first_position % cfg_.batch.block_size, 0);
+      auto& keys = event_keys_[static_cast<std::size_t>(e.group)];
+      const std::pair<std::uint64_t, std::uint64_t> key(e.key.lo, e.key.hi);
+      if (e.kind == kvcore::KVEventKind::Stored) {
+        EXPECT_TRUE(keys.insert(key).second) << "group " << e.group << ": a key stored twice";
+      } else {
+        EXPECT_EQ(keys.erase(key), 1u) << "group " << e.group << ": a key evicted that was not stored";
+      }
+    }
+    for (int g = 0; g < cache_->n_groups(); ++g)
+      ASSERT_EQ(event_keys_[static_cast<std::size_t>(g)], prefix_.named_keys(g))
+          << "group " << g << ": the events disagree with the blocks' keys";
+    events_checked += n;
   }
 
   CacheConfig cfg_;
@@ -426,10 +476,11 @@ class Driver {
   PrefixModel prefix_;  // the pools as the docs state them: predicts every hit
   bool step_open_ = false;
   kvcore::BatchStep open_step_;
+  std::vector<std::set<std::pair<std::uint64_t, std::uint64_t>>> event_keys_;  // per group, from the events
 };
 
 TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
-  int steps = 0, hits = 0, exhausted = 0, chunked_hits = 0, chunked_released = 0, shared_steps = 0;
+  int steps = 0, hits = 0, exhausted = 0, chunked_hits = 0, chunked_released = 0, shared_steps = 0, events = 0;
   const Seeds seeds = seeds_from_env("KVCORE_BATCH_SEED", 300);  // KVCORE_BATCH_SEED=N runs that seed alone
   for (std::uint32_t seed = seeds.first; seed <= seeds.last && !HasFailure(); ++seed) {
     std::mt19937 rng(seed);
@@ -443,6 +494,7 @@ TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
     chunked_hits += d.chunked_hits;
     chunked_released += d.chunked_released;
     shared_steps += d.shared_steps;
+    events += d.events_checked;
   }
   if (seeds.first == seeds.last) return;  // one seed: no totals to hold
   std::printf("%d steps checked, %d prefix hits, %d steps refused for want of blocks; chunked: %d prefix hits, %d "
@@ -456,6 +508,7 @@ TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
   EXPECT_GT(chunked_hits, 100);
   EXPECT_GT(chunked_released, 1000);
   EXPECT_GT(shared_steps, 2000);
+  EXPECT_GT(events, 10000);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -617,6 +618,20 @@ class PrefixModel {
     int n = 0;
     for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) n += b.refs == 0 && b.named;
     return n;
+  }
+  /// The content keys group g's blocks carry (each named block's tokens
+  /// chained from the default namespace's root, block by block), as KV
+  /// events should have told them: one entry per distinct key.
+  std::set<std::pair<std::uint64_t, std::uint64_t>> named_keys(int g) const {
+    std::set<std::pair<std::uint64_t, std::uint64_t>> out;
+    for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) {
+      if (!b.named) continue;
+      kvcore::BlockKey key = kvcore::BlockKey::root(0);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(B_) <= b.name.size(); i += static_cast<std::size_t>(B_))
+        key = kvcore::BlockKey::chain(key, b.name.data() + i, B_);
+      out.emplace(key.lo, key.hi);
+    }
+    return out;
   }
   /// Every table and block, for a failure's message.
   std::string describe() const {

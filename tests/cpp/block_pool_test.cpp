@@ -30,7 +30,7 @@ class KeyTable {
   BlockPool& pool() { return pool_; }
 
   void name(int block, std::uint64_t lo, std::uint64_t hi = 0) {
-    ASSERT_TRUE(pool_.set_key(block, key(lo, hi))) << "block " << block << " lo " << lo;
+    ASSERT_TRUE(pool_.set_key(block, key(lo, hi), 0, 0)) << "block " << block << " lo " << lo;
     named_[block] = key(lo, hi);
     dropped_.erase(block);
   }
@@ -77,7 +77,7 @@ TEST(BlockPoolKeys, KeysSharingAHomeSlotAreAllFoundAndTheirHiTellsThemApart) {
   t.name(2, 11, 1);
   t.check("three at home slot 3");
   EXPECT_EQ(t.pool().find(key(3, 3)), -1);
-  EXPECT_FALSE(t.pool().set_key(1, key(3, 3))) << "a block with a key already";
+  EXPECT_FALSE(t.pool().set_key(1, key(3, 3), 0, 0)) << "a block with a key already";
   EXPECT_EQ(t.pool().find(key(3, 3)), -1);
 }
 
@@ -89,12 +89,12 @@ TEST(BlockPoolKeys, CopiesOfOneContentAreFoundUntilTheLastGoes) {
   ASSERT_TRUE(pool.create(4, "a test pool").ok());
   for (int b = 0; b < 4; ++b) ASSERT_EQ(pool.allocate(), b);
   const BlockKey k = key(7, 1);
-  ASSERT_TRUE(pool.set_key(2, k));
-  ASSERT_TRUE(pool.set_key(1, k));  // a copy is named too
+  ASSERT_TRUE(pool.set_key(2, k, 0, 0));
+  ASSERT_TRUE(pool.set_key(1, k, 0, 0));  // a copy is named too
   EXPECT_EQ(pool.find(k), 1);       // the lowest held copy
   pool.drop_key(1);                 // block 1 is written: block 2 still holds the content
   EXPECT_EQ(pool.find(k), 2);
-  ASSERT_TRUE(pool.set_key(1, k));
+  ASSERT_TRUE(pool.set_key(1, k, 0, 0));
   pool.release(1);  // cached; block 2 is held: the held copy is found
   EXPECT_EQ(pool.find(k), 2);
   EXPECT_EQ(pool.cached_blocks(), 1);

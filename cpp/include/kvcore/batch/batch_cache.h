@@ -42,6 +42,7 @@
 #include "kvcore/batch/batch_faces.h"
 #include "kvcore/batch/batch_plan.h"
 #include "kvcore/batch/block_pool.h"
+#include "kvcore/batch/kv_events.h"
 #include "kvcore/batch/parts/batch_sizes.h"
 #include "kvcore/batch/parts/block_group.h"
 #include "kvcore/batch/parts/prefix_index.h"
@@ -252,13 +253,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  seq, seqs_[seq].length);
     end_step();
     prefix_.set_namespace(seq, prefix_namespace);
-    // A hit counts only as far as every State group holds a named snapshot
-    // of the state after its last block (docs/design.md section 9).
-    const int hit = prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_, [this](const BlockKey& key) {
-      for (int k = 0; k < n_state_groups_; ++k)
-        if (!states_[k].named(key)) return false;
-      return true;
-    });
+    const int hit = longest_hit(tokens, n, prefix_namespace);
     for (int g = 0; g < n_groups_; ++g) groups_[g].adopt(seq, prefix_.prompt_keys(), hit);
     if (hit > 0)
       for (int k = 0; k < n_state_groups_; ++k) states_[k].adopt(seq, prefix_.prompt_keys()[hit - 1], hit * block_size_);
@@ -267,6 +262,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     s.alloc_end = hit;
     prefix_.adopted(seq, hit);
     return s.length;
+  }
+
+  Result<int> lookup_prefix(const std::int32_t* tokens, int n, std::uint64_t prefix_namespace) const noexcept override {
+    KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= capacity_, InvalidArgument,
+                                 "lookup_prefix(n = %d): must be in [0, capacity = %d]", n, capacity_);
+    KVCORE_CHECK_OR_RETURN_ERROR(tokens != nullptr || n == 0, InvalidArgument, "lookup_prefix: tokens is null");
+    return longest_hit(tokens, n, prefix_namespace) * block_size_;
   }
 
   // --- BatchControl: steps -----------------------------------------------------
@@ -329,7 +331,27 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     rows_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
     for (int k = 0; k < n_state_groups_; ++k) states_[k].clear();
+    events_.push(KVEvent{KVEventKind::Cleared, -1, BlockKey{}, 0, 0, 0});
   }
+
+  // --- KV events (kv_events.h) -------------------------------------------------
+
+  /// Keeps up to `capacity` undrained KV events from now on (0: none, the
+  /// default), forgetting undrained ones. Not a step-path call: it allocates
+  /// the queue once. InvalidArgument: capacity outside [0, 2^24].
+  /// MemoryAllocationFailed: the queue cannot be allocated (events stay as
+  /// they were).
+  Status enable_kv_events(int capacity) noexcept { return events_.enable(capacity); }
+  /// Moves up to `max` of the oldest undrained events to out[0, ...) and
+  /// returns how many (never allocates). InvalidArgument: max < 0, out null
+  /// with max > 0.
+  Result<int> drain_kv_events(KVEvent* out, int max) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(max >= 0, InvalidArgument, "drain_kv_events(max = %d): must be >= 0", max);
+    KVCORE_CHECK_OR_RETURN_ERROR(out != nullptr || max == 0, InvalidArgument, "drain_kv_events: out is null");
+    return events_.drain(out, max);
+  }
+  /// The queue: capacity, undrained events, events dropped while it was full.
+  const KVEventQueue& kv_events() const noexcept { return events_; }
 
   // --- BatchControl: queries -------------------------------------------------
 
@@ -574,6 +596,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) {
       const Result<int> blocks = sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks);
       KVCORE_RETURN_IF_ERROR(groups_[g].create(*blocks, max_seqs_, rows_, stride_, block_size_));
+      groups_[g].pool().attach_events(&events_, g, block_size_);
     }
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
@@ -660,6 +683,16 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       }
     }
     return Error::Ok;
+  }
+  // The longest prefix hit of tokens[0, n) in blocks (PrefixIndex::longest_hit);
+  // it counts only as far as every State group holds a named snapshot of the
+  // state after its last block (docs/design.md section 9).
+  int longest_hit(const std::int32_t* tokens, int n, std::uint64_t prefix_namespace) const noexcept {
+    return prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_, [this](const BlockKey& key) {
+      for (int k = 0; k < n_state_groups_; ++k)
+        if (!states_[k].named(key)) return false;
+      return true;
+    });
   }
   // rewind_blocker()'s answer, for messages: "group" or "state group", and its index.
   const char* blocker_kind(int blocking) const noexcept { return blocking < n_groups_ ? "group" : "state group"; }
@@ -776,6 +809,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;
   StepState step_;
+  KVEventQueue events_;  // off until enable_kv_events(); the pools push into it
 };
 
 }  // namespace kvcore

@@ -105,6 +105,14 @@ class BatchControl {
   /// gives it; kept on a miss). Errors as adopt_prefix (nothing changes).
   virtual Result<int> adopt_prefix(int seq, const std::int32_t* tokens, int n,
                                    std::uint64_t prefix_namespace) noexcept = 0;
+  /// The hit length adopt_prefix() would give an empty sequence of prefix
+  /// namespace `prefix_namespace` for `tokens[0, n)` now, with no side effect:
+  /// no block is held, no cached block's recency moves, a begun step stays
+  /// begun. A scheduler asks it before deciding to admit. O(n / B) hashing and
+  /// lookups per group, whatever the order of the groups. InvalidArgument: n
+  /// < 0 or n > capacity, tokens null with n > 0.
+  virtual Result<int> lookup_prefix(const std::int32_t* tokens, int n,
+                                    std::uint64_t prefix_namespace) const noexcept = 0;
 
   /// Begins one forward over `entries[0, n)` (distinct sequences, tokens laid
   /// out entry after entry), replacing an uncommitted step. A step that ends

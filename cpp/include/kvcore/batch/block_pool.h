@@ -9,7 +9,10 @@
 // way). Several blocks may carry one key (two sequences computed the same
 // prompt): a lookup takes a held one when there is one, and at most one of
 // them stays cached, so the content outlives whichever copy goes first.
-// Every table is allocated once, through nothrow new, by create().
+// A pool given a KVEventQueue (attach_events) tells it when a key enters
+// the pool (the first block carrying it) and when it leaves (the last one
+// loses it), with the namespace and token range the key names. Every table
+// is allocated once, through nothrow new, by create().
 #pragma once
 
 #include <cstdint>
@@ -17,69 +20,12 @@
 #include <new>
 #include <utility>
 
+#include "kvcore/batch/block_key.h"
+#include "kvcore/batch/kv_events.h"
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
-
-/// A full block's content key: a 128-bit chained hash of its token ids and of
-/// the key of the block before it. Two lanes with independent seeds; the hash
-/// table is keyed by `lo` and a hit must match both.
-struct BlockKey {
-  std::uint64_t lo = 0;
-  std::uint64_t hi = 0;
-
-  friend bool operator==(const BlockKey& a, const BlockKey& b) noexcept {
-    return a.lo == b.lo && a.hi == b.hi;
-  }
-  friend bool operator!=(const BlockKey& a, const BlockKey& b) noexcept { return !(a == b); }
-
-  /// The parent key of a sequence's first block in prefix namespace `ns` (a
-  /// 64-bit salt: tenant, adapter, model revision, multimodal digest): the
-  /// zero key for ns = 0 (the default namespace), else a key no other
-  /// namespace has (each lane is a bijection of ns, and no ns != 0 gives the
-  /// zero key), so chains of different namespaces never meet.
-  static BlockKey root(std::uint64_t ns) noexcept {
-    if (ns == 0) return BlockKey{};
-    return BlockKey{mix(ns ^ 0x6a09e667f3bcc908ull), mix(ns ^ 0xbb67ae8584caa73bull)};
-  }
-
-  /// The key of a block holding `tokens[0, n)` after a block whose key is `parent`
-  /// (the first block's parent is root(ns) of the sequence's namespace).
-  static BlockKey chain(const BlockKey& parent, const std::int32_t* tokens, int n) noexcept {
-    BlockKey k{mix(parent.lo ^ 0x9e3779b97f4a7c15ull), mix(parent.hi ^ 0xc2b2ae3d27d4eb4full)};
-    // Two ids per round: one 64-bit word holds both whole, and each lane's
-    // round is a bijection of it (an odd multiplier, then mix), so every id
-    // bit still reaches every key bit at half the rounds (admission hashes
-    // whole prompts). A lone last id takes a round of its own; n, folded in
-    // last, tells it from a pair.
-    int i = 0;
-    for (; i + 1 < n; i += 2) {
-      const std::uint64_t w = static_cast<std::uint32_t>(tokens[i]) |
-                              static_cast<std::uint64_t>(static_cast<std::uint32_t>(tokens[i + 1])) << 32;
-      k.lo = mix(k.lo ^ (w + 0x165667b19e3779f9ull));
-      k.hi = mix(k.hi ^ (w * 0xff51afd7ed558ccdull + 0x85ebca77c2b2ae63ull));
-    }
-    if (i < n) {
-      const std::uint64_t t = static_cast<std::uint32_t>(tokens[i]);
-      k.lo = mix(k.lo ^ (t + 0x165667b19e3779f9ull));
-      k.hi = mix(k.hi ^ (t * 0xff51afd7ed558ccdull + 0x85ebca77c2b2ae63ull));
-    }
-    k.lo = mix(k.lo ^ static_cast<std::uint64_t>(n));
-    k.hi = mix(k.hi ^ (static_cast<std::uint64_t>(n) << 32));
-    return k;
-  }
-
- private:
-  // splitmix64's finalizer: every input bit reaches every output bit.
-  static std::uint64_t mix(std::uint64_t x) noexcept {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  }
-};
 
 class BlockPool {
  public:
@@ -101,11 +47,12 @@ class BlockPool {
     auto next = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
     auto prev = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
     auto keys = internal::Buffer<BlockKey>::make(n_blocks);
+    auto spans = internal::Buffer<KeySpan>::make(n_blocks);
     auto keyed = internal::Buffer<bool>::make_zeroed(n_blocks);
     std::int64_t n_slots = 2;
     while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
     auto slots = internal::Buffer<int>::make(n_slots);
-    KVCORE_CHECK_OR_RETURN_ERROR(refs && heap && next && prev && keys && keyed && slots,
+    KVCORE_CHECK_OR_RETURN_ERROR(refs && heap && next && prev && keys && spans && keyed && slots,
                                  MemoryAllocationFailed,
                                  "cannot allocate the block tables of %s (%d blocks)", what,
                                  n_blocks);
@@ -115,6 +62,7 @@ class BlockPool {
     next_ = std::move(next);
     prev_ = std::move(prev);
     keys_ = std::move(keys);
+    spans_ = std::move(spans);
     keyed_ = std::move(keyed);
     slots_ = std::move(slots);
     slot_mask_ = static_cast<int>(n_slots - 1);
@@ -134,6 +82,15 @@ class BlockPool {
     cached_ = 0;
     used_ = 0;
     for (int i = 0; i <= slot_mask_; ++i) slots_[i] = -1;
+  }
+
+  /// Tells `events` (null: nobody) when a key enters or leaves this pool, as
+  /// group `group`'s, whose blocks hold `block_size` positions. The queue
+  /// must outlive the pool.
+  void attach_events(KVEventQueue* events, int group, int block_size) noexcept {
+    events_ = events;
+    group_ = group;
+    block_size_ = block_size;
   }
 
   int n_blocks() const noexcept { return n_blocks_; }
@@ -200,14 +157,18 @@ class BlockPool {
     while (used_ > 0 && refs_[used_ - 1] == 0) --used_;
   }
 
-  /// Names a held block by its content (other blocks may carry the same key);
-  /// false (nothing changes) when this one has a key already.
-  bool set_key(int block, const BlockKey& key) noexcept {
+  /// Names a held block by its content (other blocks may carry the same key):
+  /// block `index` of a sequence keying in prefix namespace `ns` (it holds
+  /// positions [index * B, (index + 1) * B)); false (nothing changes) when
+  /// this one has a key already.
+  bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
     if (keyed_[block]) return false;
+    if (events_ != nullptr && find(key) < 0) events_->push(event(KVEventKind::Stored, key, ns, index));
     int i = static_cast<int>(key.lo) & slot_mask_;
     while (slots_[i] >= 0) i = (i + 1) & slot_mask_;
     slots_[i] = block;
     keys_[block] = key;
+    spans_[block] = KeySpan{ns, index};
     keyed_[block] = true;
     return true;
   }
@@ -243,9 +204,21 @@ class BlockPool {
     }
     slots_[i] = -1;
     keyed_[block] = false;
+    if (events_ != nullptr && find(keys_[block]) < 0)  // no other block carries it
+      events_->push(event(KVEventKind::Evicted, keys_[block], spans_[block].ns, spans_[block].index));
   }
 
  private:
+  // What a key names besides its hash: the namespace and the block index.
+  struct KeySpan {
+    std::uint64_t ns = 0;
+    int index = 0;
+  };
+
+  KVEvent event(KVEventKind kind, const BlockKey& key, std::uint64_t ns, int index) const noexcept {
+    return KVEvent{kind, group_, key, ns, index * block_size_, block_size_};
+  }
+
   // The free block other than `except` carrying `key`, or -1 (release()
   // keeps at most one).
   int find_cached(const BlockKey& key, int except) const noexcept {
@@ -294,6 +267,9 @@ class BlockPool {
   }
 
   int n_blocks_ = 0;
+  int block_size_ = 1;
+  KVEventQueue* events_ = nullptr;
+  int group_ = -1;
   int heap_size_ = 0;
   int cached_ = 0;
   int used_ = 0;
@@ -303,6 +279,7 @@ class BlockPool {
   internal::Buffer<int> next_;
   internal::Buffer<int> prev_;
   internal::Buffer<BlockKey> keys_;
+  internal::Buffer<KeySpan> spans_;
   internal::Buffer<bool> keyed_;
   internal::Buffer<int> slots_;  // open addressing by key.lo: block ids, -1 empty
 };

@@ -148,17 +148,12 @@ class BlockGroup {
     return needed < n && needed < lost_below_[seq];
   }
 
-  /// Can this group serve a hit of `blocks` full blocks keyed `keys` (every
-  /// block the hit needs cached)?
-  bool serves(const BlockKey* keys, int blocks) const noexcept {
-    const NeededBlocks need = rule_->needed(blocks);
-    for (int i = 0; i < blocks; ++i)
-      if (need.contains(i) && pool_.find(keys[i]) < 0) return false;
-    return true;
-  }
+  /// Does a query here need every block below it (a flat group's rule)? Then
+  /// a prefix hit ends at the first block this group lacks.
+  bool needs_every_block() const noexcept { return !releases_; }
 
   /// `seq` (empty) takes the cached blocks of a hit of `blocks` full blocks it
-  /// needs (serves() said yes).
+  /// needs (PrefixIndex::longest_hit() found them all).
   void adopt(int seq, const BlockKey* keys, int blocks) noexcept {
     const NeededBlocks need = rule_->needed(blocks);
     for (int i = 0; i < blocks; ++i)

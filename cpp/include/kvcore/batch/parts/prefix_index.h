@@ -30,11 +30,15 @@ class PrefixIndex {
     auto chains = internal::Buffer<Chain>::make(max_seqs);
     auto partial = internal::Buffer<std::int32_t>::make(static_cast<std::int64_t>(max_seqs) * block_size);
     auto prompt = internal::Buffer<BlockKey>::make(stride);
-    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt, MemoryAllocationFailed,
+    auto missing = internal::Buffer<int>::make(std::int64_t{stride} + 1);
+    auto served = internal::Buffer<bool>::make(std::int64_t{stride} + 1);
+    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt && missing && served, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
     chains_ = std::move(chains);
     partial_ = std::move(partial);
     prompt_ = std::move(prompt);
+    missing_ = std::move(missing);
+    served_ = std::move(served);
     block_size_ = block_size;
     return Error::Ok;
   }
@@ -69,7 +73,7 @@ class PrefixIndex {
       c.chain = BlockKey::chain(c.chain, partial, block_size_);
       for (int g = 0; g < n_groups; ++g) {
         const int b = groups[g].table(seq)[c.hashed_blocks];
-        if (b >= 0) groups[g].pool().set_key(b, c.chain);
+        if (b >= 0) groups[g].pool().set_key(b, c.chain, c.ns, c.hashed_blocks);
       }
       ++c.hashed_blocks;
       c.partial = 0;
@@ -126,22 +130,45 @@ class PrefixIndex {
   /// The longest hit of tokens[0, n) in prefix namespace `ns` every group can
   /// serve and accept(key of its last block) allows (a State group's named
   /// snapshot), in full blocks (the last token is always computed, so at most
-  /// (n - 1) / B); its keys are prompt_keys() until the next call.
+  /// (n - 1) / B); its keys are prompt_keys() until the next call. Reads the
+  /// groups only (no block is held, no LRU order moves), in O(blocks x
+  /// groups) whatever the groups' order: a group that needs every block
+  /// bounds the hit by its first miss, and each windowed group answers every
+  /// candidate length at once from a running count of its missing blocks.
   template <class Accept>
   int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups, int n_groups,
-                  Accept accept) noexcept {
+                  Accept accept) const noexcept {
     const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
     BlockKey chain = BlockKey::root(ns);
+    int bound = candidates;
     for (int i = 0; i < candidates; ++i) {
       chain = BlockKey::chain(chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
       prompt_[i] = chain;
+      if (!every_group_needing_all_holds(chain, groups, n_groups)) {
+        bound = i;  // no hit reaches past a block such a group lacks
+        break;
+      }
     }
-    int hit = candidates;
-    while (hit > 0 && !(accept(prompt_[hit - 1]) && served(hit, groups, n_groups))) --hit;
+    for (int h = 0; h <= bound; ++h) served_[h] = true;
+    for (int g = 0; g < n_groups; ++g) {
+      if (groups[g].needs_every_block()) continue;
+      // missing_[i]: blocks among the first i that group g lacks.
+      missing_[0] = 0;
+      for (int i = 0; i < bound; ++i) missing_[i + 1] = missing_[i] + (groups[g].pool().find(prompt_[i]) < 0 ? 1 : 0);
+      for (int h = 1; h <= bound; ++h) {
+        const NeededBlocks need = groups[g].rule().needed(h);
+        const int sinks_end = need.sink_blocks < h ? need.sink_blocks : h;
+        const int window_from = need.window_from > sinks_end ? need.window_from : sinks_end;
+        const int lacking = missing_[sinks_end] + (window_from < h ? missing_[h] - missing_[window_from] : 0);
+        if (lacking != 0) served_[h] = false;
+      }
+    }
+    int hit = bound;
+    while (hit > 0 && !(served_[hit] && accept(prompt_[hit - 1]))) --hit;
     return hit;
   }
   int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups,
-                  int n_groups) noexcept {
+                  int n_groups) const noexcept {
     return longest_hit(ns, tokens, n, groups, n_groups, [](const BlockKey&) { return true; });
   }
 
@@ -173,7 +200,7 @@ class PrefixIndex {
       c.chain = BlockKey::chain(c.chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
       for (int g = 0; g < n_groups; ++g) {
         const int b = groups[g].table(seq)[i];
-        if (b >= 0 && named(g, i)) groups[g].pool().set_key(b, c.chain);
+        if (b >= 0 && named(g, i)) groups[g].pool().set_key(b, c.chain, ns, i);
       }
     }
     c.hashed_blocks = full;
@@ -207,9 +234,10 @@ class PrefixIndex {
 
   std::int32_t* partial_of(int seq) noexcept { return partial_.get() + static_cast<std::ptrdiff_t>(seq) * block_size_; }
 
-  bool served(int blocks, const BlockGroup* groups, int n_groups) const noexcept {
+  // Does every group that needs each block of a hit hold a block keyed `key`?
+  static bool every_group_needing_all_holds(const BlockKey& key, const BlockGroup* groups, int n_groups) noexcept {
     for (int g = 0; g < n_groups; ++g)
-      if (!groups[g].serves(prompt_.get(), blocks)) return false;
+      if (groups[g].needs_every_block() && groups[g].pool().find(key) < 0) return false;
     return true;
   }
 
@@ -237,7 +265,10 @@ class PrefixIndex {
   int block_size_ = 1;
   internal::Buffer<Chain> chains_;
   internal::Buffer<std::int32_t> partial_;  // [seq][B]: tokens of the block being filled
-  internal::Buffer<BlockKey> prompt_;       // adopt_prefix: a prompt's block keys
+  // Scratch of longest_hit(), a lookup that changes nothing the cache shows.
+  mutable internal::Buffer<BlockKey> prompt_;  // a prompt's block keys
+  mutable internal::Buffer<int> missing_;      // [stride + 1]: a windowed group's missing blocks so far
+  mutable internal::Buffer<bool> served_;      // [stride + 1]: may a hit of h blocks be served?
 };
 
 }  // namespace kvcore
