@@ -235,16 +235,16 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 def test_the_top_level_is_the_api() -> None:
     """Beside the API sit only the command line, the memory planner and its command, the sequence records
-    (kvcore.state), the quantized formats' names and sizes (kvcore.quantized) and the step of one
-    forward (kvcore.forward_step); the torch byte layers are
-    kvcore.torch, adapters to other libraries kvcore.integrations, the demos and the reference
-    model they run the kvcore.demo subpackage, none of which `import kvcore` loads."""
+    (kvcore.state), the quantized formats' names and sizes (kvcore.quantized), the step of one
+    forward (kvcore.forward_step) and the config.json reader (the kvcore.hf_config package); the
+    torch byte layers are kvcore.torch, adapters to other libraries kvcore.integrations, the demos
+    and the reference model they run the kvcore.demo subpackage, none of which `import kvcore` loads."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == [
-        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "forward_step", "hf_config", "memory",
-        "memory_command", "quantized", "registry", "state",
+        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "forward_step", "memory", "memory_command",
+        "quantized", "registry", "state",
     ]  # fmt: skip
-    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "integrations", "torch"]
+    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "hf_config", "integrations", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
     probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith(('kvcore.demo', 'kvcore.torch'))))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -261,6 +261,12 @@ def test_the_torch_package_names_its_modules() -> None:
     doc = importlib.import_module("kvcore.torch").__doc__ or ""
     for path in sorted((PACKAGE / "torch").glob("[!_]*.py")):
         assert f"``{path.stem}``" in doc or f"``kvcore.torch.{path.stem}``" in doc, path.stem
+
+
+def test_the_hf_config_package_names_its_modules() -> None:
+    doc = importlib.import_module("kvcore.hf_config").__doc__ or ""
+    for path in sorted((PACKAGE / "hf_config").glob("[!_]*.py")):
+        assert f"``kvcore.hf_config.{path.stem}``" in doc, path.stem
 
 
 def test_the_integrations_package_names_its_modules() -> None:

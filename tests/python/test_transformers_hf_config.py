@@ -206,7 +206,7 @@ HYBRIDS: list[tuple[str, str, dict[str, Any]]] = [
 def planned_view(types: list[Any]) -> list[Any]:
     """transformers_windows as kvcore plans it: a "hybrid" layer (Falcon-H1) is a full-attention layer
     (None) at its index plus a "linear_attention" state layer appended after the model's layers, as
-    kvcore.integrations.hf_layers.cache_config_for builds it."""
+    kvcore.integrations.transformers_config.cache_config_for builds it."""
     hybrids = sum(t == "hybrid" for t in types)
     return [None if t == "hybrid" else t for t in types] + ["linear_attention"] * hybrids
 
@@ -241,7 +241,7 @@ def test_hybrid_layer_kinds_are_transformers_own(label: str, cls: str, kwargs: d
     if label.startswith("nemotron_h"):
         assert "dummy" in want and None in want, want
     if label.startswith("falcon_h1"):  # n attention layers, then their n states
-        from kvcore.integrations.hf_layers import cache_config_for
+        from kvcore.integrations.transformers_config import cache_config_for
 
         n = config.num_hidden_layers
         assert want == [None] * n + ["linear_attention"] * n, want

@@ -47,17 +47,22 @@ Per layer type, how a verify step gets the state after each of its tokens:
   each committed whole: exact, at ``T`` single-token mixer calls per chunk.
 
 Other model types with recurrent layers are refused by name (NotSupportedError).
+
+``verify_tree(model, cache, tokens, parents)`` is one forward over a draft tree (docs/trees.md),
+its logits uncommitted: the caller commits the accepted root path with ``cache.commit_tree``.
+Every public name here is importable from ``kvcore.integrations.transformers`` too.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
 import torch
 
 from kvcore._errors import InvalidArgumentError
-from kvcore.integrations.transformers import KVCoreCache, cache_keyword, prefill
+from kvcore.integrations.transformers_cache import KVCoreCache
 from kvcore.integrations.transformers_mixers import (  # re-exported: the public names
     EXACT_PER_POSITION,
     NODE_BY_NODE_MIXERS,
@@ -65,6 +70,7 @@ from kvcore.integrations.transformers_mixers import (  # re-exported: the public
     TOKEN_BY_TOKEN_MIXERS,
     state_layers_token_by_token,
 )
+from kvcore.integrations.transformers_prefill import cache_keyword, prefill
 
 
 def lookup_drafts(tokens: list[int], max_ngram_size: int, n: int) -> list[int]:
@@ -239,6 +245,41 @@ def prompt_lookup_generate(
                                 eos_token_id=eos_token_id, stats=stats)  # fmt: skip
 
 
+def verify_tree(model: Any, cache: KVCoreCache, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+    """One forward of ``model`` over a draft tree through ``cache``; the tree's logits, uncommitted.
+
+    ``tokens[i]`` is node ``i``'s token id and ``parents[i]`` its parent (``parents[0] =
+    -1``, the root; then ``0 <= parents[i] < i``; at most ``cache.max_step`` nodes). Every
+    node stands at position ``length + depth`` and attends over the cached history and its
+    own root path (kvcore's tree mask, sinks and windows included). Returns float32 logits
+    ``[N, vocab]`` (row ``i``: the distribution after node ``i``'s root path); the caller
+    picks the accepted root path and calls ``cache.commit_tree(path)``. Batch of one. On a
+    hybrid model the recurrent mixers run node by node inside the forward
+    (``kvcore.integrations.transformers_speculative.state_layers_token_by_token``: each node
+    reads its parent's state slot and writes its own; ``commit_tree`` copies the accepted
+    path's slots). Raises InvalidArgumentError when ``tokens`` and ``parents`` differ in
+    length, NotSupportedError for a hybrid whose mixers kvcore cannot run node by node, and
+    what ``KVCoreCache.begin_tree`` raises; a forward that raises leaves no step begun.
+    """
+    if len(tokens) != len(parents):
+        raise InvalidArgumentError(f"verify_tree: {len(tokens)} tokens for {len(parents)} parents: one each")
+    node_by_node: Any = contextlib.nullcontext()
+    if cache.state_layers:  # each node reads its parent's state: the recurrent mixers run node by node
+        node_by_node = state_layers_token_by_token(model, cache)  # NotSupportedError before anything begins
+    with node_by_node:
+        step = cache.begin_tree(parents)
+        try:
+            masks = cache.attention_masks(model.config, len(parents), dtype=model.dtype)
+            positions = torch.tensor(step.positions.tolist(), dtype=torch.long)[None]
+            out = model(input_ids=torch.tensor([list(tokens)]), position_ids=positions, attention_mask=masks,
+                        use_cache=True, **{cache_keyword(model): cache})  # fmt: skip
+        except BaseException:
+            cache.discard_forward()
+            raise
+    logits: torch.Tensor = out.logits[0].float()
+    return logits
+
+
 __all__ = [
     "EXACT_PER_POSITION",
     "NODE_BY_NODE_MIXERS",
@@ -251,4 +292,5 @@ __all__ = [
     "prompt_lookup_generate",
     "speculative_generate",
     "state_layers_token_by_token",
+    "verify_tree",
 ]

@@ -8,7 +8,8 @@
 - ``KVCoreBatchingManager`` / ``init_kvcore_batching``: transformers'
   ``ContinuousBatchingManager`` for streaming use (``add_request``,
   ``get_result``, ``request_id_iter``, ``start``/``stop``, a context manager).
-- ``BatchOptions``, ``BatchCounters``, ``check_batching_support``.
+- ``BatchOptions``, ``BatchCounters``, ``check_batching_support`` (the release check, from
+  ``kvcore.integrations.transformers_versions``, the one version gate).
 
 Also importable from ``kvcore.integrations.transformers``. See docs/transformers.md
 ("Continuous batching").
@@ -18,7 +19,8 @@ from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.manager import KVCoreBatchingManager, generate_batch, init_kvcore_batching
 from kvcore.integrations.hf_batch.options import BatchOptions
 from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
-from kvcore.integrations.hf_batch.versions import SUPPORTED, TESTED, check_batching_support
+from kvcore.integrations.transformers_versions import SUPPORTED_BATCHING as SUPPORTED
+from kvcore.integrations.transformers_versions import TESTED, check_batching_support
 
 __all__ = [
     "SUPPORTED",

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from transformers.generation.continuous_batching import initialization
 
-from kvcore.integrations.hf_layers import CHUNKED, FULL, SLIDING
+from kvcore.integrations.transformers_config import CHUNKED, FULL, SLIDING
 
 _SLIDING_ROW = 5  # ContinuousBatchingIOs' bulk-tensor row of the sliding type's cumulative key lengths
 

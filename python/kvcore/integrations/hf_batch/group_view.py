@@ -8,7 +8,7 @@ those for a kvcore group, so the input code runs unchanged.
 
 from __future__ import annotations
 
-from kvcore.integrations.hf_layers import CHUNKED, SLIDING
+from kvcore.integrations.transformers_config import CHUNKED, SLIDING
 
 
 class GroupView:

@@ -29,8 +29,8 @@ from kvcore.integrations.hf_batch.counters import BatchCounters
 from kvcore.integrations.hf_batch.options import BatchOptions, batch_config, check_fits, resolved_capacity
 from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
 from kvcore.integrations.hf_batch.preemption import Preemption
-from kvcore.integrations.hf_batch.versions import check_batching_support
-from kvcore.integrations.hf_layers import CHUNKED
+from kvcore.integrations.transformers_config import CHUNKED
+from kvcore.integrations.transformers_versions import check_batching_support
 
 _ATTENTION = ("sdpa", "eager", "paged|eager", "paged|sdpa")
 

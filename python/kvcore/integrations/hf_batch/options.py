@@ -16,7 +16,7 @@ from transformers.generation.continuous_batching.cache import group_layers_by_at
 
 from kvcore._core import BatchLimits, CacheConfig, LayerPolicy
 from kvcore._errors import InvalidArgumentError, NotSupportedError
-from kvcore.integrations.hf_layers import CHUNKED, FULL, SLIDING, cache_config_for
+from kvcore.integrations.transformers_config import CHUNKED, FULL, SLIDING, cache_config_for
 from kvcore.quantized import kv_format
 
 _MAX_IDS = 1 << 20  # BatchLimits' bound on sequences and on the tokens of one step

@@ -39,7 +39,7 @@ from kvcore.integrations.hf_batch.tokens import prompt_tokens_in_step
 from kvcore.quantized import row_bytes
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
-from kvcore.integrations.hf_layers import CHUNKED, SLIDING
+from kvcore.integrations.transformers_config import CHUNKED, SLIDING
 
 
 class _NoSectors:
