@@ -22,6 +22,7 @@
 #include "batch_state_reference.h"
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/pool/paged_kv_pool.h"
+#include "support/uniform.h"
 
 namespace kvcore_test {
 namespace {
@@ -478,7 +479,7 @@ TEST(BatchState, AnImportCarriesEachStateGroupsLastStatesOrIsRefusedByName) {
 
 struct Rand {
   std::mt19937 rng;
-  int operator()(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+  int operator()(int lo, int hi) { return kvcore_test::uniform_int(rng, lo, hi); }
   bool percent(int p) { return (*this)(0, 99) < p; }
 };
 

@@ -18,6 +18,7 @@
 #include "batch_tree_reference.h"
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/pool/paged_kv_pool.h"
+#include "support/uniform.h"
 
 namespace kvcore_test {
 namespace {
@@ -49,7 +50,7 @@ CacheConfig tree_config(std::vector<LayerPolicy> policies, int B, int capacity, 
 
 struct RandomPick {
   std::mt19937* rng;
-  int operator()(int lo, int hi) const { return std::uniform_int_distribution<int>(lo, hi)(*rng); }
+  int operator()(int lo, int hi) const { return kvcore_test::uniform_int(*rng, lo, hi); }
 };
 
 // Runs the twin for `ops` operations on each of `seeds` seeds; returns the coverage.

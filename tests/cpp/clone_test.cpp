@@ -8,6 +8,7 @@
 
 #include "cache_fixtures.h"
 #include "support/counting_new.h"
+#include "support/uniform.h"
 
 namespace kvcore_test {
 namespace {
@@ -42,14 +43,14 @@ TEST(Clone, TheCloneContinuesExactlyAsTheOriginal) {
   ASSERT_TRUE(copy.commit(*begun).ok());
   ASSERT_TRUE(original->commit(*begun).ok());
   for (int i = 0; i < 40; ++i) {
-    const int choice = std::uniform_int_distribution<int>(0, 3)(rng);
+    const int choice = kvcore_test::uniform_int(rng, 0, 3);
     if (choice == 0) {
-      const int n = original->length() - std::uniform_int_distribution<int>(0, 5)(rng);
+      const int n = original->length() - kvcore_test::uniform_int(rng, 0, 5);
       EXPECT_EQ(copy.can_rewind(n), original->can_rewind(n)) << n;
       EXPECT_EQ(copy.rewind(n).code(), original->rewind(n).code());
       continue;
     }
-    const int T = std::uniform_int_distribution<int>(1, 3)(rng);
+    const int T = kvcore_test::uniform_int(rng, 1, 3);
     auto a = original->begin_step(T), b = copy.begin_step(T);
     ASSERT_EQ(a.error(), b.error());
     if (!a.ok()) continue;

@@ -29,6 +29,7 @@
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
 #include "support/random_ops.h"
+#include "support/uniform.h"
 
 namespace kvcore_test {
 namespace {
@@ -211,7 +212,7 @@ class Driver {
     pools_.push_back(std::move(arena).get());
   }
 
-  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  int pick(int lo, int hi) { return kvcore_test::uniform_int(rng_, lo, hi); }
 
   void run(int ops) {
     run_random_ops<Driver>(*this, ops,
@@ -220,6 +221,7 @@ class Driver {
   }
 
   int steps = 0, copies = 0, hits = 0, abandoned = 0, forks = 0, removals = 0, growths = 0;
+  int refused_capacity = 0, refused_blocks = 0;
 
  private:
   int any_seq() { return pick(0, cfg_.batch.max_seqs - 1); }
@@ -239,7 +241,7 @@ class Driver {
     for (int s = 0; s < cfg_.batch.max_seqs; ++s)
       if (model_.seq(s).active) seqs.push_back(s);
     if (seqs.empty()) return;
-    std::shuffle(seqs.begin(), seqs.end(), rng_);
+    kvcore_test::shuffle(seqs.begin(), seqs.end(), rng_);
     seqs.resize(static_cast<std::size_t>(pick(1, static_cast<int>(seqs.size()))));
     std::vector<StepEntry> entries;
     std::vector<std::vector<std::int32_t>> tokens(seqs.size());
@@ -249,7 +251,17 @@ class Driver {
       entries.push_back(StepEntry{seqs[i], T, pick(0, 9) != 0 ? tokens[i].data() : nullptr});
     }
     auto begun = cache_->begin_step(entries.data(), static_cast<int>(entries.size()));
-    if (!begun.ok()) return;  // capacity or a short pool: refused whole, nothing changed
+    if (!begun.ok()) {  // refused whole, nothing changed: for one of the two reasons a workload meets
+      const std::string why = begun.message().c_str();
+      ASSERT_EQ(begun.error(), Error::OutOfResources) << why;
+      if (why.find(" would pass capacity = ") != std::string::npos) {
+        ++refused_capacity;  // a sequence at its capacity
+      } else {
+        ASSERT_NE(why.find(" blocks, "), std::string::npos) << why;  // "group g needs N blocks, F of its M are free"
+        ++refused_blocks;  // the pool is short of blocks
+      }
+      return;
+    }
     std::vector<std::uint64_t> tags;
     for (const StepEntry& e : entries) model_.write(e.seq, e.tokens, e.T, &tags);
     auto plan = cache_->plan(*begun);
@@ -334,7 +346,7 @@ class Driver {
 };
 
 CacheConfig random_config(std::mt19937& rng) {
-  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto pick = [&](int lo, int hi) { return kvcore_test::uniform_int(rng, lo, hi); };
   const int capacity = pick(8, 48);
   const int max_step = pick(1, std::min(5, capacity));
   std::vector<LayerPolicy> policies;
@@ -356,6 +368,7 @@ CacheConfig random_config(std::mt19937& rng) {
 
 TEST(PagedKVPool, RandomWorkloadsGatherAndMaskExactlyTheVisibleBytes) {
   int steps = 0, copies = 0, hits = 0, abandoned = 0, forks = 0, removals = 0, growths = 0;
+  int refused_capacity = 0, refused_blocks = 0;
   const Seeds seeds = seeds_from_env("KVCORE_PAGED_SEED", 200);  // KVCORE_PAGED_SEED=N runs that seed alone
   for (std::uint32_t seed = seeds.first; seed <= seeds.last && !HasFailure(); ++seed) {
     std::mt19937 rng(seed);
@@ -371,17 +384,25 @@ TEST(PagedKVPool, RandomWorkloadsGatherAndMaskExactlyTheVisibleBytes) {
     forks += d.forks;
     removals += d.removals;
     growths += d.growths;
+    refused_capacity += d.refused_capacity;
+    refused_blocks += d.refused_blocks;
   }
   if (seeds.first == seeds.last) return;  // one seed: no totals to hold
   std::printf("%d steps checked on two pools: %d block copies, %d prefix hits, %d abandoned steps, %d forks, "
-              "%d removals, %d growths\n",
-              steps, copies, hits, abandoned, forks, removals, growths);
-  // The workloads reach what they are for.
+              "%d removals, %d growths; refused %d at capacity, %d short of blocks\n",
+              steps, copies, hits, abandoned, forks, removals, growths, refused_capacity, refused_blocks);
+  // The workloads reach what they are for. Measured over the 200 seeds (2026-12-05, support/uniform.h's
+  // draws, the same on every standard library): 14,080 steps, 736 copies, 637 hits, 2,827 abandoned,
+  // 790 growths; each floor sits below with room for a change of the workload's mix.
   EXPECT_GT(steps, 10000);
   EXPECT_GT(copies, 200);
   EXPECT_GT(hits, 100);
   EXPECT_GT(abandoned, 300);
   EXPECT_GT(growths, 50);
+  // Refused steps are checked for their reason above; both reasons come up (measured 1,356 at
+  // capacity and 913 short of blocks over the 200 seeds, 2026-12-05, support/uniform.h's draws).
+  EXPECT_GT(refused_capacity, 300);
+  EXPECT_GT(refused_blocks, 200);
 }
 
 // A hand-computed case: ring W = 4 with 1 sink, B = 2, one sequence of 10

@@ -23,6 +23,7 @@
 #include "kvcore/state/sequence_export.h"
 #include "kvcore/state/sequence_import.h"
 #include "support/counting_new.h"
+#include "support/uniform.h"
 
 namespace kvcore_test {
 namespace {
@@ -282,7 +283,7 @@ class KindsRun {
  private:
   using Store = std::map<int, Bytes>;  // position -> the state after it
 
-  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  int pick(int lo, int hi) { return kvcore_test::uniform_int(rng_, lo, hi); }
   bool percent(int p) { return pick(0, 99) < p; }
   Bytes random_bytes(std::size_t n) {
     Bytes b(n);

@@ -21,6 +21,7 @@
 #include "kvcore/state/sequence_import.h"
 #include "pool_fixtures.h"
 #include "support/counting_new.h"
+#include "support/uniform.h"
 
 namespace kvcore_test {
 namespace {
@@ -117,12 +118,10 @@ TEST(QuantizedCodec, RowSizesCarryScalesAndZeroPoints) {
 // Random values, some rows constant, some tiny (denormal) or large.
 std::vector<float> values(std::mt19937& rng, int rows, int heads, int dim) {
   std::vector<float> out(static_cast<std::size_t>(rows) * static_cast<std::size_t>(heads * dim));
-  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-  std::uniform_int_distribution<int> kind(0, 5);
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows * heads); ++r) {
-    const int k = kind(rng);
+    const int k = kvcore_test::uniform_int(rng, 0, 5);
     for (int d = 0; d < dim; ++d) {
-      float x = u(rng);
+      float x = kvcore_test::uniform_float(rng, -3.0f, 3.0f);
       if (k == 0) x = 0.0f;
       if (k == 1) x = 1.5f;
       if (k == 2) x *= 1e-40f;  // denormal
