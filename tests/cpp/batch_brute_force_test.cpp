@@ -19,6 +19,7 @@
 
 #include "batch_reference.h"
 #include "support/random_ops.h"
+#include "support/uniform.h"
 #include "kvcore/batch/batch_cache.h"
 
 namespace kvcore_test {
@@ -32,7 +33,7 @@ using kvcore::LayerPolicy;
 using kvcore::StepEntry;
 
 CacheConfig random_config(std::mt19937& rng) {
-  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto pick = [&](int lo, int hi) { return kvcore_test::uniform_int(rng, lo, hi); };
   CacheConfig cfg;
   cfg.capacity = pick(8, 64);
   cfg.max_step = pick(1, std::min(6, cfg.capacity));
@@ -89,7 +90,7 @@ class Driver {
     event_keys_.resize(static_cast<std::size_t>(cache_->n_groups()));
   }
 
-  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  int pick(int lo, int hi) { return kvcore_test::uniform_int(rng_, lo, hi); }
 
   void run(int ops) {
     run_random_ops<Driver>(*this, ops,
@@ -167,7 +168,7 @@ class Driver {
   void step() {
     std::vector<int> seqs = active_seqs();
     if (seqs.empty()) return;
-    std::shuffle(seqs.begin(), seqs.end(), rng_);
+    kvcore_test::shuffle(seqs.begin(), seqs.end(), rng_);
     seqs.resize(static_cast<std::size_t>(pick(1, static_cast<int>(seqs.size()))));
     std::vector<StepEntry> entries;
     std::vector<std::vector<std::int32_t>> tokens(seqs.size());
