@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -225,7 +226,21 @@ void random_history(Side& side, std::mt19937& rng, int target, int max_step, con
   }
 }
 
+// The one refusal a SequenceCache's record meets in a BatchCache: a ring group
+// keeps its sinks' blocks whole, and the record lacks a position in them that
+// the exporter's window released (the block size does not divide the sinks).
+// Counts it; any other refusal fails, and so does this one at block size 1
+// (whose sink blocks hold the sinks alone, which no window releases).
+void expect_sink_refusal(const kvcore::Status& st, int B, int* refused) {
+  EXPECT_NE(B, 1) << "block size 1 keeps no position past the sinks whole: " << st.message().c_str();
+  EXPECT_EQ(st.code(), kvcore::Error::NotSupported) << st.message().c_str();
+  EXPECT_NE(std::string(st.message().c_str()).find("(its exporter's window released it)"), std::string::npos)
+      << st.message().c_str();
+  ++*refused;
+}
+
 TEST(SequenceRecord, SequenceCacheRoundTripsIntoBothCachesAndEveryBlockSize) {
+  int batch_imports = 0, refused = 0;
   for (unsigned seed = 1; seed <= 6; ++seed) {
     std::mt19937 rng(seed);
     const int capacity = 64, max_step = 3;
@@ -238,8 +253,11 @@ TEST(SequenceRecord, SequenceCacheRoundTripsIntoBothCachesAndEveryBlockSize) {
     for (int B : {1, 2, 16}) {
       BatchSide batch(model(capacity, max_step, B), 1);
       const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, batch.cache(), batch.pool(), 1);
-      if (st.code() == kvcore::Error::NotSupported) continue;  // sinks in a block the exporter released
-      ASSERT_OK(st);
+      if (!st.ok()) {
+        expect_sink_refusal(st, B, &refused);
+        continue;
+      }
+      ++batch_imports;
       EXPECT_EQ(compare_rewinds(from, batch, false), "") << "B " << B;
       const Record again = batch.export_record({});
       SeqSide back(model(capacity, max_step, 4));
@@ -254,6 +272,11 @@ TEST(SequenceRecord, SequenceCacheRoundTripsIntoBothCachesAndEveryBlockSize) {
     std::mt19937 r3(seed);
     decode_both(from, same, r3, 12, max_step, capacity);
   }
+  std::printf("%d batch imports, %d refused (sinks in a released block)\n", batch_imports, refused);
+  // The cross-cache part ran: block size 1 imports every seed's record (6); measured 12 of
+  // the 18 (2026-12-05, support/uniform.h's era; the histories draw with rng() % n alone,
+  // so the count is the same on every standard library).
+  EXPECT_GE(batch_imports, 10) << refused << " refused";
 }
 
 TEST(SequenceRecord, BatchSequencesWithHolesForksAndPrefixesRoundTripAcrossBlockSizes) {
@@ -283,8 +306,8 @@ TEST(SequenceRecord, BatchSequencesWithHolesForksAndPrefixesRoundTripAcrossBlock
           to.use(3);
         }
         const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, to.cache(), to.pool(), 3);
-        if (st.code() == kvcore::Error::NotSupported) {  // sinks in a block the exporter released
-          ++refused;
+        if (!st.ok()) {
+          expect_sink_refusal(st, B2, &refused);
           continue;
         }
         ASSERT_OK(st);
@@ -307,6 +330,9 @@ TEST(SequenceRecord, BatchSequencesWithHolesForksAndPrefixesRoundTripAcrossBlock
       decode_both(from, twin, r2, 10, max_step, capacity);
     }
   }
+  std::printf("%d imports, %d refused (sinks in a released block)\n", imported, refused);
+  // Block size 1 imports every record (12 of the 36); measured 26 (2026-12-05; rng() % n
+  // alone, the same on every standard library).
   EXPECT_GE(imported, 24) << refused << " refused";
 }
 
@@ -1028,7 +1054,7 @@ CacheConfig chunked_model(int capacity, int max_step, int block_size) {
 }
 
 TEST(SequenceRecord, ChunkedLayersRoundTripBetweenBothCachesAndBlockSizes) {
-  int batch_imports = 0;
+  int batch_imports = 0, refused = 0;
   for (unsigned seed = 1; seed <= 8; ++seed) {
     std::mt19937 rng(seed);
     const int capacity = 64, max_step = 3;
@@ -1041,8 +1067,10 @@ TEST(SequenceRecord, ChunkedLayersRoundTripBetweenBothCachesAndBlockSizes) {
     for (int B : {1, 2, 3, 16}) {
       BatchSide batch(chunked_model(capacity, max_step, B), 2);
       const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, batch.cache(), batch.pool(), 2);
-      if (st.code() == kvcore::Error::NotSupported) continue;  // the ring's sink in a block the exporter released
-      ASSERT_OK(st);
+      if (!st.ok()) {
+        expect_sink_refusal(st, B, &refused);
+        continue;
+      }
       ++batch_imports;
       EXPECT_EQ(compare_rewinds(from, batch, false), "") << "B " << B;
       // The batch side's own record (chunk blocks released) back into a SequenceCache.
@@ -1059,7 +1087,10 @@ TEST(SequenceRecord, ChunkedLayersRoundTripBetweenBothCachesAndBlockSizes) {
     std::mt19937 r3(seed);
     decode_both(from, same, r3, 14, max_step, capacity);
   }
-  EXPECT_GT(batch_imports, 5);
+  std::printf("%d batch imports, %d refused (sinks in a released block)\n", batch_imports, refused);
+  // Block size 1 imports every seed's record (8 of the 32); measured 8 (2026-12-05; rng() % n
+  // alone, the same on every standard library): the larger blocks split the ring's sink.
+  EXPECT_GE(batch_imports, 8) << refused << " refused";
 }
 
 TEST(SequenceRecord, ABatchSequenceWithChunkedGroupsRoundTripsAfterTheyReleasedBlocks) {
