@@ -607,7 +607,13 @@ TEST(KVPoolKinds, TreeStateVerbsCheckTheTreeAndTheNode) {
   expect_refused(kvcore::node_read_slot(*s.pool, 2, far, tree, 0).status(), Error::InvalidArgument,
                  "node_read_slot of layer 2: read slot 7: must be in [0, D = 3)");
   EXPECT_EQ(*kvcore::node_read_slot(*s.pool, 2, plan, tree, 0), -1);  // the root at position 0: zeros
-  EXPECT_EQ(*kvcore::node_read_slot(*s.pool, 2, plan, tree, 1), kvcore::chain_row(plan, tree.chain_indices()[0]));
+  // Node 1 starts from its parent's slot. Its parent, node 0, is the root: on the main line at
+  // depth 0, so chain index 0 (docs/trees.md, "Layout"), written where the chain plan writes
+  // position + 0: the first row of the plan's first write run.
+  EXPECT_EQ(tree.chain_indices()[0], 0);
+  ASSERT_GE(plan.n_write, 1);
+  ASSERT_GE(plan.write[0].len, 1);
+  EXPECT_EQ(*kvcore::node_read_slot(*s.pool, 2, plan, tree, 1), plan.write[0].row);
 }
 
 }  // namespace

@@ -333,17 +333,37 @@ def test_memory_planner_counts_quantized_rows_scales_and_zero_points(capsys: pyt
     from kvcore import memory
     from kvcore.cli import main
 
-    shape = memory.preset("gemma-3-1b").shape
+    def documented_row_bytes(kv: str, heads: int, dim: int) -> int:
+        """docs/quantized.md, "Where the scales live": values, zeros to 4, a float32 scale per
+        head, (int8) an int8 zero point per head, zeros to 4."""
+        end = heads * dim
+        end += -end % 4
+        end += 4 * heads + (heads if kv == "int8" else 0)
+        return end + -end % 4
+
+    # The doc's own figures for Gemma 3's 1 x 256 rows, so the rule above is the doc's.
+    assert documented_row_bytes("int8", 1, 256) == 264 and documented_row_bytes("fp8", 1, 256) == 260
+
+    shape = memory.preset("gemma-3-1b").shape  # 1 KV head x 256 on every layer: sliding (512) and full
     half = memory.plan_memory(shape, context=8192, dtype="float16")
     q8 = memory.plan_memory(shape, context=8192, kv_dtype="int8")
     f8 = memory.plan_memory(shape, context=8192, kv_dtype="fp8")
     for plan, kv in [(q8, "int8"), (f8, "fp8")]:
+        total = 0
         for kind in plan.kinds:
-            want = kind.rows * (kvcore.quantized.row_bytes(kv, kind.n_kv_heads, kind.head_dim)
-                                + kvcore.quantized.row_bytes(kv, kind.n_kv_heads, kind.v_head_dim))
+            # rows per layer by docs/design.md's rule: a ring keeps sinks + window + max_step - 1 rows,
+            # a flat layer the whole context
+            rows = kind.sinks + kind.window + plan.max_step - 1 if kind.kind == "sliding" else 8192
+            assert kind.kind in ("sliding", "full") and kind.rows == rows
+            want = rows * (documented_row_bytes(kv, kind.n_kv_heads, kind.head_dim)
+                           + documented_row_bytes(kv, kind.n_kv_heads, kind.v_head_dim))
             assert kind.bytes_per_layer == want
-    assert f8.total_bytes < q8.total_bytes < 0.53 * half.total_bytes
-    assert memory.kv_bytes(shape, 8192, kv_dtype="int8") == q8.total_bytes
+            total += want * len(kind.layers)
+        assert plan.total_bytes == total
+        assert memory.kv_bytes(shape, 8192, kv_dtype=kv) == total
+    # Every row is 1 x 256, so the totals scale as one row does: 264 (int8) and 260 (fp8) bytes of
+    # K or V against float16's 512.
+    assert q8.total_bytes * 512 == half.total_bytes * 264 and f8.total_bytes * 512 == half.total_bytes * 260
     with pytest.raises(kvcore.InvalidArgumentError, match="kv_dtype = 'int4'"):
         memory.plan_memory(shape, context=8192, kv_dtype="int4")
     assert main(["memory", "--model", "gemma-3-1b", "--context", "8k", "--kv-dtype", "int8", "--json"]) == 0
