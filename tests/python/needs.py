@@ -15,6 +15,7 @@ skip it makes is then held to the run's skip budget (skip_allowlist.py).
 from __future__ import annotations
 
 import importlib
+import warnings
 from types import ModuleType
 from typing import Optional
 
@@ -27,11 +28,20 @@ def _absent(name: str, error: ModuleNotFoundError) -> bool:
     return missing is not None and (name == missing or name.startswith(missing + "."))
 
 
+def _import(name: str) -> ModuleType:
+    # As pytest.importorskip does: warnings a package raises while importing (ExecuTorch's
+    # importlib.resources.read_text, deprecated) are its own, not the test's, and the
+    # suite's filterwarnings = error would turn them into collection errors.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(name)
+
+
 def need(name: str, reason: Optional[str] = None) -> ModuleType:
     """The module `name`; skips the calling test (or module, at import time) when it
     is not installed. Any other import error propagates."""
     try:
-        return importlib.import_module(name)
+        return _import(name)
     except ModuleNotFoundError as e:
         if not _absent(name, e):
             raise
@@ -43,7 +53,7 @@ def maybe(name: str) -> Optional[ModuleType]:
     """The module `name`, or None when it is not installed (for parameter lists built at
     import; pair with ``skip_without``). Any other import error propagates."""
     try:
-        return importlib.import_module(name)
+        return _import(name)
     except ModuleNotFoundError as e:
         if not _absent(name, e):
             raise
