@@ -168,7 +168,8 @@ def import_sequence(
         (record,) = args
     elif (len(args) == 2 and (args[1] is None or _is_seq(args[1])) and seq is None) or (len(args) == 1 and seq is not None):
         warnings.warn(
-            "import_sequence(pool, record, seq) is deprecated: pass import_sequence(pool, seq, record)",
+            "import_sequence(pool, record, seq) is deprecated: pass import_sequence(pool, seq, record) "
+            "(removed in kvcore 0.2.0)",
             DeprecationWarning,
             stacklevel=2,
         )

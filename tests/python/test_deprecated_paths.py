@@ -1,4 +1,5 @@
-"""The paths and argument orders of the last release keep working for one release, with a DeprecationWarning.
+"""The paths and argument orders of the last release keep working until the release each names
+(docs/deprecations.md), with a DeprecationWarning that names it.
 
 pytest runs with warnings as errors, so each test expects its warning.
 """
@@ -6,7 +7,9 @@ pytest runs with warnings as errors, so each test expects its warning.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,9 @@ torch = need("torch", reason="the torch byte layers need torch")
 import kvcore  # noqa: E402
 from kvcore import state  # noqa: E402
 from kvcore.torch import TorchKVPool, TorchPagedKVPool  # noqa: E402
+
+# The release the deprecated paths and orders go in: the next minor release (docs/deprecations.md).
+REMOVED_IN = "kvcore 0.2.0"
 
 OLD = {
     "kvcore.integrations.torch_pool": ("kvcore.torch.pool", ["TorchKVPool", "LayerPool", "StepLayout", "read_positions"]),
@@ -31,16 +37,28 @@ OLD = {
 def test_an_old_module_path_imports_with_a_deprecation_warning(monkeypatch: pytest.MonkeyPatch, old: str) -> None:
     new, names = OLD[old]
     monkeypatch.delitem(sys.modules, old, raising=False)
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: import {new}"):
+    message = f"{old} is deprecated: import {new} (removed in {REMOVED_IN})"
+    with pytest.warns(DeprecationWarning, match=re.escape(message)):
         module = importlib.import_module(old)
     for name in names:
         assert getattr(module, name) is not None, name
 
 
+def test_the_deprecations_go_in_the_next_minor_release() -> None:
+    """Past that release the paths must go: this fails once the version reaches it."""
+    major, minor, _ = kvcore.__version__.split(".")
+    assert REMOVED_IN == f"kvcore {major}.{int(minor) + 1}.0", kvcore.__version__
+    table = (Path(__file__).resolve().parents[2] / "docs" / "deprecations.md").read_text()
+    for old in OLD:
+        assert f"`{old}`" in table, old
+    assert table.count(f"| {REMOVED_IN.split()[1]} |") >= len(OLD)
+
+
 def test_the_old_class_name_is_the_new_class(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvcore.torch.paged as paged
 
-    with pytest.warns(DeprecationWarning, match="TorchPagedKV is deprecated"):
+    message = f"TorchPagedKV is deprecated: use kvcore.torch.TorchPagedKVPool (removed in {REMOVED_IN})"
+    with pytest.warns(DeprecationWarning, match=re.escape(message)):
         assert paged.TorchPagedKV is TorchPagedKVPool  # type: ignore[attr-defined]
     monkeypatch.delitem(sys.modules, "kvcore.integrations.torch_paged", raising=False)
     with pytest.warns(DeprecationWarning):
@@ -62,7 +80,7 @@ def _batch() -> tuple[TorchPagedKVPool, bytes]:
 
 def test_the_old_argument_order_of_torch_paged_import_warns_and_works() -> None:
     dest, record = _batch()
-    with pytest.warns(DeprecationWarning, match=r"import_sequence\(record, seq\) is deprecated"):
+    with pytest.warns(DeprecationWarning, match=r"import_sequence\(record, seq\) is deprecated.*\(removed in kvcore 0\.2\.0\)"):
         dest.import_sequence(record, 1)  # type: ignore[arg-type]
     assert dest.cache.sequence(1).length == 3
 
@@ -70,7 +88,7 @@ def test_the_old_argument_order_of_torch_paged_import_warns_and_works() -> None:
 @pytest.mark.parametrize("keyword", [False, True])
 def test_the_old_argument_order_of_state_import_warns_and_works(keyword: bool) -> None:
     dest, record = _batch()
-    with pytest.warns(DeprecationWarning, match=r"import_sequence\(pool, record, seq\) is deprecated"):
+    with pytest.warns(DeprecationWarning, match=r"import_sequence\(pool, record, seq\) is deprecated.*\(removed in kvcore 0\.2\.0\)"):
         if keyword:
             state.import_sequence(dest, record, seq=1)
         else:

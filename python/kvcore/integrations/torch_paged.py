@@ -1,7 +1,7 @@
 """Deprecated: ``kvcore.integrations.torch_paged`` moved to ``kvcore.torch.paged``.
 
-This path keeps working for one release and warns (DeprecationWarning) when imported;
-import ``kvcore.torch.paged`` instead (docs/pool.md, README's layout table).
+This path keeps working until kvcore 0.2.0, where it is removed, and warns (DeprecationWarning)
+when imported; import ``kvcore.torch.paged`` instead (docs/deprecations.md).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from kvcore.torch.paged import TorchPagedKVPool
 TorchPagedKV = TorchPagedKVPool  # the name of the last release
 
 warnings.warn(
-    "kvcore.integrations.torch_paged is deprecated: import kvcore.torch.paged", DeprecationWarning, stacklevel=2
+    "kvcore.integrations.torch_paged is deprecated: import kvcore.torch.paged (removed in kvcore 0.2.0)",
+    DeprecationWarning,
+    stacklevel=2,
 )
 
 

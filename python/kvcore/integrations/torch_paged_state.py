@@ -1,7 +1,7 @@
 """Deprecated: ``kvcore.integrations.torch_paged_state`` moved to ``kvcore.torch.paged_records``.
 
-This path keeps working for one release and warns (DeprecationWarning) when imported;
-import ``kvcore.torch.paged_records`` instead (docs/pool.md, README's layout table).
+This path keeps working until kvcore 0.2.0, where it is removed, and warns (DeprecationWarning)
+when imported; import ``kvcore.torch.paged_records`` instead (docs/deprecations.md).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.paged_records import export_sequence
 
 warnings.warn(
-    "kvcore.integrations.torch_paged_state is deprecated: import kvcore.torch.paged_records", DeprecationWarning, stacklevel=2
+    "kvcore.integrations.torch_paged_state is deprecated: import kvcore.torch.paged_records (removed in kvcore 0.2.0)",
+    DeprecationWarning,
+    stacklevel=2,
 )
 
 

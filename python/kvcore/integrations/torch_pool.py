@@ -1,7 +1,7 @@
 """Deprecated: ``kvcore.integrations.torch_pool`` moved to ``kvcore.torch.pool``.
 
-This path keeps working for one release and warns (DeprecationWarning) when imported;
-import ``kvcore.torch.pool`` instead (docs/pool.md, README's layout table).
+This path keeps working until kvcore 0.2.0, where it is removed, and warns (DeprecationWarning)
+when imported; import ``kvcore.torch.pool`` instead (docs/deprecations.md).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from kvcore.torch.pool import ORDERS, TorchKVPool
 from kvcore.torch.step_layout import StepLayout, read_positions
 
 warnings.warn(
-    "kvcore.integrations.torch_pool is deprecated: import kvcore.torch.pool", DeprecationWarning, stacklevel=2
+    "kvcore.integrations.torch_pool is deprecated: import kvcore.torch.pool (removed in kvcore 0.2.0)",
+    DeprecationWarning,
+    stacklevel=2,
 )
 
 

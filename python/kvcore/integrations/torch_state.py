@@ -1,7 +1,7 @@
 """Deprecated: ``kvcore.integrations.torch_state`` moved to ``kvcore.torch.pool_records``.
 
-This path keeps working for one release and warns (DeprecationWarning) when imported;
-import ``kvcore.torch.pool_records`` instead (docs/pool.md, README's layout table).
+This path keeps working until kvcore 0.2.0, where it is removed, and warns (DeprecationWarning)
+when imported; import ``kvcore.torch.pool_records`` instead (docs/deprecations.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from kvcore.torch.pool import TorchKVPool
 from kvcore.torch.pool_records import export_sequence
 
 warnings.warn(
-    "kvcore.integrations.torch_state is deprecated: import kvcore.torch.pool_records", DeprecationWarning, stacklevel=2
+    "kvcore.integrations.torch_state is deprecated: import kvcore.torch.pool_records (removed in kvcore 0.2.0)",
+    DeprecationWarning,
+    stacklevel=2,
 )
 
 
