@@ -47,6 +47,10 @@ pytestmark = [
 HEADS, KV_HEADS, HEAD_DIM, WINDOW = 4, 2, 8, 4
 SCALE = HEAD_DIM**-0.5
 TOL = 1e-5  # the op suite's float32 tolerance
+# int8 against float K/V: the attention output differs by the int8 rounding (half a step of
+# (max - min) / 255 per value) carried through softmax and the weighted sum; no closed bound is
+# worth having for random inputs, so this is a measured margin (see its uses).
+INT8_VS_FLOAT = 0.05
 KEY = "test_executorch_quantized"
 quantize = executorch_quantize()
 
@@ -137,7 +141,9 @@ def test_contiguous_int8_stores_and_attends_as_executorch(sizing: str, options: 
             want = attend(et_quantized, layer, q, et_int8(k), et_int8(v), positions)
             assert float((out - want).abs().max()) <= TOL
             error = float((out - attend(et_float, layer, q, k, v, positions)).abs().max())
-            assert error <= 0.05
+            # INT8_VS_FLOAT: measured at most 0.035 over the 72 checks of the 6 parametrizations
+            # (2026-12-05; the seed is fixed, so the figure is too): the bound leaves 1.4x.
+            assert error <= INT8_VS_FLOAT
             quantization_error = max(quantization_error, error)
             # The history returned: ExecuTorch's dequantized K/V of the positions the queries see, bit for bit.
             _, keys, values = spy.histories[-1]
@@ -179,6 +185,8 @@ def test_contiguous_fp8_attends_close_to_the_float_reference_in_24_of_64_bytes_a
         q, k, v = (torch.randn(1, h, T, HEAD_DIM) for h in (HEADS, KV_HEADS, KV_HEADS))
         positions = list(range(start, start + T))
         error = float((attend(cache, 0, q, k, v, positions) - attend(et_float, 0, q, k, v, positions)).abs().max())
+        # fp8 keeps 3 mantissa bits (a relative error up to 2^-4 per value, against int8's 1/510 of a row's
+        # range): measured 0.037 to 0.064 over the 3 steps (2026-12-05, seed 2): the bound leaves 1.6x.
         assert 0 < error <= 0.1
     # Per row 2 heads x 8 fp8 values and 2 float32 scales: 24 bytes, where float32 takes 64.
     assert cache.nbytes() == 2 * 16 * 24 and KVCoreContiguousCache(cfg).nbytes() == 2 * 16 * 64
@@ -203,7 +211,9 @@ def test_cell_int8_stores_and_attends_as_executorch_through_forks_and_seq_rm() -
             q, k, v = (torch.randn(1, h, T, HEAD_DIM) for h in (HEADS, KV_HEADS, KV_HEADS))
             out = attend(cache, layer, q, k, v, positions)
             assert float((out - attend(et_quantized, layer, q, et_int8(k), et_int8(v), positions)).abs().max()) <= TOL
-            assert 0 < float((out - attend(et_float, layer, q, k, v, positions)).abs().max()) <= 0.05
+            # Measured 0.005 to 0.012 over the 12 checks (2026-12-05, fixed seed); the bound is
+            # INT8_VS_FLOAT, the contiguous test's, which leaves 4x here.
+            assert 0 < float((out - attend(et_float, layer, q, k, v, positions)).abs().max()) <= INT8_VS_FLOAT
             if layer == 1:
                 written.append(k)
             _, keys, _ = spy.histories[-1]  # returned in the inputs' dtype
