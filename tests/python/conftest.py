@@ -13,6 +13,7 @@ random hypothesis profiles (hypothesis_profiles.py) are the hooks below.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sysconfig
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import hypothesis_profiles
 import kvcore
 import skip_allowlist
 
@@ -137,6 +139,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    explore = _explore_line(config)
+    if explore:  # at the end too, beside the failures it replays
+        terminalreporter.write_sep("=", explore)
     run = config.getoption("--skip-budget")
     if not _SKIPS and not run:
         return
@@ -151,3 +156,33 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"FAILED: {len(unexpected)} skip(s) not allowed for the {run} run by "
                       "tests/python/skip_allowlist.py: install what they need, fix the import, "
                       "or add an entry saying why the skip is expected")  # fmt: skip
+
+
+# --- a fresh, printed seed for HYPOTHESIS_PROFILE=explore (hypothesis_profiles.py) ---------
+
+
+def _explore_seed(config: pytest.Config) -> str | None:
+    if os.environ.get("HYPOTHESIS_PROFILE") != hypothesis_profiles.EXPLORE:
+        return None
+    seed = config.getoption("hypothesis_seed", None)
+    return None if seed is None else str(seed)
+
+
+@pytest.hookimpl(tryfirst=True)  # before hypothesis's own pytest_configure reads --hypothesis-seed
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("HYPOTHESIS_PROFILE") == hypothesis_profiles.EXPLORE and config.getoption(
+        "hypothesis_seed", None
+    ) is None:
+        config.option.hypothesis_seed = str(secrets.randbits(32))
+
+
+def _explore_line(config: pytest.Config) -> str | None:
+    seed = _explore_seed(config)
+    if seed is None:
+        return None
+    return (f"hypothesis: profile explore, seed {seed} (replay: HYPOTHESIS_PROFILE=explore pytest ... "
+            f"--hypothesis-seed={seed})")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return _explore_line(config)
