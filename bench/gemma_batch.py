@@ -3,7 +3,7 @@
 Gemma 3 270M (the gemma extra), greedy, ``--new`` tokens per request, torch on one
 thread, three ways over the same prompts:
 
-- **kvcore**: ``kvcore.integrations.hf_batch.generate_batch`` (``BatchCache`` plans every
+- **kvcore**: ``kvcore.integrations.transformers_batch.generate_batch`` (``BatchCache`` plans every
   forward; later requests adopt the system prompt's blocks, sliding layers included;
   K/V in kvcore's torch paged pool);
 - **transformers**: its own continuous batching, ``model.generate_batch`` (its
@@ -85,7 +85,7 @@ def prompts(tokenizer: Any, requests: int, shared: int) -> tuple[list[int], list
 
 def run_kvcore(model: Any, batch: list[list[int]], gen: Any, args: argparse.Namespace) -> dict[str, Any]:
     """kvcore's generate_batch over `batch`: its tokens and figures."""
-    from kvcore.integrations.hf_batch import BatchCounters, generate_batch
+    from kvcore.integrations.transformers_batch import BatchCounters, generate_batch
 
     counters = BatchCounters()
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import cache as hf_cache
 
-from kvcore.integrations.hf_batch import KVCoreBatchingManager
+from kvcore.integrations.transformers_batch import KVCoreBatchingManager
 
 VOCAB = 256
 S, F = "sliding_attention", "full_attention"
@@ -159,7 +159,7 @@ def overhead(model: Any, prompts: list[list[int]], args: argparse.Namespace) -> 
     """One run of kvcore alone with every request added at once: per forward of len(prompts)
     requests, the microseconds per request spent in the cache's scheduling and planning calls
     and in its layers' ``update`` (medians over those forwards)."""
-    from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
+    from kvcore.integrations.transformers_batch.paged_cache import KVCorePagedCache
 
     spent = {"planning": 0, "update": 0}
     per_forward: list[tuple[int, float, float]] = []  # (requests, planning us, update us)

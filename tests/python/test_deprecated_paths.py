@@ -80,7 +80,8 @@ def _batch() -> tuple[TorchPagedKVPool, bytes]:
 
 def test_the_old_argument_order_of_torch_paged_import_warns_and_works() -> None:
     dest, record = _batch()
-    with pytest.warns(DeprecationWarning, match=r"import_sequence\(record, seq\) is deprecated.*\(removed in kvcore 0\.2\.0\)"):
+    message = r"import_sequence\(record, seq\) is deprecated.*\(removed in kvcore 0\.2\.0\)"
+    with pytest.warns(DeprecationWarning, match=message):
         dest.import_sequence(record, 1)  # type: ignore[arg-type]
     assert dest.cache.sequence(1).length == 3
 
@@ -88,7 +89,8 @@ def test_the_old_argument_order_of_torch_paged_import_warns_and_works() -> None:
 @pytest.mark.parametrize("keyword", [False, True])
 def test_the_old_argument_order_of_state_import_warns_and_works(keyword: bool) -> None:
     dest, record = _batch()
-    with pytest.warns(DeprecationWarning, match=r"import_sequence\(pool, record, seq\) is deprecated.*\(removed in kvcore 0\.2\.0\)"):
+    message = r"import_sequence\(pool, record, seq\) is deprecated.*\(removed in kvcore 0\.2\.0\)"
+    with pytest.warns(DeprecationWarning, match=message):
         if keyword:
             state.import_sequence(dest, record, seq=1)
         else:

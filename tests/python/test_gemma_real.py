@@ -139,7 +139,7 @@ def test_generate_batch_generates_transformers_generate_tokens_per_prompt(
 ) -> None:
     from transformers import GenerationConfig
 
-    from kvcore.integrations.hf_batch import BatchCounters, generate_batch
+    from kvcore.integrations.transformers_batch import BatchCounters, generate_batch
 
     gen = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=-1, pad_token_id=0)
     counters = BatchCounters()

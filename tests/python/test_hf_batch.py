@@ -1,4 +1,4 @@
-"""transformers' continuous batching served by kvcore (kvcore.integrations.hf_batch).
+"""transformers' continuous batching served by kvcore (kvcore.integrations.transformers_batch).
 
 Tiny random models of ten architectures; each run is checked token for token
 against transformers' own ``generate_batch`` and ``generate()`` per prompt.
@@ -20,7 +20,7 @@ from transformers import GenerationConfig  # noqa: E402
 from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
 
 import kvcore  # noqa: E402
-from kvcore.integrations import hf_batch  # noqa: E402
+from kvcore.integrations import transformers_batch as hf_batch  # noqa: E402
 from kvcore.integrations.transformers import BatchCounters, KVCoreBatchingManager, generate_batch  # noqa: E402
 
 VOCAB, WINDOW = 128, 8

@@ -84,7 +84,7 @@ def test_the_graph_is_read() -> None:
     edges = graph()
     assert len(MODULES) > 30
     assert "kvcore.torch.pool_records" in edges["kvcore.torch.pool"]
-    assert "kvcore.integrations.hf_batch" in edges["kvcore.integrations.transformers"]  # its __getattr__
+    assert "kvcore.integrations.transformers_batch" in edges["kvcore.integrations.transformers"]  # its __getattr__
     assert "kvcore.integrations.transformers_layers" in edges["kvcore.integrations.transformers"]  # re-exported
 
 
@@ -116,3 +116,52 @@ def test_state_imports_no_byte_layer_above_the_core() -> None:
     leaves = {m for m in MODULES if {t for t, _, _ in imports(m)} <= LOWEST}
     assert "kvcore.quantized" in leaves
     assert {t for t, _, _ in imports("kvcore.state")} <= LOWEST | leaves
+
+
+# --- the prefix rule (issue 41) ----------------------------------------------------------
+
+NEEDS = ("torch", "transformers")
+
+
+def libraries(name: str) -> dict[str, bool]:
+    """torch / transformers as module ``name`` imports them: {library: imported at module level}
+    (False: only inside functions)."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    found: dict[str, bool] = {}
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        roots = []
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            roots = [(node.module or "").split(".")[0]]
+        for root in roots:
+            if root in NEEDS:
+                found[root] = found.get(root, False) or not in_function
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def test_what_imports_torch_or_transformers_says_so_in_its_path() -> None:
+    """A module that imports torch or transformers has "torch" or "transformers" in its dotted path
+    (kvcore.torch.*, kvcore.integrations.transformers_*; ExecuTorch is torch's runtime), and what
+    reads config files only does not: kvcore.hf_config imports neither. The demos' imports inside
+    functions (the real-model demos, on request) are theirs to make: they leave the core package
+    with issue 41's item 6."""
+    bad = []
+    for m in MODULES:
+        found = libraries(m)
+        if m.startswith("kvcore.demo."):
+            found = {lib: top for lib, top in found.items() if top}
+        if found and not any(word in m for word in NEEDS):
+            bad.append(f"{m} imports {sorted(found)}")
+    assert not bad, "\n".join(bad)
+    config_readers = [m for m in MODULES if m.split(".")[:2] == ["kvcore", "hf_config"]]
+    assert len(config_readers) > 5
+    assert not [m for m in config_readers if libraries(m) or any(word in m for word in NEEDS)]
+    assert libraries("kvcore.integrations.transformers_config") == {"transformers": True}  # was hf_layers
+    assert libraries("kvcore.demo.real_model") == {"torch": False, "transformers": False}  # the rule reads both

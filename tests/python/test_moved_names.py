@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 import pickle
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from needs import need
@@ -31,7 +33,7 @@ TRANSFORMERS = [
     "TESTED_TRANSFORMERS", "TorchKVPool", "TorchQuantizedKVPool", "TorchStateSlots", "cache_config_for",
     "cache_keyword", "check_transformers", "hybrid_state_layers", "kv_format", "prefill", "read_state",
     "state_layers_token_by_token", "state_name", "verify_tree", "write_conv_states", "write_recurrent_state",
-    # served on first use from kvcore.integrations.hf_batch
+    # served on first use from kvcore.integrations.transformers_batch (was hf_batch)
     "BatchCounters", "BatchOptions", "KVCoreBatchingManager", "generate_batch", "init_kvcore_batching",
 ]  # fmt: skip
 TRANSFORMERS_ADDED = [
@@ -53,7 +55,11 @@ HF_LAYERS = ["CHUNKED", "DUMMY", "FULL", "HYBRID", "SLIDING", "STATE_TYPES", "ca
 VERSIONS = ["SUPPORTED_TRANSFORMERS", "TESTED_TRANSFORMERS", "check_transformers"]
 # The two gates merged into transformers_versions (their modules are gone; their names are not).
 RELEASE = ["BATCHING_SUPPORTED", "CACHE_SUPPORTED", "TESTED", "check_release"]
-HF_BATCH_VERSIONS = ["SUPPORTED", "TESTED", "check_batching_support"]  # also from kvcore.integrations.hf_batch
+HF_BATCH_VERSIONS = ["SUPPORTED", "TESTED", "check_batching_support"]  # hf_batch.versions' names
+HF_BATCH = [
+    "SUPPORTED", "TESTED", "BatchCounters", "BatchOptions", "KVCoreBatchingManager", "KVCorePagedCache",
+    "check_batching_support", "generate_batch", "init_kvcore_batching",
+]  # fmt: skip
 
 
 def names(module: str, wanted: list[str]) -> list[str]:
@@ -67,7 +73,7 @@ def names(module: str, wanted: list[str]) -> list[str]:
     ("kvcore.hf_config", HF_CONFIG),
     ("kvcore.integrations.transformers_config", HF_LAYERS),
     ("kvcore.integrations.transformers_versions", VERSIONS + RELEASE + ["check_batching_support"]),
-    ("kvcore.integrations.hf_batch", HF_BATCH_VERSIONS),
+    ("kvcore.integrations.transformers_batch", HF_BATCH + HF_BATCH_VERSIONS),
 ], ids=lambda x: x if isinstance(x, str) else "")  # fmt: skip
 def test_every_name_of_the_old_path_is_importable(module: str, wanted: list[str]) -> None:
     assert names(module, wanted) == []
@@ -88,17 +94,20 @@ def test_the_front_module_serves_the_concept_modules_objects() -> None:
     assert cache.__module__ == "kvcore.integrations.transformers_cache"
 
 
-def test_the_old_hf_layers_path_warns_and_serves_every_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    monkeypatch.delitem(sys.modules, "kvcore.integrations.hf_layers", raising=False)
-    message = ("kvcore.integrations.hf_layers is deprecated: import kvcore.integrations.transformers_config "
-               "(removed in kvcore 0.2.0)")  # fmt: skip
+@pytest.mark.parametrize(("old", "new", "wanted"), [
+    ("kvcore.integrations.hf_layers", "kvcore.integrations.transformers_config", HF_LAYERS),
+    ("kvcore.integrations.hf_batch", "kvcore.integrations.transformers_batch", HF_BATCH),
+])  # fmt: skip
+def test_an_old_transformers_path_warns_and_serves_every_name(
+    monkeypatch: pytest.MonkeyPatch, old: str, new: str, wanted: list[str]
+) -> None:
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    message = f"{old} is deprecated: import {new} (removed in kvcore 0.2.0)"
     with pytest.warns(DeprecationWarning, match=re.escape(message)):
-        old = importlib.import_module("kvcore.integrations.hf_layers")
-    new = importlib.import_module("kvcore.integrations.transformers_config")
-    for name in HF_LAYERS:
-        assert getattr(old, name) is getattr(new, name), name
+        module = importlib.import_module(old)
+    for name in wanted:
+        assert getattr(module, name) is getattr(importlib.import_module(new), name), name
+    assert f"`{old}`" in (Path(__file__).resolve().parents[2] / "docs" / "deprecations.md").read_text()
 
 
 # --- one kind -> policy mapping for both config paths -----------------------------------------

@@ -100,7 +100,7 @@ def hf_batch_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="kvcore demo --hf-batch",
         description="Serve requests sharing a system prompt with a tiny random transformers model through "
-        "kvcore's continuous batching (kvcore.integrations.hf_batch) and through transformers' own "
+        "kvcore's continuous batching (kvcore.integrations.transformers_batch) and through transformers' own "
         "generate_batch; every request's tokens must be identical. Needs torch and transformers. Exits 0 when "
         "they are, 1 when not, 2 on bad options.",
     )

@@ -1,6 +1,6 @@
 """``kvcore demo --hf-batch``: a tiny random transformers model served by kvcore's continuous batching.
 
-Requests sharing a system prompt go through ``kvcore.integrations.hf_batch.generate_batch``
+Requests sharing a system prompt go through ``kvcore.integrations.transformers_batch.generate_batch``
 and through transformers' own ``model.generate_batch``; the demo checks that every
 request's tokens are identical and reports what kvcore saved (prompt tokens
 adopted instead of recomputed, forks, peak blocks and K/V bytes). Needs torch and
@@ -89,7 +89,7 @@ def run_hf_batch_demo(opts: HfBatchDemoOptions, progress: Progress) -> dict[str,
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    from kvcore.integrations.hf_batch import BatchCounters, generate_batch
+    from kvcore.integrations.transformers_batch import BatchCounters, generate_batch
 
     torch.set_num_threads(1)
     model, prompts = _model(opts), _prompts(opts)

@@ -3,7 +3,7 @@
 Every chat is the system prompt (kvcore.demo.real.PASSAGE, a museum's history of a
 lighthouse, longer than the 512-token window, introduced as the guide's notes)
 followed by one visitor's question. All chats go through kvcore's continuous
-batching (``kvcore.integrations.hf_batch.generate_batch``: ``BatchCache`` plans every
+batching (``kvcore.integrations.transformers_batch.generate_batch``: ``BatchCache`` plans every
 forward, later chats adopt the system prompt's blocks from the cache instead of
 recomputing them, K/V in kvcore's torch paged pool), greedily. The check: every
 chat's tokens equal transformers' own ``generate()`` of that chat alone (its
@@ -79,7 +79,7 @@ def run_real_batch_demo(
     import torch
     from transformers import GenerationConfig
 
-    from kvcore.integrations.hf_batch import BatchCounters, generate_batch
+    from kvcore.integrations.transformers_batch import BatchCounters, generate_batch
 
     opts.check()
     bar = progress or Progress(None)

@@ -11,7 +11,13 @@ from kvcore._core import CacheConfig
 from kvcore._errors import InvalidArgumentError, NotSupportedError
 from kvcore.hf_config.families import READS, UNSUPPORTED
 from kvcore.hf_config.fields import optional_int, quoted_names
-from kvcore.hf_config.layer_types import has_special_layers, layer_windows, nemotron_h_types, per_layer_windows, special_layer_kinds
+from kvcore.hf_config.layer_types import (
+    has_special_layers,
+    layer_windows,
+    nemotron_h_types,
+    per_layer_windows,
+    special_layer_kinds,
+)
 from kvcore.hf_config.reading import HFSource, Reader, head_dim_of, language_model, load_hf_config
 from kvcore.hf_config.shapes import ModelShape, SpecialLayer
 

@@ -66,7 +66,8 @@ def layer_config(
     elif kind == "shared" and source is not None:
         policy = Shared(source)
     elif kind in LAYER_KINDS:
-        raise InvalidArgumentError(f"a {kind!r} layer needs its {dict(sliding='window', chunked='chunk').get(kind, 'source')}")
+        needed = {"sliding": "window", "chunked": "chunk"}.get(kind, "source")
+        raise InvalidArgumentError(f"a {kind!r} layer needs its {needed}")
     else:
         raise InvalidArgumentError(f"layer kind {kind!r}: must be one of {', '.join(map(repr, LAYER_KINDS))}")
     return LayerConfig(policy, n_kv_heads, head_dim, v_head_dim)

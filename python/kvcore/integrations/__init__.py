@@ -5,8 +5,9 @@ Nothing here is imported by ``import kvcore``: each adapter imports its library
 ``from kvcore.integrations.transformers import KVCoreCache``. kvcore's own torch
 byte layers are ``kvcore.torch``; the step of one forward all adapters share is
 ``kvcore.forward_step``; reading a config.json (no transformers needed) is
-``kvcore.hf_config``. A module that imports transformers says so in its name
-(``transformers_*``; ``hf_batch``: Hugging Face's continuous batching).
+``kvcore.hf_config``. A module that imports transformers or torch says so in its
+path (``transformers_*``, ``kvcore.torch``; ExecuTorch is torch's);
+``tests/python/test_import_graph.py`` checks it.
 
 - ``kvcore.integrations.transformers``: a ``transformers`` ``Cache`` backed by
   kvcore (needs the ``transformers`` extra: ``pip install kvcore[transformers]``),
@@ -25,14 +26,14 @@ byte layers are ``kvcore.torch``; the step of one forward all adapters share is
   verify steps and node by node in draft trees),
   ``kvcore.integrations.transformers_prefill`` (``prefill``: a model's forwards in chunks
   of ``max_step``), ``kvcore.integrations.transformers_config`` (a transformers model
-  config's layer types and their kvcore config, shared with ``hf_batch``) and
+  config's layer types and their kvcore config, shared with continuous batching) and
   ``kvcore.integrations.transformers_versions`` (the one version gate: the transformers
   releases both transformers integrations accept, and the calls they rely on).
 - ``kvcore.integrations.transformers_speculative``: exact speculative decoding
   (prompt lookup, a draft model) with verify steps on hybrid models, whose
   recurrent states transformers cannot roll back, and ``verify_tree`` (one forward
   over a draft tree).
-- ``kvcore.integrations.hf_batch``: transformers' continuous batching
+- ``kvcore.integrations.transformers_batch``: transformers' continuous batching
   (``generate_batch``, its manager) with the cache served by a ``BatchCache``
   (needs the ``transformers`` extra; also reached through
   ``kvcore.integrations.transformers``).
@@ -46,6 +47,7 @@ when imported (docs/deprecations.md): ``kvcore.integrations.torch_pool`` (now
 ``TorchPagedKV`` is ``TorchPagedKVPool``), ``kvcore.integrations.torch_state``
 (``kvcore.torch.pool_records``), ``kvcore.integrations.torch_paged_state``
 (``kvcore.torch.paged_records``), ``kvcore.integrations.forward_step``
-(``kvcore.forward_step``) and ``kvcore.integrations.hf_layers``
-(``kvcore.integrations.transformers_config``).
+(``kvcore.forward_step``), ``kvcore.integrations.hf_layers``
+(``kvcore.integrations.transformers_config``) and ``kvcore.integrations.hf_batch``
+(``kvcore.integrations.transformers_batch``).
 """

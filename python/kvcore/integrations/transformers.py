@@ -85,7 +85,7 @@ here, each defined in a module of one concept beside it:
   ``prompt_lookup_generate`` and the drafters;
 - ``kvcore.integrations.transformers_config``: ``cache_config_for`` and the layer type names;
 - ``kvcore.integrations.transformers_versions``: ``check_transformers``, the one version gate;
-- ``kvcore.integrations.hf_batch``: continuous batching (``generate_batch``, its manager),
+- ``kvcore.integrations.transformers_batch``: continuous batching (``generate_batch``, its manager),
   imported on first use.
 """
 
@@ -110,7 +110,14 @@ except ModuleNotFoundError as _missing:  # name the extra (private: Python delet
 from kvcore._core import LayerPolicy, SequenceCache, Step
 from kvcore._errors import InternalError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.forward_step import ForwardStep
-from kvcore.integrations.transformers_config import DUMMY, FULL, SLIDING, STATE_TYPES, cache_config_for, hybrid_state_layers
+from kvcore.integrations.transformers_config import (
+    DUMMY,
+    FULL,
+    SLIDING,
+    STATE_TYPES,
+    cache_config_for,
+    hybrid_state_layers,
+)
 from kvcore.integrations.transformers_cache import KVCoreCache
 from kvcore.integrations.transformers_layers import KVCoreEmptyLayer, KVCoreLayer, KVCoreSharedLayer, KVCoreStateLayer
 from kvcore.integrations.transformers_prefill import cache_keyword, prefill
@@ -156,14 +163,14 @@ __all__ = [
     "verify_tree",
 ]
 
-# Continuous batching lives in kvcore.integrations.hf_batch; these names are served from here
-# too, imported on first use (hf_batch does not import this module: no cycle).
+# Continuous batching lives in kvcore.integrations.transformers_batch; these names are served from
+# here too, imported on first use (transformers_batch does not import this module: no cycle).
 _BATCHING = ("BatchCounters", "BatchOptions", "KVCoreBatchingManager", "generate_batch", "init_kvcore_batching")
 
 
 def __getattr__(name: str) -> Any:
     if name in _BATCHING:
-        from kvcore.integrations import hf_batch
+        from kvcore.integrations import transformers_batch
 
-        return getattr(hf_batch, name)
+        return getattr(transformers_batch, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """What kvcore reads of a transformers model config: its layer types and their kvcore config.
 
 Shared by the transformers cache (``kvcore.integrations.transformers``) and continuous
-batching (``kvcore.integrations.hf_batch``), below both (neither imports the other for it).
+batching (``kvcore.integrations.transformers_batch``), below both (neither imports the other for it).
 Needs ``transformers`` (it reads the config object through transformers' own helpers); a
 config.json read without transformers is ``kvcore.hf_config``'s, and both plan each kind of
 layer with the one mapping ``kvcore.hf_config.layer_config``. Was

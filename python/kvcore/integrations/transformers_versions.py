@@ -2,7 +2,7 @@
 
 ``kvcore.integrations.transformers`` (``KVCoreCache``) relies on transformers' public Cache
 API and accepts 5.x from 5.24 (``SUPPORTED_TRANSFORMERS``); continuous batching
-(``kvcore.integrations.hf_batch``) replaces private internals that change between minor
+(``kvcore.integrations.transformers_batch``) replaces private internals that change between minor
 releases and accepts the tested minor release only (``SUPPORTED_BATCHING``). Each checks
 its range and then that the calls it relies on are there (``check_release``):
 ``check_transformers`` runs at import of ``kvcore.integrations.transformers_layers``, before

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from kvcore._core import BatchCache, BatchStep
 from kvcore._errors import CapacityError, InternalError
-from kvcore.integrations.hf_batch.group_view import GroupView
+from kvcore.integrations.transformers_batch.group_view import GroupView
 
 TMP_TOKEN_ID = -1  # transformers' placeholder for a token not sampled yet
 

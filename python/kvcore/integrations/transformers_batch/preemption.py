@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers.generation.continuous_batching.requests import RequestStatus
 
-from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
+from kvcore.integrations.transformers_batch.paged_cache import KVCorePagedCache
 
 
 class Preemption:

@@ -23,12 +23,12 @@ from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPP
 
 from kvcore._core import CacheConfig
 from kvcore._errors import InvalidArgumentError, NotSupportedError
-from kvcore.integrations.hf_batch.chunked_inputs import chunked_types_pass_setup, make_room_for_chunked
-from kvcore.integrations.hf_batch.chunking import capped_scheduler
-from kvcore.integrations.hf_batch.counters import BatchCounters
-from kvcore.integrations.hf_batch.options import BatchOptions, batch_config, check_fits, resolved_capacity
-from kvcore.integrations.hf_batch.paged_cache import KVCorePagedCache
-from kvcore.integrations.hf_batch.preemption import Preemption
+from kvcore.integrations.transformers_batch.chunked_inputs import chunked_types_pass_setup, make_room_for_chunked
+from kvcore.integrations.transformers_batch.chunking import capped_scheduler
+from kvcore.integrations.transformers_batch.counters import BatchCounters
+from kvcore.integrations.transformers_batch.options import BatchOptions, batch_config, check_fits, resolved_capacity
+from kvcore.integrations.transformers_batch.paged_cache import KVCorePagedCache
+from kvcore.integrations.transformers_batch.preemption import Preemption
 from kvcore.integrations.transformers_config import CHUNKED
 from kvcore.integrations.transformers_versions import check_batching_support
 

@@ -30,12 +30,12 @@ import torch
 
 from kvcore._core import BatchCache, CacheConfig, LayerPolicy
 from kvcore._errors import InternalError, NotSupportedError
-from kvcore.integrations.hf_batch.counters import BatchCounters
-from kvcore.integrations.hf_batch.group_view import GroupView
-from kvcore.integrations.hf_batch.options import BatchOptions, batch_config
-from kvcore.integrations.hf_batch.shared_prefill import SharedPrefill
-from kvcore.integrations.hf_batch.step_round import StepRound
-from kvcore.integrations.hf_batch.tokens import prompt_tokens_in_step
+from kvcore.integrations.transformers_batch.counters import BatchCounters
+from kvcore.integrations.transformers_batch.group_view import GroupView
+from kvcore.integrations.transformers_batch.options import BatchOptions, batch_config
+from kvcore.integrations.transformers_batch.shared_prefill import SharedPrefill
+from kvcore.integrations.transformers_batch.step_round import StepRound
+from kvcore.integrations.transformers_batch.tokens import prompt_tokens_in_step
 from kvcore.quantized import row_bytes
 from kvcore.torch.paged import TorchPagedKVPool
 from kvcore.torch.quantized_paged import TorchQuantizedPagedKVPool
