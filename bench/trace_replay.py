@@ -49,10 +49,12 @@ its share sets max_active_seqs; the scheduler runs at most min(max_running, max_
 A State group owns max_active_seqs x D + max_step_tokens + state_snapshots physical slots (what
 PagedKVPool allocates); the first two are taken off the top, and the snapshots get by default
 one slot per chunk unit of tokens the flat pool holds (`--state-share F`: the fraction F of
-what is left). The budgets: `ample` (nothing is ever evicted: the flat pool holds every block
-the run computes, the ring pool every ring block, a snapshot for every state named), `2x` and
-`0.7x` the peak working set (the most bytes the running requests' own K/V and states take at
-once when the cache is infinite, each sequence counted as kvcore holds it).
+what is left; `--state-step-slots outside` leaves the max_step_tokens slots out of the budget,
+reported apart). The budgets: `ample` (nothing is ever evicted: the flat pool holds every block
+the run computes, the ring pool every ring block, a snapshot for every state named; at least 2x
+the peak), `2x` and `0.7x` the peak working set (the most bytes the running requests' K/V and
+states take at once when the cache is infinite: full-attention blocks they share counted once,
+ring blocks (at most kvcore's per-sequence ring share) and states per sequence).
 
 Ideal: `ideal_trace`, per request the longest prefix of full blocks (at the system's block
 size) of its prompt that an earlier request's prompt holds, at most input_length - 1 tokens;
@@ -63,10 +65,15 @@ AssertionError, or exit status 1 after the JSON is written): every hit is a mult
 block size, at most ideal_online, and a first admission's at most ideal_trace; every block of a
 hit holds the tokens it was computed from (the replay records, per group and block id, a chained
 fingerprint of the tokens each step filled it with, and compares the adopting request's); with
-the ample budget every hit equals ideal_online. Not yet checked: kvcore's side-effect-free
-lookup (`lookup_prefix`) and its KV events were not in the tree when this was written, so the
-kvcore adapter looks up by `adopt_prefix` on the sequence being admitted (released again if the
-first chunk does not fit, which touches the LRU order) and drains no events.
+the ample budget every hit equals ideal_online. Lookup and KV events: when the kvcore module has
+`BatchCache.lookup_prefix` (its C++ landed with KV events; the Python binding, batch_prefix.cpp,
+was not yet committed when this was written) the scheduler asks it before admitting, admission's
+adopt_prefix must give the same hit, and the drained KV events are checked against the replay (a
+stored key is a block a step of the replay filled, at its token range, not stored twice; an
+evicted key was stored; every hit block's key is stored; none dropped). Without the binding the
+adapter looks up by `adopt_prefix` on the sequence being admitted (released again if the first
+chunk does not fit, which touches the LRU order) and no events are checked; the JSON says which
+(`lookup`, `kv_events_checked`).
 
 CPU: time.thread_time_ns around each system's calls only (kvcore: add_sequence, adopt_prefix,
 blocks_needed / free_blocks, begin_step + commit, release_sequence; vLLM: get_computed_blocks,
@@ -97,7 +104,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -817,15 +824,16 @@ class KvcoreAdapter:
         self.events = {"stored": 0, "evicted": 0, "cleared": 0}
         # lookup_prefix and KV events reach Python with batch_prefix.cpp; until then the lookup is
         # adopt_prefix on the sequence being admitted and no events are checked.
+        self.ext = cast(Any, self.cache)  # the lookup / event verbs, typed once the binding's stubs have them
         self.has_lookup = hasattr(self.cache, "lookup_prefix")
         self.has_events = hasattr(self.cache, "enable_kv_events")
         if self.has_events:
-            self.cache.enable_kv_events(1 << 20)
+            self.ext.enable_kv_events(1 << 20)
 
     def _key(self, lv: Live, i: int) -> tuple[int, int]:
         arr = self.keys.get(lv.req.index)
         if arr is None or len(arr) <= i:
-            arr = self.kv.block_keys(lv.tokens[: lv.known], self.block_size)
+            arr = getattr(self.kv, "block_keys")(lv.tokens[: lv.known], self.block_size)
             self.keys[lv.req.index] = arr
         return int(arr[i, 0]), int(arr[i, 1])
 
@@ -843,7 +851,7 @@ class KvcoreAdapter:
         toks = lv.tokens[: lv.known]
         if self.has_lookup:
             t0 = time.thread_time_ns()
-            hit = self.cache.lookup_prefix(toks)
+            hit = self.ext.lookup_prefix(toks)
             self._timed(lv, t0)
             return int(hit)
         return self._adopt(lv)
@@ -913,7 +921,7 @@ class KvcoreAdapter:
         t0 = time.thread_time_ns()
         step = self.cache.begin_step(seqs, ts, toks)
         self.cache.commit(step)
-        events = self.cache.drain_kv_events() if self.has_events else None
+        events = self.ext.drain_kv_events() if self.has_events else None
         share = (time.thread_time_ns() - t0) // len(entries)
         b = self.block_size
         if self.check and events is not None:
@@ -933,14 +941,14 @@ class KvcoreAdapter:
     def _check_events(self, entries: list[tuple[Live, int]], events: np.ndarray) -> None:
         """Mirrors the drained events: a stored key is one a block of this step's entries filled
         (at its token range) and not stored already; an evicted key was stored; none dropped."""
-        if self.cache.kv_events_dropped:
-            raise AssertionError(f"{self.cache.kv_events_dropped} KV events dropped")
+        if self.ext.kv_events_dropped:
+            raise AssertionError(f"{self.ext.kv_events_dropped} KV events dropped")
         b = self.block_size
         filled: dict[tuple[int, int], int] = {}
         for lv, n in entries:
             for i in range(lv.computed // b, (lv.computed + n) // b):
                 filled[self._key(lv, i)] = i * b
-        kv = self.kv
+        kv: Any = self.kv
         for e in events:
             kind, g, key = int(e["kind"]), int(e["group"]), (int(e["key_lo"]), int(e["key_hi"]))
             if kind == kv.KV_EVENT_CLEARED:
@@ -1168,6 +1176,7 @@ def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: 
     short = [i for i, r in enumerate(trace) if r.input_length < 1024]
     return {
         "system": name, "reused_tokens": reused, "reused_pct": 100.0 * reused / prompt,
+        "ideal_online_pct": 100.0 * sum(res.ideal_online) / prompt,
         "reused_all_admissions": sum(sum(h) for h in res.hits_all),
         "refused": len(res.refused), "refused_ids": res.refused[:200],
         "preempted": len(res.preempted), "peak_blocks": res.peak_blocks, "peak_bytes": res.peak_bytes,
@@ -1314,7 +1323,7 @@ def fmt_bytes(n: float) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The side-by-side table on stdout."""
-    head = (f"{'model':9} {'B':>4} {'budget':>6} {'bytes':>7} {'ideal%':>6} | {'kv%':>6} {'vllm%':>6} "
+    head = (f"{'model':9} {'B':>4} {'budget':>6} {'bytes':>7} {'ideal%':>6} {'inf%':>6} | {'kv%':>6} {'vllm%':>6} "
             f"{'kv ref':>6} {'vl ref':>6} {'kv pre':>6} {'vl pre':>6} | {'kv peak':>7} {'vl peak':>7} | "
             f"{'kv us':>7} {'vl us':>7} {'vl+req':>7} | {'kv<vl':>5}")
     print(head)
@@ -1327,7 +1336,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             return f.format(v) if v is not None else "-"
         vl_req = (vl.get("cpu_us_median", 0) + vl.get("request_hashing_us_median", 0)) if vl.get("feasible") else None
         print(f"{row['model']:9} {row['block']:>4} {row['budget']:>6} {fmt_bytes(row['budget_bytes']):>7} "
-              f"{row['ideal_trace_pct']:>6.2f} | {g(kv, 'reused_pct', '{:.2f}'):>6} {g(vl, 'reused_pct', '{:.2f}'):>6} "
+              f"{row['ideal_trace_pct']:>6.2f} {g(kv, 'ideal_online_pct', '{:.2f}'):>6} | {g(kv, 'reused_pct', '{:.2f}'):>6} {g(vl, 'reused_pct', '{:.2f}'):>6} "
               f"{g(kv, 'refused'):>6} {g(vl, 'refused'):>6} {g(kv, 'preempted'):>6} {g(vl, 'preempted'):>6} | "
               f"{fmt_bytes(kv.get('peak_bytes', 0)):>7} {fmt_bytes(vl.get('peak_bytes', 0)):>7} | "
               f"{g(kv, 'cpu_us_median', '{:.0f}'):>7} {g(vl, 'cpu_us_median', '{:.0f}'):>7} "
