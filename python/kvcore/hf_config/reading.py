@@ -81,6 +81,7 @@ class Reader:
         self.defaults: list[str] = []
 
     def get(self, key: str) -> Any:
+        """The field ``key``: the file's value, else the family's default (noted), else None."""
         if key in self.cfg:
             return self.cfg[key]
         if self.family is not None and key in self.family.defaults:
@@ -88,6 +89,7 @@ class Reader:
         return None
 
     def default(self, key: str, value: Any) -> Any:
+        """``value``, the family's default of ``key``, noted as used."""
         assert self.family is not None
         self.note(f"{key}={value!r} ({self.family.source} default)")
         return value
@@ -98,9 +100,11 @@ class Reader:
             self.defaults.append(text)
 
     def optional_int(self, key: str, *, minimum: int = 1) -> Optional[int]:
+        """The field ``key`` as an int >= ``minimum``, or None when neither the file nor the family has it."""
         return optional_int(self.get(key), key, minimum=minimum)
 
     def required_int(self, key: str) -> int:
+        """The field ``key`` as an int >= 1; InvalidArgumentError naming it when it is missing."""
         value = self.optional_int(key)
         if value is None:
             raise InvalidArgumentError(
@@ -111,6 +115,8 @@ class Reader:
 
 
 def head_dim_of(r: Reader, n_heads: Optional[int]) -> int:
+    """The K/V head size: ``head_dim``, else ``hidden_size // num_attention_heads`` (always that for a
+    family whose config class derives it); InvalidArgumentError when neither gives a whole number."""
     family = r.family
     if family is not None and family.derived_head_dim:
         hidden = r.optional_int("hidden_size")

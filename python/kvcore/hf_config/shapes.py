@@ -117,6 +117,7 @@ class ModelShape:
 
     @property
     def n_layers(self) -> int:
+        """Planned layers (a hybrid model's appended state layers included)."""
         return len(self.windows)
 
     def layer_kind(self, layer: int) -> str:
@@ -140,6 +141,7 @@ class ModelShape:
 
     @property
     def value_dim(self) -> int:
+        """A V row's head size: ``v_head_dim``, else ``head_dim``."""
         return self.v_head_dim or self.head_dim
 
     def cache_config(

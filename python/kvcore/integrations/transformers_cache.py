@@ -160,6 +160,7 @@ class KVCoreCache(StateCalls, Masks, cache_utils.Cache):  # type: ignore[misc]
 
     @property
     def capacity(self) -> int:
+        """The longest sequence the cache holds."""
         return self.sequence.capacity
 
     @property
@@ -169,6 +170,7 @@ class KVCoreCache(StateCalls, Masks, cache_utils.Cache):  # type: ignore[misc]
 
     @property
     def mirror_rings(self) -> bool:
+        """Whether sliding layers without sinks keep a mirror of their first ring rows."""
         return self.pool.mirror_rings
 
     def rows(self, layer_idx: int) -> int:
@@ -263,6 +265,7 @@ class KVCoreCache(StateCalls, Masks, cache_utils.Cache):  # type: ignore[misc]
         self._stopped_at = None
 
     def can_rewind(self, length: int) -> bool:
+        """Whether ``rewind(length)`` is allowed (kvcore's ``can_rewind``)."""
         return self.sequence.can_rewind(length)
 
     def crop(self, tokens_to_remove: int) -> None:

@@ -42,26 +42,33 @@ class TreeStep:
 
     @property
     def T(self) -> int:
+        """The step's token count (nodes of a tree)."""
         return self.step.T
 
     @property
     def position(self) -> int:
+        """The length the step begins at."""
         return self.step.position
 
     @property
     def is_current(self) -> bool:
+        """Whether the step is still its cache's begun step."""
         return self.step.is_current
 
     def plan(self, layer: int) -> Any:
+        """The kvcore step's plan of ``layer``."""
         return self.step.plan(layer)
 
     def mask(self, layer: int, *, order: str = "rows") -> Any:
+        """The kvcore step's visibility mask of ``layer``."""
         return self.step.mask(layer, order=order)
 
     def commit(self) -> None:
+        """Mark the step verified: its forward's last layer was served (``commit_tree`` commits it)."""
         self.verified = True
 
     def abort(self) -> None:
+        """Abort the kvcore step."""
         self.step.abort()
 
 
