@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+# transformers' layer type names (``layer_types``), the ones every family uses.
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 CHUNKED = "chunked_attention"
@@ -181,6 +182,8 @@ LAYER_TYPES_ALIAS = {"granitemoehybrid": "layers_block_type", "nemotron_h": "lay
 # transformers' legacy layer type names (configuration_utils._LEGACY_LAYER_TYPE_REMAP).
 LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": FULL}
 
+# transformers' recurrent-state layer types (gated DeltaNet and Mamba layers: "linear_attention";
+# LFM2's short convolutions: "conv"): kvcore plans them as State(D).
 STATE_TYPES = ("linear_attention", "conv")
 
 # Layer types without attention or state: transformers gives them a "dummy" cache layer
@@ -196,7 +199,7 @@ HYBRID_FAMILIES = ("falcon_h1",)
 
 # A multimodal config keeps the language model under text_config.
 TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text",
-                    "qwen3_5": "qwen3_5_text"}
+                   "qwen3_5": "qwen3_5_text"}
 
 # Fields that mean the KV cache is not per-layer K/V rows of one shape.
 UNSUPPORTED: dict[str, str] = {
