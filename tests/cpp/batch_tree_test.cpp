@@ -87,6 +87,8 @@ TreeCoverage run_twin(const CacheConfig& cfg, int seeds, int ops) {
 }
 
 void expect_covered(const TreeCoverage& c, bool hits) {
+  // The smallest of the 18 runs measured 2026-12-05 (support/uniform.h's draws): 3,409 trees,
+  // 862 commits off the main line; the other counts only need to be reached.
   EXPECT_GE(c.trees, 1000);
   EXPECT_GT(c.off_main, 100);
   EXPECT_GT(c.copies, 0);

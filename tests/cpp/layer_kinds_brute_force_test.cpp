@@ -75,7 +75,16 @@ TEST(LayerKindsBruteForce, EveryReadAndRewindFollowsSection9) {
     ASSERT_EQ(err, "") << "seed " << seed << " (KVCORE_KINDS_SEED=" << seed << "): " << describe_kinds(cfg);
   }
   if (seed_env) return;
-  // The generator reaches every path the rules distinguish.
+  std::printf("%ld cases: %ld verify chains, %ld trees, %ld branched commits, %ld partial commits (%ld refused), "
+              "%ld begins refused for a lost state, %ld verify steps too long, %ld rewinds refused, %ld state "
+              "rewinds, %ld state copies, %ld steps left begun\n",
+              cov.cases, cov.verify_chains, cov.trees, cov.branched_commits, cov.partial_commits, cov.partial_refused,
+              cov.begin_refused_lost_state, cov.verify_too_long, cov.rewinds_refused, cov.state_rewinds_ok,
+              cov.state_copies, cov.left_begun);
+  // The generator reaches every path the rules distinguish. Measured 2026-12-05 (kvcore_test::Rng, the
+  // same everywhere): 8,469 verify chains, 7,052 trees, 312 branched and 3,563 partial commits (529
+  // refused), 780 begins refused for a lost state, 3,570 verify steps too long, 6,215 rewinds refused,
+  // 1,858 state rewinds, 76 state copies, 2,490 steps left begun; each floor is under its count.
   EXPECT_GT(cov.verify_chains, 1000);
   EXPECT_GT(cov.trees, 1000);
   EXPECT_GT(cov.branched_commits, 200);

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -418,7 +419,13 @@ TEST(TreeBruteForce, RandomTreesFollowSection7) {
     TreeCase c(0x7EE5000ull + static_cast<std::uint64_t>(i), cov);
     if (!c.run()) ++failures;
   }
-  // The generator reaches every interesting path.
+  std::printf("%ld trees (%ld commits: %ld on the main line, %ld with copies), %ld after a ring wrapped, %ld of "
+              "over 32 nodes; %ld chain steps, %ld aborts, %ld rewinds\n",
+              cov.trees, cov.tree_commits, cov.main_line_commits, cov.copied_commits, cov.wrapped_trees,
+              cov.wide_masks, cov.chain_steps, cov.aborts, cov.rewinds);
+  // The generator reaches every interesting path. Measured 2026-12-05 (kvcore_test::Rng, the same
+  // everywhere): 46,228 trees, 33,704 main-line and 5,578 copied commits, 16,719 after a ring wrapped,
+  // 727 of over 32 nodes, 20,732 chain steps, 4,624 aborts, 9,756 rewinds.
   EXPECT_GT(cov.trees, 10000);
   EXPECT_GT(cov.main_line_commits, 500);
   EXPECT_GT(cov.copied_commits, 500);

@@ -161,8 +161,12 @@ def test_visibility_mask_follows_the_design_rule() -> None:
 
 def test_rope_is_a_rotation_by_logical_position() -> None:
     x = np.random.default_rng(0).standard_normal((3, 2, 8)).astype(np.float32)
+    # Position 0 rotates by angle 0: cos 1 and sin 0 exactly, so x comes back exactly (1e-7 is below
+    # float32's spacing at these values, |x| up to 2.3).
     np.testing.assert_allclose(rope(x, np.zeros(3, np.int64), 10_000.0), x, atol=1e-7)
     r = rope(x, np.array([5, 17, 2**20]), 10_000.0)
+    # A rotation keeps the norm; float32 rounds each of the 8 products to 2^-24 relative, so 1e-5 is
+    # about 100x that.
     np.testing.assert_allclose(np.linalg.norm(r, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
     # Relative: <rope(q, m), rope(k, n)> depends on m - n only.
     q, k = x[:1], x[1:2]
