@@ -96,6 +96,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -1441,6 +1442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             row["vllm"] = vl
     for row in rows:
         row["compare"] = compare(row["kvcore"], row.get("vllm"))
+        # Prompts shorter than one vLLM block (on the hybrid its aligned block): vLLM cannot reuse them.
+        bv = vllm_block_size(make_model(row["model"]), row["block"])
+        short = [i for i, r in enumerate(trace) if r.input_length < bv]
+        side = {k: (row.get(k) or {}).get("hits") or [] for k in ("kvcore", "vllm")}
+        row["short_prompts"] = {"below_tokens": bv, "count": len(short),
+                                "prompt_tokens": sum(trace[i].input_length for i in short),
+                                **{f"{k}_reused": (sum(h[i] for i in short) if h else None) for k, h in side.items()}}
     print(f"trace {trace_name}: {len(trace)} requests, {prompt_total:,} prompt tokens; "
           f"scheduler {dataclasses.asdict(cfg)}")
     print("kvcore pools per group: " + ("equal blocks per group" if args.ring_share is None else
@@ -1461,9 +1469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "state_share": args.state_share, "python": platform.python_version(),
                   "checks_failed": failed, "rows": rows}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(report, indent=1)
+        # Lists of numbers (the per-request hits) on one line each.
+        text = re.sub(r"\[\s*(-?[\d.e+]+(?:,\s*-?[\d.e+]+)*)\s*\]",
+                      lambda m: "[" + "".join(m.group(1).split()) + "]", text)
         with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+            f.write(text + "\n")
     return 1 if failed else 0
 
 
