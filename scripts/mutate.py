@@ -36,6 +36,11 @@ INC = "cpp/include/kvcore/"
 # --quick's test files for the batch headers: the key table, the scenarios, the brute force.
 BATCH_TESTS = ["block_pool_test.cpp", "batch_scenario_test.cpp", "batch_brute_force_test.cpp"]
 BATCH_RE = "Batch|BlockPool|StepMask|Faces"
+# --quick's test files for the quantized rows and the layer kinds (issue 43, item 6).
+QUANT_TESTS = ["quantized_pool_test.cpp"]
+QUANT_RE = "Quantiz"
+KINDS_TESTS = ["layer_kinds_test.cpp", "layer_kinds_brute_force_test.cpp", "kv_pool_kinds_test.cpp"]
+KINDS_RE = "LayerKinds|KVPoolKinds"
 
 
 @dataclass
@@ -148,6 +153,35 @@ MUTANTS = [
     Mutant("pool/paged_kv_pool.h", PAGED_COPIES + PAGED_WRITES, PAGED_WRITES + PAGED_COPIES,
            "PagedKVPool::update writes the step's rows before its copy-on-write copies (issue 23)",
            ["paged_kv_pool_test.cpp"], "PagedKVPool|Paged"),
+    # --- quantized rows (pool/quantize.h; issue 43 item 6) ---
+    # (Not the zero point's lower clamp at -128: an equivalent mutant. The first formula,
+    # -128 - lo / scale, is >= -128 as lo <= 0; the second applies only when lo / scale +
+    # hi / scale <= 1, and (hi - lo) / scale <= 255, so hi / scale <= 128 and 127 - hi / scale
+    # >= -1. 48 million random rows never took it below -128; docs/robustness.md.)
+    Mutant("pool/quantize.h", "    q = q < -128.0 ? -128.0 : (q > 127.0 ? 127.0 : q);",
+           "    q = q > 127.0 ? 127.0 : q;",
+           "an int8 value loses its lower clamp at -128", QUANT_TESTS, QUANT_RE),
+    Mutant("pool/quantize.h", "    if (!(p.scale >= FLT_EPSILON)) p.scale = FLT_EPSILON;",
+           "    if (!(p.scale > 0.0f)) p.scale = FLT_EPSILON;",
+           "the int8 scale's floor is FLT_EPSILON only for a zero range", QUANT_TESTS, QUANT_RE),
+    Mutant("pool/quantize.h", "float zp = from_min + from_max > 0.0f ?", "float zp = from_min + from_max >= 0.0f ?",
+           "the zero point's tie between its two formulas goes the other way", QUANT_TESTS, QUANT_RE),
+    Mutant("pool/quantize.h", "      if (!(scale >= FLT_MIN)) scale = FLT_MIN;", "      if (!(scale > 0.0f)) scale = FLT_MIN;",
+           "the fp8 scale's floor is FLT_MIN only for an all-zero row", QUANT_TESTS, QUANT_RE),
+    # --- layer kinds (core/chunked_policy.h, core/state_policy.h; issue 43 item 6) ---
+    Mutant("core/chunked_policy.h", "append_geometry_runs(p.read, p.n_read, window_begin(position), end);",
+           "append_geometry_runs(p.read, p.n_read, window_begin(position) + (position % chunk_ > 0 ? 1 : 0), end);",
+           "a chunked step mid-chunk reads from one past its chunk's start", KINDS_TESTS, KINDS_RE),
+    Mutant("core/chunked_policy.h", "int needed_floor(int n) const noexcept override { return window_begin(n); }",
+           "int needed_floor(int n) const noexcept override { return n; }",
+           "a chunked layer's rewind ignores the chunk's earlier keys", KINDS_TESTS, KINDS_RE),
+    Mutant("core/state_policy.h", "    if (position > 0) p.read[p.n_read++] = Run{row(position - 1), 1, position - 1};",
+           "    if (position > 1) p.read[p.n_read++] = Run{row(position - 1), 1, position - 1};",
+           "a state step at position 1 starts from zeros", KINDS_TESTS, KINDS_RE),
+    Mutant("core/state_policy.h", "      if (held[s] >= n) held[s] = -1;", "      if (held[s] > n) held[s] = -1;",
+           "a truncation to n keeps the state of position n", KINDS_TESTS, KINDS_RE),
+    Mutant("core/state_policy.h", "    return n == 0 || held[row(n - 1)] == n - 1;", "    return n == 0 || held[row(n - 1)] >= 0;",
+           "a state rewind lands on a slot that holds another position's state", KINDS_TESTS, KINDS_RE),
 ]
 
 

@@ -104,6 +104,60 @@ TEST(QuantizedCodec, QInt8FollowsExecuTorchsRuleByHand) {
   for (float b : back) EXPECT_EQ(b, 0.0f);
 }
 
+// Edges of the rule that random rows rarely reach (issue 43 item 6: scripts/mutate.py's
+// quantization mutants survived the C++ suite), each worked by hand from the rule in
+// docs/quantized.md, in float32 where ExecuTorch computes in float32. ExecuTorch's
+// QuantizedKVCache._quantize gives the same bytes for both int8 rows (checked 2026-12-05).
+TEST(QuantizedCodec, QInt8ClampsAValueTheZeroPointsRoundingPushesPastMinus128) {
+  // lo = -0.0011609311, hi = 0.59091187 (float32 0xba982a62, 0x3f174600): scale = (hi - lo) / 255
+  // = 0.0023218540; lo / scale = -0.50000173, so -128 - lo / scale = -127.49999827, which is
+  // -127.5 in float32 and rounds half to even to a zero point of -128. lo then maps to
+  // nearbyint(lo * (1.0 / scale) + zp) = nearbyint(-128.50000175) = -129: clamped to -128.
+  const float x[2] = {-0.0011609310749918222f, 0.590911865234375f};
+  unsigned char row[12];
+  kvcore::quantize_row(DType::QInt8, 1, 2, DType::Float32, x, row);
+  EXPECT_EQ(static_cast<std::int8_t>(row[8]), -128);  // the zero point
+  EXPECT_EQ(static_cast<std::int8_t>(row[0]), -128);  // -129 before the clamp
+  EXPECT_EQ(static_cast<std::int8_t>(row[1]), 127);   // 254.50000948 - 128 rounds to 127
+}
+
+TEST(QuantizedCodec, QInt8AnExactTieOfTheZeroPointsTwoFormulasTakesTheSecond) {
+  // lo = -2.5871059e-9, hi = 1.2179679e-7: a range below 255 * FLT_EPSILON, so the scale is
+  // FLT_EPSILON; lo / scale = -0.021702217 and hi / scale = 1.0217055, and in float32
+  // (-128 + lo / scale) + (127 + hi / scale) is exactly 0: not > 0, so the zero point is
+  // 127 - hi / scale = 125.978 -> 126 (the other formula, -128 - lo / scale, would give -128).
+  const float x[2] = {-2.587105862872363e-09f, 1.2179678776647052e-07f};
+  unsigned char row[12];
+  kvcore::quantize_row(DType::QInt8, 1, 2, DType::Float32, x, row);
+  float scale;
+  std::memcpy(&scale, row + 4, 4);
+  EXPECT_EQ(scale, FLT_EPSILON);
+  EXPECT_EQ(static_cast<std::int8_t>(row[8]), 126);
+  EXPECT_EQ(static_cast<std::int8_t>(row[0]), 126);  // -0.0217 + 126
+  EXPECT_EQ(static_cast<std::int8_t>(row[1]), 127);  // 1.0217 + 126
+}
+
+TEST(QuantizedCodec, ScaleFloorsHoldForTinyRangesNotOnlyForZeroRows) {
+  // qint8: a range of 1e-6 gives (hi - lo) / 255 = 3.9e-9 < FLT_EPSILON: the scale is
+  // FLT_EPSILON, the zero point -128 - 0 = -128, and 1e-6 maps to nearbyint(1e-6 / FLT_EPSILON
+  // - 128) = nearbyint(8.39 - 128) = -120.
+  const float tiny[2] = {0.0f, 1e-6f};
+  unsigned char row[12];
+  kvcore::quantize_row(DType::QInt8, 1, 2, DType::Float32, tiny, row);
+  float scale;
+  std::memcpy(&scale, row + 4, 4);
+  EXPECT_EQ(scale, FLT_EPSILON);
+  EXPECT_EQ(static_cast<std::int8_t>(row[8]), -128);
+  EXPECT_EQ(static_cast<std::int8_t>(row[1]), -120);
+  // fp8: max|x| / 448 = 2.2e-40 < FLT_MIN for max|x| = 1e-37: the scale is FLT_MIN (the
+  // values are then in [0, 448] as e4m3 needs, 1e-37 / FLT_MIN = 8.5).
+  const float small[2] = {1e-37f, 0.0f};
+  unsigned char f8[8];
+  kvcore::quantize_row(DType::Fp8E4M3, 1, 2, DType::Float32, small, f8);
+  std::memcpy(&scale, f8 + 4, 4);
+  EXPECT_EQ(scale, FLT_MIN);
+}
+
 TEST(QuantizedCodec, RowSizesCarryScalesAndZeroPoints) {
   std::uint64_t n = 0;
   ASSERT_TRUE(kvcore::row_size(DType::QInt8, 1, 256, UINT64_MAX, &n));
