@@ -182,6 +182,8 @@ MUTANTS = [
            "a truncation to n keeps the state of position n", KINDS_TESTS, KINDS_RE),
     Mutant("core/state_policy.h", "    return n == 0 || held[row(n - 1)] == n - 1;", "    return n == 0 || held[row(n - 1)] >= 0;",
            "a state rewind lands on a slot that holds another position's state", KINDS_TESTS, KINDS_RE),
+    Mutant("batch/parts/state_group.h", "      if (p < 0 || p >= upto) continue;", "      if (p < 0) continue;",
+           "a fork shares the source's states of positions past upto", ["batch_state_test.cpp"], "BatchState"),
 ]
 
 

@@ -229,6 +229,27 @@ TEST(BatchState, AForkSharesTheStateSnapshotAndNeverWritesItInPlace) {
   EXPECT_FALSE(c->can_rewind(1, 3));  // the snapshot's logical slot now holds position 5
 }
 
+// A fork to `upto` takes the source's states of positions below upto only: a
+// state of a later position (here 2, after three one-token steps with D = 3)
+// stays the source's, and the child's logical slot for it names nothing.
+// (Issue 43 item 6: nothing held this before.)
+TEST(BatchState, AForkHoldsNoStateSlotPastUpto) {
+  auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(3)}));
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  for (int p = 0; p < 3; ++p) step_and_commit(*c, StepEntry{0, 1, nullptr});
+  for (int slot = 0; slot < 3; ++slot) EXPECT_EQ(*c->held_state(0, 0, slot), slot);  // slot(p) = p mod 3
+  const int free_before = *c->free_state_slots(0);
+  ASSERT_EQ(c->fork(0, 1, 2), Error::Ok);
+  EXPECT_EQ(*c->held_state(0, 1, 0), 0);
+  EXPECT_EQ(*c->held_state(0, 1, 1), 1);
+  EXPECT_EQ(*c->held_state(0, 1, 2), -1) << "the child holds the state of position 2, past upto = 2";
+  EXPECT_EQ(*c->state_slot(0, 1, 2), -1);
+  EXPECT_EQ(*c->state_slot(0, 1, 1), *c->state_slot(0, 0, 1));  // shared, not copied
+  EXPECT_EQ(*c->free_state_slots(0), free_before);             // sharing takes no slot
+  for (int slot = 0; slot < 3; ++slot) EXPECT_EQ(*c->held_state(0, 0, slot), slot);  // the source keeps its own
+}
+
 // Draft trees: node i reads its parent's slot and writes its own; the commit
 // copies the accepted nodes' states where a chain decode would have put them.
 TEST(BatchState, TreeNodesReadTheirParentsSlotsAndTheCommitCopiesSlots) {
