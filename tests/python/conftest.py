@@ -18,8 +18,8 @@ import shutil
 import subprocess
 import sysconfig
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,7 +134,8 @@ def _unexpected(config: pytest.Config) -> list[tuple[str, str]]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _unexpected(session.config) and exitstatus == pytest.ExitCode.OK:
+    # (NO_TESTS_COLLECTED too: a file whose module-level skip left nothing to run.)
+    if _unexpected(session.config) and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
