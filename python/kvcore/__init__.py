@@ -9,6 +9,9 @@ recurrent-state (State) layers under one logical length.
 from __future__ import annotations
 
 from kvcore._core import (
+    KV_EVENT_CLEARED,
+    KV_EVENT_EVICTED,
+    KV_EVENT_STORED,
     BatchCache,
     BatchLimits,
     BatchStep,
@@ -33,6 +36,7 @@ from kvcore._core import (
     StateGroupPlan,
     Step,
     __version__,
+    block_keys,
 )
 from kvcore._errors import (
     AllocationError,
@@ -69,6 +73,9 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidStateError",
     "KVCacheError",
+    "KV_EVENT_CLEARED",
+    "KV_EVENT_EVICTED",
+    "KV_EVENT_STORED",
     "KVPool",
     "LayerConfig",
     "LayerGeometry",
@@ -87,6 +94,7 @@ __all__ = [
     "StateGroupPlan",
     "Step",
     "__version__",
+    "block_keys",
     "build",
     "config_from_hf",
     "get_cmake_dir",

@@ -171,17 +171,21 @@ class BatchLimits(metaclass=_pybind11_type):
         max_holes: SupportsIndex = 8,
         max_active_seqs: SupportsIndex = 0,
         state_snapshots: SupportsIndex = 0,
+        page_layers: SupportsIndex = 0,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
-        most 2**20). num_blocks: blocks of each flat group's pool (0: enough for max_active_seqs
-        sequences at full capacity; ring groups size theirs). max_holes: removed middle ranges one
-        sequence keeps apart. max_active_seqs: sequences active at once (0: max_seqs); each group's
-        block tables hold one row of ceil(capacity / block_size) entries per active sequence, and
-        flat pools default to that many full rows. state_snapshots: named state snapshots each State
-        group keeps for prefix reuse (a step ending on a full block names the state after it; 0: a
-        model with State layers never hits a prefix), one state slot each. Checked when a BatchCache
-        is built (InvalidArgumentError naming the field).
+        most 2**20). num_blocks: blocks of the one pool every group draws from (0: what each group
+        would need alone for max_active_seqs sequences, summed: a full table row per flat group, a
+        window's blocks per ring). max_holes: removed middle ranges one sequence keeps apart.
+        max_active_seqs: sequences active at once (0: max_seqs); each group's block tables hold one
+        row of ceil(capacity / block_size) entries per active sequence. state_snapshots: named state
+        snapshots each State group keeps for prefix reuse (a step ending on a full block names the
+        state after it; 0: a model with State layers never hits a prefix), one state slot each.
+        page_layers: layers of one policy form groups of at most this many, so that the pool's
+        pages (one layer of each group) leave no storage unused (0: the fewest layers any policy
+        has, vLLM's rule). Checked when a BatchCache is built (InvalidArgumentError naming the
+        field).
         """
     @property
     def block_size(self) -> int:
@@ -194,7 +198,7 @@ class BatchLimits(metaclass=_pybind11_type):
         """New tokens of one step over all sequences (0: the default)."""
     @property
     def num_blocks(self) -> int:
-        """Blocks of each flat group's pool (0: the default)."""
+        """Blocks of the one pool every group draws from (0: the default)."""
     @property
     def max_holes(self) -> int:
         """Removed middle ranges one sequence keeps apart."""
@@ -204,6 +208,9 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def state_snapshots(self) -> int:
         """Named state snapshots per State group for prefix reuse (0: none)."""
+    @property
+    def page_layers(self) -> int:
+        """Most layers of one group (0: the fewest layers any policy has)."""
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -1220,30 +1227,42 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def layer_config(self, layer: SupportsIndex) -> LayerConfig:
         """A layer's policy and row shape. InvalidArgumentError: bad layer."""
     def num_blocks(self, group: SupportsIndex) -> int:
-        """Blocks in a group's pool (its rows: num_blocks * block_size). InvalidArgumentError: group
-        outside [0, n_groups).
+        """Blocks of the one pool every group draws from (the same for every group; a layer's rows:
+        num_blocks * block_size). InvalidArgumentError: group outside [0, n_groups).
         """
     def used_blocks(self, group: SupportsIndex) -> int:
-        """One past the highest block of the group any sequence holds: every live row lies in rows
-        [0, used_blocks * block_size) (allocation takes the lowest free block).
-        InvalidArgumentError: group outside [0, n_groups).
+        """One past the highest block of the one pool any sequence holds (the same for every group):
+        every live row lies in rows [0, used_blocks * block_size) (allocation takes the lowest free
+        block). InvalidArgumentError: group outside [0, n_groups).
+        """
+    def held_blocks(self, group: SupportsIndex) -> int:
+        """Blocks of the one pool the group's sequences hold now: how the budget splits between the
+        groups (the sum over groups is num_blocks - free_blocks). InvalidArgumentError: group
+        outside [0, n_groups).
+        """
+    def storage_layer(self, layer: SupportsIndex) -> int:
+        """The layer whose storage this layer's K/V rows may share: group g's j-th K/V layer shares
+        with the first layer that is any group's j-th (the groups draw their blocks from one pool, so
+        a block is one page of those layers' memory whichever group holds it); a byte layer shares
+        when the rows have one size. Shared and State layers: themselves. InvalidArgumentError: bad
+        layer.
         """
     def free_blocks(self, group: SupportsIndex) -> int:
-        """Blocks of a group no sequence holds (reclaimable cached ones included).
-        InvalidArgumentError: group outside [0, n_groups).
+        """Blocks of the one pool no sequence holds (reclaimable cached ones included; the same for
+        every group). InvalidArgumentError: group outside [0, n_groups).
         """
     def blocks_needed(self, seq: SupportsIndex, T: SupportsIndex) -> list[int]:
         """The blocks a step entry of T tokens of seq takes in each group (new blocks, and private
         copies of blocks other sequences hold or that are named), a list of n_groups ints, as
-        begin_step counts them: begin_step admits a step when, in every group, its entries' sum is
-        at most free_blocks(group) (plus what a begun step it replaces took), so requests admitted
-        one by one can add their needs up and begin the step once. Changes nothing.
+        begin_step counts them: begin_step admits a step when its entries' sum over every group is
+        at most free_blocks (plus what a begun step it replaces took), so requests admitted one by
+        one can add their needs up and begin the step once. Changes nothing.
         InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step];
         InvalidStateError: seq not active; CapacityError: length + T > capacity.
         """
     def cached_blocks(self, group: SupportsIndex) -> int:
-        """Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group
-        outside [0, n_groups).
+        """Free blocks of the group that still hold a reusable prefix (reclaimed least recently
+        released first, whatever their group). InvalidArgumentError: group outside [0, n_groups).
         """
     def blocks_held(self, seq: SupportsIndex, group: SupportsIndex) -> int:
         """Blocks of a group the sequence holds (0 for an inactive one), shared ones included.
@@ -1445,6 +1464,54 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     def clear(self) -> None:
         """Ends every sequence and forgets every cached block."""
+    # --- batch_prefix.cpp
+    def lookup_prefix(self, tokens: Iterable[SupportsIndex] | IntArrayArg, namespace: int | bytes | str | None = None) -> int:
+        """The prefix hit, in positions (a multiple of block_size; 0 on a miss), that adopt_prefix would
+        give an empty sequence of prefix namespace `namespace` (None: 0) for `tokens` now, with no side
+        effect: no block is held, no cached block's recency moves, a begun step stays begun. A
+        scheduler asks it before deciding to admit. InvalidArgumentError: len(tokens) > capacity, a
+        bad namespace or token id.
+        """
+    def enable_kv_events(self, capacity: SupportsIndex) -> None:
+        """Keeps up to `capacity` undrained KV events from now on (0, the default: none), forgetting
+        undrained ones and the dropped count. An event says a group stored a block key (its first
+        block carrying it: the tokens are reusable there), evicted one (its last block carrying it
+        was reclaimed) or that clear() forgot everything. A full queue drops new events and counts
+        them (kv_events_dropped). InvalidArgumentError: capacity outside [0, 2**24]. AllocationError:
+        the queue cannot be allocated (nothing changes).
+        """
+    def drain_kv_events(self, max: SupportsIndex | None = None) -> npt.NDArray[np.void]:
+        """Removes and returns the oldest undrained KV events (all, or at most `max`) as a numpy
+        structured array with fields kind (uint8: KV_EVENT_STORED, KV_EVENT_EVICTED,
+        KV_EVENT_CLEARED), group (int32; -1 for cleared), key_lo and key_hi (uint64: the block key,
+        as block_keys gives it), namespace (uint64), start and end (int32: the token positions
+        [start, end) the block holds). InvalidArgumentError: max < 0.
+        """
+    @property
+    def kv_events_pending(self) -> int:
+        """KV events waiting to be drained."""
+    @property
+    def kv_events_capacity(self) -> int:
+        """Undrained KV events kept at most (0: events are off)."""
+    @property
+    def kv_events_dropped(self) -> int:
+        """KV events dropped because the queue was full, since enable_kv_events: when it moves, a
+        consumer's view of the cache is stale.
+        """
+
+KV_EVENT_STORED: int
+KV_EVENT_EVICTED: int
+KV_EVENT_CLEARED: int
+
+def block_keys(
+    tokens: Iterable[SupportsIndex] | IntArrayArg, block_size: SupportsIndex, namespace: int | bytes | str | None = None
+) -> npt.NDArray[np.uint64]:
+    """The content keys of the full blocks of `tokens` (a 1-D int array or an ordered iterable of ints)
+    in blocks of `block_size` tokens and prefix namespace `namespace` (None: 0; an int, bytes or
+    str as add_sequence takes it): a uint64 array (len(tokens) // block_size, 2), columns (lo, hi),
+    row i the chained key of block i, exactly the keys BatchCache names blocks by and its KV events
+    carry. InvalidArgumentError: block_size < 1, a bad namespace or token id.
+    """
 
 # --- paged_pool.cpp --------------------------------------------------------------
 

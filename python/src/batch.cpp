@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "batch_arrays.h"
+#include "batch_prefix.h"
 #include "batch_step_handle.h"
 #include "bindings.h"
 #include "errors.h"
@@ -725,15 +726,15 @@ void register_batch(py::module_& m) {
         return "BatchStep(n_entries=" + std::to_string(h.step.n_entries) + ", n_tokens=" + std::to_string(h.step.n_tokens) + ")";
       });
 
-  py::class_<Cache, kvcore::CacheBase, CachePtr>(
+  py::class_<Cache, kvcore::CacheBase, CachePtr> cls(
       m, "BatchCache",
       "Many sequences over paged block pools (docs/design.md section 6): one pool of blocks per group "
       "of layers sharing a policy; forks share blocks, removals and rewinds release them, ring "
       "groups release what no future query can reach, and full blocks named by their token ids "
       "are reused by new sequences with the same prefix. Sequence ids are 0..max_seqs-1; every "
       "table is sized from config.batch (BatchLimits) at creation. A failing call raises and "
-      "changes nothing.")
-      .def(py::init([](const kvcore::CacheConfig& cfg) { return CachePtr(unwrap(Cache::create(cfg))); }),
+      "changes nothing.");
+  cls.def(py::init([](const kvcore::CacheConfig& cfg) { return CachePtr(unwrap(Cache::create(cfg))); }),
            py::arg("config"),
            "Builds the cache. InvalidArgumentError names a bad config or BatchLimits field; "
            "AllocationError when its tables cannot be allocated.")
@@ -793,15 +794,28 @@ void register_batch(py::module_& m) {
            py::arg("layer"), "A layer's policy and row shape. InvalidArgumentError: bad layer.")
       .def("num_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.num_blocks(to_int("group", group))); },
            py::arg("group"),
-           "Blocks in a group's pool (its rows: num_blocks * block_size). InvalidArgumentError: group outside [0, n_groups).")
+           "Blocks of the one pool every group draws from (the same for every group; a layer's rows: "
+           "num_blocks * block_size). InvalidArgumentError: group outside [0, n_groups).")
       .def("used_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.used_blocks(to_int("group", group))); },
            py::arg("group"),
-           "One past the highest block of the group any sequence holds: every live row lies in rows "
-           "[0, used_blocks * block_size) (allocation takes the lowest free block). "
-           "InvalidArgumentError: group outside [0, n_groups).")
+           "One past the highest block of the one pool any sequence holds (the same for every group): "
+           "every live row lies in rows [0, used_blocks * block_size) (allocation takes the lowest free "
+           "block). InvalidArgumentError: group outside [0, n_groups).")
+      .def("held_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.held_blocks(to_int("group", group))); },
+           py::arg("group"),
+           "Blocks of the one pool the group's sequences hold now: how the budget splits between the "
+           "groups (the sum over groups is num_blocks - free_blocks). InvalidArgumentError: group "
+           "outside [0, n_groups).")
+      .def("storage_layer", [](const Cache& c, const IntArg& layer) { return unwrap(c.storage_layer(to_int("layer", layer))); },
+           py::arg("layer"),
+           "The layer whose storage this layer's K/V rows may share: group g's j-th K/V layer shares with "
+           "the first layer that is any group's j-th (the groups draw their blocks from one pool, so a "
+           "block is one page of those layers' memory whichever group holds it); a byte layer shares when "
+           "the rows have one size. Shared and State layers: themselves. InvalidArgumentError: bad layer.")
       .def("free_blocks", [](const Cache& c, const IntArg& group) { return unwrap(c.free_blocks(to_int("group", group))); },
            py::arg("group"),
-           "Blocks of a group no sequence holds (reclaimable cached ones included). InvalidArgumentError: group outside [0, n_groups).")
+           "Blocks of the one pool no sequence holds (reclaimable cached ones included; the same for every "
+           "group). InvalidArgumentError: group outside [0, n_groups).")
       .def("blocks_needed",
            [](const Cache& c, const IntArg& seq, const IntArg& T) {
              std::vector<int> need(static_cast<std::size_t>(c.n_groups()));
@@ -811,14 +825,15 @@ void register_batch(py::module_& m) {
            py::arg("seq"), py::arg("T"),
            "The blocks a step entry of T tokens of seq takes in each group (new blocks, and private copies "
            "of blocks other sequences hold or that are named), a list of n_groups ints, as begin_step counts "
-           "them: begin_step admits a step when, in every group, its entries' sum is at most free_blocks(group) "
+           "them: begin_step admits a step when its entries' sum over every group is at most free_blocks "
            "(plus what a begun step it replaces took), so requests admitted one by one can add their needs up "
            "and begin the step once. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T "
            "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
       .def("cached_blocks",
            [](const Cache& c, const IntArg& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
            py::arg("group"),
-           "Free blocks of a group that still hold a reusable prefix. InvalidArgumentError: group outside [0, n_groups).")
+           "Free blocks of the group that still hold a reusable prefix (reclaimed least recently released "
+           "first, whatever their group). InvalidArgumentError: group outside [0, n_groups).")
       .def("blocks_held",
            [](const Cache& c, const IntArg& seq, const IntArg& group) {
              return unwrap(c.blocks_held(to_int("seq", seq), to_int("group", group)));
@@ -1023,6 +1038,7 @@ void register_batch(py::module_& m) {
         return "BatchCache(max_seqs=" + std::to_string(c.max_seqs()) + ", n_groups=" + std::to_string(c.n_groups()) +
                ", block_size=" + std::to_string(c.block_size()) + ", capacity=" + std::to_string(c.capacity()) + ")";
       });
+  bind_batch_prefix(cls, m);
 }
 
 }  // namespace kvcore_py

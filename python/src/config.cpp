@@ -58,7 +58,8 @@ std::string repr(const kvcore::BatchLimits& b) {
          ", max_step_tokens=" + std::to_string(b.max_step_tokens) + ", num_blocks=" + std::to_string(b.num_blocks) +
          ", max_holes=" + std::to_string(b.max_holes) +
          (b.max_active_seqs != 0 ? ", max_active_seqs=" + std::to_string(b.max_active_seqs) : std::string()) +
-         (b.state_snapshots != 0 ? ", state_snapshots=" + std::to_string(b.state_snapshots) : std::string()) + ")";
+         (b.state_snapshots != 0 ? ", state_snapshots=" + std::to_string(b.state_snapshots) : std::string()) +
+         (b.page_layers != 0 ? ", page_layers=" + std::to_string(b.page_layers) : std::string()) + ")";
 }
 
 // Mirrors the constructor call, so the repr reads as the config it is.
@@ -79,7 +80,7 @@ std::string repr(const kvcore::CacheConfig& c) {
   const kvcore::BatchLimits& b = c.batch;
   if (b.block_size != d.block_size || b.max_seqs != d.max_seqs || b.max_step_tokens != d.max_step_tokens ||
       b.num_blocks != d.num_blocks || b.max_holes != d.max_holes || b.max_active_seqs != d.max_active_seqs ||
-      b.state_snapshots != d.state_snapshots)
+      b.state_snapshots != d.state_snapshots || b.page_layers != d.page_layers)
     s += ", batch=" + repr(b);
   return s + ")";
 }
@@ -220,7 +221,7 @@ void register_config(py::module_& m) {
   batch_limits
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
                        const PyInt& num_blocks, const PyInt& max_holes, const PyInt& max_active_seqs,
-                       const PyInt& state_snapshots) {
+                       const PyInt& state_snapshots, const PyInt& page_layers) {
              kvcore::BatchLimits b;
              b.block_size = to_int("block_size", block_size);
              b.max_seqs = to_int("max_seqs", max_seqs);
@@ -229,33 +230,39 @@ void register_config(py::module_& m) {
              b.max_holes = to_int("max_holes", max_holes);
              b.max_active_seqs = to_int("max_active_seqs", max_active_seqs);
              b.state_snapshots = to_int("state_snapshots", state_snapshots);
+             b.page_layers = to_int("page_layers", page_layers);
              return b;
            }),
            py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
            py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8, py::arg("max_active_seqs") = 0,
-           py::arg("state_snapshots") = 0,
+           py::arg("state_snapshots") = 0, py::arg("page_layers") = 0,
            "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
            "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
-           "max_seqs * max_step, at most 2**20). num_blocks: blocks of each flat group's pool (0: enough for "
-           "max_active_seqs sequences at full capacity; ring groups size theirs). max_holes: removed middle "
+           "max_seqs * max_step, at most 2**20). num_blocks: blocks of the one pool every group draws from "
+           "(0: what each group would need alone for max_active_seqs sequences, summed: a full table row per "
+           "flat group, a window's blocks per ring). max_holes: removed middle "
            "ranges one sequence keeps apart. max_active_seqs: sequences active at once (0: max_seqs); "
            "each group's block tables hold one row of ceil(capacity / block_size) entries per active "
-           "sequence, and flat pools default to that many full rows. state_snapshots: named state "
+           "sequence. state_snapshots: named state "
            "snapshots each State group keeps for prefix reuse (a step ending on a full block names the state "
-           "after it; 0: a model with State layers never hits a prefix), one state slot each. Checked when a "
+           "after it; 0: a model with State layers never hits a prefix), one state slot each. page_layers: layers "
+           "of one policy form groups of at most this many, so that the pool's pages (one layer of each group) "
+           "leave no storage unused (0: the fewest layers any policy has, vLLM's rule). Checked when a "
            "BatchCache is built (InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
       .def_readonly("max_step_tokens", &kvcore::BatchLimits::max_step_tokens,
                     "New tokens of one step over all sequences (0: the default).")
       .def_readonly("num_blocks", &kvcore::BatchLimits::num_blocks,
-                    "Blocks of each flat group's pool (0: the default).")
+                    "Blocks of the one pool every group draws from (0: the default).")
       .def_readonly("max_holes", &kvcore::BatchLimits::max_holes,
                     "Removed middle ranges one sequence keeps apart.")
       .def_readonly("max_active_seqs", &kvcore::BatchLimits::max_active_seqs,
                     "Sequences active at once: block table rows per group (0: max_seqs).")
       .def_readonly("state_snapshots", &kvcore::BatchLimits::state_snapshots,
                     "Named state snapshots per State group for prefix reuse (0: none).")
+      .def_readonly("page_layers", &kvcore::BatchLimits::page_layers,
+                    "Most layers of one group (0: the fewest layers any policy has).")
       .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 
   py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies, validated on construction.");

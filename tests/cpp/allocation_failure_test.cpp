@@ -287,19 +287,48 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   cfg.batch.num_blocks = (1 << 30) + 1;
   Status outcome;
   {
-    FailNothrowNewAfter fail(7);  // the cache object and its 6 layer tables
+    // The cache object, its 7 layer tables, the 5 tables forming the groups and the 2 sharing storage.
+    FailNothrowNewAfter fail(15);
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::InvalidArgument) << outcome.message().c_str();
-  EXPECT_STREQ(outcome.message().c_str(), "group 0: 1073741825 blocks: a pool holds at most 2^30 blocks");
+  EXPECT_STREQ(outcome.message().c_str(), "the pool: 1073741825 blocks: a pool holds at most 2^30 blocks");
   // 2^30 blocks pass (the pool asks for its tables, which fail here).
   cfg.batch.num_blocks = 1 << 30;
   {
-    FailNothrowNewAfter fail(9);  // the cache object, its 6 layer tables and the 2 of its table rows
+    FailNothrowNewAfter fail(17);  // as above, and the 2 of its table rows
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);
-  EXPECT_STREQ(outcome.message().c_str(), "cannot allocate the block tables of a group's pool (1073741824 blocks)");
+  EXPECT_STREQ(outcome.message().c_str(), "cannot allocate the block tables of the cache's pool (1073741824 blocks)");
+}
+
+// A KV event queue that cannot be allocated leaves the old one: its capacity,
+// its undrained events and its dropped count.
+TEST(AllocationFailure, AKVEventQueueThatCannotBeAllocatedLeavesTheOldOne) {
+  CacheConfig cfg = configs()[2];  // capacity 16, one flat layer
+  cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = 2;
+  auto cache = std::move(kvcore::BatchCache::create(cfg)).get();
+  ASSERT_TRUE(cache->enable_kv_events(1).ok());
+  ASSERT_TRUE(cache->add_sequence(0).ok());
+  const std::int32_t tokens[] = {1, 2, 3, 4};
+  const kvcore::StepEntry e{0, 4, tokens};
+  auto begun = cache->begin_step(&e, 1);
+  ASSERT_TRUE(begun.ok());
+  ASSERT_TRUE(cache->commit(*begun).ok());  // two blocks stored: one queued, one dropped
+  ASSERT_EQ(cache->kv_events().size(), 1);
+  ASSERT_EQ(cache->kv_events().dropped(), 1);
+  Status outcome;
+  {
+    FailNothrowNewAfter fail(0);
+    outcome = cache->enable_kv_events(1 << 24);
+  }
+  EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);
+  EXPECT_STREQ(outcome.message().c_str(), "cannot allocate a queue of 16777216 kv events");
+  EXPECT_EQ(cache->kv_events().capacity(), 1);
+  EXPECT_EQ(cache->kv_events().size(), 1);
+  EXPECT_EQ(cache->kv_events().dropped(), 1);
 }
 
 // A pool whose create() fails keeps what it had: its old tables, counts and

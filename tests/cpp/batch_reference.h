@@ -148,7 +148,31 @@ class BatchModel {
       }
       if (std::find(distinct.begin(), distinct.end(), own) == distinct.end()) distinct.push_back(own);
     }
-    if (cache.n_groups() != static_cast<int>(distinct.size())) return "groups: not one per distinct policy";
+    // "Layers of one policy form groups of at most page_layers layers (0: the
+    // fewest any policy has), each opened at its first layer": the expected
+    // group of every K/V layer, counted here from the rule.
+    std::vector<int> count(distinct.size(), 0);
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (cfg.layer(l).policy.holds_keys())
+        ++count[static_cast<std::size_t>(std::find(distinct.begin(), distinct.end(), cfg.layer(l).policy) - distinct.begin())];
+    int size = cfg.batch.page_layers;
+    if (size == 0)
+      for (int c : count)
+        if (c > 0) size = size == 0 || c < size ? c : size;
+    std::vector<int> open(distinct.size(), -1), filled(distinct.size(), 0);
+    int groups = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      if (!cfg.layer(l).policy.holds_keys()) continue;
+      const std::size_t c =
+          static_cast<std::size_t>(std::find(distinct.begin(), distinct.end(), cfg.layer(l).policy) - distinct.begin());
+      if (open[c] < 0 || filled[c] == size) {
+        open[c] = groups++;
+        filled[c] = 0;
+      }
+      ++filled[c];
+      if (*cache.group_of(l) != open[c]) return "layer " + std::to_string(l) + ": not in group " + std::to_string(open[c]);
+    }
+    if (cache.n_groups() != groups) return "groups: " + std::to_string(cache.n_groups()) + ", the rule makes " + std::to_string(groups);
     return "";
   }
 
@@ -387,10 +411,12 @@ class PrefixModel {
  public:
   explicit PrefixModel(const kvcore::BatchCache& cache)
       : B_(cache.block_size()), C_(cache.max_step()), stride_(cache.table_stride()) {
+    // "Every group draws from one pool" (docs/design.md section 6, "One budget").
+    if (cache.n_groups() > 0) blocks_.resize(static_cast<std::size_t>(*cache.num_blocks(0)));
     for (int g = 0; g < cache.n_groups(); ++g) {
       Group grp;
+      grp.index = g;
       grp.policy = *cache.group_policy(g);
-      grp.blocks.resize(static_cast<std::size_t>(*cache.num_blocks(g)));
       grp.tables.assign(static_cast<std::size_t>(cache.max_seqs()), std::vector<int>(static_cast<std::size_t>(stride_), -1));
       groups_.push_back(grp);
     }
@@ -410,8 +436,8 @@ class PrefixModel {
     reset(s);
   }
   void clear() {
+    for (Block& b : blocks_) b = Block{};
     for (Group& g : groups_) {
-      for (Block& b : g.blocks) b = Block{};
       for (std::vector<int>& t : g.tables) std::fill(t.begin(), t.end(), -1);
       g.copies.clear();
       g.writes.clear();
@@ -527,32 +553,32 @@ class PrefixModel {
   bool admits(const std::vector<Entry>& entries) const {
     PrefixModel after = *this;
     after.end_step();
+    int need = 0;  // "every group draws from one pool"
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       const Group& grp = after.groups_[g];
-      int need = 0;
       for (const Entry& e : entries) {
         const int L = after.seq(e.seq).length();
         for (int i = L / B_; i < ceil_div(L + static_cast<int>(e.tokens.size()), B_); ++i) {
           const int b = grp.table(e.seq)[i];
-          need += b < 0 || must_copy(grp, b);
+          need += b < 0 || after.must_copy(b);
         }
       }
-      if (need > after.free_blocks(static_cast<int>(g))) return false;
     }
-    return true;
+    return need <= after.free_blocks();
   }
 
   void begin(const std::vector<Entry>& entries) {
     end_step();
-    for (Group& g : groups_) {
-      for (const Entry& e : entries) {
+    // Entry after entry, each in every group: the order blocks are taken in.
+    for (const Entry& e : entries) {
+      for (Group& g : groups_) {
         const int L = seq(e.seq).length();
         Step::Write w{e.seq, L / B_, g.table(e.seq)[L / B_]};
         for (int i = L / B_; i < ceil_div(L + static_cast<int>(e.tokens.size()), B_); ++i) {
           int& b = g.table(e.seq)[i];
           if (b < 0) {
             b = allocate(g);
-          } else if (must_copy(g, b)) {
+          } else if (must_copy(b)) {
             g.copies.push_back(b);  // held until commit: an abandoned step restores it
             b = allocate(g);
           }
@@ -583,7 +609,7 @@ class PrefixModel {
       for (int i = L / B_; m.names && (i + 1) * B_ <= m.length(); ++i) {
         if (i < m.named_blocks) continue;
         for (Group& g : groups_) {
-          Block& blk = g.blocks[static_cast<std::size_t>(g.table(e.seq)[i])];
+          Block& blk = blocks_[static_cast<std::size_t>(g.table(e.seq)[i])];
           if (!blk.named) blk.named = true, blk.name = name_of(m.tokens, i);
         }
         m.named_blocks = i + 1;
@@ -609,14 +635,15 @@ class PrefixModel {
     step_.clear();
   }
 
-  int free_blocks(int g) const {
+  /// Free blocks of the one pool (cached ones included).
+  int free_blocks() const {
     int n = 0;
-    for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) n += b.refs == 0;
+    for (const Block& b : blocks_) n += b.refs == 0;
     return n;
   }
   int cached_blocks(int g) const {
     int n = 0;
-    for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) n += b.refs == 0 && b.named;
+    for (const Block& b : blocks_) n += b.refs == 0 && b.named && b.group == g;
     return n;
   }
   /// The content keys group g's blocks carry (each named block's tokens
@@ -624,8 +651,8 @@ class PrefixModel {
   /// events should have told them: one entry per distinct key.
   std::set<std::pair<std::uint64_t, std::uint64_t>> named_keys(int g) const {
     std::set<std::pair<std::uint64_t, std::uint64_t>> out;
-    for (const Block& b : groups_[static_cast<std::size_t>(g)].blocks) {
-      if (!b.named) continue;
+    for (const Block& b : blocks_) {
+      if (!b.named || b.group != g) continue;
       kvcore::BlockKey key = kvcore::BlockKey::root(0);
       for (std::size_t i = 0; i + static_cast<std::size_t>(B_) <= b.name.size(); i += static_cast<std::size_t>(B_))
         key = kvcore::BlockKey::chain(key, b.name.data() + i, B_);
@@ -643,12 +670,13 @@ class PrefixModel {
         for (int b : groups_[g].tables[s]) out += " " + std::to_string(b);
         out += " ]";
       }
-      out += " blocks:";
-      for (const Block& b : groups_[g].blocks)
-        out += " " + std::to_string(b.refs) + (b.named ? "n" + std::to_string(b.name.size()) : "") + "@" + std::to_string(b.released);
       out += "\n";
     }
-    return out;
+    out += "blocks:";
+    for (const Block& b : blocks_)
+      out += " g" + std::to_string(b.group) + ":" + std::to_string(b.refs) +
+             (b.named ? "n" + std::to_string(b.name.size()) : "") + "@" + std::to_string(b.released);
+    return out + "\n";
   }
   int blocks_held(int s, int g) const {
     int n = 0;
@@ -658,6 +686,7 @@ class PrefixModel {
 
  private:
   struct Block {
+    int group = -1;  // the group holding or caching it
     int refs = 0;
     bool named = false;
     std::vector<std::int32_t> name;  // the token ids of this block and every block before it
@@ -669,8 +698,8 @@ class PrefixModel {
     };
   };
   struct Group {
+    int index = 0;
     kvcore::LayerPolicy policy;
-    std::vector<Block> blocks;
     std::vector<std::vector<int>> tables;
     std::vector<int> copies;               // the begun step's copy sources
     std::vector<Step::Write> writes;       // the begun step's entries
@@ -710,15 +739,15 @@ class PrefixModel {
     if (n % B_ != 0) return false;
     for (const Group& g : groups_) {
       const int b = g.table(s)[n / B_ - 1];
-      if (b >= 0 && g.blocks[static_cast<std::size_t>(b)].named) return true;
+      if (b >= 0 && blocks_[static_cast<std::size_t>(b)].named) return true;
     }
     return false;
   }
 
   // "A step copies a block it writes into when another sequence holds it, or
   // when it is named (a named block never changes)."
-  static bool must_copy(const Group& g, int b) {
-    return g.blocks[static_cast<std::size_t>(b)].refs > 1 || g.blocks[static_cast<std::size_t>(b)].named;
+  bool must_copy(int b) const {
+    return blocks_[static_cast<std::size_t>(b)].refs > 1 || blocks_[static_cast<std::size_t>(b)].named;
   }
 
   // Rings: a sequence at length L holds its sink blocks and every block not
@@ -746,49 +775,54 @@ class PrefixModel {
       if (!needed_at(g, L, i)) release_at(g, s, i);
   }
 
-  // "A hit shares the lowest held copy of the content when there is one,
-  // else the cached one." (Block ids: allocation takes the lowest free block
-  // without a name, so the model's ids are the cache's.)
-  static int find(const Group& g, const std::vector<std::int32_t>& name) {
+  // "A hit shares the lowest held copy of the content in the group when
+  // there is one, else the cached one." (Block ids: allocation takes the
+  // lowest free block without a name, so the model's ids are the cache's.)
+  int find(const Group& g, const std::vector<std::int32_t>& name) const {
     int cached = -1;
-    for (std::size_t b = 0; b < g.blocks.size(); ++b) {
-      const Block& blk = g.blocks[b];
-      if (!blk.named || blk.name != name) continue;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      const Block& blk = blocks_[b];
+      if (!blk.named || blk.group != g.index || blk.name != name) continue;
       if (blk.refs > 0) return static_cast<int>(b);
       cached = static_cast<int>(b);
     }
     return cached;
   }
 
-  void hold(Group& g, int b) { ++g.blocks[static_cast<std::size_t>(b)].refs; }
+  void hold(Group&, int b) { ++blocks_[static_cast<std::size_t>(b)].refs; }
 
-  // "Allocation takes a free block without a name, else reclaims the least
-  // recently released cached one (its name goes)."
+  // "Allocation takes the lowest free block without a name, else reclaims
+  // the least recently released cached one of any group (its name goes)."
   int allocate(Group& g) {
     int pick = -1;
-    for (std::size_t b = 0; b < g.blocks.size() && pick < 0; ++b)
-      if (g.blocks[b].refs == 0 && !g.blocks[b].named) pick = static_cast<int>(b);
+    for (std::size_t b = 0; b < blocks_.size() && pick < 0; ++b)
+      if (blocks_[b].refs == 0 && !blocks_[b].named) pick = static_cast<int>(b);
     if (pick < 0)
-      for (std::size_t b = 0; b < g.blocks.size(); ++b)
-        if (g.blocks[b].refs == 0 && (pick < 0 || g.blocks[b].released < g.blocks[static_cast<std::size_t>(pick)].released))
+      for (std::size_t b = 0; b < blocks_.size(); ++b)
+        if (blocks_[b].refs == 0 && (pick < 0 || blocks_[b].released < blocks_[static_cast<std::size_t>(pick)].released))
           pick = static_cast<int>(b);
-    Block& blk = g.blocks[static_cast<std::size_t>(pick)];
+    Block& blk = blocks_[static_cast<std::size_t>(pick)];
     blk = Block{};
+    blk.group = g.index;
     blk.refs = 1;
     return pick;
   }
 
   // One holder fewer. A named block no one holds stays cached, the most
-  // recently released; "at most one copy of a content stays cached": an older
-  // cached copy loses its name.
-  void release_block(Group& g, int b) {
-    Block& blk = g.blocks[static_cast<std::size_t>(b)];
+  // recently released; "at most one copy of a content stays cached" in its
+  // group: an older cached copy loses its name.
+  void release_block(Group&, int b) {
+    Block& blk = blocks_[static_cast<std::size_t>(b)];
     if (--blk.refs > 0) return;
     blk.released = ++clock_;
     if (!blk.named) return;
-    for (std::size_t o = 0; o < g.blocks.size(); ++o) {
-      Block& other = g.blocks[o];
-      if (static_cast<int>(o) != b && other.refs == 0 && other.named && other.name == blk.name) other = Block{};
+    for (std::size_t o = 0; o < blocks_.size(); ++o) {
+      Block& other = blocks_[o];
+      if (static_cast<int>(o) != b && other.refs == 0 && other.named && other.group == blk.group &&
+          other.name == blk.name) {
+        other.named = false;
+        other.name.clear();
+      }
     }
   }
   void release_at(Group& g, int s, int i) {
@@ -797,12 +831,15 @@ class PrefixModel {
     release_block(g, b);
     b = -1;
   }
+  // "Tail first across the groups": index after index from the end, each in
+  // every group.
   void release_from(int s, int from) {
-    for (Group& g : groups_)
-      for (int i = stride_ - 1; i >= from; --i) release_at(g, s, i);
+    for (int i = stride_ - 1; i >= from; --i)
+      for (Group& g : groups_) release_at(g, s, i);
   }
 
   int B_, C_, stride_;
+  std::vector<Block> blocks_;  // the one pool every group draws from
   std::vector<Group> groups_;
   std::vector<Seq> seqs_;
   std::vector<Entry> step_;

@@ -538,13 +538,13 @@ class Harness {
       }
     }
     if (step_open_) FUZZ_REQUIRE(cache_->check_step(open_step_).ok(), "the begun step was lost");
-    // Blocks: free + held (in a table, or copied from by the begun step) = all,
-    // and used_blocks is one past the highest held.
+    // Blocks of the one pool every group draws from: free + held (in any
+    // group's table, or copied from by the begun step) = all, and
+    // used_blocks is one past the highest held.
     auto plan = step_open_ ? cache_->plan(open_step_) : kvcore::Result<BatchStepPlan>(Error::InvalidState);
-    for (int g = 0; g < cache_->n_groups(); ++g) {
-      const int n_blocks = *cache_->num_blocks(g);
+    if (cache_->n_groups() > 0) {
+      const int n_blocks = *cache_->num_blocks(0);
       held_.assign(static_cast<std::size_t>(n_blocks), 0);
-      const int* tables = cache_->block_tables(g);
       int used = 0, distinct = 0;
       auto mark = [&](int b) {
         if (b < 0) return;
@@ -552,17 +552,25 @@ class Harness {
         distinct += held_[static_cast<std::size_t>(b)] == 0;
         held_[static_cast<std::size_t>(b)] = 1;
       };
-      for (int i = 0; i < cache_->max_seqs() * cache_->table_stride(); ++i) mark(tables[i]);
-      if (plan.ok())
-        for (int c = 0; c < plan->groups[g].n_copies; ++c) mark(plan->groups[g].copies[c].src);
-      FUZZ_REQUIRE(*cache_->free_blocks(g) + distinct == n_blocks,
-                   "group " + str(g) + ": " + str(*cache_->free_blocks(g)) + " free + " + str(distinct) + " held != " + str(n_blocks));
-      FUZZ_REQUIRE(*cache_->used_blocks(g) == used, "group " + str(g) + " used_blocks");
+      for (int g = 0; g < cache_->n_groups(); ++g) {
+        const int* tables = cache_->block_tables(g);
+        for (int i = 0; i < cache_->max_seqs() * cache_->table_stride(); ++i) mark(tables[i]);
+        if (plan.ok())
+          for (int c = 0; c < plan->groups[g].n_copies; ++c) mark(plan->groups[g].copies[c].src);
+      }
+      FUZZ_REQUIRE(*cache_->free_blocks(0) + distinct == n_blocks,
+                   str(*cache_->free_blocks(0)) + " free + " + str(distinct) + " held != " + str(n_blocks));
+      FUZZ_REQUIRE(*cache_->used_blocks(0) == used, "used_blocks");
+    }
+    for (int g = 0; g < cache_->n_groups(); ++g) {
+      FUZZ_REQUIRE(*cache_->num_blocks(g) == *cache_->num_blocks(0) && *cache_->free_blocks(g) == *cache_->free_blocks(0) &&
+                       *cache_->used_blocks(g) == *cache_->used_blocks(0),
+                   "group " + str(g) + ": not the one pool's counts");
       FUZZ_REQUIRE(*cache_->cached_blocks(g) <= *cache_->free_blocks(g), "cached blocks that are not free");
       // The pools as the docs state them (batch_reference.h's PrefixModel).
-      FUZZ_REQUIRE(*cache_->free_blocks(g) == prefix_->free_blocks(g) && *cache_->cached_blocks(g) == prefix_->cached_blocks(g),
+      FUZZ_REQUIRE(*cache_->free_blocks(g) == prefix_->free_blocks() && *cache_->cached_blocks(g) == prefix_->cached_blocks(g),
                    "group " + str(g) + ": free " + str(*cache_->free_blocks(g)) + ", cached " + str(*cache_->cached_blocks(g)) +
-                       "; the model's " + str(prefix_->free_blocks(g)) + ", " + str(prefix_->cached_blocks(g)));
+                       "; the model's " + str(prefix_->free_blocks()) + ", " + str(prefix_->cached_blocks(g)));
       for (int s = 0; s < cfg_.batch.max_seqs; ++s)
         FUZZ_REQUIRE(*cache_->blocks_held(s, g) == prefix_->blocks_held(s, g),
                      "seq " + str(s) + " group " + str(g) + " holds " + str(*cache_->blocks_held(s, g)) + ", the model " +

@@ -182,6 +182,7 @@ class BatchModel:
         max_seqs: int,
         max_step_tokens: int,
         max_holes: int,
+        page_layers: int = 0,
     ) -> None:
         self.capacity = capacity
         self.max_step = max_step
@@ -189,16 +190,24 @@ class BatchModel:
         self.max_seqs = max_seqs
         self.max_step_tokens = max_step_tokens
         self.max_holes = max_holes
-        # Layers with identical policies form a group, in order of first appearance.
+        # "Layers of one policy form groups of at most page_layers layers (0: the fewest any
+        # policy has), each opened at its first layer" (docs/batch.md section 5, "One budget").
+        kv = [p for p in layer_policies if not p.is_shared]
+        counts = {p: kv.count(p) for p in kv}
+        size = page_layers or min(counts.values(), default=1)
         self.groups: list[Policy] = []
         self.group_of: list[int] = []
+        open_group: dict[Policy, tuple[int, int]] = {}  # policy -> (its group filling now, layers in it)
         for p in layer_policies:
             if p.is_shared:  # section 9: reads its source's group, holds none
                 self.group_of.append(self.group_of[p.source])
                 continue
-            if p not in self.groups:
+            g, filled = open_group.get(p, (-1, size))
+            if filled == size:
+                g, filled = len(self.groups), 0
                 self.groups.append(p)
-            self.group_of.append(self.groups.index(p))
+            open_group[p] = (g, filled + 1)
+            self.group_of.append(g)
         self.seqs = [Seq() for _ in range(max_seqs)]
         self._prefix_ids: dict[tuple[int, ...], int] = {}
         self._next_unique = 1 << 40
@@ -522,8 +531,9 @@ def check_step(model: BatchModel, plan: StepPlan, pools: Pools, new_tags: Sequen
 
 @dataclass
 class Block:
-    """One block of a pool, as the prefix model sees it."""
+    """One block of the pool, as the prefix model sees it."""
 
+    group: int = -1  # the group holding or caching it
     refs: int = 0
     name: tuple[int, ...] | None = None  # the token ids of this block and every block before it
     released: int = 0  # when it was last freed (cached blocks: the LRU order)
@@ -538,17 +548,17 @@ class _Naming:
 
 
 class PrefixPools:
-    """The block pools as docs/batch.md section 5 states them, to predict every
+    """The one block pool every group draws from, as docs/batch.md section 5 states it, to predict every
     adopt_prefix hit exactly, every admission, and every free, cached and held
     count. Written from the docs, not from kvcore: a block's name is the token
     ids of its whole prefix (not a hash), each rule quotes the text, and block
     ids follow the documented allocation (the lowest free block without a
     name), so they are the cache's. Driven with the calls the cache accepted."""
 
-    def __init__(self, num_blocks: Sequence[int], groups: Sequence[Policy], block_size: int, max_step: int, max_seqs: int, stride: int) -> None:
+    def __init__(self, num_blocks: int, groups: Sequence[Policy], block_size: int, max_step: int, max_seqs: int, stride: int) -> None:
         self.B, self.C, self.stride = block_size, max_step, stride
         self.policies = list(groups)
-        self.blocks = [[Block() for _ in range(n)] for n in num_blocks]
+        self.blocks = [Block() for _ in range(num_blocks)]
         self.tables = [[[-1] * stride for _ in range(max_seqs)] for _ in groups]
         self.seqs = [_Naming() for _ in range(max_seqs)]
         self.copies: list[list[int]] = [[] for _ in groups]  # the begun step's copy sources
@@ -558,11 +568,11 @@ class PrefixPools:
 
     # --- counts -------------------------------------------------------------------------
 
-    def free_blocks(self, g: int) -> int:
-        return sum(b.refs == 0 for b in self.blocks[g])
+    def free_blocks(self) -> int:
+        return sum(b.refs == 0 for b in self.blocks)
 
     def cached_blocks(self, g: int) -> int:
-        return sum(b.refs == 0 and b.name is not None for b in self.blocks[g])
+        return sum(b.refs == 0 and b.name is not None and b.group == g for b in self.blocks)
 
     def blocks_held(self, seq: int, g: int) -> int:
         return sum(b >= 0 for b in self.tables[g][seq])
@@ -579,10 +589,10 @@ class PrefixPools:
         return i < ceil_div(p.sinks, self.B) or (i + 1) * self.B > p.kept_from(length, self.C)
 
     def find(self, g: int, name: tuple[int, ...]) -> int:
-        """A hit shares the lowest held copy of the content, else the cached one."""
+        """A hit shares the lowest held copy of the content in the group, else the cached one."""
         cached = -1
-        for b, blk in enumerate(self.blocks[g]):
-            if blk.name == name:
+        for b, blk in enumerate(self.blocks):
+            if blk.group == g and blk.name == name:
                 if blk.refs > 0:
                     return b
                 cached = b
@@ -591,22 +601,22 @@ class PrefixPools:
     def must_copy(self, g: int, b: int) -> bool:
         """A step copies a block it writes into when another sequence holds it,
         or when it is named (a named block never changes)."""
-        blk = self.blocks[g][b]
+        blk = self.blocks[b]
         return blk.refs > 1 or blk.name is not None
 
     def allocate(self, g: int) -> int:
         """The lowest free block without a name, else the least recently released
-        cached one (its name goes)."""
-        free = [b for b, blk in enumerate(self.blocks[g]) if blk.refs == 0]
-        plain = [b for b in free if self.blocks[g][b].name is None]
-        pick = plain[0] if plain else min(free, key=lambda b: self.blocks[g][b].released)
-        self.blocks[g][pick] = Block(refs=1)
+        cached one of any group (its name goes)."""
+        free = [b for b, blk in enumerate(self.blocks) if blk.refs == 0]
+        plain = [b for b in free if self.blocks[b].name is None]
+        pick = plain[0] if plain else min(free, key=lambda b: self.blocks[b].released)
+        self.blocks[pick] = Block(group=g, refs=1)
         return pick
 
     def release_block(self, g: int, b: int) -> None:
         """One holder fewer. A named block no one holds stays cached, the most
-        recently released; one cached copy per content: an older one loses its name."""
-        blk = self.blocks[g][b]
+        recently released; one cached copy per content in a group: an older one loses its name."""
+        blk = self.blocks[b]
         blk.refs -= 1
         if blk.refs:
             return
@@ -614,9 +624,9 @@ class PrefixPools:
         blk.released = self.clock
         if blk.name is None:
             return
-        for o, other in enumerate(self.blocks[g]):
-            if o != b and other.refs == 0 and other.name == blk.name:
-                self.blocks[g][o] = Block()
+        for o, other in enumerate(self.blocks):
+            if o != b and other.refs == 0 and other.group == blk.group and other.name == blk.name:
+                other.name = None
 
     def release_at(self, g: int, seq: int, i: int) -> None:
         b = self.tables[g][seq][i]
@@ -625,9 +635,10 @@ class PrefixPools:
             self.tables[g][seq][i] = -1
 
     def release_from(self, seq: int, start: int) -> None:
-        """A sequence's blocks go tail first: its highest index first."""
-        for g in range(len(self.policies)):
-            for i in reversed(range(start, self.stride)):
+        """A sequence's blocks go tail first across the groups: index after index from the
+        highest, each in every group."""
+        for i in reversed(range(start, self.stride)):
+            for g in range(len(self.policies)):
                 self.release_at(g, seq, i)
 
     def evict(self, g: int, seq: int) -> None:
@@ -646,7 +657,7 @@ class PrefixPools:
             return True
         if n % self.B:
             return False
-        return any(t[seq][n // self.B - 1] >= 0 and self.blocks[g][t[seq][n // self.B - 1]].name is not None for g, t in enumerate(self.tables))
+        return any(t[seq][n // self.B - 1] >= 0 and self.blocks[t[seq][n // self.B - 1]].name is not None for t in self.tables)
 
     def all_removed(self, seq: int, lo: int, hi: int) -> bool:
         return all(self.seqs[seq].removed[lo:hi])
@@ -664,7 +675,7 @@ class PrefixPools:
 
     def clear(self) -> None:
         self.pending = None
-        self.blocks = [[Block() for _ in g] for g in self.blocks]
+        self.blocks = [Block() for _ in self.blocks]
         self.tables = [[[-1] * self.stride for _ in t] for t in self.tables]
         self.seqs = [_Naming() for _ in self.seqs]
         self.copies = [[] for _ in self.policies]
@@ -681,7 +692,7 @@ class PrefixPools:
             for i in range(ceil_div(upto, self.B)):
                 b = t[src][i]
                 if b >= 0 and not self.all_removed(dst, i * self.B, min((i + 1) * self.B, upto)):
-                    self.blocks[g][b].refs += 1
+                    self.blocks[b].refs += 1
                     t[dst][i] = b
             self.evict(g, dst)
         if upto:
@@ -741,7 +752,7 @@ class PrefixPools:
             for i in range(hit // self.B):
                 if self.needed(g, hit, i):
                     b = self.find(g, toks[: (i + 1) * self.B])
-                    self.blocks[g][b].refs += 1
+                    self.blocks[b].refs += 1
                     t[seq][i] = b
         return hit
 
@@ -752,19 +763,17 @@ class PrefixPools:
         entry needs its new blocks and a copy of every shared or named block it writes."""
         after = copy.deepcopy(self)
         after.end_step()
+        need = 0  # every group draws from the one pool
         for g, t in enumerate(after.tables):
-            need = 0
             for seq, T, _ in entries:
                 L = len(after.seqs[seq].tokens)
                 need += sum(t[seq][i] < 0 or after.must_copy(g, t[seq][i]) for i in range(L // self.B, ceil_div(L + T, self.B)))
-            if need > after.free_blocks(g):
-                return False
-        return True
+        return need <= after.free_blocks()
 
     def begin(self, entries: Sequence[Entry]) -> None:
         self.end_step()
-        for g, t in enumerate(self.tables):
-            for seq, T, _ in entries:
+        for seq, T, _ in entries:  # entry after entry, each in every group: the order blocks are taken in
+            for g, t in enumerate(self.tables):
                 L = len(self.seqs[seq].tokens)
                 self.writes[g].append((seq, L // self.B, t[seq][L // self.B]))
                 for i in range(L // self.B, ceil_div(L + T, self.B)):
@@ -795,7 +804,7 @@ class PrefixPools:
                 if i >= s.named_blocks:
                     name = tuple(int(x or 0) for x in s.tokens[: (i + 1) * self.B])
                     for g, t in enumerate(self.tables):
-                        blk = self.blocks[g][t[seq][i]]
+                        blk = self.blocks[t[seq][i]]
                         if blk.name is None:
                             blk.name = name
                     s.named_blocks = i + 1

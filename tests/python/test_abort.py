@@ -20,7 +20,8 @@ from batch_reference import observable
 
 def batch_cache() -> kvcore.BatchCache:
     layers = [kvcore.LayerConfig(kvcore.Ring(3, 1), 1, 2), kvcore.LayerConfig(kvcore.Flat(), 1, 2)]
-    limits = kvcore.BatchLimits(block_size=2, max_seqs=4, num_blocks=16)
+    # One pool for both groups: the flat layer's 16 blocks and as many for the ring's windows.
+    limits = kvcore.BatchLimits(block_size=2, max_seqs=4, num_blocks=32)
     return kvcore.BatchCache(kvcore.CacheConfig(32, layers, max_step=4, batch=limits))
 
 

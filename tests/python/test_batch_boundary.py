@@ -35,7 +35,8 @@ NOT_INTS: list[Any] = [1.0, 2.5, None, "1", b"1", np.float64(1.0), [1], 1j]
 
 def config(**limits: int) -> kvcore.CacheConfig:
     layers = [kvcore.LayerConfig(RING, 1, 2), kvcore.LayerConfig(kvcore.Flat(), 1, 2)]
-    batch = {"block_size": 2, "max_seqs": 4, "num_blocks": 16, "max_holes": 2, **limits}
+    # One pool for both groups: the flat layer's 16 blocks and as many for the ring's windows.
+    batch = {"block_size": 2, "max_seqs": 4, "num_blocks": 32, "max_holes": 2, **limits}
     return kvcore.CacheConfig(16, layers, max_step=4, batch=kvcore.BatchLimits(**batch))
 
 
@@ -286,17 +287,21 @@ def test_steps_past_capacity_or_the_token_limit_are_refused_and_change_nothing(r
     assert small.begin_step([(0, 2), (1, 1)]).n_tokens == 3
 
 
-def test_a_pool_that_runs_short_refuses_the_step_naming_the_group() -> None:
-    c = kvcore.BatchCache(config(num_blocks=3))  # the flat group: 3 blocks of 2 rows
+def test_a_pool_that_runs_short_refuses_the_step_naming_the_pool() -> None:
+    c = kvcore.BatchCache(config(num_blocks=6))  # one pool of 6 blocks of 2 rows for both groups
     for seq in range(3):
         c.add_sequence(seq)
+    # Each group holds ceil(4 / 2) blocks for sequence 0 (the ring's window keeps them all at
+    # length 4) and 1 for sequence 1: 6, the whole pool.
     c.step([(0, 4), (1, 2)]).commit()
-    before = [c.free_blocks(g) for g in range(2)]
-    with pytest.raises(kvcore.CapacityError, match=r"begin_step: group 1 needs 2 blocks, 0 of its 3 are free"):
+    assert c.free_blocks(0) == 0 and [c.held_blocks(g) for g in range(2)] == [3, 3]
+    before = [(c.free_blocks(g), c.held_blocks(g)) for g in range(2)]
+    # Three tokens take ceil(3 / 2) = 2 blocks in each group.
+    with pytest.raises(kvcore.CapacityError, match=r"begin_step: the step needs 4 blocks over its 2 groups, 0 of the pool's 6 are free"):
         c.begin_step([(2, 3)])
-    assert [c.free_blocks(g) for g in range(2)] == before and c.length(2) == 0
+    assert [(c.free_blocks(g), c.held_blocks(g)) for g in range(2)] == before and c.length(2) == 0
     c.release_sequence(1)
-    c.step([(2, 2)]).commit()  # fits now
+    c.step([(2, 2)]).commit()  # fits now: sequence 1's two blocks came back
 
 
 # --- objects after their moment -------------------------------------------------------------------

@@ -101,6 +101,8 @@ def batch_configs(draw: st.DrawFn) -> tuple[kvcore.CacheConfig, list[Policy]]:
         # Flat groups' pools: often too small for every sequence, so steps run out of blocks.
         num_blocks=draw(st.one_of(st.just(0), st.just(0), st.integers(1, 3 * stride), st.integers(max(1, stride // 2), 2 * stride))),
         max_holes=draw(st.integers(0, 3)),
+        # Groups of at most page_layers layers of one policy (0: the fewest any policy has).
+        page_layers=draw(st.one_of(st.just(0), st.just(0), st.integers(1, 3))),
     )
     def layer_policy(p: Policy) -> kvcore.LayerPolicy:
         if p.is_shared:
@@ -156,22 +158,30 @@ class BatchMachine(RuleBasedStateMachine):
         default_tokens = min(b.max_seqs * cfg.max_step, 2**20)
         assert c.max_step_tokens == (b.max_step_tokens or default_tokens)
         assert (c.max_seqs, c.capacity, c.max_step, c.block_size) == (b.max_seqs, cfg.capacity, cfg.max_step, b.block_size)
-        self.model = BatchModel(cfg.capacity, cfg.max_step, policies, b.block_size, b.max_seqs, c.max_step_tokens, b.max_holes)
+        self.model = BatchModel(cfg.capacity, cfg.max_step, policies, b.block_size, b.max_seqs, c.max_step_tokens, b.max_holes, b.page_layers)
         m = self.model
         assert c.n_groups == len(m.groups) and c.n_layers == len(policies)
         assert c.table_stride == ceil_div(cfg.capacity, b.block_size)
         for layer, g in enumerate(m.group_of):
             assert c.group_of(layer) == g
             assert c.layer_config(layer) == cfg.layers[layer]
+        # "The one pool holds num_blocks blocks, by default what each group would need alone,
+        # summed" (docs/batch.md section 2): a full table row per sequence for a flat group, the
+        # window's blocks (sinks, W + 2C - 1 positions, one more) for a ring or chunked one.
+        full = b.max_seqs * c.table_stride
+        default = 0
+        for p in m.groups:
+            window, sinks = (p.window, p.sinks) if p.is_ring else (p.chunk, 0)
+            per_seq = ceil_div(sinks, b.block_size) + ceil_div(window + 2 * cfg.max_step - 1, b.block_size) + 1
+            default += min(per_seq * b.max_seqs if per_seq < c.table_stride else full, full) if p.evicts else full
         for g, p in enumerate(m.groups):
             got = c.group_policy(g)
             assert (got.is_ring, got.window, got.sinks) == (p.is_ring, p.window or p.chunk, p.sinks)
             assert (got.kind == kvcore.LayerPolicy.Kind.Chunked) == p.is_chunked
-            if not p.evicts:
-                assert c.num_blocks(g) == (b.num_blocks or b.max_seqs * c.table_stride)
+            assert c.num_blocks(g) == (b.num_blocks or default), (g, c.num_blocks(g), default)
             assert c.free_blocks(g) == c.num_blocks(g) and c.used_blocks(g) == 0 and c.cached_blocks(g) == 0
         self.pools = Pools([c.num_blocks(g) * b.block_size for g in range(c.n_groups)], b.block_size)
-        self.prefix = PrefixPools([c.num_blocks(g) for g in range(c.n_groups)], m.groups, b.block_size, cfg.max_step, b.max_seqs, c.table_stride)
+        self.prefix = PrefixPools(c.num_blocks(0), m.groups, b.block_size, cfg.max_step, b.max_seqs, c.table_stride)
         # A step's block_tables are views of the cache's own tables: keep one to
         # read the tables at rest (a throwaway step, then clear()).
         c.add_sequence(0)
@@ -727,9 +737,9 @@ class BatchMachine(RuleBasedStateMachine):
         """The block tables against the counters and section 6's memory rules."""
         m, c = self.model, self.cache
         B = m.B
+        blocks: set[int] = set()  # held by any group: they draw from one pool
         for g, policy in enumerate(m.groups):
             table = self.tables[g]
-            blocks: set[int] = set()
             for seq, s in enumerate(m.seqs):
                 row = table[seq]
                 held = np.flatnonzero(row >= 0)
@@ -754,12 +764,14 @@ class BatchMachine(RuleBasedStateMachine):
                 start = s.visible_start
                 oldest = next((p for p in range(start, s.length) if row[p // B] >= 0), s.length)
                 assert c.oldest_held(seq, g) == oldest, (seq, g, c.oldest_held(seq, g), oldest)
-            assert c.free_blocks(g) == c.num_blocks(g) - len(blocks), (g, c.free_blocks(g), len(blocks))
-            assert c.used_blocks(g) == (max(blocks) + 1 if blocks else 0)
             assert 0 <= c.cached_blocks(g) <= c.free_blocks(g)
-            assert (c.free_blocks(g), c.cached_blocks(g)) == (self.prefix.free_blocks(g), self.prefix.cached_blocks(g)), g
+            assert c.cached_blocks(g) == self.prefix.cached_blocks(g), g
             for seq in range(m.max_seqs):
                 assert c.blocks_held(seq, g) == self.prefix.blocks_held(seq, g), (seq, g)
+        for g in range(c.n_groups):
+            assert c.free_blocks(g) == c.num_blocks(g) - len(blocks) == self.prefix.free_blocks(), (g, c.free_blocks(g), len(blocks))
+            assert c.used_blocks(g) == (max(blocks) + 1 if blocks else 0)
+        assert sum(c.held_blocks(g) for g in range(c.n_groups)) == len(blocks)
 
 
 BatchMachine.TestCase.settings = SETTINGS

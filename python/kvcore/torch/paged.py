@@ -88,6 +88,19 @@ class TorchPagedKVPool:
         self._states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in self.state_group_of}
         self._heads = [c.n_kv_heads for c in configs]
         self._dims = [(c.head_dim, c.value_dim) for c in configs]
+        # The layer whose tensors each K/V layer's rows live in (the cache's groups draw their blocks
+        # from one pool: group g's j-th layer shares storage with every other group's j-th when the
+        # shapes agree, so a block is one page of memory whichever group holds it); -1: a State layer.
+        own: list[int] = []
+        for i, source in enumerate(self.source_of):
+            if source != i:  # a Shared or State layer stores nothing
+                own.append(-1)
+                continue
+            owner = cache.storage_layer(i)
+            same = owner != i and self._heads[owner] == self._heads[i] and self._dims[owner] == self._dims[i]
+            own.append(owner if same else i)
+        # A Shared layer reads its source's storage.
+        self.store_of: list[int] = [own[source] if source >= 0 else -1 for source in self.source_of]
         # The most rows a layer can need: its group's whole pool.
         self.max_rows = [cache.num_blocks(g) * self.block_size for g in range(cache.n_groups)]
         self._keys: list[Optional[torch.Tensor]] = [None] * n
@@ -104,12 +117,17 @@ class TorchPagedKVPool:
     # --- allocation -------------------------------------------------------------
 
     def allocate_all(self) -> None:
-        """Allocate every layer: ``rows_hint[group]`` rows (capped at the pool), else the whole pool."""
+        """Allocate every layer: ``rows_hint[group]`` rows (capped at the pool; the largest hint of
+        the groups sharing a storage), else the whole pool."""
+        rows_of: dict[int, int] = {}
         for layer, g in enumerate(self.group_of):
             if self.source_of[layer] != layer:  # a Shared or State layer stores no K/V
                 continue
             rows = self.max_rows[g] if self._rows_hint is None else min(self._rows_hint[g], self.max_rows[g])
-            self._keys[layer], self._values[layer] = self._zeros(layer, rows)
+            store = self.store_of[layer]
+            rows_of[store] = max(rows_of.get(store, 0), rows)
+        for store, rows in rows_of.items():
+            self._keys[store], self._values[store] = self._zeros(store, rows)
 
     def _zeros(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         h, (dk, dv) = self._heads[layer], self._dims[layer]
@@ -121,16 +139,16 @@ class TorchPagedKVPool:
         """Rows the layer's tensors hold now (0 before its first write; a Shared layer's source's,
         a State layer's 0: it holds state slots)."""
         self._check_layer(layer)
-        source = self.source_of[layer]
-        keys = self._keys[source] if source >= 0 else None
+        store = self.store_of[layer]
+        keys = self._keys[store] if store >= 0 else None
         return 0 if keys is None else int(keys.shape[2])
 
     def tensors(self, layer: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The layer's K and V tensors ``[1, n_kv_heads, allocated_rows, dim]`` (row ``r`` is row
         ``r`` of its group's pool; a Shared layer's: its source's), or None before its first write.
         InvalidArgumentError: bad layer, a State layer (``state``)."""
-        source = self._row_layer(layer, "tensors")
-        keys, values = self._keys[source], self._values[source]
+        store = self.store_of[self._row_layer(layer, "tensors")]
+        keys, values = self._keys[store], self._values[store]
         return None if keys is None or values is None else (keys, values)
 
     def read(
@@ -148,7 +166,7 @@ class TorchPagedKVPool:
             raise InvalidArgumentError(f"read of layer {layer}: rows = {rows}: must be in [0, {top}] (the group's pool)")
         if index is not None:
             self._check_read(layer, index, rows)
-        keys, values = self._keys[source], self._values[source]
+        keys, values = self._keys[self.store_of[source]], self._values[self.store_of[source]]
         have = 0 if keys is None else int(keys.shape[2])
         if keys is None or values is None or rows > have:
             raise InvalidStateError(
@@ -161,7 +179,8 @@ class TorchPagedKVPool:
 
     def ensure(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Make the layer hold at least ``rows`` rows, doubling (rows keep their index and bytes);
-        returns its K and V tensors."""
+        returns its K and V tensors (a storage shared with other groups' layers grows for all)."""
+        layer = self.store_of[layer]
         keys, values = self._keys[layer], self._values[layer]
         have = 0 if keys is None else int(keys.shape[2])
         if keys is not None and values is not None and rows <= have:
@@ -186,11 +205,13 @@ class TorchPagedKVPool:
             self.allocate_all()
 
     def nbytes(self, layer: Optional[int] = None) -> int:
-        """Bytes of one layer's K/V tensors (a Shared layer's none) or state tensors, or of every layer's."""
+        """Bytes of one layer's K/V tensors (a Shared layer's none) or state tensors, or of every
+        layer's (a storage several layers share counted once, at the layer that owns it)."""
         layers = range(len(self._keys)) if layer is None else [layer]
         total = 0
         for i in layers:
-            keys, values = self._keys[i], self._values[i]
+            store = i if layer is None or self.store_of[i] < 0 or self.source_of[i] != i else self.store_of[i]
+            keys, values = self._keys[store], self._values[store]
             if keys is not None and values is not None:
                 total += keys.numel() * keys.element_size() + values.numel() * values.element_size()
             total += sum(t.numel() * t.element_size() for t in self._states.get(i, {}).values())
@@ -208,8 +229,10 @@ class TorchPagedKVPool:
         dst = torch.from_numpy((copies[:, 1:2].astype(np.int64) * B + np.arange(B)).reshape(-1)).to(self.device)
         rows = (int(copies[:, 1].max()) + 1) * B  # past the last destination row
         for layer, g in enumerate(self.group_of):
-            keys, values = self._keys[layer], self._values[layer]
-            if g != group or keys is None or values is None:
+            if g != group or self.source_of[layer] != layer:
+                continue
+            keys, values = self._keys[self.store_of[layer]], self._values[self.store_of[layer]]
+            if keys is None or values is None:
                 continue
             keys, values = self.ensure(layer, rows)
             keys.index_copy_(2, dst, keys.index_select(2, src))
@@ -249,7 +272,8 @@ class TorchPagedKVPool:
                     f"{what}s [0, {top})"
                 )
             if not state:
-                allocated = [int(k.shape[2]) for k, g in zip(self._keys, self.group_of) if g == group and k is not None]
+                allocated = [self.allocated_rows(layer) for layer, g in enumerate(self.group_of)
+                             if g == group and self.source_of[layer] == layer and self.allocated_rows(layer)]
                 if a.size and allocated and int(a.max()) >= min(allocated):
                     raise InvalidStateError(
                         f"apply_commit: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
@@ -262,8 +286,10 @@ class TorchPagedKVPool:
             src = torch.from_numpy(np.ascontiguousarray(a[:, 0], dtype=np.int64)).to(self.device)
             dst = torch.from_numpy(np.ascontiguousarray(a[:, 1], dtype=np.int64)).to(self.device)
             for layer, g in enumerate(self.group_of):
-                keys, values = self._keys[layer], self._values[layer]
-                if g != group or keys is None or values is None:
+                if g != group or self.source_of[layer] != layer:
+                    continue
+                keys, values = self._keys[self.store_of[layer]], self._values[self.store_of[layer]]
+                if keys is None or values is None:
                     continue
                 keys.index_copy_(2, dst, keys.index_select(2, src))
                 values.index_copy_(2, dst, values.index_select(2, src))

@@ -284,7 +284,7 @@ def test_a_retry_over_other_sequences_gets_the_blocks_the_replaced_step_took() -
     assert c.free_blocks(0) == 1
     retry = step(c, rows, [(1, 4)], [10, 11, 12, 13])  # two blocks: the ones the first step took
     assert not first.is_current and c.free_blocks(0) == 1
-    with pytest.raises(kvcore.CapacityError, match="group 0 needs 4 blocks, 3 of its 3 are free"):
+    with pytest.raises(kvcore.CapacityError, match="the step needs 4 blocks over its 1 group, 3 of the pool.s 3 are free"):
         c.begin_step([(1, 4), (2, 4)])  # more than all of them: refused, the retry stays begun
     assert retry.is_current and c.free_blocks(0) == 1
     retry.commit()

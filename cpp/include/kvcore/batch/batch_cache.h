@@ -330,6 +330,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int seq = 0; seq < max_seqs_; ++seq) reset_seq(seq);
     rows_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
+    if (n_groups_ > 0) pages_.reset();
     for (int k = 0; k < n_state_groups_; ++k) states_[k].clear();
     events_.push(KVEvent{KVEventKind::Cleared, -1, BlockKey{}, 0, 0, 0});
   }
@@ -363,7 +364,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Result<int> free_blocks(int group) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_group(group));
-    return groups_[group].pool().free_blocks();
+    return pages_.free_blocks();
   }
 
   Result<int> cached_blocks(int group) const noexcept override {
@@ -431,13 +432,21 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit =
         named ? prefix_.longest_hit(in.prefix_namespace, in.tokens, in.length, groups_.get(), n_groups_) : 0;
-    for (int g = 0; g < n_groups_; ++g)
-      KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g], prefix_.prompt_keys(), hit));
+    std::int64_t need = 0;  // every group draws from the one pool
+    for (int g = 0; g < n_groups_; ++g) {
+      KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g]));
+      need += admission.blocks_needed(g, groups_[g], prefix_.prompt_keys(), hit);
+    }
+    KVCORE_CHECK_OR_RETURN_ERROR(need <= pages_.free_blocks(), OutOfResources,
+                                 "import: the sequence needs %lld blocks over %d group%s, %d of the pool's %d are free",
+                                 static_cast<long long>(need), n_groups_, n_groups_ == 1 ? "" : "s", pages_.free_blocks(),
+                                 pages_.n_blocks());
     end_step();
     reset_seq(seq);
     rows_.take(seq);
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
-    for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, prefix_.prompt_keys(), hit, write_block);
+    for (int g = 0; g < n_groups_; ++g) admission.share_hit(g, groups_[g], seq, prefix_.prompt_keys(), hit);
+    for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, hit, write_block);
     for (int k = 0; k < n_state_groups_; ++k)  // the states each State group carries, in fresh slots
       states_[k].restore(seq, in.length > 0 ? in.held_from(states_[k].first_layer()) : 0, in.length);
     prefix_.set_namespace(seq, in.prefix_namespace);
@@ -518,12 +527,29 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Result<int> num_blocks(int group) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_group(group));
-    return groups_[group].pool().n_blocks();
+    return pages_.n_blocks();
   }
 
   Result<int> used_blocks(int group) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_group(group));
-    return groups_[group].pool().used_blocks();
+    return pages_.used_blocks();
+  }
+
+  /// Blocks group `group`'s sequences hold now (of the one pool's
+  /// num_blocks()): how the budget splits between the groups. InvalidArgument:
+  /// bad group.
+  Result<int> held_blocks(int group) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_group(group));
+    return pages_.held_blocks(group);
+  }
+
+  /// Group g's j-th layer that holds K/V rows shares the storage of the first
+  /// such layer (by index) that is any group's j-th: every group's blocks come
+  /// from one pool, so a block is one page of those layers' memory whichever
+  /// group holds it (vLLM's KV cache tensors shared by the groups' layers).
+  Result<int> storage_layer(int layer) const noexcept override {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    return storage_layer_[layer];
   }
 
   Result<BatchStepPlan> plan(const BatchStep& step) const noexcept override {
@@ -562,7 +588,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
     layer_state_ = internal::Buffer<int>::make(n_layers_);
     states_ = internal::Buffer<StateGroup>::make(n_layers_);  // at worst one State group per layer
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_,
+    storage_layer_ = internal::Buffer<int>::make(n_layers_);
+    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_ &&
+                                     storage_layer_,
                                  MemoryAllocationFailed, "cannot allocate the layer tables of %d layers", n_layers_);
     for (int l = 0; l < n_layers_; ++l) {
       layer_configs_[l] = cfg.layer(l);
@@ -576,34 +604,92 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         layer_state_[l] = k;
         continue;
       }
-      if (policy.kind == LayerPolicy::Kind::Shared) {  // reads its source's group, holds no blocks
-        layer_group_[l] = layer_group_[policy.source];
-        continue;
-      }
-      int g = 0;
-      while (g < n_groups_ && groups_[g].policy() != layer_configs_[l].policy) ++g;
-      if (g == n_groups_) {
-        group_layer_[n_groups_] = l;
-        groups_[n_groups_++].set_policy(layer_configs_[l].policy, block_size_, max_step_);
-      }
-      layer_group_[l] = g;
+      layer_group_[l] = -1;  // a K/V layer's group: form_groups()
     }
+    KVCORE_RETURN_IF_ERROR(form_groups(cfg.batch.page_layers));
+    KVCORE_RETURN_IF_ERROR(share_storage());
     const BatchSizes sizes(cfg, n_groups_);
     KVCORE_RETURN_IF_ERROR(sizes.check_tables());
-    for (int g = 0; g < n_groups_; ++g)  // every pool checked before any table is allocated
-      KVCORE_RETURN_IF_ERROR(sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks).status());
+    KVCORE_ASSIGN_OR_RETURN(const int pages, sizes.pool_blocks(n_groups_, cfg.batch.num_blocks, [this](int g) -> const GroupRule& {
+      return groups_[g].rule();
+    }));
     KVCORE_RETURN_IF_ERROR(rows_.create(max_seqs_, sizes.rows));
-    for (int g = 0; g < n_groups_; ++g) {
-      const Result<int> blocks = sizes.pool_blocks(g, groups_[g].rule(), cfg.batch.num_blocks);
-      KVCORE_RETURN_IF_ERROR(groups_[g].create(*blocks, max_seqs_, rows_, stride_, block_size_));
-      groups_[g].pool().attach_events(&events_, g, block_size_);
+    if (n_groups_ > 0) {
+      KVCORE_RETURN_IF_ERROR(pages_.create(pages, "the cache's pool", n_groups_));
+      pages_.attach_events(&events_, block_size_);
     }
+    for (int g = 0; g < n_groups_; ++g)
+      KVCORE_RETURN_IF_ERROR(groups_[g].create(pages_, g, max_seqs_, rows_, stride_, block_size_));
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
     for (int k = 0; k < n_state_groups_; ++k)
       KVCORE_RETURN_IF_ERROR(states_[k].create(rows_, max_step_tokens_, cfg.batch.state_snapshots));
     const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
     return step_.create(limits, groups_.get(), stride_, states_.get());
+  }
+
+  // The block groups: the K/V layers of one policy, in groups of at most
+  // `page_layers` (0: the fewest layers any policy has, vLLM's rule), each
+  // group opened at its first layer; a Shared layer reads its source's group.
+  // Pages of one size (storage_layer_) leave no storage unused when the
+  // groups have one size.
+  Status form_groups(int page_layers) noexcept {
+    auto policy_of = internal::Buffer<int>::make(n_layers_);      // per layer: its policy's index
+    auto first = internal::Buffer<int>::make(n_layers_);          // per policy: its first layer
+    auto count = internal::Buffer<int>::make_zeroed(n_layers_);   // per policy: its layers
+    auto open = internal::Buffer<int>::make(n_layers_);           // per policy: the group filling now
+    auto filled = internal::Buffer<int>::make_zeroed(n_layers_);  // per policy: layers in that group
+    KVCORE_CHECK_OR_RETURN_ERROR(policy_of && first && count && open && filled, MemoryAllocationFailed,
+                                 "cannot allocate the group tables of %d layers", n_layers_);
+    int n_policies = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      if (!layer_configs_[l].policy.holds_keys()) continue;
+      int c = 0;
+      while (c < n_policies && layer_configs_[first[c]].policy != layer_configs_[l].policy) ++c;
+      if (c == n_policies) first[n_policies++] = l;
+      policy_of[l] = c;
+      ++count[c];
+    }
+    int size = page_layers;
+    if (size == 0)
+      for (int c = 0; c < n_policies; ++c) size = size == 0 || count[c] < size ? count[c] : size;
+    for (int c = 0; c < n_policies; ++c) open[c] = -1;
+    for (int l = 0; l < n_layers_; ++l) {
+      const LayerPolicy& policy = layer_configs_[l].policy;
+      if (policy.kind == LayerPolicy::Kind::Shared) {  // reads its source's group, holds no blocks
+        layer_group_[l] = layer_group_[policy.source];
+        continue;
+      }
+      if (!policy.holds_keys()) continue;
+      const int c = policy_of[l];
+      if (open[c] < 0 || filled[c] == size) {
+        open[c] = n_groups_;
+        filled[c] = 0;
+        group_layer_[n_groups_] = l;
+        groups_[n_groups_++].set_policy(policy, block_size_, max_step_);
+      }
+      layer_group_[l] = open[c];
+      ++filled[c];
+    }
+    return Error::Ok;
+  }
+
+  // storage_layer_: group g's j-th K/V layer to the first layer that is any
+  // group's j-th (Shared and State layers hold no K/V rows: themselves).
+  Status share_storage() noexcept {
+    auto count = internal::Buffer<int>::make_zeroed(n_groups_ > 0 ? n_groups_ : 1);  // K/V layers per group so far
+    auto first = internal::Buffer<int>::make(n_layers_);                           // slot j: its first layer
+    KVCORE_CHECK_OR_RETURN_ERROR(count && first, MemoryAllocationFailed,
+                                 "cannot allocate the storage tables of %d layers", n_layers_);
+    int slots = 0;
+    for (int l = 0; l < n_layers_; ++l) {
+      storage_layer_[l] = l;
+      if (!layer_configs_[l].policy.holds_keys()) continue;
+      const int j = count[layer_group_[l]]++;
+      if (j == slots) first[slots++] = l;
+      storage_layer_[l] = first[j];
+    }
+    return Error::Ok;
   }
 
   Status check_group(int group) const noexcept {
@@ -722,10 +808,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g) groups_[g].lost_below(seq) = 0;
   }
 
-  // Releases every block of `seq` at index >= `from` (every group).
+  // Releases every block of `seq` at index >= `from` (every group), tail
+  // first across the groups: the one pool reclaims cached blocks least
+  // recently released first, so a cached chain shortens from its end in
+  // every group alike and what is left still serves a hit.
   void release_from(int seq, int from) noexcept {
     SequenceState& s = seqs_[seq];
-    for (int g = 0; g < n_groups_; ++g) groups_[g].drop_range(seq, from, s.alloc_end);
+    for (int i = s.alloc_end - 1; i >= from; --i)
+      for (int g = 0; g < n_groups_; ++g) groups_[g].drop(seq, i);
     if (s.alloc_end > from) s.alloc_end = from;
   }
 
@@ -802,9 +892,11 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   internal::Buffer<LayerConfig> layer_configs_;
   internal::Buffer<int> layer_group_;
   internal::Buffer<int> group_layer_;  // per group: its first layer
+  BlockPool pages_;                      // every group's blocks: one budget
   internal::Buffer<BlockGroup> groups_;  // the first n_groups_
   internal::Buffer<int> layer_state_;    // per layer: its State group, -1
   internal::Buffer<StateGroup> states_;  // the first n_state_groups_
+  internal::Buffer<int> storage_layer_;  // per layer: the layer whose storage its K/V rows share
   SequenceTable seqs_;
   TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;

@@ -210,10 +210,23 @@ class BatchPlanner {
   virtual Result<LayerPolicy> group_policy(int group) const noexcept = 0;
   /// Blocks in `group`'s pool (its rows: num_blocks * B). InvalidArgument: bad group.
   virtual Result<int> num_blocks(int group) const noexcept = 0;
-  /// One past the highest block of `group` any sequence holds: every live row
-  /// of the group lies in rows [0, used_blocks * B) (allocation takes the lowest
-  /// free block, so this stays near the blocks in use). InvalidArgument: bad group.
+  /// One past the highest block of `group` any sequence holds (BatchCache: of
+  /// any group, they draw from one pool): every live row of the group lies in
+  /// rows [0, used_blocks * B) (allocation takes the lowest free block, so
+  /// this stays near the blocks in use). InvalidArgument: bad group.
   virtual Result<int> used_blocks(int group) const noexcept = 0;
+  /// The layer whose storage `layer`'s K/V rows may live in: itself, or an
+  /// earlier layer of another group when the groups draw their blocks from
+  /// one pool (a block belongs to one group at a time, so row r of the two
+  /// layers is never live in both). A byte layer shares the storage when the
+  /// two layers' rows have one size, else gives each its own. The default
+  /// (planners whose groups have pools of their own): the layer itself.
+  /// InvalidArgument: bad layer.
+  virtual Result<int> storage_layer(int layer) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < n_layers(), InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer, n_layers());
+    return layer;
+  }
   /// The plan of the begun step. InvalidState: `step` is not the begun step.
   virtual Result<BatchStepPlan> plan(const BatchStep& step) const noexcept = 0;
   /// May a query of `seq` at position q see its key at k on `group`'s layers?

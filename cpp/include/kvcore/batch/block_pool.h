@@ -1,18 +1,25 @@
-// BlockPool: one group's blocks of B rows. Each block has a reference count
-// (the sequences holding it) and an optional content key (the chained hash of
-// the token ids of a full block, for prefix reuse). Free blocks without a key
-// wait in a min-heap, so allocation takes the lowest free block and the blocks
-// in use stay packed at the start of the pool (a byte layer's rows [0,
-// used_blocks() * B) hold every live row); free blocks that keep a key wait in
-// an LRU list and are reclaimed only when no other block is free, least
-// recently released first (vLLM's block pool reclaims cached blocks the same
-// way). Several blocks may carry one key (two sequences computed the same
-// prompt): a lookup takes a held one when there is one, and at most one of
-// them stays cached, so the content outlives whichever copy goes first.
-// A pool given a KVEventQueue (attach_events) tells it when a key enters
-// the pool (the first block carrying it) and when it leaves (the last one
-// loses it), with the namespace and token range the key names. Every table
-// is allocated once, through nothrow new, by create().
+// BlockPool: the blocks of B rows every group of a BatchCache draws from (one
+// budget: docs/design.md section 6). A block belongs to one group while it is
+// held or cached: its rows are that group's layers' rows (a byte layer gives
+// layers of different groups the same storage, so a block is one page of
+// memory whichever group holds it). Each block has a reference count (the
+// sequences holding it) and an optional content key (the chained hash of the
+// token ids of a full block, for prefix reuse), looked up per group. Free
+// blocks without a key wait in a min-heap, so allocation takes the lowest free
+// block and the blocks in use stay packed at the start of the pool (a byte
+// layer's rows [0, used_blocks() * B) hold every live row); free blocks that
+// keep a key wait in one LRU list for every group and are reclaimed only when
+// no other block is free, least recently released first (vLLM's block pool
+// reclaims cached blocks the same way), whichever group they belong to: memory
+// goes where the traffic needs it. Several blocks of a group may carry one key
+// (two sequences computed the same prompt): a lookup takes a held one when
+// there is one, and at most one of them stays cached, so the content outlives
+// whichever copy goes first.
+// A pool given a KVEventQueue (attach_events) tells it when a key enters a
+// group (its first block carrying it) and when it leaves (the last one loses
+// it), with the namespace and token range the key names. Every table is
+// allocated once, through nothrow new, by create(). GroupPool is one group's
+// view of the pool, with the group's name for every call.
 #pragma once
 
 #include <cstdint>
@@ -35,13 +42,15 @@ class BlockPool {
   BlockPool(BlockPool&&) noexcept = default;
   BlockPool& operator=(BlockPool&&) noexcept = default;
 
-  /// Allocates the tables for `n_blocks` blocks, all free. Precondition:
-  /// 1 <= n_blocks <= 2^30 (the key table has a power of two >= 2 n_blocks
-  /// slots, indexed by int). MemoryAllocationFailed (naming `what`): a table
-  /// cannot be allocated; the pool is left as it was (nothing is assigned
-  /// before every table is allocated).
-  Status create(int n_blocks, const char* what) noexcept {
+  /// Allocates the tables for `n_blocks` blocks shared by `n_groups` groups,
+  /// all free. Precondition: 1 <= n_blocks <= 2^30 (the key table has a power
+  /// of two >= 2 n_blocks slots, indexed by int), n_groups >= 1.
+  /// MemoryAllocationFailed (naming `what`): a table cannot be allocated; the
+  /// pool is left as it was (nothing is assigned before every table is
+  /// allocated).
+  Status create(int n_blocks, const char* what, int n_groups = 1) noexcept {
     auto refs = internal::Buffer<int>::make_zeroed(n_blocks);
+    auto owner = internal::Buffer<int>::make_zeroed(n_blocks);
     auto heap = internal::Buffer<int>::make(n_blocks);
     // One more slot each: index n_blocks is the LRU list's sentinel.
     auto next = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
@@ -49,21 +58,26 @@ class BlockPool {
     auto keys = internal::Buffer<BlockKey>::make(n_blocks);
     auto spans = internal::Buffer<KeySpan>::make(n_blocks);
     auto keyed = internal::Buffer<bool>::make_zeroed(n_blocks);
+    auto cached = internal::Buffer<int>::make_zeroed(n_groups);
+    auto held = internal::Buffer<int>::make_zeroed(n_groups);
     std::int64_t n_slots = 2;
     while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
     auto slots = internal::Buffer<int>::make(n_slots);
-    KVCORE_CHECK_OR_RETURN_ERROR(refs && heap && next && prev && keys && spans && keyed && slots,
-                                 MemoryAllocationFailed,
-                                 "cannot allocate the block tables of %s (%d blocks)", what,
-                                 n_blocks);
+    KVCORE_CHECK_OR_RETURN_ERROR(
+        refs && owner && heap && next && prev && keys && spans && keyed && cached && held && slots,
+        MemoryAllocationFailed, "cannot allocate the block tables of %s (%d blocks)", what, n_blocks);
     n_blocks_ = n_blocks;
+    n_groups_ = n_groups;
     refs_ = std::move(refs);
+    owner_ = std::move(owner);
     heap_ = std::move(heap);
     next_ = std::move(next);
     prev_ = std::move(prev);
     keys_ = std::move(keys);
     spans_ = std::move(spans);
     keyed_ = std::move(keyed);
+    cached_of_ = std::move(cached);
+    held_of_ = std::move(held);
     slots_ = std::move(slots);
     slot_mask_ = static_cast<int>(n_slots - 1);
     reset();
@@ -77,6 +91,7 @@ class BlockPool {
       keyed_[b] = false;
       heap_[b] = b;  // ascending: already a min-heap
     }
+    for (int g = 0; g < n_groups_; ++g) cached_of_[g] = held_of_[g] = 0;
     heap_size_ = n_blocks_;
     next_[n_blocks_] = prev_[n_blocks_] = n_blocks_;
     cached_ = 0;
@@ -84,32 +99,39 @@ class BlockPool {
     for (int i = 0; i <= slot_mask_; ++i) slots_[i] = -1;
   }
 
-  /// Tells `events` (null: nobody) when a key enters or leaves this pool, as
-  /// group `group`'s, whose blocks hold `block_size` positions. The queue
-  /// must outlive the pool.
-  void attach_events(KVEventQueue* events, int group, int block_size) noexcept {
+  /// Tells `events` (null: nobody) when a key enters or leaves a group, whose
+  /// blocks hold `block_size` positions. The queue must outlive the pool.
+  void attach_events(KVEventQueue* events, int block_size) noexcept {
     events_ = events;
-    group_ = group;
     block_size_ = block_size;
   }
 
   int n_blocks() const noexcept { return n_blocks_; }
+  int n_groups() const noexcept { return n_groups_; }
   /// Blocks no sequence holds (cached ones included: they are reclaimable).
   int free_blocks() const noexcept { return heap_size_ + cached_; }
-  /// Free blocks that still keep a key (reused on a prefix hit until reclaimed).
+  /// Free blocks that still keep a key (reused on a prefix hit until
+  /// reclaimed), of every group.
   int cached_blocks() const noexcept { return cached_; }
+  /// Group g's free blocks that still keep a key.
+  int cached_blocks(int group) const noexcept { return cached_of_[group]; }
+  /// Blocks group g's sequences hold.
+  int held_blocks(int group) const noexcept { return held_of_[group]; }
   /// One past the highest block some sequence holds: every held block is below it.
   int used_blocks() const noexcept { return used_; }
   int refs(int block) const noexcept { return refs_[block]; }
   bool keyed(int block) const noexcept { return keyed_[block]; }
   const BlockKey& key(int block) const noexcept { return keys_[block]; }
+  /// The group a held or cached block belongs to.
+  int owner(int block) const noexcept { return owner_[block]; }
 
   /// Takes the lowest free block without a key, else the least recently
-  /// released cached one (dropping its key), held once. Precondition:
-  /// free_blocks() > 0 (the caller admitted the need); broken, it aborts with
-  /// a message (an admission that under-counts fails at once, instead of
-  /// taking the LRU list's sentinel and corrupting the tables).
-  int allocate() noexcept {
+  /// released cached one of any group (dropping its key), held once by
+  /// `group`. Precondition: free_blocks() > 0 (the caller admitted the need);
+  /// broken, it aborts with a message (an admission that under-counts fails
+  /// at once, instead of taking the LRU list's sentinel and corrupting the
+  /// tables).
+  int allocate(int group = 0) noexcept {
     KVCORE_CHECK(heap_size_ + cached_ > 0, "BlockPool::allocate: no free block (the admission under-counted)");
     int b;
     if (heap_size_ > 0) {
@@ -118,9 +140,12 @@ class BlockPool {
       b = next_[n_blocks_];
       unlink(b);
       --cached_;
+      --cached_of_[owner_[b]];
       drop_key(b);
     }
     refs_[b] = 1;
+    owner_[b] = group;
+    ++held_of_[group];
     if (b >= used_) used_ = b + 1;
     return b;
   }
@@ -130,25 +155,31 @@ class BlockPool {
     if (refs_[block]++ == 0) {  // only cached blocks are found while free
       unlink(block);
       --cached_;
+      --cached_of_[owner_[block]];
+      ++held_of_[owner_[block]];
       if (block >= used_) used_ = block + 1;
     }
   }
 
   /// One holder fewer; the last one frees the block: to the LRU list's back
   /// when it keeps a key (reclaimed last), else to the heap. A cached copy of
-  /// the same content already waiting goes to the heap without its key: one
-  /// cached copy per content, the most recently released.
+  /// the same content in its group already waiting goes to the heap without
+  /// its key: one cached copy per content, the most recently released.
   void release(int block) noexcept {
     if (--refs_[block] != 0) return;
+    const int g = owner_[block];
+    --held_of_[g];
     if (keyed_[block]) {
-      const int older = find_cached(keys_[block], block);
+      const int older = find_cached(keys_[block], g, block);
       if (older >= 0) {
         unlink(older);
         --cached_;
+        --cached_of_[g];
         drop_key(older);
         push(older);
       }
       ++cached_;
+      ++cached_of_[g];
       link_before(block, n_blocks_);
     } else {
       push(block);
@@ -157,14 +188,15 @@ class BlockPool {
     while (used_ > 0 && refs_[used_ - 1] == 0) --used_;
   }
 
-  /// Names a held block by its content (other blocks may carry the same key):
-  /// block `index` of a sequence keying in prefix namespace `ns` (it holds
-  /// positions [index * B, (index + 1) * B)); false (nothing changes) when
-  /// this one has a key already.
+  /// Names a held block by its content in its group (other blocks may carry
+  /// the same key): block `index` of a sequence keying in prefix namespace
+  /// `ns` (it holds positions [index * B, (index + 1) * B)); false (nothing
+  /// changes) when this one has a key already.
   bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
     if (keyed_[block]) return false;
-    if (events_ != nullptr && find(key) < 0) events_->push(event(KVEventKind::Stored, key, ns, index));
-    int i = static_cast<int>(key.lo) & slot_mask_;
+    const int g = owner_[block];
+    if (events_ != nullptr && find(key, g) < 0) events_->push(event(KVEventKind::Stored, g, key, ns, index));
+    int i = home(key, g);
     while (slots_[i] >= 0) i = (i + 1) & slot_mask_;
     slots_[i] = block;
     keys_[block] = key;
@@ -173,13 +205,14 @@ class BlockPool {
     return true;
   }
 
-  /// A block whose content has `key`: the lowest held one when there is one
-  /// (sharing it takes no free block), else the cached one; -1 when none.
-  int find(const BlockKey& key) const noexcept {
+  /// A block of `group` whose content has `key`: the lowest held one when
+  /// there is one (sharing it takes no free block), else the cached one; -1
+  /// when none.
+  int find(const BlockKey& key, int group = 0) const noexcept {
     int held = -1, cached = -1;
-    for (int i = static_cast<int>(key.lo) & slot_mask_; slots_[i] >= 0; i = (i + 1) & slot_mask_) {
+    for (int i = home(key, group); slots_[i] >= 0; i = (i + 1) & slot_mask_) {
       const int b = slots_[i];
-      if (keys_[b] != key) continue;
+      if (keys_[b] != key || owner_[b] != group) continue;
       if (refs_[b] == 0) cached = b;
       else if (held < 0 || b < held) held = b;
     }
@@ -190,13 +223,13 @@ class BlockPool {
   /// block is held, or is being reclaimed by allocate().
   void drop_key(int block) noexcept {
     if (!keyed_[block]) return;
-    int i = static_cast<int>(keys_[block].lo) & slot_mask_;
+    int i = home(keys_[block], owner_[block]);
     while (slots_[i] != block) i = (i + 1) & slot_mask_;
     // Linear probing's backward-shift deletion: no tombstones, lookups stay short.
     for (int j = (i + 1) & slot_mask_; slots_[j] >= 0; j = (j + 1) & slot_mask_) {
-      const int home = static_cast<int>(keys_[slots_[j]].lo) & slot_mask_;
+      const int home_j = home(keys_[slots_[j]], owner_[slots_[j]]);
       // Move slots_[j] into the hole at i unless its home lies in (i, j].
-      const bool home_between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+      const bool home_between = i <= j ? (home_j > i && home_j <= j) : (home_j > i || home_j <= j);
       if (!home_between) {
         slots_[i] = slots_[j];
         i = j;
@@ -204,27 +237,37 @@ class BlockPool {
     }
     slots_[i] = -1;
     keyed_[block] = false;
-    if (events_ != nullptr && find(keys_[block]) < 0)  // no other block carries it
-      events_->push(event(KVEventKind::Evicted, keys_[block], spans_[block].ns, spans_[block].index));
+    const int g = owner_[block];
+    if (events_ != nullptr && find(keys_[block], g) < 0)  // no other block of the group carries it
+      events_->push(event(KVEventKind::Evicted, g, keys_[block], spans_[block].ns, spans_[block].index));
   }
 
  private:
+  static constexpr std::uint64_t kGroupSpread = 0x9e3779b97f4a7c15u;
+
   // What a key names besides its hash: the namespace and the block index.
   struct KeySpan {
     std::uint64_t ns = 0;
     int index = 0;
   };
 
-  KVEvent event(KVEventKind kind, const BlockKey& key, std::uint64_t ns, int index) const noexcept {
-    return KVEvent{kind, group_, key, ns, index * block_size_, block_size_};
+  // The key table's first slot for `key` in `group` (groups hold the same
+  // keys: each starts elsewhere).
+  int home(const BlockKey& key, int group) const noexcept {
+    const std::uint64_t spread = static_cast<std::uint64_t>(static_cast<std::uint32_t>(group)) * kGroupSpread;
+    return static_cast<int>((key.lo + spread) & static_cast<std::uint64_t>(slot_mask_));
   }
 
-  // The free block other than `except` carrying `key`, or -1 (release()
-  // keeps at most one).
-  int find_cached(const BlockKey& key, int except) const noexcept {
-    for (int i = static_cast<int>(key.lo) & slot_mask_; slots_[i] >= 0; i = (i + 1) & slot_mask_) {
+  KVEvent event(KVEventKind kind, int group, const BlockKey& key, std::uint64_t ns, int index) const noexcept {
+    return KVEvent{kind, group, key, ns, index * block_size_, block_size_};
+  }
+
+  // The free block of `group` other than `except` carrying `key`, or -1
+  // (release() keeps at most one).
+  int find_cached(const BlockKey& key, int group, int except) const noexcept {
+    for (int i = home(key, group); slots_[i] >= 0; i = (i + 1) & slot_mask_) {
       const int b = slots_[i];
-      if (b != except && refs_[b] == 0 && keys_[b] == key) return b;
+      if (b != except && refs_[b] == 0 && owner_[b] == group && keys_[b] == key) return b;
     }
     return -1;
   }
@@ -267,21 +310,55 @@ class BlockPool {
   }
 
   int n_blocks_ = 0;
+  int n_groups_ = 1;
   int block_size_ = 1;
   KVEventQueue* events_ = nullptr;
-  int group_ = -1;
   int heap_size_ = 0;
   int cached_ = 0;
   int used_ = 0;
   int slot_mask_ = 0;
   internal::Buffer<int> refs_;
+  internal::Buffer<int> owner_;  // the group holding or caching each block
   internal::Buffer<int> heap_;
   internal::Buffer<int> next_;
   internal::Buffer<int> prev_;
   internal::Buffer<BlockKey> keys_;
   internal::Buffer<KeySpan> spans_;
   internal::Buffer<bool> keyed_;
-  internal::Buffer<int> slots_;  // open addressing by key.lo: block ids, -1 empty
+  internal::Buffer<int> cached_of_;  // per group: its cached blocks
+  internal::Buffer<int> held_of_;    // per group: its held blocks
+  internal::Buffer<int> slots_;  // open addressing by home(key, owner): block ids, -1 empty
+};
+
+/// One group's view of the BlockPool: every call names the group.
+class GroupPool {
+ public:
+  GroupPool() = default;
+  GroupPool(BlockPool* pool, int group) noexcept : pool_(pool), group_(group) {}
+
+  int group() const noexcept { return group_; }
+  /// The whole pool's blocks, free blocks and one past its highest held block.
+  int n_blocks() const noexcept { return pool_->n_blocks(); }
+  int free_blocks() const noexcept { return pool_->free_blocks(); }
+  int used_blocks() const noexcept { return pool_->used_blocks(); }
+  /// This group's cached and held blocks.
+  int cached_blocks() const noexcept { return pool_->cached_blocks(group_); }
+  int held_blocks() const noexcept { return pool_->held_blocks(group_); }
+  int refs(int block) const noexcept { return pool_->refs(block); }
+  bool keyed(int block) const noexcept { return pool_->keyed(block); }
+  const BlockKey& key(int block) const noexcept { return pool_->key(block); }
+  int allocate() noexcept { return pool_->allocate(group_); }
+  void hold(int block) noexcept { pool_->hold(block); }
+  void release(int block) noexcept { pool_->release(block); }
+  bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
+    return pool_->set_key(block, key, ns, index);
+  }
+  int find(const BlockKey& key) const noexcept { return pool_->find(key, group_); }
+  void drop_key(int block) noexcept { pool_->drop_key(block); }
+
+ private:
+  BlockPool* pool_ = nullptr;
+  int group_ = 0;
 };
 
 }  // namespace kvcore

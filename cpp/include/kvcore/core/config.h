@@ -131,6 +131,13 @@ struct BatchLimits {
   /// least recently used goes first. 0: none, and a model with State layers
   /// never hits a prefix.
   int state_snapshots = 0;
+  /// Layers of one policy form groups of at most this many layers, all
+  /// drawing blocks from one pool whose pages span one layer of each group
+  /// (docs/batch.md section 5, "One budget"): groups of one size leave no page
+  /// storage unused. 0: the fewest layers any policy has (vLLM's rule; a
+  /// model whose policies have one layer count keeps one group per policy).
+  /// A large value (n_layers) keeps one group per policy whatever the counts.
+  int page_layers = 0;
 };
 
 struct CacheConfig {

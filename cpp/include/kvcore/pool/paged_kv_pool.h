@@ -4,7 +4,12 @@
 // (V: n_kv_heads x value_dim), row-major [rows, heads, dim], in one element
 // type chosen at construction. Row r of a layer is row r of its group's pool:
 // block r / B, offset r % B, exactly as the plan's slots and block tables name
-// it. The pool moves bytes; it never interprets elements.
+// it. The pool moves bytes; it never interprets elements. When the planner's
+// groups draw their blocks from one pool (BatchCache), a layer shares the
+// storage of the layer storage_layer() names (group g's j-th layer with every
+// other group's j-th) when their rows have one size: a block is then one page
+// of memory whichever group holds it, and the pool's bytes follow the blocks
+// in use, not the number of groups.
 //
 // Per step and layer, update() performs the group's block copies (copy-on-write
 // of shared, partly filled blocks), then writes the step's new rows to their
@@ -165,14 +170,15 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
 
   /// Bytes of every layer's live rows [0, used_blocks * B) now: what rows()
   /// spans once the step's update has stored them (rows a growing pool has
-  /// not reached yet are counted too); a State layer's slots in full (always
-  /// stored), a Shared layer's none. A group the planner no longer knows
+  /// not reached yet are counted too; a storage several layers share,
+  /// once); a State layer's slots in full (always stored), a Shared layer's
+  /// none. A group the planner no longer knows
   /// counts 0.
   std::size_t used_bytes() const noexcept {
     std::size_t n = 0;
     for (int l = 0; l < n_layers_; ++l) {
       const PagedLayer& layer = layers_[l];
-      if (layer.policy.kind == LayerPolicy::Kind::Shared) continue;
+      if (layer.policy.kind == LayerPolicy::Kind::Shared || layer.storage_of >= 0) continue;  // counted once
       if (layer.policy.kind == LayerPolicy::Kind::State) {
         n += layer.k_row_bytes * static_cast<std::size_t>(layer.rows);
         continue;
@@ -779,6 +785,18 @@ class PagedKVPool : public PoolStorage<PagedKVPoolTraits> {
     out->group = group;
     out->policy = lc.policy;
     out->rows = static_cast<int>(rows);
+    out->storage_of = -1;
+    // The planner's groups draw from one pool: share the storage it names
+    // when its rows are of this layer's size and count (else keep our own).
+    KVCORE_ASSIGN_OR_RETURN(const int owner, planner.storage_layer(l));
+    if (owner != l && owner >= 0 && owner < l) {
+      KVCORE_ASSIGN_OR_RETURN(const LayerConfig oc, planner.layer_config(owner));
+      KVCORE_ASSIGN_OR_RETURN(const int owner_group, planner.group_of(owner));
+      KVCORE_ASSIGN_OR_RETURN(const int owner_blocks, planner.num_blocks(owner_group));
+      if (oc.n_kv_heads == lc.n_kv_heads && oc.head_dim == lc.head_dim && oc.value_dim() == lc.value_dim() &&
+          owner_blocks == blocks)
+        out->storage_of = owner;
+    }
     return Error::Ok;
   }
 

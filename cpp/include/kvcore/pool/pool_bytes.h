@@ -148,6 +148,7 @@ struct PoolBytes {
                              const PoolAllocator& allocator) noexcept {
     if (layers == nullptr || arena) return;
     for (int l = 0; l < n_layers; ++l) {
+      if (layers[l].storage_of >= 0) continue;  // its owner's blocks
       if (layers[l].k != nullptr) allocator.release(allocator.context, layers[l].k);
       if (layers[l].v != nullptr) allocator.release(allocator.context, layers[l].v);
     }

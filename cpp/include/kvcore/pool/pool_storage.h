@@ -6,7 +6,10 @@
 // storage, its growth, its arena carving and its byte accounting, and which
 // layers hold K/V rows (a Shared layer reads its source's, a State layer holds
 // state slots: row_layer, check_state_layer); the pools on top say what the
-// rows mean.
+// rows mean. A layer may live in an earlier layer's storage (storage_of: a
+// paged pool whose groups draw their blocks from one pool gives layers of
+// different groups one storage): it has no blocks of its own, and follows
+// its owner's growth.
 //
 // `Traits` describes a pool to its storage:
 //   using Layer = ...;  // a LayerStorage with storage_rows(): the rows its
@@ -53,6 +56,9 @@ struct LayerStorage {
   /// A block of no bytes (a KVPool State layer's V) may be null.
   unsigned char* k = nullptr;
   unsigned char* v = nullptr;
+  /// The earlier layer whose K and V storage (and allocated_rows) this one
+  /// shares, or -1: its own. Same row sizes and rows as that layer.
+  int storage_of = -1;
 };
 
 /// The bytes of one state slot of each State layer, for the create, in_arena
@@ -123,11 +129,13 @@ class PoolStorage : protected PoolBytes {
   }
 
   /// Bytes of the rows backed by storage now, K and V of every layer (the
-  /// layer's storage_rows(): mirror rows included).
+  /// layer's storage_rows(): mirror rows included; a storage several layers
+  /// share counted once).
   std::size_t reserved_bytes() const noexcept {
     std::size_t n = 0;
     for (int l = 0; l < n_layers_; ++l) {
       const Layer& layer = layers_[l];
+      if (layer.storage_of >= 0) continue;
       n += (layer.k_row_bytes + layer.v_row_bytes) * static_cast<std::size_t>(layer.storage_rows());
     }
     return n;
@@ -239,6 +247,7 @@ class PoolStorage : protected PoolBytes {
       Layer layer;
       KVCORE_RETURN_IF_ERROR(shape_of(l, &layer));
       layer.allocated_rows = layer.rows;
+      if (layer.storage_of >= 0) continue;  // its owner's blocks
       const std::uint64_t rows = static_cast<std::uint64_t>(layer.storage_rows());
       const bool fits = checked_add(total, round_up(layer.k_row_bytes * rows), &total) &&
                         checked_add(total, round_up(layer.v_row_bytes * rows), &total);
@@ -268,6 +277,11 @@ class PoolStorage : protected PoolBytes {
       // Cannot fail: arena_bytes() already shaped every layer.
       KVCORE_RETURN_IF_ERROR(shape_of(l, layer));
       layer->allocated_rows = layer->rows;
+      if (layer->storage_of >= 0) {  // its owner's blocks (an earlier layer: carved)
+        layer->k = layers_[layer->storage_of].k;
+        layer->v = layers_[layer->storage_of].v;
+        continue;
+      }
       const std::size_t storage = static_cast<std::size_t>(layer->storage_rows());
       const std::size_t k_bytes = layer->k_row_bytes * storage;
       const std::size_t v_bytes = layer->v_row_bytes * storage;
@@ -283,8 +297,15 @@ class PoolStorage : protected PoolBytes {
 
   // Grows `layer_index` to `rows`, keeping its data: new blocks first, then
   // copy, then release (or hand the old blocks to `replaced` when the caller
-  // still reads them), so a failure leaves the layer as it was.
+  // still reads them), so a failure leaves the layer as it was. A layer in
+  // another's storage grows that storage (and every layer in it sees it).
   Status grow(int layer_index, int rows, Blocks* replaced = nullptr) noexcept {
+    if (layers_[layer_index].storage_of >= 0) {
+      const int owner = layers_[layer_index].storage_of;
+      KVCORE_RETURN_IF_ERROR(grow(owner, rows, replaced));
+      follow(owner);  // a fresh alias (build) takes its owner's blocks even when nothing grew
+      return Error::Ok;
+    }
     Layer& layer = layers_[layer_index];
     if (rows <= layer.allocated_rows) return Error::Ok;
     KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal, "layer %d: an arena %s cannot grow to %d rows",
@@ -321,7 +342,20 @@ class PoolStorage : protected PoolBytes {
     layer.v = v;
     layer.allocated_rows = rows;
     Traits::grown(layer);
+    follow(layer_index);
     return Error::Ok;
+  }
+
+  // The layers in `owner`'s storage take its blocks and rows.
+  void follow(int owner) noexcept {
+    const Layer& from = layers_[owner];
+    for (int l = owner + 1; l < n_layers_; ++l) {
+      Layer& layer = layers_[l];
+      if (layer.storage_of != owner) continue;
+      layer.k = from.k;
+      layer.v = from.v;
+      layer.allocated_rows = from.allocated_rows;
+    }
   }
 
   void release(const Blocks& blocks) noexcept {

@@ -37,9 +37,10 @@ class BatchOptions:
       prompt is prefilled over several forwards.
     - ``capacity``: the longest request, prompt plus new tokens (default: the model's
       ``max_position_embeddings``, at most 4096).
-    - ``num_blocks``: blocks of each full-attention group's pool (default: ``max_seqs`` requests
-      at ``capacity``); at least the blocks of one request at ``capacity``. Sliding groups size
-      their own pools (docs/batch.md).
+    - ``num_blocks``: blocks of the one pool every attention type draws from (default: what each
+      type would need alone, summed: ``max_seqs`` requests at ``capacity`` for full attention, their
+      windows for sliding types); at least the blocks of one request at ``capacity``
+      (docs/batch.md section 5, "One budget").
     - ``max_tokens_read``: cache positions one forward may read over all its requests (transformers'
       read budget; default ``max_seqs * capacity``).
     - ``wait_for_shared_prefill``: a new request whose prompt starts with the first block of a
@@ -187,6 +188,9 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
         max_seqs=options.max_seqs,
         max_step_tokens=options.max_batch_tokens,
         num_blocks=options.num_blocks or 0,
+        # One kvcore group per attention type: transformers' input builder reads one set of
+        # row indices per type, so the layers of a type cannot be split into page-sized groups.
+        page_layers=len(base.layers),
     )
     return CacheConfig(capacity, list(base.layers), max_step=max_step, batch=limits), groups
 

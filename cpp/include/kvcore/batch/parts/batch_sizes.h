@@ -34,6 +34,9 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
                                "batch.max_holes = %d: must be in [0, 4096]", b.max_holes);
   KVCORE_CHECK_OR_RETURN_ERROR(b.state_snapshots >= 0 && b.state_snapshots <= (1 << 20), InvalidArgument,
                                "batch.state_snapshots = %d: must be in [0, 1048576]", b.state_snapshots);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.page_layers >= 0, InvalidArgument,
+                               "batch.page_layers = %d: must be >= 1 (or 0 for the fewest layers of any policy)",
+                               b.page_layers);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_active_seqs >= 0 && b.max_active_seqs <= b.max_seqs, InvalidArgument,
                                "batch.max_active_seqs = %d: must be in [1, batch.max_seqs = %d] (or 0 for "
                                "max_seqs)",
@@ -91,18 +94,24 @@ struct BatchSizes {
     return Error::Ok;
   }
 
-  /// The blocks of group g's pool under `rule` (`num_blocks`: the config's, 0
-  /// for every table row full). InvalidArgument past 2^31 rows or 2^30 blocks.
-  Result<int> pool_blocks(int g, const GroupRule& rule, int num_blocks) const noexcept {
+  /// The blocks of the one pool every group draws from: `num_blocks` (the
+  /// config's) when set, else what the groups' old pools held together, each
+  /// as its rule sizes it with every table row full (rule_of(g): group g's
+  /// GroupRule). InvalidArgument past 2^31 rows or 2^30 blocks.
+  template <class RuleOf>
+  Result<int> pool_blocks(int n_groups, int num_blocks, RuleOf rule_of) const noexcept {
     const std::int64_t full = static_cast<std::int64_t>(rows) * stride;
-    const std::int64_t blocks = rule.pool_blocks(num_blocks != 0 ? num_blocks : full, rows, stride);
+    std::int64_t blocks = num_blocks;
+    if (num_blocks == 0) {
+      for (int g = 0; g < n_groups && blocks <= (1 << 30); ++g) blocks += rule_of(g).pool_blocks(full, rows, stride);
+    }
     KVCORE_CHECK_OR_RETURN_ERROR(blocks <= 0x7fffffff / block_size, InvalidArgument,
-                                 "group %d: %lld blocks of %d rows pass 2^31 rows", g,
-                                 static_cast<long long>(blocks), block_size);
+                                 "the pool: %lld%s blocks of %d rows pass 2^31 rows", static_cast<long long>(blocks),
+                                 num_blocks == 0 ? " or more" : "", block_size);
     // A pool's key table takes a power of two >= 2 slots per block, in int.
     KVCORE_CHECK_OR_RETURN_ERROR(blocks <= (1 << 30), InvalidArgument,
-                                 "group %d: %lld blocks: a pool holds at most 2^30 blocks", g,
-                                 static_cast<long long>(blocks));
+                                 "the pool: %lld%s blocks: a pool holds at most 2^30 blocks",
+                                 static_cast<long long>(blocks), num_blocks == 0 ? " or more" : "");
     return static_cast<int>(blocks);
   }
 };

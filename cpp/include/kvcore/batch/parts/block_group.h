@@ -1,5 +1,6 @@
-// BlockGroup: the layers of a BatchCache that share one policy. It owns their
-// block pool and, per active sequence, a block table row (position p lives in
+// BlockGroup: the layers of a BatchCache that share one policy. It draws its
+// blocks from the cache's one BlockPool (as its GroupPool) and keeps, per
+// active sequence, a block table row (position p lives in
 // block row[p / B]; TableRows says which row), the blocks held and, for a window that releases blocks, the
 // position below which it released every block past the sinks. What depends
 // on the policy is asked of its GroupRule (group_rule.h); nothing here branches
@@ -40,13 +41,11 @@ class BlockGroup {
   const LayerPolicy& policy() const noexcept { return policy_; }
   const GroupRule& rule() const noexcept { return *rule_; }
 
-  /// Allocates the pool (`blocks`, checked by the caller), `rows.rows()` table
-  /// rows of `stride` block indices (all empty; `rows`, which outlives the
-  /// group, says each sequence's) and the counts of `max_seqs` sequences.
-  /// MemoryAllocationFailed: nothing is assigned.
-  Status create(int blocks, int max_seqs, const TableRows& rows, int stride, int block_size) noexcept {
-    BlockPool pool;
-    KVCORE_RETURN_IF_ERROR(pool.create(blocks, "a group's pool"));
+  /// Draws from `pool` as group `group`; allocates `rows.rows()` table rows of
+  /// `stride` block indices (all empty; `rows`, which outlives the group, says
+  /// each sequence's) and the counts of `max_seqs` sequences. The pool must
+  /// outlive the group. MemoryAllocationFailed: nothing is assigned.
+  Status create(BlockPool& pool, int group, int max_seqs, const TableRows& rows, int stride, int block_size) noexcept {
     const std::int64_t entries = static_cast<std::int64_t>(rows.rows()) * stride;
     auto tables = internal::Buffer<int>::make(entries);
     auto held = internal::Buffer<int>::make_zeroed(max_seqs);
@@ -54,7 +53,7 @@ class BlockGroup {
     KVCORE_CHECK_OR_RETURN_ERROR(tables && held && lost, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
     tables.fill(entries, -1);
-    pool_ = std::move(pool);
+    pool_ = GroupPool(&pool, group);
     tables_ = std::move(tables);
     held_ = std::move(held);
     lost_below_ = std::move(lost);
@@ -65,8 +64,8 @@ class BlockGroup {
     return Error::Ok;
   }
 
-  BlockPool& pool() noexcept { return pool_; }
-  const BlockPool& pool() const noexcept { return pool_; }
+  GroupPool& pool() noexcept { return pool_; }
+  const GroupPool& pool() const noexcept { return pool_; }
   /// Every row of the tables, [rows][stride] (-1: no block).
   const int* tables() const noexcept { return tables_.get(); }
   /// The row of `seq`. Precondition: `seq` holds a row (it is active).
@@ -172,9 +171,8 @@ class BlockGroup {
     return s.length;
   }
 
-  /// Every block free, every table empty.
+  /// Every table empty (the cache resets the pool).
   void clear() noexcept {
-    pool_.reset();
     const std::int64_t entries = static_cast<std::int64_t>(rows_->rows()) * stride_;
     tables_.fill(entries, -1);
     for (int seq = 0; seq < max_seqs_; ++seq) held_[seq] = lost_below_[seq] = 0;
@@ -187,7 +185,7 @@ class BlockGroup {
   ChunkedRule chunked_;
   const GroupRule* rule_ = &flat_;
   bool releases_ = false;  // rule_->releases_blocks(): evict() has work to do
-  BlockPool pool_;
+  GroupPool pool_;
   const TableRows* rows_ = nullptr;
   int max_seqs_ = 0;
   int stride_ = 0;

@@ -130,16 +130,22 @@ class SequenceAdmission {
     return n;
   }
 
-  /// Fills group g's table of `seq` (reset): blocks of the hit it keeps are
-  /// shared, the others it keeps are fresh, and write_block(g, i, block) writes
-  /// each fresh one's rows. Admitted by blocks_needed: never fails.
-  template <class WriteBlock>
-  void fill(int g, BlockGroup& group, int seq, const BlockKey* hit_keys, int hit, WriteBlock& write_block) const noexcept {
+  /// Group g's table of `seq` (reset) shares the blocks of the hit it keeps.
+  /// Every group shares before any allocates: the groups draw from one pool,
+  /// and a fresh allocation must not reclaim a cached block a hit adopts.
+  void share_hit(int g, BlockGroup& group, int seq, const BlockKey* hit_keys, int hit) const noexcept {
     const NeededBlocks need = group.rule().needed(hit);
     const int sink_blocks = group.rule().sink_blocks();
-    // Shared blocks first: a fresh allocation must not reclaim a cached block the hit adopts.
     for (int i = 0; i < hit && i < ceil_blocks(); ++i)
       if (need.contains(i) && keeps(g, sink_blocks, i)) group.share(seq, i, group.pool().find(hit_keys[i]));
+  }
+
+  /// Then the other blocks group g keeps are fresh, and write_block(g, i,
+  /// block) writes each fresh one's rows. Admitted by blocks_needed: never fails.
+  template <class WriteBlock>
+  void fill(int g, BlockGroup& group, int seq, int hit, WriteBlock& write_block) const noexcept {
+    const NeededBlocks need = group.rule().needed(hit);
+    const int sink_blocks = group.rule().sink_blocks();
     for (int i = 0; i < ceil_blocks(); ++i) {
       if (!keeps(g, sink_blocks, i) || (i < hit && need.contains(i))) continue;
       const int b = group.pool().allocate();
@@ -156,8 +162,9 @@ class SequenceAdmission {
 
   /// Checks group g can keep what the record carries: every visible position
   /// of its sink blocks is carried (a flat group: every visible position), and
-  /// its pool has the blocks (a hit of `hit` blocks keyed `hit_keys` shared).
-  Status check_group(int g, const BlockGroup& group, const BlockKey* hit_keys, int hit) const noexcept {
+  /// a ring group's window is whole. (Whether the pool has the blocks every
+  /// group takes is the caller's sum of blocks_needed.)
+  Status check_group(int g, const BlockGroup& group) const noexcept {
     const bool ring = group.policy().evicts();
     const std::int64_t sinks_end = static_cast<std::int64_t>(group.rule().sink_blocks()) * B_;
     const int keep_end = !ring ? in_.length : (sinks_end < in_.length ? static_cast<int>(sinks_end) : in_.length);
@@ -179,10 +186,6 @@ class SequenceAdmission {
                                  "import: group %d (window or chunk %d) lacks position %d, which a query at length %d "
                                  "needs: incomplete",
                                  g, group.policy().window, lacks, in_.length);
-    const int need = blocks_needed(g, group, hit_keys, hit);
-    const int free = group.pool().free_blocks();
-    KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources, "import: group %d needs %d blocks, %d are free", g,
-                                 need, free);
     return Error::Ok;
   }
 

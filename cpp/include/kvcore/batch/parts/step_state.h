@@ -246,7 +246,7 @@ class StepState {
 // A step writing into `block` copies it when another sequence holds it, or
 // when it is named: a named block never changes, so its key survives an
 // abandoned step and stays true for the sequences that find it later.
-inline bool must_copy(const BlockPool& pool, int block) noexcept {
+inline bool must_copy(const GroupPool& pool, int block) noexcept {
   return pool.refs(block) > 1 || pool.keyed(block);
 }
 
@@ -317,7 +317,7 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
 
 inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq,
                                   int T) const noexcept {
-  const BlockPool& pool = group.pool();
+  const GroupPool& pool = group.pool();
   int need = 0;
   walk_entry(group, g, seq, seqs[seq].length, T, [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
   return need;
@@ -325,21 +325,24 @@ inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& gr
 
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
                                const BlockGroup* groups) const noexcept {
+  if (lim_.n_groups == 0) return Error::Ok;
+  // Every group draws from one pool. An entry takes at most one block per
+  // index it writes in each group (check_entries counted them), and end()
+  // only adds free blocks: a pool with that many free admits the step,
+  // whatever the exact count below would say.
+  const GroupPool& pool = groups[0].pool();
+  if (pool.free_blocks() >= walked_blocks_ * lim_.n_groups) return Error::Ok;
+  std::int64_t need = 0;
+  int freed = 0;  // what end() gives back
   for (int g = 0; g < lim_.n_groups; ++g) {
-    const BlockPool& pool = groups[g].pool();
-    // An entry takes at most one block per index it writes (check_entries
-    // counted them), and end() only adds free blocks: a pool with that many
-    // free admits the step, whatever the exact count below would say.
-    if (pool.free_blocks() >= walked_blocks_) continue;
-    int need = 0;
     for (int i = 0; i < n; ++i) need += entry_need(seqs, groups[g], g, entries[i].seq, entries[i].T);
-    int freed = 0;  // what end() gives back
     walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
-    const int free = pool.free_blocks() + freed;
-    KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
-                                 "begin_step: group %d needs %d blocks, %d of its %d are free", g, need, free,
-                                 pool.n_blocks());
   }
+  const int free = pool.free_blocks() + freed;
+  KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
+                               "begin_step: the step needs %lld blocks over its %d group%s, %d of the pool's %d are free",
+                               static_cast<long long>(need), lim_.n_groups, lim_.n_groups == 1 ? "" : "s", free,
+                               pool.n_blocks());
   return Error::Ok;
 }
 
@@ -369,7 +372,7 @@ inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
 inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) noexcept {
   const int seq = step_seq_[i];
   int* row = group.table(seq);
-  BlockPool& pool = group.pool();
+  GroupPool& pool = group.pool();
   const int first = div_.floor(first_positions_[i]);
   first_before(g, i) = row[first];  // what an abandoned step restores
   // walk_entry's blocks: no step is begun here (begin() runs after end()).
