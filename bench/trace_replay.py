@@ -720,12 +720,17 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
 
 def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
                   ring_share: float | None = None, state_share: float | None = None,
-                  step_slots_in_budget: bool = True) -> dict[str, Any]:
+                  step_slots_in_budget: bool = True, one_pool: bool = False) -> dict[str, Any]:
     """How kvcore's per-group pools spend `budget` bytes (module docstring): flat num_blocks,
     max_active_seqs (the ring pool and the tables), state_snapshots, the bytes each part takes,
     and the block tables' bytes (outside the budget). 'feasible' is False when the budget cannot
     hold one active sequence (or the State group's fixed slots). step_slots_in_budget=False
-    leaves the State group's max_step_tokens slots out of the budget (reported apart)."""
+    leaves the State group's max_step_tokens slots out of the budget (reported apart).
+    one_pool: kvcore's one pool for every block group (BatchLimits.page_layers, b9e2046): the
+    budget less the State group's slots buys num_blocks blocks of one page each (B rows of the
+    largest group's layers); ring_share does not apply."""
+    if one_pool:
+        return _one_pool_layout(model, block, budget, cfg, capacity, state_share, step_slots_in_budget)
     flat_bpb = model.bytes_per_token("full") * block
     ring_bpb = model.bytes_per_token("sliding") * block
     slot = model.state_bytes
@@ -780,6 +785,69 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
     return out
 
 
+def page_groups(model: Model) -> tuple[int, int, int]:
+    """kvcore's default grouping under one pool (vLLM's rule): (page_layers, number of block
+    groups, bytes of one token in one page: page_layers layers' K and V)."""
+    counts: dict[tuple[str, int, int, int], int] = {}
+    for lay in model.layers:
+        if lay.kind != "state":
+            key = (lay.kind, lay.window, lay.kv_heads, lay.head_dim)
+            counts[key] = counts.get(key, 0) + 1
+    p = min(counts.values())
+    n_groups = sum(-(-c // p) for c in counts.values())
+    per_token = max(k[2] * k[3] * 2 * BF16 for k in counts)
+    return p, n_groups, p * per_token
+
+
+def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
+                     state_share: float | None, step_slots_in_budget: bool) -> dict[str, Any]:
+    p, n_groups, page_token = page_groups(model)
+    bpb = page_token * block
+    slot = model.state_bytes
+    max_active = cfg.max_running
+    out: dict[str, Any] = {"pool": "one pool (page_layers)", "page_layers": p, "n_groups": n_groups,
+                           "bytes_per_block": bpb, "state_bytes_per_slot": slot}
+    snapshots = 0
+    state_fixed = 0
+    if slot:
+        step_slots = cfg.token_budget if step_slots_in_budget else 0
+        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else cfg.token_budget * slot
+        state_fixed = (max_active + step_slots) * slot
+        rest = max(budget - state_fixed, 0)
+        if state_share is None:
+            out["split"] = f"state: one snapshot per {cfg.chunk} tokens the pool holds"
+            num = rest // (bpb + slot * block // cfg.chunk) if block <= cfg.chunk else rest // (bpb + slot)
+            snapshots = num * block // cfg.chunk if block <= cfg.chunk else num
+        else:
+            if not 0 < state_share < 1:
+                raise ValueError(f"state_share {state_share} must lie in (0, 1)")
+            out["split"] = f"state {state_share}"
+            snapshots = int(rest * state_share) // slot
+            num = (rest - snapshots * slot) // bpb
+    else:
+        out["split"] = "one pool"
+        num = budget // bpb
+    num = max(int(num), 0)
+    out.update({
+        "feasible": bool(num >= 1 and budget >= state_fixed), "num_blocks_flat": num, "num_blocks": num,
+        "max_active_seqs": max_active, "ring_blocks": 0, "state_snapshots": int(snapshots),
+        "state_fixed_slots": (max_active + cfg.token_budget) if slot else 0,
+        "bytes_flat": num * bpb, "bytes_ring": 0,
+        "bytes_state": ((max_active + (cfg.token_budget if step_slots_in_budget else 0) + snapshots) * slot)
+        if slot else 0,
+        "table_bytes": n_groups * max_active * -(-capacity // block) * 4,
+    })
+    out["bytes_total"] = out["bytes_flat"] + out["bytes_state"]
+    return out
+
+
+def kvcore_one_pool() -> bool:
+    """True when the kvcore module draws every block group from one pool (BatchLimits.page_layers)."""
+    import kvcore
+
+    return hasattr(kvcore.BatchLimits(), "page_layers")
+
+
 class KvcoreAdapter:
     """kvcore's BatchCache behind the scheduler's adapter calls (module docstring)."""
 
@@ -802,23 +870,25 @@ class KvcoreAdapter:
                 layers.append(kvcore.LayerConfig(kvcore.Ring(window=lay.window), lay.kv_heads, lay.head_dim))
             else:
                 layers.append(kvcore.LayerConfig(kvcore.State(1)))
-        limits = kvcore.BatchLimits(block_size=block, max_seqs=self.max_active,
+        extra = {"page_layers": layout["page_layers"]} if "page_layers" in layout else {}
+        limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
                                     max_active_seqs=self.max_active,
                                     max_step_tokens=cfg.token_budget,
                                     num_blocks=layout["num_blocks_flat"],
                                     state_snapshots=layout["state_snapshots"])
         self.cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=cfg.chunk, batch=limits))
         self.n_groups = self.cache.n_groups
+        self.one_pool = "page_layers" in layout
+        self.page_bytes = layout.get("bytes_per_block", 0)
         self.bpb = []
         for g in range(self.n_groups):
-            pol = self.cache.group_policy(g)
             members = [i for i, lay in enumerate(model.layers) if lay.kind != "state" and self.cache.group_of(i) == g]
             self.bpb.append(block * sum(model.layers[i].kv_bytes_per_token for i in members))
-            del pol
         self.free_ids = list(range(self.max_active - 1, -1, -1))
         self.reserved = [0] * self.n_groups
         self.check = check
-        self.content: list[dict[int, int]] = [{} for _ in range(self.n_groups)]
+        # What each block was computed from: by (group, block id), or by block id in one pool.
+        self.content: dict[Any, int] = {}
         # KV events: the keys each group stores, mirrored from the drained events.
         self.stored: list[set[tuple[int, int]]] = [set() for _ in range(self.n_groups)]
         self.keys: dict[int, np.ndarray] = {}
@@ -893,7 +963,7 @@ class KvcoreAdapter:
             table = self.cache.block_table(seq, g)
             for i in range(hit // b):
                 bid = int(table[i])
-                if bid >= 0 and self.content[g].get(bid) != lv.fp(i, b):
+                if bid >= 0 and self.content.get(bid if self.one_pool else (g, bid)) != lv.fp(i, b):
                     raise AssertionError(f"request {lv.req.index}: group {g} block {bid} (block index {i}) "
                                          f"does not hold the request's tokens")
                 if self.has_events and bid >= 0 and self._key(lv, i) not in self.stored[g]:
@@ -903,7 +973,10 @@ class KvcoreAdapter:
     def _fits(self, lv: Live, n: int) -> bool:
         t0 = time.thread_time_ns()
         need = self.cache.blocks_needed(lv.handle, n)
-        ok = all(self.reserved[g] + need[g] <= self.cache.free_blocks(g) for g in range(self.n_groups))
+        if self.one_pool:  # the entries' needs over every group against the one pool's free blocks
+            ok = sum(self.reserved) + sum(need) <= self.cache.free_blocks(0)
+        else:
+            ok = all(self.reserved[g] + need[g] <= self.cache.free_blocks(g) for g in range(self.n_groups))
         self._timed(lv, t0)
         if ok:
             for g in range(self.n_groups):
@@ -937,7 +1010,7 @@ class KvcoreAdapter:
                         for i in range(first, last):
                             bid = int(table[i])
                             if bid >= 0:
-                                self.content[g][bid] = lv.fp(i, b)
+                                self.content[bid if self.one_pool else (g, bid)] = lv.fp(i, b)
 
     def _check_events(self, entries: list[tuple[Live, int]], events: np.ndarray) -> None:
         """Mirrors the drained events: a stored key is one a block of this step's entries filled
@@ -998,10 +1071,14 @@ class KvcoreAdapter:
     def in_use(self) -> tuple[int, int]:
         """Blocks held by sequences (all groups) and their bytes, with one state per sequence."""
         blocks = by = 0
-        for g in range(self.n_groups):
-            u = self.cache.num_blocks(g) - self.cache.free_blocks(g)
-            blocks += u
-            by += u * self.bpb[g]
+        if self.one_pool:
+            blocks = self.cache.num_blocks(0) - self.cache.free_blocks(0)
+            by = blocks * self.page_bytes
+        else:
+            for g in range(self.n_groups):
+                u = self.cache.num_blocks(g) - self.cache.free_blocks(g)
+                blocks += u
+                by += u * self.bpb[g]
         active = self.max_active - len(self.free_ids)
         return blocks, by + active * self.model.state_bytes
 
@@ -1199,7 +1276,8 @@ def capacity_of(trace: Sequence[TraceRequest], block: int) -> int:
 
 def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: SchedulerConfig,
                 capacity: int, names: Sequence[str], ring_share: float | None,
-                state_share: float | None, step_slots_in_budget: bool = True) -> tuple[dict[str, int], dict[str, Any]]:
+                state_share: float | None, step_slots_in_budget: bool = True,
+                one_pool: bool = False) -> tuple[dict[str, int], dict[str, Any]]:
     """The byte budgets by name ('ample', '2x', '0.7x'), from an infinite-cache run: the peak
     working set, and for 'ample' the smallest budget whose kvcore layout holds every block and
     snapshot the run names (found by bisection)."""
@@ -1209,9 +1287,13 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
     per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity)
     need_active = (-(-need_blocks // per_seq) + cfg.max_running) if per_seq else 0
     need_snap = infb.named_states + cfg.max_running + 16
+    if one_pool:  # every group keeps its own copy of each block in the one pool
+        need_blocks *= page_groups(model)[1]
+        need_active = 0
 
     def enough(b: int) -> bool:
-        lay = kvcore_layout(model, block, b, cfg, capacity, ring_share, state_share, step_slots_in_budget)
+        lay = kvcore_layout(model, block, b, cfg, capacity, ring_share, state_share, step_slots_in_budget,
+                            one_pool)
         return (lay["feasible"] and lay["num_blocks_flat"] >= need_blocks
                 and lay["max_active_seqs"] >= min(need_active, MAX_ACTIVE_CAP)
                 and (not model.has_state or lay["state_snapshots"] >= need_snap))
@@ -1245,10 +1327,15 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
 def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: int,
                cfg: SchedulerConfig, capacity: int, *, exact: bool, ideal_trace: Sequence[int],
                ring_share: float | None = None, state_share: float | None = None,
-               check: bool = True, step_slots_in_budget: bool = True) -> dict[str, Any]:
+               check: bool = True, step_slots_in_budget: bool = True,
+               one_pool: bool | None = None) -> dict[str, Any]:
     """Replays `trace` through a BatchCache laid out for `budget` bytes, with the hit checks;
-    returns the summary (plus 'layout', and 'violation' naming a failed check)."""
-    layout = kvcore_layout(model, block, budget, cfg, capacity, ring_share, state_share, step_slots_in_budget)
+    returns the summary (plus 'layout', and 'violation' naming a failed check). one_pool: None
+    asks the kvcore module (kvcore_one_pool)."""
+    if one_pool is None:
+        one_pool = kvcore_one_pool()
+    layout = kvcore_layout(model, block, budget, cfg, capacity, ring_share, state_share, step_slots_in_budget,
+                           one_pool)
     if not layout["feasible"]:
         return {"system": "kvcore", "feasible": False, "layout": layout, "refused": len(trace),
                 "reused_tokens": 0, "reused_pct": 0.0, "preempted": 0, "hits": [0] * len(trace)}
@@ -1399,6 +1486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if b < 1 or HASH_BLOCK % b and b % HASH_BLOCK:
             raise SystemExit(f"block size {b} must divide 512 or be a multiple of it")
     names = args.budgets.split(",")
+    one_pool = kvcore_one_pool()
     rows: list[dict[str, Any]] = []
     jobs = []
     failed = []
@@ -1408,14 +1496,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             capacity = capacity_of(trace, max(b, vllm_block_size(model, b)))
             in_budget = args.state_step_slots == "budget"
             budgets, info = budgets_for(model, b, trace, cfg, capacity, names, args.ring_share, args.state_share,
-                                        in_budget)
+                                        in_budget, one_pool)
             ideal = trace_ideal(trace, b)
             for name in names:
                 t0 = time.perf_counter()
                 try:
                     kv = run_kvcore(trace, model, b, budgets[name], cfg, capacity, exact=name == "ample",
                                     ideal_trace=ideal, ring_share=args.ring_share, state_share=args.state_share,
-                                    step_slots_in_budget=in_budget)
+                                    step_slots_in_budget=in_budget, one_pool=one_pool)
                 except AssertionError as e:
                     kv = {"system": "kvcore", "violation": str(e), "hits": []}
                     failed.append(f"{model.name} B={b} {name}: {e}")
@@ -1451,8 +1539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 **{f"{k}_reused": (sum(h[i] for i in short) if h else None) for k, h in side.items()}}
     print(f"trace {trace_name}: {len(trace)} requests, {prompt_total:,} prompt tokens; "
           f"scheduler {dataclasses.asdict(cfg)}")
-    print("kvcore pools per group: " + ("equal blocks per group" if args.ring_share is None else
-                                         f"ring share {args.ring_share}") +
+    print("kvcore pools: " + ("one pool for every block group" if one_pool else
+                              "per group, equal blocks per group" if args.ring_share is None else
+                              f"per group, ring share {args.ring_share}") +
           "; state: " + ("one snapshot per chunk of flat tokens" if args.state_share is None else
                          f"share {args.state_share}"))
     print_table(rows)
@@ -1465,7 +1554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 vl.pop("ideal_online", None)
         report = {"trace": trace_name, "requests": len(trace), "prompt_tokens": prompt_total,
                   "scheduler": dataclasses.asdict(cfg), "ring_share": args.ring_share,
-                  "state_step_slots": args.state_step_slots,
+                  "state_step_slots": args.state_step_slots, "kvcore_one_pool": one_pool,
                   "state_share": args.state_share, "python": platform.python_version(),
                   "checks_failed": failed, "rows": rows}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

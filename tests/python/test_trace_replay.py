@@ -31,7 +31,8 @@ def _trace(n: int = 40, seed: int = 3) -> list[Any]:
 def _run(model_name: str, block: int, budget_name: str, trace: list[Any]) -> dict[str, Any]:
     model = tr.make_model(model_name)
     capacity = tr.capacity_of(trace, block)
-    budgets, _ = tr.budgets_for(model, block, trace, CFG, capacity, [budget_name], None, None)
+    budgets, _ = tr.budgets_for(model, block, trace, CFG, capacity, [budget_name], None, None,
+                                one_pool=tr.kvcore_one_pool())
     ideal = tr.trace_ideal(trace, block)
     return tr.run_kvcore(trace, model, block, budgets[budget_name], CFG, capacity,
                          exact=budget_name == "ample", ideal_trace=ideal)
@@ -61,8 +62,9 @@ def test_tight_budget_keeps_every_check(model_name: str) -> None:
 def _ample_adapter(trace: list[Any]) -> tuple[Any, Any, int]:
     model = tr.make_model("llama")
     capacity = tr.capacity_of(trace, 16)
-    budgets, _ = tr.budgets_for(model, 16, trace, CFG, capacity, ["ample"], None, None)
-    layout = tr.kvcore_layout(model, 16, budgets["ample"], CFG, capacity)
+    one_pool = tr.kvcore_one_pool()
+    budgets, _ = tr.budgets_for(model, 16, trace, CFG, capacity, ["ample"], None, None, one_pool=one_pool)
+    layout = tr.kvcore_layout(model, 16, budgets["ample"], CFG, capacity, one_pool=one_pool)
     return model, tr.KvcoreAdapter(model, 16, layout, CFG, capacity, check=True), capacity
 
 
@@ -79,13 +81,13 @@ def test_a_hit_one_block_too_long_fails_the_checks() -> None:
 def test_a_block_with_other_tokens_fails_the_checks() -> None:
     """The replay's record of what each block was computed from is compared on every hit."""
 
-    class Wrong(dict[int, int]):
-        def get(self, key: int, default: Any = None) -> Any:
+    class Wrong(dict[Any, int]):
+        def get(self, key: Any, default: Any = None) -> Any:
             return -1
 
     trace = _trace()
     model, adapter, capacity = _ample_adapter(trace)
-    adapter.content = [Wrong() for _ in adapter.content]
+    adapter.content = Wrong()
     with pytest.raises(AssertionError, match="does not hold the request's tokens"):
         tr.replay(trace, adapter, CFG, model, check=True, exact=True,
                   ideal_trace=tr.trace_ideal(trace, 16), capacity=capacity)
