@@ -41,11 +41,13 @@ own `_get_kv_cache_groups_uniform_page_size`; on the hybrid its block size is wh
 attention page at least the state page: 544 tokens for 16, 1,024 for 512).
 
 Budgets are bytes of K/V and state. vLLM: num_blocks = budget // (page bytes x layers a block
-id spans); one pool serves every group. kvcore today has one pool per group, so
-`kvcore_layout` splits the budget: by default every block group gets the same number of blocks
-(bytes in proportion to their bytes per block); `--ring-share F` gives the ring group the
-fraction F. A ring group's pool is sized by max_active_seqs alone (docs/batch.md section 2), so
-its share sets max_active_seqs; the scheduler runs at most min(max_running, max_active_seqs).
+id spans); one pool serves every group. kvcore (`kvcore_layout`, the one function that knows):
+with its one pool (BatchLimits.page_layers, commit b9e2046) the budget less the State groups'
+slots buys num_blocks pages of B rows of page_layers layers (vLLM's grouping rule, its
+default); before it, one pool per group: by default every block group got the same number of
+blocks (bytes in proportion to their bytes per block), `--ring-share F` gave the ring group the
+fraction F, and a ring group's pool, sized by max_active_seqs alone, set max_active_seqs through
+its share; the scheduler runs at most min(max_running, max_active_seqs).
 A State group owns max_active_seqs x D + max_step_tokens + state_snapshots physical slots (what
 PagedKVPool allocates); the first two are taken off the top, and the snapshots get by default
 one slot per chunk unit of tokens the flat pool holds (`--state-share F`: the fraction F of
@@ -65,15 +67,16 @@ AssertionError, or exit status 1 after the JSON is written): every hit is a mult
 block size, at most ideal_online, and a first admission's at most ideal_trace; every block of a
 hit holds the tokens it was computed from (the replay records, per group and block id, a chained
 fingerprint of the tokens each step filled it with, and compares the adopting request's); with
-the ample budget every hit equals ideal_online. Lookup and KV events: when the kvcore module has
-`BatchCache.lookup_prefix` (its C++ landed with KV events; the Python binding, batch_prefix.cpp,
-was not yet committed when this was written) the scheduler asks it before admitting, admission's
-adopt_prefix must give the same hit, and the drained KV events are checked against the replay (a
-stored key is a block a step of the replay filled, at its token range, not stored twice; an
-evicted key was stored; every hit block's key is stored; none dropped). Without the binding the
-adapter looks up by `adopt_prefix` on the sequence being admitted (released again if the first
-chunk does not fit, which touches the LRU order) and no events are checked; the JSON says which
-(`lookup`, `kv_events_checked`).
+the ample budget every hit equals ideal_online. Lookup and KV events (when the module has them:
+`BatchCache.lookup_prefix`, bound with the one pool): the scheduler asks lookup_prefix (no side
+effect) before admitting, admission's adopt_prefix must give the same hit, and the KV events
+drained after every step are checked against the replay (a stored key is a block a step of the
+replay filled, at its token range, not stored twice; an evicted key was stored; every hit
+block's key is stored; none dropped). With an older module the lookup is `adopt_prefix` on the
+sequence being admitted (released again if the first chunk does not fit, which touches the LRU
+order) and no events are checked; the JSON says which (`lookup`, `kv_events_checked`).
+`--vllm-results` takes vLLM's rows from earlier runs of the same trace instead of running it
+again (vLLM does not change with kvcore's build).
 
 CPU: time.thread_time_ns around each system's calls only (kvcore: add_sequence, adopt_prefix,
 blocks_needed / free_blocks, begin_step + commit, release_sequence; vLLM: get_computed_blocks,
@@ -1453,6 +1456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int, default=SchedulerConfig.max_running)
     ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
+    ap.add_argument("--vllm-results", help="comma list of earlier --out files: take vLLM's rows from them "
+                    "(same trace, model, block and budget name; vLLM does not change with kvcore) instead of running it")
     ap.add_argument("--quick", action="store_true", help="first 200 requests, budget 2x only")
     ap.add_argument("--out", help="write the JSON here")
     ap.add_argument("--peer", choices=["vllm"], help=argparse.SUPPRESS)
@@ -1516,7 +1521,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(row)
                 jobs.append({"model": model.name, "block": b, "budget": name, "budget_bytes": budgets[name],
                              "capacity": capacity})
-    if not args.no_vllm:
+    if args.vllm_results:
+        earlier: dict[tuple[str, int, str], tuple[str, dict[str, Any]]] = {}
+        for path in args.vllm_results.split(","):
+            rep = json.load(open(path))
+            if rep.get("requests") != len(trace) or rep.get("prompt_tokens") != prompt_total:
+                raise SystemExit(f"--vllm-results {path}: another trace ({rep.get('requests')} requests)")
+            for r in rep["rows"]:
+                if r.get("vllm"):
+                    earlier[(r["model"], r["block"], r["budget"])] = (path, r)
+        for row in rows:
+            got = earlier.get((row["model"], row["block"], row["budget"]))
+            if got is not None:
+                row["vllm"] = dict(got[1]["vllm"], from_file=got[0], budget_bytes=got[1]["budget_bytes"])
+    elif not args.no_vllm:
         if not Path(args.vllm_python).exists():
             raise SystemExit(f"--vllm-python {args.vllm_python} does not exist "
                              "(bash ../shared/peers/install_vllm_cpu.sh /tmp/vllm-venv, or --no-vllm)")
