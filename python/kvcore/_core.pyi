@@ -1573,9 +1573,9 @@ class PagedKVPool(metaclass=_pybind11_type):
         """
     @property
     def nbytes(self) -> int:
-        """Bytes (K and V, every layer) of the rows in blocks some sequence holds now: (num_blocks -
-        free_blocks) * block_size rows per layer (a Shared layer's none), plus every State layer's
-        state slots (always stored).
+        """Bytes (K and V, every layer) of the rows in blocks some sequence holds now:
+        held_blocks(group) * block_size rows per layer of the group (a Shared layer's none), plus
+        every State layer's state slots (always stored).
         """
     @property
     def reserved_bytes(self) -> int:

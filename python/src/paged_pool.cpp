@@ -197,7 +197,8 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
   }
 
   // Bytes of the rows of blocks some sequence holds, K and V of every layer
-  // (a Shared layer's none), and every State layer's slots.
+  // (a Shared layer's none; each layer its own group's blocks of the one
+  // pool), and every State layer's slots.
   std::size_t nbytes() const {
     std::size_t n = 0;
     for (int l = 0; l < pool_->n_layers(); ++l) {
@@ -207,7 +208,7 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
         n += shape.k_row_bytes * static_cast<std::size_t>(shape.rows);
         continue;
       }
-      const int held = unwrap(cache_->num_blocks(shape.group)) - unwrap(cache_->free_blocks(shape.group));
+      const int held = unwrap(cache_->held_blocks(shape.group));
       n += (shape.k_row_bytes + shape.v_row_bytes) * static_cast<std::size_t>(held) *
            static_cast<std::size_t>(pool_->block_size());
     }
@@ -305,8 +306,8 @@ void register_paged_pool(py::module_& m) {
                    });
   cls.def_property_readonly("nbytes", &PyPagedPool::nbytes,
                             "Bytes (K and V, every layer) of the rows in blocks some sequence holds now: "
-                            "(num_blocks - free_blocks) * block_size rows per layer (a Shared layer's none), "
-                            "plus every State layer's state slots (always stored).")
+                            "held_blocks(group) * block_size rows per layer of the group (a Shared layer's "
+                            "none), plus every State layer's state slots (always stored).")
       .def(
           "update",
           [](PyPagedPool& p, const PyInt& layer, const BatchStepHandle& step, py::handle k, py::handle v) {

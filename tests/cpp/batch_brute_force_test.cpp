@@ -64,6 +64,8 @@ CacheConfig random_config(std::mt19937& rng) {
   const int stride = (cfg.capacity + cfg.batch.block_size - 1) / cfg.batch.block_size;
   cfg.batch.num_blocks = pick(0, 2) == 0 ? pick(1, 3 * stride) : 0;
   cfg.batch.max_holes = pick(0, 3);
+  // Groups of at most page_layers layers of one policy: the default (0) half the time.
+  cfg.batch.page_layers = pick(0, 1) == 0 ? 0 : pick(1, 3);
   return cfg;
 }
 
@@ -71,7 +73,8 @@ std::string describe(const CacheConfig& c) {
   std::string s = "capacity " + std::to_string(c.capacity) + ", max_step " + std::to_string(c.max_step) +
                   ", B " + std::to_string(c.batch.block_size) + ", max_seqs " + std::to_string(c.batch.max_seqs) +
                   ", max_step_tokens " + std::to_string(c.batch.max_step_tokens) + ", num_blocks " +
-                  std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", layers [";
+                  std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", page_layers " +
+                  std::to_string(c.batch.page_layers) + ", layers [";
   for (const LayerConfig& l : c.layers)
     s += l.policy.kind == LayerPolicy::Kind::Flat      ? std::string(" Flat")
          : l.policy.kind == LayerPolicy::Kind::Chunked ? " Chunked(" + std::to_string(l.policy.window) + ")"

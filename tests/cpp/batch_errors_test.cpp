@@ -51,6 +51,7 @@ CacheConfig world_config() {
   cfg.batch.block_size = kB;
   cfg.batch.max_seqs = kSeqs;
   cfg.batch.max_holes = 2;
+  cfg.batch.page_layers = cfg.n_layers;  // one group per policy (the two ring(8, 2) layers together): the errors name them
   return cfg;
 }
 
@@ -582,44 +583,55 @@ TEST(BatchCacheErrors, BeginStepWhoseTokensPass2To31IsInvalidArgument) {
                  {"begin_step: 2147483651 tokens or more, must be <= max_step_tokens = 1048576"}, b);
 }
 
-// A pool short of blocks refuses the whole step, naming the group; reclaiming
-// cached blocks comes first (they are free blocks).
+// The one pool short of blocks refuses the whole step, giving the need summed
+// over every group; reclaiming cached blocks comes first (they are free
+// blocks). (Before the one budget each group had a pool and the refusal named
+// the short group.)
 TEST(BatchCacheErrors, BeginStepWhenAPoolIsShortIsOutOfResourcesNamingTheGroup) {
-  CacheConfig cfg = world_config();
-  cfg.batch.num_blocks = 12;  // the flat group's pool (ring pools size themselves)
+  CacheConfig cfg = world_config();  // groups: 0 ring(8, 2), 1 flat, 2 ring(5); B = 4, C = 4
+  // What seq 0 at 36 and seq 1 at 8 hold below (21 blocks), and 3 more.
+  cfg.batch.num_blocks = 24;
   auto created = BatchCache::create(cfg);
   ASSERT_TRUE(created.ok()) << created.message().c_str();
   World w;
   w.cache = std::move(created).get();
   BatchCache& c = *w.cache;
-  ASSERT_EQ(*c.num_blocks(1), 12);
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(*c.num_blocks(g), 24);  // every group answers for the one pool
   ASSERT_TRUE(c.add_sequence(0).ok());
-  decode(c, 0, 36);  // 9 blocks of the flat group
+  decode(c, 0, 36);
   ASSERT_TRUE(c.add_sequence(1).ok());
-  decode(c, 1, 8);  // 2 more: 1 free
+  decode(c, 1, 8);
   ASSERT_TRUE(c.add_sequence(2).ok());
-  ASSERT_EQ(*c.free_blocks(1), 1);
+  // Held between steps at length L (group_rule.h): flat, ceil(L / B); a ring
+  // the sink blocks and blocks from floor((L - C - W + 1) / B) on.
+  // ring(8, 2): seq 0, block 0 and blocks 6..8 (floor(25 / 4) = 6); seq 1, blocks 0, 1.
+  EXPECT_EQ(*c.held_blocks(0), 4 + 2);
+  EXPECT_EQ(*c.held_blocks(1), 9 + 2);  // flat: 36 / 4 and 8 / 4
+  // ring(5): seq 0, blocks 7, 8 (floor(28 / 4) = 7); seq 1, blocks 0, 1 (floor(0 / 4) = 0).
+  EXPECT_EQ(*c.held_blocks(2), 2 + 2);
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(*c.free_blocks(g), 24 - 21);
   for (bool open : {false, true}) {
     SCOPED_TRACE(open ? "with a begun step" : "without a begun step");
     if (open) {
       const StepEntry one{2, 1, nullptr};
-      w.step = *c.begin_step(&one, 1);  // takes the last free block
+      w.step = *c.begin_step(&one, 1);  // takes the last 3 free blocks: block 0 of seq 2 in each group
       w.open = true;
     }
-    // 1 block is free, or held by the begun step (which the new one would replace).
-    EXPECT_EQ(*c.free_blocks(1), open ? 0 : 1);
-    // seq 0 at 36 and seq 1 at 8 each start a block: 2 blocks.
+    // 3 blocks are free, or held by the begun step (which the new one would replace).
+    EXPECT_EQ(*c.free_blocks(1), open ? 0 : 3);
+    // seq 0 at 36 and seq 1 at 8 each start a block in each of the 3 groups: 6 blocks.
     const StepEntry entries[] = {{0, 1, nullptr}, {1, 4, nullptr}};
     const Before b = before(w);
     expect_refused(w, c.begin_step(entries, 2).status(), Error::OutOfResources,
-                   {"begin_step: group 1 needs 2 blocks, 1 of its 12 are free"}, b);
+                   {"begin_step: the step needs 6 blocks over its 3 groups, 3 of the pool's 24 are free"}, b);
   }
   EXPECT_TRUE(c.commit(w.step).ok());
+  EXPECT_EQ(*c.free_blocks(1), 0);
   // Released sequences leave their full blocks cached; a step reclaims them.
   ASSERT_TRUE(c.release_sequence(1).ok());
-  EXPECT_EQ(*c.free_blocks(1), 2);
+  EXPECT_EQ(*c.free_blocks(1), 6);  // seq 1's 2 blocks in each group
   EXPECT_EQ(*c.cached_blocks(1), 2);
-  const StepEntry entries[] = {{0, 1, nullptr}, {2, 4, nullptr}};  // 1 + 1 new blocks
+  const StepEntry entries[] = {{0, 1, nullptr}, {2, 4, nullptr}};  // 1 + 1 new blocks in each group
   EXPECT_TRUE(c.begin_step(entries, 2).ok());
   EXPECT_EQ(*c.free_blocks(1), 0);
   EXPECT_EQ(*c.cached_blocks(1), 0);
@@ -818,13 +830,16 @@ TEST(BatchCacheErrors, TablesPast2To31EntriesAreRefusedBeforeAllocation) {
   cfg.capacity = 64;
   cfg.batch.block_size = 4096;
   cfg.batch.num_blocks = 1 << 20;
-  expect_config_refused(cfg, Error::InvalidArgument, "group 0: 1048576 blocks of 4096 rows pass 2^31 rows");
-  // The default pool of a flat group: max_seqs x ceil(capacity / B) blocks.
+  // (One pool for every group: the message names the pool, not a group.)
+  expect_config_refused(cfg, Error::InvalidArgument, "the pool: 1048576 blocks of 4096 rows pass 2^31 rows");
+  // The default pool: the sum over the groups of what each would need alone,
+  // here one flat group's max_seqs x ceil(capacity / B) = (2^18 + 1) x 4
+  // blocks ("or more": the sum stops once past 2^30).
   cfg.capacity = 8192;
   cfg.batch.block_size = 2048;
   cfg.batch.num_blocks = 0;
   cfg.batch.max_seqs = (1 << 18) + 1;
-  expect_config_refused(cfg, Error::InvalidArgument, "group 0: 1048580 blocks of 2048 rows pass 2^31 rows");
+  expect_config_refused(cfg, Error::InvalidArgument, "the pool: 1048580 or more blocks of 2048 rows pass 2^31 rows");
   // The step's slots: one per token of a step, per group. (The message named
   // the block tables, 2 x 4 x 16 entries, before it named the culprit.)
   cfg = world_config();

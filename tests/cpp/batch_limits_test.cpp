@@ -82,11 +82,13 @@ TEST(BatchLimits, BlocksEndingPastTwoTo31ForkAndRemoveExactly) {
   EXPECT_EQ(*cache.blocks_held(1, 0), 1);
 }
 
-// create() with every allocation after the cache object and its 6 layer
-// tables failing: a config within every limit gets MemoryAllocationFailed (it
-// passed the checks), one past a limit InvalidArgument naming it.
+// create() with every allocation after the cache object, its 7 layer
+// tables, the 5 tables forming the groups and the 2 sharing storage failing
+// (as in allocation_failure_test.cpp): a config within every limit gets
+// MemoryAllocationFailed (it passed the checks), one past a limit
+// InvalidArgument naming it.
 kvcore::Status create_without_memory(const CacheConfig& cfg) {
-  kvcore_test::FailNothrowNewAfter fail(7);
+  kvcore_test::FailNothrowNewAfter fail(15);
   return BatchCache::create(cfg).status();
 }
 
@@ -139,7 +141,7 @@ TEST(BatchLimits, EachTableLimitPassesJustBelowAndRefusesAt) {
   CacheConfig rows_below = flat_config(1 << 16, 1 << 16, 1), rows_at = rows_below;
   rows_below.batch.num_blocks = 32767;
   rows_at.batch.num_blocks = 32768;
-  expect_limit(rows_below, rows_at, "group 0: 32768 blocks of 65536 rows pass 2^31 rows");
+  expect_limit(rows_below, rows_at, "the pool: 32768 blocks of 65536 rows pass 2^31 rows");  // one pool, no group
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ class Harness {
   int length(int s) { return cache_->sequence(s)->length; }
   int free(int g) { return *cache_->free_blocks(g); }
   int cached(int g) { return *cache_->cached_blocks(g); }
+  int group_held(int g) { return *cache_->held_blocks(g); }  // blocks group g holds (of the one pool)
   int held(int s, int g) { return *cache_->blocks_held(s, g); }
 
   void add(int s) {
@@ -174,36 +175,39 @@ TEST(BatchScenarios, APrefixSharedByNSequencesIsHeldOnce) {
   BatchCache& c = h.cache();
   ASSERT_EQ(c.n_groups(), 2);
   const std::vector<std::int32_t> prompt = tokens(1000, 42);  // 10 full blocks and 2 tokens
-  const int free_flat = h.free(0), free_ring = h.free(1);
+  // One pool for both groups (free_blocks(g) is the same for every g): what
+  // each group takes shows in held_blocks(g).
+  const int free_all = h.free(0);
+  EXPECT_EQ(h.free(1), free_all);
   h.add(0);
   ASSERT_EQ(h.decode(0, 42, C, &prompt), "");
   EXPECT_EQ(h.held(0, 0), 11);
-  const int after_flat = h.free(0), after_ring = h.free(1);
-  EXPECT_EQ(after_flat, free_flat - 11);
+  const int after_all = h.free(0), after_ring = h.group_held(1);
+  EXPECT_EQ(h.group_held(0), 11);
+  EXPECT_EQ(after_all, free_all - 11 - h.held(0, 1));
   for (int s = 1; s <= N; ++s) {
     h.add(s);
     std::vector<std::int32_t> own = prompt;
     for (int j = 0; j < 3; ++j) own.push_back(5000 + 10 * s + j);  // each request's own question
-    const int before_flat = h.free(0), before_ring = h.free(1);
+    const int before_all = h.free(0);
     EXPECT_EQ(h.adopt(s, own), 40) << "seq " << s;  // the 10 full blocks (the 11th is partial)
     EXPECT_EQ(h.length(s), 40);
     EXPECT_EQ(h.held(s, 0), 10);
     // The ring group keeps the sink block and the window's blocks only.
     EXPECT_EQ(h.held(s, 1), 1 + 6);
-    // Held once: adopting takes no block from either pool.
-    EXPECT_EQ(h.free(0), before_flat);
-    EXPECT_EQ(h.free(1), before_ring);
+    // Held once: adopting takes no block from the pool, in either group.
+    EXPECT_EQ(h.free(0), before_all);
     std::vector<std::int32_t> rest(own.begin() + 40, own.end());
     ASSERT_EQ(h.step({{s, rest}}), "") << "seq " << s;  // reads the adopted blocks: exact
   }
   // Each adopter wrote only its own 2 blocks (positions 40..44) in the flat group.
-  EXPECT_EQ(h.free(0), after_flat - 2 * N);
-  EXPECT_LT(h.free(1), after_ring);
+  EXPECT_EQ(h.group_held(0), 11 + 2 * N);
+  EXPECT_GT(h.group_held(1), after_ring);  // the ring group took blocks too
+  EXPECT_EQ(h.free(0), free_all - h.group_held(0) - h.group_held(1));
   // Released, the full blocks stay cached; adopting them back takes them from
   // the pool once, however many sequences adopt.
   for (int s = 0; s <= N; ++s) h.release(s);
-  EXPECT_EQ(h.free(0), free_flat);
-  EXPECT_EQ(h.free(1), free_ring);
+  EXPECT_EQ(h.free(0), free_all);
   EXPECT_EQ(h.cached(0), 10 + N);  // the prefix, and each adopter's block 10 (full: 40..43)
   for (int s = 1; s <= N; ++s) {
     h.add(s);
@@ -211,7 +215,8 @@ TEST(BatchScenarios, APrefixSharedByNSequencesIsHeldOnce) {
     own.push_back(7);
     EXPECT_EQ(h.adopt(s, own), 40);
     // The prefix's 10 blocks once, and one block of each earlier adopter's step.
-    EXPECT_EQ(h.free(0), free_flat - 10 - (s - 1)) << "after " << s << " adopters";
+    EXPECT_EQ(h.group_held(0), 10 + (s - 1)) << "after " << s << " adopters";
+    EXPECT_EQ(h.free(0), free_all - h.group_held(0) - h.group_held(1)) << "after " << s << " adopters";
     ASSERT_EQ(h.step({{s, {own[40], own[41], own[42]}}}), "");
   }
 }
@@ -230,7 +235,7 @@ TEST(BatchScenarios, AForkedPartialBlockIsCopiedOnWriteOnce) {
   h.fork(0, 1, 6);
   const int stride = c.table_stride();
   EXPECT_EQ(c.block_tables(0)[stride + 1], shared_flat);  // shared, not copied
-  const int free_flat = h.free(0);
+  const int free_all = h.free(0), held_flat = h.group_held(0);
   kvcore::BatchStepPlan plan;
   ASSERT_EQ(h.step({{1, none(1)}}, true, true, &plan), "");
   for (int g = 0; g < 2; ++g) {
@@ -239,7 +244,8 @@ TEST(BatchScenarios, AForkedPartialBlockIsCopiedOnWriteOnce) {
     EXPECT_EQ(plan.groups[g].copies[0].dst, c.block_tables(g)[stride + 1]);
     EXPECT_EQ(plan.groups[g].slots[0], plan.groups[g].copies[0].dst * B + 2);
   }
-  EXPECT_EQ(h.free(0), free_flat - 1);
+  EXPECT_EQ(h.group_held(0), held_flat + 1);
+  EXPECT_EQ(h.free(0), free_all - 2);  // one copy in each group, both from the one pool
   EXPECT_EQ(c.block_tables(0)[1], shared_flat);  // the source keeps its block
   // The source writes into its block in place now (no one shares it), and
   // both read exactly their own history.
@@ -304,8 +310,10 @@ TEST(BatchScenarios, RingGroupsStayWithinTheirBoundOverALongDecode) {
     EXPECT_EQ(h.length(0), 3000);
     EXPECT_GT(h.length(1), 2500);
     EXPECT_GT(checked, 7900);
-    // The flat group's pool is the only one that grew with the history.
-    EXPECT_LT(*c.num_blocks(0), *c.num_blocks(1));
+    // The flat group's blocks are the only ones that grew with the history
+    // (one pool: num_blocks is the same for every group; held_blocks splits it).
+    for (int g : {0, 2}) EXPECT_LE(*c.held_blocks(g), 3 * ring_bound(*c.group_policy(g), B, C)) << "group " << g;
+    EXPECT_GE(*c.held_blocks(1), (3000 + B - 1) / B);  // seq 0's history alone
   }
 }
 
@@ -383,13 +391,17 @@ TEST(BatchScenarios, CachedBlocksAreReclaimedLeastRecentlyReleasedFirstOnlyWhenS
 // DESIGN section 6: on a ring group a prefix hit counts as far as the blocks a
 // query at the hit length needs are held (the window and the rewind margin);
 // blocks below them may be gone. Ring(4), B = 2, C = 1: a hit of h positions
-// needs ring block indices from (h - 4) / 2 on. The ring pool holds 8 blocks;
+// needs ring block indices from (h - 4) / 2 on. The pool holds 8 blocks;
 // a sequence decoding without token ids makes the pool reclaim cached blocks,
-// least recently released first.
+// least recently released first. (The ring is the only group: beside a flat
+// group the one pool would be the flat group's 64 blocks too, and its cached
+// blocks would share the LRU order this test follows. Its default is the
+// ring's alone, 2 x (ceil((W + 2C - 1)/B) + 1) = 8, the ring pool of old.)
 TEST(BatchScenarios, ARingPrefixHitCountsAsFarAsTheBlocksItsQueriesNeedAreHeld) {
   const int B = 2;
-  Harness h(config(64, 1, {LayerPolicy::flat(), LayerPolicy::ring(4)}, B, 2));
-  const int ring = *h.cache().group_of(1);
+  Harness h(config(64, 1, {LayerPolicy::ring(4)}, B, 2));
+  const int ring = *h.cache().group_of(0);
+  ASSERT_EQ(*h.cache().num_blocks(ring), 8);
   const std::vector<std::int32_t> prompt = tokens(500, 13);  // 6 full blocks adoptable
   h.add(0);
   ASSERT_EQ(h.decode(0, 12, 1, &prompt), "");
@@ -457,8 +469,12 @@ TEST(BatchScenarios, AMiddleRemovalFreesWholeBlocksAndRemovedPositionsAreNeverSe
   EXPECT_EQ(h.free(0), free_flat);
   // A removal of exactly one block frees it at once.
   const int before = h.free(0);
+  const int held_flat = h.group_held(0);
   h.remove(0, 16, 20);
-  EXPECT_EQ(h.free(0), before + 1);
+  // Block 4 (16..19) in each group: the ring(8) at 28 holds blocks from
+  // floor((28 - C - W + 1) / B) = 4 on; both go back to the one pool.
+  EXPECT_EQ(h.group_held(0), held_flat - 1);
+  EXPECT_EQ(h.free(0), before + 2);
   EXPECT_EQ(h.held(0, 0), 6 - 1);
   for (int i = 0; i < 10 && !HasFailure(); ++i) ASSERT_EQ(h.step({{0, none(1 + i % 4)}}), "");
   for (int k = 16; k < 20; ++k) EXPECT_FALSE(*c.visible(0, 0, h.length(0), k));
@@ -480,7 +496,7 @@ TEST(BatchScenarios, AnAbandonedStepsFreshBlockIsSubtractedFromBlocksHeld) {
     h.add(1);
     ASSERT_EQ(h.decode(0, 8, 8), "");  // two full blocks: the next step starts a fresh one
     const int held_flat = h.held(0, 0), held_ring = h.held(0, 1);
-    const int free_flat = h.free(0), free_ring = h.free(1);
+    const int free_all = h.free(0);  // the one pool's
     ASSERT_EQ(h.step({{0, none(6)}}, /*commit=*/false), "");  // fresh blocks 2 and 3
     EXPECT_EQ(h.held(0, 0), held_flat + 2);
     EXPECT_EQ(h.held(0, 1), held_ring + 2);
@@ -491,9 +507,9 @@ TEST(BatchScenarios, AnAbandonedStepsFreshBlockIsSubtractedFromBlocksHeld) {
     }
     EXPECT_EQ(h.held(0, 0), held_flat);
     EXPECT_EQ(h.held(0, 1), held_ring);
-    const int taken = by_retry ? 1 : 0;  // the retry's own block for sequence 1
-    EXPECT_EQ(h.free(0), free_flat - taken);
-    EXPECT_EQ(h.free(1), free_ring - taken);
+    const int taken = by_retry ? 1 : 0;  // the retry's own block for sequence 1, in each group
+    EXPECT_EQ(h.free(0), free_all - 2 * taken);
+    EXPECT_EQ(h.free(1), free_all - 2 * taken);
     ASSERT_EQ(h.step({{0, none(1)}}), "");
     EXPECT_EQ(h.held(0, 0), held_flat + 1);
   }
@@ -674,14 +690,15 @@ TEST(BatchRegressions, AnAbandonedCopyOnWriteIsPlannedAgain) {
     h.add(0);
     ASSERT_EQ(h.decode(0, 6, 4), "");
     h.fork(0, 1, 6);  // block 1 (positions 4, 5) shared
-    const int free_flat = h.free(0);
+    const int free_all = h.free(0);  // the one pool's
     kvcore::BatchStepPlan plan;
     ASSERT_EQ(h.step({{1, none(1)}}, /*commit=*/false, /*write=*/false, &plan), "");
     ASSERT_EQ(plan.groups[0].n_copies, 1);
-    EXPECT_EQ(h.free(0), free_flat - 1);
+    ASSERT_EQ(plan.groups[1].n_copies, 1);  // the ring(6, 1) holds block 1 too
+    EXPECT_EQ(h.free(0), free_all - 2);     // one copy per group, from the one pool
     if (by_verb) {
       h.rewind(1, 6);  // changes nothing but ends the step
-      EXPECT_EQ(h.free(0), free_flat);  // the copy is undone
+      EXPECT_EQ(h.free(0), free_all);  // the copies are undone
     }
     ASSERT_EQ(h.step({{1, none(2)}}, true, true, &plan), "");  // every key of seq 1, exact
     for (int g = 0; g < 2; ++g) EXPECT_EQ(plan.groups[g].n_copies, 1) << "group " << g;
@@ -743,7 +760,8 @@ TEST(BatchRegressions, ARetryReclaimsTheBlocksOfTheStepItReplaces) {
   const StepEntry too_much[] = {{0, 4, nullptr}, {2, 4, nullptr}};
   auto refused = h.cache().begin_step(too_much, 2);
   EXPECT_EQ(refused.error(), Error::OutOfResources);
-  EXPECT_STREQ(refused.message().c_str(), "begin_step: group 0 needs 2 blocks, 0 of its 4 are free");
+  EXPECT_STREQ(refused.message().c_str(),
+               "begin_step: the step needs 2 blocks over its 1 group, 0 of the pool's 4 are free");
   EXPECT_TRUE(h.cache().check_step(begun).ok());
 }
 
@@ -821,7 +839,8 @@ TEST(BatchRegressions, ARingPoolIsSizedWithoutOverflowWhenMaxStepIsNearIntMax) {
   cfg.max_step = INT_MAX;
   auto refused = BatchCache::create(cfg);
   EXPECT_EQ(refused.error(), Error::InvalidArgument);
-  EXPECT_STREQ(refused.message().c_str(), "group 0: 2048 blocks of 1048576 rows pass 2^31 rows");
+  // The default pool sums each group's (" or more": the sum stops past 2^30).
+  EXPECT_STREQ(refused.message().c_str(), "the pool: 2048 or more blocks of 1048576 rows pass 2^31 rows");
 }
 
 // A ring's window released positions 0..7 (blocks 0 and 1); a truncation to 7
@@ -861,7 +880,10 @@ TEST(BatchRegressions, ATruncationDoesNotBringBackWhatTheWindowReleased) {
 TEST(BatchScenarios, BlocksNeededAddUpToWhatBeginStepTakesAndAdmits) {
   const int B = 4;
   CacheConfig cfg = config(64, 8, {LayerPolicy::flat(), LayerPolicy::ring(6, 1)}, B, 4);
-  cfg.batch.num_blocks = 9;
+  // One pool: seq 0 at 6 holds blocks 0, 1 in each group (the ring(6, 1) with
+  // C = 8 releases nothing below 6 - 8 - 6 + 1 < 0), its fork shares them:
+  // 4 held, and 14 free for the steps below.
+  cfg.batch.num_blocks = 18;
   auto created = BatchCache::create(cfg);
   ASSERT_TRUE(created.ok()) << created.message().c_str();
   BatchCache& c = **created;
@@ -882,30 +904,36 @@ TEST(BatchScenarios, BlocksNeededAddUpToWhatBeginStepTakesAndAdmits) {
   EXPECT_EQ(need(2, 5), (std::vector<int>{2, 2}));  // two fresh blocks
   const std::vector<StepEntry> entries = {{0, 1, nullptr, nullptr}, {1, 3, nullptr, nullptr},
                                           {2, 5, nullptr, nullptr}};
-  std::vector<int> sum(2, 0), free_before(2);
+  std::vector<int> sum(2, 0), held_before(2);
   for (const StepEntry& e : entries) {
     const std::vector<int> n = need(e.seq, e.T);
     for (int g = 0; g < 2; ++g) sum[static_cast<std::size_t>(g)] += n[static_cast<std::size_t>(g)];
   }
-  for (int g = 0; g < 2; ++g) free_before[static_cast<std::size_t>(g)] = *c.free_blocks(g);
+  for (int g = 0; g < 2; ++g) held_before[static_cast<std::size_t>(g)] = *c.held_blocks(g);
+  const int free_before = *c.free_blocks(0);
   auto all = c.begin_step(entries.data(), 3);
   ASSERT_TRUE(all.ok()) << all.message().c_str();
   for (int g = 0; g < 2; ++g)
-    EXPECT_EQ(*c.free_blocks(g), free_before[static_cast<std::size_t>(g)] - sum[static_cast<std::size_t>(g)])
+    EXPECT_EQ(*c.held_blocks(g), held_before[static_cast<std::size_t>(g)] + sum[static_cast<std::size_t>(g)])
         << "group " << g;
+  EXPECT_EQ(*c.free_blocks(0), free_before - sum[0] - sum[1]);  // both groups draw from the one pool
   ASSERT_TRUE(c.abort(*all).ok());
-  // The flat group's pool is the bound: a step needing exactly its free blocks
-  // is admitted, one needing one more is refused, as the sums say.
-  ASSERT_EQ(*c.free_blocks(0), 7);
+  // The one pool is the bound: a step needing exactly its free blocks (summed
+  // over both groups) is admitted, one needing more is refused, as the sums say.
+  ASSERT_EQ(*c.free_blocks(0), 14);
   const std::vector<StepEntry> fits = {{2, 8, nullptr, nullptr}, {1, 8, nullptr, nullptr}, {0, 6, nullptr, nullptr}};
   const std::vector<StepEntry> over = {{2, 8, nullptr, nullptr}, {1, 8, nullptr, nullptr}, {0, 7, nullptr, nullptr}};
   int fits_sum = 0, over_sum = 0;
   for (int i = 0; i < 3; ++i) {
-    fits_sum += need(fits[static_cast<std::size_t>(i)].seq, fits[static_cast<std::size_t>(i)].T)[0];
-    over_sum += need(over[static_cast<std::size_t>(i)].seq, over[static_cast<std::size_t>(i)].T)[0];
+    for (int g = 0; g < 2; ++g) {
+      fits_sum += need(fits[static_cast<std::size_t>(i)].seq, fits[static_cast<std::size_t>(i)].T)[static_cast<std::size_t>(g)];
+      over_sum += need(over[static_cast<std::size_t>(i)].seq, over[static_cast<std::size_t>(i)].T)[static_cast<std::size_t>(g)];
+    }
   }
-  EXPECT_EQ(fits_sum, 2 + 3 + 2);
-  EXPECT_EQ(over_sum, 2 + 3 + 3);
+  // Per group (the ring releases nothing inside a step): seq 2 two fresh
+  // blocks, seq 1 a copy and two fresh, seq 0 a copy and one fresh (T = 7: two).
+  EXPECT_EQ(fits_sum, 2 * (2 + 3 + 2));
+  EXPECT_EQ(over_sum, 2 * (2 + 3 + 3));
   auto fitting = c.begin_step(fits.data(), 3);
   ASSERT_TRUE(fitting.ok()) << fitting.message().c_str();
   ASSERT_TRUE(c.abort(*fitting).ok());

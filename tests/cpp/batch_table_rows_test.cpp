@@ -200,7 +200,11 @@ TEST(BatchTableRows, TablesAreSizedByTheBound) {
   cfg.batch.max_active_seqs = 2;
   auto cache = make(cfg);
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(*cache->num_blocks(0), 2 << 19);  // the flat pool: two full rows
+  // The one pool's default sums each group's: the flat group's two full rows
+  // (2 x 2^19), and the ring(6, 2)'s 2 x (ceil(S/B) + ceil((W + 2C - 1)/B) + 1)
+  // = 2 x (2 + 37 + 1) with B = 1, C = 16.
+  EXPECT_EQ(*cache->num_blocks(0), (2 << 19) + 2 * (2 + 37 + 1));
+  EXPECT_EQ(*cache->num_blocks(1), *cache->num_blocks(0));
   ASSERT_TRUE(cache->add_sequence(4000).ok());
   EXPECT_EQ(cache->table_rows()[4000], 0);
   const StepEntry e{4000, 16, nullptr};

@@ -285,7 +285,8 @@ TEST(BatchTree, MainLineCommitsCopyNothingAndRejectedBlocksReturn) {
   const std::int32_t tokens[6] = {1, 2, 3, 4, 5, 6};
   const int parents[6] = {-1, 0, 1, 2, 0, 4};  // main line 0-1-2-3, a branch 4-5
   const StepEntry e{0, 6, tokens, parents};
-  const int free_before = *c->free_blocks(1);
+  // One pool for both groups: free_blocks is the pool's, held_blocks(1) the flat group's.
+  const int free_before = *c->free_blocks(1), held_before = *c->held_blocks(1);
   const BatchStep step = *c->begin_step(&e, 1);
   const kvcore::BatchStepPlan plan = *c->plan(step);
   EXPECT_TRUE(plan.is_tree(0));
@@ -295,13 +296,18 @@ TEST(BatchTree, MainLineCommitsCopyNothingAndRejectedBlocksReturn) {
     EXPECT_EQ(plan.positions[j], positions[j]);
     EXPECT_EQ(plan.chain_index[j], places[j]);
   }
-  EXPECT_EQ(*c->free_blocks(1), free_before - 3);  // positions 5..10: blocks 2 (shared start), 3, 4, 5
+  EXPECT_EQ(*c->held_blocks(1), held_before + 3);  // positions 5..10: blocks 2 (shared start), 3, 4, 5
+  // The ring(3, 1) group takes the same 3 (with C = 6 it releases nothing
+  // inside a step): 6 of the pool's blocks.
+  EXPECT_EQ(*c->free_blocks(1), free_before - 2 * 3);
   const int main_path[2] = {0, 1};
   const AcceptedPath path{0, main_path, 2};
   const kvcore::BatchCommit done = *c->commit(step, &path, 1);
   EXPECT_EQ(done.total_copies(), 0);
   EXPECT_EQ(c->sequence(0)->length, 7);
-  EXPECT_EQ(*c->free_blocks(1), free_before - 1);  // block 3 (positions 6, 7) kept, 4 and 5 returned
+  EXPECT_EQ(*c->held_blocks(1), held_before + 1);  // block 3 (positions 6, 7) kept, 4 and 5 returned
+  // In each group (the ring's floor 7 - 6 - 3 + 1 < 0 releases nothing).
+  EXPECT_EQ(*c->free_blocks(1), free_before - 2 * 1);
 }
 
 // Section 7's visibility with removed positions: a node sees its history by

@@ -257,7 +257,8 @@ class Driver {
       if (why.find(" would pass capacity = ") != std::string::npos) {
         ++refused_capacity;  // a sequence at its capacity
       } else {
-        ASSERT_NE(why.find(" blocks, "), std::string::npos) << why;  // "group g needs N blocks, F of its M are free"
+        // "the step needs N blocks over its G groups, F of the pool's M are free"
+        ASSERT_NE(why.find(" blocks over its "), std::string::npos) << why;
         ++refused_blocks;  // the pool is short of blocks
       }
       return;
@@ -480,7 +481,9 @@ TEST(PagedKVPool, GrowthFailureLeavesPoolIntact) {
     alloc.fail_from = alloc.allocations + fail_at;
     const kvcore::Status st = pool.update(1, s.plan, rows.k.data(), rows.k.size(), rows.v.data(), rows.v.size());
     EXPECT_EQ(st.code(), Error::MemoryAllocationFailed);
-    EXPECT_STREQ(st.message().c_str(), "layer 1: cannot allocate 512 bytes to grow the paged layer from 4 to 8 rows");
+    // One pool: the ring group took blocks 0, 1 and the flat group 2, 3 (entry
+    // after entry, each in every group), so the live rows are 4 x B = 16.
+    EXPECT_STREQ(st.message().c_str(), "layer 1: cannot allocate 1024 bytes to grow the paged layer from 4 to 16 rows");
     EXPECT_EQ(pool.reserved_bytes(), reserved);
     EXPECT_EQ(pool.layer(1)->allocated_rows, 4);
     EXPECT_EQ(snapshot(pool), before);
@@ -489,7 +492,7 @@ TEST(PagedKVPool, GrowthFailureLeavesPoolIntact) {
   }
   alloc.fail_from = INT_MAX;
   ASSERT_OK(pool.update(1, s.plan, rows.k.data(), rows.k.size(), rows.v.data(), rows.v.size()));
-  EXPECT_EQ(pool.layer(1)->allocated_rows, 8);
+  EXPECT_EQ(pool.layer(1)->allocated_rows, 16);
   auto span = pool.rows(1);
   ASSERT_TRUE(span.ok());
   for (int t = 0; t < 8; ++t)
@@ -716,13 +719,14 @@ TEST(PagedKVPool, GatherRefusesBadEntriesTablesAndBuffers) {
   // Before the layer is updated, its rows are not there yet.
   auto early = pool.gather(1, s.plan, 0, k, sizeof(k), v, sizeof(v));
   EXPECT_EQ(early.error(), Error::InvalidState);
+  // One pool: the ring group (layer 0) took block 0, the flat group (layer 1) block 1.
   EXPECT_STREQ(early.message().c_str(),
-               "gather of layer 1: position 0 lives in block 0, but the layer holds 0 rows so far: update the layer "
+               "gather of layer 1: position 0 lives in block 1, but the layer holds 0 rows so far: update the layer "
                "for the step first");
   auto early_rows = pool.rows(1);
   EXPECT_EQ(early_rows.error(), Error::InvalidState);
   EXPECT_STREQ(early_rows.message().c_str(),
-               "rows of layer 1: 4 live rows (used_blocks * block_size), but the layer holds 0 rows so far: update "
+               "rows of layer 1: 8 live rows (used_blocks * block_size), but the layer holds 0 rows so far: update "
                "the layer for the step first");
   for (int l = 0; l < 2; ++l) {
     const StepRows rows = step_rows(pool, l, {1, 2, 3});

@@ -192,15 +192,47 @@ inline LayerPolicy rule_of(const CacheConfig& cfg, int l) {
   return p;
 }
 
-// The distinct policies, in layer order: one group each (a Shared layer has
-// none: it reads its source's).
+// The groups' policies, in group order (docs/batch.md section 5, "One
+// budget"): the K/V layers of one policy form groups of at most
+// batch.page_layers layers (0: the fewest layers any policy has), each group
+// opened at its first layer; a Shared layer has none (it reads its source's).
 inline std::vector<LayerPolicy> groups_of(const CacheConfig& cfg) {
   std::vector<LayerPolicy> out;
+  if (cfg.layers.size() == 1) {  // one config for every layer: one policy
+    const LayerPolicy& p = cfg.layers[0].policy;
+    if (p.kind == LayerPolicy::Kind::Shared) return out;
+    const int size = cfg.batch.page_layers != 0 ? cfg.batch.page_layers : cfg.n_layers;
+    const int n = (cfg.n_layers + size - 1) / size;
+    for (int g = 0; g < n; ++g) out.push_back(p);
+    return out;
+  }
+  std::vector<LayerPolicy> policies;  // distinct, in order of their first layer
+  std::vector<int> count;             // layers of each
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerPolicy& p = cfg.layer(l).policy;
     if (p.kind == LayerPolicy::Kind::Shared) continue;
-    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
-    if (cfg.layers.size() == 1) break;
+    const std::size_t c = static_cast<std::size_t>(std::find(policies.begin(), policies.end(), p) - policies.begin());
+    if (c == policies.size()) {
+      policies.push_back(p);
+      count.push_back(0);
+    }
+    ++count[c];
+  }
+  int size = cfg.batch.page_layers;
+  if (size == 0)
+    for (int n : count) size = size == 0 || n < size ? n : size;
+  std::vector<int> filled(policies.size(), 0);
+  std::vector<bool> open(policies.size(), false);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerPolicy& p = cfg.layer(l).policy;
+    if (p.kind == LayerPolicy::Kind::Shared) continue;
+    const std::size_t c = static_cast<std::size_t>(std::find(policies.begin(), policies.end(), p) - policies.begin());
+    if (!open[c] || filled[c] == size) {
+      open[c] = true;
+      filled[c] = 0;
+      out.push_back(p);
+    }
+    ++filled[c];
   }
   return out;
 }
@@ -227,22 +259,31 @@ inline Sizing sizing(const CacheConfig& cfg) {
     s.refused = s.refused_before_pools = true;
     return s;
   }
-  for (const LayerPolicy& p : groups) {
-    std::int64_t blocks = cfg.batch.num_blocks != 0 ? cfg.batch.num_blocks : seqs * stride;
-    if (p.kind == LayerPolicy::Kind::Ring || p.kind == LayerPolicy::Kind::Chunked) {
-      // What one sequence can hold during a step: the sink blocks, W + 2C - 1 positions, and one block more
-      // (a chunked group as a ring of window K, section 9).
-      const std::int64_t per_seq = (p.sinks + B - 1) / B + (p.window + 2 * C - 1 + B - 1) / B + 1;
-      if (per_seq < stride) blocks = per_seq * seqs;
-      blocks = std::min(blocks, seqs * stride);
+  // One pool for every group: num_blocks when set, else the sum of what each
+  // group would need alone (create() stops summing past 2^30).
+  std::int64_t blocks = cfg.batch.num_blocks;
+  if (blocks == 0) {
+    for (const LayerPolicy& p : groups) {
+      std::int64_t own = seqs * stride;
+      if (p.kind == LayerPolicy::Kind::Ring || p.kind == LayerPolicy::Kind::Chunked) {
+        // What one sequence can hold during a step: the sink blocks, W + 2C - 1 positions, and one block more
+        // (a chunked group as a ring of window K, section 9).
+        const std::int64_t per_seq = (p.sinks + B - 1) / B + (p.window + 2 * C - 1 + B - 1) / B + 1;
+        if (per_seq < stride) own = per_seq * seqs;
+        own = std::min(own, seqs * stride);
+      }
+      blocks += own;
+      if (blocks > (std::int64_t{1} << 30)) break;
     }
+  }
+  if (G > 0) {
     if (blocks > kMax / B || blocks > (std::int64_t{1} << 30)) {
       s.refused = true;
       return s;
     }
     std::int64_t slots = 2;
     while (slots < 2 * blocks) slots *= 2;
-    s.bytes += blocks * 41 + slots * 4;
+    s.bytes += blocks * 61 + slots * 4;  // refs, owner, heap, links, key, span, keyed; the key slots
   }
   s.bytes += G * seqs * stride * 4 + 6 * G * seqs * 4 + seqs * 64 + seqs * cfg.batch.max_holes * 8 + seqs * B * 4 +
              stride * 16 + seqs * 48 + mst * 4 + G * mst * 4 + G * seqs * 8;

@@ -145,7 +145,7 @@ class BatchMachine(RuleBasedStateMachine):
         self.open: kvcore.BatchStep | None = None  # the begun, uncommitted step
         self.open_plan: StepPlan | None = None
         self.open_tags: list[int] = []
-        self.open_blocks: list[int] = []  # per group, the blocks the begun step allocated
+        self.open_blocks = 0  # the blocks of the one pool the begun step allocated
         self.handles: list[kvcore.BatchStep] = []
         self.plans: list[kvcore.BatchStepPlan] = []
         self.histories: list[list[int]] = []  # token ids of released sequences: prompts for prefix hits
@@ -260,17 +260,18 @@ class BatchMachine(RuleBasedStateMachine):
         if errors:
             self.refused(errors, lambda: c.begin_step(args))
             return False
-        free = [c.free_blocks(g) for g in range(c.n_groups)]
+        free = c.free_blocks(0) if c.n_groups else 0  # the one pool's (every group draws from it)
         # A begun step that this one replaces gives back the blocks it took.
-        back = self.open_blocks if self.open is not None else [0] * c.n_groups
+        back = self.open_blocks if self.open is not None else 0
         need = m.worst_need(entries)
         fits = self.prefix.admits(entries)
         before = self.snapshot()
         try:
             step = c.begin_step(args) if how != "with" else c.step(args)
         except kvcore.CapacityError as e:
-            assert any(f + r < need for f, r in zip(free, back)), (
-                f"refused with {free} free blocks and {back} a replaced step gives back, at most {need} needed: {e}"
+            assert free + back < need * c.n_groups, (
+                f"refused with {free} free blocks and {back} a replaced step gives back, at most {need} needed "
+                f"in each of {c.n_groups} groups: {e}"
             )
             assert not fits, f"refused a step the pools hold: {e}"
 
@@ -282,7 +283,7 @@ class BatchMachine(RuleBasedStateMachine):
             assert not self.open.is_current  # replaced: the retry path
         self.prefix.begin(entries)
         self.handles.append(step)
-        self.open_blocks = [free[g] + back[g] - c.free_blocks(g) for g in range(c.n_groups)]
+        self.open_blocks = free + back - (c.free_blocks(0) if c.n_groups else 0)
         tags = m.begin(entries)
         assert step.is_current and (step.n_entries, step.n_tokens) == (len(entries), len(tags))
         kplan = step.plan()

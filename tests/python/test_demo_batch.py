@@ -382,7 +382,9 @@ def test_tree_batch_run_is_exact_and_commits_paths_off_the_main_line() -> None:
     t = r["trees"]
     assert t["size"] == 4 and t["draft_layers"] == 1 and t["draft_forwards"] >= t["steps"] > 0
     assert t["nodes"] <= 4 * t["steps"] and 1 < t["tokens_per_forward"] <= 4
-    assert t["paths_off_main_line"] == 3 and t["copies"] == 6  # one row per path in each of the 2 groups
+    # One row per path in each of the 3 groups: 2 ring layers and 1 flat make groups of one layer
+    # (page_layers' default, the fewest layers any policy has).
+    assert t["paths_off_main_line"] == 3 and t["copies"] == 9
     assert r["speculative"]["steps"] == 0  # the trees replace --draft's chains
     greedy = r["checks"][3]
     assert greedy["name"].startswith("every generated token is plain greedy decoding's")

@@ -280,7 +280,7 @@ def test_many_sequences_with_a_fork_and_seq_rm_equal_the_reference(exported: Any
     both(torch.randn(1, 2, HIDDEN), [10, 8], [0, 1])
     if block_size == 1:
         assert cache.free_cells() == reference.free_cells()  # flat layer: the same cells held
-        in_use = [cache.cache.num_blocks(g) - cache.cache.free_blocks(g) for g in (0, 1)]
+        in_use = [cache.cache.held_blocks(g) for g in (0, 1)]
         assert cache.cache.group_of(0) == 0 and in_use[0] < in_use[1] == 48 - reference.free_cells()  # ring released
 
 
@@ -363,13 +363,33 @@ def test_ring_decode_and_continuation_attend_as_the_reference() -> None:
         assert_same(attend(q, mine), attend(q, theirs))
 
 
+def test_a_flat_cell_cache_returns_causal_and_none_masks() -> None:
+    torch.manual_seed(6)
+    cfg = lambda: et_config(32, layers=[ref.LayerPolicy.flat()])  # noqa: E731
+    reference, cache = ref.CellReferenceCache(cfg()), KVCoreCellCache(cfg())
+    for positions, kind in [([0, 1, 2, 3], "CAUSAL"), ([4], "NONE")]:  # a fresh prefill, then a decode
+        T = len(positions)
+        kv, q = torch.randn(1, KV_HEADS, T, HEAD_DIM), torch.randn(1, HEADS, T, HEAD_DIM)
+        pos = torch.tensor(positions)[:, None]
+        for c in (cache, reference):
+            c.begin_step([0] * T)
+        for layer in range(2):
+            mine, theirs = cache.update_and_fetch(layer, kv, kv, pos), reference.update_and_fetch(layer, kv, kv, pos)
+            assert_same(attend(q, mine), attend(q, theirs))
+            assert mine[2].kind is getattr(ref.MaskKind, kind), (positions, layer)
+
+
 def test_cell_kinds_attend_as_the_reference() -> None:
     torch.manual_seed(5)
     cfg = lambda: et_config(32, layers=[ref.LayerPolicy.flat(), ref.LayerPolicy.ring(2), ref.LayerPolicy.flat()])  # noqa: E731
     reference, cache = ref.CellReferenceCache(cfg()), KVCoreCellCache(cfg())
+    # The flat and ring groups draw their cells from one pool (docs/batch.md section 5), so a
+    # layer's live rows interleave its group's cells with the other group's: no history here is
+    # the step's own tokens alone (CAUSAL) or all visible (NONE); a flat-only cache keeps those
+    # kinds (test_a_flat_cell_cache_returns_causal_and_none_masks).
     for positions, seqs, kinds in [
-        ([0, 1, 2, 3], [0] * 4, ("CAUSAL", "EXPLICIT")),  # fresh prefill: causal flat, banded ring
-        ([4], [0], ("NONE", "EXPLICIT")),  # a decode sees every live row (flat), the last 2 of 5 (ring)
+        ([0, 1, 2, 3], [0] * 4, ("EXPLICIT", "EXPLICIT")),  # fresh prefill: causal flat, banded ring
+        ([4], [0], ("EXPLICIT", "EXPLICIT")),  # a decode sees its live rows (flat), the last 2 of 5 (ring)
         ([0, 5], [1, 0], ("EXPLICIT", "EXPLICIT")),  # two sequences: neither sees the other's rows
     ]:
         T = len(seqs)

@@ -39,7 +39,10 @@ def make_cache(
     v_dim: int = 0,
 ) -> kvcore.BatchCache:
     layers = [kvcore.LayerConfig(p, heads, dim, v_dim) for p in policies]
-    batch = kvcore.BatchLimits(block_size=block_size, max_seqs=max_seqs, num_blocks=num_blocks, max_holes=4)
+    # One group per policy (page_layers = the layer count): these tests are about rows and masks;
+    # test_one_budget_* and test_batch_prefix_events.py cover page-sized groups.
+    batch = kvcore.BatchLimits(block_size=block_size, max_seqs=max_seqs, num_blocks=num_blocks, max_holes=4,
+                               page_layers=len(policies))
     return kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=max_step, batch=batch))
 
 
@@ -380,7 +383,12 @@ def test_a_view_of_the_layers_own_rows_is_refused(begun: Any) -> None:
         pool.update(0, step, k_rows[:3], np.ones((3, 2, 5), np.float16))
     assert_untouched(pool, before)
     pool.update(0, step, k_rows[:3].copy(), np.ones((3, 2, 5), np.float16))  # a copy is fine
-    pool.update(1, step, k_rows[:3], np.ones((3, 2, 5), np.float16))  # another layer's rows too
+    # Layer 1 (the flat group's first layer) shares layer 0's storage (storage_layer): its rows
+    # are the layer's own too; layer 2 (the ring group's second) has a storage of its own.
+    assert [cache.storage_layer(layer) for layer in range(4)] == [0, 0, 2, 0]
+    with pytest.raises(kvcore.InvalidArgumentError, match="k/v overlap the layer's own rows: pass a copy"):
+        pool.update(1, step, k_rows[:3], np.ones((3, 2, 5), np.float16))
+    pool.update(2, step, k_rows[:3], np.ones((3, 2, 5), np.float16))  # another storage's rows are fine
 
 
 @pytest.mark.parametrize("layer", [-1, 4, 2**31, 2**70])
@@ -491,7 +499,10 @@ def test_reserve_grows_now_and_checks_its_range() -> None:
 def test_sizes_nbytes_and_required_bytes() -> None:
     cache = make_cache(MIXED, v_dim=5)
     row = {layer: 2 * 3 * 2 + 2 * 5 * 2 for layer in range(4)}  # float16 K + V bytes of one row
-    full = sum(cache.num_blocks(cache.group_of(layer)) * 4 * row[layer] for layer in range(4))
+    # The one pool's blocks in each storage: the layers that own one (storage_layer) hold them.
+    owners = [layer for layer in range(4) if cache.storage_layer(layer) == layer]
+    assert owners == [0, 2]
+    full = sum(cache.num_blocks(0) * 4 * row[layer] for layer in owners)
     need = kvcore.PagedKVPool.required_bytes(cache, np.float16)
     assert full <= need <= full + 64 * (2 * 4 + 2) + 4 * 96
     with pytest.raises(kvcore.InvalidArgumentError):

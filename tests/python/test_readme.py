@@ -77,9 +77,11 @@ def test_batch_example_runs_and_its_last_comment_holds() -> None:
     assert not cache.sequence(0).active  # released at the end
     # Sequences 1 and 2 hold three blocks each, four in all: the prompt's two
     # blocks once, and a copy each of the block they both wrote after the fork.
+    # Each group holds them in the one pool every group draws from.
     for group in range(cache.n_groups):
         assert cache.blocks_held(1, group) == cache.blocks_held(2, group) == 3
-        assert cache.num_blocks(group) - cache.free_blocks(group) == 2 + 2
+        assert cache.held_blocks(group) == 2 + 2
+    assert cache.num_blocks(0) - cache.free_blocks(0) == (2 + 2) * cache.n_groups
 
 
 class Console(code.InteractiveConsole):

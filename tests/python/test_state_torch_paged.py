@@ -430,7 +430,8 @@ def test_export_refusals_are_named_and_change_nothing() -> None:
     short.cache.add_sequence(0)
     short.step(2, 1)
     short.cache.commit(short.cache.begin_step([(0, 3)]))  # positions 2..4 in rows the tensors lack
-    with pytest.raises(kvcore.InvalidStateError, match="past the 2 rows its tensors hold"):
+    # Row and count depend on where the one pool put the block (its ids are shared by the groups).
+    with pytest.raises(kvcore.InvalidStateError, match=r"layer 0 position 2 lies in row \d+, past the \d+ rows its tensors hold"):
         short.pool.export_sequence(0)
 
     empty = torch_side(2, DTYPES[1], 0)

@@ -83,19 +83,24 @@ def test_a_forked_sequence_reads_what_paged_kv_pool_reads(preallocate: bool) -> 
     assert cache.length(0) == 13 and cache.length(1) == 14
 
 
-def test_copy_blocks_copies_every_layer_of_the_group_only() -> None:
+def test_copy_blocks_copies_in_every_storage_of_the_group_once() -> None:
     cache = make_cache()
     store = TorchPagedKVPool(cache, preallocate=True)
-    for layer in range(cache.n_layers):
+    # Group g's j-th layer shares the j-th storage: layers 0 (flat) and 1 (ring), 2 and 3.
+    assert store.store_of == [0, 0, 2, 2]
+    for layer in (0, 2):
         keys, values = store.ensure(layer, 2 * B)
         keys[:, :, :B] = layer + 1.0
         values[:, :, :B] = -(layer + 1.0)
     store.copy_blocks(0, np.array([[0, 3]], dtype=np.int32))  # group 0: the flat layers 0 and 2
     for layer in range(cache.n_layers):
         keys, values = store.ensure(layer, 0)  # the layer's tensors as they are
-        copied = cache.group_of(layer) == 0
-        assert bool((keys[:, :, 3 * B : 4 * B] == layer + 1.0).all()) == copied
-        assert bool((values[:, :, 3 * B : 4 * B] == -(layer + 1.0)).all()) == copied
+        owner = store.store_of[layer]
+        assert bool((keys[:, :, 3 * B : 4 * B] == owner + 1.0).all())
+        assert bool((values[:, :, 3 * B : 4 * B] == -(owner + 1.0)).all())
+    # Once per storage: a second copy over the first reads the rows the first wrote, not twice.
+    store.copy_blocks(0, np.array([[3, 1]], dtype=np.int32))
+    assert bool((store.ensure(0, 0)[0][:, :, B : 2 * B] == 1.0).all())
     store.copy_blocks(1, np.zeros((0, 2), dtype=np.int32))  # no copies: nothing to do
 
 
@@ -145,23 +150,22 @@ def test_write_read_takes_tensors_that_require_grad_detached() -> None:
     assert tensors is not None and not tensors[0].requires_grad and not tensors[1].requires_grad
 
 
-def test_write_read_checks_slots_per_group_and_devices_before_writing() -> None:
+def test_write_read_checks_slots_against_the_pool_and_devices_before_writing() -> None:
     store = TorchPagedKVPool(make_cache(), preallocate=True)
     _one_token_step(store)
-    big, small = sorted((0, 1), key=lambda layer: -store.max_rows[store.group_of[layer]])  # layers of two groups
-    assert store.max_rows[store.group_of[small]] < store.max_rows[store.group_of[big]]
-    rows = store.max_rows[store.group_of[small]] + 1  # fits the big group's pool, not the small one's
-    slots = torch.tensor([rows - 1])
+    layer = 1
+    rows = store.max_rows[store.group_of[layer]]  # the one pool's rows, the same for every group
+    assert store.max_rows == [rows] * len(store.max_rows)
     k, v = torch.ones((1, H, 1, D)), torch.ones((1, H, 1, DV))
-    store.write_read(big, slots, k, v, rows)  # checked for the big group
-    before = store.tensors(small)[0].clone()  # type: ignore[index]
+    store.write_read(layer, torch.tensor([rows - 1]), k, v, rows)  # the pool's last row
+    before = store.tensors(layer)[0].clone()  # type: ignore[index]
     with pytest.raises(kvcore.InvalidArgumentError, match="rows = .*the group's pool"):
-        store.write_read(small, slots, k, v, rows)  # the same slots object: checked again for its group
+        store.write_read(layer, torch.tensor([0]), k, v, rows + 1)
     with pytest.raises(kvcore.InvalidArgumentError, match="slots must be a 1-D int64 tensor, got list"):
-        store.write_read(small, [0], k, v, 1)  # type: ignore[arg-type]
+        store.write_read(layer, [0], k, v, 1)  # type: ignore[arg-type]
     with pytest.raises(kvcore.InvalidArgumentError, match="value on meta: the store is on cpu"):
-        store.write_read(small, torch.tensor([0]), k, v.to("meta"), 1)
-    assert torch.equal(store.tensors(small)[0], before)  # type: ignore[index]
+        store.write_read(layer, torch.tensor([0]), k, v.to("meta"), 1)
+    assert torch.equal(store.tensors(layer)[0], before)  # type: ignore[index]
 
 
 def test_a_corrupt_record_grows_no_tensor_of_a_lazy_store() -> None:

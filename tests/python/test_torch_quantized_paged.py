@@ -42,7 +42,8 @@ COMPUTE = {"float32": (np.float32, torch.float32), "bfloat16": (ml_dtypes.bfloat
 
 def make_cache(block_size: int = B) -> kvcore.BatchCache:
     layers = [kvcore.LayerConfig(p, n_kv_heads=H, head_dim=D, v_head_dim=DV) for p in POLICIES]
-    limits = kvcore.BatchLimits(block_size=block_size, max_seqs=4, num_blocks=64)
+    # One pool for both groups: the flat layers' 64 blocks and as many for the rings' windows.
+    limits = kvcore.BatchLimits(block_size=block_size, max_seqs=4, num_blocks=128)
     return kvcore.BatchCache(kvcore.CacheConfig(40, layers, max_step=5, batch=limits))
 
 

@@ -72,6 +72,7 @@ from kvcore._core import (
     CacheConfig,
     Flat,
     LayerConfig,
+    LayerPolicy,
     Ring,
     SequenceCache,
     Step,
@@ -483,21 +484,29 @@ class KVCoreCellCache:
             raise InvalidArgumentError(f"block_size = {block_size}: must be >= 1")
         if max_active_seqs < 1:
             raise InvalidArgumentError(f"max_active_seqs = {max_active_seqs}: must be >= 1")
-        limits = BatchLimits(
-            block_size=block_size,
-            max_seqs=max_seqs,
-            num_blocks=-(-capacity // block_size),  # a flat group's pool holds `capacity` cells, as the reference's
-            max_holes=max_holes,
-            max_active_seqs=min(max_active_seqs, max_seqs),
-        )
-        self.cache = BatchCache(CacheConfig(capacity, _layer_configs(config, v_head_dim), max_step=max_step, batch=limits))
+        layer_configs = _layer_configs(config, v_head_dim)
+        active = min(max_active_seqs, max_seqs)
+
+        def limits_of(num_blocks: int) -> BatchLimits:
+            # One group per window (page_layers = n_layers), as the reference keeps one mask per window.
+            return BatchLimits(block_size=block_size, max_seqs=max_seqs, num_blocks=num_blocks, max_holes=max_holes,
+                               max_active_seqs=active, page_layers=int(config.n_layers))
+
+        # Every group draws from one pool (docs/batch.md section 5): each flat group gets the
+        # reference's `capacity` cells, each ring group what kvcore's default gives its windows.
+        probe = BatchCache(CacheConfig(capacity, layer_configs, max_step=max_step, batch=limits_of(0)))
+        stride = -(-capacity // block_size)
+        flat_groups = sum(1 for g in range(probe.n_groups) if probe.group_policy(g).kind == LayerPolicy.Kind.Flat)
+        windows = probe.num_blocks(0) - flat_groups * active * probe.table_stride if probe.n_groups else 0
+        limits = limits_of(flat_groups * stride + windows)
+        self.cache = BatchCache(CacheConfig(capacity, layer_configs, max_step=max_step, batch=limits))
         self.block_size = block_size
         self.max_seqs = self.cache.max_seqs
         self._n_layers = int(config.n_layers)
         self._n_groups = self.cache.n_groups
         self._static = config.sizing is CacheSizing.STATIC
-        # STATIC: capacity rows per layer (a ring group's pool may be larger; it grows past it only if used)
-        rows_hint = [min(self.cache.num_blocks(g), limits.num_blocks) * block_size for g in range(self._n_groups)]
+        # STATIC: the whole pool's rows per storage (the groups' layers share them)
+        rows_hint = [self.cache.num_blocks(g) * block_size for g in range(self._n_groups)]
         #: None (rows stored in ``config.dtype``), ``"int8"`` or ``"fp8"`` (stored quantized).
         self.kv_dtype = kv_dtype
         self.storage = (
@@ -527,13 +536,21 @@ class KVCoreCellCache:
     # --- runner face: admission, lifecycle, sequence verbs ----------------------
 
     def free_cells(self) -> int:
-        """Rows free in the tightest group's pool: ``min over groups of free_blocks(g) * block_size``.
+        """Rows free for new tokens: each flat group's share of the one pool is the reference's
+        ``capacity`` cells, so ``min over flat groups of (capacity blocks - held_blocks(g)) *
+        block_size``, at most the pool's free blocks (with no flat group: the free blocks shared
+        out over the groups, a block of new tokens taking one in each).
 
-        With flat layers only this is the reference's count (the pool holds ``capacity``
-        cells). A ring group has its own pool, sized by kvcore for its windows and
-        released as they slide, so with ring layers the flat group usually decides.
+        With flat layers this is the reference's count. Ring groups draw from the same pool,
+        sized by kvcore for their windows and released as they slide.
         """
-        return min(self.cache.free_blocks(g) for g in range(self._n_groups)) * self.block_size
+        c = self.cache
+        free = c.free_blocks(0) if self._n_groups else 0
+        flat = [g for g in range(self._n_groups) if c.group_policy(g).kind == LayerPolicy.Kind.Flat]
+        if not flat:
+            return free // max(self._n_groups, 1) * self.block_size
+        share = min(c.table_stride - c.held_blocks(g) for g in flat)
+        return min(share, free) * self.block_size
 
     def can_extend(self, n: int = 1) -> bool:
         """Whether ``n`` more tokens fit: ``free_cells() >= n`` (exact with ``block_size=1``;

@@ -124,11 +124,16 @@ def export_sequence(kv: PagedStore, seq: int, tokens: Tokens = None) -> bytes:
 
 def _grow_for(kv: PagedStore, info: RecordInfo) -> None:
     """Grow each allocated or lazy layer to the rows the import's fresh blocks may reach (the
-    bound ``import_record`` reserves: used + imported + cached blocks), before anything changes."""
+    bound ``import_record`` reserves: the one pool's used blocks, what every group imports and
+    every group's cached blocks), before anything changes."""
     cache, B = kv.cache, kv.block_size
     blocks = -(-info.length // B)
+    groups = range(cache.n_groups)
+    reach = (cache.used_blocks(0) if cache.n_groups else 0) + len(groups) * blocks + sum(cache.cached_blocks(g) for g in groups)
     for layer, g in enumerate(kv.group_of):
-        bound = min((cache.used_blocks(g) + blocks + cache.cached_blocks(g)) * B, kv.max_rows[g])
+        if g < 0:  # a State layer: its slots, no blocks
+            continue
+        bound = min(reach * B, kv.max_rows[g])
         if bound > kv.allocated_rows(layer):
             kv.ensure(layer, bound)
 

@@ -210,13 +210,15 @@ Status import_record(const void* data, std::size_t size, BatchCache& cache, Page
   KVCORE_RETURN_IF_ERROR(import_detail::check_layers(rec, cache, pool));
   const int B = cache.block_size();
   const int blocks = static_cast<int>((static_cast<std::int64_t>(rs.length) + B - 1) / B);
+  // Fresh blocks come from the one pool every group draws from: below used + what every group
+  // takes + every cached block (the lowest free ones, or cached ones of any group).
+  std::int64_t bound = static_cast<std::int64_t>(cache.n_groups()) * blocks;
+  if (cache.n_groups() > 0) bound += *cache.used_blocks(0);
+  for (int g = 0; g < cache.n_groups(); ++g) bound += *cache.cached_blocks(g);
+  bound *= B;
   for (int l = 0; l < rs.n_layers; ++l) {
     // Shared and State layers hold no blocks (admit refuses a model with State layers).
     if (!rec.layer(l).policy.holds_keys()) continue;
-    // Fresh blocks come from below used + blocks + cached (the lowest free ones, or cached ones).
-    const int g = *cache.group_of(l);
-    const std::int64_t bound =
-        (static_cast<std::int64_t>(*cache.used_blocks(g)) + blocks + *cache.cached_blocks(g)) * B;
     const int rows = (*pool.layer(l)).rows;
     KVCORE_RETURN_IF_ERROR(pool.reserve(l, bound < rows ? static_cast<int>(bound) : rows));
   }

@@ -240,10 +240,13 @@ class KVCorePagedCache:
         return False
 
     def compute_free_capacity(self, relative: bool = True) -> float:
-        """The free share of the fullest group's pool (cached blocks count as free), or its free bytes."""
+        """The free share of the one pool every group draws from (cached blocks count as free), or
+        its free bytes: a free block is a page of every storage the groups share, the bytes of the
+        largest group's block."""
+        g = self._views[0].group
         if relative:
-            return min(self.batch.free_blocks(v.group) / self.batch.num_blocks(v.group) for v in self._views)
-        return float(sum(self.batch.free_blocks(v.group) * b for v, b in zip(self._views, self._block_bytes)))
+            return self.batch.free_blocks(g) / self.batch.num_blocks(g)
+        return float(self.batch.free_blocks(g) * max(self._block_bytes))
 
     # --- releases and forks -------------------------------------------------------------------
 
@@ -341,7 +344,7 @@ class KVCorePagedCache:
         assert step is not None
         c.tokens_computed += step.n_tokens
         c.prompt_tokens_computed += sum(prompt_tokens_in_step(a.state) for a in self.round.admitted)
-        held = [self.batch.num_blocks(v.group) - self.batch.free_blocks(v.group) for v in self._views]
+        held = [self.batch.held_blocks(v.group) for v in self._views]
         c.peak_blocks = max(c.peak_blocks, sum(held))
         c.peak_kv_bytes = max(c.peak_kv_bytes, sum(h * b for h, b in zip(held, self._block_bytes)))
 

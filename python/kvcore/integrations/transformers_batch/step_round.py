@@ -71,8 +71,9 @@ class StepRound:
     # --- admission ------------------------------------------------------------------
 
     def admit(self, request_id: str, seq: int, state: Any, tokens: int) -> bool:
-        """Admit the request's next ``tokens`` if every group has the blocks they need besides those
-        of the requests admitted before (kvcore's count); False (nothing changes) otherwise."""
+        """Admit the request's next ``tokens`` if the pool has the blocks they need in every group
+        besides those of the requests admitted before (kvcore's count); False (nothing changes)
+        otherwise."""
         try:
             need = self.batch.blocks_needed(seq, tokens)
         except CapacityError:
@@ -87,15 +88,12 @@ class StepRound:
         return True
 
     def fits(self, extra: Optional[list[int]] = None) -> bool:
-        """Do the admitted requests (plus ``extra`` blocks per group) fit every group's free blocks?
+        """Do the admitted requests (plus ``extra`` blocks per group) fit the free blocks of the one
+        pool every group draws from (their needs added up over the groups, as begin_step counts)?
         Asked again after a verb that takes free blocks (a prefix adopted)."""
         self._settle()
-        for g, total in enumerate(self.needed):
-            if extra is not None:
-                total += extra[g]
-            if total > self.batch.free_blocks(g):
-                return False
-        return True
+        total = sum(self.needed) + (sum(extra) if extra is not None else 0)
+        return total <= (self.batch.free_blocks(0) if self.batch.n_groups else 0)
 
     def _count(self, need: list[int], sign: int) -> None:
         for g, n in enumerate(need):
