@@ -99,11 +99,13 @@ class Spy:
 
     def __init__(self, cache: Any) -> None:
         self.histories: list[tuple[int, Any, Any]] = []
+        self.specs: list[Any] = []  # each history's AttendSpec (its mask, when EXPLICIT)
         real = cache.update_and_fetch
 
         def spy(layer_id: int, k: Any, v: Any, position: Any) -> Any:
             keys, values, spec = real(layer_id, k, v, position)
             self.histories.append((layer_id, keys.clone(), values.clone()))
+            self.specs.append(spec)
             return keys, values, spec
 
         cache.update_and_fetch = spy
@@ -220,9 +222,13 @@ def test_cell_int8_stores_and_attends_as_executorch_through_forks_and_seq_rm() -
             assert keys.dtype == torch.float32 and not bool(keys.isnan().any())
 
     def flat_rows() -> list[bytes]:
+        # The cells the flat group holds (block_size 1: a block is a row). They interleave with
+        # the ring's in the one pool the groups draw from (docs/batch.md section 5).
         tensors = cache.storage.tensors(1)
         assert tensors is not None and tensors[0].dtype == torch.uint8
-        return sorted(stored(tensors[0][:, :, : sum(int(k.shape[2]) for k in written)]))
+        g, c = cache.cache.group_of(1), cache.cache
+        rows = sorted({int(b) for s in range(c.max_seqs) if c.sequence(s).active for b in c.block_table(s, g) if b >= 0})
+        return sorted(stored(tensors[0][:, :, rows]))
 
     step([0, 1, 2, 3, 0, 1, 2], [0, 0, 0, 0, 1, 1, 1])  # two prefills in one forward
     step([3, 4, 4, 5], [1, 0, 1, 0])  # interleaved
@@ -237,10 +243,14 @@ def test_cell_int8_stores_and_attends_as_executorch_through_forks_and_seq_rm() -
     assert [cache.seq_len(s) for s in range(3)] == [et_quantized.seq_len(s) for s in range(3)] == [5, 5, 6]
     for p in range(3):  # decode every sequence past the window, sequence 1 again from 5
         step([7 + p, 5 + p, 6 + p], [0, 1, 2])
-    # The decodes' histories hold exactly ExecuTorch's dequantized rows: each returned key row is one of them.
+    # The decodes' histories hold exactly ExecuTorch's dequantized rows: each key row a query sees is
+    # one of them (the live rows also hold the ring group's cells of the one pool, masked out).
     _, keys, _ = spy.histories[-1]
+    mask = spy.specs[-1].mask
+    assert mask is not None
+    seen = mask.any(dim=0).reshape(-1)
     allowed = {tuple(r.tolist()) for k in written for r in et_int8(k)[0].transpose(0, 1).reshape(-1, KV_HEADS * HEAD_DIM)}
-    live = keys[0].transpose(0, 1).reshape(-1, KV_HEADS * HEAD_DIM)
+    live = keys[0].transpose(0, 1).reshape(-1, KV_HEADS * HEAD_DIM)[seen]
     assert live.shape[0] >= 3 and all(tuple(r.tolist()) in allowed for r in live)
 
 

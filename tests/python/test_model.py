@@ -225,7 +225,8 @@ def test_cache_config_carries_batch_limits() -> None:
     assert [layer.policy for layer in cc.layers] == [cfg.policy(i) for i in range(6)]
     assert cfg.cache_config(40).batch.block_size == kvcore.CacheConfig(40, cc.layers).batch.block_size
     cache = kvcore.BatchCache(cc)
-    assert cache.block_size == 4 and cache.n_groups == 2
+    # 4 ring and 2 flat layers: groups of 2 (page_layers' default, the fewest layers any policy has).
+    assert cache.block_size == 4 and cache.n_groups == 3
 
 
 @pytest.mark.parametrize(

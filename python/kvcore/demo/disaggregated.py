@@ -130,7 +130,7 @@ class Decode:
         # Blocks written are counted in the flat group (a ring group frees blocks behind its window); none
         # without a flat layer.
         flat = next((g for g in range(self.cache.n_groups) if self.cache.group_policy(g) == kvcore.Flat()), None)
-        used_before = 0 if flat is None else self.cache.used_blocks(flat)
+        held_before = 0 if flat is None else self.cache.held_blocks(flat)
         record_bytes, last = 0, []
         for i, ref in enumerate(prefilled):
             record, logits = ray.get(ref)
@@ -139,7 +139,7 @@ class Decode:
             # name blocks and share the system prompt's (docs/state.md "Trust").
             import_sequence(self.pool, i + 1, record, trust_tokens=True)
             last.append(logits)
-        written = None if flat is None else self.cache.used_blocks(flat) - used_before
+        written = None if flat is None else self.cache.held_blocks(flat) - held_before
         seqs = list(range(1, len(prefilled) + 1))
         tokens = [[int(np.argmax(lg))] for lg in last]
         logits_out: list[list[Array]] = [[] for _ in seqs]
