@@ -33,7 +33,7 @@ namespace {
 constexpr int kBlock = 16;
 constexpr int kPrompt = 2000;        // the shared prompt: tokens 100 .. 2099
 constexpr int kMaxSeqs = 260;        // 256 decoding + the admission benchmark's seed
-constexpr int kFlatBlocks = 20000;   // the flat pool, like vLLM's num_blocks
+constexpr int kFlatBlocks = 20000;   // the flat group's share, like vLLM's num_blocks per group
 constexpr int kWarmDecode = 64;      // decoded before blocks are counted and timing starts
 constexpr int kCycle = 448;          // timed decode steps before the sequences are admitted again
 constexpr int kDecodeCapacity = 4096;  // > kPrompt + kWarmDecode + kCycle
@@ -61,7 +61,10 @@ std::unique_ptr<kvcore::BatchCache> make_cache(benchmark::State& state, int capa
   cfg.batch.block_size = kBlock;
   cfg.batch.max_seqs = max_seqs;
   cfg.batch.max_step_tokens = max_seqs > C ? max_seqs : C;
-  cfg.batch.num_blocks = kFlatBlocks;
+  // One pool of both groups' 20,000 (vLLM's run: 20,000 blocks per group), one ring and one flat
+  // group (page_layers = n_layers) as vLLM's "brief" grouping of bench/vllm_manager.py.
+  cfg.batch.num_blocks = 2 * kFlatBlocks;
+  cfg.batch.page_layers = cfg.n_layers;
   auto made = kvcore::BatchCache::create(cfg);
   if (!made.ok()) {
     fail(state, made.message().c_str());

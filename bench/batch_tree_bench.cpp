@@ -40,7 +40,10 @@ bool build(benchmark::State& state, TreeRig* rig) {
   cfg.batch.block_size = kBlock;
   cfg.batch.max_seqs = kSeqs;
   cfg.batch.max_step_tokens = kSeqs * kNodes;
-  cfg.batch.num_blocks = kSeqs * (4096 / kBlock);
+  // One pool: every sequence's flat table and as many again for the ring group's windows; one
+  // ring and one flat group (page_layers = n_layers), as the per-group counts below divide by 2.
+  cfg.batch.num_blocks = 2 * kSeqs * (4096 / kBlock);
+  cfg.batch.page_layers = cfg.n_layers;
   auto made = kvcore::BatchCache::create(cfg);
   if (!made.ok()) return fail(state, made.message().c_str());
   rig->cache = std::move(made).get();
