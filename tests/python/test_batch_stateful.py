@@ -98,8 +98,11 @@ def batch_configs(draw: st.DrawFn) -> tuple[kvcore.CacheConfig, list[Policy]]:
         block_size=B,
         max_seqs=draw(st.integers(1, 6)),
         max_step_tokens=draw(st.one_of(st.just(0), st.integers(1, 12))),
-        # Flat groups' pools: often too small for every sequence, so steps run out of blocks.
-        num_blocks=draw(st.one_of(st.just(0), st.just(0), st.integers(1, 3 * stride), st.integers(max(1, stride // 2), 2 * stride))),
+        # The pool: often too small for every sequence, so steps run out of blocks.
+        # One pool for every group (at most 4: a layer each): at least 4 blocks, so that the
+        # throwaway step create() reads the tables through (one token, a block per group) fits.
+        num_blocks=draw(st.one_of(st.just(0), st.just(0), st.integers(4, max(4, 3 * stride)),
+                                  st.integers(max(4, stride // 2), max(4, 2 * stride)))),
         max_holes=draw(st.integers(0, 3)),
         # Groups of at most page_layers layers of one policy (0: the fewest any policy has).
         page_layers=draw(st.one_of(st.just(0), st.just(0), st.integers(1, 3))),
