@@ -53,6 +53,7 @@ def test_events_tell_what_each_group_stores_and_evicts() -> None:
     compute(c, 0, prompt, namespace=9)
     events = c.drain_kv_events()
     assert events.dtype.names == ("kind", "group", "key_lo", "key_hi", "namespace", "start", "end")
+    assert events.dtype.isalignedstruct and events.dtype.itemsize == 40  # C layout: every field aligned
     flat = c.group_of(1)
     stored = events[(events["kind"] == kvcore.KV_EVENT_STORED) & (events["group"] == flat)]
     keys = kvcore.block_keys(prompt, 4, namespace=9)
