@@ -107,7 +107,6 @@ class BlockPool {
   }
 
   int n_blocks() const noexcept { return n_blocks_; }
-  int n_groups() const noexcept { return n_groups_; }
   /// Blocks no sequence holds (cached ones included: they are reclaimable).
   int free_blocks() const noexcept { return heap_size_ + cached_; }
   /// Free blocks that still keep a key (reused on a prefix hit until
@@ -122,8 +121,6 @@ class BlockPool {
   int refs(int block) const noexcept { return refs_[block]; }
   bool keyed(int block) const noexcept { return keyed_[block]; }
   const BlockKey& key(int block) const noexcept { return keys_[block]; }
-  /// The group a held or cached block belongs to.
-  int owner(int block) const noexcept { return owner_[block]; }
 
   /// Takes the lowest free block without a key, else the least recently
   /// released cached one of any group (dropping its key), held once by
@@ -336,14 +333,12 @@ class GroupPool {
   GroupPool() = default;
   GroupPool(BlockPool* pool, int group) noexcept : pool_(pool), group_(group) {}
 
-  int group() const noexcept { return group_; }
   /// The whole pool's blocks, free blocks and one past its highest held block.
   int n_blocks() const noexcept { return pool_->n_blocks(); }
   int free_blocks() const noexcept { return pool_->free_blocks(); }
   int used_blocks() const noexcept { return pool_->used_blocks(); }
-  /// This group's cached and held blocks.
+  /// This group's cached blocks.
   int cached_blocks() const noexcept { return pool_->cached_blocks(group_); }
-  int held_blocks() const noexcept { return pool_->held_blocks(group_); }
   int refs(int block) const noexcept { return pool_->refs(block); }
   bool keyed(int block) const noexcept { return pool_->keyed(block); }
   const BlockKey& key(int block) const noexcept { return pool_->key(block); }
