@@ -172,6 +172,7 @@ class BatchLimits(metaclass=_pybind11_type):
         max_active_seqs: SupportsIndex = 0,
         state_snapshots: SupportsIndex = 0,
         page_layers: SupportsIndex = 0,
+        max_rewind: SupportsIndex = -1,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
@@ -184,8 +185,10 @@ class BatchLimits(metaclass=_pybind11_type):
         state after it; 0: a model with State layers never hits a prefix), one state slot each.
         page_layers: layers of one policy form groups of at most this many, so that the pool's
         pages (one layer of each group) leave no storage unused (0: the fewest layers any policy
-        has, vLLM's rule). Checked when a BatchCache is built (InvalidArgumentError naming the
-        field).
+        has, vLLM's rule). max_rewind: the longest rewind, in positions, that ring and chunked
+        groups keep history for (each position costs every sequence a ring position; -1:
+        max_step, 0: never rewinds, as vLLM's sliding window; in [-1, capacity]). Checked when a
+        BatchCache is built (InvalidArgumentError naming the field).
         """
     @property
     def block_size(self) -> int:
@@ -211,6 +214,9 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def page_layers(self) -> int:
         """Most layers of one group (0: the fewest layers any policy has)."""
+    @property
+    def max_rewind(self) -> int:
+        """Longest rewind, in positions, ring and chunked groups keep history for (-1: max_step)."""
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -1165,6 +1171,11 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     @property
     def max_step(self) -> int:
         """Largest T of one sequence in one step."""
+    @property
+    def max_rewind(self) -> int:
+        """Longest rewind, in positions, ring and chunked groups keep history for: can_rewind(s, n)
+        holds for n >= the longest length s committed minus this (batch.max_rewind, default max_step).
+        """
     @property
     def max_step_tokens(self) -> int:
         """Largest number of new tokens of one step."""

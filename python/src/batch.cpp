@@ -741,6 +741,9 @@ void register_batch(py::module_& m) {
       .def_property_readonly("max_seqs", &Cache::max_seqs, "Sequence ids are 0..max_seqs-1.")
       .def_property_readonly("capacity", &Cache::capacity, "Largest length of one sequence (positions).")
       .def_property_readonly("max_step", &Cache::max_step, "Largest T of one sequence in one step.")
+      .def_property_readonly("max_rewind", &Cache::max_rewind,
+                             "Longest rewind, in positions, ring and chunked groups keep history for: can_rewind(s, n) "
+                             "holds for n >= the longest length s committed minus this (batch.max_rewind, default max_step).")
       .def_property_readonly("max_step_tokens", &Cache::max_step_tokens, "Largest number of new tokens of one step.")
       .def_property_readonly("n_layers", &Cache::n_layers, "Number of layers (config.n_layers), in n_groups groups.")
       .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")

@@ -59,7 +59,8 @@ std::string repr(const kvcore::BatchLimits& b) {
          ", max_holes=" + std::to_string(b.max_holes) +
          (b.max_active_seqs != 0 ? ", max_active_seqs=" + std::to_string(b.max_active_seqs) : std::string()) +
          (b.state_snapshots != 0 ? ", state_snapshots=" + std::to_string(b.state_snapshots) : std::string()) +
-         (b.page_layers != 0 ? ", page_layers=" + std::to_string(b.page_layers) : std::string()) + ")";
+         (b.page_layers != 0 ? ", page_layers=" + std::to_string(b.page_layers) : std::string()) +
+         (b.max_rewind != -1 ? ", max_rewind=" + std::to_string(b.max_rewind) : std::string()) + ")";
 }
 
 // Mirrors the constructor call, so the repr reads as the config it is.
@@ -80,7 +81,7 @@ std::string repr(const kvcore::CacheConfig& c) {
   const kvcore::BatchLimits& b = c.batch;
   if (b.block_size != d.block_size || b.max_seqs != d.max_seqs || b.max_step_tokens != d.max_step_tokens ||
       b.num_blocks != d.num_blocks || b.max_holes != d.max_holes || b.max_active_seqs != d.max_active_seqs ||
-      b.state_snapshots != d.state_snapshots || b.page_layers != d.page_layers)
+      b.state_snapshots != d.state_snapshots || b.page_layers != d.page_layers || b.max_rewind != d.max_rewind)
     s += ", batch=" + repr(b);
   return s + ")";
 }
@@ -221,7 +222,7 @@ void register_config(py::module_& m) {
   batch_limits
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
                        const PyInt& num_blocks, const PyInt& max_holes, const PyInt& max_active_seqs,
-                       const PyInt& state_snapshots, const PyInt& page_layers) {
+                       const PyInt& state_snapshots, const PyInt& page_layers, const PyInt& max_rewind) {
              kvcore::BatchLimits b;
              b.block_size = to_int("block_size", block_size);
              b.max_seqs = to_int("max_seqs", max_seqs);
@@ -231,11 +232,12 @@ void register_config(py::module_& m) {
              b.max_active_seqs = to_int("max_active_seqs", max_active_seqs);
              b.state_snapshots = to_int("state_snapshots", state_snapshots);
              b.page_layers = to_int("page_layers", page_layers);
+             b.max_rewind = to_int("max_rewind", max_rewind);
              return b;
            }),
            py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
            py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8, py::arg("max_active_seqs") = 0,
-           py::arg("state_snapshots") = 0, py::arg("page_layers") = 0,
+           py::arg("state_snapshots") = 0, py::arg("page_layers") = 0, py::arg("max_rewind") = -1,
            "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
            "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
            "max_seqs * max_step, at most 2**20). num_blocks: blocks of the one pool every group draws from "
@@ -247,7 +249,10 @@ void register_config(py::module_& m) {
            "snapshots each State group keeps for prefix reuse (a step ending on a full block names the state "
            "after it; 0: a model with State layers never hits a prefix), one state slot each. page_layers: layers "
            "of one policy form groups of at most this many, so that the pool's pages (one layer of each group) "
-           "leave no storage unused (0: the fewest layers any policy has, vLLM's rule). Checked when a "
+           "leave no storage unused (0: the fewest layers any policy has, vLLM's rule). max_rewind: the longest "
+           "rewind, in positions, that ring and chunked groups keep history for (each position costs every "
+           "sequence a ring position; -1: max_step, 0: never rewinds, as vLLM's sliding window; in "
+           "[-1, capacity]). Checked when a "
            "BatchCache is built (InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
@@ -263,6 +268,8 @@ void register_config(py::module_& m) {
                     "Named state snapshots per State group for prefix reuse (0: none).")
       .def_readonly("page_layers", &kvcore::BatchLimits::page_layers,
                     "Most layers of one group (0: the fewest layers any policy has).")
+      .def_readonly("max_rewind", &kvcore::BatchLimits::max_rewind,
+                    "Longest rewind, in positions, ring and chunked groups keep history for (-1: max_step).")
       .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 
   py::class_<kvcore::CacheConfig> cache_config(m, "CacheConfig", "Model facts and per-layer policies, validated on construction.");

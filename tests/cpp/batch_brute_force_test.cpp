@@ -66,6 +66,9 @@ CacheConfig random_config(std::mt19937& rng) {
   cfg.batch.max_holes = pick(0, 3);
   // Groups of at most page_layers layers of one policy: the default (0) half the time.
   cfg.batch.page_layers = pick(0, 1) == 0 ? 0 : pick(1, 3);
+  // A rewind margin of its own (0 = none, as vLLM's sliding window; past
+  // max_step too) a third of the time, else the default (max_step).
+  cfg.batch.max_rewind = pick(0, 2) == 0 ? std::min(cfg.capacity, pick(0, cfg.max_step + 2)) : -1;
   return cfg;
 }
 
@@ -74,7 +77,8 @@ std::string describe(const CacheConfig& c) {
                   ", B " + std::to_string(c.batch.block_size) + ", max_seqs " + std::to_string(c.batch.max_seqs) +
                   ", max_step_tokens " + std::to_string(c.batch.max_step_tokens) + ", num_blocks " +
                   std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", page_layers " +
-                  std::to_string(c.batch.page_layers) + ", layers [";
+                  std::to_string(c.batch.page_layers) + ", max_rewind " + std::to_string(c.batch.max_rewind) +
+                  ", layers [";
   for (const LayerConfig& l : c.layers)
     s += l.policy.kind == LayerPolicy::Kind::Flat      ? std::string(" Flat")
          : l.policy.kind == LayerPolicy::Kind::Chunked ? " Chunked(" + std::to_string(l.policy.window) + ")"
@@ -136,6 +140,7 @@ class Driver {
     return out;
   }
   int C() const { return cache_->max_step(); }
+  int R() const { return cache_->max_rewind(); }
 
   // A refused call: the code it must have, and nothing changed.
   void expect_refused(const kvcore::Status& st, Error code, const Snapshot& before) {
@@ -228,7 +233,7 @@ class Driver {
   }
 
   // Must a rewind (or fork) of `s` to n succeed? The model's rule.
-  bool must_allow(int s, int n) const { return model_.must_allow(cfg_, C(), s, n); }
+  bool must_allow(int s, int n) const { return model_.must_allow(cfg_, R(), s, n); }
 
   void fork() {
     const int src = any_seq(), dst = any_seq();
@@ -398,7 +403,8 @@ class Driver {
       for (std::uint64_t t : m.tags) visible += t != 0;
       EXPECT_EQ(info->visible_positions(), visible);
       if (step_open_) continue;
-      // DESIGN.md section 6's memory bound for ring groups, at rest.
+      // DESIGN.md section 6's memory bound for ring groups, at rest, with the
+      // rewind margin R (max_rewind) for C.
       // Section 9: a chunked group of chunk K is bounded as a ring of window K.
       for (int g = 0; g < cache_->n_groups(); ++g) {
         const LayerPolicy p = *cache_->group_policy(g);
@@ -413,7 +419,7 @@ class Driver {
           }
           chunked_released += *cache_->blocks_held(s, g) < live;
         }
-        const int bound = (p.sinks + B - 1) / B + (p.window + C() - 1 + B - 1) / B + 1;
+        const int bound = (p.sinks + B - 1) / B + (p.window + R() - 1 + B - 1) / B + 1;
         EXPECT_LE(*cache_->blocks_held(s, g), bound) << "seq " << s << " group " << g << " at length "
                                                      << m.length() << ": " << table_text(s, g);
       }

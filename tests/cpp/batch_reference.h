@@ -272,12 +272,13 @@ class BatchModel {
   }
 
   /// Must a rewind (or fork, or truncation) of `s` to n succeed under `cfg`'s
-  /// layers and the cache's max_step `C`? Up to C back from the longest length since it last was 0 always
-  /// does, and so does n <= the smallest ring's sinks (so n = 0 too).
-  bool must_allow(const kvcore::CacheConfig& cfg, int C, int s, int n) const {
+  /// layers and the cache's rewind margin `R` (max_rewind, default max_step)? Up
+  /// to R back from the longest length since it last was 0 always does, and so
+  /// does n <= the smallest ring's sinks (so n = 0 too).
+  bool must_allow(const kvcore::CacheConfig& cfg, int R, int s, int n) const {
     const SeqModel& m = seq(s);
     if (n < 0 || n > m.length()) return false;
-    if (n >= m.peak - C) return true;
+    if (n >= m.peak - R) return true;
     // A chunked layer (section 9) has no sinks: only n = 0 below the margin.
     int sinks = INT_MAX;
     for (const kvcore::LayerConfig& l : cfg.layers)
@@ -410,7 +411,7 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
 class PrefixModel {
  public:
   explicit PrefixModel(const kvcore::BatchCache& cache)
-      : B_(cache.block_size()), C_(cache.max_step()), stride_(cache.table_stride()) {
+      : B_(cache.block_size()), R_(cache.max_rewind()), stride_(cache.table_stride()) {
     // "Every group draws from one pool" (docs/design.md section 6, "One budget").
     if (cache.n_groups() > 0) blocks_.resize(static_cast<std::size_t>(*cache.num_blocks(0)));
     for (int g = 0; g < cache.n_groups(); ++g) {
@@ -751,24 +752,27 @@ class PrefixModel {
   }
 
   // Rings: a sequence at length L holds its sink blocks and every block not
-  // wholly below L - C - W + 1 ("what a query after a rewind of up to C needs").
-  // Chunked groups (section 9: "a paged group returns blocks of finished
-  // chunks"): at length L every block not wholly below K * floor((L - C) / K),
-  // the chunk start of the lowest length a rewind of up to C reaches.
+  // wholly below L - R - W + 1 ("what a query after a rewind of up to R =
+  // max_rewind needs"). Chunked groups (section 9: "a paged group returns
+  // blocks of finished chunks"): at length L every block not wholly below
+  // K * floor((L - R) / K), the chunk start of the lowest length a rewind of up
+  // to R reaches.
   bool needed_at(const Group& g, int L, int i) const {
     if (g.policy.kind == kvcore::LayerPolicy::Kind::Chunked) {
-      const std::int64_t K = g.policy.window, low = static_cast<std::int64_t>(L) - C_;
+      const std::int64_t K = g.policy.window, low = static_cast<std::int64_t>(L) - R_;
       const std::int64_t floor = low >= 0 ? low / K * K : -((-low + K - 1) / K) * K;
       return static_cast<std::int64_t>(i + 1) * B_ > floor;
     }
     if (g.policy.kind != kvcore::LayerPolicy::Kind::Ring) return true;
     const std::int64_t sink_blocks = (static_cast<std::int64_t>(g.policy.sinks) + B_ - 1) / B_;
-    const std::int64_t floor = static_cast<std::int64_t>(L) - C_ - g.policy.window + 1;
+    const std::int64_t floor = static_cast<std::int64_t>(L) - R_ - g.policy.window + 1;
     return i < sink_blocks || static_cast<std::int64_t>(i + 1) * B_ > floor;
   }
-  bool needed(const Group& g, int h, int i) const { return needed_at(g, h * B_, i); }
+  // A hit of h blocks needs what a sequence at h * B holds, and its last
+  // block always ("a hit names a prefix some sequence computed").
+  bool needed(const Group& g, int h, int i) const { return needed_at(g, h * B_, i) || i == h - 1; }
   // "After a commit at length L, a ring group releases a sequence's blocks
-  // that lie wholly below L - C - W + 1, except the sink blocks" (tail first).
+  // that lie wholly below L - R - W + 1, except the sink blocks" (tail first).
   void evict(Group& g, int s) {
     const int L = seq(s).length();
     for (int i = ceil_div(L, B_) - 1; i >= 0; --i)
@@ -838,7 +842,7 @@ class PrefixModel {
       for (Group& g : groups_) release_at(g, s, i);
   }
 
-  int B_, C_, stride_;
+  int B_, R_, stride_;
   std::vector<Block> blocks_;  // the one pool every group draws from
   std::vector<Group> groups_;
   std::vector<Seq> seqs_;

@@ -25,7 +25,7 @@ one row and no token writes a block a copy reads.
 
 What the contract leaves to the cache, the model bounds instead of predicting:
 - the rewind rule (rewind, fork, a remove that truncates): `must_allow()` is
-  true where the contract guarantees success (up to max_step back from the
+  true where the contract guarantees success (up to max_rewind back from the
   peak length, to n <= sinks, whatever the removed positions make unneeded);
   elsewhere the caller holds can_rewind() to the call's outcome and the next
   steps' reads to the truth;
@@ -183,9 +183,11 @@ class BatchModel:
         max_step_tokens: int,
         max_holes: int,
         page_layers: int = 0,
+        max_rewind: int = -1,
     ) -> None:
         self.capacity = capacity
         self.max_step = max_step
+        self.max_rewind = max_step if max_rewind == -1 else max_rewind  # batch.max_rewind's default
         self.B = block_size
         self.max_seqs = max_seqs
         self.max_step_tokens = max_step_tokens
@@ -240,22 +242,23 @@ class BatchModel:
         return None if self.seqs[seq].active else "InvalidState"
 
     def ring_bound(self, g: int) -> int:
-        """Section 6, Memory: the most blocks a ring group keeps for one sequence."""
-        p, B, C = self.groups[g], self.B, self.max_step
-        return ceil_div(p.sinks, B) + ceil_div(max(p.window, p.chunk) + C - 1, B) + 1  # chunked: a ring of K
+        """Section 6, Memory: the most blocks a ring group keeps for one sequence at rest, with the
+        rewind margin R (max_rewind) for C."""
+        p, B, R = self.groups[g], self.B, self.max_rewind
+        return ceil_div(p.sinks, B) + ceil_div(max(p.window, p.chunk) + R - 1, B) + 1  # chunked: a ring of K
 
     def must_allow(self, seq: int, n: int) -> bool:
         """Must a rewind of `seq` to n (or a fork of it at n) succeed? Every ring
-        group keeps its sinks and what a rewind of up to max_step tokens from the
+        group keeps its sinks and what a rewind of up to max_rewind tokens from the
         peak length needs, so it must when every key a query at n sees below n
-        (not removed) is a sink or within max_step + window - 1 of the peak."""
+        (not removed) is a sink or within max_rewind + window - 1 of the peak."""
         s = self.seqs[seq]
         if not s.active or not 0 <= n <= s.length:
             return False
         for p in self.groups:
             if not p.evicts:
                 continue
-            kept_from = p.kept_from(s.peak, self.max_step)
+            kept_from = p.kept_from(s.peak, self.max_rewind)
             for k in range(n):
                 if p.visible(n, k) and not s.removed[k] and not (k < p.sinks or k >= kept_from):
                     return False
@@ -555,8 +558,8 @@ class PrefixPools:
     ids follow the documented allocation (the lowest free block without a
     name), so they are the cache's. Driven with the calls the cache accepted."""
 
-    def __init__(self, num_blocks: int, groups: Sequence[Policy], block_size: int, max_step: int, max_seqs: int, stride: int) -> None:
-        self.B, self.C, self.stride = block_size, max_step, stride
+    def __init__(self, num_blocks: int, groups: Sequence[Policy], block_size: int, max_rewind: int, max_seqs: int, stride: int) -> None:
+        self.B, self.R, self.stride = block_size, max_rewind, stride
         self.policies = list(groups)
         self.blocks = [Block() for _ in range(num_blocks)]
         self.tables = [[[-1] * stride for _ in range(max_seqs)] for _ in groups]
@@ -581,12 +584,17 @@ class PrefixPools:
 
     def needed(self, g: int, length: int, i: int) -> bool:
         """Rings: a sequence at `length` holds its sink blocks and every block not
-        wholly below length - C - W + 1 (what a query after a rewind of up to C needs)."""
+        wholly below length - R - W + 1 (what a query after a rewind of up to R = max_rewind needs)."""
         p = self.policies[g]
         if not p.evicts:
             return True
-        # Chunked (section 9): every block not wholly below K * floor((length - C) / K).
-        return i < ceil_div(p.sinks, self.B) or (i + 1) * self.B > p.kept_from(length, self.C)
+        # Chunked (section 9): every block not wholly below K * floor((length - R) / K).
+        return i < ceil_div(p.sinks, self.B) or (i + 1) * self.B > p.kept_from(length, self.R)
+
+    def hit_needs(self, g: int, h: int, i: int) -> bool:
+        """A hit of h blocks needs block i where a sequence at h * B holds it, and its last block
+        always ("a hit names a prefix some sequence computed", docs/batch.md section 5)."""
+        return self.needed(g, h * self.B, i) or i == h - 1
 
     def find(self, g: int, name: tuple[int, ...]) -> int:
         """A hit shares the lowest held copy of the content in the group, else the cached one."""
@@ -736,7 +744,7 @@ class PrefixPools:
         toks = tuple(int(t) for t in tokens)
         for h in reversed(range(1, (len(toks) - 1) // self.B + 1 if toks else 1)):
             if all(
-                not self.needed(g, h * self.B, i) or self.find(g, toks[: (i + 1) * self.B]) >= 0
+                not self.hit_needs(g, h, i) or self.find(g, toks[: (i + 1) * self.B]) >= 0
                 for g in range(len(self.policies))
                 for i in range(h)
             ):
@@ -750,7 +758,7 @@ class PrefixPools:
         self.seqs[seq] = _Naming(tokens=list(toks[:hit]), removed=[False] * hit, named_blocks=hit // self.B)
         for g, t in enumerate(self.tables):
             for i in range(hit // self.B):
-                if self.needed(g, hit, i):
+                if self.hit_needs(g, hit // self.B, i):
                     b = self.find(g, toks[: (i + 1) * self.B])
                     self.blocks[b].refs += 1
                     t[seq][i] = b

@@ -106,6 +106,9 @@ def batch_configs(draw: st.DrawFn) -> tuple[kvcore.CacheConfig, list[Policy]]:
         max_holes=draw(st.integers(0, 3)),
         # Groups of at most page_layers layers of one policy (0: the fewest any policy has).
         page_layers=draw(st.one_of(st.just(0), st.just(0), st.integers(1, 3))),
+        # A rewind margin of its own (0: none, as vLLM's sliding window; past max_step too), else
+        # the default (-1: max_step).
+        max_rewind=draw(st.one_of(st.just(-1), st.just(-1), st.integers(0, min(capacity, max_step + 2)))),
     )
     def layer_policy(p: Policy) -> kvcore.LayerPolicy:
         if p.is_shared:
@@ -161,7 +164,9 @@ class BatchMachine(RuleBasedStateMachine):
         default_tokens = min(b.max_seqs * cfg.max_step, 2**20)
         assert c.max_step_tokens == (b.max_step_tokens or default_tokens)
         assert (c.max_seqs, c.capacity, c.max_step, c.block_size) == (b.max_seqs, cfg.capacity, cfg.max_step, b.block_size)
-        self.model = BatchModel(cfg.capacity, cfg.max_step, policies, b.block_size, b.max_seqs, c.max_step_tokens, b.max_holes, b.page_layers)
+        assert c.max_rewind == (cfg.max_step if b.max_rewind == -1 else b.max_rewind)
+        self.model = BatchModel(cfg.capacity, cfg.max_step, policies, b.block_size, b.max_seqs, c.max_step_tokens, b.max_holes, b.page_layers,
+                                max_rewind=c.max_rewind)
         m = self.model
         assert c.n_groups == len(m.groups) and c.n_layers == len(policies)
         assert c.table_stride == ceil_div(cfg.capacity, b.block_size)
@@ -170,12 +175,13 @@ class BatchMachine(RuleBasedStateMachine):
             assert c.layer_config(layer) == cfg.layers[layer]
         # "The one pool holds num_blocks blocks, by default what each group would need alone,
         # summed" (docs/batch.md section 2): a full table row per sequence for a flat group, the
-        # window's blocks (sinks, W + 2C - 1 positions, one more) for a ring or chunked one.
+        # window's blocks (sinks, W + C + R - 1 positions, one more: R the rewind margin) for a
+        # ring or chunked one.
         full = b.max_seqs * c.table_stride
         default = 0
         for p in m.groups:
             window, sinks = (p.window, p.sinks) if p.is_ring else (p.chunk, 0)
-            per_seq = ceil_div(sinks, b.block_size) + ceil_div(window + 2 * cfg.max_step - 1, b.block_size) + 1
+            per_seq = ceil_div(sinks, b.block_size) + ceil_div(window + cfg.max_step + c.max_rewind - 1, b.block_size) + 1
             default += min(per_seq * b.max_seqs if per_seq < c.table_stride else full, full) if p.evicts else full
         for g, p in enumerate(m.groups):
             got = c.group_policy(g)
@@ -184,7 +190,7 @@ class BatchMachine(RuleBasedStateMachine):
             assert c.num_blocks(g) == (b.num_blocks or default), (g, c.num_blocks(g), default)
             assert c.free_blocks(g) == c.num_blocks(g) and c.used_blocks(g) == 0 and c.cached_blocks(g) == 0
         self.pools = Pools([c.num_blocks(g) * b.block_size for g in range(c.n_groups)], b.block_size)
-        self.prefix = PrefixPools(c.num_blocks(0), m.groups, b.block_size, cfg.max_step, b.max_seqs, c.table_stride)
+        self.prefix = PrefixPools(c.num_blocks(0), m.groups, b.block_size, c.max_rewind, b.max_seqs, c.table_stride)
         # A step's block_tables are views of the cache's own tables: keep one to
         # read the tables at rest (a throwaway step, then clear()).
         c.add_sequence(0)
@@ -758,7 +764,7 @@ class BatchMachine(RuleBasedStateMachine):
                         f"seq {seq} group {g} holds block index {i} for no visible position: {row.tolist()}"
                     )
                 # Flat: every visible position; ring: what the rewind guarantee needs.
-                kept_from = policy.kept_from(s.peak, m.max_step)
+                kept_from = policy.kept_from(s.peak, m.max_rewind)
                 for p in range(s.length):
                     if s.removed[p] or (policy.evicts and not (p < policy.sinks or p >= kept_from)):
                         continue

@@ -91,6 +91,9 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int capacity() const noexcept override { return capacity_; }
   int max_step() const noexcept override { return max_step_; }
   int max_step_tokens() const noexcept override { return max_step_tokens_; }
+  /// The longest rewind ring and chunked groups keep history for, in positions
+  /// (BatchLimits::max_rewind with its default, max_step, applied).
+  int max_rewind() const noexcept { return max_rewind_; }
   int n_groups() const noexcept override { return n_groups_; }
   int n_layers() const noexcept override { return n_layers_; }
   int block_size() const noexcept override { return block_size_; }
@@ -572,6 +575,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       : capacity_(cfg.capacity),
         n_layers_(cfg.n_layers),
         max_step_(cfg.effective_max_step()),
+        max_rewind_(cfg.effective_max_rewind()),
         block_size_(cfg.batch.block_size),
         max_seqs_(cfg.batch.max_seqs),
         max_holes_(cfg.batch.max_holes),
@@ -666,7 +670,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
         open[c] = n_groups_;
         filled[c] = 0;
         group_layer_[n_groups_] = l;
-        groups_[n_groups_++].set_policy(policy, block_size_, max_step_);
+        groups_[n_groups_++].set_policy(policy, block_size_, max_step_, max_rewind_);
       }
       layer_group_[l] = open[c];
       ++filled[c];
@@ -882,6 +886,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int capacity_;
   int n_layers_;
   int max_step_;
+  int max_rewind_;
   int block_size_;
   int max_seqs_;
   int max_holes_;

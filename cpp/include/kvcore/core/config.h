@@ -138,6 +138,15 @@ struct BatchLimits {
   /// model whose policies have one layer count keeps one group per policy).
   /// A large value (n_layers) keeps one group per policy whatever the counts.
   int page_layers = 0;
+  /// The longest rewind, in positions, that ring and chunked groups keep
+  /// history for: at length L they release what no query after a rewind to
+  /// L - max_rewind or later needs, so can_rewind(s, n) always holds for
+  /// n >= Lmax - max_rewind. Each position of margin costs every sequence
+  /// that many ring positions (docs/batch.md section 5). -1: max_step (a
+  /// rewind of a whole step, DESIGN section 2); a server that verifies at most
+  /// k drafts sets k, one that never rewinds 0 (vLLM's sliding window). In
+  /// [-1, capacity].
+  int max_rewind = -1;
 };
 
 struct CacheConfig {
@@ -169,6 +178,8 @@ struct CacheConfig {
     if (max_step != 0) return max_step;
     return capacity < 512 ? capacity : 512;
   }
+  /// batch.max_rewind with the default (max_step) applied, in positions.
+  int effective_max_rewind() const noexcept { return batch.max_rewind >= 0 ? batch.max_rewind : effective_max_step(); }
 };
 
 namespace internal {

@@ -37,6 +37,9 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(b.page_layers >= 0, InvalidArgument,
                                "batch.page_layers = %d: must be >= 1 (or 0 for the fewest layers of any policy)",
                                b.page_layers);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.max_rewind >= -1 && b.max_rewind <= cfg.capacity, InvalidArgument,
+                               "batch.max_rewind = %d: must be in [0, capacity = %d] (or -1 for max_step)",
+                               b.max_rewind, cfg.capacity);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_active_seqs >= 0 && b.max_active_seqs <= b.max_seqs, InvalidArgument,
                                "batch.max_active_seqs = %d: must be in [1, batch.max_seqs = %d] (or 0 for "
                                "max_seqs)",

@@ -28,11 +28,12 @@ class BlockGroup {
   BlockGroup(const BlockGroup&) = delete;
   BlockGroup& operator=(const BlockGroup&) = delete;
 
-  /// The group's policy (its rule follows from it); nothing is allocated.
-  void set_policy(const LayerPolicy& policy, int block_size, int max_step) noexcept {
+  /// The group's policy (its rule follows from it) under steps of up to
+  /// `max_step` positions and rewinds of up to `max_rewind`; nothing is allocated.
+  void set_policy(const LayerPolicy& policy, int block_size, int max_step, int max_rewind) noexcept {
     policy_ = policy;
-    ring_.set(policy, block_size, max_step);
-    chunked_.set(policy, block_size, max_step);
+    ring_.set(policy, block_size, max_step, max_rewind);
+    chunked_.set(policy, block_size, max_step, max_rewind);
     rule_ = policy.kind == LayerPolicy::Kind::Ring      ? static_cast<const GroupRule*>(&ring_)
             : policy.kind == LayerPolicy::Kind::Chunked ? static_cast<const GroupRule*>(&chunked_)
                                                         : &flat_;
