@@ -1222,8 +1222,8 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         InvalidArgumentError: state_group outside [0, n_state_groups).
         """
     def num_state_slots(self, state_group: SupportsIndex) -> int:
-        """Physical state slots of a State group (max_active_seqs * D + max_step_tokens +
-        batch.state_snapshots): every slot a plan or commit names is below it, and a byte layer of
+        """Physical state slots of a State group (max_active_seqs * D + min(max_step_tokens,
+        max_active_seqs * D) + batch.state_snapshots): every slot a plan or commit names is below it, and a byte layer of
         the group keeps this many states (state[l][slot]). InvalidArgumentError: state_group outside
         [0, n_state_groups).
         """

@@ -778,8 +778,8 @@ void register_batch(py::module_& m) {
       .def("num_state_slots",
            [](const Cache& c, const IntArg& k) { return unwrap(c.num_state_slots(to_int("state_group", k))); },
            py::arg("state_group"),
-           "Physical state slots of a State group (max_active_seqs * D + max_step_tokens + "
-           "batch.state_snapshots): every slot a plan or commit names is below it, and a byte layer of the "
+           "Physical state slots of a State group (max_active_seqs * D + min(max_step_tokens, "
+           "max_active_seqs * D) + batch.state_snapshots): every slot a plan or commit names is below it, and a byte layer of the "
            "group keeps this many states (state[l][slot]). InvalidArgumentError: state_group outside [0, "
            "n_state_groups).")
       .def("state_snapshots",

@@ -90,7 +90,8 @@ TEST(BatchState, StateLayersFormStateGroupsApartFromBlockGroups) {
   EXPECT_EQ(*c->state_group_of(3), 0);
   EXPECT_EQ(*c->state_group_of(4), 1);
   EXPECT_EQ(c->state_group_policy(1)->slots, 6);
-  // rows (3) x D + max_step_tokens (3 x 4): every slot a plan names is below it.
+  // rows (3) x D + min(max_step_tokens (3 x 4), rows x D): every slot a plan
+  // names is below it.
   EXPECT_EQ(*c->num_state_slots(0), 3 * 4 + 12);
   expect_message(c->group_of(1).status(), Error::InvalidArgument,
                  "group_of(layer = 1): a State layer has no block group (state_group_of(1) names its State group)");
@@ -110,14 +111,14 @@ TEST(BatchState, StateLayersFormStateGroupsApartFromBlockGroups) {
   EXPECT_EQ(*c->free_state_slots(0), *c->num_state_slots(0));
 }
 
-// The physical slots (rows x D + max_step_tokens) are indexed by int.
+// The physical slots (rows x D + min(max_step_tokens, rows x D)) are indexed by int.
 TEST(BatchState, AStateGroupPast2To31SlotsIsRefused) {
   auto made = BatchCache::create(state_config(16, 4, {LayerPolicy::flat(), LayerPolicy::state(1 << 30)}));
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.status().code(), Error::InvalidArgument);
   EXPECT_STREQ(made.message().c_str(),
-               "a State group of 1073741824 slots: 3 table rows x 1073741824 slots + max_step_tokens = 12 + "
-               "state_snapshots = 0 exceed 2^31 - 1 state slots");
+               "a State group of 1073741824 slots: 3 table rows x 1073741824 slots, + min(max_step_tokens = 12, "
+               "that) + state_snapshots = 0 exceed 2^31 - 1 state slots");
 }
 
 // PagedKVPool stores a State layer's physical slots given their size

@@ -113,7 +113,7 @@ def test_state_groups_name_their_layers_policy_and_slots() -> None:
     assert c.n_groups == 1 and c.n_state_groups == 1
     assert [c.state_group_of(layer) for layer in (1, 3)] == [0, 0]
     assert c.state_group_policy(0) == kvcore.State(D) and c.state_group_policy(0).slots == D
-    assert c.num_state_slots(0) == c.max_active_seqs * D + c.max_step_tokens
+    assert c.num_state_slots(0) == c.max_active_seqs * D + min(c.max_step_tokens, c.max_active_seqs * D)
     plain = BatchCache(kvcore.CacheConfig(16, [kvcore.LayerConfig(kvcore.Flat(), 1, 2)], max_step=2))
     assert plain.n_state_groups == 0
     plain.add_sequence(0)
@@ -207,7 +207,7 @@ def test_a_prompt_starts_from_a_named_state_snapshot_and_never_writes_it() -> No
     c = snapshot_cache(2)
     limits = kvcore.BatchLimits(block_size=2, state_snapshots=2)
     assert limits.state_snapshots == 2 and "state_snapshots=2" in repr(limits)
-    assert c.num_state_slots(0) == c.max_active_seqs * D + c.max_step_tokens + 2
+    assert c.num_state_slots(0) == c.max_active_seqs * D + min(c.max_step_tokens, c.max_active_seqs * D) + 2
     store = StateStore(c)
     c.add_sequence(0)
     store.history[0] = []

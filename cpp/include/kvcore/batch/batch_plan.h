@@ -134,7 +134,8 @@ struct StateGroupPlan {
   const int* write_slots = nullptr;  // n_tokens
   /// D: logical slots per sequence (the policy's slots).
   int slots_per_seq = 0;
-  /// Physical slots of the group: rows x D + max_step_tokens.
+  /// Physical slots of the group: rows x D + min(max_step_tokens, rows x D)
+  /// + state_snapshots.
   int num_slots = 0;
   LayerPolicy policy;
 };

@@ -8,8 +8,8 @@
 //
 // Physical slots. Each logical slot names a physical slot, the index kernels
 // use (vLLM / SGLang `state_indices`: the state of layer l lives at
-// state[l][physical]). The group owns rows * D + max_step_tokens physical
-// slots, taken from a free list and counted by references: a fork shares the
+// state[l][physical]). The group owns rows * D + spare physical slots, taken
+// from a free list and counted by references: a fork shares the
 // source's snapshots (both sequences name the same physical slot, no bytes
 // copied), and a snapshot is never written in place while another sequence
 // names it: a step writing a logical slot whose physical slot is shared takes
@@ -17,8 +17,10 @@
 // The step keeps holding the physical slots it stopped naming until it ends,
 // so no slot read in a step is written by another entry of the same step.
 // Every table is allocated at create(); the step path never allocates and
-// never runs short (each row names at most D slots, and a step stops naming
-// at most one slot per token).
+// never runs short: each row names at most D slots, and a step stops naming at
+// most min(T, D) slots per entry (one per kept state: every state of a verify
+// step or tree, T <= D - 1, else the last), so at most spare =
+// min(max_step_tokens, rows * D) in all (an entry is an active sequence).
 //
 // Per step the group plans, per token, the physical slot its state starts
 // from (read_slots) and the one its state is written to (write_slots, -1 when
@@ -34,8 +36,7 @@
 // write of that logical slot takes a fresh slot, as for a fork). A sequence
 // that adopts the prompt's prefix names the snapshot's slot as its own. At
 // most `snapshots` are named (the least recently named or adopted is dropped
-// first), so the group owns rows * D + max_step_tokens + snapshots physical
-// slots. Lookups scan the names: O(snapshots).
+// first), so the group owns rows * D + spare + snapshots physical slots. Lookups scan the names: O(snapshots).
 #pragma once
 
 #include <cstdint>
@@ -70,8 +71,8 @@ class StateGroup {
   int first_layer() const noexcept { return first_layer_; }
   /// D: logical state slots per sequence.
   int slots() const noexcept { return slots_; }
-  /// Physical slots in all: rows * D + max_step_tokens + snapshots (every
-  /// slot index a plan names is in [0, num_slots())).
+  /// Physical slots in all: rows * D + min(max_step_tokens, rows * D) +
+  /// snapshots (every slot index a plan names is in [0, num_slots())).
   int num_slots() const noexcept { return n_phys_; }
 
   /// Sizes the tables for `rows` (which outlives the group), steps of
@@ -79,16 +80,17 @@ class StateGroup {
   /// the slots exceed 2^31 - 1. MemoryAllocationFailed: nothing is assigned.
   Status create(const TableRows& rows, int max_step_tokens, int snapshots) noexcept {
     const std::int64_t logical = static_cast<std::int64_t>(rows.rows()) * slots_;
-    const std::int64_t phys = logical + max_step_tokens + snapshots;
+    const std::int64_t spare = max_step_tokens < logical ? max_step_tokens : logical;  // what one step stops naming
+    const std::int64_t phys = logical + spare + snapshots;
     KVCORE_CHECK_OR_RETURN_ERROR(phys <= 0x7fffffff, InvalidArgument,
-                                 "a State group of %d slots: %d table rows x %d slots + max_step_tokens = %d + "
-                                 "state_snapshots = %d exceed 2^31 - 1 state slots",
+                                 "a State group of %d slots: %d table rows x %d slots, + min(max_step_tokens = %d, "
+                                 "that) + state_snapshots = %d exceed 2^31 - 1 state slots",
                                  slots_, rows.rows(), slots_, max_step_tokens, snapshots);
     auto held = internal::Buffer<int>::make(logical);
     auto phys_of = internal::Buffer<int>::make(logical);
     auto refs = internal::Buffer<int>::make_zeroed(phys);
     auto free = internal::Buffer<int>::make(phys);
-    auto deferred = internal::Buffer<int>::make(max_step_tokens);
+    auto deferred = internal::Buffer<int>::make(spare);
     auto reads = internal::Buffer<int>::make(max_step_tokens);
     auto writes = internal::Buffer<int>::make(max_step_tokens);
     auto named = internal::Buffer<Snapshot>::make(snapshots);
