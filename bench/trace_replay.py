@@ -48,10 +48,11 @@ default); before it, one pool per group: by default every block group got the sa
 blocks (bytes in proportion to their bytes per block), `--ring-share F` gave the ring group the
 fraction F, and a ring group's pool, sized by max_active_seqs alone, set max_active_seqs through
 its share; the scheduler runs at most min(max_running, max_active_seqs).
-A State group owns max_active_seqs x D + max_step_tokens + state_snapshots physical slots (what
-PagedKVPool allocates); the first two are taken off the top, and the snapshots get by default
+A State group owns max_active_seqs x D + min(max_step_tokens, max_active_seqs x D) +
+state_snapshots physical slots (what PagedKVPool allocates; D = 1 here); the first two are taken
+off the top, and the snapshots get by default
 one slot per chunk unit of tokens the flat pool holds (`--state-share F`: the fraction F of
-what is left; `--state-step-slots outside` leaves the max_step_tokens slots out of the budget,
+what is left; `--state-step-slots outside` leaves the step's spare slots out of the budget,
 reported apart). The budgets: `ample` (nothing is ever evicted: the flat pool holds every block
 the run computes, the ring pool every ring block, a snapshot for every state named; at least 2x
 the peak), `2x` and `0.7x` the peak working set (the most bytes the running requests' K/V and
@@ -385,6 +386,9 @@ class SchedulerConfig:
     token_budget: int = 4096
     chunk: int = 512
     max_running: int = 128
+    # kvcore's BatchLimits.max_rewind: the serving loop never rewinds (neither does vLLM's
+    # sliding window keep a margin), so ring groups hold W - 1 positions between steps.
+    max_rewind: int = 0
 
     def __post_init__(self) -> None:
         if not self.step_ms > 0:
@@ -529,12 +533,13 @@ def working_set_bytes(model: Model, block: int, lengths: Iterable[int], per_seq_
     return total
 
 
-def ring_blocks_per_seq(model: Model, block: int, chunk: int, capacity: int) -> int:
-    """kvcore's ring pool share of one active sequence: ceil((W + 2C - 1) / B) + 1 blocks, at most
-    a full table (docs/batch.md section 2); 0 without sliding layers."""
+def ring_blocks_per_seq(model: Model, block: int, chunk: int, capacity: int, max_rewind: int) -> int:
+    """kvcore's ring pool share of one active sequence: ceil((W + C + R - 1) / B) + 1 blocks (R the
+    rewind margin), at most a full table (docs/batch.md section 2); 0 without sliding layers."""
     if not model.window:
         return 0
-    return min(-(-(model.window + 2 * chunk - 1) // block) + 1, -(-capacity // block))
+    margin = chunk if max_rewind < 0 else max_rewind
+    return min(-(-(model.window + chunk + margin - 1) // block) + 1, -(-capacity // block))
 
 
 def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: SchedulerConfig,
@@ -549,7 +554,9 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
     max_running = adapter.max_running if adapter is not None else cfg.max_running
     inf = InfiniteCache(block, has_state)
     stop_block = block if has_state else 0
-    per_seq_ring = ring_blocks_per_seq(model, block, cfg.chunk, capacity or 1 << 30)
+    # The peak working set counts a ring's share with a margin of one chunk whatever kvcore's
+    # max_rewind, so the budgets (multiples of it) stay those of earlier runs and both systems'.
+    per_seq_ring = ring_blocks_per_seq(model, block, cfg.chunk, capacity or 1 << 30, -1)
     lives = [Live(r, prompt_tokens(r), np.empty(0, np.int32), r.input_length) for r in trace]
     for lv in lives:
         lv.tokens = lv.prompt
@@ -737,7 +744,7 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
     flat_bpb = model.bytes_per_token("full") * block
     ring_bpb = model.bytes_per_token("sliding") * block
     slot = model.state_bytes
-    per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity)
+    per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity, cfg.max_rewind)
     out: dict[str, Any] = {"flat_bytes_per_block": flat_bpb, "ring_bytes_per_block": ring_bpb,
                            "state_bytes_per_slot": slot, "ring_blocks_per_seq": per_seq,
                            "split": "equal blocks per group" if ring_share is None else f"ring {ring_share}"}
@@ -755,8 +762,8 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
         flat = (budget - max_active * per_seq * ring_bpb) // flat_bpb
     elif slot:
         max_active = cfg.max_running
-        step_slots = cfg.token_budget if step_slots_in_budget else 0
-        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else cfg.token_budget * slot
+        step_slots = state_step_slots(cfg, max_active) if step_slots_in_budget else 0
+        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else state_step_slots(cfg, max_active) * slot
         state_fixed = (max_active + step_slots) * slot
         rest = max(budget - state_fixed, 0)
         if state_share is None:
@@ -778,9 +785,9 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
     out.update({
         "feasible": bool(feasible), "num_blocks_flat": flat, "max_active_seqs": int(max_active),
         "ring_blocks": int(max_active * per_seq), "state_snapshots": int(snapshots),
-        "state_fixed_slots": (max_active + cfg.token_budget) if slot else 0,
+        "state_fixed_slots": (max_active + state_step_slots(cfg, max_active)) if slot else 0,
         "bytes_flat": flat * flat_bpb, "bytes_ring": max_active * per_seq * ring_bpb,
-        "bytes_state": ((max_active + (cfg.token_budget if step_slots_in_budget else 0) + snapshots) * slot)
+        "bytes_state": ((max_active + (state_step_slots(cfg, max_active) if step_slots_in_budget else 0) + snapshots) * slot)
         if slot else 0,
         "table_bytes": n_groups * max_active * -(-capacity // block) * 4,
     })
@@ -802,6 +809,12 @@ def page_groups(model: Model) -> tuple[int, int, int]:
     return p, n_groups, p * per_token
 
 
+def state_step_slots(cfg: SchedulerConfig, max_active: int) -> int:
+    """A State(1) group's spare physical slots: what one step stops naming until it ends,
+    min(max_step_tokens, max_active_seqs x D) (docs/batch.md section 10)."""
+    return min(cfg.token_budget, max_active)
+
+
 def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
                      state_share: float | None, step_slots_in_budget: bool) -> dict[str, Any]:
     p, n_groups, page_token = page_groups(model)
@@ -813,8 +826,8 @@ def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig
     snapshots = 0
     state_fixed = 0
     if slot:
-        step_slots = cfg.token_budget if step_slots_in_budget else 0
-        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else cfg.token_budget * slot
+        step_slots = state_step_slots(cfg, max_active) if step_slots_in_budget else 0
+        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else state_step_slots(cfg, max_active) * slot
         state_fixed = (max_active + step_slots) * slot
         rest = max(budget - state_fixed, 0)
         if state_share is None:
@@ -834,9 +847,9 @@ def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig
     out.update({
         "feasible": bool(num >= 1 and budget >= state_fixed), "num_blocks_flat": num, "num_blocks": num,
         "max_active_seqs": max_active, "ring_blocks": 0, "state_snapshots": int(snapshots),
-        "state_fixed_slots": (max_active + cfg.token_budget) if slot else 0,
+        "state_fixed_slots": (max_active + state_step_slots(cfg, max_active)) if slot else 0,
         "bytes_flat": num * bpb, "bytes_ring": 0,
-        "bytes_state": ((max_active + (cfg.token_budget if step_slots_in_budget else 0) + snapshots) * slot)
+        "bytes_state": ((max_active + (state_step_slots(cfg, max_active) if step_slots_in_budget else 0) + snapshots) * slot)
         if slot else 0,
         "table_bytes": n_groups * max_active * -(-capacity // block) * 4,
     })
@@ -878,7 +891,8 @@ class KvcoreAdapter:
                                     max_active_seqs=self.max_active,
                                     max_step_tokens=cfg.token_budget,
                                     num_blocks=layout["num_blocks_flat"],
-                                    state_snapshots=layout["state_snapshots"])
+                                    state_snapshots=layout["state_snapshots"],
+                                    max_rewind=cfg.max_rewind)
         self.cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=cfg.chunk, batch=limits))
         self.n_groups = self.cache.n_groups
         self.one_pool = "page_layers" in layout
@@ -1287,7 +1301,7 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
     infb = replay(trace, None, cfg, model, capacity=capacity, block=block)
     peak = infb.peak_working_set
     need_blocks = infb.distinct_blocks + infb.peak_running_blocks + 16
-    per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity)
+    per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity, cfg.max_rewind)
     need_active = (-(-need_blocks // per_seq) + cfg.max_running) if per_seq else 0
     need_snap = infb.named_states + cfg.max_running + 16
     if one_pool:  # every group keeps its own copy of each block in the one pool
@@ -1454,6 +1468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--token-budget", type=int, default=SchedulerConfig.token_budget)
     ap.add_argument("--chunk", type=int, default=SchedulerConfig.chunk)
     ap.add_argument("--max-running", type=int, default=SchedulerConfig.max_running)
+    ap.add_argument("--max-rewind", type=int, default=SchedulerConfig.max_rewind,
+                    help="kvcore's rewind margin (BatchLimits.max_rewind; -1: the chunk)")
     ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--vllm-results", help="comma list of earlier --out files: take vLLM's rows from them "
@@ -1468,7 +1484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.limit = args.limit or 200
         args.budgets = "2x"
-    cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running)
+    cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running, args.max_rewind)
     if args.generate:
         trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)
         if args.limit:
