@@ -50,7 +50,8 @@ fraction F, and a ring group's pool, sized by max_active_seqs alone, set max_act
 its share; the scheduler runs at most min(max_running, max_active_seqs).
 A State group owns max_active_seqs x D + min(max_step_tokens, max_active_seqs x D) +
 state_snapshots physical slots (what PagedKVPool allocates; D = 1 here); the first two are taken
-off the top, and the snapshots get by default
+off the top (with the one pool, max_active_seqs is at most what half the budget holds of them:
+the scheduler then runs at most that many), and the snapshots get by default
 one slot per chunk unit of tokens the flat pool holds (`--state-share F`: the fraction F of
 what is left; `--state-step-slots outside` leaves the step's spare slots out of the budget,
 reported apart). The budgets: `ample` (nothing is ever evicted: the flat pool holds every block
@@ -821,6 +822,11 @@ def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig
     bpb = page_token * block
     slot = model.state_bytes
     max_active = cfg.max_running
+    if slot:
+        # Each active sequence fixes D + (at most) D state slots (its own and a step's spare, D = 1
+        # here): sequences the budget can give at most half of itself to, so the pages and the
+        # snapshots keep the other half (the scheduler runs at most this many).
+        max_active = max(1, min(max_active, budget // (2 * 2 * slot)))
     out: dict[str, Any] = {"pool": "one pool (page_layers)", "page_layers": p, "n_groups": n_groups,
                            "bytes_per_block": bpb, "state_bytes_per_slot": slot}
     snapshots = 0
