@@ -14,8 +14,10 @@
 // needs), the PrefixIndex (chained block keys, prompt lookup), the StepState
 // (the begun step: admission, planning, commit and end share one walk), the
 // TableRows (each active sequence's block table row), BatchSizes (the
-// limits checked at create) and one StateGroup per distinct State policy
-// (state_group.h). This class validates each verb and drives the parts.
+// limits checked at create), the GroupLayout (which group each layer is in,
+// fixed at create) and the StateGroups (one StateGroup per distinct State
+// policy, and the rules they add to the verbs). This class validates each
+// verb and drives the parts.
 //
 // State layers (docs/design.md section 9; docs/layer_kinds.md): layers of
 // one State policy (D slots) form a State group, apart from the block groups
@@ -45,10 +47,11 @@
 #include "kvcore/batch/kv_events.h"
 #include "kvcore/batch/parts/batch_sizes.h"
 #include "kvcore/batch/parts/block_group.h"
+#include "kvcore/batch/parts/group_layout.h"
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_admission.h"
 #include "kvcore/batch/parts/sequence_table.h"
-#include "kvcore/batch/parts/state_group.h"
+#include "kvcore/batch/parts/state_groups.h"
 #include "kvcore/batch/parts/step_state.h"
 #include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/buffer.h"
@@ -142,7 +145,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(seqs_.check_active("release_sequence", seq));
     end_step();
     release_from(seq, 0);
-    for (int k = 0; k < n_state_groups_; ++k) states_[k].release(seq);
+    states_.release(seq);
     reset_seq(seq);
     rows_.give(seq);
     return Error::Ok;
@@ -169,7 +172,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     end_step();
     if (seqs_[dst].active) {
       release_from(dst, 0);
-      for (int k = 0; k < n_state_groups_; ++k) states_[k].release(dst);
+      states_.release(dst);
     } else {
       rows_.take(dst);  // a row given back names no state slot
     }
@@ -177,7 +180,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     seqs_.copy_prefix(src, dst, upto);
     const int end_block = ceil_div(upto, block_size_);
     for (int g = 0; g < n_groups_; ++g) groups_[g].share_prefix(seqs_, src, dst, upto, end_block);
-    for (int k = 0; k < n_state_groups_; ++k) states_[k].fork(src, dst, upto);
+    states_.fork(src, dst, upto);
     seqs_[dst].alloc_end = end_block;
     prefix_.inherit(src, dst, upto, s.start == 0 && s.n_holes == 0, groups_.get(), n_groups_);
     return Error::Ok;
@@ -258,8 +261,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     prefix_.set_namespace(seq, prefix_namespace);
     const int hit = longest_hit(tokens, n, prefix_namespace);
     for (int g = 0; g < n_groups_; ++g) groups_[g].adopt(seq, prefix_.prompt_keys(), hit);
-    if (hit > 0)
-      for (int k = 0; k < n_state_groups_; ++k) states_[k].adopt(seq, prefix_.prompt_keys()[hit - 1], hit * block_size_);
+    if (hit > 0) states_.adopt(seq, prefix_.prompt_keys()[hit - 1], hit * block_size_);
     SequenceState& s = seqs_[seq];
     s.length = hit * block_size_;
     s.alloc_end = hit;
@@ -278,7 +280,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Result<BatchStep> begin_step(const StepEntry* entries, int n) noexcept override {
     KVCORE_RETURN_IF_ERROR(step_.check_entries(entries, n, seqs_));
-    KVCORE_RETURN_IF_ERROR(check_state_entries(entries, n));
+    KVCORE_RETURN_IF_ERROR(states_.check_entries(entries, n, seqs_));
     // Judged on the tables as end_step() leaves them: a begun step this one
     // replaces gives back every block it took.
     KVCORE_RETURN_IF_ERROR(step_.admit(entries, n, seqs_, groups_.get()));
@@ -318,7 +320,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(step_.check_accepted(accepted, n));
     if (n_state_groups_ > 0) KVCORE_RETURN_IF_ERROR(step_.check_state_commit(accepted, n));
     const BatchCommit done = step_.commit(seqs_, groups_.get(), prefix_, states_.get());
-    for (int k = 0; k < n_state_groups_; ++k) states_[k].end_step();
+    states_.end_step();
     return done;
   }
 
@@ -334,7 +336,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     rows_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
     if (n_groups_ > 0) pages_.reset();
-    for (int k = 0; k < n_state_groups_; ++k) states_[k].clear();
+    states_.clear();
     events_.push(KVEvent{KVEventKind::Cleared, -1, BlockKey{}, 0, 0, 0});
   }
 
@@ -423,14 +425,14 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_CHECK_OR_RETURN_ERROR(!seqs_[seq].active, InvalidState,
                                  "import: sequence %d is active; release it first", seq);
     KVCORE_RETURN_IF_ERROR(check_row_free("import", seq));
-    KVCORE_RETURN_IF_ERROR(check_state_import(in));
+    KVCORE_RETURN_IF_ERROR(states_.check_import(in, layout_));
     KVCORE_CHECK_OR_RETURN_ERROR(in.length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", in.length, capacity_);
     KVCORE_CHECK_OR_RETURN_ERROR(in.n_holes <= max_holes_, OutOfResources,
                                  "import: %d holes exceed batch.max_holes = %d", in.n_holes, max_holes_);
-    const SequenceAdmission admission(in, block_size_, group_layer_.get());
-    KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layer_group_.get(), [this](int l) {
-      return !layer_configs_[l].policy.holds_keys();  // Shared: its source's; State: check_state_import
+    const SequenceAdmission admission(in, block_size_, layout_.group_layers());
+    KVCORE_RETURN_IF_ERROR(admission.check_layers(n_layers_, layout_.layer_groups(), [this](int l) {
+      return !layout_.config(l).policy.holds_keys();  // Shared: its source's; State: StateGroups::check_import
     }));
     const bool named = in.tokens != nullptr && in.start == 0 && in.n_holes == 0;
     const int hit =
@@ -450,8 +452,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     seqs_.admit(seq, in.length, in.start, in.holes, in.n_holes, admission.ceil_blocks());
     for (int g = 0; g < n_groups_; ++g) admission.share_hit(g, groups_[g], seq, prefix_.prompt_keys(), hit);
     for (int g = 0; g < n_groups_; ++g) admission.fill(g, groups_[g], seq, hit, write_block);
-    for (int k = 0; k < n_state_groups_; ++k)  // the states each State group carries, in fresh slots
-      states_[k].restore(seq, in.length > 0 ? in.held_from(states_[k].first_layer()) : 0, in.length);
+    states_.restore(seq, in);  // the states each State group carries, in fresh slots
     prefix_.set_namespace(seq, in.prefix_namespace);
     if (!named) {
       prefix_.stop(seq);
@@ -467,30 +468,17 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   /// InvalidArgument also for a State layer (it has no block group:
   /// state_group_of() names its State group).
-  Result<int> group_of(int layer) const noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_group_[layer] >= 0, InvalidArgument,
-                                 "group_of(layer = %d): a State layer has no block group (state_group_of(%d) "
-                                 "names its State group)",
-                                 layer, layer);
-    return layer_group_[layer];
-  }
+  Result<int> group_of(int layer) const noexcept override { return layout_.group_of(layer); }
 
-  Result<int> state_group_of(int layer) const noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_state_[layer] >= 0, InvalidArgument,
-                                 "state_group_of(layer = %d): not a State layer (group_of(%d) names its group)",
-                                 layer, layer);
-    return layer_state_[layer];
-  }
+  Result<int> state_group_of(int layer) const noexcept override { return layout_.state_group_of(layer); }
 
   Result<LayerPolicy> state_group_policy(int state_group) const noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    KVCORE_RETURN_IF_ERROR(states_.check_group(state_group));
     return states_[state_group].policy();
   }
 
   Result<int> num_state_slots(int state_group) const noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    KVCORE_RETURN_IF_ERROR(states_.check_group(state_group));
     return states_[state_group].num_slots();
   }
 
@@ -499,29 +487,26 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// it names (-1: none), for tests and tools. InvalidArgument: bad state
   /// group, seq out of range or inactive, slot outside [0, D).
   Result<int> held_state(int state_group, int seq, int slot) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_slot(state_group, seq, slot));
+    KVCORE_RETURN_IF_ERROR(states_.check_slot(state_group, seqs_, max_seqs_, seq, slot));
     return states_[state_group].held(seq, slot);
   }
   Result<int> state_slot(int state_group, int seq, int slot) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_slot(state_group, seq, slot));
+    KVCORE_RETURN_IF_ERROR(states_.check_slot(state_group, seqs_, max_seqs_, seq, slot));
     return states_[state_group].physical(seq, slot);
   }
   /// Named state snapshots `state_group` keeps now (at most
   /// batch.state_snapshots). InvalidArgument: bad state group.
   Result<int> state_snapshots(int state_group) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    KVCORE_RETURN_IF_ERROR(states_.check_group(state_group));
     return states_[state_group].named_count();
   }
   /// Physical slots of `state_group` no sequence names. InvalidArgument: bad state group.
   Result<int> free_state_slots(int state_group) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
+    KVCORE_RETURN_IF_ERROR(states_.check_group(state_group));
     return states_[state_group].free_slots();
   }
 
-  Result<LayerConfig> layer_config(int layer) const noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    return layer_configs_[layer];
-  }
+  Result<LayerConfig> layer_config(int layer) const noexcept override { return layout_.layer_config(layer); }
 
   Result<LayerPolicy> group_policy(int group) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_group(group));
@@ -550,10 +535,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// such layer (by index) that is any group's j-th: every group's blocks come
   /// from one pool, so a block is one page of those layers' memory whichever
   /// group holds it (vLLM's KV cache tensors shared by the groups' layers).
-  Result<int> storage_layer(int layer) const noexcept override {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    return storage_layer_[layer];
-  }
+  Result<int> storage_layer(int layer) const noexcept override { return layout_.storage_layer(layer); }
 
   Result<BatchStepPlan> plan(const BatchStep& step) const noexcept override {
     KVCORE_RETURN_IF_ERROR(step_.check(step));
@@ -586,32 +568,13 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   // Every part, through nothrow new; ~BatchCache frees a partial build.
   Status build(const CacheConfig& cfg) noexcept {
-    layer_configs_ = internal::Buffer<LayerConfig>::make(n_layers_);
-    layer_group_ = internal::Buffer<int>::make(n_layers_);
-    group_layer_ = internal::Buffer<int>::make(n_layers_);    // at worst one group per layer
-    groups_ = internal::Buffer<BlockGroup>::make(n_layers_);
-    layer_state_ = internal::Buffer<int>::make(n_layers_);
-    states_ = internal::Buffer<StateGroup>::make(n_layers_);  // at worst one State group per layer
-    storage_layer_ = internal::Buffer<int>::make(n_layers_);
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_ && layer_group_ && group_layer_ && groups_ && layer_state_ && states_ &&
-                                     storage_layer_,
-                                 MemoryAllocationFailed, "cannot allocate the layer tables of %d layers", n_layers_);
-    for (int l = 0; l < n_layers_; ++l) {
-      layer_configs_[l] = cfg.layer(l);
-      const LayerPolicy& policy = layer_configs_[l].policy;
-      layer_state_[l] = -1;
-      if (policy.kind == LayerPolicy::Kind::State) {  // a State group, no blocks
-        int k = 0;
-        while (k < n_state_groups_ && states_[k].policy() != policy) ++k;
-        if (k == n_state_groups_) states_[n_state_groups_++].set_policy(policy, l);
-        layer_group_[l] = -1;
-        layer_state_[l] = k;
-        continue;
-      }
-      layer_group_[l] = -1;  // a K/V layer's group: form_groups()
-    }
-    KVCORE_RETURN_IF_ERROR(form_groups(cfg.batch.page_layers));
-    KVCORE_RETURN_IF_ERROR(share_storage());
+    KVCORE_RETURN_IF_ERROR(layout_.create(cfg));
+    n_groups_ = layout_.n_groups();
+    n_state_groups_ = layout_.n_state_groups();
+    groups_ = internal::Buffer<BlockGroup>::make(n_groups_ > 0 ? n_groups_ : 1);
+    KVCORE_CHECK_OR_RETURN_ERROR(groups_, MemoryAllocationFailed, "cannot allocate the %d block groups", n_groups_);
+    for (int g = 0; g < n_groups_; ++g) groups_[g].set_policy(layout_.group_policy(g), block_size_, max_step_, max_rewind_);
+    KVCORE_RETURN_IF_ERROR(states_.set_layout(layout_));
     const BatchSizes sizes(cfg, n_groups_);
     KVCORE_RETURN_IF_ERROR(sizes.check_tables());
     KVCORE_ASSIGN_OR_RETURN(const int pages, sizes.pool_blocks(n_groups_, cfg.batch.num_blocks, [this](int g) -> const GroupRule& {
@@ -626,81 +589,12 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
       KVCORE_RETURN_IF_ERROR(groups_[g].create(pages_, g, max_seqs_, rows_, stride_, block_size_));
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
-    for (int k = 0; k < n_state_groups_; ++k)
-      KVCORE_RETURN_IF_ERROR(states_[k].create(rows_, max_step_tokens_, cfg.batch.state_snapshots));
+    KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots));
     const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
     return step_.create(limits, groups_.get(), stride_, states_.get());
   }
 
-  // The block groups: the K/V layers of one policy, in groups of at most
-  // `page_layers` (0: the fewest layers any policy has, vLLM's rule), each
-  // group opened at its first layer; a Shared layer reads its source's group.
-  // Pages of one size (storage_layer_) leave no storage unused when the
-  // groups have one size.
-  Status form_groups(int page_layers) noexcept {
-    auto policy_of = internal::Buffer<int>::make(n_layers_);      // per layer: its policy's index
-    auto first = internal::Buffer<int>::make(n_layers_);          // per policy: its first layer
-    auto count = internal::Buffer<int>::make_zeroed(n_layers_);   // per policy: its layers
-    auto open = internal::Buffer<int>::make(n_layers_);           // per policy: the group filling now
-    auto filled = internal::Buffer<int>::make_zeroed(n_layers_);  // per policy: layers in that group
-    KVCORE_CHECK_OR_RETURN_ERROR(policy_of && first && count && open && filled, MemoryAllocationFailed,
-                                 "cannot allocate the group tables of %d layers", n_layers_);
-    int n_policies = 0;
-    for (int l = 0; l < n_layers_; ++l) {
-      if (!layer_configs_[l].policy.holds_keys()) continue;
-      int c = 0;
-      while (c < n_policies && layer_configs_[first[c]].policy != layer_configs_[l].policy) ++c;
-      if (c == n_policies) first[n_policies++] = l;
-      policy_of[l] = c;
-      ++count[c];
-    }
-    int size = page_layers;
-    if (size == 0)
-      for (int c = 0; c < n_policies; ++c) size = size == 0 || count[c] < size ? count[c] : size;
-    for (int c = 0; c < n_policies; ++c) open[c] = -1;
-    for (int l = 0; l < n_layers_; ++l) {
-      const LayerPolicy& policy = layer_configs_[l].policy;
-      if (policy.kind == LayerPolicy::Kind::Shared) {  // reads its source's group, holds no blocks
-        layer_group_[l] = layer_group_[policy.source];
-        continue;
-      }
-      if (!policy.holds_keys()) continue;
-      const int c = policy_of[l];
-      if (open[c] < 0 || filled[c] == size) {
-        open[c] = n_groups_;
-        filled[c] = 0;
-        group_layer_[n_groups_] = l;
-        groups_[n_groups_++].set_policy(policy, block_size_, max_step_, max_rewind_);
-      }
-      layer_group_[l] = open[c];
-      ++filled[c];
-    }
-    return Error::Ok;
-  }
-
-  // storage_layer_: group g's j-th K/V layer to the first layer that is any
-  // group's j-th (Shared and State layers hold no K/V rows: themselves).
-  Status share_storage() noexcept {
-    auto count = internal::Buffer<int>::make_zeroed(n_groups_ > 0 ? n_groups_ : 1);  // K/V layers per group so far
-    auto first = internal::Buffer<int>::make(n_layers_);                           // slot j: its first layer
-    KVCORE_CHECK_OR_RETURN_ERROR(count && first, MemoryAllocationFailed,
-                                 "cannot allocate the storage tables of %d layers", n_layers_);
-    int slots = 0;
-    for (int l = 0; l < n_layers_; ++l) {
-      storage_layer_[l] = l;
-      if (!layer_configs_[l].policy.holds_keys()) continue;
-      const int j = count[layer_group_[l]]++;
-      if (j == slots) first[slots++] = l;
-      storage_layer_[l] = first[j];
-    }
-    return Error::Ok;
-  }
-
-  Status check_group(int group) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(group >= 0 && group < n_groups_, InvalidArgument,
-                                 "group = %d: must be in [0, n_groups = %d)", group, n_groups_);
-    return Error::Ok;
-  }
+  Status check_group(int group) const noexcept { return layout_.check_group(group); }
   // OutOfResources unless a table row is free for `seq` to become active.
   Status check_row_free(const char* what, int seq) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(rows_.free_rows() > 0, OutOfResources,
@@ -709,95 +603,23 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  what, seq, rows_.rows(), rows_.rows());
     return Error::Ok;
   }
-  Status check_state_group(int state_group) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(state_group >= 0 && state_group < n_state_groups_, InvalidArgument,
-                                 "state_group = %d: must be in [0, n_state_groups = %d)", state_group,
-                                 n_state_groups_);
-    return Error::Ok;
-  }
-  Status check_state_slot(int state_group, int seq, int slot) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_group(state_group));
-    KVCORE_CHECK_OR_RETURN_ERROR(seq >= 0 && seq < max_seqs_ && seqs_[seq].active, InvalidArgument,
-                                 "seq = %d: must be an active sequence in [0, max_seqs = %d)", seq, max_seqs_);
-    const int D = states_[state_group].slots();
-    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < D, InvalidArgument,
-                                 "slot = %d: must be in [0, slots = %d) of state group %d", slot, D, state_group);
-    return Error::Ok;
-  }
-  // An imported sequence on a model with State groups (docs/state.md): it
-  // removed nothing, and the layers of each State group carry the same states
-  // after [held_from, length): the last one and at most D. Changes nothing.
-  Status check_state_import(const SequenceImport& in) const noexcept {
-    if (n_state_groups_ == 0) return Error::Ok;
-    KVCORE_CHECK_OR_RETURN_ERROR(in.start == 0 && in.n_holes == 0, InvalidArgument,
-                                 "import: the model has State layers, and the sequence removed positions (start "
-                                 "%d, %d holes): a recurrent state cannot forget them",
-                                 in.start, in.n_holes);
-    for (int l = 0; l < n_layers_; ++l) {
-      const int k = layer_state_[l];
-      if (k < 0) continue;
-      const int first = states_[k].first_layer(), D = states_[k].slots(), h = in.held_from(l);
-      KVCORE_CHECK_OR_RETURN_ERROR(in.held_from(first) == h && in.sink_end(l) == 0, InvalidArgument,
-                                   "import: State layer %d carries states from %d (sink_end %d), layer %d of its "
-                                   "State group from %d",
-                                   l, h, in.sink_end(l), first, in.held_from(first));
-      const bool ok = in.length == 0 ? h == 0 : h <= in.length - 1 && in.length - h <= D;
-      KVCORE_CHECK_OR_RETURN_ERROR(ok, InvalidArgument,
-                                   "import: State layer %d (slots %d) carries states from %d at length %d: it needs "
-                                   "the last state and at most D",
-                                   l, D, h, in.length);
-    }
-    return Error::Ok;
-  }
-
-  // The State groups' rules for begin_step's entries (checked otherwise):
-  // a verify or tree entry of T > D - 1 is InvalidArgument, a sequence whose
-  // state after length - 1 is not held InvalidState. Changes nothing.
-  Status check_state_entries(const StepEntry* entries, int n) const noexcept {
-    for (int k = 0; k < n_state_groups_; ++k) {
-      const StateGroup& sg = states_[k];
-      for (int i = 0; i < n; ++i) {
-        const StepEntry& e = entries[i];
-        const bool keep_each = e.verify || e.parents != nullptr;
-        KVCORE_CHECK_OR_RETURN_ERROR(
-            !keep_each || e.T <= sg.slots() - 1, InvalidArgument,
-            "begin_step: sequence %d with T = %d: a %s keeps the state after each of its positions, and "
-            "state group %d keeps %d state slots: needs T <= slots - 1 = %d",
-            e.seq, e.T, e.parents != nullptr ? "tree" : "verify step", k, sg.slots(), sg.slots() - 1);
-        const int length = seqs_[e.seq].length;
-        KVCORE_CHECK_OR_RETURN_ERROR(sg.holds(e.seq, length), InvalidState,
-                                     "begin_step: sequence %d at length %d: state group %d no longer holds the "
-                                     "state after position %d (a step begun without verify keeps only its last "
-                                     "state; an aborted step may have written its slot)",
-                                     e.seq, length, k, length - 1);
-      }
-    }
-    return Error::Ok;
-  }
   // The longest prefix hit of tokens[0, n) in blocks (PrefixIndex::longest_hit);
   // it counts only as far as every State group holds a named snapshot of the
   // state after its last block (docs/design.md section 9).
   int longest_hit(const std::int32_t* tokens, int n, std::uint64_t prefix_namespace) const noexcept {
     return prefix_.longest_hit(prefix_namespace, tokens, n, groups_.get(), n_groups_, [this](const BlockKey& key) {
-      for (int k = 0; k < n_state_groups_; ++k)
-        if (!states_[k].named(key)) return false;
-      return true;
+      return states_.named(key);
     });
   }
   // rewind_blocker()'s answer, for messages: "group" or "state group", and its index.
   const char* blocker_kind(int blocking) const noexcept { return blocking < n_groups_ ? "group" : "state group"; }
   int blocker_index(int blocking) const noexcept { return blocking < n_groups_ ? blocking : blocking - n_groups_; }
-  Status check_layer(int layer) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < n_layers_, InvalidArgument,
-                                 "layer = %d: must be in [0, n_layers = %d)", layer, n_layers_);
-    return Error::Ok;
-  }
 
   // Verbs change the tables a plan points into: any begun step is over, and
   // the tables go back to what they were before it (StepState::end).
   void end_step() noexcept {
     step_.end(seqs_, groups_.get());
-    for (int k = 0; k < n_state_groups_; ++k) states_[k].end_step();
+    states_.end_step();
   }
 
   // Empty: no committed position, so no block outside the begun step (whose
@@ -843,9 +665,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int rewind_blocker(int seq, int n) const noexcept {
     for (int g = 0; g < n_groups_; ++g)
       if (groups_[g].loses(seqs_, seq, n)) return g;
-    for (int k = 0; k < n_state_groups_; ++k)
-      if (!states_[k].holds(seq, n)) return n_groups_ + k;
-    return -1;
+    const int k = states_.first_lost(seq, n);
+    return k < 0 ? -1 : n_groups_ + k;
   }
 
   Status truncate(int seq, int n, const char* what) noexcept {
@@ -868,7 +689,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     for (int g = 0; g < n_groups_; ++g)
       if (groups_[g].lost_below(seq) > n) groups_[g].lost_below(seq) = n;
     seqs_.truncate(seq, n);
-    for (int k = 0; k < n_state_groups_; ++k) states_[k].truncate(seq, n);
+    states_.truncate(seq, n);
     // The last, partly kept block goes too when every position it keeps is removed.
     if (n % block_size_ != 0) release_removed(seq, n - n % block_size_, n);
     if (n == 0) {
@@ -894,14 +715,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int max_step_tokens_;
   int n_groups_ = 0;
   int n_state_groups_ = 0;
-  internal::Buffer<LayerConfig> layer_configs_;
-  internal::Buffer<int> layer_group_;
-  internal::Buffer<int> group_layer_;  // per group: its first layer
+  GroupLayout layout_;                   // which group each layer is in
   BlockPool pages_;                      // every group's blocks: one budget
-  internal::Buffer<BlockGroup> groups_;  // the first n_groups_
-  internal::Buffer<int> layer_state_;    // per layer: its State group, -1
-  internal::Buffer<StateGroup> states_;  // the first n_state_groups_
-  internal::Buffer<int> storage_layer_;  // per layer: the layer whose storage its K/V rows share
+  internal::Buffer<BlockGroup> groups_;  // [n_groups_]
+  StateGroups states_;                   // [n_state_groups_]
   SequenceTable seqs_;
   TableRows rows_;  // before groups_ is built; the groups point at it
   PrefixIndex prefix_;
