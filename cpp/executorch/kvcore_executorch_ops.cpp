@@ -1,0 +1,213 @@
+// kvcore_executorch_ops: ExecuTorch's `kvcache::update_and_attend.out` kernel,
+// backed by kvcore (AttendSession: kvcore's planner and byte layer), registered
+// with EXECUTORCH_LIBRARY into the runtime this library is linked against (the
+// executorch wheel's libexecutorch.so). Loading the library registers the
+// kernel: dlopen(RTLD_GLOBAL) into a process running ExecuTorch's Python
+// runtime, or link it (whole) into a C++ runner.
+//
+// The op's schema (the out variant of executorch/extension/llm/cache/update_and_attend.py):
+//   kvcache::update_and_attend.out(Tensor q, Tensor k, Tensor v, Tensor position,
+//       SymInt layer_id, float scale, ScalarType out_dtype, *, Tensor(a!) out) -> Tensor(a!)
+//
+// The cache the op serves is process-global and configured through the C API
+// below (kvcore_et_configure, from the program's kvcore metadata: see
+// python/kvcore/integrations/executorch_runtime.py). Errors are returned to the
+// runtime as ExecuTorch Errors (ctx.fail: the method's execute returns it) with
+// kvcore's message sent to ET_LOG and kept for kvcore_et_last_error().
+//
+// Supported now: batch 1, float32 q/k/v/out, Flat, Ring (with sinks), Chunked
+// and Shared layers. Built with -fno-exceptions -fno-rtti; a step allocates nothing.
+#include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/kernel/kernel_includes.h>
+#include <executorch/runtime/platform/log.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "attend_session.h"
+#include "kvcore/adapters/executorch.h"
+
+#define KVCORE_ET_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using ::executorch::aten::ScalarType;
+using ::executorch::aten::SizesType;
+using ::executorch::aten::Tensor;
+using ::executorch::runtime::Error;
+using ::executorch::runtime::KernelRuntimeContext;
+using kvcore::Status;
+using kvcore::et::AttendSession;
+
+std::unique_ptr<AttendSession> g_session;  // the cache the op serves (null: not configured)
+kvcore::Message g_last_error;              // the message of the last failure, for kvcore_et_last_error()
+
+// Keeps `status`'s message, logs it (ET_LOG, Error) and returns its ExecuTorch code.
+Error report(const Status& status) noexcept {
+  g_last_error = status.message();
+  return kvcore::et::to_executorch(status);
+}
+
+Status check_tensor(const Tensor& t, const char* name, int dims) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(t.scalar_type() == ScalarType::Float, NotSupported,
+                               "update_and_attend: %s is %s: kvcore's kernel takes float32 only (bfloat16 and "
+                               "int8 are not built yet)",
+                               name, ::executorch::runtime::toString(t.scalar_type()));
+  KVCORE_CHECK_OR_RETURN_ERROR(t.dim() == dims, InvalidArgument, "update_and_attend: %s has %d dims, needs %d",
+                               name, static_cast<int>(t.dim()), dims);
+  KVCORE_CHECK_OR_RETURN_ERROR(::executorch::runtime::tensor_is_default_dim_order(t), NotSupported,
+                               "update_and_attend: %s is not contiguous in its default dim order", name);
+  return kvcore::Error::Ok;
+}
+
+// Checks the op's operands against the session, resizes `out`, runs the layer.
+Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& position, std::int64_t layer_id,
+           double scale, ScalarType out_dtype, Tensor& out) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(g_session != nullptr, InvalidState,
+                               "update_and_attend: no kvcore cache is configured: call kvcore_et_configure "
+                               "(kvcore.integrations.executorch_runtime.configure) with the program's metadata "
+                               "before running it");
+  AttendSession& s = *g_session;
+  KVCORE_CHECK_OR_RETURN_ERROR(layer_id >= 0 && layer_id < s.n_layers(), InvalidArgument,
+                               "update_and_attend: layer_id = %d: must be in [0, n_layers = %d) of the configured "
+                               "cache",
+                               static_cast<long long>(layer_id), s.n_layers());
+  KVCORE_RETURN_IF_ERROR(check_tensor(q, "q", 4));
+  KVCORE_RETURN_IF_ERROR(check_tensor(k, "k", 4));
+  KVCORE_RETURN_IF_ERROR(check_tensor(v, "v", 4));
+  KVCORE_RETURN_IF_ERROR(check_tensor(out, "out", 4));
+  KVCORE_CHECK_OR_RETURN_ERROR(out_dtype == ScalarType::Float, NotSupported,
+                               "update_and_attend: out_dtype %s: kvcore's kernel writes float32 only",
+                               ::executorch::runtime::toString(out_dtype));
+  KVCORE_CHECK_OR_RETURN_ERROR(q.size(0) == 1 && k.size(0) == 1 && v.size(0) == 1, NotSupported,
+                               "update_and_attend: batch %d: kvcore's kernel serves one sequence (batch 1)",
+                               static_cast<int>(q.size(0)));
+  const int layer = static_cast<int>(layer_id);
+  const kvcore::LayerConfig& lc = s.layer_config(layer);
+  const int T = static_cast<int>(q.size(2));
+  KVCORE_CHECK_OR_RETURN_ERROR(
+      k.size(1) == lc.n_kv_heads && k.size(2) == T && k.size(3) == lc.head_dim && q.size(3) == lc.head_dim &&
+          v.size(1) == lc.n_kv_heads && v.size(2) == T && v.size(3) == lc.value_dim(),
+      InvalidArgument,
+      "update_and_attend: layer %d: q [1, %d, %d, %d], k [1, %d, %d, %d], v [1, %d, %d, %d] do not match the "
+      "configured n_kv_heads = %d, head_dim = %d, v_head_dim = %d",
+      layer, static_cast<int>(q.size(1)), T, static_cast<int>(q.size(3)), static_cast<int>(k.size(1)),
+      static_cast<int>(k.size(2)), static_cast<int>(k.size(3)), static_cast<int>(v.size(1)),
+      static_cast<int>(v.size(2)), static_cast<int>(v.size(3)), lc.n_kv_heads, lc.head_dim, lc.value_dim());
+  KVCORE_CHECK_OR_RETURN_ERROR(position.dim() == 2 && position.size(0) == T && position.size(1) >= 1 &&
+                                   ::executorch::runtime::tensor_is_default_dim_order(position),
+                               InvalidArgument,
+                               "update_and_attend: position must be a contiguous [q_len = %d, n] tensor", T);
+  KVCORE_CHECK_OR_RETURN_ERROR(position.scalar_type() == ScalarType::Long, NotSupported,
+                               "update_and_attend: position is %s: kvcore's kernel takes int64 positions",
+                               ::executorch::runtime::toString(position.scalar_type()));
+  const SizesType sizes[4] = {1, static_cast<SizesType>(q.size(1)), static_cast<SizesType>(T),
+                              static_cast<SizesType>(lc.value_dim())};
+  const Error resized = ::executorch::runtime::resize_tensor(out, {sizes, 4});
+  KVCORE_CHECK_OR_RETURN_ERROR(resized == Error::Ok, InvalidArgument,
+                               "update_and_attend: out cannot be resized to [1, %d, %d, %d] (its upper bound "
+                               "is smaller)",
+                               static_cast<int>(sizes[1]), T, lc.value_dim());
+  return s.update_and_attend(layer, q.const_data_ptr<float>(), static_cast<int>(q.size(1)),
+                             k.const_data_ptr<float>(), v.const_data_ptr<float>(),
+                             position.const_data_ptr<std::int64_t>(), static_cast<int>(position.size(1)), T,
+                             static_cast<float>(scale), out.mutable_data_ptr<float>());
+}
+
+/// `kvcache::update_and_attend.out`: writes this forward's K/V of `layer_id`
+/// into kvcore's cache and attends `q` over what each query may see, into `out`
+/// ([1, H_q, q_len, v_head_dim], float32). A failure sets the context's failure
+/// state to kvcore's code (InvalidArgument, InvalidState, NotSupported,
+/// OutOfResources ...) and logs kvcore's message; the forward's step is aborted.
+Tensor& update_and_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& position, std::int64_t layer_id, double scale, ScalarType out_dtype,
+                              Tensor& out) {
+  const Status status = run(q, k, v, position, layer_id, scale, out_dtype, out);
+  if (!status.ok()) ctx.fail(report(status));
+  return out;
+}
+
+}  // namespace
+
+EXECUTORCH_LIBRARY(kvcache, "update_and_attend.out", update_and_attend_out);
+
+/// Layer kinds of kvcore_et_configure's `kinds` (kvcore::LayerPolicy::Kind).
+/// 0 Flat, 1 Ring (window, sinks), 2 Chunked (window = chunk), 3 Shared (source).
+///
+/// Configures (or replaces) the cache the op serves: `n_layers` layers, each
+/// `kinds[l]` with `windows[l]`, `sinks[l]`, `sources[l]` (null arrays: zeros),
+/// `n_kv_heads` x `head_dim` keys and `v_head_dim` (0: head_dim) values per
+/// token, float32; `capacity` positions at most; `max_step` tokens per forward
+/// at most (0: min(512, capacity)). Allocates every layer's rows now (a ring
+/// layer holds window + max_step - 1 rows). Returns 0 (Ok) or ExecuTorch's /
+/// kvcore's error code (InvalidArgument 0x12: the message, from
+/// kvcore_et_last_error(), names the field and the rule; MemoryAllocationFailed
+/// 0x21); on error the previous cache is kept.
+KVCORE_ET_API int kvcore_et_configure(int n_layers, const int* kinds, const int* windows, const int* sinks,
+                                      const int* sources, int n_kv_heads, int head_dim, int v_head_dim,
+                                      int capacity, int max_step) {
+  if (n_layers < 1 || n_layers > kvcore::CacheConfig::kMaxLayers || kinds == nullptr) {
+    return static_cast<int>(report(Status::make(kvcore::Error::InvalidArgument,
+                                                "kvcore_et_configure: n_layers = %d: must be in [1, %d] with "
+                                                "a kinds array",
+                                                n_layers, kvcore::CacheConfig::kMaxLayers)));
+  }
+  kvcore::CacheConfig config;
+  config.capacity = capacity;
+  config.n_layers = n_layers;
+  config.max_step = max_step;
+  config.initial_capacity = capacity > 0 ? capacity : 1;
+  config.layers.resize(static_cast<std::size_t>(n_layers));  // configuration time: may allocate
+  for (int l = 0; l < n_layers; ++l) {
+    kvcore::LayerConfig& lc = config.layers[static_cast<std::size_t>(l)];
+    lc.policy.kind = static_cast<kvcore::LayerPolicy::Kind>(kinds[l]);
+    lc.policy.window = windows ? windows[l] : 0;
+    lc.policy.sinks = sinks ? sinks[l] : 0;
+    lc.policy.source = sources ? sources[l] : 0;
+    lc.n_kv_heads = n_kv_heads;
+    lc.head_dim = head_dim;
+    lc.v_head_dim = v_head_dim;
+  }
+  auto made = AttendSession::create(config);
+  if (!made.ok()) return static_cast<int>(report(made.status()));
+  g_session = std::move(made).get();
+  g_last_error = kvcore::Message{};
+  return 0;
+}
+
+/// Length 0: the next forward starts at position 0. 0, or InvalidState (0x2)
+/// when no cache is configured.
+KVCORE_ET_API int kvcore_et_reset(void) {
+  if (!g_session) return static_cast<int>(report(Status::make(kvcore::Error::InvalidState, "kvcore_et_reset: no cache configured")));
+  g_session->reset();
+  return 0;
+}
+
+/// Back to `length` tokens (speculative decoding's rewind). 0, or kvcore's code
+/// (InvalidArgument: outside [0, length]; InvalidState: a ring layer no longer
+/// holds that history, or no cache configured); nothing changes on error.
+KVCORE_ET_API int kvcore_et_rewind(int length) {
+  if (!g_session) return static_cast<int>(report(Status::make(kvcore::Error::InvalidState, "kvcore_et_rewind: no cache configured")));
+  const Status status = g_session->rewind(length);
+  return status.ok() ? 0 : static_cast<int>(report(status));
+}
+
+/// The committed length (positions cached), or -1 when no cache is configured.
+KVCORE_ET_API int kvcore_et_length(void) { return g_session ? g_session->length() : -1; }
+
+/// Bytes of the configured cache's K/V arena (allocated once), or 0 when none.
+KVCORE_ET_API long long kvcore_et_nbytes(void) {
+  return g_session ? static_cast<long long>(g_session->arena_bytes()) : 0;
+}
+
+/// The message of the last failure (configure, rewind or the op), "" when the
+/// last configure succeeded and nothing failed since. Valid until the next call.
+KVCORE_ET_API const char* kvcore_et_last_error(void) { return g_last_error.c_str(); }
+
+/// Drops the configured cache (its memory goes back); the op then fails with
+/// InvalidState until kvcore_et_configure is called again.
+KVCORE_ET_API void kvcore_et_release(void) { g_session.reset(); }
