@@ -511,9 +511,14 @@ TEST(BatchBruteForce, RandomWorkloadsMatchTheModel) {
   }
   if (seeds.first == seeds.last) return;  // one seed: no totals to hold
   std::printf("%d steps checked, %d prefix hits, %d steps refused for want of blocks; chunked: %d prefix hits, %d "
-              "checks with released blocks; %d steps with a shared layer\n",
-              steps, hits, exhausted, chunked_hits, chunked_released, shared_steps);
-  // The workloads reach what they are for.
+              "checks with released blocks; %d steps with a shared layer; %d KV events\n",
+              steps, hits, exhausted, chunked_hits, chunked_released, shared_steps, events);
+  // The workloads reach what they are for. Measured over the 300 seeds (2026-12-06, support/uniform.h's
+  // draws, the same on every standard library): 23,599 steps, 1,610 prefix hits, 1,755 steps refused
+  // for want of blocks, 526 chunked hits, 17,286 checks with released chunked blocks, 9,635 steps with a
+  // shared layer, 42,539 KV events. The steps' floor is the tightest (85% of the count: 41% of the
+  // 90,000 ops roll a step, and about 64% of those are checked, the rest find no active sequence or
+  // are refused); the others sit at a third of their count or lower.
   EXPECT_GT(steps, 20000);
   EXPECT_GT(hits, 500);
   EXPECT_GT(exhausted, 100);
