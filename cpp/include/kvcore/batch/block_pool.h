@@ -57,12 +57,12 @@ class BlockPool {
     auto prev = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
     auto keys = internal::Buffer<BlockKey>::make(n_blocks);
     auto spans = internal::Buffer<KeySpan>::make(n_blocks);
-    auto keyed = internal::Buffer<bool>::make_zeroed(n_blocks);
+    auto keyed = internal::Buffer<std::uint8_t>::make_zeroed(n_blocks);
     auto cached = internal::Buffer<int>::make_zeroed(n_groups);
     auto held = internal::Buffer<int>::make_zeroed(n_groups);
     std::int64_t n_slots = 2;
     while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
-    auto slots = internal::Buffer<int>::make(n_slots);
+    auto slots = internal::Buffer<Slot>::make(n_slots);
     KVCORE_CHECK_OR_RETURN_ERROR(
         refs && owner && heap && next && prev && keys && spans && keyed && cached && held && slots,
         MemoryAllocationFailed, "cannot allocate the block tables of %s (%d blocks)", what, n_blocks);
@@ -88,7 +88,7 @@ class BlockPool {
   void reset() noexcept {
     for (int b = 0; b < n_blocks_; ++b) {
       refs_[b] = 0;
-      keyed_[b] = false;
+      keyed_[b] = kUnkeyed;
       heap_[b] = b;  // ascending: already a min-heap
     }
     for (int g = 0; g < n_groups_; ++g) cached_of_[g] = held_of_[g] = 0;
@@ -96,7 +96,7 @@ class BlockPool {
     next_[n_blocks_] = prev_[n_blocks_] = n_blocks_;
     cached_ = 0;
     used_ = 0;
-    for (int i = 0; i <= slot_mask_; ++i) slots_[i] = -1;
+    for (int i = 0; i <= slot_mask_; ++i) slots_[i] = Slot{};
   }
 
   /// Tells `events` (null: nobody) when a key enters or leaves a group, whose
@@ -119,7 +119,7 @@ class BlockPool {
   /// One past the highest block some sequence holds: every held block is below it.
   int used_blocks() const noexcept { return used_; }
   int refs(int block) const noexcept { return refs_[block]; }
-  bool keyed(int block) const noexcept { return keyed_[block]; }
+  bool keyed(int block) const noexcept { return keyed_[block] != kUnkeyed; }
   const BlockKey& key(int block) const noexcept { return keys_[block]; }
 
   /// Takes the lowest free block without a key, else the least recently
@@ -166,8 +166,9 @@ class BlockPool {
     if (--refs_[block] != 0) return;
     const int g = owner_[block];
     --held_of_[g];
-    if (keyed_[block]) {
-      const int older = find_cached(keys_[block], g, block);
+    if (keyed_[block] != kUnkeyed) {
+      // Only a block that met a twin when keyed can have a cached copy to give back.
+      const int older = keyed_[block] == kTwin ? find_cached(keys_[block], g, block) : -1;
       if (older >= 0) {
         unlink(older);
         --cached_;
@@ -190,15 +191,23 @@ class BlockPool {
   /// `ns` (it holds positions [index * B, (index + 1) * B)); false (nothing
   /// changes) when this one has a key already.
   bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
-    if (keyed_[block]) return false;
+    if (keyed_[block] != kUnkeyed) return false;
     const int g = owner_[block];
-    if (events_ != nullptr && find(key, g) < 0) events_->push(event(KVEventKind::Stored, g, key, ns, index));
-    int i = home(key, g);
-    while (slots_[i] >= 0) i = (i + 1) & slot_mask_;
-    slots_[i] = block;
+    // One walk of the key's cluster: is the key there already (for the event),
+    // and the empty slot that ends it.
+    const std::uint32_t t = tag(key, g);
+    bool known = false;
+    int i = home(t);
+    for (; slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
+      if (!is(slots_[i], t, key, g)) continue;
+      known = true;
+      keyed_[slots_[i].block] = kTwin;  // its release must look for this copy
+    }
+    if (events_ != nullptr && !known) events_->push(event(KVEventKind::Stored, g, key, ns, index));
+    slots_[i] = Slot{block, t};
     keys_[block] = key;
     spans_[block] = KeySpan{ns, index};
-    keyed_[block] = true;
+    keyed_[block] = known ? kTwin : kKeyed;
     return true;
   }
 
@@ -207,9 +216,10 @@ class BlockPool {
   /// when none.
   int find(const BlockKey& key, int group = 0) const noexcept {
     int held = -1, cached = -1;
-    for (int i = home(key, group); slots_[i] >= 0; i = (i + 1) & slot_mask_) {
-      const int b = slots_[i];
-      if (keys_[b] != key || owner_[b] != group) continue;
+    const std::uint32_t t = tag(key, group);
+    for (int i = home(t); slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
+      if (!is(slots_[i], t, key, group)) continue;
+      const int b = slots_[i].block;
       if (refs_[b] == 0) cached = b;
       else if (held < 0 || b < held) held = b;
     }
@@ -219,12 +229,12 @@ class BlockPool {
   /// Forgets a block's key (its rows are about to change). Precondition: the
   /// block is held, or is being reclaimed by allocate().
   void drop_key(int block) noexcept {
-    if (!keyed_[block]) return;
-    int i = home(keys_[block], owner_[block]);
-    while (slots_[i] != block) i = (i + 1) & slot_mask_;
+    if (keyed_[block] == kUnkeyed) return;
+    int i = home(tag(keys_[block], owner_[block]));
+    while (slots_[i].block != block) i = (i + 1) & slot_mask_;
     // Linear probing's backward-shift deletion: no tombstones, lookups stay short.
-    for (int j = (i + 1) & slot_mask_; slots_[j] >= 0; j = (j + 1) & slot_mask_) {
-      const int home_j = home(keys_[slots_[j]], owner_[slots_[j]]);
+    for (int j = (i + 1) & slot_mask_; slots_[j].block >= 0; j = (j + 1) & slot_mask_) {
+      const int home_j = home(slots_[j].tag);
       // Move slots_[j] into the hole at i unless its home lies in (i, j].
       const bool home_between = i <= j ? (home_j > i && home_j <= j) : (home_j > i || home_j <= j);
       if (!home_between) {
@@ -232,8 +242,8 @@ class BlockPool {
         i = j;
       }
     }
-    slots_[i] = -1;
-    keyed_[block] = false;
+    slots_[i] = Slot{};
+    keyed_[block] = kUnkeyed;
     const int g = owner_[block];
     if (events_ != nullptr && find(keys_[block], g) < 0)  // no other block of the group carries it
       events_->push(event(KVEventKind::Evicted, g, keys_[block], spans_[block].ns, spans_[block].index));
@@ -241,6 +251,9 @@ class BlockPool {
 
  private:
   static constexpr std::uint64_t kGroupSpread = 0x9e3779b97f4a7c15u;
+  // A block's key state: none; a key; a key another block of its group carried
+  // too when either was keyed (only then may release() find a cached copy).
+  static constexpr std::uint8_t kUnkeyed = 0, kKeyed = 1, kTwin = 2;
 
   // What a key names besides its hash: the namespace and the block index.
   struct KeySpan {
@@ -248,11 +261,25 @@ class BlockPool {
     int index = 0;
   };
 
-  // The key table's first slot for `key` in `group` (groups hold the same
-  // keys: each starts elsewhere).
-  int home(const BlockKey& key, int group) const noexcept {
+  // A slot of the key table: a block and its key's tag in its group (-1: empty).
+  // Probes compare tags, so a cluster is walked without reading other blocks'
+  // keys (one cache line holds eight slots).
+  struct Slot {
+    int block = -1;
+    std::uint32_t tag = 0;
+  };
+
+  // The tag of `key` in `group`: its low bits are the key's home slot (groups
+  // hold the same keys: each starts elsewhere), all 32 filter the probes.
+  static std::uint32_t tag(const BlockKey& key, int group) noexcept {
     const std::uint64_t spread = static_cast<std::uint64_t>(static_cast<std::uint32_t>(group)) * kGroupSpread;
-    return static_cast<int>((key.lo + spread) & static_cast<std::uint64_t>(slot_mask_));
+    return static_cast<std::uint32_t>(key.lo + spread);
+  }
+  // The first slot a key of tag t probes.
+  int home(std::uint32_t t) const noexcept { return static_cast<int>(t & static_cast<std::uint32_t>(slot_mask_)); }
+  // Does `slot` hold a block of `group` whose content has `key` (tag t)?
+  bool is(const Slot& slot, std::uint32_t t, const BlockKey& key, int group) const noexcept {
+    return slot.tag == t && keys_[slot.block] == key && owner_[slot.block] == group;
   }
 
   KVEvent event(KVEventKind kind, int group, const BlockKey& key, std::uint64_t ns, int index) const noexcept {
@@ -262,9 +289,10 @@ class BlockPool {
   // The free block of `group` other than `except` carrying `key`, or -1
   // (release() keeps at most one).
   int find_cached(const BlockKey& key, int group, int except) const noexcept {
-    for (int i = home(key, group); slots_[i] >= 0; i = (i + 1) & slot_mask_) {
-      const int b = slots_[i];
-      if (b != except && refs_[b] == 0 && owner_[b] == group && keys_[b] == key) return b;
+    const std::uint32_t t = tag(key, group);
+    for (int i = home(t); slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
+      const int b = slots_[i].block;
+      if (b != except && is(slots_[i], t, key, group) && refs_[b] == 0) return b;
     }
     return -1;
   }
@@ -321,10 +349,10 @@ class BlockPool {
   internal::Buffer<int> prev_;
   internal::Buffer<BlockKey> keys_;
   internal::Buffer<KeySpan> spans_;
-  internal::Buffer<bool> keyed_;
+  internal::Buffer<std::uint8_t> keyed_;  // kUnkeyed, kKeyed or kTwin
   internal::Buffer<int> cached_of_;  // per group: its cached blocks
   internal::Buffer<int> held_of_;    // per group: its held blocks
-  internal::Buffer<int> slots_;  // open addressing by home(key, owner): block ids, -1 empty
+  internal::Buffer<Slot> slots_;  // open addressing from tag(key, owner) & slot_mask_
 };
 
 /// One group's view of the BlockPool: every call names the group.
