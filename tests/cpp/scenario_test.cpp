@@ -120,10 +120,11 @@ TEST(Scenarios, Scenario2_RingW4C1DecodeWrapsIntoTwoRuns) {
     EXPECT_EQ(p.read[p.n_read - 1].end_pos(), P + 1);
     EXPECT_EQ(p.write[0], (kvcore::Run{P % W, 1, P}));
     if (p.n_read == 2) ++two_run_reads;
-    EXPECT_LE(p.n_read, 2);
+    EXPECT_LE(p.n_read, 2);  // no sinks: the window wraps at most once (docs/design.md section 2)
   }
-  // The window wraps unless it starts on row 0: positions P-3..P with P % 4 != 3.
-  EXPECT_GT(two_run_reads, 10);
+  // The window wraps unless it starts on row 0: positions P-3..P with P % 4 != 3. Derived: of
+  // P = 0..20, the full windows (P >= 3: 18) less those starting on row 0 (P = 3, 7, 11, 15, 19).
+  EXPECT_EQ(two_run_reads, 18 - 5);
 }
 
 TEST(Scenarios, Scenario3_RingW4C4ChunkAfterWrapReadsSevenFreshPositions) {
@@ -142,7 +143,9 @@ TEST(Scenarios, Scenario3_RingW4C4ChunkAfterWrapReadsSevenFreshPositions) {
     // W - 1 + T = 7 positions once the window reaches back past position 0.
     EXPECT_EQ(plans[0].read_len(), P >= W - 1 ? W - 1 + C : P + C) << "P " << P;
   }
-  EXPECT_GT(cache->length(), W + C - 1);  // wrapped more than once
+  // 8 chunks of C = 32 positions through W + C - 1 = 7 rows: wrapped more than once.
+  EXPECT_EQ(cache->length(), 8 * C);
+  EXPECT_GT(cache->length(), W + C - 1);
 }
 
 TEST(Scenarios, Scenario4_PromptLongerThanWindowFedInMaxStepChunks) {
@@ -186,6 +189,8 @@ TEST(Scenarios, Scenario5_SinksPlusWindowUpToThreeRunsSinksNeverEvicted) {
       for (int i = 0; i < p.n_write && P >= S; ++i) EXPECT_GE(p.write[i].row, S);
       if (p.n_read == 3) ++three_runs;
     }
+    // No draw: measured 41 reads of three runs with C = 1 and 17 with C = 3 (2026-12-06); the
+    // floor asks only that the path (sinks, then a wrapped window) is reached for each C.
     EXPECT_GT(three_runs, 0) << "C " << C;
   }
 }
