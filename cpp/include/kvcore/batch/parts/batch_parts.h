@@ -61,8 +61,9 @@ class BatchParts {
     KVCORE_RETURN_IF_ERROR(layout_.create(cfg));
     n_groups_ = layout_.n_groups();
     n_state_groups_ = layout_.n_state_groups();
-    groups_ = internal::Buffer<BlockGroup>::make(n_groups_ > 0 ? n_groups_ : 1);
-    KVCORE_CHECK_OR_RETURN_ERROR(groups_, MemoryAllocationFailed, "cannot allocate the %d block groups", n_groups_);
+    groups_ = internal::Buffer<BlockGroup>::make(n_groups_ > 0 ? n_groups_ : 1);  // the last of the layer tables
+    KVCORE_CHECK_OR_RETURN_ERROR(groups_, MemoryAllocationFailed, "cannot allocate the layer tables of %d layers",
+                                 n_layers_);
     for (int g = 0; g < n_groups_; ++g) groups_[g].set_policy(layout_.group_policy(g), block_size_, max_step_, max_rewind_);
     KVCORE_RETURN_IF_ERROR(states_.set_layout(layout_));
     const BatchSizes sizes(cfg, n_groups_);

@@ -32,11 +32,13 @@ class StateGroups {
   StateGroups& operator=(const StateGroups&) = delete;
 
   /// One StateGroup per State group of `layout`, with its policy and first
-  /// layer; no slot table yet (create()). MemoryAllocationFailed: nothing is kept.
+  /// layer; no slot table yet (create()). MemoryAllocationFailed (the cache's
+  /// layer tables): nothing is kept.
   Status set_layout(const GroupLayout& layout) noexcept {
     const int n = layout.n_state_groups();
     auto groups = internal::Buffer<StateGroup>::make(n > 0 ? n : 1);
-    KVCORE_CHECK_OR_RETURN_ERROR(groups, MemoryAllocationFailed, "cannot allocate the %d State groups", n);
+    KVCORE_CHECK_OR_RETURN_ERROR(groups, MemoryAllocationFailed, "cannot allocate the layer tables of %d layers",
+                                 layout.n_layers());  // the cache's layer tables, as GroupLayout's
     groups_ = std::move(groups);
     for (int k = 0; k < n; ++k) groups_[k].set_policy(layout.config(layout.state_layer(k)).policy, layout.state_layer(k));
     n_ = n;
