@@ -3,12 +3,16 @@
 // arena mode), attending in float32. It knows nothing of ExecuTorch: the kernel
 // (kvcore_executorch_ops.cpp) hands it raw pointers, and tests can drive it alone.
 //
-// A forward is one kvcore step, as in python/kvcore/forward_step.py: layer 0
-// begins it (its positions must be the sequence's length onwards), every layer is
-// then served once with the same tokens, and the last layer served commits it.
-// Layer 0 arriving again before the forward completed restarts it (the retry path).
-// An error while a layer is served aborts the step: the length is as before the
-// forward. Everything is allocated by create(); a step allocates nothing.
+// A forward is one kvcore step: layer 0 begins it (its positions must be the
+// sequence's length onwards), every layer is then served once with the same
+// tokens. Once every layer is served the forward is complete, and it is
+// committed by what comes next: the next forward's layer 0, rewind(), reset() or
+// settle(). Until then an error aborts it, so a program calling a layer the
+// cache does not have (its metadata disagrees with the cache) changes nothing,
+// even after the cache's last layer was served. Layer 0 arriving again before
+// the forward completed restarts it (the retry path). An error while a layer is
+// served aborts the step: the length is as before the forward.
+// Everything is allocated by create(); a step allocates nothing.
 // Not thread-safe: one runtime thread drives a session.
 #pragma once
 
@@ -98,8 +102,10 @@ class AttendSession {
   /// ([n_q_heads, T, head_dim]) over what each query may see (kvcore's
   /// visibility rule) with softmax scale `scale`, into `out` ([n_q_heads, T,
   /// v_head_dim]). `positions[i * position_stride]` is token i's position.
-  /// Errors (the step is aborted: the length is as before the forward):
-  /// InvalidArgument: `layer` outside [0, n_layers); T outside [1, max_step];
+  /// After the last layer the forward is complete; the next forward's layer 0
+  /// (or settle, rewind, reset) commits it.
+  /// Errors (the forward, under way or complete, is aborted: the length is as
+  /// before it): InvalidArgument: `layer` outside [0, n_layers); T outside [1, max_step];
   /// n_q_heads not a positive multiple of the layer's n_kv_heads; on layer 0,
   /// positions not length .. length + T - 1; on a later layer, another T or other
   /// positions than layer 0's. InvalidState: a later layer with no forward under
@@ -108,9 +114,12 @@ class AttendSession {
   Status update_and_attend(int layer, const float* q, int n_q_heads, const float* k, const float* v,
                            const std::int64_t* positions, int position_stride, int T, float scale,
                            float* out) noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < n_layers_, InvalidArgument,
-                                 "layer_id = %d: must be in [0, n_layers = %d)", layer, n_layers_);
+    if (layer < 0 || layer >= n_layers_) {
+      return fail(Status::make(Error::InvalidArgument, "layer_id = %d: must be in [0, n_layers = %d)", layer,
+                               n_layers_));
+    }
     if (layer == 0) {
+      if (complete_) KVCORE_RETURN_IF_ERROR(settle());
       if (active_) (void)end_step(/*commit=*/false);  // a restarted forward
       KVCORE_RETURN_IF_ERROR(begin(positions, position_stride, T));
     } else {
@@ -127,29 +136,43 @@ class AttendSession {
     const Status done = serve(layer, q, n_q_heads, k, v, T, scale, out);
     if (!done.ok()) return fail(done);
     served_[layer] = true;
-    if (++n_served_ == n_layers_) return end_step(/*commit=*/true);
+    if (++n_served_ == n_layers_) complete_ = true;  // committed by what comes next
     return Error::Ok;
   }
 
-  /// Committed length: positions 0 .. length - 1 are cached.
-  int length() const noexcept { return cache_->length(); }
+  /// Commits a complete forward (every layer served); nothing to do otherwise.
+  /// Errors: kvcore's commit (none expected for a step it began).
+  Status settle() noexcept {
+    if (!complete_) return Error::Ok;
+    return end_step(/*commit=*/true);
+  }
+
+  /// Aborts the forward under way or complete but not yet committed: the
+  /// length is as before it. For an error the op met before reaching the session.
+  void abort_forward() noexcept {
+    if (active_) (void)end_step(/*commit=*/false);
+  }
+
+  /// Positions cached: the committed length, plus a complete forward's tokens.
+  int length() const noexcept { return cache_->length() + (complete_ ? step_.T : 0); }
   /// Layers of the config.
   int n_layers() const noexcept { return n_layers_; }
   /// The most tokens one forward may carry.
   int max_step() const noexcept { return max_step_; }
   /// Largest logical length.
   int capacity() const noexcept { return cache_->capacity(); }
-  /// True while a forward is under way (begun by layer 0, not yet committed).
-  bool in_forward() const noexcept { return active_; }
+  /// True while a forward is under way (begun by layer 0, not every layer served yet).
+  bool in_forward() const noexcept { return active_ && !complete_; }
   /// Bytes of the K/V arena (every layer's rows at full size), allocated once.
   std::size_t arena_bytes() const noexcept { return arena_bytes_; }
   /// The layer's shape (policy as configured, heads, dims). Precondition: 0 <= layer < n_layers.
   const LayerConfig& layer_config(int layer) const noexcept { return shape_[layer]; }
 
   /// Back to `n` tokens (speculative decoding; a ring layer keeps max_step tokens
-  /// of rewind). Ends a forward under way. InvalidArgument: n outside [0, length];
+  /// of rewind). Commits a complete forward first; aborts one under way. InvalidArgument: n outside [0, length];
   /// InvalidState: a ring or chunked layer no longer holds what a query at n needs.
   Status rewind(int n) noexcept {
+    KVCORE_RETURN_IF_ERROR(settle());
     if (active_) (void)end_step(/*commit=*/false);
     return cache_->rewind(n);
   }
@@ -280,6 +303,7 @@ class AttendSession {
 
   Status end_step(bool commit) noexcept {
     active_ = false;
+    complete_ = false;
     n_served_ = 0;
     return commit ? cache_->commit(step_) : cache_->abort(step_);
   }
@@ -301,7 +325,8 @@ class AttendSession {
   int n_layers_ = 0;
   int max_step_ = 0;
   int n_served_ = 0;
-  bool active_ = false;
+  bool active_ = false;    // a step is begun (layer 0 served or serving)
+  bool complete_ = false;  // ... and every layer served: committed by what comes next
   Step step_;
 };
 

@@ -122,12 +122,17 @@ Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
 /// into kvcore's cache and attends `q` over what each query may see, into `out`
 /// ([1, H_q, q_len, v_head_dim], float32). A failure sets the context's failure
 /// state to kvcore's code (InvalidArgument, InvalidState, NotSupported,
-/// OutOfResources ...) and logs kvcore's message; the forward's step is aborted.
+/// OutOfResources ...) and logs kvcore's message; the forward's step is aborted
+/// (a complete forward is committed by the next one's layer 0, so a program
+/// calling a layer the configured cache does not have changes nothing).
 Tensor& update_and_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& position, std::int64_t layer_id, double scale, ScalarType out_dtype,
                               Tensor& out) {
   const Status status = run(q, k, v, position, layer_id, scale, out_dtype, out);
-  if (!status.ok()) ctx.fail(report(status));
+  if (!status.ok()) {
+    if (g_session) g_session->abort_forward();  // the forward changes nothing (the session aborts its own)
+    ctx.fail(report(status));
+  }
   return out;
 }
 
@@ -182,7 +187,9 @@ KVCORE_ET_API int kvcore_et_configure(int n_layers, const int* kinds, const int*
 /// Length 0: the next forward starts at position 0. 0, or InvalidState (0x2)
 /// when no cache is configured.
 KVCORE_ET_API int kvcore_et_reset(void) {
-  if (!g_session) return static_cast<int>(report(Status::make(kvcore::Error::InvalidState, "kvcore_et_reset: no cache configured")));
+  if (!g_session) {
+    return static_cast<int>(report(Status::make(kvcore::Error::InvalidState, "kvcore_et_reset: no cache configured")));
+  }
   g_session->reset();
   return 0;
 }
@@ -191,12 +198,14 @@ KVCORE_ET_API int kvcore_et_reset(void) {
 /// (InvalidArgument: outside [0, length]; InvalidState: a ring layer no longer
 /// holds that history, or no cache configured); nothing changes on error.
 KVCORE_ET_API int kvcore_et_rewind(int length) {
-  if (!g_session) return static_cast<int>(report(Status::make(kvcore::Error::InvalidState, "kvcore_et_rewind: no cache configured")));
+  if (!g_session) {
+    return static_cast<int>(report(Status::make(kvcore::Error::InvalidState, "kvcore_et_rewind: no cache configured")));
+  }
   const Status status = g_session->rewind(length);
   return status.ok() ? 0 : static_cast<int>(report(status));
 }
 
-/// The committed length (positions cached), or -1 when no cache is configured.
+/// Positions cached (a complete forward's included), or -1 when no cache is configured.
 KVCORE_ET_API int kvcore_et_length(void) { return g_session ? g_session->length() : -1; }
 
 /// Bytes of the configured cache's K/V arena (allocated once), or 0 when none.

@@ -40,6 +40,10 @@ path (``transformers_*``, ``kvcore.torch``; ExecuTorch is torch's);
 - ``kvcore.integrations.executorch``: drop-in caches for ExecuTorch's
   ``update_and_attend`` op, one sequence and many (needs ``torch`` and
   ``executorch``).
+- ``kvcore.integrations.executorch_runtime``: kvcore inside ExecuTorch's runtime: the
+  ``.out`` variant ``to_executorch`` needs, kvcore's cache metadata in the program, an
+  export, and the ``kvcore_executorch_ops`` kernel library loaded and driven from Python
+  (needs ``torch``, ``executorch`` and the built library; docs/executorch.md).
 
 Deprecated paths, each removed in kvcore 0.2.0 and warning with a DeprecationWarning
 when imported (docs/deprecations.md): ``kvcore.integrations.torch_pool`` (now

@@ -65,7 +65,8 @@ def register_out_variant() -> None:
     global _out_library
     if _out_library is not None or hasattr(torch.ops.kvcache.update_and_attend, "out"):
         return
-    lib = torch.library.Library("kvcache", "FRAGMENT")
+    library: Any = torch.library  # untyped in torch's stubs
+    lib = library.Library("kvcache", "FRAGMENT")
     lib.define(_OUT_SCHEMA)
 
     def out_impl(
@@ -154,9 +155,17 @@ class KVCoreMetadata:
         """The metadata of a program, ``read(name)`` returning a constant method's value (a list of
         ints or an int; ``kvcore_metadata(program)`` does this for ``executorch.runtime``).
         KeyError naming the method when one is missing (not exported with kvcore's metadata)."""
-        lists = {name: tuple(int(x) for x in read(cls.PREFIX + name)) for name in cls._LISTS}
-        ints = {name: int(read(cls.PREFIX + name)) for name in cls._INTS}
-        return cls(**lists, **ints)
+        def ints(name: str) -> tuple[int, ...]:
+            return tuple(int(x) for x in read(cls.PREFIX + name))
+
+        def one(name: str) -> int:
+            return int(read(cls.PREFIX + name))
+
+        return cls(
+            kinds=ints("kinds"), windows=ints("windows"), sinks=ints("sinks"), sources=ints("sources"),
+            n_kv_heads=one("n_kv_heads"), head_dim=one("head_dim"), v_head_dim=one("v_head_dim"),
+            capacity=one("capacity"), max_step=one("max_step"), vocab_size=one("vocab_size"),
+        )
 
     def describe(self) -> str:
         """One line per layer kind, e.g. ``flat, ring(8), flat``."""
@@ -207,7 +216,8 @@ class KernelLibrary:
         self.path = path
         lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
         int_p = ctypes.POINTER(ctypes.c_int)
-        lib.kvcore_et_configure.argtypes = [ctypes.c_int, int_p, int_p, int_p, int_p] + [ctypes.c_int] * 5
+        configure_args: list[Any] = [ctypes.c_int, int_p, int_p, int_p, int_p] + [ctypes.c_int] * 5
+        lib.kvcore_et_configure.argtypes = configure_args
         lib.kvcore_et_configure.restype = ctypes.c_int
         lib.kvcore_et_reset.restype = ctypes.c_int
         lib.kvcore_et_rewind.argtypes = [ctypes.c_int]
@@ -424,7 +434,8 @@ class TinyDecoder(torch.nn.Module):
         op = torch.ops.kvcache.update_and_attend.default
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-            return op(q, k, v, positions, layer, self.scale, torch.float32)
+            out: torch.Tensor = op(q, k, v, positions, layer, self.scale, torch.float32)
+            return out
 
         return self._layers(x, positions[:, 0], attend)
 
@@ -439,7 +450,8 @@ class TinyDecoder(torch.nn.Module):
             kind, window, sinks = c.kinds[layer], c.windows[layer], c.sinks[layer]
             mask = torch.tensor([[_sees(kind, window, sinks, i, j) for j in range(N)] for i in range(N)])
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            out: torch.Tensor = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            return out
 
         with torch.no_grad():
             return self._layers(self.embed[tokens], positions, attend)

@@ -1,0 +1,187 @@
+"""kvcore inside ExecuTorch's runtime (issue 40): a tiny random decoder exported to a ``.pte``
+whose attention is ``kvcache::update_and_attend``, run by ExecuTorch's own runtime
+(``executorch.runtime``, the wheel's ``libexecutorch.so``) with kvcore's kernel library
+``kvcore_executorch_ops`` loaded into it (ctypes, ``RTLD_GLOBAL``) behind the op.
+
+- The logits of a chunked prefill and of greedy decodes well past a ring layer's window (its
+  rows wrap) equal the model's own in plain PyTorch (the whole sequence, explicit masks, no
+  cache) to 1e-4, and the greedy tokens are the same; for a flat/ring/flat model and for one
+  with a ring with sinks and a chunked layer.
+- The cache is configured from the program's own metadata (its ``kvcore_*`` methods): the
+  round trip gives back what the export wrote.
+- A rewind and the same tokens again give the same logits (speculative decoding's rewind).
+- Refusals, with kvcore's message and nothing changed: a layer id out of the configured range
+  (a program whose metadata disagrees with its cache), positions that do not continue the
+  sequence, more tokens than max_step.
+
+The library is built by kvcore's CMake when the executorch wheel is installed
+(``cmake --build BUILD --target kvcore_executorch_ops``); ``$KVCORE_EXECUTORCH_OPS`` names it
+(scripts/test.sh sets it). Without it these tests skip, visibly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from needs import need
+
+torch = need("torch", reason="the ExecuTorch runtime tests need torch")
+need(
+    "executorch.extension.llm.cache.update_and_attend",
+    reason="ExecuTorch's update_and_attend op needs executorch==1.5.1 (installed with --no-deps) "
+    "and ruamel.yaml, flatbuffers, tabulate (scripts/test.sh installs them)",
+)
+et_runtime = need("executorch.runtime")
+er: Any = importlib.import_module("kvcore.integrations.executorch_runtime")
+
+LIBRARY = er.find_kernel_library()  # set but missing: FileNotFoundError, a failure (not a skip)
+pytestmark = pytest.mark.skipif(
+    LIBRARY is None,
+    reason=f"kvcore_executorch_ops was not built: set ${er.KERNEL_LIBRARY_ENV} to "
+    "BUILD/cpp/executorch/libkvcore_executorch_ops.so (cmake --build BUILD --target kvcore_executorch_ops)",
+)
+
+CONFIGS = {
+    # flat, ring(8), flat: decodes pass the window and wrap the ring's 8 + 8 - 1 rows
+    "flat-ring-flat": er.TinyConfig(),
+    # a ring of window 4 with 2 sinks, a chunked layer of chunk 4, a flat one
+    "sinks-chunked": er.TinyConfig(
+        kinds=(er.RING, er.CHUNKED, er.FLAT), windows=(4, 4, 0), sinks=(2, 0, 0), max_step=4, seed=1
+    ),
+}
+
+
+class Runner:
+    """A loaded program and the kernel library behind its op."""
+
+    def __init__(self, name: str) -> None:
+        self.config = CONFIGS[name]
+        # Warnings torch's export and ExecuTorch raise on their own code (deprecations inside them)
+        # are theirs, not this test's: the suite's filterwarnings = error would fail it on them.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.model, self.pte = er.export_tiny(self.config)
+        self.lib = er.load_kernel_library(LIBRARY)
+        self.program = et_runtime.Runtime.get().load_program(self.pte)
+        self.meta = er.kvcore_metadata(self.program)
+        self.forward = self.program.load_method("forward")
+
+    def step(self, tokens: list[int], start: int) -> torch.Tensor:
+        """The logits [T, vocab] of one forward of ``tokens`` at positions start .. ."""
+        out = self.forward.execute(
+            [torch.tensor([tokens], dtype=torch.long), torch.arange(start, start + len(tokens))[:, None]]
+        )
+        return out[0][0]
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def runner(request: pytest.FixtureRequest) -> Iterator[Runner]:
+    r = Runner(request.param)
+    r.lib.configure(r.meta)
+    yield r
+    r.lib.release()
+
+
+def _generate(r: Runner, prompt: list[int], n_new: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Prefill ``prompt`` in max_step chunks, then ``n_new`` greedy decodes; the tokens and each
+    forward's last logits row (the prefill's per chunk end, then one per decode)."""
+    tokens, last = list(prompt), []
+    for at in range(0, len(prompt), r.config.max_step):
+        logits = r.step(prompt[at : at + r.config.max_step], at)
+        last.append(logits[-1])
+    for _ in range(n_new):
+        tokens.append(int(last[-1].argmax()))
+        last.append(r.step([tokens[-1]], len(tokens) - 1)[-1])
+    return tokens, last
+
+
+def test_metadata_round_trip(runner: Runner) -> None:
+    assert runner.meta == runner.config.metadata()
+    assert runner.meta.n_layers == 3
+    assert {"forward", "get_max_seq_len", "kvcore_kinds"} <= set(runner.program.method_names)
+
+
+def test_prefill_and_decode_past_the_window_equal_pytorch(runner: Runner) -> None:
+    r = runner
+    r.lib.reset()
+    c = r.config
+    prompt = [(7 * i + 3) % c.vocab_size for i in range(c.max_step + 3)]  # two chunks
+    n_new = 3 * max(w for w in c.windows) + c.max_step  # well past every window: the ring wraps
+    tokens, last = _generate(r, prompt, n_new)
+    assert r.lib.length == len(tokens) - 1 + 1  # the last decode's token is cached too
+    reference = r.model.reference(torch.tensor([tokens]))[0]
+    # Each forward's last row is the reference's at that position: prefill chunk ends, then decodes.
+    ends = [min(at + c.max_step, len(prompt)) - 1 for at in range(0, len(prompt), c.max_step)]
+    ends += list(range(len(prompt), len(tokens)))
+    assert len(ends) == len(last)
+    for pos, row in zip(ends, last):
+        torch.testing.assert_close(row, reference[pos], rtol=1e-4, atol=1e-4)
+    # Greedy in PyTorch gives the same tokens.
+    assert tokens[len(prompt) :] == [int(reference[p].argmax()) for p in range(len(prompt) - 1, len(tokens) - 1)]
+
+
+def test_a_rewind_then_the_same_tokens_give_the_same_logits(runner: Runner) -> None:
+    r = runner
+    r.lib.reset()
+    prompt = [5, 1, 4, 1, 5, 9, 2, 6][: r.config.max_step]
+    tokens, last = _generate(r, prompt, 12)
+    length = r.lib.length
+    back = length - r.config.max_step  # a ring layer keeps max_step tokens of rewind
+    r.lib.rewind(back)
+    assert r.lib.length == back
+    again = r.step(tokens[back:length], back)
+    torch.testing.assert_close(again[-1], last[-1], rtol=1e-5, atol=1e-5)
+    assert r.lib.length == length
+
+
+def _refused(r: Runner, tokens: list[int], start: int, match: str) -> None:
+    length = r.lib.length
+    with pytest.raises(RuntimeError):
+        r.step(tokens, start)
+    assert match in r.lib.last_error, r.lib.last_error
+    assert r.lib.length == length  # the step was aborted: nothing changed
+
+
+def test_a_layer_id_out_of_range_is_refused(runner: Runner) -> None:
+    """A program whose metadata disagrees with the configured cache: its layer 2 is outside the
+    2 layers configured. The forward fails with kvcore's message, the cache is as before."""
+    r = runner
+    m = r.meta
+    two = er.KVCoreMetadata(
+        kinds=m.kinds[:2], windows=m.windows[:2], sinks=m.sinks[:2], sources=m.sources[:2],
+        n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, capacity=m.capacity, max_step=m.max_step,
+    )
+    try:
+        r.lib.configure(two)
+        _refused(r, [1, 2], 0, "layer_id = 2: must be in [0, n_layers = 2)")
+        assert r.lib.length == 0
+    finally:
+        r.lib.configure(m)
+    assert r.step([1, 2], 0).shape == (2, m.vocab_size)  # the right cache serves it
+
+
+def test_positions_that_do_not_continue_and_too_many_tokens_are_refused(runner: Runner) -> None:
+    r = runner
+    r.lib.reset()
+    r.step([1, 2, 3], 0)
+    _refused(r, [4], 5, "token 0 of the forward is at position 5, but it must be 3")
+    bad = er.KVCoreMetadata(**{**r.meta.__dict__, "max_step": 2})
+    try:
+        r.lib.configure(bad)
+        _refused(r, [1, 2, 3], 0, "a forward of 3 tokens: must be 1 .. max_step = 2")
+    finally:
+        r.lib.configure(r.meta)
+
+
+def test_a_bad_configuration_is_refused_and_keeps_the_cache(runner: Runner) -> None:
+    r = runner
+    r.lib.reset()
+    r.step([1, 2], 0)
+    bad = er.KVCoreMetadata(**{**r.meta.__dict__, "windows": (0, 0, 0), "kinds": (er.RING, er.FLAT, er.FLAT)})
+    with pytest.raises(er.KernelLibraryError, match=r"layers\[0\]\.policy\.window = 0: a Ring layer needs window >= 1"):
+        r.lib.configure(bad)
+    assert r.lib.length == 2  # the previous cache is kept
