@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -1050,9 +1051,10 @@ TEST(SequenceRecord, AReExportEqualsTheRecordByteForByte) {
 // --- section 9: chunked layers travel in records like rings; shared and state
 // layers do not travel yet (NotSupported at export, refused at parse by name).
 
-CacheConfig chunked_model(int capacity, int max_step, int block_size) {
+// `sinks`: the ring layer's (1 unless a test asks for a ring whose sink blocks a block size fills).
+CacheConfig chunked_model(int capacity, int max_step, int block_size, int sinks = 1) {
   CacheConfig cfg = pool_config(capacity,
-                                {LayerConfig{LayerPolicy::chunked(5), 2, 3, 0}, flat_layer(), ring_layer(4, 1),
+                                {LayerConfig{LayerPolicy::chunked(5), 2, 3, 0}, flat_layer(), ring_layer(4, sinks),
                                  LayerConfig{LayerPolicy::chunked(3), 1, 4, 0}},
                                 max_step, 8);
   cfg.batch.block_size = block_size;
@@ -1061,44 +1063,64 @@ CacheConfig chunked_model(int capacity, int max_step, int block_size) {
   return cfg;
 }
 
+// One seed's record of a SequenceCache over chunked_model(..., sinks): into a twin SequenceCache,
+// and into a BatchCache of each block size in `Bs`, where the import must agree on every rewind,
+// export back into a SequenceCache, and decode on exactly as the twins do. Counts the batch
+// imports; a refusal is the sink-block one counted in `refused` when given, else a failure.
+void chunked_round_trips(unsigned seed, int sinks, std::initializer_list<int> Bs, int* imports, int* refused) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", ring sinks " + std::to_string(sinks));
+  std::mt19937 rng(seed);
+  const int capacity = 64, max_step = 3;
+  SeqSide from(chunked_model(capacity, max_step, 4, sinks));
+  random_history(from, rng, 10 + static_cast<int>(rng() % 30), max_step, nullptr);
+  const Record rec = from.export_record({});
+  SeqSide same(chunked_model(capacity, max_step, 4, sinks));
+  ASSERT_OK(kvcore::import_record(rec.data(), rec.size, same.cache(), same.pool()));
+  EXPECT_EQ(compare_rewinds(from, same, true), "");
+  for (int B : Bs) {
+    SCOPED_TRACE("B " + std::to_string(B));
+    BatchSide batch(chunked_model(capacity, max_step, B, sinks), 2);
+    const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, batch.cache(), batch.pool(), 2);
+    if (!st.ok() && refused != nullptr) {
+      expect_sink_refusal(st, B, refused);
+      continue;
+    }
+    ASSERT_OK(st);
+    ++*imports;
+    EXPECT_EQ(compare_rewinds(from, batch, false), "") << "B " << B;
+    // The batch side's own record (chunk blocks released) back into a SequenceCache.
+    const Record again = batch.export_record({});
+    SeqSide back(chunked_model(capacity, max_step, 4, sinks));
+    ASSERT_OK(kvcore::import_record(again.data(), again.size, back.cache(), back.pool()));
+    SeqSide twin(chunked_model(capacity, max_step, 4, sinks)), twin2(chunked_model(capacity, max_step, 4, sinks));
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool()));
+    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin2.cache(), twin2.pool()));
+    std::mt19937 r1(seed * 7), r2(seed * 7);
+    decode_both(twin, batch, r1, 14, max_step, capacity);
+    decode_both(twin2, back, r2, 14, max_step, capacity);
+  }
+  std::mt19937 r3(seed);
+  decode_both(from, same, r3, 14, max_step, capacity);
+}
+
 TEST(SequenceRecord, ChunkedLayersRoundTripBetweenBothCachesAndBlockSizes) {
   int batch_imports = 0, refused = 0;
-  for (unsigned seed = 1; seed <= 8; ++seed) {
-    std::mt19937 rng(seed);
-    const int capacity = 64, max_step = 3;
-    SeqSide from(chunked_model(capacity, max_step, 4));
-    random_history(from, rng, 10 + static_cast<int>(rng() % 30), max_step, nullptr);
-    const Record rec = from.export_record({});
-    SeqSide same(chunked_model(capacity, max_step, 4));
-    ASSERT_OK(kvcore::import_record(rec.data(), rec.size, same.cache(), same.pool()));
-    EXPECT_EQ(compare_rewinds(from, same, true), "");
-    for (int B : {1, 2, 3, 16}) {
-      BatchSide batch(chunked_model(capacity, max_step, B), 2);
-      const kvcore::Status st = kvcore::import_record(rec.data(), rec.size, batch.cache(), batch.pool(), 2);
-      if (!st.ok()) {
-        expect_sink_refusal(st, B, &refused);
-        continue;
-      }
-      ++batch_imports;
-      EXPECT_EQ(compare_rewinds(from, batch, false), "") << "B " << B;
-      // The batch side's own record (chunk blocks released) back into a SequenceCache.
-      const Record again = batch.export_record({});
-      SeqSide back(chunked_model(capacity, max_step, 4));
-      ASSERT_OK(kvcore::import_record(again.data(), again.size, back.cache(), back.pool()));
-      SeqSide twin(chunked_model(capacity, max_step, 4)), twin2(chunked_model(capacity, max_step, 4));
-      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin.cache(), twin.pool()));
-      ASSERT_OK(kvcore::import_record(rec.data(), rec.size, twin2.cache(), twin2.pool()));
-      std::mt19937 r1(seed * 7), r2(seed * 7);
-      decode_both(twin, batch, r1, 14, max_step, capacity);
-      decode_both(twin2, back, r2, 14, max_step, capacity);
-    }
-    std::mt19937 r3(seed);
-    decode_both(from, same, r3, 14, max_step, capacity);
-  }
+  for (unsigned seed = 1; seed <= 8; ++seed) chunked_round_trips(seed, 1, {1, 2, 3, 16}, &batch_imports, &refused);
   std::printf("%d batch imports, %d refused (sinks in a released block)\n", batch_imports, refused);
   // Block size 1 imports every seed's record (8 of the 32); measured 8 (2026-12-05; rng() % n
   // alone, the same on every standard library): the larger blocks split the ring's sink.
   EXPECT_GE(batch_imports, 8) << refused << " refused";
+  // Block sizes past 1 with the same checks: a ring without sinks, or whose sinks fill whole
+  // blocks (4 sinks at B 2 and 4, 16 at B 4 and 16), keeps no position the record lacks, so every
+  // import must go through: 8 seeds x (4 + 2 + 2) block sizes, derived, none refused.
+  int wide_imports = 0;
+  for (unsigned seed = 1; seed <= 8; ++seed) {
+    chunked_round_trips(seed, 0, {1, 2, 4, 16}, &wide_imports, nullptr);
+    chunked_round_trips(seed, 4, {2, 4}, &wide_imports, nullptr);
+    chunked_round_trips(seed, 16, {4, 16}, &wide_imports, nullptr);
+  }
+  std::printf("%d batch imports with rings of 0, 4 and 16 sinks\n", wide_imports);
+  EXPECT_EQ(wide_imports, 8 * (4 + 2 + 2));
 }
 
 TEST(SequenceRecord, ABatchSequenceWithChunkedGroupsRoundTripsAfterTheyReleasedBlocks) {
