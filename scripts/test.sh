@@ -91,7 +91,8 @@ if [ "$ROBUST" -gt 0 ]; then
   if [ "$SANITIZE" = 1 ]; then
     step "ASan+UBSan: C++ build (clang) and ctest"
     if cmake -S . -B "$ROOT/build/asan" "${CLANG[@]}" "$PY_EXE" -DCMAKE_CXX_FLAGS="$SAN_FLAGS" \
-         -DKVCORE_BUILD_TESTS=ON -DKVCORE_REQUIRE_TESTS=ON -DKVCORE_BUILD_BENCH=OFF -DKVCORE_COMPILE_CHECKS=OFF >/dev/null &&
+         -DKVCORE_BUILD_TESTS=ON -DKVCORE_REQUIRE_TESTS=ON -DKVCORE_BUILD_BENCH=OFF -DKVCORE_COMPILE_CHECKS=OFF \
+         -DKVCORE_REQUIRE_EXECUTORCH=ON >/dev/null &&
        cmake --build "$ROOT/build/asan" --parallel; then
       UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir "$ROOT/build/asan" --output-on-failure --parallel 2 || status=1
     else
@@ -119,6 +120,7 @@ if [ "$ROBUST" -gt 0 ]; then
       (cd "$ROOT" && LD_PRELOAD="$(clang++ -print-file-name="libclang_rt.asan-$(uname -m).so")" \
          ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
          PYTHONPATH="$PY_OUT/site" HYPOTHESIS_PROFILE=dev \
+         KVCORE_EXECUTORCH_OPS="$ROOT/build/asan/cpp/executorch/libkvcore_executorch_ops.so" \
          "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget sanitize) || status=1
     else
       echo "ASan Python build failed"; status=1
@@ -201,7 +203,9 @@ if [ "$ROBUST" -gt 0 ]; then
 fi
 
 # --- C++ ---------------------------------------------------------------------
-step "C++: configure, build (header check, benchmarks included), ctest (benchmark smoke run, header check with the other compiler and size test included)"
+# The build includes kvcore_executorch_ops, ExecuTorch's update_and_attend kernel on kvcore
+# (KVCORE_REQUIRE_EXECUTORCH: a missing executorch wheel fails the configure).
+step "C++: configure, build (header check, benchmarks, the ExecuTorch kernel library included), ctest (benchmark smoke run, header check with the other compiler and size test included)"
 if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVCORE_BUILD_TESTS=ON -DKVCORE_REQUIRE_TESTS=ON -DKVCORE_BUILD_BENCH=ON \
      -DKVCORE_REQUIRE_EXECUTORCH=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null &&
    cmake --build "$BUILD" --parallel; then
@@ -217,7 +221,10 @@ step "Python: mypy --strict, stubtest, pytest"
 # ci: the stateful property test runs 10,000 fixed-seed examples (docs/robustness.md).
 # --skip-budget normal: every skip is listed with its reason, and one that
 # tests/python/skip_allowlist.py does not allow in this run fails it.
-(cd "$ROOT" && HYPOTHESIS_PROFILE=ci "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget normal) || status=1
+# KVCORE_EXECUTORCH_OPS: the kernel library the C++ build made (kvcore_executorch_ops, against the
+# executorch wheel), which tests/python/test_executorch_runtime.py loads into ExecuTorch's runtime.
+(cd "$ROOT" && HYPOTHESIS_PROFILE=ci KVCORE_EXECUTORCH_OPS="$BUILD/cpp/executorch/libkvcore_executorch_ops.so" \
+   "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget normal) || status=1
 
 step "summary: $([ $status = 0 ] && echo 'all tests passed' || echo 'FAILURES above')"
 exit $status

@@ -63,7 +63,7 @@ class AttendSession {
     const int n = config.n_layers;
     s->n_layers_ = n;
     s->max_step_ = s->cache_->max_step();
-    s->served_.reset(new (std::nothrow) bool[static_cast<std::size_t>(n)]());
+    s->served_.reset(new (std::nothrow) bool[at(n)]());
     s->policy_.reset(new (std::nothrow) LayerPolicy[static_cast<std::size_t>(n)]);
     s->shape_.reset(new (std::nothrow) LayerConfig[static_cast<std::size_t>(n)]);
     KVCORE_CHECK_OR_RETURN_ERROR(s->served_ && s->policy_ && s->shape_, MemoryAllocationFailed,
@@ -71,10 +71,10 @@ class AttendSession {
     std::size_t stage_k = 0, stage_v = 0, score = 1;
     for (int l = 0; l < n; ++l) {
       const LayerConfig& lc = config.layer(l);
-      s->shape_[l] = lc;
+      s->shape_[at(l)] = lc;
       // A Shared layer sees what its source sees (the source holds the rows).
       const LayerPolicy& p = lc.policy;
-      s->policy_[l] = p.kind == LayerPolicy::Kind::Shared ? config.layer(p.source).policy : p;
+      s->policy_[at(l)] = p.kind == LayerPolicy::Kind::Shared ? config.layer(p.source).policy : p;
       const std::size_t T = static_cast<std::size_t>(s->max_step_);
       const std::size_t hk = static_cast<std::size_t>(lc.n_kv_heads) * static_cast<std::size_t>(lc.head_dim);
       const std::size_t hv = static_cast<std::size_t>(lc.n_kv_heads) * static_cast<std::size_t>(lc.value_dim());
@@ -128,14 +128,14 @@ class AttendSession {
                                    layer);
       const Status same = check_same_tokens(layer, positions, position_stride, T);
       if (!same.ok()) return fail(same);
-      if (served_[layer]) {
+      if (served_[at(layer)]) {
         return fail(Status::make(Error::InvalidState, "layer %d served twice in one forward (at position %d)",
                                  layer, step_.position));
       }
     }
     const Status done = serve(layer, q, n_q_heads, k, v, T, scale, out);
     if (!done.ok()) return fail(done);
-    served_[layer] = true;
+    served_[at(layer)] = true;
     if (++n_served_ == n_layers_) complete_ = true;  // committed by what comes next
     return Error::Ok;
   }
@@ -166,7 +166,7 @@ class AttendSession {
   /// Bytes of the K/V arena (every layer's rows at full size), allocated once.
   std::size_t arena_bytes() const noexcept { return arena_bytes_; }
   /// The layer's shape (policy as configured, heads, dims). Precondition: 0 <= layer < n_layers.
-  const LayerConfig& layer_config(int layer) const noexcept { return shape_[layer]; }
+  const LayerConfig& layer_config(int layer) const noexcept { return shape_[at(layer)]; }
 
   /// Back to `n` tokens (speculative decoding; a ring layer keeps max_step tokens
   /// of rewind). Commits a complete forward first; aborts one under way. InvalidArgument: n outside [0, length];
@@ -186,6 +186,9 @@ class AttendSession {
  private:
   AttendSession() noexcept = default;
 
+  // A layer index (checked non-negative) as an array index.
+  static std::size_t at(int i) noexcept { return static_cast<std::size_t>(i); }
+
   Status begin(const std::int64_t* positions, int stride, int T) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
                                  "a forward of %d tokens: must be 1 .. max_step = %d (chunk the prompt)", T,
@@ -201,7 +204,7 @@ class AttendSession {
     KVCORE_ASSIGN_OR_RETURN(step_, cache_->begin_step(T));
     active_ = true;
     n_served_ = 0;
-    for (int l = 0; l < n_layers_; ++l) served_[l] = false;
+    for (int l = 0; l < n_layers_; ++l) served_[at(l)] = false;
     return Error::Ok;
   }
 
@@ -220,7 +223,7 @@ class AttendSession {
 
   Status serve(int layer, const float* q, int n_q_heads, const float* k, const float* v, int T, float scale,
                float* out) noexcept {
-    const LayerConfig& lc = shape_[layer];
+    const LayerConfig& lc = shape_[at(layer)];
     const int hkv = lc.n_kv_heads, d = lc.head_dim, dv = lc.value_dim();
     KVCORE_CHECK_OR_RETURN_ERROR(n_q_heads >= hkv && n_q_heads % hkv == 0, InvalidArgument,
                                  "layer %d: %d query heads: must be a positive multiple of n_kv_heads = %d", layer,
@@ -250,8 +253,8 @@ class AttendSession {
   // the order the views give them (position order), float32 throughout.
   void attend(int layer, const KVViews& views, const float* q, int n_q_heads, int T, float scale,
               float* out) noexcept {
-    const LayerConfig& lc = shape_[layer];
-    const LayerPolicy& policy = policy_[layer];
+    const LayerConfig& lc = shape_[at(layer)];
+    const LayerPolicy& policy = policy_[at(layer)];
     const std::size_t hkv = static_cast<std::size_t>(lc.n_kv_heads);
     const std::size_t D = static_cast<std::size_t>(lc.head_dim), DV = static_cast<std::size_t>(lc.value_dim());
     const int group = n_q_heads / lc.n_kv_heads;

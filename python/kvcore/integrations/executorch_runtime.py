@@ -333,14 +333,17 @@ def export_program(
 # --- a tiny model ---------------------------------------------------------------------------
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotary embedding of ``x`` [B, H, T, D] at ``positions`` [T] (rotate-half form)."""
-    d = x.shape[-1]
+def _rope_tables(positions: torch.Tensor, d: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, d] of the rotary embedding at ``positions`` [T] (rotate-half form)."""
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    angles = positions.to(torch.float32)[:, None] * inv[None, :]  # [T, D/2]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
-    half = d // 2
+    angles = positions.to(torch.float32)[:, None] * inv[None, :]  # [T, d/2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [B, H, T, D] with ``_rope_tables``' cos and sin."""
+    half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -417,12 +420,13 @@ class TinyDecoder(torch.nn.Module):
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend: Callable[..., torch.Tensor]) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
+        cos, sin = _rope_tables(positions, c.head_dim)
         for layer in range(len(c.kinds)):
             h = _rms(x, 1.0 + self.norm1[layer])
             q = (h @ self.wq[layer].T).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
             k = (h @ self.wk[layer].T).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
             v = (h @ self.wv[layer].T).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-            q, k = _rope(q, positions), _rope(k, positions)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             o = attend(q.contiguous(), k.contiguous(), v.contiguous(), layer)
             x = x + o.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim) @ self.wo[layer].T
             h = _rms(x, 1.0 + self.norm2[layer])
