@@ -22,6 +22,9 @@
 #include "batch_state_reference.h"
 #include "kvcore/batch/batch_cache.h"
 #include "kvcore/pool/paged_kv_pool.h"
+#include "kvcore/state/record_view.h"
+#include "kvcore/state/sequence_export.h"
+#include "kvcore/state/sequence_import.h"
 #include "support/uniform.h"
 
 namespace kvcore_test {
@@ -423,6 +426,85 @@ TEST(BatchState, AnAbortThatMayHaveOverwrittenTheReadSlotBlocksTheNextStep) {
                  "begin_step: sequence 0 at length 3: state group 0 no longer holds the state after position 2");
   EXPECT_EQ(c->rewind(0, 0), Error::Ok);
   step_and_commit(*c, e);
+}
+
+// The lengths n in [0, length] that can_rewind(seq, n) allows.
+std::vector<int> rewinds(const BatchCache& c, int seq) {
+  std::vector<int> out;
+  for (int n = 0; n <= c.sequence(seq)->length; ++n)
+    if (c.can_rewind(seq, n)) out.push_back(n);
+  return out;
+}
+
+// docs/batch.md sections 3 and 10 (issue 41, item 7): an aborted step loses
+// each state slot it writes, also when the write went to a fresh physical
+// slot because a fork still names the old one, so a sequence's rewind
+// answers follow from its own steps alone: with the fork or without it,
+// State(4): a verify step of 3, then a verify step of 2 aborted gives [0, 2, 3].
+TEST(BatchState, AnAbortedStepLosesTheStateSlotsItWritesEvenFreshOnes) {
+  for (const bool forked : {true, false}) {
+    for (const int seq : {0, 1}) {
+      if (!forked && seq == 1) continue;
+      SCOPED_TRACE(std::string(forked ? "forked" : "alone") + ", the step on " + std::to_string(seq));
+      auto c = make(state_config(32, 4, {LayerPolicy::state(4), LayerPolicy::flat()}));
+      ASSERT_NE(c, nullptr);
+      ASSERT_EQ(c->add_sequence(0), Error::Ok);
+      StepEntry e{0, 3, nullptr};
+      e.verify = true;
+      step_and_commit(*c, e);
+      const int old_slot = *c->state_slot(0, 0, 0);  // the state after position 0
+      if (forked) ASSERT_EQ(c->fork(0, 1, 3), Error::Ok);
+      const int other = 1 - seq;
+      EXPECT_EQ(rewinds(*c, seq), (std::vector<int>{0, 1, 2, 3}));
+      StepEntry v{seq, 2, nullptr};
+      v.verify = true;
+      auto step = c->begin_step(&v, 1);
+      ASSERT_TRUE(step.ok());
+      const int written = c->plan(*step)->state_groups[0].write_slots[1];  // position 4: logical slot 0
+      if (forked)
+        EXPECT_NE(written, old_slot);  // shared: a fresh slot, the old one untouched
+      else
+        EXPECT_EQ(written, old_slot);  // in place
+      ASSERT_EQ(c->abort(*step), Error::Ok);
+      EXPECT_EQ(rewinds(*c, seq), (std::vector<int>{0, 2, 3}));
+      if (!forked) continue;
+      EXPECT_EQ(rewinds(*c, other), (std::vector<int>{0, 1, 2, 3}));  // the sharer keeps its answers
+      EXPECT_EQ(*c->state_slot(0, other, 0), old_slot);
+    }
+  }
+}
+
+// docs/state.md, docs/design.md section 9 (issue 41, item 7): a record
+// carries the run of held states that ends at the last one, so after a
+// verify step of 3 and a plain step of 2 (State(5): the state after 3 never
+// kept) the importer rewinds to 0 and 5 only, where the exporter also
+// rewinds to 1, 2 and 3.
+TEST(BatchState, ARecordCarriesTheRunOfStatesEndingAtTheLastOne) {
+  const CacheConfig cfg = state_config(32, 4, {LayerPolicy::state(5), LayerPolicy::flat()});
+  const std::size_t bytes[2] = {8, 0};
+  auto from = make(cfg);
+  auto to = make(cfg);
+  ASSERT_TRUE(from && to);
+  auto from_pool = kvcore::PagedKVPool::create(*from, kvcore::DType::Float32, kvcore::PoolAllocator::heap(), 8,
+                                               kvcore::StateSlotBytes{bytes, 2});
+  auto to_pool = kvcore::PagedKVPool::create(*to, kvcore::DType::Float32, kvcore::PoolAllocator::heap(), 8,
+                                             kvcore::StateSlotBytes{bytes, 2});
+  ASSERT_TRUE(from_pool.ok() && to_pool.ok());
+  ASSERT_EQ(from->add_sequence(0), Error::Ok);
+  StepEntry verify{0, 3, nullptr};
+  verify.verify = true;
+  step_and_commit(*from, verify);
+  step_and_commit(*from, StepEntry{0, 2, nullptr});
+  EXPECT_EQ(rewinds(*from, 0), (std::vector<int>{0, 1, 2, 3, 5}));
+  const std::size_t size = *kvcore::export_size(*from, *from_pool, 0);
+  std::vector<std::uint64_t> rec((size + 7) / 8);
+  ASSERT_EQ(kvcore::export_to(*from, *from_pool, 0, nullptr, 0, rec.data(), size), Error::Ok);
+  const auto view = kvcore::RecordView::parse(rec.data(), size);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->layer(0).held_from, 4);  // only the state after 4
+  EXPECT_EQ(view->layer(0).n_rows, 1);
+  ASSERT_EQ(kvcore::import_record(rec.data(), size, *to, *to_pool, 1), Error::Ok);
+  EXPECT_EQ(rewinds(*to, 1), (std::vector<int>{0, 5}));
 }
 
 // The most restrictive layer decides can_rewind: a ring keeps a rewind of

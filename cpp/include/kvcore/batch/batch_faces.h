@@ -152,8 +152,10 @@ class BatchControl {
   virtual Result<BatchCommit> commit(const BatchStep& step, const AcceptedPath* accepted, int n) noexcept = 0;
   /// Ends `step`, the begun step, without committing it: every table, block,
   /// count and length is as before begin_step (the blocks it allocated return
-  /// to their pools, a copy-on-write source is shared again). InvalidState
-  /// (nothing changes) unless `step` is the begun step.
+  /// to their pools, a copy-on-write source is shared again), but a State
+  /// group's state slot the step writes stays lost, even a fresh physical one
+  /// (docs/batch.md section 10). InvalidState (nothing changes) unless `step`
+  /// is the begun step.
   virtual Status abort(const BatchStep& step) noexcept = 0;
   /// Ends every sequence and forgets every cached block. Always succeeds.
   virtual void clear() noexcept = 0;

@@ -27,7 +27,9 @@
 // the step does not keep that token's state). begin() updates held() as
 // StatePolicy::note_begin does: a slot a step writes no longer holds what it
 // held before, even when the step is later aborted (the backend may have
-// written it).
+// written it), and even when the write took a fresh physical slot because the
+// old one is shared: a sequence's rewind answers follow from its own steps,
+// not from whether a sibling or snapshot still names the slot.
 //
 // Named snapshots (prefix reuse). When a committed step leaves a sequence at
 // a length that ends a full block its prefix index keyed, the state after
