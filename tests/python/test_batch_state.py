@@ -20,6 +20,7 @@ import pytest
 import kvcore
 from blank_probe import assert_blank_objects_refuse_every_use
 from kvcore import BatchCache, InvalidArgumentError, InvalidStateError
+from kvcore.state import RecordInfo
 
 D = 3  # the State layers' slots: a verify step takes T <= 2
 
@@ -195,6 +196,67 @@ def test_a_fork_reads_the_parents_state_and_shares_its_slots() -> None:
     store.commit(step)
     store.decode({0: [8], 1: [9], 2: [10]})
     assert store.history[2] == [1, 2, 3, 7, 10]
+
+
+def rewinds(c: BatchCache | kvcore.SequenceCache, seq: int | None = None) -> list[int]:
+    """The lengths can_rewind allows, from 0 to the length."""
+    if seq is None:
+        assert isinstance(c, kvcore.SequenceCache)
+        return [n for n in range(c.length + 1) if c.can_rewind(n)]
+    assert isinstance(c, BatchCache)
+    return [n for n in range(c.length(seq) + 1) if c.can_rewind(seq, n)]
+
+
+def state4_flat() -> kvcore.CacheConfig:
+    layers = [kvcore.LayerConfig(kvcore.State(4)), kvcore.LayerConfig(kvcore.Flat(), 1, 4)]
+    return kvcore.CacheConfig(32, layers, max_step=4, batch=kvcore.BatchLimits(block_size=2, max_seqs=2))
+
+
+@pytest.mark.parametrize("forked, seq", [(True, 0), (True, 1), (False, 0)])
+def test_an_aborted_step_loses_the_state_slots_it_writes_even_fresh_ones(forked: bool, seq: int) -> None:
+    """docs/batch.md sections 3 and 10 (issue 41, item 7): the rewind answers after an abort
+    follow from the sequence's own steps, as a SequenceCache's do, whether or not a fork
+    still names the slot the step wrote afresh; the sharer keeps its answers."""
+    c = BatchCache(state4_flat())
+    c.add_sequence(0)
+    first = c.begin_step([(0, 3)], verify=True)
+    old = int(first.plan().state_groups[0].write_slots[0])  # the state after position 0
+    first.commit()
+    if forked:
+        c.fork(0, 1)
+    step = c.begin_step([(seq, 2)], verify=True)
+    assert (int(step.plan().state_groups[0].write_slots[1]) == old) is not forked  # fresh when shared
+    step.abort()
+    assert rewinds(c, seq) == [0, 2, 3]
+    if forked:
+        assert rewinds(c, 1 - seq) == [0, 1, 2, 3]
+    one = kvcore.SequenceCache(state4_flat())
+    one.commit(one.begin_step(3, verify=True))
+    one.abort(one.begin_step(2, verify=True))
+    assert rewinds(one) == [0, 2, 3]
+
+
+def test_a_record_carries_the_run_of_states_ending_at_the_last_one() -> None:
+    """docs/state.md (issue 41, item 7): State(5), a verify step of 3, then a plain step of 2:
+    the state after 3 was never kept, so the record carries only the state after 4 and the
+    importer rewinds to 0 and 5, the exporter also to 1, 2 and 3."""
+    layers = [kvcore.LayerConfig(kvcore.State(5)), kvcore.LayerConfig(kvcore.Flat(), 1, 4)]
+    cfg = kvcore.CacheConfig(32, layers, max_step=4, batch=kvcore.BatchLimits(block_size=2, max_seqs=2))
+    tensors = {"h": ((2,), np.float32)}
+    c = BatchCache(cfg)
+    pool = kvcore.PagedKVPool(c, np.float32, state_tensors=tensors)
+    c.add_sequence(0)
+    c.commit(c.begin_step([(0, 3)], verify=True))
+    c.commit(c.begin_step([(0, 2)]))
+    assert rewinds(c, 0) == [0, 1, 2, 3, 5]
+    record = pool.export_sequence(0)
+    assert RecordInfo.of(record).layers[0].held_from == 4  # only the state after 4
+    to = BatchCache(cfg)
+    kvcore.PagedKVPool(to, np.float32, state_tensors=tensors).import_sequence(1, record)
+    assert rewinds(to, 1) == [0, 5]
+    one = kvcore.SequenceCache(cfg)
+    kvcore.KVPool(one, np.float32, state_tensors=tensors).import_sequence(record)
+    assert rewinds(one) == [0, 5]
 
 
 def snapshot_cache(snapshots: int) -> BatchCache:
