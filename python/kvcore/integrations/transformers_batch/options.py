@@ -191,6 +191,9 @@ def batch_config(text_config: Any, options: BatchOptions) -> tuple[CacheConfig, 
         # One kvcore group per attention type: transformers' input builder reads one set of
         # row indices per type, so the layers of a type cannot be split into page-sized groups.
         page_layers=len(base.layers),
+        # The loop rewinds a sequence only to 0 (a refused admission), which is always allowed:
+        # rings keep the window, not a chunk's rewind margin (docs/batch.md section 5).
+        max_rewind=0,
     )
     return CacheConfig(capacity, list(base.layers), max_step=max_step, batch=limits), groups
 
