@@ -13,6 +13,9 @@ whose attention is ``kvcache::update_and_attend``, run by ExecuTorch's own runti
 - Refusals, with kvcore's message and nothing changed: a layer id out of the configured range
   (a program whose metadata disagrees with its cache), positions that do not continue the
   sequence, more tokens than max_step.
+- ``kvcore-run`` (built beside the library) runs the same ``.pte`` in ExecuTorch's C++ runtime,
+  no Python in the process, configured from the program's metadata: its greedy tokens are
+  PyTorch's.
 
 The library is built by kvcore's CMake when the executorch wheel is installed
 (``cmake --build BUILD --target kvcore_executorch_ops``); ``$KVCORE_EXECUTORCH_OPS`` names it
@@ -23,8 +26,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -187,3 +192,39 @@ def test_a_bad_configuration_is_refused_and_keeps_the_cache(runner: Runner) -> N
     with pytest.raises(er.KernelLibraryError, match=r"layers\[0\]\.policy\.window = 0: a Ring layer needs window >= 1"):
         r.lib.configure(bad)
     assert r.lib.length == 2  # the previous cache is kept
+
+
+def _greedy_in_pytorch(r: Runner, prompt: list[int], n_new: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(n_new):
+        tokens.append(int(r.model.reference(torch.tensor([tokens]))[0, -1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def _kvcore_run(r: Runner, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = Path(str(LIBRARY)).parent / "kvcore-run"
+    assert binary.is_file(), f"{binary} was not built beside {LIBRARY}"
+    pte = tmp_path / "tiny.pte"
+    pte.write_bytes(r.pte)
+    # The sanitizer run preloads the ASan runtime into Python; a sanitized kvcore-run carries its own.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([str(binary), str(pte), *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_kvcore_run_gives_pytorchs_greedy_tokens(runner: Runner, tmp_path: Path) -> None:
+    r = runner
+    c = r.config
+    prompt = [(5 * i + 2) % c.vocab_size for i in range(c.max_step + 2)]  # two prefill chunks
+    n_new = 3 * max(c.windows) + c.max_step  # past every window
+    done = _kvcore_run(r, tmp_path, "--tokens", ",".join(map(str, prompt)), "--new", str(n_new))
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert [int(t) for t in lines["tokens"].split()] == _greedy_in_pytorch(r, prompt, n_new)
+    assert "tokens/s" in lines["prefill"]
+    assert lines["cache"].startswith(f"3 layers, length {len(prompt) + n_new - 1},")
+
+
+def test_kvcore_run_refuses_a_run_past_capacity(runner: Runner, tmp_path: Path) -> None:
+    done = _kvcore_run(runner, tmp_path, "--tokens", "1,2,3", "--new", str(runner.config.capacity))
+    assert done.returncode == 1
+    assert f"3 prompt tokens + {runner.config.capacity} new pass the program's capacity" in done.stderr
