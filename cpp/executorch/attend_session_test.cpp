@@ -1,0 +1,248 @@
+// AttendSession (the state behind kvcore_executorch_ops' update_and_attend kernel)
+// against a brute-force reference: every layer kind (Flat, Ring with sinks, Ring,
+// Chunked, Shared), GQA, a value dim other than the key dim, chunked prefills,
+// decodes past every window, rewinds; no allocation per step; refusals change
+// nothing. Built without ExecuTorch (the session knows nothing of it), under
+// -fno-exceptions -fno-rtti.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "attend_session.h"
+#include "support/counting_new.h"
+
+namespace {
+
+using kvcore::CacheConfig;
+using kvcore::Error;
+using kvcore::LayerConfig;
+using kvcore::LayerPolicy;
+using kvcore::et::AttendSession;
+
+constexpr int kHeads = 4, kKvHeads = 2, kDim = 4, kVDim = 3, kMaxStep = 4, kCapacity = 64;
+
+CacheConfig five_kinds() {
+  CacheConfig c;
+  c.capacity = kCapacity;
+  c.n_layers = 5;
+  c.max_step = kMaxStep;
+  for (LayerPolicy p : {LayerPolicy::flat(), LayerPolicy::ring(5, 2), LayerPolicy::chunked(4),
+                        LayerPolicy::shared(1), LayerPolicy::ring(6)}) {
+    c.layers.push_back(LayerConfig{p, kKvHeads, kDim, kVDim});
+  }
+  return c;
+}
+
+// Every position's K/V of a layer ([pos][head][dim]), as the model wrote them.
+struct History {
+  std::vector<float> k, v;
+  void truncate(int n) {
+    k.resize(static_cast<std::size_t>(n) * kKvHeads * kDim);
+    v.resize(static_cast<std::size_t>(n) * kKvHeads * kVDim);
+  }
+};
+
+// Softmax attention of q ([H][T][D]) at positions P.. over what `policy` lets each see, in double.
+std::vector<float> reference(const LayerPolicy& policy, const History& h, const std::vector<float>& q, int P,
+                             int T, float scale) {
+  std::vector<float> out(static_cast<std::size_t>(kHeads) * T * kVDim);
+  for (int hq = 0; hq < kHeads; ++hq) {
+    const int kh = hq / (kHeads / kKvHeads);
+    for (int t = 0; t < T; ++t) {
+      const int qpos = P + t;
+      std::vector<double> w(static_cast<std::size_t>(qpos + 1), 0.0);
+      double best = -1e300;
+      for (int k = 0; k <= qpos; ++k) {
+        if (!policy.sees(qpos, k)) continue;
+        double dot = 0;
+        for (int e = 0; e < kDim; ++e)
+          dot += static_cast<double>(q[(static_cast<std::size_t>(hq) * T + t) * kDim + e]) *
+                 h.k[(static_cast<std::size_t>(k) * kKvHeads + kh) * kDim + e];
+        w[k] = dot * scale;
+        if (w[k] > best) best = w[k];
+      }
+      double sum = 0;
+      std::vector<double> o(kVDim, 0.0);
+      for (int k = 0; k <= qpos; ++k) {
+        if (!policy.sees(qpos, k)) continue;
+        const double e = std::exp(w[k] - best);
+        sum += e;
+        for (int d = 0; d < kVDim; ++d) o[d] += e * h.v[(static_cast<std::size_t>(k) * kKvHeads + kh) * kVDim + d];
+      }
+      for (int d = 0; d < kVDim; ++d)
+        out[(static_cast<std::size_t>(hq) * T + t) * kVDim + d] = static_cast<float>(o[d] / sum);
+    }
+  }
+  return out;
+}
+
+struct Driver {
+  CacheConfig config = five_kinds();
+  std::unique_ptr<AttendSession> session;
+  std::vector<History> history = std::vector<History>(5);
+  std::mt19937 rng{40};
+  std::uniform_real_distribution<float> uniform{-1.0f, 1.0f};
+  // Per-step buffers, sized once so that a step allocates nothing here either.
+  std::vector<float> q = std::vector<float>(kHeads * kMaxStep * kDim), k = std::vector<float>(kKvHeads * kMaxStep * kDim),
+                     v = std::vector<float>(kKvHeads * kMaxStep * kVDim), out = std::vector<float>(kHeads * kMaxStep * kVDim);
+  std::vector<std::int64_t> pos = std::vector<std::int64_t>(kMaxStep);
+  float scale = 0.5f;
+  std::uint64_t session_news = 0;  // operator new calls inside the session's steps and rewinds
+
+  Driver() {
+    auto made = AttendSession::create(config);
+    EXPECT_TRUE(made.ok());
+    session = std::move(made).get();
+    for (History& h : history) {
+      h.k.reserve(static_cast<std::size_t>(kCapacity) * kKvHeads * kDim);
+      h.v.reserve(static_cast<std::size_t>(kCapacity) * kKvHeads * kVDim);
+    }
+  }
+
+  void fill(std::vector<float>& x, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) x[i] = uniform(rng);
+  }
+
+  // One layer of a forward of T tokens at P; appends its K/V ([H][T][D] -> [pos][H][D]) to the history.
+  kvcore::Status layer(int l, int P, int T) {
+    fill(q, static_cast<std::size_t>(kHeads) * T * kDim);
+    fill(k, static_cast<std::size_t>(kKvHeads) * T * kDim);
+    fill(v, static_cast<std::size_t>(kKvHeads) * T * kVDim);
+    for (int t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = P + t;
+    const std::uint64_t before = kvcore_test::operator_news();
+    const kvcore::Status s =
+        session->update_and_attend(l, q.data(), kHeads, k.data(), v.data(), pos.data(), 1, T, scale, out.data());
+    session_news += kvcore_test::operator_news() - before;
+    return s;
+  }
+
+  void record(int l, int T) {
+    History& h = history[static_cast<std::size_t>(l)];
+    for (int t = 0; t < T; ++t)
+      for (int hh = 0; hh < kKvHeads; ++hh) {
+        for (int e = 0; e < kDim; ++e) h.k.push_back(k[(static_cast<std::size_t>(hh) * T + t) * kDim + e]);
+        for (int e = 0; e < kVDim; ++e) h.v.push_back(v[(static_cast<std::size_t>(hh) * T + t) * kVDim + e]);
+      }
+  }
+
+  // A whole forward, each layer's output checked against the reference.
+  void forward(int T) {
+    const int P = session->length();
+    for (int l = 0; l < config.n_layers; ++l) {
+      const LayerPolicy& p = config.layers[static_cast<std::size_t>(l)].policy;
+      ASSERT_TRUE(layer(l, P, T).ok()) << "layer " << l << " at " << P;
+      const bool shared = p.kind == LayerPolicy::Kind::Shared;
+      if (!shared) record(l, T);
+      const int src = shared ? p.source : l;
+      const std::vector<float> want =
+          reference(config.layers[static_cast<std::size_t>(src)].policy, history[static_cast<std::size_t>(src)], q, P, T, scale);
+      for (std::size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(out[i], want[i], 1e-5) << "layer " << l << " at " << P << ", T " << T << ", i " << i;
+    }
+  }
+
+  void rewind(int n) {
+    const std::uint64_t before = kvcore_test::operator_news();
+    ASSERT_TRUE(session->rewind(n).ok());
+    session_news += kvcore_test::operator_news() - before;
+    for (History& h : history)
+      if (!h.k.empty()) h.truncate(n);
+  }
+};
+
+TEST(AttendSession, EveryKindEqualsTheReferenceThroughPrefillsDecodesAndRewindsWithoutAllocating) {
+  Driver d;
+  for (int T : {4, 3, 2, 4}) d.forward(T);  // a chunked prefill of 13 tokens
+  for (int i = 0; i < 20; ++i) d.forward(1);  // decodes past every window: rings and chunks wrap
+  d.rewind(d.session->length() - kMaxStep);   // a ring keeps max_step tokens of rewind
+  for (int T : {2, 1, 3, 1, 1}) d.forward(T);  // decoding again from there
+  d.rewind(d.session->length() - 1);
+  for (int i = 0; i < 6; ++i) d.forward(1);
+  EXPECT_EQ(d.session_news, 0u) << "a step allocated";
+  EXPECT_GT(kvcore_test::operator_news(), 0u);  // the counter sees allocations (the create's)
+  EXPECT_EQ(d.session->length(), 13 + 20 - kMaxStep + 8 - 1 + 6);
+}
+
+TEST(AttendSession, ALayerOutOfRangeAfterTheLastLayerChangesNothing) {
+  Driver d;
+  d.forward(3);
+  for (int l = 0; l < 5; ++l) ASSERT_TRUE(d.layer(l, 3, 2).ok());
+  EXPECT_EQ(d.session->length(), 5);  // complete: committed by what comes next
+  const kvcore::Status refused = d.layer(5, 3, 2);  // a program with more layers than the cache
+  EXPECT_EQ(refused.code(), Error::InvalidArgument);
+  EXPECT_STREQ(refused.message().c_str(), "layer_id = 5: must be in [0, n_layers = 5)");
+  EXPECT_EQ(d.session->length(), 3);
+  d.forward(2);  // the same positions again, checked against the reference
+  EXPECT_EQ(d.session->length(), 5);
+}
+
+TEST(AttendSession, RefusedCallsNameTheRuleAndChangeNothing) {
+  Driver d;
+  d.forward(2);
+  kvcore::Status s = d.layer(0, 3, 1);
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(),
+               "token 0 of the forward is at position 3, but it must be 2: positions continue the sequence's length 2 "
+               "(rewind or reset to go back)");
+  s = d.layer(0, 2, kMaxStep);  // fine: begins a forward
+  ASSERT_TRUE(s.ok());
+  s = d.layer(1, 2, 2);  // another T than layer 0's
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "layer 1 carries 2 tokens, but layer 0 began this forward with 4");
+  EXPECT_EQ(d.session->length(), 2);
+  EXPECT_FALSE(d.session->in_forward());  // aborted
+  s = d.layer(2, 2, 1);
+  EXPECT_EQ(s.code(), Error::InvalidState);
+  EXPECT_STREQ(s.message().c_str(), "layer 2 served with no forward under way: layer 0 begins each forward");
+  ASSERT_TRUE(d.layer(0, 2, 1).ok());
+  ASSERT_TRUE(d.layer(1, 2, 1).ok());
+  s = d.layer(1, 2, 1);
+  EXPECT_EQ(s.code(), Error::InvalidState);
+  EXPECT_STREQ(s.message().c_str(), "layer 1 served twice in one forward (at position 2)");
+  EXPECT_EQ(d.session->length(), 2);
+  // Too many tokens, then too many query heads for the layer's groups.
+  std::vector<float> big(static_cast<std::size_t>(kHeads) * (kMaxStep + 1) * kDim);
+  std::vector<std::int64_t> pos = {2, 3, 4, 5, 6};
+  s = d.session->update_and_attend(0, big.data(), kHeads, big.data(), big.data(), pos.data(), 1, kMaxStep + 1, 1.0f,
+                                   big.data());
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "a forward of 5 tokens: must be 1 .. max_step = 4 (chunk the prompt)");
+  s = d.session->update_and_attend(0, big.data(), 3, big.data(), big.data(), pos.data(), 1, 1, 1.0f, big.data());
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "layer 0: 3 query heads: must be a positive multiple of n_kv_heads = 2");
+  EXPECT_EQ(d.session->length(), 2);
+  EXPECT_FALSE(d.session->in_forward());
+  d.forward(1);  // and it goes on, equal to the reference
+}
+
+TEST(AttendSession, ALayerZeroAgainRestartsTheForward) {
+  Driver d;
+  d.forward(2);
+  ASSERT_TRUE(d.layer(0, 2, 3).ok());
+  ASSERT_TRUE(d.layer(1, 2, 3).ok());
+  EXPECT_TRUE(d.session->in_forward());
+  d.forward(1);  // the retry: layer 0 again, with another T; every layer checked
+  EXPECT_EQ(d.session->length(), 3);
+}
+
+TEST(AttendSession, ConfigsItCannotServeAreRefused) {
+  CacheConfig c = five_kinds();
+  c.layers[2].policy = LayerPolicy::state(4);
+  c.layers[2].n_kv_heads = c.layers[2].head_dim = c.layers[2].v_head_dim = 0;
+  auto made = AttendSession::create(c);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), Error::InvalidArgument);
+  EXPECT_STREQ(made.status().message().c_str(),
+               "layer 2 is a State layer: update_and_attend carries attention layers only (Flat, Ring, Chunked, Shared)");
+  c = five_kinds();
+  c.layers[1].policy.window = 0;
+  auto bad = AttendSession::create(c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_STREQ(bad.status().message().c_str(), "layers[1].policy.window = 0: a Ring layer needs window >= 1");
+}
+
+}  // namespace
