@@ -119,7 +119,7 @@ def test_prefill_and_decode_past_the_window_equal_pytorch(runner: Runner) -> Non
     prompt = [(7 * i + 3) % c.vocab_size for i in range(c.max_step + 3)]  # two chunks
     n_new = 3 * max(w for w in c.windows) + c.max_step  # well past every window: the ring wraps
     tokens, last = _generate(r, prompt, n_new)
-    assert r.lib.length == len(tokens) - 1 + 1  # the last decode's token is cached too
+    assert r.lib.length == len(tokens)  # the last decode's token is cached too
     reference = r.model.reference(torch.tensor([tokens]))[0]
     # Each forward's last row is the reference's at that position: prefill chunk ends, then decodes.
     ends = [min(at + c.max_step, len(prompt)) - 1 for at in range(0, len(prompt), c.max_step)]
@@ -129,6 +129,37 @@ def test_prefill_and_decode_past_the_window_equal_pytorch(runner: Runner) -> Non
         torch.testing.assert_close(row, reference[pos], rtol=1e-4, atol=1e-4)
     # Greedy in PyTorch gives the same tokens.
     assert tokens[len(prompt) :] == [int(reference[p].argmax()) for p in range(len(prompt) - 1, len(tokens) - 1)]
+
+
+# ExecuTorch's LayerPolicy has flat and ring layers only (no sinks, no chunks): the first model.
+@pytest.mark.parametrize("runner", ["flat-ring-flat"], indirect=True)
+@pytest.mark.filterwarnings("ignore::executorch.exir._warnings.ExperimentalWarning")
+def test_every_forward_equals_executorchs_reference_op_in_pytorch(runner: Runner) -> None:
+    """The same forwards eagerly in PyTorch, the op served by ExecuTorch's own
+    ContiguousReferenceCache: every logits row of every forward agrees."""
+    r = runner
+    c = r.config
+    ref = importlib.import_module("executorch.extension.llm.cache.reference_cache")
+    op = importlib.import_module("executorch.extension.llm.cache.update_and_attend")
+    policies = [ref.LayerPolicy.ring(w) if k == er.RING else ref.LayerPolicy.flat() for k, w in zip(c.kinds, c.windows)]
+    config = ref.CacheConfig(n_layers=len(c.kinds), n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
+                             capacity=c.capacity, layers=policies)
+    op.REGISTRY.install("h40-reference", ref.ContiguousReferenceCache(config))
+    r.lib.reset()
+    tokens = [(3 * i + 1) % c.vocab_size for i in range(40)]
+    try:
+        with op.REGISTRY.active("h40-reference"), torch.no_grad():
+            at = 0
+            for T in [c.max_step, 3, *([1] * (40 - c.max_step - 3 - 2)), 2]:
+                ids = torch.tensor([tokens[at : at + T]])
+                positions = torch.arange(at, at + T)[:, None]
+                mine = r.step(tokens[at : at + T], at)
+                theirs = r.model(ids, positions)[0]
+                torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+                at += T
+    finally:
+        op.REGISTRY.uninstall("h40-reference")
+    assert r.lib.length == 40
 
 
 def test_a_rewind_then_the_same_tokens_give_the_same_logits(runner: Runner) -> None:
