@@ -1636,8 +1636,9 @@ class PagedKVPool(metaclass=_pybind11_type):
         request reads). trust_tokens=True, or a `namespace` (as add_sequence's; trust_tokens then
         implied), names its full blocks by the record's token ids in that namespace (default: 0) and
         shares the blocks of a prefix this cache holds there (when the record knows every token id),
-        not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks
-        everything first and changes nothing on an error (any begun step ends on success).
+        not copied. Every later plan and read equals the exporter's, and so does every can_rewind
+        answer the record reaches (a ring's window and sinks, a State layer's run of states ending at
+        the last one). Checks everything first and changes nothing on an error (any begun step ends on success).
         InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
         other than the cache's; NotSupportedError: a newer record version, or a ring group whose
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
@@ -1666,8 +1667,9 @@ class PagedKVPool(metaclass=_pybind11_type):
         request reads). trust_tokens=True, or a `namespace` (as add_sequence's; trust_tokens then
         implied), names its full blocks by the record's token ids in that namespace (default: 0) and
         shares the blocks of a prefix this cache holds there (when the record knows every token id),
-        not copied. Every later plan, read and can_rewind answer equals the exporter's. Checks
-        everything first and changes nothing on an error (any begun step ends on success).
+        not copied. Every later plan and read equals the exporter's, and so does every can_rewind
+        answer the record reaches (a ring's window and sinks, a State layer's run of states ending at
+        the last one). Checks everything first and changes nothing on an error (any begun step ends on success).
         InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
         other than the cache's; NotSupportedError: a newer record version, or a ring group whose
         sink blocks would keep a position the record lacks; InvalidStateError: seq is active;

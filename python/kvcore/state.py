@@ -6,8 +6,9 @@ caller knows, and per layer the policy, shape, dtype and the K/V rows of the
 positions a future query (or a rewind) may need, in position order: a ring
 layer ships its sinks and window, never what it released. Importing it into a
 cache whose layers match (a ``SequenceCache`` + ``KVPool`` or a ``BatchCache`` +
-``PagedKVPool`` of any block size) gives a sequence whose every plan, read and
-``can_rewind`` answer equals the exporter's.
+``PagedKVPool`` of any block size) gives a sequence whose every plan and read equals
+the exporter's, and every ``can_rewind`` answer as far back as the record reaches (a
+State layer ships the run of held states ending at the last one: docs/state.md).
 
 ``export_sequence`` / ``import_sequence`` work on bytes-like objects and paths, and
 take any byte layer implementing ``SequencePool`` (the numpy ``KVPool`` /
