@@ -1,7 +1,9 @@
 // AttendSession: one sequence's K/V behind ExecuTorch's `kvcache::update_and_attend`
 // op, planned by kvcore (SequenceCache) and stored in kvcore's byte layer (KVPool,
-// arena mode), attending in float32. It knows nothing of ExecuTorch: the kernel
-// (kvcore_executorch_ops.cpp) hands it raw pointers, and tests can drive it alone.
+// arena mode) as float32, float16, bfloat16 or a quantized format (QInt8: ExecuTorch's
+// QuantizedKVCache rule; Fp8E4M3), attending in float32. q/k/v come in and the
+// output goes out as float32, float16 or bfloat16. It knows nothing of ExecuTorch:
+// the kernel (kvcore_executorch_ops.cpp) hands it raw pointers, and tests drive it alone.
 //
 // A forward is one kvcore step: layer 0 begins it (its positions must be the
 // sequence's length onwards), every layer is then served once with the same
@@ -12,6 +14,10 @@
 // even after the cache's last layer was served. Layer 0 arriving again before
 // the forward completed restarts it (the retry path). An error while a layer is
 // served aborts the step: the length is as before the forward.
+//
+// Attention reads each visible K/V row once per layer and step (online softmax
+// over the rows in position order, per query head and token), dequantizing or
+// widening a row into a small workspace when it is not float32.
 // Everything is allocated by create(); a step allocates nothing.
 // Not thread-safe: one runtime thread drives a session.
 #pragma once
@@ -19,6 +25,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
@@ -28,7 +35,9 @@
 #include "kvcore/core/sequence_cache.h"
 #include "kvcore/core/status.h"
 #include "kvcore/core/step.h"
+#include "kvcore/pool/dtype.h"
 #include "kvcore/pool/kv_pool.h"
+#include "kvcore/pool/quantize.h"
 
 namespace kvcore {
 namespace et {
@@ -36,60 +45,74 @@ namespace et {
 class AttendSession {
  public:
   /// A session for `config` (kvcore's rules, docs/design.md section 2; State
-  /// layers are refused: the op carries attention only). Allocates the planner,
-  /// one arena holding every layer's rows at full size (float32), and the
-  /// per-step workspaces (staged K/V rows of max_step tokens, one score row).
-  /// InvalidArgument: the config breaks a rule (the message names it) or has a
-  /// State layer. MemoryAllocationFailed: an allocation failed (nothing kept).
-  static Result<std::unique_ptr<AttendSession>> create(const CacheConfig& config) noexcept {
+  /// layers are refused: the op carries attention only) storing K/V as
+  /// `kv_dtype` (Float32, Float16, BFloat16, QInt8 or Fp8E4M3), attended by
+  /// `n_q_heads` query heads (a positive multiple of every layer's n_kv_heads).
+  /// Allocates the planner, one arena holding every layer's rows at full size,
+  /// and the per-step workspaces (staged K/V of max_step tokens, the queries and
+  /// the softmax accumulators of max_step tokens, one widened K/V row).
+  /// InvalidArgument: the config breaks a rule (the message names it), has a
+  /// State layer, or `kv_dtype` / `n_q_heads` is not one of the above.
+  /// MemoryAllocationFailed: an allocation failed (nothing kept).
+  static Result<std::unique_ptr<AttendSession>> create(const CacheConfig& config, int n_q_heads,
+                                                       DType kv_dtype = DType::Float32) noexcept {
     KVCORE_RETURN_IF_ERROR(validate(config));
+    KVCORE_CHECK_OR_RETURN_ERROR(is_compute_type(kv_dtype) || is_quantized(kv_dtype), InvalidArgument,
+                                 "kv_dtype %s (%d): must be float32, float16, bfloat16, qint8 or fp8_e4m3",
+                                 to_string(kv_dtype), static_cast<int>(kv_dtype));
     for (int l = 0; l < config.n_layers; ++l) {
-      KVCORE_CHECK_OR_RETURN_ERROR(config.layer(l).policy.kind != LayerPolicy::Kind::State, InvalidArgument,
+      const LayerConfig& lc = config.layer(l);
+      KVCORE_CHECK_OR_RETURN_ERROR(lc.policy.kind != LayerPolicy::Kind::State, InvalidArgument,
                                    "layer %d is a State layer: update_and_attend carries attention layers only "
                                    "(Flat, Ring, Chunked, Shared)",
                                    l);
+      KVCORE_CHECK_OR_RETURN_ERROR(n_q_heads >= 1 && n_q_heads % lc.n_kv_heads == 0, InvalidArgument,
+                                   "n_q_heads = %d: must be a positive multiple of layer %d's n_kv_heads = %d",
+                                   n_q_heads, l, lc.n_kv_heads);
     }
     std::unique_ptr<AttendSession> s(new (std::nothrow) AttendSession());
     KVCORE_CHECK_OR_RETURN_ERROR(s != nullptr, MemoryAllocationFailed, "AttendSession: out of memory");
     KVCORE_ASSIGN_OR_RETURN(s->cache_, SequenceCache::create(config));
-    KVCORE_ASSIGN_OR_RETURN(const std::size_t arena_bytes, KVPool::required_bytes(config, DType::Float32));
+    KVCORE_ASSIGN_OR_RETURN(const std::size_t arena_bytes, KVPool::required_bytes(config, kv_dtype));
     s->arena_.reset(new (std::nothrow) unsigned char[arena_bytes]);
     KVCORE_CHECK_OR_RETURN_ERROR(s->arena_ != nullptr, MemoryAllocationFailed,
                                  "AttendSession: cannot allocate the %zu-byte K/V arena", arena_bytes);
     s->arena_bytes_ = arena_bytes;
-    KVCORE_ASSIGN_OR_RETURN(KVPool pool, KVPool::in_arena(*s->cache_, DType::Float32, s->arena_.get(), arena_bytes));
+    KVCORE_ASSIGN_OR_RETURN(KVPool pool, KVPool::in_arena(*s->cache_, kv_dtype, s->arena_.get(), arena_bytes));
     s->pool_.reset(new (std::nothrow) KVPool(static_cast<KVPool&&>(pool)));
     KVCORE_CHECK_OR_RETURN_ERROR(s->pool_ != nullptr, MemoryAllocationFailed, "AttendSession: out of memory");
     const int n = config.n_layers;
     s->n_layers_ = n;
+    s->n_q_heads_ = n_q_heads;
+    s->kv_dtype_ = kv_dtype;
     s->max_step_ = s->cache_->max_step();
     s->served_.reset(new (std::nothrow) bool[at(n)]());
-    s->policy_.reset(new (std::nothrow) LayerPolicy[static_cast<std::size_t>(n)]);
-    s->shape_.reset(new (std::nothrow) LayerConfig[static_cast<std::size_t>(n)]);
+    s->policy_.reset(new (std::nothrow) LayerPolicy[at(n)]);
+    s->shape_.reset(new (std::nothrow) LayerConfig[at(n)]);
     KVCORE_CHECK_OR_RETURN_ERROR(s->served_ && s->policy_ && s->shape_, MemoryAllocationFailed,
                                  "AttendSession: out of memory");
-    std::size_t stage_k = 0, stage_v = 0, score = 1;
+    const std::size_t T = at(s->max_step_), hq = at(n_q_heads);
+    std::size_t stage = 0, row = 0, qbuf = 0, acc = 0;
     for (int l = 0; l < n; ++l) {
       const LayerConfig& lc = config.layer(l);
       s->shape_[at(l)] = lc;
       // A Shared layer sees what its source sees (the source holds the rows).
       const LayerPolicy& p = lc.policy;
       s->policy_[at(l)] = p.kind == LayerPolicy::Kind::Shared ? config.layer(p.source).policy : p;
-      const std::size_t T = static_cast<std::size_t>(s->max_step_);
-      const std::size_t hk = static_cast<std::size_t>(lc.n_kv_heads) * static_cast<std::size_t>(lc.head_dim);
-      const std::size_t hv = static_cast<std::size_t>(lc.n_kv_heads) * static_cast<std::size_t>(lc.value_dim());
-      if (T * hk > stage_k) stage_k = T * hk;
-      if (T * hv > stage_v) stage_v = T * hv;
-      KVCORE_ASSIGN_OR_RETURN(const int rows, s->cache_->rows(p.kind == LayerPolicy::Kind::Shared ? p.source : l));
-      if (static_cast<std::size_t>(rows) > score) score = static_cast<std::size_t>(rows);
+      const std::size_t hk = at(lc.n_kv_heads), d = at(lc.head_dim), dv = at(lc.value_dim());
+      const std::size_t widest = d > dv ? d : dv;
+      if (T * hk * widest * 4 > stage) stage = T * hk * widest * 4;  // 4: the widest element
+      if (hk * (d + dv) > row) row = hk * (d + dv);
+      if (T * hq * d > qbuf) qbuf = T * hq * d;
+      if (T * hq * (dv + 2) > acc) acc = T * hq * (dv + 2);
     }
-    s->stage_k_.reset(new (std::nothrow) float[stage_k]);
-    s->stage_v_.reset(new (std::nothrow) float[stage_v]);
-    s->score_.reset(new (std::nothrow) float[score]);
-    KVCORE_CHECK_OR_RETURN_ERROR(s->stage_k_ && s->stage_v_ && s->score_, MemoryAllocationFailed,
+    s->stage_k_.reset(new (std::nothrow) unsigned char[stage]);
+    s->stage_v_.reset(new (std::nothrow) unsigned char[stage]);
+    s->row_.reset(new (std::nothrow) float[row]);
+    s->q_.reset(new (std::nothrow) float[qbuf]);
+    s->acc_.reset(new (std::nothrow) float[acc]);
+    KVCORE_CHECK_OR_RETURN_ERROR(s->stage_k_ && s->stage_v_ && s->row_ && s->q_ && s->acc_, MemoryAllocationFailed,
                                  "AttendSession: cannot allocate the step workspaces");
-    s->stage_k_len_ = stage_k;
-    s->stage_v_len_ = stage_v;
     return s;
   }
 
@@ -97,26 +120,37 @@ class AttendSession {
   AttendSession& operator=(const AttendSession&) = delete;
 
   /// The op for one layer: writes this forward's K/V of `layer` (`k`: [n_kv_heads,
-  /// T, head_dim], `v`: [n_kv_heads, T, v_head_dim], float32, contiguous; ignored
-  /// for a Shared layer, which reads its source's rows), then attends `q`
-  /// ([n_q_heads, T, head_dim]) over what each query may see (kvcore's
-  /// visibility rule) with softmax scale `scale`, into `out` ([n_q_heads, T,
-  /// v_head_dim]). `positions[i * position_stride]` is token i's position.
+  /// T, head_dim], `v`: [n_kv_heads, T, v_head_dim], contiguous, of `io_type`;
+  /// ignored for a Shared layer, which reads its source's rows), then attends `q`
+  /// ([n_q_heads, T, head_dim], `io_type`) over what each query may see (kvcore's
+  /// visibility rule) with softmax scale `scale`, in float32, into `out`
+  /// ([n_q_heads, T, v_head_dim], `out_type`). `io_type` and `out_type`: Float32,
+  /// Float16 or BFloat16. `positions[i * position_stride]` is token i's position.
   /// After the last layer the forward is complete; the next forward's layer 0
   /// (or settle, rewind, reset) commits it.
   /// Errors (the forward, under way or complete, is aborted: the length is as
-  /// before it): InvalidArgument: `layer` outside [0, n_layers); T outside [1, max_step];
-  /// n_q_heads not a positive multiple of the layer's n_kv_heads; on layer 0,
-  /// positions not length .. length + T - 1; on a later layer, another T or other
-  /// positions than layer 0's. InvalidState: a later layer with no forward under
-  /// way (layer 0 begins each), or a layer served twice in one forward.
+  /// before it): InvalidArgument: `layer` outside [0, n_layers); T outside [1,
+  /// max_step]; `n_q_heads` other than the session's; a type outside the three;
+  /// on layer 0, positions not length .. length + T - 1; on a later layer,
+  /// another T or other positions than layer 0's; with a quantized kv_dtype, K/V
+  /// holding inf or NaN. InvalidState: a later layer with no forward under way
+  /// (layer 0 begins each), or a layer served twice in one forward.
   /// OutOfResources: the step would pass capacity.
-  Status update_and_attend(int layer, const float* q, int n_q_heads, const float* k, const float* v,
-                           const std::int64_t* positions, int position_stride, int T, float scale,
-                           float* out) noexcept {
+  Status update_and_attend(int layer, DType io_type, const void* q, int n_q_heads, const void* k, const void* v,
+                           const std::int64_t* positions, int position_stride, int T, float scale, DType out_type,
+                           void* out) noexcept {
     if (layer < 0 || layer >= n_layers_) {
       return fail(Status::make(Error::InvalidArgument, "layer_id = %d: must be in [0, n_layers = %d)", layer,
                                n_layers_));
+    }
+    if (!is_compute_type(io_type) || !is_compute_type(out_type)) {
+      return fail(Status::make(Error::InvalidArgument,
+                               "layer %d: q/k/v of %s, output of %s: each must be float32, float16 or bfloat16",
+                               layer, to_string(io_type), to_string(out_type)));
+    }
+    if (n_q_heads != n_q_heads_) {
+      return fail(Status::make(Error::InvalidArgument, "layer %d: %d query heads, but the cache was configured for %d",
+                               layer, n_q_heads, n_q_heads_));
     }
     if (layer == 0) {
       if (complete_) KVCORE_RETURN_IF_ERROR(settle());
@@ -133,11 +167,19 @@ class AttendSession {
                                  layer, step_.position));
       }
     }
-    const Status done = serve(layer, q, n_q_heads, k, v, T, scale, out);
+    const Status done = serve(layer, io_type, q, k, v, T, scale, out_type, out);
     if (!done.ok()) return fail(done);
     served_[at(layer)] = true;
     if (++n_served_ == n_layers_) complete_ = true;  // committed by what comes next
     return Error::Ok;
+  }
+
+  /// update_and_attend() with float32 q/k/v and output.
+  Status update_and_attend(int layer, const float* q, int n_q_heads, const float* k, const float* v,
+                           const std::int64_t* positions, int position_stride, int T, float scale,
+                           float* out) noexcept {
+    return update_and_attend(layer, DType::Float32, q, n_q_heads, k, v, positions, position_stride, T, scale,
+                             DType::Float32, out);
   }
 
   /// Commits a complete forward (every layer served); nothing to do otherwise.
@@ -157,6 +199,10 @@ class AttendSession {
   int length() const noexcept { return cache_->length() + (complete_ ? step_.T : 0); }
   /// Layers of the config.
   int n_layers() const noexcept { return n_layers_; }
+  /// Query heads of every layer.
+  int n_q_heads() const noexcept { return n_q_heads_; }
+  /// The storage format of the K/V rows.
+  DType kv_dtype() const noexcept { return kv_dtype_; }
   /// The most tokens one forward may carry.
   int max_step() const noexcept { return max_step_; }
   /// Largest logical length.
@@ -169,8 +215,9 @@ class AttendSession {
   const LayerConfig& layer_config(int layer) const noexcept { return shape_[at(layer)]; }
 
   /// Back to `n` tokens (speculative decoding; a ring layer keeps max_step tokens
-  /// of rewind). Commits a complete forward first; aborts one under way. InvalidArgument: n outside [0, length];
-  /// InvalidState: a ring or chunked layer no longer holds what a query at n needs.
+  /// of rewind). Commits a complete forward first; aborts one under way. InvalidArgument:
+  /// n outside [0, length]; InvalidState: a ring or chunked layer no longer holds what
+  /// a query at n needs.
   Status rewind(int n) noexcept {
     KVCORE_RETURN_IF_ERROR(settle());
     if (active_) (void)end_step(/*commit=*/false);
@@ -186,7 +233,7 @@ class AttendSession {
  private:
   AttendSession() noexcept = default;
 
-  // A layer index (checked non-negative) as an array index.
+  // A count or index (checked non-negative) as a size.
   static std::size_t at(int i) noexcept { return static_cast<std::size_t>(i); }
 
   Status begin(const std::int64_t* positions, int stride, int T) noexcept {
@@ -221,86 +268,120 @@ class AttendSession {
     return Error::Ok;
   }
 
-  Status serve(int layer, const float* q, int n_q_heads, const float* k, const float* v, int T, float scale,
-               float* out) noexcept {
-    const LayerConfig& lc = shape_[at(layer)];
-    const int hkv = lc.n_kv_heads, d = lc.head_dim, dv = lc.value_dim();
-    KVCORE_CHECK_OR_RETURN_ERROR(n_q_heads >= hkv && n_q_heads % hkv == 0, InvalidArgument,
-                                 "layer %d: %d query heads: must be a positive multiple of n_kv_heads = %d", layer,
-                                 n_q_heads, hkv);
-    KVCORE_ASSIGN_OR_RETURN(const SeqStepPlan plan, cache_->plan(layer, step_));
-    if (lc.policy.kind != LayerPolicy::Kind::Shared) {
-      // [H, T, D] -> rows [T, H, D], the byte layer's row layout.
-      const std::size_t D = static_cast<std::size_t>(d), DV = static_cast<std::size_t>(dv);
-      for (int h = 0; h < hkv; ++h) {
-        for (int t = 0; t < T; ++t) {
-          const std::size_t row = static_cast<std::size_t>(t) * static_cast<std::size_t>(hkv) + static_cast<std::size_t>(h);
-          const std::size_t in = static_cast<std::size_t>(h) * static_cast<std::size_t>(T) + static_cast<std::size_t>(t);
-          for (std::size_t e = 0; e < D; ++e) stage_k_[row * D + e] = k[in * D + e];
-          for (std::size_t e = 0; e < DV; ++e) stage_v_[row * DV + e] = v[in * DV + e];
+  // [H, T, dim] of `in` -> rows [T, H, dim] of `to` at `out` (converting the elements).
+  static void stage_rows(DType in, const void* src, int heads, int T, int dim, DType to, unsigned char* out) noexcept {
+    const unsigned char* from = static_cast<const unsigned char*>(src);
+    for (int h = 0; h < heads; ++h) {
+      for (int t = 0; t < T; ++t) {
+        const std::size_t row = at(t) * at(heads) + at(h), input = at(h) * at(T) + at(t);
+        for (int e = 0; e < dim; ++e) {
+          quant_detail::store(to, out, row * at(dim) + at(e), quant_detail::load(in, from, input * at(dim) + at(e)));
         }
       }
-      const std::size_t rows = static_cast<std::size_t>(T) * static_cast<std::size_t>(hkv);
-      KVCORE_RETURN_IF_ERROR(pool_->write(layer, plan, stage_k_.get(), rows * D * sizeof(float), stage_v_.get(),
-                                          rows * DV * sizeof(float)));
+    }
+  }
+
+  Status serve(int layer, DType io_type, const void* q, const void* k, const void* v, int T, float scale,
+               DType out_type, void* out) noexcept {
+    const LayerConfig& lc = shape_[at(layer)];
+    const int hkv = lc.n_kv_heads, d = lc.head_dim, dv = lc.value_dim();
+    KVCORE_ASSIGN_OR_RETURN(const SeqStepPlan plan, cache_->plan(layer, step_));
+    if (lc.policy.kind != LayerPolicy::Kind::Shared) {
+      // Quantized rows are quantized from the input's own type; plain rows are staged in the pool's.
+      const DType staged = is_quantized(kv_dtype_) ? io_type : kv_dtype_;
+      stage_rows(io_type, k, hkv, T, d, staged, stage_k_.get());
+      stage_rows(io_type, v, hkv, T, dv, staged, stage_v_.get());
+      const std::size_t k_bytes = at(T) * at(hkv) * at(d) * element_size(staged);
+      const std::size_t v_bytes = at(T) * at(hkv) * at(dv) * element_size(staged);
+      if (is_quantized(kv_dtype_)) {
+        KVCORE_RETURN_IF_ERROR(pool_->write_values(layer, plan, staged, stage_k_.get(), k_bytes, stage_v_.get(), v_bytes));
+      } else {
+        KVCORE_RETURN_IF_ERROR(pool_->write(layer, plan, stage_k_.get(), k_bytes, stage_v_.get(), v_bytes));
+      }
     }
     KVCORE_ASSIGN_OR_RETURN(const KVViews views, pool_->views(layer, plan));
-    attend(layer, views, q, n_q_heads, T, scale, out);
+    const int from = lc.policy.kind == LayerPolicy::Kind::Shared ? lc.policy.source : layer;
+    KVCORE_ASSIGN_OR_RETURN(const PoolLayer rows, pool_->layer(from));
+    // The queries as float32, [H_q][T][d].
+    const std::size_t nq = at(n_q_heads_) * at(T) * at(d);
+    for (std::size_t i = 0; i < nq; ++i) q_[i] = quant_detail::load(io_type, static_cast<const unsigned char*>(q), i);
+    attend(layer, views, rows.k_row_bytes, rows.v_row_bytes, T, scale, out_type, static_cast<unsigned char*>(out));
     return Error::Ok;
   }
 
-  // Softmax attention of each (head, token) over the rows its position sees, in
-  // the order the views give them (position order), float32 throughout.
-  void attend(int layer, const KVViews& views, const float* q, int n_q_heads, int T, float scale,
-              float* out) noexcept {
+  // Row r of a span as float32 values: in place when the pool stores float32, else widened
+  // or dequantized into `buf`.
+  const float* row_values(const unsigned char* row, int heads, int dim, float* buf) const noexcept {
+    if (kv_dtype_ == DType::Float32) return reinterpret_cast<const float*>(row);
+    if (is_quantized(kv_dtype_)) {
+      dequantize_rows(kv_dtype_, heads, dim, row, 1, DType::Float32, buf);
+    } else {
+      for (std::size_t i = 0; i < at(heads) * at(dim); ++i) buf[i] = quant_detail::load(kv_dtype_, row, i);
+    }
+    return buf;
+  }
+
+  // Online softmax of each (query head, token) over the rows its position sees, in the order the
+  // views give them (position order); each row is read, and widened if need be, once.
+  void attend(int layer, const KVViews& views, std::size_t k_row_bytes, std::size_t v_row_bytes, int T,
+              float scale, DType out_type, unsigned char* out) noexcept {
     const LayerConfig& lc = shape_[at(layer)];
     const LayerPolicy& policy = policy_[at(layer)];
-    const std::size_t hkv = static_cast<std::size_t>(lc.n_kv_heads);
-    const std::size_t D = static_cast<std::size_t>(lc.head_dim), DV = static_cast<std::size_t>(lc.value_dim());
-    const int group = n_q_heads / lc.n_kv_heads;
-    float* score = score_.get();
-    for (int h = 0; h < n_q_heads; ++h) {
-      const std::size_t kh = static_cast<std::size_t>(h / group);
-      for (int t = 0; t < T; ++t) {
-        const int qpos = step_.position + t;
-        const std::size_t qi = static_cast<std::size_t>(h) * static_cast<std::size_t>(T) + static_cast<std::size_t>(t);
-        const float* qv = q + qi * D;
-        float* o = out + qi * DV;
-        float best = -std::numeric_limits<float>::infinity();
-        std::size_t j = 0;
-        for (int s = 0; s < views.n; ++s) {
-          const KVSpan& span = views.span[s];
-          const float* keys = reinterpret_cast<const float*>(span.k);
-          for (int r = 0; r < span.run.len; ++r, ++j) {
-            if (!policy.sees(qpos, span.run.pos + r)) {
-              score[j] = -std::numeric_limits<float>::infinity();
-              continue;
-            }
-            const float* kv = keys + (static_cast<std::size_t>(r) * hkv + kh) * D;
+    const int hkv = lc.n_kv_heads, hq = n_q_heads_, group = hq / hkv;
+    const std::size_t D = at(lc.head_dim), DV = at(lc.value_dim());
+    const std::size_t n_acc = at(hq) * at(T);
+    // Per (head, token): running max, running sum, then DV weighted values.
+    float* acc = acc_.get();
+    for (std::size_t i = 0; i < n_acc; ++i) {
+      float* a = acc + i * (DV + 2);
+      a[0] = -std::numeric_limits<float>::infinity();
+      a[1] = 0.0f;
+      for (std::size_t e = 0; e < DV; ++e) a[2 + e] = 0.0f;
+    }
+    float* kbuf = row_.get();
+    float* vbuf = row_.get() + at(hkv) * D;
+    const int first = step_.position, last = step_.position + T - 1;
+    for (int s = 0; s < views.n; ++s) {
+      const KVSpan& span = views.span[s];
+      for (int r = 0; r < span.run.len; ++r) {
+        const int kpos = span.run.pos + r;
+        if (!policy.sees(last, kpos) && !policy.sees(first, kpos)) {
+          // Seen by no query of the step? Windows are contiguous in q, so checking the ends
+          // misses none unless a middle query alone sees it: check them all then.
+          bool any = false;
+          for (int t = 1; t + 1 < T && !any; ++t) any = policy.sees(first + t, kpos);
+          if (!any) continue;
+        }
+        const float* kr = row_values(span.k + k_row_bytes * at(r), hkv, lc.head_dim, kbuf);
+        const float* vr = row_values(span.v + v_row_bytes * at(r), hkv, lc.value_dim(), vbuf);
+        for (int t = 0; t < T; ++t) {
+          if (!policy.sees(first + t, kpos)) continue;
+          for (int h = 0; h < hq; ++h) {
+            const float* qv = q_.get() + (at(h) * at(T) + at(t)) * D;
+            const float* kv = kr + at(h / group) * D;
             float dot = 0.0f;
             for (std::size_t e = 0; e < D; ++e) dot += qv[e] * kv[e];
-            score[j] = dot * scale;
-            if (score[j] > best) best = score[j];
+            const float score = dot * scale;
+            float* a = acc + (at(h) * at(T) + at(t)) * (DV + 2);
+            if (score > a[0]) {
+              const float shrink = std::exp(a[0] - score);  // exp(-inf) = 0 on the first row
+              a[1] *= shrink;
+              for (std::size_t e = 0; e < DV; ++e) a[2 + e] *= shrink;
+              a[0] = score;
+            }
+            const float w = std::exp(score - a[0]);
+            a[1] += w;
+            const float* vv = vr + at(h / group) * DV;
+            for (std::size_t e = 0; e < DV; ++e) a[2 + e] += w * vv[e];
           }
         }
-        for (std::size_t e = 0; e < DV; ++e) o[e] = 0.0f;
-        float sum = 0.0f;
-        j = 0;
-        for (int s = 0; s < views.n; ++s) {
-          const KVSpan& span = views.span[s];
-          const float* values = reinterpret_cast<const float*>(span.v);
-          for (int r = 0; r < span.run.len; ++r, ++j) {
-            if (score[j] == -std::numeric_limits<float>::infinity()) continue;
-            const float w = std::exp(score[j] - best);
-            sum += w;
-            const float* vv = values + (static_cast<std::size_t>(r) * hkv + kh) * DV;
-            for (std::size_t e = 0; e < DV; ++e) o[e] += w * vv[e];
-          }
-        }
-        // Every query sees at least itself, so sum >= 1.
-        const float inv = 1.0f / sum;
-        for (std::size_t e = 0; e < DV; ++e) o[e] *= inv;
       }
+    }
+    // Every query sees at least itself, so each sum is >= 1.
+    for (std::size_t i = 0; i < n_acc; ++i) {
+      const float* a = acc + i * (DV + 2);
+      const float inv = 1.0f / a[1];
+      for (std::size_t e = 0; e < DV; ++e) quant_detail::store(out_type, out, i * DV + e, a[2 + e] * inv);
     }
   }
 
@@ -323,9 +404,13 @@ class AttendSession {
   std::unique_ptr<bool[]> served_;
   std::unique_ptr<LayerPolicy[]> policy_;  // the visibility rule each layer attends by
   std::unique_ptr<LayerConfig[]> shape_;
-  std::unique_ptr<float[]> stage_k_, stage_v_, score_;
-  std::size_t stage_k_len_ = 0, stage_v_len_ = 0;
+  std::unique_ptr<unsigned char[]> stage_k_, stage_v_;  // a step's K/V rows, [T][H][dim]
+  std::unique_ptr<float[]> row_;                        // one K row and one V row, widened
+  std::unique_ptr<float[]> q_;                          // the step's queries, [H_q][T][d]
+  std::unique_ptr<float[]> acc_;                        // softmax accumulators, [H_q][T][2 + dv]
+  DType kv_dtype_ = DType::Float32;
   int n_layers_ = 0;
+  int n_q_heads_ = 0;
   int max_step_ = 0;
   int n_served_ = 0;
   bool active_ = false;    // a step is begun (layer 0 served or serving)

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attend_session.h"
@@ -80,7 +81,16 @@ std::vector<float> reference(const LayerPolicy& policy, const History& h, const 
   return out;
 }
 
+// Values as `type` stores them: float32 as is, float16 / bfloat16 rounded.
+float as_stored(kvcore::DType type, float x) {
+  unsigned char b[4];
+  kvcore::quant_detail::store(type, b, 0, x);
+  return kvcore::quant_detail::load(type, b, 0);
+}
+
 struct Driver {
+  kvcore::DType kv_dtype = kvcore::DType::Float32;  // the session's storage
+  kvcore::DType io = kvcore::DType::Float32;        // q/k/v in and the output out
   CacheConfig config = five_kinds();
   std::unique_ptr<AttendSession> session;
   std::vector<History> history = std::vector<History>(5);
@@ -89,12 +99,15 @@ struct Driver {
   // Per-step buffers, sized once so that a step allocates nothing here either.
   std::vector<float> q = std::vector<float>(kHeads * kMaxStep * kDim), k = std::vector<float>(kKvHeads * kMaxStep * kDim),
                      v = std::vector<float>(kKvHeads * kMaxStep * kVDim), out = std::vector<float>(kHeads * kMaxStep * kVDim);
+  std::vector<unsigned char> q_io = std::vector<unsigned char>(4 * q.size()), k_io = std::vector<unsigned char>(4 * k.size()),
+                             v_io = std::vector<unsigned char>(4 * v.size()), out_io = std::vector<unsigned char>(4 * out.size());
   std::vector<std::int64_t> pos = std::vector<std::int64_t>(kMaxStep);
   float scale = 0.5f;
   std::uint64_t session_news = 0;  // operator new calls inside the session's steps and rewinds
 
-  Driver() {
-    auto made = AttendSession::create(config);
+  explicit Driver(kvcore::DType kv = kvcore::DType::Float32, kvcore::DType in_out = kvcore::DType::Float32)
+      : kv_dtype(kv), io(in_out) {
+    auto made = AttendSession::create(config, kHeads, kv_dtype);
     EXPECT_TRUE(made.ok());
     session = std::move(made).get();
     for (History& h : history) {
@@ -103,30 +116,55 @@ struct Driver {
     }
   }
 
-  void fill(std::vector<float>& x, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) x[i] = uniform(rng);
+  // Random values the I/O type holds exactly, and their bytes in it.
+  void fill(std::vector<float>& x, std::vector<unsigned char>& bytes, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = as_stored(io, uniform(rng));
+      kvcore::quant_detail::store(io, bytes.data(), i, x[i]);
+    }
   }
 
   // One layer of a forward of T tokens at P; appends its K/V ([H][T][D] -> [pos][H][D]) to the history.
   kvcore::Status layer(int l, int P, int T) {
-    fill(q, static_cast<std::size_t>(kHeads) * T * kDim);
-    fill(k, static_cast<std::size_t>(kKvHeads) * T * kDim);
-    fill(v, static_cast<std::size_t>(kKvHeads) * T * kVDim);
+    fill(q, q_io, static_cast<std::size_t>(kHeads) * T * kDim);
+    fill(k, k_io, static_cast<std::size_t>(kKvHeads) * T * kDim);
+    fill(v, v_io, static_cast<std::size_t>(kKvHeads) * T * kVDim);
     for (int t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = P + t;
     const std::uint64_t before = kvcore_test::operator_news();
-    const kvcore::Status s =
-        session->update_and_attend(l, q.data(), kHeads, k.data(), v.data(), pos.data(), 1, T, scale, out.data());
+    const kvcore::Status s = session->update_and_attend(l, io, q_io.data(), kHeads, k_io.data(), v_io.data(),
+                                                        pos.data(), 1, T, scale, io, out_io.data());
     session_news += kvcore_test::operator_news() - before;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(kHeads) * T * kVDim; ++i)
+      out[i] = kvcore::quant_detail::load(io, out_io.data(), i);
     return s;
+  }
+
+  // Appends one token's row ([H][dim] values) as the storage keeps it.
+  void keep(std::vector<float>& to, const std::vector<float>& row, int dim) {
+    if (!kvcore::is_quantized(kv_dtype)) {
+      for (float x : row) to.push_back(as_stored(kv_dtype, x));
+      return;
+    }
+    unsigned char stored[256];
+    float back[64];
+    kvcore::quantize_row(kv_dtype, kKvHeads, dim, kvcore::DType::Float32, row.data(), stored);
+    kvcore::dequantize_rows(kv_dtype, kKvHeads, dim, stored, 1, kvcore::DType::Float32, back);
+    to.insert(to.end(), back, back + kKvHeads * dim);
   }
 
   void record(int l, int T) {
     History& h = history[static_cast<std::size_t>(l)];
-    for (int t = 0; t < T; ++t)
+    std::vector<float> kr, vr;
+    for (int t = 0; t < T; ++t) {
+      kr.clear();
+      vr.clear();
       for (int hh = 0; hh < kKvHeads; ++hh) {
-        for (int e = 0; e < kDim; ++e) h.k.push_back(k[(static_cast<std::size_t>(hh) * T + t) * kDim + e]);
-        for (int e = 0; e < kVDim; ++e) h.v.push_back(v[(static_cast<std::size_t>(hh) * T + t) * kVDim + e]);
+        for (int e = 0; e < kDim; ++e) kr.push_back(k[(static_cast<std::size_t>(hh) * T + t) * kDim + e]);
+        for (int e = 0; e < kVDim; ++e) vr.push_back(v[(static_cast<std::size_t>(hh) * T + t) * kVDim + e]);
       }
+      keep(h.k, kr, kDim);
+      keep(h.v, vr, kVDim);
+    }
   }
 
   // A whole forward, each layer's output checked against the reference.
@@ -140,8 +178,10 @@ struct Driver {
       const int src = shared ? p.source : l;
       const std::vector<float> want =
           reference(config.layers[static_cast<std::size_t>(src)].policy, history[static_cast<std::size_t>(src)], q, P, T, scale);
+      // The output rounded to the I/O type: float32 to 1e-5, 16-bit types to their precision.
+      const double tolerance = io == kvcore::DType::Float32 ? 1e-5 : io == kvcore::DType::Float16 ? 2e-3 : 1e-2;
       for (std::size_t i = 0; i < want.size(); ++i)
-        ASSERT_NEAR(out[i], want[i], 1e-5) << "layer " << l << " at " << P << ", T " << T << ", i " << i;
+        ASSERT_NEAR(out[i], want[i], tolerance) << "layer " << l << " at " << P << ", T " << T << ", i " << i;
     }
   }
 
@@ -154,8 +194,30 @@ struct Driver {
   }
 };
 
-TEST(AttendSession, EveryKindEqualsTheReferenceThroughPrefillsDecodesAndRewindsWithoutAllocating) {
-  Driver d;
+struct Types {
+  kvcore::DType kv, io;
+};
+
+class AttendSessionTypes : public ::testing::TestWithParam<Types> {};
+
+// Every storage format with float32 in and out, and 16-bit I/O over 16-bit and int8 storage: the
+// reference attends (in double) over the K/V exactly as the storage keeps them.
+INSTANTIATE_TEST_SUITE_P(
+    KvAndIo, AttendSessionTypes,
+    ::testing::Values(Types{kvcore::DType::Float32, kvcore::DType::Float32},
+                      Types{kvcore::DType::BFloat16, kvcore::DType::Float32},
+                      Types{kvcore::DType::Float16, kvcore::DType::Float32},
+                      Types{kvcore::DType::QInt8, kvcore::DType::Float32},
+                      Types{kvcore::DType::Fp8E4M3, kvcore::DType::Float32},
+                      Types{kvcore::DType::BFloat16, kvcore::DType::BFloat16},
+                      Types{kvcore::DType::QInt8, kvcore::DType::BFloat16},
+                      Types{kvcore::DType::Float16, kvcore::DType::Float16}),
+    [](const ::testing::TestParamInfo<Types>& info) {
+      return std::string(kvcore::to_string(info.param.kv)) + "_kv_" + kvcore::to_string(info.param.io) + "_io";
+    });
+
+TEST_P(AttendSessionTypes, EveryKindEqualsTheReferenceThroughPrefillsDecodesAndRewindsWithoutAllocating) {
+  Driver d(GetParam().kv, GetParam().io);
   for (int T : {4, 3, 2, 4}) d.forward(T);  // a chunked prefill of 13 tokens
   for (int i = 0; i < 20; ++i) d.forward(1);  // decodes past every window: rings and chunks wrap
   d.rewind(d.session->length() - kMaxStep);   // a ring keeps max_step tokens of rewind
@@ -213,7 +275,7 @@ TEST(AttendSession, RefusedCallsNameTheRuleAndChangeNothing) {
   EXPECT_STREQ(s.message().c_str(), "a forward of 5 tokens: must be 1 .. max_step = 4 (chunk the prompt)");
   s = d.session->update_and_attend(0, big.data(), 3, big.data(), big.data(), pos.data(), 1, 1, 1.0f, big.data());
   EXPECT_EQ(s.code(), Error::InvalidArgument);
-  EXPECT_STREQ(s.message().c_str(), "layer 0: 3 query heads: must be a positive multiple of n_kv_heads = 2");
+  EXPECT_STREQ(s.message().c_str(), "layer 0: 3 query heads, but the cache was configured for 4");
   EXPECT_EQ(d.session->length(), 2);
   EXPECT_FALSE(d.session->in_forward());
   d.forward(1);  // and it goes on, equal to the reference
@@ -233,14 +295,14 @@ TEST(AttendSession, ConfigsItCannotServeAreRefused) {
   CacheConfig c = five_kinds();
   c.layers[2].policy = LayerPolicy::state(4);
   c.layers[2].n_kv_heads = c.layers[2].head_dim = c.layers[2].v_head_dim = 0;
-  auto made = AttendSession::create(c);
+  auto made = AttendSession::create(c, kHeads);
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.status().code(), Error::InvalidArgument);
   EXPECT_STREQ(made.status().message().c_str(),
                "layer 2 is a State layer: update_and_attend carries attention layers only (Flat, Ring, Chunked, Shared)");
   c = five_kinds();
   c.layers[1].policy.window = 0;
-  auto bad = AttendSession::create(c);
+  auto bad = AttendSession::create(c, kHeads);
   ASSERT_FALSE(bad.ok());
   EXPECT_STREQ(bad.status().message().c_str(), "layers[1].policy.window = 0: a Ring layer needs window >= 1");
 }

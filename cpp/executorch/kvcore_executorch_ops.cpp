@@ -15,8 +15,10 @@
 // runtime as ExecuTorch Errors (ctx.fail: the method's execute returns it) with
 // kvcore's message sent to ET_LOG and kept for kvcore_et_last_error().
 //
-// Supported now: batch 1, float32 q/k/v/out, Flat, Ring (with sinks), Chunked
-// and Shared layers. Built with -fno-exceptions -fno-rtti; a step allocates nothing.
+// Supported now: batch 1; q/k/v and out in float32, float16 or bfloat16; K/V stored
+// as float32, float16, bfloat16, int8 (ExecuTorch's QuantizedKVCache rule) or fp8;
+// Flat, Ring (with sinks), Chunked and Shared layers. Built with -fno-exceptions
+// -fno-rtti; a step allocates nothing.
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -52,10 +54,19 @@ Error report(const Status& status) noexcept {
   return kvcore::et::to_executorch(status);
 }
 
-Status check_tensor(const Tensor& t, const char* name, int dims) noexcept {
-  KVCORE_CHECK_OR_RETURN_ERROR(t.scalar_type() == ScalarType::Float, NotSupported,
-                               "update_and_attend: %s is %s: kvcore's kernel takes float32 only (bfloat16 and "
-                               "int8 are not built yet)",
+// kvcore's element type of an ExecuTorch scalar type: float32, float16, bfloat16; else false.
+bool element_type(ScalarType type, kvcore::DType* out) noexcept {
+  switch (type) {
+    case ScalarType::Float: *out = kvcore::DType::Float32; return true;
+    case ScalarType::Half: *out = kvcore::DType::Float16; return true;
+    case ScalarType::BFloat16: *out = kvcore::DType::BFloat16; return true;
+    default: return false;
+  }
+}
+
+Status check_tensor(const Tensor& t, const char* name, int dims, kvcore::DType* type) noexcept {
+  KVCORE_CHECK_OR_RETURN_ERROR(element_type(t.scalar_type(), type), NotSupported,
+                               "update_and_attend: %s is %s: kvcore's kernel takes float32, float16 or bfloat16",
                                name, ::executorch::runtime::toString(t.scalar_type()));
   KVCORE_CHECK_OR_RETURN_ERROR(t.dim() == dims, InvalidArgument, "update_and_attend: %s has %d dims, needs %d",
                                name, static_cast<int>(t.dim()), dims);
@@ -76,13 +87,18 @@ Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
                                "update_and_attend: layer_id = %d: must be in [0, n_layers = %d) of the configured "
                                "cache",
                                static_cast<long long>(layer_id), s.n_layers());
-  KVCORE_RETURN_IF_ERROR(check_tensor(q, "q", 4));
-  KVCORE_RETURN_IF_ERROR(check_tensor(k, "k", 4));
-  KVCORE_RETURN_IF_ERROR(check_tensor(v, "v", 4));
-  KVCORE_RETURN_IF_ERROR(check_tensor(out, "out", 4));
-  KVCORE_CHECK_OR_RETURN_ERROR(out_dtype == ScalarType::Float, NotSupported,
-                               "update_and_attend: out_dtype %s: kvcore's kernel writes float32 only",
-                               ::executorch::runtime::toString(out_dtype));
+  kvcore::DType q_type, k_type, v_type, out_type;
+  KVCORE_RETURN_IF_ERROR(check_tensor(q, "q", 4, &q_type));
+  KVCORE_RETURN_IF_ERROR(check_tensor(k, "k", 4, &k_type));
+  KVCORE_RETURN_IF_ERROR(check_tensor(v, "v", 4, &v_type));
+  KVCORE_RETURN_IF_ERROR(check_tensor(out, "out", 4, &out_type));
+  KVCORE_CHECK_OR_RETURN_ERROR(q_type == k_type && k_type == v_type, NotSupported,
+                               "update_and_attend: q, k, v of %s, %s, %s: kvcore's kernel takes one type for all three",
+                               kvcore::to_string(q_type), kvcore::to_string(k_type), kvcore::to_string(v_type));
+  KVCORE_CHECK_OR_RETURN_ERROR(out.scalar_type() == out_dtype, InvalidArgument,
+                               "update_and_attend: out_dtype %s but out is %s",
+                               ::executorch::runtime::toString(out_dtype),
+                               ::executorch::runtime::toString(out.scalar_type()));
   KVCORE_CHECK_OR_RETURN_ERROR(q.size(0) == 1 && k.size(0) == 1 && v.size(0) == 1, NotSupported,
                                "update_and_attend: batch %d: kvcore's kernel serves one sequence (batch 1)",
                                static_cast<int>(q.size(0)));
@@ -112,10 +128,10 @@ Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
                                "update_and_attend: out cannot be resized to [1, %d, %d, %d] (its upper bound "
                                "is smaller)",
                                static_cast<int>(sizes[1]), T, lc.value_dim());
-  return s.update_and_attend(layer, q.const_data_ptr<float>(), static_cast<int>(q.size(1)),
-                             k.const_data_ptr<float>(), v.const_data_ptr<float>(),
-                             position.const_data_ptr<std::int64_t>(), static_cast<int>(position.size(1)), T,
-                             static_cast<float>(scale), out.mutable_data_ptr<float>());
+  return s.update_and_attend(layer, q_type, q.const_data_ptr(), static_cast<int>(q.size(1)), k.const_data_ptr(),
+                             v.const_data_ptr(), position.const_data_ptr<std::int64_t>(),
+                             static_cast<int>(position.size(1)), T, static_cast<float>(scale), out_type,
+                             out.mutable_data_ptr());
 }
 
 /// `kvcache::update_and_attend.out`: writes this forward's K/V of `layer_id`
@@ -146,15 +162,17 @@ EXECUTORCH_LIBRARY(kvcache, "update_and_attend.out", update_and_attend_out);
 /// Configures (or replaces) the cache the op serves: `n_layers` layers, each
 /// `kinds[l]` with `windows[l]`, `sinks[l]`, `sources[l]` (null arrays: zeros),
 /// `n_kv_heads` x `head_dim` keys and `v_head_dim` (0: head_dim) values per
-/// token, float32; `capacity` positions at most; `max_step` tokens per forward
-/// at most (0: min(512, capacity)). Allocates every layer's rows now (a ring
-/// layer holds window + max_step - 1 rows). Returns 0 (Ok) or ExecuTorch's /
-/// kvcore's error code (InvalidArgument 0x12: the message, from
-/// kvcore_et_last_error(), names the field and the rule; MemoryAllocationFailed
-/// 0x21); on error the previous cache is kept.
+/// token, attended by `n_q_heads` query heads (a multiple of n_kv_heads);
+/// `capacity` positions at most; `max_step` tokens per forward at most (0:
+/// min(512, capacity)); K/V stored as `kv_dtype` (kvcore::DType: 0 float32, 1
+/// float16, 2 bfloat16, 5 int8 as ExecuTorch's QuantizedKVCache, 6 fp8 e4m3).
+/// Allocates every layer's rows now (a ring layer holds window + max_step - 1
+/// rows). Returns 0 (Ok) or ExecuTorch's / kvcore's error code (InvalidArgument
+/// 0x12: the message, from kvcore_et_last_error(), names the field and the rule;
+/// MemoryAllocationFailed 0x21); on error the previous cache is kept.
 KVCORE_ET_API int kvcore_et_configure(int n_layers, const int* kinds, const int* windows, const int* sinks,
                                       const int* sources, int n_kv_heads, int head_dim, int v_head_dim,
-                                      int capacity, int max_step) {
+                                      int n_q_heads, int capacity, int max_step, int kv_dtype) {
   if (n_layers < 1 || n_layers > kvcore::CacheConfig::kMaxLayers || kinds == nullptr) {
     return static_cast<int>(report(Status::make(kvcore::Error::InvalidArgument,
                                                 "kvcore_et_configure: n_layers = %d: must be in [1, %d] with "
@@ -177,7 +195,7 @@ KVCORE_ET_API int kvcore_et_configure(int n_layers, const int* kinds, const int*
     lc.head_dim = head_dim;
     lc.v_head_dim = v_head_dim;
   }
-  auto made = AttendSession::create(config);
+  auto made = AttendSession::create(config, n_q_heads, static_cast<kvcore::DType>(kv_dtype));
   if (!made.ok()) return static_cast<int>(report(made.status()));
   g_session = std::move(made).get();
   g_last_error = kvcore::Message{};
@@ -208,7 +226,7 @@ KVCORE_ET_API int kvcore_et_rewind(int length) {
 /// Positions cached (a complete forward's included), or -1 when no cache is configured.
 KVCORE_ET_API int kvcore_et_length(void) { return g_session ? g_session->length() : -1; }
 
-/// Bytes of the configured cache's K/V arena (allocated once), or 0 when none.
+/// Bytes of the configured cache's K/V arena (allocated once, in its kv_dtype), or 0 when none.
 KVCORE_ET_API long long kvcore_et_nbytes(void) {
   return g_session ? static_cast<long long>(g_session->arena_bytes()) : 0;
 }

@@ -2,7 +2,7 @@
 // `kvcache::update_and_attend` in ExecuTorch's C++ runtime, with kvcore's kernel
 // (kvcore_executorch_ops) behind the op. No Python in the process.
 //
-//   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32]
+//   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8]
 //
 // It reads the cache's facts from the program's own metadata methods (kvcore_*,
 // written by kvcore.integrations.executorch_runtime.export_program), configures
@@ -29,7 +29,8 @@
 
 extern "C" {
 int kvcore_et_configure(int n_layers, const int* kinds, const int* windows, const int* sinks, const int* sources,
-                        int n_kv_heads, int head_dim, int v_head_dim, int capacity, int max_step);
+                        int n_kv_heads, int head_dim, int v_head_dim, int n_q_heads, int capacity, int max_step,
+                        int kv_dtype);
 int kvcore_et_length(void);
 long long kvcore_et_nbytes(void);
 const char* kvcore_et_last_error(void);
@@ -41,7 +42,9 @@ using ::executorch::extension::Module;
 using ::executorch::runtime::EValue;
 
 int usage() {
-  std::fprintf(stderr, "usage: kvcore-run MODEL.pte --tokens ID,ID,... [--new N]\n");
+  std::fprintf(stderr,
+               "usage: kvcore-run MODEL.pte --tokens ID,ID,... [--new N] "
+               "[--kv-dtype float32|float16|bfloat16|int8|fp8]\n");
   return 2;
 }
 
@@ -112,6 +115,7 @@ int main(int argc, char** argv) {
   const char* path = nullptr;
   std::vector<std::int64_t> tokens;
   int n_new = 16;
+  int kv_dtype_override = -1;  // -1: the program's kvcore_kv_dtype
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       for (char* p = argv[++i]; *p != '\0';) {
@@ -122,6 +126,15 @@ int main(int argc, char** argv) {
         p = *end == ',' ? end + 1 : end;
         if (*end != ',' && *end != '\0') return usage();
       }
+    } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
+      const char* name = argv[++i];
+      kv_dtype_override = std::strcmp(name, "float32") == 0    ? 0
+                          : std::strcmp(name, "float16") == 0  ? 1
+                          : std::strcmp(name, "bfloat16") == 0 ? 2
+                          : std::strcmp(name, "int8") == 0     ? 5
+                          : std::strcmp(name, "fp8") == 0      ? 6
+                                                               : -2;
+      if (kv_dtype_override == -2) return usage();
     } else if (std::strcmp(argv[i], "--new") == 0 && i + 1 < argc) {
       n_new = std::atoi(argv[++i]);
     } else if (argv[i][0] != '-' && path == nullptr) {
@@ -139,12 +152,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<int> kinds, windows, sinks, sources;
-  int n_kv_heads = 0, head_dim = 0, v_head_dim = 0, capacity = 0, max_step = 0;
+  int n_kv_heads = 0, head_dim = 0, v_head_dim = 0, n_heads = 0, capacity = 0, max_step = 0, kv_dtype = 0;
   if (!read_ints(module, "kvcore_kinds", &kinds) || !read_ints(module, "kvcore_windows", &windows) ||
       !read_ints(module, "kvcore_sinks", &sinks) || !read_ints(module, "kvcore_sources", &sources) ||
       !read_int(module, "kvcore_n_kv_heads", &n_kv_heads) || !read_int(module, "kvcore_head_dim", &head_dim) ||
       !read_int(module, "kvcore_v_head_dim", &v_head_dim) || !read_int(module, "kvcore_capacity", &capacity) ||
-      !read_int(module, "kvcore_max_step", &max_step)) {
+      !read_int(module, "kvcore_max_step", &max_step) || !read_int(module, "kvcore_n_heads", &n_heads) ||
+      !read_int(module, "kvcore_kv_dtype", &kv_dtype)) {
     return 1;
   }
   const std::size_t n = kinds.size();
@@ -153,7 +167,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (kvcore_et_configure(static_cast<int>(n), kinds.data(), windows.data(), sinks.data(), sources.data(),
-                          n_kv_heads, head_dim, v_head_dim, capacity, max_step) != 0) {
+                          n_kv_heads, head_dim, v_head_dim, n_heads, capacity, max_step,
+                          kv_dtype_override >= 0 ? kv_dtype_override : kv_dtype) != 0) {
     std::fprintf(stderr, "kvcore-run: the program's cache metadata is refused: %s\n", kvcore_et_last_error());
     return 1;
   }

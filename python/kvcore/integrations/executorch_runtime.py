@@ -47,6 +47,9 @@ KERNEL_LIBRARY_ENV = "KVCORE_EXECUTORCH_OPS"
 #: kvcore's layer kinds (``kvcore::LayerPolicy::Kind``), as the metadata and the C API number them.
 FLAT, RING, CHUNKED, SHARED = 0, 1, 2, 3
 _KIND_NAMES = {FLAT: "flat", RING: "ring", CHUNKED: "chunked", SHARED: "shared"}
+#: The K/V storage formats the kernel keeps (``kvcore::DType`` numbers): ``"int8"`` is ExecuTorch's
+#: QuantizedKVCache rule (per token and head: int8 values, a float32 scale, an int8 zero point).
+KV_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 5, "fp8": 6}
 
 _OUT_SCHEMA = (
     "update_and_attend.out(Tensor q, Tensor k, Tensor v, Tensor position, SymInt layer_id, float scale, "
@@ -112,12 +115,15 @@ class KVCoreMetadata:
 
     ``kinds[l]``: FLAT, RING (``windows[l]`` keys a query sees counting itself, ``sinks[l]``
     first positions always seen), CHUNKED (``windows[l]`` = chunk size) or SHARED (reads layer
-    ``sources[l]``'s K/V). ``capacity``: positions at most; ``max_step``: tokens per forward at
-    most (the program's dynamic token dimension has the same bound).
+    ``sources[l]``'s K/V). ``n_heads``: query heads (a multiple of ``n_kv_heads``).
+    ``capacity``: positions at most; ``max_step``: tokens per forward at most (the program's
+    dynamic token dimension has the same bound). ``kv_dtype``: the K/V storage the program
+    suggests (a ``KV_DTYPES`` number, default float32; the runtime may choose another).
     """
 
     kinds: tuple[int, ...]
     n_kv_heads: int
+    n_heads: int
     head_dim: int
     capacity: int
     max_step: int
@@ -126,11 +132,12 @@ class KVCoreMetadata:
     sources: tuple[int, ...] = ()
     v_head_dim: int = 0
     vocab_size: int = 0
+    kv_dtype: int = 0
 
     #: The constant methods' names: ``kvcore_<field>``.
     PREFIX = "kvcore_"
     _LISTS = ("kinds", "windows", "sinks", "sources")
-    _INTS = ("n_kv_heads", "head_dim", "v_head_dim", "capacity", "max_step", "vocab_size")
+    _INTS = ("n_kv_heads", "n_heads", "head_dim", "v_head_dim", "capacity", "max_step", "vocab_size", "kv_dtype")
 
     @property
     def n_layers(self) -> int:
@@ -163,8 +170,9 @@ class KVCoreMetadata:
 
         return cls(
             kinds=ints("kinds"), windows=ints("windows"), sinks=ints("sinks"), sources=ints("sources"),
-            n_kv_heads=one("n_kv_heads"), head_dim=one("head_dim"), v_head_dim=one("v_head_dim"),
-            capacity=one("capacity"), max_step=one("max_step"), vocab_size=one("vocab_size"),
+            n_kv_heads=one("n_kv_heads"), n_heads=one("n_heads"), head_dim=one("head_dim"),
+            v_head_dim=one("v_head_dim"), capacity=one("capacity"), max_step=one("max_step"),
+            vocab_size=one("vocab_size"), kv_dtype=one("kv_dtype"),
         )
 
     def describe(self) -> str:
@@ -216,7 +224,7 @@ class KernelLibrary:
         self.path = path
         lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
         int_p = ctypes.POINTER(ctypes.c_int)
-        configure_args: list[Any] = [ctypes.c_int, int_p, int_p, int_p, int_p] + [ctypes.c_int] * 5
+        configure_args: list[Any] = [ctypes.c_int, int_p, int_p, int_p, int_p] + [ctypes.c_int] * 7
         lib.kvcore_et_configure.argtypes = configure_args
         lib.kvcore_et_configure.restype = ctypes.c_int
         lib.kvcore_et_reset.restype = ctypes.c_int
@@ -231,9 +239,13 @@ class KernelLibrary:
         if code != 0:
             raise KernelLibraryError(code, self.last_error)
 
-    def configure(self, meta: KVCoreMetadata) -> None:
-        """(Re)build the kernel's cache for ``meta`` at length 0. ``KernelLibraryError`` with
-        kvcore's message when ``meta`` breaks a rule (the previous cache is kept)."""
+    def configure(self, meta: KVCoreMetadata, kv_dtype: Optional[str] = None) -> None:
+        """(Re)build the kernel's cache for ``meta`` at length 0, storing K/V as ``kv_dtype`` (a
+        ``KV_DTYPES`` name; None: the program's ``meta.kv_dtype``). ``KernelLibraryError`` with
+        kvcore's message when ``meta`` breaks a rule (the previous cache is kept); ValueError
+        naming the choices for another ``kv_dtype``."""
+        if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype {kv_dtype!r}: must be one of {', '.join(KV_DTYPES)}")
         n = meta.n_layers
 
         def arr(values: Sequence[int]) -> Any:
@@ -242,7 +254,8 @@ class KernelLibrary:
         self._check(
             self._lib.kvcore_et_configure(
                 n, arr(meta.kinds), arr(meta.windows), arr(meta.sinks), arr(meta.sources),
-                meta.n_kv_heads, meta.head_dim, meta.v_head_dim, meta.capacity, meta.max_step,
+                meta.n_kv_heads, meta.head_dim, meta.v_head_dim, meta.n_heads, meta.capacity, meta.max_step,
+                meta.kv_dtype if kv_dtype is None else KV_DTYPES[kv_dtype],
             )
         )
 
@@ -372,7 +385,7 @@ class TinyConfig:
     def metadata(self) -> KVCoreMetadata:
         return KVCoreMetadata(
             kinds=tuple(self.kinds), windows=tuple(self.windows), sinks=tuple(self.sinks),
-            sources=(0,) * len(self.kinds), n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+            sources=(0,) * len(self.kinds), n_kv_heads=self.n_kv_heads, n_heads=self.n_heads, head_dim=self.head_dim,
             capacity=self.capacity, max_step=self.max_step, vocab_size=self.vocab_size,
         )
 
@@ -483,6 +496,7 @@ __all__ = [
     "CHUNKED",
     "FLAT",
     "KERNEL_LIBRARY_ENV",
+    "KV_DTYPES",
     "RING",
     "SHARED",
     "KVCoreMetadata",
