@@ -15,9 +15,9 @@
 // the forward completed restarts it (the retry path). An error while a layer is
 // served aborts the step: the length is as before the forward.
 //
-// Attention reads each visible K/V row once per layer and step (online softmax
-// over the rows in position order, per query head and token), dequantizing or
-// widening a row into a small workspace when it is not float32.
+// Attention reads the visible K/V rows in blocks of 32, once per layer and step
+// (online softmax over the blocks in position order, per query head and token),
+// dequantizing or widening a block into a small workspace when it is not float32.
 // Everything is allocated by create(); a step allocates nothing.
 // Not thread-safe: one runtime thread drives a session.
 #pragma once
@@ -50,7 +50,7 @@ class AttendSession {
   /// `n_q_heads` query heads (a positive multiple of every layer's n_kv_heads).
   /// Allocates the planner, one arena holding every layer's rows at full size,
   /// and the per-step workspaces (staged K/V of max_step tokens, the queries and
-  /// the softmax accumulators of max_step tokens, one widened K/V row).
+  /// the softmax accumulators of max_step tokens, one widened block of K/V rows).
   /// InvalidArgument: the config breaks a rule (the message names it), has a
   /// State layer, or `kv_dtype` / `n_q_heads` is not one of the above.
   /// MemoryAllocationFailed: an allocation failed (nothing kept).
@@ -92,7 +92,7 @@ class AttendSession {
     KVCORE_CHECK_OR_RETURN_ERROR(s->served_ && s->policy_ && s->shape_, MemoryAllocationFailed,
                                  "AttendSession: out of memory");
     const std::size_t T = at(s->max_step_), hq = at(n_q_heads);
-    std::size_t stage = 0, row = 0, qbuf = 0, acc = 0;
+    std::size_t stage = 0, block_k = 0, block_v = 0, qbuf = 0, acc = 0;
     for (int l = 0; l < n; ++l) {
       const LayerConfig& lc = config.layer(l);
       s->shape_[at(l)] = lc;
@@ -102,16 +102,20 @@ class AttendSession {
       const std::size_t hk = at(lc.n_kv_heads), d = at(lc.head_dim), dv = at(lc.value_dim());
       const std::size_t widest = d > dv ? d : dv;
       if (T * hk * widest * 4 > stage) stage = T * hk * widest * 4;  // 4: the widest element
-      if (hk * (d + dv) > row) row = hk * (d + dv);
+      if (at(kBlock) * hk * d > block_k) block_k = at(kBlock) * hk * d;
+      if (at(kBlock) * hk * dv > block_v) block_v = at(kBlock) * hk * dv;
       if (T * hq * d > qbuf) qbuf = T * hq * d;
       if (T * hq * (dv + 2) > acc) acc = T * hq * (dv + 2);
     }
     s->stage_k_.reset(new (std::nothrow) unsigned char[stage]);
     s->stage_v_.reset(new (std::nothrow) unsigned char[stage]);
-    s->row_.reset(new (std::nothrow) float[row]);
+    s->kblock_.reset(new (std::nothrow) float[block_k]);
+    s->vblock_.reset(new (std::nothrow) float[block_v]);
+    s->score_.reset(new (std::nothrow) float[kBlock]);
     s->q_.reset(new (std::nothrow) float[qbuf]);
     s->acc_.reset(new (std::nothrow) float[acc]);
-    KVCORE_CHECK_OR_RETURN_ERROR(s->stage_k_ && s->stage_v_ && s->row_ && s->q_ && s->acc_, MemoryAllocationFailed,
+    KVCORE_CHECK_OR_RETURN_ERROR(s->stage_k_ && s->stage_v_ && s->kblock_ && s->vblock_ && s->score_ && s->q_ && s->acc_,
+                                 MemoryAllocationFailed,
                                  "AttendSession: cannot allocate the step workspaces");
     return s;
   }
@@ -231,6 +235,9 @@ class AttendSession {
   }
 
  private:
+  // Rows attended at a time: widened together, one softmax rescale per query.
+  static constexpr int kBlock = 32;
+
   AttendSession() noexcept = default;
 
   // A count or index (checked non-negative) as a size.
@@ -309,20 +316,39 @@ class AttendSession {
     return Error::Ok;
   }
 
-  // Row r of a span as float32 values: in place when the pool stores float32, else widened
-  // or dequantized into `buf`.
-  const float* row_values(const unsigned char* row, int heads, int dim, float* buf) const noexcept {
-    if (kv_dtype_ == DType::Float32) return reinterpret_cast<const float*>(row);
+  // `n` consecutive rows of a span as float32 values: in place when the pool stores float32,
+  // else widened or dequantized into `buf` (n x heads x dim floats).
+  const float* rows_as_float(const unsigned char* rows, std::size_t row_bytes, int n, int heads, int dim,
+                             float* buf) const noexcept {
+    if (kv_dtype_ == DType::Float32) return reinterpret_cast<const float*>(rows);
     if (is_quantized(kv_dtype_)) {
-      dequantize_rows(kv_dtype_, heads, dim, row, 1, DType::Float32, buf);
+      dequantize_rows(kv_dtype_, heads, dim, rows, n, DType::Float32, buf);
     } else {
-      for (std::size_t i = 0; i < at(heads) * at(dim); ++i) buf[i] = quant_detail::load(kv_dtype_, row, i);
+      const std::size_t per_row = at(heads) * at(dim);
+      for (int r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < per_row; ++i) buf[at(r) * per_row + i] = quant_detail::load(kv_dtype_, rows + row_bytes * at(r), i);
+      }
     }
     return buf;
   }
 
-  // Online softmax of each (query head, token) over the rows its position sees, in the order the
-  // views give them (position order); each row is read, and widened if need be, once.
+  static float dot(const float* a, const float* b, std::size_t n) noexcept {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;  // four chains the compiler can vectorize
+    std::size_t e = 0;
+    for (; e + 4 <= n; e += 4) {
+      s0 += a[e] * b[e];
+      s1 += a[e + 1] * b[e + 1];
+      s2 += a[e + 2] * b[e + 2];
+      s3 += a[e + 3] * b[e + 3];
+    }
+    for (; e < n; ++e) s0 += a[e] * b[e];
+    return (s0 + s1) + (s2 + s3);
+  }
+
+  // Softmax attention of each (query head, token) over the rows its position sees, blocks of
+  // kBlock rows at a time in the order the views give them (position order): each block is
+  // widened once if need be, and each query's running max, sum and weighted values are
+  // rescaled once per block (online softmax).
   void attend(int layer, const KVViews& views, std::size_t k_row_bytes, std::size_t v_row_bytes, int T,
               float scale, DType out_type, unsigned char* out) noexcept {
     const LayerConfig& lc = shape_[at(layer)];
@@ -330,49 +356,58 @@ class AttendSession {
     const int hkv = lc.n_kv_heads, hq = n_q_heads_, group = hq / hkv;
     const std::size_t D = at(lc.head_dim), DV = at(lc.value_dim());
     const std::size_t n_acc = at(hq) * at(T);
+    const float minus_inf = -std::numeric_limits<float>::infinity();
     // Per (head, token): running max, running sum, then DV weighted values.
     float* acc = acc_.get();
     for (std::size_t i = 0; i < n_acc; ++i) {
       float* a = acc + i * (DV + 2);
-      a[0] = -std::numeric_limits<float>::infinity();
+      a[0] = minus_inf;
       a[1] = 0.0f;
       for (std::size_t e = 0; e < DV; ++e) a[2 + e] = 0.0f;
     }
-    float* kbuf = row_.get();
-    float* vbuf = row_.get() + at(hkv) * D;
-    const int first = step_.position, last = step_.position + T - 1;
+    float* score = score_.get();
     for (int s = 0; s < views.n; ++s) {
       const KVSpan& span = views.span[s];
-      for (int r = 0; r < span.run.len; ++r) {
-        const int kpos = span.run.pos + r;
-        if (!policy.sees(last, kpos) && !policy.sees(first, kpos)) {
-          // Seen by no query of the step? Windows are contiguous in q, so checking the ends
-          // misses none unless a middle query alone sees it: check them all then.
-          bool any = false;
-          for (int t = 1; t + 1 < T && !any; ++t) any = policy.sees(first + t, kpos);
-          if (!any) continue;
+      for (int r0 = 0; r0 < span.run.len; r0 += kBlock) {
+        const int n = span.run.len - r0 < kBlock ? span.run.len - r0 : kBlock;
+        const int pos0 = span.run.pos + r0;
+        // Skip a block no query of the step sees (a ring's rows the window left behind).
+        bool seen = false;
+        for (int t = 0; t < T && !seen; ++t) {
+          for (int j = 0; j < n && !seen; ++j) seen = policy.sees(step_.position + t, pos0 + j);
         }
-        const float* kr = row_values(span.k + k_row_bytes * at(r), hkv, lc.head_dim, kbuf);
-        const float* vr = row_values(span.v + v_row_bytes * at(r), hkv, lc.value_dim(), vbuf);
+        if (!seen) continue;
+        const float* kb = rows_as_float(span.k + k_row_bytes * at(r0), k_row_bytes, n, hkv, lc.head_dim, kblock_.get());
+        const float* vb = rows_as_float(span.v + v_row_bytes * at(r0), v_row_bytes, n, hkv, lc.value_dim(), vblock_.get());
         for (int t = 0; t < T; ++t) {
-          if (!policy.sees(first + t, kpos)) continue;
+          const int qpos = step_.position + t;
           for (int h = 0; h < hq; ++h) {
             const float* qv = q_.get() + (at(h) * at(T) + at(t)) * D;
-            const float* kv = kr + at(h / group) * D;
-            float dot = 0.0f;
-            for (std::size_t e = 0; e < D; ++e) dot += qv[e] * kv[e];
-            const float score = dot * scale;
+            const std::size_t kh = at(h / group);
+            float best = minus_inf;
+            for (int j = 0; j < n; ++j) {
+              if (!policy.sees(qpos, pos0 + j)) {
+                score[j] = minus_inf;
+                continue;
+              }
+              score[j] = dot(qv, kb + (at(j) * at(hkv) + kh) * D, D) * scale;
+              if (score[j] > best) best = score[j];
+            }
+            if (best == minus_inf) continue;  // this query sees none of the block
             float* a = acc + (at(h) * at(T) + at(t)) * (DV + 2);
-            if (score > a[0]) {
-              const float shrink = std::exp(a[0] - score);  // exp(-inf) = 0 on the first row
+            if (best > a[0]) {
+              const float shrink = std::exp(a[0] - best);  // exp(-inf) = 0 on the first block seen
               a[1] *= shrink;
               for (std::size_t e = 0; e < DV; ++e) a[2 + e] *= shrink;
-              a[0] = score;
+              a[0] = best;
             }
-            const float w = std::exp(score - a[0]);
-            a[1] += w;
-            const float* vv = vr + at(h / group) * DV;
-            for (std::size_t e = 0; e < DV; ++e) a[2 + e] += w * vv[e];
+            for (int j = 0; j < n; ++j) {
+              if (score[j] == minus_inf) continue;
+              const float w = std::exp(score[j] - a[0]);
+              a[1] += w;
+              const float* vv = vb + (at(j) * at(hkv) + kh) * DV;
+              for (std::size_t e = 0; e < DV; ++e) a[2 + e] += w * vv[e];
+            }
           }
         }
       }
@@ -405,7 +440,8 @@ class AttendSession {
   std::unique_ptr<LayerPolicy[]> policy_;  // the visibility rule each layer attends by
   std::unique_ptr<LayerConfig[]> shape_;
   std::unique_ptr<unsigned char[]> stage_k_, stage_v_;  // a step's K/V rows, [T][H][dim]
-  std::unique_ptr<float[]> row_;                        // one K row and one V row, widened
+  std::unique_ptr<float[]> kblock_, vblock_;            // kBlock K and V rows, widened
+  std::unique_ptr<float[]> score_;                      // one query's scores over a block
   std::unique_ptr<float[]> q_;                          // the step's queries, [H_q][T][d]
   std::unique_ptr<float[]> acc_;                        // softmax accumulators, [H_q][T][2 + dv]
   DType kv_dtype_ = DType::Float32;
