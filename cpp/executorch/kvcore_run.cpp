@@ -2,7 +2,7 @@
 // `kvcache::update_and_attend` in ExecuTorch's C++ runtime, with kvcore's kernel
 // (kvcore_executorch_ops) behind the op. No Python in the process.
 //
-//   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8]
+//   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8] [--lookup 3]
 //
 // It reads the cache's facts from the program's own metadata methods (kvcore_*,
 // written by kvcore.integrations.executorch_runtime.export_program), configures
@@ -14,6 +14,9 @@
 //
 // The program takes (tokens [1, T] int64, positions [T, 1] int64) and returns
 // logits [1, T, vocab] float32. Token ids only for now: no tokenizer yet.
+// --lookup N: exact prompt-lookup speculative decoding: each forward verifies up to N
+// tokens drafted from the history, and kvcore's rewind drops the rejected ones; the tokens
+// are greedy decoding's, in fewer forwards when drafts are accepted.
 // Exit status: 0, 1 on a runtime or kernel error (the message on stderr), 2 on bad usage.
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
@@ -23,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -32,6 +36,7 @@ int kvcore_et_configure(int n_layers, const int* kinds, const int* windows, cons
                         int n_kv_heads, int head_dim, int v_head_dim, int n_q_heads, int capacity, int max_step,
                         int kv_dtype);
 int kvcore_et_length(void);
+int kvcore_et_rewind(int length);
 long long kvcore_et_nbytes(void);
 const char* kvcore_et_last_error(void);
 }
@@ -44,7 +49,7 @@ using ::executorch::runtime::EValue;
 int usage() {
   std::fprintf(stderr,
                "usage: kvcore-run MODEL.pte --tokens ID,ID,... [--new N] "
-               "[--kv-dtype float32|float16|bfloat16|int8|fp8]\n");
+               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N]\n");
   return 2;
 }
 
@@ -79,8 +84,10 @@ bool read_int(Module& module, const char* name, int* out) {
   return true;
 }
 
-// One forward of tokens[begin, end) at positions begin..; the argmax of its last logits row, or -1.
-long long forward(Module& module, const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end) {
+// One forward of tokens[begin, end) at positions begin..; the argmax of each logits row into
+// `argmax` (one per token); false on an error (the message on stderr).
+bool forward(Module& module, const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end,
+             std::vector<std::int64_t>* argmax) {
   const int T = static_cast<int>(end - begin);
   std::vector<std::int64_t> ids(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
                                 tokens.begin() + static_cast<std::ptrdiff_t>(end));
@@ -93,16 +100,39 @@ long long forward(Module& module, const std::vector<std::int64_t>& tokens, std::
     const char* why = kvcore_et_last_error();
     std::fprintf(stderr, "kvcore-run: forward of positions %zu..%zu failed (ExecuTorch error 0x%x)%s%s\n", begin,
                  end - 1, static_cast<unsigned>(result.error()), why[0] ? ": " : "", why);
-    return -1;
+    return false;
   }
   const auto& logits = (*result)[0].toTensor();
   const int vocab = static_cast<int>(logits.size(2));
-  const float* last = logits.const_data_ptr<float>() + static_cast<std::ptrdiff_t>(T - 1) * vocab;
-  int best = 0;
-  for (int v = 1; v < vocab; ++v) {
-    if (last[v] > last[best]) best = v;
+  argmax->clear();
+  for (int t = 0; t < T; ++t) {
+    const float* row = logits.const_data_ptr<float>() + static_cast<std::ptrdiff_t>(t) * vocab;
+    int best = 0;
+    for (int v = 1; v < vocab; ++v) {
+      if (row[v] > row[best]) best = v;
+    }
+    argmax->push_back(best);
   }
-  return best;
+  return true;
+}
+
+// Prompt lookup: the tokens that followed the latest earlier occurrence of the history's last
+// `ngram` tokens (3, 2, then 1), at most `n`; none when the history never repeated.
+std::vector<std::int64_t> lookup(const std::vector<std::int64_t>& tokens, std::size_t n) {
+  const std::size_t len = tokens.size();
+  for (std::size_t ngram = 3; ngram >= 1; --ngram) {
+    if (len <= ngram) continue;
+    for (std::size_t start = len - ngram; start-- > 0;) {  // latest match first, never the suffix itself
+      if (std::equal(tokens.end() - static_cast<std::ptrdiff_t>(ngram), tokens.end(),
+                     tokens.begin() + static_cast<std::ptrdiff_t>(start))) {
+        const std::size_t from = start + ngram;
+        const std::size_t to = from + n < len ? from + n : len;
+        return std::vector<std::int64_t>(tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                                         tokens.begin() + static_cast<std::ptrdiff_t>(to));
+      }
+    }
+  }
+  return {};
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -116,6 +146,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> tokens;
   int n_new = 16;
   int kv_dtype_override = -1;  // -1: the program's kvcore_kv_dtype
+  int lookup_n = 0;            // drafted tokens per forward (prompt lookup); 0: plain greedy
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       for (char* p = argv[++i]; *p != '\0';) {
@@ -135,6 +166,8 @@ int main(int argc, char** argv) {
                           : std::strcmp(name, "fp8") == 0      ? 6
                                                                : -2;
       if (kv_dtype_override == -2) return usage();
+    } else if (std::strcmp(argv[i], "--lookup") == 0 && i + 1 < argc) {
+      lookup_n = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--new") == 0 && i + 1 < argc) {
       n_new = std::atoi(argv[++i]);
     } else if (argv[i][0] != '-' && path == nullptr) {
@@ -177,21 +210,50 @@ int main(int argc, char** argv) {
                  n_new, capacity);
     return 1;
   }
+  if (lookup_n < 0 || lookup_n + 1 > max_step) {
+    std::fprintf(stderr, "kvcore-run: --lookup %d: a verify forward of 1 + N tokens must fit max_step = %d\n", lookup_n,
+                 max_step);
+    return 2;
+  }
   const std::size_t prompt = tokens.size();
   const std::size_t step = static_cast<std::size_t>(max_step);
-  long long next = -1;
+  std::vector<std::int64_t> argmax;
   auto t0 = std::chrono::steady_clock::now();
   for (std::size_t at = 0; at < prompt; at += step) {
-    next = forward(module, tokens, at, at + step < prompt ? at + step : prompt);
-    if (next < 0) return 1;
+    if (!forward(module, tokens, at, at + step < prompt ? at + step : prompt, &argmax)) return 1;
   }
+  std::int64_t next = argmax.back();  // the next token, not fed yet
   const double prefill_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < n_new; ++i) {
+  int forwards = 0, drafted = 0, accepted = 0;
+  // Greedy decoding; with --lookup N each forward also verifies up to N drafted tokens, and
+  // the cache is rewound past the first one the model does not agree with (exact: the
+  // tokens are greedy decoding's).
+  for (int generated = 0; generated < n_new;) {
+    const std::size_t fed_after = tokens.size();  // the cache holds this many positions
     tokens.push_back(next);
-    if (i + 1 == n_new) break;  // the last token is not fed back
-    next = forward(module, tokens, tokens.size() - 1, tokens.size());
-    if (next < 0) return 1;
+    ++generated;
+    if (generated == n_new) break;  // the last token is not fed back
+    std::vector<std::int64_t> drafts =
+        lookup_n > 0 ? lookup(tokens, static_cast<std::size_t>(lookup_n)) : std::vector<std::int64_t>{};
+    const std::size_t room = static_cast<std::size_t>(n_new - generated - 1);  // tokens the output still takes, fed
+    if (drafts.size() > room) drafts.resize(room);
+    tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+    if (!forward(module, tokens, fed_after, tokens.size(), &argmax)) return 1;
+    ++forwards;
+    drafted += static_cast<int>(drafts.size());
+    std::size_t m = 0;  // drafts the model agrees with
+    while (m < drafts.size() && drafts[m] == argmax[m]) ++m;
+    accepted += static_cast<int>(m);
+    generated += static_cast<int>(m);
+    next = argmax[m];
+    if (m < drafts.size()) {
+      tokens.resize(fed_after + 1 + m);
+      if (kvcore_et_rewind(static_cast<int>(tokens.size())) != 0) {
+        std::fprintf(stderr, "kvcore-run: rewind to %zu refused: %s\n", tokens.size(), kvcore_et_last_error());
+        return 1;
+      }
+    }
   }
   const double decode_ms = ms_since(t0);
   std::printf("tokens:");
@@ -202,5 +264,9 @@ int main(int argc, char** argv) {
               prefill_ms, prefill_ms > 0 ? 1e3 * static_cast<double>(prompt) / prefill_ms : 0.0, decoded, decode_ms,
               decode_ms > 0 ? 1e3 * decoded / decode_ms : 0.0);
   std::printf("cache: %zu layers, length %d, %lld bytes of K/V\n", n, kvcore_et_length(), kvcore_et_nbytes());
+  if (lookup_n > 0) {
+    std::printf("lookup: %d forwards for %d tokens, %d of %d drafted tokens accepted\n", forwards, decoded, accepted,
+                drafted);
+  }
   return 0;
 }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import warnings
 from collections.abc import Iterator
@@ -305,3 +306,26 @@ def test_kvcore_run_keeps_int8_rows_when_asked(runner: Runner, tmp_path: Path) -
         cache = dict(line.split(": ", 1) for line in done.stdout.splitlines())["cache"]
         held[kv] = int(cache.split(", ")[-1].split()[0])
     assert held["int8"] < 0.5 * held["float32"], held
+
+
+def test_kvcore_run_lookup_gives_greedys_tokens_through_rewinds(runner: Runner, tmp_path: Path) -> None:
+    """``--lookup N``: each forward verifies up to N tokens drafted from the history and kvcore's
+    rewind drops the rejected ones; the tokens are PyTorch's greedy ones, and some drafts are
+    both accepted and rejected (the model repeats itself), so rewinds happened past the wrap."""
+    r = runner
+    c = r.config
+    prompt = [3, 7, 1, 9, 12, 5, 3, 7, 1][: c.max_step + 1]
+    n_new = 3 * max(c.windows) + c.max_step
+    n = c.max_step - 1
+    done = _kvcore_run(r, tmp_path, "--tokens", ",".join(map(str, prompt)), "--new", str(n_new), "--lookup", str(n))
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert [int(t) for t in lines["tokens"].split()] == _greedy_in_pytorch(r, prompt, n_new)
+    stats = re.fullmatch(r"(\d+) forwards for (\d+) tokens, (\d+) of (\d+) drafted tokens accepted", lines["lookup"])
+    assert stats, lines["lookup"]
+    forwards, decoded, accepted, drafted = (int(g) for g in stats.groups())
+    assert decoded == n_new - 1 and forwards + accepted == decoded  # each forward: one token and what it accepted
+    assert drafted > accepted, lines["lookup"]
+    assert lines["cache"].startswith(f"3 layers, length {len(prompt) + n_new - 1},")
+    too_many = _kvcore_run(r, tmp_path, "--tokens", "1,2", "--lookup", str(c.max_step))
+    assert too_many.returncode == 2 and "must fit max_step" in too_many.stderr
