@@ -80,7 +80,7 @@ Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
            double scale, ScalarType out_dtype, Tensor& out) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(g_session != nullptr, InvalidState,
                                "update_and_attend: no kvcore cache is configured: call kvcore_et_configure "
-                               "(kvcore.integrations.executorch_runtime.configure) with the program's metadata "
+                               "(KernelLibrary.configure in kvcore.integrations.executorch_runtime) with the program's metadata "
                                "before running it");
   AttendSession& s = *g_session;
   KVCORE_CHECK_OR_RETURN_ERROR(layer_id >= 0 && layer_id < s.n_layers(), InvalidArgument,
@@ -136,7 +136,7 @@ Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
 
 /// `kvcache::update_and_attend.out`: writes this forward's K/V of `layer_id`
 /// into kvcore's cache and attends `q` over what each query may see, into `out`
-/// ([1, H_q, q_len, v_head_dim], float32). A failure sets the context's failure
+/// ([1, H_q, q_len, v_head_dim], of out_dtype). A failure sets the context's failure
 /// state to kvcore's code (InvalidArgument, InvalidState, NotSupported,
 /// OutOfResources ...) and logs kvcore's message; the forward's step is aborted
 /// (a complete forward is committed by the next one's layer 0, so a program
