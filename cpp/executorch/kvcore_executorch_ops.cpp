@@ -80,8 +80,8 @@ Status run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
            double scale, ScalarType out_dtype, Tensor& out) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(g_session != nullptr, InvalidState,
                                "update_and_attend: no kvcore cache is configured: call kvcore_et_configure "
-                               "(KernelLibrary.configure in kvcore.integrations.executorch_runtime) with the program's metadata "
-                               "before running it");
+                               "(KernelLibrary.configure in kvcore.integrations.executorch_runtime) with the "
+                               "program's metadata before running it");
   AttendSession& s = *g_session;
   KVCORE_CHECK_OR_RETURN_ERROR(layer_id >= 0 && layer_id < s.n_layers(), InvalidArgument,
                                "update_and_attend: layer_id = %d: must be in [0, n_layers = %d) of the configured "
