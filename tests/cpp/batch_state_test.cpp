@@ -453,7 +453,9 @@ TEST(BatchState, AnAbortedStepLosesTheStateSlotsItWritesEvenFreshOnes) {
       e.verify = true;
       step_and_commit(*c, e);
       const int old_slot = *c->state_slot(0, 0, 0);  // the state after position 0
-      if (forked) ASSERT_EQ(c->fork(0, 1, 3), Error::Ok);
+      if (forked) {
+        ASSERT_EQ(c->fork(0, 1, 3), Error::Ok);
+      }
       const int other = 1 - seq;
       EXPECT_EQ(rewinds(*c, seq), (std::vector<int>{0, 1, 2, 3}));
       StepEntry v{seq, 2, nullptr};
