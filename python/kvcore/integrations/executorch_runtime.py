@@ -141,6 +141,7 @@ class KVCoreMetadata:
 
     @property
     def n_layers(self) -> int:
+        """Layers of the program (one kind each)."""
         return len(self.kinds)
 
     def _list(self, name: str) -> list[int]:
@@ -211,6 +212,7 @@ class KernelLibraryError(RuntimeError):
     """A call into the kernel library failed: ``code`` is ExecuTorch's error code, the message kvcore's."""
 
     def __init__(self, code: int, message: str) -> None:
+        """``code``: the C function's return (ExecuTorch's error code); ``message``: kvcore's."""
         super().__init__(f"{message} (ExecuTorch error 0x{code:x})")
         self.code = code
 
@@ -221,6 +223,8 @@ class KernelLibrary:
     process-global: ``configure`` replaces it)."""
 
     def __init__(self, path: str) -> None:
+        """Load ``path`` with ``RTLD_GLOBAL`` (registering its kernel) and bind its C functions.
+        OSError when the file cannot be loaded (``load_kernel_library`` loads each path once)."""
         self.path = path
         lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
         int_p = ctypes.POINTER(ctypes.c_int)
@@ -383,6 +387,7 @@ class TinyConfig:
     seed: int = 0
 
     def metadata(self) -> KVCoreMetadata:
+        """The cache facts a program of this model carries (``export_program`` writes them)."""
         return KVCoreMetadata(
             kinds=tuple(self.kinds), windows=tuple(self.windows), sinks=tuple(self.sinks),
             sources=(0,) * len(self.kinds), n_kv_heads=self.n_kv_heads, n_heads=self.n_heads, head_dim=self.head_dim,
@@ -408,6 +413,7 @@ class TinyDecoder(torch.nn.Module):
     from the whole sequence with explicit masks (no cache), for checking a runtime's."""
 
     def __init__(self, config: TinyConfig) -> None:
+        """Random weights from ``config.seed`` (the same config gives the same model)."""
         super().__init__()
         self.config = c = config
         gen = torch.Generator().manual_seed(c.seed)
@@ -447,6 +453,8 @@ class TinyDecoder(torch.nn.Module):
         return _rms(x, 1.0 + self.norm_out) @ self.head.T
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [1, T, vocab] of ``tokens`` [1, T] at ``positions`` [T, 1] (int64), the cache
+        behind ``kvcache::update_and_attend`` (eagerly: ExecuTorch's registry's active cache)."""
         x = self.embed[tokens]
         op = torch.ops.kvcache.update_and_attend.default
 
