@@ -287,6 +287,8 @@ class HostTier:
             raise InvalidArgumentError(f"restore: {len(ids)} tokens > capacity {cache.capacity}")
         if not isinstance(keep, bool):
             raise InvalidArgumentError(f"restore: keep = {keep!r}: must be a bool")
+        if seq is not None:
+            seq = self._free_seq(cache, seq)  # refused whether the tier hits or not
         device_hit = cache.lookup_prefix(ids, ns)
         found = self._find(ids, cache.block_size, ns, device_hit, keep)
         if found is None:

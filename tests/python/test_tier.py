@@ -300,6 +300,8 @@ def test_bad_inputs_are_refused_and_change_nothing() -> None:
         (InvalidArgumentError, r"namespace = -1: an int namespace must be in \[0, 2\*\*64\)",
          lambda: tier.restore(a.cache, a.pool, Q_LONGER, -1)),
         (InvalidArgumentError, r"restore: seq = 9: must be an int in \[0, 4\)", lambda: tier.restore(a.cache, a.pool, Q_LONGER, seq=9)),
+        # A prompt the tier does not hold (a miss): a bad seq is refused all the same.
+        (InvalidArgumentError, r"restore: seq = -1: must be an int in \[0, 4\)", lambda: tier.restore(a.cache, a.pool, [7, 7, 7], seq=-1)),
         (InvalidArgumentError, r"restore: 49 tokens > capacity 48", lambda: tier.restore(a.cache, a.pool, list(range(49)))),
         (InvalidArgumentError, r"block_size = 0: must be an int >= 1", lambda: tier.longest(P, 0)),
         (InvalidArgumentError, r"corrupt", lambda: tier.put(record[:-1] + bytes([record[-1] ^ 1]), namespace=0, block_size=2)),
