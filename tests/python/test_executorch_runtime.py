@@ -44,6 +44,7 @@ need(
 )
 et_runtime = need("executorch.runtime")
 er: Any = importlib.import_module("kvcore.integrations.executorch_runtime")
+tiny: Any = importlib.import_module("kvcore.integrations.executorch_tiny")
 
 # Set but missing (a build that failed): each test fails with FileNotFoundError, not a skip.
 LIBRARY = os.environ.get(er.KERNEL_LIBRARY_ENV)
@@ -55,9 +56,9 @@ pytestmark = pytest.mark.skipif(
 
 CONFIGS = {
     # flat, ring(8), flat: decodes pass the window and wrap the ring's 8 + 8 - 1 rows
-    "flat-ring-flat": er.TinyConfig(),
+    "flat-ring-flat": tiny.TinyConfig(),
     # a ring of window 4 with 2 sinks, a chunked layer of chunk 4, a flat one
-    "sinks-chunked": er.TinyConfig(
+    "sinks-chunked": tiny.TinyConfig(
         kinds=(er.RING, er.CHUNKED, er.FLAT), windows=(4, 4, 0), sinks=(2, 0, 0), max_step=4, seed=1
     ),
 }
@@ -72,7 +73,7 @@ class Runner:
         # are theirs, not this test's: the suite's filterwarnings = error would fail it on them.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.model, self.pte = er.export_tiny(self.config)
+            self.model, self.pte = tiny.export_tiny(self.config)
         self.lib = er.load_kernel_library(LIBRARY)
         self.program = et_runtime.Runtime.get().load_program(self.pte)
         self.meta = er.kvcore_metadata(self.program)

@@ -44,6 +44,9 @@ path (``transformers_*``, ``kvcore.torch``; ExecuTorch is torch's);
   ``.out`` variant ``to_executorch`` needs, kvcore's cache metadata in the program, an
   export, and the ``kvcore_executorch_ops`` kernel library loaded and driven from Python
   (needs ``torch``, ``executorch`` and the built library; docs/executorch.md).
+- ``kvcore.integrations.executorch_tiny``: a tiny random decoder on that op with a plain
+  PyTorch reference, exported in seconds, for checks and demos (needs ``torch`` and
+  ``executorch``).
 
 Deprecated paths, each removed in kvcore 0.2.0 and warning with a DeprecationWarning
 when imported (docs/deprecations.md): ``kvcore.integrations.torch_pool`` (now
