@@ -33,6 +33,10 @@ while [ $# -gt 0 ]; do
 done
 ROBUST=$((SANITIZE + TSAN + FUZZ_SECONDS))
 
+# A test that hangs fails the run within PYTEST_TIMEOUT's seconds, every thread's stack printed
+# (pytest-timeout's thread method ends the process), instead of running out CI's time; the
+# slowest test takes a few minutes at most.
+PYTEST_TIMEOUT="--timeout 900 --timeout-method thread"
 step() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # --- system packages (Debian) ---------------------------------------------
@@ -57,7 +61,7 @@ fi
 # --- Python build and test dependencies, then the package itself ------------
 step "pip install build and test dependencies, then kvcore"
 "$PYTHON" -m pip install -q --disable-pip-version-check \
-  "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest hypothesis mypy || exit 1
+  "scikit-build-core>=0.10" "pybind11>=2.12" numpy pytest pytest-timeout hypothesis mypy || exit 1
 if [ "$ROBUST" = 0 ]; then  # robustness runs test their own staged builds
   "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation ".[test]" || exit 1
 else  # the test extra's own dependencies, without kvcore itself
@@ -121,7 +125,7 @@ if [ "$ROBUST" -gt 0 ]; then
          ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
          PYTHONPATH="$PY_OUT/site" HYPOTHESIS_PROFILE=dev \
          KVCORE_EXECUTORCH_OPS="$ROOT/build/asan/cpp/executorch/libkvcore_executorch_ops.so" \
-         "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget sanitize) || status=1
+         "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget sanitize $PYTEST_TIMEOUT) || status=1
     else
       echo "ASan Python build failed"; status=1
     fi
@@ -224,7 +228,7 @@ step "Python: mypy --strict, stubtest, pytest"
 # KVCORE_EXECUTORCH_OPS: the kernel library the C++ build made (kvcore_executorch_ops, against the
 # executorch wheel), which tests/python/test_executorch_runtime.py loads into ExecuTorch's runtime.
 (cd "$ROOT" && HYPOTHESIS_PROFILE=ci KVCORE_EXECUTORCH_OPS="$BUILD/cpp/executorch/libkvcore_executorch_ops.so" \
-   "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget normal) || status=1
+   "$PYTHON" -m pytest tests/python -q -p no:cacheprovider --skip-budget normal $PYTEST_TIMEOUT) || status=1
 
 step "summary: $([ $status = 0 ] && echo 'all tests passed' || echo 'FAILURES above')"
 exit $status
