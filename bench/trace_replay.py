@@ -884,29 +884,11 @@ class KvcoreAdapter:
         self.has_state = model.has_state
         self.max_active = layout["max_active_seqs"]
         self.max_running = min(cfg.max_running, self.max_active)
-        layers = []
-        for lay in model.layers:
-            if lay.kind == "full":
-                layers.append(kvcore.LayerConfig(kvcore.Flat(), lay.kv_heads, lay.head_dim))
-            elif lay.kind == "sliding":
-                layers.append(kvcore.LayerConfig(kvcore.Ring(window=lay.window), lay.kv_heads, lay.head_dim))
-            else:
-                layers.append(kvcore.LayerConfig(kvcore.State(1)))
-        extra = {"page_layers": layout["page_layers"]} if "page_layers" in layout else {}
-        limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
-                                    max_active_seqs=self.max_active,
-                                    max_step_tokens=cfg.token_budget,
-                                    num_blocks=layout["num_blocks_flat"],
-                                    state_snapshots=layout["state_snapshots"],
-                                    max_rewind=cfg.max_rewind)
-        self.cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=cfg.chunk, batch=limits))
+        cache, self.bpb = self._make_cache(model, block, layout, cfg, capacity)
+        self.cache: kvcore.BatchCache = cache
         self.n_groups = self.cache.n_groups
         self.one_pool = "page_layers" in layout
         self.page_bytes = layout.get("bytes_per_block", 0)
-        self.bpb = []
-        for g in range(self.n_groups):
-            members = [i for i, lay in enumerate(model.layers) if lay.kind != "state" and self.cache.group_of(i) == g]
-            self.bpb.append(block * sum(model.layers[i].kv_bytes_per_token for i in members))
         self.free_ids = list(range(self.max_active - 1, -1, -1))
         self.reserved = [0] * self.n_groups
         self.check = check
@@ -923,6 +905,33 @@ class KvcoreAdapter:
         self.has_events = hasattr(self.cache, "enable_kv_events")
         if self.has_events:
             self.ext.enable_kv_events(1 << 20)
+
+    def _make_cache(self, model: Model, block: int, layout: dict[str, Any], cfg: SchedulerConfig,
+                    capacity: int) -> tuple[Any, list[int]]:
+        """The BatchCache of `model`'s layers laid out as `layout` says, and each block group's
+        bytes per block (a subclass may build another shape: bench/tier_replay.py)."""
+        kvcore = self.kv
+        layers = []
+        for lay in model.layers:
+            if lay.kind == "full":
+                layers.append(kvcore.LayerConfig(kvcore.Flat(), lay.kv_heads, lay.head_dim))
+            elif lay.kind == "sliding":
+                layers.append(kvcore.LayerConfig(kvcore.Ring(window=lay.window), lay.kv_heads, lay.head_dim))
+            else:
+                layers.append(kvcore.LayerConfig(kvcore.State(1)))
+        extra = {"page_layers": layout["page_layers"]} if "page_layers" in layout else {}
+        limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
+                                    max_active_seqs=self.max_active,
+                                    max_step_tokens=cfg.token_budget,
+                                    num_blocks=layout["num_blocks_flat"],
+                                    state_snapshots=layout["state_snapshots"],
+                                    max_rewind=cfg.max_rewind)
+        cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=cfg.chunk, batch=limits))
+        bpb = []
+        for g in range(cache.n_groups):
+            members = [i for i, lay in enumerate(model.layers) if lay.kind != "state" and cache.group_of(i) == g]
+            bpb.append(block * sum(model.layers[i].kv_bytes_per_token for i in members))
+        return cache, bpb
 
     def _key(self, lv: Live, i: int) -> tuple[int, int]:
         arr = self.keys.get(lv.req.index)
