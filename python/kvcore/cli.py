@@ -92,8 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(a in sub.choices for a in args_in) and (
         not print_and_exit & set(args_in) or demo.batch_argv(args_in) is not None
         or demo.hf_batch_argv(args_in) is not None or demo.disaggregated_argv(args_in) is not None
+        or demo.runtime_argv(args_in) is not None
     ):
         args_in = ["demo", *args_in]
+    # `kvcore demo --runtime executorch`: a tiny model run by kvcore-run, with a parser of its own.
+    if args_in[:1] == ["demo"] and (runtime_args := demo.runtime_argv(args_in[1:])) is not None:
+        return demo.runtime_main(runtime_args)
     # `kvcore demo --disaggregated`: prefill and decode on Ray actors, with a parser of its own.
     if args_in[:1] == ["demo"] and (dis_args := demo.disaggregated_argv(args_in[1:])) is not None:
         return demo.disaggregated_main(dis_args)

@@ -24,6 +24,10 @@ Nothing here is imported by ``import kvcore``. One concept per module:
   torch and transformers);
 - ``kvcore.demo.disaggregated``: ``kvcore demo --disaggregated``, prefill and
   decode on Ray actors, sequences moved as records (kvcore.state);
+- ``kvcore.demo.executorch_runtime``: ``kvcore demo --runtime executorch``, a tiny random
+  model exported to a ``.pte`` and run by ``kvcore-run`` (ExecuTorch's C++ runtime, kvcore's
+  kernel behind the op), its tokens checked against PyTorch (needs torch, executorch and the
+  built runner);
 - ``kvcore.demo.real_model``: real trained models for ``--model`` (Gemma 3 270M from
   PyPI), converted once and cached under ~/.cache/kvcore (needs the gemma extra);
 - ``kvcore.demo.real``: ``kvcore demo --model NAME``'s decoding, the real model through

@@ -1,7 +1,8 @@
-"""The command lines of ``kvcore demo`` and its ``--batch``, ``--disaggregated`` and ``--hf-batch`` forms.
+"""The command lines of ``kvcore demo`` and its ``--batch``, ``--disaggregated``, ``--hf-batch`` and
+``--runtime executorch`` forms.
 
 ``kvcore demo`` is a subcommand of ``kvcore`` (kvcore.cli); ``--batch``,
-``--disaggregated`` and ``--hf-batch`` hand the rest of the command line to a
+``--disaggregated``, ``--hf-batch`` and ``--runtime`` hand the rest of the command line to a
 parser of their own.
 A value the demo cannot honour is refused, never quietly replaced: exit status
 2 and one line naming the option, the value and the limit.
@@ -76,6 +77,12 @@ def add_parser(sub: Any) -> None:
         "--disaggregated", action="store_true",
         help="prefill on Ray actors and decode on another, sequences moved as records, checked against one "
         "process (needs the distributed extra; kvcore demo --disaggregated --help)",
+    )
+    p.add_argument(
+        "--runtime", default=None, choices=["executorch"],
+        help="run a tiny random model exported to a .pte by kvcore-run, ExecuTorch's C++ runtime with kvcore's "
+        "kernel, and check its tokens against PyTorch (needs torch, executorch and the built kvcore-run; kvcore "
+        "demo --runtime executorch --help)",
     )
     p.set_defaults(run=run)
 
@@ -155,10 +162,11 @@ def _options(cls: Any, args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvcore demo`` with the parsed options; its exit status."""
-    for form in ("--batch", "--hf-batch", "--disaggregated"):
+    for form in ("--batch", "--hf-batch", "--disaggregated", "--runtime"):
         # kvcore.cli hands these to their own parsers before parsing; this parser alone cannot.
-        if getattr(args, form[2:].replace("-", "_")):
-            print(f"kvcore demo: error: {form} takes its own options: run `kvcore demo {form} ...`", file=sys.stderr)
+        if value := getattr(args, form[2:].replace("-", "_")):
+            shown = f"{form} {value}" if isinstance(value, str) else form
+            print(f"kvcore demo: error: {shown} takes its own options: run `kvcore demo {shown} ...`", file=sys.stderr)
             return 2
     show = not args.no_progress and sys.stderr.isatty()
     if args.model is not None:
@@ -404,3 +412,62 @@ def real_disaggregated_main(argv: Sequence[str]) -> int:
                                                        max_step=args.max_step, address=args.address)  # fmt: skip
     return run_and_report(command, opts, lambda o, _progress: real_disaggregated.run_real_disaggregated(o),
                           real_disaggregated.format_report, as_json=args.json, show_progress=False)
+
+
+def runtime_argv(argv: list[str]) -> list[str] | None:
+    """The options of ``kvcore demo --runtime NAME`` when argv (after ``demo``) asks for it (``--runtime``
+    or ``--runtime=NAME`` given), else None; ``--runtime`` stays in them, for its parser to check NAME."""
+    if not any(a == "--runtime" or a.startswith("--runtime=") for a in argv):
+        return None
+    return list(argv)
+
+
+def runtime_parser() -> argparse.ArgumentParser:
+    """The parser of ``kvcore demo --runtime executorch``."""
+    from kvcore.demo import executorch_runtime
+
+    d = executorch_runtime.ExecutorchDemoOptions()
+    p = Parser(
+        prog="kvcore demo --runtime executorch",
+        description="Export a tiny random decoder (flat, ring, flat layers; attention through ExecuTorch's "
+        "kvcache::update_and_attend) to a .pte in seconds, run it with kvcore-run (ExecuTorch's C++ runtime, "
+        "kvcore's kernel library behind the op, no Python in that process): a prompt prefilled in --max-step "
+        "chunks and greedy decoding past the ring's wrap, then with --lookup N prompt-lookup speculative decoding; "
+        "every token must equal the same model's greedy decoding in plain PyTorch. Needs torch, executorch and "
+        "the built kvcore-run (docs/executorch.md). Exits 0 when every token is equal, 1 when one is not, 2 on bad "
+        "options or a missing package or runner.",
+    )
+    p.add_argument("--runtime", required=True, choices=["executorch"], help="the runtime (ExecuTorch's C++ runtime)")
+    knobs = [
+        ("prompt-len", "prompt tokens (a random phrase of 4 tokens from --seed, repeated)"),
+        ("gen-len", "tokens to generate"),
+        ("lookup", "prompt-lookup drafts per verify forward of the speculative run, at most --max-step - 1; "
+                   "0: no speculative run"),
+        ("window", "the ring layer's window (positions a query sees, itself included)"),
+        ("sinks", "the ring layer's attention sinks"),
+        ("max-step", "largest forward (tokens): prefill chunks, a verify forward"),
+        ("seed", "weights and prompt seed"),
+    ]
+    _add_int_knobs(p, knobs, d)
+    p.add_argument("--runner", default=None,
+                   help=f"the kvcore-run binary (default: ${executorch_runtime.RUNNER_ENV}, else beside "
+                   f"${executorch_runtime.KERNEL_LIBRARY_ENV}, else on PATH)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help="draw the progress bar even when stderr is not a terminal")
+    bar.add_argument("--no-progress", action="store_true", help="no progress bar (by default it shows on a terminal)")
+    return p
+
+
+def runtime_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --runtime executorch ...`` with argv (the options after ``demo``, ``--runtime``
+    included); its exit status: 0 when kvcore-run's tokens equal PyTorch's, 1 when they do not,
+    2 on bad options, a missing package or no kvcore-run (the message says what to build)."""
+    from kvcore.demo import executorch_runtime
+
+    args = runtime_parser().parse_args(list(argv))
+    names = [f.name for f in dataclasses.fields(executorch_runtime.ExecutorchDemoOptions)]
+    opts = executorch_runtime.ExecutorchDemoOptions(**{n: getattr(args, n) for n in names})
+    show = args.progress or (not args.no_progress and sys.stderr.isatty())
+    return run_and_report("kvcore demo --runtime executorch", opts, executorch_runtime.run_executorch_demo,
+                          executorch_runtime.format_report, as_json=args.json, show_progress=show)
