@@ -12,7 +12,11 @@ record is the unit of transfer, so a restore is exact by construction: every pla
 after it equals the exporter's (docs/state.md, "Exactness").
 
 The tier evicts whole records, least recently used first, when its bytes would pass its
-capacity; it reports ``bytes``, ``hits``, ``misses`` and ``evictions``. Records that enter by
+capacity; it reports ``bytes``, ``hits``, ``misses`` and ``evictions``. A flat model's record
+serves every full-block prefix of its tokens, so the tier keeps one copy of a prefix: a record
+whose full blocks a held flat record holds is not stored, and one that extends held flat
+records supersedes them (a conversation's turns take one record's bytes, not one per turn).
+Records that enter by
 ``put`` are bytes from elsewhere: they are validated as an import validates them, and again
 by the import at restore. One thread at a time (as the cache). docs/tier.md says what it
 promises, what it costs and what is left.
@@ -150,6 +154,7 @@ class HostTier:
     longest prefix of a prompt it holds back into a device cache, ``longest`` answers without
     side effects. Counters: ``bytes`` (held now), ``hits`` and ``misses`` (restores that did /
     did not lengthen the device's hit), ``evictions`` (records dropped for room),
+    ``superseded`` (flat records dropped because a longer one holds their blocks),
     ``bytes_restored``. InvalidArgumentError: capacity_bytes not an int >= 0.
     """
 
@@ -164,6 +169,7 @@ class HostTier:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.superseded = 0
         self.bytes_restored = 0
 
     # --- what it holds ---------------------------------------------------------------------
@@ -203,8 +209,10 @@ class HostTier:
         """Exports active sequence `seq` of `cache` (its byte layer `pool`: a ``PagedKVPool`` or
         ``TorchPagedKVPool``) with its token ids `tokens` (every position's, len == its length)
         and stores the record in the sequence's prefix namespace, unless the tier holds that
-        prefix already (its recency then moves). Call it before ``release_sequence``; the
-        sequence is not changed. Returns the bytes stored (0: already held).
+        prefix already (its recency then moves; for a flat model also as a prefix of a longer
+        record, and a stored flat record supersedes held ones it extends). Call it before
+        ``release_sequence``; the sequence is not changed. Returns the bytes stored (0: already
+        held).
 
         InvalidArgumentError: not a BatchCache and its pool, bad tokens or not one per position.
         InvalidStateError: seq not active, a step is begun, positions removed (its record keys
@@ -240,7 +248,8 @@ class HostTier:
         prefix of namespace `namespace` in blocks of `block_size`. It is checked as an import
         checks it (``RecordInfo.of``), and must carry every position's token id with nothing
         removed and at least one full block; the tier keeps a copy. Returns the bytes stored (0:
-        the tier holds that prefix already; its recency moves).
+        the tier holds that prefix already, for a flat model also as a prefix of a longer record;
+        its recency moves; a stored flat record supersedes held flat ones it extends).
 
         InvalidArgumentError: truncated, corrupt or malformed (the import's errors), a bad
         namespace or block_size; NotSupportedError: a newer record version; InvalidStateError:
@@ -354,7 +363,8 @@ class HostTier:
     def _find(self, ids: npt.NDArray[np.int32], block: int, ns: int, above: int,
               keep: bool) -> Optional[tuple[_Key, int]]:
         """(record key, hit positions) of the longest hit longer than `above` a held record of
-        namespace `ns` serves for prompt `ids`, the most recently used on a tie; None if none."""
+        namespace `ns` serves for prompt `ids`; on a tie the smallest record (the fewest bytes to
+        import and blocks to take), then the most recently used; None if none."""
         usable = max(len(ids) - 1, 0) // block  # adopt_prefix takes at most len - 1 tokens
         if usable * block <= above:
             return None
@@ -366,7 +376,7 @@ class HostTier:
             best: Optional[_Key] = None
             for k in holders:
                 e = self._entries[k]
-                if e.namespace == ns and e.serves(i + 1, keep) and (best is None or e.last_used > self._entries[best].last_used):
+                if e.namespace == ns and e.serves(i + 1, keep) and (best is None or self._cheaper(e, self._entries[best])):
                     best = k
             if best is not None:
                 return best, (i + 1) * block
@@ -398,6 +408,19 @@ class HostTier:
             return 0
         flat = all(k == "flat" or (k == "shared" and kinds[layer.param] == "flat")
                    for k, layer in zip(kinds, info.layers))
+        if flat:
+            # A flat record serves every full-block prefix of its tokens: one held already that
+            # holds this record's last full block (so every block before it) serves all this one
+            # would; held ones whose last full block is one of this record's are superseded by it.
+            for k in self._by_block.get(key, ()):
+                if self._entries[k].flat:
+                    self._touch(k)
+                    return 0
+            for lo, hi in keys[:-1]:
+                shorter = self._entries.get((ns, block, lo, hi))
+                if shorter is not None and shorter.flat:
+                    self._drop((ns, block, lo, hi))
+                    self.superseded += 1
         while self._bytes + len(record) > self._capacity:
             self._drop(next(iter(self._entries)))
             self.evictions += 1
@@ -408,6 +431,10 @@ class HostTier:
             self._by_block.setdefault((ns, block, lo, hi), set()).add(key)
         self._bytes += len(record)
         return len(record)
+
+    @staticmethod
+    def _cheaper(a: _Entry, b: _Entry) -> bool:
+        return (len(a.record), -a.last_used) < (len(b.record), -b.last_used)
 
     def _touch(self, key: _Key) -> None:
         self._clock += 1

@@ -357,3 +357,44 @@ def test_a_state_model_spilled_off_a_block_boundary_is_refused_by_name() -> None
     with pytest.raises(InvalidStateError, match=r"spill: length 5 is not a multiple of block_size 2 and the model has State"):
         tier.spill(m.cache, m.pool, 0, P[:5])
     assert tier.bytes == 0 and len(tier) == 0
+
+
+def test_a_flat_prefix_is_held_once_and_the_smallest_record_serves() -> None:
+    """A conversation's turns: each turn's record extends the last one's. A flat record serves
+    every full-block prefix, so the tier keeps one: a turn supersedes the turns it extends, a
+    record whose blocks a held one holds is not stored again (its holder's recency moves), and
+    of two records serving a prefix the smaller is imported. Rings keep one record per length."""
+    turns = [P[:4], P[:8], P]  # 2, 4, 6 full blocks, each a prefix of the next
+    tier = HostTier(1 << 20)
+    sizes = []
+    m = Model(KINDS["flat"]())
+    for t in turns:
+        m.cache.add_sequence(0)
+        m.prefill(0, t)
+        sizes.append(tier.spill(m.cache, m.pool, 0, t))
+        m.cache.release_sequence(0)
+    assert all(s > 0 for s in sizes) and len(tier) == 1 and tier.bytes == sizes[-1]
+    assert tier.superseded == 2 and tier.evictions == 0
+    for t in turns:  # every turn's prefix is still served, by the one record
+        assert tier.longest(t + [99], 2) == len(t)
+    m.cache.add_sequence(0)
+    m.prefill(0, P[:6])  # 3 full blocks, all held: nothing stored
+    assert tier.spill(m.cache, m.pool, 0, P[:6]) == 0 and len(tier) == 1
+    m.cache.release_sequence(0)
+    # Another conversation sharing P's first 2 blocks: two records serve a 2-block prefix; the
+    # smaller one is imported (fewer bytes, fewer device blocks).
+    other = P[:4] + [40, 41, 42, 43]
+    m.cache.add_sequence(0)
+    m.prefill(0, other)
+    small = tier.spill(m.cache, m.pool, 0, other)
+    m.cache.release_sequence(0)
+    assert 0 < small < sizes[-1] and len(tier) == 2
+    m.cache.clear()
+    r = tier.restore(m.cache, m.pool, P[:4] + [77, 78, 79])
+    assert r.hit == 4 and r.bytes == small
+    m.cache.add_sequence(1)
+    assert m.cache.adopt_prefix(1, P[:4] + [77]) == 4
+    # A ring's record serves only its own last full block: no turn supersedes another.
+    ring = HostTier(1 << 20)
+    spilled(KINDS["ring_sinks"](), turns, ring)
+    assert len(ring) == 3 and ring.superseded == 0
