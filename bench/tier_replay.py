@@ -48,6 +48,7 @@ the scheduler's own throughput (token_budget tokens per step_ms: 81,920 tokens/s
     python3 bench/tier_replay.py --quick                              # first 300 requests
     python3 bench/tier_replay.py --host-tier 0,1,2,4,8 --blocks 16,512 --out bench/results/tier_replay.json
     python3 bench/tier_replay.py --generate 600 --seed 1 --out bench/results/tier_replay_generated.json
+    python3 bench/tier_replay.py --unit-model --no-replay --out bench/results/tier_unit_model.json  # blocks vs records
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -348,6 +350,7 @@ def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budg
         "host_bytes_peak_real": hm.real(st["peak_host_bytes_tiny"], st["peak_host_records"]) if tier else 0,
         "host_hits": tier.hits if tier else 0, "host_misses": tier.misses if tier else 0,
         "host_evictions": tier.evictions if tier else 0,
+        "host_superseded": getattr(tier, "superseded", 0) if tier else 0,
         **st,
         "bytes_moved_per_reused_token": st["restore_bytes_real"] / reused if reused else 0.0,
         "bytes_moved_per_host_token": st["restore_bytes_real"] / host if host else 0.0,
@@ -357,6 +360,61 @@ def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budg
         "wall_s": wall, "hits": res.hits_first, "host_hits_per_request": host_hits,
         "ideal_online": res.ideal_online,
     }
+    return out
+
+
+def unit_model(trace: Sequence[tr.TraceRequest], block: int, capacities: Sequence[int]) -> list[dict[str, Any]]:
+    """A model, not HostTier: what the storage unit costs at equal bytes. Requests in arrival
+    order, one at a time (no concurrency, no device/host split); a store of `capacity` blocks
+    either keeps **blocks** (LRU per block, a prompt's blocks touched when it is served) or
+    **records** as HostTier keeps a flat model's (a prompt's full blocks as one record, LRU
+    over records by blocks; a prefix held once: a record inside a held one is not stored and
+    supersedes held ones it extends). Returns per capacity the prompt tokens each reuses."""
+    prints = [tr.block_fingerprints(tr.prompt_tokens(r), block, r.input_length // block) for r in trace]
+    caps = [(r.input_length - 1) // block for r in trace]
+    out = []
+    for capacity in capacities:
+        blocks: OrderedDict[int, None] = OrderedDict()
+        records: OrderedDict[int, list[int]] = OrderedDict()
+        holders: dict[int, set[int]] = {}
+        used = 0
+        got_b = got_r = 0
+        for i, fps in enumerate(prints):
+            n = 0
+            while n < caps[i] and fps[n] in blocks:
+                n += 1
+            got_b += n * block
+            for f in fps:
+                blocks[f] = None
+                blocks.move_to_end(f)
+            while len(blocks) > capacity:
+                blocks.popitem(last=False)
+            n = 0
+            while n < caps[i] and holders.get(fps[n]):
+                n += 1
+            got_r += n * block
+            if n:
+                records.move_to_end(min(holders[fps[n - 1]], key=lambda k: len(records[k])))
+            if not fps or len(fps) > capacity:
+                continue
+            if holders.get(fps[-1]):
+                records.move_to_end(next(iter(holders[fps[-1]])))
+                continue
+            for f in fps[:-1]:  # held records this one extends: superseded
+                for k in [k for k in holders.get(f, ()) if records[k][-1] == f]:
+                    used -= len(records[k])
+                    for g in records.pop(k):
+                        holders[g].discard(k)
+            records[i] = fps
+            used += len(fps)
+            for f in fps:
+                holders.setdefault(f, set()).add(i)
+            while used > capacity:
+                k, old = records.popitem(last=False)
+                used -= len(old)
+                for g in old:
+                    holders[g].discard(k)
+        out.append({"capacity_blocks": capacity, "blocks_reused_tokens": got_b, "records_reused_tokens": got_r})
     return out
 
 
@@ -389,6 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budget", default="2x", help="the device budget: a multiple of the peak working set")
     ap.add_argument("--host-tier", default="0,1,2,4,8", help="host capacities, multiples of the device budget")
     ap.add_argument("--bandwidth", type=float, default=25.0, help="modelled host->device GB/s (PCIe 4 x16)")
+    ap.add_argument("--unit-model", action="store_true",
+                    help="also model blocks against records at (1 + X) x the device's blocks (unit_model)")
+    ap.add_argument("--no-replay", action="store_true", help="with --unit-model: the model only")
     ap.add_argument("--quick", action="store_true", help="first 300 requests")
     ap.add_argument("--out", help="write the JSON here")
     args = ap.parse_args(argv)
@@ -412,7 +473,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         budgets, info = tr.budgets_for(model, b, trace, cfg, capacity, [args.budget], None, None,
                                        one_pool=tr.kvcore_one_pool())
         ideal = tr.trace_ideal(trace, b)
+        units: dict[float, dict[str, Any]] = {}
+        if args.unit_model:
+            dev_blocks = tr.kvcore_layout(model, b, budgets[args.budget], cfg, capacity,
+                                          one_pool=tr.kvcore_one_pool())["num_blocks_flat"]
+            for x, u in zip(xs, unit_model(trace, b, [int((1 + x) * dev_blocks) for x in xs])):
+                units[x] = {**u, "device_blocks": dev_blocks,
+                            "blocks_reused_pct": 100.0 * u["blocks_reused_tokens"] / prompt_total,
+                            "records_reused_pct": 100.0 * u["records_reused_tokens"] / prompt_total}
         for x in xs:
+            if args.no_replay:
+                rows.append({"model": model.name, "block": b, "budget": args.budget, "host_x": x,
+                             "budget_bytes": budgets[args.budget], "ideal_pct": 100.0 * sum(ideal) / prompt_total,
+                             "unit_model": units.get(x)})
+                continue
             t0 = time.perf_counter()
             try:
                 r = run_tier(trace, model, b, budgets[args.budget], cfg, capacity, x, ideal, host_model=hm,
@@ -423,14 +497,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 r = {"host_x": x, "violation": str(e)}
             r.update({"model": model.name, "block": b, "budget": args.budget, "budget_bytes": budgets[args.budget],
                       "ideal_pct": 100.0 * sum(ideal) / prompt_total, "infinite_cache_reused_pct":
-                      info["infinite_cache_reused_pct"], "peak_working_set_bytes": info["peak_working_set_bytes"]})
+                      info["infinite_cache_reused_pct"], "peak_working_set_bytes": info["peak_working_set_bytes"],
+                      "unit_model": units.get(x)})
             rows.append(r)
             print(f"B={b} host {x:g}x: reused {r.get('reused_pct', 0):.2f}% "
                   f"(host {r.get('host_pct', 0):.2f}%) in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     print(f"trace {trace_name}: {len(trace)} requests, {prompt_total:,} prompt tokens; model {model.name}; "
           f"device budget {args.budget} of the peak working set; host->device {args.bandwidth} GB/s (a model)")
     ok_rows = [r for r in rows if r.get("violation") is None]
-    print_rows(ok_rows)
+    if not args.no_replay:
+        print_rows(ok_rows)
+    for r in ok_rows:
+        if r.get("unit_model"):
+            u = r["unit_model"]
+            print(f"unit model B={r['block']} store of (1 + {r['host_x']:g}) x the device's blocks: blocks "
+                  f"{u['blocks_reused_pct']:.2f}%, records {u['records_reused_pct']:.2f}% (ideal {r['ideal_pct']:.2f}%)")
     if failed:
         print("CHECKS FAILED:\n  " + "\n  ".join(failed))
     if args.out:

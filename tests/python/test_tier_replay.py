@@ -97,3 +97,11 @@ def test_a_model_with_rings_is_refused_by_name() -> None:
     trace, capacity, budget, ideal = setup
     with pytest.raises(ValueError, match="non-full-attention"):
         tp.run_tier(trace, tr.make_model("gemma3"), 16, budget, CFG, capacity, 1, ideal)
+
+
+def test_the_unit_model_reaches_the_ideal_with_room_for_everything() -> None:
+    trace = tr.generate_trace(60, 5, rate_per_s=40.0, max_prompt=6000)
+    ideal = sum(tr.trace_ideal(trace, 16))
+    small, large = tp.unit_model(trace, 16, [8, 1 << 30])
+    assert large["blocks_reused_tokens"] == large["records_reused_tokens"] == ideal
+    assert small["blocks_reused_tokens"] <= ideal and small["records_reused_tokens"] <= ideal
