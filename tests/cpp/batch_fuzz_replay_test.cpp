@@ -51,11 +51,13 @@ TEST(BatchFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   EXPECT_GT(cov.shared_layers, 0);
   EXPECT_GT(cov.chunked_steps, 0);
   EXPECT_GT(cov.chunked_hits, 0);
+  EXPECT_GT(cov.margin_caches, 0);
   std::printf("batch fuzz corpus, section 9 kinds: %ld State configs driven (%ld steps with every state read "
               "checked, %ld tree commits, %ld refused by a State group's rules, %ld huge skipped), %ld shared layers "
-              "checked, %ld steps and %ld prefix hits on a chunked group\n",
+              "checked, %ld steps and %ld prefix hits on a chunked group, %ld small caches with a rewind margin other than "
+              "max_step\n",
               cov.state_configs, cov.state_steps, cov.state_tree_commits, cov.state_refusals, cov.state_huge_skipped,
-              cov.shared_layers, cov.chunked_steps, cov.chunked_hits);
+              cov.shared_layers, cov.chunked_steps, cov.chunked_hits, cov.margin_caches);
   std::printf(
       "batch fuzz corpus: %ld inputs (%ld invalid configs, %ld huge refused, %ld huge skipped, %ld huge and %ld small "
       "caches), %ld steps checked key by key, %ld committed, %ld abandoned before their plan ran, %ld copies planned, "

@@ -94,6 +94,7 @@ struct Coverage {
   long shared_layers = 0;   // shared layers checked to read their source's group
   long chunked_steps = 0;   // steps checked on a cache with a chunked group
   long chunked_hits = 0;    // prefix hits on a cache with a chunked group
+  long margin_caches = 0;   // small caches whose rewind margin is not max_step (BatchLimits::max_rewind)
 };
 
 /// When set, every input adds to it (the replay test reads it).
@@ -122,7 +123,7 @@ inline std::string describe(const CacheConfig& c) {
   std::string s = "capacity " + str(c.capacity) + ", n_layers " + str(c.n_layers) + ", max_step " + str(c.max_step) +
                   ", B " + str(c.batch.block_size) + ", max_seqs " + str(c.batch.max_seqs) + ", max_step_tokens " +
                   str(c.batch.max_step_tokens) + ", num_blocks " + str(c.batch.num_blocks) + ", max_holes " +
-                  str(c.batch.max_holes) + ", layers [";
+                  str(c.batch.max_holes) + ", max_rewind " + str(c.batch.max_rewind) + ", layers [";
   for (const LayerConfig& l : c.layers)
     s += l.policy.kind == LayerPolicy::Kind::Flat      ? std::string(" Flat")
          : l.policy.kind == LayerPolicy::Kind::Chunked ? " Chunked(" + str(l.policy.window) + ")"
@@ -171,11 +172,25 @@ inline bool valid_by_rules(const CacheConfig& cfg) {
   }
   const kvcore::BatchLimits& b = cfg.batch;
   return b.block_size >= 1 && b.max_seqs >= 1 && b.max_seqs <= (1 << 20) && b.max_step_tokens >= 0 &&
-         b.num_blocks >= 0 && b.max_holes >= 0 && b.max_holes <= 4096;
+         b.num_blocks >= 0 && b.max_holes >= 0 && b.max_holes <= 4096 && b.max_rewind >= -1 &&
+         b.max_rewind <= cfg.capacity;
 }
 
 inline int design_max_step(const CacheConfig& cfg) {
   return cfg.max_step != 0 ? cfg.max_step : std::min(512, cfg.capacity);
+}
+
+// The rewind margin R (config.h's BatchLimits::max_rewind; -1: max_step).
+inline int design_max_rewind(const CacheConfig& cfg) {
+  return cfg.batch.max_rewind >= 0 ? cfg.batch.max_rewind : design_max_step(cfg);
+}
+
+// A rewind margin from fields already drawn (so every corpus input keeps its
+// meaning): the default (max_step) in half the configs, else 0 or a small
+// margin up to the capacity.
+inline int derived_max_rewind(const CacheConfig& cfg) {
+  const int v = (cfg.capacity / 4 + cfg.n_layers) % 4;
+  return v < 2 ? -1 : v == 2 ? 0 : std::min(cfg.capacity, 1 + cfg.capacity % 7);
 }
 
 // Has cfg a State layer (a State group: batch_state_driver.h drives it)?
@@ -250,7 +265,8 @@ inline Sizing sizing(const CacheConfig& cfg) {
   constexpr std::int64_t kMax = 0x7fffffff;
   const std::vector<LayerPolicy> groups = groups_of(cfg);
   const std::int64_t G = static_cast<std::int64_t>(groups.size());
-  const std::int64_t B = cfg.batch.block_size, seqs = cfg.batch.max_seqs, C = design_max_step(cfg);
+  const std::int64_t B = cfg.batch.block_size, seqs = cfg.batch.max_seqs, C = design_max_step(cfg),
+                     R = design_max_rewind(cfg);
   const std::int64_t stride = (cfg.capacity + B - 1) / B;
   const std::int64_t mst = cfg.batch.max_step_tokens != 0 ? cfg.batch.max_step_tokens : std::min(C * seqs, std::int64_t{1} << 20);
   Sizing s;
@@ -266,9 +282,9 @@ inline Sizing sizing(const CacheConfig& cfg) {
     for (const LayerPolicy& p : groups) {
       std::int64_t own = seqs * stride;
       if (p.kind == LayerPolicy::Kind::Ring || p.kind == LayerPolicy::Kind::Chunked) {
-        // What one sequence can hold during a step: the sink blocks, W + 2C - 1 positions, and one block more
-        // (a chunked group as a ring of window K, section 9).
-        const std::int64_t per_seq = (p.sinks + B - 1) / B + (p.window + 2 * C - 1 + B - 1) / B + 1;
+        // What one sequence can hold during a step: the sink blocks, W + C + R - 1 positions (R: the rewind
+        // margin), and one block more (a chunked group as a ring of window K, section 9).
+        const std::int64_t per_seq = (p.sinks + B - 1) / B + (p.window + C + R - 1 + B - 1) / B + 1;
         if (per_seq < stride) own = per_seq * seqs;
         own = std::min(own, seqs * stride);
       }
@@ -334,8 +350,10 @@ class Harness {
         bool percent(int p) { return in.percent(p); }
       } draw{in_};
       // Named state snapshots (prefix reuse) in three of four configs, from a
-      // field already drawn (so every input keeps its meaning).
+      // field already drawn (so every input keeps its meaning). The default
+      // rewind margin: the state driver's rule is the one of R = max_step.
       cfg.batch.state_snapshots = cfg.capacity % 4;
+      cfg.batch.max_rewind = -1;
       kvcore_test::state_ref::Counts counts;
       kvcore_test::state_ref::Driver<Draw> driver(cfg, draw, counts);
       const std::string err = driver.run(400, [this] { return !in_.done(); });
@@ -366,6 +384,8 @@ class Harness {
     cache_ = std::move(created).get();
     C_ = cache_->max_step();
     FUZZ_REQUIRE(C_ == design_max_step(cfg), "max_step " + str(C_));
+    R_ = cache_->max_rewind();
+    FUZZ_REQUIRE(R_ == design_max_rewind(cfg), "max_rewind " + str(R_));
     FUZZ_REQUIRE(cache_->n_groups() == static_cast<int>(groups_of(cfg).size()), "n_groups");
     for (int l = 0; l < cfg.n_layers; ++l) {
       auto g = cache_->group_of(l);
@@ -381,6 +401,7 @@ class Harness {
       return run_huge();
     }
     bump(&Coverage::small_caches);
+    if (R_ != C_) bump(&Coverage::margin_caches);
     model_.reset(new BatchModel(cfg));
     pools_.reset(new TaggedPools(*cache_));
     prefix_.reset(new PrefixModel(*cache_));
@@ -437,6 +458,7 @@ class Harness {
     const int stride = (cfg.capacity + cfg.batch.block_size - 1) / cfg.batch.block_size;
     cfg.batch.num_blocks = in_.percent(35) ? in_.in(1, 3 * stride + 2) : 0;  // small pools run short
     cfg.batch.max_holes = in_.in(0, 4);
+    cfg.batch.max_rewind = derived_max_rewind(cfg);
     return cfg;
   }
 
@@ -461,6 +483,7 @@ class Harness {
       case 13: cfg->batch.max_seqs = in_.percent(50) ? nonpositive() : (1 << 20) + in_.in(1, 3); break;
       case 14:
         if (in_.percent(50)) cfg->batch.max_step_tokens = -in_.in(1, 3);
+        else if (cfg->capacity % 2 != 0) cfg->batch.max_rewind = cfg->capacity > 1 ? cfg->capacity + 1 : -2;
         else cfg->batch.num_blocks = -in_.in(1, 3);
         break;
       default: cfg->batch.max_holes = in_.percent(50) ? -in_.in(1, 3) : 4097 + in_.in(0, 3); break;
@@ -487,6 +510,7 @@ class Harness {
     cfg.batch.max_step_tokens = in_.percent(50) ? 0 : std::max(0, in_.edgy());
     cfg.batch.num_blocks = in_.percent(50) ? 0 : std::max(0, in_.edgy());
     cfg.batch.max_holes = in_.percent(70) ? in_.in(0, 8) : in_.in(0, 4096);
+    cfg.batch.max_rewind = derived_max_rewind(cfg);
     return cfg;
   }
 
@@ -553,7 +577,7 @@ class Harness {
   }
 
   // Must a rewind (or fork) of `s` to n succeed? The model's rule.
-  bool must_allow(int s, int n) const { return model_->must_allow(cfg_, C_, s, n); }
+  bool must_allow(int s, int n) const { return model_->must_allow(cfg_, R_, s, n); }
   static int holes(const SeqModel& m) { return BatchModel::holes(m); }
 
   std::string invariants() {
@@ -574,7 +598,7 @@ class Harness {
         const LayerPolicy p = *cache_->group_policy(g);
         if (p.kind != LayerPolicy::Kind::Ring && p.kind != LayerPolicy::Kind::Chunked) continue;  // chunked: a ring of K
         const std::int64_t B = cfg_.batch.block_size;
-        const std::int64_t bound = (p.sinks + B - 1) / B + (p.window + C_ - 1 + B - 1) / B + 1;
+        const std::int64_t bound = (p.sinks + B - 1) / B + (p.window + R_ - 1 + B - 1) / B + 1;
         FUZZ_REQUIRE(*cache_->blocks_held(s, g) <= bound, "seq " + str(s) + " holds more than the ring bound in group " + str(g));
       }
     }
@@ -1171,7 +1195,7 @@ class Harness {
           if (p.kind != LayerPolicy::Kind::Ring && p.kind != LayerPolicy::Kind::Chunked) continue;
           const std::int64_t B = cache_->block_size();
           const std::int64_t bound = (static_cast<std::int64_t>(p.sinks) + B - 1) / B +
-                                     (static_cast<std::int64_t>(p.window) + C_ - 1 + B - 1) / B + 1;
+                                     (static_cast<std::int64_t>(p.window) + R_ - 1 + B - 1) / B + 1;
           FUZZ_REQUIRE(*cache_->blocks_held(q, g) <= bound, "ring bound");
         }
       }
@@ -1185,6 +1209,7 @@ class Harness {
   Bytes& in_;
   CacheConfig cfg_;
   int C_ = 0;
+  int R_ = 0;  // the rewind margin (max_rewind, resolved)
   std::unique_ptr<BatchCache> cache_;
   std::unique_ptr<BatchModel> model_;
   std::unique_ptr<TaggedPools> pools_;

@@ -20,6 +20,7 @@
 
 #include "kvcore/batch/batch_faces.h"
 #include "kvcore/batch/batch_plan.h"
+#include "kvcore/batch/parts/block_divisor.h"
 #include "kvcore/batch/parts/block_group.h"
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
@@ -39,30 +40,6 @@ struct StepLimits {
   int block_size = 1;
   int capacity = 1;
   int n_state_groups = 0;
-};
-
-/// Divisions of non-negative positions by the block size: a shift when it is
-/// a power of two (the usual sizes), else a division. A decode step divides
-/// some twenty times per entry; a 64-bit division costs tens of cycles.
-class BlockDivisor {
- public:
-  void set(int block_size) noexcept {
-    size_ = block_size;
-    shift_ = -1;
-    for (int s = 0; s < 31; ++s)
-      if ((1 << s) == block_size) shift_ = s;
-  }
-  /// p / B for p >= 0.
-  int floor(int p) const noexcept { return shift_ >= 0 ? p >> shift_ : p / size_; }
-  /// ceil(p / B) for p >= 0 (in 64 bits: p + B - 1 may pass 2^31 - 1).
-  int ceil(int p) const noexcept {
-    const std::int64_t x = static_cast<std::int64_t>(p) + size_ - 1;
-    return static_cast<int>(shift_ >= 0 ? x >> shift_ : x / size_);
-  }
-
- private:
-  int size_ = 1;
-  int shift_ = 0;
 };
 
 class StepState {
