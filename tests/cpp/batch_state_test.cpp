@@ -9,6 +9,7 @@
 // checked by batch_brute_force_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -406,6 +407,49 @@ TEST(BatchState, TheLeastRecentlyUsedSnapshotIsDroppedFirst) {
   ASSERT_EQ(c->release_sequence(1), Error::Ok);
   ASSERT_EQ(c->release_sequence(0), Error::Ok);
   EXPECT_EQ(*c->free_state_slots(0), free_before - 2);  // only the two snapshots hold slots
+}
+
+// The snapshots' index and LRU order against a reference list: with B = 1
+// every committed token names the state after it, so a walk of 300 tokens
+// names 300 keys into 7 names (an index of 16 slots: collisions and deletions
+// every step); adopting a prefix makes its snapshot the most recently used,
+// and lookup_prefix must give the longest named prefix the list holds.
+TEST(BatchState, SnapshotNamesFollowALeastRecentlyUsedListThroughManyEvictions) {
+  constexpr int kNames = 7, kTokens = 300;
+  CacheConfig cfg = state_config(512, 1, {LayerPolicy::flat(), LayerPolicy::state(2)}, /*B=*/1, /*max_seqs=*/2);
+  cfg.batch.state_snapshots = kNames;
+  auto c = make(cfg);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::int32_t> tokens(kTokens);
+  std::mt19937 rng(7);
+  for (std::int32_t& t : tokens) t = static_cast<std::int32_t>(rng() % 1000);
+  std::vector<int> lru;  // named lengths, least recently used first
+  auto touch = [&](int L) {
+    lru.erase(std::remove(lru.begin(), lru.end(), L), lru.end());
+    lru.push_back(L);
+  };
+  // The longest named length L <= m - 1 (a prompt of m tokens keeps one to compute), 0 when none.
+  auto want_hit = [&](int m) {
+    int best = 0;
+    for (int L : lru) best = L <= m - 1 && L > best ? L : best;
+    return best;
+  };
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  for (int L = 1; L <= kTokens; ++L) {
+    step_and_commit(*c, StepEntry{0, 1, tokens.data() + L - 1});
+    touch(L);
+    if (static_cast<int>(lru.size()) > kNames) lru.erase(lru.begin());
+    ASSERT_EQ(*c->state_snapshots(0), static_cast<int>(lru.size()));
+    const int m = 1 + static_cast<int>(rng() % static_cast<unsigned>(L));
+    ASSERT_EQ(*c->lookup_prefix(tokens.data(), m, 0), want_hit(m)) << "at L = " << L << ", m = " << m;
+    if (rng() % 3 == 0) {  // adopt an older name: it becomes the most recently used
+      const int pick = lru[rng() % lru.size()];
+      ASSERT_EQ(c->add_sequence(1), Error::Ok);
+      ASSERT_EQ(*c->adopt_prefix(1, tokens.data(), pick + 1), pick) << "at L = " << L;
+      touch(pick);
+      ASSERT_EQ(c->release_sequence(1), Error::Ok);
+    }
+  }
 }
 
 // An abort of a T = D step without verify may have written its last state

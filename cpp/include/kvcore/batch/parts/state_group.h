@@ -38,9 +38,14 @@
 // write of that logical slot takes a fresh slot, as for a fork). A sequence
 // that adopts the prompt's prefix names the snapshot's slot as its own. At
 // most `snapshots` are named (the least recently named or adopted is dropped
-// first), so the group owns rows * D + spare + snapshots physical slots. Lookups scan the names: O(snapshots).
+// first), so the group owns rows * D + spare + snapshots physical slots.
+// Names are found through a hash index (open addressing on the key's low
+// lane, at most half full) and kept in least-recently-used order by a list
+// through the snapshots: naming, adopting and dropping are O(1), so a
+// lookup of a prompt of n blocks costs O(n) with thousands of snapshots.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -96,7 +101,12 @@ class StateGroup {
     auto reads = internal::Buffer<int>::make(max_step_tokens);
     auto writes = internal::Buffer<int>::make(max_step_tokens);
     auto named = internal::Buffer<Snapshot>::make(snapshots);
-    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && refs && free && deferred && reads && writes && (named || snapshots == 0),
+    std::int64_t index_size = 0;  // a power of two >= 2 * snapshots: at most half full
+    if (snapshots > 0)
+      for (index_size = 2; index_size < 2 * static_cast<std::int64_t>(snapshots);) index_size *= 2;
+    auto index = internal::Buffer<int>::make(index_size);
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && refs && free && deferred && reads && writes &&
+                                     ((named && index) || snapshots == 0),
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
     held_ = std::move(held);
@@ -107,6 +117,9 @@ class StateGroup {
     reads_ = std::move(reads);
     writes_ = std::move(writes);
     named_ = std::move(named);
+    index_ = std::move(index);
+    index_mask_ = static_cast<std::uint64_t>(index_size - 1);
+    index_size_ = index_size;
     max_named_ = snapshots;
     rows_ = &rows;
     n_logical_ = static_cast<int>(logical);
@@ -125,6 +138,8 @@ class StateGroup {
     for (int i = 0; i < n_phys_; ++i) free_[i] = n_phys_ - 1 - i;
     n_deferred_ = 0;
     n_named_ = 0;
+    index_.fill(index_size_, -1);
+    lru_first_ = lru_last_ = -1;
   }
 
   /// The position whose state logical slot `s` of `seq` holds, -1 when none.
@@ -215,19 +230,22 @@ class StateGroup {
     if (phys < 0) return;
     int i = find(key);
     if (i >= 0) {
-      named_[i].used = ++clock_;
+      touch(i);
       return;
     }
     if (n_named_ < max_named_) {
       i = n_named_++;
-    } else {
-      i = 0;
-      for (int j = 1; j < n_named_; ++j)
-        if (named_[j].used < named_[i].used) i = j;
+    } else {  // the least recently named or adopted makes room
+      i = lru_first_;
+      unlink(i);
+      unindex(i);
       unref(named_[i].phys);
     }
     ++refs_[phys];
-    named_[i] = Snapshot{key, phys, ++clock_};
+    named_[i].key = key;
+    named_[i].phys = phys;
+    index(i);
+    link_last(i);
   }
   /// Is a snapshot named `key`?
   bool named(const BlockKey& key) const noexcept { return find(key) >= 0; }
@@ -245,7 +263,7 @@ class StateGroup {
     unref(phys_of_[s]);
     phys_of_[s] = phys;
     held_[s] = L - 1;
-    named_[i].used = ++clock_;
+    touch(i);
   }
 
   /// `seq` (an imported sequence: holding no position, no step begun) holds
@@ -269,16 +287,62 @@ class StateGroup {
 
  private:
   // A named state: the physical slot holding the state after a keyed block,
-  // and when it was last named or adopted (the clock of this group).
+  // and its neighbours in least-recently-used order (-1: none).
   struct Snapshot {
     BlockKey key;
     int phys = -1;
-    std::uint64_t used = 0;
+    int older = -1;
+    int newer = -1;
   };
+
+  // The index slot a key's probe starts from: the key is a hash already.
+  std::size_t home(const BlockKey& key) const noexcept { return static_cast<std::size_t>(key.lo & index_mask_); }
+  std::size_t next(std::size_t h) const noexcept { return (h + 1) & static_cast<std::size_t>(index_mask_); }
+  // The snapshot named `key`, -1 when none.
   int find(const BlockKey& key) const noexcept {
-    for (int i = 0; i < n_named_; ++i)
-      if (named_[i].key == key) return i;
+    if (n_named_ == 0) return -1;
+    for (std::size_t h = home(key); index_[h] >= 0; h = next(h))
+      if (named_[index_[h]].key == key) return index_[h];
     return -1;
+  }
+  void index(int i) noexcept {
+    std::size_t h = home(named_[i].key);
+    while (index_[h] >= 0) h = next(h);
+    index_[h] = i;
+  }
+  // Removes snapshot i from the index, shifting back the probes that passed
+  // its slot (linear probing without tombstones).
+  void unindex(int i) noexcept {
+    std::size_t hole = home(named_[i].key);
+    while (index_[hole] != i) hole = next(hole);
+    for (std::size_t j = next(hole); index_[j] >= 0; j = next(j)) {
+      const std::size_t h = home(named_[index_[j]].key);
+      // Move j into the hole unless its home lies cyclically in (hole, j].
+      const bool stays = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
+      if (!stays) {
+        index_[hole] = index_[j];
+        hole = j;
+      }
+    }
+    index_[hole] = -1;
+  }
+  void unlink(int i) noexcept {
+    Snapshot& n = named_[i];
+    (n.older >= 0 ? named_[n.older].newer : lru_first_) = n.newer;
+    (n.newer >= 0 ? named_[n.newer].older : lru_last_) = n.older;
+    n.older = n.newer = -1;
+  }
+  void link_last(int i) noexcept {
+    named_[i].older = lru_last_;
+    named_[i].newer = -1;
+    (lru_last_ >= 0 ? named_[lru_last_].newer : lru_first_) = i;
+    lru_last_ = i;
+  }
+  // Snapshot i was named or adopted again: the most recently used now.
+  void touch(int i) noexcept {
+    if (i == lru_last_) return;
+    unlink(i);
+    link_last(i);
   }
   int base(int seq) const noexcept { return rows_->row(seq) * slots_; }  // < 2^31: checked at create
   void unref(int phys) noexcept {
@@ -315,9 +379,13 @@ class StateGroup {
   internal::Buffer<int> reads_;     // [token]
   internal::Buffer<int> writes_;    // [token]
   internal::Buffer<Snapshot> named_;  // [0, n_named_): named snapshots
+  internal::Buffer<int> index_;       // [index_size_]: a snapshot, -1 (empty); probed from home(key)
+  std::uint64_t index_mask_ = 0;
+  std::int64_t index_size_ = 0;
+  int lru_first_ = -1;  // least recently named or adopted
+  int lru_last_ = -1;   // most recently
   int max_named_ = 0;
   int n_named_ = 0;
-  std::uint64_t clock_ = 0;
 };
 
 }  // namespace kvcore
