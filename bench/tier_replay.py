@@ -135,7 +135,8 @@ class TierAdapter(tr.KvcoreAdapter):
     only its last full block and a State model's only with keep=True (docs/tier.md)."""
 
     def __init__(self, model: tr.Model, block: int, layout: dict[str, Any], cfg: tr.SchedulerConfig,
-                 capacity: int, check: bool, host_bytes: float | None, host_model: HostModel):
+                 capacity: int, check: bool, host_bytes: float | None, host_model: HostModel,
+                 spill_at: str = "sequence"):
         if any(lay.kind != "full" for lay in model.layers):
             raise ValueError(f"tier replay: model {model.name!r} has non-full-attention layers; "
                              "only flat models are replayed (a ring or State record serves one length)")
@@ -144,6 +145,9 @@ class TierAdapter(tr.KvcoreAdapter):
 
         kv: Any = self.kv
         self.pool = kv.PagedKVPool(self.cache, np.float32)
+        if spill_at not in ("sequence", "prompt"):
+            raise ValueError(f"spill_at {spill_at!r}: expected 'sequence' or 'prompt'")
+        self.spill_at = spill_at
         self.hm = host_model
         self.host_bytes = host_bytes
         self.tier = None if host_bytes is None else HostTier(host_model.tiny_capacity(host_bytes))
@@ -286,8 +290,13 @@ class TierAdapter(tr.KvcoreAdapter):
         if self.tier is not None and lv.handle is not None:
             seq = lv.handle
             length = self.cache.length(seq)
+            t0 = time.thread_time_ns()
+            if self.spill_at == "prompt" and not preempted and length > lv.req.input_length:
+                # The sampled tokens never start a later prompt (trace_replay's token ids): keep
+                # the prompt only (a flat layer rewinds anywhere; the sequence is released next).
+                self.cache.rewind(seq, lv.req.input_length)
+                length = lv.req.input_length
             if length >= self.block_size:
-                t0 = time.thread_time_ns()
                 try:
                     got = self.tier.spill(self.cache, self.pool, seq, lv.tokens[:length])
                 except self.capacity_error:
@@ -309,12 +318,13 @@ class TierAdapter(tr.KvcoreAdapter):
 def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budget: int,
              cfg: tr.SchedulerConfig, capacity: int, host_x: float, ideal_trace: Sequence[int], *,
              host_model: HostModel | None = None, check: bool = True, exact: bool = False,
-             bandwidth_gbs: float = 25.0) -> dict[str, Any]:
+             bandwidth_gbs: float = 25.0, spill_at: str = "sequence") -> dict[str, Any]:
     """One replay at device `budget` bytes with a host tier of host_x * budget bytes (0: none)."""
     hm = host_model or measure_host_model(model)
     one_pool = tr.kvcore_one_pool()
     layout = tr.kvcore_layout(model, block, budget, cfg, capacity, one_pool=one_pool)
-    adapter = TierAdapter(model, block, layout, cfg, capacity, check, host_x * budget if host_x else None, hm)
+    adapter = TierAdapter(model, block, layout, cfg, capacity, check, host_x * budget if host_x else None, hm,
+                          spill_at)
     t = time.perf_counter()
     res = tr.replay(trace, adapter, cfg, model, check=check, exact=exact, ideal_trace=ideal_trace,
                     capacity=capacity)
@@ -333,7 +343,7 @@ def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budg
     restore_s = st["restore_bytes_real"] / (bandwidth_gbs * 1e9)
     tier = adapter.tier
     out = {
-        "host_x": host_x, "host_bytes": int(host_x * budget), "host_capacity_tiny": tier.capacity_bytes if tier else 0,
+        "host_x": host_x, "spill_at": spill_at, "host_bytes": int(host_x * budget), "host_capacity_tiny": tier.capacity_bytes if tier else 0,
         "reused_tokens": reused, "device_tokens": reused - host, "host_tokens": host,
         "reused_pct": 100.0 * reused / prompt, "device_pct": 100.0 * (reused - host) / prompt,
         "host_pct": 100.0 * host / prompt,
@@ -446,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--blocks", default="16,512")
     ap.add_argument("--budget", default="2x", help="the device budget: a multiple of the peak working set")
     ap.add_argument("--host-tier", default="0,1,2,4,8", help="host capacities, multiples of the device budget")
+    ap.add_argument("--spill-at", choices=["sequence", "prompt"], default="sequence",
+                    help="spill the whole sequence at release (default), or only its prompt (a finished one)")
     ap.add_argument("--bandwidth", type=float, default=25.0, help="modelled host->device GB/s (PCIe 4 x16)")
     ap.add_argument("--unit-model", action="store_true",
                     help="also model blocks against records at (1 + X) x the device's blocks (unit_model)")
@@ -490,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             try:
                 r = run_tier(trace, model, b, budgets[args.budget], cfg, capacity, x, ideal, host_model=hm,
-                             bandwidth_gbs=args.bandwidth)
+                             bandwidth_gbs=args.bandwidth, spill_at=args.spill_at)
                 r["violation"] = None
             except AssertionError as e:
                 failed.append(f"B={b} host {x}x: {e}")
@@ -517,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         report = {"trace": trace_name, "requests": len(trace), "prompt_tokens": prompt_total,
                   "scheduler": dataclasses.asdict(cfg), "model": model.name, "budget": args.budget,
+                  "spill_at": args.spill_at, "bandwidth_gbs": args.bandwidth,
                   "host_model": dataclasses.asdict(hm), "tiny_dim": TINY_DIM, "python": platform.python_version(),
                   "checks_failed": failed, "rows": rows}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
