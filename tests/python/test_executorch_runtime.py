@@ -330,3 +330,105 @@ def test_kvcore_run_lookup_gives_greedys_tokens_through_rewinds(runner: Runner, 
     assert lines["cache"].startswith(f"3 layers, length {len(prompt) + n_new - 1},")
     too_many = _kvcore_run(r, tmp_path, "--tokens", "1,2", "--lookup", str(c.max_step))
     assert too_many.returncode == 2 and "must fit max_step" in too_many.stderr
+
+
+# --- kvcore export, and transformers models through kvcore's off-graph attention --------
+
+
+def _run_binary(pte: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = Path(str(LIBRARY)).parent / "kvcore-run"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([str(binary), str(pte), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_kvcore_export_writes_the_metadata_kvcore_run_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvcore export --model tiny``: the program carries the layer kinds, windows, sinks,
+    capacity, max_step and storage asked for, and kvcore-run runs it configured from them."""
+    from kvcore import cli
+
+    out = tmp_path / "tiny.pte"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = cli.main(["export", "--model", "tiny", "--out", str(out), "--capacity", "48", "--max-step", "4",
+                         "--kv-dtype", "int8"])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}: " in printed and "3 layers (flat, ring(8), flat), capacity 48, max_step 4, K/V int8" in printed
+    program = et_runtime.Runtime.get().load_program(out.read_bytes())
+    meta = er.kvcore_metadata(program)
+    assert meta == er.KVCoreMetadata(kinds=(er.FLAT, er.RING, er.FLAT), windows=(0, 8, 0), sinks=(0, 0, 0),
+                                     sources=(0, 0, 0), n_kv_heads=2, n_heads=4, head_dim=8, capacity=48, max_step=4,
+                                     vocab_size=64, kv_dtype=er.KV_DTYPES["int8"])  # fmt: skip
+    done = _run_binary(out, "--tokens", "1,2,3,4,5,6", "--new", "10")
+    assert done.returncode == 0, done.stderr
+    assert "cache: 3 layers, length 15," in done.stdout
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "tiny", "--out", "/nonexistent/x.pte"], "--out /nonexistent/x.pte: no directory /nonexistent"),
+    (["--model", "tiny", "--out", "{tmp}", "--max-step", "4"], "is a directory"),
+    (["--model", "tiny", "--out", "{tmp}/x.pte", "--capacity", "0"], "--capacity = 0: must be >= 1"),
+    (["--model", "tiny", "--out", "{tmp}/x.pte", "--capacity", "8", "--max-step", "9"],
+     "--max-step = 9: must be <= --capacity = 8"),
+    (["--model", "tiny", "--out", "{tmp}/x.pte", "--max-step", "65"], "--max-step = 65: must be <= --capacity = 64"),
+    (["--model", "tiny", "--out", "{tmp}/x.pte", "--seed", "-1"], "--seed = -1: must be >= 0"),
+])  # fmt: skip
+def test_kvcore_export_refuses_bad_options_writing_nothing(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvcore import cli
+
+    assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in ["export", *argv]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcore export: error: ") and message in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _tiny_gemma3() -> Any:
+    """A tiny random Gemma 3 (transformers' own class): 4 layers, sliding window 8 on three of them."""
+    transformers = need("transformers", reason="the off-graph attention for transformers models needs transformers")
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, max_position_embeddings=128,
+        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        attn_implementation="sdpa", pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )  # fmt: skip
+    return transformers.Gemma3ForCausalLM(config).eval()
+
+
+def test_transformers_metadata_plans_gemma3s_layers() -> None:
+    ee = importlib.import_module("kvcore.integrations.executorch_export")
+    model = _tiny_gemma3()
+    meta = ee.transformers_metadata(model.config, capacity=64, max_step=4, kv_dtype="bfloat16")
+    assert meta.describe() == "ring(8), ring(8), ring(8), flat"
+    assert (meta.n_heads, meta.n_kv_heads, meta.head_dim, meta.vocab_size) == (4, 2, 16, 96)
+    assert (meta.capacity, meta.max_step, meta.kv_dtype) == (64, 4, er.KV_DTYPES["bfloat16"])
+    with pytest.raises(ValueError, match="kv_dtype 'int4': must be one of float32, "):
+        ee.transformers_metadata(model.config, capacity=64, max_step=4, kv_dtype="int4")
+
+
+def test_a_transformers_model_exported_runs_in_kvcore_run_with_transformers_greedy_tokens(tmp_path: Path) -> None:
+    """A tiny random Gemma 3 exported with kvcore's off-graph attention (export_transformers):
+    kvcore-run's greedy tokens, through a chunked prefill and decodes past the window's wrap,
+    and with --lookup, equal transformers' own generate() (sdpa, DynamicCache); the model's
+    attention is transformers' again after the export."""
+    ee = importlib.import_module("kvcore.integrations.executorch_export")
+    model = _tiny_gemma3()
+    prompt = [5, 17, 33, 8, 5, 17, 33, 8, 5, 17, 33]  # a repeating phrase: prompt lookup has drafts
+    n_new = 30
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), max_new_tokens=n_new, do_sample=False, eos_token_id=-1,
+                                pad_token_id=0)[0, len(prompt) :].tolist()  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pte = ee.export_transformers(model, capacity=64, max_step=4)
+    assert model.config._attn_implementation == "sdpa"
+    path = tmp_path / "gemma3-tiny.pte"
+    path.write_bytes(pte)
+    for extra in ([], ["--lookup", "3"]):
+        done = _run_binary(path, "--tokens", ",".join(map(str, prompt)), "--new", str(n_new), *extra)
+        assert done.returncode == 0, done.stderr
+        lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+        assert [int(t) for t in lines["tokens"].split()] == theirs, extra
+        assert lines["cache"].startswith(f"4 layers, length {len(prompt) + n_new - 1},")  # the op was served

@@ -44,6 +44,10 @@ path (``transformers_*``, ``kvcore.torch``; ExecuTorch is torch's);
   ``.out`` variant ``to_executorch`` needs, kvcore's cache metadata in the program, an
   export, and the ``kvcore_executorch_ops`` kernel library loaded and driven from Python
   (needs ``torch``, ``executorch`` and the built library; docs/executorch.md).
+- ``kvcore.integrations.executorch_export``: ``kvcore export``: an off-graph attention for
+  transformers models (each layer calls ``kvcache::update_and_attend``), the cache metadata of a
+  transformers config, and the export of ``tiny`` or Gemma 3 270M to a ``.pte`` for
+  ``kvcore-run`` (needs ``torch`` and ``executorch``; ``transformers`` for real models).
 - ``kvcore.integrations.executorch_tiny``: a tiny random decoder on that op with a plain
   PyTorch reference, exported in seconds, for checks and demos (needs ``torch`` and
   ``executorch``).
