@@ -329,10 +329,14 @@ def export_program(
     example_inputs: tuple[Any, ...],
     meta: KVCoreMetadata,
     dynamic_shapes: Optional[Any] = None,
+    preserve_ops: Sequence[Any] = (),
 ) -> bytes:
     """The ``.pte`` bytes of ``model`` (which calls ``kvcache::update_and_attend``), with ``meta``
     as constant methods. ``dynamic_shapes`` as ``torch.export.export`` takes it (the token
-    dimension, 1 .. meta.max_step). Uses ExecuTorch's portable path (no delegate)."""
+    dimension, 1 .. meta.max_step). ``preserve_ops``: aten ops ``to_edge`` keeps whole instead of
+    decomposing (``aten.linear.default``: the runtime's optimized ``linear`` kernel, where the
+    decomposition copies each weight transposed in every forward). Uses ExecuTorch's CPU kernels
+    (no delegate)."""
     register_out_variant()
     exir = importlib.import_module("executorch.exir")
     with torch.no_grad():
@@ -340,7 +344,8 @@ def export_program(
     edge = exir.to_edge(
         exported,
         constant_methods=meta.constant_methods(),
-        compile_config=exir.EdgeCompileConfig(_check_ir_validity=False),
+        compile_config=exir.EdgeCompileConfig(_check_ir_validity=False, _core_aten_ops_exception_list=list(preserve_ops),
+                                              preserve_ops=list(preserve_ops)),  # fmt: skip
     )
     return bytes(edge.to_executorch().buffer)
 
