@@ -42,7 +42,8 @@ and what the restore added (host), against the ideal and the device alone; the t
 request in kvcore's calls (as trace_replay counts them) and in the tier's calls (spill and
 restore, which includes its own lookup_prefix and the import), median and total; the byte
 layer's row writes apart (they stand for the model's forward); a **modelled** restore time
-(bytes moved / `--bandwidth` GB/s, host to device) and the prefill tokens saved net of it at
+(bytes moved / `--bandwidth` GB/s, host to device: the whole record, and only its positions past
+the device's hit, which are all the import writes) and the prefill tokens saved net of it at
 the scheduler's own throughput (token_budget tokens per step_ms: 81,920 tokens/s by default).
 
     python3 bench/tier_replay.py --quick                              # first 300 requests
@@ -367,6 +368,10 @@ def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budg
         "model_bandwidth_gbs": bandwidth_gbs, "model_prefill_tokens_per_s": rate,
         "modelled_restore_s": restore_s, "prefill_s_saved_by_host": host / rate,
         "net_prefill_tokens_saved_by_host": host - restore_s * rate,
+        # The import shares the blocks the device caches already: only the record's positions past
+        # the device's hit are written (its blocks past the prompt's hit too).
+        "modelled_restore_written_s": st["restore_beyond_device_real"] / (bandwidth_gbs * 1e9),
+        "net_prefill_tokens_saved_written": host - st["restore_beyond_device_real"] / (bandwidth_gbs * 1e9) * rate,
         "wall_s": wall, "hits": res.hits_first, "host_hits_per_request": host_hits,
         "ideal_online": res.ideal_online,
     }
