@@ -1,5 +1,6 @@
 // A Python BatchStep: the C++ BatchStep plus the BatchCache that began it
-// (kept alive). Shared by batch.cpp (which registers it) and paged_pool.cpp.
+// (kept alive). Shared by batch_step.cpp (which registers it), the BatchCache
+// and plan bindings and the PagedKVPool ones.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // NumpyBlocks: the storage side both Python byte layers share (KVPool in
-// pool.cpp, PagedKVPool in paged_pool.cpp). Every block the C++ pool allocates
+// py_kv_pool.h, PagedKVPool in py_paged_kv_pool.h). Every block the C++ pool allocates
 // through allocator() is owned by a capsule; the pool holds one reference and
 // each zero-copy view holds another (as its numpy base), so a view never points
 // at freed memory, even after the pool grows or dies. Inputs are checked, and

@@ -1,5 +1,5 @@
-// The pool dtypes as numpy sees them, shared by KVPool (pool.cpp) and
-// PagedKVPool (paged_pool.cpp).
+// The pool dtypes as numpy sees them, shared by KVPool (py_kv_pool.h) and
+// PagedKVPool (py_paged_kv_pool.h).
 #pragma once
 
 #include <pybind11/numpy.h>

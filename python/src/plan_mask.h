@@ -1,6 +1,6 @@
 // The boolean attention mask of a step's plan over one group's pool rows, as a
-// numpy array: BatchStepPlan.mask (batch.cpp) returns it, PagedKVPool.mask
-// (paged_pool.cpp) keeps it per group and step.
+// numpy array: BatchStepPlan.mask (batch_step_plan.cpp) returns it, PagedKVPool.mask
+// (py_paged_kv_pool.h) keeps it per group and step.
 #pragma once
 
 #include <pybind11/numpy.h>

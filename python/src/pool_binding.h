@@ -1,5 +1,5 @@
-// PoolBinding: what both Python byte layers hold (KVPool in pool.cpp,
-// PagedKVPool in paged_pool.cpp): the C++ pool over its cache, the numpy
+// PoolBinding: what both Python byte layers hold (KVPool in py_kv_pool.h,
+// PagedKVPool in py_paged_kv_pool.h): the C++ pool over its cache, the numpy
 // blocks it allocates through (NumpyBlocks), each layer's row shape, and the
 // checks every call starts with (the layer, the k/v inputs); def_storage()
 // registers the Python calls both classes share.

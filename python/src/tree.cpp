@@ -1,7 +1,7 @@
 // Python view of draft trees on SequenceCache (docs/trees.md): begin_tree,
 // commit(step, accepted) and its copies, and a tree step's arrays (parents,
 // positions, chain indices, the packed ancestor mask, per-layer rows and the
-// dense mask). Registered after register_pool: it adds to Step and
+// dense mask). Registered after register_kv_pool: it adds to Step and
 // SequenceCache. The arrays are read-only numpy copies made once per Step
 // object: the core reuses (and may grow) its tree storage on the next
 // begin_tree, which a view could outlive.

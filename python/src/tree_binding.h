@@ -1,6 +1,6 @@
 // Draft-tree helpers tree.cpp defines for the other bindings: the commit of a
-// Step (cache.cpp's Step and SequenceCache), the masks of a tree step
-// (pool.cpp's Step.mask), and a commit's row copies as an array (batch.cpp).
+// Step (step.cpp's Step, sequence_cache.cpp's SequenceCache), the masks of a tree step
+// (step_mask.cpp's Step.mask), and a commit's row copies as an array (batch_step_entries.cpp).
 #pragma once
 
 #include <pybind11/numpy.h>
