@@ -1,7 +1,7 @@
 // SequenceCache: one logical length for every layer; each layer plans through
 // its LayoutPolicy (flat, ring, chunked, shared or state: docs/design.md
-// sections 2 and 9), and identical policies share one object. Per policy it
-// keeps a few integers of what the rows still hold (a window's oldest
+// sections 2 and 9), and identical policies share one object (layer_policies.h
+// keeps them). Per policy it keeps a few integers of what the rows still hold (a window's oldest
 // position, a state layer's slot table), which makes can_rewind() exact. Draft trees (section 7) step through the same
 // plans: a tree of N nodes reserves the rows of a chain step of N
 // (sequence_tree.h keeps the tree's layout and the commit's copies). Nothing
@@ -16,12 +16,8 @@
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/cache_base.h"
 #include "kvcore/core/config.h"
-#include "kvcore/core/chunked_policy.h"
-#include "kvcore/core/flat_policy.h"
-#include "kvcore/core/ring_policy.h"
+#include "kvcore/core/layer_policies.h"
 #include "kvcore/core/sequence_tree.h"
-#include "kvcore/core/shared_policy.h"
-#include "kvcore/core/state_policy.h"
 
 namespace kvcore {
 
@@ -51,12 +47,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     std::unique_ptr<SequenceCache> copy(new (std::nothrow) SequenceCache(*this, Cloning{}));
     KVCORE_CHECK_OR_RETURN_ERROR(copy != nullptr, MemoryAllocationFailed,
                                  "cannot allocate a SequenceCache of %d layers", n_layers_);
-    KVCORE_RETURN_IF_ERROR(copy->build_tables(layer_configs_.get(), static_cast<std::size_t>(n_layers_)));
+    KVCORE_RETURN_IF_ERROR(copy->build_tables(policies_.configs(), static_cast<std::size_t>(n_layers_)));
     copy->length_ = length_;
     copy->active_ = active_;
     copy->last_step_id_ = last_step_id_;
-    for (int i = 0; i < n_held_; ++i) copy->held_[i] = held_[i];
-    for (int i = 0; i < n_policies_; ++i) copy->step_plans_[i] = step_plans_[i];
+    copy->policies_.copy_state_from(policies_);
     KVCORE_RETURN_IF_ERROR(tree_.copy_to(copy->tree_));
     return copy;
   }
@@ -110,7 +105,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   Result<Step> begin_tree(const int* parents, int n) noexcept {
     KVCORE_RETURN_IF_ERROR(check_tree(parents, n, max_step_));
     KVCORE_RETURN_IF_ERROR(check_next_step(n, true));
-    KVCORE_RETURN_IF_ERROR(tree_.reserve(n, n_policies_));  // grows only past every earlier tree
+    KVCORE_RETURN_IF_ERROR(tree_.reserve(n, policies_.size()));  // grows only past every earlier tree
     tree_.assign(parents, n, length_);
     return start_step(n, true, true);
   }
@@ -127,7 +122,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
                                  "reserve_tree(%d): a tree step is begun and growing would drop "
                                  "its layout: reserve before begin_tree",
                                  max_nodes);
-    return tree_.reserve(max_nodes, n_policies_);
+    return tree_.reserve(max_nodes, policies_.size());
   }
 
 
@@ -153,9 +148,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         "commit(step): the step at position %d is a draft tree of %d nodes, not a chain: "
         "commit it with its accepted path",
         active_.position, active_.T);
-    tree_.record_commit(policies_.get(), active_.position, nullptr, 0);
+    tree_.record_commit(policies_.objects(), active_.position, nullptr, 0);
     if (active_.tree)  // a chain given as a tree: node i is position + i
-      for (int i = 0; i < n_policies_; ++i) policies_[i]->note_tree_commit(held(i), active_.position, active_.T);
+      for (int i = 0; i < policies_.size(); ++i) policies_[i].note_tree_commit(held(i), active_.position, active_.T);
     length_ = active_.end();
     active_ = Step{};
     return Error::Ok;
@@ -182,11 +177,11 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
       const int blocking = rewind_blocker(end);
       if (blocking >= 0) return blocked("commit(step, accepted) to length", end, blocking);
     }
-    tree_.record_commit(policies_.get(), active_.position, active_.tree ? accepted : nullptr, m);
+    tree_.record_commit(policies_.objects(), active_.position, active_.tree ? accepted : nullptr, m);
     // As rewind(end) after a chain of N: rows above the length are dead.
-    for (int i = 0; i < n_policies_; ++i) {
-      if (active_.tree) policies_[i]->note_tree_commit(held(i), active_.position, m);
-      policies_[i]->note_truncate(held(i), end);
+    for (int i = 0; i < policies_.size(); ++i) {
+      if (active_.tree) policies_[i].note_tree_commit(held(i), active_.position, m);
+      policies_[i].note_truncate(held(i), end);
     }
     length_ = end;
     active_ = Step{};
@@ -234,7 +229,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   Status dense_tree_mask(int layer, const Step& step, std::uint8_t* out) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_ASSIGN_OR_RETURN(const DraftTree* t, tree(step));
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_configs_[layer].policy.kind != LayerPolicy::Kind::State,
+    KVCORE_CHECK_OR_RETURN_ERROR(policies_.config(layer).policy.kind != LayerPolicy::Kind::State,
                                  InvalidArgument,
                                  "layer %d is a State layer: it has no keys to mask (node i "
                                  "reads its parent's state slot)",
@@ -247,7 +242,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_RETURN_IF_ERROR(check_step(step));
     // The step's rows count as written (what they overwrote is gone), but
     // what it wrote belongs to no committed position.
-    for (int i = 0; i < n_policies_; ++i) policies_[i]->note_truncate(held(i), active_.position);
+    for (int i = 0; i < policies_.size(); ++i) policies_[i].note_truncate(held(i), active_.position);
     active_ = Step{};
     return Error::Ok;
   }
@@ -260,7 +255,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     length_ = n;
     active_ = Step{};
     // Rows above n are dead: nothing above n is held.
-    for (int i = 0; i < n_policies_; ++i) policies_[i]->note_truncate(held(i), n);
+    for (int i = 0; i < policies_.size(); ++i) policies_[i].note_truncate(held(i), n);
     return Error::Ok;
   }
 
@@ -271,7 +266,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   void clear() noexcept override {
     length_ = 0;
     active_ = Step{};
-    for (int i = 0; i < n_policies_; ++i) policies_[i]->reset_held(held(i));
+    for (int i = 0; i < policies_.size(); ++i) policies_[i].reset_held(held(i));
   }
 
   // SequencePlanner.
@@ -289,7 +284,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
 
   Result<LayerConfig> layer_config(int layer) const noexcept override {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    return layer_configs_[layer];
+    return policies_.config(layer);
   }
 
   Result<SeqStepPlan> plan(int layer, int position, int T) const noexcept override {
@@ -338,13 +333,13 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// The begun, uncommitted step; id == 0 when there is none.
   const Step& active_step() const noexcept { return active_; }
   /// Distinct policy objects (identical layer policies share one).
-  int n_policies() const noexcept { return n_policies_; }
+  int n_policies() const noexcept { return policies_.size(); }
   /// Index of the policy object `layer` uses. Precondition: 0 <= layer < n_layers.
   int policy_index(int layer) const noexcept {
-    return layer_policy_[layer];
+    return policies_.of(layer);
   }
   const LayoutPolicy& policy(int layer) const noexcept {
-    return *policies_[policy_index(layer)];
+    return policies_[policy_index(layer)];
   }
   /// The oldest position past the sinks `layer`'s rows still hold: positions
   /// [held_from, length) and the sinks are in its rows (what an export
@@ -354,13 +349,13 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// Precondition: 0 <= layer < n_layers.
   int held_from(int layer) const noexcept {
     const int i = policy_index(layer);
-    return policies_[i]->held_from(held(i), length_);
+    return policies_[i].held_from(held(i), length_);
   }
 
   /// The layer whose rows `layer` reads: its Shared source, else itself.
   /// Precondition: 0 <= layer < n_layers.
   int row_layer(int layer) const noexcept {
-    const LayerPolicy& p = layer_configs_[layer].policy;
+    const LayerPolicy& p = policies_.config(layer).policy;
     return p.kind == LayerPolicy::Kind::Shared ? p.source : layer;
   }
 
@@ -382,7 +377,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_CHECK_OR_RETURN_ERROR(length >= 0 && length <= capacity_, OutOfResources,
                                  "import: length %d exceeds capacity = %d", length, capacity_);
     for (int l = 0; l < n_layers_; ++l) {
-      const LayerPolicy& p = layer_configs_[l].policy;
+      const LayerPolicy& p = policies_.config(l).policy;
       if (p.kind == LayerPolicy::Kind::Shared) continue;
       const int h = held_from(l);
       KVCORE_CHECK_OR_RETURN_ERROR(h >= 0 && h <= length, InvalidArgument,
@@ -394,18 +389,18 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
           "%d",
           l, p.slots, h, length, p.slots);
     }
-    for (int i = 0; i < n_policies_; ++i) {
+    for (int i = 0; i < policies_.size(); ++i) {
       int floor = 0;
       for (int l = 0; l < n_layers_; ++l)
-        if (layer_policy_[l] == i && layer_configs_[l].policy.kind != LayerPolicy::Kind::Shared &&
+        if (policies_.of(l) == i && policies_.config(l).policy.kind != LayerPolicy::Kind::Shared &&
             held_from(l) > floor)
           floor = held_from(l);
-      policies_[i]->reset_held(held(i));
-      policies_[i]->restore_held(held(i), floor, length);
+      policies_[i].reset_held(held(i));
+      policies_[i].restore_held(held(i), floor, length);
     }
     length_ = length;
     // An earlier tree commit's row copies would move the imported rows: none are pending now.
-    tree_.record_commit(policies_.get(), 0, nullptr, 0);
+    tree_.record_commit(policies_.objects(), 0, nullptr, 0);
     return Error::Ok;
   }
 
@@ -426,78 +421,20 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
         max_step_(other.max_step_),
         initial_capacity_(other.initial_capacity_) {}
 
-  // The per-layer and per-policy tables, through nothrow new: the core reports
-  // a failed allocation instead of throwing. ~SequenceCache frees a partial build.
-  // Layer l's config is layers[l], or layers[0] for every layer when there is
-  // one entry (a broadcast config).
+  // The policy tables (LayerPolicies) and the tree storage, through nothrow
+  // new: the core reports a failed allocation instead of throwing.
+  // ~SequenceCache frees a partial build. Layer l's config is layers[l], or
+  // layers[0] for every layer when there is one entry (a broadcast config).
   Status build_tables(const LayerConfig* layers, std::size_t n_entries) noexcept {
-    const int n_layers = n_layers_;
-    layer_configs_ = internal::Buffer<LayerConfig>::make(n_layers);
-    layer_policy_ = internal::Buffer<int>::make(n_layers);
-    // Sized for the worst case, one distinct policy per layer.
-    policies_ = internal::Buffer<std::unique_ptr<LayoutPolicy>>::make(n_layers);
-    KVCORE_CHECK_OR_RETURN_ERROR(
-        layer_configs_ != nullptr && layer_policy_ != nullptr && policies_ != nullptr,
-        MemoryAllocationFailed, "cannot allocate the policy tables of %d layers", n_layers);
-    for (int l = 0; l < n_layers; ++l) {
-      layer_configs_[l] = layers[n_entries == 1 ? 0 : l];
-      const LayerPolicy lp = layer_configs_[l].policy;
-      int index = 0;
-      while (index < n_policies_ && policies_[index]->policy() != lp) ++index;
-      if (index == n_policies_) {
-        policies_[index] = make_policy(lp);
-        n_held_ += policies_[index] != nullptr ? policies_[index]->held_ints() : 0;
-        KVCORE_CHECK_OR_RETURN_ERROR(policies_[index] != nullptr, MemoryAllocationFailed,
-                                     "cannot allocate the policy of layer %d", l);
-        ++n_policies_;
-      }
-      layer_policy_[l] = index;
-    }
-    held_ = internal::Buffer<int>::make(n_held_);
-    held_offset_ = internal::Buffer<int>::make(n_policies_);
-    step_plans_ = internal::Buffer<SeqStepPlan>::make(n_policies_);
-    KVCORE_CHECK_OR_RETURN_ERROR(held_ != nullptr && held_offset_ != nullptr && step_plans_ != nullptr,
-                                 MemoryAllocationFailed,
-                                 "cannot allocate the step state of %d policies", n_policies_);
-    for (int i = 0, offset = 0; i < n_policies_; offset += policies_[i]->held_ints(), ++i) {
-      held_offset_[i] = offset;
-      policies_[i]->reset_held(held(i));
-    }
+    KVCORE_RETURN_IF_ERROR(policies_.build(layers, n_entries, n_layers_, max_step_, capacity_));
     const int tree_nodes = max_step_ < SequenceTree::kReservedNodes ? max_step_ : SequenceTree::kReservedNodes;
-    return tree_.reserve(tree_nodes, n_policies_);
+    return tree_.reserve(tree_nodes, policies_.size());
   }
-
-  // nullptr when the allocation fails. A Shared layer's source (an earlier
-  // layer, validate() checked) has its policy already.
-  std::unique_ptr<LayoutPolicy> make_policy(const LayerPolicy& lp) const noexcept {
-    LayoutPolicy* made = nullptr;
-    switch (lp.kind) {
-      case LayerPolicy::Kind::Ring:
-        made = new (std::nothrow) RingPolicy(lp.window, lp.sinks, max_step_, capacity_);
-        break;
-      case LayerPolicy::Kind::Chunked:
-        made = new (std::nothrow) ChunkedPolicy(lp.window, max_step_, capacity_);
-        break;
-      case LayerPolicy::Kind::Shared:
-        made = new (std::nothrow) SharedPolicy(*policies_[layer_policy_[lp.source]], lp.source);
-        break;
-      case LayerPolicy::Kind::State:
-        made = new (std::nothrow) StatePolicy(lp.slots);
-        break;
-      default:
-        made = new (std::nothrow) FlatPolicy(capacity_);
-    }
-    return std::unique_ptr<LayoutPolicy>(made);
-  }
-
-  // Policy i's share of the held bookkeeping.
-  int* held(int i) noexcept { return held_.get() + held_offset_[i]; }
-  const int* held(int i) const noexcept { return held_.get() + held_offset_[i]; }
 
   // The begun step's plan of `layer` (computed by begin_step; plans are pure).
-  const SeqStepPlan& step_plan(int layer) const noexcept {
-    return step_plans_[policy_index(layer)];
-  }
+  const SeqStepPlan& step_plan(int layer) const noexcept { return policies_.step_plan(policies_.of(layer)); }
+  int* held(int i) noexcept { return policies_.held(i); }
+  const int* held(int i) const noexcept { return policies_.held(i); }
 
   Status check_next_step(int T, bool verify) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step(), InvalidArgument,
@@ -505,20 +442,20 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
     KVCORE_CHECK_OR_RETURN_ERROR(can_extend(T), OutOfResources,
                                  "T = %d at length %d: length would exceed capacity = %d", T,
                                  length_, capacity_);
-    for (int i = 0; i < n_policies_; ++i) {
-      const LayerPolicy p = policies_[i]->policy();
+    for (int i = 0; i < policies_.size(); ++i) {
+      const LayerPolicy p = policies_[i].policy();
       KVCORE_CHECK_OR_RETURN_ERROR(
           p.kind != LayerPolicy::Kind::State || !verify || T <= p.slots - 1, InvalidArgument,
           "T = %d: a verify or tree step keeps the state after each of its positions, and layer "
           "%d keeps %d state slots: needs T <= slots - 1 = %d",
-          T, first_layer_of(i), p.slots, p.slots - 1);
+          T, policies_.first_layer_of(i), p.slots, p.slots - 1);
     }
-    for (int i = 0; i < n_policies_; ++i) {  // attention layers always hold what the length needs
-      KVCORE_CHECK_OR_RETURN_ERROR(policies_[i]->holds_for(held(i), length_), InvalidState,
+    for (int i = 0; i < policies_.size(); ++i) {  // attention layers always hold what the length needs
+      KVCORE_CHECK_OR_RETURN_ERROR(policies_[i].holds_for(held(i), length_), InvalidState,
                                    "step at length %d: layer %d no longer holds the state after "
                                    "position %d (an aborted step overwrote its slot): rewind to a "
                                    "length can_rewind() allows, or clear()",
-                                   length_, first_layer_of(i), length_ - 1);
+                                   length_, policies_.first_layer_of(i), length_ - 1);
     }
     return Error::Ok;
   }
@@ -527,9 +464,9 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   Step start_step(int T, bool tree, bool verify) noexcept {
     // From here on the step's rows count as written: what they held is gone.
     // Each distinct policy is planned once here, so plan(layer) is a lookup.
-    for (int i = 0; i < n_policies_; ++i) {
-      policies_[i]->note_begin(held(i), length_, T, verify);
-      step_plans_[i] = policies_[i]->plan(length_, T, verify);
+    for (int i = 0; i < policies_.size(); ++i) {
+      policies_[i].note_begin(held(i), length_, T, verify);
+      policies_.step_plan(i) = policies_[i].plan(length_, T, verify);
     }
     active_ = Step{length_, T, ++last_step_id_, tree, verify};
     return active_;
@@ -538,16 +475,16 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // InvalidState naming what `blocking` (a policy) lacks for a length of n;
   // `what` opens the message ("rewind(n" reads "rewind(n = 5): ...").
   Status blocked(const char* what, int n, int blocking) const noexcept {
-    const LayoutPolicy& p = *policies_[blocking];
+    const LayoutPolicy& p = policies_[blocking];
     if (p.policy().kind == LayerPolicy::Kind::State)
       return Status::make(Error::InvalidState,
                           "%s = %d): layer %d no longer holds the state after position %d "
                           "(a step begun without verify keeps only its last state)",
-                          what, n, first_layer_of(blocking), n - 1);
+                          what, n, policies_.first_layer_of(blocking), n - 1);
     return Status::make(Error::InvalidState,
                         "%s = %d): layer %d needs position %d, but its rows now hold only "
                         "positions >= %d",
-                        what, n, first_layer_of(blocking), p.needed_floor(n), held(blocking)[0]);
+                        what, n, policies_.first_layer_of(blocking), p.needed_floor(n), held(blocking)[0]);
   }
 
   // A chain step's accepted path: 0, 1, ..., m - 1 with 1 <= m <= T.
@@ -573,14 +510,8 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // length) needs below n; -1 when rewind(n) may go ahead. Makes no message:
   // can_rewind() answers with it.
   int rewind_blocker(int n) const noexcept {
-    for (int i = 0; i < n_policies_; ++i)
-      if (!policies_[i]->holds_for(held(i), n)) return i;
-    return -1;
-  }
-
-  int first_layer_of(int policy_idx) const noexcept {
-    for (int l = 0; l < n_layers_; ++l)
-      if (layer_policy_[l] == policy_idx) return l;
+    for (int i = 0; i < policies_.size(); ++i)
+      if (!policies_[i].holds_for(held(i), n)) return i;
     return -1;
   }
 
@@ -591,14 +522,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   int length_ = 0;
   Step active_;
   std::uint64_t last_step_id_ = 0;
-  int n_policies_ = 0;
-  internal::Buffer<std::unique_ptr<LayoutPolicy>> policies_;  // the first n_policies_ are set
-  internal::Buffer<LayerConfig> layer_configs_;  // per layer, broadcast resolved
-  internal::Buffer<int> layer_policy_;  // per layer: index into policies_
-  int n_held_ = 0;                      // ints of held bookkeeping over every policy
-  internal::Buffer<int> held_;          // what the rows hold (LayoutPolicy::note_*), per policy
-  internal::Buffer<int> held_offset_;   // per policy: where its share of held_ starts
-  internal::Buffer<SeqStepPlan> step_plans_;  // per policy: its plan of the begun step
+  LayerPolicies policies_;  // each layer's policy object, what its rows hold, its plan of the begun step
   SequenceTree tree_;  // the begun tree's layout and the last commit's copies
 };
 
