@@ -34,7 +34,8 @@ op_module = need(
 ref = need("executorch.extension.llm.cache.reference_cache")
 
 import kvcore  # noqa: E402
-import kvcore.integrations.executorch as et_kvcore  # noqa: E402
+import kvcore.integrations.executorch_cells as et_cells  # noqa: E402
+import kvcore.integrations.executorch_contiguous as et_contiguous  # noqa: E402
 from kvcore.integrations.executorch import KVCoreCellCache, KVCoreContiguousCache  # noqa: E402
 from kvcore.torch.quantized import _offsets  # noqa: E402  (QuantRowLayout's offsets)
 from test_quantized_executorch import executorch_dequantize, executorch_quantize  # noqa: E402
@@ -261,8 +262,8 @@ def test_cell_int8_stores_and_attends_as_executorch_through_forks_and_seq_rm() -
 @pytest.mark.parametrize("bad", ["int4", "qint8", 8])
 def test_an_unknown_kv_dtype_is_refused_before_anything_is_built(make: Any, bad: Any) -> None:
     cfg = et_config(8, [ref.LayerPolicy.flat()])
-    with mock.patch.object(et_kvcore, "SequenceCache", side_effect=AssertionError("built")), \
-            mock.patch.object(et_kvcore, "BatchCache", side_effect=AssertionError("built")):
+    with mock.patch.object(et_contiguous, "SequenceCache", side_effect=AssertionError("built")), \
+            mock.patch.object(et_cells, "BatchCache", side_effect=AssertionError("built")):
         with pytest.raises(kvcore.InvalidArgumentError, match=f"kv_dtype = {bad!r}: must be 'int8' .* or 'fp8'"):
             make(cfg, kv_dtype=bad)
     assert make(cfg, kv_dtype="fp8").kv_dtype == "fp8" and make(cfg).kv_dtype is None

@@ -39,7 +39,11 @@ path (``transformers_*``, ``kvcore.torch``; ExecuTorch is torch's);
   ``kvcore.integrations.transformers``).
 - ``kvcore.integrations.executorch``: drop-in caches for ExecuTorch's
   ``update_and_attend`` op, one sequence and many (needs ``torch`` and
-  ``executorch``).
+  ``executorch``), the front module of its parts:
+  ``kvcore.integrations.executorch_contiguous`` (``KVCoreContiguousCache``, one sequence),
+  ``kvcore.integrations.executorch_cells`` (``KVCoreCellCache``, many) and
+  ``kvcore.integrations.executorch_spec`` (ExecuTorch's reference types and the checks and
+  layer configs both share).
 - ``kvcore.integrations.executorch_runtime``: kvcore inside ExecuTorch's runtime: the
   ``.out`` variant ``to_executorch`` needs, kvcore's cache metadata in the program, an
   export, and the ``kvcore_executorch_ops`` kernel library loaded and driven from Python
