@@ -265,7 +265,7 @@ def test_an_unknown_command_lists_the_commands(capsys: pytest.CaptureFixture[str
         cli.main(["bogus"])
     assert e.value.code == 2
     assert _one_line_error(capsys.readouterr().err, "kvcore") == (
-        "unknown command 'bogus': the commands are tour, memory, demo (no command runs the demo)"
+        "unknown command 'bogus': the commands are tour, memory, demo, export (no command runs the demo)"
     )
 
 
