@@ -3,8 +3,8 @@
 pybind11 puts each docstring on the runtime object; an editor reads
 python/kvcore/_core.pyi instead. This script gives every class, function,
 method and property of the stubs the docstring of the object it stands for
-(minus the signature lines pybind11 writes), and leaves the rest of the file as
-it is.
+(minus the signature lines pybind11 writes; an overloaded method's text on its
+first @overload only), and leaves the rest of the file as it is.
 
     python scripts/stub_docs.py           rewrite python/kvcore/_core.pyi
     python scripts/stub_docs.py --check   exit 1 naming every stale docstring
@@ -123,9 +123,19 @@ def updated_stubs(source: str) -> tuple[str, list[str]]:
     lines = source.split("\n")
     changed: list[str] = []
     edits = []
+    seen: set[tuple[str, ...]] = set()
     for path, node in _definitions(ast.parse(source)):
         if path[-1].startswith("__") and path[-1] not in DOCUMENTED_DUNDERS:
             continue
+        if tuple(path) in seen:  # a later @overload: the first one carries the docstring, once
+            if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) is not None:
+                changed.append(".".join(path))
+                doc = node.body[0]
+                indent = " " * (node.col_offset + 4)
+                keep = [] if len(node.body) > 1 else [indent + "..."]
+                edits.append((doc.lineno - 1, doc.end_lineno or doc.lineno, keep))
+            continue
+        seen.add(tuple(path))
         paragraphs = own_paragraphs(_runtime(module, path), path[-1])
         if not paragraphs:
             continue  # a protocol dunder: its meaning is the protocol's

@@ -424,14 +424,7 @@ class Step(metaclass=_pybind11_type):
         """
     @overload
     def commit(self, accepted: IntArrayArg) -> list[npt.NDArray[np.int32]]:
-        """Without `accepted`: length = end (a tree step only when it is a chain), returns None.
-        With `accepted` (node indices of the accepted root path, accepted[0] = 0, each a child of
-        the one before; a list or 1-D int array): length = position + len(accepted), returns per
-        layer an int32 (n, 2) array of row copies [src, dst] to perform, in order, before the next
-        step (KVPool.apply_copies): none on the main line. InvalidArgumentError: a tree committed
-        without `accepted` (not a chain), or `accepted` not a root path; InvalidStateError: the step
-        is no longer current. Nothing changes on an error.
-        """
+        ...
     @property
     def is_tree(self) -> bool:
         """True for a draft tree that branches: begun by begin_tree with a node off the chain
@@ -572,9 +565,7 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
         """
     @overload
     def commit(self, step: Step, accepted: IntArrayArg) -> list[npt.NDArray[np.int32]]:
-        """Commits `step` as Step.commit(accepted) does (returns None, or the copies per layer with
-        `accepted`). InvalidStateError: not this cache's begun step.
-        """
+        ...
     def begin_tree(self, parents: IntArrayArg) -> Step:
         """Begins a draft-tree step of N = len(parents) tokens (parents[0] = -1, then 0 <=
         parents[i] < i; a list or 1-D int array) and returns its Step (T = N; is_tree unless parents
@@ -1135,9 +1126,7 @@ class BatchStep(metaclass=_pybind11_type):
         """
     @overload
     def commit(self, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
-        """Commits the step: as cache.commit(step, accepted). InvalidStateError: stale step.
-        InvalidArgumentError: see cache.commit.
-        """
+        ...
     def abort(self) -> None:
         """Ends the step without committing it: every length, block table and count is as
         before the step began (its blocks return to the pools). InvalidStateError: stale
@@ -1447,23 +1436,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """
     @overload
     def commit(self, step: BatchStep, accepted: AcceptedArg) -> tuple[npt.NDArray[np.int32], ...]:
-        """commit(step) commits the begun step whole (every entry's length grows by its T) and
-        returns None. commit(step, accepted) commits draft trees: accepted maps a sequence to its
-        accepted root path of node ids ({seq: [0, a1, ...]} or [(seq, nodes), ...]; nodes[0] = 0,
-        each the child of the one before); its length grows by len(nodes), position length + d
-        holding node nodes[d]. Unlisted entries must be chains and commit whole. Blocks reserved
-        only for rejected nodes return to their pools. Returns one (n_copies, 2) int32 array per
-        group of rows (src, dst) to copy, in order, in every layer of the group before the next step
-        (none when a path is its tree's main line, at most len(nodes) - 1 otherwise), then one per
-        State group (index n_groups + k: physical state slots (src, dst), the state in slot src to
-        slot dst in every layer of State group k, in order), n_groups + n_state_groups arrays in
-        all; afterwards the cache is as if the sequence had decoded the accepted tokens as a chain
-        (a verify chain for the State groups: each accepted node's state in the slot its position's
-        chain token would have written). InvalidStateError: a stale step or one of another cache.
-        InvalidArgumentError (nothing changes): a tree entry committed without a path, a sequence
-        not in the step or listed twice, an empty path or one longer than N, a node outside [0, N),
-        nodes not a root path; accepted not as above.
-        """
+        ...
     def abort(self, step: BatchStep) -> None:
         """Ends the begun step without committing it (a failed forward): every length, block
         table and count is as before it began. InvalidStateError: a stale step or one of
@@ -1660,27 +1633,7 @@ class PagedKVPool(metaclass=_pybind11_type):
         trust_tokens: bool = False,
         namespace: int | bytes | str | None = None,
     ) -> npt.NDArray[np.int32]:
-        """Admits the sequence of `record` (any bytes-like object; any block size, from a BatchCache
-        or a SequenceCache) as sequence `seq` (inactive): its length, removed head, holes and rows.
-        A record's token ids are its sender's word: by default the sequence names no block by them
-        and shares none with this cache's prefixes (an untrusted record cannot change what a later
-        request reads). trust_tokens=True, or a `namespace` (as add_sequence's; trust_tokens then
-        implied), names its full blocks by the record's token ids in that namespace (default: 0) and
-        shares the blocks of a prefix this cache holds there (when the record knows every token id),
-        not copied. Every later plan and read equals the exporter's, and so does every can_rewind
-        answer the record reaches (a ring's window and sinks, a State layer's run of states ending at
-        the last one). Checks everything first and changes nothing on an error (any begun step ends on success).
-        InvalidArgumentError: truncated, corrupt (checksum), bad magic, a policy, shape or dtype
-        other than the cache's; NotSupportedError: a newer record version, or a ring group whose
-        sink blocks would keep a position the record lacks; InvalidStateError: seq is active;
-        CapacityError: no free table row (batch.max_active_seqs sequences are active), length over
-        capacity, too many holes, too few free blocks; InvalidArgumentError also: a bad namespace.
-
-        written=True: returns the blocks the import wrote, an int32 (n, 3) array of rows (group,
-        block index in the sequence, block id): every block of the sequence but the shared ones (a
-        byte layer keeping its own copy of the rows, as TorchPagedKVPool, writes exactly these).
-        None otherwise.
-        """
+        ...
     def update(
         self, layer: SupportsIndex, step: BatchStep, k: npt.NDArray[Any], v: npt.NDArray[Any]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:

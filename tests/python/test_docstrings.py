@@ -83,6 +83,28 @@ def test_the_stubs_carry_every_docstring_of_the_compiled_module() -> None:
     assert not stale, f"_core.pyi docstrings that differ from kvcore._core's (run scripts/stub_docs.py): {stale}"
 
 
+def test_an_overloaded_method_carries_its_docstring_once() -> None:
+    """The first @overload of a stub carries the text; stub_docs.py strips a copy from the next."""
+    source = (
+        "class Step:\n"
+        "    @overload\n"
+        "    def commit(self) -> None:\n"
+        "        \"\"\"old\"\"\"\n"
+        "    @overload\n"
+        "    def commit(self, accepted: list[int]) -> list[int]:\n"
+        "        \"\"\"a copy\"\"\"\n"
+    )
+    new, changed = stub_docs.updated_stubs(source)
+    assert changed == ["Step", "Step.commit", "Step.commit"]  # the class had none
+    tree = ast.parse(new)
+    first, second = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    want = "\n\n".join(" ".join(p.split()) for p in stub_docs.own_paragraphs(kvcore.Step.commit, "commit"))
+    assert stub_docs._normalized(ast.get_docstring(first) or "") == want
+    assert ast.get_docstring(second) is None
+    _, again = stub_docs.updated_stubs(new)
+    assert again == []
+
+
 def test_help_of_the_caches_names_their_errors() -> None:
     for cls in (kvcore.SequenceCache, kvcore.KVPool, kvcore.BatchCache):
         text = own_words(cls) + " ".join(own_words(m, n) for n, m in public_members(cls))
