@@ -182,6 +182,18 @@ def test_the_real_models_options_are_refused_before_it_loads(
     assert err.startswith(f"{COMMAND} --model gemma-3-270m: error: {message}") and err.count("\n") == 1, err
 
 
+def test_the_real_model_without_its_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import sys
+
+    from kvcore.demo import real_model
+
+    monkeypatch.setitem(sys.modules, real_model.MODELS["gemma-3-270m"], None)
+    assert cli.main(["demo", "--runtime", "executorch", "--model", "gemma-3-270m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{COMMAND} --model gemma-3-270m: error: ") and 'pip install "kvcore[gemma]"' in err
+    assert err.count("\n") == 1
+
+
 #: As in test_executorch_runtime.py: the real model's export takes minutes; only on request.
 if os.environ.get("KVCORE_GEMMA_EXPORT") == "1":
 

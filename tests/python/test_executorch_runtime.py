@@ -384,6 +384,21 @@ def test_kvcore_export_refuses_bad_options_writing_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_kvcore_export_of_a_real_model_without_its_package_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from kvcore import cli
+    from kvcore.demo import real_model
+
+    monkeypatch.setitem(sys.modules, real_model.MODELS["gemma-3-270m"], None)
+    assert cli.main(["export", "--model", "gemma-3-270m", "--out", str(tmp_path / "g.pte")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcore export: error: ") and 'pip install "kvcore[gemma]"' in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def _tiny_gemma3() -> Any:
     """A tiny random Gemma 3 (transformers' own class): 4 layers, sliding window 8 on three of them."""
     transformers = need("transformers", reason="the off-graph attention for transformers models needs transformers")
