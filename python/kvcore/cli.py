@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -112,8 +113,6 @@ def _export(args: argparse.Namespace) -> int:
             return real_model.load(name).model
 
     try:
-        import warnings
-
         from kvcore.integrations import executorch_export
     except ModuleNotFoundError as e:
         return refuse(f"needs torch and executorch ({e.name!r} is missing): pip install torch && pip install "
