@@ -32,6 +32,7 @@
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/pool_allocator.h"
 #include "kvcore/pool/pool_bytes.h"
+#include "kvcore/pool/quantize.h"
 
 namespace kvcore {
 
@@ -180,6 +181,34 @@ class PoolStorage : protected PoolBytes {
   }
 
  protected:
+  // Ok when the pool stores a quantized format and `out_type` is a compute
+  // type: what every _values read checks first (`what` names the verb).
+  Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(is_quantized(dtype_), InvalidArgument,
+                                 "%s of layer %d: the pool stores %s, not a quantized format (qint8, "
+                                 "fp8_e4m3): read its rows as they are",
+                                 what, layer_index, to_string(dtype_));
+    return check_compute_type(layer_index, what, "values", out_type);
+  }
+
+  // `rows` consecutive rows of layer `layer_index` from k / v dequantized into
+  // k_out / v_out as `out_type` values (the span reads of both pools:
+  // held_values, rows_values). InvalidArgument: what check_dequantize
+  // refuses, an output null or too small; nothing is written then.
+  Status dequantize_span(int layer_index, const char* what, const unsigned char* k, const unsigned char* v,
+                         int rows, DType out_type, void* k_out, std::size_t k_capacity, void* v_out,
+                         std::size_t v_capacity) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, what, out_type));
+    const Layer& layer = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "k_out", k_out, k_capacity, rows,
+                                        value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type), false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "v_out", v_out, v_capacity, rows,
+                                        value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type), false));
+    dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, k, rows, out_type, k_out);
+    dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, v, rows, out_type, v_out);
+    return Error::Ok;
+  }
+
   // A layer's K and V blocks.
   struct Blocks {
     unsigned char* k = nullptr;

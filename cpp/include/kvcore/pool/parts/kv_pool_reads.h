@@ -184,29 +184,14 @@ class KVPoolReads : public KVPoolStates {
   Result<HeldRows> held_values(int layer_index, const SeqStepPlan& plan, DType out_type, void* k_out,
                                std::size_t k_capacity, void* v_out, std::size_t v_capacity) const noexcept {
     KVCORE_ASSIGN_OR_RETURN(const HeldRows held, held_rows(layer_index, plan));
-    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "held_values", out_type));
-    const PoolLayer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "held_values", "k_out", k_out, k_capacity, held.rows,
-                                        value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type), false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "held_values", "v_out", v_out, v_capacity, held.rows,
-                                        value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type), false));
-    dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, held.k, held.rows, out_type, k_out);
-    dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, held.v, held.rows, out_type, v_out);
+    KVCORE_RETURN_IF_ERROR(dequantize_span(layer_index, "held_values", held.k, held.v, held.rows, out_type, k_out,
+                                           k_capacity, v_out, v_capacity));
     return HeldRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), held.rows,
                     held.end};
   }
 
  protected:
   KVPoolReads(DType dtype, PoolAllocator allocator) noexcept : KVPoolStates(dtype, allocator) {}
-
- private:
-  Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(is_quantized(dtype_), InvalidArgument,
-                                 "%s of layer %d: the pool stores %s, not a quantized format (qint8, "
-                                 "fp8_e4m3): read its rows as they are",
-                                 what, layer_index, to_string(dtype_));
-    return check_compute_type(layer_index, what, "values", out_type);
-  }
 };
 
 }  // namespace kvcore

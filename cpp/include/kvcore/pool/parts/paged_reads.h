@@ -111,14 +111,8 @@ class PagedReads : public PagedStates {
     const int layer_index = layers_[layer_index_given].policy.kind == LayerPolicy::Kind::Shared
                                 ? layers_[layer_index_given].policy.source
                                 : layer_index_given;
-    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "rows_values", out_type));
-    const PagedLayer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "rows_values", "k_out", k_out, k_capacity, live.rows,
-                                        value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type), false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "rows_values", "v_out", v_out, v_capacity, live.rows,
-                                        value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type), false));
-    dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, live.k, live.rows, out_type, k_out);
-    dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, live.v, live.rows, out_type, v_out);
+    KVCORE_RETURN_IF_ERROR(dequantize_span(layer_index, "rows_values", live.k, live.v, live.rows, out_type, k_out,
+                                           k_capacity, v_out, v_capacity));
     return PagedRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), live.rows};
   }
 
@@ -127,14 +121,6 @@ class PagedReads : public PagedStates {
       : PagedStates(planner, dtype, allocator) {}
 
  private:
-  Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(is_quantized(dtype_), InvalidArgument,
-                                 "%s of layer %d: the pool stores %s, not a quantized format (qint8, "
-                                 "fp8_e4m3): read its rows as they are",
-                                 what, layer_index, to_string(dtype_));
-    return check_compute_type(layer_index, what, "values", out_type);
-  }
-
   // gather()'s checks and walk; copy(layer, first row, len, k_at, v_at) moves
   // each stretch of consecutive rows, k_out_row / v_out_row bytes a row out.
   template <typename CopyRows>
