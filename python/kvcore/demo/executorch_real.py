@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import kvcore
 from kvcore.demo import real, real_model
-from kvcore.demo.executorch_runtime import BUILD_HINT, find_runner, run_runner, same_tokens
+from kvcore.demo.executorch_runtime import BUILD_HINT, find_runner, run_runner, same_tokens, speeds
 from kvcore.demo.runner import Progress, check_entry, format_checks
 
 #: The cached program's sizes: positions it holds, tokens per forward.
@@ -163,12 +163,6 @@ def run_executorch_real_demo(opts: ExecutorchRealOptions, progress: Progress) ->
     }
 
 
-def _speeds(run: dict[str, Any]) -> str:
-    return (f"prefill {run['prefill_tokens']} tokens in {run['prefill_ms'] / 1e3:.1f} s ({run['prefill_tokens_per_s']} "
-            f"tokens/s), decode {run['decode_tokens']} in {run['decode_ms'] / 1e3:.1f} s ({run['decode_tokens_per_s']} "
-            "tokens/s)")  # fmt: skip
-
-
 def format_report(r: dict[str, Any]) -> str:
     """The report of ``run_executorch_real_demo`` as text."""
     made = "cached" if r["export_seconds"] is None else f"exported in {r['export_seconds']} s"
@@ -179,10 +173,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"  prompt {r['prompt_tokens']} tokens (past the {r['window']}-token window), {r['generated_tokens']} generated",
     ]
     if r["greedy"]:
-        lines.append(f"  greedy: {_speeds(r['greedy'])}; {r['greedy']['cache_bytes']} bytes of K/V")
+        lines.append(f"  greedy: {speeds(r['greedy'])}; {r['greedy']['cache_bytes']} bytes of K/V")
     if r["lookup"]:
         g = r["lookup"]
-        lines.append(f"  --lookup {r['lookup_n']}: {_speeds(g)}; {g['forwards']} forwards, {g['accepted']} of "
+        lines.append(f"  --lookup {r['lookup_n']}: {speeds(g)}; {g['forwards']} forwards, {g['accepted']} of "
                      f"{g['drafted']} drafted tokens accepted")  # fmt: skip
     lines.append(f"  transformers generate() (one torch thread): {r['transformers_seconds']} s")
     lines.append(f"  continuation: {r['text'][:160]!r}")

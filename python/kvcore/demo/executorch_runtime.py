@@ -272,9 +272,13 @@ def run_executorch_demo(opts: ExecutorchDemoOptions, progress: Progress) -> dict
     }
 
 
-def _speeds(run: dict[str, Any]) -> str:
-    return (f"prefill {run['prefill_tokens']} tokens in {run['prefill_ms']:.2f} ms ({run['prefill_tokens_per_s']} "
-            f"tokens/s), decode {run['decode_tokens']} in {run['decode_ms']:.2f} ms ({run['decode_tokens_per_s']} "
+def speeds(run: dict[str, Any]) -> str:
+    """One runner run's prefill and decode: tokens, time (ms below a second, else s) and tokens/s."""
+    def took(ms: float) -> str:
+        return f"{ms:.2f} ms" if ms < 1000 else f"{ms / 1e3:.1f} s"
+
+    return (f"prefill {run['prefill_tokens']} tokens in {took(run['prefill_ms'])} ({run['prefill_tokens_per_s']} "
+            f"tokens/s), decode {run['decode_tokens']} in {took(run['decode_ms'])} ({run['decode_tokens_per_s']} "
             "tokens/s)")  # fmt: skip
 
 
@@ -290,10 +294,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"generated; the ring's {r['ring_rows']} rows " + ("wrap" if r["ring_wrapped"] else "do not wrap"),
     ]
     if r["greedy"]:
-        lines.append(f"  greedy: {_speeds(r['greedy'])}; {r['greedy']['cache_bytes']} bytes of K/V")
+        lines.append(f"  greedy: {speeds(r['greedy'])}; {r['greedy']['cache_bytes']} bytes of K/V")
     if r["lookup"]:
         g = r["lookup"]
-        lines.append(f"  --lookup {r['lookup_n']}: {_speeds(g)}; {g['forwards']} forwards, {g['accepted']} of "
+        lines.append(f"  --lookup {r['lookup_n']}: {speeds(g)}; {g['forwards']} forwards, {g['accepted']} of "
                      f"{g['drafted']} drafted tokens accepted")  # fmt: skip
     lines.append(f"  PyTorch (no cache, the whole sequence per token): {r['pytorch_seconds']} s")
     return "\n".join([*lines, *format_checks(r)])

@@ -59,7 +59,9 @@ def check_layer(layer_id: int, n_layers: int) -> None:
 
 
 def check_positions(position: torch.Tensor, T: int, length: int) -> None:
-    """``position`` ([T, 1]) must be length .. length + T - 1: kvcore appends to the sequence."""
+    """Checks a forward's ``position`` tensor against a sequence of ``length`` tokens: kvcore
+    appends, so a [T, 1] tensor must hold length .. length + T - 1 (a [T, n] one of several
+    components, M-RoPE's, is not read). InvalidArgumentError naming the shape or the positions."""
     if position.dim() != 2 or int(position.shape[0]) != T:
         raise InvalidArgumentError(f"position {tuple(position.shape)}: must be [T = {T}, n_dims]")
     if int(position.shape[1]) != 1:
