@@ -11,13 +11,13 @@ thread, three ways over the same prompts:
   offloads; its prompt tokens computed and K/V held come from hooks on its cache
   (bench/hf_batch_bench.HfProbe);
 - **disaggregated** (``--ray``): the actors of ``kvcore demo --disaggregated --model``
-  (kvcore.demo.real_disaggregated: one prefill actor exports each request as a record,
+  (kvcore_demo.real_disaggregated: one prefill actor exports each request as a record,
   one decode actor imports and decodes it) on a local Ray instance, every request
   prefilled whole (that path shares no prefix).
 
 Per way: wall seconds, prompt tokens computed, generated tokens/s (wall, prefill
 included), peak K/V bytes; every way's tokens must equal kvcore's and transformers' (the
-script exits 1 otherwise). The system prompt is kvcore.demo.real_batch's (a museum
+script exits 1 otherwise). The system prompt is kvcore_demo.real_batch's (a museum
 guide's notes) followed by visitor information and the notes again, cut at ``--shared``
 tokens; each request adds one visitor's question.
 
@@ -71,7 +71,7 @@ QUESTIONS = (
 
 def prompts(tokenizer: Any, requests: int, shared: int) -> tuple[list[int], list[list[int]]]:
     """(the system prompt's ids, cut at `shared` tokens; every request's ids: it, then a question)."""
-    from kvcore.demo import real, real_batch
+    from kvcore_demo import real, real_batch
 
     if requests > len(QUESTIONS):
         raise SystemExit(f"--requests = {requests}: at most {len(QUESTIONS)} (one question each)")
@@ -124,7 +124,7 @@ def run_disaggregated(tokenizer: Any, batch: list[list[int]], args: argparse.Nam
     moved as a record, decoded on another. Model loads are timed apart from the run."""
     import ray
 
-    from kvcore.demo import real_disaggregated as rd
+    from kvcore_demo import real_disaggregated as rd
 
     opts = rd.RealDisaggregatedOptions(gen_len=args.new, max_step=min(args.chunk, min(map(len, batch))))
     # The actors take text (the demo's interface): the prompts' text re-encodes to the same ids (checked).
@@ -165,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
     from transformers import GenerationConfig
 
-    from kvcore.demo import real_model
+    from kvcore_demo import real_model
 
     torch.set_num_threads(1)
     loaded = real_model.load("gemma-3-270m")

@@ -4,7 +4,7 @@ For each text (a prompt the model continues greedily for ``--new`` tokens) and e
 budget N of ``--budgets``: accepted tokens per forward of
 
 - early-exit **trees** of N tokens (the root, a main line of drafts and a second guess
-  beside each main-line draft; kvcore.demo.real_trees.decode_tree: verify_tree +
+  beside each main-line draft; kvcore_demo.real_trees.decode_tree: verify_tree +
   commit_tree),
 - early-exit **chains** of N tokens (the root and N - 1 greedy drafts of the same drafter;
   rejected drafts rewound),
@@ -44,7 +44,7 @@ from compare import int_list, loadavg  # noqa: E402
 def texts() -> dict[str, str]:
     """The prompts, by name: a story the model continues in its own words, a question answered
     from notes in the prompt, and a passage the text starts to copy out again."""
-    from kvcore.demo import real, real_batch
+    from kvcore_demo import real, real_batch
 
     return {
         "story": real.DEFAULT_PROMPT,
@@ -75,7 +75,7 @@ def exit_agreement(loaded: Any, prompt: list[int], plain: list[int], depths: Seq
 
 def run_text(loaded: Any, name: str, text: str, budgets: Sequence[int], new: int, draft_layers: int) -> dict[str, Any]:
     """Plain greedy decoding of `text`, then trees, early-exit chains and prompt lookup at each budget."""
-    from kvcore.demo import real, real_trees
+    from kvcore_demo import real, real_trees
 
     opts = real.RealDemoOptions(prompt=text, gen_len=new, max_step=64, draft=0, tree=max(budgets),
                                 draft_layers=draft_layers)  # fmt: skip
@@ -136,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from kvcore.demo import real, real_model
+    from kvcore_demo import real, real_model
 
     torch.set_num_threads(1)
     loaded = real_model.load("gemma-3-270m")

@@ -8,7 +8,7 @@ forward each. Per cache: time to first token (the prefill's forwards), decode
 tokens/s, the bytes of its K/V tensors after the run, the process's peak RSS
 above the RSS before the cache was built (VmHWM reset per cache, freed memory
 handed back first), and whether its tokens equal DynamicCache's. The prompt is
-kvcore.demo.real.PASSAGE repeated to the length. torch on one thread.
+kvcore_demo.real.PASSAGE repeated to the length. torch on one thread.
 
     python bench/gemma_real.py [--lengths 1024,8192] [--new 16] [--chunk 256] [--out FILE.json]
 """
@@ -87,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from kvcore.demo import real, real_model
+    from kvcore_demo import real, real_model
 
     torch.set_num_threads(1)
     loaded = real_model.load("gemma-3-270m")

@@ -24,7 +24,7 @@ contexts in bfloat16, attention over a masked full history and over a ring's win
 rounding, so the two float caches may part; the report says how far). Bytes are then what each
 cache holds after the run (tensor bytes, scales and residuals included). hqq and quanto come from PyPI (``pip install --no-deps hqq optimum-quanto termcolor
 einops``); a backend that fails to import is reported, not fatal.
-Needs the ``gemma`` extra (kvcore.demo.real_model).
+Needs the ``gemma`` extra (kvcore_demo.real_model).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from transformers.cache_utils import DynamicCache, QuantizedCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import _release_freed_memory, _reset_peak_rss, _status_kib  # noqa: E402
-from kvcore.demo.real_model import load
+from kvcore_demo.real_model import load
 from kvcore.integrations.transformers import KVCoreCache
 
 

@@ -12,7 +12,8 @@ cmake -S "$ROOT" -B "$OUT/cmake" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKVCORE_BUILD_PYTHON=ON -DKVCORE_BUILD_TESTS=OFF \
   -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PYTHON")" >&2
 cmake --build "$OUT/cmake" --target _core >&2
-rm -rf "$OUT/site/kvcore" && mkdir -p "$OUT/site/kvcore"
+rm -rf "$OUT/site/kvcore" "$OUT/site/kvcore_demo" && mkdir -p "$OUT/site/kvcore"
+ln -s "$ROOT/python/kvcore_demo" "$OUT/site/kvcore_demo"  # the demos: a package of their own
 # Symlink the sources so edits to .py files need no re-run; only new files do.
 for f in "$ROOT"/python/kvcore/*; do ln -s "$f" "$OUT/site/kvcore/"; done
 cp "$OUT"/cmake/python/_core*.so "$OUT/site/kvcore/"

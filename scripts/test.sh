@@ -111,7 +111,8 @@ if [ "$ROBUST" -gt 0 ]; then
          -DCMAKE_MODULE_LINKER_FLAGS=-shared-libasan -DKVCORE_BUILD_PYTHON=ON -DKVCORE_BUILD_TESTS=OFF \
          -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" >/dev/null &&
        cmake --build "$PY_OUT/cmake" --target _core; then
-      rm -rf "$PY_OUT/site/kvcore" && mkdir -p "$PY_OUT/site/kvcore"
+      rm -rf "$PY_OUT/site/kvcore" "$PY_OUT/site/kvcore_demo" && mkdir -p "$PY_OUT/site/kvcore"
+      ln -s "$ROOT/python/kvcore_demo" "$PY_OUT/site/kvcore_demo"
       for f in "$ROOT"/python/kvcore/*; do ln -s "$f" "$PY_OUT/site/kvcore/"; done
       cp "$PY_OUT"/cmake/python/_core*.so "$PY_OUT/site/kvcore/"
       # The interpreter is not instrumented: preload the ASan runtime, skip the leak
@@ -220,7 +221,7 @@ fi
 
 # --- Python ------------------------------------------------------------------
 step "Python: mypy --strict, stubtest, pytest"
-(cd "$ROOT" && "$PYTHON" -m mypy --strict python/kvcore) || status=1
+(cd "$ROOT" && "$PYTHON" -m mypy --strict python/kvcore python/kvcore_demo) || status=1
 (cd /tmp && "$PYTHON" -m mypy.stubtest kvcore --allowlist "$ROOT/tests/python/stubtest_allowlist.txt") || status=1
 # ci: the stateful property test runs 10,000 fixed-seed examples (docs/robustness.md).
 # --skip-budget normal: every skip is listed with its reason, and one that

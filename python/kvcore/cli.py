@@ -11,7 +11,7 @@ from typing import Any
 import kvcore
 from kvcore import export_command, memory_command
 from kvcore._argparse import Parser
-from kvcore.demo import command as demo
+from kvcore_demo import command as demo
 
 
 def _tour(args: argparse.Namespace) -> int:

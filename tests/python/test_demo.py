@@ -16,9 +16,9 @@ from needs import need
 
 import kvcore
 from kvcore import cli
-from kvcore.demo import early_exit, footprint, options, runner, sequence, trees
-from kvcore.demo.drafts import accepted_prefix, corrupt_drafts
-from kvcore.demo.model import Decoder, Model
+from kvcore_demo import early_exit, footprint, options, runner, sequence, trees
+from kvcore_demo.drafts import accepted_prefix, corrupt_drafts
+from kvcore_demo.model import Decoder, Model
 
 # Small enough to run in well under a second, large enough to wrap the rings.
 SMALL = ["--layers", "3", "--flat-every", "3", "--window", "6", "--sinks", "1", "--max-step", "4",

@@ -17,10 +17,10 @@ from needs import need
 
 import kvcore
 from kvcore import cli
-from kvcore.demo import batch as demo_batch
-from kvcore.demo import footprint, trees
-from kvcore.demo.model import Model, ModelConfig
-from kvcore.demo.runner import single_threaded_blas
+from kvcore_demo import batch as demo_batch
+from kvcore_demo import footprint, trees
+from kvcore_demo.model import Model, ModelConfig
+from kvcore_demo.runner import single_threaded_blas
 
 
 def test_forward_batch_equals_forward_full_per_sequence() -> None:

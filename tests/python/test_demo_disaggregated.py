@@ -15,7 +15,7 @@ from needs import need
 ray = need("ray", reason="the distributed extra (ray) is not installed: pip install 'kvcore[distributed]'")
 
 from kvcore import cli  # noqa: E402
-from kvcore.demo.disaggregated import DisaggregatedOptions, format_report, run_disaggregated  # noqa: E402
+from kvcore_demo.disaggregated import DisaggregatedOptions, format_report, run_disaggregated  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_an_option_it_cannot_honour_is_refused_before_ray_starts(
 
 def test_its_model_is_model_configs_own_shape() -> None:
     # The options reuse ModelOptions (validation, dtype, model) with ModelConfig's defaults.
-    from kvcore.demo.model import ModelConfig
+    from kvcore_demo.model import ModelConfig
 
     assert DisaggregatedOptions().model_config() == ModelConfig()
 

@@ -30,6 +30,7 @@ OLD = {
     "kvcore.integrations.torch_state": ("kvcore.torch.pool_records", ["export_sequence", "import_sequence"]),
     "kvcore.integrations.torch_paged_state": ("kvcore.torch.paged_records", ["export_sequence", "import_sequence"]),
     "kvcore.integrations.forward_step": ("kvcore.forward_step", ["ForwardStep", "KVStep"]),
+    "kvcore.demo": ("kvcore_demo", ["model", "batch"]),
 }
 
 
@@ -42,6 +43,23 @@ def test_an_old_module_path_imports_with_a_deprecation_warning(monkeypatch: pyte
         module = importlib.import_module(old)
     for name in names:
         assert getattr(module, name) is not None, name
+
+
+def test_an_old_demo_submodule_is_the_moved_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvcore.demo.NAME`` is ``kvcore_demo.NAME`` itself (one set of classes), found lazily."""
+    import kvcore_demo.batch
+
+    monkeypatch.delitem(sys.modules, "kvcore.demo", raising=False)
+    monkeypatch.delitem(sys.modules, "kvcore.demo.batch", raising=False)
+    monkeypatch.delitem(sys.modules, "kvcore.demo.model", raising=False)
+    with pytest.warns(DeprecationWarning, match=re.escape(f"kvcore.demo is deprecated: import kvcore_demo (removed in {REMOVED_IN})")):
+        old = importlib.import_module("kvcore.demo.batch")
+    assert old is kvcore_demo.batch
+    from kvcore.demo.model import Model  # noqa: PLC0415
+
+    assert Model is importlib.import_module("kvcore_demo.model").Model
+    with pytest.raises(ModuleNotFoundError, match="kvcore_demo.no_such_demo"):
+        importlib.import_module("kvcore.demo.no_such_demo")
 
 
 def test_the_deprecations_go_in_the_next_minor_release() -> None:

@@ -4,7 +4,7 @@ Greedy tokens through ``KVCoreCache`` equal transformers' ``DynamicCache``, and 
 kvcore's ``generate_batch`` equal transformers' ``generate`` per prompt, on prompts
 longer than the 512-token sliding window; the demo's check against a full
 recomputation passes, and fails once one weight tensor is wrong. The model is
-converted once into kvcore's cache directory (kvcore.demo.real_model: about a
+converted once into kvcore's cache directory (kvcore_demo.real_model: about a
 minute the first time) and loaded once per session. Without the package, those
 tests skip with the reason; the missing-package message is tested either way.
 
@@ -23,8 +23,8 @@ import pytest
 from needs import need
 
 from kvcore import cli
-from kvcore.demo import real, real_model
-from kvcore.demo.runner import format_checks
+from kvcore_demo import real, real_model
+from kvcore_demo.runner import format_checks
 
 NEW_TOKENS = 4
 
@@ -180,7 +180,7 @@ def test_the_demos_checks_pass_and_fail_with_one_wrong_weight(gemma: Any, prompt
 
 
 def test_the_batch_demos_real_chats_equal_generate_alone(gemma: Any) -> None:
-    from kvcore.demo import real_batch
+    from kvcore_demo import real_batch
 
     report = real_batch.run_real_batch_demo(real_batch.RealBatchOptions(chats=2, gen_len=2), loaded=gemma)
     assert report["ok"], report["checks"]
@@ -189,7 +189,7 @@ def test_the_batch_demos_real_chats_equal_generate_alone(gemma: Any) -> None:
 
 
 def test_draft_trees_of_the_real_model_give_plain_greedy_tokens(gemma: Any, prompts: list[list[int]]) -> None:
-    from kvcore.demo import real_trees
+    from kvcore_demo import real_trees
 
     text = gemma.tokenizer.decode(prompts[1], skip_special_tokens=True)
     opts = real.RealDemoOptions(prompt=text, gen_len=NEW_TOKENS + 2, max_step=128, draft=0, tree=3)

@@ -1,4 +1,5 @@
-"""The import graph of python/kvcore: no cycle, no private name imported across modules.
+"""The import graph of python/kvcore and python/kvcore_demo: no cycle, no private name imported
+across modules, and the core package reaching the demos only from its command line.
 
 Every module's imports are read with ``ast`` (module level, ``if TYPE_CHECKING`` blocks and
 imports inside functions alike: a deferred import is still an edge). ``from pkg import sub``
@@ -16,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "python"
 PACKAGE = ROOT / "kvcore"
+DEMO = ROOT / "kvcore_demo"
 LOWEST = {"kvcore._core", "kvcore._errors", "kvcore._paths", "kvcore._argparse"}
 
 
@@ -24,7 +26,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {module_name(p): p for p in sorted([*PACKAGE.rglob("*.py"), *DEMO.rglob("*.py")])}
+OURS = ("kvcore", "kvcore_demo")
 
 
 def imports(name: str) -> list[tuple[str, str, int]]:
@@ -34,14 +37,14 @@ def imports(name: str) -> list[tuple[str, str, int]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out += [(alias.name, "", node.lineno) for alias in node.names if alias.name.split(".")[0] == "kvcore"]
+            out += [(alias.name, "", node.lineno) for alias in node.names if alias.name.split(".")[0] in OURS]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: resolved against the package
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            if base.split(".")[0] != "kvcore":
+            if base.split(".")[0] not in OURS:
                 continue
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
@@ -86,6 +89,16 @@ def test_the_graph_is_read() -> None:
     assert "kvcore.torch.pool_records" in edges["kvcore.torch.pool"]
     assert "kvcore.integrations.transformers_batch" in edges["kvcore.integrations.transformers"]  # its __getattr__
     assert "kvcore.integrations.transformers_layers" in edges["kvcore.integrations.transformers"]  # re-exported
+
+
+def test_the_core_reaches_the_demos_only_from_its_command_line() -> None:
+    """kvcore_demo sits above the core package (issue 41 item 6): only the command line
+    (``kvcore demo``, and ``kvcore export --model`` loading a real model) imports it."""
+    front = {"kvcore.cli", "kvcore.export_command"}
+    bad = [f"{m}:{line} imports {target}" for m in MODULES if m.split(".")[0] == "kvcore" and m not in front
+           and m != "kvcore.demo" for target, _, line in imports(m) if target.split(".")[0] == "kvcore_demo"]
+    assert not bad, "\n".join(bad)
+    assert any(t.startswith("kvcore_demo") for t, _, _ in imports("kvcore.cli"))  # the rule reads the edge
 
 
 def test_no_import_cycle() -> None:
@@ -155,7 +168,7 @@ def test_what_imports_torch_or_transformers_says_so_in_its_path() -> None:
     bad = []
     for m in MODULES:
         found = libraries(m)
-        if m.startswith("kvcore.demo."):
+        if m.startswith("kvcore_demo."):
             found = {lib: top for lib, top in found.items() if top}
         if found and not any(word in m for word in NEEDS):
             bad.append(f"{m} imports {sorted(found)}")
@@ -164,4 +177,4 @@ def test_what_imports_torch_or_transformers_says_so_in_its_path() -> None:
     assert len(config_readers) > 5
     assert not [m for m in config_readers if libraries(m) or any(word in m for word in NEEDS)]
     assert libraries("kvcore.integrations.transformers_config") == {"transformers": True}  # was hf_layers
-    assert libraries("kvcore.demo.real_model") == {"torch": False, "transformers": False}  # the rule reads both
+    assert libraries("kvcore_demo.real_model") == {"torch": False, "transformers": False}  # the rule reads both

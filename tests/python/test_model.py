@@ -14,7 +14,7 @@ import pytest
 from needs import need
 
 import kvcore
-from kvcore.demo.model import Decoder, Model, ModelConfig, rms_norm, rope, visibility_mask
+from kvcore_demo.model import Decoder, Model, ModelConfig, rms_norm, rope, visibility_mask
 
 Array = npt.NDArray[Any]
 W = 5  # window of every ring layer in the grid

@@ -201,7 +201,7 @@ def test_installed_metadata() -> None:
     files = [f.as_posix() for f in importlib.metadata.files("kvcore") or []]
     assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files), files
     # Subpackages ship: the demos (kvcore demo) and the integrations.
-    for module in ("kvcore/demo/__init__.py", "kvcore/demo/model.py", "kvcore/integrations/__init__.py"):
+    for module in ("kvcore_demo/__init__.py", "kvcore_demo/model.py", "kvcore/integrations/__init__.py"):
         assert module in files, module
 
 
@@ -220,7 +220,7 @@ def test_sdist_contents(tmp_path: Path) -> None:
         metadata = pkg_info.read().decode()
     for needed in ("cpp/include/kvcore/kvcore.h", "LICENSE", "pyproject.toml", "CMakeLists.txt",
                    "cmake/kvcoreConfig.cmake.in", "python/kvcore/__init__.py", "python/kvcore/py.typed",
-                   "python/kvcore/demo/__init__.py", "python/kvcore/demo/model.py"):
+                   "python/kvcore_demo/__init__.py", "python/kvcore_demo/model.py"):
         assert needed in members, needed
     assert not [m for m in members if m.startswith(("tests/fuzz/corpus/", "tests/fuzz/batch_corpus/", "build/", ".ci/"))]
     assert re.search(r"^License: Apache-2.0$", metadata, flags=re.M)
@@ -237,8 +237,9 @@ def test_the_top_level_is_the_api() -> None:
     """Beside the API sit only the command line, the memory planner and its command, the export command, the sequence records
     (kvcore.state), the host tier of records (kvcore.tier), the quantized formats' names and sizes (kvcore.quantized), the step of one
     forward (kvcore.forward_step) and the config.json reader (the kvcore.hf_config package); the
-    torch byte layers are kvcore.torch, adapters to other libraries kvcore.integrations, the demos
-    and the reference model they run the kvcore.demo subpackage, none of which `import kvcore` loads."""
+    torch byte layers are kvcore.torch, adapters to other libraries kvcore.integrations; the demos
+    and the reference model they run are a package of their own beside it, kvcore_demo (kvcore.demo
+    is its deprecated path); `import kvcore` loads none of them."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == [
         "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "export_command", "forward_step", "memory",
@@ -246,15 +247,18 @@ def test_the_top_level_is_the_api() -> None:
     ]  # fmt: skip
     assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "hf_config", "integrations", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
-    probe = "import sys, kvcore; print(sorted(m for m in sys.modules if m.startswith(('kvcore.demo', 'kvcore.torch'))))"
+    probe = ("import sys, kvcore; print(sorted(m for m in sys.modules"
+             " if m.startswith(('kvcore_demo', 'kvcore.demo', 'kvcore.torch'))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "[]\n", done.stdout + done.stderr
 
 
 def test_the_demo_package_names_its_modules() -> None:
-    doc = importlib.import_module("kvcore.demo").__doc__ or ""
-    for path in sorted((PACKAGE / "demo").glob("[!_]*.py")):
-        assert f"``kvcore.demo.{path.stem}``" in doc, path.stem
+    doc = importlib.import_module("kvcore_demo").__doc__ or ""
+    demo = Path(importlib.import_module("kvcore_demo").__file__ or "").parent
+    assert demo.name == "kvcore_demo" and len(list(demo.glob("[!_]*.py"))) > 10
+    for path in sorted(demo.glob("[!_]*.py")):
+        assert f"``kvcore_demo.{path.stem}``" in doc, path.stem
 
 
 def test_the_torch_package_names_its_modules() -> None:

@@ -1,52 +1,56 @@
-"""The demos of ``kvcore demo`` and the reference model they run, apart from the API.
+"""Deprecated: the demos moved out of the core package, to ``kvcore_demo``.
 
-Nothing here is imported by ``import kvcore``. One concept per module:
-
-- ``kvcore.demo.model``: a small Gemma-style decoder in numpy (``Model``), its
-  no-cache oracle (``Model.forward_full``) and ``Decoder``, which runs it through
-  ``SequenceCache`` + ``KVPool``;
-- ``kvcore.demo.options``: the model knobs both demos share (``ModelOptions``),
-  the K/V dtypes and their tolerances;
-- ``kvcore.demo.footprint``: the bytes a run needs, checked against the
-  machine's memory before anything is allocated;
-- ``kvcore.demo.drafts``: greedy decoding and speculative drafts;
-- ``kvcore.demo.runner``: the progress bar, one BLAS thread, and the check, run,
-  report and exit-code sequence both demos share;
-- ``kvcore.demo.sequence``: ``kvcore demo``, one sequence, plain then speculative;
-- ``kvcore.demo.batch``: ``kvcore demo --batch``, many chats through
-  ``BatchCache`` + ``PagedKVPool``;
-- ``kvcore.demo.trees``: ``kvcore demo --tree N``, speculative decoding with
-  draft trees through ``SequenceCache`` + ``KVPool``;
-- ``kvcore.demo.early_exit``: the tree demo's drafter, the model's own first
-  layers with its final norm and head (self-speculative early exit);
-- ``kvcore.demo.hf_batch``: ``kvcore demo --hf-batch``, a tiny random transformers
-  model through kvcore's continuous batching against transformers' own (needs
-  torch and transformers);
-- ``kvcore.demo.disaggregated``: ``kvcore demo --disaggregated``, prefill and
-  decode on Ray actors, sequences moved as records (kvcore.state);
-- ``kvcore.demo.executorch_runtime``: ``kvcore demo --runtime executorch``, a tiny random
-  model exported to a ``.pte`` and run by ``kvcore-run`` (ExecuTorch's C++ runtime, kvcore's
-  kernel behind the op), its tokens checked against PyTorch (needs torch, executorch and the
-  built runner);
-- ``kvcore.demo.executorch_real``: ``kvcore demo --runtime executorch --model NAME``, a real
-  model exported once (cached) and run by ``kvcore-run``, its tokens checked against
-  transformers' greedy ``generate()``;
-- ``kvcore.demo.real_model``: real trained models for ``--model`` (Gemma 3 270M from
-  PyPI), converted once and cached under ~/.cache/kvcore (needs the gemma extra);
-- ``kvcore.demo.real``: ``kvcore demo --model NAME``'s decoding, the real model through
-  transformers and ``KVCoreCache``, plain and with prompt-lookup drafts, and the check
-  against a full recomputation;
-- ``kvcore.demo.real_run``: ``kvcore demo --model NAME``'s run and report: every
-  decoding of the real model, each checked;
-- ``kvcore.demo.real_trees``: ``kvcore demo --tree N --model NAME``, draft trees of
-  the real model verified through ``KVCoreCache`` (``begin_tree`` / ``commit_tree``),
-  against chains of the same budget;
-- ``kvcore.demo.real_early_exit``: their drafter, the real model's own first layers
-  with its final norm and head, weights shared;
-- ``kvcore.demo.real_batch``: ``kvcore demo --batch --model NAME``, real chats sharing
-  a system prompt through kvcore's ``generate_batch``, each checked against
-  transformers' ``generate()`` of it alone;
-- ``kvcore.demo.real_disaggregated``: ``kvcore demo --disaggregated --model NAME``, a real
-  model's prefill and decode on two Ray actors, sequences moved as records;
-- ``kvcore.demo.command``: the demos' command lines.
+``kvcore.demo`` and its submodules (``kvcore.demo.batch``, ``kvcore.demo.model``, ...) keep
+working until kvcore 0.2.0, where this path is removed, and warn (DeprecationWarning) when
+imported; import ``kvcore_demo`` (``kvcore_demo.batch``, ...) instead (docs/deprecations.md).
+``kvcore demo`` on the command line is unchanged. A submodule imported through this path is
+the very module object of ``kvcore_demo`` (one set of classes), not a copy.
 """
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
+from collections.abc import Sequence
+
+import kvcore_demo
+
+warnings.warn(
+    "kvcore.demo is deprecated: import kvcore_demo (removed in kvcore 0.2.0)",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+__doc__ = (__doc__ or "") + "\n" + (kvcore_demo.__doc__ or "")
+
+
+class _MovedDemo(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``kvcore.demo.NAME`` as the module ``kvcore_demo.NAME`` (imported once, shared)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(__name__ + "."):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return importlib.import_module("kvcore_demo" + spec.name[len(__name__):])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the module ran when kvcore_demo imported it."""
+
+
+if not any(isinstance(finder, _MovedDemo) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedDemo())
+
+
+def __getattr__(name: str) -> object:
+    """``kvcore.demo.NAME``: the attribute (or submodule) ``NAME`` of ``kvcore_demo``."""
+    try:
+        return getattr(kvcore_demo, name)
+    except AttributeError:
+        return importlib.import_module(f"kvcore_demo.{name}")

@@ -200,7 +200,7 @@ class ExportOptions:
 def export_model(opts: ExportOptions, load: Optional[Callable[[str], Any]] = None) -> tuple[bytes, KVCoreMetadata]:
     """The ``.pte`` bytes of ``opts.model`` and the metadata written into it. ``tiny``: the random
     decoder of ``executorch_tiny`` (seconds); a real model: ``load(name)`` gives the transformers
-    model (``kvcore.demo.real_model.load(name).model``; required), exported in minutes.
+    model (``kvcore_demo.real_model.load(name).model``; required), exported in minutes.
     ValueError as ``ExportOptions.check``."""
     opts.check()
     capacity, max_step = opts.sizes()

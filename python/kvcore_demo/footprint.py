@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvcore.demo.model import ModelConfig
+from kvcore_demo.model import ModelConfig
 
 #: Bytes of one Python int in a list (its pointer and the int object).
 TOKEN_BYTES = 8 + 32

@@ -1,7 +1,7 @@
 """``kvcore demo --model NAME``: the run and its report. Prefills and decodes through
-kvcore.demo.real, checks the logits against a full recomputation, and with ``draft`` /
+kvcore_demo.real, checks the logits against a full recomputation, and with ``draft`` /
 ``tree`` decodes again with prompt-lookup drafts or early-exit draft trees and chains
-(kvcore.demo.real_trees), each checked to give plain decoding's tokens. The command
+(kvcore_demo.real_trees), each checked to give plain decoding's tokens. The command
 exits 0 when every check holds, 1 when not, 2 on bad options or a missing package.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcore.demo import real_model, real_trees
-from kvcore.demo.options import kv_bytes_all_flat
-from kvcore.demo.real import (
+from kvcore_demo import real_model, real_trees
+from kvcore_demo.options import kv_bytes_all_flat
+from kvcore_demo.real import (
     Prefilled,
     RealDemoOptions,
     check_against_recomputation,
@@ -20,7 +20,7 @@ from kvcore.demo.real import (
     prefill_prompt,
     torch_threads,
 )
-from kvcore.demo.runner import Progress, check_entry, format_checks
+from kvcore_demo.runner import Progress, check_entry, format_checks
 
 
 def run_real_demo(

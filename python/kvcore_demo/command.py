@@ -19,9 +19,9 @@ from typing import Any
 
 import kvcore
 from kvcore._argparse import Parser
-from kvcore.demo import batch, hf_batch, real, real_model, real_run, sequence
-from kvcore.demo.options import TOLERANCE
-from kvcore.demo.runner import run_and_report
+from kvcore_demo import batch, hf_batch, real, real_model, real_run, sequence
+from kvcore_demo.options import TOLERANCE
+from kvcore_demo.runner import run_and_report
 
 
 def add_parser(sub: Any) -> None:
@@ -225,7 +225,7 @@ def _packages_installed(command: str, model: str) -> bool:
 
 def real_batch_main(argv: Sequence[str]) -> int:
     """``kvcore demo --batch --model NAME ...`` with argv (the options after --batch); its exit status."""
-    from kvcore.demo import real_batch
+    from kvcore_demo import real_batch
 
     d = real_batch.RealBatchOptions()
     p = Parser(
@@ -334,7 +334,7 @@ def disaggregated_main(argv: Sequence[str]) -> int:
     """``kvcore demo --disaggregated`` with argv (the options after it); its exit status: 0 when
     every chat's tokens and logits equal single-process decoding, 1 when they do not, 2 when the
     ``distributed`` extra (ray) is missing or an option is refused."""
-    from kvcore.demo import disaggregated
+    from kvcore_demo import disaggregated
 
     if any(a == "--model" or a.startswith("--model=") for a in argv):
         return real_disaggregated_main(argv)
@@ -384,7 +384,7 @@ def real_disaggregated_main(argv: Sequence[str]) -> int:
     """``kvcore demo --disaggregated --model NAME ...`` with argv (the options after
     --disaggregated); its exit status: 0 when every chat equals single-process decoding,
     1 when one does not, 2 on bad options or a missing package (Ray or the model's)."""
-    from kvcore.demo import real_disaggregated
+    from kvcore_demo import real_disaggregated
 
     d = real_disaggregated.RealDisaggregatedOptions()
     p = Parser(
@@ -424,7 +424,7 @@ def runtime_argv(argv: list[str]) -> list[str] | None:
 
 def runtime_parser() -> argparse.ArgumentParser:
     """The parser of ``kvcore demo --runtime executorch``."""
-    from kvcore.demo import executorch_runtime
+    from kvcore_demo import executorch_runtime
 
     d = executorch_runtime.ExecutorchDemoOptions()
     p = Parser(
@@ -466,7 +466,7 @@ def runtime_main(argv: Sequence[str]) -> int:
     """``kvcore demo --runtime executorch ...`` with argv (the options after ``demo``, ``--runtime``
     included); its exit status: 0 when kvcore-run's tokens equal PyTorch's, 1 when they do not,
     2 on bad options, a missing package or no kvcore-run (the message says what to build)."""
-    from kvcore.demo import executorch_runtime
+    from kvcore_demo import executorch_runtime
 
     if any(a == "--model" or a.startswith("--model=") for a in argv):
         return runtime_real_main(argv)
@@ -482,7 +482,7 @@ def runtime_real_main(argv: Sequence[str]) -> int:
     """``kvcore demo --runtime executorch --model NAME ...``; its exit status: 0 when kvcore-run's
     tokens equal transformers' greedy ones, 1 when not, 2 on bad options, a missing package or
     no kvcore-run."""
-    from kvcore.demo import executorch_real
+    from kvcore_demo import executorch_real
 
     d = executorch_real.ExecutorchRealOptions()
     p = Parser(

@@ -1,13 +1,13 @@
 """`kvcore demo`: run a real decode loop through kvcore and prove it exact.
 
-Builds the reference model (kvcore.demo.model) from a seed, prefills a prompt longer
+Builds the reference model (kvcore_demo.model) from a seed, prefills a prompt longer
 than the sliding window in steps of at most max_step, decodes greedily, then
 checks the logits of every step against the oracle (a full forward over the
 whole sequence with explicit masks, no cache). Then it decodes again with
 speculative steps: each step carries the last token plus k draft tokens, the
 rejected drafts are rewound, and the result must equal decoding without drafts.
 With --tree N it decodes a third time with draft trees from the model's own
-first layers (kvcore.demo.trees, kvcore.demo.early_exit).
+first layers (kvcore_demo.trees, kvcore_demo.early_exit).
 
 Nothing is downloaded: the model is small and random. Exits 0 when every check
 passes, 1 when one fails, 2 on bad options.
@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo import footprint, trees
-from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
-from kvcore.demo.model import Decoder, Model
-from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_bytes_all_flat, kv_dtype, model_summary
-from kvcore.demo.runner import Progress, format_checks
+from kvcore_demo import footprint, trees
+from kvcore_demo.drafts import accepted_prefix, corrupt_drafts, greedy
+from kvcore_demo.model import Decoder, Model
+from kvcore_demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_bytes_all_flat, kv_dtype, model_summary
+from kvcore_demo.runner import Progress, format_checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class DemoOptions(ModelOptions):
         """Raises ValueError naming the first bad option: a value below its least, a
         step longer than the run's longest sequence or shorter than a draft step, a
         dtype the model cannot compute in, or a run larger than the machine's
-        available memory (kvcore.demo.footprint)."""
+        available memory (kvcore_demo.footprint)."""
         for name in ("layers", "window", "max_step", "prompt_len", "gen_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)}: must be >= 1")
@@ -61,7 +61,7 @@ class DemoOptions(ModelOptions):
                                     "the oracle attends over every position at once")
 
     def bytes_needed(self) -> int:
-        """About the most bytes the run holds at once (kvcore.demo.footprint): the
+        """About the most bytes the run holds at once (kvcore_demo.footprint): the
         oracle's attention and K/V over the whole sequence, the logits the checks
         compare, both decoders' pools and the token lists."""
         cfg = self.model_config()

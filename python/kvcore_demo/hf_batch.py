@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvcore.demo.runner import Progress
+from kvcore_demo.runner import Progress
 
 MODELS = ("gemma3", "llama")
 

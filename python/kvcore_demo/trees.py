@@ -3,7 +3,7 @@
 Each step verifies a tree of at most N tokens in one forward: the last token
 as the root, a main line of drafts below it, and at every depth of the main
 line a second guess beside it. The drafts come from a real cheap drafter, the
-model's own first layers (kvcore.demo.early_exit: self-speculative early exit,
+model's own first layers (kvcore_demo.early_exit: self-speculative early exit,
 the first quarter of the layers, at least one, then the final norm and the LM
 head): the main line is its greedy continuation and each second guess its
 second choice at that depth. It sees only the committed tokens, never the
@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo.drafts import accepted_prefix, greedy
-from kvcore.demo.early_exit import EarlyExitDrafter
-from kvcore.demo.model import Decoder, Model, ModelConfig
+from kvcore_demo.drafts import accepted_prefix, greedy
+from kvcore_demo.early_exit import EarlyExitDrafter
+from kvcore_demo.model import Decoder, Model, ModelConfig
 
 
 def draft_layers(cfg: ModelConfig) -> int:
@@ -59,7 +59,7 @@ def draft_tree(main: list[int], others: list[list[int]], budget: int) -> tuple[l
 
 class TreeDrafter(Protocol):
     """What tree_step needs of a drafter (``EarlyExitDrafter``, or the real model's
-    ``kvcore.demo.real_early_exit.HFEarlyExitDrafter``)."""
+    ``kvcore_demo.real_early_exit.HFEarlyExitDrafter``)."""
 
     def draft(self, context: Sequence[int], depth: int, width: int) -> tuple[list[int], list[list[int]]]:
         """(main, others): the greedy tokens after `context`, `depth` deep, and beside each

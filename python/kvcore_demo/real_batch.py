@@ -1,6 +1,6 @@
 """``kvcore demo --batch --model NAME``: real chats sharing a real system prompt, served by kvcore.
 
-Every chat is the system prompt (kvcore.demo.real.PASSAGE, a museum's history of a
+Every chat is the system prompt (kvcore_demo.real.PASSAGE, a museum's history of a
 lighthouse, longer than the 512-token window, introduced as the guide's notes)
 followed by one visitor's question. All chats go through kvcore's continuous
 batching (``kvcore.integrations.transformers_batch.generate_batch``: ``BatchCache`` plans every
@@ -17,8 +17,8 @@ import dataclasses
 import time
 from typing import Any
 
-from kvcore.demo import real, real_model
-from kvcore.demo.runner import Progress, check_entry, format_checks
+from kvcore_demo import real, real_model
+from kvcore_demo.runner import Progress, check_entry, format_checks
 
 #: The system prompt every chat starts with.
 SYSTEM_PROMPT = (

@@ -5,7 +5,7 @@ final norm and (tied) LM head kept, every weight shared with the model (nothing
 copied, nothing trained: LayerSkip and Draft & Verify draft this way).
 ``HFEarlyExitDrafter`` runs it greedily through a ``KVCoreCache`` of its own over the
 tokens the target committed, rewinding to what they share and feeding the rest, as
-``kvcore.demo.early_exit.EarlyExitDrafter`` does for the random model. It never sees
+``kvcore_demo.early_exit.EarlyExitDrafter`` does for the random model. It never sees
 the target's logits. On Gemma 3 270M the LM head (262,144 x 640) is most of a
 one-token forward, so a shallow forward costs far more than ``k / layers`` of a
 full one: the drafter is a measure of acceptance, not of speed.

@@ -1,6 +1,6 @@
 """`kvcore demo --batch`: many concurrent chats through one BatchCache, each proved exact.
 
-The reference model (kvcore.demo.model) serves a queue of chats the way a serving
+The reference model (kvcore_demo.model) serves a queue of chats the way a serving
 engine does, one ``begin_step`` over every active sequence per step and one
 batched forward (``Model.forward_batch``) through ``BatchCache`` +
 ``PagedKVPool``:
@@ -22,8 +22,8 @@ batched forward (``Model.forward_batch``) through ``BatchCache`` +
   ``kvcore demo``, so steps accept anything from 0 to k drafts;
 - with ``--tree N`` every chat decodes with draft trees instead (docs/trees.md):
   each step of a chat is a tree of up to N tokens from a real cheap drafter,
-  the model's own first layers (kvcore.demo.early_exit, one drafter cache per
-  sequence; kvcore.demo.trees shapes the tree), all chats' trees verified in
+  the model's own first layers (kvcore_demo.early_exit, one drafter cache per
+  sequence; kvcore_demo.trees shapes the tree), all chats' trees verified in
   the one batched forward; each chat's accepted root path is committed
   (``commit(step, accepted={seq: path})``) and the returned row copies applied
   (``PagedKVPool.apply_commit``).
@@ -57,13 +57,13 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo import footprint
-from kvcore.demo.drafts import accepted_prefix, corrupt_drafts, greedy
-from kvcore.demo.early_exit import EarlyExitDrafter
-from kvcore.demo.model import Model
-from kvcore.demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
-from kvcore.demo.runner import Progress
-from kvcore.demo.trees import accepted_path, draft_layers, root_paths, tree_step
+from kvcore_demo import footprint
+from kvcore_demo.drafts import accepted_prefix, corrupt_drafts, greedy
+from kvcore_demo.early_exit import EarlyExitDrafter
+from kvcore_demo.model import Model
+from kvcore_demo.options import DTYPE_BYTES, TOLERANCE, ModelOptions, kv_dtype, model_summary
+from kvcore_demo.runner import Progress
+from kvcore_demo.trees import accepted_path, draft_layers, root_paths, tree_step
 
 Array = npt.NDArray[Any]
 #: A begin_step entry: (seq, T, tokens) for a chain, (seq, T, tokens, parents) for a tree.
@@ -126,7 +126,7 @@ class BatchDemoOptions(ModelOptions):
         footprint.check_options_fit(self, least, "each sequence in flight keeps its own oracle")
 
     def bytes_needed(self) -> int:
-        """About the most bytes the run holds at once (kvcore.demo.footprint): one
+        """About the most bytes the run holds at once (kvcore_demo.footprint): one
         oracle per sequence in flight (and the system prompt's), a finished
         sequence's full recomputation, one step's attention over the live rows, the
         pool, every chat's tokens and, with trees, the drafters' caches."""

@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from kvcore.demo.runner import Progress, check_entry, format_checks
+from kvcore_demo.runner import Progress, check_entry, format_checks
 
 #: The environment variable naming a ``kvcore-run`` binary.
 RUNNER_ENV = "KVCORE_RUN"

@@ -1,6 +1,6 @@
 """``kvcore demo --model NAME``'s decoding: a real trained model's text through kvcore.
 
-The model (kvcore.demo.real_model: Gemma 3 270M, converted once and cached) runs
+The model (kvcore_demo.real_model: Gemma 3 270M, converted once and cached) runs
 in transformers with ``KVCoreCache`` (kvcore.integrations.transformers): one
 ``SequenceCache`` plans every forward, the K/V live in kvcore's torch byte layer
 (``TorchKVPool``), sliding layers hold ``window + max_step - 1`` rows. The prompt
@@ -12,8 +12,8 @@ The check is the one ``kvcore demo`` makes: the logits the cached run produced
 recomputation of the same tokens with no cache at all (one forward over the
 whole sequence, transformers' own masks). With ``draft`` it decodes again with
 prompt-lookup drafts and rewinds, with ``tree`` with early-exit draft trees and chains
-(kvcore.demo.real_trees); both must give plain decoding's tokens. The run and its
-report: kvcore.demo.real_run.
+(kvcore_demo.real_trees); both must give plain decoding's tokens. The run and its
+report: kvcore_demo.real_run.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvcore.demo import real_model
-from kvcore.demo.runner import Progress, check_entry
+from kvcore_demo import real_model
+from kvcore_demo.runner import Progress, check_entry
 
 #: An original passage of about 690 Gemma tokens, longer than Gemma 3's 512-token
 #: sliding window: the default prompt's body, and the batch demo's system prompt.
@@ -76,7 +76,7 @@ class RealDemoOptions:
     the prompt text, tokens to generate at most (fewer when the model ends its text),
     the largest forward (``max_step``, tokens: prefill chunks are this long), the
     prompt-lookup drafts per speculative forward (0: no speculative run) and the
-    tokens of a draft tree per forward (0: no tree run; kvcore.demo.real_trees) and the
+    tokens of a draft tree per forward (0: no tree run; kvcore_demo.real_trees) and the
     layers of its early-exit drafter (0: ``default_draft_layers``)."""
 
     model: str = "gemma-3-270m"

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo.model import ModelConfig
+from kvcore_demo.model import ModelConfig
 
 #: Largest |logit difference| accepted against the oracle, per K/V dtype. float32
 #: is exact up to summation order; a 16-bit pool can round one K/V element to the
@@ -18,7 +18,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 @dataclasses.dataclass(frozen=True)
 class ModelOptions:
-    """The small model a demo runs (kvcore.demo.model) and its cache's layer mix:
+    """The small model a demo runs (kvcore_demo.model) and its cache's layer mix:
     every `flat_every`-th layer flat, the others a ring of `window` positions
     with `sinks` sinks; `max_step` tokens per sequence and step; pools of
     `dtype`."""

@@ -1,13 +1,13 @@
 """``kvcore demo --disaggregated --model NAME``: a real model's prefill and decode on different Ray actors.
 
-A prefill actor loads the model, prefills each chat (kvcore.demo.real_batch's
+A prefill actor loads the model, prefills each chat (kvcore_demo.real_batch's
 system prompt and one visitor's question) through a ``KVCoreCache`` in chunks of
 ``max_step`` tokens, and exports the sequence as a record (kvcore.state: the K/V
 rows of kvcore's torch pool, every layer, sliding rings included); Ray's object
 store hands the record to a decode actor, which imports it into a new
 ``KVCoreCache`` and decodes greedily. The driver decodes every chat in one
 process and checks that the tokens are equal and the logits agree within
-kvcore.demo.real.TOLERANCE. Each actor holds its own copy of the model (about
+kvcore_demo.real.TOLERANCE. Each actor holds its own copy of the model (about
 1.1 GB of float32 weights). Needs the gemma and distributed extras.
 """
 
@@ -17,8 +17,8 @@ import dataclasses
 from typing import Any, Optional
 
 from kvcore._errors import InvalidArgumentError
-from kvcore.demo import real, real_batch, real_model
-from kvcore.demo.runner import check_entry, format_checks
+from kvcore_demo import real, real_batch, real_model
+from kvcore_demo.runner import check_entry, format_checks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.demo.model import Decoder, Model
+from kvcore_demo.model import Decoder, Model
 
 
 def shallow_model(model: Model, layers: int) -> Model:

@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 import kvcore
-from kvcore.demo.model import Decoder, Model
-from kvcore.demo.options import TOLERANCE, ModelOptions, kv_dtype
+from kvcore_demo.model import Decoder, Model
+from kvcore_demo.options import TOLERANCE, ModelOptions, kv_dtype
 from kvcore.state import import_sequence
 
 Array = npt.NDArray[Any]

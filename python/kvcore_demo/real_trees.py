@@ -2,8 +2,8 @@
 
 Each forward verifies a tree of at most ``N`` tokens: the last token as the root, a
 main line of drafts below it and beside each main-line draft a second guess, as
-``kvcore demo --tree`` builds them (kvcore.demo.trees.tree_step). The drafts come from
-the real model's own first layers (kvcore.demo.real_early_exit: early exit, weights
+``kvcore demo --tree`` builds them (kvcore_demo.trees.tree_step). The drafts come from
+the real model's own first layers (kvcore_demo.real_early_exit: early exit, weights
 shared; all but the last sixth by default, ``--draft-layers``: a quarter, as the random
 model's demo takes, drafts almost nothing Gemma 3 270M's full depth agrees with). The tree goes through the model in one forward with
 ``kvcore.integrations.transformers.verify_tree``: ``KVCoreCache.begin_tree`` plans
@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvcore.demo import real, real_model
-from kvcore.demo.real_early_exit import HFEarlyExitDrafter
-from kvcore.demo.runner import Progress
-from kvcore.demo.trees import accepted_path, tree_step
+from kvcore_demo import real, real_model
+from kvcore_demo.real_early_exit import HFEarlyExitDrafter
+from kvcore_demo.runner import Progress
+from kvcore_demo.trees import accepted_path, tree_step
 
 
 def new_drafter(loaded: real_model.LoadedModel, opts: real.RealDemoOptions, prompt_len: int) -> HFEarlyExitDrafter:
