@@ -2,18 +2,26 @@
 // `kvcache::update_and_attend` in ExecuTorch's C++ runtime, with kvcore's kernel
 // (kvcore_executorch_ops) behind the op. No Python in the process.
 //
+//   kvcore-run MODEL.pte --prompt TEXT [--tokenizer tokenizer.json] [--new 32] [--kv-dtype int8] [--lookup 3]
 //   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8] [--lookup 3]
 //
 // It reads the cache's facts from the program's own metadata methods (kvcore_*,
 // written by kvcore.integrations.executorch_runtime.export_program), configures
 // kvcore's cache with them, prefills the prompt in max_step chunks, decodes
-// greedily, and prints the generated token ids and the speeds:
+// greedily, and prints the generated text (with --prompt, streamed as it is decoded),
+// the generated token ids and the speeds:
 //
+//    the cache keeps the window's last 512 positions   (the generated text: --prompt only)
 //   tokens: 6 36 3 ...
 //   prefill: 8 tokens in 0.41 ms (19512 tokens/s); decode: 32 tokens in 5.1 ms (6274 tokens/s)
 //
+// --prompt TEXT is encoded by the model's Hugging Face tokenizer.json (BPE with byte
+// fallback, as Gemma 3's; bpe_tokenizer.h), with the special tokens its template adds
+// (Gemma's <bos>): --tokenizer PATH, by default the tokenizer.json next to MODEL.pte.
+// The generated ids are decoded by the same file, special tokens shown.
+// --tokens takes the prompt as token ids instead, and prints ids only.
 // The program takes (tokens [1, T] int64, positions [T, 1] int64) and returns
-// logits [1, T, vocab] float32. Token ids only for now: no tokenizer yet.
+// logits [1, T, vocab] float32.
 // --lookup N: exact prompt-lookup speculative decoding: each forward verifies up to N
 // tokens drafted from the history, and kvcore's rewind drops the rejected ones; the tokens
 // are greedy decoding's, in fewer forwards when drafts are accepted.
@@ -30,6 +38,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "bpe_tokenizer.h"
 
 extern "C" {
 int kvcore_et_configure(int n_layers, const int* kinds, const int* windows, const int* sinks, const int* sources,
@@ -48,8 +58,9 @@ using ::executorch::runtime::EValue;
 
 int usage() {
   std::fprintf(stderr,
-               "usage: kvcore-run MODEL.pte --tokens ID,ID,... [--new N] "
-               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N]\n");
+               "usage: kvcore-run MODEL.pte (--prompt TEXT [--tokenizer tokenizer.json] | --tokens ID,ID,...) [--new N] "
+               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N]\n"
+               "  --tokenizer: the model's Hugging Face tokenizer.json (default: tokenizer.json next to MODEL.pte)\n");
   return 2;
 }
 
@@ -139,10 +150,48 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Prints the text of the generated ids as they come: each call decodes them all and
+// prints what was not printed yet, holding back a text that ends in U+FFFD (the bytes of
+// a character may still be coming) until `last`.
+class TextStream {
+ public:
+  explicit TextStream(const ::kvcore::et::BpeTokenizer* tokenizer) : tokenizer_(tokenizer) {}
+
+  // False with the message on stderr when an id has no token.
+  bool update(const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end, bool last) {
+    if (tokenizer_ == nullptr) return true;
+    ids_.clear();
+    for (std::size_t i = begin; i < end; ++i) ids_.push_back(static_cast<std::int32_t>(tokens[i]));
+    std::string error;
+    if (!tokenizer_->decode(ids_.data(), ids_.size(), false, &text_, &error)) {
+      std::fprintf(stderr, "\nkvcore-run: cannot decode the generated tokens: %s\n", error.c_str());
+      return false;
+    }
+    const bool pending = text_.size() >= 3 && text_.compare(text_.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+    if (pending && !last) return true;
+    if (text_.compare(0, printed_.size(), printed_) != 0) {  // the decoder rewrote what was printed
+      if (last) std::printf("\n[the decoded text differs from the streamed one; in full:]\n%s\n", text_.c_str());
+      return true;
+    }
+    std::fwrite(text_.data() + printed_.size(), 1, text_.size() - printed_.size(), stdout);
+    printed_ = text_;
+    if (last) std::printf("\n");
+    std::fflush(stdout);
+    return true;
+  }
+
+ private:
+  const ::kvcore::et::BpeTokenizer* tokenizer_;
+  std::vector<std::int32_t> ids_;
+  std::string text_, printed_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* path = nullptr;
+  const char* prompt_text = nullptr;
+  const char* tokenizer_path = nullptr;
   std::vector<std::int64_t> tokens;
   int n_new = 16;
   int kv_dtype_override = -1;  // -1: the program's kvcore_kv_dtype
@@ -157,6 +206,10 @@ int main(int argc, char** argv) {
         p = *end == ',' ? end + 1 : end;
         if (*end != ',' && *end != '\0') return usage();
       }
+    } else if (std::strcmp(argv[i], "--prompt") == 0 && i + 1 < argc && prompt_text == nullptr) {
+      prompt_text = argv[++i];
+    } else if (std::strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc && tokenizer_path == nullptr) {
+      tokenizer_path = argv[++i];
     } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
       const char* name = argv[++i];
       kv_dtype_override = std::strcmp(name, "float32") == 0    ? 0
@@ -176,7 +229,43 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  if (path == nullptr || tokens.empty() || n_new < 0) return usage();
+  if (path == nullptr || n_new < 0) return usage();
+  if ((prompt_text != nullptr) == !tokens.empty()) {
+    std::fprintf(stderr, "kvcore-run: give the prompt either as --prompt TEXT or as --tokens ID,..., one of them\n");
+    return usage();
+  }
+  if (tokenizer_path != nullptr && prompt_text == nullptr) {
+    std::fprintf(stderr, "kvcore-run: --tokenizer goes with --prompt (--tokens takes ids)\n");
+    return usage();
+  }
+  ::kvcore::et::BpeTokenizer tokenizer;
+  if (prompt_text != nullptr) {
+    std::string default_path;
+    if (tokenizer_path == nullptr) {  // tokenizer.json next to the program
+      const char* slash = std::strrchr(path, '/');
+      default_path = slash == nullptr ? std::string() : std::string(path, static_cast<std::size_t>(slash - path + 1));
+      default_path += "tokenizer.json";
+    }
+    const char* from = tokenizer_path != nullptr ? tokenizer_path : default_path.c_str();
+    std::string error;
+    if (!tokenizer.load_file(from, &error)) {
+      std::fprintf(stderr, "kvcore-run: the tokenizer is refused: %s%s\n", error.c_str(),
+                   tokenizer_path == nullptr ? " (pass --tokenizer PATH, the model's Hugging Face tokenizer.json, or put "
+                                               "it next to the .pte)" : "");
+      return 1;
+    }
+    std::vector<std::int32_t> ids;
+    if (!tokenizer.encode(prompt_text, true, &ids, &error)) {
+      std::fprintf(stderr, "kvcore-run: --prompt is refused: %s\n", error.c_str());
+      return 1;
+    }
+    if (ids.empty()) {
+      std::fprintf(stderr, "kvcore-run: --prompt \"%s\" encodes to no tokens (and %s adds none): nothing to prefill\n",
+                   prompt_text, from);
+      return 1;
+    }
+    tokens.assign(ids.begin(), ids.end());
+  }
 
   ::executorch::runtime::runtime_init();
   Module module(path);
@@ -224,12 +313,14 @@ int main(int argc, char** argv) {
   }
   std::int64_t next = argmax.back();  // the next token, not fed yet
   const double prefill_ms = ms_since(t0);
+  TextStream stream(prompt_text != nullptr ? &tokenizer : nullptr);
   t0 = std::chrono::steady_clock::now();
   int forwards = 0, drafted = 0, accepted = 0;
   // Greedy decoding; with --lookup N each forward also verifies up to N drafted tokens, and
   // the cache is rewound past the first one the model does not agree with (exact: the
   // tokens are greedy decoding's).
   for (int generated = 0; generated < n_new;) {
+    if (!stream.update(tokens, prompt, tokens.size(), false)) return 1;  // the tokens generated so far
     const std::size_t fed_after = tokens.size();  // the cache holds this many positions
     tokens.push_back(next);
     ++generated;
@@ -256,6 +347,7 @@ int main(int argc, char** argv) {
     }
   }
   const double decode_ms = ms_since(t0);
+  if (!stream.update(tokens, prompt, tokens.size(), true)) return 1;
   std::printf("tokens:");
   for (std::size_t i = prompt; i < tokens.size(); ++i) std::printf(" %lld", static_cast<long long>(tokens[i]));
   std::printf("\n");
