@@ -84,7 +84,11 @@ CPU: time.thread_time_ns around each system's calls only (kvcore: add_sequence, 
 blocks_needed / free_blocks, begin_step + commit, release_sequence; vLLM: get_computed_blocks,
 allocate_slots, get_block_ids, free, new_step_starts and the per-step drains; vLLM's Request
 construction and append_output_token_ids, which hash its blocks, are reported apart). A step's
-shared cost is split evenly over its entries.
+shared cost is split evenly over its entries. Both publish KV events inside those calls (kvcore's
+drain_kv_events every step, vLLM's manager built with enable_kv_cache_events, take_events every
+step), as a server feeding a router does; `--no-kv-events` turns both off. (Rows before this
+switch, which vLLM's `--vllm-results` may reuse, timed kvcore's events against a vLLM without
+them: their JSON's scheduler has no `kv_events`.)
 
     eval "$(scripts/dev.sh replay)"
     python3 bench/trace_replay.py --quick                      # ~1 minute
@@ -390,6 +394,10 @@ class SchedulerConfig:
     # kvcore's BatchLimits.max_rewind: the serving loop never rewinds (neither does vLLM's
     # sliding window keep a margin), so ring groups hold W - 1 positions between steps.
     max_rewind: int = 0
+    # Both systems publish KV events (what a router or a lower tier needs), inside their timed
+    # calls: kvcore's queue drained every step, vLLM's enable_kv_cache_events with take_events.
+    # False: neither does (kvcore's events, and their checks, off).
+    kv_events: bool = True
 
     def __post_init__(self) -> None:
         if not self.step_ms > 0:
@@ -902,7 +910,7 @@ class KvcoreAdapter:
         # adopt_prefix on the sequence being admitted and no events are checked.
         self.ext = cast(Any, self.cache)  # the lookup / event verbs, typed once the binding's stubs have them
         self.has_lookup = hasattr(self.cache, "lookup_prefix")
-        self.has_events = hasattr(self.cache, "enable_kv_events")
+        self.has_events = cfg.kv_events and hasattr(self.cache, "enable_kv_events")
         if self.has_events:
             self.ext.enable_kv_events(1 << 20)
 
@@ -1164,7 +1172,8 @@ class VllmAdapter:
         self.feasible = self.num_blocks >= 2
         self.manager = KVCacheManager(
             KVCacheConfig(num_blocks=max(self.num_blocks, 2), kv_cache_tensors=[], kv_cache_groups=self.groups),
-            max_model_len=capacity, scheduler_block_size=bv, hash_block_size=bv, enable_caching=True)
+            max_model_len=capacity, scheduler_block_size=bv, hash_block_size=bv, enable_caching=True,
+            enable_kv_cache_events=cfg.kv_events)
         hash_fn = get_hash_fn_by_name("sha256")
         U.init_none_hash(hash_fn)
         self.hasher = U.get_request_block_hasher(bv, hash_fn)
@@ -1485,6 +1494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int, default=SchedulerConfig.max_running)
     ap.add_argument("--max-rewind", type=int, default=SchedulerConfig.max_rewind,
                     help="kvcore's rewind margin (BatchLimits.max_rewind; -1: the chunk)")
+    ap.add_argument("--no-kv-events", action="store_true",
+                    help="neither system publishes KV events (default: both do, timed on both sides)")
     ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--vllm-results", help="comma list of earlier --out files: take vLLM's rows from them "
@@ -1499,7 +1510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.limit = args.limit or 200
         args.budgets = "2x"
-    cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running, args.max_rewind)
+    cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running, args.max_rewind,
+                          kv_events=not args.no_kv_events)
     if args.generate:
         trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)
         if args.limit:
