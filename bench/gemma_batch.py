@@ -165,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
     from transformers import GenerationConfig
 
-    from kvcore_demo import real_model
+    from kvcore.integrations import transformers_models as real_model
 
     torch.set_num_threads(1)
     loaded = real_model.load("gemma-3-270m")

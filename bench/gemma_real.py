@@ -87,7 +87,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from kvcore_demo import real, real_model
+    from kvcore_demo import real
+    from kvcore.integrations import transformers_models as real_model
 
     torch.set_num_threads(1)
     loaded = real_model.load("gemma-3-270m")

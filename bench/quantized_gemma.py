@@ -44,7 +44,7 @@ from transformers.cache_utils import DynamicCache, QuantizedCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import _release_freed_memory, _reset_peak_rss, _status_kib  # noqa: E402
-from kvcore_demo.real_model import load
+from kvcore.integrations.transformers_models import load
 from kvcore.integrations.transformers import KVCoreCache
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -11,7 +12,10 @@ from typing import Any
 import kvcore
 from kvcore import export_command, memory_command
 from kvcore._argparse import Parser
-from kvcore_demo import command as demo
+
+# `kvcore demo` runs the demos' package, which sits above the core (it imports kvcore, never
+# the other way): the command line names it, and only here.
+demo = importlib.import_module("kvcore_demo.command")
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -98,16 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_in = ["demo", *args_in]
     # `kvcore demo --runtime executorch`: a tiny model run by kvcore-run, with a parser of its own.
     if args_in[:1] == ["demo"] and (runtime_args := demo.runtime_argv(args_in[1:])) is not None:
-        return demo.runtime_main(runtime_args)
+        return int(demo.runtime_main(runtime_args))
     # `kvcore demo --disaggregated`: prefill and decode on Ray actors, with a parser of its own.
     if args_in[:1] == ["demo"] and (dis_args := demo.disaggregated_argv(args_in[1:])) is not None:
-        return demo.disaggregated_main(dis_args)
+        return int(demo.disaggregated_main(dis_args))
     # `kvcore demo --batch`: the many-chat demo, with a parser of its own.
     if args_in[:1] == ["demo"] and (batch_args := demo.batch_argv(args_in[1:])) is not None:
-        return demo.batch_main(batch_args)
+        return int(demo.batch_main(batch_args))
     # `kvcore demo --hf-batch`: a transformers model through kvcore's continuous batching.
     if args_in[:1] == ["demo"] and (hf_args := demo.hf_batch_argv(args_in[1:])) is not None:
-        return demo.hf_batch_main(hf_args)
+        return int(demo.hf_batch_main(hf_args))
     args = parser.parse_args(args_in)
     try:
         return int(args.run(args))

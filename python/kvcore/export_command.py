@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                                                f"no directory {directory} to write it in"))  # fmt: skip
     load = None
     if args.model != "tiny":
-        from kvcore_demo import real_model
+        from kvcore.integrations import transformers_models as real_model
 
         try:
             real_model.check_packages(args.model)

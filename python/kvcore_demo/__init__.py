@@ -1,9 +1,10 @@
 """The demos of ``kvcore demo`` and the reference model they run: a package of its own.
 
-It ships in kvcore's wheel beside the core package, which reaches it only from its command
-line (``kvcore demo``; ``kvcore export --model`` loads a real model with ``real_model``); nothing
-here is imported by ``import kvcore``, and ``kvcore.demo`` is its deprecated path (until kvcore
-0.2.0). One concept per module:
+It ships in kvcore's wheel beside the core package, which names it only in its command line
+(``kvcore demo`` runs ``kvcore_demo.command``); nothing here is imported by ``import kvcore``,
+and ``kvcore.demo`` is its deprecated path (until kvcore 0.2.0). The real models the
+``real_*`` demos run come from ``kvcore.integrations.transformers_models``. One concept per
+module:
 
 - ``kvcore_demo.model``: a small Gemma-style decoder in numpy (``Model``), its
   no-cache oracle (``Model.forward_full``) and ``Decoder``, which runs it through
@@ -34,8 +35,6 @@ here is imported by ``import kvcore``, and ``kvcore.demo`` is its deprecated pat
 - ``kvcore_demo.executorch_real``: ``kvcore demo --runtime executorch --model NAME``, a real
   model exported once (cached) and run by ``kvcore-run``, its tokens checked against
   transformers' greedy ``generate()``;
-- ``kvcore_demo.real_model``: real trained models for ``--model`` (Gemma 3 270M from
-  PyPI), converted once and cached under ~/.cache/kvcore (needs the gemma extra);
 - ``kvcore_demo.real``: ``kvcore demo --model NAME``'s decoding, the real model through
   transformers and ``KVCoreCache``, plain and with prompt-lookup drafts, and the check
   against a full recomputation;

@@ -19,7 +19,8 @@ from typing import Any
 
 import kvcore
 from kvcore._argparse import Parser
-from kvcore_demo import batch, hf_batch, real, real_model, real_run, sequence
+from kvcore_demo import batch, hf_batch, real, real_run, sequence
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.options import TOLERANCE
 from kvcore_demo.runner import run_and_report
 

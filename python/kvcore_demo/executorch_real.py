@@ -1,6 +1,6 @@
 """``kvcore demo --runtime executorch --model NAME``: a real model run by ``kvcore-run``.
 
-Gemma 3 270M (``kvcore_demo.real_model``: from PyPI, converted once and cached) is exported
+Gemma 3 270M (``kvcore.integrations.transformers_models``: from PyPI, converted once and cached) is exported
 once with kvcore's off-graph attention (``kvcore.integrations.executorch_export``; about 1 to
 2.5 minutes and 3.8 GB of memory) and the program cached beside the converted model; later
 runs reuse it. ``kvcore-run`` (ExecuTorch's C++ runtime, kvcore's kernel behind the op, no
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import kvcore
-from kvcore_demo import real, real_model
+from kvcore_demo import real
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.executorch_runtime import BUILD_HINT, find_runner, run_runner, same_tokens, speeds
 from kvcore_demo.runner import Progress, check_entry, format_checks
 

@@ -1,6 +1,6 @@
 """``kvcore demo --model NAME``'s decoding: a real trained model's text through kvcore.
 
-The model (kvcore_demo.real_model: Gemma 3 270M, converted once and cached) runs
+The model (kvcore.integrations.transformers_models: Gemma 3 270M, converted once and cached) runs
 in transformers with ``KVCoreCache`` (kvcore.integrations.transformers): one
 ``SequenceCache`` plans every forward, the K/V live in kvcore's torch byte layer
 (``TorchKVPool``), sliding layers hold ``window + max_step - 1`` rows. The prompt
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvcore_demo import real_model
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.runner import Progress, check_entry
 
 #: An original passage of about 690 Gemma tokens, longer than Gemma 3's 512-token

@@ -17,7 +17,8 @@ import dataclasses
 import time
 from typing import Any
 
-from kvcore_demo import real, real_model
+from kvcore_demo import real
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.runner import Progress, check_entry, format_checks
 
 #: The system prompt every chat starts with.

@@ -17,7 +17,8 @@ import dataclasses
 from typing import Any, Optional
 
 from kvcore._errors import InvalidArgumentError
-from kvcore_demo import real, real_batch, real_model
+from kvcore_demo import real, real_batch
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.runner import check_entry, format_checks
 
 

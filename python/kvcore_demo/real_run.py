@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcore_demo import real_model, real_trees
+from kvcore_demo import real_trees
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.options import kv_bytes_all_flat
 from kvcore_demo.real import (
     Prefilled,

@@ -24,7 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvcore_demo import real, real_model
+from kvcore_demo import real
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.real_early_exit import HFEarlyExitDrafter
 from kvcore_demo.runner import Progress
 from kvcore_demo.trees import accepted_path, tree_step

@@ -174,7 +174,7 @@ def test_its_help_is_its_own_and_the_plain_demo_points_to_it(capsys: Any) -> Non
 def test_the_real_models_options_are_refused_before_it_loads(
     argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    from kvcore_demo import real_model
+    from kvcore.integrations import transformers_models as real_model
 
     monkeypatch.setattr(real_model, "load", lambda *a: pytest.fail("loaded before the options were checked"))
     assert cli.main(["demo", "--runtime", "executorch", "--model", "gemma-3-270m", *argv]) == 2
@@ -185,7 +185,7 @@ def test_the_real_models_options_are_refused_before_it_loads(
 def test_the_real_model_without_its_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     import sys
 
-    from kvcore_demo import real_model
+    from kvcore.integrations import transformers_models as real_model
 
     monkeypatch.setitem(sys.modules, real_model.MODELS["gemma-3-270m"], None)
     assert cli.main(["demo", "--runtime", "executorch", "--model", "gemma-3-270m"]) == 2
@@ -200,7 +200,7 @@ if os.environ.get("KVCORE_GEMMA_EXPORT") == "1":
     def test_the_real_models_tokens_equal_transformers(capsys: Any) -> None:
         """The demo on Gemma 3 270M (the gemma extra): the cached program's greedy and --lookup
         tokens past the 512-token window equal transformers' generate()."""
-        from kvcore_demo import real_model
+        from kvcore.integrations import transformers_models as real_model
 
         need(real_model.MODELS["gemma-3-270m"], reason='the real model needs the gemma extra: pip install "kvcore[gemma]"')
         assert cli.main(["demo", "--runtime", "executorch", "--model", "gemma-3-270m", "--gen-len", "24", "--json",

@@ -52,12 +52,16 @@ def test_an_old_demo_submodule_is_the_moved_module(monkeypatch: pytest.MonkeyPat
     monkeypatch.delitem(sys.modules, "kvcore.demo", raising=False)
     monkeypatch.delitem(sys.modules, "kvcore.demo.batch", raising=False)
     monkeypatch.delitem(sys.modules, "kvcore.demo.model", raising=False)
+    monkeypatch.delitem(sys.modules, "kvcore.demo.real_model", raising=False)
     with pytest.warns(DeprecationWarning, match=re.escape(f"kvcore.demo is deprecated: import kvcore_demo (removed in {REMOVED_IN})")):
         old = importlib.import_module("kvcore.demo.batch")
     assert old is kvcore_demo.batch
     from kvcore.demo.model import Model  # noqa: PLC0415
 
     assert Model is importlib.import_module("kvcore_demo.model").Model
+    from kvcore.demo import real_model  # noqa: PLC0415  (moved into the core package)
+
+    assert real_model is importlib.import_module("kvcore.integrations.transformers_models")
     with pytest.raises(ModuleNotFoundError, match="kvcore_demo.no_such_demo"):
         importlib.import_module("kvcore.demo.no_such_demo")
 

@@ -390,7 +390,7 @@ def test_kvcore_export_of_a_real_model_without_its_package_names_the_extra(
     import sys
 
     from kvcore import cli
-    from kvcore_demo import real_model
+    from kvcore.integrations import transformers_models as real_model
 
     monkeypatch.setitem(sys.modules, real_model.MODELS["gemma-3-270m"], None)
     assert cli.main(["export", "--model", "gemma-3-270m", "--out", str(tmp_path / "g.pte")]) == 2
@@ -464,7 +464,7 @@ if os.environ.get(GEMMA_ENV) == "1":
         the 512-token window (a prompt of 546 tokens), and the same with ``--lookup 3``, equal
         transformers' own greedy ``generate()``. Gated as test_gemma_real.py's model tests (the
         gemma extra), and on ``$KVCORE_GEMMA_EXPORT=1``."""
-        real_model = importlib.import_module("kvcore_demo.real_model")
+        real_model = importlib.import_module("kvcore.integrations.transformers_models")
         real = importlib.import_module("kvcore_demo.real")
         need(real_model.MODELS["gemma-3-270m"], reason='the real model needs the gemma extra: pip install "kvcore[gemma]"')
         from kvcore import cli

@@ -4,7 +4,7 @@ Greedy tokens through ``KVCoreCache`` equal transformers' ``DynamicCache``, and 
 kvcore's ``generate_batch`` equal transformers' ``generate`` per prompt, on prompts
 longer than the 512-token sliding window; the demo's check against a full
 recomputation passes, and fails once one weight tensor is wrong. The model is
-converted once into kvcore's cache directory (kvcore_demo.real_model: about a
+converted once into kvcore's cache directory (kvcore.integrations.transformers_models: about a
 minute the first time) and loaded once per session. Without the package, those
 tests skip with the reason; the missing-package message is tested either way.
 
@@ -23,7 +23,8 @@ import pytest
 from needs import need
 
 from kvcore import cli
-from kvcore_demo import real, real_model
+from kvcore_demo import real
+from kvcore.integrations import transformers_models as real_model
 from kvcore_demo.runner import format_checks
 
 NEW_TOKENS = 4

@@ -2,7 +2,8 @@
 
 ``kvcore.demo`` and its submodules (``kvcore.demo.batch``, ``kvcore.demo.model``, ...) keep
 working until kvcore 0.2.0, where this path is removed, and warn (DeprecationWarning) when
-imported; import ``kvcore_demo`` (``kvcore_demo.batch``, ...) instead (docs/deprecations.md).
+imported; import ``kvcore_demo`` (``kvcore_demo.batch``, ...) instead (docs/deprecations.md);
+``kvcore.demo.real_model`` is now ``kvcore.integrations.transformers_models``.
 ``kvcore demo`` on the command line is unchanged. A submodule imported through this path is
 the very module object of ``kvcore_demo`` (one set of classes), not a copy.
 """
@@ -28,6 +29,10 @@ warnings.warn(
 __doc__ = (__doc__ or "") + "\n" + (kvcore_demo.__doc__ or "")
 
 
+# Modules that left the demos for the core package: their old names under kvcore.demo.
+_MOVED = {"real_model": "kvcore.integrations.transformers_models"}
+
+
 class _MovedDemo(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds ``kvcore.demo.NAME`` as the module ``kvcore_demo.NAME`` (imported once, shared)."""
 
@@ -38,7 +43,8 @@ class _MovedDemo(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return importlib.import_module("kvcore_demo" + spec.name[len(__name__):])
+        name = spec.name[len(__name__) + 1:]
+        return importlib.import_module(_MOVED.get(name, f"kvcore_demo.{name}"))
 
     def exec_module(self, module: types.ModuleType) -> None:
         """Nothing to run: the module ran when kvcore_demo imported it."""
@@ -53,4 +59,4 @@ def __getattr__(name: str) -> object:
     try:
         return getattr(kvcore_demo, name)
     except AttributeError:
-        return importlib.import_module(f"kvcore_demo.{name}")
+        return importlib.import_module(_MOVED.get(name, f"kvcore_demo.{name}"))

