@@ -78,6 +78,15 @@ class BpeTokenizer {
   /// One past the largest token id (vocabulary and added tokens); 0 before a load.
   std::int32_t vocab_size() const { return static_cast<std::int32_t>(id_to_token_.size()); }
 
+  /// True when id `id` is a byte token `<0xNN>` of the vocabulary: the ByteFallback decoder
+  /// joins a run of them into one text, so a decoded prefix ending in one may still change.
+  /// False for anything else, an id out of range included.
+  bool is_byte_token(std::int32_t id) const {
+    if (id < 0 || id >= vocab_size()) return false;
+    const std::string& t = id_to_token_[static_cast<std::size_t>(id)];
+    return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>';
+  }
+
   /// The id of token `token` (an added token first, then the vocabulary), or -1.
   std::int32_t token_id(std::string_view token) const {
     auto it = added_ids_.find(std::string(token));

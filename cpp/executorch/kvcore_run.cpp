@@ -150,9 +150,9 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Prints the text of the generated ids as they come: each call decodes them all and
-// prints what was not printed yet, holding back a text that ends in U+FFFD (the bytes of
-// a character may still be coming) until `last`.
+// Prints the text of the generated ids as they come: each call decodes them up to the last
+// one that is not a byte token (a run of <0xNN> tokens decodes as one text, so it may still
+// change; `last` decodes them all) and prints what was not printed yet.
 class TextStream {
  public:
   explicit TextStream(const ::kvcore::et::BpeTokenizer* tokenizer) : tokenizer_(tokenizer) {}
@@ -160,6 +160,9 @@ class TextStream {
   // False with the message on stderr when an id has no token.
   bool update(const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end, bool last) {
     if (tokenizer_ == nullptr) return true;
+    if (!last) {
+      while (end > begin && tokenizer_->is_byte_token(static_cast<std::int32_t>(tokens[end - 1]))) --end;
+    }
     ids_.clear();
     for (std::size_t i = begin; i < end; ++i) ids_.push_back(static_cast<std::int32_t>(tokens[i]));
     std::string error;
@@ -167,8 +170,6 @@ class TextStream {
       std::fprintf(stderr, "\nkvcore-run: cannot decode the generated tokens: %s\n", error.c_str());
       return false;
     }
-    const bool pending = text_.size() >= 3 && text_.compare(text_.size() - 3, 3, "\xEF\xBF\xBD") == 0;
-    if (pending && !last) return true;
     if (text_.compare(0, printed_.size(), printed_) != 0) {  // the decoder rewrote what was printed
       if (last) std::printf("\n[the decoded text differs from the streamed one; in full:]\n%s\n", text_.c_str());
       return true;

@@ -396,3 +396,84 @@ if os.environ.get("KVCORE_GEMMA_EXPORT") == "1":
         assert done.stdout.startswith(reference.decode(want, skip_special_tokens=False))
         print(f"kvcore-run --prompt: {len(ids)} prompt tokens, {n_new} generated equal transformers' greedy; "
               + next(ln for ln in lines if ln.startswith("prefill:")))  # fmt: skip
+
+
+# --- kvcore-run --prompt ------------------------------------------------------------------------
+
+RUN = _binary("kvcore-run", "KVCORE_RUN")
+needs_run = pytest.mark.skipif(RUN is None, reason="kvcore-run was not built (ExecuTorch's wheel is needed): set "
+                               "$KVCORE_RUN or $KVCORE_EXECUTORCH_OPS (cmake --build BUILD --target kvcore-run)")  # fmt: skip
+
+
+def _kvcore_run(*argv: str | bytes) -> subprocess.CompletedProcess[bytes]:
+    assert RUN is not None
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # a sanitized kvcore-run carries its own
+    return subprocess.run([RUN, *argv], capture_output=True, timeout=300, env=env)
+
+
+@needs_run
+@pytest.mark.parametrize(("argv", "status", "message"), [
+    (["--prompt", "a", "--tokens", "1"], 2, "give the prompt either as --prompt TEXT or as --tokens ID,..., one of them"),
+    ([], 2, "give the prompt either as --prompt TEXT or as --tokens ID,..., one of them"),
+    (["--tokens", "1", "--tokenizer", "t.json"], 2, "--tokenizer goes with --prompt (--tokens takes ids)"),
+    (["--prompt", "a"], 1, "the tokenizer is refused: cannot open {dir}/tokenizer.json: No such file or directory "
+                           "(pass --tokenizer PATH, the model's Hugging Face tokenizer.json, or put it next to the .pte)"),
+    (["--prompt", "a", "--tokenizer", "{dir}/bad.json"], 1, 'the tokenizer is refused: {dir}/bad.json: model.type is '
+                                                            '"WordPiece": only "BPE" is supported'),
+    (["--prompt", b"a\xffb", "--tokenizer", "{dir}/good.json"], 1,
+     "--prompt is refused: the text is not valid UTF-8 at byte 1"),
+    (["--prompt", "", "--tokenizer", "{dir}/no_template.json"], 1,
+     '--prompt "" encodes to no tokens (and {dir}/no_template.json adds none): nothing to prefill'),
+    (["--prompt", "a", "--tokenizer", "{dir}/good.json"], 1, "cannot load {dir}/none.pte"),
+])  # fmt: skip
+def test_kvcore_run_refuses_a_prompt_it_cannot_take(
+    argv: list[str | bytes], status: int, message: str, tmp_path: Path
+) -> None:
+    spec = _gemma_like()
+    _write(tmp_path, spec, "good.json")
+    _write(tmp_path, {**spec, "post_processor": None}, "no_template.json")
+    _write(tmp_path, {**spec, "model": {**spec["model"], "type": "WordPiece"}}, "bad.json")
+    args = [a.replace("{dir}", str(tmp_path)) if isinstance(a, str) else a for a in argv]
+    done = _kvcore_run(str(tmp_path / "none.pte"), *args)
+    assert done.returncode == status, done
+    assert message.format(dir=tmp_path) in done.stderr.decode(), done.stderr
+
+
+@needs_run
+def test_kvcore_run_prompt_runs_the_tiny_model_through_the_tokenizer(tmp_path: Path) -> None:
+    """The tiny model with the trained tokenizer's vocabulary, its tokenizer.json next to the
+    .pte (the default): --prompt's ids are tokenizers', the generated ids are the model's greedy
+    ones (PyTorch) and --tokens', and the printed text is tokenizers' decode of them."""
+    need("torch", reason="the tiny model needs torch")
+    need("executorch.exir", reason="exporting the tiny model needs executorch==1.5.1 and what it imports")
+    import torch
+    import warnings
+
+    from kvcore.integrations.executorch_tiny import TinyConfig, export_tiny
+
+    spec = _gemma_like()
+    path = _write(tmp_path, spec)
+    reference = Tokenizer.from_file(str(path))
+    vocab = reference.get_vocab_size(with_added_tokens=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, pte = export_tiny(TinyConfig(vocab_size=vocab, seed=3))
+    (tmp_path / "tiny.pte").write_bytes(pte)
+    prompt = "  the cache 😀 keeps\n\nthe window é "
+    ids = reference.encode(prompt).ids
+    n_new = 64 - len(ids)
+    want: list[int] = []
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model.reference(torch.tensor([ids + want]))
+            want.append(int(logits[0, -1].argmax()))
+    done = _kvcore_run(str(tmp_path / "tiny.pte"), "--prompt", prompt, "--new", str(n_new))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    text, _, rest = out.partition("\ntokens: ")
+    assert [int(v) for v in rest.splitlines()[0].split()] == want
+    assert any(reference.id_to_token(t).startswith("<0x") for t in want)  # byte tokens were streamed
+    assert text == reference.decode(want, skip_special_tokens=False)
+    assert f"prefill: {len(ids)} tokens in " in out
+    by_ids = _kvcore_run(str(tmp_path / "tiny.pte"), "--tokens", ",".join(map(str, ids)), "--new", str(n_new))
+    assert by_ids.returncode == 0 and by_ids.stdout.decode().startswith("tokens: " + " ".join(map(str, want)) + "\n")
