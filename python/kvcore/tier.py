@@ -194,6 +194,12 @@ class HostTier:
         self._by_block.clear()
         self._bytes = 0
 
+    def block_keys_held(self) -> frozenset[tuple[int, int, int, int]]:
+        """(namespace, block size, key lo, key hi) of every full block some held record carries: what
+        a router may count as this tier's. A ring's or State layer's record serves fewer prefixes
+        than it carries blocks (``longest`` is exact); no side effect."""
+        return frozenset(self._by_block)
+
     def longest(self, tokens: Tokens, block_size: int, namespace: Namespace = None, *, keep: bool = False) -> int:
         """The longest prefix of `tokens` (positions, a multiple of block_size) a record held in
         `namespace` can give an ``adopt_prefix`` of `tokens` (at most len(tokens) - 1 tokens) after
