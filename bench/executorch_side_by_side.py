@@ -1,0 +1,395 @@
+"""Gemma 3 270M in ExecuTorch's runtime two ways: on kvcore's kernel, and on ExecuTorch's own cache path.
+
+Issue 40 item 4. Both programs are exported from the same transformers model (float32) and
+run by the same runtime, ExecuTorch 1.5.1's Python runtime (``executorch.runtime``, the
+wheel's ``libexecutorch.so``), each in a process of its own:
+
+- **kvcore**: ``kvcore export``'s program (``kvcore.integrations.executorch_export``: every
+  attention layer calls ``kvcache::update_and_attend``), its kernel library
+  ``libkvcore_executorch_ops.so`` loaded with ``RTLD_GLOBAL`` from ``$KVCORE_EXECUTORCH_OPS``
+  and configured from the program's metadata; the cache lives outside the program.
+- **ExecuTorch custom cache**: the path ExecuTorch's llama examples and optimum-executorch
+  take for a hybrid (sliding + global) model: the K/V cache as mutable buffers in the program,
+  ExecuTorch's ``CustomKVCache`` (global layers: ``capacity`` rows) and ``CustomRingKVCache``
+  (sliding layers: ``2 * window`` rows and a position per row) written by
+  ``llama::update_cache`` / ``llama::update_cache_with_indices``, attention by
+  ``llama::custom_sdpa`` (causal from ``start_pos`` on global layers, the ring's mask on
+  sliding ones); the AOT ops and their runtime kernels from the wheel's
+  ``libcustom_ops_aot_lib.so`` (``executorch.extension.llm.custom_ops``). The attention
+  function is optimum-executorch 1.1.0's ``custom_sdpa_ring_kv_cache`` recipe
+  (``optimum/executorch/attentions/custom_sdpa.py``, ``custom_kv_cache.py``) re-stated here
+  for transformers 5.24: optimum-executorch pins ``transformers==5.0.0rc1`` and imports
+  ``transformers.cache_utils.HybridCache``, which 5.24 no longer has, so it is not installed;
+  its caches hang off each attention module instead of a ``HybridCache`` subclass, the same
+  ops in the same order.
+
+Both programs: ``forward(tokens [1, T], positions)`` -> float32 logits of every position
+``[1, T, vocab]`` (as ``kvcore export`` and transformers' ``TorchExportableModuleForDecoderOnlyLM``
+both return), T dynamic in 1 .. 64, ``aten.linear`` kept whole (ExecuTorch's optimized kernel;
+kvcore's export does this, so the ExecuTorch program gets it too), no delegate; the same
+capacity (positions), so one program per system serves both prompt lengths.
+
+Per prompt (1K and 8K tokens of this repository's docs at a pinned commit, Gemma's tokenizer,
+BOS first): prefill in forwards of 64 tokens (tokens/s = prompt tokens / seconds of all prefill
+forwards), then greedy decode, one token per forward (tokens/s over the ``--new - 1`` decode
+forwards; the first new token comes from the prefill's last logits); KV bytes held (kvcore: its
+kernel's arena, ``kvcore_et_nbytes``; ExecuTorch: the K/V mutable buffers of the exported
+program, plus its ring position buffers reported apart); peak RSS (``VmHWM``) of the process
+that loads and runs the program (torch and the runtime imported, the 1 GB program loaded);
+the greedy tokens against transformers' own greedy ``generate()`` (float32, eager). One run of
+each on a shared machine; the figures are not medians.
+
+    export KVCORE_EXECUTORCH_OPS=BUILD/cpp/executorch/libkvcore_executorch_ops.so
+    nice python bench/executorch_side_by_side.py --out bench/results/executorch_side_by_side.json
+    # about 25 minutes on the shared 2-core machine (two exports of 1-3 min each, cached after)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+MODEL = "gemma-3-270m"
+#: The prompt text: these docs at this commit, concatenated (a fixed text while the tree moves).
+TEXT_COMMIT = "657f51f"
+TEXT_FILES = ("docs/design.md", "docs/executorch.md", "docs/batch.md", "docs/pool.md", "docs/transformers.md",
+              "docs/errors.md", "docs/trees.md", "docs/state.md")  # fmt: skip
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("kvcore", "et-custom")
+
+
+def _vm_hwm_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+def prompt_text() -> str:
+    parts = [subprocess.run(["git", "show", f"{TEXT_COMMIT}:{name}"], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout for name in TEXT_FILES]  # fmt: skip
+    return "\n\n".join(parts)
+
+
+# --- ExecuTorch's own cache path (optimum-executorch's custom_sdpa_ring_kv_cache recipe) -------------
+
+ET_ATTENTION = "et_custom_sdpa_ring_kv_cache"
+
+
+def _et_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, position_ids: Any = None,
+                  scaling: Optional[float] = None, softcap: Any = None, head_mask: Any = None,
+                  **kwargs: Any) -> tuple[Any, None]:  # fmt: skip
+    """optimum-executorch's ``_custom_sdpa_for_ring_kv_cache`` with the cache update it relies on:
+    q/k/v [B, H, T, D]; the layer's ExecuTorch cache (``module.et_kv_cache``) written with
+    ``llama::update_cache`` (global) or ``update_cache_with_indices`` (ring), then
+    ``llama::custom_sdpa`` over the cache ([B, S, H, D])."""
+    import torch
+
+    assert softcap is None and head_mask is None and position_ids is not None
+    cache = module.et_kv_cache
+    input_pos = position_ids[0]
+    cache.update(input_pos=input_pos, k_val=key, v_val=value)  # ExecuTorch's own update (transposes to [B, S, H, D])
+    q = query.transpose(1, 2).to(torch.float32)
+    if getattr(cache, "is_ring_buffer", False):
+        start_pos = input_pos[0].item()
+        mask = cache.create_causal_mask_for_ring_buffer(start_pos, q.size(1))
+        out = torch.ops.llama.custom_sdpa(q, cache.k_cache, cache.v_cache, start_pos=0, attn_mask=mask, drpout_p=0.0,
+                                          is_causal=False, scale=scaling)  # fmt: skip
+    else:
+        start_pos = input_pos[0].item()
+        out = torch.ops.llama.custom_sdpa(q, cache.k_cache, cache.v_cache, start_pos=start_pos, attn_mask=None,
+                                          drpout_p=0.0, is_causal=True, scale=scaling)  # fmt: skip
+    return out.to(query.dtype), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None  # custom_sdpa masks causally itself; the ring layers build their mask from the ring's positions
+
+
+class ETCustomCacheLM:
+    """Factory of the torch module exported for ExecuTorch's cache path (see the module doc)."""
+
+    @staticmethod
+    def build(model: Any, capacity: int, max_step: int) -> Any:
+        import torch
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama::custom_sdpa, update_cache)
+        from executorch.examples.models.llama.source_transformation.custom_kv_cache import (
+            CustomKVCache,
+            CustomRingKVCache,
+        )
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        ALL_ATTENTION_FUNCTIONS.register(ET_ATTENTION, _et_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ET_ATTENTION, _no_mask)
+        config = model.config
+        config._attn_implementation = ET_ATTENTION
+        n_kv, head_dim = int(config.num_key_value_heads), int(config.head_dim)
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            if attn.is_sliding:  # optimum: CustomRingKVCache(max_context_length = the layer's window)
+                attn.et_kv_cache = CustomRingKVCache(1, int(config.sliding_window), n_kv, head_dim, dtype=torch.float32)
+            else:
+                attn.et_kv_cache = CustomKVCache(1, capacity, n_kv, head_dim, dtype=torch.float32)
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, tokens: Any, positions: Any) -> Any:
+                out = self.model(input_ids=tokens, position_ids=positions.reshape(1, -1), use_cache=False)
+                return out.logits.float()
+
+        wrapped = Wrapped().eval()
+        T = torch.export.Dim("T", min=1, max=max_step)
+        example = (torch.zeros(1, 2, dtype=torch.long), torch.arange(2, dtype=torch.long)[:, None])
+        return wrapped, example, {"tokens": {1: T}, "positions": {0: T}}
+
+
+def export_et_custom(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
+    import torch
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    from kvcore.integrations import transformers_models
+
+    model = transformers_models.load(MODEL).model.eval()
+    wrapped, example, dynamic = ETCustomCacheLM.build(model, capacity, max_step)
+    start = time.perf_counter()
+    with torch.no_grad():
+        ep = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=False)
+    names = sorted(set(ep.graph_signature.buffers_to_mutate.values()))
+    tensors = {**ep.constants, **ep.state_dict}
+    kv = sum(tensors[n].nbytes for n in names if n.endswith(("k_cache", "v_cache")))
+    other = {n: tensors[n].nbytes for n in names if not n.endswith(("k_cache", "v_cache"))}
+    assert any("custom_sdpa" in str(node.target) for node in ep.graph.nodes), "custom_sdpa not in the graph"
+    linear = [torch.ops.aten.linear.default]
+    text = model.config
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _core_aten_ops_exception_list=linear,
+                                         preserve_ops=linear),
+        constant_methods={"get_max_seq_len": capacity, "get_max_context_len": capacity, "use_kv_cache": True,
+                          "enable_dynamic_shape": True, "get_vocab_size": int(text.vocab_size),
+                          "sliding_window": int(text.sliding_window)},
+    )  # fmt: skip
+    pte = bytes(edge.to_executorch().buffer)
+    out.write_bytes(pte)
+    return {"export_seconds": round(time.perf_counter() - start, 1), "kv_bytes": kv,
+            "mutable_buffers": len(names), "other_mutable_bytes": sum(other.values()), "pte_bytes": len(pte)}  # fmt: skip
+
+
+def export_kvcore(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
+    from kvcore.integrations import transformers_models
+    from kvcore.integrations.executorch_export import export_transformers
+
+    model = transformers_models.load(MODEL).model.eval()
+    start = time.perf_counter()
+    pte = export_transformers(model, capacity=capacity, max_step=max_step)
+    out.write_bytes(pte)
+    return {"export_seconds": round(time.perf_counter() - start, 1), "pte_bytes": len(pte)}
+
+
+# --- running a program in executorch.runtime -------------------------------------------------------
+
+
+def run_program(system: str, pte: Path, tokens: list[int], new: int, max_step: int) -> dict[str, Any]:
+    """One prompt through one program, in this process (a fresh one per call)."""
+    import torch
+
+    if system == "kvcore":
+        from kvcore.integrations.executorch_runtime import kvcore_metadata, load_kernel_library
+
+        lib = load_kernel_library()
+    else:
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers llama::* kernels)
+    from executorch.extension.pybindings import portable_lib
+    from executorch.runtime import Runtime
+
+    rt = Runtime.get()
+    program = rt.load_program(str(pte))
+    method = program.load_method("forward")
+    if system == "kvcore":
+        meta = kvcore_metadata(program)
+        lib.configure(meta)
+    rss_loaded = _vm_hwm_kib()
+
+    def forward(chunk: list[int], start: int) -> Any:
+        t = torch.tensor([chunk], dtype=torch.long)
+        p = torch.arange(start, start + len(chunk), dtype=torch.long)[:, None]
+        return method.execute([t, p])[0]
+
+    t0 = time.perf_counter()
+    for s in range(0, len(tokens), max_step):
+        logits = forward(tokens[s : s + max_step], s)
+    prefill = time.perf_counter() - t0
+    out = [int(logits[0, -1].argmax())]
+    t0 = time.perf_counter()
+    for i in range(new - 1):
+        logits = forward([out[-1]], len(tokens) + i)
+        out.append(int(logits[0, -1].argmax()))
+    decode = time.perf_counter() - t0
+    result = {
+        "prompt_tokens": len(tokens), "new_tokens": new, "prefill_seconds": round(prefill, 3),
+        "prefill_tokens_per_s": round(len(tokens) / prefill, 1), "decode_seconds": round(decode, 3),
+        "decode_tokens_per_s": round((new - 1) / decode, 2), "tokens": out,
+        "peak_rss_kib": _vm_hwm_kib(), "peak_rss_after_load_kib": rss_loaded,
+        "threadpool_threads": int(portable_lib._threadpool_get_thread_count()),
+    }  # fmt: skip
+    if system == "kvcore":
+        result["kv_bytes"] = lib.nbytes
+        result["kvcore_length"] = lib.length
+        result["kvcore_layers"] = meta.describe()
+    return result
+
+
+def transformers_tokens(prompts: dict[str, list[int]], new: int) -> dict[str, Any]:
+    import torch
+    from transformers.utils import logging
+
+    from kvcore.integrations import transformers_models
+
+    model = transformers_models.load(MODEL).model.eval()
+    logging.set_verbosity_error()
+    out: dict[str, Any] = {"attn_implementation": model.config._attn_implementation, "torch_threads": torch.get_num_threads()}
+    for name, ids in prompts.items():
+        start = time.perf_counter()
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=-1,
+                                 pad_token_id=0)  # fmt: skip
+        out[name] = {"tokens": gen[0, len(ids) :].tolist(), "seconds": round(time.perf_counter() - start, 1)}
+    return out
+
+
+# --- the driver ----------------------------------------------------------------------------------------
+
+
+def child(argv: list[str]) -> int:
+    job = json.loads(argv[0])
+    kind = job["kind"]
+    if kind == "export":
+        fn = export_kvcore if job["system"] == "kvcore" else export_et_custom
+        res = fn(job["capacity"], job["max_step"], Path(job["out"]))
+    elif kind == "run":
+        res = run_program(job["system"], Path(job["pte"]), job["tokens"], job["new"], job["max_step"])
+    else:
+        res = transformers_tokens(job["prompts"], job["new"])
+    res["peak_rss_kib_process"] = _vm_hwm_kib()
+    print("RESULT " + json.dumps(res))
+    return 0
+
+
+def spawn(job: dict[str, Any], log: Any) -> dict[str, Any]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{job['kind']} {job.get('system', '')} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    res: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    print(f"  {job['kind']} {job.get('system', '')} {job.get('label', '')}: {time.perf_counter() - start:.0f} s",
+          file=log, flush=True)  # fmt: skip
+    return res
+
+
+def first_mismatch(a: list[int], b: list[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        return child(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", default="1024,8192", help="prompt lengths in tokens")
+    ap.add_argument("--new", type=int, default=32, help="tokens generated per prompt (the first from the prefill)")
+    ap.add_argument("--capacity", type=int, default=8320, help="positions both programs hold (>= prompt + new)")
+    ap.add_argument("--max-step", type=int, default=64, help="tokens per forward (both programs)")
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache/kvcore/side-by-side"), help="the exported programs")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers' generate() (no token check)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.prompts.split(",")]
+    systems = args.systems.split(",")
+    if max(lengths) + args.new > args.capacity:
+        ap.error(f"--capacity {args.capacity} < longest prompt + --new")
+    from transformers import AutoTokenizer
+
+    from kvcore.integrations import transformers_models
+
+    tok = AutoTokenizer.from_pretrained(str(transformers_models.cache_root() / MODEL))
+    ids = tok(prompt_text()).input_ids
+    if len(ids) < max(lengths):
+        ap.error(f"the prompt text has {len(ids)} tokens, fewer than {max(lengths)}")
+    prompts = {str(n): ids[:n] for n in lengths}
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    log = sys.stderr
+    report: dict[str, Any] = {
+        "model": MODEL, "new_tokens": args.new, "capacity": args.capacity, "max_step": args.max_step,
+        "prompt_text": f"{', '.join(TEXT_FILES)} at {TEXT_COMMIT}", "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "load_average_start": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "exports": {}, "runs": {},
+    }  # fmt: skip
+    ptes = {}
+    for system in systems:
+        pte = cache / f"{system}-c{args.capacity}-s{args.max_step}.pte"
+        side = pte.with_suffix(".json")
+        if not (pte.exists() and side.exists()):
+            res = spawn({"kind": "export", "system": system, "capacity": args.capacity, "max_step": args.max_step,
+                         "out": str(pte)}, log)  # fmt: skip
+            side.write_text(json.dumps(res, indent=2) + "\n")
+        report["exports"][system] = {"pte": str(pte), **json.loads(side.read_text())}
+        ptes[system] = pte
+    if not args.no_transformers:
+        report["transformers"] = spawn({"kind": "transformers", "prompts": prompts, "new": args.new}, log)
+    for name, toks in prompts.items():
+        for system in systems:
+            res = spawn({"kind": "run", "system": system, "pte": str(ptes[system]), "tokens": toks, "new": args.new,
+                         "max_step": args.max_step, "label": name}, log)  # fmt: skip
+            if system == "et-custom":
+                res["kv_bytes"] = report["exports"][system]["kv_bytes"]
+                res["other_mutable_bytes"] = report["exports"][system]["other_mutable_bytes"]
+            if "transformers" in report:
+                ref = report["transformers"][name]["tokens"]
+                mm = first_mismatch(res["tokens"], ref)
+                res["equals_transformers"] = mm is None
+                res["first_mismatch"] = mm
+            report["runs"].setdefault(name, {})[system] = res
+            print(f"    {system} {name}: prefill {res['prefill_tokens_per_s']} tok/s, decode {res['decode_tokens_per_s']} "
+                  f"tok/s, KV {res['kv_bytes'] / 2**20:.1f} MiB, peak RSS {res['peak_rss_kib'] / 1024:.0f} MiB, "
+                  f"equal: {res.get('equals_transformers')}", file=log, flush=True)  # fmt: skip
+    report["load_average_end"] = os.getloadavg()
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(table(report))
+    return 0
+
+
+def table(r: dict[str, Any]) -> str:
+    names = {"kvcore": "kvcore kernel (`kvcache::update_and_attend`)", "et-custom": "ExecuTorch `custom_sdpa` + custom ring/static KV cache"}
+    rows = ["| prompt | program | prefill tok/s | decode tok/s | KV bytes held | peak RSS | tokens = transformers |",
+            "|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for name, runs in r["runs"].items():
+        for system, x in runs.items():
+            eq = x.get("equals_transformers")
+            eq_s = "n/a" if eq is None else ("yes" if eq else f"no (from token {x['first_mismatch']})")
+            rows.append(f"| {name} | {names.get(system, system)} | {x['prefill_tokens_per_s']:.0f} | "
+                        f"{x['decode_tokens_per_s']:.1f} | {x['kv_bytes'] / 2**20:.1f} MiB | "
+                        f"{x['peak_rss_kib'] / 1024:.0f} MiB | {eq_s} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
