@@ -41,7 +41,7 @@ import numpy.typing as npt
 from kvcore._core import KV_EVENT_CLEARED, KV_EVENT_STORED, BatchCache, block_keys
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.state import RecordInfo, record_data
-from kvcore.tier import HostTier, Namespace, Tokens, _tokens, namespace_id
+from kvcore.tier import HostTier, Namespace, Tokens, namespace_id
 
 __all__ = ["Cluster", "Fetched", "Replica", "Reply", "Request", "RecordStore", "Router", "StoreHit",
            "StoreStats", "fetch", "publish", "publish_record", "start_replicas", "start_store"]
@@ -54,6 +54,21 @@ Forward = Callable[[list[int], Any, Any], npt.NDArray[Any]]
 #: Builds a replica's (cache, pool, forward) in the replica's process.
 Build = Callable[[], tuple[BatchCache, Any, Forward]]
 POLICIES = ("kv", "round_robin", "least_loaded")
+
+
+def _tokens(tokens: Tokens, what: str) -> npt.NDArray[np.int32]:
+    """`tokens` as a 1-D int32 array (a copy). InvalidArgumentError names what is wrong."""
+    if isinstance(tokens, (set, frozenset, dict, str, bytes)):
+        raise InvalidArgumentError(f"{what}: tokens must be an ordered sequence of ints, not a {type(tokens).__name__}")
+    try:
+        arr = np.asarray(tokens) if len(tokens) else np.zeros(0, np.int64)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{what}: tokens must be a 1-D sequence of ints ({e})") from None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{what}: tokens must be a 1-D sequence of ints, not {arr.dtype} of shape {arr.shape}")
+    if arr.size and (int(arr.min()) < -(1 << 31) or int(arr.max()) >= 1 << 31):
+        raise InvalidArgumentError(f"{what}: a token id is beyond 32 bits")
+    return np.ascontiguousarray(arr, dtype=np.int32).copy()
 
 
 def _u64(value: Any, what: str) -> int:
@@ -467,7 +482,8 @@ class Reply:
     """A replica's answer: the generated tokens (gen_len + 1), the logits of the decode steps
     (gen_len x vocab), where the prompt's prefix came from (positions: ``device`` hit before any
     restore, ``host`` and ``store`` added by the restore, ``computed`` the rest), bytes moved from
-    the store and from the host tier into the device, records from the store refused, and the
+    the store (``store_bytes``) and from the host tier into the device (``host_bytes``: records
+    fetched from the store included, they pass through it), records from the store refused, and the
     replica's full-block keys after the request (device and host tier, for the router)."""
 
     rid: int

@@ -28,6 +28,8 @@ module:
   torch and transformers);
 - ``kvcore_demo.disaggregated``: ``kvcore demo --disaggregated``, prefill and
   decode on Ray actors, sequences moved as records (kvcore.state);
+- ``kvcore_demo.cluster``: ``kvcore demo --cluster``, conversations on Ray replicas
+  over a cluster record store with a KV-aware router (kvcore.cluster);
 - ``kvcore_demo.executorch_runtime``: ``kvcore demo --runtime executorch``, a tiny random
   model exported to a ``.pte`` and run by ``kvcore-run`` (ExecuTorch's C++ runtime, kvcore's
   kernel behind the op), its tokens checked against PyTorch (needs torch, executorch and the

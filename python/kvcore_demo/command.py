@@ -1,9 +1,9 @@
-"""The command lines of ``kvcore demo`` and its ``--batch``, ``--disaggregated``, ``--hf-batch`` and
-``--runtime executorch`` forms.
+"""The command lines of ``kvcore demo`` and its ``--batch``, ``--disaggregated``, ``--cluster``,
+``--hf-batch`` and ``--runtime executorch`` forms.
 
 ``kvcore demo`` is a subcommand of ``kvcore`` (kvcore.cli); ``--batch``,
 ``--disaggregated``, ``--hf-batch`` and ``--runtime`` hand the rest of the command line to a
-parser of their own.
+parser of their own; ``--cluster`` takes every option after it to its own.
 A value the demo cannot honour is refused, never quietly replaced: exit status
 2 and one line naming the option, the value and the limit.
 """
@@ -78,6 +78,12 @@ def add_parser(sub: Any) -> None:
         "--disaggregated", action="store_true",
         help="prefill on Ray actors and decode on another, sequences moved as records, checked against one "
         "process (needs the distributed extra; kvcore demo --disaggregated --help)",
+    )
+    p.add_argument(
+        "--cluster", nargs=argparse.REMAINDER, default=None, metavar="OPTION",
+        help="serve conversations on Ray replicas over a cluster record store with a KV-aware router, checked "
+        "against one process; the options after it are its own (needs the distributed extra; kvcore demo "
+        "--cluster --help)",
     )
     p.add_argument(
         "--runtime", default=None, choices=["executorch"],
@@ -163,6 +169,8 @@ def _options(cls: Any, args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvcore demo`` with the parsed options; its exit status."""
+    if args.cluster is not None:  # argparse.REMAINDER: every option after --cluster is its own
+        return cluster_main(args.cluster)
     for form in ("--batch", "--hf-batch", "--disaggregated", "--runtime"):
         # kvcore.cli hands these to their own parsers before parsing; this parser alone cannot.
         if value := getattr(args, form[2:].replace("-", "_")):
@@ -378,6 +386,63 @@ def disaggregated_main(argv: Sequence[str]) -> int:
         print(f"kvcore demo --disaggregated: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else disaggregated.format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def cluster_main(argv: Sequence[str]) -> int:
+    """``kvcore demo --cluster`` with argv (the options after it); its exit status: 0 when every
+    reply equals single-process decoding, 1 when one does not, 2 when the ``distributed`` extra
+    (ray) is missing or an option is refused."""
+    from kvcore_demo import cluster
+
+    d = cluster.ClusterOptions()
+    p = Parser(
+        prog="kvcore demo --cluster",
+        description="Serve conversations sharing a system prompt, turn after turn, on Ray replicas (each its own "
+        "BatchCache, PagedKVPool and host tier) over a cluster record store in Ray's object store, each request "
+        "routed by its cached prefix against load; check every reply against single-process decoding and report "
+        "the prompt tokens each tier served. Exits 0 when every reply matches, 1 when one does not, 2 when Ray is "
+        "missing or an option is refused.",
+    )
+    knobs = [
+        ("replicas", "serving replicas (Ray actors)"),
+        ("conversations", "conversations, all starting with the system prompt"),
+        ("turns", "turns per conversation"),
+        ("system-len", "system prompt tokens"),
+        ("user-len", "new user tokens per turn"),
+        ("gen-len", "tokens each reply generates after its first"),
+        ("block-size", "rows per block"),
+        ("device-seqs", "a replica's device pool, in sequences of the longest length"),
+        ("host-records", "a replica's host tier, in records of the longest sequence"),
+        ("store-records", "the cluster store, in records of the longest sequence"),
+        ("layers", "decoder layers (every 6th flat, the rest ring)"),
+        ("window", "ring window"),
+        ("seed", "weights and prompts seed"),
+    ]
+    _add_int_knobs(p, knobs, d)
+    p.add_argument("--policy", default=d.policy, choices=["kv", "round_robin", "least_loaded"],
+                   help="the router's policy (default %(default)s)")
+    p.add_argument("--alpha", type=float, default=d.alpha,
+                   help="kv policy: tokens of cached prefix one running request outweighs (default %(default)s)")
+    p.add_argument("--max-step", type=int, default=None,
+                   help=f"largest step (a prefill chunk), at most the longest sequence (default {d.max_step}, or "
+                   "the longest sequence when shorter)")
+    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
+    p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(list(argv))
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print('kvcore demo --cluster: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
+        return 2
+    opts = _options(cluster.ClusterOptions, args)
+    try:
+        report = cluster.run_cluster(opts)
+    except (ValueError, kvcore.KVCacheError) as e:
+        print(f"kvcore demo --cluster: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else cluster.format_report(report))
     return 0 if report["ok"] else 1
 
 

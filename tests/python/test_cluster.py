@@ -237,6 +237,19 @@ def test_bad_inputs_are_refused_by_name_and_change_nothing() -> None:
         Router(2, 2, alpha=-1)
     with pytest.raises(InvalidStateError, match="replica 1 has no request running"):
         Router(2, 2).finished(1)
+    with pytest.raises(InvalidArgumentError, match=r"replica = 2: must be an int in \[0, 2\)"):
+        Router(2, 2).update(2, frozenset())
+    with pytest.raises(InvalidArgumentError, match="fetch: tokens must be an ordered sequence of ints, not a set"):
+        fetch(st, HostTier(10), m.cache, {1, 2, 3})
+    with pytest.raises(InvalidArgumentError, match="build must return"):
+        Replica(0, lambda: (m.cache, object(), None), st, 0)
+    rep = Replica(0, build_flat, st, 1 << 20)
+    for request, message in ((Request(1, (), None, 1), r"0 prompt \+ 1 generated tokens: must be in \[1, capacity 48\]"),
+                             (Request(1, tuple(range(40)), None, 9), "40 prompt"),
+                             (Request(1, (1, 2), None, -1), "gen_len = -1")):
+        with pytest.raises(InvalidArgumentError, match=message):
+            rep.serve(request)
+    assert not any(rep.cache.sequence(s).active for s in range(rep.cache.max_seqs)) and len(rep.tier) == 0
 
 
 def test_the_router_weighs_cached_prefix_against_load() -> None:
@@ -291,3 +304,39 @@ def test_replicas_serve_from_the_store_what_another_computed() -> None:
     assert local.device >= 12 and local.store == 0
     keys = {(0, int(lo), int(hi)) for lo, hi in kvcore.block_keys(np.asarray(P, np.int32), 2, 0)}
     assert keys <= local.held and keys <= again.held
+
+
+def test_the_demo_replies_equal_single_process_decoding(local_ray: None) -> None:
+    from kvcore_demo.cluster import ClusterOptions, format_report, run_cluster
+
+    # Round-robin moves each conversation's turns between the two replicas: the store serves them.
+    r = run_cluster(ClusterOptions(conversations=3, turns=3, policy="round_robin"))
+    assert r["ok"], r["problems"]
+    t = r["reused"]
+    assert sum(t.values()) == r["prompt_tokens"] and t["store"] > 0 and r["store_bytes_moved"] > 0
+    assert r["decisions"] == [5, 4] and r["refused"] == 0
+    assert "every reply equals single-process decoding" in format_report(r)
+
+
+def test_the_command_line_runs_it_and_refuses_bad_options(local_ray: None, capsys: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kvcore import cli
+
+    code = cli.main(["demo", "--cluster", "--conversations", "2", "--turns", "2", "--gen-len", "2", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["ok"] and report["requests"] == 4 and report["policy"] == "kv"
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started before the options were checked"))
+    for argv, message in ((["--replicas", "0"], "--replicas = 0: must be >= 1"),
+                          (["--alpha", "-1"], "--alpha = -1.0: must be >= 0"),
+                          (["--block-size", "0"], "--block-size = 0: must be >= 1")):
+        assert cli.main(["demo", "--cluster", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"kvcore demo --cluster: error: {message}") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "--cluster", "--help"])
+    assert exit_.value.code == 0 and "--store-records" in capsys.readouterr().out

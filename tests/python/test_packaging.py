@@ -235,15 +235,16 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 def test_the_top_level_is_the_api() -> None:
     """Beside the API sit only the command line, the memory planner and its command, the export command, the sequence records
-    (kvcore.state), the host tier of records (kvcore.tier), the quantized formats' names and sizes (kvcore.quantized), the step of one
+    (kvcore.state), the host tier of records (kvcore.tier), the cluster store and router on Ray (kvcore.cluster), the
+    quantized formats' names and sizes (kvcore.quantized), the step of one
     forward (kvcore.forward_step) and the config.json reader (the kvcore.hf_config package); the
     torch byte layers are kvcore.torch, adapters to other libraries kvcore.integrations; the demos
     and the reference model they run are a package of their own beside it, kvcore_demo (kvcore.demo
     is its deprecated path); `import kvcore` loads none of them."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == [
-        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "export_command", "forward_step", "memory",
-        "memory_command", "quantized", "registry", "state", "tier",
+        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "cluster",
+        "export_command", "forward_step", "memory", "memory_command", "quantized", "registry", "state", "tier",
     ]  # fmt: skip
     assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "hf_config", "integrations", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
