@@ -620,8 +620,9 @@ class Router:
     """Chooses a replica for each request. ``policy``: ``"kv"`` scores each replica ``local +
     store_weight x max(store - local, 0) - alpha x running`` (tokens; ``local`` the prompt's
     prefix the replica's reported keys hold, ``store`` the store's prefix, ``running`` the
-    replica's requests in flight) and takes the highest, ties to fewer running then the lowest
-    index; ``"round_robin"`` cycles; ``"least_loaded"`` takes the fewest running (lowest index).
+    replica's requests in flight) and takes the highest, ties to fewer running, then fewer requests
+    sent so far, then the lowest index; ``"round_robin"`` cycles; ``"least_loaded"`` takes the
+    fewest running (ties as kv's).
     ``decisions`` counts requests sent to each replica, ``peak_running`` each one's most in flight.
 
     InvalidArgumentError: replicas or block_size < 1, an unknown policy, alpha or store_weight
@@ -667,12 +668,12 @@ class Router:
             r = self._next
             self._next = (self._next + 1) % self.replicas
         elif self.policy == "least_loaded":
-            r = min(range(self.replicas), key=lambda i: (self.running[i], i))
+            r = min(range(self.replicas), key=lambda i: (self.running[i], self.decisions[i], i))
         else:
-            def score(i: int) -> tuple[float, int, int]:
+            def score(i: int) -> tuple[float, int, int, int]:
                 local = self.local(i, tokens, namespace)
                 gain = local + self.store_weight * max(store - local, 0) - self.alpha * self.running[i]
-                return (-gain, self.running[i], i)
+                return (-gain, self.running[i], self.decisions[i], i)
             r = min(range(self.replicas), key=score)
         self.decisions[r] += 1
         self.running[r] += 1

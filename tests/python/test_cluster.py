@@ -275,6 +275,12 @@ def test_the_router_weighs_cached_prefix_against_load() -> None:
     assert [rr.choose(prompt) for _ in range(4)] == [0, 1, 2, 0]
     ll.running = [2, 0, 1]
     assert ll.choose(prompt) == 1 and ll.running == [2, 1, 1]
+    ll.running = [0, 0, 0]  # idle replicas: the one sent fewest so far, not always the first
+    assert [ll.choose(prompt) for _ in range(2)] == [0, 2] and ll.decisions == [1, 1, 1]
+    idle = Router(2, B)
+    for _ in range(4):  # a miss everywhere, nothing running: kv alternates too
+        idle.finished(idle.choose([9] * 13))
+    assert idle.decisions == [2, 2]
     assert rr.balance() == pytest.approx(2 * 3 / 4)
 
 
