@@ -48,8 +48,8 @@ class ClusterOptions(ModelOptions):
     user_len: int = 8
     gen_len: int = 4
     block_size: int = 8
-    device_seqs: int = 2
-    host_records: int = 2
+    device_seqs: int = 1
+    host_records: int = 6
     store_records: int = 64
     policy: str = "kv"
     alpha: float = 16.0
