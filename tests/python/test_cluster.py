@@ -346,3 +346,30 @@ def test_the_command_line_runs_it_and_refuses_bad_options(local_ray: None, capsy
     with pytest.raises(SystemExit) as exit_:
         cli.main(["demo", "--cluster", "--help"])
     assert exit_.value.code == 0 and "--store-records" in capsys.readouterr().out
+
+
+def test_a_replica_refuses_a_hostile_store_record_and_computes_instead() -> None:
+    store = RecordStore(1 << 20)
+    a = computed("flat", P)
+    corrupt = np.frombuffer(bytes(a.pool.export_sequence(0, P)), np.uint8).copy()
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    keys = [(int(lo), int(hi)) for lo, hi in kvcore.block_keys(np.asarray(P, np.int32), 2, 0)]
+    store.publish([corrupt], 0, 2, keys, 12, len(corrupt), True, False)
+    rep = Replica(0, build_flat, store, 1 << 20)
+    reply = rep.serve(Request(1, tuple(Q_LONGER), None, 1))
+    assert (reply.refused, reply.store, reply.computed) == (1, 0, len(Q_LONGER)) and rep.refused == 1
+    assert store.stats().refused == 1
+    # Its own record (the prompt's, computed) replaced the hostile one: a second replica reads it.
+    again = Replica(1, build_flat, store, 1 << 20).serve(Request(2, tuple(Q_LONGER), None, 1))
+    assert again.store == 14 and again.refused == 0 and again.tokens == reply.tokens
+
+
+def test_a_replica_never_serves_another_namespaces_prefix() -> None:
+    store = RecordStore(1 << 20)
+    r0, r1 = Replica(0, build_flat, store, 1 << 20), Replica(1, build_flat, store, 1 << 20)
+    r0.serve(Request(1, tuple(P), "tenant-a", 1))
+    for rep, ns in ((r0, "tenant-b"), (r1, "tenant-c"), (r0, None)):  # P is held in tenant-a only
+        other = rep.serve(Request(2, tuple(P + [1]), ns, 1))
+        assert (other.device, other.host, other.store, other.computed) == (0, 0, 0, 13)
+    own = r1.serve(Request(3, tuple(P + [1]), "tenant-a", 1))
+    assert own.store == 12
