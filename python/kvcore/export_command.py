@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return refuse(f"--out {args.out}: " + ("is a directory" if os.path.isdir(args.out) else
                                                f"no directory {directory} to write it in"))  # fmt: skip
     load = None
+    loaded: list[Any] = []  # the real model's LoadedModel: its converted copy holds tokenizer.json
     if args.model != "tiny":
         from kvcore.integrations import transformers_models as real_model
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             return refuse(str(e))
 
         def load(name: str) -> Any:
-            return real_model.load(name).model
+            loaded.append(real_model.load(name))
+            return loaded[-1].model
 
     try:
         from kvcore.integrations import executorch_export
@@ -98,5 +102,23 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(f"wrote {args.out}: {len(pte)} bytes in {seconds:.1f} s; {meta.n_layers} layers ({meta.describe()}), "
           f"capacity {meta.capacity}, max_step {meta.max_step}, K/V {args.kv_dtype}")
-    print(f"run it: kvcore-run {args.out} --tokens 1,2,3 --new 16")
+    tokenizer = _copy_tokenizer(loaded[-1].directory, directory) if loaded else None
+    if tokenizer is None:
+        print(f"run it: kvcore-run {args.out} --tokens 1,2,3 --new 16")
+    else:
+        print(tokenizer)
+        print(f'run it: kvcore-run {args.out} --prompt "The capital of France is" --new 16')
     return 0
+
+
+def _copy_tokenizer(model_directory: Any, out_directory: str) -> str:
+    """Copies the model's tokenizer.json next to the .pte, where ``kvcore-run --prompt`` looks
+    by default; a different tokenizer.json already there is kept. The line to print."""
+    source = os.path.join(str(model_directory), "tokenizer.json")
+    target = os.path.join(out_directory, "tokenizer.json")
+    if not os.path.isfile(source):
+        return f"no tokenizer.json in {model_directory}: kvcore-run --prompt needs --tokenizer PATH"
+    if os.path.exists(target) and not filecmp.cmp(source, target, shallow=False):
+        return (f"kept {target} (another tokenizer's): run kvcore-run --prompt with --tokenizer {source}")
+    shutil.copyfile(source, target)
+    return f"wrote {target}: the model's tokenizer, read by kvcore-run --prompt"

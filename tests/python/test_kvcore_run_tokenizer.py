@@ -482,3 +482,22 @@ def test_kvcore_run_prompt_runs_the_tiny_model_through_the_tokenizer(tmp_path: P
     assert f"prefill: {len(ids)} tokens in " in out
     by_ids = _kvcore_run(str(tmp_path / "tiny.pte"), "--tokens", ",".join(map(str, ids)), "--new", str(n_new))
     assert by_ids.returncode == 0 and by_ids.stdout.decode().startswith("tokens: " + " ".join(map(str, want)) + "\n")
+
+
+def test_the_export_puts_the_models_tokenizer_next_to_the_pte(tmp_path: Path) -> None:
+    """kvcore export --model gemma-3-270m copies the converted model's tokenizer.json next to the
+    .pte (kvcore-run --prompt's default), keeps a different one already there, and says so."""
+    from kvcore.export_command import _copy_tokenizer
+
+    model, out = tmp_path / "model", tmp_path / "out"
+    model.mkdir()
+    out.mkdir()
+    assert _copy_tokenizer(model, str(out)) == f"no tokenizer.json in {model}: kvcore-run --prompt needs --tokenizer PATH"
+    (model / "tokenizer.json").write_text('{"a": 1}')
+    assert _copy_tokenizer(model, str(out)).startswith(f"wrote {out / 'tokenizer.json'}: ")
+    assert (out / "tokenizer.json").read_text() == '{"a": 1}'
+    assert _copy_tokenizer(model, str(out)).startswith("wrote ")  # the same file again: fine
+    (out / "tokenizer.json").write_text('{"b": 2}')
+    assert _copy_tokenizer(model, str(out)) == (f"kept {out / 'tokenizer.json'} (another tokenizer's): run kvcore-run "
+                                                f"--prompt with --tokenizer {model / 'tokenizer.json'}")  # fmt: skip
+    assert (out / "tokenizer.json").read_text() == '{"b": 2}'
