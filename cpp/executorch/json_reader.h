@@ -54,6 +54,7 @@ class JsonValue {
   bool valid() const { return doc_ != nullptr; }
   /// The value's type; kNull for a missing value (check valid() to tell them apart).
   JsonType type() const;
+  /// True when the value is there and of that type (a missing value is none of them).
   bool is_null() const { return valid() && type() == JsonType::kNull; }
   bool is_bool() const { return valid() && type() == JsonType::kBool; }
   bool is_number() const { return valid() && type() == JsonType::kNumber; }
