@@ -506,8 +506,15 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
     def n_layers(self) -> int:
         """Layers."""
     @property
+    def n_groups(self) -> int:
+        """Groups: layers with identical policies share one policy object and plan alike (every
+        layer has a group, a State or Shared one too).
+        """
+    @property
     def n_policies(self) -> int:
-        """Distinct policy objects (layers with identical policies share one)."""
+        """Deprecated alias of n_groups (removed in kvcore 0.2.0): groups, layers with identical
+        policies sharing one policy object. Warns DeprecationWarning.
+        """
     @property
     def config(self) -> CacheConfig:
         """The CacheConfig it was built from (max_step resolved, one entry per layer), a new object.
@@ -515,9 +522,13 @@ class SequenceCache(CacheBase, metaclass=_pybind11_type):
     @property
     def active_step(self) -> Step | None:
         """The begun, uncommitted Step, or None."""
+    def group_of(self, layer: SupportsIndex) -> int:
+        """The group of `layer`, in [0, n_groups): layers of one group share one policy object and
+        plan alike. InvalidArgumentError: bad layer.
+        """
     def policy_index(self, layer: SupportsIndex) -> int:
-        """Index of the policy object `layer` uses (layers with the same index plan alike).
-        InvalidArgumentError: bad layer.
+        """Deprecated alias of group_of (removed in kvcore 0.2.0): the group of `layer`. Warns
+        DeprecationWarning; InvalidArgumentError: bad layer.
         """
     def layer_policy(self, layer: SupportsIndex) -> LayerPolicy:
         """The LayerPolicy of `layer`. InvalidArgumentError: bad layer."""
@@ -1647,14 +1658,18 @@ class PagedKVPool(metaclass=_pybind11_type):
         gather); a State layer (write_state). InvalidStateError: a stale step, or a step of another
         cache. AllocationError: growth failed (nothing written).
         """
-    def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
-        """apply_commit(copies): performs a draft-tree commit's copies in every layer, copies being
+    def apply_copies(self, copies: Sequence[npt.ArrayLike]) -> None:
+        """apply_copies(copies): performs a draft-tree commit's copies in every layer, copies being
         what cache.commit(step, accepted) returned: one (n, 2) int array of (src, dst) rows per
         group, then one of (src, dst) physical state slots per State group (n_groups +
         n_state_groups arrays), each performed in order in every layer of its group (a Shared
         layer's rows are its source's). Call it once per commit, before the next step's update().
         InvalidArgumentError (nothing copied): not one (n, 2) array per group and State group, a row
         outside a layer's stored rows, a slot outside [0, num_state_slots).
+        """
+    def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
+        """Deprecated alias of apply_copies (removed in kvcore 0.2.0): performs a draft-tree
+        commit's copies. Warns DeprecationWarning; errors as apply_copies.
         """
     def state_names(self, layer: SupportsIndex) -> list[str]:
         """The names of State layer `layer`'s state tensors, in the order state_tensors gave them.

@@ -29,7 +29,7 @@ def _tour(args: argparse.Namespace) -> int:
     )
     cache = kvcore.SequenceCache(cfg)
     print(f"{cache!r}: ring layers hold {cache.rows(0)} rows, the flat layer {cache.rows(5)}")
-    print(f"({cache.n_policies} policy objects serve {cache.n_layers} layers)\n")
+    print(f"({cache.n_groups} groups of layers, one policy object each, serve {cache.n_layers} layers)\n")
     steps = [max_step] * 2 + [1] * args.decode
     for T in steps:
         if not cache.can_extend(T):

@@ -26,7 +26,7 @@ batched forward (``Model.forward_batch``) through ``BatchCache`` +
   sequence; kvcore_demo.trees shapes the tree), all chats' trees verified in
   the one batched forward; each chat's accepted root path is committed
   (``commit(step, accepted={seq: path})``) and the returned row copies applied
-  (``PagedKVPool.apply_commit``).
+  (``PagedKVPool.apply_copies``).
 
 The check, every step: the logits of every new token (rejected drafts and tree
 nodes included; a node's sequence is its root path) must equal that chat's own
@@ -417,7 +417,7 @@ class _Server:
                  for i, (b, ids, parents) in enumerate(zip(self.active, fed, trees)) if parents is not None}
         if paths:  # the chains (prefill chunks) commit whole
             moved = step.commit(accepted=list(paths.items()))
-            self.pool.apply_commit(moved)
+            self.pool.apply_copies(moved)
             self.tree_copies += sum(int(m.shape[0]) for m in moved)
         else:
             step.commit()

@@ -12,6 +12,7 @@
 
 #include "bindings.h"
 #include "batch_step_handle.h"
+#include "deprecated.h"
 #include "errors.h"
 #include "int_args.h"
 #include "kvcore/state/sequence_export.h"
@@ -96,14 +97,22 @@ void register_paged_kv_pool(py::module_& m) {
           "update its source, named in the message, then read the Shared layer with rows or gather); a "
           "State layer (write_state). InvalidStateError: a stale step, "
           "or a step of another cache. AllocationError: growth failed (nothing written).")
-      .def("apply_commit", &PyPagedPool::apply_commit, py::arg("copies"),
-           "apply_commit(copies): performs a draft-tree commit's copies in every layer, copies being "
+      .def("apply_copies", &PyPagedPool::apply_copies, py::arg("copies"),
+           "apply_copies(copies): performs a draft-tree commit's copies in every layer, copies being "
            "what cache.commit(step, accepted) returned: one (n, 2) int array of (src, dst) rows per group, "
            "then one of (src, dst) physical state slots per State group (n_groups + n_state_groups arrays), "
            "each performed in order in every layer of its group (a Shared layer's rows are its source's). "
            "Call it once per commit, before the next step's update(). InvalidArgumentError "
            "(nothing copied): not one (n, 2) array per group and State group, a row outside a layer's "
-           "stored rows, a slot outside [0, num_state_slots).");
+           "stored rows, a slot outside [0, num_state_slots).")
+      .def("apply_commit",
+           [](PyPagedPool& p, const py::handle& copies) {
+             warn_deprecated("PagedKVPool.apply_commit", "PagedKVPool.apply_copies");
+             p.apply_copies(copies);
+           },
+           py::arg("copies"),
+           "Deprecated alias of apply_copies (removed in kvcore 0.2.0): performs a draft-tree commit's "
+           "copies. Warns DeprecationWarning; errors as apply_copies.");
   bind_paged_kv_pool_states(cls);
   cls
       .def(

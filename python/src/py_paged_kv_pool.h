@@ -142,31 +142,31 @@ class PyPagedPool : public PoolBinding<kvcore::PagedKVPool, kvcore::BatchCache> 
 
   // Performs a tree commit's copies: one (n, 2) int array per group, then
   // one per State group (as cache.commit(step, accepted) returns them).
-  void apply_commit(const py::handle& copies) {
+  void apply_copies(const py::handle& copies) {
     const int n_groups = cache_->n_groups(), n_states = cache_->n_state_groups();
     const py::sequence per_group = py::reinterpret_borrow<py::sequence>(copies);
     if (!py::isinstance<py::sequence>(copies) || static_cast<int>(py::len(per_group)) != n_groups + n_states)
       raise(kvcore::Error::InvalidArgument,
-            "apply_commit: copies must hold one (n, 2) array per group (" + std::to_string(n_groups) +
+            "apply_copies: copies must hold one (n, 2) array per group (" + std::to_string(n_groups) +
                 ") and per State group (" + std::to_string(n_states) + "), as cache.commit(step, accepted) returns");
     std::vector<std::vector<kvcore::TreeCopy>> rows(static_cast<std::size_t>(n_groups + n_states));
     std::vector<kvcore::GroupCommit> groups(rows.size());
     for (std::size_t g = 0; g < rows.size(); ++g) {
       const bool state = static_cast<int>(g) >= n_groups;
       const std::string name = "copies[" + std::to_string(g) + "]";
-      const IntArray pairs("apply_commit", name.c_str(), per_group[g], false, /*columns=*/2);
+      const IntArray pairs("apply_copies", name.c_str(), per_group[g], false, /*columns=*/2);
       for (py::ssize_t c = 0; c < pairs.rows(); ++c) {
         const std::int64_t src = pairs[2 * c], dst = pairs[2 * c + 1];
         if (src < 0 || dst < 0 || src > 0x7fffffff || dst > 0x7fffffff)
           raise(kvcore::Error::InvalidArgument,
-                "apply_commit: " +
+                "apply_copies: " +
                     (state ? "State group " + std::to_string(static_cast<int>(g) - n_groups) : "group " + std::to_string(g)) +
                     "'s copy " + std::to_string(c) + " names a " + (state ? "slot" : "row") + " outside [0, 2^31)");
         rows[g].push_back(kvcore::TreeCopy{static_cast<int>(src), static_cast<int>(dst)});
       }
       groups[g] = kvcore::GroupCommit{rows[g].data(), static_cast<int>(rows[g].size())};
     }
-    throw_if_error(pool_->apply_commit(
+    throw_if_error(pool_->apply_copies(
         kvcore::BatchCommit{n_groups, groups.data(), n_states, n_states > 0 ? groups.data() + n_groups : nullptr}));
   }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "deprecated.h"
 #include "errors.h"
 #include "kvcore/core/sequence_cache.h"
 #include "step_handle.h"
@@ -53,20 +54,39 @@ void register_sequence_cache(py::module_& m) {
       .def_property_readonly("max_step", &kvcore::SequenceCache::max_step,
                              "Largest T of one step (C).")
       .def_property_readonly("n_layers", &kvcore::SequenceCache::n_layers, "Layers.")
-      .def_property_readonly("n_policies", &kvcore::SequenceCache::n_policies,
-                             "Distinct policy objects (layers with identical policies share one).")
+      .def_property_readonly("n_groups", &kvcore::SequenceCache::n_policies,
+                             "Groups: layers with identical policies share one policy object and "
+                             "plan alike (every layer has a group, a State or Shared one too).")
+      .def_property_readonly(
+          "n_policies",
+          [](const kvcore::SequenceCache& c) {
+            warn_deprecated("SequenceCache.n_policies", "SequenceCache.n_groups");
+            return c.n_policies();
+          },
+          "Deprecated alias of n_groups (removed in kvcore 0.2.0): groups, layers with identical "
+          "policies sharing one policy object. Warns DeprecationWarning.")
       .def_property_readonly("config", &config_of,
                              "The CacheConfig it was built from (max_step resolved, one entry per "
                              "layer), a new object.")
-      .def("policy_index",
+      .def("group_of",
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
              return c.policy_index(l);
            },
            py::arg("layer"),
-           "Index of the policy object `layer` uses (layers with the same index plan alike). "
-           "InvalidArgumentError: bad layer.")
+           "The group of `layer`, in [0, n_groups): layers of one group share one policy object "
+           "and plan alike. InvalidArgumentError: bad layer.")
+      .def("policy_index",
+           [](const kvcore::SequenceCache& c, const PyInt& layer) {
+             warn_deprecated("SequenceCache.policy_index", "SequenceCache.group_of");
+             const int l = to_int("layer", layer);
+             throw_if_error(kvcore::internal::to_status(c.rows(l)));
+             return c.policy_index(l);
+           },
+           py::arg("layer"),
+           "Deprecated alias of group_of (removed in kvcore 0.2.0): the group of `layer`. Warns "
+           "DeprecationWarning; InvalidArgumentError: bad layer.")
       .def("rows",
            [](const kvcore::SequenceCache& c, const PyInt& layer) { return unwrap(c.rows(to_int("layer", layer))); },
            py::arg("layer"),

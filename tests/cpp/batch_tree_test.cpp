@@ -378,15 +378,23 @@ TEST(BatchTree, PagedKVPoolWritesATreeAndAppliesItsCommit) {
   const kvcore::BatchCommit done = *c->commit(step, &accepted, 1);
   // A commit of another shape, a copy outside the rows: refused, nothing copied.
   const kvcore::BatchCommit one_group{1, done.groups};
-  EXPECT_EQ(pool.apply_commit(one_group).code(), Error::InvalidArgument);
+  EXPECT_EQ(pool.apply_copies(one_group).code(), Error::InvalidArgument);
   const kvcore::TreeCopy far{1 << 20, 0};
   const kvcore::GroupCommit bad_groups[2] = {{&far, 1}, done.groups[1]};
-  EXPECT_EQ(pool.apply_commit(kvcore::BatchCommit{2, bad_groups}).code(), Error::InvalidArgument);
-  ASSERT_TRUE(pool.apply_commit(done).ok());
+  EXPECT_EQ(pool.apply_copies(kvcore::BatchCommit{2, bad_groups}).code(), Error::InvalidArgument);
+  ASSERT_TRUE(pool.apply_copies(done).ok());
   // A caller-built copy of a row onto itself changes nothing (and overlaps: memmove).
   const kvcore::TreeCopy self{0, 0};
   const kvcore::GroupCommit self_groups[2] = {{&self, 1}, {&self, 1}};
+  ASSERT_TRUE(pool.apply_copies(kvcore::BatchCommit{2, self_groups}).ok());
+  // The deprecated name (until kvcore 0.2.0) is apply_copies: the same refusal, the same copies.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const kvcore::Status old_refused = pool.apply_commit(one_group);
   ASSERT_TRUE(pool.apply_commit(kvcore::BatchCommit{2, self_groups}).ok());
+#pragma GCC diagnostic pop
+  EXPECT_EQ(old_refused.code(), Error::InvalidArgument);
+  EXPECT_STREQ(old_refused.message().c_str(), pool.apply_copies(one_group).message().c_str());
   // Positions 5, 6, 7 now hold nodes 0, 2, 4 in every layer.
   const StepEntry next{0, 1, nullptr, nullptr};
   const BatchStep s2 = *c->begin_step(&next, 1);

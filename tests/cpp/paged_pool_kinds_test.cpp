@@ -161,7 +161,7 @@ TEST(PagedPoolKinds, AnArenaHoldsTheStateSlots) {
       Error::InvalidArgument, "the paged pool needs");
 }
 
-// Each refusal of the state verbs and of apply_commit names the value and the
+// Each refusal of the state verbs and of apply_copies names the value and the
 // rule, and writes nothing.
 TEST(PagedPoolKinds, EveryStateVerbRefusalNamesTheValueAndTheRule) {
   auto cache = std::move(BatchCache::create(kinds_config())).get();
@@ -233,11 +233,11 @@ TEST(PagedPoolKinds, EveryStateVerbRefusalNamesTheValueAndTheRule) {
   std::vector<kvcore::GroupCommit> kv(static_cast<std::size_t>(cache->n_groups()));
   std::vector<kvcore::GroupCommit> sg(2);
   sg[0] = kvcore::GroupCommit{nullptr, 1};
-  expect_message(pool.apply_commit(BatchCommit{cache->n_groups(), kv.data(), 2, sg.data()}), Error::InvalidArgument,
-                 "apply_commit: layer 3's State group 0 has n_copies = 1 (copies null): must be >= 0 with its array "
+  expect_message(pool.apply_copies(BatchCommit{cache->n_groups(), kv.data(), 2, sg.data()}), Error::InvalidArgument,
+                 "apply_copies: layer 3's State group 0 has n_copies = 1 (copies null): must be >= 0 with its array "
                  "set");
-  expect_message(pool.apply_commit(BatchCommit{cache->n_groups(), kv.data(), 1, sg.data()}), Error::InvalidArgument,
-                 "apply_commit: a commit of 1 State groups, the pool's cache has 2 (pass the whole commit: its "
+  expect_message(pool.apply_copies(BatchCommit{cache->n_groups(), kv.data(), 1, sg.data()}), Error::InvalidArgument,
+                 "apply_copies: a commit of 1 State groups, the pool's cache has 2 (pass the whole commit: its "
                  "state_groups carry the slot copies)");
   EXPECT_EQ(out, Bytes(12, 0x5A));
   EXPECT_EQ(snapshot(pool), before);
@@ -467,16 +467,16 @@ class KindsRun {
     const BatchCommit no_states{0, nullptr, 0, nullptr};
     std::vector<kvcore::GroupCommit> none(static_cast<std::size_t>(cache_->n_groups()));
     const BatchCommit partial{cache_->n_groups(), none.data(), 0, nullptr};
-    expect_message(pool_->apply_commit(partial), Error::InvalidArgument,
-                   "apply_commit: a commit of 0 State groups, the pool's cache has 2");
-    expect_message(pool_->apply_commit(no_states), Error::InvalidArgument, "apply_commit: a commit of 0 groups");
+    expect_message(pool_->apply_copies(partial), Error::InvalidArgument,
+                   "apply_copies: a commit of 0 State groups, the pool's cache has 2");
+    expect_message(pool_->apply_copies(no_states), Error::InvalidArgument, "apply_copies: a commit of 0 groups");
     // A copy past the slots.
     std::vector<kvcore::GroupCommit> sg(2);
     const kvcore::TreeCopy far{0, pool_->layer(6)->rows};
     sg[1] = kvcore::GroupCommit{&far, 1};
     const BatchCommit past{cache_->n_groups(), none.data(), 2, sg.data()};
-    expect_message(pool_->apply_commit(past), Error::InvalidArgument,
-                   "apply_commit: State layer 6's copy 0 (slot 0 -> slot 24) must lie in its 24 state slots");
+    expect_message(pool_->apply_copies(past), Error::InvalidArgument,
+                   "apply_copies: State layer 6's copy 0 (slot 0 -> slot 24) must lie in its 24 state slots");
     refusals += 8;
     if (snapshot(*pool_) != before) return "a refusal changed the pool";
     return "";
@@ -610,9 +610,9 @@ class KindsRun {
     auto done = cache_->commit(*begun, paths.data(), static_cast<int>(paths.size()));
     if (!done.ok()) return std::string("commit refused: ") + done.message().c_str();
     const std::uint64_t before = operator_news();
-    const kvcore::Status applied = pool_->apply_commit(*done);
+    const kvcore::Status applied = pool_->apply_copies(*done);
     pool_news += operator_news() - before;
-    if (!applied.ok()) return std::string("apply_commit refused: ") + applied.message().c_str();
+    if (!applied.ok()) return std::string("apply_copies refused: ") + applied.message().c_str();
     for (int k = 0; k < done->n_state_groups; ++k) slot_copies += done->state_groups[k].n_copies;
     for (std::size_t i = 0; i < entries.size(); ++i) {
       const int seq = entries[i].seq, q = plan.query_starts[i], first = plan.first_positions[i];

@@ -177,7 +177,7 @@ class Cache:
         return len(self.content)
 
     @property
-    def n_policies(self) -> int:
+    def n_groups(self) -> int:
         return len(set(self.policies))
 
     # --- lifecycle ------------------------------------------------------------

@@ -349,7 +349,7 @@ def test_commit_returns_row_copies_and_a_pool_applies_them() -> None:
     assert c.length(0) == 8
     for g, pairs in enumerate(copies):  # nodes 2 and 4 move to chain places 1 and 2
         assert [tuple(p) for p in pairs] == [(slots[g][2], slots[g][1]), (slots[g][4], slots[g][3])]
-    pool.apply_commit(copies)
+    pool.apply_copies(copies)
     nxt = c.begin_step([(0, 1)])
     k_rows, _ = pool.update(1, nxt, np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32))
     table = nxt.plan().groups[c.group_of(1)].block_tables[0]
@@ -403,28 +403,28 @@ def test_bad_accepted_and_tree_arrays_are_refused_naming_them() -> None:
     assert TreeTwins.state(c) == before and step.is_current
 
 
-def test_apply_commit_refuses_what_is_not_a_commit() -> None:
+def test_apply_copies_refuses_what_is_not_a_commit() -> None:
     c = small()
     pool = kvcore.PagedKVPool(c, np.float32)
     step = c.begin_step([(0, 3, None, [-1, 0, 0])])
     for layer in range(c.n_layers):
         pool.update(layer, step, np.ones((3, 1, 2), np.float32), np.ones((3, 1, 2), np.float32))
     copies = c.commit(step, accepted={0: [0, 2]})
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies must hold one \(n, 2\) array per group \(2\)"):
-        pool.apply_commit(copies[:1])
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[1\].dtype = float64: must be int32 or int64"):
-        pool.apply_commit((copies[0], np.zeros(3)))
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[1\] has shape \(1, 3\): must be \(n, 2\)"):
-        pool.apply_commit((copies[0], np.zeros((1, 3), np.int32)))
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: group 0's copy 0 names a row outside \[0, 2\^31\)"):
-        pool.apply_commit((np.array([[-1, 0]]), copies[1]))
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer 0's copy 0 \(row 4096 -> row 0\) must lie in its"):
-        pool.apply_commit((np.array([[4096, 0]]), copies[1]))
-    pool.apply_commit(copies)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: copies must hold one \(n, 2\) array per group \(2\)"):
+        pool.apply_copies(copies[:1])
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: copies\[1\].dtype = float64: must be int32 or int64"):
+        pool.apply_copies((copies[0], np.zeros(3)))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: copies\[1\] has shape \(1, 3\): must be \(n, 2\)"):
+        pool.apply_copies((copies[0], np.zeros((1, 3), np.int32)))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: group 0's copy 0 names a row outside \[0, 2\^31\)"):
+        pool.apply_copies((np.array([[-1, 0]]), copies[1]))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: layer 0's copy 0 \(row 4096 -> row 0\) must lie in its"):
+        pool.apply_copies((np.array([[4096, 0]]), copies[1]))
+    pool.apply_copies(copies)
 
 
 
-def test_a_refused_apply_commit_copies_nothing() -> None:
+def test_a_refused_apply_copies_changes_nothing() -> None:
     """Every group is checked before any row is copied: a commit whose first
     group is fine and second is not leaves every layer's bytes as they were."""
     c = small()
@@ -442,10 +442,10 @@ def test_a_refused_apply_commit_copies_nothing() -> None:
     before = layer_bytes()
     bad = np.array([[4096, 0]])
     for refused in ((copies[0], bad), (bad, copies[1])):
-        with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: layer \d's copy 0 \(row 4096 -> row 0\)"):
-            pool.apply_commit(refused)
+        with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: layer \d's copy 0 \(row 4096 -> row 0\)"):
+            pool.apply_copies(refused)
         assert layer_bytes() == before
-    pool.apply_commit(copies)
+    pool.apply_copies(copies)
     assert layer_bytes() != before  # the copies do change rows: the checks above could fail
 
 
@@ -463,21 +463,21 @@ def test_torch_paged_pool_writes_a_tree_and_applies_its_commit() -> None:
         node = torch.arange(5, dtype=torch.float32).reshape(1, 1, 5, 1).expand(1, 1, 5, 2).contiguous()
         kv.write_read(layer, slots, node, node, rows[c.group_of(layer)])
     copies = c.commit(step, accepted={0: [0, 2, 4]})
-    with pytest.raises(kvcore.InvalidArgumentError, match="apply_commit: 1 arrays of copies for 2 groups"):
-        kv.apply_commit(copies[:1])
+    with pytest.raises(kvcore.InvalidArgumentError, match="apply_copies: 1 arrays of copies for 2 groups"):
+        kv.apply_copies(copies[:1])
     # A bad row in a later group refuses before the first group's copies run: no byte changes.
     before = [bytes(t.numpy().tobytes()) for layer in range(c.n_layers) for t in kv.ensure(layer, 1)]
     outside = np.array([[c.num_blocks(1) * c.block_size, 0]])
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[1\]\[0\] \(row \d+ to row 0\)"):
-        kv.apply_commit((copies[0], outside))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: copies\[1\]\[0\] \(row \d+ to row 0\)"):
+        kv.apply_copies((copies[0], outside))
     with pytest.raises(kvcore.InvalidArgumentError, match=r"copies\[1\] must be an \(n, 2\) int array"):
-        kv.apply_commit((copies[0], [1, 2, 3]))
+        kv.apply_copies((copies[0], [1, 2, 3]))
     unwritten = np.array([[kv.allocated_rows(c.n_layers - 1), 0]])  # in the pool, past the tensors
     assert c.group_of(c.n_layers - 1) == 1 and unwritten[0, 0] < c.num_blocks(1) * c.block_size
     with pytest.raises(kvcore.InvalidStateError, match="write the tree step first"):
-        kv.apply_commit((copies[0], unwritten))
+        kv.apply_copies((copies[0], unwritten))
     assert [bytes(t.numpy().tobytes()) for layer in range(c.n_layers) for t in kv.ensure(layer, 1)] == before
-    kv.apply_commit(copies)
+    kv.apply_copies(copies)
     assert [bytes(t.numpy().tobytes()) for layer in range(c.n_layers) for t in kv.ensure(layer, 1)] != before
     nxt = c.begin_step([(0, 1)])
     for layer in range(c.n_layers):

@@ -110,7 +110,7 @@ INT_PARAMETERS: dict[str, tuple[str, Callable[[Rig, Any], object]]] = {
     "preview.layer": ("layer", lambda r, x: r.cache.preview(x, 1)),
     "preview.T": ("T", lambda r, x: r.cache.preview(0, x)),
     "rows.layer": ("layer", lambda r, x: r.cache.rows(x)),
-    "policy_index.layer": ("layer", lambda r, x: r.cache.policy_index(x)),
+    "group_of.layer": ("layer", lambda r, x: r.cache.group_of(x)),
     "layer_policy.layer": ("layer", lambda r, x: r.cache.layer_policy(x)),
     "visible.layer": ("layer", lambda r, x: r.cache.visible(x, 1, 0)),
     "visible.q": ("q", lambda r, x: r.cache.visible(0, x, 0)),

@@ -108,9 +108,9 @@ def test_scenario_5_sinks_2_window_4_reads_sinks_plus_window(make_cache: MakeCac
 
 def test_scenario_6_mixed_model_one_length_two_policy_objects(mixed_cache: kvcore.SequenceCache) -> None:
     cache = mixed_cache
-    assert cache.n_layers == 6 and cache.n_policies == 2
-    assert [cache.policy_index(l) for l in range(6)].count(cache.policy_index(5)) == 1
-    assert len({cache.policy_index(l) for l in range(5)}) == 1
+    assert cache.n_layers == 6 and cache.n_groups == 2
+    assert [cache.group_of(l) for l in range(6)].count(cache.group_of(5)) == 1
+    assert len({cache.group_of(l) for l in range(5)}) == 1
     assert [cache.rows(l) for l in range(6)] == [1 + 4 + 3 - 1] * 5 + [64]
     run = Lockstep(cache)
     for T in (3, 3, 1, 2, 1, 1, 3):

@@ -182,11 +182,11 @@ def test_identical_policies_share_one_policy_object() -> None:
     wide = kvcore.LayerConfig(kvcore.Ring(window=4, sinks=1), n_kv_heads=8, head_dim=128)
     layers = [RING, FLAT, wide, layer(kvcore.Ring(4)), FLAT, layer(kvcore.Ring(5, 1))]
     cache = kvcore.SequenceCache(kvcore.CacheConfig(64, layers, max_step=4))
-    index = [cache.policy_index(l) for l in range(6)]
-    assert cache.n_policies == 4
+    index = [cache.group_of(l) for l in range(6)]
+    assert cache.n_groups == 4
     assert index[0] == index[2] and index[1] == index[4]
     assert len({index[0], index[1], index[3], index[5]}) == 4
-    assert kvcore.SequenceCache(kvcore.CacheConfig(64, RING, n_layers=30)).n_policies == 1
+    assert kvcore.SequenceCache(kvcore.CacheConfig(64, RING, n_layers=30)).n_groups == 1
 
 
 @pytest.mark.parametrize(

@@ -399,7 +399,7 @@ def test_tree_batch_run_is_exact_and_commits_paths_off_the_main_line() -> None:
 def test_tree_batch_run_catches_commit_copies_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
     # An accepted second guess stays in its draft row: a later step reads the main
     # line's rejected draft in its place, and that chat's logits leave the oracle's.
-    monkeypatch.setattr(kvcore.PagedKVPool, "apply_commit", lambda self, copies: None)
+    monkeypatch.setattr(kvcore.PagedKVPool, "apply_copies", lambda self, copies: None)
     r = _run(TREE)
     assert r["ok"] is False and r["checks"][0]["ok"] is False and r["first_failure"]["check"] == "step"
 

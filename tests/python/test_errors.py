@@ -115,7 +115,7 @@ INVALID: dict[str, tuple[Call, type[kvcore.KVCacheError], str]] = {
     "step.plan-layer=-2**40": (lambda c, s: s.plan(-(2**40)), kvcore.InvalidArgumentError, f"layer = {-(2**40)}"),
     "rows-layer": (lambda c, s: c.rows(6), kvcore.InvalidArgumentError, "layer = 6"),
     "rows-layer=-1": (lambda c, s: c.rows(-1), kvcore.InvalidArgumentError, "layer = -1"),
-    "policy_index-layer": (lambda c, s: c.policy_index(6), kvcore.InvalidArgumentError, "layer = 6"),
+    "group_of-layer": (lambda c, s: c.group_of(6), kvcore.InvalidArgumentError, "layer = 6"),
     "layer_policy-layer": (lambda c, s: c.layer_policy(-1), kvcore.InvalidArgumentError, "layer = -1"),
     "visible-layer": (lambda c, s: c.visible(6, 1, 0), kvcore.InvalidArgumentError, "layer = 6"),
     "visible-q<0": (lambda c, s: c.visible(0, -1, 0), kvcore.InvalidArgumentError, "q = -1"),

@@ -342,16 +342,16 @@ def test_row_copies_are_never_cast(bad: Any) -> None:
     paged.update(0, step, np.ones((3, 1, 2), np.float32), np.ones((3, 1, 2), np.float32))
     real = batch.commit(step, accepted={0: [0, 2]})
     with pytest.raises((kvcore.InvalidArgumentError, TypeError)):
-        paged.apply_commit((bad,))
-    paged.apply_commit(real)
+        paged.apply_copies((bad,))
+    paged.apply_copies(real)
 
 
 def test_a_list_row_of_row_copies_names_its_rule() -> None:
     batch = kvcore.BatchCache(kvcore.CacheConfig(64, kvcore.LayerConfig(kvcore.Flat(), 1, 2),
                                                  batch=kvcore.BatchLimits(block_size=4, max_seqs=2)))
     paged = kvcore.PagedKVPool(batch, np.float32)
-    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_commit: copies\[0\]\[1\] must be a list of 2 ints"):
-        paged.apply_commit(([[0, 1], [2]],))
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"apply_copies: copies\[0\]\[1\] must be a list of 2 ints"):
+        paged.apply_copies(([[0, 1], [2]],))
 
 
 def test_apply_copies_refuses_rows_the_tree_step_never_wrote() -> None:

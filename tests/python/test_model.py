@@ -214,7 +214,7 @@ def test_layer_pattern_five_ring_one_flat() -> None:
     assert [cfg.is_flat(i) for i in range(12)] == [False] * 5 + [True] + [False] * 5 + [True]
     assert cfg.policy(0) == kvcore.Ring(8, 1) and cfg.policy(5) == kvcore.Flat()
     cache = kvcore.SequenceCache(cfg.cache_config(64, 4))
-    assert cache.n_policies == 2
+    assert cache.n_groups == 2
 
 
 def test_cache_config_carries_batch_limits() -> None:

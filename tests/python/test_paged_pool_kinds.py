@@ -77,7 +77,7 @@ def test_a_shared_layer_stores_nothing_and_a_state_layer_its_groups_slots() -> N
         pool.state_slots(3, "h")
     store = TorchPagedKVPool(cache)
     assert store.state_layers == STATE_LAYERS and store.num_state_slots == [slots]
-    assert store.tensors(2) is None and store.state(3, "conv") is None
+    assert store.tensors(2) is None and store.state_slots(3, "conv") is None
     with pytest.raises(InvalidArgumentError, match="tensors of layer 3: a State layer holds state slots"):
         store.tensors(3)
     with pytest.raises(NotSupportedError, match="export: layer 2 is a Shared layer: a torch pool's records carry"):
@@ -144,14 +144,14 @@ class Run:
             self.pool.write_state(3, step, {"conv": np.zeros((kept, 2, 3), np.float32)})
         with pytest.raises(InvalidArgumentError, match=f"must be \\(n, 2, 3\\) with n = {kept}"):
             self.pool.write_state(3, step, random_state(self.rng, kept + 1))
-        with pytest.raises(InvalidArgumentError, match="apply_commit: copies must hold one"):
-            self.pool.apply_commit([np.zeros((0, 2), np.int32)] * self.cache.n_groups)
+        with pytest.raises(InvalidArgumentError, match="apply_copies: copies must hold one"):
+            self.pool.apply_copies([np.zeros((0, 2), np.int32)] * self.cache.n_groups)
         top = self.cache.num_state_slots(0)
         bad = [np.zeros((0, 2), np.int32)] * self.cache.n_groups + [np.array([[0, top]], np.int32)]
         with pytest.raises(InvalidArgumentError, match=f"State layer 3's copy 0 \\(slot 0 -> slot {top}\\)"):
-            self.pool.apply_commit(bad)
+            self.pool.apply_copies(bad)
         with pytest.raises(InvalidArgumentError, match=f"slot 0 to slot {top}\\) must lie in slots"):
-            self.store.apply_commit(bad)
+            self.store.apply_copies(bad)
         with pytest.raises(InvalidArgumentError, match="slots reach"):
             self.store.write_state(3, "conv", [top], torch.zeros(1, 2, 3))
         after = [self.pool.state_slots(layer, name) for layer in STATE_LAYERS for name in TENSORS]
@@ -244,8 +244,8 @@ class Run:
                 accepted[s] = list(range(self.rnd.randint(1, T)))
         copies = step.commit(accepted) if accepted else step.commit()
         if copies is not None:
-            self.pool.apply_commit(copies)
-            self.store.apply_commit(copies)
+            self.pool.apply_copies(copies)
+            self.store.apply_copies(copies)
             self.counts["copies"] += sum(len(c) for c in copies[self.cache.n_groups :])
         for e, ((s, T, *rest), kind) in enumerate(zip(entries, kinds)):
             first, q = int(firsts[e]), int(qs[e])
@@ -312,7 +312,7 @@ def test_torch_state_tensors_keep_their_first_shape_dtype_and_device() -> None:
     store = TorchPagedKVPool(cache)
     top = cache.num_state_slots(0)
     assert store.write_state(3, "conv", [-1, 5], torch.ones(2, 2, 3)) == 1
-    t = store.state(3, "conv")
+    t = store.state_slots(3, "conv")
     assert t is not None and t.shape == (top, 2, 3) and t[5].eq(1).all() and t[4].eq(0).all()
     got = store.read_state(3, "conv", np.array([5, -1]))
     assert got is not None and got[0].eq(1).all() and got[1].eq(0).all()
@@ -328,7 +328,7 @@ def test_torch_state_tensors_keep_their_first_shape_dtype_and_device() -> None:
     assert t[1].eq(0).all() and store.state_names(3) == ("conv",)
     assert store.nbytes(3) == top * 6 * 4
     store.release()
-    assert store.state(3, "conv") is None
+    assert store.state_slots(3, "conv") is None
 
 
 def test_records_carry_a_batch_sequences_states_both_ways() -> None:

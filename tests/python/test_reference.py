@@ -67,7 +67,7 @@ class Case:
 
     def check_static(self) -> None:
         cache, ref = self.cache, self.ref
-        assert cache.n_policies == ref.n_policies
+        assert cache.n_groups == ref.n_groups
         for l, ref_layer in enumerate(ref.layers):
             assert cache.rows(l) == ref_layer.rows
             if ref_layer.ring:

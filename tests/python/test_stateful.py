@@ -114,7 +114,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.pool = kvcore.KVPool(self.cache, dtype)
         self.ref = reference.Cache(cfg.capacity, policies, max_step)
         assert self.cache.max_step == self.ref.max_step
-        assert self.cache.n_policies == self.ref.n_policies
+        assert self.cache.n_groups == self.ref.n_groups
         assert [self.cache.rows(l) for l in range(cfg.n_layers)] == [layer.rows for layer in self.ref.layers]
 
     # --- helpers ------------------------------------------------------------------

@@ -85,7 +85,7 @@ class Pair:
             tk, tv = self.torch.update(layer, step, as_torch(k), as_torch(v))
             nk, nv, npos = self.numpy.update(layer, step, k, v, order=self.order)
             assert np.array_equal(as_numpy(tk), nk) and np.array_equal(as_numpy(tv), nv), (layer, L, parents)
-            layout = self.torch.plan_step(step)[self.torch.policy_of[layer]]
+            layout = self.torch.plan_step(step)[self.torch.group_of[layer]]
             assert layout.key_positions() == npos.tolist()
             assert step.mask(layer, order=self.order).shape == (n, len(npos))
             rest = random_kv(self.rng, n - len(path))
@@ -93,7 +93,7 @@ class Pair:
                                        as_torch(np.concatenate([v[path], rest[1]])))
             # The committed history the chain pool reads (positions < L) is in the tree pool's read, byte-exact.
             at = {p: c for c, p in enumerate(layout.key_positions())}
-            chain_positions = self.chain.plan_step(twin)[self.chain.policy_of[layer]].key_positions()
+            chain_positions = self.chain.plan_step(twin)[self.chain.group_of[layer]].key_positions()
             history = [(c, p) for c, p in enumerate(chain_positions) if p < L]
             assert history or L == 0
             for c, p in history:
@@ -140,7 +140,7 @@ def test_worked_example_moves_the_accepted_nodes_rows() -> None:
     nxt = cache.begin_step(1)
     for layer in range(len(POLICIES)):
         keys, _ = pool.update(layer, nxt, *(as_torch(a) for a in random_kv(rng, 1)))
-        positions = pool.plan_step(nxt)[pool.policy_of[layer]].key_positions()
+        positions = pool.plan_step(nxt)[pool.group_of[layer]].key_positions()
         seen = [c for c, p in enumerate(positions) if 6 <= p < 10]
         assert seen, layer
         for c in seen:

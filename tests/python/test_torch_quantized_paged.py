@@ -3,7 +3,7 @@
 Both pools serve one BatchCache through the same random workload: sequences added, steps of
 several sequences (prompts whose full blocks are named by their tokens), forks (a shared,
 partly filled block copied on write), prefix adoption by fresh sequences, draft trees
-committed on a random root path (``apply_commit``'s row copies), rewinds and releases.
+committed on a random root path (``apply_copies``'s row copies), rewinds and releases.
 After every layer of every step, each row a query of the step sees must hold, in both
 pools, the same stored bytes (values, float32 scales, int8 zero points) and read back as
 the same dequantized values; reads come through ``write_read`` (every live row) and
@@ -119,8 +119,8 @@ def twin_step(cache: kvcore.BatchCache, store: Any, paged: kvcore.PagedKVPool, e
         cache.commit(step)
     else:
         commit = cache.commit(step, accepted=accepted)
-        store.apply_commit(commit)
-        paged.apply_commit(commit)
+        store.apply_copies(commit)
+        paged.apply_copies(commit)
     return copies
 
 

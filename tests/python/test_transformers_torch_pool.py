@@ -97,7 +97,7 @@ def check_row_order(
     assert n <= cache.rows(layer)
     storage = pool.layer(layer)
     assert storage is not None and keys.data_ptr() == storage.keys.data_ptr()  # a view, not a copy
-    positions = pool.plan_step(step)[pool.policy_of[layer]].key_positions()
+    positions = pool.plan_step(step)[pool.group_of[layer]].key_positions()
     assert positions == [geometry.position_at(r, step.end) for r in range(n)]
     mask = step.mask(layer)
     assert mask.shape == (step.T, n)
@@ -508,11 +508,11 @@ def test_a_stale_step_and_its_layouts_are_refused_and_write_nothing() -> None:
     with pytest.raises(kvcore.InvalidStateError, match="is stale"):
         pool.update(0, old, k, v)
     with pytest.raises(kvcore.InvalidStateError, match="is stale"):
-        pool.write_read(0, layouts[pool.policy_of[0]], k, v)
+        pool.write_read(0, layouts[pool.group_of[0]], k, v)
     other = make(kvcore.Flat(), kvcore.Ring(window=4), order="positions")
     foreign = other.plan_step(other.cache.begin_step(1))
     with pytest.raises(kvcore.InvalidArgumentError, match="not this pool's layout"):
-        pool.write_read(0, foreign[other.policy_of[0]], k, v)
+        pool.write_read(0, foreign[other.group_of[0]], k, v)
     assert _unchanged(pool, before)
 
 

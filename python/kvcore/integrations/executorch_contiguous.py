@@ -103,7 +103,7 @@ class KVCoreContiguousCache:
         self.dtype: torch.dtype = config.dtype
         self.batch_size = int(config.batch_size)
         self._n_layers = int(config.n_layers)
-        self._policy_of = self.pool.policy_of
+        self._group_of = self.pool.group_of
         policies = [self.sequence.layer_policy(layer) for layer in range(self._n_layers)]
         # Per layer: the window (0 for a flat layer), for the spec's kind.
         self._window = [p.window if p.is_ring else 0 for p in policies]
@@ -241,7 +241,7 @@ class KVCoreContiguousCache:
             if position is not first and (first is None or not torch.equal(position, first)):
                 raise InvalidArgumentError(f"layer {layer_id}: position differs from layer 0's in the same forward")
         begun = step
-        p = self._policy_of[layer_id]
+        p = self._group_of[layer_id]
 
         def write() -> tuple[torch.Tensor, torch.Tensor, Any]:
             keys, values = self.pool.write_read(layer_id, self._layouts[p], k, v)
@@ -284,7 +284,7 @@ class KVCoreContiguousCache:
     def _spec(self, layer_id: int, step: Step) -> Any:
         """The cheapest exact AttendSpec for the layer's history this step (shared by its policy's layers)."""
         P, T = step.position, step.T
-        n = self._layouts[self._policy_of[layer_id]].read_len
+        n = self._layouts[self._group_of[layer_id]].read_len
         window = self._window[layer_id]
         if T == 1 and n == (min(P + 1, window) if window else P + 1):
             return NONE_SPEC  # the one query sees every returned key

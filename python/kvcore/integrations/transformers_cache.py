@@ -125,7 +125,7 @@ class KVCoreCache(StateCalls, Masks, cache_utils.Cache):  # type: ignore[misc]
         self._n_layers = len(self.writing_layers)
         self._chunked = [i for i, p in enumerate(policies) if p.kind == LayerPolicy.Kind.Chunked]
         self._order = {layer: k for k, layer in enumerate(self.writing_layers)}
-        self._policy_of = self.pool.policy_of
+        self._group_of = self.pool.group_of
         self._write_read = self.pool.write_read  # bound once: the per-layer path calls it 26 times a token
         # The forward under way: layer 0 begins its step, the last writing layer commits it, an
         # error while a layer is served aborts it (kvcore.forward_step).
@@ -240,7 +240,7 @@ class KVCoreCache(StateCalls, Masks, cache_utils.Cache):  # type: ignore[misc]
             raise InvalidStateError(
                 f"update of layer {layer_idx} with T = {T} tokens, but this forward's step has T = {self._T}"
             )
-        layout = self._layouts[self._policy_of[layer_idx]]
+        layout = self._layouts[self._group_of[layer_idx]]
         out = forward.serve(layer_idx, self._write_read, layer_idx, layout, key_states, value_states)
         if forward.step is None:  # the last layer committed the step
             self._stopped_at = None

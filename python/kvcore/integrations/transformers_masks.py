@@ -31,7 +31,7 @@ class Masks(ForwardSteps):
     # Set by KVCoreCache.__init__ (kvcore.integrations.transformers_cache).
     layer_types: list[str]  # each layer's transformers layer type
     kv_layers: list[KVCoreLayer]
-    _policy_of: list[int]  # layer -> its policy's index in the step's layouts
+    _group_of: list[int]  # layer -> its group's index in the step's layouts
     _masks_by_type: bool  # models with layer_types take a dict of masks per type; the others one 4-D mask
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
@@ -97,7 +97,7 @@ class Masks(ForwardSteps):
                 continue
             mask = torch.tensor(step.mask(i, order="positions"), device=device)[None, None].expand(batch_size, 1, -1, -1)
             if attention_mask is not None:
-                layout = self._layouts[self._policy_of[i]]
+                layout = self._layouts[self._group_of[i]]
                 keys = torch.cat([torch.arange(a, b, device=device) for a, b in layout.positions])
                 mask = mask & attention_mask.to(device=device, dtype=torch.bool)[:, keys][:, None, None, :]
             if impl == "eager":

@@ -11,7 +11,7 @@ layer's group pool. It performs a step's copies, writes the new rows at their
 slots and returns a layer's live rows ``[0, used_blocks * block_size)`` as views
 (blocks are allocated lowest index first, so the live rows are packed at the
 start: no gather). A draft tree's nodes are written at their slots like any
-token (mask them with the plan's tree-aware ``mask``); ``apply_commit`` performs
+token (mask them with the plan's tree-aware ``mask``); ``apply_copies`` performs
 a tree commit's row copies. ``export_sequence`` / ``import_sequence`` move one
 sequence as a record (docs/state.md, ``kvcore.torch.paged_records``).
 
@@ -20,11 +20,11 @@ Layer kinds (docs/layer_kinds.md). A Shared layer stores nothing: ``read``,
 source's ``write_read`` wrote this step); ``write_read`` on it is refused naming
 the source. A State layer stores, as ``TorchStateSlots`` does for one sequence,
 any number of named tensors, each with its own shape and dtype (taken from its
-first write), indexed by the State group's physical slot: ``state(layer, name)``
+first write), indexed by the State group's physical slot: ``state_slots(layer, name)``
 is ``[num_slots, *shape]``, the tensor a recurrent kernel indexes with the plan's
 ``state_groups[k].read_slots`` / ``write_slots`` (vLLM / SGLang
 ``state_indices``); ``write_state`` / ``read_state`` store and gather by those
-slot arrays, and ``apply_commit`` performs a tree commit's slot copies too.
+slot arrays, and ``apply_copies`` performs a tree commit's slot copies too.
 
 Sizing: ``preallocate=True`` allocates every layer up front (``rows_hint`` rows,
 default the group's whole pool); otherwise a layer starts empty and grows by
@@ -146,7 +146,7 @@ class TorchPagedKVPool:
     def tensors(self, layer: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """The layer's K and V tensors ``[1, n_kv_heads, allocated_rows, dim]`` (row ``r`` is row
         ``r`` of its group's pool; a Shared layer's: its source's), or None before its first write.
-        InvalidArgumentError: bad layer, a State layer (``state``)."""
+        InvalidArgumentError: bad layer, a State layer (``state_slots``)."""
         store = self.store_of[self._row_layer(layer, "tensors")]
         keys, values = self._keys[store], self._values[store]
         return None if keys is None or values is None else (keys, values)
@@ -238,7 +238,7 @@ class TorchPagedKVPool:
             keys.index_copy_(2, dst, keys.index_select(2, src))
             values.index_copy_(2, dst, values.index_select(2, src))
 
-    def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
+    def apply_copies(self, copies: Sequence[npt.ArrayLike]) -> None:
         """Perform a draft-tree commit's copies: ``copies`` is what ``cache.commit(step, accepted=...)``
         returned, one ``(n, 2)`` int array per group (rows ``(src, dst)``, in every allocated layer of
         the group; a Shared layer's rows are its source's) and then one per State group (physical slots
@@ -252,7 +252,7 @@ class TorchPagedKVPool:
         n_groups, n_states = len(self.max_rows), len(self.num_state_slots)
         if len(copies) != n_groups + n_states:
             raise InvalidArgumentError(
-                f"apply_commit: {len(copies)} arrays of copies for {n_groups} groups and {n_states} State groups: "
+                f"apply_copies: {len(copies)} arrays of copies for {n_groups} groups and {n_states} State groups: "
                 "pass what cache.commit(step, accepted=...) returned"
             )
         checked = []
@@ -261,14 +261,14 @@ class TorchPagedKVPool:
             name = f"copies[{group}] (State group {group - n_groups})" if state else f"copies[{group}]"
             a = np.asarray(pairs)
             if a.ndim != 2 or a.shape[1] != 2 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
-                raise InvalidArgumentError(f"apply_commit: {name} must be an (n, 2) int array, got shape {a.shape}")
+                raise InvalidArgumentError(f"apply_copies: {name} must be an (n, 2) int array, got shape {a.shape}")
             top = self.num_state_slots[group - n_groups] if state else self.max_rows[group]
             bad = np.flatnonzero(((a < 0) | (a >= top)).any(axis=1))
             if bad.size:
                 i = int(bad[0])
                 what = "slot" if state else "row"
                 raise InvalidArgumentError(
-                    f"apply_commit: {name}[{i}] ({what} {int(a[i, 0])} to {what} {int(a[i, 1])}) must lie in "
+                    f"apply_copies: {name}[{i}] ({what} {int(a[i, 0])} to {what} {int(a[i, 1])}) must lie in "
                     f"{what}s [0, {top})"
                 )
             if not state:
@@ -276,7 +276,7 @@ class TorchPagedKVPool:
                              if g == group and self.source_of[layer] == layer and self.allocated_rows(layer)]
                 if a.size and allocated and int(a.max()) >= min(allocated):
                     raise InvalidStateError(
-                        f"apply_commit: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
+                        f"apply_copies: copies[{group}] reach row {int(a.max())}, past the {min(allocated)} rows a "
                         f"layer of group {group} holds: write the tree step first"
                     )
             checked.append(a)
@@ -300,6 +300,12 @@ class TorchPagedKVPool:
                 for t in self._states[layer].values():
                     for src_slot, dst_slot in a.tolist():  # in order, as the commit lists them
                         t[dst_slot].copy_(t[src_slot])
+
+    def apply_commit(self, copies: Sequence[npt.ArrayLike]) -> None:
+        """Deprecated alias of ``apply_copies`` (removed in kvcore 0.2.0): performs a draft-tree
+        commit's copies. Warns DeprecationWarning; errors as ``apply_copies``."""
+        _deprecated("TorchPagedKVPool.apply_commit", "TorchPagedKVPool.apply_copies")
+        self.apply_copies(copies)
 
     def write_read(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: int
@@ -390,12 +396,18 @@ class TorchPagedKVPool:
         InvalidArgumentError: not a State layer."""
         return tuple(self._states[self._check_state_layer(layer, "state_names")])
 
-    def state(self, layer: int, name: str) -> Optional[torch.Tensor]:
+    def state_slots(self, layer: int, name: str) -> Optional[torch.Tensor]:
         """The whole storage ``[num_slots, *shape]`` of state ``name`` of State layer ``layer`` (slot
         ``i`` at index ``i``: the tensor a kernel indexes with the plan's ``state_groups[k]``
         ``read_slots`` / ``write_slots``; writing it writes the slots), or None before its first
         write. InvalidArgumentError: not a State layer."""
-        return self._states[self._check_state_layer(layer, "state")].get(name)
+        return self._states[self._check_state_layer(layer, "state_slots")].get(name)
+
+    def state(self, layer: int, name: str) -> Optional[torch.Tensor]:
+        """Deprecated alias of ``state_slots`` (removed in kvcore 0.2.0): the whole storage of state
+        ``name`` of State layer ``layer``. Warns DeprecationWarning; errors as ``state_slots``."""
+        _deprecated("TorchPagedKVPool.state", "TorchPagedKVPool.state_slots")
+        return self.state_slots(layer, name)
 
     def write_state(self, layer: int, name: str, slots: Any, states: torch.Tensor) -> int:
         """Store ``states[i]`` (``states``: ``[n, *shape]``, taken detached) in physical slot
@@ -533,7 +545,7 @@ class TorchPagedKVPool:
         if source < 0:
             raise InvalidArgumentError(
                 f"{what} of layer {layer}: a State layer holds state slots, not K/V rows (use write_state, "
-                "read_state, state)"
+                "read_state, state_slots)"
             )
         return source
 
@@ -555,6 +567,11 @@ class TorchPagedKVPool:
                     f"{what}: layer {layer} is a {kind} layer: a torch pool's records carry Flat, Ring and Chunked "
                     "layers only (a PagedKVPool's carry every kind)"
                 )
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warns DeprecationWarning that ``old`` is a name kept one release for ``new`` (docs/deprecations.md)."""
+    warnings.warn(f"{old} is deprecated: use {new} (removed in kvcore 0.2.0)", DeprecationWarning, stacklevel=3)
 
 
 def __getattr__(name: str) -> Any:

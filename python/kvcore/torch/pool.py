@@ -30,9 +30,9 @@ only a pool of order "positions" keeps a mirror: with ``order="rows"``,
 ``mirror_rings=True`` allocates and writes nothing more (``TorchKVPool.mirror_rings``
 reports False, ``mirror_rows`` 0).
 
-A step is laid out once per distinct layer policy (``plan_step``): write
+A step is laid out once per group of layers sharing a policy (``plan_step``): write
 destinations (mirror included), the read spans, and for ``T = 1`` the index of
-destination rows, shared by every layer of that policy. The per-layer path
+destination rows, shared by every layer of that group. The per-layer path
 (``write_read``) then only checks the tensors and issues the copies.
 
 Allocation happens only while warming up: a ring layer is allocated whole
@@ -75,6 +75,7 @@ tensors fit the layer (InvalidArgumentError). A refused call changes nothing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
@@ -119,18 +120,30 @@ class TorchKVPool:
         n = cache.n_layers
         # Resolved once: the per-step path reads these for every layer.
         self._configs = [cfg.layers[0 if len(cfg.layers) == 1 else i] for i in range(n)]
-        self.policy_of = [cache.policy_index(i) for i in range(n)]
-        self._first_of_policy = [self.policy_of.index(p) for p in range(cache.n_policies)]
+        # Each layer's group (layers of one policy object share one storage layout and one StepLayout).
+        self.group_of = [cache.group_of(i) for i in range(n)]
+        self._first_of_group = [self.group_of.index(g) for g in range(cache.n_groups)]
         # The layer whose rows each layer reads: a Shared layer's source, else itself.
         self.row_layer = [cache.row_layer(i) for i in range(n)]
         # A Shared policy reads its source's rows: its reads are laid out on the source's geometry.
         self._storage = [
-            RowStorage(cache.geometry(self.row_layer[first]), self.mirror_rings) for first in self._first_of_policy
+            RowStorage(cache.geometry(self.row_layer[first]), self.mirror_rings) for first in self._first_of_group
         ]
         self._layers: list[Optional[LayerPool]] = [None] * n
         self._written: list[Optional[Step]] = [None] * n  # the step each layer last wrote (read checks it)
         self._workspace = Workspace()
         self._planned: Optional[tuple[Step, list[StepLayout]]] = None
+
+    @property
+    def policy_of(self) -> list[int]:
+        """Deprecated alias of ``group_of`` (removed in kvcore 0.2.0): each layer's group, the index
+        of its ``StepLayout`` in ``plan_step(step)``. Warns DeprecationWarning."""
+        warnings.warn(
+            "TorchKVPool.policy_of is deprecated: use TorchKVPool.group_of (removed in kvcore 0.2.0)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.group_of
 
     # --- allocation ----------------------------------------------------------
 
@@ -143,7 +156,7 @@ class TorchKVPool:
         self._refuse_shared(layer, "allocate")
         if batch_size < 1:
             raise InvalidArgumentError(f"batch_size = {batch_size}: must be >= 1")
-        storage = self._storage[self.policy_of[layer]]
+        storage = self._storage[self.group_of[layer]]
         rows = storage.rows
         # A ring (sliding or chunked) is small and cycles through all its rows at once; only flat layers grow.
         ring = lc.policy.is_ring or lc.policy.kind == LayerPolicy.Kind.Chunked
@@ -174,7 +187,7 @@ class TorchKVPool:
     def mirror_rows(self, layer: int) -> int:
         """Rows the layer keeps after its last row as a copy of its first ring rows (0: none, and for a Shared layer)."""
         self._layer_config(layer)
-        return self._storage[self.policy_of[layer]].mirror_rows if self.row_layer[layer] == layer else 0
+        return self._storage[self.group_of[layer]].mirror_rows if self.row_layer[layer] == layer else 0
 
     def nbytes(self, layer: Optional[int] = None) -> int:
         """Bytes held by one layer's K/V tensors, or by every layer (mirrors included, workspace excluded)."""
@@ -227,7 +240,7 @@ class TorchKVPool:
     # --- the per-step path -----------------------------------------------------
 
     def plan_step(self, step: Step) -> list[StepLayout]:
-        """The begun ``step`` laid out per policy (index with ``policy_of[layer]``); cached for the step."""
+        """The begun ``step`` laid out per group (index with ``group_of[layer]``); cached for the step."""
         planned = self._planned
         if planned is not None and planned[0] is step and step.is_current:
             return planned[1]
@@ -245,7 +258,7 @@ class TorchKVPool:
                 None if chain_positions is None else (step.tree_rows(first).tolist(), chain_positions),
                 step,
             )
-            for p, first in enumerate(self._first_of_policy)
+            for p, first in enumerate(self._first_of_group)
         ]  # fmt: skip
         self._planned = (step, layouts)
         return layouts
@@ -300,16 +313,16 @@ class TorchKVPool:
         self._layer_config(layer)
         if isinstance(step, SeqStepPlan):
             active = self._check_plan(layer, step)
-            storage = self._storage[self.policy_of[layer]]
+            storage = self._storage[self.group_of[layer]]
             layout = StepLayout(step, storage, active.position, active.T, self.order, step=active)
         else:
-            layout = self.plan_step(step)[self.policy_of[layer]]
+            layout = self.plan_step(step)[self.group_of[layer]]
         return self.write_read(layer, layout, key, value)
 
     def write_read(
         self, layer: int, layout: StepLayout, key: torch.Tensor, value: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``update`` with the step already laid out (``plan_step(step)[policy_of[layer]]``): the hot path.
+        """``update`` with the step already laid out (``plan_step(step)[group_of[layer]]``): the hot path.
 
         Same checks, result and errors as ``update``: InvalidArgumentError for a layer outside
         ``[0, n_layers)``, InvalidStateError when the layout's step is no longer its cache's
@@ -318,7 +331,7 @@ class TorchKVPool:
         if not 0 <= layer < len(self._layers):  # -1 would write the last layer
             raise InvalidArgumentError(f"layer = {layer}: must be in [0, n_layers = {len(self._layers)})")
         step = layout.step
-        if step is None or layout.storage is not self._storage[self.policy_of[layer]] or not step.is_current:
+        if step is None or layout.storage is not self._storage[self.group_of[layer]] or not step.is_current:
             self._refuse_layout(layer, layout)
         if key.requires_grad or value.requires_grad:  # inference only: the values, never the graph
             key, value = key.detach(), value.detach()
@@ -392,7 +405,7 @@ class TorchKVPool:
         stale step or another cache's. Valid until the next update of any layer (as ``update``'s).
         """
         self._layer_config(layer)
-        layout = self.plan_step(step)[self.policy_of[layer]]
+        layout = self.plan_step(step)[self.group_of[layer]]
         source = self.row_layer[layer]
         pool = self._layers[source]
         if pool is None or self._written[source] is not step:
@@ -407,7 +420,7 @@ class TorchKVPool:
     def _refuse_layout(self, layer: int, layout: StepLayout) -> None:
         """Why ``write_read`` refuses ``layout``: not this pool's (InvalidArgumentError), or its step ended."""
         self._layer_config(layer)
-        if layout.step is None or layout.storage is not self._storage[self.policy_of[layer]]:
+        if layout.step is None or layout.storage is not self._storage[self.group_of[layer]]:
             raise InvalidArgumentError(
                 f"layer {layer}: the layout is not this pool's layout of the layer's policy (use pool.plan_step(step))"
             )
@@ -431,7 +444,7 @@ class TorchKVPool:
             a = np.asarray(c.cpu() if isinstance(c, torch.Tensor) else c)
             if a.ndim != 2 or a.shape[1] != 2 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
                 raise InvalidArgumentError(f"apply_copies: copies[{layer}] must be an (n, 2) int array, got shape {a.shape}")
-            rows = self._storage[self.policy_of[layer]].rows
+            rows = self._storage[self.group_of[layer]].rows
             pool = self._layers[layer]
             allocated = 0 if pool is None else pool.allocated_rows
             for i, (src, dst) in enumerate(a.tolist()):
@@ -449,7 +462,7 @@ class TorchKVPool:
             pool = self._layers[layer]
             if pool is None or not pairs:
                 continue
-            storage = self._storage[self.policy_of[layer]]
+            storage = self._storage[self.group_of[layer]]
             lo_m = storage.ring_start
             for src, dst in pairs:
                 targets = [dst]

@@ -5,7 +5,7 @@
 uint8 whose row ``r`` holds, laid out as ``QuantRowLayout`` (``kvcore/pool/dtype.h``), the
 ``n_kv_heads x dim`` values of pool row ``r`` followed by each head's float32 scale (and
 int8 zero point). So every path of ``TorchPagedKVPool`` that moves rows (a step's block
-copies: copy-on-write of a fork's shared block; a tree commit's ``apply_commit``; growth;
+copies: copy-on-write of a fork's shared block; a tree commit's ``apply_copies``; growth;
 records) moves each row's scales with it, and nothing here knows about blocks.
 
 ``write_read`` / ``write_gather`` take a step's keys and values ``[1, n_kv_heads, T, dim]`` of

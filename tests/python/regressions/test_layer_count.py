@@ -20,6 +20,6 @@ def test_a_huge_layer_count_is_refused_up_front(n: int) -> None:
 
 def test_the_largest_layer_count_works() -> None:
     cache = kvcore.SequenceCache(kvcore.CacheConfig(8, LAYER, n_layers=65536))
-    assert cache.n_layers == 65536 and cache.n_policies == 1
+    assert cache.n_layers == 65536 and cache.n_groups == 1
     with cache.step(1) as step:
         assert step.plan(65535) == step.plan(0)

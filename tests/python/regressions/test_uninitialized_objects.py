@@ -35,8 +35,8 @@ SETUP = textwrap.dedent(
     # Every public method and property of every class, called with the
     # arguments that work on a live object of that class.
     calls = {
-        "SequenceCache": ["length", "capacity", "max_step", "n_layers", "n_policies", "config", "active_step",
-                          "rows(0)", "policy_index(0)", "layer_policy(0)", "can_extend(1)", "can_rewind(0)",
+        "SequenceCache": ["length", "capacity", "max_step", "n_layers", "n_groups", "config", "active_step",
+                          "rows(0)", "group_of(0)", "layer_policy(0)", "can_extend(1)", "can_rewind(0)",
                           "begin_step(1)", "step(1)", "plan(0, 0, 1)", "rewind(0)", "clear()", "visible(0, 1, 0)",
                           "commit(step)", "__repr__()"],
         "Step": ["position", "T", "end", "is_current", "plan(0)", "mask(0)", "commit()", "__repr__()"],

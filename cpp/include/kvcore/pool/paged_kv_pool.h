@@ -28,7 +28,7 @@
 //  - arena (in_arena): one caller-provided block sized by required_bytes();
 //    nothing is allocated, not even the layer table.
 // Rows never written read as zeros in both modes. Nothing on the step path
-// (update without growth, rows, gather, the state verbs, apply_commit)
+// (update without growth, rows, gather, the state verbs, apply_copies)
 // allocates. Every plan is checked against the pool before anything is written.
 //
 // The kinds of docs/design.md section 9, as KVPool stores them: a Shared
@@ -40,7 +40,7 @@
 // full at creation (or carved in the arena), indexed exactly as the plan's
 // StateGroupPlan read_slots / write_slots name them (vLLM / SGLang
 // `state_indices`), written and read with the state verbs (write_state,
-// read_state, state_slot); apply_commit performs a tree commit's slot copies
+// read_state, state_slot); apply_copies performs a tree commit's slot copies
 // in every State layer of each State group. The K/V verbs refuse a State
 // layer and the state verbs the other kinds, by name.
 #pragma once
@@ -188,15 +188,15 @@ class PagedKVPool : public PagedReads {
   /// copied): a commit of another group or State group count (a commit
   /// without its state_groups on a cache with State groups among them), a row
   /// copy outside a layer's stored rows, a slot copy outside [0, num_slots).
-  Status apply_commit(const BatchCommit& commit) noexcept {
+  Status apply_copies(const BatchCommit& commit) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(commit.n_groups == planner_->n_groups() && (commit.groups != nullptr || commit.n_groups == 0),
-                                 InvalidArgument, "apply_commit: a commit of %d groups, the pool's cache has %d",
+                                 InvalidArgument, "apply_copies: a commit of %d groups, the pool's cache has %d",
                                  commit.n_groups, planner_->n_groups());
     KVCORE_CHECK_OR_RETURN_ERROR(
         commit.n_state_groups == planner_->n_state_groups() &&
             (commit.state_groups != nullptr || commit.n_state_groups == 0),
         InvalidArgument,
-        "apply_commit: a commit of %d State groups, the pool's cache has %d (pass the whole commit: its "
+        "apply_copies: a commit of %d State groups, the pool's cache has %d (pass the whole commit: its "
         "state_groups carry the slot copies)",
         commit.n_state_groups, planner_->n_state_groups());
     for (int l = 0; l < n_layers(); ++l) {
@@ -205,7 +205,7 @@ class PagedKVPool : public PagedReads {
       const bool state = layer.policy.kind == LayerPolicy::Kind::State;
       const GroupCommit& gc = state ? commit.state_groups[layer.state_group] : commit.groups[layer.group];
       KVCORE_CHECK_OR_RETURN_ERROR(gc.n_copies >= 0 && (gc.n_copies == 0 || gc.copies != nullptr), InvalidArgument,
-                                   "apply_commit: layer %d's %s %d has n_copies = %d (copies %s): must be >= 0 "
+                                   "apply_copies: layer %d's %s %d has n_copies = %d (copies %s): must be >= 0 "
                                    "with its array set",
                                    l, state ? "State group" : "group", state ? layer.state_group : layer.group,
                                    gc.n_copies, gc.copies != nullptr ? "set" : "null");
@@ -214,7 +214,7 @@ class PagedKVPool : public PagedReads {
         KVCORE_CHECK_OR_RETURN_ERROR(cp.src >= 0 && cp.dst >= 0 && cp.src < layer.allocated_rows &&
                                          cp.dst < layer.allocated_rows,
                                      InvalidArgument,
-                                     "apply_commit: %slayer %d's copy %d (%s %d -> %s %d) must lie in its %d %s",
+                                     "apply_copies: %slayer %d's copy %d (%s %d -> %s %d) must lie in its %d %s",
                                      state ? "State " : "", l, c, state ? "slot" : "row", cp.src,
                                      state ? "slot" : "row", cp.dst, layer.allocated_rows,
                                      state ? "state slots" : "stored rows");
@@ -234,6 +234,13 @@ class PagedKVPool : public PagedReads {
       }
     }
     return Error::Ok;
+  }
+
+  /// Deprecated alias of apply_copies (removed in kvcore 0.2.0): performs a
+  /// tree commit's copies, with apply_copies's errors.
+  [[deprecated("PagedKVPool::apply_commit: use apply_copies (removed in kvcore 0.2.0)")]]
+  Status apply_commit(const BatchCommit& commit) noexcept {
+    return apply_copies(commit);
   }
 
  private:
