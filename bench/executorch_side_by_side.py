@@ -23,6 +23,11 @@ wheel's ``libexecutorch.so``), each in a process of its own:
   its caches hang off each attention module instead of a ``HybridCache`` subclass, the same
   ops in the same order.
 
+- ``--systems hf-static`` (optional): transformers' own ExecuTorch recipe
+  (``TorchExportableModuleForDecoderOnlyLM``: ``StaticCache`` of ``capacity`` rows in every layer,
+  sliding layers windowed by the mask only; aten ``sdpa`` decomposed by ``to_edge``), the
+  "reference cache" optimum-executorch falls back to without its custom ops.
+
 Both programs: ``forward(tokens [1, T], positions)`` -> float32 logits of every position
 ``[1, T, vocab]`` (as ``kvcore export`` and transformers' ``TorchExportableModuleForDecoderOnlyLM``
 both return), T dynamic in 1 .. 64, ``aten.linear`` kept whole (ExecuTorch's optimized kernel;
@@ -37,11 +42,16 @@ kernel's arena, ``kvcore_et_nbytes``; ExecuTorch: the K/V mutable buffers of the
 program, plus its ring position buffers reported apart); peak RSS (``VmHWM``) of the process
 that loads and runs the program (torch and the runtime imported, the 1 GB program loaded);
 the greedy tokens against transformers' own greedy ``generate()`` (float32, eager). One run of
-each on a shared machine; the figures are not medians.
+each on a shared machine; the figures are not medians. ``--interleave R`` adds a speed-only
+measurement less exposed to the machine's load drifting between processes: both programs in one
+process, prefill chunks alternating, then R decode rounds in rotating order (median).
 
     export KVCORE_EXECUTORCH_OPS=BUILD/cpp/executorch/libkvcore_executorch_ops.so
     nice python bench/executorch_side_by_side.py --out bench/results/executorch_side_by_side.json
-    # about 25 minutes on the shared 2-core machine (two exports of 1-3 min each, cached after)
+    # about 35 minutes on the shared 2-core machine (two exports of 1.5-3 min each, cached after)
+    nice python bench/executorch_side_by_side.py --reference bench/results/executorch_side_by_side.json \
+        --interleave 3 --skip-separate --out bench/results/executorch_side_by_side_interleaved.json
+    python bench/executorch_side_by_side.py --table bench/results/executorch_side_by_side.json
 """
 
 from __future__ import annotations
@@ -71,6 +81,14 @@ def _vm_hwm_kib() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     return -1
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process, all its threads (user + system)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def prompt_text() -> str:
@@ -166,10 +184,11 @@ def export_et_custom(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
     start = time.perf_counter()
     with torch.no_grad():
         ep = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=False)
-    names = sorted(set(ep.graph_signature.buffers_to_mutate.values()))
+    # the llama:: ops write their cache in place (not functionalized): every buffer, not only buffers_to_mutate
+    names = sorted(set(ep.graph_signature.buffers))
     tensors = {**ep.constants, **ep.state_dict}
-    kv = sum(tensors[n].nbytes for n in names if n.endswith(("k_cache", "v_cache")))
-    other = {n: tensors[n].nbytes for n in names if not n.endswith(("k_cache", "v_cache"))}
+    kv = sum(tensors[n].nbytes for n in names if _is_kv(n))
+    other = {n: tensors[n].nbytes for n in names if not _is_kv(n)}
     assert any("custom_sdpa" in str(node.target) for node in ep.graph.nodes), "custom_sdpa not in the graph"
     linear = [torch.ops.aten.linear.default]
     text = model.config
@@ -184,7 +203,49 @@ def export_et_custom(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
     pte = bytes(edge.to_executorch().buffer)
     out.write_bytes(pte)
     return {"export_seconds": round(time.perf_counter() - start, 1), "kv_bytes": kv,
-            "mutable_buffers": len(names), "other_mutable_bytes": sum(other.values()), "pte_bytes": len(pte)}  # fmt: skip
+            "buffers": len(names), "other_mutable_bytes": sum(other.values()), "pte_bytes": len(pte)}  # fmt: skip
+
+
+def _is_kv(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1]  # k_cache / v_cache (ExecuTorch's caches), key_cache_3 / value_cache_3 (transformers')
+    return leaf in ("k_cache", "v_cache") or leaf.startswith(("key_cache_", "value_cache_"))
+
+
+def export_hf_static(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
+    """transformers' own ExecuTorch recipe (``TorchExportableModuleForDecoderOnlyLM``: a hybrid
+    model gets ``TorchExportableModuleWithHybridCache``, a ``StaticCache`` of ``capacity`` rows in
+    every layer, its sliding layers swapped for full-length ``StaticLayer``s and windowed by the
+    mask; attention ``sdpa``, decomposed by ``to_edge``), ``strict=True`` as that recipe exports
+    (``strict=False`` fails in torch 2.13's AOT export), T dynamic in 1 .. max_step."""
+    import torch
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from kvcore.integrations import transformers_models
+
+    model = transformers_models.load(MODEL).model.eval()
+    start = time.perf_counter()
+    mod = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=capacity)
+    T = torch.export.Dim("T", min=1, max=max_step)
+    with torch.no_grad():
+        ep = mod.export(input_ids=torch.zeros(1, 2, dtype=torch.long), cache_position=torch.arange(2),
+                        dynamic_shapes={"input_ids": {1: T}, "cache_position": {0: T}}, strict=True)  # fmt: skip
+    names = sorted(set(ep.graph_signature.buffers))
+    tensors = {**ep.constants, **ep.state_dict}
+    kv = sum(tensors[n].nbytes for n in names if _is_kv(n))
+    other = sum(tensors[n].nbytes for n in names if not _is_kv(n))
+    linear = [torch.ops.aten.linear.default]
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _core_aten_ops_exception_list=linear,
+                                         preserve_ops=linear),
+        constant_methods={"get_max_seq_len": capacity, "use_kv_cache": True, "enable_dynamic_shape": True,
+                          "get_vocab_size": int(model.config.vocab_size)},
+    )  # fmt: skip
+    pte = bytes(edge.to_executorch().buffer)
+    out.write_bytes(pte)
+    return {"export_seconds": round(time.perf_counter() - start, 1), "kv_bytes": kv, "buffers": len(names),
+            "other_mutable_bytes": other, "pte_bytes": len(pte)}  # fmt: skip
 
 
 def export_kvcore(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
@@ -224,23 +285,25 @@ def run_program(system: str, pte: Path, tokens: list[int], new: int, max_step: i
 
     def forward(chunk: list[int], start: int) -> Any:
         t = torch.tensor([chunk], dtype=torch.long)
-        p = torch.arange(start, start + len(chunk), dtype=torch.long)[:, None]
+        p = torch.arange(start, start + len(chunk), dtype=torch.long)
+        p = p if system == "hf-static" else p[:, None]  # transformers' recipe: cache_position [T]
         return method.execute([t, p])[0]
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     for s in range(0, len(tokens), max_step):
         logits = forward(tokens[s : s + max_step], s)
-    prefill = time.perf_counter() - t0
+    prefill, prefill_cpu = time.perf_counter() - t0, _cpu_seconds() - c0
     out = [int(logits[0, -1].argmax())]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     for i in range(new - 1):
         logits = forward([out[-1]], len(tokens) + i)
         out.append(int(logits[0, -1].argmax()))
-    decode = time.perf_counter() - t0
+    decode, decode_cpu = time.perf_counter() - t0, _cpu_seconds() - c0
     result = {
         "prompt_tokens": len(tokens), "new_tokens": new, "prefill_seconds": round(prefill, 3),
         "prefill_tokens_per_s": round(len(tokens) / prefill, 1), "decode_seconds": round(decode, 3),
         "decode_tokens_per_s": round((new - 1) / decode, 2), "tokens": out,
+        "prefill_cpu_seconds": round(prefill_cpu, 3), "decode_cpu_ms_per_token": round(1000 * decode_cpu / (new - 1), 1),
         "peak_rss_kib": _vm_hwm_kib(), "peak_rss_after_load_kib": rss_loaded,
         "threadpool_threads": int(portable_lib._threadpool_get_thread_count()),
     }  # fmt: skip
@@ -249,6 +312,71 @@ def run_program(system: str, pte: Path, tokens: list[int], new: int, max_step: i
         result["kvcore_length"] = lib.length
         result["kvcore_layers"] = meta.describe()
     return result
+
+
+def run_interleaved(systems: list[str], ptes: dict[str, str], tokens: list[int], new: int, max_step: int,
+                    rounds: int) -> dict[str, Any]:
+    """Speed only, like for like in time: every program loaded in this one process (the kernels of
+    both registered in the one runtime), the prompt prefilled chunk by chunk alternating the
+    programs (the order flipped each chunk), then ``rounds`` rounds of decoding ``new - 1``
+    tokens from the prompt's end, the programs' order rotating each round (kvcore rewinds its
+    cache to the prompt; ExecuTorch's cache is overwritten at the same positions, and its causal
+    and ring masks see none of the stale rows). Figures: prefill over all chunks, decode the
+    median round; each round's tokens must equal the first's."""
+    import statistics
+
+    import torch
+
+    if "kvcore" in systems:
+        from kvcore.integrations.executorch_runtime import kvcore_metadata, load_kernel_library
+
+        lib = load_kernel_library()
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    rt = Runtime.get()
+    methods, programs = {}, {}
+    for system in systems:
+        programs[system] = rt.load_program(ptes[system])
+        methods[system] = programs[system].load_method("forward")
+    if "kvcore" in systems:
+        lib.configure(kvcore_metadata(programs["kvcore"]))
+
+    def forward(system: str, chunk: list[int], start: int) -> Any:
+        t = torch.tensor([chunk], dtype=torch.long)
+        p = torch.arange(start, start + len(chunk), dtype=torch.long)
+        return methods[system].execute([t, p if system == "hf-static" else p[:, None]])[0]
+
+    res: dict[str, Any] = {x: {"prefill_seconds": 0.0, "decode_rounds_seconds": [], "decode_rounds_cpu_seconds": []}
+                           for x in systems}  # fmt: skip
+    last: dict[str, Any] = {}
+    for i, s in enumerate(range(0, len(tokens), max_step)):
+        for system in systems if i % 2 == 0 else systems[::-1]:
+            t0 = time.perf_counter()
+            last[system] = forward(system, tokens[s : s + max_step], s)
+            res[system]["prefill_seconds"] += time.perf_counter() - t0
+    first = {x: int(last[x][0, -1].argmax()) for x in systems}
+    for r in range(rounds):
+        order = systems[r % len(systems) :] + systems[: r % len(systems)]
+        for system in order:
+            if system == "kvcore":
+                lib.rewind(len(tokens))
+            out = [first[system]]
+            t0, c0 = time.perf_counter(), _cpu_seconds()
+            for i in range(new - 1):
+                logits = forward(system, [out[-1]], len(tokens) + i)
+                out.append(int(logits[0, -1].argmax()))
+            res[system]["decode_rounds_seconds"].append(round(time.perf_counter() - t0, 3))
+            res[system]["decode_rounds_cpu_seconds"].append(round(_cpu_seconds() - c0, 3))
+            if "tokens" not in res[system]:
+                res[system]["tokens"] = out
+            res[system]["rounds_agree"] = res[system].get("rounds_agree", True) and out == res[system]["tokens"]
+    for system, x in res.items():
+        x["prefill_tokens_per_s"] = round(len(tokens) / x["prefill_seconds"], 1)
+        x["prefill_seconds"] = round(x["prefill_seconds"], 3)
+        x["decode_tokens_per_s"] = round((new - 1) / statistics.median(x["decode_rounds_seconds"]), 2)
+        x["decode_cpu_ms_per_token"] = round(1000 * statistics.median(x["decode_rounds_cpu_seconds"]) / (new - 1), 1)
+    return res
 
 
 def transformers_tokens(prompts: dict[str, list[int]], new: int) -> dict[str, Any]:
@@ -269,6 +397,31 @@ def transformers_tokens(prompts: dict[str, list[int]], new: int) -> dict[str, An
     return out
 
 
+def config_kv_bytes(system: str, capacity: int, max_step: int) -> int:
+    """K/V bytes each program's cache holds by its layout, from the model's config.json (float32):
+    kvcore: flat layers ``capacity`` rows, ring layers ``window + max_step - 1``; ExecuTorch's
+    custom cache: ``capacity`` rows, ring layers ``2 * window`` (``CustomRingKVCache``);
+    transformers' recipe: ``capacity`` rows in every layer."""
+    from kvcore.integrations import transformers_models
+
+    cfg = json.loads((transformers_models.cache_root() / MODEL / "config.json").read_text())
+    row = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+    window = cfg["sliding_window"]
+    ring = {"kvcore": window + max_step - 1, "et-custom": 2 * window, "hf-static": capacity}[system]
+    return sum(row * (ring if t == "sliding_attention" else capacity) for t in cfg["layer_types"])
+
+
+def fill_kv(report: dict[str, Any]) -> None:
+    """Each run's ``kv_bytes_config`` (its layout from config.json); an ExecuTorch program's
+    ``kv_bytes`` from its exported buffers, from the layout when the export did not count them."""
+    for runs in report["runs"].values():
+        for system, x in runs.items():
+            x["kv_bytes_config"] = config_kv_bytes(system, report["capacity"], report["max_step"])
+            if not x.get("kv_bytes"):
+                x["kv_bytes"] = x["kv_bytes_config"]
+                x["kv_bytes_source"] = "config.json layout (the export counted no buffers)"
+
+
 # --- the driver ----------------------------------------------------------------------------------------
 
 
@@ -276,10 +429,12 @@ def child(argv: list[str]) -> int:
     job = json.loads(argv[0])
     kind = job["kind"]
     if kind == "export":
-        fn = export_kvcore if job["system"] == "kvcore" else export_et_custom
+        fn = {"kvcore": export_kvcore, "et-custom": export_et_custom, "hf-static": export_hf_static}[job["system"]]
         res = fn(job["capacity"], job["max_step"], Path(job["out"]))
     elif kind == "run":
         res = run_program(job["system"], Path(job["pte"]), job["tokens"], job["new"], job["max_step"])
+    elif kind == "interleave":
+        res = run_interleaved(job["systems"], job["ptes"], job["tokens"], job["new"], job["max_step"], job["rounds"])
     else:
         res = transformers_tokens(job["prompts"], job["new"])
     res["peak_rss_kib_process"] = _vm_hwm_kib()
@@ -309,6 +464,13 @@ def first_mismatch(a: list[int], b: list[int]) -> Optional[int]:
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         return child(sys.argv[2:])
+    if len(sys.argv) > 2 and sys.argv[1] == "--table":  # --table RESULT.json [--rewrite]: its table (kv filled in)
+        report = json.loads(Path(sys.argv[2]).read_text())
+        fill_kv(report)
+        if "--rewrite" in sys.argv[3:]:
+            Path(sys.argv[2]).write_text(json.dumps(report, indent=1) + "\n")
+        print(table(report))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", default="1024,8192", help="prompt lengths in tokens")
     ap.add_argument("--new", type=int, default=32, help="tokens generated per prompt (the first from the prefill)")
@@ -317,6 +479,11 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache/kvcore/side-by-side"), help="the exported programs")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers' generate() (no token check)")
+    ap.add_argument("--reference", default=None,
+                    help="take transformers' tokens from this earlier result JSON (same prompts and --new) instead of running generate()")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="also time the programs in one process, interleaved, decode ROUNDS times (median)")
+    ap.add_argument("--skip-separate", action="store_true", help="no process per program (no peak RSS): --interleave only")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     lengths = [int(x) for x in args.prompts.split(",")]
@@ -351,13 +518,34 @@ def main() -> int:
             side.write_text(json.dumps(res, indent=2) + "\n")
         report["exports"][system] = {"pte": str(pte), **json.loads(side.read_text())}
         ptes[system] = pte
-    if not args.no_transformers:
+    if args.reference:
+        earlier = json.loads(Path(args.reference).read_text())
+        if earlier["new_tokens"] != args.new or earlier["prompt_text"] != report["prompt_text"]:
+            ap.error(f"--reference {args.reference}: made with other prompts or --new")
+        report["transformers"] = {**earlier["transformers"], "from": args.reference}
+    elif not args.no_transformers:
         report["transformers"] = spawn({"kind": "transformers", "prompts": prompts, "new": args.new}, log)
     for name, toks in prompts.items():
+        if args.interleave:
+            inter = spawn({"kind": "interleave", "systems": systems, "ptes": {x: str(ptes[x]) for x in systems},
+                           "tokens": toks, "new": args.new, "max_step": args.max_step, "rounds": args.interleave,
+                           "label": name}, log)  # fmt: skip
+            for system in systems:
+                x = inter[system]
+                if "transformers" in report:
+                    mm = first_mismatch(x["tokens"], report["transformers"][name]["tokens"])
+                    x["equals_transformers"], x["first_mismatch"] = mm is None, mm
+                print(f"    interleaved {system} {name}: prefill {x['prefill_tokens_per_s']} tok/s, decode "
+                      f"{x['decode_tokens_per_s']} tok/s (rounds {x['decode_rounds_seconds']} s), "
+                      f"equal: {x.get('equals_transformers')}", file=log, flush=True)  # fmt: skip
+            inter["peak_rss_kib_process"] = inter.pop("peak_rss_kib_process", None)
+            report.setdefault("interleaved", {})[name] = inter
+        if args.skip_separate:
+            continue
         for system in systems:
             res = spawn({"kind": "run", "system": system, "pte": str(ptes[system]), "tokens": toks, "new": args.new,
                          "max_step": args.max_step, "label": name}, log)  # fmt: skip
-            if system == "et-custom":
+            if system in ("et-custom", "hf-static"):
                 res["kv_bytes"] = report["exports"][system]["kv_bytes"]
                 res["other_mutable_bytes"] = report["exports"][system]["other_mutable_bytes"]
             if "transformers" in report:
@@ -370,6 +558,7 @@ def main() -> int:
                   f"tok/s, KV {res['kv_bytes'] / 2**20:.1f} MiB, peak RSS {res['peak_rss_kib'] / 1024:.0f} MiB, "
                   f"equal: {res.get('equals_transformers')}", file=log, flush=True)  # fmt: skip
     report["load_average_end"] = os.getloadavg()
+    fill_kv(report)
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
@@ -378,7 +567,9 @@ def main() -> int:
 
 
 def table(r: dict[str, Any]) -> str:
-    names = {"kvcore": "kvcore kernel (`kvcache::update_and_attend`)", "et-custom": "ExecuTorch `custom_sdpa` + custom ring/static KV cache"}
+    names = {"kvcore": "kvcore kernel (`kvcache::update_and_attend`)",
+             "et-custom": "ExecuTorch `custom_sdpa` + custom ring/static KV cache",
+             "hf-static": "transformers' recipe: `StaticCache`, aten `sdpa`"}
     rows = ["| prompt | program | prefill tok/s | decode tok/s | KV bytes held | peak RSS | tokens = transformers |",
             "|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, runs in r["runs"].items():
@@ -388,6 +579,18 @@ def table(r: dict[str, Any]) -> str:
             rows.append(f"| {name} | {names.get(system, system)} | {x['prefill_tokens_per_s']:.0f} | "
                         f"{x['decode_tokens_per_s']:.1f} | {x['kv_bytes'] / 2**20:.1f} MiB | "
                         f"{x['peak_rss_kib'] / 1024:.0f} MiB | {eq_s} |")  # fmt: skip
+    if r.get("interleaved"):
+        rows += ["", "Interleaved in one process (speed only):", "",
+                 "| prompt | program | prefill tok/s | decode tok/s (median round) | decode CPU ms/token | tokens = transformers |",
+                 "|---:|---|---:|---:|---:|---|"]  # fmt: skip
+        for name, runs in r["interleaved"].items():
+            for system, x in runs.items():
+                if not isinstance(x, dict):
+                    continue
+                eq = x.get("equals_transformers")
+                eq_s = "n/a" if eq is None else ("yes" if eq else f"no (from token {x['first_mismatch']})")
+                rows.append(f"| {name} | {names.get(system, system)} | {x['prefill_tokens_per_s']:.0f} | "
+                            f"{x['decode_tokens_per_s']:.2f} | {x['decode_cpu_ms_per_token']:.0f} | {eq_s} |")  # fmt: skip
     return "\n".join(rows)
 
 
