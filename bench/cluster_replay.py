@@ -8,7 +8,8 @@ cluster; here the same class in this process: the replay measures what the tiers
 decide, not Ray's transport, which tests/python/test_cluster.py runs) and a ``Router``. Every
 replica's device is a tiny real byte pool (one flat layer of 1 x 8 float32, tier_replay's shape:
 no decision of the cache depends on heads, dims or layers) of the blocks tier_replay's one
-replica gets at ``--budget`` (2x the peak working set: each replica as large as that one); its host tier ``--host-x`` times the device's record bytes; the store
+replica gets at ``--budget`` (2x the peak working set: each replica as large as that one; with
+``--split`` 1/N of it, so the cluster's devices hold what the one replica's does); its host tier ``--host-x`` times the device's record bytes; the store
 ``--store-x`` times the cluster's (N devices'). Records are the prompt's (the trace's sampled tokens never start
 a later prompt), published after each request.
 
@@ -24,8 +25,9 @@ of the requests sent per replica and of the busy time per replica.
 **Bytes moved** are the records imported (store to host tier, host tier to device), as record
 tokens per reused token and in the Llama-like model's bytes (tier_replay's HostModel).
 
-    python3 bench/cluster_replay.py --limit 2000 --replicas 2,4 --out bench/results/cluster_replay.json
-    python3 bench/cluster_replay.py --generate 600 --seed 1 --replicas 2,4
+    python3 bench/cluster_replay.py --replicas 2,4 --out bench/results/cluster_replay.json
+    python3 bench/cluster_replay.py --generate 2000 --seed 7 --replicas 2,4 --out bench/results/cluster_replay_generated.json
+    python3 bench/cluster_replay.py --split --replicas 2,4 --out bench/results/cluster_replay_split.json
 """
 
 from __future__ import annotations
@@ -197,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--replicas", default="2,4")
     ap.add_argument("--policies", default="kv,least_loaded,round_robin")
     ap.add_argument("--budget", default="2x", help="a replica's device: tier_replay's one replica's budget")
+    ap.add_argument("--split", action="store_true",
+                    help="each replica gets 1/N of that device (the cluster's devices equal the one replica's)")
     ap.add_argument("--host-x", type=float, default=8.0, help="a host tier: multiples of a device's record bytes")
     ap.add_argument("--store-x", type=float, default=8.0,
                     help="the store: multiples of the cluster's device record bytes (N devices)")
@@ -214,10 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ideal = tr.trace_ideal(trace, args.block)
     hm = tier.measure_host_model(tr.make_model("llama"))
     blocks = device_blocks(trace, args.block, args.budget)
+    longest = -(-max(r.input_length for r in trace) // args.block)
     rows = []
     for n in (int(x) for x in args.replicas.split(",")):
         for policy in args.policies.split(","):
-            r = run_cluster(trace, args.block, n, policy, num_blocks=blocks, host_x=args.host_x,
+            per = max(blocks // n, longest + 1) if args.split else blocks
+            r = run_cluster(trace, args.block, n, policy, num_blocks=per, host_x=args.host_x,
                             store_x=args.store_x, alpha=args.alpha, prefill_rate=args.prefill_rate,
                             decode_rate=args.decode_rate, hm=hm, ideal=ideal)
             rows.append(r)
