@@ -357,6 +357,33 @@ def _record_facts(info: RecordInfo, block: int, what: str) -> tuple[int, bool, b
     return n_full, flat, "state" in kinds
 
 
+_KV_KINDS = ("flat", "ring", "chunked")
+
+
+def _check_layout(info: RecordInfo, cache: BatchCache, pool: Any, entry: int) -> None:
+    """InvalidArgumentError unless the record's layers are the cache's (count, kind, K/V heads and
+    dims) and its K/V rows the pool's dtype (when `pool` is given and the rows are not quantized)."""
+    where = f"fetch: the store's record {entry}"
+    if len(info.layers) != cache.n_layers:
+        raise InvalidArgumentError(f"{where} has {len(info.layers)} layers, this cache {cache.n_layers}: "
+                                   "another model's (give each model its own namespace); refused")
+    dtype = getattr(pool, "dtype", None)
+    for i, layer in enumerate(info.layers):
+        lc = cache.layer_config(i)
+        kind = lc.policy.kind.name.lower()
+        if layer.kind != kind:
+            raise InvalidArgumentError(f"{where}: layer {i} is {layer.kind}, this cache's {kind}: another model's; "
+                                       "refused")
+        if kind in _KV_KINDS and (layer.n_kv_heads, layer.head_dim) != (lc.n_kv_heads, lc.head_dim):
+            raise InvalidArgumentError(
+                f"{where}: layer {i} has {layer.n_kv_heads} x {layer.head_dim} K rows, this cache's "
+                f"{lc.n_kv_heads} x {lc.head_dim}: another model's; refused")
+        if (kind in _KV_KINDS and layer.format is None and dtype is not None
+                and np.dtype(layer.dtype) != np.dtype(dtype)):
+            raise InvalidArgumentError(f"{where}: layer {i} holds {np.dtype(layer.dtype)} rows, this pool "
+                                       f"{np.dtype(dtype)}: refused")
+
+
 def publish_record(store: Any, record: Any, *, namespace: Namespace, block_size: int) -> int:
     """Stores `record` (bytes-like or a numpy uint8 array, as ``export_sequence`` /
     ``export_into`` give it) in `store` (a store actor's handle or a ``RecordStore``) as a prefix
@@ -416,17 +443,20 @@ class Fetched:
 
 
 def fetch(store: Any, tier: HostTier, cache: BatchCache, tokens: Tokens, namespace: Namespace = None, *,
-          keep: bool = False) -> Fetched:
+          keep: bool = False, pool: Any = None) -> Fetched:
     """Before admitting prompt `tokens` of `namespace`: when the store serves a longer prefix of
     it than the device (``lookup_prefix``) and the host tier (``tier.longest``), moves that record
     into `tier` (``HostTier.put``), so ``tier.restore(cache, pool, tokens, namespace, keep=keep)``
     then imports it. The record is checked completely first (``RecordInfo.of``) and its token ids
     compared with the prompt's over the served prefix; a record that fails is dropped from the
-    store (``refuse``) and the error raised, the tier and cache unchanged.
+    store (``refuse``) and the error raised, the tier and cache unchanged. A record whose layers
+    are not the cache's (count, kinds, K/V heads and dims; with `pool`, its dtype) is refused but
+    kept in the store (another model's replica may read it: give each model its own namespace).
 
     InvalidArgumentError: bad tokens or namespace, a truncated, corrupt, malformed or mismatched
-    record (dropped); NotSupportedError: a newer record version (dropped); InvalidStateError: a
-    record that keys no prefix (dropped); CapacityError: a record larger than the tier."""
+    record (dropped), a record of another layout (kept); NotSupportedError: a newer record version
+    (dropped); InvalidStateError: a record that keys no prefix (dropped); CapacityError: a record
+    larger than the tier."""
     start = time.perf_counter()
     ns = namespace_id(namespace)
     ids = _tokens(tokens, "fetch")
@@ -460,6 +490,7 @@ def fetch(store: Any, tier: HostTier, cache: BatchCache, tokens: Tokens, namespa
     except (InvalidArgumentError, NotSupportedError, InvalidStateError):
         _call(store, "refuse", hit.entry)
         raise
+    _check_layout(info, cache, pool, hit.entry)
     tier.put(record, namespace=ns, block_size=block)
     return Fetched(hit.tokens, hit.nbytes, time.perf_counter() - start)
 
@@ -537,7 +568,7 @@ class Replica:
         refused = 0
         if self.store is not None:
             try:
-                fetched = fetch(self.store, self.tier, c, ids, ns)
+                fetched = fetch(self.store, self.tier, c, ids, ns, pool=self.pool)
             except (InvalidArgumentError, NotSupportedError, InvalidStateError):
                 refused = 1
             except CapacityError:

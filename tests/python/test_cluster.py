@@ -23,7 +23,7 @@ from kvcore.cluster import (  # noqa: E402
     RecordStore, Replica, Request, Router, fetch, publish, publish_record, start_store,
 )
 from kvcore.tier import HostTier, namespace_id  # noqa: E402
-from test_tier import KINDS, P, Q_LONGER, Model, same  # noqa: E402
+from test_tier import KINDS, P, Q_LONGER, Model, config, kv, same  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -373,3 +373,26 @@ def test_a_replica_never_serves_another_namespaces_prefix() -> None:
         assert (other.device, other.host, other.store, other.computed) == (0, 0, 0, 13)
     own = r1.serve(Request(3, tuple(P + [1]), "tenant-a", 1))
     assert own.store == 12
+
+
+def test_a_record_of_another_model_is_refused_and_kept_for_its_own() -> None:
+    store = RecordStore(1 << 20)
+    ring = computed("ring_sinks", P)
+    publish(store, ring.cache, ring.pool, 0, P)  # the same tokens and namespace, another model
+    others = ((KINDS["flat"](), "has 2 layers, this cache 1"),
+              (config([kv(kvcore.Flat()), kv(kvcore.Ring(5, 2))]), "layer 0 is ring, this cache's flat"),
+              (config([kvcore.LayerConfig(kvcore.Ring(5, 2), 1, 4), kvcore.LayerConfig(kvcore.Flat(), 1, 4)]),
+               "layer 0 has 2 x 4 K rows, this cache's 1 x 4"))
+    for cfg, message in others:
+        b, tier = Model(cfg), HostTier(1 << 20)
+        before = (b.cache.free_blocks(0), b.cache.lookup_prefix(Q_LONGER))
+        with pytest.raises(InvalidArgumentError, match=message):
+            fetch(store, tier, b.cache, Q_LONGER, pool=b.pool)
+        assert len(tier) == 0 and (b.cache.free_blocks(0), b.cache.lookup_prefix(Q_LONGER)) == before
+    f16 = Model(KINDS["ring_sinks"]())
+    f16.pool = kvcore.PagedKVPool(f16.cache, np.float16)
+    with pytest.raises(InvalidArgumentError, match="holds float32 rows, this pool float16"):
+        fetch(store, HostTier(1 << 20), f16.cache, Q_LONGER, pool=f16.pool)
+    assert store.stats().records == 1  # kept: a replica of its own model reads it
+    own, tier = Model(KINDS["ring_sinks"]()), HostTier(1 << 20)
+    assert fetch(store, tier, own.cache, Q_LONGER, pool=own.pool).tokens == len(P)
