@@ -170,8 +170,8 @@ struct CacheConfig {
 
   /// The config of `layer` (resolves broadcast). Precondition: validate() passed
   /// and 0 <= layer < n_layers.
-  const LayerConfig& layer(int layer_index) const noexcept {
-    return layers.size() == 1 ? layers.front() : layers[static_cast<std::size_t>(layer_index)];
+  const LayerConfig& layer(int layer) const noexcept {
+    return layers.size() == 1 ? layers.front() : layers[static_cast<std::size_t>(layer)];
   }
   /// max_step with the default applied.
   int effective_max_step() const noexcept {

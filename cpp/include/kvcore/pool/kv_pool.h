@@ -114,16 +114,16 @@ class KVPool : public KVPoolReads {
   /// other reads them (pass a copy); nothing is written.
   /// A Shared or State layer: InvalidArgument (check_writes_rows()).
   /// MemoryAllocationFailed: growth failed (nothing written, pool unchanged).
-  Status write(int layer_index, const SeqStepPlan& plan, const void* k, std::size_t k_bytes,
+  Status write(int layer, const SeqStepPlan& plan, const void* k, std::size_t k_bytes,
                const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "write"));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer, "write"));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent,
-                            check_runs(layer_index, plan.write, plan.n_write,
+                            check_runs(layer, plan.write, plan.n_write,
                                        SeqStepPlan::kMaxWriteRuns, "write"));
-    const PoolLayer& shape = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write", "k", k, k_bytes, extent.rows,
+    const PoolLayer& shape = layers_[layer];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "write", "k", k, k_bytes, extent.rows,
                                         shape.k_row_bytes, /*exact=*/true));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write", "v", v, v_bytes, extent.rows,
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "write", "v", v, v_bytes, extent.rows,
                                         shape.v_row_bytes, /*exact=*/true));
     // The input may be a view of this layer. Each run is a memmove; with two
     // runs, the first to go must not overwrite input the other still reads.
@@ -135,27 +135,27 @@ class KVPool : public KVPoolReads {
       KVCORE_CHECK_OR_RETURN_ERROR(copy_keeps_input(shape, plan, k, v, 1), InvalidArgument,
                                    "write of layer %d: k/v overlap rows both runs write before "
                                    "reading them: pass a copy",
-                                   layer_index);
+                                   layer);
     }
     // Blocks a growth replaces are released only after the copy has read them.
     Blocks replaced;
     if (grows) {
-      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row), &replaced));
+      KVCORE_RETURN_IF_ERROR(grow(layer, grown_rows(shape, extent.end_row), &replaced));
     }
-    const PoolLayer& layer = layers_[layer_index];
+    const PoolLayer& stored = layers_[layer];
     for (int n = 0; n < plan.n_write; ++n) {
       const int i = reverse ? plan.n_write - 1 - n : n;
       const Run& run = plan.write[i];
       const std::size_t offset = i == 0 ? 0 : static_cast<std::size_t>(plan.write[0].len);
-      const std::size_t k_run = layer.k_row_bytes * static_cast<std::size_t>(run.len);
-      const std::size_t v_run = layer.v_row_bytes * static_cast<std::size_t>(run.len);
-      std::memmove(layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row),
-                   static_cast<const unsigned char*>(k) + layer.k_row_bytes * offset, k_run);
-      std::memmove(layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row),
-                   static_cast<const unsigned char*>(v) + layer.v_row_bytes * offset, v_run);
+      const std::size_t k_run = stored.k_row_bytes * static_cast<std::size_t>(run.len);
+      const std::size_t v_run = stored.v_row_bytes * static_cast<std::size_t>(run.len);
+      std::memmove(stored.k + stored.k_row_bytes * static_cast<std::size_t>(run.row),
+                   static_cast<const unsigned char*>(k) + stored.k_row_bytes * offset, k_run);
+      std::memmove(stored.v + stored.v_row_bytes * static_cast<std::size_t>(run.row),
+                   static_cast<const unsigned char*>(v) + stored.v_row_bytes * offset, v_run);
     }
     // After every run: the input (possibly a view of this pool) is fully read.
-    for (int i = 0; i < plan.n_write; ++i) KVPoolTraits::mirror_run(layer, plan.write[i]);
+    for (int i = 0; i < plan.n_write; ++i) KVPoolTraits::mirror_run(stored, plan.write[i]);
     release(replaced);
     return Error::Ok;
   }
@@ -169,45 +169,45 @@ class KVPool : public KVPoolReads {
   /// not finite or a (row, head) whose range passes FLT_MAX (quantize.h); k/v
   /// overlapping the layer's storage; a Shared or State layer.
   /// MemoryAllocationFailed: growth failed.
-  Status write_values(int layer_index, const SeqStepPlan& plan, DType in_type, const void* k,
+  Status write_values(int layer, const SeqStepPlan& plan, DType in_type, const void* k,
                       std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "write_values"));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer, "write_values"));
     if (!is_quantized(dtype_)) {
       KVCORE_CHECK_OR_RETURN_ERROR(in_type == dtype_, InvalidArgument,
-                                   "write_values of layer %d: values of %s, the pool stores %s", layer_index,
+                                   "write_values of layer %d: values of %s, the pool stores %s", layer,
                                    to_string(in_type), to_string(dtype_));
-      return write(layer_index, plan, k, k_bytes, v, v_bytes);
+      return write(layer, plan, k, k_bytes, v, v_bytes);
     }
-    KVCORE_RETURN_IF_ERROR(check_compute_type(layer_index, "write_values", "values", in_type));
+    KVCORE_RETURN_IF_ERROR(check_compute_type(layer, "write_values", "values", in_type));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent,
-                            check_runs(layer_index, plan.write, plan.n_write,
+                            check_runs(layer, plan.write, plan.n_write,
                                        SeqStepPlan::kMaxWriteRuns, "write"));
-    const PoolLayer& shape = layers_[layer_index];
+    const PoolLayer& shape = layers_[layer];
     const std::size_t k_in = value_row_bytes(shape.n_kv_heads, shape.head_dim, in_type);
     const std::size_t v_in = value_row_bytes(shape.n_kv_heads, shape.value_dim, in_type);
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write_values", "k", k, k_bytes, extent.rows, k_in, true));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "write_values", "v", v, v_bytes, extent.rows, v_in, true));
-    KVCORE_RETURN_IF_ERROR(check_quantizable("write_values", "k", layer_index, in_type, k, extent.rows,
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "write_values", "k", k, k_bytes, extent.rows, k_in, true));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "write_values", "v", v, v_bytes, extent.rows, v_in, true));
+    KVCORE_RETURN_IF_ERROR(check_quantizable("write_values", "k", layer, in_type, k, extent.rows,
                                              shape.n_kv_heads, shape.head_dim));
-    KVCORE_RETURN_IF_ERROR(check_quantizable("write_values", "v", layer_index, in_type, v, extent.rows,
+    KVCORE_RETURN_IF_ERROR(check_quantizable("write_values", "v", layer, in_type, v, extent.rows,
                                              shape.n_kv_heads, shape.value_dim));
-    KVCORE_RETURN_IF_ERROR(check_apart(shape, "write_values", layer_index, k, k_bytes, v, v_bytes));
+    KVCORE_RETURN_IF_ERROR(check_apart(shape, "write_values", layer, k, k_bytes, v, v_bytes));
     if (extent.end_row > shape.allocated_rows) {
-      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, extent.end_row)));
+      KVCORE_RETURN_IF_ERROR(grow(layer, grown_rows(shape, extent.end_row)));
     }
-    const PoolLayer& layer = layers_[layer_index];
+    const PoolLayer& stored = layers_[layer];
     std::size_t j = 0;  // input row
     for (int i = 0; i < plan.n_write; ++i) {
       const Run& run = plan.write[i];
       for (int r = 0; r < run.len; ++r, ++j) {
         const std::size_t row = static_cast<std::size_t>(run.row + r);
-        quantize_row(dtype_, layer.n_kv_heads, layer.head_dim, in_type,
-                     static_cast<const unsigned char*>(k) + k_in * j, layer.k + layer.k_row_bytes * row);
-        quantize_row(dtype_, layer.n_kv_heads, layer.value_dim, in_type,
-                     static_cast<const unsigned char*>(v) + v_in * j, layer.v + layer.v_row_bytes * row);
+        quantize_row(dtype_, stored.n_kv_heads, stored.head_dim, in_type,
+                     static_cast<const unsigned char*>(k) + k_in * j, stored.k + stored.k_row_bytes * row);
+        quantize_row(dtype_, stored.n_kv_heads, stored.value_dim, in_type,
+                     static_cast<const unsigned char*>(v) + v_in * j, stored.v + stored.v_row_bytes * row);
       }
     }
-    for (int i = 0; i < plan.n_write; ++i) KVPoolTraits::mirror_run(layer, plan.write[i]);
+    for (int i = 0; i < plan.n_write; ++i) KVPoolTraits::mirror_run(stored, plan.write[i]);
     return Error::Ok;
   }
 

@@ -126,15 +126,15 @@ class PagedKVPool : public PagedReads {
   /// a Shared layer (it writes nothing: update its source, whose rows it
   /// reads; the message names the source) or a State layer (write_state).
   /// MemoryAllocationFailed: growth failed. Nothing is written on any error.
-  Status update(int layer_index, const BatchStepPlan& plan, const void* k, std::size_t k_bytes,
+  Status update(int layer, const BatchStepPlan& plan, const void* k, std::size_t k_bytes,
                 const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "update"));
-    const PagedLayer& shape = layers_[layer_index];
-    return update_with(layer_index, plan, "update", k, k_bytes, shape.k_row_bytes, v, v_bytes, shape.v_row_bytes,
-                       [](const PagedLayer& layer, std::size_t slot, const unsigned char* k_row,
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer, "update"));
+    const PagedLayer& shape = layers_[layer];
+    return update_with(layer, plan, "update", k, k_bytes, shape.k_row_bytes, v, v_bytes, shape.v_row_bytes,
+                       [](const PagedLayer& stored, std::size_t slot, const unsigned char* k_row,
                           const unsigned char* v_row) {
-                         std::memcpy(layer.k + layer.k_row_bytes * slot, k_row, layer.k_row_bytes);
-                         std::memcpy(layer.v + layer.v_row_bytes * slot, v_row, layer.v_row_bytes);
+                         std::memcpy(stored.k + stored.k_row_bytes * slot, k_row, stored.k_row_bytes);
+                         std::memcpy(stored.v + stored.v_row_bytes * slot, v_row, stored.v_row_bytes);
                        });
   }
 
@@ -146,36 +146,36 @@ class PagedKVPool : public PagedReads {
   /// as update(); `in_type` not float32, float16 or bfloat16 (or, for a plain
   /// pool, not its dtype); a value that is not finite or a (row, head) whose
   /// range passes FLT_MAX. MemoryAllocationFailed: growth failed.
-  Status update_values(int layer_index, const BatchStepPlan& plan, DType in_type, const void* k,
+  Status update_values(int layer, const BatchStepPlan& plan, DType in_type, const void* k,
                        std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer_index, "update_values"));
+    KVCORE_RETURN_IF_ERROR(check_writes_rows(layer, "update_values"));
     if (!is_quantized(dtype_)) {
       KVCORE_CHECK_OR_RETURN_ERROR(in_type == dtype_, InvalidArgument,
-                                   "update_values of layer %d: values of %s, the pool stores %s", layer_index,
+                                   "update_values of layer %d: values of %s, the pool stores %s", layer,
                                    to_string(in_type), to_string(dtype_));
-      return update(layer_index, plan, k, k_bytes, v, v_bytes);
+      return update(layer, plan, k, k_bytes, v, v_bytes);
     }
-    KVCORE_RETURN_IF_ERROR(check_compute_type(layer_index, "update_values", "values", in_type));
-    const PagedLayer& shape = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_compute_type(layer, "update_values", "values", in_type));
+    const PagedLayer& shape = layers_[layer];
     const std::size_t k_in = value_row_bytes(shape.n_kv_heads, shape.head_dim, in_type);
     const std::size_t v_in = value_row_bytes(shape.n_kv_heads, shape.value_dim, in_type);
     const std::int64_t n = plan.n_tokens < 0 ? 0 : plan.n_tokens;
     if (k_bytes == k_in * static_cast<std::size_t>(n) && k != nullptr) {
       KVCORE_RETURN_IF_ERROR(
-          check_quantizable("update_values", "k", layer_index, in_type, k, n, shape.n_kv_heads, shape.head_dim));
+          check_quantizable("update_values", "k", layer, in_type, k, n, shape.n_kv_heads, shape.head_dim));
     }
     if (v_bytes == v_in * static_cast<std::size_t>(n) && v != nullptr) {
       KVCORE_RETURN_IF_ERROR(
-          check_quantizable("update_values", "v", layer_index, in_type, v, n, shape.n_kv_heads, shape.value_dim));
+          check_quantizable("update_values", "v", layer, in_type, v, n, shape.n_kv_heads, shape.value_dim));
     }
     const DType format = dtype_;
-    return update_with(layer_index, plan, "update_values", k, k_bytes, k_in, v, v_bytes, v_in,
-                       [format, in_type](const PagedLayer& layer, std::size_t slot, const unsigned char* k_row,
+    return update_with(layer, plan, "update_values", k, k_bytes, k_in, v, v_bytes, v_in,
+                       [format, in_type](const PagedLayer& stored, std::size_t slot, const unsigned char* k_row,
                                          const unsigned char* v_row) {
-                         quantize_row(format, layer.n_kv_heads, layer.head_dim, in_type, k_row,
-                                      layer.k + layer.k_row_bytes * slot);
-                         quantize_row(format, layer.n_kv_heads, layer.value_dim, in_type, v_row,
-                                      layer.v + layer.v_row_bytes * slot);
+                         quantize_row(format, stored.n_kv_heads, stored.head_dim, in_type, k_row,
+                                      stored.k + stored.k_row_bytes * slot);
+                         quantize_row(format, stored.n_kv_heads, stored.value_dim, in_type, v_row,
+                                      stored.v + stored.v_row_bytes * slot);
                        });
   }
 
@@ -250,11 +250,11 @@ class PagedKVPool : public PagedReads {
   // update()'s checks, growth and block copies; then write_row(layer, slot, k
   // row, v row) per new token, the input rows k_in_row / v_in_row bytes each.
   template <typename WriteRow>
-  Status update_with(int layer_index, const BatchStepPlan& plan, const char* what, const void* k,
+  Status update_with(int layer, const BatchStepPlan& plan, const char* what, const void* k,
                      std::size_t k_bytes, std::size_t k_in_row, const void* v, std::size_t v_bytes,
                      std::size_t v_in_row, WriteRow write_row) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/false));
-    const PagedLayer& shape = layers_[layer_index];
+    KVCORE_RETURN_IF_ERROR(check_plan(layer, plan, /*gather=*/false));
+    const PagedLayer& shape = layers_[layer];
     const GroupPlan& gp = plan.groups[shape.group];
     const std::int64_t B = block_size_;
     KVCORE_CHECK_OR_RETURN_ERROR(
@@ -263,7 +263,7 @@ class PagedKVPool : public PagedReads {
         InvalidArgument,
         "update of layer %d: group %d's plan has n_copies = %d (copies %s, slots %s): counts must "
         "be >= 0 and arrays set",
-        layer_index, shape.group, gp.n_copies, gp.copies != nullptr ? "set" : "null",
+        layer, shape.group, gp.n_copies, gp.copies != nullptr ? "set" : "null",
         gp.slots != nullptr ? "set" : "null");
     // Every row the step touches must lie in the layer; the storage must reach
     // the furthest of them and every live row.
@@ -274,7 +274,7 @@ class PagedKVPool : public PagedReads {
       KVCORE_CHECK_OR_RETURN_ERROR(
           cp.src >= 0 && cp.src < n_blocks && cp.dst >= 0 && cp.dst < n_blocks, InvalidArgument,
           "update of layer %d: copy %d (block %d -> block %d) must lie in blocks [0, %d)",
-          layer_index, c, cp.src, cp.dst, n_blocks);
+          layer, c, cp.src, cp.dst, n_blocks);
       const std::int64_t reach = (static_cast<std::int64_t>(cp.src > cp.dst ? cp.src : cp.dst) + 1) * B;
       if (reach > end_row) end_row = reach;
     }
@@ -282,12 +282,12 @@ class PagedKVPool : public PagedReads {
       const int slot = gp.slots[t];
       KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < shape.rows, InvalidArgument,
                                    "update of layer %d: token %d's slot %d must lie in rows [0, %d)",
-                                   layer_index, t, slot, shape.rows);
+                                   layer, t, slot, shape.rows);
       if (slot + 1 > end_row) end_row = slot + 1;
     }
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "k", k, k_bytes, plan.n_tokens, k_in_row,
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, what, "k", k, k_bytes, plan.n_tokens, k_in_row,
                                         /*exact=*/true));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "v", v, v_bytes, plan.n_tokens, v_in_row,
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, what, "v", v, v_bytes, plan.n_tokens, v_in_row,
                                         /*exact=*/true));
     // Copies and scattered writes could overwrite input rows before they are
     // read: an input inside the layer's own storage is refused.
@@ -297,28 +297,28 @@ class PagedKVPool : public PagedReads {
                        disjoint(v, v_bytes, shape.k, k_storage) && disjoint(v, v_bytes, shape.v, v_storage);
     KVCORE_CHECK_OR_RETURN_ERROR(apart, InvalidArgument,
                                  "update of layer %d: k/v overlap the layer's own rows: pass a copy",
-                                 layer_index);
+                                 layer);
     KVCORE_ASSIGN_OR_RETURN(const int used, planner_->used_blocks(shape.group));
     const std::int64_t live = static_cast<std::int64_t>(used) * B;
     if (live > end_row) end_row = live < shape.rows ? live : shape.rows;
     if (end_row > shape.allocated_rows) {
-      KVCORE_RETURN_IF_ERROR(grow(layer_index, grown_rows(shape, static_cast<int>(end_row))));
+      KVCORE_RETURN_IF_ERROR(grow(layer, grown_rows(shape, static_cast<int>(end_row))));
     }
-    const PagedLayer& layer = layers_[layer_index];
-    const std::size_t k_block = layer.k_row_bytes * static_cast<std::size_t>(B);
-    const std::size_t v_block = layer.v_row_bytes * static_cast<std::size_t>(B);
+    const PagedLayer& stored = layers_[layer];
+    const std::size_t k_block = stored.k_row_bytes * static_cast<std::size_t>(B);
+    const std::size_t v_block = stored.v_row_bytes * static_cast<std::size_t>(B);
     for (int c = 0; c < gp.n_copies; ++c) {
       const BlockCopy& cp = gp.copies[c];
       if (cp.src == cp.dst) continue;
-      std::memcpy(layer.k + k_block * static_cast<std::size_t>(cp.dst),
-                  layer.k + k_block * static_cast<std::size_t>(cp.src), k_block);
-      std::memcpy(layer.v + v_block * static_cast<std::size_t>(cp.dst),
-                  layer.v + v_block * static_cast<std::size_t>(cp.src), v_block);
+      std::memcpy(stored.k + k_block * static_cast<std::size_t>(cp.dst),
+                  stored.k + k_block * static_cast<std::size_t>(cp.src), k_block);
+      std::memcpy(stored.v + v_block * static_cast<std::size_t>(cp.dst),
+                  stored.v + v_block * static_cast<std::size_t>(cp.src), v_block);
     }
     const unsigned char* k_in = static_cast<const unsigned char*>(k);
     const unsigned char* v_in = static_cast<const unsigned char*>(v);
     for (int t = 0; t < plan.n_tokens; ++t) {
-      write_row(layer, static_cast<std::size_t>(gp.slots[t]), k_in + k_in_row * static_cast<std::size_t>(t),
+      write_row(stored, static_cast<std::size_t>(gp.slots[t]), k_in + k_in_row * static_cast<std::size_t>(t),
                 v_in + v_in_row * static_cast<std::size_t>(t));
     }
     return Error::Ok;

@@ -66,25 +66,25 @@ struct PoolBytes {
 
   /// InvalidArgument unless `type` is float32, float16 or bfloat16: the types
   /// a quantized pool takes values in and gives them out as.
-  static Status check_compute_type(int layer_index, const char* what, const char* name, DType type) noexcept {
+  static Status check_compute_type(int layer, const char* what, const char* name, DType type) noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(
         type == DType::Float32 || type == DType::Float16 || type == DType::BFloat16, InvalidArgument,
         "%s of layer %d: %s of %s: quantized rows take and give float32, float16 or bfloat16", what,
-        layer_index, name, to_string(type));
+        layer, name, to_string(type));
     return Error::Ok;
   }
 
   /// InvalidArgument unless k and v (k_bytes, v_bytes) share no byte with the
   /// layer's K and V storage (rows written one at a time could overwrite them).
   template <typename Layer>
-  static Status check_apart(const Layer& layer, const char* what, int layer_index, const void* k,
+  static Status check_apart(const Layer& stored, const char* what, int layer, const void* k,
                             std::size_t k_bytes, const void* v, std::size_t v_bytes) noexcept {
-    const std::size_t k_all = layer.k_row_bytes * static_cast<std::size_t>(layer.storage_rows());
-    const std::size_t v_all = layer.v_row_bytes * static_cast<std::size_t>(layer.storage_rows());
-    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(k, k_bytes, layer.k, k_all) && disjoint(k, k_bytes, layer.v, v_all) &&
-                                     disjoint(v, v_bytes, layer.k, k_all) && disjoint(v, v_bytes, layer.v, v_all),
+    const std::size_t k_all = stored.k_row_bytes * static_cast<std::size_t>(stored.storage_rows());
+    const std::size_t v_all = stored.v_row_bytes * static_cast<std::size_t>(stored.storage_rows());
+    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(k, k_bytes, stored.k, k_all) && disjoint(k, k_bytes, stored.v, v_all) &&
+                                     disjoint(v, v_bytes, stored.k, k_all) && disjoint(v, v_bytes, stored.v, v_all),
                                  InvalidArgument, "%s of layer %d: k/v overlap the layer's own rows: pass a copy",
-                                 what, layer_index);
+                                 what, layer);
     return Error::Ok;
   }
 
@@ -114,10 +114,10 @@ struct PoolBytes {
     return Error::Ok;
   }
 
-  /// InvalidArgument unless buffer `name` of call `what` on layer `layer_index`
+  /// InvalidArgument unless buffer `name` of call `what` on layer `layer`
   /// holds `rows` rows of `row_bytes` bytes: exactly that many bytes (exact) or
   /// at least (an output), and is not null unless it needs no byte.
-  static Status check_buffer(int layer_index, const char* what, const char* name, const void* data,
+  static Status check_buffer(int layer, const char* what, const char* name, const void* data,
                              std::size_t bytes, std::int64_t rows, std::size_t row_bytes,
                              bool exact) noexcept {
     std::uint64_t need = 0;
@@ -125,10 +125,10 @@ struct PoolBytes {
     const bool ok = sized && (exact ? bytes == need : bytes >= need);
     KVCORE_CHECK_OR_RETURN_ERROR(
         ok, InvalidArgument, "%s of layer %d: %s has %zu bytes, %s %lld rows of %zu bytes = %llu",
-        what, layer_index, name, bytes, exact ? "must be exactly" : "needs at least",
+        what, layer, name, bytes, exact ? "must be exactly" : "needs at least",
         static_cast<long long>(rows), row_bytes, static_cast<unsigned long long>(need));
     KVCORE_CHECK_OR_RETURN_ERROR(data != nullptr || need == 0, InvalidArgument,
-                                 "%s of layer %d: %s is null", what, layer_index, name);
+                                 "%s of layer %d: %s is null", what, layer, name);
     return Error::Ok;
   }
 

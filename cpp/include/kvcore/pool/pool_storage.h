@@ -124,9 +124,9 @@ class PoolStorage : protected PoolBytes {
   bool uses_arena() const noexcept { return arena_; }
 
   /// Shape and storage of `layer`. InvalidArgument: layer outside [0, n_layers).
-  Result<Layer> layer(int layer_index) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    return layers_[layer_index];
+  Result<Layer> layer(int layer) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    return layers_[layer];
   }
 
   /// Bytes of the rows backed by storage now, K and V of every layer (the
@@ -145,67 +145,67 @@ class PoolStorage : protected PoolBytes {
   /// Grows `layer` now to at least `rows` rows (writes below it then never
   /// allocate). InvalidArgument: bad layer, rows outside [0, rows(layer)].
   /// MemoryAllocationFailed: growth failed; the pool is unchanged.
-  Status reserve(int layer_index, int rows) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const Layer& layer = layers_[layer_index];
-    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= layer.rows, InvalidArgument,
+  Status reserve(int layer, int rows) noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    const Layer& stored = layers_[layer];
+    KVCORE_CHECK_OR_RETURN_ERROR(rows >= 0 && rows <= stored.rows, InvalidArgument,
                                  "reserve(layer %d, rows = %d): must be in [0, rows = %d]",
-                                 layer_index, rows, layer.rows);
-    return grow(layer_index, rows);
+                                 layer, rows, stored.rows);
+    return grow(layer, rows);
   }
 
 
   /// The layer whose K/V rows `what` (the calling verb, for the message)
-  /// reads on `layer_index`: a Shared layer's source, else the layer itself.
+  /// reads on `layer`: a Shared layer's source, else the layer itself.
   /// InvalidArgument: bad layer, a State layer (it holds state slots).
-  Result<int> row_layer(int layer_index, const char* what) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const LayerPolicy& policy = layers_[layer_index].policy;
+  Result<int> row_layer(int layer, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    const LayerPolicy& policy = layers_[layer].policy;
     KVCORE_CHECK_OR_RETURN_ERROR(policy.kind != LayerPolicy::Kind::State, InvalidArgument,
                                  "%s of layer %d: a State layer holds state slots, not K/V rows (use "
                                  "write_state, read_state, state_slot)",
-                                 what, layer_index);
-    return policy.kind == LayerPolicy::Kind::Shared ? policy.source : layer_index;
+                                 what, layer);
+    return policy.kind == LayerPolicy::Kind::Shared ? policy.source : layer;
   }
 
-  /// Ok when `layer_index` is a State layer. InvalidArgument naming `what`:
+  /// Ok when `layer` is a State layer. InvalidArgument naming `what`:
   /// bad layer, another kind (it has no state slots).
-  Status check_state_layer(int layer_index, const char* what) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
-    const LayerPolicy::Kind kind = layers_[layer_index].policy.kind;
+  Status check_state_layer(int layer, const char* what) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
+    const LayerPolicy::Kind kind = layers_[layer].policy.kind;
     KVCORE_CHECK_OR_RETURN_ERROR(kind == LayerPolicy::Kind::State, InvalidArgument,
                                  "%s of layer %d: a %s layer has no state slots (the state verbs take "
                                  "State layers)",
-                                 what, layer_index, to_string(kind));
+                                 what, layer, to_string(kind));
     return Error::Ok;
   }
 
  protected:
   // Ok when the pool stores a quantized format and `out_type` is a compute
   // type: what every _values read checks first (`what` names the verb).
-  Status check_dequantize(int layer_index, const char* what, DType out_type) const noexcept {
+  Status check_dequantize(int layer, const char* what, DType out_type) const noexcept {
     KVCORE_CHECK_OR_RETURN_ERROR(is_quantized(dtype_), InvalidArgument,
                                  "%s of layer %d: the pool stores %s, not a quantized format (qint8, "
                                  "fp8_e4m3): read its rows as they are",
-                                 what, layer_index, to_string(dtype_));
-    return check_compute_type(layer_index, what, "values", out_type);
+                                 what, layer, to_string(dtype_));
+    return check_compute_type(layer, what, "values", out_type);
   }
 
-  // `rows` consecutive rows of layer `layer_index` from k / v dequantized into
+  // `rows` consecutive rows of layer `layer` from k / v dequantized into
   // k_out / v_out as `out_type` values (the span reads of both pools:
   // held_values, rows_values). InvalidArgument: what check_dequantize
   // refuses, an output null or too small; nothing is written then.
-  Status dequantize_span(int layer_index, const char* what, const unsigned char* k, const unsigned char* v,
+  Status dequantize_span(int layer, const char* what, const unsigned char* k, const unsigned char* v,
                          int rows, DType out_type, void* k_out, std::size_t k_capacity, void* v_out,
                          std::size_t v_capacity) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, what, out_type));
-    const Layer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "k_out", k_out, k_capacity, rows,
-                                        value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type), false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "v_out", v_out, v_capacity, rows,
-                                        value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type), false));
-    dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, k, rows, out_type, k_out);
-    dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, v, rows, out_type, v_out);
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer, what, out_type));
+    const Layer& stored = layers_[layer];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, what, "k_out", k_out, k_capacity, rows,
+                                        value_row_bytes(stored.n_kv_heads, stored.head_dim, out_type), false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, what, "v_out", v_out, v_capacity, rows,
+                                        value_row_bytes(stored.n_kv_heads, stored.value_dim, out_type), false));
+    dequantize_rows(dtype_, stored.n_kv_heads, stored.head_dim, k, rows, out_type, k_out);
+    dequantize_rows(dtype_, stored.n_kv_heads, stored.value_dim, v, rows, out_type, v_out);
     return Error::Ok;
   }
 
@@ -234,9 +234,9 @@ class PoolStorage : protected PoolBytes {
     return Error::Ok;
   }
 
-  Status check_layer(int layer_index) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(layer_index >= 0 && layer_index < n_layers_, InvalidArgument,
-                                 "layer = %d: must be in [0, n_layers = %d)", layer_index,
+  Status check_layer(int layer) const noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(layer >= 0 && layer < n_layers_, InvalidArgument,
+                                 "layer = %d: must be in [0, n_layers = %d)", layer,
                                  n_layers_);
     return Error::Ok;
   }
@@ -324,26 +324,26 @@ class PoolStorage : protected PoolBytes {
     return Error::Ok;
   }
 
-  // Grows `layer_index` to `rows`, keeping its data: new blocks first, then
+  // Grows `layer` to `rows`, keeping its data: new blocks first, then
   // copy, then release (or hand the old blocks to `replaced` when the caller
   // still reads them), so a failure leaves the layer as it was. A layer in
   // another's storage grows that storage (and every layer in it sees it).
-  Status grow(int layer_index, int rows, Blocks* replaced = nullptr) noexcept {
-    if (layers_[layer_index].storage_of >= 0) {
-      const int owner = layers_[layer_index].storage_of;
+  Status grow(int layer, int rows, Blocks* replaced = nullptr) noexcept {
+    if (layers_[layer].storage_of >= 0) {
+      const int owner = layers_[layer].storage_of;
       KVCORE_RETURN_IF_ERROR(grow(owner, rows, replaced));
       follow(owner);  // a fresh alias (build) takes its owner's blocks even when nothing grew
       return Error::Ok;
     }
-    Layer& layer = layers_[layer_index];
-    if (rows <= layer.allocated_rows) return Error::Ok;
+    Layer& stored = layers_[layer];
+    if (rows <= stored.allocated_rows) return Error::Ok;
     KVCORE_CHECK_OR_RETURN_ERROR(!arena_, Internal, "layer %d: an arena %s cannot grow to %d rows",
-                                 layer_index, Traits::kNames.pool, rows);
-    Layer grown = layer;
+                                 layer, Traits::kNames.pool, rows);
+    Layer grown = stored;
     grown.allocated_rows = rows;
     const std::size_t storage = static_cast<std::size_t>(grown.storage_rows());
-    const std::size_t k_bytes = layer.k_row_bytes * storage;
-    const std::size_t v_bytes = layer.v_row_bytes * storage;
+    const std::size_t k_bytes = stored.k_row_bytes * storage;
+    const std::size_t v_bytes = stored.v_row_bytes * storage;
     // A block of no bytes (a state layer's V) is not allocated: it stays null.
     auto* k = k_bytes == 0 ? nullptr : static_cast<unsigned char*>(allocator_.allocate(allocator_.context, k_bytes));
     auto* v = (k == nullptr && k_bytes != 0) || v_bytes == 0
@@ -353,25 +353,25 @@ class PoolStorage : protected PoolBytes {
       if (k != nullptr) allocator_.release(allocator_.context, k);
       return Status::make(Error::MemoryAllocationFailed,
                           "layer %d: cannot allocate %zu bytes to grow %sfrom %d to %d rows",
-                          layer_index, k_bytes + v_bytes, Traits::kNames.growth, layer.allocated_rows, rows);
+                          layer, k_bytes + v_bytes, Traits::kNames.growth, stored.allocated_rows, rows);
     }
-    const std::size_t k_old = layer.k_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
-    const std::size_t v_old = layer.v_row_bytes * static_cast<std::size_t>(layer.allocated_rows);
-    if (k_old != 0) std::memcpy(k, layer.k, k_old);
-    if (v_old != 0) std::memcpy(v, layer.v, v_old);
+    const std::size_t k_old = stored.k_row_bytes * static_cast<std::size_t>(stored.allocated_rows);
+    const std::size_t v_old = stored.v_row_bytes * static_cast<std::size_t>(stored.allocated_rows);
+    if (k_old != 0) std::memcpy(k, stored.k, k_old);
+    if (v_old != 0) std::memcpy(v, stored.v, v_old);
     if (k_bytes != k_old) std::memset(k + k_old, 0, k_bytes - k_old);
     if (v_bytes != v_old) std::memset(v + v_old, 0, v_bytes - v_old);
-    const Blocks old{layer.k, layer.v};
+    const Blocks old{stored.k, stored.v};
     if (replaced != nullptr) {
       *replaced = old;
     } else {
       release(old);
     }
-    layer.k = k;
-    layer.v = v;
-    layer.allocated_rows = rows;
-    Traits::grown(layer);
-    follow(layer_index);
+    stored.k = k;
+    stored.v = v;
+    stored.allocated_rows = rows;
+    Traits::grown(stored);
+    follow(layer);
     return Error::Ok;
   }
 

@@ -56,23 +56,23 @@ class KVPoolReads : public KVPoolStates {
   /// layer's rows, an output too small or null, a State layer. InvalidState: a run reaches rows
   /// the pool has not grown to yet (write the step before reading it). A Shared
   /// layer's plan reads its source's rows: they are copied from the source.
-  Status gather(int layer_index, const SeqStepPlan& plan, void* k_out, std::size_t k_capacity,
+  Status gather(int layer, const SeqStepPlan& plan, void* k_out, std::size_t k_capacity,
                 void* v_out, std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "gather"));
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "gather"));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(from, plan));
-    const PoolLayer& layer = layers_[from];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "k_out", k_out, k_capacity,
-                                        extent.rows, layer.k_row_bytes, /*exact=*/false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather", "v_out", v_out, v_capacity,
-                                        extent.rows, layer.v_row_bytes, /*exact=*/false));
+    const PoolLayer& stored = layers_[from];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "gather", "k_out", k_out, k_capacity,
+                                        extent.rows, stored.k_row_bytes, /*exact=*/false));
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "gather", "v_out", v_out, v_capacity,
+                                        extent.rows, stored.v_row_bytes, /*exact=*/false));
     unsigned char* k_at = static_cast<unsigned char*>(k_out);
     unsigned char* v_at = static_cast<unsigned char*>(v_out);
     for (int i = 0; i < plan.n_read; ++i) {
       const Run& run = plan.read[i];
-      const std::size_t k_run = layer.k_row_bytes * static_cast<std::size_t>(run.len);
-      const std::size_t v_run = layer.v_row_bytes * static_cast<std::size_t>(run.len);
-      std::memmove(k_at, layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row), k_run);
-      std::memmove(v_at, layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row), v_run);
+      const std::size_t k_run = stored.k_row_bytes * static_cast<std::size_t>(run.len);
+      const std::size_t v_run = stored.v_row_bytes * static_cast<std::size_t>(run.len);
+      std::memmove(k_at, stored.k + stored.k_row_bytes * static_cast<std::size_t>(run.row), k_run);
+      std::memmove(v_at, stored.v + stored.v_row_bytes * static_cast<std::size_t>(run.row), v_run);
       k_at += k_run;
       v_at += v_run;
     }
@@ -86,25 +86,25 @@ class KVPoolReads : public KVPoolStates {
   /// row are one span (its `run.row + run.len` then passes rows(layer): the rest
   /// is the mirror). A Shared layer's spans are its source's rows. Errors as
   /// gather() (no buffers).
-  Result<KVViews> views(int layer_index, const SeqStepPlan& plan) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "views"));
+  Result<KVViews> views(int layer, const SeqStepPlan& plan) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "views"));
     KVCORE_RETURN_IF_ERROR(check_read(from, plan));
-    const PoolLayer& layer = layers_[from];
-    const bool mirrored = layer.mirror_rows > 0 && layer.allocated_rows == layer.rows;
+    const PoolLayer& stored = layers_[from];
+    const bool mirrored = stored.mirror_rows > 0 && stored.allocated_rows == stored.rows;
     KVViews out;
     for (int i = 0; i < plan.n_read; ++i) {
       const Run& run = plan.read[i];
       if (out.n > 0 && mirrored) {
         Run& last = out.span[out.n - 1].run;
-        if (last.row + last.len == layer.rows && run.row == layer.ring_start &&
-            run.pos == last.end_pos() && run.len <= layer.mirror_rows) {
+        if (last.row + last.len == stored.rows && run.row == stored.ring_start &&
+            run.pos == last.end_pos() && run.len <= stored.mirror_rows) {
           last.len += run.len;
           continue;
         }
       }
       KVSpan& span = out.span[out.n++];
-      span.k = layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row);
-      span.v = layer.v + layer.v_row_bytes * static_cast<std::size_t>(run.row);
+      span.k = stored.k + stored.k_row_bytes * static_cast<std::size_t>(run.row);
+      span.v = stored.v + stored.v_row_bytes * static_cast<std::size_t>(run.row);
       span.run = run;
     }
     return out;
@@ -125,25 +125,25 @@ class KVPoolReads : public KVPoolStates {
   /// bad layer, a State layer, or a plan without writes (a Shared layer's:
   /// without reads) or reaching past the layer's rows.
   /// InvalidState: the rows are not all allocated yet (write the step first).
-  Result<HeldRows> held_rows(int layer_index, const SeqStepPlan& plan) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "held_rows"));
-    const bool shared = from != layer_index;
+  Result<HeldRows> held_rows(int layer, const SeqStepPlan& plan) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "held_rows"));
+    const bool shared = from != layer;
     const Run* runs = shared ? plan.read : plan.write;
     const int n_runs = shared ? plan.n_read : plan.n_write;
     KVCORE_RETURN_IF_ERROR(check_runs(from, runs, n_runs,
                                       shared ? SeqStepPlan::kMaxReadRuns : SeqStepPlan::kMaxWriteRuns,
                                       shared ? "read" : "write"));
-    const PoolLayer& layer = layers_[from];
+    const PoolLayer& stored = layers_[from];
     KVCORE_CHECK_OR_RETURN_ERROR(n_runs >= 1, InvalidArgument, "held_rows of layer %d: the plan %s nothing",
-                                 layer_index, shared ? "reads" : "writes");
+                                 layer, shared ? "reads" : "writes");
     const int end = runs[n_runs - 1].end_pos();
-    const int rows = layer.geometry.held_rows(end);
+    const int rows = stored.geometry.held_rows(end);
     KVCORE_CHECK_OR_RETURN_ERROR(
-        rows <= layer.allocated_rows, InvalidState,
+        rows <= stored.allocated_rows, InvalidState,
         "held_rows of layer %d: positions up to %d need %d rows, but the layer holds %d rows so "
         "far: write the step before reading it",
-        layer_index, end - 1, rows, layer.allocated_rows);
-    return HeldRows{layer.k, layer.v, rows, end};
+        layer, end - 1, rows, stored.allocated_rows);
+    return HeldRows{stored.k, stored.v, rows, end};
   }
 
   /// gather() for values: the plan's read runs, in position order,
@@ -151,26 +151,26 @@ class KVPoolReads : public KVPoolStates {
   /// rows of n_kv_heads x head_dim / value_dim each). Only a quantized pool.
   /// InvalidArgument: as gather(); a plain pool (use gather or views);
   /// `out_type` not float32, float16 or bfloat16. InvalidState: as gather().
-  Status gather_values(int layer_index, const SeqStepPlan& plan, DType out_type, void* k_out,
+  Status gather_values(int layer, const SeqStepPlan& plan, DType out_type, void* k_out,
                        std::size_t k_capacity, void* v_out, std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, "gather_values"));
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "gather_values"));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent, check_read(from, plan));
-    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "gather_values", out_type));
-    const PoolLayer& layer = layers_[from];
-    const std::size_t k_row = value_row_bytes(layer.n_kv_heads, layer.head_dim, out_type);
-    const std::size_t v_row = value_row_bytes(layer.n_kv_heads, layer.value_dim, out_type);
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather_values", "k_out", k_out, k_capacity, extent.rows,
+    KVCORE_RETURN_IF_ERROR(check_dequantize(layer, "gather_values", out_type));
+    const PoolLayer& stored = layers_[from];
+    const std::size_t k_row = value_row_bytes(stored.n_kv_heads, stored.head_dim, out_type);
+    const std::size_t v_row = value_row_bytes(stored.n_kv_heads, stored.value_dim, out_type);
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "gather_values", "k_out", k_out, k_capacity, extent.rows,
                                         k_row, false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "gather_values", "v_out", v_out, v_capacity, extent.rows,
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "gather_values", "v_out", v_out, v_capacity, extent.rows,
                                         v_row, false));
     unsigned char* k_at = static_cast<unsigned char*>(k_out);
     unsigned char* v_at = static_cast<unsigned char*>(v_out);
     for (int i = 0; i < plan.n_read; ++i) {
       const Run& run = plan.read[i];
       const std::size_t row = static_cast<std::size_t>(run.row);
-      dequantize_rows(dtype_, layer.n_kv_heads, layer.head_dim, layer.k + layer.k_row_bytes * row, run.len,
+      dequantize_rows(dtype_, stored.n_kv_heads, stored.head_dim, stored.k + stored.k_row_bytes * row, run.len,
                       out_type, k_at);
-      dequantize_rows(dtype_, layer.n_kv_heads, layer.value_dim, layer.v + layer.v_row_bytes * row, run.len,
+      dequantize_rows(dtype_, stored.n_kv_heads, stored.value_dim, stored.v + stored.v_row_bytes * row, run.len,
                       out_type, v_at);
       k_at += k_row * static_cast<std::size_t>(run.len);
       v_at += v_row * static_cast<std::size_t>(run.len);
@@ -181,10 +181,10 @@ class KVPoolReads : public KVPoolStates {
   /// held_rows() for values: the same rows, in row order, dequantized into
   /// k_out/v_out as `out_type` values; the result's k/v point at k_out/v_out.
   /// Only a quantized pool. Errors as held_rows(), plus gather_values()'s.
-  Result<HeldRows> held_values(int layer_index, const SeqStepPlan& plan, DType out_type, void* k_out,
+  Result<HeldRows> held_values(int layer, const SeqStepPlan& plan, DType out_type, void* k_out,
                                std::size_t k_capacity, void* v_out, std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const HeldRows held, held_rows(layer_index, plan));
-    KVCORE_RETURN_IF_ERROR(dequantize_span(layer_index, "held_values", held.k, held.v, held.rows, out_type, k_out,
+    KVCORE_ASSIGN_OR_RETURN(const HeldRows held, held_rows(layer, plan));
+    KVCORE_RETURN_IF_ERROR(dequantize_span(layer, "held_values", held.k, held.v, held.rows, out_type, k_out,
                                            k_capacity, v_out, v_capacity));
     return HeldRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), held.rows,
                     held.end};

@@ -27,19 +27,19 @@ class KVPoolStates : public KVPoolStorage {
   /// layer, not a State layer, a write run outside the slots [0, D), `states`
   /// null or not exactly write_len() slots, or overlapping the layer's slots
   /// (pass a copy).
-  Status write_state(int layer_index, const SeqStepPlan& plan, const void* states,
+  Status write_state(int layer, const SeqStepPlan& plan, const void* states,
                      std::size_t bytes) noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "write_state"));
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer, "write_state"));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent,
-                            check_runs(layer_index, plan.write, plan.n_write,
+                            check_runs(layer, plan.write, plan.n_write,
                                        SeqStepPlan::kMaxWriteRuns, "write"));
-    const PoolLayer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_state_input(layer, layer_index, "write_state", states, bytes, extent.rows));
+    const PoolLayer& stored = layers_[layer];
+    KVCORE_RETURN_IF_ERROR(check_state_input(stored, layer, "write_state", states, bytes, extent.rows));
     const unsigned char* in = static_cast<const unsigned char*>(states);
     for (int i = 0; i < plan.n_write; ++i) {
       const Run& run = plan.write[i];
-      const std::size_t n = layer.k_row_bytes * static_cast<std::size_t>(run.len);
-      std::memcpy(layer.k + layer.k_row_bytes * static_cast<std::size_t>(run.row), in, n);
+      const std::size_t n = stored.k_row_bytes * static_cast<std::size_t>(run.len);
+      std::memcpy(stored.k + stored.k_row_bytes * static_cast<std::size_t>(run.row), in, n);
       in += n;
     }
     return Error::Ok;
@@ -52,51 +52,51 @@ class KVPoolStates : public KVPoolStorage {
   /// into that slot. InvalidArgument: bad layer, not a State layer, a read run
   /// outside the slots [0, D), a plan reading more than one slot, `out` null
   /// or too small.
-  Status read_state(int layer_index, const SeqStepPlan& plan, void* out, std::size_t capacity) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "read_state"));
+  Status read_state(int layer, const SeqStepPlan& plan, void* out, std::size_t capacity) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer, "read_state"));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent,
-                            check_runs(layer_index, plan.read, plan.n_read, SeqStepPlan::kMaxReadRuns, "read"));
+                            check_runs(layer, plan.read, plan.n_read, SeqStepPlan::kMaxReadRuns, "read"));
     KVCORE_CHECK_OR_RETURN_ERROR(extent.rows <= 1, InvalidArgument,
                                  "read_state of layer %d: the plan reads %lld slots: a step starts from "
                                  "one state (none at position 0)",
-                                 layer_index, static_cast<long long>(extent.rows));
-    const PoolLayer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, "read_state", "out", out, capacity, 1, layer.k_row_bytes,
+                                 layer, static_cast<long long>(extent.rows));
+    const PoolLayer& stored = layers_[layer];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, "read_state", "out", out, capacity, 1, stored.k_row_bytes,
                                         /*exact=*/false));
     if (plan.n_read == 0) {
-      std::memset(out, 0, layer.k_row_bytes);
+      std::memset(out, 0, stored.k_row_bytes);
     } else {
-      std::memmove(out, layer.k + layer.k_row_bytes * static_cast<std::size_t>(plan.read[0].row),
-                   layer.k_row_bytes);
+      std::memmove(out, stored.k + stored.k_row_bytes * static_cast<std::size_t>(plan.read[0].row),
+                   stored.k_row_bytes);
     }
     return Error::Ok;
   }
 
-  /// Slot `slot` of State layer `layer_index`, zero-copy: k_row_bytes bytes
+  /// Slot `slot` of State layer `layer`, zero-copy: k_row_bytes bytes
   /// for a kernel that reads and writes slots itself (vLLM-style
   /// state_indices: the plan's read run's row is the slot it starts from, its
   /// write runs' rows the slots it fills, in order). Valid for the pool's life
   /// (a State layer never grows after creation). InvalidArgument: bad layer,
   /// not a State layer, slot outside [0, D).
-  Result<unsigned char*> state_slot(int layer_index, int slot) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_state_layer(layer_index, "state_slot"));
-    const PoolLayer& layer = layers_[layer_index];
-    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < layer.rows, InvalidArgument,
-                                 "state_slot of layer %d: slot = %d: must be in [0, D = %d)", layer_index, slot,
-                                 layer.rows);
-    return layer.k + layer.k_row_bytes * static_cast<std::size_t>(slot);
+  Result<unsigned char*> state_slot(int layer, int slot) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_state_layer(layer, "state_slot"));
+    const PoolLayer& stored = layers_[layer];
+    KVCORE_CHECK_OR_RETURN_ERROR(slot >= 0 && slot < stored.rows, InvalidArgument,
+                                 "state_slot of layer %d: slot = %d: must be in [0, D = %d)", layer, slot,
+                                 stored.rows);
+    return stored.k + stored.k_row_bytes * static_cast<std::size_t>(slot);
   }
 
   /// InvalidArgument unless `states` (`bytes`) are exactly `slots` states of
   /// State layer `layer` and share no byte with its slots (`what` names the verb).
-  static Status check_state_input(const PoolLayer& layer, int layer_index, const char* what, const void* states,
+  static Status check_state_input(const PoolLayer& stored, int layer, const char* what, const void* states,
                                   std::size_t bytes, std::int64_t slots) noexcept {
     KVCORE_RETURN_IF_ERROR(
-        check_buffer(layer_index, what, "states", states, bytes, slots, layer.k_row_bytes, /*exact=*/true));
-    const std::size_t all = layer.k_row_bytes * static_cast<std::size_t>(layer.rows);
-    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(states, bytes, layer.k, all), InvalidArgument,
+        check_buffer(layer, what, "states", states, bytes, slots, stored.k_row_bytes, /*exact=*/true));
+    const std::size_t all = stored.k_row_bytes * static_cast<std::size_t>(stored.rows);
+    KVCORE_CHECK_OR_RETURN_ERROR(disjoint(states, bytes, stored.k, all), InvalidArgument,
                                  "%s of layer %d: the states overlap the layer's slots: pass a copy", what,
-                                 layer_index);
+                                 layer);
     return Error::Ok;
   }
 

@@ -109,14 +109,14 @@ class KVPoolStorage : public PoolStorage<KVPoolTraits> {
     return n;
   }
 
-  /// Ok when a step writes K/V rows into `layer_index` (a Flat, Ring or
+  /// Ok when a step writes K/V rows into `layer` (a Flat, Ring or
   /// Chunked layer). InvalidArgument naming `what`: bad layer, a Shared layer
   /// (it writes nothing: its source's rows are written), a State layer.
-  Status check_writes_rows(int layer_index, const char* what) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, what));
-    KVCORE_CHECK_OR_RETURN_ERROR(from == layer_index, InvalidArgument,
+  Status check_writes_rows(int layer, const char* what) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, what));
+    KVCORE_CHECK_OR_RETURN_ERROR(from == layer, InvalidArgument,
                                  "%s: layer %d is Shared(%d): it writes nothing; write layer %d", what,
-                                 layer_index, from, from);
+                                 layer, from, from);
     return Error::Ok;
   }
 
@@ -151,39 +151,39 @@ class KVPoolStorage : public PoolStorage<KVPoolTraits> {
   };
 
   // A plan may come from anywhere: every run must lie inside the layer's rows.
-  Result<Extent> check_runs(int layer_index, const Run* runs, int n, int max_runs,
+  Result<Extent> check_runs(int layer, const Run* runs, int n, int max_runs,
                             const char* what) const noexcept {
-    const PoolLayer& layer = layers_[layer_index];
+    const PoolLayer& stored = layers_[layer];
     KVCORE_CHECK_OR_RETURN_ERROR(n >= 0 && n <= max_runs, InvalidArgument,
                                  "%s runs of layer %d: n = %d, must be in [0, %d]", what,
-                                 layer_index, n, max_runs);
+                                 layer, n, max_runs);
     Extent extent;
     for (int i = 0; i < n; ++i) {
       const Run& r = runs[i];
       KVCORE_CHECK_OR_RETURN_ERROR(
           r.row >= 0 && r.len >= 1 && r.pos >= 0 &&
-              static_cast<std::int64_t>(r.row) + r.len <= layer.rows,
+              static_cast<std::int64_t>(r.row) + r.len <= stored.rows,
           InvalidArgument,
           "%s run %d of layer %d (row %d, len %d, pos %d): must lie in rows [0, %d) with "
           "len >= 1 and pos >= 0",
-          what, i, layer_index, r.row, r.len, r.pos, layer.rows);
+          what, i, layer, r.row, r.len, r.pos, stored.rows);
       extent.rows += r.len;
       if (r.row + r.len > extent.end_row) extent.end_row = r.row + r.len;
     }
     return extent;
   }
 
-  Result<Extent> check_read(int layer_index, const SeqStepPlan& plan) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_layer(layer_index));
+  Result<Extent> check_read(int layer, const SeqStepPlan& plan) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_layer(layer));
     KVCORE_ASSIGN_OR_RETURN(const Extent extent,
-                            check_runs(layer_index, plan.read, plan.n_read,
+                            check_runs(layer, plan.read, plan.n_read,
                                        SeqStepPlan::kMaxReadRuns, "read"));
-    const PoolLayer& layer = layers_[layer_index];
+    const PoolLayer& stored = layers_[layer];
     KVCORE_CHECK_OR_RETURN_ERROR(
-        extent.end_row <= layer.allocated_rows, InvalidState,
+        extent.end_row <= stored.allocated_rows, InvalidState,
         "read of layer %d reaches row %d, but the layer holds %d rows so far: write the step "
         "before reading it",
-        layer_index, extent.end_row - 1, layer.allocated_rows);
+        layer, extent.end_row - 1, stored.allocated_rows);
     return extent;
   }
 

@@ -28,25 +28,25 @@ class PagedReads : public PagedStates {
   /// A Shared layer's span is its source's rows. InvalidArgument: bad layer,
   /// a State layer (state_slot). InvalidState: the live rows reach past the
   /// storage (update the layer for the begun step first).
-  Result<PagedRows> rows(int layer_index_given) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "rows"));
-    const PagedLayer& layer = layers_[layer_index];
-    KVCORE_ASSIGN_OR_RETURN(const int used, planner_->used_blocks(layer.group));
+  Result<PagedRows> rows(int layer) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "rows"));
+    const PagedLayer& stored = layers_[from];
+    KVCORE_ASSIGN_OR_RETURN(const int used, planner_->used_blocks(stored.group));
     const std::int64_t live = static_cast<std::int64_t>(used) * block_size_;
     KVCORE_CHECK_OR_RETURN_ERROR(
-        live <= layer.allocated_rows, InvalidState,
+        live <= stored.allocated_rows, InvalidState,
         "rows of layer %d: %lld live rows (used_blocks * block_size), but the layer holds %d rows "
         "so far: update the layer for the step first",
-        layer_index, static_cast<long long>(live), layer.allocated_rows);
-    return PagedRows{layer.k, layer.v, static_cast<int>(live)};
+        from, static_cast<long long>(live), stored.allocated_rows);
+    return PagedRows{stored.k, stored.v, static_cast<int>(live)};
   }
 
   /// Rows gather(layer, plan, entry) writes: the entry's visible positions
   /// (see gather). Errors as gather(), without the buffers.
-  Result<int> gather_rows(int layer_index_given, const BatchStepPlan& plan, int entry) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "gather_rows"));
-    KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/true));
-    return check_entry(layer_index, plan, entry);
+  Result<int> gather_rows(int layer, const BatchStepPlan& plan, int entry) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "gather_rows"));
+    KVCORE_RETURN_IF_ERROR(check_plan(from, plan, /*gather=*/true));
+    return check_entry(from, plan, entry);
   }
 
   /// One sequence's visible history, for backends that attend per sequence:
@@ -62,19 +62,19 @@ class PagedReads : public PagedStates {
   /// InvalidState: a visible row lies past the storage (update the layer
   /// first). Nothing is written on any error. A Shared layer gathers its
   /// source's rows; a State layer is refused (InvalidArgument: read_state).
-  Result<int> gather(int layer_index_given, const BatchStepPlan& plan, int entry, void* k_out,
+  Result<int> gather(int layer, const BatchStepPlan& plan, int entry, void* k_out,
                      std::size_t k_capacity, void* v_out, std::size_t v_capacity,
                      std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "gather"));
-    const PagedLayer& shape = layers_[layer_index];
-    return gather_with(layer_index, plan, entry, "gather", k_out, k_capacity, shape.k_row_bytes, v_out, v_capacity,
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "gather"));
+    const PagedLayer& shape = layers_[from];
+    return gather_with(from, plan, entry, "gather", k_out, k_capacity, shape.k_row_bytes, v_out, v_capacity,
                        shape.v_row_bytes, positions, positions_capacity,
-                       [](const PagedLayer& layer, std::size_t row, int len, unsigned char* k_at,
+                       [](const PagedLayer& stored, std::size_t row, int len, unsigned char* k_at,
                           unsigned char* v_at) {
-                         std::memcpy(k_at, layer.k + layer.k_row_bytes * row,
-                                     layer.k_row_bytes * static_cast<std::size_t>(len));
-                         std::memcpy(v_at, layer.v + layer.v_row_bytes * row,
-                                     layer.v_row_bytes * static_cast<std::size_t>(len));
+                         std::memcpy(k_at, stored.k + stored.k_row_bytes * row,
+                                     stored.k_row_bytes * static_cast<std::size_t>(len));
+                         std::memcpy(v_at, stored.v + stored.v_row_bytes * row,
+                                     stored.v_row_bytes * static_cast<std::size_t>(len));
                        });
   }
 
@@ -82,22 +82,22 @@ class PagedReads : public PagedStates {
   /// k_out/v_out as `out_type` values (rows of n_kv_heads x head_dim /
   /// value_dim). Only a quantized pool. Errors as gather(); InvalidArgument: a
   /// plain pool (use gather), `out_type` not float32, float16 or bfloat16.
-  Result<int> gather_values(int layer_index_given, const BatchStepPlan& plan, int entry, DType out_type,
+  Result<int> gather_values(int layer, const BatchStepPlan& plan, int entry, DType out_type,
                             void* k_out, std::size_t k_capacity, void* v_out, std::size_t v_capacity,
                             std::int64_t* positions = nullptr, std::size_t positions_capacity = 0) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int layer_index, row_layer(layer_index_given, "gather_values"));
-    KVCORE_RETURN_IF_ERROR(check_dequantize(layer_index, "gather_values", out_type));
-    const PagedLayer& shape = layers_[layer_index];
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, "gather_values"));
+    KVCORE_RETURN_IF_ERROR(check_dequantize(from, "gather_values", out_type));
+    const PagedLayer& shape = layers_[from];
     const DType format = dtype_;
-    return gather_with(layer_index, plan, entry, "gather_values", k_out, k_capacity,
+    return gather_with(from, plan, entry, "gather_values", k_out, k_capacity,
                        value_row_bytes(shape.n_kv_heads, shape.head_dim, out_type), v_out, v_capacity,
                        value_row_bytes(shape.n_kv_heads, shape.value_dim, out_type), positions, positions_capacity,
-                       [format, out_type](const PagedLayer& layer, std::size_t row, int len, unsigned char* k_at,
+                       [format, out_type](const PagedLayer& stored, std::size_t row, int len, unsigned char* k_at,
                                           unsigned char* v_at) {
-                         dequantize_rows(format, layer.n_kv_heads, layer.head_dim, layer.k + layer.k_row_bytes * row,
+                         dequantize_rows(format, stored.n_kv_heads, stored.head_dim, stored.k + stored.k_row_bytes * row,
                                          len, out_type, k_at);
-                         dequantize_rows(format, layer.n_kv_heads, layer.value_dim,
-                                         layer.v + layer.v_row_bytes * row, len, out_type, v_at);
+                         dequantize_rows(format, stored.n_kv_heads, stored.value_dim,
+                                         stored.v + stored.v_row_bytes * row, len, out_type, v_at);
                        });
   }
 
@@ -105,13 +105,13 @@ class PagedReads : public PagedStates {
   /// `out_type` values (at least rows x n_kv_heads x head_dim / value_dim);
   /// the result's k/v point at k_out/v_out. Only a quantized pool. Errors as
   /// rows(); InvalidArgument: a plain pool, another out_type, outputs too small.
-  Result<PagedRows> rows_values(int layer_index_given, DType out_type, void* k_out, std::size_t k_capacity,
+  Result<PagedRows> rows_values(int layer, DType out_type, void* k_out, std::size_t k_capacity,
                                 void* v_out, std::size_t v_capacity) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const PagedRows live, rows(layer_index_given));
-    const int layer_index = layers_[layer_index_given].policy.kind == LayerPolicy::Kind::Shared
-                                ? layers_[layer_index_given].policy.source
-                                : layer_index_given;
-    KVCORE_RETURN_IF_ERROR(dequantize_span(layer_index, "rows_values", live.k, live.v, live.rows, out_type, k_out,
+    KVCORE_ASSIGN_OR_RETURN(const PagedRows live, rows(layer));
+    const int from = layers_[layer].policy.kind == LayerPolicy::Kind::Shared
+                                ? layers_[layer].policy.source
+                                : layer;
+    KVCORE_RETURN_IF_ERROR(dequantize_span(from, "rows_values", live.k, live.v, live.rows, out_type, k_out,
                                            k_capacity, v_out, v_capacity));
     return PagedRows{static_cast<const unsigned char*>(k_out), static_cast<const unsigned char*>(v_out), live.rows};
   }
@@ -124,32 +124,32 @@ class PagedReads : public PagedStates {
   // gather()'s checks and walk; copy(layer, first row, len, k_at, v_at) moves
   // each stretch of consecutive rows, k_out_row / v_out_row bytes a row out.
   template <typename CopyRows>
-  Result<int> gather_with(int layer_index, const BatchStepPlan& plan, int entry, const char* what, void* k_out,
+  Result<int> gather_with(int layer, const BatchStepPlan& plan, int entry, const char* what, void* k_out,
                           std::size_t k_capacity, std::size_t k_out_row, void* v_out, std::size_t v_capacity,
                           std::size_t v_out_row, std::int64_t* positions, std::size_t positions_capacity,
                           CopyRows copy) const noexcept {
-    KVCORE_RETURN_IF_ERROR(check_plan(layer_index, plan, /*gather=*/true));
-    KVCORE_ASSIGN_OR_RETURN(const int n, check_entry(layer_index, plan, entry));
-    const PagedLayer& layer = layers_[layer_index];
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "k_out", k_out, k_capacity, n, k_out_row,
+    KVCORE_RETURN_IF_ERROR(check_plan(layer, plan, /*gather=*/true));
+    KVCORE_ASSIGN_OR_RETURN(const int n, check_entry(layer, plan, entry));
+    const PagedLayer& stored = layers_[layer];
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, what, "k_out", k_out, k_capacity, n, k_out_row,
                                         /*exact=*/false));
-    KVCORE_RETURN_IF_ERROR(check_buffer(layer_index, what, "v_out", v_out, v_capacity, n, v_out_row,
+    KVCORE_RETURN_IF_ERROR(check_buffer(layer, what, "v_out", v_out, v_capacity, n, v_out_row,
                                         /*exact=*/false));
     KVCORE_CHECK_OR_RETURN_ERROR(
         positions == nullptr || positions_capacity >= static_cast<std::size_t>(n), InvalidArgument,
-        "gather of layer %d: positions holds %zu, needs %d", layer_index, positions_capacity, n);
+        "gather of layer %d: positions holds %zu, needs %d", layer, positions_capacity, n);
     const int B = block_size_;
-    const int* table = entry_table(layer, plan, entry);
+    const int* table = entry_table(stored, plan, entry);
     unsigned char* k_at = static_cast<unsigned char*>(k_out);
     unsigned char* v_at = static_cast<unsigned char*>(v_out);
     std::int64_t* pos_at = positions;
-    for_each_visible(layer, plan, entry, [&](int begin, int end) {
+    for_each_visible(stored, plan, entry, [&](int begin, int end) {
       for (int p = begin; p < end;) {
         const int offset = p % B;
         const int len = B - offset < end - p ? B - offset : end - p;
         const std::size_t row =
             static_cast<std::size_t>(table[p / B]) * static_cast<std::size_t>(B) + static_cast<std::size_t>(offset);
-        copy(layer, row, len, k_at, v_at);
+        copy(stored, row, len, k_at, v_at);
         k_at += k_out_row * static_cast<std::size_t>(len);
         v_at += v_out_row * static_cast<std::size_t>(len);
         if (pos_at != nullptr)
@@ -176,12 +176,12 @@ class PagedReads : public PagedStates {
 
   // The entry's shape, and every visible position's block: inside the pool and
   // its storage. Returns the visible positions.
-  Result<int> check_entry(int layer_index, const BatchStepPlan& plan, int entry) const noexcept {
-    const PagedLayer& layer = layers_[layer_index];
-    const GroupPlan& gp = plan.groups[layer.group];
+  Result<int> check_entry(int layer, const BatchStepPlan& plan, int entry) const noexcept {
+    const PagedLayer& stored = layers_[layer];
+    const GroupPlan& gp = plan.groups[stored.group];
     KVCORE_CHECK_OR_RETURN_ERROR(entry >= 0 && entry < plan.n_entries, InvalidArgument,
                                  "gather of layer %d: entry = %d, must be in [0, n_entries = %d)",
-                                 layer_index, entry, plan.n_entries);
+                                 layer, entry, plan.n_entries);
     const int seq = plan.seq_ids[entry], first = plan.first_positions[entry], ctx = plan.context_lens[entry];
     const int B = block_size_;
     KVCORE_CHECK_OR_RETURN_ERROR(
@@ -190,12 +190,12 @@ class PagedReads : public PagedStates {
         InvalidArgument,
         "gather of layer %d: entry %d (seq %d, positions [%d, %d), table_stride %d) does not fit "
         "its block table",
-        layer_index, entry, seq, first, ctx, gp.table_stride);
-    const int* table = entry_table(layer, plan, entry);
-    const int n_blocks = layer.rows / B;
+        layer, entry, seq, first, ctx, gp.table_stride);
+    const int* table = entry_table(stored, plan, entry);
+    const int n_blocks = stored.rows / B;
     int n = 0;
     Status bad;
-    for_each_visible(layer, plan, entry, [&](int begin, int end) {
+    for_each_visible(stored, plan, entry, [&](int begin, int end) {
       for (int i = begin / B; i <= (end - 1) / B; ++i) {
         const int block = table[i];
         const int p = i * B > begin ? i * B : begin;
@@ -203,15 +203,15 @@ class PagedReads : public PagedStates {
           bad = Status::make(Error::InvalidArgument,
                              "gather of layer %d: entry %d sees position %d, but its block %d is "
                              "not in [0, %d)",
-                             layer_index, entry, p, block, n_blocks);
+                             layer, entry, p, block, n_blocks);
           return false;
         }
         const std::int64_t row_end = static_cast<std::int64_t>(block) * B + B;
-        if (row_end > layer.allocated_rows) {
+        if (row_end > stored.allocated_rows) {
           bad = Status::make(Error::InvalidState,
                              "gather of layer %d: position %d lives in block %d, but the layer holds "
                              "%d rows so far: update the layer for the step first",
-                             layer_index, p, block, layer.allocated_rows);
+                             layer, p, block, stored.allocated_rows);
           return false;
         }
       }

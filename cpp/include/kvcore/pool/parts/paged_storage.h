@@ -99,16 +99,16 @@ class PagedStorage : public PoolStorage<PagedKVPoolTraits> {
     return n;
   }
 
-  /// Ok when a step writes K/V rows into `layer_index` (a Flat, Ring or
+  /// Ok when a step writes K/V rows into `layer` (a Flat, Ring or
   /// Chunked layer). InvalidArgument naming `what`: bad layer, a Shared layer
   /// (it writes nothing: its source's update writes the rows it reads), a
   /// State layer.
-  Status check_writes_rows(int layer_index, const char* what) const noexcept {
-    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer_index, what));
-    KVCORE_CHECK_OR_RETURN_ERROR(from == layer_index, InvalidArgument,
+  Status check_writes_rows(int layer, const char* what) const noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int from, row_layer(layer, what));
+    KVCORE_CHECK_OR_RETURN_ERROR(from == layer, InvalidArgument,
                                  "%s: layer %d is Shared(%d): it writes nothing; update layer %d, then read "
                                  "this one (its reads answer from layer %d's rows)",
-                                 what, layer_index, from, from, from);
+                                 what, layer, from, from, from);
     return Error::Ok;
   }
 
@@ -129,8 +129,8 @@ class PagedStorage : public PoolStorage<PagedKVPoolTraits> {
 
   // What every use of a plan needs: the pool's block size, the layer's group,
   // sane counts and the arrays they index (the per-entry ones for gather).
-  Status check_plan(int layer_index, const BatchStepPlan& plan, bool gather) const noexcept {
-    const int group = layers_[layer_index].group;
+  Status check_plan(int layer, const BatchStepPlan& plan, bool gather) const noexcept {
+    const int group = layers_[layer].group;
     const bool entries = !gather || plan.n_entries == 0 ||
                          (plan.seq_ids != nullptr && plan.first_positions != nullptr &&
                           plan.context_lens != nullptr && plan.visible_starts != nullptr);
@@ -140,7 +140,7 @@ class PagedStorage : public PoolStorage<PagedKVPoolTraits> {
         InvalidArgument,
         "%s of layer %d: the plan (block_size %d, %d groups, %d tokens, %d entries) does not fit "
         "the pool (block_size %d, the layer in group %d) or lacks an array",
-        gather ? "gather" : "update", layer_index, plan.block_size, plan.n_groups, plan.n_tokens, plan.n_entries,
+        gather ? "gather" : "update", layer, plan.block_size, plan.n_groups, plan.n_tokens, plan.n_entries,
         block_size_, group);
     return Error::Ok;
   }
