@@ -482,6 +482,9 @@ def test_kvcore_run_prompt_runs_the_tiny_model_through_the_tokenizer(tmp_path: P
     assert f"prefill: {len(ids)} tokens in " in out
     by_ids = _kvcore_run(str(tmp_path / "tiny.pte"), "--tokens", ",".join(map(str, ids)), "--new", str(n_new))
     assert by_ids.returncode == 0 and by_ids.stdout.decode().startswith("tokens: " + " ".join(map(str, want)) + "\n")
+    lookup = _kvcore_run(str(tmp_path / "tiny.pte"), "--prompt", prompt, "--new", str(n_new), "--lookup", "3")
+    assert lookup.returncode == 0, lookup.stderr  # several tokens a forward: the same text and ids
+    assert lookup.stdout.decode().startswith(text + "\ntokens: " + " ".join(map(str, want)) + "\n")
 
 
 def test_the_export_puts_the_models_tokenizer_next_to_the_pte(tmp_path: Path) -> None:
