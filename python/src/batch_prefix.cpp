@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,28 +27,48 @@ using Cache = kvcore::BatchCache;
 // (more is more than any capacity: the callee refuses the clamped count).
 int token_count(const IntArray& ids) { return static_cast<int>(std::min<py::ssize_t>(ids.size(), INT_MAX)); }
 
-// The structured dtype of drained events, one record per event, its fields
-// aligned (C layout, 40 bytes): the columns are written through typed
-// references, which a packed record would misalign.
-py::object event_dtype() {
-  py::list fields;
-  fields.append(py::make_tuple("kind", "u1"));
-  fields.append(py::make_tuple("group", "<i4"));
-  fields.append(py::make_tuple("key_lo", "<u8"));
-  fields.append(py::make_tuple("key_hi", "<u8"));
-  fields.append(py::make_tuple("namespace", "<u8"));
-  fields.append(py::make_tuple("start", "<i4"));
-  fields.append(py::make_tuple("end", "<i4"));
-  return py::module_::import("numpy").attr("dtype")(fields, py::arg("align") = true);
-}
+// One drained event as numpy's aligned structured dtype lays it out (C layout,
+// 40 bytes; event_dtype() checks numpy's offsets against these once).
+struct EventRow {
+  std::uint8_t kind;
+  std::int32_t group;
+  std::uint64_t key_lo, key_hi, prefix_namespace;
+  std::int32_t start, end;
+};
+static_assert(sizeof(EventRow) == 40 && offsetof(EventRow, group) == 4 && offsetof(EventRow, key_lo) == 8 &&
+                  offsetof(EventRow, prefix_namespace) == 24 && offsetof(EventRow, start) == 32,
+              "EventRow must match numpy's aligned event dtype");
 
-// Writes get(event) into column `name` of the structured array `out`.
-template <class T, class Get>
-void fill_column(py::array& out, const char* name, const std::vector<kvcore::KVEvent>& events, Get get) {
-  py::array column = out[py::str(name)];
-  auto w = column.mutable_unchecked<T, 1>();
-  for (py::ssize_t i = 0; i < static_cast<py::ssize_t>(events.size()); ++i)
-    w(i) = get(events[static_cast<std::size_t>(i)]);
+// The structured dtype of drained events, one record per event, its fields
+// aligned (C layout, 40 bytes). Made once per process (a drain per step would
+// otherwise build it again: most of its cost), and checked field by field
+// against EventRow, whose rows are copied in whole.
+const py::dtype& event_dtype() {
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::dtype> storage;
+  return storage
+      .call_once_and_store_result([] {
+        py::list fields;
+        fields.append(py::make_tuple("kind", "u1"));
+        fields.append(py::make_tuple("group", "<i4"));
+        fields.append(py::make_tuple("key_lo", "<u8"));
+        fields.append(py::make_tuple("key_hi", "<u8"));
+        fields.append(py::make_tuple("namespace", "<u8"));
+        fields.append(py::make_tuple("start", "<i4"));
+        fields.append(py::make_tuple("end", "<i4"));
+        py::dtype dt = py::module_::import("numpy").attr("dtype")(fields, py::arg("align") = true);
+        const std::size_t offsets[] = {offsetof(EventRow, kind),   offsetof(EventRow, group),
+                                       offsetof(EventRow, key_lo), offsetof(EventRow, key_hi),
+                                       offsetof(EventRow, prefix_namespace), offsetof(EventRow, start),
+                                       offsetof(EventRow, end)};
+        const py::dict by_name = dt.attr("fields");
+        std::size_t i = 0;
+        bool same = dt.itemsize() == static_cast<py::ssize_t>(sizeof(EventRow));
+        for (const char* name : {"kind", "group", "key_lo", "key_hi", "namespace", "start", "end"})
+          same = same && py::cast<std::size_t>(by_name[name].cast<py::tuple>()[1]) == offsets[i++];
+        if (!same) raise(kvcore::Error::Internal, "numpy's aligned KV event dtype does not match EventRow's layout");
+        return dt;
+      })
+      .get_stored();
 }
 
 py::array drain(Cache& c, const py::handle& max_arg) {
@@ -58,15 +80,21 @@ py::array drain(Cache& c, const py::handle& max_arg) {
   }
   std::vector<kvcore::KVEvent> events(static_cast<std::size_t>(max));
   const int n = unwrap(c.drain_kv_events(events.data(), max));
-  events.resize(static_cast<std::size_t>(n));
-  py::array out = py::module_::import("numpy").attr("empty")(n, event_dtype());
-  fill_column<std::uint8_t>(out, "kind", events, [](const kvcore::KVEvent& e) { return static_cast<std::uint8_t>(e.kind); });
-  fill_column<std::int32_t>(out, "group", events, [](const kvcore::KVEvent& e) { return e.group; });
-  fill_column<std::uint64_t>(out, "key_lo", events, [](const kvcore::KVEvent& e) { return e.key.lo; });
-  fill_column<std::uint64_t>(out, "key_hi", events, [](const kvcore::KVEvent& e) { return e.key.hi; });
-  fill_column<std::uint64_t>(out, "namespace", events, [](const kvcore::KVEvent& e) { return e.prefix_namespace; });
-  fill_column<std::int32_t>(out, "start", events, [](const kvcore::KVEvent& e) { return e.first_position; });
-  fill_column<std::int32_t>(out, "end", events, [](const kvcore::KVEvent& e) { return e.first_position + e.n_positions; });
+  py::array out(event_dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+  auto* rows = static_cast<unsigned char*>(out.mutable_data());
+  for (int i = 0; i < n; ++i) {
+    const kvcore::KVEvent& e = events[static_cast<std::size_t>(i)];
+    EventRow row;
+    std::memset(&row, 0, sizeof row);  // the padding too: no indeterminate byte reaches numpy
+    row.kind = static_cast<std::uint8_t>(e.kind);
+    row.group = e.group;
+    row.key_lo = e.key.lo;
+    row.key_hi = e.key.hi;
+    row.prefix_namespace = e.prefix_namespace;
+    row.start = e.first_position;
+    row.end = e.first_position + e.n_positions;
+    std::memcpy(rows + static_cast<std::size_t>(i) * sizeof(EventRow), &row, sizeof(EventRow));
+  }
   return out;
 }
 
