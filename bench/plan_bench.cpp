@@ -82,17 +82,17 @@ void plan_step_faces(benchmark::State& state) {
 
 // The same step planned the way a backend can use SequenceCache's policy
 // sharing: one plan per distinct policy (two for Gemma 3), then every layer's
-// plan by policy_index(layer). Plans are pure, so these are the same plans.
+// plan by group_of(layer). Plans are pure, so these are the same plans.
 void plan_step_shared(benchmark::State& state) {
   const ModelShape& shape = kGemma3_27B;
   const int T = static_cast<int>(state.range(0));
   std::unique_ptr<kvcore::SequenceCache> warmed = warmed_cache(state, shape);
   if (!warmed) return;
   kvcore::SequenceCache& cache = *warmed;
-  std::vector<int> first_layer(static_cast<std::size_t>(cache.n_policies()), -1);
+  std::vector<int> first_layer(static_cast<std::size_t>(cache.n_groups()), -1);
   for (int l = 0; l < shape.n_layers; ++l)
-    if (first_layer[static_cast<std::size_t>(cache.policy_index(l))] < 0)
-      first_layer[static_cast<std::size_t>(cache.policy_index(l))] = l;
+    if (first_layer[static_cast<std::size_t>(cache.group_of(l))] < 0)
+      first_layer[static_cast<std::size_t>(cache.group_of(l))] = l;
   std::vector<kvcore::SeqStepPlan> by_policy(first_layer.size());
   for (auto _ : state) {
     if (!cache.can_extend(T)) cache.clear();
@@ -104,7 +104,7 @@ void plan_step_shared(benchmark::State& state) {
       by_policy[p] = *plan;
     }
     for (int l = 0; l < shape.n_layers; ++l) {
-      kvcore::SeqStepPlan plan = by_policy[static_cast<std::size_t>(cache.policy_index(l))];
+      kvcore::SeqStepPlan plan = by_policy[static_cast<std::size_t>(cache.group_of(l))];
       benchmark::DoNotOptimize(plan);
     }
     if (!cache.commit(*step).ok()) { fail(state, "commit failed"); return; }

@@ -83,8 +83,8 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
                     compute_spec),
         mirror_rings_(mirror_rings),
         states_(states) {
-    positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
-    row_positions_.resize(static_cast<std::size_t>(cache_->n_policies()));
+    positions_.resize(static_cast<std::size_t>(cache_->n_groups()));
+    row_positions_.resize(static_cast<std::size_t>(cache_->n_groups()));
     tree_writes_.resize(static_cast<std::size_t>(cache_->n_layers()));
   }
 
@@ -333,7 +333,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
 
   py::object row_positions_of(int layer, const kvcore::HeldRows& held, std::uint64_t step_id) {
     CachedPositions& cached =
-        row_positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
+        row_positions_[static_cast<std::size_t>(cache_->group_of(layer))];
     if (cached.step_id == step_id && step_id != 0) return cached.array;
     const kvcore::LayerGeometry& geometry = cache_->policy(cache_->row_layer(layer)).geometry();  // the rows it reads
     py::array out = row_positions(geometry, held.rows, held.end, active_tree());
@@ -344,7 +344,7 @@ class PyPool : public PoolBinding<kvcore::KVPool, kvcore::SequenceCache> {
 
   py::object positions_of(int layer, const kvcore::SeqStepPlan& plan, std::uint64_t step_id) {
     CachedPositions& cached =
-        positions_[static_cast<std::size_t>(cache_->policy_index(layer))];
+        positions_[static_cast<std::size_t>(cache_->group_of(layer))];
     if (cached.step_id == step_id && step_id != 0) return cached.array;
     FrozenArray<std::int64_t> out({plan.read_len()});
     std::int64_t* at = out.data;

@@ -54,14 +54,14 @@ void register_sequence_cache(py::module_& m) {
       .def_property_readonly("max_step", &kvcore::SequenceCache::max_step,
                              "Largest T of one step (C).")
       .def_property_readonly("n_layers", &kvcore::SequenceCache::n_layers, "Layers.")
-      .def_property_readonly("n_groups", &kvcore::SequenceCache::n_policies,
+      .def_property_readonly("n_groups", &kvcore::SequenceCache::n_groups,
                              "Groups: layers with identical policies share one policy object and "
                              "plan alike (every layer has a group, a State or Shared one too).")
       .def_property_readonly(
           "n_policies",
           [](const kvcore::SequenceCache& c) {
             warn_deprecated("SequenceCache.n_policies", "SequenceCache.n_groups");
-            return c.n_policies();
+            return c.n_groups();
           },
           "Deprecated alias of n_groups (removed in kvcore 0.2.0): groups, layers with identical "
           "policies sharing one policy object. Warns DeprecationWarning.")
@@ -72,7 +72,7 @@ void register_sequence_cache(py::module_& m) {
            [](const kvcore::SequenceCache& c, const PyInt& layer) {
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
-             return c.policy_index(l);
+             return c.group_of(l);
            },
            py::arg("layer"),
            "The group of `layer`, in [0, n_groups): layers of one group share one policy object "
@@ -82,7 +82,7 @@ void register_sequence_cache(py::module_& m) {
              warn_deprecated("SequenceCache.policy_index", "SequenceCache.group_of");
              const int l = to_int("layer", layer);
              throw_if_error(kvcore::internal::to_status(c.rows(l)));
-             return c.policy_index(l);
+             return c.group_of(l);
            },
            py::arg("layer"),
            "Deprecated alias of group_of (removed in kvcore 0.2.0): the group of `layer`. Warns "

@@ -70,8 +70,8 @@ py::object step_mask(StepHandle& h, const PyInt& layer, const std::string& order
                                               " is a State layer: it has no keys to mask (the step reads "
                                               "the state slot plan.read names)");
   std::vector<py::object>& masks = order == ReadOrder::Rows ? h.row_masks : h.masks;
-  const auto index = static_cast<std::size_t>(h.cache->policy_index(l));
-  if (masks.empty()) masks.resize(static_cast<std::size_t>(h.cache->n_policies()));
+  const auto index = static_cast<std::size_t>(h.cache->group_of(l));
+  if (masks.empty()) masks.resize(static_cast<std::size_t>(h.cache->n_groups()));
   if (masks[index]) return masks[index];
   py::object out;
   if (h.step.tree)

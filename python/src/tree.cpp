@@ -71,10 +71,10 @@ py::object tree_rows(const StepHandle& h, const PyInt& layer) {
 // Per layer, the (n, 2) int32 array [src row, dst row] of the last commit;
 // layers of one policy share one array.
 py::list copies_by_layer(const kvcore::SequenceCache& c) {
-  std::vector<py::object> by_policy(static_cast<std::size_t>(c.n_policies()));
+  std::vector<py::object> by_policy(static_cast<std::size_t>(c.n_groups()));
   py::list out;
   for (int l = 0; l < c.n_layers(); ++l) {
-    py::object& a = by_policy[static_cast<std::size_t>(c.policy_index(l))];
+    py::object& a = by_policy[static_cast<std::size_t>(c.group_of(l))];
     if (!a) {
       const kvcore::RowCopies copies = unwrap(c.commit_copies(l));
       FrozenArray<std::int32_t> frozen({copies.n, 2});

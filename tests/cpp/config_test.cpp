@@ -194,7 +194,7 @@ TEST(ConfigValidation, BroadcastAppliesToEveryLayer) {
   auto cache = must_create(cfg);
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(cache->n_layers(), 4);
-  EXPECT_EQ(cache->n_policies(), 1);
+  EXPECT_EQ(cache->n_groups(), 1);
   for (int l = 0; l < 4; ++l) {
     EXPECT_EQ(cache->policy(l).policy(), LayerPolicy::ring(6, 1));
     EXPECT_EQ(*cache->rows(l), 1 + 6 + 2 - 1);  // S + W + C - 1

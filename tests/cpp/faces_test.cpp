@@ -85,12 +85,12 @@ TEST(PolicyDedup, FiveRingOneFlatHasTwoPolicies) {
   layers.push_back(LayerPolicy::flat());
   auto cache = must_create(make_config(4096, layers, 8));
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(cache->n_policies(), 2);
+  EXPECT_EQ(cache->n_groups(), 2);
   for (int l = 1; l < 5; ++l) {
-    EXPECT_EQ(cache->policy_index(l), cache->policy_index(0));
+    EXPECT_EQ(cache->group_of(l), cache->group_of(0));
     EXPECT_EQ(&cache->policy(l), &cache->policy(0));  // one object, not equal copies
   }
-  EXPECT_NE(cache->policy_index(5), cache->policy_index(0));
+  EXPECT_NE(cache->group_of(5), cache->group_of(0));
   EXPECT_EQ(cache->policy(0).policy(), LayerPolicy::ring(512));
   EXPECT_EQ(cache->policy(5).policy(), LayerPolicy::flat());
 }
@@ -101,11 +101,11 @@ TEST(PolicyDedup, DifferentSinksGetDistinctPolicies) {
       {LayerPolicy::ring(16), LayerPolicy::ring(16, 4), LayerPolicy::ring(16, 4), LayerPolicy::ring(16, 1)},
       4));
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(cache->n_policies(), 3);
-  EXPECT_NE(cache->policy_index(0), cache->policy_index(1));
-  EXPECT_EQ(cache->policy_index(1), cache->policy_index(2));
-  EXPECT_NE(cache->policy_index(3), cache->policy_index(1));
-  EXPECT_NE(cache->policy_index(3), cache->policy_index(0));
+  EXPECT_EQ(cache->n_groups(), 3);
+  EXPECT_NE(cache->group_of(0), cache->group_of(1));
+  EXPECT_EQ(cache->group_of(1), cache->group_of(2));
+  EXPECT_NE(cache->group_of(3), cache->group_of(1));
+  EXPECT_NE(cache->group_of(3), cache->group_of(0));
   // Each layer's policy object carries that layer's own window and sinks.
   EXPECT_EQ(cache->policy(0).policy(), LayerPolicy::ring(16, 0));
   EXPECT_EQ(cache->policy(1).policy(), LayerPolicy::ring(16, 4));
@@ -120,18 +120,18 @@ TEST(PolicyDedup, DifferentWindowsGetDistinctPolicies) {
   auto cache = must_create(
       make_config(256, {LayerPolicy::ring(8), LayerPolicy::ring(9), LayerPolicy::ring(8)}, 4));
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(cache->n_policies(), 2);
-  EXPECT_EQ(cache->policy_index(0), cache->policy_index(2));
-  EXPECT_NE(cache->policy_index(0), cache->policy_index(1));
+  EXPECT_EQ(cache->n_groups(), 2);
+  EXPECT_EQ(cache->group_of(0), cache->group_of(2));
+  EXPECT_NE(cache->group_of(0), cache->group_of(1));
 }
 
 TEST(PolicyDedup, BroadcastAndRepeatedFlatShareOne) {
   auto broadcast = must_create(make_config(64, {LayerPolicy::ring(4, 1)}, 2, /*n_layers=*/9));
   ASSERT_NE(broadcast, nullptr);
-  EXPECT_EQ(broadcast->n_policies(), 1);
+  EXPECT_EQ(broadcast->n_groups(), 1);
   auto flats = must_create(make_config(64, {LayerPolicy::flat(), LayerPolicy::flat(), LayerPolicy::flat()}));
   ASSERT_NE(flats, nullptr);
-  EXPECT_EQ(flats->n_policies(), 1);
+  EXPECT_EQ(flats->n_groups(), 1);
 }
 
 TEST(PolicyDedup, SharedPolicyLayersStillPlanIndependentlyCorrect) {

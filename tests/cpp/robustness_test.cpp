@@ -41,7 +41,7 @@ TEST(RobustnessRegressions, TheLargestLayerCountWorks) {
   auto cache = kvcore::SequenceCache::create(broadcast(CacheConfig::kMaxLayers));
   ASSERT_TRUE(cache.ok()) << cache.message().c_str();
   EXPECT_EQ((*cache)->n_layers(), 65536);
-  EXPECT_EQ((*cache)->n_policies(), 1);
+  EXPECT_EQ((*cache)->n_groups(), 1);
   auto step = (*cache)->begin_step(1);
   ASSERT_TRUE(step.ok());
   EXPECT_TRUE((*cache)->plan(65535, *step).ok());

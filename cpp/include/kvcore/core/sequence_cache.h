@@ -193,7 +193,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// next commit. InvalidArgument: bad layer.
   Result<RowCopies> commit_copies(int layer) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
-    return tree_.copies(policy_index(layer));
+    return tree_.copies(group_of(layer));
   }
 
   /// The begun tree step's layout: per node its position, chain index and the
@@ -332,14 +332,22 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   // Introspection.
   /// The begun, uncommitted step; id == 0 when there is none.
   const Step& active_step() const noexcept { return active_; }
-  /// Distinct policy objects (identical layer policies share one).
-  int n_policies() const noexcept { return policies_.size(); }
-  /// Index of the policy object `layer` uses. Precondition: 0 <= layer < n_layers.
-  int policy_index(int layer) const noexcept {
+  /// Groups: layers with identical policies share one policy object and plan
+  /// alike (every layer has a group, a State or Shared one too), as a
+  /// BatchCache's layers sharing a policy form a group.
+  int n_groups() const noexcept { return policies_.size(); }
+  /// The group of `layer`, in [0, n_groups()). Precondition: 0 <= layer < n_layers.
+  int group_of(int layer) const noexcept {
     return policies_.of(layer);
   }
+  /// Deprecated alias of n_groups (removed in kvcore 0.2.0).
+  [[deprecated("SequenceCache::n_policies: use n_groups (removed in kvcore 0.2.0)")]]
+  int n_policies() const noexcept { return n_groups(); }
+  /// Deprecated alias of group_of (removed in kvcore 0.2.0).
+  [[deprecated("SequenceCache::policy_index: use group_of (removed in kvcore 0.2.0)")]]
+  int policy_index(int layer) const noexcept { return group_of(layer); }
   const LayoutPolicy& policy(int layer) const noexcept {
-    return policies_[policy_index(layer)];
+    return policies_[group_of(layer)];
   }
   /// The oldest position past the sinks `layer`'s rows still hold: positions
   /// [held_from, length) and the sinks are in its rows (what an export
@@ -348,7 +356,7 @@ class SequenceCache final : public CacheBase, public SequenceControl, public Seq
   /// meaningful for a Shared layer (its source's answers).
   /// Precondition: 0 <= layer < n_layers.
   int held_from(int layer) const noexcept {
-    const int i = policy_index(layer);
+    const int i = group_of(layer);
     return policies_[i].held_from(held(i), length_);
   }
 
