@@ -29,8 +29,10 @@ Naming: a byte layer class is ``[Torch]<Cache kind>KVPool``: ``KVPool`` /
 ``TorchKVPool`` over a ``SequenceCache``, ``PagedKVPool`` / ``TorchPagedKVPool`` over a
 ``BatchCache``. Needs ``torch``; ``import kvcore`` does not import this package.
 The old paths (``kvcore.integrations.torch_pool``, ``torch_paged``, ``torch_state``,
-``torch_paged_state``, and the name ``TorchPagedKV``) work for one more release and
-warn (DeprecationWarning).
+``torch_paged_state``, and the name ``TorchPagedKV``) and the old verb names
+(``TorchPagedKVPool.apply_commit`` and ``state``, ``TorchKVPool.policy_of``: one name per action
+with the numpy pools) work for one more release and warn (DeprecationWarning;
+docs/deprecations.md).
 """
 
 from __future__ import annotations
