@@ -540,6 +540,8 @@ def main() -> int:
                       f"equal: {x.get('equals_transformers')}", file=log, flush=True)  # fmt: skip
             inter["peak_rss_kib_process"] = inter.pop("peak_rss_kib_process", None)
             report.setdefault("interleaved", {})[name] = inter
+        if args.out:  # what is done so far, in case the run is cut short
+            Path(args.out).write_text(json.dumps({**report, "partial": True}, indent=1) + "\n")
         if args.skip_separate:
             continue
         for system in systems:
