@@ -64,6 +64,11 @@ def test_an_old_demo_submodule_is_the_moved_module(monkeypatch: pytest.MonkeyPat
     assert real_model is importlib.import_module("kvcore.integrations.transformers_models")
     with pytest.raises(ModuleNotFoundError, match="kvcore_demo.no_such_demo"):
         importlib.import_module("kvcore.demo.no_such_demo")
+    demo = importlib.import_module("kvcore.demo")
+    with pytest.raises(AttributeError, match="'kvcore.demo' has no attribute 'no_such_demo'"):
+        demo.no_such_demo  # noqa: B018
+    assert not hasattr(demo, "__all__")  # a dunder is never looked up as a submodule
+    assert demo.sequence is importlib.import_module("kvcore_demo.sequence")
 
 
 def test_the_deprecations_go_in_the_next_minor_release() -> None:

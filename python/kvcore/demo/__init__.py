@@ -55,8 +55,13 @@ if not any(isinstance(finder, _MovedDemo) for finder in sys.meta_path):
 
 
 def __getattr__(name: str) -> object:
-    """``kvcore.demo.NAME``: the attribute (or submodule) ``NAME`` of ``kvcore_demo``."""
-    try:
+    """``kvcore.demo.NAME``: the attribute (or submodule) ``NAME`` of ``kvcore_demo``.
+    AttributeError: neither exists (a dunder name is never a submodule)."""
+    if hasattr(kvcore_demo, name):
         return getattr(kvcore_demo, name)
-    except AttributeError:
-        return importlib.import_module(_MOVED.get(name, f"kvcore_demo.{name}"))
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(_MOVED.get(name, f"kvcore_demo.{name}"))
+        except ModuleNotFoundError:
+            pass
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
