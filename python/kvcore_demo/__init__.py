@@ -18,7 +18,9 @@ module:
   report and exit-code sequence both demos share;
 - ``kvcore_demo.sequence``: ``kvcore demo``, one sequence, plain then speculative;
 - ``kvcore_demo.batch``: ``kvcore demo --batch``, many chats through
-  ``BatchCache`` + ``PagedKVPool``;
+  ``BatchCache`` + ``PagedKVPool`` (the run and its report), over
+  ``kvcore_demo.batch_chats`` (its options, chats and oracle) and
+  ``kvcore_demo.batch_server`` (its serving loop);
 - ``kvcore_demo.trees``: ``kvcore demo --tree N``, speculative decoding with
   draft trees through ``SequenceCache`` + ``KVPool``;
 - ``kvcore_demo.early_exit``: the tree demo's drafter, the model's own first

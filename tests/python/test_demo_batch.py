@@ -18,6 +18,8 @@ from needs import need
 import kvcore
 from kvcore import cli
 from kvcore_demo import batch as demo_batch
+from kvcore_demo import batch_server
+from kvcore_demo.options import TOLERANCE
 from kvcore_demo import footprint, trees
 from kvcore_demo.model import Model, ModelConfig
 from kvcore_demo.runner import single_threaded_blas
@@ -155,7 +157,7 @@ def test_16_bit_kv(dtype: str, tree: int) -> None:
     if dtype == "bfloat16":
         need("ml_dtypes")
     r = _run(demo_batch.BatchDemoOptions(**{**SMALL.__dict__, "dtype": dtype, "chats": 3, "tree": tree}))
-    assert r["ok"] and r["oracle"]["tolerance"] == demo_batch.TOLERANCE[dtype]
+    assert r["ok"] and r["oracle"]["tolerance"] == TOLERANCE[dtype]
     assert (r["trees"]["steps"] > 0) == (tree > 0)
 
 
@@ -407,7 +409,7 @@ def test_tree_batch_run_catches_commit_copies_not_applied(monkeypatch: pytest.Mo
 def test_a_token_that_is_not_greedy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # Decoding the second choice keeps every logit exact (the oracle follows the tokens),
     # so only the greedy check can tell.
-    monkeypatch.setattr(demo_batch, "greedy", lambda row: int(np.argsort(row, kind="stable")[-2]))
+    monkeypatch.setattr(batch_server, "greedy", lambda row: int(np.argsort(row, kind="stable")[-2]))
     r = _run(SMALL)
     assert [c["ok"] for c in r["checks"]] == [True, True, True, False]
 
