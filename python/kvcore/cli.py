@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(a in sub.choices for a in args_in) and (
         not print_and_exit & set(args_in) or demo.batch_argv(args_in) is not None
         or demo.hf_batch_argv(args_in) is not None or demo.disaggregated_argv(args_in) is not None
-        or demo.runtime_argv(args_in) is not None
+        or demo.runtime_argv(args_in) is not None or "--cluster" in args_in
     ):
         args_in = ["demo", *args_in]
     # `kvcore demo --runtime executorch`: a tiny model run by kvcore-run, with a parser of its own.
