@@ -14,13 +14,13 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kvcore
 from kvcore._argparse import Parser
-from kvcore_demo import batch, hf_batch, real, real_run, sequence
 from kvcore.integrations import transformers_models as real_model
+from kvcore_demo import batch, hf_batch, real, real_run, sequence
 from kvcore_demo.options import TOLERANCE
 from kvcore_demo.runner import run_and_report
 
@@ -367,25 +367,38 @@ def disaggregated_main(argv: Sequence[str]) -> int:
         ("seed", "weights and prompts seed"),
     ]
     _add_int_knobs(p, knobs, d)
+    _add_ray_demo_options(p, d)
+    args = p.parse_args(list(argv))
+    return _run_on_ray("kvcore demo --disaggregated", _options(disaggregated.DisaggregatedOptions, args),
+                       disaggregated.run_disaggregated, disaggregated.format_report, as_json=args.json)
+
+
+def _add_ray_demo_options(p: argparse.ArgumentParser, d: Any) -> None:
+    """The options every model-free Ray demo takes after its knobs (defaults from options `d`):
+    --max-step, --dtype, --address, --json."""
     p.add_argument("--max-step", type=int, default=None,
                    help=f"largest step (a prefill chunk), at most the longest sequence (default {d.max_step}, or "
                    "the longest sequence when shorter)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
     p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(list(argv))
+
+
+def _run_on_ray(command: str, opts: Any, run_demo: Callable[[Any], dict[str, Any]],
+                fmt: Callable[[dict[str, Any]], str], *, as_json: bool) -> int:
+    """Runs a Ray demo and prints its report; the exit status: 0 when every check passed, 1 when
+    one failed, 2 when Ray is missing (the ``distributed`` extra) or the options are refused."""
     try:
         import ray  # noqa: F401
     except ImportError:
-        print('kvcore demo --disaggregated: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
+        print(f'{command}: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
         return 2
-    opts = _options(disaggregated.DisaggregatedOptions, args)
     try:
-        report = disaggregated.run_disaggregated(opts)
+        report = run_demo(opts)
     except (ValueError, kvcore.KVCacheError) as e:
-        print(f"kvcore demo --disaggregated: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if args.json else disaggregated.format_report(report))
+    print(json.dumps(report, indent=2) if as_json else fmt(report))
     return 0 if report["ok"] else 1
 
 
@@ -424,26 +437,10 @@ def cluster_main(argv: Sequence[str]) -> int:
                    help="the router's policy (default %(default)s)")
     p.add_argument("--alpha", type=float, default=d.alpha,
                    help="kv policy: tokens of cached prefix one running request outweighs (default %(default)s)")
-    p.add_argument("--max-step", type=int, default=None,
-                   help=f"largest step (a prefill chunk), at most the longest sequence (default {d.max_step}, or "
-                   "the longest sequence when shorter)")
-    p.add_argument("--dtype", default=d.dtype, choices=sorted(TOLERANCE), help="K/V storage type (default %(default)s)")
-    p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_ray_demo_options(p, d)
     args = p.parse_args(list(argv))
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        print('kvcore demo --cluster: error: needs Ray: pip install "kvcore[distributed]"', file=sys.stderr)
-        return 2
-    opts = _options(cluster.ClusterOptions, args)
-    try:
-        report = cluster.run_cluster(opts)
-    except (ValueError, kvcore.KVCacheError) as e:
-        print(f"kvcore demo --cluster: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=2) if args.json else cluster.format_report(report))
-    return 0 if report["ok"] else 1
+    return _run_on_ray("kvcore demo --cluster", _options(cluster.ClusterOptions, args), cluster.run_cluster,
+                       cluster.format_report, as_json=args.json)
 
 
 def real_disaggregated_main(argv: Sequence[str]) -> int:

@@ -8,6 +8,7 @@ changed. One local Ray instance for the module (num_cpus=2)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,9 +29,17 @@ from test_tier import KINDS, P, Q_LONGER, Model, config, kv, same  # noqa: E402
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
+    # The test actors and the test_tier helpers they call are pickled by value: Ray's workers
+    # cannot import test modules (pytest puts tests/python on the driver's path only).
+    import test_tier
+
+    for module in (sys.modules[__name__], test_tier):
+        ray.cloudpickle.register_pickle_by_value(module)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+    for module in (sys.modules[__name__], test_tier):
+        ray.cloudpickle.unregister_pickle_by_value(module)
 
 
 def computed(kind: str, prompt: list[int], ns: Any = None) -> Model:
