@@ -41,7 +41,7 @@ import numpy.typing as npt
 from kvcore._core import KV_EVENT_CLEARED, KV_EVENT_STORED, BatchCache, block_keys
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError, NotSupportedError
 from kvcore.state import RecordInfo, record_data
-from kvcore.tier import HostTier, Namespace, Tokens, namespace_id
+from kvcore.tier import HostTier, Namespace, RecordFacts, Tokens, namespace_id
 
 __all__ = ["Cluster", "Fetched", "Replica", "Reply", "Request", "RecordStore", "Router", "StoreHit",
            "StoreStats", "fetch", "publish", "publish_record", "start_replicas", "start_store"]
@@ -124,31 +124,18 @@ class StoreStats:
     bytes_served: int
 
 
-class _Entry:
-    __slots__ = ("id", "value", "namespace", "block_size", "keys", "length", "nbytes", "flat", "state")
+class _Entry(RecordFacts):
+    """One record of the store: its id, its value (a Ray object ref in a one-item list, or the
+    record itself in one process), its bytes and its facts (the host tier's rule serves it)."""
+
+    __slots__ = ("id", "value", "nbytes")
 
     def __init__(self, entry_id: int, value: Any, namespace: int, block_size: int, keys: list[tuple[int, int]],
                  length: int, nbytes: int, flat: bool, state: bool) -> None:
+        super().__init__(namespace, block_size, keys, length, flat, state)
         self.id = entry_id
         self.value = value
-        self.namespace = namespace
-        self.block_size = block_size
-        self.keys = keys
-        self.length = length
         self.nbytes = nbytes
-        self.flat = flat
-        self.state = state
-
-    def serves(self, n_blocks: int, keep: bool) -> bool:
-        """The host tier's rule (kvcore.tier): a flat record every full-block prefix; another only
-        its last full block released (no State layer) or its length kept."""
-        if not 1 <= n_blocks <= len(self.keys):
-            return False
-        if self.flat:
-            return True
-        if keep:
-            return n_blocks * self.block_size == self.length
-        return not self.state and n_blocks == len(self.keys)
 
 
 class RecordStore:

@@ -38,7 +38,7 @@ from kvcore._core import BatchCache, block_keys
 from kvcore._errors import CapacityError, InvalidArgumentError, InvalidStateError
 from kvcore.state import RecordInfo, record_data
 
-__all__ = ["HostTier", "Restored"]
+__all__ = ["HostTier", "RecordFacts", "Restored"]
 
 Namespace = Optional[Union[int, bytes, str]]
 Tokens = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
@@ -115,21 +115,23 @@ class Restored:
         return self.hit - self.device_hit
 
 
-class _Entry:
-    """One stored record and what the tier knows of it (validated when it entered)."""
+class RecordFacts:
+    """What a tier knows of one validated record (kvcore.tier's host tier and kvcore.cluster's
+    store): its prefix namespace id, its block size in tokens, the chained keys of its full
+    blocks (``kvcore.block_keys``), its length in tokens, ``flat`` (every layer flat, or shared
+    with a flat one: any full-block prefix serves) and ``state`` (a State layer: an import names
+    no state snapshot). ``serves`` is the rule both tiers apply to a hit."""
 
-    __slots__ = ("record", "namespace", "block_size", "keys", "length", "flat", "state", "last_used")
+    __slots__ = ("namespace", "block_size", "keys", "length", "flat", "state")
 
-    def __init__(self, record: bytes, namespace: int, block_size: int, keys: list[tuple[int, int]], length: int,
-                 flat: bool, state: bool) -> None:
-        self.record = record
+    def __init__(self, namespace: int, block_size: int, keys: list[tuple[int, int]], length: int, flat: bool,
+                 state: bool) -> None:
         self.namespace = namespace
         self.block_size = block_size
-        self.keys = keys  # the chained keys of its full blocks
+        self.keys = keys
         self.length = length
-        self.flat = flat  # every layer flat (or shared with a flat one): any full-block prefix serves
-        self.state = state  # a State layer: an import names no state snapshot, only keep=True serves
-        self.last_used = 0
+        self.flat = flat
+        self.state = state
 
     def serves(self, n_blocks: int, keep: bool) -> bool:
         """Can the record give a hit of `n_blocks` full blocks? A flat model's at every boundary
@@ -143,6 +145,18 @@ class _Entry:
         if keep:
             return n_blocks * self.block_size == self.length
         return not self.state and n_blocks == len(self.keys)
+
+
+class _Entry(RecordFacts):
+    """One stored record of the host tier: its bytes, its facts, when it was last used."""
+
+    __slots__ = ("record", "last_used")
+
+    def __init__(self, record: bytes, namespace: int, block_size: int, keys: list[tuple[int, int]], length: int,
+                 flat: bool, state: bool) -> None:
+        super().__init__(namespace, block_size, keys, length, flat, state)
+        self.record = record
+        self.last_used = 0
 
 
 class HostTier:
