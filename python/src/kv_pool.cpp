@@ -76,7 +76,7 @@ void register_kv_pool(py::module_& m) {
          "True when wrapping ring layers keep a mirror of their first R - 1 rows, so every "
          "read without sinks is a zero-copy view.")
       .def_property_readonly(
-          "nbytes", [](const PyPool& p) { return p.pool().in_use_bytes(p.cache()->length()); },
+          "nbytes", [](const PyPool& p) { return p.pool().used_bytes(p.cache()->length()); },
           "Bytes of the rows holding the cache's committed positions (a State layer's: min(length, D) "
           "slots; a Shared layer's: none).")
       .def("rows", [](const PyPool& p, const PyInt& layer) {

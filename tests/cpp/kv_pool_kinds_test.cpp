@@ -452,7 +452,7 @@ TEST(KVPoolKinds, SharedLayersStoreNothingAndStateLayersTheirSlots) {
   EXPECT_EQ(s.pool->layer(2)->allocated_rows, 3);  // allocated in full
   // flat: 4 initial rows of 16 + 16 bytes; shared: none; state: 3 slots of 16.
   EXPECT_EQ(s.pool->reserved_bytes(), 4u * 32u + 3u * 16u);
-  EXPECT_EQ(s.pool->in_use_bytes(2), 2u * 32u + 2u * 16u);
+  EXPECT_EQ(s.pool->used_bytes(2), 2u * 32u + 2u * 16u);
   const std::size_t need = *KVPool::required_bytes(
       config_of({LayerPolicy::flat(), LayerPolicy::shared(0), LayerPolicy::state(3)}, 32, 2, 4), DType::UInt8,
       kvcore::RingStorage::Compact, StateSlotBytes{s.slots.data(), 3});

@@ -232,8 +232,8 @@ TEST(KVPoolMirror, ReservesRMinusOneExtraRowsPerWrappingRingWithoutSinks) {
   EXPECT_EQ(mirrored->layer(2)->mirror_rows, 0);
   EXPECT_EQ(mirrored->layer(3)->mirror_rows, 0);
   EXPECT_EQ(compact->layer(0)->mirror_rows, 0);
-  // in_use_bytes counts positions, not storage: the mirror does not change it.
-  EXPECT_EQ(mirrored->in_use_bytes(12), compact->in_use_bytes(12));
+  // used_bytes counts positions, not storage: the mirror does not change it.
+  EXPECT_EQ(mirrored->used_bytes(12), compact->used_bytes(12));
 
   auto need_compact = KVPool::required_bytes(cfg, DType::Float32);
   auto need_mirrored = KVPool::required_bytes(cfg, DType::Float32, RingStorage::Mirrored);

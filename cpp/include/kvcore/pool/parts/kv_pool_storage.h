@@ -98,7 +98,7 @@ class KVPoolStorage : public PoolStorage<KVPoolTraits> {
   /// Bytes of the rows that hold positions [0, length) (min(length, rows) rows
   /// per layer; a State layer's min(length, D) slots, a Shared layer's none):
   /// what a cache of that length keeps alive.
-  std::size_t in_use_bytes(int length) const noexcept {
+  std::size_t used_bytes(int length) const noexcept {
     std::size_t n = 0;
     if (length <= 0) return 0;
     for (int l = 0; l < n_layers_; ++l) {
@@ -108,6 +108,9 @@ class KVPoolStorage : public PoolStorage<KVPoolTraits> {
     }
     return n;
   }
+  /// Deprecated alias of used_bytes (PagedKVPool's name; removed in kvcore 0.2.0).
+  [[deprecated("KVPool::in_use_bytes: use used_bytes (removed in kvcore 0.2.0)")]]
+  std::size_t in_use_bytes(int length) const noexcept { return used_bytes(length); }
 
   /// Ok when a step writes K/V rows into `layer` (a Flat, Ring or
   /// Chunked layer). InvalidArgument naming `what`: bad layer, a Shared layer
