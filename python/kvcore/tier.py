@@ -66,8 +66,10 @@ def namespace_id(namespace: Namespace) -> int:
     )
 
 
-def _tokens(tokens: Tokens, what: str) -> npt.NDArray[np.int32]:
-    """`tokens` as a 1-D int32 array (a copy). InvalidArgumentError names what is wrong."""
+def token_ids(tokens: Tokens, what: str) -> npt.NDArray[np.int32]:
+    """`tokens` (an ordered sequence or 1-D array of ints) as a 1-D int32 array, a copy: the check
+    the host tier and the cluster store make of a prompt. InvalidArgumentError names `what` and
+    what is wrong (an unordered collection, a string, another shape or dtype, an id beyond 32 bits)."""
     if isinstance(tokens, (set, frozenset, dict, str, bytes)):
         raise InvalidArgumentError(f"{what}: tokens must be an ordered sequence of ints, not a {type(tokens).__name__}")
     try:
@@ -220,7 +222,7 @@ class HostTier:
         ``restore(..., keep=keep)``, 0 if none. No side effect (no record's recency moves).
         InvalidArgumentError: bad tokens, block_size < 1, a bad namespace."""
         ns = namespace_id(namespace)
-        found = self._find(_tokens(tokens, "longest"), self._block_size(block_size), ns, 0, keep)
+        found = self._find(token_ids(tokens, "longest"), self._block_size(block_size), ns, 0, keep)
         return 0 if found is None else found[1]
 
     # --- in ------------------------------------------------------------------------------------
@@ -244,7 +246,7 @@ class HostTier:
             raise InvalidArgumentError(f"spill: seq = {seq!r}: must be an int in [0, {cache.max_seqs})")
         if not cache.sequence(seq).active:
             raise InvalidStateError(f"spill: sequence {seq} is not active")
-        ids = _tokens(tokens, "spill")
+        ids = token_ids(tokens, "spill")
         length, block = cache.length(seq), cache.block_size
         if len(ids) != length:
             raise InvalidArgumentError(
@@ -311,7 +313,7 @@ class HostTier:
         record. The cache changes nothing on an error."""
         cache = _cache_of(cache, pool, "restore")
         ns = namespace_id(namespace)
-        ids = _tokens(tokens, "restore")
+        ids = token_ids(tokens, "restore")
         if len(ids) > cache.capacity:
             raise InvalidArgumentError(f"restore: {len(ids)} tokens > capacity {cache.capacity}")
         if not isinstance(keep, bool):

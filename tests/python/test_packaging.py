@@ -243,10 +243,11 @@ def test_the_top_level_is_the_api() -> None:
     is its deprecated path); `import kvcore` loads none of them."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == [
-        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli", "cluster",
+        "__init__", "__main__", "_argparse", "_errors", "_paths", "cli",
         "export_command", "forward_step", "memory", "memory_command", "quantized", "registry", "state", "tier",
     ]  # fmt: skip
-    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == ["demo", "hf_config", "integrations", "torch"]
+    assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == [
+        "cluster", "demo", "hf_config", "integrations", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
     probe = ("import sys, kvcore; print(sorted(m for m in sys.modules"
              " if m.startswith(('kvcore_demo', 'kvcore.demo', 'kvcore.torch'))))")
@@ -260,6 +261,14 @@ def test_the_demo_package_names_its_modules() -> None:
     assert demo.name == "kvcore_demo" and len(list(demo.glob("[!_]*.py"))) > 10
     for path in sorted(demo.glob("[!_]*.py")):
         assert f"``kvcore_demo.{path.stem}``" in doc, path.stem
+
+
+def test_the_cluster_package_names_its_modules() -> None:
+    doc = importlib.import_module("kvcore.cluster").__doc__ or ""
+    modules = sorted((PACKAGE / "cluster").glob("[!_]*.py"))
+    assert len(modules) >= 4
+    for path in modules:
+        assert f"``kvcore.cluster.{path.stem}``" in doc, path.stem
 
 
 def test_the_torch_package_names_its_modules() -> None:
