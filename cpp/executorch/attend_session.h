@@ -18,8 +18,12 @@
 // Attention reads the visible K/V rows in blocks of 32, once per layer and step
 // (online softmax over the blocks in position order, per query head and token),
 // dequantizing or widening a block into a small workspace when it is not float32.
-// Everything is allocated by create(); a step allocates nothing.
-// Not thread-safe: one runtime thread drives a session.
+// With more than one thread the layer's work is cut into tasks (attend_partition.h:
+// ranges of key blocks, each a partial softmax merged after, then ranges of query
+// items) run by the session's own WorkerPool (worker_pool.h), the calling thread
+// working too; one thread is the single-task path.
+// Everything is allocated by create() / set_threads(); a step allocates nothing.
+// Not thread-safe: one runtime thread drives a session (its workers are its own).
 #pragma once
 
 #include <cmath>
@@ -38,6 +42,9 @@
 #include "kvcore/pool/dtype.h"
 #include "kvcore/pool/kv_pool.h"
 #include "kvcore/pool/quantize.h"
+#include "attend_partition.h"
+#include "attend_rows.h"
+#include "worker_pool.h"
 
 namespace kvcore {
 namespace et {
@@ -49,13 +56,13 @@ class AttendSession {
   /// `kv_dtype` (Float32, Float16, BFloat16, QInt8 or Fp8E4M3), attended by
   /// `n_q_heads` query heads (a positive multiple of every layer's n_kv_heads).
   /// Allocates the planner, one arena holding every layer's rows at full size,
-  /// and the per-step workspaces (staged K/V of max_step tokens, the queries and
-  /// the softmax accumulators of max_step tokens, one widened block of K/V rows).
+  /// and the per-step workspaces (staged K/V of max_step tokens, the queries of
+  /// max_step tokens), then set_threads(`threads`) (0: the processors online).
   /// InvalidArgument: the config breaks a rule (the message names it), has a
-  /// State layer, or `kv_dtype` / `n_q_heads` is not one of the above.
+  /// State layer, or `kv_dtype` / `n_q_heads` / `threads` is not one of the above.
   /// MemoryAllocationFailed: an allocation failed (nothing kept).
   static Result<std::unique_ptr<AttendSession>> create(const CacheConfig& config, int n_q_heads,
-                                                       DType kv_dtype = DType::Float32) noexcept {
+                                                       DType kv_dtype = DType::Float32, int threads = 0) noexcept {
     KVCORE_RETURN_IF_ERROR(validate(config));
     KVCORE_CHECK_OR_RETURN_ERROR(is_compute_type(kv_dtype) || is_quantized(kv_dtype), InvalidArgument,
                                  "kv_dtype %s (%d): must be float32, float16, bfloat16, qint8 or fp8_e4m3",
@@ -92,7 +99,7 @@ class AttendSession {
     KVCORE_CHECK_OR_RETURN_ERROR(s->served_ && s->policy_ && s->shape_, MemoryAllocationFailed,
                                  "AttendSession: out of memory");
     const std::size_t T = at(s->max_step_), hq = at(n_q_heads);
-    std::size_t stage = 0, block_k = 0, block_v = 0, qbuf = 0, acc = 0;
+    std::size_t stage = 0, qbuf = 0;
     for (int l = 0; l < n; ++l) {
       const LayerConfig& lc = config.layer(l);
       s->shape_[at(l)] = lc;
@@ -102,23 +109,68 @@ class AttendSession {
       const std::size_t hk = at(lc.n_kv_heads), d = at(lc.head_dim), dv = at(lc.value_dim());
       const std::size_t widest = d > dv ? d : dv;
       if (T * hk * widest * 4 > stage) stage = T * hk * widest * 4;  // 4: the widest element
-      if (at(kBlock) * hk * d > block_k) block_k = at(kBlock) * hk * d;
-      if (at(kBlock) * hk * dv > block_v) block_v = at(kBlock) * hk * dv;
+      if (at(kBlock) * hk * d > s->block_k_) s->block_k_ = at(kBlock) * hk * d;
+      if (at(kBlock) * hk * dv > s->block_v_) s->block_v_ = at(kBlock) * hk * dv;
       if (T * hq * d > qbuf) qbuf = T * hq * d;
-      if (T * hq * (dv + 2) > acc) acc = T * hq * (dv + 2);
+      if (T * hq * (dv + 2) > s->slot_) s->slot_ = T * hq * (dv + 2);
     }
     s->stage_k_.reset(new (std::nothrow) unsigned char[stage]);
     s->stage_v_.reset(new (std::nothrow) unsigned char[stage]);
-    s->kblock_.reset(new (std::nothrow) float[block_k]);
-    s->vblock_.reset(new (std::nothrow) float[block_v]);
-    s->score_.reset(new (std::nothrow) float[kBlock]);
     s->q_.reset(new (std::nothrow) float[qbuf]);
-    s->acc_.reset(new (std::nothrow) float[acc]);
-    KVCORE_CHECK_OR_RETURN_ERROR(s->stage_k_ && s->stage_v_ && s->kblock_ && s->vblock_ && s->score_ && s->q_ && s->acc_,
-                                 MemoryAllocationFailed,
+    KVCORE_CHECK_OR_RETURN_ERROR(s->stage_k_ && s->stage_v_ && s->q_, MemoryAllocationFailed,
                                  "AttendSession: cannot allocate the step workspaces");
+    KVCORE_RETURN_IF_ERROR(s->set_threads(threads));
     return s;
   }
+
+  /// Attends with `threads` workers from now on (0: the processors online; 1: the
+  /// calling thread alone, no pool): starts a pool of threads - 1 threads (the previous
+  /// pool's are stopped) and allocates each worker's widened K/V block and each key
+  /// range's softmax accumulators (max_step x n_q_heads x (2 + v_head_dim) floats).
+  /// Configuration time: allocates; no forward may be under way. InvalidArgument:
+  /// `threads` outside [0, 256]. InvalidState: a forward is under way.
+  /// MemoryAllocationFailed: an allocation or a thread start failed (the session keeps
+  /// its previous threads).
+  Status set_threads(int threads) noexcept {
+    KVCORE_CHECK_OR_RETURN_ERROR(threads >= 0 && threads <= WorkerPool::kMaxWorkers, InvalidArgument,
+                                 "threads = %d: must be in [0, %d] (0: one per processor online)", threads,
+                                 WorkerPool::kMaxWorkers);
+    KVCORE_CHECK_OR_RETURN_ERROR(!in_forward(), InvalidState,
+                                 "set_threads(%d) during a forward: change the threads between forwards", threads);
+    const int workers = WorkerPool::resolve(threads);
+    const std::size_t w = at(workers);
+    std::unique_ptr<float[]> kblock(new (std::nothrow) float[w * block_k_]);
+    std::unique_ptr<float[]> vblock(new (std::nothrow) float[w * block_v_]);
+    std::unique_ptr<float[]> score(new (std::nothrow) float[w * at(kBlock)]);
+    std::unique_ptr<float[]> acc(new (std::nothrow) float[w * slot_]);  // also kTasksPerWorker small steps' slots
+    KVCORE_CHECK_OR_RETURN_ERROR(kblock && vblock && score && acc, MemoryAllocationFailed,
+                                 "AttendSession: cannot allocate the workspaces of %d workers", workers);
+    std::unique_ptr<WorkerPool> pool;
+    if (workers > 1) {
+      KVCORE_ASSIGN_OR_RETURN(pool, WorkerPool::create(workers));
+    }
+    pool_threads_ = static_cast<std::unique_ptr<WorkerPool>&&>(pool);
+    kblock_ = static_cast<std::unique_ptr<float[]>&&>(kblock);
+    vblock_ = static_cast<std::unique_ptr<float[]>&&>(vblock);
+    score_ = static_cast<std::unique_ptr<float[]>&&>(score);
+    acc_ = static_cast<std::unique_ptr<float[]>&&>(acc);
+    workers_ = workers;
+    return Error::Ok;
+  }
+
+  /// The default least work of a task: about 50 us of one core, more than a sleeping
+  /// worker takes to wake.
+  static constexpr std::size_t kMinTaskWork = std::size_t{1} << 17;
+
+  /// Sets the least work (multiply-adds) worth a task of its own: a layer's attention is
+  /// cut into at most work / min_task_work tasks (0: one per worker whatever the size;
+  /// tests use it to cut tiny shapes). Default kMinTaskWork.
+  void set_min_task_work(std::size_t min_task_work) noexcept { min_task_work_ = min_task_work; }
+
+  /// Workers attending (the calling thread counted).
+  int threads() const noexcept { return workers_; }
+  /// How the last layer attended was cut into tasks (tests and tuning).
+  const AttendPartition& last_partition() const noexcept { return last_partition_; }
 
   AttendSession(const AttendSession&) = delete;
   AttendSession& operator=(const AttendSession&) = delete;
@@ -275,19 +327,6 @@ class AttendSession {
     return Error::Ok;
   }
 
-  // [H, T, dim] of `in` -> rows [T, H, dim] of `to` at `out` (converting the elements).
-  static void stage_rows(DType in, const void* src, int heads, int T, int dim, DType to, unsigned char* out) noexcept {
-    const unsigned char* from = static_cast<const unsigned char*>(src);
-    for (int h = 0; h < heads; ++h) {
-      for (int t = 0; t < T; ++t) {
-        const std::size_t row = at(t) * at(heads) + at(h), input = at(h) * at(T) + at(t);
-        for (int e = 0; e < dim; ++e) {
-          quant_detail::store(to, out, row * at(dim) + at(e), quant_detail::load(in, from, input * at(dim) + at(e)));
-        }
-      }
-    }
-  }
-
   Status serve(int layer, DType io_type, const void* q, const void* k, const void* v, int T, float scale,
                DType out_type, void* out) noexcept {
     const LayerConfig& lc = shape_[at(layer)];
@@ -296,8 +335,8 @@ class AttendSession {
     if (lc.policy.kind != LayerPolicy::Kind::Shared) {
       // Quantized rows are quantized from the input's own type; plain rows are staged in the pool's.
       const DType staged = is_quantized(kv_dtype_) ? io_type : kv_dtype_;
-      stage_rows(io_type, k, hkv, T, d, staged, stage_k_.get());
-      stage_rows(io_type, v, hkv, T, dv, staged, stage_v_.get());
+      attend_rows::stage(io_type, k, hkv, T, d, staged, stage_k_.get());
+      attend_rows::stage(io_type, v, hkv, T, dv, staged, stage_v_.get());
       const std::size_t k_bytes = at(T) * at(hkv) * at(d) * element_size(staged);
       const std::size_t v_bytes = at(T) * at(hkv) * at(dv) * element_size(staged);
       if (is_quantized(kv_dtype_)) {
@@ -316,59 +355,83 @@ class AttendSession {
     return Error::Ok;
   }
 
-  // `n` consecutive rows of a span as float32 values: in place when the pool stores float32,
-  // else widened or dequantized into `buf` (n x heads x dim floats).
-  const float* rows_as_float(const unsigned char* rows, std::size_t row_bytes, int n, int heads, int dim,
-                             float* buf) const noexcept {
-    if (kv_dtype_ == DType::Float32) return reinterpret_cast<const float*>(rows);
-    if (is_quantized(kv_dtype_)) {
-      dequantize_rows(kv_dtype_, heads, dim, rows, n, DType::Float32, buf);
-    } else {
-      const std::size_t per_row = at(heads) * at(dim);
-      for (int r = 0; r < n; ++r) {
-        for (std::size_t i = 0; i < per_row; ++i) buf[at(r) * per_row + i] = quant_detail::load(kv_dtype_, rows + row_bytes * at(r), i);
-      }
-    }
-    return buf;
+  // One layer's attention, the job of the workers' tasks.
+  struct Job {
+    AttendSession* self;
+    int layer, T;
+    const KVViews* views;
+    std::size_t k_row_bytes, v_row_bytes;
+    float scale;
+    std::size_t slot;  // floats of a key range's accumulators
+    AttendPartition part;
+  };
+
+  static void run_task(void* context, int task, int worker) noexcept {
+    const Job& job = *static_cast<const Job*>(context);
+    int i0, i1, b0, b1;
+    job.part.item_range(task, &i0, &i1);
+    job.part.block_range(task, &b0, &b1);
+    job.self->attend_part(job, i0, i1, b0, b1, job.part.k_part(task), worker);
   }
 
-  static float dot(const float* a, const float* b, std::size_t n) noexcept {
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;  // four chains the compiler can vectorize
-    std::size_t e = 0;
-    for (; e + 4 <= n; e += 4) {
-      s0 += a[e] * b[e];
-      s1 += a[e + 1] * b[e + 1];
-      s2 += a[e + 2] * b[e + 2];
-      s3 += a[e + 3] * b[e + 3];
-    }
-    for (; e < n; ++e) s0 += a[e] * b[e];
-    return (s0 + s1) + (s2 + s3);
-  }
-
-  // Softmax attention of each (query head, token) over the rows its position sees, blocks of
-  // kBlock rows at a time in the order the views give them (position order): each block is
-  // widened once if need be, and each query's running max, sum and weighted values are
-  // rescaled once per block (online softmax).
+  // Softmax attention of each (query head, token) over the rows its position sees, cut into
+  // tasks (attend_partition.h) whose key ranges' partial softmaxes are merged in order, then
+  // normalized into `out`. One task is the whole layer in one key range.
   void attend(int layer, const KVViews& views, std::size_t k_row_bytes, std::size_t v_row_bytes, int T,
               float scale, DType out_type, unsigned char* out) noexcept {
     const LayerConfig& lc = shape_[at(layer)];
-    const LayerPolicy& policy = policy_[at(layer)];
-    const int hkv = lc.n_kv_heads, hq = n_q_heads_, group = hq / hkv;
-    const std::size_t D = at(lc.head_dim), DV = at(lc.value_dim());
-    const std::size_t n_acc = at(hq) * at(T);
-    const float minus_inf = -std::numeric_limits<float>::infinity();
-    // Per (head, token): running max, running sum, then DV weighted values.
+    const std::size_t DV = at(lc.value_dim()), n_acc = at(n_q_heads_) * at(T);
+    int blocks = 0;
+    for (int s = 0; s < views.n; ++s) blocks += (views.span[s].run.len + kBlock - 1) / kBlock;
+    const std::size_t work = n_acc * at(blocks) * at(kBlock) * (at(lc.head_dim) + DV);
+    // A key range's slot is this step's accumulators: as many fit as the workers' slots hold.
+    const std::size_t stride = n_acc * (DV + 2);
+    const std::size_t fit = at(workers_) * slot_ / stride;
+    Job job{this, layer, T, &views, k_row_bytes, v_row_bytes, scale, stride,
+            AttendPartition::choose(workers_, static_cast<int>(n_acc), blocks, work, min_task_work_,
+                                    fit > 1024 ? 1024 : static_cast<int>(fit))};
+    last_partition_ = job.part;
+    if (job.part.tasks() == 1 || !pool_threads_) {
+      for (int t = 0; t < job.part.tasks(); ++t) run_task(&job, t, 0);
+    } else {
+      pool_threads_->run(job.part.tasks(), &AttendSession::run_task, &job);
+    }
     float* acc = acc_.get();
     for (std::size_t i = 0; i < n_acc; ++i) {
       float* a = acc + i * (DV + 2);
+      if (job.part.k_parts > 1) AttendPartition::merge(a, job.slot, job.part.k_parts, DV, a);
+      // Every query sees at least itself, so each sum is >= 1.
+      const float inv = 1.0f / a[1];
+      for (std::size_t e = 0; e < DV; ++e) quant_detail::store(out_type, out, i * DV + e, a[2 + e] * inv);
+    }
+  }
+
+  // Items [i0, i1) (item = head * T + token) over key blocks [b0, b1) (kBlock rows each, in
+  // the views' position order), into key-range slot `slot`, with worker `worker`'s buffers:
+  // each block is widened once if need be, and each item's running max, sum and weighted
+  // values are rescaled once per block (online softmax).
+  void attend_part(const Job& job, int i0, int i1, int b0, int b1, int slot, int worker) noexcept {
+    const LayerConfig& lc = shape_[at(job.layer)];
+    const LayerPolicy& policy = policy_[at(job.layer)];
+    const int hkv = lc.n_kv_heads, group = n_q_heads_ / hkv, T = job.T;
+    const std::size_t D = at(lc.head_dim), DV = at(lc.value_dim());
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    // Per item: running max, running sum, then DV weighted values.
+    float* acc = acc_.get() + at(slot) * job.slot;
+    for (int i = i0; i < i1; ++i) {
+      float* a = acc + at(i) * (DV + 2);
       a[0] = minus_inf;
       a[1] = 0.0f;
       for (std::size_t e = 0; e < DV; ++e) a[2 + e] = 0.0f;
     }
-    float* score = score_.get();
-    for (int s = 0; s < views.n; ++s) {
-      const KVSpan& span = views.span[s];
-      for (int r0 = 0; r0 < span.run.len; r0 += kBlock) {
+    float* score = score_.get() + at(worker) * at(kBlock);
+    float* kbuf = kblock_.get() + at(worker) * block_k_;
+    float* vbuf = vblock_.get() + at(worker) * block_v_;
+    int b = 0;
+    for (int s = 0; s < job.views->n && b < b1; ++s) {
+      const KVSpan& span = job.views->span[s];
+      for (int r0 = 0; r0 < span.run.len && b < b1; r0 += kBlock, ++b) {
+        if (b < b0) continue;
         const int n = span.run.len - r0 < kBlock ? span.run.len - r0 : kBlock;
         const int pos0 = span.run.pos + r0;
         // Skip a block no query of the step sees (a ring's rows the window left behind).
@@ -377,46 +440,38 @@ class AttendSession {
           for (int j = 0; j < n && !seen; ++j) seen = policy.sees(step_.position + t, pos0 + j);
         }
         if (!seen) continue;
-        const float* kb = rows_as_float(span.k + k_row_bytes * at(r0), k_row_bytes, n, hkv, lc.head_dim, kblock_.get());
-        const float* vb = rows_as_float(span.v + v_row_bytes * at(r0), v_row_bytes, n, hkv, lc.value_dim(), vblock_.get());
-        for (int t = 0; t < T; ++t) {
-          const int qpos = step_.position + t;
-          for (int h = 0; h < hq; ++h) {
-            const float* qv = q_.get() + (at(h) * at(T) + at(t)) * D;
-            const std::size_t kh = at(h / group);
-            float best = minus_inf;
-            for (int j = 0; j < n; ++j) {
-              if (!policy.sees(qpos, pos0 + j)) {
-                score[j] = minus_inf;
-                continue;
-              }
-              score[j] = dot(qv, kb + (at(j) * at(hkv) + kh) * D, D) * scale;
-              if (score[j] > best) best = score[j];
+        const float* kb = attend_rows::as_float(kv_dtype_, span.k + job.k_row_bytes * at(r0), job.k_row_bytes, n, hkv, lc.head_dim, kbuf);
+        const float* vb = attend_rows::as_float(kv_dtype_, span.v + job.v_row_bytes * at(r0), job.v_row_bytes, n, hkv, lc.value_dim(), vbuf);
+        for (int i = i0; i < i1; ++i) {
+          const int h = i / T, qpos = step_.position + i % T;
+          const float* qv = q_.get() + at(i) * D;
+          const std::size_t kh = at(h / group);
+          float best = minus_inf;
+          for (int j = 0; j < n; ++j) {
+            if (!policy.sees(qpos, pos0 + j)) {
+              score[j] = minus_inf;
+              continue;
             }
-            if (best == minus_inf) continue;  // this query sees none of the block
-            float* a = acc + (at(h) * at(T) + at(t)) * (DV + 2);
-            if (best > a[0]) {
-              const float shrink = std::exp(a[0] - best);  // exp(-inf) = 0 on the first block seen
-              a[1] *= shrink;
-              for (std::size_t e = 0; e < DV; ++e) a[2 + e] *= shrink;
-              a[0] = best;
-            }
-            for (int j = 0; j < n; ++j) {
-              if (score[j] == minus_inf) continue;
-              const float w = std::exp(score[j] - a[0]);
-              a[1] += w;
-              const float* vv = vb + (at(j) * at(hkv) + kh) * DV;
-              for (std::size_t e = 0; e < DV; ++e) a[2 + e] += w * vv[e];
-            }
+            score[j] = attend_rows::dot(qv, kb + (at(j) * at(hkv) + kh) * D, D) * job.scale;
+            if (score[j] > best) best = score[j];
+          }
+          if (best == minus_inf) continue;  // this query sees none of the block
+          float* a = acc + at(i) * (DV + 2);
+          if (best > a[0]) {
+            const float shrink = std::exp(a[0] - best);  // exp(-inf) = 0 on the first block seen
+            a[1] *= shrink;
+            for (std::size_t e = 0; e < DV; ++e) a[2 + e] *= shrink;
+            a[0] = best;
+          }
+          for (int j = 0; j < n; ++j) {
+            if (score[j] == minus_inf) continue;
+            const float w = std::exp(score[j] - a[0]);
+            a[1] += w;
+            const float* vv = vb + (at(j) * at(hkv) + kh) * DV;
+            for (std::size_t e = 0; e < DV; ++e) a[2 + e] += w * vv[e];
           }
         }
       }
-    }
-    // Every query sees at least itself, so each sum is >= 1.
-    for (std::size_t i = 0; i < n_acc; ++i) {
-      const float* a = acc + i * (DV + 2);
-      const float inv = 1.0f / a[1];
-      for (std::size_t e = 0; e < DV; ++e) quant_detail::store(out_type, out, i * DV + e, a[2 + e] * inv);
     }
   }
 
@@ -440,10 +495,15 @@ class AttendSession {
   std::unique_ptr<LayerPolicy[]> policy_;  // the visibility rule each layer attends by
   std::unique_ptr<LayerConfig[]> shape_;
   std::unique_ptr<unsigned char[]> stage_k_, stage_v_;  // a step's K/V rows, [T][H][dim]
-  std::unique_ptr<float[]> kblock_, vblock_;            // kBlock K and V rows, widened
-  std::unique_ptr<float[]> score_;                      // one query's scores over a block
+  std::unique_ptr<float[]> kblock_, vblock_;            // per worker: kBlock K and V rows, widened
+  std::unique_ptr<float[]> score_;                      // per worker: one query's scores over a block
   std::unique_ptr<float[]> q_;                          // the step's queries, [H_q][T][d]
-  std::unique_ptr<float[]> acc_;                        // softmax accumulators, [H_q][T][2 + dv]
+  std::unique_ptr<float[]> acc_;                        // per key range: accumulators, [H_q][T][2 + dv]
+  std::unique_ptr<WorkerPool> pool_threads_;            // null with one worker
+  std::size_t block_k_ = 0, block_v_ = 0, slot_ = 0;    // floats of a worker's blocks, of a slot
+  std::size_t min_task_work_ = kMinTaskWork;
+  AttendPartition last_partition_;
+  int workers_ = 1;
   DType kv_dtype_ = DType::Float32;
   int n_layers_ = 0;
   int n_q_heads_ = 0;

@@ -2,10 +2,14 @@
 // against a brute-force reference: every layer kind (Flat, Ring with sinks, Ring,
 // Chunked, Shared), GQA, a value dim other than the key dim, chunked prefills,
 // decodes past every window, rewinds; no allocation per step; refusals change
-// nothing. Built without ExecuTorch (the session knows nothing of it), under
-// -fno-exceptions -fno-rtti.
+// nothing; with threads, every kind and type against the single-thread session
+// (bit for bit while only query items are split, within float rounding once key
+// ranges are merged). Built without ExecuTorch (the session knows nothing of it),
+// under -fno-exceptions -fno-rtti.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,7 +28,7 @@ using kvcore::LayerConfig;
 using kvcore::LayerPolicy;
 using kvcore::et::AttendSession;
 
-constexpr int kHeads = 4, kKvHeads = 2, kDim = 4, kVDim = 3, kMaxStep = 4, kCapacity = 64;
+constexpr int kHeads = 4, kKvHeads = 2, kDim = 4, kVDim = 3, kMaxStep = 4, kCapacity = 200;
 
 CacheConfig five_kinds() {
   CacheConfig c;
@@ -103,13 +107,17 @@ struct Driver {
                              v_io = std::vector<unsigned char>(4 * v.size()), out_io = std::vector<unsigned char>(4 * out.size());
   std::vector<std::int64_t> pos = std::vector<std::int64_t>(kMaxStep);
   float scale = 0.5f;
+  int last_T = 0;  // the tokens of the last layer served: out holds kHeads x last_T x kVDim values
   std::uint64_t session_news = 0;  // operator new calls inside the session's steps and rewinds
 
-  explicit Driver(kvcore::DType kv = kvcore::DType::Float32, kvcore::DType in_out = kvcore::DType::Float32)
+  // `threads` workers; min_task_work 0 cuts even these tiny shapes into one task per worker.
+  explicit Driver(kvcore::DType kv = kvcore::DType::Float32, kvcore::DType in_out = kvcore::DType::Float32,
+                  int threads = 1, std::size_t min_task_work = AttendSession::kMinTaskWork)
       : kv_dtype(kv), io(in_out) {
-    auto made = AttendSession::create(config, kHeads, kv_dtype);
+    auto made = AttendSession::create(config, kHeads, kv_dtype, threads);
     EXPECT_TRUE(made.ok());
     session = std::move(made).get();
+    session->set_min_task_work(min_task_work);
     for (History& h : history) {
       h.k.reserve(static_cast<std::size_t>(kCapacity) * kKvHeads * kDim);
       h.v.reserve(static_cast<std::size_t>(kCapacity) * kKvHeads * kVDim);
@@ -126,6 +134,7 @@ struct Driver {
 
   // One layer of a forward of T tokens at P; appends its K/V ([H][T][D] -> [pos][H][D]) to the history.
   kvcore::Status layer(int l, int P, int T) {
+    last_T = T;
     fill(q, q_io, static_cast<std::size_t>(kHeads) * T * kDim);
     fill(k, k_io, static_cast<std::size_t>(kKvHeads) * T * kDim);
     fill(v, v_io, static_cast<std::size_t>(kKvHeads) * T * kVDim);
@@ -170,7 +179,12 @@ struct Driver {
   // A whole forward, each layer's output checked against the reference.
   void forward(int T) {
     const int P = session->length();
-    for (int l = 0; l < config.n_layers; ++l) {
+    for (int l = 0; l < config.n_layers; ++l) checked_layer(l, P, T);
+  }
+
+  // One layer of a forward of T tokens at P, its output checked against the reference.
+  void checked_layer(int l, int P, int T) {
+    {
       const LayerPolicy& p = config.layers[static_cast<std::size_t>(l)].policy;
       ASSERT_TRUE(layer(l, P, T).ok()) << "layer " << l << " at " << P;
       const bool shared = p.kind == LayerPolicy::Kind::Shared;
@@ -305,6 +319,151 @@ TEST(AttendSession, ConfigsItCannotServeAreRefused) {
   auto bad = AttendSession::create(c, kHeads);
   ASSERT_FALSE(bad.ok());
   EXPECT_STREQ(bad.status().message().c_str(), "layers[1].policy.window = 0: a Ring layer needs window >= 1");
+}
+
+// One unit in the last place of `type` for values of magnitude below 1 (0 for float32): a
+// float result a rounding away from another may round to the neighbouring 16-bit value.
+double ulp_below_one(kvcore::DType type) {
+  return type == kvcore::DType::BFloat16 ? 1.0 / 256 : type == kvcore::DType::Float16 ? 1.0 / 2048 : 0.0;
+}
+
+// A threaded session and a single-thread one fed the same values (same seed), each layer
+// checked against the reference and then by `compare` (one, many, how many's layer was cut)
+// against each other. Returns how many layers were cut into several key ranges.
+template <typename Compare>
+int lockstep(const Types& types, int threads, int decodes, Compare compare) {
+  Driver one(types.kv, types.io, 1);
+  Driver many(types.kv, types.io, threads, /*min_task_work=*/0);
+  EXPECT_EQ(many.session->threads(), threads);
+  int key_split = 0;
+  auto both = [&](int T) {
+    const int P = one.session->length();
+    for (int l = 0; l < one.config.n_layers; ++l) {
+      one.checked_layer(l, P, T);
+      many.checked_layer(l, P, T);
+      EXPECT_EQ(one.session->last_partition().tasks(), 1);
+      compare(one, many, many.session->last_partition());
+      if (many.session->last_partition().k_parts > 1) ++key_split;
+    }
+  };
+  for (int T : {4, 3, 2, 4}) both(T);
+  for (int i = 0; i < decodes; ++i) both(1);
+  one.rewind(one.session->length() - 3);
+  many.rewind(many.session->length() - 3);
+  for (int T : {2, 1, 3}) both(T);
+  EXPECT_EQ(many.session_news, 0u) << "a threaded step allocated";
+  EXPECT_EQ(many.session->length(), one.session->length());
+  return key_split;
+}
+
+class ThreadedTypes : public ::testing::TestWithParam<Types> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    KvAndIo, ThreadedTypes,
+    ::testing::Values(Types{kvcore::DType::Float32, kvcore::DType::Float32},
+                      Types{kvcore::DType::BFloat16, kvcore::DType::Float32},
+                      Types{kvcore::DType::Float16, kvcore::DType::Float16},
+                      Types{kvcore::DType::QInt8, kvcore::DType::Float32},
+                      Types{kvcore::DType::QInt8, kvcore::DType::BFloat16},
+                      Types{kvcore::DType::Fp8E4M3, kvcore::DType::Float32},
+                      Types{kvcore::DType::BFloat16, kvcore::DType::BFloat16}),
+    [](const ::testing::TestParamInfo<Types>& info) {
+      return std::string(kvcore::to_string(info.param.kv)) + "_kv_" + kvcore::to_string(info.param.io) + "_io";
+    });
+
+// A layer whose rows are one key block (a span of at most 32 rows) is cut only across the
+// query items (heads x tokens), which changes no arithmetic: its output equals bit for bit.
+TEST_P(ThreadedTypes, SplittingOnlyTheQueriesEqualsOneThreadBitForBit) {
+  int query_only = 0;
+  lockstep(GetParam(), 3, 40, [&](const Driver& one, const Driver& many, const kvcore::et::AttendPartition& cut) {
+    if (cut.k_parts > 1) return;
+    ASSERT_GT(cut.q_parts, 1);
+    ++query_only;
+    const std::size_t bytes = static_cast<std::size_t>(kHeads) * one.last_T * kVDim * kvcore::element_size(one.io);
+    ASSERT_EQ(std::memcmp(one.out_io.data(), many.out_io.data(), bytes), 0)
+        << "at length " << one.session->length();
+  });
+  EXPECT_GT(query_only, 50);
+}
+
+// Past 32 positions the flat layer (and the sink ring's two spans) is cut into key ranges
+// whose partial softmaxes are merged: the sums of the weights and weighted values are
+// re-associated. Values and outputs are within [-1, 1] and the weights positive, so each
+// re-associated float32 sum of at most n = length terms moves by at most about n * eps of
+// its size (the recursive summation bound), and the normalized output by about 2 n eps;
+// a 16-bit output may then round to its neighbour, one unit in its last place.
+TEST_P(ThreadedTypes, SplittingTheKeysEqualsOneThreadWithinFloatRounding) {
+  for (int threads : {2, 4}) {
+    const int key_split = lockstep(GetParam(), threads, 150, [](const Driver& one, const Driver& many,
+                                                                 const kvcore::et::AttendPartition&) {
+      const double tolerance = 2.0 * one.session->length() * FLT_EPSILON + ulp_below_one(one.io);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(kHeads) * one.last_T * kVDim; ++i)
+        ASSERT_NEAR(many.out[i], one.out[i], tolerance) << "at length " << one.session->length() << ", i " << i;
+    });
+    EXPECT_GT(key_split, 300) << threads << " threads";  // the flat layer from 33 rows on, the sink ring's spans
+  }
+}
+
+TEST(AttendSessionThreads, ThreadCountsAreCheckedAndRefusalsKeepTheThreads) {
+  Driver d(kvcore::DType::Float32, kvcore::DType::Float32, 2, 0);
+  EXPECT_EQ(d.session->threads(), 2);
+  kvcore::Status s = d.session->set_threads(-1);
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_STREQ(s.message().c_str(), "threads = -1: must be in [0, 256] (0: one per processor online)");
+  s = d.session->set_threads(257);
+  EXPECT_EQ(s.code(), Error::InvalidArgument);
+  EXPECT_EQ(d.session->threads(), 2);
+  ASSERT_TRUE(d.layer(0, 0, 2).ok());  // a forward under way
+  s = d.session->set_threads(3);
+  EXPECT_EQ(s.code(), Error::InvalidState);
+  EXPECT_STREQ(s.message().c_str(), "set_threads(3) during a forward: change the threads between forwards");
+  EXPECT_EQ(d.session->threads(), 2);
+  EXPECT_TRUE(d.session->in_forward());  // the refusal did not abort it
+  d.session->abort_forward();
+  {
+    kvcore_test::FailNothrowNewAfter none(0);
+    s = d.session->set_threads(4);
+  }
+  EXPECT_EQ(s.code(), Error::MemoryAllocationFailed);
+  EXPECT_EQ(d.session->threads(), 2);
+  d.forward(3);  // still attending, equal to the reference
+  ASSERT_TRUE(d.session->set_threads(1).ok());
+  EXPECT_EQ(d.session->threads(), 1);
+  ASSERT_TRUE(d.session->set_threads(0).ok());  // one per processor online
+  EXPECT_EQ(d.session->threads(), kvcore::et::WorkerPool::resolve(0));
+  EXPECT_GE(d.session->threads(), 1);
+  d.forward(2);
+  auto refused = AttendSession::create(five_kinds(), kHeads, kvcore::DType::Float32, 300);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_STREQ(refused.status().message().c_str(), "threads = 300: must be in [0, 256] (0: one per processor online)");
+}
+
+// Every task of every job runs exactly once, whichever worker claims it, job after job
+// (a worker waking late for a finished job must claim nothing of the next).
+TEST(WorkerPool, RunsEveryTaskOfEveryJobOnce) {
+  auto made = kvcore::et::WorkerPool::create(4);
+  ASSERT_TRUE(made.ok());
+  auto pool = std::move(made).get();
+  EXPECT_EQ(pool->workers(), 4);
+  struct Counts {
+    std::atomic<int> runs[7];
+    std::atomic<int> bad_worker{0};
+  } counts;
+  auto task = [](void* context, int t, int worker) {
+    Counts& c = *static_cast<Counts*>(context);
+    c.runs[t].fetch_add(1);
+    if (worker < 0 || worker >= 4) c.bad_worker.fetch_add(1);
+  };
+  for (int job = 0; job < 2000; ++job) {
+    const int n = 1 + job % 7;
+    for (auto& r : counts.runs) r.store(0);
+    pool->run(n, task, &counts);
+    for (int t = 0; t < 7; ++t) ASSERT_EQ(counts.runs[t].load(), t < n ? 1 : 0) << "job " << job << ", task " << t;
+  }
+  EXPECT_EQ(counts.bad_worker.load(), 0);
+  auto refused = kvcore::et::WorkerPool::create(0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_STREQ(refused.status().message().c_str(), "threads = 0: must be in [1, 256]");
 }
 
 }  // namespace

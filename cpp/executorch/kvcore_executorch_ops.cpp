@@ -18,7 +18,9 @@
 // Supported now: batch 1; q/k/v and out in float32, float16 or bfloat16; K/V stored
 // as float32, float16, bfloat16, int8 (ExecuTorch's QuantizedKVCache rule) or fp8;
 // Flat, Ring (with sinks), Chunked and Shared layers. Built with -fno-exceptions
-// -fno-rtti; a step allocates nothing.
+// -fno-rtti; a step allocates nothing. Attention runs on the session's own worker
+// threads (kvcore_et_set_threads; default one per processor online), started when
+// the cache is configured; the op itself is called by one runtime thread at a time.
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -46,6 +48,7 @@ using kvcore::Status;
 using kvcore::et::AttendSession;
 
 std::unique_ptr<AttendSession> g_session;  // the cache the op serves (null: not configured)
+int g_threads = 0;                         // attention workers of caches configured (0: processors online)
 kvcore::Message g_last_error;              // the message of the last failure, for kvcore_et_last_error()
 
 // Keeps `status`'s message, logs it (ET_LOG, Error) and returns its ExecuTorch code.
@@ -195,12 +198,34 @@ KVCORE_ET_API int kvcore_et_configure(int n_layers, const int* kinds, const int*
     lc.head_dim = head_dim;
     lc.v_head_dim = v_head_dim;
   }
-  auto made = AttendSession::create(config, n_q_heads, static_cast<kvcore::DType>(kv_dtype));
+  auto made = AttendSession::create(config, n_q_heads, static_cast<kvcore::DType>(kv_dtype), g_threads);
   if (!made.ok()) return static_cast<int>(report(made.status()));
   g_session = std::move(made).get();
   g_last_error = kvcore::Message{};
   return 0;
 }
+
+/// Attends with `threads` workers (the calling runtime thread and threads - 1 threads of
+/// the cache's own; 0: one per processor online, the default; 1: no threads), for the
+/// configured cache (its threads restarted now) and those configured later. Returns 0,
+/// or InvalidArgument (0x12: threads outside [0, 256]), InvalidState (0x2: a forward is
+/// under way) or MemoryAllocationFailed (0x21); on error nothing changes.
+KVCORE_ET_API int kvcore_et_set_threads(int threads) {
+  if (g_session) {
+    const Status status = g_session->set_threads(threads);
+    if (!status.ok()) return static_cast<int>(report(status));
+  } else if (threads < 0 || threads > kvcore::et::WorkerPool::kMaxWorkers) {
+    return static_cast<int>(report(Status::make(kvcore::Error::InvalidArgument,
+                                                "threads = %d: must be in [0, %d] (0: one per processor online)",
+                                                threads, kvcore::et::WorkerPool::kMaxWorkers)));
+  }
+  g_threads = threads;
+  return 0;
+}
+
+/// Attention workers of the configured cache (the calling thread counted), or of the next
+/// one configured when none is (0: one per processor online).
+KVCORE_ET_API int kvcore_et_threads(void) { return g_session ? g_session->threads() : g_threads; }
 
 /// Length 0: the next forward starts at position 0. 0, or InvalidState (0x2)
 /// when no cache is configured.
