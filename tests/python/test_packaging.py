@@ -235,7 +235,7 @@ PACKAGE = Path(kvcore.__file__).resolve().parent
 
 def test_the_top_level_is_the_api() -> None:
     """Beside the API sit only the command line, the memory planner and its command, the export command, the sequence records
-    (kvcore.state), the host tier of records (kvcore.tier), the cluster store and router on Ray (kvcore.cluster), the
+    (kvcore.state), the host tier (the kvcore.tier package), the cluster store and router on Ray (kvcore.cluster), the
     quantized formats' names and sizes (kvcore.quantized), the step of one
     forward (kvcore.forward_step) and the config.json reader (the kvcore.hf_config package); the
     torch byte layers are kvcore.torch, adapters to other libraries kvcore.integrations; the demos
@@ -244,10 +244,10 @@ def test_the_top_level_is_the_api() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == [
         "__init__", "__main__", "_argparse", "_errors", "_paths", "cli",
-        "export_command", "forward_step", "memory", "memory_command", "quantized", "registry", "state", "tier",
+        "export_command", "forward_step", "memory", "memory_command", "quantized", "registry", "state",
     ]  # fmt: skip
     assert sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")) == [
-        "cluster", "demo", "hf_config", "integrations", "torch"]
+        "cluster", "demo", "hf_config", "integrations", "tier", "torch"]
     assert not [name for name in kvcore.__all__ if "demo" in name.lower() or name in ("model", "Model", "Decoder")]
     probe = ("import sys, kvcore; print(sorted(m for m in sys.modules"
              " if m.startswith(('kvcore_demo', 'kvcore.demo', 'kvcore.torch'))))")
@@ -269,6 +269,14 @@ def test_the_cluster_package_names_its_modules() -> None:
     assert len(modules) >= 4
     for path in modules:
         assert f"``kvcore.cluster.{path.stem}``" in doc, path.stem
+
+
+def test_the_tier_package_names_its_modules() -> None:
+    doc = importlib.import_module("kvcore.tier").__doc__ or ""
+    modules = sorted((PACKAGE / "tier").glob("[!_]*.py"))
+    assert len(modules) >= 4
+    for path in modules:
+        assert f"``kvcore.tier.{path.stem}``" in doc, path.stem
 
 
 def test_the_torch_package_names_its_modules() -> None:

@@ -1,8 +1,10 @@
 """kvcore.tier.HostTier (issue 42, item 1): a sequence computed, spilled to the host tier,
 evicted from the device (clear, or a pool filled by other work), restored and adopted reads,
 step after step, exactly what a twin cache that never lost it reads; for Flat, Ring with
-sinks, Chunked, Shared and State layers. The tier's own LRU eviction by bytes, a record it
-evicted never served, namespaces isolated, bad inputs refused with nothing changed."""
+sinks, Chunked, Shared and State layers. A flat model's blocks are held once each and a restore
+assembles exactly the record the exporter would write; the tier's own LRU eviction by bytes
+never drops a block before the blocks that extend it, and what it evicted is never served;
+namespaces isolated, bad inputs refused with nothing changed."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ KINDS: dict[str, Callable[..., kvcore.CacheConfig]] = {
     "chunked": lambda **kw: config([kv(kvcore.Chunked(4)), kv(kvcore.Flat())], **kw),
     "shared": lambda **kw: config([kv(kvcore.Flat()), kv(kvcore.Ring(4)), kv(kvcore.Shared(0)), kv(kvcore.Shared(1))],
                                   **kw),
+    "shared_flat": lambda **kw: config([kv(kvcore.Flat()), kv(kvcore.Shared(0)), kv(kvcore.Flat())], **kw),
     "state": lambda **kw: config([kv(kvcore.Flat()), kvcore.LayerConfig(kvcore.State(4))], snapshots=4, **kw),
 }
 
@@ -110,6 +113,9 @@ def snapshot(m: Model, prompt: list[int], ns: Any = None) -> tuple[Any, ...]:
             tuple(c.sequence(s).active for s in range(c.max_seqs)))
 
 
+#: Kinds the tier holds per block (every layer Flat or Shared with a Flat source); the others per record.
+PER_BLOCK = {"flat", "shared_flat"}
+
 P = [5, 9, 2, 7, 3, 3, 8, 1, 6, 4, 11, 12]  # 12 tokens: 6 full blocks of 2
 Q_LONGER = P + [20, 21, 22]  # extends P: a hit at P's last full block
 Q_PARTIAL = P[:6] + [30, 31, 32]  # shares 3 blocks with P
@@ -125,8 +131,13 @@ def test_spilled_evicted_restored_reads_equal_a_twin_that_never_left(kind: str, 
         m.cache.add_sequence(0)
     assert same(a.prefill(0, P), twin.prefill(0, P))
     tier = HostTier(1 << 20)
+    exported = bytes(a.pool.export_sequence(0, P))
     stored = tier.spill(a.cache, a.pool, 0, P)
-    assert stored == tier.bytes > 0 and len(tier) == 1
+    assert stored == tier.bytes > 0
+    if kind in PER_BLOCK:  # 6 blocks, each its token ids and rows
+        assert (len(tier), tier.blocks, tier.records) == (6, 6, 0) and stored % 6 == 0 and stored < len(exported)
+    else:
+        assert (len(tier), tier.blocks, tier.records) == (1, 0, 1) and stored == len(exported)
     assert tier.spill(a.cache, a.pool, 0, P) == 0  # held already: nothing stored twice
     for m in (a, twin):
         m.cache.release_sequence(0)
@@ -154,7 +165,8 @@ def test_spilled_evicted_restored_reads_equal_a_twin_that_never_left(kind: str, 
     assert tier.longest(Q_LONGER, 2, keep=keep) == len(P)
     r = tier.restore(a.cache, a.pool, Q_LONGER, seq=1, keep=keep)
     assert isinstance(r, Restored) and r.device_hit == 0 and r.hit == len(P) == r.tokens
-    assert r.bytes == stored and r.seconds > 0 and tier.hits == 1 and tier.misses == 0
+    # P ends on a block boundary: the record assembled from its blocks is the exporter's, byte for byte.
+    assert r.bytes == len(exported) and r.seconds > 0 and tier.hits == 1 and tier.misses == 0
     assert [a.cache.sequence(s).active for s in range(a.cache.max_seqs)] == [False, keep, False, False]
     if not keep:
         a.cache.add_sequence(1)
@@ -171,10 +183,11 @@ def test_spilled_evicted_restored_reads_equal_a_twin_that_never_left(kind: str, 
         assert a.cache.can_rewind(1, s * 2 + len(P)) == twin.cache.can_rewind(1, s * 2 + len(P))
 
 
-@pytest.mark.parametrize("kind", ["flat", "shared"])
+@pytest.mark.parametrize("kind", ["flat", "shared_flat", "shared"])
 @pytest.mark.parametrize("keep", [False, True], ids=["released", "kept"])
 def test_a_flat_model_restores_a_partial_prefix(kind: str, keep: bool) -> None:
-    """Flat layers serve every full block of a record: a prompt sharing 3 of P's 6 blocks hits 3."""
+    """A flat model's held blocks serve every full-block prefix: a prompt sharing 3 of P's 6
+    blocks hits 3 and imports exactly those 3 (the record P[:6]'s exporter writes)."""
     a, twin = Model(KINDS[kind]()), Model(KINDS[kind]())
     for m in (a, twin):
         m.cache.add_sequence(0)
@@ -185,11 +198,15 @@ def test_a_flat_model_restores_a_partial_prefix(kind: str, keep: bool) -> None:
         m.cache.release_sequence(0)
     a.cache.clear()
     r = tier.restore(a.cache, a.pool, Q_PARTIAL, seq=1, keep=keep)
-    want = 6 if kind == "flat" else 0  # a Ring layer (shared's layer 1) serves only the record's end
+    want = 6 if kind in PER_BLOCK else 0  # a Ring layer (shared's layer 1) serves only the record's end
     if kind == "shared":
         assert r.hit == r.bytes == 0 and tier.misses == 1
         return
     assert r.hit == want
+    part = Model(KINDS[kind]())
+    part.cache.add_sequence(0)
+    part.prefill(0, P[:6])
+    assert r.bytes == len(part.pool.export_sequence(0, P[:6]))  # the 3 blocks' record, nothing past the hit
     if keep:  # truncated to the hit
         assert a.cache.length(1) == want
     else:
@@ -212,13 +229,14 @@ def spilled(cfg: kvcore.CacheConfig, prompts: list[list[int]], tier: HostTier) -
 
 
 def test_the_tier_evicts_whole_records_least_recently_used_by_bytes() -> None:
+    """A ring model's records (held whole: a record serves only its own last full block)."""
     prompts = [[i * 10 + j for j in range(8)] for i in range(1, 5)]
     probe = HostTier(1 << 20)
-    spilled(KINDS["flat"](), prompts[:1], probe)
+    spilled(KINDS["ring_sinks"](), prompts[:1], probe)
     size = probe.bytes
     tier = HostTier(2 * size + size // 2)  # room for two
-    m = spilled(KINDS["flat"](), prompts[:2], tier)
-    assert tier.bytes == 2 * size and tier.evictions == 0
+    m = spilled(KINDS["ring_sinks"](), prompts[:2], tier)
+    assert tier.bytes == 2 * size and tier.evictions == 0 and tier.records == 2
     assert tier.longest(prompts[0] + [1], 2) == 8  # no recency moves
     m.cache.add_sequence(0)
     m.prefill(0, prompts[0])
@@ -235,13 +253,103 @@ def test_the_tier_evicts_whole_records_least_recently_used_by_bytes() -> None:
     before = snapshot(m, prompts[1] + [1])
     r = tier.restore(m.cache, m.pool, prompts[1] + [1])
     assert (r.hit, r.bytes, r.tokens) == (0, 0, 0) and tier.misses == 1 and snapshot(m, prompts[1] + [1]) == before
-    # Capacity 0 holds nothing; a record larger than capacity is refused, nothing changes.
+    # A record larger than capacity is refused, nothing changes.
     small = HostTier(size - 1)
     m.cache.add_sequence(0)
     m.prefill(0, prompts[3])
     with pytest.raises(CapacityError, match=rf"spill: a record of {size} bytes > the tier's capacity_bytes {size - 1}"):
         small.spill(m.cache, m.pool, 0, prompts[3])
     assert small.bytes == 0 and len(small) == 0 and small.evictions == 0
+
+
+def block_bytes(kind: str = "flat") -> int:
+    probe = HostTier(1 << 20)
+    spilled(KINDS[kind](), [[1, 2]], probe)
+    return probe.bytes
+
+
+def test_blocks_are_evicted_least_recently_used_last_blocks_first() -> None:
+    """Four-block prompts in a tier of ten blocks: making room evicts the oldest prompt's last
+    blocks, never a first block while a later one stays; what was evicted is never served."""
+    bb = block_bytes()
+    prompts = [[i * 10 + j for j in range(8)] for i in range(1, 5)]
+    tier = HostTier(10 * bb)
+    m = spilled(KINDS["flat"](), prompts[:2], tier)
+    assert (tier.bytes, tier.blocks, tier.evictions) == (8 * bb, 8, 0)
+    m.cache.add_sequence(0)
+    m.prefill(0, prompts[0])
+    assert tier.spill(m.cache, m.pool, 0, prompts[0]) == 0  # held: its recency moves, prompts[1] is now oldest
+    m.cache.release_sequence(0)
+    m.cache.add_sequence(0)
+    m.prefill(0, prompts[2])
+    assert tier.spill(m.cache, m.pool, 0, prompts[2]) == 4 * bb
+    m.cache.release_sequence(0)
+    assert (tier.bytes, tier.blocks, tier.evictions) == (10 * bb, 10, 2)
+    assert [tier.longest(p + [1], 2) for p in prompts[:3]] == [8, 4, 8]  # prompts[1] lost its last 2 blocks
+    # The device lost everything too: prompts[1] restores its first 2 blocks, nothing more.
+    m.cache.clear()
+    twin = Model(KINDS["flat"]())
+    twin.cache.add_sequence(0)
+    twin.prefill(0, prompts[1][:4])
+    r = tier.restore(m.cache, m.pool, prompts[1] + [1])
+    assert (r.device_hit, r.hit) == (0, 4) and r.bytes == len(twin.pool.export_sequence(0, prompts[1][:4]))
+    twin.cache.release_sequence(0)
+    for c in (m.cache, twin.cache):
+        c.add_sequence(1)
+        assert c.adopt_prefix(1, prompts[1] + [1]) == 4
+    assert same(m.prefill(1, prompts[1][4:]), twin.prefill(1, prompts[1][4:]))
+    # A sequence larger than the tier: the first blocks that fit are stored (the held run kept).
+    small = HostTier(3 * bb)
+    m.cache.add_sequence(2)
+    m.prefill(2, prompts[3])
+    assert small.spill(m.cache, m.pool, 2, prompts[3]) == 3 * bb and small.longest(prompts[3] + [1], 2) == 6
+    assert small.spill(m.cache, m.pool, 2, prompts[3]) == 0 and small.evictions == 0  # no room past the held run
+    # Not even one block fits: refused by name, nothing changes.
+    tiny = HostTier(bb - 1)
+    with pytest.raises(CapacityError, match=rf"spill: a block of {bb} bytes > the tier's capacity_bytes {bb - 1}"):
+        tiny.spill(m.cache, m.pool, 2, prompts[3])
+    assert tiny.bytes == 0 and len(tiny) == 0 and tiny.evictions == 0
+
+
+def test_held_blocks_stay_prefix_closed_under_eviction() -> None:
+    """Conversations branching off shared prefixes, spilled in a random order into a tier that
+    keeps evicting: after every spill, what the tier holds of each prompt is its first k blocks
+    (``block_keys_held`` and ``longest`` agree), and a restore of it is exact."""
+    rng = np.random.default_rng(3)
+    bb = block_bytes()
+    roots = [list(rng.integers(1, 500, 6)) for _ in range(3)]
+    prompts = []
+    for _ in range(14):
+        root = roots[int(rng.integers(3))]
+        prompts.append(root[: 2 * int(rng.integers(1, 4))] + list(rng.integers(500, 900, int(rng.integers(2, 9)))))
+    tier = HostTier(9 * bb)
+    m = Model(KINDS["flat"](blocks=64))
+    for i in rng.permutation(len(prompts)):
+        p = [int(t) for t in prompts[i]]
+        m.cache.add_sequence(0)
+        m.prefill(0, p)
+        tier.spill(m.cache, m.pool, 0, p)
+        m.cache.release_sequence(0)
+        assert tier.bytes == tier.blocks * bb <= 9 * bb
+        held = tier.block_keys_held()
+        for q in prompts:
+            keys = [(0, 2, int(lo), int(hi)) for lo, hi in kvcore.block_keys(q[: len(q) // 2 * 2], 2)]
+            k = sum(key in held for key in keys)
+            assert all(key in held for key in keys[:k]), "a held block whose prefix is not held"
+            assert tier.longest(q + [0], 2) == 2 * k
+    assert tier.evictions > 0
+    m.cache.clear()
+    q = [int(t) for t in max(prompts, key=lambda p: tier.longest(p + [0], 2))]
+    n = tier.longest(q + [0], 2)
+    twin = Model(KINDS["flat"]())
+    twin.cache.add_sequence(0)
+    twin.prefill(0, q[:n])
+    twin.cache.release_sequence(0)
+    assert tier.restore(m.cache, m.pool, q + [0]).hit == n > 0
+    for c in (m.cache, twin.cache):
+        c.add_sequence(1)
+        assert c.adopt_prefix(1, q + [0]) == n
+    assert same(m.prefill(1, (q + [0])[n:]), twin.prefill(1, (q + [0])[n:]))
 
 
 def test_namespaces_are_isolated() -> None:
@@ -265,9 +373,12 @@ def test_namespaces_are_isolated() -> None:
     a.cache.add_sequence(1, namespace="tenant-b")
     assert a.cache.adopt_prefix(1, Q_LONGER) == 0
     # A record put in from elsewhere under namespace A is never restored for B either.
-    rec = tier._entries[next(iter(tier._entries))].record  # noqa: SLF001 (the stored bytes)
+    b = Model(KINDS["flat"]())
+    b.cache.add_sequence(0, namespace="tenant-a")
+    b.prefill(0, P)
+    rec = b.pool.export_sequence(0, P)
     other = HostTier(1 << 20)
-    assert other.put(rec, namespace="tenant-a", block_size=2) == len(rec)
+    assert other.put(rec, namespace="tenant-a", block_size=2) == tier.bytes
     a.cache.clear()
     assert other.restore(a.cache, a.pool, Q_LONGER, "tenant-b").bytes == 0
     assert other.restore(a.cache, a.pool, Q_LONGER, "tenant-a").hit == len(P)
@@ -339,7 +450,7 @@ def test_bad_inputs_are_refused_and_change_nothing() -> None:
     before = snapshot(ring, Q_LONGER)
     with pytest.raises(InvalidArgumentError):
         tier.restore(ring.cache, ring.pool, Q_LONGER)
-    assert snapshot(ring, Q_LONGER) == before and len(tier) == 1
+    assert snapshot(ring, Q_LONGER) == before and len(tier) == 6
 
 
 def other_record_without_tokens() -> bytes:
@@ -359,42 +470,78 @@ def test_a_state_model_spilled_off_a_block_boundary_is_refused_by_name() -> None
     assert tier.bytes == 0 and len(tier) == 0
 
 
-def test_a_flat_prefix_is_held_once_and_the_smallest_record_serves() -> None:
-    """A conversation's turns: each turn's record extends the last one's. A flat record serves
-    every full-block prefix, so the tier keeps one: a turn supersedes the turns it extends, a
-    record whose blocks a held one holds is not stored again (its holder's recency moves), and
-    of two records serving a prefix the smaller is imported. Rings keep one record per length."""
+def test_a_flat_prefix_is_held_once_whoever_spilled_it() -> None:
+    """A conversation's turns, and conversations branching off it: every full block is held
+    once, whichever sequence spilled it; a restore imports exactly the prompt's held blocks.
+    Rings keep one record per length."""
+    bb = block_bytes()
     turns = [P[:4], P[:8], P]  # 2, 4, 6 full blocks, each a prefix of the next
     tier = HostTier(1 << 20)
-    sizes = []
     m = Model(KINDS["flat"]())
+    sizes = []
     for t in turns:
         m.cache.add_sequence(0)
         m.prefill(0, t)
         sizes.append(tier.spill(m.cache, m.pool, 0, t))
         m.cache.release_sequence(0)
-    assert all(s > 0 for s in sizes) and len(tier) == 1 and tier.bytes == sizes[-1]
-    assert tier.superseded == 2 and tier.evictions == 0
-    for t in turns:  # every turn's prefix is still served, by the one record
+    assert sizes == [2 * bb, 2 * bb, 2 * bb] and tier.blocks == 6 and tier.bytes == 6 * bb and tier.evictions == 0
+    for t in turns:
         assert tier.longest(t + [99], 2) == len(t)
     m.cache.add_sequence(0)
-    m.prefill(0, P[:6])  # 3 full blocks, all held: nothing stored
-    assert tier.spill(m.cache, m.pool, 0, P[:6]) == 0 and len(tier) == 1
+    m.prefill(0, P[:6] + [1])  # 3 full blocks, all held, and a partial one: nothing stored
+    assert tier.spill(m.cache, m.pool, 0, P[:6] + [1]) == 0 and tier.blocks == 6
     m.cache.release_sequence(0)
-    # Another conversation sharing P's first 2 blocks: two records serve a 2-block prefix; the
-    # smaller one is imported (fewer bytes, fewer device blocks).
-    other = P[:4] + [40, 41, 42, 43]
-    m.cache.add_sequence(0)
-    m.prefill(0, other)
-    small = tier.spill(m.cache, m.pool, 0, other)
-    m.cache.release_sequence(0)
-    assert 0 < small < sizes[-1] and len(tier) == 2
+    # Two conversations branching off P's first 2 blocks: each stores only its own 2 blocks.
+    for tail in ([40, 41, 42, 43], [50, 51, 52, 53, 54]):
+        m.cache.add_sequence(0)
+        m.prefill(0, P[:4] + tail)
+        assert tier.spill(m.cache, m.pool, 0, P[:4] + tail) == 2 * bb
+        m.cache.release_sequence(0)
+    assert tier.blocks == 10
     m.cache.clear()
-    r = tier.restore(m.cache, m.pool, P[:4] + [77, 78, 79])
-    assert r.hit == 4 and r.bytes == small
+    twin = Model(KINDS["flat"]())
+    twin.cache.add_sequence(0)
+    twin.prefill(0, P[:4] + [50, 51])
+    r = tier.restore(m.cache, m.pool, P[:4] + [50, 51, 77])
+    assert r.hit == 6 and r.bytes == len(twin.pool.export_sequence(0, P[:4] + [50, 51]))
     m.cache.add_sequence(1)
-    assert m.cache.adopt_prefix(1, P[:4] + [77]) == 4
-    # A ring's record serves only its own last full block: no turn supersedes another.
+    assert m.cache.adopt_prefix(1, P[:4] + [50, 51, 77]) == 6
+    # A ring's record serves only its own last full block: each turn is a record of its own.
     ring = HostTier(1 << 20)
     spilled(KINDS["ring_sinks"](), turns, ring)
-    assert len(ring) == 3 and ring.superseded == 0
+    assert len(ring) == ring.records == 3 and ring.blocks == 0
+
+
+def test_a_flat_and_a_ring_model_share_one_tier_and_one_lru() -> None:
+    """Blocks and records under one capacity: the least recently used goes first, whichever it is."""
+    bb = block_bytes()
+    tier = HostTier(1 << 20)
+    spilled(KINDS["ring_sinks"](), [P], tier)
+    rec = tier.bytes
+    tier = HostTier(rec + 6 * bb)
+    spilled(KINDS["ring_sinks"](), [P], tier)
+    m = spilled(KINDS["flat"](), [P], tier)
+    assert (tier.records, tier.blocks, tier.bytes) == (1, 6, rec + 6 * bb)
+    assert set(tier.block_keys_held()) == {(0, 2, int(lo), int(hi)) for lo, hi in kvcore.block_keys(P, 2)}
+    m.cache.add_sequence(0)
+    m.prefill(0, Q_PARTIAL[:8])  # 4 blocks, 3 held: one more evicts the oldest, the ring's record
+    assert tier.spill(m.cache, m.pool, 0, Q_PARTIAL[:8]) == bb
+    assert (tier.records, tier.blocks, tier.evictions) == (0, 7, 1)
+
+
+def test_held_blocks_whose_token_ids_differ_from_the_prompt_are_dropped_with_their_extensions() -> None:
+    """A held block whose token ids are not the prompt's (its bytes damaged in host memory, or a
+    key collision) is never imported: the restore refuses by name, drops it and the blocks after
+    it, and changes nothing in the cache; the blocks before it still serve."""
+    tier = HostTier(1 << 20)
+    m = spilled(KINDS["flat"](), [P], tier)
+    m.cache.clear()
+    key = next(k for k in tier._lru if k[4:] == tuple(int(x) for x in kvcore.block_keys(P, 2)[3]))  # noqa: SLF001
+    entry = tier._lru[key]  # noqa: SLF001 (damage block 3's first token id)
+    entry.data = (99).to_bytes(4, "little") + entry.data[4:]  # type: ignore[union-attr]
+    before = snapshot(m, Q_LONGER)
+    with pytest.raises(InvalidArgumentError, match=r"restore: the blocks held for this prefix do not carry the "
+                                                   r"prompt's first 12 token ids in its namespace: dropped"):
+        tier.restore(m.cache, m.pool, Q_LONGER)
+    assert snapshot(m, Q_LONGER) == before and tier.blocks == 3 and tier.longest(Q_LONGER, 2) == 6
+    assert tier.restore(m.cache, m.pool, Q_LONGER).hit == 6
