@@ -79,7 +79,7 @@ class BatchParts {
     for (int g = 0; g < n_groups_; ++g)
       KVCORE_RETURN_IF_ERROR(groups_[g].create(pages_, g, max_seqs_, rows_, stride_, block_size_));
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
-    KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_));
+    KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_, n_groups_));
     KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots));
     const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
     return step_.create(limits, groups_.get(), stride_, states_.get());

@@ -24,21 +24,22 @@ namespace kvcore {
 
 class PrefixIndex {
  public:
-  /// Tables for `max_seqs` sequences, blocks of `block_size` tokens and prompts
-  /// of up to `stride` blocks. MemoryAllocationFailed: nothing is assigned.
-  Status create(int max_seqs, int block_size, int stride) noexcept {
+  /// Tables for `max_seqs` sequences, blocks of `block_size` tokens, prompts
+  /// of up to `stride` blocks and `n_groups` block groups.
+  /// MemoryAllocationFailed: nothing is assigned.
+  Status create(int max_seqs, int block_size, int stride, int n_groups) noexcept {
     auto chains = internal::Buffer<Chain>::make(max_seqs);
     auto partial = internal::Buffer<std::int32_t>::make(static_cast<std::int64_t>(max_seqs) * block_size);
     auto prompt = internal::Buffer<BlockKey>::make(stride);
-    auto missing = internal::Buffer<int>::make(std::int64_t{stride} + 1);
-    auto served = internal::Buffer<bool>::make(std::int64_t{stride} + 1);
-    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt && missing && served, MemoryAllocationFailed,
+    auto held_from = internal::Buffer<int>::make(n_groups > 0 ? n_groups : 1);
+    auto sinks_held = internal::Buffer<int>::make(n_groups > 0 ? n_groups : 1);
+    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt && held_from && sinks_held, MemoryAllocationFailed,
                                  "cannot allocate the sequence tables of %d sequences", max_seqs);
     chains_ = std::move(chains);
     partial_ = std::move(partial);
     prompt_ = std::move(prompt);
-    missing_ = std::move(missing);
-    served_ = std::move(served);
+    held_from_ = std::move(held_from);
+    sinks_held_ = std::move(sinks_held);
     block_size_ = block_size;
     return Error::Ok;
   }
@@ -131,40 +132,40 @@ class PrefixIndex {
   /// serve and accept(key of its last block) allows (a State group's named
   /// snapshot), in full blocks (the last token is always computed, so at most
   /// (n - 1) / B); its keys are prompt_keys() until the next call. Reads the
-  /// groups only (no block is held, no LRU order moves), in O(blocks x
-  /// groups) whatever the groups' order: a group that needs every block
-  /// bounds the hit by its first miss, and each windowed group answers every
-  /// candidate length at once from a running count of its missing blocks.
+  /// groups only (no block is held, no LRU order moves), whatever the groups'
+  /// order: a group that needs every block bounds the hit by its first miss,
+  /// then the windowed groups are asked from that bound down, each looking a
+  /// block up at most once, so a hit their windows serve costs a window's
+  /// lookups per group, not the whole prompt's.
   template <class Accept>
   int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups, int n_groups,
                   Accept accept) const noexcept {
     const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
     BlockKey chain = BlockKey::root(ns);
-    int bound = candidates;
+    int hit = candidates;
     for (int i = 0; i < candidates; ++i) {
       chain = BlockKey::chain(chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
       prompt_[i] = chain;
       if (!every_group_needing_all_holds(chain, groups, n_groups)) {
-        bound = i;  // no hit reaches past a block such a group lacks
+        hit = i;  // no hit reaches past a block such a group lacks
         break;
       }
     }
-    for (int h = 0; h <= bound; ++h) served_[h] = true;
     for (int g = 0; g < n_groups; ++g) {
-      if (groups[g].needs_every_block()) continue;
-      // missing_[i]: blocks among the first i that group g lacks.
-      missing_[0] = 0;
-      for (int i = 0; i < bound; ++i) missing_[i + 1] = missing_[i] + (groups[g].pool().find(prompt_[i]) < 0 ? 1 : 0);
-      for (int h = 1; h <= bound; ++h) {
-        const NeededBlocks need = groups[g].rule().needed(h);
-        const int sinks_end = need.sink_blocks < h ? need.sink_blocks : h;
-        const int window_from = need.window_from > sinks_end ? need.window_from : sinks_end;
-        const int lacking = missing_[sinks_end] + (window_from < h ? missing_[h] - missing_[window_from] : 0);
-        if (lacking != 0) served_[h] = false;
-      }
+      held_from_[g] = hit;  // nothing seen held yet
+      sinks_held_[g] = 0;
     }
-    int hit = bound;
-    while (hit > 0 && !(served_[hit] && accept(prompt_[hit - 1]))) --hit;
+    while (hit > 0) {
+      int lacking = -1;
+      for (int g = 0; g < n_groups && lacking < 0; ++g)
+        if (!groups[g].needs_every_block()) lacking = lacking_block(groups[g], g, hit);
+      if (lacking >= 0) {
+        hit = lacking;  // every longer hit needs that block too: its window only moves up
+        continue;
+      }
+      if (accept(prompt_[hit - 1])) break;
+      --hit;
+    }
     return hit;
   }
   int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups,
@@ -234,6 +235,27 @@ class PrefixIndex {
 
   std::int32_t* partial_of(int seq) noexcept { return partial_.get() + static_cast<std::ptrdiff_t>(seq) * block_size_; }
 
+  // The highest block a hit of `hit` blocks needs of windowed group `group`
+  // (index g) that the group lacks, or -1. Blocks [held_from_[g], hit) and
+  // [0, sinks_held_[g]) were seen held by earlier calls of this lookup (the
+  // hit only goes down), so no block is looked up twice; a lacking sink is
+  // reported first (it is below the window, and bounds the hit lower).
+  int lacking_block(const BlockGroup& group, int g, int hit) const noexcept {
+    const NeededBlocks need = group.rule().needed(hit);
+    const int sinks_end = need.sink_blocks < hit ? need.sink_blocks : hit;
+    const int window_from = need.window_from > sinks_end ? need.window_from : sinks_end;
+    for (int i = sinks_held_[g]; i < sinks_end; ++i) {
+      if (group.pool().find(prompt_[i]) < 0) return i;
+      sinks_held_[g] = i + 1;
+    }
+    if (held_from_[g] > hit) held_from_[g] = hit;
+    for (int i = held_from_[g] - 1; i >= window_from; --i) {
+      if (group.pool().find(prompt_[i]) < 0) return i;
+      held_from_[g] = i;
+    }
+    return -1;
+  }
+
   // Does every group that needs each block of a hit hold a block keyed `key`?
   static bool every_group_needing_all_holds(const BlockKey& key, const BlockGroup* groups, int n_groups) noexcept {
     for (int g = 0; g < n_groups; ++g)
@@ -267,8 +289,8 @@ class PrefixIndex {
   internal::Buffer<std::int32_t> partial_;  // [seq][B]: tokens of the block being filled
   // Scratch of longest_hit(), a lookup that changes nothing the cache shows.
   mutable internal::Buffer<BlockKey> prompt_;  // a prompt's block keys
-  mutable internal::Buffer<int> missing_;      // [stride + 1]: a windowed group's missing blocks so far
-  mutable internal::Buffer<bool> served_;      // [stride + 1]: may a hit of h blocks be served?
+  mutable internal::Buffer<int> held_from_;    // [group]: blocks [this, hit) seen held
+  mutable internal::Buffer<int> sinks_held_;   // [group]: sink blocks [0, this) seen held
 };
 
 }  // namespace kvcore
