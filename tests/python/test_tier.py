@@ -311,10 +311,12 @@ def test_blocks_are_evicted_least_recently_used_last_blocks_first() -> None:
     assert tiny.bytes == 0 and len(tiny) == 0 and tiny.evictions == 0
 
 
-def test_held_blocks_stay_prefix_closed_under_eviction() -> None:
-    """Conversations branching off shared prefixes, spilled in a random order into a tier that
-    keeps evicting: after every spill, what the tier holds of each prompt is its first k blocks
-    (``block_keys_held`` and ``longest`` agree), and a restore of it is exact."""
+@pytest.mark.parametrize("protected", [0.0, 0.3, 0.8])
+def test_held_blocks_stay_prefix_closed_under_eviction(protected: float) -> None:
+    """Conversations branching off shared prefixes, spilled and restored in a random order into
+    a tier that keeps evicting (plain LRU, and segmented with restored blocks protected): after
+    every call, what the tier holds of each prompt is its first k blocks (``block_keys_held``
+    and ``longest`` agree), and a restore of it is exact."""
     rng = np.random.default_rng(3)
     bb = block_bytes()
     roots = [list(rng.integers(1, 500, 6)) for _ in range(3)]
@@ -322,14 +324,18 @@ def test_held_blocks_stay_prefix_closed_under_eviction() -> None:
     for _ in range(14):
         root = roots[int(rng.integers(3))]
         prompts.append(root[: 2 * int(rng.integers(1, 4))] + list(rng.integers(500, 900, int(rng.integers(2, 9)))))
-    tier = HostTier(9 * bb)
+    tier = HostTier(9 * bb, protected=protected)
     m = Model(KINDS["flat"](blocks=64))
-    for i in rng.permutation(len(prompts)):
+    for i in list(rng.permutation(len(prompts))) * 2:
         p = [int(t) for t in prompts[i]]
-        m.cache.add_sequence(0)
-        m.prefill(0, p)
-        tier.spill(m.cache, m.pool, 0, p)
-        m.cache.release_sequence(0)
+        if rng.random() < 0.4:  # a restore: its blocks are used again
+            m.cache.clear()
+            assert tier.restore(m.cache, m.pool, p).hit == tier.longest(p, 2)
+        else:
+            m.cache.add_sequence(0)
+            m.prefill(0, p)
+            tier.spill(m.cache, m.pool, 0, p)
+            m.cache.release_sequence(0)
         assert tier.bytes == tier.blocks * bb <= 9 * bb
         held = tier.block_keys_held()
         for q in prompts:
@@ -399,6 +405,10 @@ def test_bad_inputs_are_refused_and_change_nothing() -> None:
     cases: list[tuple[type, str, Callable[[], Any]]] = [
         (InvalidArgumentError, r"^HostTier: capacity_bytes = -1: must be an int >= 0$", lambda: HostTier(-1)),
         (InvalidArgumentError, r"^HostTier: capacity_bytes = True", lambda: HostTier(True)),
+        (InvalidArgumentError, r"^HostTier: protected = 1.5: must be a number in \[0, 1\]$",
+         lambda: HostTier(10, protected=1.5)),
+        (InvalidArgumentError, r"^HostTier: protected = '0.5': must be a number in \[0, 1\]$",
+         lambda: HostTier(10, protected="0.5")),  # type: ignore[arg-type]
         (InvalidArgumentError, r"restore: pool \(PagedKVPool\) is not the byte layer of this cache",
          lambda: tier.restore(a.cache, other.pool, Q_LONGER)),
         (InvalidArgumentError, r"restore: cache must be a kvcore.BatchCache, not SequenceCache",
@@ -468,6 +478,23 @@ def test_a_state_model_spilled_off_a_block_boundary_is_refused_by_name() -> None
     with pytest.raises(InvalidStateError, match=r"spill: length 5 is not a multiple of block_size 2 and the model has State"):
         tier.spill(m.cache, m.pool, 0, P[:5])
     assert tier.bytes == 0 and len(tier) == 0
+
+
+@pytest.mark.parametrize("protected", [0.0, 0.8])
+def test_blocks_used_again_outlive_newer_blocks_never_used_again(protected: float) -> None:
+    """The segmented LRU: prompt A is spilled and used again (a restore), then B, C and D are
+    spilled into a tier of three prompts' blocks. Protected, A stays and B (stored, never used
+    again) goes; one plain LRU order (protected=0) evicts A, the least recently used."""
+    bb = block_bytes()
+    a, b, c, d = ([i * 10 + j for j in range(8)] for i in range(1, 5))
+    tier = HostTier(12 * bb, protected=protected)
+    m = spilled(KINDS["flat"](), [a], tier)
+    m.cache.clear()
+    assert tier.restore(m.cache, m.pool, a + [1]).hit == 8
+    spilled(KINDS["flat"](), [b, c, d], tier)
+    assert tier.evictions == 4 and tier.blocks == 12
+    held = [tier.longest(p + [1], 2) for p in (a, b, c, d)]
+    assert held == ([8, 0, 8, 8] if protected else [0, 8, 8, 8])
 
 
 def test_a_flat_prefix_is_held_once_whoever_spilled_it() -> None:

@@ -14,14 +14,17 @@ from them) and releases it: the blocks wait cached on the device and the caller'
 ``adopt_prefix`` hits them. Every restore is an import, so it is exact: every plan and read
 after it equals the exporter's.
 
-Eviction is least recently used first by bytes, never a block before a held block that extends
-it, so what the tier holds of a prefix is always its first blocks. Records that enter by ``put``
+Eviction is by bytes, a segmented LRU: what was stored and not used since goes first, least
+recently used first, then what was used again (a restore, or a spill of a held prefix); never a
+block before a held block that extends it, so what the tier holds of a prefix is always its
+first blocks. Records that enter by ``put``
 are bytes from elsewhere: checked completely as an import checks them before any of it is
 stored, and the assembled or held record is checked again by the import at restore. One thread
 at a time (as the cache).
 
 One concept per module: ``kvcore.tier.host`` (``HostTier``), ``kvcore.tier.blocks``
 (``BlockLayout``: a flat record cut into blocks and blocks put back into a record),
+``kvcore.tier.segments`` (``Segments``: the eviction order),
 ``kvcore.tier.facts`` (``RecordFacts``, ``Restored``, the checks a record must pass to key a
 prefix) and ``kvcore.tier.keys`` (``namespace_id``, ``token_ids``: what both tiers check of a
 namespace and a prompt).

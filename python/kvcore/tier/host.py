@@ -6,7 +6,6 @@ from __future__ import annotations
 import builtins
 import time
 import weakref
-from collections import OrderedDict
 from typing import Any, Optional, Union, cast
 
 import numpy as np
@@ -18,6 +17,7 @@ from kvcore.state import RecordInfo, record_data
 from kvcore.tier.blocks import BlockLayout
 from kvcore.tier.facts import RecordFacts, Restored, prefix_facts
 from kvcore.tier.keys import Namespace, Tokens, namespace_id, token_ids
+from kvcore.tier.segments import Segments
 
 #: (mode, namespace, block size, layout, key lo, key hi): mode _BLOCK (layout: a BlockLayout's
 #: index) or _RECORD (layout -1, the key that of the record's last full block).
@@ -76,11 +76,14 @@ class HostTier:
     """A bounded host store of a cache's prefixes: a flat model's **full blocks**, each held once,
     keyed by (namespace, block size, block key); another model's **records**, keyed by
     (namespace, block size, key of the record's last full block). Evicts least recently used
-    first, never a block before a held block that extends it (what it holds of a prefix is
-    always its first blocks).
+    first by a segmented LRU (``kvcore.tier.segments``: what was stored and not used since goes
+    before what was used again, which may take up to `protected` of the capacity), never a
+    block before a held block that extends it (what it holds of a prefix is always its first
+    blocks).
 
     ``capacity_bytes``: the most bytes it holds (an int >= 0): a block's token ids and rows, a
-    record's bytes. ``spill`` stores a sequence, ``put`` a record from elsewhere (validated),
+    record's bytes. ``protected``: the fraction of them entries used again may keep (a number in
+    [0, 1]; 0 is one plain LRU order). ``spill`` stores a sequence, ``put`` a record from elsewhere (validated),
     ``restore`` brings the longest prefix of a prompt it holds back into a device cache,
     ``longest`` answers without side effects. Counters: ``bytes`` (held now), ``hits`` and
     ``misses`` (restores that did / did not lengthen the device's hit), ``evictions`` (blocks
@@ -88,14 +91,17 @@ class HostTier:
     an int >= 0.
     """
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, *, protected: float = 0.8) -> None:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise InvalidArgumentError(f"HostTier: capacity_bytes = {capacity_bytes!r}: must be an int >= 0")
+        if isinstance(protected, bool) or not isinstance(protected, (int, float)) or not 0.0 <= protected <= 1.0:
+            raise InvalidArgumentError(f"HostTier: protected = {protected!r}: must be a number in [0, 1]")
         self._capacity = capacity_bytes
-        # Least recently used first. A block is always older than its parent (every touch of a
-        # block touches the blocks before it afterwards), so the oldest entry is never a block
-        # that a held block extends: evicting from the front keeps every held prefix whole.
-        self._lru: OrderedDict[_Key, Union[_Block, _Record]] = OrderedDict()
+        # A segmented LRU (segments.py). A block is always older than its parent in its segment,
+        # and a protected block's parent is protected (every touch of a block touches the blocks
+        # before it afterwards), so the next evicted is never a block a held block extends:
+        # every held prefix stays whole.
+        self._lru: Segments[_Key, Union[_Block, _Record]] = Segments(int(capacity_bytes * protected))
         self._layouts: list[BlockLayout] = []
         self._layout_ids: dict[builtins.bytes, int] = {}
         self._in_use: dict[tuple[int, int], dict[int, int]] = {}  # (ns, block) -> layout -> blocks held
@@ -409,22 +415,27 @@ class HostTier:
         held = self._held_in(keys, block, ns, index)
         self._touch_run(keys, block, ns, index, held)  # the held run: newest, kept through eviction below
         room = self._capacity - self._bytes
-        while room < (n_full - held) * layout.block_bytes and len(self._lru) > held:
-            key = next(iter(self._lru))  # least recently used first, never the held run (newest)
-            room += self._lru[key].nbytes
-            self._evict(key)
+        run = {(_BLOCK, ns, block, index) + k for k in keys[:held]}
+        while room < (n_full - held) * layout.block_bytes:
+            oldest = self._lru.oldest(run)  # least recently used first, never the held run (newest)
+            if oldest is None:
+                break
+            room += self._lru[oldest].nbytes
+            self._evict(oldest)
         fit = min(n_full - held, max(room, 0) // layout.block_bytes)
         if fit == 0 and held == 0:
             raise CapacityError(f"{what}: a block of {layout.block_bytes} bytes > the tier's capacity_bytes "
                                 f"{self._capacity}")
-        for i, data_i in enumerate(layout.split(info, held, held + fit), held):
-            self._lru[(_BLOCK, ns, block, index) + keys[i]] = _Block(data_i, keys[i - 1] if i else None)
+        new = layout.split(info, held, held + fit)
+        for i in range(held + fit - 1, held - 1, -1):  # the last first: a block is added after its extensions
+            self._lru.add((_BLOCK, ns, block, index) + keys[i], _Block(new[i - held], keys[i - 1] if i else None))
+        for i in range(held - 1, -1, -1):  # the held run's blocks moved back to probation: newer than the new ones
+            self._lru.refresh((_BLOCK, ns, block, index) + keys[i])
         if fit:
             use = self._in_use.setdefault((ns, block), {})
             use[index] = use.get(index, 0) + fit
             self._blocks += fit
             self._bytes += fit * layout.block_bytes
-            self._touch_run(keys, block, ns, index, held + fit)
         return fit * layout.block_bytes, index
 
     def _insert_record(self, info: RecordInfo, ns: int, block: int, keys: list[tuple[int, int]], state: bool,
@@ -437,23 +448,27 @@ class HostTier:
             self._touch_record(key)
             return 0
         while self._bytes + len(data) > self._capacity:
-            self._evict(next(iter(self._lru)))
-        self._lru[key] = _Record(data, RecordFacts(ns, block, keys, info.length, False, state))
-        self._touch_record(key)
+            oldest = self._lru.oldest()
+            assert oldest is not None  # a record no larger than capacity fits once the tier is empty
+            self._evict(oldest)
+        entry = _Record(data, RecordFacts(ns, block, keys, info.length, False, state))
+        self._clock += 1
+        entry.last_used = self._clock
+        self._lru.add(key, entry)
         for lo, hi in keys:
             self._by_block.setdefault((ns, block, lo, hi), set()).add(key)
         self._bytes += len(data)
         return len(data)
 
     def _touch_run(self, keys: list[tuple[int, int]], block: int, ns: int, layout: int, n: int) -> None:
-        """Blocks 0..n-1 become the most recently used, each newer than the blocks after it."""
+        """Blocks 0..n-1 were used again: protected's newest, each newer than the blocks after it."""
         for i in range(n - 1, -1, -1):
-            self._lru.move_to_end((_BLOCK, ns, block, layout) + keys[i])
+            self._lru.touch((_BLOCK, ns, block, layout) + keys[i])
 
     def _touch_record(self, key: _Key) -> None:
         self._clock += 1
         cast(_Record, self._lru[key]).last_used = self._clock
-        self._lru.move_to_end(key)
+        self._lru.touch(key)
 
     def _cheaper(self, a: _Record, b: _Key) -> bool:
         """Is record `a` cheaper to restore than held record `b`: fewer bytes, then more recent."""
