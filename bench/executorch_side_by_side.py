@@ -311,18 +311,22 @@ def run_program(system: str, pte: Path, tokens: list[int], new: int, max_step: i
         result["kv_bytes"] = lib.nbytes
         result["kvcore_length"] = lib.length
         result["kvcore_layers"] = meta.describe()
+        result["kvcore_threads"] = lib.threads
     return result
 
 
 def run_interleaved(systems: list[str], ptes: dict[str, str], tokens: list[int], new: int, max_step: int,
-                    rounds: int) -> dict[str, Any]:
+                    rounds: int, kvcore_threads: int = 0, kvcore_single: bool = False) -> dict[str, Any]:
     """Speed only, like for like in time: every program loaded in this one process (the kernels of
     both registered in the one runtime), the prompt prefilled chunk by chunk alternating the
     programs (the order flipped each chunk), then ``rounds`` rounds of decoding ``new - 1``
     tokens from the prompt's end, the programs' order rotating each round (kvcore rewinds its
     cache to the prompt; ExecuTorch's cache is overwritten at the same positions, and its causal
     and ring masks see none of the stale rows). Figures: prefill over all chunks, decode the
-    median round; each round's tokens must equal the first's."""
+    median round; each round's tokens must equal the first's. kvcore attends on
+    ``kvcore_threads`` workers (0: one per processor online); with ``kvcore_single`` each round
+    also decodes with kvcore on one thread (``kvcore-1thread``: the same program and cache,
+    ``set_threads(1)``; decode only, the prefill was threaded)."""
     import statistics
 
     import torch
@@ -340,7 +344,9 @@ def run_interleaved(systems: list[str], ptes: dict[str, str], tokens: list[int],
         programs[system] = rt.load_program(ptes[system])
         methods[system] = programs[system].load_method("forward")
     if "kvcore" in systems:
+        lib.set_threads(kvcore_threads)
         lib.configure(kvcore_metadata(programs["kvcore"]))
+    decoders = systems + (["kvcore-1thread"] if kvcore_single and "kvcore" in systems else [])
 
     def forward(system: str, chunk: list[int], start: int) -> Any:
         t = torch.tensor([chunk], dtype=torch.long)
@@ -348,7 +354,9 @@ def run_interleaved(systems: list[str], ptes: dict[str, str], tokens: list[int],
         return methods[system].execute([t, p if system == "hf-static" else p[:, None]])[0]
 
     res: dict[str, Any] = {x: {"prefill_seconds": 0.0, "decode_rounds_seconds": [], "decode_rounds_cpu_seconds": []}
-                           for x in systems}  # fmt: skip
+                           for x in decoders}  # fmt: skip
+    if "kvcore" in systems:
+        res["kvcore"]["threads"] = lib.threads
     last: dict[str, Any] = {}
     for i, s in enumerate(range(0, len(tokens), max_step)):
         for system in systems if i % 2 == 0 else systems[::-1]:
@@ -357,20 +365,24 @@ def run_interleaved(systems: list[str], ptes: dict[str, str], tokens: list[int],
             res[system]["prefill_seconds"] += time.perf_counter() - t0
     first = {x: int(last[x][0, -1].argmax()) for x in systems}
     for r in range(rounds):
-        order = systems[r % len(systems) :] + systems[: r % len(systems)]
+        order = decoders[r % len(decoders) :] + decoders[: r % len(decoders)]
         for system in order:
-            if system == "kvcore":
+            program = "kvcore" if system.startswith("kvcore") else system
+            if program == "kvcore":
+                lib.set_threads(1 if system == "kvcore-1thread" else kvcore_threads)
                 lib.rewind(len(tokens))
-            out = [first[system]]
+            out = [first[program]]
             t0, c0 = time.perf_counter(), _cpu_seconds()
             for i in range(new - 1):
-                logits = forward(system, [out[-1]], len(tokens) + i)
+                logits = forward(program, [out[-1]], len(tokens) + i)
                 out.append(int(logits[0, -1].argmax()))
             res[system]["decode_rounds_seconds"].append(round(time.perf_counter() - t0, 3))
             res[system]["decode_rounds_cpu_seconds"].append(round(_cpu_seconds() - c0, 3))
             if "tokens" not in res[system]:
                 res[system]["tokens"] = out
             res[system]["rounds_agree"] = res[system].get("rounds_agree", True) and out == res[system]["tokens"]
+    if "kvcore-1thread" in res:
+        res["kvcore-1thread"].update(threads=1, prefill_seconds=res["kvcore"]["prefill_seconds"], prefill_note="kvcore's")
     for system, x in res.items():
         x["prefill_tokens_per_s"] = round(len(tokens) / x["prefill_seconds"], 1)
         x["prefill_seconds"] = round(x["prefill_seconds"], 3)
@@ -434,7 +446,8 @@ def child(argv: list[str]) -> int:
     elif kind == "run":
         res = run_program(job["system"], Path(job["pte"]), job["tokens"], job["new"], job["max_step"])
     elif kind == "interleave":
-        res = run_interleaved(job["systems"], job["ptes"], job["tokens"], job["new"], job["max_step"], job["rounds"])
+        res = run_interleaved(job["systems"], job["ptes"], job["tokens"], job["new"], job["max_step"], job["rounds"],
+                              job.get("kvcore_threads", 0), job.get("kvcore_single", False))
     else:
         res = transformers_tokens(job["prompts"], job["new"])
     res["peak_rss_kib_process"] = _vm_hwm_kib()
@@ -484,6 +497,10 @@ def main() -> int:
     ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                     help="also time the programs in one process, interleaved, decode ROUNDS times (median)")
     ap.add_argument("--skip-separate", action="store_true", help="no process per program (no peak RSS): --interleave only")
+    ap.add_argument("--kvcore-threads", type=int, default=0,
+                    help="kvcore's attention workers (0: one per processor online; 1: the runtime's thread alone)")
+    ap.add_argument("--kvcore-single-too", action="store_true",
+                    help="--interleave: each round also decodes with kvcore on one thread (kvcore-1thread)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     lengths = [int(x) for x in args.prompts.split(",")]
@@ -529,8 +546,9 @@ def main() -> int:
         if args.interleave:
             inter = spawn({"kind": "interleave", "systems": systems, "ptes": {x: str(ptes[x]) for x in systems},
                            "tokens": toks, "new": args.new, "max_step": args.max_step, "rounds": args.interleave,
+                           "kvcore_threads": args.kvcore_threads, "kvcore_single": args.kvcore_single_too,
                            "label": name}, log)  # fmt: skip
-            for system in systems:
+            for system in [x for x in inter if x != "peak_rss_kib_process"]:
                 x = inter[system]
                 if "transformers" in report:
                     mm = first_mismatch(x["tokens"], report["transformers"][name]["tokens"])

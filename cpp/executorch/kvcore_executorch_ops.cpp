@@ -223,6 +223,23 @@ KVCORE_ET_API int kvcore_et_set_threads(int threads) {
   return 0;
 }
 
+/// The least work (multiply-adds) worth a task of its own in the configured cache's
+/// attention (0: one task per worker whatever the size, as tests use to cut a tiny model's
+/// layers; default kvcore::et::AttendSession::kMinTaskWork). 0, InvalidState (0x2) when no
+/// cache is configured, or InvalidArgument (0x12) for a negative count.
+KVCORE_ET_API int kvcore_et_set_min_task_work(long long multiply_adds) {
+  if (!g_session) {
+    return static_cast<int>(report(Status::make(kvcore::Error::InvalidState,
+                                                "kvcore_et_set_min_task_work(%lld): no cache configured", multiply_adds)));
+  }
+  if (multiply_adds < 0) {
+    return static_cast<int>(report(Status::make(kvcore::Error::InvalidArgument,
+                                                "kvcore_et_set_min_task_work(%lld): must be >= 0", multiply_adds)));
+  }
+  g_session->set_min_task_work(static_cast<std::size_t>(multiply_adds));
+  return 0;
+}
+
 /// Attention workers of the configured cache (the calling thread counted), or of the next
 /// one configured when none is (0: one per processor online).
 KVCORE_ET_API int kvcore_et_threads(void) { return g_session ? g_session->threads() : g_threads; }

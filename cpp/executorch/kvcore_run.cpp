@@ -3,7 +3,8 @@
 // (kvcore_executorch_ops) behind the op. No Python in the process.
 //
 //   kvcore-run MODEL.pte --prompt TEXT [--tokenizer tokenizer.json] [--new 32] [--kv-dtype int8] [--lookup 3]
-//   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8] [--lookup 3]
+//              [--threads N]
+//   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8] [--lookup 3] [--threads N]
 //
 // It reads the cache's facts from the program's own metadata methods (kvcore_*,
 // written by kvcore.integrations.executorch_runtime.export_program), configures
@@ -25,6 +26,8 @@
 // --lookup N: exact prompt-lookup speculative decoding: each forward verifies up to N
 // tokens drafted from the history, and kvcore's rewind drops the rejected ones; the tokens
 // are greedy decoding's, in fewer forwards when drafts are accepted.
+// --threads N: kvcore's attention on N workers (kvcore_et_set_threads; 0, the default: one
+// per processor online; 1: the runtime's thread alone), printed on the attention line.
 // Exit status: 0, 1 on a runtime or kernel error (the message on stderr), 2 on bad usage.
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
@@ -49,6 +52,8 @@ int kvcore_et_length(void);
 int kvcore_et_rewind(int length);
 long long kvcore_et_nbytes(void);
 const char* kvcore_et_last_error(void);
+int kvcore_et_set_threads(int threads);
+int kvcore_et_threads(void);
 }
 
 namespace {
@@ -59,7 +64,7 @@ using ::executorch::runtime::EValue;
 int usage() {
   std::fprintf(stderr,
                "usage: kvcore-run MODEL.pte (--prompt TEXT [--tokenizer tokenizer.json] | --tokens ID,ID,...) [--new N] "
-               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N]\n"
+               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N] [--threads N]\n"
                "  --tokenizer: the model's Hugging Face tokenizer.json (default: tokenizer.json next to MODEL.pte)\n");
   return 2;
 }
@@ -197,6 +202,7 @@ int main(int argc, char** argv) {
   int n_new = 16;
   int kv_dtype_override = -1;  // -1: the program's kvcore_kv_dtype
   int lookup_n = 0;            // drafted tokens per forward (prompt lookup); 0: plain greedy
+  int threads = 0;             // attention workers; 0: one per processor online
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       for (char* p = argv[++i]; *p != '\0';) {
@@ -222,6 +228,8 @@ int main(int argc, char** argv) {
       if (kv_dtype_override == -2) return usage();
     } else if (std::strcmp(argv[i], "--lookup") == 0 && i + 1 < argc) {
       lookup_n = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--new") == 0 && i + 1 < argc) {
       n_new = std::atoi(argv[++i]);
     } else if (argv[i][0] != '-' && path == nullptr) {
@@ -288,6 +296,10 @@ int main(int argc, char** argv) {
   if (windows.size() != n || sinks.size() != n || sources.size() != n) {
     std::fprintf(stderr, "kvcore-run: the program's kvcore_* lists disagree in length (%zu kinds)\n", n);
     return 1;
+  }
+  if (kvcore_et_set_threads(threads) != 0) {
+    std::fprintf(stderr, "kvcore-run: --threads %d is refused: %s\n", threads, kvcore_et_last_error());
+    return 2;
   }
   if (kvcore_et_configure(static_cast<int>(n), kinds.data(), windows.data(), sinks.data(), sources.data(),
                           n_kv_heads, head_dim, v_head_dim, n_heads, capacity, max_step,
@@ -357,6 +369,7 @@ int main(int argc, char** argv) {
               prefill_ms, prefill_ms > 0 ? 1e3 * static_cast<double>(prompt) / prefill_ms : 0.0, decoded, decode_ms,
               decode_ms > 0 ? 1e3 * decoded / decode_ms : 0.0);
   std::printf("cache: %zu layers, length %d, %lld bytes of K/V\n", n, kvcore_et_length(), kvcore_et_nbytes());
+  std::printf("attention: %d thread(s)\n", kvcore_et_threads());
   if (lookup_n > 0) {
     std::printf("lookup: %d forwards for %d tokens, %d of %d drafted tokens accepted\n", forwards, decoded, accepted,
                 drafted);

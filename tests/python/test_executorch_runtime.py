@@ -10,6 +10,9 @@ whose attention is ``kvcache::update_and_attend``, run by ExecuTorch's own runti
 - The cache is configured from the program's own metadata (its ``kvcore_*`` methods): the
   round trip gives back what the export wrote.
 - A rewind and the same tokens again give the same logits (speculative decoding's rewind).
+- kvcore's attention on several threads (cut into key ranges and query items even at the tiny
+  model's sizes) gives the logits of one thread to 1e-5 and the same tokens; thread counts
+  outside [0, 256] are refused by name, nothing changed.
 - Refusals, with kvcore's message and nothing changed: a layer id out of the configured range
   (a program whose metadata disagrees with its cache), positions that do not continue the
   sequence, more tokens than max_step.
@@ -214,6 +217,40 @@ def test_a_rewind_then_the_same_tokens_give_the_same_logits(runner: Runner) -> N
     assert r.lib.length == length
 
 
+def test_threads_give_one_threads_logits_and_bad_counts_are_refused(runner: Runner) -> None:
+    """kvcore's attention on 3 workers, cut into a task a worker even at the tiny model's sizes
+    (``set_min_task_work(0)``): a chunked prefill and decodes past every window give the logits
+    of one thread to 1e-5 and the same greedy tokens. The flat layers' rows pass 32 (two key
+    blocks), so their partial softmaxes are merged: float32 sums re-associated, a few ulps."""
+    r = runner
+    c = r.config
+    prompt = [(11 * i + 4) % c.vocab_size for i in range(c.max_step + 5)]
+    n_new = 56 - len(prompt)  # past every window, and 56 rows: two key blocks of the flat layers
+    try:
+        r.lib.set_threads(1)
+        r.lib.reset()
+        assert r.lib.threads == 1
+        one_tokens, one_last = _generate(r, prompt, n_new)
+        r.lib.set_threads(3)
+        r.lib.set_min_task_work(0)
+        r.lib.reset()
+        assert r.lib.threads == 3
+        tokens, last = _generate(r, prompt, n_new)
+        assert len(tokens) == 56 and tokens == one_tokens
+        for mine, single in zip(last, one_last):
+            torch.testing.assert_close(mine, single, rtol=1e-5, atol=1e-5)
+        for bad in (-1, 257):
+            with pytest.raises(er.KernelLibraryError, match=re.escape(f"threads = {bad}: must be in [0, 256] (0: one")):
+                r.lib.set_threads(bad)
+            assert r.lib.threads == 3 and r.lib.length == len(tokens)
+        with pytest.raises(er.KernelLibraryError, match=re.escape("kvcore_et_set_min_task_work(-1): must be >= 0")):
+            r.lib.set_min_task_work(-1)
+    finally:
+        r.lib.set_threads(0)
+        r.lib.configure(r.meta)
+    assert r.lib.threads >= 1  # 0: one per processor online
+
+
 def _refused(r: Runner, tokens: list[int], start: int, match: str) -> None:
     length = r.lib.length
     with pytest.raises(RuntimeError):
@@ -290,6 +327,22 @@ def test_kvcore_run_gives_pytorchs_greedy_tokens(runner: Runner, tmp_path: Path)
     assert [int(t) for t in lines["tokens"].split()] == _greedy_in_pytorch(r, prompt, n_new)
     assert "tokens/s" in lines["prefill"]
     assert lines["cache"].startswith(f"3 layers, length {len(prompt) + n_new - 1},")
+
+
+def test_kvcore_run_threads_give_the_same_tokens_and_bad_counts_are_refused(runner: Runner, tmp_path: Path) -> None:
+    r = runner
+    prompt = [(5 * i + 2) % r.config.vocab_size for i in range(r.config.max_step + 2)]
+    n_new = 3 * max(r.config.windows) + r.config.max_step
+    runs = {n: _kvcore_run(r, tmp_path, "--tokens", ",".join(map(str, prompt)), "--new", str(n_new), "--threads", n)
+            for n in ("1", "3")}  # fmt: skip
+    for n, done in runs.items():
+        assert done.returncode == 0, done.stderr
+        lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+        assert lines["attention"] == f"{n} thread(s)"
+        assert [int(t) for t in lines["tokens"].split()] == _greedy_in_pytorch(r, prompt, n_new)
+    done = _kvcore_run(r, tmp_path, "--tokens", "1,2", "--threads", "-1")
+    assert done.returncode == 2
+    assert "--threads -1 is refused: threads = -1: must be in [0, 256] (0: one per processor online)" in done.stderr
 
 
 def test_kvcore_run_refuses_a_run_past_capacity(runner: Runner, tmp_path: Path) -> None:

@@ -235,6 +235,11 @@ class KernelLibrary:
         lib.kvcore_et_length.restype = ctypes.c_int
         lib.kvcore_et_nbytes.restype = ctypes.c_longlong
         lib.kvcore_et_last_error.restype = ctypes.c_char_p
+        lib.kvcore_et_set_threads.argtypes = [ctypes.c_int]
+        lib.kvcore_et_set_threads.restype = ctypes.c_int
+        lib.kvcore_et_threads.restype = ctypes.c_int
+        lib.kvcore_et_set_min_task_work.argtypes = [ctypes.c_longlong]
+        lib.kvcore_et_set_min_task_work.restype = ctypes.c_int
         self._lib = lib
 
     def _check(self, code: int) -> None:
@@ -260,6 +265,27 @@ class KernelLibrary:
                 meta.kv_dtype if kv_dtype is None else KV_DTYPES[kv_dtype],
             )
         )
+
+    def set_threads(self, threads: int) -> None:
+        """Attend with ``threads`` workers (the runtime's calling thread and ``threads - 1`` threads
+        of the kernel's own, started once; 0: one per processor online, the default; 1: the
+        calling thread alone), for the configured cache and those configured later; the cached
+        rows are kept. ``KernelLibraryError`` (nothing changed) when ``threads`` is outside
+        [0, 256] or a forward is under way."""
+        self._check(self._lib.kvcore_et_set_threads(int(threads)))
+
+    def set_min_task_work(self, multiply_adds: int) -> None:
+        """The least work (multiply-adds) worth an attention task of its own in the configured
+        cache (0: one task per worker whatever the size, as the tests use to cut a tiny
+        model's layers; ``configure`` restores the default). ``KernelLibraryError`` when
+        nothing is configured or ``multiply_adds`` < 0."""
+        self._check(self._lib.kvcore_et_set_min_task_work(int(multiply_adds)))
+
+    @property
+    def threads(self) -> int:
+        """Attention workers of the configured cache (the calling thread counted), or of the next
+        one configured when none is (0: one per processor online)."""
+        return int(self._lib.kvcore_et_threads())
 
     def reset(self) -> None:
         """Length 0 (``KernelLibraryError`` when nothing is configured)."""
