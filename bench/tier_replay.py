@@ -14,12 +14,12 @@ events drained after every step are consistent with what the replay filled).
 the budget gives the real model (the same num_blocks, block size, max_active_seqs, table rows),
 and a real byte pool beneath it (`PagedKVPool`, float32) of the smallest honest shape: one layer
 per block group (the Llama-like model has one group), 1 KV head of TINY_DIM. The tier stores
-records, so records must exist; the shape does not change reuse: every decision of the cache
+real rows (blocks cut from records), so they must exist; the shape does not change reuse: every decision of the cache
 (hits, LRU eviction, refusals, preemption) depends on block counts, block size, table rows and
 token ids, never on heads, dims or layers, and the tier's only byte-dependent decision (its LRU
 by bytes) is given a capacity scaled by the ratio of the tiny record's bytes per token to the
-real model's (`HostModel`; the tiny record's fixed header, about 2 tokens' worth, is the only
-error, counted against it). Every step writes each token's rows with its id and position encoded
+real model's (`HostModel`: a held block's bytes per token, K/V rows and the token id, are a
+record's; the record tier's fixed header per record, about 2 tokens' worth, is its only error). Every step writes each token's rows with its id and position encoded
 (K = V = [id mod 2**16, id div 2**16, position, 0, ...]); every hit is checked **on the bytes**:
 the rows the adopting sequence's table names hold the request's token ids at their positions
 (restored blocks included: every restored prefix's tokens equal the request's), and every hit
@@ -27,10 +27,13 @@ block's key was stored by a KV event (an import's events are drained and checked
 restore: a restored block within the hit has the request's key).
 
 **The tier** (host capacity X times the device budget, several X in one run; X = 0: the device
-alone): the replay spills a sequence when it releases it (finished, preempted or refused;
+alone): kvcore.tier.HostTier, per block for this flat model (`--protected`: its segmented LRU's
+protected fraction, 0 a plain LRU; several in one run), and with `--baseline FILE` also an
+earlier HostTier loaded from a file (the record tier of 5d81626), side by side. The replay spills a sequence when it releases it (finished, preempted or refused;
 `HostTier.spill` before `release_sequence`, as docs/tier.md says); before admitting a request it
 calls `HostTier.restore(cache, pool, prompt)`, which imports the tier's longest prefix of the
-prompt when that is longer than the device's `lookup_prefix` hit (into a free sequence id,
+prompt (the record tier: the whole record serving it) when that is longer than the device's
+`lookup_prefix` hit (into a free sequence id,
 released at once: the blocks wait cached and `adopt_prefix` hits them). A restore the device has
 no room for (`CapacityError`: the record needs more blocks than are free or evictable) falls back
 to the device's hit and is counted.
@@ -38,18 +41,20 @@ to the device's hit and is counted.
 Reported per host size: prompt tokens reused at first admission, split into the device's hit
 and what the restore added (host), against the ideal and the device alone; the tier's bytes
 (real-model equivalent), records, hits, misses, evictions, spills; bytes moved by restores
-(the whole record is imported: real-model equivalent) per reused token; CPU (thread time) per
+(the record imported: real-model equivalent) per reused token; CPU (thread time) per
 request in kvcore's calls (as trace_replay counts them) and in the tier's calls (spill and
 restore, which includes its own lookup_prefix and the import), median and total; the byte
 layer's row writes apart (they stand for the model's forward); a **modelled** restore time
-(bytes moved / `--bandwidth` GB/s, host to device: the whole record, and only its positions past
-the device's hit, which are all the import writes) and the prefill tokens saved net of it at
+(bytes moved / `--bandwidth` GB/s, host to device: the record imported, and only its positions
+past the device's hit, which are all the import writes) and the prefill tokens saved net of it at
 the scheduler's own throughput (token_budget tokens per step_ms: 81,920 tokens/s by default).
 
     python3 bench/tier_replay.py --quick                              # first 300 requests
     python3 bench/tier_replay.py --host-tier 0,1,2,4,8 --blocks 16,512 --out bench/results/tier_replay.json
     python3 bench/tier_replay.py --generate 600 --seed 1 --out bench/results/tier_replay_generated.json
     python3 bench/tier_replay.py --unit-model --no-replay --out bench/results/tier_unit_model.json  # blocks vs records
+    python3 bench/tier_replay.py --baseline /tmp/tier_records.py ...  # and the record tier (git show 5d81626:python/kvcore/tier.py)
+    python3 bench/tier_replay.py --costs                              # HostTier's spill and restore on one model
 """
 
 from __future__ import annotations
@@ -137,12 +142,13 @@ class TierAdapter(tr.KvcoreAdapter):
 
     def __init__(self, model: tr.Model, block: int, layout: dict[str, Any], cfg: tr.SchedulerConfig,
                  capacity: int, check: bool, host_bytes: float | None, host_model: HostModel,
-                 spill_at: str = "sequence"):
+                 spill_at: str = "sequence", tier_class: Any = None):
         if any(lay.kind != "full" for lay in model.layers):
             raise ValueError(f"tier replay: model {model.name!r} has non-full-attention layers; "
                              "only flat models are replayed (a ring or State record serves one length)")
         super().__init__(model, block, layout, cfg, capacity, check)
-        from kvcore.tier import HostTier
+        if tier_class is None:
+            from kvcore.tier import HostTier as tier_class
 
         kv: Any = self.kv
         self.pool = kv.PagedKVPool(self.cache, np.float32)
@@ -151,7 +157,7 @@ class TierAdapter(tr.KvcoreAdapter):
         self.spill_at = spill_at
         self.hm = host_model
         self.host_bytes = host_bytes
-        self.tier = None if host_bytes is None else HostTier(host_model.tiny_capacity(host_bytes))
+        self.tier = None if host_bytes is None else tier_class(host_model.tiny_capacity(host_bytes))
         self.capacity_error: type[Exception] = kv.CapacityError
         self.pool_ns = 0  # the byte layer's row writes (the model's forward stands there)
         self.pending: dict[int, tuple[int, int]] = {}  # request -> (device hit, hit) of its restores
@@ -311,21 +317,42 @@ class TierAdapter(tr.KvcoreAdapter):
                 else:
                     st["spills"] += 1
                     st["spilled_bytes_tiny"] += got
-                st["peak_host_bytes_tiny"] = max(st["peak_host_bytes_tiny"], self.tier.bytes)
-                st["peak_host_records"] = max(st["peak_host_records"], len(self.tier))
+                if self.tier.bytes > st["peak_host_bytes_tiny"]:
+                    st["peak_host_bytes_tiny"] = self.tier.bytes
+                    st["peak_host_records"] = records_of(self.tier)
         super().free(lv, preempted)
+
+
+def records_of(tier: Any) -> int:
+    """Records a tier holds (each with its header); a per-block tier's blocks carry none."""
+    return int(tier.records) if hasattr(tier, "blocks") else len(tier)
+
+
+def load_baseline(path: str) -> Any:
+    """The HostTier class of an earlier kvcore.tier, from a file (e.g. `git show
+    5d81626:python/kvcore/tier.py > /tmp/tier_records.py`): the record-per-sequence tier."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tier_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--baseline {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tier_baseline"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.HostTier
 
 
 def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budget: int,
              cfg: tr.SchedulerConfig, capacity: int, host_x: float, ideal_trace: Sequence[int], *,
              host_model: HostModel | None = None, check: bool = True, exact: bool = False,
-             bandwidth_gbs: float = 25.0, spill_at: str = "sequence") -> dict[str, Any]:
-    """One replay at device `budget` bytes with a host tier of host_x * budget bytes (0: none)."""
+             bandwidth_gbs: float = 25.0, spill_at: str = "sequence", tier_class: Any = None) -> dict[str, Any]:
+    """One replay at device `budget` bytes with a host tier of host_x * budget bytes (0: none):
+    kvcore.tier.HostTier, or `tier_class` (an earlier HostTier: load_baseline)."""
     hm = host_model or measure_host_model(model)
     one_pool = tr.kvcore_one_pool()
     layout = tr.kvcore_layout(model, block, budget, cfg, capacity, one_pool=one_pool)
     adapter = TierAdapter(model, block, layout, cfg, capacity, check, host_x * budget if host_x else None, hm,
-                          spill_at)
+                          spill_at, tier_class)
     t = time.perf_counter()
     res = tr.replay(trace, adapter, cfg, model, check=check, exact=exact, ideal_trace=ideal_trace,
                     capacity=capacity)
@@ -356,12 +383,13 @@ def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budg
         "kv_cpu_us_median": base["cpu_us_median"], "kv_cpu_us_total": base["cpu_us_total"],
         "tier_cpu_us_median": statistics.median(tier_us), "tier_cpu_us_total": sum(tier_us),
         "pool_write_cpu_s": adapter.pool_ns / 1e9,
-        "host_records_end": len(tier) if tier else 0,
-        "host_bytes_end_real": hm.real(tier.bytes, len(tier)) if tier else 0,
+        "host_records_end": records_of(tier) if tier else 0,
+        "host_blocks_end": int(getattr(tier, "blocks", 0)) if tier else 0,
+        "host_bytes_end_real": hm.real(tier.bytes, records_of(tier)) if tier else 0,
         "host_bytes_peak_real": hm.real(st["peak_host_bytes_tiny"], st["peak_host_records"]) if tier else 0,
         "host_hits": tier.hits if tier else 0, "host_misses": tier.misses if tier else 0,
         "host_evictions": tier.evictions if tier else 0,
-        "host_superseded": getattr(tier, "superseded", 0) if tier else 0,
+        "host_superseded": getattr(tier, "superseded", 0) if tier else 0,  # the record tier's
         **st,
         "bytes_moved_per_reused_token": st["restore_bytes_real"] / reused if reused else 0.0,
         "bytes_moved_per_host_token": st["restore_bytes_real"] / host if host else 0.0,
@@ -433,15 +461,60 @@ def unit_model(trace: Sequence[tr.TraceRequest], block: int, capacities: Sequenc
     return out
 
 
+def measure_costs(repeats: int = 9) -> dict[str, Any]:
+    """HostTier's own costs on one flat model of 8 layers, 8 KV heads x 64, float16, 512 tokens,
+    block size 16: bytes held and the record's, and the median wall time of spill (into an empty
+    tier), restore (into a cleared device: assembly, import, release) and the import alone."""
+    import kvcore
+    from kvcore.tier import HostTier
+
+    n, b = 512, 16
+    cfg = kvcore.CacheConfig(1024, [kvcore.LayerConfig(kvcore.Flat(), 8, 64) for _ in range(8)], max_step=n,
+                             batch=kvcore.BatchLimits(block_size=b, max_seqs=2, num_blocks=128))
+    src = kvcore.BatchCache(cfg)
+    pool = kvcore.PagedKVPool(src, np.float16)
+    toks = np.arange(1, n + 1, dtype=np.int32)
+    src.add_sequence(0)
+    step = src.begin_step(np.zeros(1, np.int32), np.array([n], np.int32), toks)
+    rows = np.random.default_rng(0).standard_normal((n, 8, 64)).astype(np.float16)
+    for layer in range(8):
+        pool.update(layer, step, rows, rows)
+    src.commit(step)
+    record = np.frombuffer(pool.export_sequence(0, toks), np.uint8).copy()
+    dst = kvcore.BatchCache(cfg)
+    dst_pool = kvcore.PagedKVPool(dst, np.float16)
+    prompt = np.append(toks, 7).astype(np.int32)
+    times: dict[str, list[float]] = {"spill_ms": [], "restore_ms": [], "import_and_release_ms": []}
+    tier = HostTier(1 << 30)
+    for _ in range(repeats):
+        tier = HostTier(1 << 30)
+        t0 = time.perf_counter()
+        tier.spill(src, pool, 0, toks)
+        times["spill_ms"].append(time.perf_counter() - t0)
+        dst.clear()
+        t0 = time.perf_counter()
+        if tier.restore(dst, dst_pool, prompt).hit != n:
+            raise AssertionError("costs: the restore missed")
+        times["restore_ms"].append(time.perf_counter() - t0)
+        dst.clear()
+        t0 = time.perf_counter()
+        dst_pool.import_sequence(1, record, namespace=0)
+        dst.release_sequence(1)
+        times["import_and_release_ms"].append(time.perf_counter() - t0)
+    out: dict[str, Any] = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    out.update(record_bytes=len(record), tier_bytes=tier.bytes, repeats=repeats)
+    return out
+
+
 def print_rows(rows: list[dict[str, Any]]) -> None:
     """One line per host size."""
-    head = (f"{'B':>4} {'host':>5} | {'dev%':>6} {'host%':>6} {'total%':>6} {'ideal%':>6} {'of ideal':>8} | "
+    head = (f"{'B':>4} {'tier':>7} {'host':>5} | {'dev%':>6} {'host%':>6} {'total%':>6} {'ideal%':>6} {'of ideal':>8} | "
             f"{'held GiB':>8} {'hits':>5} {'miss':>5} {'evict':>5} {'noroom':>6} | {'B/tok':>8} {'restore s':>9} "
             f"{'net Mtok':>8} | {'kv us':>6} {'tier us':>7} {'kv s':>5} {'tier s':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['block']:>4} {r['host_x']:>4g}x | {r['device_pct']:>6.2f} {r['host_pct']:>6.2f} {r['reused_pct']:>6.2f} "
+        print(f"{r['block']:>4} {r['tier']:>7} {r['host_x']:>4g}x | {r['device_pct']:>6.2f} {r['host_pct']:>6.2f} {r['reused_pct']:>6.2f} "
               f"{r['ideal_pct']:>6.2f} {r['of_ideal_pct']:>7.1f}% | {r['host_bytes_peak_real'] / 2**30:>8.1f} "
               f"{r['host_hits']:>5} {r['host_misses']:>5} {r['host_evictions']:>5} {r['restore_refused_no_room']:>6} | "
               f"{r['bytes_moved_per_reused_token']:>8.0f} {r['modelled_restore_s']:>9.2f} "
@@ -467,9 +540,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--unit-model", action="store_true",
                     help="also model blocks against records at (1 + X) x the device's blocks (unit_model)")
     ap.add_argument("--no-replay", action="store_true", help="with --unit-model: the model only")
+    ap.add_argument("--baseline", metavar="PATH",
+                    help="also replay an earlier HostTier from this file (the record tier: git show "
+                         "5d81626:python/kvcore/tier.py > PATH), side by side at every host size")
+    ap.add_argument("--protected", default="0.8",
+                    help="HostTier's protected fraction (segmented LRU; 0: plain LRU); several: one run each")
+    ap.add_argument("--costs", action="store_true", help="only HostTier's own costs (measure_costs), then exit")
     ap.add_argument("--quick", action="store_true", help="first 300 requests")
     ap.add_argument("--out", help="write the JSON here")
     args = ap.parse_args(argv)
+    if args.costs:
+        print(json.dumps(measure_costs(), indent=1))
+        return 0
     if args.quick:
         args.limit = args.limit or 300
     cfg = tr.SchedulerConfig()
@@ -481,6 +563,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace_name = args.trace + (f" (first {args.limit})" if args.limit else "")
     model = tr.make_model(args.model)
     hm = measure_host_model(model)
+    from functools import partial
+
+    from kvcore.tier import HostTier
+
+    tiers: list[tuple[str, Any]] = [("blocks" if len(args.protected.split(",")) == 1 else f"blocks-p{p}",
+                                     partial(HostTier, protected=float(p))) for p in args.protected.split(",")]
+    if args.baseline:
+        tiers.append(("records", load_baseline(args.baseline)))
     xs = [float(x) for x in args.host_tier.split(",")]
     prompt_total = sum(r.input_length for r in trace)
     rows: list[dict[str, Any]] = []
@@ -504,21 +594,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "budget_bytes": budgets[args.budget], "ideal_pct": 100.0 * sum(ideal) / prompt_total,
                              "unit_model": units.get(x)})
                 continue
-            t0 = time.perf_counter()
-            try:
-                r = run_tier(trace, model, b, budgets[args.budget], cfg, capacity, x, ideal, host_model=hm,
-                             bandwidth_gbs=args.bandwidth, spill_at=args.spill_at)
-                r["violation"] = None
-            except AssertionError as e:
-                failed.append(f"B={b} host {x}x: {e}")
-                r = {"host_x": x, "violation": str(e)}
-            r.update({"model": model.name, "block": b, "budget": args.budget, "budget_bytes": budgets[args.budget],
-                      "ideal_pct": 100.0 * sum(ideal) / prompt_total, "infinite_cache_reused_pct":
-                      info["infinite_cache_reused_pct"], "peak_working_set_bytes": info["peak_working_set_bytes"],
-                      "unit_model": units.get(x)})
-            rows.append(r)
-            print(f"B={b} host {x:g}x: reused {r.get('reused_pct', 0):.2f}% "
-                  f"(host {r.get('host_pct', 0):.2f}%) in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+            for name, tier_class in tiers if x else tiers[:1]:
+                t0 = time.perf_counter()
+                try:
+                    r = run_tier(trace, model, b, budgets[args.budget], cfg, capacity, x, ideal, host_model=hm,
+                                 bandwidth_gbs=args.bandwidth, spill_at=args.spill_at, tier_class=tier_class)
+                    r["violation"] = None
+                except AssertionError as e:
+                    failed.append(f"B={b} host {x}x ({name}): {e}")
+                    r = {"host_x": x, "violation": str(e)}
+                r.update({"tier": name if x else "none", "model": model.name, "block": b, "budget": args.budget,
+                          "budget_bytes": budgets[args.budget], "ideal_pct": 100.0 * sum(ideal) / prompt_total,
+                          "infinite_cache_reused_pct": info["infinite_cache_reused_pct"],
+                          "peak_working_set_bytes": info["peak_working_set_bytes"], "unit_model": units.get(x)})
+                rows.append(r)
+                print(f"B={b} host {x:g}x ({r['tier']}): reused {r.get('reused_pct', 0):.2f}% "
+                      f"(host {r.get('host_pct', 0):.2f}%) in {time.perf_counter() - t0:.0f}s", file=sys.stderr,
+                      flush=True)
     print(f"trace {trace_name}: {len(trace)} requests, {prompt_total:,} prompt tokens; model {model.name}; "
           f"device budget {args.budget} of the peak working set; host->device {args.bandwidth} GB/s (a model)")
     ok_rows = [r for r in rows if r.get("violation") is None]
@@ -534,7 +626,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         report = {"trace": trace_name, "requests": len(trace), "prompt_tokens": prompt_total,
                   "scheduler": dataclasses.asdict(cfg), "model": model.name, "budget": args.budget,
-                  "spill_at": args.spill_at, "bandwidth_gbs": args.bandwidth,
+                  "spill_at": args.spill_at, "bandwidth_gbs": args.bandwidth, "baseline": args.baseline,
+                  "protected": args.protected,
                   "host_model": dataclasses.asdict(hm), "tiny_dim": TINY_DIM, "python": platform.python_version(),
                   "checks_failed": failed, "rows": rows}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
