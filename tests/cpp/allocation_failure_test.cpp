@@ -340,7 +340,7 @@ TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
   const kvcore::BlockKey key{1, 2};
   ASSERT_TRUE(pool.set_key(held, key, 0, 0));
   // Every failed run must leave the 4-block pool as it was; the last run
-  // (all 11 tables allocated) makes it a 64-block pool.
+  // (all 5 tables allocated) makes it a 64-block pool.
   const int failures = fail_each_allocation([&] { return pool.create(64, "a bigger pool"); },
                                             [&] {
                                               EXPECT_EQ(pool.n_blocks(), 4);
@@ -349,9 +349,9 @@ TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
                                               EXPECT_EQ(pool.refs(held), 1);
                                               EXPECT_EQ(pool.find(key), held);
                                             });
-  // One per table: refs, owner, heap, next, prev, keys, spans, keyed, and the
-  // one pool's per-group cached and held counts, and the key slots.
-  EXPECT_EQ(failures, 11);
+  // One per table: the blocks' records (refs, owner, LRU links, key), the
+  // heap, the one pool's per-group cached and held counts, and the key slots.
+  EXPECT_EQ(failures, 5);
   EXPECT_EQ(pool.n_blocks(), 64);
   EXPECT_EQ(pool.free_blocks(), 64);
   EXPECT_EQ(pool.find(key), -1);

@@ -5,7 +5,9 @@
 // memory whichever group holds it). Each block has a reference count (the
 // sequences holding it) and an optional content key (the chained hash of the
 // token ids of a full block, for prefix reuse), looked up per group. Free
-// blocks without a key wait in a min-heap, so allocation takes the lowest free
+// blocks without a key wait in a min-heap (those never used yet only as a
+// count past the highest one ever used, so a huge pool's heap stays as small
+// as its traffic), so allocation takes the lowest free
 // block and the blocks in use stay packed at the start of the pool (a byte
 // layer's rows [0, used_blocks() * B) hold every live row); free blocks that
 // keep a key wait in one LRU list for every group and are reclaimed only when
@@ -49,51 +51,37 @@ class BlockPool {
   /// pool is left as it was (nothing is assigned before every table is
   /// allocated).
   Status create(int n_blocks, const char* what, int n_groups = 1) noexcept {
-    auto refs = internal::Buffer<int>::make_zeroed(n_blocks);
-    auto owner = internal::Buffer<int>::make_zeroed(n_blocks);
+    // One more entry: index n_blocks is the LRU list's sentinel.
+    auto meta = internal::Buffer<Meta>::make(std::int64_t{n_blocks} + 1);
     auto heap = internal::Buffer<int>::make(n_blocks);
-    // One more slot each: index n_blocks is the LRU list's sentinel.
-    auto next = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
-    auto prev = internal::Buffer<int>::make(std::int64_t{n_blocks} + 1);
-    auto keys = internal::Buffer<BlockKey>::make(n_blocks);
-    auto spans = internal::Buffer<KeySpan>::make(n_blocks);
-    auto keyed = internal::Buffer<std::uint8_t>::make_zeroed(n_blocks);
     auto cached = internal::Buffer<int>::make_zeroed(n_groups);
     auto held = internal::Buffer<int>::make_zeroed(n_groups);
     std::int64_t n_slots = 2;
     while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
     auto slots = internal::Buffer<Slot>::make(n_slots);
     KVCORE_CHECK_OR_RETURN_ERROR(
-        refs && owner && heap && next && prev && keys && spans && keyed && cached && held && slots,
+        meta && heap && cached && held && slots,
         MemoryAllocationFailed, "cannot allocate the block tables of %s (%d blocks)", what, n_blocks);
     n_blocks_ = n_blocks;
     n_groups_ = n_groups;
-    refs_ = std::move(refs);
-    owner_ = std::move(owner);
+    meta_ = std::move(meta);
     heap_ = std::move(heap);
-    next_ = std::move(next);
-    prev_ = std::move(prev);
-    keys_ = std::move(keys);
-    spans_ = std::move(spans);
-    keyed_ = std::move(keyed);
     cached_of_ = std::move(cached);
     held_of_ = std::move(held);
     slots_ = std::move(slots);
     slot_mask_ = static_cast<int>(n_slots - 1);
+    fresh_ = 0;  // the new records are as reset() leaves them
     reset();
     return Error::Ok;
   }
 
   /// Every block free, no key kept.
   void reset() noexcept {
-    for (int b = 0; b < n_blocks_; ++b) {
-      refs_[b] = 0;
-      keyed_[b] = kUnkeyed;
-      heap_[b] = b;  // ascending: already a min-heap
-    }
+    for (int b = 0; b < fresh_; ++b) meta_[b] = Meta{};  // blocks past fresh_ were never touched
     for (int g = 0; g < n_groups_; ++g) cached_of_[g] = held_of_[g] = 0;
-    heap_size_ = n_blocks_;
-    next_[n_blocks_] = prev_[n_blocks_] = n_blocks_;
+    heap_size_ = 0;
+    fresh_ = 0;
+    meta_[n_blocks_].next = meta_[n_blocks_].prev = n_blocks_;
     cached_ = 0;
     used_ = 0;
     for (int i = 0; i <= slot_mask_; ++i) slots_[i] = Slot{};
@@ -108,7 +96,7 @@ class BlockPool {
 
   int n_blocks() const noexcept { return n_blocks_; }
   /// Blocks no sequence holds (cached ones included: they are reclaimable).
-  int free_blocks() const noexcept { return heap_size_ + cached_; }
+  int free_blocks() const noexcept { return heap_size_ + (n_blocks_ - fresh_) + cached_; }
   /// Free blocks that still keep a key (reused on a prefix hit until
   /// reclaimed), of every group.
   int cached_blocks() const noexcept { return cached_; }
@@ -118,9 +106,9 @@ class BlockPool {
   int held_blocks(int group) const noexcept { return held_of_[group]; }
   /// One past the highest block some sequence holds: every held block is below it.
   int used_blocks() const noexcept { return used_; }
-  int refs(int block) const noexcept { return refs_[block]; }
-  bool keyed(int block) const noexcept { return keyed_[block] != kUnkeyed; }
-  const BlockKey& key(int block) const noexcept { return keys_[block]; }
+  int refs(int block) const noexcept { return meta_[block].refs; }
+  bool keyed(int block) const noexcept { return meta_[block].keyed != kUnkeyed; }
+  const BlockKey& key(int block) const noexcept { return meta_[block].key; }
 
   /// Takes the lowest free block without a key, else the least recently
   /// released cached one of any group (dropping its key), held once by
@@ -129,19 +117,21 @@ class BlockPool {
   /// at once, instead of taking the LRU list's sentinel and corrupting the
   /// tables).
   int allocate(int group = 0) noexcept {
-    KVCORE_CHECK(heap_size_ + cached_ > 0, "BlockPool::allocate: no free block (the admission under-counted)");
+    KVCORE_CHECK(free_blocks() > 0, "BlockPool::allocate: no free block (the admission under-counted)");
     int b;
     if (heap_size_ > 0) {
-      b = pop_lowest();
+      b = pop_lowest();  // below fresh_: the lowest free block without a key
+    } else if (fresh_ < n_blocks_) {
+      b = fresh_++;
     } else {
-      b = next_[n_blocks_];
+      b = meta_[n_blocks_].next;
       unlink(b);
       --cached_;
-      --cached_of_[owner_[b]];
+      --cached_of_[meta_[b].owner];
       drop_key(b);
     }
-    refs_[b] = 1;
-    owner_[b] = group;
+    meta_[b].refs = 1;
+    meta_[b].owner = group;
     ++held_of_[group];
     if (b >= used_) used_ = b + 1;
     return b;
@@ -149,11 +139,11 @@ class BlockPool {
 
   /// One more holder of `block` (held, or free and cached: a prefix hit).
   void hold(int block) noexcept {
-    if (refs_[block]++ == 0) {  // only cached blocks are found while free
+    if (meta_[block].refs++ == 0) {  // only cached blocks are found while free
       unlink(block);
       --cached_;
-      --cached_of_[owner_[block]];
-      ++held_of_[owner_[block]];
+      --cached_of_[meta_[block].owner];
+      ++held_of_[meta_[block].owner];
       if (block >= used_) used_ = block + 1;
     }
   }
@@ -163,12 +153,12 @@ class BlockPool {
   /// the same content in its group already waiting goes to the heap without
   /// its key: one cached copy per content, the most recently released.
   void release(int block) noexcept {
-    if (--refs_[block] != 0) return;
-    const int g = owner_[block];
+    if (--meta_[block].refs != 0) return;
+    const int g = meta_[block].owner;
     --held_of_[g];
-    if (keyed_[block] != kUnkeyed) {
+    if (meta_[block].keyed != kUnkeyed) {
       // Only a block that met a twin when keyed can have a cached copy to give back.
-      const int older = keyed_[block] == kTwin ? find_cached(keys_[block], g, block) : -1;
+      const int older = meta_[block].keyed == kTwin ? find_cached(meta_[block].key, g, block) : -1;
       if (older >= 0) {
         unlink(older);
         --cached_;
@@ -183,7 +173,7 @@ class BlockPool {
       push(block);
     }
     // Usually one step: allocation keeps the blocks in use packed at the start.
-    while (used_ > 0 && refs_[used_ - 1] == 0) --used_;
+    while (used_ > 0 && meta_[used_ - 1].refs == 0) --used_;
   }
 
   /// Names a held block by its content in its group (other blocks may carry
@@ -191,8 +181,8 @@ class BlockPool {
   /// `ns` (it holds positions [index * B, (index + 1) * B)); false (nothing
   /// changes) when this one has a key already.
   bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
-    if (keyed_[block] != kUnkeyed) return false;
-    const int g = owner_[block];
+    if (meta_[block].keyed != kUnkeyed) return false;
+    const int g = meta_[block].owner;
     // One walk of the key's cluster: is the key there already (for the event),
     // and the empty slot that ends it.
     const std::uint32_t t = tag(key, g);
@@ -201,13 +191,14 @@ class BlockPool {
     for (; slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
       if (!is(slots_[i], t, key, g)) continue;
       known = true;
-      keyed_[slots_[i].block] = kTwin;  // its release must look for this copy
+      meta_[slots_[i].block].keyed = kTwin;  // its release must look for this copy
     }
     if (events_ != nullptr && !known) events_->push(event(KVEventKind::Stored, g, key, ns, index));
     slots_[i] = Slot{block, t};
-    keys_[block] = key;
-    spans_[block] = KeySpan{ns, index};
-    keyed_[block] = known ? kTwin : kKeyed;
+    meta_[block].key = key;
+    meta_[block].ns = ns;
+    meta_[block].index = index;
+    meta_[block].keyed = known ? kTwin : kKeyed;
     return true;
   }
 
@@ -220,7 +211,7 @@ class BlockPool {
     for (int i = home(t); slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
       if (!is(slots_[i], t, key, group)) continue;
       const int b = slots_[i].block;
-      if (refs_[b] == 0) cached = b;
+      if (meta_[b].refs == 0) cached = b;
       else if (held < 0 || b < held) held = b;
     }
     return held >= 0 ? held : cached;
@@ -229,8 +220,8 @@ class BlockPool {
   /// Forgets a block's key (its rows are about to change). Precondition: the
   /// block is held, or is being reclaimed by allocate().
   void drop_key(int block) noexcept {
-    if (keyed_[block] == kUnkeyed) return;
-    int i = home(tag(keys_[block], owner_[block]));
+    if (meta_[block].keyed == kUnkeyed) return;
+    int i = home(tag(meta_[block].key, meta_[block].owner));
     while (slots_[i].block != block) i = (i + 1) & slot_mask_;
     // Linear probing's backward-shift deletion: no tombstones, lookups stay short.
     for (int j = (i + 1) & slot_mask_; slots_[j].block >= 0; j = (j + 1) & slot_mask_) {
@@ -243,10 +234,10 @@ class BlockPool {
       }
     }
     slots_[i] = Slot{};
-    keyed_[block] = kUnkeyed;
-    const int g = owner_[block];
-    if (events_ != nullptr && find(keys_[block], g) < 0)  // no other block of the group carries it
-      events_->push(event(KVEventKind::Evicted, g, keys_[block], spans_[block].ns, spans_[block].index));
+    meta_[block].keyed = kUnkeyed;
+    const int g = meta_[block].owner;
+    if (events_ != nullptr && find(meta_[block].key, g) < 0)  // no other block of the group carries it
+      events_->push(event(KVEventKind::Evicted, g, meta_[block].key, meta_[block].ns, meta_[block].index));
   }
 
  private:
@@ -255,10 +246,17 @@ class BlockPool {
   // too when either was keyed (only then may release() find a cached copy).
   static constexpr std::uint8_t kUnkeyed = 0, kKeyed = 1, kTwin = 2;
 
-  // What a key names besides its hash: the namespace and the block index.
-  struct KeySpan {
-    std::uint64_t ns = 0;
-    int index = 0;
+  // Everything the pool keeps of one block, together: a lookup, a keying or
+  // a release touches one or two cache lines of it instead of one line in
+  // each of seven tables (the pool of an ample budget spans millions of blocks).
+  struct Meta {
+    BlockKey key;           // its content key, when keyed != kUnkeyed
+    std::uint64_t ns = 0;   // what the key names besides its hash: the namespace
+    int index = 0;          // ... and the block index
+    int refs = 0;           // the sequences holding it
+    int owner = 0;          // the group holding or caching it
+    int next = 0, prev = 0; // its neighbours in the LRU list of cached blocks
+    std::uint8_t keyed = kUnkeyed;
   };
 
   // A slot of the key table: a block and its key's tag in its group (-1: empty).
@@ -279,7 +277,7 @@ class BlockPool {
   int home(std::uint32_t t) const noexcept { return static_cast<int>(t & static_cast<std::uint32_t>(slot_mask_)); }
   // Does `slot` hold a block of `group` whose content has `key` (tag t)?
   bool is(const Slot& slot, std::uint32_t t, const BlockKey& key, int group) const noexcept {
-    return slot.tag == t && keys_[slot.block] == key && owner_[slot.block] == group;
+    return slot.tag == t && meta_[slot.block].key == key && meta_[slot.block].owner == group;
   }
 
   KVEvent event(KVEventKind kind, int group, const BlockKey& key, std::uint64_t ns, int index) const noexcept {
@@ -292,7 +290,7 @@ class BlockPool {
     const std::uint32_t t = tag(key, group);
     for (int i = home(t); slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
       const int b = slots_[i].block;
-      if (b != except && is(slots_[i], t, key, group) && refs_[b] == 0) return b;
+      if (b != except && is(slots_[i], t, key, group) && meta_[b].refs == 0) return b;
     }
     return -1;
   }
@@ -324,14 +322,14 @@ class BlockPool {
 
   // The LRU list of free cached blocks, n_blocks_ its sentinel.
   void unlink(int b) noexcept {
-    next_[prev_[b]] = next_[b];
-    prev_[next_[b]] = prev_[b];
+    meta_[meta_[b].prev].next = meta_[b].next;
+    meta_[meta_[b].next].prev = meta_[b].prev;
   }
   void link_before(int b, int at) noexcept {
-    prev_[b] = prev_[at];
-    next_[b] = at;
-    next_[prev_[at]] = b;
-    prev_[at] = b;
+    meta_[b].prev = meta_[at].prev;
+    meta_[b].next = at;
+    meta_[meta_[at].prev].next = b;
+    meta_[at].prev = b;
   }
 
   int n_blocks_ = 0;
@@ -339,17 +337,12 @@ class BlockPool {
   int block_size_ = 1;
   KVEventQueue* events_ = nullptr;
   int heap_size_ = 0;
+  int fresh_ = 0;  // blocks [fresh_, n_blocks_) were never allocated: free, keyless, not in the heap
   int cached_ = 0;
   int used_ = 0;
   int slot_mask_ = 0;
-  internal::Buffer<int> refs_;
-  internal::Buffer<int> owner_;  // the group holding or caching each block
+  internal::Buffer<Meta> meta_;  // [n_blocks + 1]: each block's, then the LRU list's sentinel
   internal::Buffer<int> heap_;
-  internal::Buffer<int> next_;
-  internal::Buffer<int> prev_;
-  internal::Buffer<BlockKey> keys_;
-  internal::Buffer<KeySpan> spans_;
-  internal::Buffer<std::uint8_t> keyed_;  // kUnkeyed, kKeyed or kTwin
   internal::Buffer<int> cached_of_;  // per group: its cached blocks
   internal::Buffer<int> held_of_;    // per group: its held blocks
   internal::Buffer<Slot> slots_;  // open addressing from tag(key, owner) & slot_mask_
