@@ -12,8 +12,11 @@ K = TypeVar("K")
 
 
 class Sized(Protocol):
+    """An entry that knows its bytes."""
+
     @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """The entry's bytes, counted against the protected segment's cap."""
 
 
 V = TypeVar("V", bound=Sized)
@@ -37,12 +40,15 @@ class Segments(Generic[K, V]):
         self._protected_held = 0
 
     def __len__(self) -> int:
+        """Entries held in both segments."""
         return len(self._probation) + len(self._protected)
 
     def __contains__(self, key: object) -> bool:
+        """Is `key` held (in either segment)?"""
         return key in self._probation or key in self._protected
 
     def __getitem__(self, key: K) -> V:
+        """The entry of `key` (KeyError if not held); no recency moves."""
         got = self._probation.get(key)
         return got if got is not None else self._protected[key]
 
@@ -92,6 +98,7 @@ class Segments(Generic[K, V]):
         return value
 
     def clear(self) -> None:
+        """Forgets every entry."""
         self._probation.clear()
         self._protected.clear()
         self._protected_held = 0
