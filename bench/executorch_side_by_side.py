@@ -589,7 +589,8 @@ def main() -> int:
 def table(r: dict[str, Any]) -> str:
     names = {"kvcore": "kvcore kernel (`kvcache::update_and_attend`)",
              "et-custom": "ExecuTorch `custom_sdpa` + custom ring/static KV cache",
-             "hf-static": "transformers' recipe: `StaticCache`, aten `sdpa`"}
+             "hf-static": "transformers' recipe: `StaticCache`, aten `sdpa`",
+             "kvcore-1thread": "kvcore kernel on 1 thread (decode; its prefill is kvcore's)"}
     rows = ["| prompt | program | prefill tok/s | decode tok/s | KV bytes held | peak RSS | tokens = transformers |",
             "|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, runs in r["runs"].items():
