@@ -217,6 +217,20 @@ class BlockPool {
     return held >= 0 ? held : cached;
   }
 
+  /// A hint that set_key(block, key, ...) follows: starts loading the key
+  /// table's slot and the block's record, so the keyings of a block index in
+  /// every group wait for memory together instead of one after another (an
+  /// ample pool's tables are far larger than any cache). Changes nothing.
+  void prefetch_keying(int block, const BlockKey& key) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[home(tag(key, meta_[block].owner))], 1);
+    __builtin_prefetch(&meta_[block].keyed, 1);
+#else
+    (void)block;
+    (void)key;
+#endif
+  }
+
   /// Forgets a block's key (its rows are about to change). Precondition: the
   /// block is held, or is being reclaimed by allocate().
   void drop_key(int block) noexcept {
@@ -369,6 +383,7 @@ class GroupPool {
   bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
     return pool_->set_key(block, key, ns, index);
   }
+  void prefetch_keying(int block, const BlockKey& key) const noexcept { pool_->prefetch_keying(block, key); }
   int find(const BlockKey& key) const noexcept { return pool_->find(key, group_); }
   void drop_key(int block) noexcept { pool_->drop_key(block); }
 

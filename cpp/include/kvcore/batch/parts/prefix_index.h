@@ -72,6 +72,10 @@ class PrefixIndex {
       partial[c.partial++] = tokens[j];
       if (c.partial < block_size_) continue;
       c.chain = BlockKey::chain(c.chain, partial, block_size_);
+      for (int g = 0; g < n_groups; ++g) {  // every group's misses at once, then the keyings
+        const int b = groups[g].table(seq)[c.hashed_blocks];
+        if (b >= 0) groups[g].pool().prefetch_keying(b, c.chain);
+      }
       for (int g = 0; g < n_groups; ++g) {
         const int b = groups[g].table(seq)[c.hashed_blocks];
         if (b >= 0) groups[g].pool().set_key(b, c.chain, c.ns, c.hashed_blocks);
