@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <utility>
@@ -31,13 +32,17 @@ class PrefixIndex {
     auto chains = internal::Buffer<Chain>::make(max_seqs);
     auto partial = internal::Buffer<std::int32_t>::make(static_cast<std::int64_t>(max_seqs) * block_size);
     auto prompt = internal::Buffer<BlockKey>::make(stride);
+    auto keyed_tokens = internal::Buffer<std::int32_t>::make(static_cast<std::int64_t>(stride) * block_size);
     auto held_from = internal::Buffer<int>::make(n_groups > 0 ? n_groups : 1);
     auto sinks_held = internal::Buffer<int>::make(n_groups > 0 ? n_groups : 1);
-    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt && held_from && sinks_held, MemoryAllocationFailed,
-                                 "cannot allocate the sequence tables of %d sequences", max_seqs);
+    KVCORE_CHECK_OR_RETURN_ERROR(chains && partial && prompt && keyed_tokens && held_from && sinks_held,
+                                 MemoryAllocationFailed, "cannot allocate the sequence tables of %d sequences",
+                                 max_seqs);
     chains_ = std::move(chains);
     partial_ = std::move(partial);
     prompt_ = std::move(prompt);
+    keyed_tokens_ = std::move(keyed_tokens);
+    prompt_blocks_ = 0;
     held_from_ = std::move(held_from);
     sinks_held_ = std::move(sinks_held);
     block_size_ = block_size;
@@ -145,11 +150,20 @@ class PrefixIndex {
   int longest_hit(std::uint64_t ns, const std::int32_t* tokens, int n, const BlockGroup* groups, int n_groups,
                   Accept accept) const noexcept {
     const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
-    BlockKey chain = BlockKey::root(ns);
+    const int known = known_keys(ns, tokens, candidates);
+    BlockKey chain = known > 0 ? prompt_[known - 1] : BlockKey::root(ns);
     int hit = candidates;
     for (int i = 0; i < candidates; ++i) {
-      chain = BlockKey::chain(chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
-      prompt_[i] = chain;
+      if (i >= known) {
+        const std::int32_t* block = tokens + static_cast<std::ptrdiff_t>(i) * block_size_;
+        chain = BlockKey::chain(chain, block, block_size_);
+        prompt_[i] = chain;
+        std::memcpy(keyed_tokens_.get() + static_cast<std::ptrdiff_t>(i) * block_size_, block,
+                    sizeof(std::int32_t) * static_cast<std::size_t>(block_size_));
+        prompt_blocks_ = i + 1;
+      } else {
+        chain = prompt_[i];
+      }
       if (!every_group_needing_all_holds(chain, groups, n_groups)) {
         hit = i;  // no hit reaches past a block such a group lacks
         break;
@@ -239,6 +253,26 @@ class PrefixIndex {
 
   std::int32_t* partial_of(int seq) noexcept { return partial_.get() + static_cast<std::ptrdiff_t>(seq) * block_size_; }
 
+  // How many of the first `blocks` blocks of `tokens` in namespace `ns` the
+  // last lookups already keyed (prompt_): a scheduler asks lookup_prefix and
+  // then adopt_prefix of one prompt, and keys follow from the tokens alone, so
+  // comparing the tokens is enough (far cheaper than hashing them again).
+  int known_keys(std::uint64_t ns, const std::int32_t* tokens, int blocks) const noexcept {
+    if (ns != prompt_ns_) {
+      prompt_ns_ = ns;
+      prompt_blocks_ = 0;
+      return 0;
+    }
+    const int most = blocks < prompt_blocks_ ? blocks : prompt_blocks_;
+    const std::size_t bytes = sizeof(std::int32_t) * static_cast<std::size_t>(block_size_);
+    int i = 0;
+    while (i < most && std::memcmp(keyed_tokens_.get() + static_cast<std::ptrdiff_t>(i) * block_size_,
+                                   tokens + static_cast<std::ptrdiff_t>(i) * block_size_, bytes) == 0)
+      ++i;
+    prompt_blocks_ = i;  // past a differing block the kept keys are another prompt's
+    return i;
+  }
+
   // The highest block a hit of `hit` blocks needs of windowed group `group`
   // (index g) that the group lacks, or -1. Blocks [held_from_[g], hit) and
   // [0, sinks_held_[g]) were seen held by earlier calls of this lookup (the
@@ -292,7 +326,10 @@ class PrefixIndex {
   internal::Buffer<Chain> chains_;
   internal::Buffer<std::int32_t> partial_;  // [seq][B]: tokens of the block being filled
   // Scratch of longest_hit(), a lookup that changes nothing the cache shows.
-  mutable internal::Buffer<BlockKey> prompt_;  // a prompt's block keys
+  mutable internal::Buffer<BlockKey> prompt_;  // a prompt's block keys, the first prompt_blocks_ known
+  mutable internal::Buffer<std::int32_t> keyed_tokens_;  // [stride][B]: the tokens prompt_ keys
+  mutable int prompt_blocks_ = 0;
+  mutable std::uint64_t prompt_ns_ = 0;  // the namespace prompt_ keys in
   mutable internal::Buffer<int> held_from_;    // [group]: blocks [this, hit) seen held
   mutable internal::Buffer<int> sinks_held_;   // [group]: sink blocks [0, this) seen held
 };
