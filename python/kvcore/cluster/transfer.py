@@ -137,7 +137,7 @@ def fetch(store: Any, tier: HostTier, cache: BatchCache, tokens: Tokens, namespa
     InvalidArgumentError: bad tokens or namespace, a truncated, corrupt, malformed or mismatched
     record (dropped), a record of another layout (kept); NotSupportedError: a newer record version
     (dropped); InvalidStateError: a record that keys no prefix (dropped); CapacityError: a record
-    larger than the tier."""
+    the tier cannot hold (a flat record's first block, another model's whole record)."""
     start = time.perf_counter()
     ns = namespace_id(namespace)
     ids = token_ids(tokens, "fetch")
