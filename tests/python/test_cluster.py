@@ -56,10 +56,10 @@ def shared_store(local_ray: None) -> Iterator[Any]:
     ray.kill(store)
 
 
-@pytest.mark.parametrize("kind", ["flat", "ring_sinks", "state"])
-def test_a_record_from_the_store_reads_exactly_what_a_twin_computed(shared_store: Any, kind: str) -> None:
-    keep = kind == "state"  # an import names no state snapshot: a State model's record serves kept
-    store, ns = shared_store, f"exact-{kind}"  # one store; each layout in a namespace of its own
+@pytest.mark.parametrize("kind,keep", [("flat", False), ("ring_sinks", False), ("state", False), ("state", True)])
+def test_a_record_from_the_store_reads_exactly_what_a_twin_computed(shared_store: Any, kind: str, keep: bool) -> None:
+    # Released, a State model's import names its snapshot: the blocks and the state serve adopt_prefix.
+    store, ns = shared_store, f"exact-{kind}-{keep}"  # one store; each case in a namespace of its own
     before = ray.get(store.stats.remote())
     a = computed(kind, P, ns)
     entry = publish(store, a.cache, a.pool, 0, P)

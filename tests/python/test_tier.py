@@ -156,12 +156,8 @@ def test_spilled_evicted_restored_reads_equal_a_twin_that_never_left(kind: str, 
                     break
         c.release_sequences([1, 2, 3])
     assert a.cache.lookup_prefix(Q_LONGER) == 0
-    if kind == "state" and not keep:  # an import names no state snapshot: released, it would serve nothing
-        before = snapshot(a, Q_LONGER)
-        assert tier.longest(Q_LONGER, 2) == 0
-        r = tier.restore(a.cache, a.pool, Q_LONGER)
-        assert (r.hit, r.bytes) == (0, 0) and tier.misses == 1 and snapshot(a, Q_LONGER) == before
-        return
+    # Released (keep=False), a State model's import named its state after P's last block: the
+    # blocks and the snapshot serve adopt_prefix together.
     assert tier.longest(Q_LONGER, 2, keep=keep) == len(P)
     r = tier.restore(a.cache, a.pool, Q_LONGER, seq=1, keep=keep)
     assert isinstance(r, Restored) and r.device_hit == 0 and r.hit == len(P) == r.tokens
@@ -181,6 +177,30 @@ def test_spilled_evicted_restored_reads_equal_a_twin_that_never_left(kind: str, 
         assert same(a.step(1, [40 + t]), twin.step(1, [40 + t]))
     for s in range(3):  # rewinds agree too
         assert a.cache.can_rewind(1, s * 2 + len(P)) == twin.cache.can_rewind(1, s * 2 + len(P))
+
+
+def test_a_trusted_import_names_a_state_models_snapshot_an_untrusted_one_does_not() -> None:
+    """The core rule restore's released State records rest on (docs/state.md "Trust"): an import
+    trusted in a namespace names the state after its last full block by that block's key (with
+    snapshots configured), so after a release the blocks and the state serve adopt_prefix
+    together; an untrusted import names nothing, and without snapshots the blocks alone serve no
+    hit on a State model."""
+    state_model = [kv(kvcore.Flat()), kvcore.LayerConfig(kvcore.State(4))]
+    a = Model(config(state_model, snapshots=4))
+    a.cache.add_sequence(0)
+    a.prefill(0, P)
+    record = bytes(a.pool.export_sequence(0, P))
+    for snapshots, trusted, hit in ((4, True, len(P)), (4, False, 0), (0, True, 0)):
+        b = Model(config(state_model, snapshots=snapshots))
+        if trusted:
+            b.pool.import_sequence(1, record, namespace=5)
+        else:
+            b.pool.import_sequence(1, record)
+        b.cache.release_sequence(1)
+        ns = 5 if trusted else 0
+        assert b.cache.lookup_prefix(Q_LONGER, ns) == hit, (snapshots, trusted)
+        b.cache.add_sequence(2, ns)
+        assert b.cache.adopt_prefix(2, Q_LONGER) == hit, (snapshots, trusted)
 
 
 @pytest.mark.parametrize("kind", ["flat", "shared_flat", "shared"])

@@ -37,8 +37,8 @@ class RecordFacts:
     """What a tier knows of one validated record (kvcore.tier's host tier and kvcore.cluster's
     store): its prefix namespace id, its block size in tokens, the chained keys of its full
     blocks (``kvcore.block_keys``), its length in tokens, ``flat`` (every layer flat, or shared
-    with a flat one: any full-block prefix serves) and ``state`` (a State layer: an import names
-    no state snapshot). ``serves`` is the rule both tiers apply to a hit."""
+    with a flat one: any full-block prefix serves) and ``state`` (a State layer: its state is
+    carried at the record's length only). ``serves`` is the rule both tiers apply to a hit."""
 
     __slots__ = ("namespace", "block_size", "keys", "length", "flat", "state")
 
@@ -53,16 +53,17 @@ class RecordFacts:
 
     def serves(self, n_blocks: int, keep: bool) -> bool:
         """Can the record give a hit of `n_blocks` full blocks? A flat model's at every boundary
-        (keep=True rewinds to it). Otherwise released (keep=False) only at its last full block and
-        only without State layers (a ring's window is carried at the record's length only, and an
-        import names no state snapshot: docs/state.md); kept (keep=True) only at its length."""
+        (keep=True rewinds to it). Otherwise released (keep=False) only at its last full block (a
+        ring's window and a State layer's state are carried at the record's length only: the
+        import names the state after a State model's last block as a snapshot, docs/state.md);
+        kept (keep=True) only at its length."""
         if not 1 <= n_blocks <= len(self.keys):
             return False
         if self.flat:
             return True
         if keep:
             return n_blocks * self.block_size == self.length
-        return not self.state and n_blocks == len(self.keys)
+        return n_blocks == len(self.keys)
 
 
 def prefix_facts(info: RecordInfo, block: int, what: str) -> tuple[int, bool, bool]:

@@ -248,8 +248,9 @@ class HostTier:
         namespace is ever imported.
 
         keep=False: the sequence is released at once: its blocks wait cached and
-        ``adopt_prefix(new_seq, tokens, namespace)`` hits them. Serves K/V layers only (an import
-        names no State layer's state snapshot: a State model's record serves only keep=True).
+        ``adopt_prefix(new_seq, tokens, namespace)`` hits them (a State model's at the record's
+        length only: the import names its state after the last block as a snapshot, which needs
+        ``BatchLimits.state_snapshots``).
         keep=True: `seq` stays active at the hit, as ``adopt_prefix(seq, tokens, namespace)``
         would leave it (``Restored.hit`` positions): the caller computes the rest of the prompt
         in it. A flat model serves every full-block prefix, another's record only its own length

@@ -33,10 +33,11 @@
 // most restrictive group decides). A fork shares the source's snapshots below
 // `upto` (no copy; a shared slot is never written in place: the next write
 // takes a fresh slot). A tree commit returns slot copies beside the row
-// copies. A prefix hit counts zero blocks on a model with a State group (no
-// state snapshot is named by a block's key yet), removing positions other
-// than the tail is refused (a recurrent state cannot forget them), and
-// records (import) do not carry states.
+// copies. A prefix hit on a model with a State group reaches only a block
+// whose state snapshot is named (batch.state_snapshots: a commit or a trusted
+// import ending on that block names it), removing positions other than the
+// tail is refused (a recurrent state cannot forget them), and a record carries
+// the states it held (docs/state.md).
 #pragma once
 
 #include <cstdint>
@@ -374,7 +375,10 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// sequence keys in `in.prefix_namespace`, naming its blocks by `in.tokens`
   /// (none: it names nothing); each State group holds the states after
   /// [held_from, length) of its layers' bounds, each in a fresh physical slot
-  /// (state_slot() names them, for the importer to fill). Any begun step ends.
+  /// (state_slot() names them, for the importer to fill), and a sequence named
+  /// by its tokens whose length ends a full block names the state after it by
+  /// that block's key, as a commit does (a snapshot for later prefix hits,
+  /// with batch.state_snapshots). Any begun step ends.
   /// `in` gives the bounds of n_layers() layers.
   /// InvalidState: seq is active. OutOfResources: no free table row
   /// (batch.max_active_seqs sequences are active), length over capacity, more

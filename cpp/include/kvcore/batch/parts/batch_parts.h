@@ -315,6 +315,10 @@ class BatchParts {
     prefix_.imported(seq, in.prefix_namespace, in.tokens, in.length, groups_.get(), n_groups_, [&](int g, int i) {
       return admission.complete(g, groups_[g].rule().sink_blocks(), i);
     });
+    // A length ending on a keyed block: the imported state is named by that
+    // block's key, as a commit names it, so the prefix outlives the sequence.
+    BlockKey key;
+    if (prefix_.boundary_key(seq, in.length, &key)) states_.name(seq, in.length, key);
     return Error::Ok;
   }
 

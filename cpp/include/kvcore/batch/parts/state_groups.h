@@ -88,6 +88,11 @@ class StateGroups {
   void adopt(int seq, const BlockKey& key, int L) noexcept {
     for (int k = 0; k < n_; ++k) groups_[k].adopt(seq, key, L);
   }
+  /// Names the state after L - 1 of `seq` by `key` in every group
+  /// (StateGroup::name: a no-op without snapshots or a held state).
+  void name(int seq, int L, const BlockKey& key) noexcept {
+    for (int k = 0; k < n_; ++k) groups_[k].name(seq, L, key);
+  }
   /// `seq`, imported by `in` (check_import passed), holds the states after
   /// [held_from of each group's first layer, length), each in a fresh slot.
   void restore(int seq, const SequenceImport& in) noexcept {
