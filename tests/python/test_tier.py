@@ -329,6 +329,16 @@ def test_blocks_are_evicted_least_recently_used_last_blocks_first() -> None:
     with pytest.raises(CapacityError, match=rf"spill: a block of {bb} bytes > the tier's capacity_bytes {bb - 1}"):
         tiny.spill(m.cache, m.pool, 2, prompts[3])
     assert tiny.bytes == 0 and len(tiny) == 0 and tiny.evictions == 0
+    # Refused with other blocks held: nothing of them is evicted first (a model of two flat layers'
+    # blocks is larger than the tier, which holds one of this model's blocks).
+    one = HostTier(bb)
+    assert one.spill(m.cache, m.pool, 2, prompts[3]) == bb
+    wide = Model(KINDS["shared_flat"]())
+    wide.cache.add_sequence(0)
+    wide.prefill(0, prompts[3])
+    with pytest.raises(CapacityError, match=r"spill: a block of \d+ bytes > the tier's capacity_bytes"):
+        one.spill(wide.cache, wide.pool, 0, prompts[3])
+    assert (one.bytes, one.blocks, one.evictions) == (bb, 1, 0) and one.longest(prompts[3] + [1], 2) == 2
 
 
 @pytest.mark.parametrize("protected", [0.0, 0.3, 0.8])

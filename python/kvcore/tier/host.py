@@ -408,12 +408,15 @@ class HostTier:
             return self._insert_record(info, ns, block, keys, state, what), -1
         layout = BlockLayout(info, data, block)
         index = self._layout_ids.get(layout.signature)
+        held = 0 if index is None else self._held_in(keys, block, ns, index)
+        if held == 0 and layout.block_bytes > self._capacity:  # refused before anything is evicted
+            raise CapacityError(f"{what}: a block of {layout.block_bytes} bytes > the tier's capacity_bytes "
+                                f"{self._capacity}")
         if index is None:
             index = len(self._layouts)
             self._layouts.append(layout)
             self._layout_ids[layout.signature] = index
         layout = self._layouts[index]
-        held = self._held_in(keys, block, ns, index)
         self._touch_run(keys, block, ns, index, held)  # the held run: newest, kept through eviction below
         room = self._capacity - self._bytes
         run = {(_BLOCK, ns, block, index) + k for k in keys[:held]}
@@ -424,9 +427,6 @@ class HostTier:
             room += self._lru[oldest].nbytes
             self._evict(oldest)
         fit = min(n_full - held, max(room, 0) // layout.block_bytes)
-        if fit == 0 and held == 0:
-            raise CapacityError(f"{what}: a block of {layout.block_bytes} bytes > the tier's capacity_bytes "
-                                f"{self._capacity}")
         new = layout.split(info, held, held + fit)
         for i in range(held + fit - 1, held - 1, -1):  # the last first: a block is added after its extensions
             self._lru.add((_BLOCK, ns, block, index) + keys[i], _Block(new[i - held], keys[i - 1] if i else None))
