@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from needs import need
+from kvcore import InvalidArgumentError
 
 torch = need("torch", reason="the ExecuTorch runtime tests need torch")
 need(
@@ -245,6 +246,14 @@ def test_threads_give_one_threads_logits_and_bad_counts_are_refused(runner: Runn
             assert r.lib.threads == 3 and r.lib.length == len(tokens)
         with pytest.raises(er.KernelLibraryError, match=re.escape("kvcore_et_set_min_task_work(-1): must be >= 0")):
             r.lib.set_min_task_work(-1)
+        # Not a C int: refused by name before the kernel is called (ctypes would truncate 2**32 + 2 to 2).
+        for bad in (2.5, True, "3", 2**32 + 2):
+            with pytest.raises(InvalidArgumentError, match=re.escape(f"threads = {bad!r}: must be an int in")):
+                r.lib.set_threads(bad)
+            assert r.lib.threads == 3
+        with pytest.raises(InvalidArgumentError, match=re.escape("length = -2147483649: must be an int in")):
+            r.lib.rewind(-(2**31) - 1)
+        assert r.lib.length == len(tokens)
     finally:
         r.lib.set_threads(0)
         r.lib.configure(r.meta)

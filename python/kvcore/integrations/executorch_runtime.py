@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from kvcore._errors import InvalidArgumentError
 
 try:
     import torch
@@ -246,6 +249,20 @@ class KernelLibrary:
         if code != 0:
             raise KernelLibraryError(code, self.last_error)
 
+    @staticmethod
+    def _c_int(what: str, value: Any, bits: int) -> int:
+        """`value` as a C integer of `bits` bits: an int (not a bool) in its range, else
+        InvalidArgumentError naming `what` (ctypes would truncate it silently, or take a float's
+        integer part); the kernel checks the rest."""
+        lo, hi = -(1 << (bits - 1)), 1 << (bits - 1)
+        try:
+            n = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            n = None
+        if n is None or not lo <= n < hi:
+            raise InvalidArgumentError(f"{what} = {value!r}: must be an int in [{lo}, {hi})")
+        return n
+
     def configure(self, meta: KVCoreMetadata, kv_dtype: Optional[str] = None) -> None:
         """(Re)build the kernel's cache for ``meta`` at length 0, storing K/V as ``kv_dtype`` (a
         ``KV_DTYPES`` name; None: the program's ``meta.kv_dtype``). ``KernelLibraryError`` with
@@ -270,16 +287,18 @@ class KernelLibrary:
         """Attend with ``threads`` workers (the runtime's calling thread and ``threads - 1`` threads
         of the kernel's own, started once; 0: one per processor online, the default; 1: the
         calling thread alone), for the configured cache and those configured later; the cached
-        rows are kept. ``KernelLibraryError`` (nothing changed) when ``threads`` is outside
-        [0, 256] or a forward is under way."""
-        self._check(self._lib.kvcore_et_set_threads(int(threads)))
+        rows are kept. ``InvalidArgumentError`` when ``threads`` is not an int of a C int's range;
+        ``KernelLibraryError`` (nothing changed) when it is outside [0, 256] or a forward is
+        under way."""
+        self._check(self._lib.kvcore_et_set_threads(self._c_int("threads", threads, 32)))
 
     def set_min_task_work(self, multiply_adds: int) -> None:
         """The least work (multiply-adds) worth an attention task of its own in the configured
         cache (0: one task per worker whatever the size, as the tests use to cut a tiny
-        model's layers; ``configure`` restores the default). ``KernelLibraryError`` when
-        nothing is configured or ``multiply_adds`` < 0."""
-        self._check(self._lib.kvcore_et_set_min_task_work(int(multiply_adds)))
+        model's layers; ``configure`` restores the default). ``InvalidArgumentError`` when
+        ``multiply_adds`` is not a 64-bit int; ``KernelLibraryError`` when nothing is configured
+        or ``multiply_adds`` < 0."""
+        self._check(self._lib.kvcore_et_set_min_task_work(self._c_int("multiply_adds", multiply_adds, 64)))
 
     @property
     def threads(self) -> int:
@@ -292,9 +311,10 @@ class KernelLibrary:
         self._check(self._lib.kvcore_et_reset())
 
     def rewind(self, length: int) -> None:
-        """Back to ``length`` tokens; ``KernelLibraryError`` (nothing changed) when a ring layer no
-        longer holds that history or ``length`` is outside [0, length]."""
-        self._check(self._lib.kvcore_et_rewind(int(length)))
+        """Back to ``length`` tokens; ``InvalidArgumentError`` when ``length`` is not an int of a C
+        int's range; ``KernelLibraryError`` (nothing changed) when a ring layer no longer holds
+        that history or ``length`` is outside [0, length]."""
+        self._check(self._lib.kvcore_et_rewind(self._c_int("length", length, 32)))
 
     @property
     def length(self) -> int:
