@@ -173,6 +173,7 @@ class BatchLimits(metaclass=_pybind11_type):
         state_snapshots: SupportsIndex = 0,
         page_layers: SupportsIndex = 0,
         max_rewind: SupportsIndex = -1,
+        states_in_pool: bool = False,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
@@ -187,7 +188,12 @@ class BatchLimits(metaclass=_pybind11_type):
         pages (one layer of each group) leave no storage unused (0: the fewest layers any policy
         has, vLLM's rule). max_rewind: the longest rewind, in positions, that ring and chunked
         groups keep history for (each position costs every sequence a ring position; -1:
-        max_step, 0: never rewinds, as vLLM's sliding window; in [-1, capacity]). Checked when a
+        max_step, 0: never rewinds, as vLLM's sliding window; in [-1, capacity]).
+        states_in_pool: the State groups take their state slots from the one pool, one block per
+        state, and State layers form groups of at most page_layers as K/V layers do (vLLM's hybrid
+        allocator; docs/batch.md section 10): a named snapshot is then a cached block, kept until
+        the pool needs it, and state_snapshots > 0 only turns naming on; False: each State group
+        owns slots of its own beside the pool (InvalidArgumentError: not a bool). Checked when a
         BatchCache is built (InvalidArgumentError naming the field).
         """
     @property
@@ -217,6 +223,9 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def max_rewind(self) -> int:
         """Longest rewind, in positions, ring and chunked groups keep history for (-1: max_step)."""
+    @property
+    def states_in_pool(self) -> bool:
+        """Do the State groups take their state slots from the one pool (one block per state)?"""
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -1271,6 +1280,15 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step];
         InvalidStateError: seq not active; CapacityError: length + T > capacity.
         """
+    def state_blocks_needed(self, seq: SupportsIndex, T: SupportsIndex, verify: bool = False) -> int:
+        """With batch.states_in_pool, the pool's blocks a step entry of T tokens of seq takes for its
+        states in every State group, as begin_step counts them (one per state kept: every token's
+        with verify, else the last, whose logical slot names no physical slot, a shared or a named
+        one); 0 without. begin_step admits a step when its entries' blocks_needed over every group
+        plus these fit the pool's free blocks. Changes nothing. InvalidArgumentError: seq outside
+        [0, max_seqs), T outside [1, max_step], verify not a bool, a verify entry of T > D - 1;
+        InvalidStateError: seq not active; CapacityError: length + T > capacity.
+        """
     def cached_blocks(self, group: SupportsIndex) -> int:
         """Free blocks of the group that still hold a reusable prefix (reclaimed least recently
         released first, whatever their group). InvalidArgumentError: group outside [0, n_groups).
@@ -1545,8 +1563,9 @@ class PagedKVPool(metaclass=_pybind11_type):
         cache.num_state_slots(cache.state_group_of(layer)) slots of them per State layer, allocated
         (zeros) now. InvalidArgumentError: bad dtype, compute_dtype or initial_rows < 0;
         state_tensors missing for a State layer, naming a layer that is not one, an empty name, a
-        dim < 1, another dtype or a slot that overflows. AllocationError: the first blocks or the
-        state slots cannot be allocated.
+        dim < 1, another dtype or a slot that overflows. NotSupportedError: a cache whose states
+        live in the pool's pages (BatchLimits.states_in_pool). AllocationError: the first blocks or
+        the state slots cannot be allocated.
         """
     @property
     def cache(self) -> BatchCache:

@@ -90,6 +90,21 @@ void bind_batch_cache_blocks(BatchCacheClass& cls) {
            "(plus what a begun step it replaces took), so requests admitted one by one can add their needs up "
            "and begin the step once. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T "
            "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
+      .def("state_blocks_needed",
+           [](const Cache& c, const IntArg& seq, const IntArg& T, const py::object& verify) {
+             if (!py::isinstance<py::bool_>(verify))
+               raise(kvcore::Error::InvalidArgument,
+                     "verify = " + py::repr(verify).cast<std::string>() + ": must be a bool");
+             return unwrap(c.state_blocks_needed(to_int("seq", seq), to_int("T", T), verify.cast<bool>()));
+           },
+           py::arg("seq"), py::arg("T"), py::arg("verify") = false,
+           "With batch.states_in_pool, the pool's blocks a step entry of T tokens of seq takes for its states "
+           "in every State group, as begin_step counts them (one per state kept: every token's with verify, "
+           "else the last, whose logical slot names no physical slot, a shared or a named one); 0 without. "
+           "begin_step admits a step when its entries' blocks_needed over every group plus these fit the "
+           "pool's free blocks. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T outside "
+           "[1, max_step], verify not a bool, a verify entry of T > D - 1; InvalidStateError: seq not active; "
+           "CapacityError: length + T > capacity.")
       .def("cached_blocks",
            [](const Cache& c, const IntArg& group) { return unwrap(c.cached_blocks(to_int("group", group))); },
            py::arg("group"),

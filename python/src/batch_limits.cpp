@@ -22,7 +22,11 @@ void register_batch_limits(py::module_& m) {
   batch_limits
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
                        const PyInt& num_blocks, const PyInt& max_holes, const PyInt& max_active_seqs,
-                       const PyInt& state_snapshots, const PyInt& page_layers, const PyInt& max_rewind) {
+                       const PyInt& state_snapshots, const PyInt& page_layers, const PyInt& max_rewind,
+                       const py::object& states_in_pool) {
+             if (!py::isinstance<py::bool_>(states_in_pool))
+               raise(kvcore::Error::InvalidArgument,
+                     "states_in_pool = " + py::repr(states_in_pool).cast<std::string>() + ": must be a bool");
              kvcore::BatchLimits b;
              b.block_size = to_int("block_size", block_size);
              b.max_seqs = to_int("max_seqs", max_seqs);
@@ -33,11 +37,13 @@ void register_batch_limits(py::module_& m) {
              b.state_snapshots = to_int("state_snapshots", state_snapshots);
              b.page_layers = to_int("page_layers", page_layers);
              b.max_rewind = to_int("max_rewind", max_rewind);
+             b.states_in_pool = states_in_pool.cast<bool>();
              return b;
            }),
            py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
            py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8, py::arg("max_active_seqs") = 0,
            py::arg("state_snapshots") = 0, py::arg("page_layers") = 0, py::arg("max_rewind") = -1,
+           py::arg("states_in_pool") = false,
            "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
            "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
            "max_seqs * max_step, at most 2**20). num_blocks: blocks of the one pool every group draws from "
@@ -52,7 +58,11 @@ void register_batch_limits(py::module_& m) {
            "leave no storage unused (0: the fewest layers any policy has, vLLM's rule). max_rewind: the longest "
            "rewind, in positions, that ring and chunked groups keep history for (each position costs every "
            "sequence a ring position; -1: max_step, 0: never rewinds, as vLLM's sliding window; in "
-           "[-1, capacity]). Checked when a "
+           "[-1, capacity]). states_in_pool: the State groups take their state slots from the one pool, one "
+           "block per state, and State layers form groups of at most page_layers as K/V layers do (vLLM's "
+           "hybrid allocator; docs/batch.md section 10): a named snapshot is then a cached block, kept until the "
+           "pool needs it, and state_snapshots > 0 only turns naming on; False: each State group owns slots of "
+           "its own beside the pool (InvalidArgumentError: not a bool). Checked when a "
            "BatchCache is built (InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
@@ -70,6 +80,8 @@ void register_batch_limits(py::module_& m) {
                     "Most layers of one group (0: the fewest layers any policy has).")
       .def_readonly("max_rewind", &kvcore::BatchLimits::max_rewind,
                     "Longest rewind, in positions, ring and chunked groups keep history for (-1: max_step).")
+      .def_readonly("states_in_pool", &kvcore::BatchLimits::states_in_pool,
+                    "Do the State groups take their state slots from the one pool (one block per state)?")
       .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 }
 

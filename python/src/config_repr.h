@@ -23,7 +23,8 @@ inline std::string repr(const kvcore::BatchLimits& b) {
          (b.max_active_seqs != 0 ? ", max_active_seqs=" + std::to_string(b.max_active_seqs) : std::string()) +
          (b.state_snapshots != 0 ? ", state_snapshots=" + std::to_string(b.state_snapshots) : std::string()) +
          (b.page_layers != 0 ? ", page_layers=" + std::to_string(b.page_layers) : std::string()) +
-         (b.max_rewind != -1 ? ", max_rewind=" + std::to_string(b.max_rewind) : std::string()) + ")";
+         (b.max_rewind != -1 ? ", max_rewind=" + std::to_string(b.max_rewind) : std::string()) +
+         (b.states_in_pool ? ", states_in_pool=True" : std::string()) + ")";
 }
 
 }  // namespace kvcore_py

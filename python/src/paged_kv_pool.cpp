@@ -61,6 +61,7 @@ void register_paged_kv_pool(py::module_& m) {
           "State layer, allocated (zeros) now. InvalidArgumentError: bad dtype, compute_dtype or "
           "initial_rows < 0; state_tensors missing for a State layer, naming a layer that is not one, an "
           "empty name, a dim < 1, another dtype or a slot that overflows. "
+          "NotSupportedError: a cache whose states live in the pool's pages (BatchLimits.states_in_pool). "
           "AllocationError: the first blocks or the state slots cannot be allocated.");
   def_storage(cls, StorageDocs{
                        "The BatchCache it stores.",

@@ -280,6 +280,31 @@ TEST(AllocationFailure, ChunkedAndSharedBatchCreateReportsEveryFailureAndLeaksNo
 // for some 30 GiB and sized its key table past INT_MAX (signed overflow). The
 // allocations after the layer tables fail here, so the unfixed code returned
 // MemoryAllocationFailed instead of trying.
+// The same model with its states in the pool (batch.states_in_pool): the
+// State groups' tables and the pool's extra groups fail as cleanly.
+TEST(AllocationFailure, StatesInThePoolBatchCreateReportsEveryFailureAndLeaksNothing) {
+  CacheConfig cfg = five_kinds_config();
+  cfg.batch.block_size = 2;
+  cfg.batch.max_seqs = 3;
+  cfg.batch.states_in_pool = true;
+  cfg.batch.state_snapshots = 1;
+  SCOPED_TRACE(describe(cfg));
+  const std::int64_t live_before = live_news();
+  {
+    std::unique_ptr<kvcore::BatchCache> cache;
+    const int failures = fail_each_create(cfg, cache);
+    ASSERT_NE(cache, nullptr);
+    EXPECT_GE(failures, 1 + 6 + 7 * cache->n_groups());
+    EXPECT_EQ(*cache->num_state_slots(0), *cache->num_blocks(0));
+    ASSERT_EQ(cache->add_sequence(0), Error::Ok);
+    kvcore::StepEntry e{0, 3, nullptr};
+    auto step = cache->begin_step(&e, 1);
+    ASSERT_TRUE(step.ok()) << step.message().c_str();
+    ASSERT_EQ(cache->commit(*step), Error::Ok);
+  }
+  EXPECT_EQ(live_news(), live_before);
+}
+
 TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   CacheConfig cfg = configs()[2];  // capacity 16, one flat layer
   cfg.batch.block_size = 1;
@@ -340,7 +365,7 @@ TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
   const kvcore::BlockKey key{1, 2};
   ASSERT_TRUE(pool.set_key(held, key, 0, 0));
   // Every failed run must leave the 4-block pool as it was; the last run
-  // (all 5 tables allocated) makes it a 64-block pool.
+  // (all 6 tables allocated) makes it a 64-block pool.
   const int failures = fail_each_allocation([&] { return pool.create(64, "a bigger pool"); },
                                             [&] {
                                               EXPECT_EQ(pool.n_blocks(), 4);
@@ -350,8 +375,8 @@ TEST(AllocationFailure, BlockPoolCreateThatFailsKeepsThePoolAsItWas) {
                                               EXPECT_EQ(pool.find(key), held);
                                             });
   // One per table: the blocks' records (refs, owner, LRU links, key), the
-  // heap, the one pool's per-group cached and held counts, and the key slots.
-  EXPECT_EQ(failures, 5);
+  // heap, the one pool's per-group cached, held and keyed counts, and the key slots.
+  EXPECT_EQ(failures, 6);
   EXPECT_EQ(pool.n_blocks(), 64);
   EXPECT_EQ(pool.free_blocks(), 64);
   EXPECT_EQ(pool.find(key), -1);

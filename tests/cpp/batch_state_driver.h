@@ -4,6 +4,11 @@
 // steps (chains with and without verify, trees with random accepted paths,
 // aborts and steps left begun, forks, rewinds, removals, prefix lookups,
 // clears), each checked against the contract; refused calls change nothing.
+// With batch.states_in_pool the states take the pool's blocks, so the twin
+// gets an ample pool and only the steps the cache begins: a step may be
+// refused for blocks (OutOfResources, nothing changed), block ids are not
+// compared (the pools differ), and no block a table names is a state slot
+// some sequence or the step names (no block is in two places).
 // `R` draws numbers: operator()(lo, hi) in [lo, hi] and percent(p). Free of
 // gtest: batch_state_test.cpp (std::mt19937) and the batch fuzzer (its bytes)
 // use it.
@@ -65,13 +70,14 @@ class Driver {
     auto made = BatchCache::create(cfg_);
     if (!made.ok()) return std::string("create: ") + made.message().c_str();
     cache_ = std::move(made).get();
-    const CacheConfig t = without_state(cfg_);
+    CacheConfig t = without_state(cfg_);
     if (t.n_layers > 0) {
+      if (cfg_.batch.states_in_pool) t.batch.num_blocks = 1 << 16;  // ample: it never refuses for blocks
       auto twin = BatchCache::create(t);
       if (!twin.ok()) return std::string("the twin's create: ") + twin.message().c_str();
       twin_ = std::move(twin).get();
     }
-    if (cache_->n_groups() != (twin_ ? twin_->n_groups() : 0)) return "n_groups differs from the twin's";
+    if (twin_ && cache_->n_groups() != twin_->n_groups()) return "n_groups differs from the twin's";
     model_.reset(new Model(*cache_, cfg_.batch.max_seqs));
     for (int op = 0; op < ops && more(); ++op) {
       const std::string err = one();
@@ -324,17 +330,30 @@ class Driver {
       return "";
     }
     kvcore::BatchStep tstep;
-    if (twin_) {
+    if (twin_ && (step.ok() || !cfg_.batch.states_in_pool)) {
       auto t = twin_->begin_step(raw.data(), static_cast<int>(raw.size()));
       const std::string e = same(step.status(), t.status(), "begin_step");
       if (!e.empty()) return e;
       if (t.ok()) tstep = *t;
     }
-    if (!step.ok()) return "";
+    if (!step.ok()) {
+      if (!cfg_.batch.states_in_pool) return "";
+      ++n_.refusals;
+      const bool too_many = step.status().code() == Error::InvalidArgument && total_tokens(raw) > max_step_tokens();
+      if (step.status().code() != Error::OutOfResources && !too_many)
+        return std::string("a step refused with states in the pool: ") + step.status().message().c_str();
+      if (!(snapshot(*cache_) == before)) return "a refused step changed the cache";
+      return "";
+    }
     ended();
     model_->begin(entries);
     const kvcore::BatchStepPlan plan = *cache_->plan(*step);
-    if (twin_ && !(copy_of(plan) == copy_of(*twin_->plan(tstep)))) return "the block groups' plan differs from the twin's";
+    if (cfg_.batch.states_in_pool) {
+      const std::string e = states_apart(plan);
+      if (!e.empty()) return e;
+    }
+    if (twin_ && !cfg_.batch.states_in_pool && !(copy_of(plan) == copy_of(*twin_->plan(tstep))))
+      return "the block groups' plan differs from the twin's";
     const std::string err = model_->check_reads(plan, entries);
     if (!err.empty()) return err;
     ++n_.steps;
@@ -345,6 +364,37 @@ class Driver {
     entries_ = entries;
     raw_ = raw;
     return r_.percent(70) ? finish() : "";
+  }
+
+  // With states in the pool: no block a table row of the plan names is a
+  // state slot a sequence's logical slot or the step's reads and writes name.
+  std::string states_apart(const kvcore::BatchStepPlan& plan) {
+    std::vector<int> states;
+    for (int k = 0; k < cache_->n_state_groups(); ++k) {
+      const int D = cache_->state_group_policy(k)->slots;
+      for (int s = 0; s < max_seqs(); ++s)
+        for (int i = 0; s < max_seqs() && active(s) && i < D; ++i) states.push_back(*cache_->state_slot(k, s, i));
+      const kvcore::StateGroupPlan& sp = plan.state_groups[k];
+      states.insert(states.end(), sp.read_slots, sp.read_slots + plan.n_tokens);
+      states.insert(states.end(), sp.write_slots, sp.write_slots + plan.n_tokens);
+    }
+    std::sort(states.begin(), states.end());
+    for (int g = 0; g < cache_->n_groups(); ++g) {  // every row: the step's and the other sequences'
+      const int* tables = cache_->block_tables(g);
+      for (std::ptrdiff_t i = 0; i < static_cast<std::ptrdiff_t>(cache_->max_active_seqs()) * cache_->table_stride(); ++i)
+        if (tables[i] >= 0 && std::binary_search(states.begin(), states.end(), tables[i]))
+          return "block " + std::to_string(tables[i]) + " of group " + std::to_string(g) + " is a state slot too";
+    }
+    return "";
+  }
+
+  static int total_tokens(const std::vector<StepEntry>& raw) {
+    int n = 0;
+    for (const StepEntry& e : raw) n += e.T;
+    return n;
+  }
+  int max_step_tokens() const {
+    return cfg_.batch.max_step_tokens != 0 ? cfg_.batch.max_step_tokens : cfg_.effective_max_step() * max_seqs();
   }
 
   static std::vector<int> chain_of(int T) {
@@ -406,7 +456,7 @@ class Driver {
       if (t->n_groups != done->n_groups) return "commit groups differ";
       for (int g = 0; g < t->n_groups; ++g) {
         if (t->groups[g].n_copies != done->groups[g].n_copies) return "commit copies differ from the twin's";
-        for (int c = 0; c < t->groups[g].n_copies; ++c)
+        for (int c = 0; c < t->groups[g].n_copies && !cfg_.batch.states_in_pool; ++c)
           if (t->groups[g].copies[c] != done->groups[g].copies[c]) return "commit copies differ from the twin's";
       }
     }

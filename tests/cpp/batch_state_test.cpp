@@ -624,6 +624,66 @@ TEST(BatchState, AnImportCarriesEachStateGroupsLastStatesOrIsRefusedByName) {
   for (int n = 0; n <= 6; ++n) EXPECT_EQ(c->can_rewind(0, n), n == 0 || n >= 4) << n;
 }
 
+// States in the pool (batch.states_in_pool): an import takes a block for each
+// state it carries beside the K/V blocks, refused whole when the pool is short;
+// the default pool counts each State group's slots; with no K/V layer the
+// State groups still draw from a pool of their own states.
+TEST(BatchState, StatesInThePoolTakeBlocksOnImportAndCountInTheDefaultPool) {
+  CacheConfig cfg = state_config(16, 3, {LayerPolicy::state(2), LayerPolicy::flat()});
+  cfg.batch.states_in_pool = true;
+  cfg.batch.num_blocks = 3;
+  auto c = make(cfg);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(*c->storage_layer(0), 1);  // the State layer's states live in the flat layer's pages
+  EXPECT_EQ(*c->num_state_slots(0), 3);
+  auto admit = [&](std::vector<std::int32_t> bounds) {  // (sink_end, held_from) per layer, length 4
+    kvcore::SequenceImport in;
+    in.length = 4;
+    in.bounds = bounds.data();
+    return c->admit(0, in, [](int, int, int) {});
+  };
+  // Positions [0, 4) take 2 flat blocks, the states after 2 and 3 two more: 4 of 3.
+  expect_message(admit({0, 2, 0, 0}), Error::OutOfResources,
+                 "import: the sequence needs 4 blocks over 2 groups, 3 of the pool's 3 are free");
+  EXPECT_FALSE(c->sequence(0)->active);
+  EXPECT_EQ(*c->free_blocks(0), 3);
+  ASSERT_EQ(admit({0, 3, 0, 0}), Error::Ok);  // the last state only: 3 blocks
+  EXPECT_EQ(*c->free_blocks(0), 0);
+  const int state = *c->state_slot(0, 0, 1);  // the state after position 3, in logical slot 3 mod 2
+  EXPECT_GE(state, 0);
+  for (int i = 0; i < 2; ++i) EXPECT_NE(c->block_tables(0)[c->table_rows()[0] * c->table_stride() + i], state);
+  EXPECT_EQ(c->release_sequence(0), Error::Ok);
+  EXPECT_EQ(*c->free_blocks(0), 3);
+
+  // The default pool: the flat group's full rows and each State group's rows x D + spare.
+  CacheConfig d = state_config(16, 3, {LayerPolicy::state(2), LayerPolicy::flat()});
+  d.batch.states_in_pool = true;
+  auto dc = make(d);
+  ASSERT_NE(dc, nullptr);
+  const int rows = d.batch.max_seqs, spare = std::min(3 * rows, rows * 2);  // max_step_tokens = max_step x max_seqs
+  EXPECT_EQ(*dc->num_blocks(0), rows * 8 + rows * 2 + spare);
+
+  // Only State layers: their states are the pool's pages (the first State layer owns them).
+  CacheConfig s = state_config(16, 3, {LayerPolicy::state(2), LayerPolicy::state(3)});
+  s.batch.states_in_pool = true;
+  s.batch.num_blocks = 2;
+  auto sc = make(s);
+  ASSERT_NE(sc, nullptr);
+  EXPECT_EQ(sc->n_state_groups(), 2);
+  EXPECT_EQ(*sc->storage_layer(0), 0);
+  EXPECT_EQ(*sc->storage_layer(1), 0);
+  ASSERT_EQ(sc->add_sequence(0), Error::Ok);
+  const StepEntry e{0, 3, nullptr};
+  auto step = sc->begin_step(&e, 1);
+  ASSERT_TRUE(step.ok()) << step.message().c_str();  // the last state in each group: the pool's 2 blocks
+  ASSERT_EQ(sc->commit(*step), Error::Ok);
+  ASSERT_EQ(sc->add_sequence(1), Error::Ok);
+  const StepEntry f{1, 1, nullptr};
+  expect_message(sc->begin_step(&f, 1).status(), Error::OutOfResources,
+                 "begin_step: the step needs 2 blocks over its 2 groups (2 of them for the states of 2 State "
+                 "groups), 0 of the pool's 2 are free");
+}
+
 // ---------------------------------------------------------------------------
 // Brute force.
 
@@ -712,6 +772,33 @@ TEST(BatchStateBruteForce, PrefixHitsOnNamedSnapshotsReadThePromptsStates) {
   std::printf("named snapshots: %d prefix hits, %d steps, %d forks, %d rewinds\n", n.hits, n.steps, n.forks,
               n.rewinds);
   EXPECT_GT(n.hits, 1000);  // measured 1,254 (2026-12-05, support/uniform.h's draws)
+}
+
+// The same walks with the states in the pool (batch.states_in_pool): every
+// state read is still the state of its tokens, the prefix hits start from
+// snapshots that are cached blocks of the pool, a step the pool cannot
+// serve is refused for blocks and changes nothing, and no block is a K/V
+// block and a state slot at once. Pools from starved to ample.
+TEST(BatchStateBruteForce, StatesInThePoolReadTheirTokensStatesAndNeverShareABlockWithKV) {
+  state_ref::Counts n;
+  for (int w = 0; w < 1500; ++w) {
+    Rand r{std::mt19937(static_cast<std::uint32_t>(170000 + w))};
+    int n_kv = 0;
+    CacheConfig cfg = random_mixed(r, &n_kv);
+    cfg.batch.states_in_pool = true;
+    if (r.percent(50)) cfg.batch.block_size = r(1, 2);
+    if (r.percent(70)) cfg.batch.num_blocks = r(2, 40);
+    cfg.batch.page_layers = r(1, 3);  // set: the twin, without State layers, groups its layers alike
+    ASSERT_TRUE(kvcore::validate_batch(cfg).ok()) << kvcore::validate_batch(cfg).message().c_str();
+    state_ref::Driver<Rand> d(cfg, r, n);
+    const std::string err = d.run(200, [] { return true; });
+    ASSERT_EQ(err, "") << "workload " << w;
+  }
+  std::printf("states in the pool: %d steps, %d commits, %d forks, %d rewinds, %d refusals, %d prefix hits\n",
+              n.steps, n.commits, n.forks, n.rewinds, n.refusals, n.hits);
+  EXPECT_GT(n.steps, 30000);
+  EXPECT_GT(n.refusals, 5000);
+  EXPECT_GT(n.hits, 100);
 }
 
 }  // namespace

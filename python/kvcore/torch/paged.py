@@ -57,7 +57,8 @@ class TorchPagedKVPool:
     now (``rows_hint(group)`` rows if given, else the group's whole pool) instead of
     growing lazily. A Shared layer stores nothing (its reads are its source's); a State layer
     stores named state tensors by physical slot (see the module docstring). Raises
-    InvalidArgumentError for a bad layer or tensors that do not fit.
+    InvalidArgumentError for a bad layer or tensors that do not fit, NotSupportedError for a
+    cache whose states live in the pool's pages (``BatchLimits.states_in_pool``).
     """
 
     def __init__(
@@ -84,6 +85,14 @@ class TorchPagedKVPool:
             for i, p in enumerate(policies)
         ]
         self.state_group_of = {i: cache.state_group_of(i) for i, p in enumerate(policies) if p.kind == LayerPolicy.Kind.State}
+        for layer in self.state_group_of:  # checked before anything is allocated
+            if cache.storage_layer(layer) != layer:
+                raise NotSupportedError(
+                    f"layer {layer}: its states live in the pages of layer {cache.storage_layer(layer)}'s storage "
+                    "(the cache's batch.states_in_pool), and a TorchPagedKVPool keeps state slots apart from K/V "
+                    "rows: apply such plans with page-contiguous storage of your own, or build the cache without "
+                    "states_in_pool"
+                )
         self.num_state_slots = [cache.num_state_slots(k) for k in range(cache.n_state_groups)]
         self._states: dict[int, dict[str, torch.Tensor]] = {i: {} for i in self.state_group_of}
         self._heads = [c.n_kv_heads for c in configs]

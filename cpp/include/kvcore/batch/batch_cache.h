@@ -256,7 +256,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_RETURN_IF_ERROR(states_.check_entries(entries, n, seqs_));
     // Judged on the tables as end_step() leaves them: a begun step this one
     // replaces gives back every block it took.
-    KVCORE_RETURN_IF_ERROR(step_.admit(entries, n, seqs_, groups_.get()));
+    KVCORE_RETURN_IF_ERROR(step_.admit(entries, n, seqs_, groups_.get(), states_.blocks_for_step(entries, n, seqs_),
+                                       pages_));
     // Admitted: nothing below can fail. A replaced step's blocks go first.
     end_step();
     return step_.begin(entries, n, seqs_, groups_.get(), states_.get());
@@ -282,6 +283,33 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  length, capacity_);
     for (int g = 0; g < n_groups_; ++g) need[g] = step_.entry_need(seqs_, groups_[g], g, seq, T);
     return Error::Ok;
+  }
+
+  /// With batch.states_in_pool, the pool's blocks a step entry of `T` tokens
+  /// of `seq` takes for its states in every State group, as begin_step()
+  /// counts them (one per state it keeps, every token's with `verify`, else
+  /// the last, whose logical slot names no physical slot, a shared one or a
+  /// named one); 0 without. begin_step() admits a step when the entries'
+  /// blocks_needed over every group plus these fit the pool's free blocks.
+  /// Changes nothing. Errors as blocks_needed (need aside); InvalidArgument
+  /// too for a verify entry of T > D - 1 in some State group.
+  Result<int> state_blocks_needed(int seq, int T, bool verify) const noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_active("state_blocks_needed", seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
+                                 "state_blocks_needed(%d, T = %d): must be in [1, max_step = %d]", seq, T, max_step_);
+    const int length = seqs_[seq].length;
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + T <= capacity_, OutOfResources,
+                                 "state_blocks_needed(%d, T = %d): length %d + T would pass capacity = %d", seq, T,
+                                 length, capacity_);
+    int need = 0;
+    for (int k = 0; k < n_state_groups_; ++k) {
+      KVCORE_CHECK_OR_RETURN_ERROR(!verify || T <= states_[k].slots() - 1, InvalidArgument,
+                                   "state_blocks_needed(%d, T = %d): a verify step keeps every state, and state "
+                                   "group %d keeps %d state slots: needs T <= slots - 1 = %d",
+                                   seq, T, k, states_[k].slots(), states_[k].slots() - 1);
+      need += states_[k].blocks_for_entry(seq, length, T, verify);
+    }
+    return need;
   }
 
   Status check_step(const BatchStep& step) const noexcept override { return step_.check(step); }
@@ -425,12 +453,16 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return states_[state_group].physical(seq, slot);
   }
   /// Named state snapshots `state_group` keeps now (at most
-  /// batch.state_snapshots). InvalidArgument: bad state group.
+  /// batch.state_snapshots; with states in the pool, its blocks carrying a
+  /// key, held or cached, however many the pool keeps). InvalidArgument: bad
+  /// state group.
   Result<int> state_snapshots(int state_group) const noexcept {
     KVCORE_RETURN_IF_ERROR(states_.check_group(state_group));
     return states_[state_group].named_count();
   }
-  /// Physical slots of `state_group` no sequence names. InvalidArgument: bad state group.
+  /// Physical slots of `state_group` no sequence names (with states in the
+  /// pool: the pool's free blocks, cached ones included). InvalidArgument:
+  /// bad state group.
   Result<int> free_state_slots(int state_group) const noexcept {
     KVCORE_RETURN_IF_ERROR(states_.check_group(state_group));
     return states_[state_group].free_slots();

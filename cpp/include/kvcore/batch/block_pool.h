@@ -56,11 +56,12 @@ class BlockPool {
     auto heap = internal::Buffer<int>::make(n_blocks);
     auto cached = internal::Buffer<int>::make_zeroed(n_groups);
     auto held = internal::Buffer<int>::make_zeroed(n_groups);
+    auto keyed = internal::Buffer<int>::make_zeroed(n_groups);
     std::int64_t n_slots = 2;
     while (n_slots < 2 * static_cast<std::int64_t>(n_blocks)) n_slots *= 2;
     auto slots = internal::Buffer<Slot>::make(n_slots);
     KVCORE_CHECK_OR_RETURN_ERROR(
-        meta && heap && cached && held && slots,
+        meta && heap && cached && held && keyed && slots,
         MemoryAllocationFailed, "cannot allocate the block tables of %s (%d blocks)", what, n_blocks);
     n_blocks_ = n_blocks;
     n_groups_ = n_groups;
@@ -68,6 +69,7 @@ class BlockPool {
     heap_ = std::move(heap);
     cached_of_ = std::move(cached);
     held_of_ = std::move(held);
+    keyed_of_ = std::move(keyed);
     slots_ = std::move(slots);
     slot_mask_ = static_cast<int>(n_slots - 1);
     fresh_ = 0;  // the new records are as reset() leaves them
@@ -78,7 +80,7 @@ class BlockPool {
   /// Every block free, no key kept.
   void reset() noexcept {
     for (int b = 0; b < fresh_; ++b) meta_[b] = Meta{};  // blocks past fresh_ were never touched
-    for (int g = 0; g < n_groups_; ++g) cached_of_[g] = held_of_[g] = 0;
+    for (int g = 0; g < n_groups_; ++g) cached_of_[g] = held_of_[g] = keyed_of_[g] = 0;
     heap_size_ = 0;
     fresh_ = 0;
     meta_[n_blocks_].next = meta_[n_blocks_].prev = n_blocks_;
@@ -104,6 +106,8 @@ class BlockPool {
   int cached_blocks(int group) const noexcept { return cached_of_[group]; }
   /// Blocks group g's sequences hold.
   int held_blocks(int group) const noexcept { return held_of_[group]; }
+  /// Group g's blocks that carry a key, held or cached.
+  int keyed_blocks(int group) const noexcept { return keyed_of_[group]; }
   /// One past the highest block some sequence holds: every held block is below it.
   int used_blocks() const noexcept { return used_; }
   int refs(int block) const noexcept { return meta_[block].refs; }
@@ -199,6 +203,7 @@ class BlockPool {
     meta_[block].ns = ns;
     meta_[block].index = index;
     meta_[block].keyed = known ? kTwin : kKeyed;
+    ++keyed_of_[g];
     return true;
   }
 
@@ -250,6 +255,7 @@ class BlockPool {
     slots_[i] = Slot{};
     meta_[block].keyed = kUnkeyed;
     const int g = meta_[block].owner;
+    --keyed_of_[g];
     if (events_ != nullptr && find(meta_[block].key, g) < 0)  // no other block of the group carries it
       events_->push(event(KVEventKind::Evicted, g, meta_[block].key, meta_[block].ns, meta_[block].index));
   }
@@ -359,6 +365,7 @@ class BlockPool {
   internal::Buffer<int> heap_;
   internal::Buffer<int> cached_of_;  // per group: its cached blocks
   internal::Buffer<int> held_of_;    // per group: its held blocks
+  internal::Buffer<int> keyed_of_;   // per group: its blocks carrying a key
   internal::Buffer<Slot> slots_;  // open addressing from tag(key, owner) & slot_mask_
 };
 
@@ -374,6 +381,8 @@ class GroupPool {
   int used_blocks() const noexcept { return pool_->used_blocks(); }
   /// This group's cached blocks.
   int cached_blocks() const noexcept { return pool_->cached_blocks(group_); }
+  /// This group's blocks carrying a key, held or cached.
+  int keyed_blocks() const noexcept { return pool_->keyed_blocks(group_); }
   int refs(int block) const noexcept { return pool_->refs(block); }
   bool keyed(int block) const noexcept { return pool_->keyed(block); }
   const BlockKey& key(int block) const noexcept { return pool_->key(block); }

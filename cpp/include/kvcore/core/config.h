@@ -108,10 +108,11 @@ struct BatchLimits {
   /// New tokens of one step over all its sequences; 0 means max_seqs * max_step
   /// (at most 2^20).
   int max_step_tokens = 0;
-  /// Blocks of each flat group's pool; 0 means enough for max_active_seqs
-  /// sequences at full capacity. Ring groups size their pools themselves:
-  /// max_active_seqs times what one sequence can hold during a step (sinks +
-  /// W + 2C - 1 positions, + 1 block).
+  /// Blocks of the one pool every group draws from; 0 means what every group
+  /// needs with max_active_seqs sequences at full capacity (a ring group:
+  /// sinks + W + 2C - 1 positions, + 1 block, per sequence; with
+  /// states_in_pool, each State group's max_active_seqs x D + min(
+  /// max_step_tokens, max_active_seqs x D) states too).
   int num_blocks = 0;
   /// Sequences active at once (added or forked into, not yet released); 0
   /// means max_seqs. Each group keeps one block table row of
@@ -147,6 +148,17 @@ struct BatchLimits {
   /// k drafts sets k, one that never rewinds 0 (vLLM's sliding window). In
   /// [-1, capacity].
   int max_rewind = -1;
+  /// State groups draw their physical state slots from the one pool, one
+  /// block per state, as vLLM's hybrid allocator does (docs/batch.md section
+  /// 10, "States in the pool"): memory moves between K/V and states with the
+  /// traffic, a named snapshot is a cached block (kept until the pool needs
+  /// it, least recently released first, whatever group it is in), and State
+  /// layers form State groups of at most page_layers layers, each layer's
+  /// states kept in the pages of the storage it shares (storage_layer). A
+  /// byte layer must then hold a state inside one page. false: each State
+  /// group owns max_active_seqs x D + min(max_step_tokens, max_active_seqs x
+  /// D) + state_snapshots slots of its own, apart from the pool.
+  bool states_in_pool = false;
 };
 
 struct CacheConfig {

@@ -68,8 +68,10 @@ class PagedKVPool : public PagedReads {
   /// planner must outlive the pool. InvalidArgument: dtype outside DType,
   /// allocator without both functions, initial_rows < 0, block_size < 1, a
   /// State layer without a slot size (or of 0 bytes), or a layer whose bytes
-  /// overflow the address space. MemoryAllocationFailed: the layer table or
-  /// the initial blocks cannot be allocated (nothing is kept).
+  /// overflow the address space. NotSupported: a State layer whose states
+  /// live in another layer's pages (the planner's batch.states_in_pool).
+  /// MemoryAllocationFailed: the layer table or the initial blocks cannot be
+  /// allocated (nothing is kept).
   static Result<PagedKVPool> create(const BatchPlanner& planner, DType dtype,
                                     PoolAllocator allocator = PoolAllocator::heap(),
                                     int initial_rows = kDefaultInitialRows,

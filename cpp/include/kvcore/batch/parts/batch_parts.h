@@ -68,19 +68,22 @@ class BatchParts {
     KVCORE_RETURN_IF_ERROR(states_.set_layout(layout_));
     const BatchSizes sizes(cfg, n_groups_);
     KVCORE_RETURN_IF_ERROR(sizes.check_tables());
-    KVCORE_ASSIGN_OR_RETURN(const int pages, sizes.pool_blocks(n_groups_, cfg.batch.num_blocks, [this](int g) -> const GroupRule& {
-      return groups_[g].rule();
-    }));
+    const bool states_in_pool = layout_.states_in_pool() && n_state_groups_ > 0;
+    KVCORE_ASSIGN_OR_RETURN(
+        const int pages,
+        sizes.pool_blocks(n_groups_, cfg.batch.num_blocks, [this](int g) -> const GroupRule& { return groups_[g].rule(); },
+                          states_in_pool ? n_state_groups_ : 0, [this](int k) { return states_[k].slots(); }));
     KVCORE_RETURN_IF_ERROR(rows_.create(max_seqs_, sizes.rows));
-    if (n_groups_ > 0) {
-      KVCORE_RETURN_IF_ERROR(pages_.create(pages, "the cache's pool", n_groups_));
+    if (n_groups_ > 0 || states_in_pool) {  // a State group in the pool is the pool's group n_groups + k
+      KVCORE_RETURN_IF_ERROR(pages_.create(pages, "the cache's pool", n_groups_ + (states_in_pool ? n_state_groups_ : 0)));
       pages_.attach_events(&events_, block_size_);
     }
     for (int g = 0; g < n_groups_; ++g)
       KVCORE_RETURN_IF_ERROR(groups_[g].create(pages_, g, max_seqs_, rows_, stride_, block_size_));
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_, n_groups_));
-    KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots));
+    KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots,
+                                          states_in_pool ? &pages_ : nullptr, n_groups_));
     const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
     return step_.create(limits, groups_.get(), stride_, states_.get());
   }
@@ -265,7 +268,7 @@ class BatchParts {
     for (int seq = 0; seq < max_seqs_; ++seq) reset_seq(seq);
     rows_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
-    if (n_groups_ > 0) pages_.reset();
+    if (pages_.n_blocks() > 0) pages_.reset();
     states_.clear();
     events_.push(KVEvent{KVEventKind::Cleared, -1, BlockKey{}, 0, 0, 0});
   }
@@ -296,9 +299,12 @@ class BatchParts {
       KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g]));
       need += admission.blocks_needed(g, groups_[g], prefix_.prompt_keys(), hit);
     }
+    const std::int64_t in_pool = states_.blocks_to_restore(in);  // with states in the pool: a block per carried state
+    need += in_pool;
     KVCORE_CHECK_OR_RETURN_ERROR(need <= pages_.free_blocks(), OutOfResources,
                                  "import: the sequence needs %lld blocks over %d group%s, %d of the pool's %d are free",
-                                 static_cast<long long>(need), n_groups_, n_groups_ == 1 ? "" : "s", pages_.free_blocks(),
+                                 static_cast<long long>(need), n_groups_ + (in_pool > 0 ? n_state_groups_ : 0),
+                                 n_groups_ + (in_pool > 0 ? n_state_groups_ : 0) == 1 ? "" : "s", pages_.free_blocks(),
                                  pages_.n_blocks());
     end_step();
     reset_seq(seq);
@@ -318,7 +324,8 @@ class BatchParts {
     // A length ending on a keyed block: the imported state is named by that
     // block's key, as a commit names it, so the prefix outlives the sequence.
     BlockKey key;
-    if (prefix_.boundary_key(seq, in.length, &key)) states_.name(seq, in.length, key);
+    if (prefix_.boundary_key(seq, in.length, &key))
+      states_.name(seq, in.length, key, in.prefix_namespace, in.length / block_size_ - 1);
     return Error::Ok;
   }
 

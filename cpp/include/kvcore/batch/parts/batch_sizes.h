@@ -100,13 +100,19 @@ struct BatchSizes {
   /// The blocks of the one pool every group draws from: `num_blocks` (the
   /// config's) when set, else what the groups' old pools held together, each
   /// as its rule sizes it with every table row full (rule_of(g): group g's
-  /// GroupRule). InvalidArgument past 2^31 rows or 2^30 blocks.
-  template <class RuleOf>
-  Result<int> pool_blocks(int n_groups, int num_blocks, RuleOf rule_of) const noexcept {
+  /// GroupRule), and with states in the pool each State group's rows x D +
+  /// min(max_step_tokens, rows x D) states (slots_of(k): its D, n_state
+  /// groups; none without). InvalidArgument past 2^31 rows or 2^30 blocks.
+  template <class RuleOf, class SlotsOf>
+  Result<int> pool_blocks(int n_groups, int num_blocks, RuleOf rule_of, int n_state, SlotsOf slots_of) const noexcept {
     const std::int64_t full = static_cast<std::int64_t>(rows) * stride;
     std::int64_t blocks = num_blocks;
     if (num_blocks == 0) {
       for (int g = 0; g < n_groups && blocks <= (1 << 30); ++g) blocks += rule_of(g).pool_blocks(full, rows, stride);
+      for (int k = 0; k < n_state; ++k) {
+        const std::int64_t logical = static_cast<std::int64_t>(rows) * slots_of(k);
+        blocks += logical + (max_step_tokens < logical ? max_step_tokens : logical);
+      }
     }
     KVCORE_CHECK_OR_RETURN_ERROR(blocks <= 0x7fffffff / block_size, InvalidArgument,
                                  "the pool: %lld%s blocks of %d rows pass 2^31 rows", static_cast<long long>(blocks),

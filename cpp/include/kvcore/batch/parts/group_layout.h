@@ -4,7 +4,9 @@
 // batch.page_layers layers each (0: the fewest layers any policy has, vLLM's
 // rule), each group opened at its first layer; a Shared layer reads its
 // source's group and holds no blocks; the State layers of one State policy
-// form a State group, apart from the block groups. Every group's blocks come
+// form a State group, apart from the block groups (with batch.states_in_pool,
+// State groups of at most page_layers layers, whose states live in the pool's
+// pages: storage_layer() names where). Every group's blocks come
 // from one pool, so group g's j-th K/V layer shares the storage of the first
 // layer that is any group's j-th (storage_layer()). The cache's BlockGroup
 // and StateGroup objects take their policies from here; the layer queries of the
@@ -37,12 +39,13 @@ class GroupLayout {
     storage_layer_ = internal::Buffer<int>::make(n_layers_);
     KVCORE_CHECK_OR_RETURN_ERROR(configs_ && layer_group_ && group_layer_ && layer_state_ && storage_layer_,
                                  MemoryAllocationFailed, "cannot allocate the layer tables of %d layers", n_layers_);
+    states_in_pool_ = cfg.batch.states_in_pool;
     for (int l = 0; l < n_layers_; ++l) {
       configs_[l] = cfg.layer(l);
       const LayerPolicy& policy = configs_[l].policy;
       layer_group_[l] = -1;  // a K/V layer's group: form_groups()
-      layer_state_[l] = -1;
-      if (policy.kind != LayerPolicy::Kind::State) continue;
+      layer_state_[l] = -1;  // with states in the pool, form_groups() forms the State groups too
+      if (policy.kind != LayerPolicy::Kind::State || states_in_pool_) continue;
       int first = 0;  // a State group, no blocks: the first earlier layer of the same policy's
       while (first < l && (layer_state_[first] < 0 || configs_[first].policy != policy)) ++first;
       layer_state_[l] = first < l ? layer_state_[first] : n_state_groups_++;
@@ -50,6 +53,9 @@ class GroupLayout {
     KVCORE_RETURN_IF_ERROR(form_groups(cfg.batch.page_layers));
     return share_storage();
   }
+
+  /// Do the State groups draw their slots from the pool (batch.states_in_pool)?
+  bool states_in_pool() const noexcept { return states_in_pool_; }
 
   /// Layers, block groups and State groups of the cache.
   int n_layers() const noexcept { return n_layers_; }
@@ -114,8 +120,11 @@ class GroupLayout {
     return configs_[layer];
   }
   /// BatchPlanner::storage_layer: the layer whose storage the K/V rows of
-  /// `layer` share (itself for a Shared or State layer, which holds none).
-  /// InvalidArgument: a bad layer.
+  /// `layer` share (itself for a Shared layer, which holds none, and for a
+  /// State layer whose states are not in the pool). A State layer of a cache
+  /// with states in the pool: the layer whose pages hold its states, a K/V
+  /// layer when one is any group's j-th as it is its State group's j-th,
+  /// else the first State layer that is. InvalidArgument: a bad layer.
   Result<int> storage_layer(int layer) const noexcept {
     KVCORE_RETURN_IF_ERROR(check_layer(layer));
     return storage_layer_[layer];
@@ -125,6 +134,8 @@ class GroupLayout {
   // The block groups: the K/V layers of one policy, in groups of at most
   // `page_layers` (0: the fewest layers any policy has, vLLM's rule), each
   // group opened at its first layer; a Shared layer reads its source's group.
+  // With states in the pool the State layers of one policy form State groups
+  // the same way (their states live in the pool's pages as K/V rows do).
   // Pages of one size (storage_layer_) leave no storage unused when the
   // groups have one size. MemoryAllocationFailed: a scratch table.
   Status form_groups(int page_layers) noexcept {
@@ -137,7 +148,7 @@ class GroupLayout {
                                  "cannot allocate the group tables of %d layers", n_layers_);
     int n_policies = 0;
     for (int l = 0; l < n_layers_; ++l) {
-      if (!configs_[l].policy.holds_keys()) continue;
+      if (!paged(l)) continue;
       int c = 0;
       while (c < n_policies && configs_[first[c]].policy != configs_[l].policy) ++c;
       if (c == n_policies) first[n_policies++] = l;
@@ -154,21 +165,32 @@ class GroupLayout {
         layer_group_[l] = layer_group_[policy.source];
         continue;
       }
-      if (!policy.holds_keys()) continue;
+      if (!paged(l)) continue;
       const int c = policy_of[l];
+      const bool state = policy.kind == LayerPolicy::Kind::State;
       if (open[c] < 0 || filled[c] == size) {
-        open[c] = n_groups_;
+        open[c] = state ? n_state_groups_++ : n_groups_;
         filled[c] = 0;
-        group_layer_[n_groups_++] = l;
+        if (!state) group_layer_[n_groups_++] = l;
       }
-      layer_group_[l] = open[c];
+      (state ? layer_state_[l] : layer_group_[l]) = open[c];
       ++filled[c];
     }
     return Error::Ok;
   }
 
+  // Does layer l take pages of the pool: a K/V layer, or a State layer when
+  // the states are in the pool?
+  bool paged(int l) const noexcept {
+    const LayerPolicy& policy = configs_[l].policy;
+    return policy.holds_keys() || (states_in_pool_ && policy.kind == LayerPolicy::Kind::State);
+  }
+
   // storage_layer_: group g's j-th K/V layer to the first layer that is any
-  // group's j-th (Shared and State layers hold no K/V rows: themselves).
+  // group's j-th (Shared layers hold no K/V rows: themselves). With states in
+  // the pool, State group k's j-th layer to that K/V layer too (its states
+  // live in its pages), else to the first State layer that is a State
+  // group's j-th; without, State layers keep their own slots: themselves.
   // MemoryAllocationFailed: a scratch table.
   Status share_storage() noexcept {
     auto count = internal::Buffer<int>::make_zeroed(n_groups_ > 0 ? n_groups_ : 1);  // K/V layers per group so far
@@ -183,12 +205,23 @@ class GroupLayout {
       if (j == slots) first[slots++] = l;
       storage_layer_[l] = first[j];
     }
+    if (!states_in_pool_) return Error::Ok;
+    auto state_count = internal::Buffer<int>::make_zeroed(n_state_groups_ > 0 ? n_state_groups_ : 1);  // per State group
+    KVCORE_CHECK_OR_RETURN_ERROR(state_count, MemoryAllocationFailed, "cannot allocate the storage tables of %d layers",
+                                 n_layers_);
+    for (int l = 0; l < n_layers_; ++l) {  // after every K/V layer: a K/V layer owns a storage it shares
+      if (layer_state_[l] < 0) continue;
+      const int j = state_count[layer_state_[l]]++;
+      if (j == slots) first[slots++] = l;
+      storage_layer_[l] = first[j];
+    }
     return Error::Ok;
   }
 
   int n_layers_ = 0;
   int n_groups_ = 0;
   int n_state_groups_ = 0;
+  bool states_in_pool_ = false;
   internal::Buffer<LayerConfig> configs_;
   internal::Buffer<int> layer_group_;    // per layer: its block group, -1 (State)
   internal::Buffer<int> group_layer_;    // per block group: its first layer

@@ -43,6 +43,17 @@
 // lane, at most half full) and kept in least-recently-used order by a list
 // through the snapshots: naming, adopting and dropping are O(1), so a
 // lookup of a prompt of n blocks costs O(n) with thousands of snapshots.
+//
+// States in the pool (batch.states_in_pool): the physical slots are blocks of
+// the cache's one BlockPool, taken and counted there (its references), so a
+// state costs a page of the budget only while someone needs it. A named
+// snapshot is then a keyed block of the group (the pool's key table, no
+// table here): held while a sequence names it, cached once none does, found
+// by lookups until the pool reclaims it, least recently released first with
+// every other cached block. A keyed slot is never written in place (a named
+// block never changes), so naming takes no reference. The step path still
+// never allocates; whether the pool has the blocks a step or an import takes
+// is the admission's count (blocks_for_entry, and L - from per import).
 #pragma once
 
 #include <cstddef>
@@ -79,24 +90,37 @@ class StateGroup {
   /// D: logical state slots per sequence.
   int slots() const noexcept { return slots_; }
   /// Physical slots in all: rows * D + min(max_step_tokens, rows * D) +
-  /// snapshots (every slot index a plan names is in [0, num_slots())).
+  /// snapshots; with states in the pool, the pool's blocks (every slot index
+  /// a plan names is in [0, num_slots())).
   int num_slots() const noexcept { return n_phys_; }
+  /// Do the slots come from the pool (create() was given one)?
+  bool in_pool() const noexcept { return in_pool_; }
 
   /// Sizes the tables for `rows` (which outlives the group), steps of
-  /// `max_step_tokens` tokens and `snapshots` named snapshots. InvalidArgument:
-  /// the slots exceed 2^31 - 1. MemoryAllocationFailed: nothing is assigned.
-  Status create(const TableRows& rows, int max_step_tokens, int snapshots) noexcept {
+  /// `max_step_tokens` tokens and `snapshots` named snapshots (with `pool`,
+  /// which outlives the group: any value > 0 turns naming on, and the slots
+  /// are the pool's blocks, taken as group `owner`). InvalidArgument: the
+  /// slots exceed 2^31 - 1. MemoryAllocationFailed: nothing is assigned.
+  Status create(const TableRows& rows, int max_step_tokens, int snapshots, BlockPool* pool = nullptr,
+                int owner = 0) noexcept {
     const std::int64_t logical = static_cast<std::int64_t>(rows.rows()) * slots_;
     const std::int64_t spare = max_step_tokens < logical ? max_step_tokens : logical;  // what one step stops naming
-    const std::int64_t phys = logical + spare + snapshots;
+    in_pool_ = pool != nullptr;
+    if (in_pool_) {
+      pool_ = GroupPool(pool, owner);
+      naming_ = snapshots > 0;
+      snapshots = 0;  // the pool's key table names them
+    }
+    const std::int64_t phys = in_pool_ ? pool->n_blocks() : logical + spare + snapshots;
+    const std::int64_t own_slots = in_pool_ ? 0 : phys;  // the tables of slots of its own
     KVCORE_CHECK_OR_RETURN_ERROR(phys <= 0x7fffffff, InvalidArgument,
                                  "a State group of %d slots: %d table rows x %d slots, + min(max_step_tokens = %d, "
                                  "that) + state_snapshots = %d exceed 2^31 - 1 state slots",
                                  slots_, rows.rows(), slots_, max_step_tokens, snapshots);
     auto held = internal::Buffer<int>::make(logical);
     auto phys_of = internal::Buffer<int>::make(logical);
-    auto refs = internal::Buffer<int>::make_zeroed(phys);
-    auto free = internal::Buffer<int>::make(phys);
+    auto refs = internal::Buffer<int>::make_zeroed(own_slots);
+    auto free = internal::Buffer<int>::make(own_slots);
     auto deferred = internal::Buffer<int>::make(spare);
     auto reads = internal::Buffer<int>::make(max_step_tokens);
     auto writes = internal::Buffer<int>::make(max_step_tokens);
@@ -105,7 +129,7 @@ class StateGroup {
     if (snapshots > 0)
       for (index_size = 2; index_size < 2 * static_cast<std::int64_t>(snapshots);) index_size *= 2;
     auto index = internal::Buffer<int>::make(index_size);
-    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && refs && free && deferred && reads && writes &&
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && ((refs && free) || own_slots == 0) && deferred && reads && writes &&
                                      ((named && index) || snapshots == 0),
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
@@ -121,6 +145,7 @@ class StateGroup {
     index_mask_ = static_cast<std::uint64_t>(index_size - 1);
     index_size_ = index_size;
     max_named_ = snapshots;
+    if (!in_pool_) naming_ = snapshots > 0;
     rows_ = &rows;
     n_logical_ = static_cast<int>(logical);
     n_phys_ = static_cast<int>(phys);
@@ -128,10 +153,13 @@ class StateGroup {
     return Error::Ok;
   }
 
-  /// Every slot free, every table empty.
+  /// Every slot free, every table empty (with states in the pool, the pool
+  /// is reset by its owner).
   void clear() noexcept {
     held_.fill(n_logical_, -1);
     phys_of_.fill(n_logical_, -1);
+    n_deferred_ = 0;
+    if (in_pool_) return;
     for (int i = 0; i < n_phys_; ++i) refs_[i] = 0;
     // Lowest slot taken first.
     n_free_ = n_phys_;
@@ -178,7 +206,7 @@ class StateGroup {
       const int p = held_[from + s];
       if (p < 0 || p >= upto) continue;
       phys_of_[to + s] = phys_of_[from + s];
-      ++refs_[phys_of_[from + s]];
+      ref(phys_of_[from + s]);
       held_[to + s] = p;
     }
   }
@@ -220,14 +248,20 @@ class StateGroup {
   }
 
   /// Names the state after L - 1 of `seq` (held: a committed step's length)
-  /// by `key`, the key of the full block ending at L - 1. A name already
-  /// known is only marked as used (its state is the same by the contract);
-  /// with every name taken the least recently used one is dropped. No-op
-  /// without snapshots.
-  void name(int seq, int L, const BlockKey& key) noexcept {
-    if (max_named_ == 0) return;
+  /// by `key`, the key of the full block ending at L - 1 (in prefix
+  /// namespace `ns`, block `block_index`: what the pool's KV events tell). A
+  /// name already known is only marked as used (its state is the same by the
+  /// contract); with every name taken the least recently used one is
+  /// dropped (in the pool: the block is keyed, and reclaimed as cached
+  /// blocks are). No-op without snapshots.
+  void name(int seq, int L, const BlockKey& key, std::uint64_t ns, int block_index) noexcept {
+    if (!naming_) return;
     const int phys = slot_after(seq, L);
     if (phys < 0) return;
+    if (in_pool_) {
+      if (pool_.find(key) < 0) pool_.set_key(phys, key, ns, block_index);
+      return;
+    }
     int i = find(key);
     if (i >= 0) {
       touch(i);
@@ -248,22 +282,34 @@ class StateGroup {
     link_last(i);
   }
   /// Is a snapshot named `key`?
-  bool named(const BlockKey& key) const noexcept { return find(key) >= 0; }
-  /// Named snapshots now.
-  int named_count() const noexcept { return n_named_; }
+  bool named(const BlockKey& key) const noexcept { return in_pool_ ? pool_.find(key) >= 0 : find(key) >= 0; }
+  /// Named snapshots now (in the pool: the group's keyed blocks, held or cached).
+  int named_count() const noexcept { return in_pool_ ? pool_.keyed_blocks() : n_named_; }
   /// `seq` (holding no position) starts at length L from the snapshot named
   /// `key` (named(key): checked): its logical slot of L - 1 names the
   /// snapshot's physical slot.
   void adopt(int seq, const BlockKey& key, int L) noexcept {
-    const int i = find(key);
+    const int i = in_pool_ ? -1 : find(key);
     truncate(seq, 0);  // an ended step's states past the length are not the prompt's
     const int s = base(seq) + (L - 1) % slots_;
-    const int phys = named_[i].phys;
-    ++refs_[phys];
+    const int phys = in_pool_ ? pool_.find(key) : named_[i].phys;
+    ref(phys);
     unref(phys_of_[s]);
     phys_of_[s] = phys;
     held_[s] = L - 1;
-    touch(i);
+    if (!in_pool_) touch(i);
+  }
+
+  /// Blocks of the pool entry `seq` of a step of T tokens at length L takes
+  /// (keep_each: every token's state kept, else the last): one per logical
+  /// slot it writes that names no physical slot, a shared one or a named one.
+  /// 0 without states in the pool. Precondition: `seq` holds a row.
+  int blocks_for_entry(int seq, int L, int T, bool keep_each) const noexcept {
+    if (!in_pool_) return 0;
+    const int b = base(seq);
+    int n = 0;
+    for (int c = keep_each ? 0 : T - 1; c < T; ++c) n += !writable(phys_of_[b + (L + c) % slots_]);
+    return n;
   }
 
   /// `seq` (an imported sequence: holding no position, no step begun) holds
@@ -282,8 +328,9 @@ class StateGroup {
   /// Per token of the begun step: the physical slot it reads / writes.
   const int* read_slots() const noexcept { return reads_.get(); }
   const int* write_slots() const noexcept { return writes_.get(); }
-  /// Physical slots no sequence names and no step holds.
-  int free_slots() const noexcept { return n_free_; }
+  /// Physical slots no sequence names and no step holds (in the pool: its
+  /// free blocks, cached ones included).
+  int free_slots() const noexcept { return in_pool_ ? pool_.free_blocks() : n_free_; }
 
  private:
   // A named state: the physical slot holding the state after a keyed block,
@@ -345,25 +392,40 @@ class StateGroup {
     link_last(i);
   }
   int base(int seq) const noexcept { return rows_->row(seq) * slots_; }  // < 2^31: checked at create
+  void ref(int phys) noexcept {
+    if (in_pool_) pool_.hold(phys);
+    else ++refs_[phys];
+  }
   void unref(int phys) noexcept {
     if (phys < 0) return;
-    if (--refs_[phys] == 0) free_[n_free_++] = phys;
+    if (in_pool_) pool_.release(phys);
+    else if (--refs_[phys] == 0) free_[n_free_++] = phys;
   }
   int take() noexcept {
+    if (in_pool_) return pool_.allocate();
     const int phys = free_[--n_free_];
     refs_[phys] = 1;
     return phys;
   }
+  // May a step write physical slot `phys` in place: one that only this
+  // logical slot names (and, in the pool, no name: a named block never changes)?
+  bool writable(int phys) const noexcept {
+    if (phys < 0) return false;
+    return in_pool_ ? pool_.refs(phys) == 1 && !pool_.keyed(phys) : refs_[phys] == 1;
+  }
   // Logical slot i names a physical slot no one else names: a fresh one when
-  // it names none or a shared one (which the step keeps holding until it ends).
+  // it names none or a shared or named one (which the step keeps holding until it ends).
   void own(int i) noexcept {
     const int cur = phys_of_[i];
-    if (cur >= 0 && refs_[cur] == 1) return;
+    if (writable(cur)) return;
     if (cur >= 0) deferred_[n_deferred_++] = cur;  // its reference moves to the step
     phys_of_[i] = take();
   }
 
   LayerPolicy policy_;
+  GroupPool pool_;       // with states in the pool: where the slots come from
+  bool in_pool_ = false;
+  bool naming_ = false;  // are snapshots named (batch.state_snapshots > 0)?
   int slots_ = 1;
   int first_layer_ = 0;
   const TableRows* rows_ = nullptr;

@@ -46,10 +46,13 @@ class StateGroups {
   }
   /// Each group's slot tables (StateGroup::create) for the rows of `rows`
   /// (which outlives the groups), steps of `max_step_tokens` tokens and
-  /// `snapshots` named snapshots. InvalidArgument, MemoryAllocationFailed: as
-  /// StateGroup::create.
-  Status create(const TableRows& rows, int max_step_tokens, int snapshots) noexcept {
-    for (int k = 0; k < n_; ++k) KVCORE_RETURN_IF_ERROR(groups_[k].create(rows, max_step_tokens, snapshots));
+  /// `snapshots` named snapshots; with `pool` (states in the pool), group k
+  /// takes its slots from it as group `first_owner + k`. InvalidArgument,
+  /// MemoryAllocationFailed: as StateGroup::create.
+  Status create(const TableRows& rows, int max_step_tokens, int snapshots, BlockPool* pool = nullptr,
+                int first_owner = 0) noexcept {
+    for (int k = 0; k < n_; ++k)
+      KVCORE_RETURN_IF_ERROR(groups_[k].create(rows, max_step_tokens, snapshots, pool, first_owner + k));
     return Error::Ok;
   }
 
@@ -88,16 +91,40 @@ class StateGroups {
   void adopt(int seq, const BlockKey& key, int L) noexcept {
     for (int k = 0; k < n_; ++k) groups_[k].adopt(seq, key, L);
   }
-  /// Names the state after L - 1 of `seq` by `key` in every group
-  /// (StateGroup::name: a no-op without snapshots or a held state).
-  void name(int seq, int L, const BlockKey& key) noexcept {
-    for (int k = 0; k < n_; ++k) groups_[k].name(seq, L, key);
+  /// Names the state after L - 1 of `seq` by `key` (block `index` of prefix
+  /// namespace `ns`) in every group (StateGroup::name: a no-op without
+  /// snapshots or a held state).
+  void name(int seq, int L, const BlockKey& key, std::uint64_t ns, int index) noexcept {
+    for (int k = 0; k < n_; ++k) groups_[k].name(seq, L, key, ns, index);
   }
   /// `seq`, imported by `in` (check_import passed), holds the states after
   /// [held_from of each group's first layer, length), each in a fresh slot.
   void restore(int seq, const SequenceImport& in) noexcept {
     for (int k = 0; k < n_; ++k)
       groups_[k].restore(seq, in.length > 0 ? in.held_from(groups_[k].first_layer()) : 0, in.length);
+  }
+
+  /// The pool's blocks restore(seq, in) takes in all (0 without states in the
+  /// pool): a fresh one for each state a group carries (the row `seq` takes
+  /// names none).
+  std::int64_t blocks_to_restore(const SequenceImport& in) const noexcept {
+    std::int64_t n = 0;
+    for (int k = 0; k < n_; ++k)
+      if (groups_[k].in_pool() && in.length > 0) n += in.length - in.held_from(groups_[k].first_layer());
+    return n;
+  }
+  /// The pool's blocks the steps' entries[0, n) take in every group
+  /// (StateGroup::blocks_for_entry; `seqs` gives their lengths).
+  std::int64_t blocks_for_step(const StepEntry* entries, int n, const SequenceTable& seqs) const noexcept {
+    std::int64_t need = 0;
+    for (int k = 0; k < n_; ++k) {
+      if (!groups_[k].in_pool()) continue;
+      for (int i = 0; i < n; ++i) {
+        const StepEntry& e = entries[i];
+        need += groups_[k].blocks_for_entry(e.seq, seqs[e.seq].length, e.T, e.verify || e.parents != nullptr);
+      }
+    }
+    return need;
   }
 
   /// The first group that no longer holds the state after n - 1 of `seq`,

@@ -91,10 +91,14 @@ class StepState {
   /// once, T in [1, max_step], within capacity, at most max_step_tokens in all.
   Status check_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept;
 
-  /// OutOfResources unless each group has the blocks the entries need (new
-  /// ones, or private copies of shared ones), judged on the tables as end()
-  /// leaves them. Changes nothing.
-  Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups) const noexcept;
+  /// OutOfResources unless `pool` has the blocks the entries need in every
+  /// group (new ones, or private copies of shared ones) and `state_need`
+  /// more (the State groups' blocks with states in the pool), judged on the
+  /// block tables as end() leaves them (a begun step's state slots count as
+  /// still held: at worst a replacing step is refused for blocks its
+  /// predecessor's end would give back). Changes nothing.
+  Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
+               std::int64_t state_need, const BlockPool& pool) const noexcept;
 
   /// The blocks an entry of T tokens of `seq` takes in group g (new ones, or
   /// private copies of shared or named ones), judged as admit() judges each
@@ -301,25 +305,31 @@ inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& gr
 }
 
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
-                               const BlockGroup* groups) const noexcept {
-  if (lim_.n_groups == 0) return Error::Ok;
+                               const BlockGroup* groups, std::int64_t state_need,
+                               const BlockPool& pool) const noexcept {
+  if (lim_.n_groups == 0 && state_need == 0) return Error::Ok;
   // Every group draws from one pool. An entry takes at most one block per
   // index it writes in each group (check_entries counted them), and end()
   // only adds free blocks: a pool with that many free admits the step,
   // whatever the exact count below would say.
-  const GroupPool& pool = groups[0].pool();
-  if (pool.free_blocks() >= walked_blocks_ * lim_.n_groups) return Error::Ok;
-  std::int64_t need = 0;
+  if (pool.free_blocks() >= walked_blocks_ * lim_.n_groups + state_need) return Error::Ok;
+  std::int64_t need = state_need;
   int freed = 0;  // what end() gives back
   for (int g = 0; g < lim_.n_groups; ++g) {
     for (int i = 0; i < n; ++i) need += entry_need(seqs, groups[g], g, entries[i].seq, entries[i].T);
     walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
   }
   const int free = pool.free_blocks() + freed;
-  KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
+  KVCORE_CHECK_OR_RETURN_ERROR(need <= free || state_need > 0, OutOfResources,
                                "begin_step: the step needs %lld blocks over its %d group%s, %d of the pool's %d are free",
                                static_cast<long long>(need), lim_.n_groups, lim_.n_groups == 1 ? "" : "s", free,
                                pool.n_blocks());
+  KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
+                               "begin_step: the step needs %lld blocks over its %d groups (%lld of them for the "
+                               "states of %d State group%s), %d of the pool's %d are free",
+                               static_cast<long long>(need), lim_.n_groups + lim_.n_state_groups,
+                               static_cast<long long>(state_need), lim_.n_state_groups,
+                               lim_.n_state_groups == 1 ? "" : "s", free, pool.n_blocks());
   return Error::Ok;
 }
 
@@ -497,7 +507,8 @@ inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, Pr
     for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, s.length);
     BlockKey key;  // a length ending on a keyed block: its state is named for prefix reuse
     if (lim_.n_state_groups > 0 && prefix.boundary_key(seq, s.length, &key))
-      for (int k = 0; k < lim_.n_state_groups; ++k) states[k].name(seq, s.length, key);
+      for (int k = 0; k < lim_.n_state_groups; ++k)
+        states[k].name(seq, s.length, key, prefix.namespace_of(seq), s.length / lim_.block_size - 1);
   }
   active_ = BatchStep{};
   BatchCommit c = trees_.commit_plan();

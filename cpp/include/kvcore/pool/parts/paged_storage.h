@@ -205,9 +205,17 @@ class PagedStorage : public PoolStorage<PagedKVPoolTraits> {
   }
 
   // State layer `l`: its State group's num_state_slots() slots of
-  // state.bytes[l] bytes (K), no V, no heads.
+  // state.bytes[l] bytes (K), no V, no heads. NotSupported: a cache whose
+  // states live in the pages of another layer's storage (batch.states_in_pool).
   static Status shape_state(const BatchPlanner& planner, int l, const LayerConfig& lc, StateSlotBytes state,
                             PagedLayer* out) noexcept {
+    KVCORE_ASSIGN_OR_RETURN(const int pages_of, planner.storage_layer(l));
+    KVCORE_CHECK_OR_RETURN_ERROR(pages_of == l, NotSupported,
+                                 "layer %d: its states live in the pages of layer %d's storage (the cache's "
+                                 "batch.states_in_pool), and a PagedKVPool keeps state slots apart from K/V rows: "
+                                 "apply such plans with page-contiguous storage of your own, or build the cache "
+                                 "without states_in_pool",
+                                 l, pages_of);
     KVCORE_ASSIGN_OR_RETURN(const int k, planner.state_group_of(l));
     KVCORE_ASSIGN_OR_RETURN(const int slots, planner.num_state_slots(k));
     KVCORE_ASSIGN_OR_RETURN(const std::size_t slot, state.of(l));

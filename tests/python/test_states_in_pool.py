@@ -1,0 +1,140 @@
+"""State groups that take their slots from the one pool (BatchLimits.states_in_pool;
+docs/batch.md section 10, "States in the pool"): a state costs a block of the budget only
+while someone needs it, a named snapshot is a cached block, a step the pool cannot serve is
+refused whole, and the byte layers that keep states apart refuse such a cache by name. The
+C++ brute-force walk (BatchStateBruteForce.StatesInThePool...) holds every state read to the
+model on random workloads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcore
+
+B = 4
+
+
+def hybrid(num_blocks: int = 64, snapshots: int = 1, page_layers: int = 0, states: int = 2) -> kvcore.BatchCache:
+    """A Flat layer between State(1) layers (Qwen3-Next's order, small), states in the pool."""
+    layers = [kvcore.LayerConfig(kvcore.State(1))] * states + [kvcore.LayerConfig(kvcore.Flat(), 1, 4)]
+    limits = kvcore.BatchLimits(
+        block_size=B, max_seqs=4, num_blocks=num_blocks, state_snapshots=snapshots, page_layers=page_layers,
+        states_in_pool=True,
+    )
+    return kvcore.BatchCache(kvcore.CacheConfig(64, layers, max_step=8, batch=limits))
+
+
+def prefill(c: kvcore.BatchCache, seq: int, tokens: list[int]) -> None:
+    c.add_sequence(seq)
+    for at in range(0, len(tokens), B):  # chunks ending on block boundaries: each names a snapshot
+        chunk = tokens[at : at + B]
+        c.step([(seq, len(chunk), chunk)]).commit()
+
+
+def test_state_layers_form_groups_of_page_layers_whose_states_live_in_the_flat_layers_pages() -> None:
+    c = hybrid(page_layers=1)
+    assert (c.n_groups, c.n_state_groups) == (1, 2)  # one State group per layer, as the flat group's size
+    assert [c.state_group_of(layer) for layer in (0, 1)] == [0, 1]
+    assert c.storage_layer(0) == 2  # the first State group's layer keeps its states in the flat layer's pages
+    assert c.storage_layer(1) == 2
+    assert c.num_state_slots(0) == c.num_blocks(0) == 64  # a physical state slot is a block of the pool
+    # Without page_layers the fewest layers of any policy decide (vLLM's rule): 1 flat layer, so 1.
+    assert hybrid().n_state_groups == 2
+    # Without states in the pool the State layers of one policy stay one group with slots of its own.
+    layers = [kvcore.LayerConfig(kvcore.State(1))] * 2 + [kvcore.LayerConfig(kvcore.Flat(), 1, 4)]
+    apart = kvcore.BatchCache(kvcore.CacheConfig(64, layers, max_step=8, batch=kvcore.BatchLimits(block_size=B, max_seqs=4)))
+    assert apart.n_state_groups == 1 and apart.storage_layer(0) == 0
+
+
+def test_a_step_takes_a_block_per_state_it_keeps_as_state_blocks_needed_says() -> None:
+    c = hybrid()
+    c.add_sequence(0)
+    free = c.free_blocks(0)
+    assert c.blocks_needed(0, 6) == [2]
+    assert c.state_blocks_needed(0, 6) == 2  # the last state, in each of the two State groups
+    step = c.begin_step([(0, 6, list(range(6)))])
+    assert c.free_blocks(0) == free - 2 - 2
+    plan = step.plan()
+    writes = [plan.state_groups[k].write_slots.copy() for k in range(2)]  # views: stale once the step ends
+    tables = plan.groups[0].block_tables.copy()
+    step.commit()
+    held_kv = set(tables[tables >= 0].tolist())
+    held_states = {int(w[-1]) for w in writes}
+    assert len(held_states) == 2 and not held_states & held_kv  # no block is in two places
+    # The next step writes the same logical slot in place (D = 1, unnamed): no state block.
+    assert c.state_blocks_needed(0, 1) == 0
+    with pytest.raises(kvcore.InvalidArgumentError, match="verify = 1: must be a bool"):
+        c.state_blocks_needed(0, 1, verify=1)
+    with pytest.raises(kvcore.InvalidArgumentError, match="a verify step keeps every state"):
+        c.state_blocks_needed(0, 1, verify=True)  # State(1) keeps one state: T <= D - 1 = 0
+
+
+def test_a_step_the_pool_cannot_serve_with_its_states_is_refused_whole() -> None:
+    c = hybrid(num_blocks=3, snapshots=0)
+    c.add_sequence(0)
+    assert c.blocks_needed(0, 4) == [1] and c.state_blocks_needed(0, 4) == 2
+    c.step([(0, 4, [1, 2, 3, 4])]).commit()  # 1 K/V block and 2 states: the pool's 3
+    c.add_sequence(1)
+    before = (c.free_blocks(0), c.length(0), c.length(1), c.blocks_held(0, 0), c.can_rewind(0, 4))
+    with pytest.raises(kvcore.CapacityError, match=r"needs 3 blocks over its 3 groups \(2 of them for the states of 2 State groups\), 0 of"):
+        c.begin_step([(1, 1, [5])])
+    assert (c.free_blocks(0), c.length(0), c.length(1), c.blocks_held(0, 0), c.can_rewind(0, 4)) == before
+    c.release_sequence(0)  # its blocks and states go back: now sequence 1 fits
+    c.step([(1, 1, [5])]).commit()
+    assert c.length(1) == 1
+
+
+def test_a_named_snapshot_is_a_cached_block_reused_until_the_pool_needs_it() -> None:
+    c = hybrid(num_blocks=12)
+    c.enable_kv_events(256)
+    prompt = list(range(10, 18))  # two full blocks: snapshots after each
+    prefill(c, 0, prompt)
+    assert [c.state_snapshots(k) for k in range(2)] == [2, 2]
+    c.release_sequence(0)
+    # Released, the snapshots stay named as cached blocks: they count as free and serve a hit.
+    assert [c.state_snapshots(k) for k in range(2)] == [2, 2]
+    assert c.free_blocks(0) == 12
+    assert c.lookup_prefix(prompt + [1]) == 8
+    c.add_sequence(1)
+    assert c.adopt_prefix(1, prompt + [1]) == 8
+    step = c.begin_step([(1, 1, [1])])
+    reads = [int(step.plan().state_groups[k].read_slots[0]) for k in range(2)]
+    step.commit()
+    events = c.drain_kv_events()
+    stored = events[events["kind"] == kvcore.KV_EVENT_STORED]
+    # A State group's events name it as group n_groups + k, with the block its state follows.
+    for k in range(2):
+        mine = stored[stored["group"] == c.n_groups + k]
+        assert [(int(e["start"]), int(e["end"])) for e in mine] == [(0, 4), (4, 8)]
+    keys = kvcore.block_keys(prompt, B)
+    last = stored[(stored["group"] == c.n_groups) & (stored["start"] == 4)][0]
+    assert (int(last["key_lo"]), int(last["key_hi"])) == (int(keys[1][0]), int(keys[1][1]))
+    assert len(set(reads)) == 2  # the adopter starts from the two named states
+    c.release_sequence(1)
+    # Other prompts fill the pool: the cached snapshots are reclaimed with the other cached
+    # blocks, least recently released first, and the prompt no longer hits.
+    for seq, base in ((2, 100), (3, 200)):
+        prefill(c, seq, list(range(base, base + 12)))
+    assert c.lookup_prefix(prompt + [1]) == 0
+    evicted = c.drain_kv_events()
+    evicted = evicted[evicted["kind"] == kvcore.KV_EVENT_EVICTED]
+    assert {int(g) for g in evicted["group"]} >= {c.n_groups, c.n_groups + 1}
+
+
+def test_byte_layers_that_keep_states_apart_refuse_the_cache_by_name() -> None:
+    c = hybrid()
+    with pytest.raises(kvcore.NotSupportedError, match=r"layer 0: its states live in the pages of layer 2's storage"):
+        kvcore.PagedKVPool(c, np.float32, state_tensors={"h": ((2,), np.float32)})
+    torch_paged = pytest.importorskip("kvcore.torch.paged")
+    with pytest.raises(kvcore.NotSupportedError, match=r"layer 0: its states live in the pages of layer 2's storage"):
+        torch_paged.TorchPagedKVPool(c)
+
+
+def test_states_in_pool_must_be_a_bool_and_shows_in_the_repr() -> None:
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"states_in_pool = 1: must be a bool"):
+        kvcore.BatchLimits(states_in_pool=1)  # type: ignore[arg-type]
+    limits = kvcore.BatchLimits(states_in_pool=True)
+    assert limits.states_in_pool is True
+    assert "states_in_pool=True" in repr(limits)
+    assert "states_in_pool" not in repr(kvcore.BatchLimits())
