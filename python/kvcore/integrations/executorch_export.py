@@ -7,7 +7,9 @@ kvcore's cache metadata in it, for ``kvcore-run`` (ExecuTorch's C++ runtime on k
   ``kvcache::update_and_attend(q, k, v, positions, layer_idx, scaling)`` with this forward's
   K/V only (the model runs with ``use_cache=False``); the cache lives outside the graph.
 - ``OffGraphCausalLM``: a transformers causal LM as the program ``kvcore-run`` drives,
-  ``forward(tokens [1, T], positions [T, 1]) -> logits [1, T, vocab]``, float32.
+  ``forward(tokens [1, T], positions [T, 1]) -> logits [1, T, vocab]``, float32, and
+  ``forward_last`` (same inputs) -> the last position's logits ``[1, 1, vocab]`` for prefill
+  (the vocabulary head on one row: Gemma 3 270M's is 262144 x 640).
 - ``transformers_metadata``: the ``KVCoreMetadata`` of a transformers config (its layer kinds,
   windows, sinks, shared sources, heads and dims, as kvcore's transformers cache plans them).
 - ``export_transformers``: such a model to ``.pte`` bytes; ``export_model``: ``kvcore export``'s
@@ -100,6 +102,14 @@ class OffGraphCausalLM(torch.nn.Module):
         logits: torch.Tensor = out.logits.float()
         return logits
 
+    def forward_last(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [1, 1, vocab] (float32) of ``tokens`` [1, T] at ``positions``
+        [T, 1]: every token's K/V goes to the cache as in ``forward``, the head runs on the last
+        row only (transformers' ``logits_to_keep=1``)."""
+        out = self.model(input_ids=tokens, position_ids=positions.reshape(1, -1), use_cache=False, logits_to_keep=1)
+        logits: torch.Tensor = out.logits.float()
+        return logits
+
     def example_inputs(self, T: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs of a forward of ``T`` tokens at positions 0 .. T - 1."""
         return torch.zeros(1, T, dtype=torch.long), torch.arange(T, dtype=torch.long)[:, None]
@@ -143,11 +153,15 @@ def transformers_metadata(config: Any, *, capacity: int, max_step: int, kv_dtype
     )  # fmt: skip
 
 
-def export_transformers(model: torch.nn.Module, *, capacity: int, max_step: int, kv_dtype: str = "float32") -> bytes:
+def export_transformers(model: torch.nn.Module, *, capacity: int, max_step: int, kv_dtype: str = "float32",
+                        forward_last: bool = True) -> bytes:  # fmt: skip
     """The ``.pte`` bytes of a transformers causal LM (float32, eval mode) with kvcore's off-graph
-    attention and its ``transformers_metadata`` as constant methods; the model's own attention
-    implementation is restored after. Takes minutes for a real model (Gemma 3 270M: about 2.5
-    min and 3.8 GB peak RSS on a shared 2-core machine). Errors as ``transformers_metadata``'s."""
+    attention and its ``transformers_metadata`` as constant methods: ``forward`` (every
+    position's logits) and, unless ``forward_last=False``, ``forward_last`` (the last
+    position's, ``OffGraphCausalLM.forward_last``; the weights stored once); the model's own
+    attention implementation is restored after. Takes minutes for a real model (Gemma 3 270M:
+    about 2.5 min and 3.8 GB peak RSS on a shared 2-core machine). Errors as
+    ``transformers_metadata``'s."""
     config: Any = getattr(model, "config")
     meta = transformers_metadata(config, capacity=capacity, max_step=max_step, kv_dtype=kv_dtype)
     attention = config._attn_implementation
@@ -156,7 +170,7 @@ def export_transformers(model: torch.nn.Module, *, capacity: int, max_step: int,
         # linear kept whole: ExecuTorch's optimized kernel, not a transposed copy of each weight
         # per forward (Gemma 3 270M's tied 262144 x 640 head: 671 MB a forward).
         return export_program(wrapped, wrapped.example_inputs(2), meta, wrapped.dynamic_shapes(),
-                              preserve_ops=[torch.ops.aten.linear.default])
+                              preserve_ops=[torch.ops.aten.linear.default], forward_last=forward_last)
     finally:
         config._attn_implementation = attention  # the model runs as before in PyTorch
 
@@ -198,7 +212,8 @@ class ExportOptions:
 
 
 def export_model(opts: ExportOptions, load: Optional[Callable[[str], Any]] = None) -> tuple[bytes, KVCoreMetadata]:
-    """The ``.pte`` bytes of ``opts.model`` and the metadata written into it. ``tiny``: the random
+    """The ``.pte`` bytes of ``opts.model`` and the metadata written into it (methods ``forward`` and
+    ``forward_last``). ``tiny``: the random
     decoder of ``executorch_tiny`` (seconds); a real model: ``load(name)`` gives the transformers
     model (``kvcore_demo.real_model.load(name).model``; required), exported in minutes.
     ValueError as ``ExportOptions.check``."""
@@ -209,11 +224,13 @@ def export_model(opts: ExportOptions, load: Optional[Callable[[str], Any]] = Non
         config = tiny.TinyConfig(capacity=capacity, max_step=max_step, seed=opts.seed)
         meta = dataclasses.replace(config.metadata(), kv_dtype=KV_DTYPES[opts.kv_dtype])
         model = tiny.TinyDecoder(config).eval()
-        return export_program(model, model.example_inputs(2), meta, model.dynamic_shapes()), meta
+        meta = dataclasses.replace(meta, forward_last=1)
+        return export_program(model, model.example_inputs(2), meta, model.dynamic_shapes(), forward_last=True), meta
     if load is None:
         raise ValueError(f"--model {opts.model}: a real model needs a loader")
     model = load(opts.model)
     meta = transformers_metadata(model.config, capacity=capacity, max_step=max_step, kv_dtype=opts.kv_dtype)
+    meta = dataclasses.replace(meta, forward_last=1)
     return export_transformers(model, capacity=capacity, max_step=max_step, kv_dtype=opts.kv_dtype), meta
 
 

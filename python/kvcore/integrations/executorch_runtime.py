@@ -10,7 +10,9 @@ ExecuTorch's runtime, backed by kvcore's planner and byte layer. This module:
   capacity, max_step) an exported program carries as constant methods (``kvcore_*``), so the
   runtime side needs no model-specific configuration; ``from_method_reader`` reads them back;
 - ``export_program``: ``torch.export`` (the token count dynamic, 1 .. max_step) ->
-  ``to_edge`` (with the metadata) -> ``to_executorch`` -> ``.pte`` bytes;
+  ``to_edge`` (with the metadata) -> ``to_executorch`` -> ``.pte`` bytes; with
+  ``forward_last=True`` also a method ``forward_last`` (``FORWARD_LAST``: the last position's
+  logits only, ``[1, 1, vocab]``, for prefill), sharing ``forward``'s weights in the program;
 - ``load_kernel_library`` / ``KernelLibrary``: loads the kernel library with ``RTLD_GLOBAL`` (so
   it registers into the ``libexecutorch.so`` that ``executorch.runtime`` uses) and drives the
   cache it serves (configure from metadata, reset, rewind, length, last error);
@@ -22,6 +24,7 @@ Batch 1 for now (docs/executorch.md, "Inside ExecuTorch's runtime").
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib
 import operator
 import os
@@ -120,6 +123,9 @@ class KVCoreMetadata:
     ``capacity``: positions at most; ``max_step``: tokens per forward at most (the program's
     dynamic token dimension has the same bound). ``kv_dtype``: the K/V storage the program
     suggests (a ``KV_DTYPES`` number, default float32; the runtime may choose another).
+    ``forward_last``: 1 when the program has the method ``forward_last`` (``FORWARD_LAST``:
+    ``forward``'s signature, the last position's logits only, ``[1, 1, vocab]``), 0 when not;
+    a program exported before it existed has no ``kvcore_forward_last`` and reads as 0.
     """
 
     kinds: tuple[int, ...]
@@ -134,11 +140,15 @@ class KVCoreMetadata:
     v_head_dim: int = 0
     vocab_size: int = 0
     kv_dtype: int = 0
+    forward_last: int = 0
 
     #: The constant methods' names: ``kvcore_<field>``.
     PREFIX = "kvcore_"
     _LISTS = ("kinds", "windows", "sinks", "sources")
-    _INTS = ("n_kv_heads", "n_heads", "head_dim", "v_head_dim", "capacity", "max_step", "vocab_size", "kv_dtype")
+    _INTS = ("n_kv_heads", "n_heads", "head_dim", "v_head_dim", "capacity", "max_step", "vocab_size", "kv_dtype",
+             "forward_last")  # fmt: skip
+    #: Methods a program may lack (written by later exports): read as 0 when missing.
+    _OPTIONAL = ("forward_last",)
 
     @property
     def n_layers(self) -> int:
@@ -162,19 +172,26 @@ class KVCoreMetadata:
     @classmethod
     def from_method_reader(cls, read: Callable[[str], Any]) -> KVCoreMetadata:
         """The metadata of a program, ``read(name)`` returning a constant method's value (a list of
-        ints or an int; ``kvcore_metadata(program)`` does this for ``executorch.runtime``).
-        KeyError naming the method when one is missing (not exported with kvcore's metadata)."""
+        ints or an int, KeyError when the program has no such method; ``kvcore_metadata(program)``
+        does this for ``executorch.runtime``). KeyError naming the method when one is missing (not
+        exported with kvcore's metadata), except ``kvcore_forward_last``, which programs exported
+        before it lack: 0 then."""
         def ints(name: str) -> tuple[int, ...]:
             return tuple(int(x) for x in read(cls.PREFIX + name))
 
         def one(name: str) -> int:
-            return int(read(cls.PREFIX + name))
+            try:
+                return int(read(cls.PREFIX + name))
+            except KeyError:
+                if name in cls._OPTIONAL:
+                    return 0
+                raise
 
         return cls(
             kinds=ints("kinds"), windows=ints("windows"), sinks=ints("sinks"), sources=ints("sources"),
             n_kv_heads=one("n_kv_heads"), n_heads=one("n_heads"), head_dim=one("head_dim"),
             v_head_dim=one("v_head_dim"), capacity=one("capacity"), max_step=one("max_step"),
-            vocab_size=one("vocab_size"), kv_dtype=one("kv_dtype"),
+            vocab_size=one("vocab_size"), kv_dtype=one("kv_dtype"), forward_last=one("forward_last"),
         )
 
     def describe(self) -> str:
@@ -370,23 +387,56 @@ def load_kernel_library(path: Optional[str] = None) -> KernelLibrary:
 # --- export --------------------------------------------------------------------------------
 
 
+#: The name of the prefill method returning only the last position's logits.
+FORWARD_LAST = "forward_last"
+
+
+class _ForwardLast(torch.nn.Module):
+    """``model.forward_last`` as a module's ``forward`` (what ``torch.export`` exports); the
+    parameters are ``model``'s own, so the program holds them once."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = getattr(self.model, FORWARD_LAST)(tokens, positions)
+        return out
+
+
 def export_program(
     model: torch.nn.Module,
     example_inputs: tuple[Any, ...],
     meta: KVCoreMetadata,
     dynamic_shapes: Optional[Any] = None,
     preserve_ops: Sequence[Any] = (),
+    forward_last: bool = False,
 ) -> bytes:
     """The ``.pte`` bytes of ``model`` (which calls ``kvcache::update_and_attend``), with ``meta``
     as constant methods. ``dynamic_shapes`` as ``torch.export.export`` takes it (the token
     dimension, 1 .. meta.max_step). ``preserve_ops``: aten ops ``to_edge`` keeps whole instead of
     decomposing (``aten.linear.default``: the runtime's optimized ``linear`` kernel, where the
     decomposition copies each weight transposed in every forward). Uses ExecuTorch's CPU kernels
-    (no delegate)."""
+    (no delegate).
+
+    ``forward_last=True``: the program also has the method ``forward_last`` (``FORWARD_LAST``),
+    ``model.forward_last(tokens, positions)`` exported with the same inputs, dynamic shapes and
+    cache op (one kvcore step per call, as ``forward``), which must return only the last
+    position's logits ``[1, 1, vocab]``; the metadata's ``forward_last`` is set to 1 (else 0).
+    Both methods read the same weights: ExecuTorch's emitter stores a constant whose bytes it
+    has stored already once (a SHA-256 of the bytes), so the program grows by the second
+    method's instructions, not by its weights. AttributeError when ``model`` has no
+    ``forward_last``."""
     register_out_variant()
     exir = importlib.import_module("executorch.exir")
+    if forward_last and not callable(getattr(model, FORWARD_LAST, None)):
+        raise AttributeError(f"export_program(forward_last=True): {type(model).__name__} has no method {FORWARD_LAST}")
+    meta = dataclasses.replace(meta, forward_last=int(forward_last))
     with torch.no_grad():
-        exported = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+        exported: Any = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+        if forward_last:
+            last = torch.export.export(_ForwardLast(model), example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+            exported = {"forward": exported, FORWARD_LAST: last}
     edge = exir.to_edge(
         exported,
         constant_methods=meta.constant_methods(),
@@ -399,6 +449,7 @@ def export_program(
 __all__ = [
     "CHUNKED",
     "FLAT",
+    "FORWARD_LAST",
     "KERNEL_LIBRARY_ENV",
     "KV_DTYPES",
     "RING",

@@ -2,7 +2,7 @@
 for checking ExecuTorch's runtime on kvcore's kernel and for quick demos: ``TinyConfig`` (its
 layer kinds and sizes, and the kvcore metadata they give), ``TinyDecoder`` (calls the op once per
 layer, with a plain PyTorch reference forward: explicit masks, no cache) and ``export_tiny`` (the
-model and its ``.pte`` bytes, in about 5 s).
+model and its ``.pte`` bytes, in about 5 s; ``forward`` and, by default, ``forward_last``).
 """
 
 from __future__ import annotations
@@ -74,8 +74,10 @@ def _sees(kind: int, window: int, sinks: int, q: int, k: int) -> bool:
 class TinyDecoder(torch.nn.Module):
     """A tiny random decoder (RMSNorm, GQA attention with RoPE, SiLU MLP) whose attention is
     ``kvcache::update_and_attend``: ``forward(tokens [1, T], positions [T, 1]) -> logits [1, T,
-    vocab]``. ``reference(tokens [1, N])`` computes every position's logits in plain PyTorch
-    from the whole sequence with explicit masks (no cache), for checking a runtime's."""
+    vocab]``; ``forward_last`` the same forward returning only the last position's logits ``[1, 1,
+    vocab]`` (the head applied to that row only). ``reference(tokens [1, N])`` computes every
+    position's logits in plain PyTorch from the whole sequence with explicit masks (no cache),
+    for checking a runtime's."""
 
     def __init__(self, config: TinyConfig) -> None:
         """Random weights from ``config.seed`` (the same config gives the same model)."""
@@ -102,6 +104,12 @@ class TinyDecoder(torch.nn.Module):
         self.scale = 1.0 / math.sqrt(c.head_dim)
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, attend: Callable[..., torch.Tensor]) -> torch.Tensor:
+        return self._head(self._hidden(x, positions, attend))
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return _rms(x, 1.0 + self.norm_out) @ self.head.T
+
+    def _hidden(self, x: torch.Tensor, positions: torch.Tensor, attend: Callable[..., torch.Tensor]) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
         cos, sin = _rope_tables(positions, c.head_dim)
@@ -115,19 +123,27 @@ class TinyDecoder(torch.nn.Module):
             x = x + o.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim) @ self.wo[layer].T
             h = _rms(x, 1.0 + self.norm2[layer])
             x = x + (torch.nn.functional.silu(h @ self.w1[layer].T) * (h @ self.w3[layer].T)) @ self.w2[layer].T
-        return _rms(x, 1.0 + self.norm_out) @ self.head.T
+        return x
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits [1, T, vocab] of ``tokens`` [1, T] at ``positions`` [T, 1] (int64), the cache
-        behind ``kvcache::update_and_attend`` (eagerly: ExecuTorch's registry's active cache)."""
-        x = self.embed[tokens]
+    def _cached_hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         op = torch.ops.kvcache.update_and_attend.default
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
             out: torch.Tensor = op(q, k, v, positions, layer, self.scale, torch.float32)
             return out
 
-        return self._layers(x, positions[:, 0], attend)
+        return self._hidden(self.embed[tokens], positions[:, 0], attend)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [1, T, vocab] of ``tokens`` [1, T] at ``positions`` [T, 1] (int64), the cache
+        behind ``kvcache::update_and_attend`` (eagerly: ExecuTorch's registry's active cache)."""
+        return self._head(self._cached_hidden(tokens, positions))
+
+    def forward_last(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``forward``'s last row only: logits [1, 1, vocab] of the last of ``tokens`` [1, T] at
+        ``positions`` [T, 1], every token's K/V written to the cache as ``forward`` writes them
+        (the final norm and head run on one row, not T)."""
+        return self._head(self._cached_hidden(tokens, positions)[:, -1:])
 
     def reference(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of every position of ``tokens`` [1, N], from the whole sequence at once."""
@@ -156,12 +172,14 @@ class TinyDecoder(torch.nn.Module):
         return {"tokens": {1: T}, "positions": {0: T}}
 
 
-def export_tiny(config: Optional[TinyConfig] = None) -> tuple[TinyDecoder, bytes]:
+def export_tiny(config: Optional[TinyConfig] = None, forward_last: bool = True) -> tuple[TinyDecoder, bytes]:
     """A ``TinyDecoder`` for ``config`` (default: 3 layers, the middle one a ring of window 8) and
-    its ``.pte`` bytes (kvcore's metadata included)."""
+    its ``.pte`` bytes (kvcore's metadata included): methods ``forward`` and, unless
+    ``forward_last=False`` (a program as exported before that method existed), ``forward_last``."""
     config = config or TinyConfig()
     model = TinyDecoder(config).eval()
-    pte = export_program(model, model.example_inputs(2), config.metadata(), model.dynamic_shapes())
+    pte = export_program(model, model.example_inputs(2), config.metadata(), model.dynamic_shapes(),
+                         forward_last=forward_last)  # fmt: skip
     return model, pte
 
 
