@@ -739,7 +739,8 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
 
 def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
                   ring_share: float | None = None, state_share: float | None = None,
-                  step_slots_in_budget: bool = True, one_pool: bool = False) -> dict[str, Any]:
+                  step_slots_in_budget: bool = True, one_pool: bool = False,
+                  states_in_pool: bool = False) -> dict[str, Any]:
     """How kvcore's per-group pools spend `budget` bytes (module docstring): flat num_blocks,
     max_active_seqs (the ring pool and the tables), state_snapshots, the bytes each part takes,
     and the block tables' bytes (outside the budget). 'feasible' is False when the budget cannot
@@ -747,7 +748,11 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
     leaves the State group's max_step_tokens slots out of the budget (reported apart).
     one_pool: kvcore's one pool for every block group (BatchLimits.page_layers, b9e2046): the
     budget less the State group's slots buys num_blocks blocks of one page each (B rows of the
-    largest group's layers); ring_share does not apply."""
+    largest group's layers); ring_share does not apply. states_in_pool (with one_pool, a model
+    with State layers): BatchLimits.states_in_pool, every state a block of the pool, `block`
+    large enough that a page holds a state (vllm_block_size); state_share does not apply."""
+    if one_pool and states_in_pool and model.has_state:
+        return _states_in_pool_layout(model, block, budget, cfg, capacity)
     if one_pool:
         return _one_pool_layout(model, block, budget, cfg, capacity, state_share, step_slots_in_budget)
     flat_bpb = model.bytes_per_token("full") * block
@@ -804,18 +809,44 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
     return out
 
 
-def page_groups(model: Model) -> tuple[int, int, int]:
+def page_groups(model: Model, states_in_pool: bool = False) -> tuple[int, int, int]:
     """kvcore's default grouping under one pool (vLLM's rule): (page_layers, number of block
-    groups, bytes of one token in one page: page_layers layers' K and V)."""
+    groups, bytes of one token in one page: page_layers layers' K and V). states_in_pool: the
+    State layers count as a policy too (they form State groups of page_layers layers)."""
     counts: dict[tuple[str, int, int, int], int] = {}
     for lay in model.layers:
         if lay.kind != "state":
             key = (lay.kind, lay.window, lay.kv_heads, lay.head_dim)
             counts[key] = counts.get(key, 0) + 1
-    p = min(counts.values())
+    n_state = sum(lay.kind == "state" for lay in model.layers)
+    p = min(list(counts.values()) + ([n_state] if states_in_pool and n_state else []))
     n_groups = sum(-(-c // p) for c in counts.values())
     per_token = max(k[2] * k[3] * 2 * BF16 for k in counts)
     return p, n_groups, p * per_token
+
+
+def _states_in_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig,
+                           capacity: int) -> dict[str, Any]:
+    """One pool for every group, the states' included (BatchLimits.states_in_pool): the budget
+    buys num_blocks pages of `block` rows of page_layers layers; a state of a State group
+    (page_layers State layers) takes one page, which must hold it (ValueError otherwise: pass
+    vllm_block_size's block)."""
+    p, n_groups, page_token = page_groups(model, states_in_pool=True)
+    bpb = page_token * block
+    per_layer_state = max(lay.state_bytes for lay in model.layers if lay.kind == "state")
+    if per_layer_state * p > bpb:
+        raise ValueError(f"block {block}: a page of {bpb} bytes cannot hold a State group's state "
+                         f"({p} x {per_layer_state} bytes)")
+    n_state_layers = sum(lay.kind == "state" for lay in model.layers)
+    num = max(budget // bpb, 0)
+    return {"pool": "one pool, states in it (page_layers, states_in_pool)", "page_layers": p,
+            "n_groups": n_groups, "n_state_groups": -(-n_state_layers // p), "bytes_per_block": bpb,
+            "state_bytes_per_slot": model.state_bytes, "split": "one pool, states in it",
+            "states_in_pool": True, "feasible": bool(num >= 1), "num_blocks_flat": int(num),
+            "num_blocks": int(num), "max_active_seqs": cfg.max_running, "ring_blocks": 0,
+            "state_snapshots": 1, "state_fixed_slots": 0, "bytes_flat": int(num) * bpb, "bytes_ring": 0,
+            "bytes_state": 0, "bytes_total": int(num) * bpb,
+            "table_bytes": n_groups * cfg.max_running * -(-capacity // block) * 4}
 
 
 def state_step_slots(cfg: SchedulerConfig, max_active: int) -> int:
@@ -896,14 +927,18 @@ class KvcoreAdapter:
         self.cache: kvcore.BatchCache = cache
         self.n_groups = self.cache.n_groups
         self.one_pool = "page_layers" in layout
+        self.states_in_pool = bool(layout.get("states_in_pool"))
         self.page_bytes = layout.get("bytes_per_block", 0)
         self.free_ids = list(range(self.max_active - 1, -1, -1))
         self.reserved = [0] * self.n_groups
+        self.reserved_states = 0  # with states in the pool: the step's state blocks so far
+        # Groups whose KV events the replay mirrors: the block groups, then the State groups in the pool.
+        self.n_event_groups = self.n_groups + (self.cache.n_state_groups if self.states_in_pool else 0)
         self.check = check
         # What each block was computed from: by (group, block id), or by block id in one pool.
         self.content: dict[Any, int] = {}
         # KV events: the keys each group stores, mirrored from the drained events.
-        self.stored: list[set[tuple[int, int]]] = [set() for _ in range(self.n_groups)]
+        self.stored: list[set[tuple[int, int]]] = [set() for _ in range(self.n_event_groups)]
         self.keys: dict[int, np.ndarray] = {}
         self.events = {"stored": 0, "evicted": 0, "cleared": 0}
         # lookup_prefix and KV events reach Python with batch_prefix.cpp; until then the lookup is
@@ -927,7 +962,9 @@ class KvcoreAdapter:
                 layers.append(kvcore.LayerConfig(kvcore.Ring(window=lay.window), lay.kv_heads, lay.head_dim))
             else:
                 layers.append(kvcore.LayerConfig(kvcore.State(1)))
-        extra = {"page_layers": layout["page_layers"]} if "page_layers" in layout else {}
+        extra: dict[str, Any] = {"page_layers": layout["page_layers"]} if "page_layers" in layout else {}
+        if layout.get("states_in_pool"):
+            extra["states_in_pool"] = True
         limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
                                     max_active_seqs=self.max_active,
                                     max_step_tokens=cfg.token_budget,
@@ -955,6 +992,7 @@ class KvcoreAdapter:
     def start_step(self) -> None:
         """A new step: nothing reserved yet."""
         self.reserved = [0] * self.n_groups
+        self.reserved_states = 0
 
     def lookup(self, lv: Live) -> int:
         """lookup_prefix (no side effect) when kvcore has it; otherwise add_sequence + adopt_prefix
@@ -1013,14 +1051,16 @@ class KvcoreAdapter:
     def _fits(self, lv: Live, n: int) -> bool:
         t0 = time.thread_time_ns()
         need = self.cache.blocks_needed(lv.handle, n)
+        states = self.cache.state_blocks_needed(lv.handle, n) if self.states_in_pool else 0
         if self.one_pool:  # the entries' needs over every group against the one pool's free blocks
-            ok = sum(self.reserved) + sum(need) <= self.cache.free_blocks(0)
+            ok = sum(self.reserved) + sum(need) + self.reserved_states + states <= self.cache.free_blocks(0)
         else:
             ok = all(self.reserved[g] + need[g] <= self.cache.free_blocks(g) for g in range(self.n_groups))
         self._timed(lv, t0)
         if ok:
             for g in range(self.n_groups):
                 self.reserved[g] += need[g]
+            self.reserved_states += states
         return ok
 
     def grow(self, lv: Live, n: int) -> bool:
@@ -1070,8 +1110,8 @@ class KvcoreAdapter:
                 for st in self.stored:
                     st.clear()
                 continue
-            if not 0 <= g < self.n_groups:
-                raise AssertionError(f"KV event of group {g}: not a block group")
+            if not 0 <= g < self.n_event_groups:
+                raise AssertionError(f"KV event of group {g}: not a block group (nor a State group in the pool)")
             if kind == kv.KV_EVENT_STORED:
                 self.events["stored"] += 1
                 if key not in filled:
@@ -1119,6 +1159,8 @@ class KvcoreAdapter:
                 u = self.cache.num_blocks(g) - self.cache.free_blocks(g)
                 blocks += u
                 by += u * self.bpb[g]
+        if self.states_in_pool:  # the states are pages of the pool, counted above
+            return blocks, by
         active = self.max_active - len(self.free_ids)
         return blocks, by + active * self.model.state_bytes
 
@@ -1318,7 +1360,7 @@ def capacity_of(trace: Sequence[TraceRequest], block: int) -> int:
 def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: SchedulerConfig,
                 capacity: int, names: Sequence[str], ring_share: float | None,
                 state_share: float | None, step_slots_in_budget: bool = True,
-                one_pool: bool = False) -> tuple[dict[str, int], dict[str, Any]]:
+                one_pool: bool = False, states_in_pool: bool = False) -> tuple[dict[str, int], dict[str, Any]]:
     """The byte budgets by name ('ample', '2x', '0.7x'), from an infinite-cache run: the peak
     working set, and for 'ample' the smallest budget whose kvcore layout holds every block and
     snapshot the run names (found by bisection)."""
@@ -1328,16 +1370,21 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
     per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity, cfg.max_rewind)
     need_active = (-(-need_blocks // per_seq) + cfg.max_running) if per_seq else 0
     need_snap = infb.named_states + cfg.max_running + 16
+    pooled_states = one_pool and states_in_pool and model.has_state
     if one_pool:  # every group keeps its own copy of each block in the one pool
-        need_blocks *= page_groups(model)[1]
+        p, n_groups, _ = page_groups(model, pooled_states)
+        need_blocks *= n_groups
         need_active = 0
+        if pooled_states:  # and each State group a page per named or running state
+            n_state_groups = -(-sum(lay.kind == "state" for lay in model.layers) // p)
+            need_blocks += need_snap * n_state_groups
 
     def enough(b: int) -> bool:
         lay = kvcore_layout(model, block, b, cfg, capacity, ring_share, state_share, step_slots_in_budget,
-                            one_pool)
+                            one_pool, states_in_pool)
         return (lay["feasible"] and lay["num_blocks_flat"] >= need_blocks
                 and lay["max_active_seqs"] >= min(need_active, MAX_ACTIVE_CAP)
-                and (not model.has_state or lay["state_snapshots"] >= need_snap))
+                and (not model.has_state or pooled_states or lay["state_snapshots"] >= need_snap))
 
     hi = max(peak, 1 << 30)
     while not enough(hi):
@@ -1369,14 +1416,14 @@ def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: 
                cfg: SchedulerConfig, capacity: int, *, exact: bool, ideal_trace: Sequence[int],
                ring_share: float | None = None, state_share: float | None = None,
                check: bool = True, step_slots_in_budget: bool = True,
-               one_pool: bool | None = None) -> dict[str, Any]:
+               one_pool: bool | None = None, states_in_pool: bool = False) -> dict[str, Any]:
     """Replays `trace` through a BatchCache laid out for `budget` bytes, with the hit checks;
     returns the summary (plus 'layout', and 'violation' naming a failed check). one_pool: None
-    asks the kvcore module (kvcore_one_pool)."""
+    asks the kvcore module (kvcore_one_pool). states_in_pool: kvcore_layout's."""
     if one_pool is None:
         one_pool = kvcore_one_pool()
     layout = kvcore_layout(model, block, budget, cfg, capacity, ring_share, state_share, step_slots_in_budget,
-                           one_pool)
+                           one_pool, states_in_pool)
     if not layout["feasible"]:
         return {"system": "kvcore", "feasible": False, "layout": layout, "refused": len(trace),
                 "reused_tokens": 0, "reused_pct": 0.0, "preempted": 0, "hits": [0] * len(trace)}
@@ -1486,6 +1533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budgets", default="ample,2x,0.7x", help="ample and/or multiples of the peak working set")
     ap.add_argument("--ring-share", type=float, help="kvcore: fraction of the budget for the ring group")
     ap.add_argument("--state-share", type=float, help="kvcore: fraction for state snapshots")
+    ap.add_argument("--states-in-pool", action="store_true",
+                    help="kvcore: a hybrid's states are blocks of the one pool (BatchLimits.states_in_pool), at "
+                         "the block size vLLM runs it at (a page holds a state); its rows are keyed by that block")
     ap.add_argument("--state-step-slots", choices=["budget", "outside"], default="budget",
                     help="kvcore: count the State group's max_step_tokens slots in the budget (default) or not")
     ap.add_argument("--step-ms", type=float, default=SchedulerConfig.step_ms)
@@ -1541,17 +1591,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt_total = sum(r.input_length for r in trace)
     for model in models:
         for b in blocks:
+            pooled = args.states_in_pool and model.has_state
+            if pooled:  # both systems at the block whose page holds a state
+                b = vllm_block_size(model, b)
             capacity = capacity_of(trace, max(b, vllm_block_size(model, b)))
             in_budget = args.state_step_slots == "budget"
             budgets, info = budgets_for(model, b, trace, cfg, capacity, names, args.ring_share, args.state_share,
-                                        in_budget, one_pool)
+                                        in_budget, one_pool, pooled)
             ideal = trace_ideal(trace, b)
             for name in names:
                 t0 = time.perf_counter()
                 try:
                     kv = run_kvcore(trace, model, b, budgets[name], cfg, capacity, exact=name == "ample",
                                     ideal_trace=ideal, ring_share=args.ring_share, state_share=args.state_share,
-                                    step_slots_in_budget=in_budget, one_pool=one_pool)
+                                    step_slots_in_budget=in_budget, one_pool=one_pool, states_in_pool=pooled)
                 except AssertionError as e:
                     kv = {"system": "kvcore", "violation": str(e), "hits": []}
                     failed.append(f"{model.name} B={b} {name}: {e}")

@@ -68,6 +68,14 @@ def test_a_step_takes_a_block_per_state_it_keeps_as_state_blocks_needed_says() -
         c.state_blocks_needed(0, 1, verify=1)
     with pytest.raises(kvcore.InvalidArgumentError, match="a verify step keeps every state"):
         c.state_blocks_needed(0, 1, verify=True)  # State(1) keeps one state: T <= D - 1 = 0
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"state_blocks_needed\(0, T = 9\): must be in \[1, max_step = 8\]"):
+        c.state_blocks_needed(0, 9)
+    with pytest.raises(kvcore.CapacityError, match=r"state_blocks_needed\(0, T = 8\): length 60 \+ T would pass capacity = 64"):
+        for _ in range(10):
+            c.step([(0, 6)]).commit()
+            c.state_blocks_needed(0, 8)
+    with pytest.raises(kvcore.InvalidStateError, match="state_blocks_needed: sequence 3 is not active"):
+        c.state_blocks_needed(3, 1)
 
 
 def test_a_step_the_pool_cannot_serve_with_its_states_is_refused_whole() -> None:
