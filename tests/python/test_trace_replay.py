@@ -59,6 +59,26 @@ def test_tight_budget_keeps_every_check(model_name: str) -> None:
     assert sum(out["hits"]) <= sum(out["ideal_online"])
 
 
+@pytest.mark.parametrize("budget_name", ["ample", "0.7x"])
+def test_a_hybrid_with_its_states_in_the_pool_keeps_every_check(budget_name: str) -> None:
+    # Qwen3-Next-like, states as blocks of the one pool at the block whose page holds a state:
+    # every hit checked (the State groups' KV events too), exact at the ample budget, and the
+    # tight budget still serves every request (preempting instead of refusing).
+    trace = _trace(60, seed=5)
+    model = tr.make_model("qwen3next")
+    block = tr.vllm_block_size(model, 16)
+    capacity = tr.capacity_of(trace, block)
+    budgets, _ = tr.budgets_for(model, block, trace, CFG, capacity, [budget_name], None, None, one_pool=True,
+                                states_in_pool=True)
+    out = tr.run_kvcore(trace, model, block, budgets[budget_name], CFG, capacity, exact=budget_name == "ample",
+                        ideal_trace=tr.trace_ideal(trace, block), one_pool=True, states_in_pool=True)
+    assert out["feasible"] and out["violation"] is None and out["refused"] == 0
+    assert out["layout"]["states_in_pool"] and out["layout"]["n_state_groups"] == 3
+    assert out["kv_events_checked"]["stored"] > 0
+    if budget_name == "ample":
+        assert out["hits"] == out["ideal_online"] and out["reused_tokens"] > 0
+
+
 def _ample_adapter(trace: list[Any]) -> tuple[Any, Any, int]:
     model = tr.make_model("llama")
     capacity = tr.capacity_of(trace, 16)
