@@ -3,7 +3,7 @@
 // (kvcore_executorch_ops) behind the op. No Python in the process.
 //
 //   kvcore-run MODEL.pte --prompt TEXT [--tokenizer tokenizer.json] [--new 32] [--kv-dtype int8] [--lookup 3]
-//              [--threads N]
+//              [--threads N] [--no-forward-last]
 //   kvcore-run MODEL.pte --tokens 3,7,1,9 [--new 32] [--kv-dtype int8] [--lookup 3] [--threads N]
 //
 // It reads the cache's facts from the program's own metadata methods (kvcore_*,
@@ -23,6 +23,11 @@
 // --tokens takes the prompt as token ids instead, and prints ids only.
 // The program takes (tokens [1, T] int64, positions [T, 1] int64) and returns
 // logits [1, T, vocab] float32.
+// A program whose metadata says kvcore_forward_last = 1 also has a method forward_last
+// (the same inputs, the last position's logits only, [1, 1, vocab]): every prefill chunk
+// goes through it (the vocabulary head on one row, not max_step rows); decoding and the
+// --lookup verify forwards use forward. A program without kvcore_forward_last (exported
+// before it) prefills through forward; --no-forward-last does so for any program.
 // --lookup N: exact prompt-lookup speculative decoding: each forward verifies up to N
 // tokens drafted from the history, and kvcore's rewind drops the rejected ones; the tokens
 // are greedy decoding's, in fewer forwards when drafts are accepted.
@@ -64,7 +69,7 @@ using ::executorch::runtime::EValue;
 int usage() {
   std::fprintf(stderr,
                "usage: kvcore-run MODEL.pte (--prompt TEXT [--tokenizer tokenizer.json] | --tokens ID,ID,...) [--new N] "
-               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N] [--threads N]\n"
+               "[--kv-dtype float32|float16|bfloat16|int8|fp8] [--lookup N] [--threads N] [--no-forward-last]\n"
                "  --tokenizer: the model's Hugging Face tokenizer.json (default: tokenizer.json next to MODEL.pte)\n");
   return 2;
 }
@@ -100,10 +105,11 @@ bool read_int(Module& module, const char* name, int* out) {
   return true;
 }
 
-// One forward of tokens[begin, end) at positions begin..; the argmax of each logits row into
-// `argmax` (one per token); false on an error (the message on stderr).
-bool forward(Module& module, const std::vector<std::int64_t>& tokens, std::size_t begin, std::size_t end,
-             std::vector<std::int64_t>* argmax) {
+// One forward of tokens[begin, end) at positions begin.. through `method` ("forward": a logits
+// row per token; "forward_last": the last token's row only); the argmax of each logits row into
+// `argmax`; false on an error (the message on stderr).
+bool forward(Module& module, const char* method, const std::vector<std::int64_t>& tokens, std::size_t begin,
+             std::size_t end, std::vector<std::int64_t>* argmax) {
   const int T = static_cast<int>(end - begin);
   std::vector<std::int64_t> ids(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
                                 tokens.begin() + static_cast<std::ptrdiff_t>(end));
@@ -111,17 +117,25 @@ bool forward(Module& module, const std::vector<std::int64_t>& tokens, std::size_
   for (int i = 0; i < T; ++i) positions[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(begin) + i;
   auto ids_t = ::executorch::extension::from_blob(ids.data(), {1, T}, ::executorch::aten::ScalarType::Long);
   auto pos_t = ::executorch::extension::from_blob(positions.data(), {T, 1}, ::executorch::aten::ScalarType::Long);
-  auto result = module.forward({EValue(*ids_t), EValue(*pos_t)});
+  auto result = module.execute(method, {EValue(*ids_t), EValue(*pos_t)});
   if (!result.ok()) {
     const char* why = kvcore_et_last_error();
-    std::fprintf(stderr, "kvcore-run: forward of positions %zu..%zu failed (ExecuTorch error 0x%x)%s%s\n", begin,
+    std::fprintf(stderr, "kvcore-run: %s of positions %zu..%zu failed (ExecuTorch error 0x%x)%s%s\n", method, begin,
                  end - 1, static_cast<unsigned>(result.error()), why[0] ? ": " : "", why);
     return false;
   }
+  const bool last_only = std::strcmp(method, "forward") != 0;
+  const int rows = last_only ? 1 : T;
   const auto& logits = (*result)[0].toTensor();
+  if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != rows) {
+    std::fprintf(stderr, "kvcore-run: %s of %d tokens returned logits of %d dims (sizes %d, %d), expected [1, %d, vocab]\n",
+                 method, T, static_cast<int>(logits.dim()), static_cast<int>(logits.size(0)),
+                 logits.dim() > 1 ? static_cast<int>(logits.size(1)) : -1, rows);
+    return false;
+  }
   const int vocab = static_cast<int>(logits.size(2));
   argmax->clear();
-  for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < rows; ++t) {
     const float* row = logits.const_data_ptr<float>() + static_cast<std::ptrdiff_t>(t) * vocab;
     int best = 0;
     for (int v = 1; v < vocab; ++v) {
@@ -203,6 +217,7 @@ int main(int argc, char** argv) {
   int kv_dtype_override = -1;  // -1: the program's kvcore_kv_dtype
   int lookup_n = 0;            // drafted tokens per forward (prompt lookup); 0: plain greedy
   int threads = 0;             // attention workers; 0: one per processor online
+  bool use_forward_last = true;  // prefill through forward_last when the program has it
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
       for (char* p = argv[++i]; *p != '\0';) {
@@ -230,6 +245,8 @@ int main(int argc, char** argv) {
       lookup_n = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--no-forward-last") == 0) {
+      use_forward_last = false;
     } else if (std::strcmp(argv[i], "--new") == 0 && i + 1 < argc) {
       n_new = std::atoi(argv[++i]);
     } else if (argv[i][0] != '-' && path == nullptr) {
@@ -292,6 +309,21 @@ int main(int argc, char** argv) {
       !read_int(module, "kvcore_kv_dtype", &kv_dtype)) {
     return 1;
   }
+  // kvcore_forward_last: absent in programs exported before it (prefill through forward then).
+  int has_forward_last = 0;
+  const auto names = module.method_names();
+  if (!names.ok()) {
+    std::fprintf(stderr, "kvcore-run: cannot list the program's methods (error 0x%x)\n",
+                 static_cast<unsigned>(names.error()));
+    return 1;
+  }
+  if (names->count("kvcore_forward_last") != 0 && !read_int(module, "kvcore_forward_last", &has_forward_last)) return 1;
+  if (has_forward_last != 0 && names->count("forward_last") == 0) {
+    std::fprintf(stderr, "kvcore-run: the program's metadata says kvcore_forward_last = %d but it has no method "
+                 "forward_last (a broken export; pass --no-forward-last to prefill through forward)\n", has_forward_last);
+    if (use_forward_last) return 1;
+  }
+  const char* prefill_method = has_forward_last != 0 && use_forward_last ? "forward_last" : "forward";
   const std::size_t n = kinds.size();
   if (windows.size() != n || sinks.size() != n || sources.size() != n) {
     std::fprintf(stderr, "kvcore-run: the program's kvcore_* lists disagree in length (%zu kinds)\n", n);
@@ -322,7 +354,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> argmax;
   auto t0 = std::chrono::steady_clock::now();
   for (std::size_t at = 0; at < prompt; at += step) {
-    if (!forward(module, tokens, at, at + step < prompt ? at + step : prompt, &argmax)) return 1;
+    if (!forward(module, prefill_method, tokens, at, at + step < prompt ? at + step : prompt, &argmax)) return 1;
   }
   std::int64_t next = argmax.back();  // the next token, not fed yet
   const double prefill_ms = ms_since(t0);
@@ -343,7 +375,7 @@ int main(int argc, char** argv) {
     const std::size_t room = static_cast<std::size_t>(n_new - generated - 1);  // tokens the output still takes, fed
     if (drafts.size() > room) drafts.resize(room);
     tokens.insert(tokens.end(), drafts.begin(), drafts.end());
-    if (!forward(module, tokens, fed_after, tokens.size(), &argmax)) return 1;
+    if (!forward(module, "forward", tokens, fed_after, tokens.size(), &argmax)) return 1;
     ++forwards;
     drafted += static_cast<int>(drafts.size());
     std::size_t m = 0;  // drafts the model agrees with
@@ -370,6 +402,7 @@ int main(int argc, char** argv) {
               decode_ms > 0 ? 1e3 * decoded / decode_ms : 0.0);
   std::printf("cache: %zu layers, length %d, %lld bytes of K/V\n", n, kvcore_et_length(), kvcore_et_nbytes());
   std::printf("attention: %d thread(s)\n", kvcore_et_threads());
+  std::printf("prefill method: %s\n", prefill_method);
   if (lookup_n > 0) {
     std::printf("lookup: %d forwards for %d tokens, %d of %d drafted tokens accepted\n", forwards, decoded, accepted,
                 drafted);

@@ -19,6 +19,10 @@ whose attention is ``kvcache::update_and_attend``, run by ExecuTorch's own runti
 - ``kvcore-run`` (built beside the library) runs the same ``.pte`` in ExecuTorch's C++ runtime,
   no Python in the process, configured from the program's metadata: its greedy tokens are
   PyTorch's.
+- ``forward_last`` (the last position's logits only, for prefill): equals ``forward``'s last
+  row for the same cache state; ``kvcore-run`` prefills through it when the metadata says so,
+  with the same tokens as through ``forward`` and as a program exported without it; metadata
+  claiming it in a program without it is refused naming the method.
 
 The library is built by kvcore's CMake when the executorch wheel is installed
 (``cmake --build BUILD --target kvcore_executorch_ops``); ``$KVCORE_EXECUTORCH_OPS`` names it
@@ -27,6 +31,7 @@ The library is built by kvcore's CMake when the executorch wheel is installed
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -113,9 +118,33 @@ def _generate(r: Runner, prompt: list[int], n_new: int) -> tuple[list[int], list
 
 
 def test_metadata_round_trip(runner: Runner) -> None:
-    assert runner.meta == runner.config.metadata()
+    assert runner.meta == dataclasses.replace(runner.config.metadata(), forward_last=1)
     assert runner.meta.n_layers == 3
-    assert {"forward", "get_max_seq_len", "kvcore_kinds"} <= set(runner.program.method_names)
+    assert {"forward", "forward_last", "get_max_seq_len", "kvcore_kinds", "kvcore_forward_last"} <= set(
+        runner.program.method_names
+    )
+
+
+def test_forward_last_equals_forwards_last_row_for_the_same_cache_state(runner: Runner) -> None:
+    """``forward_last`` returns [1, 1, vocab]: ``forward``'s last row bit for bit (the same
+    weights and ops, the head on one row), for each prefill chunk and decode, run on the same
+    cache state (``forward``, a rewind to the chunk's start, ``forward_last``), and it writes
+    the cache as ``forward`` does (the next chunks agree too, past the ring's wrap)."""
+    r = runner
+    r.lib.reset()
+    c = r.config
+    last_method = r.program.load_method("forward_last")
+    tokens = [(3 * i + 1) % c.vocab_size for i in range(3 * c.max_step + 1)] + [4] * 20
+    at = 0
+    for size in [c.max_step] * 3 + [1] * 21:  # chunks, then decodes past every window
+        chunk = tokens[at : at + size]
+        full = r.step(chunk, at)
+        r.lib.rewind(at)
+        out = last_method.execute([torch.tensor([chunk], dtype=torch.long), torch.arange(at, at + size)[:, None]])[0]
+        assert tuple(out.shape) == (1, 1, c.vocab_size)
+        assert torch.equal(out[0, 0], full[-1]), (at, float((out[0, 0] - full[-1]).abs().max()))
+        at += size
+    assert r.lib.length == at
 
 
 def test_prefill_and_decode_past_the_window_equal_pytorch(runner: Runner) -> None:
@@ -394,6 +423,63 @@ def test_kvcore_run_lookup_gives_greedys_tokens_through_rewinds(runner: Runner, 
     assert too_many.returncode == 2 and "must fit max_step" in too_many.stderr
 
 
+def _program_without_forward_last(config: Any, claim: bool) -> bytes:
+    """``config``'s tiny model exported with ``forward`` only, as before ``forward_last`` existed:
+    no ``kvcore_forward_last`` method (``claim=False``), or one saying 1 (``claim=True``: a broken
+    export)."""
+    exir = importlib.import_module("executorch.exir")
+    model = tiny.TinyDecoder(config).eval()
+    methods = dataclasses.replace(config.metadata(), forward_last=1).constant_methods()
+    if not claim:
+        del methods["kvcore_forward_last"]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(model, model.example_inputs(2), dynamic_shapes=model.dynamic_shapes(), strict=False)
+        edge = exir.to_edge(ep, constant_methods=methods, compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
+        return bytes(edge.to_executorch().buffer)
+
+
+def test_kvcore_run_prefills_through_forward_last_with_the_same_tokens(tmp_path: Path) -> None:
+    """``kvcore-run`` prefills through ``forward_last`` when the program has it (and through
+    ``forward`` with ``--no-forward-last``), greedy and with ``--lookup`` (its verify forwards
+    use ``forward``); a program exported before ``forward_last`` existed (no
+    ``kvcore_forward_last``) prefills through ``forward``: PyTorch's tokens in every case. A
+    program whose metadata claims ``forward_last`` without the method is refused, naming it
+    (exit 1), and runs with ``--no-forward-last``. ``export_program`` refuses a model without
+    ``forward_last``."""
+    config = CONFIGS["flat-ring-flat"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, new_pte = tiny.export_tiny(config)
+    old, broken = tmp_path / "old.pte", tmp_path / "broken.pte"
+    old.write_bytes(_program_without_forward_last(config, claim=False))
+    broken.write_bytes(_program_without_forward_last(config, claim=True))
+    new = tmp_path / "new.pte"
+    new.write_bytes(new_pte)
+    assert er.kvcore_metadata(et_runtime.Runtime.get().load_program(old.read_bytes())).forward_last == 0
+    prompt = [(5 * i + 2) % config.vocab_size for i in range(2 * config.max_step + 3)]  # three prefill chunks
+    n_new = 2 * max(config.windows)
+    greedy = list(prompt)
+    for _ in range(n_new):  # the same model in plain PyTorch, no cache
+        greedy.append(int(model.reference(torch.tensor([greedy]))[0, -1].argmax()))
+    args = ("--tokens", ",".join(map(str, prompt)), "--new", str(n_new))
+    runs = {("new", ""): (new, "forward_last"), ("new", "--no-forward-last"): (new, "forward"),
+            ("new", "--lookup"): (new, "forward_last"), ("old", ""): (old, "forward"),
+            ("broken", "--no-forward-last"): (broken, "forward")}  # fmt: skip
+    for (name, flag), (pte, method) in runs.items():
+        extra = {"": [], "--lookup": ["--lookup", "3"]}.get(flag, [flag])
+        done = _run_binary(pte, *args, *extra)
+        assert done.returncode == 0, (name, flag, done.stderr)
+        lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+        assert lines["prefill method"] == method, (name, flag)
+        assert [int(t) for t in lines["tokens"].split()] == greedy[len(prompt) :], (name, flag)
+    refused = _run_binary(broken, *args)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "kvcore_forward_last = 1 but it has no method forward_last" in refused.stderr, refused.stderr
+    with pytest.raises(AttributeError, match="has no method forward_last"):
+        er.export_program(torch.nn.Linear(2, 2), (torch.zeros(2),), config.metadata(), forward_last=True)
+
+
 # --- kvcore export, and transformers models through kvcore's off-graph attention --------
 
 
@@ -420,7 +506,8 @@ def test_kvcore_export_writes_the_metadata_kvcore_run_reads(tmp_path: Path, caps
     meta = er.kvcore_metadata(program)
     assert meta == er.KVCoreMetadata(kinds=(er.FLAT, er.RING, er.FLAT), windows=(0, 8, 0), sinks=(0, 0, 0),
                                      sources=(0, 0, 0), n_kv_heads=2, n_heads=4, head_dim=8, capacity=48, max_step=4,
-                                     vocab_size=64, kv_dtype=er.KV_DTYPES["int8"])  # fmt: skip
+                                     vocab_size=64, kv_dtype=er.KV_DTYPES["int8"], forward_last=1)  # fmt: skip
+    assert "forward_last" in program.method_names
     done = _run_binary(out, "--tokens", "1,2,3,4,5,6", "--new", "10")
     assert done.returncode == 0, done.stderr
     assert "cache: 3 layers, length 15," in done.stdout
@@ -509,6 +596,7 @@ def test_a_transformers_model_exported_runs_in_kvcore_run_with_transformers_gree
         lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
         assert [int(t) for t in lines["tokens"].split()] == theirs, extra
         assert lines["cache"].startswith(f"4 layers, length {len(prompt) + n_new - 1},")  # the op was served
+        assert lines["prefill method"] == "forward_last"  # OffGraphCausalLM.forward_last (logits_to_keep=1)
 
 
 # --- Gemma 3 270M exported and run by kvcore-run (minutes: only on request) ---------------
