@@ -52,6 +52,15 @@ process, prefill chunks alternating, then R decode rounds in rotating order (med
     nice python bench/executorch_side_by_side.py --reference bench/results/executorch_side_by_side.json \
         --interleave 3 --skip-separate --out bench/results/executorch_side_by_side_interleaved.json
     python bench/executorch_side_by_side.py --table bench/results/executorch_side_by_side.json
+
+``--forward-last ROUNDS`` measures prefill through every position's logits against the last
+position's only, like for like in one process: kvcore's program exported with ``forward_last``
+(``forward`` against ``forward_last`` on the same cache state, a rewind between), ExecuTorch's
+program as above against a second export of it whose ``forward`` returns the last row only (as
+ExecuTorch's llama export does by default); decode rounds as ``--interleave``:
+
+    nice python bench/executorch_side_by_side.py --forward-last 3 --prompts 1024,8192 \
+        --reference bench/results/executorch_side_by_side.json --out bench/results/executorch_side_by_side_forward_last.json
 """
 
 from __future__ import annotations
@@ -136,7 +145,7 @@ class ETCustomCacheLM:
     """Factory of the torch module exported for ExecuTorch's cache path (see the module doc)."""
 
     @staticmethod
-    def build(model: Any, capacity: int, max_step: int) -> Any:
+    def build(model: Any, capacity: int, max_step: int, last: bool = False) -> Any:
         import torch
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (llama::custom_sdpa, update_cache)
         from executorch.examples.models.llama.source_transformation.custom_kv_cache import (
@@ -164,7 +173,10 @@ class ETCustomCacheLM:
                 self.model = model
 
             def forward(self, tokens: Any, positions: Any) -> Any:
-                out = self.model(input_ids=tokens, position_ids=positions.reshape(1, -1), use_cache=False)
+                # last: the head on the last row only ([1, 1, vocab]), as ExecuTorch's llama export
+                # does by default (generate_full_logits=False)
+                out = self.model(input_ids=tokens, position_ids=positions.reshape(1, -1), use_cache=False,
+                                 logits_to_keep=1 if last else 0)  # fmt: skip
                 return out.logits.float()
 
         wrapped = Wrapped().eval()
@@ -173,14 +185,14 @@ class ETCustomCacheLM:
         return wrapped, example, {"tokens": {1: T}, "positions": {0: T}}
 
 
-def export_et_custom(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
+def export_et_custom(capacity: int, max_step: int, out: Path, last: bool = False) -> dict[str, Any]:
     import torch
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     from kvcore.integrations import transformers_models
 
     model = transformers_models.load(MODEL).model.eval()
-    wrapped, example, dynamic = ETCustomCacheLM.build(model, capacity, max_step)
+    wrapped, example, dynamic = ETCustomCacheLM.build(model, capacity, max_step, last)
     start = time.perf_counter()
     with torch.no_grad():
         ep = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=False)
@@ -248,13 +260,13 @@ def export_hf_static(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
             "other_mutable_bytes": other, "pte_bytes": len(pte)}  # fmt: skip
 
 
-def export_kvcore(capacity: int, max_step: int, out: Path) -> dict[str, Any]:
+def export_kvcore(capacity: int, max_step: int, out: Path, forward_last: bool = False) -> dict[str, Any]:
     from kvcore.integrations import transformers_models
     from kvcore.integrations.executorch_export import export_transformers
 
     model = transformers_models.load(MODEL).model.eval()
     start = time.perf_counter()
-    pte = export_transformers(model, capacity=capacity, max_step=max_step)
+    pte = export_transformers(model, capacity=capacity, max_step=max_step, forward_last=forward_last)
     out.write_bytes(pte)
     return {"export_seconds": round(time.perf_counter() - start, 1), "pte_bytes": len(pte)}
 
@@ -391,6 +403,84 @@ def run_interleaved(systems: list[str], ptes: dict[str, str], tokens: list[int],
     return res
 
 
+def run_forward_last(ptes: dict[str, str], tokens: list[int], new: int, max_step: int, rounds: int) -> dict[str, Any]:
+    """Prefill through every position's logits against the last position's only, both systems,
+    speed in one process (``--forward-last``). ``ptes``: ``kvcore`` (a program with ``forward``
+    and ``forward_last``, one kvcore cache), ``et-custom`` (ExecuTorch's path, ``forward`` returns
+    every position's logits) and ``et-custom-last`` (the same export but ``forward`` returns the
+    last position's only: two programs, two caches). Per 64-token chunk, in an order flipped each
+    chunk: kvcore's ``forward``, a rewind of its cache to the chunk's start, kvcore's
+    ``forward_last`` (so both see the same cache state; the rewind's time is not counted), and
+    each ExecuTorch program's forward. Then ``rounds`` decode rounds as ``run_interleaved``:
+    ``kvcore`` decodes through ``forward``, ``kvcore-last`` through ``forward_last`` (one token:
+    the same work), each ExecuTorch program through its ``forward``. Also the largest |diff|
+    between kvcore's ``forward`` last row and ``forward_last`` over every chunk."""
+    import statistics
+
+    import torch
+
+    from kvcore.integrations.executorch_runtime import kvcore_metadata, load_kernel_library
+
+    lib = load_kernel_library()
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    rt = Runtime.get()
+    programs = {x: rt.load_program(ptes[x]) for x in ("kvcore", "et-custom", "et-custom-last")}
+    meta = kvcore_metadata(programs["kvcore"])
+    assert meta.forward_last == 1, "the kvcore program has no forward_last"
+    methods = {"kvcore": programs["kvcore"].load_method("forward"),
+               "kvcore-last": programs["kvcore"].load_method("forward_last"),
+               "et-custom": programs["et-custom"].load_method("forward"),
+               "et-custom-last": programs["et-custom-last"].load_method("forward")}  # fmt: skip
+    lib.configure(meta)
+    names = list(methods)
+
+    def forward(name: str, chunk: list[int], start: int) -> Any:
+        t = torch.tensor([chunk], dtype=torch.long)
+        return methods[name].execute([t, torch.arange(start, start + len(chunk), dtype=torch.long)[:, None]])[0]
+
+    res: dict[str, Any] = {x: {"prefill_seconds": 0.0, "decode_rounds_seconds": [], "decode_rounds_cpu_seconds": []}
+                           for x in names}  # fmt: skip
+    last: dict[str, Any] = {}
+    max_diff = 0.0
+    for i, s in enumerate(range(0, len(tokens), max_step)):
+        chunk = tokens[s : s + max_step]
+        order = names if i % 2 == 0 else names[::-1]
+        kv_order = [x for x in order if x.startswith("kvcore")]
+        for name in order:
+            if name == kv_order[1]:
+                lib.rewind(s)  # the second kvcore method sees the cache the first saw
+            t0 = time.perf_counter()
+            last[name] = forward(name, chunk, s)
+            res[name]["prefill_seconds"] += time.perf_counter() - t0
+        assert tuple(last["kvcore-last"].shape) == (1, 1, last["kvcore"].shape[2]), last["kvcore-last"].shape
+        assert tuple(last["et-custom-last"].shape) == (1, 1, last["et-custom"].shape[2])
+        max_diff = max(max_diff, float((last["kvcore"][0, -1] - last["kvcore-last"][0, -1]).abs().max()))
+    first = {x: int(last[x][0, -1].argmax()) for x in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            if name.startswith("kvcore"):
+                lib.rewind(len(tokens))
+            out = [first[name]]
+            t0, c0 = time.perf_counter(), _cpu_seconds()
+            for i in range(new - 1):
+                logits = forward(name, [out[-1]], len(tokens) + i)
+                out.append(int(logits[0, -1].argmax()))
+            res[name]["decode_rounds_seconds"].append(round(time.perf_counter() - t0, 3))
+            res[name]["decode_rounds_cpu_seconds"].append(round(_cpu_seconds() - c0, 3))
+            res[name].setdefault("tokens", out)
+            res[name]["rounds_agree"] = res[name].get("rounds_agree", True) and out == res[name]["tokens"]
+    for name, x in res.items():
+        x["prefill_method"] = {"kvcore": "forward", "kvcore-last": "forward_last"}.get(name, "forward")
+        x["prefill_tokens_per_s"] = round(len(tokens) / x["prefill_seconds"], 1)
+        x["prefill_seconds"] = round(x["prefill_seconds"], 3)
+        x["decode_tokens_per_s"] = round((new - 1) / statistics.median(x["decode_rounds_seconds"]), 2)
+        x["decode_cpu_ms_per_token"] = round(1000 * statistics.median(x["decode_rounds_cpu_seconds"]) / (new - 1), 1)
+    return {"systems": res, "kvcore_forward_vs_forward_last_max_abs_diff": max_diff,
+            "load_average_end": os.getloadavg()}  # fmt: skip
+
+
 def transformers_tokens(prompts: dict[str, list[int]], new: int) -> dict[str, Any]:
     import torch
     from transformers.utils import logging
@@ -442,9 +532,12 @@ def child(argv: list[str]) -> int:
     kind = job["kind"]
     if kind == "export":
         fn = {"kvcore": export_kvcore, "et-custom": export_et_custom, "hf-static": export_hf_static}[job["system"]]
-        res = fn(job["capacity"], job["max_step"], Path(job["out"]))
+        extra = {"kvcore": {"forward_last": True}, "et-custom": {"last": True}} if job.get("last") else {}
+        res = fn(job["capacity"], job["max_step"], Path(job["out"]), **extra.get(job["system"], {}))
     elif kind == "run":
         res = run_program(job["system"], Path(job["pte"]), job["tokens"], job["new"], job["max_step"])
+    elif kind == "forward_last":
+        res = run_forward_last(job["ptes"], job["tokens"], job["new"], job["max_step"], job["rounds"])
     elif kind == "interleave":
         res = run_interleaved(job["systems"], job["ptes"], job["tokens"], job["new"], job["max_step"], job["rounds"],
                               job.get("kvcore_threads", 0), job.get("kvcore_single", False))
@@ -501,8 +594,14 @@ def main() -> int:
                     help="kvcore's attention workers (0: one per processor online; 1: the runtime's thread alone)")
     ap.add_argument("--kvcore-single-too", action="store_true",
                     help="--interleave: each round also decodes with kvcore on one thread (kvcore-1thread)")
+    ap.add_argument("--forward-last", type=int, default=0, metavar="ROUNDS",
+                    help="only: prefill through every position's logits against the last position's, both systems "
+                         "interleaved in one process (kvcore: forward against forward_last of one program; "
+                         "ExecuTorch: a second export whose forward returns the last row), decode ROUNDS times")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    if args.forward_last:
+        return main_forward_last(args)
     lengths = [int(x) for x in args.prompts.split(",")]
     systems = args.systems.split(",")
     if max(lengths) + args.new > args.capacity:
@@ -583,6 +682,60 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(table(report))
+    return 0
+
+
+def main_forward_last(args: Any) -> int:
+    """``--forward-last ROUNDS``: the exports (kvcore's with ``forward_last``; ExecuTorch's whose
+    forward returns every position's logits, and its last-row twin), cached; then per prompt
+    ``run_forward_last`` in a process of its own; tokens checked against ``--reference``'s
+    transformers tokens where it has the prompt, and between the four."""
+    from transformers import AutoTokenizer
+
+    from kvcore.integrations import transformers_models
+
+    lengths = [int(x) for x in args.prompts.split(",")]
+    tok = AutoTokenizer.from_pretrained(str(transformers_models.cache_root() / MODEL))
+    ids = tok(prompt_text()).input_ids
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    log = sys.stderr
+    report: dict[str, Any] = {
+        "model": MODEL, "new_tokens": args.new, "capacity": args.capacity, "max_step": args.max_step,
+        "prompt_text": f"{', '.join(TEXT_FILES)} at {TEXT_COMMIT}", "cpus": os.cpu_count(),
+        "load_average_start": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "exports": {}, "forward_last": {},
+    }  # fmt: skip
+    ptes = {}
+    for name, system, last in (("kvcore", "kvcore", True), ("et-custom", "et-custom", False),
+                               ("et-custom-last", "et-custom", True)):  # fmt: skip
+        stem = {"kvcore": "kvcore-fl", "et-custom": "et-custom", "et-custom-last": "et-custom-last"}[name]
+        pte = cache / f"{stem}-c{args.capacity}-s{args.max_step}.pte"
+        side = pte.with_suffix(".json")
+        if not (pte.exists() and side.exists()):
+            res = spawn({"kind": "export", "system": system, "capacity": args.capacity, "max_step": args.max_step,
+                         "out": str(pte), "last": last, "label": name}, log)  # fmt: skip
+            side.write_text(json.dumps(res, indent=2) + "\n")
+        report["exports"][name] = {"pte": str(pte), **json.loads(side.read_text())}
+        ptes[name] = str(pte)
+    reference = json.loads(Path(args.reference).read_text())["transformers"] if args.reference else {}
+    for n in lengths:
+        res = spawn({"kind": "forward_last", "ptes": ptes, "tokens": ids[:n], "new": args.new,
+                     "max_step": args.max_step, "rounds": args.forward_last, "label": str(n)}, log)  # fmt: skip
+        systems = res["systems"]
+        ref = reference.get(str(n), {}).get("tokens")
+        for name, x in systems.items():
+            x["equals_kvcore_forward"] = x["tokens"] == systems["kvcore"]["tokens"]
+            x["equals_transformers"] = None if ref is None else x["tokens"] == ref
+            print(f"    {name} {n}: prefill {x['prefill_tokens_per_s']} tok/s, decode {x['decode_tokens_per_s']} tok/s,"
+                  f" tokens = kvcore forward's: {x['equals_kvcore_forward']}, = transformers': "
+                  f"{x['equals_transformers']}", file=log, flush=True)  # fmt: skip
+        report["forward_last"][str(n)] = res
+        if args.out:
+            Path(args.out).write_text(json.dumps({**report, "partial": True}, indent=1) + "\n")
+    report["load_average_end"] = os.getloadavg()
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
