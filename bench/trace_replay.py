@@ -19,7 +19,7 @@ Scheduler (the same code drives both systems through a thin adapter each):
   (vLLM's scheduler order); a request's chunk runs from its computed length to the next
   multiple of the adapter's chunk unit (512 tokens; for vLLM on the hybrid model the smallest
   multiple of its block size at least 512, as its align mode splits prefill on block
-  boundaries), to its prompt's last full-block boundary (models with state layers: the state
+  boundaries, and so for kvcore with `--states-in-pool`), to its prompt's last full-block boundary (models with state layers: the state
   there is what the next turn of a conversation reuses), or to its known tokens, and is
   scheduled only if it fits in what is left of the step's token budget; after the prefill one
   token per step is decoded until `output_length` tokens are sampled;
@@ -553,13 +553,15 @@ def ring_blocks_per_seq(model: Model, block: int, chunk: int, capacity: int, max
 
 def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: SchedulerConfig,
            model: Model, *, check: bool = False, exact: bool = False,
-           ideal_trace: Sequence[int] | None = None, capacity: int = 0, block: int = 0) -> RunResult:
+           ideal_trace: Sequence[int] | None = None, capacity: int = 0, block: int = 0,
+           chunk_unit: int = 0) -> RunResult:
     """Runs the scheduler over `trace` with `adapter` (None: an infinite cache that hits
-    ideal_online at `block` tokens a block, for the ideal and the peak working set). `check`: kvcore's hit checks (module
+    ideal_online at `block` tokens a block, for the ideal and the peak working set, its prefill
+    split on multiples of `chunk_unit`, default cfg.chunk). `check`: kvcore's hit checks (module
     docstring) raise AssertionError at the first violation; `exact`: also hit == ideal_online."""
     block = adapter.block_size if adapter is not None else (block or cfg.chunk)
     has_state = model.has_state
-    unit = adapter.chunk_unit if adapter is not None else cfg.chunk
+    unit = adapter.chunk_unit if adapter is not None else (chunk_unit or cfg.chunk)
     max_running = adapter.max_running if adapter is not None else cfg.max_running
     inf = InfiniteCache(block, has_state)
     stop_block = block if has_state else 0
@@ -919,7 +921,9 @@ class KvcoreAdapter:
         self.kv = kvcore
         self.model = model
         self.block_size = block
-        self.chunk_unit = cfg.chunk
+        # States in the pool: prefill splits on block boundaries, as vLLM's align mode (a snapshot
+        # is named where a step ends on one).
+        self.chunk_unit = block * max(1, -(-cfg.chunk // block)) if layout.get("states_in_pool") else cfg.chunk
         self.has_state = model.has_state
         self.max_active = layout["max_active_seqs"]
         self.max_running = min(cfg.max_running, self.max_active)
@@ -971,7 +975,7 @@ class KvcoreAdapter:
                                     num_blocks=layout["num_blocks_flat"],
                                     state_snapshots=layout["state_snapshots"],
                                     max_rewind=cfg.max_rewind)
-        cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=cfg.chunk, batch=limits))
+        cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=self.chunk_unit, batch=limits))
         bpb = []
         for g in range(cache.n_groups):
             members = [i for i, lay in enumerate(model.layers) if lay.kind != "state" and cache.group_of(i) == g]
@@ -1364,13 +1368,15 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
     """The byte budgets by name ('ample', '2x', '0.7x'), from an infinite-cache run: the peak
     working set, and for 'ample' the smallest budget whose kvcore layout holds every block and
     snapshot the run names (found by bisection)."""
-    infb = replay(trace, None, cfg, model, capacity=capacity, block=block)
+    pooled_states = one_pool and states_in_pool and model.has_state
+    # States in the pool: prefill splits on block boundaries (KvcoreAdapter.chunk_unit), here too.
+    unit = block * max(1, -(-cfg.chunk // block)) if pooled_states else cfg.chunk
+    infb = replay(trace, None, cfg, model, capacity=capacity, block=block, chunk_unit=unit)
     peak = infb.peak_working_set
     need_blocks = infb.distinct_blocks + infb.peak_running_blocks + 16
     per_seq = ring_blocks_per_seq(model, block, cfg.chunk, capacity, cfg.max_rewind)
     need_active = (-(-need_blocks // per_seq) + cfg.max_running) if per_seq else 0
     need_snap = infb.named_states + cfg.max_running + 16
-    pooled_states = one_pool and states_in_pool and model.has_state
     if one_pool:  # every group keeps its own copy of each block in the one pool
         p, n_groups, _ = page_groups(model, pooled_states)
         need_blocks *= n_groups
