@@ -423,57 +423,58 @@ def test_kvcore_run_lookup_gives_greedys_tokens_through_rewinds(runner: Runner, 
     assert too_many.returncode == 2 and "must fit max_step" in too_many.stderr
 
 
-def _program_without_forward_last(config: Any, claim: bool) -> bytes:
-    """``config``'s tiny model exported with ``forward`` only, as before ``forward_last`` existed:
-    no ``kvcore_forward_last`` method (``claim=False``), or one saying 1 (``claim=True``: a broken
-    export)."""
+def test_kvcore_run_prefills_through_forward_last_with_the_same_tokens(runner: Runner, tmp_path: Path) -> None:
+    """``kvcore-run`` prefills through ``forward_last`` when the program has it, and through
+    ``forward`` with ``--no-forward-last``, greedy and with ``--lookup`` (whose verify forwards
+    use ``forward``): PyTorch's tokens in every case."""
+    r = runner
+    c = r.config
+    prompt = [(5 * i + 2) % c.vocab_size for i in range(2 * c.max_step + 3)]  # three prefill chunks
+    n_new = 2 * max(c.windows)
+    greedy = _greedy_in_pytorch(r, prompt, n_new)
+    for extra, method in (([], "forward_last"), (["--no-forward-last"], "forward"),
+                          (["--lookup", "3"], "forward_last")):  # fmt: skip
+        done = _kvcore_run(r, tmp_path, "--tokens", ",".join(map(str, prompt)), "--new", str(n_new), *extra)
+        assert done.returncode == 0, (extra, done.stderr)
+        lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+        assert lines["prefill method"] == method, extra
+        assert [int(t) for t in lines["tokens"].split()] == greedy, extra
+
+
+def test_programs_without_forward_last_run_and_a_false_claim_is_refused(tmp_path: Path) -> None:
+    """A program exported before ``forward_last`` existed (``forward`` only, no
+    ``kvcore_forward_last``) reads as ``forward_last = 0`` and ``kvcore-run`` prefills it through
+    ``forward``, with PyTorch's tokens. One whose metadata says 1 without the method is refused
+    before anything runs, naming the method (exit 1), and runs with ``--no-forward-last``.
+    ``export_program(forward_last=True)`` refuses a model without ``forward_last``."""
+    config = CONFIGS["flat-ring-flat"]
     exir = importlib.import_module("executorch.exir")
     model = tiny.TinyDecoder(config).eval()
-    methods = dataclasses.replace(config.metadata(), forward_last=1).constant_methods()
-    if not claim:
-        del methods["kvcore_forward_last"]
+    paths = {"old": tmp_path / "old.pte", "broken": tmp_path / "broken.pte"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, model.example_inputs(2), dynamic_shapes=model.dynamic_shapes(), strict=False)
-        edge = exir.to_edge(ep, constant_methods=methods, compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))
-        return bytes(edge.to_executorch().buffer)
-
-
-def test_kvcore_run_prefills_through_forward_last_with_the_same_tokens(tmp_path: Path) -> None:
-    """``kvcore-run`` prefills through ``forward_last`` when the program has it (and through
-    ``forward`` with ``--no-forward-last``), greedy and with ``--lookup`` (its verify forwards
-    use ``forward``); a program exported before ``forward_last`` existed (no
-    ``kvcore_forward_last``) prefills through ``forward``: PyTorch's tokens in every case. A
-    program whose metadata claims ``forward_last`` without the method is refused, naming it
-    (exit 1), and runs with ``--no-forward-last``. ``export_program`` refuses a model without
-    ``forward_last``."""
-    config = CONFIGS["flat-ring-flat"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, new_pte = tiny.export_tiny(config)
-    old, broken = tmp_path / "old.pte", tmp_path / "broken.pte"
-    old.write_bytes(_program_without_forward_last(config, claim=False))
-    broken.write_bytes(_program_without_forward_last(config, claim=True))
-    new = tmp_path / "new.pte"
-    new.write_bytes(new_pte)
-    assert er.kvcore_metadata(et_runtime.Runtime.get().load_program(old.read_bytes())).forward_last == 0
-    prompt = [(5 * i + 2) % config.vocab_size for i in range(2 * config.max_step + 3)]  # three prefill chunks
+        for name, path in paths.items():
+            methods = dataclasses.replace(config.metadata(), forward_last=1).constant_methods()
+            if name == "old":
+                del methods["kvcore_forward_last"]
+            edge = exir.to_edge(ep, constant_methods=methods,
+                                compile_config=exir.EdgeCompileConfig(_check_ir_validity=False))  # fmt: skip
+            path.write_bytes(bytes(edge.to_executorch().buffer))
+    assert er.kvcore_metadata(et_runtime.Runtime.get().load_program(paths["old"].read_bytes())).forward_last == 0
+    prompt = [(5 * i + 2) % config.vocab_size for i in range(2 * config.max_step + 3)]
     n_new = 2 * max(config.windows)
     greedy = list(prompt)
     for _ in range(n_new):  # the same model in plain PyTorch, no cache
         greedy.append(int(model.reference(torch.tensor([greedy]))[0, -1].argmax()))
     args = ("--tokens", ",".join(map(str, prompt)), "--new", str(n_new))
-    runs = {("new", ""): (new, "forward_last"), ("new", "--no-forward-last"): (new, "forward"),
-            ("new", "--lookup"): (new, "forward_last"), ("old", ""): (old, "forward"),
-            ("broken", "--no-forward-last"): (broken, "forward")}  # fmt: skip
-    for (name, flag), (pte, method) in runs.items():
-        extra = {"": [], "--lookup": ["--lookup", "3"]}.get(flag, [flag])
-        done = _run_binary(pte, *args, *extra)
-        assert done.returncode == 0, (name, flag, done.stderr)
+    for path, extra in ((paths["old"], []), (paths["broken"], ["--no-forward-last"])):
+        done = _run_binary(path, *args, *extra)
+        assert done.returncode == 0, (path.name, done.stderr)
         lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
-        assert lines["prefill method"] == method, (name, flag)
-        assert [int(t) for t in lines["tokens"].split()] == greedy[len(prompt) :], (name, flag)
-    refused = _run_binary(broken, *args)
+        assert lines["prefill method"] == "forward", path.name
+        assert [int(t) for t in lines["tokens"].split()] == greedy[len(prompt) :], path.name
+    refused = _run_binary(paths["broken"], *args)
     assert refused.returncode == 1 and refused.stdout == ""
     assert "kvcore_forward_last = 1 but it has no method forward_last" in refused.stderr, refused.stderr
     with pytest.raises(AttributeError, match="has no method forward_last"):
