@@ -1280,14 +1280,15 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step];
         InvalidStateError: seq not active; CapacityError: length + T > capacity.
         """
-    def state_blocks_needed(self, seq: SupportsIndex, T: SupportsIndex, verify: bool = False) -> int:
+    def state_blocks_needed(self, seq: SupportsIndex, T: SupportsIndex, verify: bool | int = False) -> int:
         """With batch.states_in_pool, the pool's blocks a step entry of T tokens of seq takes for its
         states in every State group, as begin_step counts them (one per state kept: every token's
         with verify, else the last, whose logical slot names no physical slot, a shared or a named
         one); 0 without. begin_step admits a step when its entries' blocks_needed over every group
         plus these fit the pool's free blocks. Changes nothing. InvalidArgumentError: seq outside
-        [0, max_seqs), T outside [1, max_step], verify not a bool, a verify entry of T > D - 1;
-        InvalidStateError: seq not active; CapacityError: length + T > capacity.
+        [0, max_seqs), T outside [1, max_step], verify not a bool (or 0 / 1, as begin_step takes
+        it), a verify entry of T > D - 1; InvalidStateError: seq not active; CapacityError: length
+        + T > capacity.
         """
     def cached_blocks(self, group: SupportsIndex) -> int:
         """Free blocks of the group that still hold a reusable prefix (reclaimed least recently
@@ -1496,9 +1497,10 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def drain_kv_events(self, max: SupportsIndex | None = None) -> npt.NDArray[np.void]:
         """Removes and returns the oldest undrained KV events (all, or at most `max`) as a numpy
         structured array with fields kind (uint8: KV_EVENT_STORED, KV_EVENT_EVICTED,
-        KV_EVENT_CLEARED), group (int32; -1 for cleared), key_lo and key_hi (uint64: the block key,
-        as block_keys gives it), namespace (uint64), start and end (int32: the token positions
-        [start, end) the block holds). InvalidArgumentError: max < 0.
+        KV_EVENT_CLEARED), group (int32; -1 for cleared; n_groups + k for State group k's named
+        states when BatchLimits.states_in_pool), key_lo and key_hi (uint64: the block key, as
+        block_keys gives it), namespace (uint64), start and end (int32: the token positions [start,
+        end) the block holds). InvalidArgumentError: max < 0.
         """
     @property
     def kv_events_pending(self) -> int:

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <optional>
 
 #include "batch_step_handle.h"
 #include "kvcore/batch/batch_cache.h"
@@ -28,6 +29,10 @@ void bind_batch_cache_steps(BatchCacheClass& cls);
 BatchStepHandle begin_batch_step(const std::shared_ptr<kvcore::BatchCache>& c, const py::handle& entries,
                                  const py::handle& T, const py::handle& tokens, const py::handle& token_offsets,
                                  const py::handle& parents, const py::handle& verify);
+
+/// One verify flag: a bool (numpy's too) or an int 0 or 1; nullopt otherwise
+/// (batch_step_entries.cpp: begin_step's verify and state_blocks_needed's).
+std::optional<bool> verify_flag(const py::handle& x);
 
 /// commit(step) or commit(step, accepted): the row copies per group and State
 /// group, (n, 2) int32 arrays (new), or None for a plain commit.

@@ -92,10 +92,11 @@ void bind_batch_cache_blocks(BatchCacheClass& cls) {
            "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
       .def("state_blocks_needed",
            [](const Cache& c, const IntArg& seq, const IntArg& T, const py::object& verify) {
-             if (!py::isinstance<py::bool_>(verify))
+             const std::optional<bool> flag = verify_flag(verify);
+             if (!flag)
                raise(kvcore::Error::InvalidArgument,
-                     "verify = " + py::repr(verify).cast<std::string>() + ": must be a bool");
-             return unwrap(c.state_blocks_needed(to_int("seq", seq), to_int("T", T), verify.cast<bool>()));
+                     "verify = " + py::repr(verify).cast<std::string>() + ": must be a bool (or 0 / 1)");
+             return unwrap(c.state_blocks_needed(to_int("seq", seq), to_int("T", T), *flag));
            },
            py::arg("seq"), py::arg("T"), py::arg("verify") = false,
            "With batch.states_in_pool, the pool's blocks a step entry of T tokens of seq takes for its states "
@@ -103,7 +104,8 @@ void bind_batch_cache_blocks(BatchCacheClass& cls) {
            "else the last, whose logical slot names no physical slot, a shared or a named one); 0 without. "
            "begin_step admits a step when its entries' blocks_needed over every group plus these fit the "
            "pool's free blocks. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T outside "
-           "[1, max_step], verify not a bool, a verify entry of T > D - 1; InvalidStateError: seq not active; "
+           "[1, max_step], verify not a bool (or 0 / 1, as begin_step takes it), a verify entry of T > D - 1; "
+           "InvalidStateError: seq not active; "
            "CapacityError: length + T > capacity.")
       .def("cached_blocks",
            [](const Cache& c, const IntArg& group) { return unwrap(c.cached_blocks(to_int("group", group))); },

@@ -153,7 +153,8 @@ void bind_batch_prefix(py::class_<Cache, kvcore::CacheBase, std::shared_ptr<Cach
       .def("drain_kv_events", &drain, py::arg("max") = py::none(),
            "Removes and returns the oldest undrained KV events (all, or at most `max`) as a numpy "
            "structured array with fields kind (uint8: KV_EVENT_STORED, KV_EVENT_EVICTED, "
-           "KV_EVENT_CLEARED), group (int32; -1 for cleared), key_lo and key_hi (uint64: the block key, "
+           "KV_EVENT_CLEARED), group (int32; -1 for cleared; n_groups + k for State group k's named states "
+           "when BatchLimits.states_in_pool), key_lo and key_hi (uint64: the block key, "
            "as block_keys gives it), namespace (uint64), start and end (int32: the token positions "
            "[start, end) the block holds). InvalidArgumentError: max < 0.")
       .def_property_readonly("kv_events_pending", [](const Cache& c) { return c.kv_events().size(); },

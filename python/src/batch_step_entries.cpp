@@ -103,17 +103,6 @@ std::vector<kvcore::StepEntry> parse_entries(const py::handle& entries, EntrySto
   return out;
 }
 
-// One verify flag: a bool (numpy's too) or an int 0 or 1; nullopt otherwise.
-std::optional<bool> verify_flag(const py::handle& x) {
-  if (PyBool_Check(x.ptr())) return x.ptr() == Py_True;
-  static const py::handle np_bool = py::object(py::module_::import("numpy").attr("bool_")).release();
-  if (py::isinstance(x, np_bool)) return PyObject_IsTrue(x.ptr()) == 1;
-  const std::optional<PyInt> v = as_index(x);  // an int, numpy's too: 0 or 1
-  int i = 0;
-  if (v && fits_int(*v, &i) && (i == 0 || i == 1)) return i == 1;
-  return std::nullopt;
-}
-
 // begin_step's verify: one bool for every entry, or one per entry (any
 // iterable of bools, a numpy bool array too), in entry order. Checked before
 // the cache sees the step: a refusal changes nothing.
@@ -178,6 +167,17 @@ std::vector<kvcore::AcceptedPath> accepted_paths(const py::handle& accepted, std
 }
 
 }  // namespace
+
+// One verify flag: a bool (numpy's too) or an int 0 or 1; nullopt otherwise.
+std::optional<bool> verify_flag(const py::handle& x) {
+  if (PyBool_Check(x.ptr())) return x.ptr() == Py_True;
+  static const py::handle np_bool = py::object(py::module_::import("numpy").attr("bool_")).release();
+  if (py::isinstance(x, np_bool)) return PyObject_IsTrue(x.ptr()) == 1;
+  const std::optional<PyInt> v = as_index(x);  // an int, numpy's too: 0 or 1
+  int i = 0;
+  if (v && fits_int(*v, &i) && (i == 0 || i == 1)) return i == 1;
+  return std::nullopt;
+}
 
 // begin_step(entries) or begin_step(seqs, T, tokens, token_offsets): the array
 // form when T is given.

@@ -652,8 +652,9 @@ TEST(BatchState, StatesInThePoolTakeBlocksOnImportAndCountInTheDefaultPool) {
   const int state = *c->state_slot(0, 0, 1);  // the state after position 3, in logical slot 3 mod 2
   EXPECT_GE(state, 0);
   for (int i = 0; i < 2; ++i) EXPECT_NE(c->block_tables(0)[c->table_rows()[0] * c->table_stride() + i], state);
-  EXPECT_EQ(c->release_sequence(0), Error::Ok);
+  EXPECT_EQ(c->rewind(0, 0), Error::Ok);  // a rewind to 0 gives back the K/V blocks and the state's block
   EXPECT_EQ(*c->free_blocks(0), 3);
+  EXPECT_EQ(*c->state_slot(0, 0, 1), -1);
 
   // The default pool: the flat group's full rows and each State group's rows x D + spare.
   CacheConfig d = state_config(16, 3, {LayerPolicy::state(2), LayerPolicy::flat()});

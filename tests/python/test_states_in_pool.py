@@ -64,8 +64,9 @@ def test_a_step_takes_a_block_per_state_it_keeps_as_state_blocks_needed_says() -
     assert len(held_states) == 2 and not held_states & held_kv  # no block is in two places
     # The next step writes the same logical slot in place (D = 1, unnamed): no state block.
     assert c.state_blocks_needed(0, 1) == 0
-    with pytest.raises(kvcore.InvalidArgumentError, match="verify = 1: must be a bool"):
-        c.state_blocks_needed(0, 1, verify=1)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"verify = 2: must be a bool \(or 0 / 1\)"):
+        c.state_blocks_needed(0, 1, verify=2)
+    assert c.state_blocks_needed(0, 1, verify=np.bool_(False)) == c.state_blocks_needed(0, 1, verify=0) == 0
     with pytest.raises(kvcore.InvalidArgumentError, match="a verify step keeps every state"):
         c.state_blocks_needed(0, 1, verify=True)  # State(1) keeps one state: T <= D - 1 = 0
     with pytest.raises(kvcore.InvalidArgumentError, match=r"state_blocks_needed\(0, T = 9\): must be in \[1, max_step = 8\]"):
@@ -88,7 +89,8 @@ def test_a_step_the_pool_cannot_serve_with_its_states_is_refused_whole() -> None
     with pytest.raises(kvcore.CapacityError, match=r"needs 3 blocks over its 3 groups \(2 of them for the states of 2 State groups\), 0 of"):
         c.begin_step([(1, 1, [5])])
     assert (c.free_blocks(0), c.length(0), c.length(1), c.blocks_held(0, 0), c.can_rewind(0, 4)) == before
-    c.release_sequence(0)  # its blocks and states go back: now sequence 1 fits
+    c.rewind(0, 0)  # a rewind to 0 gives back its K/V block and its states: now sequence 1 fits
+    assert c.free_blocks(0) == 3
     c.step([(1, 1, [5])]).commit()
     assert c.length(1) == 1
 

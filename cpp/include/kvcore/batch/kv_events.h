@@ -3,6 +3,8 @@
 // A block group *stores* a key when one of its blocks first carries it (the
 // block's K/V for those tokens is there to reuse) and *evicts* it when the last
 // block carrying it loses it (reclaimed for other rows); clear() says so once.
+// With states in the pool (BatchLimits::states_in_pool) State group k is group
+// n_groups + k: a key stored there names the state after the block it keys.
 // Opt-in and bounded: enable() allocates the ring once; pushing never
 // allocates (the step path pushes at commit), and a push into a full queue is
 // dropped and counted, so a consumer that sees dropped() move knows its view
@@ -27,7 +29,8 @@ enum class KVEventKind : std::uint8_t {
 
 /// One event: group, key, namespace and the token positions the block holds,
 /// [first_position, first_position + n_positions) of any sequence whose
-/// prompt names the key. A Cleared event has group -1 and no key.
+/// prompt names the key (in State group k, numbered n_groups + k with states
+/// in the pool: the state after them). A Cleared event has group -1 and no key.
 struct KVEvent {
   KVEventKind kind = KVEventKind::Stored;
   int group = -1;

@@ -187,6 +187,20 @@ class StateGroup {
       if (held[s] >= n) held[s] = -1;
   }
 
+  /// With states in the pool, `seq`'s logical slots that hold no state (a
+  /// rewind or truncation dropped it) give their blocks back: a state costs
+  /// the budget only while someone needs it. A no-op otherwise (the slots are
+  /// the row's own). Precondition: `seq` holds a row, no step is begun.
+  void drop_unheld(int seq) noexcept {
+    if (!in_pool_) return;
+    const int b = base(seq);
+    for (int s = 0; s < slots_; ++s) {
+      if (held_[b + s] >= 0) continue;
+      unref(phys_of_[b + s]);
+      phys_of_[b + s] = -1;
+    }
+  }
+
   /// `seq` names no slot any more (release, or before a fork into it).
   /// Precondition: `seq` holds a row.
   void release(int seq) noexcept {
@@ -252,14 +266,15 @@ class StateGroup {
   /// namespace `ns`, block `block_index`: what the pool's KV events tell). A
   /// name already known is only marked as used (its state is the same by the
   /// contract); with every name taken the least recently used one is
-  /// dropped (in the pool: the block is keyed, and reclaimed as cached
-  /// blocks are). No-op without snapshots.
+  /// dropped. In the pool the block is keyed, a twin of any copy named
+  /// before (the pool keeps the most recently released copy cached), and
+  /// reclaimed as cached blocks are. No-op without snapshots.
   void name(int seq, int L, const BlockKey& key, std::uint64_t ns, int block_index) noexcept {
     if (!naming_) return;
     const int phys = slot_after(seq, L);
     if (phys < 0) return;
-    if (in_pool_) {
-      if (pool_.find(key) < 0) pool_.set_key(phys, key, ns, block_index);
+    if (in_pool_) {  // a twin of a copy named before: the most recently released one stays cached
+      pool_.set_key(phys, key, ns, block_index);
       return;
     }
     int i = find(key);

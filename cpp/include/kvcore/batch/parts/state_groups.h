@@ -75,9 +75,13 @@ class StateGroups {
   void fork(int src, int dst, int upto) noexcept {
     for (int k = 0; k < n_; ++k) groups_[k].fork(src, dst, upto);
   }
-  /// `seq` keeps the states after positions below `n`.
+  /// `seq` keeps the states after positions below `n`; with states in the
+  /// pool the slots left holding none give their blocks back (no step is begun).
   void truncate(int seq, int n) noexcept {
-    for (int k = 0; k < n_; ++k) groups_[k].truncate(seq, n);
+    for (int k = 0; k < n_; ++k) {
+      groups_[k].truncate(seq, n);
+      groups_[k].drop_unheld(seq);
+    }
   }
   /// The begun step has ended: the slots it stopped naming go back.
   void end_step() noexcept {
