@@ -54,7 +54,11 @@ off the top (with the one pool, max_active_seqs is at most what half the budget 
 the scheduler then runs at most that many), and the snapshots get by default
 one slot per chunk unit of tokens the flat pool holds (`--state-share F`: the fraction F of
 what is left; `--state-step-slots outside` leaves the step's spare slots out of the budget,
-reported apart). The budgets: `ample` (nothing is ever evicted: the flat pool holds every block
+reported apart). With `--states-in-pool` (BatchLimits.states_in_pool) a hybrid's states are
+pages of the one pool instead, one per State group of page_layers State layers (Qwen3-Next-like:
+three), at the block size vLLM runs the model at (a page must hold a state), so the budget buys
+num_blocks pages and nothing else; both systems then run at that block. The budgets: `ample`
+(nothing is ever evicted: the flat pool holds every block
 the run computes, the ring pool every ring block, a snapshot for every state named; at least 2x
 the peak), `2x` and `0.7x` the peak working set (the most bytes the running requests' K/V and
 states take at once when the cache is infinite: full-attention blocks they share counted once,
