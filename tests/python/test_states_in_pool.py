@@ -121,7 +121,12 @@ def test_a_named_snapshot_is_a_cached_block_reused_until_the_pool_needs_it() -> 
     last = stored[(stored["group"] == c.n_groups) & (stored["start"] == 4)][0]
     assert (int(last["key_lo"]), int(last["key_hi"])) == (int(keys[1][0]), int(keys[1][1]))
     assert len(set(reads)) == 2  # the adopter starts from the two named states
-    c.release_sequence(1)
+    # Its first step wrote fresh state blocks, and it still holds the two snapshots it adopted
+    # (as it holds the prefix's K/V blocks): 3 K/V blocks, 2 states, 2 snapshots of the 12.
+    assert c.free_blocks(0) == 12 - 3 - 2 - 2
+    c.rewind(1, 0)  # below the prefix it adopted: the snapshots are no longer held (cached)
+    assert c.free_blocks(0) == 12
+    assert c.lookup_prefix(prompt + [1]) == 8
     # Other prompts fill the pool: the cached snapshots are reclaimed with the other cached
     # blocks, least recently released first, and the prompt no longer hits.
     for seq, base in ((2, 100), (3, 200)):

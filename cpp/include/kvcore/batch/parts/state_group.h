@@ -51,7 +51,9 @@
 // table here): held while a sequence names it, cached once none does, found
 // by lookups until the pool reclaims it, least recently released first with
 // every other cached block. A keyed slot is never written in place (a named
-// block never changes), so naming takes no reference. The step path still
+// block never changes), so naming takes no reference. A sequence that adopts a
+// snapshot holds it as long as it holds that prefix, as it holds the prefix's
+// K/V blocks: a prompt many requests share keeps its state while any runs. The step path still
 // never allocates; whether the pool has the blocks a step or an import takes
 // is the admission's count (blocks_for_entry, and L - from per import).
 #pragma once
@@ -118,6 +120,7 @@ class StateGroup {
                                  "that) + state_snapshots = %d exceed 2^31 - 1 state slots",
                                  slots_, rows.rows(), slots_, max_step_tokens, snapshots);
     auto held = internal::Buffer<int>::make(logical);
+    auto adopted = internal::Buffer<Adopted>::make(rows.rows());
     auto phys_of = internal::Buffer<int>::make(logical);
     auto refs = internal::Buffer<int>::make_zeroed(own_slots);
     auto free = internal::Buffer<int>::make(own_slots);
@@ -129,11 +132,12 @@ class StateGroup {
     if (snapshots > 0)
       for (index_size = 2; index_size < 2 * static_cast<std::int64_t>(snapshots);) index_size *= 2;
     auto index = internal::Buffer<int>::make(index_size);
-    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && ((refs && free) || own_slots == 0) && deferred && reads && writes &&
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && adopted && ((refs && free) || own_slots == 0) && deferred && reads && writes &&
                                      ((named && index) || snapshots == 0),
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
     held_ = std::move(held);
+    adopted_ = std::move(adopted);
     phys_of_ = std::move(phys_of);
     refs_ = std::move(refs);
     free_ = std::move(free);
@@ -157,6 +161,7 @@ class StateGroup {
   /// is reset by its owner).
   void clear() noexcept {
     held_.fill(n_logical_, -1);
+    adopted_.fill(rows_->rows(), Adopted{});
     phys_of_.fill(n_logical_, -1);
     n_deferred_ = 0;
     if (in_pool_) return;
@@ -180,11 +185,13 @@ class StateGroup {
   /// The physical slot holding the state after n - 1, -1 when n = 0 or not held.
   int slot_after(int seq, int n) const noexcept { return holds(seq, n) && n > 0 ? physical(seq, (n - 1) % slots_) : -1; }
 
-  /// States of positions >= n are no longer the sequence's (a rewind or truncation to n).
+  /// States of positions >= n are no longer the sequence's (a rewind or truncation to n);
+  /// with states in the pool a snapshot it adopted at a length above n is no longer held.
   void truncate(int seq, int n) noexcept {
     int* held = held_.get() + base(seq);
     for (int s = 0; s < slots_; ++s)
       if (held[s] >= n) held[s] = -1;
+    drop_adopted(seq, n);
   }
 
   /// With states in the pool, `seq`'s logical slots that hold no state (a
@@ -205,6 +212,7 @@ class StateGroup {
   /// Precondition: `seq` holds a row.
   void release(int seq) noexcept {
     const int b = base(seq);
+    drop_adopted(seq, 0);
     for (int s = 0; s < slots_; ++s) {
       unref(phys_of_[b + s]);
       phys_of_[b + s] = -1;
@@ -313,6 +321,11 @@ class StateGroup {
     phys_of_[s] = phys;
     held_[s] = L - 1;
     if (!in_pool_) touch(i);
+    if (in_pool_) {  // the sequence holds the snapshot as it holds the prefix's K/V blocks
+      drop_adopted(seq, 0);
+      ref(phys);
+      adopted_[rows_->row(seq)] = Adopted{phys, L};
+    }
   }
 
   /// Blocks of the pool entry `seq` of a step of T tokens at length L takes
@@ -348,6 +361,24 @@ class StateGroup {
   int free_slots() const noexcept { return in_pool_ ? pool_.free_blocks() : n_free_; }
 
  private:
+  // With states in the pool, the snapshot a sequence adopted (its block, -1:
+  // none) and the length it serves: held while the sequence holds the prefix,
+  // so a prompt many requests share keeps its state while any of them runs
+  // (the adopter's first write takes a fresh block; without this hold the
+  // snapshot would be cached, and reclaimed first when memory is short).
+  struct Adopted {
+    int phys = -1;
+    int length = 0;
+  };
+  // Stops holding `seq`'s adopted snapshot when it serves a length above n.
+  void drop_adopted(int seq, int n) noexcept {
+    if (!in_pool_) return;
+    Adopted& a = adopted_[rows_->row(seq)];
+    if (a.phys < 0 || a.length <= n) return;
+    unref(a.phys);
+    a = Adopted{};
+  }
+
   // A named state: the physical slot holding the state after a keyed block,
   // and its neighbours in least-recently-used order (-1: none).
   struct Snapshot {
@@ -449,6 +480,7 @@ class StateGroup {
   int n_free_ = 0;
   int n_deferred_ = 0;
   internal::Buffer<int> held_;      // [row][D]: the position whose state the slot holds, -1
+  internal::Buffer<Adopted> adopted_;  // [row]: with states in the pool, the snapshot adopted and held
   internal::Buffer<int> phys_of_;   // [row][D]: its physical slot, -1
   internal::Buffer<int> refs_;      // [physical]: logical slots (and the step) naming it
   internal::Buffer<int> free_;      // stack of free physical slots, [0, n_free_)
