@@ -53,13 +53,17 @@
 // every other cached block. A keyed slot is never written in place (a named
 // block never changes), so naming takes no reference. A sequence that adopts a
 // snapshot holds it as long as it holds that prefix, as it holds the prefix's
-// K/V blocks: a prompt many requests share keeps its state while any runs. The step path still
+// K/V blocks: a prompt many requests share keeps its state while any runs; and
+// a sequence holds the latest state it named until it names a newer one, so
+// its newest snapshot leaves with its blocks (vLLM keeps a request's last
+// state block the same way). The step path still
 // never allocates; whether the pool has the blocks a step or an import takes
 // is the admission's count (blocks_for_entry, and L - from per import).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <utility>
@@ -120,7 +124,8 @@ class StateGroup {
                                  "that) + state_snapshots = %d exceed 2^31 - 1 state slots",
                                  slots_, rows.rows(), slots_, max_step_tokens, snapshots);
     auto held = internal::Buffer<int>::make(logical);
-    auto adopted = internal::Buffer<Adopted>::make(rows.rows());
+    auto adopted = internal::Buffer<Held>::make(rows.rows());
+    auto named_held = internal::Buffer<Held>::make(rows.rows());
     auto phys_of = internal::Buffer<int>::make(logical);
     auto refs = internal::Buffer<int>::make_zeroed(own_slots);
     auto free = internal::Buffer<int>::make(own_slots);
@@ -132,12 +137,13 @@ class StateGroup {
     if (snapshots > 0)
       for (index_size = 2; index_size < 2 * static_cast<std::int64_t>(snapshots);) index_size *= 2;
     auto index = internal::Buffer<int>::make(index_size);
-    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && adopted && ((refs && free) || own_slots == 0) && deferred && reads && writes &&
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && adopted && named_held && ((refs && free) || own_slots == 0) && deferred && reads && writes &&
                                      ((named && index) || snapshots == 0),
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
     held_ = std::move(held);
     adopted_ = std::move(adopted);
+    named_held_ = std::move(named_held);
     phys_of_ = std::move(phys_of);
     refs_ = std::move(refs);
     free_ = std::move(free);
@@ -161,7 +167,8 @@ class StateGroup {
   /// is reset by its owner).
   void clear() noexcept {
     held_.fill(n_logical_, -1);
-    adopted_.fill(rows_->rows(), Adopted{});
+    adopted_.fill(rows_->rows(), Held{});
+    named_held_.fill(rows_->rows(), Held{});
     phys_of_.fill(n_logical_, -1);
     n_deferred_ = 0;
     if (in_pool_) return;
@@ -191,7 +198,7 @@ class StateGroup {
     int* held = held_.get() + base(seq);
     for (int s = 0; s < slots_; ++s)
       if (held[s] >= n) held[s] = -1;
-    drop_adopted(seq, n);
+    drop_held(seq, n);
   }
 
   /// With states in the pool, `seq`'s logical slots that hold no state (a
@@ -212,7 +219,7 @@ class StateGroup {
   /// Precondition: `seq` holds a row.
   void release(int seq) noexcept {
     const int b = base(seq);
-    drop_adopted(seq, 0);
+    drop_held(seq, 0);
     for (int s = 0; s < slots_; ++s) {
       unref(phys_of_[b + s]);
       phys_of_[b + s] = -1;
@@ -283,6 +290,7 @@ class StateGroup {
     if (phys < 0) return;
     if (in_pool_) {  // a twin of a copy named before: the most recently released one stays cached
       pool_.set_key(phys, key, ns, block_index);
+      hold(named_held_, seq, phys, L);
       return;
     }
     int i = find(key);
@@ -321,11 +329,7 @@ class StateGroup {
     phys_of_[s] = phys;
     held_[s] = L - 1;
     if (!in_pool_) touch(i);
-    if (in_pool_) {  // the sequence holds the snapshot as it holds the prefix's K/V blocks
-      drop_adopted(seq, 0);
-      ref(phys);
-      adopted_[rows_->row(seq)] = Adopted{phys, L};
-    }
+    if (in_pool_) hold(adopted_, seq, phys, L);  // as the sequence holds the prefix's K/V blocks
   }
 
   /// Blocks of the pool entry `seq` of a step of T tokens at length L takes
@@ -361,22 +365,33 @@ class StateGroup {
   int free_slots() const noexcept { return in_pool_ ? pool_.free_blocks() : n_free_; }
 
  private:
-  // With states in the pool, the snapshot a sequence adopted (its block, -1:
-  // none) and the length it serves: held while the sequence holds the prefix,
-  // so a prompt many requests share keeps its state while any of them runs
-  // (the adopter's first write takes a fresh block; without this hold the
-  // snapshot would be cached, and reclaimed first when memory is short).
-  struct Adopted {
+  // With states in the pool, a snapshot a sequence holds beyond its logical
+  // slots (its block, -1: none, and the length it serves): the one it adopted,
+  // so a prompt many requests share keeps its state while any of them runs,
+  // and the latest it named, so its newest state is released with its blocks,
+  // not long before them (a write after a named state takes a fresh block; the
+  // named one would be cached then, and reclaimed first when memory is short,
+  // leaving its K/V blocks without the state a hit needs).
+  struct Held {
     int phys = -1;
     int length = 0;
   };
-  // Stops holding `seq`'s adopted snapshot when it serves a length above n.
-  void drop_adopted(int seq, int n) noexcept {
+  // `seq` holds `phys` (serving length L) as `which`, the one it held so before going back.
+  void hold(internal::Buffer<Held>& which, int seq, int phys, int L) noexcept {
+    Held& h = which[rows_->row(seq)];
+    if (h.phys == phys) return;
+    ref(phys);
+    unref(h.phys);
+    h = Held{phys, L};
+  }
+  // Stops holding `seq`'s snapshots that serve a length above n.
+  void drop_held(int seq, int n) noexcept {
     if (!in_pool_) return;
-    Adopted& a = adopted_[rows_->row(seq)];
-    if (a.phys < 0 || a.length <= n) return;
-    unref(a.phys);
-    a = Adopted{};
+    for (Held* h : {&adopted_[rows_->row(seq)], &named_held_[rows_->row(seq)]}) {
+      if (h->phys < 0 || h->length <= n) continue;
+      unref(h->phys);
+      *h = Held{};
+    }
   }
 
   // A named state: the physical slot holding the state after a keyed block,
@@ -480,7 +495,8 @@ class StateGroup {
   int n_free_ = 0;
   int n_deferred_ = 0;
   internal::Buffer<int> held_;      // [row][D]: the position whose state the slot holds, -1
-  internal::Buffer<Adopted> adopted_;  // [row]: with states in the pool, the snapshot adopted and held
+  internal::Buffer<Held> adopted_;     // [row]: with states in the pool, the snapshot adopted, held
+  internal::Buffer<Held> named_held_;  // [row]: ... and the latest one named, held
   internal::Buffer<int> phys_of_;   // [row][D]: its physical slot, -1
   internal::Buffer<int> refs_;      // [physical]: logical slots (and the step) naming it
   internal::Buffer<int> free_;      // stack of free physical slots, [0, n_free_)
