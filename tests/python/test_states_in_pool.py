@@ -137,6 +137,20 @@ def test_a_named_snapshot_is_a_cached_block_reused_until_the_pool_needs_it() -> 
     assert {int(g) for g in evicted["group"]} >= {c.n_groups, c.n_groups + 1}
 
 
+def test_a_sequence_holds_the_latest_state_it_named_until_it_names_a_newer_one() -> None:
+    c = hybrid(num_blocks=12)
+    prefill(c, 0, list(range(10, 18)))  # names the states after blocks 0 and 1
+    # 2 K/V blocks and the state after block 1 in each State group; the state after block 0
+    # went to the cache (free) when the sequence named a newer one.
+    assert c.free_blocks(0) == 12 - 2 - 2
+    assert [c.state_snapshots(k) for k in range(2)] == [2, 2]
+    c.step([(0, 1, [1])]).commit()  # writes fresh state blocks: the named ones stay held
+    assert c.free_blocks(0) == 12 - 3 - 2 - 2
+    c.rewind(0, 0)  # below every state it named: nothing held, the names cached
+    assert c.free_blocks(0) == 12
+    assert c.lookup_prefix(list(range(10, 18)) + [1]) == 8
+
+
 def test_byte_layers_that_keep_states_apart_refuse_the_cache_by_name() -> None:
     c = hybrid()
     with pytest.raises(kvcore.NotSupportedError, match=r"layer 0: its states live in the pages of layer 2's storage"):
