@@ -51,14 +51,14 @@
 // table here): held while a sequence names it, cached once none does, found
 // by lookups until the pool reclaims it, least recently released first with
 // every other cached block. A keyed slot is never written in place (a named
-// block never changes), so naming takes no reference. A sequence that adopts a
+// block never changes), so a name takes no reference of its own. A sequence that adopts a
 // snapshot holds it as long as it holds that prefix, as it holds the prefix's
 // K/V blocks: a prompt many requests share keeps its state while any runs; and
 // a sequence holds the latest state it named until it names a newer one, so
 // its newest snapshot leaves with its blocks (vLLM keeps a request's last
-// state block the same way). The step path still
-// never allocates; whether the pool has the blocks a step or an import takes
-// is the admission's count (blocks_for_entry, and L - from per import).
+// state block the same way). The step path still never allocates; whether
+// the pool has the blocks a step or an import takes is the admission's count
+// (blocks_for_entry, and L - from per import).
 #pragma once
 
 #include <cstddef>
