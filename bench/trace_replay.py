@@ -815,6 +815,17 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
     return out
 
 
+def block_chunk(block: int, chunk: int) -> int:
+    """The prefill chunk unit when prefill splits on block boundaries (vLLM's align mode on a
+    hybrid, kvcore with --states-in-pool): the smallest multiple of `block` at least `chunk`."""
+    return block * max(1, -(-chunk // block))
+
+
+def state_groups_of(model: Model, page_layers: int) -> int:
+    """State groups of at most `page_layers` State layers (BatchLimits.states_in_pool)."""
+    return -(-sum(lay.kind == "state" for lay in model.layers) // page_layers)
+
+
 def page_groups(model: Model, states_in_pool: bool = False) -> tuple[int, int, int]:
     """kvcore's default grouping under one pool (vLLM's rule): (page_layers, number of block
     groups, bytes of one token in one page: page_layers layers' K and V). states_in_pool: the
@@ -843,10 +854,9 @@ def _states_in_pool_layout(model: Model, block: int, budget: int, cfg: Scheduler
     if per_layer_state * p > bpb:
         raise ValueError(f"block {block}: a page of {bpb} bytes cannot hold a State group's state "
                          f"({p} x {per_layer_state} bytes)")
-    n_state_layers = sum(lay.kind == "state" for lay in model.layers)
     num = max(budget // bpb, 0)
     return {"pool": "one pool, states in it (page_layers, states_in_pool)", "page_layers": p,
-            "n_groups": n_groups, "n_state_groups": -(-n_state_layers // p), "bytes_per_block": bpb,
+            "n_groups": n_groups, "n_state_groups": state_groups_of(model, p), "bytes_per_block": bpb,
             "state_bytes_per_slot": model.state_bytes, "split": "one pool, states in it",
             "states_in_pool": True, "feasible": bool(num >= 1), "num_blocks_flat": int(num),
             "num_blocks": int(num), "max_active_seqs": cfg.max_running, "ring_blocks": 0,
@@ -927,7 +937,7 @@ class KvcoreAdapter:
         self.block_size = block
         # States in the pool: prefill splits on block boundaries, as vLLM's align mode (a snapshot
         # is named where a step ends on one).
-        self.chunk_unit = block * max(1, -(-cfg.chunk // block)) if layout.get("states_in_pool") else cfg.chunk
+        self.chunk_unit = block_chunk(block, cfg.chunk) if layout.get("states_in_pool") else cfg.chunk
         self.has_state = model.has_state
         self.max_active = layout["max_active_seqs"]
         self.max_running = min(cfg.max_running, self.max_active)
@@ -1194,7 +1204,7 @@ class VllmAdapter:
         self.Request, self.Status, self.SamplingParams = Request, RequestStatus, SamplingParams
         bv = vllm_block_size(model, block)
         self.block_size = bv
-        self.chunk_unit = bv * max(1, -(-cfg.chunk // bv)) if model.has_state else cfg.chunk
+        self.chunk_unit = block_chunk(bv, cfg.chunk) if model.has_state else cfg.chunk
         self.max_running = cfg.max_running
         self.has_state = model.has_state
         specs: dict[str, Any] = {}
@@ -1374,7 +1384,7 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
     snapshot the run names (found by bisection)."""
     pooled_states = one_pool and states_in_pool and model.has_state
     # States in the pool: prefill splits on block boundaries (KvcoreAdapter.chunk_unit), here too.
-    unit = block * max(1, -(-cfg.chunk // block)) if pooled_states else cfg.chunk
+    unit = block_chunk(block, cfg.chunk) if pooled_states else cfg.chunk
     infb = replay(trace, None, cfg, model, capacity=capacity, block=block, chunk_unit=unit)
     peak = infb.peak_working_set
     need_blocks = infb.distinct_blocks + infb.peak_running_blocks + 16
@@ -1386,8 +1396,7 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
         need_blocks *= n_groups
         need_active = 0
         if pooled_states:  # and each State group a page per named or running state
-            n_state_groups = -(-sum(lay.kind == "state" for lay in model.layers) // p)
-            need_blocks += need_snap * n_state_groups
+            need_blocks += need_snap * state_groups_of(model, p)
 
     def enough(b: int) -> bool:
         lay = kvcore_layout(model, block, b, cfg, capacity, ring_share, state_share, step_slots_in_budget,
