@@ -273,14 +273,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// max_seqs), T outside [1, max_step], need null. InvalidState: seq not
   /// active. OutOfResources: length + T > capacity.
   Status blocks_needed(int seq, int T, int* need) const noexcept {
-    KVCORE_RETURN_IF_ERROR(seqs_.check_active("blocks_needed", seq));
-    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
-                                 "blocks_needed(%d, T = %d): must be in [1, max_step = %d]", seq, T, max_step_);
+    KVCORE_RETURN_IF_ERROR(check_entry("blocks_needed", seq, T));
     KVCORE_CHECK_OR_RETURN_ERROR(need != nullptr, InvalidArgument, "blocks_needed(%d): need is null", seq);
-    const int length = seqs_[seq].length;
-    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + T <= capacity_, OutOfResources,
-                                 "blocks_needed(%d, T = %d): length %d + T would pass capacity = %d", seq, T,
-                                 length, capacity_);
     for (int g = 0; g < n_groups_; ++g) need[g] = step_.entry_need(seqs_, groups_[g], g, seq, T);
     return Error::Ok;
   }
@@ -294,13 +288,8 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   /// Changes nothing. Errors as blocks_needed (need aside); InvalidArgument
   /// too for a verify entry of T > D - 1 in some State group.
   Result<int> state_blocks_needed(int seq, int T, bool verify) const noexcept {
-    KVCORE_RETURN_IF_ERROR(seqs_.check_active("state_blocks_needed", seq));
-    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument,
-                                 "state_blocks_needed(%d, T = %d): must be in [1, max_step = %d]", seq, T, max_step_);
+    KVCORE_RETURN_IF_ERROR(check_entry("state_blocks_needed", seq, T));
     const int length = seqs_[seq].length;
-    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + T <= capacity_, OutOfResources,
-                                 "state_blocks_needed(%d, T = %d): length %d + T would pass capacity = %d", seq, T,
-                                 length, capacity_);
     int need = 0;
     for (int k = 0; k < n_state_groups_; ++k) {
       KVCORE_CHECK_OR_RETURN_ERROR(!verify || T <= states_[k].slots() - 1, InvalidArgument,
@@ -313,6 +302,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
 
   Status check_step(const BatchStep& step) const noexcept override { return step_.check(step); }
+
 
   Status commit(const BatchStep& step) noexcept override { return commit(step, nullptr, 0).status(); }
 
@@ -515,6 +505,20 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   }
 
  private:
+  // The arguments of an entry `what` counts the blocks of (blocks_needed,
+  // state_blocks_needed): an active seq, T in [1, max_step], length + T
+  // within capacity; InvalidArgument / InvalidState / OutOfResources naming them.
+  Status check_entry(const char* what, int seq, int T) const noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_active(what, seq));
+    KVCORE_CHECK_OR_RETURN_ERROR(T >= 1 && T <= max_step_, InvalidArgument, "%s(%d, T = %d): must be in [1, max_step = %d]",
+                                 what, seq, T, max_step_);
+    const int length = seqs_[seq].length;
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + T <= capacity_, OutOfResources,
+                                 "%s(%d, T = %d): length %d + T would pass capacity = %d", what, seq, T, length,
+                                 capacity_);
+    return Error::Ok;
+  }
+
   explicit BatchCache(const CacheConfig& cfg) noexcept : BatchParts(cfg) {}
 
   Status check_group(int group) const noexcept { return layout_.check_group(group); }
