@@ -124,8 +124,9 @@ class StateGroup {
                                  "that) + state_snapshots = %d exceed 2^31 - 1 state slots",
                                  slots_, rows.rows(), slots_, max_step_tokens, snapshots);
     auto held = internal::Buffer<int>::make(logical);
-    auto adopted = internal::Buffer<Held>::make(rows.rows());
-    auto named_held = internal::Buffer<Held>::make(rows.rows());
+    const std::int64_t held_rows = in_pool_ ? rows.rows() : 0;  // the holds of states in the pool
+    auto adopted = internal::Buffer<Held>::make(held_rows);
+    auto named_held = internal::Buffer<Held>::make(held_rows);
     auto phys_of = internal::Buffer<int>::make(logical);
     auto refs = internal::Buffer<int>::make_zeroed(own_slots);
     auto free = internal::Buffer<int>::make(own_slots);
@@ -137,7 +138,8 @@ class StateGroup {
     if (snapshots > 0)
       for (index_size = 2; index_size < 2 * static_cast<std::int64_t>(snapshots);) index_size *= 2;
     auto index = internal::Buffer<int>::make(index_size);
-    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && adopted && named_held && ((refs && free) || own_slots == 0) && deferred && reads && writes &&
+    KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && ((adopted && named_held) || held_rows == 0) &&
+                                     ((refs && free) || own_slots == 0) && deferred && reads && writes &&
                                      ((named && index) || snapshots == 0),
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
@@ -167,11 +169,13 @@ class StateGroup {
   /// is reset by its owner).
   void clear() noexcept {
     held_.fill(n_logical_, -1);
-    adopted_.fill(rows_->rows(), Held{});
-    named_held_.fill(rows_->rows(), Held{});
     phys_of_.fill(n_logical_, -1);
     n_deferred_ = 0;
-    if (in_pool_) return;
+    if (in_pool_) {
+      adopted_.fill(rows_->rows(), Held{});
+      named_held_.fill(rows_->rows(), Held{});
+      return;
+    }
     for (int i = 0; i < n_phys_; ++i) refs_[i] = 0;
     // Lowest slot taken first.
     n_free_ = n_phys_;
