@@ -165,11 +165,14 @@ if [ "$ROBUST" -gt 0 ]; then
           -artifact_prefix="$ROOT/build/fuzz/${fuzzer}-" "$new_inputs" "$corpus" >"$log" 2>&1
         fuzz_status=$?
         echo "-- ${fuzzer}_fuzzer:"
-        grep -E "^(stat::|INFO: seed corpus|Done|${fuzzer}_fuzzer:|SUMMARY|==[0-9]+==ERROR)" "$log"
+        grep -E "^(stat::|INFO: seed corpus|Done|${fuzzer}_fuzzer:|SUMMARY|==[0-9]+== ?ERROR|    #[0-9]+ .*kvcore)" "$log"
         if [ $fuzz_status != 0 ]; then
           echo "the ${fuzzer} fuzzer failed: $log; reproduce with build/fuzz/${fuzzer}_fuzzer <crash file>"
-          ls "$ROOT"/build/fuzz/"${fuzzer}"-crash-* "$ROOT"/build/fuzz/"${fuzzer}"-timeout-* \
-             "$ROOT"/build/fuzz/"${fuzzer}"-oom-* 2>/dev/null
+          # The input itself (at most 4 KiB), so a CI log alone reproduces it.
+          for found in "$ROOT"/build/fuzz/"${fuzzer}"-crash-* "$ROOT"/build/fuzz/"${fuzzer}"-timeout-* \
+                       "$ROOT"/build/fuzz/"${fuzzer}"-oom-*; do
+            [ -f "$found" ] && echo "$found, base64: $(base64 -w0 "$found")"
+          done
           status=1
         fi
         rm -rf "$new_inputs"

@@ -301,8 +301,9 @@ inline Sizing sizing(const CacheConfig& cfg) {
     while (slots < 2 * blocks) slots *= 2;
     s.bytes += blocks * 61 + slots * 4;  // refs, owner, heap, links, key, span, keyed; the key slots
   }
+  // The prefix index keeps one prompt's block keys and tokens: stride * 16 and stride * B * 4.
   s.bytes += G * seqs * stride * 4 + 6 * G * seqs * 4 + seqs * 64 + seqs * cfg.batch.max_holes * 8 + seqs * B * 4 +
-             stride * 16 + seqs * 48 + mst * 4 + G * mst * 4 + G * seqs * 8;
+             stride * 16 + stride * B * 4 + seqs * 48 + mst * 4 + G * mst * 4 + G * seqs * 8;
   return s;
 }
 
