@@ -28,7 +28,12 @@ Scheduler (the same code drives both systems through a thin adapter each):
   admission loop stops) unless nothing else runs, in which case it can never fit and is
   *refused*; a running request that cannot get blocks for its chunk preempts the most recently
   admitted running request (freed and put at the head of the queue with nothing computed, as
-  vLLM's scheduler does), itself last; one that cannot grow while it runs alone is refused.
+  vLLM's scheduler does), itself last; one that cannot grow while it runs alone is refused;
+- in flight (models with state): a request whose first prompt block past its hit is one another
+  entry of this step completes waits (and the admission loop stops), as vLLM's MambaManager
+  keeps a request whose hit ends on a block scheduled this step: after the commit its hit
+  reaches past that block, so it reuses the prefix its producer computes instead of computing
+  it again alongside (kvcore's KvcoreAdapter: the keys of the step's completed blocks).
 
 Models (bfloat16 K/V): `llama` 32 full-attention layers x 8 KV heads x 128; `gemma3` 62 layers,
 every sixth full (10) and 52 sliding (W = 1,024), 16 KV heads x 128; `qwen3next` 48 layers,
@@ -950,6 +955,15 @@ class KvcoreAdapter:
         self.free_ids = list(range(self.max_active - 1, -1, -1))
         self.reserved = [0] * self.n_groups
         self.reserved_states = 0  # with states in the pool: the step's state blocks so far
+        # Models with state: the keys of the full blocks this step's entries complete (in flight:
+        # keyed, and their states named, only when the step commits). A waiting request whose
+        # first block past its hit is one of them waits a step instead of computing it again,
+        # as vLLM's scheduler keeps a Mamba request whose hit ends on a block scheduled this step
+        # (MambaManager.get_num_blocks_to_allocate): it reuses the whole prefix once its
+        # producer is past it.
+        self.defer_in_flight = model.has_state
+        self.in_flight: dict[tuple[int, int], int] = {}  # key -> entries completing it
+        self.in_flight_of: dict[int, list[tuple[int, int]]] = {}  # request -> its keys this step
         # Groups whose KV events the replay mirrors: the block groups, then the State groups in the pool.
         self.n_event_groups = self.n_groups + (self.cache.n_state_groups if self.states_in_pool else 0)
         self.check = check
@@ -1011,6 +1025,8 @@ class KvcoreAdapter:
         """A new step: nothing reserved yet."""
         self.reserved = [0] * self.n_groups
         self.reserved_states = 0
+        self.in_flight.clear()
+        self.in_flight_of.clear()
 
     def lookup(self, lv: Live) -> int:
         """lookup_prefix (no side effect) when kvcore has it; otherwise add_sequence + adopt_prefix
@@ -1040,6 +1056,9 @@ class KvcoreAdapter:
         lookup already did, then reserves the first chunk's blocks (blocks_needed against
         free_blocks); on a refusal the sequence is released again (its adopted blocks return to
         the cache)."""
+        if self._waits_for_producer(lv, hit):
+            self._release(lv)  # without lookup_prefix, the lookup added it
+            return False
         if self.has_lookup:
             got = self._adopt(lv)
             if got != hit:
@@ -1047,7 +1066,36 @@ class KvcoreAdapter:
         ok = self._fits(lv, n)
         if not ok:
             self._release(lv)
+        else:
+            self._note_in_flight(lv, hit, n)
         return ok
+
+    def _waits_for_producer(self, lv: Live, hit: int) -> bool:
+        """Does the prompt's first full block past the hit complete in this step (another entry
+        computes it)? Then the request waits: after the commit its hit reaches past it."""
+        if not self.defer_in_flight or not self.in_flight:
+            return False
+        i = hit // self.block_size
+        return i < (lv.known - 1) // self.block_size and self._key(lv, i) in self.in_flight
+
+    def _note_in_flight(self, lv: Live, start: int, n: int) -> None:
+        """The keys of the full blocks positions [start, start + n) of lv complete."""
+        if not self.defer_in_flight:
+            return
+        b = self.block_size
+        keys = self.in_flight_of.setdefault(lv.req.index, [])
+        for i in range(start // b, (start + n) // b):
+            k = self._key(lv, i)
+            keys.append(k)
+            self.in_flight[k] = self.in_flight.get(k, 0) + 1
+
+    def _drop_in_flight(self, lv: Live) -> None:
+        """lv leaves the step (preempted): the blocks it was to complete are no longer in flight."""
+        for k in self.in_flight_of.pop(lv.req.index, ()):
+            if self.in_flight[k] == 1:
+                del self.in_flight[k]
+            else:
+                self.in_flight[k] -= 1
 
     def cancel(self, lv: Live) -> None:
         """Releases a sequence the lookup added (nothing after lookup_prefix)."""
@@ -1083,7 +1131,10 @@ class KvcoreAdapter:
 
     def grow(self, lv: Live, n: int) -> bool:
         """Reserves the blocks of n more tokens of a running sequence."""
-        return self._fits(lv, n)
+        ok = self._fits(lv, n)
+        if ok:
+            self._note_in_flight(lv, lv.computed, n)
+        return ok
 
     def end_step(self, entries: list[tuple[Live, int]]) -> None:
         """One begin_step (array form, tokens given) and commit over the step's entries."""
@@ -1162,6 +1213,7 @@ class KvcoreAdapter:
 
     def free(self, lv: Live, preempted: bool) -> None:
         """release_sequence (finished, preempted or refused)."""
+        self._drop_in_flight(lv)
         self._release(lv)
         if not preempted:
             self.keys.pop(lv.req.index, None)

@@ -79,6 +79,25 @@ def test_a_hybrid_with_its_states_in_the_pool_keeps_every_check(budget_name: str
         assert out["hits"] == out["ideal_online"] and out["reused_tokens"] > 0
 
 
+def test_a_hybrid_request_waits_for_the_prefix_another_computes() -> None:
+    # Two requests with one 20-block prompt (12 prefill steps at 544 tokens a step), the second
+    # arriving while the first computes it: the scheduler keeps the second waiting while its
+    # first block past the hit completes in the step (vLLM's Mamba rule), so it reuses the whole
+    # prefix instead of what was committed when it arrived and computing the rest again.
+    ids = tuple(range(20))
+    trace = [tr.TraceRequest(0, 0.0, 20 * 512, 4, ids), tr.TraceRequest(1, 150.0, 20 * 512, 4, ids)]
+    model = tr.make_model("qwen3next")
+    block = tr.vllm_block_size(model, 16)
+    capacity = tr.capacity_of(trace, block)
+    budgets, _ = tr.budgets_for(model, block, trace, CFG, capacity, ["ample"], None, None, one_pool=True,
+                                states_in_pool=True)
+    ideal = tr.trace_ideal(trace, block)
+    out = tr.run_kvcore(trace, model, block, budgets["ample"], CFG, capacity, exact=True, ideal_trace=ideal,
+                        one_pool=True, states_in_pool=True)
+    assert out["violation"] is None
+    assert out["hits"] == [0, ideal[1]] and ideal[1] == (20 * 512 - 1) // block * block
+
+
 def _ample_adapter(trace: list[Any]) -> tuple[Any, Any, int]:
     model = tr.make_model("llama")
     capacity = tr.capacity_of(trace, 16)
