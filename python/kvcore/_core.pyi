@@ -1332,6 +1332,17 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         """Ends a sequence and releases its blocks. InvalidArgumentError: seq outside [0, max_seqs).
         InvalidStateError: it is not active.
         """
+    def release_named_state(self, seq: SupportsIndex) -> int:
+        """With batch.states_in_pool, seq stops holding the latest state it named in each
+        State group, which it holds beyond its logical slots so that the state leaves with
+        the blocks it ends. The state stays named (lookups still find it) and is cached,
+        counted free and reclaimed least recently released first, once nothing else holds
+        it; seq holds the next state it names. A scheduler short of blocks calls it before
+        it preempts a sequence: a later hit traded for a running request. Returns the blocks
+        it made free (0 without states in the pool). Ends a begun step, as every sequence
+        verb does. InvalidArgumentError: seq outside [0, max_seqs). InvalidStateError: it is
+        not active.
+        """
     def fork(self, src: SupportsIndex, dst: SupportsIndex, upto: SupportsIndex | None = None) -> None:
         """dst inherits positions [0, upto) of src (default: all) by sharing blocks, copying no K/V.
         InvalidArgumentError: bad ids or upto. InvalidStateError: src not active, dst not empty, or

@@ -222,6 +222,8 @@ TEST(BatchCacheErrors, SequenceOutOfRangeIsInvalidArgumentForEveryVerb) {
       expect_refused(w, c.fork(0, bad, 10), Error::InvalidArgument, {"fork: ", range}, b);
       expect_refused(w, c.remove(bad, 0, 1), Error::InvalidArgument, {"remove: ", range}, b);
       expect_refused(w, c.rewind(bad, 0), Error::InvalidArgument, {"rewind: ", range}, b);
+      expect_refused(w, c.release_named_state(bad).status(), Error::InvalidArgument, {"release_named_state: ", range},
+                     b);
       EXPECT_FALSE(c.can_rewind(bad, 0));
       expect_refused(w, c.adopt_prefix(bad, kTokens, 8).status(), Error::InvalidArgument, {"adopt_prefix: ", range},
                      b);
@@ -258,6 +260,8 @@ TEST(BatchCacheErrors, InactiveSequenceIsInvalidStateForEveryVerb) {
       expect_refused(w, c.fork(idle, 2, 0), Error::InvalidState, {"fork: ", inactive}, b);
       expect_refused(w, c.remove(idle, 0, 1), Error::InvalidState, {"remove: ", inactive}, b);
       expect_refused(w, c.rewind(idle, 0), Error::InvalidState, {"rewind: ", inactive}, b);
+      expect_refused(w, c.release_named_state(idle).status(), Error::InvalidState,
+                     {"release_named_state: ", inactive}, b);
       EXPECT_FALSE(c.can_rewind(idle, 0));
       expect_refused(w, c.adopt_prefix(idle, kTokens, 8).status(), Error::InvalidState, {"adopt_prefix: ", inactive},
                      b);

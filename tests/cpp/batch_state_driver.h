@@ -56,6 +56,7 @@ inline CacheConfig without_state(const CacheConfig& cfg) {
 struct Counts {
   int steps = 0, reads = 0, commits = 0, tree_commits = 0, state_copies = 0, aborts = 0, forks = 0,
       rewinds = 0, refusals = 0, rewind_checks = 0, hits = 0;
+  int named_freed = 0;  // blocks release_named_state made free (states in the pool)
 };
 
 template <class R>
@@ -286,6 +287,20 @@ class Driver {
     if (hit.ok()) {
       ended();
       if (*hit > 0) model_->adopt(s, tokens.data(), *hit), ++n_.hits;
+      // Another sequence gives back the latest state it named (no draw: the
+      // workloads stay as they were); its states still read right after.
+      const int q = (s + 1) % max_seqs();
+      if (active(q)) {
+        const bool pooled = cache_->n_groups() > 0;
+        const int free_before = pooled ? *cache_->free_blocks(0) : 0;
+        auto freed = cache_->release_named_state(q);
+        if (!freed.ok()) return std::string("release_named_state refused: ") + freed.message().c_str();
+        if (*freed < 0 || (!cfg_.batch.states_in_pool && *freed != 0) || *freed > cache_->n_state_groups())
+          return "release_named_state freed " + std::to_string(*freed) + " blocks";
+        if (pooled && *cache_->free_blocks(0) != free_before + *freed)
+          return "release_named_state freed " + std::to_string(*freed) + " blocks, free_blocks says otherwise";
+        n_.named_freed += *freed;
+      }
     }
     return "";
   }

@@ -490,6 +490,8 @@ TEST(NoAllocation, BatchCacheWithStateGroupsNeverAllocates) {
     ok(cache.add_sequence(2).ok());
     auto hit = cache.adopt_prefix(2, tokens, 8);
     ok(hit.ok() && *hit == 4);
+    ok(cache.release_named_state(3).ok());
+    fails(cache.release_named_state(7).ok());
     ok(cache.release_sequence(1).ok());
     for (int k = 0; k < cache.n_state_groups(); ++k) checksum += *cache.free_state_slots(k);
     cache.clear();

@@ -151,6 +151,61 @@ def test_a_sequence_holds_the_latest_state_it_named_until_it_names_a_newer_one()
     assert c.lookup_prefix(list(range(10, 18)) + [1]) == 8
 
 
+def test_release_named_state_frees_the_latest_named_state_which_stays_named_until_reclaimed() -> None:
+    c = hybrid(num_blocks=12)
+    prompt = list(range(10, 18))
+    prefill(c, 0, prompt)  # names the states after blocks 0 and 1, holds the latest
+    c.step([(0, 1, [1])]).commit()  # a fresh state block: the named one is held by the hold alone
+    held = c.free_blocks(0)
+    assert held == 12 - 3 - 2 - 2
+    assert c.release_named_state(0) == 2  # one per State group
+    assert c.free_blocks(0) == held + 2
+    assert c.lookup_prefix(prompt + [1]) == 8  # still named: cached, found by lookups
+    assert c.release_named_state(0) == 0  # nothing named held any more
+    # An adopted state stays held: sequence 1 adopts the prompt, takes the cached states back.
+    c.add_sequence(1)
+    assert c.adopt_prefix(1, prompt + [1]) == 8
+    assert c.free_blocks(0) == held
+    assert c.release_named_state(1) == 0 and c.free_blocks(0) == held
+    # The next state a sequence names it holds again; here it is also its live state (written in
+    # place: its own block), which its slot holds, so giving the name back frees nothing yet ...
+    c.step([(0, 3, [2, 3, 4])]).commit()  # length 12: names the state after block 2
+    assert [c.state_snapshots(k) for k in range(2)] == [3, 3]
+    free = c.free_blocks(0)
+    assert c.release_named_state(0) == 0 and c.free_blocks(0) == free
+    # ... and the next write, into fresh state blocks, leaves the named ones to the cache.
+    c.step([(0, 1, [5])]).commit()
+    assert c.free_blocks(0) == free - 1  # block 3 of K/V; the fresh states took the named ones' place
+    assert c.release_named_state(0) == 0
+    # Pressure: other prompts fill the pool and reclaim the released states with the cached blocks.
+    c.release_sequence(1)
+    c.release_sequence(0)
+    for seq, base in ((2, 100), (3, 200)):
+        prefill(c, seq, list(range(base, base + 12)))
+    assert c.lookup_prefix(prompt + [1]) == 0
+    # Without states in the pool nothing is held beyond the slots: 0, and nothing changes.
+    layers = [kvcore.LayerConfig(kvcore.State(1))] * 2 + [kvcore.LayerConfig(kvcore.Flat(), 1, 4)]
+    apart = kvcore.BatchCache(kvcore.CacheConfig(64, layers, max_step=8, batch=kvcore.BatchLimits(
+        block_size=B, max_seqs=4, state_snapshots=1)))
+    prefill(apart, 0, prompt)
+    free = apart.free_blocks(0)
+    assert apart.release_named_state(0) == 0 and apart.free_blocks(0) == free
+
+
+def test_release_named_state_refuses_a_bad_or_inactive_sequence_and_changes_nothing() -> None:
+    c = hybrid(num_blocks=16)
+    prefill(c, 0, list(range(10, 18)))
+    step = c.begin_step([(0, 1, [1])])
+    free = c.free_blocks(0)
+    with pytest.raises(kvcore.InvalidArgumentError, match=r"release_named_state: sequence 4 must be in \[0, max_seqs = 4\)"):
+        c.release_named_state(4)
+    with pytest.raises(kvcore.InvalidStateError, match=r"release_named_state: sequence 2 is not active"):
+        c.release_named_state(2)
+    assert c.free_blocks(0) == free
+    step.commit()  # the refused calls left the begun step begun
+    assert c.length(0) == 9
+
+
 def test_byte_layers_that_keep_states_apart_refuse_the_cache_by_name() -> None:
     c = hybrid()
     with pytest.raises(kvcore.NotSupportedError, match=r"layer 0: its states live in the pages of layer 2's storage"):

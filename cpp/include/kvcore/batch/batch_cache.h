@@ -279,6 +279,25 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     return Error::Ok;
   }
 
+  /// With batch.states_in_pool, `seq` stops holding the latest state it
+  /// named in each State group, which it holds beyond its logical slots so
+  /// that the state leaves with the blocks it ends (docs/batch.md section
+  /// 10). The state stays named, so lookups still find it, and is cached
+  /// (counted free, reclaimed least recently released first) once nothing
+  /// else holds it; `seq` holds the next state it names. A scheduler short of
+  /// blocks calls it before it preempts a sequence: a later hit traded for a
+  /// running request. Returns the blocks it made free (0 without states in
+  /// the pool). Ends a begun step, as every sequence verb does.
+  /// InvalidArgument: `seq` outside [0, max_seqs); InvalidState: `seq`
+  /// inactive. A refused call changes nothing.
+  Result<int> release_named_state(int seq) noexcept {
+    KVCORE_RETURN_IF_ERROR(seqs_.check_active("release_named_state", seq));
+    end_step();
+    const int before = pages_.free_blocks();
+    states_.release_named(seq);
+    return pages_.free_blocks() - before;
+  }
+
   /// With batch.states_in_pool, the pool's blocks a step entry of `T` tokens
   /// of `seq` takes for its states in every State group, as begin_step()
   /// counts them (one per state it keeps, every token's with `verify`, else

@@ -219,6 +219,17 @@ class StateGroup {
     }
   }
 
+  /// With states in the pool, `seq` stops holding the latest state it
+  /// named: it stays named, cached once nothing else holds it (its logical
+  /// slot may still: then it is the live state). `seq` holds the next one it
+  /// names. A no-op otherwise. Precondition: `seq` holds a row.
+  void release_named(int seq) noexcept {
+    if (!in_pool_) return;
+    Held& h = named_held_[rows_->row(seq)];
+    unref(h.phys);
+    h = Held{};
+  }
+
   /// `seq` names no slot any more (release, or before a fork into it).
   /// Precondition: `seq` holds a row.
   void release(int seq) noexcept {

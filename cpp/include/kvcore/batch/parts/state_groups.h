@@ -71,6 +71,10 @@ class StateGroups {
   void release(int seq) noexcept {
     for (int k = 0; k < n_; ++k) groups_[k].release(seq);
   }
+  /// `seq` stops holding the latest state it named (states in the pool).
+  void release_named(int seq) noexcept {
+    for (int k = 0; k < n_; ++k) groups_[k].release_named(seq);
+  }
   /// `dst` shares the snapshots of `src` below `upto`.
   void fork(int src, int dst, int upto) noexcept {
     for (int k = 0; k < n_; ++k) groups_[k].fork(src, dst, upto);
