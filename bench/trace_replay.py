@@ -1065,7 +1065,10 @@ class KvcoreAdapter:
         lookup already did, then reserves the first chunk's blocks (blocks_needed against
         free_blocks); on a refusal the sequence is released again (its adopted blocks return to
         the cache)."""
-        if self._waits_for_producer(lv, hit):
+        t0 = time.thread_time_ns()  # the in-flight rule's keys and lookups count as kvcore's
+        waits = self._waits_for_producer(lv, hit)
+        self._timed(lv, t0)
+        if waits:
             self._release(lv)  # without lookup_prefix, the lookup added it
             return False
         if self.has_lookup:
@@ -1092,12 +1095,14 @@ class KvcoreAdapter:
         """The keys of the full blocks positions [start, start + n) of lv complete."""
         if not self.defer_in_flight:
             return
+        t0 = time.thread_time_ns()
         b = self.block_size
         keys = self.in_flight_of.setdefault(lv.req.index, [])
         for i in range(start // b, (start + n) // b):
             k = self._key(lv, i)
             keys.append(k)
             self.in_flight[k] = self.in_flight.get(k, 0) + 1
+        self._timed(lv, t0)
 
     def _drop_in_flight(self, lv: Live) -> None:
         """lv leaves the step (preempted): the blocks it was to complete are no longer in flight."""
@@ -1144,7 +1149,9 @@ class KvcoreAdapter:
         short of blocks, the running sequences give back the latest state each named (held for a
         later hit), most recently admitted first, before the scheduler preempts one: a later hit
         traded for a running request. (The states they adopted stay held: many requests share
-        them; giving those back too cost most of the reuse on the generated trace at 0.7x.)"""
+        them; giving those back too cost most of the reuse on the generated trace at 0.7x.) When
+        even that is not enough the scheduler preempts anyway, the states given back stay cached,
+        and the calls' CPU is charged to the growing request."""
         ok = self._fits(lv, n)
         if not ok and self.states_in_pool:
             for index in reversed(self.admitted):

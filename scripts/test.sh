@@ -168,7 +168,7 @@ if [ "$ROBUST" -gt 0 ]; then
         grep -E "^(stat::|INFO: seed corpus|Done|${fuzzer}_fuzzer:|SUMMARY|==[0-9]+== ?ERROR|    #[0-9]+ .*kvcore)" "$log"
         if [ $fuzz_status != 0 ]; then
           echo "the ${fuzzer} fuzzer failed: $log; reproduce with build/fuzz/${fuzzer}_fuzzer <crash file>"
-          # The input itself (at most 4 KiB), so a CI log alone reproduces it.
+          # The input itself (libFuzzer's default -max_len: at most 4 KiB here), so a CI log alone reproduces it.
           for found in "$ROOT"/build/fuzz/"${fuzzer}"-crash-* "$ROOT"/build/fuzz/"${fuzzer}"-timeout-* \
                        "$ROOT"/build/fuzz/"${fuzzer}"-oom-*; do
             [ -f "$found" ] && echo "$found, base64: $(base64 -w0 "$found")"

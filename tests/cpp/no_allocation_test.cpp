@@ -503,6 +503,51 @@ TEST(NoAllocation, BatchCacheWithStateGroupsNeverAllocates) {
   EXPECT_GT(checksum, 0);
 }
 
+// States in the pool (batch.states_in_pool): state blocks taken from the one
+// pool by steps, named snapshots held, given back (release_named_state),
+// adopted from the cache, released and cleared: nothing allocates.
+TEST(NoAllocation, BatchCacheWithStatesInThePoolNeverAllocates) {
+  CacheConfig cfg = make_config(64, {LayerPolicy::flat()}, 8);
+  cfg.layers.insert(cfg.layers.begin(), 2, LayerConfig{LayerPolicy::state(1), 0, 0, 0});
+  cfg.n_layers = static_cast<int>(cfg.layers.size());
+  cfg.batch.block_size = 4;
+  cfg.batch.max_seqs = 4;
+  cfg.batch.num_blocks = 32;
+  cfg.batch.state_snapshots = 1;
+  cfg.batch.states_in_pool = true;
+  auto created = kvcore::BatchCache::create(cfg);
+  ASSERT_TRUE(created.ok()) << created.message().c_str();
+  kvcore::BatchCache& cache = **created;
+  std::int32_t tokens[12];
+  for (int i = 0; i < 12; ++i) tokens[i] = 3 + i;
+  int good = 0, expected_good = 0, freed = 0;
+  auto ok = [&](bool b) { ++expected_good; good += b ? 1 : 0; };
+  const std::uint64_t before = operator_news();
+  for (int round = 0; round < 3; ++round) {
+    ok(cache.add_sequence(0).ok());
+    for (int at = 0; at < 8; at += 4) {  // two full blocks: a snapshot named after each
+      const kvcore::StepEntry chunk{0, 4, tokens + at};
+      auto s = cache.begin_step(&chunk, 1);
+      ok(s.ok() && cache.commit(*s).ok());
+    }
+    const kvcore::StepEntry one{0, 1, tokens + 8};
+    auto s = cache.begin_step(&one, 1);
+    ok(s.ok() && cache.commit(*s).ok());
+    auto given = cache.release_named_state(0);
+    ok(given.ok());
+    freed += given.ok() ? *given : 0;
+    ok(cache.add_sequence(1).ok());
+    auto hit = cache.adopt_prefix(1, tokens, 9);
+    ok(hit.ok() && *hit == 8);
+    ok(!cache.release_named_state(5).ok());  // refused, its message formatted
+    ok(cache.release_sequence(0).ok() && cache.release_sequence(1).ok());
+    if (round == 1) cache.clear();
+  }
+  EXPECT_EQ(operator_news() - before, 0u);
+  EXPECT_EQ(good, expected_good);
+  EXPECT_EQ(freed, 3 * 2);  // every round, the named state of each State group
+}
+
 // Section 9 on SequenceCache: all five kinds (state slots, chunked rings,
 // shared reads) through verify and plain steps, rewinds into verify steps,
 // trees with commits off the main line, aborts, refusals and clears.
