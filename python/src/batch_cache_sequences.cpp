@@ -62,7 +62,13 @@ void bind_batch_cache_sequences(BatchCacheClass& cls) {
            "InvalidStateError: it is not active.")
       .def("release_named_state", [](Cache& c, const IntArg& seq) { return unwrap(c.release_named_state(to_int("seq", seq))); },
            py::arg("seq"),
-           "With batch.states_in_pool, seq stops holding the latest state it named in each State group, which it holds beyond its logical slots so that the state leaves with the blocks it ends. The state stays named (lookups still find it) and is cached, counted free and reclaimed least recently released first, once nothing else holds it; seq holds the next state it names. A scheduler short of blocks calls it before it preempts a sequence: a later hit traded for a running request. Returns the blocks it made free (0 without states in the pool). Ends a begun step, as every sequence verb does. InvalidArgumentError: seq outside [0, max_seqs). InvalidStateError: it is not active.")
+           "With batch.states_in_pool, seq stops holding the latest state it named in each State group, which it"
+           " holds beyond its logical slots so that the state leaves with the blocks it ends. The state stays "
+           "named (lookups still find it) and is cached, counted free and reclaimed least recently released "
+           "first, once nothing else holds it; seq holds the next state it names. A scheduler short of blocks "
+           "calls it before it preempts a sequence: a later hit traded for a running request. Returns the blocks"
+           " it made free (0 without states in the pool). Ends a begun step, as every sequence verb does. "
+           "InvalidArgumentError: seq outside [0, max_seqs). InvalidStateError: it is not active.")
       .def("fork",
            [](Cache& c, const IntArg& src, const IntArg& dst, const std::optional<IntArg>& upto) {
              const int s = to_int("src", src);
