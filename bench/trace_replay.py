@@ -965,13 +965,12 @@ class KvcoreAdapter:
         # as vLLM's scheduler keeps a Mamba request whose hit ends on a block scheduled this step
         # (MambaManager.get_num_blocks_to_allocate): it reuses the whole prefix once its
         # producer is past it.
-        self.defer_in_flight = model.has_state
+        self.in_flight: dict[tuple[int, int], int] = {}  # key -> entries completing it
+        self.in_flight_of: dict[int, list[tuple[int, int]]] = {}  # request -> its keys this step
         # States in the pool: the running sequences in admission order, and those whose latest
         # named state (BatchCache.release_named_state) this step already gave back.
         self.admitted: dict[int, Live] = {}
         self.named_released: set[int] = set()
-        self.in_flight: dict[tuple[int, int], int] = {}  # key -> entries completing it
-        self.in_flight_of: dict[int, list[tuple[int, int]]] = {}  # request -> its keys this step
         # Groups whose KV events the replay mirrors: the block groups, then the State groups in the pool.
         self.n_event_groups = self.n_groups + (self.cache.n_state_groups if self.states_in_pool else 0)
         self.check = check
@@ -1086,14 +1085,14 @@ class KvcoreAdapter:
     def _waits_for_producer(self, lv: Live, hit: int) -> bool:
         """Does the prompt's first full block past the hit complete in this step (another entry
         computes it)? Then the request waits: after the commit its hit reaches past it."""
-        if not self.defer_in_flight or not self.in_flight:
+        if not self.has_state or not self.in_flight:
             return False
         i = hit // self.block_size
         return i < (lv.known - 1) // self.block_size and self._key(lv, i) in self.in_flight
 
     def _note_in_flight(self, lv: Live, start: int, n: int) -> None:
         """The keys of the full blocks positions [start, start + n) of lv complete."""
-        if not self.defer_in_flight:
+        if not self.has_state:
             return
         t0 = time.thread_time_ns()
         b = self.block_size

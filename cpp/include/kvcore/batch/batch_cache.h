@@ -322,7 +322,6 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
 
   Status check_step(const BatchStep& step) const noexcept override { return step_.check(step); }
 
-
   Status commit(const BatchStep& step) noexcept override { return commit(step, nullptr, 0).status(); }
 
   Result<BatchCommit> commit(const BatchStep& step, const AcceptedPath* accepted, int n) noexcept override {
