@@ -39,10 +39,8 @@
 // that adopts the prompt's prefix names the snapshot's slot as its own. At
 // most `snapshots` are named (the least recently named or adopted is dropped
 // first), so the group owns rows * D + spare + snapshots physical slots.
-// Names are found through a hash index (open addressing on the key's low
-// lane, at most half full) and kept in least-recently-used order by a list
-// through the snapshots: naming, adopting and dropping are O(1), so a
-// lookup of a prompt of n blocks costs O(n) with thousands of snapshots.
+// SnapshotNames (snapshot_names.h) finds the names in O(1) and keeps them in
+// least-recently-used order.
 //
 // States in the pool (batch.states_in_pool): the physical slots are blocks of
 // the cache's one BlockPool, taken and counted there (its references), so a
@@ -61,15 +59,13 @@
 // (blocks_for_entry, and L - from per import).
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <memory>
-#include <new>
 #include <utility>
 
 #include "kvcore/batch/batch_plan.h"
 #include "kvcore/batch/block_pool.h"
+#include "kvcore/batch/parts/snapshot_names.h"
 #include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/config.h"
@@ -133,14 +129,10 @@ class StateGroup {
     auto deferred = internal::Buffer<int>::make(spare);
     auto reads = internal::Buffer<int>::make(max_step_tokens);
     auto writes = internal::Buffer<int>::make(max_step_tokens);
-    auto named = internal::Buffer<Snapshot>::make(snapshots);
-    std::int64_t index_size = 0;  // a power of two >= 2 * snapshots: at most half full
-    if (snapshots > 0)
-      for (index_size = 2; index_size < 2 * static_cast<std::int64_t>(snapshots);) index_size *= 2;
-    auto index = internal::Buffer<int>::make(index_size);
+    SnapshotNames names;
+    const bool names_made = names.allocate(snapshots);
     KVCORE_CHECK_OR_RETURN_ERROR(held && phys_of && ((adopted && named_held) || held_rows == 0) &&
-                                     ((refs && free) || own_slots == 0) && deferred && reads && writes &&
-                                     ((named && index) || snapshots == 0),
+                                     ((refs && free) || own_slots == 0) && deferred && reads && writes && names_made,
                                  MemoryAllocationFailed, "cannot allocate the state slot tables of %lld slots",
                                  static_cast<long long>(phys));
     held_ = std::move(held);
@@ -152,11 +144,7 @@ class StateGroup {
     deferred_ = std::move(deferred);
     reads_ = std::move(reads);
     writes_ = std::move(writes);
-    named_ = std::move(named);
-    index_ = std::move(index);
-    index_mask_ = static_cast<std::uint64_t>(index_size - 1);
-    index_size_ = index_size;
-    max_named_ = snapshots;
+    names_ = std::move(names);
     if (!in_pool_) naming_ = snapshots > 0;
     rows_ = &rows;
     n_logical_ = static_cast<int>(logical);
@@ -181,9 +169,7 @@ class StateGroup {
     n_free_ = n_phys_;
     for (int i = 0; i < n_phys_; ++i) free_[i] = n_phys_ - 1 - i;
     n_deferred_ = 0;
-    n_named_ = 0;
-    index_.fill(index_size_, -1);
-    lru_first_ = lru_last_ = -1;
+    names_.clear();
   }
 
   /// The position whose state logical slot `s` of `seq` holds, -1 when none.
@@ -308,42 +294,31 @@ class StateGroup {
       hold(named_held_, seq, phys, L);
       return;
     }
-    int i = find(key);
+    const int i = names_.find(key);
     if (i >= 0) {
-      touch(i);
+      names_.touch(i);
       return;
     }
-    if (n_named_ < max_named_) {
-      i = n_named_++;
-    } else {  // the least recently named or adopted makes room
-      i = lru_first_;
-      unlink(i);
-      unindex(i);
-      unref(named_[i].phys);
-    }
+    unref(names_.add(key, phys));  // the slot of the least recently used name, if it made room
     ++refs_[phys];
-    named_[i].key = key;
-    named_[i].phys = phys;
-    index(i);
-    link_last(i);
   }
   /// Is a snapshot named `key`?
-  bool named(const BlockKey& key) const noexcept { return in_pool_ ? pool_.find(key) >= 0 : find(key) >= 0; }
+  bool named(const BlockKey& key) const noexcept { return in_pool_ ? pool_.find(key) >= 0 : names_.find(key) >= 0; }
   /// Named snapshots now (in the pool: the group's keyed blocks, held or cached).
-  int named_count() const noexcept { return in_pool_ ? pool_.keyed_blocks() : n_named_; }
+  int named_count() const noexcept { return in_pool_ ? pool_.keyed_blocks() : names_.size(); }
   /// `seq` (holding no position) starts at length L from the snapshot named
   /// `key` (named(key): checked): its logical slot of L - 1 names the
   /// snapshot's physical slot.
   void adopt(int seq, const BlockKey& key, int L) noexcept {
-    const int i = in_pool_ ? -1 : find(key);
+    const int i = in_pool_ ? -1 : names_.find(key);
     truncate(seq, 0);  // an ended step's states past the length are not the prompt's
     const int s = base(seq) + (L - 1) % slots_;
-    const int phys = in_pool_ ? pool_.find(key) : named_[i].phys;
+    const int phys = in_pool_ ? pool_.find(key) : names_.physical(i);
     ref(phys);
     unref(phys_of_[s]);
     phys_of_[s] = phys;
     held_[s] = L - 1;
-    if (!in_pool_) touch(i);
+    if (!in_pool_) names_.touch(i);
     if (in_pool_) hold(adopted_, seq, phys, L);  // as the sequence holds the prefix's K/V blocks
   }
 
@@ -409,64 +384,6 @@ class StateGroup {
     }
   }
 
-  // A named state: the physical slot holding the state after a keyed block,
-  // and its neighbours in least-recently-used order (-1: none).
-  struct Snapshot {
-    BlockKey key;
-    int phys = -1;
-    int older = -1;
-    int newer = -1;
-  };
-
-  // The index slot a key's probe starts from: the key is a hash already.
-  std::size_t home(const BlockKey& key) const noexcept { return static_cast<std::size_t>(key.lo & index_mask_); }
-  std::size_t next(std::size_t h) const noexcept { return (h + 1) & static_cast<std::size_t>(index_mask_); }
-  // The snapshot named `key`, -1 when none.
-  int find(const BlockKey& key) const noexcept {
-    if (n_named_ == 0) return -1;
-    for (std::size_t h = home(key); index_[h] >= 0; h = next(h))
-      if (named_[index_[h]].key == key) return index_[h];
-    return -1;
-  }
-  void index(int i) noexcept {
-    std::size_t h = home(named_[i].key);
-    while (index_[h] >= 0) h = next(h);
-    index_[h] = i;
-  }
-  // Removes snapshot i from the index, shifting back the probes that passed
-  // its slot (linear probing without tombstones).
-  void unindex(int i) noexcept {
-    std::size_t hole = home(named_[i].key);
-    while (index_[hole] != i) hole = next(hole);
-    for (std::size_t j = next(hole); index_[j] >= 0; j = next(j)) {
-      const std::size_t h = home(named_[index_[j]].key);
-      // Move j into the hole unless its home lies cyclically in (hole, j].
-      const bool stays = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
-      if (!stays) {
-        index_[hole] = index_[j];
-        hole = j;
-      }
-    }
-    index_[hole] = -1;
-  }
-  void unlink(int i) noexcept {
-    Snapshot& n = named_[i];
-    (n.older >= 0 ? named_[n.older].newer : lru_first_) = n.newer;
-    (n.newer >= 0 ? named_[n.newer].older : lru_last_) = n.older;
-    n.older = n.newer = -1;
-  }
-  void link_last(int i) noexcept {
-    named_[i].older = lru_last_;
-    named_[i].newer = -1;
-    (lru_last_ >= 0 ? named_[lru_last_].newer : lru_first_) = i;
-    lru_last_ = i;
-  }
-  // Snapshot i was named or adopted again: the most recently used now.
-  void touch(int i) noexcept {
-    if (i == lru_last_) return;
-    unlink(i);
-    link_last(i);
-  }
   int base(int seq) const noexcept { return rows_->row(seq) * slots_; }  // < 2^31: checked at create
   void ref(int phys) noexcept {
     if (in_pool_) pool_.hold(phys);
@@ -518,14 +435,7 @@ class StateGroup {
   internal::Buffer<int> deferred_;  // physical slots the begun step holds, [0, n_deferred_)
   internal::Buffer<int> reads_;     // [token]
   internal::Buffer<int> writes_;    // [token]
-  internal::Buffer<Snapshot> named_;  // [0, n_named_): named snapshots
-  internal::Buffer<int> index_;       // [index_size_]: a snapshot, -1 (empty); probed from home(key)
-  std::uint64_t index_mask_ = 0;
-  std::int64_t index_size_ = 0;
-  int lru_first_ = -1;  // least recently named or adopted
-  int lru_last_ = -1;   // most recently
-  int max_named_ = 0;
-  int n_named_ = 0;
+  SnapshotNames names_;  // without the pool: the named snapshots
 };
 
 }  // namespace kvcore
