@@ -321,7 +321,7 @@ TEST(AllocationFailure, ABatchPoolPast2To30BlocksIsRefusedBeforeItsTables) {
   // 2^30 blocks pass (the pool asks for its tables, which fail here).
   cfg.batch.num_blocks = 1 << 30;
   {
-    FailNothrowNewAfter fail(17);  // as above, and the 2 of its table rows
+    FailNothrowNewAfter fail(20);  // as above, the 2 of its table rows and the 3 of its table pages
     outcome = kvcore::BatchCache::create(cfg).status();
   }
   EXPECT_EQ(outcome.code(), kvcore::Error::MemoryAllocationFailed);

@@ -69,6 +69,10 @@ CacheConfig random_config(std::mt19937& rng) {
   // A rewind margin of its own (0 = none, as vLLM's sliding window; past
   // max_step too) a third of the time, else the default (max_step).
   cfg.batch.max_rewind = pick(0, 2) == 0 ? std::min(cfg.capacity, pick(0, cfg.max_step + 2)) : -1;
+  // Paged block tables half the time (docs/batch.md section 5), their pages
+  // never short here (table_pages 0: every row full): the model is the same.
+  const int P[] = {0, 0, 0, 1, 2, 4};
+  cfg.batch.table_page_blocks = P[pick(0, 5)];
   return cfg;
 }
 
@@ -76,7 +80,7 @@ std::string describe(const CacheConfig& c) {
   std::string s = "capacity " + std::to_string(c.capacity) + ", max_step " + std::to_string(c.max_step) +
                   ", B " + std::to_string(c.batch.block_size) + ", max_seqs " + std::to_string(c.batch.max_seqs) +
                   ", max_step_tokens " + std::to_string(c.batch.max_step_tokens) + ", num_blocks " +
-                  std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", page_layers " +
+                  std::to_string(c.batch.num_blocks) + ", max_holes " + std::to_string(c.batch.max_holes) + ", table_page_blocks " + std::to_string(c.batch.table_page_blocks) + ", page_layers " +
                   std::to_string(c.batch.page_layers) + ", max_rewind " + std::to_string(c.batch.max_rewind) +
                   ", layers [";
   for (const LayerConfig& l : c.layers)
@@ -265,13 +269,41 @@ class Driver {
   }
 
   std::string table_text(int s, int g) const {
-    auto plan_table = cache_->block_tables(g);
     std::string out;
-    for (int i = 0; i < cache_->table_stride(); ++i) out += std::to_string(plan_table[s * cache_->table_stride() + i]) + " ";
+    if (!cache_->sequence(s)->active) return out;
+    for (int i = 0; i < cache_->table_stride(); ++i) out += std::to_string(cache_->block_at(s, g, i)) + " ";
     return out;
   }
 
   static int holes(const SeqModel& m) { return BatchModel::holes(m); }
+
+  // Paged tables (docs/batch.md section 5): the pages in use hold at least
+  // every page with a block in it, and none is in use once no sequence is.
+  void check_table_pages() const {
+    const int P = cfg_.batch.table_page_blocks;
+    if (P == 0) {
+      EXPECT_EQ(cache_->free_table_pages(), 0);
+      return;
+    }
+    int with_blocks = 0, active = 0;
+    for (int q = 0; q < cfg_.batch.max_seqs; ++q) {
+      if (!cache_->sequence(q)->active) continue;
+      ++active;
+      for (int g = 0; g < cache_->n_groups(); ++g)
+        for (int p = 0; p * P < cache_->table_stride(); ++p) {
+          bool any = false;
+          for (int i = p * P; i < std::min((p + 1) * P, cache_->table_stride()); ++i) any = any || cache_->block_at(q, g, i) >= 0;
+          with_blocks += any;
+        }
+    }
+    const kvcore::Status st = cache_->check_tables();
+    EXPECT_TRUE(st.ok()) << st.message().c_str();
+    const int in_use = cache_->table_pages() - cache_->free_table_pages();
+    EXPECT_GE(in_use, with_blocks);
+    if (active == 0) {
+      EXPECT_EQ(in_use, 0);
+    }
+  }
 
   void remove() {
     const int s = any_seq();
@@ -432,13 +464,15 @@ class Driver {
     // its copy sources until it commits).
     int used = 0;
     for (int g = 0; g < cache_->n_groups(); ++g) {
-      const int* tables = cache_->block_tables(g);
-      for (int i = 0; i < cfg_.batch.max_seqs * cache_->table_stride(); ++i) used = std::max(used, tables[i] + 1);
+      for (int q = 0; q < cfg_.batch.max_seqs; ++q)
+        if (cache_->sequence(q)->active)
+          for (int i = 0; i < cache_->table_stride(); ++i) used = std::max(used, cache_->block_at(q, g, i) + 1);
       if (step_open_) {
         const kvcore::GroupPlan& gp = cache_->plan(open_step_)->groups[g];
         for (int c = 0; c < gp.n_copies; ++c) used = std::max(used, gp.copies[c].src + 1);
       }
     }
+    check_table_pages();
     for (int g = 0; g < cache_->n_groups(); ++g) {
       EXPECT_EQ(*cache_->used_blocks(g), used) << "group " << g;
       // Free and cached blocks, as the pools' model counts them.

@@ -72,7 +72,10 @@ inline Snapshot snapshot(const kvcore::BatchCache& c) {
   }
   for (int g = 0; g < c.n_groups(); ++g) {
     v.insert(v.end(), {*c.free_blocks(g), *c.cached_blocks(g)});
-    v.insert(v.end(), c.block_tables(g), c.block_tables(g) + c.max_active_seqs() * c.table_stride());
+    // Each active sequence's row, read through block_at: either table layout.
+    for (int q = 0; q < c.max_seqs(); ++q)
+      if (c.sequence(q)->active)
+        for (int i = 0; i < c.table_stride(); ++i) v.push_back(c.block_at(q, g, i));
   }
   // State groups (section 9): each active sequence's logical slots, what they
   // hold and name, and the free physical slots.
@@ -367,7 +370,7 @@ inline std::string check_step(const kvcore::BatchCache& cache, const BatchModel&
     if (plan.context_lens[i] != m.length()) return "entry " + std::to_string(i) + ": context length";
     for (int g = 0; g < plan.n_groups; ++g) {
       const kvcore::LayerPolicy policy = *cache.group_policy(g);
-      const int* table = plan.groups[g].block_tables + static_cast<std::ptrdiff_t>(s) * plan.groups[g].table_stride;
+      const kvcore::TableRow table = kvcore::table_row(plan, g, i);  // either table layout
       for (int q = plan.first_positions[i]; q < plan.context_lens[i]; ++q) {
         const int t = plan.query_starts[i] + (q - plan.first_positions[i]);
         std::vector<unsigned char> want(static_cast<std::size_t>(mask_rows[static_cast<std::size_t>(g)]), 0);

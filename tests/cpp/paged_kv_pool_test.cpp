@@ -858,8 +858,14 @@ TEST(PagedKVPool, GatherRefusesBadEntriesTablesAndBuffers) {
                "(block_size 4, the layer in group 1) or lacks an array");
   std::vector<int> table(static_cast<std::size_t>(s.cache->table_stride()), -1);
   GroupPlan groups[2] = {s.plan.groups[0], s.plan.groups[1]};
+  std::vector<int> dir(static_cast<std::size_t>(s.cache->max_active_seqs()), 0);  // every row: that one page
   groups[1].block_tables = table.data();
   groups[1].table_stride = s.cache->table_stride();
+  groups[1].table_pages = table.data();
+  groups[1].table_dir = dir.data();
+  groups[1].dir_stride = 1;
+  groups[1].page_blocks = s.cache->table_stride();
+  groups[1].page_shift = 31;
   p = s.plan;
   p.groups = groups;
   auto hole = pool.gather(1, p, 0, k, sizeof(k), v, sizeof(v));

@@ -460,6 +460,9 @@ class Harness {
     cfg.batch.num_blocks = in_.percent(35) ? in_.in(1, 3 * stride + 2) : 0;  // small pools run short
     cfg.batch.max_holes = in_.in(0, 4);
     cfg.batch.max_rewind = derived_max_rewind(cfg);
+    // Paged block tables for a third of the configs, from what was read (no
+    // byte of the input is spent on it); every row may fill its pages.
+    cfg.batch.table_page_blocks = cfg.capacity % 3 == 0 ? 1 << (cfg.max_step % 4) : 0;
     return cfg;
   }
 
@@ -537,7 +540,10 @@ class Harness {
     }
     for (int g = 0; g < cache_->n_groups(); ++g) {
       v.insert(v.end(), {*cache_->free_blocks(g), *cache_->cached_blocks(g), *cache_->used_blocks(g)});
-      if (tables_checked_) v.insert(v.end(), cache_->block_tables(g), cache_->block_tables(g) + cache_->max_seqs() * cache_->table_stride());
+      if (tables_checked_)  // each active sequence's row, either table layout
+        for (int q = 0; q < cache_->max_seqs(); ++q)
+          if (cache_->sequence(q)->active)
+            for (int i = 0; i < cache_->table_stride(); ++i) v.push_back(cache_->block_at(q, g, i));
     }
     v.push_back(static_cast<int>(step_open_ ? open_step_.id : 0));
     return s;
@@ -604,6 +610,7 @@ class Harness {
       }
     }
     if (step_open_) FUZZ_REQUIRE(cache_->check_step(open_step_).ok(), "the begun step was lost");
+    if (tables_checked_) FUZZ_REQUIRE(cache_->check_tables().ok(), cache_->check_tables().message().c_str());
     // Blocks of the one pool every group draws from: free + held (in any
     // group's table, or copied from by the begun step) = all, and
     // used_blocks is one past the highest held.
@@ -619,8 +626,9 @@ class Harness {
         held_[static_cast<std::size_t>(b)] = 1;
       };
       for (int g = 0; g < cache_->n_groups(); ++g) {
-        const int* tables = cache_->block_tables(g);
-        for (int i = 0; i < cache_->max_seqs() * cache_->table_stride(); ++i) mark(tables[i]);
+        for (int q = 0; q < cache_->max_seqs(); ++q)
+          if (cache_->sequence(q)->active)
+            for (int i = 0; i < cache_->table_stride(); ++i) mark(cache_->block_at(q, g, i));
         if (plan.ok())
           for (int c = 0; c < plan->groups[g].n_copies; ++c) mark(plan->groups[g].copies[c].src);
       }

@@ -111,8 +111,27 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
   int max_active_seqs() const noexcept { return rows_.rows(); }
   /// `group`'s block tables, [max_active_seqs()][table_stride()] (-1: no
   /// block), as a plan's GroupPlan::block_tables shows them; sequence s uses
-  /// row table_rows()[s]. Precondition: a valid group.
-  const int* block_tables(int group) const noexcept { return groups_[group].tables(); }
+  /// row table_rows()[s]. Null with paged tables (block_at() reads either).
+  /// Precondition: a valid group.
+  const int* block_tables(int group) const noexcept {
+    return table_pages_.pinned() ? table_pages_.data() + static_cast<std::ptrdiff_t>(group) * rows_.rows() * stride_
+                                 : nullptr;
+  }
+  /// The block at block index `i` of active sequence `seq`'s row in `group`
+  /// (-1: none), either table layout. Precondition: valid group, active seq,
+  /// i in [0, table_stride()).
+  int block_at(int seq, int group, int i) const noexcept { return groups_[group].block_at(seq, i); }
+  /// Entries per table page (BatchLimits::table_page_blocks; table_stride()
+  /// when unpaged: a row is one page).
+  int table_page_blocks() const noexcept { return table_pages_.page_blocks(); }
+  /// Table pages every group draws from (unpaged: one per row and group).
+  int table_pages() const noexcept { return table_pages_.n_pages(); }
+  /// Table pages no row holds (0 unpaged: every page is a row's).
+  int free_table_pages() const noexcept { return table_pages_.free_pages(); }
+  /// A consistency check of the table pages, for tests and debugging (O(the
+  /// tables)): Internal naming the first page that is neither free nor named
+  /// by one row, or whose count of blocks is off. Changes nothing.
+  Status check_tables() const noexcept { return check_table_pages(); }
   /// Each sequence id's row in every group's block tables, -1 for an inactive
   /// one (whatever max_active_seqs()); an active s has row s when
   /// max_active_seqs() == max_seqs().
@@ -164,6 +183,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
                                  "what a query at %d needs",
                                  src, dst, upto, blocker_kind(blocking), blocker_index(blocking), upto);
     if (!seqs_[dst].active) KVCORE_RETURN_IF_ERROR(check_row_free("fork", dst));
+    KVCORE_RETURN_IF_ERROR(check_fork_pages("fork", src, dst, upto));
     fork_into(src, dst, upto);
     return Error::Ok;
   }
@@ -257,7 +277,7 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     // Judged on the tables as end_step() leaves them: a begun step this one
     // replaces gives back every block it took.
     KVCORE_RETURN_IF_ERROR(step_.admit(entries, n, seqs_, groups_.get(), states_.blocks_for_step(entries, n, seqs_),
-                                       pages_));
+                                       pages_, table_pages_));
     // Admitted: nothing below can fail. A replaced step's blocks go first.
     end_step();
     return step_.begin(entries, n, seqs_, groups_.get(), states_.get());
@@ -277,6 +297,20 @@ class BatchCache final : public CacheBase, public BatchControl, public BatchPlan
     KVCORE_CHECK_OR_RETURN_ERROR(need != nullptr, InvalidArgument, "blocks_needed(%d): need is null", seq);
     for (int g = 0; g < n_groups_; ++g) need[g] = step_.entry_need(seqs_, groups_[g], g, seq, T);
     return Error::Ok;
+  }
+
+  /// The table pages a step entry of `T` tokens of `seq` takes over every
+  /// group (paged tables: pages its rows lack for the indices it writes; 0
+  /// unpaged). begin_step() admits a step whose entries' sum is at most
+  /// free_table_pages(). Changes nothing. Errors as blocks_needed.
+  Result<int> table_pages_needed(int seq, int T) const noexcept {
+    KVCORE_RETURN_IF_ERROR(check_entry("table_pages_needed", seq, T));
+    const int length = seqs_[seq].length, B = block_size_;
+    int need = 0;
+    for (int g = 0; g < n_groups_; ++g)
+      need += groups_[g].missing_pages(seq, length / B,
+                                       static_cast<int>((static_cast<std::int64_t>(length) + T + B - 1) / B));
+    return need;
   }
 
   /// With batch.states_in_pool, `seq` stops holding the latest state it

@@ -100,13 +100,27 @@ struct GroupPlan {
   /// Copies to perform before writing.
   const BlockCopy* copies = nullptr;
   int n_copies = 0;
-  /// The block tables, one row (stride `table_stride`) per active sequence:
-  /// a row maps block index i (positions [iB, (i+1)B)) to a block, -1 for a
-  /// hole (a block released: out of the window, removed, or never written).
-  /// Entry i of the step reads row table_rows[seq_ids[i]] (BatchStepPlan), its
-  /// first ceil(context_lens[i] / B) entries; see table_row().
+  /// The block tables, one row per active sequence: a row maps block index i
+  /// (positions [iB, (i+1)B)) to a block, -1 for a hole (a block released:
+  /// out of the window, removed, or never written). Entry i of the step reads
+  /// row table_rows[seq_ids[i]] (BatchStepPlan), its first
+  /// ceil(context_lens[i] / B) entries, through table_row(), which reads
+  /// both layouts below.
+  /// Unpaged tables (BatchLimits::table_page_blocks = 0): dense rows of
+  /// `table_stride` entries, [rows][table_stride]. Paged: null.
   const int* block_tables = nullptr;
+  /// Entries per row: ceil(capacity / B).
   int table_stride = 0;
+  /// Every layout: row r's index i is entry i % page_blocks of page
+  /// table_dir[r * dir_stride + i / page_blocks] of `table_pages` (pages of
+  /// page_blocks entries; a page id of -1: every entry -1). Unpaged, a row is
+  /// one page (dir_stride 1, page_blocks = table_stride). `page_shift`:
+  /// i / page_blocks is i >> page_shift (31 when a row is one page).
+  const int* table_pages = nullptr;
+  const int* table_dir = nullptr;
+  int dir_stride = 1;
+  int page_blocks = 0;
+  int page_shift = 31;
   /// The group's policy: the window bounds of the visibility rule (window and
   /// sinks of a ring; flat: every earlier position).
   LayerPolicy policy;
@@ -191,12 +205,27 @@ struct BatchStepPlan {
   }
 };
 
+/// One sequence's block table row in a plan, either layout: row[i] is the
+/// block of block index i, -1 for a hole.
+struct TableRow {
+  const int* pages = nullptr;
+  const int* dir = nullptr;
+  int page_blocks = 0;
+  int page_shift = 31;
+  int operator[](int i) const noexcept {
+    const int page = dir[i >> page_shift];
+    const int at = page_shift >= 31 ? i : i & (page_blocks - 1);
+    return page < 0 ? -1 : pages[static_cast<std::ptrdiff_t>(page) * page_blocks + at];
+  }
+};
+
 /// The block table row of entry `entry` in group `g` of `plan`.
-inline const int* table_row(const BatchStepPlan& plan, int g, int entry) noexcept {
+inline TableRow table_row(const BatchStepPlan& plan, int g, int entry) noexcept {
   const GroupPlan& gp = plan.groups[g];
   const int seq = plan.seq_ids[entry];
   const int row = plan.table_rows != nullptr ? plan.table_rows[seq] : seq;
-  return gp.block_tables + static_cast<std::ptrdiff_t>(row) * gp.table_stride;
+  return TableRow{gp.table_pages, gp.table_dir + static_cast<std::ptrdiff_t>(row) * gp.dir_stride, gp.page_blocks,
+                  gp.page_shift};
 }
 
 /// Calls f(begin, end) for each maximal run [begin, end) of the positions that

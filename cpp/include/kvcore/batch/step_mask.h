@@ -50,7 +50,7 @@ inline Status fill_step_mask(const BatchStepPlan& plan, int group, int rows, uns
   const GroupPlan& gp = plan.groups[group];
   const int B = plan.block_size;
   for (int i = 0; i < plan.n_entries; ++i) {
-    const int* table = table_row(plan, group, i);
+    const TableRow table = table_row(plan, group, i);
     const int first = plan.first_positions[i];
     const bool tree = plan.is_tree(i);
     for (int t = plan.query_starts[i]; t < plan.query_starts[i + 1]; ++t) {

@@ -122,6 +122,25 @@ struct BatchLimits {
   /// OutOfResources). Below max_seqs a sequence's row is not its id: the plan's
   /// table_rows names it.
   int max_active_seqs = 0;
+  /// Block table entries per table page, a power of two in [1, 2^20], or 0
+  /// for unpaged tables (docs/batch.md section 5, "Tables sized by use").
+  /// 0: each group keeps a dense row of ceil(capacity / B) entries per active
+  /// sequence, so the tables take n_groups x max_active_seqs x
+  /// ceil(capacity / B) ints whatever the sequences hold. P > 0: a row is a
+  /// directory of ceil(ceil(capacity / B) / P) page ids, and a page of P
+  /// entries is drawn from table_pages when the sequence first names a block
+  /// in its span and given back once no entry of it names one (a window
+  /// slid past it, a rewind, a release): the tables cost what the sequences
+  /// hold. A plan's GroupPlan then has no dense block_tables: backends read
+  /// an entry's row through table_row() (C++) or entry_tables (Python).
+  int table_page_blocks = 0;
+  /// With table_page_blocks = P > 0: table pages every group draws from, the
+  /// tables' bound (P ints each); 0 means every active row full in every
+  /// group (n_groups x max_active_seqs x ceil(ceil(capacity / B) / P), never
+  /// short). A step, fork, adopt_prefix or import whose table entries need
+  /// more pages than are free is OutOfResources and changes nothing. Ignored
+  /// when table_page_blocks = 0.
+  int table_pages = 0;
   /// Ranges removed from the middle of one sequence (remove(s, p0, p1)) it can
   /// keep apart at once; removing the head or the tail needs none.
   int max_holes = 8;

@@ -107,9 +107,7 @@ struct BatchSource {
     if (lc.policy.kind == LayerPolicy::Kind::State)  // the physical slot holding the state after p
       return *cache.state_slot(*cache.state_group_of(l), seq, p % lc.policy.slots);
     const int B = cache.block_size();
-    // The sequence's own table row (not row `seq` when max_active_seqs < max_seqs).
-    const std::int64_t row = cache.table_rows()[seq];
-    const int block = cache.block_tables(*cache.group_of(l))[row * cache.table_stride() + p / B];
+    const int block = cache.block_at(seq, *cache.group_of(l), p / B);  // its own row, either layout
     return block < 0 ? -1 : static_cast<std::int64_t>(block) * B + p % B;
   }
   Result<LayerStorage> storage(int l) const noexcept {

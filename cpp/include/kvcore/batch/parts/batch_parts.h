@@ -26,6 +26,7 @@
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/state_groups.h"
 #include "kvcore/batch/parts/step_state.h"
+#include "kvcore/batch/parts/table_pages.h"
 #include "kvcore/batch/parts/table_rows.h"
 #include "kvcore/core/buffer.h"
 #include "kvcore/core/config.h"
@@ -74,18 +75,21 @@ class BatchParts {
         sizes.pool_blocks(n_groups_, cfg.batch.num_blocks, [this](int g) -> const GroupRule& { return groups_[g].rule(); },
                           states_in_pool ? n_state_groups_ : 0, [this](int k) { return states_[k].slots(); }));
     KVCORE_RETURN_IF_ERROR(rows_.create(max_seqs_, sizes.rows));
+    KVCORE_RETURN_IF_ERROR(table_pages_.create(static_cast<int>(sizes.table_pages()), sizes.page_blocks(),
+                                               cfg.batch.table_page_blocks == 0));
     if (n_groups_ > 0 || states_in_pool) {  // a State group in the pool is the pool's group n_groups + k
       KVCORE_RETURN_IF_ERROR(pages_.create(pages, "the cache's pool", n_groups_ + (states_in_pool ? n_state_groups_ : 0)));
       pages_.attach_events(&events_, block_size_);
     }
     for (int g = 0; g < n_groups_; ++g)
-      KVCORE_RETURN_IF_ERROR(groups_[g].create(pages_, g, max_seqs_, rows_, stride_, block_size_));
+      KVCORE_RETURN_IF_ERROR(groups_[g].create(pages_, g, max_seqs_, rows_, table_pages_, stride_, block_size_));
     KVCORE_RETURN_IF_ERROR(seqs_.create(max_seqs_, max_holes_));
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_, n_groups_));
     KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots,
                                           states_in_pool ? &pages_ : nullptr, n_groups_));
-    const StepLimits limits{max_seqs_, n_groups_, max_step_, max_step_tokens_, block_size_, capacity_, n_state_groups_};
-    return step_.create(limits, groups_.get(), stride_, states_.get());
+    const StepLimits limits{max_seqs_,   n_groups_, max_step_,       max_step_tokens_,
+                            block_size_, capacity_, n_state_groups_, cfg.batch.table_page_blocks};
+    return step_.create(limits, groups_.get(), stride_, sizes.rows, table_pages_, states_.get());
   }
 
   /// OutOfResources unless a table row is free for `seq` to become active.
@@ -153,6 +157,23 @@ class BatchParts {
     }
   }
 
+  /// Internal unless the table pages are consistent: each page is free (no
+  /// entry naming a block) or named by a row, and counts the blocks it names.
+  Status check_table_pages() const noexcept {
+    std::int64_t named = 0;
+    for (int g = 0; g < n_groups_; ++g) KVCORE_RETURN_IF_ERROR(groups_[g].check_pages(&named));
+    KVCORE_CHECK_OR_RETURN_ERROR(named + table_pages_.free_pages() == table_pages_.n_pages(), Internal,
+                                 "the rows name %lld table pages and %d are free, of %d", static_cast<long long>(named),
+                                 table_pages_.free_pages(), table_pages_.n_pages());
+    for (int f = 0; f < table_pages_.free_pages(); ++f) {
+      const int page = table_pages_.free_list()[f];
+      for (int i = 0; i < table_pages_.page_blocks(); ++i)
+        KVCORE_CHECK_OR_RETURN_ERROR(table_pages_.entry(page, i) < 0, Internal, "free table page %d names block %d",
+                                     page, table_pages_.entry(page, i));
+    }
+    return Error::Ok;
+  }
+
   /// The group (index) of `seq` whose rows no longer hold what a query at n
   /// needs below n, or n_groups + k for State group k that no longer holds
   /// the state after n - 1; -1 when none (n within [0, length]).
@@ -215,22 +236,44 @@ class BatchParts {
   }
 
   /// release_sequence: `seq` (active) drops every block and state slot and
-  /// gives its table row back.
+  /// gives its table row (and its table pages) back.
   void release(int seq) noexcept {
     end_step();
     release_from(seq, 0);
+    for (int g = 0; g < n_groups_; ++g) groups_[g].free_pages(seq);
     states_.release(seq);
     reset_seq(seq);
     rows_.give(seq);
   }
 
+  /// OutOfResources unless the table pages free, with those `dst` holds
+  /// (fork_into gives them back first), cover the pages of `src`'s rows
+  /// holding a block below ceil(upto / B): what `dst` shares takes at most
+  /// those. `what` names the verb.
+  Status check_fork_pages(const char* what, int src, int dst, int upto) const noexcept {
+    if (table_pages_.pinned()) return Error::Ok;
+    const int first = seqs_[src].start / block_size_, end = ceil_div(upto, block_size_);
+    std::int64_t need = 0, freed = 0;
+    for (int g = 0; g < n_groups_; ++g) {
+      need += groups_[g].held_pages(src, first, end);
+      if (seqs_[dst].active) freed += groups_[g].held_pages(dst, 0, stride_);
+    }
+    KVCORE_CHECK_OR_RETURN_ERROR(need <= table_pages_.free_pages() + freed, OutOfResources,
+                                 "%s(%d, %d, upto = %d): the copy's block tables need up to %lld table pages, "
+                                 "%lld of batch.table_pages = %d are free",
+                                 what, src, dst, upto, static_cast<long long>(need),
+                                 static_cast<long long>(table_pages_.free_pages() + freed), table_pages_.n_pages());
+    return Error::Ok;
+  }
+
   /// fork: `dst` (inactive with a free row, or active and empty) becomes a
   /// copy of `src`'s positions [0, upto), sharing its blocks and state
-  /// snapshots (rewind_blocker(src, upto) < 0: checked).
+  /// snapshots (rewind_blocker(src, upto) < 0 and check_fork_pages: checked).
   void fork_into(int src, int dst, int upto) noexcept {
     end_step();
     if (seqs_[dst].active) {
       release_from(dst, 0);
+      for (int g = 0; g < n_groups_; ++g) groups_[g].free_pages(dst);
       states_.release(dst);
     } else {
       rows_.take(dst);  // a row given back names no state slot
@@ -247,11 +290,19 @@ class BatchParts {
 
   /// adopt_prefix: `seq` (active, empty) keys in `prefix_namespace` and
   /// shares the longest prefix hit of tokens[0, n); returns its new length
-  /// (a multiple of B, in positions).
-  int adopt(int seq, const std::int32_t* tokens, int n, std::uint64_t prefix_namespace) noexcept {
+  /// (a multiple of B, in positions). OutOfResources: the hit's table
+  /// entries need more table pages than are free; nothing changes then.
+  Result<int> adopt(int seq, const std::int32_t* tokens, int n, std::uint64_t prefix_namespace) noexcept {
+    const int hit = longest_hit(tokens, n, prefix_namespace);
+    std::int64_t pages = 0;  // a begun step's pages stay the row's: end_step() frees none
+    for (int g = 0; g < n_groups_; ++g) pages += groups_[g].pages_for(seq, groups_[g].rule().needed(hit), hit);
+    KVCORE_CHECK_OR_RETURN_ERROR(pages <= table_pages_.free_pages(), OutOfResources,
+                                 "adopt_prefix(%d): the hit of %d blocks needs %lld table pages, %d of "
+                                 "batch.table_pages = %d are free",
+                                 seq, hit, static_cast<long long>(pages), table_pages_.free_pages(),
+                                 table_pages_.n_pages());
     end_step();
     prefix_.set_namespace(seq, prefix_namespace);
-    const int hit = longest_hit(tokens, n, prefix_namespace);
     for (int g = 0; g < n_groups_; ++g) groups_[g].adopt(seq, prefix_.prompt_keys(), hit);
     if (hit > 0) states_.adopt(seq, prefix_.prompt_keys()[hit - 1], hit * block_size_);
     SequenceState& s = seqs_[seq];
@@ -267,6 +318,7 @@ class BatchParts {
     end_step();
     for (int seq = 0; seq < max_seqs_; ++seq) reset_seq(seq);
     rows_.clear();
+    table_pages_.clear();
     for (int g = 0; g < n_groups_; ++g) groups_[g].clear();
     if (pages_.n_blocks() > 0) pages_.reset();
     states_.clear();
@@ -299,6 +351,12 @@ class BatchParts {
       KVCORE_RETURN_IF_ERROR(admission.check_group(g, groups_[g]));
       need += admission.blocks_needed(g, groups_[g], prefix_.prompt_keys(), hit);
     }
+    std::int64_t pages = 0;  // an inactive sequence's row holds no page
+    for (int g = 0; g < n_groups_; ++g) pages += admission.pages_needed(g, groups_[g]);
+    KVCORE_CHECK_OR_RETURN_ERROR(pages <= table_pages_.free_pages(), OutOfResources,
+                                 "import: the sequence's block tables need %lld table pages, %d of "
+                                 "batch.table_pages = %d are free",
+                                 static_cast<long long>(pages), table_pages_.free_pages(), table_pages_.n_pages());
     const std::int64_t in_pool = states_.blocks_to_restore(in);  // with states in the pool: a block per carried state
     need += in_pool;
     KVCORE_CHECK_OR_RETURN_ERROR(need <= pages_.free_blocks(), OutOfResources,
@@ -347,7 +405,8 @@ class BatchParts {
   internal::Buffer<BlockGroup> groups_;  // [n_groups_]
   StateGroups states_;                   // [n_state_groups_]
   SequenceTable seqs_;
-  TableRows rows_;  // before groups_ is built; the groups point at it
+  TableRows rows_;           // before groups_ is built; the groups point at it
+  TablePages table_pages_;  // every group's block table storage; the groups point at it
   PrefixIndex prefix_;
   StepState step_;
   KVEventQueue events_;  // off until enable_kv_events(); the pools push into it

@@ -40,6 +40,13 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_rewind >= -1 && b.max_rewind <= cfg.capacity, InvalidArgument,
                                "batch.max_rewind = %d: must be in [0, capacity = %d] (or -1 for max_step)",
                                b.max_rewind, cfg.capacity);
+  const int P = b.table_page_blocks;
+  KVCORE_CHECK_OR_RETURN_ERROR(P == 0 || (P >= 1 && P <= (1 << 20) && (P & (P - 1)) == 0), InvalidArgument,
+                               "batch.table_page_blocks = %d: must be a power of two in [1, 1048576] (or 0 for "
+                               "unpaged tables)",
+                               P);
+  KVCORE_CHECK_OR_RETURN_ERROR(b.table_pages >= 0, InvalidArgument,
+                               "batch.table_pages = %d: must be >= 1 (or 0 for every row full)", b.table_pages);
   KVCORE_CHECK_OR_RETURN_ERROR(b.max_active_seqs >= 0 && b.max_active_seqs <= b.max_seqs, InvalidArgument,
                                "batch.max_active_seqs = %d: must be in [1, batch.max_seqs = %d] (or 0 for "
                                "max_seqs)",
@@ -58,6 +65,8 @@ struct BatchSizes {
   int max_holes = 0;
   int max_step_tokens = 1;
   int n_groups = 1;
+  int page_blocks_config = 0;  ///< BatchLimits::table_page_blocks (0: unpaged)
+  int table_pages_config = 0;  ///< BatchLimits::table_pages (0: every row full)
 
   BatchSizes(const CacheConfig& cfg, int groups) noexcept
       : max_seqs(cfg.batch.max_seqs),
@@ -67,21 +76,46 @@ struct BatchSizes {
         block_size(cfg.batch.block_size),
         max_step(cfg.effective_max_step()),
         max_holes(cfg.batch.max_holes),
-        n_groups(groups) {
+        n_groups(groups),
+        page_blocks_config(cfg.batch.table_page_blocks),
+        table_pages_config(cfg.batch.table_pages) {
     // Default: every sequence stepping max_step tokens at once (capped at 2^20 tokens).
     const std::int64_t every = static_cast<std::int64_t>(max_step) * max_seqs;
     max_step_tokens = cfg.batch.max_step_tokens != 0 ? cfg.batch.max_step_tokens
                                                      : static_cast<int>(every < (1 << 20) ? every : (1 << 20));
   }
 
+  /// Entries per table page: the config's, or a whole row unpaged.
+  int page_blocks() const noexcept { return page_blocks_config != 0 ? page_blocks_config : stride; }
+  /// Page ids per row's directory: ceil(stride / P), 1 unpaged.
+  std::int64_t dir_stride() const noexcept {
+    return page_blocks_config != 0 ? (static_cast<std::int64_t>(stride) + page_blocks_config - 1) / page_blocks_config
+                                   : 1;
+  }
+  /// Table pages of every group: one pinned page per row and group unpaged;
+  /// paged, the config's or every row full.
+  std::int64_t table_pages() const noexcept {
+    const std::int64_t full = static_cast<std::int64_t>(n_groups) * rows * dir_stride();
+    return page_blocks_config != 0 && table_pages_config != 0 ? table_pages_config : full;
+  }
+
   /// InvalidArgument when a table would pass 2^31 entries (int indexing).
   Status check_tables() const noexcept {
     const std::int64_t seqs = max_seqs;
     constexpr std::int64_t kMax = 0x7fffffff;
-    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * rows * stride <= kMax, InvalidArgument,
+    KVCORE_CHECK_OR_RETURN_ERROR(page_blocks_config != 0 || static_cast<std::int64_t>(n_groups) * rows * stride <= kMax,
+                                 InvalidArgument,
                                  "%d groups x %d sequences x %d blocks per table: the tables would "
                                  "pass 2^31 entries",
                                  n_groups, rows, stride);
+    KVCORE_CHECK_OR_RETURN_ERROR(table_pages() * page_blocks() <= kMax, InvalidArgument,
+                                 "%lld table pages of batch.table_page_blocks = %d entries: the tables would pass "
+                                 "2^31 entries",
+                                 static_cast<long long>(table_pages()), page_blocks());
+    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * rows * dir_stride() <= kMax, InvalidArgument,
+                                 "%d groups x %d sequences x %lld table pages per row: the page directories "
+                                 "would pass 2^31 entries",
+                                 n_groups, rows, static_cast<long long>(dir_stride()));
     KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(n_groups) * max_step_tokens <= kMax, InvalidArgument,
                                  "%d groups x batch.max_step_tokens = %d: the step's slot tables "
                                  "would pass 2^31 entries",

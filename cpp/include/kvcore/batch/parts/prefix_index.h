@@ -78,11 +78,11 @@ class PrefixIndex {
       if (c.partial < block_size_) continue;
       c.chain = BlockKey::chain(c.chain, partial, block_size_);
       for (int g = 0; g < n_groups; ++g) {  // every group's misses at once, then the keyings
-        const int b = groups[g].table(seq)[c.hashed_blocks];
+        const int b = groups[g].block_at(seq, c.hashed_blocks);
         if (b >= 0) groups[g].pool().prefetch_keying(b, c.chain);
       }
       for (int g = 0; g < n_groups; ++g) {
-        const int b = groups[g].table(seq)[c.hashed_blocks];
+        const int b = groups[g].block_at(seq, c.hashed_blocks);
         if (b >= 0) groups[g].pool().set_key(b, c.chain, c.ns, c.hashed_blocks);
       }
       ++c.hashed_blocks;
@@ -218,7 +218,7 @@ class PrefixIndex {
     for (int i = 0; i < full; ++i) {
       c.chain = BlockKey::chain(c.chain, tokens + static_cast<std::ptrdiff_t>(i) * block_size_, block_size_);
       for (int g = 0; g < n_groups; ++g) {
-        const int b = groups[g].table(seq)[i];
+        const int b = groups[g].block_at(seq, i);
         if (b >= 0 && named(g, i)) groups[g].pool().set_key(b, c.chain, ns, i);
       }
     }
@@ -313,7 +313,7 @@ class PrefixIndex {
       return true;
     }
     for (int g = 0; g < n_groups; ++g) {
-      const int b = groups[g].table(src)[d.hashed_blocks - 1];
+      const int b = groups[g].block_at(src, d.hashed_blocks - 1);
       if (b >= 0 && groups[g].pool().keyed(b)) {
         d.chain = groups[g].pool().key(b);
         return true;

@@ -149,11 +149,25 @@ class SequenceAdmission {
     for (int i = 0; i < ceil_blocks(); ++i) {
       if (!keeps(g, sink_blocks, i) || (i < hit && need.contains(i))) continue;
       const int b = group.pool().allocate();
-      group.table(seq)[i] = b;
+      group.set_block(seq, i, b);
       ++group.held(seq);
       write_block(g, i, b);
     }
     group.lost_below(seq) = lost_below(g, static_cast<std::int64_t>(sink_blocks) * B_);
+  }
+
+  /// The table pages group g's row of the sequence takes (every index it
+  /// keeps: the hit it shares and the blocks it fills), in an empty row.
+  int pages_needed(int g, const BlockGroup& group) const noexcept {
+    if (group.unpaged()) return 0;
+    const int sink_blocks = group.rule().sink_blocks();
+    int n = 0, last = -1;
+    for (int i = 0; i < ceil_blocks(); ++i)
+      if (keeps(g, sink_blocks, i) && group.page_of(i) != last) {
+        last = group.page_of(i);
+        ++n;
+      }
+    return n;
   }
 
   int ceil_blocks() const noexcept {

@@ -40,14 +40,16 @@ struct StepLimits {
   int block_size = 1;
   int capacity = 1;
   int n_state_groups = 0;
+  int table_page_blocks = 0;  ///< BatchLimits::table_page_blocks (0: unpaged)
 };
 
 class StepState {
  public:
   /// The step buffers, and each group's plan pointing into them and at the
-  /// groups' block tables. MemoryAllocationFailed: nothing is assigned (the
-  /// buffers are built in another StepState, moved in once all exist).
-  Status create(const StepLimits& limits, const BlockGroup* groups, int stride,
+  /// groups' block tables (`rows` rows of `stride` entries in `pages`).
+  /// MemoryAllocationFailed: nothing is assigned (the buffers are built in
+  /// another StepState, moved in once all exist).
+  Status create(const StepLimits& limits, const BlockGroup* groups, int stride, int rows, const TablePages& pages,
                 const StateGroup* states) noexcept {
     StepState fresh;
     KVCORE_RETURN_IF_ERROR(fresh.allocate(limits));
@@ -67,8 +69,13 @@ class StepState {
       GroupPlan& gp = fresh.group_plans_[g];
       gp.slots = fresh.slots_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_step_tokens;
       gp.copies = fresh.copies_.get() + static_cast<std::ptrdiff_t>(g) * limits.max_seqs;
-      gp.block_tables = groups[g].tables();
+      gp.block_tables = pages.pinned() ? pages.data() + static_cast<std::ptrdiff_t>(g) * rows * stride : nullptr;
       gp.table_stride = stride;
+      gp.table_pages = pages.data();
+      gp.table_dir = groups[g].directory();
+      gp.dir_stride = groups[g].dir_stride();
+      gp.page_blocks = pages.page_blocks();
+      gp.page_shift = groups[g].page_shift();
       gp.policy = groups[g].policy();
     }
     *this = std::move(fresh);
@@ -96,9 +103,11 @@ class StepState {
   /// more (the State groups' blocks with states in the pool), judged on the
   /// block tables as end() leaves them (a begun step's state slots count as
   /// still held: at worst a replacing step is refused for blocks its
-  /// predecessor's end would give back). Changes nothing.
+  /// predecessor's end would give back), and unless `tables` has the table
+  /// pages the entries' rows lack for the indices they write (end() keeps a
+  /// begun step's pages). Changes nothing.
   Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
-               std::int64_t state_need, const BlockPool& pool) const noexcept;
+               std::int64_t state_need, const BlockPool& pool, const TablePages& tables) const noexcept;
 
   /// The blocks an entry of T tokens of `seq` takes in group g (new ones, or
   /// private copies of shared or named ones), judged as admit() judges each
@@ -167,12 +176,12 @@ class StepState {
   // ended (the same walk before end(), for admission, and after, for planning).
   template <class Visit>
   void walk_entry(const BlockGroup& group, int g, int seq, int length, int T, Visit visit) const noexcept {
-    const int* row = group.table(seq);
+    const std::ptrdiff_t row = group.row_offset(seq);
     const int begun = begun_entry(seq);
     const int first = div_.floor(length);
     const int end = ceil_blocks(length + T);
     for (int b = first; b < end; ++b) {
-      int cur = row[b];
+      int cur = group.block_at_row(row, b);
       if (begun >= 0) cur = b == first ? first_before(g, begun) : -1;
       visit(b, cur);
     }
@@ -184,17 +193,26 @@ class StepState {
   void walk_begun(const SequenceTable& seqs, const BlockGroup& group, int g, Visit visit) const noexcept {
     for (int i = 0; i < active_.n_entries; ++i) {
       const int seq = step_seq_[i];
-      const int* row = group.table(seq);
+      const std::ptrdiff_t row = group.row_offset(seq);
       const int first = div_.floor(seqs[seq].length);
       const int end = ceil_blocks(context_lens_[i]);
       for (int b = first; b < end; ++b) {
         const int before = b == first ? first_before(g, i) : -1;
-        if (row[b] != before) visit(seq, b, row[b], before);
+        const int block = group.block_at_row(row, b);
+        if (block != before) visit(seq, b, block, before);
       }
     }
   }
 
   Status allocate(const StepLimits& limits) noexcept;
+  Status admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
+                     const TablePages& tables) const noexcept;
+  // log2(P) for paged tables of P entries a page, 31 unpaged (a row is one page).
+  static int page_shift_of(int page_blocks) noexcept {
+    for (int s = 0; s < 31; ++s)
+      if (page_blocks == (1 << s)) return s;
+    return 31;
+  }
   int place_entry(BlockGroup& group, int g, int i, int copies) noexcept;
   void fill_slots(const BlockGroup& group, int g, int i, bool tree) noexcept;
 
@@ -204,6 +222,7 @@ class StepState {
   std::uint64_t last_step_id_ = 0;
   std::uint64_t stamp_ = 0;
   std::int64_t walked_blocks_ = 0;  // check_entries: block indices the entries write, summed
+  std::int64_t walked_pages_ = 0;   // check_entries: table pages those indices lie in, summed
   internal::Buffer<std::uint64_t> seen_;  // check_entries' repeat check
   internal::Buffer<int> step_seq_;
   internal::Buffer<int> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
@@ -267,6 +286,8 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
   ++stamp_;
   std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
   std::int64_t walked = 0;  // block indices the entries write, each at most once per entry
+  std::int64_t walked_pages = 0;  // table pages they lie in (paged tables: P = 2^shift)
+  const int page_shift = page_shift_of(lim_.table_page_blocks);
   std::int64_t mask_words = 0;  // the trees' ancestor masks
   for (int i = 0; i < n; ++i) {
     const StepEntry& e = entries[i];
@@ -290,9 +311,12 @@ inline Status StepState::check_entries(const StepEntry* entries, int n, const Se
     KVCORE_CHECK_OR_RETURN_ERROR(tokens <= lim_.max_step_tokens, InvalidArgument,
                                  "begin_step: %d tokens or more, must be <= max_step_tokens = %d", tokens,
                                  lim_.max_step_tokens);
-    walked += div_.floor(length + e.T - 1) - div_.floor(length) + 1;  // length + T - 1 < capacity
+    const int first = div_.floor(length), last = div_.floor(length + e.T - 1);  // length + T - 1 < capacity
+    walked += last - first + 1;
+    walked_pages += (last >> page_shift) - (first >> page_shift) + 1;
   }
   walked_blocks_ = walked;
+  walked_pages_ = walked_pages;
   return trees_.check_mask_words(mask_words);
 }
 
@@ -305,8 +329,9 @@ inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& gr
 }
 
 inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
-                               const BlockGroup* groups, std::int64_t state_need,
-                               const BlockPool& pool) const noexcept {
+                               const BlockGroup* groups, std::int64_t state_need, const BlockPool& pool,
+                               const TablePages& tables) const noexcept {
+  KVCORE_RETURN_IF_ERROR(admit_pages(entries, n, seqs, groups, tables));
   if (lim_.n_groups == 0 && state_need == 0) return Error::Ok;
   // Every group draws from one pool. An entry takes at most one block per
   // index it writes in each group (check_entries counted them), and end()
@@ -333,6 +358,24 @@ inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTa
   return Error::Ok;
 }
 
+inline Status StepState::admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs,
+                                     const BlockGroup* groups, const TablePages& tables) const noexcept {
+  // Each entry writes indices [floor(length / B), ceil((length + T) / B)),
+  // in walked_pages_ pages per group at most: free pages for all admit.
+  if (tables.pinned() || tables.free_pages() >= walked_pages_ * lim_.n_groups) return Error::Ok;
+  std::int64_t need = 0;
+  for (int g = 0; g < lim_.n_groups; ++g)
+    for (int i = 0; i < n; ++i) {
+      const int length = seqs[entries[i].seq].length;
+      need += groups[g].missing_pages(entries[i].seq, div_.floor(length), ceil_blocks(length + entries[i].T));
+    }
+  KVCORE_CHECK_OR_RETURN_ERROR(need <= tables.free_pages(), OutOfResources,
+                               "begin_step: the step's block tables need %lld more table pages, %d of "
+                               "batch.table_pages = %d are free",
+                               static_cast<long long>(need), tables.free_pages(), tables.n_pages());
+  return Error::Ok;
+}
+
 inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
   if (active_.id == 0) return;
   for (int g = 0; g < lim_.n_groups; ++g) {
@@ -340,7 +383,7 @@ inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
     walk_begun(seqs, group, g, [&](int seq, int b, int block, int before) {
       group.pool().release(block);
       if (before < 0) --group.held(seq);
-      group.table(seq)[b] = before;
+      group.set_block(seq, b, before);  // the step's page stays the row's
     });
     group_plans_[g].n_copies = 0;
   }
@@ -358,20 +401,21 @@ inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
 // step can give it back as it was, key included). Returns the group's copies so far.
 inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) noexcept {
   const int seq = step_seq_[i];
-  int* row = group.table(seq);
+  const std::ptrdiff_t row = group.row_offset(seq);
   GroupPool& pool = group.pool();
   const int first = div_.floor(first_positions_[i]);
-  first_before(g, i) = row[first];  // what an abandoned step restores
+  first_before(g, i) = group.block_at_row(row, first);  // what an abandoned step restores
   // walk_entry's blocks: no step is begun here (begin() runs after end()).
   const int end = ceil_blocks(context_lens_[i]);
   for (int b = first; b < end; ++b) {
-    const int cur = row[b];
+    const int cur = group.block_at_row(row, b);
     if (cur < 0) {
-      row[b] = pool.allocate();
+      group.set_block(seq, b, pool.allocate());
       ++group.held(seq);
     } else if (must_copy(pool, cur)) {
-      row[b] = pool.allocate();
-      copies_[g * lim_.max_seqs + copies++] = BlockCopy{cur, row[b]};
+      const int fresh = pool.allocate();
+      group.set_block(seq, b, fresh);
+      copies_[g * lim_.max_seqs + copies++] = BlockCopy{cur, fresh};
     }  // else its own unnamed block: written in place
   }
   return copies;
@@ -381,7 +425,7 @@ inline int StepState::place_entry(BlockGroup& group, int g, int i, int copies) n
 // for the node written there (a tree's node at its chain place).
 inline void StepState::fill_slots(const BlockGroup& group, int g, int i, bool tree) noexcept {
   const int B = lim_.block_size;
-  const int* row = group.table(step_seq_[i]);
+  const std::ptrdiff_t row = group.row_offset(step_seq_[i]);
   const int first = first_positions_[i];
   const int end = context_lens_[i];
   int* slots = slots_.get() + static_cast<std::ptrdiff_t>(g) * lim_.max_step_tokens + query_starts_[i];
@@ -390,7 +434,7 @@ inline void StepState::fill_slots(const BlockGroup& group, int g, int i, bool tr
     const int b = div_.floor(p);
     const std::int64_t next = (static_cast<std::int64_t>(b) + 1) * B;
     const int block_end = next < end ? static_cast<int>(next) : end;
-    const int base = row[b] * B - b * B;  // row[b] * B + p % B for p in block b
+    const int base = group.block_at_row(row, b) * B - b * B;  // block * B + p % B for p in block b
     if (tree) {
       for (; p < block_end; ++p) slots[node_at[p - first]] = base + p;
     } else {
@@ -450,7 +494,7 @@ inline BatchStep StepState::begin(const StepEntry* entries, int n, SequenceTable
     const std::ptrdiff_t row = n_groups > 0 ? groups[0].row_offset(seq) : 0;
     for (int g = 0; g < n_groups; ++g) {
       BlockGroup& group = groups[g];
-      const int cur = group.table_at(row)[b];
+      const int cur = group.block_at_row(row, b);
       if (one_block && cur >= 0 && !must_copy(group.pool(), cur)) {
         first_before(g, i) = cur;
         int* out = slots + g * group_slots + at;

@@ -139,7 +139,7 @@ class PagedReads : public PagedStates {
         positions == nullptr || positions_capacity >= static_cast<std::size_t>(n), InvalidArgument,
         "gather of layer %d: positions holds %zu, needs %d", layer, positions_capacity, n);
     const int B = block_size_;
-    const int* table = entry_table(stored, plan, entry);
+    const TableRow table = entry_table(stored, plan, entry);
     unsigned char* k_at = static_cast<unsigned char*>(k_out);
     unsigned char* v_at = static_cast<unsigned char*>(v_out);
     std::int64_t* pos_at = positions;
@@ -161,7 +161,7 @@ class PagedReads : public PagedStates {
     return n;
   }
 
-  const int* entry_table(const PagedLayer& layer, const BatchStepPlan& plan, int entry) const noexcept {
+  TableRow entry_table(const PagedLayer& layer, const BatchStepPlan& plan, int entry) const noexcept {
     return table_row(plan, layer.group, entry);
   }
 
@@ -185,13 +185,13 @@ class PagedReads : public PagedStates {
     const int seq = plan.seq_ids[entry], first = plan.first_positions[entry], ctx = plan.context_lens[entry];
     const int B = block_size_;
     KVCORE_CHECK_OR_RETURN_ERROR(
-        seq >= 0 && (plan.table_rows == nullptr || plan.table_rows[seq] >= 0) && first >= 0 && first <= ctx && plan.visible_starts[entry] >= 0 && gp.block_tables != nullptr &&
+        seq >= 0 && (plan.table_rows == nullptr || plan.table_rows[seq] >= 0) && first >= 0 && first <= ctx && plan.visible_starts[entry] >= 0 && gp.table_pages != nullptr && gp.table_dir != nullptr &&
             static_cast<std::int64_t>(ctx) <= static_cast<std::int64_t>(gp.table_stride) * B,
         InvalidArgument,
         "gather of layer %d: entry %d (seq %d, positions [%d, %d), table_stride %d) does not fit "
         "its block table",
         layer, entry, seq, first, ctx, gp.table_stride);
-    const int* table = entry_table(stored, plan, entry);
+    const TableRow table = entry_table(stored, plan, entry);
     const int n_blocks = stored.rows / B;
     int n = 0;
     Status bad;
