@@ -174,6 +174,8 @@ class BatchLimits(metaclass=_pybind11_type):
         page_layers: SupportsIndex = 0,
         max_rewind: SupportsIndex = -1,
         states_in_pool: bool = False,
+        table_page_blocks: SupportsIndex = 0,
+        table_pages: SupportsIndex = 0,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
@@ -184,17 +186,24 @@ class BatchLimits(metaclass=_pybind11_type):
         row of ceil(capacity / block_size) entries per active sequence. state_snapshots: named state
         snapshots each State group keeps for prefix reuse (a step ending on a full block names the
         state after it; 0: a model with State layers never hits a prefix), one state slot each.
-        page_layers: layers of one policy form groups of at most this many, so that the pool's
-        pages (one layer of each group) leave no storage unused (0: the fewest layers any policy
-        has, vLLM's rule). max_rewind: the longest rewind, in positions, that ring and chunked
-        groups keep history for (each position costs every sequence a ring position; -1:
-        max_step, 0: never rewinds, as vLLM's sliding window; in [-1, capacity]).
-        states_in_pool: the State groups take their state slots from the one pool, one block per
-        state, and State layers form groups of at most page_layers as K/V layers do (vLLM's hybrid
-        allocator; docs/batch.md section 10): a named snapshot is then a cached block, kept until
-        the pool needs it, and state_snapshots > 0 only turns naming on; False: each State group
-        owns slots of its own beside the pool (InvalidArgumentError: not a bool). Checked when a
-        BatchCache is built (InvalidArgumentError naming the field).
+        page_layers: layers of one policy form groups of at most this many, so that the pool's pages
+        (one layer of each group) leave no storage unused (0: the fewest layers any policy has,
+        vLLM's rule). max_rewind: the longest rewind, in positions, that ring and chunked groups
+        keep history for (each position costs every sequence a ring position; -1: max_step, 0: never
+        rewinds, as vLLM's sliding window; in [-1, capacity]). states_in_pool: the State groups take
+        their state slots from the one pool, one block per state, and State layers form groups of at
+        most page_layers as K/V layers do (vLLM's hybrid allocator; docs/batch.md section 10): a
+        named snapshot is then a cached block, kept until the pool needs it, and state_snapshots > 0
+        only turns naming on; False: each State group owns slots of its own beside the pool
+        (InvalidArgumentError: not a bool). table_page_blocks: 0 keeps each group's block table row
+        a dense array of ceil(capacity / block_size) entries per active sequence; P (a power of two
+        in [1, 2**20]) pages the rows: a row is a directory of pages of P entries taken when it
+        first names a block in a page's span and given back once the page names none, so the tables
+        cost what the sequences hold (docs/batch.md section 5, 'Tables sized by use'); a plan's
+        entry_tables reads either layout. table_pages: with paged tables, the pages every group
+        draws from (0: every active row full in every group); a step, fork, adopt_prefix or admit
+        short of pages raises CapacityError and changes nothing. Checked when a BatchCache is built
+        (InvalidArgumentError naming the field).
         """
     @property
     def block_size(self) -> int:
@@ -226,6 +235,12 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def states_in_pool(self) -> bool:
         """Do the State groups take their state slots from the one pool (one block per state)?"""
+    @property
+    def table_page_blocks(self) -> int:
+        """Block table entries per table page (0: unpaged, a dense row per active sequence)."""
+    @property
+    def table_pages(self) -> int:
+        """Table pages every group draws from when paged (0: every active row full)."""
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -953,7 +968,30 @@ class GroupPlan(metaclass=_pybind11_type):
     def block_tables(self) -> npt.NDArray[np.int32]:
         """(max_active_seqs, table_stride) block of each block index, one row per active sequence,
         -1 for a hole; entry i reads row table_rows[seq_ids[i]] of the plan (row seq_ids[i] when
-        max_active_seqs == max_seqs), its first ceil(context_lens[i] / block_size) entries.
+        max_active_seqs == max_seqs), its first ceil(context_lens[i] / block_size) entries. A
+        zero-copy view of unpaged tables; NotSupportedError when the tables are paged
+        (batch.table_page_blocks > 0: entry_tables reads either layout).
+        """
+    @property
+    def entry_tables(self) -> npt.NDArray[np.int32]:
+        """(n_entries, max over entries of ceil(context_lens[i] / block_size)) int32: row i is entry
+        i's block table (the block of each block index, -1 for a hole), its first
+        ceil(context_lens[i] / block_size) entries, -1 past them: flash-attn's and vLLM's
+        block_table for the step. A copy (O(the step's blocks)), made from either table layout,
+        paged or not.
+        """
+    @property
+    def table_pages(self) -> npt.NDArray[np.int32]:
+        """(table_pages, page_blocks) the pages every group's rows live in (-1 entries: no block).
+        Row r's block index j is table_pages[table_dir[r, j // page_blocks], j % page_blocks] (a
+        page id of -1: every entry -1). Unpaged, a row is one page of table_stride entries. A
+        zero-copy view.
+        """
+    @property
+    def table_dir(self) -> npt.NDArray[np.int32]:
+        """(max_active_seqs, ceil(table_stride / page_blocks)) the page ids of each row of this
+        group (table_rows names a sequence's row), -1 for a page the row holds no block in. A
+        zero-copy view.
         """
     @property
     def policy(self) -> LayerPolicy:
@@ -1026,13 +1064,14 @@ class BatchStepPlan(metaclass=_pybind11_type):
         npt.NDArray[np.int32],
         npt.NDArray[np.int32],
         npt.NDArray[np.int32],
-        tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]], ...],
+        tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32] | None], ...],
     ]:
         """Every array of the plan in one call, as the properties give them (the same read-only
         views of the cache's buffers, no copy): (seq_ids, query_starts, first_positions,
         context_lens, visible_starts, table_rows, groups), groups holding (slots, copies,
-        block_tables) per group. One call instead of a property read per array: what a backend reads
-        every step. InvalidStateError: the step ended.
+        block_tables) per group, block_tables None when the tables are paged (GroupPlan.entry_tables
+        reads them). One call instead of a property read per array: what a backend reads every step.
+        InvalidStateError: the step ended.
         """
     @property
     def table_rows(self) -> npt.NDArray[np.int32]:
@@ -1206,6 +1245,19 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         each group's block tables.
         """
     @property
+    def table_page_blocks(self) -> int:
+        """Block table entries per table page: batch.table_page_blocks, or table_stride when the
+        tables are unpaged (a row is one page).
+        """
+    @property
+    def table_pages(self) -> int:
+        """Table pages every group draws from (unpaged: one per row and group, each a row's)."""
+    @property
+    def free_table_pages(self) -> int:
+        """Table pages no row holds (0 when unpaged). A step is admitted when its entries'
+        table_pages_needed sum to at most this.
+        """
+    @property
     def free_table_rows(self) -> int:
         """Sequences that may still become active (add_sequence, fork into an inactive one) before
         one is refused with CapacityError: max_active_seqs less the active sequences (also when
@@ -1270,6 +1322,13 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     def free_blocks(self, group: SupportsIndex) -> int:
         """Blocks of the one pool no sequence holds (reclaimable cached ones included; the same for
         every group). InvalidArgumentError: group outside [0, n_groups).
+        """
+    def table_pages_needed(self, seq: SupportsIndex, T: SupportsIndex) -> int:
+        """The table pages a step entry of T tokens of seq takes over every group (paged tables: the
+        pages its rows lack for the block indices it writes; 0 unpaged): begin_step admits a step
+        when its entries' sum is at most free_table_pages. Changes nothing. InvalidArgumentError:
+        seq outside [0, max_seqs), T outside [1, max_step]; InvalidStateError: seq not active;
+        CapacityError: length + T > capacity.
         """
     def blocks_needed(self, seq: SupportsIndex, T: SupportsIndex) -> list[int]:
         """The blocks a step entry of T tokens of seq takes in each group (new blocks, and private

@@ -59,6 +59,14 @@ void register_batch_cache(py::module_& m) {
       .def_property_readonly("max_active_seqs", &Cache::max_active_seqs,
                              "Sequences active at once (BatchLimits.max_active_seqs, default max_seqs): "
                              "the rows of each group's block tables.")
+      .def_property_readonly("table_page_blocks", &Cache::table_page_blocks,
+                             "Block table entries per table page: batch.table_page_blocks, or table_stride when "
+                             "the tables are unpaged (a row is one page).")
+      .def_property_readonly("table_pages", &Cache::table_pages,
+                             "Table pages every group draws from (unpaged: one per row and group, each a row's).")
+      .def_property_readonly("free_table_pages", &Cache::free_table_pages,
+                             "Table pages no row holds (0 when unpaged). A step is admitted when its entries' "
+                             "table_pages_needed sum to at most this.")
       .def_property_readonly("free_table_rows", &Cache::free_table_rows,
                              "Sequences that may still become active (add_sequence, fork into an inactive "
                              "one) before one is refused with CapacityError: max_active_seqs less the "

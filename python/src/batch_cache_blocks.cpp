@@ -37,15 +37,11 @@ py::array_t<std::int32_t> block_table(const Cache& c, const IntArg& seq_arg, con
     raise(kvcore::Error::InvalidArgument, "block_table: group = " + std::to_string(group) + ": must be in [0, n_groups = " +
                                               std::to_string(c.n_groups()) + ")");
   const kvcore::SequenceInfo info = unwrap(c.sequence(seq));
-  const std::int64_t row = c.table_rows()[seq];  // -1: inactive, no row
   const std::int64_t B = c.block_size();
-  const py::ssize_t n = info.active && row >= 0 ? static_cast<py::ssize_t>((info.length + B - 1) / B) : 0;
+  const py::ssize_t n = info.active ? static_cast<py::ssize_t>((info.length + B - 1) / B) : 0;
   py::array_t<std::int32_t> out(n);
-  if (n > 0) {
-    const int* table = c.block_tables(group) + row * c.table_stride();
-    std::int32_t* ids = out.mutable_data();
-    for (py::ssize_t i = 0; i < n; ++i) ids[i] = table[i];
-  }
+  std::int32_t* ids = out.mutable_data();
+  for (py::ssize_t i = 0; i < n; ++i) ids[i] = c.block_at(seq, group, static_cast<int>(i));  // either layout
   return out;
 }
 
@@ -89,6 +85,15 @@ void bind_batch_cache_blocks(BatchCacheClass& cls) {
            "them: begin_step admits a step when its entries' sum over every group is at most free_blocks "
            "(plus what a begun step it replaces took), so requests admitted one by one can add their needs up "
            "and begin the step once. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T "
+           "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
+      .def("table_pages_needed",
+           [](const Cache& c, const IntArg& seq, const IntArg& T) {
+             return unwrap(c.table_pages_needed(to_int("seq", seq), to_int("T", T)));
+           },
+           py::arg("seq"), py::arg("T"),
+           "The table pages a step entry of T tokens of seq takes over every group (paged tables: the pages its "
+           "rows lack for the block indices it writes; 0 unpaged): begin_step admits a step when its entries' sum "
+           "is at most free_table_pages. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T "
            "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
       .def("state_blocks_needed",
            [](const Cache& c, const IntArg& seq, const IntArg& T, const py::object& verify) {

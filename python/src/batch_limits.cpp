@@ -23,7 +23,7 @@ void register_batch_limits(py::module_& m) {
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
                        const PyInt& num_blocks, const PyInt& max_holes, const PyInt& max_active_seqs,
                        const PyInt& state_snapshots, const PyInt& page_layers, const PyInt& max_rewind,
-                       const py::object& states_in_pool) {
+                       const py::object& states_in_pool, const PyInt& table_page_blocks, const PyInt& table_pages) {
              if (!py::isinstance<py::bool_>(states_in_pool))
                raise(kvcore::Error::InvalidArgument,
                      "states_in_pool = " + py::repr(states_in_pool).cast<std::string>() + ": must be a bool");
@@ -38,12 +38,14 @@ void register_batch_limits(py::module_& m) {
              b.page_layers = to_int("page_layers", page_layers);
              b.max_rewind = to_int("max_rewind", max_rewind);
              b.states_in_pool = states_in_pool.cast<bool>();
+             b.table_page_blocks = to_int("table_page_blocks", table_page_blocks);
+             b.table_pages = to_int("table_pages", table_pages);
              return b;
            }),
            py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
            py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8, py::arg("max_active_seqs") = 0,
            py::arg("state_snapshots") = 0, py::arg("page_layers") = 0, py::arg("max_rewind") = -1,
-           py::arg("states_in_pool") = false,
+           py::arg("states_in_pool") = false, py::arg("table_page_blocks") = 0, py::arg("table_pages") = 0,
            "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
            "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
            "max_seqs * max_step, at most 2**20). num_blocks: blocks of the one pool every group draws from "
@@ -62,8 +64,14 @@ void register_batch_limits(py::module_& m) {
            "block per state, and State layers form groups of at most page_layers as K/V layers do (vLLM's "
            "hybrid allocator; docs/batch.md section 10): a named snapshot is then a cached block, kept until the "
            "pool needs it, and state_snapshots > 0 only turns naming on; False: each State group owns slots of "
-           "its own beside the pool (InvalidArgumentError: not a bool). Checked when a "
-           "BatchCache is built (InvalidArgumentError naming the field).")
+           "its own beside the pool (InvalidArgumentError: not a bool). table_page_blocks: 0 keeps each group's "
+           "block table row a dense array of ceil(capacity / block_size) entries per active sequence; P (a power "
+           "of two in [1, 2**20]) pages the rows: a row is a directory of pages of P entries taken when it first "
+           "names a block in a page's span and given back once the page names none, so the tables cost what the "
+           "sequences hold (docs/batch.md section 5, 'Tables sized by use'); a plan's entry_tables reads either "
+           "layout. table_pages: with paged tables, the pages every group draws from (0: every active row full in "
+           "every group); a step, fork, adopt_prefix or admit short of pages raises CapacityError and changes "
+           "nothing. Checked when a BatchCache is built (InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
       .def_readonly("max_step_tokens", &kvcore::BatchLimits::max_step_tokens,
@@ -82,6 +90,10 @@ void register_batch_limits(py::module_& m) {
                     "Longest rewind, in positions, ring and chunked groups keep history for (-1: max_step).")
       .def_readonly("states_in_pool", &kvcore::BatchLimits::states_in_pool,
                     "Do the State groups take their state slots from the one pool (one block per state)?")
+      .def_readonly("table_page_blocks", &kvcore::BatchLimits::table_page_blocks,
+                    "Block table entries per table page (0: unpaged, a dense row per active sequence).")
+      .def_readonly("table_pages", &kvcore::BatchLimits::table_pages,
+                    "Table pages every group draws from when paged (0: every active row full).")
       .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 }
 

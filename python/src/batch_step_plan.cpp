@@ -84,7 +84,8 @@ void register_batch_step_plan(py::module_& m) {
           "Every array of the plan in one call, as the properties give them (the same "
           "read-only views of the cache's buffers, no copy): (seq_ids, query_starts, "
           "first_positions, context_lens, visible_starts, table_rows, groups), groups holding "
-          "(slots, copies, block_tables) per group. One call instead of a property read per "
+          "(slots, copies, block_tables) per group, block_tables None when the tables are paged "
+          "(GroupPlan.entry_tables reads them). One call instead of a property read per "
           "array: what a backend reads every step. InvalidStateError: the step ended.")
       .def_property_readonly(
           "positions", [](const BatchPlanHandle& h) { return view_of(current(h).positions, {h.plan.n_tokens}, py::cast(h.step.cache)); },

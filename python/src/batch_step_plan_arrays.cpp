@@ -115,7 +115,8 @@ PlanArrays plan_arrays(const BatchPlanHandle& h) {
     const kvcore::GroupPlan& gp = p.groups[g];
     per_group[3 * g] = one(gp.slots, p.n_tokens);
     per_group[3 * g + 1] = one(gp.copies, gp.n_copies, 2);
-    per_group[3 * g + 2] = one(gp.block_tables, rows, gp.table_stride);
+    // Paged tables have no dense view: None (GroupPlan.entry_tables reads them).
+    per_group[3 * g + 2] = gp.block_tables != nullptr ? one(gp.block_tables, rows, gp.table_stride) : py::none();
   }
   if (reused && memo.tuple()) return py::reinterpret_borrow<PlanArrays>(memo.tuple());
   py::tuple groups(p.n_groups);

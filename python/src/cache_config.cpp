@@ -33,7 +33,8 @@ static std::string repr(const kvcore::CacheConfig& c) {
   if (b.block_size != d.block_size || b.max_seqs != d.max_seqs || b.max_step_tokens != d.max_step_tokens ||
       b.num_blocks != d.num_blocks || b.max_holes != d.max_holes || b.max_active_seqs != d.max_active_seqs ||
       b.state_snapshots != d.state_snapshots || b.page_layers != d.page_layers || b.max_rewind != d.max_rewind ||
-      b.states_in_pool != d.states_in_pool)
+      b.states_in_pool != d.states_in_pool || b.table_page_blocks != d.table_page_blocks ||
+      b.table_pages != d.table_pages)
     s += ", batch=" + repr(b);
   return s + ")";
 }

@@ -24,7 +24,9 @@ inline std::string repr(const kvcore::BatchLimits& b) {
          (b.state_snapshots != 0 ? ", state_snapshots=" + std::to_string(b.state_snapshots) : std::string()) +
          (b.page_layers != 0 ? ", page_layers=" + std::to_string(b.page_layers) : std::string()) +
          (b.max_rewind != -1 ? ", max_rewind=" + std::to_string(b.max_rewind) : std::string()) +
-         (b.states_in_pool ? ", states_in_pool=True" : std::string()) + ")";
+         (b.states_in_pool ? ", states_in_pool=True" : std::string()) +
+         (b.table_page_blocks != 0 ? ", table_page_blocks=" + std::to_string(b.table_page_blocks) : std::string()) +
+         (b.table_pages != 0 ? ", table_pages=" + std::to_string(b.table_pages) : std::string()) + ")";
 }
 
 }  // namespace kvcore_py

@@ -153,6 +153,30 @@ TEST(BatchTablePages, ARefusalForPagesChangesNothing) {
   EXPECT_TRUE(c->check_tables().ok());
 }
 
+TEST(BatchTablePages, AnImportShortOfPagesChangesNothing) {
+  // 12 positions, everything carried: each group keeps blocks 0 .. 5, pages
+  // 0 .. 2 of its row.
+  const std::int32_t bounds[4] = {0, 0, 2, 2};
+  const kvcore::SequenceImport in{12, 0, 0, nullptr, nullptr, bounds, 2};
+  int written = 0;
+  auto count = [&written](int, int, int) { ++written; };
+  auto short_of_pages = make(two_groups(2, 5));
+  ASSERT_NE(short_of_pages, nullptr);
+  const Snapshot before = snapshot(*short_of_pages);
+  const kvcore::Status refused = short_of_pages->admit(0, in, count);
+  EXPECT_EQ(refused.code(), Error::OutOfResources);
+  EXPECT_STREQ(refused.message().c_str(),
+               "import: the sequence's block tables need 6 table pages, 5 of batch.table_pages = 5 are free");
+  EXPECT_TRUE(snapshot(*short_of_pages) == before);
+  EXPECT_EQ(written, 0);
+  auto enough = make(two_groups(2, 6));
+  ASSERT_NE(enough, nullptr);
+  ASSERT_TRUE(enough->admit(0, in, count).ok());
+  EXPECT_EQ(enough->free_table_pages(), 0);
+  EXPECT_EQ(written, 12);  // each group keeps the six carried blocks
+  EXPECT_TRUE(enough->check_tables().ok());
+}
+
 TEST(BatchTablePages, ConfigFieldsAreChecked) {
   CacheConfig cfg = two_groups(3, 0);
   auto bad = BatchCache::create(cfg);
@@ -165,7 +189,18 @@ TEST(BatchTablePages, ConfigFieldsAreChecked) {
   cfg = two_groups(1 << 21, 0);
   EXPECT_EQ(BatchCache::create(cfg).status().code(), Error::InvalidArgument);
   cfg = two_groups(1 << 20, 4096);  // 2^32 entries
-  EXPECT_EQ(BatchCache::create(cfg).status().code(), Error::InvalidArgument);
+  auto pages = BatchCache::create(cfg);
+  EXPECT_EQ(pages.status().code(), Error::InvalidArgument);
+  EXPECT_STREQ(pages.status().message().c_str(),
+               "4096 table pages of batch.table_page_blocks = 1048576 entries: the tables would pass 2^31 entries");
+  cfg = two_groups(1, 1);
+  cfg.capacity = 4096;
+  cfg.batch.block_size = 1;
+  cfg.batch.max_seqs = 1 << 20;  // 2 groups x 2^20 rows x 4096 page ids
+  auto dirs = BatchCache::create(cfg);
+  EXPECT_EQ(dirs.status().code(), Error::InvalidArgument);
+  EXPECT_STREQ(dirs.status().message().c_str(),
+               "2 groups x 1048576 sequences x 4096 table pages per row: the page directories would pass 2^31 entries");
 }
 
 // The same random verbs on a paged cache with few pages and an unpaged one:

@@ -179,18 +179,18 @@ class StepRound:
         plan = self.step.plan()
         B = plan.block_size
         starts, firsts, ends = plan.query_starts, plan.first_positions, plan.context_lens
-        table_rows = plan.table_rows  # a sequence's table row is its id only without max_active_seqs
         planned: dict[str, PlannedEntry] = {}
         groups = [plan.groups[v.group] for v in self.views]
+        tables = [g.entry_tables for g in groups]  # per entry, either table layout
         self.copies = [np.array(g.copies) for g in groups]
         self.live_rows = [self.batch.used_blocks(v.group) * B for v in self.views]
         for i, a in enumerate(self.admitted):
             first, end = int(firsts[i]), int(ends[i])
             writes, reads = [], []
-            for view, group in zip(self.views, groups):
+            for view, group, table in zip(self.views, groups, tables):
                 writes.append(np.asarray(group.slots[starts[i] : starts[i + 1]], np.int64))
                 positions = np.arange(view.first_read(first), end, dtype=np.int64)
-                blocks = group.block_tables[table_rows[a.seq]][positions // B].astype(np.int64)
+                blocks = table[i][positions // B].astype(np.int64)
                 if len(blocks) and blocks.min() < 0:  # kvcore holds every block a query needs
                     raise InternalError(f"request {a.request_id}: group {view.group} reads a released block")
                 reads.append(blocks * B + positions % B)
