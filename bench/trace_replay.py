@@ -411,6 +411,10 @@ class SchedulerConfig:
     # calls: kvcore's queue drained every step, vLLM's enable_kv_cache_events with take_events.
     # False: neither does (kvcore's events, and their checks, off).
     kv_events: bool = True
+    # kvcore's BatchLimits.table_page_blocks: 0 keeps a dense block table row of
+    # ceil(capacity / B) entries per active sequence and group; P pages the rows (tables sized
+    # by use), bounded by table_pages_for().
+    table_page_blocks: int = 0
 
     def __post_init__(self) -> None:
         if not self.step_ms > 0:
@@ -419,6 +423,28 @@ class SchedulerConfig:
             raise ValueError(f"chunk {self.chunk} must be >= 1 and <= token_budget {self.token_budget}")
         if self.max_running < 1:
             raise ValueError(f"max_running {self.max_running} must be >= 1")
+        P = self.table_page_blocks
+        if P < 0 or (P & (P - 1)) != 0:
+            raise ValueError(f"table_page_blocks {P} must be 0 or a power of two")
+
+
+def table_pages_for(num_blocks: int, n_groups: int, max_active: int, stride: int, page_blocks: int) -> int:
+    """The table pages the replay gives a paged cache: every pool block named twice over (shared
+    prefixes name a block in every row that holds it) plus two partly filled pages per row and
+    group, capped at every row full. A step short of pages is refused and the scheduler preempts,
+    as for blocks."""
+    full = n_groups * max_active * -(-stride // page_blocks)
+    return min(full, 2 * -(-num_blocks // page_blocks) + 2 * n_groups * max_active)
+
+
+def table_bytes(cache: Any) -> int:
+    """Bytes of a BatchCache's block tables: dense rows (4 bytes an entry), or the table pages
+    (4 bytes an entry, 8 of counts and free list a page) and each row's page directory."""
+    rows, groups, stride = cache.max_active_seqs, cache.n_groups, cache.table_stride
+    P = cache.table_page_blocks
+    if P == stride and cache.free_table_pages == 0 and cache.table_pages == groups * rows:
+        return groups * rows * stride * 4  # unpaged: a row is one page
+    return cache.table_pages * (P * 4 + 8) + groups * rows * -(-stride // P) * 4
 
 
 @dataclass
@@ -959,6 +985,9 @@ class KvcoreAdapter:
         self.free_ids = list(range(self.max_active - 1, -1, -1))
         self.reserved = [0] * self.n_groups
         self.reserved_states = 0  # with states in the pool: the step's state blocks so far
+        self.reserved_pages = 0  # with paged block tables: the step's table pages so far
+        self.paged = cfg.table_page_blocks > 0
+        self.peak_table_pages = 0
         # Models with state: the keys of the full blocks this step's entries complete (in flight:
         # keyed, and their states named, only when the step commits). A waiting request whose
         # first block past its hit is one of them waits a step instead of computing it again,
@@ -1004,6 +1033,15 @@ class KvcoreAdapter:
         extra: dict[str, Any] = {"page_layers": layout["page_layers"]} if "page_layers" in layout else {}
         if layout.get("states_in_pool"):
             extra["states_in_pool"] = True
+        if cfg.table_page_blocks:
+            stride = -(-capacity // block)
+            # The groups the layout forms, from a one-block cache of the same layers.
+            probe = kvcore.BatchCache(kvcore.CacheConfig(block, layers, max_step=1, batch=kvcore.BatchLimits(
+                **extra, block_size=block, max_seqs=1, num_blocks=1)))
+            groups = probe.n_groups
+            extra["table_page_blocks"] = cfg.table_page_blocks
+            extra["table_pages"] = table_pages_for(layout["num_blocks_flat"], groups, self.max_active, stride,
+                                                   cfg.table_page_blocks)
         limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
                                     max_active_seqs=self.max_active,
                                     max_step_tokens=cfg.token_budget,
@@ -1032,6 +1070,7 @@ class KvcoreAdapter:
         """A new step: nothing reserved yet."""
         self.reserved = [0] * self.n_groups
         self.reserved_states = 0
+        self.reserved_pages = 0
         self.in_flight.clear()
         self.in_flight_of.clear()
         self.named_released.clear()
@@ -1071,7 +1110,11 @@ class KvcoreAdapter:
             self._release(lv)  # without lookup_prefix, the lookup added it
             return False
         if self.has_lookup:
-            got = self._adopt(lv)
+            try:
+                got = self._adopt(lv)
+            except self.kv.CapacityError:  # paged tables: the hit's table pages are not free
+                self._release(lv)
+                return False
             if got != hit:
                 raise AssertionError(f"request {lv.req.index}: adopt_prefix gave {got}, lookup_prefix {hit}")
         ok = self._fits(lv, n)
@@ -1132,15 +1175,18 @@ class KvcoreAdapter:
         t0 = time.thread_time_ns()
         need = self.cache.blocks_needed(lv.handle, n)
         states = self.cache.state_blocks_needed(lv.handle, n) if self.states_in_pool else 0
+        pages = self.cache.table_pages_needed(lv.handle, n) if self.paged else 0
         if self.one_pool:  # the entries' needs over every group against the one pool's free blocks
             ok = sum(self.reserved) + sum(need) + self.reserved_states + states <= self.cache.free_blocks(0)
         else:
             ok = all(self.reserved[g] + need[g] <= self.cache.free_blocks(g) for g in range(self.n_groups))
+        ok = ok and self.reserved_pages + pages <= self.cache.free_table_pages
         self._timed(lv, t0)
         if ok:
             for g in range(self.n_groups):
                 self.reserved[g] += need[g]
             self.reserved_states += states
+            self.reserved_pages += pages
         return ok
 
     def grow(self, lv: Live, n: int) -> bool:
@@ -1252,6 +1298,8 @@ class KvcoreAdapter:
 
     def in_use(self) -> tuple[int, int]:
         """Blocks held by sequences (all groups) and their bytes, with one state per sequence."""
+        if self.paged:
+            self.peak_table_pages = max(self.peak_table_pages, self.cache.table_pages - self.cache.free_table_pages)
         blocks = by = 0
         if self.one_pool:
             blocks = self.cache.num_blocks(0) - self.cache.free_blocks(0)
@@ -1540,7 +1588,12 @@ def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: 
         violation = str(e)
         raise
     out = summarize("kvcore", res, trace, time.perf_counter() - t)
+    cache = adapter.cache
+    unpaged = cache.n_groups * cache.max_active_seqs * cache.table_stride * 4
     out.update({"feasible": True, "layout": layout, "violation": violation,
+                "table_bytes": table_bytes(cache), "table_bytes_unpaged": unpaged,
+                "table_page_blocks": cfg.table_page_blocks, "table_pages": cache.table_pages,
+                "peak_table_pages": adapter.peak_table_pages,
                 "lookup": "lookup_prefix" if adapter.has_lookup else "adopt_prefix",
                 "kv_events_checked": dict(adapter.events) if adapter.has_events and check else None})
     return out
@@ -1620,6 +1673,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{fmt_bytes(kv.get('peak_bytes', 0)):>7} {fmt_bytes(vl.get('peak_bytes', 0)):>7} | "
               f"{g(kv, 'cpu_us_median', '{:.0f}'):>7} {g(vl, 'cpu_us_median', '{:.0f}'):>7} "
               f"{('-' if vl_req is None else f'{vl_req:.0f}'):>7} | {g(row['compare'], 'kvcore_fewer_count'):>5}")
+    paged = [row for row in rows if row.get("kvcore", {}).get("table_page_blocks")]
+    if paged:
+        print("kvcore block tables, paged (table_page_blocks): bytes allocated against dense rows, peak pages in use")
+        for row in paged:
+            kv = row["kvcore"]
+            print(f"{row['model']:9} {row['block']:>4} {row['budget']:>6}: {kv['table_bytes'] / 2**20:8.2f} MiB against "
+                  f"{kv['table_bytes_unpaged'] / 2**20:8.2f} MiB ({kv['table_bytes_unpaged'] / kv['table_bytes']:.1f}x "
+                  f"smaller), {kv['peak_table_pages']} of {kv['table_pages']} pages of {kv['table_page_blocks']} in use "
+                  f"at most")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1649,6 +1711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="kvcore's rewind margin (BatchLimits.max_rewind; -1: the chunk)")
     ap.add_argument("--no-kv-events", action="store_true",
                     help="neither system publishes KV events (default: both do, timed on both sides)")
+    ap.add_argument("--table-page-blocks", type=int, default=SchedulerConfig.table_page_blocks, metavar="P",
+                    help="kvcore: page its block tables, P entries a page (0: dense rows)")
     ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--vllm-results", help="comma list of earlier --out files: take vLLM's rows from them "
@@ -1664,7 +1728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.limit = args.limit or 200
         args.budgets = "2x"
     cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running, args.max_rewind,
-                          kv_events=not args.no_kv_events)
+                          kv_events=not args.no_kv_events, table_page_blocks=args.table_page_blocks)
     if args.generate:
         trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)
         if args.limit:

@@ -79,6 +79,30 @@ def test_a_hybrid_with_its_states_in_the_pool_keeps_every_check(budget_name: str
         assert out["hits"] == out["ideal_online"] and out["reused_tokens"] > 0
 
 
+@pytest.mark.parametrize("model_name", ["llama", "gemma3"])
+def test_paged_tables_replay_as_dense_ones_in_less_memory(model_name: str) -> None:
+    # BatchLimits.table_page_blocks (docs/batch.md section 5, "Tables sized by use"): the same
+    # hits and preemptions as dense rows at a budget where eviction matters, every check kept,
+    # and the tables' bytes below the dense rows'.
+    trace = _trace(60, seed=5)
+    model = tr.make_model(model_name)
+    capacity = tr.capacity_of(trace, 16)
+    budgets, _ = tr.budgets_for(model, 16, trace, CFG, capacity, ["0.7x"], None, None,
+                                one_pool=tr.kvcore_one_pool())
+    runs = []
+    for page_blocks in (0, 8):
+        cfg = tr.SchedulerConfig(step_ms=50.0, token_budget=2048, chunk=512, max_running=16,
+                                 table_page_blocks=page_blocks)
+        runs.append(tr.run_kvcore(trace, model, 16, budgets["0.7x"], cfg, capacity, exact=False,
+                                  ideal_trace=tr.trace_ideal(trace, 16)))
+    dense, paged = runs
+    assert paged["violation"] is None and paged["table_page_blocks"] == 8
+    assert (paged["hits"], paged["preempted"], paged["refused"]) == (dense["hits"], dense["preempted"], dense["refused"])
+    assert dense["table_bytes"] == dense["table_bytes_unpaged"]
+    assert 0 < paged["peak_table_pages"] <= paged["table_pages"]
+    assert paged["table_bytes"] < dense["table_bytes"]
+
+
 def test_a_hybrid_request_waits_for_the_prefix_another_computes() -> None:
     # Two requests with one 20-block prompt (12 prefill steps at 544 tokens a step), the second
     # arriving while the first computes it: the scheduler keeps the second waiting while its
@@ -151,6 +175,8 @@ def test_bad_arguments_name_the_value() -> None:
         tr.make_model("gpt")
     with pytest.raises(ValueError, match="chunk 600"):
         tr.SchedulerConfig(token_budget=512, chunk=600)
+    with pytest.raises(ValueError, match="table_page_blocks 3"):
+        tr.SchedulerConfig(table_page_blocks=3)
     bad = tr.TraceRequest(0, 0.0, 2000, 1, (1, 2))
     with pytest.raises(ValueError, match="input_length 2000"):
         tr._check_request(bad)
