@@ -1,15 +1,16 @@
 // BatchParts: the parts one BatchCache is composed of (docs/design.md section
 // 6), built together at create(), and the moves that keep them in step when a
 // verb changes a sequence. BatchCache is the front: it checks each verb's
-// arguments and answers the faces' queries; once a verb is admitted it calls
-// one move here (activate, release, fork_into, adopt, truncate, clear_parts,
-// import_sequence), and every move first ends any begun step (end_step: the
-// tables a plan points into change). The moves release a sequence's blocks
-// tail first across the groups, so the one pool's cached chains shorten from
-// their end in every group alike. The parts: the GroupLayout, the one
-// BlockPool and its BlockGroups, the StateGroups, the SequenceTable, the
-// TableRows, the PrefixIndex, the StepState and the KV event queue. Every
-// table is allocated in build(); no move allocates.
+// arguments, and its base BatchQueries (batch_queries.h) answers the faces'
+// queries; once a verb is admitted BatchCache calls one move here (activate,
+// release, fork_into, adopt, truncate, clear_parts, import_sequence), and
+// every move first ends any begun step (end_step: the tables a plan points
+// into change). The moves release a sequence's blocks tail first across the
+// groups, so the one pool's cached chains shorten from their end in every
+// group alike. The parts: the GroupLayout, the one BlockPool and its
+// BlockGroups, the StateGroups, the SequenceTable, the TableRows, the
+// PrefixIndex, the StepState and the KV event queue. Every table is
+// allocated in build(); no move allocates.
 #pragma once
 
 #include <cstdint>

@@ -1,49 +1,33 @@
-// StepState: the begun step of a BatchCache and its plan. begin() walks each
-// entry's block indices once per group, and admission counts them the same way
-// beforehand (walk_entry sees each index as it will be once a begun step this
-// one replaces has ended), so what admission counts is what planning takes.
-// A pool with a free block for every index the entries write admits without
-// counting (the usual step: check_entries sums the indices as it checks).
-// end() gives back what the begun step took (walk_begun), which is also what
-// admission counts as free again. commit() makes the step's lengths the
-// sequences' and lets the groups release what the windows passed. A decode
+// StepState: the begun step of a BatchCache and its plan: begin() takes each
+// admitted entry's blocks and slots, plan() shows them, commit() makes the
+// step's lengths the sequences' and lets the groups release what the windows
+// passed. It stands on StepAdmission (whether a step fits, step_admission.h)
+// and BegunStep (what the step recorded, end(), begun_step.h). A decode
 // step's chain entry that writes within a block it holds alone is planned in
 // place, with no walk. State groups (state_group.h) plan each entry's state
 // slots after its blocks; a tree commit lists their slot copies beside the
 // groups' row copies.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <new>
 #include <utility>
 
 #include "kvcore/batch/batch_faces.h"
 #include "kvcore/batch/batch_plan.h"
-#include "kvcore/batch/parts/block_divisor.h"
+#include "kvcore/batch/block_key.h"
+#include "kvcore/batch/parts/begun_step.h"
 #include "kvcore/batch/parts/block_group.h"
 #include "kvcore/batch/parts/prefix_index.h"
 #include "kvcore/batch/parts/sequence_table.h"
 #include "kvcore/batch/parts/state_group.h"
-#include "kvcore/batch/parts/step_trees.h"
-#include "kvcore/core/buffer.h"
+#include "kvcore/batch/parts/step_admission.h"
+#include "kvcore/batch/parts/table_pages.h"
 #include "kvcore/core/result.h"
 
 namespace kvcore {
 
-/// The sizes a StepState is built for.
-struct StepLimits {
-  int max_seqs = 1;
-  int n_groups = 1;
-  int max_step = 1;         ///< largest T of one entry
-  int max_step_tokens = 1;  ///< tokens of one step
-  int block_size = 1;
-  int capacity = 1;
-  int n_state_groups = 0;
-  int table_page_blocks = 0;  ///< BatchLimits::table_page_blocks (0: unpaged)
-};
-
-class StepState {
+class StepState : public StepAdmission {
  public:
   /// The step buffers, and each group's plan pointing into them and at the
   /// groups' block tables (`rows` rows of `stride` entries in `pages`).
@@ -82,51 +66,10 @@ class StepState {
     return Error::Ok;
   }
 
-  /// The begun step, or id 0.
-  const BatchStep& active() const noexcept { return active_; }
-  Status check(const BatchStep& step) const noexcept {
-    KVCORE_CHECK_OR_RETURN_ERROR(active_.id != 0, InvalidState, "step %llu: no step is begun",
-                                 static_cast<unsigned long long>(step.id));
-    KVCORE_CHECK_OR_RETURN_ERROR(step.id == active_.id, InvalidState,
-                                 "step %llu: not the begun step (%llu)",
-                                 static_cast<unsigned long long>(step.id),
-                                 static_cast<unsigned long long>(active_.id));
-    return Error::Ok;
-  }
-
-  /// The entries of begin_step: n in [1, max_seqs], each an active sequence
-  /// once, T in [1, max_step], within capacity, at most max_step_tokens in all.
-  Status check_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept;
-
-  /// OutOfResources unless `pool` has the blocks the entries need in every
-  /// group (new ones, or private copies of shared ones) and `state_need`
-  /// more (the State groups' blocks with states in the pool), judged on the
-  /// block tables as end() leaves them (a begun step's state slots count as
-  /// still held: at worst a replacing step is refused for blocks its
-  /// predecessor's end would give back), and unless `tables` has the table
-  /// pages the entries' rows lack for the indices they write (end() keeps a
-  /// begun step's pages). Changes nothing.
-  Status admit(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
-               std::int64_t state_need, const BlockPool& pool, const TablePages& tables) const noexcept;
-
-  /// The blocks an entry of T tokens of `seq` takes in group g (new ones, or
-  /// private copies of shared or named ones), judged as admit() judges each
-  /// entry: admit() refuses a group whose entries' sum passes its free blocks
-  /// (plus what end() gives back). Changes nothing.
-  int entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq, int T) const noexcept;
-
   /// Begins the admitted step (any begun one has ended): each entry's blocks
   /// and slots, copies of shared blocks. Never fails.
   BatchStep begin(const StepEntry* entries, int n, SequenceTable& seqs, BlockGroup* groups,
                   StateGroup* states) noexcept;
-
-  /// Ends a begun step: the tables go back to what they were before it. The
-  /// blocks it allocated return to the pools: those past each sequence's
-  /// length, and at the index of its first new position a fresh block or a
-  /// copy-on-write block (the backend may never have made the copy: the
-  /// sequence gets back the shared block it copied from, which the step kept
-  /// holding).
-  void end(SequenceTable& seqs, BlockGroup* groups) noexcept;
 
   /// Checks the accepted paths of a commit of the begun step (step checked):
   /// StepTrees::check_accepted. A plain commit is (nullptr, 0).
@@ -161,239 +104,9 @@ class StepState {
   BatchStepPlan plan() const noexcept;
 
  private:
-  int ceil_blocks(int positions) const noexcept { return div_.ceil(positions); }
-  // The entry of `seq` in the begun step, or -1.
-  int begun_entry(int seq) const noexcept {
-    if (active_.id == 0) return -1;
-    const int i = entry_of_[seq];
-    return i < active_.n_entries && step_seq_[i] == seq ? i : -1;
-  }
-  int& first_before(int g, int entry) noexcept { return first_before_[g * lim_.max_seqs + entry]; }
-  int first_before(int g, int entry) const noexcept { return first_before_[g * lim_.max_seqs + entry]; }
-
-  // Visits (index, block) for the block indices an entry of T tokens at
-  // `length` writes in group g, each block as it is once any begun step has
-  // ended (the same walk before end(), for admission, and after, for planning).
-  template <class Visit>
-  void walk_entry(const BlockGroup& group, int g, int seq, int length, int T, Visit visit) const noexcept {
-    const std::ptrdiff_t row = group.row_offset(seq);
-    const int begun = begun_entry(seq);
-    const int first = div_.floor(length);
-    const int end = ceil_blocks(length + T);
-    for (int b = first; b < end; ++b) {
-      int cur = group.block_at_row(row, b);
-      if (begun >= 0) cur = b == first ? first_before(g, begun) : -1;
-      visit(b, cur);
-    }
-  }
-
-  // Visits (seq, index, block, before) for each block the begun step put in
-  // group g's tables in place of `before` (-1: none).
-  template <class Visit>
-  void walk_begun(const SequenceTable& seqs, const BlockGroup& group, int g, Visit visit) const noexcept {
-    for (int i = 0; i < active_.n_entries; ++i) {
-      const int seq = step_seq_[i];
-      const std::ptrdiff_t row = group.row_offset(seq);
-      const int first = div_.floor(seqs[seq].length);
-      const int end = ceil_blocks(context_lens_[i]);
-      for (int b = first; b < end; ++b) {
-        const int before = b == first ? first_before(g, i) : -1;
-        const int block = group.block_at_row(row, b);
-        if (block != before) visit(seq, b, block, before);
-      }
-    }
-  }
-
-  Status allocate(const StepLimits& limits) noexcept;
-  Status admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
-                     const TablePages& tables) const noexcept;
-  // log2(P) for paged tables of P entries a page, 31 unpaged (a row is one page).
-  static int page_shift_of(int page_blocks) noexcept {
-    for (int s = 0; s < 31; ++s)
-      if (page_blocks == (1 << s)) return s;
-    return 31;
-  }
   int place_entry(BlockGroup& group, int g, int i, int copies) noexcept;
   void fill_slots(const BlockGroup& group, int g, int i, bool tree) noexcept;
-
-  StepLimits lim_;
-  BlockDivisor div_;
-  BatchStep active_;
-  std::uint64_t last_step_id_ = 0;
-  std::uint64_t stamp_ = 0;
-  std::int64_t walked_blocks_ = 0;  // check_entries: block indices the entries write, summed
-  std::int64_t walked_pages_ = 0;   // check_entries: table pages those indices lie in, summed
-  internal::Buffer<std::uint64_t> seen_;  // check_entries' repeat check
-  internal::Buffer<int> step_seq_;
-  internal::Buffer<int> entry_of_;  // [seq]: its entry in the begun step (check step_seq_)
-  internal::Buffer<int> query_starts_;
-  internal::Buffer<int> first_positions_;
-  internal::Buffer<int> context_lens_;
-  internal::Buffer<int> visible_starts_;
-  internal::Buffer<const PositionRange*> holes_of_;
-  internal::Buffer<int> n_holes_of_;
-  internal::Buffer<bool> tokens_given_;
-  internal::Buffer<std::int32_t> step_tokens_;
-  internal::Buffer<int> slots_;         // [g][max_step_tokens]
-  internal::Buffer<BlockCopy> copies_;  // [g][max_seqs]
-  internal::Buffer<int> first_before_;  // [g][entry]: the block at its first position's index before the step
-  internal::Buffer<GroupPlan> group_plans_;
-  internal::Buffer<StateGroupPlan> state_plans_;  // [state group]
-  internal::Buffer<bool> keep_each_;              // [entry]: verify or tree: each state kept
-  StepTrees trees_;
 };
-
-// A step writing into `block` copies it when another sequence holds it, or
-// when it is named: a named block never changes, so its key survives an
-// abandoned step and stays true for the sequences that find it later.
-inline bool must_copy(const GroupPool& pool, int block) noexcept {
-  return pool.refs(block) > 1 || pool.keyed(block);
-}
-
-inline Status StepState::allocate(const StepLimits& limits) noexcept {
-  const std::int64_t seqs = limits.max_seqs;
-  const std::int64_t per_groups = limits.n_groups * seqs;
-  seen_ = internal::Buffer<std::uint64_t>::make_zeroed(seqs);
-  step_seq_ = internal::Buffer<int>::make(seqs);
-  entry_of_ = internal::Buffer<int>::make_zeroed(seqs);
-  query_starts_ = internal::Buffer<int>::make(seqs + 1);
-  first_positions_ = internal::Buffer<int>::make(seqs);
-  context_lens_ = internal::Buffer<int>::make(seqs);
-  visible_starts_ = internal::Buffer<int>::make(seqs);
-  holes_of_ = internal::Buffer<const PositionRange*>::make(seqs);
-  n_holes_of_ = internal::Buffer<int>::make(seqs);
-  tokens_given_ = internal::Buffer<bool>::make(seqs);
-  step_tokens_ = internal::Buffer<std::int32_t>::make(limits.max_step_tokens);
-  slots_ = internal::Buffer<int>::make(static_cast<std::int64_t>(limits.n_groups) * limits.max_step_tokens);
-  copies_ = internal::Buffer<BlockCopy>::make(per_groups);
-  first_before_ = internal::Buffer<int>::make(per_groups);
-  group_plans_ = internal::Buffer<GroupPlan>::make(limits.n_groups);
-  state_plans_ = internal::Buffer<StateGroupPlan>::make(limits.n_state_groups);
-  keep_each_ = internal::Buffer<bool>::make(seqs);
-  KVCORE_CHECK_OR_RETURN_ERROR(seen_ && step_seq_ && entry_of_ && query_starts_ && first_positions_ &&
-                                   context_lens_ && visible_starts_ && holes_of_ && n_holes_of_ &&
-                                   tokens_given_ && step_tokens_ && slots_ && copies_ && first_before_ &&
-                                   group_plans_ && state_plans_ && keep_each_,
-                               MemoryAllocationFailed, "cannot allocate the step buffers of %d tokens",
-                               limits.max_step_tokens);
-  return Error::Ok;
-}
-
-inline Status StepState::check_entries(const StepEntry* entries, int n, const SequenceTable& seqs) noexcept {
-  KVCORE_CHECK_OR_RETURN_ERROR(n >= 1 && n <= lim_.max_seqs, InvalidArgument,
-                               "begin_step: %d entries, must be in [1, max_seqs = %d]", n, lim_.max_seqs);
-  KVCORE_CHECK_OR_RETURN_ERROR(entries != nullptr, InvalidArgument, "begin_step: entries is null");
-  ++stamp_;
-  std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
-  std::int64_t walked = 0;  // block indices the entries write, each at most once per entry
-  std::int64_t walked_pages = 0;  // table pages they lie in (paged tables: P = 2^shift)
-  const int page_shift = page_shift_of(lim_.table_page_blocks);
-  std::int64_t mask_words = 0;  // the trees' ancestor masks
-  for (int i = 0; i < n; ++i) {
-    const StepEntry& e = entries[i];
-    if (!seqs.is_active(e.seq)) return seqs.check_active("begin_step", e.seq);
-    KVCORE_CHECK_OR_RETURN_ERROR(seen_[e.seq] != stamp_, InvalidArgument, "begin_step: sequence %d appears twice",
-                                 e.seq);
-    seen_[e.seq] = stamp_;
-    KVCORE_CHECK_OR_RETURN_ERROR(e.T >= 1 && e.T <= lim_.max_step, InvalidArgument,
-                                 "begin_step: sequence %d with T = %d, must be in [1, max_step = %d]", e.seq,
-                                 e.T, lim_.max_step);
-    if (e.parents != nullptr) {
-      KVCORE_RETURN_IF_ERROR(StepTrees::check_entry(e));
-      mask_words += StepTrees::mask_words(e);
-    }
-    const int length = seqs[e.seq].length;
-    KVCORE_CHECK_OR_RETURN_ERROR(static_cast<std::int64_t>(length) + e.T <= lim_.capacity, OutOfResources,
-                                 "begin_step: sequence %d at length %d with T = %d would pass "
-                                 "capacity = %d",
-                                 e.seq, length, e.T, lim_.capacity);
-    tokens += e.T;
-    KVCORE_CHECK_OR_RETURN_ERROR(tokens <= lim_.max_step_tokens, InvalidArgument,
-                                 "begin_step: %d tokens or more, must be <= max_step_tokens = %d", tokens,
-                                 lim_.max_step_tokens);
-    const int first = div_.floor(length), last = div_.floor(length + e.T - 1);  // length + T - 1 < capacity
-    walked += last - first + 1;
-    walked_pages += (last >> page_shift) - (first >> page_shift) + 1;
-  }
-  walked_blocks_ = walked;
-  walked_pages_ = walked_pages;
-  return trees_.check_mask_words(mask_words);
-}
-
-inline int StepState::entry_need(const SequenceTable& seqs, const BlockGroup& group, int g, int seq,
-                                  int T) const noexcept {
-  const GroupPool& pool = group.pool();
-  int need = 0;
-  walk_entry(group, g, seq, seqs[seq].length, T, [&](int, int cur) { need += cur < 0 || must_copy(pool, cur); });
-  return need;
-}
-
-inline Status StepState::admit(const StepEntry* entries, int n, const SequenceTable& seqs,
-                               const BlockGroup* groups, std::int64_t state_need, const BlockPool& pool,
-                               const TablePages& tables) const noexcept {
-  KVCORE_RETURN_IF_ERROR(admit_pages(entries, n, seqs, groups, tables));
-  if (lim_.n_groups == 0 && state_need == 0) return Error::Ok;
-  // Every group draws from one pool. An entry takes at most one block per
-  // index it writes in each group (check_entries counted them), and end()
-  // only adds free blocks: a pool with that many free admits the step,
-  // whatever the exact count below would say.
-  if (pool.free_blocks() >= walked_blocks_ * lim_.n_groups + state_need) return Error::Ok;
-  std::int64_t need = state_need;
-  int freed = 0;  // what end() gives back
-  for (int g = 0; g < lim_.n_groups; ++g) {
-    for (int i = 0; i < n; ++i) need += entry_need(seqs, groups[g], g, entries[i].seq, entries[i].T);
-    walk_begun(seqs, groups[g], g, [&](int, int, int, int) { ++freed; });
-  }
-  const int free = pool.free_blocks() + freed;
-  KVCORE_CHECK_OR_RETURN_ERROR(need <= free || state_need > 0, OutOfResources,
-                               "begin_step: the step needs %lld blocks over its %d group%s, %d of the pool's %d are free",
-                               static_cast<long long>(need), lim_.n_groups, lim_.n_groups == 1 ? "" : "s", free,
-                               pool.n_blocks());
-  KVCORE_CHECK_OR_RETURN_ERROR(need <= free, OutOfResources,
-                               "begin_step: the step needs %lld blocks over its %d groups (%lld of them for the "
-                               "states of %d State group%s), %d of the pool's %d are free",
-                               static_cast<long long>(need), lim_.n_groups + lim_.n_state_groups,
-                               static_cast<long long>(state_need), lim_.n_state_groups,
-                               lim_.n_state_groups == 1 ? "" : "s", free, pool.n_blocks());
-  return Error::Ok;
-}
-
-inline Status StepState::admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs,
-                                     const BlockGroup* groups, const TablePages& tables) const noexcept {
-  // Each entry writes indices [floor(length / B), ceil((length + T) / B)),
-  // in walked_pages_ pages per group at most: free pages for all admit.
-  if (tables.pinned() || tables.free_pages() >= walked_pages_ * lim_.n_groups) return Error::Ok;
-  std::int64_t need = 0;
-  for (int g = 0; g < lim_.n_groups; ++g)
-    for (int i = 0; i < n; ++i) {
-      const int length = seqs[entries[i].seq].length;
-      need += groups[g].missing_pages(entries[i].seq, div_.floor(length), ceil_blocks(length + entries[i].T));
-    }
-  KVCORE_CHECK_OR_RETURN_ERROR(need <= tables.free_pages(), OutOfResources,
-                               "begin_step: the step's block tables need %lld more table pages, %d of "
-                               "batch.table_pages = %d are free",
-                               static_cast<long long>(need), tables.free_pages(), tables.n_pages());
-  return Error::Ok;
-}
-
-inline void StepState::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
-  if (active_.id == 0) return;
-  for (int g = 0; g < lim_.n_groups; ++g) {
-    BlockGroup& group = groups[g];
-    walk_begun(seqs, group, g, [&](int seq, int b, int block, int before) {
-      group.pool().release(block);
-      if (before < 0) --group.held(seq);
-      group.set_block(seq, b, before);  // the step's page stays the row's
-    });
-    group_plans_[g].n_copies = 0;
-  }
-  for (int i = 0; i < active_.n_entries; ++i) {
-    SequenceState& s = seqs[step_seq_[i]];
-    const int end = ceil_blocks(s.length);
-    if (s.alloc_end > end) s.alloc_end = end;
-  }
-  active_ = BatchStep{};
-}
 
 // Entry i's blocks in group g: new ones, private copies of shared or named
 // ones (the step keeps holding the copied block until it commits, so no entry
