@@ -76,6 +76,10 @@ class BlockGroup {
     if (dir_stride > 1)
       for (int s = 0; s < 31; ++s)
         if ((1 << s) == P) shift_ = s, mask_ = P - 1;
+    // Unpaged: the group's pinned pages are its dense rows, read and written
+    // in place (no directory lookup, no counts: a pinned page never goes back).
+    dense_ = pages.pinned() ? pages.data() + static_cast<std::ptrdiff_t>(group) * rows.rows() * stride : nullptr;
+    stride_ = stride;
     block_size_ = block_size;
     clear_directory();
     return Error::Ok;
@@ -98,6 +102,7 @@ class BlockGroup {
   }
   /// Block index i of the row at `offset` (row_offset()), -1 for none.
   int block_at_row(std::ptrdiff_t offset, int i) const noexcept {
+    if (dense_ != nullptr) return dense_[offset * stride_ + i];  // unpaged: offset is the row
     const int page = dir_.get()[offset + (i >> shift_)];
     return page < 0 ? -1 : pages_->entry(page, i & mask_);
   }
@@ -108,6 +113,10 @@ class BlockGroup {
   /// A page left without blocks stays the row's (set_block never gives one
   /// back: what admission counted stays true until a drop).
   void set_block(int seq, int i, int block) noexcept {
+    if (dense_ != nullptr) {
+      dense_[row_offset(seq) * stride_ + i] = block;
+      return;
+    }
     int& page = dir_.get()[row_offset(seq) + (i >> shift_)];
     if (page < 0) page = pages_->take();
     int& e = pages_->entry(page, i & mask_);
@@ -174,6 +183,14 @@ class BlockGroup {
   /// `seq` gives back its block at index i, if any; a page left without
   /// blocks goes back to the TablePages.
   void drop(int seq, int i) noexcept {
+    if (dense_ != nullptr) {
+      int& e = dense_[row_offset(seq) * stride_ + i];
+      if (e < 0) return;
+      pool_.release(e);
+      e = -1;
+      --held_[seq];
+      return;
+    }
     int& page = dir_.get()[row_offset(seq) + (i >> shift_)];
     if (page < 0) return;
     int& e = pages_->entry(page, i & mask_);
@@ -181,7 +198,7 @@ class BlockGroup {
     pool_.release(e);
     e = -1;
     --held_[seq];
-    if (--pages_->live(page) == 0 && !pages_->pinned()) {
+    if (--pages_->live(page) == 0) {
       pages_->give(page);
       page = -1;
     }
@@ -259,8 +276,13 @@ class BlockGroup {
   }
 
   /// Internal unless each page a row names counts its entries naming a block
-  /// (live); adds the pages named to `*named`. O(the rows' pages).
+  /// (live); adds the pages named to `*named`. O(the rows' pages). Unpaged
+  /// rows keep no counts: each is its one pinned page.
   Status check_pages(std::int64_t* named) const noexcept {
+    if (dense_ != nullptr) {
+      *named += rows_->rows();
+      return Error::Ok;
+    }
     const int P = pages_->page_blocks();
     for (std::int64_t d = 0; d < static_cast<std::int64_t>(rows_->rows()) * dir_stride_; ++d) {
       const int page = dir_.get()[d];
@@ -300,7 +322,9 @@ class BlockGroup {
   TablePages* pages_ = nullptr;
   int max_seqs_ = 0;
   int dir_stride_ = 1;
+  int stride_ = 0;
   int group_ = 0;
+  int* dense_ = nullptr;  // unpaged: the group's rows, [rows][stride_]
   int shift_ = 31;          // i >> shift_: the page of index i in the directory
   int mask_ = 0x7fffffff;   // i & mask_: its entry in that page
   int block_size_ = 1;

@@ -47,13 +47,6 @@ class StepAdmission : public BegunStep {
  private:
   Status admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
                      const TablePages& tables) const noexcept;
-  // log2(P) for paged tables of P entries a page, 31 unpaged (a row is one page).
-  static int page_shift_of(int page_blocks) noexcept {
-    for (int s = 0; s < 31; ++s)
-      if (page_blocks == (1 << s)) return s;
-    return 31;
-  }
-
   std::uint64_t stamp_ = 0;
   std::int64_t walked_blocks_ = 0;  // check_entries: block indices the entries write, summed
   std::int64_t walked_pages_ = 0;   // check_entries: table pages those indices lie in, summed
@@ -67,7 +60,7 @@ inline Status StepAdmission::check_entries(const StepEntry* entries, int n, cons
   std::int64_t tokens = 0;  // n values of T up to max_step each: 64 bits
   std::int64_t walked = 0;  // block indices the entries write, each at most once per entry
   std::int64_t walked_pages = 0;  // table pages they lie in (paged tables: P = 2^shift)
-  const int page_shift = page_shift_of(lim_.table_page_blocks);
+  const int page_shift = lim_.table_page_shift;
   std::int64_t mask_words = 0;  // the trees' ancestor masks
   for (int i = 0; i < n; ++i) {
     const StepEntry& e = entries[i];

@@ -49,6 +49,7 @@ class TablePages {
   bool pinned() const noexcept { return pinned_; }
   /// Every page's entries, page after page.
   const int* data() const noexcept { return data_.get(); }
+  int* data() noexcept { return data_.get(); }
 
   /// Entry `i` of page `page`.
   int& entry(int page, int i) noexcept { return data_.get()[static_cast<std::int64_t>(page) * page_blocks_ + i]; }
