@@ -413,7 +413,7 @@ class SchedulerConfig:
     kv_events: bool = True
     # kvcore's BatchLimits.table_page_blocks: 0 keeps a dense block table row of
     # ceil(capacity / B) entries per active sequence and group; P pages the rows (tables sized
-    # by use), bounded by table_pages_for().
+    # by use), bounded by table_pages_for(); -1 picks P by page_blocks_for().
     table_page_blocks: int = 0
 
     def __post_init__(self) -> None:
@@ -424,15 +424,22 @@ class SchedulerConfig:
         if self.max_running < 1:
             raise ValueError(f"max_running {self.max_running} must be >= 1")
         P = self.table_page_blocks
-        if P < 0 or (P & (P - 1)) != 0:
-            raise ValueError(f"table_page_blocks {P} must be 0 or a power of two")
+        if P < -1 or (P > 0 and (P & (P - 1)) != 0):
+            raise ValueError(f"table_page_blocks {P} must be 0, -1 (by the row length) or a power of two")
+
+
+def page_blocks_for(stride: int) -> int:
+    """The page size that makes paged tables smallest for rows of `stride` entries: a row costs
+    its directory (stride / P ids) and up to two partly filled pages (2 P entries), least at
+    P = sqrt(stride / 2); the power of two nearest it."""
+    return 1 << max(0, round(math.log2(max(1.0, math.sqrt(stride / 2)))))
 
 
 def table_pages_for(num_blocks: int, n_groups: int, max_active: int, stride: int, page_blocks: int) -> int:
-    """The table pages the replay gives a paged cache: every pool block named twice over (shared
-    prefixes name a block in every row that holds it) plus two partly filled pages per row and
-    group, capped at every row full. A step short of pages is refused and the scheduler preempts,
-    as for blocks."""
+    """The table pages the replay gives a paged cache: the pool's blocks twice over (rows sharing
+    a prefix each name its blocks; once over was short on a generated trace at 0.7x) plus two
+    partly filled pages per row and group, capped at every row full. A step short of pages is
+    refused and the scheduler preempts, as for blocks (the replay counts it)."""
     full = n_groups * max_active * -(-stride // page_blocks)
     return min(full, 2 * -(-num_blocks // page_blocks) + 2 * n_groups * max_active)
 
@@ -986,8 +993,9 @@ class KvcoreAdapter:
         self.reserved = [0] * self.n_groups
         self.reserved_states = 0  # with states in the pool: the step's state blocks so far
         self.reserved_pages = 0  # with paged block tables: the step's table pages so far
-        self.paged = cfg.table_page_blocks > 0
+        self.paged = cfg.table_page_blocks != 0
         self.peak_table_pages = 0
+        self.short_of_pages = 0  # entries refused for table pages alone
         # Models with state: the keys of the full blocks this step's entries complete (in flight:
         # keyed, and their states named, only when the step commits). A waiting request whose
         # first block past its hit is one of them waits a step instead of computing it again,
@@ -1039,9 +1047,9 @@ class KvcoreAdapter:
             probe = kvcore.BatchCache(kvcore.CacheConfig(block, layers, max_step=1, batch=kvcore.BatchLimits(
                 **extra, block_size=block, max_seqs=1, num_blocks=1)))
             groups = probe.n_groups
-            extra["table_page_blocks"] = cfg.table_page_blocks
-            extra["table_pages"] = table_pages_for(layout["num_blocks_flat"], groups, self.max_active, stride,
-                                                   cfg.table_page_blocks)
+            P = cfg.table_page_blocks if cfg.table_page_blocks > 0 else page_blocks_for(stride)
+            extra["table_page_blocks"] = P
+            extra["table_pages"] = table_pages_for(layout["num_blocks_flat"], groups, self.max_active, stride, P)
         limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
                                     max_active_seqs=self.max_active,
                                     max_step_tokens=cfg.token_budget,
@@ -1180,7 +1188,9 @@ class KvcoreAdapter:
             ok = sum(self.reserved) + sum(need) + self.reserved_states + states <= self.cache.free_blocks(0)
         else:
             ok = all(self.reserved[g] + need[g] <= self.cache.free_blocks(g) for g in range(self.n_groups))
-        ok = ok and self.reserved_pages + pages <= self.cache.free_table_pages
+        if ok and self.reserved_pages + pages > self.cache.free_table_pages:
+            ok = False
+            self.short_of_pages += 1  # the blocks fit, the table pages did not
         self._timed(lv, t0)
         if ok:
             for g in range(self.n_groups):
@@ -1592,8 +1602,9 @@ def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: 
     unpaged = cache.n_groups * cache.max_active_seqs * cache.table_stride * 4
     out.update({"feasible": True, "layout": layout, "violation": violation,
                 "table_bytes": table_bytes(cache), "table_bytes_unpaged": unpaged,
-                "table_page_blocks": cfg.table_page_blocks, "table_pages": cache.table_pages,
-                "peak_table_pages": adapter.peak_table_pages,
+                "table_page_blocks": cache.table_page_blocks if cfg.table_page_blocks else 0,
+                "table_pages": cache.table_pages,
+                "peak_table_pages": adapter.peak_table_pages, "short_of_table_pages": adapter.short_of_pages,
                 "lookup": "lookup_prefix" if adapter.has_lookup else "adopt_prefix",
                 "kv_events_checked": dict(adapter.events) if adapter.has_events and check else None})
     return out
@@ -1681,7 +1692,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"{row['model']:9} {row['block']:>4} {row['budget']:>6}: {kv['table_bytes'] / 2**20:8.2f} MiB against "
                   f"{kv['table_bytes_unpaged'] / 2**20:8.2f} MiB ({kv['table_bytes_unpaged'] / kv['table_bytes']:.1f}x "
                   f"smaller), {kv['peak_table_pages']} of {kv['table_pages']} pages of {kv['table_page_blocks']} in use "
-                  f"at most")
+                  f"at most, {kv['short_of_table_pages']} entries short of pages")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1712,7 +1723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-kv-events", action="store_true",
                     help="neither system publishes KV events (default: both do, timed on both sides)")
     ap.add_argument("--table-page-blocks", type=int, default=SchedulerConfig.table_page_blocks, metavar="P",
-                    help="kvcore: page its block tables, P entries a page (0: dense rows)")
+                    help="kvcore: page its block tables, P entries a page (0: dense rows, -1: P by the row length)")
     ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--vllm-results", help="comma list of earlier --out files: take vLLM's rows from them "

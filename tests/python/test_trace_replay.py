@@ -99,7 +99,7 @@ def test_paged_tables_replay_as_dense_ones_in_less_memory(model_name: str) -> No
     assert paged["violation"] is None and paged["table_page_blocks"] == 8
     assert (paged["hits"], paged["preempted"], paged["refused"]) == (dense["hits"], dense["preempted"], dense["refused"])
     assert dense["table_bytes"] == dense["table_bytes_unpaged"]
-    assert 0 < paged["peak_table_pages"] <= paged["table_pages"]
+    assert 0 < paged["peak_table_pages"] <= paged["table_pages"] and paged["short_of_table_pages"] == 0
     assert paged["table_bytes"] < dense["table_bytes"]
 
 
@@ -177,6 +177,7 @@ def test_bad_arguments_name_the_value() -> None:
         tr.SchedulerConfig(token_budget=512, chunk=600)
     with pytest.raises(ValueError, match="table_page_blocks 3"):
         tr.SchedulerConfig(table_page_blocks=3)
+    assert [tr.page_blocks_for(n) for n in (1, 374, 11968)] == [1, 16, 64]
     bad = tr.TraceRequest(0, 0.0, 2000, 1, (1, 2))
     with pytest.raises(ValueError, match="input_length 2000"):
         tr._check_request(bad)
