@@ -236,6 +236,14 @@ void fork_many(kvcore::BatchCache& c, const IntArg& src, py::handle dsts, const 
     becoming += info.active ? 0 : 1;
   }
   check_rows(c, "fork_many", becoming);
+  // Paged tables: every fork takes src's pages, each dst gives its own back first.
+  const std::int64_t need = static_cast<std::int64_t>(ids.size()) * c.fork_table_pages(s, at);
+  std::int64_t free = c.free_table_pages();
+  for (int d : ids) free += c.table_pages_held(d);
+  if (need > free)
+    raise(kvcore::Error::OutOfResources, "fork_many: " + str(static_cast<std::int64_t>(ids.size())) +
+                                             " forks need up to " + str(need) + " table pages, " + str(free) +
+                                             " of batch.table_pages = " + str(c.table_pages()) + " are free");
   if (ids.empty()) end_begun_step(c);
   for (int d : ids) throw_if_error(c.fork(s, d, at));  // checked above: cannot fail
 }

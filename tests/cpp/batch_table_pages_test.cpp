@@ -101,14 +101,50 @@ TEST(BatchTablePages, PagesNeededIsWhatAStepTakes) {
   auto step = c->begin_step(entries, 2);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(in_use(*c) - before, need);
-  // An aborted step keeps its pages in the rows (what admission counted stays
-  // true); the blocks go back.
+  // An aborted step gives back the pages only it filled, with its blocks.
   ASSERT_TRUE(c->abort(*step).ok());
-  EXPECT_EQ(in_use(*c) - before, need);
-  EXPECT_EQ(*c->table_pages_needed(1, 6) + *c->table_pages_needed(3, 5), 0);
+  EXPECT_EQ(in_use(*c), before);
+  EXPECT_EQ(*c->table_pages_needed(1, 6) + *c->table_pages_needed(3, 5), need);
   EXPECT_TRUE(c->check_tables().ok());
   EXPECT_EQ(c->table_pages_needed(2, 1).status().code(), Error::InvalidState);
   EXPECT_EQ(c->table_pages_needed(1, 7).status().code(), Error::InvalidArgument);
+}
+
+// A begun step's pages count as free for a step that replaces it, and
+// neither an abandoned nor a replaced step leaves pages behind (a review's
+// reproducers: before, both refused the second step with every page held).
+TEST(BatchTablePages, AnAbandonedStepLeavesNoPagesBehind) {
+  CacheConfig cfg = two_groups(1, 8);
+  cfg.layers = {LayerConfig{LayerPolicy::flat(), 1, 4, 0}};
+  cfg.n_layers = 1;
+  cfg.batch.block_size = 1;
+  cfg.max_step = 8;
+  for (const bool replace : {false, true}) {
+    auto c = make(cfg);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->add_sequence(0).ok());
+    ASSERT_TRUE(c->add_sequence(1).ok());
+    const StepEntry all{0, 8, nullptr}, one{1, 1, nullptr};
+    auto first = c->begin_step(&all, 1);  // every page
+    ASSERT_TRUE(first.ok());
+    EXPECT_EQ(c->free_table_pages(), 0);
+    if (!replace) {
+      ASSERT_TRUE(c->abort(*first).ok());
+      EXPECT_EQ(c->free_table_pages(), 8);
+      ASSERT_TRUE(c->rewind(0, 0).ok());
+    }
+    auto second = c->begin_step(&one, 1);  // replaces the first: its 8 pages are free then
+    ASSERT_TRUE(second.ok()) << second.status().message().c_str();
+    EXPECT_EQ(c->free_table_pages(), 7);
+    EXPECT_TRUE(c->check_tables().ok());
+    // A replacing step that needs a page the begun one alone holds needs it again.
+    const StepEntry again[2] = {{0, 8, nullptr}, {1, 1, nullptr}};
+    auto third = c->begin_step(again, 2);
+    EXPECT_EQ(third.status().code(), Error::OutOfResources);
+    EXPECT_TRUE(c->check_step(*second).ok());  // refused: the begun step stays
+    ASSERT_TRUE(c->commit(*second).ok());
+    EXPECT_TRUE(c->check_tables().ok());
+  }
 }
 
 TEST(BatchTablePages, ARefusalForPagesChangesNothing) {
@@ -188,11 +224,16 @@ TEST(BatchTablePages, ConfigFieldsAreChecked) {
   EXPECT_NE(std::string(negative.status().message().c_str()).find("batch.table_pages = -1"), std::string::npos);
   cfg = two_groups(1 << 21, 0);
   EXPECT_EQ(BatchCache::create(cfg).status().code(), Error::InvalidArgument);
-  cfg = two_groups(1 << 20, 4096);  // 2^32 entries
+  cfg = two_groups(1 << 20, 0);  // a page past a whole row (128 entries) is one row's page
+  auto capped = make(cfg);
+  ASSERT_NE(capped, nullptr);
+  EXPECT_EQ(capped->table_page_blocks(), 128);
+  EXPECT_EQ(capped->table_pages(), 2 * 5);
+  cfg = two_groups(64, 1 << 26);  // 2^32 entries
   auto pages = BatchCache::create(cfg);
   EXPECT_EQ(pages.status().code(), Error::InvalidArgument);
   EXPECT_STREQ(pages.status().message().c_str(),
-               "4096 table pages of batch.table_page_blocks = 1048576 entries: the tables would pass 2^31 entries");
+               "67108864 table pages of batch.table_page_blocks = 64 entries: the tables would pass 2^31 entries");
   cfg = two_groups(1, 1);
   cfg.capacity = 4096;
   cfg.batch.block_size = 1;

@@ -100,6 +100,34 @@ def test_a_verb_short_of_pages_is_refused_and_changes_nothing() -> None:
         c.table_pages_needed(0, 9)
 
 
+def test_fork_many_short_of_pages_forks_none() -> None:
+    # A review's reproducer: the first fork fit, the second did not, and fork_many left one made.
+    limits = kvcore.BatchLimits(block_size=1, max_seqs=4, table_page_blocks=1, table_pages=10)
+    c = kvcore.BatchCache(kvcore.CacheConfig(64, kvcore.LayerConfig(kvcore.Flat(), 1, 8), batch=limits))
+    c.add_sequence(0)
+    c.step([(0, 4)]).commit()
+    assert c.free_table_pages == 6
+    before = state(c)
+    with pytest.raises(kvcore.CapacityError, match="2 forks need up to 8 table pages, 6 of"):
+        c.fork_many(0, [1, 2])
+    assert state(c) == before and not c.sequence(1).active and not c.sequence(2).active
+    c.fork_many(0, [1])  # one fits
+    assert c.free_table_pages == 2 and c.sequence(1).length == 4
+
+
+def test_an_aborted_step_gives_its_pages_back() -> None:
+    c = cache(2, pages=8)
+    c.add_sequence(0)
+    c.add_sequence(1)
+    step = c.begin_step([(0, 8)])  # blocks 0 .. 3: two pages in each group
+    assert c.free_table_pages == 4
+    step.abort()
+    assert c.free_table_pages == 8
+    c.begin_step([(0, 8)])
+    c.begin_step([(1, 8)])  # replaces it: its pages are free again
+    assert c.free_table_pages == 4
+
+
 def test_entry_tables_and_a_byte_layer_read_paged_tables_as_unpaged_ones() -> None:
     rng = np.random.default_rng(39)
     paged, dense = cache(2, max_seqs=3), cache(0, max_seqs=3)

@@ -101,6 +101,16 @@ class BatchQueries : public BatchControl, public BatchPlanner, protected BatchPa
                                        static_cast<int>((static_cast<std::int64_t>(length) + T + B - 1) / B));
     return need;
   }
+  /// The table pages fork(src, dst, upto) takes at most over every group
+  /// (paged tables: src's rows' pages holding a block below ceil(upto / B);
+  /// 0 unpaged): fork() admits it when they are at most free_table_pages()
+  /// plus table_pages_held(dst). Precondition: src active, upto in [0,
+  /// length(src)].
+  int fork_table_pages(int src, int upto) const noexcept { return static_cast<int>(fork_pages(src, upto)); }
+  /// The table pages the rows of `seq` hold over every group (0 for an
+  /// inactive sequence or unpaged tables); a fork into it gives them back
+  /// first. Precondition: seq in [0, max_seqs).
+  int table_pages_held(int seq) const noexcept { return static_cast<int>(pages_held(seq)); }
   /// With batch.states_in_pool, the pool's blocks a step entry of `T` tokens
   /// of `seq` takes for its states in every State group, as begin_step()
   /// counts them (one per state it keeps, every token's with `verify`, else

@@ -95,7 +95,7 @@ class BatchParts {
     KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots,
                                           states_in_pool ? &pages_ : nullptr, n_groups_));
     const StepLimits limits{max_seqs_,   n_groups_, max_step_,       max_step_tokens_,
-                            block_size_, capacity_, n_state_groups_, log2_or_31(cfg.batch.table_page_blocks)};
+                            block_size_, capacity_, n_state_groups_, cfg.batch.table_page_blocks != 0 ? log2_or_31(sizes.page_blocks()) : 31};
     return step_.create(limits, groups_.get(), stride_, sizes.rows, table_pages_, states_.get());
   }
 
@@ -253,18 +253,29 @@ class BatchParts {
     rows_.give(seq);
   }
 
+  /// The table pages a fork of `src` (active) up to `upto` takes at most: its
+  /// rows' pages holding a block below ceil(upto / B), over every group.
+  std::int64_t fork_pages(int src, int upto) const noexcept {
+    const int first = seqs_[src].start / block_size_, end = ceil_div(upto, block_size_);
+    std::int64_t n = 0;
+    for (int g = 0; g < n_groups_; ++g) n += groups_[g].held_pages(src, first, end);
+    return n;
+  }
+  /// The table pages `seq`'s rows hold over every group (0 inactive or unpaged).
+  std::int64_t pages_held(int seq) const noexcept {
+    if (!seqs_[seq].active) return 0;
+    std::int64_t n = 0;
+    for (int g = 0; g < n_groups_; ++g) n += groups_[g].held_pages(seq, 0, stride_);
+    return n;
+  }
+
   /// OutOfResources unless the table pages free, with those `dst` holds
   /// (fork_into gives them back first), cover the pages of `src`'s rows
   /// holding a block below ceil(upto / B): what `dst` shares takes at most
   /// those. `what` names the verb.
   Status check_fork_pages(const char* what, int src, int dst, int upto) const noexcept {
     if (table_pages_.pinned()) return Error::Ok;
-    const int first = seqs_[src].start / block_size_, end = ceil_div(upto, block_size_);
-    std::int64_t need = 0, freed = 0;
-    for (int g = 0; g < n_groups_; ++g) {
-      need += groups_[g].held_pages(src, first, end);
-      if (seqs_[dst].active) freed += groups_[g].held_pages(dst, 0, stride_);
-    }
+    const std::int64_t need = fork_pages(src, upto), freed = pages_held(dst);
     KVCORE_CHECK_OR_RETURN_ERROR(need <= table_pages_.free_pages() + freed, OutOfResources,
                                  "%s(%d, %d, upto = %d): the copy's block tables need up to %lld table pages, "
                                  "%lld of batch.table_pages = %d are free",

@@ -85,12 +85,18 @@ struct BatchSizes {
                                                      : static_cast<int>(every < (1 << 20) ? every : (1 << 20));
   }
 
-  /// Entries per table page: the config's, or a whole row unpaged.
-  int page_blocks() const noexcept { return page_blocks_config != 0 ? page_blocks_config : stride; }
+  /// Entries per table page: the config's, at most the power of two that
+  /// holds a whole row (a larger page would be one page per row, mostly
+  /// unused), or a whole row unpaged.
+  int page_blocks() const noexcept {
+    if (page_blocks_config == 0) return stride;
+    int row = 1;
+    while (row < stride && row < page_blocks_config) row *= 2;
+    return row;
+  }
   /// Page ids per row's directory: ceil(stride / P), 1 unpaged.
   std::int64_t dir_stride() const noexcept {
-    return page_blocks_config != 0 ? (static_cast<std::int64_t>(stride) + page_blocks_config - 1) / page_blocks_config
-                                   : 1;
+    return page_blocks_config != 0 ? (static_cast<std::int64_t>(stride) + page_blocks() - 1) / page_blocks() : 1;
   }
   /// Table pages of every group: one pinned page per row and group unpaged;
   /// paged, the config's or every row full.

@@ -174,7 +174,7 @@ inline void BegunStep::end(SequenceTable& seqs, BlockGroup* groups) noexcept {
     walk_begun(seqs, group, g, [&](int seq, int b, int block, int before) {
       group.pool().release(block);
       if (before < 0) --group.held(seq);
-      group.set_block(seq, b, before);  // the step's page stays the row's
+      group.restore_block(seq, b, before);  // a page only the step filled goes back
     });
     group_plans_[g].n_copies = 0;
   }

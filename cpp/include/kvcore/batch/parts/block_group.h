@@ -108,10 +108,8 @@ class BlockGroup {
   }
   /// Block index i of `seq`'s row, -1 for none. Precondition: `seq` is active.
   int block_at(int seq, int i) const noexcept { return block_at_row(row_offset(seq), i); }
-  /// Sets block index i of `seq`'s row to `block` (>= 0, or -1), taking a page
-  /// when its span has none: the caller counted it (missing_pages) before.
-  /// A page left without blocks stays the row's (set_block never gives one
-  /// back: what admission counted stays true until a drop).
+  /// Sets block index i of `seq`'s row to `block` (>= 0), taking a page when
+  /// its span has none: the caller counted it (missing_pages) before.
   void set_block(int seq, int i, int block) noexcept {
     if (dense_ != nullptr) {
       dense_[row_offset(seq) * stride_ + i] = block;
@@ -122,6 +120,29 @@ class BlockGroup {
     int& e = pages_->entry(page, i & mask_);
     pages_->live(page) += (block >= 0) - (e >= 0);
     e = block;
+  }
+  /// An abandoned step puts back what block index i of `seq` held before it
+  /// (`before`, -1 for none; the pool's references are the caller's): a page
+  /// left naming no block goes back to the TablePages.
+  void restore_block(int seq, int i, int before) noexcept {
+    if (before >= 0 || dense_ != nullptr) {
+      set_block(seq, i, before);
+      return;
+    }
+    int& page = dir_.get()[row_offset(seq) + (i >> shift_)];
+    if (page < 0) return;
+    int& e = pages_->entry(page, i & mask_);
+    if (e < 0) return;
+    e = -1;
+    if (--pages_->live(page) == 0) {
+      pages_->give(page);
+      page = -1;
+    }
+  }
+  /// The blocks page p of `seq`'s row names, -1 when the row has no page p.
+  int page_live(int seq, int p) const noexcept {
+    const int page = dir_.get()[row_offset(seq) + p];
+    return page < 0 ? -1 : pages_->live(page);
   }
   /// Pages the row of `seq` lacks for block indices [first, end): what
   /// set_block() there takes at most (0 unpaged).
@@ -154,6 +175,11 @@ class BlockGroup {
   }
   /// The page of block index i in a row's directory (i >> page_shift()).
   int page_of(int i) const noexcept { return i >> shift_; }
+  /// The first block index of page p (capped at 2^31 - 1: one page per row).
+  int page_first(int p) const noexcept {
+    const std::int64_t first = static_cast<std::int64_t>(p) << shift_;
+    return first < 0x7fffffff ? static_cast<int>(first) : 0x7fffffff;
+  }
   /// Are the tables unpaged (one pinned page per row)?
   bool unpaged() const noexcept { return pages_->pinned(); }
   /// Gives back every page of `seq`'s row (its entries are all -1: every

@@ -47,6 +47,7 @@ class StepAdmission : public BegunStep {
  private:
   Status admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs, const BlockGroup* groups,
                      const TablePages& tables) const noexcept;
+  bool frees_page(const SequenceTable& seqs, const BlockGroup& group, int g, int i, int p) const noexcept;
   std::uint64_t stamp_ = 0;
   std::int64_t walked_blocks_ = 0;  // check_entries: block indices the entries write, summed
   std::int64_t walked_pages_ = 0;   // check_entries: table pages those indices lie in, summed
@@ -131,21 +132,52 @@ inline Status StepAdmission::admit(const StepEntry* entries, int n, const Sequen
   return Error::Ok;
 }
 
+// Does end() give page p of the row of begun entry i back in group g? It
+// does when every block the page names is one the step placed where the row
+// had none (end() puts -1 back there).
+inline bool StepAdmission::frees_page(const SequenceTable& seqs, const BlockGroup& group, int g, int i,
+                                      int p) const noexcept {
+  const int seq = step_seq_[i];
+  const int live = group.page_live(seq, p);
+  if (live <= 0) return false;
+  const int first = div_.floor(seqs[seq].length), end = ceil_blocks(context_lens_[i]);
+  const int lo = group.page_first(p) > first ? group.page_first(p) : first;
+  const int hi = group.page_first(p + 1) < end ? group.page_first(p + 1) : end;
+  int placed = 0;
+  for (int b = lo; b < hi; ++b)
+    placed += group.block_at(seq, b) >= 0 && (b == first ? first_before(g, i) : -1) < 0;
+  return placed == live;
+}
+
 inline Status StepAdmission::admit_pages(const StepEntry* entries, int n, const SequenceTable& seqs,
                                          const BlockGroup* groups, const TablePages& tables) const noexcept {
   // Each entry writes indices [floor(length / B), ceil((length + T) / B)),
   // in walked_pages_ pages per group at most: free pages for all admit.
   if (tables.pinned() || tables.free_pages() >= walked_pages_ * lim_.n_groups) return Error::Ok;
-  std::int64_t need = 0;
-  for (int g = 0; g < lim_.n_groups; ++g)
-    for (int i = 0; i < n; ++i) {
-      const int length = seqs[entries[i].seq].length;
-      need += groups[g].missing_pages(entries[i].seq, div_.floor(length), ceil_blocks(length + entries[i].T));
+  // Judged on the rows as end() leaves them: the pages it gives back are
+  // free, and an entry whose range lies in one of them needs it again.
+  std::int64_t need = 0, freed = 0;
+  for (int g = 0; g < lim_.n_groups; ++g) {
+    const BlockGroup& group = groups[g];
+    for (int i = 0; i < active_.n_entries; ++i) {
+      const int seq = step_seq_[i];
+      const int first = div_.floor(seqs[seq].length), end = ceil_blocks(context_lens_[i]);
+      for (int p = group.page_of(first); first < end && p <= group.page_of(end - 1); ++p)
+        freed += frees_page(seqs, group, g, i, p);
     }
-  KVCORE_CHECK_OR_RETURN_ERROR(need <= tables.free_pages(), OutOfResources,
-                               "begin_step: the step's block tables need %lld more table pages, %d of "
+    for (int i = 0; i < n; ++i) {
+      const int seq = entries[i].seq, length = seqs[seq].length;
+      const int first = div_.floor(length), end = ceil_blocks(length + entries[i].T);
+      const int begun = begun_entry(seq);
+      for (int p = group.page_of(first); p <= group.page_of(end - 1); ++p)
+        need += group.page_live(seq, p) < 0 || (begun >= 0 && frees_page(seqs, group, g, begun, p));
+    }
+  }
+  KVCORE_CHECK_OR_RETURN_ERROR(need <= tables.free_pages() + freed, OutOfResources,
+                               "begin_step: the step's block tables need %lld more table pages, %lld of "
                                "batch.table_pages = %d are free",
-                               static_cast<long long>(need), tables.free_pages(), tables.n_pages());
+                               static_cast<long long>(need), static_cast<long long>(tables.free_pages() + freed),
+                               tables.n_pages());
   return Error::Ok;
 }
 
