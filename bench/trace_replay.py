@@ -444,13 +444,13 @@ def table_pages_for(num_blocks: int, n_groups: int, max_active: int, stride: int
     return min(full, 2 * -(-num_blocks // page_blocks) + 2 * n_groups * max_active)
 
 
-def table_bytes(cache: Any) -> int:
+def table_bytes(cache: Any, paged: bool) -> int:
     """Bytes of a BatchCache's block tables: dense rows (4 bytes an entry), or the table pages
     (4 bytes an entry, 8 of counts and free list a page) and each row's page directory."""
     rows, groups, stride = cache.max_active_seqs, cache.n_groups, cache.table_stride
+    if not paged:
+        return groups * rows * stride * 4
     P = cache.table_page_blocks
-    if P == stride and cache.free_table_pages == 0 and cache.table_pages == groups * rows:
-        return groups * rows * stride * 4  # unpaged: a row is one page
     return cache.table_pages * (P * 4 + 8) + groups * rows * -(-stride // P) * 4
 
 
@@ -1307,7 +1307,8 @@ class KvcoreAdapter:
             self.keys.pop(lv.req.index, None)
 
     def in_use(self) -> tuple[int, int]:
-        """Blocks held by sequences (all groups) and their bytes, with one state per sequence."""
+        """Blocks held by sequences (all groups) and their bytes, with one state per sequence. The
+        replay samples it once a step, so it also keeps the peak of the table pages in use."""
         if self.paged:
             self.peak_table_pages = max(self.peak_table_pages, self.cache.table_pages - self.cache.free_table_pages)
         blocks = by = 0
@@ -1601,7 +1602,7 @@ def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: 
     cache = adapter.cache
     unpaged = cache.n_groups * cache.max_active_seqs * cache.table_stride * 4
     out.update({"feasible": True, "layout": layout, "violation": violation,
-                "table_bytes": table_bytes(cache), "table_bytes_unpaged": unpaged,
+                "table_bytes": table_bytes(cache, adapter.paged), "table_bytes_unpaged": unpaged,
                 "table_page_blocks": cache.table_page_blocks if cfg.table_page_blocks else 0,
                 "table_pages": cache.table_pages,
                 "peak_table_pages": adapter.peak_table_pages, "short_of_table_pages": adapter.short_of_pages,

@@ -53,12 +53,6 @@ class BatchParts {
   BatchParts& operator=(const BatchParts&) = delete;
   ~BatchParts() = default;
 
-  /// log2(p) for a power of two p, 31 otherwise (unpaged tables: 0).
-  static int log2_or_31(int p) noexcept {
-    for (int s = 0; s < 31; ++s)
-      if (p == (1 << s)) return s;
-    return 31;
-  }
   /// ceil(a / b) for a >= 0, b > 0, without overflow.
   static int ceil_div(int a, int b) noexcept { return static_cast<int>((static_cast<std::int64_t>(a) + b - 1) / b); }
 
@@ -95,7 +89,7 @@ class BatchParts {
     KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots,
                                           states_in_pool ? &pages_ : nullptr, n_groups_));
     const StepLimits limits{max_seqs_,   n_groups_, max_step_,       max_step_tokens_,
-                            block_size_, capacity_, n_state_groups_, cfg.batch.table_page_blocks != 0 ? log2_or_31(sizes.page_blocks()) : 31};
+                            block_size_, capacity_, n_state_groups_, n_groups_ > 0 ? groups_[0].page_shift() : 31};
     return step_.create(limits, groups_.get(), stride_, sizes.rows, table_pages_, states_.get());
   }
 

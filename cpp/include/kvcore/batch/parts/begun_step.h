@@ -33,7 +33,7 @@ struct StepLimits {
   int block_size = 1;
   int capacity = 1;
   int n_state_groups = 0;
-  int table_page_shift = 31;  ///< log2(BatchLimits::table_page_blocks); 31 unpaged (a row is one page)
+  int table_page_shift = 31;  ///< the groups' BlockGroup::page_shift(): 31 when a row is one page
 };
 
 // A step writing into `block` copies it when another sequence holds it, or

@@ -70,12 +70,8 @@ class BlockGroup {
     max_seqs_ = max_seqs;
     dir_stride_ = dir_stride;
     group_ = group;
-    // One page per row: entry i is at i (shift 31 maps every index to page 0).
-    shift_ = 31;
-    mask_ = 0x7fffffff;
-    if (dir_stride > 1)
-      for (int s = 0; s < 31; ++s)
-        if ((1 << s) == P) shift_ = s, mask_ = P - 1;
+    shift_ = table_page_shift(P, dir_stride);
+    mask_ = shift_ < 31 ? P - 1 : 0x7fffffff;  // one page per row: entry i is at i
     // Unpaged: the group's pinned pages are its dense rows, read and written
     // in place (no directory lookup, no counts: a pinned page never goes back).
     dense_ = pages.pinned() ? pages.data() + static_cast<std::ptrdiff_t>(group) * rows.rows() * stride : nullptr;
@@ -146,21 +142,9 @@ class BlockGroup {
   }
   /// Pages the row of `seq` lacks for block indices [first, end): what
   /// set_block() there takes at most (0 unpaged).
-  int missing_pages(int seq, int first, int end) const noexcept {
-    if (pages_->pinned() || first >= end) return 0;
-    const std::ptrdiff_t row = row_offset(seq);
-    int n = 0;
-    for (int p = first >> shift_; p <= (end - 1) >> shift_; ++p) n += dir_.get()[row + p] < 0;
-    return n;
-  }
+  int missing_pages(int seq, int first, int end) const noexcept { return count_pages(seq, first, end, false); }
   /// Pages the row of `seq` holds among those of block indices [first, end).
-  int held_pages(int seq, int first, int end) const noexcept {
-    if (pages_->pinned() || first >= end) return 0;
-    const std::ptrdiff_t row = row_offset(seq);
-    int n = 0;
-    for (int p = first >> shift_; p <= (end - 1) >> shift_; ++p) n += dir_.get()[row + p] >= 0;
-    return n;
-  }
+  int held_pages(int seq, int first, int end) const noexcept { return count_pages(seq, first, end, true); }
   /// Pages `seq`'s row lacks among those the indices `need` keeps of [0,
   /// blocks) lie in: what adopting them takes (0 unpaged).
   int pages_for(int seq, const NeededBlocks& need, int blocks) const noexcept {
@@ -337,6 +321,15 @@ class BlockGroup {
   const GroupRule* rule_ = &flat_;
   bool releases_ = false;  // rule_->releases_blocks(): evict() has work to do
   GroupPool pool_;
+  // Pages of block indices [first, end) the row of `seq` holds (or lacks).
+  int count_pages(int seq, int first, int end, bool held) const noexcept {
+    if (pages_->pinned() || first >= end) return 0;
+    const std::ptrdiff_t row = row_offset(seq);
+    int n = 0;
+    for (int p = first >> shift_; p <= (end - 1) >> shift_; ++p) n += (dir_.get()[row + p] >= 0) == held;
+    return n;
+  }
+
   // Every row without a page; unpaged, row r's pinned page is group * rows + r.
   void clear_directory() noexcept {
     const int rows = rows_->rows();

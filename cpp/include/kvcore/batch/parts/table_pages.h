@@ -17,6 +17,16 @@
 
 namespace kvcore {
 
+/// i >> table_page_shift(P, dir_stride) is block index i's page in a row's
+/// directory: log2(P) for rows of several pages (P a power of two), 31 for
+/// rows of one page (every index maps to page 0).
+inline int table_page_shift(int page_blocks, int dir_stride) noexcept {
+  if (dir_stride > 1)
+    for (int s = 0; s < 31; ++s)
+      if ((1 << s) == page_blocks) return s;
+  return 31;
+}
+
 class TablePages {
  public:
   /// `n_pages` pages of `page_blocks` entries, every entry -1. Pinned: every
