@@ -415,6 +415,10 @@ class SchedulerConfig:
     # ceil(capacity / B) entries per active sequence and group; P pages the rows (tables sized
     # by use), bounded by table_pages_for(); -1 picks P by page_blocks_for().
     table_page_blocks: int = 0
+    # kvcore's BatchLimits.state_block_size on models with State layers: 0 names a state at
+    # every block boundary a step ends on; S (a multiple of the block size) only at multiples of
+    # S, and kvcore's prefill chunks then end on them (vLLM's align mode at block size S).
+    state_block: int = 0
 
     def __post_init__(self) -> None:
         if not self.step_ms > 0:
@@ -426,6 +430,8 @@ class SchedulerConfig:
         P = self.table_page_blocks
         if P < -1 or (P > 0 and (P & (P - 1)) != 0):
             raise ValueError(f"table_page_blocks {P} must be 0, -1 (by the row length) or a power of two")
+        if self.state_block < 0:
+            raise ValueError(f"state_block {self.state_block} must be >= 0 (0: the block size)")
 
 
 def page_blocks_for(stride: int) -> int:
@@ -514,10 +520,12 @@ class Adapter(Protocol):
 
 class InfiniteCache:
     """What an infinite cache holds: every full block a step committed (chained fingerprints at
-    block_size) and, for state models, every block-boundary position a step ended at."""
+    block_size) and, for state models, every block-boundary position a step ended at (only
+    multiples of state_block, when given: BatchLimits.state_block_size)."""
 
-    def __init__(self, block_size: int, has_state: bool):
+    def __init__(self, block_size: int, has_state: bool, state_block: int = 0):
         self.block = block_size
+        self.state_block = state_block or block_size
         self.has_state = has_state
         self.blocks: set[int] = set()
         self.states: set[int] = set()
@@ -527,7 +535,7 @@ class InfiniteCache:
         b = self.block
         for i in range(before // b, after // b):
             self.blocks.add(lv.fp(i, b))
-        if self.has_state and after % b == 0:
+        if self.has_state and after % self.state_block == 0:
             self.states.add(lv.fp(after // b - 1, b))
 
     def hit(self, lv: Live) -> int:
@@ -609,8 +617,10 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
     has_state = model.has_state
     unit = adapter.chunk_unit if adapter is not None else (chunk_unit or cfg.chunk)
     max_running = adapter.max_running if adapter is not None else cfg.max_running
-    inf = InfiniteCache(block, has_state)
-    stop_block = block if has_state else 0
+    # Models with state stop a prompt's prefill at its last (State) block boundary: a state is
+    # named there for the next turn.
+    stop_block = getattr(adapter, "state_block", block) if has_state else 0
+    inf = InfiniteCache(block, has_state, stop_block)
     # The peak working set counts a ring's share with a margin of one chunk whatever kvcore's
     # max_rewind, so the budgets (multiples of it) stay those of earlier runs and both systems'.
     per_seq_ring = ring_blocks_per_seq(model, block, cfg.chunk, capacity or 1 << 30, -1)
@@ -977,10 +987,14 @@ class KvcoreAdapter:
         self.kv = kvcore
         self.model = model
         self.block_size = block
-        # States in the pool: prefill splits on block boundaries, as vLLM's align mode (a snapshot
-        # is named where a step ends on one).
-        self.chunk_unit = block_chunk(block, cfg.chunk) if layout.get("states_in_pool") else cfg.chunk
+        # States in the pool, or a State block: prefill splits on (State) block boundaries, as
+        # vLLM's align mode (a snapshot is named where a step ends on one).
         self.has_state = model.has_state
+        self.state_block = cfg.state_block if self.has_state and cfg.state_block else block
+        if self.state_block % block:
+            raise ValueError(f"state_block {cfg.state_block} must be a multiple of the block size {block}")
+        aligned = layout.get("states_in_pool") or self.state_block != block
+        self.chunk_unit = block_chunk(self.state_block, cfg.chunk) if aligned else cfg.chunk
         self.max_active = layout["max_active_seqs"]
         self.max_running = min(cfg.max_running, self.max_active)
         cache, self.bpb = self._make_cache(model, block, layout, cfg, capacity)
@@ -1055,6 +1069,7 @@ class KvcoreAdapter:
                                     max_step_tokens=cfg.token_budget,
                                     num_blocks=layout["num_blocks_flat"],
                                     state_snapshots=layout["state_snapshots"],
+                                    state_block_size=self.state_block if self.has_state else 0,
                                     max_rewind=cfg.max_rewind)
         cache = kvcore.BatchCache(kvcore.CacheConfig(capacity, layers, max_step=self.chunk_unit, batch=limits))
         bpb = []
@@ -1725,6 +1740,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="neither system publishes KV events (default: both do, timed on both sides)")
     ap.add_argument("--table-page-blocks", type=int, default=SchedulerConfig.table_page_blocks, metavar="P",
                     help="kvcore: page its block tables, P entries a page (0: dense rows, -1: P by the row length)")
+    ap.add_argument("--state-block-size", type=int, default=SchedulerConfig.state_block, metavar="S",
+                    help="kvcore on models with State layers: name states only on multiples of S tokens, a "
+                         "multiple of the block size, and end prefill chunks there (BatchLimits.state_block_size; "
+                         "0: every block)")
     ap.add_argument("--no-vllm", action="store_true", help="kvcore only")
     ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     ap.add_argument("--vllm-results", help="comma list of earlier --out files: take vLLM's rows from them "
@@ -1740,7 +1759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.limit = args.limit or 200
         args.budgets = "2x"
     cfg = SchedulerConfig(args.step_ms, args.token_budget, args.chunk, args.max_running, args.max_rewind,
-                          kv_events=not args.no_kv_events, table_page_blocks=args.table_page_blocks)
+                          kv_events=not args.no_kv_events, table_page_blocks=args.table_page_blocks,
+                          state_block=args.state_block_size)
     if args.generate:
         trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)
         if args.limit:

@@ -176,6 +176,7 @@ class BatchLimits(metaclass=_pybind11_type):
         states_in_pool: bool = False,
         table_page_blocks: SupportsIndex = 0,
         table_pages: SupportsIndex = 0,
+        state_block_size: SupportsIndex = 0,
     ) -> None:
         """block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are 0..max_seqs-1.
         max_step_tokens: new tokens of one step over all its sequences (0: max_seqs * max_step, at
@@ -202,7 +203,11 @@ class BatchLimits(metaclass=_pybind11_type):
         cost what the sequences hold (docs/batch.md section 5, 'Tables sized by use'); a plan's
         entry_tables reads either layout. table_pages: with paged tables, the pages every group
         draws from (0: every active row full in every group); a step, fork, adopt_prefix or admit
-        short of pages raises CapacityError and changes nothing. Checked when a BatchCache is built
+        short of pages raises CapacityError and changes nothing. state_block_size: the State groups'
+        block, in tokens: a committed step names the state at its end only at a multiple of it, so
+        hits on State layers land there (vLLM's mamba align mode at its block size; fewer snapshots,
+        coarser hits); a multiple of block_size in [block_size, capacity], 0 for block_size; an
+        imported record still names its state at any full block. Checked when a BatchCache is built
         (InvalidArgumentError naming the field).
         """
     @property
@@ -241,6 +246,11 @@ class BatchLimits(metaclass=_pybind11_type):
     @property
     def table_pages(self) -> int:
         """Table pages every group draws from when paged (0: every active row full)."""
+    @property
+    def state_block_size(self) -> int:
+        """The State groups' block in tokens: states are named only at its multiples (0:
+        block_size).
+        """
     def __copy__(self) -> BatchLimits:
         """A copy of the value (it is immutable)."""
     def __deepcopy__(self, memo: dict[int, Any]) -> BatchLimits:
@@ -1236,6 +1246,12 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
     @property
     def block_size(self) -> int:
         """Rows per block."""
+    @property
+    def state_block_size(self) -> int:
+        """The State groups' block, in tokens (batch.state_block_size, 0 resolved to block_size): a
+        commit names the state at its end only at a length that is a multiple of it, so prefix hits
+        on State layers land there.
+        """
     @property
     def table_stride(self) -> int:
         """Block table entries per row: ceil(capacity / block_size)."""

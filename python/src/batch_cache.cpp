@@ -55,6 +55,10 @@ void register_batch_cache(py::module_& m) {
       .def_property_readonly("n_layers", &Cache::n_layers, "Number of layers (config.n_layers), in n_groups groups.")
       .def_property_readonly("n_groups", &Cache::n_groups, "Groups: layers sharing one policy and one block pool.")
       .def_property_readonly("block_size", &Cache::block_size, "Rows per block.")
+      .def_property_readonly("state_block_size", &Cache::state_block_size,
+                             "The State groups' block, in tokens (batch.state_block_size, 0 resolved to block_size): a "
+                             "commit names the state at its end only at a length that is a multiple of it, so prefix "
+                             "hits on State layers land there.")
       .def_property_readonly("table_stride", &Cache::table_stride, "Block table entries per row: ceil(capacity / block_size).")
       .def_property_readonly("max_active_seqs", &Cache::max_active_seqs,
                              "Sequences active at once (BatchLimits.max_active_seqs, default max_seqs): "

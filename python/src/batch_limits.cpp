@@ -23,7 +23,8 @@ void register_batch_limits(py::module_& m) {
       .def(py::init([](const PyInt& block_size, const PyInt& max_seqs, const PyInt& max_step_tokens,
                        const PyInt& num_blocks, const PyInt& max_holes, const PyInt& max_active_seqs,
                        const PyInt& state_snapshots, const PyInt& page_layers, const PyInt& max_rewind,
-                       const py::object& states_in_pool, const PyInt& table_page_blocks, const PyInt& table_pages) {
+                       const py::object& states_in_pool, const PyInt& table_page_blocks, const PyInt& table_pages,
+                       const PyInt& state_block_size) {
              if (!py::isinstance<py::bool_>(states_in_pool))
                raise(kvcore::Error::InvalidArgument,
                      "states_in_pool = " + py::repr(states_in_pool).cast<std::string>() + ": must be a bool");
@@ -40,12 +41,14 @@ void register_batch_limits(py::module_& m) {
              b.states_in_pool = states_in_pool.cast<bool>();
              b.table_page_blocks = to_int("table_page_blocks", table_page_blocks);
              b.table_pages = to_int("table_pages", table_pages);
+             b.state_block_size = to_int("state_block_size", state_block_size);
              return b;
            }),
            py::kw_only(), py::arg("block_size") = 16, py::arg("max_seqs") = 64,
            py::arg("max_step_tokens") = 0, py::arg("num_blocks") = 0, py::arg("max_holes") = 8, py::arg("max_active_seqs") = 0,
            py::arg("state_snapshots") = 0, py::arg("page_layers") = 0, py::arg("max_rewind") = -1,
            py::arg("states_in_pool") = false, py::arg("table_page_blocks") = 0, py::arg("table_pages") = 0,
+           py::arg("state_block_size") = 0,
            "block_size: rows per block (1 = cell-granular). max_seqs: sequence ids are "
            "0..max_seqs-1. max_step_tokens: new tokens of one step over all its sequences (0: "
            "max_seqs * max_step, at most 2**20). num_blocks: blocks of the one pool every group draws from "
@@ -71,7 +74,10 @@ void register_batch_limits(py::module_& m) {
            "sequences hold (docs/batch.md section 5, 'Tables sized by use'); a plan's entry_tables reads either "
            "layout. table_pages: with paged tables, the pages every group draws from (0: every active row full in "
            "every group); a step, fork, adopt_prefix or admit short of pages raises CapacityError and changes "
-           "nothing. Checked when a BatchCache is built (InvalidArgumentError naming the field).")
+           "nothing. state_block_size: the State groups' block, in tokens: a committed step names the state at "
+           "its end only at a multiple of it, so hits on State layers land there (vLLM's mamba align mode at its "
+           "block size; fewer snapshots, coarser hits); a multiple of block_size in [block_size, capacity], 0 for "
+           "block_size; an imported record still names its state at any full block. Checked when a BatchCache is built (InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
       .def_readonly("max_step_tokens", &kvcore::BatchLimits::max_step_tokens,
@@ -94,6 +100,8 @@ void register_batch_limits(py::module_& m) {
                     "Block table entries per table page (0: unpaged, a dense row per active sequence).")
       .def_readonly("table_pages", &kvcore::BatchLimits::table_pages,
                     "Table pages every group draws from when paged (0: every active row full).")
+      .def_readonly("state_block_size", &kvcore::BatchLimits::state_block_size,
+                    "The State groups' block in tokens: states are named only at its multiples (0: block_size).")
       .def("__repr__", [](const kvcore::BatchLimits& b) { return repr(b); });
 }
 

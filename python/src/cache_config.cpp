@@ -34,7 +34,7 @@ static std::string repr(const kvcore::CacheConfig& c) {
       b.num_blocks != d.num_blocks || b.max_holes != d.max_holes || b.max_active_seqs != d.max_active_seqs ||
       b.state_snapshots != d.state_snapshots || b.page_layers != d.page_layers || b.max_rewind != d.max_rewind ||
       b.states_in_pool != d.states_in_pool || b.table_page_blocks != d.table_page_blocks ||
-      b.table_pages != d.table_pages)
+      b.table_pages != d.table_pages || b.state_block_size != d.state_block_size)
     s += ", batch=" + repr(b);
   return s + ")";
 }

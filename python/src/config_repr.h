@@ -26,7 +26,8 @@ inline std::string repr(const kvcore::BatchLimits& b) {
          (b.max_rewind != -1 ? ", max_rewind=" + std::to_string(b.max_rewind) : std::string()) +
          (b.states_in_pool ? ", states_in_pool=True" : std::string()) +
          (b.table_page_blocks != 0 ? ", table_page_blocks=" + std::to_string(b.table_page_blocks) : std::string()) +
-         (b.table_pages != 0 ? ", table_pages=" + std::to_string(b.table_pages) : std::string()) + ")";
+         (b.table_pages != 0 ? ", table_pages=" + std::to_string(b.table_pages) : std::string()) +
+         (b.state_block_size != 0 ? ", state_block_size=" + std::to_string(b.state_block_size) : std::string()) + ")";
 }
 
 }  // namespace kvcore_py

@@ -275,6 +275,9 @@ class Driver {
     auto hit = cache_->adopt_prefix(s, tokens.data(), n);
     const int B = cfg_.batch.block_size;
     if (hit.ok() && *hit % B != 0) return "a hit of " + std::to_string(*hit) + " positions: not whole blocks";
+    if (hit.ok() && *hit % cache_->state_block_size() != 0)  // states are named only on their block's multiples
+      return "a hit of " + std::to_string(*hit) + " positions: not whole State blocks of " +
+             std::to_string(cache_->state_block_size());
     if (hit.ok() && *hit > 0 && cfg_.batch.state_snapshots == 0) return "a prefix hit without state snapshots";
     if (twin_) {
       // The twin's block groups serve exactly the hit: a State group's

@@ -384,6 +384,33 @@ TEST(BatchState, NamedStateSnapshotsServeAPrefixAndAreNeverWrittenInPlace) {
   EXPECT_EQ(*c->state_snapshots(0), 0);
 }
 
+// batch.state_block_size = 4 over blocks of 2: steps ending at 2 and 6 name
+// nothing, at 4 and 8 the state after them; a prompt sharing 7 positions hits
+// 4, one sharing 8 hits 8. A State block that is no multiple of B is refused.
+TEST(BatchState, AStateBlockNamesStatesOnlyOnItsMultiples) {
+  CacheConfig cfg = state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4)}, /*B=*/2, /*max_seqs=*/3);
+  cfg.batch.state_snapshots = 8;
+  cfg.batch.state_block_size = 4;
+  auto c = make(cfg);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->state_block_size(), 4);
+  std::int32_t tokens[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  for (int at = 0; at < 8; at += 2) {
+    step_and_commit(*c, StepEntry{0, 2, tokens + at});
+    EXPECT_EQ(*c->state_snapshots(0), (at + 2) / 4) << at + 2;
+  }
+  std::int32_t parted[9] = {1, 2, 3, 4, 5, 6, 7, 0, 0};
+  EXPECT_EQ(*c->lookup_prefix(parted, 9, 0), 4);
+  EXPECT_EQ(*c->lookup_prefix(tokens, 9, 0), 8);
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  EXPECT_EQ(*c->adopt_prefix(1, parted, 9), 4);
+  cfg.batch.state_block_size = 3;
+  expect_message(BatchCache::create(cfg).status(), Error::InvalidArgument,
+                 "batch.state_block_size = 3: must be a multiple of batch.block_size = 2 in [block_size, capacity = "
+                 "32] (or 0 for block_size)");
+}
+
 // At most batch.state_snapshots are named: the least recently used goes, and
 // with it the hit its prefix gave (the block groups alone would serve it).
 TEST(BatchState, TheLeastRecentlyUsedSnapshotIsDroppedFirst) {
@@ -728,6 +755,13 @@ CacheConfig random_mixed(Rand& r, int* n_kv) {
   return cfg;
 }
 
+// A State block of one to three K/V blocks a third of the time
+// (batch.state_block_size), set after the block size is final.
+void maybe_state_block(Rand& r, CacheConfig* cfg) {
+  const int every = cfg->batch.block_size * r(1, 3);
+  if (r.percent(30) && every <= cfg->capacity) cfg->batch.state_block_size = every;
+}
+
 TEST(BatchStateBruteForce, EveryStateReadAndRewindFollowsSection9) {
   state_ref::Counts n;
   for (int w = 0; w < 1500; ++w) {
@@ -766,6 +800,7 @@ TEST(BatchStateBruteForce, PrefixHitsOnNamedSnapshotsReadThePromptsStates) {
     CacheConfig cfg = random_mixed(r, &n_kv);
     cfg.batch.block_size = r(1, 2);
     cfg.batch.state_snapshots = r(1, 8);
+    maybe_state_block(r, &cfg);
     state_ref::Driver<Rand> d(cfg, r, n);
     const std::string err = d.run(200, [] { return true; });
     ASSERT_EQ(err, "") << "workload " << w;
@@ -792,6 +827,7 @@ TEST(BatchStateBruteForce, StatesInThePoolReadTheirTokensStatesAndNeverShareABlo
     if (r.percent(50)) cfg.batch.block_size = r(1, 2);
     if (r.percent(70)) cfg.batch.num_blocks = r(2, 40);
     cfg.batch.page_layers = r(1, 3);  // set: the twin, without State layers, groups its layers alike
+    maybe_state_block(r, &cfg);
     ASSERT_TRUE(kvcore::validate_batch(cfg).ok()) << kvcore::validate_batch(cfg).message().c_str();
     state_ref::Driver<Rand> d(cfg, r, n);
     const std::string err = d.run(200, [] { return true; });

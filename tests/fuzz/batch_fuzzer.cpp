@@ -354,6 +354,9 @@ class Harness {
       // field already drawn (so every input keeps its meaning). The default
       // rewind margin: the state driver's rule is the one of R = max_step.
       cfg.batch.state_snapshots = cfg.capacity % 4;
+      // A State block of one to three K/V blocks in a third of them, likewise.
+      const int every = cfg.batch.block_size * (1 + cfg.max_step % 3);
+      if (cfg.capacity % 3 == 1 && every <= cfg.capacity) cfg.batch.state_block_size = every;
       cfg.batch.max_rewind = -1;
       kvcore_test::state_ref::Counts counts;
       kvcore_test::state_ref::Driver<Draw> driver(cfg, draw, counts);

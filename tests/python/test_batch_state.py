@@ -306,6 +306,71 @@ def test_without_state_snapshots_a_model_with_state_layers_never_hits_and_bad_li
         c.state_snapshots(1)
 
 
+def state_block_cache(state_block_size: int, in_pool: bool = False) -> BatchCache:
+    layers = [kvcore.LayerConfig(kvcore.Flat(), 1, 2), kvcore.LayerConfig(kvcore.State(D))]
+    limits = kvcore.BatchLimits(block_size=2, max_seqs=3, num_blocks=64, state_snapshots=16,
+                                state_block_size=state_block_size, states_in_pool=in_pool)
+    return BatchCache(kvcore.CacheConfig(32, layers, max_step=6, batch=limits))
+
+
+@pytest.mark.parametrize("in_pool", [False, True], ids=["apart", "in_pool"])
+@pytest.mark.parametrize("state_block_size", [0, 2, 4, 6])
+def test_a_state_block_names_states_only_on_its_multiples(state_block_size: int, in_pool: bool) -> None:
+    """docs/batch.md section 10, "The State groups' block": a decode of 12 tokens names the state
+    only at multiples of state_block_size (0: block_size), and every prompt sharing n of its tokens
+    hits the largest multiple at most n, starting from the state of exactly those tokens."""
+    c = state_block_cache(state_block_size, in_pool)
+    every = state_block_size or c.block_size
+    assert c.state_block_size == every
+    store = StateStore(c)
+    c.add_sequence(0)
+    store.history[0] = []
+    tokens = list(range(10, 22))
+    for tok in tokens:  # decode steps that give their token ids: the cache names by them
+        step = c.begin_step([(0, 1, [tok])])
+        store.run(step, {0: [tok]})
+        store.commit(step)
+    assert c.state_snapshots(0) == len(tokens) // every
+    for n in range(len(tokens) + 2):
+        prompt = tokens[:n] + [99]
+        expected = min(n, len(tokens)) // every * every
+        assert c.lookup_prefix(prompt) == expected, n
+        c.add_sequence(1)
+        assert c.adopt_prefix(1, prompt) == expected, n
+        store.history[1] = prompt[:expected]
+        step = c.begin_step([(1, 1, [prompt[expected]])])
+        store.run(step, {1: [prompt[expected]]})  # reads the state of exactly prompt[:expected]
+        step.abort()
+        c.release_sequence(1)
+
+
+def test_a_record_names_its_state_at_any_full_block_whatever_the_state_block() -> None:
+    """A step ending at 6 names nothing when state_block_size is 4; a trusted import of the same
+    sequence names its state there (the record carries no other), so the prefix of 6 hits."""
+    layers = [kvcore.LayerConfig(kvcore.Flat(), 1, 2), kvcore.LayerConfig(kvcore.State(D))]
+    cfg = kvcore.CacheConfig(32, layers, max_step=6, batch=kvcore.BatchLimits(
+        block_size=2, max_seqs=3, state_snapshots=4, state_block_size=4))
+    tensors = {"h": ((2,), np.float32)}
+    src, dst = BatchCache(cfg), BatchCache(cfg)
+    pool = kvcore.PagedKVPool(src, np.float32, state_tensors=tensors)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    src.add_sequence(0)
+    src.begin_step([(0, 6, prompt[:6])]).commit()
+    assert src.state_snapshots(0) == 0 and src.lookup_prefix(prompt) == 0
+    kvcore.PagedKVPool(dst, np.float32, state_tensors=tensors).import_sequence(
+        1, pool.export_sequence(0, prompt[:6]), trust_tokens=True)
+    assert dst.state_snapshots(0) == 1 and dst.lookup_prefix(prompt) == 6
+
+
+@pytest.mark.parametrize("value", [3, 1, 34, -2], ids=["not_a_multiple", "below_block", "past_capacity", "negative"])
+def test_a_bad_state_block_is_refused_naming_it(value: int) -> None:
+    with pytest.raises(InvalidArgumentError, match=rf"^batch.state_block_size = {value}: must be a multiple of "
+                       r"batch.block_size = 2 in \[block_size, capacity = 32\] \(or 0 for block_size\)$"):
+        state_block_cache(value)
+    limits = kvcore.BatchLimits(block_size=2, state_block_size=8)
+    assert limits.state_block_size == 8 and "state_block_size=8" in repr(limits)
+
+
 @pytest.mark.parametrize("path", [[0, 1, 3], [0, 2, 4], [0, 2], [0, 1], [0]])
 def test_a_tree_commits_slot_copies_that_land_the_accepted_states_as_a_chain_would(path: list[int]) -> None:
     c = hybrid(slots=6)  # a tree keeps every node's state: N <= slots - 1

@@ -103,6 +103,31 @@ def test_paged_tables_replay_as_dense_ones_in_less_memory(model_name: str) -> No
     assert paged["table_bytes"] < dense["table_bytes"]
 
 
+@pytest.mark.parametrize("budget_name", ["ample", "2x"])
+def test_a_hybrid_with_a_state_block_hits_on_its_multiples(budget_name: str) -> None:
+    # BatchLimits.state_block_size = 64 over blocks of 16 (docs/batch.md section 10, "The State
+    # groups' block"): states named, and prefill chunks ended, only on multiples of 64; every hit
+    # checked and one of them, exact at the ample budget against an infinite cache that names
+    # states there too. A State block of one block replays as the default.
+    trace = _trace(60, seed=5)
+    model = tr.make_model("qwen3next")
+    capacity = tr.capacity_of(trace, 16)
+    budgets, _ = tr.budgets_for(model, 16, trace, CFG, capacity, [budget_name], None, None,
+                                one_pool=tr.kvcore_one_pool())
+    runs = {}
+    for state_block in (0, 16, 64):
+        cfg = tr.SchedulerConfig(step_ms=50.0, token_budget=2048, chunk=512, max_running=16, state_block=state_block)
+        runs[state_block] = tr.run_kvcore(trace, model, 16, budgets[budget_name], cfg, capacity,
+                                          exact=budget_name == "ample", ideal_trace=tr.trace_ideal(trace, 16))
+    out = runs[64]
+    assert out["feasible"] and out["violation"] is None and out["refused"] == 0
+    assert all(h % 64 == 0 for h in out["hits"]) and out["reused_tokens"] > 0
+    assert any(h % 64 for h in runs[0]["hits"])  # the default hits between them
+    assert (runs[16]["hits"], runs[16]["preempted"]) == (runs[0]["hits"], runs[0]["preempted"])
+    if budget_name == "ample":
+        assert out["hits"] == out["ideal_online"]
+
+
 def test_a_hybrid_request_waits_for_the_prefix_another_computes() -> None:
     # Two requests with one 20-block prompt (12 prefill steps at 544 tokens a step), the second
     # arriving while the first computes it: the scheduler keeps the second waiting while its
@@ -177,6 +202,8 @@ def test_bad_arguments_name_the_value() -> None:
         tr.SchedulerConfig(token_budget=512, chunk=600)
     with pytest.raises(ValueError, match="table_page_blocks 3"):
         tr.SchedulerConfig(table_page_blocks=3)
+    with pytest.raises(ValueError, match="state_block -16"):
+        tr.SchedulerConfig(state_block=-16)
     assert [tr.page_blocks_for(n) for n in (1, 374, 11968)] == [1, 16, 64]
     bad = tr.TraceRequest(0, 0.0, 2000, 1, (1, 2))
     with pytest.raises(ValueError, match="input_length 2000"):

@@ -33,6 +33,10 @@ class BatchQueries : public BatchControl, public BatchPlanner, protected BatchPa
   int n_layers() const noexcept override { return n_layers_; }
   int block_size() const noexcept override { return block_size_; }
   int n_state_groups() const noexcept override { return n_state_groups_; }
+  /// The State groups' block, in tokens (BatchLimits::state_block_size, 0
+  /// resolved to block_size): a commit names the state at its end only at a
+  /// length that is a multiple of it, so hits on State layers land there.
+  int state_block_size() const noexcept { return state_block_size_; }
   /// Block table entries per row: ceil(capacity / B).
   int table_stride() const noexcept { return stride_; }
   /// Sequences active at once (BatchLimits::max_active_seqs, default

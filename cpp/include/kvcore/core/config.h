@@ -151,6 +151,15 @@ struct BatchLimits {
   /// least recently used goes first. 0: none, and a model with State layers
   /// never hits a prefix.
   int state_snapshots = 0;
+  /// The State groups' block, in tokens: a committed step names the state at
+  /// its end only when its length is a multiple of it (and ends a keyed K/V
+  /// block), so prefix hits on a model with State layers land on multiples of
+  /// it (vLLM's mamba align mode at its block size). A multiple of block_size
+  /// in [block_size, capacity]; 0 means block_size. A larger block names fewer
+  /// states, so decode keeps fewer snapshots (each a state slot or, with
+  /// states_in_pool, a page) at the cost of coarser hits. An imported record
+  /// still names its state at any keyed block boundary: it carries no other.
+  int state_block_size = 0;
   /// Layers of one policy form groups of at most this many layers, all
   /// drawing blocks from one pool whose pages span one layer of each group
   /// (docs/batch.md section 5, "One budget"): groups of one size leave no page

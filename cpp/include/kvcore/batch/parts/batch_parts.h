@@ -44,6 +44,7 @@ class BatchParts {
         max_step_(cfg.effective_max_step()),
         max_rewind_(cfg.effective_max_rewind()),
         block_size_(cfg.batch.block_size),
+        state_block_size_(cfg.batch.state_block_size != 0 ? cfg.batch.state_block_size : cfg.batch.block_size),
         max_seqs_(cfg.batch.max_seqs),
         max_holes_(cfg.batch.max_holes),
         stride_(ceil_div(cfg.capacity, cfg.batch.block_size)),
@@ -88,8 +89,9 @@ class BatchParts {
     KVCORE_RETURN_IF_ERROR(prefix_.create(max_seqs_, block_size_, stride_, n_groups_));
     KVCORE_RETURN_IF_ERROR(states_.create(rows_, max_step_tokens_, cfg.batch.state_snapshots,
                                           states_in_pool ? &pages_ : nullptr, n_groups_));
-    const StepLimits limits{max_seqs_,   n_groups_, max_step_,       max_step_tokens_,
-                            block_size_, capacity_, n_state_groups_, n_groups_ > 0 ? groups_[0].page_shift() : 31};
+    const StepLimits limits{max_seqs_,       n_groups_,        max_step_,
+                            max_step_tokens_, block_size_,      capacity_,
+                            n_state_groups_,  state_block_size_, n_groups_ > 0 ? groups_[0].page_shift() : 31};
     return step_.create(limits, groups_.get(), stride_, sizes.rows, table_pages_, states_.get());
   }
 
@@ -406,6 +408,7 @@ class BatchParts {
   int max_step_;
   int max_rewind_;
   int block_size_;
+  int state_block_size_;  ///< batch.state_block_size, 0 resolved to block_size
   int max_seqs_;
   int max_holes_;
   int stride_;

@@ -33,6 +33,7 @@ struct StepLimits {
   int block_size = 1;
   int capacity = 1;
   int n_state_groups = 0;
+  int state_block_size = 1;   ///< a commit names the state at its end only on multiples of it
   int table_page_shift = 31;  ///< the groups' BlockGroup::page_shift(): 31 when a row is one page
 };
 

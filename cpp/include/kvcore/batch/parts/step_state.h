@@ -262,8 +262,8 @@ inline BatchCommit StepState::commit(SequenceTable& seqs, BlockGroup* groups, Pr
     if (s.alloc_end > kept) s.alloc_end = kept;
     prefix.append_tokens(seq, step_tokens_.get() + at, m, tokens_given_[i], groups, lim_.n_groups);
     for (int g = 0; g < lim_.n_groups; ++g) groups[g].evict(seq, s.length);
-    BlockKey key;  // a length ending on a keyed block: its state is named for prefix reuse
-    if (lim_.n_state_groups > 0 && prefix.boundary_key(seq, s.length, &key))
+    BlockKey key;  // a length ending on a keyed block and a State block: its state is named for prefix reuse
+    if (lim_.n_state_groups > 0 && s.length % lim_.state_block_size == 0 && prefix.boundary_key(seq, s.length, &key))
       for (int k = 0; k < lim_.n_state_groups; ++k)
         states[k].name(seq, s.length, key, prefix.namespace_of(seq), s.length / lim_.block_size - 1);
   }
