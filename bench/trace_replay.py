@@ -995,6 +995,9 @@ class KvcoreAdapter:
             raise ValueError(f"state_block {cfg.state_block} must be a multiple of the block size {block}")
         aligned = layout.get("states_in_pool") or self.state_block != block
         self.chunk_unit = block_chunk(self.state_block, cfg.chunk) if aligned else cfg.chunk
+        if self.chunk_unit > cfg.token_budget:  # no prefill chunk would ever fit a step
+            raise ValueError(f"prefill chunks of {self.chunk_unit} tokens (state_block {cfg.state_block}, block "
+                             f"{block}) exceed token_budget {cfg.token_budget}")
         self.max_active = layout["max_active_seqs"]
         self.max_running = min(cfg.max_running, self.max_active)
         cache, self.bpb = self._make_cache(model, block, layout, cfg, capacity)
@@ -1157,8 +1160,9 @@ class KvcoreAdapter:
         return i < (lv.known - 1) // self.block_size and self._key(lv, i) in self.in_flight
 
     def _note_in_flight(self, lv: Live, start: int, n: int) -> None:
-        """The keys of the full blocks positions [start, start + n) of lv complete."""
-        if not self.has_state:
+        """The keys of the full blocks positions [start, start + n) of lv complete (with a State
+        block of several blocks: only when the step ends on one, naming a state there)."""
+        if not self.has_state or (self.state_block != self.block_size and (start + n) % self.state_block):
             return
         t0 = time.thread_time_ns()
         b = self.block_size

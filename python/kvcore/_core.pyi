@@ -206,9 +206,9 @@ class BatchLimits(metaclass=_pybind11_type):
         short of pages raises CapacityError and changes nothing. state_block_size: the State groups'
         block, in tokens: a committed step names the state at its end only at a multiple of it, so
         hits on State layers land there (vLLM's mamba align mode at its block size; fewer snapshots,
-        coarser hits); a multiple of block_size in [block_size, capacity], 0 for block_size; an
-        imported record still names its state at any full block. Checked when a BatchCache is built
-        (InvalidArgumentError naming the field).
+        coarser hits): 0 or block_size, or a larger multiple of block_size up to capacity; an
+        imported record still names its one state at its length when that ends a full block. Checked
+        when a BatchCache is built (InvalidArgumentError naming the field).
         """
     @property
     def block_size(self) -> int:

@@ -48,15 +48,18 @@ TEST(BatchFuzzCorpus, EveryInputHoldsAndTheCorpusReachesEveryPath) {
   EXPECT_GT(cov.state_steps, 0);
   EXPECT_GT(cov.state_tree_commits, 0);
   EXPECT_GT(cov.state_refusals, 0);
+  EXPECT_GT(cov.state_block_hits, 0);
   EXPECT_GT(cov.shared_layers, 0);
   EXPECT_GT(cov.chunked_steps, 0);
   EXPECT_GT(cov.chunked_hits, 0);
   EXPECT_GT(cov.margin_caches, 0);
   std::printf("batch fuzz corpus, section 9 kinds: %ld State configs driven (%ld steps with every state read "
-              "checked, %ld tree commits, %ld refused by a State group's rules, %ld huge skipped), %ld shared layers "
+              "checked, %ld tree commits, %ld refused by a State group's rules, %ld huge skipped, %ld prefix hits on "
+              "states named every State block of several blocks), %ld shared layers "
               "checked, %ld steps and %ld prefix hits on a chunked group, %ld small caches with a rewind margin other than "
               "max_step\n",
               cov.state_configs, cov.state_steps, cov.state_tree_commits, cov.state_refusals, cov.state_huge_skipped,
+              cov.state_block_hits,
               cov.shared_layers, cov.chunked_steps, cov.chunked_hits, cov.margin_caches);
   std::printf(
       "batch fuzz corpus: %ld inputs (%ld invalid configs, %ld huge refused, %ld huge skipped, %ld huge and %ld small "

@@ -91,6 +91,7 @@ struct Coverage {
   long state_tree_commits = 0;
   long state_refusals = 0;  // calls refused by a State group's rules
   long state_huge_skipped = 0;  // huge configs with a State layer: not driven
+  long state_block_hits = 0;    // prefix hits on states named every state_block_size > block_size tokens
   long shared_layers = 0;   // shared layers checked to read their source's group
   long chunked_steps = 0;   // steps checked on a cache with a chunked group
   long chunked_hits = 0;    // prefix hits on a cache with a chunked group
@@ -367,6 +368,7 @@ class Harness {
         coverage()->state_steps += counts.steps;
         coverage()->state_tree_commits += counts.tree_commits;
         coverage()->state_refusals += counts.refusals;
+        if (cfg.batch.state_block_size > cfg.batch.block_size) coverage()->state_block_hits += counts.hits;
       }
       return "";
     }

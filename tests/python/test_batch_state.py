@@ -369,6 +369,11 @@ def test_a_bad_state_block_is_refused_naming_it(value: int) -> None:
         state_block_cache(value)
     limits = kvcore.BatchLimits(block_size=2, state_block_size=8)
     assert limits.state_block_size == 8 and "state_block_size=8" in repr(limits)
+    # block_size itself is the default rule, even past a capacity shorter than one block.
+    layers = [kvcore.LayerConfig(kvcore.Flat(), 1, 2), kvcore.LayerConfig(kvcore.State(D))]
+    short = BatchCache(kvcore.CacheConfig(10, layers, max_step=4, batch=kvcore.BatchLimits(
+        block_size=16, max_seqs=1, state_block_size=16)))
+    assert short.state_block_size == 16
 
 
 @pytest.mark.parametrize("path", [[0, 1, 3], [0, 2, 4], [0, 2], [0, 1], [0]])

@@ -204,6 +204,12 @@ def test_bad_arguments_name_the_value() -> None:
         tr.SchedulerConfig(table_page_blocks=3)
     with pytest.raises(ValueError, match="state_block -16"):
         tr.SchedulerConfig(state_block=-16)
+    model = tr.make_model("qwen3next")
+    layout = tr.kvcore_layout(model, 16, 1 << 34, CFG, 4096, one_pool=tr.kvcore_one_pool())
+    with pytest.raises(ValueError, match="prefill chunks of 4096 tokens .* exceed token_budget 2048"):
+        tr.KvcoreAdapter(model, 16, layout, tr.SchedulerConfig(token_budget=2048, state_block=4096), 4096, False)
+    with pytest.raises(ValueError, match="state_block 24 must be a multiple of the block size 16"):
+        tr.KvcoreAdapter(model, 16, layout, tr.SchedulerConfig(state_block=24), 4096, False)
     assert [tr.page_blocks_for(n) for n in (1, 374, 11968)] == [1, 16, 64]
     bad = tr.TraceRequest(0, 0.0, 2000, 1, (1, 2))
     with pytest.raises(ValueError, match="input_length 2000"):

@@ -154,11 +154,12 @@ struct BatchLimits {
   /// The State groups' block, in tokens: a committed step names the state at
   /// its end only when its length is a multiple of it (and ends a keyed K/V
   /// block), so prefix hits on a model with State layers land on multiples of
-  /// it (vLLM's mamba align mode at its block size). A multiple of block_size
-  /// in [block_size, capacity]; 0 means block_size. A larger block names fewer
-  /// states, so decode keeps fewer snapshots (each a state slot or, with
-  /// states_in_pool, a page) at the cost of coarser hits. An imported record
-  /// still names its state at any keyed block boundary: it carries no other.
+  /// it (vLLM's mamba align mode at its block size). 0 or block_size (the
+  /// default rule), or a larger multiple of block_size up to capacity. A
+  /// larger block names fewer states, so decode keeps fewer snapshots (each a
+  /// state slot or, with states_in_pool, a page) at the cost of coarser hits.
+  /// An imported record still names the one state it carries, at its length,
+  /// when that ends a keyed block, whatever this is.
   int state_block_size = 0;
   /// Layers of one policy form groups of at most this many layers, all
   /// drawing blocks from one pool whose pages span one layer of each group

@@ -34,8 +34,8 @@ inline Status validate_batch(const CacheConfig& cfg) noexcept {
                                "batch.max_holes = %d: must be in [0, 4096]", b.max_holes);
   KVCORE_CHECK_OR_RETURN_ERROR(b.state_snapshots >= 0 && b.state_snapshots <= (1 << 20), InvalidArgument,
                                "batch.state_snapshots = %d: must be in [0, 1048576]", b.state_snapshots);
-  KVCORE_CHECK_OR_RETURN_ERROR(b.state_block_size == 0 ||
-                                   (b.state_block_size >= b.block_size && b.state_block_size <= cfg.capacity &&
+  KVCORE_CHECK_OR_RETURN_ERROR(b.state_block_size == 0 || b.state_block_size == b.block_size ||
+                                   (b.state_block_size > b.block_size && b.state_block_size <= cfg.capacity &&
                                     b.state_block_size % b.block_size == 0),
                                InvalidArgument,
                                "batch.state_block_size = %d: must be a multiple of batch.block_size = %d in "

@@ -32,8 +32,9 @@
 // not from whether a sibling or snapshot still names the slot.
 //
 // Named snapshots (prefix reuse). When a committed step leaves a sequence at
-// a length that ends a full block its prefix index keyed, the state after
-// that block's last position is named by the block's key: the snapshot takes
+// a length that ends a full block its prefix index keyed (and is a multiple
+// of batch.state_block_size: the caller's test), the state after that
+// block's last position is named by the block's key: the snapshot takes
 // one more reference to the physical slot holding it (no bytes move; a later
 // write of that logical slot takes a fresh slot, as for a fork). A sequence
 // that adopts the prompt's prefix names the snapshot's slot as its own. At
