@@ -77,7 +77,8 @@ void register_batch_limits(py::module_& m) {
            "nothing. state_block_size: the State groups' block, in tokens: a committed step names the state at "
            "its end only at a multiple of it, so hits on State layers land there (vLLM's mamba align mode at its "
            "block size; fewer snapshots, coarser hits): 0 or block_size, or a larger multiple of block_size up to "
-           "capacity; an imported record still names its one state at its length when that ends a full block. Checked when a BatchCache is built (InvalidArgumentError naming the field).")
+           "capacity; an imported record still names its one state at its length when that ends a full block. "
+           "Checked when a BatchCache is built (InvalidArgumentError naming the field).")
       .def_readonly("block_size", &kvcore::BatchLimits::block_size, "Rows per block.")
       .def_readonly("max_seqs", &kvcore::BatchLimits::max_seqs, "Sequence ids are 0..max_seqs-1.")
       .def_readonly("max_step_tokens", &kvcore::BatchLimits::max_step_tokens,
