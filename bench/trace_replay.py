@@ -506,6 +506,9 @@ class Adapter(Protocol):
     chunk_unit: int
     max_running: int
     has_state: bool
+    # Where a model with State layers names states (and a prompt's prefill stops before its
+    # tail): the block size, or kvcore's State block (BatchLimits.state_block_size).
+    state_block: int
 
     def start_step(self) -> None: ...
     def lookup(self, lv: Live) -> int: ...
@@ -619,7 +622,7 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
     max_running = adapter.max_running if adapter is not None else cfg.max_running
     # Models with state stop a prompt's prefill at its last (State) block boundary: a state is
     # named there for the next turn.
-    stop_block = getattr(adapter, "state_block", block) if has_state else 0
+    stop_block = (adapter.state_block if adapter is not None else block) if has_state else 0
     inf = InfiniteCache(block, has_state, stop_block)
     # The peak working set counts a ring's share with a margin of one chunk whatever kvcore's
     # max_rewind, so the budgets (multiples of it) stay those of earlier runs and both systems'.
@@ -1366,6 +1369,7 @@ class VllmAdapter:
         self.Request, self.Status, self.SamplingParams = Request, RequestStatus, SamplingParams
         bv = vllm_block_size(model, block)
         self.block_size = bv
+        self.state_block = bv  # align mode: a state per block
         self.chunk_unit = block_chunk(bv, cfg.chunk) if model.has_state else cfg.chunk
         self.max_running = cfg.max_running
         self.has_state = model.has_state
