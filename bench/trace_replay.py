@@ -441,13 +441,17 @@ def page_blocks_for(stride: int) -> int:
     return 1 << max(0, round(math.log2(max(1.0, math.sqrt(stride / 2)))))
 
 
-def table_pages_for(num_blocks: int, n_groups: int, max_active: int, stride: int, page_blocks: int) -> int:
-    """The table pages the replay gives a paged cache: the pool's blocks twice over (rows sharing
-    a prefix each name its blocks; once over was short on a generated trace at 0.7x) plus two
-    partly filled pages per row and group, capped at every row full. A step short of pages is
+def table_pages_for(group_entries: Sequence[int], max_active: int, stride: int, page_blocks: int) -> int:
+    """The table pages the replay gives a paged cache: each group's entries at the traffic's peak
+    (`group_entries`, KvcoreAdapter: a flat group's the running requests' blocks, counted per
+    request; a ring group's at most its window's a row) in full pages, plus two partly filled
+    pages per row and group, capped at every row full. The tables name only the running rows'
+    blocks, never the cached ones, so they follow the traffic, not the pool: a budget twice the
+    peak working set needs no more table pages than one at the peak. A step short of pages is
     refused and the scheduler preempts, as for blocks (the replay counts it)."""
+    n_groups = len(group_entries)
     full = n_groups * max_active * -(-stride // page_blocks)
-    return min(full, 2 * -(-num_blocks // page_blocks) + 2 * n_groups * max_active)
+    return min(full, sum(-(-e // page_blocks) for e in group_entries) + 2 * n_groups * max_active)
 
 
 def table_bytes(cache: Any, paged: bool) -> int:
@@ -1066,10 +1070,19 @@ class KvcoreAdapter:
             # The groups the layout forms, from a one-block cache of the same layers.
             probe = kvcore.BatchCache(kvcore.CacheConfig(block, layers, max_step=1, batch=kvcore.BatchLimits(
                 **extra, block_size=block, max_seqs=1, num_blocks=1)))
-            groups = probe.n_groups
+            running = layout.get("running_blocks", 0)
+            if running < 1:
+                raise ValueError(f"paged tables need layout['running_blocks'] >= 1 (the traffic's peak running "
+                                 f"blocks, budgets_for's info), got {running}")
+            # A ring group's row holds at most its window's blocks; a flat group's, every block.
+            ring_row = ring_blocks_per_seq(model, block, self.chunk_unit, capacity, cfg.max_rewind)
+            entries = [running] * probe.n_groups
+            for i, lay in enumerate(model.layers):
+                if lay.kind == "sliding":
+                    entries[probe.group_of(i)] = min(running, self.max_active * ring_row)
             P = cfg.table_page_blocks if cfg.table_page_blocks > 0 else page_blocks_for(stride)
             extra["table_page_blocks"] = P
-            extra["table_pages"] = table_pages_for(layout["num_blocks_flat"], groups, self.max_active, stride, P)
+            extra["table_pages"] = table_pages_for(entries, self.max_active, stride, P)
         limits = kvcore.BatchLimits(**extra, block_size=block, max_seqs=self.max_active,
                                     max_active_seqs=self.max_active,
                                     max_step_tokens=cfg.token_budget,
@@ -1593,7 +1606,7 @@ def budgets_for(model: Model, block: int, trace: Sequence[TraceRequest], cfg: Sc
     info = {"peak_working_set_bytes": peak, "ample_needs": {"blocks": need_blocks, "active": need_active,
                                                            "snapshots": need_snap},
             "infinite_cache_reused_pct": 100.0 * sum(infb.hits_first) / sum(r.input_length for r in trace),
-            "infinite_cache_steps": infb.steps}
+            "infinite_cache_steps": infb.steps, "peak_running_blocks": infb.peak_running_blocks}
     return out, info
 
 
@@ -1601,14 +1614,18 @@ def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: 
                cfg: SchedulerConfig, capacity: int, *, exact: bool, ideal_trace: Sequence[int],
                ring_share: float | None = None, state_share: float | None = None,
                check: bool = True, step_slots_in_budget: bool = True,
-               one_pool: bool | None = None, states_in_pool: bool = False) -> dict[str, Any]:
+               one_pool: bool | None = None, states_in_pool: bool = False,
+               running_blocks: int = 0) -> dict[str, Any]:
     """Replays `trace` through a BatchCache laid out for `budget` bytes, with the hit checks;
     returns the summary (plus 'layout', and 'violation' naming a failed check). one_pool: None
-    asks the kvcore module (kvcore_one_pool). states_in_pool: kvcore_layout's."""
+    asks the kvcore module (kvcore_one_pool). states_in_pool: kvcore_layout's. running_blocks:
+    the traffic's peak running blocks (budgets_for's info), which bound paged tables
+    (table_pages_for); needed only with cfg.table_page_blocks."""
     if one_pool is None:
         one_pool = kvcore_one_pool()
     layout = kvcore_layout(model, block, budget, cfg, capacity, ring_share, state_share, step_slots_in_budget,
                            one_pool, states_in_pool)
+    layout["running_blocks"] = running_blocks
     if not layout["feasible"]:
         return {"system": "kvcore", "feasible": False, "layout": layout, "refused": len(trace),
                 "reused_tokens": 0, "reused_pct": 0.0, "preempted": 0, "hits": [0] * len(trace)}
@@ -1811,7 +1828,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     kv = run_kvcore(trace, model, b, budgets[name], cfg, capacity, exact=name == "ample",
                                     ideal_trace=ideal, ring_share=args.ring_share, state_share=args.state_share,
-                                    step_slots_in_budget=in_budget, one_pool=one_pool, states_in_pool=pooled)
+                                    step_slots_in_budget=in_budget, one_pool=one_pool, states_in_pool=pooled,
+                                    running_blocks=info["peak_running_blocks"])
                 except AssertionError as e:
                     kv = {"system": "kvcore", "violation": str(e), "hits": []}
                     failed.append(f"{model.name} B={b} {name}: {e}")

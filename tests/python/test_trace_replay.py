@@ -87,16 +87,28 @@ def test_paged_tables_replay_as_dense_ones_in_less_memory(model_name: str) -> No
     trace = _trace(60, seed=5)
     model = tr.make_model(model_name)
     capacity = tr.capacity_of(trace, 16)
-    budgets, _ = tr.budgets_for(model, 16, trace, CFG, capacity, ["0.7x"], None, None,
-                                one_pool=tr.kvcore_one_pool())
+    budgets, info = tr.budgets_for(model, 16, trace, CFG, capacity, ["0.7x"], None, None,
+                                   one_pool=tr.kvcore_one_pool())
     runs = []
     for page_blocks in (0, 8):
         cfg = tr.SchedulerConfig(step_ms=50.0, token_budget=2048, chunk=512, max_running=16,
                                  table_page_blocks=page_blocks)
         runs.append(tr.run_kvcore(trace, model, 16, budgets["0.7x"], cfg, capacity, exact=False,
-                                  ideal_trace=tr.trace_ideal(trace, 16)))
+                                  ideal_trace=tr.trace_ideal(trace, 16),
+                                  running_blocks=info["peak_running_blocks"]))
     dense, paged = runs
     assert paged["violation"] is None and paged["table_page_blocks"] == 8
+    # The bound follows the running requests' blocks, not the pool: a ring group's rows at most
+    # its window's, and no more pages for a budget that caches more.
+    running, rows = info["peak_running_blocks"], paged["layout"]["max_active_seqs"]
+    if model_name == "llama":  # one flat group
+        assert paged["table_pages"] == -(-running // 8) + 2 * rows
+    budget_2x, _ = tr.budgets_for(model, 16, trace, CFG, capacity, ["2x"], None, None,
+                                  one_pool=tr.kvcore_one_pool())
+    wider = tr.run_kvcore(trace, model, 16, budget_2x["2x"], cfg, capacity, exact=False,
+                          ideal_trace=tr.trace_ideal(trace, 16), running_blocks=running)
+    assert wider["violation"] is None and wider["short_of_table_pages"] == 0
+    assert wider["table_pages"] == paged["table_pages"]
     assert (paged["hits"], paged["preempted"], paged["refused"]) == (dense["hits"], dense["preempted"], dense["refused"])
     assert dense["table_bytes"] == dense["table_bytes_unpaged"]
     assert 0 < paged["peak_table_pages"] <= paged["table_pages"] and paged["short_of_table_pages"] == 0
@@ -210,6 +222,9 @@ def test_bad_arguments_name_the_value() -> None:
         tr.KvcoreAdapter(model, 16, layout, tr.SchedulerConfig(token_budget=2048, state_block=4096), 4096, False)
     with pytest.raises(ValueError, match="state_block 24 must be a multiple of the block size 16"):
         tr.KvcoreAdapter(model, 16, layout, tr.SchedulerConfig(state_block=24), 4096, False)
+    with pytest.raises(ValueError, match=r"paged tables need layout\['running_blocks'\] >= 1 .*got 0"):
+        tr.KvcoreAdapter(model, 16, {**layout, "running_blocks": 0}, tr.SchedulerConfig(table_page_blocks=8),
+                         4096, False)
     assert [tr.page_blocks_for(n) for n in (1, 374, 11968)] == [1, 16, 64]
     bad = tr.TraceRequest(0, 0.0, 2000, 1, (1, 2))
     with pytest.raises(ValueError, match="input_length 2000"):
