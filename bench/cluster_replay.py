@@ -45,7 +45,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tier_replay as tier  # noqa: E402
-import trace_replay as tr  # noqa: E402
+from replay.layouts import budgets_for, capacity_of, kvcore_layout, kvcore_one_pool  # noqa: E402
+from replay.models import make_model  # noqa: E402
+from replay.scheduler import SchedulerConfig  # noqa: E402
+from replay.trace import (DEFAULT_TRACE, TraceRequest, generate_trace, load_trace, prompt_tokens,
+                          trace_ideal)  # noqa: E402
 
 
 def build_replica(block: int, num_blocks: int, capacity: int, chunk: int) -> Any:
@@ -88,27 +92,27 @@ def record_bytes(block: int, tokens: int) -> int:
     return len(pool.export_sequence(0, toks))
 
 
-def device_blocks(trace: Sequence[tr.TraceRequest], block: int, budget: str) -> int:
+def device_blocks(trace: Sequence[TraceRequest], block: int, budget: str) -> int:
     """A replica's device: the blocks tier_replay's one replica gets at `budget` (a multiple of the
     peak working set of the Llama-like model, trace_replay's scheduler), at least the longest
     prompt's blocks and one more."""
-    model, cfg = tr.make_model("llama"), tr.SchedulerConfig()
-    capacity = tr.capacity_of(trace, block)
-    budgets, _ = tr.budgets_for(model, block, trace, cfg, capacity, [budget], None, None,
-                                one_pool=tr.kvcore_one_pool())
-    layout = tr.kvcore_layout(model, block, budgets[budget], cfg, capacity, one_pool=tr.kvcore_one_pool())
+    model, cfg = make_model("llama"), SchedulerConfig()
+    capacity = capacity_of(trace, block)
+    budgets, _ = budgets_for(model, block, trace, cfg, capacity, [budget], None, None,
+                             one_pool=kvcore_one_pool())
+    layout = kvcore_layout(model, block, budgets[budget], cfg, capacity, one_pool=kvcore_one_pool())
     longest = -(-max(r.input_length for r in trace) // block)
     return max(int(layout["num_blocks_flat"]), longest + 1)
 
 
-def run_cluster(trace: Sequence[tr.TraceRequest], block: int, replicas: int, policy: str, *, num_blocks: int,
+def run_cluster(trace: Sequence[TraceRequest], block: int, replicas: int, policy: str, *, num_blocks: int,
                 host_x: float, store_x: float, alpha: float, prefill_rate: float, decode_rate: float,
                 hm: tier.HostModel, ideal: Sequence[int]) -> dict[str, Any]:
     """One replay: `replicas` replicas of `num_blocks` device blocks each, router `policy`; the
     report's fields."""
     from kvcore.cluster import RecordStore, Replica, Request, Router
 
-    capacity = tr.capacity_of(trace, block)
+    capacity = capacity_of(trace, block)
     chunk = 2048
     device_record = record_bytes(block, num_blocks * block)  # one device's worth of record bytes
     store = RecordStore(int(store_x * device_record * replicas))
@@ -131,7 +135,7 @@ def run_cluster(trace: Sequence[tr.TraceRequest], block: int, replicas: int, pol
             for _ in done:
                 router.finished(i)
             finish[i] = [t for t in finish[i] if t > now]
-        toks = tr.prompt_tokens(r)
+        toks = prompt_tokens(r)
         usable = (len(toks) - 1) // block
         keys = [(int(lo), int(hi)) for lo, hi in tr_keys(toks[: usable * block], block)]
         c0 = time.thread_time()
@@ -190,7 +194,7 @@ def tr_keys(tokens: np.ndarray, block: int) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", default=str(tr.DEFAULT_TRACE))
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
     ap.add_argument("--limit", type=int, help="replay only the first LIMIT requests")
     ap.add_argument("--generate", type=int, metavar="N", help="a generated trace of N requests instead")
     ap.add_argument("--seed", type=int, default=0)
@@ -210,13 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", help="write the JSON here")
     args = ap.parse_args(argv)
     if args.generate:
-        trace = tr.generate_trace(args.generate, args.seed, rate_per_s=args.rate)[: args.limit]
+        trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)[: args.limit]
         name = f"generated(n={args.generate}, seed={args.seed}, rate={args.rate})"
     else:
-        trace = tr.load_trace(args.trace, args.limit)
+        trace = load_trace(args.trace, args.limit)
         name = args.trace + (f" (first {args.limit})" if args.limit else "")
-    ideal = tr.trace_ideal(trace, args.block)
-    hm = tier.measure_host_model(tr.make_model("llama"))
+    ideal = trace_ideal(trace, args.block)
+    hm = tier.measure_host_model(make_model("llama"))
     blocks = device_blocks(trace, args.block, args.budget)
     longest = -(-max(r.input_length for r in trace) // args.block)
     rows = []

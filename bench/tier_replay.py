@@ -74,7 +74,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import trace_replay as tr  # noqa: E402
+from replay.kvcore_adapter import KvcoreAdapter  # noqa: E402
+from replay.layouts import budgets_for, capacity_of, kvcore_layout, kvcore_one_pool  # noqa: E402
+from replay.models import Model, make_model  # noqa: E402
+from replay.scheduler import Live, SchedulerConfig, replay, summarize  # noqa: E402
+from replay.trace import (DEFAULT_TRACE, TraceRequest, block_fingerprints, generate_trace, load_trace,
+                          prompt_tokens, trace_ideal)  # noqa: E402
 
 TINY_DIM = 8  # one KV head of 8 float32: K and V rows of 64 bytes a token
 ID_BYTES = 4  # a record carries every position's int32 token id
@@ -103,7 +108,7 @@ class HostModel:
         return self.tokens(tiny_bytes, records) * self.real_per_token
 
 
-def measure_host_model(model: tr.Model) -> HostModel:
+def measure_host_model(model: Model) -> HostModel:
     """Exports two records of the tiny shape to find its header and bytes per token."""
     import kvcore
 
@@ -135,12 +140,12 @@ def encode_rows(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return rows
 
 
-class TierAdapter(tr.KvcoreAdapter):
+class TierAdapter(KvcoreAdapter):
     """trace_replay's kvcore adapter on a tiny real byte pool, with a HostTier beneath it
     (host_bytes None: the device alone). Flat (Llama-like) models only: a ring's record serves
     only its last full block and a State model's only with keep=True (docs/tier.md)."""
 
-    def __init__(self, model: tr.Model, block: int, layout: dict[str, Any], cfg: tr.SchedulerConfig,
+    def __init__(self, model: Model, block: int, layout: dict[str, Any], cfg: SchedulerConfig,
                  capacity: int, check: bool, host_bytes: float | None, host_model: HostModel,
                  spill_at: str = "sequence", tier_class: Any = None):
         if any(lay.kind != "full" for lay in model.layers):
@@ -169,7 +174,7 @@ class TierAdapter(tr.KvcoreAdapter):
                       "peak_host_records": 0, "restore_events_stored": 0, "restore_events_evicted": 0}
         self.restore_times: list[float] = []
 
-    def _make_cache(self, model: tr.Model, block: int, layout: dict[str, Any], cfg: tr.SchedulerConfig,
+    def _make_cache(self, model: Model, block: int, layout: dict[str, Any], cfg: SchedulerConfig,
                     capacity: int) -> tuple[Any, list[int]]:
         """One Flat layer of 1 x TINY_DIM per group (the model's one group), the layout's blocks."""
         kvcore = self.kv
@@ -184,7 +189,7 @@ class TierAdapter(tr.KvcoreAdapter):
 
     # --- the device's step: the tiny pool's rows are written between begin_step and commit ----
 
-    def end_step(self, entries: list[tuple[tr.Live, int]]) -> None:
+    def end_step(self, entries: list[tuple[Live, int]]) -> None:
         """begin_step, the pool's row writes (timed apart), commit and the KV events."""
         seqs = np.fromiter((lv.handle for lv, _ in entries), dtype=np.int32, count=len(entries))
         ts = np.fromiter((n for _, n in entries), dtype=np.int32, count=len(entries))
@@ -206,7 +211,7 @@ class TierAdapter(tr.KvcoreAdapter):
         for lv, _ in entries:
             lv.cpu_ns += share
 
-    def _check_hit(self, lv: tr.Live, seq: int, hit: int) -> None:
+    def _check_hit(self, lv: Live, seq: int, hit: int) -> None:
         """The hit's rows, read from the pool through seq's table, hold the request's token ids at
         their positions; every hit block's key is stored (KV events)."""
         b = self.block_size
@@ -230,7 +235,7 @@ class TierAdapter(tr.KvcoreAdapter):
 
     # --- the tier -----------------------------------------------------------------------------
 
-    def lookup(self, lv: tr.Live) -> int:
+    def lookup(self, lv: Live) -> int:
         """HostTier.restore (its own lookup_prefix, then the import when the tier's prefix is
         longer), timed as the tier's; the device's lookup_prefix without a tier."""
         if self.tier is None:
@@ -250,7 +255,7 @@ class TierAdapter(tr.KvcoreAdapter):
             self._restored(lv, r)
         return int(r.hit)
 
-    def _restored(self, lv: tr.Live, r: Any) -> None:
+    def _restored(self, lv: Live, r: Any) -> None:
         st = self.stats
         st["restores"] += 1
         st["restore_bytes_tiny"] += r.bytes
@@ -283,7 +288,7 @@ class TierAdapter(tr.KvcoreAdapter):
                 else:
                     raise AssertionError(f"restore: KV event of kind {kind}")
 
-    def admit(self, lv: tr.Live, hit: int, n: int) -> bool:
+    def admit(self, lv: Live, hit: int, n: int) -> bool:
         """The replay's admission; at a first admission, what the restores added to the hit."""
         ok = super().admit(lv, hit, n)
         if ok:
@@ -292,7 +297,7 @@ class TierAdapter(tr.KvcoreAdapter):
                 self.host_hit[lv.req.index] = max(0, min(hit, p[1]) - p[0]) if p else 0
         return ok
 
-    def free(self, lv: tr.Live, preempted: bool) -> None:
+    def free(self, lv: Live, preempted: bool) -> None:
         """HostTier.spill before release_sequence (finished, preempted or refused)."""
         if self.tier is not None and lv.handle is not None:
             seq = lv.handle
@@ -342,22 +347,22 @@ def load_baseline(path: str) -> Any:
     return module.HostTier
 
 
-def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budget: int,
-             cfg: tr.SchedulerConfig, capacity: int, host_x: float, ideal_trace: Sequence[int], *,
+def run_tier(trace: Sequence[TraceRequest], model: Model, block: int, budget: int,
+             cfg: SchedulerConfig, capacity: int, host_x: float, ideal_trace: Sequence[int], *,
              host_model: HostModel | None = None, check: bool = True, exact: bool = False,
              bandwidth_gbs: float = 25.0, spill_at: str = "sequence", tier_class: Any = None) -> dict[str, Any]:
     """One replay at device `budget` bytes with a host tier of host_x * budget bytes (0: none):
     kvcore.tier.HostTier, or `tier_class` (an earlier HostTier: load_baseline)."""
     hm = host_model or measure_host_model(model)
-    one_pool = tr.kvcore_one_pool()
-    layout = tr.kvcore_layout(model, block, budget, cfg, capacity, one_pool=one_pool)
+    one_pool = kvcore_one_pool()
+    layout = kvcore_layout(model, block, budget, cfg, capacity, one_pool=one_pool)
     adapter = TierAdapter(model, block, layout, cfg, capacity, check, host_x * budget if host_x else None, hm,
                           spill_at, tier_class)
     t = time.perf_counter()
-    res = tr.replay(trace, adapter, cfg, model, check=check, exact=exact, ideal_trace=ideal_trace,
-                    capacity=capacity)
+    res = replay(trace, adapter, cfg, model, check=check, exact=exact, ideal_trace=ideal_trace,
+                 capacity=capacity)
     wall = time.perf_counter() - t
-    base = tr.summarize("kvcore", res, trace, wall)
+    base = summarize("kvcore", res, trace, wall)
     prompt = sum(r.input_length for r in trace)
     served = [i for i in range(len(trace)) if i not in set(res.refused)]
     host_hits = [adapter.host_hit.get(i, 0) for i in range(len(trace))]
@@ -406,14 +411,14 @@ def run_tier(trace: Sequence[tr.TraceRequest], model: tr.Model, block: int, budg
     return out
 
 
-def unit_model(trace: Sequence[tr.TraceRequest], block: int, capacities: Sequence[int]) -> list[dict[str, Any]]:
+def unit_model(trace: Sequence[TraceRequest], block: int, capacities: Sequence[int]) -> list[dict[str, Any]]:
     """A model, not HostTier: what the storage unit costs at equal bytes. Requests in arrival
     order, one at a time (no concurrency, no device/host split); a store of `capacity` blocks
     either keeps **blocks** (LRU per block, a prompt's blocks touched when it is served) or
     **records** as HostTier keeps a flat model's (a prompt's full blocks as one record, LRU
     over records by blocks; a prefix held once: a record inside a held one is not stored and
     supersedes held ones it extends). Returns per capacity the prompt tokens each reuses."""
-    prints = [tr.block_fingerprints(tr.prompt_tokens(r), block, r.input_length // block) for r in trace]
+    prints = [block_fingerprints(prompt_tokens(r), block, r.input_length // block) for r in trace]
     caps = [(r.input_length - 1) // block for r in trace]
     out = []
     for capacity in capacities:
@@ -525,7 +530,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line (module docstring). Exit status 1 when a check failed."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--trace", default=str(tr.DEFAULT_TRACE))
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
     ap.add_argument("--limit", type=int, help="replay only the first LIMIT requests")
     ap.add_argument("--generate", type=int, metavar="N", help="a generated trace of N requests instead")
     ap.add_argument("--seed", type=int, default=0)
@@ -554,14 +559,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.quick:
         args.limit = args.limit or 300
-    cfg = tr.SchedulerConfig()
+    cfg = SchedulerConfig()
     if args.generate:
-        trace = tr.generate_trace(args.generate, args.seed, rate_per_s=args.rate)[: args.limit]
+        trace = generate_trace(args.generate, args.seed, rate_per_s=args.rate)[: args.limit]
         trace_name = f"generated(n={args.generate}, seed={args.seed}, rate={args.rate})"
     else:
-        trace = tr.load_trace(args.trace, args.limit)
+        trace = load_trace(args.trace, args.limit)
         trace_name = args.trace + (f" (first {args.limit})" if args.limit else "")
-    model = tr.make_model(args.model)
+    model = make_model(args.model)
     hm = measure_host_model(model)
     from functools import partial
 
@@ -576,14 +581,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     failed: list[str] = []
     for b in [int(x) for x in args.blocks.split(",")]:
-        capacity = tr.capacity_of(trace, b)
-        budgets, info = tr.budgets_for(model, b, trace, cfg, capacity, [args.budget], None, None,
-                                       one_pool=tr.kvcore_one_pool())
-        ideal = tr.trace_ideal(trace, b)
+        capacity = capacity_of(trace, b)
+        budgets, info = budgets_for(model, b, trace, cfg, capacity, [args.budget], None, None,
+                                    one_pool=kvcore_one_pool())
+        ideal = trace_ideal(trace, b)
         units: dict[float, dict[str, Any]] = {}
         if args.unit_model:
-            dev_blocks = tr.kvcore_layout(model, b, budgets[args.budget], cfg, capacity,
-                                          one_pool=tr.kvcore_one_pool())["num_blocks_flat"]
+            dev_blocks = kvcore_layout(model, b, budgets[args.budget], cfg, capacity,
+                                       one_pool=kvcore_one_pool())["num_blocks_flat"]
             for x, u in zip(xs, unit_model(trace, b, [int((1 + x) * dev_blocks) for x in xs])):
                 units[x] = {**u, "device_blocks": dev_blocks,
                             "blocks_reused_pct": 100.0 * u["blocks_reused_tokens"] / prompt_total,

@@ -16,22 +16,23 @@ sys.path.insert(0, str(BENCH))
 try:
     import cluster_replay as cr
     import tier_replay as tp
-    import trace_replay as tr
+    from replay.models import make_model
+    from replay.trace import TraceRequest, generate_trace, trace_ideal
 finally:
     sys.path.remove(str(BENCH))
 
-HM = tp.measure_host_model(tr.make_model("llama"))
+HM = tp.measure_host_model(make_model("llama"))
 
 
-def _run(trace: list[tr.TraceRequest], replicas: int, policy: str, store_x: float) -> dict[str, object]:
+def _run(trace: list[TraceRequest], replicas: int, policy: str, store_x: float) -> dict[str, object]:
     longest = -(-max(r.input_length for r in trace) // 16)
     return cr.run_cluster(trace, 16, replicas, policy, num_blocks=longest + 1, host_x=1.0, store_x=store_x, alpha=256.0,
-                          prefill_rate=81920.0, decode_rate=2000.0, hm=HM, ideal=tr.trace_ideal(trace, 16))
+                          prefill_rate=81920.0, decode_rate=2000.0, hm=HM, ideal=trace_ideal(trace, 16))
 
 
 @pytest.mark.parametrize("policy", ["kv", "round_robin"])
 def test_a_store_that_holds_everything_reaches_the_ideal(policy: str) -> None:
-    trace = tr.generate_trace(40, 3, rate_per_s=40.0, max_prompt=3000)
+    trace = generate_trace(40, 3, rate_per_s=40.0, max_prompt=3000)
     r = _run(trace, 2, policy, 1000.0)
     assert r["reused_tokens"] == r["ideal_tokens"] > 0
     assert r["device_tokens"] + r["host_tokens"] + r["store_tokens"] + r["computed_tokens"] == r["prompt_tokens"]
@@ -39,6 +40,6 @@ def test_a_store_that_holds_everything_reaches_the_ideal(policy: str) -> None:
 
 
 def test_without_a_store_only_the_replicas_own_tiers_serve() -> None:
-    trace = tr.generate_trace(40, 3, rate_per_s=40.0, max_prompt=3000)
+    trace = generate_trace(40, 3, rate_per_s=40.0, max_prompt=3000)
     with_store, without = _run(trace, 2, "round_robin", 1000.0), _run(trace, 2, "round_robin", 0.0)
     assert without["store_tokens"] == 0 and without["reused_tokens"] < with_store["reused_tokens"]  # type: ignore[operator]

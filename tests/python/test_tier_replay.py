@@ -18,20 +18,23 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 try:
     import tier_replay as tp
-    import trace_replay as tr
+    from replay.layouts import budgets_for, capacity_of, kvcore_one_pool
+    from replay.models import make_model
+    from replay.scheduler import SchedulerConfig
+    from replay.trace import generate_trace, trace_ideal
 finally:
     sys.path.remove(str(BENCH))
 
-CFG = tr.SchedulerConfig(step_ms=50.0, token_budget=2048, chunk=512, max_running=16)
-MODEL = tr.make_model("llama")
+CFG = SchedulerConfig(step_ms=50.0, token_budget=2048, chunk=512, max_running=16)
+MODEL = make_model("llama")
 
 
 def _setup(seed: int, block: int, budget: str) -> tuple[list[Any], int, int, list[int]]:
-    trace = tr.generate_trace(60, seed, rate_per_s=40.0, max_prompt=6000)
-    capacity = tr.capacity_of(trace, block)
-    budgets, _ = tr.budgets_for(MODEL, block, trace, CFG, capacity, [budget], None, None,
-                                one_pool=tr.kvcore_one_pool())
-    return trace, capacity, budgets[budget], tr.trace_ideal(trace, block)
+    trace = generate_trace(60, seed, rate_per_s=40.0, max_prompt=6000)
+    capacity = capacity_of(trace, block)
+    budgets, _ = budgets_for(MODEL, block, trace, CFG, capacity, [budget], None, None,
+                             one_pool=kvcore_one_pool())
+    return trace, capacity, budgets[budget], trace_ideal(trace, block)
 
 
 def _run(setup: tuple[list[Any], int, int, list[int]], block: int, host_x: float, **kw: Any) -> dict[str, Any]:
@@ -96,12 +99,12 @@ def test_a_model_with_rings_is_refused_by_name() -> None:
     setup = _setup(5, 16, "2x")
     trace, capacity, budget, ideal = setup
     with pytest.raises(ValueError, match="non-full-attention"):
-        tp.run_tier(trace, tr.make_model("gemma3"), 16, budget, CFG, capacity, 1, ideal)
+        tp.run_tier(trace, make_model("gemma3"), 16, budget, CFG, capacity, 1, ideal)
 
 
 def test_the_unit_model_reaches_the_ideal_with_room_for_everything() -> None:
-    trace = tr.generate_trace(60, 5, rate_per_s=40.0, max_prompt=6000)
-    ideal = sum(tr.trace_ideal(trace, 16))
+    trace = generate_trace(60, 5, rate_per_s=40.0, max_prompt=6000)
+    ideal = sum(trace_ideal(trace, 16))
     small, large = tp.unit_model(trace, 16, [8, 1 << 30])
     assert large["blocks_reused_tokens"] == large["records_reused_tokens"] == ideal
     assert small["blocks_reused_tokens"] <= ideal and small["records_reused_tokens"] <= ideal
