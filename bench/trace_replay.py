@@ -2,6 +2,12 @@
 its own, vLLM 0.33's KVCacheManager, under one scheduler, and compares prompt reuse, refusals,
 preemptions, memory in use and the CPU time spent in each system's calls (issue 39 item 6).
 
+The parts live in bench/replay/, one concept a module: the trace and its token ids
+(replay/trace.py), the model shapes (models.py), the scheduler and the ideal it checks hits
+against (scheduler.py), kvcore's layouts, budgets and table sizing (layouts.py), and each
+system's adapter (kvcore_adapter.py; vllm_adapter.py, in the vLLM venv). This file runs them
+side by side and writes the comparison.
+
 `--vllm-results` takes vLLM's rows from earlier runs of the same trace instead of running it
 again (vLLM does not change with kvcore's build).
 
@@ -37,24 +43,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Until their users import them from bench/replay/, every name moved there is imported here too.
-from replay.kvcore_adapter import KvcoreAdapter  # noqa: F401
-from replay.layouts import (MAX_ACTIVE_CAP, _one_pool_layout, _states_in_pool_layout, block_chunk,
-                            budgets_for, capacity_of, kvcore_layout, kvcore_one_pool, page_blocks_for,
-                            page_groups, state_groups_of, state_step_slots, table_bytes,
-                            table_pages_for)  # noqa: F401
-from replay.models import BF16, Layer, Model, make_model, vllm_block_size  # noqa: F401
-from replay.scheduler import (Adapter, InfiniteCache, Live, RunResult, SchedulerConfig, chunk_end, replay,
-                              ring_blocks_per_seq, summarize, working_set_bytes)  # noqa: F401
-from replay.trace import (DECODE_BASE, DEFAULT_TRACE, HASH_BLOCK, PROMPT_ID_LIMIT, TraceRequest,
-                          _check_request, block_fingerprints, decode_token, generate_trace, load_trace,
-                          prompt_tokens, trace_ideal, write_trace)  # noqa: F401
-from replay.vllm_adapter import VllmAdapter  # noqa: F401
+from replay.kvcore_adapter import KvcoreAdapter
+from replay.layouts import budgets_for, capacity_of, kvcore_layout, kvcore_one_pool, table_bytes
+from replay.models import Model, make_model, vllm_block_size
+from replay.scheduler import SchedulerConfig, replay, summarize
+from replay.trace import (DEFAULT_TRACE, HASH_BLOCK, TraceRequest, generate_trace, load_trace, trace_ideal,
+                          write_trace)
+from replay.vllm_adapter import VllmAdapter
 
 DEFAULT_VLLM_PYTHON = "/tmp/vllm-venv/bin/python"
 
-
-# --- runs ---------------------------------------------------------------------------------
 
 def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: int,
                cfg: SchedulerConfig, capacity: int, *, exact: bool, ideal_trace: Sequence[int],
