@@ -70,6 +70,25 @@ def table_bytes(cache: Any, paged: bool) -> int:
     return cache.table_pages * (P * 4 + 8) + groups * rows * -(-stride // P) * 4
 
 
+def _state_split(out: dict[str, Any], cfg: SchedulerConfig, rest: int, block_bytes: int, slot: int, block: int,
+                 state_share: float | None, pool: str) -> tuple[int, int]:
+    """Splits `rest` bytes between blocks of `block_bytes` and state snapshots of `slot` bytes:
+    by default one snapshot per chunk of tokens `pool` holds, or the fraction `state_share` to
+    the snapshots; returns (blocks, snapshots) and says which in out["split"]."""
+    if state_share is None:
+        out["split"] = f"state: one snapshot per {cfg.chunk} tokens {pool} holds"
+        if block <= cfg.chunk:
+            blocks = rest // (block_bytes + slot * block // cfg.chunk)
+            return blocks, blocks * block // cfg.chunk
+        blocks = rest // (block_bytes + slot)
+        return blocks, blocks
+    if not 0 < state_share < 1:
+        raise ValueError(f"state_share {state_share} must lie in (0, 1)")
+    out["split"] = f"state {state_share}"
+    snapshots = int(rest * state_share) // slot
+    return (rest - snapshots * slot) // block_bytes, snapshots
+
+
 def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
                   ring_share: float | None = None, state_share: float | None = None,
                   step_slots_in_budget: bool = True, one_pool: bool = False,
@@ -113,16 +132,7 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
         out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else state_step_slots(cfg, max_active) * slot
         state_fixed = (max_active + step_slots) * slot
         rest = max(budget - state_fixed, 0)
-        if state_share is None:
-            out["split"] = f"state: one snapshot per {cfg.chunk} tokens the flat pool holds"
-            flat = rest // (flat_bpb + slot * block // cfg.chunk) if block <= cfg.chunk else rest // (flat_bpb + slot)
-            snapshots = flat * block // cfg.chunk if block <= cfg.chunk else flat
-        else:
-            if not 0 < state_share < 1:
-                raise ValueError(f"state_share {state_share} must lie in (0, 1)")
-            out["split"] = f"state {state_share}"
-            snapshots = int(rest * state_share) // slot
-            flat = (rest - snapshots * slot) // flat_bpb
+        flat, snapshots = _state_split(out, cfg, rest, flat_bpb, slot, block, state_share, "the flat pool")
     else:
         max_active = cfg.max_running
         flat = budget // flat_bpb
@@ -218,16 +228,7 @@ def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig
         out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else state_step_slots(cfg, max_active) * slot
         state_fixed = (max_active + step_slots) * slot
         rest = max(budget - state_fixed, 0)
-        if state_share is None:
-            out["split"] = f"state: one snapshot per {cfg.chunk} tokens the pool holds"
-            num = rest // (bpb + slot * block // cfg.chunk) if block <= cfg.chunk else rest // (bpb + slot)
-            snapshots = num * block // cfg.chunk if block <= cfg.chunk else num
-        else:
-            if not 0 < state_share < 1:
-                raise ValueError(f"state_share {state_share} must lie in (0, 1)")
-            out["split"] = f"state {state_share}"
-            snapshots = int(rest * state_share) // slot
-            num = (rest - snapshots * slot) // bpb
+        num, snapshots = _state_split(out, cfg, rest, bpb, slot, block, state_share, "the pool")
     else:
         out["split"] = "one pool"
         num = budget // bpb
