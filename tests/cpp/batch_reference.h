@@ -612,10 +612,7 @@ class PrefixModel {
       if (e.tokens[0] < 0) m.names = false;
       for (int i = L / B_; m.names && (i + 1) * B_ <= m.length(); ++i) {
         if (i < m.named_blocks) continue;
-        for (Group& g : groups_) {
-          Block& blk = blocks_[static_cast<std::size_t>(g.table(e.seq)[i])];
-          if (!blk.named) blk.named = true, blk.name = name_of(m.tokens, i);
-        }
+        for (Group& g : groups_) name_or_share(g, e.seq, i, name_of(m.tokens, i));
         m.named_blocks = i + 1;
       }
       for (Group& g : groups_) evict(g, e.seq);
@@ -797,6 +794,23 @@ class PrefixModel {
   }
 
   void hold(Group&, int b) { ++blocks_[static_cast<std::size_t>(b)].refs; }
+
+  // "A committed block whose content its group already keeps (held or cached)
+  // goes back unnamed when no one else holds it, and its holder shares that
+  // copy"; else it is named.
+  void name_or_share(Group& g, int s, int i, const std::vector<std::int32_t>& name) {
+    int& b = g.table(s)[static_cast<std::size_t>(i)];
+    Block& blk = blocks_[static_cast<std::size_t>(b)];
+    if (blk.named) return;
+    const int copy = blk.refs == 1 ? find(g, name) : -1;
+    if (copy < 0) {
+      blk.named = true, blk.name = name;
+      return;
+    }
+    hold(g, copy);
+    release_block(g, b);
+    b = copy;
+  }
 
   // "Allocation takes the lowest free block without a name, else reclaims
   // the least recently released cached one of any group (its name goes)."

@@ -591,28 +591,40 @@ TEST(BatchScenarios, CollidingBlockKeysKeepEveryPrefixHitMaximal) {
   adopt_each({0, 1, 2, 3, 4}, {4, 4, 4, 4, 2});
 }
 
-// Two sequences computed the same prompt: both copies are named. The first
-// is released and reclaimed; the survivor's copy is found. (Before, a block
-// whose key already named another stayed unnamed and was never found.)
-TEST(BatchScenarios, ASurvivingCopyOfAPromptIsFoundAfterTheOtherIsReclaimed) {
+// Two sequences compute one prompt side by side (neither can hit the other's
+// blocks before the step commits): each commit that fills a block whose
+// content the pool already keeps gives the second copy back unnamed, and the
+// sequence shares the first, in every group. One KV event per content. (Before,
+// both copies stayed held and named until their sequences ended.)
+TEST(BatchScenarios, TwoSequencesThatComputeOnePromptKeepOneCopy) {
   const int B = 2;
-  CacheConfig cfg = config(32, 4, {LayerPolicy::flat()}, B, 3);
-  cfg.batch.num_blocks = 6;
+  CacheConfig cfg = config(32, 8, {LayerPolicy::flat(), LayerPolicy::ring(8, 0)}, B, 3);
+  cfg.batch.num_blocks = 16;
   Harness h(cfg);
-  const std::vector<std::int32_t> prompt = tokens(40, 5);
-  for (int s : {0, 1}) {
-    h.add(s);
-    ASSERT_EQ(h.decode(s, 4, 4, &prompt), "");  // each its own blocks 0 and 1
-  }
-  h.release(0);  // its copies are cached; sequence 1 holds the others
-  h.add(2);
-  ASSERT_EQ(h.decode(2, 4, 4), "");  // takes the 2 free blocks without a key
-  ASSERT_EQ(h.decode(2, 4, 4), "");  // and reclaims sequence 0's copies
-  EXPECT_EQ(h.cached(0), 0);
-  h.release(2);
+  ASSERT_TRUE(h.cache().enable_kv_events(64).ok());
+  const std::vector<std::int32_t> prompt = tokens(40, 8);
+  const std::vector<std::int32_t> five(prompt.begin(), prompt.begin() + 5);
   h.add(0);
-  EXPECT_EQ(h.adopt(0, prompt), 4);  // sequence 1's copy (was 0)
-  ASSERT_EQ(h.step({{0, {prompt[4]}}}), "");
+  h.add(1);
+  ASSERT_EQ(h.step({{0, five}, {1, five}}), "");
+  // Blocks 0 and 1 full: one copy each, held twice; block 2 (one position) each its own.
+  for (int g = 0; g < 2; ++g) {
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(h.cache().block_at(1, g, i), h.cache().block_at(0, g, i));
+    EXPECT_NE(h.cache().block_at(1, g, 2), h.cache().block_at(0, g, 2));
+    EXPECT_EQ(h.held(0, g), 3);
+    EXPECT_EQ(h.held(1, g), 3);
+    EXPECT_EQ(h.cached(g), 0);
+  }
+  EXPECT_EQ(h.free(0), 16 - 2 * 4);  // 4 blocks a group: 2 shared, 2 partial
+  ASSERT_EQ(h.step({{0, {prompt[5]}}, {1, {prompt[5]}}}), "");  // block 2 fills in both
+  EXPECT_EQ(h.free(0), 16 - 2 * 3);
+  kvcore::KVEvent events[16];
+  EXPECT_EQ(*h.cache().drain_kv_events(events, 16), 2 * 3);  // one store per content and group
+  h.release(0);  // sequence 1 still holds every block
+  for (int g = 0; g < 2; ++g) EXPECT_EQ(h.cached(g), 0);
+  h.add(2);
+  EXPECT_EQ(h.adopt(2, prompt), 6);
+  ASSERT_EQ(h.step({{2, {prompt[6]}}}), "");
 }
 
 // A rewind into a full, named block, then a step: the step writes a copy, so

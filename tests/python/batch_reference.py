@@ -606,6 +606,21 @@ class PrefixPools:
                 cached = b
         return cached
 
+    def name_or_share(self, g: int, seq: int, i: int, name: tuple[int, ...]) -> None:
+        """A committed block whose content its group already keeps (held or cached) goes back
+        unnamed when no one else holds it, and its holder shares that copy; else it is named."""
+        b = self.tables[g][seq][i]
+        blk = self.blocks[b]
+        if blk.name is not None:
+            return
+        copy = self.find(g, name) if blk.refs == 1 else -1
+        if copy < 0:
+            blk.name = name
+            return
+        self.blocks[copy].refs += 1
+        self.release_block(g, b)
+        self.tables[g][seq][i] = copy
+
     def must_copy(self, g: int, b: int) -> bool:
         """A step copies a block it writes into when another sequence holds it,
         or when it is named (a named block never changes)."""
@@ -811,10 +826,8 @@ class PrefixPools:
             while s.names and (i + 1) * self.B <= len(s.tokens):
                 if i >= s.named_blocks:
                     name = tuple(int(x or 0) for x in s.tokens[: (i + 1) * self.B])
-                    for g, t in enumerate(self.tables):
-                        blk = self.blocks[t[seq][i]]
-                        if blk.name is None:
-                            blk.name = name
+                    for g in range(len(self.tables)):
+                        self.name_or_share(g, seq, i, name)
                     s.named_blocks = i + 1
                 i += 1
             for g in range(len(self.policies)):

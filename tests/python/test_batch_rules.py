@@ -114,27 +114,28 @@ def test_a_rewind_to_the_first_position_of_the_block_being_filled_keeps_naming_o
     assert c.block_table(1, 0).tolist()[2] == c.block_table(0, 0).tolist()[2]
 
 
-# --- which copy of a content stays cached when one commit releases several ------------------
+# --- two sequences that compute one prompt keep one copy ------------------------------------
 
 
-def test_one_commit_keeps_the_window_block_cached_over_the_copy_on_write_source() -> None:
-    """batch.md section 5, copies: a commit releases its copy-on-write sources first, then each
-    entry's window blocks; of two copies of one content the one released last stays cached."""
+def test_two_sequences_computing_one_prompt_share_one_copy_that_one_commit_copies_and_passes() -> None:
+    """batch.md section 5, copies: the commit that fills a block whose content the group already
+    keeps (held or cached) gives the block back unnamed and shares that copy; one commit that
+    both copies it (a write after a rewind) and passes it (a window) leaves it cached once."""
     c = batch(ring(1), B=2, max_seqs=3, max_step=2)
-    for s in (0, 1):  # both compute [1, 2, 3, 4]: two named copies of each block
+    for s in (0, 1):  # both compute [1, 2, 3, 4]: the second commit trades its copy for the first's
         c.add_sequence(s)
         c.step([(s, 2, [1, 2])]).commit()
         c.step([(s, 2, [3, 4])]).commit()
-    source = c.block_table(0, 0).tolist()[1]  # seq 0's copy of [3, 4]
-    window = c.block_table(1, 0).tolist()[1]  # seq 1's copy of [3, 4]
-    assert source != window and c.cached_blocks(0) == 1  # block 0's content, once
+    shared = c.block_table(0, 0).tolist()[1]
+    assert c.block_table(1, 0).tolist()[1] == shared
+    assert c.cached_blocks(0) == 1 and c.free_blocks(0) == c.num_blocks(0) - 1  # [1, 2] cached, [3, 4] held once
     c.rewind(0, 3)
-    # One commit releases both: seq 0 writes into its named block (a copy; the source goes at
-    # commit), seq 1's window passes its block 1.
+    # One commit releases it twice: seq 0 writes into it (a copy; the source goes at commit),
+    # seq 1's window passes it.
     step = c.begin_step([(0, 1, [7]), (1, 2, [5, 6])])
-    assert step.plan().groups[0].copies.tolist() == [[source, step.plan().groups[0].copies.tolist()[0][1]]]
+    assert step.plan().groups[0].copies.tolist() == [[shared, step.plan().groups[0].copies.tolist()[0][1]]]
     step.commit()
-    assert c.cached_blocks(0) == 2  # [1, 2] and one copy of [3, 4]
+    assert c.cached_blocks(0) == 2  # [1, 2] and [3, 4]
     c.add_sequence(2)
     assert c.adopt_prefix(2, [1, 2, 3, 4, 8]) == 4
-    assert c.block_table(2, 0).tolist()[1] == window  # the window block, released last
+    assert c.block_table(2, 0).tolist()[1] == shared

@@ -207,6 +207,25 @@ class BlockPool {
     return true;
   }
 
+  /// A committed block's naming: when another block of its group already
+  /// carries `key` (held or cached, the one find() picks) and no one else holds
+  /// `block`, that copy gets `block`'s holder and `block` goes back unnamed,
+  /// so one content keeps one block (two sequences that computed one prompt
+  /// side by side end holding one copy); else set_key(). Returns the block
+  /// the holder keeps.
+  int name_or_share(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
+    if (meta_[block].keyed == kUnkeyed && meta_[block].refs == 1) {
+      const int copy = find(key, meta_[block].owner);
+      if (copy >= 0) {
+        hold(copy);
+        release(block);
+        return copy;
+      }
+    }
+    set_key(block, key, ns, index);
+    return block;
+  }
+
   /// A block of `group` whose content has `key`: the lowest held one when
   /// there is one (sharing it takes no free block), else the cached one; -1
   /// when none.
@@ -391,6 +410,9 @@ class GroupPool {
   void release(int block) noexcept { pool_->release(block); }
   bool set_key(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
     return pool_->set_key(block, key, ns, index);
+  }
+  int name_or_share(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
+    return pool_->name_or_share(block, key, ns, index);
   }
   void prefetch_keying(int block, const BlockKey& key) const noexcept { pool_->prefetch_keying(block, key); }
   int find(const BlockKey& key) const noexcept { return pool_->find(key, group_); }

@@ -63,7 +63,9 @@ class PrefixIndex {
   void stop(int seq) noexcept { chains_[seq].hashing = false; }
 
   /// Folds a committed step's tokens (T of them; none when !given) into the
-  /// sequence's keys; each block they fill is keyed in every group holding it.
+  /// sequence's keys; each block they fill is keyed in every group holding it,
+  /// or traded for the copy of its content a group already keeps
+  /// (BlockPool::name_or_share).
   void hash_tokens(int seq, const std::int32_t* tokens, int T, bool given, BlockGroup* groups,
                    int n_groups) noexcept {
     Chain& c = chains_[seq];
@@ -83,7 +85,9 @@ class PrefixIndex {
       }
       for (int g = 0; g < n_groups; ++g) {
         const int b = groups[g].block_at(seq, c.hashed_blocks);
-        if (b >= 0) groups[g].pool().set_key(b, c.chain, c.ns, c.hashed_blocks);
+        if (b < 0) continue;
+        const int kept = groups[g].pool().name_or_share(b, c.chain, c.ns, c.hashed_blocks);
+        if (kept != b) groups[g].set_block(seq, c.hashed_blocks, kept);
       }
       ++c.hashed_blocks;
       c.partial = 0;
