@@ -13,10 +13,13 @@
 // keep a key wait in one LRU list for every group and are reclaimed only when
 // no other block is free, least recently released first (vLLM's block pool
 // reclaims cached blocks the same way), whichever group they belong to: memory
-// goes where the traffic needs it. Several blocks of a group may carry one key
-// (two sequences computed the same prompt): a lookup takes a held one when
-// there is one, and at most one of them stays cached, so the content outlives
-// whichever copy goes first.
+// goes where the traffic needs it. A commit names a block through
+// name_or_share(), which trades a copy of content the group already keeps for
+// that block; several blocks of a group carry one key only where one was
+// named beside its copy (it had another holder, or set_key() named an
+// imported record's): a lookup takes a held one when there is one, and
+// at most one of them stays cached, so the content outlives whichever copy
+// goes first.
 // A pool given a KVEventQueue (attach_events) tells it when a key enters a
 // group (its first block carrying it) and when it leaves (the last one loses
 // it), with the namespace and token range the key names. Every table is
