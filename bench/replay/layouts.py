@@ -70,23 +70,29 @@ def table_bytes(cache: Any, paged: bool) -> int:
     return cache.table_pages * (P * 4 + 8) + groups * rows * -(-stride // P) * 4
 
 
-def _state_split(out: dict[str, Any], cfg: SchedulerConfig, rest: int, block_bytes: int, slot: int, block: int,
-                 state_share: float | None, pool: str) -> tuple[int, int]:
-    """Splits `rest` bytes between blocks of `block_bytes` and state snapshots of `slot` bytes:
-    by default one snapshot per chunk of tokens `pool` holds, or the fraction `state_share` to
-    the snapshots; returns (blocks, snapshots) and says which in out["split"]."""
+def _state_split(out: dict[str, Any], cfg: SchedulerConfig, budget: int, max_active: int, step_slots_in_budget: bool,
+                 block_bytes: int, slot: int, block: int, state_share: float | None, pool: str) -> tuple[int, int, int]:
+    """Splits `budget` bytes for a model with State layers: first the State group's fixed slots
+    (max_active sequences' own, plus a step's spare ones unless step_slots_in_budget is False),
+    then blocks of `block_bytes` and state snapshots of `slot` bytes, by default one snapshot
+    per chunk of tokens `pool` holds, or the fraction `state_share` to the snapshots. Returns
+    (blocks, snapshots, fixed state bytes) and records the split in `out`."""
+    spare = state_step_slots(cfg, max_active)
+    out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else spare * slot
+    state_fixed = (max_active + (spare if step_slots_in_budget else 0)) * slot
+    rest = max(budget - state_fixed, 0)
     if state_share is None:
         out["split"] = f"state: one snapshot per {cfg.chunk} tokens {pool} holds"
         if block <= cfg.chunk:
             blocks = rest // (block_bytes + slot * block // cfg.chunk)
-            return blocks, blocks * block // cfg.chunk
+            return blocks, blocks * block // cfg.chunk, state_fixed
         blocks = rest // (block_bytes + slot)
-        return blocks, blocks
+        return blocks, blocks, state_fixed
     if not 0 < state_share < 1:
         raise ValueError(f"state_share {state_share} must lie in (0, 1)")
     out["split"] = f"state {state_share}"
     snapshots = int(rest * state_share) // slot
-    return (rest - snapshots * slot) // block_bytes, snapshots
+    return (rest - snapshots * slot) // block_bytes, snapshots, state_fixed
 
 
 def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, capacity: int,
@@ -128,11 +134,8 @@ def kvcore_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig, c
         flat = (budget - max_active * per_seq * ring_bpb) // flat_bpb
     elif slot:
         max_active = cfg.max_running
-        step_slots = state_step_slots(cfg, max_active) if step_slots_in_budget else 0
-        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else state_step_slots(cfg, max_active) * slot
-        state_fixed = (max_active + step_slots) * slot
-        rest = max(budget - state_fixed, 0)
-        flat, snapshots = _state_split(out, cfg, rest, flat_bpb, slot, block, state_share, "the flat pool")
+        flat, snapshots, state_fixed = _state_split(out, cfg, budget, max_active, step_slots_in_budget, flat_bpb, slot,
+                                                    block, state_share, "the flat pool")
     else:
         max_active = cfg.max_running
         flat = budget // flat_bpb
@@ -224,11 +227,8 @@ def _one_pool_layout(model: Model, block: int, budget: int, cfg: SchedulerConfig
     snapshots = 0
     state_fixed = 0
     if slot:
-        step_slots = state_step_slots(cfg, max_active) if step_slots_in_budget else 0
-        out["state_step_slots_outside_budget_bytes"] = 0 if step_slots_in_budget else state_step_slots(cfg, max_active) * slot
-        state_fixed = (max_active + step_slots) * slot
-        rest = max(budget - state_fixed, 0)
-        num, snapshots = _state_split(out, cfg, rest, bpb, slot, block, state_share, "the pool")
+        num, snapshots, state_fixed = _state_split(out, cfg, budget, max_active, step_slots_in_budget, bpb, slot, block,
+                                                   state_share, "the pool")
     else:
         out["split"] = "one pool"
         num = budget // bpb
