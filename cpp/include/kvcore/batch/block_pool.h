@@ -200,13 +200,7 @@ class BlockPool {
       known = true;
       meta_[slots_[i].block].keyed = kTwin;  // its release must look for this copy
     }
-    if (events_ != nullptr && !known) events_->push(event(KVEventKind::Stored, g, key, ns, index));
-    slots_[i] = Slot{block, t};
-    meta_[block].key = key;
-    meta_[block].ns = ns;
-    meta_[block].index = index;
-    meta_[block].keyed = known ? kTwin : kKeyed;
-    ++keyed_of_[g];
+    name_at(block, key, ns, index, i, known);
     return true;
   }
 
@@ -215,17 +209,20 @@ class BlockPool {
   /// `block`, that copy gets `block`'s holder and `block` goes back unnamed,
   /// so one content keeps one block (two sequences that computed one prompt
   /// side by side end holding one copy); else set_key(). Returns the block
-  /// the holder keeps.
+  /// the holder keeps. One walk of the key's cluster when the key is new.
   int name_or_share(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
-    if (meta_[block].keyed == kUnkeyed && meta_[block].refs == 1) {
-      const int copy = find(key, meta_[block].owner);
-      if (copy >= 0) {
-        hold(copy);
-        release(block);
-        return copy;
-      }
+    if (meta_[block].keyed != kUnkeyed) return block;
+    int copy = -1;
+    const int end = probe(key, meta_[block].owner, &copy);
+    if (copy < 0) {
+      name_at(block, key, ns, index, end, false);
+    } else if (meta_[block].refs == 1) {
+      hold(copy);
+      release(block);
+      return copy;
+    } else {
+      set_key(block, key, ns, index);
     }
-    set_key(block, key, ns, index);
     return block;
   }
 
@@ -233,15 +230,9 @@ class BlockPool {
   /// there is one (sharing it takes no free block), else the cached one; -1
   /// when none.
   int find(const BlockKey& key, int group = 0) const noexcept {
-    int held = -1, cached = -1;
-    const std::uint32_t t = tag(key, group);
-    for (int i = home(t); slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
-      if (!is(slots_[i], t, key, group)) continue;
-      const int b = slots_[i].block;
-      if (meta_[b].refs == 0) cached = b;
-      else if (held < 0 || b < held) held = b;
-    }
-    return held >= 0 ? held : cached;
+    int copy = -1;
+    probe(key, group, &copy);
+    return copy;
   }
 
   /// A hint that set_key(block, key, ...) follows: starts loading the key
@@ -283,6 +274,34 @@ class BlockPool {
   }
 
  private:
+  // One walk of `key`'s cluster in group g: the empty slot that ends it, and
+  // in *copy the block find() picks (-1: none).
+  int probe(const BlockKey& key, int g, int* copy) const noexcept {
+    int held = -1, cached = -1;
+    const std::uint32_t t = tag(key, g);
+    int i = home(t);
+    for (; slots_[i].block >= 0; i = (i + 1) & slot_mask_) {
+      if (!is(slots_[i], t, key, g)) continue;
+      const int b = slots_[i].block;
+      if (meta_[b].refs == 0) cached = b;
+      else if (held < 0 || b < held) held = b;
+    }
+    *copy = held >= 0 ? held : cached;
+    return i;
+  }
+  // Names `block` at the empty slot `slot` of its key's cluster; `known`: a
+  // block of its group carries the key already (no event, a twin).
+  void name_at(int block, const BlockKey& key, std::uint64_t ns, int index, int slot, bool known) noexcept {
+    const int g = meta_[block].owner;
+    if (events_ != nullptr && !known) events_->push(event(KVEventKind::Stored, g, key, ns, index));
+    slots_[slot] = Slot{block, tag(key, g)};
+    meta_[block].key = key;
+    meta_[block].ns = ns;
+    meta_[block].index = index;
+    meta_[block].keyed = known ? kTwin : kKeyed;
+    ++keyed_of_[g];
+  }
+
   static constexpr std::uint64_t kGroupSpread = 0x9e3779b97f4a7c15u;
   // A block's key state: none; a key; a key another block of its group carried
   // too when either was keyed (only then may release() find a cached copy).
