@@ -106,14 +106,14 @@ class KvcoreAdapter:
         if layout.get("states_in_pool"):
             extra["states_in_pool"] = True
         if cfg.table_page_blocks:
-            stride = -(-capacity // block)
-            # The groups the layout forms, from a one-block cache of the same layers.
-            probe = kvcore.BatchCache(kvcore.CacheConfig(block, layers, max_step=1, batch=kvcore.BatchLimits(
-                **extra, block_size=block, max_seqs=1, num_blocks=1)))
             running = layout.get("running_blocks", 0)
             if running < 1:
                 raise ValueError(f"paged tables need layout['running_blocks'] >= 1 (the traffic's peak running "
                                  f"blocks, budgets_for's info), got {running}")
+            stride = -(-capacity // block)
+            # The groups the layout forms, from a one-block cache of the same layers.
+            probe = kvcore.BatchCache(kvcore.CacheConfig(block, layers, max_step=1, batch=kvcore.BatchLimits(
+                **extra, block_size=block, max_seqs=1, num_blocks=1)))
             # A ring group's row holds at most its window's blocks; a flat group's, every block.
             ring_row = ring_blocks_per_seq(model, block, self.chunk_unit, capacity, cfg.max_rewind)
             entries = [running] * probe.n_groups
