@@ -210,6 +210,7 @@ class BlockPool {
   /// so one content keeps one block (two sequences that computed one prompt
   /// side by side end holding one copy); else set_key(). Returns the block
   /// the holder keeps. One walk of the key's cluster when the key is new.
+  /// Precondition: `block` is held (a sequence's block its commit filled).
   int name_or_share(int block, const BlockKey& key, std::uint64_t ns, int index) noexcept {
     if (meta_[block].keyed != kUnkeyed) return block;
     int copy = -1;
