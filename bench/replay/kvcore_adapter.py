@@ -60,14 +60,16 @@ class KvcoreAdapter:
         self.paged = cfg.table_page_blocks != 0
         self.peak_table_pages = 0
         self.short_of_pages = 0  # entries refused for table pages alone
-        # Models with state: the keys of the full blocks this step's entries complete (in flight:
-        # keyed, and their states named, only when the step commits). A waiting request whose
-        # first block past its hit is one of them waits a step instead of computing it again,
-        # as vLLM's scheduler keeps a Mamba request whose hit ends on a block scheduled this step
-        # (MambaManager.get_num_blocks_to_allocate): it reuses the whole prefix once its
-        # producer is past it.
-        self.in_flight: dict[tuple[int, int], int] = {}  # key -> entries completing it
-        self.in_flight_of: dict[int, list[tuple[int, int]]] = {}  # request -> its keys this step
+        # The full blocks this step's entries complete (in flight: keyed, and their states named,
+        # only when the step commits; a hit covers committed blocks only). A waiting request
+        # whose first block past its hit is one of them waits a step instead of computing it
+        # again beside its producer: after the commit its hit reaches past it. vLLM keeps a
+        # Mamba request so (MambaManager.get_num_blocks_to_allocate); its full-attention manager
+        # instead hits such a block in the same forward (hashed when allocated). Kept as the
+        # entries' block ranges (request -> (lv, first, end)), keyed only when a waiting
+        # request's next block falls in one: block i's chained key can only equal block i's.
+        self.in_flight: dict[int, tuple[Live, int, int]] = {}
+        self.waits = 0  # admissions put off a step for a producer
         # States in the pool: the running sequences in admission order, and those whose latest
         # named state (BatchCache.release_named_state) this step already gave back.
         self.admitted: dict[int, Live] = {}
@@ -154,7 +156,6 @@ class KvcoreAdapter:
         self.reserved_states = 0
         self.reserved_pages = 0
         self.in_flight.clear()
-        self.in_flight_of.clear()
         self.named_released.clear()
 
     def lookup(self, lv: Live) -> int:
@@ -189,6 +190,7 @@ class KvcoreAdapter:
         waits = self._waits_for_producer(lv, hit)
         self._timed(lv, t0)
         if waits:
+            self.waits += 1
             self._release(lv)  # without lookup_prefix, the lookup added it
             return False
         if self.has_lookup:
@@ -210,32 +212,24 @@ class KvcoreAdapter:
     def _waits_for_producer(self, lv: Live, hit: int) -> bool:
         """Does the prompt's first full block past the hit complete in this step (another entry
         computes it)? Then the request waits: after the commit its hit reaches past it."""
-        if not self.has_state or not self.in_flight:
-            return False
         i = hit // self.block_size
-        return i < (lv.known - 1) // self.block_size and self._key(lv, i) in self.in_flight
+        if not self.in_flight or i >= (lv.known - 1) // self.block_size:
+            return False
+        return any(first <= i < end and self._key(p, i) == self._key(lv, i)
+                   for p, first, end in self.in_flight.values())
 
     def _note_in_flight(self, lv: Live, start: int, n: int) -> None:
-        """The keys of the full blocks positions [start, start + n) of lv complete (with a State
+        """lv completes the full blocks of positions [start, start + n) in this step (with a State
         block of several blocks: only when the step ends on one, naming a state there)."""
-        if not self.has_state or (self.state_block != self.block_size and (start + n) % self.state_block):
+        if self.state_block != self.block_size and (start + n) % self.state_block:
             return
-        t0 = time.thread_time_ns()
         b = self.block_size
-        keys = self.in_flight_of.setdefault(lv.req.index, [])
-        for i in range(start // b, (start + n) // b):
-            k = self._key(lv, i)
-            keys.append(k)
-            self.in_flight[k] = self.in_flight.get(k, 0) + 1
-        self._timed(lv, t0)
+        if (start + n) // b > start // b:
+            self.in_flight[lv.req.index] = (lv, start // b, (start + n) // b)
 
     def _drop_in_flight(self, lv: Live) -> None:
         """lv leaves the step (preempted): the blocks it was to complete are no longer in flight."""
-        for k in self.in_flight_of.pop(lv.req.index, ()):
-            if self.in_flight[k] == 1:
-                del self.in_flight[k]
-            else:
-                self.in_flight[k] -= 1
+        self.in_flight.pop(lv.req.index, None)
 
     def cancel(self, lv: Live) -> None:
         """Releases a sequence the lookup added (nothing after lookup_prefix)."""

@@ -21,11 +21,13 @@ Scheduler (the same code drives both systems through a thin adapter each):
   *refused*; a running request that cannot get blocks for its chunk preempts the most recently
   admitted running request (freed and put at the head of the queue with nothing computed, as
   vLLM's scheduler does), itself last; one that cannot grow while it runs alone is refused;
-- in flight (models with state): a request whose first prompt block past its hit is one another
-  entry of this step completes waits (and the admission loop stops), as vLLM's MambaManager
-  keeps a request whose hit ends on a block scheduled this step: after the commit its hit
-  reaches past that block, so it reuses the prefix its producer computes instead of computing
-  it again alongside (kvcore's KvcoreAdapter: the keys of the step's completed blocks);
+- in flight (kvcore, every model): a hit covers committed blocks only, so a request whose first
+  prompt block past its hit is one another entry of this step completes waits (and the
+  admission loop stops): after the commit its hit reaches past that block, so it reuses the
+  prefix its producer computes instead of computing it again alongside (KvcoreAdapter: the keys
+  of the step's completed blocks). vLLM's MambaManager keeps such a request too; its
+  full-attention manager instead hits the block in the same forward. The wait's cost shows as
+  each request's admission delay (steps from its arrival to its first admission);
 - named states first (kvcore, states in the pool): a running request short of blocks first has
   the running requests give back the latest state each named (BatchCache.release_named_state:
   held for a later hit), most recently admitted first, and preempts only when that is not
@@ -110,6 +112,7 @@ class Live:
     refused: bool = False
     finished: bool = False
     hit_first: int = -1
+    delay: int = -1  # steps from arrival to the first admission
     hits: list[int] = field(default_factory=list)
     fps: list[int] = field(default_factory=list)
     cpu_ns: int = 0
@@ -200,6 +203,7 @@ class RunResult:
     preempted: list[int]
     cpu_us: list[float]
     aux_us: list[float]
+    delays: list[int]  # steps from arrival to the first admission (-1: refused)
     peak_blocks: int
     peak_bytes: int
     peak_working_set: int
@@ -368,6 +372,7 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
             lv.hits.append(hit)
             if first:
                 lv.hit_first = hit
+                lv.delay = step - arrival_step(lv)
                 ideal_online[lv.req.index] = online
             if check:
                 r = lv.req.index
@@ -426,6 +431,7 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
         ideal_online=ideal_online, refused=[lv.req.index for lv in lives if lv.refused],
         preempted=[lv.req.index for lv in lives if lv.preemptions],
         cpu_us=[lv.cpu_ns / 1e3 for lv in lives], aux_us=[lv.aux_ns / 1e3 for lv in lives],
+        delays=[lv.delay for lv in lives],
         peak_blocks=peak_blocks, peak_bytes=peak_bytes, peak_working_set=peak_ws, steps=n_steps,
         distinct_blocks=len(inf.blocks), named_states=len(inf.states),
         peak_running_blocks=peak_running_blocks, violations=violations)
@@ -438,6 +444,7 @@ def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: 
     served = [i for i in range(len(trace)) if i not in set(res.refused)]
     cpu = [res.cpu_us[i] for i in served] or [0.0]
     aux = [res.aux_us[i] for i in served] or [0.0]
+    delays = sorted(res.delays[i] for i in served) or [0]
     short = [i for i, r in enumerate(trace) if r.input_length < 1024]
     return {
         "system": name, "reused_tokens": reused, "reused_pct": 100.0 * reused / prompt,
@@ -448,6 +455,9 @@ def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: 
         "cpu_us_median": statistics.median(cpu), "cpu_us_total": sum(cpu),
         "request_hashing_us_median": statistics.median(aux), "request_hashing_us_total": sum(aux),
         "steps": res.steps, "wall_s": wall_s, "hits": res.hits_first,
+        "admission_delay_steps": {"mean": statistics.fmean(delays), "median": statistics.median(delays),
+                                  "p90": delays[-(-9 * len(delays) // 10) - 1],  # nearest rank
+                                  "max": delays[-1]},
         "ideal_online": res.ideal_online,
         "short_prompts_lt_1024": {"count": len(short), "reused": sum(res.hits_first[i] for i in short),
                                   "prompt_tokens": sum(trace[i].input_length for i in short)},

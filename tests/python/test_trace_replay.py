@@ -146,23 +146,31 @@ def test_a_hybrid_with_a_state_block_hits_on_its_multiples(budget_name: str) -> 
         assert out["hits"] == out["ideal_online"]
 
 
-def test_a_hybrid_request_waits_for_the_prefix_another_computes() -> None:
-    # Two requests with one 20-block prompt (12 prefill steps at 544 tokens a step), the second
-    # arriving while the first computes it: the scheduler keeps the second waiting while its
-    # first block past the hit completes in the step (vLLM's Mamba rule), so it reuses the whole
-    # prefix instead of what was committed when it arrived and computing the rest again.
+@pytest.mark.parametrize("model_name", ["llama", "gemma3", "qwen3next"])
+def test_a_request_waits_for_the_prefix_another_computes(model_name: str) -> None:
+    # Two requests with one 20-block prompt (a 512-token chunk a step, 544 on the hybrid), the
+    # second arriving in step 3 while the first computes it: a hit covers committed blocks only,
+    # so the scheduler keeps the second waiting while its first block past the hit completes in
+    # the step (vLLM's Mamba rule; vLLM's attention hits it in the forward instead). It reuses
+    # the whole prefix instead of what was committed when it arrived and computing the rest
+    # again beside the first.
     ids = tuple(range(20))
     trace = [TraceRequest(0, 0.0, 20 * 512, 4, ids), TraceRequest(1, 150.0, 20 * 512, 4, ids)]
-    model = make_model("qwen3next")
-    block = vllm_block_size(model, 16)
+    model = make_model(model_name)
+    hybrid = model.has_state
+    block = vllm_block_size(model, 16) if hybrid else 16
     capacity = capacity_of(trace, block)
     budgets, _ = budgets_for(model, block, trace, CFG, capacity, ["ample"], None, None, one_pool=True,
-                             states_in_pool=True)
+                             states_in_pool=hybrid)
     ideal = trace_ideal(trace, block)
     out = run_kvcore(trace, model, block, budgets["ample"], CFG, capacity, exact=True, ideal_trace=ideal,
-                     one_pool=True, states_in_pool=True)
+                     one_pool=True, states_in_pool=hybrid)
     assert out["violation"] is None
     assert out["hits"] == [0, ideal[1]] and ideal[1] == (20 * 512 - 1) // block * block
+    # It waited every step from its arrival until the first had computed what it reuses.
+    steps_to_commit = -(-ideal[1] // (block if hybrid else 512))
+    assert out["waits_for_producer"] == steps_to_commit - 3
+    assert out["admission_delay_steps"]["max"] == steps_to_commit - 3
 
 
 def _ample_adapter(trace: list[Any]) -> tuple[Any, Any, int]:
