@@ -21,7 +21,7 @@ import numpy as np
 
 from replay.layouts import block_chunk, page_blocks_for, table_pages_for
 from replay.models import Model
-from replay.scheduler import Live, SchedulerConfig, ring_blocks_per_seq
+from replay.scheduler import Live, SchedulerConfig, grow_each, ring_blocks_per_seq
 
 
 class KvcoreAdapter:
@@ -291,6 +291,34 @@ class KvcoreAdapter:
         if ok:
             self._note_in_flight(lv, lv.computed, n)
         return ok
+
+    def grow_many(self, batch: list[tuple[Live, int]]) -> int:
+        """Reserves the blocks of the running requests' entries in order; returns how many fit
+        (the first that does not is not reserved). One blocks_needed call for them all (its array
+        form), the first short of blocks found from the running sums, its CPU split over the
+        entries; with states in the pool or paged tables, grow() entry by entry."""
+        if self.states_in_pool or self.paged or len(batch) < 2:
+            return grow_each(self, batch)
+        t0 = time.thread_time_ns()
+        seqs = np.fromiter((lv.handle for lv, _ in batch), dtype=np.int32, count=len(batch))
+        ts = np.fromiter((n for _, n in batch), dtype=np.int32, count=len(batch))
+        need = self.cache.blocks_needed(seqs, ts)
+        if self.one_pool:  # every group's needs against the one pool's free blocks
+            total = np.cumsum(need.sum(axis=1)) + (sum(self.reserved) + self.reserved_states)
+            short = np.flatnonzero(total > self.cache.free_blocks(0))
+        else:
+            free = np.array([self.cache.free_blocks(g) - self.reserved[g] for g in range(self.n_groups)])
+            short = np.flatnonzero((np.cumsum(need, axis=0) > free).any(axis=1))
+        k = int(short[0]) if len(short) else len(batch)
+        taken = need[:k].sum(axis=0)
+        for g in range(self.n_groups):
+            self.reserved[g] += int(taken[g])
+        for lv, n in batch[:k]:
+            self._note_in_flight(lv, lv.computed, n)
+        share = (time.thread_time_ns() - t0) // len(batch)
+        for lv, _ in batch:
+            lv.cpu_ns += share
+        return k
 
     def end_step(self, entries: list[tuple[Live, int]]) -> None:
         """One begin_step (array form, tokens given) and commit over the step's entries."""

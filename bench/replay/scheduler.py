@@ -153,6 +153,7 @@ class Adapter(Protocol):
     def admit(self, lv: Live, hit: int, n: int) -> bool: ...
     def cancel(self, lv: Live) -> None: ...
     def grow(self, lv: Live, n: int) -> bool: ...
+    def grow_many(self, batch: list[tuple[Live, int]]) -> int: ...
     def end_step(self, entries: list[tuple[Live, int]]) -> None: ...
     def sampled(self, lv: Live, token: int) -> None: ...
     def free(self, lv: Live, preempted: bool) -> None: ...
@@ -212,6 +213,15 @@ class RunResult:
     named_states: int
     peak_running_blocks: int
     violations: list[str]
+
+
+def grow_each(adapter: Adapter, batch: list[tuple[Live, int]]) -> int:
+    """Adapter.grow_many entry by entry: grows each in order up to the first that cannot grow;
+    returns how many grew."""
+    for k, (lv, n) in enumerate(batch):
+        if not adapter.grow(lv, n):
+            return k
+    return len(batch)
 
 
 def chunk_end(lv: Live, start: int, unit: int, stop_block: int) -> int:
@@ -328,26 +338,37 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
         entries: list[tuple[Live, int]] = []
         i = 0
         while i < len(running):
-            lv = running[i]
-            n = chunk_end(lv, lv.computed, unit, stop_block) - lv.computed
-            if n > budget:
-                i += 1
-                continue
-            ok = True
-            while adapter is not None and not adapter.grow(lv, n):
+            # The running requests from i on that the token budget takes, grown in order in one
+            # call (a preemption pops from the end, so it never changes who before it is taken).
+            batch: list[tuple[Live, int]] = []
+            left = budget
+            for lv in running[i:]:
+                n = chunk_end(lv, lv.computed, unit, stop_block) - lv.computed
+                if n <= left:
+                    batch.append((lv, n))
+                    left -= n
+            k = adapter.grow_many(batch) if adapter is not None else len(batch)
+            for lv, n in batch[:k]:
+                entries.append((lv, n))
+                budget -= n
+            if k == len(batch):
+                break
+            lv, n = batch[k]  # it cannot grow: preempt from the end until it can
+            i = running.index(lv)
+            while True:
                 victim = running.pop()
                 if victim is lv:
                     if i == 0:  # alone and cannot grow: it never fits
                         refuse(lv)
                     else:
                         preempt(lv)
-                    ok = False
                     break
                 preempt(victim)
-            if ok:
-                entries.append((lv, n))
-                budget -= n
-                i += 1
+                if adapter.grow(lv, n):
+                    entries.append((lv, n))
+                    budget -= n
+                    i += 1
+                    break
         while waiting and budget > 0 and len(running) < max_running:
             lv = waiting[0]
             if arrival_step(lv) > step:

@@ -10,7 +10,7 @@ from typing import Any
 
 from replay.layouts import block_chunk
 from replay.models import Model, vllm_block_size
-from replay.scheduler import Live, SchedulerConfig
+from replay.scheduler import Live, SchedulerConfig, grow_each
 
 
 class VllmAdapter:
@@ -129,6 +129,10 @@ class VllmAdapter:
             got.get_block_ids(allow_none=True)
         lv.cpu_ns += time.thread_time_ns() - t0
         return got is not None
+
+    def grow_many(self, batch: list[tuple[Live, int]]) -> int:
+        """grow() entry by entry (vLLM's scheduler allocates request by request)."""
+        return grow_each(self, batch)
 
     def end_step(self, entries: list[tuple[Live, int]]) -> None:
         """num_computed_tokens advanced; the per-step drains."""

@@ -1346,15 +1346,22 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         seq outside [0, max_seqs), T outside [1, max_step]; InvalidStateError: seq not active;
         CapacityError: length + T > capacity.
         """
+    @overload
     def blocks_needed(self, seq: SupportsIndex, T: SupportsIndex) -> list[int]:
         """The blocks a step entry of T tokens of seq takes in each group (new blocks, and private
         copies of blocks other sequences hold or that are named), a list of n_groups ints, as
         begin_step counts them: begin_step admits a step when its entries' sum over every group is
         at most free_blocks (plus what a begun step it replaces took), so requests admitted one by
-        one can add their needs up and begin the step once. Changes nothing.
-        InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step];
-        InvalidStateError: seq not active; CapacityError: length + T > capacity.
+        one can add their needs up and begin the step once. Array form: seq and T 1-D int arrays
+        (or lists) of one length n, the entries of a step a scheduler weighs (each counted alone,
+        as begin_step adds them up): an int32 array (n, n_groups), one call instead of n. Changes
+        nothing. InvalidArgumentError: seq outside [0, max_seqs), T outside [1, max_step], seq and
+        T not both ints or both arrays of one length; InvalidStateError: seq not active;
+        CapacityError: length + T > capacity (the array form's message names the entry).
         """
+    @overload
+    def blocks_needed(self, seq: IntArrayArg, T: IntArrayArg) -> npt.NDArray[np.int32]:
+        ...
     def state_blocks_needed(self, seq: SupportsIndex, T: SupportsIndex, verify: bool | int = False) -> int:
         """With batch.states_in_pool, the pool's blocks a step entry of T tokens of seq takes for its
         states in every State group, as begin_step counts them (one per state kept: every token's

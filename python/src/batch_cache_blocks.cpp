@@ -27,6 +27,30 @@ namespace {
 using Cache = kvcore::BatchCache;
 using CachePtr = std::shared_ptr<Cache>;
 
+// blocks_needed(seq, T): a list of n_groups ints; with arrays, an (n, n_groups) int32 array of
+// the entries' needs, each counted alone (a scheduler weighs a step's entries in one call).
+py::object blocks_needed(const Cache& c, const py::object& seq, const py::object& T) {
+  const std::size_t groups = static_cast<std::size_t>(c.n_groups());
+  std::vector<int> need(groups);
+  if (as_index(seq) && as_index(T)) {
+    throw_if_error(c.blocks_needed(to_int("seq", IntArg{seq}), to_int("T", IntArg{T}), need.data()));
+    return py::cast(need);
+  }
+  const IntArray seqs("blocks_needed", "seq", seq), ts("blocks_needed", "T", T);
+  if (seqs.size() != ts.size())
+    raise(kvcore::Error::InvalidArgument, "blocks_needed: seq (" + std::to_string(seqs.size()) + " entries) and T (" +
+                                              std::to_string(ts.size()) + "): must be arrays of one length");
+  py::array_t<std::int32_t> out({seqs.size(), static_cast<py::ssize_t>(groups)});
+  std::int32_t* w = out.mutable_data();
+  for (py::ssize_t i = 0; i < seqs.size(); ++i) {
+    const kvcore::Status status = c.blocks_needed(seqs.at(i), ts.at(i), need.data());
+    if (!status.ok())
+      raise(status.code(), "entry " + std::to_string(i) + ": " + status.message().c_str());
+    std::copy(need.begin(), need.end(), w + static_cast<std::size_t>(i) * groups);
+  }
+  return std::move(out);
+}
+
 // block_table(seq, group): a copy of the sequence's table row, its committed blocks.
 py::array_t<std::int32_t> block_table(const Cache& c, const IntArg& seq_arg, const IntArg& group_arg) {
   const int seq = to_int("seq", seq_arg), group = to_int("group", group_arg);
@@ -73,19 +97,17 @@ void bind_batch_cache_blocks(BatchCacheClass& cls) {
            py::arg("group"),
            "Blocks of the one pool no sequence holds (reclaimable cached ones included; the same for every "
            "group). InvalidArgumentError: group outside [0, n_groups).")
-      .def("blocks_needed",
-           [](const Cache& c, const IntArg& seq, const IntArg& T) {
-             std::vector<int> need(static_cast<std::size_t>(c.n_groups()));
-             throw_if_error(c.blocks_needed(to_int("seq", seq), to_int("T", T), need.data()));
-             return need;
-           },
-           py::arg("seq"), py::arg("T"),
+      .def("blocks_needed", &blocks_needed, py::arg("seq"), py::arg("T"),
            "The blocks a step entry of T tokens of seq takes in each group (new blocks, and private copies "
            "of blocks other sequences hold or that are named), a list of n_groups ints, as begin_step counts "
            "them: begin_step admits a step when its entries' sum over every group is at most free_blocks "
            "(plus what a begun step it replaces took), so requests admitted one by one can add their needs up "
-           "and begin the step once. Changes nothing. InvalidArgumentError: seq outside [0, max_seqs), T "
-           "outside [1, max_step]; InvalidStateError: seq not active; CapacityError: length + T > capacity.")
+           "and begin the step once. Array form: seq and T 1-D int arrays (or lists) of one length n, the "
+           "entries of a step a scheduler weighs (each counted alone, as begin_step adds them up): an int32 "
+           "array (n, n_groups), one call instead of n. Changes nothing. InvalidArgumentError: seq outside "
+           "[0, max_seqs), T outside [1, max_step], seq and T not both ints or both arrays of one length; "
+           "InvalidStateError: seq not active; CapacityError: length + T > capacity (the array form's "
+           "message names the entry).")
       .def("table_pages_needed",
            [](const Cache& c, const IntArg& seq, const IntArg& T) {
              return unwrap(c.table_pages_needed(to_int("seq", seq), to_int("T", T)));

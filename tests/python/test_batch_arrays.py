@@ -391,6 +391,43 @@ def test_a_refused_many_sequence_verb_changes_nothing(
     refused(rig, lambda: call(rig.cache), cls, text)
 
 
+def test_blocks_needed_of_arrays_is_each_entry_counted_alone() -> None:
+    # Sequence 1 shares 0's blocks (a fork): its entries need private copies; 2 is empty.
+    c = made()
+    seqs = [s for s in (0, 1, 2) for _ in range(1, 5)]
+    ts = [t for _ in (0, 1, 2) for t in range(1, 5)]
+    before = state(c)
+    need = c.blocks_needed(np.array(seqs, I64), np.array(ts, I32))
+    assert need.dtype == I32 and need.shape == (len(seqs), c.n_groups)
+    assert need.tolist() == [c.blocks_needed(s, t) for s, t in zip(seqs, ts)]
+    assert c.blocks_needed(seqs, ts).tolist() == need.tolist()  # lists too
+    assert c.blocks_needed(np.array([], I32), []).shape == (0, c.n_groups)
+    assert state(c) == before
+
+
+NEEDED = [
+    ("lengths differ", lambda c: c.blocks_needed([0, 1], [1]), kvcore.InvalidArgumentError,
+     "blocks_needed: seq (2 entries) and T (1): must be arrays of one length"),
+    ("int and array", lambda c: c.blocks_needed(0, [1]), kvcore.InvalidArgumentError,
+     "blocks_needed: seq must be a 1-D int32 or int64 array"),
+    ("entry inactive", lambda c: c.blocks_needed([0, 3], [1, 1]), kvcore.InvalidStateError,
+     "entry 1: blocks_needed: sequence 3 is not active"),
+    ("entry T", lambda c: c.blocks_needed([0, 1, 2], [1, 1, 5]), kvcore.InvalidArgumentError,
+     "entry 2: blocks_needed(2, T = 5): must be in [1, max_step = 4]"),
+    ("entry seq", lambda c: c.blocks_needed(np.array([7], I32), [1]), kvcore.InvalidArgumentError,
+     "entry 0: blocks_needed: sequence 7 must be in [0, max_seqs = 4)"),
+    ("seq dtype", lambda c: c.blocks_needed(np.array([0], np.uint8), [1]), kvcore.InvalidArgumentError,
+     "blocks_needed: seq.dtype = uint8: must be int32 or int64"),
+]
+
+
+@pytest.mark.parametrize("name, call, cls, text", NEEDED, ids=[m[0] for m in NEEDED])
+def test_blocks_needed_of_bad_arrays_names_the_entry_and_changes_nothing(
+    rig: Rig, name: str, call: Callable[[kvcore.BatchCache], object], cls: type[BaseException], text: str
+) -> None:
+    refused(rig, lambda: call(rig.cache), cls, text)
+
+
 def test_fork_many_refuses_a_source_whose_ring_released_what_upto_needs() -> None:
     c = kvcore.BatchCache(config())
     c.add_sequence(0)
