@@ -151,6 +151,35 @@ def test_a_sequence_holds_the_latest_state_it_named_until_it_names_a_newer_one()
     assert c.lookup_prefix(list(range(10, 18)) + [1]) == 8
 
 
+def test_two_sequences_computing_one_prompt_keep_one_snapshot_of_each_state() -> None:
+    # Side by side, in the same steps: each commit fills one K/V block per content (one copy
+    # kept) and names the state after it in both State groups; the second sequence's state block
+    # is traded for the first's copy, so each name costs one block, not two.
+    c = hybrid(num_blocks=32)
+    prompt = list(range(10, 18))
+    c.add_sequence(0)
+    c.add_sequence(1)
+    c.step([(0, B, prompt[:B]), (1, B, prompt[:B])]).commit()
+    assert c.free_blocks(0) == 32 - 1 - 2  # one K/V block, one state per State group
+    assert [c.state_snapshots(k) for k in range(2)] == [1, 1]
+    step = c.begin_step([(0, B, prompt[B:]), (1, B, prompt[B:])])
+    plan = step.plan()
+    for k in range(2):  # both read the one copy, and write fresh blocks of their own (it is named)
+        reads = [int(r) for r in plan.state_groups[k].read_slots if r >= 0]
+        writes = [int(w) for w in plan.state_groups[k].write_slots if w >= 0]
+        assert len(reads) == 2 and reads[0] == reads[1]
+        assert len(writes) == 2 and len(set(writes)) == 2 and reads[0] not in writes
+    step.commit()
+    # Two K/V blocks and the latest named state of each group, held by both; the states after
+    # block 0 are cached (named, free).
+    assert c.free_blocks(0) == 32 - 2 - 2
+    assert [c.state_snapshots(k) for k in range(2)] == [2, 2]
+    assert c.lookup_prefix(prompt + [1]) == 8
+    c.release_sequence(0)
+    c.release_sequence(1)
+    assert c.free_blocks(0) == 32 and c.lookup_prefix(prompt + [1]) == 8
+
+
 def test_release_named_state_frees_the_latest_named_state_which_stays_named_until_reclaimed() -> None:
     c = hybrid(num_blocks=12)
     prompt = list(range(10, 18))

@@ -283,16 +283,20 @@ class StateGroup {
   /// namespace `ns`, block `block_index`: what the pool's KV events tell). A
   /// name already known is only marked as used (its state is the same by the
   /// contract); with every name taken the least recently used one is
-  /// dropped. In the pool the block is keyed, a twin of any copy named
-  /// before (the pool keeps the most recently released copy cached), and
-  /// reclaimed as cached blocks are. No-op without snapshots.
+  /// dropped. In the pool the block is keyed and reclaimed as cached blocks
+  /// are; when the group already keeps a copy (held or cached) and no one
+  /// else holds this block, the sequence's slot takes that copy and the
+  /// block goes back unnamed (BlockPool::name_or_share: two sequences that
+  /// computed one prompt keep one snapshot), else it is a twin of the copy.
+  /// No-op without snapshots.
   void name(int seq, int L, const BlockKey& key, std::uint64_t ns, int block_index) noexcept {
     if (!naming_) return;
     const int phys = slot_after(seq, L);
     if (phys < 0) return;
-    if (in_pool_) {  // a twin of a copy named before: the most recently released one stays cached
-      pool_.set_key(phys, key, ns, block_index);
-      hold(named_held_, seq, phys, L);
+    if (in_pool_) {
+      const int kept = pool_.name_or_share(phys, key, ns, block_index);
+      phys_of_[base(seq) + (L - 1) % slots_] = kept;  // the slot's hold moved with it
+      hold(named_held_, seq, kept, L);
       return;
     }
     const int i = names_.find(key);
