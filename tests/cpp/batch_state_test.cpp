@@ -384,6 +384,42 @@ TEST(BatchState, NamedStateSnapshotsServeAPrefixAndAreNeverWrittenInPlace) {
   EXPECT_EQ(*c->state_snapshots(0), 0);
 }
 
+// States in the pool: two sequences that compute one prompt side by side name
+// one state; the second's block is traded for the first's copy (one name, one
+// block), both read that copy next, and neither writes it.
+TEST(BatchState, TwoSequencesComputingOnePromptKeepOneSnapshotInThePool) {
+  CacheConfig cfg = state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(1)}, /*B=*/4, /*max_seqs=*/2);
+  cfg.batch.state_snapshots = 1;
+  cfg.batch.states_in_pool = true;
+  cfg.batch.num_blocks = 16;
+  auto c = make(cfg);
+  ASSERT_NE(c, nullptr);
+  std::int32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(c->add_sequence(0), Error::Ok);
+  ASSERT_EQ(c->add_sequence(1), Error::Ok);
+  const StepEntry first[2] = {{0, 4, tokens}, {1, 4, tokens}};
+  auto one = c->begin_step(first, 2);
+  ASSERT_TRUE(one.ok());
+  ASSERT_TRUE(c->commit(*one).ok());
+  EXPECT_EQ(*c->free_blocks(0), 16 - 1 - 1);  // one K/V block, one state block
+  EXPECT_EQ(*c->state_snapshots(0), 1);
+  const int snapshot = *c->state_slot(0, 0, 0);
+  EXPECT_EQ(*c->state_slot(0, 1, 0), snapshot);
+  const StepEntry second[2] = {{0, 4, tokens + 4}, {1, 4, tokens + 4}};
+  auto step = c->begin_step(second, 2);
+  ASSERT_TRUE(step.ok());
+  const kvcore::BatchStepPlan plan = *c->plan(*step);
+  const kvcore::StateGroupPlan sp = plan.state_groups[0];
+  EXPECT_EQ(sp.read_slots[plan.query_starts[0]], snapshot);
+  EXPECT_EQ(sp.read_slots[plan.query_starts[1]], snapshot);
+  for (int t = 0; t < plan.n_tokens; ++t) EXPECT_NE(sp.write_slots[t], snapshot) << t;
+  ASSERT_TRUE(c->commit(*step).ok());
+  // Two K/V blocks and the latest state, one of each; the first state is cached.
+  EXPECT_EQ(*c->free_blocks(0), 16 - 2 - 1);
+  EXPECT_EQ(*c->state_snapshots(0), 2);
+  EXPECT_EQ(*c->state_slot(0, 0, 0), *c->state_slot(0, 1, 0));
+}
+
 // batch.state_block_size = 4 over blocks of 2: steps ending at 2 and 6 name
 // nothing, at 4 and 8 the state after them; a prompt sharing 7 positions hits
 // 4, one sharing 8 hits 8. A State block that is no multiple of B is refused.
