@@ -90,7 +90,7 @@ def run_kvcore(trace: Sequence[TraceRequest], model: Model, block: int, budget: 
                 "table_page_blocks": cache.table_page_blocks if cfg.table_page_blocks else 0,
                 "table_pages": cache.table_pages,
                 "peak_table_pages": adapter.peak_table_pages, "short_of_table_pages": adapter.short_of_pages,
-                "waits_for_producer": adapter.waits,
+                "waits_for_producer": adapter.waits_for_producer,
                 "lookup": "lookup_prefix" if adapter.has_lookup else "adopt_prefix",
                 "kv_events_checked": dict(adapter.events) if adapter.has_events and check else None})
     return out
@@ -154,7 +154,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     """The side-by-side table on stdout."""
     head = (f"{'model':9} {'B':>4} {'budget':>6} {'bytes':>7} {'ideal%':>6} {'inf%':>6} | {'kv%':>6} {'vllm%':>6} "
             f"{'kv ref':>6} {'vl ref':>6} {'kv pre':>6} {'vl pre':>6} | {'kv peak':>7} {'vl peak':>7} | "
-            f"{'kv us':>7} {'vl us':>7} {'vl+req':>7} | {'kv<vl':>5} | {'delay kv/vl':>11}")
+            f"{'kv us':>7} {'vl us':>7} {'vl+req':>7} | {'kv<vl':>5} | {'1st tok kv/vl':>13}")
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -164,9 +164,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             v = d.get(k)
             return f.format(v) if v is not None else "-"
 
-        def delay(d: dict[str, Any]) -> str:  # mean steps from arrival to the first admission
-            v = d.get("admission_delay_steps")
-            return f"{v['mean']:.2f}" if v else "-"
+        def delay(d: dict[str, Any]) -> str:  # mean steps from arrival to the first token
+            v = d.get("first_token_steps")
+            return f"{v['mean']:.1f}" if v else "-"
         vl_req = (vl.get("cpu_us_median", 0) + vl.get("request_hashing_us_median", 0)) if vl.get("feasible") else None
         print(f"{row['model']:9} {row['block']:>4} {row['budget']:>6} {fmt_bytes(row['budget_bytes']):>7} "
               f"{row['ideal_trace_pct']:>6.2f} {g(kv, 'ideal_online_pct', '{:.2f}'):>6} | {g(kv, 'reused_pct', '{:.2f}'):>6} {g(vl, 'reused_pct', '{:.2f}'):>6} "
@@ -174,7 +174,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{fmt_bytes(kv.get('peak_bytes', 0)):>7} {fmt_bytes(vl.get('peak_bytes', 0)):>7} | "
               f"{g(kv, 'cpu_us_median', '{:.0f}'):>7} {g(vl, 'cpu_us_median', '{:.0f}'):>7} "
               f"{('-' if vl_req is None else f'{vl_req:.0f}'):>7} | {g(row['compare'], 'kvcore_fewer_count'):>5} | "
-              f"{delay(kv) + '/' + delay(vl):>11}")
+              f"{delay(kv) + '/' + delay(vl):>13}")
     paged = [row for row in rows if row.get("kvcore", {}).get("table_page_blocks")]
     if paged:
         print("kvcore block tables, paged (table_page_blocks): bytes allocated against dense rows, peak pages in use")

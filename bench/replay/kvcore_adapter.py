@@ -69,7 +69,7 @@ class KvcoreAdapter:
         # entries' block ranges (request -> (lv, first, end)), keyed only when a waiting
         # request's next block falls in one: block i's chained key can only equal block i's.
         self.in_flight: dict[int, tuple[Live, int, int]] = {}
-        self.waits = 0  # admissions put off a step for a producer
+        self.waits_for_producer = 0  # admissions put off a step for a producer
         # States in the pool: the running sequences in admission order, and those whose latest
         # named state (BatchCache.release_named_state) this step already gave back.
         self.admitted: dict[int, Live] = {}
@@ -186,13 +186,6 @@ class KvcoreAdapter:
         lookup already did, then reserves the first chunk's blocks (blocks_needed against
         free_blocks); on a refusal the sequence is released again (its adopted blocks return to
         the cache)."""
-        t0 = time.thread_time_ns()  # the in-flight rule's keys and lookups count as kvcore's
-        waits = self._waits_for_producer(lv, hit)
-        self._timed(lv, t0)
-        if waits:
-            self.waits += 1
-            self._release(lv)  # without lookup_prefix, the lookup added it
-            return False
         if self.has_lookup:
             try:
                 got = self._adopt(lv)
@@ -209,14 +202,19 @@ class KvcoreAdapter:
             self.admitted[lv.req.index] = lv
         return ok
 
-    def _waits_for_producer(self, lv: Live, hit: int) -> bool:
+    def waits(self, lv: Live, hit: int) -> bool:
         """Does the prompt's first full block past the hit complete in this step (another entry
-        computes it)? Then the request waits: after the commit its hit reaches past it."""
+        computes it)? Then the request waits: after the commit its hit reaches past it. The keys
+        it computes count as kvcore's CPU."""
         i = hit // self.block_size
         if not self.in_flight or i >= (lv.known - 1) // self.block_size:
             return False
-        return any(first <= i < end and self._key(p, i) == self._key(lv, i)
-                   for p, first, end in self.in_flight.values())
+        t0 = time.thread_time_ns()
+        found = any(first <= i < end and self._key(p, i) == self._key(lv, i)
+                    for p, first, end in self.in_flight.values())
+        self._timed(lv, t0)
+        self.waits_for_producer += found
+        return found
 
     def _note_in_flight(self, lv: Live, start: int, n: int) -> None:
         """lv completes the full blocks of positions [start, start + n) in this step (with a State

@@ -21,13 +21,16 @@ Scheduler (the same code drives both systems through a thin adapter each):
   *refused*; a running request that cannot get blocks for its chunk preempts the most recently
   admitted running request (freed and put at the head of the queue with nothing computed, as
   vLLM's scheduler does), itself last; one that cannot grow while it runs alone is refused;
-- in flight (kvcore, every model): a hit covers committed blocks only, so a request whose first
-  prompt block past its hit is one another entry of this step completes waits (and the
-  admission loop stops): after the commit its hit reaches past that block, so it reuses the
-  prefix its producer computes instead of computing it again alongside (KvcoreAdapter: the keys
-  of the step's completed blocks). vLLM's MambaManager keeps such a request too; its
-  full-attention manager instead hits the block in the same forward. The wait's cost shows as
-  each request's admission delay (steps from its arrival to its first admission);
+- in flight (kvcore, every model; Adapter.waits): a hit covers committed blocks only, so a
+  request whose first prompt block past its hit is one another entry of this step completes is
+  put off a step, keeping its place in the queue while the requests behind it may be admitted:
+  after the commit its hit reaches past that block, so it reuses the prefix its producer
+  computes instead of computing it again alongside (KvcoreAdapter: the step's entries' block
+  ranges, keyed on demand). Its first token comes no later for it: computing alongside, it
+  would pass the shared prefix a chunk a step as its producer does. vLLM's full-attention
+  manager instead hits the block in the same forward; its MambaManager keeps such a request
+  (allocate_slots fails, so vLLM's admission loop stops). The JSON gives each system's
+  admission delay and time to first token (steps from arrival);
 - named states first (kvcore, states in the pool): a running request short of blocks first has
   the running requests give back the latest state each named (BatchCache.release_named_state:
   held for a later hit), most recently admitted first, and preempts only when that is not
@@ -113,6 +116,7 @@ class Live:
     finished: bool = False
     hit_first: int = -1
     delay: int = -1  # steps from arrival to the first admission
+    first_token: int = -1  # steps from arrival to the end of the step that sampled the first token
     hits: list[int] = field(default_factory=list)
     fps: list[int] = field(default_factory=list)
     cpu_ns: int = 0
@@ -150,6 +154,7 @@ class Adapter(Protocol):
 
     def start_step(self) -> None: ...
     def lookup(self, lv: Live) -> int: ...
+    def waits(self, lv: Live, hit: int) -> bool: ...
     def admit(self, lv: Live, hit: int, n: int) -> bool: ...
     def cancel(self, lv: Live) -> None: ...
     def grow(self, lv: Live, n: int) -> bool: ...
@@ -205,6 +210,7 @@ class RunResult:
     cpu_us: list[float]
     aux_us: list[float]
     delays: list[int]  # steps from arrival to the first admission (-1: refused)
+    first_tokens: list[int]  # steps from arrival to the first token sampled (-1: refused)
     peak_blocks: int
     peak_bytes: int
     peak_working_set: int
@@ -369,8 +375,9 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
                     budget -= n
                     i += 1
                     break
-        while waiting and budget > 0 and len(running) < max_running:
-            lv = waiting[0]
+        j = 0  # the first waiting request not put off this step
+        while j < len(waiting) and budget > 0 and len(running) < max_running:
+            lv = waiting[j]
             if arrival_step(lv) > step:
                 break
             online = inf.hit(lv) if track else 0
@@ -380,14 +387,18 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
                 if adapter is not None:
                     adapter.cancel(lv)
                 break
+            if adapter is not None and adapter.waits(lv, hit):  # keeps its place; the next may go
+                adapter.cancel(lv)
+                j += 1
+                continue
             if adapter is not None and not adapter.admit(lv, hit, n):
                 adapter.cancel(lv)
                 if running:
                     break
-                waiting.popleft()
+                del waiting[j]
                 refuse(lv)
                 continue
-            waiting.popleft()
+            del waiting[j]
             first = lv.admissions == 0
             lv.admissions += 1
             lv.hits.append(hit)
@@ -422,6 +433,8 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
             if adapter is None:
                 hold(lv, lv.computed // block)
             if lv.computed == lv.known:
+                if lv.first_token < 0:
+                    lv.first_token = step + 1 - arrival_step(lv)
                 tok = lv.append_sampled()
                 lv.generated += 1
                 if lv.generated == lv.req.output_length:
@@ -452,10 +465,17 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
         ideal_online=ideal_online, refused=[lv.req.index for lv in lives if lv.refused],
         preempted=[lv.req.index for lv in lives if lv.preemptions],
         cpu_us=[lv.cpu_ns / 1e3 for lv in lives], aux_us=[lv.aux_ns / 1e3 for lv in lives],
-        delays=[lv.delay for lv in lives],
+        delays=[lv.delay for lv in lives], first_tokens=[lv.first_token for lv in lives],
         peak_blocks=peak_blocks, peak_bytes=peak_bytes, peak_working_set=peak_ws, steps=n_steps,
         distinct_blocks=len(inf.blocks), named_states=len(inf.states),
         peak_running_blocks=peak_running_blocks, violations=violations)
+
+
+def _spread(values: list[int]) -> dict[str, float]:
+    """Mean, median, 90th percentile (nearest rank) and max of per-request step counts."""
+    v = sorted(values) or [0]
+    return {"mean": statistics.fmean(v), "median": statistics.median(v), "p90": v[-(-9 * len(v) // 10) - 1],
+            "max": v[-1]}
 
 
 def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: float) -> dict[str, Any]:
@@ -465,7 +485,6 @@ def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: 
     served = [i for i in range(len(trace)) if i not in set(res.refused)]
     cpu = [res.cpu_us[i] for i in served] or [0.0]
     aux = [res.aux_us[i] for i in served] or [0.0]
-    delays = sorted(res.delays[i] for i in served) or [0]
     short = [i for i, r in enumerate(trace) if r.input_length < 1024]
     return {
         "system": name, "reused_tokens": reused, "reused_pct": 100.0 * reused / prompt,
@@ -476,9 +495,9 @@ def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: 
         "cpu_us_median": statistics.median(cpu), "cpu_us_total": sum(cpu),
         "request_hashing_us_median": statistics.median(aux), "request_hashing_us_total": sum(aux),
         "steps": res.steps, "wall_s": wall_s, "hits": res.hits_first,
-        "admission_delay_steps": {"mean": statistics.fmean(delays), "median": statistics.median(delays),
-                                  "p90": delays[-(-9 * len(delays) // 10) - 1],  # nearest rank
-                                  "max": delays[-1]},
+        "admission_delays": res.delays,
+        "admission_delay_steps": _spread([res.delays[i] for i in served]),
+        "first_token_steps": _spread([res.first_tokens[i] for i in served]),
         "ideal_online": res.ideal_online,
         "short_prompts_lt_1024": {"count": len(short), "reused": sum(res.hits_first[i] for i in short),
                                   "prompt_tokens": sum(trace[i].input_length for i in short)},

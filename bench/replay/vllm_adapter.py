@@ -130,6 +130,11 @@ class VllmAdapter:
         lv.cpu_ns += time.thread_time_ns() - t0
         return got is not None
 
+    def waits(self, lv: Live, hit: int) -> bool:
+        """Never: vLLM's attention hits blocks in flight, and its MambaManager's wait is
+        allocate_slots failing (admit)."""
+        return False
+
     def grow_many(self, batch: list[tuple[Live, int]]) -> int:
         """grow() entry by entry (vLLM's scheduler allocates request by request)."""
         return grow_each(self, batch)
