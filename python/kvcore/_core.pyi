@@ -1347,7 +1347,7 @@ class BatchCache(CacheBase, metaclass=_pybind11_type):
         CapacityError: length + T > capacity.
         """
     @overload
-    def blocks_needed(self, seq: SupportsIndex, T: SupportsIndex) -> list[int]:
+    def blocks_needed(self, seq: int | np.integer[Any], T: int | np.integer[Any]) -> list[int]:
         """The blocks a step entry of T tokens of seq takes in each group (new blocks, and private
         copies of blocks other sequences hold or that are named), a list of n_groups ints, as
         begin_step counts them: begin_step admits a step when its entries' sum over every group is
