@@ -164,7 +164,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             v = d.get(k)
             return f.format(v) if v is not None else "-"
 
-        def delay(d: dict[str, Any]) -> str:  # mean steps from arrival to the first token
+        def first_token(d: dict[str, Any]) -> str:  # mean steps from arrival to the first token
             v = d.get("first_token_steps")
             return f"{v['mean']:.1f}" if v else "-"
         vl_req = (vl.get("cpu_us_median", 0) + vl.get("request_hashing_us_median", 0)) if vl.get("feasible") else None
@@ -174,7 +174,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{fmt_bytes(kv.get('peak_bytes', 0)):>7} {fmt_bytes(vl.get('peak_bytes', 0)):>7} | "
               f"{g(kv, 'cpu_us_median', '{:.0f}'):>7} {g(vl, 'cpu_us_median', '{:.0f}'):>7} "
               f"{('-' if vl_req is None else f'{vl_req:.0f}'):>7} | {g(row['compare'], 'kvcore_fewer_count'):>5} | "
-              f"{delay(kv) + '/' + delay(vl):>13}")
+              f"{first_token(kv) + '/' + first_token(vl):>13}")
     paged = [row for row in rows if row.get("kvcore", {}).get("table_page_blocks")]
     if paged:
         print("kvcore block tables, paged (table_page_blocks): bytes allocated against dense rows, peak pages in use")

@@ -26,8 +26,8 @@ Scheduler (the same code drives both systems through a thin adapter each):
   put off a step, keeping its place in the queue while the requests behind it may be admitted:
   after the commit its hit reaches past that block, so it reuses the prefix its producer
   computes instead of computing it again alongside (KvcoreAdapter: the step's entries' block
-  ranges, keyed on demand). Its first token comes no later for it: computing alongside, it
-  would pass the shared prefix a chunk a step as its producer does. vLLM's full-attention
+  ranges, keyed on demand). Its own first token need not come later: computing alongside, it
+  would pass the shared prefix a chunk a step, as its producer does. vLLM's full-attention
   manager instead hits the block in the same forward; its MambaManager keeps such a request
   (allocate_slots fails, so vLLM's admission loop stops). The JSON gives each system's
   admission delay and time to first token (steps from arrival);
