@@ -84,6 +84,19 @@ Slots step_and_commit(BatchCache& c, StepEntry e) {
   return s;
 }
 
+// A step of two entries, committed whole: both read `slot` in State group 0
+// and no token writes it.
+void step_both_reading(BatchCache& c, std::vector<StepEntry> both, int slot) {
+  auto step = c.begin_step(both.data(), 2);
+  ASSERT_TRUE(step.ok()) << step.message().c_str();
+  const kvcore::BatchStepPlan plan = *c.plan(*step);
+  const kvcore::StateGroupPlan sp = plan.state_groups[0];
+  EXPECT_EQ(sp.read_slots[plan.query_starts[0]], slot);
+  EXPECT_EQ(sp.read_slots[plan.query_starts[1]], slot);
+  for (int t = 0; t < plan.n_tokens; ++t) EXPECT_NE(sp.write_slots[t], slot) << t;
+  ASSERT_TRUE(c.commit(*step).ok());
+}
+
 TEST(BatchState, StateLayersFormStateGroupsApartFromBlockGroups) {
   auto c = make(state_config(32, 4, {LayerPolicy::flat(), LayerPolicy::state(4), LayerPolicy::ring(4),
                                      LayerPolicy::state(4), LayerPolicy::state(6)}));
@@ -364,15 +377,7 @@ TEST(BatchState, NamedStateSnapshotsServeAPrefixAndAreNeverWrittenInPlace) {
   EXPECT_EQ(*c->state_slot(0, 1, 7 % 4), snapshot);
   // Both sequences step together: each reads the snapshot's slot (seq 0 its own
   // slot, which it shares), and neither writes it.
-  const StepEntry both[2] = {{0, 4, tokens + 8}, {1, 1, tokens + 8}};
-  auto step = c->begin_step(both, 2);
-  ASSERT_TRUE(step.ok());
-  const kvcore::BatchStepPlan plan = *c->plan(*step);
-  const kvcore::StateGroupPlan sp = plan.state_groups[0];
-  EXPECT_EQ(sp.read_slots[plan.query_starts[0]], snapshot);
-  EXPECT_EQ(sp.read_slots[plan.query_starts[1]], snapshot);
-  for (int t = 0; t < plan.n_tokens; ++t) EXPECT_NE(sp.write_slots[t], snapshot) << t;
-  ASSERT_TRUE(c->commit(*step).ok());
+  step_both_reading(*c, {{0, 4, tokens + 8}, {1, 1, tokens + 8}}, snapshot);
   // A prompt that parts after block 0 hits block 0's snapshot; another namespace nothing.
   std::int32_t other[9] = {1, 2, 3, 4, 0, 0, 0, 0, 0};
   ASSERT_EQ(c->add_sequence(2), Error::Ok);
@@ -405,15 +410,7 @@ TEST(BatchState, TwoSequencesComputingOnePromptKeepOneSnapshotInThePool) {
   EXPECT_EQ(*c->state_snapshots(0), 1);
   const int snapshot = *c->state_slot(0, 0, 0);
   EXPECT_EQ(*c->state_slot(0, 1, 0), snapshot);
-  const StepEntry second[2] = {{0, 4, tokens + 4}, {1, 4, tokens + 4}};
-  auto step = c->begin_step(second, 2);
-  ASSERT_TRUE(step.ok());
-  const kvcore::BatchStepPlan plan = *c->plan(*step);
-  const kvcore::StateGroupPlan sp = plan.state_groups[0];
-  EXPECT_EQ(sp.read_slots[plan.query_starts[0]], snapshot);
-  EXPECT_EQ(sp.read_slots[plan.query_starts[1]], snapshot);
-  for (int t = 0; t < plan.n_tokens; ++t) EXPECT_NE(sp.write_slots[t], snapshot) << t;
-  ASSERT_TRUE(c->commit(*step).ok());
+  step_both_reading(*c, {{0, 4, tokens + 4}, {1, 4, tokens + 4}}, snapshot);
   // Two K/V blocks and the latest state, one of each; the first state is cached.
   EXPECT_EQ(*c->free_blocks(0), 16 - 2 - 1);
   EXPECT_EQ(*c->state_snapshots(0), 2);

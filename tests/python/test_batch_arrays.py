@@ -381,6 +381,18 @@ MANY: list[tuple[str, Callable[[kvcore.BatchCache], object], type[BaseException]
      "fork_many: dst 1 holds 5 positions; it must be empty"),
     ("fork: dsts dtype", lambda c: c.fork_many(0, np.array([3], np.uint8)), kvcore.InvalidArgumentError,
      "fork_many: dsts.dtype = uint8: must be int32 or int64"),
+    ("needed: lengths differ", lambda c: c.blocks_needed([0, 1], [1]), kvcore.InvalidArgumentError,
+     "blocks_needed: seq (2 entries) and T (1): must be arrays of one length"),
+    ("needed: int and array", lambda c: c.blocks_needed(0, [1]), kvcore.InvalidArgumentError,
+     "blocks_needed: seq must be a 1-D int32 or int64 array"),
+    ("needed: entry inactive", lambda c: c.blocks_needed([0, 3], [1, 1]), kvcore.InvalidStateError,
+     "entry 1: blocks_needed: sequence 3 is not active"),
+    ("needed: entry T", lambda c: c.blocks_needed([0, 1, 2], [1, 1, 5]), kvcore.InvalidArgumentError,
+     "entry 2: blocks_needed(2, T = 5): must be in [1, max_step = 4]"),
+    ("needed: entry seq", lambda c: c.blocks_needed(np.array([7], I32), [1]), kvcore.InvalidArgumentError,
+     "entry 0: blocks_needed: sequence 7 must be in [0, max_seqs = 4)"),
+    ("needed: seq dtype", lambda c: c.blocks_needed(np.array([0], np.uint8), [1]), kvcore.InvalidArgumentError,
+     "blocks_needed: seq.dtype = uint8: must be int32 or int64"),
 ]
 
 
@@ -403,29 +415,6 @@ def test_blocks_needed_of_arrays_is_each_entry_counted_alone() -> None:
     assert c.blocks_needed(seqs, ts).tolist() == need.tolist()  # lists too
     assert c.blocks_needed(np.array([], I32), []).shape == (0, c.n_groups)
     assert state(c) == before
-
-
-NEEDED = [
-    ("lengths differ", lambda c: c.blocks_needed([0, 1], [1]), kvcore.InvalidArgumentError,
-     "blocks_needed: seq (2 entries) and T (1): must be arrays of one length"),
-    ("int and array", lambda c: c.blocks_needed(0, [1]), kvcore.InvalidArgumentError,
-     "blocks_needed: seq must be a 1-D int32 or int64 array"),
-    ("entry inactive", lambda c: c.blocks_needed([0, 3], [1, 1]), kvcore.InvalidStateError,
-     "entry 1: blocks_needed: sequence 3 is not active"),
-    ("entry T", lambda c: c.blocks_needed([0, 1, 2], [1, 1, 5]), kvcore.InvalidArgumentError,
-     "entry 2: blocks_needed(2, T = 5): must be in [1, max_step = 4]"),
-    ("entry seq", lambda c: c.blocks_needed(np.array([7], I32), [1]), kvcore.InvalidArgumentError,
-     "entry 0: blocks_needed: sequence 7 must be in [0, max_seqs = 4)"),
-    ("seq dtype", lambda c: c.blocks_needed(np.array([0], np.uint8), [1]), kvcore.InvalidArgumentError,
-     "blocks_needed: seq.dtype = uint8: must be int32 or int64"),
-]
-
-
-@pytest.mark.parametrize("name, call, cls, text", NEEDED, ids=[m[0] for m in NEEDED])
-def test_blocks_needed_of_bad_arrays_names_the_entry_and_changes_nothing(
-    rig: Rig, name: str, call: Callable[[kvcore.BatchCache], object], cls: type[BaseException], text: str
-) -> None:
-    refused(rig, lambda: call(rig.cache), cls, text)
 
 
 def test_fork_many_refuses_a_source_whose_ring_released_what_upto_needs() -> None:
