@@ -60,8 +60,8 @@ def test_an_ample_host_tier_reaches_the_ideal_the_device_alone_misses() -> None:
 @pytest.mark.parametrize("block", [16, 512])
 def test_under_pressure_the_checks_hold_and_the_tier_adds_hits(block: int) -> None:
     # Runs with and without a tier schedule differently (a longer hit shortens a prefill, which
-    # moves every later admission), so their sums are not compared: each admission's host hit
-    # extends what the device held for it then.
+    # moves every later admission), so their reuse sums are not compared; the large tier must
+    # restore prefixes the device had evicted, and never fill up.
     setup = _setup(3, block, "0.7x")
     alone = _run(setup, block, 0)
     small = _run(setup, block, 1)
@@ -69,7 +69,6 @@ def test_under_pressure_the_checks_hold_and_the_tier_adds_hits(block: int) -> No
     for r in (alone, small, large):  # run_tier raises AssertionError on a failed check
         assert r["reused_tokens"] <= r["ideal_online_tokens"]
         assert r["refused"] == 0
-        assert r["device_tokens"] + r["host_tokens"] == r["reused_tokens"]
     assert alone["host_tokens"] == 0
     assert large["host_tokens"] > 0 and large["restores"] > 0 and large["host_evictions"] == 0
     assert small["host_evictions"] > 0  # a tier of the device's size is full here
