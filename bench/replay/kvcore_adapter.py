@@ -295,7 +295,7 @@ class KvcoreAdapter:
         (the first that does not is not reserved). One blocks_needed call for them all (its array
         form), the first short of blocks found from the running sums, its CPU split over the
         entries; with states in the pool or paged tables, grow() entry by entry."""
-        if self.states_in_pool or self.paged or len(batch) < 2:
+        if self.states_in_pool or self.paged or len(batch) < 2:  # one entry: grow() costs less
             return grow_each(self, batch)
         t0 = time.thread_time_ns()
         seqs = np.fromiter((lv.handle for lv, _ in batch), dtype=np.int32, count=len(batch))
