@@ -77,7 +77,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay.kvcore_adapter import KvcoreAdapter  # noqa: E402
 from replay.layouts import budgets_for, capacity_of, kvcore_layout, kvcore_one_pool  # noqa: E402
 from replay.models import Model, make_model  # noqa: E402
-from replay.scheduler import Live, SchedulerConfig, replay, summarize  # noqa: E402
+from replay.outcomes import summarize  # noqa: E402
+from replay.scheduler import Live, SchedulerConfig, replay  # noqa: E402
 from replay.trace import (DEFAULT_TRACE, TraceRequest, block_fingerprints, generate_trace, load_trace,
                           prompt_tokens, trace_ideal)  # noqa: E402
 

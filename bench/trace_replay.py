@@ -46,7 +46,8 @@ from typing import Any
 from replay.kvcore_adapter import KvcoreAdapter
 from replay.layouts import budgets_for, capacity_of, kvcore_layout, kvcore_one_pool, table_bytes
 from replay.models import Model, make_model, vllm_block_size
-from replay.scheduler import SchedulerConfig, replay, summarize
+from replay.outcomes import summarize
+from replay.scheduler import SchedulerConfig, replay
 from replay.trace import (DEFAULT_TRACE, HASH_BLOCK, TraceRequest, generate_trace, load_trace, trace_ideal,
                           write_trace)
 from replay.vllm_adapter import VllmAdapter
