@@ -336,6 +336,7 @@ def replay(trace: Sequence[TraceRequest], adapter: Adapter | None, cfg: Schedule
                 budget -= n
             if k == len(batch):
                 break
+            assert adapter is not None  # the infinite cache grows every entry
             lv, n = batch[k]  # it cannot grow: preempt from the end until it can
             i = running.index(lv)
             while True:
