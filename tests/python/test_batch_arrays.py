@@ -404,7 +404,7 @@ def test_a_refused_many_sequence_verb_changes_nothing(
 
 
 def test_blocks_needed_of_arrays_is_each_entry_counted_alone() -> None:
-    # Sequence 1 shares 0's blocks (a fork): its entries need private copies; 2 is empty.
+    # Sequence 0 at length 6; 1 a fork of it at 5, sharing its blocks; 2 active and empty.
     c = made()
     seqs = [s for s in (0, 1, 2) for _ in range(1, 5)]
     ts = [t for _ in (0, 1, 2) for t in range(1, 5)]
@@ -412,6 +412,9 @@ def test_blocks_needed_of_arrays_is_each_entry_counted_alone() -> None:
     need = c.blocks_needed(np.array(seqs, I64), np.array(ts, I32))
     assert need.dtype == I32 and need.shape == (len(seqs), c.n_groups)
     assert need.tolist() == [c.blocks_needed(s, t) for s, t in zip(seqs, ts)]
+    # Sequence 1's one token at position 5 writes no new block, only the private copy of the
+    # block [4, 6) it shares with 0, in each group.
+    assert need[seqs.index(1)].tolist() == [1] * c.n_groups
     assert c.blocks_needed(seqs, ts).tolist() == need.tolist()  # lists too
     assert c.blocks_needed(np.array([], I32), []).shape == (0, c.n_groups)
     assert state(c) == before
