@@ -250,6 +250,31 @@ class BlockPool {
 #endif
   }
 
+  /// Hints that find(key, group) follows, in two stages for a batch of keys:
+  /// prefetch_find() starts loading the first slot the key probes, and
+  /// prefetch_found(), once that slot has had time to arrive, the record of
+  /// the block it names when the tag matches (find compares its whole key). A
+  /// prompt's lookups then wait for memory together instead of two misses
+  /// after another per block. Change nothing.
+  void prefetch_find(const BlockKey& key, int group) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(&slots_[home(tag(key, group))]);
+#else
+    (void)key;
+    (void)group;
+#endif
+  }
+  void prefetch_found(const BlockKey& key, int group) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    const std::uint32_t t = tag(key, group);
+    const Slot& slot = slots_[home(t)];
+    if (slot.block >= 0 && slot.tag == t) __builtin_prefetch(&meta_[slot.block]);
+#else
+    (void)key;
+    (void)group;
+#endif
+  }
+
   /// Forgets a block's key (its rows are about to change). Precondition: the
   /// block is held, or is being reclaimed by allocate().
   void drop_key(int block) noexcept {
@@ -439,6 +464,8 @@ class GroupPool {
   }
   void prefetch_keying(int block, const BlockKey& key) const noexcept { pool_->prefetch_keying(block, key); }
   int find(const BlockKey& key) const noexcept { return pool_->find(key, group_); }
+  void prefetch_find(const BlockKey& key) const noexcept { pool_->prefetch_find(key, group_); }
+  void prefetch_found(const BlockKey& key) const noexcept { pool_->prefetch_found(key, group_); }
   void drop_key(int block) noexcept { pool_->drop_key(block); }
 
  private:

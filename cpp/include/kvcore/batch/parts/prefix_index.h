@@ -75,23 +75,25 @@ class PrefixIndex {
       return;
     }
     std::int32_t* partial = partial_of(seq);
-    for (int j = 0; j < T; ++j) {
-      partial[c.partial++] = tokens[j];
-      if (c.partial < block_size_) continue;
-      c.chain = BlockKey::chain(c.chain, partial, block_size_);
-      for (int g = 0; g < n_groups; ++g) {  // every group's misses at once, then the keyings
-        const int b = groups[g].block_at(seq, c.hashed_blocks);
-        if (b >= 0) groups[g].pool().prefetch_keying(b, c.chain);
-      }
-      for (int g = 0; g < n_groups; ++g) {
-        const int b = groups[g].block_at(seq, c.hashed_blocks);
-        if (b < 0) continue;
-        const int kept = groups[g].pool().name_or_share(b, c.chain, c.ns, c.hashed_blocks);
-        if (kept != b) groups[g].set_block(seq, c.hashed_blocks, kept);
-      }
-      ++c.hashed_blocks;
+    int j = 0;
+    if (c.partial > 0) {  // the block being filled first
+      while (j < T && c.partial < block_size_) partial[c.partial++] = tokens[j++];
+      if (c.partial < block_size_) return;
+      BlockKey key = BlockKey::chain(c.chain, partial, block_size_);
+      name_blocks(seq, &key, 1, groups, n_groups);
       c.partial = 0;
     }
+    // Then whole blocks straight from `tokens`, a batch at a time: keyed, then
+    // named together (their key table slots and records loaded at once).
+    BlockKey keys[kMaxLookAhead];
+    const int ahead = look_ahead(block_size_);
+    while (T - j >= block_size_) {
+      int k = 0;
+      for (BlockKey chain = c.chain; k < ahead && T - j >= block_size_; ++k, j += block_size_)
+        keys[k] = chain = BlockKey::chain(chain, tokens + j, block_size_);
+      name_blocks(seq, keys, k, groups, n_groups);
+    }
+    for (; j < T; ++j) partial[c.partial++] = tokens[j];
   }
 
   /// hash_tokens, with the usual case inline: tokens that do not fill the
@@ -155,22 +157,26 @@ class PrefixIndex {
                   Accept accept) const noexcept {
     const int candidates = n > 0 ? (n - 1) / block_size_ : 0;
     const int known = known_keys(ns, tokens, candidates);
-    BlockKey chain = known > 0 ? prompt_[known - 1] : BlockKey::root(ns);
     int hit = candidates;
-    for (int i = 0; i < candidates; ++i) {
-      if (i >= known) {
-        const std::int32_t* block = tokens + static_cast<std::ptrdiff_t>(i) * block_size_;
-        chain = BlockKey::chain(chain, block, block_size_);
-        prompt_[i] = chain;
-        std::memcpy(keyed_tokens_.get() + static_cast<std::ptrdiff_t>(i) * block_size_, block,
-                    sizeof(std::int32_t) * static_cast<std::size_t>(block_size_));
-        prompt_blocks_ = i + 1;
-      } else {
-        chain = prompt_[i];
-      }
-      if (!every_group_needing_all_holds(chain, groups, n_groups)) {
-        hit = i;  // no hit reaches past a block such a group lacks
-        break;
+    // A batch of blocks at a time: key them, then the two stages of their
+    // lookups' prefetches, then the lookups (a large pool's key table and
+    // records are far larger than any cache; one block after another, each
+    // lookup would wait for two misses in turn).
+    const int ahead = look_ahead(block_size_);
+    for (int first = 0; first < candidates && hit == candidates; first += ahead) {
+      const int end = candidates - first > ahead ? first + ahead : candidates;
+      key_blocks(ns, tokens, first > known ? first : known, end);
+      for (int i = first; i < end; ++i)
+        for (int g = 0; g < n_groups; ++g)
+          if (groups[g].needs_every_block()) groups[g].pool().prefetch_find(prompt_[i]);
+      for (int i = first; i < end; ++i)
+        for (int g = 0; g < n_groups; ++g)
+          if (groups[g].needs_every_block()) groups[g].pool().prefetch_found(prompt_[i]);
+      for (int i = first; i < end; ++i) {
+        if (!every_group_needing_all_holds(prompt_[i], groups, n_groups)) {
+          hit = i;  // no hit reaches past a block such a group lacks
+          break;
+        }
       }
     }
     for (int g = 0; g < n_groups; ++g) {
@@ -256,6 +262,49 @@ class PrefixIndex {
   };
 
   std::int32_t* partial_of(int seq) noexcept { return partial_.get() + static_cast<std::ptrdiff_t>(seq) * block_size_; }
+
+  // Blocks looked up or named together: up to kMaxLookAhead misses in flight
+  // at once, and at most about 512 tokens keyed past a lookup's first miss
+  // (hashing a large block takes longer than its misses anyway).
+  static constexpr int kMaxLookAhead = 16;
+  static int look_ahead(int block_size) noexcept {
+    const int blocks = 512 / block_size;
+    return blocks < 1 ? 1 : blocks > kMaxLookAhead ? kMaxLookAhead : blocks;
+  }
+
+  // `seq`'s next `n` blocks are full, keys[0, n) their chained keys: each is
+  // keyed in every group holding it, or traded for the copy of its content a
+  // group already keeps (BlockPool::name_or_share); every miss first.
+  void name_blocks(int seq, const BlockKey* keys, int n, BlockGroup* groups, int n_groups) noexcept {
+    Chain& c = chains_[seq];
+    for (int k = 0; k < n; ++k)
+      for (int g = 0; g < n_groups; ++g) {
+        const int b = groups[g].block_at(seq, c.hashed_blocks + k);
+        if (b >= 0) groups[g].pool().prefetch_keying(b, keys[k]);
+      }
+    for (int k = 0; k < n; ++k, ++c.hashed_blocks)
+      for (int g = 0; g < n_groups; ++g) {
+        const int b = groups[g].block_at(seq, c.hashed_blocks);
+        if (b < 0) continue;
+        const int kept = groups[g].pool().name_or_share(b, keys[k], c.ns, c.hashed_blocks);
+        if (kept != b) groups[g].set_block(seq, c.hashed_blocks, kept);
+      }
+    c.chain = keys[n - 1];
+  }
+
+  // Keys blocks [from, end) of `tokens` in namespace `ns` into prompt_ (the
+  // blocks before `from` keyed already), keeping their tokens.
+  void key_blocks(std::uint64_t ns, const std::int32_t* tokens, int from, int end) const noexcept {
+    BlockKey chain = from > 0 ? prompt_[from - 1] : BlockKey::root(ns);
+    for (int i = from; i < end; ++i) {
+      const std::int32_t* block = tokens + static_cast<std::ptrdiff_t>(i) * block_size_;
+      chain = BlockKey::chain(chain, block, block_size_);
+      prompt_[i] = chain;
+      std::memcpy(keyed_tokens_.get() + static_cast<std::ptrdiff_t>(i) * block_size_, block,
+                  sizeof(std::int32_t) * static_cast<std::size_t>(block_size_));
+    }
+    if (end > prompt_blocks_) prompt_blocks_ = end;
+  }
 
   // How many of the first `blocks` blocks of `tokens` in namespace `ns` the
   // last lookups already keyed (prompt_): a scheduler asks lookup_prefix and
