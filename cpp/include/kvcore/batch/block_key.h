@@ -34,13 +34,33 @@ struct BlockKey {
     BlockKey k{mix(parent.lo ^ 0x9e3779b97f4a7c15ull), mix(parent.hi ^ 0xc2b2ae3d27d4eb4full)};
     // Two ids per round: one 64-bit word holds both whole, and each lane's
     // round is a bijection of it (an odd multiplier, then mix), so every id
-    // bit still reaches every key bit at half the rounds (admission hashes
-    // whole prompts). A lone last id takes a round of its own; n, folded in
-    // last, tells it from a pair.
+    // bit still reaches every key bit at half the rounds. A block of 32 ids
+    // or more goes eight ids at a time to four accumulators per lane, started
+    // apart from the key and folded into it in order, so their rounds'
+    // latencies overlap (admission hashes whole prompts; in shorter blocks the
+    // folds would cost more than that saves). The ids left take a round a
+    // pair, a lone last id one of its own, and n, folded in last, tells them
+    // apart.
     int i = 0;
+    if (n >= 32) {
+      std::uint64_t lo[4], hi[4];
+      for (int a = 0; a < 4; ++a) {
+        lo[a] = mix(k.lo + kSeeds[a]);
+        hi[a] = mix(k.hi + kSeeds[a + 4]);
+      }
+      for (; i + 7 < n; i += 8)
+        for (int a = 0; a < 4; ++a) {
+          const std::uint64_t w = word(tokens + i + 2 * a);
+          lo[a] = mix(lo[a] ^ (w + 0x165667b19e3779f9ull));
+          hi[a] = mix(hi[a] ^ (w * 0xff51afd7ed558ccdull + 0x85ebca77c2b2ae63ull));
+        }
+      for (int a = 0; a < 4; ++a) {
+        k.lo = mix(k.lo ^ lo[a]);
+        k.hi = mix(k.hi ^ hi[a]);
+      }
+    }
     for (; i + 1 < n; i += 2) {
-      const std::uint64_t w = static_cast<std::uint32_t>(tokens[i]) |
-                              static_cast<std::uint64_t>(static_cast<std::uint32_t>(tokens[i + 1])) << 32;
+      const std::uint64_t w = word(tokens + i);
       k.lo = mix(k.lo ^ (w + 0x165667b19e3779f9ull));
       k.hi = mix(k.hi ^ (w * 0xff51afd7ed558ccdull + 0x85ebca77c2b2ae63ull));
     }
@@ -55,6 +75,17 @@ struct BlockKey {
   }
 
  private:
+  // The accumulators' starts (the first eight words of SHA-512's initial
+  // hash value): no two of them compute the same function of their ids.
+  static constexpr std::uint64_t kSeeds[8] = {0x6a09e667f3bcc908ull, 0xbb67ae8584caa73bull, 0x3c6ef372fe94f82bull,
+                                              0xa54ff53a5f1d36f1ull, 0x510e527fade682d1ull, 0x9b05688c2b3e6c1full,
+                                              0x1f83d9abfb41bd6bull, 0x5be0cd19137e2179ull};
+
+  // Ids t[0] and t[1] as one word, both whole.
+  static std::uint64_t word(const std::int32_t* t) noexcept {
+    return static_cast<std::uint32_t>(t[0]) | static_cast<std::uint64_t>(static_cast<std::uint32_t>(t[1])) << 32;
+  }
+
   // splitmix64's finalizer: every input bit reaches every output bit.
   static std::uint64_t mix(std::uint64_t x) noexcept {
     x ^= x >> 30;
