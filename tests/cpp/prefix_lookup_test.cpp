@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cache_fixtures.h"
@@ -160,6 +161,52 @@ TEST(PrefixLookup, EveryGroupOrderGivesTheSameHit) {
     seen.push_back(p);
   }
   EXPECT_GT(hits, 10);
+}
+
+// Steps that fill many blocks at once (keyed and named a batch at a time)
+// and lookups whose first miss falls in any batch: every block is keyed as
+// BlockKey::chain keys it one block after another, and every hit is the
+// longest prefix of blocks the cache holds.
+TEST(PrefixLookup, ManyBlocksAStepAreKeyedAndFoundAsOneAtATime) {
+  for (const int B : {1, 4, 16, 40}) {
+    for (const int head : {0, 1, B - 1}) {  // tokens of a first step, leaving a block part filled
+      const int n = 40 * B + head + 3;
+      // A flat group and a ring whose window holds the whole prompt: every
+      // block is named in both, and every hit needs both.
+      auto c = batch({LayerPolicy::flat(), LayerPolicy::ring(n + 1)}, B, 2 * (n / B + 2), n + 1, n);
+      ASSERT_NE(c, nullptr);
+      ASSERT_EQ(c->n_groups(), 2);
+      ASSERT_TRUE(c->enable_kv_events(4 * n).ok());
+      const std::vector<std::int32_t> tokens = prompt_of(n, 7);
+      ASSERT_TRUE(c->add_sequence(0).ok());
+      for (const auto& [from, T] : {std::pair<int, int>{0, head}, {head, n - head}}) {
+        if (T == 0) continue;
+        const StepEntry e{0, T, tokens.data() + from};
+        auto begun = c->begin_step(&e, 1);
+        ASSERT_TRUE(begun.ok()) << begun.message().c_str();
+        ASSERT_TRUE(c->commit(*begun).ok());
+      }
+      std::vector<BlockKey> keys;
+      BlockKey key;
+      for (int i = 0; i < n / B; ++i) keys.push_back(key = BlockKey::chain(key, tokens.data() + i * B, B));
+      std::vector<int> stored(keys.size() * 2, 0);
+      for (const KVEvent& e : drain(*c)) {
+        ASSERT_EQ(e.kind, KVEventKind::Stored);
+        const int i = e.first_position / B;
+        ASSERT_LT(i, static_cast<int>(keys.size()));
+        EXPECT_EQ(e.key, keys[static_cast<std::size_t>(i)]) << "B " << B << ", head " << head << ", block " << i;
+        ++stored[static_cast<std::size_t>(2 * i + e.group)];
+      }
+      for (int count : stored) EXPECT_EQ(count, 1) << "B " << B << ", head " << head;
+      // A prompt that leaves the cached tokens at block m: the hit is m blocks.
+      for (const int m : {0, 1, 15, 16, 17, 31, 33, n / B - 1}) {
+        std::vector<std::int32_t> prompt = tokens;
+        prompt[static_cast<std::size_t>(m * B)] = -1;
+        EXPECT_EQ(*c->lookup_prefix(prompt.data(), n, 0), m * B) << "B " << B << ", head " << head << ", miss " << m;
+      }
+      EXPECT_EQ(*c->lookup_prefix(tokens.data(), n, 0), (n - 1) / B * B);
+    }
+  }
 }
 
 TEST(KVEvents, StoredAndEvictedCarryGroupNamespaceKeyAndTokens) {
