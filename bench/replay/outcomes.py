@@ -45,7 +45,8 @@ def summarize(name: str, res: RunResult, trace: Sequence[TraceRequest], wall_s: 
     """The JSON figures of one system's run."""
     prompt = sum(r.input_length for r in trace)
     reused = sum(res.hits_first)
-    served = [i for i in range(len(trace)) if i not in set(res.refused)]
+    refused = set(res.refused)
+    served = [i for i in range(len(trace)) if i not in refused]
     cpu = [res.cpu_us[i] for i in served] or [0.0]
     aux = [res.aux_us[i] for i in served] or [0.0]
     short = [i for i, r in enumerate(trace) if r.input_length < 1024]
