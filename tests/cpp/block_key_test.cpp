@@ -53,8 +53,8 @@ TEST(BlockKey, MovingIdsChangesBothLanes) {
   for (const int n : kLengths) {
     std::vector<std::int32_t> ids = random_ids(rng, n);
     const BlockKey key = BlockKey::chain(BlockKey{}, ids.data(), n);
-    // Swaps within a word, between a word's neighbours in one accumulator and
-    // across accumulators (2, 8 and 6 ids apart), and end to end.
+    // Swaps within a word (1 id apart), across accumulators (2 and 6 apart),
+    // between one accumulator's rounds (8 apart), and end to end.
     for (const int gap : {1, 2, 6, 8, n - 1}) {
       for (int at = 0; at + gap < n && gap > 0; ++at) {
         std::swap(ids[at], ids[at + gap]);
